@@ -1,0 +1,208 @@
+"""The instrumented FlashAttention-2 forward kernel (Triton).
+
+One program runs one (batch*head, query-block) work item: load the Q block once, stream the
+K/V blocks the mask leaves visible, keep the online-softmax state (m, l, acc) in registers and
+normalise once at the end. K/V blocks come from per-query-block lists built on the host (the
+same full / partial split as FlexAttention's BlockMask): full tiles run without any mask
+(off-band), partial tiles apply the per-row visible interval [lo_i, hi_i] (on-band), and
+skipped tiles are never loaded.
+
+Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
+away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
+interpreter cannot run, so it is only set on CUDA.
+
+Scores are kept in log2 units (the softmax scale is folded with log2(e) into one multiply, so
+the exponentials are exp2); traced m is converted back to natural units.
+"""
+
+import triton
+import triton.language as tl
+
+LN2: tl.constexpr = 0.6931471805599453
+
+
+@triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _clock64():
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _smid():
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+               offs_m, offs_d, row_lo, row_hi, idx_ptr, count, step0, N_CTX, qk_scale,
+               tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for i in range(0, count):
+        k_block = tl.load(idx_ptr + i)
+        offs_n = k_block * BLOCK_N + offs_n0
+        if TRACE_TILES and HW_CLOCK:
+            c_start = _clock64()
+        # -- load K^T, compute qk --
+        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]     # (D, BLOCK_N)
+        if IS_PARTIAL:
+            k = tl.load(k_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale          # (BLOCK_M, BLOCK_N), log2 units
+        if IS_PARTIAL:
+            visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        # -- online softmax update --
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        if IS_PARTIAL:
+            # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        p = tl.math.exp2(qk - m_ref[:, None])
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        # -- load V, accumulate --
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]     # (BLOCK_N, D)
+        if IS_PARTIAL:
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_CTX, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+        # -- trace: tile visit and row state (compiled away when the flags are off) --
+        if TRACE_TILES:
+            if trace_tiles_here:
+                tile_ptr = tiles_ptr + k_block * 3
+                tl.store(tile_ptr, step0 + i)
+                if HW_CLOCK:
+                    tl.store(tile_ptr + 1, c_start)
+                    tl.store(tile_ptr + 2, _clock64())
+        if TRACE_ROWS:
+            if trace_rows_here:
+                row_ptrs = rows_ptr + tl.arange(0, BLOCK_M) * (n_kb * 4) + (step0 + i) * 4
+                tl.store(row_ptrs, k_block.to(tl.float32) + tl.zeros_like(m_i))
+                tl.store(row_ptrs + 1, m_i * LN2)
+                tl.store(row_ptrs + 2, l_i)
+                tl.store(row_ptrs + 3, alpha)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _work_item(work, program, order,
+               Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+               lo_ptr, hi_ptr, full_cnt, full_idx, part_cnt, part_idx,
+               tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+               H, N_CTX, n_qb, n_kb, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
+               HW_CLOCK: tl.constexpr):
+    if TRACE_WORK and HW_CLOCK:
+        t_start = _globaltimer()
+    bh = work // n_qb
+    q_block = work % n_qb
+    off_b = (bh // H).to(tl.int64)
+    off_h = (bh % H).to(tl.int64)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+    o_base = O + off_b * stride_ob + off_h * stride_oh
+    # -- load the Q block once; it stays on chip for the whole K/V sweep --
+    q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]          # (BLOCK_M, D)
+    in_seq = offs_m < N_CTX
+    if EVEN_M:
+        q = tl.load(q_ptrs)
+    else:
+        q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
+    row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
+    row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)                # padded rows see nothing
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    traced_head = bh == trace_bh
+    slot = tl.load(row_slot + q_block)
+    tiles_ptr = tr_tiles + q_block * n_kb * 3
+    rows_ptr = tr_rows + slot.to(tl.int64) * BLOCK_M * n_kb * 4
+    trace_rows_here = traced_head & (slot >= 0)
+    n_full = tl.load(full_cnt + q_block)
+    n_part = tl.load(part_cnt + q_block)
+    # -- off-band: full tiles, no element mask --
+    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_d, row_lo, row_hi, full_idx + q_block * n_kb, n_full, 0,
+                               N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
+                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+    # -- on-band: partial tiles, element mask from the per-row interval --
+    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+                               offs_m, offs_d, row_lo, row_hi, part_idx + q_block * n_kb, n_part, n_full,
+                               N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
+                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+    # -- epilogue: one normalisation per row --
+    if EVEN_M:
+        out = acc / l_i[:, None]
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                  # padded rows: l = 0
+    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :]
+    if EVEN_M:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None])
+    if TRACE_WORK:
+        rec = tr_work + work.to(tl.int64) * 5
+        tl.store(rec, program)
+        tl.store(rec + 1, order)
+        if HW_CLOCK:
+            tl.store(rec + 2, _smid())
+            tl.store(rec + 3, t_start)
+            tl.store(rec + 4, _globaltimer())
+
+
+@triton.jit
+def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                    lo_ptr, hi_ptr, full_cnt, full_idx, part_cnt, part_idx,
+                    work_list, work_counter,
+                    tr_work, tr_counter, tr_tiles, tr_rows, row_slot, trace_bh,
+                    H, N_CTX, n_qb, n_kb, n_work, qk_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
+                    HW_CLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        # take work items from a counter, in the order of work_list, until none are left
+        idx = tl.atomic_add(work_counter, 1)
+        while idx < n_work:
+            work = tl.load(work_list + idx)
+            _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
+                       stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                       stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_idx,
+                       part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                       H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
+                       DOT_PRECISION, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+            idx = tl.atomic_add(work_counter, 1)
+    else:
+        work = tl.load(work_list + pid)
+        if TRACE_WORK:
+            order = tl.atomic_add(tr_counter, 1)
+        else:
+            order = pid
+        _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
+                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                   stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_idx,
+                   part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                   H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
+                   DOT_PRECISION, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)

@@ -1,0 +1,28 @@
+import os
+
+# The Triton interpreter must be chosen before any @triton.jit module (or triton) is imported.
+# Without CUDA every kernel runs in the interpreter; on a GPU machine the suite runs compiled.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+ON_GPU = os.environ["TRITON_INTERPRET"] in ("0", "") and torch.cuda.is_available()
+
+
+@pytest.fixture(scope="session")
+def device():
+    """Where kernel tests put their tensors: CUDA when compiled, CPU in the interpreter."""
+    return torch.device("cuda" if ON_GPU else "cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
