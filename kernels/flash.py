@@ -233,6 +233,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         works, counter, *tr, h, n, plan.n_qb, plan.n_kb, n_work, qk_scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

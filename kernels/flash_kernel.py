@@ -44,7 +44,8 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                offs_m, offs_d, row_lo, row_hi, idx_ptr, count, step0, N_CTX, qk_scale,
                tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+               TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for i in range(0, count):
         k_block = tl.load(idx_ptr + i)
@@ -57,6 +58,8 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
             k = tl.load(k_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
         else:
             k = tl.load(k_ptrs)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale          # (BLOCK_M, BLOCK_N), log2 units
         if IS_PARTIAL:
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
@@ -78,7 +81,11 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
             v = tl.load(v_ptrs, mask=offs_n[:, None] < N_CTX, other=0.0)
         else:
             v = tl.load(v_ptrs)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        if UPCAST_DOT:
+            # bf16 operands, rounded as on the GPU, multiplied in fp32 (the interpreter's bf16 dot is broken)
+            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
         # -- trace: tile visit and row state (compiled away when the flags are off) --
         if TRACE_TILES:
@@ -106,7 +113,7 @@ def _work_item(work, program, order,
                tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                H, N_CTX, n_qb, n_kb, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr):
     if TRACE_WORK and HW_CLOCK:
@@ -128,6 +135,8 @@ def _work_item(work, program, order,
         q = tl.load(q_ptrs)
     else:
         q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
     row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
     row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)                # padded rows see nothing
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -144,12 +153,12 @@ def _work_item(work, program, order,
     acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                offs_m, offs_d, row_lo, row_hi, full_idx + q_block * n_kb, n_full, 0,
                                N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
     acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
                                offs_m, offs_d, row_lo, row_hi, part_idx + q_block * n_kb, n_part, n_full,
                                N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- epilogue: one normalisation per row --
     if EVEN_M:
         out = acc / l_i[:, None]
@@ -179,6 +188,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     H, N_CTX, n_qb, n_kb, n_work, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    UPCAST_DOT: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -192,7 +202,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_idx,
                        part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                        H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                       DOT_PRECISION, UPCAST_DOT, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
             idx = tl.atomic_add(work_counter, 1)
     else:
         work = tl.load(work_list + pid)
@@ -205,4 +215,4 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_idx,
                    part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                    H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                   DOT_PRECISION, UPCAST_DOT, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)

@@ -1,0 +1,121 @@
+import pytest
+import torch
+
+from kernels import SCHEDULES, flash_attention, naive_attention, reference_attention
+from tests.kernels.test_masks import mask_texts
+
+TOL = {torch.float32: 1e-3, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def rel_err(out, ref):
+    return ((out.double().cpu() - ref).norm() / ref.norm()).item()
+
+
+def inputs(b, h, n, d, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed * 7919 + n * 31 + d)
+    return [torch.randn(b, h, n, d, generator=g).to(dtype).to(device) for _ in range(3)]
+
+
+@pytest.mark.parametrize("n", [1, 17, 100, 257])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_mask_matches_float64_reference(n, dtype, device):
+    q, k, v = inputs(1, 2, n, 32, dtype, device)
+    for text in mask_texts(n):
+        out = flash_attention(q, k, v, mask=text, block_m=32, block_n=64)
+        ref, _, _ = reference_attention(q, k, v, mask=text)
+        assert torch.isfinite(out).all()
+        assert rel_err(out, ref) < TOL[dtype], (text, n, dtype)
+
+
+@pytest.mark.parametrize("d", [16, 64, 128, 256])
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (64, 32), (32, 128)])
+def test_head_dims_and_block_sizes(d, block_m, block_n, device):
+    n = 150
+    q, k, v = inputs(2, 1, n, d, torch.float32, device, seed=d)
+    for text in ("causal", "sliding_window:40"):
+        out = flash_attention(q, k, v, mask=text, block_m=block_m, block_n=block_n)
+        ref, _, _ = reference_attention(q, k, v, mask=text)
+        assert rel_err(out, ref) < 1e-3
+
+
+def test_bfloat16_and_sm_scale(device):
+    q, k, v = inputs(1, 3, 200, 64, torch.bfloat16, device)
+    out = flash_attention(q, k, v, mask="prefix_lm:50", block_m=64, block_n=32, sm_scale=0.3)
+    ref, _, _ = reference_attention(q, k, v, mask="prefix_lm:50", sm_scale=0.3)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_schedules_give_the_same_output(schedule, device):
+    q, k, v = inputs(2, 2, 193, 32, torch.float32, device, seed=3)
+    for text in mask_texts(193):
+        out = flash_attention(q, k, v, mask=text, block_m=32, block_n=32, schedule=schedule)
+        ref, _, _ = reference_attention(q, k, v, mask=text)
+        assert rel_err(out, ref) < 1e-3, (schedule, text)
+
+
+def test_naive_attention_matches_reference(device):
+    q, k, v = inputs(1, 2, 77, 32, torch.float32, device)
+    for text in mask_texts(77):
+        ref, _, _ = reference_attention(q, k, v, mask=text)
+        assert rel_err(naive_attention(q, k, v, mask=text), ref) < 1e-5
+
+
+def test_non_contiguous_inputs(device):
+    q, k, v = inputs(1, 64, 2, 32, torch.float32, device)              # (B, N, H, D) layout
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))                   # (B, H, N, D) views
+    out = flash_attention(q, k, v, mask="causal", block_m=16, block_n=16)
+    ref, _, _ = reference_attention(q, k, v, mask="causal")
+    assert rel_err(out, ref) < 1e-3
+
+
+@pytest.mark.parametrize("bad,fragment", [
+    (lambda q: (q[0], q, q), "4 dimensions"),
+    (lambda q: (q, q[:, :, :5], q), "same shape"),
+    (lambda q: (q, q.half(), q), "share a dtype"),
+    (lambda q: (q.double(), q.double(), q.double()), "not supported"),
+    (lambda q: (q[..., :24], q[..., :24], q[..., :24]), "head dim"),
+    (lambda q: (q[:, :, :0], q[:, :, :0], q[:, :, :0]), ">= 1"),
+    (lambda q: ("q", q, q), "torch.Tensor"),
+])
+def test_bad_inputs_raise_clear_value_errors(bad, fragment, device):
+    q = torch.randn(1, 1, 16, 32, device=device)
+    with pytest.raises(ValueError, match=fragment):
+        flash_attention(*bad(q), mask="causal")
+
+
+def test_bad_mask_and_settings(device):
+    q = torch.randn(1, 1, 16, 32, device=device)
+    with pytest.raises(ValueError, match="unknown mask"):
+        flash_attention(q, q, q, mask="diagonal")
+    with pytest.raises(ValueError, match="sum to"):
+        flash_attention(q, q, q, mask="document:4,4")
+    with pytest.raises(ValueError, match="schedule"):
+        flash_attention(q, q, q, schedule="random")
+    with pytest.raises(ValueError, match="block_m"):
+        flash_attention(q, q, q, block_m=48)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only limit")
+def test_interpreter_refuses_sizes_it_cannot_run_quickly():
+    q = torch.randn(1, 8, 8192, 16)
+    with pytest.raises(ValueError, match="too much for the CPU interpreter"):
+        flash_attention(q, q, q, mask="full", block_m=64, block_n=64)
+
+
+# -- realistic sizes on the GPU ---------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1024, 4096, 16384])
+def test_gpu_realistic_sizes_bf16(n):
+    q, k, v = inputs(2, 8, n, 128, torch.bfloat16, "cuda")
+    for text in mask_texts(n):
+        for schedule in SCHEDULES:
+            out = flash_attention(q, k, v, mask=text, schedule=schedule)
+            # float32 reference on the GPU from the same bf16 inputs (float64 of N=16k is slow)
+            spec_dense = __import__("kernels").parse_mask(text, n).dense(n).cuda()
+            s = (q.float() @ k.float().transpose(-2, -1)) / 128 ** 0.5
+            ref = torch.softmax(s.masked_fill(~spec_dense, float("-inf")), -1) @ v.float()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            assert err < 2e-2, (n, text, schedule, err)
+            del s, ref
