@@ -1,0 +1,452 @@
+"""Naive vs flash sweep: measured peak memory, median time and out-of-memory points over N.
+
+    run_sweep("data/sweeps/nvidia-h100.json", max_n=131072, batch=1, heads=32, head_dim=128,
+              dtype="fp16", mask="full", ncu_sizes=(1024, 4096, 16384))
+    meta, df = load_sweep("data/sweeps/nvidia-h100.json")
+
+For N = min_n, 2*min_n, ... up to max_n and each implementation ('naive' = kernels.naive_attention,
+which materialises S and P; 'flash' = kernels.flash_attention, untraced) one record holds:
+
+    peak_bytes     torch.cuda.max_memory_allocated() during one call, minus what was allocated
+                   before it (the inputs): the memory the call itself needed, output included
+    ms             triton.testing.do_bench(..., return_mode="median")
+    oom            True when the call raised torch.cuda.OutOfMemoryError (then peak_bytes and ms
+                   are NaN); once naive runs out of memory, larger N are recorded as OOM without
+                   running (oom_inferred=True)
+    model_*_bytes  the analytic HBM models of instrumentation.hbm at that shape
+    dram_*_bytes   ncu's measured DRAM bytes for the sizes in ncu_sizes (NaN elsewhere)
+
+The file is rewritten atomically after every point, so an interrupted sweep resumes where it
+stopped: a rerun skips every point already in the file.
+
+On a machine without CUDA the sweep runs too (for tests): naive with torch on the CPU, flash in
+the Triton interpreter at tiny N. Peak memory cannot be measured there (NaN, and the meta says
+so) and times are wall-clock medians of the interpreter, which say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import kernels  # noqa: F401  (chooses the interpreter before triton is imported)
+
+from .hbm import DTYPE_BYTES, flash_hbm_bytes, flash_hbm_bytes_tiled, naive_hbm_bytes
+
+FORMAT = "tilescope-sweep"
+SCHEMA_VERSION = 1
+IMPLS = ("naive", "flash")
+KEY = ("impl", "seq_len", "batch", "heads", "head_dim", "dtype", "mask")
+RECORD_COLUMNS = [
+    "impl", "seq_len", "batch", "heads", "head_dim", "dtype", "mask", "block_m", "block_n",
+    "peak_bytes", "input_bytes", "output_bytes", "ms", "oom", "oom_inferred", "error",
+    "model_naive_bytes", "model_flash_bytes", "model_flash_tiled_bytes",
+    "dram_read_bytes", "dram_write_bytes", "ncu_status", "ncu_reason", "created",
+]
+
+
+class SweepFormatError(ValueError):
+    """A file that is not a readable Tilescope sweep."""
+
+
+class SweepMismatchError(RuntimeError):
+    """Flash and naive disagree, or a file from another device / setup is being resumed."""
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _jsonable(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None                     # JSON has no NaN: null, read back as NaN
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return _jsonable(obj.item())
+    return obj
+
+
+def write_json_atomic(path, payload) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_jsonable(payload), f, indent=1, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_sweep_json(path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise SweepFormatError(f"{path}: no such sweep file. Make one with "
+                               "`python -m instrumentation.regenerate --only sweeps`.")
+    try:
+        payload = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SweepFormatError(f"{path} is corrupt (not JSON: {exc}); delete it and rerun the "
+                               "sweep, or restore the file") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise SweepFormatError(f"{path} is not a Tilescope sweep (no \"format\": \"{FORMAT}\")")
+    if payload.get("schema_version") != SCHEMA_VERSION:
+        raise SweepFormatError(f"{path} has sweep schema version {payload.get('schema_version')!r};"
+                               f" this Tilescope reads version {SCHEMA_VERSION}. Rerun the sweep.")
+    if not isinstance(payload.get("meta"), dict) or not isinstance(payload.get("records"), list):
+        raise SweepFormatError(f"{path} lacks a 'meta' object or a 'records' list")
+    for i, rec in enumerate(payload["records"]):
+        if not isinstance(rec, dict) or any(k not in rec for k in KEY + ("oom",)):
+            raise SweepFormatError(f"{path}: record {i} is missing one of {KEY + ('oom',)}")
+    return payload
+
+
+def load_sweep(path) -> tuple[dict, pd.DataFrame]:
+    """(meta, records as a DataFrame sorted by impl and N); NaN where a value was not measured."""
+    payload = read_sweep_json(path)
+    df = pd.DataFrame(payload["records"])
+    for col in RECORD_COLUMNS:
+        if col not in df.columns:
+            df[col] = np.nan
+    for col in ("peak_bytes", "input_bytes", "output_bytes", "ms", "model_naive_bytes",
+                "model_flash_bytes", "model_flash_tiled_bytes", "dram_read_bytes",
+                "dram_write_bytes"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df["oom"] = df["oom"].astype(bool)
+    df["oom_inferred"] = df["oom_inferred"].fillna(False).astype(bool)
+    if len(df):
+        df = df.sort_values(["impl", "seq_len"], kind="stable").reset_index(drop=True)
+    return payload["meta"], df
+
+
+def device_slug(name: str) -> str:
+    out = "".join(c.lower() if c.isalnum() else "-" for c in name)
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-") or "unknown-device"
+
+
+# -- measuring one point ---------------------------------------------------------------------------
+
+def _impl_fns():
+    from kernels import flash_attention, naive_attention
+    return {"naive": naive_attention, "flash": flash_attention}
+
+
+def _make_qkv(shape, dtype, device, seed=0):
+    import torch
+    from .recording import DTYPES
+    g = torch.Generator(device=device).manual_seed(seed)
+    return tuple(torch.randn(shape, device=device, dtype=DTYPES[dtype], generator=g)
+                 for _ in range(3))
+
+
+def _bench_cpu(fn, reps=3) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(times))
+
+
+def _free_cuda():
+    import gc
+
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def measure_point(fn, seq_len, batch, heads, head_dim, dtype, mask, device, warmup_ms=5,
+                  rep_ms=25) -> dict:
+    """One (impl, N) point: peak bytes above the inputs and the median time. Raises
+    torch.cuda.OutOfMemoryError to the caller (which records the OOM)."""
+    import torch
+    import triton.testing
+
+    shape = (batch, heads, seq_len, head_dim)
+    cuda = device.type == "cuda"
+    q = k = v = out = None
+    try:
+        if cuda:
+            _free_cuda()
+        q, k, v = _make_qkv(shape, dtype, device)
+        if cuda:
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        out = fn(q, k, v, mask=mask)
+        if cuda:
+            torch.cuda.synchronize()
+            peak = float(torch.cuda.max_memory_allocated(device) - before)
+        else:
+            peak = float("nan")
+        del out
+        out = None
+        call = lambda: fn(q, k, v, mask=mask)  # noqa: E731
+        if cuda:
+            ms = float(triton.testing.do_bench(call, warmup=warmup_ms, rep=rep_ms,
+                                               return_mode="median"))
+        else:
+            ms = _bench_cpu(call)
+        return {"peak_bytes": peak, "ms": ms}
+    finally:
+        del q, k, v, out
+        if cuda:
+            _free_cuda()
+
+
+def check_agreement(seq_len, batch, heads, head_dim, dtype, mask, device, fns=None) -> float:
+    """Max |flash - naive| at a small N; raises SweepMismatchError when they disagree."""
+    import torch
+    fns = fns or _impl_fns()
+    q, k, v = _make_qkv((batch, heads, seq_len, head_dim), dtype, device, seed=1)
+    a = fns["naive"](q, k, v, mask=mask).float()
+    b = fns["flash"](q, k, v, mask=mask).float()
+    diff = float((a - b).abs().max())
+    tol = 1e-4 if dtype == "fp32" else 3e-2
+    if not math.isfinite(diff) or diff > tol:
+        raise SweepMismatchError(f"flash and naive outputs differ by {diff:.3g} (> {tol}) at "
+                                 f"N={seq_len}, mask {mask}, {dtype}: not timing wrong kernels")
+    del a, b, q, k, v
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return diff
+
+
+def seq_lens_for(min_n=256, max_n=131072) -> list[int]:
+    if min_n < 1 or max_n < min_n:
+        raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+    out, n = [], int(min_n)
+    while n <= max_n:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def _model_fields(n, batch, heads, head_dim, dtype, block_m) -> dict:
+    el = DTYPE_BYTES[dtype]
+    return {"model_naive_bytes": naive_hbm_bytes(n, heads, head_dim, el, batch),
+            "model_flash_bytes": flash_hbm_bytes(n, heads, head_dim, el, batch),
+            "model_flash_tiled_bytes": flash_hbm_bytes_tiled(n, heads, head_dim, block_m, el, batch)}
+
+
+# -- the sweep -------------------------------------------------------------------------------------
+
+def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=32, head_dim=128,
+              dtype="fp16", mask="full", impls=IMPLS, device="auto", warmup_ms=5, rep_ms=25,
+              check_n=None, ncu_sizes=(), ncu_timeout_s=300.0, budget_s=None, command=None,
+              progress=True, impl_fns=None, meta_extra=None) -> Path:
+    """Run (or resume) a sweep and write it to out_path. Returns the path.
+
+    budget_s: stop cleanly (the file stays resumable, meta.complete is False) before starting a
+    point once this many seconds have passed. impl_fns: {'naive': fn, 'flash': fn}, for tests.
+    """
+    import torch
+
+    from kernels import backend, default_config
+
+    from .recording import DTYPES, environment
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    bad = [i for i in impls if i not in IMPLS]
+    if bad:
+        raise ValueError(f"unknown implementations {bad}; use {IMPLS}")
+    dev = torch.device(("cuda" if torch.cuda.is_available() and backend() == "cuda" else "cpu")
+                       if device == "auto" else device)
+    fns = {**_impl_fns(), **(impl_fns or {})}
+    seq_lens = sorted(seq_lens) if seq_lens is not None else seq_lens_for(min_n, max_n)
+    cfg = default_config(head_dim, DTYPES[dtype])
+    started = time.monotonic()
+    out_path = Path(out_path)
+    env = environment(dev)
+
+    shapes = {"batch": batch, "heads": heads, "head_dim": head_dim, "dtype": dtype, "mask": mask,
+              "seq_lens": seq_lens, "impls": list(impls), "block_m": cfg.block_m,
+              "block_n": cfg.block_n}
+    if out_path.exists():
+        payload = read_sweep_json(out_path)
+        old = payload["meta"]
+        if old.get("device_name") != env["device_name"]:
+            raise SweepMismatchError(
+                f"{out_path} was recorded on {old.get('device_name')!r}, this is "
+                f"{env['device_name']!r}: write to another file instead of mixing devices")
+        records = payload["records"]
+        meta = old
+        meta["seq_lens"] = sorted(set(old.get("seq_lens", [])) | set(seq_lens))
+        meta.setdefault("resumed", []).append(_now())
+    else:
+        records = []
+        meta = {**env, "created": _now(), **shapes}
+    meta.update({
+        "command": command or meta.get("command"),
+        "peak_memory": ("torch.cuda.max_memory_allocated() during one call minus "
+                        "torch.cuda.memory_allocated() before it (inputs excluded, output "
+                        "included), after torch.cuda.reset_peak_memory_stats()"
+                        if dev.type == "cuda" else
+                        "not measured: no CUDA allocator on the CPU (peak_bytes is NaN)"),
+        "timing": (f"triton.testing.do_bench(warmup={warmup_ms} ms, rep={rep_ms} ms, "
+                   "return_mode='median')" if dev.type == "cuda" else
+                   "wall-clock median of 3 calls on the CPU (flash in the Triton interpreter): "
+                   "not a GPU timing"),
+        "inputs": "torch.randn on the device, torch.Generator seed 0",
+        "naive": "kernels.naive_attention: materialises S and P in the input dtype",
+        "flash": "kernels.flash_attention, untraced (tracing compiled out)",
+        "models": "instrumentation.hbm: naive_hbm_bytes, flash_hbm_bytes, flash_hbm_bytes_tiled "
+                  "(block_q = the kernel's block_m); analytic, no caches",
+    })
+    if meta_extra:
+        meta.update(meta_extra)
+
+    def key_of(rec):
+        return tuple(rec[k] for k in KEY)
+
+    index = {key_of(r): i for i, r in enumerate(records)}
+
+    def save(complete):
+        meta["complete"] = complete
+        meta["updated"] = _now()
+        write_json_atomic(out_path, {"format": FORMAT, "schema_version": SCHEMA_VERSION,
+                                     "meta": meta, "records": records})
+
+    def over_budget():
+        return budget_s is not None and time.monotonic() - started > budget_s
+
+    # correctness first: flash must agree with naive before anything is timed
+    if "flash" in impls and "naive" in impls and "agreement" not in meta:
+        n_chk = check_n or min(seq_lens[0], 256)
+        diff = check_agreement(n_chk, 1, min(heads, 2), head_dim, dtype, mask, dev, fns)
+        meta["agreement"] = {"seq_len": n_chk, "batch": 1, "heads": min(heads, 2),
+                             "max_abs_diff": diff, "checked": _now()}
+    save(False)
+
+    points = [(impl, n) for n in seq_lens for impl in impls]
+    bar = _progress(points, progress, desc=f"sweep {env['device_name'][:24]}")
+    stopped = False
+    for impl, n in bar:
+        if over_budget():
+            stopped = True
+            break
+        key = (impl, n, batch, heads, head_dim, dtype, mask)
+        if key in index:
+            continue
+        rec = {"impl": impl, "seq_len": n, "batch": batch, "heads": heads, "head_dim": head_dim,
+               "dtype": dtype, "mask": mask, "block_m": cfg.block_m if impl == "flash" else None,
+               "block_n": cfg.block_n if impl == "flash" else None,
+               "input_bytes": 3 * batch * heads * n * head_dim * DTYPE_BYTES[dtype],
+               "output_bytes": batch * heads * n * head_dim * DTYPE_BYTES[dtype],
+               "oom": False, "oom_inferred": False, "error": None,
+               **_model_fields(n, batch, heads, head_dim, dtype, cfg.block_m),
+               "dram_read_bytes": None, "dram_write_bytes": None, "ncu_status": None,
+               "ncu_reason": None}
+        smaller_oom = any(r["impl"] == impl and r["oom"] and r["seq_len"] < n
+                          and (r["batch"], r["heads"], r["head_dim"], r["dtype"], r["mask"])
+                          == (batch, heads, head_dim, dtype, mask) for r in records)
+        if smaller_oom and impl == "naive":
+            rec.update(oom=True, oom_inferred=True, peak_bytes=None, ms=None,
+                       error="not run: a smaller N already ran out of memory")
+        else:
+            try:
+                rec.update(measure_point(fns[impl], n, batch, heads, head_dim, dtype, mask, dev,
+                                         warmup_ms, rep_ms))
+            except torch.cuda.OutOfMemoryError as exc:
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                rec.update(oom=True, peak_bytes=None, ms=None,
+                           error=f"torch.cuda.OutOfMemoryError: {first}")
+            except ValueError as exc:  # e.g. too many tiles for the CPU interpreter
+                rec.update(peak_bytes=None, ms=None, error=f"not run: {exc}")
+            if rec["oom"] and dev.type == "cuda":
+                _free_cuda()   # outside the except block: the traceback no longer pins tensors
+        rec["created"] = _now()
+        index[key] = len(records)
+        records.append(rec)
+        save(False)
+
+    if ncu_sizes and not stopped:
+        stopped = not add_ncu(out_path, ncu_sizes, impls=impls, timeout_s=ncu_timeout_s,
+                              budget_s=None if budget_s is None else
+                              budget_s - (time.monotonic() - started),
+                              progress=progress, _payload=(meta, records), _save=save)
+    if not stopped:
+        save(True)
+    return out_path
+
+
+def add_ncu(path, sizes, impls=IMPLS, timeout_s=300.0, budget_s=None, progress=True,
+            force=False, _payload=None, _save=None) -> bool:
+    """Fill dram_read_bytes / dram_write_bytes (ncu) into an existing sweep's records at `sizes`.
+
+    Records that ran out of memory get ncu_status 'not run'. Returns False when the budget ran
+    out before every size was done (the file stays resumable)."""
+    from .ncu_probe import measure_dram
+
+    started = time.monotonic()
+    if _payload is None:
+        payload = read_sweep_json(path)
+        meta, records = payload["meta"], payload["records"]
+
+        def _save(complete):
+            meta["updated"] = _now()
+            write_json_atomic(path, {"format": FORMAT, "schema_version": SCHEMA_VERSION,
+                                     "meta": meta, "records": records})
+    else:
+        meta, records = _payload
+    meta["ncu_sizes"] = sorted(set(meta.get("ncu_sizes", [])) | {int(s) for s in sizes})
+    todo = [r for r in records if r["seq_len"] in set(sizes) and r["impl"] in impls
+            and (force or r.get("ncu_status") is None)]
+    bar = _progress(todo, progress, desc="ncu")
+    for rec in bar:
+        if budget_s is not None and time.monotonic() - started > budget_s:
+            _save(False)
+            return False
+        if rec["oom"]:
+            rec.update(ncu_status="not run", ncu_reason="the call ran out of memory in the sweep")
+        else:
+            res = measure_dram(rec["impl"], rec["seq_len"], rec["batch"], rec["heads"],
+                               rec["head_dim"], rec["dtype"], rec["mask"], timeout_s=timeout_s)
+            rec["ncu_status"] = res["status"]
+            rec["ncu_reason"] = res.get("reason")
+            if res["status"] == "ok":
+                rec["dram_read_bytes"] = res["dram_read_bytes"]
+                rec["dram_write_bytes"] = res["dram_write_bytes"]
+                rec["ncu_kernels"] = [{"name": k["name"][:200], "read": k["read"],
+                                       "write": k["write"]} for k in res["kernels"]]
+                meta["ncu"] = {"version": res.get("ncu_version"), "command": res.get("command"),
+                               "metrics": res.get("metrics"), "clock_control": "none",
+                               "scope": "one call, every kernel summed, between "
+                                        "cudaProfilerStart/Stop after one unprofiled warm-up call"}
+        _save(False)
+    return True
+
+
+def _progress(items, enabled, desc):
+    if not enabled:
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return items
+    return tqdm(items, desc=desc, leave=False)
