@@ -1,0 +1,356 @@
+"""Side-by-side attention timings: our kernel (every schedule) vs SDPA backends vs naive.
+
+    python -m benchmarks.attention                 # bf16, D=128, B=4, H=16, N=1024..16384
+    python -m benchmarks.attention --quick         # N=1024,4096 and shorter timing loops
+    python -m benchmarks.attention --config-file data/benchmarks/tuned-<device>.json
+
+Every implementation runs on the same inputs (instrumentation.make_inputs). Before an
+implementation is timed its output is checked against a float32 reference on a slice (the first
+and the last batch*head, all rows); a wrong output is recorded as 'wrong' and never timed. For
+full and causal masks the error against the cuDNN output is recorded too. Times are
+triton.testing.do_bench medians. Writes data/benchmarks/<device-slug>.json and prints a table
+with time ratios vs sdpa_cudnn per (mask, N), and, for the masks SDPA cannot express, our time
+relative to our own full attention next to the fraction of tiles the mask leaves to compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+
+from . import (
+    DEFAULT_OUT, DTYPES, FLOP_CONVENTION, TOLERANCE, TunedConfigs, attention_flops, check_heads,
+    check_output, device_slug, free_cuda, is_oom, log, mask_kind, matmul_tflops, parse_int_list,
+    pick_device, reference_slice, rel_error, resolve_mask, run_meta, split_list, take_heads,
+    tile_fraction, time_ms, visible_pairs, write_results,
+)
+
+import torch  # noqa: E402
+
+from kernels import default_config, flash_attention, naive_attention  # noqa: E402
+
+IMPLS = ("sdpa_cudnn", "tilescope", "tilescope:longest_first", "tilescope:persistent",
+         "sdpa_flash", "sdpa_efficient", "naive")
+SCHEDULE_OF = {"tilescope": "natural", "tilescope:natural": "natural",
+               "tilescope:longest_first": "longest_first", "tilescope:persistent": "persistent"}
+SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
+                 "sdpa_efficient": "EFFICIENT_ATTENTION"}
+SDPA_MASKS = ("full", "causal")      # what SDPA expresses without an explicit mask tensor
+NAIVE_MASKS = ("full", "causal")
+DEFAULT_MASKS = "full,causal,sliding_window:1024,prefix_lm:512,document"
+DEFAULT_SEQ_LENS = "1024,2048,4096,8192,16384"
+QUICK_SEQ_LENS = "1024,4096"
+TABLE_COLUMNS = ["mask", "seq_len", "impl", "status", "ms", "tflops", "pct_matmul", "rel_err",
+                 "x_cudnn", "x_full", "tiles_frac", "pairs_frac", "config"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-lens", default=None, help=f"comma list of N (default {DEFAULT_SEQ_LENS})")
+    p.add_argument("--masks", default=DEFAULT_MASKS,
+                   help="comma list: full, causal, sliding_window:W, prefix_lm:P, document "
+                        "(uneven lengths summing to N) or document:L1,L2,... (only where they sum to N)")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help=f"comma list of {', '.join(IMPLS)}")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for <device-slug>.json")
+    p.add_argument("--copy-to", default=None, help="also copy the result file into this directory")
+    p.add_argument("--quick", action="store_true", help=f"N={QUICK_SEQ_LENS}, shorter timing loops")
+    p.add_argument("--config-file", default=None,
+                   help="JSON of tuned configs per (head_dim, mask, N), e.g. the output of "
+                        "python -m benchmarks.tune")
+    p.add_argument("--warmup", type=int, default=None, help="do_bench warmup ms (default 25; quick 10)")
+    p.add_argument("--rep", type=int, default=None, help="do_bench rep ms (default 100; quick 40)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="cpu runs our kernel in the Triton interpreter (smoke runs only)")
+    p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul peak measurement")
+    return p
+
+
+def parse_impls(text: str) -> list[str]:
+    out = []
+    for name in split_list(text):
+        name = name.strip().lower()
+        if name in ("all", "*"):
+            out.extend(IMPLS)
+            continue
+        if name == "tilescope:natural":
+            name = "tilescope"
+        if name not in IMPLS:
+            raise SystemExit(f"error: unknown impl {name!r}; use some of {', '.join(IMPLS)}")
+        out.append(name)
+    # sdpa_cudnn first: its output is the one every other impl is compared with
+    return [i for i in IMPLS if i in out]
+
+
+def applicable(impl: str, spec) -> bool:
+    if impl.startswith("sdpa_"):
+        return spec.kind in SDPA_MASKS
+    if impl == "naive":
+        return spec.kind in NAIVE_MASKS
+    return True
+
+
+def naive_bytes(batch, heads, n, elem_bytes) -> int:
+    """Peak bytes naive attention needs beyond q, k, v: S and P (B, H, N, N) plus the mask."""
+    return 2 * batch * heads * n * n * elem_bytes + 2 * n * n
+
+
+def naive_fits(device, batch, heads, n, elem_bytes) -> bool:
+    need = naive_bytes(batch, heads, n, elem_bytes)
+    if torch.device(device).type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return need < 0.85 * free
+    return batch * heads * n * n <= 2 ** 26
+
+
+def make_call(impl, q, k, v, spec, cfg):
+    """(fn, context): fn() computes the output; context() wraps both the check and the timing."""
+    if impl in SCHEDULE_OF:
+        sched = SCHEDULE_OF[impl]
+        return (lambda: flash_attention(q, k, v, mask=spec, schedule=sched, **cfg)), contextlib.nullcontext
+    if impl in SDPA_BACKENDS:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+        causal = spec.kind == "causal"
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+        return fn, (lambda: sdpa_kernel(backend))
+    if impl == "naive":
+        return (lambda: naive_attention(q, k, v, mask=spec)), contextlib.nullcontext
+    raise ValueError(f"unknown impl {impl!r}")
+
+
+def ratio_table(records, mask_order=None, impl_order=IMPLS, matmul=None):
+    """pandas table, one row per record: x_cudnn = ms / sdpa_cudnn's ms at the same (mask, N);
+    x_full = ms / the same impl's ms with the full mask at the same N; pct_matmul = tflops as a
+    percentage of the measured bf16 matmul peak."""
+    import pandas as pd
+
+    df = pd.DataFrame(records)
+    if df.empty:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    ok = df[(df["status"] == "ok") & df["ms"].notna()]
+    cudnn = {(m, n): ms for m, n, ms in ok.loc[ok["impl"] == "sdpa_cudnn", ["mask", "seq_len", "ms"]]
+             .itertuples(index=False)}
+    full = {(i, n): ms for i, n, ms in ok.loc[ok["mask"] == "full", ["impl", "seq_len", "ms"]]
+            .itertuples(index=False)}
+    df["x_cudnn"] = [ms / cudnn[(m, n)] if (m, n) in cudnn and pd.notna(ms) else None
+                     for m, n, ms in zip(df["mask"], df["seq_len"], df["ms"])]
+    df["x_full"] = [ms / full[(i, n)] if (i, n) in full and pd.notna(ms) else None
+                    for i, n, ms in zip(df["impl"], df["seq_len"], df["ms"])]
+    df["pct_matmul"] = (df["tflops"].astype(float) / matmul * 100.0) if matmul else None
+    for col in TABLE_COLUMNS:
+        if col not in df:
+            df[col] = None
+    df["config"] = [_cfg_text(c) for c in df["config"]]
+    masks = list(dict.fromkeys(mask_order or df["mask"]))
+    df["_m"] = df["mask"].map({m: i for i, m in enumerate(masks)}).fillna(len(masks))
+    df["_i"] = df["impl"].map({m: i for i, m in enumerate(impl_order)}).fillna(len(impl_order))
+    df = df.sort_values(["_m", "seq_len", "_i"], kind="stable")
+    return df[TABLE_COLUMNS].reset_index(drop=True)
+
+
+def _cfg_text(cfg) -> str:
+    if not isinstance(cfg, dict):
+        return ""
+    return f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}"
+
+
+def format_table(df) -> str:
+    import pandas as pd
+
+    fmt = {"ms": "{:.3f}", "tflops": "{:.1f}", "pct_matmul": "{:.0f}%", "rel_err": "{:.1e}",
+           "x_cudnn": "{:.2f}", "x_full": "{:.2f}", "tiles_frac": "{:.3f}", "pairs_frac": "{:.3f}"}
+    out = df.copy()
+    for col, f in fmt.items():
+        out[col] = [f.format(x) if x is not None and not pd.isna(x) else "" for x in out[col]]
+    return out.to_string(index=False)
+
+
+def summary_pivot(df):
+    """(mask, N) x impl matrix of x_cudnn (where SDPA exists) or x_full (other masks)."""
+    import pandas as pd
+
+    if df.empty:
+        return pd.DataFrame()
+    sdpa_mask = df["mask"].map(lambda m: mask_kind(m) in SDPA_MASKS)
+    val = df["x_cudnn"].where(sdpa_mask, df["x_full"]).astype(float)
+    piv = df.assign(ratio=val).pivot_table(index=["mask", "seq_len"], columns="impl", values="ratio",
+                                           sort=False, dropna=False)
+    piv = piv[[c for c in IMPLS if c in piv.columns]]
+    tiles = df.dropna(subset=["tiles_frac"]).groupby(["mask", "seq_len"], sort=False)["tiles_frac"].first()
+    piv["tiles_frac"] = tiles.reindex(piv.index).astype(float)
+    return piv
+
+
+def run(args, argv=None) -> dict:
+    device = pick_device(args.device)
+    dtype = DTYPES[args.dtype]
+    seq_lens = parse_int_list(args.seq_lens or (QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS))
+    masks = split_list(args.masks)
+    impls = parse_impls(args.impls)
+    warmup = args.warmup if args.warmup is not None else (10 if args.quick else 25)
+    rep = args.rep if args.rep is not None else (40 if args.quick else 100)
+    tuned = TunedConfigs.load(args.config_file) if args.config_file else None
+    b, h, d = args.batch, args.heads, args.head_dim
+    for m in masks:   # fail fast on bad mask text
+        resolve_mask(m, max(seq_lens))
+
+    from instrumentation.recording import make_inputs
+
+    meta = run_meta(device, "attention", argv)
+    log(f"benchmarks.attention on {meta['device']} (torch {meta['torch_version']}, triton "
+        f"{meta['triton_version']}): B={b} H={h} D={d} {args.dtype}, N={seq_lens}, masks={masks}, "
+        f"impls={impls}")
+    mm = None
+    if not args.no_matmul and device.type == "cuda":
+        log("measuring bf16 matmul peak (8192^3, do_bench median) ...")
+        mm = matmul_tflops(device)
+        log(f"  matmul: {mm:.1f} TFLOP/s")
+    elem = torch.tensor([], dtype=dtype).element_size()
+    heads_checked = check_heads(b, h)
+    meta.update(
+        matmul_tflops=mm, matmul_shape=[8192, 8192, 8192] if mm else None, matmul_dtype="bf16",
+        flop_convention=FLOP_CONVENTION,
+        shape={"B": b, "H": h, "D": d}, dtype=args.dtype, seq_lens=seq_lens, masks=masks,
+        impls=impls, seed=args.seed,
+        timing=f"triton.testing.do_bench(fn, warmup={warmup}, rep={rep}, return_mode='median')"
+        if device.type == "cuda" else "wall clock median (CPU interpreter smoke run; not a benchmark)",
+        correctness=(f"before timing, each output is compared with a float32 reference on batch*heads "
+                     f"{heads_checked} (all rows); rel_err = ||out - ref||_F / ||ref||_F; an impl with "
+                     f"rel_err > {TOLERANCE[args.dtype]} is recorded as 'wrong' and not timed. "
+                     "rel_err_cudnn: the same measure against the sdpa_cudnn output on the whole tensor."),
+        tolerance=TOLERANCE[args.dtype],
+        ratios={"x_cudnn": "ms / ms of sdpa_cudnn at the same (mask, N); < 1 is faster than cuDNN",
+                "x_full": "ms / ms of the same impl with the full mask at the same N",
+                "tiles_frac": "computed (full + partial) tiles / all tiles of our kernel's block map",
+                "pairs_frac": "visible (query, key) pairs / N^2"},
+        notes=["tilescope times are of the public flash_attention() call with tracing compiled out "
+               "(host-side planning is cached; each call uploads its work list)",
+               "naive is kernels.naive_attention: it materialises S and P and builds the dense mask "
+               "per call; it is skipped ('too_big') when S and P would not fit in free memory",
+               "sdpa_* are torch.nn.functional.scaled_dot_product_attention under "
+               "torch.nn.attention.sdpa_kernel(backend), is_causal for the causal mask"],
+        config_file=args.config_file,
+    )
+    result = {"meta": meta, "records": []}
+    out_path = f"{args.out.rstrip('/')}/{device_slug(meta['device'])}.json"
+
+    n_total = sum(1 for n in seq_lens for m in masks if resolve_mask(m, n) is not None
+                  for i in impls if applicable(i, resolve_mask(m, n)))
+    done = 0
+    t_run = time.perf_counter()
+    for n in seq_lens:
+        log(f"-- N={n}: generating inputs ...")
+        q, k, v = make_inputs(b, h, n, d, args.dtype, seed=args.seed, device=device)
+        for label in masks:
+            spec = resolve_mask(label, n)
+            if spec is None:
+                log(f"   mask {label}: lengths do not sum to N={n}; skipped")
+                continue
+            pairs = visible_pairs(spec, n)
+            flops = attention_flops(b, h, n, d, spec)
+            ref = reference_slice(q, k, v, spec, heads_checked)
+            cudnn_out = None
+            for impl in impls:
+                if not applicable(impl, spec):
+                    continue
+                done += 1
+                rec = dict(impl=impl, mask=label, mask_spec=spec.text, seq_len=n, head_dim=d,
+                           dtype=args.dtype, batch=b, heads=h, ms=None, tflops=None, rel_err=None,
+                           rel_err_cudnn=None, config=None, config_source=None, status="ok",
+                           error=None, flops=flops, pairs_frac=pairs / float(n * n), tiles_frac=None)
+                if impl in SCHEDULE_OF:
+                    cfg = (tuned.lookup(d, spec, n, args.dtype) if tuned else None)
+                    rec["config_source"] = "tuned" if cfg else "default"
+                    cfg = cfg or default_config(d, dtype).as_dict()
+                    rec["config"] = cfg
+                    rec["schedule"] = SCHEDULE_OF[impl]
+                    rec["tiles_frac"] = tile_fraction(spec, n, cfg["block_m"], cfg["block_n"])
+                else:
+                    cfg = None
+                if impl == "naive" and not naive_fits(device, b, h, n, elem):
+                    rec.update(status="too_big",
+                               error=f"S and P need {naive_bytes(b, h, n, elem) / 2**30:.1f} GiB")
+                    result["records"].append(rec)
+                    log(_progress(done, n_total, rec))
+                    continue
+                fn, ctx = make_call(impl, q, k, v, spec, cfg)
+                try:
+                    with ctx():
+                        out = fn()
+                        ok, err = check_output(take_heads(out, heads_checked), ref, dtype)
+                        rec["rel_err"] = err
+                        if impl == "sdpa_cudnn":
+                            cudnn_out = out
+                        elif cudnn_out is not None:
+                            rec["rel_err_cudnn"] = rel_error(out, cudnn_out)
+                        del out
+                        if not ok:
+                            rec["status"] = "wrong"
+                            rec["error"] = (f"rel_err {err:.3g} > {TOLERANCE[args.dtype]}: "
+                                            "output disagrees with the reference; not timed")
+                        else:
+                            ms = time_ms(fn, device, warmup=warmup, rep=rep)
+                            rec["ms"] = ms
+                            rec["tflops"] = flops / (ms * 1e-3) / 1e12
+                except Exception as e:  # noqa: BLE001  (record and go on)
+                    msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                    if is_oom(e):
+                        status = "oom"
+                    elif impl.startswith("sdpa_") and ("No available kernel" in str(e)
+                                                       or "No viable backend" in str(e)):
+                        status = "unsupported"
+                    else:
+                        status = "error"
+                    rec.update(status=status, error=msg[:500], ms=None, tflops=None)
+                    free_cuda(device)
+                result["records"].append(rec)
+                log(_progress(done, n_total, rec))
+            del ref, cudnn_out
+        del q, k, v
+        free_cuda(device)
+        write_results(result, out_path, "attention")   # partial results survive a timeout
+    meta["elapsed_s"] = round(time.perf_counter() - t_run, 1)
+    path = write_results(result, out_path, "attention", copy_to=args.copy_to)
+    log(f"wrote {path}" + (f" (copied to {args.copy_to})" if args.copy_to else ""))
+    return result
+
+
+def _progress(i, total, rec) -> str:
+    head = f"[{i:3d}/{total}] {rec['impl']:24s} {rec['mask']:20s} N={rec['seq_len']:<6d}"
+    if rec["status"] != "ok":
+        return f"{head} {rec['status'].upper()}  {rec['error'] or ''}"
+    return (f"{head} {rec['ms']:9.3f} ms {rec['tflops']:7.1f} TFLOP/s  rel_err={rec['rel_err']:.1e}"
+            + (f"  tiles={rec['tiles_frac']:.3f}" if rec.get("tiles_frac") is not None else ""))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    result = run(args, argv)
+    df = ratio_table(result["records"], mask_order=result["meta"]["masks"],
+                     matmul=result["meta"]["matmul_tflops"])
+    log("\n" + format_table(df))
+    piv = summary_pivot(df)
+    if not piv.empty:
+        log("\ntime ratios: full/causal rows = ms / sdpa_cudnn ms; other masks = ms / the same impl's "
+            "full-mask ms (compare with tiles_frac, the fraction of tiles computed):")
+        log(piv.to_string(float_format=lambda x: f"{x:.2f}"))
+    bad = [r for r in result["records"] if r["status"] == "wrong"]
+    if bad:
+        log(f"\nWARNING: {len(bad)} wrong output(s) were not timed: "
+            + ", ".join(f"{r['impl']}/{r['mask']}/N={r['seq_len']}" for r in bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
