@@ -1,0 +1,84 @@
+"""Page 2: the block-skip map. Which tiles the mask makes full, partial or skipped, what that
+saves, and whether the kernel really visited exactly the predicted tiles."""
+
+import streamlit as st
+
+from app import state
+from app.figures.blockmap import blockmap_comparison_figure, blockmap_figure, blockmap_stats
+from app.pages import common
+from kernels import parse_mask
+from kernels.masks import MASK_KINDS
+
+s = state.settings()
+st.title("Block-skip map")
+problems = s.problems()
+if problems:
+    common.explain_failure(state.RunError(" ".join(problems)), s)
+    st.stop()
+
+trace = None
+try:
+    src = state.current_source(s)
+    common.banner(src)
+    trace = src.trace
+except state.RunError as exc:  # e.g. too big for the interpreter: the prediction still works
+    common.explain_failure(exc, s)
+    st.warning("Showing the block map **predicted from the mask** only (MaskSpec.block_map); "
+               "no kernel visits to overlay.", icon="📐")
+
+stats = blockmap_stats(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace)
+m = st.columns(6)
+m[0].metric("tiles", f"{stats['tiles']:,}", help=f"grid {stats['grid'][0]}×{stats['grid'][1]}")
+m[1].metric("full", f"{stats['full']:,}")
+m[2].metric("partial", f"{stats['partial']:,}")
+m[3].metric("skipped", f"{stats['skipped']:,}")
+m[4].metric("fraction skipped", f"{stats['fraction_skipped']:.1%}")
+m[5].metric("FLOPs saved / head", f"{stats['flops_saved']:.3g}",
+            help=f"4·bm·bn·d = {stats['flops_per_tile']:,} FLOPs per tile; "
+                 f"{stats['flops_computed']:.3g} computed of {stats['flops_all_tiles']:.3g}")
+if trace is not None:
+    if stats["disagreements"]:
+        shown = ", ".join(f"(q {q}, k {k}: mask says {st_}, kernel {'visited' if v else 'skipped'})"
+                          for q, k, st_, v in stats["disagreement_tiles"][:10])
+        st.error(f"**The kernel disagrees with the block map on {stats['disagreements']} tile(s)**: "
+                 f"{shown}. Either the mask's block classification or the kernel's block lists are "
+                 "wrong: this is a bug, please report it with the trace (download below).", icon="🚨")
+    else:
+        st.success(f"The kernel visited exactly the {stats['visited']:,} tiles the block map predicts "
+                   f"(head bh={(trace.meta.get('traced_heads') or [0])[0]}).", icon="✅")
+
+common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace),
+             "block-map", "skip_map", s.present)
+
+st.subheader("Compare side by side")
+what = st.radio("Compare", ["two block sizes", "two masks"], horizontal=True, key="skip_cmp_kind")
+left = {"mask": s.mask, "n": s.seq_len, "block_m": s.block_m, "block_n": s.block_n}
+right = dict(left)
+if what == "two block sizes":
+    c1, c2 = st.columns(2)
+    right["block_m"] = c1.selectbox("block_m (right)", state.BLOCK_SIZES,
+                                    index=state.BLOCK_SIZES.index(128 if s.block_m != 128 else 64),
+                                    key="skip_cmp_bm")
+    right["block_n"] = c2.selectbox("block_n (right)", state.BLOCK_SIZES,
+                                    index=state.BLOCK_SIZES.index(128 if s.block_n != 128 else 64),
+                                    key="skip_cmp_bn")
+else:
+    others = {"full": "full", "causal": "causal", "sliding_window": f"sliding_window:{max(1, s.seq_len // 4)}",
+              "prefix_lm": f"prefix_lm:{s.seq_len // 4}",
+              "document": "document:" + state._default_docs(s.seq_len)}
+    kind = parse_mask(s.mask).kind
+    default = next(k for k in MASK_KINDS if k != kind)
+    st.session_state.setdefault("skip_cmp_mask", others[default])
+    text = st.text_input("Mask (right)", key="skip_cmp_mask",
+                         help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...")
+    right["mask"] = text
+try:
+    parse_mask(right["mask"], s.seq_len)
+    common.chart(blockmap_comparison_figure(left, right, head_dim=s.head_dim), "block-map-comparison",
+                 "skip_cmp", s.present)
+except ValueError as exc:
+    st.error(f"The right-hand mask does not work: {exc}")
+
+if trace is not None:
+    st.subheader("Downloads")
+    common.trace_downloads(trace, "skip")

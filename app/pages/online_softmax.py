@@ -1,0 +1,110 @@
+"""Page 3: the online softmax of one query row, stepped K tile by K tile from the kernel's own
+running max m, sum l and rescale alpha, beside a float64 reference on the same inputs."""
+
+import numpy as np
+import streamlit as st
+
+from app import state
+from app.figures.softmax import (inputs_for_trace, softmax_error_figure, softmax_state_figure,
+                                 softmax_steps, softmax_strip_figure, softmax_tile_figure)
+from app.pages import common
+
+s = state.settings()
+st.title("Online softmax")
+src = common.source_or_stop(s)
+common.banner(src)
+trace = src.trace
+if len(trace.rows) == 0:
+    st.info("This trace has no per-row softmax state (recorded with level='work'). Record with "
+            "level='full' (the default) to step through a row.")
+    st.stop()
+
+
+@st.cache_resource(show_spinner="Regenerating the traced head's inputs…", max_entries=8)
+def head_inputs(key: str, bh: int, _trace):
+    """q, k, v of one head, regenerated with the recording's seed (make_inputs(heads_only=[bh]))."""
+    return inputs_for_trace(_trace, bh)
+
+
+bh = int((trace.meta.get("traced_heads") or [trace.rows["bh"].iat[0]])[0])
+bm, n = int(trace.meta["block_m"]), trace.seq_len
+blocks = sorted(trace.rows.loc[trace.rows["bh"] == bh, "q_block"].unique().tolist())
+c1, c2 = st.columns([1, 2])
+qb = c1.selectbox(f"Query block (of {bm} rows; traced ones)", blocks, index=len(blocks) - 1,
+                  key="sm_qblock", help="blocks with per-row state in this trace: "
+                  + ", ".join(map(str, blocks)))
+rows_in_block = min(bm, n - qb * bm)
+offset = c2.slider("Row inside the block", 0, rows_in_block - 1, min(rows_in_block - 1, bm // 2),
+                   key="sm_offset")
+q_row = qb * bm + offset
+
+if trace.meta.get("inputs") not in (None, "instrumentation.make_inputs"):
+    st.warning(f"This trace was recorded with inputs {trace.meta.get('inputs')!r}, not "
+               "instrumentation.make_inputs: the reference below cannot see the kernel's inputs.")
+q, k, v = head_inputs(src.key, bh, trace)
+steps = softmax_steps(trace, q_row, q, k, v, bh=bh)
+if not steps.attrs["inputs_match"]:
+    st.error("The kernel's m and l do not match the float64 reference on the regenerated inputs: "
+             f"either these are not the inputs it saw (seed {trace.meta.get('input_seed', 0)}, head {bh}) "
+             "or the kernel is wrong. Treat the comparison below with suspicion.", icon="🚨")
+
+last = len(steps) - 1
+st.session_state["sm_step"] = min(int(st.session_state.get("sm_step", 0)), last)
+
+
+def step(delta):
+    st.session_state["sm_step"] = max(0, min(last, st.session_state["sm_step"] + delta))
+
+
+b1, b2, b3, b4 = st.columns([1, 1, 1, 6])
+b1.button("⏮ first", on_click=lambda: st.session_state.update(sm_step=0), key="sm_first")
+b2.button("◀ prev", on_click=step, args=(-1,), key="sm_prev")
+b3.button("next ▶", on_click=step, args=(1,), key="sm_next")
+if last > 0:
+    b4.slider("step (K tile in the kernel's order)", 0, last, key="sm_step")
+i = int(st.session_state["sm_step"])
+r = steps.iloc[i]
+
+lo, hi = steps.attrs["visible"]
+st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`) sees keys {lo}–{hi}; "
+            f"the kernel visits **{len(steps)} K tiles** of {steps.attrs['n_k_blocks']}. "
+            f"Step **{i + 1}/{len(steps)}**: K block {r.k_block} ({r.status}, keys "
+            f"{r.key_start}–{r.key_end - 1}).")
+m = st.columns(5)
+m[0].metric("running m (kernel)", f"{r.m_kernel:.5f}", f"{r.m_kernel - r.m_ref:+.1e} vs float64",
+            delta_color="off")
+m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", f"{(r.l_kernel - r.l_ref) / r.l_ref:+.1e} rel.",
+            delta_color="off")
+m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
+            f"{r.alpha_kernel - r.alpha_ref:+.1e} vs float64", delta_color="off")
+m[3].metric("‖O'/ℓ − O‖/‖O‖", f"{r.out_rel_err:.2e}", help="partial output after this step vs the exact "
+            "float64 output of the row")
+kerr = steps.attrs.get("kernel_out_rel_err")
+m[4].metric(f"kernel output error ({steps.attrs.get('dtype')})",
+            "n/a" if kerr is None or not np.isfinite(kerr) else f"{kerr:.2e}",
+            help="the kernel's final O for this row vs the float64 reference")
+
+common.chart(softmax_strip_figure(steps, i), "softmax-strip", "sm_strip", s.present)
+left, right = st.columns(2)
+with left:
+    common.chart(softmax_tile_figure(steps, i), "softmax-tile", "sm_tile", s.present)
+with right:
+    common.chart(softmax_error_figure(steps, i), "softmax-error", "sm_error", s.present)
+common.chart(softmax_state_figure(steps, i), "softmax-state", "sm_state", s.present)
+
+with st.expander("Every step as a table"):
+    st.dataframe(steps.drop(columns=["scores"]), hide_index=True)
+with st.expander("The algorithm (seed 000's widget)"):
+    st.code("""m, l, O' = -inf, 0, zeros(d)          # running stats, live in SRAM
+for t in tiles:                         # the K blocks this row's mask leaves visible
+    S     = q @ K_t.T / sqrt(d)         # 1 x TILE, in SRAM only
+    m_new = max(m, max(S))
+    alpha = exp(m - m_new)              # rescale factor for the old stats
+    P     = exp(S - m_new)
+    l     = alpha * l + sum(P)
+    O'    = alpha * O' + P @ V_t
+    m     = m_new
+return O' / l""", language="python")
+
+st.subheader("Downloads")
+common.trace_downloads(trace, "sm")
