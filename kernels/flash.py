@@ -96,7 +96,7 @@ class BlockPlan:
     row_lo: torch.Tensor                   # (n,) int32
     row_hi: torch.Tensor                   # (n,) int32
     full_cnt: torch.Tensor                 # (n_qb,) int32
-    full_idx: torch.Tensor                 # (n_qb, n_kb) int32, first full_cnt entries used
+    full_start: torch.Tensor               # (n_qb,) int32: full K blocks are full_start + [0, full_cnt)
     part_cnt: torch.Tensor
     part_idx: torch.Tensor
     tiles_per_q_block: np.ndarray = field(repr=False)  # (n_qb,) computed tiles
@@ -123,8 +123,12 @@ def _plan_arrays(spec: MaskSpec, n: int, block_m: int, block_n: int):
     bmap = spec.block_map(n, block_m, block_n)
     lo, hi = spec.row_intervals(n)
     full_cnt, full_idx = _index_lists(bmap, FULL)
+    full_start = full_idx[:, 0].copy()
+    # every row sees one interval, so the tiles all rows fully see form one contiguous run
+    last = np.where(full_cnt > 0, full_idx[np.arange(len(full_cnt)), np.maximum(full_cnt - 1, 0)], -1)
+    assert np.all((full_cnt == 0) | (last - full_start + 1 == full_cnt)), "full tiles not contiguous"
     part_cnt, part_idx = _index_lists(bmap, PARTIAL)
-    return bmap, lo, hi, full_cnt, full_idx, part_cnt, part_idx
+    return bmap, lo, hi, full_cnt, full_start, part_cnt, part_idx
 
 
 _plan_cache: dict = {}
@@ -150,9 +154,10 @@ def work_order(plan: BlockPlan, batch_heads: int, schedule: str) -> np.ndarray:
     natural = np.arange(batch_heads * n_qb, dtype=np.int64)
     if schedule == "natural":
         return natural.astype(np.int32)
-    # longest first: the query blocks with most computed tiles start first, heads interleaved
+    # longest first within each head (FA2's reverse order for causal); heads stay in order so
+    # the K/V of the heads in flight stay in L2
     tiles = np.tile(plan.tiles_per_q_block, batch_heads)
-    order = np.lexsort((natural % n_qb, natural // n_qb, -tiles))
+    order = np.lexsort((natural % n_qb, -tiles, natural // n_qb))
     return order.astype(np.int32)
 
 
@@ -229,7 +234,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         flags = (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     attn_fwd_kernel[grid](
         q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_idx, plan.part_cnt, plan.part_idx,
+        plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
         works, counter, *tr, h, n, plan.n_qb, plan.n_kb, n_work, qk_scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -18,7 +18,7 @@ the exponentials are exp2); traced m is converted back to natural units.
 import triton
 import triton.language as tl
 
-LN2: tl.constexpr = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -41,14 +41,17 @@ def _smid():
 
 @triton.jit
 def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-               offs_m, offs_d, row_lo, row_hi, idx_ptr, count, step0, N_CTX, qk_scale,
+               offs_m, offs_d, row_lo, row_hi, idx_ptr, kb_start, count, step0, N_CTX, qk_scale,
                tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for i in range(0, count):
-        k_block = tl.load(idx_ptr + i)
+        if IS_PARTIAL:
+            k_block = tl.load(idx_ptr + i)   # partial tiles: a short list (diagonal, window edges)
+        else:
+            k_block = kb_start + i           # full tiles of an interval mask are one contiguous run
         offs_n = k_block * BLOCK_N + offs_n0
         if TRACE_TILES and HW_CLOCK:
             c_start = _clock64()
@@ -109,7 +112,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
 def _work_item(work, program, order,
                Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-               lo_ptr, hi_ptr, full_cnt, full_idx, part_cnt, part_idx,
+               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
                tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                H, N_CTX, n_qb, n_kb, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -151,12 +154,12 @@ def _work_item(work, program, order,
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
     acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                               offs_m, offs_d, row_lo, row_hi, full_idx + q_block * n_kb, n_full, 0,
+                               offs_m, offs_d, row_lo, row_hi, part_idx, tl.load(full_start + q_block), n_full, 0,
                                N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
                                BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
     acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
-                               offs_m, offs_d, row_lo, row_hi, part_idx + q_block * n_kb, n_part, n_full,
+                               offs_m, offs_d, row_lo, row_hi, part_idx + q_block * n_kb, 0, n_part, n_full,
                                N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
                                BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- epilogue: one normalisation per row --
@@ -182,7 +185,7 @@ def _work_item(work, program, order,
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                    lo_ptr, hi_ptr, full_cnt, full_idx, part_cnt, part_idx,
+                    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
                     work_list, work_counter,
                     tr_work, tr_counter, tr_tiles, tr_rows, row_slot, trace_bh,
                     H, N_CTX, n_qb, n_kb, n_work, qk_scale,
@@ -199,7 +202,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             work = tl.load(work_list + idx)
             _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                       stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_idx,
+                       stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                        part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                        H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                        DOT_PRECISION, UPCAST_DOT, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
@@ -212,7 +215,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             order = pid
         _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                   stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_idx,
+                   stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                    part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                    H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                    DOT_PRECISION, UPCAST_DOT, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)

@@ -61,8 +61,9 @@ def test_schedule_recorded(schedule, device):
     w = trace.work.sort_values("order")
     if schedule == "natural":
         assert list(w.bh * trace.meta["n_q_blocks"] + w.q_block) == list(range(len(w)))
-    else:  # longest work first
-        assert w.tiles_visited.is_monotonic_decreasing
+    else:  # heads in order, the longest work of each head first
+        assert w.bh.is_monotonic_increasing
+        assert all(g.tiles_visited.is_monotonic_decreasing for _, g in w.groupby("bh"))
 
 
 def test_selected_query_blocks_only(device):
