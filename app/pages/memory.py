@@ -1,0 +1,117 @@
+"""Page 4: memory and traffic. Naive vs flash over N from the bundled sweep (measured peak
+memory with OOM points, time, HBM traffic models and ncu measurements), seed 000's HBM
+calculator and seed 003's table beside the exact counts."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from app import data_sources, state
+from app.pages import common
+from app.pages import memory_figures as mf
+from instrumentation import hbm
+from instrumentation.sweep import load_sweep
+
+s = state.settings()
+st.title("Memory and traffic")
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def sweep(path: str, mtime: float):
+    return load_sweep(path)
+
+
+# -- measured sweep ------------------------------------------------------------------------------
+st.subheader("Naive vs flash over N")
+paths = data_sources.discover_sweeps()
+if not paths:
+    st.warning("No measured sweep is bundled here (data/sweeps/*.json is missing), so there are "
+               "no measurements on this page. Everything below is an **analytic model** "
+               "(instrumentation.hbm), labelled as such.", icon="📐")
+else:
+    path = st.selectbox("Sweep", paths, format_func=lambda p: Path(p).name, key="mem_sweep")
+    try:
+        meta, df = sweep(str(path), Path(path).stat().st_mtime)
+    except (ValueError, OSError) as exc:
+        st.error(f"The sweep {Path(path).name} cannot be read: {exc}")
+        st.stop()
+    when = str(meta.get("created", "?"))
+    st.info(f"**Data: sweep {Path(path).name}** · {meta.get('device_name')} · backend "
+            f"`{meta.get('backend')}` · recorded {when} · torch {meta.get('torch_version')}, triton "
+            f"{meta.get('triton_version')}" + (f", CUDA {meta['cuda_version']}" if meta.get("cuda_version") else "")
+            + (f", driver {meta['driver_version']}" if meta.get("driver_version") else ""), icon="🔎")
+    if meta.get("backend") != "cuda":
+        st.warning("This sweep was not measured on a GPU: " + str(meta.get("peak_memory", ""))
+                   + "; " + str(meta.get("timing", "")), icon="⚠️")
+    n_oom = int(df["oom"].sum())
+    c = st.columns(4)
+    c[0].metric("points", len(df))
+    c[1].metric("largest N", f"{int(df['seq_len'].max()):,}")
+    c[2].metric("OOM points", n_oom)
+    c[3].metric("ncu measurements", int(df["dram_read_bytes"].notna().sum()))
+    if df["peak_bytes"].notna().any() or n_oom:
+        common.chart(mf.peak_memory_figure(meta, df), "peak-memory", "mem_peak", s.present)
+    else:
+        st.info(f"Peak memory: {meta.get('peak_memory', 'not measured in this sweep')}.")
+    common.chart(mf.time_figure(meta, df), "time", "mem_time", s.present)
+    common.chart(mf.traffic_figure(meta, df), "hbm-traffic", "mem_traffic", s.present)
+    with st.expander("Sweep records"):
+        st.dataframe(df, hide_index=True)
+
+# -- seed 000's calculator ------------------------------------------------------------------------
+st.subheader("HBM-traffic calculator (model, seed 000)")
+c1, c2, c3 = st.columns(3)
+T = c1.select_slider("sequence length T", [2 ** k for k in range(7, 18)], value=8192, key="mem_T")
+h = c2.slider("heads h", 1, 128, 32, key="mem_h")
+d = c3.select_slider("head dim d", [16, 32, 64, 128, 256], value=128, key="mem_d")
+c1, c2, c3 = st.columns(3)
+dtype = c1.selectbox("dtype", ["fp16", "bf16", "fp32"], key="mem_dtype")
+bq = c2.select_slider("tile block_q", [16, 32, 64, 128, 256], value=128, key="mem_bq")
+bkv = c3.select_slider("tile block_kv", [16, 32, 64, 128, 256], value=128, key="mem_bkv",
+                       help="seed 000: tile sizes do not move the bars; they change SRAM pressure "
+                            "and the inner-loop count")
+el = hbm.DTYPE_BYTES[dtype]
+naive, flash = hbm.naive_hbm_bytes(T, h, d, el), hbm.flash_hbm_bytes(T, h, d, el)
+tiled = hbm.flash_hbm_bytes_tiled(T, h, d, bq, el)
+t2, qkvo = 4 * h * T * T * el, 4 * h * T * d * el
+m = st.columns(4)
+m[0].metric("naive HBM", f"{naive / 1e9:.2f} GB", f"{naive:,} B", delta_color="off")
+m[1].metric("flash HBM", f"{flash / 1e6:.0f} MB", f"{flash:,} B", delta_color="off")
+m[2].metric("reduction", f"{naive / flash:.1f}×")
+m[3].metric("dominant term (naive)", "S and P (T²)" if t2 > qkvo else "Q, K, V, O (T·d)",
+            f"{t2 / naive:.0%} of naive", delta_color="off")
+common.chart(mf.calculator_figure(T, h, d, el, bq), "hbm-calculator", "mem_calc", s.present)
+st.caption(f"Tiled flash (K/V re-read once per query block of {bq}): {tiled / 1e6:.1f} MB. "
+           f"block_kv = {bkv} changes neither count. Seed 000's example (T=8192, h=32, d=128, fp16): "
+           f"{hbm.naive_hbm_bytes(8192, 32, 128) / 1e9:.2f} GB naive vs "
+           f"{hbm.flash_hbm_bytes(8192, 32, 128) / 1e6:.0f} MB flash ≈ "
+           f"{hbm.naive_hbm_bytes(8192, 32, 128) / hbm.flash_hbm_bytes(8192, 32, 128):.0f}×. "
+           + hbm.seed000_example()["note"] + ".")
+if not paths:
+    common.chart(mf.model_curves_figure(h, d, el, bq), "hbm-model-curves", "mem_model", s.present)
+
+# -- seed 003's table -----------------------------------------------------------------------------
+st.subheader("Seed 003's scaling table, beside the exact counts")
+table = hbm.seed003_scaling_table()
+st.dataframe(table.drop(columns=["why_different"]), hide_index=True,
+             column_config={c: st.column_config.NumberColumn(format="%.1f") for c in table.columns
+                            if c.endswith("_mib") or c.endswith("reduction")})
+st.caption("One head, d = 128, B_q = 128, fp16, MB = MiB. " + table["why_different"].iat[-1] + ".")
+
+# -- the current trace's own count ----------------------------------------------------------------
+st.subheader("Counted from the current trace")
+try:
+    src = state.current_source(s)
+    counted = hbm.tile_count_breakdown(src.trace)
+    sh = src.trace.meta["shape"]
+    el_t = hbm.DTYPE_BYTES[src.trace.meta["dtype"]]
+    ideal = hbm.flash_hbm_bytes(int(sh["N"]), int(sh["H"]), int(sh["D"]), el_t, int(sh["B"]))
+    naive_t = hbm.naive_hbm_bytes(int(sh["N"]), int(sh["H"]), int(sh["D"]), el_t, int(sh["B"]))
+    st.markdown(f"From the **{counted['tiles_visited']:,} K/V tiles the kernel visited** "
+                f"({src.origin}; mask {src.trace.meta['mask']}, blocks {src.trace.meta['block_m']}×"
+                f"{src.trace.meta['block_n']}): Q {counted['q_read']:,} B + K {counted['k_read']:,} B + "
+                f"V {counted['v_read']:,} B + O {counted['o_write']:,} B = **{counted['total']:,} B**, vs "
+                f"{ideal:,} B ideal flash and {naive_t:,} B naive (models, no caches).")
+    st.caption(src.trace.provenance())
+except (state.RunError, ValueError, KeyError) as exc:
+    st.info(f"No trace to count from with the current settings: {exc}")
