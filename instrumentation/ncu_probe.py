@@ -123,10 +123,12 @@ def parse_ncu_csv(text: str) -> dict:
 
 
 def ncu_command(ncu: str, impl: str, seq_len: int, batch: int, heads: int, head_dim: int,
-                dtype: str, mask: str, log_file: str | None = None) -> list[str]:
+                dtype: str, mask: str, log_file: str | None = None,
+                base_units: bool = True) -> list[str]:
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off",
-           "--target-processes", "all", "--metrics", ",".join(METRICS), "--csv",
-           "--print-units", "base"]
+           "--target-processes", "all", "--metrics", ",".join(METRICS), "--csv"]
+    if base_units:
+        cmd += ["--print-units", "base"]
     if log_file:
         cmd += ["--log-file", log_file]
     return cmd + [sys.executable, "-m", "instrumentation.ncu_probe", "--worker", "--impl", impl,
@@ -168,21 +170,27 @@ def measure_dram(impl: str, seq_len: int, batch: int = 1, heads: int = 1, head_d
     except ImportError:  # pragma: no cover
         return {**base, "status": "skipped", "reason": "torch is not importable"}
     base["ncu_version"] = ncu_version(ncu)
-    with tempfile.TemporaryDirectory(prefix="tilescope-ncu-") as tmp:
-        log = os.path.join(tmp, "ncu.csv")
-        cmd = ncu_command(ncu, impl, seq_len, batch, heads, head_dim, dtype, mask, log)
-        env = {**os.environ, "TRITON_INTERPRET": "0",
-               "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        base["command"] = " ".join(cmd[:cmd.index("--log-file")] + cmd[cmd.index("--log-file") + 2:])
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                 cwd=str(REPO_ROOT), env=env)
-        except subprocess.TimeoutExpired:
-            return {**base, "status": "failed", "reason": f"ncu did not finish in {timeout_s:.0f} s"}
-        except OSError as exc:
-            return {**base, "status": "failed", "reason": f"could not start ncu: {exc}"}
-        text = Path(log).read_text(errors="replace") if os.path.exists(log) else ""
-        output = text + "\n" + res.stdout + "\n" + res.stderr
+    env = {**os.environ, "TRITON_INTERPRET": "0",
+           "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for base_units in (True, False):   # older ncu without --print-units: SI units, parsed too
+        with tempfile.TemporaryDirectory(prefix="tilescope-ncu-") as tmp:
+            log = os.path.join(tmp, "ncu.csv")
+            cmd = ncu_command(ncu, impl, seq_len, batch, heads, head_dim, dtype, mask, log,
+                              base_units)
+            i = cmd.index("--log-file")
+            base["command"] = " ".join(cmd[:i] + cmd[i + 2:])
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                     cwd=str(REPO_ROOT), env=env)
+            except subprocess.TimeoutExpired:
+                return {**base, "status": "failed",
+                        "reason": f"ncu did not finish in {timeout_s:.0f} s"}
+            except OSError as exc:
+                return {**base, "status": "failed", "reason": f"could not start ncu: {exc}"}
+            text = Path(log).read_text(errors="replace") if os.path.exists(log) else ""
+            output = text + "\n" + res.stdout + "\n" + res.stderr
+        if not (res.returncode != 0 and base_units and "print-units" in output):
+            break
     if res.returncode != 0:
         return {**base, "status": "failed", "reason": _failure_reason(output, res.returncode)}
     try:

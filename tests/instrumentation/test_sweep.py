@@ -210,3 +210,87 @@ def test_add_ncu_records_why_it_is_missing(swept, tmp_path, monkeypatch):
     assert at.dram_read_bytes.isna().all() and at.ncu_reason.str.contains("not found").all()
     assert df[df.seq_len != 64].ncu_status.isna().all()
     assert meta["ncu_sizes"] == [64]
+
+
+# -- regenerate (tiny interpreter version) -----------------------------------------------------
+
+def test_regenerate_needs_a_gpu_without_allow_cpu(tmp_path, capsys):
+    from instrumentation import regenerate
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert regenerate.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert regenerate.main(["--out", str(tmp_path), "--allow-cpu"]) == 2   # only with --quick
+
+
+def test_regenerate_quick_cpu_writes_manifest_and_resumes(tmp_path):
+    from instrumentation import regenerate
+    from instrumentation.trace import Trace
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the CPU path is not taken")
+    args = ["--out", str(tmp_path), "--allow-cpu", "--quick", "--no-progress"]
+    assert regenerate.main(args) == 0
+    man = json.loads((tmp_path / "MANIFEST.json").read_text())
+    kinds = [f["kind"] for f in man["files"]]
+    assert kinds.count("trace") == 7 and kinds.count("sweep") == 1 and not man["problems"]
+    assert man["command"] == "python -m instrumentation.regenerate " + " ".join(args)
+    masks = {f["mask"] for f in man["files"] if f["kind"] == "trace"}
+    assert masks == {"full", "causal", "sliding_window:64", "prefix_lm:32",
+                     "document:32,96,64,64"}
+    scheds = {f["schedule"] for f in man["files"] if f["kind"] == "trace" and f["mask"] == "causal"}
+    assert scheds == {"natural", "longest_first", "persistent"}
+    t = Trace.load(tmp_path / "traces" / "n256_causal_persistent")
+    assert t.meta["command"] == man["command"] and t.meta["schedule"] == "persistent"
+    meta, df = load_sweep(tmp_path / "sweeps" / "cpu-x86-64-unknown.json"
+                          if (tmp_path / "sweeps" / "cpu-x86-64-unknown.json").exists()
+                          else next((tmp_path / "sweeps").glob("*.json")))
+    assert meta["command"] == man["command"] and len(df) == 6
+    # a rerun skips everything that exists
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")}
+    assert regenerate.main(args) == 0
+    assert stamps == {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")}
+    # a damaged trace is re-recorded
+    (tmp_path / "traces" / "n256_full_natural" / "work.parquet").write_bytes(b"garbage")
+    assert regenerate.main(args) == 0
+    Trace.load(tmp_path / "traces" / "n256_full_natural")
+
+
+def test_regenerate_budget_stops_cleanly(tmp_path):
+    from instrumentation import regenerate
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    args = ["--out", str(tmp_path), "--allow-cpu", "--quick", "--no-progress", "--budget-s", "0"]
+    assert regenerate.main(args) == 3
+    assert (tmp_path / "MANIFEST.json").exists()
+
+
+def test_trace_caps_fit_the_budget():
+    from instrumentation.regenerate import DATA_BUDGET_BYTES, document_mask, plan, trace_caps
+    jobs = plan(quick=False, cpu=False)["traces"]
+    assert len(jobs) == 15 + 4
+    assert sum(trace_caps(jobs)) <= DATA_BUDGET_BYTES
+    assert document_mask(1024) == "document:128,384,256,256"
+    assert {j["mask"] for j in jobs if j["n"] == 16384} >= {"sliding_window:1024", "prefix_lm:512"}
+
+
+def test_measure_dram_runs_ncu_and_parses_its_log(tmp_path, monkeypatch):
+    """The subprocess plumbing, with a stand-in ncu that writes a recorded CSV to --log-file."""
+    csv_file = tmp_path / "sample.csv"
+    csv_file.write_text(NCU_CSV)
+    fake = tmp_path / "ncu"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "Version 2025.1.0.0"; exit 0; fi\n'
+                    'while [ $# -gt 0 ]; do if [ "$1" = "--log-file" ]; then shift; '
+                    f'cp {csv_file} "$1"; fi; shift; done\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    res = measure_dram("naive", 4096, heads=32, ncu=str(fake))
+    assert res["status"] == "ok" and res["ncu_version"] == "Version 2025.1.0.0"
+    assert res["dram_read_bytes"] == pytest.approx(parse_ncu_csv(NCU_CSV)["dram_read_bytes"])
+    assert "--clock-control none" in res["command"] and "dram__bytes_read.sum" in res["command"]
+    assert "--worker --impl naive --seq-len 4096" in res["command"]
+    fail = tmp_path / "ncu_fail"
+    fail.write_text('#!/bin/sh\necho "==ERROR== ERR_NVGPUCTRPERM - The user does not have '
+                    'permission to access NVIDIA GPU Performance Counters" >&2\nexit 1\n')
+    fail.chmod(0o755)
+    res = measure_dram("flash", 4096, ncu=str(fail))
+    assert res["status"] == "failed" and "ERR_NVGPUCTRPERM" in res["reason"]

@@ -1,0 +1,367 @@
+"""Regenerate everything under data/ on a CUDA machine, with one command.
+
+    python -m instrumentation.regenerate --out data              # everything (~8 min on an H100)
+    python -m instrumentation.regenerate --out data --quick      # a small subset
+    python -m instrumentation.regenerate --out data --only traces|sweeps|ncu
+    python -m instrumentation.regenerate --out data --budget-s 420   # stop cleanly; rerun resumes
+    python -m instrumentation.regenerate --out /tmp/d --allow-cpu --quick   # tiny, interpreter
+
+What it writes (see data/README.md):
+
+    traces/n{N}_{mask}_{schedule}/   Trace.save directories: N in {1024, 4096, 16384} x masks
+                                     {full, causal, sliding_window:1024, prefix_lm:512,
+                                     document:N/8,3N/8,N/4,N/4}, natural schedule; plus causal
+                                     N in {4096, 16384} under longest_first and persistent.
+                                     bf16, D=128, B=4, H=16, level full: work timing for every
+                                     head, tile and softmax-row detail for head 0.
+    sweeps/{device-slug}.json        naive vs flash: peak memory, median time, OOM points,
+                                     analytic HBM models, ncu DRAM bytes at 3 sizes
+    MANIFEST.json                    an index of all of the above (file, kind, N, mask, schedule,
+                                     device, created, bytes) for the app
+
+Everything is resumable: outputs that already exist and load are skipped. The exact command is
+recorded in every file's meta. Running out of GPU memory is recorded, never fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+MANIFEST_FORMAT = "tilescope-data-manifest"
+DATA_BUDGET_BYTES = 30 * 10 ** 6          # keep data/ (traces + sweeps) within 30 MB
+TRACE_SHAPE = dict(batch=4, heads=16, head_dim=128, dtype="bf16")
+TRACE_NS = (1024, 4096, 16384)
+SCHEDULE_NS = (4096, 16384)
+SCHEDULES = ("natural", "longest_first", "persistent")
+SWEEP = dict(min_n=256, max_n=131072, batch=1, heads=32, head_dim=128, dtype="fp16", mask="full")
+NCU_SIZES = (1024, 4096, 16384)
+TRACE_BLOCK_STEPS = (None, 8, 4, 2)       # None = record()'s auto choice; then fewer if too big
+
+
+def document_mask(n: int) -> str:
+    """Uneven documents in proportions 1/8, 3/8, 1/4, 1/4 (the last takes the remainder)."""
+    a, b, c = n // 8, 3 * n // 8, n // 4
+    return f"document:{a},{b},{c},{n - a - b - c}"
+
+
+def trace_masks(n: int, quick_cpu: bool = False) -> list[str]:
+    if quick_cpu:   # tiny interpreter run: same kinds, parameters scaled to N
+        return ["full", "causal", f"sliding_window:{n // 4}", f"prefix_lm:{n // 8}",
+                document_mask(n)]
+    return ["full", "causal", "sliding_window:1024", "prefix_lm:512", document_mask(n)]
+
+
+def mask_slug(mask: str) -> str:
+    return mask.replace(":", "-").replace(",", "-")
+
+
+def trace_name(n: int, mask: str, schedule: str) -> str:
+    return f"n{n}_{mask_slug(mask)}_{schedule}"
+
+
+def plan(quick: bool, cpu: bool) -> dict:
+    """The recordings to make: trace jobs, sweep settings, ncu sizes."""
+    if cpu:
+        ns, sched_ns, shape = (256,), (256,), dict(batch=1, heads=2, head_dim=64, dtype="bf16")
+        sweep = dict(min_n=32, max_n=128, batch=1, heads=1, head_dim=32, dtype="fp16", mask="full")
+        ncu = ()
+    elif quick:
+        ns, sched_ns, shape = (1024,), (1024,), dict(TRACE_SHAPE)
+        sweep = {**SWEEP, "max_n": 4096}
+        ncu = (1024,)
+    else:
+        ns, sched_ns, shape = TRACE_NS, SCHEDULE_NS, dict(TRACE_SHAPE)
+        sweep, ncu = dict(SWEEP), NCU_SIZES
+    jobs = [dict(n=n, mask=m, schedule="natural") for n in ns for m in trace_masks(n, cpu)]
+    jobs += [dict(n=n, mask="causal", schedule=s) for n in sched_ns for s in SCHEDULES
+             if s != "natural"]
+    return {"traces": jobs, "trace_shape": shape, "sweep": sweep, "ncu_sizes": ncu}
+
+
+def trace_weight(n: int) -> float:
+    """Relative size of a trace of length n (measured: ~0.5 MB at 1024 with 8 traced query
+    blocks, ~0.7 MB at 4096 and ~1.5 MB at 16384 with 8 blocks, growing with the steps/row)."""
+    return 1.0 if n <= 1024 else 1.5 if n <= 4096 else 2.5
+
+
+def trace_caps(jobs, budget=DATA_BUDGET_BYTES * 0.9) -> list[float]:
+    """Bytes each trace may take so that all of them fit in `budget`; a trace over its cap is
+    re-recorded with fewer traced query blocks (its provenance is kept, never dropped)."""
+    weights = [trace_weight(j["n"]) for j in jobs]
+    unit = budget / max(sum(weights), 1e-9)
+    return [w * unit for w in weights]
+
+
+def dir_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# -- traces ----------------------------------------------------------------------------------------
+
+def _existing_trace_ok(path: Path, job: dict, shape: dict) -> bool:
+    from .trace import Trace, TraceFormatError
+    if not (path / "manifest.json").exists():
+        return False
+    try:
+        t = Trace.load(path)
+    except TraceFormatError:
+        return False
+    m = t.meta
+    return (m["shape"]["N"] == job["n"] and m["mask"] == job["mask"]
+            and m.get("schedule") == job["schedule"] and m["shape"]["B"] == shape["batch"]
+            and m["shape"]["H"] == shape["heads"] and m["shape"]["D"] == shape["head_dim"]
+            and m["dtype"] == shape["dtype"])
+
+
+def _trace_blocks(n_qb: int, step):
+    if step is None:
+        # record()'s auto choice traces every query block up to 32 of them; past 16 that is
+        # several MB per trace, so start from 8 evenly spaced blocks there
+        return "auto" if n_qb <= 16 else _trace_blocks(n_qb, 8)
+    import numpy as np
+    if n_qb <= step:
+        return list(range(n_qb))
+    return sorted({int(x) for x in np.linspace(0, n_qb - 1, step).round()})
+
+
+def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadline, failures,
+                  progress=True) -> bool:
+    """Record each trace job unless it already exists. Returns False if the deadline hit."""
+    import torch
+
+    from kernels import default_config
+
+    from .recording import DTYPES, make_inputs, record
+
+    tdir = out / "traces"
+    tdir.mkdir(parents=True, exist_ok=True)
+    for leftover in tdir.glob("*.partial"):        # an interrupted earlier run
+        shutil.rmtree(leftover, ignore_errors=True)
+    inputs = {}
+    caps = per_trace_cap if isinstance(per_trace_cap, (list, tuple)) else [per_trace_cap] * len(jobs)
+    bar = _progress(list(zip(jobs, caps)), progress, "traces")
+    for job, cap in bar:
+        name = trace_name(job["n"], job["mask"], job["schedule"])
+        path = tdir / name
+        if _existing_trace_ok(path, job, shape):
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        if hasattr(bar, "set_postfix_str"):
+            bar.set_postfix_str(name)
+        n = job["n"]
+        try:
+            if n not in inputs:
+                inputs.clear()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                inputs[n] = make_inputs(shape["batch"], shape["heads"], n, shape["head_dim"],
+                                        shape["dtype"], seed=0, device=device)
+            q, k, v = inputs[n]
+            cfg = default_config(shape["head_dim"], DTYPES[shape["dtype"]])
+            n_qb = -(-n // cfg.block_m)
+            tmp = tdir / (name + ".partial")
+            candidates = []
+            for step in TRACE_BLOCK_STEPS:
+                b = _trace_blocks(n_qb, step)
+                if b not in candidates:
+                    candidates.append(b)
+            for attempt, blocks in enumerate(candidates):
+                _, trace = record(
+                    q, k, v, mask=job["mask"], schedule=job["schedule"], level="full",
+                    trace_head=0, trace_q_blocks=blocks,
+                    meta_extra={"command": command, "recipe": "instrumentation.regenerate",
+                                "input_seed": 0, "inputs": "instrumentation.make_inputs",
+                                "trace_q_blocks_request": blocks if blocks == "auto" else
+                                f"{len(blocks)} of {n_qb} query blocks, evenly spaced (fewer "
+                                "blocks keep data/ within its 30 MB budget)"})
+                shutil.rmtree(tmp, ignore_errors=True)
+                trace.save(tmp)
+                size = dir_bytes(tmp)
+                if size <= cap or attempt == len(candidates) - 1:
+                    break
+            del trace
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+        except torch.cuda.OutOfMemoryError as exc:
+            failures.append({"file": f"traces/{name}", "kind": "trace", "error":
+                             "torch.cuda.OutOfMemoryError: " + str(exc).strip().splitlines()[0][:300],
+                             "when": _now()})
+            inputs.clear()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        except ValueError as exc:    # e.g. a size the interpreter refuses
+            failures.append({"file": f"traces/{name}", "kind": "trace", "error": str(exc),
+                             "when": _now()})
+    return True
+
+
+# -- manifest ----------------------------------------------------------------------------------------
+
+def build_manifest(out: Path, command=None, failures=()) -> dict:
+    """Index every trace and sweep under `out` (what exists on disk, checked by loading it)."""
+    from .sweep import SweepFormatError, load_sweep
+    from .trace import Trace, TraceFormatError
+
+    files, problems = [], list(failures)
+    for mpath in sorted((out / "traces").glob("*/manifest.json")):
+        d = mpath.parent
+        if d.name.endswith(".partial"):
+            continue
+        try:
+            m = Trace.load(d).meta
+        except TraceFormatError as exc:
+            problems.append({"file": str(d.relative_to(out)), "kind": "trace", "error": str(exc)})
+            continue
+        files.append({
+            "file": str(d.relative_to(out)), "kind": "trace", "N": m["shape"]["N"],
+            "mask": m["mask"], "schedule": m.get("schedule"), "device": m.get("device_name"),
+            "backend": m.get("backend"), "created": m.get("created"), "bytes": dir_bytes(d),
+            "B": m["shape"]["B"], "H": m["shape"]["H"], "D": m["shape"]["D"],
+            "dtype": m.get("dtype"), "block_m": m.get("block_m"), "block_n": m.get("block_n"),
+            "traced_q_blocks": len(m.get("traced_q_blocks", [])),
+            "n_q_blocks": m.get("n_q_blocks"), "untraced_ms": m.get("untraced_ms"),
+        })
+    for spath in sorted((out / "sweeps").glob("*.json")):
+        try:
+            meta, df = load_sweep(spath)
+        except SweepFormatError as exc:
+            problems.append({"file": str(spath.relative_to(out)), "kind": "sweep", "error": str(exc)})
+            continue
+        files.append({
+            "file": str(spath.relative_to(out)), "kind": "sweep", "N": sorted(set(df.seq_len)),
+            "mask": meta.get("mask"), "schedule": None, "device": meta.get("device_name"),
+            "backend": meta.get("backend"), "created": meta.get("created"),
+            "bytes": spath.stat().st_size, "records": len(df),
+            "oom_points": int(df.oom.sum()), "ncu_points": int(df.dram_read_bytes.notna().sum()),
+            "complete": bool(meta.get("complete")),
+        })
+    return {"format": MANIFEST_FORMAT, "version": 1, "created": _now(), "command": command,
+            "total_bytes": sum(f["bytes"] for f in files), "files": files, "problems": problems}
+
+
+def write_manifest(out: Path, command=None, failures=()) -> dict:
+    from .sweep import write_json_atomic
+    manifest = build_manifest(out, command, failures)
+    write_json_atomic(out / "MANIFEST.json", manifest)
+    return manifest
+
+
+# -- command line -----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m instrumentation.regenerate",
+                                description="Regenerate data/ (traces, sweeps, ncu) on a CUDA GPU.")
+    p.add_argument("--out", default="data", help="data directory (default: data)")
+    p.add_argument("--quick", action="store_true", help="a small subset (N=1024 traces, short sweep)")
+    p.add_argument("--only", choices=["traces", "sweeps", "ncu"], default=None,
+                   help="do one part only (ncu fills DRAM bytes into an existing sweep)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop cleanly before this many seconds have passed (rerun to resume)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="with --quick and no GPU: a tiny Triton-interpreter version (for tests)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    argv_list = list(argv) if argv is not None else sys.argv[1:]
+    command = "python -m instrumentation.regenerate " + shlex.join(argv_list)
+    started = time.monotonic()
+    deadline = None if args.budget_s is None else started + args.budget_s
+    import torch
+
+    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    if not cuda:
+        if not (args.allow_cpu and args.quick):
+            print("error: regenerating data/ needs a CUDA GPU (the recordings are GPU "
+                  "measurements). Run this on a GPU machine; for a tiny interpreter run use "
+                  "--allow-cpu --quick.", file=sys.stderr)
+            return 2
+        os.environ["TRITON_INTERPRET"] = "1"
+    from kernels import backend
+
+    from .sweep import add_ncu, device_slug, run_sweep
+
+    device = torch.device("cuda" if backend() == "cuda" else "cpu")
+    cpu = device.type == "cpu"
+    work = plan(args.quick, cpu)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = not args.no_progress
+    from .recording import environment
+    env = environment(device)
+    sweep_path = out / "sweeps" / f"{device_slug(env['device_name'])}.json"
+    failures: list = []
+    complete = True
+    print(f"regenerate: {env['device_name']} [{env['backend']}] -> {out}/ "
+          f"({'quick ' if args.quick else ''}{args.only or 'traces, sweeps, ncu'})", flush=True)
+
+    if args.only in (None, "traces"):
+        complete &= record_traces(out, work["traces"], work["trace_shape"], device, command,
+                                  trace_caps(work["traces"]), deadline, failures, progress)
+        print(f"traces: {len(list((out / 'traces').glob('*/manifest.json')))} in "
+              f"{out / 'traces'} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    if args.only in (None, "sweeps") and complete:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            complete = False
+        else:
+            run_sweep(sweep_path, **work["sweep"], device=device, command=command,
+                      budget_s=left, progress=progress)
+            complete &= bool(json.loads(sweep_path.read_text())["meta"].get("complete"))
+            print(f"sweep: {sweep_path} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    if args.only in (None, "ncu") and complete and work["ncu_sizes"]:
+        if not sweep_path.exists():
+            print(f"error: no sweep at {sweep_path} to add ncu numbers to; run --only sweeps "
+                  "first", file=sys.stderr)
+            return 2
+        left = None if deadline is None else deadline - time.monotonic()
+        complete &= add_ncu(sweep_path, work["ncu_sizes"], budget_s=left, progress=progress)
+        print(f"ncu: sizes {list(work['ncu_sizes'])} ({time.monotonic() - started:.0f} s)",
+              flush=True)
+
+    manifest = write_manifest(out, command, failures)
+    total = manifest["total_bytes"]
+    print(f"MANIFEST.json: {len(manifest['files'])} files, {total / 1e6:.1f} MB "
+          f"({time.monotonic() - started:.0f} s)")
+    for prob in manifest["problems"]:
+        print(f"  problem: {prob['file']}: {prob['error'][:200]}")
+    if total > DATA_BUDGET_BYTES:
+        print(f"warning: data is {total / 1e6:.1f} MB, over the {DATA_BUDGET_BYTES / 1e6:.0f} MB "
+              "budget", file=sys.stderr)
+    if not complete:
+        print("stopped before finishing (budget); rerun the same command to resume")
+        return 3
+    return 0
+
+
+def _progress(items, enabled, desc):
+    if not enabled:
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return items
+    return tqdm(items, desc=desc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
