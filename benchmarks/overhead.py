@@ -1,0 +1,203 @@
+"""What tracing costs: untraced vs per-work-item tracing vs full per-tile tracing, one run.
+
+    python -m benchmarks.overhead            # bf16, D=128, B=4, H=16; N=4096,16384; causal, full
+    python -m benchmarks.overhead --quick    # N=4096, one repeat
+
+Each case calls instrumentation.record() with level='work' (one record per work item: program,
+order, SM id, globaltimer start/end) and level='full' (plus every tile's order and clock64 span
+and the online-softmax rows of a few query blocks of one head), with measure=True: record()
+times the untraced kernel (trace code compiled out) and the traced one back to back with
+do_bench medians on the same inputs. Overhead = traced_ms / untraced_ms - 1, per repeat; the
+record keeps the median over repeats. Writes data/benchmarks/overhead-<device-slug>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from . import (
+    DEFAULT_OUT, DTYPES, TOLERANCE, TunedConfigs, check_heads, check_output, device_slug,
+    free_cuda, log, parse_int_list, pick_device, reference_slice, resolve_mask, run_meta,
+    split_list, take_heads, write_results,
+)
+
+import torch  # noqa: E402
+
+from kernels import default_config  # noqa: E402
+
+LEVELS = ("work", "full")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-lens", default=None, help="comma list of N (default 4096,16384; quick 4096)")
+    p.add_argument("--masks", default="causal,full")
+    p.add_argument("--levels", default="work,full", help="trace levels: work, full")
+    p.add_argument("--schedules", default="natural",
+                   help="comma list of natural, longest_first, persistent")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--repeats", type=int, default=None, help="record() calls per case (default 3; quick 1)")
+    p.add_argument("--config-file", default=None, help="tuned configs (python -m benchmarks.tune)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for overhead-<device-slug>.json")
+    p.add_argument("--copy-to", default=None, help="also copy the result file into this directory")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="cpu runs the Triton interpreter: no timings (smoke runs only)")
+    return p
+
+
+def overhead_pct(traced_ms, untraced_ms):
+    if traced_ms is None or untraced_ms is None or not untraced_ms > 0:
+        return None
+    return (traced_ms / untraced_ms - 1.0) * 100.0
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return float(statistics.median(xs)) if xs else None
+
+
+def run(args, argv=None) -> dict:
+    from instrumentation import record
+    from instrumentation.recording import make_inputs
+
+    device = pick_device(args.device)
+    dtype = DTYPES[args.dtype]
+    seq_lens = parse_int_list(args.seq_lens or ("4096" if args.quick else "4096,16384"))
+    masks = split_list(args.masks)
+    levels = split_list(args.levels)
+    schedules = split_list(args.schedules)
+    for lv in levels:
+        if lv not in LEVELS:
+            raise SystemExit(f"error: unknown level {lv!r}; use work and/or full")
+    for s in schedules:
+        if s not in ("natural", "longest_first", "persistent"):
+            raise SystemExit(f"error: unknown schedule {s!r}")
+    repeats = args.repeats or (1 if args.quick else 3)
+    tuned = TunedConfigs.load(args.config_file) if args.config_file else None
+    b, h, d = args.batch, args.heads, args.head_dim
+    for m in masks:
+        resolve_mask(m, max(seq_lens))
+
+    meta = run_meta(device, "overhead", argv)
+    meta.update(
+        dtype=args.dtype, shape={"B": b, "H": h, "D": d}, seq_lens=seq_lens, masks=masks,
+        levels=levels, schedules=schedules, repeats=repeats, config_file=args.config_file,
+        method=("instrumentation.record(..., level=L, measure=True): meta['untraced_ms'] and "
+                "meta['traced_ms'] are do_bench medians (warmup 10 ms, rep 60 ms) of the untraced "
+                "kernel and of the traced kernel, timed back to back on the same inputs. The traced "
+                "timing includes a 4-byte counter reset per call. overhead_pct = (traced / "
+                "untraced - 1) * 100, median over repeats."),
+        levels_doc={"work": "one record per (batch*head, query block) work item: program, order, "
+                            "SM id, globaltimer start/end",
+                    "full": "work + per-tile order and clock64 start/end of one head + online-"
+                            "softmax state (m, l, alpha) per row of a few query blocks"},
+    )
+    result = {"meta": meta, "records": []}
+    out_path = f"{args.out.rstrip('/')}/overhead-{device_slug(meta['device'])}.json"
+    log(f"benchmarks.overhead on {meta['device']}: B={b} H={h} D={d} {args.dtype}, N={seq_lens}, "
+        f"masks={masks}, levels={levels}, schedules={schedules}, repeats={repeats}")
+    if device.type != "cuda":
+        log("   (no GPU: record() runs the interpreter and takes no timings; overheads are null)")
+    t0 = time.perf_counter()
+    total = len(seq_lens) * len(masks) * len(schedules) * len(levels)
+    done = 0
+    for n in seq_lens:
+        q, k, v = make_inputs(b, h, n, d, args.dtype, seed=args.seed, device=device)
+        heads = check_heads(b, h)
+        for label in masks:
+            spec = resolve_mask(label, n)
+            if spec is None:
+                continue
+            ref = reference_slice(q, k, v, spec, heads)
+            cfg = (tuned.lookup(d, spec, n, args.dtype) if tuned else None) or \
+                default_config(d, dtype).as_dict()
+            for sched in schedules:
+                for level in levels:
+                    done += 1
+                    reps = []
+                    rel_err = None
+                    sizes = {}
+                    for _ in range(repeats):
+                        t_rec = time.perf_counter()
+                        out, trace = record(q, k, v, mask=spec, schedule=sched, level=level,
+                                            measure=True, **cfg)
+                        wall = time.perf_counter() - t_rec
+                        if rel_err is None:
+                            _, rel_err = check_output(take_heads(out, heads), ref, dtype)
+                            sizes = {"work_rows": len(trace.work), "tile_rows": len(trace.tiles),
+                                     "softmax_rows": len(trace.rows)}
+                        del out
+                        un, tr = trace.meta.get("untraced_ms"), trace.meta.get("traced_ms")
+                        reps.append({"untraced_ms": un, "traced_ms": tr,
+                                     "overhead_pct": overhead_pct(tr, un), "record_s": wall})
+                        del trace
+                    rec = dict(
+                        mask=label, mask_spec=spec.text, seq_len=n, head_dim=d, dtype=args.dtype,
+                        batch=b, heads=h, schedule=sched, level=level, config=dict(cfg),
+                        untraced_ms=_median(r["untraced_ms"] for r in reps),
+                        traced_ms=_median(r["traced_ms"] for r in reps),
+                        overhead_pct=_median(r["overhead_pct"] for r in reps),
+                        overhead_pct_min=min((r["overhead_pct"] for r in reps
+                                              if r["overhead_pct"] is not None), default=None),
+                        overhead_pct_max=max((r["overhead_pct"] for r in reps
+                                              if r["overhead_pct"] is not None), default=None),
+                        record_s=_median(r["record_s"] for r in reps),
+                        rel_err=rel_err, output_ok=bool(rel_err is not None
+                                                        and rel_err <= TOLERANCE[args.dtype]),
+                        repeats=reps, **sizes,
+                    )
+                    result["records"].append(rec)
+                    ov = rec["overhead_pct"]
+                    log(f"[{done:2d}/{total}] {label:8s} N={n:<6d} {sched:13s} level={level:4s} "
+                        + (f"untraced {rec['untraced_ms']:.3f} ms  traced {rec['traced_ms']:.3f} ms  "
+                           f"overhead {ov:+.1f}%" if ov is not None else "no timing")
+                        + f"  rel_err={rel_err:.1e}  (record() {rec['record_s']:.1f}s)")
+                    if not rec["output_ok"]:
+                        log(f"   WARNING: traced output disagrees with the reference (rel_err {rel_err:.3g})")
+            del ref
+        del q, k, v
+        free_cuda(device)
+        write_results(result, out_path, "overhead")
+    meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    path = write_results(result, out_path, "overhead", copy_to=args.copy_to)
+    log(f"wrote {path}" + (f" (copied to {args.copy_to})" if args.copy_to else ""))
+    return result
+
+
+def overhead_table(records):
+    """One row per (mask, N, schedule): untraced ms, then ms and overhead % per trace level."""
+    import pandas as pd
+
+    if not records:
+        return pd.DataFrame()
+    rows = {}
+    for r in records:
+        key = (r["mask"], r["seq_len"], r["schedule"])
+        row = rows.setdefault(key, {"mask": key[0], "seq_len": key[1], "schedule": key[2],
+                                    "untraced_ms": r["untraced_ms"]})
+        row[f"{r['level']}_ms"] = r["traced_ms"]
+        row[f"{r['level']}_overhead"] = (f"{r['overhead_pct']:+.1f}%" if r["overhead_pct"] is not None
+                                         else "")
+    return pd.DataFrame(list(rows.values()))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    result = run(args, argv)
+    df = overhead_table(result["records"])
+    log("\n" + df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    return 0 if all(r["output_ok"] for r in result["records"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
