@@ -197,21 +197,30 @@ def measure_point(fn, seq_len, batch, heads, head_dim, dtype, mask, device, warm
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
         out = fn(q, k, v, mask=mask)
         if cuda:
             torch.cuda.synchronize()
             peak = float(torch.cuda.max_memory_allocated(device) - before)
         else:
             peak = float("nan")
+        first_ms = (time.perf_counter() - t0) * 1e3      # includes any compile: an upper bound
         del out
         out = None
         call = lambda: fn(q, k, v, mask=mask)  # noqa: E731
         if cuda:
-            ms = float(triton.testing.do_bench(call, warmup=warmup_ms, rep=rep_ms,
+            # do_bench repeats rep_ms worth of calls; for slow calls ask for a few more so the
+            # median is over several samples (at most ~5 s per point)
+            rep = float(rep_ms)
+            if 5 * first_ms > rep_ms:              # maybe slow; time a warm call to be sure
+                t0 = time.perf_counter()
+                call()
+                torch.cuda.synchronize()
+                rep = float(max(rep_ms, min(5 * (time.perf_counter() - t0) * 1e3, 5000.0)))
+            ms = float(triton.testing.do_bench(call, warmup=warmup_ms, rep=rep,
                                                return_mode="median"))
-        else:
-            ms = _bench_cpu(call)
-        return {"peak_bytes": peak, "ms": ms}
+            return {"peak_bytes": peak, "ms": ms, "bench_rep_ms": rep}
+        return {"peak_bytes": peak, "ms": _bench_cpu(call)}
     finally:
         del q, k, v, out
         if cuda:
@@ -308,7 +317,8 @@ def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=3
                         "included), after torch.cuda.reset_peak_memory_stats()"
                         if dev.type == "cuda" else
                         "not measured: no CUDA allocator on the CPU (peak_bytes is NaN)"),
-        "timing": (f"triton.testing.do_bench(warmup={warmup_ms} ms, rep={rep_ms} ms, "
+        "timing": (f"triton.testing.do_bench(warmup={warmup_ms} ms, rep=max({rep_ms} ms, "
+                   "5 x a warm call, capped at 5 s) (per record: bench_rep_ms), "
                    "return_mode='median')" if dev.type == "cuda" else
                    "wall-clock median of 3 calls on the CPU (flash in the Triton interpreter): "
                    "not a GPU timing"),
