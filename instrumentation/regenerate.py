@@ -289,9 +289,11 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
     if not cuda:
         if not (args.allow_cpu and args.quick):
-            print("error: regenerating data/ needs a CUDA GPU (the recordings are GPU "
-                  "measurements). Run this on a GPU machine; for a tiny interpreter run use "
-                  "--allow-cpu --quick.", file=sys.stderr)
+            why = ("TRITON_INTERPRET is set, so the kernels would run in the CPU interpreter; "
+                   "unset it" if torch.cuda.is_available() else "no CUDA GPU is visible")
+            print(f"error: regenerating data/ needs a CUDA GPU (the recordings are GPU "
+                  f"measurements) and {why}. Run this on a GPU machine; for a tiny interpreter "
+                  "run use --allow-cpu --quick.", file=sys.stderr)
             return 2
         os.environ["TRITON_INTERPRET"] = "1"
     from kernels import backend
