@@ -40,11 +40,11 @@ def _smid():
 
 
 @triton.jit
-def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
                offs_m, offs_d, row_lo, row_hi, idx_ptr, kb_start, count, step0, N_CTX, qk_scale,
                tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
                TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for i in range(0, count):
@@ -59,6 +59,8 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
         k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]     # (D, BLOCK_N)
         if IS_PARTIAL:
             k = tl.load(k_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
+        elif USE_TMA:
+            k = tl.trans(k_desc.load([row_base + k_block * BLOCK_N, 0]))      # bulk tensor copy
         else:
             k = tl.load(k_ptrs)
         if UPCAST_DOT:
@@ -82,6 +84,8 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]     # (BLOCK_N, D)
         if IS_PARTIAL:
             v = tl.load(v_ptrs, mask=offs_n[:, None] < N_CTX, other=0.0)
+        elif USE_TMA:
+            v = v_desc.load([row_base + k_block * BLOCK_N, 0])
         else:
             v = tl.load(v_ptrs)
         if UPCAST_DOT:
@@ -112,11 +116,12 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
 def _work_item(work, program, order,
                Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc,
                tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                H, N_CTX, n_qb, n_kb, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+               USE_TMA: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr):
     if TRACE_WORK and HW_CLOCK:
@@ -134,7 +139,10 @@ def _work_item(work, program, order,
     # -- load the Q block once; it stays on chip for the whole K/V sweep --
     q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]          # (BLOCK_M, D)
     in_seq = offs_m < N_CTX
-    if EVEN_M:
+    row_base = bh * N_CTX                      # first row of this head in the (B*H*N, D) view
+    if USE_TMA:
+        q = q_desc.load([row_base + q_block * BLOCK_M, 0])
+    elif EVEN_M:
         q = tl.load(q_ptrs)
     else:
         q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
@@ -153,15 +161,15 @@ def _work_item(work, program, order,
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
-    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
                                offs_m, offs_d, row_lo, row_hi, part_idx, tl.load(full_start + q_block), n_full, 0,
                                N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
-    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn,
+    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
                                offs_m, offs_d, row_lo, row_hi, part_idx + q_block * n_kb, 0, n_part, n_full,
                                N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- epilogue: one normalisation per row --
     if EVEN_M:
         out = acc / l_i[:, None]
@@ -185,13 +193,13 @@ def _work_item(work, program, order,
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+                    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc,
                     work_list, work_counter,
                     tr_work, tr_counter, tr_tiles, tr_rows, row_slot, trace_bh,
                     H, N_CTX, n_qb, n_kb, n_work, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    UPCAST_DOT: tl.constexpr,
+                    UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -203,9 +211,9 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                       part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                       part_cnt, part_idx, q_desc, k_desc, v_desc, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                        H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
             idx = tl.atomic_add(work_counter, 1)
     else:
         work = tl.load(work_list + pid)
@@ -216,6 +224,6 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
         _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                   part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                   part_cnt, part_idx, q_desc, k_desc, v_desc, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                    H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
