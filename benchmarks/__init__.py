@@ -227,7 +227,6 @@ def matmul_tflops(device, size: int = 8192, dtype=torch.bfloat16) -> float | Non
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     ms = time_ms(lambda: torch.matmul(a, b), device, warmup=50, rep=200)
-    del a, b
     return 2.0 * size ** 3 / (ms * 1e-3) / 1e12
 
 
@@ -432,6 +431,20 @@ class TunedConfigs:
         # exact-kind entries first, then nearest N, then entries with fewer wildcards
         best = min(pool, key=lambda e: (e["mask"] != kind, dist(e), e["seq_len"] is None))
         return dict(best["config"])
+
+
+def load_config_file(path, out_dir, device_name) -> "TunedConfigs | None":
+    """--config-file: a path, 'auto' (<out>/tuned-<device-slug>.json when it exists) or None."""
+    if not path:
+        return None
+    if path == "auto":
+        auto = Path(out_dir) / f"tuned-{device_slug(device_name)}.json"
+        if not auto.exists():
+            log(f"   --config-file auto: {auto} not found; using default configs")
+            return None
+        path = auto
+    log(f"   tuned configs from {path}")
+    return TunedConfigs.load(path)
 
 
 def parse_int_list(text: str) -> list[int]:

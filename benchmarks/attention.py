@@ -21,9 +21,9 @@ import sys
 import time
 
 from . import (
-    DEFAULT_OUT, DTYPES, FLOP_CONVENTION, TOLERANCE, TunedConfigs, attention_flops, check_heads,
-    check_output, device_slug, free_cuda, is_oom, log, mask_kind, matmul_tflops, parse_int_list,
-    pick_device, reference_slice, rel_error, resolve_mask, run_meta, split_list, take_heads,
+    DEFAULT_OUT, DTYPES, FLOP_CONVENTION, TOLERANCE, attention_flops, check_heads,
+    check_output, device_slug, free_cuda, is_oom, load_config_file, log, mask_kind, matmul_tflops,
+    parse_int_list, pick_device, reference_slice, rel_error, resolve_mask, run_meta, split_list, take_heads,
     tile_fraction, time_ms, visible_pairs, write_results,
 )
 
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help=f"N={QUICK_SEQ_LENS}, shorter timing loops")
     p.add_argument("--config-file", default=None,
                    help="JSON of tuned configs per (head_dim, mask, N), e.g. the output of "
-                        "python -m benchmarks.tune")
+                        "python -m benchmarks.tune; 'auto': <out>/tuned-<device-slug>.json if present")
     p.add_argument("--warmup", type=int, default=None, help="do_bench warmup ms (default 25; quick 10)")
     p.add_argument("--rep", type=int, default=None, help="do_bench rep ms (default 100; quick 40)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
@@ -199,7 +199,6 @@ def run(args, argv=None) -> dict:
     impls = parse_impls(args.impls)
     warmup = args.warmup if args.warmup is not None else (10 if args.quick else 25)
     rep = args.rep if args.rep is not None else (40 if args.quick else 100)
-    tuned = TunedConfigs.load(args.config_file) if args.config_file else None
     b, h, d = args.batch, args.heads, args.head_dim
     for m in masks:   # fail fast on bad mask text
         resolve_mask(m, max(seq_lens))
@@ -210,6 +209,7 @@ def run(args, argv=None) -> dict:
     log(f"benchmarks.attention on {meta['device']} (torch {meta['torch_version']}, triton "
         f"{meta['triton_version']}): B={b} H={h} D={d} {args.dtype}, N={seq_lens}, masks={masks}, "
         f"impls={impls}")
+    tuned = load_config_file(args.config_file, args.out, meta["device"])
     mm = None
     if not args.no_matmul and device.type == "cuda":
         log("measuring bf16 matmul peak (8192^3, do_bench median) ...")

@@ -19,12 +19,10 @@ import sys
 import time
 
 from . import (
-    DEFAULT_OUT, DTYPES, TOLERANCE, TunedConfigs, check_heads, check_output, device_slug,
-    free_cuda, log, parse_int_list, pick_device, reference_slice, resolve_mask, run_meta,
+    DEFAULT_OUT, DTYPES, TOLERANCE, check_heads, check_output, device_slug, free_cuda,
+    load_config_file, log, parse_int_list, pick_device, reference_slice, resolve_mask, run_meta,
     split_list, take_heads, write_results,
 )
-
-import torch  # noqa: E402
 
 from kernels import default_config  # noqa: E402
 
@@ -44,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--repeats", type=int, default=None, help="record() calls per case (default 3; quick 1)")
-    p.add_argument("--config-file", default=None, help="tuned configs (python -m benchmarks.tune)")
+    p.add_argument("--config-file", default=None, help="tuned configs (python -m benchmarks.tune); 'auto': "
+                   "<out>/tuned-<device-slug>.json if present")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for overhead-<device-slug>.json")
@@ -82,7 +81,6 @@ def run(args, argv=None) -> dict:
         if s not in ("natural", "longest_first", "persistent"):
             raise SystemExit(f"error: unknown schedule {s!r}")
     repeats = args.repeats or (1 if args.quick else 3)
-    tuned = TunedConfigs.load(args.config_file) if args.config_file else None
     b, h, d = args.batch, args.heads, args.head_dim
     for m in masks:
         resolve_mask(m, max(seq_lens))
@@ -101,6 +99,7 @@ def run(args, argv=None) -> dict:
                     "full": "work + per-tile order and clock64 start/end of one head + online-"
                             "softmax state (m, l, alpha) per row of a few query blocks"},
     )
+    tuned = load_config_file(args.config_file, args.out, meta["device"])
     result = {"meta": meta, "records": []}
     out_path = f"{args.out.rstrip('/')}/overhead-{device_slug(meta['device'])}.json"
     log(f"benchmarks.overhead on {meta['device']}: B={b} H={h} D={d} {args.dtype}, N={seq_lens}, "

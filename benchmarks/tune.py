@@ -30,8 +30,6 @@ from . import (
     split_list, take_heads, time_ms, write_results,
 )
 
-import torch  # noqa: E402
-
 from kernels import default_config, flash_attention  # noqa: E402
 
 BLOCK_M = (64, 128)
