@@ -56,6 +56,9 @@ def device_slug(name: str) -> str:
 
 def pick_device(choice: str = "auto") -> torch.device:
     if choice == "cpu" or (choice == "auto" and kernels.backend() != "cuda"):
+        if choice == "auto":
+            log("note: no CUDA GPU, so this is a Triton-interpreter smoke run (wall-clock times, not "
+                "a benchmark); pass small sizes, e.g. --seq-lens 64 --batch 1 --heads 2 --head-dim 32")
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA GPU is visible")
@@ -86,6 +89,9 @@ def run_meta(device, kind: str, argv=None, prog: str | None = None) -> dict:
         "backend": env.get("backend"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([prog, *map(shlex.quote, argv)]).strip(),
+        # opt-in kernel switches that change what is measured
+        "env": {k: os.environ[k] for k in ("TILESCOPE_TMA", "TRITON_INTERPRET",
+                                            "CUDA_VISIBLE_DEVICES") if k in os.environ},
     }
 
 

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None,
                    help="parallel compile processes (default min(8, CPUs - 1); 0: compile in the "
                         "timing process)")
-    p.add_argument("--budget-s", type=float, default=210.0,
+    p.add_argument("--budget-s", type=float, default=180.0,
                    help="stop timing new configs after this many seconds (the rest: 'skipped')")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--rep", type=int, default=50)
