@@ -137,9 +137,9 @@ def nearest(recordings: list[Recording], settings: dict, gpu_only: bool = False)
 
 
 def schedule_variants(recordings: list[Recording], rec: Recording) -> list[Recording]:
-    """Recordings of the same problem as `rec` (itself included), one per schedule."""
+    """Recordings of the same problem as `rec` (itself first), one per schedule."""
     seen, out = set(), []
-    for r in recordings:
+    for r in [rec, *recordings]:
         if r.problem() == rec.problem() and r.schedule not in seen:
             seen.add(r.schedule)
             out.append(r)

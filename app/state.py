@@ -221,7 +221,8 @@ def run_live(s: Settings) -> tuple[Trace, float, bool]:
                        f"machine; pick {SOURCES[live_source()]!r} or a recording.")
     tiles = computed_tiles(s)
     if s.source == "interpreter" and tiles > INTERPRETER_MAX_TILES:
-        near = data_sources.nearest(recordings(), s.kernel(), gpu_only=True)
+        recs = recordings()
+        near = data_sources.nearest(recs, s.kernel(), gpu_only=any(r.is_gpu for r in recs))
         raise RunError(
             f"N={s.seq_len}, mask {s.mask}, blocks {s.block_m}×{s.block_n}, B×H={s.batch}×{s.heads} "
             f"needs {tiles:,} computed tiles; the CPU interpreter stops at {INTERPRETER_MAX_TILES:,} "
@@ -533,7 +534,18 @@ def sidebar() -> Settings:
 
 
 def settings() -> Settings:
-    """The settings main.py resolved for this run (pages call this)."""
+    """The settings main.py resolved for this run (every page calls this first).
+
+    app/pages/ sits next to main.py, so Streamlit starts in its old pages-directory mode until
+    main.py's st.navigation switches it off; in that mode a page file can run without main.py
+    (the very first run of a server opened on a page URL, and every AppTest rerun). Then the
+    shared controls were never drawn: switch the mode off and rerun through main.py.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory or "_settings" not in st.session_state:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
     return st.session_state["_settings"]
 
 

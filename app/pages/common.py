@@ -41,11 +41,12 @@ def source_or_stop(s: state.Settings) -> state.Source:
 def explain_failure(exc: state.RunError, s: state.Settings) -> None:
     st.error(str(exc), icon="🚫")
     if exc.nearest is not None:
-        st.button(f"Open the nearest bundled GPU recording: {exc.nearest.label}",
+        kind = "GPU recording" if exc.nearest.is_gpu else "recording"
+        st.button(f"Open the nearest bundled {kind}: {exc.nearest.label}",
                   on_click=state.open_recording, args=(exc.nearest.name,), key="open_nearest",
                   type="primary")
     elif "interpreter stops at" in str(exc):
-        st.info("No GPU recording is bundled on this machine (data/traces/ is empty), so there "
+        st.info("No recording is bundled on this machine (data/traces/ is empty), so there "
                 "is nothing nearer to offer: lower N or raise the block sizes.")
     if s.mask.startswith("document:") and "sum to" in str(exc):
         st.button("Scale the document lengths to N", on_click=state.scale_docs_to_n,

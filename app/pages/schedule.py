@@ -91,8 +91,11 @@ def compare_schedules():
         return
     if s.live:
         a, b = st.columns(2)
-        first = a.selectbox("Schedule A", state.SCHEDULES, key="cmp_a")
-        second = b.selectbox("Schedule B", state.SCHEDULES, index=1, key="cmp_b")
+        others = [x for x in state.SCHEDULES if x != s.schedule]
+        first = a.selectbox("Schedule A", state.SCHEDULES, index=state.SCHEDULES.index(s.schedule),
+                            key="cmp_a")
+        second = b.selectbox("Schedule B", state.SCHEDULES, index=state.SCHEDULES.index(others[0]),
+                             key="cmp_b")
         try:
             ta, _, _ = state.run_live(state.variant(s, first))
             tb, _, _ = state.run_live(state.variant(s, second))
@@ -106,10 +109,11 @@ def compare_schedules():
                     "another schedule. Pick a recording that has variants, or run live.")
             return
         names = [r.name for r in variants]
+        here = names.index(src.recording.name)
         a, b = st.columns(2)
-        ra = a.selectbox("Recording A", names, key="cmp_rec_a",
+        ra = a.selectbox("Recording A", names, index=here, key="cmp_rec_a",
                          format_func=lambda n: f"{n} ({state.recording_named(n).schedule})")
-        rb = b.selectbox("Recording B", names, index=1, key="cmp_rec_b",
+        rb = b.selectbox("Recording B", names, index=0 if here else 1, key="cmp_rec_b",
                          format_func=lambda n: f"{n} ({state.recording_named(n).schedule})")
         ta = state.load_recording(state.recording_named(ra))
         tb = state.load_recording(state.recording_named(rb))

@@ -1,0 +1,509 @@
+"""The app, headless: every page for every mask kind, every control, URL round trips, bad
+settings, recorded and uploaded traces, and the figures' data (not just their presence).
+
+The app reads its recordings from TILESCOPE_DATA; these tests point it at a temp directory with
+small traces recorded here in the Triton interpreter (and a tiny sweep), so they do not depend
+on bundled GPU data.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from instrumentation import make_inputs, record
+from kernels.masks import parse_mask
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+PAGES = ("schedule", "block_skip", "online_softmax", "memory")
+N = 256
+MASKS = {"full": "full", "causal": "causal", "sliding_window": "sliding_window:64",
+         "prefix_lm": "prefix_lm:48", "document": "document:64,128,64"}
+
+
+def _record(root: Path, name: str, n=N, mask="causal", schedule="natural", bm=64, bn=64):
+    q, k, v = make_inputs(1, 1, n, 32, "fp16", seed=0)
+    _, trace = record(q, k, v, mask=mask, block_m=bm, block_n=bn, schedule=schedule,
+                      meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
+    trace.meta["source"] = "recorded"
+    return trace.save(root / "traces" / name)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A data/ directory with three small recordings of one problem (three schedules) and a
+    tiny naive-vs-flash sweep, all made here in the interpreter."""
+    from instrumentation.sweep import run_sweep
+
+    root = tmp_path_factory.mktemp("data")
+    for sched in ("natural", "longest_first", "persistent"):
+        _record(root, f"n{N}_causal_{sched}", schedule=sched)
+    _record(root, f"n{N}_sliding_natural", mask="sliding_window:64")
+    run_sweep(root / "sweeps" / "cpu.json", seq_lens=[32, 64], batch=1, heads=1, head_dim=32,
+              dtype="fp16", mask="full", progress=False)
+    old = os.environ.get("TILESCOPE_DATA")
+    os.environ["TILESCOPE_DATA"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("TILESCOPE_DATA", None)
+    else:
+        os.environ["TILESCOPE_DATA"] = old
+
+
+def app(data_dir, **query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.query_params.update({k: str(v) for k, v in query.items()})
+    return at.run()
+
+
+def live(data_dir, page="schedule", **query) -> AppTest:
+    base = dict(page=page, source="interpreter", seq_len=N, head_dim=32, block_m=64, block_n=64,
+                dtype="fp16")
+    return app(data_dir, **{**base, **query})
+
+
+def _decode(obj):
+    """Plotly JSON with its typed arrays ({'dtype', 'bdata', 'shape'}) decoded to lists."""
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+            if obj.get("shape"):
+                arr = arr.reshape([int(x) for x in str(obj["shape"]).split(",")])
+            return arr.tolist()
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def charts(at) -> list[dict]:
+    return [_decode(json.loads(el.proto.spec)) for el in at.get("plotly_chart")]
+
+
+def titles(at) -> list[str]:
+    return [c["layout"].get("title", {}).get("text", "") for c in charts(at)]
+
+
+def clean(at) -> None:
+    """No exception element and no error message on the page."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+# -- every page, every mask ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", list(MASKS))
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_for_every_mask(data_dir, page, kind):
+    at = live(data_dir, page=page, mask=MASKS[kind])
+    clean(at)
+    figs = charts(at)
+    assert figs, f"no chart on {page}"
+    for fig in figs:
+        assert fig["data"], "a chart without data"
+    assert at.session_state["ctl_mask_kind"] == kind
+    assert at.query_params["mask"] == MASKS[kind] and at.query_params["page"] == page
+    if page != "memory":  # provenance banner of the live run
+        assert any("Triton CPU interpreter" in i.value for i in at.info)
+
+
+def test_block_map_heatmap_is_the_mask_block_map(data_dir):
+    at = live(data_dir, page="block_skip", mask="document:64,128,64", block_m=32, block_n=64)
+    clean(at)
+    fig = charts(at)[0]
+    z = np.array(fig["data"][0]["z"])
+    want = parse_mask("document:64,128,64").block_map(N, 32, 64)
+    np.testing.assert_array_equal(z, want)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["full"] == str(int((want == 2).sum()))
+    assert metrics["partial"] == str(int((want == 1).sum()))
+    assert metrics["skipped"] == str(int((want == 0).sum()))
+    assert metrics["fraction skipped"] == f"{(want == 0).mean():.1%}"
+    # the kernel's visits are overlaid and agree with the prediction
+    visits = next(t for t in fig["data"] if t.get("name") == "visited by the kernel")
+    assert len(visits["x"]) == int((want != 0).sum())
+    assert any("visited exactly" in s.value for s in at.success)
+
+
+def test_block_map_comparison_side_by_side(data_dir):
+    at = live(data_dir, page="block_skip", mask="causal")
+    at.radio(key="skip_cmp_kind").set_value("two masks").run()
+    at.text_input(key="skip_cmp_mask").set_value("sliding_window:32").run()
+    clean(at)
+    cmp = next(c for c in charts(at) if "compared" in c["layout"]["title"]["text"])
+    left, right = [np.array(t["z"]) for t in cmp["data"] if t["type"] == "heatmap"]
+    np.testing.assert_array_equal(left, parse_mask("causal").block_map(N, 64, 64))
+    np.testing.assert_array_equal(right, parse_mask("sliding_window:32").block_map(N, 64, 64))
+    at.text_input(key="skip_cmp_mask").set_value("sliding_window:0").run()
+    assert any("right-hand mask" in e.value for e in at.error)
+    assert not at.exception
+
+
+def test_schedule_page_shows_real_order_and_modelled_time(data_dir):
+    at = live(data_dir, page="schedule", mask="causal")
+    clean(at)
+    figs = charts(at)
+    lanes = figs[0]
+    assert "modelled" in lanes["layout"]["title"]["text"]
+    assert len(lanes["data"][0]["x"]) == N // 64            # one bar per work item
+    anim = figs[1]
+    assert anim.get("frames") and anim["layout"]["updatemenus"][0]["buttons"][0]["label"].startswith("▶")
+    final = np.array(anim["frames"][-1]["data"][0]["z"])
+    bmap = parse_mask("causal").block_map(N, 64, 64)
+    assert ((final >= 4) == (bmap != 0)).all()              # every visited tile done at the end
+    assert any("Modelled timeline" in w.value for w in at.warning)
+    # stepping the single-frame view moves the grid back in time
+    at.button(key="sched_prev").click().run()
+    assert at.session_state["sched_frame"] == 198
+    grid = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Tile grid of head bh=0, at"))
+    assert "at t =" in grid["layout"]["title"]["text"]
+
+
+def test_compare_two_live_schedules(data_dir):
+    at = live(data_dir, page="schedule", mask="causal")
+    at.toggle(key="sched_compare").set_value(True).run()
+    at.selectbox(key="sched_sms").set_value(4).run()
+    clean(at)
+    cmp = next(c for c in charts(at) if "timelines)" in c["layout"]["title"]["text"])
+    assert "natural vs longest_first" in cmp["layout"]["title"]["text"]
+    table = at.dataframe[0].value
+    assert list(table["schedule"]) == ["natural", "longest_first"]
+    # on 4 modelled SMs longest-first leaves no longer a makespan than natural order
+    assert table["makespan"].iloc[1] <= table["makespan"].iloc[0]
+
+
+def test_compare_two_recorded_schedules(data_dir):
+    at = app(data_dir, page="schedule", source="recorded", trace=f"n{N}_causal_natural")
+    at.toggle(key="sched_compare").set_value(True).run()
+    clean(at)
+    assert "recording n256_causal_natural" in at.info[0].value
+    table = at.dataframe[0].value
+    assert set(table["schedule"]) == {"natural", "longest_first"}
+    at.selectbox(key="cmp_rec_b").set_value(f"n{N}_causal_persistent").run()
+    clean(at)
+    assert list(at.dataframe[0].value["schedule"]) == ["natural", "persistent"]
+
+
+def test_online_softmax_steps_through_the_kernel_state(data_dir):
+    at = live(data_dir, page="online_softmax", mask="causal")
+    clean(at)
+    tile = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Step 1/"))
+    assert tile["data"][0]["type"] == "bar"
+    at.button(key="sm_next").click().run()
+    assert at.session_state["sm_step"] == 1
+    assert any(t.startswith("Step 2/") for t in titles(at))
+    at.slider(key="sm_step").set_value(at.slider(key="sm_step").max).run()
+    err = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Partial output error"))
+    errors = err["data"][0]["customdata"]
+    assert errors[-1] < 1e-6 < errors[0]                     # converges to the exact output
+    clean(at)
+
+
+def test_memory_page_numbers(data_dir):
+    at = app(data_dir, page="memory")
+    clean(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["naive HBM"] == "17.45 GB"
+    assert metrics["flash HBM"] == "268 MB"
+    assert metrics["reduction"].startswith("65.")
+    assert any("cpu.json" in i.value for i in at.info)       # the sweep's provenance banner
+    assert any("not measured on a GPU" in w.value for w in at.warning)
+    table = next(d.value for d in at.dataframe if "N" in d.value.columns)
+    assert list(table["N"]) == [4096, 8192, 16384]
+    assert [round(x) for x in table["seed_standard_mib"]] == [132, 528, 2112]
+    at.select_slider(key="mem_T").set_value(1024).run()
+    assert {m.label: m.value for m in at.metric}["reduction"] != metrics["reduction"]
+
+
+def test_memory_page_without_sweep_says_models_only(data_dir, tmp_path):
+    os.environ["TILESCOPE_DATA"] = str(tmp_path)
+    try:
+        at = app(data_dir, page="memory", source="interpreter", seq_len=128)
+    finally:
+        os.environ["TILESCOPE_DATA"] = str(data_dir)
+    clean(at)
+    assert any("analytic model" in w.value for w in at.warning)
+    assert any("ANALYTIC MODEL" in t for t in titles(at))
+
+
+# -- controls and the URL -----------------------------------------------------------------------
+
+CONTROL_CHANGES = [
+    ("ctl_seq_len", 192, "seq_len", "192"),
+    ("ctl_head_dim", 64, "head_dim", "64"),
+    ("ctl_block_m", 32, "block_m", "32"),
+    ("ctl_block_n", 32, "block_n", "32"),
+    ("ctl_dtype", "fp32", "dtype", "fp32"),
+    ("ctl_batch", 2, "batch", "2"),
+    ("ctl_heads", 2, "heads", "2"),
+    ("ctl_schedule", "longest_first", "schedule", "longest_first"),
+    ("ctl_mask_kind", "full", "mask", "full"),
+]
+
+
+@pytest.mark.parametrize("key, value, param, text", CONTROL_CHANGES, ids=[c[2] for c in CONTROL_CHANGES])
+def test_changing_a_control_reruns_and_updates_the_url(data_dir, key, value, param, text):
+    at = live(data_dir, page="schedule", mask="causal")
+    before = charts(at)[0]["layout"]["annotations"]
+    at.sidebar.get("number_input" if key in ("ctl_seq_len", "ctl_batch", "ctl_heads") else "selectbox")
+    widget = next(w for kind in ("number_input", "selectbox") for w in at.sidebar.get(kind) if w.key == key)
+    widget.set_value(value).run()
+    clean(at)
+    assert at.query_params[param] == text
+    after = charts(at)[0]
+    caption = next(a["text"] for a in after["layout"]["annotations"] if a.get("name") == "provenance")
+    assert caption != next(a["text"] for a in before if a.get("name") == "provenance")
+
+
+def test_mask_parameters_are_controls(data_dir):
+    at = live(data_dir, page="block_skip", mask="sliding_window:64")
+    at.number_input(key="ctl_window").set_value(100).run()
+    assert at.query_params["mask"] == "sliding_window:100"
+    at.selectbox(key="ctl_mask_kind").set_value("prefix_lm").run()
+    at.number_input(key="ctl_prefix").set_value(40).run()
+    assert at.query_params["mask"] == "prefix_lm:40"
+    at.selectbox(key="ctl_mask_kind").set_value("document").run()
+    at.text_input(key="ctl_docs").set_value("100,156").run()
+    clean(at)
+    assert at.query_params["mask"] == "document:100,156"
+    np.testing.assert_array_equal(np.array(charts(at)[0]["data"][0]["z"]),
+                                  parse_mask("document:100,156").block_map(N, 64, 64))
+
+
+def test_query_params_round_trip(data_dir):
+    query = dict(page="block_skip", source="interpreter", seq_len="320", mask="prefix_lm:70",
+                 head_dim="16", block_m="32", block_n="64", dtype="bf16", batch="1", heads="2",
+                 schedule="persistent")
+    at = app(data_dir, **query)
+    clean(at)
+    assert at.query_params == query
+    ss = at.session_state
+    assert (ss["ctl_seq_len"], ss["ctl_mask_kind"], ss["ctl_prefix"], ss["ctl_head_dim"],
+            ss["ctl_block_m"], ss["ctl_dtype"], ss["ctl_heads"], ss["ctl_schedule"]) == \
+        (320, "prefix_lm", 70, 16, 32, "bf16", 2, "persistent")
+    assert "N=320" in titles(at)[0] and "prefix_lm:70" in titles(at)[0]
+    # the same link in a new session reproduces the same view
+    again = app(data_dir, **at.query_params)
+    assert charts(again)[0]["data"][0]["z"] == charts(at)[0]["data"][0]["z"]
+
+
+def test_switch_page_keeps_the_settings(data_dir):
+    at = live(data_dir, page="schedule", mask="sliding_window:64", seq_len=192)
+    at.switch_page("pages/block_skip.py").run()
+    clean(at)
+    assert at.query_params["page"] == "block_skip" and at.query_params["seq_len"] == "192"
+    assert "sliding_window:64, N=192" in titles(at)[0]
+
+
+def test_presentation_toggle(data_dir):
+    at = live(data_dir, page="block_skip", mask="causal")
+    size_before = charts(at)[0]["layout"].get("font", {}).get("size")
+    at.toggle(key="ctl_present").set_value(True).run()
+    clean(at)
+    assert at.query_params["present"] == "1"
+    assert charts(at)[0]["layout"]["font"]["size"] > (size_before or 12)
+
+
+def test_download_buttons_on_every_page(data_dir):
+    for page in PAGES:
+        at = live(data_dir, page=page, mask="causal")
+        labels = [b.proto.label for b in at.get("download_button")]
+        assert any("PNG" in x for x in labels) and any("SVG" in x for x in labels) \
+            and any("HTML" in x for x in labels), (page, labels)
+        if page == "schedule":
+            assert any("GIF" in x for x in labels) and any("MP4" in x for x in labels)
+            assert any("Chrome trace" in x for x in labels) and any("CSV" in x for x in labels)
+
+
+# -- bad settings: a visible message, never an exception -------------------------------------------
+
+@pytest.mark.parametrize("query, needle", [
+    ({"seq_len": "0"}, "not valid"),
+    ({"seq_len": "-5"}, "not valid"),
+    ({"seq_len": "abc"}, "not a whole number"),
+    ({"mask": "diagonal"}, "does not parse"),
+    ({"mask": "document:10,20"}, "sum to"),
+    ({"mask": "sliding_window:0"}, "does not parse"),
+    ({"block_m": "48"}, "not supported"),
+    ({"source": "tpu"}, "not one of"),
+    ({"trace": "nope", "source": "recorded"}, "not bundled"),
+    ({"page": "nowhere"}, "not a page"),
+])
+def test_bad_link_settings_show_an_error(data_dir, query, needle):
+    at = live(data_dir, **{"page": "block_skip", "mask": "causal", **query})
+    assert not at.exception
+    assert any(needle in e.value for e in at.error), [e.value for e in at.error]
+    at.run()                                                   # and the app keeps working
+    assert not at.exception
+
+
+@pytest.mark.parametrize("page", PAGES[:3])
+def test_document_lengths_not_summing_to_n(data_dir, page):
+    at = live(data_dir, page=page, mask="document:64,128,64")
+    at.number_input(key="ctl_seq_len").set_value(320).run()
+    assert not at.exception
+    assert any("sum to 256" in e.value for e in at.error)
+    at.button(key="scale_docs").click().run()                 # the offered fix works
+    clean(at)
+    assert sum(map(int, at.query_params["mask"].split(":")[1].split(","))) == 320
+
+
+def test_too_large_for_the_interpreter_offers_a_recording(data_dir):
+    at = live(data_dir, page="schedule", mask="full", seq_len=8192, block_m=32, block_n=32)
+    assert not at.exception
+    assert any("interpreter stops at" in e.value for e in at.error)
+    at.button(key="open_nearest").click().run()
+    clean(at)
+    assert at.query_params["source"] == "recorded"
+    assert at.query_params["trace"].startswith(f"n{N}_")
+
+
+def test_negative_n_via_the_control(data_dir):
+    at = live(data_dir, page="online_softmax", mask="causal")
+    at.number_input(key="ctl_seq_len").set_value(0).run()
+    assert not at.exception
+    assert any("not valid" in e.value for e in at.error)
+    at.number_input(key="ctl_seq_len").set_value(128).run()
+    clean(at)
+
+
+def test_gpu_out_of_memory_is_a_message(data_dir, monkeypatch):
+    import torch
+
+    from app import state
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64 GiB")
+
+    monkeypatch.setattr(state, "record", oom)
+    at = live(data_dir, page="schedule", mask="causal", seq_len=448)   # not cached elsewhere
+    assert not at.exception
+    assert any("ran out of memory" in e.value for e in at.error)
+
+
+# -- recorded and uploaded traces --------------------------------------------------------------------
+
+def test_recorded_source_locks_the_controls_to_the_recording(data_dir):
+    at = app(data_dir, page="block_skip", source="recorded", trace=f"n{N}_sliding_natural")
+    clean(at)
+    assert at.session_state["ctl_mask_kind"] == "sliding_window"
+    assert at.number_input(key="ctl_seq_len").disabled
+    assert at.query_params["mask"] == "sliding_window:64" and at.query_params["trace"] == f"n{N}_sliding_natural"
+    at.selectbox(key="ctl_trace").set_value(f"n{N}_causal_natural").run()
+    clean(at)
+    assert at.query_params["mask"] == "causal"
+    np.testing.assert_array_equal(np.array(charts(at)[0]["data"][0]["z"]),
+                                  parse_mask("causal").block_map(N, 64, 64))
+
+
+def test_recorded_link_without_a_name_finds_the_matching_recording(data_dir):
+    at = app(data_dir, page="block_skip", source="recorded", seq_len=N, mask="sliding_window:64")
+    clean(at)
+    assert at.query_params["trace"] == f"n{N}_sliding_natural"
+
+
+def _zip_dir(path: Path) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in sorted(path.iterdir()):
+            zf.write(f, f"mytrace/{f.name}")
+    return buf.getvalue()
+
+
+def test_uploaded_trace(data_dir):
+    data = _zip_dir(data_dir / "traces" / f"n{N}_sliding_natural")
+    at = app(data_dir, page="block_skip", source="upload")
+    assert any("Upload a trace" in e.value for e in at.error)
+    at.file_uploader(key="ctl_upload").upload("mytrace.zip", data, "application/zip").run()
+    clean(at)
+    assert "upload mytrace.zip" in at.info[0].value
+    assert at.session_state["ctl_mask_kind"] == "sliding_window"
+    np.testing.assert_array_equal(np.array(charts(at)[0]["data"][0]["z"]),
+                                  parse_mask("sliding_window:64").block_map(N, 64, 64))
+
+
+@pytest.mark.parametrize("damage", ["not a zip", "no manifest", "bad checksum"])
+def test_corrupt_upload_is_refused_with_a_message(data_dir, damage):
+    src = data_dir / "traces" / f"n{N}_causal_natural"
+    if damage == "not a zip":
+        data = b"this is not a zip file at all"
+    else:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            for f in sorted(src.iterdir()):
+                if damage == "no manifest" and f.name == "manifest.json":
+                    continue
+                body = f.read_bytes()
+                if damage == "bad checksum" and f.name == "work.parquet":
+                    body = body[:-20] + b"\0" * 20
+                zf.writestr(f"t/{f.name}", body)
+        data = buf.getvalue()
+    at = app(data_dir, page="schedule", source="upload")
+    at.file_uploader(key="ctl_upload").upload("broken.zip", data, "application/zip").run()
+    assert not at.exception
+    assert any("not a usable trace" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_parquet_download_uploads_back(data_dir):
+    from app.pages.common import trace_zip
+    from app.state import trace_from_zip
+    from instrumentation import Trace
+
+    trace = Trace.load(data_dir / "traces" / f"n{N}_causal_natural")
+    again = trace_from_zip(trace_zip(trace, "parquet"))
+    assert again.meta["mask"] == "causal" and len(again.tiles) == len(trace.tiles)
+    with zipfile.ZipFile(io.BytesIO(trace_zip(trace, "csv"))) as zf:
+        assert {"trace/work.csv", "trace/tiles.csv", "trace/rows.csv", "trace/meta.json"} <= set(zf.namelist())
+
+
+# -- sessions at once ------------------------------------------------------------------------------
+
+def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
+    """Two sessions asking at once both get their traces; runs never overlap; the same settings
+    never run twice."""
+    from app import state
+
+    real, active, peak, calls = state.record, [0], [0], []
+    lock = threading.Lock()
+
+    def counting(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            calls.append(kwargs["mask"])
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(state, "record", counting)
+    base = state.Settings(source="interpreter", seq_len=160, mask="causal", head_dim=16, block_m=32,
+                          block_n=32, dtype="fp32")
+    wanted = [base, state.variant(base, "longest_first"), base]
+    out = [None] * 3
+
+    def run(i):
+        key = tuple(sorted(wanted[i].kernel().items()))
+        out[i] = state._run_live(key, "interpreter")[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(o is not None for o in out)
+    assert out[0] is out[2]                                    # shared, not run twice
+    assert {o.meta["schedule"] for o in out} == {"natural", "longest_first"}
+    assert peak[0] == 1 and len(calls) == 2
