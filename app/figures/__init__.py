@@ -32,7 +32,10 @@ def presentation(fig: go.Figure, font_size: int = 20) -> go.Figure:
     out.update_yaxes(showgrid=False, zeroline=False, ticks="outside")
     for ann in out.layout.annotations:
         if ann.name == "provenance":
+            # larger tick labels and axis title push the caption down with them
             ann.font.size = max(12, int(font_size * 0.6))
+            ann.yshift = (ann.yshift or -58) - 2 * font_size
+            out.update_layout(margin=dict(b=(out.layout.margin.b or 100) + 2 * font_size))
     # subplot titles are annotations too; keep them in step with the larger font
     for ann in out.layout.annotations:
         if ann.name != "provenance" and ann.font.size is None:
