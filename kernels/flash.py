@@ -100,6 +100,15 @@ class BlockPlan:
     part_cnt: torch.Tensor
     part_idx: torch.Tensor
     tiles_per_q_block: np.ndarray = field(repr=False)  # (n_qb,) computed tiles
+    _work_lists: dict = field(default_factory=dict, repr=False)
+
+    def work_list(self, batch_heads: int, schedule: str) -> torch.Tensor:
+        """The work order on the device, built once per (B*H, schedule) and kept."""
+        key = (batch_heads, schedule)
+        if key not in self._work_lists:
+            order = work_order(self, batch_heads, schedule)
+            self._work_lists[key] = torch.from_numpy(order).to(self.row_lo.device)
+        return self._work_lists[key]
 
     @property
     def n_qb(self) -> int:
@@ -230,9 +239,11 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)                                                  # (B, H, N, D)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if not sm_scale > 0:  # the kernel folds the scale into max(qk), which needs it positive
+        raise ValueError(f"sm_scale must be positive, got {sm_scale}")
     qk_scale = sm_scale * 1.4426950408889634                                 # fold log2(e) in
     n_work = b * h * plan.n_qb
-    works = torch.from_numpy(work_order(plan, b * h, schedule)).to(q.device)
+    works = plan.work_list(b * h, schedule)
     persistent = schedule == "persistent"
     counter = torch.zeros(1, device=q.device, dtype=torch.int32) if persistent else works
     grid = (min(num_sms(q.device), n_work),) if persistent else (n_work,)

@@ -65,18 +65,21 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
             k = tl.load(k_ptrs)
         if UPCAST_DOT:
             k = k.to(tl.float32)
-        qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale          # (BLOCK_M, BLOCK_N), log2 units
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
+        # -- online softmax update (scores in log2 units: qk * qk_scale) --
         if IS_PARTIAL:
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
-            qk = tl.where(visible, qk, float("-inf"))
-        # -- online softmax update --
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if IS_PARTIAL:
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
             # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            qk = qk - m_ref[:, None]
         else:
+            # scale and shift in one FMA per score
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_ref = m_new
-        p = tl.math.exp2(qk - m_ref[:, None])
+            qk = qk * qk_scale - m_ref[:, None]
+        p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]

@@ -131,3 +131,9 @@ def test_tensor_descriptor_path_matches_reference(device):
         out = flash_attention(q, k, v, mask=text, block_m=32, block_n=64, use_tma=True)
         ref, _, _ = reference_attention(q, k, v, mask=text)
         assert rel_err(out, ref) < 1e-3, text
+
+
+def test_sm_scale_must_be_positive(device):
+    q = torch.randn(1, 1, 16, 32, device=device)
+    with pytest.raises(ValueError, match="positive"):
+        flash_attention(q, q, q, sm_scale=-1.0)
