@@ -74,8 +74,11 @@ def banner(src: state.Source) -> None:
 # -- charts and exports ---------------------------------------------------------------------------
 
 def presentation(fig: go.Figure) -> go.Figure:
-    if _export is not None and hasattr(_export, "presentation"):
-        return _export.presentation(fig)
+    try:
+        from app.figures import presentation as styled
+        return styled(fig)
+    except ImportError:  # pragma: no cover
+        pass
     fig = go.Figure(fig)  # local fallback: larger fonts, light background, no clutter
     fig.update_layout(template="plotly_white", font=dict(size=20), paper_bgcolor="white",
                       plot_bgcolor="white", hoverlabel=dict(font_size=18))
@@ -115,12 +118,12 @@ def _deferred(fn, *args):
     return produce
 
 
-def animation_bytes(trace, fmt: str) -> bytes:
+def animation_bytes(trace, fmt: str, tl=None) -> bytes:
     if _export is None or not hasattr(_export, "export_animation"):
         raise RuntimeError("animation export needs app/export.py's export_animation")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"schedule.{fmt}"
-        _export.export_animation(trace, path, fmt)
+        _export.export_animation(trace, path, fmt, tl=tl)
         return path.read_bytes()
 
 

@@ -8,7 +8,9 @@ import streamlit as st
 
 from app import data_sources, state
 from app.pages import common
-from app.pages import memory_figures as mf
+from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, memory_figure,
+                                time_figure, tile_count_point, traffic_figure)
+from app.pages.memory_figures import model_curves_figure
 from instrumentation import hbm
 from instrumentation.sweep import load_sweep
 
@@ -50,11 +52,11 @@ else:
     c[2].metric("OOM points", n_oom)
     c[3].metric("ncu measurements", int(df["dram_read_bytes"].notna().sum()))
     if df["peak_bytes"].notna().any() or n_oom:
-        common.chart(mf.peak_memory_figure(meta, df), "peak-memory", "mem_peak", s.present)
+        common.chart(memory_figure(df, meta), "peak-memory", "mem_peak", s.present)
     else:
         st.info(f"Peak memory: {meta.get('peak_memory', 'not measured in this sweep')}.")
-    common.chart(mf.time_figure(meta, df), "time", "mem_time", s.present)
-    common.chart(mf.traffic_figure(meta, df), "hbm-traffic", "mem_traffic", s.present)
+    common.chart(time_figure(df, meta), "time", "mem_time", s.present)
+    common.chart(traffic_figure(df, meta), "hbm-traffic", "mem_traffic", s.present)
     with st.expander("Sweep records"):
         st.dataframe(df, hide_index=True)
 
@@ -71,24 +73,23 @@ bkv = c3.select_slider("tile block_kv", [16, 32, 64, 128, 256], value=128, key="
                        help="seed 000: tile sizes do not move the bars; they change SRAM pressure "
                             "and the inner-loop count")
 el = hbm.DTYPE_BYTES[dtype]
-naive, flash = hbm.naive_hbm_bytes(T, h, d, el), hbm.flash_hbm_bytes(T, h, d, el)
-tiled = hbm.flash_hbm_bytes_tiled(T, h, d, bq, el)
-t2, qkvo = 4 * h * T * T * el, 4 * h * T * d * el
+calc = hbm_calculator_numbers(T, h, d, bq, bkv, el)
+naive, flash = calc["naive_bytes"], calc["flash_bytes"]
 m = st.columns(4)
 m[0].metric("naive HBM", f"{naive / 1e9:.2f} GB", f"{naive:,} B", delta_color="off")
 m[1].metric("flash HBM", f"{flash / 1e6:.0f} MB", f"{flash:,} B", delta_color="off")
-m[2].metric("reduction", f"{naive / flash:.1f}×")
-m[3].metric("dominant term (naive)", "S and P (T²)" if t2 > qkvo else "Q, K, V, O (T·d)",
-            f"{t2 / naive:.0%} of naive", delta_color="off")
-common.chart(mf.calculator_figure(T, h, d, el, bq), "hbm-calculator", "mem_calc", s.present)
-st.caption(f"Tiled flash (K/V re-read once per query block of {bq}): {tiled / 1e6:.1f} MB. "
-           f"block_kv = {bkv} changes neither count. Seed 000's example (T=8192, h=32, d=128, fp16): "
-           f"{hbm.naive_hbm_bytes(8192, 32, 128) / 1e9:.2f} GB naive vs "
-           f"{hbm.flash_hbm_bytes(8192, 32, 128) / 1e6:.0f} MB flash ≈ "
-           f"{hbm.naive_hbm_bytes(8192, 32, 128) / hbm.flash_hbm_bytes(8192, 32, 128):.0f}×. "
-           + hbm.seed000_example()["note"] + ".")
+m[2].metric("reduction", f"{calc['reduction']:.1f}×")
+m[3].metric("dominant term (naive)", calc["dominant_term"],
+            f"{calc['naive_sp_bytes'] / naive:.0%} of naive", delta_color="off")
+common.chart(hbm_calculator_figure(T, h, d, bq, bkv, el), "hbm-calculator", "mem_calc", s.present)
+ex = hbm.seed000_example()
+st.caption(f"Tiled flash (K/V re-read once per query block of {bq}): "
+           f"{calc['flash_tiled_bytes'] / 1e6:.1f} MB ({calc['reduction_tiled']:.1f}×). block_kv = {bkv} "
+           f"changes no byte count. Seed 000's example (T=8192, h=32, d=128, fp16): "
+           f"{ex['naive_bytes'] / 1e9:.2f} GB naive vs {ex['flash_bytes'] / 1e6:.0f} MB flash ≈ "
+           f"{ex['reduction']:.0f}× (the seed states ~17.8 GB, 270 MB, ~65×). {ex['note']}.")
 if not paths:
-    common.chart(mf.model_curves_figure(h, d, el, bq), "hbm-model-curves", "mem_model", s.present)
+    common.chart(model_curves_figure(h, d, el, bq), "hbm-model-curves", "mem_model", s.present)
 
 # -- seed 003's table -----------------------------------------------------------------------------
 st.subheader("Seed 003's scaling table, beside the exact counts")
@@ -103,6 +104,7 @@ st.subheader("Counted from the current trace")
 try:
     src = state.current_source(s)
     counted = hbm.tile_count_breakdown(src.trace)
+    point = tile_count_point(src.trace)
     sh = src.trace.meta["shape"]
     el_t = hbm.DTYPE_BYTES[src.trace.meta["dtype"]]
     ideal = hbm.flash_hbm_bytes(int(sh["N"]), int(sh["H"]), int(sh["D"]), el_t, int(sh["B"]))
@@ -110,7 +112,7 @@ try:
     st.markdown(f"From the **{counted['tiles_visited']:,} K/V tiles the kernel visited** "
                 f"({src.origin}; mask {src.trace.meta['mask']}, blocks {src.trace.meta['block_m']}×"
                 f"{src.trace.meta['block_n']}): Q {counted['q_read']:,} B + K {counted['k_read']:,} B + "
-                f"V {counted['v_read']:,} B + O {counted['o_write']:,} B = **{counted['total']:,} B**, vs "
+                f"V {counted['v_read']:,} B + O {counted['o_write']:,} B = **{point['bytes']:,} B**, vs "
                 f"{ideal:,} B ideal flash and {naive_t:,} B naive (models, no caches).")
     st.caption(src.trace.provenance())
 except (state.RunError, ValueError, KeyError) as exc:

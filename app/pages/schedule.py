@@ -55,7 +55,7 @@ else:
                  "sched_anim", s.present)
     a1, a2, _ = st.columns([1, 1, 4])
     for col, fmt in ((a1, "gif"), (a2, "mp4")):
-        col.download_button(f"⬇ animation {fmt.upper()}", data=common._deferred(common.animation_bytes, trace, fmt),
+        col.download_button(f"⬇ animation {fmt.upper()}", data=common._deferred(common.animation_bytes, trace, fmt, tl),
                             file_name=f"tile-schedule.{fmt}", mime=common.MIME[fmt],
                             key=f"sched_anim_{fmt}", on_click="ignore")
 
