@@ -1,0 +1,188 @@
+"""The app in a real headless Chromium: `streamlit run app/main.py` as a subprocess, driven with
+Playwright. Settings from the URL, the animation's play button, switching the mask, and a
+download checked by its content.
+
+Skips cleanly when /usr/bin/chromium or playwright is missing. Never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+N = 256
+QUERY = f"source=interpreter&seq_len={N}&head_dim=32&block_m=64&block_n=64&dtype=fp16"
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed: the browser tests need a system Chromium",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200 and r.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} did not become healthy within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A tiny data/ directory recorded here (no bundled GPU data needed)."""
+    from instrumentation import make_inputs, record
+
+    root = tmp_path_factory.mktemp("data")
+    q, k, v = make_inputs(1, 1, N, 32, "fp16", seed=0)
+    _, trace = record(q, k, v, mask="causal", block_m=64, block_n=64,
+                      meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
+    trace.save(root / "traces" / f"n{N}_causal_natural")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(data_dir, tmp_path_factory):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TILESCOPE_DATA": str(data_dir),
+           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false", "PYTHONPATH": str(ROOT)}
+    log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    p = ctx.new_page()
+    p.set_default_timeout(60_000)
+    yield p
+    ctx.close()
+
+
+def chart_titles(page) -> list[str]:
+    return page.locator(".js-plotly-plot .gtitle").all_inner_texts()
+
+
+def wait_for_title(page, needle: str, timeout: float = 60_000) -> None:
+    page.wait_for_function(
+        "needle => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+        ".some(t => t.textContent.includes(needle))", arg=needle, timeout=timeout)
+
+
+def no_exception_on_page(page) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def test_url_settings_show_on_the_page_and_mask_switch(server, page):
+    page.goto(f"{server}/?page=block_skip&{QUERY}&mask=sliding_window:64")
+    wait_for_title(page, f"Block map: sliding_window:64, N={N}, blocks 64×64")
+    no_exception_on_page(page)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    assert sidebar.get_by_label("Sequence length N").input_value() == str(N)
+    assert sidebar.get_by_label("Window W (keys i-W < j <= i)").input_value() == "64"
+    assert "visited exactly" in page.locator('[data-testid="stAlert"]').all_inner_texts().__str__()
+
+    # switch the mask in the sidebar: the chart and the URL follow
+    sidebar.locator('[data-testid="stSelectbox"]').filter(has_text="Mask").locator("input").click()
+    page.get_by_role("option", name="causal", exact=True).click()
+    wait_for_title(page, f"Block map: causal, N={N}, blocks 64×64")
+    page.wait_for_function("() => location.search.includes('mask=causal')")
+    assert "page=block_skip" in page.url and f"seq_len={N}" in page.url
+    no_exception_on_page(page)
+
+
+def test_play_button_animates_the_tile_grid(server, page):
+    page.goto(f"{server}/?page=schedule&{QUERY}&mask=causal")
+    wait_for_title(page, "over time (modelled timeline)")
+    no_exception_on_page(page)
+    anim = page.locator(".js-plotly-plot").filter(has=page.locator(".updatemenu-button")).first
+    first = anim.locator(".gtitle").text_content()
+    assert "t = 0 tile-units" in first
+    anim.locator(".updatemenu-button").filter(has_text="play").click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p._fullLayout && "
+        "p._fullLayout.sliders && p._fullLayout.sliders.length && p._fullLayout.sliders[0].active > 5)",
+        timeout=30_000)
+    assert anim.locator(".gtitle").text_content() != first
+
+
+def test_download_chrome_trace_and_csv(server, page):
+    page.goto(f"{server}/?page=schedule&{QUERY}&mask=causal")
+    wait_for_title(page, "Work items on SMs (modelled timeline)")
+    with page.expect_download() as info:
+        page.get_by_role("button", name="⬇ schedule (Chrome trace JSON)").click()
+    doc = json.loads(Path(info.value.path()).read_text())
+    slices = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    assert len(slices) == N // 64 and doc["otherData"]["modelled"] is True
+    assert "Triton CPU interpreter" in doc["otherData"]["provenance"]
+
+    with page.expect_download() as info:
+        page.get_by_role("button", name="⬇ trace (CSV zip)").click()
+    with zipfile.ZipFile(info.value.path()) as zf:
+        work = zf.read("trace/work.csv").decode().splitlines()
+        meta = json.loads(zf.read("trace/meta.json"))
+    assert len(work) == 1 + N // 64 and work[0].startswith("bh,")
+    assert meta["mask"] == "causal" and meta["shape"]["N"] == N
+
+
+def test_download_standalone_html(server, page):
+    page.goto(f"{server}/?page=block_skip&{QUERY}&mask=causal")
+    wait_for_title(page, f"Block map: causal, N={N}")
+    with page.expect_download() as info:
+        page.get_by_role("button", name="⬇ HTML").first.click()
+    html = Path(info.value.path()).read_text()
+    assert html.lstrip().lower().startswith("<html") or "<!doctype" in html[:100].lower()
+    assert "Plotly.newPlot" in html and f"Block map: causal, N={N}" in html
