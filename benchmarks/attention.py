@@ -271,7 +271,7 @@ def run(args, argv=None) -> dict:
                 if impl in SCHEDULE_OF:
                     cfg = (tuned.lookup(d, spec, n, args.dtype) if tuned else None)
                     rec["config_source"] = "tuned" if cfg else "default"
-                    cfg = cfg or default_config(d, dtype).as_dict()
+                    cfg = cfg or default_config(d, dtype, n=n).as_dict()
                     rec["config"] = cfg
                     rec["schedule"] = SCHEDULE_OF[impl]
                     rec["tiles_frac"] = tile_fraction(spec, n, cfg["block_m"], cfg["block_n"])

@@ -118,7 +118,7 @@ def run(args, argv=None) -> dict:
                 continue
             ref = reference_slice(q, k, v, spec, heads)
             cfg = (tuned.lookup(d, spec, n, args.dtype) if tuned else None) or \
-                default_config(d, dtype).as_dict()
+                default_config(d, dtype, n=n).as_dict()
             for sched in schedules:
                 for level in levels:
                     done += 1

@@ -172,7 +172,7 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
                 inputs[n] = make_inputs(shape["batch"], shape["heads"], n, shape["head_dim"],
                                         shape["dtype"], seed=0, device=device)
             q, k, v = inputs[n]
-            cfg = default_config(shape["head_dim"], DTYPES[shape["dtype"]])
+            cfg = default_config(shape["head_dim"], DTYPES[shape["dtype"]], n=n)
             n_qb = -(-n // cfg.block_m)
             tmp = tdir / (name + ".partial")
             candidates = []

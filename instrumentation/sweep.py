@@ -288,7 +288,7 @@ def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=3
                        if device == "auto" else device)
     fns = {**_impl_fns(), **(impl_fns or {})}
     seq_lens = sorted(seq_lens) if seq_lens is not None else seq_lens_for(min_n, max_n)
-    cfg = default_config(head_dim, DTYPES[dtype])
+    cfg = default_config(head_dim, DTYPES[dtype])      # the largest-N config; records hold each N's
     started = time.monotonic()
     out_path = Path(out_path)
     env = environment(dev)
@@ -363,13 +363,14 @@ def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=3
         key = (impl, n, batch, heads, head_dim, dtype, mask)
         if key in index:
             continue
+        cfg_n = default_config(head_dim, DTYPES[dtype], n=n)
         rec = {"impl": impl, "seq_len": n, "batch": batch, "heads": heads, "head_dim": head_dim,
-               "dtype": dtype, "mask": mask, "block_m": cfg.block_m if impl == "flash" else None,
-               "block_n": cfg.block_n if impl == "flash" else None,
+               "dtype": dtype, "mask": mask, "block_m": cfg_n.block_m if impl == "flash" else None,
+               "block_n": cfg_n.block_n if impl == "flash" else None,
                "input_bytes": 3 * batch * heads * n * head_dim * DTYPE_BYTES[dtype],
                "output_bytes": batch * heads * n * head_dim * DTYPE_BYTES[dtype],
                "oom": False, "oom_inferred": False, "error": None,
-               **_model_fields(n, batch, heads, head_dim, dtype, cfg.block_m),
+               **_model_fields(n, batch, heads, head_dim, dtype, cfg_n.block_m),
                "dram_read_bytes": None, "dram_write_bytes": None, "ncu_status": None,
                "ncu_reason": None}
         smaller_oom = any(r["impl"] == impl and r["oom"] and r["seq_len"] < n

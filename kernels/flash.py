@@ -39,12 +39,15 @@ class KernelConfig:
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
-                   num_warps=None, num_stages=None) -> KernelConfig:
-    """Hopper-minded defaults: large tiles for D <= 128, smaller for D = 256 (shared memory)."""
+                   num_warps=None, num_stages=None, n: int | None = None) -> KernelConfig:
+    """Hopper-minded defaults: large tiles for D <= 128, smaller for D = 256 (shared memory).
+
+    D=128 measured on an H200 (scripts/gpu_probe.py, bf16, B=4, H=16): 128x64 tiles win up to
+    N=8192 (more programs per head), 128x128 above."""
     if head_dim <= 64:
         bm, bn, w, s = 128, 64, 4, 3
     elif head_dim <= 128:
-        bm, bn, w, s = 128, 128, 8, 3
+        bm, bn, w, s = (128, 64, 8, 3) if n is not None and n <= 8192 else (128, 128, 8, 3)
     else:
         bm, bn, w, s = 64, 64, 8, 2
     if dtype == torch.float32:  # fp32 tiles take twice the shared memory
@@ -213,7 +216,7 @@ def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num
     spec = parse_mask(mask, n)
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
-    cfg = default_config(d, q.dtype, block_m, block_n, num_warps, num_stages)
+    cfg = default_config(d, q.dtype, block_m, block_n, num_warps, num_stages, n=n)
     for name, val in (("block_m", cfg.block_m), ("block_n", cfg.block_n)):
         if val not in (16, 32, 64, 128, 256):
             raise ValueError(f"{name}={val} is not supported; use 16, 32, 64, 128 or 256")
