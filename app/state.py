@@ -118,16 +118,16 @@ def recording_named(name: str) -> Recording | None:
     return next((r for r in recordings() if r.name == name), None)
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
+@st.cache_resource(show_spinner="Loading the recording…", max_entries=16)
 def _load_trace(path: str, mtime: float) -> Trace:
-    return Trace.load(path)
+    trace = Trace.load(path)
+    trace.meta["source"] = "recorded"   # it was live when recorded; here it is a recording
+    return trace
 
 
 def load_recording(rec: Recording) -> Trace:
     """The recording's trace (cached on path + manifest mtime). Raises TraceFormatError."""
-    trace = _load_trace(rec.path, rec.mtime)
-    trace.meta.setdefault("source", "recorded")
-    return trace
+    return _load_trace(rec.path, rec.mtime)
 
 
 # -- uploads ------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ try:
 except state.RunError as exc:  # e.g. too big for the interpreter: the prediction still works
     common.explain_failure(exc, s)
     st.warning("Showing the block map **predicted from the mask** only (MaskSpec.block_map); "
-               "no kernel visits to overlay.", icon="📐")
+               "no kernel visits to overlay.", icon=":material/straighten:")
 
 stats = blockmap_stats(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace)
 m = st.columns(6)
@@ -42,10 +42,10 @@ if trace is not None:
                           for q, k, st_, v in stats["disagreement_tiles"][:10])
         st.error(f"**The kernel disagrees with the block map on {stats['disagreements']} tile(s)**: "
                  f"{shown}. Either the mask's block classification or the kernel's block lists are "
-                 "wrong: this is a bug, please report it with the trace (download below).", icon="🚨")
+                 "wrong: this is a bug, please report it with the trace (download below).", icon=":material/report:")
     else:
         st.success(f"The kernel visited exactly the {stats['visited']:,} tiles the block map predicts "
-                   f"(head bh={(trace.meta.get('traced_heads') or [0])[0]}).", icon="✅")
+                   f"(head bh={(trace.meta.get('traced_heads') or [0])[0]}).", icon=":material/check_circle:")
 
 common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace),
              "block-map", "skip_map", s.present)

@@ -39,7 +39,7 @@ def source_or_stop(s: state.Settings) -> state.Source:
 
 
 def explain_failure(exc: state.RunError, s: state.Settings) -> None:
-    st.error(str(exc), icon="🚫")
+    st.error(str(exc), icon=":material/error:")
     if exc.nearest is not None:
         kind = "GPU recording" if exc.nearest.is_gpu else "recording"
         st.button(f"Open the nearest bundled {kind}: {exc.nearest.label}",
@@ -68,7 +68,7 @@ def banner(src: state.Source) -> None:
     ran = f" · ran in {src.run_s:.2f} s" if src.run_s is not None else ""
     st.info(f"**Data: {src.origin}** · {src.trace.provenance()}  \n"
             f"backend `{m.get('backend')}` · {m.get('device_name')} ({hw}) · recorded "
-            f"{m.get('created', '?')} · {versions}{timing}{ran}", icon="🔎")
+            f"{m.get('created', '?')} · {versions}{timing}{ran}", icon=":material/info:")
 
 
 # -- charts and exports ---------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "s
         fig = presentation(fig)
     st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False})
     if exports:
-        cols = st.columns(len(exports) + 2)
+        cols = st.columns([1] * len(exports) + [8 - len(exports)])
         for col, fmt in zip(cols, exports):
             col.download_button(f"⬇ {fmt.upper()}", data=_deferred(figure_bytes, fig, fmt),
                                 file_name=f"{name}.{fmt}", mime=MIME[fmt], key=f"{key}_{fmt}",
@@ -168,7 +168,7 @@ def trace_zip(trace, fmt: str) -> bytes:
 
 def trace_downloads(trace, key: str, tl=None) -> None:
     """Download buttons for the trace tables (and the schedule as Chrome-trace JSON)."""
-    cols = st.columns(4)
+    cols = st.columns([2, 2, 3, 3])
     cols[0].download_button("⬇ trace (parquet zip)", data=_deferred(trace_zip, trace, "parquet"),
                             file_name="tilescope-trace.zip", mime=MIME["zip"], key=f"{key}_parquet",
                             on_click="ignore", help="Trace.save's directory, zipped: upload it back here")

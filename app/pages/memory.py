@@ -29,7 +29,7 @@ paths = data_sources.discover_sweeps()
 if not paths:
     st.warning("No measured sweep is bundled here (data/sweeps/*.json is missing), so there are "
                "no measurements on this page. Everything below is an **analytic model** "
-               "(instrumentation.hbm), labelled as such.", icon="📐")
+               "(instrumentation.hbm), labelled as such.", icon=":material/straighten:")
 else:
     path = st.selectbox("Sweep", paths, format_func=lambda p: Path(p).name, key="mem_sweep")
     try:
@@ -41,10 +41,10 @@ else:
     st.info(f"**Data: sweep {Path(path).name}** · {meta.get('device_name')} · backend "
             f"`{meta.get('backend')}` · recorded {when} · torch {meta.get('torch_version')}, triton "
             f"{meta.get('triton_version')}" + (f", CUDA {meta['cuda_version']}" if meta.get("cuda_version") else "")
-            + (f", driver {meta['driver_version']}" if meta.get("driver_version") else ""), icon="🔎")
+            + (f", driver {meta['driver_version']}" if meta.get("driver_version") else ""), icon=":material/info:")
     if meta.get("backend") != "cuda":
         st.warning("This sweep was not measured on a GPU: " + str(meta.get("peak_memory", ""))
-                   + "; " + str(meta.get("timing", "")), icon="⚠️")
+                   + "; " + str(meta.get("timing", "")), icon=":material/warning:")
     n_oom = int(df["oom"].sum())
     c = st.columns(4)
     c[0].metric("points", len(df))
@@ -76,11 +76,12 @@ el = hbm.DTYPE_BYTES[dtype]
 calc = hbm_calculator_numbers(T, h, d, bq, bkv, el)
 naive, flash = calc["naive_bytes"], calc["flash_bytes"]
 m = st.columns(4)
-m[0].metric("naive HBM", f"{naive / 1e9:.2f} GB", f"{naive:,} B", delta_color="off")
-m[1].metric("flash HBM", f"{flash / 1e6:.0f} MB", f"{flash:,} B", delta_color="off")
+m[0].metric("naive HBM", f"{naive / 1e9:.2f} GB", f"{naive:,} B", delta_color="off", delta_arrow="off")
+m[1].metric("flash HBM", f"{flash / 1e6:.0f} MB", f"{flash:,} B", delta_color="off", delta_arrow="off")
 m[2].metric("reduction", f"{calc['reduction']:.1f}×")
-m[3].metric("dominant term (naive)", calc["dominant_term"],
-            f"{calc['naive_sp_bytes'] / naive:.0%} of naive", delta_color="off")
+m[3].metric("dominant term (naive)", "S and P (T²)" if calc["naive_sp_bytes"] > calc["naive_qkvo_bytes"]
+            else "Q, K, V, O (T·d)", help=calc["dominant_term"], delta=
+            f"{calc['naive_sp_bytes'] / naive:.0%} of naive", delta_color="off", delta_arrow="off")
 common.chart(hbm_calculator_figure(T, h, d, bq, bkv, el), "hbm-calculator", "mem_calc", s.present)
 ex = hbm.seed000_example()
 st.caption(f"Tiled flash (K/V re-read once per query block of {bq}): "

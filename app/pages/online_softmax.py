@@ -46,7 +46,7 @@ steps = softmax_steps(trace, q_row, q, k, v, bh=bh)
 if not steps.attrs["inputs_match"]:
     st.error("The kernel's m and l do not match the float64 reference on the regenerated inputs: "
              f"either these are not the inputs it saw (seed {trace.meta.get('input_seed', 0)}, head {bh}) "
-             "or the kernel is wrong. Treat the comparison below with suspicion.", icon="🚨")
+             "or the kernel is wrong. Treat the comparison below with suspicion.", icon=":material/report:")
 
 last = len(steps) - 1
 st.session_state["sm_step"] = min(int(st.session_state.get("sm_step", 0)), last)
@@ -72,11 +72,11 @@ st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`)
             f"{r.key_start}–{r.key_end - 1}).")
 m = st.columns(5)
 m[0].metric("running m (kernel)", f"{r.m_kernel:.5f}", f"{r.m_kernel - r.m_ref:+.1e} vs float64",
-            delta_color="off")
+            delta_color="off", delta_arrow="off")
 m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", f"{(r.l_kernel - r.l_ref) / r.l_ref:+.1e} rel.",
-            delta_color="off")
+            delta_color="off", delta_arrow="off")
 m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
-            f"{r.alpha_kernel - r.alpha_ref:+.1e} vs float64", delta_color="off")
+            f"{r.alpha_kernel - r.alpha_ref:+.1e} vs float64", delta_color="off", delta_arrow="off")
 m[3].metric("‖O'/ℓ − O‖/‖O‖", f"{r.out_rel_err:.2e}", help="partial output after this step vs the exact "
             "float64 output of the row")
 kerr = steps.attrs.get("kernel_out_rel_err")
@@ -85,11 +85,8 @@ m[4].metric(f"kernel output error ({steps.attrs.get('dtype')})",
             help="the kernel's final O for this row vs the float64 reference")
 
 common.chart(softmax_strip_figure(steps, i), "softmax-strip", "sm_strip", s.present)
-left, right = st.columns(2)
-with left:
-    common.chart(softmax_tile_figure(steps, i), "softmax-tile", "sm_tile", s.present)
-with right:
-    common.chart(softmax_error_figure(steps, i), "softmax-error", "sm_error", s.present)
+common.chart(softmax_tile_figure(steps, i), "softmax-tile", "sm_tile", s.present)
+common.chart(softmax_error_figure(steps, i), "softmax-error", "sm_error", s.present)
 common.chart(softmax_state_figure(steps, i), "softmax-state", "sm_state", s.present)
 
 with st.expander("Every step as a table"):

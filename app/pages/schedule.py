@@ -10,7 +10,7 @@ from app.pages import common
 from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS, schedule_stats
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
-FRAME_BUDGET = 1_000_000   # heatmap cells over all animation frames: keeps the page light
+FRAME_BUDGET = 400_000     # heatmap cells over all animation frames: keeps the page light
 
 s = state.settings()
 st.title("Tile schedule")
@@ -30,7 +30,7 @@ if modelled:
     st.warning("**Modelled timeline.** This trace comes from the Triton CPU interpreter, which has no "
                "clock and no SMs. The *order* in which work items started and the tiles each one "
                "visited are the kernel's own; their placement in time on SMs is a list-scheduling "
-               f"model (instrumentation.schedule_model) on {sms} SMs, in tile-units.", icon="⏱")
+               f"model (instrumentation.schedule_model) on {sms} SMs, in tile-units.", icon=":material/schedule:")
 
 tl = common.timeline_for(src.key, sms, trace)
 stats = schedule_stats(tl)
@@ -53,7 +53,7 @@ else:
     frames = max(8, min(60, FRAME_BUDGET // max(n_cells, 1)))
     common.chart(common.animation_for(src.key, sms, frames, trace, tl), "tile-animation",
                  "sched_anim", s.present)
-    a1, a2, _ = st.columns([1, 1, 4])
+    a1, a2, _ = st.columns([2, 2, 6])
     for col, fmt in ((a1, "gif"), (a2, "mp4")):
         col.download_button(f"⬇ animation {fmt.upper()}", data=common._deferred(common.animation_bytes, trace, fmt, tl),
                             file_name=f"tile-schedule.{fmt}", mime=common.MIME[fmt],
@@ -78,7 +78,7 @@ else:
         common.chart(tile_grid_figure(trace, t=float(times[i]), tl=tl), "tile-grid", "sched_grid",
                      s.present)
 
-    with st.expander("Single-frame view (slider and step buttons)", expanded=False):
+    if st.toggle("Single-frame view (a time slider and step buttons, for long runs)", key="sched_single"):
         single_frame()
 
 st.subheader("Causal imbalance")

@@ -164,6 +164,7 @@ def test_schedule_page_shows_real_order_and_modelled_time(data_dir):
     assert ((final >= 4) == (bmap != 0)).all()              # every visited tile done at the end
     assert any("Modelled timeline" in w.value for w in at.warning)
     # stepping the single-frame view moves the grid back in time
+    at.toggle(key="sched_single").set_value(True).run()
     at.button(key="sched_prev").click().run()
     assert at.session_state["sched_frame"] == 198
     grid = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Tile grid of head bh=0, at"))

@@ -1,0 +1,258 @@
+"""Measure the app in a real browser: time to first chart and redraw time after a control change.
+
+    python scripts/measure_app.py                 # bundled data/ if present, else a small trace
+    python scripts/measure_app.py --repeats 5 --json /tmp/app-perf.json --screenshots /tmp/shots
+
+Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives headless Chromium
+(/usr/bin/chromium, never downloaded) with Playwright and prints:
+
+  first chart, cold     first session after the server started (imports torch/triton, loads)
+  first chart, warm     a new session on a warm server (what a second visitor sees)
+  redraw after ...      one control change on a recorded trace, until the chart shows it
+
+Times are wall clock from the browser's side (navigation or click -> the chart's new title is
+in the DOM). Measurements only: nothing here asserts a target. Targets from the issue: first
+chart <= 5 s on bundled data, redraw <= 1 s on a recorded trace (2 CPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(data_dir: Path | None, log_path: Path):
+    port = free_port()
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    if data_dir is not None:
+        env["TILESCOPE_DATA"] = str(data_dir)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    while time.perf_counter() - started < 90:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited ({proc.returncode}); see {log_path}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return proc, url, time.perf_counter() - started, log
+        except OSError:
+            time.sleep(0.2)
+    proc.terminate()
+    raise TimeoutError("streamlit did not become healthy in 90 s")
+
+
+def small_data_dir() -> Path:
+    """A data/ directory with one small interpreter recording (when nothing is bundled)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    from instrumentation import make_inputs, record
+
+    root = Path(tempfile.mkdtemp(prefix="tilescope-measure-"))
+    q, k, v = make_inputs(1, 2, 1024, 64, "fp16", seed=0)
+    for sched in ("natural", "longest_first"):
+        _, trace = record(q, k, v, mask="causal", block_m=64, block_n=64, schedule=sched,
+                          meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
+        trace.save(root / "traces" / f"n1024_causal_{sched}")
+    return root
+
+
+def titles_js(needle: str) -> str:
+    return ("[...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+            f".some(t => t.textContent.includes({json.dumps(needle)}))")
+
+
+def time_until(page, action, needle: str, timeout_ms: int = 60_000) -> float:
+    started = time.perf_counter()
+    action()
+    page.wait_for_function(f"() => {titles_js(needle)}", timeout=timeout_ms)
+    return time.perf_counter() - started
+
+
+def first_chart(browser, url: str, shots: Path | None, name: str) -> float:
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = ctx.new_page()
+    started = time.perf_counter()
+    page.goto(url)
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=120_000)
+    took = time.perf_counter() - started
+    if shots:
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=False)
+    ctx.close()
+    return took
+
+
+def redraws(browser, url: str, recs: list, repeats: int, shots: Path | None) -> dict:
+    """Control changes on recorded traces, each timed until the chart shows the change."""
+    out: dict[str, list[float]] = {}
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = ctx.new_page()
+    page.set_default_timeout(60_000)
+    rec = recs[0]
+
+    # online softmax: the 'next' button steps one K tile (the figure titles say which step)
+    page.goto(f"{url}/?page=online_softmax&source=recorded&trace={rec.name}")
+    page.wait_for_function(f"() => {titles_js('Step 1/')}")
+    for i in range(repeats):
+        out.setdefault("softmax: next step", []).append(time_until(
+            page, lambda: page.get_by_role("button", name="next ▶").click(), f"Step {i + 2}/"))
+    if shots:
+        page.screenshot(path=str(shots / "online_softmax.png"), full_page=True)
+
+    # schedule: the single-frame view's step button (a fragment: only that part reruns)
+    page.goto(f"{url}/?page=schedule&source=recorded&trace={rec.name}")
+    page.wait_for_function(f"() => {titles_js('Work items on SMs')}")
+    page.get_by_text("Single-frame view").click()
+    page.get_by_role("button", name="◀ step").wait_for()
+    for _ in range(repeats):
+        grid_titles = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                       ".map(t => t.textContent).filter(t => t.includes(', at t ='))")
+        page.wait_for_function(f"() => ({grid_titles})().length === 1")
+        before = page.evaluate(grid_titles)[0]
+        started = time.perf_counter()
+        page.get_by_role("button", name="◀ step").click()
+        page.wait_for_function(f"b => {{ const t = ({grid_titles})(); return t.length === 1 && t[0] !== b; }}",
+                               arg=before)
+        out.setdefault("schedule: step the frame (fragment)", []).append(time.perf_counter() - started)
+    if shots:
+        page.screenshot(path=str(shots / "schedule.png"), full_page=True)
+
+    # block-skip map: switch between two recordings (a different trace: load + all charts)
+    if len(recs) >= 2:
+        page.goto(f"{url}/?page=block_skip&source=recorded&trace={recs[0].name}")
+        page.wait_for_function(f"() => {titles_js('Block map: ')}")
+        for i in range(repeats):
+            target = recs[(i + 1) % 2]
+
+            def pick():
+                box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
+                    has_text="Recording").locator("input")
+                box.click()
+                page.get_by_role("option", name=target.label).click()
+            out.setdefault("block-skip: switch recording", []).append(time_until(
+                page, pick, f"Block map: {target.mask}, N={target.seq_len},"))
+        if shots:
+            page.screenshot(path=str(shots / "block_skip.png"), full_page=True)
+
+    # presentation toggle: restyles every chart of the page
+    page.goto(f"{url}/?page=block_skip&source=recorded&trace={rec.name}")
+    page.wait_for_function(f"() => {titles_js('Block map: ')}")
+    for i in range(repeats):
+        started = time.perf_counter()
+        page.locator('[data-testid="stSidebar"]').get_by_text("Presentation mode").click()
+        want = "true" if i % 2 == 0 else "false"
+        page.wait_for_function(
+            "want => location.search.includes('present=1') === (want === 'true')", arg=want)
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
+                               " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText"
+                               ".includes('Running')")
+        out.setdefault("block-skip: presentation toggle", []).append(time.perf_counter() - started)
+    ctx.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--data", default=None, help="data directory (default: bundled data/ if it "
+                                                 "has traces, else a small recording made now)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--screenshots", default=None, help="directory for page screenshots")
+    args = ap.parse_args(argv)
+    if not Path(CHROMIUM).exists():
+        print(f"error: {CHROMIUM} is missing; this script never downloads a browser", file=sys.stderr)
+        return 2
+    from playwright.sync_api import sync_playwright
+
+    from app.data_sources import discover_traces
+
+    data = Path(args.data) if args.data else ROOT / "data"
+    recs = discover_traces(data)
+    source = f"bundled ({data})"
+    if not recs:
+        data = small_data_dir()
+        recs = discover_traces(data)
+        source = f"small interpreter recording made now ({data})"
+    by_n = sorted(recs, key=lambda r: (r.seq_len, r.name))
+    default_like = [r for r in by_n if r.mask == "causal" and r.schedule == "natural"] or by_n
+    picks = [default_like[0]] + [r for r in by_n if r.mask != default_like[0].mask][:1]
+    shots = Path(args.screenshots) if args.screenshots else None
+    if shots:
+        shots.mkdir(parents=True, exist_ok=True)
+
+    log = Path(tempfile.mkdtemp(prefix="tilescope-measure-log-")) / "streamlit.log"
+    proc, url, health_s, logf = start_server(data, log)
+    results = {"data": source, "cpus": os.cpu_count(), "machine": platform.machine(),
+               "python": platform.python_version(), "server_health_s": health_s}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                results["first_chart_cold_s"] = first_chart(browser, url, shots, "first_cold")
+                warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
+                results["first_chart_warm_s"] = warm
+                results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
+                big = max(recs, key=lambda r: (r.seq_len * r.meta.get("shape", {}).get("B", 1)
+                                               * r.meta.get("shape", {}).get("H", 1), r.name))
+                results["largest_trace"] = big.label
+                results["first_chart_largest_schedule_s"] = first_chart(
+                    browser, f"{url}/?page=schedule&source=recorded&trace={big.name}", shots,
+                    "schedule_largest")
+            finally:
+                browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logf.close()
+
+    print(f"Tilescope app timings ({results['cpus']} CPUs, data: {results['data']})")
+    print(f"  server healthy after start          {results['server_health_s']:.2f} s")
+    print(f"  first chart, cold (first session)   {results['first_chart_cold_s']:.2f} s   (target 5 s)")
+    w = results["first_chart_warm_s"]
+    print(f"  first chart, warm (new session)     median {statistics.median(w):.2f} s, "
+          f"max {max(w):.2f} s over {len(w)}")
+    print(f"  first chart, largest trace schedule {results['first_chart_largest_schedule_s']:.2f} s"
+          f"   ({results['largest_trace']})")
+    for name, xs in results["redraw_s"].items():
+        print(f"  redraw: {name:34s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s "
+              f"over {len(xs)}   (target 1 s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+        print(f"wrote {args.json}")
+    if shots:
+        print(f"screenshots in {shots}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
