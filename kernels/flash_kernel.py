@@ -220,7 +220,9 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             idx = tl.atomic_add(work_counter, 1)
     else:
         work = tl.load(work_list + pid)
-        if TRACE_WORK:
+        if TRACE_WORK and not HW_CLOCK:
+            # no clock in the interpreter: a counter gives the order programs ran in; on a GPU
+            # the order comes from the start times instead, so tracing adds no atomic
             order = tl.atomic_add(tr_counter, 1)
         else:
             order = pid
