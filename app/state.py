@@ -44,6 +44,7 @@ DEFAULTS = {"seq_len": 512, "mask": "causal", "head_dim": 64, "block_m": 64, "bl
             "dtype": "fp16", "batch": 1, "heads": 1, "schedule": "natural"}
 INT_KEYS = ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads")
 MAX_SEQ_LEN = 1 << 20
+MAX_GRID_TILES = 2048 * 2048       # (N/block_m) x (N/block_n) tiles a page may draw
 INTERPRETER_S_PER_TILE = 0.007     # measured on 2 CPUs: N=1024 causal 64x64 (136 tiles) ~ 1 s
 MAX_UPLOAD_BYTES = 512 << 20       # uncompressed size of an uploaded trace
 
@@ -94,6 +95,11 @@ class Settings:
                 parse_mask(self.mask, self.seq_len)
             except ValueError as exc:
                 out.append(f"The mask {self.mask!r} does not work here: {exc}")
+            grid = -(-self.seq_len // self.block_m) * -(-self.seq_len // self.block_n)
+            if grid > MAX_GRID_TILES:
+                out.append(f"N={self.seq_len} with blocks {self.block_m}×{self.block_n} makes "
+                           f"{grid:,} tiles, more than the {MAX_GRID_TILES:,} a page can draw: "
+                           "raise the block sizes or lower N.")
         for name, value in (("batch B", self.batch), ("heads H", self.heads)):
             if not isinstance(value, int) or value < 1:
                 out.append(f"{name} = {value} is not valid: use 1 or more.")
@@ -488,6 +494,7 @@ def sidebar() -> Settings:
         elif source == "upload":
             up = st.file_uploader("Trace (.zip of a trace directory)", type=["zip"], key="ctl_upload",
                                   help="manifest.json + parquet files, as written by Trace.save")
+            st.caption("A link cannot carry an uploaded file: share the zip with the link.")
             if up is not None:
                 try:
                     trace = uploaded_trace(up)

@@ -59,6 +59,9 @@ else:
     common.chart(traffic_figure(df, meta), "hbm-traffic", "mem_traffic", s.present)
     with st.expander("Sweep records"):
         st.dataframe(df, hide_index=True)
+    st.download_button("⬇ sweep records (CSV)", data=common._deferred(lambda: df.to_csv(index=False)),
+                       file_name=f"{Path(path).stem}.csv", mime="text/csv", key="mem_sweep_csv",
+                       on_click="ignore")
 
 # -- seed 000's calculator ------------------------------------------------------------------------
 st.subheader("HBM-traffic calculator (model, seed 000)")

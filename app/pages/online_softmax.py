@@ -70,15 +70,25 @@ st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`)
             f"the kernel visits **{len(steps)} K tiles** of {steps.attrs['n_k_blocks']}. "
             f"Step **{i + 1}/{len(steps)}**: K block {r.k_block} ({r.status}, keys "
             f"{r.key_start}–{r.key_end - 1}).")
+
+
+def diff(kernel: float, ref: float, relative: bool = False) -> str:
+    """Kernel minus float64 reference, as text (a step where the row sees no key yet has m = −∞)."""
+    if not (np.isfinite(kernel) and np.isfinite(ref)):
+        return "same (−∞: no visible key yet)" if kernel == ref else f"reference {ref:.5g}"
+    d = kernel - ref
+    return f"{d / ref:+.1e} rel." if relative and ref else f"{d:+.1e} vs float64"
+
+
 m = st.columns(5)
-m[0].metric("running m (kernel)", f"{r.m_kernel:.5f}", f"{r.m_kernel - r.m_ref:+.1e} vs float64",
+m[0].metric("running m (kernel)", f"{r.m_kernel:.5f}", diff(r.m_kernel, r.m_ref),
             delta_color="off", delta_arrow="off")
-m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", f"{(r.l_kernel - r.l_ref) / r.l_ref:+.1e} rel.",
+m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", diff(r.l_kernel, r.l_ref, relative=True),
             delta_color="off", delta_arrow="off")
 m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
-            f"{r.alpha_kernel - r.alpha_ref:+.1e} vs float64", delta_color="off", delta_arrow="off")
-m[3].metric("‖O'/ℓ − O‖/‖O‖", f"{r.out_rel_err:.2e}", help="partial output after this step vs the exact "
-            "float64 output of the row")
+            diff(r.alpha_kernel, r.alpha_ref), delta_color="off", delta_arrow="off")
+m[3].metric("‖O'/ℓ − O‖/‖O‖", "n/a" if not np.isfinite(r.out_rel_err) else f"{r.out_rel_err:.2e}",
+            help="partial output after this step vs the exact float64 output of the row")
 kerr = steps.attrs.get("kernel_out_rel_err")
 m[4].metric(f"kernel output error ({steps.attrs.get('dtype')})",
             "n/a" if kerr is None or not np.isfinite(kerr) else f"{kerr:.2e}",

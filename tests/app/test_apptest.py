@@ -508,3 +508,9 @@ def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
     assert out[0] is out[2]                                    # shared, not run twice
     assert {o.meta["schedule"] for o in out} == {"natural", "longest_first"}
     assert peak[0] == 1 and len(calls) == 2
+
+
+def test_too_many_tiles_to_draw_is_an_error(data_dir):
+    at = live(data_dir, page="block_skip", mask="causal", seq_len=65536, block_m=16, block_n=16)
+    assert not at.exception
+    assert any("more than" in e.value and "tiles" in e.value for e in at.error)

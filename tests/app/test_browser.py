@@ -70,6 +70,16 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(data_dir, tmp_path_factory):
+    yield from run_server(data_dir, tmp_path_factory)
+
+
+@pytest.fixture
+def fresh_server(data_dir, tmp_path_factory):
+    """A server no session has used yet (its first run takes Streamlit's pages-directory path)."""
+    yield from run_server(data_dir, tmp_path_factory)
+
+
+def run_server(data_dir, tmp_path_factory):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "TRITON_INTERPRET": "1", "TILESCOPE_DATA": str(data_dir),
@@ -186,3 +196,31 @@ def test_download_standalone_html(server, page):
     html = Path(info.value.path()).read_text()
     assert html.lstrip().lower().startswith("<html") or "<!doctype" in html[:100].lower()
     assert "Plotly.newPlot" in html and f"Block map: causal, N={N}" in html
+
+
+def test_download_png_and_gif(server, page):
+    """Images are rendered by kaleido on the server when the button is clicked."""
+    page.goto(f"{server}/?page=schedule&{QUERY}&mask=causal")
+    wait_for_title(page, "Work items on SMs (modelled timeline)")
+    with page.expect_download(timeout=120_000) as info:
+        page.get_by_role("button", name="⬇ PNG").first.click()
+    png = Path(info.value.path()).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    with page.expect_download(timeout=180_000) as info:
+        page.get_by_role("button", name="⬇ animation GIF").click()
+    gif = Path(info.value.path()).read_bytes()
+    assert gif[:6] in (b"GIF89a", b"GIF87a") and len(gif) > 10_000
+
+
+def test_fresh_server_opened_on_a_page_path_and_nav_keeps_settings(fresh_server, page):
+    page.goto(f"{fresh_server}/online_softmax?{QUERY}&mask=sliding_window:96")
+    wait_for_title(page, "Online softmax state, step by step")
+    no_exception_on_page(page)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    assert sidebar.get_by_label("Window W (keys i-W < j <= i)").input_value() == "96"
+    # the page navigation keeps the settings and writes them back into the URL
+    sidebar.get_by_role("link", name="Block-skip map").click()
+    wait_for_title(page, f"Block map: sliding_window:96, N={N}, blocks 64×64")
+    page.wait_for_function("() => location.search.includes('page=block_skip')")
+    assert "mask=sliding_window%3A96" in page.url or "mask=sliding_window:96" in page.url
+    no_exception_on_page(page)
