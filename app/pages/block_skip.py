@@ -26,6 +26,11 @@ except state.RunError as exc:  # e.g. too big for the interpreter: the predictio
     st.warning("Showing the block map **predicted from the mask** only (MaskSpec.block_map); "
                "no kernel visits to overlay.", icon=":material/straighten:")
 
+if trace is not None and len(trace.tiles) == 0:
+    st.info("This trace has no tile detail (recorded with level='work'), so there are no kernel "
+            "visits to overlay: the map below is the prediction from the mask.")
+    trace = None
+
 stats = blockmap_stats(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace)
 m = st.columns(6)
 m[0].metric("tiles", f"{stats['tiles']:,}", help=f"grid {stats['grid'][0]}×{stats['grid'][1]}")

@@ -44,6 +44,16 @@ m[4].metric("tail", f"{stats['tail'] / scale:.4g} {unit}", help="from the first 
 m[5].metric("imbalance", f"{stats['imbalance']:.2f}", help="max / mean busy time per SM (1 = even)")
 
 common.chart(sm_lanes_figure(trace, tl, color_by=color_by), "sm-lanes", "sched_lanes", s.present)
+with st.expander("The order the kernel really ran the work items in (trace.work)"):
+    cols = [c for c in ("order", "bh", "q_block", "program", "tiles_visited", "sm", "t_start", "t_end")
+            if c in trace.work.columns]
+    if modelled:
+        cols = [c for c in cols if c not in ("sm", "t_start", "t_end")]
+    st.caption("`order`: the position in which each work item started. " + (
+        "The interpreter has no clock, so the kernel counts starts with an atomic counter; the "
+        "timeline above places the items on modelled SMs in exactly this order." if modelled else
+        "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
+    st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
 st.subheader("The tile grid filling in")
 if len(trace.tiles) == 0:

@@ -514,3 +514,15 @@ def test_too_many_tiles_to_draw_is_an_error(data_dir):
     at = live(data_dir, page="block_skip", mask="causal", seq_len=65536, block_m=16, block_n=16)
     assert not at.exception
     assert any("more than" in e.value and "tiles" in e.value for e in at.error)
+
+
+def test_uploaded_work_level_trace_without_tile_detail(data_dir, tmp_path):
+    q, k, v = make_inputs(1, 1, N, 32, "fp16", seed=0)
+    _, trace = record(q, k, v, mask="causal", block_m=64, block_n=64, level="work")
+    data = _zip_dir(trace.save(tmp_path / "work-only"))
+    for page in PAGES:
+        at = app(data_dir, page=page, source="upload")
+        at.file_uploader(key="ctl_upload").upload("work.zip", data, "application/zip").run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        assert not at.error, (page, [e.value for e in at.error])
+        assert charts(at) or page == "online_softmax", page
