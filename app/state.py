@@ -340,6 +340,8 @@ def init_session() -> None:
         return
     qp = st.query_params.to_dict()
     values, source, trace = default_settings()
+    if qp.get("source") in ("gpu", "interpreter"):
+        values, trace = dict(DEFAULTS), ""     # a live link starts from the plain defaults
     errors = []
     if "source" in qp:
         want = qp["source"]
@@ -468,6 +470,16 @@ def open_recording(name: str) -> None:
     st.session_state["ctl_trace"] = name
 
 
+def _source_changed() -> None:
+    """Going live from a recording keeps N, mask, D, blocks and dtype; in the interpreter, B and H
+    drop to 1 so the first run takes seconds, not minutes (the user can raise them again)."""
+    ss = st.session_state
+    if ss.get("ctl_source") == "interpreter" and (ss.get("ctl_batch", 1), ss.get("ctl_heads", 1)) != (1, 1):
+        ss["_source_note"] = (f"B×H set from {ss.get('ctl_batch')}×{ss.get('ctl_heads')} to 1×1 for the "
+                              "CPU interpreter, so a run takes seconds; raise them below if you like.")
+        ss["ctl_batch"], ss["ctl_heads"] = 1, 1
+
+
 def sidebar() -> Settings:
     """Render the shared controls; return the settings they describe."""
     ss = st.session_state
@@ -476,9 +488,12 @@ def sidebar() -> Settings:
     if ss.get("ctl_source") not in sources:
         ss["ctl_source"] = live_source()
     with st.sidebar:
-        st.radio("Source", sources, format_func=SOURCES.get, key="ctl_source",
+        st.radio("Source", sources, format_func=SOURCES.get, key="ctl_source", on_change=_source_changed,
                  help="Live runs execute the instrumented Triton kernel now; recordings come "
                       "from real GPUs (data/traces/) or from a zip you upload.")
+        note = ss.pop("_source_note", None)
+        if note:
+            st.info(note, icon=":material/info:")
         source = ss["ctl_source"]
         locked = source in ("recorded", "upload")
         if source == "recorded":

@@ -32,8 +32,8 @@ MASKS = {"full": "full", "causal": "causal", "sliding_window": "sliding_window:6
          "prefix_lm": "prefix_lm:48", "document": "document:64,128,64"}
 
 
-def _record(root: Path, name: str, n=N, mask="causal", schedule="natural", bm=64, bn=64):
-    q, k, v = make_inputs(1, 1, n, 32, "fp16", seed=0)
+def _record(root: Path, name: str, n=N, mask="causal", schedule="natural", bm=64, bn=64, b=1, h=1):
+    q, k, v = make_inputs(b, h, n, 32, "fp16", seed=0)
     _, trace = record(q, k, v, mask=mask, block_m=bm, block_n=bn, schedule=schedule,
                       meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
     trace.meta["source"] = "recorded"
@@ -50,6 +50,7 @@ def data_dir(tmp_path_factory):
     for sched in ("natural", "longest_first", "persistent"):
         _record(root, f"n{N}_causal_{sched}", schedule=sched)
     _record(root, f"n{N}_sliding_natural", mask="sliding_window:64")
+    _record(root, f"n{N}_prefix_b2h2", mask="prefix_lm:48", b=2, h=2)
     run_sweep(root / "sweeps" / "cpu.json", seq_lens=[32, 64], batch=1, heads=1, head_dim=32,
               dtype="fp16", mask="full", progress=False)
     old = os.environ.get("TILESCOPE_DATA")
@@ -93,6 +94,10 @@ def charts(at) -> list[dict]:
 
 def titles(at) -> list[str]:
     return [c["layout"].get("title", {}).get("text", "") for c in charts(at)]
+
+
+def table_with(at, column):
+    return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
 def clean(at) -> None:
@@ -178,7 +183,7 @@ def test_compare_two_live_schedules(data_dir):
     clean(at)
     cmp = next(c for c in charts(at) if "timelines)" in c["layout"]["title"]["text"])
     assert "natural vs longest_first" in cmp["layout"]["title"]["text"]
-    table = at.dataframe[0].value
+    table = table_with(at, "schedule")
     assert list(table["schedule"]) == ["natural", "longest_first"]
     # on 4 modelled SMs longest-first leaves no longer a makespan than natural order
     assert table["makespan"].iloc[1] <= table["makespan"].iloc[0]
@@ -189,11 +194,11 @@ def test_compare_two_recorded_schedules(data_dir):
     at.toggle(key="sched_compare").set_value(True).run()
     clean(at)
     assert "recording n256_causal_natural" in at.info[0].value
-    table = at.dataframe[0].value
+    table = table_with(at, "schedule")
     assert set(table["schedule"]) == {"natural", "longest_first"}
     at.selectbox(key="cmp_rec_b").set_value(f"n{N}_causal_persistent").run()
     clean(at)
-    assert list(at.dataframe[0].value["schedule"]) == ["natural", "persistent"]
+    assert list(table_with(at, "schedule")["schedule"]) == ["natural", "persistent"]
 
 
 def test_online_softmax_steps_through_the_kernel_state(data_dir):
@@ -526,3 +531,21 @@ def test_uploaded_work_level_trace_without_tile_detail(data_dir, tmp_path):
         assert not at.exception, (page, [e.value for e in at.exception])
         assert not at.error, (page, [e.value for e in at.error])
         assert charts(at) or page == "online_softmax", page
+
+
+def test_going_live_from_a_recording_keeps_the_problem_but_one_head(data_dir):
+    at = app(data_dir, page="block_skip", source="recorded", trace=f"n{N}_prefix_b2h2")
+    assert (at.query_params["batch"], at.query_params["heads"]) == ("2", "2")
+    at.radio(key="ctl_source").set_value("interpreter").run()
+    clean(at)
+    q = at.query_params
+    assert (q["source"], q["mask"], q["seq_len"], q["head_dim"]) == ("interpreter", "prefix_lm:48", str(N), "32")
+    assert (q["batch"], q["heads"]) == ("1", "1")
+    assert any("B×H set from 2×2 to 1×1" in i.value for i in at.info)
+
+
+def test_a_live_link_starts_from_the_plain_defaults(data_dir):
+    at = app(data_dir, page="block_skip", source="interpreter", seq_len=128)
+    clean(at)
+    q = at.query_params
+    assert (q["batch"], q["heads"], q["head_dim"], q["dtype"]) == ("1", "1", "64", "fp16")
