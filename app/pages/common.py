@@ -76,9 +76,15 @@ def banner(src: state.Source) -> None:
 def presentation(fig: go.Figure) -> go.Figure:
     try:
         from app.figures import presentation as styled
-        return styled(fig)
     except ImportError:  # pragma: no cover
-        pass
+        styled = None
+    if styled is not None:
+        fig = styled(fig)
+        # larger title fonts need a taller top margin, or the title runs into the plot
+        top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
+        fig.update_layout(margin=dict(t=max(top, 150)))
+        fig.update_yaxes(automargin=True)
+        return fig
     fig = go.Figure(fig)  # local fallback: larger fonts, light background, no clutter
     fig.update_layout(template="plotly_white", font=dict(size=20), paper_bgcolor="white",
                       plot_bgcolor="white", hoverlabel=dict(font_size=18))

@@ -224,3 +224,23 @@ def test_fresh_server_opened_on_a_page_path_and_nav_keeps_settings(fresh_server,
     page.wait_for_function("() => location.search.includes('page=block_skip')")
     assert "mask=sliding_window%3A96" in page.url or "mask=sliding_window:96" in page.url
     no_exception_on_page(page)
+
+
+def test_two_sessions_changing_settings_at_once_both_get_their_charts(server, browser):
+    """Two browser sessions start live runs at the same moment: the run lock serialises them,
+    and each session gets its own chart."""
+    contexts = [browser.new_context(viewport={"width": 1300, "height": 900}) for _ in range(2)]
+    try:
+        pages = [c.new_page() for c in contexts]
+        wanted = [("document:64,128,128", 320), ("sliding_window:40", 352)]
+        for p, (mask, n) in zip(pages, wanted):
+            p.set_default_timeout(90_000)
+            p.goto(f"{server}/?page=block_skip&source=interpreter&seq_len={n}&head_dim=16"
+                   f"&block_m=32&block_n=32&dtype=fp32&mask={mask}", wait_until="commit")
+        for p, (mask, n) in zip(pages, wanted):
+            wait_for_title(p, f"Block map: {mask}, N={n}, blocks 32×32", timeout=90_000)
+            assert "visited exactly" in " ".join(p.locator('[data-testid="stAlert"]').all_inner_texts())
+            no_exception_on_page(p)
+    finally:
+        for c in contexts:
+            c.close()
