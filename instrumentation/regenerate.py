@@ -153,6 +153,8 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
         shutil.rmtree(leftover, ignore_errors=True)
     inputs = {}
     caps = per_trace_cap if isinstance(per_trace_cap, (list, tuple)) else [per_trace_cap] * len(jobs)
+    from .sweep import _progress
+
     bar = _progress(list(zip(jobs, caps)), progress, "traces")
     for job, cap in bar:
         name = trace_name(job["n"], job["mask"], job["schedule"])
@@ -353,16 +355,6 @@ def main(argv=None) -> int:
         print("stopped before finishing (budget); rerun the same command to resume")
         return 3
     return 0
-
-
-def _progress(items, enabled, desc):
-    if not enabled:
-        return items
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        return items
-    return tqdm(items, desc=desc)
 
 
 if __name__ == "__main__":
