@@ -63,7 +63,8 @@ class Trace:
             src = "recorded" if m.get("source") == "recorded" else "live GPU"
             return (f"{src}: {dev}, {when}, torch {m.get('torch_version')}, "
                     f"triton {m.get('triton_version')}")
-        return (f"Triton CPU interpreter ({dev}), {when}: real tile visits and softmax state, "
+        src = "recorded in the " if m.get("source") == "recorded" else ""
+        return (f"{src}Triton CPU interpreter ({dev}), {when}: real tile visits and softmax state, "
                 "no hardware timings (timelines are modelled)")
 
     def summary(self) -> dict:
@@ -131,7 +132,10 @@ class Trace:
             missing = [c for c in REQUIRED_COLUMNS[name] if c not in frames[name].columns]
             if missing:
                 raise TraceFormatError(f"{file} lacks columns {missing}")
-        return cls(meta=manifest["meta"], **frames)
+        meta = manifest["meta"]
+        if meta.get("source") == "live":  # it was live when recorded; read back, it is a recording
+            meta["source"] = "recorded"
+        return cls(meta=meta, **frames)
 
 
 def _sha256(path: Path) -> str:

@@ -220,10 +220,10 @@ def tile_animation_figure(trace, tl: pd.DataFrame | None = None, max_frames: int
     pause = dict(frame=dict(duration=0, redraw=False), mode="immediate", transition=dict(duration=0))
     fig.update_layout(
         title=frames[0].layout.title, template="plotly_white",
-        updatemenus=[dict(type="buttons", direction="left", x=0, y=-0.02, xanchor="left", yanchor="top",
+        updatemenus=[dict(type="buttons", direction="left", x=0, y=-0.16, xanchor="left", yanchor="top",
                           buttons=[dict(label="▶ play", method="animate", args=[None, play]),
                                    dict(label="❚❚ pause", method="animate", args=[[None], pause])])],
-        sliders=[dict(active=0, x=0.18, len=0.8, y=-0.02, yanchor="top",
+        sliders=[dict(active=0, x=0.2, len=0.78, y=-0.16, yanchor="top", pad=dict(t=0),
                       currentvalue=dict(prefix=f"t ({unit}) = "),
                       steps=[dict(label=f"{t / scale:.3g}", method="animate",
                                   args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True),
@@ -232,7 +232,8 @@ def tile_animation_figure(trace, tl: pd.DataFrame | None = None, max_frames: int
     )
     _grid_axes(fig, trace)
     fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
-    fig.layout.annotations[-1].yshift = -120       # below the slider
+    fig.layout.annotations[-1].yshift = -170       # below the slider
+    fig.update_layout(margin=dict(b=max(fig.layout.margin.b or 0, 210)))
     fig.update_layout(margin=dict(b=fig.layout.margin.b + 70))
     return fig
 

@@ -92,7 +92,8 @@ def test_save_load_round_trip_is_lossless(tmp_path, device):
     _, _, trace = traced(mask="document:50,70,30", device=device)
     trace.save(tmp_path / "t")
     back = Trace.load(tmp_path / "t")
-    assert back.meta == json.loads(json.dumps(trace.meta))
+    assert back.meta == {**json.loads(json.dumps(trace.meta)), "source": "recorded"}
+    assert "recorded" in back.provenance() and "live" not in back.provenance()
     for name in ("work", "tiles", "rows", "out"):
         pd.testing.assert_frame_equal(getattr(back, name), getattr(trace, name), check_categorical=False)
 
