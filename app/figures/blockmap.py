@@ -154,8 +154,9 @@ def blockmap_comparison_figure(left: dict, right: dict, head_dim: int = 64) -> g
     stats = [blockmap_stats(s["mask"], s["n"], s["block_m"], s["block_n"], head_dim, s.get("trace"))
              for s in sides]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=[
-        f"{st['mask']}, {st['block_m']}×{st['block_n']}: {st['skipped']}/{st['tiles']} skipped "
+        f"{st['mask']}, {st['block_m']}×{st['block_n']}<br>{st['skipped']}/{st['tiles']} skipped "
         f"({st['fraction_skipped']:.1%}), {st['flops_computed']:.3g} FLOPs" for st in stats])
+    fig.update_annotations(font_size=13)        # the two subplot titles, two lines each
     for col, (s, st) in enumerate(zip(sides, stats), start=1):
         bmap = parse_mask(s["mask"], s["n"]).block_map(s["n"], s["block_m"], s["block_n"])
         x = (np.arange(bmap.shape[1]) + 0.5) * s["block_n"]     # tile centres in key positions
@@ -170,7 +171,7 @@ def blockmap_comparison_figure(left: dict, right: dict, head_dim: int = 64) -> g
         fig.update_yaxes(title_text="query position (tokens)", autorange="reversed", row=1, col=col)
     fig.update_layout(title=title("Block maps compared",
                                   f"FLOPs per head at d={head_dim}: 4·bm·bn·d per computed tile"),
-                      template="plotly_white", height=520, width=1100)
+                      template="plotly_white", height=560, width=1100, margin=dict(t=130))
     traced = [s["trace"] for s in sides if s.get("trace") is not None]
     prov = PREDICTION if not traced else "prediction from MaskSpec.block_map; visits from " + traced[0].provenance()
     return caption(fig, prov, width=170)
