@@ -23,6 +23,26 @@ def sweep(path: str, mtime: float):
     return load_sweep(path)
 
 
+def ncu_vs_models(rows) -> str:
+    """Why measured DRAM bytes and the seeds' models differ, with this sweep's own ratios."""
+    measured = rows["dram_read_bytes"] + rows["dram_write_bytes"]
+    parts = []
+    for impl, model_col in (("naive", "model_naive_bytes"), ("flash", "model_flash_bytes")):
+        sel = rows["impl"] == impl
+        if sel.any():
+            ratio = (measured[sel] / rows.loc[sel, model_col])
+            parts.append(f"{impl}: measured / model = {ratio.min():.2f}–{ratio.max():.2f}")
+    flash = rows["impl"] == "flash"
+    tiled = (measured[flash] / rows.loc[flash, "model_flash_tiled_bytes"]) if flash.any() else None
+    text = ("ncu (DRAM bytes read + written, one forward) against the models — " + "; ".join(parts) + ". "
+            "Naive moves more than seed 000's model because kernels.naive_attention scales S in a "
+            "separate pass (one more N×N write and read: 12·T² bytes per head instead of 8·T²). "
+            "Flash reads Q, K, V from DRAM about once: its K/V re-reads hit the L2")
+    if tiled is not None and len(tiled):
+        text += f" (only {tiled.max():.1%} of the tiled model's bytes reach DRAM)"
+    return text + ", and part of O is still in the write-back L2 when the kernel ends."
+
+
 # -- measured sweep ------------------------------------------------------------------------------
 st.subheader("Naive vs flash over N")
 paths = data_sources.discover_sweeps()
@@ -57,6 +77,9 @@ else:
         st.info(f"Peak memory: {meta.get('peak_memory', 'not measured in this sweep')}.")
     common.chart(time_figure(df, meta), "time", "mem_time", s.present)
     common.chart(traffic_figure(df, meta), "hbm-traffic", "mem_traffic", s.present)
+    ncu_rows = df[df["dram_read_bytes"].notna()]
+    if len(ncu_rows):
+        st.caption(ncu_vs_models(ncu_rows))
     with st.expander("Sweep records"):
         st.dataframe(df, hide_index=True)
     st.download_button("⬇ sweep records (CSV)", data=common._deferred(lambda: df.to_csv(index=False)),
@@ -121,3 +144,4 @@ try:
     st.caption(src.trace.provenance())
 except (state.RunError, ValueError, KeyError) as exc:
     st.info(f"No trace to count from with the current settings: {exc}")
+
