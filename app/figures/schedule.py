@@ -169,9 +169,19 @@ def _grid_setup(trace, bh, tl):
 
 def _grid_axes(fig, trace):
     bm, bn = trace.meta["block_m"], trace.meta["block_n"]
-    fig.update_xaxes(title_text=f"K block (keys, {bn} per block)")
+    # square tiles: both axes shrink their domain (never stretch their range) to keep 1:1
+    fig.update_xaxes(title_text=f"K block (keys, {bn} per block)", constrain="domain")
     fig.update_yaxes(title_text=f"Q block (queries, {bm} per block)", autorange="reversed",
                      scaleanchor="x", constrain="domain")
+
+
+
+def _fit_grid_height(fig, grid_px: int = 440) -> go.Figure:
+    """Room for the grid itself on top of the margins (title, slider, caption), so a 128x128
+    grid is as readable as an 8x16 one."""
+    m = fig.layout.margin
+    fig.update_layout(height=(m.t if m.t is not None else 100) + (m.b if m.b is not None else 80) + grid_px)
+    return fig
 
 
 def tile_grid_figure(trace, t: float | None = None, tl: pd.DataFrame | None = None,
@@ -190,7 +200,7 @@ def tile_grid_figure(trace, t: float | None = None, tl: pd.DataFrame | None = No
                                   f"{int((tiles['status'] == 'skipped').sum())} skipped by the mask"),
                       template="plotly_white")
     _grid_axes(fig, trace)
-    return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
+    return _fit_grid_height(caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}"))
 
 
 def animation_times(tl: pd.DataFrame, max_frames: int = 60) -> np.ndarray:
@@ -233,9 +243,8 @@ def tile_animation_figure(trace, tl: pd.DataFrame | None = None, max_frames: int
     _grid_axes(fig, trace)
     fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
     fig.layout.annotations[-1].yshift = -170       # below the slider
-    fig.update_layout(margin=dict(b=max(fig.layout.margin.b or 0, 210)))
-    fig.update_layout(margin=dict(b=fig.layout.margin.b + 70))
-    return fig
+    fig.update_layout(margin=dict(b=max(fig.layout.margin.b or 0, 210) + 70))
+    return _fit_grid_height(fig)
 
 
 # -- imbalance and comparison ---------------------------------------------------------------------
