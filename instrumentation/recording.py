@@ -140,7 +140,7 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     env = environment(dev)
     hw = env["backend"] == "cuda"
     work = _decode_work(buffers.work.cpu().numpy(), n_qb, h, plan.tiles_per_q_block, plan.block_map, hw,
-                        schedule)
+                        schedule, plan.work_list(b * h, schedule).cpu().numpy())
     tiles = _decode_tiles(buffers.tiles.cpu().numpy(), plan.block_map, trace_head, work, hw) if full \
         else _empty_tiles()
     rows = _decode_rows(buffers.rows.cpu().numpy(), blocks, cfg.block_m, n, trace_head) if full \
@@ -177,7 +177,7 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     return out, Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows)
 
 
-def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule) -> pd.DataFrame:
+def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule, work_list) -> pd.DataFrame:
     n_work = buf.shape[0]
     w = np.arange(n_work)
     bh, qb = w // n_qb, w % n_qb
@@ -188,8 +188,10 @@ def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule) -> pd.
     })
     if hw:
         t0 = buf[:, 3].min()
-        if schedule != "persistent":  # the order programs started in, from the global clock
-            df["order"] = np.lexsort((buf[:, 0], buf[:, 3])).argsort().astype(np.int32)
+        if schedule != "persistent":
+            # program p ran work_list[p]; the order programs started in comes from the global clock
+            df["program"] = np.argsort(work_list).astype(np.int32)
+            df["order"] = np.lexsort((df["program"].to_numpy(), buf[:, 3])).argsort().astype(np.int32)
         df["sm"] = buf[:, 2].astype(np.int32)
         df["t_start"] = (buf[:, 3] - t0).astype(np.float64)
         df["t_end"] = (buf[:, 4] - t0).astype(np.float64)

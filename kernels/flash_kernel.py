@@ -126,7 +126,7 @@ def _work_item(work, program, order,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
-               HW_CLOCK: tl.constexpr):
+               HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     if TRACE_WORK and HW_CLOCK:
         t_start = _globaltimer()
     bh = work // n_qb
@@ -185,8 +185,9 @@ def _work_item(work, program, order,
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None])
     if TRACE_WORK:
         rec = tr_work + work.to(tl.int64) * 5
-        tl.store(rec, program)
-        tl.store(rec + 1, order)
+        if STORE_ORDER:  # otherwise the host derives both: program from the work list, order from t_start
+            tl.store(rec, program)
+            tl.store(rec + 1, order)
         if HW_CLOCK:
             tl.store(rec + 2, _smid())
             tl.store(rec + 3, t_start)
@@ -204,7 +205,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
-                    HW_CLOCK: tl.constexpr):
+                    HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     pid = tl.program_id(0)
     if PERSISTENT:
         # take work items from a counter, in the order of work_list, until none are left
@@ -216,7 +217,8 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                        part_cnt, part_idx, q_desc, k_desc, v_desc, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                        H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
         work = tl.load(work_list + pid)
@@ -231,4 +233,5 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                    part_cnt, part_idx, q_desc, k_desc, v_desc, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
                    H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       STORE_ORDER)

@@ -153,6 +153,10 @@ def test_gpu_trace_has_sm_ids_and_times():
     assert trace.meta["backend"] == "cuda" and w.t_start.notna().all()
     assert (w.t_end > w.t_start).all() and (w.sm >= 0).all()
     assert w.sm.nunique() > 1
+    # natural schedule: program p runs work item p; order is a permutation following t_start
+    assert (w.program == w.bh * trace.meta["n_q_blocks"] + w.q_block).all()
+    assert sorted(w.order) == list(range(len(w)))
+    assert w.sort_values("order").t_start.is_monotonic_increasing
     t = trace.tiles[trace.tiles.visited]
     assert (t.cycles_end > t.cycles_start).all()
     assert trace.meta["untraced_ms"] > 0
