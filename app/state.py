@@ -30,7 +30,7 @@ import streamlit as st
 import kernels  # noqa: F401  (first: picks the interpreter before triton loads)
 from app import data_sources
 from app.data_sources import Recording
-from instrumentation import Trace, TraceFormatError, make_inputs, record
+from instrumentation import Trace, TraceFormatError
 from kernels import INTERPRETER_MAX_TILES, SCHEDULES, SUPPORTED_HEAD_DIMS, backend, parse_mask
 from kernels.masks import MASK_KINDS
 
@@ -202,6 +202,8 @@ def computed_tiles(s: Settings) -> int:
 
 @st.cache_resource(show_spinner=False, max_entries=48)
 def _run_live(key: tuple, source: str) -> tuple[Trace, float]:
+    from instrumentation import make_inputs, record   # torch and triton load with the first live run
+
     s = dict(key)
     with run_lock():
         started = time.perf_counter()

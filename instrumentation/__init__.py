@@ -1,12 +1,24 @@
 """Runs kernels with trace buffers and decodes them into tables; memory and traffic models.
 
-`python -m instrumentation.record ...` is the command line (see README).
+`python -m instrumentation.record ...` is the command line (see README). The recording side
+(torch, triton) loads on first use; reading traces needs only pandas and pyarrow.
 """
+
+from importlib import import_module
 
 import kernels  # noqa: F401  (first: chooses the interpreter before triton is imported)
 
-from .recording import DTYPES, environment, make_inputs, record  # noqa: F401
-from .trace import SCHEMA_VERSION, Trace, TraceFormatError  # noqa: F401
+from .trace import SCHEMA_VERSION, Trace, TraceFormatError
+
+_LAZY = {"record": "recording", "make_inputs": "recording", "environment": "recording",
+         "DTYPES": "recording"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'instrumentation' has no attribute {name!r}")
+
 
 __all__ = ["record", "make_inputs", "environment", "DTYPES", "Trace", "TraceFormatError",
            "SCHEMA_VERSION"]

@@ -1,34 +1,34 @@
 """Triton FlashAttention kernels and their exact references. No Streamlit, no pandas.
 
 On a machine without CUDA the kernels run in Triton's CPU interpreter: TRITON_INTERPRET=1 is
-set here, before the @triton.jit module is imported, unless the caller already chose.
+set (kernels.runtime) before the @triton.jit module is imported, unless the caller already
+chose. The kernel modules (torch, triton) load on first use, so code that only needs masks or
+recorded traces starts fast.
 """
 
-import os
+from importlib import import_module
 
-import torch
+from .masks import MASK_KINDS, MaskSpec, parse_mask
+from .runtime import (INTERPRETER_MAX_TILES, SCHEDULES, SUPPORTED_HEAD_DIMS, backend, choose_backend,
+                      interpreting)
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+# decide now, so any later `import triton` (ours or a caller's) sees the choice; on a machine
+# without NVIDIA device nodes this costs no torch import
+choose_backend()
 
-from .flash import (  # noqa: E402
-    INTERPRETER_MAX_TILES, SCHEDULES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, BlockPlan,
-    KernelConfig, TraceBuffers, block_plan, check_inputs, default_config, flash_attention,
-    interpreting, validate_call, work_order,
-)
-from .masks import MASK_KINDS, MaskSpec, parse_mask  # noqa: E402
-from .naive import naive_attention  # noqa: E402
-from .reference import reference_attention  # noqa: E402
-
-
-def backend() -> str:
-    """'interpreter' when the kernels run in Triton's CPU interpreter, else 'cuda'."""
-    return "interpreter" if interpreting() else "cuda"
+_LAZY = {
+    "flash_attention": "flash", "BlockPlan": "flash", "KernelConfig": "flash",
+    "TraceBuffers": "flash", "block_plan": "flash", "check_inputs": "flash",
+    "default_config": "flash", "validate_call": "flash", "work_order": "flash",
+    "SUPPORTED_DTYPES": "flash", "naive_attention": "naive", "reference_attention": "reference",
+}
 
 
-__all__ = [
-    "flash_attention", "naive_attention", "reference_attention", "parse_mask", "MaskSpec",
-    "MASK_KINDS", "SCHEDULES", "SUPPORTED_DTYPES", "SUPPORTED_HEAD_DIMS", "INTERPRETER_MAX_TILES",
-    "BlockPlan", "KernelConfig", "TraceBuffers", "block_plan", "check_inputs", "default_config",
-    "interpreting", "validate_call", "work_order", "backend",
-]
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+
+
+__all__ = sorted({*_LAZY, "parse_mask", "MaskSpec", "MASK_KINDS", "SCHEDULES", "SUPPORTED_HEAD_DIMS",
+                  "INTERPRETER_MAX_TILES", "interpreting", "backend"})

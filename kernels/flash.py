@@ -9,21 +9,17 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-import triton
 
-from .flash_kernel import attn_fwd_kernel
-from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask
+from .runtime import INTERPRETER_MAX_TILES, SCHEDULES, SUPPORTED_HEAD_DIMS, choose_backend, interpreting
 
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+choose_backend()  # before triton is imported: the interpreter is chosen at import time
+
+import triton  # noqa: E402
+
+from .flash_kernel import attn_fwd_kernel  # noqa: E402
+from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask  # noqa: E402
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-SCHEDULES = ("natural", "longest_first", "persistent")
-# The CPU interpreter runs one numpy op at a time; past this many computed tiles a run takes
-# minutes, so we refuse and point to a GPU or a bundled recording instead.
-INTERPRETER_MAX_TILES = 10_000
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 
 
 @dataclass

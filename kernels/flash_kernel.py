@@ -15,8 +15,12 @@ Scores are kept in log2 units (the softmax scale is folded with log2(e) into one
 the exponentials are exp2); traced m is converted back to natural units.
 """
 
-import triton
-import triton.language as tl
+from .runtime import choose_backend
+
+choose_backend()  # before triton is imported, also when this module is imported on its own
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 LN2 = tl.constexpr(0.6931471805599453)
 

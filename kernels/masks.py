@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import torch
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 STATUS_NAMES = {SKIPPED: "skipped", PARTIAL: "partial", FULL: "full"}
@@ -94,6 +93,8 @@ class MaskSpec:
             return sliding_window_predicate(self.param)
         if self.kind == "prefix_lm":
             return prefix_lm_predicate(self.param)
+        import torch
+
         return document_predicate(torch.from_numpy(self.doc_ids(n)).long())
 
     # -- per-row visible key interval [lo_i, hi_i] (inclusive) --------------------------------
@@ -113,8 +114,10 @@ class MaskSpec:
             lo, hi = np.repeat(starts, self.param).astype(np.int64), i
         return lo.astype(np.int32), hi.astype(np.int32)
 
-    def dense(self, n: int) -> torch.Tensor:
-        """(n, n) bool tensor, True where query i may attend key j (from the predicate)."""
+    def dense(self, n: int):
+        """(n, n) bool torch tensor, True where query i may attend key j (from the predicate)."""
+        import torch
+
         self.check(n)
         q_idx = torch.arange(n)[:, None]
         kv_idx = torch.arange(n)[None, :]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
 from kernels.masks import STATUS_NAMES, parse_mask
@@ -21,8 +20,10 @@ from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, caption, title
 ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in the hover)
 
 
-def _head(t: torch.Tensor, bh: int, meta) -> np.ndarray:
-    """(N, D) float64 of head bh from full (B, H, N, D) inputs or a one-head regeneration."""
+def _head(t, bh: int, meta) -> np.ndarray:
+    """(N, D) float64 of head bh from full (B, H, N, D) torch inputs or a one-head regeneration."""
+    import torch
+
     if t.dim() != 4:
         raise ValueError(f"expected (B, H, N, D) tensors, got shape {tuple(t.shape)}")
     b, h, n, d = t.shape

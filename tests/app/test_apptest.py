@@ -387,12 +387,12 @@ def test_negative_n_via_the_control(data_dir):
 def test_gpu_out_of_memory_is_a_message(data_dir, monkeypatch):
     import torch
 
-    from app import state
+    from instrumentation import recording   # the app imports record() from here on its first live run
 
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64 GiB")
 
-    monkeypatch.setattr(state, "record", oom)
+    monkeypatch.setattr(recording, "record", oom)
     at = live(data_dir, page="schedule", mask="causal", seq_len=448)   # not cached elsewhere
     assert not at.exception
     assert any("ran out of memory" in e.value for e in at.error)
@@ -479,8 +479,9 @@ def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
     """Two sessions asking at once both get their traces; runs never overlap; the same settings
     never run twice."""
     from app import state
+    from instrumentation import recording   # where the app's live runs take record() from
 
-    real, active, peak, calls = state.record, [0], [0], []
+    real, active, peak, calls = recording.record, [0], [0], []
     lock = threading.Lock()
 
     def counting(*args, **kwargs):
@@ -494,7 +495,7 @@ def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(state, "record", counting)
+    monkeypatch.setattr(recording, "record", counting)
     base = state.Settings(source="interpreter", seq_len=160, mask="causal", head_dim=16, block_m=32,
                           block_n=32, dtype="fp32")
     wanted = [base, state.variant(base, "longest_first"), base]
