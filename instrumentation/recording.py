@@ -219,7 +219,7 @@ def _decode_tiles(buf, block_map, bh, work, hw) -> pd.DataFrame:
         c0, c1 = buf[:, :, 1].astype(np.float64), buf[:, :, 2].astype(np.float64)
         c0[order < 0] = np.nan
         c1[order < 0] = np.nan
-        base = np.nanmin(np.where(order >= 0, c0, np.nan), axis=1, keepdims=True) \
+        base = np.nanmin(c0, axis=1, keepdims=True) \
             if (order >= 0).any() else np.zeros((n_qb, 1))
         rel0, rel1 = c0 - base, c1 - base
         df["cycles_start"] = rel0.ravel()

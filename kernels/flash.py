@@ -126,8 +126,13 @@ def _index_lists(block_map: np.ndarray, status: int) -> tuple[np.ndarray, np.nda
     return cnt, idx
 
 
-@lru_cache(maxsize=32)
-def _plan_arrays(spec: MaskSpec, n: int, block_m: int, block_n: int):
+def block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device) -> BlockPlan:
+    return _block_plan(spec, n, block_m, block_n, str(device))
+
+
+@lru_cache(maxsize=64)
+def _block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device: str) -> BlockPlan:
+    """Built once per (mask, N, blocks, device): the host work stays out of repeated calls."""
     bmap = spec.block_map(n, block_m, block_n)
     lo, hi = spec.row_intervals(n)
     full_cnt, full_idx = _index_lists(bmap, FULL)
@@ -136,24 +141,9 @@ def _plan_arrays(spec: MaskSpec, n: int, block_m: int, block_n: int):
     last = np.where(full_cnt > 0, full_idx[np.arange(len(full_cnt)), np.maximum(full_cnt - 1, 0)], -1)
     assert np.all((full_cnt == 0) | (last - full_start + 1 == full_cnt)), "full tiles not contiguous"
     part_cnt, part_idx = _index_lists(bmap, PARTIAL)
-    return bmap, lo, hi, full_cnt, full_start, part_cnt, part_idx
-
-
-_plan_cache: dict = {}
-
-
-def block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device) -> BlockPlan:
-    key = (spec, n, block_m, block_n, str(device))
-    plan = _plan_cache.get(key)
-    if plan is None:
-        bmap, lo, hi, fc, fi, pc, pi = _plan_arrays(spec, n, block_m, block_n)
-        to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-        plan = BlockPlan(spec, n, block_m, block_n, bmap, to(lo), to(hi), to(fc), to(fi), to(pc),
-                         to(pi), (bmap != SKIPPED).sum(axis=1))
-        if len(_plan_cache) > 64:
-            _plan_cache.clear()
-        _plan_cache[key] = plan
-    return plan
+    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return BlockPlan(spec, n, block_m, block_n, bmap, to(lo), to(hi), to(full_cnt), to(full_start),
+                     to(part_cnt), to(part_idx), (bmap != SKIPPED).sum(axis=1))
 
 
 def work_order(plan: BlockPlan, batch_heads: int, schedule: str) -> np.ndarray:
