@@ -21,6 +21,7 @@ _LAZY = {
     "TraceBuffers": "flash", "block_plan": "flash", "check_inputs": "flash",
     "default_config": "flash", "validate_call": "flash", "work_order": "flash",
     "SUPPORTED_DTYPES": "flash", "naive_attention": "naive", "reference_attention": "reference",
+    "flash_decode": "decode", "reference_decode": "decode_reference",
 }
 
 

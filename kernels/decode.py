@@ -1,0 +1,293 @@
+"""Host side of split-KV decoding (FlashDecoding): checks, the split rule, the two launches.
+
+    o = flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto")
+    # q (B, H, N_q, D), N_q 1..16; k_cache, v_cache (B, H_kv, N_max, D), H % H_kv == 0
+    # cache_seqlens (B,) int32 valid lengths; query t of sequence b sits at key position
+    # cache_seqlens[b] - N_q + t and sees keys j <= that position (bottom-right causal)
+
+The split rule ("auto") is FlashAttention-2's `num_splits_heuristic` (flash_api.cpp) applied to
+this kernel's own work items; see `choose_num_splits`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .runtime import choose_backend, interpreting
+
+choose_backend()  # before triton is imported: the interpreter is chosen at import time
+
+import triton  # noqa: E402
+
+from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
+from .flash import SUPPORTED_DTYPES, num_sms  # noqa: E402
+
+MAX_QUERIES = 16          # speculative decoding verifies a few tokens at once
+MAX_HEAD_DIM = 256
+MAX_SPLITS = 128          # FlashAttention's cap
+MAX_ROWS_PER_TILE = 64    # stacked query rows per program; more rows get more row blocks
+# The CPU interpreter runs one numpy op per tile; past this many (program, K tile) visits a
+# run takes minutes, so it is refused with a pointer to a GPU or a bundled recording.
+INTERPRETER_MAX_TILES = 20_000
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_m: int         # stacked query rows per program (G * N_q, padded to a power of two >= 16)
+    block_n: int         # keys per K/V tile
+    num_warps: int
+    num_stages: int
+
+    def as_dict(self) -> dict:
+        return dict(block_m=self.block_m, block_n=self.block_n, num_warps=self.num_warps,
+                    num_stages=self.num_stages)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Everything one call launches: shapes, tiles, splits and the inputs of the split rule."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    n_q: int
+    n_max: int
+    head_dim: int
+    group: int            # query heads per KV head (H / H_kv)
+    rows: int             # stacked rows per KV head: group * n_q
+    row_blocks: int
+    num_splits: int
+    config: DecodeConfig
+    split_rule: dict      # the inputs and the outcome of the rule (for traces and the dashboard)
+
+    @property
+    def stage1_grid(self) -> tuple[int, int, int]:
+        return (self.num_splits, self.batch * self.kv_heads, self.row_blocks)
+
+    @property
+    def merge_block_r(self) -> int:
+        return min(triton.next_power_of_2(self.rows), MAX_ROWS_PER_TILE)
+
+    @property
+    def merge_grid(self) -> tuple[int, int]:
+        return (self.batch * self.kv_heads, triton.cdiv(self.rows, self.merge_block_r))
+
+
+def default_decode_config(head_dim: int, rows: int, dtype: torch.dtype, block_n=None, num_warps=None,
+                          num_stages=None) -> DecodeConfig:
+    """Small Q tile, K/V tiles sized so several stages of loads stay in flight (bandwidth bound)."""
+    block_m = min(max(16, triton.next_power_of_2(rows)), MAX_ROWS_PER_TILE)
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    bn = 64 if d_pad <= 128 else 32
+    if dtype == torch.float32:
+        bn = min(bn, 32)
+    return DecodeConfig(block_m, block_n or bn, num_warps or 4, num_stages or 3)
+
+
+def num_splits_heuristic(work_items: int, sm_count: int, n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
+    """FlashAttention-2's rule (flash_api.cpp, num_splits_heuristic), restated.
+
+    If the work items without splitting nearly fill the GPU (>= 80% of the SMs), use 1 split.
+    Otherwise, for s = 1 .. min(max_splits, SMs, key blocks), the wave efficiency of s splits is
+    waves / ceil(waves) with waves = work_items * s / SMs; skip s whose blocks per split equal
+    those of s - 1 (the same split in effect); take the smallest s within 85% of the best
+    efficiency — few splits, because every split adds a partial output to write and merge.
+    """
+    if work_items >= 0.8 * sm_count:
+        return 1
+    max_splits = min(max_splits, sm_count, n_blocks)
+    eligible = [s for s in range(1, max_splits + 1)
+                if s == 1 or math.ceil(n_blocks / s) != math.ceil(n_blocks / (s - 1))]
+    eff = {}
+    for s in eligible:
+        waves = work_items * s / sm_count
+        eff[s] = waves / math.ceil(waves)
+    best = max(eff.values())
+    return next(s for s in eligible if eff[s] >= 0.85 * best)
+
+
+def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, n_max: int, block_n: int,
+                      sm_count: int) -> tuple[int, dict]:
+    """The "auto" split count and the inputs it came from.
+
+    Work items = B * H_kv * row blocks (the query heads of a KV head share one program), key
+    blocks = ceil(N_max / block_n) of the cache's allocated length — not the per-sequence
+    lengths, which live on the device and would cost a synchronisation to read (FlashAttention
+    decides from max_seqlen_k the same way).
+    """
+    work_items = batch * kv_heads * row_blocks
+    n_blocks = max(1, triton.cdiv(n_max, block_n))
+    splits = num_splits_heuristic(work_items, sm_count, n_blocks)
+    rule = {"rule": "flash-attention-2 num_splits_heuristic", "work_items": work_items,
+            "sm_count": sm_count, "key_blocks": n_blocks, "block_n": block_n,
+            "max_splits": MAX_SPLITS, "num_splits": splits}
+    return splits, rule
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dimensions ({'B, H, N_q, D' if name == 'q' else 'B, H_kv, N_max, D'}), "
+                         f"got shape {tuple(t.shape)}")
+
+
+def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None):
+    """Shape, dtype, device and value rules; each failure is one ValueError line."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t)
+    b, h, n_q, d = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape (B, H_kv, N_max, D), got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    bk, h_kv, n_max, dk = k_cache.shape
+    if bk != b or dk != d:
+        raise ValueError(f"q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)} must agree on B and D")
+    if min(b, h, n_q, d, h_kv) < 1:
+        raise ValueError(f"B, H, N_q, D and H_kv must be >= 1, got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
+    if h % h_kv:
+        raise ValueError(f"H={h} query heads must be a multiple of H_kv={h_kv} KV heads (GQA/MQA)")
+    if n_q > MAX_QUERIES:
+        raise ValueError(f"N_q={n_q} query rows per sequence; decoding takes 1..{MAX_QUERIES} "
+                         "(use flash_attention for prefill)")
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={d} is not supported; use 1..{MAX_HEAD_DIM}")
+    if n_max < 1:
+        raise ValueError("the KV cache has no positions (N_max = 0)")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {q.dtype} is not supported; use float32, float16 or bfloat16")
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError(f"q, k_cache, v_cache must be on one device, got {q.device}, {k_cache.device}, {v_cache.device}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache need a contiguous last (D) dimension; "
+                         "pass .contiguous() caches (a copy of the whole cache would be hidden otherwise)")
+    if interpreting():
+        if q.device.type != "cpu":
+            raise ValueError("TRITON_INTERPRET=1 is set, so the kernel runs in the CPU interpreter: "
+                             "pass CPU tensors, or unset TRITON_INTERPRET to run on the GPU")
+    elif q.device.type != "cuda":
+        raise ValueError(f"tensors are on {q.device}, but the compiled kernel needs CUDA tensors; "
+                         "on a machine without a GPU set TRITON_INTERPRET=1 before importing kernels")
+    if cache_seqlens is not None:
+        if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (b,):
+            raise ValueError(f"cache_seqlens must be a tensor of shape ({b},) (one length per sequence), "
+                             f"got {getattr(cache_seqlens, 'shape', type(cache_seqlens).__name__)}")
+        if cache_seqlens.dtype not in (torch.int32, torch.int64) or cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens must be int32 on {q.device}, got {cache_seqlens.dtype} on "
+                             f"{cache_seqlens.device}")
+        lo, hi = (int(x) for x in torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist())
+        if lo < 0 or hi > n_max:
+            raise ValueError(f"cache_seqlens must lie in 0..N_max={n_max}, got values {lo}..{hi}")
+    if num_splits != "auto" and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                 or not 1 <= num_splits <= MAX_SPLITS):
+        raise ValueError(f"num_splits must be 'auto' or an integer 1..{MAX_SPLITS}, got {num_splits!r}")
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
+                                     and sm_scale > 0):
+        raise ValueError(f"sm_scale must be a positive number, got {sm_scale!r}")
+
+
+def decode_plan(q, k_cache, num_splits="auto", block_n=None, num_warps=None, num_stages=None) -> DecodePlan:
+    b, h, n_q, d = q.shape
+    h_kv, n_max = k_cache.shape[1], k_cache.shape[2]
+    group = h // h_kv
+    rows = group * n_q
+    cfg = default_decode_config(d, rows, q.dtype, block_n, num_warps, num_stages)
+    if cfg.block_n not in (16, 32, 64, 128, 256):
+        raise ValueError(f"block_n={cfg.block_n} is not supported; use 16, 32, 64, 128 or 256")
+    row_blocks = triton.cdiv(rows, cfg.block_m)
+    sms = num_sms(q.device)
+    auto, rule = choose_num_splits(b, h_kv, row_blocks, n_max, cfg.block_n, sms)
+    splits = auto if num_splits == "auto" else int(num_splits)
+    rule = {**rule, "requested": num_splits, "num_splits": splits}
+    return DecodePlan(b, h, h_kv, n_q, n_max, d, group, rows, row_blocks, splits, cfg, rule)
+
+
+@dataclass
+class DecodeTraceBuffers:
+    """Device buffers the kernels write when tracing (decoded by instrumentation.decode)."""
+
+    splits: torch.Tensor     # (programs, 6) int64: order, smid, t_start, t_end, k_start, k_end
+    counter: torch.Tensor    # (1,) int32: interpreter order
+    merge: torch.Tensor      # (merge programs, 3) int64: smid, t_start, t_end
+    m_part: torch.Tensor     # (B, H_kv, S, rows) fp32: m_j natural units (written for S = 1 too)
+    l_part: torch.Tensor     # (B, H_kv, S, rows) fp32: l_j
+
+
+def make_trace_buffers(plan: DecodePlan, device) -> DecodeTraceBuffers:
+    s = plan.stage1_grid
+    programs = s[0] * s[1] * s[2]
+    stats = (plan.batch, plan.kv_heads, plan.num_splits, plan.rows)
+    return DecodeTraceBuffers(
+        splits=torch.full((programs, 6), -1, dtype=torch.int64, device=device),
+        counter=torch.zeros(1, dtype=torch.int32, device=device),
+        merge=torch.full((max(1, plan.merge_grid[0] * plan.merge_grid[1]), 3), -1, dtype=torch.int64,
+                         device=device),
+        m_part=torch.full(stats, float("nan"), dtype=torch.float32, device=device),
+        l_part=torch.full(stats, float("nan"), dtype=torch.float32, device=device))
+
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
+                 return_lse=False, block_n=None, num_warps=None, num_stages=None,
+                 trace: DecodeTraceBuffers | None = None, hw_clock: bool | None = None,
+                 plan: DecodePlan | None = None, stages="both"):
+    """Split-KV decoding attention. Returns O (B, H, N_q, D), or (O, lse) with lse (B, H, N_q)
+    float32 in natural log units (-inf and O = 0 for a row that sees no key).
+
+    `plan`, `trace`, `hw_clock` and `stages` ('both' | 'split' | 'merge') are for
+    instrumentation: a prepared plan skips the checks, and a stage can be launched alone to time it.
+    """
+    if plan is None:
+        check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale)
+        plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages)
+    b, h, n_q, d = q.shape
+    cfg, splits = plan.config, plan.num_splits
+    if interpreting():
+        visits = plan.batch * plan.kv_heads * plan.row_blocks * (triton.cdiv(plan.n_max, cfg.block_n) + splits)
+        if visits > INTERPRETER_MAX_TILES:
+            raise ValueError(f"{visits} K/V tile visits (B={b}, H_kv={plan.kv_heads}, N_max={plan.n_max}) is too "
+                             f"much for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): lower B or the "
+                             "context length, run on a GPU, or open a bundled GPU recording from data/")
+    dev = q.device
+    if cache_seqlens is None:
+        cache_seqlens = torch.full((b,), plan.n_max, dtype=torch.int32, device=dev)
+    elif cache_seqlens.dtype != torch.int32:
+        cache_seqlens = cache_seqlens.to(torch.int32)
+    q = q.contiguous()
+    o = torch.empty_like(q)                                                    # (B, H, N_q, D)
+    lse = torch.empty((b, h, n_q), dtype=torch.float32, device=dev) if return_lse else o
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    split = splits > 1
+    stats = (b, plan.kv_heads, splits, plan.rows)
+    if split:
+        o_part = torch.empty((*stats, d), dtype=torch.float32, device=dev)  # (B, H_kv, S, rows, D)
+        m_part = trace.m_part if trace is not None else torch.empty(stats, dtype=torch.float32, device=dev)
+        l_part = trace.l_part if trace is not None else torch.empty(stats, dtype=torch.float32, device=dev)
+    else:
+        o_part = o
+        m_part, l_part = (trace.m_part, trace.l_part) if trace is not None else (o, o)
+    if hw_clock is None:
+        hw_clock = dev.type == "cuda" and not interpreting()
+    tr = (trace.splits, trace.counter) if trace is not None else (cache_seqlens, cache_seqlens)
+    d_pad = max(16, triton.next_power_of_2(d))
+    common = dict(GROUP=plan.group, HEAD_DIM=d, HEAD_DIM_PAD=d_pad, STORE_LSE=bool(return_lse),
+                  TRACE=trace is not None, HW_CLOCK=bool(hw_clock))
+    if stages in ("both", "split"):
+        decode_split_kernel[plan.stage1_grid](
+            q, k_cache, v_cache, o, lse, o_part, m_part, l_part, cache_seqlens,
+            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
+            *tr, plan.kv_heads, n_q, plan.rows, splits, sm_scale * 1.4426950408889634,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT=split, STORE_STATS=trace is not None,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    if split and stages in ("both", "merge"):
+        decode_merge_kernel[plan.merge_grid](
+            o_part, m_part, l_part, o, lse, *o.stride()[:3],
+            trace.merge if trace is not None else cache_seqlens, plan.kv_heads, n_q, plan.rows, splits,
+            BLOCK_R=plan.merge_block_r, num_warps=4, **common)
+    return (o, lse) if return_lse else o
