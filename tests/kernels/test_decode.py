@@ -1,0 +1,94 @@
+"""flash_decode against the float64 reference (interpreter in CI, compiled on a GPU)."""
+
+import math
+
+import pytest
+import torch
+
+from kernels import flash_decode, reference_decode
+from kernels.decode import choose_num_splits, num_splits_heuristic
+
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def make(b, h, h_kv, n_q, n_max, d, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n_q, d, generator=g)
+    k, v = (torch.randn(b, h_kv, n_max, d, generator=g) for _ in range(2))
+    return [t.to(dtype).to(device) for t in (q, k, v)]
+
+
+def check(out, lse, ref_o, ref_lse, dtype):
+    assert torch.isfinite(out).all()
+    err = ((out.double().cpu() - ref_o).norm() / ref_o.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], err
+    lse = lse.double().cpu()
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))           # rows that see no key
+    fin = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-4 if dtype == torch.float32 else 2e-2)
+    assert (out.cpu()[~fin] == 0).all()                                  # ... return 0
+
+
+# ragged lengths with a length of 1 (and, for N_q = 4, rows that see nothing); GQA, MQA, MHA
+@pytest.mark.parametrize("n_q", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, 3, "auto"])
+@pytest.mark.parametrize("h,h_kv,d", [(8, 2, 32), (4, 1, 40), (2, 2, 17)])
+def test_ragged_gqa_against_float64(n_q, num_splits, h, h_kv, d, device):
+    seed = n_q * 100 + d + (0 if num_splits == "auto" else num_splits)
+    q, k, v = make(3, h, h_kv, n_q, 97, d, torch.float32, device, seed)
+    lens = torch.tensor([97, 1, 50], dtype=torch.int32, device=device)
+    out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
+    ref_o, ref_lse = reference_decode(q, k, v, lens)
+    check(out, lse, ref_o, ref_lse, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_full_cache(dtype, device):
+    q, k, v = make(2, 4, 2, 2, 130, 64, dtype, device, seed=7)
+    out, lse = flash_decode(q, k, v, num_splits=2, return_lse=True, sm_scale=0.2)
+    ref_o, ref_lse = reference_decode(q, k, v, sm_scale=0.2)
+    check(out, lse, ref_o, ref_lse, dtype)
+    assert out.dtype == dtype and out.shape == q.shape
+
+
+def test_split_count_does_not_change_the_result(device):
+    q, k, v = make(2, 4, 2, 1, 200, 32, torch.float32, device, seed=3)
+    lens = torch.tensor([200, 123], dtype=torch.int32, device=device)
+    outs = [flash_decode(q, k, v, lens, num_splits=s) for s in (1, 2, 5, 16)]
+    for o in outs[1:]:
+        assert (o - outs[0]).abs().max().item() < 1e-5
+
+
+def test_heuristic_is_flash_attentions_rule():
+    # few work items: the smallest split count within 85% of the best wave efficiency
+    for work, sms, blocks in [(8, 132, 512), (1, 132, 64), (24, 108, 40), (3, 4, 7)]:
+        s = num_splits_heuristic(work, sms, blocks)
+        eff = lambda n: work * n / sms / math.ceil(work * n / sms)  # noqa: E731
+        eligible = [n for n in range(1, min(128, sms, blocks) + 1)
+                    if n == 1 or math.ceil(blocks / n) != math.ceil(blocks / (n - 1))]
+        best = max(eff(n) for n in eligible)
+        assert s in eligible and eff(s) >= 0.85 * best
+        assert all(eff(n) < 0.85 * best for n in eligible if n < s)
+    assert num_splits_heuristic(106, 132, 512) == 1                       # >= 80% of the SMs busy
+    splits, rule = choose_num_splits(1, 8, 1, 32768, 64, 132)
+    assert rule["work_items"] == 8 and rule["key_blocks"] == 512 and rule["num_splits"] == splits > 1
+
+
+@pytest.mark.parametrize("call,fragment", [
+    (lambda q, k, v: flash_decode(q[0], k, v), "4 dimensions"),
+    (lambda q, k, v: flash_decode(q, k, v[:, :, :5]), "same shape"),
+    (lambda q, k, v: flash_decode(q[:, :3], k, v), "multiple of H_kv"),
+    (lambda q, k, v: flash_decode(q.expand(-1, -1, 17, -1), k, v), "N_q=17"),
+    (lambda q, k, v: flash_decode(q.half(), k, v), "share a dtype"),
+    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5, 99], dtype=torch.int32)), "0..N_max"),
+    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5], dtype=torch.int32)), "one length per sequence"),
+    (lambda q, k, v: flash_decode(q, k, v, num_splits=0), "num_splits"),
+    (lambda q, k, v: flash_decode(q, k, v, num_splits="many"), "num_splits"),
+    (lambda q, k, v: flash_decode(q, k, v, sm_scale=-1.0), "sm_scale"),
+    (lambda q, k, v: flash_decode(q, k.transpose(2, 3), v.transpose(2, 3)), "contiguous last"),
+])
+def test_bad_input_is_one_clear_line(call, fragment):
+    q, k, v = make(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
+    with pytest.raises(ValueError, match=fragment) as info:
+        call(q, k, v)
+    assert "\n" not in str(info.value)
