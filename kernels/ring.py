@@ -1,0 +1,373 @@
+"""Ring attention on torch.distributed: each rank holds a slice of the sequence, K/V travel round
+the ring, and the partial results merge with the online-softmax merge (the same one that joins
+tiles inside the kernel, one level up).
+
+    from kernels.ring import ring_attention, shard, unshard
+    q_r, k_r, v_r = (shard(t, rank, world, layout="zigzag") for t in (q, k, v))   # (B, H, N/W, D)
+    o_r = ring_attention(q_r, k_r, v_r, mask="causal", layout="zigzag")           # in a process group
+    o = unshard(all_ranks_outputs, world, layout="zigzag")                       # (B, H, N, D)
+
+The sequence is cut into equal chunks: W for the `natural` layout (rank r holds chunk r), 2W for
+`zigzag` (rank r holds chunks r and 2W-1-r, so under a causal mask every rank has the same work
+at every step). At step s rank r holds the K/V of rank (r - s) mod W. The transfer for step s+1
+runs on a side stream (NCCL) or in gloo's threads while step s computes. Pairs of chunks the
+causal mask hides entirely are skipped; a chunk against itself uses the causal kernel.
+NCCL between GPUs, gloo on the CPU (where the kernel runs in Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+LAYOUTS = ("natural", "zigzag")
+RING_MASKS = ("full", "causal")
+
+
+# -- layouts: which chunks of the sequence a rank holds ------------------------------------------
+
+def chunks_per_rank(layout: str) -> int:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {LAYOUTS}")
+    return 1 if layout == "natural" else 2
+
+
+def rank_chunks(rank: int, world: int, layout: str) -> tuple[int, ...]:
+    """Chunk indices held by `rank`, in local order (always ascending, so local order is global order)."""
+    if chunks_per_rank(layout) == 1:
+        return (rank,)
+    return (rank, 2 * world - 1 - rank)
+
+
+def locate(row: int, n: int, world: int, layout: str) -> tuple[int, int]:
+    """(rank, local row) holding global query row `row` of an n-token sequence."""
+    c = check_divisible(n, world, layout)
+    chunk = row // c
+    for rank in range(world):
+        held = rank_chunks(rank, world, layout)
+        if chunk in held:
+            return rank, held.index(chunk) * c + row % c
+    raise ValueError(f"row {row} is outside a sequence of {n} tokens")
+
+
+def check_divisible(n: int, world: int, layout: str) -> int:
+    """Chunk length for a sequence of n tokens; one clear line when n does not split evenly."""
+    parts = world * chunks_per_rank(layout)
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    if n % parts:
+        raise ValueError(f"sequence length {n} does not split into {parts} equal chunks "
+                         f"({world} ranks, layout {layout}); use a multiple of {parts}")
+    return n // parts
+
+
+def shard(x: torch.Tensor, rank: int, world: int, layout: str = "natural", dim: int = 2) -> torch.Tensor:
+    """This rank's slice of the sequence (dim 2 of (B, H, N, D)): (B, H, N/W, D), contiguous."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world}")
+    c = check_divisible(x.shape[dim], world, layout)
+    return torch.cat([x.narrow(dim, i * c, c) for i in rank_chunks(rank, world, layout)], dim=dim)
+
+
+def unshard(parts: Sequence[torch.Tensor], world: int, layout: str = "natural", dim: int = 2) -> torch.Tensor:
+    """Per-rank outputs (rank order) back in sequence order; works for o (B, H, N/W, D) and lse (B, H, N/W)."""
+    if len(parts) != world:
+        raise ValueError(f"unshard needs one part per rank: {world} ranks, got {len(parts)} parts")
+    per = chunks_per_rank(layout)
+    n_local = parts[0].shape[dim]
+    if any(p.shape != parts[0].shape for p in parts) or n_local % per:
+        raise ValueError(f"parts must share one shape whose sequence length divides into {per} "
+                         f"chunks; got {[tuple(p.shape) for p in parts]}")
+    c = n_local // per
+    chunks: list[torch.Tensor | None] = [None] * (world * per)
+    for r, p in enumerate(parts):
+        for i, chunk in enumerate(rank_chunks(r, world, layout)):
+            chunks[chunk] = p.narrow(dim, i * c, c)
+    return torch.cat(chunks, dim=dim)
+
+
+# -- the plan of one ring step: which rows meet which keys, under which mask ---------------------
+
+@dataclass(frozen=True)
+class KernelCall:
+    """Local query rows [q_lo, q_hi) against held key rows [k_lo, k_hi); causal on the diagonal."""
+
+    q_lo: int
+    q_hi: int
+    k_lo: int
+    k_hi: int
+    causal: bool
+
+    def chunk_pairs(self, chunk: int, q_chunks, kv_chunks, mask: str) -> list[tuple[int, int]]:
+        """(query chunk, key chunk) pairs of the sequence this call computes (any key visible)."""
+        return [(q_chunks[i], kv_chunks[j]) for i in range(self.q_lo // chunk, self.q_hi // chunk)
+                for j in range(self.k_lo // chunk, self.k_hi // chunk)
+                if mask == "full" or kv_chunks[j] <= q_chunks[i]]
+
+    @property
+    def score_entries(self) -> int:
+        """Query-key pairs the mask lets through (bottom-right causal when `causal`)."""
+        nq, nk = self.q_hi - self.q_lo, self.k_hi - self.k_lo
+        if not self.causal:
+            return nq * nk
+        off = nk - nq   # query i sees keys j <= i + off
+        return sum(max(0, min(nk, i + off + 1)) for i in range(nq))
+
+
+def step_plan(q_chunks: Sequence[int], kv_chunks: Sequence[int], chunk: int, mask: str) -> list[KernelCall]:
+    """Kernel calls that attend local Q (chunks `q_chunks`) to held K/V (chunks `kv_chunks`).
+
+    Under `causal`, a K/V chunk after a Q chunk is hidden, before it fully visible, equal to it the
+    diagonal. Q and K/V holding the same chunks (step 0): one causal call on the concatenation,
+    since local order is global order. Otherwise consecutive Q chunks that see the same run of
+    K/V chunks share one full call (zigzag: all Q vs the first K/V chunk, or the second Q chunk
+    vs all K/V); anything else falls back to one call per visible chunk pair."""
+    if mask not in RING_MASKS:
+        raise ValueError(f"ring attention supports masks {RING_MASKS}, got {mask!r}")
+    nq, nk = len(q_chunks), len(kv_chunks)
+    if mask == "full":
+        return [KernelCall(0, nq * chunk, 0, nk * chunk, False)]
+    if tuple(q_chunks) == tuple(kv_chunks):
+        return [KernelCall(0, nq * chunk, 0, nk * chunk, True)]
+    calls: list[KernelCall] = []
+    groups: list[tuple[int, int, tuple[int, ...]]] = []   # (first q chunk, last q chunk, visible kv)
+    for i, qc in enumerate(q_chunks):
+        visible = tuple(j for j, kc in enumerate(kv_chunks) if kc < qc)
+        if any(kc == qc for kc in kv_chunks) or (visible and visible != tuple(range(visible[0], visible[-1] + 1))):
+            for j, kc in enumerate(kv_chunks):   # general case: one call per visible pair
+                if kc <= qc:
+                    calls.append(KernelCall(i * chunk, (i + 1) * chunk, j * chunk, (j + 1) * chunk, kc == qc))
+            continue
+        if not visible:
+            continue
+        if groups and groups[-1][1] == i - 1 and groups[-1][2] == visible:
+            groups[-1] = (groups[-1][0], i, visible)
+        else:
+            groups.append((i, i, visible))
+    for first, last, vis in groups:
+        calls.append(KernelCall(first * chunk, (last + 1) * chunk, vis[0] * chunk, (vis[-1] + 1) * chunk, False))
+    return calls
+
+
+# -- the pair kernel and the merge ----------------------------------------------------------------
+
+def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
+    """(o, lse) of queries q (B, H, N_q, D) against one K/V chunk (B, H_kv, N_k, D): the one place
+    ring attention calls a kernel. lse (B, H, N_q) float32, natural log; -inf where no key is seen."""
+    from .flash import flash_attention   # loaded on first use, after the interpreter is chosen
+
+    import inspect  # TEMPORARY until "Real shapes:" lands (return_lse, N_q != N_k)
+    if "return_lse" not in inspect.signature(flash_attention).parameters:
+        return _float64_pair(q, k, v, causal, sm_scale)
+    return flash_attention(q, k, v, mask="causal" if causal else "full", sm_scale=sm_scale,
+                           return_lse=True)
+
+
+def _float64_pair(q, k, v, causal, sm_scale):  # TEMPORARY, see attend_chunk
+    import math
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = q.double() @ k.double().transpose(-2, -1) * scale
+    nq, nk = q.shape[2], k.shape[2]
+    if causal:
+        hide = torch.ones(nq, nk, dtype=torch.bool, device=q.device).triu(nk - nq + 1)
+        s = s.masked_fill(hide, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return (torch.softmax(s, -1) @ v.double()).to(q.dtype), lse.float()
+
+
+def merge_partial(o_acc: torch.Tensor, lse_acc: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor) -> None:
+    """Online-softmax merge, in place: (o, lse) <- merge((o, lse), (o_part, lse_part)).
+
+    With lse = m + log l, this is the seeds' two-state merge m = max(m1, m2),
+    l = l1 e^(m1-m) + l2 e^(m2-m), o = (l1 e^(m1-m) o1 + l2 e^(m2-m) o2) / l; it is associative, so
+    any number of ranks in any order give the same result. Rows no key has reached stay (0, -inf)."""
+    new = torch.logaddexp(lse_acc, lse_part)                                 # (B, H, n)
+    seen = new > float("-inf")
+    w_old = torch.where(seen, torch.exp(lse_acc - new), 0.0)
+    w_new = torch.where(seen, torch.exp(lse_part - new), 0.0)
+    o_acc.mul_(w_old[..., None]).add_(o_part.float() * w_new[..., None])    # (B, H, n, D)
+    lse_acc.copy_(new)
+
+
+# -- per-step clock: CUDA events on the streams, or the host clock under gloo ----------------------
+
+class _StepClock:
+    """Marks (step, name) -> time in ns since the ring started; resolved after the ring ends."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.marks: dict[tuple[int, str], object] = {}
+        if cuda:
+            self.origin = torch.cuda.Event(enable_timing=True)
+            self.origin.record()
+        else:
+            self.origin = time.perf_counter_ns()
+
+    def mark(self, step: int, name: str, stream=None) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(stream)
+            self.marks[(step, name)] = ev
+        else:
+            self.marks[(step, name)] = time.perf_counter_ns()
+
+    def watch(self, request, step: int, name: str):
+        """Wait for a gloo request on a thread and stamp when it completes; returns the thread."""
+        def wait():
+            request.wait()
+            self.marks[(step, name)] = time.perf_counter_ns()
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        return _Joined(thread)
+
+    def resolve(self) -> dict[tuple[int, str], float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return {key: self.origin.elapsed_time(ev) * 1e6 for key, ev in self.marks.items()}
+        return {key: float(t - self.origin) for key, t in self.marks.items()}
+
+
+class _Joined:
+    """A watched request: wait() joins the thread that waited for it."""
+
+    def __init__(self, thread):
+        self.thread = thread
+
+    def wait(self):
+        self.thread.join()
+
+
+# -- ring attention -------------------------------------------------------------------------------
+
+def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=None,
+                   return_lse: bool = False, sm_scale: float | None = None,
+                   trace: Callable[[dict], None] | None = None, trace_rows: Sequence[int] = ()):
+    """Attention of this rank's queries over the whole ring's keys, in an initialised process group.
+
+    q (B, H, N_local, D), k and v (B, H_kv, N_local, D): this rank's shards (see `shard`).
+    Returns o (B, H, N_local, D) in q's dtype, and lse (B, H, N_local) float32 with return_lse.
+    `trace(record)` is called once per step after the ring ends, with times in ns since its start:
+    compute_start/end, send_start/end, recv_start/end, the K/V chunks held, skipped, bytes moved,
+    and for each local row in `trace_rows` its partial (m, l) from this step's keys."""
+    if mask not in RING_MASKS:
+        raise ValueError(f"ring attention supports masks {RING_MASKS}, got {mask!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N_local, D)")
+    if k.shape != v.shape or k.shape[2] != q.shape[2] or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"k and v must be (B, H_kv, N_local, D) like q {tuple(q.shape)}; "
+                         f"got {tuple(k.shape)}, {tuple(v.shape)}")
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    per = chunks_per_rank(layout)
+    if q.shape[2] % per:
+        raise ValueError(f"local length {q.shape[2]} does not split into the {per} chunks of layout {layout}")
+    chunk = q.shape[2] // per
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    send_to, recv_from = peer((rank + 1) % world), peer((rank - 1) % world)
+    cuda = q.is_cuda
+    compute_stream = torch.cuda.current_stream(q.device) if cuda else None
+    comm_stream = torch.cuda.Stream(q.device) if cuda else None
+    clock = _StepClock(cuda) if trace is not None else None
+
+    kv = torch.stack((k, v)).contiguous()                     # (2, B, H_kv, N_local, D): one message
+    buffers = (kv, torch.empty_like(kv))
+    o_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)    # (B, H, N_local, D)
+    lse_acc = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    q_chunks = rank_chunks(rank, world, layout)
+    records = []
+    for step in range(world):
+        held, incoming = buffers[step % 2], buffers[(step + 1) % 2]
+        requests = []
+        if step < world - 1:
+            if cuda:   # `incoming` was read by the previous step's compute; `held` was written by its receive
+                comm_stream.wait_stream(compute_stream)
+            with torch.cuda.stream(comm_stream) if cuda else nullcontext():
+                if clock:
+                    clock.mark(step, "comm_start", comm_stream)
+                ops = [dist.P2POp(dist.isend, held, send_to, group),
+                       dist.P2POp(dist.irecv, incoming, recv_from, group)]
+                requests = dist.batch_isend_irecv(ops)
+                if clock and not cuda:   # gloo has no futures for p2p: a thread stamps completion
+                    requests = [clock.watch(req, step, name) for req, name in zip(requests, ("send_end", "recv_end"))]
+        src = (rank - step) % world
+        kv_chunks = rank_chunks(src, world, layout)
+        calls = step_plan(q_chunks, kv_chunks, chunk, mask)
+        if clock:
+            clock.mark(step, "compute_start", compute_stream)
+        row_stats = []
+        for call in calls:
+            o_p, lse_p = attend_chunk(q[:, :, call.q_lo:call.q_hi], held[0][:, :, call.k_lo:call.k_hi],
+                                      held[1][:, :, call.k_lo:call.k_hi], call.causal, sm_scale)
+            merge_partial(o_acc[:, :, call.q_lo:call.q_hi], lse_acc[:, :, call.q_lo:call.q_hi], o_p, lse_p)
+            if trace is not None:
+                row_stats += _row_stats(q, held[0], call, chunk, kv_chunks, lse_p, trace_rows, sm_scale)
+        if clock:
+            clock.mark(step, "compute_end", compute_stream)
+        if requests:
+            with torch.cuda.stream(comm_stream) if cuda else nullcontext():
+                for req in requests:
+                    req.wait()          # CUDA: the side stream waits for NCCL; gloo: the host waits
+                if clock and cuda:
+                    clock.mark(step, "comm_end", comm_stream)
+            if cuda:
+                compute_stream.wait_stream(comm_stream)
+        if trace is not None:
+            nbytes = held.numel() * held.element_size() if requests else 0
+            records.append(dict(rank=rank, step=step, world=world, layout=layout, mask=mask,
+                                kv_rank=src, q_chunks=list(q_chunks), kv_chunks=list(kv_chunks),
+                                skipped=not calls, kernel_calls=len(calls),
+                                pairs=[p for c in calls for p in c.chunk_pairs(chunk, q_chunks, kv_chunks, mask)],
+                                causal_calls=sum(c.causal for c in calls),
+                                score_entries=sum(c.score_entries for c in calls) * q.shape[0] * q.shape[1],
+                                send_to=send_to if requests else -1, recv_from=recv_from if requests else -1,
+                                bytes_sent=nbytes, bytes_recv=nbytes, rows=row_stats))
+    out = o_acc.to(q.dtype)
+    if trace is not None:
+        _emit(trace, records, clock.resolve(), cuda)
+    return (out, lse_acc) if return_lse else out
+
+
+def _emit(trace, records, times, cuda) -> None:
+    nan = float("nan")
+    for rec in records:
+        s = rec["step"]
+        start = times.get((s, "comm_start"), nan)
+        # CUDA: send and receive are one batched NCCL launch and end together; gloo stamps each
+        send_end = times.get((s, "comm_end" if cuda else "send_end"), nan)
+        recv_end = times.get((s, "comm_end" if cuda else "recv_end"), nan)
+        trace(dict(rec, compute_start=times[(s, "compute_start")], compute_end=times[(s, "compute_end")],
+                   send_start=start, send_end=send_end, recv_start=start, recv_end=recv_end))
+
+
+def _row_stats(q, k_held, call, chunk, kv_chunks, lse_p, rows, sm_scale) -> list[dict]:
+    """For traced local rows inside this call (batch 0, head 0): the row's partial softmax state
+    (m, l) over each K/V chunk of the call, in float64 beside the kernel (one row against the
+    chunk), and the kernel's lse for the whole call, which the merged states must reproduce."""
+    import math
+
+    out = []
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    nq, nk = call.q_hi - call.q_lo, call.k_hi - call.k_lo
+    for row in rows:
+        if not call.q_lo <= row < call.q_hi:
+            continue
+        i = row - call.q_lo
+        s = (q[0, 0, row].double() @ k_held[0, 0, call.k_lo:call.k_hi].double().T) * scale   # (N_k,)
+        if call.causal:
+            s[i + nk - nq + 1:] = float("-inf")
+        for j in range(call.k_lo // chunk, call.k_hi // chunk):
+            part = s[j * chunk - call.k_lo:(j + 1) * chunk - call.k_lo]
+            m = float(part.max())
+            if m == float("-inf"):
+                continue
+            out.append(dict(row=int(row), kv_chunk=int(kv_chunks[j]), m=m,
+                            l=float(torch.exp(part - m).sum()), call_lse=float(lse_p[0, 0, i])))
+    return out
+
+
