@@ -92,3 +92,25 @@ def test_bad_input_is_one_clear_line(call, fragment):
     with pytest.raises(ValueError, match=fragment) as info:
         call(q, k, v)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_q", [1, 4])
+@pytest.mark.parametrize("num_splits", [1, "auto"])
+def test_realistic_sizes_on_the_gpu(n_q, num_splits, device):
+    # Llama-3-8B attention shapes: H 32, H_kv 8, D 128, bf16; a ragged batch up to 8k
+    q, k, v = make(3, 32, 8, n_q, 8192, 128, torch.bfloat16, device, seed=11)
+    lens = torch.tensor([8192, 1, 5000], dtype=torch.int32, device=device)
+    out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
+    ref_o, ref_lse = reference_decode(q, k, v, lens)
+    check(out, lse, ref_o, ref_lse, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_odd_head_dims_and_mqa_on_the_gpu(device):
+    for d in (80, 96, 111, 256):
+        q, k, v = make(2, 16, 1, 2, 3000, d, torch.float16, device, seed=d)
+        lens = torch.tensor([3000, 77], dtype=torch.int32, device=device)
+        out, lse = flash_decode(q, k, v, cache_seqlens=lens, return_lse=True)
+        ref_o, ref_lse = reference_decode(q, k, v, lens)
+        check(out, lse, ref_o, ref_lse, torch.float16)
