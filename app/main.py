@@ -1,6 +1,8 @@
 """Tilescope: watch FlashAttention run tile by tile. `streamlit run app/main.py`
 
-A small router: shared sidebar controls (app/state.py), then one page from app/pages/.
+A small router: the URL seeds the session (app/url_state.py), the shared sidebar controls
+(app/sidebar.py) resolve to Settings (app/settings.py), then one view from app/views/ runs.
+app/views/ is not named pages/, so Streamlit's legacy pages-directory mode never starts.
 """
 
 import logging
@@ -13,21 +15,23 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from app import state  # noqa: E402
+from app import url_state  # noqa: E402
+from app.settings import PAGES  # noqa: E402
+from app.sidebar import sidebar  # noqa: E402
 
 st.set_page_config(page_title="Tilescope", page_icon="🔬", layout="wide")
-state.init_session()
+url_state.init_session()
 
-PAGE_DIR = Path(__file__).parent / "pages"
-pages = {name: st.Page(PAGE_DIR / f"{name}.py", title=title, url_path=name,
+VIEW_DIR = Path(__file__).parent / "views"
+pages = {name: st.Page(VIEW_DIR / f"{name}.py", title=title, url_path=name,
                        default=name == st.session_state["_default_page"])
-         for name, title in state.PAGES.items()}
+         for name, title in PAGES.items()}
 page = st.navigation(list(pages.values()))
 page_name = next(name for name, p in pages.items() if p is page)
-settings = state.sidebar()
+settings = sidebar()
 st.session_state["_settings"] = settings
-state.write_query(settings, page_name)
-state.show_url_errors()
+url_state.write_query(settings, page_name)
+url_state.show_url_errors()
 
 try:
     page.run()

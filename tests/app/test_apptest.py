@@ -306,7 +306,7 @@ def test_query_params_round_trip(data_dir):
 
 def test_switch_page_keeps_the_settings(data_dir):
     at = live(data_dir, page="schedule", mask="sliding_window:64", seq_len=192)
-    at.switch_page("pages/block_skip.py").run()
+    at.switch_page("views/block_skip.py").run()
     clean(at)
     assert at.query_params["page"] == "block_skip" and at.query_params["seq_len"] == "192"
     assert "sliding_window:64, N=192" in titles(at)[0]
@@ -462,8 +462,8 @@ def test_corrupt_upload_is_refused_with_a_message(data_dir, damage):
 
 
 def test_parquet_download_uploads_back(data_dir):
-    from app.pages.common import trace_zip
-    from app.state import trace_from_zip
+    from app.sources import trace_from_zip
+    from app.views.common import trace_zip
     from instrumentation import Trace
 
     trace = Trace.load(data_dir / "traces" / f"n{N}_causal_natural")
@@ -478,7 +478,7 @@ def test_parquet_download_uploads_back(data_dir):
 def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
     """Two sessions asking at once both get their traces; runs never overlap; the same settings
     never run twice."""
-    from app import state
+    from app import settings, sources
     from instrumentation import recording   # where the app's live runs take record() from
 
     real, active, peak, calls = recording.record, [0], [0], []
@@ -496,14 +496,14 @@ def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
                 active[0] -= 1
 
     monkeypatch.setattr(recording, "record", counting)
-    base = state.Settings(source="interpreter", seq_len=160, mask="causal", head_dim=16, block_m=32,
-                          block_n=32, dtype="fp32")
-    wanted = [base, state.variant(base, "longest_first"), base]
+    base = settings.Settings(source="interpreter", seq_len=160, mask="causal", head_dim=16, block_m=32,
+                             block_n=32, dtype="fp32")
+    wanted = [base, settings.variant(base, "longest_first"), base]
     out = [None] * 3
 
     def run(i):
         key = tuple(sorted(wanted[i].kernel().items()))
-        out[i] = state._run_live(key, "interpreter")[0]
+        out[i] = sources._run_live(key, "interpreter")[0]
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
     for t in threads:

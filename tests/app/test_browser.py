@@ -75,7 +75,7 @@ def server(data_dir, tmp_path_factory):
 
 @pytest.fixture
 def fresh_server(data_dir, tmp_path_factory):
-    """A server no session has used yet (its first run takes Streamlit's pages-directory path)."""
+    """A server no session has used yet (its very first run opened on a page path)."""
     yield from run_server(data_dir, tmp_path_factory)
 
 

@@ -3,16 +3,16 @@ the causal tail, and two schedule variants side by side."""
 
 import streamlit as st
 
-from app import data_sources, state
+from app import data_sources, settings, sources
 from app.figures.schedule import (animation_times, imbalance_figure, schedule_comparison_figure,
                                   schedule_comparison_stats, sm_lanes_figure, tile_grid_figure)
-from app.pages import common
+from app.views import common
 from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS, schedule_stats
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
 FRAME_BUDGET = 400_000     # heatmap cells over all animation frames: keeps the page light
 
-s = state.settings()
+s = settings.current()
 st.title("Tile schedule")
 src = common.source_or_stop(s)
 common.banner(src)
@@ -101,19 +101,19 @@ def compare_schedules():
         return
     if s.live:
         a, b = st.columns(2)
-        others = [x for x in state.SCHEDULES if x != s.schedule]
-        first = a.selectbox("Schedule A", state.SCHEDULES, index=state.SCHEDULES.index(s.schedule),
+        others = [x for x in settings.SCHEDULES if x != s.schedule]
+        first = a.selectbox("Schedule A", settings.SCHEDULES, index=settings.SCHEDULES.index(s.schedule),
                             key="cmp_a")
-        second = b.selectbox("Schedule B", state.SCHEDULES, index=state.SCHEDULES.index(others[0]),
+        second = b.selectbox("Schedule B", settings.SCHEDULES, index=settings.SCHEDULES.index(others[0]),
                              key="cmp_b")
         try:
-            ta, _, _ = state.run_live(state.variant(s, first))
-            tb, _, _ = state.run_live(state.variant(s, second))
-        except state.RunError as exc:
+            ta, _, _ = sources.run_live(settings.variant(s, first))
+            tb, _, _ = sources.run_live(settings.variant(s, second))
+        except sources.RunError as exc:
             st.error(str(exc))
             return
     else:
-        variants = data_sources.schedule_variants(state.recordings(), src.recording)
+        variants = data_sources.schedule_variants(sources.recordings(), src.recording)
         if len(variants) < 2:
             st.info(f"No second bundled recording of this problem ({src.recording.label}) with "
                     "another schedule. Pick a recording that has variants, or run live.")
@@ -122,11 +122,11 @@ def compare_schedules():
         here = names.index(src.recording.name)
         a, b = st.columns(2)
         ra = a.selectbox("Recording A", names, index=here, key="cmp_rec_a",
-                         format_func=lambda n: f"{n} ({state.recording_named(n).schedule})")
+                         format_func=lambda n: f"{n} ({sources.recording_named(n).schedule})")
         rb = b.selectbox("Recording B", names, index=0 if here else 1, key="cmp_rec_b",
-                         format_func=lambda n: f"{n} ({state.recording_named(n).schedule})")
-        ta = state.load_recording(state.recording_named(ra))
-        tb = state.load_recording(state.recording_named(rb))
+                         format_func=lambda n: f"{n} ({sources.recording_named(n).schedule})")
+        ta = sources.load_recording(sources.recording_named(ra))
+        tb = sources.load_recording(sources.recording_named(rb))
     try:
         fig = schedule_comparison_figure(ta, tb, sms=sms)
         table = schedule_comparison_stats(ta, tb, sms=sms)

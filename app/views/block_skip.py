@@ -3,25 +3,25 @@ saves, and whether the kernel really visited exactly the predicted tiles."""
 
 import streamlit as st
 
-from app import state
+from app import settings, sources
 from app.figures.blockmap import blockmap_comparison_figure, blockmap_figure, blockmap_stats
-from app.pages import common
+from app.views import common
 from kernels import parse_mask
 from kernels.masks import MASK_KINDS
 
-s = state.settings()
+s = settings.current()
 st.title("Block-skip map")
 problems = s.problems()
 if problems:
-    common.explain_failure(state.RunError(" ".join(problems)), s)
+    common.explain_failure(sources.RunError(" ".join(problems)), s)
     st.stop()
 
 trace = None
 try:
-    src = state.current_source(s)
+    src = sources.current_source(s)
     common.banner(src)
     trace = src.trace
-except state.RunError as exc:  # e.g. too big for the interpreter: the prediction still works
+except sources.RunError as exc:  # e.g. too big for the interpreter: the prediction still works
     common.explain_failure(exc, s)
     st.warning("Showing the block map **predicted from the mask** only (MaskSpec.block_map); "
                "no kernel visits to overlay.", icon=":material/straighten:")
@@ -61,16 +61,16 @@ left = {"mask": s.mask, "n": s.seq_len, "block_m": s.block_m, "block_n": s.block
 right = dict(left)
 if what == "two block sizes":
     c1, c2 = st.columns(2)
-    right["block_m"] = c1.selectbox("block_m (right)", state.BLOCK_SIZES,
-                                    index=state.BLOCK_SIZES.index(128 if s.block_m != 128 else 64),
+    right["block_m"] = c1.selectbox("block_m (right)", settings.BLOCK_SIZES,
+                                    index=settings.BLOCK_SIZES.index(128 if s.block_m != 128 else 64),
                                     key="skip_cmp_bm")
-    right["block_n"] = c2.selectbox("block_n (right)", state.BLOCK_SIZES,
-                                    index=state.BLOCK_SIZES.index(128 if s.block_n != 128 else 64),
+    right["block_n"] = c2.selectbox("block_n (right)", settings.BLOCK_SIZES,
+                                    index=settings.BLOCK_SIZES.index(128 if s.block_n != 128 else 64),
                                     key="skip_cmp_bn")
 else:
     others = {"full": "full", "causal": "causal", "sliding_window": f"sliding_window:{max(1, s.seq_len // 4)}",
               "prefix_lm": f"prefix_lm:{s.seq_len // 4}",
-              "document": "document:" + state._default_docs(s.seq_len)}
+              "document": "document:" + settings.default_docs(s.seq_len)}
     kind = parse_mask(s.mask).kind
     default = next(k for k in MASK_KINDS if k != kind)
     st.session_state.setdefault("skip_cmp_mask", others[default])

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data_sources, state
-from app.pages import common
+from app import data_sources, settings, sources
+from app.views import common
 from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, memory_figure,
                                 time_figure, tile_count_point, traffic_figure)
-from app.pages.memory_figures import model_curves_figure
+from app.views.memory_figures import model_curves_figure
 from instrumentation import hbm
 from instrumentation.sweep import load_sweep
 
-s = state.settings()
+s = settings.current()
 st.title("Memory and traffic")
 
 
@@ -129,7 +129,7 @@ st.caption("One head, d = 128, B_q = 128, fp16, MB = MiB. " + table["why_differe
 # -- the current trace's own count ----------------------------------------------------------------
 st.subheader("Counted from the current trace")
 try:
-    src = state.current_source(s)
+    src = sources.current_source(s)
     counted = hbm.tile_count_breakdown(src.trace)
     point = tile_count_point(src.trace)
     sh = src.trace.meta["shape"]
@@ -142,6 +142,6 @@ try:
                 f"V {counted['v_read']:,} B + O {counted['o_write']:,} B = **{point['bytes']:,} B**, vs "
                 f"{ideal:,} B ideal flash and {naive_t:,} B naive (models, no caches).")
     st.caption(src.trace.provenance())
-except (state.RunError, ValueError, KeyError) as exc:
+except (sources.RunError, ValueError, KeyError) as exc:
     st.info(f"No trace to count from with the current settings: {exc}")
 

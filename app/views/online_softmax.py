@@ -4,12 +4,12 @@ running max m, sum l and rescale alpha, beside a float64 reference on the same i
 import numpy as np
 import streamlit as st
 
-from app import state
+from app import settings, sources
 from app.figures.softmax import (inputs_for_trace, softmax_error_figure, softmax_state_figure,
                                  softmax_steps, softmax_strip_figure, softmax_tile_figure)
-from app.pages import common
+from app.views import common
 
-s = state.settings()
+s = settings.current()
 st.title("Online softmax")
 src = common.source_or_stop(s)
 common.banner(src)

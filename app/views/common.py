@@ -1,8 +1,6 @@
-"""What every page shares: the provenance banner, charts with export buttons, trace downloads,
-and turning a failed source into a visible message (never a traceback).
-
-Exports prefer app/export.py (export_figure, export_animation, chrome_trace, presentation);
-while a helper is missing there, a small local fallback below does the same job.
+"""What every view shares: the provenance banner, charts with export buttons (through
+app/export.py), trace downloads, and turning a failed source into a visible message (never a
+traceback).
 """
 
 from __future__ import annotations
@@ -16,12 +14,10 @@ from pathlib import Path
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import state
-
-try:  # the export helpers of app/export.py (another engineer's module)
-    from app import export as _export
-except Exception:  # pragma: no cover - before app/export.py lands
-    _export = None
+from app import export, sidebar
+from app.figures import presentation as slide_style
+from app.settings import Settings
+from app.sources import RunError, Source, current_source
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html", "gif": "image/gif",
         "mp4": "video/mp4", "zip": "application/zip", "json": "application/json"}
@@ -29,33 +25,33 @@ MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html", "gif": 
 
 # -- sources ------------------------------------------------------------------------------------
 
-def source_or_stop(s: state.Settings) -> state.Source:
+def source_or_stop(s: Settings) -> Source:
     """The settings' trace, or a visible error (with a way out) and the page stops there."""
     try:
-        return state.current_source(s)
-    except state.RunError as exc:
+        return current_source(s)
+    except RunError as exc:
         explain_failure(exc, s)
         st.stop()
 
 
-def explain_failure(exc: state.RunError, s: state.Settings) -> None:
+def explain_failure(exc: RunError, s: Settings) -> None:
     st.error(str(exc), icon=":material/error:")
     if exc.nearest is not None:
         kind = "GPU recording" if exc.nearest.is_gpu else "recording"
         st.button(f"Open the nearest bundled {kind}: {exc.nearest.label}",
-                  on_click=state.open_recording, args=(exc.nearest.name,), key="open_nearest",
+                  on_click=sidebar.open_recording, args=(exc.nearest.name,), key="open_nearest",
                   type="primary")
     elif "interpreter stops at" in str(exc):
         st.info("No recording is bundled on this machine (data/traces/ is empty), so there "
                 "is nothing nearer to offer: lower N or raise the block sizes.")
     if s.mask.startswith("document:") and "sum to" in str(exc):
-        st.button("Scale the document lengths to N", on_click=state.scale_docs_to_n,
+        st.button("Scale the document lengths to N", on_click=sidebar.scale_docs_to_n,
                   key="scale_docs")
 
 
 # -- provenance banner --------------------------------------------------------------------------
 
-def banner(src: state.Source) -> None:
+def banner(src: Source) -> None:
     """Where the data on this page came from: device, backend, date, versions."""
     m = src.trace.meta
     versions = ", ".join(f"{k} {m[v]}" for k, v in (("torch", "torch_version"), ("triton", "triton_version"),
@@ -74,33 +70,18 @@ def banner(src: state.Source) -> None:
 # -- charts and exports ---------------------------------------------------------------------------
 
 def presentation(fig: go.Figure) -> go.Figure:
-    try:
-        from app.figures import presentation as styled
-    except ImportError:  # pragma: no cover
-        styled = None
-    if styled is not None:
-        fig = styled(fig)
-        # larger title fonts need a taller top margin, or the title runs into the plot
-        top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
-        fig.update_layout(margin=dict(t=max(top, 150)))
-        fig.update_yaxes(automargin=True)
-        return fig
-    fig = go.Figure(fig)  # local fallback: larger fonts, light background, no clutter
-    fig.update_layout(template="plotly_white", font=dict(size=20), paper_bgcolor="white",
-                      plot_bgcolor="white", hoverlabel=dict(font_size=18))
+    fig = slide_style(fig)
+    # larger title fonts need a taller top margin, or the title runs into the plot
+    top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
+    fig.update_layout(margin=dict(t=max(top, 150)))
+    fig.update_yaxes(automargin=True)
     return fig
 
 
 def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
-    """PNG / SVG (kaleido) or standalone HTML of a figure."""
-    if _export is not None and hasattr(_export, "export_figure"):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / f"figure.{fmt}"
-            _export.export_figure(fig, path, fmt)
-            return path.read_bytes()
-    if fmt == "html":
-        return fig.to_html(include_plotlyjs=True, full_html=True).encode()
-    return fig.to_image(format=fmt, scale=2 if fmt == "png" else 1)
+    """PNG / SVG (kaleido) or standalone HTML of a figure, as app/export.py writes them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return export.export_figure(fig, Path(tmp) / f"figure.{fmt}", fmt).read_bytes()
 
 
 def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "html")) -> None:
@@ -125,34 +106,12 @@ def _deferred(fn, *args):
 
 
 def animation_bytes(trace, fmt: str, tl=None) -> bytes:
-    if _export is None or not hasattr(_export, "export_animation"):
-        raise RuntimeError("animation export needs app/export.py's export_animation")
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"schedule.{fmt}"
-        _export.export_animation(trace, path, fmt, tl=tl)
-        return path.read_bytes()
+        return export.export_animation(trace, Path(tmp) / f"schedule.{fmt}", fmt, tl=tl).read_bytes()
 
 
 def chrome_trace_bytes(trace, tl) -> bytes:
-    if _export is not None and hasattr(_export, "chrome_trace"):
-        doc = _export.chrome_trace(trace, tl)
-    else:
-        doc = _local_chrome_trace(trace, tl)
-    if isinstance(doc, bytes):
-        return doc
-    return (doc if isinstance(doc, str) else json.dumps(doc)).encode()
-
-
-def _local_chrome_trace(trace, tl) -> dict:
-    """Chrome trace-event JSON (Perfetto): one complete event per work item on its SM lane."""
-    modelled = bool(tl["modelled"].any())
-    scale = 1.0 if modelled else 1e-3          # ts/dur are µs; modelled tile-units shown as µs
-    events = [{"name": f"bh{int(r.bh)} q{int(r.q_block)}", "ph": "X", "pid": 0, "tid": int(r.sm),
-               "ts": float(r.t_start) * scale, "dur": float(r.t_end - r.t_start) * scale,
-               "args": {"tiles_visited": int(r.tiles_visited)}} for r in tl.itertuples()]
-    return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"provenance": trace.provenance(), "modelled": modelled,
-                          "unit": "tile-units as µs" if modelled else "µs"}}
+    return json.dumps(export.chrome_trace(trace, tl)).encode()
 
 
 def trace_zip(trace, fmt: str) -> bytes:
@@ -186,11 +145,6 @@ def trace_downloads(trace, key: str, tl=None) -> None:
                                 file_name="tilescope-schedule.json", mime=MIME["json"],
                                 key=f"{key}_chrome", on_click="ignore",
                                 help="open in https://ui.perfetto.dev or chrome://tracing")
-
-
-def settings_caption(s: state.Settings) -> str:
-    return (f"N={s.seq_len} · mask {s.mask} · D={s.head_dim} · blocks {s.block_m}×{s.block_n} · "
-            f"{s.dtype} · B×H={s.batch}×{s.heads} · schedule {s.schedule}")
 
 
 # -- caches of things derived from a trace (keyed on Source.key; the trace itself is not hashed) --

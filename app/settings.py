@@ -1,0 +1,100 @@
+"""What a view depends on: the Settings of the shared controls, the choices they allow, and
+`current()`, the settings main.py resolved for this run (every page calls it first).
+
+No trace loading here (app/sources.py) and no widgets (app/sidebar.py); the URL form of the
+settings is `Settings.query()`, read back by app/url_state.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import streamlit as st
+
+from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (re-used by pages)
+
+PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
+         "online_softmax": "Online softmax", "memory": "Memory and traffic"}
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+DTYPES = ("fp16", "bf16", "fp32")
+SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
+           "recorded": "recorded trace (data/)", "upload": "uploaded trace (.zip)"}
+DEFAULTS = {"seq_len": 512, "mask": "causal", "head_dim": 64, "block_m": 64, "block_n": 64,
+            "dtype": "fp16", "batch": 1, "heads": 1, "schedule": "natural"}
+INT_KEYS = ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads")
+MAX_SEQ_LEN = 1 << 20
+MAX_GRID_TILES = 2048 * 2048       # (N/block_m) x (N/block_n) tiles a page may draw
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a view depends on; `query()` is its URL form."""
+
+    source: str
+    seq_len: int
+    mask: str
+    head_dim: int
+    block_m: int
+    block_n: int
+    dtype: str
+    batch: int = 1
+    heads: int = 1
+    schedule: str = "natural"
+    trace: str = ""
+    present: bool = False
+
+    @property
+    def live(self) -> bool:
+        return self.source in ("gpu", "interpreter")
+
+    def kernel(self) -> dict:
+        return {k: getattr(self, k) for k in DEFAULTS}
+
+    def query(self) -> dict[str, str]:
+        q = {"source": self.source, **{k: str(v) for k, v in self.kernel().items()}}
+        if self.source == "recorded" and self.trace:
+            q["trace"] = self.trace
+        if self.present:
+            q["present"] = "1"
+        return q
+
+    def problems(self) -> list[str]:
+        """Why these settings cannot run (empty when they can), each with what to do."""
+        out = []
+        if not isinstance(self.seq_len, int) or self.seq_len <= 0:
+            out.append(f"Sequence length N = {self.seq_len} is not valid: N must be a positive "
+                       "whole number (try 512).")
+        elif self.seq_len > MAX_SEQ_LEN:
+            out.append(f"N = {self.seq_len} is larger than this app handles ({MAX_SEQ_LEN}); "
+                       "pick a smaller N.")
+        else:
+            try:
+                parse_mask(self.mask, self.seq_len)
+            except ValueError as exc:
+                out.append(f"The mask {self.mask!r} does not work here: {exc}")
+            grid = -(-self.seq_len // self.block_m) * -(-self.seq_len // self.block_n)
+            if grid > MAX_GRID_TILES:
+                out.append(f"N={self.seq_len} with blocks {self.block_m}×{self.block_n} makes "
+                           f"{grid:,} tiles, more than the {MAX_GRID_TILES:,} a page can draw: "
+                           "raise the block sizes or lower N.")
+        for name, value in (("batch B", self.batch), ("heads H", self.heads)):
+            if not isinstance(value, int) or value < 1:
+                out.append(f"{name} = {value} is not valid: use 1 or more.")
+        return out
+
+
+def variant(s: Settings, schedule: str) -> Settings:
+    """The same problem under another schedule (for side-by-side comparisons)."""
+    return replace(s, schedule=schedule)
+
+
+def current() -> Settings:
+    """The settings main.py resolved for this run (pages run only through main.py)."""
+    return st.session_state["_settings"]
+
+
+def default_docs(n: int) -> str:
+    """Three document lengths that sum to n (a quarter, a half, the rest)."""
+    n = max(int(n), 3)
+    a, b = n // 4, n // 2
+    return f"{a},{b},{n - a - b}"

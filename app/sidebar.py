@@ -1,0 +1,168 @@
+"""The shared controls in the sidebar: source, recording or upload, the problem (N, mask, D,
+blocks, dtype, B, H), the schedule and presentation mode. `sidebar()` draws them and returns
+the Settings they describe; the button callbacks here change them from a page.
+"""
+
+from __future__ import annotations
+
+import math
+
+import streamlit as st
+
+from app import data_sources, sources
+from app.data_sources import Recording
+from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, SCHEDULES, SOURCES, SUPPORTED_HEAD_DIMS,
+                          Settings, default_docs, parse_mask)
+from kernels.masks import MASK_KINDS
+
+KERNEL_CONTROLS = ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule")
+
+
+def mask_to_controls(text: str) -> dict:
+    """The `ctl_*` values that show mask `text` in the controls (kind plus its parameter)."""
+    spec = parse_mask(text)
+    out = {"ctl_mask_kind": spec.kind}
+    if spec.kind == "sliding_window":
+        out["ctl_window"] = int(spec.param)
+    elif spec.kind == "prefix_lm":
+        out["ctl_prefix"] = int(spec.param)
+    elif spec.kind == "document":
+        out["ctl_docs"] = ",".join(str(x) for x in spec.param)
+    return out
+
+
+def mask_from_controls() -> str:
+    ss = st.session_state
+    kind = ss.get("ctl_mask_kind", "causal")
+    if kind == "sliding_window":
+        return f"sliding_window:{int(ss.get('ctl_window', 128))}"
+    if kind == "prefix_lm":
+        return f"prefix_lm:{int(ss.get('ctl_prefix', 128))}"
+    if kind == "document":
+        return "document:" + str(ss.get("ctl_docs", "")).replace(" ", "")
+    return kind
+
+
+def _sync_controls(settings: dict) -> None:
+    ss = st.session_state
+    for key in KERNEL_CONTROLS:
+        ss[f"ctl_{key}"] = settings[key]
+    try:
+        ss.update(mask_to_controls(settings["mask"]))
+    except ValueError:
+        pass
+
+
+# -- callbacks ----------------------------------------------------------------------------------
+
+def scale_docs_to_n() -> None:
+    """Button callback: rescale the document lengths so they sum to N."""
+    ss = st.session_state
+    n = int(ss.get("ctl_seq_len", 0))
+    try:
+        lengths = [int(x) for x in str(ss.get("ctl_docs", "")).split(",") if x.strip()]
+    except ValueError:
+        lengths = []
+    if n <= 0:
+        return
+    if not lengths or any(x <= 0 for x in lengths) or n < len(lengths):
+        ss["ctl_docs"] = default_docs(n)
+        return
+    total = sum(lengths)
+    scaled = [max(1, math.floor(x * n / total)) for x in lengths]
+    scaled[-1] += n - sum(scaled)
+    ss["ctl_docs"] = ",".join(map(str, scaled)) if scaled[-1] > 0 else default_docs(n)
+
+
+def open_recording(name: str) -> None:
+    """Button callback: switch the view to a bundled recording."""
+    st.session_state["ctl_source"] = "recorded"
+    st.session_state["ctl_trace"] = name
+
+
+def _source_changed() -> None:
+    """Going live from a recording keeps N, mask, D, blocks and dtype; in the interpreter, B and H
+    drop to 1 so the first run takes seconds, not minutes (the user can raise them again)."""
+    ss = st.session_state
+    if ss.get("ctl_source") == "interpreter" and (ss.get("ctl_batch", 1), ss.get("ctl_heads", 1)) != (1, 1):
+        ss["_source_note"] = (f"B×H set from {ss.get('ctl_batch')}×{ss.get('ctl_heads')} to 1×1 for the "
+                              "CPU interpreter, so a run takes seconds; raise them below if you like.")
+        ss["ctl_batch"], ss["ctl_heads"] = 1, 1
+
+
+# -- the sidebar --------------------------------------------------------------------------------
+
+def sidebar() -> Settings:
+    """Render the shared controls; return the settings they describe."""
+    ss = st.session_state
+    recs = sources.recordings()
+    live_source = sources.live_source()
+    options = [live_source, "recorded", "upload"]
+    if ss.get("ctl_source") not in options:
+        ss["ctl_source"] = live_source
+    with st.sidebar:
+        st.radio("Source", options, format_func=SOURCES.get, key="ctl_source", on_change=_source_changed,
+                 help="Live runs execute the instrumented Triton kernel now; recordings come "
+                      "from real GPUs (data/traces/) or from a zip you upload.")
+        note = ss.pop("_source_note", None)
+        if note:
+            st.info(note, icon=":material/info:")
+        source = ss["ctl_source"]
+        locked = source in ("recorded", "upload")
+        if source == "recorded":
+            names = [r.name for r in recs]
+            if not names:
+                st.warning("No bundled recordings: data/traces/ is empty on this machine.")
+            else:
+                if ss.get("ctl_trace") not in names:
+                    ss["ctl_trace"] = (data_sources.default_recording(recs, DEFAULTS) or recs[0]).name
+                st.selectbox("Recording", names, key="ctl_trace",
+                             format_func=lambda n: sources.recording_named(n).label)
+                _sync_controls(sources.recording_named(ss["ctl_trace"]).settings())
+        elif source == "upload":
+            up = st.file_uploader("Trace (.zip of a trace directory)", type=["zip"], key="ctl_upload",
+                                  help="manifest.json + parquet files, as written by Trace.save")
+            st.caption("A link cannot carry an uploaded file: share the zip with the link.")
+            if up is not None:
+                try:
+                    trace = sources.uploaded_trace(up)
+                    _sync_controls({**DEFAULTS, **Recording(up.name, "", 0, trace.meta).settings()})
+                except sources.RunError:
+                    pass  # the page says why
+        if locked:
+            st.caption("The settings below are the recording's. Switch the source to "
+                       f"{SOURCES[live_source]!r} to change them.")
+        st.number_input("Sequence length N", step=64, key="ctl_seq_len", disabled=locked)
+        st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind", disabled=locked)
+        kind = ss["ctl_mask_kind"]
+        n = ss["ctl_seq_len"]
+        if kind == "sliding_window":
+            ss.setdefault("ctl_window", max(1, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
+            st.number_input("Window W (keys i-W < j <= i)", min_value=1, step=16, key="ctl_window",
+                            disabled=locked)
+        elif kind == "prefix_lm":
+            ss.setdefault("ctl_prefix", max(0, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
+            st.number_input("Prefix length P", min_value=0, step=16, key="ctl_prefix", disabled=locked)
+        elif kind == "document":
+            ss.setdefault("ctl_docs", default_docs(n if isinstance(n, int) and n > 0 else 512))
+            st.text_input("Document lengths (sum to N)", key="ctl_docs", disabled=locked,
+                          help="comma-separated, e.g. 128,256,128 for N=512")
+        st.selectbox("Head dim D", SUPPORTED_HEAD_DIMS, key="ctl_head_dim", disabled=locked)
+        c1, c2 = st.columns(2)
+        c1.selectbox("block_m", BLOCK_SIZES, key="ctl_block_m", disabled=locked)
+        c2.selectbox("block_n", BLOCK_SIZES, key="ctl_block_n", disabled=locked)
+        st.selectbox("dtype", DTYPES, key="ctl_dtype", disabled=locked)
+        c1, c2 = st.columns(2)
+        c1.number_input("batch B", step=1, key="ctl_batch", disabled=locked)
+        c2.number_input("heads H", step=1, key="ctl_heads", disabled=locked)
+        st.selectbox("Schedule", SCHEDULES, key="ctl_schedule", disabled=locked,
+                     help="natural: programs in launch order; longest_first: query blocks with "
+                          "most tiles first; persistent: one program per SM pulls work items")
+        st.toggle("Presentation mode", key="ctl_present",
+                  help="larger fonts, light background, no clutter: for talks and screenshots")
+    return Settings(source=source, seq_len=int(ss["ctl_seq_len"]), mask=mask_from_controls(),
+                    head_dim=int(ss["ctl_head_dim"]), block_m=int(ss["ctl_block_m"]),
+                    block_n=int(ss["ctl_block_n"]), dtype=ss["ctl_dtype"], batch=int(ss["ctl_batch"]),
+                    heads=int(ss["ctl_heads"]), schedule=ss["ctl_schedule"],
+                    trace=ss.get("ctl_trace", "") if source == "recorded" else "",
+                    present=bool(ss.get("ctl_present")))

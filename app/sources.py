@@ -1,0 +1,233 @@
+"""Where the trace behind a view comes from, and the caches that keep it:
+
+    gpu          live run of the instrumented kernel on this machine's CUDA GPU
+    interpreter  live run in Triton's CPU interpreter (real tile visits, no hardware clocks)
+    recorded     a bundled trace directory under data/traces/ (found by app/data_sources.py)
+    upload       a zip of a trace directory (manifest.json + parquet files)
+
+Live runs are cached per settings (st.cache_resource: the same settings never run twice and
+sessions share results) and serialised by one process-wide lock. Traces returned from the
+caches are shared between sessions: treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tempfile
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+import kernels  # noqa: F401  (first: picks the interpreter before triton loads)
+from app import data_sources
+from app.data_sources import Recording
+from app.settings import SOURCES, Settings
+from instrumentation import Trace, TraceFormatError
+from kernels import INTERPRETER_MAX_TILES, backend, parse_mask
+
+INTERPRETER_S_PER_TILE = 0.007     # measured on 2 CPUs: N=1024 causal 64x64 (136 tiles) ~ 1 s
+MAX_UPLOAD_BYTES = 512 << 20       # uncompressed size of an uploaded trace
+
+
+# -- recordings on disk (cached on the directory's mtime) ---------------------------------------
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _discover(root: str, stamp: float) -> list[Recording]:
+    return data_sources.discover_traces(Path(root))
+
+
+def recordings() -> list[Recording]:
+    root = data_sources.data_dir()
+    traces = root / "traces"
+    stamp = traces.stat().st_mtime if traces.is_dir() else 0.0
+    return _discover(str(root), stamp)
+
+
+def recording_named(name: str) -> Recording | None:
+    return next((r for r in recordings() if r.name == name), None)
+
+
+@st.cache_resource(show_spinner="Loading the recording…", max_entries=16)
+def _load_trace(path: str, mtime: float) -> Trace:
+    trace = Trace.load(path)
+    trace.meta["source"] = "recorded"   # it was live when recorded; here it is a recording
+    return trace
+
+
+def load_recording(rec: Recording) -> Trace:
+    """The recording's trace (cached on path + manifest mtime). Raises TraceFormatError."""
+    return _load_trace(rec.path, rec.mtime)
+
+
+# -- uploads ------------------------------------------------------------------------------------
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _load_upload(digest: str, _data: bytes) -> Trace:
+    return trace_from_zip(_data)
+
+
+def trace_from_zip(data: bytes) -> Trace:
+    """A trace from a zip of a trace directory; TraceFormatError with a reason if it is not one."""
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise TraceFormatError("the upload is not a zip file: zip a trace directory "
+                               "(manifest.json + *.parquet) and upload that") from None
+    with zf, tempfile.TemporaryDirectory(prefix="tilescope-upload-") as tmp:
+        infos = zf.infolist()
+        if sum(i.file_size for i in infos) > MAX_UPLOAD_BYTES:
+            raise TraceFormatError("the zip unpacks to more than 512 MB; that is not a trace")
+        manifests = sorted((i.filename for i in infos if i.filename.endswith("manifest.json")),
+                           key=lambda n: n.count("/"))
+        if not manifests:
+            raise TraceFormatError("the zip holds no manifest.json: zip a whole trace directory "
+                                   "(as written by Trace.save or `python -m instrumentation.record`)")
+        root = Path(tmp).resolve()
+        for info in infos:
+            target = (root / info.filename).resolve()
+            if root not in target.parents and target != root:
+                raise TraceFormatError(f"the zip has an unsafe path {info.filename!r}")
+        try:
+            zf.extractall(root)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise TraceFormatError(f"the zip is damaged ({exc}); zip the trace directory again") from None
+        trace = Trace.load(root / manifests[0])
+    trace.meta["source"] = "uploaded"
+    return trace
+
+
+def upload_digest(upload) -> str:
+    return hashlib.sha256(upload.getvalue()).hexdigest()
+
+
+def uploaded_trace(upload) -> Trace:
+    try:
+        return _load_upload(upload_digest(upload), upload.getvalue())
+    except TraceFormatError as exc:
+        raise RunError(f"The uploaded file {upload.name!r} is not a usable trace: {exc}") from None
+
+
+# -- live runs ----------------------------------------------------------------------------------
+
+@st.cache_resource(show_spinner=False)
+def run_lock() -> threading.Lock:
+    """One lock per process: live kernel runs (GPU or interpreter) never overlap."""
+    return threading.Lock()
+
+
+class RunError(Exception):
+    """A live run that cannot happen or failed; the message says what to do."""
+
+    def __init__(self, message: str, nearest: Recording | None = None):
+        super().__init__(message)
+        self.nearest = nearest
+
+
+def live_source() -> str:
+    return "gpu" if backend() == "cuda" else "interpreter"
+
+
+def computed_tiles(s: Settings) -> int:
+    bmap = parse_mask(s.mask, s.seq_len).block_map(s.seq_len, s.block_m, s.block_n)
+    return int((bmap != 0).sum()) * s.batch * s.heads
+
+
+@st.cache_resource(show_spinner=False, max_entries=48)
+def _run_live(key: tuple, source: str) -> tuple[Trace, float]:
+    from instrumentation import make_inputs, record   # torch and triton load with the first live run
+
+    s = dict(key)
+    with run_lock():
+        started = time.perf_counter()
+        device = "cuda" if source == "gpu" else "cpu"
+        q, k, v = make_inputs(s["batch"], s["heads"], s["seq_len"], s["head_dim"], s["dtype"],
+                              seed=0, device=device)
+        try:
+            _, trace = record(q, k, v, mask=s["mask"], block_m=s["block_m"], block_n=s["block_n"],
+                              schedule=s["schedule"],
+                              meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
+        finally:
+            del q, k, v
+        return trace, time.perf_counter() - started
+
+
+def run_live(s: Settings) -> tuple[Trace, float, bool]:
+    """(trace, seconds the run took, whether it ran now) for live settings; raises RunError."""
+    problems = s.problems()
+    if problems:
+        raise RunError(" ".join(problems))
+    if s.source != live_source():
+        raise RunError(f"the source {SOURCES.get(s.source, s.source)!r} is not available on this "
+                       f"machine; pick {SOURCES[live_source()]!r} or a recording.")
+    tiles = computed_tiles(s)
+    if s.source == "interpreter" and tiles > INTERPRETER_MAX_TILES:
+        recs = recordings()
+        near = data_sources.nearest(recs, s.kernel(), gpu_only=any(r.is_gpu for r in recs))
+        raise RunError(
+            f"N={s.seq_len}, mask {s.mask}, blocks {s.block_m}×{s.block_n}, B×H={s.batch}×{s.heads} "
+            f"needs {tiles:,} computed tiles; the CPU interpreter stops at {INTERPRETER_MAX_TILES:,} "
+            "(it would take minutes). Lower N, B or H, raise the block sizes, or open a bundled "
+            "GPU recording.", nearest=near)
+    key = tuple(sorted(s.kernel().items()))
+    what = "on the GPU" if s.source == "gpu" else \
+        f"in the Triton CPU interpreter (~{max(1, round(tiles * INTERPRETER_S_PER_TILE))} s)"
+    started = time.perf_counter()
+    try:
+        with st.spinner(f"Running the kernel {what}: N={s.seq_len}, {s.mask}, "
+                        f"{s.block_m}×{s.block_n}, {tiles:,} tiles…", show_time=True):
+            trace, took = _run_live(key, s.source)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    except Exception as exc:  # OOM and driver errors: say so, keep the app alive
+        import torch
+
+        if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise RunError(f"The GPU ran out of memory for B×H={s.batch}×{s.heads}, N={s.seq_len}, "
+                           f"D={s.head_dim}: lower N, B or H.") from None
+        raise RunError(f"The kernel run failed: {type(exc).__name__}: {exc}") from None
+    return trace, took, time.perf_counter() - started > 0.5 * took
+
+
+# -- the trace a page shows ---------------------------------------------------------------------
+
+@dataclass
+class Source:
+    """The trace behind the current view and how it was obtained."""
+
+    trace: Trace
+    origin: str                 # 'live GPU', 'live interpreter', 'recording NAME', 'upload NAME'
+    recording: Recording | None = None
+    run_s: float | None = None
+    fresh: bool = False
+    key: str = ""               # identifies the trace for caches of things derived from it
+
+
+def current_source(s: Settings) -> Source:
+    """Resolve the settings' source to a trace; raises RunError with a message on failure."""
+    if s.live:
+        trace, took, fresh = run_live(s)
+        return Source(trace, SOURCES[s.source], run_s=took, fresh=fresh,
+                      key=f"live:{s.source}:{sorted(s.kernel().items())}")
+    if s.source == "recorded":
+        rec = recording_named(s.trace)
+        if rec is None:
+            raise RunError("No bundled recording is selected: data/traces/ has none yet. "
+                           f"Switch the source to {SOURCES[live_source()]!r}.")
+        try:
+            return Source(load_recording(rec), f"recording {rec.name}", recording=rec,
+                          key=f"rec:{rec.path}:{rec.mtime}")
+        except TraceFormatError as exc:
+            raise RunError(f"The recording {rec.name} cannot be read: {exc}") from None
+    upload = st.session_state.get("ctl_upload")
+    if upload is None:
+        raise RunError("Upload a trace: a .zip of a trace directory (manifest.json + parquet "
+                       "files, as written by `python -m instrumentation.record --out DIR`).")
+    trace = uploaded_trace(upload)
+    return Source(trace, f"upload {upload.name}", key=f"upload:{upload_digest(upload)}")
