@@ -14,7 +14,6 @@ Timings are measured here, never asserted by tests.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import re
@@ -29,11 +28,13 @@ import kernels  # noqa: F401  (first: picks the interpreter before triton is imp
 import numpy as np
 import torch
 
+from instrumentation import files
+from instrumentation.inputs import DOC_FRACTIONS, TORCH_DTYPES, document_lengths  # noqa: F401
 from kernels.masks import MaskSpec, parse_mask
 
 SCHEMA = "tilescope.benchmarks/1"
 DEFAULT_OUT = "data/benchmarks"
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = TORCH_DTYPES()                    # 'fp16' -> torch.float16 (the table: files.DTYPES)
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # relative Frobenius error allowed against the float32 reference, per input dtype
 TOLERANCE = {"bf16": 2e-2, "fp16": 2e-2, "fp32": 1e-3}
@@ -96,20 +97,6 @@ def run_meta(device, kind: str, argv=None, prog: str | None = None) -> dict:
 
 
 # -- masks and FLOPs ----------------------------------------------------------------------------
-
-DOC_FRACTIONS = (0.30, 0.05, 0.20, 0.12, 0.25, 0.08)
-
-
-def document_lengths(n: int, fractions=DOC_FRACTIONS) -> list[int]:
-    """Uneven document lengths that sum to n (deterministic; not aligned to block sizes)."""
-    if n < 2 * len(fractions):
-        return [n] if n < 4 else [n // 2 + n % 2, n // 2]
-    lens = [max(1, int(round(f * n))) for f in fractions[:-1]]
-    lens.append(n - sum(lens))
-    if lens[-1] < 1:
-        raise ValueError(f"cannot split {n} into documents with fractions {fractions}")
-    return lens
-
 
 def resolve_mask(label: str, n: int) -> MaskSpec | None:
     """Mask label from the command line -> spec for length n. 'document' (or 'document:auto')
@@ -262,20 +249,7 @@ EXTRA_META_KEYS = {"attention": ("matmul_tflops", "flop_convention")}
 CONFIG_KEYS = ("block_m", "block_n", "num_warps", "num_stages")
 
 
-def _clean(x):
-    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if math.isfinite(x) else None
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
+_clean = files.json_safe           # JSON-safe copy: NaN/inf -> None, numpy -> Python
 
 
 def validate_results(obj, kind: str | None = None) -> None:
@@ -326,11 +300,7 @@ def write_results(obj: dict, path, kind: str | None = None, copy_to=None) -> Pat
     """Validate and write a result file (strict JSON: NaN written as null); optionally copy it."""
     obj = _clean(obj)
     validate_results(obj, kind)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    path = files.write_json_atomic(path, obj)
     if copy_to:
         Path(copy_to).mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, Path(copy_to) / path.name)
@@ -338,7 +308,7 @@ def write_results(obj: dict, path, kind: str | None = None, copy_to=None) -> Pat
 
 
 def load_results(path, kind: str | None = None) -> dict:
-    obj = json.loads(Path(path).read_text())
+    obj = files.read_json(path, f"result file '{Path(path).name}'")
     validate_results(obj, kind)
     return obj
 
@@ -416,11 +386,7 @@ class TunedConfigs:
 
     @classmethod
     def load(cls, path) -> "TunedConfigs":
-        try:
-            obj = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"config file {path} is not valid JSON: {e}") from None
-        return cls.parse(obj)
+        return cls.parse(files.read_json(path, f"config file '{path}'"))
 
     def lookup(self, head_dim: int, mask, n: int, dtype: str | None = None) -> dict | None:
         kind = mask_kind(mask)

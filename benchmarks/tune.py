@@ -98,12 +98,11 @@ def _compile_worker(payload: dict) -> list:
     out = []
     try:
         import torch as _torch
+        from instrumentation.inputs import make_inputs
         from kernels import flash_attention as _fa
 
         dev = _torch.device(payload.get("device", "cuda"))
-        b, h, n, d = payload["shape"]
-        dtype = getattr(_torch, payload["dtype"])
-        q, k, v = (_torch.randn(b, h, n, d, device=dev, dtype=dtype) for _ in range(3))
+        q, k, v = make_inputs(*payload["shape"], dtype=payload["dtype"], device=dev, per_head=False)
         for cfg in payload["configs"]:
             t0 = time.perf_counter()
             try:
@@ -128,12 +127,11 @@ def precompile(jobs: int, shape, dtype_name: str, schedule: str, configs: list[d
 
     worker = importlib.import_module("benchmarks.tune")._compile_worker
     chunks = [configs[i::jobs] for i in range(jobs) if configs[i::jobs]]
-    torch_dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype_name]
     results = {}
     t0 = time.perf_counter()
     try:
         with ProcessPoolExecutor(max_workers=len(chunks), mp_context=mp.get_context("spawn")) as ex:
-            futs = [ex.submit(worker, dict(shape=shape, dtype=torch_dtype, schedule=schedule,
+            futs = [ex.submit(worker, dict(shape=shape, dtype=dtype_name, schedule=schedule,
                                            configs=c, device=str(device))) for c in chunks]
             for f in futs:
                 for cfg, err, _ in f.result(timeout=600):

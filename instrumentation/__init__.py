@@ -1,6 +1,6 @@
 """Runs kernels with trace buffers and decodes them into tables; memory and traffic models.
 
-`python -m instrumentation.record ...` is the command line (see README). The recording side
+`python -m instrumentation.record_cli ...` is the command line (see README). The recording side
 (torch, triton) loads on first use; reading traces needs only pandas and pyarrow.
 """
 
@@ -10,7 +10,7 @@ import kernels  # noqa: F401  (first: chooses the interpreter before triton is i
 
 from .trace import SCHEMA_VERSION, Trace, TraceFormatError
 
-_LAZY = {"record": "recording", "make_inputs": "recording", "environment": "recording",
+_LAZY = {"record": "recording", "make_inputs": "inputs", "document_lengths": "inputs", "environment": "recording",
          "DTYPES": "recording"}
 
 

@@ -29,10 +29,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from .files import DTYPE_BYTES  # noqa: F401  (the one dtype table; re-exported)
+
 MiB = 1 << 20
 GB = 10 ** 9
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def _check_positive(**kw) -> None:

@@ -208,16 +208,14 @@ def _worker(args) -> int:
 
     from kernels import flash_attention, naive_attention
 
-    from .recording import DTYPES
+    from .inputs import make_inputs
 
     if not torch.cuda.is_available():
         print("error: the ncu worker needs a CUDA GPU", file=sys.stderr)
         return 2
     fn = naive_attention if args.impl == "naive" else flash_attention
-    g = torch.Generator(device="cuda").manual_seed(0)
-    shape = (args.batch, args.heads, args.seq_len, args.head_dim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=DTYPES[args.dtype], generator=g)
-               for _ in range(3))
+    q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,
+                          seed=0, device="cuda", per_head=False)    # the sweep's inputs
     out = fn(q, k, v, mask=args.mask)            # compile / autotune outside the profiled range
     del out
     torch.cuda.synchronize()

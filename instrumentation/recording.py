@@ -15,32 +15,14 @@ import triton
 from kernels import TraceBuffers, backend, block_plan, flash_attention, validate_call
 from kernels.masks import STATUS_NAMES
 
+from .inputs import (TORCH_DTYPES, check_sizes, dtype_name, make_inputs,  # noqa: F401  (re-exported)
+                     parse_q_blocks)
 from .trace import SCHEMA_VERSION, Trace
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = TORCH_DTYPES()                    # 'fp16' -> torch.float16 (the table: files.DTYPES)
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 AUTO_TRACE_BLOCKS = 8          # query blocks with row detail when a sequence is long
 ROW_DETAIL_ALL_UP_TO = 32      # below this many query blocks, every block gets row detail
-
-
-def make_inputs(batch, heads, n, head_dim, dtype="fp16", seed=0, device="cpu", heads_only=None):
-    """Reproducible random q, k, v (B, H, N, D): each head from its own CPU generator, so any
-    machine can regenerate one head (for the online-softmax page) without the others."""
-    dtype = DTYPES.get(dtype, dtype)
-    if batch < 1 or heads < 1 or n < 1:
-        raise ValueError(f"batch, heads and sequence length must be >= 1, got {batch}, {heads}, {n}")
-    bhs = range(batch * heads) if heads_only is None else heads_only
-    out = torch.empty(3, batch * heads if heads_only is None else len(bhs), n, head_dim)
-    for slot, bh in enumerate(bhs):
-        g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(bh))
-        out[:, slot] = torch.randn(3, n, head_dim, generator=g)
-    out = out.to(dtype)
-    if heads_only is None:
-        out = out.view(3, batch, heads, n, head_dim)
-    else:
-        out = out.view(3, 1, len(bhs), n, head_dim)
-    q, k, v = (t.contiguous().to(device) for t in out)
-    return q, k, v
 
 
 @lru_cache(maxsize=1)
@@ -93,6 +75,9 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     if level not in ("work", "full"):
         raise ValueError(f"level must be 'work' or 'full', got {level!r}")
     b, h, n, d = q.shape
+    check_sizes(b, h, n, d, dtype_name(q.dtype), cfg.block_m, cfg.block_n)
+    if isinstance(trace_head, bool) or not isinstance(trace_head, int):
+        raise ValueError(f"trace_head must be an integer batch*head index, got {trace_head!r}")
     if not 0 <= trace_head < b * h:
         raise ValueError(f"trace_head={trace_head} is outside 0..{b * h - 1} (B*H = {b * h})")
     dev = q.device
@@ -103,7 +88,7 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     elif trace_q_blocks == "all":
         blocks = list(range(n_qb))
     else:
-        blocks = sorted({int(x) for x in trace_q_blocks})
+        blocks = parse_q_blocks(trace_q_blocks)
         bad = [x for x in blocks if not 0 <= x < n_qb]
         if bad:
             raise ValueError(f"trace_q_blocks {bad} outside 0..{n_qb - 1} ({n_qb} query blocks)")

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import shlex
 import shutil
 import sys
 import time
 from pathlib import Path
+
+from . import files
 
 MANIFEST_FORMAT = "tilescope-data-manifest"
 DATA_BUDGET_BYTES = 30 * 10 ** 6          # keep data/ (traces + sweeps) within 30 MB
@@ -46,10 +47,13 @@ NCU_SIZES = (1024, 4096, 16384)
 TRACE_BLOCK_STEPS = (None, 8, 4, 2)       # None = record()'s auto choice; then fewer if too big
 
 
+DOC_FRACTIONS = (1 / 8, 3 / 8, 1 / 4, 1 / 4)
+
+
 def document_mask(n: int) -> str:
     """Uneven documents in proportions 1/8, 3/8, 1/4, 1/4 (the last takes the remainder)."""
-    a, b, c = n // 8, 3 * n // 8, n // 4
-    return f"document:{a},{b},{c},{n - a - b - c}"
+    from .inputs import document_mask as _document_mask
+    return _document_mask(n, DOC_FRACTIONS)
 
 
 def trace_masks(n: int, quick_cpu: bool = False) -> list[str]:
@@ -149,8 +153,9 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
 
     tdir = out / "traces"
     tdir.mkdir(parents=True, exist_ok=True)
-    for leftover in tdir.glob("*.partial"):        # an interrupted earlier run
-        shutil.rmtree(leftover, ignore_errors=True)
+    for pattern in ("*.partial", ".*.tmp", ".*.old"):   # an interrupted earlier run
+        for leftover in tdir.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
     inputs = {}
     caps = per_trace_cap if isinstance(per_trace_cap, (list, tuple)) else [per_trace_cap] * len(jobs)
     from .sweep import _progress
@@ -191,14 +196,12 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
                                 "trace_q_blocks_request": blocks if blocks == "auto" else
                                 f"{len(blocks)} of {n_qb} query blocks, evenly spaced (fewer "
                                 "blocks keep data/ within its 30 MB budget)"})
-                shutil.rmtree(tmp, ignore_errors=True)
-                trace.save(tmp)
+                trace.save(tmp, force=True)
                 size = dir_bytes(tmp)
                 if size <= cap or attempt == len(candidates) - 1:
                     break
             del trace
-            shutil.rmtree(path, ignore_errors=True)
-            os.replace(tmp, path)
+            files.replace_dir(tmp, path)     # the old trace goes only once the new one is in place
         except torch.cuda.OutOfMemoryError as exc:
             failures.append({"file": f"traces/{name}", "kind": "trace", "error":
                              "torch.cuda.OutOfMemoryError: " + str(exc).strip().splitlines()[0][:300],
@@ -257,9 +260,8 @@ def build_manifest(out: Path, command=None, failures=()) -> dict:
 
 
 def write_manifest(out: Path, command=None, failures=()) -> dict:
-    from .sweep import write_json_atomic
     manifest = build_manifest(out, command, failures)
-    write_json_atomic(out / "MANIFEST.json", manifest)
+    files.write_json_atomic(out / "MANIFEST.json", manifest)
     return manifest
 
 
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     from kernels import backend
 
-    from .sweep import add_ncu, device_slug, run_sweep
+    from .sweep import add_ncu, device_slug, read_sweep_json, run_sweep
 
     device = torch.device("cuda" if backend() == "cuda" else "cpu")
     cpu = device.type == "cpu"
@@ -329,7 +331,7 @@ def main(argv=None) -> int:
         else:
             run_sweep(sweep_path, **work["sweep"], device=device, command=command,
                       budget_s=left, progress=progress)
-            complete &= bool(json.loads(sweep_path.read_text())["meta"].get("complete"))
+            complete &= bool(read_sweep_json(sweep_path)["meta"].get("complete"))
             print(f"sweep: {sweep_path} ({time.monotonic() - started:.0f} s)", flush=True)
 
     if args.only in (None, "ncu") and complete and work["ncu_sizes"]:

@@ -27,11 +27,8 @@ so) and times are wall-clock medians of the interpreter, which say nothing about
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +37,7 @@ import pandas as pd
 
 import kernels  # noqa: F401  (chooses the interpreter before triton is imported)
 
+from . import files
 from .hbm import DTYPE_BYTES, flash_hbm_bytes, flash_hbm_bytes_tiled, naive_hbm_bytes
 
 FORMAT = "tilescope-sweep"
@@ -68,55 +66,36 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _jsonable(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None                     # JSON has no NaN: null, read back as NaN
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _jsonable(obj.item())
-    return obj
+# the file layer writes sweeps (atomic, NaN -> null); kept under this name for callers
+write_json_atomic = files.write_json_atomic
 
-
-def write_json_atomic(path, payload) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_jsonable(payload), f, indent=1, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+_RECORD_SCHEMA = {"type": "object", "required": [*KEY, "oom"],
+                  "properties": {"impl": {"enum": list(IMPLS)},
+                                 "seq_len": {"type": "integer", "minimum": 1},
+                                 "batch": {"type": "integer", "minimum": 1},
+                                 "heads": {"type": "integer", "minimum": 1},
+                                 "head_dim": {"type": "integer", "minimum": 1},
+                                 "dtype": {"enum": list(files.DTYPES)},
+                                 "mask": {"type": "string", "maxLength": 4096},
+                                 "oom": {"type": "boolean"}}}
+SWEEP_SCHEMA = {"type": "object", "required": ["format", "schema_version", "meta", "records"],
+                "properties": {"format": {"const": FORMAT}, "meta": {"type": "object"},
+                               "records": {"type": "array", "items": _RECORD_SCHEMA}}}
 
 
 def read_sweep_json(path) -> dict:
     path = Path(path)
+    what = f"sweep file '{path.name}'"
     if not path.exists():
-        raise SweepFormatError(f"{path}: no such sweep file. Make one with "
+        raise SweepFormatError(f"{what}: no such sweep file. Make one with "
                                "`python -m instrumentation.regenerate --only sweeps`.")
-    try:
-        payload = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SweepFormatError(f"{path} is corrupt (not JSON: {exc}); delete it and rerun the "
-                               "sweep, or restore the file") from None
+    payload = files.read_json(path, what, SweepFormatError)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise SweepFormatError(f"{path} is not a Tilescope sweep (no \"format\": \"{FORMAT}\")")
+        raise SweepFormatError(f"{what} is not a Tilescope sweep (no \"format\": \"{FORMAT}\")")
     if payload.get("schema_version") != SCHEMA_VERSION:
-        raise SweepFormatError(f"{path} has sweep schema version {payload.get('schema_version')!r};"
+        raise SweepFormatError(f"{what} has sweep schema version {payload.get('schema_version')!r};"
                                f" this Tilescope reads version {SCHEMA_VERSION}. Rerun the sweep.")
-    if not isinstance(payload.get("meta"), dict) or not isinstance(payload.get("records"), list):
-        raise SweepFormatError(f"{path} lacks a 'meta' object or a 'records' list")
-    for i, rec in enumerate(payload["records"]):
-        if not isinstance(rec, dict) or any(k not in rec for k in KEY + ("oom",)):
-            raise SweepFormatError(f"{path}: record {i} is missing one of {KEY + ('oom',)}")
+    files.validate(payload, SWEEP_SCHEMA, what, SweepFormatError)
     return payload
 
 
@@ -153,11 +132,8 @@ def _impl_fns():
 
 
 def _make_qkv(shape, dtype, device, seed=0):
-    import torch
-    from .recording import DTYPES
-    g = torch.Generator(device=device).manual_seed(seed)
-    return tuple(torch.randn(shape, device=device, dtype=DTYPES[dtype], generator=g)
-                 for _ in range(3))
+    from .inputs import make_inputs
+    return make_inputs(*shape, dtype=dtype, seed=seed, device=device, per_head=False)
 
 
 def _bench_cpu(fn, reps=3) -> float:

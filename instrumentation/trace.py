@@ -3,47 +3,137 @@
 Layout of a saved trace (a directory):
     manifest.json   {"format": "tilescope-trace", "schema_version": N, "meta": {...},
                      "tables": {"work": {"file": "work.parquet", "rows": R, "sha256": ...}, ...}}
-    work.parquet, tiles.parquet, rows.parquet, out.parquet
-No pickle anywhere: a file that is not a trace, or one with a different schema, is refused with
-a message that says what to do.
+    work.parquet, tiles.parquet, rows.parquet, out.parquet, and any further named tables
+    (decode's splits / partials, ring tables): `trace.tables[name]`, also `trace.<name>`.
+No pickle anywhere. Every file goes through instrumentation.files: table names from the
+manifest stay inside the trace directory, sizes are bounded, manifest and meta are checked
+against one schema, and meta that contradicts the tables is refused. Saving is atomic.
+
+A schema version bump is one place: raise SCHEMA_VERSION, add UPGRADES[old] (lifts a trace of
+version old to old + 1, meta and tables, in place) and adjust META_SCHEMA / TABLE_COLUMNS.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
+import io
+import re
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+
+from . import files
 
 FORMAT = "tilescope-trace"
 SCHEMA_VERSION = 1
-TABLES = ("work", "tiles", "rows", "out")
+MANIFEST = "manifest.json"
 
-# columns the rest of the product relies on (DESIGN.md's headless contract)
-REQUIRED_COLUMNS = {
+# columns the rest of the product relies on, per table (DESIGN.md's headless contract); other
+# recorders add theirs with register_table()
+TABLE_COLUMNS: dict[str, list[str]] = {
     "work": ["bh", "q_block", "program", "sm", "t_start", "t_end"],
     "tiles": ["bh", "q_block", "k_block", "status", "visited", "order"],
     "rows": ["bh", "q_row", "k_block", "m", "l"],
     "out": ["bh", "q_row"],
+    "splits": ["b", "kv_head", "split", "k_start", "k_end", "sm", "t_start", "t_end"],
+    "partials": ["b", "head", "q_row", "split", "m", "l"],
+}
+CORE_TABLES = ("work", "tiles", "rows", "out")     # attributes every Trace has (maybe empty)
+REQUIRED_TABLES = ("work", "tiles", "rows")        # a trace file without these is incomplete
+MAX_TABLES = 32
+TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+def register_table(name: str, columns) -> None:
+    """Declare the required columns of a further named table (e.g. a ring recorder's)."""
+    if not TABLE_NAME.match(name):
+        raise ValueError(f"table name {name!r} must match {TABLE_NAME.pattern}")
+    TABLE_COLUMNS[name] = list(columns)
+
+
+# UPGRADES[v](meta, tables) lifts a version-v trace to v + 1 in place; none exist yet
+UPGRADES: dict = {}
+
+_POS_INT = {"type": "integer", "minimum": 1}
+_NAT_INT = {"type": "integer", "minimum": 0}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_TEXT = {"type": "string", "maxLength": 4096}
+META_SCHEMA = {
+    "type": "object",
+    "required": ["shape", "dtype", "mask", "block_m", "block_n", "n_q_blocks", "n_k_blocks",
+                 "backend", "device_name"],
+    "properties": {
+        "shape": {"type": "object", "required": ["B", "H", "N", "D"],
+                  "properties": {k: _POS_INT for k in ("B", "H", "N", "D")}},
+        "dtype": {"enum": list(files.DTYPES)},
+        "mask": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "block_m": _POS_INT, "block_n": _POS_INT, "n_q_blocks": _POS_INT, "n_k_blocks": _POS_INT,
+        "backend": {"type": "string", "maxLength": 64},
+        "device_name": _TEXT, "created": _TEXT, "source": _TEXT, "command": _TEXT,
+        "schedule": {"type": "string", "maxLength": 64},
+        "level": {"enum": ["work", "full"]},
+        "traced_heads": {"type": "array", "items": _NAT_INT},
+        "traced_q_blocks": {"type": "array", "items": _NAT_INT},
+        "kernel": {"type": "object"},
+        "clocks": {"type": "object"},
+        "untraced_ms": _NUM_OR_NULL, "traced_ms": _NUM_OR_NULL,
+        "sm_count": {"type": ["integer", "null"], "minimum": 1},
+    },
+}
+MANIFEST_SCHEMA = {
+    "type": "object",
+    "required": ["format", "schema_version", "meta", "tables"],
+    "properties": {
+        "format": {"const": FORMAT},
+        "schema_version": {"type": "integer"},
+        "meta": {"type": "object"},
+        "tables": {
+            "type": "object", "maxProperties": MAX_TABLES,
+            "propertyNames": {"pattern": TABLE_NAME.pattern},
+            "additionalProperties": {
+                "type": "object", "required": ["file", "rows", "sha256"],
+                "properties": {"file": {"type": "string", "minLength": 1, "maxLength": 255},
+                               "rows": _NAT_INT,
+                               "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}}},
+    },
 }
 
 
-class TraceFormatError(ValueError):
-    """A file that is not a readable Tilescope trace."""
+class TraceFormatError(files.FileFormatError):
+    """A file that is not a readable Tilescope trace, or a place a trace cannot be saved."""
 
 
-@dataclass
 class Trace:
-    meta: dict
-    work: pd.DataFrame
-    tiles: pd.DataFrame
-    rows: pd.DataFrame
-    out: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """meta + named tables. `work`, `tiles`, `rows`, `out` are always there (empty frames when
+    not recorded); any other table (e.g. `splits`, `partials`) is `trace.tables[name]` and
+    `trace.<name>`."""
+
+    def __init__(self, meta: dict, work=None, tiles=None, rows=None, out=None, tables=None,
+                 **more):
+        self.meta = meta
+        self.tables: dict[str, pd.DataFrame] = dict(tables or {})
+        for name, df in (("work", work), ("tiles", tiles), ("rows", rows), ("out", out), *more.items()):
+            if df is not None:
+                self.tables[name] = df
+        for name in CORE_TABLES:
+            self.tables.setdefault(name, pd.DataFrame())
+
+    def __getattr__(self, name):
+        tables = self.__dict__.get("tables")
+        if tables is not None and name in tables:
+            return tables[name]
+        raise AttributeError(f"this trace has no table or attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        if name in ("meta", "tables"):
+            object.__setattr__(self, name, value)
+        elif isinstance(value, pd.DataFrame):
+            self.tables[name] = value
+        else:
+            raise AttributeError(f"a Trace holds meta and tables; cannot set {name!r}")
+
+    def __repr__(self):
+        sizes = ", ".join(f"{k}={len(v)}" for k, v in self.tables.items())
+        return f"Trace(N={self.meta.get('shape', {}).get('N')}, mask={self.meta.get('mask')!r}, {sizes})"
 
     # -- convenience views ---------------------------------------------------------------------
     @property
@@ -57,7 +147,7 @@ class Trace:
     def provenance(self) -> str:
         """One line for a chart's caption: where the data came from."""
         m = self.meta
-        when = m.get("created", "?")[:10]
+        when = str(m.get("created", "?"))[:10]
         dev = m.get("device_name", "?")
         if m.get("backend") == "cuda":
             src = "recorded" if m.get("source") == "recorded" else "live GPU"
@@ -69,86 +159,150 @@ class Trace:
 
     def summary(self) -> dict:
         t = self.tiles
+        counts = t["status"].value_counts() if "status" in t else {}
         return {
-            "tiles_full": int((t.status == "full").sum()),
-            "tiles_partial": int((t.status == "partial").sum()),
-            "tiles_skipped": int((t.status == "skipped").sum()),
-            "tiles_visited": int(t.visited.sum()),
+            "tiles_full": int(counts.get("full", 0)),
+            "tiles_partial": int(counts.get("partial", 0)),
+            "tiles_skipped": int(counts.get("skipped", 0)),
+            "tiles_visited": int(t["visited"].sum()) if "visited" in t else 0,
             "work_items": len(self.work),
             "kernel_ms": self.meta.get("untraced_ms"),
         }
 
     # -- files ---------------------------------------------------------------------------------
-    def save(self, path) -> Path:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tables = {}
-        for name in TABLES:
-            df = getattr(self, name)
-            file = f"{name}.parquet"
-            pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path / file,
-                           compression="zstd")
-            tables[name] = {"file": file, "rows": len(df), "sha256": _sha256(path / file)}
-        manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "meta": self.meta,
-                    "tables": tables}
-        (path / "manifest.json").write_text(json.dumps(manifest, indent=1, default=_json_default))
-        return path
+    def save(self, path, force: bool = False) -> Path:
+        """Write the trace directory atomically. An existing trace there is replaced only with
+        force=True; a directory that is not a trace (and not empty) is never touched."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        bad = [n for n in self.tables if not TABLE_NAME.match(n)]
+        if bad or len(self.tables) > MAX_TABLES:
+            raise TraceFormatError(f"table names {bad} must match {TABLE_NAME.pattern} "
+                                   f"(at most {MAX_TABLES} tables)")
+        files.validate(files.json_safe(self.meta), META_SCHEMA, "the trace's meta", TraceFormatError)
+
+        def fill(tmp: Path) -> None:
+            entries = {}
+            for name, df in self.tables.items():
+                buf = io.BytesIO()
+                pq.write_table(pa.Table.from_pandas(df, preserve_index=False), buf,
+                               compression="zstd")
+                data = buf.getvalue()
+                _write_table_file(tmp / f"{name}.parquet", data)
+                entries[name] = {"file": f"{name}.parquet", "rows": len(df),
+                                 "sha256": files.sha256(data)}
+            manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "meta": self.meta,
+                        "tables": entries}
+            (tmp / MANIFEST).write_text(files.dumps(manifest))
+
+        return files.write_dir_atomic(path, fill, is_trace_dir, force, "trace", TraceFormatError)
 
     @classmethod
     def load(cls, path) -> "Trace":
         path = Path(path)
-        manifest_path = path / "manifest.json" if path.is_dir() else path
-        if not manifest_path.exists():
-            raise TraceFormatError(f"{path} is not a Tilescope trace: no manifest.json there. "
-                                   "Record one with `python -m instrumentation.record --out DIR`.")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TraceFormatError(f"{manifest_path} is corrupt (not JSON: {exc}); "
-                                   "re-record the trace or restore the file") from None
+        manifest_path = path / MANIFEST if path.is_dir() else path
+        if path.is_dir() and not manifest_path.exists() and not manifest_path.is_symlink():
+            raise TraceFormatError("this directory is not a Tilescope trace: no manifest.json "
+                                   "there. Record one with `python -m instrumentation.record_cli "
+                                   "--out DIR`.")
+        if manifest_path.is_symlink():
+            raise TraceFormatError(f"{MANIFEST} is a link; a trace holds plain files")
+        manifest = files.read_json(manifest_path, MANIFEST, TraceFormatError)
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise TraceFormatError(f"{manifest_path} is not a Tilescope trace manifest")
+            raise TraceFormatError(f"{MANIFEST} is not a Tilescope trace manifest")
         version = manifest.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool) or \
+                not (min(UPGRADES, default=SCHEMA_VERSION) <= version <= SCHEMA_VERSION):
             raise TraceFormatError(
-                f"{path} has trace schema version {version!r}; this Tilescope reads version "
-                f"{SCHEMA_VERSION}. Re-record it with `python -m instrumentation.record`.")
-        root = manifest_path.parent
-        frames = {}
-        for name in TABLES:
-            entry = manifest.get("tables", {}).get(name)
-            if entry is None:
-                raise TraceFormatError(f"{path}: manifest lists no '{name}' table; the trace is incomplete")
-            file = root / entry["file"]
-            if not file.exists():
-                raise TraceFormatError(f"{path}: {entry['file']} is missing; the trace is incomplete")
-            if _sha256(file) != entry.get("sha256"):
-                raise TraceFormatError(f"{file} does not match its checksum: the file is corrupt "
-                                       "or was edited. Re-record or restore it.")
-            try:
-                frames[name] = pq.read_table(file).to_pandas()
-            except Exception as exc:  # pyarrow raises several types for damaged files
-                raise TraceFormatError(f"{file} could not be read as parquet ({exc})") from None
-            missing = [c for c in REQUIRED_COLUMNS[name] if c not in frames[name].columns]
-            if missing:
-                raise TraceFormatError(f"{file} lacks columns {missing}")
+                f"the trace has schema version {version!r}; this Tilescope reads version "
+                f"{SCHEMA_VERSION}. Re-record it with `python -m instrumentation.record_cli`.")
+        files.validate(manifest, MANIFEST_SCHEMA, MANIFEST, TraceFormatError)
+        entries = manifest["tables"]
+        missing = [n for n in REQUIRED_TABLES if n not in entries]
+        if missing:
+            raise TraceFormatError(f"the manifest lists no {missing} table; the trace is incomplete")
+        root = manifest_path.parent.resolve()
+        tables = {name: _read_table(root, name, entry) for name, entry in entries.items()}
         meta = manifest["meta"]
+        while version < SCHEMA_VERSION:
+            UPGRADES[version](meta, tables)
+            version += 1
+        files.validate(meta, META_SCHEMA, "the trace's meta", TraceFormatError)
+        check_consistent(meta, tables)
+        meta["schema_version"] = SCHEMA_VERSION
         if meta.get("source") == "live":  # it was live when recorded; read back, it is a recording
             meta["source"] = "recorded"
-        return cls(meta=meta, **frames)
+        return cls(meta=meta, tables=tables)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def is_trace_dir(path: Path) -> bool:
+    """A directory whose manifest.json says it is a Tilescope trace (any schema version)."""
+    try:
+        doc = files.read_json(Path(path) / MANIFEST, MANIFEST)
+    except files.FileFormatError:
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
-def _json_default(obj):
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+def _write_table_file(path: Path, data: bytes) -> None:
+    """One table's bytes (a seam: tests make it fail half-way through a save)."""
+    path.write_bytes(data)
+
+
+def _read_table(root: Path, name: str, entry: dict) -> pd.DataFrame:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    what = f"table file {entry['file']!r} ({name})"
+    file = files.confined_file(root, entry["file"], what, TraceFormatError)
+    data = files.read_bytes(file, what, files.MAX_TABLE_BYTES, TraceFormatError)
+    if files.sha256(data) != entry["sha256"]:
+        raise TraceFormatError(f"{what} does not match its checksum: the file is corrupt or was "
+                               "edited. Re-record or restore it.")
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        unpacked = sum(pf.metadata.row_group(i).total_byte_size for i in range(pf.num_row_groups))
+        if unpacked > 4 * files.MAX_TABLE_BYTES:
+            raise TraceFormatError(f"{what} unpacks to {unpacked / 1e9:.1f} GB; that is not a trace")
+        df = pf.read().to_pandas()
+    except TraceFormatError:
+        raise
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise TraceFormatError(f"{what} could not be read as parquet "
+                               f"({type(exc).__name__})") from None
+    if len(df) != entry["rows"]:
+        raise TraceFormatError(f"{what} has {len(df)} rows; the manifest says {entry['rows']}")
+    missing = [c for c in TABLE_COLUMNS.get(name, []) if c not in df.columns]
+    if missing:
+        raise TraceFormatError(f"{what} lacks columns {missing}")
+    return df
+
+
+def check_consistent(meta: dict, tables: dict) -> None:
+    """Refuse meta that contradicts the tables (e.g. N=99999 on a 128-row trace)."""
+    s = meta["shape"]
+    n, bm, bn = s["N"], meta["block_m"], meta["block_n"]
+    n_qb, n_kb, bh = meta["n_q_blocks"], meta["n_k_blocks"], s["B"] * s["H"]
+    problems = []
+    if n_qb != -(-n // bm) or n_kb != -(-n // bn):
+        problems.append(f"n_q_blocks x n_k_blocks = {n_qb} x {n_kb}, but N={n} in blocks of "
+                        f"{bm} x {bn} gives {-(-n // bm)} x {-(-n // bn)}")
+    work = tables["work"]
+    if len(work) != bh * n_qb:
+        problems.append(f"the work table has {len(work)} rows, but B*H x n_q_blocks = "
+                        f"{bh} x {n_qb} = {bh * n_qb}")
+    elif len(work) and (work["bh"].max() >= bh or work["q_block"].max() >= n_qb
+                        or work["bh"].min() < 0 or work["q_block"].min() < 0):
+        problems.append("the work table names heads or query blocks outside B*H x n_q_blocks")
+    tiles = tables["tiles"]
+    if len(tiles) and (len(tiles) % (n_qb * n_kb) or tiles["q_block"].max() >= n_qb
+                       or tiles["k_block"].max() >= n_kb):
+        problems.append(f"the tiles table ({len(tiles)} rows) does not fit an "
+                        f"{n_qb} x {n_kb} tile grid")
+    for name in ("rows", "out"):
+        t = tables.get(name)
+        if t is not None and len(t) and "q_row" in t and (t["q_row"].max() >= n or t["q_row"].min() < 0):
+            problems.append(f"the {name} table has query rows outside 0..{n - 1}")
+    if problems:
+        raise TraceFormatError("the trace's meta contradicts its tables: " + "; ".join(problems))

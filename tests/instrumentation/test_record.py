@@ -129,7 +129,7 @@ def test_make_inputs_regenerates_one_head():
 def test_cli_end_to_end(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
-        [sys.executable, "-m", "instrumentation.record", "--seq-len", "200", "--mask", "sliding_window:64",
+        [sys.executable, "-m", "instrumentation.record_cli", "--seq-len", "200", "--mask", "sliding_window:64",
          "--head-dim", "32", "--block-m", "32", "--block-n", "32", "--dtype", "fp16", "--heads", "2",
          "--device", "cpu", "--out", str(tmp_path / "cli")],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
@@ -137,8 +137,8 @@ def test_cli_end_to_end(tmp_path):
     assert "skipped" in res.stdout and "wrote" in res.stdout
     trace = Trace.load(tmp_path / "cli")
     assert trace.meta["mask"] == "sliding_window:64" and trace.meta["shape"]["H"] == 2
-    assert trace.meta["command"].startswith("python -m instrumentation.record")
-    bad = subprocess.run([sys.executable, "-m", "instrumentation.record", "--seq-len", "100", "--mask",
+    assert trace.meta["command"].startswith("python -m instrumentation.record_cli")
+    bad = subprocess.run([sys.executable, "-m", "instrumentation.record_cli", "--seq-len", "100", "--mask",
                           "document:10,20", "--device", "cpu", "--out", str(tmp_path / "bad")],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert bad.returncode == 2 and "sum to" in bad.stderr and "Traceback" not in bad.stderr

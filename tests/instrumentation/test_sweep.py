@@ -132,7 +132,7 @@ def test_load_sweep_errors(tmp_path):
     holes = tmp_path / "holes.json"
     holes.write_text(json.dumps({"format": "tilescope-sweep", "schema_version": 1, "meta": {},
                                  "records": [{"impl": "naive"}]}))
-    with pytest.raises(SweepFormatError, match="record 0"):
+    with pytest.raises(SweepFormatError, match=r"records\[0\]: .seq_len. is a required"):
         load_sweep(holes)
 
 

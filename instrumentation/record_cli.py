@@ -1,24 +1,35 @@
 """Command line: record one traced kernel run and save it.
 
-    python -m instrumentation.record --seq-len 1024 --mask causal --head-dim 64 \
-        --block-m 64 --block-n 64 --dtype fp16 --out data/traces/NAME
+    python -m instrumentation.record_cli --seq-len 1024 --mask causal --head-dim 64 \
+        --block-m 64 --block-n 64 --dtype fp16 --out data/traces/NAME [--force]
+
+(Named record_cli, not record, so that `import instrumentation.record` can never shadow the
+record() function.) Bad input gets one line on stderr and exit status 2, before any input or
+block map is built: the output place, the mask and the sizes are checked first, by arithmetic.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
 
+PROG = "python -m instrumentation.record_cli"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):                  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"error: {message} (see {PROG} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m instrumentation.record",
-                                description="Run the instrumented FlashAttention kernel and save a trace.")
+    p = _Parser(prog=PROG, description="Run the instrumented FlashAttention kernel and save a trace.")
     p.add_argument("--seq-len", type=int, required=True, help="sequence length N")
     p.add_argument("--mask", default="causal",
                    help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...")
-    p.add_argument("--head-dim", type=int, default=64, help="D: 16, 32, 64, 128 or 256")
+    p.add_argument("--head-dim", type=int, default=64, help="D: 1..256 (menus offer 16..256)")
     p.add_argument("--block-m", type=int, default=None, help="query block size (default: per D)")
     p.add_argument("--block-n", type=int, default=None, help="key block size (default: per D)")
     p.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
@@ -33,36 +44,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-head", type=int, default=0, help="which batch*head gets tile/row detail")
     p.add_argument("--trace-blocks", default="auto",
                    help="query blocks with row detail: auto, all, or a comma list like 0,7,15")
-    p.add_argument("--out", required=True, help="directory to write the trace into")
+    p.add_argument("--out", required=True, help="directory to write the trace into (new or empty)")
+    p.add_argument("--force", action="store_true", help="replace a trace already at --out")
     return p
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def preflight(args) -> None:
+    """Everything that can be refused without torch: output place, mask, sizes. ValueError."""
+    from kernels.masks import parse_mask
+
+    from .files import check_dir_target
+    from .inputs import check_sizes, parse_q_blocks
+    from .trace import is_trace_dir
+
+    check_dir_target(args.out, is_trace_dir, args.force, "trace")
+    for name in ("block_m", "block_n"):
+        val = getattr(args, name)
+        if val is not None and val not in (16, 32, 64, 128, 256):
+            raise ValueError(f"--{name.replace('_', '-')} {val} is not supported; use 16, 32, 64, "
+                             "128 or 256")
+    interpreter = args.device == "cpu" or (args.device == "auto"
+                                           and os.environ.get("TRITON_INTERPRET") == "1")
+    check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
+                args.block_n, interpreter=interpreter)
+    parse_mask(args.mask, args.seq_len)
+    if args.trace_blocks not in ("auto", "all"):
+        args.trace_blocks = parse_q_blocks(args.trace_blocks)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    import os
-
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        preflight(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA GPU is visible; use --device cpu (interpreter)",
-              file=sys.stderr)
-        return 2
+        return _fail("--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)")
     from kernels import backend
 
+    from .inputs import check_sizes
     from .recording import make_inputs, record
 
     device = "cuda" if backend() == "cuda" else "cpu"
     blocks = args.trace_blocks
-    if blocks not in ("auto", "all"):
-        try:
-            blocks = [int(x) for x in blocks.split(",") if x.strip()]
-        except ValueError:
-            print(f"error: --trace-blocks must be auto, all or integers like 0,7,15; got {blocks!r}",
-                  file=sys.stderr)
-            return 2
     try:
+        if device == "cuda":
+            check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
+                        args.block_n, device_bytes=torch.cuda.get_device_properties(0).total_memory)
         q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,
                               args.seed, device)
         started = time.perf_counter()
@@ -70,16 +107,16 @@ def main(argv=None) -> int:
                           schedule=args.schedule, trace_head=args.trace_head, trace_q_blocks=blocks,
                           level=args.level,
                           meta_extra={"input_seed": args.seed, "inputs": "instrumentation.make_inputs",
-                                      "command": "python -m instrumentation.record " +
+                                      "command": f"{PROG} " +
                                       shlex.join(argv if argv is not None else sys.argv[1:])})
         wall = time.perf_counter() - started
-        path = trace.save(args.out)
+        path = trace.save(args.out, force=args.force)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot write the trace to '{args.out}': {exc.strerror or exc}")
     except torch.cuda.OutOfMemoryError:
-        print("error: the GPU ran out of memory; lower --batch, --heads or --seq-len", file=sys.stderr)
-        return 3
+        return _fail("the GPU ran out of memory; lower --batch, --heads or --seq-len", 3)
     s = trace.summary()
     m = trace.meta
     print(f"{m['device_name']} [{m['backend']}] N={args.seq_len} mask={m['mask']} "
