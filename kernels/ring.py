@@ -26,6 +26,8 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from .ring_merge import merge_partial  # noqa: F401  (public here too)
+
 LAYOUTS = ("natural", "zigzag")
 RING_MASKS = ("full", "causal")
 
@@ -179,20 +181,6 @@ def _float64_pair(q, k, v, causal, sm_scale):  # TEMPORARY, see attend_chunk
         s = s.masked_fill(hide, float("-inf"))
     lse = torch.logsumexp(s, -1)
     return (torch.softmax(s, -1) @ v.double()).to(q.dtype), lse.float()
-
-
-def merge_partial(o_acc: torch.Tensor, lse_acc: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor) -> None:
-    """Online-softmax merge, in place: (o, lse) <- merge((o, lse), (o_part, lse_part)).
-
-    With lse = m + log l, this is the seeds' two-state merge m = max(m1, m2),
-    l = l1 e^(m1-m) + l2 e^(m2-m), o = (l1 e^(m1-m) o1 + l2 e^(m2-m) o2) / l; it is associative, so
-    any number of ranks in any order give the same result. Rows no key has reached stay (0, -inf)."""
-    new = torch.logaddexp(lse_acc, lse_part)                                 # (B, H, n)
-    seen = new > float("-inf")
-    w_old = torch.where(seen, torch.exp(lse_acc - new), 0.0)
-    w_new = torch.where(seen, torch.exp(lse_part - new), 0.0)
-    o_acc.mul_(w_old[..., None]).add_(o_part.float() * w_new[..., None])    # (B, H, n, D)
-    lse_acc.copy_(new)
 
 
 # -- per-step clock: CUDA events on the streams, or the host clock under gloo ----------------------
