@@ -1,0 +1,375 @@
+"""Ring attention traced per rank and gathered into one Trace; the command line starts the ranks.
+
+    python -m instrumentation.ring --world-size 4 --seq-len 65536 --mask causal --layout zigzag \\
+        --out data/ring/NAME                    # one process per GPU, NCCL
+    python -m instrumentation.ring --world-size 3 --seq-len 192 --backend gloo --out /tmp/ring
+                                                # CPU processes, gloo, kernel in Triton's interpreter
+
+A ring trace is the kernel's trace one level up: a "tile" is a pair of sequence chunks, the
+"processor" a rank. Core tables at chunk granularity (block_m = block_n = chunk length):
+    work   (bh, q_block=query chunk, program=sm=rank holding it, t_start, t_end: the rank's span)
+    tiles  (bh=0, q_block, k_block, status full|partial(diagonal)|skipped, visited, order=step, rank)
+    rows   (bh=0, q_row, k_block, m, l): a traced row's merged softmax state after each K/V chunk
+    out    (bh=0, q_row, lse): the ring's final lse for the traced rows
+Ring tables:
+    ring_steps    one row per (rank, step): held K/V rank and chunks, skipped, kernel calls, score
+                  entries, bytes sent/received, compute/send/recv start and end (ns from the
+                  rank's start, taken after a barrier)
+    ring_rows     the traced rows: per K/V chunk the partial (m, l) and the running merge
+    ring_balance  modelled score entries per (layout, rank, step) for natural and zigzag
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .trace import Trace, register_table
+
+# NVLink multicast stays off on the lent machines (a program that uses it can take a shared host's
+# GPUs out of service); set before any rank starts, inherited by every spawned process
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+STEP_COLUMNS = ["rank", "step", "kv_rank", "kv_chunks", "skipped", "kernel_calls", "score_entries",
+                "bytes_sent", "bytes_recv", "compute_start", "compute_end", "send_start", "send_end",
+                "recv_start", "recv_end"]
+register_table("ring_steps", STEP_COLUMNS)
+register_table("ring_rows", ["q_row", "rank", "step", "kv_chunk", "m_part", "l_part", "m", "l"])
+register_table("ring_balance", ["layout", "rank", "step", "score_entries"])
+
+
+@dataclass
+class RingConfig:
+    world: int
+    seq_len: int
+    mask: str = "causal"
+    layout: str = "zigzag"
+    backend: str = "nccl"            # nccl: one GPU per rank; gloo: CPU, Triton interpreter
+    batch: int = 1
+    heads: int = 1
+    head_dim: int = 64
+    dtype: str = "fp16"
+    seed: int = 0
+    trace_rows: list[int] = field(default_factory=list)   # global query rows; default: middle, last
+    iters: int = 10                  # timed untraced repetitions (GPU)
+
+    def check(self) -> None:
+        from kernels.ring import LAYOUTS, RING_MASKS, check_divisible
+
+        if self.world < 1:
+            raise ValueError(f"--world-size must be >= 1, got {self.world}")
+        if self.mask not in RING_MASKS:
+            raise ValueError(f"--mask must be one of {', '.join(RING_MASKS)}, got {self.mask!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.backend not in ("nccl", "gloo"):
+            raise ValueError(f"--backend must be nccl or gloo, got {self.backend!r}")
+        check_divisible(self.seq_len, self.world, self.layout)
+        if not self.trace_rows:
+            self.trace_rows = sorted({self.seq_len // 2, self.seq_len - 1})
+        bad = [r for r in self.trace_rows if not 0 <= r < self.seq_len]
+        if bad:
+            raise ValueError(f"--trace-rows {bad} are outside 0..{self.seq_len - 1}")
+
+
+# -- starting ranks -------------------------------------------------------------------------------
+
+def launch(fn, world: int, backend: str = "gloo", args: tuple = ()) -> list:
+    """Run fn(rank, world, *args) in `world` processes inside one process group; return each
+    rank's result (rank order). nccl gives rank r the GPU r."""
+    import torch
+    import torch.multiprocessing as mp
+
+    if backend == "nccl" and torch.cuda.device_count() < world:
+        raise ValueError(f"--world-size {world} needs {world} GPUs; {torch.cuda.device_count()} "
+                         "visible (use --backend gloo to run on the CPU)")
+    os.environ.update(SAFE_ENV)
+    with tempfile.TemporaryDirectory(prefix="tilescope-ring-") as tmp:
+        mp.start_processes(_rank_main, args=(world, backend, tmp, fn, args), nprocs=world, join=True,
+                           start_method=_start_method(backend))
+        # our own children wrote these files a moment ago, into a private temporary directory
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _start_method(backend: str) -> str:
+    """CUDA ranks need fresh processes (spawn); CPU ranks fork, which skips importing torch and
+    triton again in every rank (seconds each on a small machine)."""
+    import multiprocessing
+
+    return "fork" if backend == "gloo" and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _rank_main(rank, world, backend, tmp, fn, args):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(SAFE_ENV)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(1)     # several ranks share the CPU cores
+    dist.init_process_group(backend, init_method=f"file://{tmp}/rendezvous", rank=rank,
+                            world_size=world,
+                            device_id=torch.device("cuda", rank) if backend == "nccl" else None)
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, Path(tmp) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+# -- one rank's work ------------------------------------------------------------------------------
+
+def record_rank(rank: int, world: int, cfg: RingConfig) -> dict:
+    """Runs on each rank: the same inputs everywhere (one seed), this rank's shards, timed
+    untraced runs (GPU), one traced run, and the single-device result for its rows to compare."""
+    import torch
+    import torch.distributed as dist
+
+    from kernels.ring import locate, ring_attention, shard
+
+    from .inputs import make_inputs
+    from .recording import environment
+
+    device = torch.device("cuda", rank) if cfg.backend == "nccl" else torch.device("cpu")
+    # on GPUs one device generator (fast at 64k tokens); on the CPU per head, as the recorder does
+    q, k, v = make_inputs(cfg.batch, cfg.heads, cfg.seq_len, cfg.head_dim, cfg.dtype, cfg.seed, device,
+                          per_head=device.type == "cpu")
+    qs, ks, vs = (shard(t, rank, world, cfg.layout) for t in (q, k, v))
+    run = lambda **kw: ring_attention(qs, ks, vs, mask=cfg.mask, layout=cfg.layout, **kw)  # noqa: E731
+    ring_ms = single_ms = None
+    if device.type == "cuda":
+        ring_ms = time_ms(run, cfg.iters, barrier=True)
+        single_ms = time_ms(lambda: _single(q, k, v, cfg.mask), cfg.iters, barrier=False)
+    rows = [locate(r, cfg.seq_len, world, cfg.layout) for r in cfg.trace_rows]
+    local_rows = [loc for owner, loc in rows if owner == rank]
+    records = []
+    dist.barrier()
+    out, lse = run(return_lse=True, trace=records.append, trace_rows=local_rows)
+    ref = shard(_single(q, k, v, cfg.mask), rank, world, cfg.layout)
+    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    lse_rows = {loc: float(lse[0, 0, loc]) for loc in local_rows}
+    return dict(rank=rank, records=records, env=environment(device), ring_ms=ring_ms,
+                single_ms=single_ms, rel_err_vs_single=err, lse_rows=lse_rows)
+
+
+def _single(q, k, v, mask):
+    """The same attention on one device with our kernel: the ring's reference and its baseline."""
+    from kernels import flash_attention
+
+    return flash_attention(q, k, v, mask=mask)
+
+
+def time_ms(fn, iters: int, barrier: bool) -> float:
+    """Median of `iters` CUDA-event-timed calls after warm-up; ranks start each call together."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        if barrier:
+            dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(sorted(times)[len(times) // 2])
+
+
+# -- gathering ------------------------------------------------------------------------------------
+
+def gather_trace(results: list[dict], cfg: RingConfig, extra_meta: dict | None = None) -> Trace:
+    """One Trace from every rank's records (see the module docstring for the tables)."""
+    from kernels.ring import check_divisible, chunks_per_rank, locate, rank_chunks, step_plan
+
+    w, n = cfg.world, cfg.seq_len
+    c = check_divisible(n, w, cfg.layout)
+    n_chunks = w * chunks_per_rank(cfg.layout)
+    recs = [r for res in results for r in res["records"]]
+    steps = pd.DataFrame([{**{k: v for k, v in r.items() if k not in ("rows", "pairs", "q_chunks", "kv_chunks")},
+                           "q_chunks": ",".join(map(str, r["q_chunks"])),
+                           "kv_chunks": ",".join(map(str, r["kv_chunks"]))} for r in recs])
+    steps = steps.sort_values(["rank", "step"]).reset_index(drop=True)
+
+    status = {}
+    for qc in range(n_chunks):
+        for kc in range(n_chunks):
+            status[qc, kc] = "full" if cfg.mask == "full" or kc < qc else "partial" if kc == qc else "skipped"
+    seen = {(p[0], p[1]): (r["step"], r["rank"]) for r in recs for p in r["pairs"]}
+    tiles = pd.DataFrame([dict(bh=0, q_block=qc, k_block=kc, status=status[qc, kc],
+                               visited=(qc, kc) in seen, order=seen.get((qc, kc), (-1, -1))[0],
+                               rank=seen.get((qc, kc), (-1, -1))[1])
+                          for qc in range(n_chunks) for kc in range(n_chunks)])
+
+    span = steps.groupby("rank").agg(t_start=("compute_start", "min"), t_end=("compute_end", "max"))
+    owner = {ch: r for r in range(w) for ch in rank_chunks(r, w, cfg.layout)}
+    work = pd.DataFrame([dict(bh=bh, q_block=qc, program=owner[qc], sm=owner[qc],
+                              t_start=span.t_start[owner[qc]], t_end=span.t_end[owner[qc]])
+                         for bh in range(cfg.batch * cfg.heads) for qc in range(n_chunks)])
+
+    ring_rows, rows, out = [], [], []
+    lse_of = {(res["rank"], loc): val for res in results for loc, val in res["lse_rows"].items()}
+    for row in cfg.trace_rows:
+        rank, loc = locate(row, n, w, cfg.layout)
+        parts = [(r["step"], p) for r in recs if r["rank"] == rank for p in r["rows"] if p["row"] == loc]
+        m, l = float("-inf"), 0.0
+        for step, p in parts:           # the seeds' two-state merge, in ring order
+            m_new = max(m, p["m"])
+            l = l * _exp(m - m_new) + p["l"] * _exp(p["m"] - m_new)
+            m = m_new
+            ring_rows.append(dict(q_row=row, rank=rank, step=step, kv_chunk=p["kv_chunk"],
+                                  m_part=p["m"], l_part=p["l"], m=m, l=l, call_lse=p["call_lse"]))
+            rows.append(dict(bh=0, q_row=row, k_block=p["kv_chunk"], m=m, l=l))
+        out.append(dict(bh=0, q_row=row, lse=lse_of[(rank, loc)]))
+
+    balance = []
+    for layout in ("natural", "zigzag"):
+        if n % (w * chunks_per_rank(layout)):
+            continue
+        cl = n // (w * chunks_per_rank(layout))
+        for rank in range(w):
+            for step in range(w):
+                calls = step_plan(rank_chunks(rank, w, layout), rank_chunks((rank - step) % w, w, layout),
+                                  cl, cfg.mask)
+                balance.append(dict(layout=layout, rank=rank, step=step,
+                                    score_entries=sum(x.score_entries for x in calls) * cfg.batch * cfg.heads))
+
+    env = results[0]["env"]
+    ring_ms = [r["ring_ms"] for r in results]
+    single_ms = results[0]["single_ms"]
+    slowest = max(ring_ms) if None not in ring_ms else None
+    meta = dict(env, shape=dict(B=cfg.batch, H=cfg.heads, N=n, D=cfg.head_dim), dtype=cfg.dtype,
+                mask=cfg.mask, block_m=c, block_n=c, n_q_blocks=n_chunks, n_k_blocks=n_chunks,
+                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                source="live", kind="ring",
+                ring=dict(world=w, layout=cfg.layout, backend=cfg.backend, chunk=c,
+                          trace_rows=cfg.trace_rows, devices=[r["env"]["device_name"] for r in results],
+                          ring_ms_per_rank=ring_ms, ring_ms=slowest, single_device_ms=single_ms,
+                          parallel_efficiency=(single_ms / (w * slowest)) if slowest and single_ms else None,
+                          rel_err_vs_single=max(r["rel_err_vs_single"] for r in results),
+                          clock="CUDA events per rank, origin at a barrier" if cfg.backend == "nccl"
+                          else "host clock per rank (interpreter: no hardware timing), origin at a barrier",
+                          **provenance(cfg.backend, w)),
+                **(extra_meta or {}))
+    return Trace(meta=meta, work=work, tiles=tiles, rows=pd.DataFrame(rows, columns=["bh", "q_row", "k_block", "m", "l"]),
+                 out=pd.DataFrame(out), tables=dict(ring_steps=steps, ring_rows=pd.DataFrame(ring_rows),
+                                                    ring_balance=pd.DataFrame(balance)))
+
+
+def _exp(x: float) -> float:
+    import math
+
+    return 0.0 if x == float("-inf") else math.exp(x)
+
+
+def provenance(backend: str, world: int) -> dict:
+    """NCCL version, and how the GPUs of the ring are linked (`nvidia-smi topo -m`)."""
+    import torch
+
+    info = dict(nccl_version=None, links=None, topology=None)
+    if backend != "nccl":
+        return info
+    try:
+        info["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:   # an older torch or a build without NCCL
+        pass
+    try:
+        text = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return info
+    info["topology"] = text[:4000]
+    matrix = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if cells and cells[0].startswith("GPU") and cells[0][3:].isdigit():
+            matrix[int(cells[0][3:])] = cells[1:]
+    try:
+        info["links"] = [matrix[r][(r + 1) % world] for r in range(world)] if world > 1 else []
+    except (KeyError, IndexError):
+        pass
+    return info
+
+
+# -- headless entry point and command line --------------------------------------------------------
+
+def record_ring(cfg: RingConfig, meta_extra: dict | None = None) -> Trace:
+    """Start cfg.world ranks, run the traced ring on each, and gather one Trace."""
+    cfg.check()
+    if cfg.backend == "gloo":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    results = launch(record_rank, cfg.world, cfg.backend, (cfg,))
+    return gather_trace(results, cfg, meta_extra)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m instrumentation.ring",
+                                description="Run ring attention on several ranks and save one trace.")
+    p.add_argument("--world-size", type=int, required=True, help="number of ranks (GPUs with nccl)")
+    p.add_argument("--seq-len", type=int, required=True, help="total sequence length N")
+    p.add_argument("--mask", default="causal", help="full | causal")
+    p.add_argument("--layout", default="zigzag", help="natural | zigzag")
+    p.add_argument("--backend", default="nccl", help="nccl (one GPU per rank) | gloo (CPU, interpreter)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace-rows", default="", help="global query rows to trace, e.g. 100,4095")
+    p.add_argument("--iters", type=int, default=10, help="timed repetitions on GPU")
+    p.add_argument("--force", action="store_true", help="replace an existing trace at --out")
+    p.add_argument("--out", required=True, help="directory to write the trace into")
+    return p
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        rows = [int(x) for x in args.trace_rows.split(",") if x.strip()]
+    except ValueError:
+        print(f"error: --trace-rows must be integers like 100,4095; got {args.trace_rows!r}", file=sys.stderr)
+        return 2
+    cfg = RingConfig(world=args.world_size, seq_len=args.seq_len, mask=args.mask, layout=args.layout,
+                     backend=args.backend, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+                     dtype=args.dtype, seed=args.seed, trace_rows=rows, iters=args.iters)
+    try:
+        cfg.check()
+        from .files import check_writable_target
+
+        check_writable_target(args.out)
+        trace = record_ring(cfg, {"command": "python -m instrumentation.ring " + shlex.join(argv),
+                                  "inputs": "instrumentation.make_inputs", "input_seed": args.seed})
+        path = trace.save(args.out, force=args.force)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:   # a rank failed: mp.spawn re-raises with the rank's traceback
+        print(f"error: a rank failed: {str(exc).strip().splitlines()[-1][:300]}", file=sys.stderr)
+        return 3
+    ring = trace.meta["ring"]
+    print(f"{cfg.world} x {trace.meta['device_name']} [{cfg.backend}] N={cfg.seq_len} mask={cfg.mask} "
+          f"layout={cfg.layout} chunk={ring['chunk']} links={ring['links']}")
+    if ring["ring_ms"] is not None:
+        print(f"ring {ring['ring_ms']:.3f} ms vs one GPU {ring['single_device_ms']:.3f} ms: "
+              f"parallel efficiency {100 * ring['parallel_efficiency']:.1f}%")
+    print(f"relative error vs single device: {ring['rel_err_vs_single']:.2e}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
