@@ -244,6 +244,8 @@ RECORD_KEYS = {
              "tflops"),
     "overhead": ("mask", "seq_len", "head_dim", "dtype", "batch", "heads", "level",
                  "untraced_ms", "traced_ms", "overhead_pct"),
+    "ring": ("impl", "world", "mask", "layout", "seq_len", "tokens_per_gpu", "head_dim", "dtype",
+             "batch", "heads", "ms", "rel_err", "status", "single_gpu_ms", "parallel_efficiency"),
 }
 EXTRA_META_KEYS = {"attention": ("matmul_tflops", "flop_convention")}
 CONFIG_KEYS = ("block_m", "block_n", "num_warps", "num_stages")

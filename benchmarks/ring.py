@@ -1,0 +1,188 @@
+"""Ring attention on several GPUs against PyTorch's own context parallel, and against one GPU.
+
+    python -m benchmarks.ring                       # world 2 and 4, 16k tokens per GPU, bf16, H=32, D=128
+    python -m benchmarks.ring --world-sizes 2 --tokens-per-gpu 4096 --iters 5
+
+For each world size W and mask, on the same inputs (one seed, every rank builds the whole
+sequence and takes its shard):
+    tilescope_1gpu      our flash_attention on the whole sequence, on one GPU
+    sdpa_1gpu           torch SDPA on the whole sequence, on one GPU
+    ring:<layout>       kernels.ring.ring_attention (natural, zigzag), W GPUs over NCCL
+    torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
+                        (head-tail load balance under causal, as zigzag; allgather or alltoall)
+A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
+after a barrier); the median over repetitions is kept. Parallel efficiency = one-GPU time of the
+same attention (ours for the ring, SDPA for torch's) / (W x multi-GPU time). Every output is
+compared with our one-GPU output on the same rows (rel_err) before its time is kept.
+Writes data/benchmarks/ring-<device-slug>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import DEFAULT_OUT, device_slug, log, parse_int_list, run_meta, split_list, write_results
+
+RING_LAYOUTS = ("zigzag", "natural")
+CP_ROTATES = ("allgather", "alltoall")
+TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ring", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world-sizes", default="2,4", help="comma list of GPU counts")
+    p.add_argument("--tokens-per-gpu", default="16384", help="comma list; N = W x this")
+    p.add_argument("--masks", default="causal,full")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", default="bf16", choices=["fp16", "bf16"])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for ring-<device>.json")
+    return p
+
+
+def bench_rank(rank: int, world: int, args) -> list[dict]:
+    """On every rank: one record per (tokens per GPU, mask, implementation)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from instrumentation.inputs import make_inputs
+    from instrumentation.ring import time_ms
+    from kernels import flash_attention
+    from kernels.ring import ring_attention, shard
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cuda", (world,))       # one mesh (one set of communicators) for torch's CP
+    records = []
+    for per_gpu in parse_int_list(args.tokens_per_gpu):
+        n = per_gpu * world
+        q, k, v = make_inputs(args.batch, args.heads, n, args.head_dim, args.dtype, 0, device, per_head=False)
+        for mask in split_list(args.masks):
+            causal = mask == "causal"
+            base = dict(world=world, mask=mask, seq_len=n, tokens_per_gpu=per_gpu, head_dim=args.head_dim,
+                        dtype=args.dtype, batch=args.batch, heads=args.heads)
+            ours_1 = flash_attention(q, k, v, mask=mask)                               # (B, H, N, D)
+            single = {"tilescope_1gpu": time_ms(lambda: flash_attention(q, k, v, mask=mask), args.iters, False),
+                      "sdpa_1gpu": time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                           args.iters, False)}
+            sdpa_err = _rel_err(F.scaled_dot_product_attention(q, k, v, is_causal=causal), ours_1)
+            for impl, ms in single.items():
+                records.append(dict(base, impl=impl, layout=None, ms=ms, status="ok", single_gpu_ms=ms,
+                                    parallel_efficiency=1.0, rel_err=0.0 if impl == "tilescope_1gpu" else sdpa_err))
+            for layout in RING_LAYOUTS:
+                qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
+                out = ring_attention(qs, ks, vs, mask=mask, layout=layout)
+                err = _worst(_rel_err(out, shard(ours_1, rank, world, layout)))
+                ms = time_ms(lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout), args.iters, True) \
+                    if err < TOL else None
+                records.append(_multi(base, f"ring:{layout}", layout, ms, err, single["tilescope_1gpu"], world))
+                del qs, ks, vs, out
+            for rotate in CP_ROTATES:
+                ms, err = _torch_cp(mesh, q, k, v, causal, rotate, world, args.iters, ours_1)
+                records.append(_multi(base, f"torch_cp:{rotate}", "zigzag" if causal else "natural", ms, err,
+                                      single["sdpa_1gpu"], world))
+            del ours_1
+            torch.cuda.empty_cache()
+            dist.barrier()
+    return records
+
+
+def _multi(base, impl, layout, ms, err, single_ms, world) -> dict:
+    ok = ms is not None
+    return dict(base, impl=impl, layout=layout, ms=ms, rel_err=err, status="ok" if ok else "wrong",
+                single_gpu_ms=single_ms, parallel_efficiency=single_ms / (world * ms) if ok else None)
+
+
+def _torch_cp(mesh, q, k, v, causal, rotate, world, iters, ours_1):
+    """PyTorch's ring attention: SDPA inside context_parallel on this rank's shard."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
+
+    from instrumentation.ring import time_ms
+    from kernels.ring import shard
+
+    set_rotate_method(rotate)
+    old = _cp_options.enable_load_balance
+    _cp_options.enable_load_balance = causal     # head-tail (zigzag) sharding needs a causal mask
+    try:
+        qc, kc, vc = q.clone(), k.clone(), v.clone()
+        with context_parallel(mesh, buffers=[qc, kc, vc], buffer_seq_dims=[2, 2, 2], no_restore_buffers={qc, kc, vc}):
+            run = lambda: F.scaled_dot_product_attention(qc, kc, vc, is_causal=causal)  # noqa: E731
+            out = run()
+            layout = "zigzag" if causal else "natural"
+            err = _worst(_rel_err(out, shard(ours_1, dist.get_rank(), world, layout)))
+            ms = time_ms(run, iters, True) if err < TOL else None
+    finally:
+        _cp_options.enable_load_balance = old
+    del qc, kc, vc
+    torch.cuda.empty_cache()
+    return ms, err
+
+
+def _rel_err(out, ref) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _worst(err: float) -> float:
+    """The largest error over all ranks (every rank must agree to time)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([err], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    import torch
+
+    from instrumentation.ring import launch, provenance
+
+    if not torch.cuda.is_available():
+        print("error: the ring benchmark needs CUDA GPUs (one per rank); on a CPU machine use "
+              "`python -m instrumentation.ring --backend gloo` for a traced run", file=sys.stderr)
+        return 2
+    try:
+        worlds = parse_int_list(args.world_sizes)
+        parse_int_list(args.tokens_per_gpu)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    too_many = [w for w in worlds if w > torch.cuda.device_count()]
+    if too_many:
+        print(f"error: --world-sizes {too_many} need more than the {torch.cuda.device_count()} GPUs visible",
+              file=sys.stderr)
+        return 2
+    records = []
+    for world in worlds:
+        log(f"world {world}: starting {world} ranks")
+        per_rank = launch(bench_rank, world, "nccl", (args,))
+        records += per_rank[0]
+        for r in per_rank[0]:
+            eff = r["parallel_efficiency"]
+            log(f"  W={world} {r['mask']:6s} N={r['seq_len']:6d} {r['impl']:20s} "
+                f"{r['ms'] if r['ms'] is None else round(r['ms'], 3)!s:>9} ms  err {r['rel_err']:.1e}  "
+                f"eff {'-' if eff is None else f'{100 * eff:.1f}%'}")
+    meta = run_meta(torch.device("cuda"), "ring", argv)
+    meta.update(gpu_count=torch.cuda.device_count(), **provenance("nccl", max(worlds)),
+                timing="median over repetitions of the slowest rank's CUDA-event time; ranks start "
+                       "each repetition together after a barrier",
+                efficiency="one-GPU time of the same attention / (W x multi-GPU time)")
+    path = write_results({"meta": meta, "records": records},
+                         f"{args.out}/ring-{device_slug(meta['device'])}.json", "ring")
+    log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
