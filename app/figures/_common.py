@@ -1,36 +1,131 @@
-"""Shared bits of the figure functions: provenance captions, time axes, discrete colours."""
+"""Shared bits of the figure functions: the two looks (Plotly templates), provenance captions,
+titles, honest byte and time axes, discrete colours.
+
+Two templates are registered with plotly.io.templates when this module is imported:
+"tilescope" (the app's normal look) and "tilescope_slide" (presentation mode: fonts for a room,
+16:9). Figure functions draw with "tilescope"; app.figures.presentation() restyles any figure
+with "tilescope_slide" plus the layout rules that templates cannot express.
+"""
 
 from __future__ import annotations
 
+import math
 import textwrap
 
+import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 
-# one palette for tile states everywhere (seed 000's widget: grey untouched, blue integrated,
-# orange loaded right now)
+# one palette for tile states everywhere (grey untouched, blue integrated, orange loaded now)
 SKIPPED_GREY = "#d9d9d9"
 PARTIAL = "#f4a259"
 FULL = "#3d7ab8"
 NOW = "#e4572e"
 MISMATCH = "#d62728"
 
+TEMPLATE = "tilescope"
+TITLE_SIZE, SUBTITLE_SIZE = (18, 30), (13, 19)       # (normal, slide) px
+TITLE_PAD = 14
+SLIDE_TEMPLATE = "tilescope_slide"
+FONT = "Arial, Liberation Sans, Helvetica, sans-serif"
+CAPTION_GREY = "#555"
+
+
+def _register_templates() -> None:
+    base = go.layout.Template(pio.templates["plotly_white"])
+    base.layout.update(font=dict(family=FONT, size=13, color="#222"),
+                       title=dict(font=dict(size=TITLE_SIZE[0]), x=0, xref="paper", xanchor="left",
+                                  yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD),
+                                  subtitle=dict(font=dict(size=SUBTITLE_SIZE[0], color="#444"))),
+                       colorway=[FULL, PARTIAL, "#59a14f", NOW, "#8c6bb1", "#76b7b2", "#9c755f"])
+    pio.templates[TEMPLATE] = base
+
+    slide = go.layout.Template(pio.templates["simple_white"])
+    axis = dict(showgrid=True, gridcolor="#ececec", zeroline=False, ticks="outside", ticklen=6,
+                automargin=True, title=dict(standoff=14, font=dict(size=22)),
+                tickfont=dict(size=20), linewidth=1.5)
+    slide.layout.update(
+        font=dict(family=FONT, size=20, color="#111"),
+        title=dict(font=dict(size=TITLE_SIZE[1]), x=0, xref="paper", xanchor="left", yref="container",
+                   y=1, yanchor="top", pad=dict(t=TITLE_PAD),
+                   subtitle=dict(font=dict(size=SUBTITLE_SIZE[1], color="#333"))),
+        legend=dict(font=dict(size=18)), hoverlabel=dict(font_size=18),
+        xaxis=axis, yaxis=axis, paper_bgcolor="white", plot_bgcolor="white",
+        colorway=[FULL, PARTIAL, "#59a14f", NOW, "#8c6bb1", "#76b7b2", "#9c755f"],
+        annotationdefaults=dict(font=dict(size=18)))
+    # colorbar fonts live on each trace type's template entry
+    cbar = dict(tickfont=dict(size=18), title=dict(font=dict(size=20)))
+    slide.data.heatmap = [go.Heatmap(colorbar=cbar)]
+    slide.data.scatter = [go.Scatter(marker=dict(colorbar=cbar))]
+    slide.data.bar = [go.Bar(marker=dict(colorbar=cbar))]
+    pio.templates[SLIDE_TEMPLATE] = slide
+
+
+_register_templates()
+
+# presentation mode draws at 1280 x 720 (16:9) and exports PNG at scale 1.5: 1920 x 1080
+SLIDE_SIZE = (1280, 720)
+SLIDE_PNG_SCALE = 1.5
+
 
 def caption(fig: go.Figure, text: str, width: int = 120) -> go.Figure:
-    """Put the provenance under the plot (paper coordinates, so it survives relayouts),
-    wrapped because plotly annotations never wrap by themselves."""
+    """Put the provenance under the plot, wrapped (plotly annotations never wrap by themselves).
+
+    It hangs below the x-axis title by a pixel offset computed from the font sizes, and the
+    bottom margin holds tick labels, axis title and caption, so none of them overlap."""
     lines = textwrap.wrap(text, width)
-    text = "<br>".join(lines)
-    # pinned below the x-axis title in pixels, so it never collides with tick labels
-    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, xanchor="left",
-                       yanchor="top", yshift=-58, showarrow=False, align="left", font=dict(size=11, color="#555"),
-                       name="provenance")
-    fig.update_layout(margin=dict(b=max(80 + 14 * len(lines), (fig.layout.margin.b or 0))))
-    return fig
+    fig.add_annotation(text="<br>".join(lines), xref="paper", yref="paper", x=0, y=0,
+                       xanchor="left", yanchor="top", yshift=-axis_block_px(13), showarrow=False,
+                       align="left", font=dict(size=11, color=CAPTION_GREY), name="provenance")
+    fig.update_layout(margin=dict(b=max(bottom_margin(13, len(lines), 11), fig.layout.margin.b or 0)))
+    return fit_title(fig)
+
+
+def axis_block_px(font_size: float) -> int:
+    """Pixels from the plot's bottom edge to below the x-axis title (one line of tick labels)."""
+    ticks = 1.25 * font_size + 12
+    axis_title = 1.3 * font_size * 1.1 + 16
+    return int(ticks + axis_title)
+
+
+def bottom_margin(font_size: float, caption_lines: int, caption_size: float) -> int:
+    """Pixels under the plot for one line of tick labels, the x-axis title and the caption."""
+    return int(axis_block_px(font_size) + caption_lines * 1.3 * caption_size + 16)
 
 
 def title(main: str, sub: str | None = None) -> dict:
-    text = main if not sub else f"{main}<br><sup>{sub}</sup>"
-    return dict(text=text, x=0.01, xanchor="left")
+    """A title and subtitle at the top of the figure; fit_title() sizes the top margin to their
+    lines, so they never run into the plot, its tick labels or a long axis title."""
+    out = dict(text=main)
+    if sub:
+        out["subtitle"] = dict(text=sub)
+    return out
+
+
+def fit_title(fig: go.Figure, slide: bool = False) -> go.Figure:
+    """Top margin = the title's and subtitle's lines (at the look's font sizes) plus any
+    subplot titles above the top plot, so nothing overlaps (plotly measures none of it)."""
+    t = fig.layout.title
+    size, sub_size = TITLE_SIZE[slide], SUBTITLE_SIZE[slide]
+    px = TITLE_PAD + 10
+    if t.text:
+        px += 1.3 * size * (t.text.count("<br>") + 1)
+    if t.subtitle and t.subtitle.text:
+        px += 1.35 * sub_size * (t.subtitle.text.count("<br>") + 1) + 4
+    above = [a for a in fig.layout.annotations if a.name != "provenance" and a.yref == "paper"
+             and (a.y or 0) >= 0.999 and (a.yanchor in (None, "bottom", "auto"))]
+    if above:
+        ann = 18 if slide else 14
+        px += max(1.35 * ann * ((a.text or "").count("<br>") + 1) for a in above)
+    fig.update_layout(margin=dict(t=int(px + 8)))
+    return fig
+
+
+def title_text(fig: go.Figure) -> str:
+    """Title and subtitle as one string (for tests and captions)."""
+    t = fig.layout.title
+    sub = t.subtitle.text if t.subtitle and t.subtitle.text else ""
+    return f"{t.text or ''} {sub}".strip()
 
 
 def time_axis(tl) -> tuple[float, str]:
@@ -49,8 +144,82 @@ def discrete_colorscale(colors: list[str]) -> list:
     return scale
 
 
-def fmt_bytes(b: float) -> str:
-    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(b) >= div:
+# -- honest units ----------------------------------------------------------------------------------
+
+DECIMAL_UNITS = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1))
+BINARY_UNITS = (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10), ("B", 1))
+
+
+def fmt_bytes(b: float, binary: bool = False) -> str:
+    """'17.4 GB' (decimal, 1 GB = 10⁹ B) or '32 GiB' (binary, 1 GiB = 2³⁰ B)."""
+    for unit, div in (BINARY_UNITS if binary else DECIMAL_UNITS):
+        if abs(b) >= div or div == 1:
             return f"{b / div:.3g} {unit}"
     return f"{b:.0f} B"
+
+
+def _tick_label(v: float, units) -> str:
+    for unit, div in units:
+        if v >= div or div == 1:
+            x = v / div
+            return f"{x:.0f} {unit}" if abs(x - round(x)) < 1e-9 else f"{x:.3g} {unit}"
+    return f"{v:g} B"
+
+
+def byte_ticks(lo: float, hi: float, binary: bool = False) -> tuple[list[float], list[str]]:
+    """Tick values and labels for a log byte axis from lo to hi: decades (1, 10, 100 MB, …) or,
+    binary, powers of 4 (1, 4, 16, 64, 256 MiB, 1 GiB, …); every label carries its unit, so no
+    tick can read as Plotly's SI 'B' (= billion)."""
+    lo, hi = max(float(lo), 1.0), max(float(hi), 1.0)
+    if binary:
+        k0, k1 = math.floor(math.log2(lo) / 2) * 2, math.ceil(math.log2(hi) / 2) * 2
+        vals = [2.0 ** k for k in range(k0, k1 + 1, 2)]
+    else:
+        k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        vals = [10.0 ** k for k in range(k0, k1 + 1)]
+    units = BINARY_UNITS if binary else DECIMAL_UNITS
+    return vals, [_tick_label(v, units) for v in vals]
+
+
+def byte_axis(fig: go.Figure, values, axis: str = "y", binary: bool = False, title_text: str = "",
+              **where) -> None:
+    """A log axis of bytes with explicit tickvals/ticktext (B, kB, MB, GB, TB decimal, or
+    KiB/MiB/GiB binary) and a title saying which."""
+    v = np.asarray([x for x in np.ravel(values) if x is not None and np.isfinite(x) and x > 0], float)
+    vals, text = byte_ticks(v.min() / 1.5, v.max() * 1.5, binary) if len(v) else ([], [])
+    note = "GiB = 2³⁰ B" if binary else "GB = 10⁹ B"
+    upd = dict(type="log", tickmode="array", tickvals=vals, ticktext=text, exponentformat="none",
+               title_text=f"{title_text} ({note}, log)" if title_text else f"bytes ({note}, log)")
+    (fig.update_yaxes if axis == "y" else fig.update_xaxes)(**upd, **where)
+
+
+def fmt_time_ms(ms: float) -> str:
+    """A duration given in ms as '850 µs' or '12.4 ms' or '1.2 s'."""
+    if ms >= 1000:
+        return f"{ms / 1000:.3g} s"
+    if ms >= 1:
+        return f"{ms:.3g} ms"
+    return f"{ms * 1000:.3g} µs"
+
+
+def time_axis_ms(fig: go.Figure, values_ms, axis: str = "y", title_text: str = "time", **where) -> None:
+    """A log axis of durations given in ms, ticked in µs / ms / s at decades."""
+    v = np.asarray([x for x in np.ravel(values_ms) if x is not None and np.isfinite(x) and x > 0], float)
+    if not len(v):
+        return
+    k0, k1 = math.floor(math.log10(v.min() / 1.5)), math.ceil(math.log10(v.max() * 1.5))
+    vals = [10.0 ** k for k in range(k0, k1 + 1)]
+    upd = dict(type="log", tickmode="array", tickvals=vals, ticktext=[fmt_time_ms(x) for x in vals],
+               title_text=f"{title_text} (log)")
+    (fig.update_yaxes if axis == "y" else fig.update_xaxes)(**upd, **where)
+
+
+def count_axis(fig: go.Figure, values, axis: str = "x", **where) -> None:
+    """A log axis of plain counts (tokens): 256, 1k, 4k, 16k, 64k… instead of SI suffixes."""
+    v = np.asarray([x for x in np.ravel(values) if np.isfinite(x) and x > 0], float)
+    k0, k1 = math.floor(math.log2(v.min())), math.ceil(math.log2(v.max()))
+    step = 2 if k1 - k0 > 8 else 1
+    vals = [2 ** k for k in range(k0, k1 + 1, step)]
+    text = [f"{x // 1024}k" if x >= 1024 else str(x) for x in vals]
+    (fig.update_yaxes if axis == "y" else fig.update_xaxes)(type="log", tickmode="array", tickvals=vals,
+                                                            ticktext=text, **where)

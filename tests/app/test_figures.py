@@ -1,5 +1,6 @@
 """Figure functions on real traces recorded in the interpreter (random inputs)."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 import app.figures as F
 from instrumentation import hbm, make_inputs, record
-from instrumentation.schedule_model import schedule_stats, timeline
+from instrumentation.schedule_model import timeline
 from kernels.masks import parse_mask
 
 B, H, N, D = 1, 2, 256, 32
@@ -34,7 +35,7 @@ def annotations_text(fig):
 
 
 def all_text(fig):
-    return (fig.layout.title.text or "") + " " + annotations_text(fig)
+    return F.title_text(fig) + " " + annotations_text(fig)
 
 
 def assert_provenance(fig, trace):
@@ -43,32 +44,7 @@ def assert_provenance(fig, trace):
     assert trace.meta["created"][:10] in text
 
 
-# -- schedule --------------------------------------------------------------------------------------
-
-def test_sm_lanes_counts_axes_provenance(causal):
-    tl = timeline(causal, sms=5)
-    fig = F.sm_lanes_figure(causal, tl=tl)
-    bars = [t for t in fig.data if t.type == "bar"]
-    assert len(bars) == 1                                  # one trace for all items
-    assert len(bars[0].x) == len(causal.work)              # one bar per work item
-    assert len(set(bars[0].y)) == tl["sm"].nunique() == 5  # one lane per SM used
-    assert np.allclose(np.asarray(bars[0].base) + np.asarray(bars[0].x), tl["t_end"])
-    assert "modelled" in fig.layout.title.text
-    assert "tile-units" in fig.layout.xaxis.title.text and "SM" in fig.layout.yaxis.title.text
-    assert_provenance(fig, causal)
-
-
-def test_sm_lanes_scales_to_many_items():
-    """8k+ work items stay one bar trace (work-level trace: no tile detail needed)."""
-    q, k, v = make_inputs(1, 1, 256, 16, "fp16", seed=2)
-    _, tr = record(q, k, v, mask="sliding_window:16", block_m=16, block_n=16, level="work")
-    big = tr.work.loc[np.repeat(tr.work.index, 520)].reset_index(drop=True)
-    big["bh"] = np.arange(len(big)) // len(tr.work)
-    big["order"] = np.arange(len(big))
-    tr = type(tr)(meta=tr.meta, work=big, tiles=tr.tiles, rows=tr.rows, out=tr.out)
-    fig = F.sm_lanes_figure(tr, gpu="H100 SXM")
-    assert len(fig.data) == 1 and len(fig.data[0].x) == len(big) >= 8000
-
+# -- schedule (lanes, animation, comparison: SCHEDULE's tests) --------------------------------------------------------------------------------------
 
 def test_tile_grid_states(causal):
     tl = timeline(causal, sms=4)
@@ -85,37 +61,11 @@ def test_tile_grid_states(causal):
     assert_provenance(mid, causal)
 
 
-def test_tile_animation(causal):
-    fig = F.tile_animation_figure(causal, max_frames=12)
-    assert len(fig.frames) == 12 and len(fig.layout.sliders[0].steps) == 12
-    labels = [b.label for b in fig.layout.updatemenus[0].buttons]
-    assert any("play" in x for x in labels) and any("pause" in x for x in labels)
-    first, last = np.asarray(fig.frames[0].data[0].z), np.asarray(fig.frames[-1].data[0].z)
-    assert (first >= 4).sum() == 0 and (last >= 4).sum() == causal.tiles["visited"].sum()
-    done = [(np.asarray(f.data[0].z) >= 4).sum() for f in fig.frames]
-    assert (np.diff(done) >= 0).all()
-    assert len(F.tile_animation_figure(causal).frames) <= 60
-    assert_provenance(fig, causal)
-
-
 def test_imbalance(causal):
     fig = F.imbalance_figure(causal)
     assert len(fig.data[0].x) == len(causal.work)
     assert "tiles" in fig.layout.xaxis.title.text and "tile-units" in fig.layout.yaxis.title.text
     assert "modelled" in fig.layout.title.text
-
-
-def test_schedule_comparison(causal, causal_lf):
-    fig = F.schedule_comparison_figure(causal, causal_lf, sms=6)
-    bars = [t for t in fig.data if t.type == "bar"]
-    assert [len(b.x) for b in bars] == [len(causal.work)] * 2
-    titles = annotations_text(fig)
-    for st in (schedule_stats(timeline(causal, sms=6)), schedule_stats(timeline(causal_lf, sms=6))):
-        assert f"makespan {st['makespan']:.4g}" in titles and f"idle {st['idle_fraction']:.0%}" in titles
-    assert "natural" in titles and "longest_first" in titles
-    assert bars[0].xaxis == "x" and bars[1].xaxis == "x2" and fig.layout.xaxis.matches == "x2"
-    table = F.schedule_comparison_stats(causal, causal_lf, sms=6)
-    assert list(table["schedule"]) == ["natural", "longest_first"]
 
 
 def test_schedule_comparison_refuses_different_problems(causal, inputs):
@@ -145,9 +95,16 @@ def test_blockmap_overlay_and_disagreement(inputs):
     q, k, v = inputs
     _, tr = record(q, k, v, mask="sliding_window:60", block_m=32, block_n=32)
     fig = F.blockmap_figure_for_trace(tr)
-    visits = [t for t in fig.data if t.name == "visited by the kernel"]
-    assert len(visits[0].x) == tr.tiles["visited"].sum()
-    assert "agree" in annotations_text(fig) and F.blockmap_stats("sliding_window:60", N, 32, 32, D, tr)["disagreements"] == 0
+    bmap = parse_mask("sliding_window:60").block_map(N, 32, 32)
+    heat = [t for t in fig.data if t.type == "heatmap"]
+    assert len(heat) == 1                                   # one heatmap at any size, no shapes
+    assert np.array_equal(np.asarray(heat[0].z), bmap)      # agreeing visits keep the mask colours
+    assert not fig.layout.shapes
+    legend = [t.name for t in fig.data if t.showlegend]
+    assert any("visited" in n for n in legend) and any("not visited" in n for n in legend)
+    assert list(fig.layout.xaxis.range) == [-0.5, bmap.shape[1] - 0.5]          # no negative K blocks
+    assert sorted(fig.layout.yaxis.range) == [-0.5, bmap.shape[0] - 0.5]
+    assert "agree" in all_text(fig) and F.blockmap_stats("sliding_window:60", N, 32, 32, D, tr)["disagreements"] == 0
     assert_provenance(fig, tr)
     # a trace whose kernel skipped a tile it should have computed must be flagged loudly
     bad_tiles = tr.tiles.copy()
@@ -155,11 +112,20 @@ def test_blockmap_overlay_and_disagreement(inputs):
     bad_tiles.loc[i, "visited"] = False
     bad = type(tr)(meta=tr.meta, work=tr.work, tiles=bad_tiles, rows=tr.rows, out=tr.out)
     fig = F.blockmap_figure_for_trace(bad)
+    qb, kb = bad_tiles.loc[i, "q_block"], bad_tiles.loc[i, "k_block"]
+    z = np.asarray(fig.data[0].z)
+    assert z[qb, kb] == 3 and (z == 3).sum() == 1 and (z == 4).sum() == 0
     wrong = [t for t in fig.data if t.name == "prediction ≠ visit"]
-    assert len(wrong) == 1 and len(wrong[0].x) == 1
-    assert wrong[0].x[0] == bad_tiles.loc[i, "k_block"] and wrong[0].y[0] == bad_tiles.loc[i, "q_block"]
-    assert "⚠ 1 tile" in annotations_text(fig)
+    assert len(wrong) == 1 and (wrong[0].x[0], wrong[0].y[0]) == (kb, qb)
+    assert any("kernel skipped" in (t.name or "") for t in fig.data if t.showlegend)
+    assert "⚠ 1 tile" in all_text(fig)
     assert F.blockmap_stats("sliding_window:60", N, 32, 32, D, bad)["disagreements"] == 1
+
+
+def test_blockmap_large_grid_is_one_heatmap():
+    fig = F.blockmap_figure("document:2048,6144,4096,4096", 16384, 128, 128, head_dim=128)
+    assert [t.type for t in fig.data].count("heatmap") == 1 and np.asarray(fig.data[0].z).shape == (128, 128)
+    assert list(fig.layout.xaxis.range) == [-0.5, 127.5] and fig.layout.xaxis.constrain == "domain"
 
 
 def test_blockmap_comparison():
@@ -199,14 +165,35 @@ def test_softmax_figures(causal):
     tile = F.softmax_tile_figure(steps, 7)
     masked = [t for t in tile.data if t.name and t.name.startswith("masked")]
     assert len(tile.data[0].x) == 230 - 224 + 1 and len(masked[0].x) == 32 - 7
+    assert "Step 8 of 8" in F.title_text(tile)                # steps counted from 1
     state = F.softmax_state_figure(steps, 3)
     cur = [t for t in state.data if t.name == "current step"]
-    assert len(cur) == 3 and all(t.x[0] == 3 for t in cur)
+    assert len(cur) == 3 and all(t.x[0] == 4 for t in cur)   # index 3 is step 4
+    assert list(state.data[1].x) == list(range(1, 9))
+    diffs = [t for t in state.data if (t.name or "").startswith("Δ")]
+    assert {t.yaxis for t in diffs} == {"y4"}                 # kernel − reference on an axis of its own
+    assert np.allclose(diffs[0].y, steps["m_kernel"] - steps["m_ref"], equal_nan=True)
+    m_range = state.layout.yaxis.range
+    assert m_range[1] - m_range[0] >= 0.5                     # a 1e-7 gap cannot split the m lines
     err = F.softmax_error_figure(steps)
     assert err.layout.yaxis.type == "log" and len(err.data[0].y) == 8
+    ticks = list(err.layout.yaxis.ticktext)
+    assert ticks and all(t[0] in "10" for t in ticks)         # 10⁻¹⁶ … 1, never "1f, 1p, 1n"
+    assert err.layout.xaxis.tickvals[0] == 1
     for fig in (tile, state, err, F.softmax_strip_figure(steps, 2), F.softmax_overview_figure(steps, 2)):
         assert_provenance(fig, causal)
     assert "natural units" in tile.layout.yaxis.title.text
+
+
+def test_softmax_default_row_rescales(causal):
+    """The default row teaches: its running max changes after the first tile (α < 1 later)."""
+    row = F.default_q_row(causal)
+    q, k, v = F.inputs_for_trace(causal)
+    steps = F.softmax_steps(causal, row, q, k, v)
+    assert (steps["alpha_kernel"].iloc[1:] < 1).any() and (steps["alpha_ref"].iloc[1:] < 1).any()
+    rows = causal.rows[causal.rows.bh == 0]
+    most = (rows.groupby("q_row")["step"].max()).max()
+    assert steps["step"].max() == most                         # and it is one of the longest rows
 
 
 def test_softmax_flags_wrong_inputs(causal):
@@ -235,25 +222,49 @@ def sweep():
     return pd.DataFrame(rows), {"device_name": "NVIDIA H100 80GB HBM3", "created": "2026-11-20T10:00:00"}
 
 
+def _byte_tick_texts(fig):
+    return list(fig.layout.yaxis.ticktext or [])
+
+
 def test_memory_figure(sweep):
     df, meta = sweep
     fig = F.memory_figure(df, meta)
     oom = [t for t in fig.data if "out of memory" in (t.name or "")]
-    assert len(oom) == 1 and list(oom[0].x) == [8192, 16384] and oom[0].marker.symbol == "x"
-    assert all(s == "OOM" for s in oom[0].text)
-    assert fig.layout.yaxis.type == "log" and "MiB" in fig.layout.yaxis.title.text
+    assert len(oom) == 1 and list(oom[0].x) == [8192, 16384]
+    labels = [a for a in fig.layout.annotations if a.name != "provenance" and "OOM" in (a.text or "")]
+    assert len(labels) == 1                                    # one label per series, no pile-up
+    assert fig.layout.yaxis.type == "log" and "GiB" in fig.layout.yaxis.title.text
+    texts = _byte_tick_texts(fig)
+    assert texts and all(t.endswith(("B", "KiB", "MiB", "GiB", "TiB")) for t in texts)
+    assert any(t.endswith("MiB") for t in texts)
     assert "H100" in annotations_text(fig) and "2026-11-20" in annotations_text(fig)
-    naive = [t for t in fig.data if (t.name or "").startswith("naive ·")][0]
+    naive = [t for t in fig.data if (t.name or "").startswith("naive (")][0]
     assert len(naive.x) == 5
     slope = F.loglog_slope(df[df.impl == "naive"].seq_len, df[df.impl == "naive"].peak_bytes)
     assert 1.7 < slope < 2.1
     assert any("∝ N²" in (t.name or "") for t in fig.data) and any("∝ N " in (t.name or "") for t in fig.data)
+    ratio = df[(df.seq_len == 4096) & (df.impl == "naive")].peak_bytes.item() / \
+        df[(df.seq_len == 4096) & (df.impl == "flash")].peak_bytes.item()
+    assert f"{ratio:.3g}×" in all_text(fig)                    # the ratio is written on the chart
+
+
+def test_memory_capacity_line_and_oom_on_it(sweep):
+    df, meta = sweep
+    err = "CUDA out of memory. Tried to allocate 8 GiB. GPU 0 has a total capacity of 79.19 GiB of which"
+    df = df.assign(error=np.where(df.oom, err, None))
+    fig = F.memory_figure(df, meta)
+    cap = 79.19 * 2 ** 30
+    assert any(s.type == "line" and s.y0 == pytest.approx(cap) for s in fig.layout.shapes)
+    oom = [t for t in fig.data if "out of memory" in (t.name or "")][0]
+    assert np.allclose(oom.y, cap)
+    assert "79.2 GiB" in annotations_text(fig)
 
 
 def test_time_figure_crossover(sweep):
     df, meta = sweep
     fig = F.time_figure(df, meta)
     assert "ms" in fig.layout.yaxis.title.text
+    assert all(t.endswith(("µs", "ms", " s")) for t in fig.layout.yaxis.ticktext)
     x = F.crossover([256, 512, 1024], [0.01, 0.05, 0.2], [0.04, 0.05, 0.06])
     assert 256 < x < 1024
     assert any("flash faster" in (a.text or "") for a in fig.layout.annotations)
@@ -270,7 +281,11 @@ def test_traffic_figure(sweep):
     measured = [t for t in fig.data if "ncu" in (t.name or "")]
     assert sum(len(t.x) for t in measured) == (~df.oom).sum()
     assert any("T = 2d = 128" in (a.text or "") for a in fig.layout.annotations)
-    assert "bytes" in fig.layout.yaxis.title.text and "not measurements" in annotations_text(fig)
+    assert "GB = 10⁹ B" in fig.layout.yaxis.title.text and "not measurements" in annotations_text(fig)
+    texts = _byte_tick_texts(fig)
+    # every byte tick carries a decimal unit: never Plotly's SI "1B" (= one billion)
+    assert texts and all(re.fullmatch(r"\d+ (B|kB|MB|GB|TB)", t) for t in texts), texts
+    assert fig.layout.yaxis.tickvals[list(fig.layout.yaxis.ticktext).index("1 GB")] == 1e9
 
 
 def test_hbm_calculator():
@@ -282,19 +297,32 @@ def test_hbm_calculator():
     assert y["flash_bytes"] == x["flash_bytes"] and y["flash_tiled_bytes"] > x["flash_tiled_bytes"]
     assert F.hbm_calculator_numbers(128, 32, 128, 64, 64)["dominant_term"].startswith("Q, K, V, O")
     fig = F.hbm_calculator_figure(8192, 32, 128, 128, 64)
-    assert fig.layout.yaxis.type == "log" and list(fig.data[0].y) == [x["naive_bytes"], x["flash_bytes"],
-                                                                      x["flash_tiled_bytes"]]
+    assert fig.layout.yaxis.type in (None, "linear")           # a 65× reduction looks 65× smaller
+    assert list(fig.data[0].customdata) == [x["naive_bytes"], x["flash_bytes"], x["flash_tiled_bytes"]]
+    assert np.allclose(np.asarray(fig.data[0].y) * 1e9, fig.data[0].customdata)
+    assert "65.0× less" in annotations_text(fig) and fig.data[0].cliponaxis is False
     assert "not a measurement" in annotations_text(fig)
 
 
 # -- presentation and purity -----------------------------------------------------------------------
 
 def test_presentation(causal):
-    fig = F.sm_lanes_figure(causal, sms=4)
-    pres = F.presentation(fig)
-    assert pres.layout.font.size == 20 and fig.layout.font.size is None   # original untouched
-    assert any(a.name == "provenance" for a in pres.layout.annotations)
-    assert pres.layout.xaxis.showgrid is False
+    import plotly.io as pio
+
+    assert {"tilescope", "tilescope_slide"} <= set(pio.templates)
+    for fig in (F.blockmap_figure_for_trace(causal), F.imbalance_figure(causal)):
+        pres = F.presentation(fig)
+        assert F.is_slide(pres) and not F.is_slide(fig)                      # original untouched
+        assert pres.layout.template.layout.font.size == 20 and fig.layout.font.size is None
+        assert (pres.layout.width, pres.layout.height) == (1280, 720)          # 16:9
+        cap = [a for a in pres.layout.annotations if a.name == "provenance"]
+        assert cap and cap[0].font.size == 14 and cap[0].yshift < -60
+        assert pres.layout.margin.b > -cap[0].yshift                          # the caption fits under the axis
+        assert pres.layout.margin.t >= 30 + 1.3 * 30                          # room for the title line
+        assert pres.layout.legend.orientation in (None, "v")
+    strip = F.presentation(F.softmax_strip_figure(F.softmax_steps(causal, 230, *F.inputs_for_trace(causal))))
+    m = strip.layout.margin
+    assert strip.layout.height - m.t - m.b >= 160                             # the strip keeps a plot area
 
 
 def test_no_streamlit_in_figures_or_export():

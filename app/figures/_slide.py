@@ -1,0 +1,139 @@
+"""Presentation mode: any Tilescope figure restyled for a slide.
+
+One template ("tilescope_slide", registered in _common) sets fonts, axes and colours; the rules
+below are the layout a template cannot express, and they hold for every chart:
+
+- 16:9 at 1280 x 720 logical pixels (PNG exports at scale 1.5: 1920 x 1080);
+- the title and subtitle sit at the top and the top margin is sized to their lines, so
+  they never meet a tick label or a long axis title;
+- explicit font sizes set by a figure are dropped, so the template's sizes apply everywhere;
+- legends go to the right of the plot (never below, where the x-axis title and caption are);
+- the provenance caption sits at the bottom edge of the figure and the bottom margin holds
+  one line of tick labels, the x-axis title and the caption (plus the player, if animated);
+- category tick arrays are thinned to at most MAX_TICKS labels, so they never smear;
+- a figure too short for a slide (a strip) keeps a plot area of at least MIN_PLOT_PX.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import plotly.graph_objects as go
+
+import re
+import textwrap
+
+from ._common import SLIDE_SIZE, SLIDE_TEMPLATE, SUBTITLE_SIZE, TITLE_SIZE, axis_block_px, bottom_margin, fit_title
+
+LOOK_KEY = "tilescope_look"
+MAX_TICKS = 16
+MIN_PLOT_PX = 160
+TICK_SIZE, CAPTION_SIZE, ANNOTATION_SIZE, AXIS_TITLE_SIZE = 20, 14, 18, 22
+
+
+def is_slide(fig: go.Figure) -> bool:
+    meta = fig.layout.meta
+    return isinstance(meta, dict) and meta.get(LOOK_KEY) == "slide"
+
+
+def _thin(vals, text):
+    n = len(vals)
+    if n <= MAX_TICKS:
+        return vals, text
+    step = -(-n // MAX_TICKS)
+    keep = list(range(0, n, step))
+    return [vals[i] for i in keep], [text[i] for i in keep] if text is not None else None
+
+
+def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figure:
+    """A copy of `fig` in the slide look (the original is untouched)."""
+    if is_slide(fig):
+        return fig
+    d = copy.deepcopy(fig.to_dict())
+    d["layout"].pop("template", None)
+    out = go.Figure(d)
+    lay = out.layout
+    meta = dict(lay.meta) if isinstance(lay.meta, dict) else {}
+    w, h = size[0], int(meta.get("slide_height", size[1]))     # a strip may ask for less than 16:9
+    meta[LOOK_KEY] = "slide"
+    out.update_layout(template=SLIDE_TEMPLATE, meta=meta, width=w, height=h, font=None,
+                      hoverlabel=dict(font_size=18))
+    if lay.title:
+        lay.title.font = None
+        if lay.title.subtitle:
+            lay.title.subtitle.font = None
+    caption_lines = 0
+    for ann in lay.annotations:
+        if ann.name == "provenance":
+            caption_lines = (ann.text or "").count("<br>") + 1
+            ann.font.size = CAPTION_SIZE
+            ann.yshift = -axis_block_px(TICK_SIZE) - (110 if lay.sliders else 0)
+        else:
+            ann.font.size = ANNOTATION_SIZE
+    # axes: template sizes, thinned category ticks
+    for ax in [a for k in lay if k.startswith(("xaxis", "yaxis")) for a in [lay[k]]]:
+        ax.tickfont = None
+        if ax.title:
+            ax.title.font = None
+        if ax.tickvals is not None and len(ax.tickvals) > MAX_TICKS:
+            vals, text = _thin(list(ax.tickvals), list(ax.ticktext) if ax.ticktext is not None else None)
+            ax.tickvals, ax.ticktext = vals, text
+        if ax.dtick is not None and ax.tickmode in (None, "linear"):
+            ax.dtick = None
+            ax.nticks = MAX_TICKS
+    # legends right of the plot, never below it
+    if lay.legend and (lay.legend.orientation == "h" or (lay.legend.y is not None and lay.legend.y < 0.5)):
+        lay.legend.update(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top")
+    lay.legend.font = None
+    bottom = bottom_margin(TICK_SIZE, caption_lines, CAPTION_SIZE)
+    if lay.sliders or lay.updatemenus:
+        bottom += 110
+        for s in lay.sliders:
+            s.font = dict(size=16)
+            if s.currentvalue:
+                s.currentvalue.font = dict(size=18)
+        for m in lay.updatemenus:
+            m.font = dict(size=18)
+    if lay.title and lay.title.text and len(lay.title.text) * 0.5 * TITLE_SIZE[1] > w - 120:
+        # a long title gets a smaller font (a wrapped plotly title anchors badly at the top)
+        lay.title.font = dict(size=max(20, int((w - 120) / (0.5 * len(lay.title.text)))))
+    if lay.title and lay.title.subtitle and lay.title.subtitle.text:
+        lay.title.subtitle.text = _wrap(lay.title.subtitle.text, int((w - 120) / (0.52 * SUBTITLE_SIZE[1])))
+    m = lay.margin
+    fit_title(out, slide=True)
+    top = out.layout.margin.t
+    if h - top - bottom < MIN_PLOT_PX:
+        out.update_layout(height=top + bottom + MIN_PLOT_PX)
+    _fit_axis_titles(out, out.layout.height - top - bottom)
+    out.update_layout(margin=dict(b=bottom, l=m.l if m.l is not None and m.l > 80 else 80,
+                                  r=m.r if m.r is not None and m.r > 40 else 40))
+    return out
+
+
+def _fit_axis_titles(fig: go.Figure, plot_px: float) -> None:
+    """A y-axis title longer than its panel is tall wraps onto a second line (and, if still too
+    long, gets a smaller font), so stacked panels' titles never run into each other."""
+    lay = fig.layout
+    for key in [k for k in lay if k.startswith("yaxis")]:
+        ax = lay[key]
+        if not (ax.title and ax.title.text):
+            continue
+        dom = ax.domain or (0, 1)
+        room = plot_px * (dom[1] - dom[0])
+        size = AXIS_TITLE_SIZE
+        per_line = max(6, int(room / (0.55 * size)))
+        lines = textwrap.wrap(ax.title.text, per_line) if "<br>" not in ax.title.text else [ax.title.text]
+        if len(lines) > 2:
+            size = max(14, int(room / (0.55 * len(ax.title.text) / 2)))
+            lines = textwrap.wrap(ax.title.text, max(6, int(room / (0.55 * size))))[:3]
+        ax.title.text = "<br>".join(lines)
+        if size != AXIS_TITLE_SIZE:
+            ax.title.font = dict(size=size)
+
+
+def _wrap(text: str, width: int) -> str:
+    """Wrap each <br>-separated line at `width` characters (lines with markup are left whole)."""
+    out = []
+    for line in text.split("<br>"):
+        out += [line] if re.search(r"<[a-z/]", line) or len(line) <= width else textwrap.wrap(line, width)
+    return "<br>".join(out)
