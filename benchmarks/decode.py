@@ -9,8 +9,10 @@ SDPA gets a one-row query with `enable_gqa=True` (is_causal off: with one row, S
 causal alignment would hide all keys but the first) under each backend; FlexAttention is
 torch.compile(flex_attention) with enable_gqa. Before an implementation is timed its output is
 checked against a float32 reference (first and last sequence); a wrong output is never timed.
-Times are do_bench medians (L2 flushed between calls). GB/s counts the minimum bytes: the K/V
-cache once, q once, o once. The copy bandwidth (device-to-device copy, read + write bytes) is
+`ms` is the median of CUDA-graph replays (L2 flushed before each): a decode step is tens of
+microseconds of GPU work, less than the Python that launches it, and serving engines replay decode
+steps from graphs; `ms_eager` (do_bench of the Python call) is recorded beside it. GB/s counts the
+minimum bytes: the K/V cache once, q once, o once. The copy bandwidth (device-to-device copy, read + write bytes) is
 measured in the same run; `frac_copy` = our GB/s over it. Writes data/benchmarks/decode-<device>.json.
 """
 
@@ -25,6 +27,7 @@ from . import (DEFAULT_OUT, DTYPES, RECORD_KEYS, TOLERANCE, device_slug, free_cu
 
 import torch  # noqa: E402
 
+from instrumentation.decode import measure_copy_bandwidth, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
 
@@ -33,8 +36,8 @@ SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION
                  "sdpa_efficient": "EFFICIENT_ATTENTION"}
 RECORD_KEYS.setdefault("decode", ("impl", "batch", "context", "heads", "kv_heads", "head_dim", "dtype",
                                   "num_splits", "ms", "gbps", "frac_copy", "rel_err", "status"))
-SWEEP_SPLITS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
-SWEEP_CONFIGS = ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4), (64, 8, 2))
+SWEEP_SPLITS = (1, 4, 8, 12, 14, 16, 20, 24, 32, 48, 64)
+SWEEP_CONFIGS = ((64, 4, 3), (64, 4, 4), (128, 4, 3), (32, 4, 4))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,12 +99,12 @@ def make_call(impl, q, k, v, flex=None):
 
 
 def copy_bandwidth(device) -> float | None:
-    from instrumentation.decode import measure_copy_bandwidth
-
     return measure_copy_bandwidth(str(device))
 
 
 def run_one(impl, q, k, v, ref, rows, dtype_name, device, flex, bytes_min, copy_gbps, rec):
+    """Check the output, then time it twice: CUDA-graph replays (`ms`, the kernels alone, as a
+    serving engine runs a decode step) and eager do_bench of the Python call (`ms_eager`)."""
     fn, ctx = make_call(impl, q, k, v, flex)
     try:
         with ctx():
@@ -109,14 +112,22 @@ def run_one(impl, q, k, v, ref, rows, dtype_name, device, flex, bytes_min, copy_
             err = rel_error(out[list(rows)], ref)
             if err > TOLERANCE[dtype_name]:
                 return {**rec, "status": "wrong", "rel_err": err}
-            ms = time_ms(fn, device)
+            ms_eager = time_ms(fn, device)
+            ms, timing = ms_eager, "eager do_bench (CPU run)"
+            if device.type == "cuda":
+                try:
+                    ms, timing = time_graph_ms(fn), "cuda graph"
+                except Exception as exc:  # noqa: BLE001  (a backend that cannot be captured keeps its eager time)
+                    timing = f"eager do_bench (graph capture failed: {type(exc).__name__})"
+                    torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001  (a backend that cannot run this shape is recorded, not fatal)
         if is_oom(exc):
             free_cuda(device)
             return {**rec, "status": "oom"}
         return {**rec, "status": "unsupported", "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     gbps = bytes_min / (ms * 1e-3) / 1e9
-    return {**rec, "status": "ok", "rel_err": err, "ms": ms, "gbps": gbps,
+    return {**rec, "status": "ok", "rel_err": err, "ms": ms, "ms_eager": ms_eager, "timing": timing,
+            "gbps": gbps, "gbps_eager": bytes_min / (ms_eager * 1e-3) / 1e9,
             "frac_copy": gbps / copy_gbps if copy_gbps else None}
 
 
@@ -202,7 +213,7 @@ def _sweep(q, k, v, args, device, bytes_min, copy_gbps, batch, context) -> list[
             fn = lambda: flash_decode(q, k, v, num_splits=splits, block_n=bn, num_warps=warps,  # noqa: E731
                                       num_stages=stages)
             try:
-                ms = time_ms(fn, device, warmup=10, rep=40)
+                ms = time_graph_ms(fn, rep_ms=30)
             except Exception as exc:  # noqa: BLE001
                 out.append({"batch": batch, "context": context, "num_splits": splits, "block_n": bn,
                             "num_warps": warps, "num_stages": stages, "status": type(exc).__name__})
@@ -223,7 +234,7 @@ def _sweep(q, k, v, args, device, bytes_min, copy_gbps, batch, context) -> list[
 
 
 def _summary(records) -> None:
-    log("\nB     ctx  impl              splits       us     GB/s  %copy  x_best_sdpa")
+    log("\nB     ctx  impl              splits   us(graph)  GB/s  %copy  x_best_sdpa  us(eager)")
     for r in records:
         if r["status"] != "ok":
             log(f"{r['batch']:<3d} {r['context']:6d}  {r['impl']:16s}  {r['status']}")
@@ -232,7 +243,8 @@ def _summary(records) -> None:
                 and x["batch"] == r["batch"] and x["context"] == r["context"]]
         ratio = f"{min(sdpa) / r['ms']:.2f}" if sdpa else "-"
         log(f"{r['batch']:<3d} {r['context']:6d}  {r['impl']:16s}  {str(r['num_splits'] or '-'):>6s} "
-            f"{r['ms'] * 1e3:8.1f} {r['gbps']:8.0f} {(r['frac_copy'] or 0) * 100:6.1f}  {ratio}")
+            f"{r['ms'] * 1e3:8.1f} {r['gbps']:8.0f} {(r['frac_copy'] or 0) * 100:6.1f}  {ratio:>10s}  "
+            f"{r['ms_eager'] * 1e3:8.1f}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,41 @@ def _time_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
+def time_graph_ms(fn, rep_ms: float = 100.0, flush_bytes: int = 256 << 20) -> float:
+    """Median GPU time of fn replayed from a CUDA graph, the L2 flushed before each replay.
+
+    A decode step is tens of microseconds of GPU work, less than the Python that launches it, so
+    eager timing measures the host. Serving engines capture decode steps in CUDA graphs; replaying
+    one here times the kernels alone, the same way for every implementation. fn must not
+    synchronise with the host (no .item()).
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):               # warm up (compile, allocate) outside the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    one[0].record()
+    graph.replay()
+    one[1].record()
+    torch.cuda.synchronize()
+    reps = int(min(200, max(10, rep_ms / max(one[0].elapsed_time(one[1]), 1e-3))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    del graph, flush
+    return float(np.median([s.elapsed_time(e) for s, e in events]))
+
+
 def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
                   block_n=None, num_warps=None, num_stages=None, measure=True, meta_extra=None):
     """Run split-KV decoding with tracing; return (out, Trace). See the module doc for tables.
@@ -106,12 +141,15 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     nbytes = decode_bytes(plan, seq_lens, q.element_size())
     timing = {}
     if measure and hw:
-        timing["untraced_ms"] = _time_ms(lambda: flash_decode(q, k_cache, v_cache, **call))
-        timing["stage1_ms"] = _time_ms(lambda: flash_decode(q, k_cache, v_cache, stages="split", **call))
+        # CUDA-graph replays (kernel time, as a serving engine runs a decode step); eager do_bench
+        # of the whole op beside it shows what the Python launch adds
+        timing["untraced_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, **call))
+        timing["eager_ms"] = _time_ms(lambda: flash_decode(q, k_cache, v_cache, **call))
+        timing["stage1_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, stages="split", **call))
         if plan.num_splits > 1:
-            timing["stage2_ms"] = _time_ms(lambda: flash_decode(q, k_cache, v_cache, stages="merge", **call))
+            timing["stage2_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, stages="merge", **call))
         scratch = make_trace_buffers(plan, dev)
-        timing["traced_ms"] = _time_ms(lambda: flash_decode(q, k_cache, v_cache, trace=scratch, **call))
+        timing["traced_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, trace=scratch, **call))
         torch.cuda.synchronize()
     copy_gbps = measure_copy_bandwidth(str(dev)) if measure and hw else None
 
@@ -124,8 +162,8 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
         "stage1_gbps": gbps("stage1", "stage1_ms"), "stage2_gbps": gbps("stage2", "stage2_ms"),
         "op_gbps": gbps("minimum", "untraced_ms"),
         "how": "op: minimum bytes (KV of the valid cache + q + o, each once) / untraced time; "
-               "stage: the bytes the stage loads and stores / its time alone; copy: 2 x 1 GiB "
-               "(read + write) / time of a device-to-device copy; all do_bench medians, L2 flushed",
+               "stage: the bytes the stage loads and stores / its time alone (CUDA-graph replays); "
+               "copy: 2 x 1 GiB (read + write) / do_bench median of a device-to-device copy",
     }
     bandwidth["op_fraction_of_copy"] = (bandwidth["op_gbps"] / copy_gbps
                                         if bandwidth["op_gbps"] and copy_gbps else None)
@@ -150,7 +188,7 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
         "kernel": {**plan.config.as_dict(), "num_splits": plan.num_splits, "group": plan.group,
                    "rows_per_kv_head": plan.rows, "row_blocks": plan.row_blocks,
                    "programs": int(np.prod(plan.stage1_grid)),
-                   "merge_programs": int(np.prod(plan.merge_grid)) if plan.num_splits > 1 else 0,
+                   "merge_programs": plan.merge_grid[0] if plan.num_splits > 1 else 0,
                    "sm_scale": sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)},
         "split_rule": plan.split_rule,
         "bytes": nbytes,
@@ -160,6 +198,9 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
         "clocks": {"splits": "globaltimer ns, relative to the earliest program start" if hw else
                    "none (interpreter): 'order' is the logical order programs ran, times are NaN"},
         "untraced_ms": timing.get("untraced_ms"), "traced_ms": timing.get("traced_ms"),
+        "eager_ms": timing.get("eager_ms"),
+        "timing": "CUDA-graph replay medians, L2 flushed before each (time_graph_ms); eager_ms: "
+                  "do_bench of the Python call, launch overhead included" if timing else "none",
         "stage1_ms": timing.get("stage1_ms"), "stage2_ms": timing.get("stage2_ms"),
         "source": "live",
     }
@@ -231,13 +272,14 @@ def _decode_partials(m_part, l_part, lse, splits: pd.DataFrame, plan: DecodePlan
 
 
 def _decode_merge(buf, plan: DecodePlan, hw: bool, t0: int) -> pd.DataFrame:
-    n = plan.merge_grid[0] * plan.merge_grid[1] if plan.num_splits > 1 else 0
+    """One row per stage-2 program (one per stacked row; none with one split)."""
+    n = plan.merge_grid[0] if plan.num_splits > 1 else 0
     program = np.arange(n)
-    bkv = program % plan.merge_grid[0]
+    bkv, r = program // plan.rows, program % plan.rows
     df = pd.DataFrame({"b": (bkv // plan.kv_heads).astype(np.int32),
                        "kv_head": (bkv % plan.kv_heads).astype(np.int32),
-                       "row_block": (program // plan.merge_grid[0]).astype(np.int32),
-                       "program": program.astype(np.int32)})
+                       "head": ((bkv % plan.kv_heads) * plan.group + r // plan.n_q).astype(np.int32),
+                       "q_row": (r % plan.n_q).astype(np.int32), "program": program.astype(np.int32)})
     if hw:   # on stage 1's timeline: globaltimer is one clock for the whole GPU
         df["sm"] = buf[:n, 0].astype(np.int32)
         df["t_start"] = (buf[:n, 1] - t0).astype(np.float64)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -68,12 +69,12 @@ class DecodePlan:
         return (self.num_splits, self.batch * self.kv_heads, self.row_blocks)
 
     @property
-    def merge_block_r(self) -> int:
-        return min(triton.next_power_of_2(self.rows), MAX_ROWS_PER_TILE)
+    def merge_grid(self) -> tuple[int]:
+        return (self.batch * self.kv_heads * self.rows,)      # one program per stacked row
 
     @property
-    def merge_grid(self) -> tuple[int, int]:
-        return (self.batch * self.kv_heads, triton.cdiv(self.rows, self.merge_block_r))
+    def splits_pad(self) -> int:
+        return triton.next_power_of_2(self.num_splits)
 
 
 def default_decode_config(head_dim: int, rows: int, dtype: torch.dtype, block_n=None, num_warps=None,
@@ -194,17 +195,32 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
 def decode_plan(q, k_cache, num_splits="auto", block_n=None, num_warps=None, num_stages=None) -> DecodePlan:
     b, h, n_q, d = q.shape
     h_kv, n_max = k_cache.shape[1], k_cache.shape[2]
+    return _decode_plan(b, h, n_q, d, h_kv, n_max, q.dtype, str(q.device), num_splits, block_n,
+                        num_warps, num_stages)
+
+
+@lru_cache(maxsize=256)
+def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, num_warps,
+                 num_stages) -> DecodePlan:
+    """Built once per shape and setting: the split rule and the config stay off the hot path
+    (a decode step is tens of microseconds of GPU time; host work per call shows up in it)."""
     group = h // h_kv
     rows = group * n_q
-    cfg = default_decode_config(d, rows, q.dtype, block_n, num_warps, num_stages)
+    cfg = default_decode_config(d, rows, dtype, block_n, num_warps, num_stages)
     if cfg.block_n not in (16, 32, 64, 128, 256):
         raise ValueError(f"block_n={cfg.block_n} is not supported; use 16, 32, 64, 128 or 256")
     row_blocks = triton.cdiv(rows, cfg.block_m)
-    sms = num_sms(q.device)
+    sms = num_sms(torch.device(device))
     auto, rule = choose_num_splits(b, h_kv, row_blocks, n_max, cfg.block_n, sms)
     splits = auto if num_splits == "auto" else int(num_splits)
     rule = {**rule, "requested": num_splits, "num_splits": splits}
     return DecodePlan(b, h, h_kv, n_q, n_max, d, group, rows, row_blocks, splits, cfg, rule)
+
+
+@lru_cache(maxsize=64)
+def _full_lengths(b: int, n_max: int, device: str) -> torch.Tensor:
+    """cache_seqlens=None: every sequence fills the cache (one constant tensor per shape)."""
+    return torch.full((b,), n_max, dtype=torch.int32, device=device)
 
 
 @dataclass
@@ -225,7 +241,7 @@ def make_trace_buffers(plan: DecodePlan, device) -> DecodeTraceBuffers:
     return DecodeTraceBuffers(
         splits=torch.full((programs, 6), -1, dtype=torch.int64, device=device),
         counter=torch.zeros(1, dtype=torch.int32, device=device),
-        merge=torch.full((max(1, plan.merge_grid[0] * plan.merge_grid[1]), 3), -1, dtype=torch.int64,
+        merge=torch.full((plan.merge_grid[0], 3), -1, dtype=torch.int64,
                          device=device),
         m_part=torch.full(stats, float("nan"), dtype=torch.float32, device=device),
         l_part=torch.full(stats, float("nan"), dtype=torch.float32, device=device))
@@ -254,7 +270,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
                              "context length, run on a GPU, or open a bundled GPU recording from data/")
     dev = q.device
     if cache_seqlens is None:
-        cache_seqlens = torch.full((b,), plan.n_max, dtype=torch.int32, device=dev)
+        cache_seqlens = _full_lengths(b, plan.n_max, str(dev))
     elif cache_seqlens.dtype != torch.int32:
         cache_seqlens = cache_seqlens.to(torch.int32)
     q = q.contiguous()
@@ -262,11 +278,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=dev) if return_lse else o
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     split = splits > 1
-    stats = (b, plan.kv_heads, splits, plan.rows)
     if split:
-        o_part = torch.empty((*stats, d), dtype=torch.float32, device=dev)  # (B, H_kv, S, rows, D)
-        m_part = trace.m_part if trace is not None else torch.empty(stats, dtype=torch.float32, device=dev)
-        l_part = trace.l_part if trace is not None else torch.empty(stats, dtype=torch.float32, device=dev)
+        # one allocation: partial outputs (B, H_kv, S, rows, D), then m_j and l_j (B, H_kv, S, rows)
+        n_stats = b * plan.kv_heads * splits * plan.rows
+        work = torch.empty(n_stats * (d + 2), dtype=torch.float32, device=dev)
+        o_part = work[:n_stats * d]
+        m_part = trace.m_part if trace is not None else work[n_stats * d:n_stats * (d + 1)]
+        l_part = trace.l_part if trace is not None else work[n_stats * (d + 1):]
     else:
         o_part = o
         m_part, l_part = (trace.m_part, trace.l_part) if trace is not None else (o, o)
@@ -289,5 +307,5 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
         decode_merge_kernel[plan.merge_grid](
             o_part, m_part, l_part, o, lse, *o.stride()[:3],
             trace.merge if trace is not None else cache_seqlens, plan.kv_heads, n_q, plan.rows, splits,
-            BLOCK_R=plan.merge_block_r, num_warps=4, **common)
+            SPLITS_PAD=plan.splits_pad, SPLIT_CHUNK=min(plan.splits_pad, 16), num_warps=4, **common)
     return (o, lse) if return_lse else o

@@ -10,7 +10,7 @@ j <= cache_seqlens[b] - N_q + t (on-band). With one split it normalises and writ
 (FlashAttention-2's schedule); with several it writes a partial output O_j = acc_j / l_j and its
 state (m_j, l_j) in natural units.
 
-Stage 2 (`decode_merge_kernel`): one program per (batch * kv_head, row block) merges the
+Stage 2 (`decode_merge_kernel`): one program per stacked row (b, kv_head, r) merges the
 partials with the seeds' formula: m = max_j m_j, O = sum_j e^(m_j - m) l_j O_j / sum_j e^(m_j - m) l_j,
 lse = m + log(sum_j e^(m_j - m) l_j).
 
@@ -171,47 +171,49 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens,
 def decode_merge_kernel(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on,
                         tr_merge, H_KV, N_Q, ROWS, num_splits,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                        BLOCK_R: tl.constexpr, STORE_LSE: tl.constexpr,
+                        SPLITS_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr, STORE_LSE: tl.constexpr,
                         TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
+    # one program per stacked row: its loads are independent of each other, so the merge costs
+    # about one round trip to memory instead of one per split
     if TRACE and HW_CLOCK:
         t_start = _globaltimer()
-    bkv = tl.program_id(0)
-    row_block = tl.program_id(1)
+    pid = tl.program_id(0)                                   # (b * H_kv + kv_head) * rows + r
+    bkv = pid // ROWS
+    r = pid % ROWS
     off_b = (bkv // H_KV).to(tl.int64)
     off_kv = (bkv % H_KV).to(tl.int64)
-    offs_r = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = offs_r < ROWS
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    io_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    base = bkv.to(tl.int64) * num_splits * ROWS + offs_r                          # split 0 of each row
+    base = bkv.to(tl.int64) * num_splits * ROWS + r         # split 0 of this row in (B, H_kv, S, rows)
     # -- m = max_j m_j (splits that saw nothing hold -inf) --
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(0, num_splits):
-        m = tl.maximum(m, tl.load(M_part + base + s * ROWS, mask=row_ok, other=float("-inf")))
+    offs_s = tl.arange(0, SPLITS_PAD)
+    m = tl.max(tl.load(M_part + base + offs_s * ROWS, mask=offs_s < num_splits, other=float("-inf")), 0)
     m_ref = tl.where(m == float("-inf"), 0.0, m)
     # -- O = sum_j e^(m_j - m) l_j O_j / sum_j e^(m_j - m) l_j --
-    acc = tl.zeros([BLOCK_R, HEAD_DIM_PAD], dtype=tl.float32)
-    denom = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for s in range(0, num_splits):
-        m_j = tl.load(M_part + base + s * ROWS, mask=row_ok, other=float("-inf"))
-        l_j = tl.load(L_part + base + s * ROWS, mask=row_ok, other=0.0)
-        w = tl.math.exp2((m_j - m_ref) * LOG2E) * l_j
-        o_j = tl.load(O_part + (base + s * ROWS)[:, None] * HEAD_DIM + offs_d[None, :], mask=io_mask,
-                      other=0.0)
-        acc += w[:, None] * o_j
-        denom += w
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
+    denom = tl.sum(tl.zeros([SPLIT_CHUNK], dtype=tl.float32), 0)
+    for c in range(0, num_splits, SPLIT_CHUNK):
+        offs_c = c + tl.arange(0, SPLIT_CHUNK)
+        c_ok = offs_c < num_splits
+        m_j = tl.load(M_part + base + offs_c * ROWS, mask=c_ok, other=float("-inf"))
+        l_j = tl.load(L_part + base + offs_c * ROWS, mask=c_ok, other=0.0)
+        w = tl.math.exp2((m_j - m_ref) * LOG2E) * l_j                     # (SPLIT_CHUNK,)
+        o_j = tl.load(O_part + (base + offs_c * ROWS)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=c_ok[:, None] & d_ok[None, :], other=0.0)       # (SPLIT_CHUNK, D)
+        acc += tl.sum(w[:, None] * o_j, 0)
+        denom += tl.sum(w, 0)
     seen = denom > 0.0
-    out = acc / tl.where(seen, denom, 1.0)[:, None]
-    head = off_kv * GROUP + offs_r // N_Q
-    t = offs_r % N_Q
-    o_ptrs = O + off_b * stride_ob + head[:, None] * stride_oh + t[:, None] * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=io_mask)
+    out = acc / tl.where(seen, denom, 1.0)
+    head = off_kv * GROUP + r // N_Q
+    t = r % N_Q
+    tl.store(O + off_b * stride_ob + head * stride_oh + t * stride_on + offs_d, out.to(O.dtype.element_ty),
+             mask=d_ok)
     if STORE_LSE:
         lse = tl.where(seen, m_ref + tl.log(tl.where(seen, denom, 1.0)), float("-inf"))
-        tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + t, lse, mask=row_ok)
+        tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + t, lse)
     if TRACE:
         if HW_CLOCK:
-            rec = tr_merge + (bkv + tl.num_programs(0) * row_block).to(tl.int64) * 3
+            rec = tr_merge + pid.to(tl.int64) * 3
             tl.store(rec, _smid().to(tl.int64))
             tl.store(rec + 1, t_start)
             tl.store(rec + 2, _globaltimer())
