@@ -8,9 +8,9 @@ recorded traces starts fast.
 
 from importlib import import_module
 
-from .masks import MASK_KINDS, MaskSpec, parse_mask
-from .runtime import (INTERPRETER_MAX_TILES, SCHEDULES, SUPPORTED_HEAD_DIMS, backend, choose_backend,
-                      interpreting)
+from .masks import MASK_KINDS, MASKS, MaskSpec, mask_kind, parse_mask
+from .runtime import (INTERPRETER_MAX_TILES, MAX_HEAD_DIM, SCHEDULES, SUPPORTED_HEAD_DIMS, backend,
+                      choose_backend, interpreting)
 
 # decide now, so any later `import triton` (ours or a caller's) sees the choice; on a machine
 # without NVIDIA device nodes this costs no torch import
@@ -20,7 +20,8 @@ _LAZY = {
     "flash_attention": "flash", "BlockPlan": "flash", "KernelConfig": "flash",
     "TraceBuffers": "flash", "block_plan": "flash", "check_inputs": "flash",
     "default_config": "flash", "validate_call": "flash", "work_order": "flash",
-    "SUPPORTED_DTYPES": "flash", "naive_attention": "naive", "reference_attention": "reference",
+    "SUPPORTED_DTYPES": "shapes", "naive_attention": "naive", "reference_attention": "reference",
+    "reference_lse": "reference", "softmax_scale": "shapes", "padded_head_dim": "shapes",
     "flash_decode": "decode", "reference_decode": "decode_reference",
 }
 
@@ -31,5 +32,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'kernels' has no attribute {name!r}")
 
 
-__all__ = sorted({*_LAZY, "parse_mask", "MaskSpec", "MASK_KINDS", "SCHEDULES", "SUPPORTED_HEAD_DIMS",
+__all__ = sorted({*_LAZY, "parse_mask", "MaskSpec", "MASK_KINDS", "MASKS", "mask_kind", "MAX_HEAD_DIM", "SCHEDULES", "SUPPORTED_HEAD_DIMS",
                   "INTERPRETER_MAX_TILES", "interpreting", "backend"})

@@ -1,8 +1,10 @@
-"""Host side of the FlashAttention kernel: input checks, block lists, schedules, launch."""
+"""Host side of the FlashAttention kernel: settings, block lists, schedules, launch.
+
+Shapes: q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H % H_kv == 0; masks on the N_q x N_k grid,
+bottom-right aligned (kernels.masks). Input rules live in kernels.shapes."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -10,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .runtime import INTERPRETER_MAX_TILES, SCHEDULES, SUPPORTED_HEAD_DIMS, choose_backend, interpreting
+from .runtime import INTERPRETER_MAX_TILES, SCHEDULES, choose_backend, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -18,8 +20,9 @@ import triton  # noqa: E402
 
 from .flash_kernel import attn_fwd_kernel  # noqa: E402
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask  # noqa: E402
+from .shapes import SUPPORTED_DTYPES, check_inputs, padded_head_dim, softmax_scale  # noqa: E402,F401
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 @dataclass
@@ -39,7 +42,9 @@ def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None
     """Hopper-minded defaults: large tiles for D <= 128, smaller for D = 256 (shared memory).
 
     D=128 measured on an H200 (scripts/gpu_probe.py, bf16, B=4, H=16): 128x64 tiles win up to
-    N=8192 (more programs per head), 128x128 above."""
+    N=8192 (more programs per head), 128x128 above. `head_dim` may be any D: tiles are chosen
+    for the padded width. Explicit sizes are taken as given (validate_call checks them)."""
+    head_dim = padded_head_dim(head_dim)
     if head_dim <= 64:
         bm, bn, w, s = 128, 64, 4, 3
     elif head_dim <= 128:
@@ -48,39 +53,8 @@ def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None
         bm, bn, w, s = 64, 64, 8, 2
     if dtype == torch.float32:  # fp32 tiles take twice the shared memory
         bm, bn, s = min(bm, 64), min(bn, 64), 2
-    return KernelConfig(block_m or bm, block_n or bn, num_warps or w, num_stages or s)
-
-
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, for_kernel: bool = True) -> None:
-    """Shape, dtype and device rules; `for_kernel` adds where the Triton kernel can run."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(t.shape)}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"q, k, v must have the same shape (B, H, N, D), got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"dtype {q.dtype} is not supported; use float32, float16 or bfloat16")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    b, h, n, d = q.shape
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dim D={d} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
-    if n <= 0 or b <= 0 or h <= 0:
-        raise ValueError(f"B, H and N must be >= 1, got shape {tuple(q.shape)}")
-    if not for_kernel:
-        return
-    if interpreting():
-        if q.device.type != "cpu":
-            raise ValueError("TRITON_INTERPRET=1 is set, so the kernel runs in the CPU interpreter: "
-                             "pass CPU tensors, or unset TRITON_INTERPRET to run on the GPU")
-    elif q.device.type != "cuda":
-        raise ValueError(f"tensors are on {q.device}, but the compiled kernel needs CUDA tensors; "
-                         "on a machine without a GPU set TRITON_INTERPRET=1 before importing kernels")
+    pick = lambda given, dflt: dflt if given is None else given  # noqa: E731  (0 is not "default")
+    return KernelConfig(pick(block_m, bm), pick(block_n, bn), pick(num_warps, w), pick(num_stages, s))
 
 
 @dataclass
@@ -88,7 +62,7 @@ class BlockPlan:
     """What the kernel iterates: per query block, the full and the partial K-block lists."""
 
     spec: MaskSpec
-    n: int
+    n: int                                 # query rows N_q
     block_m: int
     block_n: int
     block_map: np.ndarray                  # (n_qb, n_kb) int8
@@ -99,6 +73,8 @@ class BlockPlan:
     part_cnt: torch.Tensor
     part_idx: torch.Tensor
     tiles_per_q_block: np.ndarray = field(repr=False)  # (n_qb,) computed tiles
+    n_k: int = 0                           # key columns N_k
+    has_empty_rows: bool = False           # some query row sees no key (output 0, lse -inf)
     _work_lists: dict = field(default_factory=dict, repr=False)
 
     def work_list(self, batch_heads: int, schedule: str) -> torch.Tensor:
@@ -126,15 +102,16 @@ def _index_lists(block_map: np.ndarray, status: int) -> tuple[np.ndarray, np.nda
     return cnt, idx
 
 
-def block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device) -> BlockPlan:
-    return _block_plan(spec, n, block_m, block_n, str(device))
+def block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device, n_k: int | None = None) -> BlockPlan:
+    """The plan for N_q = n query rows and N_k = n_k keys (n_k = n when omitted)."""
+    return _block_plan(spec, n, n if n_k is None else int(n_k), block_m, block_n, str(device))
 
 
 @lru_cache(maxsize=64)
-def _block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device: str) -> BlockPlan:
-    """Built once per (mask, N, blocks, device): the host work stays out of repeated calls."""
-    bmap = spec.block_map(n, block_m, block_n)
-    lo, hi = spec.row_intervals(n)
+def _block_plan(spec: MaskSpec, n: int, n_k: int, block_m: int, block_n: int, device: str) -> BlockPlan:
+    """Built once per (mask, N_q, N_k, blocks, device): the host work stays out of repeated calls."""
+    bmap = spec.block_map(n, block_m, block_n, n_k)
+    lo, hi = spec.row_intervals(n, n_k)
     full_cnt, full_idx = _index_lists(bmap, FULL)
     full_start = full_idx[:, 0].copy()
     # every row sees one interval, so the tiles all rows fully see form one contiguous run
@@ -143,7 +120,8 @@ def _block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device: str)
     part_cnt, part_idx = _index_lists(bmap, PARTIAL)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     return BlockPlan(spec, n, block_m, block_n, bmap, to(lo), to(hi), to(full_cnt), to(full_start),
-                     to(part_cnt), to(part_idx), (bmap != SKIPPED).sum(axis=1))
+                     to(part_cnt), to(part_idx), (bmap != SKIPPED).sum(axis=1), n_k,
+                     bool((lo > hi).any()))
 
 
 def work_order(plan: BlockPlan, batch_heads: int, schedule: str) -> np.ndarray:
@@ -192,40 +170,67 @@ class TraceBuffers:
     trace_rows: bool
 
 
+def _check_trace_buffers(trace: TraceBuffers, batch_heads: int, plan: BlockPlan) -> None:
+    """The kernel writes trace buffers without bounds checks: refuse ones sized for another plan."""
+    want = {"work": (batch_heads * plan.n_qb, 5), "row_slot": (plan.n_qb,)}
+    if trace.trace_tiles:
+        want["tiles"] = (plan.n_qb, plan.n_kb, 3)
+    if trace.trace_rows:
+        want["rows"] = (None, plan.n_kb, 4)
+    for name, shape in want.items():
+        got = tuple(getattr(trace, name).shape)
+        if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
+            raise ValueError(f"trace buffer {name!r} has shape {got}, but this call needs {shape} "
+                             f"(N_q={plan.n}, N_k={plan.n_k}, {plan.n_qb}x{plan.n_kb} blocks)")
+    if not 0 <= trace.trace_bh < batch_heads:
+        raise ValueError(f"trace_bh={trace.trace_bh} is outside 0..{batch_heads - 1}")
+
+
 def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num_stages=None):
+    """Check a kernel call before anything is built; returns (mask spec, kernel config)."""
     check_inputs(q, k, v)
-    b, h, n, d = q.shape
-    spec = parse_mask(mask, n)
+    n_q, n_k, d = q.shape[2], k.shape[2], q.shape[3]
+    spec = parse_mask(mask, n_q, n_k)
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
-    cfg = default_config(d, q.dtype, block_m, block_n, num_warps, num_stages, n=n)
-    for name, val in (("block_m", cfg.block_m), ("block_n", cfg.block_n)):
-        if val not in (16, 32, 64, 128, 256):
-            raise ValueError(f"{name}={val} is not supported; use 16, 32, 64, 128 or 256")
+    for name, val, allowed in (("block_m", block_m, BLOCK_SIZES), ("block_n", block_n, BLOCK_SIZES),
+                               ("num_warps", num_warps, (1, 2, 4, 8, 16)), ("num_stages", num_stages, range(1, 9))):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val not in allowed):
+            shown = repr(val) if len(repr(val)) <= 40 else type(val).__name__
+            raise ValueError(f"{name}={shown} is not supported; use one of {tuple(allowed)} "
+                             "(an int), or leave it out for the default")
+    cfg = default_config(d, q.dtype, block_m, block_n, num_warps, num_stages, n=max(n_q, n_k))
     return spec, cfg
 
 
 def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
-                    schedule="natural", num_warps=None, num_stages=None,
+                    schedule="natural", num_warps=None, num_stages=None, return_lse=False,
                     trace: TraceBuffers | None = None, hw_clock: bool | None = None,
                     use_tma: bool | None = None):
-    """Fused FlashAttention-2 forward. q, k, v: (B, H, N, D); returns O (B, H, N, D)."""
+    """Fused FlashAttention-2 forward (no backward: refuses inputs that require grad).
+
+    q (B, H, N_q, D); k, v (B, H_kv, N_k, D), H % H_kv == 0 (query head h reads KV head
+    h // (H / H_kv)); D any integer 1..256. The mask lives on the N_q x N_k grid, bottom-right
+    aligned (query i sits at key position i + N_k - N_q). Returns O (B, H, N_q, D), or with
+    return_lse=True (O, lse), lse (B, H, N_q) float32 natural-log log-sum-exp of the scaled
+    scores. A row that sees no key gets O = 0 and lse = -inf."""
     spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     b, h, n, d = q.shape
-    plan = block_plan(spec, n, cfg.block_m, cfg.block_n, q.device)
+    h_kv, n_k = k.shape[1], k.shape[2]
+    sm_scale = softmax_scale(sm_scale, d)
+    plan = block_plan(spec, n, cfg.block_m, cfg.block_n, q.device, n_k)
     if interpreting():
         computed = int(plan.tiles_per_q_block.sum()) * b * h
         if computed > INTERPRETER_MAX_TILES:
             raise ValueError(
-                f"{computed} tiles (B*H={b * h}, N={n}, mask {spec.text}, blocks "
+                f"{computed} tiles (B*H={b * h}, N_q={n}, N_k={n_k}, mask {spec.text}, blocks "
                 f"{cfg.block_m}x{cfg.block_n}) is too much for the CPU interpreter (limit "
                 f"{INTERPRETER_MAX_TILES}): lower N, B or H, raise the block sizes, run on a GPU, "
                 "or open a bundled GPU recording from data/")
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    o = torch.empty_like(q)                                                  # (B, H, N, D)
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    if not sm_scale > 0:  # the kernel folds the scale into max(qk), which needs it positive
-        raise ValueError(f"sm_scale must be positive, got {sm_scale}")
+    # strides carry any (B, H, N) layout; only a non-unit stride along D needs a copy
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)                 # (B, H, N_q, D)
+    lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device) if return_lse else o  # (B, H, N_q)
     qk_scale = sm_scale * 1.4426950408889634                                 # fold log2(e) in
     n_work = b * h * plan.n_qb
     works = plan.work_list(b * h, schedule)
@@ -238,10 +243,17 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         tr = (works,) * 5 + (-1,)   # placeholders: with the flags off no trace code is compiled
         flags = (False, False, False)
     else:
+        _check_trace_buffers(trace, b * h, plan)
         tr = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, trace.trace_bh)
         flags = (trace.trace_work, trace.trace_tiles, trace.trace_rows)
+    d_tile = padded_head_dim(d)
+    tma_fits = (d == d_tile and n % cfg.block_m == 0 and n_k % cfg.block_n == 0
+                and all(t.is_contiguous() for t in (q, k, v)))
     if use_tma is None:
-        use_tma = tma_available(q.device) and n % cfg.block_m == 0 and n % cfg.block_n == 0
+        use_tma = tma_available(q.device) and tma_fits
+    elif use_tma and not tma_fits:
+        raise ValueError("use_tma=True needs contiguous q, k, v, a power-of-two D >= 16 and N_q, N_k "
+                         "multiples of the block sizes")
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -251,13 +263,15 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         descs = [q, k, v]  # unused placeholders: the TMA path is compiled out
     attn_fwd_kernel[grid](
         q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs,
-        works, counter, *tr, h, n, plan.n_qb, plan.n_kb, n_work, qk_scale,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
+        plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
+        works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale,
+        HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma),
+        EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows),
+        RETURN_LSE=bool(return_lse),
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return o
+    return (o, lse) if return_lse else o

@@ -7,6 +7,11 @@ same full / partial split as FlexAttention's BlockMask): full tiles run without 
 (off-band), partial tiles apply the per-row visible interval [lo_i, hi_i] (on-band), and
 skipped tiles are never loaded.
 
+Shapes as real models run them: q (B, H, N_q, D), k and v (B, H_kv, N_k, D). Query head h
+reads KV head h // GROUP (GQA; H_kv = 1 is MQA). The head dim is padded to the tile width
+HEAD_DIM (a power of two) by masked loads when EVEN_D is off. Rows that see no key keep l = 0:
+they store 0 and, with RETURN_LSE, a log-sum-exp of -inf.
+
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
 interpreter cannot run, so it is only set on CUDA.
@@ -45,10 +50,11 @@ def _smid():
 
 @triton.jit
 def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
-               offs_m, offs_d, row_lo, row_hi, idx_ptr, kb_start, count, step0, N_CTX, qk_scale,
+               offs_m, offs_d, d_ok, row_lo, row_hi, idx_ptr, kb_start, count, step0, N_K, qk_scale,
                tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
+               EVEN_D: tl.constexpr,
                TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for i in range(0, count):
@@ -62,11 +68,16 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
         # -- load K^T, compute qk --
         k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]     # (D, BLOCK_N)
         if IS_PARTIAL:
-            k = tl.load(k_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
+            if EVEN_D:
+                k = tl.load(k_ptrs, mask=offs_n[None, :] < N_K, other=0.0)
+            else:
+                k = tl.load(k_ptrs, mask=(offs_n[None, :] < N_K) & d_ok[:, None], other=0.0)
         elif USE_TMA:
             k = tl.trans(k_desc.load([row_base + k_block * BLOCK_N, 0]))      # bulk tensor copy
-        else:
+        elif EVEN_D:
             k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)              # padded D: zeros
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
@@ -90,11 +101,16 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
         # -- load V, accumulate --
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]     # (BLOCK_N, D)
         if IS_PARTIAL:
-            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_CTX, other=0.0)
+            if EVEN_D:
+                v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
+            else:
+                v = tl.load(v_ptrs, mask=(offs_n[:, None] < N_K) & d_ok[None, :], other=0.0)
         elif USE_TMA:
             v = v_desc.load([row_base + k_block * BLOCK_N, 0])
-        else:
+        elif EVEN_D:
             v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         if UPCAST_DOT:
             # bf16 operands, rounded as on the GPU, multiplied in fp32 (the interpreter's bf16 dot is broken)
             acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc, input_precision="ieee")
@@ -123,12 +139,12 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
 def _work_item(work, program, order,
                Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc,
+               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
                tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
-               H, N_CTX, n_qb, n_kb, qk_scale,
+               H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-               USE_TMA: tl.constexpr,
+               USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     if TRACE_WORK and HW_CLOCK:
@@ -137,22 +153,26 @@ def _work_item(work, program, order,
     q_block = work % n_qb
     off_b = (bh // H).to(tl.int64)
     off_h = (bh % H).to(tl.int64)
+    off_hkv = off_h // GROUP                  # grouped-query attention: the KV head this head reads
     offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim                  # all true unless D is padded to HEAD_DIM
     q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
     o_base = O + off_b * stride_ob + off_h * stride_oh
     # -- load the Q block once; it stays on chip for the whole K/V sweep --
     q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]          # (BLOCK_M, D)
-    in_seq = offs_m < N_CTX
-    row_base = bh * N_CTX                      # first row of this head in the (B*H*N, D) view
+    in_seq = offs_m < N_Q
+    kv_row_base = ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * N_K   # KV head's first row in (B*H_kv*N_k, D)
     if USE_TMA:
-        q = q_desc.load([row_base + q_block * BLOCK_M, 0])
-    elif EVEN_M:
+        q = q_desc.load([bh * N_Q + q_block * BLOCK_M, 0])
+    elif EVEN_M and EVEN_D:
         q = tl.load(q_ptrs)
-    else:
+    elif EVEN_D:
         q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0)
     if UPCAST_DOT:
         q = q.to(tl.float32)
     row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
@@ -168,25 +188,33 @@ def _work_item(work, program, order,
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
-    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
-                               offs_m, offs_d, row_lo, row_hi, part_idx, tl.load(full_start + q_block), n_full, 0,
-                               N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
+                               offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block), n_full, 0,
+                               N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
+                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
+                               TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
-    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
-                               offs_m, offs_d, row_lo, row_hi, part_idx + q_block * n_kb, 0, n_part, n_full,
-                               N_CTX, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
+                               offs_m, offs_d, d_ok, row_lo, row_hi, part_idx + q_block * n_kb, 0, n_part, n_full,
+                               N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
+                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
+                               TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- epilogue: one normalisation per row --
-    if EVEN_M:
+    if SAFE_DIV:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
+    else:
         out = acc / l_i[:, None]
-    else:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]                  # padded rows: l = 0
     o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :]
-    if EVEN_M:
+    if EVEN_M and EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty))
-    else:
+    elif EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None])
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :])
+    if RETURN_LSE:
+        # natural-log log-sum-exp per row: (m + log2 l) * ln 2; -inf where a row saw no key
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+        tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, lse, mask=in_seq)
     if TRACE_WORK:
         rec = tr_work + work.to(tl.int64) * 5
         if STORE_ORDER:  # otherwise the host derives both: program from the work list, order from t_start
@@ -201,13 +229,14 @@ def _work_item(work, program, order,
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc,
+                    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
                     work_list, work_counter,
                     tr_work, tr_counter, tr_tiles, tr_rows, row_slot, trace_bh,
-                    H, N_CTX, n_qb, n_kb, n_work, qk_scale,
+                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, n_work, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
+                    UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr, EVEN_D: tl.constexpr,
+                    SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     pid = tl.program_id(0)
@@ -219,9 +248,9 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                       part_cnt, part_idx, q_desc, k_desc, v_desc, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
-                       H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                       H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
@@ -235,7 +264,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
         _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                   part_cnt, part_idx, q_desc, k_desc, v_desc, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
-                   H, N_CTX, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                   part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                   H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)

@@ -1,29 +1,37 @@
 """Textbook attention that materialises S and P: the baseline for the memory and traffic curves."""
 
-import math
 from functools import lru_cache
 
 import torch
 
-from .flash import check_inputs
 from .masks import parse_mask
+from .shapes import check_inputs, expand_kv, softmax_scale
 
 
 def naive_attention(q, k, v, mask="causal", sm_scale=None):
-    """S = QK^T/sqrt(d) and P = softmax(S) are written to memory in the input dtype, then O = PV."""
+    """S = QK^T * scale and P = softmax(S) are written to memory in the input dtype, then O = PV.
+    q (B, H, N_q, D); k, v (B, H_kv, N_k, D); rows that see no key give 0, as in the kernel."""
     check_inputs(q, k, v, for_kernel=False)
-    b, h, n, d = q.shape
-    spec = parse_mask(mask, n)
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    s = torch.matmul(q, k.transpose(-2, -1)) * sm_scale                    # (B, H, N, N)
-    if spec.kind != "full":
-        s.masked_fill_(_hidden(spec, n, str(q.device)), float("-inf"))      # (N, N) broadcast
-    p = torch.softmax(s, dim=-1)                                             # (B, H, N, N)
+    n_q, n_k, d = q.shape[2], k.shape[2], q.shape[3]
+    spec = parse_mask(mask, n_q, n_k)
+    sm_scale = softmax_scale(sm_scale, d)
+    k, v = expand_kv(q, k), expand_kv(q, v)                                 # (B, H, N_k, D)
+    s = torch.matmul(q, k.transpose(-2, -1)) * sm_scale                    # (B, H, N_q, N_k)
+    hidden, empty_rows = _hidden(spec, n_q, n_k, str(q.device))
+    if hidden is not None:
+        s.masked_fill_(hidden, float("-inf"))                                # (N_q, N_k) broadcast
+    p = torch.softmax(s, dim=-1)                                             # (B, H, N_q, N_k)
     del s
-    return torch.matmul(p, v)                                                # (B, H, N, D)
+    if empty_rows:
+        p.nan_to_num_(0.0)                                                   # softmax of all -inf
+    return torch.matmul(p, v)                                                # (B, H, N_q, D)
 
 
 @lru_cache(maxsize=2)
-def _hidden(spec, n, device):
-    """(N, N) bool, True where the mask hides a key; kept so repeated calls do not rebuild it."""
-    return (~spec.dense(n)).to(device)
+def _hidden(spec, n_q, n_k, device):
+    """((N_q, N_k) bool True where the mask hides a key, or None; whether a row sees no key),
+    kept so repeated calls do not rebuild it."""
+    visible = spec.dense(n_q, n_k)
+    if bool(visible.all()):
+        return None, False
+    return (~visible).to(device), not bool(visible.any(dim=1).all())

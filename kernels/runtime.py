@@ -10,7 +10,10 @@ import os
 # Linux and WSL2 device nodes; without them there is no CUDA device to ask torch about
 _NVIDIA_NODES = ("/dev/nvidiactl", "/dev/dxg")
 
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+# the kernel takes any head dim 1..MAX_HEAD_DIM (padded inside to a power of two with masked
+# loads); these are the ones menus offer (GPT-2 64, Phi-2 80, Llama/Mistral/Qwen 128, Gemma-2 256)
+MAX_HEAD_DIM = 256
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 160, 192, 256)
 SCHEDULES = ("natural", "longest_first", "persistent")
 # The CPU interpreter runs one numpy op at a time; past this many computed tiles a run takes
 # minutes, so we refuse and point to a GPU or a bundled recording instead.

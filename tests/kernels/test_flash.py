@@ -72,9 +72,10 @@ def test_non_contiguous_inputs(device):
 @pytest.mark.parametrize("bad,fragment", [
     (lambda q: (q[0], q, q), "4 dimensions"),
     (lambda q: (q, q[:, :, :5], q), "same shape"),
+    (lambda q: (q, q[..., :8], q[..., :8]), "share B and D"),
     (lambda q: (q, q.half(), q), "share a dtype"),
     (lambda q: (q.double(), q.double(), q.double()), "not supported"),
-    (lambda q: (q[..., :24], q[..., :24], q[..., :24]), "head dim"),
+    (lambda q: (q.new_zeros(1, 1, 16, 257),) * 3, "head dim"),
     (lambda q: (q[:, :, :0], q[:, :, :0], q[:, :, :0]), ">= 1"),
     (lambda q: ("q", q, q), "torch.Tensor"),
 ])
@@ -133,7 +134,33 @@ def test_tensor_descriptor_path_matches_reference(device):
         assert rel_err(out, ref) < 1e-3, text
 
 
-def test_sm_scale_must_be_positive(device):
+@pytest.mark.parametrize("scale", [-1.0, 0, 0.0, float("inf"), float("nan"), "0.5", True])
+def test_one_sm_scale_rule_for_flash_and_naive(scale, device):
     q = torch.randn(1, 1, 16, 32, device=device)
-    with pytest.raises(ValueError, match="positive"):
-        flash_attention(q, q, q, sm_scale=-1.0)
+    for fn in (flash_attention, naive_attention, reference_attention):
+        with pytest.raises(ValueError, match="finite positive number"):
+            fn(q, q, q, sm_scale=scale)
+
+
+@pytest.mark.parametrize("kw,fragment", [
+    (dict(block_m=0), "block_m=0 is not supported"), (dict(block_m=32.0), "block_m=32.0 is not supported"),
+    (dict(block_n=True), "block_n=True"), (dict(block_n=48), "block_n=48"), (dict(num_warps=3), "num_warps=3"),
+    (dict(num_stages="2"), "num_stages='2'"),
+])
+def test_bad_block_settings_say_what_is_accepted(kw, fragment, device):
+    q = torch.randn(1, 1, 16, 32, device=device)
+    with pytest.raises(ValueError, match=fragment) as exc:
+        flash_attention(q, q, q, **kw)
+    assert "16, 32, 64, 128, 256" in str(exc.value) or "(1, 2, 4, 8, 16)" in str(exc.value) or \
+        "(1, 2, 3" in str(exc.value)
+
+
+def test_inputs_that_require_grad_are_refused(device):
+    q = torch.randn(1, 1, 16, 32, device=device, requires_grad=True)
+    k = torch.randn(1, 1, 16, 32, device=device)
+    with pytest.raises(ValueError, match="forward-only.*scaled_dot_product_attention"):
+        flash_attention(q, k, k)
+    ref, _, _ = reference_attention(q, k, k)
+    with torch.no_grad():                       # inference on a model's parameters is fine
+        assert rel_err(flash_attention(q, k, k, block_m=16, block_n=16), ref) < 1e-3
+    assert rel_err(flash_attention(q.detach(), k, k, block_m=16, block_n=16), ref) < 1e-3

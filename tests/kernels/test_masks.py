@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from kernels.masks import FULL, PARTIAL, SKIPPED, parse_mask
+from kernels.masks import FULL, MASK_KINDS, MASKS, PARTIAL, SKIPPED, MaskSpec, mask_kind, parse_mask
 
 
 def document_text(n, seed=0):
@@ -90,3 +90,103 @@ def test_document_lengths_must_sum_to_n():
 def test_text_round_trip():
     for text in mask_texts(200):
         assert parse_mask(parse_mask(text).text) == parse_mask(text)
+
+
+# -- the N_q x N_k grid (bottom-right aligned) -------------------------------------------------
+
+def rect_masks(n_k):
+    return ["full", "causal", "sliding_window:9", "prefix_lm:13", document_text(n_k, seed=5)]
+
+
+@pytest.mark.parametrize("n_q,n_k", [(1, 50), (13, 77), (77, 13), (64, 64), (100, 37)])
+def test_rectangular_dense_matches_definition_and_intervals(n_q, n_k):
+    i = torch.arange(n_q)[:, None] + (n_k - n_q)        # query i sits at key position i + N_k - N_q
+    j = torch.arange(n_k)[None, :]
+    for text in rect_masks(n_k):
+        spec = parse_mask(text, n_q, n_k)
+        dense = spec.dense(n_q, n_k)
+        assert dense.shape == (n_q, n_k)
+        expect = {"full": (j >= 0) & (i == i), "causal": j <= i, "sliding_window": (j <= i) & (j > i - 9),
+                  "prefix_lm": (j <= i) | (j < 13)}.get(spec.kind)
+        if expect is not None:
+            assert torch.equal(dense, expect.expand(n_q, n_k)), text
+        lo, hi = spec.row_intervals(n_q, n_k)
+        from_intervals = (j >= torch.from_numpy(lo).long()[:, None]) & (j <= torch.from_numpy(hi).long()[:, None])
+        assert torch.equal(dense, from_intervals), text
+        if n_q == n_k:
+            assert torch.equal(dense, spec.dense(n_q)), "one-length form unchanged"
+
+
+def test_document_mask_on_rectangular_grid():
+    """Queries are the last N_q positions of the packed documents."""
+    dense = parse_mask("document:5,3").dense(3, 8)
+    assert dense.tolist() == [[False] * 5 + [True, False, False], [False] * 5 + [True, True, False],
+                              [False] * 5 + [True] * 3]
+
+
+@pytest.mark.parametrize("n_q,n_k,bm,bn", [(50, 300, 16, 64), (300, 50, 64, 16), (1, 200, 16, 32), (130, 257, 32, 32)])
+def test_rectangular_block_map_matches_flex_attention(n_q, n_k, bm, bn):
+    for text in rect_masks(n_k):
+        spec = parse_mask(text, n_q, n_k)
+        pred = spec.predicate(n_q, n_k)
+        flex = create_block_mask(lambda b, h, q, k: pred(q, k), None, None, n_q, n_k, device="cpu",
+                                 BLOCK_SIZE=(bm, bn))
+        ours = spec.block_map(n_q, bm, bn, n_k)
+        assert ours.shape == (-(-n_q // bm), -(-n_k // bn))
+        np.testing.assert_array_equal(flex.kv_num_blocks[0, 0].numpy(), (ours == PARTIAL).sum(1), err_msg=text)
+        full_counts = (flex.full_kv_num_blocks[0, 0].numpy() if flex.full_kv_num_blocks is not None
+                       else np.zeros(ours.shape[0]))
+        np.testing.assert_array_equal(full_counts, (ours == FULL).sum(1), err_msg=text)
+
+
+# -- the registry and validation (issue 8 items 5, 6, 8) ---------------------------------------
+
+def test_every_kind_is_one_registry_entry():
+    assert MASK_KINDS == tuple(MASKS) == ("full", "causal", "sliding_window", "prefix_lm", "document")
+    for n in (1, 2, 7, 512, 4096):
+        for kind in MASKS.values():
+            text = kind.default_text(n)
+            spec = parse_mask(text, n)                      # the UI default is valid for that N
+            assert spec.kind == kind.name and spec.text == text
+            assert kind.label and kind.syntax
+            if kind.param_label:
+                assert kind.widget in ("int", "lengths") and kind.parse_param(kind.param_text(spec.param)) == spec.param
+    assert parse_mask(mask_kind("sliding_window").default_text(1024)).param == 256
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("sliding_window:" + "9" * 30, "between 1 and 2147483647"), ("prefix_lm:" + "1" * 30, "between 0"),
+    ("document:" + "7" * 25 + ",3", "between 1"), ("sliding_window:" + "9" * 5000, "must be an integer"),
+])
+def test_mask_parameters_are_bounded_when_parsing(text, fragment):
+    with pytest.raises(ValueError, match=fragment) as exc:
+        parse_mask(text)
+    assert len(str(exc.value)) < 400
+
+
+@pytest.mark.parametrize("kind,param,fragment", [
+    ("sliding_window", 0, "between 1"), ("sliding_window", 2.5, "integer"), ("prefix_lm", -1, "between 0"),
+    ("document", (-1, 5), "between 1"), ("document", "3,4", "list of positive"), ("document", (), "1 to"),
+    ("causal", 3, "takes no parameter"), ("bogus", None, "unknown mask kind"), ("sliding_window", True, "integer"),
+    ("sliding_window", 10**30, "between 1"),
+])
+def test_mask_spec_objects_are_validated_however_they_arrive(kind, param, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        MaskSpec(kind, param)
+    spec = MaskSpec("causal")
+    object.__setattr__(spec, "param", 0)                 # forced past the constructor
+    with pytest.raises(ValueError, match="takes no parameter"):
+        parse_mask(spec)
+
+
+def test_long_document_list_errors_are_short():
+    lengths = ",".join(["3"] * 100_000)
+    with pytest.raises(ValueError, match="100000 document lengths sum to 300000") as exc:
+        parse_mask("document:" + lengths, 1000)
+    assert len(str(exc.value)) < 300
+    with pytest.raises(ValueError) as exc:
+        parse_mask("document:" + lengths + ",x")
+    assert len(str(exc.value)) < 400
+    with pytest.raises(ValueError) as exc:
+        parse_mask("nonsense:" + lengths)
+    assert len(str(exc.value)) < 400

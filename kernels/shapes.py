@@ -1,0 +1,79 @@
+"""Input rules shared by the fused kernel, the naive baseline and the float64 reference:
+shapes (GQA/MQA, N_q != N_k, any head dim up to 256), dtypes, devices, softmax scale, autograd.
+Imports torch, never triton."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .runtime import MAX_HEAD_DIM, interpreting
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def padded_head_dim(d: int) -> int:
+    """The tile width the kernel computes with: the next power of two >= 16 (masked loads pad)."""
+    return max(16, 1 << (int(d) - 1).bit_length())
+
+
+def softmax_scale(sm_scale, head_dim: int) -> float:
+    """1/sqrt(D) by default; otherwise a finite positive number (one rule for every kernel)."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise ValueError(f"sm_scale must be a finite positive number or None, got {type(sm_scale).__name__}")
+    value = float(sm_scale)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"sm_scale must be a finite positive number (or None for 1/sqrt(D)), got {value}")
+    return value
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, for_kernel: bool = True) -> None:
+    """q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H % H_kv == 0; one dtype and device.
+    `for_kernel` adds where the Triton kernel can run."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor of shape (B, H, N, D), got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (B, H_kv, N_k, D), got "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    (b, h, n_q, d), (b_k, h_kv, n_k, d_k) = q.shape, k.shape
+    if b != b_k or d != d_k:
+        raise ValueError(f"q (B, H, N_q, D) and k, v (B, H_kv, N_k, D) must share B and D, got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    if min(b, h, n_q, h_kv, n_k) <= 0:
+        raise ValueError(f"B, H, H_kv, N_q and N_k must be >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if h % h_kv:
+        raise ValueError(f"query heads H={h} must be a multiple of the key/value heads H_kv={h_kv} "
+                         "(grouped-query attention: each KV head serves H/H_kv query heads)")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={d} is not supported; use any D from 1 to {MAX_HEAD_DIM}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {q.dtype} is not supported; use float32, float16 or bfloat16")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not for_kernel:
+        return
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("flash_attention is forward-only (no backward pass): the output would carry no "
+                         "gradient. For training use torch.nn.functional.scaled_dot_product_attention; "
+                         "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
+    if interpreting():
+        if q.device.type != "cpu":
+            raise ValueError("TRITON_INTERPRET=1 is set, so the kernel runs in the CPU interpreter: "
+                             "pass CPU tensors, or unset TRITON_INTERPRET to run on the GPU")
+    elif q.device.type != "cuda":
+        raise ValueError(f"tensors are on {q.device}, but the compiled kernel needs CUDA tensors; "
+                         "on a machine without a GPU set TRITON_INTERPRET=1 before importing kernels")
+
+
+def expand_kv(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """(B, H_kv, N_k, D) -> (B, H, N_k, D): query head h reads KV head h // (H / H_kv)."""
+    group = q.shape[1] // t.shape[1]
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
