@@ -196,7 +196,7 @@ def seed000_example() -> dict:
         "naive_bytes": naive, "flash_bytes": flash, "reduction": naive / flash,
         "naive_t2_term_bytes": 4 * 32 * 8192 ** 2 * 2,
         "stated": {"naive_gb": 17.8, "naive_t2_term_gb": 17.6, "flash_mb": 270, "reduction": 65},
-        "note": ("seed 000's '17.6 GB' for the 4hT^2*2 term is a rounding slip: it is "
+        "note": ("the lesson's '17.6 GB' for the 4hT^2*2 term is a rounding slip: it is "
                  "17,179,869,184 B = 17.18 GB; the exact naive total is 17.45 GB, within 2% of "
                  "the stated 17.8 GB"),
     }

@@ -19,7 +19,7 @@ from app.figures import presentation as slide_style
 from app.settings import Settings
 from app.sources import RunError, Source, current_source
 
-MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html", "gif": "image/gif",
+MIME = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf", "html": "text/html", "gif": "image/gif",
         "mp4": "video/mp4", "zip": "application/zip", "json": "application/json"}
 
 
@@ -70,12 +70,7 @@ def banner(src: Source) -> None:
 # -- charts and exports ---------------------------------------------------------------------------
 
 def presentation(fig: go.Figure) -> go.Figure:
-    fig = slide_style(fig)
-    # larger title fonts need a taller top margin, or the title runs into the plot
-    top = fig.layout.margin.t if fig.layout.margin.t is not None else 100
-    fig.update_layout(margin=dict(t=max(top, 150)))
-    fig.update_yaxes(automargin=True)
-    return fig
+    return slide_style(fig)          # the slide template sizes margins to titles and captions
 
 
 def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
@@ -84,7 +79,7 @@ def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
         return export.export_figure(fig, Path(tmp) / f"figure.{fmt}", fmt).read_bytes()
 
 
-def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "html")) -> None:
+def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "pdf", "html")) -> None:
     """A Plotly chart as the page shows it, with its download buttons underneath."""
     if present:
         fig = presentation(fig)

@@ -1,6 +1,7 @@
 """Page 4: memory and traffic. Naive vs flash over N from the bundled sweep (measured peak
-memory with OOM points, time, HBM traffic models and ncu measurements), seed 000's HBM
-calculator and seed 003's table beside the exact counts."""
+memory with the GPU's capacity and OOM points, time, HBM traffic models and ncu measurements),
+the HBM calculator of the vLLM lesson "FlashAttention" and the scaling table of "FlashAttention
+— The Tiling Strategy" beside the exact counts. Sources are named by title, never by file id."""
 
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from app.views.memory_figures import model_curves_figure
 from instrumentation import hbm
 from instrumentation.sweep import load_sweep
 
+LESSON = "the vLLM lesson “FlashAttention” (lesson 3)"
+TILING = "“FlashAttention — The Tiling Strategy”"
+
 s = settings.current()
 st.title("Memory and traffic")
 
@@ -24,7 +28,7 @@ def sweep(path: str, mtime: float):
 
 
 def ncu_vs_models(rows) -> str:
-    """Why measured DRAM bytes and the seeds' models differ, with this sweep's own ratios."""
+    """Why measured DRAM bytes and the sources' models differ, with this sweep's own ratios."""
     measured = rows["dram_read_bytes"] + rows["dram_write_bytes"]
     parts = []
     for impl, model_col in (("naive", "model_naive_bytes"), ("flash", "model_flash_bytes")):
@@ -35,7 +39,7 @@ def ncu_vs_models(rows) -> str:
     flash = rows["impl"] == "flash"
     tiled = (measured[flash] / rows.loc[flash, "model_flash_tiled_bytes"]) if flash.any() else None
     text = ("ncu (DRAM bytes read + written, one forward) against the models — " + "; ".join(parts) + ". "
-            "Naive moves more than seed 000's model because kernels.naive_attention scales S in a "
+            "Naive moves more than the lesson's model because kernels.naive_attention scales S in a "
             "separate pass (one more N×N write and read: 12·T² bytes per head instead of 8·T²). "
             "Flash reads Q, K, V from DRAM about once: its K/V re-reads hit the L2")
     if tiled is not None and len(tiled):
@@ -86,8 +90,9 @@ else:
                        file_name=f"{Path(path).stem}.csv", mime="text/csv", key="mem_sweep_csv",
                        on_click="ignore")
 
-# -- seed 000's calculator ------------------------------------------------------------------------
-st.subheader("HBM-traffic calculator (model, seed 000)")
+# -- the lesson's HBM calculator ------------------------------------------------------------------
+st.subheader("HBM-traffic calculator (model)")
+st.caption(f"The calculator of {LESSON}: bytes that cross HBM for one attention layer, batch 1.")
 c1, c2, c3 = st.columns(3)
 T = c1.select_slider("sequence length T", [2 ** k for k in range(7, 18)], value=8192, key="mem_T")
 h = c2.slider("heads h", 1, 128, 32, key="mem_h")
@@ -96,7 +101,7 @@ c1, c2, c3 = st.columns(3)
 dtype = c1.selectbox("dtype", ["fp16", "bf16", "fp32"], key="mem_dtype")
 bq = c2.select_slider("tile block_q", [16, 32, 64, 128, 256], value=128, key="mem_bq")
 bkv = c3.select_slider("tile block_kv", [16, 32, 64, 128, 256], value=128, key="mem_bkv",
-                       help="seed 000: tile sizes do not move the bars; they change SRAM pressure "
+                       help="as the lesson says: tile sizes do not move the bars; they change SRAM pressure "
                             "and the inner-loop count")
 el = hbm.DTYPE_BYTES[dtype]
 calc = hbm_calculator_numbers(T, h, d, bq, bkv, el)
@@ -112,19 +117,27 @@ common.chart(hbm_calculator_figure(T, h, d, bq, bkv, el), "hbm-calculator", "mem
 ex = hbm.seed000_example()
 st.caption(f"Tiled flash (K/V re-read once per query block of {bq}): "
            f"{calc['flash_tiled_bytes'] / 1e6:.1f} MB ({calc['reduction_tiled']:.1f}×). block_kv = {bkv} "
-           f"changes no byte count. Seed 000's example (T=8192, h=32, d=128, fp16): "
+           f"changes no byte count. The lesson's example (T=8192, h=32, d=128, fp16): "
            f"{ex['naive_bytes'] / 1e9:.2f} GB naive vs {ex['flash_bytes'] / 1e6:.0f} MB flash ≈ "
-           f"{ex['reduction']:.0f}× (the seed states ~17.8 GB, 270 MB, ~65×). {ex['note']}.")
+           f"{ex['reduction']:.0f}× (the lesson states ~17.8 GB, 270 MB, ~65×). {ex['note']}.")
 if not paths:
     common.chart(model_curves_figure(h, d, el, bq), "hbm-model-curves", "mem_model", s.present)
 
-# -- seed 003's table -----------------------------------------------------------------------------
-st.subheader("Seed 003's scaling table, beside the exact counts")
+# -- the tiling article's scaling table ------------------------------------------------------------
+st.subheader("The tiling article's scaling table, beside the exact counts")
+st.caption(f"From {TILING}: HBM traffic of standard and flash attention as N grows, as the article "
+           "states it and as its own per-tile formula counts it.")
 table = hbm.seed003_scaling_table()
+LABELS = {"N": "N (tokens)", "seed_standard_mib": "standard, as stated (MiB)",
+          "seed_flash_mib": "flash, as stated (MiB)", "seed_reduction_stated": "reduction, as stated (×)",
+          "seed_reduction": "reduction of the stated MiB (×)", "exact_standard_mib": "standard, exact (MiB)",
+          "exact_flash_tiled_mib": "flash tiled, exact (MiB)", "exact_flash_ideal_mib": "flash ideal, exact (MiB)",
+          "exact_reduction": "reduction, exact (×)"}
 st.dataframe(table.drop(columns=["why_different"]), hide_index=True,
-             column_config={c: st.column_config.NumberColumn(format="%.1f") for c in table.columns
-                            if c.endswith("_mib") or c.endswith("reduction")})
-st.caption("One head, d = 128, B_q = 128, fp16, MB = MiB. " + table["why_different"].iat[-1] + ".")
+             column_config={c: st.column_config.NumberColumn(LABELS.get(c, c), format="%.1f" if c != "N" else "%d")
+                            for c in table.columns if c != "why_different"})
+st.caption("One head, d = 128, B_q = 128, fp16; the article's “MB” are MiB (2²⁰ B). "
+           + table["why_different"].iat[-1].replace("the seed", "the article") + ".")
 
 # -- the current trace's own count ----------------------------------------------------------------
 st.subheader("Counted from the current trace")

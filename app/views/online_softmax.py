@@ -4,8 +4,8 @@ running max m, sum l and rescale alpha, beside a float64 reference on the same i
 import numpy as np
 import streamlit as st
 
-from app import settings, sources
-from app.figures.softmax import (inputs_for_trace, softmax_error_figure, softmax_state_figure,
+from app import settings, sources, url_state
+from app.figures.softmax import (default_q_row, inputs_for_trace, softmax_error_figure, softmax_state_figure,
                                  softmax_steps, softmax_strip_figure, softmax_tile_figure)
 from app.views import common
 
@@ -29,13 +29,16 @@ def head_inputs(key: str, bh: int, _trace):
 bh = int((trace.meta.get("traced_heads") or [trace.rows["bh"].iat[0]])[0])
 bm, n = int(trace.meta["block_m"]), trace.seq_len
 blocks = sorted(trace.rows.loc[trace.rows["bh"] == bh, "q_block"].unique().tolist())
+# the default row teaches: its running max changes after the first tile, so α < 1 shows up
+teaching_row = default_q_row(trace, bh)
 c1, c2 = st.columns([1, 2])
-qb = c1.selectbox(f"Query block (of {bm} rows; traced ones)", blocks, index=len(blocks) - 1,
-                  key="sm_qblock", help="blocks with per-row state in this trace: "
-                  + ", ".join(map(str, blocks)))
+url_state.control("sm_qblock", teaching_row // bm, options=blocks)
+qb = c1.selectbox(f"Query block (of {bm} rows; traced ones)", blocks, key="sm_qblock",
+                  help="blocks with per-row state in this trace: " + ", ".join(map(str, blocks)))
 rows_in_block = min(bm, n - qb * bm)
-offset = c2.slider("Row inside the block", 0, rows_in_block - 1, min(rows_in_block - 1, bm // 2),
-                   key="sm_offset")
+url_state.control("sm_offset", teaching_row % bm if qb == teaching_row // bm else min(rows_in_block - 1, bm // 2),
+                  options=range(rows_in_block))
+offset = c2.slider("Row inside the block", 0, rows_in_block - 1, key="sm_offset")
 q_row = qb * bm + offset
 
 if trace.meta.get("inputs") not in (None, "instrumentation.make_inputs"):
@@ -48,22 +51,31 @@ if not steps.attrs["inputs_match"]:
              f"either these are not the inputs it saw (seed {trace.meta.get('input_seed', 0)}, head {bh}) "
              "or the kernel is wrong. Treat the comparison below with suspicion.", icon=":material/report:")
 
-last = len(steps) - 1
-st.session_state["sm_step"] = min(int(st.session_state.get("sm_step", 0)), last)
+# steps are numbered from 1 in the slider, the text and the link; default: the first rescale
+n_steps = len(steps)
+rescales = [j + 1 for j in range(1, n_steps) if steps["alpha_kernel"].iat[j] < 1]
+url_state.control("sm_step", rescales[0] if rescales else n_steps, options=range(1, n_steps + 1))
 
 
 def step(delta):
-    st.session_state["sm_step"] = max(0, min(last, st.session_state["sm_step"] + delta))
+    st.session_state["sm_step"] = max(1, min(n_steps, st.session_state["sm_step"] + delta))
 
 
 b1, b2, b3, b4 = st.columns([1, 1, 1, 6])
-b1.button("⏮ first", on_click=lambda: st.session_state.update(sm_step=0), key="sm_first")
-b2.button("◀ prev", on_click=step, args=(-1,), key="sm_prev")
-b3.button("next ▶", on_click=step, args=(1,), key="sm_next")
-if last > 0:
-    b4.slider("step (K tile in the kernel's order)", 0, last, key="sm_step")
-i = int(st.session_state["sm_step"])
+b1.button("First", icon=":material/first_page:", on_click=lambda: st.session_state.update(sm_step=1),
+          key="sm_first")
+b2.button("Prev", icon=":material/chevron_left:", on_click=step, args=(-1,), key="sm_prev")
+b3.button("Next", icon=":material/chevron_right:", on_click=step, args=(1,), key="sm_next")
+if n_steps > 1:
+    b4.slider("Step (K tile in the kernel's order)", 1, n_steps, key="sm_step")
+i = int(st.session_state["sm_step"]) - 1
 r = steps.iloc[i]
+if rescales:
+    st.caption(f"α < 1 (the running max grew and the old m, l, O′ were rescaled) at step"
+               f"{'s' if len(rescales) > 1 else ''} {', '.join(map(str, rescales))}.")
+else:
+    st.caption("This row's running max never changes after its first tile (α = 1 from step 2 on); "
+               f"query row {teaching_row} rescales.")
 
 lo, hi = steps.attrs["visible"]
 st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`) sees keys {lo}–{hi}; "
@@ -100,8 +112,8 @@ common.chart(softmax_error_figure(steps, i), "softmax-error", "sm_error", s.pres
 common.chart(softmax_state_figure(steps, i), "softmax-state", "sm_state", s.present)
 
 with st.expander("Every step as a table"):
-    st.dataframe(steps.drop(columns=["scores"]), hide_index=True)
-with st.expander("The algorithm (seed 000's widget)"):
+    st.dataframe(steps.drop(columns=["scores"]).assign(step=steps["step"] + 1), hide_index=True)
+with st.expander("The algorithm (as the vLLM lesson “FlashAttention” writes it)"):
     st.code("""m, l, O' = -inf, 0, zeros(d)          # running stats, live in SRAM
 for t in tiles:                         # the K blocks this row's mask leaves visible
     S     = q @ K_t.T / sqrt(d)         # 1 x TILE, in SRAM only

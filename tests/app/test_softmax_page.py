@@ -1,0 +1,57 @@
+"""The online-softmax page on a bundled recording: it opens on a row that rescales, counts steps
+from 1, and its row and step live in the link."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from instrumentation.online_softmax import default_q_row  # noqa: E402
+from instrumentation.trace import Trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "data" / "traces" / "n1024_causal_natural"
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="bundled recording missing")
+
+
+def _open(monkeypatch, **query):
+    monkeypatch.delenv("TILESCOPE_DATA", raising=False)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
+    at.query_params.update({"page": "online_softmax", "source": "recorded", "trace": TRACE.name, **query})
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _titles(at):
+    return [json.loads(c.proto.spec)["layout"]["title"] for c in at.get("plotly_chart")]
+
+
+@needs_trace
+def test_opens_on_a_rescaling_row_and_counts_from_one(monkeypatch):
+    at = _open(monkeypatch)
+    trace = Trace.load(TRACE)
+    row = default_q_row(trace)
+    bm = int(trace.meta["block_m"])
+    assert (at.session_state["sm_qblock"], at.session_state["sm_offset"]) == (row // bm, row % bm)
+    step = at.session_state["sm_step"]
+    assert at.slider(key="sm_step").min == 1 and step >= 2          # the first rescale (α < 1)
+    alpha = [m for m in at.metric if m.label.startswith("α")][0]
+    assert float(alpha.value) < 1
+    assert any(f"Step {step} of" in t["text"] for t in _titles(at))
+    assert "⏮" not in " ".join(b.label for b in at.button)
+    at.button(key="sm_first").click().run()
+    assert at.session_state["sm_step"] == 1 and any("Step 1 of" in t["text"] for t in _titles(at))
+    assert at.query_params["sm_step"] == ["1"] or at.query_params["sm_step"] == "1"
+
+
+@needs_trace
+def test_row_and_step_come_from_the_link(monkeypatch):
+    at = _open(monkeypatch, sm_qblock="3", sm_offset="5", sm_step="2")
+    assert (at.session_state["sm_qblock"], at.session_state["sm_offset"], at.session_state["sm_step"]) == (3, 5, 2)
+    assert any("query row 389" in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
+    bad = _open(monkeypatch, sm_step="999")
+    assert any("sm_step" in w.value for w in bad.warning) and not bad.exception
