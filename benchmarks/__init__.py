@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from instrumentation import files
-from instrumentation.inputs import DOC_FRACTIONS, TORCH_DTYPES, document_lengths  # noqa: F401
+from instrumentation.inputs import (DOC_FRACTIONS, TORCH_DTYPES, document_lengths,  # noqa: F401
+                                    visible_pairs)
 from kernels.masks import MaskSpec, parse_mask
 
 SCHEMA = "tilescope.benchmarks/1"
@@ -109,13 +110,6 @@ def resolve_mask(label: str, n: int) -> MaskSpec | None:
     if spec.kind == "document" and sum(spec.param) != n:
         return None
     return spec
-
-
-def visible_pairs(spec, n: int) -> int:
-    """(query, key) pairs the mask lets through (exact; from the per-row intervals)."""
-    spec = parse_mask(spec, n)
-    lo, hi = spec.row_intervals(n)
-    return int(np.maximum(hi.astype(np.int64) - lo.astype(np.int64) + 1, 0).sum())
 
 
 def attention_flops(batch: int, heads: int, n: int, head_dim: int, spec="full") -> int:

@@ -167,9 +167,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def check_writable_target(path, error=FileFormatError) -> Path:
+def check_writable_target(path, error=FileFormatError, probe: bool = False) -> Path:
     """Refuse, in one line, a target that cannot become a file or directory: empty, under a
-    file, or in a place that cannot be created. Nothing is written."""
+    file, or in a place that cannot be created. probe=True also creates and removes an empty
+    temporary directory in the nearest existing parent (permission bits do not tell root,
+    /proc or a read-only mount apart)."""
     if path is None or str(path).strip() == "":
         raise error("the output path is empty; name a directory, e.g. --out data/traces/mine")
     path = Path(path)
@@ -179,6 +181,12 @@ def check_writable_target(path, error=FileFormatError) -> Path:
                 raise error(f"cannot write '{path}': '{parent}' is a file, not a directory")
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise error(f"cannot write '{path}': '{parent}' is not writable")
+            if probe:
+                try:
+                    os.rmdir(tempfile.mkdtemp(prefix=".probe.", dir=parent))
+                except OSError as exc:
+                    raise error(f"cannot write '{path}': {exc.strerror or 'not writable'} "
+                                f"in '{parent}'") from None
             break
     return path
 
@@ -209,7 +217,7 @@ def check_dir_target(path, is_ours: Callable[[Path], bool], force: bool, kind: s
                      error=FileFormatError) -> Path:
     """Refuse to replace what must not be replaced: a file, a directory that is not a `kind`
     (unless empty), or an existing `kind` without force. Nothing is written."""
-    path = check_writable_target(path, error)
+    path = check_writable_target(path, error, probe=True)
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise error(f"cannot write the {kind} to '{path}': a file is there; choose a directory")
     if path.is_dir() and any(path.iterdir()):

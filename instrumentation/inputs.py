@@ -50,10 +50,22 @@ def _memory_bytes() -> int:
         return 16 << 30
 
 
+def visible_pairs(spec, n: int) -> int:
+    """(query, key) pairs the mask lets through (exact; from the per-row intervals, O(N))."""
+    import numpy as np
+
+    from kernels.masks import parse_mask
+
+    lo, hi = parse_mask(spec, n).row_intervals(n)
+    return int(np.maximum(hi.astype(np.int64) - lo.astype(np.int64) + 1, 0).sum())
+
+
 def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=None,
-                interpreter=False, device_bytes=None) -> None:
+                interpreter=False, device_bytes=None, mask=None) -> None:
     """Refuse, by arithmetic alone, sizes that could not be built or run: before anything is
-    allocated. block_m / block_n None means 'the default' (at most MAX_BLOCK)."""
+    allocated. block_m / block_n None means 'the default' (at most MAX_BLOCK). With `mask`
+    and interpreter=True, also refuse runs that must compute more tiles than the interpreter
+    takes (a lower bound: the visible pairs over the tile area)."""
     from kernels.runtime import INTERPRETER_MAX_TILES, MAX_HEAD_DIM
 
     for name, val in (("batch", batch), ("heads", heads), ("sequence length", n),
@@ -81,6 +93,13 @@ def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=N
         raise ValueError(f"at least {batch * heads * n_qb:,} tiles (B*H={batch * heads}, N={n}) "
                          f"is too much for the CPU interpreter (limit {INTERPRETER_MAX_TILES:,}): "
                          "lower N, B or H, run on a GPU, or open a bundled GPU recording")
+    if interpreter and mask is not None:
+        tiles = batch * heads * -(-visible_pairs(mask, n) // (bm * bn))
+        if tiles > INTERPRETER_MAX_TILES:
+            raise ValueError(f"at least {tiles:,} tiles (B*H={batch * heads}, N={n}, mask {mask}) "
+                             f"is too much for the CPU interpreter (limit "
+                             f"{INTERPRETER_MAX_TILES:,}): lower N, B or H, raise the block sizes, "
+                             "run on a GPU, or open a bundled GPU recording")
 
 
 def make_inputs(batch, heads, n, head_dim, dtype="fp16", seed=0, device="cpu", heads_only=None,

@@ -71,8 +71,10 @@ def preflight(args) -> None:
     interpreter = args.device == "cpu" or (args.device == "auto"
                                            and os.environ.get("TRITON_INTERPRET") == "1")
     check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
-                args.block_n, interpreter=interpreter)
+                args.block_n)
     parse_mask(args.mask, args.seq_len)
+    check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
+                args.block_n, interpreter=interpreter, mask=args.mask)
     if args.trace_blocks not in ("auto", "all"):
         args.trace_blocks = parse_q_blocks(args.trace_blocks)
 
@@ -91,15 +93,21 @@ def main(argv=None) -> int:
         return _fail("--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)")
     from kernels import backend
 
-    from .inputs import check_sizes
+    from kernels import default_config
+
+    from .inputs import check_sizes, torch_dtype
     from .recording import make_inputs, record
 
     device = "cuda" if backend() == "cuda" else "cpu"
     blocks = args.trace_blocks
     try:
-        if device == "cuda":
-            check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
-                        args.block_n, device_bytes=torch.cuda.get_device_properties(0).total_memory)
+        # the same checks with the kernel's real block sizes (and the GPU's memory)
+        cfg = default_config(args.head_dim, torch_dtype(args.dtype), args.block_m, args.block_n,
+                             n=args.seq_len)
+        check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, cfg.block_m,
+                    cfg.block_n, interpreter=device == "cpu", mask=args.mask,
+                    device_bytes=torch.cuda.get_device_properties(0).total_memory
+                    if device == "cuda" else None)
         q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,
                               args.seed, device)
         started = time.perf_counter()

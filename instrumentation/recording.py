@@ -83,9 +83,9 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     dev = q.device
     plan = block_plan(spec, n, cfg.block_m, cfg.block_n, dev)
     n_qb, n_kb = plan.n_qb, plan.n_kb
-    if trace_q_blocks == "auto":
+    if isinstance(trace_q_blocks, str) and trace_q_blocks == "auto":
         blocks = default_trace_blocks(n_qb)
-    elif trace_q_blocks == "all":
+    elif isinstance(trace_q_blocks, str) and trace_q_blocks == "all":
         blocks = list(range(n_qb))
     else:
         blocks = parse_q_blocks(trace_q_blocks)
