@@ -152,6 +152,8 @@ def schedule_stats(tl: pd.DataFrame, sms: int | None = None) -> dict:
     tail: from the moment the first SM (of those that ran anything) finishes its last item
     to the end of the kernel: how long part of the GPU sits idle waiting for stragglers.
     imbalance: max / mean of per-SM busy time over the SMs that ran work (1 = perfect).
+    ideal_makespan: total busy time / sms (perfectly even spreading, a lower bound);
+    over_ideal: makespan / ideal_makespan - 1. These tell schedules apart where waves cannot.
     """
     if len(tl) == 0:
         raise ValueError("empty timeline: the trace has no work items")
@@ -161,6 +163,7 @@ def schedule_stats(tl: pd.DataFrame, sms: int | None = None) -> dict:
     dur = (tl["t_end"] - tl["t_start"]).to_numpy()
     busy_total = float(dur.sum())
     per_sm = tl.assign(d=dur).groupby("sm").agg(busy=("d", "sum"), last=("t_end", "max"))
+    ideal = busy_total / sms
     return {
         "makespan": makespan,
         "unit": tl.attrs.get("unit", tl["unit"].iat[0]),
@@ -173,4 +176,8 @@ def schedule_stats(tl: pd.DataFrame, sms: int | None = None) -> dict:
         "idle_fraction": 1.0 - busy_total / (sms * makespan) if makespan > 0 else float("nan"),
         "tail": t1 - float(per_sm["last"].min()),
         "imbalance": float(per_sm["busy"].max() / per_sm["busy"].mean()),
+        "busy_total": busy_total,
+        "ideal_makespan": ideal,
+        "over_ideal": makespan / ideal - 1.0 if ideal > 0 else float("nan"),
+        "first_idle": float(per_sm["last"].min()) - t0,
     }
