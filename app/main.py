@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from app import url_state  # noqa: E402
+from app import sources, url_state  # noqa: E402
 from app.settings import PAGES  # noqa: E402
 from app.sidebar import sidebar  # noqa: E402
 
@@ -29,13 +29,22 @@ pages = {name: st.Page(VIEW_DIR / f"{name}.py", title=title, url_path=name,
 page = st.navigation(list(pages.values()))
 page_name = next(name for name, p in pages.items() if p is page)
 settings = sidebar()
+link_slot = st.sidebar.empty()
 st.session_state["_settings"] = settings
 url_state.write_query(settings, page_name)
 url_state.show_url_errors()
 
+# The view draws into one slot. A live run that is not cached yet runs in an empty slot first,
+# so the previous view's charts and messages leave the screen while the kernel runs.
+view = st.empty() if settings.live and not sources.has_run(settings) else st
+sources.run_before_page(settings, view)
 try:
-    page.run()
+    with view.container():
+        page.run()
 except Exception as exc:  # never a traceback on screen; the log keeps it
     logging.getLogger("tilescope").exception("page %s failed", page_name)
     st.error(f"This view could not be drawn: {type(exc).__name__}: {exc}. Try other settings "
              "(the controls on the left); the rest of the app keeps working.")
+finally:   # after the page: the link carries the page's own controls too
+    with link_slot.container():
+        url_state.show_share_link()

@@ -1,6 +1,12 @@
 """The shared controls in the sidebar: source, recording or upload, the problem (N, mask, D,
 blocks, dtype, B, H), the schedule and presentation mode. `sidebar()` draws them and returns
 the Settings they describe; the button callbacks here change them from a page.
+
+For a live source the problem controls are a fragment: editing them reruns only the sidebar
+(no kernel run), shows what changed and the estimated run time, and one "Run" button applies
+them all (`_applied` in the session). A recording's view follows its controls at once.
+(An st.form would hold the edits too, but it cannot show the estimate or the mask's own
+parameter field until it is submitted.)
 """
 
 from __future__ import annotations
@@ -43,6 +49,21 @@ def mask_from_controls() -> str:
     return kind
 
 
+def staged() -> dict:
+    """The kernel settings the controls show now (for a live source: not necessarily run yet)."""
+    ss = st.session_state
+    out = {k: ss[f"ctl_{k}"] for k in KERNEL_CONTROLS}
+    for k in ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads"):
+        out[k] = int(out[k]) if out[k] is not None else 0
+    out["mask"] = mask_from_controls()
+    return out
+
+
+def apply_staged() -> None:
+    """What the Run button does: the controls' settings become the ones the view shows."""
+    st.session_state["_applied"] = staged()
+
+
 def _sync_controls(settings: dict) -> None:
     ss = st.session_state
     for key in KERNEL_CONTROLS:
@@ -72,6 +93,7 @@ def scale_docs_to_n() -> None:
     scaled = [max(1, math.floor(x * n / total)) for x in lengths]
     scaled[-1] += n - sum(scaled)
     ss["ctl_docs"] = ",".join(map(str, scaled)) if scaled[-1] > 0 else default_docs(n)
+    apply_staged()       # the user asked for it on the page: no second click on Run
 
 
 def open_recording(name: str) -> None:
@@ -88,9 +110,63 @@ def _source_changed() -> None:
         ss["_source_note"] = (f"B×H set from {ss.get('ctl_batch')}×{ss.get('ctl_heads')} to 1×1 for the "
                               "CPU interpreter, so a run takes seconds; raise them below if you like.")
         ss["ctl_batch"], ss["ctl_heads"] = 1, 1
+    if ss.get("ctl_source") in ("gpu", "interpreter"):
+        apply_staged()       # choosing a live source is the request to run
 
 
 # -- the sidebar --------------------------------------------------------------------------------
+
+def _problem_controls(locked: bool) -> None:
+    ss = st.session_state
+    st.number_input("Sequence length N", step=64, key="ctl_seq_len", disabled=locked)
+    st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind", disabled=locked)
+    kind = ss["ctl_mask_kind"]
+    n = ss["ctl_seq_len"]
+    if kind == "sliding_window":
+        ss.setdefault("ctl_window", max(1, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
+        st.number_input("Window W (keys i-W < j <= i)", min_value=1, step=16, key="ctl_window",
+                        disabled=locked)
+    elif kind == "prefix_lm":
+        ss.setdefault("ctl_prefix", max(0, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
+        st.number_input("Prefix length P", min_value=0, step=16, key="ctl_prefix", disabled=locked)
+    elif kind == "document":
+        ss.setdefault("ctl_docs", default_docs(n if isinstance(n, int) and n > 0 else 512))
+        st.text_input("Document lengths (sum to N)", key="ctl_docs", disabled=locked,
+                      help="comma-separated, e.g. 128,256,128 for N=512")
+    st.selectbox("Head dim D", SUPPORTED_HEAD_DIMS, key="ctl_head_dim", disabled=locked)
+    c1, c2 = st.columns(2)
+    c1.selectbox("block_m", BLOCK_SIZES, key="ctl_block_m", disabled=locked)
+    c2.selectbox("block_n", BLOCK_SIZES, key="ctl_block_n", disabled=locked)
+    st.selectbox("dtype", DTYPES, key="ctl_dtype", disabled=locked)
+    c1, c2 = st.columns(2)
+    c1.number_input("batch B", step=1, key="ctl_batch", disabled=locked)
+    c2.number_input("heads H", step=1, key="ctl_heads", disabled=locked)
+    st.selectbox("Schedule", SCHEDULES, key="ctl_schedule", disabled=locked,
+                 help="natural: programs in launch order; longest_first: query blocks with "
+                      "most tiles first; persistent: one program per SM pulls work items")
+
+
+def _changes(applied: dict, want: dict) -> str:
+    return ", ".join(f"{k} {applied.get(k)} → {v}" for k, v in want.items() if applied.get(k) != v)
+
+
+@st.fragment
+def _live_controls() -> None:
+    """The problem controls of a live source: edits rerun only this fragment; Run applies them."""
+    ss = st.session_state
+    _problem_controls(locked=False)
+    want = staged()
+    pending = _changes(ss.get("_applied", {}), want)
+    s = Settings(source=ss["ctl_source"], **want)
+    problems = s.problems()
+    if pending:
+        st.caption(f"**Not run yet:** {pending}.")
+    st.caption(" ".join(problems) if problems else sources.estimate(s))
+    if st.button("▶ Run", key="ctl_run", type="primary" if pending else "secondary",
+                 on_click=apply_staged, width="stretch",
+                 help="run the kernel with the settings above (nothing runs until you press it)"):
+        st.rerun()
+
 
 def sidebar() -> Settings:
     """Render the shared controls; return the settings they describe."""
@@ -132,37 +208,12 @@ def sidebar() -> Settings:
         if locked:
             st.caption("The settings below are the recording's. Switch the source to "
                        f"{SOURCES[live_source]!r} to change them.")
-        st.number_input("Sequence length N", step=64, key="ctl_seq_len", disabled=locked)
-        st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind", disabled=locked)
-        kind = ss["ctl_mask_kind"]
-        n = ss["ctl_seq_len"]
-        if kind == "sliding_window":
-            ss.setdefault("ctl_window", max(1, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
-            st.number_input("Window W (keys i-W < j <= i)", min_value=1, step=16, key="ctl_window",
-                            disabled=locked)
-        elif kind == "prefix_lm":
-            ss.setdefault("ctl_prefix", max(0, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
-            st.number_input("Prefix length P", min_value=0, step=16, key="ctl_prefix", disabled=locked)
-        elif kind == "document":
-            ss.setdefault("ctl_docs", default_docs(n if isinstance(n, int) and n > 0 else 512))
-            st.text_input("Document lengths (sum to N)", key="ctl_docs", disabled=locked,
-                          help="comma-separated, e.g. 128,256,128 for N=512")
-        st.selectbox("Head dim D", SUPPORTED_HEAD_DIMS, key="ctl_head_dim", disabled=locked)
-        c1, c2 = st.columns(2)
-        c1.selectbox("block_m", BLOCK_SIZES, key="ctl_block_m", disabled=locked)
-        c2.selectbox("block_n", BLOCK_SIZES, key="ctl_block_n", disabled=locked)
-        st.selectbox("dtype", DTYPES, key="ctl_dtype", disabled=locked)
-        c1, c2 = st.columns(2)
-        c1.number_input("batch B", step=1, key="ctl_batch", disabled=locked)
-        c2.number_input("heads H", step=1, key="ctl_heads", disabled=locked)
-        st.selectbox("Schedule", SCHEDULES, key="ctl_schedule", disabled=locked,
-                     help="natural: programs in launch order; longest_first: query blocks with "
-                          "most tiles first; persistent: one program per SM pulls work items")
+        if source in ("gpu", "interpreter"):
+            _live_controls()
+        else:
+            _problem_controls(locked)
         st.toggle("Presentation mode", key="ctl_present",
                   help="larger fonts, light background, no clutter: for talks and screenshots")
-    return Settings(source=source, seq_len=int(ss["ctl_seq_len"]), mask=mask_from_controls(),
-                    head_dim=int(ss["ctl_head_dim"]), block_m=int(ss["ctl_block_m"]),
-                    block_n=int(ss["ctl_block_n"]), dtype=ss["ctl_dtype"], batch=int(ss["ctl_batch"]),
-                    heads=int(ss["ctl_heads"]), schedule=ss["ctl_schedule"],
-                    trace=ss.get("ctl_trace", "") if source == "recorded" else "",
+    values = ss.setdefault("_applied", staged()) if source in ("gpu", "interpreter") else staged()
+    return Settings(source=source, **values, trace=ss.get("ctl_trace", "") if source == "recorded" else "",
                     present=bool(ss.get("ctl_present")))

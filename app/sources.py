@@ -30,7 +30,9 @@ from app.settings import SOURCES, Settings
 from instrumentation import Trace, TraceFormatError
 from kernels import INTERPRETER_MAX_TILES, backend, parse_mask
 
-INTERPRETER_S_PER_TILE = 0.007     # measured on 2 CPUs: N=1024 causal 64x64 (136 tiles) ~ 1 s
+INTERPRETER_S_PER_TILE = 0.010     # measured on 2 CPUs: N=1024 causal 64x64 (136 tiles) 1.5 s,
+                                   # 32x32 (528 tiles) 4.3 s; replaced by this server's own runs
+GPU_S_PER_RUN = 0.5                # a traced GPU run after the kernel is compiled
 MAX_UPLOAD_BYTES = 512 << 20       # uncompressed size of an uploaded trace
 
 
@@ -137,6 +139,46 @@ def computed_tiles(s: Settings) -> int:
     return int((bmap != 0).sum()) * s.batch * s.heads
 
 
+@st.cache_resource(show_spinner=False)
+def _run_log() -> dict:
+    """This server's finished live runs: {settings key: (source, computed tiles, seconds)}."""
+    return {}
+
+
+def has_run(s: Settings) -> bool:
+    """Whether these live settings already ran in this server (their trace is cached)."""
+    return tuple(sorted(s.kernel().items())) in _run_log()
+
+
+def seconds_per_tile() -> tuple[float, int]:
+    """(interpreter seconds per computed tile, how many of this server's runs measured it);
+    the prior INTERPRETER_S_PER_TILE until a run of 20+ tiles has finished here."""
+    runs = [(tiles, secs) for src, tiles, secs in list(_run_log().values())[-8:]
+            if src == "interpreter" and tiles >= 20]
+    if not runs:
+        return INTERPRETER_S_PER_TILE, 0
+    rates = sorted(secs / tiles for tiles, secs in runs)
+    return rates[len(rates) // 2], len(runs)
+
+
+def estimate(s: Settings) -> str:
+    """The run time these live settings should take, as a sentence that says it is an estimate."""
+    try:
+        tiles = computed_tiles(s)
+    except ValueError:
+        return "No estimate: the settings are not valid yet."
+    if s.source == "gpu":
+        return (f"{tiles:,} computed tiles: a GPU run takes about {GPU_S_PER_RUN:g} s "
+                "(estimate; the first run also compiles the kernel).")
+    if tiles > INTERPRETER_MAX_TILES:
+        return (f"{tiles:,} computed tiles: more than the interpreter's limit of "
+                f"{INTERPRETER_MAX_TILES:,}; the page will offer the nearest recording instead.")
+    rate, runs = seconds_per_tile()
+    where = f"the median of this server's last {runs} runs" if runs else "measured on a 2-CPU machine"
+    return (f"Estimated run time ≈ {max(0.5, tiles * rate):.1f} s: {tiles:,} computed tiles × "
+            f"{rate * 1e3:.1f} ms per tile in the interpreter ({where}); an estimate, not a promise.")
+
+
 @st.cache_resource(show_spinner=False, max_entries=48)
 def _run_live(key: tuple, source: str) -> tuple[Trace, float]:
     from instrumentation import make_inputs, record   # torch and triton load with the first live run
@@ -174,13 +216,13 @@ def run_live(s: Settings) -> tuple[Trace, float, bool]:
             "(it would take minutes). Lower N, B or H, raise the block sizes, or open a bundled "
             "GPU recording.", nearest=near)
     key = tuple(sorted(s.kernel().items()))
-    what = "on the GPU" if s.source == "gpu" else \
-        f"in the Triton CPU interpreter (~{max(1, round(tiles * INTERPRETER_S_PER_TILE))} s)"
+    what = "on the GPU" if s.source == "gpu" else "in the Triton CPU interpreter"
     started = time.perf_counter()
     try:
         with st.spinner(f"Running the kernel {what}: N={s.seq_len}, {s.mask}, "
-                        f"{s.block_m}×{s.block_n}, {tiles:,} tiles…", show_time=True):
+                        f"{s.block_m}×{s.block_n}, {tiles:,} tiles. {estimate(s)}", show_time=True):
             trace, took = _run_live(key, s.source)
+        _run_log().setdefault(key, (s.source, tiles, took))
     except ValueError as exc:
         raise RunError(str(exc)) from None
     except Exception as exc:  # OOM and driver errors: say so, keep the app alive
@@ -210,11 +252,23 @@ class Source:
 
 
 def current_source(s: Settings) -> Source:
-    """Resolve the settings' source to a trace; raises RunError with a message on failure."""
+    """Resolve the settings' source to a trace; raises RunError with a message on failure.
+
+    A live run that main.py already started in this script run is not started again (a failed
+    run is not cached by Streamlit, so its error is kept here for the page to show)."""
+    done = st.session_state.get("_live_result")
+    if done is not None and done[0] == s:
+        if isinstance(done[1], RunError):
+            raise done[1]
+        return done[1]
     if s.live:
         trace, took, fresh = run_live(s)
         return Source(trace, SOURCES[s.source], run_s=took, fresh=fresh,
                       key=f"live:{s.source}:{sorted(s.kernel().items())}")
+    return _recorded_or_uploaded(s)
+
+
+def _recorded_or_uploaded(s: Settings) -> Source:
     if s.source == "recorded":
         rec = recording_named(s.trace)
         if rec is None:
@@ -231,3 +285,17 @@ def current_source(s: Settings) -> Source:
                        "files, as written by `python -m instrumentation.record --out DIR`).")
     trace = uploaded_trace(upload)
     return Source(trace, f"upload {upload.name}", key=f"upload:{upload_digest(upload)}")
+
+
+def run_before_page(s: Settings, slot) -> None:
+    """A live run not cached yet runs here, in `slot`, before the page draws: the slot held the
+    previous view, so its charts and stale messages leave the screen while the kernel runs."""
+    st.session_state.pop("_live_result", None)
+    if not s.live or has_run(s) or s.problems():
+        return
+    with slot:
+        try:
+            result = current_source(s)
+        except RunError as exc:
+            result = exc
+    st.session_state["_live_result"] = (s, result)

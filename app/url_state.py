@@ -1,10 +1,25 @@
-"""The URL and the session: a link reproduces a view.
+"""The URL and the session: a link reproduces a view, the sidebar's and the page's own controls.
 
 The shared controls live in st.session_state under `ctl_*` keys; they are seeded once per
 session from the URL (`init_session`) and written back to the URL on every run (`write_query`).
+
+A page backs one of its own widgets with the URL in one line, called just before the widget:
+
+    url_state.control("sched_color", "tiles_visited", options=COLOUR_BY)
+    st.selectbox("Colour work items by", COLOUR_BY, key="sched_color")   # key only: no index/value
+
+`control(key, default, parse=None, options=None)` seeds st.session_state[key] from the link
+(parsed by `parse`, else by the type of `default`: int, float, bool as 1/0, str, or a list as
+comma-separated items) or from `default`, resets a value that is no longer among `options`,
+writes the value into the URL under `key` (left out while it equals the default) and returns
+it. A link value that does not parse or is not an option is a warning on the page, and the
+default is used. The parameter lives in the URL only while its page is shown.
+`share_link()` is the full URL of the current view (the sidebar shows it with a copy button).
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlencode
 
 import streamlit as st
 
@@ -88,20 +103,106 @@ def init_session() -> None:
     for key in ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule"):
         ss[f"ctl_{key}"] = values[key]
     ss.update(mask_to_controls(values["mask"]))
+    ss["_applied"] = {k: values[k] for k in DEFAULTS}      # a live link runs as it opens
     ss["ctl_present"] = qp.get("present", "0") in ("1", "true", "yes")
     ss["_url_errors"] = errors
+    ss["_link_params"] = {k: v for k, v in qp.items() if k not in SETTING_PARAMS}
     ss["_default_page"] = qp.get("page") if qp.get("page") in PAGES else "schedule"
     if "page" in qp and qp["page"] not in PAGES:
         errors.append(f"page={qp['page']!r} is not a page here ({', '.join(PAGES)}).")
     ss["_initialised"] = True
 
 
+SETTING_PARAMS = ("page", "source", "trace", "present", *DEFAULTS)
+
+
 def write_query(s: Settings, page: str) -> None:
-    want = {"page": page, **s.query()}
-    if st.query_params.to_dict() != want:
+    """The URL of this view: the page, the settings, and the page controls it registered."""
+    ss = st.session_state
+    ss["_page"] = page
+    mine = ss.setdefault("_url_controls", {}).get(page, set())
+    now = st.query_params.to_dict()
+    want = {"page": page, **s.query(), **{k: v for k, v in now.items() if k in mine}}
+    if now != want:
         st.query_params.from_dict(want)
+
+
+def _dump(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _parse(raw: str, default, parse):
+    if isinstance(default, (list, tuple)):
+        item = parse or (type(default[0]) if default else str)
+        return type(default)(item(x) for x in raw.split(",") if x != "")
+    if parse is not None:
+        return parse(raw)
+    if isinstance(default, bool):
+        if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise ValueError(f"{raw!r} is not 1 or 0")
+        return raw.lower() in ("1", "true", "yes")
+    return type(default)(raw) if default is not None else raw
+
+
+def _allowed(value, options) -> bool:
+    if options is None:
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(v in options for v in value)
+    return value in options
+
+
+def control(key: str, default, parse=None, options=None):
+    """Back the page widget `key` with the URL parameter `key`; returns its current value.
+
+    Call it just before the widget and create the widget with `key=key` and no default of its
+    own (st.session_state[key] holds the value)."""
+    ss = st.session_state
+    link = ss.setdefault("_link_params", {})
+    if key not in ss:
+        value = default
+        raw = link.pop(key, None)
+        if raw is None:
+            raw = st.query_params.get(key)
+        if raw is not None:
+            try:
+                value = _parse(raw, default, parse)
+                if not _allowed(value, options):
+                    raise ValueError(f"{raw!r} is not one of {', '.join(map(str, options))}")
+            except (TypeError, ValueError) as exc:
+                st.warning(f"The link's {key}={raw!r} does not fit this view ({exc}); using "
+                           f"{_dump(default)}.", icon=":material/link_off:")
+                value = default
+        ss[key] = value
+    elif not _allowed(ss[key], options):       # e.g. another recording with fewer blocks
+        ss[key] = default
+    value = ss[key]
+    page = ss.get("_page", "")
+    ss.setdefault("_url_controls", {}).setdefault(page, set()).add(key)
+    text = _dump(value)
+    if value == default or (isinstance(value, (list, tuple)) and list(value) == list(default)):
+        if key in st.query_params:
+            del st.query_params[key]
+    elif st.query_params.get(key) != text:
+        st.query_params[key] = text
+    return value
+
+
+def share_link() -> str:
+    """The full URL of the current view (scheme, host, path and every parameter)."""
+    return f"{st.context.url or ''}?{urlencode(st.query_params.to_dict())}"
 
 
 def show_url_errors() -> None:
     for msg in st.session_state.pop("_url_errors", []) or []:
         st.error(f"The link's settings: {msg}")
+
+
+def show_share_link() -> None:
+    """The link to this view, in a code box with a copy button (sidebar)."""
+    st.caption("Link to this view (settings and the page's controls); the icon copies it:")
+    st.code(share_link(), language=None, wrap_lines=True)
