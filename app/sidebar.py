@@ -15,7 +15,7 @@ import math
 
 import streamlit as st
 
-from app import data_sources, sources
+from app import about, data_sources, sources
 from app.data_sources import Recording
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, SCHEDULES, SOURCES, SUPPORTED_HEAD_DIMS,
                           Settings, default_docs, parse_mask)
@@ -214,6 +214,7 @@ def sidebar() -> Settings:
             _problem_controls(locked)
         st.toggle("Presentation mode", key="ctl_present",
                   help="larger fonts, light background, no clutter: for talks and screenshots")
+        about.about_sources()
     values = ss.setdefault("_applied", staged()) if source in ("gpu", "interpreter") else staged()
     return Settings(source=source, **values, trace=ss.get("ctl_trace", "") if source == "recorded" else "",
                     present=bool(ss.get("ctl_present")))

@@ -215,7 +215,7 @@ def traffic_figure(df: pd.DataFrame, meta: dict | None = None, block_q: int | No
                                   f"flash {fmt_bytes(last['flash_ideal'])} = {ratio:,.0f}× less"),
                       template=TEMPLATE, height=600, width=1150,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
-    return caption(fig, "Models are exact byte counts of the seeds' formulas, not measurements: naive = Q,K,V,O "
+    return caption(fig, "Models are exact byte counts of the source texts' formulas, not measurements: naive = Q,K,V,O "
                    f"once + S,P written and read; flash ideal = Q,K,V,O once; flash tiled = K,V re-read once per "
                    f"Q block of {block_q}. ncu: DRAM bytes read + written in one forward. "
                    + ("Measured points: " + sweep_provenance(meta) if "dram_read_bytes" in df else

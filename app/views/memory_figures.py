@@ -23,5 +23,6 @@ def model_curves_figure(h: int, d: int, bytes_per_el: int, block_q: int, ns=None
                                   f"h={h}, d={d}, {bytes_per_el} B per element, batch 1"),
                       xaxis=dict(type="log", title="sequence length N"),
                       yaxis=dict(type="log", title="bytes"), template="plotly_white")
-    return caption(fig, "model: instrumentation.hbm (seeds 000, 001, 003); no caches modelled; "
+    return caption(fig, "model: instrumentation.hbm (the byte formulas of the vLLM lesson, the MathemaTricks post and "
+                        "the Tiling Strategy explainer); no caches modelled; "
                         "no sweep is bundled, so there is nothing measured to show")
