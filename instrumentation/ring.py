@@ -150,6 +150,8 @@ def record_rank(rank: int, world: int, cfg: RingConfig) -> dict:
     if device.type == "cuda":
         ring_ms = time_ms(run, cfg.iters, barrier=True)
         single_ms = time_ms(lambda: _single(q, k, v, cfg.mask), cfg.iters, barrier=False)
+    else:
+        run()    # warm-up: the traced run should not include loading the kernel modules
     rows = [locate(r, cfg.seq_len, world, cfg.layout) for r in cfg.trace_rows]
     local_rows = [loc for owner, loc in rows if owner == rank]
     records = []
@@ -217,7 +219,7 @@ def gather_trace(results: list[dict], cfg: RingConfig, extra_meta: dict | None =
 
     span = steps.groupby("rank").agg(t_start=("compute_start", "min"), t_end=("compute_end", "max"))
     owner = {ch: r for r in range(w) for ch in rank_chunks(r, w, cfg.layout)}
-    work = pd.DataFrame([dict(bh=bh, q_block=qc, program=owner[qc], sm=owner[qc],
+    work = pd.DataFrame([dict(bh=bh, q_block=qc, kv_head=bh % cfg.heads, program=owner[qc], sm=owner[qc],
                               t_start=span.t_start[owner[qc]], t_end=span.t_end[owner[qc]])
                          for bh in range(cfg.batch * cfg.heads) for qc in range(n_chunks)])
 
@@ -252,7 +254,8 @@ def gather_trace(results: list[dict], cfg: RingConfig, extra_meta: dict | None =
     ring_ms = [r["ring_ms"] for r in results]
     single_ms = results[0]["single_ms"]
     slowest = max(ring_ms) if None not in ring_ms else None
-    meta = dict(env, shape=dict(B=cfg.batch, H=cfg.heads, N=n, D=cfg.head_dim), dtype=cfg.dtype,
+    meta = dict(env, shape=dict(B=cfg.batch, H=cfg.heads, N=n, D=cfg.head_dim, N_q=n, N_k=n,
+                                                H_kv=cfg.heads), dtype=cfg.dtype,
                 mask=cfg.mask, block_m=c, block_n=c, n_q_blocks=n_chunks, n_k_blocks=n_chunks,
                 created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 source="live", kind="ring",

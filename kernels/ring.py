@@ -163,24 +163,8 @@ def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
     """(o, lse) of queries q (B, H, N_q, D) against one K/V chunk (B, H_kv, N_k, D): the one place
     ring attention calls a kernel. lse (B, H, N_q) float32, natural log; -inf where no key is seen."""
     from .flash import flash_attention   # loaded on first use, after the interpreter is chosen
-
-    import inspect  # TEMPORARY until "Real shapes:" lands (return_lse, N_q != N_k)
-    if "return_lse" not in inspect.signature(flash_attention).parameters:
-        return _float64_pair(q, k, v, causal, sm_scale)
     return flash_attention(q, k, v, mask="causal" if causal else "full", sm_scale=sm_scale,
                            return_lse=True)
-
-
-def _float64_pair(q, k, v, causal, sm_scale):  # TEMPORARY, see attend_chunk
-    import math
-    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    s = q.double() @ k.double().transpose(-2, -1) * scale
-    nq, nk = q.shape[2], k.shape[2]
-    if causal:
-        hide = torch.ones(nq, nk, dtype=torch.bool, device=q.device).triu(nk - nq + 1)
-        s = s.masked_fill(hide, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    return (torch.softmax(s, -1) @ v.double()).to(q.dtype), lse.float()
 
 
 # -- per-step clock: CUDA events on the streams, or the host clock under gloo ----------------------
@@ -337,10 +321,10 @@ def _row_stats(q, k_held, call, chunk, kv_chunks, lse_p, rows, sm_scale) -> list
     """For traced local rows inside this call (batch 0, head 0): the row's partial softmax state
     (m, l) over each K/V chunk of the call, in float64 beside the kernel (one row against the
     chunk), and the kernel's lse for the whole call, which the merged states must reproduce."""
-    import math
+    from .shapes import softmax_scale
 
     out = []
-    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    scale = softmax_scale(sm_scale, q.shape[-1])
     nq, nk = call.q_hi - call.q_lo, call.k_hi - call.k_lo
     for row in rows:
         if not call.q_lo <= row < call.q_hi:

@@ -37,6 +37,9 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
         o, lse = ring_attention(qs, ks, vs, mask=mask, layout=layout, return_lse=True,
                                 trace=records.append)
         results[mask, layout] = (o.cpu(), lse.cpu(), records)
+    # GQA: every query head of the pair reads the one K/V head that travels
+    qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
+    results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
     return results
 
 
@@ -53,6 +56,8 @@ def test_ring_matches_float64_attention(world):
         assert torch.allclose(lse.double(), m + torch.log(l), atol=1e-4), (world, mask, layout)
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout)
+    ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
+    assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
 
 
 def _check_steps(records, rank, world, mask, layout):
