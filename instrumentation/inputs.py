@@ -103,17 +103,23 @@ def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=N
 
 
 def make_inputs(batch, heads, n, head_dim, dtype="fp16", seed=0, device="cpu", heads_only=None,
-                per_head=True):
+                per_head=True, kv_heads=None, kv_len=None):
     """Reproducible random q, k, v (B, H, N, D).
 
     per_head=True: each head from its own CPU generator, so any machine can regenerate one head
     (heads_only=[bh], for the online-softmax page) without the others.
     per_head=False: one generator on `device`, three randn calls (fast at GPU sizes; sweeps and
-    ncu probes use it)."""
+    ncu probes use it).
+    kv_heads / kv_len (GQA, N_q != N_k): q (B, H, N, D), k and v (B, H_kv, N_k, D); per head, q of
+    head bh and k, v of its KV head come from their own generators (heads_only=[bh] gives that
+    head's q and its KV head's k, v). Left out, the square MHA inputs are the same as ever."""
     import torch
 
     tdtype = torch_dtype(dtype)
     check_sizes(batch, heads, n, head_dim, dtype_name(tdtype))
+    if kv_heads not in (None, heads) or kv_len not in (None, n):
+        return _make_kv_inputs(batch, heads, n, head_dim, tdtype, seed, device, heads_only, per_head,
+                               kv_heads or heads, kv_len or n)
     if not per_head:
         g = torch.Generator(device=device).manual_seed(int(seed))
         shape = (batch, heads, n, head_dim)
@@ -130,6 +136,35 @@ def make_inputs(batch, heads, n, head_dim, dtype="fp16", seed=0, device="cpu", h
         out = out.view(3, 1, len(bhs), n, head_dim)
     q, k, v = (t.contiguous().to(device) for t in out)
     return q, k, v
+
+
+def _make_kv_inputs(batch, heads, n, head_dim, tdtype, seed, device, heads_only, per_head, kv_heads, kv_len):
+    import torch
+
+    if heads % kv_heads or kv_len < 1:
+        raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}, kv_len >= 1 (got {kv_len})")
+    if not per_head:
+        g = torch.Generator(device=device).manual_seed(int(seed))
+        q = torch.randn((batch, heads, n, head_dim), device=device, dtype=tdtype, generator=g)
+        k, v = (torch.randn((batch, kv_heads, kv_len, head_dim), device=device, dtype=tdtype, generator=g)
+                for _ in range(2))
+        return q, k, v
+    group = heads // kv_heads
+    bhs = list(range(batch * heads)) if heads_only is None else [int(x) for x in heads_only]
+    kvs = sorted({(bh // heads) * kv_heads + (bh % heads) // group for bh in bhs}) if heads_only is None \
+        else [(bh // heads) * kv_heads + (bh % heads) // group for bh in bhs]
+    q = torch.stack([torch.randn(n, head_dim, generator=torch.Generator().manual_seed(int(seed) * 1_000_003 + bh))
+                     for bh in bhs])
+    kv = torch.stack([torch.randn(2, kv_len, head_dim,
+                                  generator=torch.Generator().manual_seed(int(seed) * 1_000_003 + 7_000_001 + j))
+                      for j in kvs])                                          # (B*H_kv, 2, N_k, D)
+    if heads_only is None:
+        q = q.view(batch, heads, n, head_dim)
+        k, v = (kv[:, i].reshape(batch, kv_heads, kv_len, head_dim) for i in range(2))
+    else:
+        q = q.view(1, len(bhs), n, head_dim)
+        k, v = (kv[:, i].reshape(1, len(bhs), kv_len, head_dim) for i in range(2))
+    return tuple(t.to(tdtype).contiguous().to(device) for t in (q, k, v))
 
 
 def document_lengths(n: int, fractions=DOC_FRACTIONS) -> list[int]:

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--kv-len", type=int, default=None,
+                   help="N_k, keys per head (default: N); queries are the last N of them")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="H_kv, key/value heads (default: H); H must be a multiple (GQA; 1 = MQA)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--schedule", default="natural", choices=["natural", "longest_first", "persistent"])
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
@@ -72,7 +76,13 @@ def preflight(args) -> None:
                                            and os.environ.get("TRITON_INTERPRET") == "1")
     check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
                 args.block_n)
-    parse_mask(args.mask, args.seq_len)
+    for name in ("kv_len", "kv_heads"):
+        val = getattr(args, name)
+        if val is not None and not 1 <= val <= (1 << 24):
+            raise ValueError(f"--{name.replace('_', '-')} {val} is out of range; use 1..{1 << 24}")
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        raise ValueError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
+    parse_mask(args.mask, args.seq_len, args.kv_len)
     check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
                 args.block_n, interpreter=interpreter, mask=args.mask)
     if args.trace_blocks not in ("auto", "all"):
@@ -109,7 +119,7 @@ def main(argv=None) -> int:
                     device_bytes=torch.cuda.get_device_properties(0).total_memory
                     if device == "cuda" else None)
         q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,
-                              args.seed, device)
+                              args.seed, device, kv_heads=args.kv_heads, kv_len=args.kv_len)
         started = time.perf_counter()
         _, trace = record(q, k, v, mask=args.mask, block_m=args.block_m, block_n=args.block_n,
                           schedule=args.schedule, trace_head=args.trace_head, trace_q_blocks=blocks,

@@ -68,7 +68,8 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     """Run the instrumented kernel; return (out, Trace).
 
     level: 'work' (one row per work item) or 'full' (plus tiles and per-row softmax state of
-    head `trace_head`, for `trace_q_blocks`: 'auto', 'all' or a list of query-block indices).
+    head `trace_head` -- a batch*head index, or a list of them -- for `trace_q_blocks`: 'auto',
+    'all' or a list of query-block indices). q (B, H, N_q, D); k, v (B, H_kv, N_k, D).
     measure: on CUDA, also time the untraced and traced kernel (do_bench medians).
     """
     spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
@@ -76,12 +77,16 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         raise ValueError(f"level must be 'work' or 'full', got {level!r}")
     b, h, n, d = q.shape
     check_sizes(b, h, n, d, dtype_name(q.dtype), cfg.block_m, cfg.block_n)
-    if isinstance(trace_head, bool) or not isinstance(trace_head, int):
-        raise ValueError(f"trace_head must be an integer batch*head index, got {trace_head!r}")
-    if not 0 <= trace_head < b * h:
-        raise ValueError(f"trace_head={trace_head} is outside 0..{b * h - 1} (B*H = {b * h})")
+    h_kv, n_k = k.shape[1], k.shape[2]
+    heads = [trace_head] if isinstance(trace_head, int) and not isinstance(trace_head, bool) else \
+        list(trace_head) if isinstance(trace_head, (list, tuple)) else None
+    if not heads or any(isinstance(x, bool) or not isinstance(x, int) for x in heads) or len(heads) > 8:
+        raise ValueError(f"trace_head must be a batch*head index or a list of up to 8, got {trace_head!r}")
+    bad_heads = [x for x in heads if not 0 <= x < b * h]
+    if bad_heads or len(set(heads)) != len(heads):
+        raise ValueError(f"trace_head={trace_head} must name distinct heads in 0..{b * h - 1} (B*H = {b * h})")
     dev = q.device
-    plan = block_plan(spec, n, cfg.block_m, cfg.block_n, dev)
+    plan = block_plan(spec, n, cfg.block_m, cfg.block_n, dev, n_k)
     n_qb, n_kb = plan.n_qb, plan.n_kb
     if isinstance(trace_q_blocks, str) and trace_q_blocks == "auto":
         blocks = default_trace_blocks(n_qb)
@@ -102,12 +107,12 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         return TraceBuffers(
             work=torch.full((b * h * n_qb, 5), -1, dtype=torch.int64, device=dev),
             counter=torch.zeros(1, dtype=torch.int32, device=dev),
-            tiles=torch.full((n_qb, n_kb, 3), -1, dtype=torch.int64, device=dev) if full
+            tiles=torch.full((len(heads), n_qb, n_kb, 3), -1, dtype=torch.int64, device=dev) if full
             else torch.empty(8, dtype=torch.int64, device=dev),
-            rows=torch.full((max(len(blocks), 1) * cfg.block_m, n_kb, 4), float("nan"),
+            rows=torch.full((len(heads), max(len(blocks), 1) * cfg.block_m, n_kb, 4), float("nan"),
                             dtype=torch.float32, device=dev) if full
             else torch.empty(8, dtype=torch.float32, device=dev),
-            row_slot=row_slot.to(dev), trace_bh=int(trace_head), trace_work=True,
+            row_slot=row_slot.to(dev), trace_bh=heads, trace_work=True,
             trace_tiles=full, trace_rows=full and bool(blocks))
 
     kwargs = dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale,
@@ -126,16 +131,21 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     hw = env["backend"] == "cuda"
     work = _decode_work(buffers.work.cpu().numpy(), n_qb, h, plan.tiles_per_q_block, plan.block_map, hw,
                         schedule, plan.work_list(b * h, schedule).cpu().numpy())
-    tiles = _decode_tiles(buffers.tiles.cpu().numpy(), plan.block_map, trace_head, work, hw) if full \
-        else _empty_tiles()
-    rows = _decode_rows(buffers.rows.cpu().numpy(), blocks, cfg.block_m, n, trace_head) if full \
-        else _empty_rows()
-    out_rows = _decode_out(out, blocks, cfg.block_m, n, trace_head)
+    work.insert(3, "kv_head", (work["head"] // (h // h_kv)).astype(np.int32))   # GQA: the KV head read
+    if full:
+        tile_buf, row_buf = buffers.tiles.cpu().numpy(), buffers.rows.cpu().numpy()
+        tiles = pd.concat([_decode_tiles(tile_buf[i], plan.block_map, x, work, hw)
+                           for i, x in enumerate(heads)], ignore_index=True)
+        rows = pd.concat([_decode_rows(row_buf[i], blocks, cfg.block_m, n, x)
+                          for i, x in enumerate(heads)], ignore_index=True)
+    else:
+        tiles, rows = _empty_tiles(), _empty_rows()
+    out_rows = pd.concat([_decode_out(out, blocks, cfg.block_m, n, x) for x in heads], ignore_index=True)
     meta = {
         "schema_version": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **env,
-        "shape": {"B": b, "H": h, "N": n, "D": d},
+        "shape": {"B": b, "H": h, "N": n, "D": d, "N_q": n, "N_k": n_k, "H_kv": h_kv},
         "dtype": DTYPE_NAMES[q.dtype],
         "mask": spec.text,
         "block_m": cfg.block_m, "block_n": cfg.block_n,
@@ -146,7 +156,7 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
                    else b * h * n_qb},
         "schedule": schedule,
         "level": level,
-        "traced_heads": [int(trace_head)] if full else [],
+        "traced_heads": [int(x) for x in heads] if full else [],
         "traced_q_blocks": blocks,
         "clocks": {
             "work": "globaltimer ns, relative to the earliest work start" if hw else

@@ -24,7 +24,7 @@ import pandas as pd
 from . import files
 
 FORMAT = "tilescope-trace"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2     # 2: real shapes -- meta.shape has N_q, N_k, H_kv; work has kv_head
 MANIFEST = "manifest.json"
 
 # columns the rest of the product relies on, per table (DESIGN.md's headless contract); other
@@ -50,8 +50,22 @@ def register_table(name: str, columns) -> None:
     TABLE_COLUMNS[name] = list(columns)
 
 
-# UPGRADES[v](meta, tables) lifts a version-v trace to v + 1 in place; none exist yet
-UPGRADES: dict = {}
+def _upgrade_v1(meta: dict, tables: dict) -> None:
+    """Version 1 traces are square self-attention: N_q = N_k = N, H_kv = H, KV head = head."""
+    shape = meta.get("shape")
+    if isinstance(shape, dict):
+        shape.setdefault("N_q", shape.get("N"))
+        shape.setdefault("N_k", shape.get("N"))
+        shape.setdefault("H_kv", shape.get("H"))
+    work = tables.get("work")
+    if work is not None and "kv_head" not in work.columns and isinstance(shape, dict) \
+            and isinstance(shape.get("H"), int) and shape["H"] > 0:
+        head = work["head"] if "head" in work.columns else work["bh"] % shape["H"]
+        work.insert(min(3, len(work.columns)), "kv_head", head.astype("int32"))
+
+
+# UPGRADES[v](meta, tables) lifts a version-v trace to v + 1 in place
+UPGRADES: dict = {1: _upgrade_v1}
 
 _POS_INT = {"type": "integer", "minimum": 1}
 _NAT_INT = {"type": "integer", "minimum": 0}
@@ -62,8 +76,8 @@ META_SCHEMA = {
     "required": ["shape", "dtype", "mask", "block_m", "block_n", "n_q_blocks", "n_k_blocks",
                  "backend", "device_name"],
     "properties": {
-        "shape": {"type": "object", "required": ["B", "H", "N", "D"],
-                  "properties": {k: _POS_INT for k in ("B", "H", "N", "D")}},
+        "shape": {"type": "object", "required": ["B", "H", "N", "D", "N_q", "N_k", "H_kv"],
+                  "properties": {k: _POS_INT for k in ("B", "H", "N", "D", "N_q", "N_k", "H_kv")}},
         "dtype": {"enum": list(files.DTYPES)},
         "mask": {"type": "string", "minLength": 1, "maxLength": 4096},
         "block_m": _POS_INT, "block_n": _POS_INT, "n_q_blocks": _POS_INT, "n_k_blocks": _POS_INT,
@@ -139,6 +153,16 @@ class Trace:
     @property
     def seq_len(self) -> int:
         return int(self.meta["shape"]["N"])
+
+    @property
+    def kv_len(self) -> int:
+        """N_k, the keys each query row may see (= N for self-attention)."""
+        return int(self.meta["shape"].get("N_k", self.seq_len))
+
+    @property
+    def kv_heads(self) -> int:
+        """H_kv: query heads h share KV head h // (H / H_kv)."""
+        return int(self.meta["shape"].get("H_kv", self.meta["shape"]["H"]))
 
     @property
     def has_hw_timing(self) -> bool:
@@ -282,12 +306,17 @@ def _read_table(root: Path, name: str, entry: dict) -> pd.DataFrame:
 def check_consistent(meta: dict, tables: dict) -> None:
     """Refuse meta that contradicts the tables (e.g. N=99999 on a 128-row trace)."""
     s = meta["shape"]
-    n, bm, bn = s["N"], meta["block_m"], meta["block_n"]
+    n, n_k, bm, bn = s["N_q"], s["N_k"], meta["block_m"], meta["block_n"]
     n_qb, n_kb, bh = meta["n_q_blocks"], meta["n_k_blocks"], s["B"] * s["H"]
     problems = []
-    if n_qb != -(-n // bm) or n_kb != -(-n // bn):
-        problems.append(f"n_q_blocks x n_k_blocks = {n_qb} x {n_kb}, but N={n} in blocks of "
-                        f"{bm} x {bn} gives {-(-n // bm)} x {-(-n // bn)}")
+    if s["N"] != n:
+        problems.append(f"shape N={s['N']} differs from N_q={n}")
+    if s["H"] % s["H_kv"]:
+        problems.append(f"H={s['H']} is not a multiple of H_kv={s['H_kv']}")
+    # flash traces tile the N_q x N_k grid; other recorders (meta.kind, e.g. decode) their own
+    if n_qb != -(-n // bm) or ("kind" not in meta and n_kb != -(-n_k // bn)):
+        problems.append(f"n_q_blocks x n_k_blocks = {n_qb} x {n_kb}, but N_q={n}, N_k={n_k} in "
+                        f"blocks of {bm} x {bn} gives {-(-n // bm)} x {-(-n_k // bn)}")
     work = tables["work"]
     if len(work) != bh * n_qb:
         problems.append(f"the work table has {len(work)} rows, but B*H x n_q_blocks = "

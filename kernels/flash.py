@@ -161,29 +161,46 @@ class TraceBuffers:
 
     work: torch.Tensor          # (B*H*n_qb, 5) int64: program, order, smid, t_start, t_end
     counter: torch.Tensor       # (1,) int32
-    tiles: torch.Tensor         # (n_qb, n_kb, 3) int64 for the traced head: order, c_start, c_end
-    rows: torch.Tensor          # (slots*block_m, n_kb, 4) fp32: k_block, m, l, alpha per step
+    tiles: torch.Tensor         # ([K,] n_qb, n_kb, 3) int64 per traced head: order, c_start, c_end
+    rows: torch.Tensor          # ([K,] slots*block_m, n_kb, 4) fp32: k_block, m, l, alpha per step
     row_slot: torch.Tensor      # (n_qb,) int32: slot of a traced query block, -1 if untraced
-    trace_bh: int
+    trace_bh: int | list        # the traced batch*head index, or a list of K of them
     trace_work: bool
     trace_tiles: bool
     trace_rows: bool
+    _checked: dict = field(default_factory=dict, repr=False)   # (B*H, plan) -> (head_slot, slots)
 
 
 def _check_trace_buffers(trace: TraceBuffers, batch_heads: int, plan: BlockPlan) -> None:
-    """The kernel writes trace buffers without bounds checks: refuse ones sized for another plan."""
+    """The kernel writes trace buffers without bounds checks: refuse ones sized for another plan.
+    Returns (head_slot (B*H,) int32 on the device, row slots per traced head)."""
+    heads = [trace.trace_bh] if isinstance(trace.trace_bh, int) else list(trace.trace_bh)
+    if not heads or len(set(heads)) != len(heads) or not all(0 <= x < batch_heads for x in heads):
+        raise ValueError(f"trace_bh={trace.trace_bh} must name distinct heads in 0..{batch_heads - 1}")
+    n_traced = len(heads)
     want = {"work": (batch_heads * plan.n_qb, 5), "row_slot": (plan.n_qb,)}
     if trace.trace_tiles:
-        want["tiles"] = (plan.n_qb, plan.n_kb, 3)
+        want["tiles"] = (n_traced * plan.n_qb, plan.n_kb, 3)
     if trace.trace_rows:
         want["rows"] = (None, plan.n_kb, 4)
     for name, shape in want.items():
-        got = tuple(getattr(trace, name).shape)
+        buf = getattr(trace, name)
+        got = tuple(buf.reshape(-1, *buf.shape[-2:]).shape) if name in ("tiles", "rows") else tuple(buf.shape)
         if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
-            raise ValueError(f"trace buffer {name!r} has shape {got}, but this call needs {shape} "
-                             f"(N_q={plan.n}, N_k={plan.n_k}, {plan.n_qb}x{plan.n_kb} blocks)")
-    if not 0 <= trace.trace_bh < batch_heads:
-        raise ValueError(f"trace_bh={trace.trace_bh} is outside 0..{batch_heads - 1}")
+            raise ValueError(f"trace buffer {name!r} has shape {tuple(buf.shape)}, but this call needs "
+                             f"{shape} (N_q={plan.n}, N_k={plan.n_k}, {plan.n_qb}x{plan.n_kb} blocks, "
+                             f"{n_traced} traced heads)")
+    slots = 0
+    if trace.trace_rows:
+        rows_per_slot = plan.block_m * plan.n_kb * 4
+        slots = trace.rows.numel() // (n_traced * rows_per_slot)
+        if slots * n_traced * rows_per_slot != trace.rows.numel() or \
+                int(trace.row_slot.max()) >= slots:
+            raise ValueError(f"trace buffer 'rows' holds {trace.rows.numel()} values: not {n_traced} heads x "
+                             f"the traced query blocks x {rows_per_slot}")
+    head_slot = torch.full((batch_heads,), -1, dtype=torch.int32)
+    head_slot[heads] = torch.arange(n_traced, dtype=torch.int32)
+    return head_slot.to(trace.work.device), slots
 
 
 def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num_stages=None):
@@ -240,11 +257,14 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     if hw_clock is None:
         hw_clock = q.device.type == "cuda" and not interpreting()
     if trace is None:
-        tr = (works,) * 5 + (-1,)   # placeholders: with the flags off no trace code is compiled
+        tr = (works,) * 6 + (0,)    # placeholders: with the flags off no trace code is compiled
         flags = (False, False, False)
     else:
-        _check_trace_buffers(trace, b * h, plan)
-        tr = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, trace.trace_bh)
+        key = (b * h, id(plan))     # checked once: timing a traced call then adds no host work
+        if key not in trace._checked:
+            trace._checked[key] = _check_trace_buffers(trace, b * h, plan)
+        head_slot, slots = trace._checked[key]
+        tr = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, head_slot, slots)
         flags = (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     d_tile = padded_head_dim(d)
     tma_fits = (d == d_tile and n % cfg.block_m == 0 and n_k % cfg.block_n == 0

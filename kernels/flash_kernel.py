@@ -140,7 +140,7 @@ def _work_item(work, program, order,
                Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
-               tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+               tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
@@ -180,10 +180,15 @@ def _work_item(work, program, order,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    traced_head = bh == trace_bh
+    # traced heads: head_slot[bh] is this head's slot in the tile / row buffers, -1 if untraced
+    if TRACE_TILES or TRACE_ROWS:
+        hslot = tl.load(head_slot + bh).to(tl.int64)
+    else:
+        hslot = -1
+    traced_head = hslot >= 0
     slot = tl.load(row_slot + q_block)
-    tiles_ptr = tr_tiles + q_block * n_kb * 3
-    rows_ptr = tr_rows + slot.to(tl.int64) * BLOCK_M * n_kb * 4
+    tiles_ptr = tr_tiles + (hslot * n_qb + q_block) * n_kb * 3
+    rows_ptr = tr_rows + (hslot * trace_slots + slot) * BLOCK_M * n_kb * 4
     trace_rows_here = traced_head & (slot >= 0)
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
@@ -231,7 +236,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                     lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
                     work_list, work_counter,
-                    tr_work, tr_counter, tr_tiles, tr_rows, row_slot, trace_bh,
+                    tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                     H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, n_work, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -248,7 +253,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                       part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                       part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                        DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
@@ -264,7 +269,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
         _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                   part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, trace_bh,
+                   part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                    DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)

@@ -206,16 +206,16 @@ def test_named_tables_round_trip_and_are_attributes(recorded, tmp_path):
 
 def test_upgrade_hook_lifts_older_versions(saved, monkeypatch):
     """A schema bump is one place: SCHEMA_VERSION and UPGRADES[old]."""
-    def v1_to_v2(meta, tables):
+    def v2_to_v3(meta, tables):      # a pretend next version on top of the real 1 -> 2 upgrade
         meta["upgraded"] = True
-        tables["work"]["kv_head"] = tables["work"]["bh"]
-    monkeypatch.setattr(trace_mod, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(trace_mod, "UPGRADES", {1: v1_to_v2})
+        tables["work"]["kv_head2"] = tables["work"]["bh"]
+    monkeypatch.setattr(trace_mod, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(trace_mod, "UPGRADES", {**trace_mod.UPGRADES, 2: v2_to_v3})
     back = Trace.load(saved)
-    assert back.meta["upgraded"] and back.meta["schema_version"] == 2
-    assert (back.work.kv_head == back.work.bh).all()
+    assert back.meta["upgraded"] and back.meta["schema_version"] == 3
+    assert (back.work.kv_head2 == back.work.bh).all()
     monkeypatch.setattr(trace_mod, "UPGRADES", {})
-    _refused(saved, "schema version 1")
+    _refused(saved, "schema version 2")
 
 
 # -- JSON and the dtype table ----------------------------------------------------------------------
