@@ -9,11 +9,15 @@
 What it writes (see data/README.md):
 
     traces/n{N}_{mask}_{schedule}/   Trace.save directories: N in {1024, 4096, 16384} x masks
-                                     {full, causal, sliding_window:1024, prefix_lm:512,
+                                     {full, causal, sliding_window:min(1024, N/4), prefix_lm:512,
                                      document:N/8,3N/8,N/4,N/4}, natural schedule; plus causal
                                      N in {4096, 16384} under longest_first and persistent.
                                      bf16, D=128, B=4, H=16, level full: work timing for every
-                                     head, tile and softmax-row detail for head 0.
+                                     head, tile and softmax-row detail for head 0 and the last
+                                     head (the one that starts last).
+    traces/preset-{model}_.../       model presets (kernels.presets, B=1, the model's heads,
+                                     KV heads, D and mask): Llama-3-8B, Mistral-7B, Qwen2.5-7B,
+                                     Gemma-2-9B, Phi-2, chunked prefill (512 of 8192 keys).
     sweeps/{device-slug}.json        naive vs flash: peak memory, median time, OOM points,
                                      analytic HBM models, ncu DRAM bytes at 3 sizes
     MANIFEST.json                    an index of all of the above (file, kind, N, mask, schedule,
@@ -60,15 +64,45 @@ def trace_masks(n: int, quick_cpu: bool = False) -> list[str]:
     if quick_cpu:   # tiny interpreter run: same kinds, parameters scaled to N
         return ["full", "causal", f"sliding_window:{n // 4}", f"prefix_lm:{n // 8}",
                 document_mask(n)]
-    return ["full", "causal", "sliding_window:1024", "prefix_lm:512", document_mask(n)]
+    # a window as long as N would equal causal: keep it a quarter of N at most
+    return ["full", "causal", f"sliding_window:{min(1024, n // 4)}", "prefix_lm:512", document_mask(n)]
+
+
+# (preset, N) recorded with the model's own heads, KV heads, head dim and mask; B = 1
+PRESET_TRACES = (("llama-3-8b", 4096), ("mistral-7b", 8192), ("qwen2.5-7b", 4096),
+                 ("gemma-2-9b", 8192), ("phi-2", 2048), ("chunked-prefill", None))
+PRESET_TRACES_CPU = (("llama-3-8b", 64), ("chunked-prefill", None))
+
+
+def preset_jobs(cpu: bool = False) -> list[dict]:
+    from kernels.presets import preset
+
+    jobs = []
+    for name, n in (PRESET_TRACES_CPU if cpu else PRESET_TRACES):
+        p = preset(name).scaled(max_heads=4) if cpu else preset(name)
+        s = p.shape(n)
+        if cpu:   # interpreter: a short sequence and a window that fits it
+            s.update(n_q=min(s["n_q"], 64), n_k=min(s["n_k"], 256),
+                     mask=s["mask"].replace("4096", "64"))
+        jobs.append(dict(n=s["n_q"], kv_len=s["n_k"], mask=s["mask"], schedule="natural", preset=name,
+                         shape=dict(batch=1, heads=s["heads"], kv_heads=s["kv_heads"],
+                                    head_dim=s["head_dim"], dtype="bf16")))
+    return jobs
 
 
 def mask_slug(mask: str) -> str:
     return mask.replace(":", "-").replace(",", "-")
 
 
-def trace_name(n: int, mask: str, schedule: str) -> str:
+def trace_name(n: int, mask: str, schedule: str, preset: str | None = None, kv_len: int | None = None) -> str:
+    if preset:
+        keys = f"_nk{kv_len}" if kv_len and kv_len != n else ""
+        return f"preset-{preset}_n{n}{keys}_{mask_slug(mask)}_{schedule}"
     return f"n{n}_{mask_slug(mask)}_{schedule}"
+
+
+def job_name(job: dict) -> str:
+    return trace_name(job["n"], job["mask"], job["schedule"], job.get("preset"), job.get("kv_len"))
 
 
 def plan(quick: bool, cpu: bool) -> dict:
@@ -87,6 +121,7 @@ def plan(quick: bool, cpu: bool) -> dict:
     jobs = [dict(n=n, mask=m, schedule="natural") for n in ns for m in trace_masks(n, cpu)]
     jobs += [dict(n=n, mask="causal", schedule=s) for n in sched_ns for s in SCHEDULES
              if s != "natural"]
+    jobs += preset_jobs(cpu)
     return {"traces": jobs, "trace_shape": shape, "sweep": sweep, "ncu_sizes": ncu}
 
 
@@ -99,7 +134,7 @@ def trace_weight(n: int) -> float:
 def trace_caps(jobs, budget=DATA_BUDGET_BYTES * 0.9) -> list[float]:
     """Bytes each trace may take so that all of them fit in `budget`; a trace over its cap is
     re-recorded with fewer traced query blocks (its provenance is kept, never dropped)."""
-    weights = [trace_weight(j["n"]) for j in jobs]
+    weights = [trace_weight(max(j["n"], j.get("kv_len") or 0)) for j in jobs]
     unit = budget / max(sum(weights), 1e-9)
     return [w * unit for w in weights]
 
@@ -128,6 +163,9 @@ def _existing_trace_ok(path: Path, job: dict, shape: dict) -> bool:
     return (m["shape"]["N"] == job["n"] and m["mask"] == job["mask"]
             and m.get("schedule") == job["schedule"] and m["shape"]["B"] == shape["batch"]
             and m["shape"]["H"] == shape["heads"] and m["shape"]["D"] == shape["head_dim"]
+            and m["shape"]["N_k"] == (job.get("kv_len") or job["n"])
+            and m["shape"]["H_kv"] == shape.get("kv_heads", shape["heads"])
+            and len(m.get("traced_heads", [])) == min(2, shape["batch"] * shape["heads"])
             and m["dtype"] == shape["dtype"])
 
 
@@ -161,25 +199,31 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
     from .sweep import _progress
 
     bar = _progress(list(zip(jobs, caps)), progress, "traces")
+    default_shape = shape
     for job, cap in bar:
-        name = trace_name(job["n"], job["mask"], job["schedule"])
+        name = job_name(job)
         path = tdir / name
+        shape = job.get("shape", default_shape)
         if _existing_trace_ok(path, job, shape):
             continue
         if deadline is not None and time.monotonic() > deadline:
             return False
         if hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(name)
-        n = job["n"]
+        n, kv_len = job["n"], job.get("kv_len") or job["n"]
+        key = (n, kv_len, *sorted(shape.items()))
         try:
-            if n not in inputs:
+            if key not in inputs:
                 inputs.clear()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                inputs[n] = make_inputs(shape["batch"], shape["heads"], n, shape["head_dim"],
-                                        shape["dtype"], seed=0, device=device)
-            q, k, v = inputs[n]
-            cfg = default_config(shape["head_dim"], DTYPES[shape["dtype"]], n=n)
+                inputs[key] = make_inputs(shape["batch"], shape["heads"], n, shape["head_dim"],
+                                          shape["dtype"], seed=0, device=device,
+                                          kv_heads=shape.get("kv_heads"), kv_len=kv_len)
+            q, k, v = inputs[key]
+            cfg = default_config(shape["head_dim"], DTYPES[shape["dtype"]], n=max(n, kv_len))
+            # detail for head 0 and the last head, the one that starts last
+            heads = sorted({0, shape["batch"] * shape["heads"] - 1})
             n_qb = -(-n // cfg.block_m)
             tmp = tdir / (name + ".partial")
             candidates = []
@@ -190,8 +234,9 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
             for attempt, blocks in enumerate(candidates):
                 _, trace = record(
                     q, k, v, mask=job["mask"], schedule=job["schedule"], level="full",
-                    trace_head=0, trace_q_blocks=blocks,
+                    trace_head=heads, trace_q_blocks=blocks,
                     meta_extra={"command": command, "recipe": "instrumentation.regenerate",
+                                **({"preset": job["preset"]} if job.get("preset") else {}),
                                 "input_seed": 0, "inputs": "instrumentation.make_inputs",
                                 "trace_q_blocks_request": blocks if blocks == "auto" else
                                 f"{len(blocks)} of {n_qb} query blocks, evenly spaced (fewer "
@@ -237,6 +282,8 @@ def build_manifest(out: Path, command=None, failures=()) -> dict:
             "mask": m["mask"], "schedule": m.get("schedule"), "device": m.get("device_name"),
             "backend": m.get("backend"), "created": m.get("created"), "bytes": dir_bytes(d),
             "B": m["shape"]["B"], "H": m["shape"]["H"], "D": m["shape"]["D"],
+            "N_k": m["shape"]["N_k"], "H_kv": m["shape"]["H_kv"], "preset": m.get("preset"),
+            "traced_heads": m.get("traced_heads", []),
             "dtype": m.get("dtype"), "block_m": m.get("block_m"), "block_n": m.get("block_n"),
             "traced_q_blocks": len(m.get("traced_q_blocks", [])),
             "n_q_blocks": m.get("n_q_blocks"), "untraced_ms": m.get("untraced_ms"),

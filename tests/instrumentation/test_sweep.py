@@ -232,7 +232,7 @@ def test_regenerate_quick_cpu_writes_manifest_and_resumes(tmp_path):
     assert regenerate.main(args) == 0
     man = json.loads((tmp_path / "MANIFEST.json").read_text())
     kinds = [f["kind"] for f in man["files"]]
-    assert kinds.count("trace") == 7 and kinds.count("sweep") == 1 and not man["problems"]
+    assert kinds.count("trace") == 7 + 2 and kinds.count("sweep") == 1 and not man["problems"]   # + 2 presets
     assert man["command"] == "python -m instrumentation.regenerate " + " ".join(args)
     masks = {f["mask"] for f in man["files"] if f["kind"] == "trace"}
     assert masks == {"full", "causal", "sliding_window:64", "prefix_lm:32",
@@ -267,7 +267,7 @@ def test_regenerate_budget_stops_cleanly(tmp_path):
 def test_trace_caps_fit_the_budget():
     from instrumentation.regenerate import DATA_BUDGET_BYTES, document_mask, plan, trace_caps
     jobs = plan(quick=False, cpu=False)["traces"]
-    assert len(jobs) == 15 + 4
+    assert len(jobs) == 15 + 4 + 6           # + model presets (Llama, Mistral, Qwen, Gemma, Phi, chunked)
     assert sum(trace_caps(jobs)) <= DATA_BUDGET_BYTES
     assert document_mask(1024) == "document:128,384,256,256"
     assert {j["mask"] for j in jobs if j["n"] == 16384} >= {"sliding_window:1024", "prefix_lm:512"}
