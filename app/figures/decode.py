@@ -1,0 +1,149 @@
+"""Prefill vs decode figures: pure functions data -> plotly Figure (no Streamlit).
+
+    decode_lanes_figure(lanes_a, lanes_b, ...)   SM lanes of one decode step, two split counts
+    merge_figure(steps, step, ...)              one row's partial states, merged split by split
+    roofline_figure(points, gbps, tflops, ...)  attained FLOP/s vs arithmetic intensity
+    kv_bytes_figure(kv, preset, ...)            KV-cache bytes per token: MHA vs GQA vs MQA
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, title
+
+SPLIT_COLOURS = ["#3d7ab8", "#f4a259", "#59a14f", "#8c6bb1", "#76b7b2", "#9c755f", "#e15759",
+                 "#edc948", "#b07aa1", "#ff9da7"]
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def decode_lanes_figure(lanes_a, lanes_b, label_a: str, label_b: str, sm_count: int,
+                        provenance: str, modelled: bool) -> go.Figure:
+    """Two timelines of the same decode step (programs as bars on SM lanes): the unsplit
+    FlashAttention-2 schedule leaves most SMs idle; the split schedule fills the GPU.
+    lanes_*: a trace's `splits` table with sm, t_start, t_end (ns), b, kv_head, split."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.16,
+                        subplot_titles=[label_a, label_b])
+    t_max = 0.0
+    for row, lanes in ((1, lanes_a), (2, lanes_b)):
+        busy = lanes["sm"].nunique()
+        end_us = float(lanes["t_end"].max()) / 1e3
+        t_max = max(t_max, end_us)
+        colours = [SPLIT_COLOURS[int(s) % len(SPLIT_COLOURS)] for s in lanes["split"]]
+        fig.add_trace(go.Bar(
+            orientation="h", base=lanes["t_start"] / 1e3, x=(lanes["t_end"] - lanes["t_start"]) / 1e3,
+            y=lanes["sm"], marker=dict(color=colours, line=dict(width=0)), width=0.9, showlegend=False,
+            customdata=np.stack([lanes["b"], lanes["kv_head"], lanes["split"], lanes["k_start"],
+                                 lanes["k_end"]], axis=1),
+            hovertemplate="SM %{y}<br>b %{customdata[0]}, KV head %{customdata[1]}, split "
+                          "%{customdata[2]}<br>keys %{customdata[3]}..%{customdata[4]}<br>"
+                          "%{base:.1f} to %{x:.1f} µs long<extra></extra>"), row=row, col=1)
+        fig.add_annotation(text=f"{busy} of {sm_count} SMs busy · ends at {end_us:.1f} µs",
+                           xref="x domain", yref=f"y{row if row > 1 else ''} domain", x=1, y=1.02,
+                           xanchor="right", yanchor="bottom", showarrow=False,
+                           font=dict(size=12, color=NOW if busy < 0.5 * sm_count else "#333"))
+        fig.update_yaxes(range=[-0.5, sm_count - 0.5], title_text="SM", row=row, col=1)
+    timing = "modelled timing (no hardware clocks)" if modelled else "time"
+    fig.update_xaxes(title_text=f"{timing} (µs)", range=[0, t_max * 1.02], row=2, col=1)
+    fig.update_layout(template=TEMPLATE, height=560, bargap=0, title=title(
+        "SM lanes of one decode step", "each bar is one stage-1 program (colour = split); "
+        "empty lanes are idle SMs"))
+    return caption(fig, provenance)
+
+
+def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure:
+    """One query row: each split's (m_j, l_j) and its weight in the final softmax; splits up to
+    `step` are merged, and the running log-sum-exp approaches the final one."""
+    step = int(np.clip(step, 0, len(steps) - 1))
+    merged = steps["step"] <= step
+    names = [str(r.split) for r in steps.itertuples()]
+    ranges = [f"keys {r.k_start}–{r.k_end}" for r in steps.itertuples()]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, column_widths=[0.5, 0.5],
+                        subplot_titles=["weight of each split in the final softmax",
+                                        "m_j, log-sum-exp of each split and of the merge"])
+    fig.add_trace(go.Bar(x=names, y=steps["weight"], name="weight l_j·e^(m_j − lse)",
+                         marker_color=[FULL if m else SKIPPED_GREY for m in merged],
+                         text=[f"{w:.2f}" for w in steps["weight"]], textposition="outside",
+                         customdata=ranges, hovertemplate="split %{x}, %{customdata}<br>weight %{y:.3f}<extra></extra>"),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=names, y=steps["m_j"], mode="markers", name="m_j (split max)",
+                             marker=dict(size=10, color=PARTIAL, symbol="diamond")), row=1, col=2)
+    fig.add_trace(go.Scatter(x=names, y=steps["lse_j"], mode="markers", name="m_j + log l_j",
+                             marker=dict(size=9, color="#8c6bb1")), row=1, col=2)
+    run = steps[merged]
+    fig.add_trace(go.Scatter(x=[names[i] for i in run.index], y=run["lse_run"], mode="lines+markers",
+                             name="merged so far: m + log l", line=dict(color=FULL, width=3)), row=1, col=2)
+    lse = float(steps["lse"].iloc[0])
+    finite = [v for v in [*steps["m_j"], *steps["lse_j"], lse] if np.isfinite(v)]
+    if np.isfinite(lse):
+        fig.add_hline(y=lse, line=dict(color=NOW, dash="dash"), row=1, col=2,
+                      annotation_text=f"kernel lse {lse:.3f}", annotation_position="bottom right")
+    if finite:
+        lo, hi = min(finite), max(finite)
+        fig.update_yaxes(range=[lo - 0.1 * (hi - lo + 1), hi + 0.25 * (hi - lo + 1)], row=1, col=2)
+    cur = steps.iloc[step]
+    fig.update_xaxes(title_text="split j (its key range on hover)", type="category", row=1, col=1)
+    fig.update_xaxes(title_text="split j", type="category", row=1, col=2)
+    fig.update_yaxes(title_text="share of softmax mass (1)", range=[0, 1.15], row=1, col=1)
+    fig.update_yaxes(title_text="natural log units", row=1, col=2)
+    fig.update_layout(template=TEMPLATE, height=470, legend=dict(x=1.02, y=1, font=dict(size=11)),
+                      margin=dict(r=220),
+                      title=title(f"Merging the partial states of {row_label}",
+                                  f"step {step + 1} of {len(steps)}: m = max(m, m_j) = {cur.m_run:.3f}, "
+                                  f"l ← l·{cur.alpha:.3g} + l_j·{cur.beta:.3g} = {cur.l_run:.4g}"))
+    return caption(fig, provenance)
+
+
+def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, provenance: str) -> go.Figure:
+    """Attained TFLOP/s against arithmetic intensity (FLOP per byte) on log axes, under the
+    bandwidth roof (gbps x intensity) and the compute roof."""
+    top = max([p.intensity for p in points] + [tflops * 1e3 / gbps]) * 8
+    xs = np.logspace(-1, np.log10(top), 200)
+    roof = np.minimum(tflops, gbps * xs / 1e3)
+    fig = go.Figure(go.Scatter(x=xs, y=roof, mode="lines", line=dict(color="#333", width=2),
+                               name=f"roof: {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s ({ceiling_source})"))
+    ridge = tflops * 1e3 / gbps
+    fig.add_vline(x=ridge, line=dict(color=SKIPPED_GREY, dash="dot"),
+                  annotation_text=f"ridge {ridge:.0f} FLOP/B", annotation_position="top left")
+    for i, p in enumerate(points):
+        colour = [NOW, FULL, PARTIAL, "#59a14f"][i % 4]
+        ceiling = min(tflops, gbps * p.intensity / 1e3)
+        y = p.tflops if p.tflops else ceiling
+        sym = "circle" if p.tflops else "circle-open"
+        detail = (f"{p.tflops:.1f} TFLOP/s, {p.gbps:.0f} GB/s = {p.gbps / gbps * 100:.0f}% of the roof's bandwidth"
+                  if p.tflops else "no timing: drawn on the roof")
+        fig.add_trace(go.Scatter(x=[p.intensity], y=[y], mode="markers+text", text=[p.label],
+                                 textposition="middle left" if p.intensity > ridge else "middle right", marker=dict(size=13, color=colour, symbol=sym,
+                                                                        line=dict(width=2, color=colour)),
+                                 name=f"{p.label}: {p.intensity:.1f} FLOP/B, {detail} [{p.source}]"))
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per HBM byte)")
+    fig.update_yaxes(type="log", title_text="attained (TFLOP/s)", range=[-2, np.log10(tflops * 3)])
+    fig.update_layout(template=TEMPLATE, height=520, legend=dict(orientation="h", y=-0.3, font=dict(size=11)),
+                      title=title("Prefill is compute bound, decode is bandwidth bound",
+                                  "same attention math; one query row per sequence leaves ~1 FLOP per byte"))
+    return caption(fig, provenance)
+
+
+def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int) -> go.Figure:
+    """Bytes one token adds to the KV cache (all layers), and the cache of the whole batch."""
+    names = list(kv)
+    per_token = [kv[n]["per_token"] for n in names]
+    total = [b * batch * context for b in per_token]
+    fig = go.Figure(go.Bar(x=[f"{n}<br>H_kv = {kv[n]['kv_heads']}" for n in names], y=per_token,
+                           marker_color=[SKIPPED_GREY, FULL, PARTIAL],
+                           text=[f"{_fmt_bytes(b)} / token<br>{_fmt_bytes(t)} for B={batch} × {context}"
+                                 for b, t in zip(per_token, total)], textposition="outside"))
+    fig.update_yaxes(title_text=f"KV-cache bytes per token, {layers} layers (B)",
+                     range=[0, max(per_token) * 1.35])
+    fig.update_layout(template=TEMPLATE, height=430, title=title(
+        f"KV cache per token: {preset} with its own KV heads vs MHA and MQA",
+        "2 (K and V) × H_kv × D × 2 bytes (bf16) per layer; decode reads all of it every step"))
+    return caption(fig, "model: published configurations (config.json of each model), bf16 cache")
