@@ -11,7 +11,7 @@ import kernels  # noqa: F401  (first: chooses the interpreter before triton is i
 from .trace import SCHEMA_VERSION, Trace, TraceFormatError
 
 _LAZY = {"record": "recording", "make_inputs": "inputs", "document_lengths": "inputs", "environment": "recording",
-         "DTYPES": "recording"}
+         "DTYPES": "recording", "record_decode": "decode", "make_decode_inputs": "decode"}
 
 
 def __getattr__(name):
@@ -20,5 +20,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'instrumentation' has no attribute {name!r}")
 
 
-__all__ = ["record", "make_inputs", "environment", "DTYPES", "Trace", "TraceFormatError",
+__all__ = ["record", "record_decode", "make_decode_inputs", "make_inputs", "environment", "DTYPES", "Trace", "TraceFormatError",
            "SCHEMA_VERSION"]
