@@ -1,0 +1,130 @@
+"""Page: across devices. Ring attention recorded on several GPUs (data/ring/): per-rank compute
+and transfers, the ring of K/V chunks, natural vs zigzag balance, and one row's (m, l) merged
+across ranks, the online-softmax merge one level up."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app import data_sources, settings, url_state
+from app.figures.ring import (balance_figure, efficiency_note, overlap_stats, ring_diagram_figure,
+                              ring_merge_figure, ring_provenance, ring_timeline_figure)
+from app.views import common
+
+s = settings.current()
+st.title("Across devices: ring attention")
+st.caption("Past one GPU, each rank keeps a slice of the queries while the keys and values travel "
+           "round a ring (torch.distributed: NCCL between GPUs). Each rank attends its queries to "
+           "the chunk it holds with our kernel, which returns the log-sum-exp, and merges the partial "
+           "results with the same online-softmax algebra that joins tiles inside the kernel. Only K/V "
+           "and the running (m, l, O) ever move: per step B·H_kv·(N/W)·D·2 values, whatever N is.")
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def load(path: str, mtime: float):
+    import instrumentation.ring  # noqa: F401  (declares the ring tables' columns)
+    from instrumentation.trace import Trace
+
+    return Trace.load(path)
+
+
+def recordings() -> dict[str, Path]:
+    return {p.parent.name: p.parent for p in sorted((data_sources.data_dir() / "ring").glob("*/manifest.json"))}
+
+
+recs = recordings()
+if not recs:
+    st.warning("No ring recordings are bundled (data/ring/ is empty). Record one on GPUs with "
+               "`python -m instrumentation.ring --world-size 4 --seq-len 65536 --out data/ring/NAME`, "
+               "or on this CPU with `--backend gloo --seq-len 192`.", icon=":material/folder_off:")
+    st.stop()
+if s.source != "recorded":
+    st.info("This page shows recorded ring runs (several GPUs cannot run inside the app); the "
+            "source control on the left applies to the single-GPU pages.", icon=":material/info:")
+names = list(recs)
+url_state.control("ring_rec", names[0], options=names)
+name = st.selectbox("Recording (data/ring/)", names, key="ring_rec")
+trace = load(str(recs[name]), (recs[name] / "manifest.json").stat().st_mtime)
+meta, ring = trace.meta, trace.meta["ring"]
+steps = trace.ring_steps
+prov = ring_provenance(meta)
+hardware = meta.get("backend") == "cuda"
+st.info(f"**Data: {prov}**  \n" + (efficiency_note(meta) or "no hardware timing (interpreter)") +
+        f" · output vs one device: relative error {ring['rel_err_vs_single']:.1e}", icon=":material/info:")
+
+ov = overlap_stats(steps)
+shape = meta["shape"]
+m = st.columns(5)
+m[0].metric("ranks × tokens", f"{ring['world']} × {shape['N'] // ring['world']:,}",
+            f"N = {shape['N']:,}, H = {shape['H']}, D = {shape['D']}", delta_color="off")
+m[1].metric("layout", ring["layout"], f"{meta['mask']} mask", delta_color="off",
+            help=f"the sequence is cut into chunks of {ring['chunk']:,} rows")
+m[2].metric("ring time", f"{ring['ring_ms']:.2f} ms" if ring.get("ring_ms") else "—",
+            f"one GPU {ring['single_device_ms']:.2f} ms" if ring.get("single_device_ms") else "interpreter",
+            delta_color="off")
+m[3].metric("parallel efficiency", f"{100 * ring['parallel_efficiency']:.0f}%" if ring.get("parallel_efficiency")
+            else "—", "vs one GPU", delta_color="off", help="one-GPU time / (W × ring time)")
+m[4].metric("transfers hidden", f"{100 * ov['hidden']:.0f}%",
+            f"{ov['gbps']:.0f} GB/s per link" if ov["gbps"] and hardware else "", delta_color="off")
+
+st.subheader("1. Per-rank timeline: is the transfer hidden behind compute?")
+common.chart(ring_timeline_figure(steps, prov, hardware), "ring-timeline", "ring_tl", s.present)
+st.caption("Each step's send/receive starts when the previous step's compute has freed the buffer "
+           "and runs on a side stream while this step computes; the next step starts when both are "
+           "done. A transfer that ends after its compute shows as exposed time.")
+
+st.subheader("2. The ring")
+common.chart(ring_diagram_figure(steps, prov), "ring-diagram", "ring_diag", s.present)
+
+st.subheader("3. Natural vs zigzag under a causal mask")
+if meta["mask"] != "causal":
+    st.caption("Under the full mask every pair is visible and both layouts do equal work; the "
+               "balance matters under causal.")
+common.chart(balance_figure(trace.ring_balance, meta["mask"], prov), "ring-balance", "ring_bal", s.present)
+st.caption("Natural: rank r holds chunk r, so under causal the last rank attends to everything and "
+           "rank 0 to one chunk, and every step waits for the busiest rank. Zigzag: rank r holds "
+           "chunks r and 2W−1−r, so every rank does the same work at every step.")
+
+st.subheader("4. One row's (m, l), merged across ranks")
+rows = trace.ring_rows
+q_rows = sorted(int(x) for x in rows.q_row.unique())
+c1, c2 = st.columns([1, 2])
+url_state.control("ring_row", q_rows[-1], int, options=q_rows)
+q_row = c1.selectbox("query row (traced ones)", q_rows, key="ring_row")
+n_parts = int((rows.q_row == q_row).sum())
+url_state.control("ring_step", n_parts, int, options=range(1, n_parts + 1))
+upto = c2.slider("chunks merged", 1, n_parts, key="ring_step") if n_parts > 1 else 1
+final = trace.out.set_index("q_row").lse.get(q_row)
+common.chart(ring_merge_figure(rows, q_row, upto - 1, final, prov), "ring-merge", "ring_merge", s.present)
+st.caption("Per chunk j the rank has (m_j, l_j); merging is m = max(m, m_j), l = l·e^(m_old − m) + "
+           "l_j·e^(m_j − m), and O likewise. The order does not matter (the merge is associative), "
+           "which is why any number of ranks gives the exact result. See the online-softmax page for "
+           "the same merge tile by tile inside one kernel.")
+
+
+def benchmark_table():
+    """Our ring vs torch's context parallel vs one GPU, from data/benchmarks/ring-*.json."""
+    files = sorted((data_sources.data_dir() / "benchmarks").glob("ring-*.json"))
+    if not files:
+        return None
+    doc = json.loads(files[-1].read_text())
+    df = pd.DataFrame(doc["records"])
+    df = df[["world", "mask", "seq_len", "impl", "ms", "parallel_efficiency", "rel_err", "status"]]
+    df["parallel_efficiency"] = (100 * df.parallel_efficiency).round(1)
+    return df.rename(columns={"ms": "time (ms)", "parallel_efficiency": "efficiency (%)",
+                              "seq_len": "N", "rel_err": "rel. error vs ours on 1 GPU"}), doc["meta"]
+
+
+st.subheader("Against PyTorch's context parallel")
+bench = benchmark_table()
+if bench is None:
+    st.caption("No benchmark bundled yet: `python -m benchmarks.ring` on a machine with several GPUs "
+               "writes data/benchmarks/ring-<device>.json.")
+else:
+    df, bmeta = bench
+    st.dataframe(df, hide_index=True)
+    st.caption(f"`{bmeta['command']}` on {bmeta['gpu_count']} × {bmeta['device']}, {bmeta['date'][:10]}, "
+               f"torch {bmeta['torch_version']}: {bmeta['timing']}; efficiency = {bmeta['efficiency']}.")
+common.trace_downloads(trace, "ring_dl")
