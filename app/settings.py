@@ -14,7 +14,8 @@ import streamlit as st
 from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (re-used by pages)
 
 PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
-         "online_softmax": "Online softmax", "memory": "Memory and traffic"}
+         "online_softmax": "Online softmax", "memory": "Memory and traffic",
+         "ring": "Across devices"}
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 DTYPES = ("fp16", "bf16", "fp32")
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
