@@ -100,6 +100,13 @@ def static_frame(fig: go.Figure, frame: int | None = None) -> go.Figure:
         data[j] = {**data[j], **fd}
     still = go.Figure(data=data, layout=layout)
     still.update_layout(fr.get("layout", {}))
+    from app.figures._slide import PLAYER_PX, is_slide
+    if is_slide(still) and base["layout"].get("sliders"):
+        # the slide look kept room under the plot for the player, which a still does not have
+        still.update_layout(margin=dict(b=still.layout.margin.b - PLAYER_PX))
+        for ann in still.layout.annotations:
+            if ann.name == "provenance":
+                ann.yshift += PLAYER_PX
     return still
 
 

@@ -28,6 +28,7 @@ from ._common import SLIDE_SIZE, SLIDE_TEMPLATE, SUBTITLE_SIZE, TITLE_SIZE, axis
 LOOK_KEY = "tilescope_look"
 MAX_TICKS = 16
 MIN_PLOT_PX = 160
+PLAYER_PX = 110            # room for an animation's play buttons and slider
 TICK_SIZE, CAPTION_SIZE, ANNOTATION_SIZE, AXIS_TITLE_SIZE = 20, 14, 18, 22
 
 
@@ -67,7 +68,7 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
         if ann.name == "provenance":
             caption_lines = (ann.text or "").count("<br>") + 1
             ann.font.size = CAPTION_SIZE
-            ann.yshift = -axis_block_px(TICK_SIZE) - (110 if lay.sliders else 0)
+            ann.yshift = -axis_block_px(TICK_SIZE) - (PLAYER_PX if lay.sliders else 0)
         else:
             ann.font.size = ANNOTATION_SIZE
     # axes: template sizes, thinned category ticks
@@ -85,9 +86,10 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     if lay.legend and (lay.legend.orientation == "h" or (lay.legend.y is not None and lay.legend.y < 0.5)):
         lay.legend.update(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top")
     lay.legend.font = None
+    _split_legend_and_colorbar(out)
     bottom = bottom_margin(TICK_SIZE, caption_lines, CAPTION_SIZE)
     if lay.sliders or lay.updatemenus:
-        bottom += 110
+        bottom += PLAYER_PX
         for s in lay.sliders:
             s.font = dict(size=16)
             if s.currentvalue:
@@ -104,10 +106,83 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     top = out.layout.margin.t
     if h - top - bottom < MIN_PLOT_PX:
         out.update_layout(height=top + bottom + MIN_PLOT_PX)
+    _space_rows(out, out.layout.height - top - bottom)
     _fit_axis_titles(out, out.layout.height - top - bottom)
     out.update_layout(margin=dict(b=bottom, l=m.l if m.l is not None and m.l > 80 else 80,
                                   r=m.r if m.r is not None and m.r > 40 else 40))
     return out
+
+
+def _colorbars(fig: go.Figure) -> list:
+    out = []
+    for tr in fig.data:
+        if tr.type in ("heatmap", "contour", "histogram2d") and tr.showscale is not False:
+            out.append(tr.colorbar)
+        marker = getattr(tr, "marker", None)
+        if marker is None or getattr(marker, "showscale", None) is False:
+            continue
+        numeric = marker.color is not None and not isinstance(marker.color, str)
+        if getattr(marker, "showscale", None) or (numeric and getattr(marker, "colorscale", None) is not None
+                                                  and tr.type in ("scatter", "scattergl", "bar")):
+            out.append(marker.colorbar)
+    return out
+
+
+def _split_legend_and_colorbar(fig: go.Figure) -> None:
+    """Legend and colorbar both sit right of the plot: the legend takes the top, the colorbar
+    the bottom half, so they never cover each other."""
+    legend_items = [t for t in fig.data if t.showlegend is not False and t.name]
+    bars = _colorbars(fig)
+    if not bars or fig.layout.showlegend is False or (len(legend_items) < 2 and fig.layout.showlegend is not True):
+        return
+    fig.layout.legend.update(x=1.02, xanchor="left", y=1, yanchor="top")
+    for cb in bars:
+        cb.update(len=0.5, y=0, yanchor="bottom", lenmode="fraction")
+
+
+def _space_rows(fig: go.Figure, plot_px: float) -> None:
+    """Stacked subplots: the gap under a row holds its tick labels, its x-axis title and the
+    next row's subplot title at slide sizes; rows shrink (in proportion) to make the room."""
+    lay = fig.layout
+    ykeys = [k for k in lay if k.startswith("yaxis")]
+    rows = sorted({tuple(round(v, 6) for v in (lay[k].domain or (0, 1))) for k in ykeys}, key=lambda d: -d[1])
+    if len(rows) < 2 or any(a[0] < b[1] - 1e-6 for a, b in zip(rows, rows[1:])):
+        return                              # one row, or overlapping (inset / side-by-side) domains
+    def row_of(yname):
+        d = lay["yaxis" + yname[1:]].domain or (0, 1)
+        return rows.index(tuple(round(v, 6) for v in d))
+    has_title = [False] * len(rows)
+    has_ticks = [False] * len(rows)
+    for k in [k for k in lay if k.startswith("xaxis")]:
+        ax = lay[k]
+        r = row_of(ax.anchor if ax.anchor and ax.anchor.startswith("y") else "y")
+        has_ticks[r] |= ax.showticklabels is not False
+        has_title[r] |= bool(ax.title and ax.title.text)
+    sub_titles = {i: [a for a in lay.annotations if a.name != "provenance" and a.yref == "paper"
+                      and a.y is not None and abs(a.y - rows[i][1]) < 1e-6] for i in range(len(rows))}
+    need = []
+    for i in range(len(rows) - 1):
+        px = (37 if has_ticks[i] else 6) + (34 if has_title[i] else 0) + (30 if sub_titles[i + 1] else 0) + 8
+        need.append(px / plot_px)
+    have = [rows[i][0] - rows[i + 1][1] for i in range(len(rows) - 1)]
+    if all(h >= n for h, n in zip(have, need)):
+        return
+    gaps = [max(h, n) for h, n in zip(have, need)]
+    heights = [r[1] - r[0] for r in rows]
+    free = 1 - sum(gaps) - (1 - rows[0][1]) - rows[-1][0]
+    if free <= 0.2:
+        return                              # not enough room to help: leave the figure's own layout
+    f = free / sum(heights)
+    new, y = [], rows[0][1]
+    for i, hgt in enumerate(heights):
+        new.append((min(max(y - hgt * f, 0.0), 1.0), min(max(y, 0.0), 1.0)))
+        y = y - hgt * f - (gaps[i] if i < len(gaps) else 0)
+    for k in ykeys:
+        r = rows.index(tuple(round(v, 6) for v in (lay[k].domain or (0, 1))))
+        lay[k].domain = new[r]
+    for i, anns in sub_titles.items():
+        for a in anns:
+            a.y = new[i][1]
 
 
 def _fit_axis_titles(fig: go.Figure, plot_px: float) -> None:
