@@ -15,7 +15,7 @@ from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (r
 
 PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
          "online_softmax": "Online softmax", "memory": "Memory and traffic",
-         "decode": "Prefill vs decode"}
+         "ring": "Across devices", "decode": "Prefill vs decode"}
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 DTYPES = ("fp16", "bf16", "fp32")
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
