@@ -18,6 +18,7 @@ from app import export, sidebar
 from app.figures import presentation as slide_style
 from app.settings import Settings
 from app.sources import RunError, Source, current_source
+from app.text import plain
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf", "html": "text/html", "gif": "image/gif",
         "mp4": "video/mp4", "zip": "application/zip", "json": "application/json"}
@@ -35,10 +36,10 @@ def source_or_stop(s: Settings) -> Source:
 
 
 def explain_failure(exc: RunError, s: Settings) -> None:
-    st.error(str(exc), icon=":material/error:")
+    st.error(plain(exc), icon=":material/error:")
     if exc.nearest is not None:
         kind = "GPU recording" if exc.nearest.is_gpu else "recording"
-        st.button(f"Open the nearest bundled {kind}: {exc.nearest.label}",
+        st.button(f"Open the nearest bundled {kind}: {plain(exc.nearest.label)}",
                   on_click=sidebar.open_recording, args=(exc.nearest.name,), key="open_nearest",
                   type="primary")
     elif "interpreter stops at" in str(exc):
@@ -62,9 +63,9 @@ def banner(src: Source) -> None:
     timing = (f" · kernel {m['untraced_ms']:.3f} ms untraced, {m['traced_ms']:.3f} ms traced"
               if m.get("untraced_ms") is not None and m.get("traced_ms") is not None else "")
     ran = f" · ran in {src.run_s:.2f} s" if src.run_s is not None else ""
-    st.info(f"**Data: {src.origin}** · {src.trace.provenance()}  \n"
-            f"backend `{m.get('backend')}` · {m.get('device_name')} ({hw}) · recorded "
-            f"{m.get('created', '?')} · {versions}{timing}{ran}", icon=":material/info:")
+    st.info(f"**Data: {plain(src.origin)}** · {plain(src.trace.provenance())}  \n"
+            + plain(f"backend {m.get('backend')} · {m.get('device_name')} ({hw}) · recorded "
+                    f"{m.get('created', '?')} · {versions}{timing}{ran}"), icon=":material/info:")
 
 
 # -- charts and exports ---------------------------------------------------------------------------
@@ -81,9 +82,10 @@ def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
 
 def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "pdf", "html")) -> None:
     """A Plotly chart as the page shows it, with its download buttons underneath."""
-    if present:
+    if present:   # at its slide size; app/presentation.py scales it to the window
         fig = presentation(fig)
-    st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False})
+    st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False},
+                    width="content" if present else "stretch")
     if exports:
         cols = st.columns([1] * len(exports) + [8 - len(exports)])
         for col, fmt in zip(cols, exports):
@@ -100,9 +102,11 @@ def _deferred(fn, *args):
     return produce
 
 
-def animation_bytes(trace, fmt: str, tl=None) -> bytes:
+def animation_bytes(trace, fmt: str, tl=None, present: bool = False) -> bytes:
+    """GIF / MP4 of the animation; present=True: the slide look at 1920 x 1080."""
     with tempfile.TemporaryDirectory() as tmp:
-        return export.export_animation(trace, Path(tmp) / f"schedule.{fmt}", fmt, tl=tl).read_bytes()
+        return export.export_animation(trace, Path(tmp) / f"schedule.{fmt}", fmt, tl=tl,
+                                       presentation=present).read_bytes()
 
 
 def chrome_trace_bytes(trace, tl) -> bytes:
