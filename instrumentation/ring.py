@@ -172,7 +172,8 @@ def _single(q, k, v, mask):
 
 
 def time_ms(fn, iters: int, barrier: bool) -> float:
-    """Median of `iters` CUDA-event-timed calls after warm-up; ranks start each call together."""
+    """Median over `iters` CUDA-event-timed calls after warm-up. barrier=True (a ring): the ranks
+    start each call together, and a call takes as long as its slowest rank."""
     import torch
     import torch.distributed as dist
 
@@ -189,7 +190,10 @@ def time_ms(fn, iters: int, barrier: bool) -> float:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return float(sorted(times)[len(times) // 2])
+    t = torch.tensor(times, device="cuda")
+    if barrier:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.median().item())
 
 
 # -- gathering ------------------------------------------------------------------------------------
