@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import data_sources, settings, sources
+from app.about import cite
 from app.views import common
 from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, memory_figure,
                                 time_figure, tile_count_point, traffic_figure)
@@ -15,8 +16,8 @@ from app.views.memory_figures import model_curves_figure
 from instrumentation import hbm
 from instrumentation.sweep import load_sweep
 
-LESSON = "the vLLM lesson “FlashAttention” (lesson 3)"
-TILING = "“FlashAttention — The Tiling Strategy”"
+LESSON = cite("vllm_lesson")
+TILING = cite("tiling_strategy")
 
 s = settings.current()
 st.title("Memory and traffic")
