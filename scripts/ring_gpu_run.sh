@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The multi-GPU run behind data/ring/ and data/benchmarks/ring-*.json (issue 12), on a host with
+# 4 GPUs: the ring's gpu-marked tests, the benchmark against torch's context parallel, and three
+# bundled traces. Usage: OUT=/some/dir scripts/ring_gpu_run.sh   (PY=python3 by default)
+# NVLink multicast stays off (the lent machines ask for it; it can take a shared host's GPUs down).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/ring-gpu}
+PY=${PY:-python3}
+mkdir -p "$OUT/ring"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), 'nccl', torch.cuda.nccl.version())"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+echo "== gpu tests"; timeout 170 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
+tail -4 "$OUT/gpu-tests.log"
+echo "== benchmark"; timeout 260 $PY -m benchmarks.ring --iters 8 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+echo "== traces"
+for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
+  set -- $spec
+  timeout 100 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
+    --heads 32 --head-dim 128 --dtype bf16 --iters 8 --out "$OUT/ring/w$1_n$2_causal_$3" 2>&1 | tee -a "$OUT/traces.log"
+done
+tar czf "$OUT/ring-traces.tgz" -C "$OUT" ring && rm -rf "$OUT/ring"
+ls -la "$OUT"
