@@ -358,6 +358,9 @@ def main(argv=None) -> int:
         from .files import check_writable_target
 
         check_writable_target(args.out)
+        out = Path(args.out)
+        if out.exists() and not args.force and (not out.is_dir() or any(out.iterdir())):
+            raise ValueError(f"'{args.out}' already exists; pass --force to replace a trace there")
         trace = record_ring(cfg, {"command": "python -m instrumentation.ring " + shlex.join(argv),
                                   "inputs": "instrumentation.make_inputs", "input_seed": args.seed})
         path = trace.save(args.out, force=args.force)

@@ -78,3 +78,11 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_existing_out_is_refused_before_any_rank_starts(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("mine")
+    assert main(["--world-size", "2", "--seq-len", "64", "--backend", "gloo", "--out", str(tmp_path / "x")]) == 2
+    assert "pass --force" in capsys.readouterr().err
+    assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
