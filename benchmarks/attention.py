@@ -1,8 +1,10 @@
-"""Side-by-side attention timings: our kernel (every schedule) vs SDPA backends vs naive.
+"""Side-by-side attention timings: our kernel (every schedule) vs SDPA backends, FlexAttention, naive.
 
     python -m benchmarks.attention                 # bf16, D=128, B=4, H=16, N=1024..16384
     python -m benchmarks.attention --quick         # N=1024,4096 and shorter timing loops
     python -m benchmarks.attention --config-file data/benchmarks/tuned-<device>.json
+    python -m benchmarks.attention --device cpu --quick   # interpreter smoke run: tiny shapes
+    python -m benchmarks.shapes                    # GQA, odd D, chunked prefill (issue 9)
 
 Every implementation runs on the same inputs (instrumentation.make_inputs). Before an
 implementation is timed its output is checked against a float32 reference on a slice (the first
@@ -11,6 +13,8 @@ full and causal masks the error against the cuDNN output is recorded too. Times 
 triton.testing.do_bench medians. Writes data/benchmarks/<device-slug>.json and prints a table
 with time ratios vs sdpa_cudnn per (mask, N), and, for the masks SDPA cannot express, our time
 relative to our own full attention next to the fraction of tiles the mask leaves to compute.
+FlexAttention ('flex', CUDA only) is torch.compile(flex_attention) with the mask's BlockMask built
+once outside the timing; x_flex = ms / flex's ms at the same (mask, N), the peer for every mask.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch  # noqa: E402
 from kernels import default_config, flash_attention, naive_attention  # noqa: E402
 
 IMPLS = ("sdpa_cudnn", "tilescope", "tilescope:longest_first", "tilescope:persistent",
-         "sdpa_flash", "sdpa_efficient", "naive")
+         "sdpa_flash", "sdpa_efficient", "flex", "naive")
 SCHEDULE_OF = {"tilescope": "natural", "tilescope:natural": "natural",
                "tilescope:longest_first": "longest_first", "tilescope:persistent": "persistent"}
 SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
@@ -42,8 +46,11 @@ NAIVE_MASKS = ("full", "causal")
 DEFAULT_MASKS = "full,causal,sliding_window:1024,prefix_lm:512,document"
 DEFAULT_SEQ_LENS = "1024,2048,4096,8192,16384"
 QUICK_SEQ_LENS = "1024,4096"
+# the CPU interpreter runs one numpy op at a time: shapes it finishes in seconds, not minutes
+CPU_SHAPE = dict(seq_lens="64,128", batch=1, heads=2, head_dim=32)
+GPU_SHAPE = dict(batch=4, heads=16, head_dim=128)
 TABLE_COLUMNS = ["mask", "seq_len", "impl", "status", "ms", "tflops", "pct_matmul", "rel_err",
-                 "x_cudnn", "x_full", "tiles_frac", "pairs_frac", "config"]
+                 "x_cudnn", "x_full", "x_flex", "tiles_frac", "pairs_frac", "config"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(uneven lengths summing to N) or document:L1,L2,... (only where they sum to N)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help=f"comma list of {', '.join(IMPLS)}")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=None, help="default 4 (CPU: 1)")
+    p.add_argument("--heads", type=int, default=None, help="default 16 (CPU: 2)")
+    p.add_argument("--head-dim", type=int, default=None, help="default 128 (CPU: 32)")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for <device-slug>.json")
@@ -90,7 +97,9 @@ def parse_impls(text: str) -> list[str]:
     return [i for i in IMPLS if i in out]
 
 
-def applicable(impl: str, spec) -> bool:
+def applicable(impl: str, spec, device=None) -> bool:
+    if impl == "flex":
+        return device is None or torch.device(device).type == "cuda"
     if impl.startswith("sdpa_"):
         return spec.kind in SDPA_MASKS
     if impl == "naive":
@@ -125,7 +134,34 @@ def make_call(impl, q, k, v, spec, cfg):
         return fn, (lambda: sdpa_kernel(backend))
     if impl == "naive":
         return (lambda: naive_attention(q, k, v, mask=spec)), contextlib.nullcontext
+    if impl == "flex":
+        return flex_call(q, k, v, spec), contextlib.nullcontext
     raise ValueError(f"unknown impl {impl!r}")
+
+
+_FLEX = []   # one compiled flex_attention for the whole run
+
+
+def flex_call(q, k, v, spec):
+    """Compiled FlexAttention with the mask as a BlockMask (built here, once per mask and N): the
+    mask's own predicate where it is pure index arithmetic, else its per-row intervals."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if not _FLEX:
+        _FLEX.append(torch.compile(flex_attention))
+    n_q, n_k = q.shape[2], k.shape[2]
+    block_mask = None
+    if mask_kind(spec) != "full":
+        pred = spec.predicate(n_q, n_k)
+        try:
+            idx = torch.arange(2, device=q.device)
+            pred(idx[:, None], idx[None, :])
+        except (RuntimeError, TypeError, IndexError):   # a predicate holding host tables
+            lo, hi = (torch.from_numpy(a).to(q.device) for a in spec.row_intervals(n_q, n_k))
+            pred = lambda qi, ki: (ki >= lo[qi]) & (ki <= hi[qi])  # noqa: E731
+        block_mask = create_block_mask(lambda b, h, qi, ki: pred(qi, ki), None, None, n_q, n_k,
+                                       device=q.device)
+    return lambda: _FLEX[0](q, k, v, block_mask=block_mask)
 
 
 def ratio_table(records, mask_order=None, impl_order=IMPLS, matmul=None):
@@ -142,6 +178,10 @@ def ratio_table(records, mask_order=None, impl_order=IMPLS, matmul=None):
              .itertuples(index=False)}
     full = {(i, n): ms for i, n, ms in ok.loc[ok["mask"] == "full", ["impl", "seq_len", "ms"]]
             .itertuples(index=False)}
+    flex = {(m, n): ms for m, n, ms in ok.loc[ok["impl"] == "flex", ["mask", "seq_len", "ms"]]
+            .itertuples(index=False)}
+    df["x_flex"] = [ms / flex[(m, n)] if (m, n) in flex and pd.notna(ms) else None
+                    for m, n, ms in zip(df["mask"], df["seq_len"], df["ms"])]
     df["x_cudnn"] = [ms / cudnn[(m, n)] if (m, n) in cudnn and pd.notna(ms) else None
                      for m, n, ms in zip(df["mask"], df["seq_len"], df["ms"])]
     df["x_full"] = [ms / full[(i, n)] if (i, n) in full and pd.notna(ms) else None
@@ -168,7 +208,7 @@ def format_table(df) -> str:
     import pandas as pd
 
     fmt = {"ms": "{:.3f}", "tflops": "{:.1f}", "pct_matmul": "{:.0f}%", "rel_err": "{:.1e}",
-           "x_cudnn": "{:.2f}", "x_full": "{:.2f}", "tiles_frac": "{:.3f}", "pairs_frac": "{:.3f}"}
+           "x_cudnn": "{:.2f}", "x_full": "{:.2f}", "x_flex": "{:.2f}", "tiles_frac": "{:.3f}", "pairs_frac": "{:.3f}"}
     out = df.copy()
     for col, f in fmt.items():
         out[col] = [f.format(x) if x is not None and not pd.isna(x) else "" for x in out[col]]
@@ -194,7 +234,12 @@ def summary_pivot(df):
 def run(args, argv=None) -> dict:
     device = pick_device(args.device)
     dtype = DTYPES[args.dtype]
-    seq_lens = parse_int_list(args.seq_lens or (QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS))
+    cpu = device.type == "cpu"
+    for key, val in (CPU_SHAPE if cpu else GPU_SHAPE).items():     # sizes the device can run
+        if key != "seq_lens" and getattr(args, key) is None:
+            setattr(args, key, val)
+    default_ns = CPU_SHAPE["seq_lens"] if cpu else QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS
+    seq_lens = parse_int_list(args.seq_lens or default_ns)
     masks = split_list(args.masks)
     impls = parse_impls(args.impls)
     warmup = args.warmup if args.warmup is not None else (10 if args.quick else 25)
@@ -245,9 +290,10 @@ def run(args, argv=None) -> dict:
     out_path = f"{args.out.rstrip('/')}/{device_slug(meta['device'])}.json"
 
     n_total = sum(1 for n in seq_lens for m in masks if resolve_mask(m, n) is not None
-                  for i in impls if applicable(i, resolve_mask(m, n)))
+                  for i in impls if applicable(i, resolve_mask(m, n), device))
     done = 0
     t_run = time.perf_counter()
+    bar = _bar(n_total)
     for n in seq_lens:
         log(f"-- N={n}: generating inputs ...")
         q, k, v = make_inputs(b, h, n, d, args.dtype, seed=args.seed, device=device)
@@ -261,7 +307,7 @@ def run(args, argv=None) -> dict:
             ref = reference_slice(q, k, v, spec, heads_checked)
             cudnn_out = None
             for impl in impls:
-                if not applicable(impl, spec):
+                if not applicable(impl, spec, device):
                     continue
                 done += 1
                 rec = dict(impl=impl, mask=label, mask_spec=spec.text, seq_len=n, head_dim=d,
@@ -271,7 +317,8 @@ def run(args, argv=None) -> dict:
                 if impl in SCHEDULE_OF:
                     cfg = (tuned.lookup(d, spec, n, args.dtype) if tuned else None)
                     rec["config_source"] = "tuned" if cfg else "default"
-                    cfg = cfg or default_config(d, dtype, n=n).as_dict()
+                    cfg = cfg or default_config(d, dtype, n=n, mask=spec, device=device,
+                                                schedule=SCHEDULE_OF[impl]).as_dict()
                     rec["config"] = cfg
                     rec["schedule"] = SCHEDULE_OF[impl]
                     rec["tiles_frac"] = tile_fraction(spec, n, cfg["block_m"], cfg["block_n"])
@@ -281,7 +328,7 @@ def run(args, argv=None) -> dict:
                     rec.update(status="too_big",
                                error=f"S and P need {naive_bytes(b, h, n, elem) / 2**30:.1f} GiB")
                     result["records"].append(rec)
-                    log(_progress(done, n_total, rec))
+                    _report(bar, done, n_total, rec)
                     continue
                 fn, ctx = make_call(impl, q, k, v, spec, cfg)
                 try:
@@ -314,15 +361,35 @@ def run(args, argv=None) -> dict:
                     rec.update(status=status, error=msg[:500], ms=None, tflops=None)
                     free_cuda(device)
                 result["records"].append(rec)
-                log(_progress(done, n_total, rec))
+                _report(bar, done, n_total, rec)
+                write_results(result, out_path, "attention")   # every record survives an interruption
             del ref, cudnn_out
         del q, k, v
         free_cuda(device)
         write_results(result, out_path, "attention")   # partial results survive a timeout
     meta["elapsed_s"] = round(time.perf_counter() - t_run, 1)
+    if bar is not None:
+        bar.close()
     path = write_results(result, out_path, "attention", copy_to=args.copy_to)
     log(f"wrote {path}" + (f" (copied to {args.copy_to})" if args.copy_to else ""))
     return result
+
+
+def _bar(total):
+    """A tqdm progress bar on stderr (None without tqdm): one step per timed record."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc="benchmarks.attention", unit="run", file=sys.stderr, mininterval=1)
+
+
+def _report(bar, done, total, rec) -> None:
+    if bar is None:
+        log(_progress(done, total, rec))
+    else:
+        bar.write(_progress(done, total, rec), file=sys.stderr)
+        bar.update(1)
 
 
 def _progress(i, total, rec) -> str:
