@@ -117,9 +117,10 @@ def run(args, argv=None) -> dict:
             if spec is None:
                 continue
             ref = reference_slice(q, k, v, spec, heads)
-            cfg = (tuned.lookup(d, spec, n, args.dtype) if tuned else None) or \
-                default_config(d, dtype, n=n).as_dict()
+            tuned_cfg = tuned.lookup(d, spec, n, args.dtype) if tuned else None
             for sched in schedules:
+                cfg = tuned_cfg or default_config(d, dtype, n=n, mask=spec, device=device,
+                                                  schedule=sched).as_dict()
                 for level in levels:
                     done += 1
                     reps = []

@@ -5,7 +5,9 @@
     python -m benchmarks.attention --config-file data/benchmarks/tuned-<device>.json
 
 Candidates: block_m in {64, 128}, block_n in {32, 64, 128}, num_warps in {4, 8}, num_stages in
-{2, 3, 4}, less block_m=64 with 8 warps (half a warpgroup per 8 rows of Q). Configs are first
+{2, 3, 4}, less block_m=64 with 8 warps (half a warpgroup per 8 rows of Q); on Hopper also the
+warp-specialised configs (kernels.flash.WS_CONFIGS, 'ws'), for the cases they apply to (masks
+that leave no partial tile). Configs are first
 compiled in parallel worker processes (they fill Triton's on-disk cache, so the timing process
 only loads them); a config that fails to compile or launch (e.g. out of shared memory) is
 recorded with its error and left out. Each remaining config is checked against a float32
@@ -31,6 +33,7 @@ from . import (
 )
 
 from kernels import default_config, flash_attention  # noqa: E402
+from kernels.flash import block_plan, warp_specialize_supported  # noqa: E402
 
 BLOCK_M = (64, 128)
 BLOCK_N = (32, 64, 128)
@@ -49,12 +52,22 @@ def candidates(block_m=BLOCK_M, block_n=BLOCK_N, warps=WARPS, stages=STAGES, pru
     return out
 
 
+def ws_candidates() -> list[dict]:
+    """The warp-specialised configs (each passed the NaN gate of scripts/ws_probe.py)."""
+    from kernels.flash import WS_CONFIGS
+
+    return [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s, warp_specialize=True)
+            for bm, bn, w, s in WS_CONFIGS]
+
+
 def cfg_key(cfg) -> tuple:
-    return (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"])
+    return (cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"],
+            bool(cfg.get("warp_specialize")))
 
 
 def cfg_text(cfg) -> str:
-    return f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    return (f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            + (" ws" if cfg.get("warp_specialize") else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warps", default=None, help="override the num_warps candidates")
     p.add_argument("--stages", default=None, help="override the num_stages candidates")
     p.add_argument("--no-prune", action="store_true", help="keep block_m=64 with 8 warps")
+    p.add_argument("--no-warp-specialize", action="store_true",
+                   help="leave out the warp-specialised configs (Hopper only anyway)")
     p.add_argument("--quick", action="store_true",
                    help="N=4096; block_m 64,128; block_n 64,128; warps 4,8; stages 2,3")
     p.add_argument("--jobs", type=int, default=None,
@@ -190,6 +205,8 @@ def run(args, argv=None) -> dict:
         dflt = default_config(d, dtype).as_dict()
         if cfg_key(dflt) not in {cfg_key(c) for c in cands}:
             cands.append(dflt)
+        if not args.no_warp_specialize and warp_specialize_supported(device):
+            cands += [c for c in ws_candidates() if cfg_key(c) not in {cfg_key(x) for x in cands}]
         # the default config first, so every case has its baseline even if the budget runs out
         cands.sort(key=lambda c: cfg_key(c) != cfg_key(dflt))
         log(f"== D={d}: {len(cands)} candidate configs (default {cfg_text(dflt)})")
@@ -207,6 +224,9 @@ def run(args, argv=None) -> dict:
                 ref = reference_slice(q, k, v, spec, heads)
                 case = []
                 for i, cfg in enumerate(cands):
+                    if cfg.get("warp_specialize") and block_plan(spec, n, cfg["block_m"], cfg["block_n"],
+                                                                 device).has_partial:
+                        continue   # it runs only where the mask leaves no partial tile
                     rec = dict(head_dim=d, mask=label, mask_spec=spec.text, seq_len=n,
                                dtype=args.dtype, batch=b, heads=h, schedule=args.schedule,
                                config=dict(cfg), status="ok", ms=None, tflops=None, rel_err=None,
@@ -240,7 +260,8 @@ def run(args, argv=None) -> dict:
             del q, k, v
             free_cuda(device)
         result["compile_failures"].extend(
-            {"head_dim": d, "config": dict(zip(("block_m", "block_n", "num_warps", "num_stages"), key)),
+            {"head_dim": d, "config": dict(zip(("block_m", "block_n", "num_warps", "num_stages",
+                                                "warp_specialize"), key)),
              "error": err} for key, err in failed.items())
     meta["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     meta["stopped_by_budget"] = over_budget

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
@@ -37,13 +37,34 @@ class KernelConfig:
                     num_stages=self.num_stages)
 
 
+# Warp specialisation of the off-band loop (Hopper, Triton >= 3.6; scripts/ws_probe.py, data in
+# data/benchmarks/ws-probe-<device>.json). WS_CONFIGS passed the probe's NaN / accuracy gate at
+# D 64 and 128 (128x64 with 4 warps and 3 stages returned NaN; 128x128 with 3 stages ran out of
+# shared memory); WS_DEFAULTS is the one chosen per device family and padded D where it applies.
+# It applies to plans without partial tiles only (see flash_kernel), bf16/fp16, not persistent.
+WS_CONFIGS = ((128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2))
+WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
+
+
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
-                   num_warps=None, num_stages=None, n: int | None = None) -> KernelConfig:
+                   num_warps=None, num_stages=None, n: int | None = None, mask=None,
+                   n_q: int | None = None, n_k: int | None = None, device=None,
+                   schedule: str = "natural") -> KernelConfig:
     """Hopper-minded defaults: large tiles for D <= 128, smaller for D = 256 (shared memory).
 
     D=128 measured on an H200 (scripts/gpu_probe.py, bf16, B=4, H=16): 128x64 tiles win up to
     N=8192 (more programs per head), 128x128 above. `head_dim` may be any D: tiles are chosen
-    for the padded width. Explicit sizes are taken as given (validate_call checks them)."""
+    for the padded width. Explicit sizes are taken as given (validate_call checks them).
+    Per device: with `mask` (a MaskSpec on the n_q x n_k grid; both default to n) and a CUDA
+    `device`, when nothing is given explicitly, a call the warp-specialised loop applies to gets
+    the device's WS_DEFAULTS config (see use_warp_specialize)."""
+    if mask is not None and all(x is None for x in (block_m, block_n, num_warps, num_stages)):
+        n_q = n if n_q is None else n_q
+        n_k = n_q if n_k is None else n_k
+        ws = _ws_default(head_dim, dtype, device)
+        if ws and schedule != "persistent" and head_dim == padded_head_dim(head_dim) \
+                and n_q % ws[0] == 0 and n_k % ws[1] == 0 and not _has_partial(mask, n_q, n_k, ws[0], ws[1]):
+            return KernelConfig(*ws)
     head_dim = padded_head_dim(head_dim)
     if head_dim <= 64:
         bm, bn, w, s = 128, 64, 4, 3
@@ -55,6 +76,57 @@ def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None
         bm, bn, s = min(bm, 64), min(bn, 64), 2
     pick = lambda given, dflt: dflt if given is None else given  # noqa: E731  (0 is not "default")
     return KernelConfig(pick(block_m, bm), pick(block_n, bn), pick(num_warps, w), pick(num_stages, s))
+
+
+def device_family(device) -> str | None:
+    """'h100' / 'h200' for the CUDA devices the per-device defaults were measured on, else None."""
+    if device is None or interpreting() or torch.device(device).type != "cuda":
+        return None
+    return _family(torch.device(device).index or 0)
+
+
+@lru_cache(maxsize=16)
+def _family(index: int) -> str | None:
+    name = torch.cuda.get_device_name(index).lower()
+    return next((f for f in ("h100", "h200") if f in name), None)
+
+
+def warp_specialize_supported(device) -> bool:
+    """Hopper with a Triton that has device-side tensor descriptors; TILESCOPE_WS=0 turns it off."""
+    if device is None or interpreting() or torch.device(device).type != "cuda":
+        return False
+    if os.environ.get("TILESCOPE_WS", "1") == "0" or not hasattr(triton, "set_allocator"):
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _ws_default(head_dim: int, dtype, device):
+    if dtype not in (torch.bfloat16, torch.float16) or not warp_specialize_supported(device):
+        return None
+    return WS_DEFAULTS.get(device_family(device), {}).get(head_dim)
+
+
+@lru_cache(maxsize=256)
+def _has_partial(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int) -> bool:
+    return bool((spec.block_map(n_q, block_m, block_n, n_k) == PARTIAL).any())
+
+
+def use_warp_specialize(requested, cfg: KernelConfig, plan: "BlockPlan", head_dim: int, dtype,
+                        schedule: str, descriptors_fit: bool, device) -> bool:
+    """Whether a call runs the warp-specialised off-band loop. requested None: when the config is
+    the device's WS default; True: for any of WS_CONFIGS; either only where it applies (no partial
+    tiles, bf16/fp16, not persistent, contiguous q/k/v that fit tensor descriptors). Triton 3.6
+    on Hopper does not compile it next to the on-band loop (scripts/ws_probe.py)."""
+    key = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    if requested and key not in WS_CONFIGS:
+        raise ValueError(f"warp_specialize=True is checked only for (block_m, block_n, num_warps, "
+                         f"num_stages) in {WS_CONFIGS}, got {key}")
+    if requested is False or not warp_specialize_supported(device):
+        return False
+    if requested is None and key != _ws_default(padded_head_dim(head_dim), dtype, device):
+        return False
+    return (dtype in (torch.bfloat16, torch.float16) and schedule != "persistent" and descriptors_fit
+            and not plan.has_partial)
 
 
 @dataclass
@@ -84,6 +156,11 @@ class BlockPlan:
             order = work_order(self, batch_heads, schedule)
             self._work_lists[key] = torch.from_numpy(order).to(self.row_lo.device)
         return self._work_lists[key]
+
+    @cached_property
+    def has_partial(self) -> bool:
+        """Any partial tile: the kernel then compiles its on-band loop (HAS_PARTIAL)."""
+        return bool((self.block_map == PARTIAL).any())
 
     @property
     def n_qb(self) -> int:
@@ -216,21 +293,23 @@ def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num
             shown = repr(val) if len(repr(val)) <= 40 else type(val).__name__
             raise ValueError(f"{name}={shown} is not supported; use one of {tuple(allowed)} "
                              "(an int), or leave it out for the default")
-    cfg = default_config(d, q.dtype, block_m, block_n, num_warps, num_stages, n=max(n_q, n_k))
+    cfg = default_config(d, q.dtype, block_m, block_n, num_warps, num_stages, n=max(n_q, n_k),
+                         mask=spec, n_q=n_q, n_k=n_k, device=q.device, schedule=schedule)
     return spec, cfg
 
 
 def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
                     schedule="natural", num_warps=None, num_stages=None, return_lse=False,
                     trace: TraceBuffers | None = None, hw_clock: bool | None = None,
-                    use_tma: bool | None = None):
+                    use_tma: bool | None = None, warp_specialize: bool | None = None):
     """Fused FlashAttention-2 forward (no backward: refuses inputs that require grad).
 
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D), H % H_kv == 0 (query head h reads KV head
     h // (H / H_kv)); D any integer 1..256. The mask lives on the N_q x N_k grid, bottom-right
     aligned (query i sits at key position i + N_k - N_q). Returns O (B, H, N_q, D), or with
     return_lse=True (O, lse), lse (B, H, N_q) float32 natural-log log-sum-exp of the scaled
-    scores. A row that sees no key gets O = 0 and lse = -inf."""
+    scores. A row that sees no key gets O = 0 and lse = -inf. warp_specialize: None picks it
+    where it applies and the config is the device's default for it (use_warp_specialize)."""
     spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     b, h, n, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
@@ -274,6 +353,15 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     elif use_tma and not tma_fits:
         raise ValueError("use_tma=True needs contiguous q, k, v, a power-of-two D >= 16 and N_q, N_k "
                          "multiples of the block sizes")
+    ws = use_warp_specialize(warp_specialize, cfg, plan, d, q.dtype, schedule, tma_fits, q.device)
+    if ws:
+        _ensure_allocator()
+        use_tma = False        # descriptors are made on the device (DEVICE_DESC)
+    elif warp_specialize is None and (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == \
+            _ws_default(padded_head_dim(d), q.dtype, q.device):
+        # the WS default where WS cannot run (e.g. strided q/k/v): 4 warps hold 128x128 tiles
+        # well only when specialised, so the plain loop gets 8 (same tiles, same plan)
+        cfg = KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -281,17 +369,44 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
                  for t, bm in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n))]
     else:
         descs = [q, k, v]  # unused placeholders: the TMA path is compiled out
-    attn_fwd_kernel[grid](
-        q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
-        works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale,
+    args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+            plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
+            works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
+    consts = dict(
         HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma),
+        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows),
-        RETURN_LSE=bool(return_lse),
+        RETURN_LSE=bool(return_lse), HAS_PARTIAL=plan.has_partial, WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    _launch(grid, args, consts)
     return (o, lse) if return_lse else o
+
+
+_WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-specialised
+_ALLOCATOR = []
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors take their scratch from Triton's allocator (set once)."""
+    if not _ALLOCATOR:
+        _ALLOCATOR.append(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        triton.set_allocator(_ALLOCATOR[0])
+
+
+def _launch(grid, args, consts: dict) -> None:
+    """Launch; a warp-specialised kernel Triton refuses to compile (it can, e.g. with some trace
+    flags) runs once more with the plain loop and 8 warps, and that choice is remembered."""
+    key = tuple(consts.items())
+    if consts["WARP_SPECIALIZE"] and key in _WS_REFUSED:
+        consts = dict(consts, WARP_SPECIALIZE=False, num_warps=8)
+    try:
+        attn_fwd_kernel[grid](*args, **consts)
+    except Exception:  # noqa: BLE001  (compile errors come as several exception types)
+        if not consts["WARP_SPECIALIZE"]:
+            raise
+        _WS_REFUSED.add(key)
+        attn_fwd_kernel[grid](*args, **dict(consts, WARP_SPECIALIZE=False, num_warps=8))

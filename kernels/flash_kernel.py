@@ -12,6 +12,12 @@ reads KV head h // GROUP (GQA; H_kv = 1 is MQA). The head dim is padded to the t
 HEAD_DIM (a power of two) by masked loads when EVEN_D is off. Rows that see no key keep l = 0:
 they store 0 and, with RETURN_LSE, a log-sum-exp of -inf.
 
+On Hopper the off-band loop can be warp-specialised (WARP_SPECIALIZE: `tl.range(...,
+warp_specialize=True)`, K/V through tensor descriptors built on the device, DEVICE_DESC): Triton
+3.6 then gives the loads to a producer warp and the two dots to consumer warpgroups. It compiles
+only when the kernel holds no other loop with dots, so the host sets it only for plans without
+partial tiles (HAS_PARTIAL off compiles the on-band loop out); scripts/ws_probe.py measured it.
+
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
 interpreter cannot run, so it is only set on CUDA.
@@ -49,15 +55,27 @@ def _smid():
 
 
 @triton.jit
+def _device_descs(Q, K, V, batch_heads, GROUP, N_Q, N_K, stride_qn, stride_kn, stride_vn,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Tensor descriptors over the (B*H*N_q, D) and (B*H_kv*N_k, D) row views, made on the
+    device (their scratch comes from triton.set_allocator): what the warp-specialised loop loads."""
+    kv_rows = batch_heads // GROUP * N_K
+    q_desc = tl.make_tensor_descriptor(Q, [batch_heads * N_Q, HEAD_DIM], [stride_qn, 1], [BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K, [kv_rows, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V, [kv_rows, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
+    return q_desc, k_desc, v_desc
+
+
+@triton.jit
 def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
                offs_m, offs_d, d_ok, row_lo, row_hi, idx_ptr, kb_start, count, step0, N_K, qk_scale,
                tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
-               EVEN_D: tl.constexpr,
+               EVEN_D: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
-    for i in range(0, count):
+    for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
         if IS_PARTIAL:
             k_block = tl.load(idx_ptr + i)   # partial tiles: a short list (diagonal, window edges)
         else:
@@ -145,6 +163,7 @@ def _work_item(work, program, order,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
+               HAS_PARTIAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     if TRACE_WORK and HW_CLOCK:
@@ -197,13 +216,14 @@ def _work_item(work, program, order,
                                offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block), n_full, 0,
                                N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
                                BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
-                               TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                               WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
-    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
-                               offs_m, offs_d, d_ok, row_lo, row_hi, part_idx + q_block * n_kb, 0, n_part, n_full,
-                               N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
-                               TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+    if HAS_PARTIAL:
+        acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc,
+                                   kv_row_base, offs_m, offs_d, d_ok, row_lo, row_hi, part_idx + q_block * n_kb,
+                                   0, n_part, n_full, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head,
+                                   trace_rows_here, BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA,
+                                   EVEN_D, False, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- epilogue: one normalisation per row --
     if SAFE_DIV:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
@@ -242,9 +262,13 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr, EVEN_D: tl.constexpr,
                     SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
+                    HAS_PARTIAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     pid = tl.program_id(0)
+    if DEVICE_DESC:
+        q_desc, k_desc, v_desc = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, stride_qn, stride_kn,
+                                               stride_vn, HEAD_DIM, BLOCK_M, BLOCK_N)
     if PERSISTENT:
         # take work items from a counter, in the order of work_list, until none are left
         idx = tl.atomic_add(work_counter, 1)
@@ -255,7 +279,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                        part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, HAS_PARTIAL, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
@@ -271,5 +295,5 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                    part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, HAS_PARTIAL, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
