@@ -18,6 +18,7 @@ import streamlit as st  # noqa: E402
 from app import sources, url_state  # noqa: E402
 from app.settings import PAGES  # noqa: E402
 from app.sidebar import sidebar  # noqa: E402
+from app.text import plain  # noqa: E402
 
 st.set_page_config(page_title="Tilescope", page_icon="🔬", layout="wide")
 url_state.init_session()
@@ -43,7 +44,7 @@ try:
         page.run()
 except Exception as exc:  # never a traceback on screen; the log keeps it
     logging.getLogger("tilescope").exception("page %s failed", page_name)
-    st.error(f"This view could not be drawn: {type(exc).__name__}: {exc}. Try other settings "
+    st.error(f"This view could not be drawn: {type(exc).__name__}: {plain(exc)}. Try other settings "
              "(the controls on the left); the rest of the app keeps working.")
 finally:   # after the page: the link carries the page's own controls too
     with link_slot.container():

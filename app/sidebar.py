@@ -17,6 +17,7 @@ import streamlit as st
 
 from app import about, data_sources, sources
 from app.data_sources import Recording
+from app.text import plain
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, SCHEDULES, SOURCES, SUPPORTED_HEAD_DIMS,
                           Settings, default_docs, parse_mask)
 from kernels.masks import MASK_KINDS
@@ -160,8 +161,8 @@ def _live_controls() -> None:
     s = Settings(source=ss["ctl_source"], **want)
     problems = s.problems()
     if pending:
-        st.caption(f"**Not run yet:** {pending}.")
-    st.caption(" ".join(problems) if problems else sources.estimate(s))
+        st.caption(f"**Not run yet:** {plain(pending)}.")
+    st.caption(plain(" ".join(problems) if problems else sources.estimate(s)))
     if st.button("▶ Run", key="ctl_run", type="primary" if pending else "secondary",
                  on_click=apply_staged, width="stretch",
                  help="run the kernel with the settings above (nothing runs until you press it)"):

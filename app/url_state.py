@@ -27,6 +27,7 @@ from app import data_sources, sources
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, INT_KEYS, PAGES, SCHEDULES, SOURCES,
                           SUPPORTED_HEAD_DIMS, Settings, parse_mask)
 from app.sidebar import mask_to_controls
+from app.text import plain
 
 
 def default_settings() -> tuple[dict, str, str]:
@@ -174,8 +175,8 @@ def control(key: str, default, parse=None, options=None):
                 if not _allowed(value, options):
                     raise ValueError(f"{raw!r} is not one of {', '.join(map(str, options))}")
             except (TypeError, ValueError) as exc:
-                st.warning(f"The link's {key}={raw!r} does not fit this view ({exc}); using "
-                           f"{_dump(default)}.", icon=":material/link_off:")
+                st.warning(plain(f"The link's {key}={raw!r} does not fit this view ({exc}); using "
+                                 f"{_dump(default)}."), icon=":material/link_off:")
                 value = default
         ss[key] = value
     elif not _allowed(ss[key], options):       # e.g. another recording with fewer blocks
@@ -199,7 +200,7 @@ def share_link() -> str:
 
 def show_url_errors() -> None:
     for msg in st.session_state.pop("_url_errors", []) or []:
-        st.error(f"The link's settings: {msg}")
+        st.error(f"The link's settings: {plain(msg)}")
 
 
 def show_share_link() -> None:

@@ -71,6 +71,8 @@ _POS_INT = {"type": "integer", "minimum": 1}
 _NAT_INT = {"type": "integer", "minimum": 0}
 _NUM_OR_NULL = {"type": ["number", "null"]}
 _TEXT = {"type": "string", "maxLength": 4096}
+# free text that charts put in titles: Plotly reads <a href>, <span style> there, so no markup
+_LABEL = {"type": "string", "maxLength": 256, "pattern": "^[^<>]*$"}
 META_SCHEMA = {
     "type": "object",
     "required": ["shape", "dtype", "mask", "block_m", "block_n", "n_q_blocks", "n_k_blocks",
@@ -81,9 +83,8 @@ META_SCHEMA = {
         "dtype": {"enum": list(files.DTYPES)},
         "mask": {"type": "string", "minLength": 1, "maxLength": 4096},
         "block_m": _POS_INT, "block_n": _POS_INT, "n_q_blocks": _POS_INT, "n_k_blocks": _POS_INT,
-        "backend": {"type": "string", "maxLength": 64},
-        "device_name": _TEXT, "created": _TEXT, "source": _TEXT, "command": _TEXT,
-        "schedule": {"type": "string", "maxLength": 64},
+        "backend": _LABEL, "device_name": _LABEL, "created": _LABEL, "source": _LABEL,
+        "schedule": _LABEL, "torch_version": _LABEL, "triton_version": _LABEL, "command": _TEXT,
         "level": {"enum": ["work", "full"]},
         "traced_heads": {"type": "array", "items": _NAT_INT},
         "traced_q_blocks": {"type": "array", "items": _NAT_INT},
@@ -335,3 +336,9 @@ def check_consistent(meta: dict, tables: dict) -> None:
             problems.append(f"the {name} table has query rows outside 0..{n - 1}")
     if problems:
         raise TraceFormatError("the trace's meta contradicts its tables: " + "; ".join(problems))
+    from kernels.masks import parse_mask
+
+    try:
+        parse_mask(meta["mask"])
+    except ValueError as exc:
+        raise TraceFormatError(f"the trace's meta is invalid: mask: {exc}") from None

@@ -5,6 +5,7 @@ import streamlit as st
 
 from app import settings, sources
 from app.figures.blockmap import blockmap_comparison_figure, blockmap_figure, blockmap_stats
+from app.text import plain
 from app.views import common
 from kernels import parse_mask
 from kernels.masks import MASK_KINDS
@@ -82,7 +83,7 @@ try:
     common.chart(blockmap_comparison_figure(left, right, head_dim=s.head_dim), "block-map-comparison",
                  "skip_cmp", s.present)
 except ValueError as exc:
-    st.error(f"The right-hand mask does not work: {exc}")
+    st.error(f"The right-hand mask does not work: {plain(exc)}")
 
 if trace is not None:
     st.subheader("Downloads")

@@ -7,6 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import data_sources, settings, url_state
+from app.text import plain
 from app.figures.decode import decode_lanes_figure, kv_bytes_figure, merge_figure, roofline_figure
 from app.views import common
 from instrumentation import decode_model as dm
@@ -83,7 +84,7 @@ if live:
     try:
         one, chosen = live_pair(s.source, preset, int(batch), int(context), bool(ragged), int(n_q), splits)
     except ValueError as exc:
-        st.error(f"{exc}", icon=":material/error:")
+        st.error(plain(exc), icon=":material/error:")
         st.stop()
 else:
     recs = bundled()

@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import data_sources, settings, sources
 from app.about import cite
+from app.text import plain
 from app.views import common
 from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, memory_figure,
                                 time_figure, tile_count_point, traffic_figure)
@@ -60,13 +61,14 @@ else:
     try:
         meta, df = sweep(str(path), Path(path).stat().st_mtime)
     except (ValueError, OSError) as exc:
-        st.error(f"The sweep {Path(path).name} cannot be read: {exc}")
+        st.error(f"The sweep {plain(Path(path).name)} cannot be read: {plain(exc)}")
         st.stop()
     when = str(meta.get("created", "?"))
-    st.info(f"**Data: sweep {Path(path).name}** · {meta.get('device_name')} · backend "
-            f"`{meta.get('backend')}` · recorded {when} · torch {meta.get('torch_version')}, triton "
-            f"{meta.get('triton_version')}" + (f", CUDA {meta['cuda_version']}" if meta.get("cuda_version") else "")
-            + (f", driver {meta['driver_version']}" if meta.get("driver_version") else ""), icon=":material/info:")
+    st.info(f"**Data: sweep {plain(Path(path).name)}** · " + plain(
+            f"{meta.get('device_name')} · backend {meta.get('backend')} · recorded {when} · torch "
+            f"{meta.get('torch_version')}, triton {meta.get('triton_version')}"
+            + (f", CUDA {meta['cuda_version']}" if meta.get("cuda_version") else "")
+            + (f", driver {meta['driver_version']}" if meta.get("driver_version") else "")), icon=":material/info:")
     if meta.get("backend") != "cuda":
         st.warning("This sweep was not measured on a GPU: " + str(meta.get("peak_memory", ""))
                    + "; " + str(meta.get("timing", "")), icon=":material/warning:")

@@ -5,6 +5,7 @@ import numpy as np
 import streamlit as st
 
 from app import settings, sources, url_state
+from app.text import plain
 from app.figures.softmax import (default_q_row, inputs_for_trace, softmax_error_figure, softmax_state_figure,
                                  softmax_steps, softmax_strip_figure, softmax_tile_figure)
 from app.views import common
@@ -42,7 +43,7 @@ offset = c2.slider("Row inside the block", 0, rows_in_block - 1, key="sm_offset"
 q_row = qb * bm + offset
 
 if trace.meta.get("inputs") not in (None, "instrumentation.make_inputs"):
-    st.warning(f"This trace was recorded with inputs {trace.meta.get('inputs')!r}, not "
+    st.warning(f"This trace was recorded with inputs {plain(repr(trace.meta.get('inputs')))}, not "
                "instrumentation.make_inputs: the reference below cannot see the kernel's inputs.")
 q, k, v = head_inputs(src.key, bh, trace)
 steps = softmax_steps(trace, q_row, q, k, v, bh=bh)
