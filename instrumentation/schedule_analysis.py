@@ -187,7 +187,8 @@ def lane_raster(tl: pd.DataFrame, column: str = "tiles_visited", bins: int = 900
     span covers the bin's centre (value_codes of `column`). An item shorter than a bin still
     paints the bin holding its midpoint, so no item vanishes.
 
-    Returns dict(z, t0, dt, vmin, step, sms): bin i covers [t0 + i*dt, t0 + (i+1)*dt).
+    Returns dict(z, value, t0, dt, vmin, vmax, step, sms): bin i covers [t0 + i*dt, t0 + (i+1)*dt);
+    `value` holds the column's exact values per bin (uint8/16) when they are small integers.
     """
     if bins < 1:
         raise ValueError(f"bins must be >= 1, got {bins}")
@@ -212,6 +213,10 @@ def lane_raster(tl: pd.DataFrame, column: str = "tiles_visited", bins: int = 900
     c0 = np.where(short, mid, c0)
     c1 = np.where(short, mid + 1, c1)
     z = np.zeros((n_sms, bins), dtype=np.uint8)
+    # the exact values for hover when they are small non-negative integers (else None)
+    exact = bool(np.all(vals == np.rint(vals)) and vals.min() >= 0 and vals.max() < 65535)
+    value = np.zeros((n_sms, bins), dtype=np.uint8 if exact and vals.max() < 255 else np.uint16) \
+        if exact else None
     sm = tl["sm"].to_numpy()
     for pick in (short, ~short):      # short items first: an item covering a bin's centre wins
         lengths = np.maximum(c1[pick] - c0[pick], 0)
@@ -219,8 +224,11 @@ def lane_raster(tl: pd.DataFrame, column: str = "tiles_visited", bins: int = 900
         if total:
             starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
             cols = np.repeat(c0[pick], lengths) + (np.arange(total) - starts)
-            z[np.repeat(sm[pick], lengths), cols] = np.repeat(codes[pick], lengths)
-    return dict(z=z, t0=t0, dt=dt, vmin=vmin, vmax=vmax, step=step, sms=n_sms)
+            rows = np.repeat(sm[pick], lengths)
+            z[rows, cols] = np.repeat(codes[pick], lengths)
+            if value is not None:
+                value[rows, cols] = np.repeat(vals[pick], lengths)
+    return dict(z=z, value=value, t0=t0, dt=dt, vmin=vmin, vmax=vmax, step=step, sms=n_sms)
 
 
 # -- animation state per frame ------------------------------------------------------------------------

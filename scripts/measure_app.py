@@ -9,10 +9,18 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
   first chart, cold     first session after the server started (imports torch/triton, loads)
   first chart, warm     a new session on a warm server (what a second visitor sees)
   redraw after ...      one control change on a recorded trace, until the chart shows it
+  16k schedule page     the largest causal recording's schedule page on a warm server: settle
+                        (navigation -> every chart drawn, the script idle), a colour-by change,
+                        and the schedule comparison switched on (all bundled schedules side by side)
 
 Times are wall clock from the browser's side (navigation or click -> the chart's new title is
-in the DOM). Measurements only: nothing here asserts a target. Targets from the issue: first
-chart <= 5 s on bundled data, redraw <= 1 s on a recorded trace (2 CPUs).
+in the DOM). "Settled" also waits until Streamlit's status widget is idle and every Plotly chart
+on the page has drawn. Bytes are the websocket payload the browser received for that step (the
+Plotly JSON it must parse is most of it). Measurements only: nothing here asserts a target.
+Targets from issue 13 (2 CPUs, headless Chromium): first chart cold <= 5 s; 16k causal schedule
+page settles <= 3 s on a warm server; a control change on a recording <= 1 s; three schedules
+side by side <= 3 s. Results go to data/benchmarks/app-timings.json (with machine info) unless
+--json says otherwise.
 """
 
 from __future__ import annotations
@@ -178,13 +186,135 @@ def redraws(browser, url: str, recs: list, repeats: int, shots: Path | None) -> 
     return out
 
 
+# -- the largest causal recording's schedule page (issue 13's real-size targets) ------------------
+
+IDLE_JS = ("() => { const w = document.querySelector('[data-testid=\"stStatusWidget\"]');"
+           " return !w || !w.innerText.includes('Running'); }")
+# every chart element has drawn its plot (Plotly adds .main-svg when it has rendered)
+DRAWN_JS = ("() => { const c = [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')];"
+            " return c.length > 0 && c.every(e => e.querySelector('.js-plotly-plot .main-svg')); }")
+
+
+class WsBytes:
+    """Counts the websocket bytes the page receives (Streamlit's deltas: mostly Plotly JSON)."""
+
+    def __init__(self, page):
+        self.n = 0
+        page.on("websocket", lambda ws: ws.on("framereceived", self._add))
+
+    def _add(self, payload):
+        self.n += len(payload)
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
+
+
+def settle(page, needle_js: str, timeout_ms: int = 120_000) -> None:
+    """Wait until `needle_js` holds, the script is idle, every chart has drawn, then two frames."""
+    page.wait_for_function(needle_js, timeout=timeout_ms)
+    page.wait_for_function(IDLE_JS, timeout=timeout_ms)
+    page.wait_for_function(DRAWN_JS, timeout=timeout_ms)
+    page.wait_for_function(needle_js, timeout=timeout_ms)
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
+def colorbar_js(text: str) -> str:
+    return ("() => [...document.querySelectorAll('.js-plotly-plot .cbtitle')]"
+            f".some(t => t.textContent.includes({json.dumps(text)}))")
+
+
+def pick_option(page, label: str, options: tuple[str, ...]) -> None:
+    """Open the selectbox labelled `label` and click the first of `options` it offers (names
+    differ between app versions: 'query block' today, 'q_block' before issue 13)."""
+    box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
+    box.locator("input").click()
+    listbox = page.get_by_role("option")
+    listbox.first.wait_for()
+    offered = listbox.all_inner_texts()
+    name = next((o for o in options if o in offered), None)
+    if name is None:
+        raise RuntimeError(f"none of {options} offered by {label!r}: {offered}")
+    page.get_by_role("option", name=name, exact=True).click()
+
+
+def schedule_page(browser, url: str, rec, repeats: int, shots: Path | None) -> dict:
+    """Settle, colour-by change and the comparison on one recording's schedule page."""
+    out: dict = {"trace": rec.label}
+    target = f"{url}/?page=schedule&source=recorded&trace={rec.name}"
+    lanes = titles_js("Work items on SMs")
+    for i in range(repeats):          # a new session each time: what a new visitor waits for
+        ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+        page = ctx.new_page()
+        ws = WsBytes(page)
+        started = time.perf_counter()
+        page.goto(target)
+        settle(page, lanes)
+        out.setdefault("settle_s", []).append(time.perf_counter() - started)
+        out.setdefault("settle_ws_bytes", []).append(ws.take())
+        if i < repeats - 1:
+            ctx.close()
+    if shots:
+        page.screenshot(path=str(shots / "schedule_16k.png"), full_page=True)
+    # colour-by: the lanes' colour bar title says which column colours the work items
+    for i in range(repeats):
+        options, want = ((("query block", "q_block"), "query block") if i % 2 == 0 else
+                         (("K/V tiles visited", "tiles_visited"), "K/V tiles visited"))
+        started = time.perf_counter()
+        pick_option(page, "Colour work items by", options)
+        settle(page, colorbar_js(want))
+        out.setdefault("colour_change_s", []).append(time.perf_counter() - started)
+        out.setdefault("colour_change_ws_bytes", []).append(ws.take())
+    # the comparison: every bundled schedule of this problem side by side
+    toggle = page.get_by_text("Compare", exact=False).filter(has_text="schedule").first
+    compared = titles_js(" timelines)")          # "A vs B (measured timelines)"
+    for i in range(repeats):
+        started = time.perf_counter()
+        toggle.click()
+        settle(page, compared)
+        out.setdefault("compare_on_s", []).append(time.perf_counter() - started)
+        out.setdefault("compare_ws_bytes", []).append(ws.take())
+        n = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                          ".map(t => t.textContent).filter(t => t.includes(' timelines)'))")
+        out["compared"] = n[0] if n else None
+        if shots and i == 0:
+            page.screenshot(path=str(shots / "schedule_16k_compare.png"), full_page=True)
+        toggle.click()            # off again; the next repeat times switching it on
+        page.wait_for_timeout(1500)
+        page.wait_for_function(IDLE_JS, timeout=120_000)
+        ws.take()
+    ctx.close()
+    return out
+
+
+def machine_info(browser_version: str | None = None) -> dict:
+    import plotly
+    import streamlit
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+        else platform.processor()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except OSError:
+        commit = None
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
+            "cpu": cpu, "machine": platform.machine(), "os": platform.platform(),
+            "python": platform.python_version(), "streamlit": streamlit.__version__,
+            "plotly": plotly.__version__, "chromium": browser_version, "git_commit": commit}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--data", default=None, help="data directory (default: bundled data/ if it "
                                                  "has traces, else a small recording made now)")
-    ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--json", default=str(ROOT / "data" / "benchmarks" / "app-timings.json"),
+                    help="write the results (and machine info) here (default: %(default)s)")
     ap.add_argument("--screenshots", default=None, help="directory for page screenshots")
+    ap.add_argument("--only", choices=("all", "schedule"), default="all",
+                    help="schedule: only the cold first chart and the 16k schedule page")
     args = ap.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"error: {CHROMIUM} is missing; this script never downloads a browser", file=sys.stderr)
@@ -209,22 +339,22 @@ def main(argv=None) -> int:
 
     log = Path(tempfile.mkdtemp(prefix="tilescope-measure-log-")) / "streamlit.log"
     proc, url, health_s, logf = start_server(data, log)
-    results = {"data": source, "cpus": os.cpu_count(), "machine": platform.machine(),
-               "python": platform.python_version(), "server_health_s": health_s}
+    results = {"data": source, "command": "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:]),
+               "server_health_s": health_s}
+    big = max(recs, key=lambda r: (r.seq_len * r.meta.get("shape", {}).get("B", 1)
+                                   * r.meta.get("shape", {}).get("H", 1), r.mask == "causal",
+                                   r.schedule == "natural", r.name))
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            results["machine"] = machine_info(browser.version)
             try:
                 results["first_chart_cold_s"] = first_chart(browser, url, shots, "first_cold")
                 warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
                 results["first_chart_warm_s"] = warm
-                results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
-                big = max(recs, key=lambda r: (r.seq_len * r.meta.get("shape", {}).get("B", 1)
-                                               * r.meta.get("shape", {}).get("H", 1), r.name))
-                results["largest_trace"] = big.label
-                results["first_chart_largest_schedule_s"] = first_chart(
-                    browser, f"{url}/?page=schedule&source=recorded&trace={big.name}", shots,
-                    "schedule_largest")
+                results["schedule_page"] = schedule_page(browser, url, big, args.repeats, shots)
+                if args.only == "all":
+                    results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
             finally:
                 browser.close()
     finally:
@@ -235,19 +365,33 @@ def main(argv=None) -> int:
             proc.kill()
         logf.close()
 
-    print(f"Tilescope app timings ({results['cpus']} CPUs, data: {results['data']})")
+    mi = results["machine"]
+    print(f"Tilescope app timings ({mi['cpus']} CPUs {mi['cpu']}, Chromium {mi['chromium']}, "
+          f"data: {results['data']})")
     print(f"  server healthy after start          {results['server_health_s']:.2f} s")
     print(f"  first chart, cold (first session)   {results['first_chart_cold_s']:.2f} s   (target 5 s)")
     w = results["first_chart_warm_s"]
     print(f"  first chart, warm (new session)     median {statistics.median(w):.2f} s, "
           f"max {max(w):.2f} s over {len(w)}")
-    print(f"  first chart, largest trace schedule {results['first_chart_largest_schedule_s']:.2f} s"
-          f"   ({results['largest_trace']})")
-    for name, xs in results["redraw_s"].items():
+    sp = results["schedule_page"]
+    print(f"  schedule page of {sp['trace']}:")
+    first, rest = sp["settle_s"][0], sp["settle_s"][1:] or sp["settle_s"]
+    print(f"    settle, first visit (loads it)    {first:.2f} s, "
+          f"{sp['settle_ws_bytes'][0] / 1e6:.2f} MB over the websocket")
+    print(f"    settle, later visits              median {statistics.median(rest):.2f} s, "
+          f"max {max(rest):.2f} s over {len(rest)}   (target 3 s)")
+    for key, what, target in (("colour_change", "colour-by change", 1), ("compare_on", "comparison on", 3)):
+        xs, bs = sp[f"{key}_s"], sp[f"{key.split('_')[0]}_change_ws_bytes" if key == "colour_change"
+                                    else "compare_ws_bytes"]
+        print(f"    {what:33s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over "
+              f"{len(xs)}, {statistics.median(bs) / 1e6:.2f} MB   (target {target} s)")
+    print(f"    compared: {sp.get('compared')}")
+    for name, xs in results.get("redraw_s", {}).items():
         print(f"  redraw: {name:34s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s "
               f"over {len(xs)}   (target 1 s)")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {args.json}")
     if shots:
         print(f"screenshots in {shots}")

@@ -1,9 +1,14 @@
-"""Tile-schedule figures: SM lanes over time, the tile grid filling in, its animation, the causal
-imbalance scatter and two schedules side by side.
+"""Tile-schedule figures: SM lanes over time, the tile grid of a traced head, the causal
+imbalance scatter and up to three schedules side by side. The whole-GPU animation is in
+schedule_animation.py.
 
 Times are on the clock of `instrumentation.schedule_model.timeline`: ns for traces with
 hardware timing (shown in µs), tile-units for modelled ones (interpreter traces). A modelled
-figure says "modelled" in its title.
+figure says "modelled" in its title. The analysis (metrics, stragglers, the lane raster) lives
+in `instrumentation.schedule_analysis`; these functions only draw.
+
+Real sizes: the lanes are ONE uint8 heatmap (SMs x time bins) however many work items there
+are, with one invisible WebGL point per item for hover; no per-item shapes.
 """
 
 from __future__ import annotations
@@ -11,19 +16,26 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
+from instrumentation.schedule_analysis import animation_times, lane_raster, stragglers
 from instrumentation.schedule_model import schedule_stats, tile_timeline, timeline
 
-from ._common import (FULL, MISMATCH, NOW, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale,
-                      time_axis, title)
+from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption,
+                      discrete_colorscale, time_axis, title)
 
-# tile states drawn by the grid and the animation (codes are the heatmap's z values)
+IN_FLIGHT = "#111111"      # "computing now": near-black, unlike any other state (not red)
+CURSOR = "#e4572e"         # the time cursor on the lanes
+HIGHLIGHT = "#d62728"      # straggler outlines on the lanes
+# tile states drawn by the grid (codes are the heatmap's z values)
 TILE_STATES = ["skipped", "pending (partial)", "pending (full)", "computing now",
                "done (partial)", "done (full)", "visited but predicted skipped"]
-TILE_COLORS = [SKIPPED_GREY, "#fde0c5", "#c6dbef", NOW, PARTIAL, FULL, MISMATCH]
+TILE_COLORS = [SKIPPED_GREY, "#fde0c5", "#c6dbef", IN_FLIGHT, PARTIAL, FULL, MISMATCH]
 MAX_HOVER_CELLS = 40_000        # per-cell hover text beyond this makes the page heavy
 COLOR_BY = {"tiles_visited": "K/V tiles visited", "q_block": "query block"}
+LANE_BINS = 900                 # time bins of the lane raster (about one per screen pixel)
+MAX_POINTS = 2000               # per-item markers up to this many work items (SVG: no WebGL)
 
 
 def _timeline(trace, tl, sms=None, gpu=None) -> pd.DataFrame:
@@ -34,6 +46,10 @@ def _kind(tl) -> str:
     return "modelled" if tl.attrs.get("modelled", bool(tl["modelled"].any())) else "measured"
 
 
+def _unit(tl) -> str:
+    return "tile-units" if _kind(tl) == "modelled" else "µs"
+
+
 def _problem(trace) -> str:
     m = trace.meta
     s = m["shape"]
@@ -41,60 +57,17 @@ def _problem(trace) -> str:
             f"blocks {m.get('block_m')}×{m.get('block_n')}, schedule {m.get('schedule')}")
 
 
-def _stats_line(st: dict) -> str:
+def _heads(trace) -> int | None:
+    return (trace.meta.get("shape") or {}).get("H")
+
+
+def stats_line(st: dict) -> str:
+    """Makespan, tail, over-ideal and imbalance in words with units (chart subtitles)."""
     unit = "tile-units" if st["modelled"] else "µs"
     scale = 1.0 if st["modelled"] else 1e3
-    return (f"makespan {st['makespan'] / scale:.4g} {unit}, {st['waves']:.2f} waves on "
-            f"{st['sms']} SMs, idle {st['idle_fraction']:.0%}, tail {st['tail'] / scale:.4g} {unit}")
-
-
-def _lane_bars(tl: pd.DataFrame, color_by: str, scale: float, showscale=True,
-               colorbar_y=None, cmin=None, cmax=None) -> go.Bar:
-    """All work items as ONE horizontal bar trace (base = start), so 8k+ items stay fast."""
-    if color_by not in COLOR_BY:
-        raise ValueError(f"color_by must be one of {list(COLOR_BY)}, got {color_by!r}")
-    start = tl["t_start"].to_numpy() / scale
-    dur = (tl["t_end"] - tl["t_start"]).to_numpy() / scale
-    custom = np.stack([tl["bh"], tl["q_block"], tl["tiles_visited"], start, start + dur], axis=1)
-    colorbar = dict(title=COLOR_BY[color_by], len=0.45 if colorbar_y is not None else 1)
-    if colorbar_y is not None:
-        colorbar["y"] = colorbar_y
-    return go.Bar(
-        orientation="h", base=start, x=dur, y=tl["sm"].to_numpy(), width=0.8,
-        marker=dict(color=tl[color_by].to_numpy(), colorscale="Viridis", showscale=showscale,
-                    colorbar=colorbar, cmin=cmin, cmax=cmax, line=dict(width=0)),
-        customdata=custom, name="work items",
-        hovertemplate=("SM %{y}<br>bh %{customdata[0]}, q block %{customdata[1]}<br>"
-                       "%{customdata[2]} tiles<br>%{customdata[3]:.4g} → %{customdata[4]:.4g}"
-                       "<extra></extra>"),
-    )
-
-
-def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tiles_visited",
-                    sms: int | None = None, gpu: str | None = None, t: float | None = None) -> go.Figure:
-    """One lane per SM (y), one bar per work item over time (x); the causal tail is shaded.
-
-    t: optional "now" marker, on the timeline's clock (ns or tile-units).
-    """
-    tl = _timeline(trace, tl, sms, gpu)
-    scale, xlabel = time_axis(tl)
-    st = schedule_stats(tl)
-    fig = go.Figure(_lane_bars(tl, color_by, scale))
-    end = tl["t_end"].max() / scale
-    tail_start = end - st["tail"] / scale
-    if st["tail"] > 0:
-        fig.add_vrect(x0=tail_start, x1=end, fillcolor="#999", opacity=0.15, line_width=0,
-                      annotation_text="tail: some SMs idle for good", annotation_position="top left")
-    if t is not None:
-        fig.add_vline(x=t / scale, line=dict(color=NOW, width=2), annotation_text="now")
-    kind = _kind(tl)
-    fig.update_layout(
-        title=title(f"Work items on SMs ({kind} timeline)", _stats_line(st)),
-        xaxis_title=xlabel, yaxis_title="SM id" + (" (modelled GPU)" if kind == "modelled" else ""),
-        bargap=0, showlegend=False, template="plotly_white",
-    )
-    fig.update_yaxes(autorange="reversed")
-    return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
+    return (f"makespan {st['makespan'] / scale:.4g} {unit}, tail {st['tail'] / scale:.4g} {unit} "
+            f"({st['tail'] / st['makespan']:.1%}), {st['over_ideal']:.1%} over ideal, "
+            f"imbalance {st['imbalance']:.3f}; {st['waves']:.2f} waves on {st['sms']} SMs")
 
 
 def _provenance(trace, tl) -> str:
@@ -105,11 +78,134 @@ def _provenance(trace, tl) -> str:
     return text
 
 
+# -- the lanes as one raster -------------------------------------------------------------------------
+
+def _lane_colorscale() -> list:
+    """Code 0 (idle) transparent, codes 1..255 Viridis (zmin 0, zmax 255)."""
+    edge = 0.5 / 255
+    stops = np.linspace(edge, 1.0, 12)
+    colors = sample_colorscale("Viridis", list(np.linspace(0, 1, len(stops))))
+    return [[0.0, "rgba(0,0,0,0)"], [edge, "rgba(0,0,0,0)"]] + [[float(p), c] for p, c in zip(stops, colors)]
+
+
+def lane_traces(tl: pd.DataFrame, color_by: str, scale: float, bins: int = LANE_BINS,
+                vmin=None, vmax=None, t_range=None, showscale=True, hover=True,
+                colorbar_y=None) -> list:
+    """[lane heatmap, colour-bar carrier]: all work items in two traces, however many.
+
+    Hover (hover=True) comes from the heatmap itself: SM, time and the exact colour value per
+    bin (customdata), with units. No per-item markers: thousands of SVG or WebGL points cost
+    seconds to draw in a browser without a GPU."""
+    if color_by not in COLOR_BY:
+        raise ValueError(f"color_by must be one of {list(COLOR_BY)}, got {color_by!r}")
+    r = lane_raster(tl, color_by, bins=bins, t_range=t_range, vmin=vmin, vmax=vmax)
+    unit = "tile-units" if scale == 1.0 else "µs"
+    show_value = hover and r["value"] is not None
+    heat = go.Heatmap(z=r["z"], x0=(r["t0"] + r["dt"] / 2) / scale, dx=r["dt"] / scale, y0=0, dy=1,
+                      zmin=0, zmax=255, zauto=False, colorscale=_lane_colorscale(), showscale=False,
+                      name="work items", customdata=r["value"] if show_value else None,
+                      hoverinfo=None if hover else "skip",
+                      hovertemplate=(f"SM %{{y}}, t ≈ %{{x:.4g}} {unit}"
+                                     + (f"<br>{COLOR_BY[color_by]}: %{{customdata}}"
+                                        if show_value else "") + "<extra></extra>") if hover else None)
+    colorbar = dict(title=COLOR_BY[color_by], len=0.5 if colorbar_y is not None else 0.9)
+    if colorbar_y is not None:
+        colorbar["y"] = colorbar_y
+    # codes 1..255 spread linearly over [vmin, vmax], so an empty marker trace with the same
+    # scale over the values draws a colour bar in value units
+    hi = r["vmax"] if r["vmax"] > r["vmin"] else r["vmin"] + 1
+    bar = go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+                     marker=dict(color=[r["vmin"], hi], cmin=r["vmin"], cmax=hi,
+                                 colorscale="Viridis", showscale=showscale, colorbar=colorbar))
+    return [heat, bar]
+
+
+def straggler_traces(tl: pd.DataFrame, scale: float, k: int = 5, heads=None, legend=True) -> list:
+    """Outlines of the k longest work items (numbered as in the straggler table) and markers at
+    the end of the k latest-finishing SMs: two traces, a few dozen points."""
+    late, longest = stragglers(tl, k, heads)
+    unit = "tile-units" if scale == 1.0 else "µs"
+    t0 = float(tl["t_start"].min())
+    xs, ys, tx, ty, labels = [], [], [], [], []
+    for i, r in enumerate(longest.itertuples(), start=1):
+        a, b = (t0 + r.start) / scale, (t0 + r.end) / scale
+        y0, y1 = r.sm - 0.5, r.sm + 0.5
+        xs += [a, b, b, a, a, None]
+        ys += [y0, y0, y1, y1, y0, None]
+        tx.append(a)
+        ty.append(r.sm)
+        labels.append(f"#{i}")
+    items = go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=HIGHLIGHT, width=2),
+                       name="longest work items (#: table row)", showlegend=legend, hoverinfo="skip",
+                       legendgroup="longest")
+    tags = go.Scatter(x=tx, y=ty, mode="text", text=labels, textposition="middle left",
+                      textfont=dict(color=HIGHLIGHT, size=11), showlegend=False, hoverinfo="skip",
+                      legendgroup="longest")
+    sms = go.Scatter(x=(t0 + late["last_end"].to_numpy()) / scale, y=late["sm"].to_numpy(),
+                     mode="markers", name="latest-finishing SMs", showlegend=legend,
+                     marker=dict(symbol="triangle-left", size=11, color="white",
+                                 line=dict(color=HIGHLIGHT, width=2)),
+                     customdata=np.stack([late["after_first_idle"] / scale, late["busy"] / scale], axis=1),
+                     hovertemplate=(f"SM %{{y}} finishes at %{{x:.4g}} {unit}<br>%{{customdata[0]:.4g}} "
+                                    f"{unit} after the first SM went idle<br>busy %{{customdata[1]:.4g}} "
+                                    f"{unit}<extra></extra>"))
+    return [items, tags, sms]
+
+
+def _tail_marks(fig, st: dict, tl, scale: float, row=None) -> None:
+    """The tail shaded, its label above the plot area (never on top of bars)."""
+    if st["tail"] <= 0:
+        return
+    end = float(tl["t_end"].max()) / scale
+    start = end - st["tail"] / scale
+    where = dict(row=row, col=1) if row is not None else {}
+    fig.add_vrect(x0=start, x1=end, fillcolor="#888", opacity=0.18, line_width=0, layer="above", **where)
+    if row is None:
+        fig.add_annotation(x=start, xref="x", y=1.0, yref="paper", yanchor="bottom", xanchor="right",
+                           text="tail: some SMs idle for good →", showarrow=False,
+                           font=dict(size=11, color="#555"))
+
+
+def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tiles_visited",
+                    sms: int | None = None, gpu: str | None = None, t: float | None = None,
+                    t_range: tuple[float, float] | None = None, bins: int = LANE_BINS,
+                    highlight: int = 5) -> go.Figure:
+    """One lane per SM (y), every work item over time (x) as one raster; the tail shaded; the
+    `highlight` longest items and latest-finishing SMs outlined (see stragglers()).
+
+    t: optional "now" cursor; t_range: draw only this window (timeline clock) at full detail.
+    """
+    tl = _timeline(trace, tl, sms, gpu)
+    scale, xlabel = time_axis(tl)
+    st = schedule_stats(tl)
+    fig = go.Figure(lane_traces(tl, color_by, scale, bins=bins, t_range=t_range))
+    if highlight:
+        fig.add_traces(straggler_traces(tl, scale, highlight, _heads(trace)))
+    _tail_marks(fig, st, tl, scale)
+    if t is not None:
+        fig.add_vline(x=t / scale, line=dict(color=CURSOR, width=2))
+    kind = _kind(tl)
+    n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
+    fig.update_layout(
+        title=title(f"Work items on SMs ({kind} timeline)", stats_line(st)),
+        xaxis_title=xlabel, yaxis_title="SM id" + (" (modelled GPU)" if kind == "modelled" else ""),
+        showlegend=bool(highlight), template=TEMPLATE, height=max(420, 300 + 3 * n_sms),
+        legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", bgcolor="rgba(0,0,0,0)"),
+        hovermode="closest",
+    )
+    fig.update_yaxes(autorange="reversed", range=None)
+    if t_range is not None:
+        fig.update_xaxes(range=[t_range[0] / scale, t_range[1] / scale])
+    return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
+
+
 # -- tile grid -----------------------------------------------------------------------------------
 
 def _traced_head(trace, bh):
-    heads = trace.meta.get("traced_heads") or sorted(trace.tiles["bh"].unique().tolist())
-    if not heads or len(trace.tiles) == 0:
+    from instrumentation.schedule_analysis import traced_heads
+
+    heads = traced_heads(trace)
+    if not heads:
         raise ValueError("this trace has no tile detail (recorded with level='work'); "
                          "record with level='full' to see the tile grid")
     bh = heads[0] if bh is None else int(bh)
@@ -159,166 +255,176 @@ def _grid_hover(tiles: pd.DataFrame, n_qb: int, n_kb: int) -> np.ndarray | None:
     return text
 
 
-def _grid_setup(trace, bh, tl):
-    tl = _timeline(trace, tl)
-    bh = _traced_head(trace, bh)
-    tiles = tile_timeline(trace, tl)
-    tiles = tiles[tiles["bh"] == bh]
-    return tl, bh, tiles, int(trace.meta["n_q_blocks"]), int(trace.meta["n_k_blocks"])
-
-
-def _grid_axes(fig, trace):
+def grid_axes(fig, trace, **where):
     bm, bn = trace.meta["block_m"], trace.meta["block_n"]
     # square tiles: both axes shrink their domain (never stretch their range) to keep 1:1
-    fig.update_xaxes(title_text=f"K block (keys, {bn} per block)", constrain="domain")
+    fig.update_xaxes(title_text=f"K block (keys, {bn} per block)", constrain="domain", **where)
     fig.update_yaxes(title_text=f"Q block (queries, {bm} per block)", autorange="reversed",
-                     scaleanchor="x", constrain="domain")
-
-
-
-def _fit_grid_height(fig, grid_px: int = 440) -> go.Figure:
-    """Room for the grid itself on top of the margins (title, slider, caption), so a 128x128
-    grid is as readable as an 8x16 one."""
-    m = fig.layout.margin
-    fig.update_layout(height=(m.t if m.t is not None else 100) + (m.b if m.b is not None else 80) + grid_px)
-    return fig
+                     constrain="domain", **where)
 
 
 def tile_grid_figure(trace, t: float | None = None, tl: pd.DataFrame | None = None,
                      bh: int | None = None) -> go.Figure:
     """The traced head's (q_block × k_block) grid: full/partial/skipped from the mask, and which
     tiles the kernel has computed by time t (None: the finished kernel)."""
-    tl, bh, tiles, n_qb, n_kb = _grid_setup(trace, bh, tl)
+    tl = _timeline(trace, tl)
+    bh = _traced_head(trace, bh)
+    tiles = tile_timeline(trace, tl)
+    tiles = tiles[tiles["bh"] == bh]
+    n_qb, n_kb = int(trace.meta["n_q_blocks"]), int(trace.meta["n_k_blocks"])
     grid = tile_states(tiles, t, n_qb, n_kb)
     fig = go.Figure(_grid_heatmap(grid, _grid_hover(tiles, n_qb, n_kb)))
     scale, _ = time_axis(tl)
-    unit = "tile-units" if _kind(tl) == "modelled" else "µs"
-    when = "after the kernel finished" if t is None else f"at t = {t / scale:.4g} {unit} ({_kind(tl)})"
+    when = "after the kernel finished" if t is None else f"at t = {t / scale:.4g} {_unit(tl)} ({_kind(tl)})"
     done = int((grid >= 4).sum())
     fig.update_layout(title=title(f"Tile grid of head bh={bh}, {when}",
                                   f"{done} of {int(tiles['visited'].sum())} visited tiles computed; "
                                   f"{int((tiles['status'] == 'skipped').sum())} skipped by the mask"),
-                      template="plotly_white")
-    _grid_axes(fig, trace)
-    return _fit_grid_height(caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}"))
-
-
-def animation_times(tl: pd.DataFrame, max_frames: int = 60) -> np.ndarray:
-    """Frame times: evenly spaced from the first start to the last end (last frame = finished)."""
-    if max_frames < 2:
-        raise ValueError(f"max_frames must be >= 2, got {max_frames}")
-    t0, t1 = float(tl["t_start"].min()), float(tl["t_end"].max())
-    return np.linspace(t0, t1, max_frames)
-
-
-def tile_animation_figure(trace, tl: pd.DataFrame | None = None, max_frames: int = 60,
-                          bh: int | None = None, frame_ms: int = 120) -> go.Figure:
-    """The tile grid filling in over time: play/pause buttons and a time slider, at most
-    `max_frames` frames (one heatmap each)."""
-    tl, bh, tiles, n_qb, n_kb = _grid_setup(trace, bh, tl)
-    scale, _ = time_axis(tl)
-    unit = "tile-units" if _kind(tl) == "modelled" else "µs"
-    times = animation_times(tl, max_frames)
-    grids = [tile_states(tiles, t, n_qb, n_kb) for t in times]
-    heading = f"Tile grid of head bh={bh} over time ({_kind(tl)} timeline)"
-    frames = [go.Frame(data=[go.Heatmap(z=g)], name=str(i),
-                       layout=dict(title=title(heading, f"t = {t / scale:.4g} {unit}: "
-                                               f"{int((g >= 4).sum())} tiles computed")))
-              for i, (t, g) in enumerate(zip(times, grids))]
-    fig = go.Figure(data=[_grid_heatmap(grids[0], _grid_hover(tiles, n_qb, n_kb))], frames=frames)
-    play = dict(frame=dict(duration=frame_ms, redraw=True), fromcurrent=True, transition=dict(duration=0))
-    pause = dict(frame=dict(duration=0, redraw=False), mode="immediate", transition=dict(duration=0))
-    fig.update_layout(
-        title=frames[0].layout.title, template="plotly_white",
-        updatemenus=[dict(type="buttons", direction="left", x=0, y=-0.16, xanchor="left", yanchor="top",
-                          buttons=[dict(label="▶ play", method="animate", args=[None, play]),
-                                   dict(label="❚❚ pause", method="animate", args=[[None], pause])])],
-        sliders=[dict(active=0, x=0.2, len=0.78, y=-0.16, yanchor="top", pad=dict(t=0),
-                      currentvalue=dict(prefix=f"t ({unit}) = "),
-                      steps=[dict(label=f"{t / scale:.3g}", method="animate",
-                                  args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True),
-                                                       transition=dict(duration=0))])
-                             for i, t in enumerate(times)])],
-    )
-    _grid_axes(fig, trace)
+                      template=TEMPLATE)
+    grid_axes(fig, trace)
+    fig.update_yaxes(scaleanchor="x")
     fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
-    fig.layout.annotations[-1].yshift = -170       # below the slider
-    fig.update_layout(margin=dict(b=max(fig.layout.margin.b or 0, 210) + 70))
-    return _fit_grid_height(fig)
+    m = fig.layout.margin
+    return fig.update_layout(height=(m.t if m.t is not None else 100) + (m.b or 80) + 440)
 
 
 # -- imbalance and comparison ---------------------------------------------------------------------
 
+def _imbalance_aggregate(tl, x, y, unit: str, k: int = 10) -> list:
+    """Thousands of items as three traces: min-max band and median per tile count, and the k
+    longest items as points (each a few hundred points at most)."""
+    g = pd.DataFrame({"x": x, "y": y}).groupby("x")["y"].agg(["min", "median", "max", "size"]).reset_index()
+    band = go.Scatter(x=np.r_[g["x"], g["x"][::-1]], y=np.r_[g["max"], g["min"][::-1]], fill="toself",
+                      fillcolor="rgba(61,122,184,0.25)", line=dict(width=0), name="min–max per tile count",
+                      hoverinfo="skip")
+    med = go.Scatter(x=g["x"], y=g["median"], mode="lines+markers", marker=dict(size=4, color=FULL),
+                     line=dict(color=FULL), name="median", customdata=g[["min", "max", "size"]].to_numpy(),
+                     hovertemplate=(f"%{{x}} K/V tiles: median %{{y:.4g}} {unit}, min %{{customdata[0]:.4g}}, "
+                                    f"max %{{customdata[1]:.4g}} {unit} (%{{customdata[2]}} items)<extra></extra>"))
+    top = np.argsort(y)[-k:]
+    custom = np.stack([tl["bh"].to_numpy()[top], tl["q_block"].to_numpy()[top], tl["sm"].to_numpy()[top]], axis=1)
+    longest = go.Scatter(x=x[top], y=y[top], mode="markers", name=f"{k} longest items",
+                         marker=dict(color=HIGHLIGHT, size=8, symbol="diamond"), customdata=custom,
+                         hovertemplate="bh %{customdata[0]}, q block %{customdata[1]}, SM %{customdata[2]}"
+                                       f"<br>%{{x}} K/V tiles, %{{y:.4g}} {unit}<extra></extra>")
+    return [band, med, longest]
+
+
 def imbalance_figure(trace, tl: pd.DataFrame | None = None) -> go.Figure:
     """Duration vs K/V tiles visited per work item: with a causal mask, late query blocks visit
-    more tiles and run longer, which is what leaves the tail."""
+    more tiles and run longer, which is what leaves the tail. Up to MAX_POINTS items one point
+    each; more as a band (min-max), the median and the longest items per tile count."""
     tl = _timeline(trace, tl)
     scale, _ = time_axis(tl)
     modelled = _kind(tl) == "modelled"
-    unit = "tile-units" if modelled else "µs"
-    x = tl["tiles_visited"].to_numpy().astype(float)
-    y = (tl["t_end"] - tl["t_start"]).to_numpy() / scale
-    marker = dict(color=tl["q_block"].to_numpy(), colorscale="Viridis", size=7, opacity=0.7,
-                  colorbar=dict(title="query block"))
-    scatter_cls = go.Scattergl if len(tl) > 2000 else go.Scatter
-    fig = go.Figure(scatter_cls(x=x, y=y, mode="markers", marker=marker, name="work items",
-                                customdata=np.stack([tl["bh"], tl["q_block"], tl["sm"]], axis=1),
-                                hovertemplate="bh %{customdata[0]}, q block %{customdata[1]}, SM "
-                                "%{customdata[2]}<br>%{x} tiles, %{y:.4g} " + unit + "<extra></extra>"))
+    unit = _unit(tl)
+    x = tl["tiles_visited"].to_numpy().astype(np.float32)
+    y = ((tl["t_end"] - tl["t_start"]).to_numpy() / scale).astype(np.float32)
+    if len(tl) <= MAX_POINTS:
+        marker = dict(color=tl["q_block"].to_numpy().astype(np.int32), colorscale="Viridis", size=7,
+                      opacity=0.7, colorbar=dict(title="query block"))
+        custom = np.stack([tl["bh"], tl["q_block"], tl["sm"]], axis=1).astype(np.int32)
+        fig = go.Figure(go.Scatter(x=x, y=y, mode="markers", marker=marker, name="work items",
+                                   customdata=custom,
+                                   hovertemplate="bh %{customdata[0]}, q block %{customdata[1]}, SM "
+                                   "%{customdata[2]}<br>%{x} K/V tiles, %{y:.4g} " + unit + "<extra></extra>"))
+    else:
+        fig = go.Figure(_imbalance_aggregate(tl, x, y, unit))
     sub = ""
     if len(np.unique(x)) >= 2:
-        slope, icpt = np.polyfit(x, y, 1)
-        xs = np.array([x.min(), x.max()])
+        slope, icpt = np.polyfit(x.astype(float), y.astype(float), 1)
+        xs = np.array([x.min(), x.max()], dtype=float)
         fig.add_trace(go.Scatter(x=xs, y=slope * xs + icpt, mode="lines", name="least-squares fit",
-                                 line=dict(color="black", dash="dash")))
+                                 line=dict(color="black", dash="dash"), hoverinfo="skip"))
         sub = f"fit: {slope:.4g} {unit} per tile + {icpt:.4g} {unit} per item"
         if modelled:
             sub += " (modelled: linear by construction; record on a GPU for measured durations)"
+    if len(tl) > MAX_POINTS:
+        sub += f"; {len(tl)} work items drawn per tile count"
     fig.update_layout(title=title(f"Causal imbalance: duration vs tiles visited ({_kind(tl)})", sub),
                       xaxis_title="K/V tiles visited by the work item",
-                      yaxis_title=f"work-item duration ({unit})", template="plotly_white",
+                      yaxis_title=f"work-item duration ({unit})", template=TEMPLATE,
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
     return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
 
 
-def _same_problem(a, b) -> None:
+def _same_problem(traces) -> None:
     keys = ("shape", "mask", "block_m", "block_n", "dtype")
-    diff = [k for k in keys if a.meta.get(k) != b.meta.get(k)]
-    if diff:
-        raise ValueError("the two traces are not the same problem (they differ in "
-                         + ", ".join(f"{k}: {a.meta.get(k)} vs {b.meta.get(k)}" for k in diff)
-                         + "); record both with the same shape, mask and blocks")
+    a = traces[0]
+    for b in traces[1:]:
+        diff = [k for k in keys if a.meta.get(k) != b.meta.get(k)]
+        if diff:
+            raise ValueError("the traces are not the same problem (they differ in "
+                             + ", ".join(f"{k}: {a.meta.get(k)} vs {b.meta.get(k)}" for k in diff)
+                             + "); record them with the same shape, mask and blocks")
 
 
-def schedule_comparison_figure(trace_a, trace_b, sms: int | None = None, gpu: str | None = None,
-                               color_by: str = "tiles_visited") -> go.Figure:
-    """Two schedules of the same problem, SM lanes stacked on one shared time axis, each with
-    its makespan, idle fraction and tail."""
-    _same_problem(trace_a, trace_b)
-    tla, tlb = timeline(trace_a, sms=sms, gpu=gpu), timeline(trace_b, sms=sms, gpu=gpu)
-    if _kind(tla) != _kind(tlb):
-        raise ValueError("one trace has hardware timing and the other does not; a measured and a "
+def _comparison_timelines(traces, sms, gpu, tls=None):
+    if not 2 <= len(traces) <= 3:
+        raise ValueError(f"compare two or three schedules, got {len(traces)}")
+    _same_problem(traces)
+    tls = list(tls) if tls is not None else [timeline(tr, sms=sms, gpu=gpu) for tr in traces]
+    if len({_kind(tl) for tl in tls}) > 1:
+        raise ValueError("one trace has hardware timing and another does not; a measured and a "
                          "modelled timeline cannot share a time axis")
-    scale, xlabel = time_axis(tla)
-    sta, stb = schedule_stats(tla), schedule_stats(tlb)
-    names = [trace_a.meta.get("schedule"), trace_b.meta.get("schedule")]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.14,
-                        subplot_titles=[f"<b>{n}</b>: {_stats_line(s)}" for n, s in zip(names, (sta, stb))])
-    cmax = float(max(tla[color_by].max(), tlb[color_by].max()))
-    for row, tl in ((1, tla), (2, tlb)):
-        fig.add_trace(_lane_bars(tl, color_by, scale, showscale=row == 1, cmin=0, cmax=cmax), row=row, col=1)
+    return tls
+
+
+def schedule_name(trace) -> str:
+    return str(trace.meta.get("schedule") or trace.meta.get("kernel", {}).get("schedule", "?"))
+
+
+def schedule_comparison_figure(*traces, sms: int | None = None, gpu: str | None = None,
+                               color_by: str = "tiles_visited", tls=None, highlight: int = 3,
+                               bins: int = 700) -> go.Figure:
+    """Two or three schedules of the same problem, SM lanes stacked on one shared time axis,
+    each titled with its makespan, tail, distance from ideal and imbalance; the longest items
+    and latest SMs of each outlined."""
+    tls = _comparison_timelines(traces, sms, gpu, tls)
+    scale, xlabel = time_axis(tls[0])
+    stats = [schedule_stats(tl) for tl in tls]
+    names = [schedule_name(tr) for tr in traces]
+    n = len(traces)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.22 / n,
+                        subplot_titles=[f"<b>{nm}</b>: {stats_line(s)}" for nm, s in zip(names, stats)])
+    vmin = float(min(tl[color_by].min() for tl in tls))
+    vmax = float(max(tl[color_by].max() for tl in tls))
+    t_end = max(float(tl["t_end"].max()) for tl in tls)
+    t0 = min(float(tl["t_start"].min()) for tl in tls)
+    for row, (tl, st) in enumerate(zip(tls, stats), start=1):
+        for tr in lane_traces(tl, color_by, scale, bins=bins, vmin=vmin, vmax=vmax, t_range=(t0, t_end),
+                              showscale=row == 1, hover=False):
+            fig.add_trace(tr, row=row, col=1)
+        if highlight:
+            for tr in straggler_traces(tl, scale, highlight, _heads(traces[0]), legend=row == 1):
+                fig.add_trace(tr, row=row, col=1)
+        _tail_marks(fig, st, tl, scale, row=row)
         fig.update_yaxes(title_text="SM id", autorange="reversed", row=row, col=1)
-    fig.update_xaxes(title_text=xlabel, row=2, col=1)
-    ratio = stb["makespan"] / sta["makespan"] if sta["makespan"] else float("nan")
-    fig.update_layout(title=title(f"{names[0]} vs {names[1]} ({_kind(tla)} timelines)",
-                                  f"makespan {names[1]} / {names[0]} = {ratio:.3f}"),
-                      bargap=0, showlegend=False, template="plotly_white", height=700)
-    return caption(fig, f"{_problem(trace_a).rsplit(', schedule', 1)[0]}. {_provenance(trace_a, tla)}")
+    fig.update_xaxes(title_text=xlabel, row=n, col=1)
+    best = int(np.argmin([s["makespan"] for s in stats]))
+    worst = int(np.argmax([s["makespan"] for s in stats]))
+    ratio = stats[worst]["makespan"] / stats[best]["makespan"] if stats[best]["makespan"] else float("nan")
+    fig.update_layout(title=title(" vs ".join(names) + f" ({_kind(tls[0])} timelines)",
+                                  f"shortest: {names[best]}; {names[worst]} takes {ratio:.3f}× as long. "
+                                  "Shaded: the tail (some SMs idle for good); red: the longest "
+                                  "work items and the SMs that finish last"),
+                      showlegend=False, template=TEMPLATE, height=170 + 300 * n)
+    for ann in fig.layout.annotations:      # subplot titles: one line each, smaller than the title
+        ann.font.size = 13
+    return caption(fig, f"{_problem(traces[0]).rsplit(', schedule', 1)[0]}. {_provenance(traces[0], tls[0])}")
 
 
-def schedule_comparison_stats(trace_a, trace_b, sms=None, gpu=None) -> pd.DataFrame:
-    """schedule_stats of both traces, one row per schedule (for tables beside the figure)."""
-    _same_problem(trace_a, trace_b)
-    rows = [dict(schedule=tr.meta.get("schedule"), **schedule_stats(timeline(tr, sms=sms, gpu=gpu)))
-            for tr in (trace_a, trace_b)]
-    return pd.DataFrame(rows)
+def schedule_comparison_stats(*traces, sms=None, gpu=None, tls=None) -> pd.DataFrame:
+    """metrics_table of two or three schedules of one problem (µs or tile-units, and %)."""
+    from instrumentation.schedule_analysis import metrics_table
+
+    tls = _comparison_timelines(traces, sms, gpu, tls)
+    return metrics_table({schedule_name(tr): schedule_stats(tl) for tr, tl in zip(traces, tls)})
+
+
+# the whole-GPU animation lives in its own module; exported here for app.figures' import table
+from .schedule_animation import tile_animation_figure  # noqa: E402,F401
+
+__all__ = ["sm_lanes_figure", "tile_grid_figure", "tile_animation_figure", "imbalance_figure",
+           "schedule_comparison_figure", "schedule_comparison_stats", "tile_states", "animation_times",
+           "lane_traces", "straggler_traces", "stats_line"]

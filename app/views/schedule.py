@@ -1,16 +1,26 @@
-"""Page 1: the tile schedule. SM lanes over time, the tile grid filling in, waves, idle SMs,
-the causal tail, and two schedule variants side by side."""
+"""Page 1: the tile schedule. SM lanes over time, metrics that tell schedules apart, the
+stragglers, the whole GPU animated, and up to three schedules side by side.
+
+Everything derived from a trace is computed once (instrumentation.schedule_analysis memoises
+per trace content; the figures are cached per source and options), so a control change only
+redraws. The page's own controls live in the URL (app.url_state.control).
+"""
 
 import streamlit as st
 
-from app import data_sources, settings, sources
-from app.figures.schedule import (animation_times, imbalance_figure, schedule_comparison_figure,
-                                  schedule_comparison_stats, sm_lanes_figure, tile_grid_figure)
+from app import data_sources, settings, sources, url_state
+from app.text import plain
+from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_comparison_figure,
+                                  schedule_comparison_stats, sm_lanes_figure)
+from app.figures.schedule_animation import DEFAULT_FRAMES, tile_animation_figure
 from app.views import common
-from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS, schedule_stats
+from instrumentation.schedule_analysis import (METRICS, cached_stats, cached_timeline, metrics_row,
+                                               stragglers, traced_heads, uneven_work)
+from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
-FRAME_BUDGET = 400_000     # heatmap cells over all animation frames: keeps the page light
+MAX_COMPARED = 3
+STRAGGLERS = 5
 
 s = settings.current()
 st.title("Tile schedule")
@@ -18,33 +28,87 @@ src = common.source_or_stop(s)
 common.banner(src)
 trace = src.trace
 modelled = not trace.has_hw_timing
+heads_h = int(trace.meta["shape"]["H"])
+
+
+@st.cache_resource(show_spinner=False, max_entries=24)
+def lanes_fig(key, sms, color_by, _trace):
+    return sm_lanes_figure(_trace, cached_timeline(_trace, sms), color_by=color_by, highlight=STRAGGLERS)
+
+
+@st.cache_resource(show_spinner=False, max_entries=12)
+def animation_fig(key, sms, color_by, bh, frame, controls, _trace):
+    return tile_animation_figure(_trace, cached_timeline(_trace, sms), max_frames=DEFAULT_FRAMES, bh=bh,
+                                 color_by=color_by, frame=frame, controls=controls)
+
+
+@st.cache_resource(show_spinner=False, max_entries=12)
+def imbalance_fig(key, sms, _trace):
+    return imbalance_figure(_trace, cached_timeline(_trace, sms))
+
 
 c1, c2, c3 = st.columns([1, 1, 1])
 sms = None
 if modelled:
-    sms = c1.selectbox("SMs in the modelled GPU", MODEL_SMS, index=MODEL_SMS.index(DEFAULT_SMS),
-                       key="sched_sms", help="132 = H100/H200, 108 = A100; fewer SMs show more waves")
-color_by = c2.selectbox("Colour work items by", ["tiles_visited", "q_block"], key="sched_color")
-compare = c3.toggle("Compare two schedules", key="sched_compare")
+    url_state.control("sched_sms", DEFAULT_SMS, options=MODEL_SMS)
+    sms = c1.selectbox("SMs in the modelled GPU", MODEL_SMS, key="sched_sms",
+                       help="132 = H100/H200, 108 = A100; fewer SMs show more waves")
+url_state.control("sched_color", "tiles_visited", options=list(COLOR_BY))
+color_by = c2.selectbox("Colour work items by", list(COLOR_BY), key="sched_color", format_func=COLOR_BY.get)
+url_state.control("sched_compare", False)
+compare = c3.toggle("Compare schedules side by side", key="sched_compare",
+                    help=f"up to {MAX_COMPARED} schedules of this problem on one time axis")
 if modelled:
     st.warning("**Modelled timeline.** This trace comes from the Triton CPU interpreter, which has no "
                "clock and no SMs. The *order* in which work items started and the tiles each one "
                "visited are the kernel's own; their placement in time on SMs is a list-scheduling "
                f"model (instrumentation.schedule_model) on {sms} SMs, in tile-units.", icon=":material/schedule:")
 
-tl = common.timeline_for(src.key, sms, trace)
-stats = schedule_stats(tl)
-unit, scale = ("tile-units", 1.0) if stats["modelled"] else ("µs", 1e3)
+tl = cached_timeline(trace, sms)
+stats = cached_stats(trace, sms)
+unit = "tile-units" if stats["modelled"] else "µs"
+row = metrics_row(stats)
 m = st.columns(6)
-m[0].metric("makespan", f"{stats['makespan'] / scale:.4g} {unit}")
-m[1].metric("waves", f"{stats['waves']:.2f}", help=f"{stats['work_items']} work items on {stats['sms']} SMs")
-m[2].metric("mean busy SMs", f"{stats['mean_concurrency']:.1f}")
-m[3].metric("idle SM time", f"{stats['idle_fraction']:.0%}")
-m[4].metric("tail", f"{stats['tail'] / scale:.4g} {unit}", help="from the first SM going idle for good to the end")
-m[5].metric("imbalance", f"{stats['imbalance']:.2f}", help="max / mean busy time per SM (1 = even)")
+m[0].metric("makespan", f"{row['makespan']:.4g} {unit}", help=METRICS["makespan"][1])
+m[1].metric("tail", f"{row['tail']:.4g} {unit}", f"{row['tail_share']:.1f}% of makespan", delta_color="off", delta_arrow="off",
+            help=METRICS["tail"][1])
+m[2].metric("over ideal", f"{row['over_ideal']:.1f} %", f"ideal {row['ideal']:.4g} {unit}", delta_color="off", delta_arrow="off",
+            help=METRICS["over_ideal"][1] + ". Ideal: " + METRICS["ideal"][1])
+m[3].metric("load imbalance", f"{row['imbalance']:.3f}", help=METRICS["imbalance"][1])
+m[4].metric("idle SM time", f"{row['idle']:.1f} %", help=METRICS["idle"][1])
+m[5].metric("waves", f"{row['waves']:.2f}", help=f"{METRICS['waves'][1]} ({stats['work_items']} work "
+            f"items on {stats['sms']} SMs)")
 
-common.chart(sm_lanes_figure(trace, tl, color_by=color_by), "sm-lanes", "sched_lanes", s.present)
-with st.expander("The order the kernel really ran the work items in (trace.work)"):
+common.chart(lanes_fig(src.key, sms, color_by, trace), "sm-lanes", "sched_lanes", s.present)
+st.caption(f"Each lane is one SM; every work item (one query block of one batch·head) is drawn at "
+           f"its SM from start to end, coloured by {COLOR_BY[color_by]}. Hover a bar for its "
+           f"numbers. Red outlines: the {STRAGGLERS} longest work items (numbered as below); "
+           "triangles: the SMs that finish last.")
+
+late, longest = stragglers(tl, STRAGGLERS, heads_h)
+scale = 1.0 if modelled else 1e3
+t1, t2 = st.columns([2, 3])
+t1.markdown("**Latest-finishing SMs**")
+t1.dataframe(late.assign(busy=late["busy"] / scale, last_end=late["last_end"] / scale,
+                         after_first_idle=late["after_first_idle"] / scale)
+             .rename(columns={"sm": "SM", "items": "items", "busy": f"busy ({unit})",
+                              "last_end": f"ends ({unit})", "after_first_idle": f"late by ({unit})"}),
+             hide_index=True, column_config={
+                 f"busy ({unit})": st.column_config.NumberColumn(format="%.4g", help="time the SM ran work items"),
+                 f"ends ({unit})": st.column_config.NumberColumn(format="%.4g", help="its last work item ends"),
+                 f"late by ({unit})": st.column_config.NumberColumn(
+                     format="%.4g", help="how long after the first SM went idle for good it finishes")})
+t2.markdown("**Longest work items** (# as outlined in the lanes)")
+t2.dataframe(longest.assign(start=longest["start"] / scale, duration=longest["duration"] / scale)
+             .drop(columns=["end"]).rename(columns={"q_block": "query block", "tiles_visited": "K/V tiles",
+                                                    "sm": "SM", "start": f"start ({unit})",
+                                                    "duration": f"duration ({unit})"})
+             .set_axis(range(1, len(longest) + 1)).rename_axis("#").reset_index(),
+             hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.4g") for c in
+                                             (f"start ({unit})", f"duration ({unit})")})
+
+if st.toggle("Show the order the kernel really ran the work items in (trace.work)", key="sched_order",
+             help=f"{len(trace.work)} rows; drawn only when asked"):
     cols = [c for c in ("order", "bh", "q_block", "program", "tiles_visited", "sm", "t_start", "t_end")
             if c in trace.work.columns]
     if modelled:
@@ -55,91 +119,113 @@ with st.expander("The order the kernel really ran the work items in (trace.work)
         "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
     st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
-st.subheader("The tile grid filling in")
-if len(trace.tiles) == 0:
-    st.info("This trace has no tile detail (recorded with level='work'): the grid needs level='full'.")
+st.subheader("The whole GPU over time")
+heads = traced_heads(trace)
+if not heads:
+    st.info("This trace has no tile detail (recorded with level='work'): the animation needs level='full'.")
 else:
-    n_cells = int(trace.meta["n_q_blocks"]) * int(trace.meta["n_k_blocks"])
-    frames = max(8, min(60, FRAME_BUDGET // max(n_cells, 1)))
-    common.chart(common.animation_for(src.key, sms, frames, trace, tl), "tile-animation",
-                 "sched_anim", s.present)
+    h1, h2, _ = st.columns([1, 1, 2])
+    url_state.control("sched_head", heads[0], options=heads)
+    bh = h1.selectbox("Traced head (tile grid)", heads, key="sched_head",
+                      format_func=lambda b: f"bh {b} (batch {b // heads_h}, head {b % heads_h})",
+                      help="the heads recorded with tile detail")
+    url_state.control("sched_still", False)
+    still = h2.toggle("One frame at a time", key="sched_still",
+                      help="a still of one frame with a slider, instead of the player")
+    if still:
+        @st.fragment
+        def one_frame():
+            """Only this part reruns when the frame changes."""
+            url_state.control("sched_frame", DEFAULT_FRAMES // 2, options=range(DEFAULT_FRAMES))
+            k = st.slider("frame", 0, DEFAULT_FRAMES - 1, key="sched_frame",
+                          help=f"{DEFAULT_FRAMES} frames evenly spread from the first start to the last end")
+            common.chart(animation_fig(src.key, sms, color_by, bh, k, False, trace), "whole-gpu-frame",
+                         "sched_frame_chart", s.present)
+        one_frame()
+    else:
+        common.chart(animation_fig(src.key, sms, color_by, bh, 0, True, trace), "whole-gpu-animation",
+                     "sched_anim", s.present)
+    st.caption("Top: the lanes with the time cursor. Left: every work item, pending (grey), running "
+               "(black) or done (blue). Right: the traced head's tiles; black marks the tile each of its "
+               "running work items is on now, red the tiles the kernel visited although the mask says "
+               "skip (none expected).")
     a1, a2, _ = st.columns([2, 2, 6])
     for col, fmt in ((a1, "gif"), (a2, "mp4")):
         col.download_button(f"⬇ animation {fmt.upper()}", data=common._deferred(common.animation_bytes, trace, fmt, tl),
-                            file_name=f"tile-schedule.{fmt}", mime=common.MIME[fmt],
+                            file_name=f"whole-gpu-schedule.{fmt}", mime=common.MIME[fmt],
                             key=f"sched_anim_{fmt}", on_click="ignore")
 
-    @st.fragment
-    def single_frame():
-        """One frame at a time (for long runs): a slider and step buttons; only this part reruns."""
-        times = animation_times(tl, 200)
-        last = len(times) - 1
-        st.session_state.setdefault("sched_frame", last)
-        st.session_state["sched_frame"] = min(int(st.session_state["sched_frame"]), last)
-
-        def step(delta):
-            st.session_state["sched_frame"] = max(0, min(last, st.session_state["sched_frame"] + delta))
-
-        b1, b2, b3 = st.columns([1, 1, 8])
-        b1.button("◀ step", on_click=step, args=(-1,), key="sched_prev")
-        b2.button("step ▶", on_click=step, args=(1,), key="sched_next")
-        i = b3.slider("time (frame)", 0, last, key="sched_frame",
-                      help="frame i of 200, evenly spaced from the first start to the last end")
-        common.chart(tile_grid_figure(trace, t=float(times[i]), tl=tl), "tile-grid", "sched_grid",
-                     s.present)
-
-    if st.toggle("Single-frame view (a time slider and step buttons, for long runs)", key="sched_single"):
-        single_frame()
-
-st.subheader("Causal imbalance")
-common.chart(imbalance_figure(trace, tl), "imbalance", "sched_imbalance", s.present)
+if uneven_work(tl):
+    st.subheader("Causal imbalance")
+    common.chart(imbalance_fig(src.key, sms, trace), "imbalance", "sched_imbalance", s.present)
+else:
+    st.caption(f"No imbalance view: with mask {trace.meta.get('mask')} every work item visits about "
+               "the same number of K/V tiles, so durations do not depend on the query block.")
 
 
-def compare_schedules():
-    if src.recording is None and not s.live:
-        st.info("Comparing schedules needs a live run or bundled recordings (not an upload).")
-        return
+def compared_traces():
+    """The traces to compare (this one first), or None after saying why not."""
     if s.live:
-        a, b = st.columns(2)
-        others = [x for x in settings.SCHEDULES if x != s.schedule]
-        first = a.selectbox("Schedule A", settings.SCHEDULES, index=settings.SCHEDULES.index(s.schedule),
-                            key="cmp_a")
-        second = b.selectbox("Schedule B", settings.SCHEDULES, index=settings.SCHEDULES.index(others[0]),
-                             key="cmp_b")
+        url_state.control("sched_cmp", [s.schedule], options=settings.SCHEDULES)
+        picked = st.multiselect("Schedules", settings.SCHEDULES, key="sched_cmp", max_selections=MAX_COMPARED,
+                                help="each runs live once (cached afterwards)")
+        if len(picked) < 2:
+            st.info("Pick two or three schedules.")
+            return None
+        if not st.button("Run and compare", key="sched_cmp_run", type="primary") and \
+                not all(sources.has_run(settings.variant(s, x)) for x in picked):
+            st.caption(f"Estimated: {sources.estimate(settings.variant(s, picked[0]))} per schedule.")
+            return None
         try:
-            ta, _, _ = sources.run_live(settings.variant(s, first))
-            tb, _, _ = sources.run_live(settings.variant(s, second))
+            return [sources.run_live(settings.variant(s, x))[0] for x in picked]
         except sources.RunError as exc:
-            st.error(str(exc))
-            return
-    else:
-        variants = data_sources.schedule_variants(sources.recordings(), src.recording)
-        if len(variants) < 2:
-            st.info(f"No second bundled recording of this problem ({src.recording.label}) with "
-                    "another schedule. Pick a recording that has variants, or run live.")
-            return
-        names = [r.name for r in variants]
-        here = names.index(src.recording.name)
-        a, b = st.columns(2)
-        ra = a.selectbox("Recording A", names, index=here, key="cmp_rec_a",
-                         format_func=lambda n: f"{n} ({sources.recording_named(n).schedule})")
-        rb = b.selectbox("Recording B", names, index=0 if here else 1, key="cmp_rec_b",
-                         format_func=lambda n: f"{n} ({sources.recording_named(n).schedule})")
-        ta = sources.load_recording(sources.recording_named(ra))
-        tb = sources.load_recording(sources.recording_named(rb))
-    try:
-        fig = schedule_comparison_figure(ta, tb, sms=sms)
-        table = schedule_comparison_stats(ta, tb, sms=sms)
-    except ValueError as exc:
-        st.error(f"These two cannot be compared: {exc}")
-        return
-    common.chart(fig, "schedule-comparison", "sched_cmp", s.present)
-    st.dataframe(table, hide_index=True)
+            st.error(plain(exc))
+            return None
+    if src.recording is None:
+        st.info("Comparing schedules needs a live run or bundled recordings (not an upload).")
+        return None
+    variants = data_sources.schedule_variants(sources.recordings(), src.recording)
+    names = [r.name for r in variants]
+    if len(names) < 2:
+        st.info(f"No other bundled recording of this problem ({plain(src.recording.label)}) with another "
+                "schedule. Pick a recording that has variants, or run live.")
+        return None
+    default = [src.recording.name] + [n for n in names if n != src.recording.name][:MAX_COMPARED - 1]
+    url_state.control("sched_cmp", default, options=names)
+    picked = st.multiselect("Recordings", names, key="sched_cmp", max_selections=MAX_COMPARED,
+                            format_func=lambda n: f"{sources.recording_named(n).schedule} ({n})")
+    if len(picked) < 2:
+        st.info("Pick two or three recordings.")
+        return None
+    return [sources.load_recording(sources.recording_named(n)) for n in picked]
+
+
+@st.cache_resource(show_spinner="Drawing the schedules…", max_entries=8)
+def comparison(keys, sms, color_by, _traces):
+    tls = [cached_timeline(t, sms) for t in _traces]
+    return (schedule_comparison_figure(*_traces, sms=sms, color_by=color_by, tls=tls),
+            schedule_comparison_stats(*_traces, sms=sms, tls=tls))
 
 
 if compare:
-    st.subheader("Two schedules side by side")
-    compare_schedules()
+    st.subheader("Schedules side by side")
+    traces = compared_traces()
+    if traces:
+        from instrumentation.schedule_analysis import trace_digest
+        try:
+            fig, table = comparison(tuple(trace_digest(t) for t in traces), sms, color_by, traces)
+        except ValueError as exc:
+            st.error(f"These cannot be compared: {plain(exc)}")
+        else:
+            common.chart(fig, "schedule-comparison", "sched_cmp_chart", s.present)
+            u = table.attrs["unit"]
+            cfg = {k: st.column_config.NumberColumn(
+                f"{label} ({u})" if k in ("makespan", "ideal", "tail") else
+                (f"{label} (%)" if k in ("over_ideal", "tail_share", "idle") else label),
+                help=text, format="%.4g" if k in ("makespan", "ideal", "tail", "imbalance") else "%.2f")
+                for k, (label, text) in METRICS.items()}
+            st.dataframe(table, hide_index=True, column_config=cfg)
+            st.caption(" · ".join(f"**{label}**: {text}" for label, text in METRICS.values()))
 
 st.subheader("Downloads")
 common.trace_downloads(trace, "sched", tl=tl)

@@ -1,0 +1,166 @@
+"""The whole-GPU schedule animation: per frame, the SM lanes with a moving time cursor, every
+work item (rows = batch·head, columns = query block) pending / running / done, and the tile
+grid of one traced head with the tile each running work item is on marked "computing now".
+
+Light by construction: the lanes, the work grid and the tile grid are sent once, as uint8
+"first frame this state holds" codes (instrumentation.schedule_analysis.work_frames /
+tile_frames). A state layer is drawn in its colour where its code <= k and transparent
+elsewhere, so a frame carries only the cursor position and one small threshold colour scale
+per layer, never a grid. Frames are spread over the whole run, not one head's lifetime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from instrumentation.schedule_analysis import (NEVER, animation_times, frame_counts, tile_frames,
+                                               work_frames)
+from instrumentation.schedule_model import schedule_stats, tile_timeline
+
+from ._common import FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, time_axis, title
+from .schedule import (CURSOR, IN_FLIGHT, TEMPLATE, _kind, _problem, _provenance, _timeline,
+                       _traced_head, _unit, lane_traces)
+
+CLEAR = "rgba(0,0,0,0)"
+WORK_PENDING = "#dde3ea"
+WORK_RUNNING = IN_FLIGHT
+WORK_DONE = FULL
+PENDING_PARTIAL, PENDING_FULL = "#fde0c5", "#c6dbef"
+DEFAULT_FRAMES = 48
+LANE_BINS = 600             # the lanes panel is narrower than the lanes chart
+# legend: (name, colour) of every state drawn
+STATES = [("work item pending", WORK_PENDING), ("running / computing now", IN_FLIGHT),
+          ("work item done", WORK_DONE), ("tile pending (full)", PENDING_FULL),
+          ("tile pending (partial)", PENDING_PARTIAL), ("tile done (full)", FULL),
+          ("tile done (partial)", PARTIAL), ("skipped by the mask", SKIPPED_GREY),
+          ("visited but predicted skipped", MISMATCH)]
+
+
+def threshold_colorscale(color: str, k: int) -> list:
+    """Over z in [0, NEVER]: `color` where z <= k, transparent above."""
+    p = min(1.0, (k + 0.5) / NEVER)
+    return [[0.0, color], [p, color], [p, CLEAR], [1.0, CLEAR]]
+
+
+def _layer(z: np.ndarray, color: str, k: int, xaxis_row, name: str) -> go.Heatmap:
+    return go.Heatmap(z=z.astype(np.uint8), zmin=0, zmax=NEVER, zauto=False, showscale=False,
+                      colorscale=threshold_colorscale(color, k), hoverinfo="skip", name=name)
+
+
+def _frame_title(heading: str, t: float, scale: float, unit: str, work: dict, tiles: dict, k: int,
+                 bh: int) -> dict:
+    run, done = frame_counts(work, k)
+    now, computed = frame_counts(tiles, k)
+    total = int(work["exists"].sum())
+    return title(heading, f"t = {(t - 0) / scale:.4g} {unit}: {run} work items running, {done} of "
+                          f"{total} done; head bh={bh}: {now} tiles computing now, {computed} computed")
+
+
+def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: int | None = None,
+                          frame_ms: int = 250, color_by: str = "tiles_visited", frame: int | None = None,
+                          controls: bool = True) -> go.Figure:
+    """The whole GPU over time: lanes + cursor (top), every work item (bottom left), the tile
+    grid of traced head `bh` (bottom right; default: the first traced head).
+
+    max_frames frames evenly spread from the first start to the last end. `frame`: the frame
+    drawn before playing (default 0; a still export should pick mid-run). controls=False: a
+    still of that frame (no frames, no player).
+    """
+    tl = _timeline(trace, tl)
+    bh = _traced_head(trace, bh)
+    scale, xlabel = time_axis(tl)
+    unit = _unit(tl)
+    times = animation_times(tl, max_frames)
+    k0 = 0 if frame is None else int(frame)
+    if not 0 <= k0 < len(times):
+        raise ValueError(f"frame must be within 0..{len(times) - 1}, got {frame}")
+    t0 = float(tl["t_start"].min())
+    shape = trace.meta["shape"]
+    n_bh = int(shape["B"]) * int(shape["H"])
+    n_qb, n_kb = int(trace.meta["n_q_blocks"]), int(trace.meta["n_k_blocks"])
+    work = work_frames(tl, times, n_bh, n_qb)
+    tiles = tile_frames(tile_timeline(trace, tl), tl, bh, times, n_qb, n_kb)
+    st = schedule_stats(tl)
+
+    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]],
+                        row_heights=[0.42, 0.58], vertical_spacing=0.16, horizontal_spacing=0.1,
+                        subplot_titles=["SM lanes (colour: " + ("K/V tiles visited" if color_by ==
+                                        "tiles_visited" else "query block") + "), cursor = now",
+                                        f"every work item ({n_bh} batch·heads × {n_qb} query blocks)",
+                                        f"tiles of head bh={bh}"])
+    lanes = lane_traces(tl, color_by, scale, bins=LANE_BINS, hover=False, showscale=False)
+    for tr in lanes:
+        fig.add_trace(tr, row=1, col=1)
+    x_now = times[k0] / scale
+    fig.add_trace(go.Scatter(x=[x_now, x_now], y=[-0.5, int(tl.attrs.get("sms") or tl["sm"].max() + 1) - 0.5],
+                             mode="lines", line=dict(color=CURSOR, width=3), name="now (time cursor)",
+                             hoverinfo="skip"), row=1, col=1)
+    cursor_index = len(fig.data) - 1
+    # work grid: pending base, running and done layers
+    fig.add_trace(go.Heatmap(z=work["exists"].astype(np.uint8), zmin=0, zmax=1,
+                             colorscale=[[0, "white"], [1, WORK_PENDING]], showscale=False,
+                             hovertemplate="bh %{y}, q block %{x}<extra></extra>", name="work items"),
+                  row=2, col=1)
+    layers = [(work["run"], WORK_RUNNING, 2, 1, "running"), (work["done"], WORK_DONE, 2, 1, "done")]
+    # tile grid: mask base, in-flight layer, done layers (full / partial), mismatches stay on top
+    base_colors = [SKIPPED_GREY, PENDING_PARTIAL, PENDING_FULL, MISMATCH]
+    fig.add_trace(go.Heatmap(z=tiles["base"], zmin=-0.5, zmax=3.5, showscale=False,
+                             colorscale=discrete_colorscale(base_colors), name="tiles",
+                             hovertemplate="q block %{y}, k block %{x}<extra></extra>"), row=2, col=2)
+    done_full = np.where(tiles["full"], tiles["done"], NEVER)
+    done_part = np.where(tiles["full"], NEVER, tiles["done"])
+    layers += [(tiles["now"], IN_FLIGHT, 2, 2, "computing now"), (done_full, FULL, 2, 2, "done (full)"),
+               (done_part, PARTIAL, 2, 2, "done (partial)")]
+    layer_index = []
+    for z, color, row, col, name in layers:
+        fig.add_trace(_layer(z, color, k0, row, name), row=row, col=col)
+        layer_index.append(len(fig.data) - 1)
+    for name, color in STATES:          # legend entries (no data)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker=dict(symbol="square", size=12, color=color,
+                                             line=dict(color="#999", width=1))), row=1, col=1)
+
+    heading = f"The whole GPU over time ({_kind(tl)} timeline)"
+    fig.update_layout(title=_frame_title(heading, times[k0] - t0, scale, unit, work, tiles, k0, bh),
+                      template=TEMPLATE, height=980, showlegend=True,
+                      legend=dict(orientation="v", x=1.01, y=0.5, yanchor="middle", font=dict(size=11)))
+    fig.update_xaxes(title_text=xlabel, row=1, col=1)
+    fig.update_yaxes(title_text="SM id", autorange="reversed", row=1, col=1)
+    fig.update_xaxes(title_text="query block", row=2, col=1)
+    fig.update_yaxes(title_text="batch·head (bh)", autorange="reversed", row=2, col=1)
+    bm, bn = trace.meta["block_m"], trace.meta["block_n"]
+    fig.update_xaxes(title_text=f"K block ({bn} keys)", constrain="domain", row=2, col=2)
+    fig.update_yaxes(title_text=f"Q block ({bm} queries)", autorange="reversed", constrain="domain",
+                     scaleanchor="x3", row=2, col=2)
+    fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}. {st['waves']:.2f} waves; "
+                       f"frames every {(times[1] - times[0]) / scale:.3g} {unit}")
+    if not controls:
+        return fig
+
+    changing = [cursor_index, *layer_index]          # frames carry only these traces' changes
+    frames = []
+    for k, t in enumerate(times):
+        data = [go.Scatter(x=[t / scale, t / scale])]
+        data += [go.Heatmap(colorscale=threshold_colorscale(color, k)) for _z, color, *_r in layers]
+        frames.append(go.Frame(data=data, traces=changing, name=str(k), layout=dict(
+            title=_frame_title(heading, t - t0, scale, unit, work, tiles, k, bh))))
+    fig.frames = frames
+    play = dict(frame=dict(duration=frame_ms, redraw=True), fromcurrent=True, transition=dict(duration=0))
+    pause = dict(frame=dict(duration=0, redraw=False), mode="immediate", transition=dict(duration=0))
+    fig.update_layout(
+        updatemenus=[dict(type="buttons", direction="left", x=0, y=0, xanchor="left", yanchor="top",
+                          pad=dict(t=75), buttons=[dict(label="▶ play", method="animate", args=[None, play]),
+                                                   dict(label="❚❚ pause", method="animate", args=[[None], pause])])],
+        sliders=[dict(active=k0, x=0.2, len=0.8, y=0, yanchor="top", pad=dict(t=60, b=0),
+                      currentvalue=dict(prefix=f"t ({unit}) = ", font=dict(size=12)),
+                      steps=[dict(label=f"{(t - t0) / scale:.4g}", method="animate",
+                                  args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True),
+                                                       transition=dict(duration=0))])
+                             for i, t in enumerate(times)])],
+        margin=dict(b=250))
+    for ann in fig.layout.annotations:      # the provenance goes under the player
+        if ann.name == "provenance":
+            ann.update(yref="paper", y=0, yanchor="top", yshift=-165)
+    return fig

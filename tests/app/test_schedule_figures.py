@@ -1,0 +1,180 @@
+"""Schedule figures: the lanes as one raster (no per-item shapes), the whole-GPU animation
+(frames carry only small changes; "computing now" appears), up to three schedules side by
+side, and JSON size bounds on the bundled 16k recording."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import app.figures as F
+from app.figures.schedule_animation import threshold_colorscale
+from instrumentation import make_inputs, record
+from instrumentation import schedule_analysis as A
+from instrumentation.schedule_model import schedule_stats, timeline
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
+BIG = DATA / "n16384_causal_natural"
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return make_inputs(2, 2, 256, 32, "fp16", seed=5)
+
+
+@pytest.fixture(scope="module")
+def schedules(inputs):
+    return {s: record(*inputs, mask="causal", block_m=32, block_n=32, schedule=s)[1]
+            for s in ("natural", "longest_first", "persistent")}
+
+
+def heatmaps(fig):
+    return [t for t in fig.data if t.type == "heatmap"]
+
+
+def test_lanes_are_one_raster_with_hover_and_stragglers(schedules):
+    tr = schedules["natural"]
+    tl = timeline(tr, sms=5)
+    fig = F.sm_lanes_figure(tr, tl=tl, bins=300)
+    (heat,) = heatmaps(fig)
+    z = np.asarray(heat.z)
+    assert z.shape == (5, 300) and z.dtype == np.uint8
+    # the raster is the analysis' raster, drawn at the right place on the time axis (tile-units)
+    assert (z == A.lane_raster(tl, bins=300)["z"]).all()
+    assert heat.x0 == pytest.approx(tl["t_start"].min() + heat.dx / 2)
+    assert not any(t.type == "bar" for t in fig.data)
+    assert len(fig.layout.shapes) <= 2                       # the tail, nothing per item
+    assert not any(t.type == "scattergl" for t in fig.data)  # no WebGL: software GL is slow
+    # hover from the raster itself: SM, time with its unit, the exact value under the cursor
+    assert "tile-units" in heat.hovertemplate and "K/V tiles visited" in heat.hovertemplate
+    value = np.asarray(heat.customdata)
+    assert value.shape == z.shape and set(np.unique(value[z > 0])) <= set(tl["tiles_visited"])
+    assert sum(len(t.x) for t in fig.data if t.type == "scatter" and t.x is not None) < 100  # no per-item points
+    # straggler outlines: one closed rectangle per longest item, at that item's SM
+    outline = next(t for t in fig.data if t.name and t.name.startswith("longest"))
+    _, longest = A.stragglers(tl, 5)
+    ys = np.array([y for y in outline.y if y is not None], dtype=float).reshape(-1, 5)
+    assert (np.median(ys, axis=1) + 0.5 == longest["sm"].to_numpy()).all()
+    st = schedule_stats(tl)
+    title = F.title_text(fig) if hasattr(F, "title_text") else fig.layout.title.text
+    assert f"makespan {st['makespan']:.4g} tile-units" in title and "over ideal" in title
+    assert "modelled" in title and "tile-units" in fig.layout.xaxis.title.text
+    ann = " ".join(a.text or "" for a in fig.layout.annotations)
+    assert "tail" in ann and "interpreter" in ann.lower()
+    tail = next(a for a in fig.layout.annotations if "tail" in (a.text or ""))
+    assert tail.yref == "paper" and tail.y >= 1.0           # above the plot area, not on bars
+
+
+def test_colour_by_and_zoom(schedules):
+    tr = schedules["natural"]
+    tl = timeline(tr, sms=4)
+    fig = F.sm_lanes_figure(tr, tl=tl, color_by="q_block")
+    bar = next(t for t in fig.data if t.type == "scatter" and t.marker and t.marker.showscale)
+    assert bar.marker.colorbar.title.text == "query block"
+    assert (bar.marker.cmin, bar.marker.cmax) == (tl["q_block"].min(), tl["q_block"].max())
+    t1 = float(tl["t_end"].max())
+    zoom = F.sm_lanes_figure(tr, tl=tl, t_range=(0.0, t1 / 4), bins=100)
+    (heat,) = heatmaps(zoom)
+    assert heat.dx == pytest.approx(t1 / 4 / 100)            # finer bins over the window
+    with pytest.raises(ValueError, match="color_by"):
+        F.sm_lanes_figure(tr, tl=tl, color_by="nope")
+
+
+def frame_state(fig, k: int) -> dict:
+    """Which cells each state layer colours at frame k (applying the frame's colour scales)."""
+    fr = fig.frames[k]
+    out = {}
+    for idx, d in zip(fr.traces, fr.data):
+        if d.type != "heatmap":
+            continue
+        z = np.asarray(fig.data[idx].z, dtype=float)
+        p = d.colorscale[1][0]                              # threshold position
+        out[fig.data[idx].name] = z / 255.0 <= p
+    return out
+
+
+def test_animation_states_and_light_frames(schedules):
+    tr = schedules["natural"]
+    tl = timeline(tr, sms=3)
+    fig = F.tile_animation_figure(tr, tl=tl, max_frames=30)
+    assert len(fig.frames) == 30 and len(fig.layout.sliders[0].steps) == 30
+    labels = [b.label for b in fig.layout.updatemenus[0].buttons]
+    assert any("play" in x for x in labels) and any("pause" in x for x in labels)
+    for fr in fig.frames:                                     # no grid in any frame: a few hundred bytes
+        assert all(getattr(d, "z", None) is None for d in fr.data)
+        assert len(fr.to_plotly_json().__repr__()) < 3000
+    now_seen, done_prev = 0, -1
+    n_items = len(tr.work)
+    for k in range(30):
+        s = frame_state(fig, k)
+        running = s["running"] & ~s["done"]
+        t = A.animation_times(tl, 30)[k]
+        assert running.sum() == ((tl["t_start"] <= t) & (tl["t_end"] > t)).sum() <= 3
+        assert s["done"].sum() >= done_prev
+        done_prev = s["done"].sum()
+        flying = s["computing now"] & ~s["done (full)"] & ~s["done (partial)"]
+        now_seen += int(flying.sum())
+    assert now_seen > 0                                      # "computing now" appears in frames
+    assert done_prev == n_items                              # the last frame: everything done
+    # frames spread over the whole run, the cursor with them
+    xs = [fr.data[0].x[0] for fr in fig.frames]
+    assert xs[0] == pytest.approx(tl["t_start"].min()) and xs[-1] == pytest.approx(tl["t_end"].max())
+
+
+def test_animation_other_head_and_still(schedules):
+    tr = schedules["natural"]
+    heads = A.traced_heads(tr)
+    with pytest.raises(ValueError, match="not traced"):
+        F.tile_animation_figure(tr, bh=max(heads) + 100)
+    still = F.tile_animation_figure(tr, frame=10, max_frames=20, controls=False)
+    assert not still.frames and not still.layout.sliders
+    assert "t = " in (still.layout.title.subtitle.text if still.layout.title.subtitle.text
+                      else still.layout.title.text)
+    with pytest.raises(ValueError, match="frame"):
+        F.tile_animation_figure(tr, frame=20, max_frames=20)
+
+
+def test_threshold_colorscale():
+    cs = threshold_colorscale("#111111", 3)
+    assert cs[0][1] == cs[1][1] == "#111111" and cs[2][1].endswith(",0)")
+    assert cs[1][0] == pytest.approx(3.5 / 255)
+
+
+def test_three_schedules_side_by_side(schedules):
+    trs = list(schedules.values())
+    fig = F.schedule_comparison_figure(*trs, sms=3)
+    assert len(heatmaps(fig)) == 3
+    titles = " ".join(a.text or "" for a in fig.layout.annotations)
+    for tr in trs:
+        st = schedule_stats(timeline(tr, sms=3))
+        assert f"<b>{tr.meta['schedule']}</b>: makespan {st['makespan']:.4g} tile-units" in titles
+    axes = {h.xaxis for h in heatmaps(fig)}
+    assert len(axes) == 3 and fig.layout.xaxis.matches == fig.layout.xaxis2.matches
+    table = F.schedule_comparison_stats(*trs, sms=3)
+    assert list(table["schedule"]) == list(schedules) and table.attrs["unit"] == "tile-units"
+    assert set(A.METRICS) <= set(table.columns)
+    with pytest.raises(ValueError, match="two or three"):
+        F.schedule_comparison_figure(trs[0], sms=3)
+
+
+@pytest.mark.skipif(not BIG.is_dir(), reason="bundled 16k recording not present")
+def test_16k_figures_are_light():
+    """The page's schedule figures for the 16k causal recording: a small fraction of the 4.4 MB
+    the page used to ship, and no per-item shapes."""
+    from instrumentation.trace import Trace
+
+    tr = Trace.load(BIG)
+    tl = A.cached_timeline(tr)
+    sizes = {}
+    for name, fig in (("lanes", F.sm_lanes_figure(tr, tl=tl)), ("animation", F.tile_animation_figure(tr, tl=tl)),
+                      ("imbalance", F.imbalance_figure(tr, tl=tl))):
+        assert len(fig.layout.shapes) <= 3, name
+        assert not any(t.type in ("scattergl", "bar") for t in fig.data), name
+        sizes[name] = len(fig.to_json())
+    assert sizes["lanes"] < 500_000 and sizes["animation"] < 700_000 and sizes["imbalance"] < 100_000
+    assert sum(sizes.values()) < 1_500_000                   # vs 4.4 MB before
+    others = [Trace.load(DATA / f"n16384_causal_{s}") for s in ("longest_first", "persistent")
+              if (DATA / f"n16384_causal_{s}").is_dir()]
+    if others:
+        cmp = F.schedule_comparison_figure(tr, *others)
+        assert len(cmp.to_json()) < 900_000 and len(cmp.layout.shapes) <= 3
