@@ -186,24 +186,31 @@ def _space_rows(fig: go.Figure, plot_px: float) -> None:
 
 
 def _fit_axis_titles(fig: go.Figure, plot_px: float) -> None:
-    """A y-axis title longer than its panel is tall wraps onto a second line (and, if still too
-    long, gets a smaller font), so stacked panels' titles never run into each other."""
+    """A y-axis title longer than its panel is tall first gets a smaller font (down to 15 px),
+    then, only where no subplot sits to its left, a second line; stacked or side-by-side
+    panels' titles never run into each other or into a neighbour."""
     lay = fig.layout
     for key in [k for k in lay if k.startswith("yaxis")]:
         ax = lay[key]
-        if not (ax.title and ax.title.text):
+        if not (ax.title and ax.title.text) or "<br>" in ax.title.text:
             continue
         dom = ax.domain or (0, 1)
         room = plot_px * (dom[1] - dom[0])
-        size = AXIS_TITLE_SIZE
-        per_line = max(6, int(room / (0.55 * size)))
-        lines = textwrap.wrap(ax.title.text, per_line) if "<br>" not in ax.title.text else [ax.title.text]
-        if len(lines) > 2:
-            size = max(14, int(room / (0.55 * len(ax.title.text) / 2)))
-            lines = textwrap.wrap(ax.title.text, max(6, int(room / (0.55 * size))))[:3]
-        ax.title.text = "<br>".join(lines)
-        if size != AXIS_TITLE_SIZE:
-            ax.title.font = dict(size=size)
+        text = ax.title.text
+        if 0.55 * AXIS_TITLE_SIZE * len(text) <= room:
+            continue
+        xname = "xaxis" + (ax.anchor[1:] if ax.anchor and ax.anchor.startswith("x") else "")
+        xdom = (lay[xname].domain if xname in lay and lay[xname].domain else (0, 1))
+        left_column = xdom[0] < 0.05
+        lines = textwrap.wrap(text, max(6, int(room / (0.55 * AXIS_TITLE_SIZE))))
+        if left_column and len(lines) == 2:
+            ax.title.text = "<br>".join(lines)          # two lines at full size
+            continue
+        size = max(15, int(room / (0.55 * len(text))))
+        ax.title.font = dict(size=size)
+        lines = textwrap.wrap(text, max(6, int(room / (0.55 * size))))
+        if left_column and len(lines) == 2:
+            ax.title.text = "<br>".join(lines)
 
 
 def _wrap(text: str, width: int) -> str:
