@@ -251,7 +251,9 @@ def _work_item(work, program, order,
             tl.store(rec + 4, _globaltimer())
 
 
-@triton.jit
+# sizes are not specialised on (only strides are, for aligned loads): one compiled kernel serves
+# every N_q, N_k, H and group size instead of one per divisibility pattern
+@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "head_dim", "n_qb", "n_kb", "n_work", "trace_slots"])
 def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                     lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
