@@ -131,7 +131,23 @@ def make_call(impl, q, k, v, spec, case, cfg):
         def fn():
             with sdpa_kernel(backend):
                 return sdpa(q, k, v, **kw)
-        return fn, ("enable_gqa=True" if gqa else None)
+        if not gqa:
+            return fn, None
+        try:
+            fn()
+            return fn, "enable_gqa=True"
+        except RuntimeError as exc:
+            if "No available kernel" not in str(exc):
+                raise
+        # this backend has no GQA path: give it K/V expanded to H heads (expansion not timed)
+        group = case["heads"] // case["kv_heads"]
+        kx, vx = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        kw.pop("enable_gqa")
+
+        def fn_expanded():
+            with sdpa_kernel(backend):
+                return sdpa(q, kx, vx, **kw)
+        return fn_expanded, "K/V expanded to H heads before timing (no enable_gqa kernel in this backend)"
     if impl == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -174,6 +190,7 @@ def run(args, argv=None) -> dict:
                 correctness=f"each output vs a float32 reference on the first and last batch*head, all "
                             f"rows; rel_err > {TOLERANCE[args.dtype]} is recorded as 'wrong' and not timed",
                 ratios={"x_cudnn": "ms / sdpa_cudnn ms of the same case (same run)",
+                        "x_flash": "ms / sdpa_flash ms of the same case (same run)",
                         "x_flex": "ms / flex ms of the same case (same run)",
                         "x_before": "ms / tilescope_before ms of the same case (same run)"})
     result = {"meta": meta, "records": []}
@@ -231,7 +248,8 @@ def run(args, argv=None) -> dict:
             log(f"[{case['suite']}] {impl:17s} H{case['heads']}/{case['kv_heads']} D{case['head_dim']} "
                 f"N_q {case['n_q']} N_k {case['n_k']} {case['mask']:7s} {msg}")
         for rec in case_recs:
-            for key, other in (("x_cudnn", "sdpa_cudnn"), ("x_flex", "flex"), ("x_before", "tilescope_before")):
+            for key, other in (("x_cudnn", "sdpa_cudnn"), ("x_flash", "sdpa_flash"), ("x_flex", "flex"),
+                               ("x_before", "tilescope_before")):
                 rec[key] = rec["ms"] / base[other] if rec["ms"] and other in base else None
         del q, k, v, ref
         free_cuda(device)
@@ -248,7 +266,8 @@ def summary(records) -> str:
     df = pd.DataFrame([r for r in records if r["impl"] == "tilescope"])
     if df.empty:
         return "(no tilescope records)"
-    cols = ["suite", "heads", "kv_heads", "head_dim", "n_q", "n_k", "mask", "ms", "x_cudnn", "x_flex", "x_before"]
+    cols = ["suite", "heads", "kv_heads", "head_dim", "n_q", "n_k", "mask", "ms", "x_cudnn", "x_flash", "x_flex",
+            "x_before"]
     for c in cols:
         if c not in df:
             df[c] = None
