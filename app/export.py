@@ -182,6 +182,10 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
         size = size or SLIDE_PIXELS
     idx = np.unique(np.linspace(0, len(fig.frames) - 1, min(max_frames, len(fig.frames))).round().astype(int))
     w, h = _size(fig)
+    if size is not None:
+        # lay the figure out at the video's aspect (its own height), then scale to the pixels
+        w = int(round(h * size[0] / size[1]))
+        fig = go.Figure(fig).update_layout(width=w)
     scale = 1.0 if size is None else min(size[0] / w, size[1] / h)
     out_w, out_h = (int(w * scale), int(h * scale)) if size is None else size
     if fmt == "mp4":
