@@ -20,34 +20,41 @@ from app.data_sources import Recording
 from app.text import plain
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, SCHEDULES, SOURCES, SUPPORTED_HEAD_DIMS,
                           Settings, default_docs, parse_mask)
-from kernels.masks import MASK_KINDS
+from kernels.masks import MASK_KINDS, mask_kind
 
 KERNEL_CONTROLS = ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule")
+
+
+_PARAM_KEYS = {"sliding_window": "ctl_window", "prefix_lm": "ctl_prefix", "document": "ctl_docs"}  # stable names
+
+
+def _param_key(kind: str) -> str:
+    """Session key of a mask kind's parameter control (kinds are kernels.masks' registry)."""
+    return _PARAM_KEYS.get(kind, f"ctl_mask_{kind}")
+
+
+def _control_value(kind, param):
+    return int(param) if kind.widget == "int" else kind.param_text(param)
 
 
 def mask_to_controls(text: str) -> dict:
     """The `ctl_*` values that show mask `text` in the controls (kind plus its parameter)."""
     spec = parse_mask(text)
     out = {"ctl_mask_kind": spec.kind}
-    if spec.kind == "sliding_window":
-        out["ctl_window"] = int(spec.param)
-    elif spec.kind == "prefix_lm":
-        out["ctl_prefix"] = int(spec.param)
-    elif spec.kind == "document":
-        out["ctl_docs"] = ",".join(str(x) for x in spec.param)
+    if spec.param is not None:
+        out[_param_key(spec.kind)] = _control_value(spec.mask_kind, spec.param)
     return out
 
 
 def mask_from_controls() -> str:
     ss = st.session_state
-    kind = ss.get("ctl_mask_kind", "causal")
-    if kind == "sliding_window":
-        return f"sliding_window:{int(ss.get('ctl_window', 128))}"
-    if kind == "prefix_lm":
-        return f"prefix_lm:{int(ss.get('ctl_prefix', 128))}"
-    if kind == "document":
-        return "document:" + str(ss.get("ctl_docs", "")).replace(" ", "")
-    return kind
+    kind = mask_kind(ss.get("ctl_mask_kind", "causal"))
+    if kind.widget is None:
+        return kind.name
+    n = ss.get("ctl_seq_len")
+    value = ss.get(_param_key(kind.name),
+                   _control_value(kind, kind.default_param(n if isinstance(n, int) and n > 0 else 512)))
+    return f"{kind.name}:{int(value)}" if kind.widget == "int" else f"{kind.name}:{str(value).replace(' ', '')}"
 
 
 def staged() -> dict:
@@ -121,19 +128,16 @@ def _problem_controls(locked: bool) -> None:
     ss = st.session_state
     st.number_input("Sequence length N", step=64, key="ctl_seq_len", disabled=locked)
     st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind", disabled=locked)
-    kind = ss["ctl_mask_kind"]
+    kind = mask_kind(ss["ctl_mask_kind"])
     n = ss["ctl_seq_len"]
-    if kind == "sliding_window":
-        ss.setdefault("ctl_window", max(1, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
-        st.number_input("Window W (keys i-W < j <= i)", min_value=1, step=16, key="ctl_window",
-                        disabled=locked)
-    elif kind == "prefix_lm":
-        ss.setdefault("ctl_prefix", max(0, int(n) // 4) if isinstance(n, int) and n > 0 else 128)
-        st.number_input("Prefix length P", min_value=0, step=16, key="ctl_prefix", disabled=locked)
-    elif kind == "document":
-        ss.setdefault("ctl_docs", default_docs(n if isinstance(n, int) and n > 0 else 512))
-        st.text_input("Document lengths (sum to N)", key="ctl_docs", disabled=locked,
-                      help="comma-separated, e.g. 128,256,128 for N=512")
+    if kind.widget is not None:      # the kind's own parameter control, from the mask registry
+        key = _param_key(kind.name)
+        ss.setdefault(key, _control_value(kind, kind.default_param(n if isinstance(n, int) and n > 0 else 512)))
+        if kind.widget == "int":
+            st.number_input(kind.ui_label, min_value=kind.minimum, step=16, key=key, disabled=locked,
+                            help=kind.ui_help)
+        else:
+            st.text_input(kind.ui_label, key=key, disabled=locked, help=kind.ui_help)
     st.selectbox("Head dim D", SUPPORTED_HEAD_DIMS, key="ctl_head_dim", disabled=locked)
     c1, c2 = st.columns(2)
     c1.selectbox("block_m", BLOCK_SIZES, key="ctl_block_m", disabled=locked)

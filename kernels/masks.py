@@ -14,7 +14,7 @@ with `MASKS[name]` / `mask_kind(name)` instead of comparing kind names elsewhere
 
     kind = mask_kind("sliding_window")
     kind.default_text(n)        # 'sliding_window:256' for n = 1024 (a sensible UI default)
-    kind.param_label, kind.minimum, kind.maximum, kind.widget   # 'int' | 'lengths' | None
+    kind.ui_label, kind.ui_help, kind.minimum, kind.widget   # 'int' | 'lengths' | None
     kind.text(param), kind.param_text(param), kind.parse_param("256")
     parse_mask("causal").dense(n_q, n_k) / .block_map(n_q, bm, bn, n_k) / .row_intervals(n_q, n_k)
 
@@ -64,7 +64,9 @@ class MaskKind:
     label: str = ""                  # short human label for menus and legends
     syntax: str = ""                 # text form shown in help messages
     widget: str | None = None        # UI control for the parameter: None | 'int' | 'lengths'
-    param_label: str | None = None   # UI label for the parameter
+    param_label: str | None = None   # the parameter's name in messages
+    ui_label: str | None = None      # the parameter's control label in the app
+    ui_help: str | None = None
     minimum: int = 0
     maximum: int = MAX_PARAM
 
@@ -153,6 +155,7 @@ class Causal(MaskKind):
 class SlidingWindow(IntParamKind):
     name, label, syntax = "sliding_window", "sliding window", "'sliding_window:W' (W >= 1)"
     param_label, minimum = "sliding window W", 1
+    ui_label = "Window W (keys i-W < j <= i)"
 
     def visible(self, w, pos, kv):
         return (kv <= pos) & (kv > pos - w)
@@ -168,6 +171,7 @@ class SlidingWindow(IntParamKind):
 class PrefixLM(IntParamKind):
     name, label, syntax = "prefix_lm", "prefix LM", "'prefix_lm:P' (P >= 0)"
     param_label, minimum = "prefix length P", 0
+    ui_label = "Prefix length P"
 
     def visible(self, p, pos, kv):
         return (kv <= pos) | (kv < p)
@@ -184,6 +188,7 @@ class Document(MaskKind):
     name, label = "document", "documents (packed)"
     syntax = "'document:L1,L2,...' (positive lengths that sum to the key length)"
     widget, param_label, minimum = "lengths", "document lengths", 1
+    ui_label, ui_help = "Document lengths (sum to N)", "comma-separated, e.g. 128,256,128 for N=512"
 
     def parse_param(self, arg):
         parts = [p for p in arg.split(",") if p]

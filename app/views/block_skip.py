@@ -8,7 +8,7 @@ from app.figures.blockmap import blockmap_comparison_figure, blockmap_figure, bl
 from app.text import plain
 from app.views import common
 from kernels import parse_mask
-from kernels.masks import MASK_KINDS
+from kernels.masks import MASK_HELP, MASK_KINDS, MASKS
 
 s = settings.current()
 st.title("Block-skip map")
@@ -69,14 +69,12 @@ if what == "two block sizes":
                                     index=settings.BLOCK_SIZES.index(128 if s.block_n != 128 else 64),
                                     key="skip_cmp_bn")
 else:
-    others = {"full": "full", "causal": "causal", "sliding_window": f"sliding_window:{max(1, s.seq_len // 4)}",
-              "prefix_lm": f"prefix_lm:{s.seq_len // 4}",
-              "document": "document:" + settings.default_docs(s.seq_len)}
+    others = {name: kind.default_text(s.seq_len) for name, kind in MASKS.items()}   # the registry's defaults
     kind = parse_mask(s.mask).kind
     default = next(k for k in MASK_KINDS if k != kind)
     st.session_state.setdefault("skip_cmp_mask", others[default])
     text = st.text_input("Mask (right)", key="skip_cmp_mask",
-                         help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...")
+                         help=MASK_HELP)
     right["mask"] = text
 try:
     parse_mask(right["mask"], s.seq_len)
