@@ -14,6 +14,8 @@ mkdir -p "$OUT/ring"
 cat "$OUT/env.txt"
 echo "== gpu tests"; timeout 170 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
 tail -4 "$OUT/gpu-tests.log"
+grep -q " passed" "$OUT/gpu-tests.log" && ! grep -q -E " failed| error" "$OUT/gpu-tests.log" || {
+  echo "gpu tests failed: no benchmark or traces"; tail -60 "$OUT/gpu-tests.log"; exit 1; }
 echo "== benchmark"; timeout 260 $PY -m benchmarks.ring --iters 8 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 echo "== traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
