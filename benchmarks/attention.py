@@ -148,6 +148,11 @@ def flex_call(q, k, v, spec):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     if not _FLEX:
+        # each mask and N is a new guard set: past dynamo's recompile limit (8) flex_attention
+        # silently runs eagerly (materialising N x N scores), which is not the peer we time
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         _FLEX.append(torch.compile(flex_attention))
     n_q, n_k = q.shape[2], k.shape[2]
     block_mask = None
