@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, fmt_bytes, title
+from ._common import FULL, PARTIAL, TEMPLATE, caption, fmt_bytes, title
 
 RANK_COLOURS = ["#3d7ab8", "#f4a259", "#59a14f", "#8c6bb1", "#76b7b2", "#9c755f", "#e15759", "#edc948"]
 COMM = "#8c6bb1"
@@ -229,4 +229,4 @@ def efficiency_note(meta: dict) -> str | None:
 
 
 __all__ = ["ring_provenance", "overlap_stats", "ring_timeline_figure", "ring_diagram_figure",
-           "balance_figure", "ring_merge_figure", "efficiency_note", "NOW"]
+           "balance_figure", "ring_merge_figure", "efficiency_note"]
