@@ -153,7 +153,8 @@ def flex_call(q, k, v, spec):
         import torch._dynamo
 
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        _FLEX.append(torch.compile(flex_attention))
+        # static shapes: from the second N on, automatic dynamic shapes gave a slower generic kernel
+        _FLEX.append(torch.compile(flex_attention, dynamic=False))
     n_q, n_k = q.shape[2], k.shape[2]
     block_mask = None
     if mask_kind(spec) != "full":
