@@ -1,6 +1,6 @@
 """Bundled recordings: find the traces and sweeps under data/ without loading their tables.
 
-Layout (written by `python -m instrumentation.record --out data/traces/NAME` and the sweep
+Layout (written by `python -m instrumentation.record_cli --out data/traces/NAME` and the sweep
 scripts):  data/traces/<name>/manifest.json (+ parquet files), data/sweeps/*.json,
 data/MANIFEST.json (optional index; may name a default trace).
 
@@ -10,11 +10,12 @@ Set TILESCOPE_DATA to point the app at another data directory (tests do).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from instrumentation import files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,8 +90,8 @@ def discover_traces(root: Path | None = None) -> list[Recording]:
         return found
     for manifest in sorted(root.glob("*/manifest.json")):
         try:
-            doc = json.loads(manifest.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            doc = files.read_json(manifest, "manifest.json")
+        except files.FileFormatError:
             continue
         if not isinstance(doc, dict) or doc.get("format") != "tilescope-trace":
             continue
@@ -109,8 +110,8 @@ def data_index(root: Path | None = None) -> dict:
     """data/MANIFEST.json if present (an index the recording scripts write), else {}."""
     path = (root or data_dir()) / "MANIFEST.json"
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        doc = files.read_json(path, "MANIFEST.json")
+    except files.FileFormatError:
         return {}
     return doc if isinstance(doc, dict) else {}
 

@@ -11,13 +11,15 @@ from dataclasses import dataclass, replace
 
 import streamlit as st
 
+from instrumentation import files
+from instrumentation.inputs import document_lengths
 from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (re-used by pages)
 
 PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
          "online_softmax": "Online softmax", "memory": "Memory and traffic",
          "ring": "Across devices", "decode": "Prefill vs decode"}
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-DTYPES = ("fp16", "bf16", "fp32")
+DTYPES = tuple(files.DTYPES)           # fp16, bf16, fp32: the one dtype table
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
            "recorded": "recorded trace (data/)", "upload": "uploaded trace (.zip)"}
 DEFAULTS = {"seq_len": 512, "mask": "causal", "head_dim": 64, "block_m": 64, "block_n": 64,
@@ -95,7 +97,5 @@ def current() -> Settings:
 
 
 def default_docs(n: int) -> str:
-    """Three document lengths that sum to n (a quarter, a half, the rest)."""
-    n = max(int(n), 3)
-    a, b = n // 4, n // 2
-    return f"{a},{b},{n - a - b}"
+    """Three document lengths that sum to n (a quarter, a half, the rest; fewer when n < 6)."""
+    return ",".join(map(str, document_lengths(max(int(n), 1), (0.25, 0.5, 0.25))))

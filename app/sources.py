@@ -88,7 +88,7 @@ def trace_from_zip(data: bytes) -> Trace:
                            key=lambda n: n.count("/"))
         if not manifests:
             raise TraceFormatError("the zip holds no manifest.json: zip a whole trace directory "
-                                   "(as written by Trace.save or `python -m instrumentation.record`)")
+                                   "(as written by Trace.save or `python -m instrumentation.record_cli`)")
         root = Path(tmp).resolve()
         for info in infos:
             target = (root / info.filename).resolve()
@@ -282,7 +282,7 @@ def _recorded_or_uploaded(s: Settings) -> Source:
     upload = st.session_state.get("ctl_upload")
     if upload is None:
         raise RunError("Upload a trace: a .zip of a trace directory (manifest.json + parquet "
-                       "files, as written by `python -m instrumentation.record --out DIR`).")
+                       "files, as written by `python -m instrumentation.record_cli --out DIR`).")
     trace = uploaded_trace(upload)
     return Source(trace, f"upload {upload.name}", key=f"upload:{upload_digest(upload)}")
 

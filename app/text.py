@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import re
 
-_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")     # every ASCII punctuation mark
+# what Markdown (and Streamlit's extensions) would act on: link and image brackets, autolinks
+# and HTML in <>, emphasis, code, math, strikethrough, tables, entities, headings; a colon
+# before a letter (:red[...], :material/icon:); an underscore at a word edge (intraword ones
+# are plain in CommonMark); a list marker at the start. Everything else stays as typed, so
+# "mask sliding_window:64, N=1024." reads (and searches) the same.
+_ALWAYS = re.compile(r"([\\`*\[\]<>$~|&#])")
+_COLON = re.compile(r":(?=[A-Za-z])")
+_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_LEADING = re.compile(r"^(\s*)(\d+(?=[.)])|[-+=>])")
 # Streamlit also turns bare URLs, www. names and e-mail addresses in text into links (GFM
 # autolink literals, found after escapes are resolved): a zero-width space breaks each pattern
 _AUTOLINK = re.compile(r"(:)(//)|(?i:(www))(\.)|(@)")
@@ -15,12 +23,15 @@ _ZWSP = "\u200b"
 
 
 def plain(value) -> str:
-    """`value` as Markdown that shows its characters and nothing else: every ASCII punctuation
-    mark is backslash-escaped (CommonMark allows that for all of them), which keeps links,
-    images, HTML, :color[...] directives and $math$ as text, and a zero-width space inside
+    """`value` as Markdown that shows its characters and nothing else (see the patterns above;
+    CommonMark lets a backslash escape any ASCII punctuation), and a zero-width space inside
     '://', 'www.' and '@' keeps bare URLs and addresses from being linked. Line breaks become
     spaces: a message stays one line. Not for use inside `code` spans."""
     text = " ".join(str(value).splitlines())
     text = _AUTOLINK.sub(lambda m: _ZWSP.join(g for g in m.groups() if g is not None)
                          + (_ZWSP if m.group(5) else ""), text)
-    return _PUNCTUATION.sub(r"\\\1", text)
+    text = _ALWAYS.sub(r"\\\1", text)
+    text = _COLON.sub(r"\\:", text)
+    text = _UNDERSCORE.sub(r"\\_", text)
+    return _LEADING.sub(lambda m: m.group(1) + (m.group(2) + "\\" if m.group(2)[0].isdigit()
+                                                 else "\\" + m.group(2)), text)
