@@ -31,6 +31,21 @@ DATASHEET = {
 }
 
 
+# What one stage-1 program streams when HBM is not the limit: on the H100, B=1 at 32k with one
+# split (8 programs) read 321 GB/s, 40 GB/s each (data/decode/decode_b1_ctx32k_splits-1).
+SM_STREAM_GBPS = 40.0
+
+
+def auto_splits(batch: int, heads: int, kv_heads: int, n_q: int, head_dim: int, context: int,
+                sm_count: int) -> tuple[int, dict]:
+    """The kernel's "auto" rule for a GPU of `sm_count` SMs (the interpreter models an H100)."""
+    from kernels.decode import choose_num_splits, default_decode_config
+
+    rows = heads // kv_heads * n_q
+    cfg = default_decode_config(head_dim, rows, None)
+    return choose_num_splits(batch, kv_heads, -(-rows // cfg.block_m), context, cfg.block_n, sm_count)
+
+
 def datasheet_for(device_name: str | None) -> dict:
     return DATASHEET["H200" if device_name and "H200" in device_name else "H100"]
 

@@ -85,7 +85,7 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
     finite = [v for v in [*steps["m_j"], *steps["lse_j"], lse] if np.isfinite(v)]
     if np.isfinite(lse):
         fig.add_hline(y=lse, line=dict(color=NOW, dash="dash"), row=1, col=2,
-                      annotation_text=f"kernel lse {lse:.3f}", annotation_position="bottom right")
+                      annotation_text=f"kernel lse {lse:.3f}", annotation_position="top left")
     if finite:
         lo, hi = min(finite), max(finite)
         fig.update_yaxes(range=[lo - 0.1 * (hi - lo + 1), hi + 0.25 * (hi - lo + 1)], row=1, col=2)
@@ -111,8 +111,10 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
     fig = go.Figure(go.Scatter(x=xs, y=roof, mode="lines", line=dict(color="#333", width=2),
                                name=f"roof: {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s ({ceiling_source})"))
     ridge = tflops * 1e3 / gbps
-    fig.add_vline(x=ridge, line=dict(color=SKIPPED_GREY, dash="dot"),
-                  annotation_text=f"ridge {ridge:.0f} FLOP/B", annotation_position="top left")
+    fig.add_vline(x=ridge, line=dict(color=SKIPPED_GREY, dash="dot"))
+    # annotations on a log axis take log10 coordinates (shapes take data values)
+    fig.add_annotation(x=np.log10(ridge), y=1, xref="x", yref="paper", yanchor="top", xanchor="left",
+                       text=f" ridge {ridge:.0f} FLOP/B", showarrow=False, font=dict(size=11, color="#666"))
     for i, p in enumerate(points):
         colour = [NOW, FULL, PARTIAL, "#59a14f"][i % 4]
         ceiling = min(tflops, gbps * p.intensity / 1e3)
@@ -121,12 +123,14 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
         detail = (f"{p.tflops:.1f} TFLOP/s, {p.gbps:.0f} GB/s = {p.gbps / gbps * 100:.0f}% of the roof's bandwidth"
                   if p.tflops else "no timing: drawn on the roof")
         fig.add_trace(go.Scatter(x=[p.intensity], y=[y], mode="markers+text", text=[p.label],
-                                 textposition="middle left" if p.intensity > ridge else "middle right", marker=dict(size=13, color=colour, symbol=sym,
+                                 textposition="bottom left" if p.intensity > ridge else "middle right", marker=dict(size=13, color=colour, symbol=sym,
                                                                         line=dict(width=2, color=colour)),
                                  name=f"{p.label}: {p.intensity:.1f} FLOP/B, {detail} [{p.source}]"))
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per HBM byte)")
     fig.update_yaxes(type="log", title_text="attained (TFLOP/s)", range=[-2, np.log10(tflops * 3)])
-    fig.update_layout(template=TEMPLATE, height=520, legend=dict(orientation="h", y=-0.3, font=dict(size=11)),
+    fig.update_layout(template=TEMPLATE, height=520,
+                      legend=dict(x=0.99, y=0.02, xanchor="right", yanchor="bottom", font=dict(size=11),
+                                  bgcolor="rgba(255,255,255,0.85)"),
                       title=title("Prefill is compute bound, decode is bandwidth bound",
                                   "same attention math; one query row per sequence leaves ~1 FLOP per byte"))
     return caption(fig, provenance)
@@ -141,7 +145,7 @@ def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int
                            marker_color=[SKIPPED_GREY, FULL, PARTIAL],
                            text=[f"{_fmt_bytes(b)} / token<br>{_fmt_bytes(t)} for B={batch} × {context}"
                                  for b, t in zip(per_token, total)], textposition="outside"))
-    fig.update_yaxes(title_text=f"KV-cache bytes per token, {layers} layers (B)",
+    fig.update_yaxes(title_text=f"bytes per token, {layers} layers",
                      range=[0, max(per_token) * 1.35])
     fig.update_layout(template=TEMPLATE, height=430, title=title(
         f"KV cache per token: {preset} with its own KV heads vs MHA and MQA",

@@ -18,7 +18,8 @@ st.caption("At decode time Q has one row per sequence: FlashAttention-2's one pr
            "query block) starts a handful of programs, and the step is bound by reading the KV "
            "cache. Split-KV (FlashDecoding) gives each program a slice of the keys and merges the "
            "partial softmax states with the online-softmax algebra.")
-LIVE_LIMITS = {"interpreter": dict(batch=4, context=4096), "gpu": dict(batch=64, context=131072)}
+# the interpreter runs one numpy op at a time: B=1 at 1k takes about 8 s for both runs on 2 CPUs
+LIVE_LIMITS = {"interpreter": dict(batch=2, context=2048), "gpu": dict(batch=64, context=131072)}
 
 
 @st.cache_resource(show_spinner="Running the decode kernel…", max_entries=8)
@@ -77,6 +78,11 @@ if live:
     split_text = c[5].selectbox("splits", ["auto"] + [str(i) for i in (2, 3, 4, 8, 16, 32, 64, 128)],
                                 key="dec_splits")
     splits = "auto" if split_text == "auto" else int(split_text)
+    modelled_rule = None
+    if s.source == "interpreter" and splits == "auto":
+        # the interpreter has no SMs: take the rule's choice for the modelled H100 instead
+        splits, modelled_rule = dm.auto_splits(int(batch), p["heads"], p["kv_heads"], int(n_q),
+                                               p["head_dim"], int(context), dm.DATASHEET["H100"]["sms"])
     if s.source == "interpreter":
         st.info("Live in the CPU interpreter: real split ranges and softmax states, **modelled "
                 "timing** (no hardware clocks). Sizes are capped; the bundled GPU recordings show "
@@ -87,6 +93,7 @@ if live:
         st.error(plain(exc), icon=":material/error:")
         st.stop()
 else:
+    modelled_rule = None
     recs = bundled()
     if not recs:
         st.warning("No decode recordings are bundled (data/decode/ is empty). Switch the source to "
@@ -107,13 +114,13 @@ else:
     c[3].metric("H / H_kv", f"{shape['H']} / {shape['H_kv']}")
     c[4].metric("N_q, D", f"{shape['N_q']}, {shape['D']}")
     c[5].metric("splits", f"1 vs {chosen.meta['kernel']['num_splits']}")
-    st.caption(f"The recordings are Llama-3-8B attention shapes (H 32, H_kv 8, D 128); the preset "
-               f"above drives the KV-cache chart. Recorded: {chosen.provenance()}.")
+    st.caption(f"The recordings use Llama-3-8B attention shapes (H 32, H_kv 8, D 128); the preset "
+               f"above drives the KV-cache chart. Data: {chosen.provenance()}.")
 
 meta = chosen.meta
 hw = meta.get("backend") == "cuda" and one.splits["t_start"].notna().all()
 sheet = dm.datasheet_for(meta.get("device_name"))
-sm_count = meta.get("sm_count") or sheet["sms"]
+sm_count = meta.get("sm_count") or sheet["sms"]       # the interpreter models an H100's SMs
 bw = meta.get("bandwidth", {})
 peak_gbps = bw.get("copy_gbps") or sheet["gbps"]
 
@@ -121,7 +128,7 @@ peak_gbps = bw.get("copy_gbps") or sheet["gbps"]
 def lanes(trace):
     if hw:
         return trace.splits
-    return dm.modelled_timeline(trace.splits, sm_count, peak_gbps, sm_max_gbps=peak_gbps / 16)
+    return dm.modelled_timeline(trace.splits, sm_count, peak_gbps, sm_max_gbps=dm.SM_STREAM_GBPS)
 
 
 # -- 1. SM lanes -------------------------------------------------------------------------------------
@@ -132,16 +139,17 @@ for col, tr, name in ((m[0], one, "1 split"), (m[1], chosen, f"{meta['kernel']['
     if t.get("untraced_ms"):
         col.metric(name, f"{t['untraced_ms'] * 1e3:.1f} µs",
                    f"{t['bandwidth']['op_gbps']:.0f} GB/s = {(t['bandwidth']['op_fraction_of_copy'] or 0):.0%} of copy",
-                   delta_color="off")
+                   delta_color="off", delta_arrow="off")
     else:
-        col.metric(name, f"{t['kernel']['programs']} programs", "no hardware timing", delta_color="off")
-rule = meta["split_rule"]
-m[2].metric("split rule (auto)", f"{rule['num_splits']} splits",
+        col.metric(name, f"{t['kernel']['programs']} programs", "no hardware timing", delta_color="off", delta_arrow="off")
+rule = modelled_rule or meta["split_rule"]
+m[2].metric("split rule (auto)" + (", modelled H100" if modelled_rule else ""), f"{rule['num_splits']} splits",
             f"{rule['work_items']} work items, {rule['sm_count']} SMs, {rule['key_blocks']} key blocks",
-            delta_color="off")
+            delta_color="off", delta_arrow="off")
 m[3].metric("measured copy bandwidth", f"{bw['copy_gbps']:.0f} GB/s" if bw.get("copy_gbps") else "—",
-            "device-to-device copy" if bw.get("copy_gbps") else "interpreter: not measured", delta_color="off")
-prov = chosen.provenance() + ("" if hw else f"; lanes modelled on {sm_count} SMs at {peak_gbps:.0f} GB/s")
+            "device-to-device copy" if bw.get("copy_gbps") else "interpreter: not measured", delta_color="off", delta_arrow="off")
+prov = chosen.provenance() + ("" if hw else f"; lanes modelled on {sm_count} SMs sharing {peak_gbps:.0f} GB/s, "
+                              f"at most {dm.SM_STREAM_GBPS:.0f} GB/s per program (measured on the H100)")
 common.chart(decode_lanes_figure(lanes(one), lanes(chosen), "num_splits = 1 (FlashAttention-2 schedule)",
                                  f"num_splits = {meta['kernel']['num_splits']} (split-KV)", sm_count, prov,
                                  modelled=not hw), "decode-lanes", "dec_lanes", s.present)
@@ -168,8 +176,12 @@ st.caption("m = max_j m_j,  O = Σ e^(m_j − m)·l_j·O_j / Σ e^(m_j − m)·l
 
 # -- 3. roofline --------------------------------------------------------------------------------------
 st.subheader("Roofline: prefill vs decode")
-points = [dm.decode_point(one), dm.decode_point(chosen)]
-points[0].label, points[1].label = "decode, 1 split", f"decode, {meta['kernel']['num_splits']} splits"
+if one.meta.get("untraced_ms") and meta.get("untraced_ms"):
+    points = [dm.decode_point(one), dm.decode_point(chosen)]
+    points[0].label, points[1].label = "decode, 1 split", f"decode, {meta['kernel']['num_splits']} splits"
+else:  # no timings: both splits sit at the same intensity on the roof
+    points = [dm.decode_point(chosen)]
+    points[0].label = "decode"
 shape = meta["shape"]
 points.append(dm.prefill_point(shape["B"], shape["H"], shape["H_kv"], shape["N_k"], shape["D"]))
 ceiling = "measured copy" if bw.get("copy_gbps") else sheet["name"]
