@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from app import sources, url_state  # noqa: E402
+from app import presentation, sources, url_state  # noqa: E402
 from app.settings import PAGES  # noqa: E402
 from app.sidebar import sidebar  # noqa: E402
 from app.text import plain  # noqa: E402
@@ -34,6 +34,8 @@ link_slot = st.sidebar.empty()
 st.session_state["_settings"] = settings
 url_state.write_query(settings, page_name)
 url_state.show_url_errors()
+if settings.present:
+    presentation.apply()
 
 # The view draws into one slot. A live run that is not cached yet runs in an empty slot first,
 # so the previous view's charts and messages leave the screen while the kernel runs.

@@ -30,8 +30,12 @@ from app.settings import SOURCES, Settings
 from instrumentation import Trace, TraceFormatError
 from kernels import INTERPRETER_MAX_TILES, backend, parse_mask
 
-INTERPRETER_S_PER_TILE = 0.010     # measured on 2 CPUs: N=1024 causal 64x64 (136 tiles) 1.5 s,
-                                   # 32x32 (528 tiles) 4.3 s; replaced by this server's own runs
+# The interpreter's run time is about RUN_OVERHEAD_S + tiles x seconds per tile. Measured on 2 CPUs
+# (D=64, fp16, causal): 136 tiles 1.55 s, 528 tiles 4.29 s -> 7 ms per tile and ~0.6 s per run.
+# The per-tile rate is replaced by this server's own runs (all but its first, which also
+# imports torch and triton and compiles).
+INTERPRETER_S_PER_TILE = 0.007
+RUN_OVERHEAD_S = 0.6
 GPU_S_PER_RUN = 0.5                # a traced GPU run after the kernel is compiled
 MAX_UPLOAD_BYTES = 512 << 20       # uncompressed size of an uploaded trace
 
@@ -151,13 +155,14 @@ def has_run(s: Settings) -> bool:
 
 
 def seconds_per_tile() -> tuple[float, int]:
-    """(interpreter seconds per computed tile, how many of this server's runs measured it);
-    the prior INTERPRETER_S_PER_TILE until a run of 20+ tiles has finished here."""
-    runs = [(tiles, secs) for src, tiles, secs in list(_run_log().values())[-8:]
-            if src == "interpreter" and tiles >= 20]
+    """(interpreter seconds per computed tile, how many of this server's runs measured it):
+    the median of (seconds - RUN_OVERHEAD_S) / tiles over the last 8 runs of 50+ tiles after
+    the server's first run; INTERPRETER_S_PER_TILE until there is one."""
+    runs = [(tiles, secs) for src, tiles, secs in list(_run_log().values())[1:][-8:]
+            if src == "interpreter" and tiles >= 50]
     if not runs:
         return INTERPRETER_S_PER_TILE, 0
-    rates = sorted(secs / tiles for tiles, secs in runs)
+    rates = sorted(max(secs - RUN_OVERHEAD_S, 0.0) / tiles for tiles, secs in runs)
     return rates[len(rates) // 2], len(runs)
 
 
@@ -174,9 +179,11 @@ def estimate(s: Settings) -> str:
         return (f"{tiles:,} computed tiles: more than the interpreter's limit of "
                 f"{INTERPRETER_MAX_TILES:,}; the page will offer the nearest recording instead.")
     rate, runs = seconds_per_tile()
-    where = f"the median of this server's last {runs} runs" if runs else "measured on a 2-CPU machine"
-    return (f"Estimated run time ≈ {max(0.5, tiles * rate):.1f} s: {tiles:,} computed tiles × "
-            f"{rate * 1e3:.1f} ms per tile in the interpreter ({where}); an estimate, not a promise.")
+    where = (f"measured by this server's last {runs} run{'s' if runs > 1 else ''}" if runs
+             else "measured on a 2-CPU machine")
+    return (f"Estimated run time ≈ {RUN_OVERHEAD_S + tiles * rate:.1f} s: {tiles:,} computed tiles "
+            f"× {rate * 1e3:.1f} ms per tile in the interpreter ({where}) + {RUN_OVERHEAD_S:g} s per "
+            "run. An estimate, not a promise.")
 
 
 @st.cache_resource(show_spinner=False, max_entries=48)

@@ -53,7 +53,10 @@ def explain_failure(exc: RunError, s: Settings) -> None:
 # -- provenance banner --------------------------------------------------------------------------
 
 def banner(src: Source) -> None:
-    """Where the data on this page came from: device, backend, date, versions."""
+    """Where the data on this page came from: device, backend, date, versions (not on slides:
+    there every chart's own caption says where its data came from)."""
+    if st.session_state.get("ctl_present"):
+        return
     m = src.trace.meta
     versions = ", ".join(f"{k} {m[v]}" for k, v in (("torch", "torch_version"), ("triton", "triton_version"),
                                                      ("CUDA", "cuda_version"), ("driver", "driver_version"),
@@ -82,10 +85,12 @@ def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
 
 def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "pdf", "html")) -> None:
     """A Plotly chart as the page shows it, with its download buttons underneath."""
-    if present:   # at its slide size; app/presentation.py scales it to the window
+    size = {}
+    if present:   # at its slide size, fixed; app/presentation.py scales it to the window
         fig = presentation(fig)
-    st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False},
-                    width="content" if present else "stretch")
+        size = dict(width="content", height=int(fig.layout.height or 720))
+        fig.update_layout(autosize=False, width=fig.layout.width or 1280, height=size["height"])
+    st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False}, **size)
     if exports:
         cols = st.columns([1] * len(exports) + [8 - len(exports)])
         for col, fmt in zip(cols, exports):

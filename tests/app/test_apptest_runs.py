@@ -71,12 +71,20 @@ def test_the_estimate_is_shown_before_the_run_and_learns_from_runs(data_dir):
     # after runs in this server, the rate is this server's own measurement
     s = settings.Settings(source="interpreter", seq_len=N, mask="causal", head_dim=32, block_m=64,
                           block_n=64, dtype="fp16")
+    log = sources._run_log()
+    log.clear()
+    assert sources.seconds_per_tile() == (sources.INTERPRETER_S_PER_TILE, 0)
+    log[("first",)] = ("interpreter", 100, 9.0)               # imports and compiles: left out
+    log[("a",)] = ("interpreter", 200, 0.6 + 200 * 0.004)
+    log[("b",)] = ("interpreter", 10, 5.0)                    # too few tiles to say: left out
+    log[("c",)] = ("interpreter", 400, 0.6 + 400 * 0.005)
+    log[("d",)] = ("interpreter", 300, 0.6 + 300 * 0.006)
     rate, runs = sources.seconds_per_tile()
-    logged = [(t, secs) for src, t, secs in sources._run_log().values() if src == "interpreter" and t >= 20]
-    if logged:
-        assert runs >= 1 and any(abs(rate - secs / t) < 1e-12 for t, secs in logged)
-    else:
-        assert (rate, runs) == (sources.INTERPRETER_S_PER_TILE, 0)
+    assert runs == 3 and abs(rate - 0.005) < 1e-9
+    assert "≈ 2.6 s: 400 computed tiles" in sources.estimate(settings.Settings(
+        source="interpreter", seq_len=1280, mask="full", head_dim=32, block_m=64, block_n=64,
+        dtype="fp16"))                                        # 0.6 s + 400 tiles x 5 ms
+    log.clear()
     assert f"{sources.computed_tiles(s):,} computed tiles" in sources.estimate(s)
 
 

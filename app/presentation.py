@@ -1,0 +1,87 @@
+"""Presentation mode's page layout: no sidebar, no header, no banners or text between the charts,
+one chart per screen. Each chart keeps the slide size the figures' template lays it out at
+(app/figures/_slide.py: 1280 x 720, 16:9, the same as a slide-mode PNG export) and is scaled as a
+whole to fit the window, so what the room sees is what the export writes. Errors, warnings and
+the page's own controls (step buttons, sliders) stay; download buttons fade until hovered.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+CSS = """
+<style>
+[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"],
+[data-testid="stExpandSidebarButton"], [data-testid="stHeader"], [data-testid="stDecoration"] {
+  display: none !important;
+}
+[data-testid="stMainBlockContainer"] { max-width: none; padding: 0.5rem 1rem 2rem; }
+/* banners and the words between charts: a slide is the chart (errors and warnings stay) */
+[data-testid="stElementContainer"]:has([data-testid="stAlertContentInfo"]),
+[data-testid="stElementContainer"]:has([data-testid="stAlertContentSuccess"]),
+[data-testid="stElementContainer"]:has(> [data-testid="stMetric"]),
+[data-testid="stElementContainer"]:has(> [data-testid="stHeading"]),
+[data-testid="stElementContainer"]:has(> [data-testid="stCaptionContainer"]),
+[data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"]),
+[data-testid="stExpander"], [data-testid="stDataFrame"] { display: none !important; }
+/* one chart per screen, at its own 16:9 slide size, scaled to the window (script below) */
+[data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"]) {
+  margin: calc((100vh - 4.5rem) * 0.02) 0; scroll-snap-align: center;
+}
+[data-testid="stPlotlyChart"] { width: auto !important; }
+[data-testid="stDownloadButton"] { opacity: 0.25; }
+[data-testid="stDownloadButton"]:hover { opacity: 1; }
+.st-key-leave_present { position: fixed; top: 0.4rem; right: 1rem; z-index: 1000; width: auto !important;
+  opacity: 0.35; }
+.st-key-leave_present:hover { opacity: 1; }
+</style>
+"""
+
+# Scale each chart so its whole slide fits the window (a CSS transform: Plotly maps the pointer
+# through it, and Streamlit still lays the chart out at its own size); runs again as charts re-render or the window
+# changes, and undoes itself when presentation mode ends (the Leave button is gone).
+FIT = """
+<script>
+(() => {
+  if (window.__tilescopeFit) return;
+  const fit = () => {
+    const on = !!document.querySelector('.st-key-leave_present');
+    document.querySelectorAll('[data-testid="stPlotlyChart"]').forEach(el => {
+      const p = el.querySelector('.js-plotly-plot');
+      const box = el.closest('[data-testid="stElementContainer"]');
+      if (!on || !p || !p._fullLayout) {
+        if (el.style.transform) { el.style.transform = ''; box.style.marginLeft = ''; box.style.marginBottom = ''; }
+        return;
+      }
+      const fw = p._fullLayout.width, fh = p._fullLayout.height;
+      const main = document.querySelector('[data-testid="stMainBlockContainer"]');
+      const W = main.clientWidth - 32, H = window.innerHeight - 72;
+      const z = Math.min(W / fw, H / fh);
+      const want = {transform: `scale(${z.toFixed(3)})`,
+                    marginLeft: `${Math.max(0, (W - fw * z) / 2).toFixed(0)}px`,
+                    marginBottom: `${(fh * (z - 1)).toFixed(0)}px`};   // the scaled chart's extra height
+      // set every tick: a re-render of the element may drop inline styles
+      el.style.transformOrigin = 'top left';
+      if (el.style.transform !== want.transform) el.style.transform = want.transform;
+      if (box.style.marginLeft !== want.marginLeft) box.style.marginLeft = want.marginLeft;
+      if (box.style.marginBottom !== want.marginBottom) box.style.marginBottom = want.marginBottom;
+      for (let a = el.parentElement; a && a !== box.parentElement; a = a.parentElement) a.style.overflow = 'visible';
+    });
+  };
+  window.__tilescopeFit = setInterval(fit, 300);
+  window.addEventListener('resize', fit);
+})();
+</script>
+"""
+
+
+def _leave() -> None:
+    st.session_state["ctl_present"] = False
+
+
+def apply() -> None:
+    """Turn the page into slides (call once per run, before the view draws)."""
+    st.html(CSS)
+    st.html(FIT, unsafe_allow_javascript=True)
+    st.button("✕ Leave presentation", key="leave_present", on_click=_leave,
+              help="back to the normal view with the sidebar (the link's present=1 goes too)")
