@@ -152,6 +152,10 @@ def make_call(impl, q, k, v, spec, case, cfg):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         if "fn" not in _FLEX:
+            import torch._dynamo.config as dynamo_config
+            for name in ("recompile_limit", "cache_size_limit"):   # one compile per shape, all kept
+                if hasattr(dynamo_config, name):
+                    setattr(dynamo_config, name, 256)
             _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
         block_mask = None
         if causal:

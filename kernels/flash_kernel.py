@@ -159,7 +159,7 @@ def _work_item(work, program, order,
                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
                tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-               H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale,
+               H, GROUP, N_Q, N_K, head_dim: tl.constexpr, n_qb, n_kb, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
@@ -252,14 +252,15 @@ def _work_item(work, program, order,
 
 
 # sizes are not specialised on (only strides are, for aligned loads): one compiled kernel serves
-# every N_q, N_k, H and group size instead of one per divisibility pattern
-@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "head_dim", "n_qb", "n_kb", "n_work", "trace_slots"])
+# every N_q, N_k, H and group size instead of one per divisibility pattern. The head dim is a
+# constexpr: the padding mask offs_d < head_dim is then known, so loads stay 16 bytes wide.
+@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"])
 def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                     lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
                     work_list, work_counter,
                     tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, n_work, qk_scale,
+                    H, GROUP, N_Q, N_K, head_dim: tl.constexpr, n_qb, n_kb, n_work, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr, EVEN_D: tl.constexpr,

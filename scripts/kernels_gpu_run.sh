@@ -20,6 +20,7 @@ fi
   echo "== 2. benchmarks.shapes ($(date -u +%T))"
   timeout ${BENCH_S:-230} python3 -m benchmarks.shapes --suites square,gqa,chunked,odd_d \
       --budget-s $(( ${BENCH_S:-230} - 50 )) --out "$OUT" 2>&1 | grep -v '^shapes:'
+  if [ -n "$PROBE" ]; then echo "== 2b. head-dim config probe ($(date -u +%T))"; timeout 120 python3 scripts/probe_head_dims.py $PROBE; fi
   echo "== 3. regenerate traces ($(date -u +%T))"
   timeout ${REGEN_S:-110} python3 -m instrumentation.regenerate --out "$OUT/data" --only traces \
       --no-progress --budget-s $(( ${REGEN_S:-110} - 15 )) 2>&1 | tail -8
