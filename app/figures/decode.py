@@ -123,7 +123,7 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
         detail = (f"{p.tflops:.1f} TFLOP/s, {p.gbps:.0f} GB/s = {p.gbps / gbps * 100:.0f}% of the roof's bandwidth"
                   if p.tflops else "no timing: drawn on the roof")
         fig.add_trace(go.Scatter(x=[p.intensity], y=[y], mode="markers+text", text=[p.label],
-                                 textposition="bottom left" if p.intensity > ridge else "middle right", marker=dict(size=13, color=colour, symbol=sym,
+                                 textposition="bottom left" if p.intensity > ridge else ("middle left" if i == 0 else "middle right"), marker=dict(size=13, color=colour, symbol=sym,
                                                                         line=dict(width=2, color=colour)),
                                  name=f"{p.label}: {p.intensity:.1f} FLOP/B, {detail} [{p.source}]"))
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per HBM byte)")

@@ -90,3 +90,20 @@ def test_many_row_blocks_and_one_split():
     assert np.allclose(trace.partials.m + np.log(trace.partials.l),
                        ref_lse.numpy().reshape(-1), atol=1e-5)
     assert len(trace.merge) == 0
+
+
+def test_merge_steps_end_at_the_kernels_lse_and_model_timeline(recorded):
+    from instrumentation import decode_model as dm
+
+    *_, trace = recorded
+    p = trace.partials
+    for (b, head, t), row in list(p.groupby(["b", "head", "q_row"]))[:6]:
+        steps = dm.merge_steps(row)
+        lse = row.lse.iloc[0]
+        if np.isfinite(lse):
+            assert steps.lse_run.iloc[-1] == pytest.approx(lse, abs=1e-5)
+            assert steps.weight.sum() == pytest.approx(1.0, abs=1e-6)
+            assert (np.diff(steps.m_run) >= 0).all()                 # the running max never falls
+    lanes = dm.modelled_timeline(trace.splits, sm_count=132, gbps=3000, sm_max_gbps=40)
+    assert (lanes.t_end > lanes.t_start).all() and lanes.sm.between(0, 131).all()
+    assert len(lanes) == len(trace.splits)
