@@ -37,6 +37,7 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "splits": ["b", "kv_head", "split", "k_start", "k_end", "sm", "t_start", "t_end"],
     "partials": ["b", "head", "q_row", "split", "m", "l"],
 }
+NUMERIC_TABLES = ("work", "tiles", "rows", "out", "splits", "partials")   # all but 'status'
 CORE_TABLES = ("work", "tiles", "rows", "out")     # attributes every Trace has (maybe empty)
 REQUIRED_TABLES = ("work", "tiles", "rows")        # a trace file without these is incomplete
 MAX_TABLES = 32
@@ -251,7 +252,11 @@ class Trace:
         tables = {name: _read_table(root, name, entry) for name, entry in entries.items()}
         meta = manifest["meta"]
         while version < SCHEMA_VERSION:
-            UPGRADES[version](meta, tables)
+            try:
+                UPGRADES[version](meta, tables)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise TraceFormatError(f"the version-{version} trace cannot be upgraded "
+                                       f"({type(exc).__name__}: {str(exc)[:120]})") from None
             version += 1
         files.validate(meta, META_SCHEMA, "the trace's meta", TraceFormatError)
         check_consistent(meta, tables)
@@ -301,6 +306,11 @@ def _read_table(root: Path, name: str, entry: dict) -> pd.DataFrame:
     missing = [c for c in TABLE_COLUMNS.get(name, []) if c not in df.columns]
     if missing:
         raise TraceFormatError(f"{what} lacks columns {missing}")
+    if name in NUMERIC_TABLES:      # the checks and charts compare these columns as numbers
+        text = [c for c in TABLE_COLUMNS[name] if c != "status"
+                and not pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+        if text:
+            raise TraceFormatError(f"{what} has non-numeric columns {text}")
     return df
 
 

@@ -258,3 +258,10 @@ def test_document_lengths_one_implementation():
         lens = document_lengths(n)
         assert sum(lens) == n and min(lens) >= 1
     assert document_mask(1024) == "document:128,384,256,256"
+
+
+def test_tables_with_text_where_numbers_belong_are_refused(recorded, tmp_path):
+    work = recorded.work.copy()
+    work["bh"] = work["bh"].astype(str) + "x"
+    tr = Trace(meta=recorded.meta, tables={**recorded.tables, "work": work})
+    _refused(tr.save(tmp_path / "t"), "non-numeric columns ['bh']")
