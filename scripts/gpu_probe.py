@@ -43,10 +43,9 @@ def main():
     print("compile+run", time.time() - t0, "err", ((o.float() - ref.float()).norm() / ref.float().norm()).item(), flush=True)
     _, tr = record(q, k, v, mask="causal")
     print(tr.work.head(), tr.work.sm.nunique(), tr.meta["untraced_ms"], tr.meta["traced_ms"], flush=True)
-    tr.save(out / "probe-trace")
+    tr.save(out / "probe-trace", force=True)       # this probe's own output from a previous run
     for n in [int(x) for x in args.seq_lens.split(",")]:
-        gen = torch.Generator(device=dev).manual_seed(n)
-        q, k, v = (torch.randn(B, H, n, D, device=dev, generator=gen, dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = make_inputs(B, H, n, D, "bf16", seed=n, device=dev, per_head=False)
         for causal in (False, True):
             flops = 4 * B * H * n * n * D * (0.5 if causal else 1.0)
             row = {"n": n, "causal": causal}
