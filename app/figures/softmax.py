@@ -270,37 +270,34 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
 
 
 def softmax_overview_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
-    """Tile scores, m, α, the kernel − reference differences and the error in one figure (for
-    exports and talks; l is in softmax_state_figure)."""
+    """Tile scores, m, α and the error in one figure (for exports and talks; l and the kernel −
+    reference differences are in softmax_state_figure)."""
     i = _step_index(steps, step)
-    fig = make_subplots(rows=5, cols=1)
+    fig = make_subplots(rows=4, cols=1)
     for tr in _tile_traces(steps, i):
         fig.add_trace(tr, row=1, col=1)
     panels = _state_panels(steps, i)
     for row, panel in ((2, panels[0]), (3, panels[2])):
         for tr in panel:
             fig.add_trace(tr, row=row, col=1)
-    for tr in _diff_traces(steps):
-        fig.add_trace(tr, row=4, col=1)
     for tr in _error_traces(steps, i):
-        fig.add_trace(tr, row=5, col=1)
+        fig.add_trace(tr, row=4, col=1)
     # the scores panel has its own x axis (keys): leave room for its ticks and title below it
-    domains = [(0.72, 1.0), (0.44, 0.56), (0.29, 0.41), (0.145, 0.265), (0.0, 0.12)]
+    domains = [(0.7, 1.0), (0.42, 0.58), (0.22, 0.38), (0.0, 0.18)]
     for row, dom in enumerate(domains, start=1):
         fig.update_yaxes(domain=dom, row=row, col=1)
     fig.update_xaxes(title_text="key position j (this step's tile)", row=1, col=1)
-    for row, text in enumerate(["scores", "m", "α", "kernel − f64", "rel. error"], start=1):
+    for row, text in enumerate(["scores", "m", "α", "rel. error"], start=1):
         fig.update_yaxes(title_text=text, row=row, col=1)
     fig.update_yaxes(range=_padded_range(steps["m_kernel"], steps["m_ref"], min_span=0.5), row=2, col=1)
     fig.update_yaxes(range=_padded_range(steps["alpha_kernel"], steps["alpha_ref"], min_span=1.1), row=3, col=1)
-    fig.update_yaxes(exponentformat="power", showexponent="all", nticks=4, row=4, col=1)
-    _log_error_axis(fig, _error_values(steps), max_ticks=3, row=5, col=1)
-    for row in (2, 3, 4, 5):
-        fig.update_xaxes(matches="x2", row=row, col=1, showticklabels=row == 5)
-    _step_axis(fig, steps, row=5)
+    _log_error_axis(fig, _error_values(steps), max_ticks=3, row=4, col=1)
+    for row in (2, 3, 4):
+        fig.update_xaxes(matches="x2", row=row, col=1, showticklabels=row == 4)
+    _step_axis(fig, steps, row=4)
     r = steps.iloc[i]
     fig.update_layout(title=title(f"Online softmax, step {i + 1} of {len(steps)} (K block {r.k_block})",
                                   _step_heading(steps, i).split(": ", 1)[1] + "<br>" + _row_label(steps)),
-                      template=TEMPLATE, height=1100, width=1150,
+                      template=TEMPLATE, height=1000, width=1150,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     return _caption(fig, steps, STATE_FORMULAS + ". ")
