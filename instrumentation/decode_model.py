@@ -11,17 +11,24 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-# Published attention configurations (the models' config.json): heads, KV heads, head dim,
-# layers. Used until the kernels' own presets module exists.
-PRESETS = {
-    "Llama-3-8B": dict(heads=32, kv_heads=8, head_dim=128, layers=32),
-    "Llama-3-70B": dict(heads=64, kv_heads=8, head_dim=128, layers=80),
-    "Mistral-7B": dict(heads=32, kv_heads=8, head_dim=128, layers=32),
-    "Qwen2.5-7B": dict(heads=28, kv_heads=4, head_dim=128, layers=28),
-    "Gemma-2-9B": dict(heads=16, kv_heads=8, head_dim=256, layers=42),
-    "Phi-2": dict(heads=32, kv_heads=32, head_dim=80, layers=32),
-    "GPT-2": dict(heads=12, kv_heads=12, head_dim=64, layers=12),
-}
+# Attention shapes come from kernels.presets (one place for published model shapes); the KV-cache
+# chart also needs the layer count, num_hidden_layers of the same config.json files.
+LAYERS = {"gpt-2": 12, "llama-3-8b": 32, "mistral-7b": 32, "qwen2.5-7b": 28, "gemma-2-9b": 42,
+          "phi-2": 32}
+
+
+def decode_presets() -> dict:
+    """{name: dict(label, heads, kv_heads, head_dim, layers)} for the presets a decode step
+    applies to (the chunked-prefill preset fixes N_q and is left out)."""
+    from kernels.presets import PRESETS as MODEL_PRESETS
+
+    return {name: dict(label=p.label, heads=p.heads, kv_heads=p.kv_heads, head_dim=p.head_dim,
+                       layers=LAYERS[name])
+            for name, p in MODEL_PRESETS.items() if p.n_q is None and name in LAYERS}
+
+
+PRESETS = decode_presets()
+
 
 # Datasheet peaks (dense bf16 tensor-core rate, HBM bandwidth): only for charts of runs with no
 # measured ceiling (the interpreter), and always labelled as datasheet numbers.

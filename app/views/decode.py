@@ -61,8 +61,9 @@ def bundled() -> dict:
 # -- controls (page-level, kept in the URL) --------------------------------------------------------
 live = s.source in ("gpu", "interpreter")
 c = st.columns(6)
-url_state.control("dec_preset", "Llama-3-8B", options=list(dm.PRESETS))
-preset = c[0].selectbox("model preset", list(dm.PRESETS), key="dec_preset")
+url_state.control("dec_preset", "llama-3-8b", options=list(dm.PRESETS))
+preset = c[0].selectbox("model preset", list(dm.PRESETS), key="dec_preset",
+                        format_func=lambda name: dm.PRESETS[name]["label"])
 p = dm.PRESETS[preset]
 if live:
     lim = LIVE_LIMITS[s.source]
@@ -192,5 +193,5 @@ common.chart(roofline_figure(points, peak_gbps, sheet["tflops"], ceiling, chosen
 # -- 4. KV-cache bytes per token -----------------------------------------------------------------------
 st.subheader("KV-cache bytes per token")
 kv = dm.kv_bytes_per_token(p["heads"], p["kv_heads"], p["head_dim"], p["layers"])
-common.chart(kv_bytes_figure(kv, preset, int(batch), int(meta["shape"]["N_k"]), p["layers"]),
+common.chart(kv_bytes_figure(kv, p["label"].split(" (")[0], int(batch), int(meta["shape"]["N_k"]), p["layers"]),
              "decode-kv-bytes", "dec_kv", s.present)

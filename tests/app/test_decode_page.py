@@ -80,7 +80,7 @@ def test_merge_slider_steps_through_the_splits(decode_data):
 
 
 def test_live_interpreter_run_and_kv_chart(decode_data):
-    at = page(source="interpreter", dec_ctx=256, dec_batch=2, dec_preset="Qwen2.5-7B", dec_splits="4")
+    at = page(source="interpreter", dec_ctx=256, dec_batch=2, dec_preset="qwen2.5-7b", dec_splits="4")
     clean(at)
     lanes = by_title(at, "SM lanes")
     bars = [d for d in lanes["data"] if d["type"] == "bar"]
@@ -89,7 +89,7 @@ def test_live_interpreter_run_and_kv_chart(decode_data):
     kv = by_title(at, "KV cache per token")
     per_token = kv["data"][0]["y"]
     assert per_token == [2 * h * 128 * 2 * 28 for h in (28, 4, 1)]        # MHA, GQA, MQA
-    assert at.query_params["dec_preset"] == "Qwen2.5-7B"
+    assert at.query_params["dec_preset"] == "qwen2.5-7b"
 
 
 def test_no_decode_recordings(tmp_path):
@@ -111,5 +111,5 @@ def test_no_decode_recordings(tmp_path):
 def test_bad_preset_link_falls_back(decode_data):
     at = page(source="recorded", dec_preset="GPT-9")
     assert any("does not fit this view" in w.value and "GPT" in w.value for w in at.warning)
-    assert at.selectbox(key="dec_preset").value == "Llama-3-8B"
+    assert at.selectbox(key="dec_preset").value == "llama-3-8b"
     clean(at)
