@@ -159,50 +159,8 @@ def test_block_map_comparison_side_by_side(data_dir):
     assert not at.exception
 
 
-def test_schedule_page_shows_real_order_and_modelled_time(data_dir):
-    at = live(data_dir, page="schedule", mask="causal")
-    clean(at)
-    figs = charts(at)
-    lanes = figs[0]
-    assert "modelled" in lanes["layout"]["title"]["text"]
-    assert len(lanes["data"][0]["x"]) == N // 64            # one bar per work item
-    anim = figs[1]
-    assert anim.get("frames") and anim["layout"]["updatemenus"][0]["buttons"][0]["label"].startswith("▶")
-    final = np.array(anim["frames"][-1]["data"][0]["z"])
-    bmap = parse_mask("causal").block_map(N, 64, 64)
-    assert ((final >= 4) == (bmap != 0)).all()              # every visited tile done at the end
-    assert any("Modelled timeline" in w.value for w in at.warning)
-    # stepping the single-frame view moves the grid back in time
-    at.toggle(key="sched_single").set_value(True).run()
-    at.button(key="sched_prev").click().run()
-    assert at.session_state["sched_frame"] == 198
-    grid = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Tile grid of head bh=0, at"))
-    assert "at t =" in grid["layout"]["title"]["text"]
-
-
-def test_compare_two_live_schedules(data_dir):
-    at = live(data_dir, page="schedule", mask="causal")
-    at.toggle(key="sched_compare").set_value(True).run()
-    at.selectbox(key="sched_sms").set_value(4).run()
-    clean(at)
-    cmp = next(c for c in charts(at) if "timelines)" in c["layout"]["title"]["text"])
-    assert "natural vs longest_first" in cmp["layout"]["title"]["text"]
-    table = table_with(at, "schedule")
-    assert list(table["schedule"]) == ["natural", "longest_first"]
-    # on 4 modelled SMs longest-first leaves no longer a makespan than natural order
-    assert table["makespan"].iloc[1] <= table["makespan"].iloc[0]
-
-
-def test_compare_two_recorded_schedules(data_dir):
-    at = app(data_dir, page="schedule", source="recorded", trace=f"n{N}_causal_natural")
-    at.toggle(key="sched_compare").set_value(True).run()
-    clean(at)
-    assert "recording n256_causal_natural" in at.info[0].value
-    table = table_with(at, "schedule")
-    assert set(table["schedule"]) == {"natural", "longest_first"}
-    at.selectbox(key="cmp_rec_b").set_value(f"n{N}_causal_persistent").run()
-    clean(at)
-    assert list(table_with(at, "schedule")["schedule"]) == ["natural", "persistent"]
+# the schedule page's own tests (lanes raster, animation, comparison of up to three schedules,
+# its URL controls) are in tests/app/test_schedule_page.py
 
 
 def test_online_softmax_steps_through_the_kernel_state(data_dir):
