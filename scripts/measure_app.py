@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -266,7 +267,8 @@ def schedule_page(browser, url: str, rec, repeats: int, shots: Path | None) -> d
         out.setdefault("colour_change_s", []).append(time.perf_counter() - started)
         out.setdefault("colour_change_ws_bytes", []).append(ws.take())
     # the comparison: every bundled schedule of this problem side by side
-    toggle = page.get_by_text("Compare", exact=False).filter(has_text="schedule").first
+    toggle = page.locator('[data-testid="stCheckbox"]').filter(
+        has_text=re.compile(r"^Compare (two )?schedules")).first
     compared = titles_js(" timelines)")          # "A vs B (measured timelines)"
     for i in range(repeats):
         started = time.perf_counter()
@@ -280,8 +282,8 @@ def schedule_page(browser, url: str, rec, repeats: int, shots: Path | None) -> d
         if shots and i == 0:
             page.screenshot(path=str(shots / "schedule_16k_compare.png"), full_page=True)
         toggle.click()            # off again; the next repeat times switching it on
-        page.wait_for_timeout(1500)
-        page.wait_for_function(IDLE_JS, timeout=120_000)
+        page.wait_for_function(f"() => !({compared})", timeout=120_000)
+        settle(page, lanes)
         ws.take()
     ctx.close()
     return out

@@ -1,0 +1,97 @@
+"""The schedule page on the bundled 16k causal H200 recording in a real headless Chromium:
+it draws (lanes, whole-GPU animation, comparison of three schedules), the animation plays,
+and presentation mode keeps the 132 SM lanes tall. Timings are measured by
+scripts/measure_app.py, not asserted here.
+
+Skips without /usr/bin/chromium, playwright or the bundled recordings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, run_server, sync_api, wait_for_title
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data"
+BIG = "n16384_causal_natural"
+if not all((DATA / "traces" / f"n16384_causal_{s}").is_dir() for s in ("natural", "longest_first", "persistent")):
+    pytest.skip("the bundled 16k causal recordings are not in data/traces", allow_module_level=True)
+
+IDLE = ("() => { const w = document.querySelector('[data-testid=\"stStatusWidget\"]');"
+        " return !w || !w.innerText.includes('Running'); }")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from run_server(DATA, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_page(browser, url: str, height: int = 1100):
+    ctx = browser.new_context(viewport={"width": 1500, "height": height})
+    page = ctx.new_page()
+    page.set_default_timeout(120_000)
+    page.goto(url)
+    wait_for_title(page, "Work items on SMs", timeout=180_000)
+    wait_for_title(page, "The whole GPU over time", timeout=180_000)
+    page.wait_for_function(IDLE)
+    return ctx, page
+
+
+def plot_height(page, title: str) -> float:
+    """Height in px of the plot area (not the figure) of the chart whose title has `title`."""
+    return page.evaluate(
+        """t => { const p = [...document.querySelectorAll('.js-plotly-plot')].find(
+                     e => [...e.querySelectorAll('.gtitle')].some(g => g.textContent.includes(t)));
+                   return p._fullLayout.yaxis._length; }""", title)
+
+
+def test_16k_schedule_page_draws_compares_and_plays(server, browser):
+    ctx, page = open_page(browser, f"{server}/?page=schedule&source=recorded&trace={BIG}")
+    try:
+        assert page.locator('[data-testid="stException"]').count() == 0
+        # lanes and grids are raster images (one <image> per heatmap), not thousands of SVG paths
+        assert page.locator(".js-plotly-plot .hm image").count() >= 4
+        assert page.locator(".js-plotly-plot .shapelayer path").count() < 20
+        assert plot_height(page, "Work items on SMs") >= 300          # 132 lanes, not a strip
+        # the animation plays: its subtitle (t, running items) moves on from frame 0
+        sub = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle, .js-plotly-plot .gtitle-subtitle')]"
+               ".map(t => t.textContent).filter(t => t.startsWith('t = '))")
+        first = page.evaluate(sub)
+        page.get_by_text("▶ play").first.click()
+        page.wait_for_function(f"f => {{ const s = ({sub})(); return s.length && s[0] !== f[0]; }}",
+                               arg=first, timeout=60_000)
+        page.get_by_text("❚❚ pause").first.click()
+        # three schedules side by side
+        page.locator('[data-testid="stCheckbox"]').filter(has_text="Compare schedules").first.click()
+        wait_for_title(page, "natural vs longest_first vs persistent", timeout=180_000)
+        page.wait_for_function(IDLE)
+        names = page.locator(".js-plotly-plot .annotation-text").all_text_contents()
+        for sched in ("natural", "longest_first", "persistent"):
+            assert any(t.startswith(f"{sched}: makespan") and "µs" in t for t in names), names
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        ctx.close()
+
+
+def test_16k_presentation_mode_keeps_lanes_tall(server, browser):
+    ctx, page = open_page(browser, f"{server}/?page=schedule&source=recorded&trace={BIG}&present=1", 900)
+    try:
+        assert page.locator('[data-testid="stException"]').count() == 0
+        assert plot_height(page, "Work items on SMs") >= 300
+    finally:
+        ctx.close()

@@ -1,0 +1,165 @@
+"""The schedule page, headless (AppTest): metrics with units, the lanes raster, stragglers,
+the whole-GPU animation for any traced head, up to three schedules side by side, and the
+page controls in the URL. Small interpreter recordings made here (TILESCOPE_DATA)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from instrumentation import make_inputs, record
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+N = 256
+SCHEDULES = ("natural", "longest_first", "persistent")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """Three schedules of one causal problem (B=2, H=2, two traced heads) and a full-mask one."""
+    root = tmp_path_factory.mktemp("sched_data")
+    q, k, v = make_inputs(2, 2, N, 32, "fp16", seed=1)
+    for sched in SCHEDULES:
+        _, tr = record(q, k, v, mask="causal", block_m=32, block_n=32, schedule=sched, trace_head=[0, 3])
+        tr.save(root / "traces" / f"n{N}_causal_{sched}")
+    _, tr = record(q, k, v, mask="full", block_m=64, block_n=64)
+    tr.save(root / "traces" / f"n{N}_full_natural")
+    old = os.environ.get("TILESCOPE_DATA")
+    os.environ["TILESCOPE_DATA"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("TILESCOPE_DATA", None)
+    else:
+        os.environ["TILESCOPE_DATA"] = old
+
+
+def page(data_dir, trace=f"n{N}_causal_natural", **query) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({"page": "schedule", "source": "recorded", "trace": trace,
+                            **{k: str(v) for k, v in query.items()}})
+    return at.run()
+
+
+def _decode(obj):
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+            return arr.reshape([int(x) for x in str(obj["shape"]).split(",")]) if obj.get("shape") else arr
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def charts(at) -> list[dict]:
+    return [_decode(json.loads(el.proto.spec)) for el in at.get("plotly_chart")]
+
+
+def chart(at, needle: str) -> dict:
+    return next(c for c in charts(at) if needle in c["layout"]["title"]["text"])
+
+
+def clean(at) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_metrics_lanes_and_stragglers(data_dir):
+    at = page(data_dir)
+    clean(at)
+    labels = {m.label: m.value for m in at.metric}
+    for name in ("makespan", "tail", "over ideal", "load imbalance", "idle SM time", "waves"):
+        assert name in labels, labels
+    assert labels["makespan"].endswith("tile-units") and labels["over ideal"].endswith("%")
+    assert all(m.proto.help for m in at.metric)              # every metric explained
+    lanes = chart(at, "Work items on SMs")
+    heat = [t for t in lanes["data"] if t["type"] == "heatmap"]
+    assert len(heat) == 1 and heat[0]["z"].dtype == np.uint8
+    assert not any(t["type"] in ("bar", "scattergl") for t in lanes["data"])
+    tables = [d.value for d in at.dataframe]
+    late = next(t for t in tables if "late by (tile-units)" in t.columns)
+    longest = next(t for t in tables if "duration (tile-units)" in t.columns)
+    assert len(late) == 5 and (np.diff(late["ends (tile-units)"]) <= 0).all()
+    assert list(longest["#"]) == [1, 2, 3, 4, 5] and {"batch", "head", "query block"} <= set(longest.columns)
+
+
+def test_animation_for_each_traced_head(data_dir):
+    at = page(data_dir)
+    anim = chart(at, "The whole GPU over time")
+    assert len(anim["frames"]) >= 24 and anim["layout"]["updatemenus"][0]["buttons"][0]["label"].startswith("▶")
+    assert "head bh=0" in anim["layout"]["title"]["subtitle"]["text"] or \
+        "bh=0" in json.dumps(anim["layout"]["annotations"])
+    assert at.selectbox(key="sched_head").options == ["bh 0 (batch 0, head 0)", "bh 3 (batch 1, head 1)"]
+    at.selectbox(key="sched_head").set_value(3).run()
+    clean(at)
+    assert at.query_params["sched_head"] == "3"
+    assert "tiles of head bh=3" in json.dumps(chart(at, "The whole GPU over time")["layout"]["annotations"])
+    # one frame at a time: a still (no player), its frame in the link
+    at.toggle(key="sched_still").set_value(True).run()
+    at.slider(key="sched_frame").set_value(5).run()
+    clean(at)
+    still = chart(at, "The whole GPU over time")
+    assert not still.get("frames") and not still["layout"].get("sliders")
+    assert at.query_params["sched_frame"] == "5"
+
+
+def test_three_schedules_side_by_side(data_dir):
+    at = page(data_dir, sched_compare=1, sched_sms=4)      # 4 modelled SMs: schedules differ
+    clean(at)
+    picked = at.multiselect(key="sched_cmp").value
+    assert [p.rsplit("_", 1)[-1] for p in picked] == ["natural", "first", "persistent"]
+    cmp = chart(at, "timelines)")
+    assert cmp["layout"]["title"]["text"].startswith("natural vs longest_first vs persistent")
+    assert sum(t["type"] == "heatmap" for t in cmp["data"]) == 3
+    table = next(d.value for d in at.dataframe if "schedule" in d.value.columns)
+    assert list(table["schedule"]) == list(SCHEDULES)
+    assert table["waves"].nunique() == 1 and table["makespan"].nunique() > 1
+    # two of three, and the choice travels in the link
+    at.multiselect(key="sched_cmp").unselect(f"n{N}_causal_persistent").run()
+    clean(at)
+    assert sum(t["type"] == "heatmap" for t in chart(at, "timelines)")["data"]) == 2
+    assert at.query_params["sched_cmp"] == f"n{N}_causal_natural,n{N}_causal_longest_first"
+
+
+def test_url_controls_and_bad_values(data_dir):
+    at = page(data_dir, sched_color="q_block")
+    clean(at)
+    bars = [t for t in chart(at, "Work items on SMs")["data"] if t.get("marker", {}).get("showscale")]
+    assert bars[0]["marker"]["colorbar"]["title"]["text"] == "query block"
+    at = page(data_dir, sched_color="rainbow", sched_head="7")
+    assert not at.exception
+    warnings = " ".join(w.value for w in at.warning)
+    assert "sched_color='rainbow'" in warnings and "sched_head='7'" in warnings
+    assert at.selectbox(key="sched_color").value == "tiles_visited"
+
+
+def test_imbalance_view_only_where_items_differ(data_dir):
+    at = page(data_dir)
+    assert any("Causal imbalance" in c["layout"]["title"]["text"] for c in charts(at))
+    at = page(data_dir, trace=f"n{N}_full_natural")
+    clean(at)
+    assert not any("imbalance" in c["layout"]["title"]["text"].lower() for c in charts(at))
+    assert any("No imbalance view" in c.value for c in at.caption)
+
+
+def test_live_comparison_runs_on_demand(data_dir):
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params.update(dict(page="schedule", source="interpreter", seq_len="128", head_dim="32",
+                                block_m="64", block_n="64", dtype="fp16", mask="causal", sched_compare="1"))
+    at.run()
+    assert not at.exception
+    assert any("Modelled timeline" in w.value for w in at.warning)
+    at.multiselect(key="sched_cmp").select("longest_first").run()
+    assert not any("timelines)" in c["layout"]["title"]["text"] for c in charts(at))   # not yet run
+    at.button(key="sched_cmp_run").click().run()
+    assert not at.exception
+    cmp = chart(at, "timelines)")
+    assert cmp["layout"]["title"]["text"].startswith("natural vs longest_first")
