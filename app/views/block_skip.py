@@ -3,7 +3,7 @@ saves, and whether the kernel really visited exactly the predicted tiles."""
 
 import streamlit as st
 
-from app import settings, sources
+from app import settings, sources, url_state
 from app.figures.blockmap import blockmap_comparison_figure, blockmap_figure, blockmap_stats
 from app.text import plain
 from app.views import common
@@ -57,22 +57,22 @@ common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim
              "block-map", "skip_map", s.present)
 
 st.subheader("Compare side by side")
-what = st.radio("Compare", ["two block sizes", "two masks"], horizontal=True, key="skip_cmp_kind")
+CMP_KINDS = ["two block sizes", "two masks"]
+url_state.control("skip_cmp_kind", CMP_KINDS[0], options=CMP_KINDS)    # comparison choices live in the link
+what = st.radio("Compare", CMP_KINDS, horizontal=True, key="skip_cmp_kind")
 left = {"mask": s.mask, "n": s.seq_len, "block_m": s.block_m, "block_n": s.block_n}
 right = dict(left)
 if what == "two block sizes":
     c1, c2 = st.columns(2)
-    right["block_m"] = c1.selectbox("block_m (right)", settings.BLOCK_SIZES,
-                                    index=settings.BLOCK_SIZES.index(128 if s.block_m != 128 else 64),
-                                    key="skip_cmp_bm")
-    right["block_n"] = c2.selectbox("block_n (right)", settings.BLOCK_SIZES,
-                                    index=settings.BLOCK_SIZES.index(128 if s.block_n != 128 else 64),
-                                    key="skip_cmp_bn")
+    url_state.control("skip_cmp_bm", 128 if s.block_m != 128 else 64, options=settings.BLOCK_SIZES)
+    right["block_m"] = c1.selectbox("block_m (right)", settings.BLOCK_SIZES, key="skip_cmp_bm")
+    url_state.control("skip_cmp_bn", 128 if s.block_n != 128 else 64, options=settings.BLOCK_SIZES)
+    right["block_n"] = c2.selectbox("block_n (right)", settings.BLOCK_SIZES, key="skip_cmp_bn")
 else:
     others = {name: kind.default_text(s.seq_len) for name, kind in MASKS.items()}   # the registry's defaults
     kind = parse_mask(s.mask).kind
     default = next(k for k in MASK_KINDS if k != kind)
-    st.session_state.setdefault("skip_cmp_mask", others[default])
+    url_state.control("skip_cmp_mask", others[default])        # checked by parse_mask below
     text = st.text_input("Mask (right)", key="skip_cmp_mask",
                          help=MASK_HELP)
     right["mask"] = text

@@ -55,3 +55,4 @@ def test_row_and_step_come_from_the_link(monkeypatch):
     assert any("query row 389" in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
     bad = _open(monkeypatch, sm_step="999")
     assert any("999" in w.value for w in bad.warning) and not bad.exception          # one clear warning
+

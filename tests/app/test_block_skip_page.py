@@ -1,0 +1,31 @@
+"""The block-skip page on a bundled recording: its comparison choices live in the link."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "data" / "traces" / "n1024_causal_natural"
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="bundled recording missing")
+
+
+@needs_trace
+def test_block_map_comparison_choices_come_from_the_link(monkeypatch):
+    monkeypatch.delenv("TILESCOPE_DATA", raising=False)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
+    at.query_params.update({"page": "block_skip", "source": "recorded", "trace": TRACE.name,
+                            "skip_cmp_kind": "two masks", "skip_cmp_mask": "sliding_window:256"})
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["skip_cmp_kind"] == "two masks"
+    assert at.text_input(key="skip_cmp_mask").value == "sliding_window:256"
+    subtitles = " ".join(a.get("text", "") for c in at.get("plotly_chart")
+                         for a in json.loads(c.proto.spec)["layout"].get("annotations", []))
+    assert "sliding_window:256" in subtitles
+    at.radio(key="skip_cmp_kind").set_value("two block sizes").run()
+    at.selectbox(key="skip_cmp_bm").set_value(32).run()
+    assert at.query_params["skip_cmp_bm"] in ("32", ["32"])
