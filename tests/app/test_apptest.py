@@ -286,7 +286,9 @@ def test_presentation_toggle(data_dir):
     at.toggle(key="ctl_present").set_value(True).run()
     clean(at)
     assert at.query_params["present"] == "1"
-    assert charts(at)[0]["layout"]["font"]["size"] > (size_before or 12)
+    slide = charts(at)[0]["layout"]                 # the slide template carries the larger fonts
+    assert slide["template"]["layout"]["font"]["size"] > (size_before or 12)
+    assert slide["meta"]["tilescope_look"] == "slide"
 
 
 def test_download_buttons_on_every_page(data_dir):
