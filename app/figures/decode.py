@@ -109,7 +109,8 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
     xs = np.logspace(-1, np.log10(top), 200)
     roof = np.minimum(tflops, gbps * xs / 1e3)
     fig = go.Figure(go.Scatter(x=xs, y=roof, mode="lines", line=dict(color="#333", width=2),
-                               name=f"roof: {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s ({ceiling_source})"))
+                               name=f"roof: {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s",
+                               hovertemplate=f"roof ({ceiling_source})<br>%{{x:.1f}} FLOP/B → %{{y:.1f}} TFLOP/s<extra></extra>"))
     ridge = tflops * 1e3 / gbps
     fig.add_vline(x=ridge, line=dict(color=SKIPPED_GREY, dash="dot"))
     # annotations on a log axis take log10 coordinates (shapes take data values)
@@ -125,7 +126,9 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
         fig.add_trace(go.Scatter(x=[p.intensity], y=[y], mode="markers+text", text=[p.label],
                                  textposition="bottom left" if p.intensity > ridge else ("middle left" if i == 0 else "middle right"), marker=dict(size=13, color=colour, symbol=sym,
                                                                         line=dict(width=2, color=colour)),
-                                 name=f"{p.label}: {p.intensity:.1f} FLOP/B, {detail} [{p.source}]"))
+                                 name=f"{p.label}: " + (f"{p.gbps / gbps:.0%} of the bandwidth roof" if p.tflops
+                                                        else "no timing (on the roof)"),
+                                 hovertemplate=f"{p.label}<br>{p.intensity:.1f} FLOP/B, {detail}<br>{p.source}<extra></extra>"))
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per HBM byte)")
     fig.update_yaxes(type="log", title_text="attained (TFLOP/s)", range=[-2, np.log10(tflops * 3)])
     fig.update_layout(template=TEMPLATE, height=520,
@@ -133,7 +136,7 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
                                   bgcolor="rgba(255,255,255,0.85)"),
                       title=title("Prefill is compute bound, decode is bandwidth bound",
                                   "same attention math; one query row per sequence leaves ~1 FLOP per byte"))
-    return caption(fig, provenance)
+    return caption(fig, f"{provenance}; bandwidth roof: {ceiling_source}")
 
 
 def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int) -> go.Figure:

@@ -155,6 +155,8 @@ common.chart(decode_lanes_figure(lanes(one), lanes(chosen), "num_splits = 1 (Fla
                                  f"num_splits = {meta['kernel']['num_splits']} (split-KV)", sm_count, prov,
                                  modelled=not hw), "decode-lanes", "dec_lanes", s.present)
 
+common.trace_downloads(chosen, key="dec_trace")
+
 # -- 2. the merge of one row ---------------------------------------------------------------------------
 st.subheader("Merging one row's partial states")
 parts = chosen.partials
