@@ -62,6 +62,36 @@ def test_requesting_warp_specialisation_keeps_the_answer(mask, device):
     assert rel_err(out, ref) < 1e-3
 
 
+def test_a_refused_warp_specialised_compile_falls_back_once_and_is_remembered(monkeypatch, device):
+    """Triton may refuse the warp-specialised kernel (it does next to the on-band loop): the call
+    then runs the plain loop, and later calls with the same settings skip the failing compile."""
+    import triton
+
+    import kernels.flash as fl
+
+    real, launches = fl.attn_fwd_kernel, []
+
+    class Refusing:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(kw["WARP_SPECIALIZE"])
+                if kw["WARP_SPECIALIZE"]:
+                    raise RuntimeError("PassManager::run failed")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(fl, "attn_fwd_kernel", Refusing())
+    monkeypatch.setattr(fl, "_WS_REFUSED", set())
+    monkeypatch.setattr(fl, "use_warp_specialize", lambda *a, **kw: True)
+    monkeypatch.setattr(fl, "_ensure_allocator", lambda: triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device)))
+    q, k, v = inputs(1, 2, 128, 32, torch.float32, device, seed=5)
+    ref, _, _ = reference_attention(q, k, v, mask="full")
+    for _ in range(2):
+        assert rel_err(fl.flash_attention(q, k, v, mask="full", block_m=64, block_n=64), ref) < 1e-3
+    assert launches == [True, False, False]
+
+
 # -- GPU: every config the tuner may pick, and the warp-specialised path itself ------------------
 
 def tuner_configs():
