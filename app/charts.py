@@ -84,6 +84,30 @@ def _calculator(c: ChartInputs):
                                       int(meta.get("block_m", 128)), int(meta.get("block_n", 128)), el)
 
 
+def _ring(c: ChartInputs):
+    """(figures module, meta, provenance) of a ring recording (data/ring/NAME)."""
+    from app.figures import ring
+
+    if "ring" not in c.trace.meta:
+        raise ValueError("the ring charts draw a ring recording: pass --trace data/ring/NAME")
+    return ring, c.trace.meta, ring.ring_provenance(c.trace.meta)
+
+
+def _ring_timeline(c: ChartInputs):
+    ring, meta, prov = _ring(c)
+    return ring.ring_timeline_figure(c.trace.ring_steps, prov, meta.get("backend") == "cuda")
+
+
+def _ring_diagram(c: ChartInputs):
+    ring, _, prov = _ring(c)
+    return ring.ring_diagram_figure(c.trace.ring_steps, prov)
+
+
+def _ring_balance(c: ChartInputs):
+    ring, meta, prov = _ring(c)
+    return ring.balance_figure(c.trace.ring_balance, meta["mask"], prov)
+
+
 TRACE_CHARTS = {
     "schedule": lambda c: _F().sm_lanes_figure(c.trace, tl=c.timeline()),
     "tiles": lambda c: _F().tile_grid_figure(c.trace, tl=c.timeline()),
@@ -98,19 +122,31 @@ TRACE_CHARTS = {
     "softmax-state": lambda c: _F().softmax_state_figure(c.softmax_steps(), c.softmax_step_index()),
     "softmax-error": lambda c: _F().softmax_error_figure(c.softmax_steps(), c.softmax_step_index()),
 }
+# ring recordings (data/ring/NAME) have their own views
+RING_CHARTS = {"ring-timeline": _ring_timeline, "ring-diagram": _ring_diagram, "ring-balance": _ring_balance}
 SWEEP_CHARTS = {
     "memory": lambda c: _F().memory_figure(_sweep(c)[1], _sweep(c)[0]),
     "time": lambda c: _F().time_figure(_sweep(c)[1], _sweep(c)[0]),
     "traffic": lambda c: _F().traffic_figure(_sweep(c)[1], _sweep(c)[0]),
     "calculator": _calculator,
 }
-CHARTS = {**TRACE_CHARTS, **SWEEP_CHARTS}
+CHARTS = {**TRACE_CHARTS, **RING_CHARTS, **SWEEP_CHARTS}
+
+
+def charts_for(inputs: ChartInputs) -> list[str]:
+    """Every chart `inputs` can draw: a ring recording's views, or a trace's, and a sweep's."""
+    names = []
+    if inputs.trace is not None:
+        names += list(RING_CHARTS if "ring" in inputs.trace.meta else TRACE_CHARTS)
+    if inputs.sweep is not None:
+        names += list(SWEEP_CHARTS)
+    return names
 
 
 def build(name: str, inputs: ChartInputs):
     if name not in CHARTS:
         raise ValueError(f"unknown chart {name!r}; use one of {sorted(CHARTS)}")
-    if name in TRACE_CHARTS and inputs.trace is None:
+    if name not in SWEEP_CHARTS and inputs.trace is None:
         raise ValueError(f"--chart {name} draws a trace: pass --trace data/traces/NAME")
     return CHARTS[name](inputs)
 

@@ -295,12 +295,11 @@ def gallery(directory, inputs, charts=None, fmt: str = "png") -> list[Path]:
     """Every chart that `inputs` can draw (trace views, and sweep charts when a sweep is given),
     in both looks: DIR/normal/NAME.png and DIR/slide/NAME.png. A view the data cannot draw
     (e.g. no softmax rows) is listed in DIR/skipped.txt with the reason."""
-    from app.charts import SWEEP_CHARTS, TRACE_CHARTS, build
+    from app.charts import build, charts_for
     from app.figures import presentation
 
     directory = Path(directory)
-    names = list(charts or [*(TRACE_CHARTS if inputs.trace is not None else []),
-                            *(SWEEP_CHARTS if inputs.sweep is not None else [])])
+    names = list(charts or charts_for(inputs))
     written, skipped = [], []
     with _kaleido():
         for name in names:
@@ -319,7 +318,7 @@ def gallery(directory, inputs, charts=None, fmt: str = "png") -> list[Path]:
 # -- command line ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.charts import CHARTS, SWEEP_CHARTS, TRACE_CHARTS
+    from app.charts import CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
 
     p = argparse.ArgumentParser(prog="python -m app.export",
                                 description="Export Tilescope charts, animations, Chrome traces and tables.")
@@ -327,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", help="sweep JSON (data/sweeps/*.json) for the memory/time/traffic/calculator charts")
     p.add_argument("--compare", help="a second trace of the same problem, for --chart compare")
     p.add_argument("--chart", choices=sorted(CHARTS), default=None,
-                   help=f"trace charts: {', '.join(TRACE_CHARTS)}; sweep charts: {', '.join(SWEEP_CHARTS)}. "
+                   help=f"trace charts: {', '.join(TRACE_CHARTS)}; ring recordings: {', '.join(RING_CHARTS)}; "
+                        f"sweep charts: {', '.join(SWEEP_CHARTS)}. "
                         "Default: schedule (trace) or memory (sweep)")
     p.add_argument("--format", choices=FIGURE_FORMATS + ANIMATION_FORMATS + ("json",) + TABLE_FORMATS,
                    help="required unless --gallery")
@@ -346,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _inputs(args):
+    import instrumentation.ring  # noqa: F401  (declares the ring tables, so ring recordings load)
     from app.charts import ChartInputs
     from instrumentation.sweep import load_sweep
     from instrumentation.trace import Trace
