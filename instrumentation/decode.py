@@ -304,11 +304,11 @@ def _work_from_splits(splits: pd.DataFrame, plan: DecodePlan) -> pd.DataFrame:
     for (b, kv), rec in g.iterrows():
         for j in range(plan.group):
             head = kv * plan.group + j
-            rows.append((b * plan.heads + head, b, head, 0, rec.program, rec.order, rec.sm,
+            rows.append((b * plan.heads + head, b, head, kv, 0, rec.program, rec.order, rec.sm,
                          rec.t_start, rec.t_end))
-    return pd.DataFrame(rows, columns=["bh", "batch", "head", "q_block", "program", "order", "sm",
-                                       "t_start", "t_end"]).astype(
-        {"bh": np.int32, "batch": np.int32, "head": np.int32, "q_block": np.int32,
+    return pd.DataFrame(rows, columns=["bh", "batch", "head", "kv_head", "q_block", "program", "order",
+                                       "sm", "t_start", "t_end"]).astype(
+        {"bh": np.int32, "batch": np.int32, "head": np.int32, "kv_head": np.int32, "q_block": np.int32,
          "program": np.int32, "order": np.int32, "sm": np.int32})
 
 
