@@ -193,7 +193,7 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
         legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", bgcolor="rgba(0,0,0,0)"),
         hovermode="closest",
     )
-    fig.update_yaxes(autorange="reversed", range=None)
+    fig.update_yaxes(range=[n_sms - 0.5, -0.5], autorange=False)     # lane 0 on top, no padding
     if t_range is not None:
         fig.update_xaxes(range=[t_range[0] / scale, t_range[1] / scale])
     return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
@@ -344,7 +344,7 @@ def imbalance_figure(trace, tl: pd.DataFrame | None = None) -> go.Figure:
     fig.update_layout(title=title(f"Causal imbalance: duration vs tiles visited ({_kind(tl)})", sub),
                       xaxis_title="K/V tiles visited by the work item",
                       yaxis_title=f"work-item duration ({unit})", template=TEMPLATE,
-                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                      legend=dict(x=0.01, y=0.99, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.8)"))
     return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
 
 
@@ -399,7 +399,8 @@ def schedule_comparison_figure(*traces, sms: int | None = None, gpu: str | None 
             for tr in straggler_traces(tl, scale, highlight, _heads(traces[0]), legend=row == 1):
                 fig.add_trace(tr, row=row, col=1)
         _tail_marks(fig, st, tl, scale, row=row)
-        fig.update_yaxes(title_text="SM id", autorange="reversed", row=row, col=1)
+        n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
+        fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=row, col=1)
     fig.update_xaxes(title_text=xlabel, row=n, col=1)
     best = int(np.argmin([s["makespan"] for s in stats]))
     worst = int(np.argmax([s["makespan"] for s in stats]))

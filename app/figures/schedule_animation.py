@@ -31,11 +31,10 @@ PENDING_PARTIAL, PENDING_FULL = "#fde0c5", "#c6dbef"
 DEFAULT_FRAMES = 48
 LANE_BINS = 600             # the lanes panel is narrower than the lanes chart
 # legend: (name, colour) of every state drawn
-STATES = [("work item pending", WORK_PENDING), ("running / computing now", IN_FLIGHT),
-          ("work item done", WORK_DONE), ("tile pending (full)", PENDING_FULL),
-          ("tile pending (partial)", PENDING_PARTIAL), ("tile done (full)", FULL),
-          ("tile done (partial)", PARTIAL), ("skipped by the mask", SKIPPED_GREY),
-          ("visited but predicted skipped", MISMATCH)]
+STATES = [("work item pending", WORK_PENDING), ("tile pending (full)", PENDING_FULL),
+          ("tile pending (partial)", PENDING_PARTIAL), ("running / computing now", IN_FLIGHT),
+          ("done (work item, full tile)", FULL), ("done (partial tile)", PARTIAL),
+          ("skipped by the mask", SKIPPED_GREY), ("visited but predicted skipped", MISMATCH)]
 
 
 def threshold_colorscale(color: str, k: int) -> list:
@@ -84,11 +83,9 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     tiles = tile_frames(tile_timeline(trace, tl), tl, bh, times, n_qb, n_kb)
     st = schedule_stats(tl)
 
-    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]],
-                        row_heights=[0.42, 0.58], vertical_spacing=0.16, horizontal_spacing=0.1,
-                        subplot_titles=["SM lanes (colour: " + ("K/V tiles visited" if color_by ==
-                                        "tiles_visited" else "query block") + "), cursor = now",
-                                        f"every work item ({n_bh} batch·heads × {n_qb} query blocks)",
+    # one row of three panels: fits a 16:9 slide as well as the page
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.5, 0.25, 0.25], horizontal_spacing=0.085,
+                        subplot_titles=["SM lanes, cursor = now", f"work items ({n_bh} bh × {n_qb} q blocks)",
                                         f"tiles of head bh={bh}"])
     lanes = lane_traces(tl, color_by, scale, bins=LANE_BINS, hover=False, showscale=False)
     for tr in lanes:
@@ -102,17 +99,17 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     fig.add_trace(go.Heatmap(z=work["exists"].astype(np.uint8), zmin=0, zmax=1,
                              colorscale=[[0, "white"], [1, WORK_PENDING]], showscale=False,
                              hovertemplate="bh %{y}, q block %{x}<extra></extra>", name="work items"),
-                  row=2, col=1)
-    layers = [(work["run"], WORK_RUNNING, 2, 1, "running"), (work["done"], WORK_DONE, 2, 1, "done")]
+                  row=1, col=2)
+    layers = [(work["run"], WORK_RUNNING, 1, 2, "running"), (work["done"], WORK_DONE, 1, 2, "done")]
     # tile grid: mask base, in-flight layer, done layers (full / partial), mismatches stay on top
     base_colors = [SKIPPED_GREY, PENDING_PARTIAL, PENDING_FULL, MISMATCH]
     fig.add_trace(go.Heatmap(z=tiles["base"], zmin=-0.5, zmax=3.5, showscale=False,
                              colorscale=discrete_colorscale(base_colors), name="tiles",
-                             hovertemplate="q block %{y}, k block %{x}<extra></extra>"), row=2, col=2)
+                             hovertemplate="q block %{y}, k block %{x}<extra></extra>"), row=1, col=3)
     done_full = np.where(tiles["full"], tiles["done"], NEVER)
     done_part = np.where(tiles["full"], NEVER, tiles["done"])
-    layers += [(tiles["now"], IN_FLIGHT, 2, 2, "computing now"), (done_full, FULL, 2, 2, "done (full)"),
-               (done_part, PARTIAL, 2, 2, "done (partial)")]
+    layers += [(tiles["now"], IN_FLIGHT, 1, 3, "computing now"), (done_full, FULL, 1, 3, "done (full)"),
+               (done_part, PARTIAL, 1, 3, "done (partial)")]
     layer_index = []
     for z, color, row, col, name in layers:
         fig.add_trace(_layer(z, color, k0, row, name), row=row, col=col)
@@ -124,16 +121,17 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
 
     heading = f"The whole GPU over time ({_kind(tl)} timeline)"
     fig.update_layout(title=_frame_title(heading, times[k0] - t0, scale, unit, work, tiles, k0, bh),
-                      template=TEMPLATE, height=980, showlegend=True,
-                      legend=dict(orientation="v", x=1.01, y=0.5, yanchor="middle", font=dict(size=11)))
+                      template=TEMPLATE, height=640, showlegend=True,
+                      legend=dict(orientation="v", x=1.01, y=1, yanchor="top", font=dict(size=11)))
     fig.update_xaxes(title_text=xlabel, row=1, col=1)
-    fig.update_yaxes(title_text="SM id", autorange="reversed", row=1, col=1)
-    fig.update_xaxes(title_text="query block", row=2, col=1)
-    fig.update_yaxes(title_text="batch·head (bh)", autorange="reversed", row=2, col=1)
+    n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
+    fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=1, col=1)
+    fig.update_xaxes(title_text="query block", constrain="domain", row=1, col=2)
+    fig.update_yaxes(title_text="bh (batch·head)", autorange="reversed", constrain="domain", row=1, col=2)
     bm, bn = trace.meta["block_m"], trace.meta["block_n"]
-    fig.update_xaxes(title_text=f"K block ({bn} keys)", constrain="domain", row=2, col=2)
-    fig.update_yaxes(title_text=f"Q block ({bm} queries)", autorange="reversed", constrain="domain",
-                     scaleanchor="x3", row=2, col=2)
+    fig.update_xaxes(title_text=f"K block ({bm}×{bn} tiles)", constrain="domain", row=1, col=3)
+    fig.update_yaxes(title_text="Q block", autorange="reversed", constrain="domain",
+                     scaleanchor="x3", row=1, col=3)
     fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}. {st['waves']:.2f} waves; "
                        f"frames every {(times[1] - times[0]) / scale:.3g} {unit}")
     if not controls:
@@ -153,7 +151,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
         updatemenus=[dict(type="buttons", direction="left", x=0, y=0, xanchor="left", yanchor="top",
                           pad=dict(t=75), buttons=[dict(label="▶ play", method="animate", args=[None, play]),
                                                    dict(label="❚❚ pause", method="animate", args=[[None], pause])])],
-        sliders=[dict(active=k0, x=0.2, len=0.8, y=0, yanchor="top", pad=dict(t=60, b=0),
+        sliders=[dict(active=k0, x=0.24, len=0.76, y=0, yanchor="top", pad=dict(t=60, b=0),
                       currentvalue=dict(prefix=f"t ({unit}) = ", font=dict(size=12)),
                       steps=[dict(label=f"{(t - t0) / scale:.4g}", method="animate",
                                   args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True),
