@@ -87,6 +87,7 @@ def tile_count_breakdown(trace) -> dict:
     meta = trace.meta
     shape = meta["shape"]
     n, d = int(shape["N"]), int(shape["D"])
+    n_k = int(shape.get("N_k", n))                     # keys (schema 2; = N for self-attention)
     bm, bn = int(meta["block_m"]), int(meta["block_n"])
     el = DTYPE_BYTES[meta["dtype"]]
     work = trace.work
@@ -96,8 +97,8 @@ def tile_count_breakdown(trace) -> dict:
     # rows each block really covers (the last block of a ragged N is shorter; masked loads of
     # the padding fetch nothing)
     q_rows = np.minimum(bm, n - np.arange(math.ceil(n / bm)) * bm)
-    k_rows = np.minimum(bn, n - np.arange(math.ceil(n / bn)) * bn)
-    bmap = parse_mask(meta["mask"], n).block_map(n, bm, bn)
+    k_rows = np.minimum(bn, n_k - np.arange(math.ceil(n_k / bn)) * bn)
+    bmap = parse_mask(meta["mask"], n, n_k).block_map(n, bm, bn, n_k)
     visited = bmap != SKIPPED
     kv_rows_per_qb = (visited * k_rows[None, :]).sum(axis=1)
     # the visit counts must be the recording's own: a mismatch means mask text and trace differ

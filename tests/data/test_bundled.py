@@ -158,7 +158,7 @@ def test_manifest_checker_on_a_fresh_interpreter_regenerate(tmp_path):
     assert regenerate.main(["--out", str(tmp_path), "--allow-cpu", "--quick", "--no-progress"]) == 0
     traces = sorted(p.parent for p in tmp_path.glob("traces/*/manifest.json"))
     sweeps = sorted(tmp_path.glob("sweeps/*.json"))
-    assert len(traces) == 7 and len(sweeps) == 1
+    assert len(traces) == 7 + 2 and len(sweeps) == 1          # + 2 model-preset traces
     check_manifest(tmp_path, traces, sweeps)
     for p in traces:
         t = Trace.load(p)
