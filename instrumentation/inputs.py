@@ -50,40 +50,46 @@ def _memory_bytes() -> int:
         return 16 << 30
 
 
-def visible_pairs(spec, n: int) -> int:
-    """(query, key) pairs the mask lets through (exact; from the per-row intervals, O(N))."""
+def visible_pairs(spec, n: int, n_k: int | None = None) -> int:
+    """(query, key) pairs the mask lets through on the n x n_k grid (exact; from the per-row
+    intervals, O(N))."""
     import numpy as np
 
     from kernels.masks import parse_mask
 
-    lo, hi = parse_mask(spec, n).row_intervals(n)
+    lo, hi = parse_mask(spec, n, n_k).row_intervals(n, n_k)
     return int(np.maximum(hi.astype(np.int64) - lo.astype(np.int64) + 1, 0).sum())
 
 
 def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=None,
-                interpreter=False, device_bytes=None, mask=None) -> None:
+                interpreter=False, device_bytes=None, mask=None, kv_len=None, kv_heads=None) -> None:
     """Refuse, by arithmetic alone, sizes that could not be built or run: before anything is
     allocated. block_m / block_n None means 'the default' (at most MAX_BLOCK). With `mask`
     and interpreter=True, also refuse runs that must compute more tiles than the interpreter
-    takes (a lower bound: the visible pairs over the tile area)."""
+    takes (a lower bound: the visible pairs over the tile area). kv_len / kv_heads: N_k and
+    H_kv of k and v (default N and H)."""
     from kernels.runtime import INTERPRETER_MAX_TILES, MAX_HEAD_DIM
 
+    n_k = n if kv_len is None else kv_len
+    h_kv = heads if kv_heads is None else kv_heads
     for name, val in (("batch", batch), ("heads", heads), ("sequence length", n),
-                      ("head_dim", head_dim)):
+                      ("head_dim", head_dim), ("kv_len", n_k), ("kv_heads", h_kv)):
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ValueError(f"{name} must be a positive integer, got {val!r}")
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim={head_dim} is over {MAX_HEAD_DIM}, the largest the kernel takes")
     el = DTYPE_BYTES[check_dtype(dtype)]
     elems = batch * heads * n * head_dim
-    need = 3 * elems * (4 + el) + elems * el       # fp32 staging + q, k, v + the output
+    kv_elems = 2 * batch * h_kv * n_k * head_dim
+    need = (elems + kv_elems) * (4 + el) + elems * el     # fp32 staging + q, k, v + the output
     have = device_bytes or _memory_bytes()
     if need > have:
-        raise ValueError(f"B*H*N*D = {batch}*{heads}*{n}*{head_dim} needs about {need / 2**30:.1f} "
-                         f"GiB for q, k, v and the output; this machine has {have / 2**30:.1f} GiB."
-                         " Lower --seq-len, --batch or --heads")
+        kv = f", N_k={n_k}, H_kv={h_kv}" if (n_k, h_kv) != (n, heads) else ""
+        raise ValueError(f"q, k, v and the output at B={batch}, H={heads}, N={n}, D={head_dim}{kv} "
+                         f"need about {need / 2**30:.1f} GiB; this machine has "
+                         f"{have / 2**30:.1f} GiB. Lower the sequence lengths, batch or heads")
     bm, bn = block_m or MAX_BLOCK, block_n or MAX_BLOCK
-    n_qb, n_kb = -(-n // bm), -(-n // bn)
+    n_qb, n_kb = -(-n // bm), -(-n_k // bn)
     if n_qb * n_kb > MAX_BLOCK_MAP_ENTRIES:
         raise ValueError(f"N={n} in {block_m or 'default'} x {block_n or 'default'} blocks is a "
                          f"{n_qb} x {n_kb} block grid, over the {MAX_BLOCK_MAP_ENTRIES:,} tiles a "
@@ -94,7 +100,7 @@ def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=N
                          f"is too much for the CPU interpreter (limit {INTERPRETER_MAX_TILES:,}): "
                          "lower N, B or H, run on a GPU, or open a bundled GPU recording")
     if interpreter and mask is not None:
-        tiles = batch * heads * -(-visible_pairs(mask, n) // (bm * bn))
+        tiles = batch * heads * -(-visible_pairs(mask, n, n_k) // (bm * bn))
         if tiles > INTERPRETER_MAX_TILES:
             raise ValueError(f"at least {tiles:,} tiles (B*H={batch * heads}, N={n}, mask {mask}) "
                              f"is too much for the CPU interpreter (limit "
@@ -116,7 +122,7 @@ def make_inputs(batch, heads, n, head_dim, dtype="fp16", seed=0, device="cpu", h
     import torch
 
     tdtype = torch_dtype(dtype)
-    check_sizes(batch, heads, n, head_dim, dtype_name(tdtype))
+    check_sizes(batch, heads, n, head_dim, dtype_name(tdtype), kv_len=kv_len, kv_heads=kv_heads)
     if kv_heads not in (None, heads) or kv_len not in (None, n):
         return _make_kv_inputs(batch, heads, n, head_dim, tdtype, seed, device, heads_only, per_head,
                                kv_heads or heads, kv_len or n)

@@ -84,7 +84,8 @@ def preflight(args) -> None:
         raise ValueError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
     parse_mask(args.mask, args.seq_len, args.kv_len)
     check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
-                args.block_n, interpreter=interpreter, mask=args.mask)
+                args.block_n, interpreter=interpreter, mask=args.mask, kv_len=args.kv_len,
+                kv_heads=args.kv_heads)
     if args.trace_blocks not in ("auto", "all"):
         args.trace_blocks = parse_q_blocks(args.trace_blocks)
 
@@ -115,7 +116,8 @@ def main(argv=None) -> int:
         cfg = default_config(args.head_dim, torch_dtype(args.dtype), args.block_m, args.block_n,
                              n=args.seq_len)
         check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, cfg.block_m,
-                    cfg.block_n, interpreter=device == "cpu", mask=args.mask,
+                    cfg.block_n, interpreter=device == "cpu", mask=args.mask, kv_len=args.kv_len,
+                    kv_heads=args.kv_heads,
                     device_bytes=torch.cuda.get_device_properties(0).total_memory
                     if device == "cuda" else None)
         q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,

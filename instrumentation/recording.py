@@ -76,7 +76,8 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     if level not in ("work", "full"):
         raise ValueError(f"level must be 'work' or 'full', got {level!r}")
     b, h, n, d = q.shape
-    check_sizes(b, h, n, d, dtype_name(q.dtype), cfg.block_m, cfg.block_n)
+    check_sizes(b, h, n, d, dtype_name(q.dtype), cfg.block_m, cfg.block_n, kv_len=k.shape[2],
+                kv_heads=k.shape[1])
     h_kv, n_k = k.shape[1], k.shape[2]
     heads = [trace_head] if isinstance(trace_head, int) and not isinstance(trace_head, bool) else \
         list(trace_head) if isinstance(trace_head, (list, tuple)) else None

@@ -60,6 +60,8 @@ def test_bad_out_places_are_refused_and_nothing_is_written(tmp_path):
     (["--seq-len", "1000000000", "--device", "cpu"], "GiB"),
     (["--seq-len", "65536", "--device", "cpu"], "too much for the CPU interpreter"),
     (["--seq-len", "256", "--heads", "100000000000", "--device", "cpu"], "GiB"),
+    (["--seq-len", "64", "--kv-len", "16000000", "--heads", "8", "--head-dim", "256",
+      "--device", "cpu"], "N_k=16000000"),
     (["--seq-len", "64", "--mask", "sliding_window:1000000000000000000000000000000",
       "--device", "cpu"], "sliding"),
     (["--seq-len", "0"], "positive"),
