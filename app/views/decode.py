@@ -116,7 +116,7 @@ else:
     c[4].metric("N_q, D", f"{shape['N_q']}, {shape['D']}")
     c[5].metric("splits", f"1 vs {chosen.meta['kernel']['num_splits']}")
     st.caption(f"The recordings use Llama-3-8B attention shapes (H 32, H_kv 8, D 128); the preset "
-               f"above drives the KV-cache chart. Data: {chosen.provenance()}.")
+               f"above drives the KV-cache chart. Data: {plain(chosen.provenance())}.")
 
 meta = chosen.meta
 hw = meta.get("backend") == "cuda" and one.splits["t_start"].notna().all()

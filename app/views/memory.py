@@ -70,8 +70,8 @@ else:
             + (f", CUDA {meta['cuda_version']}" if meta.get("cuda_version") else "")
             + (f", driver {meta['driver_version']}" if meta.get("driver_version") else "")), icon=":material/info:")
     if meta.get("backend") != "cuda":
-        st.warning("This sweep was not measured on a GPU: " + str(meta.get("peak_memory", ""))
-                   + "; " + str(meta.get("timing", "")), icon=":material/warning:")
+        st.warning("This sweep was not measured on a GPU: " + plain(str(meta.get("peak_memory", ""))
+                   + "; " + str(meta.get("timing", ""))), icon=":material/warning:")
     n_oom = int(df["oom"].sum())
     c = st.columns(4)
     c[0].metric("points", len(df))
@@ -81,7 +81,7 @@ else:
     if df["peak_bytes"].notna().any() or n_oom:
         common.chart(memory_figure(df, meta), "peak-memory", "mem_peak", s.present)
     else:
-        st.info(f"Peak memory: {meta.get('peak_memory', 'not measured in this sweep')}.")
+        st.info(f"Peak memory: {plain(meta.get('peak_memory', 'not measured in this sweep'))}.")
     common.chart(time_figure(df, meta), "time", "mem_time", s.present)
     common.chart(traffic_figure(df, meta), "hbm-traffic", "mem_traffic", s.present)
     ncu_rows = df[df["dram_read_bytes"].notna()]
