@@ -50,9 +50,12 @@ def test_opens_on_a_rescaling_row_and_counts_from_one(monkeypatch):
 
 @needs_trace
 def test_row_and_step_come_from_the_link(monkeypatch):
-    at = _open(monkeypatch, sm_qblock="3", sm_offset="5", sm_step="2")
-    assert (at.session_state["sm_qblock"], at.session_state["sm_offset"], at.session_state["sm_step"]) == (3, 5, 2)
-    assert any("query row 389" in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
+    trace = Trace.load(TRACE)
+    qb = sorted(trace.rows.loc[trace.rows.bh == 0, "q_block"].unique())[1]     # a traced block, not the default
+    at = _open(monkeypatch, sm_qblock=str(qb), sm_offset="5", sm_step="2")
+    assert (at.session_state["sm_qblock"], at.session_state["sm_offset"], at.session_state["sm_step"]) == (qb, 5, 2)
+    row = qb * int(trace.meta["block_m"]) + 5
+    assert any(f"query row {row} " in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
     bad = _open(monkeypatch, sm_step="999")
     assert any("999" in w.value for w in bad.warning) and not bad.exception          # one clear warning
 
