@@ -105,7 +105,7 @@ def pick(o, bh):
 _FLEX = {}
 
 
-def make_call(impl, q, k, v, spec, case, cfg):
+def make_call(impl, q, k, v, spec, case, cfg, cfg_before=None):
     """(fn, note): fn() returns the output of `impl` on (q, k, v)."""
     n_q, n_k = case["n_q"], case["n_k"]
     gqa = case["heads"] != case["kv_heads"]
@@ -114,7 +114,7 @@ def make_call(impl, q, k, v, spec, case, cfg):
         return (lambda: flash_attention(q, k, v, mask=spec, **cfg)), None
     if impl == "tilescope_before":
         old = importlib.import_module("kernels_before")
-        return (lambda: old.flash_attention(q, k, v, mask=spec.text, **cfg)), "kernels_before/"
+        return (lambda: old.flash_attention(q, k, v, mask=spec.text, **cfg_before)), "kernels_before/"
     if impl.startswith("sdpa_"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -217,7 +217,11 @@ def run(args, argv=None) -> dict:
         ref = reference(q, k, v, spec, bh)
         pairs = int(sum(max(0, int(h) - int(l) + 1) for l, h in zip(*spec.row_intervals(case["n_q"], case["n_k"]))))
         flops = 4 * case["batch"] * case["heads"] * case["head_dim"] * pairs
-        cfg = default_config(case["head_dim"], dtype, n=max(case["n_q"], case["n_k"])).as_dict()
+        n_max = max(case["n_q"], case["n_k"])
+        # what a plain call picks on this device (the warp-specialised config where it applies)
+        cfg = default_config(case["head_dim"], dtype, n=n_max, mask=spec, n_q=case["n_q"], n_k=case["n_k"],
+                             device=device).as_dict()
+        cfg_before = default_config(case["head_dim"], dtype, n=n_max).as_dict()   # the old kernel's rule
         base, case_recs = {}, []
         for impl in impls_for(case, flex_ok):
             if impl.startswith("sdpa_") and cpu:
@@ -226,9 +230,9 @@ def run(args, argv=None) -> dict:
                 continue
             rec = dict(case, impl=impl, seq_len=case["n_q"], dtype=args.dtype, ms=None, tflops=None,
                        rel_err=None, status="ok", error=None, note=None, flops=flops,
-                       config=cfg if impl.startswith("tilescope") else None)
+                       config=cfg if impl == "tilescope" else cfg_before if impl == "tilescope_before" else None)
             try:
-                fn, rec["note"] = make_call(impl, q, k, v, spec, case, cfg)
+                fn, rec["note"] = make_call(impl, q, k, v, spec, case, cfg, cfg_before)
                 out = fn()
                 err = rel_error(pick(out, bh), ref)
                 rec["rel_err"] = err

@@ -5,11 +5,14 @@ checked against SDPA before timing. Prints one line per config; writes $OUT/prob
 import json
 import os
 import sys
+from pathlib import Path
 
-import torch
-import triton.testing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run as a script from anywhere
 
-from kernels import flash_attention
+import torch  # noqa: E402
+import triton.testing  # noqa: E402
+
+from kernels import flash_attention  # noqa: E402
 
 CONFIGS = [(64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3)]
 rows = []
