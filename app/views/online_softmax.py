@@ -27,12 +27,15 @@ def head_inputs(key: str, bh: int, _trace):
     return inputs_for_trace(_trace, bh)
 
 
-bh = int((trace.meta.get("traced_heads") or [trace.rows["bh"].iat[0]])[0])
+heads = sorted(int(h) for h in trace.rows["bh"].unique())
+c0, c1, c2 = st.columns([1, 1, 2])
+url_state.control("sm_head", heads[0], options=heads)
+bh = int(c0.selectbox("Head (traced ones)", heads, key="sm_head", disabled=len(heads) == 1,
+                      help="batch·head index bh = b·H + h of the heads whose rows the recording traced"))
 bm, n = int(trace.meta["block_m"]), trace.seq_len
 blocks = sorted(trace.rows.loc[trace.rows["bh"] == bh, "q_block"].unique().tolist())
 # the default row teaches: its running max changes after the first tile, so α < 1 shows up
 teaching_row = default_q_row(trace, bh)
-c1, c2 = st.columns([1, 2])
 url_state.control("sm_qblock", teaching_row // bm, options=blocks)
 qb = c1.selectbox(f"Query block (of {bm} rows; traced ones)", blocks, key="sm_qblock",
                   help="blocks with per-row state in this trace: " + ", ".join(map(str, blocks)))

@@ -59,3 +59,16 @@ def test_row_and_step_come_from_the_link(monkeypatch):
     bad = _open(monkeypatch, sm_step="999")
     assert any("999" in w.value for w in bad.warning) and not bad.exception          # one clear warning
 
+
+
+@needs_trace
+def test_another_traced_head_from_the_link(monkeypatch):
+    trace = Trace.load(TRACE)
+    heads = sorted(int(h) for h in trace.rows["bh"].unique())
+    if len(heads) < 2:
+        pytest.skip("the recording traces one head")
+    at = _open(monkeypatch, sm_head=str(heads[-1]))
+    assert at.session_state["sm_head"] == heads[-1]
+    assert any(f"head bh={heads[-1]}," in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
+    assert not [e for e in at.error]                 # regenerated inputs match the kernel's m, l
+    assert at.session_state["sm_offset"] == default_q_row(trace, heads[-1]) % int(trace.meta["block_m"])
