@@ -150,11 +150,18 @@ def ring_diagram_figure(steps: pd.DataFrame, provenance: str) -> go.Figure:
     return caption(fig, provenance)
 
 
-def balance_figure(balance: pd.DataFrame, mask: str, provenance: str) -> go.Figure:
-    """Natural vs zigzag under one mask, from the step plans (exact counts, not timings): total
-    score entries per rank, and per step the busiest rank's entries (every step waits for it)."""
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
-                        subplot_titles=["work per rank (all steps)", "busiest rank per step"])
+def balance_figure(balance: pd.DataFrame, mask: str, provenance: str,
+                   measured: dict | None = None) -> go.Figure:
+    """Natural vs zigzag under one mask. Top: from the step plans (exact counts): total score
+    entries per rank, and per step the busiest rank's entries (every step waits for it).
+    Bottom, when `measured` holds {layout: ring_steps} of two recordings of the same problem:
+    the measured compute time per rank and per step's slowest rank."""
+    rows = 2 if measured else 1
+    titles = ["work per rank (all steps, counted)", "busiest rank per step (counted)"]
+    if measured:
+        titles += ["compute time per rank (measured)", "slowest rank per step (measured)"]
+    fig = make_subplots(rows=rows, cols=2, horizontal_spacing=0.14, vertical_spacing=0.22,
+                        subplot_titles=titles)
     colours = {"natural": PARTIAL, "zigzag": FULL}
     notes = []
     for layout in ("natural", "zigzag"):
@@ -163,24 +170,36 @@ def balance_figure(balance: pd.DataFrame, mask: str, provenance: str) -> go.Figu
             continue
         per_rank = b.groupby("rank").score_entries.sum() / 1e6
         per_step = b.groupby("step").score_entries.max() / 1e6
-        fig.add_trace(go.Bar(x=[f"rank {r}" for r in per_rank.index], y=per_rank.values, name=layout,
-                             marker_color=colours[layout], legendgroup=layout,
-                             hovertemplate=f"{layout}: %{{x}}: %{{y:.4g}} M entries<extra></extra>"), row=1, col=1)
-        fig.add_trace(go.Bar(x=[f"step {s}" for s in per_step.index], y=per_step.values, name=layout,
-                             marker_color=colours[layout], legendgroup=layout, showlegend=False,
-                             hovertemplate=f"{layout}: %{{x}}: busiest rank %{{y:.4g}} M entries<extra></extra>"),
-                      row=1, col=2)
+        _bar_pair(fig, 1, layout, colours[layout], per_rank, per_step, "M entries", True)
         ideal = b.score_entries.sum() / b["rank"].nunique() / 1e6
-        notes.append(f"{layout}: critical path {per_step.sum():.3g} M = "
-                     f"{per_step.sum() / ideal:.2f}× the even share")
-    fig.update_yaxes(title_text="score entries (millions of query·key pairs)", row=1, col=1)
-    fig.update_yaxes(title_text="score entries (millions)", row=1, col=2)
-    fig.update_layout(template=TEMPLATE, barmode="group", height=420,
+        notes.append(f"{layout}: critical path {per_step.sum() / ideal:.2f}× the even share")
+        if measured and layout in measured:
+            st = measured[layout]
+            busy = _ms(st.compute_end - st.compute_start)
+            per_rank_ms = pd.Series(busy, index=st["rank"]).groupby(level=0).sum()
+            per_step_ms = pd.Series(busy, index=st["step"]).groupby(level=0).max()
+            _bar_pair(fig, 2, layout, colours[layout], per_rank_ms, per_step_ms, "ms", False)
+    fig.update_yaxes(title_text="score entries (millions)", row=1)
+    if measured:
+        fig.update_yaxes(title_text="compute (ms)", row=2)
+    fig.update_layout(template=TEMPLATE, barmode="group", height=420 + 300 * (rows - 1),
                       legend=dict(title_text="layout", x=1.02, y=1, xanchor="left"),
                       title=title(f"Load balance under the {mask} mask: natural vs zigzag",
                                   "; ".join(notes)))
-    return caption(fig, provenance + " · counts from the step plans (kernels.ring.step_plan), "
-                   "the same plans the recorded run executed")
+    source = " · counts from the step plans (kernels.ring.step_plan), the same plans the run executed"
+    if measured:
+        source += f" · measured: the {' and '.join(sorted(measured))} recordings of this problem"
+    return caption(fig, provenance + source)
+
+
+def _bar_pair(fig, row, layout, colour, per_rank, per_step, unit, legend) -> None:
+    fig.add_trace(go.Bar(x=[f"rank {r}" for r in per_rank.index], y=per_rank.values, name=layout,
+                         marker_color=colour, legendgroup=layout, showlegend=legend,
+                         hovertemplate=f"{layout}: %{{x}}: %{{y:.4g}} {unit}<extra></extra>"), row=row, col=1)
+    fig.add_trace(go.Bar(x=[f"step {s}" for s in per_step.index], y=per_step.values, name=layout,
+                         marker_color=colour, legendgroup=layout, showlegend=False,
+                         hovertemplate=f"{layout}: %{{x}}: busiest rank %{{y:.4g}} {unit}<extra></extra>"),
+                  row=row, col=2)
 
 
 def ring_merge_figure(rows: pd.DataFrame, q_row: int, upto: int, final_lse: float | None,

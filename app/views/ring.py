@@ -34,6 +34,14 @@ def recordings() -> dict[str, Path]:
     return {p.parent.name: p.parent for p in sorted((data_sources.data_dir() / "ring").glob("*/manifest.json"))}
 
 
+def _same_problem(a: dict, b: dict) -> bool:
+    """Two GPU recordings of one problem under the two layouts (measured balance side by side;
+    interpreted kernels' host times say nothing about balance)."""
+    ra, rb = a.get("ring", {}), b.get("ring", {})
+    return (a["shape"] == b["shape"] and a["mask"] == b["mask"] and a.get("backend") == b.get("backend") == "cuda"
+            and ra.get("world") == rb.get("world") and ra.get("layout") != rb.get("layout"))
+
+
 recs = recordings()
 if not recs:
     st.warning("No ring recordings are bundled (data/ring/ is empty). Record one on GPUs with "
@@ -82,7 +90,14 @@ st.subheader("3. Natural vs zigzag under a causal mask")
 if meta["mask"] != "causal":
     st.caption("Under the full mask every pair is visible and both layouts do equal work; the "
                "balance matters under causal.")
-common.chart(balance_figure(trace.ring_balance, meta["mask"], prov), "ring-balance", "ring_bal", s.present)
+sibling = next((other for n, other in recs.items() if n != name and _same_problem(
+    load(str(other), (other / "manifest.json").stat().st_mtime).meta, meta)), None)
+measured = None
+if sibling is not None:
+    other = load(str(sibling), (sibling / "manifest.json").stat().st_mtime)
+    measured = {ring["layout"]: steps, other.meta["ring"]["layout"]: other.ring_steps}
+common.chart(balance_figure(trace.ring_balance, meta["mask"], prov, measured), "ring-balance", "ring_bal",
+             s.present)
 st.caption("Natural: rank r holds chunk r, so under causal the last rank attends to everything and "
            "rank 0 to one chunk, and every step waits for the busiest rank. Zigzag: rank r holds "
            "chunks r and 2W−1−r, so every rank does the same work at every step.")

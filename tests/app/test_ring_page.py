@@ -129,3 +129,16 @@ def test_no_recordings_says_how_to_make_one(tmp_path):
             os.environ.pop("TILESCOPE_DATA", None)
         else:
             os.environ["TILESCOPE_DATA"] = old
+
+
+def test_balance_figure_measured_row_sums_each_ranks_compute(ring_data):
+    from app.figures.ring import balance_figure
+
+    t = Trace.load(ring_data / "ring" / "w3_natural")
+    steps = t.ring_steps
+    fig = balance_figure(t.ring_balance, "causal", "test", {"natural": steps})
+    measured = [d for d in fig.data if d.xaxis == "x3"]                  # bottom-left panel
+    assert len(measured) == 1
+    busy = ((steps.compute_end - steps.compute_start) / 1e6).groupby(steps["rank"]).sum()
+    assert np.allclose(measured[0].y, busy.to_numpy())
+    assert "measured: the natural" in fig.layout.annotations[-1].text.replace("<br>", " ")
