@@ -46,26 +46,30 @@ FIT = """
   if (window.__tilescopeFit) return;
   const fit = () => {
     const on = !!document.querySelector('.st-key-leave_present');
+    const main = document.querySelector('[data-testid="stMainBlockContainer"]');
     document.querySelectorAll('[data-testid="stPlotlyChart"]').forEach(el => {
       const p = el.querySelector('.js-plotly-plot');
       const box = el.closest('[data-testid="stElementContainer"]');
-      if (!on || !p || !p._fullLayout) {
-        if (el.style.transform) { el.style.transform = ''; box.style.marginLeft = ''; box.style.marginBottom = ''; }
+      if (!p) return;
+      if (!on || !p.layout) {
+        if (p.style.transform) { p.style.transform = ''; box.style.marginLeft = ''; box.style.marginBottom = ''; }
         return;
       }
-      const fw = p._fullLayout.width, fh = p._fullLayout.height;
-      const main = document.querySelector('[data-testid="stMainBlockContainer"]');
+      // the slide size the server fixed (layout.meta.slide_px): Streamlit may re-lay the plot out
+      const size = (p.layout.meta && p.layout.meta.slide_px) || [p.layout.width, p.layout.height];
+      const [fw, fh] = size;
       const W = main.clientWidth - 32, H = window.innerHeight - 72;
       const z = Math.min(W / fw, H / fh);
       const want = {transform: `scale(${z.toFixed(3)})`,
                     marginLeft: `${Math.max(0, (W - fw * z) / 2).toFixed(0)}px`,
                     marginBottom: `${(fh * (z - 1)).toFixed(0)}px`};   // the scaled chart's extra height
-      // set every tick: a re-render of the element may drop inline styles
-      el.style.transformOrigin = 'top left';
-      if (el.style.transform !== want.transform) el.style.transform = want.transform;
+      // the plot inside Streamlit's element is scaled, so Streamlit still measures the slide size;
+      // set every tick: a re-render may drop inline styles
+      p.style.transformOrigin = 'top left';
+      if (p.style.transform !== want.transform) p.style.transform = want.transform;
       if (box.style.marginLeft !== want.marginLeft) box.style.marginLeft = want.marginLeft;
       if (box.style.marginBottom !== want.marginBottom) box.style.marginBottom = want.marginBottom;
-      for (let a = el.parentElement; a && a !== box.parentElement; a = a.parentElement) a.style.overflow = 'visible';
+      for (let a = p.parentElement; a && a !== box.parentElement; a = a.parentElement) a.style.overflow = 'visible';
     });
   };
   window.__tilescopeFit = setInterval(fit, 300);

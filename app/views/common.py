@@ -89,7 +89,10 @@ def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "s
     if present:   # at its slide size, fixed; app/presentation.py scales it to the window
         fig = presentation(fig)
         size = dict(width="content", height=int(fig.layout.height or 720))
-        fig.update_layout(autosize=False, width=fig.layout.width or 1280, height=size["height"])
+        slide_px = [int(fig.layout.width or 1280), size["height"]]
+        meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, dict) else {}
+        fig.update_layout(autosize=False, width=slide_px[0], height=slide_px[1],
+                          meta={**meta, "slide_px": slide_px})
     st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False}, **size)
     if exports:
         cols = st.columns([1] * len(exports) + [8 - len(exports)])

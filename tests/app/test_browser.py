@@ -1,6 +1,7 @@
 """The app in a real headless Chromium: `streamlit run app/main.py` as a subprocess, driven with
-Playwright. Settings from the URL, the animation's play button, switching the mask, and a
-download checked by its content.
+Playwright. Settings from the URL, the animation's play button, switching the mask, downloads
+checked by their content, live edits applied by one Run button (with stale messages gone while
+it runs), the copy-link box reopening the same view, and presentation mode.
 
 Skips cleanly when /usr/bin/chromium or playwright is missing. Never downloads a browser.
 """
@@ -123,7 +124,7 @@ def page(browser):
 
 
 def chart_titles(page) -> list[str]:
-    return page.locator(".js-plotly-plot .gtitle").all_inner_texts()
+    return page.locator(".js-plotly-plot .gtitle").all_text_contents()
 
 
 def wait_for_title(page, needle: str, timeout: float = 60_000) -> None:
@@ -145,9 +146,10 @@ def test_url_settings_show_on_the_page_and_mask_switch(server, page):
     assert sidebar.get_by_label("Window W (keys i-W < j <= i)").input_value() == "64"
     assert "visited exactly" in page.locator('[data-testid="stAlert"]').all_inner_texts().__str__()
 
-    # switch the mask in the sidebar: the chart and the URL follow
+    # switch the mask in the sidebar and press Run: the chart and the URL follow
     sidebar.locator('[data-testid="stSelectbox"]').filter(has_text="Mask").locator("input").click()
     page.get_by_role("option", name="causal", exact=True).click()
+    sidebar.get_by_role("button", name="Run").click()
     wait_for_title(page, f"Block map: causal, N={N}, blocks 64×64")
     page.wait_for_function("() => location.search.includes('mask=causal')")
     assert "page=block_skip" in page.url and f"seq_len={N}" in page.url
@@ -159,14 +161,14 @@ def test_play_button_animates_the_tile_grid(server, page):
     wait_for_title(page, "over time (modelled timeline)")
     no_exception_on_page(page)
     anim = page.locator(".js-plotly-plot").filter(has=page.locator(".updatemenu-button")).first
-    first = anim.locator(".gtitle").text_content()
-    assert "t = 0 tile-units" in first
+    first = anim.locator(".g-gtitle").text_content()
+    assert "t = " in first and "tile-units" in first
     anim.locator(".updatemenu-button").filter(has_text="play").click()
     page.wait_for_function(
         "() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p._fullLayout && "
         "p._fullLayout.sliders && p._fullLayout.sliders.length && p._fullLayout.sliders[0].active > 5)",
         timeout=30_000)
-    assert anim.locator(".gtitle").text_content() != first
+    assert anim.locator(".g-gtitle").text_content() != first
 
 
 def test_download_chrome_trace_and_csv(server, page):
@@ -244,3 +246,95 @@ def test_two_sessions_changing_settings_at_once_both_get_their_charts(server, br
     finally:
         for c in contexts:
             c.close()
+
+
+def sidebar_number(page, label: str, value: int) -> None:
+    field = page.locator('[data-testid="stSidebar"]').get_by_label(label)
+    field.fill(str(value))
+    field.press("Tab")          # commits the value (a fragment rerun of the sidebar only)
+
+
+def test_live_edits_run_once_with_the_run_button_and_clear_stale_messages(server, page):
+    page.goto(f"{server}/?page=block_skip&{QUERY}&mask=sliding_window:64&seq_len=-64")
+    page.wait_for_selector('[data-testid="stAlertContentError"]')
+    assert "not valid" in page.locator('[data-testid="stAlertContentError"]').first.inner_text()
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    # two edits: nothing runs, the error stays, the sidebar says what is pending and the estimate
+    sidebar_number(page, "Sequence length N", 352)
+    sidebar_number(page, "Window W (keys i-W < j <= i)", 40)
+    page.wait_for_function("() => document.body.innerText.includes('Not run yet')")
+    text = sidebar.inner_text()
+    assert "seq_len -64 → 352" in text and "sliding_window:64 → sliding_window:40" in text
+    assert "Estimated run time ≈" in text and "An estimate" in text
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 1
+    assert "seq_len=-64" in page.url
+    # one press: while the kernel runs, the old error is gone; then the new view
+    sidebar.get_by_role("button", name="Run").click()
+    page.wait_for_function(
+        "() => document.body.innerText.includes('Running the kernel') || "
+        "[...document.querySelectorAll('.js-plotly-plot .gtitle')].some(t => t.textContent.includes('N=352'))")
+    assert page.locator('[data-testid="stAlertContentError"]').count() == 0
+    wait_for_title(page, "Block map: sliding_window:40, N=352, blocks 64×64")
+    page.wait_for_function("() => location.search.includes('seq_len=352')")
+    assert "Not run yet" not in sidebar.inner_text()
+    no_exception_on_page(page)
+
+
+def test_copy_link_reopens_the_same_page_state(server, browser):
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1100})
+    ctx.grant_permissions(["clipboard-read", "clipboard-write"], origin=server)
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(90_000)
+        page.goto(f"{server}/?page=online_softmax&{QUERY}&mask=causal")
+        wait_for_title(page, "K blocks of query row")
+        page.get_by_role("button", name="Next").click()
+        page.wait_for_function("() => location.search.includes('sm_step=')")
+        step = dict(x.split("=") for x in page.url.split("?")[1].split("&"))["sm_step"]
+        title = [t for t in chart_titles(page) if "K blocks of query row" in t][0]
+        # the sidebar's link box, copied with its own copy button
+        code = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]')
+        code.hover()
+        code.get_by_role("button").first.click()
+        link = page.evaluate("() => navigator.clipboard.readText()")
+        assert link.startswith(server) and f"sm_step={step}" in link and "page=online_softmax" in link
+        other = ctx.new_page()                        # a new session opened on the link
+        other.set_default_timeout(90_000)
+        other.goto(link)
+        wait_for_title(other, "K blocks of query row")
+        assert title in chart_titles(other)
+        assert f"sm_step={step}" in other.url
+        no_exception_on_page(other)
+    finally:
+        ctx.close()
+
+
+def test_presentation_mode_hides_the_sidebar_and_fits_each_chart(server, browser):
+    ctx = browser.new_context(viewport={"width": 1600, "height": 900})
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(90_000)
+        page.goto(f"{server}/?page=block_skip&{QUERY}&mask=causal&present=1")
+        wait_for_title(page, f"Block map: causal, N={N}")
+        # 1600 x 900 holds a 1280 x 720 slide 1.15 times (sidebar gone, margins included)
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                               ".every(el => el.style.transform.startsWith('scale(1.1'))")
+        assert not page.locator('[data-testid="stSidebar"]').is_visible()
+        assert page.locator('[data-testid="stAlertContentInfo"]').filter(visible=True).count() == 0
+        boxes = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
+            .map(p => { const r = p.getBoundingClientRect();
+                        return [r.left, r.width, r.height, p._fullLayout.width, p._fullLayout.height]; })""")
+        assert boxes
+        for left, w, h, fw, fh in boxes:          # the whole slide on screen, scaled up, aspect kept
+            assert left >= 0 and left + w <= 1600 and h <= 900
+            assert w > fw and abs(w / h - fw / fh) < 0.01
+        first = boxes[0]
+        assert abs(first[3] / first[4] - 16 / 9) < 0.01          # a 16:9 slide
+        page.get_by_role("button", name="Leave presentation").click()
+        page.wait_for_function("() => !location.search.includes('present=1')")
+        page.locator('[data-testid="stSidebar"]').wait_for(state="visible")
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                               ".every(el => !el.style.transform)")
+        no_exception_on_page(page)
+    finally:
+        ctx.close()
