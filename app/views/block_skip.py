@@ -32,7 +32,15 @@ if trace is not None and len(trace.tiles) == 0:
             "visits to overlay: the map below is the prediction from the mask.")
     trace = None
 
-stats = blockmap_stats(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace)
+bh = None
+if trace is not None:
+    heads = sorted(int(h) for h in trace.tiles["bh"].unique())
+    if len(heads) > 1:
+        url_state.control("skip_head", heads[0], options=heads)
+        bh = int(st.selectbox("Head whose visits are overlaid (traced ones)", heads, key="skip_head"))
+    else:
+        bh = heads[0]
+stats = blockmap_stats(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh)
 m = st.columns(6)
 m[0].metric("tiles", f"{stats['tiles']:,}", help=f"grid {stats['grid'][0]}×{stats['grid'][1]}")
 m[1].metric("full", f"{stats['full']:,}")
@@ -51,9 +59,9 @@ if trace is not None:
                  "wrong: this is a bug, please report it with the trace (download below).", icon=":material/report:")
     else:
         st.success(f"The kernel visited exactly the {stats['visited']:,} tiles the block map predicts "
-                   f"(head bh={(trace.meta.get('traced_heads') or [0])[0]}).", icon=":material/check_circle:")
+                   f"(head bh={bh}).", icon=":material/check_circle:")
 
-common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace),
+common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh),
              "block-map", "skip_map", s.present)
 
 st.subheader("Compare side by side")

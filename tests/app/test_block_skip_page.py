@@ -29,3 +29,22 @@ def test_block_map_comparison_choices_come_from_the_link(monkeypatch):
     at.radio(key="skip_cmp_kind").set_value("two block sizes").run()
     at.selectbox(key="skip_cmp_bm").set_value(32).run()
     assert at.query_params["skip_cmp_bm"] in ("32", ["32"])
+
+
+@needs_trace
+def test_visits_of_another_traced_head(monkeypatch):
+    from instrumentation.trace import Trace
+
+    heads = sorted(int(h) for h in Trace.load(TRACE).tiles["bh"].unique())
+    if len(heads) < 2:
+        pytest.skip("the recording traces one head")
+    monkeypatch.delenv("TILESCOPE_DATA", raising=False)
+    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
+    at.query_params.update({"page": "block_skip", "source": "recorded", "trace": TRACE.name,
+                            "skip_head": str(heads[-1])})
+    at.run()
+    assert not at.exception and at.session_state["skip_head"] == heads[-1]
+    assert any(f"head bh={heads[-1]}" in s.value for s in at.success)
+    captions = " ".join(a.get("text", "") for c in at.get("plotly_chart")
+                        for a in json.loads(c.proto.spec)["layout"].get("annotations", []))
+    assert f"head bh={heads[-1]}" in captions
