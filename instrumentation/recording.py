@@ -44,7 +44,8 @@ def environment(device) -> dict:
         props = torch.cuda.get_device_properties(device)
         env.update(device_name=props.name, sm_count=props.multi_processor_count,
                    cuda_version=torch.version.cuda, driver_version=_driver_version(),
-                   compute_capability=f"{props.major}.{props.minor}")
+                   compute_capability=f"{props.major}.{props.minor}",
+                   total_memory_bytes=int(props.total_memory))     # the memory chart's capacity line
     else:
         env.update(device_name=f"CPU {platform.machine()} ({platform.processor() or 'unknown'})",
                    sm_count=None, cuda_version=None, driver_version=None)
