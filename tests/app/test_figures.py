@@ -258,6 +258,10 @@ def test_memory_capacity_line_and_oom_on_it(sweep):
     oom = [t for t in fig.data if "out of memory" in (t.name or "")][0]
     assert np.allclose(oom.y, cap)
     assert "79.2 GiB" in annotations_text(fig)
+    # the sweep's own device meta wins over the OOM message (environment() records it)
+    fig = F.memory_figure(df, {**meta, "total_memory_bytes": 85_520_809_984})
+    assert np.allclose([t for t in fig.data if "out of memory" in (t.name or "")][0].y, 85_520_809_984)
+    assert "79.6 GiB" in annotations_text(fig) and "get_device_properties" in annotations_text(fig)
 
 
 def test_time_figure_crossover(sweep):
