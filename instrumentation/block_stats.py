@@ -30,29 +30,32 @@ def visited_grid(trace, bh: int | None, shape) -> np.ndarray:
     return grid
 
 
-def check_trace(trace, mask, n, block_m, block_n) -> None:
+def check_trace(trace, mask, n, block_m, block_n, n_k=None) -> None:
     m = trace.meta
-    got = (parse_mask(m["mask"]).text, int(m["shape"]["N"]), int(m["block_m"]), int(m["block_n"]))
-    want = (parse_mask(mask).text, int(n), int(block_m), int(block_n))
+    n_k = n if n_k is None else n_k
+    got = (parse_mask(m["mask"]).text, int(m["shape"]["N"]), int(m["shape"].get("N_k", m["shape"]["N"])),
+           int(m["block_m"]), int(m["block_n"]))
+    want = (parse_mask(mask).text, int(n), int(n_k), int(block_m), int(block_n))
     if got != want:
         raise ValueError(f"the trace was recorded with mask/N/blocks {got}, not {want}")
 
 
 def blockmap_stats(mask, n: int, block_m: int, block_n: int, head_dim: int = 64, trace=None,
-                   bh: int | None = None) -> dict:
+                   bh: int | None = None, n_k: int | None = None) -> dict:
     """Tile counts, fraction skipped, FLOPs saved and (with a trace) prediction-vs-visit checks.
 
     FLOPs are per head: 4·bm·bn·d per tile; 'saved' counts the skipped tiles against all tiles
     of the (padded) grid. With a trace, FLOPs for all B·H heads are added as *_all_heads.
     """
-    spec = parse_mask(mask, n)
-    bmap = spec.block_map(n, block_m, block_n)
+    spec = parse_mask(mask, n, n_k)               # n queries; n_k keys (= n unless given)
+    bmap = spec.block_map(n, block_m, block_n, n_k)
     total = bmap.size
     counts = {name: int((bmap == code).sum())
               for name, code in (("skipped", SKIPPED), ("partial", PARTIAL), ("full", FULL))}
     per_tile = flops_per_tile(block_m, block_n, head_dim)
     out = {
-        "mask": spec.text, "n": int(n), "block_m": int(block_m), "block_n": int(block_n),
+        "mask": spec.text, "n": int(n), "n_k": int(n if n_k is None else n_k),
+        "block_m": int(block_m), "block_n": int(block_n),
         "head_dim": int(head_dim), "grid": tuple(bmap.shape), "tiles": int(total),
         "full": counts["full"], "partial": counts["partial"], "skipped": counts["skipped"],
         "fraction_skipped": counts["skipped"] / total,
@@ -61,7 +64,7 @@ def blockmap_stats(mask, n: int, block_m: int, block_n: int, head_dim: int = 64,
         "flops_saved": per_tile * counts["skipped"], "flops_saved_fraction": counts["skipped"] / total,
     }
     if trace is not None:
-        check_trace(trace, mask, n, block_m, block_n)
+        check_trace(trace, mask, n, block_m, block_n, n_k)
         visited = visited_grid(trace, bh, bmap.shape)
         predicted = bmap != SKIPPED
         wrong = np.argwhere(predicted != visited)

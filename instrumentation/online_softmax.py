@@ -16,17 +16,22 @@ from kernels.masks import STATUS_NAMES, parse_mask
 RESCALE_TOL = 1e-6     # alpha below 1 - this counts as a rescale of the running state
 
 
-def _head(t, bh: int, meta) -> np.ndarray:
-    """(N, D) float64 of head bh from full (B, H, N, D) torch inputs or a one-head regeneration."""
+def _head(t, bh: int, meta, kv: bool = False) -> np.ndarray:
+    """(N, D) float64 of head bh from full (B, H, N, D) torch inputs or a one-head regeneration.
+    kv=True: k or v, (B, H_kv, N_k, D); query head bh reads KV head bh // (H / H_kv)."""
     import torch
 
     if t.dim() != 4:
         raise ValueError(f"expected (B, H, N, D) tensors, got shape {tuple(t.shape)}")
     b, h, n, d = t.shape
     s = meta["shape"]
-    if (n, d) != (int(s["N"]), int(s["D"])):
-        raise ValueError(f"inputs have N={n}, D={d}; the trace has N={s['N']}, D={s['D']}")
-    if b * h == int(s["B"]) * int(s["H"]):
+    heads, rows = int(s["H"]), int(s["N"])
+    if kv:     # schema 2 (real shapes); version-1 traces are upgraded with N_k = N, H_kv = H
+        bh = (bh // heads) * int(s.get("H_kv", heads)) + (bh % heads) // (heads // int(s.get("H_kv", heads)))
+        heads, rows = int(s.get("H_kv", heads)), int(s.get("N_k", rows))
+    if (n, d) != (rows, int(s["D"])):
+        raise ValueError(f"inputs have N={n}, D={d}; the trace has N={rows}, D={s['D']}")
+    if b * h == int(s["B"]) * heads:
         return t.reshape(b * h, n, d)[bh].detach().to("cpu", torch.float64).numpy()
     if b * h == 1:
         return t[0, 0].detach().to("cpu", torch.float64).numpy()
@@ -42,7 +47,8 @@ def inputs_for_trace(trace, bh: int | None = None):
     bh = default_bh(trace) if bh is None else bh
     s = m["shape"]
     return make_inputs(int(s["B"]), int(s["H"]), int(s["N"]), int(s["D"]), m["dtype"],
-                       seed=int(m.get("input_seed", 0)), heads_only=[bh])
+                       seed=int(m.get("input_seed", 0)), heads_only=[bh],
+                       kv_heads=s.get("H_kv"), kv_len=s.get("N_k"))
 
 
 def default_bh(trace) -> int:
@@ -65,29 +71,30 @@ def softmax_steps(trace, q_row: int, q, k, v, bh: int | None = None) -> pd.DataF
     meta = trace.meta
     bh = default_bh(trace) if bh is None else int(bh)
     n, bn = int(meta["shape"]["N"]), int(meta["block_n"])
+    n_k = int(meta["shape"].get("N_k", n))       # keys; query i sits at key position i + n_k - n
     kr = trace.rows[(trace.rows["bh"] == bh) & (trace.rows["q_row"] == q_row)].sort_values("step")
     if len(kr) == 0:
         traced = sorted(trace.rows.loc[trace.rows["bh"] == bh, "q_block"].unique().tolist())
         raise ValueError(f"query row {q_row} of head {bh} has no softmax trace; traced query blocks "
                          f"(of {meta['block_m']} rows): {traced}")
-    qh, kh, vh = (_head(t, bh, meta) for t in (q, k, v))
-    spec = parse_mask(meta["mask"], n)
-    lo, hi = (int(a[q_row]) for a in spec.row_intervals(n))
+    qh, kh, vh = _head(q, bh, meta), _head(k, bh, meta, kv=True), _head(v, bh, meta, kv=True)
+    spec = parse_mask(meta["mask"], n, n_k)
+    lo, hi = (int(a[q_row]) for a in spec.row_intervals(n, n_k))
     scale = float(meta.get("kernel", {}).get("sm_scale") or 1.0 / np.sqrt(qh.shape[1]))
     s = kh @ qh[q_row] * scale                                       # (N,) natural units
-    keys = np.arange(n)
+    keys = np.arange(n_k)
     s_vis = np.where((keys >= lo) & (keys <= hi), s, -np.inf)
     m_fin = s_vis.max()
     p_fin = np.exp(s_vis - m_fin)
     o_ref = p_fin @ vh / p_fin.sum()
-    bmap = spec.block_map(n, int(meta["block_m"]), bn)
+    bmap = spec.block_map(n, int(meta["block_m"]), bn, n_k)
     qb = q_row // int(meta["block_m"])
 
     m, l, acc = -np.inf, 0.0, np.zeros(vh.shape[1])
     out = []
     for r in kr.itertuples():
         kb = int(r.k_block)
-        j0, j1 = kb * bn, min((kb + 1) * bn, n)
+        j0, j1 = kb * bn, min((kb + 1) * bn, n_k)
         st = s_vis[j0:j1]
         m_new = max(m, st.max())
         ref0 = 0.0 if m_new == -np.inf else m_new                    # the kernel's guard

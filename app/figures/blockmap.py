@@ -55,12 +55,12 @@ def _grid_axes(fig, n_rows, n_cols) -> None:
 
 
 def blockmap_figure(mask, n: int, block_m: int, block_n: int, head_dim: int = 64, trace=None,
-                    bh: int | None = None) -> go.Figure:
+                    bh: int | None = None, n_k: int | None = None) -> go.Figure:
     """One heatmap: the mask's full/partial/skipped tiles and, with a trace, the kernel's visits
     (agreeing tiles keep the mask colour; 'mask computes · kernel skipped' black, 'mask skips ·
     kernel visited' red, each also marked ✕)."""
-    st = blockmap_stats(mask, n, block_m, block_n, head_dim, trace, bh)
-    bmap = parse_mask(mask, n).block_map(n, block_m, block_n)
+    st = blockmap_stats(mask, n, block_m, block_n, head_dim, trace, bh, n_k)   # n_k keys: a rectangular grid
+    bmap = parse_mask(mask, n, n_k).block_map(n, block_m, block_n, n_k)
     visited = visited_grid(trace, bh, bmap.shape) if trace is not None else None
     code = visit_map(bmap, visited)
     states = VISIT_STATES if visited is not None else [f"{s} (mask)" for s in MAP_STATES]
@@ -82,7 +82,8 @@ def blockmap_figure(mask, n: int, block_m: int, block_n: int, head_dim: int = 64
         else:
             sub += (f"<br><span style='color:#2a7f2a'>kernel visits agree with the prediction on all "
                     f"{bmap.size:,} tiles: every coloured tile was visited</span>")
-    fig.update_layout(title=title(f"Block map: {st['mask']}, N={n}, blocks {block_m}×{block_n}", sub),
+    lengths = f"N={n}" if st["n_k"] == n else f"N_q={n}, N_k={st['n_k']}"
+    fig.update_layout(title=title(f"Block map: {st['mask']}, {lengths}, blocks {block_m}×{block_n}", sub),
                       template=TEMPLATE, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top",
                                                      title=dict(text="tile (mask · kernel)" if visited is not None
                                                                 else "tile")),
@@ -102,7 +103,7 @@ def _head(trace, bh):
 def blockmap_figure_for_trace(trace, bh: int | None = None) -> go.Figure:
     m = trace.meta
     return blockmap_figure(m["mask"], int(m["shape"]["N"]), int(m["block_m"]), int(m["block_n"]),
-                           int(m["shape"]["D"]), trace=trace, bh=bh)
+                           int(m["shape"]["D"]), trace=trace, bh=bh, n_k=trace.kv_len)
 
 
 def blockmap_comparison_figure(left: dict, right: dict, head_dim: int = 64) -> go.Figure:

@@ -79,3 +79,24 @@ def test_record_cli_takes_kv_len_and_kv_heads(tmp_path):
                           "--kv-heads", "3", "--device", "cpu", "--out", str(tmp_path / "u")],
                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "multiple of --kv-heads 3" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bundled_preset_traces_replay_the_online_softmax_and_draw_rectangular_block_maps():
+    """GQA and chunked-prefill recordings: the kernel's per-row state matches float64 from the
+    regenerated inputs (query head -> its KV head, N_k keys), for both traced heads."""
+    from instrumentation.block_stats import blockmap_stats
+    from instrumentation.online_softmax import default_q_row, inputs_for_trace, softmax_steps
+    root = LEGACY.parents[1]
+    for name in ("preset-chunked-prefill_n512_nk8192_causal_natural", "preset-llama-3-8b_n4096_causal_natural"):
+        if not (root / name).exists():
+            pytest.skip(f"{name} is not bundled")
+        t = Trace.load(root / name)
+        assert len(t.meta["traced_heads"]) == 2
+        for bh in t.meta["traced_heads"]:
+            q, k, v = inputs_for_trace(t, bh)
+            assert k.shape[2] == t.kv_len
+            steps = softmax_steps(t, default_q_row(t, bh), q, k, v, bh=bh)
+            assert steps.attrs["inputs_match"] and steps.attrs["kernel_out_rel_err"] < 2e-2
+            m = t.meta
+            st = blockmap_stats(m["mask"], t.seq_len, m["block_m"], m["block_n"], m["shape"]["D"], t, bh, t.kv_len)
+            assert st["disagreements"] == 0 and st["grid"] == (m["n_q_blocks"], m["n_k_blocks"])
