@@ -4,7 +4,7 @@ running max m, sum l and rescale alpha, beside a float64 reference on the same i
 import numpy as np
 import streamlit as st
 
-from app import settings, sources, url_state
+from app import settings, url_state
 from app.text import plain
 from app.figures.softmax import (default_q_row, inputs_for_trace, softmax_error_figure, softmax_state_figure,
                                  softmax_steps, softmax_strip_figure, softmax_tile_figure)
