@@ -8,9 +8,8 @@ from importlib import import_module
 
 import kernels  # noqa: F401  (first: chooses the interpreter before triton is imported)
 
-from .trace import SCHEMA_VERSION, Trace, TraceFormatError
-
-_LAZY = {"record": "recording", "make_inputs": "inputs", "document_lengths": "inputs", "environment": "recording",
+# everything loads on first use: a command line that refuses its arguments needs no pandas
+_LAZY = {"Trace": "trace", "TraceFormatError": "trace", "SCHEMA_VERSION": "trace", "record": "recording", "make_inputs": "inputs", "document_lengths": "inputs", "environment": "recording",
          "DTYPES": "recording", "record_decode": "decode", "make_decode_inputs": "decode"}
 
 

@@ -58,15 +58,19 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
+def _is_trace_dir(path) -> bool:
+    from .trace import is_trace_dir    # pandas loads only when --out is an existing directory
+    return is_trace_dir(path)
+
+
 def preflight(args) -> None:
     """Everything that can be refused without torch: output place, mask, sizes. ValueError."""
     from kernels.masks import parse_mask
 
     from .files import check_dir_target
     from .inputs import check_sizes, parse_q_blocks
-    from .trace import is_trace_dir
 
-    check_dir_target(args.out, is_trace_dir, args.force, "trace")
+    check_dir_target(args.out, _is_trace_dir, args.force, "trace")
     for name in ("block_m", "block_n"):
         val = getattr(args, name)
         if val is not None and val not in (16, 32, 64, 128, 256):
