@@ -20,6 +20,7 @@ from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
 MAX_COMPARED = 3
+ANIMATE_BY_DEFAULT = 4096      # work items; beyond this the animation is drawn on demand
 STRAGGLERS = 5
 
 s = settings.current()
@@ -124,7 +125,11 @@ heads = traced_heads(trace)
 if not heads:
     st.info("This trace has no tile detail (recorded with level='work'): the animation needs level='full'.")
 else:
-    h1, h2, _ = st.columns([1, 1, 2])
+    h0, h1, h2, _ = st.columns([1, 1, 1, 1])
+    url_state.control("sched_anim", len(tl) <= ANIMATE_BY_DEFAULT)
+    draw = h0.toggle("Draw the animation", key="sched_anim",
+                     help=f"on by default up to {ANIMATE_BY_DEFAULT} work items; larger runs draw it "
+                          "on demand so the page opens fast")
     url_state.control("sched_head", heads[0], options=heads)
     bh = h1.selectbox("Traced head (tile grid)", heads, key="sched_head",
                       format_func=lambda b: f"bh {b} (batch {b // heads_h}, head {b % heads_h})",
@@ -132,7 +137,10 @@ else:
     url_state.control("sched_still", False)
     still = h2.toggle("One frame at a time", key="sched_still",
                       help="a still of one frame with a slider, instead of the player")
-    if still:
+    if not draw:
+        st.caption(f"{len(tl)} work items: switch on 'Draw the animation' to see every SM, every work "
+                   "item and the traced head's tiles over time.")
+    elif still:
         @st.fragment
         def one_frame():
             """Only this part reruns when the frame changes."""
@@ -144,11 +152,11 @@ else:
         one_frame()
     else:
         common.chart(animation_fig(src.key, sms, color_by, bh, 0, True, trace), "whole-gpu-animation",
-                     "sched_anim", s.present)
-    st.caption("Top: the lanes with the time cursor. Left: every work item, pending (grey), running "
+                     "sched_anim_chart", s.present)
+    st.caption("Left: the lanes with the time cursor. Middle: every work item, pending (grey), running "
                "(black) or done (blue). Right: the traced head's tiles; black marks the tile each of its "
                "running work items is on now, red the tiles the kernel visited although the mask says "
-               "skip (none expected).")
+               "skip (none expected). Pick a head that starts late to see it fill in at the end.")
     a1, a2, _ = st.columns([2, 2, 6])
     for col, fmt in ((a1, "gif"), (a2, "mp4")):
         col.download_button(f"⬇ animation {fmt.upper()}", data=common._deferred(common.animation_bytes, trace, fmt, tl),
