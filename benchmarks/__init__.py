@@ -107,7 +107,9 @@ def resolve_mask(label: str, n: int) -> MaskSpec | None:
     if text in ("document", "document:auto"):
         return MaskSpec("document", tuple(document_lengths(n)))
     spec = parse_mask(text)
-    if spec.kind == "document" and sum(spec.param) != n:
+    try:
+        spec.check(n)              # e.g. document lengths that do not sum to n (mask registry)
+    except ValueError:
         return None
     return spec
 
