@@ -58,7 +58,7 @@ class Recording:
         """Everything but the schedule: two recordings with equal problems can be compared."""
         s = self.meta.get("shape", {})
         return (s.get("B"), s.get("H"), s.get("N"), s.get("D"), self.meta.get("dtype"), self.mask,
-                self.meta.get("block_m"), self.meta.get("block_n"))
+                self.meta.get("block_m"), self.meta.get("block_n"), s.get("N_k"), s.get("H_kv"))
 
     def settings(self) -> dict:
         """The app's control values that reproduce this recording's view."""
@@ -66,16 +66,21 @@ class Recording:
         return {"seq_len": int(s.get("N", 0)), "mask": self.mask, "head_dim": int(s.get("D", 64)),
                 "block_m": int(self.meta.get("block_m", 64)), "block_n": int(self.meta.get("block_n", 64)),
                 "dtype": str(self.meta.get("dtype", "fp16")), "batch": int(s.get("B", 1)),
-                "heads": int(s.get("H", 1)), "schedule": self.schedule}
+                "heads": int(s.get("H", 1)), "schedule": self.schedule,
+                # 0 = the same as N / H (schema-1 traces have neither: square MHA)
+                "kv_len": 0 if int(s.get("N_k") or 0) in (0, int(s.get("N", 0))) else int(s["N_k"]),
+                "kv_heads": 0 if int(s.get("H_kv") or 0) in (0, int(s.get("H", 1))) else int(s["H_kv"])}
 
     @property
     def label(self) -> str:
         m = self.meta
         dev = m.get("device_name", "?") if self.is_gpu else "CPU interpreter"
         s = m.get("shape", {})
+        kv = (f" · N_k={s['N_k']}" if s.get("N_k") not in (None, s.get("N")) else "") + \
+            (f" · H_kv={s['H_kv']}" if s.get("H_kv") not in (None, s.get("H")) else "")
         return (f"{self.name} — {dev} · N={s.get('N')} · {self.mask} · D={s.get('D')} · "
                 f"{m.get('block_m')}×{m.get('block_n')} · {m.get('dtype')} · B×H={s.get('B')}×{s.get('H')}"
-                f" · {self.schedule}")
+                f"{kv} · {self.schedule}")
 
 
 def discover_traces(root: Path | None = None) -> list[Recording]:

@@ -23,8 +23,9 @@ DTYPES = tuple(files.DTYPES)           # fp16, bf16, fp32: the one dtype table
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
            "recorded": "recorded trace (data/)", "upload": "uploaded trace (.zip)"}
 DEFAULTS = {"seq_len": 512, "mask": "causal", "head_dim": 64, "block_m": 64, "block_n": 64,
-            "dtype": "fp16", "batch": 1, "heads": 1, "schedule": "natural"}
-INT_KEYS = ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads")
+            "dtype": "fp16", "batch": 1, "heads": 1, "schedule": "natural", "kv_len": 0, "kv_heads": 0}
+INT_KEYS = ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads", "kv_len", "kv_heads")
+SAME = ("kv_len", "kv_heads")       # 0 = the same as N / H (square MHA); in the URL only when set
 MAX_SEQ_LEN = 1 << 20
 MAX_GRID_TILES = 2048 * 2048       # (N/block_m) x (N/block_n) tiles a page may draw
 
@@ -43,6 +44,8 @@ class Settings:
     batch: int = 1
     heads: int = 1
     schedule: str = "natural"
+    kv_len: int = 0             # N_k, keys and values; 0 = N (queries sit bottom-right when N_k > N)
+    kv_heads: int = 0           # H_kv (GQA: H % H_kv == 0; 1 = MQA); 0 = H
     trace: str = ""
     present: bool = False
 
@@ -54,12 +57,21 @@ class Settings:
         return {k: getattr(self, k) for k in DEFAULTS}
 
     def query(self) -> dict[str, str]:
-        q = {"source": self.source, **{k: str(v) for k, v in self.kernel().items()}}
+        q = {"source": self.source, **{k: str(v) for k, v in self.kernel().items()
+                                       if k not in SAME or v}}
         if self.source == "recorded" and self.trace:
             q["trace"] = self.trace
         if self.present:
             q["present"] = "1"
         return q
+
+    @property
+    def n_k(self) -> int:
+        return self.kv_len or self.seq_len
+
+    @property
+    def h_kv(self) -> int:
+        return self.kv_heads or self.heads
 
     def problems(self) -> list[str]:
         """Why these settings cannot run (empty when they can), each with what to do."""
@@ -71,18 +83,27 @@ class Settings:
             out.append(f"N = {self.seq_len} is larger than this app handles ({MAX_SEQ_LEN}); "
                        "pick a smaller N.")
         else:
+            if not isinstance(self.kv_len, int) or self.kv_len < 0 or self.kv_len > MAX_SEQ_LEN:
+                out.append(f"KV length N_k = {self.kv_len} is not valid: use 0 (the same as N) "
+                           f"or a length up to {MAX_SEQ_LEN}.")
+                return out
             try:
-                parse_mask(self.mask, self.seq_len)
+                parse_mask(self.mask, self.seq_len, self.n_k)
             except ValueError as exc:
                 out.append(f"The mask {self.mask!r} does not work here: {exc}")
-            grid = -(-self.seq_len // self.block_m) * -(-self.seq_len // self.block_n)
+            grid = -(-self.seq_len // self.block_m) * -(-self.n_k // self.block_n)
             if grid > MAX_GRID_TILES:
-                out.append(f"N={self.seq_len} with blocks {self.block_m}×{self.block_n} makes "
+                out.append(f"N={self.seq_len}, N_k={self.n_k} with blocks {self.block_m}×{self.block_n} makes "
                            f"{grid:,} tiles, more than the {MAX_GRID_TILES:,} a page can draw: "
                            "raise the block sizes or lower N.")
         for name, value in (("batch B", self.batch), ("heads H", self.heads)):
             if not isinstance(value, int) or value < 1:
                 out.append(f"{name} = {value} is not valid: use 1 or more.")
+        if not isinstance(self.kv_heads, int) or self.kv_heads < 0:
+            out.append(f"KV heads H_kv = {self.kv_heads} is not valid: use 0 (the same as H) or more.")
+        elif isinstance(self.heads, int) and self.heads >= 1 and self.heads % self.h_kv:
+            out.append(f"H = {self.heads} query heads cannot share H_kv = {self.h_kv} KV heads: H must "
+                       "be a multiple of H_kv (GQA), e.g. H_kv = 1 (MQA) or H_kv = H.")
         return out
 
 

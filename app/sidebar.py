@@ -22,7 +22,9 @@ from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, SCHEDULES, SOURCES, SUP
                           Settings, default_docs, parse_mask)
 from kernels.masks import MASK_KINDS, mask_kind
 
-KERNEL_CONTROLS = ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule")
+KERNEL_CONTROLS = ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule",
+                   "kv_len", "kv_heads")
+INTERPRETER_PRESET_TILES = 1500     # a preset in the interpreter is scaled to about this many tiles
 
 
 _PARAM_KEYS = {"sliding_window": "ctl_window", "prefix_lm": "ctl_prefix", "document": "ctl_docs"}  # stable names
@@ -61,7 +63,7 @@ def staged() -> dict:
     """The kernel settings the controls show now (for a live source: not necessarily run yet)."""
     ss = st.session_state
     out = {k: ss[f"ctl_{k}"] for k in KERNEL_CONTROLS}
-    for k in ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads"):
+    for k in ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads", "kv_len", "kv_heads"):
         out[k] = int(out[k]) if out[k] is not None else 0
     out["mask"] = mask_from_controls()
     return out
@@ -75,7 +77,7 @@ def apply_staged() -> None:
 def _sync_controls(settings: dict) -> None:
     ss = st.session_state
     for key in KERNEL_CONTROLS:
-        ss[f"ctl_{key}"] = settings[key]
+        ss[f"ctl_{key}"] = settings.get(key, DEFAULTS[key])
     try:
         ss.update(mask_to_controls(settings["mask"]))
     except ValueError:
@@ -122,10 +124,68 @@ def _source_changed() -> None:
         apply_staged()       # choosing a live source is the request to run
 
 
+def apply_preset() -> None:
+    """Selectbox callback: a model's heads, KV heads, head dim and mask into the controls (a live
+    source runs them with Run). In the interpreter the shape is scaled down (fewer heads, the
+    same group ratio; a fixed chunk of queries and keys shortened in proportion) and a note says
+    how; on a GPU it runs as published."""
+    from kernels.presets import PRESETS
+
+    ss = st.session_state
+    p = PRESETS.get(ss.get("ctl_preset"))
+    if p is None:
+        return
+    n = int(ss.get("ctl_seq_len") or DEFAULTS["seq_len"])
+    note = ""
+    if ss.get("ctl_source") == "interpreter":
+        small = p.scaled(max_heads=4)
+        if (small.heads, small.kv_heads) != (p.heads, p.kv_heads):
+            note = (f"H {p.heads} / H_kv {p.kv_heads} scaled to {small.heads} / {small.kv_heads} "
+                    "(the same group ratio) for the CPU interpreter")
+        p = small
+        ss["ctl_batch"] = 1
+    shape = p.shape(n)
+    n_q, n_k = shape["n_q"], shape["n_k"]
+    bm, bn = int(ss.get("ctl_block_m", 64)), int(ss.get("ctl_block_n", 64))
+    if ss.get("ctl_source") == "interpreter" and p.n_q:
+        tiles = -(-n_q // bm) * -(-n_k // bn) * p.heads
+        shrink = 1
+        while tiles / shrink ** 2 > INTERPRETER_PRESET_TILES and n_q // (shrink * 2) >= bm:
+            shrink *= 2
+        if shrink > 1:
+            note += ("; " if note else "") + (f"{n_q} queries of {n_k} keys shortened to {n_q // shrink} "
+                                              f"of {n_k // shrink} (the same ratio)")
+            n_q, n_k = n_q // shrink, n_k // shrink
+    ss["ctl_seq_len"] = n_q
+    ss["ctl_kv_len"] = 0 if n_k == n_q else n_k
+    ss["ctl_heads"], ss["ctl_head_dim"] = p.heads, p.head_dim
+    ss["ctl_kv_heads"] = 0 if p.kv_heads == p.heads else p.kv_heads
+    ss.update(mask_to_controls(shape["mask"]))
+    ss["_preset_note"] = f"{p.label}: {note}; a GPU runs it as published." if note else ""
+
+
 # -- the sidebar --------------------------------------------------------------------------------
+
+def _preset_control() -> None:
+    from kernels.presets import PRESETS
+
+    ss = st.session_state
+    ss.setdefault("ctl_preset", "")
+    st.selectbox("Model preset", ["", *PRESETS], key="ctl_preset", on_change=apply_preset,
+                 format_func=lambda name: PRESETS[name].label if name else "— your own shape —",
+                 help="a published model's heads, KV heads, head dim and mask (kernels.presets); "
+                      "N stays yours unless the preset fixes it")
+    p = PRESETS.get(ss["ctl_preset"])
+    if p is not None:
+        note = ss.get("_preset_note")
+        st.caption(plain((note + " ") if note else "") + f"Source: {plain(p.source)}"
+                   + (f" · {plain(p.notes)}" if p.notes else ""))
+
 
 def _problem_controls(locked: bool) -> None:
     ss = st.session_state
+    if not locked:
+        _preset_control()
     st.number_input("Sequence length N", step=64, key="ctl_seq_len", disabled=locked)
     st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind", disabled=locked)
     kind = mask_kind(ss["ctl_mask_kind"])
@@ -146,6 +206,13 @@ def _problem_controls(locked: bool) -> None:
     c1, c2 = st.columns(2)
     c1.number_input("batch B", step=1, key="ctl_batch", disabled=locked)
     c2.number_input("heads H", step=1, key="ctl_heads", disabled=locked)
+    c1, c2 = st.columns(2)
+    c1.number_input("KV length N_k", min_value=0, step=64, key="ctl_kv_len", disabled=locked,
+                    help="keys and values; 0 = the same as N. With N_k > N the queries are the "
+                         "last N positions (bottom-right, as in chunked prefill)")
+    c2.number_input("KV heads H_kv", min_value=0, step=1, key="ctl_kv_heads", disabled=locked,
+                    help="0 = the same as H (MHA); H_kv < H shares K/V between H / H_kv query "
+                         "heads (GQA), H_kv = 1 is MQA")
     st.selectbox("Schedule", SCHEDULES, key="ctl_schedule", disabled=locked,
                  help="natural: programs in launch order; longest_first: query blocks with "
                       "most tiles first; persistent: one program per SM pulls work items")

@@ -139,7 +139,7 @@ def live_source() -> str:
 
 
 def computed_tiles(s: Settings) -> int:
-    bmap = parse_mask(s.mask, s.seq_len).block_map(s.seq_len, s.block_m, s.block_n)
+    bmap = parse_mask(s.mask, s.seq_len, s.n_k).block_map(s.seq_len, s.block_m, s.block_n, n_k=s.n_k)
     return int((bmap != 0).sum()) * s.batch * s.heads
 
 
@@ -195,7 +195,8 @@ def _run_live(key: tuple, source: str) -> tuple[Trace, float]:
         started = time.perf_counter()
         device = "cuda" if source == "gpu" else "cpu"
         q, k, v = make_inputs(s["batch"], s["heads"], s["seq_len"], s["head_dim"], s["dtype"],
-                              seed=0, device=device)
+                              seed=0, device=device, kv_heads=s.get("kv_heads") or None,
+                              kv_len=s.get("kv_len") or None)
         try:
             _, trace = record(q, k, v, mask=s["mask"], block_m=s["block_m"], block_n=s["block_n"],
                               schedule=s["schedule"],

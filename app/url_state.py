@@ -26,7 +26,7 @@ import streamlit as st
 from app import data_sources, sources
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, INT_KEYS, PAGES, SCHEDULES, SOURCES,
                           SUPPORTED_HEAD_DIMS, Settings, parse_mask)
-from app.sidebar import mask_to_controls
+from app.sidebar import KERNEL_CONTROLS, mask_to_controls
 from app.text import plain
 
 
@@ -101,7 +101,7 @@ def init_session() -> None:
             trace = rec.name
     ss["ctl_source"] = source
     ss["ctl_trace"] = trace
-    for key in ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule"):
+    for key in KERNEL_CONTROLS:
         ss[f"ctl_{key}"] = values[key]
     ss.update(mask_to_controls(values["mask"]))
     ss["_applied"] = {k: values[k] for k in DEFAULTS}      # a live link runs as it opens

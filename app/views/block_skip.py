@@ -40,7 +40,7 @@ if trace is not None:
         bh = int(st.selectbox("Head whose visits are overlaid (traced ones)", heads, key="skip_head"))
     else:
         bh = heads[0]
-stats = blockmap_stats(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh)
+stats = blockmap_stats(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh, n_k=s.n_k)
 m = st.columns(6)
 m[0].metric("tiles", f"{stats['tiles']:,}", help=f"grid {stats['grid'][0]}×{stats['grid'][1]}")
 m[1].metric("full", f"{stats['full']:,}")
@@ -61,7 +61,7 @@ if trace is not None:
         st.success(f"The kernel visited exactly the {stats['visited']:,} tiles the block map predicts "
                    f"(head bh={bh}).", icon=":material/check_circle:")
 
-common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh),
+common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh, n_k=s.n_k),
              "block-map", "skip_map", s.present)
 
 st.subheader("Compare side by side")
