@@ -12,7 +12,9 @@ Suites (bf16; B = 1 unless said):
   chunked  N_q 512 of N_k 8192..32768, H 32 / H_kv 8, D 128, bottom-right causal:
            vs SDPA with torch.nn.attention.bias.causal_lower_right, and Flex
   square   B 4, H 16, D 128, N 4096 and 16384, full and causal: tilescope now vs
-           tilescope_before (the pre-real-shapes kernel, from kernels_before/) vs SDPA cuDNN
+           tilescope_before (the pre-real-shapes kernel, from kernels_before/) vs SDPA cuDNN.
+           Make kernels_before/ with `git archive a3c907b^ kernels | tar -x -C /tmp/kb &&
+           mv /tmp/kb/kernels kernels_before` (kept out of git; name it in the device run's carry)
 
 Every output is checked against a float32 reference (first and last head, all rows) before it is
 timed; a wrong output is recorded as 'wrong' and not timed. Times are triton.testing.do_bench

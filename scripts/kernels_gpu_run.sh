@@ -4,6 +4,8 @@
 #   2. python -m benchmarks.shapes (GQA, odd D, chunked prefill, square vs the kernel before)
 #   3. python -m instrumentation.regenerate --only traces (bundled traces incl. model presets)
 # Each step has its own time limit so that a slow one cannot starve the others.
+# Carry kernels_before/ (see benchmarks/shapes.py) and .whl/ (jsonschema wheels); PROBE="80 192"
+# adds the head-dim block-config probe (scripts/probe_head_dims.py).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
