@@ -129,7 +129,8 @@ def distance(rec: Recording, settings: dict) -> float:
     if rec.mask != want_mask:
         d += 0.5 if rec.mask_kind == want_mask.partition(":")[0] else 4.0
     for key, weight in (("head_dim", 1.0), ("block_m", 0.5), ("block_n", 0.5), ("dtype", 0.5),
-                        ("batch", 0.25), ("heads", 0.25), ("schedule", 0.25)):
+                        ("batch", 0.25), ("heads", 0.25), ("schedule", 0.25),
+                        ("kv_len", 2.0), ("kv_heads", 0.5)):   # a square MHA view stays square
         if key in settings and rec.settings().get(key) != settings[key]:
             d += weight
     if not rec.is_gpu:
