@@ -6,6 +6,7 @@ per trace content; the figures are cached per source and options), so a control 
 redraws. The page's own controls live in the URL (app.url_state.control).
 """
 
+import numpy as np
 import streamlit as st
 
 from app import data_sources, settings, sources, url_state
@@ -33,8 +34,10 @@ heads_h = int(trace.meta["shape"]["H"])
 
 
 @st.cache_resource(show_spinner=False, max_entries=24)
-def lanes_fig(key, sms, color_by, _trace):
-    return sm_lanes_figure(_trace, cached_timeline(_trace, sms), color_by=color_by, highlight=STRAGGLERS)
+def lanes_fig(key, sms, color_by, window, _trace):
+    """window: (start, end) on the timeline's clock, or None for the whole run."""
+    return sm_lanes_figure(_trace, cached_timeline(_trace, sms), color_by=color_by, highlight=STRAGGLERS,
+                           t_range=window)
 
 
 @st.cache_resource(show_spinner=False, max_entries=12)
@@ -80,14 +83,27 @@ m[4].metric("idle SM time", f"{row['idle']:.1f} %", help=METRICS["idle"][1])
 m[5].metric("waves", f"{row['waves']:.2f}", help=f"{METRICS['waves'][1]} ({stats['work_items']} work "
             f"items on {stats['sms']} SMs)")
 
-common.chart(lanes_fig(src.key, sms, color_by, trace), "sm-lanes", "sched_lanes", s.present)
+# detail on zoom: the raster is redrawn for a time window at full resolution (the lanes are one
+# image of ~900 time bins, so zooming in the browser alone would only enlarge the bins)
+scale = 1.0 if modelled else 1e3
+t_lo, t_hi = float(tl["t_start"].min()) / scale, float(tl["t_end"].max()) / scale
+t_lo, t_hi = float(np.floor(t_lo)), float(np.ceil(t_hi))
+url_state.control("sched_window", [t_lo, t_hi], parse=float)
+lo, hi = st.session_state["sched_window"]
+if not t_lo <= lo < hi <= t_hi:
+    st.session_state["sched_window"] = [t_lo, t_hi]
+window = st.slider(f"Time window ({unit})", t_lo, t_hi, key="sched_window",
+                   step=max((t_hi - t_lo) / 1000, 0.01) if t_hi - t_lo >= 10 else 0.01,
+                   help="drag the ends to redraw the lanes over a shorter time at full detail")
+full = tuple(window) == (t_lo, t_hi)
+common.chart(lanes_fig(src.key, sms, color_by, None if full else (window[0] * scale, window[1] * scale), trace),
+             "sm-lanes", "sched_lanes", s.present)
 st.caption(f"Each lane is one SM; every work item (one query block of one batch·head) is drawn at "
            f"its SM from start to end, coloured by {COLOR_BY[color_by]}. Hover a bar for its "
            f"numbers. Red outlines: the {STRAGGLERS} longest work items (numbered as below); "
            "triangles: the SMs that finish last.")
 
 late, longest = stragglers(tl, STRAGGLERS, heads_h)
-scale = 1.0 if modelled else 1e3
 t1, t2 = st.columns([2, 3])
 t1.markdown("**Latest-finishing SMs**")
 t1.dataframe(late.assign(busy=late["busy"] / scale, last_end=late["last_end"] / scale,

@@ -163,3 +163,16 @@ def test_live_comparison_runs_on_demand(data_dir):
     assert not at.exception
     cmp = chart(at, "timelines)")
     assert cmp["layout"]["title"]["text"].startswith("natural vs longest_first")
+
+
+def test_time_window_redraws_the_lanes_in_detail(data_dir):
+    at = page(data_dir, sched_sms=4)
+    full = next(t for t in chart(at, "Work items on SMs")["data"] if t["type"] == "heatmap")
+    lo, hi = at.slider(key="sched_window").value
+    at.slider(key="sched_window").set_value((lo, lo + (hi - lo) / 4)).run()
+    clean(at)
+    part = chart(at, "Work items on SMs")
+    heat = next(t for t in part["data"] if t["type"] == "heatmap")
+    assert heat["dx"] == pytest.approx(full["dx"] / 4, rel=0.05)          # same bins, a quarter of the time
+    assert part["layout"]["xaxis"]["range"][1] == pytest.approx(lo + (hi - lo) / 4, rel=0.02)
+    assert "sched_window" in at.query_params
