@@ -19,6 +19,7 @@ class ChartInputs:
     step: int | None = None           # softmax step, 1-based (default: the first step with α < 1)
     sms: int | None = None
     gpu: str | None = None
+    head: int | None = None           # traced head bh (softmax, tiles, animation); the decode merge's query head
     _cache: dict = field(default_factory=dict)
 
     def timeline(self):
@@ -28,15 +29,30 @@ class ChartInputs:
             self._cache["tl"] = timeline(self.trace, sms=self.sms, gpu=self.gpu)
         return self._cache["tl"]
 
+    def traced_head(self) -> int:
+        """--head, checked against the heads with tile detail; default the first traced one."""
+        tr = self.trace
+        heads = sorted({int(h) for h in tr.meta.get("traced_heads") or []}
+                       | {int(h) for h in tr.rows["bh"].unique()} | {int(h) for h in tr.tiles["bh"].unique()})
+        if not heads:
+            raise ValueError("this trace has no tile detail (recorded with level='work'): no head to show")
+        if self.head is None:
+            return heads[0]
+        if int(self.head) not in heads:
+            shown = ", ".join(map(str, heads[:12])) + (", ..." if len(heads) > 12 else "")
+            raise ValueError(f"--head {self.head} has no tile detail in this recording; traced heads: {shown}")
+        return int(self.head)
+
     def softmax_steps(self):
         from instrumentation.online_softmax import default_q_row, inputs_for_trace, softmax_steps
 
         if "steps" not in self._cache:
             if len(self.trace.rows) == 0:
                 raise ValueError("this trace has no per-row softmax state (recorded with level='work')")
-            row = default_q_row(self.trace) if self.q_row is None else int(self.q_row)
-            q, k, v = inputs_for_trace(self.trace)
-            self._cache["steps"] = softmax_steps(self.trace, row, q, k, v)
+            bh = self.traced_head()
+            row = default_q_row(self.trace, bh) if self.q_row is None else int(self.q_row)
+            q, k, v = inputs_for_trace(self.trace, bh)
+            self._cache["steps"] = softmax_steps(self.trace, row, q, k, v, bh=bh)
         return self._cache["steps"]
 
     def softmax_step_index(self) -> int:
@@ -108,10 +124,51 @@ def _ring_balance(c: ChartInputs):
     return ring.balance_figure(c.trace.ring_balance, meta["mask"], prov)
 
 
+def _decode_pair(c: ChartInputs):
+    """(splits = 1, split) recordings of one decode step: --trace and --compare (or the bundled
+    sibling that the command line loads into compare), in either order."""
+    if c.trace.meta.get("kind") != "decode":
+        raise ValueError("the decode charts draw a decode recording: pass --trace data/decode/NAME")
+    if c.compare is None or c.compare.meta.get("kind") != "decode":
+        raise ValueError("the decode charts compare splits = 1 with a split: pass --compare data/decode/NAME "
+                         "(the same step with the other split count)")
+    pair = sorted((c.trace, c.compare), key=lambda t: int(t.meta["kernel"]["num_splits"]))
+    if int(pair[0].meta["kernel"]["num_splits"]) != 1 or int(pair[1].meta["kernel"]["num_splits"]) == 1:
+        raise ValueError("the decode charts need one recording with num_splits = 1 and one with more splits")
+    if pair[0].meta["shape"] != pair[1].meta["shape"]:
+        raise ValueError("the two decode recordings are of different shapes; pass the same step with both split counts")
+    return pair
+
+
+def _decode_merge(c: ChartInputs):
+    from app.figures import decode
+
+    _, chosen = _decode_pair(c)
+    steps, label = decode.decode_row_steps(chosen, 0, 0 if c.head is None else int(c.head), c.q_row)
+    if c.step is not None and not 1 <= c.step <= len(steps):
+        raise ValueError(f"--step must be within 1..{len(steps)} (the splits of this row), got {c.step}")
+    step = len(steps) - 1 if c.step is None else c.step - 1
+    return decode.merge_figure(steps, step, chosen.provenance(), label)
+
+
+def _decode_kv(c: ChartInputs):
+    from app.figures import decode
+
+    _, chosen = _decode_pair(c)
+    shape = chosen.meta["shape"]          # the bundled recordings use Llama-3-8B attention shapes
+    return decode.decode_kv_figure("llama-3-8b", int(shape["B"]), int(shape["N_k"]),
+                                   f"recording ({chosen.provenance()})")
+
+
+def _decode_figures():
+    from app.figures import decode
+    return decode
+
+
 TRACE_CHARTS = {
     "schedule": lambda c: _F().sm_lanes_figure(c.trace, tl=c.timeline()),
-    "tiles": lambda c: _F().tile_grid_figure(c.trace, tl=c.timeline()),
-    "animation": lambda c: _F().tile_animation_figure(c.trace, tl=c.timeline(), max_frames=40),
+    "tiles": lambda c: _F().tile_grid_figure(c.trace, tl=c.timeline(), bh=c.traced_head()),
+    "animation": lambda c: _F().tile_animation_figure(c.trace, tl=c.timeline(), max_frames=40, bh=c.traced_head()),
     "imbalance": lambda c: _F().imbalance_figure(c.trace, tl=c.timeline()),
     "compare": _compare,
     "blockmap": lambda c: _F().blockmap_figure_for_trace(c.trace),
@@ -124,23 +181,37 @@ TRACE_CHARTS = {
 }
 # ring recordings (data/ring/NAME) have their own views
 RING_CHARTS = {"ring-timeline": _ring_timeline, "ring-diagram": _ring_diagram, "ring-balance": _ring_balance}
+# decode recordings (data/decode/NAME, with the same step's other split count) have the decode page's views
+DECODE_CHARTS = {
+    "decode-lanes": lambda c: _decode_figures().decode_pair_lanes_figure(*_decode_pair(c)),
+    "decode-merge": _decode_merge,
+    "decode-roofline": lambda c: _decode_figures().decode_pair_roofline_figure(*_decode_pair(c)),
+    "decode-kv-bytes": _decode_kv,
+}
 SWEEP_CHARTS = {
     "memory": lambda c: _F().memory_figure(_sweep(c)[1], _sweep(c)[0]),
     "time": lambda c: _F().time_figure(_sweep(c)[1], _sweep(c)[0]),
     "traffic": lambda c: _F().traffic_figure(_sweep(c)[1], _sweep(c)[0]),
     "calculator": _calculator,
 }
-CHARTS = {**TRACE_CHARTS, **RING_CHARTS, **SWEEP_CHARTS}
+CHARTS = {**TRACE_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **SWEEP_CHARTS}
 
 
 def charts_for(inputs: ChartInputs) -> list[str]:
-    """Every chart `inputs` can draw: a ring recording's views, or a trace's, and a sweep's."""
+    """Every chart `inputs` can draw: a ring or decode recording's views, or a trace's, and a sweep's."""
     names = []
     if inputs.trace is not None:
-        names += list(RING_CHARTS if "ring" in inputs.trace.meta else TRACE_CHARTS)
+        names += list(trace_charts(inputs.trace))
     if inputs.sweep is not None:
         names += list(SWEEP_CHARTS)
     return names
+
+
+def trace_charts(trace) -> dict:
+    """The chart table for a recording's kind: ring, decode, or an attention trace."""
+    if "ring" in trace.meta:
+        return RING_CHARTS
+    return DECODE_CHARTS if trace.meta.get("kind") == "decode" else TRACE_CHARTS
 
 
 def build(name: str, inputs: ChartInputs):
@@ -148,6 +219,9 @@ def build(name: str, inputs: ChartInputs):
         raise ValueError(f"unknown chart {name!r}; use one of {sorted(CHARTS)}")
     if name not in SWEEP_CHARTS and inputs.trace is None:
         raise ValueError(f"--chart {name} draws a trace: pass --trace data/traces/NAME")
+    if name not in SWEEP_CHARTS and name not in (own := trace_charts(inputs.trace)):
+        kind = {id(RING_CHARTS): "ring", id(DECODE_CHARTS): "decode"}.get(id(own), "attention")
+        raise ValueError(f"--chart {name} does not draw this {kind} recording; its charts: {', '.join(own)}")
     return CHARTS[name](inputs)
 
 

@@ -52,7 +52,9 @@ def _register_templates() -> None:
         legend=dict(font=dict(size=18)), hoverlabel=dict(font_size=18),
         xaxis=axis, yaxis=axis, paper_bgcolor="white", plot_bgcolor="white",
         colorway=[FULL, PARTIAL, "#59a14f", NOW, "#8c6bb1", "#76b7b2", "#9c755f"],
-        annotationdefaults=dict(font=dict(size=18)))
+        annotationdefaults=dict(font=dict(size=18)),
+        # simple_white's shapes have no line (width 0, opacity 0.3): hlines/vlines would vanish on slides
+        shapedefaults=dict(line=dict(color="#2a3f5f", width=2), opacity=1, fillcolor="rgba(0,0,0,0)"))
     # colorbar fonts live on each trace type's template entry
     cbar = dict(tickfont=dict(size=18), title=dict(font=dict(size=20)))
     slide.data.heatmap = [go.Heatmap(colorbar=cbar)]

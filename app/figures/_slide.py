@@ -7,7 +7,9 @@ below are the layout a template cannot express, and they hold for every chart:
 - the title and subtitle sit at the top and the top margin is sized to their lines, so
   they never meet a tick label or a long axis title;
 - explicit font sizes set by a figure are dropped, so the template's sizes apply everywhere;
-- legends go to the right of the plot (never below, where the x-axis title and caption are);
+- legends go to the right of the plot (never below, where the x-axis title and caption are),
+  unless the figure's layout.meta says "slide_legend_inside" (a legend placed in an empty
+  corner of the plot stays there, so the plot keeps the slide's width);
 - the provenance caption sits at the bottom edge of the figure and the bottom margin holds
   one line of tick labels, the x-axis title and the caption (plus the player, if animated);
 - category tick arrays are thinned to at most MAX_TICKS labels, so they never smear;
@@ -79,11 +81,12 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
         if ax.tickvals is not None and len(ax.tickvals) > MAX_TICKS:
             vals, text = _thin(list(ax.tickvals), list(ax.ticktext) if ax.ticktext is not None else None)
             ax.tickvals, ax.ticktext = vals, text
-        if ax.dtick is not None and ax.tickmode in (None, "linear"):
+        if ax.dtick is not None and ax.tickmode in (None, "linear") and ax.type != "log":   # decades stay
             ax.dtick = None
             ax.nticks = MAX_TICKS
     # legends right of the plot, never below it
-    if lay.legend and (lay.legend.orientation == "h" or (lay.legend.y is not None and lay.legend.y < 0.5)):
+    keep_inside = meta.get("slide_legend_inside") and lay.legend.y is not None and 0 <= lay.legend.y <= 1
+    if lay.legend and not keep_inside and (lay.legend.orientation == "h" or (lay.legend.y is not None and lay.legend.y < 0.5)):
         lay.legend.update(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top")
     lay.legend.font = None
     _split_legend_and_colorbar(out)

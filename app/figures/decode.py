@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, title
+from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, fmt_bytes, title
 
 SPLIT_COLOURS = ["#3d7ab8", "#f4a259", "#59a14f", "#8c6bb1", "#76b7b2", "#9c755f", "#e15759",
                  "#edc948", "#b07aa1", "#ff9da7"]
@@ -92,7 +92,10 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
     cur = steps.iloc[step]
     fig.update_xaxes(title_text="split j (its key range on hover)", type="category", row=1, col=1)
     fig.update_xaxes(title_text="split j", type="category", row=1, col=2)
-    fig.update_yaxes(title_text="share of softmax mass (1)", range=[0, 1.15], row=1, col=1)
+    # many equal splits share the mass thinly: scale to the largest weight (the bars still start at 0)
+    top = float(np.nanmax(steps["weight"])) if len(steps) else 1.0
+    fig.update_yaxes(title_text="share of softmax mass (fraction)", range=[0, min(1.15, 1.3 * top) if top > 0 else 1],
+                     row=1, col=1)
     fig.update_yaxes(title_text="natural log units", row=1, col=2)
     fig.update_layout(template=TEMPLATE, height=470, legend=dict(x=1.02, y=1, font=dict(size=11)),
                       margin=dict(r=220),
@@ -124,14 +127,14 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
         detail = (f"{p.tflops:.1f} TFLOP/s, {p.gbps:.0f} GB/s = {p.gbps / gbps * 100:.0f}% of the roof's bandwidth"
                   if p.tflops else "no timing: drawn on the roof")
         fig.add_trace(go.Scatter(x=[p.intensity], y=[y], mode="markers+text", text=[p.label],
-                                 textposition="bottom left" if p.intensity > ridge else ("middle left" if i == 0 else "middle right"), marker=dict(size=13, color=colour, symbol=sym,
+                                 textposition="bottom center" if p.intensity > ridge else ("middle left" if i == 0 else "middle right"), marker=dict(size=13, color=colour, symbol=sym,
                                                                         line=dict(width=2, color=colour)),
                                  name=f"{p.label}: " + (f"{p.gbps / gbps:.0%} of the bandwidth roof" if p.tflops
                                                         else "no timing (on the roof)"),
                                  hovertemplate=f"{p.label}<br>{p.intensity:.1f} FLOP/B, {detail}<br>{p.source}<extra></extra>"))
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per HBM byte)")
-    fig.update_yaxes(type="log", title_text="attained (TFLOP/s)", range=[-2, np.log10(tflops * 3)])
-    fig.update_layout(template=TEMPLATE, height=520,
+    fig.update_xaxes(type="log", dtick=1, title_text="arithmetic intensity (FLOP per HBM byte)")
+    fig.update_yaxes(type="log", dtick=1, title_text="attained (TFLOP/s)", range=[-2, np.log10(tflops * 3)])
+    fig.update_layout(template=TEMPLATE, height=520, meta={"slide_legend_inside": True},
                       legend=dict(x=0.99, y=0.02, xanchor="right", yanchor="bottom", font=dict(size=11),
                                   bgcolor="rgba(255,255,255,0.85)"),
                       title=title("Prefill is compute bound, decode is bandwidth bound",
@@ -139,8 +142,10 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
     return caption(fig, f"{provenance}; bandwidth roof: {ceiling_source}")
 
 
-def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int) -> go.Figure:
-    """Bytes one token adds to the KV cache (all layers), and the cache of the whole batch."""
+def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int,
+                    sizes_from: str | None = None) -> go.Figure:
+    """Bytes one token adds to the KV cache (all layers), and the cache of the whole batch.
+    sizes_from: where batch and context come from (a recording's provenance), for the caption."""
     names = list(kv)
     per_token = [kv[n]["per_token"] for n in names]
     total = [b * batch * context for b in per_token]
@@ -148,9 +153,91 @@ def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int
                            marker_color=[SKIPPED_GREY, FULL, PARTIAL],
                            text=[f"{_fmt_bytes(b)} / token<br>{_fmt_bytes(t)} for B={batch} × {context}"
                                  for b, t in zip(per_token, total)], textposition="outside"))
-    fig.update_yaxes(title_text=f"bytes per token, {layers} layers",
-                     range=[0, max(per_token) * 1.35])
+    # a linear axis (a log one would make MHA vs MQA look alike), ticks in KiB / MiB, never SI "k"
+    top = max(per_token) * 1.35
+    step = 2.0 ** np.ceil(np.log2(top / 6))
+    ticks = list(np.arange(0, top, step))
+    fig.update_yaxes(title_text=f"bytes per token, {layers} layers (KiB = 2¹⁰ B)", range=[0, top],
+                     tickmode="array", tickvals=ticks, ticktext=[fmt_bytes(t, binary=True) for t in ticks])
     fig.update_layout(template=TEMPLATE, height=430, title=title(
         f"KV cache per token: {preset} with its own KV heads vs MHA and MQA",
         "2 (K and V) × H_kv × D × 2 bytes (bf16) per layer; decode reads all of it every step"))
-    return caption(fig, "model: published configurations (config.json of each model), bf16 cache")
+    return caption(fig, "model: published configurations (config.json of each model), bf16 cache"
+                   + (f"; B and context of the {sizes_from}" if sizes_from else ""))
+
+
+# -- from a pair of decode traces (the page and the export command draw through these) ----------
+
+def decode_setting(trace) -> dict:
+    """What the decode figures need from a recording's meta: hardware timing or not, the SM
+    count, the bandwidth roof (measured copy, else the datasheet) and the datasheet entry."""
+    from instrumentation import decode_model as dm
+
+    meta = trace.meta
+    sheet = dm.datasheet_for(meta.get("device_name"))
+    bw = meta.get("bandwidth", {})
+    return dict(hw=meta.get("backend") == "cuda" and bool(trace.splits["t_start"].notna().all()),
+                sm_count=int(meta.get("sm_count") or sheet["sms"]),   # the interpreter models an H100
+                gbps=float(bw.get("copy_gbps") or sheet["gbps"]), sheet=sheet,
+                ceiling="measured copy" if bw.get("copy_gbps") else sheet["name"])
+
+
+def decode_pair_lanes_figure(one, chosen) -> go.Figure:
+    """SM lanes of the unsplit and the split recording of one decode step (modelled lanes
+    where the recording has no hardware clocks)."""
+    from instrumentation import decode_model as dm
+
+    s = decode_setting(chosen)
+    hw = s["hw"] and decode_setting(one)["hw"]
+
+    def lanes(trace):
+        return trace.splits if hw else dm.modelled_timeline(trace.splits, s["sm_count"], s["gbps"],
+                                                            sm_max_gbps=dm.SM_STREAM_GBPS)
+    prov = chosen.provenance() + ("" if hw else f"; lanes modelled on {s['sm_count']} SMs sharing "
+                                  f"{s['gbps']:.0f} GB/s, at most {dm.SM_STREAM_GBPS:.0f} GB/s per program "
+                                  "(measured on the H100)")
+    return decode_lanes_figure(lanes(one), lanes(chosen), "num_splits = 1 (FlashAttention-2 schedule)",
+                               f"num_splits = {chosen.meta['kernel']['num_splits']} (split-KV)",
+                               s["sm_count"], prov, modelled=not hw)
+
+
+def decode_row_steps(trace, b: int = 0, head: int = 0, q_row: int | None = None):
+    """The merge steps of one query row (default: b 0, head 0, the last query row)."""
+    from instrumentation import decode_model as dm
+
+    parts = trace.partials
+    q_row = int(parts.q_row.max()) if q_row is None else int(q_row)
+    for name, val, col in (("sequence b", b, "b"), ("query head", head, "head"), ("query row", q_row, "q_row")):
+        if not 0 <= val <= int(parts[col].max()):
+            raise ValueError(f"{name} must be within 0..{int(parts[col].max())} for this recording, got {val}")
+    row = parts[(parts.b == b) & (parts["head"] == head) & (parts.q_row == q_row)]
+    return dm.merge_steps(row), f"b={b}, head {head}, row {q_row}"
+
+
+def decode_pair_roofline_figure(one, chosen) -> go.Figure:
+    """Both recordings (when timed) and the same shapes as one causal prefill on the roofline."""
+    from instrumentation import decode_model as dm
+
+    s, meta = decode_setting(chosen), chosen.meta
+    if one.meta.get("untraced_ms") and meta.get("untraced_ms"):
+        points = [dm.decode_point(one), dm.decode_point(chosen)]
+        points[0].label, points[1].label = "decode, 1 split", f"decode, {meta['kernel']['num_splits']} splits"
+    else:  # no timings: both splits sit at the same intensity on the roof
+        points = [dm.decode_point(chosen)]
+        points[0].label = "decode"
+    shape = meta["shape"]
+    points.append(dm.prefill_point(shape["B"], shape["H"], shape["H_kv"], shape["N_k"], shape["D"]))
+    return roofline_figure(points, s["gbps"], s["sheet"]["tflops"], s["ceiling"], chosen.provenance() +
+                           "; prefill: the same shapes as one causal prefill, on the roof (model); "
+                           f"compute roof: {s['sheet']['name']}")
+
+
+def decode_kv_figure(preset: str, batch: int, context: int, sizes_from: str | None = None) -> go.Figure:
+    """KV-cache bytes per token of a model preset (instrumentation.decode_model.PRESETS)."""
+    from instrumentation import decode_model as dm
+
+    if preset not in dm.PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; use one of {sorted(dm.PRESETS)}")
+    p = dm.PRESETS[preset]
+    kv = dm.kv_bytes_per_token(p["heads"], p["kv_heads"], p["head_dim"], p["layers"])
+    return kv_bytes_figure(kv, p["label"].split(" (")[0], int(batch), int(context), p["layers"], sizes_from)

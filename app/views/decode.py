@@ -8,7 +8,8 @@ import streamlit as st
 
 from app import data_sources, settings, url_state
 from app.text import plain
-from app.figures.decode import decode_lanes_figure, kv_bytes_figure, merge_figure, roofline_figure
+from app.figures.decode import (decode_kv_figure, decode_pair_lanes_figure, decode_pair_roofline_figure,
+                                decode_row_steps, merge_figure)
 from app.views import common
 from instrumentation import decode_model as dm
 
@@ -119,17 +120,7 @@ else:
                f"above drives the KV-cache chart. Data: {plain(chosen.provenance())}.")
 
 meta = chosen.meta
-hw = meta.get("backend") == "cuda" and one.splits["t_start"].notna().all()
-sheet = dm.datasheet_for(meta.get("device_name"))
-sm_count = meta.get("sm_count") or sheet["sms"]       # the interpreter models an H100's SMs
 bw = meta.get("bandwidth", {})
-peak_gbps = bw.get("copy_gbps") or sheet["gbps"]
-
-
-def lanes(trace):
-    if hw:
-        return trace.splits
-    return dm.modelled_timeline(trace.splits, sm_count, peak_gbps, sm_max_gbps=dm.SM_STREAM_GBPS)
 
 
 # -- 1. SM lanes -------------------------------------------------------------------------------------
@@ -149,11 +140,7 @@ m[2].metric("split rule (auto)" + (", modelled H100" if modelled_rule else ""), 
             delta_color="off", delta_arrow="off")
 m[3].metric("measured copy bandwidth", f"{bw['copy_gbps']:.0f} GB/s" if bw.get("copy_gbps") else "—",
             "device-to-device copy" if bw.get("copy_gbps") else "interpreter: not measured", delta_color="off", delta_arrow="off")
-prov = chosen.provenance() + ("" if hw else f"; lanes modelled on {sm_count} SMs sharing {peak_gbps:.0f} GB/s, "
-                              f"at most {dm.SM_STREAM_GBPS:.0f} GB/s per program (measured on the H100)")
-common.chart(decode_lanes_figure(lanes(one), lanes(chosen), "num_splits = 1 (FlashAttention-2 schedule)",
-                                 f"num_splits = {meta['kernel']['num_splits']} (split-KV)", sm_count, prov,
-                                 modelled=not hw), "decode-lanes", "dec_lanes", s.present)
+common.chart(decode_pair_lanes_figure(one, chosen), "decode-lanes", "dec_lanes", s.present)
 
 common.trace_downloads(chosen, key="dec_trace")
 
@@ -164,14 +151,13 @@ r = st.columns(4)
 b_sel = r[0].number_input("sequence b", 0, int(parts.b.max()), 0, key="dec_b")
 h_sel = r[1].number_input("query head", 0, int(parts["head"].max()), 0, key="dec_h")
 t_sel = r[2].number_input("query row t", 0, int(parts.q_row.max()), int(parts.q_row.max()), key="dec_t")
-row = parts[(parts.b == b_sel) & (parts["head"] == h_sel) & (parts.q_row == t_sel)]
-steps = dm.merge_steps(row)
+steps, row_label = decode_row_steps(chosen, int(b_sel), int(h_sel), int(t_sel))
 if len(steps) > 1:
     step = r[3].slider("merge step", 1, len(steps), len(steps), key="dec_step") - 1
 else:
     step = 0
     r[3].caption("one split: nothing to merge (stage 1 wrote O directly)")
-common.chart(merge_figure(steps, step, chosen.provenance(), f"b={b_sel}, head {h_sel}, row {t_sel}"),
+common.chart(merge_figure(steps, step, chosen.provenance(), row_label),
              "decode-merge", "dec_merge", s.present)
 st.caption("m = max_j m_j,  O = Σ e^(m_j − m)·l_j·O_j / Σ e^(m_j − m)·l_j  (stage 2 of the kernel; "
            "m_j, l_j are what stage 1 wrote, in natural units). The last step's m + log l is the "
@@ -179,21 +165,10 @@ st.caption("m = max_j m_j,  O = Σ e^(m_j − m)·l_j·O_j / Σ e^(m_j − m)·l
 
 # -- 3. roofline --------------------------------------------------------------------------------------
 st.subheader("Roofline: prefill vs decode")
-if one.meta.get("untraced_ms") and meta.get("untraced_ms"):
-    points = [dm.decode_point(one), dm.decode_point(chosen)]
-    points[0].label, points[1].label = "decode, 1 split", f"decode, {meta['kernel']['num_splits']} splits"
-else:  # no timings: both splits sit at the same intensity on the roof
-    points = [dm.decode_point(chosen)]
-    points[0].label = "decode"
-shape = meta["shape"]
-points.append(dm.prefill_point(shape["B"], shape["H"], shape["H_kv"], shape["N_k"], shape["D"]))
-ceiling = "measured copy" if bw.get("copy_gbps") else sheet["name"]
-common.chart(roofline_figure(points, peak_gbps, sheet["tflops"], ceiling, chosen.provenance() +
-                             "; prefill: the same shapes as one causal prefill, on the roof (model); "
-                             f"compute roof: {sheet['name']}"), "decode-roofline", "dec_roof", s.present)
+common.chart(decode_pair_roofline_figure(one, chosen), "decode-roofline", "dec_roof", s.present)
 
 # -- 4. KV-cache bytes per token -----------------------------------------------------------------------
 st.subheader("KV-cache bytes per token")
-kv = dm.kv_bytes_per_token(p["heads"], p["kv_heads"], p["head_dim"], p["layers"])
-common.chart(kv_bytes_figure(kv, p["label"].split(" (")[0], int(batch), int(meta["shape"]["N_k"]), p["layers"]),
+common.chart(decode_kv_figure(preset, int(batch), int(meta["shape"]["N_k"]),
+                              None if live else f"recording ({chosen.provenance()})"),
              "decode-kv-bytes", "dec_kv", s.present)

@@ -1,0 +1,81 @@
+"""Figures as PNG / SVG / PDF (kaleido) or standalone HTML; an animated figure as one still."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from .common import ExportError, kaleido_server, write_atomic
+
+IMAGE_FORMATS = ("png", "svg", "pdf")
+FIGURE_FORMATS = IMAGE_FORMATS + ("html",)
+DEFAULT_SIZE = (1100, 650)
+PNG_SCALE = 2
+SLIDE_PIXELS = (1920, 1080)
+
+
+def figure_size(fig: go.Figure) -> tuple[int, int]:
+    return (fig.layout.width or DEFAULT_SIZE[0], fig.layout.height or DEFAULT_SIZE[1])
+
+
+def png_scale(fig: go.Figure) -> float:
+    """Scale 2 in the normal look; in the slide look, enough for at least 1920 x 1080 pixels."""
+    from app.figures import is_slide
+
+    if not is_slide(fig):
+        return PNG_SCALE
+    w, h = figure_size(fig)
+    return max(SLIDE_PIXELS[0] / w, SLIDE_PIXELS[1] / h, 1.0)
+
+
+def static_frame(fig: go.Figure, frame: int | None = None) -> go.Figure:
+    """One frame of an animated figure as a still: the frame's data and layout applied to the
+    base figure, player buttons and slider removed. frame: 0-based, default the middle one.
+    A figure without frames comes back unchanged."""
+    if not fig.frames:
+        return fig
+    n = len(fig.frames)
+    i = n // 2 if frame is None else int(frame)
+    if not 0 <= i < n:
+        raise ExportError(f"frame must be within 1..{n}, got {i + 1}")
+    base = fig.to_dict()
+    layout = {k: v for k, v in base["layout"].items() if k not in ("updatemenus", "sliders")}
+    fr = base["frames"][i]
+    data = list(base["data"])
+    for j, fd in zip(fr.get("traces", range(len(fr.get("data", [])))), fr.get("data", [])):
+        data[j] = {**data[j], **fd}
+    still = go.Figure(data=data, layout=layout)
+    still.update_layout(fr.get("layout", {}))
+    from app.figures._slide import PLAYER_PX, is_slide
+    if is_slide(still) and base["layout"].get("sliders"):
+        # the slide look kept room under the plot for the player, which a still does not have
+        still.update_layout(margin=dict(b=still.layout.margin.b - PLAYER_PX))
+        for ann in still.layout.annotations:
+            if ann.name == "provenance":
+                ann.yshift += PLAYER_PX
+    return still
+
+
+def figure_bytes(fig: go.Figure, fmt: str, scale: float | None = None, frame: int | None = None) -> bytes:
+    """PNG / SVG / PDF bytes (an animated figure as one still frame, default mid-run)."""
+    if fmt not in IMAGE_FORMATS:
+        raise ExportError(f"image format must be one of {IMAGE_FORMATS}, got {fmt!r}")
+    fig = static_frame(fig, frame)
+    w, h = figure_size(fig)
+    scale = (png_scale(fig) if fmt == "png" else 1.0) if scale is None else scale
+    with kaleido_server():
+        return fig.to_image(format=fmt, width=w, height=h, scale=scale)
+
+
+def export_figure(fig: go.Figure, path, fmt: str | None = None, scale: float | None = None,
+                  frame: int | None = None) -> Path:
+    """Write `fig` as png/svg/pdf (kaleido; an animated figure as one still frame) or html
+    (standalone: plotly.js inlined, works offline, animation kept)."""
+    path = Path(path)
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
+    if fmt not in FIGURE_FORMATS:
+        raise ExportError(f"figure format must be one of {FIGURE_FORMATS}, got {fmt!r}")
+    data = (fig.to_html(include_plotlyjs=True, full_html=True, auto_play=False).encode() if fmt == "html"
+            else figure_bytes(fig, fmt, scale, frame))
+    return write_atomic(path, data)
