@@ -93,9 +93,9 @@ def lane_traces(tl: pd.DataFrame, color_by: str, scale: float, bins: int = LANE_
                 colorbar_y=None) -> list:
     """[lane heatmap, colour-bar carrier]: all work items in two traces, however many.
 
-    Hover (hover=True) comes from the heatmap itself: SM, time and the exact colour value per
-    bin (customdata), with units. No per-item markers: thousands of SVG or WebGL points cost
-    seconds to draw in a browser without a GPU."""
+    Hover comes from the heatmap itself: SM and time with its unit, and (hover=True) the exact
+    colour value per bin (customdata). No per-item markers: thousands of SVG or WebGL points
+    cost seconds to draw in a browser without a GPU."""
     if color_by not in COLOR_BY:
         raise ValueError(f"color_by must be one of {list(COLOR_BY)}, got {color_by!r}")
     r = lane_raster(tl, color_by, bins=bins, t_range=t_range, vmin=vmin, vmax=vmax)
@@ -104,10 +104,9 @@ def lane_traces(tl: pd.DataFrame, color_by: str, scale: float, bins: int = LANE_
     heat = go.Heatmap(z=r["z"], x0=(r["t0"] + r["dt"] / 2) / scale, dx=r["dt"] / scale, y0=0, dy=1,
                       zmin=0, zmax=255, zauto=False, colorscale=_lane_colorscale(), showscale=False,
                       name="work items", customdata=r["value"] if show_value else None,
-                      hoverinfo=None if hover else "skip",
                       hovertemplate=(f"SM %{{y}}, t ≈ %{{x:.4g}} {unit}"
-                                     + (f"<br>{COLOR_BY[color_by]}: %{{customdata}}"
-                                        if show_value else "") + "<extra></extra>") if hover else None)
+                                     + (f"<br>{COLOR_BY[color_by]}: %{{customdata}}" if show_value else "")
+                                     + "<extra></extra>"))
     colorbar = dict(title=COLOR_BY[color_by], len=0.5 if colorbar_y is not None else 0.9)
     if colorbar_y is not None:
         colorbar["y"] = colorbar_y

@@ -144,6 +144,7 @@ def test_three_schedules_side_by_side(schedules):
     trs = list(schedules.values())
     fig = F.schedule_comparison_figure(*trs, sms=3)
     assert len(heatmaps(fig)) == 3
+    assert all("tile-units" in h.hovertemplate for h in heatmaps(fig))     # hover says its unit
     titles = " ".join(a.text or "" for a in fig.layout.annotations)
     for tr in trs:
         st = schedule_stats(timeline(tr, sms=3))
