@@ -289,6 +289,46 @@ def schedule_page(browser, url: str, rec, repeats: int, shots: Path | None) -> d
     return out
 
 
+HELLO_APP = """import plotly.graph_objects as go
+import streamlit as st
+st.title("baseline")
+st.plotly_chart(go.Figure(go.Scatter(x=[0, 1], y=[0, 1]), layout=dict(title="Work items on SMs")))
+"""
+
+
+def hello_baseline(browser, repeats: int) -> list[float]:
+    """Settle time of a one-chart Streamlit page on this machine now: the floor under any page
+    (Streamlit's own boot and one Plotly chart), measured the same way as the schedule page."""
+    root = Path(tempfile.mkdtemp(prefix="tilescope-hello-"))
+    (root / "app.py").write_text(HELLO_APP)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(root / "app.py"),
+                             "--server.headless", "true", "--server.port", str(port),
+                             "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    out = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.2)
+        for _ in range(repeats):
+            ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+            page = ctx.new_page()
+            started = time.perf_counter()
+            page.goto(url)
+            settle(page, titles_js("Work items on SMs"))
+            out.append(time.perf_counter() - started)
+            ctx.close()
+    finally:
+        proc.terminate()
+    return out
+
+
 def machine_info(browser_version: str | None = None) -> dict:
     import plotly
     import streamlit
@@ -303,6 +343,7 @@ def machine_info(browser_version: str | None = None) -> dict:
         commit = None
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
             "cpu": cpu, "machine": platform.machine(), "os": platform.platform(),
+            "load_average_1min": round(os.getloadavg()[0], 2),
             "python": platform.python_version(), "streamlit": streamlit.__version__,
             "plotly": plotly.__version__, "chromium": browser_version, "git_commit": commit}
 
@@ -355,6 +396,8 @@ def main(argv=None) -> int:
                 warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
                 results["first_chart_warm_s"] = warm
                 results["schedule_page"] = schedule_page(browser, url, big, args.repeats, shots)
+                results["hello_baseline_settle_s"] = hello_baseline(browser, args.repeats)
+                results["load_average_1min_end"] = round(os.getloadavg()[0], 2)
                 if args.only == "all":
                     results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
             finally:
@@ -388,6 +431,9 @@ def main(argv=None) -> int:
         print(f"    {what:33s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over "
               f"{len(xs)}, {statistics.median(bs) / 1e6:.2f} MB   (target {target} s)")
     print(f"    compared: {sp.get('compared')}")
+    hb = results["hello_baseline_settle_s"]
+    print(f"  baseline: a one-chart Streamlit page  median {statistics.median(hb):.2f} s over {len(hb)} "
+          f"(load average {mi['load_average_1min']} -> {results['load_average_1min_end']})")
     for name, xs in results.get("redraw_s", {}).items():
         print(f"  redraw: {name:34s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s "
               f"over {len(xs)}   (target 1 s)")

@@ -92,8 +92,10 @@ url_state.control("sched_window", [t_lo, t_hi], parse=float)
 lo, hi = st.session_state["sched_window"]
 if not t_lo <= lo < hi <= t_hi:
     st.session_state["sched_window"] = [t_lo, t_hi]
-window = st.slider(f"Time window ({unit})", t_lo, t_hi, key="sched_window",
-                   step=max((t_hi - t_lo) / 1000, 0.01) if t_hi - t_lo >= 10 else 0.01,
+span = t_hi - t_lo
+step = float(10 ** np.floor(np.log10(span / 100))) if span > 0 else 1.0     # ~100-1000 steps: a
+window = st.slider(f"Time window ({unit})", t_lo, t_hi, key="sched_window", step=step,   # finer slider
+                   format="%.0f" if step >= 1 else "%.2f",                               # is slow to draw
                    help="drag the ends to redraw the lanes over a shorter time at full detail")
 full = tuple(window) == (t_lo, t_hi)
 common.chart(lanes_fig(src.key, sms, color_by, None if full else (window[0] * scale, window[1] * scale), trace),
