@@ -12,7 +12,7 @@
     python -m app.export --trace T --sweep S --gallery out/          (every view, both looks)
 
 `--presentation` draws in the slide look (template "tilescope_slide", 16:9); its PNGs are at
-least 1920 x 1080, other PNGs are drawn at scale 2. A static export (PNG/SVG/PDF) of an animated
+least 1920 x 1080 (a strip: 1920 wide), other PNGs are drawn at scale 2. A static export (PNG/SVG/PDF) of an animated
 chart shows one frame (default: the middle of the run) without play buttons or slider.
 The jobs live in app/exports/ (images, animations, data); this module is the command line,
 the gallery, and the one import path for all of them. Images come from kaleido, which drives

@@ -20,12 +20,16 @@ def figure_size(fig: go.Figure) -> tuple[int, int]:
 
 
 def png_scale(fig: go.Figure) -> float:
-    """Scale 2 in the normal look; in the slide look, enough for at least 1920 x 1080 pixels."""
+    """Scale 2 in the normal look; in the slide look, enough for at least 1920 x 1080 pixels
+    (a strip lower than 16:9 gets the slide's width, 1920, not a 1080-pixel height that would
+    make it several thousand pixels wide)."""
     from app.figures import is_slide
 
     if not is_slide(fig):
         return PNG_SCALE
     w, h = figure_size(fig)
+    if w / h > SLIDE_PIXELS[0] / SLIDE_PIXELS[1] + 0.01:
+        return max(SLIDE_PIXELS[0] / w, 1.0)
     return max(SLIDE_PIXELS[0] / w, SLIDE_PIXELS[1] / h, 1.0)
 
 

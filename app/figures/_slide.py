@@ -12,6 +12,7 @@ below are the layout a template cannot express, and they hold for every chart:
   corner of the plot stays there, so the plot keeps the slide's width);
 - the provenance caption sits at the bottom edge of the figure and the bottom margin holds
   one line of tick labels, the x-axis title and the caption (plus the player, if animated);
+- side-by-side subplots keep room between columns for tick labels and the y-axis title;
 - category tick arrays are thinned to at most MAX_TICKS labels, so they never smear;
 - a figure too short for a slide (a strip) keeps a plot area of at least MIN_PLOT_PX.
 """
@@ -99,9 +100,10 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
                 s.currentvalue.font = dict(size=18)
         for m in lay.updatemenus:
             m.font = dict(size=18)
-    if lay.title and lay.title.text and len(lay.title.text) * 0.5 * TITLE_SIZE[1] > w - 120:
+    room = w - 200            # the title starts at the plot's left edge, which wide tick labels push right
+    if lay.title and lay.title.text and len(lay.title.text) * 0.55 * TITLE_SIZE[1] > room:
         # a long title gets a smaller font (a wrapped plotly title anchors badly at the top)
-        lay.title.font = dict(size=max(20, int((w - 120) / (0.5 * len(lay.title.text)))))
+        lay.title.font = dict(size=max(20, int(room / (0.55 * len(lay.title.text)))))
     if lay.title and lay.title.subtitle and lay.title.subtitle.text:
         lay.title.subtitle.text = _wrap(lay.title.subtitle.text, int((w - 120) / (0.52 * SUBTITLE_SIZE[1])))
     m = lay.margin
@@ -110,6 +112,7 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     if h - top - bottom < MIN_PLOT_PX:
         out.update_layout(height=top + bottom + MIN_PLOT_PX)
     _space_rows(out, out.layout.height - top - bottom)
+    _space_columns(out, w)
     _fit_axis_titles(out, out.layout.height - top - bottom)
     out.update_layout(margin=dict(b=bottom, l=m.l if m.l is not None and m.l > 80 else 80,
                                   r=m.r if m.r is not None and m.r > 40 else 40))
@@ -186,6 +189,48 @@ def _space_rows(fig: go.Figure, plot_px: float) -> None:
     for i, anns in sub_titles.items():
         for a in anns:
             a.y = new[i][1]
+
+
+def _space_columns(fig: go.Figure, width_px: float) -> None:
+    """Side-by-side subplots: the gap left of a column holds its y tick labels and y-axis title
+    at slide sizes (else the title runs into the neighbour); columns shrink in proportion."""
+    lay = fig.layout
+    xkeys = [k for k in lay if k.startswith("xaxis")]
+    cols = sorted({tuple(round(v, 6) for v in (lay[k].domain or (0, 1))) for k in xkeys})
+    if len(cols) < 2 or any(b[0] < a[1] - 1e-6 for a, b in zip(cols, cols[1:])):
+        return                              # one column, or overlapping (inset / stacked) domains
+    legend_outside = fig.layout.showlegend is not False and lay.legend.x is not None and lay.legend.x > 1
+    plot_px = (width_px - 120) * (0.72 if legend_outside else 1.0)     # the legend takes about a quarter
+    need = [0.0] * len(cols)
+    for k in [k for k in lay if k.startswith("yaxis")]:
+        ax = lay[k]
+        xname = "xaxis" + (ax.anchor[1:] if ax.anchor and ax.anchor.startswith("x") else "")
+        if xname not in lay or ax.side == "right":
+            continue
+        i = cols.index(tuple(round(v, 6) for v in (lay[xname].domain or (0, 1))))
+        px = (0.6 * TICK_SIZE * 4 if ax.showticklabels is not False else 6) + (34 if ax.title and ax.title.text else 0) + 12
+        need[i] = max(need[i], px / plot_px)
+    have = [b[0] - a[1] for a, b in zip(cols, cols[1:])]
+    gaps = [max(h, n) for h, n in zip(have, need[1:])]
+    if all(h >= n for h, n in zip(have, need[1:])):
+        return
+    widths = [c[1] - c[0] for c in cols]
+    free = cols[-1][1] - cols[0][0] - sum(gaps)
+    if free <= 0.3:
+        return                              # not enough room to help: leave the figure's own layout
+    f = free / sum(widths)
+    new, x = [], cols[0][0]
+    for i, wd in enumerate(widths):
+        new.append((x, x + wd * f))
+        x = x + wd * f + (gaps[i] if i < len(gaps) else 0)
+    for k in xkeys:
+        i = cols.index(tuple(round(v, 6) for v in (lay[k].domain or (0, 1))))
+        lay[k].domain = new[i]
+    for a in lay.annotations:               # subplot titles sit over their column's centre
+        if a.name != "provenance" and a.xref == "paper" and a.x is not None:
+            for (lo, hi), (nlo, nhi) in zip(cols, new):
+                if abs(a.x - (lo + hi) / 2) < 1e-6:
+                    a.x = (nlo + nhi) / 2
 
 
 def _fit_axis_titles(fig: go.Figure, plot_px: float) -> None:

@@ -71,7 +71,7 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
                                         "m_j, log-sum-exp of each split and of the merge"])
     fig.add_trace(go.Bar(x=names, y=steps["weight"], name="weight l_j·e^(m_j − lse)",
                          marker_color=[FULL if m else SKIPPED_GREY for m in merged],
-                         text=[f"{w:.2f}" for w in steps["weight"]], textposition="outside",
+                         text=[f"{w:.2g}" for w in steps["weight"]], textposition="outside",
                          customdata=ranges, hovertemplate="split %{x}, %{customdata}<br>weight %{y:.3f}<extra></extra>"),
                   row=1, col=1)
     fig.add_trace(go.Scatter(x=names, y=steps["m_j"], mode="markers", name="m_j (split max)",
@@ -160,7 +160,7 @@ def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int
     fig.update_yaxes(title_text=f"bytes per token, {layers} layers (KiB = 2¹⁰ B)", range=[0, top],
                      tickmode="array", tickvals=ticks, ticktext=[fmt_bytes(t, binary=True) for t in ticks])
     fig.update_layout(template=TEMPLATE, height=430, title=title(
-        f"KV cache per token: {preset} with its own KV heads vs MHA and MQA",
+        f"KV cache per token: {preset} vs MHA and MQA",
         "2 (K and V) × H_kv × D × 2 bytes (bf16) per layer; decode reads all of it every step"))
     return caption(fig, "model: published configurations (config.json of each model), bf16 cache"
                    + (f"; B and context of the {sizes_from}" if sizes_from else ""))

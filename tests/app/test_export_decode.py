@@ -170,3 +170,16 @@ def test_slide_template_draws_shapes():
 
     d = pio.templates[SLIDE_TEMPLATE].layout.shapedefaults
     assert d.line.width >= 1 and d.opacity == 1 and d.fillcolor == "rgba(0,0,0,0)"
+
+
+def test_slide_png_scale_of_a_strip():
+    """A 16:9 slide exports at 1920 x 1080; a strip (lower than 16:9) at the slide's width."""
+    import plotly.graph_objects as go
+
+    from app.figures._slide import LOOK_KEY
+
+    full = go.Figure(layout=dict(width=1280, height=720, meta={LOOK_KEY: "slide"}))
+    strip = go.Figure(layout=dict(width=1280, height=300, meta={LOOK_KEY: "slide"}))
+    assert E.png_scale(full) * 1280 == pytest.approx(1920) and E.png_scale(full) * 720 == pytest.approx(1080)
+    assert E.png_scale(strip) * 1280 == pytest.approx(1920)
+    assert E.png_scale(go.Figure()) == E.PNG_SCALE

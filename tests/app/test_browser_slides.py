@@ -1,0 +1,59 @@
+"""Presentation mode in a real headless Chromium, on the bundled decode recordings: every chart
+(scaled to the window) keeps its provenance caption clear of the download buttons under it, at
+a small and a large window. Skips cleanly without /usr/bin/chromium, playwright or data/decode."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, run_server, sync_api
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+if not list((ROOT / "data" / "decode").glob("*/manifest.json")):
+    pytest.skip("no bundled decode recordings (data/decode/)", allow_module_level=True)
+
+BOXES = """() => {
+  const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
+  return {
+    charts: [...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].map(p => ({
+      box: r(p),
+      texts: [...p.querySelectorAll('.annotation-text')].map(t => t.textContent),
+      caption: [...p.querySelectorAll('.annotation-text')].filter(t => t.textContent.includes('recorded:')).map(r)})),
+    buttons: [...document.querySelectorAll('[data-testid="stDownloadButton"]')].map(r)};
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from run_server(ROOT / "data", tmp_path_factory)
+
+
+@pytest.mark.parametrize("viewport", [(1100, 700), (1700, 1000)])
+def test_slide_captions_clear_of_download_buttons(server, viewport):
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+            page.goto(f"{server}/?page=decode&source=recorded&dec_rec_batch=1&present=1")
+            page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
+                                   ".js-plotly-plot').length >= 4", timeout=120_000)
+            page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                                   ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
+            time.sleep(1.0)                                   # the fit script settles every 300 ms
+            boxes = page.evaluate(BOXES)
+        finally:
+            browser.close()
+    charts, buttons = boxes["charts"], boxes["buttons"]
+    assert len(charts) == 4 and len(buttons) >= 4 * 4
+    for chart in charts:
+        assert chart["caption"], ("every chart says where its data came from", chart)
+        assert chart["box"]["right"] <= viewport[0] + 1                       # fits the window
+        for b in buttons:
+            overlap = min(chart["box"]["bottom"], b["bottom"]) - max(chart["box"]["top"], b["top"])
+            assert overlap <= 0, (chart["box"], b)                            # no button on a chart
+            for cap in chart["caption"]:
+                assert min(cap["bottom"], b["bottom"]) - max(cap["top"], b["top"]) <= 0, (cap, b)
