@@ -51,20 +51,37 @@ def static_frame(fig: go.Figure, frame: int | None = None) -> go.Figure:
         data[j] = {**data[j], **fd}
     still = go.Figure(data=data, layout=layout)
     still.update_layout(fr.get("layout", {}))
-    from app.figures._slide import PLAYER_PX, is_slide
-    if is_slide(still) and base["layout"].get("sliders"):
-        # the slide look kept room under the plot for the player, which a still does not have
-        still.update_layout(margin=dict(b=still.layout.margin.b - PLAYER_PX))
-        for ann in still.layout.annotations:
-            if ann.name == "provenance":
-                ann.yshift += PLAYER_PX
+    if base["layout"].get("sliders") or base["layout"].get("updatemenus"):
+        _drop_player_room(still)
     return still
 
 
+def _drop_player_room(still: go.Figure) -> None:
+    """Both looks keep room under the plot for the player (play buttons, slider), which a
+    still does not have: move the provenance caption up under the x-axis title and shrink
+    the bottom margin by as much (the slide look's room is PLAYER_PX; the normal look's is
+    what lies between the x-axis title, ~65 px under the plot, and the caption)."""
+    from app.figures._slide import PLAYER_PX, is_slide
+
+    caps = [a for a in still.layout.annotations if a.name == "provenance" and a.yshift is not None]
+    b = still.layout.margin.b
+    if not caps or b is None:
+        return
+    cut = PLAYER_PX if is_slide(still) else max(0, min(-caps[0].yshift - 65, b - 100))
+    if cut <= 0:
+        return
+    still.update_layout(margin=dict(b=b - cut))
+    for ann in caps:
+        ann.yshift += cut
+
+
 def figure_bytes(fig: go.Figure, fmt: str, scale: float | None = None, frame: int | None = None) -> bytes:
-    """PNG / SVG / PDF bytes (an animated figure as one still frame, default mid-run)."""
+    """PNG / SVG / PDF bytes (an animated figure as one still frame, default mid-run), or a
+    standalone HTML page (plotly.js inlined, works offline, animation kept)."""
+    if fmt == "html":
+        return fig.to_html(include_plotlyjs=True, full_html=True, auto_play=False).encode()
     if fmt not in IMAGE_FORMATS:
-        raise ExportError(f"image format must be one of {IMAGE_FORMATS}, got {fmt!r}")
+        raise ExportError(f"image format must be one of {FIGURE_FORMATS}, got {fmt!r}")
     fig = static_frame(fig, frame)
     w, h = figure_size(fig)
     scale = (png_scale(fig) if fmt == "png" else 1.0) if scale is None else scale
@@ -80,6 +97,4 @@ def export_figure(fig: go.Figure, path, fmt: str | None = None, scale: float | N
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt not in FIGURE_FORMATS:
         raise ExportError(f"figure format must be one of {FIGURE_FORMATS}, got {fmt!r}")
-    data = (fig.to_html(include_plotlyjs=True, full_html=True, auto_play=False).encode() if fmt == "html"
-            else figure_bytes(fig, fmt, scale, frame))
-    return write_atomic(path, data)
+    return write_atomic(path, figure_bytes(fig, fmt, scale, frame))

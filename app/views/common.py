@@ -78,9 +78,8 @@ def presentation(fig: go.Figure) -> go.Figure:
 
 
 def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
-    """PNG / SVG (kaleido) or standalone HTML of a figure, as app/export.py writes them."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return export.export_figure(fig, Path(tmp) / f"figure.{fmt}", fmt).read_bytes()
+    """PNG / SVG / PDF (kaleido) or standalone HTML of a figure, as app/export.py writes them."""
+    return export.figure_bytes(fig, fmt)
 
 
 def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "pdf", "html")) -> None:
@@ -118,7 +117,7 @@ def animation_bytes(trace, fmt: str, tl=None, present: bool = False) -> bytes:
 
 
 def chrome_trace_bytes(trace, tl) -> bytes:
-    return json.dumps(export.chrome_trace(trace, tl)).encode()
+    return export.chrome_trace_bytes(trace, tl)
 
 
 def trace_zip(trace, fmt: str) -> bytes:
