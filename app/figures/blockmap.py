@@ -68,8 +68,8 @@ def blockmap_figure(mask, n: int, block_m: int, block_n: int, head_dim: int = 64
     fig = go.Figure(_map_heatmap(code, states, colors))
     _legend(fig, states, colors, set(np.unique(code).tolist()) | {0, 1, 2})
     sub = (f"{st['full']:,} full, {st['partial']:,} partial, {st['skipped']:,} skipped of {st['tiles']:,} tiles "
-           f"({st['fraction_skipped']:.1%} skipped): {st['flops_saved']:.3g} of {st['flops_all_tiles']:.3g} "
-           f"FLOPs per head saved (d={head_dim})")
+           f"({st['fraction_skipped']:.1%} skipped): {st['flops_saved'] / 1e9:,.3g} of {st['flops_all_tiles'] / 1e9:,.3g} "
+           f"GFLOP per head saved (d={head_dim})")
     if visited is not None:
         wrong = np.argwhere(code >= 3)
         if len(wrong):
@@ -115,7 +115,7 @@ def blockmap_comparison_figure(left: dict, right: dict, head_dim: int = 64) -> g
              for s in sides]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=[
         f"{st['mask']}, {st['block_m']}×{st['block_n']}<br>{st['skipped']}/{st['tiles']} skipped "
-        f"({st['fraction_skipped']:.1%}), {st['flops_computed']:.3g} FLOPs" for st in stats])
+        f"({st['fraction_skipped']:.1%}), {st['flops_computed'] / 1e9:,.3g} GFLOP" for st in stats])
     present = set()
     for col, (s, st) in enumerate(zip(sides, stats), start=1):
         bmap = parse_mask(s["mask"], s["n"]).block_map(s["n"], s["block_m"], s["block_n"])
