@@ -262,7 +262,8 @@ def test_live_edits_run_once_with_the_run_button_and_clear_stale_messages(server
     # two edits: nothing runs, the error stays, the sidebar says what is pending and the estimate
     sidebar_number(page, "Sequence length N", 352)
     sidebar_number(page, "Window W (keys i-W < j <= i)", 40)
-    page.wait_for_function("() => document.body.innerText.includes('Not run yet')")
+    page.wait_for_function("() => document.body.innerText.includes('sliding_window:64 → sliding_window:40')"
+                           " && document.body.innerText.includes('Estimated run time')")
     text = sidebar.inner_text()
     assert "seq_len -64 → 352" in text and "sliding_window:64 → sliding_window:40" in text
     assert "Estimated run time ≈" in text and "An estimate" in text
