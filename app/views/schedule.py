@@ -177,7 +177,10 @@ else:
                "skip (none expected). Pick a head that starts late to see it fill in at the end.")
     a1, a2, _ = st.columns([2, 2, 6])
     for col, fmt in ((a1, "gif"), (a2, "mp4")):
-        col.download_button(f"⬇ animation {fmt.upper()}", data=common._deferred(common.animation_bytes, trace, fmt, tl),
+        # the animation as shown (traced head, colour), rendered only when the button is pressed
+        col.download_button(f"⬇ animation {fmt.upper()}",
+                            data=lambda fmt=fmt, bh=bh: common.animation_bytes(
+                                animation_fig(src.key, sms, color_by, bh, 0, True, trace), fmt, None, s.present),
                             file_name=f"whole-gpu-schedule.{fmt}", mime=common.MIME[fmt],
                             key=f"sched_anim_{fmt}", on_click="ignore")
 
