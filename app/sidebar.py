@@ -24,7 +24,7 @@ from kernels.masks import MASK_KINDS, mask_kind
 
 KERNEL_CONTROLS = ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule",
                    "kv_len", "kv_heads")
-INTERPRETER_PRESET_TILES = 1500     # a preset in the interpreter is scaled to about this many tiles
+INTERPRETER_PRESET_TILES = 600      # a preset in the interpreter is scaled to at most about this many tiles
 
 
 _PARAM_KEYS = {"sliding_window": "ctl_window", "prefix_lm": "ctl_prefix", "document": "ctl_docs"}  # stable names

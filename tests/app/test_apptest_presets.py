@@ -17,7 +17,7 @@ from kernels.presets import PRESETS  # noqa: E402
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_model_preset_opens(data_dir, name):
     p = PRESETS[name]
-    at = live(data_dir, page="block_skip", mask="causal", seq_len=256)
+    at = live(data_dir, page="block_skip", mask="causal", seq_len=128)
     at.selectbox(key="ctl_preset").set_value(name).run()
     assert "Not run yet" in " ".join(c.value for c in at.sidebar.caption)
     run_clicked(at)
