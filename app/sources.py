@@ -181,7 +181,8 @@ def estimate(s: Settings) -> str:
     rate, runs = seconds_per_tile()
     where = (f"measured by this server's last {runs} run{'s' if runs > 1 else ''}" if runs
              else "measured on a 2-CPU machine")
-    first = "" if _run_log() else " This server's first run also loads torch and Triton and compiles (2–7 s more on a 2-CPU machine)."
+    first = "" if _run_log() else (" This server's first run also loads torch and Triton and "
+                                   "compiles (2–7 s more on a 2-CPU machine).")
     return (f"Estimated run time ≈ {RUN_OVERHEAD_S + tiles * rate:.1f} s: {tiles:,} computed tiles "
             f"× {rate * 1e3:.1f} ms per tile in the interpreter ({where}) + {RUN_OVERHEAD_S:g} s per "
             f"run.{first} An estimate, not a promise.")
