@@ -12,16 +12,17 @@ mkdir -p "$OUT/ring"
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-echo "== gpu tests"; timeout 170 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
+echo "== gpu tests"; timeout 150 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
 tail -4 "$OUT/gpu-tests.log"
 grep -q " passed" "$OUT/gpu-tests.log" && ! grep -q -E " failed| error" "$OUT/gpu-tests.log" || {
   echo "gpu tests failed: no benchmark or traces"; tail -60 "$OUT/gpu-tests.log"; exit 1; }
-echo "== benchmark"; timeout 260 $PY -m benchmarks.ring --iters 8 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+echo "== benchmark"; timeout 220 $PY -m benchmarks.ring --iters 8 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 echo "== traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
   set -- $spec
-  timeout 100 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
+  timeout 75 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
     --heads 32 --head-dim 128 --dtype bf16 --iters 8 --out "$OUT/ring/w$1_n$2_causal_$3" 2>&1 | tee -a "$OUT/traces.log"
+  tar czf "$OUT/ring-traces.tgz" -C "$OUT" ring     # after each: what is done survives a time limit
 done
-tar czf "$OUT/ring-traces.tgz" -C "$OUT" ring && rm -rf "$OUT/ring"
+rm -rf "$OUT/ring"
 ls -la "$OUT"
