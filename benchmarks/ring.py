@@ -57,6 +57,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
 
     from torch.distributed.device_mesh import init_device_mesh
 
+    device = torch.device("cuda", rank)
     mesh = init_device_mesh("cuda", (world,))       # one mesh (one set of communicators) for torch's CP
     records = []
     for per_gpu in parse_int_list(args.tokens_per_gpu):

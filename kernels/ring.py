@@ -247,38 +247,61 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     comm_stream = torch.cuda.Stream(q.device) if cuda else None
     clock = _StepClock(cuda) if trace is not None else None
 
-    kv = torch.stack((k, v)).contiguous()                     # (2, B, H_kv, N_local, D): one message
-    buffers = (kv, torch.empty_like(kv))
-    o_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)    # (B, H, N_local, D)
-    lse_acc = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+    # K and V travel as two messages. Step 0 sends the caller's own k, v (only read); later
+    # steps alternate between two scratch pairs, so nothing the caller passed is overwritten.
+    own = (k.contiguous(), v.contiguous())                    # (B, H_kv, N_local, D) each
+    scratch: list = [None, None]
+
+    def pair(i):
+        if scratch[i] is None:
+            scratch[i] = (torch.empty_like(own[0]), torch.empty_like(own[1]))
+        return scratch[i]
+
+    n_local = q.shape[2]
+    o_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)    # (B, H, N_local, D)
+    lse_acc = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    started = False
     q_chunks = rank_chunks(rank, world, layout)
-    records = []
+    records, pending_rows = [], []
     for step in range(world):
-        held, incoming = buffers[step % 2], buffers[(step + 1) % 2]
+        held = own if step == 0 else pair((step - 1) % 2)
         requests = []
         if step < world - 1:
+            incoming = pair(step % 2)
             if cuda:   # `incoming` was read by the previous step's compute; `held` was written by its receive
                 comm_stream.wait_stream(compute_stream)
             with torch.cuda.stream(comm_stream) if cuda else nullcontext():
                 if clock:
                     clock.mark(step, "comm_start", comm_stream)
-                ops = [dist.P2POp(dist.isend, held, send_to, group),
-                       dist.P2POp(dist.irecv, incoming, recv_from, group)]
+                ops = [dist.P2POp(dist.isend, held[0], send_to, group), dist.P2POp(dist.isend, held[1], send_to, group),
+                       dist.P2POp(dist.irecv, incoming[0], recv_from, group),
+                       dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
                 requests = dist.batch_isend_irecv(ops)
                 if clock and not cuda:   # gloo has no futures for p2p: a thread stamps completion
-                    requests = [clock.watch(req, step, name) for req, name in zip(requests, ("send_end", "recv_end"))]
+                    names = ("send_end", "send_end", "recv_end", "recv_end")
+                    requests = [clock.watch(req, step, name) for req, name in zip(requests, names)]
         src = (rank - step) % world
         kv_chunks = rank_chunks(src, world, layout)
         calls = step_plan(q_chunks, kv_chunks, chunk, mask)
         if clock:
             clock.mark(step, "compute_start", compute_stream)
-        row_stats = []
         for call in calls:
             o_p, lse_p = attend_chunk(q[:, :, call.q_lo:call.q_hi], held[0][:, :, call.k_lo:call.k_hi],
                                       held[1][:, :, call.k_lo:call.k_hi], call.causal, sm_scale)
-            merge_partial(o_acc[:, :, call.q_lo:call.q_hi], lse_acc[:, :, call.q_lo:call.q_hi], o_p, lse_p)
-            if trace is not None:
-                row_stats += _row_stats(q, held[0], call, chunk, kv_chunks, lse_p, trace_rows, sm_scale)
+            if not started and (call.q_lo, call.q_hi) == (0, n_local):
+                o_acc.copy_(o_p)                 # the first partial covers every row: no merge
+                lse_acc.copy_(lse_p)
+            else:
+                if not started:
+                    o_acc.zero_()
+                    lse_acc.fill_(float("-inf"))
+                merge_partial(o_acc[:, :, call.q_lo:call.q_hi], lse_acc[:, :, call.q_lo:call.q_hi], o_p, lse_p)
+            started = True
+            if trace is not None and any(call.q_lo <= r < call.q_hi for r in trace_rows):
+                # keep head 0's keys and lse of this call; the float64 row states are computed
+                # after the ring, so they do not sit inside the timed compute
+                pending_rows.append((step, call, kv_chunks, held[0][0, 0, call.k_lo:call.k_hi].clone(),
+                                     lse_p[0, 0].clone()))
         if clock:
             clock.mark(step, "compute_end", compute_stream)
         if requests:
@@ -290,7 +313,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
             if cuda:
                 compute_stream.wait_stream(comm_stream)
         if trace is not None:
-            nbytes = held.numel() * held.element_size() if requests else 0
+            nbytes = sum(t.numel() * t.element_size() for t in held) if requests else 0
             records.append(dict(rank=rank, step=step, world=world, layout=layout, mask=mask,
                                 kv_rank=src, q_chunks=list(q_chunks), kv_chunks=list(kv_chunks),
                                 skipped=not calls, kernel_calls=len(calls),
@@ -298,10 +321,16 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
                                 causal_calls=sum(c.causal for c in calls),
                                 score_entries=sum(c.score_entries for c in calls) * q.shape[0] * q.shape[1],
                                 send_to=send_to if requests else -1, recv_from=recv_from if requests else -1,
-                                bytes_sent=nbytes, bytes_recv=nbytes, rows=row_stats))
+                                bytes_sent=nbytes, bytes_recv=nbytes, rows=[]))
+    if not started:   # no call at all (cannot happen: step 0 always holds the diagonal)
+        o_acc.zero_()
+        lse_acc.fill_(float("-inf"))
     out = o_acc.to(q.dtype)
     if trace is not None:
-        _emit(trace, records, clock.resolve(), cuda)
+        times = clock.resolve()
+        for step, call, kv_chunks, k_keep, lse_keep in pending_rows:
+            records[step]["rows"] += _row_stats(q, k_keep, call, chunk, kv_chunks, lse_keep, trace_rows, sm_scale)
+        _emit(trace, records, times, cuda)
     return (out, lse_acc) if return_lse else out
 
 
@@ -317,7 +346,7 @@ def _emit(trace, records, times, cuda) -> None:
                    send_start=start, send_end=send_end, recv_start=start, recv_end=recv_end))
 
 
-def _row_stats(q, k_held, call, chunk, kv_chunks, lse_p, rows, sm_scale) -> list[dict]:
+def _row_stats(q, k_call, call, chunk, kv_chunks, lse_call, rows, sm_scale) -> list[dict]:
     """For traced local rows inside this call (batch 0, head 0): the row's partial softmax state
     (m, l) over each K/V chunk of the call, in float64 beside the kernel (one row against the
     chunk), and the kernel's lse for the whole call, which the merged states must reproduce."""
@@ -330,7 +359,7 @@ def _row_stats(q, k_held, call, chunk, kv_chunks, lse_p, rows, sm_scale) -> list
         if not call.q_lo <= row < call.q_hi:
             continue
         i = row - call.q_lo
-        s = (q[0, 0, row].double() @ k_held[0, 0, call.k_lo:call.k_hi].double().T) * scale   # (N_k,)
+        s = (q[0, 0, row].double() @ k_call.double().T) * scale                   # (N_k,)
         if call.causal:
             s[i + nk - nq + 1:] = float("-inf")
         for j in range(call.k_lo // chunk, call.k_hi // chunk):
@@ -339,7 +368,7 @@ def _row_stats(q, k_held, call, chunk, kv_chunks, lse_p, rows, sm_scale) -> list
             if m == float("-inf"):
                 continue
             out.append(dict(row=int(row), kv_chunk=int(kv_chunks[j]), m=m,
-                            l=float(torch.exp(part - m).sum()), call_lse=float(lse_p[0, 0, i])))
+                            l=float(torch.exp(part - m).sum()), call_lse=float(lse_call[i])))
     return out
 
 

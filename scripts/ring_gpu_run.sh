@@ -16,11 +16,11 @@ echo "== gpu tests"; timeout 150 $PY -m pytest -q -x -m gpu -p no:cacheprovider 
 tail -4 "$OUT/gpu-tests.log"
 grep -q " passed" "$OUT/gpu-tests.log" && ! grep -q -E " failed| error" "$OUT/gpu-tests.log" || {
   echo "gpu tests failed: no benchmark or traces"; tail -60 "$OUT/gpu-tests.log"; exit 1; }
-echo "== benchmark"; timeout 220 $PY -m benchmarks.ring --iters 8 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+echo "== benchmark"; timeout 250 $PY -m benchmarks.ring --tokens-per-gpu 16384,32768 --iters 8 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 echo "== traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
   set -- $spec
-  timeout 75 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
+  timeout 60 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
     --heads 32 --head-dim 128 --dtype bf16 --iters 8 --out "$OUT/ring/w$1_n$2_causal_$3" 2>&1 | tee -a "$OUT/traces.log"
   tar czf "$OUT/ring-traces.tgz" -C "$OUT" ring     # after each: what is done survives a time limit
 done

@@ -33,9 +33,10 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
     results = {}
     for mask, layout in CASES:
         qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
-        records = []
+        records, kept = [], (ks.clone(), vs.clone())
         o, lse = ring_attention(qs, ks, vs, mask=mask, layout=layout, return_lse=True,
                                 trace=records.append)
+        assert torch.equal(ks, kept[0]) and torch.equal(vs, kept[1])   # the caller's K/V are only read
         results[mask, layout] = (o.cpu(), lse.cpu(), records)
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
