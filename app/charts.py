@@ -74,7 +74,7 @@ def _F():
 def _blockmap_compare(c: ChartInputs):
     m = c.trace.meta
     n, bm, bn = int(m["shape"]["N"]), int(m["block_m"]), int(m["block_n"])
-    left = {"mask": m["mask"], "n": n, "block_m": bm, "block_n": bn}
+    left = {"mask": m["mask"], "n": n, "block_m": bm, "block_n": bn, "n_k": c.trace.kv_len}
     right = dict(left, block_m=128 if bm != 128 else 64, block_n=128 if bn != 128 else 64)
     return _F().blockmap_comparison_figure(left, right, head_dim=int(m["shape"]["D"]))
 
@@ -160,6 +160,11 @@ def _decode_kv(c: ChartInputs):
                                    f"recording ({chosen.provenance()})")
 
 
+def _kv_sharing():
+    from app.figures import kv_sharing
+    return kv_sharing
+
+
 def _decode_figures():
     from app.figures import decode
     return decode
@@ -170,6 +175,7 @@ TRACE_CHARTS = {
     "tiles": lambda c: _F().tile_grid_figure(c.trace, tl=c.timeline(), bh=c.traced_head()),
     "animation": lambda c: _F().tile_animation_figure(c.trace, tl=c.timeline(), max_frames=40, bh=c.traced_head()),
     "imbalance": lambda c: _F().imbalance_figure(c.trace, tl=c.timeline()),
+    "kv-sharing": lambda c: _kv_sharing().kv_sharing_figure(c.trace, c.timeline()),
     "compare": _compare,
     "blockmap": lambda c: _F().blockmap_figure_for_trace(c.trace),
     "blockmap-compare": _blockmap_compare,
