@@ -46,12 +46,33 @@ def _legend(fig, states, colors, present, row=None, col=None) -> None:
             fig.add_trace(tr, row=row, col=col) if row else fig.add_trace(tr)
 
 
-def _grid_axes(fig, n_rows, n_cols) -> None:
-    """Axes that fit the grid exactly (no negative K blocks) with square tiles: the domain
-    shrinks to keep 1:1, the range never grows."""
+def stretch(n_rows: float, n_cols: float, lo: float = 0.8, hi: float = 2.5) -> float:
+    """How much taller (> 1) or shorter (< 1) a row is drawn than a column is wide, so that a
+    rectangular grid (chunked prefill: 4 x 128 blocks) keeps a plot aspect between lo and hi
+    (width / height) instead of a sliver; 1 draws it to scale."""
+    aspect = n_cols / max(n_rows, 1e-9)
+    return aspect / min(max(aspect, lo), hi)
+
+
+def stretch_note(r: float, rows: str = "Q block", cols: str = "K block") -> str:
+    """Axis-title words for a grid not drawn to scale ('' when it is)."""
+    if abs(r - 1) < 1e-6:
+        return ""
+    return (f"; not to scale: each {rows} drawn {r:.3g}× its width" if r > 1 else
+            f"; not to scale: each {cols} drawn {1 / r:.3g}× its height")
+
+
+def _grid_axes(fig, n_rows, n_cols) -> float:
+    """Axes that fit the grid exactly (no negative K blocks) with square tiles, or tiles
+    stretched (stretch()) when the grid is far from square: the domain shrinks to keep the
+    ratio, the range never grows. Returns the stretch."""
+    r = stretch(n_rows, n_cols)
     fig.update_xaxes(range=[-0.5, n_cols - 0.5], constrain="domain", showgrid=False, zeroline=False)
-    fig.update_yaxes(range=[n_rows - 0.5, -0.5], scaleanchor="x", constrain="domain", showgrid=False,
-                     zeroline=False)
+    fig.update_yaxes(range=[n_rows - 0.5, -0.5], scaleanchor="x", scaleratio=r, constrain="domain",
+                     showgrid=False, zeroline=False, tickformat="d")
+    if n_rows <= 16:                                       # whole blocks only, never 0.5
+        fig.update_yaxes(dtick=1)
+    return r
 
 
 def blockmap_figure(mask, n: int, block_m: int, block_n: int, head_dim: int = 64, trace=None,
@@ -88,9 +109,12 @@ def blockmap_figure(mask, n: int, block_m: int, block_n: int, head_dim: int = 64
                                                      title=dict(text="tile (mask · kernel)" if visited is not None
                                                                 else "tile")),
                       height=640)
-    fig.update_xaxes(title_text=f"K block (keys, {block_n} per block)")
+    r = _grid_axes(fig, *bmap.shape)
+    shown = bmap.shape[1] / (bmap.shape[0] * r)          # plot width / height as drawn
+    if shown > 1.3:                                       # a wide grid: no empty band under it
+        fig.update_layout(height=int(300 + 800 / shown))
+    fig.update_xaxes(title_text=f"K block ({block_n} keys each{stretch_note(r)})")
     fig.update_yaxes(title_text=f"Q block ({block_m} queries each)")
-    _grid_axes(fig, *bmap.shape)
     prov = PREDICTION if trace is None else (f"prediction from MaskSpec.block_map; visits from "
                                              f"the kernel trace (head bh={_head(trace, bh)}): {trace.provenance()}")
     return caption(fig, prov)
@@ -107,38 +131,51 @@ def blockmap_figure_for_trace(trace, bh: int | None = None) -> go.Figure:
 
 
 def blockmap_comparison_figure(left: dict, right: dict, head_dim: int = 64) -> go.Figure:
-    """Two block maps side by side (two block sizes or two masks). Each side is a dict with
-    mask, n, block_m, block_n (and optionally trace). Axes are in token positions so different
-    block sizes line up."""
+    """Two block maps (two block sizes or two masks). Each side is a dict with mask, n (queries),
+    block_m, block_n, optionally n_k (keys, default n) and trace. Axes are in token positions so
+    different block sizes line up. Square-ish grids sit side by side to scale; a wide N_q x N_k
+    grid (chunked prefill: 512 x 8192) is stacked, full width, with rows stretched (said on the axis)."""
     sides = [dict(side) for side in (left, right)]
-    stats = [blockmap_stats(s["mask"], s["n"], s["block_m"], s["block_n"], head_dim, s.get("trace"))
+    for side in sides:
+        side["n_k"] = int(side.get("n_k") or side["n"])
+    stats = [blockmap_stats(s["mask"], s["n"], s["block_m"], s["block_n"], head_dim, s.get("trace"), None, s["n_k"])
              for s in sides]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=[
-        f"{st['mask']}, {st['block_m']}×{st['block_n']}<br>{st['skipped']}/{st['tiles']} skipped "
-        f"({st['fraction_skipped']:.1%}), {st['flops_computed'] / 1e9:,.3g} GFLOP" for st in stats])
+    n_q, n_k = max(s["n"] for s in sides), max(s["n_k"] for s in sides)
+    stacked = n_k / n_q > 1.6
+    r = stretch(n_q, n_k, lo=0.8, hi=4.5) if stacked else stretch(n_q, n_k, lo=0.6, hi=1.2)
+    names = [f"{st['mask']}, {st['block_m']}×{st['block_n']}" + ("<br>" if not stacked else ": ") +
+             f"{st['skipped']:,}/{st['tiles']:,} skipped ({st['fraction_skipped']:.1%}), "
+             f"{st['flops_computed'] / 1e9:,.3g} GFLOP" for st in stats]
+    fig = (make_subplots(rows=2, cols=1, vertical_spacing=0.2, subplot_titles=names) if stacked else
+           make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=names))
     present = set()
-    for col, (s, st) in enumerate(zip(sides, stats), start=1):
-        bmap = parse_mask(s["mask"], s["n"]).block_map(s["n"], s["block_m"], s["block_n"])
+    note = stretch_note(r, "query", "key")
+    for i, (s, st) in enumerate(zip(sides, stats)):
+        row, col = (i + 1, 1) if stacked else (1, i + 1)
+        bmap = parse_mask(s["mask"], s["n"], s["n_k"]).block_map(s["n"], s["block_m"], s["block_n"], s["n_k"])
         visited = visited_grid(s["trace"], None, bmap.shape) if s.get("trace") is not None else None
         code = visit_map(bmap, visited)
         present |= set(np.unique(code).tolist())
         x = (np.arange(bmap.shape[1]) + 0.5) * s["block_n"]     # tile centres in key positions
         y = (np.arange(bmap.shape[0]) + 0.5) * s["block_m"]
-        fig.add_trace(_map_heatmap(code, VISIT_STATES, VISIT_COLORS, x=x, y=y), row=1, col=col)
+        fig.add_trace(_map_heatmap(code, VISIT_STATES, VISIT_COLORS, x=x, y=y), row=row, col=col)
         wrong = np.argwhere(code >= 3)
         if 0 < len(wrong) <= MAX_X_MARKERS:
             fig.add_trace(go.Scatter(x=x[wrong[:, 1]], y=y[wrong[:, 0]], mode="markers",
                                      name="prediction ≠ visit", marker=dict(symbol="x", size=14, color=MISMATCH)),
-                          row=1, col=col)
-        n_keys, n_q = bmap.shape[1] * s["block_n"], bmap.shape[0] * s["block_m"]
-        fig.update_xaxes(title_text="key position (tokens)", range=[0, n_keys], constrain="domain",
-                         showgrid=False, row=1, col=col)
-        fig.update_yaxes(title_text="query position (tokens)", range=[n_q, 0], constrain="domain",
-                         scaleanchor="x" if col == 1 else "x2", showgrid=False, row=1, col=col)
+                          row=row, col=col)
+        fig.update_xaxes(title_text="key position (tokens)", range=[0, s["n_k"]], constrain="domain",
+                         showgrid=False, row=row, col=col)
+        fig.update_yaxes(title_text="query position" + ("<br>" if stacked else " ") + "(tokens)",
+                         range=[s["n"], 0], constrain="domain", scaleanchor="x" if i == 0 else "x2",
+                         scaleratio=r, showgrid=False, row=row, col=col)
     names = [f"{s} (mask)" for s in MAP_STATES] + VISIT_STATES[3:]
     _legend(fig, names, VISIT_COLORS, present | {0, 1, 2})
-    fig.update_layout(title=title("Block maps compared",
-                                  f"FLOPs per head at d={head_dim}: 4·bm·bn·d per computed tile"),
+    shape = f"N={n_q}" if n_q == n_k else f"N_q={n_q}, N_k={n_k}"
+    fig.update_layout(title=title(f"Block maps compared ({shape})",
+                                  f"FLOPs per head at d={head_dim}: 4·bm·bn·d per computed tile"
+                                  + (f"; rows not to scale: each query drawn {r:.3g}× as tall as a key is wide"
+                                     if note else "")),
                       template=TEMPLATE, height=600, width=1150,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     traced = [s["trace"] for s in sides if s.get("trace") is not None]

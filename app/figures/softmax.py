@@ -113,6 +113,11 @@ def softmax_tile_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figu
     return _caption(fig, steps)
 
 
+def _keys_per_block(steps) -> str:
+    bn = steps.attrs.get("block_n")
+    return f"{bn} keys" if bn else "keys"
+
+
 def _x(steps):
     return np.arange(1, len(steps) + 1)        # steps numbered from 1
 
@@ -199,7 +204,8 @@ def _step_axis(fig, steps, row=None):
     every = max(1, -(-n // MAX_STEP_TICKS))
     vals = list(range(1, n + 1, every))
     ticks = dict(tickmode="array", tickvals=vals, ticktext=[str(v) for v in vals], range=[0.4, n + 0.6],
-                 title_text="step (K tile in the kernel's visit order; hover for its K block)")
+                 title_text=f"step (one K block of {_keys_per_block(steps)}, in the kernel's visit order; "
+                            "hover for which)")
     if row is None:
         fig.update_xaxes(**ticks)
     else:
@@ -262,7 +268,8 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
                                  marker=dict(symbol="square", size=14, color=color)))
     fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}",
                                   f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded"),
-                      height=260, template=TEMPLATE, xaxis_title="K block", yaxis_visible=False,
+                      height=260, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
+                      yaxis_visible=False,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"),
                       meta={"slide_height": 420})
     fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False)
@@ -288,7 +295,7 @@ def softmax_overview_figure(steps: pd.DataFrame, step: int | None = None) -> go.
         fig.update_yaxes(domain=dom, row=row, col=1)
     fig.update_xaxes(title_text="key position j (this step's tile)", row=1, col=1)
     for row, text in enumerate(["scores", "m", "α", "rel. error"], start=1):
-        fig.update_yaxes(title_text=text, row=row, col=1)
+        fig.update_yaxes(title_text=text, row=row, col=1, nticks=4 if row in (2, 3) else None)
     fig.update_yaxes(range=_padded_range(steps["m_kernel"], steps["m_ref"], min_span=0.5), row=2, col=1)
     fig.update_yaxes(range=_padded_range(steps["alpha_kernel"], steps["alpha_ref"], min_span=1.1), row=3, col=1)
     _log_error_axis(fig, _error_values(steps), max_ticks=3, row=4, col=1)

@@ -68,7 +68,7 @@ st.subheader("Compare side by side")
 CMP_KINDS = ["two block sizes", "two masks"]
 url_state.control("skip_cmp_kind", CMP_KINDS[0], options=CMP_KINDS)    # comparison choices live in the link
 what = st.radio("Compare", CMP_KINDS, horizontal=True, key="skip_cmp_kind")
-left = {"mask": s.mask, "n": s.seq_len, "block_m": s.block_m, "block_n": s.block_n}
+left = {"mask": s.mask, "n": s.seq_len, "n_k": s.n_k, "block_m": s.block_m, "block_n": s.block_n}
 right = dict(left)
 if what == "two block sizes":
     c1, c2 = st.columns(2)
@@ -85,7 +85,7 @@ else:
                          help=MASK_HELP)
     right["mask"] = text
 try:
-    parse_mask(right["mask"], s.seq_len)
+    parse_mask(right["mask"], s.seq_len, s.n_k)
     common.chart(blockmap_comparison_figure(left, right, head_dim=s.head_dim), "block-map-comparison",
                  "skip_cmp", s.present)
 except ValueError as exc:
