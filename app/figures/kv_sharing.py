@@ -75,6 +75,9 @@ def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
                       template=TEMPLATE, height=int(min(900, max(460, 240 + 16 * n_rows))), showlegend=False)
     clock = ("modelled timeline (list scheduling in the kernel's start order)" if live.attrs["modelled"]
              else "measured work-item times (globaltimer) and SM ids")
-    return caption(fig, f"Live window: first start to last end of the work items that read a KV head (outlined); "
+    traced = trace.meta.get("traced_heads") or []
+    slow = (f"Heads recorded with tile detail (bh {', '.join(map(str, traced))}) run slower than the others: "
+            "their KV heads stay live longer. " if traced and not live.attrs["modelled"] else "")
+    return caption(fig, f"{slow}Live window: first start to last end of the work items that read a KV head (outlined); "
                         f"colour: work items reading it per time bin ({bins} bins), an L2-reuse proxy: the trace has "
                         f"no L2 counters. From trace.work ({clock}): {live.attrs['provenance']}")

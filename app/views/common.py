@@ -66,7 +66,11 @@ def banner(src: Source) -> None:
     timing = (f" · kernel {m['untraced_ms']:.3f} ms untraced, {m['traced_ms']:.3f} ms traced"
               if m.get("untraced_ms") is not None and m.get("traced_ms") is not None else "")
     ran = f" · ran in {src.run_s:.2f} s" if src.run_s is not None else ""
+    sh = m.get("shape", {})   # the problem's real shape (GQA: H query heads read H_kv KV heads)
+    shape = " · ".join(f"{k} {sh[k]}" for k in ("B", "H", "H_kv", "N_q", "N_k", "D") if k in sh)
     st.info(f"**Data: {plain(src.origin)}** · {plain(src.trace.provenance())}  \n"
+            + (f"**Shape:** {plain(shape)} · {plain(str(m.get('dtype')))} · mask {plain(str(m.get('mask')))}  \n"
+               if shape else "")
             + plain(f"backend {m.get('backend')} · {m.get('device_name')} ({hw}) · recorded "
                     f"{m.get('created', '?')} · {versions}{timing}{ran}"), icon=":material/info:")
 
