@@ -3,15 +3,12 @@ settings, recorded and uploaded traces, and the figures' data (not just their pr
 
 The app reads its recordings from TILESCOPE_DATA; these tests point it at a temp directory with
 small traces recorded here in the Triton interpreter (and a tiny sweep), so they do not depend
-on bundled GPU data.
+on bundled GPU data: the `data_dir` fixture of tests/app/conftest.py, recorded once per session.
 """
 
 from __future__ import annotations
 
-import base64
 import io
-import json
-import os
 import threading
 import zipfile
 from pathlib import Path
@@ -23,92 +20,34 @@ from instrumentation import make_inputs, record
 from kernels.masks import parse_mask
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from tests.app.conftest import N  # noqa: E402
+from tests.app.headless import (  # noqa: E402,F401  (charts, clean, _record: imported by other files)
+    charts, clean, open_page, record_small as _record, tilescope_data, titles)
 
-APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 PAGES = ("schedule", "block_skip", "online_softmax", "memory")
-N = 256
 MASKS = {"full": "full", "causal": "causal", "sliding_window": "sliding_window:64",
          "prefix_lm": "prefix_lm:48", "document": "document:64,128,64"}
 
 
-def _record(root: Path, name: str, n=N, mask="causal", schedule="natural", bm=64, bn=64, b=1, h=1):
-    q, k, v = make_inputs(b, h, n, 32, "fp16", seed=0)
-    _, trace = record(q, k, v, mask=mask, block_m=bm, block_n=bn, schedule=schedule,
-                      meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
-    trace.meta["source"] = "recorded"
-    return trace.save(root / "traces" / name)
+def app(data_dir, **query):
+    """A new session on a link with these query parameters, run once (data_dir: the fixture,
+    which points the app at the shared recordings)."""
+    return open_page(timeout=90, **query)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """A data/ directory with three small recordings of one problem (three schedules) and a
-    tiny naive-vs-flash sweep, all made here in the interpreter."""
-    from instrumentation.sweep import run_sweep
-
-    root = tmp_path_factory.mktemp("data")
-    for sched in ("natural", "longest_first", "persistent"):
-        _record(root, f"n{N}_causal_{sched}", schedule=sched)
-    _record(root, f"n{N}_sliding_natural", mask="sliding_window:64")
-    _record(root, f"n{N}_prefix_b2h2", mask="prefix_lm:48", b=2, h=2)
-    run_sweep(root / "sweeps" / "cpu.json", seq_lens=[32, 64], batch=1, heads=1, head_dim=32,
-              dtype="fp16", mask="full", progress=False)
-    old = os.environ.get("TILESCOPE_DATA")
-    os.environ["TILESCOPE_DATA"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("TILESCOPE_DATA", None)
-    else:
-        os.environ["TILESCOPE_DATA"] = old
-
-
-def app(data_dir, **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=90)
-    at.query_params.update({k: str(v) for k, v in query.items()})
-    return at.run()
-
-
-def live(data_dir, page="schedule", **query) -> AppTest:
+def live(data_dir, page="schedule", **query):
     base = dict(page=page, source="interpreter", seq_len=N, head_dim=32, block_m=64, block_n=64,
                 dtype="fp16")
     return app(data_dir, **{**base, **query})
 
 
-def run_clicked(at) -> AppTest:
+def run_clicked(at):
     """Press the sidebar's Run button (live sources apply control changes only then)."""
     return at.button(key="ctl_run").click().run()
 
 
-def _decode(obj):
-    """Plotly JSON with its typed arrays ({'dtype', 'bdata', 'shape'}) decoded to lists."""
-    if isinstance(obj, dict):
-        if "bdata" in obj and "dtype" in obj:
-            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
-            if obj.get("shape"):
-                arr = arr.reshape([int(x) for x in str(obj["shape"]).split(",")])
-            return arr.tolist()
-        return {k: _decode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    return obj
-
-
-def charts(at) -> list[dict]:
-    return [_decode(json.loads(el.proto.spec)) for el in at.get("plotly_chart")]
-
-
-def titles(at) -> list[str]:
-    return [c["layout"].get("title", {}).get("text", "") for c in charts(at)]
-
-
 def table_with(at, column):
     return next(d.value for d in at.dataframe if column in d.value.columns)
-
-
-def clean(at) -> None:
-    """No exception element and no error message on the page."""
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 # -- every page, every mask ---------------------------------------------------------------------
@@ -196,11 +135,8 @@ def test_memory_page_numbers(data_dir):
 
 
 def test_memory_page_without_sweep_says_models_only(data_dir, tmp_path):
-    os.environ["TILESCOPE_DATA"] = str(tmp_path)
-    try:
+    with tilescope_data(tmp_path):
         at = app(data_dir, page="memory", source="interpreter", seq_len=128)
-    finally:
-        os.environ["TILESCOPE_DATA"] = str(data_dir)
     clean(at)
     assert any("analytic model" in w.value for w in at.warning)
     assert any("ANALYTIC MODEL" in t for t in titles(at))

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from tests.app.headless import open_page  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 PAGES = ("schedule", "block_skip", "online_softmax", "memory")
 MASKS = ("full", "causal", "sliding_window:256", "prefix_lm:128", "document:300,500,224")
 
@@ -18,11 +16,8 @@ MASKS = ("full", "causal", "sliding_window:256", "prefix_lm:128", "document:300,
 def gpu_app(page, mask, **extra):
     import torch
 
-    at = AppTest.from_file(APP, default_timeout=180)
-    query = dict(page=page, source="gpu", seq_len=1024, head_dim=64, block_m=64, block_n=64,
-                 dtype="bf16", mask=mask, **extra)
-    at.query_params.update({k: str(v) for k, v in query.items()})
-    at.run()
+    at = open_page(page, timeout=180, source="gpu", seq_len=1024, head_dim=64, block_m=64, block_n=64,
+                   dtype="bf16", mask=mask, **extra)
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     return at, torch.cuda.get_device_name()

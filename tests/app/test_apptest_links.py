@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.test_apptest import app, clean, data_dir, live  # noqa: F401
+from tests.app.test_apptest import app, clean, live  # noqa: F401
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.test_apptest import charts, clean, data_dir, live, run_clicked  # noqa: F401
+from tests.app.test_apptest import charts, clean, live, run_clicked  # noqa: F401
 
 pytest.importorskip("streamlit")
 from kernels.presets import PRESETS  # noqa: E402

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.test_apptest import N, app, charts, clean, data_dir, live, run_clicked  # noqa: F401
+from tests.app.test_apptest import N, app, charts, clean, live, run_clicked  # noqa: F401
 
 pytest.importorskip("streamlit")
 

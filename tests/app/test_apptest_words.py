@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.test_apptest import PAGES, app, clean, data_dir, live  # noqa: F401
+from tests.app.test_apptest import PAGES, app, clean, live  # noqa: F401
 
 pytest.importorskip("streamlit")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from tests.app.headless import open_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "data" / "traces" / "n1024_causal_natural"
@@ -16,10 +16,8 @@ needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="bundled recording m
 @needs_trace
 def test_block_map_comparison_choices_come_from_the_link(monkeypatch):
     monkeypatch.delenv("TILESCOPE_DATA", raising=False)
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
-    at.query_params.update({"page": "block_skip", "source": "recorded", "trace": TRACE.name,
-                            "skip_cmp_kind": "two masks", "skip_cmp_mask": "sliding_window:256"})
-    at.run()
+    at = open_page("block_skip", source="recorded", trace=TRACE.name, skip_cmp_kind="two masks",
+                   skip_cmp_mask="sliding_window:256")
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state["skip_cmp_kind"] == "two masks"
     assert at.text_input(key="skip_cmp_mask").value == "sliding_window:256"
@@ -39,10 +37,7 @@ def test_visits_of_another_traced_head(monkeypatch):
     if len(heads) < 2:
         pytest.skip("the recording traces one head")
     monkeypatch.delenv("TILESCOPE_DATA", raising=False)
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
-    at.query_params.update({"page": "block_skip", "source": "recorded", "trace": TRACE.name,
-                            "skip_head": str(heads[-1])})
-    at.run()
+    at = open_page("block_skip", source="recorded", trace=TRACE.name, skip_head=heads[-1])
     assert not at.exception and at.session_state["skip_head"] == heads[-1]
     assert any(f"head bh={heads[-1]}" in s.value for s in at.success)
     captions = " ".join(a.get("text", "") for c in at.get("plotly_chart")

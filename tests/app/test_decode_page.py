@@ -3,20 +3,13 @@ interpreter, and live in the interpreter at small sizes. Charts carry the record
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
 from instrumentation import make_decode_inputs, record_decode  # noqa: E402
 from instrumentation.trace import Trace  # noqa: E402
-from tests.app.test_apptest import _record, charts, clean  # noqa: E402
-
-APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
+from tests.app.headless import chart, charts, clean, open_page, record_small, tilescope_data  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -28,24 +21,13 @@ def decode_data(tmp_path_factory):
             _, trace = record_decode(q, k, v, num_splits=splits)
             trace.meta["source"] = "recorded"
             trace.save(root / "decode" / f"decode_b{batch}_ctx300_splits-{splits}")
-    _record(root, "n64_causal_natural", n=64)   # the sidebar's recorded source needs one trace
-    old = os.environ.get("TILESCOPE_DATA")
-    os.environ["TILESCOPE_DATA"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("TILESCOPE_DATA", None)
-    else:
-        os.environ["TILESCOPE_DATA"] = old
+    record_small(root, "n64_causal_natural", n=64)   # the sidebar's recorded source needs one trace
+    with tilescope_data(root):
+        yield root
 
 
-def page(**query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params.update({"page": "decode", **{k: str(v) for k, v in query.items()}})
-    return at.run()
-
-
-def by_title(at, words) -> dict:
-    return next(c for c in charts(at) if words in c["layout"]["title"]["text"])
+def page(**query):
+    return open_page("decode", **query)
 
 
 def test_recorded_page_draws_the_recordings(decode_data):
@@ -54,12 +36,12 @@ def test_recorded_page_draws_the_recordings(decode_data):
     assert len(charts(at)) == 4
     one = Trace.load(decode_data / "decode" / "decode_b2_ctx300_splits-1")
     auto = Trace.load(decode_data / "decode" / "decode_b2_ctx300_splits-3")
-    lanes = by_title(at, "SM lanes")
+    lanes = chart(at, "SM lanes")
     bars = [d for d in lanes["data"] if d["type"] == "bar"]
     assert [len(b["y"]) for b in bars] == [len(one.splits), len(auto.splits)]
     notes = " ".join(a["text"] for a in lanes["layout"]["annotations"])
     assert "modelled" in lanes["layout"]["xaxis2"]["title"]["text"] and "interpreter" in notes
-    merge = by_title(at, "Merging")
+    merge = chart(at, "Merging")
     weights = next(d for d in merge["data"] if d["type"] == "bar")
     n_splits = auto.meta["kernel"]["num_splits"]
     assert len(weights["y"]) == n_splits and abs(sum(weights["y"]) - 1) < 1e-6
@@ -70,42 +52,35 @@ def test_recorded_page_draws_the_recordings(decode_data):
 def test_merge_slider_steps_through_the_splits(decode_data):
     at = page(source="recorded", dec_rec_batch=1)
     clean(at)
-    assert by_title(at, "Merging")["layout"]["title"]["subtitle"]["text"].startswith("step 3 of 3")
+    assert chart(at, "Merging")["layout"]["title"]["subtitle"]["text"].startswith("step 3 of 3")
     at.slider(key="dec_step").set_value(1).run()
     clean(at)
-    sub = by_title(at, "Merging")["layout"]["title"]["subtitle"]["text"]
+    sub = chart(at, "Merging")["layout"]["title"]["subtitle"]["text"]
     assert sub.startswith("step 1 of 3")
-    merged = next(d for d in by_title(at, "Merging")["data"] if d.get("name", "").startswith("merged so far"))
+    merged = next(d for d in chart(at, "Merging")["data"] if d.get("name", "").startswith("merged so far"))
     assert len(merged["x"]) == 1
 
 
 def test_live_interpreter_run_and_kv_chart(decode_data):
     at = page(source="interpreter", dec_ctx=256, dec_batch=2, dec_preset="qwen2.5-7b", dec_splits="4")
     clean(at)
-    lanes = by_title(at, "SM lanes")
+    lanes = chart(at, "SM lanes")
     bars = [d for d in lanes["data"] if d["type"] == "bar"]
     # Qwen2.5-7B: H_kv 4, so B * H_kv = 8 programs unsplit and 8 * 4 with four splits
     assert [len(b["y"]) for b in bars] == [8, 32]
-    kv = by_title(at, "KV cache per token")
+    kv = chart(at, "KV cache per token")
     per_token = kv["data"][0]["y"]
     assert per_token == [2 * h * 128 * 2 * 28 for h in (28, 4, 1)]        # MHA, GQA, MQA
     assert at.query_params["dec_preset"] == "qwen2.5-7b"
 
 
 def test_no_decode_recordings(tmp_path):
-    _record(tmp_path, "n64_causal_natural", n=64)                        # flash traces, no decode/
-    old = os.environ.get("TILESCOPE_DATA")
-    os.environ["TILESCOPE_DATA"] = str(tmp_path)
-    try:
+    record_small(tmp_path, "n64_causal_natural", n=64)                   # flash traces, no decode/
+    with tilescope_data(tmp_path):
         at = page(source="recorded", trace="n64_causal_natural")
-        assert any("No decode recordings" in w.value for w in at.warning)
-        clean(at)
-        assert not charts(at)
-    finally:
-        if old is None:
-            os.environ.pop("TILESCOPE_DATA", None)
-        else:
-            os.environ["TILESCOPE_DATA"] = old
+    assert any("No decode recordings" in w.value for w in at.warning)
+    clean(at)
+    assert not charts(at)
 
 
 def test_bad_preset_link_falls_back(decode_data):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from tests.app.headless import open_page  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((ROOT / "data" / "sweeps").glob("*.json"))
@@ -16,9 +16,7 @@ SWEEPS = sorted((ROOT / "data" / "sweeps").glob("*.json"))
 def test_memory_page_on_the_bundled_sweep(monkeypatch):
     monkeypatch.delenv("TILESCOPE_DATA", raising=False)
     records = json.loads(SWEEPS[0].read_text())["records"]
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
-    at.query_params.update({"page": "memory"})
-    at.run()
+    at = open_page("memory")
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["OOM points"] == str(sum(r["oom"] for r in records))

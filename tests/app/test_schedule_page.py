@@ -4,10 +4,7 @@ page controls in the URL. Small interpreter recordings made here (TILESCOPE_DATA
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,9 +12,9 @@ import pytest
 from instrumentation import make_inputs, record
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from tests.app import headless  # noqa: E402
+from tests.app.headless import charts, clean, open_page, tilescope_data  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 N = 256
 SCHEDULES = ("natural", "longest_first", "persistent")
 
@@ -32,44 +29,18 @@ def data_dir(tmp_path_factory):
         tr.save(root / "traces" / f"n{N}_causal_{sched}")
     _, tr = record(q, k, v, mask="full", block_m=64, block_n=64)
     tr.save(root / "traces" / f"n{N}_full_natural")
-    old = os.environ.get("TILESCOPE_DATA")
-    os.environ["TILESCOPE_DATA"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("TILESCOPE_DATA", None)
-    else:
-        os.environ["TILESCOPE_DATA"] = old
+    with tilescope_data(root):
+        yield root
 
 
-def page(data_dir, trace=f"n{N}_causal_natural", **query) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params.update({"page": "schedule", "source": "recorded", "trace": trace,
-                            **{k: str(v) for k, v in query.items()}})
-    return at.run()
-
-
-def _decode(obj):
-    if isinstance(obj, dict):
-        if "bdata" in obj and "dtype" in obj:
-            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
-            return arr.reshape([int(x) for x in str(obj["shape"]).split(",")]) if obj.get("shape") else arr
-        return {k: _decode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    return obj
-
-
-def charts(at) -> list[dict]:
-    return [_decode(json.loads(el.proto.spec)) for el in at.get("plotly_chart")]
+def page(data_dir, trace=f"n{N}_causal_natural", **query):
+    """The schedule page on one of data_dir's recordings."""
+    return open_page("schedule", source="recorded", trace=trace, **query)
 
 
 def chart(at, needle: str) -> dict:
-    return next(c for c in charts(at) if needle in c["layout"]["title"]["text"])
-
-
-def clean(at) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
+    """The chart whose title has `needle`, its arrays as numpy (their dtypes are checked here)."""
+    return headless.chart(at, needle, arrays=True)
 
 
 def test_metrics_lanes_and_stragglers(data_dir):
@@ -151,10 +122,8 @@ def test_imbalance_view_only_where_items_differ(data_dir):
 
 
 def test_live_comparison_runs_on_demand(data_dir):
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.query_params.update(dict(page="schedule", source="interpreter", seq_len="128", head_dim="32",
-                                block_m="64", block_n="64", dtype="fp16", mask="causal", sched_compare="1"))
-    at.run()
+    at = open_page("schedule", timeout=180, source="interpreter", seq_len=128, head_dim=32, block_m=64,
+                   block_n=64, dtype="fp16", mask="causal", sched_compare=1)
     assert not at.exception
     assert any("Modelled timeline" in w.value for w in at.warning)
     at.multiselect(key="sched_cmp").select("longest_first").run()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from tests.app.headless import open_page  # noqa: E402
 
 from instrumentation.online_softmax import default_q_row  # noqa: E402
 from instrumentation.trace import Trace  # noqa: E402
@@ -19,9 +19,7 @@ needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="bundled recording m
 
 def _open(monkeypatch, **query):
     monkeypatch.delenv("TILESCOPE_DATA", raising=False)
-    at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120)
-    at.query_params.update({"page": "online_softmax", "source": "recorded", "trace": TRACE.name, **query})
-    at.run()
+    at = open_page("online_softmax", source="recorded", trace=TRACE.name, **query)
     assert not at.exception, [e.value for e in at.exception]
     return at
 

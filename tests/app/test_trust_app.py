@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
+from tests.app.headless import open_page, tilescope_data  # noqa: E402
 
 from app.text import plain  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = str(ROOT / "app" / "main.py")
 N = 128
 HOST = "198.51.100.7"
 # Markdown that would become a link or image: an unescaped ']('; or a bare URL Streamlit links
@@ -38,13 +37,8 @@ def good(tmp_path_factory):
     _, tr = record(q, k, v, mask="causal", block_m=32, block_n=32,
                    meta_extra={"input_seed": 1, "inputs": "instrumentation.make_inputs"})
     path = tr.save(root / "traces" / f"n{N}_causal_natural")
-    old = os.environ.get("TILESCOPE_DATA")
-    os.environ["TILESCOPE_DATA"] = str(root)
-    yield path
-    if old is None:
-        os.environ.pop("TILESCOPE_DATA", None)
-    else:
-        os.environ["TILESCOPE_DATA"] = old
+    with tilescope_data(root):
+        yield path
 
 
 HOSTILE = {  # name: (edit of the manifest, fragment of the one-line answer)
@@ -79,10 +73,8 @@ def _zip(path: Path) -> bytes:
     return buf.getvalue()
 
 
-def _upload(name: str, data: bytes, page="block_skip") -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=90)
-    at.query_params.update({"page": page, "source": "upload"})
-    at.run()
+def _upload(name: str, data: bytes, page="block_skip"):
+    at = open_page(page, timeout=90, source="upload")
     at.file_uploader(key="ctl_upload").upload(name, data, "application/zip").run()
     return at
 
@@ -122,10 +114,8 @@ def test_upload_name_and_metadata_are_text(good, tmp_path):
 @pytest.mark.parametrize("value", [f"[Open the corrected view](http://{HOST}/phish)",
                                    f"causal :red[alarm] $x$ http://{HOST}/bare"])
 def test_url_values_are_text(good, value):
-    at = AppTest.from_file(APP, default_timeout=90)
-    at.query_params.update({"page": "block_skip", "source": "interpreter", "seq_len": "64",
-                            "head_dim": "16", "block_m": "32", "block_n": "32", "mask": value})
-    at.run()
+    at = open_page("block_skip", timeout=90, source="interpreter", seq_len=64, head_dim=16, block_m=32,
+                   block_n=32, mask=value)
     assert not at.exception
     shown = [x.value for x in [*at.error, *at.warning]]
     assert any(plain(value) in s for s in shown), shown
