@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from ._common import FULL, PARTIAL, TEMPLATE, caption, fmt_bytes, title
 
 RANK_COLOURS = ["#3d7ab8", "#f4a259", "#59a14f", "#8c6bb1", "#76b7b2", "#9c755f", "#e15759", "#edc948"]
-COMM = "#8c6bb1"
+COMM = "#4d4d4d"          # not a rank colour: transfers read apart from compute
 
 
 def rank_colour(rank: int) -> str:
@@ -97,7 +97,8 @@ def ring_timeline_figure(steps: pd.DataFrame, provenance: str, hardware: bool) -
     if len(sent):
         fig.add_trace(go.Bar(
             orientation="h", base=_ms(sent.send_start), x=_ms(sent.recv_end - sent.send_start),
-            y=[lane[r, "comm"] for r in sent["rank"]], width=0.55, marker=dict(color=COMM, opacity=0.75),
+            y=[lane[r, "comm"] for r in sent["rank"]], width=0.55,
+            marker=dict(color=COMM, opacity=0.6, line=dict(width=1.5, color="white")),
             name="send K/V → next rank, receive ← previous (start to arrival)",
             customdata=np.stack([sent.step, sent.send_to, sent.recv_from,
                                  [fmt_bytes(b) for b in sent.bytes_sent]], axis=1),
@@ -164,14 +165,16 @@ def balance_figure(balance: pd.DataFrame, mask: str, provenance: str,
                         subplot_titles=titles)
     colours = {"natural": PARTIAL, "zigzag": FULL}
     notes = []
+    big = balance.groupby(["layout", "rank"]).score_entries.sum().max() >= 1e10
+    scale, unit, unit_short = (1e9, "billions", "G entries") if big else (1e6, "millions", "M entries")
     for layout in ("natural", "zigzag"):
         b = balance[balance.layout == layout]
         if not len(b):
             continue
-        per_rank = b.groupby("rank").score_entries.sum() / 1e6
-        per_step = b.groupby("step").score_entries.max() / 1e6
-        _bar_pair(fig, 1, layout, colours[layout], per_rank, per_step, "M entries", True)
-        ideal = b.score_entries.sum() / b["rank"].nunique() / 1e6
+        per_rank = b.groupby("rank").score_entries.sum() / scale
+        per_step = b.groupby("step").score_entries.max() / scale
+        _bar_pair(fig, 1, layout, colours[layout], per_rank, per_step, unit_short, True)
+        ideal = b.score_entries.sum() / b["rank"].nunique() / scale
         notes.append(f"{layout}: critical path {per_step.sum() / ideal:.2f}× the even share")
         if measured and layout in measured:
             st = measured[layout]
@@ -179,7 +182,7 @@ def balance_figure(balance: pd.DataFrame, mask: str, provenance: str,
             per_rank_ms = pd.Series(busy, index=st["rank"]).groupby(level=0).sum()
             per_step_ms = pd.Series(busy, index=st["step"]).groupby(level=0).max()
             _bar_pair(fig, 2, layout, colours[layout], per_rank_ms, per_step_ms, "ms", False)
-    fig.update_yaxes(title_text="score entries (millions)", row=1)
+    fig.update_yaxes(title_text=f"score entries ({unit})", row=1)
     if measured:
         fig.update_yaxes(title_text="compute (ms)", row=2)
     fig.update_layout(template=TEMPLATE, barmode="group", height=420 + 300 * (rows - 1),
@@ -208,7 +211,7 @@ def ring_merge_figure(rows: pd.DataFrame, q_row: int, upto: int, final_lse: floa
     the running merge m = max(m, m_j), l = l·e^(m_old−m) + l_j·e^(m_j−m) after each. Steps after
     `upto` are drawn faded (the page's slider)."""
     r = rows[rows.q_row == q_row].reset_index(drop=True)
-    labels = [f"step {s}: chunk {c}" for s, c in zip(r.step, r.kv_chunk)]
+    labels = [f"s{s} · c{c}" for s, c in zip(r.step, r.kv_chunk)]
     shown = np.arange(len(r)) <= upto
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=["running max m (natural units: q·k/√d)", "denominator l = Σ exp(s − m)"])
@@ -222,8 +225,8 @@ def ring_merge_figure(rows: pd.DataFrame, q_row: int, upto: int, final_lse: floa
                          opacity=0.8), row=2, col=1)
     fig.add_trace(go.Scatter(x=labels[:upto + 1], y=r.l[:upto + 1], mode="lines+markers", name="merged l",
                              line=dict(color=FULL, width=3), marker=dict(size=8)), row=2, col=1)
-    fig.update_xaxes(title_text="K/V chunks in the order the ring brought them (step, sequence chunk)",
-                     row=2, col=1, categoryorder="array", categoryarray=labels)
+    fig.update_xaxes(title_text="K/V chunks in the order the ring brought them (s = ring step, c = sequence chunk)",
+                     row=2, col=1, categoryorder="array", categoryarray=labels, tickangle=0)
     fig.update_yaxes(title_text="m", row=1, col=1)
     fig.update_yaxes(title_text="l", rangemode="tozero", row=2, col=1)
     sub = "the seeds' two-state merge, one level up: tiles became ranks"

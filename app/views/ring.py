@@ -75,7 +75,10 @@ m[2].metric("ring time", f"{ring['ring_ms']:.2f} ms" if ring.get("ring_ms") else
 m[3].metric("parallel efficiency", f"{100 * ring['parallel_efficiency']:.0f}%" if ring.get("parallel_efficiency")
             else "—", "vs one GPU", delta_color="off", help="one-GPU time / (W × ring time)")
 m[4].metric("transfers hidden", f"{100 * ov['hidden']:.0f}%",
-            f"{ov['gbps']:.0f} GB/s per link" if ov["gbps"] and hardware else "", delta_color="off")
+            f"{ov['gbps']:.0f} GB/s effective" if ov["gbps"] and hardware else "", delta_color="off",
+            help="hidden: the share of transfer time that overlapped compute. Effective: bytes sent "
+                 "over (send start to arrival), median over transfers; it includes waiting for the "
+                 "peer to post its receive, so it is not the link bandwidth")
 
 st.subheader("1. Per-rank timeline: is the transfer hidden behind compute?")
 common.chart(ring_timeline_figure(steps, prov, hardware), "ring-timeline", "ring_tl", s.present)
