@@ -69,9 +69,9 @@ def _grid_axes(fig, n_rows, n_cols) -> float:
     r = stretch(n_rows, n_cols)
     fig.update_xaxes(range=[-0.5, n_cols - 0.5], constrain="domain", showgrid=False, zeroline=False)
     fig.update_yaxes(range=[n_rows - 0.5, -0.5], scaleanchor="x", scaleratio=r, constrain="domain",
-                     showgrid=False, zeroline=False, tickformat="d")
+                     showgrid=False, zeroline=False)
     if n_rows <= 16:                                       # whole blocks only, never 0.5
-        fig.update_yaxes(dtick=1)
+        fig.update_yaxes(tickmode="array", tickvals=list(range(n_rows)))
     return r
 
 
