@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from instrumentation.online_softmax import default_bh, default_q_row, inputs_for_trace, softmax_steps
 
-from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, title
+from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title
 
 ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in the hover)
 MAX_STEP_TICKS = 16
@@ -247,27 +247,30 @@ def softmax_error_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     return _caption(fig, steps, f"Exact zeros drawn at {ERR_FLOOR:.0e}. ")
 
 
+STRIP_STATES = (("skipped by the mask", SKIPPED_GREY), ("not yet", "#f6e3c6"), ("integrated", "#8fb8de"),
+                ("loaded now", NOW))
+
+
 def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
-    """The row's K blocks: blue = integrated, orange = loaded now, grey = not yet (or never:
-    skipped by the mask)."""
+    """The row's K blocks: blue = integrated, red = loaded now, pale = visited later, grey =
+    never visited (the mask skips it)."""
     i = _step_index(steps, step)
     n_kb = steps.attrs["n_k_blocks"]
-    state = np.zeros(n_kb)
+    state = np.zeros(n_kb)                      # 0 skipped unless the kernel visits it
     for j, kb in enumerate(steps["k_block"]):
-        state[kb] = 2 if j == i else (1 if j < i else 0)
-    visited = set(steps["k_block"].tolist())
-    text = [f"K block {kb}: " + ("never visited (skipped)" if kb not in visited else
-                                 ["not yet", "integrated", "loaded now"][int(state[kb])]) for kb in range(n_kb)]
-    fig = go.Figure(go.Heatmap(z=[state], x=np.arange(n_kb), zmin=-0.5, zmax=2.5, showscale=False,
-                               xgap=2 if n_kb <= 64 else 0, text=[text],
-                               colorscale=[[0, SKIPPED_GREY], [1 / 3, SKIPPED_GREY], [1 / 3, "#8fb8de"],
-                                           [2 / 3, "#8fb8de"], [2 / 3, NOW], [1, NOW]],
+        state[kb] = 3 if j == i else (2 if j < i else 1)
+    text = [f"K block {kb} (keys {kb * steps.attrs['block_n']}–{(kb + 1) * steps.attrs['block_n'] - 1}): "
+            + STRIP_STATES[int(state[kb])][0] for kb in range(n_kb)]
+    fig = go.Figure(go.Heatmap(z=[state], x=np.arange(n_kb), zmin=-0.5, zmax=len(STRIP_STATES) - 0.5,
+                               showscale=False, xgap=2 if n_kb <= 64 else 0, text=[text],
+                               colorscale=discrete_colorscale([c for _, c in STRIP_STATES]),
                                hovertemplate="%{text}<extra></extra>"))
-    for name, color in (("integrated", "#8fb8de"), ("loaded now", NOW), ("not yet / skipped", SKIPPED_GREY)):
+    for name, color in STRIP_STATES[::-1]:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=14, color=color)))
     fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}",
-                                  f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded"),
+                                  f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
+                                  f"{len(steps)} of {n_kb} K blocks visited"),
                       height=260, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
                       yaxis_visible=False,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"),
