@@ -20,6 +20,15 @@ def device():
 
 
 def pytest_collection_modifyitems(config, items):
+    # Browser tests last (tests/app/conftest.py): they share one Chromium whose Playwright sync API
+    # holds a running asyncio loop until the session ends. The ones that want a server no session
+    # has used yet go first among them, so the shared server is theirs at no extra start.
+    def order(item):
+        if "browser" not in item.keywords:
+            return 0
+        return 1 if "fresh_app_server" in getattr(item, "fixturenames", ()) else 2
+
+    items.sort(key=order)          # stable: file order within each group
     if ON_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU)")

@@ -3,6 +3,7 @@ it draws (lanes, whole-GPU animation, comparison of three schedules), the animat
 and presentation mode keeps the 132 SM lanes tall. Timings are measured by
 scripts/measure_app.py, not asserted here.
 
+Runs on the session's one server (the bundled data/) and Chromium: tests/app/conftest.py.
 Skips without /usr/bin/chromium, playwright or the bundled recordings.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, run_server, sync_api, wait_for_title
+from tests.app.live_app import wait_for_title
 
 pytestmark = pytest.mark.browser
 
@@ -26,31 +27,14 @@ IDLE = ("() => { const w = document.querySelector('[data-testid=\"stStatusWidget
         " return !w || !w.innerText.includes('Running'); }")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    yield from run_server(DATA, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-def open_page(browser, url: str, height: int = 1100, animation: bool = True):
-    ctx = browser.new_context(viewport={"width": 1500, "height": height})
-    page = ctx.new_page()
-    page.set_default_timeout(120_000)
+def open_page(new_page, url: str, height: int = 1100, animation: bool = True):
+    page = new_page(1500, height, timeout_ms=120_000)
     page.goto(url)
     wait_for_title(page, "Work items on SMs", timeout=180_000)
     if animation:
         wait_for_title(page, "The whole GPU over time", timeout=180_000)
     page.wait_for_function(IDLE)
-    return ctx, page
+    return page
 
 
 def plot_height(page, title: str) -> float:
@@ -61,41 +45,35 @@ def plot_height(page, title: str) -> float:
                    return p._fullLayout.yaxis._length; }""", title)
 
 
-def test_16k_schedule_page_draws_compares_and_plays(server, browser):
+def test_16k_schedule_page_draws_compares_and_plays(app_server, new_page):
     # at 16k the animation is drawn on demand; the link switches it on
-    ctx, page = open_page(browser, f"{server}/?page=schedule&source=recorded&trace={BIG}&sched_anim=1")
-    try:
-        assert page.locator('[data-testid="stException"]').count() == 0
-        # lanes and grids are raster images (one <image> per heatmap), not thousands of SVG paths
-        assert page.locator(".js-plotly-plot .hm image").count() >= 4
-        assert page.locator(".js-plotly-plot .shapelayer path").count() < 20
-        assert plot_height(page, "Work items on SMs") >= 300          # 132 lanes, not a strip
-        # the animation plays: its subtitle (t, running items) moves on from frame 0
-        sub = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle, .js-plotly-plot .gtitle-subtitle')]"
-               ".map(t => t.textContent).filter(t => t.startsWith('t = '))")
-        first = page.evaluate(sub)
-        page.get_by_text("▶ play").first.click()
-        page.wait_for_function(f"f => {{ const s = ({sub})(); return s.length && s[0] !== f[0]; }}",
-                               arg=first, timeout=60_000)
-        page.get_by_text("❚❚ pause").first.click()
-        # three schedules side by side
-        page.locator('[data-testid="stCheckbox"]').filter(has_text="Compare schedules").first.click()
-        wait_for_title(page, "natural vs longest_first vs persistent", timeout=180_000)
-        page.wait_for_function(IDLE)
-        names = page.locator(".js-plotly-plot .annotation-text").all_text_contents()
-        for sched in ("natural", "longest_first", "persistent"):
-            assert any(t.startswith(f"{sched}: makespan") and "µs" in t for t in names), names
-        assert page.locator('[data-testid="stException"]').count() == 0
-    finally:
-        ctx.close()
+    page = open_page(new_page, f"{app_server}/?page=schedule&source=recorded&trace={BIG}&sched_anim=1")
+    assert page.locator('[data-testid="stException"]').count() == 0
+    # lanes and grids are raster images (one <image> per heatmap), not thousands of SVG paths
+    assert page.locator(".js-plotly-plot .hm image").count() >= 4
+    assert page.locator(".js-plotly-plot .shapelayer path").count() < 20
+    assert plot_height(page, "Work items on SMs") >= 300          # 132 lanes, not a strip
+    # the animation plays: its subtitle (t, running items) moves on from frame 0
+    sub = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle, .js-plotly-plot .gtitle-subtitle')]"
+           ".map(t => t.textContent).filter(t => t.startsWith('t = '))")
+    first = page.evaluate(sub)
+    page.get_by_text("▶ play").first.click()
+    page.wait_for_function(f"f => {{ const s = ({sub})(); return s.length && s[0] !== f[0]; }}",
+                           arg=first, timeout=60_000)
+    page.get_by_text("❚❚ pause").first.click()
+    # three schedules side by side
+    page.locator('[data-testid="stCheckbox"]').filter(has_text="Compare schedules").first.click()
+    wait_for_title(page, "natural vs longest_first vs persistent", timeout=180_000)
+    page.wait_for_function(IDLE)
+    names = page.locator(".js-plotly-plot .annotation-text").all_text_contents()
+    for sched in ("natural", "longest_first", "persistent"):
+        assert any(t.startswith(f"{sched}: makespan") and "µs" in t for t in names), names
+    assert page.locator('[data-testid="stException"]').count() == 0
 
 
-def test_16k_presentation_mode_keeps_lanes_tall(server, browser):
-    ctx, page = open_page(browser, f"{server}/?page=schedule&source=recorded&trace={BIG}&present=1", 900,
-                          animation=False)
-    try:
-        assert page.locator('[data-testid="stException"]').count() == 0
-        assert "The whole GPU over time" not in " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
-        assert plot_height(page, "Work items on SMs") >= 300
-    finally:
-        ctx.close()
+def test_16k_presentation_mode_keeps_lanes_tall(app_server, new_page):
+    page = open_page(new_page, f"{app_server}/?page=schedule&source=recorded&trace={BIG}&present=1", 900,
+                     animation=False)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert "The whole GPU over time" not in " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
+    assert plot_height(page, "Work items on SMs") >= 300

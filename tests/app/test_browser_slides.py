@@ -1,6 +1,7 @@
 """Presentation mode in a real headless Chromium, on the bundled decode recordings: every chart
 (scaled to the window) keeps its provenance caption clear of the download buttons under it, at
-a small and a large window. Skips cleanly without /usr/bin/chromium, playwright or data/decode."""
+a small and a large window. On the session's one server and Chromium (tests/app/conftest.py).
+Skips cleanly without /usr/bin/chromium, playwright or data/decode."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, run_server, sync_api
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,26 +26,16 @@ BOXES = """() => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    yield from run_server(ROOT / "data", tmp_path_factory)
-
-
 @pytest.mark.parametrize("viewport", [(1100, 700), (1700, 1000)])
-def test_slide_captions_clear_of_download_buttons(server, viewport):
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
-            page.goto(f"{server}/?page=decode&source=recorded&dec_rec_batch=1&present=1")
-            page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
-                                   ".js-plotly-plot').length >= 4", timeout=120_000)
-            page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                                   ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
-            time.sleep(1.0)                                   # the fit script settles every 300 ms
-            boxes = page.evaluate(BOXES)
-        finally:
-            browser.close()
+def test_slide_captions_clear_of_download_buttons(app_server, new_page, viewport):
+    page = new_page(*viewport)
+    page.goto(f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
+                           ".js-plotly-plot').length >= 4", timeout=120_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
+    time.sleep(1.0)                                   # the fit script settles every 300 ms
+    boxes = page.evaluate(BOXES)
     charts, buttons = boxes["charts"], boxes["buttons"]
     assert len(charts) == 4 and len(buttons) >= 4 * 4
     for chart in charts:

@@ -3,7 +3,8 @@ whose `mask` is a Markdown link, or whose `trace` is a Markdown image, must leav
 anchor or image on the page and make the browser fetch nothing from the outside host, while
 the value itself is still shown (so the user sees what was wrong).
 
-Skips cleanly when /usr/bin/chromium or playwright is missing. Never downloads a browser.
+Runs on the session's one server and Chromium (tests/app/conftest.py); skips cleanly when
+/usr/bin/chromium or playwright is missing. Never downloads a browser.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-from tests.app.test_browser import CHROMIUM, CHROMIUM_ARGS, N, run_server  # noqa: E402  (skips)
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+N = 256
 
 HOST = "198.51.100.7"
 HOSTILE = [
@@ -25,33 +24,6 @@ HOSTILE = [
     ("trace", f"![t](http://{HOST}/t.png)", f"{HOST}/t.png"),
     ("mask", f"causal <img src=http://{HOST}/x.png> :red[alarm] http://{HOST}/bare", "alarm"),
 ]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    from instrumentation import make_inputs, record
-
-    root = tmp_path_factory.mktemp("data")
-    q, k, v = make_inputs(1, 1, N, 32, "fp16", seed=0)
-    _, trace = record(q, k, v, mask="causal", block_m=64, block_n=64,
-                      meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
-    trace.save(root / "traces" / f"n{N}_causal_natural")
-    return root
-
-
-@pytest.fixture(scope="module")
-def server(data_dir, tmp_path_factory):
-    yield from run_server(data_dir, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _settle(page, shown: str, timeout: float = 90) -> str:
@@ -69,25 +41,21 @@ def _settle(page, shown: str, timeout: float = 90) -> str:
 
 @pytest.mark.parametrize("key,value,shown", HOSTILE)
 @pytest.mark.parametrize("page_name", ["block_skip", "schedule"])
-def test_markdown_in_link_values_is_text(server, browser, key, value, shown, page_name):
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = ctx.new_page()
+def test_markdown_in_link_values_is_text(app_server, new_page, key, value, shown, page_name):
+    page = new_page(1400, 1000)
     outside = []
     page.on("request", lambda r: outside.append(r.url) if urlparse(r.url).hostname == HOST else None)
     # answer any request to the outside host locally, so a failure is seen, not waited for
     page.route(lambda u: urlparse(u).hostname == HOST, lambda route: route.fulfill(status=204, body=""))
     source = "recorded" if key == "trace" else "interpreter"
-    url = (f"{server}/?page={page_name}&source={source}&seq_len={N}&head_dim=32&block_m=64"
+    url = (f"{app_server}/?page={page_name}&source={source}&seq_len={N}&head_dim=32&block_m=64"
            f"&block_n=64&{key}={quote(value, safe='')}")
-    try:
-        page.goto(url)
-        text = _settle(page, shown)
-        anchors = page.eval_on_selector_all(
-            "a[href]", "els => els.map(e => e.href).filter(h => new URL(h).hostname === '198.51.100.7')")
-        images = page.eval_on_selector_all(
-            "img[src]", "els => els.map(e => e.src).filter(s => new URL(s).hostname === '198.51.100.7')")
-        assert anchors == [] and images == [], (anchors, images)
-        assert outside == [], outside
-        assert "Traceback" not in text
-    finally:
-        ctx.close()
+    page.goto(url)
+    text = _settle(page, shown)
+    anchors = page.eval_on_selector_all(
+        "a[href]", "els => els.map(e => e.href).filter(h => new URL(h).hostname === '198.51.100.7')")
+    images = page.eval_on_selector_all(
+        "img[src]", "els => els.map(e => e.src).filter(s => new URL(s).hostname === '198.51.100.7')")
+    assert anchors == [] and images == [], (anchors, images)
+    assert outside == [], outside
+    assert "Traceback" not in text
