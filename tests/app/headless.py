@@ -7,8 +7,10 @@ The fixtures built on these (the shared recordings, `data_dir`) are in tests/app
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,6 +53,15 @@ def record_small(root: Path, name: str, n=256, mask="causal", schedule="natural"
     _, trace = record(q, k, v, mask=mask, block_m=bm, block_n=bn, schedule=schedule, **record_args)
     trace.meta["source"] = "recorded"
     return trace.save(root / "traces" / name)
+
+
+def zip_trace(path: Path, folder: str) -> bytes:
+    """A trace directory as the zip a user uploads: its files under `folder/`."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for f in sorted(path.iterdir()):
+            zf.write(f, f"{folder}/{f.name}")
+    return buf.getvalue()
 
 
 def decode(obj, arrays: bool = False):

@@ -43,12 +43,15 @@ def wait_healthy(url: str, proc, timeout: float = 90) -> None:
 
 
 @contextmanager
-def streamlit_server(data_dir: Path, log_path: Path):
-    """The app served on 127.0.0.1 (interpreter kernels, recordings from `data_dir`); yields its URL."""
+def streamlit_server(data_dir: Path | None, log_path: Path):
+    """The app served on 127.0.0.1 (interpreter kernels, recordings from `data_dir`, or the
+    app's default data/ when None); yields its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TILESCOPE_DATA": str(data_dir),
-           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
+           "PYTHONPATH": str(ROOT)}
+    if data_dir is not None:
+        env["TILESCOPE_DATA"] = str(data_dir)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",

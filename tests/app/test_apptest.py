@@ -22,7 +22,7 @@ from kernels.masks import parse_mask
 pytest.importorskip("streamlit")
 from tests.app.conftest import N  # noqa: E402
 from tests.app.headless import (  # noqa: E402,F401  (charts, clean, _record: imported by other files)
-    charts, clean, open_page, record_small as _record, tilescope_data, titles)
+    charts, clean, open_page, record_small as _record, tilescope_data, titles, zip_trace)
 
 PAGES = ("schedule", "block_skip", "online_softmax", "memory")
 MASKS = {"full": "full", "causal": "causal", "sliding_window": "sliding_window:64",
@@ -329,11 +329,7 @@ def test_recorded_link_without_a_name_finds_the_matching_recording(data_dir):
 
 
 def _zip_dir(path: Path) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for f in sorted(path.iterdir()):
-            zf.write(f, f"mytrace/{f.name}")
-    return buf.getvalue()
+    return zip_trace(path, "mytrace")
 
 
 def test_uploaded_trace(data_dir):

@@ -5,19 +5,17 @@ trace metadata, URL values) is rendered as text, not Markdown. The same traces g
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("streamlit")
-from tests.app.headless import open_page, tilescope_data  # noqa: E402
+from tests.app.headless import open_page, tilescope_data, zip_trace  # noqa: E402
 
 from app.text import plain  # noqa: E402
 
@@ -66,11 +64,7 @@ def _hostile_dir(good: Path, tmp: Path, name: str) -> Path:
 
 
 def _zip(path: Path) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for f in sorted(path.iterdir()):
-            zf.write(f, f"upload/{f.name}")
-    return buf.getvalue()
+    return zip_trace(path, "upload")
 
 
 def _upload(name: str, data: bytes, page="block_skip"):
