@@ -24,6 +24,16 @@ def _row_labels(live, batches: int) -> list[str]:
             for b, k, q in zip(live["batch"], live["kv_head"], live["query_heads"])]
 
 
+def _height(n_rows: int) -> int:
+    return int(min(900, max(540, 300 + 26 * n_rows)))
+
+
+def _tick_px(n_rows: int) -> int:
+    """End-tick height: about 70% of a row of the top panel."""
+    row_px = (_height(n_rows) - 330) * 0.72 / max(n_rows, 1)
+    return int(min(20, max(5, 0.7 * row_px)))
+
+
 def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
     """Top: KV heads (rows, with the query heads that read them) over time, coloured by the
     mean number of work items reading that K/V in each bin (blank: not live). Bottom: bytes of
@@ -38,28 +48,30 @@ def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
     labels = _row_labels(live, b)
     n_rows = len(labels)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.72, 0.28])
-    win = [f"{labels[i]}: live {live['first_start'].iat[i] / scale:,.4g}–{live['last_end'].iat[i] / scale:,.4g}, "
-           f"{live['items'].iat[i]} work items on {live['sms'].iat[i]} SMs, up to {live['peak_readers'].iat[i]} at once"
-           for i in range(n_rows)]
     fig.add_trace(go.Heatmap(
-        z=np.where(occ > 0, occ, np.nan), x=mid, y=np.arange(n_rows), colorscale=OCCUPANCY_SCALE, zmin=0,
-        customdata=np.array(win, dtype=object)[:, None].repeat(len(mid), axis=1),
+        z=np.where(occ > 0, occ, np.nan), x=mid, y=labels, colorscale=OCCUPANCY_SCALE, zmin=0,
         colorbar=dict(title=dict(text="work items<br>reading it", side="right"), len=0.7, y=1, yanchor="top"),
-        hovertemplate="%{customdata}<br>t ≈ %{x:,.4g}: %{z:.1f} items reading<extra></extra>",
+        hovertemplate="%{y}<br>t ≈ %{x:,.4g}: %{z:.1f} work items reading<extra></extra>",
         name="readers"), row=1, col=1)
-    # each KV head's live window, first start to last end, as a thin outline under the colour
-    for i in range(n_rows):
-        x0, x1 = live["first_start"].iat[i] / scale, live["last_end"].iat[i] / scale
-        fig.add_shape(type="rect", x0=x0, x1=x1, y0=i - 0.45, y1=i + 0.45, line=dict(color="#444", width=1),
-                      fillcolor="rgba(0,0,0,0)", layer="above", row=1, col=1)
+    # each KV head's live window, first start to last end, as end ticks (hover: its numbers)
+    info = np.stack([live["first_start"] / scale, live["last_end"] / scale, live["items"], live["sms"],
+                     live["peak_readers"], live["window_share"] * 100], axis=1)
+    for col, name in (("first_start", "first read"), ("last_end", "last read")):
+        fig.add_trace(go.Scatter(
+            x=live[col] / scale, y=labels, mode="markers", name=name, customdata=info,
+            marker=dict(symbol="line-ns-open", color="#222", size=_tick_px(n_rows),
+                        line=dict(width=2, color="#222")),
+            hovertemplate="%{y}: K/V live %{customdata[0]:,.4g}–%{customdata[1]:,.4g} "
+                          "(%{customdata[5]:.0f}% of the run)<br>%{customdata[2]} work items on "
+                          "%{customdata[3]} SMs, up to %{customdata[4]} at once<extra></extra>"),
+            row=1, col=1)
     fig.add_trace(go.Scatter(x=mid, y=ws / 1e6, mode="lines", line=dict(color=FULL, width=2, shape="hv"),
                              name="K/V with an open live window", showlegend=False,
                              hovertemplate="t ≈ %{x:,.4g}: %{y:,.3g} MB of K/V live<extra></extra>"),
                   row=2, col=1)
-    every = max(1, -(-n_rows // 24))
-    fig.update_yaxes(tickmode="array", tickvals=list(range(0, n_rows, every)), ticktext=labels[::every],
-                     range=[n_rows - 0.5, -0.5], showgrid=False, zeroline=False, row=1, col=1,
-                     title_text="KV head ← query heads")
+    every = max(1, -(-n_rows // 24))                      # at most 24 labels, every row up to 24
+    fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, row=1, col=1, tickmode="array",
+                     tickvals=labels[::every], ticktext=labels[::every], title_text="KV head ← query heads")
     fig.update_yaxes(title_text="K/V live (MB)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text=t_label, row=2, col=1, range=[0, edges[-1] / scale])
     fig.update_xaxes(range=[0, edges[-1] / scale], row=1, col=1)
@@ -72,12 +84,12 @@ def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
            f"on {int(live['peak_sms'].max())} SMs at once; at most {fmt_bytes(float(ws.max()))} of K/V live together")
     fig.update_layout(title=title(f"Who shares a KV head, and when its K/V are read "
                                   f"(H={h}, H_kv={h_kv}, N_q={s.get('N_q', s['N'])}, N_k={trace.kv_len})", sub),
-                      template=TEMPLATE, height=int(min(900, max(460, 240 + 16 * n_rows))), showlegend=False)
+                      template=TEMPLATE, height=_height(n_rows), showlegend=False)
     clock = ("modelled timeline (list scheduling in the kernel's start order)" if live.attrs["modelled"]
              else "measured work-item times (globaltimer) and SM ids")
     traced = trace.meta.get("traced_heads") or []
     slow = (f"Heads recorded with tile detail (bh {', '.join(map(str, traced))}) run slower than the others: "
             "their KV heads stay live longer. " if traced and not live.attrs["modelled"] else "")
-    return caption(fig, f"{slow}Live window: first start to last end of the work items that read a KV head (outlined); "
+    return caption(fig, f"{slow}Live window: first start to last end of the work items that read a KV head (black ticks); "
                         f"colour: work items reading it per time bin ({bins} bins), an L2-reuse proxy: the trace has "
                         f"no L2 counters. From trace.work ({clock}): {live.attrs['provenance']}")

@@ -97,6 +97,6 @@ def test_live_preset_in_the_interpreter_draws_kv_sharing(data_dir):
     fig = kv_sharing_figure(trace, cached_timeline(trace, 132))
     heat = fig.data[0]
     assert len(heat.y) == shape["B"] * shape["H_kv"]                     # one row per KV head
-    labels = list(fig.layout.yaxis.ticktext)
+    labels = list(heat.y)
     g = shape["H"] // shape["H_kv"]
     assert labels[0].endswith(f"q 0–{g - 1}") and "modelled" in fig.layout.annotations[-1].text

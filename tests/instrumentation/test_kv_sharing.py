@@ -86,7 +86,7 @@ def test_bundled_gqa_recording_and_figure():
     assert len(live) == 8 and (live["items"] == 4 * 32).all()            # 4 query heads x 32 query blocks
     assert (live["window"] <= live.attrs["makespan"]).all() and (live["peak_sms"] <= live["peak_readers"]).all()
     fig = kv_sharing_figure(trace, tl)
-    assert list(fig.layout.yaxis.ticktext)[:2] == ["KV 0 ← q 0–3", "KV 1 ← q 4–7"]
+    assert list(fig.data[0].y)[:2] == ["KV 0 ← q 0–3", "KV 1 ← q 4–7"]
     assert "µs" in fig.layout.xaxis2.title.text and "NVIDIA" in fig.layout.annotations[-1].text
     np.testing.assert_allclose(np.nansum(np.nan_to_num(np.asarray(fig.data[0].z, float)), axis=1)
                                * (tl["t_end"].max() - tl["t_start"].min()) / len(fig.data[0].x), live["busy"], rtol=1e-6)
