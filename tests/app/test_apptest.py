@@ -50,12 +50,26 @@ def table_with(at, column):
     return next(d.value for d in at.dataframe if column in d.value.columns)
 
 
+@pytest.fixture(scope="module")
+def rendered(data_dir):
+    """rendered(page, mask): the live default view, rendered once per module for the tests that
+    only read it (they never click or edit it)."""
+    views = {}
+
+    def get(page, mask):
+        if (page, mask) not in views:
+            views[page, mask] = live(data_dir, page=page, mask=mask)
+        return views[page, mask]
+
+    return get
+
+
 # -- every page, every mask ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", list(MASKS))
 @pytest.mark.parametrize("page", PAGES)
-def test_every_page_renders_for_every_mask(data_dir, page, kind):
-    at = live(data_dir, page=page, mask=MASKS[kind])
+def test_every_page_renders_for_every_mask(rendered, page, kind):
+    at = rendered(page, MASKS[kind])
     clean(at)
     figs = charts(at)
     assert figs, f"no chart on {page}"
@@ -227,9 +241,9 @@ def test_presentation_toggle(data_dir):
     assert slide["meta"]["tilescope_look"] == "slide"
 
 
-def test_download_buttons_on_every_page(data_dir):
+def test_download_buttons_on_every_page(rendered):
     for page in PAGES:
-        at = live(data_dir, page=page, mask="causal")
+        at = rendered(page, "causal")
         labels = [b.proto.label for b in at.get("download_button")]
         assert any("PNG" in x for x in labels) and any("SVG" in x for x in labels) \
             and any("HTML" in x for x in labels), (page, labels)

@@ -43,8 +43,14 @@ def chart(at, needle: str) -> dict:
     return headless.chart(at, needle, arrays=True)
 
 
-def test_metrics_lanes_and_stragglers(data_dir):
-    at = page(data_dir)
+@pytest.fixture(scope="module")
+def default_view(data_dir):
+    """The page on the causal recording, rendered once for the tests that only read it."""
+    return page(data_dir)
+
+
+def test_metrics_lanes_and_stragglers(default_view):
+    at = default_view
     clean(at)
     labels = {m.label: m.value for m in at.metric}
     for name in ("makespan", "tail", "over ideal", "load imbalance", "idle SM time", "waves"):
@@ -112,8 +118,8 @@ def test_url_controls_and_bad_values(data_dir):
     assert at.selectbox(key="sched_color").value == "tiles_visited"
 
 
-def test_imbalance_view_only_where_items_differ(data_dir):
-    at = page(data_dir)
+def test_imbalance_view_only_where_items_differ(data_dir, default_view):
+    at = default_view
     assert any("Causal imbalance" in c["layout"]["title"]["text"] for c in charts(at))
     at = page(data_dir, trace=f"n{N}_full_natural")
     clean(at)
