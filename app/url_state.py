@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from app import data_sources, sources
-from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, INT_KEYS, PAGES, SCHEDULES, SOURCES,
+from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, INT_KEYS, MAX_SEQ_LEN, PAGES, SCHEDULES, SOURCES,
                           SUPPORTED_HEAD_DIMS, Settings, parse_mask)
 from app.sidebar import KERNEL_CONTROLS, mask_to_controls
 from app.text import plain
@@ -61,44 +61,60 @@ def init_session() -> None:
             source = live_source
         else:
             source = want
+    recorded = source == "recorded"
+    start = dict(values)     # what a wrong value falls back to (the default recording's, or DEFAULTS)
+    wrong = {}               # key -> why the link's value is wrong; a wrong value never picks a recording
     for key in INT_KEYS:
         if key in qp:
             try:
-                values[key] = int(qp[key])
+                value = int(qp[key])
             except ValueError:
-                errors.append(f"{key}={qp[key]!r} in the link is not a whole number; using {values[key]}.")
+                wrong[key] = f"{key}={qp[key]!r} in the link is not a whole number"
+                continue
+            why = _int_problem(key, value)
+            if why and recorded:   # a live link keeps it: the page says why it cannot run, the sidebar fixes it
+                wrong[key] = f"{key}={qp[key]!r} in the link is not valid ({why})"
+            else:
+                values[key] = value
     for key, allowed in (("head_dim", SUPPORTED_HEAD_DIMS), ("block_m", BLOCK_SIZES),
                          ("block_n", BLOCK_SIZES)):
         if values[key] not in allowed:
-            errors.append(f"{key}={values[key]} is not supported (use one of "
-                          f"{', '.join(map(str, allowed))}); using {DEFAULTS[key]}.")
-            values[key] = DEFAULTS[key]
+            wrong[key] = (f"{key}={values[key]} is not supported (use one of "
+                          f"{', '.join(map(str, allowed))})")
+            values[key] = start[key] if start[key] in allowed else DEFAULTS[key]
     for key, allowed in (("dtype", DTYPES), ("schedule", SCHEDULES)):
         if key in qp:
             if qp[key] in allowed:
                 values[key] = qp[key]
             else:
-                errors.append(f"{key}={qp[key]!r} is not one of {', '.join(allowed)}; using {values[key]}.")
+                wrong[key] = f"{key}={qp[key]!r} is not one of {', '.join(allowed)}"
     if "mask" in qp:
         try:
             parse_mask(qp["mask"])
             values["mask"] = qp["mask"]
         except ValueError as exc:
-            errors.append(f"mask={qp['mask']!r} in the link does not parse: {exc}. Using {values['mask']}.")
-    if source == "recorded":
+            wrong["mask"] = f"mask={qp['mask']!r} in the link does not parse: {exc}."
+    used = values
+    if recorded:
         recs = sources.recordings()
         rec = sources.recording_named(qp.get("trace", "")) if qp.get("trace") else None
         if qp.get("trace") and rec is None:
             errors.append(f"The link names the recording {qp['trace']!r}, which is not bundled here.")
-        if rec is None and recs:
-            wanted = {k: values[k] for k in DEFAULTS if k in qp} or values
+        wanted = {k: values[k] for k in DEFAULTS if k in qp and k not in wrong}
+        if rec is None and recs and wanted:      # only the link's valid values choose a recording
             rec = data_sources.nearest(recs, wanted)
+        if rec is None and recs:                 # nothing valid asked for: the default recording
+            rec = sources.recording_named(trace) or recs[0]
         if rec is None:
             errors.append("The link asks for a recorded trace, but data/traces/ has none here; "
                           "running live instead.")
             source = live_source
         else:
             trace = rec.name
+            used = {**values, **rec.settings()}
+    for key, why in wrong.items():               # one line each: what was wrong, what is used instead
+        where = f" (the recording {trace})" if source == "recorded" else ""
+        errors.append(f"{why.rstrip('.')}; using {used.get(key, values[key])}{where}.")
     ss["ctl_source"] = source
     ss["ctl_trace"] = trace
     for key in KERNEL_CONTROLS:
@@ -115,6 +131,17 @@ def init_session() -> None:
 
 
 SETTING_PARAMS = ("page", "source", "trace", "present", *DEFAULTS)
+
+
+def _int_problem(key: str, value: int) -> str:
+    """Why a whole number from the link cannot be that setting ('' when it can)."""
+    if key in ("kv_len", "kv_heads"):
+        return "" if 0 <= value <= MAX_SEQ_LEN else f"use 0 (the same as {'N' if key == 'kv_len' else 'H'}) or more"
+    if value < 1:
+        return "it must be 1 or more"
+    if key == "seq_len" and value > MAX_SEQ_LEN:
+        return f"at most {MAX_SEQ_LEN}"
+    return ""
 
 
 def write_query(s: Settings, page: str) -> None:
