@@ -25,6 +25,7 @@ from kernels.masks import MASK_KINDS, mask_kind
 KERNEL_CONTROLS = ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule",
                    "kv_len", "kv_heads")
 INTERPRETER_PRESET_TILES = 600      # a preset in the interpreter is scaled to at most about this many tiles
+WINDOW_FRACTION = 4                 # ... and a sliding window that covers all of its N to N / this
 
 
 _PARAM_KEYS = {"sliding_window": "ctl_window", "prefix_lm": "ctl_prefix", "document": "ctl_docs"}  # stable names
@@ -156,12 +157,30 @@ def apply_preset() -> None:
             note += ("; " if note else "") + (f"{n_q} queries of {n_k} keys shortened to {n_q // shrink} "
                                               f"of {n_k // shrink} (the same ratio)")
             n_q, n_k = n_q // shrink, n_k // shrink
+    mask = shape["mask"]
+    if ss.get("ctl_source") == "interpreter":
+        mask, why = _scaled_window(mask, n_k)
+        if why:
+            note += ("; " if note else "") + why
     ss["ctl_seq_len"] = n_q
     ss["ctl_kv_len"] = 0 if n_k == n_q else n_k
     ss["ctl_heads"], ss["ctl_head_dim"] = p.heads, p.head_dim
     ss["ctl_kv_heads"] = 0 if p.kv_heads == p.heads else p.kv_heads
-    ss.update(mask_to_controls(shape["mask"]))
+    ss.update(mask_to_controls(mask))
     ss["_preset_note"] = f"{p.label}: {note}; a GPU runs it as published." if note else ""
+
+
+def _scaled_window(mask: str, n_k: int) -> tuple[str, str]:
+    """A model's sliding window at the interpreter's small N: a window W >= N covers every key
+    (the same as causal), so it becomes N / WINDOW_FRACTION (whole 16s), the window's share of the
+    context at the lengths the model serves (Mistral-7B: 4096 of 32k is 1/8; Gemma-2: 4096 of
+    8k is 1/2; a quarter sits between). (mask, note) with note '' when nothing changed."""
+    spec = parse_mask(mask)
+    if spec.kind != "sliding_window" or spec.param is None or int(spec.param) < n_k:
+        return mask, ""
+    w = max(16, n_k // WINDOW_FRACTION // 16 * 16)
+    return (f"sliding_window:{w}",
+            f"window {int(spec.param)} ≥ N={n_k} (the same as causal) scaled to {w} = N/{WINDOW_FRACTION}")
 
 
 # -- the sidebar --------------------------------------------------------------------------------
