@@ -10,6 +10,7 @@
     python -m app.export --trace data/decode/decode_b1_ctx32k_splits-auto --chart decode-lanes --format png --out lanes.png
     python -m app.export --sweep data/sweeps/nvidia-h200.json --chart memory --format svg --out m.svg
     python -m app.export --trace T --sweep S --gallery out/          (every view, both looks)
+    python -m app.export --trace T --gallery out/ --formats png,svg,pdf  (vector files too)
 
 `--presentation` draws in the slide look (template "tilescope_slide", 16:9); its PNGs are at
 least 1920 x 1080 (a strip: 1920 wide), other PNGs are drawn at scale 2. A static export (PNG/SVG/PDF) of an animated
@@ -34,10 +35,15 @@ from app.exports.images import (DEFAULT_SIZE, FIGURE_FORMATS, IMAGE_FORMATS, PNG
 
 # -- gallery ---------------------------------------------------------------------------------------
 
-def gallery(directory, inputs, charts=None, fmt: str = "png") -> list[Path]:
+def gallery(directory, inputs, charts=None, formats=("png",)) -> list[Path]:
     """Every chart that `inputs` can draw (trace views, and sweep charts when a sweep is given),
-    in both looks: DIR/normal/NAME.png and DIR/slide/NAME.png. A view the data cannot draw
-    (e.g. no softmax rows) is listed in DIR/skipped.txt with the reason."""
+    in both looks and each of `formats` (png, svg, pdf: vector files for LaTeX/Keynote):
+    DIR/normal/NAME.png, DIR/slide/NAME.svg, ... A view the data cannot draw (e.g. no softmax
+    rows) is listed in DIR/skipped.txt with the reason."""
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+    bad = [f for f in formats if f not in IMAGE_FORMATS]
+    if bad or not formats:
+        raise ExportError(f"gallery formats must be among {', '.join(IMAGE_FORMATS)}, got {', '.join(bad) or 'none'}")
     from app.charts import build, charts_for
     from app.figures import presentation
 
@@ -52,7 +58,8 @@ def gallery(directory, inputs, charts=None, fmt: str = "png") -> list[Path]:
                 skipped.append(f"{name}: {exc}")
                 continue
             for look, styled in (("normal", fig), ("slide", presentation(fig))):
-                written.append(export_figure(styled, directory / look / f"{name}.{fmt}", fmt))
+                for fmt in formats:
+                    written.append(export_figure(styled, directory / look / f"{name}.{fmt}", fmt))
     if skipped:
         write_atomic(directory / "skipped.txt", ("\n".join(skipped) + "\n").encode())
     return written
@@ -78,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="required unless --gallery")
     p.add_argument("--out", help="output file (a directory for csv/parquet)")
     p.add_argument("--gallery", metavar="DIR", help="write every view of --trace (and --sweep) in both looks")
+    p.add_argument("--formats", default="png",
+                   help="with --gallery: comma-separated image formats, e.g. png,svg,pdf (default png)")
     p.add_argument("--presentation", action="store_true", help="the slide look (16:9; PNG ≥ 1920x1080)")
     p.add_argument("--head", type=int, default=None,
                    help="traced head bh for the softmax, tiles and animation charts (default: the first traced "
@@ -125,7 +134,8 @@ def run(args) -> Path | list[Path]:
 
     inputs = _inputs(args)
     if args.gallery:
-        return gallery(args.gallery, inputs)
+        return gallery(args.gallery, inputs,
+                       formats=[f.strip().lower() for f in str(args.formats).split(",") if f.strip()])
     if not args.format or not args.out:
         raise ExportError("--format and --out are needed (or --gallery DIR)")
     fmt = args.format

@@ -182,9 +182,9 @@ def seed003_scaling_table(d=128, block_q=128, bytes_per_el=2) -> pd.DataFrame:
             "exact_reduction": e_std / e_fl,
             "why_different": (
                 "exact at the seed's base N" if n == SEED003_N[0] else
-                "the seed scaled its N=4096 totals (standard by (N/4096)^2, flash's K/V re-reads "
-                "linearly); its own per-tile formula grows Q,K,V,O linearly and the K/V re-reads "
-                "as N^2/B_q, giving the exact columns"),
+                "The seed scaled its N = 4096 totals (standard by (N/4096)², flash's K/V re-reads "
+                "linearly); its own per-tile formula grows Q, K, V, O linearly and the K/V re-reads "
+                "as N²/B_q, giving the exact columns"),
         })
     return pd.DataFrame(rows)
 
@@ -197,7 +197,6 @@ def seed000_example() -> dict:
         "naive_bytes": naive, "flash_bytes": flash, "reduction": naive / flash,
         "naive_t2_term_bytes": 4 * 32 * 8192 ** 2 * 2,
         "stated": {"naive_gb": 17.8, "naive_t2_term_gb": 17.6, "flash_mb": 270, "reduction": 65},
-        "note": ("the lesson's '17.6 GB' for the 4hT^2*2 term is a rounding slip: it is "
-                 "17,179,869,184 B = 17.18 GB; the exact naive total is 17.45 GB, within 2% of "
-                 "the stated 17.8 GB"),
+        "note": ("The lesson's '17.6 GB' for the 4hT² × 2 B term is a rounding slip: it is "
+                 "17.18 GB (2³⁴ B); the exact naive total is 17.45 GB, within 2% of the stated 17.8 GB"),
     }

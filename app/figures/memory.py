@@ -161,7 +161,7 @@ def time_figure(df: pd.DataFrame, meta: dict | None = None) -> go.Figure:
     # both do O(N²) FLOPs, so both guides are ∝ N²; what differs is naive's O(N²) bytes
     return _measured_figure(
         df, meta, "ms", "Time: naive vs flash", {"naive": 2, "flash": 2}, "flash faster",
-        lambda fig, ys: time_axis_ms(fig, ys, "y", title_text="time per forward (median, µs / ms)"),
+        lambda fig, ys: time_axis_ms(fig, ys, "y", title_text="median time per forward"),
         fmt_time_ms)
 
 
@@ -238,16 +238,16 @@ def hbm_calculator_figure(T: int, h: int, d: int, block_q: int, block_k: int, by
     vals = [x["naive_bytes"], x["flash_bytes"], x["flash_tiled_bytes"]]
     unit, div = next((u, v) for u, v in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1))
                      if max(vals) >= v)
-    fig = go.Figure(go.Bar(x=names, y=[v / div for v in vals], text=[fmt_bytes(v) for v in vals],
+    # the reductions are part of each bar's own label, so they sit on their bar at any height
+    labels = [fmt_bytes(vals[0])] + [f"{fmt_bytes(v)}<br><b>{x[key]:.1f}× less than naive</b>"
+                                     for v, key in zip(vals[1:], ("reduction", "reduction_tiled"))]
+    fig = go.Figure(go.Bar(x=names, y=[v / div for v in vals], text=labels,
                            textposition="outside", cliponaxis=False, marker_color=[PARTIAL, FULL, "#8fb8de"],
                            customdata=vals, hovertemplate="%{x}: %{customdata:,} bytes<extra></extra>"))
     top = max(vals) / div
-    for i, (key, label) in enumerate((("reduction", "less than naive"), ("reduction_tiled", "less than naive")), start=1):
-        fig.add_annotation(x=names[i], y=vals[i] / div + top * 0.17, text=f"<b>{x[key]:.1f}× {label}</b>",
-                           showarrow=False, yanchor="bottom", font=dict(size=15))
     exp = "⁰³⁶⁹"[[1, 1e3, 1e6, 1e9].index(div)] if div < 1e12 else "¹²"
     fig.update_yaxes(title_text=f"HBM bytes per attention layer ({unit}, decimal: 1 {unit} = 10{exp} B)",
-                     range=[0, top * 1.35], ticksuffix=f" {unit}", exponentformat="none", rangemode="tozero")
+                     range=[0, top * 1.3], ticksuffix=f" {unit}", exponentformat="none", rangemode="tozero")
     fig.update_xaxes(tickangle=0)
     fig.update_layout(title=title("HBM traffic per attention layer: naive vs flash",
                                   f"T={T:,}, h={h}, d={d}, block_q={block_q}, block_k={block_k}, "

@@ -13,6 +13,7 @@ from app.text import plain
 from app.views import common
 from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, memory_figure,
                                 time_figure, tile_count_point, traffic_figure)
+from app.figures._common import fmt_bytes
 from app.views.memory_figures import model_curves_figure
 from instrumentation import hbm
 from instrumentation.sweep import load_sweep
@@ -110,19 +111,22 @@ el = hbm.DTYPE_BYTES[dtype]
 calc = hbm_calculator_numbers(T, h, d, bq, bkv, el)
 naive, flash = calc["naive_bytes"], calc["flash_bytes"]
 m = st.columns(4)
-m[0].metric("naive HBM", f"{naive / 1e9:.2f} GB", f"{naive:,} B", delta_color="off", delta_arrow="off")
-m[1].metric("flash HBM", f"{flash / 1e6:.0f} MB", f"{flash:,} B", delta_color="off", delta_arrow="off")
+m[0].metric("naive HBM", fmt_bytes(naive), help=f"{naive:,} bytes (decimal units: 1 GB = 10⁹ B)")
+m[1].metric("flash HBM", fmt_bytes(flash), help=f"{flash:,} bytes (decimal units: 1 MB = 10⁶ B)")
 m[2].metric("reduction", f"{calc['reduction']:.1f}×")
 m[3].metric("dominant term (naive)", "S and P (T²)" if calc["naive_sp_bytes"] > calc["naive_qkvo_bytes"]
             else "Q, K, V, O (T·d)", help=calc["dominant_term"], delta=
             f"{calc['naive_sp_bytes'] / naive:.0%} of naive", delta_color="off", delta_arrow="off")
 common.chart(hbm_calculator_figure(T, h, d, bq, bkv, el), "hbm-calculator", "mem_calc", s.present)
 ex = hbm.seed000_example()
-st.caption(f"Tiled flash (K/V re-read once per query block of {bq}): "
-           f"{calc['flash_tiled_bytes'] / 1e6:.1f} MB ({calc['reduction_tiled']:.1f}×). block_kv = {bkv} "
-           f"changes no byte count. The lesson's example (T=8192, h=32, d=128, fp16): "
-           f"{ex['naive_bytes'] / 1e9:.2f} GB naive vs {ex['flash_bytes'] / 1e6:.0f} MB flash ≈ "
-           f"{ex['reduction']:.0f}× (the lesson states ~17.8 GB, 270 MB, ~65×). {ex['note']}.")
+st.caption(f"Tiled flash (K and V re-read once per query block of {bq}): "
+           f"{fmt_bytes(calc['flash_tiled_bytes'])} ({calc['reduction_tiled']:.1f}× less than naive). "
+           f"Changing block_kv (now {bkv}) moves no byte. The lesson's example ($T = 8192$, $h = 32$, $d = 128$, fp16): "
+           f"{fmt_bytes(ex['naive_bytes'])} naive vs {fmt_bytes(ex['flash_bytes'])} flash, "
+           f"{ex['reduction']:.0f}× less (the lesson states ~17.8 GB, 270 MB, ~65×). The lesson's “17.6 GB” "
+           f"for the S, P term $4hT^2 \\times 2$ B is a rounding slip: it is "
+           f"{fmt_bytes(ex['naive_t2_term_bytes'])} ($2^{{34}}$ B), and the exact naive total, "
+           f"{fmt_bytes(ex['naive_bytes'])}, is within 2% of the stated 17.8 GB. Decimal units: 1 GB = 10⁹ B.")
 if not paths:
     common.chart(model_curves_figure(h, d, el, bq), "hbm-model-curves", "mem_model", s.present)
 
@@ -131,16 +135,20 @@ st.subheader("The tiling article's scaling table, beside the exact counts")
 st.caption(f"From {TILING}: HBM traffic of standard and flash attention as N grows, as the article "
            "states it and as its own per-tile formula counts it.")
 table = hbm.seed003_scaling_table()
-LABELS = {"N": "N (tokens)", "seed_standard_mib": "standard, as stated (MiB)",
-          "seed_flash_mib": "flash, as stated (MiB)", "seed_reduction_stated": "reduction, as stated (×)",
-          "seed_reduction": "reduction of the stated MiB (×)", "exact_standard_mib": "standard, exact (MiB)",
-          "exact_flash_tiled_mib": "flash tiled, exact (MiB)", "exact_flash_ideal_mib": "flash ideal, exact (MiB)",
-          "exact_reduction": "reduction, exact (×)"}
-st.dataframe(table.drop(columns=["why_different"]), hide_index=True,
-             column_config={c: st.column_config.NumberColumn(LABELS.get(c, c), format="%.1f" if c != "N" else "%d")
-                            for c in table.columns if c != "why_different"})
-st.caption("One head, d = 128, B_q = 128, fp16; the article's “MB” are MiB (2²⁰ B). "
-           + table["why_different"].iat[-1].replace("the seed", "the article") + ".")
+# two narrow tables instead of one nine-column table that the page clips on the right
+STATED = {"N": "N (tokens)", "seed_standard_mib": "standard (MiB)", "seed_flash_mib": "flash (MiB)",
+          "seed_reduction_stated": "reduction stated", "seed_reduction": "reduction of these MiB"}
+EXACT = {"N": "N (tokens)", "exact_standard_mib": "standard (MiB)", "exact_flash_tiled_mib": "flash, tiled (MiB)",
+         "exact_flash_ideal_mib": "flash, ideal (MiB)", "exact_reduction": "reduction (standard / tiled)"}
+for head, labels in (("**As the article states it**", STATED), ("**As its own per-tile formula counts it**", EXACT)):
+    st.markdown(head)
+    st.dataframe(table[list(labels)], hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(
+                     lab, format="%d" if c == "N" else ("%.1f×" if "reduction" in c else "%.1f"))
+                     for c, lab in labels.items()})
+st.caption("One head, $d = 128$, $B_q = 128$, fp16; the article's “MB” are MiB ($2^{20}$ B). The article scaled "
+           "its $N = 4096$ totals (standard by $(N/4096)^2$, flash's K/V re-reads linearly); its own per-tile "
+           "formula grows Q, K, V, O linearly and the K/V re-reads as $N^2/B_q$, which gives the exact table.")
 
 # -- the current trace's own count ----------------------------------------------------------------
 st.subheader("Counted from the current trace")
@@ -154,9 +162,11 @@ try:
     naive_t = hbm.naive_hbm_bytes(int(sh["N"]), int(sh["H"]), int(sh["D"]), el_t, int(sh["B"]))
     st.markdown(f"From the **{counted['tiles_visited']:,} K/V tiles the kernel visited** "
                 f"({src.origin}; mask {src.trace.meta['mask']}, blocks {src.trace.meta['block_m']}×"
-                f"{src.trace.meta['block_n']}): Q {counted['q_read']:,} B + K {counted['k_read']:,} B + "
-                f"V {counted['v_read']:,} B + O {counted['o_write']:,} B = **{point['bytes']:,} B**, vs "
-                f"{ideal:,} B ideal flash and {naive_t:,} B naive (models, no caches).")
+                f"{src.trace.meta['block_n']}): Q {fmt_bytes(counted['q_read'])} + K {fmt_bytes(counted['k_read'])} + "
+                f"V {fmt_bytes(counted['v_read'])} + O {fmt_bytes(counted['o_write'])} = "
+                f"**{fmt_bytes(point['bytes'])}**, vs {fmt_bytes(ideal)} ideal flash and {fmt_bytes(naive_t)} naive "
+                f"(models, no caches; decimal units, 1 MB = 10⁶ B).",
+                help=f"exact: {point['bytes']:,} bytes counted; {ideal:,} ideal flash; {naive_t:,} naive")
     st.caption(src.trace.provenance())
 except (sources.RunError, ValueError, KeyError) as exc:
     st.info(f"No trace to count from with the current settings: {exc}")
