@@ -13,6 +13,7 @@ from app import data_sources, settings, sources, url_state
 from app.text import plain
 from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_comparison_figure,
                                   schedule_comparison_stats, sm_lanes_figure)
+from app.figures.kv_sharing import kv_sharing_figure
 from app.figures.schedule_animation import DEFAULT_FRAMES, tile_animation_figure
 from app.views import common
 from instrumentation.schedule_analysis import (METRICS, cached_stats, cached_timeline, metrics_row,
@@ -49,6 +50,11 @@ def animation_fig(key, sms, color_by, bh, frame, controls, _trace):
 @st.cache_resource(show_spinner=False, max_entries=12)
 def imbalance_fig(key, sms, _trace):
     return imbalance_figure(_trace, cached_timeline(_trace, sms))
+
+
+@st.cache_resource(show_spinner=False, max_entries=12)
+def kv_sharing_fig(key, sms, _trace):
+    return kv_sharing_figure(_trace, cached_timeline(_trace, sms))
 
 
 c1, c2, c3 = st.columns([1, 1, 1])
@@ -190,6 +196,9 @@ if uneven_work(tl):
 else:
     st.caption(f"No imbalance view: with mask {trace.meta.get('mask')} every work item visits about "
                "the same number of K/V tiles, so durations do not depend on the query block.")
+
+st.subheader("Which query heads share a KV head (L2 reuse)")
+common.chart(kv_sharing_fig(src.key, sms, trace), "kv-sharing", "sched_kv", s.present)
 
 
 def compared_traces():

@@ -75,6 +75,10 @@ def test_preset_recording_opens_on_page(bundled, name, page):
     else:
         assert len(trace.work) == s["B"] * s["H"] * n_qb
         assert (trace.work["kv_head"] == trace.work["head"] // (s["H"] // s["H_kv"])).all()
+        kv = next(f for f in figs if f["layout"]["title"]["text"].startswith("Who shares a KV head"))
+        rows = kv["data"][0]["y"]                                           # one row per KV head
+        g = s["H"] // s["H_kv"]
+        assert len(rows) == s["B"] * s["H_kv"] and rows[0].endswith("q 0" if g == 1 else f"q 0–{g - 1}")
 
 
 def test_live_preset_in_the_interpreter_draws_kv_sharing(data_dir):
