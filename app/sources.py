@@ -32,8 +32,9 @@ from kernels import INTERPRETER_MAX_TILES, backend, parse_mask
 
 # The interpreter's run time is about RUN_OVERHEAD_S + tiles x seconds per tile. Measured on 2 CPUs
 # (D=64, fp16, causal): 136 tiles 1.55 s, 528 tiles 4.29 s -> 7 ms per tile and ~0.6 s per run.
-# The per-tile rate is replaced by this server's own runs (all but its first, which also
-# imports torch and triton and compiles).
+# The per-tile rate is replaced by this server's own clean runs: never its first (which also loads
+# torch and Triton) nor the first of each kernel specialization (block sizes, D, dtype, mask
+# kind, schedule: a GPU compiles it, the interpreter sets it up), which can take 10x longer.
 INTERPRETER_S_PER_TILE = 0.007
 RUN_OVERHEAD_S = 0.6
 GPU_S_PER_RUN = 0.5                # a traced GPU run after the kernel is compiled
@@ -145,8 +146,20 @@ def computed_tiles(s: Settings) -> int:
 
 @st.cache_resource(show_spinner=False)
 def _run_log() -> dict:
-    """This server's finished live runs: {settings key: (source, computed tiles, seconds)}."""
+    """This server's finished live runs: {settings key: (source, computed tiles, seconds, clean)};
+    clean = False for a run that loaded or compiled (left out of the per-tile rate)."""
     return {}
+
+
+@st.cache_resource(show_spinner=False)
+def _specialisations() -> set:
+    """The kernel specialisations this server has run (compiled, or set up in the interpreter)."""
+    return set()
+
+
+def _specialisation(s: dict, source: str) -> tuple:
+    return (source, s["block_m"], s["block_n"], s["head_dim"], s["dtype"], s["mask"].split(":")[0],
+            s["schedule"], bool(s.get("kv_len")), bool(s.get("kv_heads")))
 
 
 def has_run(s: Settings) -> bool:
@@ -156,10 +169,10 @@ def has_run(s: Settings) -> bool:
 
 def seconds_per_tile() -> tuple[float, int]:
     """(interpreter seconds per computed tile, how many of this server's runs measured it):
-    the median of (seconds - RUN_OVERHEAD_S) / tiles over the last 8 runs of 50+ tiles after
-    the server's first run; INTERPRETER_S_PER_TILE until there is one."""
-    runs = [(tiles, secs) for src, tiles, secs in list(_run_log().values())[1:][-8:]
-            if src == "interpreter" and tiles >= 50]
+    the median of (seconds - RUN_OVERHEAD_S) / tiles over the last 8 clean runs of 50+ tiles
+    (not the server's first, nor one that compiled); INTERPRETER_S_PER_TILE until there is one."""
+    runs = [(tiles, secs) for src, tiles, secs, clean in _run_log().values()
+            if src == "interpreter" and tiles >= 50 and clean][-8:]
     if not runs:
         return INTERPRETER_S_PER_TILE, 0
     rates = sorted(max(secs - RUN_OVERHEAD_S, 0.0) / tiles for tiles, secs in runs)
@@ -179,7 +192,7 @@ def estimate(s: Settings) -> str:
         return (f"{tiles:,} computed tiles: more than the interpreter's limit of "
                 f"{INTERPRETER_MAX_TILES:,}; the page will offer the nearest recording instead.")
     rate, runs = seconds_per_tile()
-    where = (f"measured by this server's last {runs} run{'s' if runs > 1 else ''}" if runs
+    where = (f"measured by this server's last {runs} clean run{'s' if runs > 1 else ''}" if runs
              else "measured on a 2-CPU machine")
     first = "" if _run_log() else (" This server's first run also loads torch and Triton and "
                                    "compiles (2–7 s more on a 2-CPU machine).")
@@ -189,11 +202,15 @@ def estimate(s: Settings) -> str:
 
 
 @st.cache_resource(show_spinner=False, max_entries=48)
-def _run_live(key: tuple, source: str) -> tuple[Trace, float]:
+def _run_live(key: tuple, source: str) -> tuple[Trace, float, bool]:
+    """(trace, seconds, clean): clean = neither this server's first run nor a new specialisation."""
     from instrumentation import make_inputs, record   # torch and triton load with the first live run
 
     s = dict(key)
     with run_lock():
+        seen, spec = _specialisations(), _specialisation(s, source)
+        clean = bool(seen) and spec in seen
+        seen.add(spec)
         started = time.perf_counter()
         device = "cuda" if source == "gpu" else "cpu"
         q, k, v = make_inputs(s["batch"], s["heads"], s["seq_len"], s["head_dim"], s["dtype"],
@@ -205,7 +222,7 @@ def _run_live(key: tuple, source: str) -> tuple[Trace, float]:
                               meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
         finally:
             del q, k, v
-        return trace, time.perf_counter() - started
+        return trace, time.perf_counter() - started, clean
 
 
 def run_live(s: Settings) -> tuple[Trace, float, bool]:
@@ -231,8 +248,8 @@ def run_live(s: Settings) -> tuple[Trace, float, bool]:
     try:
         with st.spinner(f"Running the kernel {what}: N={s.seq_len}, {s.mask}, "
                         f"{s.block_m}×{s.block_n}, {tiles:,} tiles. {estimate(s)}", show_time=True):
-            trace, took = _run_live(key, s.source)
-        _run_log().setdefault(key, (s.source, tiles, took))
+            trace, took, clean = _run_live(key, s.source)
+        _run_log().setdefault(key, (s.source, tiles, took, clean))
     except ValueError as exc:
         raise RunError(str(exc)) from None
     except Exception as exc:  # OOM and driver errors: say so, keep the app alive

@@ -50,3 +50,27 @@ def test_a_presets_window_scales_with_n_in_the_interpreter(data_dir, name):
     assert (bmap == 0).any()                                  # some blocks are skipped: not causal
     note = " ".join(c.value for c in at.sidebar.caption)
     assert "window 4096" in note and f"scaled to {w}" in note, note
+
+
+def test_runs_that_load_or_compile_stay_out_of_the_estimate(data_dir):
+    """The server's first run and the first run of each specialisation (it compiles) are not
+    clean; until a clean run exists the estimate uses the default rate."""
+    from app import sources
+    from app.settings import Settings
+
+    sources._run_log().clear()
+    sources._specialisations().clear()
+    base = dict(source="interpreter", mask="causal", head_dim=16, block_m=32, block_n=32, dtype="fp16")
+    first = Settings(seq_len=320, **base)                      # 55 computed tiles: enough to count
+    sources.run_live(first)
+    assert sources.seconds_per_tile() == (sources.INTERPRETER_S_PER_TILE, 0)
+    assert "measured on a 2-CPU machine" in sources.estimate(first)
+    sources.run_live(Settings(seq_len=320, **{**base, "block_n": 64}))   # a new specialisation: compiles
+    assert sources.seconds_per_tile()[1] == 0
+    sources.run_live(Settings(seq_len=352, **base))            # warm: this one counts
+    rate, runs = sources.seconds_per_tile()
+    assert runs == 1 and rate >= 0
+    _, tiles, secs, clean = list(sources._run_log().values())[-1]
+    assert clean and abs(rate - max(secs - sources.RUN_OVERHEAD_S, 0) / tiles) < 1e-12
+    assert "last 1 clean run" in sources.estimate(first)
+    sources._run_log().clear()

@@ -74,11 +74,11 @@ def test_the_estimate_is_shown_before_the_run_and_learns_from_runs(data_dir):
     log = sources._run_log()
     log.clear()
     assert sources.seconds_per_tile() == (sources.INTERPRETER_S_PER_TILE, 0)
-    log[("first",)] = ("interpreter", 100, 9.0)               # imports and compiles: left out
-    log[("a",)] = ("interpreter", 200, 0.6 + 200 * 0.004)
-    log[("b",)] = ("interpreter", 10, 5.0)                    # too few tiles to say: left out
-    log[("c",)] = ("interpreter", 400, 0.6 + 400 * 0.005)
-    log[("d",)] = ("interpreter", 300, 0.6 + 300 * 0.006)
+    log[("first",)] = ("interpreter", 100, 9.0, False)        # imports and compiles: left out
+    log[("a",)] = ("interpreter", 200, 0.6 + 200 * 0.004, True)
+    log[("b",)] = ("interpreter", 10, 5.0, True)              # too few tiles to say: left out
+    log[("c",)] = ("interpreter", 400, 0.6 + 400 * 0.005, True)
+    log[("d",)] = ("interpreter", 300, 0.6 + 300 * 0.006, True)
     rate, runs = sources.seconds_per_tile()
     assert runs == 3 and abs(rate - 0.005) < 1e-9
     assert "≈ 2.6 s: 400 computed tiles" in sources.estimate(settings.Settings(
