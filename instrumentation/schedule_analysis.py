@@ -12,6 +12,7 @@ modelled) and returns plain arrays and DataFrames, so figures only draw:
     work_frames(tl, times)         per work item (bh x q_block): first frame running / done
     tile_frames(tiles, tl, bh, times)  per tile of a traced head: first frame in flight / done
     traced_heads(trace)            the heads recorded with tile detail
+    default_traced_head(trace, tl) the traced head busy mid-run (and why), for the animation
 
 `memo(trace, name, fn, *args)` caches any of these per trace content (a hash of its meta and
 tables), so a page rerun or a second session never recomputes them.
@@ -271,6 +272,26 @@ def traced_heads(trace) -> list[int]:
         return []
     return sorted(int(b) for b in tiles.loc[tiles["visited"].astype(bool), "bh"].unique()) or \
         sorted(int(b) for b in tiles["bh"].unique())
+
+
+def default_traced_head(trace, tl: pd.DataFrame) -> tuple[int, str]:
+    """(bh, why): the traced head whose work items span the middle of the run, else the one
+    that ends last, so a mid-run frame shows its tiles filling in (the first head of a
+    natural schedule is often done in the first few percent of the run)."""
+    heads = traced_heads(trace)
+    if not heads:
+        raise ValueError("this trace has no tile detail (recorded with level='work')")
+    t0, t1 = float(tl["t_start"].min()), float(tl["t_end"].max())
+    mid = (t0 + t1) / 2
+    spans = tl[tl["bh"].isin(heads)].groupby("bh").agg(start=("t_start", "min"), end=("t_end", "max"))
+    if len(spans) == 0:
+        return heads[0], "the first traced head"
+    covering = spans[(spans["start"] <= mid) & (spans["end"] >= mid)]
+    if len(covering):
+        return int(covering.index[0]), "its work items are running at the middle of the run"
+    latest = spans["end"].idxmax()
+    share = (float(spans.loc[latest, "start"]) - t0) / (t1 - t0) if t1 > t0 else 0.0
+    return int(latest), f"the traced head that finishes last (starts at {share:.0%} of the run)"
 
 
 def _tile_spans(tiles: pd.DataFrame, tl: pd.DataFrame) -> pd.DataFrame:

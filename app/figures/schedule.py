@@ -125,21 +125,15 @@ def straggler_traces(tl: pd.DataFrame, scale: float, k: int = 5, heads=None, leg
     late, longest = stragglers(tl, k, heads)
     unit = "tile-units" if scale == 1.0 else "µs"
     t0 = float(tl["t_start"].min())
-    xs, ys, tx, ty, labels = [], [], [], [], []
+    xs, ys = [], []
     for i, r in enumerate(longest.itertuples(), start=1):
         a, b = (t0 + r.start) / scale, (t0 + r.end) / scale
         y0, y1 = r.sm - 0.5, r.sm + 0.5
         xs += [a, b, b, a, a, None]
         ys += [y0, y0, y1, y1, y0, None]
-        tx.append(a)
-        ty.append(r.sm)
-        labels.append(f"#{i}")
     items = go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=HIGHLIGHT, width=2),
                        name="longest work items (#: table row)", showlegend=legend, hoverinfo="skip",
                        legendgroup="longest")
-    tags = go.Scatter(x=tx, y=ty, mode="text", text=labels, textposition="middle left",
-                      textfont=dict(color=HIGHLIGHT, size=11), showlegend=False, hoverinfo="skip",
-                      legendgroup="longest")
     sms = go.Scatter(x=(t0 + late["last_end"].to_numpy()) / scale, y=late["sm"].to_numpy(),
                      mode="markers", name="latest-finishing SMs", showlegend=legend,
                      marker=dict(symbol="triangle-left", size=11, color="white",
@@ -148,7 +142,32 @@ def straggler_traces(tl: pd.DataFrame, scale: float, k: int = 5, heads=None, leg
                      hovertemplate=(f"SM %{{y}} finishes at %{{x:.4g}} {unit}<br>%{{customdata[0]:.4g}} "
                                     f"{unit} after the first SM went idle<br>busy %{{customdata[1]:.4g}} "
                                     f"{unit}<extra></extra>"))
-    return [items, tags, sms]
+    return [items, sms]
+
+
+def straggler_labels(fig, tl: pd.DataFrame, scale: float, k: int = 5, heads=None, row=None,
+                     lane_px: float = 3.0) -> None:
+    """'#i' in a white box with a red border, arrowed to the end of the i-th longest work item;
+    labels on nearby SMs are pushed apart vertically (lane_px: pixels per SM lane) so they
+    never overlap."""
+    _, longest = stragglers(tl, k, heads)
+    t0 = float(tl["t_start"].min())
+    order = np.argsort(longest["sm"].to_numpy(), kind="stable")
+    placed = -np.inf
+    where = dict(row=row, col=1) if row is not None else {}
+    for j in order:
+        r = longest.iloc[j]
+        y_px = float(r["sm"]) * lane_px
+        want = max(y_px, placed + 22)          # 22 px: one label's height and a gap
+        placed = want
+        fig.add_annotation(x=(t0 + float(r["end"])) / scale, y=float(r["sm"]), text=f"<b>#{j + 1}</b>",
+                           showarrow=True, arrowhead=0, arrowwidth=1.5, arrowcolor=HIGHLIGHT,
+                           ax=28, ay=want - y_px, xanchor="left", bgcolor="white", bordercolor=HIGHLIGHT,
+                           borderwidth=1.5, borderpad=2, font=dict(size=13, color=HIGHLIGHT), **where)
+
+
+def n_sms_of(tl) -> int:
+    return int(tl.attrs.get("sms") or tl["sm"].max() + 1)
 
 
 def _tail_marks(fig, st: dict, tl, scale: float, row=None) -> None:
@@ -159,10 +178,10 @@ def _tail_marks(fig, st: dict, tl, scale: float, row=None) -> None:
     start = end - st["tail"] / scale
     where = dict(row=row, col=1) if row is not None else {}
     fig.add_vrect(x0=start, x1=end, fillcolor="#888", opacity=0.18, line_width=0, layer="above", **where)
-    if row is None:
-        fig.add_annotation(x=start, xref="x", y=1.0, yref="paper", yanchor="bottom", xanchor="right",
-                           text="tail: some SMs idle for good →", showarrow=False,
-                           font=dict(size=11, color="#555"))
+    if row is None:     # said in the legend, so no note can sit on the bars or the legend
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="tail: some SMs idle for good",
+                                 marker=dict(symbol="square", size=14, color="rgba(136,136,136,0.35)"),
+                                 hoverinfo="skip"))
 
 
 def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tiles_visited",
@@ -177,19 +196,22 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
     tl = _timeline(trace, tl, sms, gpu)
     scale, xlabel = time_axis(tl)
     st = schedule_stats(tl)
-    fig = go.Figure(lane_traces(tl, color_by, scale, bins=bins, t_range=t_range))
+    fig = go.Figure(lane_traces(tl, color_by, scale, bins=bins, t_range=t_range, colorbar_y=0.75))
+    n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
+    height = max(420, 300 + 3 * n_sms)
     if highlight:
         fig.add_traces(straggler_traces(tl, scale, highlight, _heads(trace)))
+        straggler_labels(fig, tl, scale, highlight, _heads(trace), lane_px=(height - 220) / n_sms)
     _tail_marks(fig, st, tl, scale)
     if t is not None:
         fig.add_vline(x=t / scale, line=dict(color=CURSOR, width=2))
     kind = _kind(tl)
-    n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     fig.update_layout(
         title=title(f"Work items on SMs ({kind} timeline)", stats_line(st)),
         xaxis_title=xlabel, yaxis_title="SM id" + (" (modelled GPU)" if kind == "modelled" else ""),
-        showlegend=bool(highlight), template=TEMPLATE, height=max(420, 300 + 3 * n_sms),
-        legend=dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom", bgcolor="rgba(0,0,0,0)"),
+        showlegend=True, template=TEMPLATE, height=height,
+        # under the colour bar, right of the plot: clear of the title, the bars and the labels
+        legend=dict(orientation="v", x=1.02, xanchor="left", y=0.45, yanchor="top", bgcolor="rgba(0,0,0,0)"),
         hovermode="closest",
     )
     fig.update_yaxes(range=[n_sms - 0.5, -0.5], autorange=False)     # lane 0 on top, no padding
@@ -397,6 +419,7 @@ def schedule_comparison_figure(*traces, sms: int | None = None, gpu: str | None 
         if highlight:
             for tr in straggler_traces(tl, scale, highlight, _heads(traces[0]), legend=row == 1):
                 fig.add_trace(tr, row=row, col=1)
+            straggler_labels(fig, tl, scale, highlight, _heads(traces[0]), row=row, lane_px=200 / max(n_sms_of(tl), 1))
         _tail_marks(fig, st, tl, scale, row=row)
         n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
         fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=row, col=1)
@@ -427,4 +450,4 @@ from .schedule_animation import tile_animation_figure  # noqa: E402,F401
 
 __all__ = ["sm_lanes_figure", "tile_grid_figure", "tile_animation_figure", "imbalance_figure",
            "schedule_comparison_figure", "schedule_comparison_stats", "tile_states", "animation_times",
-           "lane_traces", "straggler_traces", "stats_line"]
+           "lane_traces", "straggler_traces", "straggler_labels", "stats_line"]

@@ -15,8 +15,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation.schedule_analysis import (NEVER, animation_times, frame_counts, tile_frames,
-                                               work_frames)
+from instrumentation.schedule_analysis import (NEVER, animation_times, default_traced_head, frame_counts,
+                                               tile_frames, work_frames)
 from instrumentation.schedule_model import schedule_stats, tile_timeline
 
 from ._common import FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, time_axis, title
@@ -48,6 +48,20 @@ def _layer(z: np.ndarray, color: str, k: int, xaxis_row, name: str) -> go.Heatma
                       colorscale=threshold_colorscale(color, k), hoverinfo="skip", name=name)
 
 
+def _head_span(tl, bh: int, scale: float, unit: str) -> str:
+    mine = tl[tl["bh"] == bh]
+    t0 = float(tl["t_start"].min())
+    return (f"from t = {(float(mine['t_start'].min()) - t0) / scale:.4g} to "
+            f"{(float(mine['t_end'].max()) - t0) / scale:.4g} {unit}")
+
+
+def slider_label(value: float, step: float) -> str:
+    """A frame time rounded to the frames' spacing: 6.631 µs apart -> "7", "13", "20";
+    0.25 apart -> "0.3", "0.5"."""
+    decimals = max(0, int(np.ceil(-np.log10(step)))) if step > 0 else 0
+    return f"{value:.{decimals}f}"
+
+
 def _frame_title(heading: str, t: float, scale: float, unit: str, work: dict, tiles: dict, k: int,
                  bh: int) -> dict:
     run, done = frame_counts(work, k)
@@ -64,15 +78,18 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     grid of traced head `bh` (bottom right; default: the first traced head).
 
     max_frames frames evenly spread from the first start to the last end. `frame`: the frame
-    drawn before playing (default 0; a still export should pick mid-run). controls=False: a
+    drawn before playing (default: mid-run, never an empty grid). controls=False: a
     still of that frame (no frames, no player).
     """
     tl = _timeline(trace, tl)
-    bh = _traced_head(trace, bh)
+    if bh is None:
+        bh, why = default_traced_head(trace, tl)
+    else:
+        bh, why = _traced_head(trace, bh), "picked"
     scale, xlabel = time_axis(tl)
     unit = _unit(tl)
     times = animation_times(tl, max_frames)
-    k0 = 0 if frame is None else int(frame)
+    k0 = len(times) // 2 if frame is None else int(frame)
     if not 0 <= k0 < len(times):
         raise ValueError(f"frame must be within 0..{len(times) - 1}, got {frame}")
     t0 = float(tl["t_start"].min())
@@ -83,11 +100,14 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     tiles = tile_frames(tile_timeline(trace, tl), tl, bh, times, n_qb, n_kb)
     st = schedule_stats(tl)
 
-    # one row of three panels: fits a 16:9 slide as well as the page
-    fig = make_subplots(rows=1, cols=3, column_widths=[0.5, 0.25, 0.25], horizontal_spacing=0.085,
-                        subplot_titles=["SM lanes, cursor = now", f"work items ({n_bh} bh × {n_qb} q blocks)",
+    # lanes across the top, the two grids side by side below: each panel gets a readable size
+    # on the page (1440 px) and on a 16:9 slide alike
+    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], row_heights=[0.45, 0.55],
+                        vertical_spacing=0.16, horizontal_spacing=0.14,
+                        subplot_titles=["SM lanes, cursor = now (colour: the lanes' colour bar)",
+                                        f"work items ({n_bh} bh × {n_qb} q blocks)",
                                         f"tiles of head bh={bh}"])
-    lanes = lane_traces(tl, color_by, scale, bins=LANE_BINS, hover=False, showscale=False)
+    lanes = lane_traces(tl, color_by, scale, bins=LANE_BINS, hover=False, showscale=True, colorbar_y=0.8)
     for tr in lanes:
         fig.add_trace(tr, row=1, col=1)
     x_now = times[k0] / scale
@@ -99,17 +119,17 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     fig.add_trace(go.Heatmap(z=work["exists"].astype(np.uint8), zmin=0, zmax=1,
                              colorscale=[[0, "white"], [1, WORK_PENDING]], showscale=False,
                              hovertemplate="bh %{y}, q block %{x}<extra></extra>", name="work items"),
-                  row=1, col=2)
-    layers = [(work["run"], WORK_RUNNING, 1, 2, "running"), (work["done"], WORK_DONE, 1, 2, "done")]
+                  row=2, col=1)
+    layers = [(work["run"], WORK_RUNNING, 2, 1, "running"), (work["done"], WORK_DONE, 2, 1, "done")]
     # tile grid: mask base, in-flight layer, done layers (full / partial), mismatches stay on top
     base_colors = [SKIPPED_GREY, PENDING_PARTIAL, PENDING_FULL, MISMATCH]
     fig.add_trace(go.Heatmap(z=tiles["base"], zmin=-0.5, zmax=3.5, showscale=False,
                              colorscale=discrete_colorscale(base_colors), name="tiles",
-                             hovertemplate="q block %{y}, k block %{x}<extra></extra>"), row=1, col=3)
+                             hovertemplate="q block %{y}, k block %{x}<extra></extra>"), row=2, col=2)
     done_full = np.where(tiles["full"], tiles["done"], NEVER)
     done_part = np.where(tiles["full"], NEVER, tiles["done"])
-    layers += [(tiles["now"], IN_FLIGHT, 1, 3, "computing now"), (done_full, FULL, 1, 3, "done (full)"),
-               (done_part, PARTIAL, 1, 3, "done (partial)")]
+    layers += [(tiles["now"], IN_FLIGHT, 2, 2, "computing now"), (done_full, FULL, 2, 2, "done (full)"),
+               (done_part, PARTIAL, 2, 2, "done (partial)")]
     layer_index = []
     for z, color, row, col, name in layers:
         fig.add_trace(_layer(z, color, k0, row, name), row=row, col=col)
@@ -119,21 +139,24 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
                                  marker=dict(symbol="square", size=12, color=color,
                                              line=dict(color="#999", width=1))), row=1, col=1)
 
+    step = float(times[1] - times[0]) / scale if len(times) > 1 else 1.0
     heading = f"The whole GPU over time ({_kind(tl)} timeline)"
     fig.update_layout(title=_frame_title(heading, times[k0] - t0, scale, unit, work, tiles, k0, bh),
-                      template=TEMPLATE, height=640, showlegend=True,
-                      legend=dict(orientation="v", x=1.01, y=1, yanchor="top", font=dict(size=11)))
+                      template=TEMPLATE, height=1000 if controls else 900, showlegend=True,
+                      legend=dict(orientation="v", x=1.02, y=0.5, yanchor="top", font=dict(size=11),
+                                  title=dict(text="grids (below)")))
     fig.update_xaxes(title_text=xlabel, row=1, col=1)
     n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=1, col=1)
-    fig.update_xaxes(title_text="query block", constrain="domain", row=1, col=2)
-    fig.update_yaxes(title_text="bh (batch·head)", autorange="reversed", constrain="domain", row=1, col=2)
+    fig.update_xaxes(title_text="query block", row=2, col=1)
+    fig.update_yaxes(title_text="bh (batch·head)", autorange="reversed", row=2, col=1)
     bm, bn = trace.meta["block_m"], trace.meta["block_n"]
-    fig.update_xaxes(title_text=f"K block ({bm}×{bn} tiles)", constrain="domain", row=1, col=3)
+    fig.update_xaxes(title_text=f"K block ({bm}×{bn} tiles)", constrain="domain", row=2, col=2)
     fig.update_yaxes(title_text="Q block", autorange="reversed", constrain="domain",
-                     scaleanchor="x3", row=1, col=3)
+                     scaleanchor="x3", row=2, col=2)
     fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}. {st['waves']:.2f} waves; "
-                       f"frames every {(times[1] - times[0]) / scale:.3g} {unit}")
+                       f"frames every {(times[1] - times[0]) / scale:.3g} {unit}. Tile grid: head bh={bh} ({why}; its "
+                       f"items run {_head_span(tl, bh, scale, unit)})")
     if not controls:
         return fig
 
@@ -152,8 +175,8 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
                           pad=dict(t=75), buttons=[dict(label="▶ play", method="animate", args=[None, play]),
                                                    dict(label="❚❚ pause", method="animate", args=[[None], pause])])],
         sliders=[dict(active=k0, x=0.24, len=0.76, y=0, yanchor="top", pad=dict(t=60, b=0),
-                      currentvalue=dict(prefix=f"t ({unit}) = ", font=dict(size=12)),
-                      steps=[dict(label=f"{(t - t0) / scale:.4g}", method="animate",
+                      currentvalue=dict(prefix="t = ", suffix=f" {unit}", font=dict(size=12)),
+                      steps=[dict(label=slider_label((t - t0) / scale, step), method="animate",
                                   args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True),
                                                        transition=dict(duration=0))])
                              for i, t in enumerate(times)])],

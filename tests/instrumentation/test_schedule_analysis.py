@@ -193,3 +193,22 @@ def test_uneven_work_only_where_items_differ():
     tl = random_timeline(0)
     assert A.uneven_work(tl.assign(tiles_visited=np.where(tl.index % 2, 10, 30)))
     assert not A.uneven_work(tl.assign(tiles_visited=16))
+
+
+def test_default_traced_head_runs_mid_run_or_last():
+    from pathlib import Path
+    from instrumentation.schedule_model import timeline
+    from instrumentation.trace import Trace
+    path = Path(__file__).resolve().parents[2] / "data" / "traces" / "n16384_causal_natural"
+    if not path.exists():
+        pytest.skip("bundled recording not present")
+    tr = Trace.load(path)
+    tl = timeline(tr)
+    bh, why = A.default_traced_head(tr, tl)
+    mid = (tl["t_start"].min() + tl["t_end"].max()) / 2
+    spans = tl[tl["bh"].isin(A.traced_heads(tr))].groupby("bh")
+    covering = [b for b, g in spans if g["t_start"].min() <= mid <= g["t_end"].max()]
+    if covering:
+        assert bh == covering[0] and "middle" in why
+    else:
+        assert bh == spans["t_end"].max().idxmax() and "last" in why
