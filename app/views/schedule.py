@@ -6,18 +6,21 @@ per trace content; the figures are cached per source and options), so a control 
 redraws. The page's own controls live in the URL (app.url_state.control).
 """
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import streamlit as st
 
-from app import data_sources, settings, sources, url_state
+from app import data_sources, export, settings, sources, url_state
 from app.text import plain
 from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_comparison_figure,
                                   schedule_comparison_stats, sm_lanes_figure)
 from app.figures.kv_sharing import kv_sharing_figure
 from app.figures.schedule_animation import DEFAULT_FRAMES, tile_animation_figure
 from app.views import common
-from instrumentation.schedule_analysis import (METRICS, cached_stats, cached_timeline, metrics_row,
-                                               stragglers, traced_heads, uneven_work)
+from instrumentation.schedule_analysis import (METRICS, cached_stats, cached_timeline, default_traced_head,
+                                               metrics_row, stragglers, traced_heads, uneven_work)
 from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
@@ -57,7 +60,11 @@ def kv_sharing_fig(key, sms, _trace):
     return kv_sharing_figure(_trace, cached_timeline(_trace, sms))
 
 
-c1, c2, c3 = st.columns([1, 1, 1])
+# presentation: the page's controls fold into one collapsed expander and the metrics go under
+# the lanes, so the lanes chart is one screen; normal mode keeps both on top
+controls_box = st.expander("Page controls (SMs, colour, comparison, time window)", expanded=False) \
+    if s.present else st.container()
+c1, c2, c3 = controls_box.columns([1, 1, 1])
 sms = None
 if modelled:
     url_state.control("sched_sms", DEFAULT_SMS, options=MODEL_SMS)
@@ -69,7 +76,7 @@ url_state.control("sched_compare", False)
 compare = c3.toggle("Compare schedules side by side", key="sched_compare",
                     help=f"up to {MAX_COMPARED} schedules of this problem on one time axis")
 if modelled:
-    st.warning("**Modelled timeline.** This trace comes from the Triton CPU interpreter, which has no "
+    (controls_box if s.present else st).warning("**Modelled timeline.** This trace comes from the Triton CPU interpreter, which has no "
                "clock and no SMs. The *order* in which work items started and the tiles each one "
                "visited are the kernel's own; their placement in time on SMs is a list-scheduling "
                f"model (instrumentation.schedule_model) on {sms} SMs, in tile-units.", icon=":material/schedule:")
@@ -77,17 +84,25 @@ if modelled:
 tl = cached_timeline(trace, sms)
 stats = cached_stats(trace, sms)
 unit = "tile-units" if stats["modelled"] else "µs"
-row = metrics_row(stats)
-m = st.columns(6)
-m[0].metric("makespan", f"{row['makespan']:.4g} {unit}", help=METRICS["makespan"][1])
-m[1].metric("tail", f"{row['tail']:.4g} {unit}", f"{row['tail_share']:.1f}% of makespan", delta_color="off", delta_arrow="off",
-            help=METRICS["tail"][1])
-m[2].metric("over ideal", f"{row['over_ideal']:.1f} %", f"ideal {row['ideal']:.4g} {unit}", delta_color="off", delta_arrow="off",
-            help=METRICS["over_ideal"][1] + ". Ideal: " + METRICS["ideal"][1])
-m[3].metric("load imbalance", f"{row['imbalance']:.3f}", help=METRICS["imbalance"][1])
-m[4].metric("idle SM time", f"{row['idle']:.1f} %", help=METRICS["idle"][1])
-m[5].metric("waves", f"{row['waves']:.2f}", help=f"{METRICS['waves'][1]} ({stats['work_items']} work "
-            f"items on {stats['sms']} SMs)")
+
+
+def metric_tiles():
+    """The six metrics of this schedule, in µs (tile-units) and %."""
+    row = metrics_row(stats)
+    m = st.columns(6)
+    m[0].metric("makespan", f"{row['makespan']:.4g} {unit}", help=METRICS["makespan"][1])
+    m[1].metric("tail", f"{row['tail']:.4g} {unit}", f"{row['tail_share']:.1f}% of makespan", delta_color="off", delta_arrow="off",
+                help=METRICS["tail"][1])
+    m[2].metric("over ideal", f"{row['over_ideal']:.1f} %", f"ideal {row['ideal']:.4g} {unit}", delta_color="off", delta_arrow="off",
+                help=METRICS["over_ideal"][1] + ". Ideal: " + METRICS["ideal"][1])
+    m[3].metric("load imbalance", f"{row['imbalance']:.3f}", help=METRICS["imbalance"][1])
+    m[4].metric("idle SM time", f"{row['idle']:.1f} %", help=METRICS["idle"][1])
+    m[5].metric("waves", f"{row['waves']:.2f}", help=f"{METRICS['waves'][1]} ({stats['work_items']} work "
+                f"items on {stats['sms']} SMs)")
+
+
+if not s.present:
+    metric_tiles()
 
 # detail on zoom: the raster is redrawn for a time window at full resolution (the lanes are one
 # image of ~900 time bins, so zooming in the browser alone would only enlarge the bins)
@@ -100,7 +115,7 @@ if not t_lo <= lo < hi <= t_hi:
     st.session_state["sched_window"] = [t_lo, t_hi]
 span = t_hi - t_lo
 step = float(10 ** np.floor(np.log10(span / 100))) if span > 0 else 1.0     # ~100-1000 steps: a
-window = st.slider(f"Time window ({unit})", t_lo, t_hi, key="sched_window", step=step,   # finer slider
+window = controls_box.slider(f"Time window ({unit})", t_lo, t_hi, key="sched_window", step=step,   # finer slider
                    format="%.0f" if step >= 1 else "%.2f",                               # is slow to draw
                    help="drag the ends to redraw the lanes over a shorter time at full detail")
 full = tuple(window) == (t_lo, t_hi)
@@ -110,6 +125,8 @@ st.caption(f"Each lane is one SM; every work item (one query block of one batch�
            f"its SM from start to end, coloured by {COLOR_BY[color_by]}. Hover a bar for its "
            f"numbers. Red outlines: the {STRAGGLERS} longest work items (numbered as below); "
            "triangles: the SMs that finish last.")
+if s.present:
+    metric_tiles()
 
 late, longest = stragglers(tl, STRAGGLERS, heads_h)
 t1, t2 = st.columns([2, 3])
@@ -144,6 +161,34 @@ if st.toggle("Show the order the kernel really ran the work items in (trace.work
         "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
     st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
+SECONDS_PER_FRAME = {(960, 540): 0.6, (1920, 1080): 2.7}   # kaleido, this 2-CPU machine, loaded
+VIDEO_FRAMES = 16          # the page's default (the CLI makes up to 120): a 16-frame GIF is ~10 s
+
+
+def video_downloads(bh: int) -> None:
+    """GIF / MP4 of the animation as shown: rendered when asked, with the time it will take
+    said before and a spinner while it runs, then offered as a download."""
+    v1, v2, v3, v4 = st.columns([2, 2, 2, 4])
+    fmt = v1.selectbox("Video", ["gif", "mp4"], key="sched_video_fmt", format_func=str.upper)
+    size = v2.selectbox("Size", list(SECONDS_PER_FRAME), key="sched_video_size",
+                        format_func=lambda wh: f"{wh[0]}×{wh[1]}")
+    frames = v3.selectbox("Frames", [VIDEO_FRAMES, DEFAULT_FRAMES], key="sched_video_frames")
+    est = SECONDS_PER_FRAME[size] * frames
+    made = st.session_state.get("sched_video")
+    want = (src.key, sms, color_by, bh, fmt, size, frames, s.present)
+    if v4.button(f"Make the {fmt.upper()} (about {est:.0f} s)", key="sched_video_make"):
+        fig = animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace)
+        with st.spinner(f"Rendering {frames} frames at {size[0]}×{size[1]}: about {est:.0f} s on this machine…"), \
+                tempfile.TemporaryDirectory() as tmp:
+            path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=frames,
+                                           size=size, presentation=s.present)
+            made = st.session_state["sched_video"] = (want, path.read_bytes())
+    if made and made[0] == want:
+        st.download_button(f"⬇ whole-gpu-schedule.{fmt} ({len(made[1]) / 1e6:.1f} MB)", data=made[1],
+                           file_name=f"whole-gpu-schedule.{fmt}", mime=common.MIME[fmt],
+                           key="sched_video_dl", on_click="ignore")
+
+
 st.subheader("The whole GPU over time")
 heads = traced_heads(trace)
 if not heads:
@@ -154,10 +199,11 @@ else:
     draw = h0.toggle("Draw the animation", key="sched_anim",
                      help=f"on by default up to {ANIMATE_BY_DEFAULT} work items; larger runs draw it "
                           "on demand so the page opens fast")
-    url_state.control("sched_head", heads[0], options=heads)
+    default_bh, why = default_traced_head(trace, tl)
+    url_state.control("sched_head", default_bh, options=heads)
     bh = h1.selectbox("Traced head (tile grid)", heads, key="sched_head",
                       format_func=lambda b: f"bh {b} (batch {b // heads_h}, head {b % heads_h})",
-                      help="the heads recorded with tile detail")
+                      help=f"the heads recorded with tile detail; default bh {default_bh}: {why}")
     url_state.control("sched_still", False)
     still = h2.toggle("One frame at a time", key="sched_still",
                       help="a still of one frame with a slider, instead of the player")
@@ -175,20 +221,15 @@ else:
                          "sched_frame_chart", s.present)
         one_frame()
     else:
-        common.chart(animation_fig(src.key, sms, color_by, bh, 0, True, trace), "whole-gpu-animation",
+        common.chart(animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace), "whole-gpu-animation",
                      "sched_anim_chart", s.present)
-    st.caption("Left: the lanes with the time cursor. Middle: every work item, pending (grey), running "
-               "(black) or done (blue). Right: the traced head's tiles; black marks the tile each of its "
+    st.caption("Top: the lanes with the time cursor, coloured as the colour bar says. Bottom left: every "
+               "work item, pending (grey), running (black) or done (blue). Bottom right: the traced head's "
+               f"tiles (default bh {default_bh}: {why}); black marks the tile each of its "
                "running work items is on now, red the tiles the kernel visited although the mask says "
                "skip (none expected). Pick a head that starts late to see it fill in at the end.")
-    a1, a2, _ = st.columns([2, 2, 6])
-    for col, fmt in ((a1, "gif"), (a2, "mp4")):
-        # the animation as shown (traced head, colour), rendered only when the button is pressed
-        col.download_button(f"⬇ animation {fmt.upper()}",
-                            data=lambda fmt=fmt, bh=bh: common.animation_bytes(
-                                animation_fig(src.key, sms, color_by, bh, 0, True, trace), fmt, None, s.present),
-                            file_name=f"whole-gpu-schedule.{fmt}", mime=common.MIME[fmt],
-                            key=f"sched_anim_{fmt}", on_click="ignore")
+    if draw:
+        video_downloads(bh)
 
 if uneven_work(tl):
     st.subheader("Causal imbalance")

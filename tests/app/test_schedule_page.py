@@ -72,6 +72,7 @@ def test_animation_for_each_traced_head(data_dir):
     at = page(data_dir)
     anim = chart(at, "The whole GPU over time")
     assert len(anim["frames"]) >= 24 and anim["layout"]["updatemenus"][0]["buttons"][0]["label"].startswith("▶")
+    assert anim["layout"]["sliders"][0]["active"] == len(anim["frames"]) // 2     # opens mid-run
     assert "head bh=0" in anim["layout"]["title"]["subtitle"]["text"] or \
         "bh=0" in json.dumps(anim["layout"]["annotations"])
     assert at.selectbox(key="sched_head").options == ["bh 0 (batch 0, head 0)", "bh 3 (batch 1, head 1)"]
