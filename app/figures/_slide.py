@@ -3,7 +3,7 @@
 One template ("tilescope_slide", registered in _common) sets fonts, axes and colours; the rules
 below are the layout a template cannot express, and they hold for every chart:
 
-- 16:9 at 1280 x 720 logical pixels (PNG exports at scale 1.5: 1920 x 1080);
+- 16:9 at 1280 x 720 logical pixels (PNG exports at scale 1.5: 1920 x 1080), strips included;
 - the title and subtitle sit at the top and the top margin is sized to their lines, so
   they never meet a tick label or a long axis title;
 - explicit font sizes set by a figure are dropped, so the template's sizes apply everywhere;
@@ -13,7 +13,9 @@ below are the layout a template cannot express, and they hold for every chart:
 - the provenance caption sits at the bottom edge of the figure and the bottom margin holds
   one line of tick labels, the x-axis title and the caption (plus the player, if animated);
 - side-by-side subplots keep room between columns for tick labels and the y-axis title;
-- category tick arrays are thinned to at most MAX_TICKS labels, so they never smear;
+- category tick arrays are thinned to at most MAX_TICKS labels, so they never smear, and a
+  short stacked panel keeps only the y ticks that fit its height;
+- stacked panels sharing one legend get one legend per panel, beside the panel it names;
 - a figure too short for a slide (a strip) keeps a plot area of at least MIN_PLOT_PX.
 """
 
@@ -40,11 +42,11 @@ def is_slide(fig: go.Figure) -> bool:
     return isinstance(meta, dict) and meta.get(LOOK_KEY) == "slide"
 
 
-def _thin(vals, text):
+def _thin(vals, text, most: int = MAX_TICKS):
     n = len(vals)
-    if n <= MAX_TICKS:
+    if n <= most:
         return vals, text
-    step = -(-n // MAX_TICKS)
+    step = -(-n // most)
     keep = list(range(0, n, step))
     return [vals[i] for i in keep], [text[i] for i in keep] if text is not None else None
 
@@ -58,7 +60,7 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     out = go.Figure(d)
     lay = out.layout
     meta = dict(lay.meta) if isinstance(lay.meta, dict) else {}
-    w, h = size[0], int(meta.get("slide_height", size[1]))     # a strip may ask for less than 16:9
+    w, h = size                 # every slide is 16:9, a strip too (one chart per screen)
     meta[LOOK_KEY] = "slide"
     out.update_layout(template=SLIDE_TEMPLATE, meta=meta, width=w, height=h, font=None,
                       hoverlabel=dict(font_size=18))
@@ -112,11 +114,64 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     if h - top - bottom < MIN_PLOT_PX:
         out.update_layout(height=top + bottom + MIN_PLOT_PX)
     _space_rows(out, out.layout.height - top - bottom)
+    _thin_short_panels(out, out.layout.height - top - bottom)
+    _legend_per_row(out)
     _space_columns(out, w)
     _fit_axis_titles(out, out.layout.height - top - bottom)
     out.update_layout(margin=dict(b=bottom, l=m.l if m.l is not None and m.l > 80 else 80,
                                   r=m.r if m.r is not None and m.r > 40 else 40))
     return out
+
+
+def _stacked_rows(lay) -> list[tuple[float, float]] | None:
+    """The y domains of stacked panels, top first (None unless two or more rows that do not overlap)."""
+    rows = sorted({tuple(round(v, 6) for v in (lay[k].domain or (0, 1))) for k in lay if k.startswith("yaxis")},
+                  key=lambda d: -d[1])
+    if len(rows) < 2 or any(a[0] < b[1] - 1e-6 for a, b in zip(rows, rows[1:])):
+        return None
+    return rows
+
+
+def _thin_short_panels(fig: go.Figure, plot_px: float) -> None:
+    """A short stacked panel keeps only the y ticks that fit at the slide's tick size (about
+    2.2 tick heights apart), so labels like 10⁻⁵ / 10⁻¹¹ never touch."""
+    for k in [k for k in fig.layout if k.startswith("yaxis")]:
+        ax = fig.layout[k]
+        if ax.tickvals is None:
+            continue
+        dom = ax.domain or (0, 1)
+        most = max(2, int(plot_px * (dom[1] - dom[0]) // (2.2 * TICK_SIZE)) + 1)
+        if len(ax.tickvals) > most:
+            ax.tickvals, ax.ticktext = _thin(list(ax.tickvals), list(ax.ticktext) if ax.ticktext is not None
+                                             else None, most)
+
+
+def _legend_per_row(fig: go.Figure) -> None:
+    """Stacked panels whose traces share one legend get one legend per panel, right of the plot
+    at the panel's top, so an entry sits beside the curve it names (not one list mixing panels)."""
+    lay = fig.layout
+    rows = _stacked_rows(lay)
+    if rows is None or lay.showlegend is False or lay.legend.x is None or lay.legend.x <= 1:
+        return
+
+    def row_of(tr):
+        yname = "yaxis" + (tr.yaxis or "y")[1:]
+        d = lay[yname].domain if yname in lay else None
+        return rows.index(tuple(round(v, 6) for v in (d or (0, 1))))
+
+    items = [t for t in fig.data if t.showlegend is not False and t.name and t.legend in (None, "legend")
+             and t.type in ("scatter", "scattergl", "bar")]
+    used = sorted({row_of(t) for t in items})
+    if len(used) < 2:
+        return
+    for n, r in enumerate(used):
+        key = "legend" if n == 0 else f"legend{n + 1}"
+        if n:
+            lay[key] = dict(font=dict(size=18), bgcolor="rgba(255,255,255,0)")
+        lay[key].update(x=1.02, xanchor="left", y=rows[r][1], yanchor="top", orientation="v")
+        for t in items:
+            if row_of(t) == r:
+                t.legend = key
 
 
 def _colorbars(fig: go.Figure) -> list:
@@ -250,15 +305,24 @@ def _fit_axis_titles(fig: go.Figure, plot_px: float) -> None:
         xname = "xaxis" + (ax.anchor[1:] if ax.anchor and ax.anchor.startswith("x") else "")
         xdom = (lay[xname].domain if xname in lay and lay[xname].domain else (0, 1))
         left_column = xdom[0] < 0.05
-        lines = textwrap.wrap(text, max(6, int(room / (0.55 * AXIS_TITLE_SIZE))))
+        lines = _two_lines(text, max(6, int(room / (0.55 * AXIS_TITLE_SIZE))))
         if left_column and len(lines) == 2:
             ax.title.text = "<br>".join(lines)          # two lines at full size
             continue
         size = max(15, int(room / (0.55 * len(text))))
         ax.title.font = dict(size=size)
-        lines = textwrap.wrap(text, max(6, int(room / (0.55 * size))))
+        lines = _two_lines(text, max(6, int(room / (0.55 * size))))
         if left_column and len(lines) == 2:
             ax.title.text = "<br>".join(lines)
+
+
+def _two_lines(text: str, width: int) -> list[str]:
+    """Wrap an axis title at `width`, breaking before its '(units …)' when that gives two lines
+    (a break inside the parenthesis reads as 'GB = 10⁹ B,' / 'log)')."""
+    i = text.rfind(" (")
+    if 0 < i and i <= width and len(text) - i - 1 <= width:
+        return [text[:i], text[i + 1:]]
+    return textwrap.wrap(text, width)
 
 
 def _wrap(text: str, width: int) -> str:

@@ -143,7 +143,8 @@ def _measured_figure(df, meta, col, what, ref_slope, cross_text, y_axis, fmt) ->
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"), height=600, width=1150)
     where = (f"OOM points sit on the capacity line ({cap[1]})" if cap else
              "OOM points are drawn above the highest measurement: they have no value")
-    return caption(fig, f"{sweep_provenance(meta)}. {where}.", width=160)
+    prov = sweep_provenance(meta)
+    return caption(fig, f"{prov[:1].upper()}{prov[1:]}. {where}.", width=160)
 
 
 def memory_figure(df: pd.DataFrame, meta: dict | None = None) -> go.Figure:
