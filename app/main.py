@@ -16,9 +16,10 @@ if str(ROOT) not in sys.path:
 import streamlit as st  # noqa: E402
 
 from app import presentation, sources, url_state  # noqa: E402
-from app.settings import PAGES  # noqa: E402
+from app.settings import OWN_DATA_PAGES, PAGES  # noqa: E402
 from app.sidebar import sidebar  # noqa: E402
 from app.text import plain  # noqa: E402
+from app.views import common  # noqa: E402
 
 st.set_page_config(page_title="Tilescope", page_icon="🔬", layout="wide")
 url_state.init_session()
@@ -29,21 +30,34 @@ pages = {name: st.Page(VIEW_DIR / f"{name}.py", title=title, url_path=name,
          for name, title in PAGES.items()}
 page = st.navigation(list(pages.values()))
 page_name = next(name for name, p in pages.items() if p is page)
-settings = sidebar()
+own_data = page_name in OWN_DATA_PAGES       # ring, decode: their own recordings, not the attention run
+settings = sidebar(attention=not own_data)
 link_slot = st.sidebar.empty()
-st.session_state["_settings"] = settings
-url_state.write_query(settings, page_name)
-url_state.show_url_errors()
-if settings.present:
-    presentation.apply()
 
 # The view draws into one slot. A live run that is not cached yet runs in an empty slot first,
 # so the previous view's charts and messages leave the screen while the kernel runs.
-view = st.empty() if settings.live and not sources.has_run(settings) else st
-sources.run_before_page(settings, view)
+runs = settings.live and not own_data and not sources.has_run(settings)
+view = st.empty() if runs else st
+if not own_data:
+    sources.run_before_page(settings, view)
+# A refused run (too big, not valid) keeps the last view that worked, its link, and says why above it.
+refused = None if own_data else sources.refusal(settings)
+last_good = st.session_state.get("_last_good")
+shown = last_good if refused is not None and last_good is not None else settings
+st.session_state["_settings"] = shown
+url_state.write_query(shown, page_name)
+url_state.show_url_errors()
+if settings.present:
+    presentation.apply()
+if shown is not settings:
+    common.explain_failure(refused, settings, shown=shown)
+with link_slot.container():   # now as well as after the page: a page that stops keeps a link
+    url_state.show_share_link()
 try:
     with view.container():
         page.run()
+    if refused is None and not own_data:
+        st.session_state["_last_good"] = settings
 except Exception as exc:  # never a traceback on screen; the log keeps it
     logging.getLogger("tilescope").exception("page %s failed", page_name)
     st.error(f"This view could not be drawn: {type(exc).__name__}: {plain(exc)}. Try other settings "

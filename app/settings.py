@@ -18,6 +18,7 @@ from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (r
 PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
          "online_softmax": "Online softmax", "memory": "Memory and traffic",
          "ring": "Across devices", "decode": "Prefill vs decode"}
+OWN_DATA_PAGES = ("ring", "decode")   # pages with their own recordings/runs: the attention controls do nothing there
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 DTYPES = tuple(files.DTYPES)           # fp16, bf16, fp32: the one dtype table
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
@@ -72,6 +73,13 @@ class Settings:
     @property
     def h_kv(self) -> int:
         return self.kv_heads or self.heads
+
+    def brief(self) -> str:
+        """The view in a few words (for messages): the recording, or N, mask and blocks."""
+        if self.source == "recorded" and self.trace:
+            return f"the recording {self.trace}"
+        return (f"{SOURCES.get(self.source, self.source)}: N={self.seq_len}, {self.mask}, blocks "
+                f"{self.block_m}×{self.block_n}, B×H={self.batch}×{self.heads}")
 
     def problems(self) -> list[str]:
         """Why these settings cannot run (empty when they can), each with what to do."""

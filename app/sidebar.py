@@ -259,8 +259,19 @@ def _live_controls() -> None:
         st.rerun()
 
 
-def sidebar() -> Settings:
-    """Render the shared controls; return the settings they describe."""
+def _keep_hidden_controls() -> None:
+    """Streamlit forgets a widget's value in a run that does not draw it: the attention controls
+    a page hides keep theirs (re-set as plain session values) for the pages that show them."""
+    ss = st.session_state
+    for key in [k for k in ss if isinstance(k, str) and k.startswith("ctl_")
+                and k not in ("ctl_source", "ctl_present", "ctl_upload", "ctl_run")]:
+        ss[key] = ss[key]
+
+
+def sidebar(attention: bool = True) -> Settings:
+    """Render the shared controls; return the settings they describe. attention=False (pages
+    with their own recordings: ring, decode): only the source, presentation mode and About; the
+    recording and problem controls, which do nothing there, are hidden (and keep their values)."""
     ss = st.session_state
     recs = sources.recordings()
     live_source = sources.live_source()
@@ -276,7 +287,12 @@ def sidebar() -> Settings:
             st.info(note, icon=":material/info:")
         source = ss["ctl_source"]
         locked = source in ("recorded", "upload")
-        if source == "recorded":
+        if not attention:
+            _keep_hidden_controls()
+            st.caption("This page has its own recordings and controls (on the page). The attention "
+                       "settings (recording, N, mask, blocks) belong to the other pages and keep "
+                       "their values there.")
+        if source == "recorded" and attention:
             names = [r.name for r in recs]
             if not names:
                 st.warning("No bundled recordings: data/traces/ is empty on this machine.")
@@ -286,7 +302,7 @@ def sidebar() -> Settings:
                 st.selectbox("Recording", names, key="ctl_trace",
                              format_func=lambda n: sources.recording_named(n).label)
                 _sync_controls(sources.recording_named(ss["ctl_trace"]).settings())
-        elif source == "upload":
+        elif source == "upload":        # on every page: the uploaded file must not be lost
             up = st.file_uploader("Trace (.zip of a trace directory)", type=["zip"], key="ctl_upload",
                                   help="manifest.json + parquet files, as written by Trace.save")
             st.caption("A link cannot carry an uploaded file: share the zip with the link.")
@@ -296,12 +312,12 @@ def sidebar() -> Settings:
                     _sync_controls({**DEFAULTS, **Recording(up.name, "", 0, trace.meta).settings()})
                 except sources.RunError:
                     pass  # the page says why
-        if locked:
+        if locked and attention:
             st.caption("The settings below are the recording's. Switch the source to "
                        f"{SOURCES[live_source]!r} to change them.")
-        if source in ("gpu", "interpreter"):
+        if attention and source in ("gpu", "interpreter"):
             _live_controls()
-        else:
+        elif attention:
             _problem_controls(locked)
         st.toggle("Presentation mode", key="ctl_present",
                   help="larger fonts, light background, no clutter: for talks and screenshots")

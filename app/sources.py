@@ -314,6 +314,15 @@ def _recorded_or_uploaded(s: Settings) -> Source:
     return Source(trace, f"upload {upload.name}", key=f"upload:{upload_digest(upload)}")
 
 
+def refusal(s: Settings) -> RunError | None:
+    """Why these live settings did not run in this script run (None: they ran, or are not live)."""
+    done = st.session_state.get("_live_result")
+    if done is not None and done[0] == s and isinstance(done[1], RunError):
+        return done[1]
+    problems = s.problems() if s.live else []
+    return RunError(" ".join(problems)) if problems else None
+
+
 def run_before_page(s: Settings, slot) -> None:
     """A live run not cached yet runs here, in `slot`, before the page draws: the slot held the
     previous view, so its charts and stale messages leave the screen while the kernel runs."""

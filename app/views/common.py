@@ -35,8 +35,11 @@ def source_or_stop(s: Settings) -> Source:
         st.stop()
 
 
-def explain_failure(exc: RunError, s: Settings) -> None:
-    st.error(plain(exc), icon=":material/error:")
+def explain_failure(exc: RunError, s: Settings, shown: Settings | None = None) -> None:
+    """The refusal as one error line (with `shown`: the view below is that earlier one), and the
+    ways out it offers (the nearest recording, scaling the document lengths)."""
+    kept = f" Nothing ran; the view below is the last one that did ({shown.brief()})." if shown else ""
+    st.error(plain(f"{exc}{kept}"), icon=":material/error:")
     if exc.nearest is not None:
         kind = "GPU recording" if exc.nearest.is_gpu else "recording"
         st.button(f"Open the nearest bundled {kind}: {plain(exc.nearest.label)}",

@@ -78,5 +78,7 @@ def test_a_bad_link_value_is_a_warning_and_the_default(query, needle):
 def test_the_sidebar_shows_the_link_with_the_settings(data_dir):
     at = live(data_dir, page="block_skip", mask="sliding_window:64")
     clean(at)
-    link = at.sidebar.code[0].value
+    from tests.app.test_apptest_review_fixes import share_link_shown
+
+    link = share_link_shown(at)
     assert "page=block_skip" in link and "mask=sliding_window%3A64" in link and "source=interpreter" in link

@@ -6,6 +6,9 @@ run keeps the last good view and its link, and the share link is a plain copyabl
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 
 pytest.importorskip("streamlit")
@@ -74,3 +77,51 @@ def test_runs_that_load_or_compile_stay_out_of_the_estimate(data_dir):
     assert clean and abs(rate - max(secs - sources.RUN_OVERHEAD_S, 0) / tiles) < 1e-12
     assert "last 1 clean run" in sources.estimate(first)
     sources._run_log().clear()
+
+
+@pytest.mark.parametrize("page", ["ring", "decode"])
+def test_pages_with_their_own_data_hide_the_attention_controls(data_dir, page):
+    at = open_page(page, timeout=120, source="recorded", trace="n256_sliding_natural")
+    assert not at.exception
+    keys = {w.key for w in [*at.sidebar.selectbox, *at.sidebar.number_input]}
+    assert not keys & {"ctl_trace", "ctl_seq_len", "ctl_block_m", "ctl_mask_kind"}, keys
+    assert at.sidebar.radio(key="ctl_source").value == "recorded"
+    assert any("other pages" in c.value for c in at.sidebar.caption)
+    assert at.query_params["trace"] == "n256_sliding_natural"
+    # back on an attention page, the hidden controls kept their values
+    at.switch_page("views/block_skip.py").run()
+    assert not at.exception
+    assert at.selectbox(key="ctl_trace").value == "n256_sliding_natural"
+    assert at.session_state["ctl_window"] == 64
+
+
+def test_a_refused_run_keeps_the_last_view_and_its_link(data_dir):
+    at = _live(seq_len=256)
+    assert not at.exception and not at.error
+    before = charts(at)[0]["layout"]["title"]["text"]
+    at.number_input(key="ctl_seq_len").set_value(1048576).run()
+    at.button(key="ctl_run").click().run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "1048576" in errors[0] and "last one that did" in errors[0], errors
+    assert "\n" not in errors[0].strip()
+    assert charts(at) and charts(at)[0]["layout"]["title"]["text"] == before   # the last good view
+    assert at.query_params["seq_len"] == "256"                 # the link is the view's
+    assert "seq_len=256" in share_link_shown(at)
+
+
+def share_link_shown(at) -> str:
+    """The link in the sidebar's read-only link field (plain HTML: no st.code highlighting)."""
+    box = next(h.proto.body for h in at.sidebar.get("html") if "tilescope-link" in h.proto.body)
+    return html.unescape(re.search(r'value="([^"]*)"', box).group(1))
+
+
+def test_the_share_link_is_a_plain_field_with_a_copy_button(data_dir):
+    at = _live(mask="sliding_window:64")
+    assert not at.exception and not at.sidebar.code             # no syntax-highlighted code box
+    box = next(h.proto.body for h in at.sidebar.get("html") if "tilescope-link" in h.proto.body)
+    assert "readonly" in box and ">Copy</button>" in box and "clipboard.writeText" in box
+    link = share_link_shown(at)
+    assert "page=block_skip" in link and "mask=sliding_window%3A64" in link
+    evil = open_page("block_skip", timeout=90, source="recorded", mask='"><img src=x onerror=alert(1)>')
+    assert "<img" not in next(h.proto.body for h in evil.sidebar.get("html") if "tilescope-link" in h.proto.body)
