@@ -82,10 +82,9 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     still of that frame (no frames, no player).
     """
     tl = _timeline(trace, tl)
-    if bh is None:
-        bh, why = default_traced_head(trace, tl)
-    else:
-        bh, why = _traced_head(trace, bh), "picked"
+    default, why = default_traced_head(trace, tl)
+    bh = default if bh is None else _traced_head(trace, bh)
+    why = why if bh == default else "picked"
     scale, xlabel = time_axis(tl)
     unit = _unit(tl)
     times = animation_times(tl, max_frames)

@@ -233,7 +233,11 @@ else:
 
 if uneven_work(tl):
     st.subheader("Causal imbalance")
-    common.chart(imbalance_fig(src.key, sms, trace), "imbalance", "sched_imbalance", s.present)
+    # a second chart costs the browser ~1 s on a loaded 2-CPU machine: large runs draw it when asked
+    url_state.control("sched_imb", len(tl) <= ANIMATE_BY_DEFAULT)
+    if st.toggle("Draw the imbalance chart (duration vs K/V tiles per work item)", key="sched_imb",
+                 help=f"on by default up to {ANIMATE_BY_DEFAULT} work items, so large runs open fast"):
+        common.chart(imbalance_fig(src.key, sms, trace), "imbalance", "sched_imbalance", s.present)
 else:
     st.caption(f"No imbalance view: with mask {trace.meta.get('mask')} every work item visits about "
                "the same number of K/V tiles, so durations do not depend on the query block.")
