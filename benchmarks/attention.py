@@ -150,9 +150,9 @@ def flex_call(q, k, v, spec):
     if not _FLEX:
         # each mask and N is a new guard set: past dynamo's recompile limit (8) flex_attention
         # silently runs eagerly (materialising N x N scores), which is not the peer we time
-        import torch._dynamo
+        import torch._dynamo as dynamo    # (a plain `import torch._dynamo` would make torch local)
 
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 256)
         # static shapes: from the second N on, automatic dynamic shapes gave a slower generic kernel
         _FLEX.append(torch.compile(flex_attention, dynamic=False))
     n_q, n_k = q.shape[2], k.shape[2]
