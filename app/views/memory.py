@@ -121,7 +121,7 @@ common.chart(hbm_calculator_figure(T, h, d, bq, bkv, el), "hbm-calculator", "mem
 ex = hbm.seed000_example()
 st.caption(f"Tiled flash (K and V re-read once per query block of {bq}): "
            f"{fmt_bytes(calc['flash_tiled_bytes'])} ({calc['reduction_tiled']:.1f}× less than naive). "
-           f"Changing block_kv (now {bkv}) moves no byte. The lesson's example ($T = 8192$, $h = 32$, $d = 128$, fp16): "
+           f"Changing block_kv (now {bkv}) moves no byte. The lesson's example (T = 8,192, h = 32, d = 128, fp16): "
            f"{fmt_bytes(ex['naive_bytes'])} naive vs {fmt_bytes(ex['flash_bytes'])} flash, "
            f"{ex['reduction']:.0f}× less (the lesson states ~17.8 GB, 270 MB, ~65×). The lesson's “17.6 GB” "
            f"for the S, P term $4hT^2 \\times 2$ B is a rounding slip: it is "
