@@ -37,6 +37,7 @@ link_slot = st.sidebar.empty()
 # The view draws into one slot. A live run that is not cached yet runs in an empty slot first,
 # so the previous view's charts and messages leave the screen while the kernel runs.
 runs = settings.live and not own_data and not sources.has_run(settings)
+notice = st.empty()        # above the view: why a refused run shows the last good view instead
 view = st.empty() if runs else st
 if not own_data:
     sources.run_before_page(settings, view)
@@ -50,7 +51,8 @@ url_state.show_url_errors()
 if settings.present:
     presentation.apply()
 if shown is not settings:
-    common.explain_failure(refused, settings, shown=shown)
+    with notice.container():
+        common.explain_failure(refused, settings, shown=shown)
 with link_slot.container():   # now as well as after the page: a page that stops keeps a link
     url_state.show_share_link()
 try:

@@ -31,9 +31,19 @@ CSS = """
 [data-testid="stPlotlyChart"] { width: auto !important; }
 [data-testid="stDownloadButton"] { opacity: 0.25; }
 [data-testid="stDownloadButton"]:hover { opacity: 1; }
-.st-key-leave_present { position: fixed; top: 0.4rem; right: 1rem; z-index: 1000; width: auto !important;
-  opacity: 0.35; }
-.st-key-leave_present:hover { opacity: 1; }
+/* the way out: a clear dark pill in the top-right corner, small enough to stay out of the slide */
+.st-key-leave_present { position: fixed; top: 0.6rem; right: 1rem; z-index: 1000; width: auto !important; }
+.st-key-leave_present button { background: rgba(30, 30, 40, 0.82); color: #fff; border: 1px solid #fff;
+  border-radius: 1.2rem; padding: 0.3rem 0.9rem; min-height: 0; font-size: 0.95rem; font-weight: 600;
+  box-shadow: 0 1px 4px rgba(0, 0, 0, 0.35); }
+.st-key-leave_present button:hover { background: #111; color: #fff; border-color: #fff; }
+.st-key-leave_present button p { font-size: 0.95rem; }
+/* the page's own controls (step buttons, sliders, selects) readable from the back of the room */
+[data-testid="stMainBlockContainer"] [data-testid="stBaseButton-secondary"] { border: 1px solid #555;
+  color: #111; font-size: 1.05rem; padding: 0.35rem 1rem; }
+[data-testid="stMainBlockContainer"] [data-testid="stWidgetLabel"] p { font-size: 1.05rem; color: #222; }
+[data-testid="stMainBlockContainer"] [data-testid="stSlider"] [data-testid="stThumbValue"],
+[data-testid="stMainBlockContainer"] [data-testid="stSelectbox"] div { font-size: 1.0rem; color: #111; }
 </style>
 """
 

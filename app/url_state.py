@@ -231,18 +231,38 @@ def show_url_errors() -> None:
         st.error(f"The link's settings: {plain(msg)}")
 
 
-# A read-only field and a Copy button: plain HTML, no syntax highlighting (st.code cost 0.3-1.1 s a page).
+# A read-only field and a Copy button: plain HTML, no syntax highlighting (st.code cost 0.3-1.1 s a
+# page). Streamlit strips inline handlers, so one document-level listener (installed once) copies;
+# without the Clipboard API (plain http off localhost) it selects the field and uses execCommand.
 LINK_BOX = """<div class="tilescope-link" style="display:flex;gap:0.3rem;align-items:center">
-<input readonly value="{url}" aria-label="Link to this view" onfocus="this.select()"
+<input readonly value="{url}" aria-label="Link to this view"
  style="flex:1;min-width:0;font:0.78rem monospace;padding:0.3rem 0.4rem;border:1px solid #bbb;
  border-radius:0.3rem;background:#fff;color:#222">
 <button type="button" title="copy the link to the clipboard"
- onclick="const b=this;navigator.clipboard.writeText(b.previousElementSibling.value).then(()=>{{b.textContent='Copied';setTimeout(()=>b.textContent='Copy',1500)}})"
- style="font-size:0.8rem;padding:0.3rem 0.6rem;border:1px solid #bbb;border-radius:0.3rem;background:#f4f4f6;cursor:pointer">Copy</button>
+ style="font-size:0.8rem;padding:0.3rem 0.6rem;border:1px solid #bbb;border-radius:0.3rem;background:#f4f4f6;
+ color:#222;cursor:pointer">Copy</button>
 </div>"""
+COPY_SCRIPT = """<script>
+if (!window.__tilescopeCopy) {
+  window.__tilescopeCopy = true;
+  document.addEventListener('click', e => {
+    const b = e.target.closest && e.target.closest('.tilescope-link button');
+    if (!b) return;
+    const field = b.parentElement.querySelector('input');
+    const done = () => { b.textContent = 'Copied'; setTimeout(() => { b.textContent = 'Copy'; }, 1500); };
+    field.select();
+    if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(field.value).then(done);
+    else if (document.execCommand('copy')) done();
+  });
+  document.addEventListener('focusin', e => {
+    if (e.target.matches && e.target.matches('.tilescope-link input')) e.target.select();
+  });
+}
+</script>"""
 
 
 def show_share_link() -> None:
     """The link to this view: a read-only field (click selects it) and a Copy button (sidebar)."""
     st.caption("Link to this view (settings and the page's controls):")
-    st.html(LINK_BOX.format(url=html.escape(share_link(), quote=True)), unsafe_allow_javascript=True)
+    st.html(LINK_BOX.format(url=html.escape(share_link(), quote=True)) + COPY_SCRIPT,
+            unsafe_allow_javascript=True)

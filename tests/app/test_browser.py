@@ -170,10 +170,8 @@ def test_copy_link_reopens_the_same_page_state(app_server, new_page):
     page.wait_for_function("() => location.search.includes('sm_step=')")
     step = dict(x.split("=") for x in page.url.split("?")[1].split("&"))["sm_step"]
     title = [t for t in chart_titles(page) if "K blocks of query row" in t][0]
-    # the sidebar's link box, copied with its own copy button
-    code = page.locator('[data-testid="stSidebar"] [data-testid="stCode"]')
-    code.hover()
-    code.get_by_role("button").first.click()
+    # the sidebar's link field, copied with its Copy button
+    page.locator('[data-testid="stSidebar"] .tilescope-link').get_by_role("button", name="Copy").click()
     link = page.evaluate("() => navigator.clipboard.readText()")
     assert link.startswith(app_server) and f"sm_step={step}" in link and "page=online_softmax" in link
     other = page.context.new_page()               # a new session opened on the link
