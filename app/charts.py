@@ -173,7 +173,8 @@ def _decode_figures():
 TRACE_CHARTS = {
     "schedule": lambda c: _F().sm_lanes_figure(c.trace, tl=c.timeline()),
     "tiles": lambda c: _F().tile_grid_figure(c.trace, tl=c.timeline(), bh=c.traced_head()),
-    "animation": lambda c: _F().tile_animation_figure(c.trace, tl=c.timeline(), max_frames=40, bh=c.traced_head()),
+    "animation": lambda c: _F().tile_animation_figure(c.trace, tl=c.timeline(), max_frames=40,    # default head:
+                                                      bh=None if c.head is None else c.traced_head()),  # busy mid-run
     "imbalance": lambda c: _F().imbalance_figure(c.trace, tl=c.timeline()),
     "kv-sharing": lambda c: _kv_sharing().kv_sharing_figure(c.trace, c.timeline()),
     "compare": _compare,

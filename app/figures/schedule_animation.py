@@ -112,7 +112,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     x_now = times[k0] / scale
     fig.add_trace(go.Scatter(x=[x_now, x_now], y=[-0.5, int(tl.attrs.get("sms") or tl["sm"].max() + 1) - 0.5],
                              mode="lines", line=dict(color=CURSOR, width=3), name="now (time cursor)",
-                             hoverinfo="skip"), row=1, col=1)
+                             showlegend=False, hoverinfo="skip"), row=1, col=1)
     cursor_index = len(fig.data) - 1
     # work grid: pending base, running and done layers
     fig.add_trace(go.Heatmap(z=work["exists"].astype(np.uint8), zmin=0, zmax=1,
@@ -142,8 +142,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     heading = f"The whole GPU over time ({_kind(tl)} timeline)"
     fig.update_layout(title=_frame_title(heading, times[k0] - t0, scale, unit, work, tiles, k0, bh),
                       template=TEMPLATE, height=1000 if controls else 900, showlegend=True,
-                      legend=dict(orientation="v", x=1.02, y=0.5, yanchor="top", font=dict(size=11),
-                                  title=dict(text="grids (below)")))
+                      legend=dict(orientation="v", x=1.02, y=0.5, yanchor="top", font=dict(size=11)))
     fig.update_xaxes(title_text=xlabel, row=1, col=1)
     n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=1, col=1)
