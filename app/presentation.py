@@ -37,13 +37,14 @@ CSS = """
   border-radius: 1.2rem; padding: 0.3rem 0.9rem; min-height: 0; font-size: 0.95rem; font-weight: 600;
   box-shadow: 0 1px 4px rgba(0, 0, 0, 0.35); }
 .st-key-leave_present button:hover { background: #111; color: #fff; border-color: #fff; }
-.st-key-leave_present button p { font-size: 0.95rem; }
+.st-key-leave_present button p, .st-key-leave_present button span { font-size: 0.95rem; color: #fff !important; }
 /* the page's own controls (step buttons, sliders, selects) readable from the back of the room */
 [data-testid="stMainBlockContainer"] [data-testid="stBaseButton-secondary"] { border: 1px solid #555;
   color: #111; font-size: 1.05rem; padding: 0.35rem 1rem; }
 [data-testid="stMainBlockContainer"] [data-testid="stWidgetLabel"] p { font-size: 1.05rem; color: #222; }
 [data-testid="stMainBlockContainer"] [data-testid="stSlider"] [data-testid="stThumbValue"],
-[data-testid="stMainBlockContainer"] [data-testid="stSelectbox"] div { font-size: 1.0rem; color: #111; }
+[data-testid="stMainBlockContainer"] [data-testid="stSelectbox"] [data-baseweb="select"] * { font-size: 1.05rem;
+  color: #111; }
 </style>
 """
 
