@@ -273,8 +273,7 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
                                   f"{len(steps)} of {n_kb} K blocks visited"),
                       height=260, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
                       yaxis_visible=False,
-                      legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"),
-                      meta={"slide_height": 420})
+                      legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False)
     return _caption(fig, steps)
 
