@@ -22,11 +22,13 @@ def model_curves_figure(h: int, d: int, bytes_per_el: int, block_q: int, ns=None
         ys += y
         fig.add_trace(go.Scatter(x=ns, y=y, mode="lines+markers", name=name, line=dict(dash=dash, color=color),
                                  text=[fmt_bytes(v) for v in y], hovertemplate="N=%{x:,}: %{text}<extra></extra>"))
+    n, naive, ideal = ns[-1], hbm.naive_hbm_bytes(ns[-1], h, d, bytes_per_el), hbm.flash_hbm_bytes(ns[-1], h, d, bytes_per_el)
     fig.update_layout(title=title("HBM traffic over N (ANALYTIC MODEL, not a measurement)",
-                                  f"h={h}, d={d}, {bytes_per_el} B per element, batch 1"),
+                                  f"h={h}, d={d}, {bytes_per_el} B per element, batch 1<br>at N = {n:,}: naive "
+                                  f"{fmt_bytes(naive)} vs ideal flash {fmt_bytes(ideal)} = {naive / ideal:,.0f}× less"),
                       template=TEMPLATE)
     count_axis(fig, ns, "x", title_text="sequence length N (tokens, log)")
     byte_axis(fig, ys, "y", title_text="HBM bytes per layer")
-    return caption(fig, "model: instrumentation.hbm (the byte formulas of the vLLM lesson, the MathemaTricks post and "
+    return caption(fig, "Model: instrumentation.hbm (the byte formulas of the vLLM lesson, the MathemaTricks post and "
                         "the Tiling Strategy explainer); no caches modelled; "
                         "no sweep is bundled, so there is nothing measured to show")
