@@ -55,3 +55,14 @@ def test_scaling_table_is_two_narrow_tables(page):
     stated, exact = frames
     assert list(stated["seed_standard_mib"]) == [132.0, 528.0, 2112.0]    # the article's numbers, as stated
     assert list(exact["exact_standard_mib"]) == [132.0, 520.0, 2064.0]    # its own formula, exactly
+
+
+def test_model_curves_write_the_ratio_and_say_model():
+    from app.figures._common import title_text
+    from app.views.memory_figures import model_curves_figure
+
+    fig = model_curves_figure(8, 64, 2, 64, ns=[256, 1024, 4096])
+    ratio = hbm.naive_hbm_bytes(4096, 8, 64) / hbm.flash_hbm_bytes(4096, 8, 64)
+    assert f"= {ratio:,.0f}× less" in title_text(fig) and "ANALYTIC MODEL" in title_text(fig)
+    cap = [a.text for a in fig.layout.annotations if a.name == "provenance"][0]
+    assert cap.startswith("Model:")
