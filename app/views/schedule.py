@@ -161,8 +161,10 @@ if st.toggle("Show the order the kernel really ran the work items in (trace.work
         "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
     st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
-SECONDS_PER_FRAME = {(960, 540): 0.6, (1920, 1080): 2.7}   # kaleido, this 2-CPU machine, loaded
-VIDEO_FRAMES = 16          # the page's default (the CLI makes up to 120): a 16-frame GIF is ~10 s
+# kaleido on this 2-CPU machine at load ~12 (16k causal, /tmp/sf_gif.py in the schedule-fix note):
+# 16 frames at 960x540 took 26.6 s, 6 at 1920x1080 15.9 s; the 1920x1080 40-frame default was 107 s
+SECONDS_PER_FRAME = {(960, 540): 1.7, (1920, 1080): 2.7}
+VIDEO_FRAMES = 16          # the page's default (the CLI makes up to 120)
 
 
 def video_downloads(bh: int) -> None:
