@@ -208,6 +208,9 @@ def traffic_figure(df: pd.DataFrame, meta: dict | None = None, block_q: int | No
     fig.add_shape(type="line", x0=last["seq_len"], x1=last["seq_len"], y0=last["flash_ideal"], y1=last["naive"],
                   xref="x", yref="y", line=dict(color="#333", width=1.5))
     count_axis(fig, model["seq_len"], "x", title_text="sequence length N = T (tokens, log)")
+    # pad the ends: the T = 2d line at the smallest N and the ratio bracket at the largest stay off the axes
+    lo, hi = float(model["seq_len"].min()), float(model["seq_len"].max())
+    fig.update_xaxes(range=[np.log10(min(lo, 2 * d) / 1.25), np.log10(hi * 1.15)])
     byte_axis(fig, ys, "y", title_text="HBM traffic per forward")
     cfg = "" if multi else _config_label(next(iter(model.groupby(CONFIG_COLS).groups))) + "; "
     fig.update_layout(title=title("HBM traffic: naive O(N²) vs flash O(N)",
