@@ -95,15 +95,18 @@ def test_pages_with_their_own_data_hide_the_attention_controls(data_dir, page):
     assert at.session_state["ctl_window"] == 64
 
 
-def test_a_refused_run_keeps_the_last_view_and_its_link(data_dir):
+@pytest.mark.parametrize("edits, needle", [({"ctl_seq_len": 1048576}, "1048576"),          # not valid here
+                                           ({"ctl_seq_len": 8192, "ctl_block_m": 32}, "interpreter stops at")])
+def test_a_refused_run_keeps_the_last_view_and_its_link(data_dir, edits, needle):
     at = _live(seq_len=256)
     assert not at.exception and not at.error
     before = charts(at)[0]["layout"]["title"]["text"]
-    at.number_input(key="ctl_seq_len").set_value(1048576).run()
+    for key, value in edits.items():
+        (at.number_input if key == "ctl_seq_len" else at.selectbox)(key=key).set_value(value).run()
     at.button(key="ctl_run").click().run()
     assert not at.exception
     errors = [e.value for e in at.error]
-    assert len(errors) == 1 and "1048576" in errors[0] and "last one that did" in errors[0], errors
+    assert len(errors) == 1 and needle in errors[0] and "last one that did" in errors[0], errors
     assert "\n" not in errors[0].strip()
     assert charts(at) and charts(at)[0]["layout"]["title"]["text"] == before   # the last good view
     assert at.query_params["seq_len"] == "256"                 # the link is the view's
