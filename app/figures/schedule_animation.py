@@ -24,15 +24,15 @@ from .schedule import (CURSOR, IN_FLIGHT, TEMPLATE, _kind, _problem, _provenance
                        _traced_head, _unit, lane_traces)
 
 CLEAR = "rgba(0,0,0,0)"
-WORK_PENDING = "#dde3ea"
+PENDING_PARTIAL, PENDING_FULL = "#fde0c5", "#c6dbef"
+WORK_PENDING = PENDING_FULL     # one "pending" colour for items and full tiles: a shorter legend
 WORK_RUNNING = IN_FLIGHT
 WORK_DONE = FULL
-PENDING_PARTIAL, PENDING_FULL = "#fde0c5", "#c6dbef"
 DEFAULT_FRAMES = 48
 LANE_BINS = 600             # the lanes panel is narrower than the lanes chart
 # legend: (name, colour) of every state drawn
-STATES = [("work item pending", WORK_PENDING), ("tile pending (full)", PENDING_FULL),
-          ("tile pending (partial)", PENDING_PARTIAL), ("running / computing now", IN_FLIGHT),
+STATES = [("pending (work item, full tile)", PENDING_FULL),
+          ("pending (partial tile)", PENDING_PARTIAL), ("running / computing now", IN_FLIGHT),
           ("done (work item, full tile)", FULL), ("done (partial tile)", PARTIAL),
           ("skipped by the mask", SKIPPED_GREY), ("visited but predicted skipped", MISMATCH)]
 
@@ -133,7 +133,10 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     for z, color, row, col, name in layers:
         fig.add_trace(_layer(z, color, k0, row, name), row=row, col=col)
         layer_index.append(len(fig.data) - 1)
-    for name, color in STATES:          # legend entries (no data)
+    mismatches = bool((tiles["base"] == 3).any())
+    for name, color in STATES:          # legend entries (no data); short enough to clear the colour bar
+        if color == MISMATCH and not mismatches:
+            continue
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=12, color=color,
                                              line=dict(color="#999", width=1))), row=1, col=1)

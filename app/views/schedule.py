@@ -226,7 +226,7 @@ else:
         common.chart(animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace), "whole-gpu-animation",
                      "sched_anim_chart", s.present)
     st.caption("Top: the lanes with the time cursor, coloured as the colour bar says. Bottom left: every "
-               "work item, pending (grey), running (black) or done (blue). Bottom right: the traced head's "
+               "work item, pending (pale blue), running (black) or done (blue). Bottom right: the traced head's "
                f"tiles (default bh {default_bh}: {why}); black marks the tile each of its "
                "running work items is on now, red the tiles the kernel visited although the mask says "
                "skip (none expected). Pick a head that starts late to see it fill in at the end.")

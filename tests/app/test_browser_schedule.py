@@ -77,3 +77,6 @@ def test_16k_presentation_mode_keeps_lanes_tall(app_server, new_page):
     assert page.locator('[data-testid="stException"]').count() == 0
     assert "The whole GPU over time" not in " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
     assert plot_height(page, "Work items on SMs") >= 300
+    # the page's controls fold into one collapsed expander, so the lanes chart is one screen
+    assert page.locator('[data-testid="stExpander"]').filter(has_text="Page controls").count() == 1
+    assert not page.get_by_text("Colour work items by").first.is_visible()
