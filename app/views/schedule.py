@@ -245,7 +245,10 @@ else:
                "the same number of K/V tiles, so durations do not depend on the query block.")
 
 st.subheader("Which query heads share a KV head (L2 reuse)")
-common.chart(kv_sharing_fig(src.key, sms, trace), "kv-sharing", "sched_kv", s.present)
+url_state.control("sched_kv_on", len(tl) <= ANIMATE_BY_DEFAULT)
+if st.toggle("Draw the KV-head sharing chart (when each KV head's K/V is read, by how many)",
+             key="sched_kv_on", help=f"on by default up to {ANIMATE_BY_DEFAULT} work items, so large runs open fast"):
+    common.chart(kv_sharing_fig(src.key, sms, trace), "kv-sharing", "sched_kv", s.present)
 
 
 def compared_traces():
