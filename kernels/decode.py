@@ -25,6 +25,7 @@ import triton  # noqa: E402
 
 from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
 from .flash import SUPPORTED_DTYPES, num_sms  # noqa: E402
+from .shapes import check_kernel_device  # noqa: E402
 
 MAX_QUERIES = 16          # speculative decoding verifies a few tokens at once
 MAX_HEAD_DIM = 256
@@ -167,13 +168,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache need a contiguous last (D) dimension; "
                          "pass .contiguous() caches (a copy of the whole cache would be hidden otherwise)")
-    if interpreting():
-        if q.device.type != "cpu":
-            raise ValueError("TRITON_INTERPRET=1 is set, so the kernel runs in the CPU interpreter: "
-                             "pass CPU tensors, or unset TRITON_INTERPRET to run on the GPU")
-    elif q.device.type != "cuda":
-        raise ValueError(f"tensors are on {q.device}, but the compiled kernel needs CUDA tensors; "
-                         "on a machine without a GPU set TRITON_INTERPRET=1 before importing kernels")
+    check_kernel_device(q.device)
     if cache_seqlens is not None:
         if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (b,):
             raise ValueError(f"cache_seqlens must be a tensor of shape ({b},) (one length per sequence), "

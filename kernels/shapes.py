@@ -64,12 +64,17 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, for_kernel: 
         raise ValueError("flash_attention is forward-only (no backward pass): the output would carry no "
                          "gradient. For training use torch.nn.functional.scaled_dot_product_attention; "
                          "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
+    check_kernel_device(q.device)
+
+
+def check_kernel_device(device: torch.device) -> None:
+    """Where the Triton kernels can run: CPU tensors in the interpreter, CUDA tensors otherwise."""
     if interpreting():
-        if q.device.type != "cpu":
+        if device.type != "cpu":
             raise ValueError("TRITON_INTERPRET=1 is set, so the kernel runs in the CPU interpreter: "
                              "pass CPU tensors, or unset TRITON_INTERPRET to run on the GPU")
-    elif q.device.type != "cuda":
-        raise ValueError(f"tensors are on {q.device}, but the compiled kernel needs CUDA tensors; "
+    elif device.type != "cuda":
+        raise ValueError(f"tensors are on {device}, but the compiled kernel needs CUDA tensors; "
                          "on a machine without a GPU set TRITON_INTERPRET=1 before importing kernels")
 
 
