@@ -23,6 +23,7 @@ the system Chromium (/usr/bin/chromium) on its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -154,12 +155,33 @@ def run(args) -> Path | list[Path]:
         fig = build(chart, inputs)
         if not fig.frames:
             raise ExportError(f"--format {fmt} needs an animated chart (e.g. --chart animation), not {chart}")
-        return export_animation(fig, args.out, fmt, max_frames=args.frames, size=args.size,
-                                presentation=args.presentation)
+        with _frame_bar(f"{Path(args.out).name}") as bar:
+            return export_animation(fig, args.out, fmt, max_frames=args.frames, size=args.size,
+                                    presentation=args.presentation, progress=bar)
     fig = build(chart, inputs)
     if args.presentation:
         fig = presentation(fig)
     return export_figure(fig, args.out, fmt, frame=None if args.frame is None else args.frame - 1)
+
+
+@contextlib.contextmanager
+def _frame_bar(desc: str):
+    """progress(done, total) for export_animation as a tqdm bar on stderr (frames, rate, time left)."""
+    from tqdm import tqdm
+
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=desc, unit="frame", file=sys.stderr, dynamic_ncols=True)
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def main(argv=None) -> int:

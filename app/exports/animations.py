@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -27,12 +28,17 @@ def parse_size(size) -> tuple[int, int] | None:
     return w, h
 
 
+Progress = Callable[[int, int], None]
+
+
 def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int = 40, fps: int = 8,
-                     tl=None, size=None, presentation: bool = False) -> Path:
+                     tl=None, size=None, presentation: bool = False, progress: Progress | None = None) -> Path:
     """Any animated figure (or, given a Trace, the tile grid filling in) as GIF or MP4 via
     imageio, every frame rendered by kaleido in the figure's own look. size: (w, h) or
     "1920x1080" pixels of the video (the figure is drawn at its own size and scaled up, so
-    fonts stay in proportion); presentation: the slide look (default size 1920 x 1080)."""
+    fonts stay in proportion); presentation: the slide look (default size 1920 x 1080).
+    progress(done, total) is called once before the first frame (0, n) and after each
+    rendered frame (k, n), k = 1..n (a bar in the app, tqdm on the command line)."""
     import imageio.v3 as iio
 
     path = Path(path)
@@ -64,10 +70,14 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
     if fmt == "mp4":
         out_w, out_h = out_w - out_w % 8, out_h - out_h % 8   # H.264 blocks (1920 x 1080 stays whole)
     frames = []
+    if progress is not None:
+        progress(0, len(idx))
     with kaleido_server():
         for i in idx:
             png = static_frame(fig, int(i)).to_image(format="png", width=w, height=h, scale=scale)
             frames.append(_fit(iio.imread(png)[..., :3], out_w, out_h))
+            if progress is not None:
+                progress(len(frames), len(idx))
     data_path = path.with_name(f".{path.name}.partial{path.suffix}")
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "gif":

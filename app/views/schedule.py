@@ -19,6 +19,7 @@ from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_compariso
 from app.figures.kv_sharing import kv_sharing_figure
 from app.figures.schedule_animation import DEFAULT_FRAMES, tile_animation_figure
 from app.views import common
+from app.views.progress import FrameProgress
 from instrumentation.schedule_analysis import (METRICS, cached_stats, cached_timeline, default_traced_head,
                                                metrics_row, stragglers, traced_heads, uneven_work)
 from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS
@@ -169,7 +170,7 @@ VIDEO_FRAMES = 16          # the page's default (the CLI makes up to 120)
 
 def video_downloads(bh: int) -> None:
     """GIF / MP4 of the animation as shown: rendered when asked, with the time it will take
-    said before and a spinner while it runs, then offered as a download."""
+    said before and a per-frame progress bar while it runs, then offered as a download."""
     v1, v2, v3, v4 = st.columns([2, 2, 2, 4])
     fmt = v1.selectbox("Video", ["gif", "mp4"], key="sched_video_fmt", format_func=str.upper)
     size = v2.selectbox("Size", list(SECONDS_PER_FRAME), key="sched_video_size",
@@ -180,10 +181,10 @@ def video_downloads(bh: int) -> None:
     want = (src.key, sms, color_by, bh, fmt, size, frames, s.present)
     if v4.button(f"Make the {fmt.upper()} (about {est:.0f} s)", key="sched_video_make"):
         fig = animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace)
-        with st.spinner(f"Rendering {frames} frames at {size[0]}×{size[1]}: about {est:.0f} s on this machine…"), \
-                tempfile.TemporaryDirectory() as tmp:
+        bar = FrameProgress(f"{fmt.upper()} at {size[0]}×{size[1]}", SECONDS_PER_FRAME[size])
+        with tempfile.TemporaryDirectory() as tmp:
             path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=frames,
-                                           size=size, presentation=s.present)
+                                           size=size, presentation=s.present, progress=bar)
             made = st.session_state["sched_video"] = (want, path.read_bytes())
     if made and made[0] == want:
         st.download_button(f"⬇ whole-gpu-schedule.{fmt} ({len(made[1]) / 1e6:.1f} MB)", data=made[1],
