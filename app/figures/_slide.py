@@ -133,14 +133,16 @@ def _stacked_rows(lay) -> list[tuple[float, float]] | None:
 
 
 def _thin_short_panels(fig: go.Figure, plot_px: float) -> None:
-    """A short stacked panel keeps only the y ticks that fit at the slide's tick size (about
-    2.2 tick heights apart), so labels like 10⁻⁵ / 10⁻¹¹ never touch."""
+    """A short stacked panel keeps only the y ticks that fit at the slide's tick size: numbers
+    about 2.2 tick heights apart, so labels like 10⁻⁵ / 10⁻¹¹ never touch; one-line category
+    labels (rows) 1.3 apart, so a panel of 8 rows keeps all 8."""
     for k in [k for k in fig.layout if k.startswith("yaxis")]:
         ax = fig.layout[k]
         if ax.tickvals is None:
             continue
         dom = ax.domain or (0, 1)
-        most = max(2, int(plot_px * (dom[1] - dom[0]) // (2.2 * TICK_SIZE)) + 1)
+        rows = all(isinstance(v, str) for v in ax.tickvals)
+        most = max(2, int(plot_px * (dom[1] - dom[0]) // ((1.3 if rows else 2.2) * TICK_SIZE)) + 1)
         if len(ax.tickvals) > most:
             ax.tickvals, ax.ticktext = _thin(list(ax.tickvals), list(ax.ticktext) if ax.ticktext is not None
                                              else None, most)

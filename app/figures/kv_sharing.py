@@ -16,12 +16,24 @@ from ._common import FULL, TEMPLATE, caption, fmt_bytes, time_axis, title
 __all__ = ["kv_sharing_figure"]
 
 BINS = 240
+MAX_ROW_LABELS = 24     # tick labels on the KV-head axis (slides thin them again to fit their height)
 OCCUPANCY_SCALE = [[0, "#f4f4f4"], [1e-6, "#deebf7"], [0.35, "#6baed6"], [0.7, "#2171b5"], [1, "#08306b"]]
 
 
 def _row_labels(live, batches: int) -> list[str]:
     return [(f"b{b} · " if batches > 1 else "") + f"KV {k} ← q {q}"
             for b, k, q in zip(live["batch"], live["kv_head"], live["query_heads"])]
+
+
+def _labelled_rows(live, most: int = MAX_ROW_LABELS) -> list[int]:
+    """Which rows get a tick label: every row when at most `most`; otherwise every s-th KV head
+    of each batch, s the smallest power of two that leaves at most `most` labels, so each batch's
+    first KV head is labelled and the steps are even (hover names every row)."""
+    n = len(live)
+    s = 1
+    while -(-n // s) > most:
+        s *= 2
+    return [i for i, k in enumerate(live["kv_head"]) if int(k) % s == 0]
 
 
 def _height(n_rows: int) -> int:
@@ -69,9 +81,11 @@ def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
                              name="K/V with an open live window", showlegend=False,
                              hovertemplate="t ≈ %{x:,.4g}: %{y:,.3g} MB of K/V live<extra></extra>"),
                   row=2, col=1)
-    every = max(1, -(-n_rows // 24))                      # at most 24 labels, every row up to 24
+    shown = [labels[i] for i in _labelled_rows(live)]
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, row=1, col=1, tickmode="array",
-                     tickvals=labels[::every], ticktext=labels[::every], title_text="KV head ← query heads")
+                     tickvals=shown, ticktext=shown, title_text="KV head ← query heads")
+    for first in np.flatnonzero(np.diff(live["batch"].to_numpy())) + 1:   # a line between batches
+        fig.add_hline(y=float(first) - 0.5, line=dict(color="#888", width=1), row=1, col=1)
     fig.update_yaxes(title_text="K/V live (MB)", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text=t_label, row=2, col=1, range=[0, edges[-1] / scale])
     fig.update_xaxes(range=[0, edges[-1] / scale], row=1, col=1)
@@ -90,6 +104,7 @@ def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
     traced = trace.meta.get("traced_heads") or []
     slow = (f"Heads recorded with tile detail (bh {', '.join(map(str, traced))}) run slower than the others: "
             "their KV heads stay live longer. " if traced and not live.attrs["modelled"] else "")
-    return caption(fig, f"{slow}Live window: first start to last end of the work items that read a KV head (black ticks); "
+    rows = "" if len(shown) == n_rows else "Rows are labelled at even steps (hover names each). "
+    return caption(fig, f"{slow}{rows}Live window: first start to last end of the work items that read a KV head (black ticks); "
                         f"colour: work items reading it per time bin ({bins} bins), an L2-reuse proxy: the trace has "
                         f"no L2 counters. From trace.work ({clock}): {live.attrs['provenance']}")
