@@ -13,8 +13,8 @@ What it writes (see data/README.md):
                                      document:N/8,3N/8,N/4,N/4}, natural schedule; plus causal
                                      N in {4096, 16384} under longest_first and persistent.
                                      bf16, D=128, B=4, H=16, level full: work timing for every
-                                     head, tile and softmax-row detail for head 0 and the last
-                                     head (the one that starts last).
+                                     head, tile and softmax-row detail for three heads
+                                     (detailed_heads: first, middle, last; early, mid-run, late).
     traces/preset-{model}_.../       model presets (kernels.presets, B=1, the model's heads,
                                      KV heads, D and mask): Llama-3-8B, Mistral-7B, Qwen2.5-7B,
                                      Gemma-2-9B, Phi-2, chunked prefill (512 of 8192 keys).
@@ -52,6 +52,13 @@ TRACE_BLOCK_STEPS = (None, 8, 4, 2)       # None = record()'s auto choice; then 
 
 
 DOC_FRACTIONS = (1 / 8, 3 / 8, 1 / 4, 1 / 4)
+
+
+def detailed_heads(n_bh: int) -> list[int]:
+    """The (batch·head) indices recorded with tile detail: the first, the middle and the last.
+    Under the natural schedule they start early, mid-run and last, so the animation's default
+    (the traced head busy mid-run) shows tiles filling in at any frame of the run."""
+    return sorted({0, n_bh // 2, n_bh - 1})
 
 
 def document_mask(n: int) -> str:
@@ -165,7 +172,7 @@ def _existing_trace_ok(path: Path, job: dict, shape: dict) -> bool:
             and m["shape"]["H"] == shape["heads"] and m["shape"]["D"] == shape["head_dim"]
             and m["shape"]["N_k"] == (job.get("kv_len") or job["n"])
             and m["shape"]["H_kv"] == shape.get("kv_heads", shape["heads"])
-            and len(m.get("traced_heads", [])) == min(2, shape["batch"] * shape["heads"])
+            and m.get("traced_heads") == detailed_heads(shape["batch"] * shape["heads"])
             and m["dtype"] == shape["dtype"])
 
 
@@ -222,8 +229,7 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
                                           kv_heads=shape.get("kv_heads"), kv_len=kv_len)
             q, k, v = inputs[key]
             cfg = default_config(shape["head_dim"], DTYPES[shape["dtype"]], n=max(n, kv_len))
-            # detail for head 0 and the last head, the one that starts last
-            heads = sorted({0, shape["batch"] * shape["heads"] - 1})
+            heads = detailed_heads(shape["batch"] * shape["heads"])
             n_qb = -(-n // cfg.block_m)
             tmp = tdir / (name + ".partial")
             candidates = []

@@ -83,15 +83,17 @@ def test_record_cli_takes_kv_len_and_kv_heads(tmp_path):
 
 def test_bundled_preset_traces_replay_the_online_softmax_and_draw_rectangular_block_maps():
     """GQA and chunked-prefill recordings: the kernel's per-row state matches float64 from the
-    regenerated inputs (query head -> its KV head, N_k keys), for both traced heads."""
+    regenerated inputs (query head -> its KV head, N_k keys), for every traced head."""
     from instrumentation.block_stats import blockmap_stats
     from instrumentation.online_softmax import default_q_row, inputs_for_trace, softmax_steps
+    from instrumentation.regenerate import detailed_heads
     root = LEGACY.parents[1]
     for name in ("preset-chunked-prefill_n512_nk8192_causal_natural", "preset-llama-3-8b_n4096_causal_natural"):
         if not (root / name).exists():
             pytest.skip(f"{name} is not bundled")
         t = Trace.load(root / name)
-        assert len(t.meta["traced_heads"]) == 2
+        n_bh = t.meta["shape"]["B"] * t.meta["shape"]["H"]
+        assert t.meta["traced_heads"] == detailed_heads(n_bh)
         for bh in t.meta["traced_heads"]:
             q, k, v = inputs_for_trace(t, bh)
             assert k.shape[2] == t.kv_len
