@@ -13,7 +13,8 @@ A page backs one of its own widgets with the URL in one line, called just before
 comma-separated items) or from `default`, resets a value that is no longer among `options`,
 writes the value into the URL under `key` (left out while it equals the default) and returns
 it. A link value that does not parse or is not an option is a warning on the page, and the
-default is used. The parameter lives in the URL only while its page is shown.
+default is used; so are the settings' (`show_url_errors`: one st.warning line each, saying
+what was wrong and what is used). The parameter lives in the URL only while its page is shown.
 `share_link()` is the full URL of the current view (the sidebar shows it with a Copy button).
 """
 
@@ -55,7 +56,8 @@ def init_session() -> None:
     if "source" in qp:
         want = qp["source"]
         if want not in SOURCES:
-            errors.append(f"source={want!r} in the link is not one of {', '.join(SOURCES)}.")
+            errors.append(f"source={want!r} in the link is not one of {', '.join(SOURCES)}; "
+                          f"using {SOURCES[source]!r}.")
         elif want in ("gpu", "interpreter") and want != live_source:
             errors.append(f"The link asks for {SOURCES[want]!r}, which this machine does not have; "
                           f"using {SOURCES[live_source]!r}.")
@@ -99,8 +101,7 @@ def init_session() -> None:
     if recorded:
         recs = sources.recordings()
         rec = sources.recording_named(qp.get("trace", "")) if qp.get("trace") else None
-        if qp.get("trace") and rec is None:
-            errors.append(f"The link names the recording {qp['trace']!r}, which is not bundled here.")
+        missing = qp.get("trace") if qp.get("trace") and rec is None else None
         wanted = {k: values[k] for k in DEFAULTS if k in qp and k not in wrong}
         if rec is None and recs and wanted:      # only the link's valid values choose a recording
             rec = data_sources.nearest(recs, wanted)
@@ -113,6 +114,9 @@ def init_session() -> None:
         else:
             trace = rec.name
             used = {**values, **rec.settings()}
+        if missing:
+            errors.append(f"The link names the recording {missing!r}, which is not bundled here; "
+                          + (f"using {trace!r}." if rec is not None else "running live."))
     for key, why in wrong.items():               # one line each: what was wrong, what is used instead
         where = f" (the recording {trace})" if source == "recorded" else ""
         errors.append(f"{why.rstrip('.')}; using {used.get(key, values[key])}{where}.")
@@ -127,7 +131,8 @@ def init_session() -> None:
     ss["_link_params"] = {k: v for k, v in qp.items() if k not in SETTING_PARAMS}
     ss["_default_page"] = qp.get("page") if qp.get("page") in PAGES else "schedule"
     if "page" in qp and qp["page"] not in PAGES:
-        errors.append(f"page={qp['page']!r} is not a page here ({', '.join(PAGES)}).")
+        errors.append(f"page={qp['page']!r} is not a page here ({', '.join(PAGES)}); "
+                      f"opening {PAGES[ss['_default_page']]!r}.")
     ss["_initialised"] = True
 
 
@@ -227,8 +232,10 @@ def share_link() -> str:
 
 
 def show_url_errors() -> None:
+    """A link value that falls back is a warning (the page works with what is used instead):
+    one line each, saying what was wrong and what is used."""
     for msg in st.session_state.pop("_url_errors", []) or []:
-        st.error(f"The link's settings: {plain(msg)}")
+        st.warning(f"The link's settings: {plain(msg)}", icon=":material/link_off:")
 
 
 # A read-only field and a Copy button: plain HTML, no syntax highlighting (st.code cost 0.3-1.1 s a

@@ -27,9 +27,11 @@ def test_a_bad_link_value_keeps_the_default_recording(data_dir, key, value):
     at = _recorded(**{key: value})
     assert not at.exception
     assert at.session_state["ctl_trace"] == default          # not the recording "nearest" the bad value
-    errors = [e.value for e in at.error]
+    assert not at.error, [e.value for e in at.error]          # the page works: a warning, not an error
+    errors = [e.value for e in at.warning]
     assert len(errors) == 1, errors                           # one line: what was wrong, what is used
     assert f"{key}=" in errors[0] and "using" in errors[0] and default in errors[0], errors
+    assert "\n" not in errors[0].strip()
     assert at.query_params["trace"] == default
 
 
