@@ -7,7 +7,11 @@ For each world size W and mask, on the same inputs (one seed, every rank builds 
 sequence and takes its shard):
     tilescope_1gpu      our flash_attention on the whole sequence, on one GPU
     sdpa_1gpu           torch SDPA on the whole sequence, on one GPU
-    ring:<layout>       kernels.ring.ring_attention (natural, zigzag), W GPUs over NCCL
+    ring:<layout>       kernels.ring.ring_attention (natural, zigzag), W GPUs over NCCL, on the
+                        launcher's group (high-priority NCCL streams, kernels.ring.nccl_options)
+    ring:zigzag:<what>  the same with one of its two overlap measures taken away, side by side:
+                        2-buffers (kv_buffers=2), normal-priority (a group with default NCCL
+                        streams), or both (how the ring ran before issue 12's second pass)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -25,6 +29,8 @@ import sys
 from . import DEFAULT_OUT, device_slug, log, parse_int_list, run_meta, split_list, write_results
 
 RING_LAYOUTS = ("zigzag", "natural")
+# (impl suffix, kv_buffers, high-priority group): the ablations of the zigzag ring
+RING_ABLATIONS = (("2-buffers", 2, True), ("normal-priority", 3, False), ("2-buffers,normal-priority", 2, False))
 CP_ROTATES = ("allgather", "alltoall")
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
@@ -59,6 +65,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
 
     device = torch.device("cuda", rank)
     mesh = init_device_mesh("cuda", (world,))       # one mesh (one set of communicators) for torch's CP
+    normal = dist.new_group(list(range(world)), pg_options=dist.ProcessGroupNCCL.Options())  # default priority
     records = []
     for per_gpu in parse_int_list(args.tokens_per_gpu):
         n = per_gpu * world
@@ -75,14 +82,16 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
             for impl, ms in single.items():
                 records.append(dict(base, impl=impl, layout=None, ms=ms, status="ok", single_gpu_ms=ms,
                                     parallel_efficiency=1.0, rel_err=0.0 if impl == "tilescope_1gpu" else sdpa_err))
-            for layout in RING_LAYOUTS:
+            variants = [(f"ring:{layout}", layout, {}) for layout in RING_LAYOUTS] + \
+                [(f"ring:zigzag:{name}", "zigzag", dict(kv_buffers=n, group=None if high else normal))
+                 for name, n, high in RING_ABLATIONS]
+            for impl, layout, kw in variants:
                 qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
-                out = ring_attention(qs, ks, vs, mask=mask, layout=layout)
-                err = _worst(_rel_err(out, shard(ours_1, rank, world, layout)))
-                ms = time_ms(lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout), args.iters, True) \
-                    if err < TOL else None
-                records.append(_multi(base, f"ring:{layout}", layout, ms, err, single["tilescope_1gpu"], world))
-                del qs, ks, vs, out
+                run = lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout, **kw)  # noqa: E731
+                err = _worst(_rel_err(run(), shard(ours_1, rank, world, layout)))
+                ms = time_ms(run, args.iters, True) if err < TOL else None
+                records.append(_multi(base, impl, layout, ms, err, single["tilescope_1gpu"], world))
+                del qs, ks, vs
             for rotate in CP_ROTATES:
                 try:
                     ms, err = _torch_cp(mesh, q, k, v, causal, rotate, world, args.iters, ours_1)
@@ -169,6 +178,14 @@ def main(argv=None) -> int:
         print(f"error: --world-sizes {too_many} need more than the {torch.cuda.device_count()} GPUs visible",
               file=sys.stderr)
         return 2
+    meta = run_meta(torch.device("cuda"), "ring", argv)
+    meta.update(gpu_count=torch.cuda.device_count(), **provenance("nccl", max(worlds)),
+                timing="median over repetitions of the slowest rank's CUDA-event time; ranks start "
+                       "each repetition together after a barrier",
+                nccl_streams="high priority (kernels.ring.nccl_options) for the ring and for torch's "
+                             "context parallel, which runs on the same default group; "
+                             "ring:zigzag:*normal-priority uses a second group with default streams",
+                efficiency="one-GPU time of the same attention / (W x multi-GPU time)")
     records = []
     for world in worlds:
         log(f"world {world}: starting {world} ranks")
@@ -176,17 +193,13 @@ def main(argv=None) -> int:
         records += per_rank[0]
         for r in per_rank[0]:
             eff = r["parallel_efficiency"]
-            log(f"  W={world} {r['mask']:6s} N={r['seq_len']:6d} {r['impl']:20s} "
+            log(f"  W={world} {r['mask']:6s} N={r['seq_len']:6d} {r['impl']:34s} "
                 f"{r['ms'] if r['ms'] is None else round(r['ms'], 3)!s:>9} ms  err {r['rel_err'] or float('nan'):.1e}  "
                 f"eff {'-' if eff is None else f'{100 * eff:.1f}%'}")
-    meta = run_meta(torch.device("cuda"), "ring", argv)
-    meta.update(gpu_count=torch.cuda.device_count(), **provenance("nccl", max(worlds)),
-                timing="median over repetitions of the slowest rank's CUDA-event time; ranks start "
-                       "each repetition together after a barrier",
-                efficiency="one-GPU time of the same attention / (W x multi-GPU time)")
-    path = write_results({"meta": meta, "records": records},
-                         f"{args.out}/ring-{device_slug(meta['device'])}.json", "ring")
-    log(f"wrote {path}")
+        # written after every world size: what is done survives a time limit
+        path = write_results({"meta": meta, "records": records},
+                             f"{args.out}/ring-{device_slug(meta['device'])}.json", "ring")
+        log(f"wrote {path}")
     return 0
 
 

@@ -117,8 +117,11 @@ def _rank_main(rank, world, backend, tmp, fn, args):
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(1)     # several ranks share the CPU cores
+    from kernels.ring import nccl_options
+
+    # NCCL: high-priority streams, so a transfer is not queued behind the attention beside it
     dist.init_process_group(backend, init_method=f"file://{tmp}/rendezvous", rank=rank,
-                            world_size=world,
+                            world_size=world, pg_options=nccl_options() if backend == "nccl" else None,
                             device_id=torch.device("cuda", rank) if backend == "nccl" else None)
     try:
         result = fn(rank, world, *args)

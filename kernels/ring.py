@@ -13,12 +13,19 @@ at every step). At step s rank r holds the K/V of rank (r - s) mod W. The transf
 runs on a side stream (NCCL) or in gloo's threads while step s computes. Pairs of chunks the
 causal mask hides entirely are skipped; a chunk against itself uses the causal kernel.
 NCCL between GPUs, gloo on the CPU (where the kernel runs in Triton's interpreter).
+
+Overlap on GPUs needs two things the ring cannot do alone (measured on 4 x H200, issue 12):
+  - a process group with high-priority NCCL streams (`nccl_options()`, or TORCH_NCCL_HIGH_PRIORITY=1).
+    At equal priority the block scheduler keeps handing free SMs to the pending programs of the
+    attention kernel that started first, so a transfer launched beside it waits for its last wave
+    and the next step then waits for the transfer;
+  - more than two receive buffers (`kv_buffers`, default 3): with two, the transfer for step s+1
+    may only start once step s-1's compute has freed its buffer, which is also the moment step s's
+    compute starts, and the two race for the SMs; with three it starts while step s-1 computes.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -26,6 +33,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from .ring_clock import StepClock
 from .ring_merge import merge_partial  # noqa: F401  (public here too)
 
 LAYOUTS = ("natural", "zigzag")
@@ -114,12 +122,23 @@ class KernelCall:
 
     @property
     def score_entries(self) -> int:
-        """Query-key pairs the mask lets through (bottom-right causal when `causal`)."""
+        """Query-key pairs the mask lets through (bottom-right causal when `causal`). In closed
+        form: it is read inside the ring's loop, where a loop over 16k rows cost ~5 ms of host
+        time and delayed the next step's launches (the stall before step 1 in the first traces)."""
         nq, nk = self.q_hi - self.q_lo, self.k_hi - self.k_lo
         if not self.causal:
             return nq * nk
-        off = nk - nq   # query i sees keys j <= i + off
-        return sum(max(0, min(nk, i + off + 1)) for i in range(nq))
+        # query i sees min(nk, max(0, i + nk - nq + 1)) keys: sum that over x = i + nk - nq + 1
+        return _clamped_sum(nk - nq + 1 + nq, nk) - _clamped_sum(nk - nq + 1, nk)
+
+
+def _clamped_sum(n: int, cap: int) -> int:
+    """sum(min(x, cap) for x in range(n)) for x >= 0 only (n <= 0: 0)."""
+    if n <= 0:
+        return 0
+    if n <= cap + 1:
+        return n * (n - 1) // 2
+    return cap * (cap + 1) // 2 + (n - cap - 1) * cap
 
 
 def step_plan(q_chunks: Sequence[int], kv_chunks: Sequence[int], chunk: int, mask: str) -> list[KernelCall]:
@@ -161,69 +180,36 @@ def step_plan(q_chunks: Sequence[int], kv_chunks: Sequence[int], chunk: int, mas
 
 def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
     """(o, lse) of queries q (B, H, N_q, D) against one K/V chunk (B, H_kv, N_k, D): the one place
-    ring attention calls a kernel. lse (B, H, N_q) float32, natural log; -inf where no key is seen."""
+    ring attention calls a kernel. lse (B, H, N_q) float32, natural log; -inf where no key is seen.
+    A half of a zigzag shard is a strided view; the kernel's warp-specialised loop (about 10%
+    faster on full tiles) reads only contiguous tensors, so the halves are copied first (a copy
+    of the operands costs ~1% of the call)."""
     from .flash import flash_attention   # loaded on first use, after the interpreter is chosen
-    return flash_attention(q, k, v, mask="causal" if causal else "full", sm_scale=sm_scale,
-                           return_lse=True)
-
-
-# -- per-step clock: CUDA events on the streams, or the host clock under gloo ----------------------
-
-class _StepClock:
-    """Marks (step, name) -> time in ns since the ring started; resolved after the ring ends."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-        self.marks: dict[tuple[int, str], object] = {}
-        if cuda:
-            self.origin = torch.cuda.Event(enable_timing=True)
-            self.origin.record()
-        else:
-            self.origin = time.perf_counter_ns()
-
-    def mark(self, step: int, name: str, stream=None) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(stream)
-            self.marks[(step, name)] = ev
-        else:
-            self.marks[(step, name)] = time.perf_counter_ns()
-
-    def watch(self, request, step: int, name: str):
-        """Wait for a gloo request on a thread and stamp when it completes; returns the thread."""
-        def wait():
-            request.wait()
-            self.marks[(step, name)] = time.perf_counter_ns()
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        return _Joined(thread)
-
-    def resolve(self) -> dict[tuple[int, str], float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return {key: self.origin.elapsed_time(ev) * 1e6 for key, ev in self.marks.items()}
-        return {key: float(t - self.origin) for key, t in self.marks.items()}
-
-
-class _Joined:
-    """A watched request: wait() joins the thread that waited for it."""
-
-    def __init__(self, thread):
-        self.thread = thread
-
-    def wait(self):
-        self.thread.join()
+    return flash_attention(q.contiguous(), k.contiguous(), v.contiguous(),
+                           mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True)
 
 
 # -- ring attention -------------------------------------------------------------------------------
 
+def nccl_options():
+    """Options for an NCCL process group whose transfers can overlap attention: high-priority
+    streams (see the module docstring). `dist.init_process_group("nccl", pg_options=nccl_options())`
+    or `dist.new_group(ranks, pg_options=nccl_options())`."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.is_high_priority_stream = True
+    return opts
+
+
 def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=None,
-                   return_lse: bool = False, sm_scale: float | None = None,
+                   return_lse: bool = False, sm_scale: float | None = None, kv_buffers: int = 3,
                    trace: Callable[[dict], None] | None = None, trace_rows: Sequence[int] = ()):
     """Attention of this rank's queries over the whole ring's keys, in an initialised process group.
 
     q (B, H, N_local, D), k and v (B, H_kv, N_local, D): this rank's shards (see `shard`).
     Returns o (B, H, N_local, D) in q's dtype, and lse (B, H, N_local) float32 with return_lse.
+    kv_buffers (>= 2): receive buffers for the travelling K/V; with n of them the transfer for
+    step s+1 waits only for step s+1-n's compute (2 is classic double buffering).
+    On GPUs give it a group made with `nccl_options()` (high-priority NCCL streams).
     `trace(record)` is called once per step after the ring ends, with times in ns since its start:
     compute_start/end, send_start/end, recv_start/end, the K/V chunks held, skipped, bytes moved,
     and for each local row in `trace_rows` its partial (m, l) from this step's keys."""
@@ -235,6 +221,8 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     if k.shape != v.shape or k.shape[2] != q.shape[2] or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
         raise ValueError(f"k and v must be (B, H_kv, N_local, D) like q {tuple(q.shape)}; "
                          f"got {tuple(k.shape)}, {tuple(v.shape)}")
+    if isinstance(kv_buffers, bool) or not isinstance(kv_buffers, int) or kv_buffers < 2:
+        raise ValueError(f"kv_buffers must be an integer >= 2 (2 = double buffering), got {kv_buffers!r}")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     per = chunks_per_rank(layout)
     if q.shape[2] % per:
@@ -245,17 +233,18 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     cuda = q.is_cuda
     compute_stream = torch.cuda.current_stream(q.device) if cuda else None
     comm_stream = torch.cuda.Stream(q.device) if cuda else None
-    clock = _StepClock(cuda) if trace is not None else None
+    on_comm = (lambda: torch.cuda.stream(comm_stream)) if cuda else nullcontext
+    clock = StepClock(cuda) if trace is not None else None
 
-    # K and V travel as two messages. Step 0 sends the caller's own k, v (only read); later
-    # steps alternate between two scratch pairs, so nothing the caller passed is overwritten.
+    # K and V travel as two messages. Step 0 sends the caller's own k, v (only read); step s
+    # receives into buffer s mod n_buffers, which step s+1 computes on and sends on.
     own = (k.contiguous(), v.contiguous())                    # (B, H_kv, N_local, D) each
-    scratch: list = [None, None]
-
-    def pair(i):
-        if scratch[i] is None:
-            scratch[i] = (torch.empty_like(own[0]), torch.empty_like(own[1]))
-        return scratch[i]
+    n_buffers = min(world - 1, kv_buffers)
+    buffers = [(torch.empty_like(own[0]), torch.empty_like(own[1])) for _ in range(n_buffers)]
+    if cuda:   # the caller's k, v and the new buffers' memory are ready once its queued work is
+        comm_stream.wait_stream(compute_stream)
+    freed: list = []      # CUDA: per step, an event after its compute (its buffer may be refilled)
+    arrived = None        # CUDA: an event after the receive this step computes on
 
     n_local = q.shape[2]
     o_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)    # (B, H, N_local, D)
@@ -264,13 +253,13 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     q_chunks = rank_chunks(rank, world, layout)
     records, pending_rows = [], []
     for step in range(world):
-        held = own if step == 0 else pair((step - 1) % 2)
+        held = own if step == 0 else buffers[(step - 1) % n_buffers]
         requests = []
         if step < world - 1:
-            incoming = pair(step % 2)
-            if cuda:   # `incoming` was read by the previous step's compute; `held` was written by its receive
-                comm_stream.wait_stream(compute_stream)
-            with torch.cuda.stream(comm_stream) if cuda else nullcontext():
+            incoming = buffers[step % n_buffers]
+            with on_comm():
+                if cuda and step >= n_buffers:   # `incoming` was last computed on at step+1-n_buffers
+                    comm_stream.wait_event(freed[step + 1 - n_buffers])
                 if clock:
                     clock.mark(step, "comm_start", comm_stream)
                 ops = [dist.P2POp(dist.isend, held[0], send_to, group), dist.P2POp(dist.isend, held[1], send_to, group),
@@ -280,6 +269,8 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
                 if clock and not cuda:   # gloo has no futures for p2p: a thread stamps completion
                     names = ("send_end", "send_end", "recv_end", "recv_end")
                     requests = [clock.watch(req, step, name) for req, name in zip(requests, names)]
+        if arrived is not None:
+            compute_stream.wait_event(arrived)
         src = (rank - step) % world
         kv_chunks = rank_chunks(src, world, layout)
         calls = step_plan(q_chunks, kv_chunks, chunk, mask)
@@ -304,14 +295,18 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
                                      lse_p[0, 0].clone()))
         if clock:
             clock.mark(step, "compute_end", compute_stream)
+        if cuda:
+            freed.append(torch.cuda.Event())
+            freed[-1].record(compute_stream)
         if requests:
-            with torch.cuda.stream(comm_stream) if cuda else nullcontext():
+            with on_comm():
                 for req in requests:
                     req.wait()          # CUDA: the side stream waits for NCCL; gloo: the host waits
-                if clock and cuda:
-                    clock.mark(step, "comm_end", comm_stream)
-            if cuda:
-                compute_stream.wait_stream(comm_stream)
+                if cuda:
+                    if clock:
+                        clock.mark(step, "comm_end", comm_stream)
+                    arrived = torch.cuda.Event()
+                    arrived.record(comm_stream)
         if trace is not None:
             nbytes = sum(t.numel() * t.element_size() for t in held) if requests else 0
             records.append(dict(rank=rank, step=step, world=world, layout=layout, mask=mask,

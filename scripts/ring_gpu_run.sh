@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
 # The multi-GPU run behind data/ring/ and data/benchmarks/ring-*.json (issue 12), on a host with
-# 4 GPUs: the ring's gpu-marked tests, the benchmark against torch's context parallel, and three
-# bundled traces. Usage: OUT=/some/dir scripts/ring_gpu_run.sh   (PY=python3 by default)
+# 4 GPUs: the ring's gpu-marked tests, the benchmark against torch's context parallel (world 4
+# first: it is written after each world size), and three bundled traces.
+# Usage: OUT=/some/dir scripts/ring_gpu_run.sh   (PY=python3 by default; fits one 10-minute call)
 # NVLink multicast stays off (the lent machines ask for it; it can take a shared host's GPUs down).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ring-gpu}
 PY=${PY:-python3}
 mkdir -p "$OUT/ring"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m
+stamp() { echo "== $1 $(date -u +%H:%M:%S)"; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv; nvidia-smi topo -m
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-echo "== gpu tests"; timeout 150 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
+stamp "gpu tests"; timeout 120 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
 tail -4 "$OUT/gpu-tests.log"
 grep -q " passed" "$OUT/gpu-tests.log" && ! grep -q -E " failed| error" "$OUT/gpu-tests.log" || {
   echo "gpu tests failed: no benchmark or traces"; tail -60 "$OUT/gpu-tests.log"; exit 1; }
-echo "== benchmark"; timeout 250 $PY -m benchmarks.ring --tokens-per-gpu 16384,32768 --iters 8 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
-echo "== traces"
+stamp "benchmark"; timeout 300 $PY -m benchmarks.ring --world-sizes 4,2 --tokens-per-gpu 16384,32768 --iters 8 \
+  --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+stamp "traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
   set -- $spec
-  timeout 60 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
+  timeout 50 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
     --heads 32 --head-dim 128 --dtype bf16 --iters 8 --out "$OUT/ring/w$1_n$2_causal_$3" 2>&1 | tee -a "$OUT/traces.log"
   tar czf "$OUT/ring-traces.tgz" -C "$OUT" ring     # after each: what is done survives a time limit
 done
 rm -rf "$OUT/ring"
+stamp "done"
 ls -la "$OUT"

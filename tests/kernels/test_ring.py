@@ -38,6 +38,10 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
                                 trace=records.append)
         assert torch.equal(ks, kept[0]) and torch.equal(vs, kept[1])   # the caller's K/V are only read
         results[mask, layout] = (o.cpu(), lse.cpu(), records)
+    # double buffering (the buffer-reuse path from 4 ranks up) gives the same bits
+    qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k, v))
+    results["two_buffers"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag", kv_buffers=2),
+                                         results["causal", "zigzag"][0].to(device))
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
     results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
@@ -59,6 +63,7 @@ def test_ring_matches_float64_attention(world):
             _check_steps(r[mask, layout][2], rank, world, mask, layout)
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
+    assert all(r["two_buffers"] for r in per_rank)
 
 
 def _check_steps(records, rank, world, mask, layout):
@@ -100,6 +105,15 @@ def test_shard_unshard_round_trip_and_errors():
         unshard([x], 2)
 
 
+def test_kv_buffers_below_two_is_refused_before_any_transfer():
+    from kernels.ring import ring_attention
+
+    q = torch.randn(1, 1, 8, 4)
+    for bad in (1, 0, 2.5, True):
+        with pytest.raises(ValueError, match="kv_buffers must be an integer >= 2"):
+            ring_attention(q, q, q, kv_buffers=bad)
+
+
 def test_locate_finds_every_row():
     n, world = 48, 3
     for layout in ("natural", "zigzag"):
@@ -120,6 +134,15 @@ def test_step_plan_zigzag_halves():
     assert step_plan((1, 4), (1, 4), 8, "causal") == [KernelCall(0, 16, 0, 16, True)]
     assert step_plan((0,), (1,), 8, "causal") == []
     assert KernelCall(0, 16, 0, 16, True).score_entries == 16 * 17 // 2
+
+
+def test_score_entries_counts_bottom_right_causal_pairs():
+    g = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        nq, nk, lo = (int(x) for x in torch.randint(1, 90, (3,), generator=g))
+        rows = torch.arange(nq)[:, None] + nk - nq >= torch.arange(nk)[None, :]   # bottom-right
+        assert KernelCall(lo, lo + nq, 0, nk, True).score_entries == int(rows.sum())
+        assert KernelCall(lo, lo + nq, 0, nk, False).score_entries == nq * nk
 
 
 def test_merge_is_the_two_state_merge_and_associative(device):
@@ -163,3 +186,4 @@ def test_ring_on_gpus_matches_one_gpu(world):
         assert rel_err(o, ref) < 2e-2, (world, mask, layout)
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout)
+    assert all(r["two_buffers"] for r in per_rank)
