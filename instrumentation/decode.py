@@ -8,7 +8,9 @@ Tables of a decode trace (besides the core ones every Trace has):
               over the split, l = sum exp(s - m)), k_start, k_end, lse (the row's final
               log-sum-exp from the kernel) and weight = l e^(m - lse), the split's share of the
               final softmax (the weights of a row sum to 1)
-    merge     one row per stage-2 program (CUDA, splits > 1): sm, t_start, t_end
+    merge     one row per merge group (b, kv_head, row_block; splits > 1): where its rows were
+              merged — `split`, the stage-1 program that finished its group last and merged it
+              (fused merge), or -1 for the merge kernel's program — and (CUDA) sm, t_start, t_end
     work      one row per query head (bh, q_block 0): its programs' earliest start, latest end
     out       the output rows (bh, q_row = query index t, o0..o{D-1})
 Meta: shapes, the split rule's inputs, bytes moved per stage, and on CUDA the measured copy
@@ -66,15 +68,19 @@ def measure_copy_bandwidth(device: str = "cuda", nbytes: int = COPY_BYTES) -> fl
 
 
 def decode_bytes(plan: DecodePlan, seq_lens: np.ndarray, elem: int) -> dict:
-    """HBM bytes each stage moves (a model of the kernel's loads and stores, no caches)."""
+    """Bytes each stage moves (a model of the kernel's loads and stores, no caches). With the
+    fused merge, stage 1 also reads the partials back and writes O; there is no stage 2."""
     d, rows, s = plan.head_dim, plan.rows, plan.num_splits
     kv = int(seq_lens.sum()) * plan.kv_heads * d * elem * 2
     q = plan.batch * plan.heads * plan.n_q * d * elem
     o = q
     partial = plan.batch * plan.kv_heads * s * rows * (d * 4 + 8) if s > 1 else 0
+    merge = partial + o if s > 1 else 0
+    stage1 = kv + q + (partial if s > 1 else o)
     return {"kv_read": kv, "q_read": q, "o_write": o, "partial_write": partial,
             "partial_read": partial,
-            "stage1": kv + q + (partial if s > 1 else o), "stage2": partial + o if s > 1 else 0,
+            "stage1": stage1 + (merge if plan.fused_merge else 0),
+            "stage2": 0 if plan.fused_merge else merge,
             "minimum": kv + q + o}
 
 
@@ -82,14 +88,24 @@ def _time_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
-def time_graph_ms(fn, rep_ms: float = 100.0, flush_bytes: int = 256 << 20) -> float:
+FLUSHES = ("write", "read")
+
+
+def time_graph_ms(fn, rep_ms: float = 100.0, flush_bytes: int = 256 << 20, flush: str = "write") -> float:
     """Median GPU time of fn replayed from a CUDA graph, the L2 flushed before each replay.
 
     A decode step is tens of microseconds of GPU work, less than the Python that launches it, so
     eager timing measures the host. Serving engines capture decode steps in CUDA graphs; replaying
     one here times the kernels alone, the same way for every implementation. fn must not
     synchronise with the host (no .item()).
+
+    flush "write" zeroes a 256 MiB buffer (do_bench's way): the L2 is left full of dirty lines,
+    which the timed step then writes back to HBM as it reads (up to the L2's size of extra
+    traffic, charged to the step). "read" reads the buffer instead: the L2 holds only clean
+    lines, so the step moves its own bytes alone. Both leave none of the step's inputs in L2.
     """
+    if flush not in FLUSHES:
+        raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):               # warm up (compile, allocate) outside the capture
@@ -99,7 +115,9 @@ def time_graph_ms(fn, rep_ms: float = 100.0, flush_bytes: int = 256 << 20) -> fl
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    flush_buf = torch.ones(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    flush_out = torch.empty((), dtype=torch.int32, device="cuda")
+    flush_l2 = flush_buf.zero_ if flush == "write" else lambda: torch.amax(flush_buf, out=flush_out)
     one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     one[0].record()
     graph.replay()
@@ -108,17 +126,18 @@ def time_graph_ms(fn, rep_ms: float = 100.0, flush_bytes: int = 256 << 20) -> fl
     reps = int(min(200, max(10, rep_ms / max(one[0].elapsed_time(one[1]), 1e-3))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
-        flush.zero_()
+        flush_l2()
         start.record()
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    del graph, flush
+    del graph, flush_buf
     return float(np.median([s.elapsed_time(e) for s, e in events]))
 
 
 def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
-                  block_n=None, num_warps=None, num_stages=None, measure=True, meta_extra=None):
+                  block_n=None, num_warps=None, num_stages=None, fused_merge=True, measure=True,
+                  meta_extra=None):
     """Run split-KV decoding with tracing; return (out, Trace). See the module doc for tables.
 
     measure: on CUDA, also time the untraced op, each stage alone (stage 2 launched alone reads
@@ -126,7 +145,7 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     and measure the copy bandwidth.
     """
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale)
-    plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages)
+    plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge)
     b, h, n_q, d = q.shape
     dev = q.device
     if cache_seqlens is None:
@@ -150,7 +169,7 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
         timing["untraced_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, **call))
         timing["eager_ms"] = _time_ms(lambda: flash_decode(q, k_cache, v_cache, **call))
         timing["stage1_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, stages="split", **call))
-        if plan.num_splits > 1:
+        if plan.num_splits > 1 and not plan.fused_merge:
             timing["stage2_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, stages="merge", **call))
         scratch = make_trace_buffers(plan, dev)
         timing["traced_ms"] = time_graph_ms(lambda: flash_decode(q, k_cache, v_cache, trace=scratch, **call))
@@ -192,7 +211,11 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
         "kernel": {**plan.config.as_dict(), "num_splits": plan.num_splits, "group": plan.group,
                    "rows_per_kv_head": plan.rows, "row_blocks": plan.row_blocks,
                    "programs": int(np.prod(plan.stage1_grid)),
-                   "merge_programs": plan.merge_grid[0] if plan.num_splits > 1 else 0,
+                   "merge_programs": 0 if plan.fused_merge else plan.merge_groups,
+                   "merge": ("none (one split)" if plan.num_splits == 1 else
+                             "fused: the last split program of each (b, kv_head, row block) to finish "
+                             "merges its rows" if plan.fused_merge else
+                             "a second launch, one program per (b, kv_head, row block)"),
                    "sm_scale": sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)},
         "split_rule": plan.split_rule,
         "bytes": nbytes,
@@ -276,18 +299,25 @@ def _decode_partials(m_part, l_part, lse, splits: pd.DataFrame, plan: DecodePlan
 
 
 def _decode_merge(buf, plan: DecodePlan, hw: bool, t0: int) -> pd.DataFrame:
-    """One row per stage-2 program (one per stacked row; none with one split)."""
-    n = plan.merge_grid[0] if plan.num_splits > 1 else 0
-    program = np.arange(n)
-    bkv, r = program // plan.rows, program % plan.rows
+    """One row per merge group (b, kv_head, row block); none with one split."""
+    n = plan.merge_groups
+    group = np.arange(n)
+    bkv, row_block = group // plan.row_blocks, group % plan.row_blocks
+    split = buf[:n, 0].astype(np.int64)
+    rows_here = np.minimum(plan.rows - row_block * plan.config.block_m, plan.config.block_m)
+    s_n, bkv_n = plan.num_splits, plan.batch * plan.kv_heads
     df = pd.DataFrame({"b": (bkv // plan.kv_heads).astype(np.int32),
                        "kv_head": (bkv % plan.kv_heads).astype(np.int32),
-                       "head": ((bkv % plan.kv_heads) * plan.group + r // plan.n_q).astype(np.int32),
-                       "q_row": (r % plan.n_q).astype(np.int32), "program": program.astype(np.int32)})
+                       "row_block": row_block.astype(np.int32), "rows": rows_here.astype(np.int32),
+                       "fused": np.full(n, plan.fused_merge),
+                       "split": split.astype(np.int32),
+                       # the stage-1 program that merged (as in `splits`), or the merge kernel's program
+                       "program": np.where(split >= 0, split + s_n * (bkv + bkv_n * row_block),
+                                           group).astype(np.int32)})
     if hw:   # on stage 1's timeline: globaltimer is one clock for the whole GPU
-        df["sm"] = buf[:n, 0].astype(np.int32)
-        df["t_start"] = (buf[:n, 1] - t0).astype(np.float64)
-        df["t_end"] = (buf[:n, 2] - t0).astype(np.float64)
+        df["sm"] = buf[:n, 1].astype(np.int32)
+        df["t_start"] = (buf[:n, 2] - t0).astype(np.float64)
+        df["t_end"] = (buf[:n, 3] - t0).astype(np.float64)
     else:
         df["sm"] = np.int32(-1)
         df["t_start"] = np.nan

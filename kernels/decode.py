@@ -1,4 +1,4 @@
-"""Host side of split-KV decoding (FlashDecoding): checks, the split rule, the two launches.
+"""Host side of split-KV decoding (FlashDecoding): checks, the split rule, the launches.
 
     o = flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto")
     # q (B, H, N_q, D), N_q 1..16; k_cache, v_cache (B, H_kv, N_max, D), H % H_kv == 0
@@ -6,7 +6,9 @@
     # cache_seqlens[b] - N_q + t and sees keys j <= that position (bottom-right causal)
 
 The split rule ("auto") is FlashAttention-2's `num_splits_heuristic` (flash_api.cpp) applied to
-this kernel's own work items; see `choose_num_splits`.
+this kernel's own work items; see `choose_num_splits`. The merge of the splits runs inside stage 1
+(the last split program of each group to finish merges it; `fused_merge=False` launches it as a
+second kernel instead, as FlashAttention does).
 """
 
 from __future__ import annotations
@@ -48,6 +50,23 @@ class DecodeConfig:
                     num_stages=self.num_stages)
 
 
+# The fused merge's ticket counters: one int32 per (b, kv_head, row block), zero between calls
+# (the merging program resets its own). One buffer per device, reused by every call, so a call
+# costs no memset launch and a CUDA graph replays it as is. Calls are stream-ordered like the
+# KV cache they read: two flash_decode calls running at once on two streams of one device would
+# share counters (run such calls with fused_merge=False).
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def merge_counters(device, n: int) -> torch.Tensor:
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
 @dataclass(frozen=True)
 class DecodePlan:
     """Everything one call launches: shapes, tiles, splits and the inputs of the split rule."""
@@ -64,18 +83,34 @@ class DecodePlan:
     num_splits: int
     config: DecodeConfig
     split_rule: dict      # the inputs and the outcome of the rule (for traces and the dashboard)
+    fused_merge: bool     # the merge runs in the last split program of each group (no 2nd launch)
 
     @property
     def stage1_grid(self) -> tuple[int, int, int]:
         return (self.num_splits, self.batch * self.kv_heads, self.row_blocks)
 
     @property
-    def merge_grid(self) -> tuple[int]:
-        return (self.batch * self.kv_heads * self.rows,)      # one program per stacked row
+    def merge_grid(self) -> tuple[int, int]:
+        """The merge's groups, (b * H_kv + kv_head, row block): the programs of the second
+        launch, or the groups whose last split program merges (fused)."""
+        return (self.batch * self.kv_heads, self.row_blocks)
 
     @property
-    def splits_pad(self) -> int:
-        return triton.next_power_of_2(self.num_splits)
+    def merge_groups(self) -> int:
+        return self.batch * self.kv_heads * self.row_blocks if self.num_splits > 1 else 0
+
+    @property
+    def merge_m(self) -> int:
+        """Rows merged at a time: the real stacked rows (a power of two), not the Q tile's padding."""
+        return min(triton.next_power_of_2(self.rows), self.config.block_m)
+
+    @property
+    def split_chunk(self) -> int:
+        """Splits per merge load: all of them when merge_m x splits x D fits in about 64 fp32
+        registers per thread, so one round trip to L2 fetches a row group's partials."""
+        d_pad = max(16, triton.next_power_of_2(self.head_dim))
+        budget = 64 * 32 * self.config.num_warps
+        return max(1, min(triton.next_power_of_2(self.num_splits), budget // (self.merge_m * d_pad)))
 
 
 def default_decode_config(head_dim: int, rows: int, dtype: torch.dtype, block_n=None, num_warps=None,
@@ -168,6 +203,10 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache need a contiguous last (D) dimension; "
                          "pass .contiguous() caches (a copy of the whole cache would be hidden otherwise)")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise ValueError("flash_decode is forward-only (no backward pass): the output would carry no "
+                         "gradient. For training use torch.nn.functional.scaled_dot_product_attention; "
+                         "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
     check_kernel_device(q.device)
     if cache_seqlens is not None:
         if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (b,):
@@ -187,16 +226,17 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
         raise ValueError(f"sm_scale must be a positive number, got {sm_scale!r}")
 
 
-def decode_plan(q, k_cache, num_splits="auto", block_n=None, num_warps=None, num_stages=None) -> DecodePlan:
+def decode_plan(q, k_cache, num_splits="auto", block_n=None, num_warps=None, num_stages=None,
+                fused_merge=True) -> DecodePlan:
     b, h, n_q, d = q.shape
     h_kv, n_max = k_cache.shape[1], k_cache.shape[2]
     return _decode_plan(b, h, n_q, d, h_kv, n_max, q.dtype, str(q.device), num_splits, block_n,
-                        num_warps, num_stages)
+                        num_warps, num_stages, bool(fused_merge))
 
 
 @lru_cache(maxsize=256)
 def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, num_warps,
-                 num_stages) -> DecodePlan:
+                 num_stages, fused_merge) -> DecodePlan:
     """Built once per shape and setting: the split rule and the config stay off the hot path
     (a decode step is tens of microseconds of GPU time; host work per call shows up in it)."""
     group = h // h_kv
@@ -209,7 +249,8 @@ def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, 
     auto, rule = choose_num_splits(b, h_kv, row_blocks, n_max, cfg.block_n, sms)
     splits = auto if num_splits == "auto" else int(num_splits)
     rule = {**rule, "requested": num_splits, "num_splits": splits}
-    return DecodePlan(b, h, h_kv, n_q, n_max, d, group, rows, row_blocks, splits, cfg, rule)
+    return DecodePlan(b, h, h_kv, n_q, n_max, d, group, rows, row_blocks, splits, cfg, rule,
+                      fused_merge and splits > 1)
 
 
 @lru_cache(maxsize=64)
@@ -224,7 +265,7 @@ class DecodeTraceBuffers:
 
     splits: torch.Tensor     # (programs, 6) int64: order, smid, t_start, t_end, k_start, k_end
     counter: torch.Tensor    # (1,) int32: interpreter order
-    merge: torch.Tensor      # (merge programs, 3) int64: smid, t_start, t_end
+    merge: torch.Tensor      # (merge groups, 4) int64: split that merged (-1: merge kernel), smid, t_start, t_end
     m_part: torch.Tensor     # (B, H_kv, S, rows) fp32: m_j natural units (written for S = 1 too)
     l_part: torch.Tensor     # (B, H_kv, S, rows) fp32: l_j
 
@@ -236,25 +277,27 @@ def make_trace_buffers(plan: DecodePlan, device) -> DecodeTraceBuffers:
     return DecodeTraceBuffers(
         splits=torch.full((programs, 6), -1, dtype=torch.int64, device=device),
         counter=torch.zeros(1, dtype=torch.int32, device=device),
-        merge=torch.full((plan.merge_grid[0], 3), -1, dtype=torch.int64,
-                         device=device),
+        merge=torch.full((max(plan.merge_groups, 1), 4), -1, dtype=torch.int64, device=device),
         m_part=torch.full(stats, float("nan"), dtype=torch.float32, device=device),
         l_part=torch.full(stats, float("nan"), dtype=torch.float32, device=device))
 
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
-                 return_lse=False, block_n=None, num_warps=None, num_stages=None,
-                 trace: DecodeTraceBuffers | None = None, hw_clock: bool | None = None,
+                 return_lse=False, block_n=None, num_warps=None, num_stages=None, fused_merge=True,
+                 use_tma=False, trace: DecodeTraceBuffers | None = None, hw_clock: bool | None = None,
                  plan: DecodePlan | None = None, stages="both"):
     """Split-KV decoding attention. Returns O (B, H, N_q, D), or (O, lse) with lse (B, H, N_q)
     float32 in natural log units (-inf and O = 0 for a row that sees no key).
 
-    `plan`, `trace`, `hw_clock` and `stages` ('both' | 'split' | 'merge') are for
-    instrumentation: a prepared plan skips the checks, and a stage can be launched alone to time it.
+    `fused_merge=False` merges the splits in a second launch; `use_tma` loads the off-band K/V
+    tiles through tensor descriptors (Hopper's bulk copy; CUDA, contiguous caches, D a power of
+    two). `plan`, `trace`, `hw_clock` and `stages` ('both' | 'split' | 'merge') are for
+    instrumentation: a prepared plan skips the checks, and a stage can be launched alone to time
+    it (with the fused merge, 'split' is the whole op).
     """
     if plan is None:
         check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale)
-        plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages)
+        plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge)
     b, h, n_q, d = q.shape
     cfg, splits = plan.config, plan.num_splits
     if interpreting():
@@ -286,21 +329,35 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     if hw_clock is None:
         hw_clock = dev.type == "cuda" and not interpreting()
     tr = (trace.splits, trace.counter) if trace is not None else (cache_seqlens, cache_seqlens)
+    tr_merge = trace.merge if trace is not None else cache_seqlens
     d_pad = max(16, triton.next_power_of_2(d))
-    common = dict(GROUP=plan.group, HEAD_DIM=d, HEAD_DIM_PAD=d_pad, STORE_LSE=bool(return_lse),
-                  TRACE=trace is not None, HW_CLOCK=bool(hw_clock))
+    common = dict(GROUP=plan.group, HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.block_m, MERGE_M=plan.merge_m,
+                  SPLIT_CHUNK=plan.split_chunk, STORE_LSE=bool(return_lse), TRACE=trace is not None,
+                  HW_CLOCK=bool(hw_clock))
+    counters = merge_counters(dev, plan.merge_groups) if plan.fused_merge else cache_seqlens
+    descs = _tma_descriptors(k_cache, v_cache, cfg.block_n) if use_tma else (k_cache, v_cache)
     if stages in ("both", "split"):
         decode_split_kernel[plan.stage1_grid](
-            q, k_cache, v_cache, o, lse, o_part, m_part, l_part, cache_seqlens,
+            q, k_cache, v_cache, o, lse, o_part, m_part, l_part, cache_seqlens, counters, *descs,
             *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
-            *tr, plan.kv_heads, n_q, plan.rows, splits, sm_scale * 1.4426950408889634,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT=split, STORE_STATS=trace is not None,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            *tr, tr_merge, plan.kv_heads, n_q, plan.n_max, plan.rows, splits, sm_scale * 1.4426950408889634,
+            BLOCK_N=cfg.block_n, SPLIT=split, FUSED_MERGE=plan.fused_merge, USE_TMA=bool(use_tma),
+            STORE_STATS=trace is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
-    if split and stages in ("both", "merge"):
+    if split and not plan.fused_merge and stages in ("both", "merge"):
         decode_merge_kernel[plan.merge_grid](
-            o_part, m_part, l_part, o, lse, *o.stride()[:3],
-            trace.merge if trace is not None else cache_seqlens, plan.kv_heads, n_q, plan.rows, splits,
-            SPLITS_PAD=plan.splits_pad, SPLIT_CHUNK=min(plan.splits_pad, 16), num_warps=4, **common)
+            o_part, m_part, l_part, o, lse, *o.stride()[:3], tr_merge, plan.kv_heads, n_q, plan.rows,
+            splits, num_warps=cfg.num_warps, **common)
     return (o, lse) if return_lse else o
+
+
+def _tma_descriptors(k_cache, v_cache, block_n: int):
+    """Host tensor descriptors over the (B*H_kv*N_max, D) row views of the caches."""
+    d = k_cache.shape[-1]
+    if interpreting() or k_cache.device.type != "cuda" or d != triton.next_power_of_2(d) or d < 16 \
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("use_tma=True needs CUDA, contiguous caches and a power-of-two D >= 16")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor.from_tensor(t.view(-1, d), [block_n, d]) for t in (k_cache, v_cache))

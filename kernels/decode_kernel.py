@@ -10,9 +10,13 @@ j <= cache_seqlens[b] - N_q + t (on-band). With one split it normalises and writ
 (FlashAttention-2's schedule); with several it writes a partial output O_j = acc_j / l_j and its
 state (m_j, l_j) in natural units.
 
-Stage 2 (`decode_merge_kernel`): one program per stacked row (b, kv_head, r) merges the
-partials with the seeds' formula: m = max_j m_j, O = sum_j e^(m_j - m) l_j O_j / sum_j e^(m_j - m) l_j,
-lse = m + log(sum_j e^(m_j - m) l_j).
+The merge (the seeds' formula: m = max_j m_j, O = sum_j e^(m_j - m) l_j O_j / sum_j e^(m_j - m) l_j,
+lse = m + log(sum_j e^(m_j - m) l_j)), `_merge_rows`, runs in one of two places:
+- FUSED_MERGE (the default): inside stage 1. Each split program, after writing its partials,
+  takes a ticket from a per-(b, kv_head, row block) counter; the program that draws the last
+  ticket — the last of its group to finish — merges the group's rows and resets the counter to 0
+  for the next call. One launch, and the merge overlaps the other groups' tails.
+- otherwise `decode_merge_kernel`, a second launch with one program per (b, kv_head, row block).
 
 Tracing is switched on by `tl.constexpr` flags, as in flash_kernel: with TRACE off no trace code
 is compiled. HW_CLOCK (%globaltimer, %smid through inline PTX) is only set on CUDA; the
@@ -26,31 +30,31 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .flash_kernel import _globaltimer, _smid  # noqa: E402  (one implementation of each clock)
+# one implementation of each: the clocks, the K/V tile load and the P.V accumulate
+from .flash_kernel import _globaltimer, _smid, accumulate_pv, load_kv_tile  # noqa: E402
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
+MERGE_SLOTS = tl.constexpr(4)       # trace record of a merge: split that merged, smid, t_start, t_end
 
 
 @triton.jit
-def _kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_d, row_pos,
-             lo, hi, qk_scale,
+def _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_kn, stride_vn, offs_d,
+             row_pos, lo, hi, qk_scale,
              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
-             ON_BAND: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+             ON_BAND: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+             UPCAST_DOT: tl.constexpr):
     """Online softmax over the keys [lo, hi) in BLOCK_N steps; scores in log2 units."""
     offs_n0 = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + offs_n0
         # -- load K^T, compute qk --
-        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]          # (D, BLOCK_N)
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]          # (BLOCK_N, D)
-        if ON_BAND:
-            k = tl.load(k_ptrs, mask=(offs_n[None, :] < hi) & d_ok[:, None], other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
+        if USE_TMA and not ON_BAND:
+            k = tl.trans(k_desc.load([desc_row + start, 0]))                   # bulk tensor copy
         else:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]      # (D, BLOCK_N)
+            k = load_kv_tile(k_ptrs, offs_n[None, :] < hi, d_ok[:, None], ON_BAND, EVEN_D)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale             # (BLOCK_M, BLOCK_N)
@@ -66,30 +70,79 @@ def _kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_d, row
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         # -- load V, accumulate --
-        if ON_BAND:
-            v = tl.load(v_ptrs, mask=(offs_n[:, None] < hi) & d_ok[None, :], other=0.0)
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
+        if USE_TMA and not ON_BAND:
+            v = v_desc.load([desc_row + start, 0])
         else:
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        if UPCAST_DOT:
-            # bf16 operands, rounded as on the GPU, multiplied in fp32 (the interpreter's bf16 dot is broken)
-            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+            v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]      # (BLOCK_N, D)
+            v = load_kv_tile(v_ptrs, offs_n[:, None] < hi, d_ok[None, :], ON_BAND, EVEN_D)
+        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens,
+def _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on, bkv, row_block,
+                H_KV, N_Q, ROWS, num_splits,
+                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                BLOCK_M: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+                STORE_LSE: tl.constexpr):
+    """Merge the partial states of the stacked rows of (bkv, row_block) and store O (and lse).
+
+    MERGE_M rows at a time (the real rows, not the Q tile's padding to 16) times SPLIT_CHUNK
+    splits per load, so the loads of a whole chunk are in flight together; chunks are merged
+    into a running state with the same rescaling as the tiles (natural units, exp2 inside).
+    Partials are read with .cg (L2, not L1): they were written by other programs of this launch.
+    """
+    off_b = (bkv // H_KV).to(tl.int64)
+    off_kv = (bkv % H_KV).to(tl.int64)
+    base = bkv.to(tl.int64) * num_splits * ROWS                          # (bkv, split 0, row 0) in (B, H_kv, S, rows)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    offs_c0 = tl.arange(0, SPLIT_CHUNK)
+    row_end = tl.minimum(ROWS, (row_block + 1) * BLOCK_M)
+    for r0 in range(row_block * BLOCK_M, row_end, MERGE_M):
+        offs_r = r0 + tl.arange(0, MERGE_M)
+        row_ok = offs_r < row_end
+        m_run = tl.full([MERGE_M], float("-inf"), dtype=tl.float32)
+        den = tl.zeros([MERGE_M], dtype=tl.float32)
+        acc = tl.zeros([MERGE_M, HEAD_DIM_PAD], dtype=tl.float32)
+        for c in range(0, num_splits, SPLIT_CHUNK):
+            offs_c = c + offs_c0
+            ok = (offs_c[:, None] < num_splits) & row_ok[None, :]                      # (C, MERGE_M)
+            part = base + offs_c[:, None] * ROWS + offs_r[None, :]
+            m_j = tl.load(M_part + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            l_j = tl.load(L_part + part, mask=ok, other=0.0, cache_modifier=".cg")
+            o_j = tl.load(O_part + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                          mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
+                          cache_modifier=".cg")                                        # (C, MERGE_M, D)
+            m_new = tl.maximum(m_run, tl.max(m_j, 0))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)      # rows no split saw: stay 0
+            alpha = tl.math.exp2((m_run - m_ref) * LOG2E)
+            w = tl.math.exp2((m_j - m_ref[None, :]) * LOG2E) * l_j                      # e^(m_j - m) l_j
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_j, 0)
+            den = den * alpha + tl.sum(w, 0)
+            m_run = m_new
+        seen = den > 0.0
+        out = acc / tl.where(seen, den, 1.0)[:, None]
+        head = off_kv * GROUP + offs_r // N_Q
+        t = offs_r % N_Q
+        o_ptrs = O + off_b * stride_ob + head[:, None] * stride_oh + t[:, None] * stride_on + offs_d[None, :]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        if STORE_LSE:
+            lse = tl.where(seen, tl.where(seen, m_run, 0.0) + tl.log(tl.where(seen, den, 1.0)), float("-inf"))
+            tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + t, lse, mask=row_ok)
+
+
+@triton.jit
+def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counters, k_desc, v_desc,
                         stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                        tr_splits, tr_counter,
-                        H_KV, N_Q, ROWS, num_splits, qk_scale,
+                        tr_splits, tr_counter, tr_merge,
+                        H_KV, N_Q, N_MAX, ROWS, num_splits, qk_scale,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                        STORE_LSE: tl.constexpr, STORE_STATS: tl.constexpr,
+                        FUSED_MERGE: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+                        USE_TMA: tl.constexpr, STORE_LSE: tl.constexpr, STORE_STATS: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                         TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
     if TRACE and HW_CLOCK:
@@ -123,17 +176,18 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens,
     k_mid = k_start + (all_see - k_start) // BLOCK_N * BLOCK_N
     k_base = K + off_b * stride_kb + off_kv * stride_kh
     v_base = V + off_b * stride_vb + off_kv * stride_vh
+    desc_row = bkv * N_MAX                       # this KV head's first row in the (B*H_kv*N_max, D) view
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     # -- off-band: whole tiles, no element mask --
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_d, row_pos,
-                             k_start, k_mid, qk_scale, HEAD_DIM, HEAD_DIM == HEAD_DIM_PAD, BLOCK_N,
-                             False, DOT_PRECISION, UPCAST_DOT)
+    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_kn, stride_vn,
+                             offs_d, row_pos, k_start, k_mid, qk_scale, HEAD_DIM, HEAD_DIM == HEAD_DIM_PAD,
+                             BLOCK_N, False, USE_TMA, DOT_PRECISION, UPCAST_DOT)
     # -- on-band: the cache end and the causal diagonal, masked per row --
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_d, row_pos,
-                             k_mid, k_end, qk_scale, HEAD_DIM, HEAD_DIM == HEAD_DIM_PAD, BLOCK_N,
-                             True, DOT_PRECISION, UPCAST_DOT)
+    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_kn, stride_vn,
+                             offs_d, row_pos, k_mid, k_end, qk_scale, HEAD_DIM, HEAD_DIM == HEAD_DIM_PAD,
+                             BLOCK_N, True, USE_TMA, DOT_PRECISION, UPCAST_DOT)
     # -- epilogue: normalise once; a row that saw no key (l = 0) writes 0 --
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -159,61 +213,53 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens,
         if HW_CLOCK:
             tl.store(rec + 1, _smid().to(tl.int64))
             tl.store(rec + 2, t_start)
-            tl.store(rec + 3, _globaltimer())
+            tl.store(rec + 3, _globaltimer())        # before the ticket: the merge is timed apart
         else:
             # no clock in the interpreter: a counter gives the order programs ran in
             tl.store(rec, tl.atomic_add(tr_counter, 1).to(tl.int64))
         tl.store(rec + 4, k_start.to(tl.int64))
         tl.store(rec + 5, k_end.to(tl.int64))
+    # -- fused merge: the last program of this (b, kv_head, row block) to finish merges its rows --
+    if SPLIT and FUSED_MERGE:
+        group = bkv * tl.num_programs(2) + row_block
+        # every thread's partial stores come before the ticket (the barrier), and the ticket
+        # publishes them to the GPU (release) and sees the others' (acquire)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(counters + group, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_splits - 1:
+            if TRACE and HW_CLOCK:
+                t_merge = _globaltimer()
+            _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on, bkv, row_block,
+                        H_KV, N_Q, ROWS, num_splits, GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, MERGE_M,
+                        SPLIT_CHUNK, STORE_LSE)
+            tl.store(counters + group, 0)                # every split has drawn: ready for the next call
+            if TRACE:
+                mrec = tr_merge + group.to(tl.int64) * MERGE_SLOTS
+                tl.store(mrec, split.to(tl.int64))
+                if HW_CLOCK:
+                    tl.store(mrec + 1, _smid().to(tl.int64))
+                    tl.store(mrec + 2, t_merge)
+                    tl.store(mrec + 3, _globaltimer())
 
 
 @triton.jit
 def decode_merge_kernel(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on,
                         tr_merge, H_KV, N_Q, ROWS, num_splits,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                        SPLITS_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr, STORE_LSE: tl.constexpr,
-                        TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
-    # one program per stacked row: its loads are independent of each other, so the merge costs
-    # about one round trip to memory instead of one per split
+                        BLOCK_M: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+                        STORE_LSE: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
+    """The merge as a second launch (FUSED_MERGE off): one program per (b, kv_head, row block)."""
     if TRACE and HW_CLOCK:
         t_start = _globaltimer()
-    pid = tl.program_id(0)                                   # (b * H_kv + kv_head) * rows + r
-    bkv = pid // ROWS
-    r = pid % ROWS
-    off_b = (bkv // H_KV).to(tl.int64)
-    off_kv = (bkv % H_KV).to(tl.int64)
-    base = bkv.to(tl.int64) * num_splits * ROWS + r         # split 0 of this row in (B, H_kv, S, rows)
-    # -- m = max_j m_j (splits that saw nothing hold -inf) --
-    offs_s = tl.arange(0, SPLITS_PAD)
-    m = tl.max(tl.load(M_part + base + offs_s * ROWS, mask=offs_s < num_splits, other=float("-inf")), 0)
-    m_ref = tl.where(m == float("-inf"), 0.0, m)
-    # -- O = sum_j e^(m_j - m) l_j O_j / sum_j e^(m_j - m) l_j --
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    d_ok = offs_d < HEAD_DIM
-    acc = tl.zeros([HEAD_DIM_PAD], dtype=tl.float32)
-    denom = tl.sum(tl.zeros([SPLIT_CHUNK], dtype=tl.float32), 0)
-    for c in range(0, num_splits, SPLIT_CHUNK):
-        offs_c = c + tl.arange(0, SPLIT_CHUNK)
-        c_ok = offs_c < num_splits
-        m_j = tl.load(M_part + base + offs_c * ROWS, mask=c_ok, other=float("-inf"))
-        l_j = tl.load(L_part + base + offs_c * ROWS, mask=c_ok, other=0.0)
-        w = tl.math.exp2((m_j - m_ref) * LOG2E) * l_j                     # (SPLIT_CHUNK,)
-        o_j = tl.load(O_part + (base + offs_c * ROWS)[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=c_ok[:, None] & d_ok[None, :], other=0.0)       # (SPLIT_CHUNK, D)
-        acc += tl.sum(w[:, None] * o_j, 0)
-        denom += tl.sum(w, 0)
-    seen = denom > 0.0
-    out = acc / tl.where(seen, denom, 1.0)
-    head = off_kv * GROUP + r // N_Q
-    t = r % N_Q
-    tl.store(O + off_b * stride_ob + head * stride_oh + t * stride_on + offs_d, out.to(O.dtype.element_ty),
-             mask=d_ok)
-    if STORE_LSE:
-        lse = tl.where(seen, m_ref + tl.log(tl.where(seen, denom, 1.0)), float("-inf"))
-        tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + t, lse)
+    bkv = tl.program_id(0)
+    row_block = tl.program_id(1)
+    _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on, bkv, row_block,
+                H_KV, N_Q, ROWS, num_splits, GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, MERGE_M,
+                SPLIT_CHUNK, STORE_LSE)
     if TRACE:
+        mrec = tr_merge + (bkv * tl.num_programs(1) + row_block).to(tl.int64) * MERGE_SLOTS
+        tl.store(mrec, -1)                               # no split program: a launch of its own
         if HW_CLOCK:
-            rec = tr_merge + pid.to(tl.int64) * 3
-            tl.store(rec, _smid().to(tl.int64))
-            tl.store(rec + 1, t_start)
-            tl.store(rec + 2, _globaltimer())
+            tl.store(mrec + 1, _smid().to(tl.int64))
+            tl.store(mrec + 2, t_start)
+            tl.store(mrec + 3, _globaltimer())

@@ -55,6 +55,34 @@ def _smid():
 
 
 @triton.jit
+def load_kv_tile(ptrs, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.constexpr):
+    """One K or V tile by pointers (flash and decode loops). n_ok, d_ok: the key and head-dim
+    bounds, broadcast to the tile's layout; a mask is applied only where it can be false, so
+    full tiles of an unpadded head dim load 16 bytes wide."""
+    if MASK_N:
+        if EVEN_D:
+            x = tl.load(ptrs, mask=n_ok, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=n_ok & d_ok, other=0.0)
+    elif EVEN_D:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=d_ok, other=0.0)              # padded D: zeros
+    return x
+
+
+@triton.jit
+def accumulate_pv(acc, p, v, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """acc + P.V with P rounded to V's dtype, as the tensor cores take it."""
+    if UPCAST_DOT:
+        # bf16 operands, rounded as on the GPU, multiplied in fp32 (the interpreter's bf16 dot is broken)
+        acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _device_descs(Q, K, V, batch_heads, GROUP, N_Q, N_K, stride_qn, stride_kn, stride_vn,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Tensor descriptors over the (B*H*N_q, D) and (B*H_kv*N_k, D) row views, made on the
@@ -85,17 +113,10 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
             c_start = _clock64()
         # -- load K^T, compute qk --
         k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]     # (D, BLOCK_N)
-        if IS_PARTIAL:
-            if EVEN_D:
-                k = tl.load(k_ptrs, mask=offs_n[None, :] < N_K, other=0.0)
-            else:
-                k = tl.load(k_ptrs, mask=(offs_n[None, :] < N_K) & d_ok[:, None], other=0.0)
-        elif USE_TMA:
+        if USE_TMA and not IS_PARTIAL:
             k = tl.trans(k_desc.load([row_base + k_block * BLOCK_N, 0]))      # bulk tensor copy
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
         else:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)              # padded D: zeros
+            k = load_kv_tile(k_ptrs, offs_n[None, :] < N_K, d_ok[:, None], IS_PARTIAL, EVEN_D)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
@@ -118,22 +139,11 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
         acc = acc * alpha[:, None]
         # -- load V, accumulate --
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]     # (BLOCK_N, D)
-        if IS_PARTIAL:
-            if EVEN_D:
-                v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
-            else:
-                v = tl.load(v_ptrs, mask=(offs_n[:, None] < N_K) & d_ok[None, :], other=0.0)
-        elif USE_TMA:
+        if USE_TMA and not IS_PARTIAL:
             v = v_desc.load([row_base + k_block * BLOCK_N, 0])
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
         else:
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        if UPCAST_DOT:
-            # bf16 operands, rounded as on the GPU, multiplied in fp32 (the interpreter's bf16 dot is broken)
-            acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+            v = load_kv_tile(v_ptrs, offs_n[:, None] < N_K, d_ok[None, :], IS_PARTIAL, EVEN_D)
+        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
         # -- trace: tile visit and row state (compiled away when the flags are off) --
         if TRACE_TILES:
