@@ -9,9 +9,12 @@ SDPA gets a one-row query with `enable_gqa=True` (is_causal off: with one row, S
 causal alignment would hide all keys but the first) under each backend; FlexAttention is
 torch.compile(flex_attention) with enable_gqa. Before an implementation is timed its output is
 checked against a float32 reference (first and last sequence); a wrong output is never timed.
-`ms` is the median of CUDA-graph replays (L2 flushed before each): a decode step is tens of
-microseconds of GPU work, less than the Python that launches it, and serving engines replay decode
-steps from graphs; `ms_eager` (do_bench of the Python call) is recorded beside it. GB/s counts the
+`ms` is the median of CUDA-graph replays (L2 flushed before each by zeroing 256 MiB, do_bench's
+way): a decode step is tens of microseconds of GPU work, less than the Python that launches it,
+and serving engines replay decode steps from graphs; `ms_eager` (do_bench of the Python call) is
+recorded beside it. That flush leaves the L2 full of dirty lines, which the timed step writes
+back while it reads; `ms_clean` flushes by reading the buffer instead (a clean L2, the step moves
+only its own bytes) and is recorded beside `ms` for every implementation. GB/s counts the
 minimum bytes: the K/V cache once, q once, o once. The copy bandwidth (device-to-device copy, read + write bytes) is
 measured in the same run; `frac_copy` = our GB/s over it. Writes data/benchmarks/decode-<device>.json.
 """
@@ -113,10 +116,11 @@ def run_one(impl, q, k, v, ref, rows, dtype_name, device, flex, bytes_min, copy_
             if err > TOLERANCE[dtype_name]:
                 return {**rec, "status": "wrong", "rel_err": err}
             ms_eager = time_ms(fn, device)
-            ms, timing = ms_eager, "eager do_bench (CPU run)"
+            ms, timing, ms_clean = ms_eager, "eager do_bench (CPU run)", None
             if device.type == "cuda":
                 try:
                     ms, timing = time_graph_ms(fn), "cuda graph"
+                    ms_clean = time_graph_ms(fn, flush="read")
                 except Exception as exc:  # noqa: BLE001  (a backend that cannot be captured keeps its eager time)
                     timing = f"eager do_bench (graph capture failed: {type(exc).__name__})"
                     torch.cuda.synchronize()
@@ -126,9 +130,14 @@ def run_one(impl, q, k, v, ref, rows, dtype_name, device, flex, bytes_min, copy_
             return {**rec, "status": "oom"}
         return {**rec, "status": "unsupported", "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     gbps = bytes_min / (ms * 1e-3) / 1e9
+    clean = {}
+    if ms_clean:
+        gbps_clean = bytes_min / (ms_clean * 1e-3) / 1e9
+        clean = {"ms_clean": ms_clean, "gbps_clean": gbps_clean,
+                 "frac_copy_clean": gbps_clean / copy_gbps if copy_gbps else None}
     return {**rec, "status": "ok", "rel_err": err, "ms": ms, "ms_eager": ms_eager, "timing": timing,
             "gbps": gbps, "gbps_eager": bytes_min / (ms_eager * 1e-3) / 1e9,
-            "frac_copy": gbps / copy_gbps if copy_gbps else None}
+            "frac_copy": gbps / copy_gbps if copy_gbps else None, **clean}
 
 
 def main(argv=None) -> int:
@@ -234,18 +243,26 @@ def _sweep(q, k, v, args, device, bytes_min, copy_gbps, batch, context) -> list[
 
 
 def _summary(records) -> None:
-    log("\nB     ctx  impl              splits   us(graph)  GB/s  %copy  x_best_sdpa  us(eager)")
+    log("\nB     ctx  impl              splits   us(graph)  GB/s  %copy  x_best_sdpa  us(eager)"
+        "  | clean L2: us  %copy  x_best_sdpa")
     for r in records:
         if r["status"] != "ok":
             log(f"{r['batch']:<3d} {r['context']:6d}  {r['impl']:16s}  {r['status']}")
             continue
-        sdpa = [x["ms"] for x in records if x["impl"].startswith("sdpa") and x["status"] == "ok"
-                and x["batch"] == r["batch"] and x["context"] == r["context"]]
-        ratio = f"{min(sdpa) / r['ms']:.2f}" if sdpa else "-"
-        log(f"{r['batch']:<3d} {r['context']:6d}  {r['impl']:16s}  {str(r['num_splits'] or '-'):>6s} "
-            f"{r['ms'] * 1e3:8.1f} {r['gbps']:8.0f} {(r['frac_copy'] or 0) * 100:6.1f}  {ratio:>10s}  "
-            f"{r['ms_eager'] * 1e3:8.1f}")
+        line = (f"{r['batch']:<3d} {r['context']:6d}  {r['impl']:16s}  {str(r['num_splits'] or '-'):>6s} "
+                f"{r['ms'] * 1e3:8.1f} {r['gbps']:8.0f} {(r['frac_copy'] or 0) * 100:6.1f}  "
+                f"{_vs_best_sdpa(records, r, 'ms'):>10s}  {r['ms_eager'] * 1e3:8.1f}")
+        if r.get("ms_clean"):
+            line += (f"  | {r['ms_clean'] * 1e3:8.1f} {(r['frac_copy_clean'] or 0) * 100:6.1f}  "
+                     f"{_vs_best_sdpa(records, r, 'ms_clean'):>10s}")
+        log(line)
 
+
+def _vs_best_sdpa(records, r, key: str) -> str:
+    """The fastest SDPA backend's time over this record's, for the same shape ('-' if none ran)."""
+    sdpa = [x[key] for x in records if x["impl"].startswith("sdpa") and x.get(key)
+            and x["batch"] == r["batch"] and x["context"] == r["context"]]
+    return f"{min(sdpa) / r[key]:.2f}" if sdpa else "-"
 
 if __name__ == "__main__":
     raise SystemExit(main())
