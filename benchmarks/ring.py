@@ -9,9 +9,11 @@ sequence and takes its shard):
     sdpa_1gpu           torch SDPA on the whole sequence, on one GPU
     ring:<layout>       kernels.ring.ring_attention (natural, zigzag), W GPUs over NCCL, on the
                         launcher's group (high-priority NCCL streams, kernels.ring.nccl_options)
-    ring:zigzag:<what>  the same with one of its two overlap measures taken away, side by side:
-                        2-buffers (kv_buffers=2), normal-priority (a group with default NCCL
-                        streams), or both (how the ring ran before issue 12's second pass)
+    ring:zigzag:<what>  the same with some of issue 12's second-pass changes taken away, side by
+                        side: 2-buffers (kv_buffers=2), normal-priority (a group with default NCCL
+                        streams), strided-halves (zigzag halves passed to the kernel as strided
+                        views, so it runs its plain loop instead of the warp-specialised one), and
+                        `before`, all three (the ring as it was before that pass)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -25,12 +27,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
+from unittest import mock
 
 from . import DEFAULT_OUT, device_slug, log, parse_int_list, run_meta, split_list, write_results
 
 RING_LAYOUTS = ("zigzag", "natural")
-# (impl suffix, kv_buffers, high-priority group): the ablations of the zigzag ring
-RING_ABLATIONS = (("2-buffers", 2, True), ("normal-priority", 3, False), ("2-buffers,normal-priority", 2, False))
+# (impl suffix, kv_buffers, high-priority group, strided halves): the ablations of the zigzag ring
+RING_ABLATIONS = (("2-buffers", 2, True, False), ("normal-priority", 3, False, False),
+                  ("2-buffers,normal-priority", 2, False, False), ("strided-halves", 3, True, True),
+                  ("before", 2, False, True))
 CP_ROTATES = ("allgather", "alltoall")
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
@@ -58,6 +64,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
 
     from instrumentation.inputs import make_inputs
     from instrumentation.ring import time_ms
+    import kernels.ring
     from kernels import flash_attention
     from kernels.ring import ring_attention, shard
 
@@ -82,14 +89,15 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
             for impl, ms in single.items():
                 records.append(dict(base, impl=impl, layout=None, ms=ms, status="ok", single_gpu_ms=ms,
                                     parallel_efficiency=1.0, rel_err=0.0 if impl == "tilescope_1gpu" else sdpa_err))
-            variants = [(f"ring:{layout}", layout, {}) for layout in RING_LAYOUTS] + \
-                [(f"ring:zigzag:{name}", "zigzag", dict(kv_buffers=n, group=None if high else normal))
-                 for name, n, high in RING_ABLATIONS]
-            for impl, layout, kw in variants:
+            variants = [(f"ring:{layout}", layout, {}, False) for layout in RING_LAYOUTS] + \
+                [(f"ring:zigzag:{name}", "zigzag", dict(kv_buffers=bufs, group=None if high else normal), strided)
+                 for name, bufs, high, strided in RING_ABLATIONS]
+            for impl, layout, kw, strided in variants:
                 qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
                 run = lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout, **kw)  # noqa: E731
-                err = _worst(_rel_err(run(), shard(ours_1, rank, world, layout)))
-                ms = time_ms(run, args.iters, True) if err < TOL else None
+                with mock.patch.object(kernels.ring, "attend_chunk", _strided_attend) if strided else nullcontext():
+                    err = _worst(_rel_err(run(), shard(ours_1, rank, world, layout)))
+                    ms = time_ms(run, args.iters, True) if err < TOL else None
                 records.append(_multi(base, impl, layout, ms, err, single["tilescope_1gpu"], world))
                 del qs, ks, vs
             for rotate in CP_ROTATES:
@@ -105,6 +113,14 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
             torch.cuda.empty_cache()
             dist.barrier()
     return records
+
+
+def _strided_attend(q, k, v, causal: bool, sm_scale):
+    """kernels.ring.attend_chunk as it was before issue 12's second pass: zigzag halves go to the
+    kernel as strided views (the `strided-halves` ablation)."""
+    from kernels.flash import flash_attention
+
+    return flash_attention(q, k, v, mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True)
 
 
 def _multi(base, impl, layout, ms, err, single_ms, world) -> dict:
