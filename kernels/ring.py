@@ -14,14 +14,16 @@ runs on a side stream (NCCL) or in gloo's threads while step s computes. Pairs o
 causal mask hides entirely are skipped; a chunk against itself uses the causal kernel.
 NCCL between GPUs, gloo on the CPU (where the kernel runs in Triton's interpreter).
 
-Overlap on GPUs needs two things the ring cannot do alone (measured on 4 x H200, issue 12):
-  - a process group with high-priority NCCL streams (`nccl_options()`, or TORCH_NCCL_HIGH_PRIORITY=1).
-    At equal priority the block scheduler keeps handing free SMs to the pending programs of the
-    attention kernel that started first, so a transfer launched beside it waits for its last wave
-    and the next step then waits for the transfer;
-  - more than two receive buffers (`kv_buffers`, default 3): with two, the transfer for step s+1
-    may only start once step s-1's compute has freed its buffer, which is also the moment step s's
-    compute starts, and the two race for the SMs; with three it starts while step s-1 computes.
+On GPUs three things keep the ring busy (4 x H200, 16k tokens per GPU, data/benchmarks/ring-*):
+  - the halves of a zigzag shard are copied to contiguous tensors before the kernel call
+    (`attend_chunk`): as strided views they ran the kernel's plain loop instead of the
+    warp-specialised one, 1.5-2.7 ms of an 18.8 ms causal ring;
+  - high-priority NCCL streams (`nccl_options()`, or TORCH_NCCL_HIGH_PRIORITY=1), so a transfer's
+    programs get the next free SMs rather than queueing behind the attention kernel beside it;
+  - three receive buffers (`kv_buffers`): with two, the transfer for step s+1 can start only when
+    step s-1's compute has freed its buffer, the moment step s's compute starts; with three the
+    transfers run back to back under steps 0 and 1. These two together saved 1.2-2.3 ms of a
+    34-35 ms full-mask ring in three runs; on the causal ring they were within noise.
 """
 
 from __future__ import annotations
@@ -123,8 +125,8 @@ class KernelCall:
     @property
     def score_entries(self) -> int:
         """Query-key pairs the mask lets through (bottom-right causal when `causal`). In closed
-        form: it is read inside the ring's loop, where a loop over 16k rows cost ~5 ms of host
-        time and delayed the next step's launches (the stall before step 1 in the first traces)."""
+        form: traced rings read it inside the loop, where a sum over 16k rows took ~6 ms of host
+        time, longer than a step, and delayed the next launches (the stall before step 1)."""
         nq, nk = self.q_hi - self.q_lo, self.k_hi - self.k_lo
         if not self.causal:
             return nq * nk
@@ -181,9 +183,10 @@ def step_plan(q_chunks: Sequence[int], kv_chunks: Sequence[int], chunk: int, mas
 def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
     """(o, lse) of queries q (B, H, N_q, D) against one K/V chunk (B, H_kv, N_k, D): the one place
     ring attention calls a kernel. lse (B, H, N_q) float32, natural log; -inf where no key is seen.
-    A half of a zigzag shard is a strided view; the kernel's warp-specialised loop (about 10%
-    faster on full tiles) reads only contiguous tensors, so the halves are copied first (a copy
-    of the operands costs ~1% of the call)."""
+    A half of a zigzag shard is a strided view; the kernel's warp-specialised loop (for calls
+    without partial tiles, i.e. every off-diagonal pair) reads only contiguous tensors, so the
+    halves are copied first (~130 MB, some 0.05 ms at HBM speed) to save 0.5-0.9 ms per 16k x 8k
+    call (measured on an H200 as the ring's strided-halves ablation)."""
     from .flash import flash_attention   # loaded on first use, after the interpreter is chosen
     return flash_attention(q.contiguous(), k.contiguous(), v.contiguous(),
                            mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True)
