@@ -71,8 +71,12 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
                                         "m_j, log-sum-exp of each split and of the merge"])
     fig.add_trace(go.Bar(x=names, y=steps["weight"], name="weight l_j·e^(m_j − lse)",
                          marker_color=[FULL if m else SKIPPED_GREY for m in merged],
-                         text=[f"{w:.2g}" for w in steps["weight"]], textposition="outside",
-                         customdata=ranges, hovertemplate="split %{x}, %{customdata}<br>weight %{y:.3f}<extra></extra>"),
+                         # one size for every label (plotly shrinks outside text to each bar's width);
+                         # beyond 8 bars the labels stand upright so neighbours never overlap
+                         text=[f"{w:.1%}" for w in steps["weight"]] if len(steps) <= 32 else None,
+                         textposition="outside", constraintext="none", cliponaxis=False,
+                         textangle=-90 if len(steps) > 8 else 0,
+                         customdata=ranges, hovertemplate="split %{x}, %{customdata}<br>weight %{y:.2%}<extra></extra>"),
                   row=1, col=1)
     fig.add_trace(go.Scatter(x=names, y=steps["m_j"], mode="markers", name="m_j (split max)",
                              marker=dict(size=10, color=PARTIAL, symbol="diamond")), row=1, col=2)
@@ -94,8 +98,8 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
     fig.update_xaxes(title_text="split j", type="category", row=1, col=2)
     # many equal splits share the mass thinly: scale to the largest weight (the bars still start at 0)
     top = float(np.nanmax(steps["weight"])) if len(steps) else 1.0
-    fig.update_yaxes(title_text="share of softmax mass (fraction)", range=[0, min(1.15, 1.3 * top) if top > 0 else 1],
-                     row=1, col=1)
+    fig.update_yaxes(title_text="share of the softmax mass", tickformat=".0%",
+                     range=[0, min(1.15, 1.3 * top) if top > 0 else 1], row=1, col=1)
     fig.update_yaxes(title_text="natural log units", row=1, col=2)
     fig.update_layout(template=TEMPLATE, height=470, legend=dict(x=1.02, y=1, font=dict(size=11)),
                       margin=dict(r=220),

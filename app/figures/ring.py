@@ -78,7 +78,7 @@ def ring_timeline_figure(steps: pd.DataFrame, provenance: str, hardware: bool) -
         orientation="h", base=_ms(done.compute_start), x=_ms(done.compute_end - done.compute_start),
         y=[lane[r, "compute"] for r in done["rank"]], width=0.8,
         marker=dict(color=[rank_colour(k) for k in done.kv_rank], line=dict(width=1, color="white")),
-        name="compute (colour = the K/V's home rank)",
+        name="compute (colour: whose K/V)",
         customdata=np.stack([done.step, done.kv_rank, done.kv_chunks, done.kernel_calls,
                              done.score_entries / 1e6], axis=1),
         hovertemplate="step %{customdata[0]}: K/V of rank %{customdata[1]} (chunks %{customdata[2]})"
@@ -99,7 +99,7 @@ def ring_timeline_figure(steps: pd.DataFrame, provenance: str, hardware: bool) -
             orientation="h", base=_ms(sent.send_start), x=_ms(sent.recv_end - sent.send_start),
             y=[lane[r, "comm"] for r in sent["rank"]], width=0.55,
             marker=dict(color=COMM, opacity=0.6, line=dict(width=1.5, color="white")),
-            name="send K/V → next rank, receive ← previous (start to arrival)",
+            name="K/V transfer: send → next rank,<br>receive ← previous (start to arrival)",
             customdata=np.stack([sent.step, sent.send_to, sent.recv_from,
                                  [fmt_bytes(b) for b in sent.bytes_sent]], axis=1),
             hovertemplate="step %{customdata[0]}: send to rank %{customdata[1]}, receive from rank "
@@ -114,7 +114,7 @@ def ring_timeline_figure(steps: pd.DataFrame, provenance: str, hardware: bool) -
            f"({st['exposed_ms']:.3f} ms of {st['comm_ms']:.3f} ms exposed)" if st["transfers"] else
            "one rank: nothing to send")
     fig.update_layout(template=TEMPLATE, barmode="overlay", height=130 + 60 * 2 * world,
-                      legend=dict(orientation="h", yanchor="top", y=-0.28 - 0.02 * world, x=0),
+                      legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"),   # beside: below it met the caption
                       title=title("Per-rank timeline: compute and K/V transfers", sub))
     return caption(fig, provenance)
 
@@ -136,14 +136,14 @@ def ring_diagram_figure(steps: pd.DataFrame, provenance: str) -> go.Figure:
     fig.add_trace(go.Heatmap(z=codes, x=[f"step {s}" for s in range(world)],
                              y=[f"rank {r} · Q {q_held[r]}" for r in range(world)],
                              zmin=-0.5, zmax=world - 0.5, colorscale=scale, showscale=False, xgap=3, ygap=3,
-                             text=label, texttemplate="%{text}", textfont=dict(size=13, color="white"),
+                             text=label, texttemplate="%{text}", textfont=dict(color="white"),   # the look's size
                              hovertemplate="%{y}, %{x}: holds %{text} (from rank %{z})<extra></extra>"))
     for r in range(world):        # faded cells where the mask hides the whole pair
         for s in range(world):
             if skipped[r, s]:
                 fig.add_shape(type="rect", x0=s - 0.5, x1=s + 0.5, y0=r - 0.5, y1=r + 0.5,
                               fillcolor="white", opacity=0.55, line_width=0)
-    fig.update_yaxes(autorange="reversed", title_text="rank · the query chunks it keeps")
+    fig.update_yaxes(autorange="reversed", title_text="rank · its Q chunks")
     fig.update_xaxes(title_text="ring step (each step: K/V move one rank on, r → r+1)", side="bottom")
     fig.update_layout(template=TEMPLATE, height=140 + 70 * world,
                       title=title("The ring: which K/V chunks sit on which rank at each step",
@@ -227,8 +227,8 @@ def ring_merge_figure(rows: pd.DataFrame, q_row: int, upto: int, final_lse: floa
                              line=dict(color=FULL, width=3), marker=dict(size=8)), row=2, col=1)
     fig.update_xaxes(title_text="K/V chunks in the order the ring brought them (s = ring step, c = sequence chunk)",
                      row=2, col=1, categoryorder="array", categoryarray=labels, tickangle=0)
-    fig.update_yaxes(title_text="m", row=1, col=1)
-    fig.update_yaxes(title_text="l", rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(title_text="max m", row=1, col=1)       # a lone rotated "l" reads as a dash
+    fig.update_yaxes(title_text="sum l", rangemode="tozero", row=2, col=1)
     sub = "the seeds' two-state merge, one level up: tiles became ranks"
     if len(r):
         cur = r.iloc[upto]

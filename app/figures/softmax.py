@@ -171,7 +171,7 @@ def _state_axes(fig, steps, first_row: int) -> None:
         fig.update_yaxes(range=_padded_range(steps[col], steps[ref], min_span=span), row=row, col=1)
     diff_row = first_row + 3
     fig.update_yaxes(exponentformat="power", showexponent="all", zeroline=True, zerolinecolor="#bbb",
-                     row=diff_row, col=1)
+                     nticks=4, row=diff_row, col=1)        # 2×10⁻⁷ labels are wide and tall: few of them
 
 
 def softmax_state_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
@@ -271,7 +271,8 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}",
                                   f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
                                   f"{len(steps)} of {n_kb} K blocks visited"),
-                      height=260, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
+                      # tall enough for the 4-entry legend beside it (shorter, plotly scrolls it)
+                      height=310, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
                       yaxis_visible=False,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False)
