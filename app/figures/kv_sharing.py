@@ -62,7 +62,7 @@ def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.72, 0.28])
     fig.add_trace(go.Heatmap(
         z=np.where(occ > 0, occ, np.nan), x=mid, y=labels, colorscale=OCCUPANCY_SCALE, zmin=0,
-        colorbar=dict(title=dict(text="work items<br>reading it", side="right"), len=0.7, y=1, yanchor="top"),
+        colorbar=dict(title=dict(text="work items<br>reading it", side="top"), len=0.7, y=1, yanchor="top"),
         hovertemplate="%{y}<br>t ≈ %{x:,.4g}: %{z:.1f} work items reading<extra></extra>",
         name="readers"), row=1, col=1)
     # each KV head's live window, first start to last end, as end ticks (hover: its numbers)
