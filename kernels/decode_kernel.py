@@ -142,8 +142,8 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                         FUSED_MERGE: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-                        USE_TMA: tl.constexpr, STORE_LSE: tl.constexpr, STORE_STATS: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                        USE_TMA: tl.constexpr, HAS_SEQLENS: tl.constexpr, STORE_LSE: tl.constexpr,
+                        STORE_STATS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                         TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
     if TRACE and HW_CLOCK:
         t_start = _globaltimer()
@@ -164,7 +164,10 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
     if UPCAST_DOT:
         q = q.to(tl.float32)
     # -- this split's key range of the valid cache, in whole BLOCK_N tiles --
-    seq_len = tl.load(seqlens + off_b)
+    if HAS_SEQLENS:
+        seq_len = tl.load(seqlens + off_b)
+    else:
+        seq_len = N_MAX        # every sequence fills the cache: no load before the first K/V tile
     n_blocks = tl.cdiv(seq_len, BLOCK_N)
     blocks_per_split = tl.cdiv(n_blocks, num_splits)
     k_start = tl.minimum(split * blocks_per_split * BLOCK_N, seq_len)

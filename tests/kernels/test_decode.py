@@ -70,8 +70,22 @@ def test_heuristic_is_flash_attentions_rule():
         assert s in eligible and eff(s) >= 0.85 * best
         assert all(eff(n) < 0.85 * best for n in eligible if n < s)
     assert num_splits_heuristic(106, 132, 512) == 1                       # >= 80% of the SMs busy
+
+
+def test_auto_fills_one_wave_when_work_items_are_few():
+    # B=1, H_kv 8 on 132 SMs: 16 splits, 128 programs, all in the first wave (FA-2's rule: 14)
     splits, rule = choose_num_splits(1, 8, 1, 32768, 64, 132)
-    assert rule["work_items"] == 8 and rule["key_blocks"] == 512 and rule["num_splits"] == splits > 1
+    assert rule["work_items"] == 8 and rule["key_blocks"] == 512 and splits == rule["num_splits"] == 16
+    assert rule["flash_attention_2"] == num_splits_heuristic(8, 132, 512) == 14
+    for b, kv, n_max, sms in [(1, 8, 4096, 132), (8, 8, 32768, 132), (3, 2, 300, 108), (1, 1, 96, 132)]:
+        s, r = choose_num_splits(b, kv, 1, n_max, 64, sms)
+        w = b * kv
+        if 2 * w <= sms:   # one wave: no program waits, and one more split would not fit
+            assert s * w <= sms and (s == min(r["key_blocks"], 128) or (s + 1) * w > sms)
+        else:
+            assert s == num_splits_heuristic(w, sms, r["key_blocks"])
+    assert choose_num_splits(8, 8, 1, 32768, 64, 132)[0] == 2              # W = 64: both rules agree
+    assert choose_num_splits(64, 8, 1, 32768, 64, 132)[0] == 1             # W = 512 fills the GPU
 
 
 @pytest.mark.parametrize("call,fragment", [

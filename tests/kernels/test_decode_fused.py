@@ -47,6 +47,23 @@ def test_counters_are_back_to_zero_and_calls_repeat(device):
     assert (one - first).abs().max().item() < 1e-5
 
 
+def test_no_lengths_means_full_lengths(device):
+    # cache_seqlens=None takes N_max in the kernel without reading a length
+    q, k, v = make(2, 4, 2, 3, 77, 16, device, seed=6)
+    full = torch.full((2,), 77, dtype=torch.int32, device=device)
+    for splits in (1, 4):
+        assert torch.equal(flash_decode(q, k, v, num_splits=splits), flash_decode(q, k, v, full, num_splits=splits))
+
+
+def test_tma_needs_cuda_in_one_line(device):
+    if device.type == "cuda":
+        pytest.skip("the GPU test runs use_tma=True")
+    q, k, v = make(1, 4, 2, 1, 64, 16, device, seed=2)
+    with pytest.raises(ValueError, match="use_tma=True needs CUDA") as info:
+        flash_decode(q, k, v, use_tma=True)
+    assert "\n" not in str(info.value)
+
+
 def test_requires_grad_is_refused_in_one_line():
     q, k, v = make(1, 4, 2, 1, 16, 16, "cpu", seed=1)
     q.requires_grad_(True)
@@ -65,6 +82,8 @@ def test_fused_merge_at_llama_sizes_on_the_gpu(batch, splits, device):
     ref_o, _ = reference_decode(q, k, v)
     outs = [flash_decode(q, k, v, num_splits=splits) for _ in range(3)]
     apart = flash_decode(q, k, v, num_splits=splits, fused_merge=False)
+    tma = flash_decode(q, k, v, num_splits=splits, use_tma=True)
     assert rel(outs[0], ref_o) < 1e-2
     assert all(torch.equal(o, outs[0]) for o in outs[1:])            # no race: every run the same
     assert (outs[0].float() - apart.float()).abs().max().item() < 2e-2
+    assert (outs[0].float() - tma.float()).abs().max().item() < 2e-2
