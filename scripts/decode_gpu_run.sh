@@ -18,7 +18,7 @@ TESTS="tests/kernels/test_decode.py tests/kernels/test_decode_fused.py tests/ins
        tests/instrumentation/test_decode_merge_trace.py tests/benchmarks/test_decode_bench.py"
 stamp "gpu tests"
 { echo "# python -m pytest -q -m gpu $(echo $TESTS) ($(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F))"
-  timeout 200 $PY -m pytest -q -m gpu -p no:cacheprovider $TESTS 2>&1; } > "$OUT/gpu-tests-decode.log"
+  timeout 150 $PY -m pytest -q -m gpu -p no:cacheprovider $TESTS 2>&1; } > "$OUT/gpu-tests-decode.log"
 tail -3 "$OUT/gpu-tests-decode.log"
 stamp "benchmark"
 timeout 330 $PY -m benchmarks.decode --sweep --out "$OUT" 2>&1 | tee "$OUT/bench.log"
@@ -26,7 +26,7 @@ stamp "traces"
 mkdir -p "$OUT/decode"
 for b in 1 8; do
   for s in 1 auto; do
-    timeout 60 $PY -m instrumentation.decode_cli --batch $b --context 32768 --splits $s \
+    timeout 45 $PY -m instrumentation.decode_cli --batch $b --context 32768 --splits $s \
       --out "$OUT/decode/decode_b${b}_ctx32k_splits-$s" 2>&1 | tee -a "$OUT/traces.log"
     tar czf "$OUT/decode-traces.tgz" -C "$OUT" decode    # after each: what is done survives a time limit
   done
