@@ -23,7 +23,10 @@ On GPUs three things keep the ring busy (4 x H200, 16k tokens per GPU, data/benc
   - three receive buffers (`kv_buffers`): with two, the transfer for step s+1 can start only when
     step s-1's compute has freed its buffer, the moment step s's compute starts; with three the
     transfers run back to back under steps 0 and 1. These two together saved 1.2-2.3 ms of a
-    34-35 ms full-mask ring in three runs; on the causal ring they were within noise.
+    34-35 ms full-mask ring in three runs; on the causal ring they were within noise;
+  - each step's compute is queued before its transfer is posted (`COMPUTE_BEFORE_POST`): the
+    host spends ~0.4 ms in batch_isend_irecv, and with the transfer posted first the ring's first
+    kernel waited for it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from .ring_merge import merge_partial  # noqa: F401  (public here too)
 
 LAYOUTS = ("natural", "zigzag")
 RING_MASKS = ("full", "causal")
+# On CUDA a step's compute is queued before its transfer is posted (see ring_attention); False
+# restores the older order, transfer first (benchmarks.ring's `post-first` ablation)
+COMPUTE_BEFORE_POST = True
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------
@@ -214,8 +220,9 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     step s+1 waits only for step s+1-n's compute (2 is classic double buffering).
     On GPUs give it a group made with `nccl_options()` (high-priority NCCL streams).
     `trace(record)` is called once per step after the ring ends, with times in ns since its start:
-    compute_start/end, send_start/end, recv_start/end, the K/V chunks held, skipped, bytes moved,
-    and for each local row in `trace_rows` its partial (m, l) from this step's keys."""
+    compute_start/end, send_start/end, recv_start/end (start: the transfer is posted), the K/V
+    chunks held, skipped, bytes moved, and for each local row in `trace_rows` its partial (m, l)
+    from this step's keys."""
     if mask not in RING_MASKS:
         raise ValueError(f"ring attention supports masks {RING_MASKS}, got {mask!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -255,23 +262,35 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     started = False
     q_chunks = rank_chunks(rank, world, layout)
     records, pending_rows = [], []
+
+    def post_transfer(step, held):
+        """Send the K/V this step holds on to the next rank, receive the next step's from the
+        previous one; returns the requests. send/recv start is stamped once the transfer is posted
+        (the host has queued it), not before: it cannot run earlier."""
+        incoming = buffers[step % n_buffers]
+        with on_comm():
+            if cuda and step >= n_buffers:   # `incoming` was last computed on at step+1-n_buffers
+                comm_stream.wait_event(freed[step + 1 - n_buffers])
+            ops = [dist.P2POp(dist.isend, held[0], send_to, group), dist.P2POp(dist.isend, held[1], send_to, group),
+                   dist.P2POp(dist.irecv, incoming[0], recv_from, group),
+                   dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
+            requests = dist.batch_isend_irecv(ops)
+            if clock:
+                clock.mark(step, "comm_start", comm_stream)
+            if clock and not cuda:   # gloo has no futures for p2p: a thread stamps completion
+                names = ("send_end", "send_end", "recv_end", "recv_end")
+                requests = [clock.watch(req, step, name) for req, name in zip(requests, names)]
+        return requests
+
+    # Which goes first in a step, the compute or the transfer for the next step? On CUDA both only
+    # queue work, so the compute does: posting a batched isend/irecv costs the host ~0.4 ms, and
+    # posted first it held the ring's first kernel back by that much (traces of 2026-11-21). On
+    # gloo the compute runs on the host, so the transfer is posted first to overlap it.
+    compute_first = cuda and COMPUTE_BEFORE_POST
     for step in range(world):
         held = own if step == 0 else buffers[(step - 1) % n_buffers]
-        requests = []
-        if step < world - 1:
-            incoming = buffers[step % n_buffers]
-            with on_comm():
-                if cuda and step >= n_buffers:   # `incoming` was last computed on at step+1-n_buffers
-                    comm_stream.wait_event(freed[step + 1 - n_buffers])
-                if clock:
-                    clock.mark(step, "comm_start", comm_stream)
-                ops = [dist.P2POp(dist.isend, held[0], send_to, group), dist.P2POp(dist.isend, held[1], send_to, group),
-                       dist.P2POp(dist.irecv, incoming[0], recv_from, group),
-                       dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
-                requests = dist.batch_isend_irecv(ops)
-                if clock and not cuda:   # gloo has no futures for p2p: a thread stamps completion
-                    names = ("send_end", "send_end", "recv_end", "recv_end")
-                    requests = [clock.watch(req, step, name) for req, name in zip(requests, names)]
+        sends = step < world - 1
+        requests = post_transfer(step, held) if sends and not compute_first else []
         if arrived is not None:
             compute_stream.wait_event(arrived)
         src = (rank - step) % world
@@ -301,6 +320,8 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
         if cuda:
             freed.append(torch.cuda.Event())
             freed[-1].record(compute_stream)
+        if sends and compute_first:
+            requests = post_transfer(step, held)
         if requests:
             with on_comm():
                 for req in requests:

@@ -3,6 +3,7 @@ kernel in Triton's interpreter), world sizes 2 and 3, full and causal, natural a
 GPU (`gpu`): NCCL with 2 and 4 ranks at realistic sizes."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ def rel_err(out, ref):
 
 def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2, d=16):
     """Each rank: every (mask, layout) case on the same inputs; its outputs and step records."""
+    import kernels.ring
     from kernels.ring import ring_attention
 
     device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
@@ -42,6 +44,10 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k, v))
     results["two_buffers"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag", kv_buffers=2),
                                          results["causal", "zigzag"][0].to(device))
+    # the older order (transfer posted before the compute; CUDA only) gives the same bits
+    with mock.patch.object(kernels.ring, "COMPUTE_BEFORE_POST", False):
+        results["post_first"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag"),
+                                            results["causal", "zigzag"][0].to(device))
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
     results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
@@ -60,15 +66,17 @@ def test_ring_matches_float64_attention(world):
         assert rel_err(o, ref) < 1e-3, (world, mask, layout)
         assert torch.allclose(lse.double(), m + torch.log(l), atol=1e-4), (world, mask, layout)
         for rank, r in enumerate(per_rank):
-            _check_steps(r[mask, layout][2], rank, world, mask, layout)
+            _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=False)
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
-    assert all(r["two_buffers"] for r in per_rank)
+    assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
 
 
-def _check_steps(records, rank, world, mask, layout):
+def _check_steps(records, rank, world, mask, layout, compute_first):
     """Trace invariants: one record per step, every K/V chunk met once, skips only where the
-    mask hides the whole pair, and every visible chunk pair computed exactly once."""
+    mask hides the whole pair, and every visible chunk pair computed exactly once. The order in a
+    step: CUDA queues the compute before posting the transfer (compute_first), gloo posts the
+    transfer first so that it runs while the host computes."""
     assert [r["step"] for r in records] == list(range(world))
     assert sorted(r["kv_rank"] for r in records) == list(range(world))
     q_chunks = rank_chunks(rank, world, layout)
@@ -84,6 +92,10 @@ def _check_steps(records, rank, world, mask, layout):
         assert (r["bytes_sent"] > 0) == sends and (r["send_to"] == (rank + 1) % world) == sends
         if sends:
             assert r["recv_start"] <= r["recv_end"]
+            if not compute_first:   # gloo: posted before the host computes, so it overlaps
+                assert r["send_start"] <= r["compute_start"]
+            elif r["step"] == 0:    # CUDA: later steps' compute waits in the queue, the post does not
+                assert r["compute_start"] <= r["send_start"]
     if layout == "zigzag" and mask == "causal":   # the point of zigzag: equal work at every step
         assert len({r["score_entries"] for r in records[1:]}) == 1
 
@@ -185,5 +197,5 @@ def test_ring_on_gpus_matches_one_gpu(world):
         o = unshard([r[mask, layout][0] for r in per_rank], world, layout)
         assert rel_err(o, ref) < 2e-2, (world, mask, layout)
         for rank, r in enumerate(per_rank):
-            _check_steps(r[mask, layout][2], rank, world, mask, layout)
-    assert all(r["two_buffers"] for r in per_rank)
+            _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=True)
+    assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
