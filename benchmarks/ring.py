@@ -2,6 +2,8 @@
 
     python -m benchmarks.ring                       # world 2 and 4, 16k tokens per GPU, bf16, H=32, D=128
     python -m benchmarks.ring --world-sizes 2 --tokens-per-gpu 4096 --iters 5
+    python -m benchmarks.ring --world-sizes 4 --tokens-per-gpu 16384,32768 --masks causal --repeats 5 \
+        --impls ring:zigzag,ring:zigzag:post-first,torch_cp:allgather --name launch-order
 
 For each world size W and mask, on the same inputs (one seed, every rank builds the whole
 sequence and takes its shard):
@@ -9,36 +11,51 @@ sequence and takes its shard):
     sdpa_1gpu           torch SDPA on the whole sequence, on one GPU
     ring:<layout>       kernels.ring.ring_attention (natural, zigzag), W GPUs over NCCL, on the
                         launcher's group (high-priority NCCL streams, kernels.ring.nccl_options)
-    ring:zigzag:<what>  the same with some of issue 12's second-pass changes taken away, side by
-                        side: 2-buffers (kv_buffers=2), normal-priority (a group with default NCCL
+    ring:zigzag:<what>  the same with some of issue 12's changes taken away, side by side:
+                        2-buffers (kv_buffers=2), normal-priority (a group with default NCCL
                         streams), strided-halves (zigzag halves passed to the kernel as strided
-                        views, so it runs its plain loop instead of the warp-specialised one), and
-                        `before`, all three (the ring as it was before that pass)
+                        views, so it runs its plain loop instead of the warp-specialised one),
+                        post-first (each step's transfer posted before its compute is queued: the
+                        ring as it was before the third pass), `before` (all four: the ring before
+                        the second pass); and one look ahead, split-diagonal (step 0's causal call
+                        cut into one call per chunk pair, so the off-diagonal pair runs the
+                        warp-specialised loop; not bit-identical, checked against the tolerance)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
-after a barrier); the median over repetitions is kept. Parallel efficiency = one-GPU time of the
-same attention (ours for the ring, SDPA for torch's) / (W x multi-GPU time). Every output is
-compared with our one-GPU output on the same rows (rel_err) before its time is kept.
-Writes data/benchmarks/ring-<device-slug>.json.
+after a barrier); the median over repetitions is kept. --repeats R runs every multi-GPU variant R
+times, interleaved (variant after variant, then again), one record per repeat, so that a
+comparison is made R times on one machine; --impls keeps only the named variants. Parallel
+efficiency = one-GPU time of the same attention (ours for the ring, SDPA for torch's) / (W x
+multi-GPU time). Every output is compared with our one-GPU output on the same rows (rel_err)
+before its time is kept, and every zigzag ring's with ring:zigzag's bit for bit.
+Writes data/benchmarks/ring-<device-slug>.json (ring-<name>-<device-slug>.json with --name).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import nullcontext
+from contextlib import ExitStack
 from unittest import mock
 
 from . import DEFAULT_OUT, device_slug, log, parse_int_list, run_meta, split_list, write_results
 
 RING_LAYOUTS = ("zigzag", "natural")
-# (impl suffix, kv_buffers, high-priority group, strided halves): the ablations of the zigzag ring
-RING_ABLATIONS = (("2-buffers", 2, True, False), ("normal-priority", 3, False, False),
-                  ("2-buffers,normal-priority", 2, False, False), ("strided-halves", 3, True, True),
-                  ("before", 2, False, True))
 CP_ROTATES = ("allgather", "alltoall")
+# (impl suffix, kv_buffers, high-priority group, strided halves, transfer posted first,
+#  step 0 split per chunk pair): the ablations of the zigzag ring
+RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority", 3, False, False, False, False),
+                  ("2-buffers,normal-priority", 2, False, False, False, False),
+                  ("strided-halves", 3, True, True, False, False), ("post-first", 3, True, False, True, False),
+                  ("before", 2, False, True, True, False), ("split-diagonal", 3, True, False, False, True))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
+
+
+def variant_names() -> list[str]:
+    """Every multi-GPU variant, in the order they run."""
+    return ([f"ring:{layout}" for layout in RING_LAYOUTS] + [f"ring:zigzag:{a[0]}" for a in RING_ABLATIONS]
+            + [f"torch_cp:{rotate}" for rotate in CP_ROTATES])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bf16", choices=["fp16", "bf16"])
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=1, help="runs of every multi-GPU variant, interleaved")
+    p.add_argument("--impls", default="", help="comma list of multi-GPU variants to run (default: all), "
+                                               "e.g. ring:zigzag,ring:zigzag:post-first,torch_cp:allgather")
+    p.add_argument("--name", default="", help="write ring-<name>-<device>.json instead of ring-<device>.json")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for ring-<device>.json")
     return p
 
@@ -73,6 +94,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
     device = torch.device("cuda", rank)
     mesh = init_device_mesh("cuda", (world,))       # one mesh (one set of communicators) for torch's CP
     normal = dist.new_group(list(range(world)), pg_options=dist.ProcessGroupNCCL.Options())  # default priority
+    wanted = set(split_list(args.impls))
     records = []
     for per_gpu in parse_int_list(args.tokens_per_gpu):
         n = per_gpu * world
@@ -89,30 +111,85 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
             for impl, ms in single.items():
                 records.append(dict(base, impl=impl, layout=None, ms=ms, status="ok", single_gpu_ms=ms,
                                     parallel_efficiency=1.0, rel_err=0.0 if impl == "tilescope_1gpu" else sdpa_err))
-            variants = [(f"ring:{layout}", layout, {}, False) for layout in RING_LAYOUTS] + \
-                [(f"ring:zigzag:{name}", "zigzag", dict(kv_buffers=bufs, group=None if high else normal), strided)
-                 for name, bufs, high, strided in RING_ABLATIONS]
-            for impl, layout, kw, strided in variants:
-                qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
-                run = lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout, **kw)  # noqa: E731
-                with mock.patch.object(kernels.ring, "attend_chunk", _strided_attend) if strided else nullcontext():
-                    err = _worst(_rel_err(run(), shard(ours_1, rank, world, layout)))
-                    ms = time_ms(run, args.iters, True) if err < TOL else None
-                records.append(_multi(base, impl, layout, ms, err, single["tilescope_1gpu"], world))
-                del qs, ks, vs
-            for rotate in CP_ROTATES:
-                try:
-                    ms, err = _torch_cp(mesh, q, k, v, causal, rotate, world, args.iters, ours_1)
-                except Exception as exc:   # an API change in torch's prototype: keep our numbers
-                    log(f"rank {rank}: torch context_parallel ({rotate}) failed: {type(exc).__name__}: {exc}")
-                    ms, err = None, None
-                rec = _multi(base, f"torch_cp:{rotate}", "zigzag" if causal else "natural", ms, err,
-                             single["sdpa_1gpu"], world)
-                records.append(rec if err is not None else dict(rec, status="failed"))
+                if rank == 0:
+                    _log_record(records[-1])
+            variants = [(f"ring:{layout}", layout, {}, ()) for layout in RING_LAYOUTS] + \
+                [(f"ring:zigzag:{name}", "zigzag", dict(kv_buffers=bufs, group=None if high else normal),
+                  _patches(strided, post_first, split))
+                 for name, bufs, high, strided, post_first, split in RING_ABLATIONS] + \
+                [(f"torch_cp:{rotate}", None, None, ()) for rotate in CP_ROTATES]
+            variants = [v for v in variants if not wanted or v[0] in wanted]
+            same_as = {}   # ring:zigzag's output, for the bit-for-bit check of every other ring
+            for repeat in range(args.repeats):
+                for impl, layout, kw, patches in variants:
+                    if impl.startswith("torch_cp:"):
+                        records.append(_cp_record(mesh, q, k, v, causal, impl.split(":", 1)[1], world, args,
+                                                  ours_1, base, single["sdpa_1gpu"], rank, repeat))
+                        if rank == 0:
+                            _log_record(records[-1])
+                        continue
+                    qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
+                    run = lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout, **kw)  # noqa: E731
+                    with ExitStack() as stack:
+                        for name, value in patches:
+                            stack.enter_context(mock.patch.object(kernels.ring, name, value))
+                        out = run()
+                        err = _worst(_rel_err(out, shard(ours_1, rank, world, layout)))
+                        ms = time_ms(run, args.iters, True) if err < TOL else None
+                    if impl == "ring:zigzag":
+                        same_as.setdefault(impl, out)
+                    ref = same_as.get("ring:zigzag") if layout == "zigzag" else None
+                    same = None if ref is None else _all_ranks(torch.equal(out, ref))
+                    records.append(dict(_multi(base, impl, layout, ms, err, single["tilescope_1gpu"], world),
+                                        repeat=repeat, same_bits_as_ring_zigzag=same))
+                    if rank == 0:
+                        _log_record(records[-1])
+                    del qs, ks, vs, out
             del ours_1
             torch.cuda.empty_cache()
             dist.barrier()
     return records
+
+
+def _log_record(r: dict) -> None:
+    """One line per record as it is made (rank 0): a run cut short by a time limit keeps its log."""
+    eff, same = r["parallel_efficiency"], r.get("same_bits_as_ring_zigzag")
+    log(f"  W={r['world']} {r['mask']:6s} N={r['seq_len']:6d} {r['impl']:34s} r{r.get('repeat', '-')} "
+        f"{r['ms'] if r['ms'] is None else round(r['ms'], 3)!s:>9} ms  err {r['rel_err'] or float('nan'):.1e}  "
+        f"eff {'-' if eff is None else f'{100 * eff:.1f}%'}" + ("" if same is None else f"  same bits {same}"))
+
+
+def _patches(strided: bool, post_first: bool, split: bool) -> tuple:
+    """(kernels.ring attribute, replacement) pairs that undo (or try) one change of the ring."""
+    import kernels.ring
+
+    return (((("attend_chunk", _strided_attend),) if strided else ())
+            + ((("COMPUTE_BEFORE_POST", False),) if post_first else ())
+            + ((("step_plan", _split_diagonal_plan(kernels.ring.step_plan)),) if split else ()))
+
+
+def _split_diagonal_plan(step_plan):
+    """step_plan, except that a step whose Q and K/V hold the same chunks (step 0) under a causal
+    mask makes one call per visible chunk pair: the off-diagonal pair is then a full call that runs
+    the warp-specialised loop (the one causal call over all of them cannot)."""
+    from kernels.ring import KernelCall
+
+    def plan(q_chunks, kv_chunks, chunk, mask):
+        if mask != "causal" or tuple(q_chunks) != tuple(kv_chunks) or len(q_chunks) < 2:
+            return step_plan(q_chunks, kv_chunks, chunk, mask)
+        return [KernelCall(i * chunk, (i + 1) * chunk, j * chunk, (j + 1) * chunk, i == j)
+                for i in range(len(q_chunks)) for j in range(i + 1)]
+    return plan
+
+
+def _cp_record(mesh, q, k, v, causal, rotate, world, args, ours_1, base, sdpa_ms, rank, repeat) -> dict:
+    try:
+        ms, err = _torch_cp(mesh, q, k, v, causal, rotate, world, args.iters, ours_1)
+    except Exception as exc:   # an API change in torch's prototype: keep our numbers
+        log(f"rank {rank}: torch context_parallel ({rotate}) failed: {type(exc).__name__}: {exc}")
+        ms, err = None, None
+    rec = _multi(base, f"torch_cp:{rotate}", "zigzag" if causal else "natural", ms, err, sdpa_ms, world)
+    return dict(rec if err is not None else dict(rec, status="failed"), repeat=repeat)
 
 
 def _strided_attend(q, k, v, causal: bool, sm_scale):
@@ -162,6 +239,16 @@ def _rel_err(out, ref) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
+def _all_ranks(flag: bool) -> bool:
+    """True when the flag holds on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([0 if flag else 1], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return not bool(t.item())
+
+
 def _worst(err: float) -> float:
     """The largest error over all ranks (every rank must agree to time)."""
     import torch
@@ -179,15 +266,21 @@ def main(argv=None) -> int:
 
     from instrumentation.ring import launch, provenance
 
-    if not torch.cuda.is_available():
-        print("error: the ring benchmark needs CUDA GPUs (one per rank); on a CPU machine use "
-              "`python -m instrumentation.ring --backend gloo` for a traced run", file=sys.stderr)
-        return 2
     try:
         worlds = parse_int_list(args.world_sizes)
         parse_int_list(args.tokens_per_gpu)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    unknown = sorted(set(split_list(args.impls)) - set(variant_names()))
+    if unknown or args.repeats < 1 or not all(c.isalnum() or c in "-_" for c in args.name):
+        print(f"error: --impls takes names from {', '.join(variant_names())} (unknown: {unknown}); "
+              f"--repeats >= 1 (got {args.repeats}); --name letters, digits, - and _ (got {args.name!r})",
+              file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: the ring benchmark needs CUDA GPUs (one per rank); on a CPU machine use "
+              "`python -m instrumentation.ring --backend gloo` for a traced run", file=sys.stderr)
         return 2
     too_many = [w for w in worlds if w > torch.cuda.device_count()]
     if too_many:
@@ -207,16 +300,40 @@ def main(argv=None) -> int:
         log(f"world {world}: starting {world} ranks")
         per_rank = launch(bench_rank, world, "nccl", (args,))
         records += per_rank[0]
-        for r in per_rank[0]:
-            eff = r["parallel_efficiency"]
-            log(f"  W={world} {r['mask']:6s} N={r['seq_len']:6d} {r['impl']:34s} "
-                f"{r['ms'] if r['ms'] is None else round(r['ms'], 3)!s:>9} ms  err {r['rel_err'] or float('nan'):.1e}  "
-                f"eff {'-' if eff is None else f'{100 * eff:.1f}%'}")
         # written after every world size: what is done survives a time limit
-        path = write_results({"meta": meta, "records": records},
-                             f"{args.out}/ring-{device_slug(meta['device'])}.json", "ring")
+        name = f"ring-{args.name}-" if args.name else "ring-"
+        path = write_results({"meta": meta, "records": records, "summary": summarise(records)},
+                             f"{args.out}/{name}{device_slug(meta['device'])}.json", "ring")
         log(f"wrote {path}")
+    for row in summarise(records):
+        log(f"W={row['world']} {row['mask']} {row['tokens_per_gpu']}/GPU {row['impl']:28s} median "
+            f"{row['ms_median']:.3f} ms over {len(row['ms'])} repeats {row['ms']}"
+            + "".join(f"; /{ref} {row[f'ratio_to_{ref}']}" for ref in RATIO_REFS if f"ratio_to_{ref}" in row))
     return 0
+
+
+RATIO_REFS = ("torch_cp:allgather", "ring:zigzag:post-first")
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    """Per problem and multi-GPU variant: the time of every repeat, their median, and per repeat
+    the ratio to torch's allgather CP and to the post-first ring of the same repeat (< 1: faster)."""
+    import statistics
+
+    by_key = {}
+    for r in records:
+        if r["ms"] is not None and "repeat" in r:
+            by_key.setdefault((r["world"], r["mask"], r["tokens_per_gpu"]), {}).setdefault(r["impl"], {})[r["repeat"]] = r["ms"]
+    rows = []
+    for (world, mask, per_gpu), impls in by_key.items():
+        for impl, reps in impls.items():
+            row = dict(world=world, mask=mask, tokens_per_gpu=per_gpu, impl=impl,
+                       ms=[round(reps[i], 3) for i in sorted(reps)], ms_median=statistics.median(reps.values()))
+            for ref in RATIO_REFS:
+                if ref in impls and ref != impl:
+                    row[f"ratio_to_{ref}"] = [round(reps[i] / impls[ref][i], 4) for i in sorted(reps) if i in impls[ref]]
+            rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

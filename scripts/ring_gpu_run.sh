@@ -3,30 +3,48 @@
 # 4 GPUs: the ring's gpu-marked tests, the benchmark against torch's context parallel (world 4
 # first: it is written after each world size), and three bundled traces.
 # Usage: OUT=/some/dir scripts/ring_gpu_run.sh   (PY=python3 by default; fits one 10-minute call)
+#        MODE=compare OUT=/some/dir scripts/ring_gpu_run.sh   (~4 minutes: the ring, the ring as it
+#        was (post-first) and torch's CP side by side on 4 GPUs, 16k and 32k tokens per GPU, causal,
+#        REPEATS interleaved repeats; then the traces, then the gpu tests, each only while its time fits)
 # NVLink multicast stays off (the lent machines ask for it; it can take a shared host's GPUs down).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ring-gpu}
 PY=${PY:-python3}
+MODE=${MODE:-full}
+BUDGET=${BUDGET:-250}          # compare mode: seconds after which nothing new starts
 mkdir -p "$OUT/ring"
-stamp() { echo "== $1 $(date -u +%H:%M:%S)"; }
+stamp() { echo "== $1 $(date -u +%H:%M:%S) (${SECONDS}s)"; }
+fits() { [ "$MODE" = full ] || [ $((SECONDS + $1)) -le "$BUDGET" ]; }   # another $1 seconds fit
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv; nvidia-smi topo -m
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-stamp "gpu tests"; timeout 120 $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
-tail -4 "$OUT/gpu-tests.log"
-grep -q " passed" "$OUT/gpu-tests.log" && ! grep -q -E " failed| error" "$OUT/gpu-tests.log" || {
-  echo "gpu tests failed: no benchmark or traces"; tail -60 "$OUT/gpu-tests.log"; exit 1; }
-stamp "benchmark"; timeout 300 $PY -m benchmarks.ring --world-sizes 4,2 --tokens-per-gpu 16384,32768 --iters 8 \
-  --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+gpu_tests() {
+  stamp "gpu tests"; timeout "${1:-120}" $PY -m pytest -q -x -m gpu -p no:cacheprovider tests/kernels/test_ring.py > "$OUT/gpu-tests.log" 2>&1
+  tail -4 "$OUT/gpu-tests.log"
+  grep -q " passed" "$OUT/gpu-tests.log" && ! grep -q -E " failed| error" "$OUT/gpu-tests.log"
+}
+if [ "$MODE" = full ]; then
+  gpu_tests || { echo "gpu tests failed: no benchmark or traces"; tail -60 "$OUT/gpu-tests.log"; exit 1; }
+  stamp "benchmark"; timeout 300 $PY -m benchmarks.ring --world-sizes 4,2 --tokens-per-gpu 16384,32768 --iters 8 \
+    --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+else
+  stamp "benchmark"; timeout $((BUDGET - 95)) $PY -m benchmarks.ring --world-sizes 4 --tokens-per-gpu 16384,32768 \
+    --masks causal --iters 10 --repeats "${REPEATS:-5}" --name launch-order \
+    --impls ring:zigzag,ring:zigzag:post-first,ring:zigzag:split-diagonal,torch_cp:allgather --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+fi
 stamp "traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
   set -- $spec
+  fits 40 || { echo "skipped trace $spec: past the time budget"; continue; }
   timeout 50 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
     --heads 32 --head-dim 128 --dtype bf16 --iters 8 --out "$OUT/ring/w$1_n$2_causal_$3" 2>&1 | tee -a "$OUT/traces.log"
   tar czf "$OUT/ring-traces.tgz" -C "$OUT" ring     # after each: what is done survives a time limit
 done
 rm -rf "$OUT/ring"
+if [ "$MODE" != full ]; then
+  if fits 35; then gpu_tests $((BUDGET + 25 - SECONDS)) || tail -40 "$OUT/gpu-tests.log"; else echo "skipped gpu tests: past the time budget"; fi
+fi
 stamp "done"
 ls -la "$OUT"
