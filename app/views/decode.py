@@ -159,9 +159,9 @@ else:
     r[3].caption("one split: nothing to merge (stage 1 wrote O directly)")
 common.chart(merge_figure(steps, step, chosen.provenance(), row_label),
              "decode-merge", "dec_merge", s.present)
-st.caption("m = max_j m_j,  O = Σ e^(m_j − m)·l_j·O_j / Σ e^(m_j − m)·l_j  (stage 2 of the kernel; "
-           "m_j, l_j are what stage 1 wrote, in natural units). The last step's m + log l is the "
-           "kernel's log-sum-exp.")
+st.caption("m = max_j m_j,  O = Σ e^(m_j − m)·l_j·O_j / Σ e^(m_j − m)·l_j  (the merge, run by the last "
+           "split program of each KV head to finish; m_j, l_j are what the splits wrote, in natural units). "
+           "The last step's m + log l is the kernel's log-sum-exp.")
 
 # -- 3. roofline --------------------------------------------------------------------------------------
 st.subheader("Roofline: prefill vs decode")
