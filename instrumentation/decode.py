@@ -140,9 +140,10 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
                   meta_extra=None):
     """Run split-KV decoding with tracing; return (out, Trace). See the module doc for tables.
 
-    measure: on CUDA, also time the untraced op, each stage alone (stage 2 launched alone reads
-    the partial buffers of a fresh allocation: the same bytes, so the same time) and the traced op,
-    and measure the copy bandwidth.
+    measure: on CUDA, also time the untraced op, stage 1 alone (with the fused merge, the whole
+    op) and, with fused_merge=False, the merge launch alone (it reads the partial buffers of a
+    fresh allocation: the same bytes, so the same time), the traced op, and the copy bandwidth.
+    The timeline itself is one traced run after a warm-up (no L2 flush before it).
     """
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale)
     plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge)
