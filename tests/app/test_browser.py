@@ -173,7 +173,9 @@ def test_copy_link_reopens_the_same_page_state(app_server, new_page):
     page.wait_for_function("() => location.search.includes('sm_step=')")
     step = dict(x.split("=") for x in page.url.split("?")[1].split("&"))["sm_step"]
     title = [t for t in chart_titles(page) if "K blocks of query row" in t][0]
-    # the sidebar's link field, copied with its Copy button
+    # the sidebar's link field (filled at the end of the run), copied with its Copy button
+    page.wait_for_function("s => document.querySelector('.tilescope-link input').value.includes(s)",
+                           arg=f"sm_step={step}")
     page.locator('[data-testid="stSidebar"] .tilescope-link').get_by_role("button", name="Copy").click()
     link = page.evaluate("() => navigator.clipboard.readText()")
     assert link.startswith(app_server) and f"sm_step={step}" in link and "page=online_softmax" in link
