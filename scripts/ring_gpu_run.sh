@@ -3,7 +3,7 @@
 # 4 GPUs: the ring's gpu-marked tests, the benchmark against torch's context parallel (world 4
 # first: it is written after each world size), and three bundled traces.
 # Usage: OUT=/some/dir scripts/ring_gpu_run.sh   (PY=python3 by default; fits one 10-minute call)
-#        MODE=compare OUT=/some/dir scripts/ring_gpu_run.sh   (~4 minutes: the ring, the ring as it
+#        MODE=compare OUT=/some/dir scripts/ring_gpu_run.sh   (~2.5 minutes: the ring, the ring as it
 #        was (post-first) and torch's CP side by side on 4 GPUs, 16k and 32k tokens per GPU, causal,
 #        REPEATS interleaved repeats; then the traces, then the gpu tests, each only while its time fits)
 # NVLink multicast stays off (the lent machines ask for it; it can take a shared host's GPUs down).
