@@ -61,10 +61,13 @@ class RingConfig:
     seed: int = 0
     trace_rows: list[int] = field(default_factory=list)   # global query rows; default: middle, last
     iters: int = 10                  # timed untraced repetitions (GPU)
+    traced_runs: int = 3             # traced rings (GPU); the trace keeps the median by wall time
 
     def check(self) -> None:
         from kernels.ring import LAYOUTS, RING_MASKS, check_divisible
 
+        if self.traced_runs < 1:
+            raise ValueError(f"--traced-runs must be >= 1, got {self.traced_runs}")
         if self.world < 1:
             raise ValueError(f"--world-size must be >= 1, got {self.world}")
         if self.mask not in RING_MASKS:
@@ -157,14 +160,30 @@ def record_rank(rank: int, world: int, cfg: RingConfig) -> dict:
         run()    # warm-up: the traced run should not include loading the kernel modules
     rows = [locate(r, cfg.seq_len, world, cfg.layout) for r in cfg.trace_rows]
     local_rows = [loc for owner, loc in rows if owner == rank]
-    records = []
-    dist.barrier()
-    out, lse = run(return_lse=True, trace=records.append, trace_rows=local_rows)
+    # One traced ring can catch a host hiccup (a rank's Python stalled for ms) that the untraced
+    # median never shows, so on GPUs several are traced and the one of median wall time is kept;
+    # the wall of a run is its slowest rank's last event, agreed on by every rank.
+    runs, walls = [], []
+    for _ in range(cfg.traced_runs if device.type == "cuda" else 1):
+        records = []
+        dist.barrier()
+        out, lse = run(return_lse=True, trace=records.append, trace_rows=local_rows)
+        runs.append(records)
+        walls.append(max(max(r["compute_end"], _or0(r["recv_end"]), _or0(r["send_end"])) for r in records))
+    t = torch.tensor(walls, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    walls = t.tolist()
+    kept = sorted(range(len(walls)), key=walls.__getitem__)[len(walls) // 2]
     ref = shard(_single(q, k, v, cfg.mask), rank, world, cfg.layout)
     err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
     lse_rows = {loc: float(lse[0, 0, loc]) for loc in local_rows}
-    return dict(rank=rank, records=records, env=environment(device), ring_ms=ring_ms,
-                single_ms=single_ms, rel_err_vs_single=err, lse_rows=lse_rows)
+    return dict(rank=rank, records=runs[kept], env=environment(device), ring_ms=ring_ms,
+                single_ms=single_ms, rel_err_vs_single=err, lse_rows=lse_rows,
+                traced_runs=dict(kept=kept, wall_ms=[w / 1e6 for w in walls]))
+
+
+def _or0(x: float) -> float:
+    return 0.0 if x != x else x       # NaN (no transfer at this step) counts as time 0
 
 
 def _single(q, k, v, mask):
@@ -271,6 +290,7 @@ def gather_trace(results: list[dict], cfg: RingConfig, extra_meta: dict | None =
                           ring_ms_per_rank=ring_ms, ring_ms=slowest, single_device_ms=single_ms,
                           parallel_efficiency=(single_ms / (w * slowest)) if slowest and single_ms else None,
                           rel_err_vs_single=max(r["rel_err_vs_single"] for r in results),
+                          traced_runs=results[0].get("traced_runs"),
                           clock="CUDA events per rank, origin at a barrier" if cfg.backend == "nccl"
                           else "host clock per rank (interpreter: no hardware timing), origin at a barrier",
                           **provenance(cfg.backend, w)),
@@ -340,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace-rows", default="", help="global query rows to trace, e.g. 100,4095")
     p.add_argument("--iters", type=int, default=10, help="timed repetitions on GPU")
+    p.add_argument("--traced-runs", type=int, default=3,
+                   help="traced rings on GPU; the trace keeps the one of median wall time")
     p.add_argument("--force", action="store_true", help="replace an existing trace at --out")
     p.add_argument("--out", required=True, help="directory to write the trace into")
     return p
@@ -355,7 +377,8 @@ def main(argv=None) -> int:
         return 2
     cfg = RingConfig(world=args.world_size, seq_len=args.seq_len, mask=args.mask, layout=args.layout,
                      backend=args.backend, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                     dtype=args.dtype, seed=args.seed, trace_rows=rows, iters=args.iters)
+                     dtype=args.dtype, seed=args.seed, trace_rows=rows, iters=args.iters,
+                     traced_runs=args.traced_runs)
     try:
         cfg.check()
         from .files import check_writable_target

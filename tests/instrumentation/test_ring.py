@@ -69,6 +69,7 @@ def test_balance_table_zigzag_even_natural_not(natural_causal):
     (["--trace-rows", "x"], "--trace-rows must be integers"),
     (["--trace-rows", "99"], "outside 0..47"),
     (["--backend", "nccl", "--world-size", "32", "--seq-len", "64"], "needs 32 GPUs"),
+    (["--traced-runs", "0"], "--traced-runs must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, needle, tmp_path, capsys):
     base = {"--world-size": "3", "--seq-len": "48", "--backend": "gloo", "--out": str(tmp_path / "x")}
@@ -86,3 +87,14 @@ def test_existing_out_is_refused_before_any_rank_starts(tmp_path, capsys):
     assert main(["--world-size", "2", "--seq-len", "64", "--backend", "gloo", "--out", str(tmp_path / "x")]) == 2
     assert "pass --force" in capsys.readouterr().err
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
+
+
+def test_kept_traced_run_is_the_one_whose_wall_time_the_meta_states(natural_causal):
+    """The meta names the traced run kept (one on the CPU) and its wall time: the slowest rank's
+    last event in the ring_steps table."""
+    t = natural_causal
+    runs = t.meta["ring"]["traced_runs"]
+    steps = t.tables["ring_steps"]
+    last = steps[["compute_end", "recv_end", "send_end"]].fillna(0).to_numpy().max()
+    assert runs["kept"] == 0 and len(runs["wall_ms"]) == 1
+    assert runs["wall_ms"][runs["kept"]] == pytest.approx(last / 1e6)
