@@ -115,9 +115,7 @@ def time_graph_ms(fn, rep_ms: float = 100.0, flush_bytes: int = 256 << 20, flush
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    flush_buf = torch.ones(flush_bytes // 4, dtype=torch.int32, device="cuda")
-    flush_out = torch.empty((), dtype=torch.int32, device="cuda")
-    flush_l2 = flush_buf.zero_ if flush == "write" else lambda: torch.amax(flush_buf, out=flush_out)
+    flush_l2 = l2_flusher(flush, flush_bytes)
     one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     one[0].record()
     graph.replay()
@@ -131,8 +129,18 @@ def time_graph_ms(fn, rep_ms: float = 100.0, flush_bytes: int = 256 << 20, flush
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    del graph, flush_buf
+    del graph, flush_l2
     return float(np.median([s.elapsed_time(e) for s, e in events]))
+
+
+def l2_flusher(flush: str = "write", flush_bytes: int = 256 << 20):
+    """A function that flushes the L2 the way `time_graph_ms` does before each replay: "write"
+    zeroes a `flush_bytes` buffer (dirty L2), "read" reads it (clean L2). Not synchronised."""
+    if flush not in FLUSHES:
+        raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
+    buf = torch.ones(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    out = torch.empty((), dtype=torch.int32, device="cuda")
+    return buf.zero_ if flush == "write" else (lambda: torch.amax(buf, out=out))
 
 
 def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
@@ -143,7 +151,8 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     measure: on CUDA, also time the untraced op, stage 1 alone (with the fused merge, the whole
     op) and, with fused_merge=False, the merge launch alone (it reads the partial buffers of a
     fresh allocation: the same bytes, so the same time), the traced op, and the copy bandwidth.
-    The timeline itself is one traced run after a warm-up (no L2 flush before it).
+    The timeline itself is one traced run after a warm-up and, on CUDA, a read flush of the L2
+    (as `time_graph_ms(flush="read")` before each replay: none of the cache in L2, no dirty lines).
     """
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale)
     plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge)
@@ -158,6 +167,10 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     if backend() == "cuda":
         flash_decode(q, k_cache, v_cache, trace=make_trace_buffers(plan, dev), return_lse=True, **call)
     buffers = make_trace_buffers(plan, dev)
+    if backend() == "cuda":
+        # the warm-up left part of the cache in L2: flush it (reading, so no dirty lines are left
+        # to write back) so the timeline shows a step that streams its K/V from HBM
+        l2_flusher("read")()
     out, lse = flash_decode(q, k_cache, v_cache, trace=buffers, return_lse=True, **call)
     env = environment(dev)
     hw = env["backend"] == "cuda"
@@ -225,6 +238,9 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
         "level": "work",
         "clocks": {"splits": "globaltimer ns, relative to the earliest program start" if hw else
                    "none (interpreter): 'order' is the logical order programs ran, times are NaN"},
+        "timeline": ("one traced run after a warm-up and a read flush of the L2 (256 MiB read, as "
+                     "time_graph_ms(flush='read')): clean L2, none of the cache in it") if hw else
+                    "one traced run in the interpreter (no clock)",
         "untraced_ms": timing.get("untraced_ms"), "traced_ms": timing.get("traced_ms"),
         "eager_ms": timing.get("eager_ms"),
         "timing": "CUDA-graph replay medians, L2 flushed before each (time_graph_ms); eager_ms: "

@@ -112,6 +112,13 @@ class DecodePlan:
         budget = 64 * 32 * self.config.num_warps
         return max(1, min(triton.next_power_of_2(self.num_splits), budget // (self.merge_m * d_pad)))
 
+    @property
+    def even_merge(self) -> bool:
+        """The merge needs no mask: one row block of exactly merge_m rows, every split in one
+        chunk, D a power of two (the partials of a group are one dense block)."""
+        return (self.num_splits == self.split_chunk and self.rows == self.merge_m and self.row_blocks == 1
+                and self.head_dim == max(16, triton.next_power_of_2(self.head_dim)))
+
 
 def default_decode_config(head_dim: int, rows: int, dtype: torch.dtype, block_n=None, num_warps=None,
                           num_stages=None) -> DecodeConfig:
@@ -347,7 +354,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     tr_merge = trace.merge if trace is not None else cache_seqlens
     d_pad = max(16, triton.next_power_of_2(d))
     common = dict(GROUP=plan.group, HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.block_m, MERGE_M=plan.merge_m,
-                  SPLIT_CHUNK=plan.split_chunk, STORE_LSE=bool(return_lse), TRACE=trace is not None,
+                  SPLIT_CHUNK=plan.split_chunk, EVEN_MERGE=plan.even_merge, STORE_LSE=bool(return_lse), TRACE=trace is not None,
                   HW_CLOCK=bool(hw_clock))
     counters = merge_counters(dev, plan.merge_groups) if plan.fused_merge else cache_seqlens
     descs = _tma_descriptors(k_cache, v_cache, cfg.block_n) if use_tma else (k_cache, v_cache)

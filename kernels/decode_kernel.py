@@ -85,17 +85,30 @@ def _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on,
                 H_KV, N_Q, ROWS, num_splits,
                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                 BLOCK_M: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-                STORE_LSE: tl.constexpr):
+                EVEN_MERGE: tl.constexpr, STORE_LSE: tl.constexpr):
     """Merge the partial states of the stacked rows of (bkv, row_block) and store O (and lse).
 
     MERGE_M rows at a time (the real rows, not the Q tile's padding to 16) times SPLIT_CHUNK
     splits per load, so the loads of a whole chunk are in flight together; chunks are merged
     into a running state with the same rescaling as the tiles (natural units, exp2 inside).
+    The merge is the serial tail of the launch (it starts when the group's last program ends),
+    so it is written for latency: m, l and O of every split issued before any arithmetic, O in
+    16-byte vector loads (the mask is constant along D unless D is padded), offsets in int32
+    from the group's int64 base (a group holds at most 128 x 1024 x 256 values). EVEN_MERGE (one
+    row block of exactly MERGE_M rows, SPLIT_CHUNK == num_splits, D a power of two; B=1 Llama
+    shapes at the auto split) drops every mask: the group's partials are one dense block at
+    compile-time offsets, a single pass of loads.
     Partials are read with .cg (L2, not L1): they were written by other programs of this launch.
     """
     off_b = (bkv // H_KV).to(tl.int64)
     off_kv = (bkv % H_KV).to(tl.int64)
-    base = bkv.to(tl.int64) * num_splits * ROWS                          # (bkv, split 0, row 0) in (B, H_kv, S, rows)
+    if EVEN_MERGE:
+        base = bkv.to(tl.int64) * (SPLIT_CHUNK * MERGE_M)                    # (bkv, split 0, row 0) in (B, H_kv, S, rows)
+    else:
+        base = bkv.to(tl.int64) * num_splits * ROWS
+    m_base = M_part + base
+    l_base = L_part + base
+    o_base = O_part + base * HEAD_DIM
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
     offs_c0 = tl.arange(0, SPLIT_CHUNK)
@@ -108,13 +121,24 @@ def _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on,
         acc = tl.zeros([MERGE_M, HEAD_DIM_PAD], dtype=tl.float32)
         for c in range(0, num_splits, SPLIT_CHUNK):
             offs_c = c + offs_c0
-            ok = (offs_c[:, None] < num_splits) & row_ok[None, :]                      # (C, MERGE_M)
-            part = base + offs_c[:, None] * ROWS + offs_r[None, :]
-            m_j = tl.load(M_part + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            l_j = tl.load(L_part + part, mask=ok, other=0.0, cache_modifier=".cg")
-            o_j = tl.load(O_part + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                          mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
-                          cache_modifier=".cg")                                        # (C, MERGE_M, D)
+            if EVEN_MERGE:
+                # c = r0 = 0 and ROWS = MERGE_M: constant offsets, nothing to mask
+                part = offs_c0[:, None] * MERGE_M + tl.arange(0, MERGE_M)[None, :]      # (C, MERGE_M)
+                m_j = tl.load(m_base + part, cache_modifier=".cg")
+                l_j = tl.load(l_base + part, cache_modifier=".cg")
+                o_j = tl.load(o_base + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                              cache_modifier=".cg")                                    # (C, MERGE_M, D)
+            else:
+                ok = (offs_c[:, None] < num_splits) & row_ok[None, :]                  # (C, MERGE_M)
+                part = offs_c[:, None] * ROWS + offs_r[None, :]                        # int32
+                m_j = tl.load(m_base + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                l_j = tl.load(l_base + part, mask=ok, other=0.0, cache_modifier=".cg")
+                o_ptrs = o_base + part[:, :, None] * HEAD_DIM + offs_d[None, None, :]
+                if HEAD_DIM == HEAD_DIM_PAD:
+                    o_j = tl.load(o_ptrs, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+                else:
+                    o_j = tl.load(o_ptrs, mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
+                                  cache_modifier=".cg")
             m_new = tl.maximum(m_run, tl.max(m_j, 0))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)      # rows no split saw: stay 0
             alpha = tl.math.exp2((m_run - m_ref) * LOG2E)
@@ -142,9 +166,9 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                         FUSED_MERGE: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-                        USE_TMA: tl.constexpr, HAS_SEQLENS: tl.constexpr, STORE_LSE: tl.constexpr,
-                        STORE_STATS: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                        TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
+                        EVEN_MERGE: tl.constexpr, USE_TMA: tl.constexpr, HAS_SEQLENS: tl.constexpr,
+                        STORE_LSE: tl.constexpr, STORE_STATS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                        UPCAST_DOT: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
     if TRACE and HW_CLOCK:
         t_start = _globaltimer()
     split = tl.program_id(0)
@@ -234,7 +258,7 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
                 t_merge = _globaltimer()
             _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on, bkv, row_block,
                         H_KV, N_Q, ROWS, num_splits, GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, MERGE_M,
-                        SPLIT_CHUNK, STORE_LSE)
+                        SPLIT_CHUNK, EVEN_MERGE, STORE_LSE)
             tl.store(counters + group, 0)                # every split has drawn: ready for the next call
             if TRACE:
                 mrec = tr_merge + group.to(tl.int64) * MERGE_SLOTS
@@ -250,7 +274,7 @@ def decode_merge_kernel(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, st
                         tr_merge, H_KV, N_Q, ROWS, num_splits,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                         BLOCK_M: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-                        STORE_LSE: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
+                        EVEN_MERGE: tl.constexpr, STORE_LSE: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
     """The merge as a second launch (FUSED_MERGE off): one program per (b, kv_head, row block)."""
     if TRACE and HW_CLOCK:
         t_start = _globaltimer()
@@ -258,7 +282,7 @@ def decode_merge_kernel(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, st
     row_block = tl.program_id(1)
     _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on, bkv, row_block,
                 H_KV, N_Q, ROWS, num_splits, GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, MERGE_M,
-                SPLIT_CHUNK, STORE_LSE)
+                SPLIT_CHUNK, EVEN_MERGE, STORE_LSE)
     if TRACE:
         mrec = tr_merge + (bkv * tl.num_programs(1) + row_block).to(tl.int64) * MERGE_SLOTS
         tl.store(mrec, -1)                               # no split program: a launch of its own
