@@ -111,7 +111,8 @@ def ring_timeline_figure(steps: pd.DataFrame, provenance: str, hardware: bool) -
     fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], title_text="rank and lane")
     fig.update_xaxes(title_text=clock, rangemode="tozero")
     sub = (f"transfers hidden behind compute: {100 * st['hidden']:.0f}% "
-           f"({st['exposed_ms']:.3f} ms of {st['comm_ms']:.3f} ms exposed)" if st["transfers"] else
+           f"({st['exposed_ms']:.2f} ms exposed of {st['comm_ms']:.2f} ms in {st['transfers']} transfers, "
+           "summed over ranks)" if st["transfers"] else
            "one rank: nothing to send")
     fig.update_layout(template=TEMPLATE, barmode="overlay", height=130 + 60 * 2 * world,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"),   # beside: below it met the caption
