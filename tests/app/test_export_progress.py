@@ -54,8 +54,7 @@ def fast_frames(monkeypatch):
 
 
 @needs_chromium
-@pytest.mark.parametrize("frames", [3, 7])
-def test_callback_once_per_frame_monotone(trace, tmp_path, frames):
+def test_callback_once_per_frame_monotone(trace, tmp_path, frames=5):
     """Real kaleido: (0, n) first, then (k, n) after each frame, k = 1..n, n = frames drawn."""
     import imageio.v3 as iio
 
@@ -122,9 +121,9 @@ def test_frame_progress_bar(stop, text, value):
 
 def test_schedule_page_video_shows_the_bar(tmp_path, fast_frames):
     """The schedule page's 'Make the GIF' renders with the bar and ends with a download."""
-    record_small(tmp_path, "n256_causal_natural", n=256, bm=32, bn=32, trace_head=[0])
+    record_small(tmp_path, "n128_causal_natural", n=128, bm=32, bn=32, trace_head=[0])
     with tilescope_data(tmp_path):
-        at = open_page("schedule", source="recorded", trace="n256_causal_natural")
+        at = open_page("schedule", source="recorded", trace="n128_causal_natural")
         assert not at.exception
         at.button(key="sched_video_make").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
