@@ -32,7 +32,9 @@ CSS = """
 [data-testid="stDownloadButton"] { opacity: 0.25; }
 [data-testid="stDownloadButton"]:hover { opacity: 1; }
 /* the way out: a clear dark pill in the top-right corner, small enough to stay out of the slide */
-.st-key-leave_present { position: fixed; top: 0.6rem; right: 1rem; z-index: 1000; width: auto !important; }
+.st-key-leave_present { position: fixed; top: 0.6rem; right: 1rem; z-index: 1000; width: auto !important;
+  opacity: 0.45; transition: opacity 0.2s; }   /* faint over a chart's title until the pointer comes */
+.st-key-leave_present:hover { opacity: 1; }
 .st-key-leave_present button { background: rgba(30, 30, 40, 0.82); color: #fff; border: 1px solid #fff;
   border-radius: 1.2rem; padding: 0.3rem 0.9rem; min-height: 0; font-size: 0.95rem; font-weight: 600;
   box-shadow: 0 1px 4px rgba(0, 0, 0, 0.35); }
