@@ -36,6 +36,10 @@ from .flash_kernel import _globaltimer, _smid, accumulate_pv, load_kv_tile  # no
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
 MERGE_SLOTS = tl.constexpr(4)       # trace record of a merge: split that merged, smid, t_start, t_end
+# The cache is read once per step: its lines go first when the L2 needs room, so the step does not
+# evict what the L2 held before it (dirty lines it would write back, data the next kernels reuse)
+# nor the partials its merge reads back.
+KV_EVICT = tl.constexpr("evict_first")
 
 
 @triton.jit
@@ -54,7 +58,7 @@ def _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_
             k = tl.trans(k_desc.load([desc_row + start, 0]))                   # bulk tensor copy
         else:
             k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]      # (D, BLOCK_N)
-            k = load_kv_tile(k_ptrs, offs_n[None, :] < hi, d_ok[:, None], ON_BAND, EVEN_D)
+            k = load_kv_tile(k_ptrs, offs_n[None, :] < hi, d_ok[:, None], ON_BAND, EVEN_D, KV_EVICT)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale             # (BLOCK_M, BLOCK_N)
@@ -74,7 +78,7 @@ def _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_
             v = v_desc.load([desc_row + start, 0])
         else:
             v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]      # (BLOCK_N, D)
-            v = load_kv_tile(v_ptrs, offs_n[:, None] < hi, d_ok[None, :], ON_BAND, EVEN_D)
+            v = load_kv_tile(v_ptrs, offs_n[:, None] < hi, d_ok[None, :], ON_BAND, EVEN_D, KV_EVICT)
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
     return acc, l_i, m_i

@@ -55,19 +55,20 @@ def _smid():
 
 
 @triton.jit
-def load_kv_tile(ptrs, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.constexpr):
+def load_kv_tile(ptrs, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.constexpr, EVICT: tl.constexpr = ""):
     """One K or V tile by pointers (flash and decode loops). n_ok, d_ok: the key and head-dim
     bounds, broadcast to the tile's layout; a mask is applied only where it can be false, so
-    full tiles of an unpadded head dim load 16 bytes wide."""
+    full tiles of an unpadded head dim load 16 bytes wide. EVICT: the L2 eviction policy
+    (decode streams its cache once: "evict_first")."""
     if MASK_N:
         if EVEN_D:
-            x = tl.load(ptrs, mask=n_ok, other=0.0)
+            x = tl.load(ptrs, mask=n_ok, other=0.0, eviction_policy=EVICT)
         else:
-            x = tl.load(ptrs, mask=n_ok & d_ok, other=0.0)
+            x = tl.load(ptrs, mask=n_ok & d_ok, other=0.0, eviction_policy=EVICT)
     elif EVEN_D:
-        x = tl.load(ptrs)
+        x = tl.load(ptrs, eviction_policy=EVICT)
     else:
-        x = tl.load(ptrs, mask=d_ok, other=0.0)              # padded D: zeros
+        x = tl.load(ptrs, mask=d_ok, other=0.0, eviction_policy=EVICT)              # padded D: zeros
     return x
 
 

@@ -1,22 +1,29 @@
-"""flash_decode now vs as it was (`decode_before/`) vs SDPA cuDNN / FLASH, interleaved, in one call.
+"""flash_decode now vs other versions of it (`decode_*/`) vs SDPA cuDNN / FLASH, interleaved, in one call.
 
     git archive 9cfec39 kernels | tar -x -C /tmp/db && mv /tmp/db/kernels decode_before
+    echo 9cfec39 > decode_before/COMMIT     # what the version is, copied into the meta
     PYTHONUNBUFFERED=1 python scripts/decode_compare.py --out $OUT/decode-compare.json
 
-`decode_before/` is the kernels package at a chosen commit (kept out of git, carried to the device
-run); without it the "before" rows are skipped. Shapes as the benchmark: B=1, H 32 / H_kv 8, D 128,
-bf16, every length = the context (4k, 32k, 128k by default). Each implementation's output is
-checked against the float32 reference first (a wrong one is never timed). Then, --repeats times,
-every implementation is timed under both flushes of `time_graph_ms` (median of CUDA-graph replays,
-the L2 flushed before each: "write" leaves it dirty, "read" clean), in turn, so a slow moment of
-the GPU falls on all of them alike. Written per repeat, with the ratios to cuDNN of that repeat;
-the summary gives the median over repeats and the spread (min..max) of the ratio.
+Each `--variants` package is a copy of the kernels package, as it was at a commit or with one
+change (kept out of git, carried to the device run), timed as `tilescope_<name>`; one that is not
+there is skipped. This session's: decode_before (9cfec39, before the mask-free merge),
+decode_merge (f66ae62: the mask-free merge, no eviction hint on the K/V loads), decode_weak (the
+kernels of this run with the merge's partial loads weak instead of .cg).
+
+Shapes as the benchmark: B=1, H 32 / H_kv 8, D 128, bf16, every length = the context (4k, 32k,
+128k by default). Each implementation's output is checked against the float32 reference first
+(a wrong one is never timed). Then, --repeats times, every implementation is timed under both
+flushes of `time_graph_ms` (median of CUDA-graph replays, the L2 flushed before each: "write"
+leaves it dirty, "read" clean), in turn, so a slow moment of the GPU falls on all of them alike.
+Written per repeat, with the ratios to cuDNN of that repeat; the summary gives the median over
+repeats and the spread (min..max) of the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import statistics
 import sys
@@ -43,17 +50,25 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rep-ms", type=float, default=40.0, help="replay time per measurement")
+    p.add_argument("--variants", default="decode_before,decode_merge,decode_weak",
+                   help="comma list of kernel-package copies to time beside kernels/")
     return p.parse_args(argv)
 
 
-def implementations(q, k, v) -> dict:
-    """name -> (fn, context manager factory); 'before' only when decode_before/ is present."""
+def variants(names: str) -> dict:
+    """tilescope_<name> -> the flash_decode of each kernel-package copy that is present."""
+    out = {}
+    for pkg in filter(None, names.split(",")):
+        if importlib.util.find_spec(pkg) is not None:
+            out["tilescope_" + pkg.removeprefix("decode_")] = importlib.import_module(pkg).flash_decode
+    return out
+
+
+def implementations(q, k, v, others=None) -> dict:
+    """name -> (fn, context manager factory or None)."""
     impls = {"tilescope": (lambda: flash_decode(q, k, v), None)}
-    try:
-        before = importlib.import_module("decode_before")
-        impls["tilescope_before"] = (lambda: before.flash_decode(q, k, v), None)
-    except ImportError:
-        pass
+    for name, decode in (others or {}).items():
+        impls[name] = (lambda decode=decode: decode(q, k, v), None)
     for name in ("sdpa_cudnn", "sdpa_flash"):
         impls[name] = make_call(name, q, k, v)
     return impls
@@ -65,7 +80,7 @@ def run_case(batch, context, args, copy_gbps, dev) -> tuple[list[dict], list[dic
     ref = reference(q, k, v, rows)
     bytes_min = (2 * batch * H_KV * context + 2 * batch * H) * D * 2
     checks, ok = [], {}
-    for name, (fn, ctx) in implementations(q, k, v).items():
+    for name, (fn, ctx) in implementations(q, k, v, variants(args.variants)).items():
         rec = {"impl": name, "batch": batch, "context": context}
         try:
             if ctx:
@@ -125,8 +140,10 @@ def main(argv=None) -> int:
     side = torch.empty(1, device=dev)
     empty = {f"us_{f}": time_graph_ms(lambda: side.add_(1), rep_ms=40, flush=f) * 1e3 for f in FLUSHES}
     meta.update(copy_gbps=copy_gbps, empty_graph=empty, repeats=args.repeats,
-                before=str(Path("decode_before/COMMIT").read_text().strip()) if Path("decode_before/COMMIT").exists()
-                else None, speedup="cuDNN time / this time, same repeat and flush (> 1: faster than cuDNN)")
+                variants={name: (Path(pkg) / "COMMIT").read_text().strip() if (Path(pkg) / "COMMIT").exists() else None
+                          for pkg in args.variants.split(",") if Path(pkg).is_dir()
+                          for name in ["tilescope_" + pkg.removeprefix("decode_")]},
+                speedup="cuDNN time / this time, same repeat and flush (> 1: faster than cuDNN)")
     print(f"{meta['device']}: copy {copy_gbps:.0f} GB/s; empty graph replay {empty['us_write']:.1f} | "
           f"{empty['us_read']:.1f} us (write | read flush)")
     checks, timings = [], []

@@ -4,7 +4,7 @@
 # bundled traces (B 1 and 8 at 32k, 1 split and auto; record_decode compiles both stages before
 # it records, so no compile lands on the timeline).
 # Usage: OUT=/some/dir scripts/decode_gpu_run.sh   (PY=python3 by default; fits one 10-minute call)
-# MODE=compare (about 3 minutes): the gpu tests, scripts/decode_compare.py (now vs decode_before/ vs
+# MODE=compare (about 4 minutes): the gpu tests, scripts/decode_compare.py (now vs the decode_*/ copies vs
 # cuDNN / FLASH at B=1, interleaved repeats, both flushes) and the traces, without the sweep.
 # MODE=full (default): the same with `python -m benchmarks.decode --sweep` as well.
 set -u
@@ -26,7 +26,7 @@ stamp "gpu tests"
   timeout 150 $PY -m pytest -q -m gpu -p no:cacheprovider $TESTS 2>&1; } > "$OUT/gpu-tests-decode.log"
 tail -3 "$OUT/gpu-tests-decode.log"
 stamp "compare"
-timeout 150 $PY scripts/decode_compare.py --repeats ${REPEATS:-5} --out "$OUT/decode-compare.json" 2>&1 \
+timeout 200 $PY scripts/decode_compare.py --repeats ${REPEATS:-4} --out "$OUT/decode-compare.json" 2>&1 \
   | tee "$OUT/compare.log"
 if [ "$MODE" = full ]; then
   stamp "benchmark"
