@@ -15,6 +15,10 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
+from app import plotly_preload  # noqa: E402
+
+preload = plotly_preload.start()    # before the imports below: the browser loads Plotly meanwhile
+
 from app import presentation, sources, url_state  # noqa: E402
 from app.settings import OWN_DATA_PAGES, PAGES  # noqa: E402
 from app.sidebar import sidebar  # noqa: E402
@@ -65,5 +69,6 @@ except Exception as exc:  # never a traceback on screen; the log keeps it
     st.error(f"This view could not be drawn: {type(exc).__name__}: {plain(exc)}. Try other settings "
              "(the controls on the left); the rest of the app keeps working.")
 finally:   # after the page: the link carries the page's own controls too
+    plotly_preload.done(preload)
     with link_slot.container():
         url_state.show_share_link()

@@ -6,7 +6,8 @@
 Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives headless Chromium
 (/usr/bin/chromium, never downloaded) with Playwright and prints:
 
-  first chart, cold     first session after the server started (imports torch/triton, loads)
+  first chart, cold     first session after the server started (imports, loads the trace), until
+                        a chart with a title has drawn
   first chart, warm     a new session on a warm server (what a second visitor sees)
   redraw after ...      one control change on a recorded trace, until the chart shows it
   16k schedule page     the largest causal recording's schedule page on a warm server: settle
@@ -30,52 +31,16 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(data_dir: Path | None, log_path: Path):
-    port = free_port()
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    if data_dir is not None:
-        env["TILESCOPE_DATA"] = str(data_dir)
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    started = time.perf_counter()
-    while time.perf_counter() - started < 90:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited ({proc.returncode}); see {log_path}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    return proc, url, time.perf_counter() - started, log
-        except OSError:
-            time.sleep(0.2)
-    proc.terminate()
-    raise TimeoutError("streamlit did not become healthy in 90 s")
+from app.devtools import CHROMIUM, CHROMIUM_ARGS, running_app  # noqa: E402
 
 
 def small_data_dir() -> Path:
@@ -104,12 +69,17 @@ def time_until(page, action, needle: str, timeout_ms: int = 60_000) -> float:
     return time.perf_counter() - started
 
 
+# a chart with a title has drawn (the app's 10-pixel Plotly preload chart has none and does not count)
+FIRST_CHART_JS = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                  ".some(t => t.textContent.trim().length > 0)")
+
+
 def first_chart(browser, url: str, shots: Path | None, name: str) -> float:
     ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
     page = ctx.new_page()
     started = time.perf_counter()
     page.goto(url)
-    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=120_000)
+    page.wait_for_function(FIRST_CHART_JS, timeout=120_000)
     took = time.perf_counter() - started
     if shots:
         page.wait_for_timeout(1500)
@@ -301,31 +271,38 @@ def hello_baseline(browser, repeats: int) -> list[float]:
     (Streamlit's own boot and one Plotly chart), measured the same way as the schedule page."""
     root = Path(tempfile.mkdtemp(prefix="tilescope-hello-"))
     (root / "app.py").write_text(HELLO_APP)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(root / "app.py"),
-                             "--server.headless", "true", "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     out = []
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                time.sleep(0.2)
+    with running_app(None, None, app=root / "app.py", interpreter=False) as server:
         for _ in range(repeats):
             ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
             page = ctx.new_page()
             started = time.perf_counter()
-            page.goto(url)
+            page.goto(server.url)
             settle(page, titles_js("Work items on SMs"))
             out.append(time.perf_counter() - started)
             ctx.close()
-    finally:
-        proc.terminate()
+    return out
+
+
+def compare_preload(browser, data: Path, rec, rounds: int) -> dict:
+    """Side by side, alternating fresh servers: the cold first chart and the later-visit settle of
+    `rec`'s schedule page with the app's Plotly preload (app/plotly_preload.py) on and off."""
+    out: dict = {}
+    target = f"/?page=schedule&source=recorded&trace={rec.name}"
+    for i in range(rounds):
+        for flag in (("1", "0") if i % 2 == 0 else ("0", "1")):
+            key = "on" if flag == "1" else "off"
+            with running_app(data, None, env={"TILESCOPE_PLOTLY_PRELOAD": flag}) as server:
+                out.setdefault(f"first_chart_cold_s_{key}", []).append(first_chart(browser, server.url, None, ""))
+                for visit in range(2):                   # the first visit loads the recording
+                    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+                    page = ctx.new_page()
+                    started = time.perf_counter()
+                    page.goto(server.url + target)
+                    settle(page, titles_js("Work items on SMs"))
+                    if visit:
+                        out.setdefault(f"settle_s_{key}", []).append(time.perf_counter() - started)
+                    ctx.close()
     return out
 
 
@@ -358,6 +335,9 @@ def main(argv=None) -> int:
     ap.add_argument("--screenshots", default=None, help="directory for page screenshots")
     ap.add_argument("--only", choices=("all", "schedule"), default="all",
                     help="schedule: only the cold first chart and the 16k schedule page")
+    ap.add_argument("--compare-preload", type=int, default=0, metavar="ROUNDS",
+                    help="also time the cold first chart and the 16k page's settle with the Plotly "
+                         "preload on and off, side by side over ROUNDS pairs of fresh servers")
     args = ap.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"error: {CHROMIUM} is missing; this script never downloads a browser", file=sys.stderr)
@@ -381,34 +361,28 @@ def main(argv=None) -> int:
         shots.mkdir(parents=True, exist_ok=True)
 
     log = Path(tempfile.mkdtemp(prefix="tilescope-measure-log-")) / "streamlit.log"
-    proc, url, health_s, logf = start_server(data, log)
-    results = {"data": source, "command": "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:]),
-               "server_health_s": health_s}
+    results = {"data": source, "command": "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:])}
     big = max(recs, key=lambda r: (r.seq_len * r.meta.get("shape", {}).get("B", 1)
                                    * r.meta.get("shape", {}).get("H", 1), r.mask == "causal",
                                    r.schedule == "natural", r.name))
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            results["machine"] = machine_info(browser.version)
-            try:
-                results["first_chart_cold_s"] = first_chart(browser, url, shots, "first_cold")
-                warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
-                results["first_chart_warm_s"] = warm
-                results["schedule_page"] = schedule_page(browser, url, big, args.repeats, shots)
-                results["hello_baseline_settle_s"] = hello_baseline(browser, args.repeats)
-                results["load_average_1min_end"] = round(os.getloadavg()[0], 2)
-                if args.only == "all":
-                    results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
-            finally:
-                browser.close()
-    finally:
-        proc.terminate()
+    with running_app(data, log) as server, sync_playwright() as pw:
+        url = server.url
+        results["server_health_s"] = server.healthy_after_s
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        results["machine"] = machine_info(browser.version)
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        logf.close()
+            results["first_chart_cold_s"] = first_chart(browser, url, shots, "first_cold")
+            warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
+            results["first_chart_warm_s"] = warm
+            results["schedule_page"] = schedule_page(browser, url, big, args.repeats, shots)
+            results["hello_baseline_settle_s"] = hello_baseline(browser, args.repeats)
+            if args.compare_preload:
+                results["preload_compare"] = compare_preload(browser, data, big, args.compare_preload)
+            results["load_average_1min_end"] = round(os.getloadavg()[0], 2)
+            if args.only == "all":
+                results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
+        finally:
+            browser.close()
 
     mi = results["machine"]
     print(f"Tilescope app timings ({mi['cpus']} CPUs {mi['cpu']}, Chromium {mi['chromium']}, "
@@ -434,6 +408,12 @@ def main(argv=None) -> int:
     hb = results["hello_baseline_settle_s"]
     print(f"  baseline: a one-chart Streamlit page  median {statistics.median(hb):.2f} s over {len(hb)} "
           f"(load average {mi['load_average_1min']} -> {results['load_average_1min_end']})")
+    pc = results.get("preload_compare")
+    if pc:
+        for what, key in (("cold first chart", "first_chart_cold_s"), ("16k settle (later visit)", "settle_s")):
+            on, off = statistics.median(pc[f"{key}_on"]), statistics.median(pc[f"{key}_off"])
+            print(f"  Plotly preload on/off: {what:25s} median {on:.2f} / {off:.2f} s "
+                  f"({off / on:.2f}x) over {len(pc[f'{key}_on'])} pairs of fresh servers")
     for name, xs in results.get("redraw_s", {}).items():
         print(f"  redraw: {name:34s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s "
               f"over {len(xs)}   (target 1 s)")

@@ -51,6 +51,27 @@ def animation_fig(key, sms, color_by, bh, frame, controls, _trace):
                                  color_by=color_by, frame=frame, controls=controls)
 
 
+@st.cache_resource(show_spinner=False, max_entries=24)
+def straggler_tables(key, sms, _tl):
+    """(latest-finishing SMs, longest work items) of this source's timeline: pandas work that
+    would otherwise run again on every rerun."""
+    return stragglers(_tl, STRAGGLERS, heads_h)
+
+
+@st.cache_resource(show_spinner=False, max_entries=24)
+def traced_head_default(key, sms, _trace, _tl):
+    return default_traced_head(_trace, _tl)
+
+
+def markdown_table(df) -> str:
+    """A small DataFrame as a Markdown table, numbers to 4 significant digits."""
+    def cell(v):
+        return f"{v:.4g}" if isinstance(v, (float, np.floating)) else str(v)
+    rows = [" | ".join(map(str, df.columns)), " | ".join("---:" for _ in df.columns)]
+    rows += [" | ".join(cell(v) for v in r) for r in df.itertuples(index=False)]
+    return "\n".join(f"| {r} |" for r in rows)
+
+
 @st.cache_resource(show_spinner=False, max_entries=12)
 def imbalance_fig(key, sms, _trace):
     return imbalance_figure(_trace, cached_timeline(_trace, sms))
@@ -129,26 +150,24 @@ st.caption(f"Each lane is one SM; every work item (one query block of one batch�
 if s.present:
     metric_tiles()
 
-late, longest = stragglers(tl, STRAGGLERS, heads_h)
+late, longest = straggler_tables(src.key, sms, tl)
 t1, t2 = st.columns([2, 3])
-t1.markdown("**Latest-finishing SMs**")
-t1.dataframe(late.assign(busy=late["busy"] / scale, last_end=late["last_end"] / scale,
-                         after_first_idle=late["after_first_idle"] / scale)
-             .rename(columns={"sm": "SM", "items": "items", "busy": f"busy ({unit})",
-                              "last_end": f"ends ({unit})", "after_first_idle": f"late by ({unit})"}),
-             hide_index=True, column_config={
-                 f"busy ({unit})": st.column_config.NumberColumn(format="%.4g", help="time the SM ran work items"),
-                 f"ends ({unit})": st.column_config.NumberColumn(format="%.4g", help="its last work item ends"),
-                 f"late by ({unit})": st.column_config.NumberColumn(
-                     format="%.4g", help="how long after the first SM went idle for good it finishes")})
-t2.markdown("**Longest work items** (# as outlined in the lanes)")
-t2.dataframe(longest.assign(start=longest["start"] / scale, duration=longest["duration"] / scale)
-             .drop(columns=["end"]).rename(columns={"q_block": "query block", "tiles_visited": "K/V tiles",
-                                                    "sm": "SM", "start": f"start ({unit})",
-                                                    "duration": f"duration ({unit})"})
-             .set_axis(range(1, len(longest) + 1)).rename_axis("#").reset_index(),
-             hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.4g") for c in
-                                             (f"start ({unit})", f"duration ({unit})")})
+# static Markdown tables: an interactive grid costs the browser its own ~1.3 MB of JavaScript
+# and a canvas per table, a tenth of a second of the page's first paint for five rows each
+t1.markdown("**Latest-finishing SMs**\n\n" + markdown_table(
+    late.assign(busy=late["busy"] / scale, last_end=late["last_end"] / scale,
+                after_first_idle=late["after_first_idle"] / scale)
+    .rename(columns={"sm": "SM", "items": "items", "busy": f"busy ({unit})",
+                     "last_end": f"ends ({unit})", "after_first_idle": f"late by ({unit})"})))
+t2.markdown("**Longest work items** (# as outlined in the lanes)\n\n" + markdown_table(
+    longest.assign(start=longest["start"] / scale, duration=longest["duration"] / scale)
+    .drop(columns=["end"]).rename(columns={"q_block": "query block", "tiles_visited": "K/V tiles",
+                                           "sm": "SM", "start": f"start ({unit})",
+                                           "duration": f"duration ({unit})"})
+    .set_axis(range(1, len(longest) + 1)).rename_axis("#").reset_index()))
+st.caption(f"**busy**: time the SM ran work items · **ends**: its last work item ends · **late by**: how "
+           f"long after the first SM went idle for good it finishes · **start**: after the first work "
+           f"item started. Times in {unit}.")
 
 if st.toggle("Show the order the kernel really ran the work items in (trace.work)", key="sched_order",
              help=f"{len(trace.work)} rows; drawn only when asked"):
@@ -202,36 +221,36 @@ else:
     draw = h0.toggle("Draw the animation", key="sched_anim",
                      help=f"on by default up to {ANIMATE_BY_DEFAULT} work items; larger runs draw it "
                           "on demand so the page opens fast")
-    default_bh, why = default_traced_head(trace, tl)
-    url_state.control("sched_head", default_bh, options=heads)
-    bh = h1.selectbox("Traced head (tile grid)", heads, key="sched_head",
-                      format_func=lambda b: f"bh {b} (batch {b // heads_h}, head {b % heads_h})",
-                      help=f"the heads recorded with tile detail; default bh {default_bh}: {why}")
-    url_state.control("sched_still", False)
-    still = h2.toggle("One frame at a time", key="sched_still",
-                      help="a still of one frame with a slider, instead of the player")
-    if not draw:
-        st.caption(f"{len(tl)} work items: switch on 'Draw the animation' to see every SM, every work "
-                   "item and the traced head's tiles over time.")
-    elif still:
-        @st.fragment
-        def one_frame():
-            """Only this part reruns when the frame changes."""
-            url_state.control("sched_frame", DEFAULT_FRAMES // 2, options=range(DEFAULT_FRAMES))
-            k = st.slider("frame", 0, DEFAULT_FRAMES - 1, key="sched_frame",
-                          help=f"{DEFAULT_FRAMES} frames evenly spread from the first start to the last end")
-            common.chart(animation_fig(src.key, sms, color_by, bh, k, False, trace), "whole-gpu-frame",
-                         "sched_frame_chart", s.present)
-        one_frame()
+    default_bh, why = traced_head_default(src.key, sms, trace, tl)
+    url_state.control("sched_head", default_bh, options=heads)     # a link's values are kept (and
+    url_state.control("sched_still", False)                       # checked) while it is not drawn
+    if not draw:    # its own controls come with it: fewer widgets for the browser to draw on opening
+        h1.caption(f"{len(tl)} work items: switch on 'Draw the animation' to see every SM, every work "
+                   f"item and the tiles of a traced head ({len(heads)} traced) over time.")
     else:
-        common.chart(animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace), "whole-gpu-animation",
-                     "sched_anim_chart", s.present)
-    st.caption("Top: the lanes with the time cursor, coloured as the colour bar says. Bottom left: every "
-               "work item, pending (pale blue), running (black) or done (blue). Bottom right: the traced head's "
-               f"tiles (default bh {default_bh}: {why}); black marks the tile each of its "
-               "running work items is on now, red the tiles the kernel visited although the mask says "
-               "skip (none expected). Pick a head that starts late to see it fill in at the end.")
-    if draw:
+        bh = h1.selectbox("Traced head (tile grid)", heads, key="sched_head",
+                          format_func=lambda b: f"bh {b} (batch {b // heads_h}, head {b % heads_h})",
+                          help=f"the heads recorded with tile detail; default bh {default_bh}: {why}")
+        still = h2.toggle("One frame at a time", key="sched_still",
+                          help="a still of one frame with a slider, instead of the player")
+        if still:
+            @st.fragment
+            def one_frame():
+                """Only this part reruns when the frame changes."""
+                url_state.control("sched_frame", DEFAULT_FRAMES // 2, options=range(DEFAULT_FRAMES))
+                k = st.slider("frame", 0, DEFAULT_FRAMES - 1, key="sched_frame",
+                              help=f"{DEFAULT_FRAMES} frames evenly spread from the first start to the last end")
+                common.chart(animation_fig(src.key, sms, color_by, bh, k, False, trace), "whole-gpu-frame",
+                             "sched_frame_chart", s.present)
+            one_frame()
+        else:
+            common.chart(animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace),
+                         "whole-gpu-animation", "sched_anim_chart", s.present)
+        st.caption("Top: the lanes with the time cursor, coloured as the colour bar says. Bottom left: every "
+                   "work item, pending (pale blue), running (black) or done (blue). Bottom right: the traced head's "
+                   f"tiles (default bh {default_bh}: {why}); black marks the tile each of its "
+                   "running work items is on now, red the tiles the kernel visited although the mask says "
+                   "skip (none expected). Pick a head that starts late to see it fill in at the end.")
         video_downloads(bh)
 
 if uneven_work(tl):

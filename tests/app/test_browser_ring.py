@@ -73,6 +73,7 @@ def _check_recording(page, name):
     banner = " ".join(page.locator('[data-testid="stAlertContentInfo"]').all_inner_texts())
     assert "NVIDIA H200" in banner and f"layout {ring['layout']}" in banner
     assert f"{100 * ring['parallel_efficiency']:.1f}%" in banner, banner
+    page.locator('[data-testid="stMetric"]').first.wait_for()    # may come after the charts
     metrics = " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
     assert f"{ring['world']} × {meta['shape']['N'] // ring['world']:,}" in metrics, metrics
     assert page.locator('[data-testid="stException"]').count() == 0

@@ -49,7 +49,26 @@ def default_view(data_dir):
     return page(data_dir)
 
 
-def test_metrics_lanes_and_stragglers(default_view):
+def markdown_table(text: str):
+    """The Markdown table in `text` (| a | b |, then | ---: | ... |, then rows) as a DataFrame,
+    numbers parsed."""
+    import pandas as pd
+
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in text.splitlines()
+            if ln.strip().startswith("|")]
+    df = pd.DataFrame(rows[2:], columns=rows[0])
+    return df.apply(lambda col: pd.to_numeric(col, errors="coerce").fillna(col))
+
+
+def lanes_timeline(data_dir, trace=f"n{N}_causal_natural"):
+    """The timeline the page draws for a recording (modelled on its default SM count)."""
+    from instrumentation.schedule_model import DEFAULT_SMS, timeline
+    from instrumentation.trace import Trace
+
+    return timeline(Trace.load(data_dir / "traces" / trace), sms=DEFAULT_SMS)
+
+
+def test_metrics_lanes_and_stragglers(data_dir, default_view):
     at = default_view
     clean(at)
     labels = {m.label: m.value for m in at.metric}
@@ -61,11 +80,16 @@ def test_metrics_lanes_and_stragglers(default_view):
     heat = [t for t in lanes["data"] if t["type"] == "heatmap"]
     assert len(heat) == 1 and heat[0]["z"].dtype == np.uint8
     assert not any(t["type"] in ("bar", "scattergl") for t in lanes["data"])
-    tables = [d.value for d in at.dataframe]
+    tables = [markdown_table(m.value) for m in at.markdown if "| ---:" in m.value]   # static tables
     late = next(t for t in tables if "late by (tile-units)" in t.columns)
     longest = next(t for t in tables if "duration (tile-units)" in t.columns)
     assert len(late) == 5 and (np.diff(late["ends (tile-units)"]) <= 0).all()
     assert list(longest["#"]) == [1, 2, 3, 4, 5] and {"batch", "head", "query block"} <= set(longest.columns)
+    # the rows are the page's own analysis: the SMs that finish last, the longest work items
+    tl = lanes_timeline(data_dir)
+    ends = tl.groupby("sm")["t_end"].max() - tl["t_start"].min()
+    assert np.allclose(sorted(late["ends (tile-units)"], reverse=True), ends.nlargest(5), rtol=1e-3)
+    assert np.allclose(longest["duration (tile-units)"], (tl["t_end"] - tl["t_start"]).nlargest(5), rtol=1e-3)
 
 
 def test_animation_for_each_traced_head(data_dir):

@@ -1,0 +1,90 @@
+"""Developer tools shared by the browser tests (tests/app/live_app.py) and the app timing script
+(scripts/measure_app.py): `streamlit run app/main.py` as a subprocess on a free port,
+health-checked and stopped on exit, and the system Chromium's launch settings. Nothing here is
+imported by the app itself, and nothing downloads a browser.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 90) -> None:
+    """Until `url`/_stcore/health answers ok (or `proc` exits, or `timeout` s pass)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200 and r.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not become healthy within {timeout} s")
+
+
+@dataclass
+class Server:
+    url: str
+    healthy_after_s: float          # from starting the process to the first healthy answer
+    proc: subprocess.Popen
+
+
+@contextmanager
+def running_app(data_dir: Path | None, log_path: Path | None, app: str | Path = "app/main.py",
+                interpreter: bool = True, env: dict | None = None):
+    """`streamlit run app` served on 127.0.0.1 (recordings from `data_dir`, or the app's default
+    data/ when None; TRITON_INTERPRET=1 unless interpreter=False; `env` added to the server's
+    environment); yields a Server."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false", "PYTHONPATH": str(ROOT), **(env or {})}
+    if interpreter:
+        env["TRITON_INTERPRET"] = "1"
+    if data_dir is not None:
+        env["TILESCOPE_DATA"] = str(data_dir)
+    with open(log_path or os.devnull, "w") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+             "--server.port", str(port), "--server.address", "127.0.0.1",
+             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_healthy(url, proc)
+            yield Server(url, time.perf_counter() - started, proc)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+
+
+@contextmanager
+def streamlit_server(data_dir: Path | None, log_path: Path | None):
+    """The app (interpreter kernels, recordings from `data_dir`); yields its URL."""
+    with running_app(data_dir, log_path) as server:
+        yield server.url
