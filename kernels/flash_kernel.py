@@ -54,12 +54,16 @@ def _smid():
                                      is_pure=True, pack=1)
 
 
+KV_EVICT_NORMAL = tl.constexpr("")    # tl.load's default L2 policy, as a constexpr to pass along
+
+
 @triton.jit
-def load_kv_tile(ptrs, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.constexpr, EVICT: tl.constexpr = ""):
+def load_kv_tile(ptrs, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.constexpr, EVICT: tl.constexpr):
     """One K or V tile by pointers (flash and decode loops). n_ok, d_ok: the key and head-dim
     bounds, broadcast to the tile's layout; a mask is applied only where it can be false, so
     full tiles of an unpadded head dim load 16 bytes wide. EVICT: the L2 eviction policy
-    (decode streams its cache once: "evict_first")."""
+    (decode streams its cache once: "evict_first"; flash: KV_EVICT_NORMAL). No default: Triton 3.6
+    does not wrap a jit helper's default str as a constexpr (the flash kernel failed to compile)."""
     if MASK_N:
         if EVEN_D:
             x = tl.load(ptrs, mask=n_ok, other=0.0, eviction_policy=EVICT)
@@ -117,7 +121,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
         if USE_TMA and not IS_PARTIAL:
             k = tl.trans(k_desc.load([row_base + k_block * BLOCK_N, 0]))      # bulk tensor copy
         else:
-            k = load_kv_tile(k_ptrs, offs_n[None, :] < N_K, d_ok[:, None], IS_PARTIAL, EVEN_D)
+            k = load_kv_tile(k_ptrs, offs_n[None, :] < N_K, d_ok[:, None], IS_PARTIAL, EVEN_D, KV_EVICT_NORMAL)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
@@ -143,7 +147,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
         if USE_TMA and not IS_PARTIAL:
             v = v_desc.load([row_base + k_block * BLOCK_N, 0])
         else:
-            v = load_kv_tile(v_ptrs, offs_n[:, None] < N_K, d_ok[None, :], IS_PARTIAL, EVEN_D)
+            v = load_kv_tile(v_ptrs, offs_n[:, None] < N_K, d_ok[None, :], IS_PARTIAL, EVEN_D, KV_EVICT_NORMAL)
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
         # -- trace: tile visit and row state (compiled away when the flags are off) --
