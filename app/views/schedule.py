@@ -216,8 +216,9 @@ heads = traced_heads(trace)
 if not heads:
     st.info("This trace has no tile detail (recorded with level='work'): the animation needs level='full'.")
 else:
-    h0, h1, h2, _ = st.columns([1, 1, 1, 1])
     url_state.control("sched_anim", len(tl) <= ANIMATE_BY_DEFAULT)
+    # not drawn: the toggle and one line on why (wide); drawn: the toggle and the player's controls
+    h0, h1, h2, _ = st.columns([1, 1, 1, 1]) if st.session_state["sched_anim"] else (*st.columns([1, 3]), None, None)
     draw = h0.toggle("Draw the animation", key="sched_anim",
                      help=f"on by default up to {ANIMATE_BY_DEFAULT} work items; larger runs draw it "
                           "on demand so the page opens fast")
