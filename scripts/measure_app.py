@@ -284,15 +284,14 @@ def hello_baseline(browser, repeats: int) -> list[float]:
     return out
 
 
-def compare_preload(browser, data: Path, rec, rounds: int) -> dict:
-    """Side by side, alternating fresh servers: the cold first chart and the later-visit settle of
-    `rec`'s schedule page with the app's Plotly preload (app/plotly_preload.py) on and off."""
+def compare_servers(browser, data: Path, rec, rounds: int, env_on: dict, env_off: dict) -> dict:
+    """Side by side, alternating fresh servers started with `env_on` and `env_off`: the cold first
+    chart and the later-visit settle of `rec`'s schedule page for each."""
     out: dict = {}
     target = f"/?page=schedule&source=recorded&trace={rec.name}"
     for i in range(rounds):
-        for flag in (("1", "0") if i % 2 == 0 else ("0", "1")):
-            key = "on" if flag == "1" else "off"
-            with running_app(data, None, env={"TILESCOPE_PLOTLY_PRELOAD": flag}) as server:
+        for key in (("on", "off") if i % 2 == 0 else ("off", "on")):
+            with running_app(data, None, env=env_on if key == "on" else env_off) as server:
                 out.setdefault(f"first_chart_cold_s_{key}", []).append(first_chart(browser, server.url, None, ""))
                 for visit in range(2):                   # the first visit loads the recording
                     ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
@@ -304,6 +303,10 @@ def compare_preload(browser, data: Path, rec, rounds: int) -> dict:
                         out.setdefault(f"settle_s_{key}", []).append(time.perf_counter() - started)
                     ctx.close()
     return out
+
+
+# what --compare-preload switches (on = the app as it is, off = without it)
+COMPARED = {"preload": ({"TILESCOPE_PLOTLY_PRELOAD": "1"}, {"TILESCOPE_PLOTLY_PRELOAD": "0"})}
 
 
 def machine_info(browser_version: str | None = None) -> dict:
@@ -376,8 +379,10 @@ def main(argv=None) -> int:
             results["first_chart_warm_s"] = warm
             results["schedule_page"] = schedule_page(browser, url, big, args.repeats, shots)
             results["hello_baseline_settle_s"] = hello_baseline(browser, args.repeats)
-            if args.compare_preload:
-                results["preload_compare"] = compare_preload(browser, data, big, args.compare_preload)
+            for what in COMPARED:
+                if getattr(args, f"compare_{what}"):
+                    results[f"{what}_compare"] = compare_servers(browser, data, big, getattr(args, f"compare_{what}"),
+                                                                 *COMPARED[what])
             results["load_average_1min_end"] = round(os.getloadavg()[0], 2)
             if args.only == "all":
                 results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
@@ -408,12 +413,13 @@ def main(argv=None) -> int:
     hb = results["hello_baseline_settle_s"]
     print(f"  baseline: a one-chart Streamlit page  median {statistics.median(hb):.2f} s over {len(hb)} "
           f"(load average {mi['load_average_1min']} -> {results['load_average_1min_end']})")
-    pc = results.get("preload_compare")
-    if pc:
+    for name, label in (("preload", "Plotly preload on/off"),):
+        pc = results.get(f"{name}_compare")
         for what, key in (("cold first chart", "first_chart_cold_s"), ("16k settle (later visit)", "settle_s")):
-            on, off = statistics.median(pc[f"{key}_on"]), statistics.median(pc[f"{key}_off"])
-            print(f"  Plotly preload on/off: {what:25s} median {on:.2f} / {off:.2f} s "
-                  f"({off / on:.2f}x) over {len(pc[f'{key}_on'])} pairs of fresh servers")
+            if pc:
+                on, off = statistics.median(pc[f"{key}_on"]), statistics.median(pc[f"{key}_off"])
+                print(f"  {label}: {what:25s} median {on:.2f} / {off:.2f} s "
+                      f"({off / on:.2f}x) over {len(pc[f'{key}_on'])} pairs of fresh servers")
     for name, xs in results.get("redraw_s", {}).items():
         print(f"  redraw: {name:34s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s "
               f"over {len(xs)}   (target 1 s)")
