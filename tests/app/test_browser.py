@@ -31,7 +31,8 @@ def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
     sidebar = page.locator('[data-testid="stSidebar"]')
     assert sidebar.get_by_label("Sequence length N").input_value() == str(N)
     assert sidebar.get_by_label("Window W (keys i-W < j <= i)").input_value() == "64"
-    assert "visited exactly" in page.locator('[data-testid="stAlert"]').all_inner_texts().__str__()
+    page.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stAlert\"]')]"   # may come
+                           ".some(a => a.innerText.includes('visited exactly'))")          # after the chart
 
     # switch the mask in the sidebar and press Run: the chart and the URL follow
     sidebar.locator('[data-testid="stSelectbox"]').filter(has_text="Mask").locator("input").click()
