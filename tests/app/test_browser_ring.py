@@ -56,9 +56,16 @@ def _open(new_page, url, width=1500, height=1100):
     return page
 
 
+# the run has ended: one chart per title, and no element left over from the run before (a rerun
+# keeps the old elements, marked stale, until the new run replaces or drops them)
+SETTLED = """n => document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot').length === n
+  && !document.querySelector('[data-testid="stElementContainer"][data-stale="true"]')"""
+
+
 def _check_recording(page, name):
     meta, steps = _steps(name)
     ring = meta["ring"]
+    page.wait_for_function(SETTLED, arg=len(TITLES), timeout=60_000)
     charts = page.evaluate(CHARTS)
     assert [next(t for t in TITLES if t in c["title"]) for c in charts] == list(TITLES), [c["title"] for c in charts]
     for c in charts:                                   # every chart says where its data came from
