@@ -201,40 +201,59 @@ def _preset_control() -> None:
                    + (f" · {plain(p.notes)}" if p.notes else ""))
 
 
-def _problem_controls(locked: bool) -> None:
+def _problem_controls() -> None:
+    """A live source's problem controls (a recording's settings are shown as text instead)."""
     ss = st.session_state
-    if not locked:
-        _preset_control()
-    st.number_input("Sequence length N", step=64, key="ctl_seq_len", disabled=locked)
-    st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind", disabled=locked)
+    _preset_control()
+    st.number_input("Sequence length N", step=64, key="ctl_seq_len")
+    st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind")
     kind = mask_kind(ss["ctl_mask_kind"])
     n = ss["ctl_seq_len"]
     if kind.widget is not None:      # the kind's own parameter control, from the mask registry
         key = _param_key(kind.name)
         ss.setdefault(key, _control_value(kind, kind.default_param(n if isinstance(n, int) and n > 0 else 512)))
         if kind.widget == "int":
-            st.number_input(kind.ui_label, min_value=kind.minimum, step=16, key=key, disabled=locked,
+            st.number_input(kind.ui_label, min_value=kind.minimum, step=16, key=key,
                             help=kind.ui_help)
         else:
-            st.text_input(kind.ui_label, key=key, disabled=locked, help=kind.ui_help)
-    st.selectbox("Head dim D", SUPPORTED_HEAD_DIMS, key="ctl_head_dim", disabled=locked)
+            st.text_input(kind.ui_label, key=key, help=kind.ui_help)
+    st.selectbox("Head dim D", SUPPORTED_HEAD_DIMS, key="ctl_head_dim")
     c1, c2 = st.columns(2)
-    c1.selectbox("block_m", BLOCK_SIZES, key="ctl_block_m", disabled=locked)
-    c2.selectbox("block_n", BLOCK_SIZES, key="ctl_block_n", disabled=locked)
-    st.selectbox("dtype", DTYPES, key="ctl_dtype", disabled=locked)
+    c1.selectbox("block_m", BLOCK_SIZES, key="ctl_block_m")
+    c2.selectbox("block_n", BLOCK_SIZES, key="ctl_block_n")
+    st.selectbox("dtype", DTYPES, key="ctl_dtype")
     c1, c2 = st.columns(2)
-    c1.number_input("batch B", step=1, key="ctl_batch", disabled=locked)
-    c2.number_input("heads H", step=1, key="ctl_heads", disabled=locked)
+    c1.number_input("batch B", step=1, key="ctl_batch")
+    c2.number_input("heads H", step=1, key="ctl_heads")
     c1, c2 = st.columns(2)
-    c1.number_input("KV length N_k", min_value=0, step=64, key="ctl_kv_len", disabled=locked,
+    c1.number_input("KV length N_k", min_value=0, step=64, key="ctl_kv_len",
                     help="keys and values; 0 = the same as N. With N_k > N the queries are the "
                          "last N positions (bottom-right, as in chunked prefill)")
-    c2.number_input("KV heads H_kv", min_value=0, step=1, key="ctl_kv_heads", disabled=locked,
+    c2.number_input("KV heads H_kv", min_value=0, step=1, key="ctl_kv_heads",
                     help="0 = the same as H (MHA); H_kv < H shares K/V between H / H_kv query "
                          "heads (GQA), H_kv = 1 is MQA")
-    st.selectbox("Schedule", SCHEDULES, key="ctl_schedule", disabled=locked,
+    st.selectbox("Schedule", SCHEDULES, key="ctl_schedule",
                  help="natural: programs in launch order; longest_first: query blocks with "
                       "most tiles first; persistent: one program per SM pulls work items")
+
+
+def recording_settings_text(v: dict) -> str:
+    """A recording's problem as one line (the sidebar's summary in place of locked controls)."""
+    kv = ""
+    if v["kv_len"] and v["kv_len"] != v["seq_len"]:
+        kv += f" · N_k {v['kv_len']:,}"
+    if v["kv_heads"] and v["kv_heads"] != v["heads"]:
+        kv += f" · H_kv {v['kv_heads']}"
+    return (f"N {v['seq_len']:,} · mask {v['mask']} · D {v['head_dim']} · blocks "
+            f"{v['block_m']}×{v['block_n']} · {v['dtype']} · B {v['batch']} · H {v['heads']}{kv} · "
+            f"schedule {v['schedule']}")
+
+
+def _recording_settings(live_name: str) -> None:
+    # drawn as text, not as eleven disabled inputs: the browser lays those out on every run
+    # (about 0.1 s of a 16k page's settle on two CPUs), and a value no one can change is no control
+    st.caption(f"**The recording's settings:** {plain(recording_settings_text(staged()))}. To change "
+               f"them, switch the source to {plain(repr(live_name))}.")
 
 
 def _changes(applied: dict, want: dict) -> str:
@@ -245,7 +264,7 @@ def _changes(applied: dict, want: dict) -> str:
 def _live_controls() -> None:
     """The problem controls of a live source: edits rerun only this fragment; Run applies them."""
     ss = st.session_state
-    _problem_controls(locked=False)
+    _problem_controls()
     want = staged()
     pending = _changes(ss.get("_applied", {}), want)
     s = Settings(source=ss["ctl_source"], **want)
@@ -286,9 +305,9 @@ def sidebar(attention: bool = True) -> Settings:
         if note:
             st.info(note, icon=":material/info:")
         source = ss["ctl_source"]
-        locked = source in ("recorded", "upload")
+        if not attention or source not in ("gpu", "interpreter"):
+            _keep_hidden_controls()    # before any control of this run is drawn
         if not attention:
-            _keep_hidden_controls()
             st.caption("This page has its own recordings and controls (on the page). The attention "
                        "settings (recording, N, mask, blocks) belong to the other pages and keep "
                        "their values there.")
@@ -312,13 +331,10 @@ def sidebar(attention: bool = True) -> Settings:
                     _sync_controls({**DEFAULTS, **Recording(up.name, "", 0, trace.meta).settings()})
                 except sources.RunError:
                     pass  # the page says why
-        if locked and attention:
-            st.caption("The settings below are the recording's. Switch the source to "
-                       f"{SOURCES[live_source]!r} to change them.")
         if attention and source in ("gpu", "interpreter"):
             _live_controls()
-        elif attention:
-            _problem_controls(locked)
+        elif attention:     # a recording's settings are facts, not controls: one line of text
+            _recording_settings(SOURCES[live_source])
         st.toggle("Presentation mode", key="ctl_present",
                   help="larger fonts, light background, no clutter: for talks and screenshots")
         about.about_sources()

@@ -330,7 +330,10 @@ def test_recorded_source_locks_the_controls_to_the_recording(data_dir):
     at = app(data_dir, page="block_skip", source="recorded", trace=f"n{N}_sliding_natural")
     clean(at)
     assert at.session_state["ctl_mask_kind"] == "sliding_window"
-    assert at.number_input(key="ctl_seq_len").disabled
+    # the recording's settings are one line of text, not controls
+    assert not [w for w in at.sidebar.number_input if w.key == "ctl_seq_len"]
+    shown = " ".join(m.value for m in at.sidebar.caption)
+    assert f"N {N:,} · mask sliding_window:64" in shown and "schedule natural" in shown, shown
     assert at.query_params["mask"] == "sliding_window:64" and at.query_params["trace"] == f"n{N}_sliding_natural"
     at.selectbox(key="ctl_trace").set_value(f"n{N}_causal_natural").run()
     clean(at)
