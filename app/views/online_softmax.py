@@ -103,8 +103,10 @@ m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", diff(r.l_kernel, r.l_re
             delta_color="off", delta_arrow="off")
 m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
             diff(r.alpha_kernel, r.alpha_ref), delta_color="off", delta_arrow="off")
-m[3].metric("‖O'/ℓ − O‖/‖O‖", "n/a" if not np.isfinite(r.out_rel_err) else f"{r.out_rel_err:.2e}",
-            help="partial output after this step vs the exact float64 output of the row")
+m[3].metric("partial output off the final", "n/a" if not np.isfinite(r.out_rel_err) else
+            f"{100 * r.out_rel_err:,.3g} %",
+            help="‖O'/ℓ − O‖/‖O‖: the row's output if the softmax stopped after this step (keys so "
+                 "far only) against the exact float64 output over every key; near 0 % after the last step")
 kerr = steps.attrs.get("kernel_out_rel_err")
 m[4].metric(f"kernel output error ({steps.attrs.get('dtype')})",
             "n/a" if kerr is None or not np.isfinite(kerr) else f"{kerr:.2e}",
