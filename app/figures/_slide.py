@@ -198,6 +198,12 @@ def _split_legend_and_colorbar(fig: go.Figure) -> None:
     bars = _colorbars(fig)
     if not bars or fig.layout.showlegend is False or (len(legend_items) < 2 and fig.layout.showlegend is not True):
         return
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    if meta.get("slide_colorbar_top"):     # the colour bar belongs to the top panel (e.g. SM lanes)
+        fig.layout.legend.update(x=1.02, xanchor="left", y=0.5, yanchor="top")
+        for cb in bars:
+            cb.update(len=0.45, y=1, yanchor="top", lenmode="fraction")
+        return
     fig.layout.legend.update(x=1.02, xanchor="left", y=1, yanchor="top")
     for cb in bars:
         cb.update(len=0.5, y=0, yanchor="bottom", lenmode="fraction")

@@ -145,12 +145,13 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     heading = f"The whole GPU over time ({_kind(tl)} timeline)"
     fig.update_layout(title=_frame_title(heading, times[k0] - t0, scale, unit, work, tiles, k0, bh),
                       template=TEMPLATE, height=1000 if controls else 900, showlegend=True,
+                      meta={"slide_colorbar_top": True},     # the lanes' colour bar beside the lanes
                       legend=dict(orientation="v", x=1.02, y=0.5, yanchor="top", font=dict(size=11)))
     fig.update_xaxes(title_text=xlabel, row=1, col=1)
     n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=1, col=1)
     fig.update_xaxes(title_text="query block", row=2, col=1)
-    fig.update_yaxes(title_text="bh (batch·head)", autorange="reversed", row=2, col=1)
+    fig.update_yaxes(title_text="batch·head", autorange="reversed", row=2, col=1)
     bm, bn = trace.meta["block_m"], trace.meta["block_n"]
     fig.update_xaxes(title_text=f"K block ({bm}×{bn} tiles)", constrain="domain", row=2, col=2)
     fig.update_yaxes(title_text="Q block", autorange="reversed", constrain="domain",
