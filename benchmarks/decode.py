@@ -30,7 +30,7 @@ from . import (DEFAULT_OUT, DTYPES, RECORD_KEYS, TOLERANCE, device_slug, free_cu
 
 import torch  # noqa: E402
 
-from instrumentation.decode import measure_copy_bandwidth, time_graph_ms  # noqa: E402
+from instrumentation.decode import FLUSHES, measure_copy_bandwidth, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
 
@@ -99,6 +99,18 @@ def make_call(impl, q, k, v, flex=None):
     if impl == "flex":
         return (lambda: flex(q, k, v, enable_gqa=True)), contextlib.nullcontext
     raise ValueError(impl)
+
+
+def decode_bytes(batch, heads, kv_heads, context, head_dim, elem) -> int:
+    """The bytes a decode step must move at least: the K/V cache read once, q read, o written."""
+    return (2 * batch * kv_heads * context + 2 * batch * heads) * head_dim * elem
+
+
+def empty_graph_us(device) -> dict:
+    """The fixed cost of one CUDA-graph replay between two events (a one-element add), in µs,
+    under each flush of `time_graph_ms` (keys us_write, us_read)."""
+    side = torch.empty(1, device=device)
+    return {f"us_{f}": time_graph_ms(lambda: side.add_(1), rep_ms=40, flush=f) * 1e3 for f in FLUSHES}
 
 
 def copy_bandwidth(device) -> float | None:
@@ -184,7 +196,7 @@ def main(argv=None) -> int:
                 continue
             rows = sorted({0, batch - 1})
             ref = reference(q, k, v, rows)
-            bytes_min = (2 * batch * args.kv_heads * context + 2 * batch * args.heads) * args.head_dim * elem
+            bytes_min = decode_bytes(batch, args.heads, args.kv_heads, context, args.head_dim, elem)
             auto = decode_plan(q, k, "auto").num_splits
             for impl in impls:
                 splits = 1 if impl == "tilescope:1" else auto if impl == "tilescope:auto" else \

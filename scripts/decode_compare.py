@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks import TOLERANCE, rel_error, run_meta  # noqa: E402
-from benchmarks.decode import decode_inputs, make_call, reference  # noqa: E402
+from benchmarks.decode import decode_bytes, decode_inputs, empty_graph_us, make_call, reference  # noqa: E402
 from instrumentation.decode import FLUSHES, measure_copy_bandwidth, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
@@ -78,7 +78,7 @@ def run_case(batch, context, args, copy_gbps, dev) -> tuple[list[dict], list[dic
     q, k, v = decode_inputs(batch, H, H_KV, context, D, torch.bfloat16, dev, seed=0)
     rows = sorted({0, batch - 1})
     ref = reference(q, k, v, rows)
-    bytes_min = (2 * batch * H_KV * context + 2 * batch * H) * D * 2
+    bytes_min = decode_bytes(batch, H, H_KV, context, D, 2)                 # bf16
     checks, ok = [], {}
     for name, (fn, ctx) in implementations(q, k, v, variants(args.variants)).items():
         rec = {"impl": name, "batch": batch, "context": context}
@@ -137,8 +137,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     meta = run_meta(dev, "decode-compare", argv, "python scripts/decode_compare.py")
     copy_gbps = measure_copy_bandwidth("cuda")
-    side = torch.empty(1, device=dev)
-    empty = {f"us_{f}": time_graph_ms(lambda: side.add_(1), rep_ms=40, flush=f) * 1e3 for f in FLUSHES}
+    empty = empty_graph_us(dev)
     meta.update(copy_gbps=copy_gbps, empty_graph=empty, repeats=args.repeats,
                 variants={name: (Path(pkg) / "COMMIT").read_text().strip() if (Path(pkg) / "COMMIT").exists() else None
                           for pkg in args.variants.split(",") if Path(pkg).is_dir()

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks import TOLERANCE, rel_error, run_meta  # noqa: E402
-from benchmarks.decode import decode_inputs, make_call, reference  # noqa: E402
+from benchmarks.decode import decode_bytes, decode_inputs, empty_graph_us, make_call, reference  # noqa: E402
 from instrumentation.decode import FLUSHES, measure_copy_bandwidth, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
@@ -61,7 +61,7 @@ def probe_case(batch, context, spec, copy_gbps, dev) -> list[dict]:
     q, k, v = decode_inputs(batch, H, H_KV, context, D, torch.bfloat16, dev, seed=0)
     rows = sorted({0, batch - 1})
     ref = reference(q, k, v, rows)
-    bytes_min = (2 * batch * H_KV * context + 2 * batch * H) * D * 2
+    bytes_min = decode_bytes(batch, H, H_KV, context, D, 2)                 # bf16
     auto = decode_plan(q, k, "auto").num_splits
     out = []
     variants = [dict(num_splits=s, block_n=bn, num_warps=w, num_stages=st, fused_merge=True, use_tma=False)
@@ -118,8 +118,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     meta = run_meta(dev, "decode-probe", argv, "python scripts/decode_probe.py")
     copy_gbps = measure_copy_bandwidth("cuda")
-    side = torch.empty(1, device=dev)
-    empty = {f"us_{f}": time_graph_ms(lambda: side.add_(1), rep_ms=40, flush=f) * 1e3 for f in FLUSHES}
+    empty = empty_graph_us(dev)
     meta.update(copy_gbps=copy_gbps, empty_graph=empty)
     print(f"{meta['device']}: copy {copy_gbps:.0f} GB/s; a one-tiny-kernel graph replay "
           f"{empty['us_write']:.1f} us (write flush) / {empty['us_read']:.1f} us (read flush)")
