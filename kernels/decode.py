@@ -27,7 +27,7 @@ import triton  # noqa: E402
 
 from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
 from .flash import SUPPORTED_DTYPES, num_sms  # noqa: E402
-from .shapes import check_kernel_device  # noqa: E402
+from .shapes import check_kernel_device, padded_head_dim  # noqa: E402
 
 MAX_QUERIES = 16          # speculative decoding verifies a few tokens at once
 MAX_HEAD_DIM = 256
@@ -105,27 +105,30 @@ class DecodePlan:
         return min(triton.next_power_of_2(self.rows), self.config.block_m)
 
     @property
+    def head_dim_pad(self) -> int:
+        """The kernels' head-dim tile width: D rounded up to a power of two, at least 16."""
+        return padded_head_dim(self.head_dim)
+
+    @property
     def split_chunk(self) -> int:
         """Splits per merge load: all of them when merge_m x splits x D fits in about 64 fp32
         registers per thread, so one round trip to L2 fetches a row group's partials."""
-        d_pad = max(16, triton.next_power_of_2(self.head_dim))
         budget = 64 * 32 * self.config.num_warps
-        return max(1, min(triton.next_power_of_2(self.num_splits), budget // (self.merge_m * d_pad)))
+        return max(1, min(triton.next_power_of_2(self.num_splits), budget // (self.merge_m * self.head_dim_pad)))
 
     @property
     def even_merge(self) -> bool:
         """The merge needs no mask: one row block of exactly merge_m rows, every split in one
         chunk, D a power of two (the partials of a group are one dense block)."""
         return (self.num_splits == self.split_chunk and self.rows == self.merge_m and self.row_blocks == 1
-                and self.head_dim == max(16, triton.next_power_of_2(self.head_dim)))
+                and self.head_dim == self.head_dim_pad)
 
 
 def default_decode_config(head_dim: int, rows: int, dtype: torch.dtype, block_n=None, num_warps=None,
                           num_stages=None) -> DecodeConfig:
     """Small Q tile, K/V tiles sized so several stages of loads stay in flight (bandwidth bound)."""
     block_m = min(max(16, triton.next_power_of_2(rows)), MAX_ROWS_PER_TILE)
-    d_pad = max(16, triton.next_power_of_2(head_dim))
-    bn = 64 if d_pad <= 128 else 32
+    bn = 64 if padded_head_dim(head_dim) <= 128 else 32
     if dtype == torch.float32:
         bn = min(bn, 32)
     return DecodeConfig(block_m, block_n or bn, num_warps or 4, num_stages or 3)
@@ -352,8 +355,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
         hw_clock = dev.type == "cuda" and not interpreting()
     tr = (trace.splits, trace.counter) if trace is not None else (cache_seqlens, cache_seqlens)
     tr_merge = trace.merge if trace is not None else cache_seqlens
-    d_pad = max(16, triton.next_power_of_2(d))
-    common = dict(GROUP=plan.group, HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.block_m, MERGE_M=plan.merge_m,
+    common = dict(GROUP=plan.group, HEAD_DIM=d, HEAD_DIM_PAD=plan.head_dim_pad, BLOCK_M=cfg.block_m, MERGE_M=plan.merge_m,
                   SPLIT_CHUNK=plan.split_chunk, EVEN_MERGE=plan.even_merge, STORE_LSE=bool(return_lse), TRACE=trace is not None,
                   HW_CLOCK=bool(hw_clock))
     counters = merge_counters(dev, plan.merge_groups) if plan.fused_merge else cache_seqlens
