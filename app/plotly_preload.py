@@ -5,7 +5,7 @@ browser's main thread on a 2-CPU machine, measured with a Chromium trace) only w
 chart element arrives. A page's first real chart comes after the imports, the trace load and the
 figures (1-2 s on a cold server), so the browser would idle and then start its slowest step last.
 An empty 10-pixel chart sent at the top of the sidebar, first thing in a session, starts that load
-at once; the page removes it when it has run. Later reruns of the session (the code is loaded by
+at once; it is removed just before the page runs. Later reruns of the session (the code is loaded by
 then) send nothing, so the sidebar does not move while a control redraws the page.
 TILESCOPE_PLOTLY_PRELOAD=0 turns it off (scripts/measure_app.py --compare-preload uses it).
 """
