@@ -28,9 +28,10 @@ import time
 from . import (DEFAULT_OUT, DTYPES, RECORD_KEYS, TOLERANCE, device_slug, free_cuda, is_oom, log,
                parse_int_list, pick_device, rel_error, run_meta, time_ms, write_results)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from instrumentation.decode import FLUSHES, measure_copy_bandwidth, time_graph_ms  # noqa: E402
+from instrumentation.decode import FLUSHES, decode_bytes, measure_copy_bandwidth, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
 
@@ -101,9 +102,12 @@ def make_call(impl, q, k, v, flex=None):
     raise ValueError(impl)
 
 
-def decode_bytes(batch, heads, kv_heads, context, head_dim, elem) -> int:
-    """The bytes a decode step must move at least: the K/V cache read once, q read, o written."""
-    return (2 * batch * kv_heads * context + 2 * batch * heads) * head_dim * elem
+def min_step_bytes(q, k_cache) -> int:
+    """The bytes a decode step must move at least (the K/V cache read once, q read, o written),
+    every sequence filling the cache: the trace's byte model (instrumentation.decode.decode_bytes)."""
+    plan = decode_plan(q, k_cache)
+    lengths = np.full(q.shape[0], k_cache.shape[2])
+    return decode_bytes(plan, lengths, q.element_size())["minimum"]
 
 
 def empty_graph_us(device) -> dict:
@@ -180,7 +184,6 @@ def main(argv=None) -> int:
 
         flex = torch.compile(flex_attention)
     records, sweep = [], []
-    elem = torch.empty((), dtype=dtype).element_size()
     for batch in batches:
         for context in contexts:
             free_cuda(device)
@@ -196,7 +199,7 @@ def main(argv=None) -> int:
                 continue
             rows = sorted({0, batch - 1})
             ref = reference(q, k, v, rows)
-            bytes_min = decode_bytes(batch, args.heads, args.kv_heads, context, args.head_dim, elem)
+            bytes_min = min_step_bytes(q, k)
             auto = decode_plan(q, k, "auto").num_splits
             for impl in impls:
                 splits = 1 if impl == "tilescope:1" else auto if impl == "tilescope:auto" else \

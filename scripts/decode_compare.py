@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks import TOLERANCE, rel_error, run_meta  # noqa: E402
-from benchmarks.decode import decode_bytes, decode_inputs, empty_graph_us, make_call, reference  # noqa: E402
+from benchmarks.decode import decode_inputs, empty_graph_us, make_call, min_step_bytes, reference  # noqa: E402
 from instrumentation.decode import FLUSHES, measure_copy_bandwidth, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
@@ -78,7 +78,7 @@ def run_case(batch, context, args, copy_gbps, dev) -> tuple[list[dict], list[dic
     q, k, v = decode_inputs(batch, H, H_KV, context, D, torch.bfloat16, dev, seed=0)
     rows = sorted({0, batch - 1})
     ref = reference(q, k, v, rows)
-    bytes_min = decode_bytes(batch, H, H_KV, context, D, 2)                 # bf16
+    bytes_min = min_step_bytes(q, k)
     checks, ok = [], {}
     for name, (fn, ctx) in implementations(q, k, v, variants(args.variants)).items():
         rec = {"impl": name, "batch": batch, "context": context}

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks import TOLERANCE, rel_error, run_meta  # noqa: E402
-from benchmarks.decode import decode_bytes, decode_inputs, empty_graph_us, make_call, reference  # noqa: E402
+from benchmarks.decode import decode_inputs, empty_graph_us, make_call, min_step_bytes, reference  # noqa: E402
 from instrumentation.decode import FLUSHES, measure_copy_bandwidth, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
@@ -61,7 +61,7 @@ def probe_case(batch, context, spec, copy_gbps, dev) -> list[dict]:
     q, k, v = decode_inputs(batch, H, H_KV, context, D, torch.bfloat16, dev, seed=0)
     rows = sorted({0, batch - 1})
     ref = reference(q, k, v, rows)
-    bytes_min = decode_bytes(batch, H, H_KV, context, D, 2)                 # bf16
+    bytes_min = min_step_bytes(q, k)
     auto = decode_plan(q, k, "auto").num_splits
     out = []
     variants = [dict(num_splits=s, block_n=bn, num_warps=w, num_stages=st, fused_merge=True, use_tma=False)
