@@ -19,7 +19,9 @@ sequence and takes its shard):
                         ring as it was before the third pass), `before` (all four: the ring before
                         the second pass); and one look ahead, split-diagonal (step 0's causal call
                         cut into one call per chunk pair, so the off-diagonal pair runs the
-                        warp-specialised loop; not bit-identical, checked against the tolerance)
+                        warp-specialised loop; not bit-identical, checked against the tolerance),
+                        one-launch (causal calls as before session 4: one launch, plain loops, where
+                        now the full tiles run warp-specialised and the diagonal in a second launch)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -48,7 +50,8 @@ CP_ROTATES = ("allgather", "alltoall")
 RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority", 3, False, False, False, False),
                   ("2-buffers,normal-priority", 2, False, False, False, False),
                   ("strided-halves", 3, True, True, False, False), ("post-first", 3, True, False, True, False),
-                  ("before", 2, False, True, True, False), ("split-diagonal", 3, True, False, False, True))
+                  ("before", 2, False, True, True, False), ("split-diagonal", 3, True, False, False, True),
+                  ("one-launch", 3, True, False, False, False))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 
@@ -115,7 +118,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
                     _log_record(records[-1])
             variants = [(f"ring:{layout}", layout, {}, ()) for layout in RING_LAYOUTS] + \
                 [(f"ring:zigzag:{name}", "zigzag", dict(kv_buffers=bufs, group=None if high else normal),
-                  _patches(strided, post_first, split))
+                  _patches(strided, post_first, split) + _one_launch_patch(name))
                  for name, bufs, high, strided, post_first, split in RING_ABLATIONS] + \
                 [(f"torch_cp:{rotate}", None, None, ()) for rotate in CP_ROTATES]
             variants = [v for v in variants if not wanted or v[0] in wanted]
@@ -166,6 +169,20 @@ def _patches(strided: bool, post_first: bool, split: bool) -> tuple:
     return (((("attend_chunk", _strided_attend),) if strided else ())
             + ((("COMPUTE_BEFORE_POST", False),) if post_first else ())
             + ((("step_plan", _split_diagonal_plan(kernels.ring.step_plan)),) if split else ()))
+
+
+def _one_launch_patch(name: str) -> tuple:
+    """`one-launch`: causal calls as before session 4 (both loops in one launch, no warp
+    specialisation, the config a plain call picked then), full calls unchanged."""
+    return (("attend_chunk", _one_launch_attend),) if name == "one-launch" else ()
+
+
+def _one_launch_attend(q, k, v, causal: bool, sm_scale):
+    from kernels.flash import default_config, flash_attention
+
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    cfg = default_config(q.shape[-1], q.dtype, n=max(q.shape[2], k.shape[2])).as_dict() if causal else {}
+    return flash_attention(q, k, v, mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True, **cfg)
 
 
 def _split_diagonal_plan(step_plan):
@@ -312,7 +329,7 @@ def main(argv=None) -> int:
     return 0
 
 
-RATIO_REFS = ("torch_cp:allgather", "ring:zigzag:post-first")
+RATIO_REFS = ("torch_cp:allgather", "ring:zigzag:post-first", "ring:zigzag:one-launch")
 
 
 def summarise(records: list[dict]) -> list[dict]:

@@ -41,9 +41,15 @@ class KernelConfig:
 # data/benchmarks/ws-probe-<device>.json). WS_CONFIGS passed the probe's NaN / accuracy gate at
 # D 64 and 128 (128x64 with 4 warps and 3 stages returned NaN; 128x128 with 3 stages ran out of
 # shared memory); WS_DEFAULTS is the one chosen per device family and padded D where it applies.
-# It applies to plans without partial tiles only (see flash_kernel), bf16/fp16, not persistent.
+# It applies to bf16/fp16, not persistent, untraced where the plan has partial tiles. A plan
+# with partial tiles runs as two launches (the warp-specialised full tiles, then the partial
+# tiles resumed from their result; see flash_kernel) when at most WS_SPLIT_MAX_PARTIAL of its
+# computed tiles are partial (causal at 128x128: 1 in N/256 + 1/2); the on-band launch uses
+# WS_ON_BAND_WARPS warps.
 WS_CONFIGS = ((128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2))
 WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
+WS_SPLIT_MAX_PARTIAL = 0.25
+WS_ON_BAND_WARPS = 8
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
@@ -63,7 +69,7 @@ def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None
         n_k = n_q if n_k is None else n_k
         ws = _ws_default(head_dim, dtype, device)
         if ws and schedule != "persistent" and head_dim == padded_head_dim(head_dim) \
-                and n_q % ws[0] == 0 and n_k % ws[1] == 0 and not _has_partial(mask, n_q, n_k, ws[0], ws[1]):
+                and n_q % ws[0] == 0 and n_k % ws[1] == 0 and _ws_plan_fits(mask, n_q, n_k, ws[0], ws[1]):
             return KernelConfig(*ws)
     head_dim = padded_head_dim(head_dim)
     if head_dim <= 64:
@@ -107,16 +113,23 @@ def _ws_default(head_dim: int, dtype, device):
 
 
 @lru_cache(maxsize=256)
-def _has_partial(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int) -> bool:
-    return bool((spec.block_map(n_q, block_m, block_n, n_k) == PARTIAL).any())
+def _ws_plan_fits(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int) -> bool:
+    return _split_pays(spec.block_map(n_q, block_m, block_n, n_k))
+
+
+def _split_pays(block_map: np.ndarray) -> bool:
+    """No partial tile, or few enough next to full ones for the two-launch warp-specialised run."""
+    part, full = int((block_map == PARTIAL).sum()), int((block_map == FULL).sum())
+    return part == 0 or (full > 0 and part <= WS_SPLIT_MAX_PARTIAL * (part + full))
 
 
 def use_warp_specialize(requested, cfg: KernelConfig, plan: "BlockPlan", head_dim: int, dtype,
-                        schedule: str, descriptors_fit: bool, device) -> bool:
+                        schedule: str, descriptors_fit: bool, device, traced: bool = False) -> bool:
     """Whether a call runs the warp-specialised off-band loop. requested None: when the config is
-    the device's WS default; True: for any of WS_CONFIGS; either only where it applies (no partial
-    tiles, bf16/fp16, not persistent, contiguous q/k/v that fit tensor descriptors). Triton 3.6
-    on Hopper does not compile it next to the on-band loop (scripts/ws_probe.py)."""
+    the device's WS default; True: for any of WS_CONFIGS; either only where it applies (bf16/fp16,
+    not persistent, contiguous q/k/v that fit tensor descriptors; with partial tiles only untraced
+    and where the two-launch split pays, `_split_pays`). Triton 3.6 on Hopper does not compile it
+    next to the on-band loop (scripts/ws_probe.py), hence the split."""
     key = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
     if requested and key not in WS_CONFIGS:
         raise ValueError(f"warp_specialize=True is checked only for (block_m, block_n, num_warps, "
@@ -126,7 +139,7 @@ def use_warp_specialize(requested, cfg: KernelConfig, plan: "BlockPlan", head_di
     if requested is None and key != _ws_default(padded_head_dim(head_dim), dtype, device):
         return False
     return (dtype in (torch.bfloat16, torch.float16) and schedule != "persistent" and descriptors_fit
-            and not plan.has_partial)
+            and (not plan.has_partial or (not traced and _split_pays(plan.block_map))))
 
 
 @dataclass
@@ -326,7 +339,6 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     # strides carry any (B, H, N) layout; only a non-unit stride along D needs a copy
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)                 # (B, H, N_q, D)
-    lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device) if return_lse else o  # (B, H, N_q)
     qk_scale = sm_scale * 1.4426950408889634                                 # fold log2(e) in
     n_work = b * h * plan.n_qb
     works = plan.work_list(b * h, schedule)
@@ -353,15 +365,18 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     elif use_tma and not tma_fits:
         raise ValueError("use_tma=True needs contiguous q, k, v, a power-of-two D >= 16 and N_q, N_k "
                          "multiples of the block sizes")
-    ws = use_warp_specialize(warp_specialize, cfg, plan, d, q.dtype, schedule, tma_fits, q.device)
+    ws = use_warp_specialize(warp_specialize, cfg, plan, d, q.dtype, schedule, tma_fits, q.device,
+                             traced=trace is not None)
     if ws:
         _ensure_allocator()
         use_tma = False        # descriptors are made on the device (DEVICE_DESC)
-    elif warp_specialize is None and (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == \
-            _ws_default(padded_head_dim(d), q.dtype, q.device):
-        # the WS default where WS cannot run (e.g. strided q/k/v): 4 warps hold 128x128 tiles
-        # well only when specialised, so the plain loop gets 8 (same tiles, same plan)
+    elif (warp_specialize is None or (block_m, block_n, num_warps, num_stages) == (None,) * 4) and \
+            (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == _ws_default(padded_head_dim(d), q.dtype, q.device):
+        # the WS default where WS cannot run (e.g. strided q/k/v, traced, or turned off): 4 warps
+        # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
         cfg = KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
+    split = _two_launches(ws, plan)   # the second resumes from the first's (O, lse)
+    lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device) if return_lse or split else o  # (B, H, N_q)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -377,13 +392,26 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows),
-        RETURN_LSE=bool(return_lse), HAS_PARTIAL=plan.has_partial, WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
+        RETURN_LSE=bool(return_lse), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
+        WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if split:
+        # the full tiles warp-specialised, storing (O, lse); then the partial tiles in a plain
+        # loop, resumed from them (Triton 3.6 compiles the WS loop only alone in its kernel)
+        _launch(grid, args, dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True))
+        consts = dict(consts, OFF_BAND=False, SEED=True, WARP_SPECIALIZE=False, DEVICE_DESC=False,
+                      USE_TMA=False, num_warps=WS_ON_BAND_WARPS)
     _launch(grid, args, consts)
     return (o, lse) if return_lse else o
+
+
+def _two_launches(ws: bool, plan: BlockPlan) -> bool:
+    """Off-band and on-band tiles in two launches: where the off-band loop is warp-specialised
+    and partial tiles exist. (Tests force it without WS to check the resumed state anywhere.)"""
+    return ws and plan.has_partial
 
 
 _WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-specialised

@@ -15,8 +15,12 @@ they store 0 and, with RETURN_LSE, a log-sum-exp of -inf.
 On Hopper the off-band loop can be warp-specialised (WARP_SPECIALIZE: `tl.range(...,
 warp_specialize=True)`, K/V through tensor descriptors built on the device, DEVICE_DESC): Triton
 3.6 then gives the loads to a producer warp and the two dots to consumer warpgroups. It compiles
-only when the kernel holds no other loop with dots, so the host sets it only for plans without
-partial tiles (HAS_PARTIAL off compiles the on-band loop out); scripts/ws_probe.py measured it.
+only when the kernel holds no other loop with dots (scripts/ws_probe.py: a second loop, or the
+diagonal tile unrolled before or after it, fails), so a plan with partial tiles (causal) runs as
+two launches: the first compiles only the warp-specialised off-band loop (OFF_BAND, HAS_PARTIAL
+off) and stores (O, lse); the second compiles only the plain on-band loop (HAS_PARTIAL) and
+starts from that result (SEED: a normalised (O, lse) is the state acc = O, l = 1, m = lse), as
+a ring merges partial results. Without warp specialisation both loops run in one launch.
 
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
@@ -178,7 +182,8 @@ def _work_item(work, program, order,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-               HAS_PARTIAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr,
+               WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     if TRACE_WORK and HW_CLOCK:
@@ -211,9 +216,18 @@ def _work_item(work, program, order,
         q = q.to(tl.float32)
     row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
     row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)                # padded rows see nothing
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :]         # (BLOCK_M, D)
+    if SEED:
+        # -- second launch: resume from the (O, lse) the first stored; O normalised is acc with
+        # l = 1, and m = lse in log2 units. Rows that saw no key yet (lse -inf) restart at l = 0 --
+        lse0 = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=in_seq, other=float("-inf"))
+        m_i = lse0 / LN2
+        l_i = tl.where(lse0 == float("-inf"), 0.0, 1.0)
+        acc = tl.load(o_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # traced heads: head_slot[bh] is this head's slot in the tile / row buffers, -1 if untraced
     if TRACE_TILES or TRACE_ROWS:
         hslot = tl.load(head_slot + bh).to(tl.int64)
@@ -227,11 +241,12 @@ def _work_item(work, program, order,
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
-    acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
-                               offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block), n_full, 0,
-                               N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
-                               BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
-                               WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+    if OFF_BAND:
+        acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
+                                   offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block),
+                                   n_full, 0, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
+                                   BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
+                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
     if HAS_PARTIAL:
         acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc,
@@ -244,7 +259,6 @@ def _work_item(work, program, order,
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
     else:
         out = acc / l_i[:, None]
-    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :]
     if EVEN_M and EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty))
     elif EVEN_D:
@@ -280,7 +294,8 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr, EVEN_D: tl.constexpr,
                     SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-                    HAS_PARTIAL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
+                    OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr,
+                    WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     pid = tl.program_id(0)
@@ -297,7 +312,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                        part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, HAS_PARTIAL, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
@@ -313,5 +328,5 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
                    part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, HAS_PARTIAL, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)

@@ -3,9 +3,10 @@
 # 4 GPUs: the ring's gpu-marked tests, the benchmark against torch's context parallel (world 4
 # first: it is written after each world size), and three bundled traces.
 # Usage: OUT=/some/dir scripts/ring_gpu_run.sh   (PY=python3 by default; fits one 10-minute call)
-#        MODE=compare OUT=/some/dir scripts/ring_gpu_run.sh   (~2.5 minutes: the ring, the ring as it
-#        was (post-first) and torch's CP side by side on 4 GPUs, 16k and 32k tokens per GPU, causal,
-#        REPEATS interleaved repeats; then the traces, then the gpu tests, each only while its time fits)
+#        MODE=compare OUT=/some/dir scripts/ring_gpu_run.sh   (~2.5 minutes: the ring, the ring with its
+#        causal calls as before session 4 (one-launch) and torch's CP side by side on 4 GPUs, 16k and
+#        32k tokens per GPU, causal, REPEATS interleaved repeats, NAME the result's name; then the
+#        traces, then the gpu tests, each only while its time fits)
 # NVLink multicast stays off (the lent machines ask for it; it can take a shared host's GPUs down).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -31,8 +32,8 @@ if [ "$MODE" = full ]; then
     --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 else
   stamp "benchmark"; timeout $((BUDGET - 95)) $PY -m benchmarks.ring --world-sizes 4 --tokens-per-gpu 16384,32768 \
-    --masks causal --iters 10 --repeats "${REPEATS:-5}" --name launch-order \
-    --impls ring:zigzag,ring:zigzag:post-first,ring:zigzag:split-diagonal,torch_cp:allgather --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+    --masks causal --iters 10 --repeats "${REPEATS:-5}" --name "${NAME:-causal-ws}" \
+    --impls ring:zigzag,ring:zigzag:one-launch,torch_cp:allgather --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 fi
 stamp "traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do

@@ -125,6 +125,29 @@ def test_gpu_realistic_sizes_bf16(n):
             assert err < 2e-2, (n, text, schedule, err)
 
 
+@pytest.mark.parametrize("n_q,n_k,h_kv,d", [(100, 100, 2, 32), (64, 160, 1, 24), (160, 64, 2, 16)])
+def test_two_launch_run_resumes_from_the_first(n_q, n_k, h_kv, d, device, monkeypatch):
+    """The warp-specialised run of a plan with partial tiles stores (O, lse) after the full tiles
+    and resumes from them for the partial ones; forced here without WS, so the interpreter checks
+    the resumed state on every mask, GQA, padded D, N_q != N_k and rows that see no key."""
+    import kernels.flash as fl
+    from kernels.masks import parse_mask
+
+    monkeypatch.setattr(fl, "_two_launches", lambda ws, plan: plan.has_partial)
+    g = torch.Generator().manual_seed(n_q + n_k + d)
+    q = torch.randn(1, 2, n_q, d, generator=g).to(device)                   # (B, H, N_q, D)
+    k, v = (torch.randn(1, h_kv, n_k, d, generator=g).to(device) for _ in range(2))
+    for text in mask_texts(min(n_q, n_k)) if n_q == n_k else ["full", "causal"]:
+        plan = fl.block_plan(parse_mask(text, n_q, n_k), n_q, 32, 32, device, n_k)
+        out, lse = flash_attention(q, k, v, mask=text, block_m=32, block_n=32, return_lse=True)
+        ref, m, l = reference_attention(q, k, v, mask=text)
+        assert rel_err(out, ref) < 1e-3, (text, plan.has_partial)
+        ref_lse = m + torch.log(l)                                            # -inf where no key
+        assert torch.equal(torch.isinf(lse.cpu()), torch.isinf(ref_lse)), text
+        fin = torch.isfinite(ref_lse)
+        assert torch.allclose(lse.cpu().double()[fin], ref_lse[fin], atol=1e-4), text
+
+
 def test_tensor_descriptor_path_matches_reference(device):
     """The TMA (tensor descriptor) path indexes a (B*H*N, D) view; check it on every mask."""
     q, k, v = inputs(2, 2, 128, 32, torch.float32, device, seed=11)

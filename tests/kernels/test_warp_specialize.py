@@ -126,13 +126,17 @@ def test_gpu_default_is_warp_specialised_where_it_applies_and_right(n):
     cfg = default_config(128, torch.bfloat16, n=n, mask=parse_mask("full"), device=dev)
     if warp_specialize_supported(dev) and WS_DEFAULTS.get(_family()):
         assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == WS_DEFAULTS[_family()][128]
+    # causal too: its full tiles warp-specialised, the diagonal in a second launch
     causal = default_config(128, torch.bfloat16, n=n, mask=parse_mask("causal"), device=dev)
-    assert (causal.block_m, causal.block_n, causal.num_warps, causal.num_stages) not in WS_CONFIGS[:1]
+    assert (causal.block_m, causal.block_n, causal.num_warps, causal.num_stages) == \
+        (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
     q, k, v = inputs(2, 4, n, 128, torch.bfloat16, "cuda", seed=n)
-    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-    for kw in ({}, dict(schedule="persistent"), dict(warp_specialize=False)):
-        out = flash_attention(q, k, v, mask="full", **kw)
-        assert torch.isfinite(out).all() and rel_err(out, ref) < 2e-2, kw
+    for mask in ("full", "causal"):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                               is_causal=mask == "causal")
+        for kw in ({}, dict(schedule="persistent"), dict(warp_specialize=False)):
+            out = flash_attention(q, k, v, mask=mask, **kw)
+            assert torch.isfinite(out).all() and rel_err(out, ref) < 2e-2, (mask, kw)
     # strided inputs (a (B, N, H, D) layout seen as (B, H, N, D)) cannot use descriptors
     qs, ks, vs = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     assert not qs.is_contiguous()

@@ -1,0 +1,167 @@
+"""Causal with the warp-specialised loop (issue 12): the two-launch run (full tiles
+warp-specialised, then the partial tiles resumed from their (O, lse)) against the one-launch
+plain loops it replaces and SDPA cuDNN / FLASH, on the same inputs in one process.
+
+    python scripts/causal_ws_probe.py --out $OUT      # bf16 D 128, writes causal-ws-<device>.json
+
+Cases: the ring's diagonal step (causal, B 1 H 32, N = tokens per GPU 16k and 32k), the README's
+kernel table (B 4 H 16, causal N 4k/8k/16k, full 16k as a control), and the other masks of that
+table at 16k (sliding_window:1024, prefix_lm:8192, document), which pick the split by their share
+of partial tiles (kernels.flash.WS_SPLIT_MAX_PARTIAL). Variants of our kernel:
+  two_launch            a plain call (the split where it applies)
+  two_launch:longest    ... schedule="longest_first"
+  two_launch:onband4    ... the on-band launch with 4 warps instead of WS_ON_BAND_WARPS
+  two_launch:forced     the split whatever the share of partial tiles (WS default config)
+  one_launch            the config a plain call picked before (default_config without the mask):
+                        both loops in one launch, no warp specialisation
+Each output is checked against a float32 reference (first and last head) before it is timed.
+Timings: do_bench medians, every impl timed ROUNDS times in turn (interleaved); the median is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import kernels.flash as fl  # noqa: E402
+from benchmarks import (TOLERANCE, check_heads, device_slug, rel_error, reference_slice,  # noqa: E402
+                        take_heads, time_ms)
+from kernels import default_config, flash_attention, parse_mask  # noqa: E402
+
+
+def cases():
+    c = lambda b, h, n, mask, why: dict(batch=b, heads=h, n=n, mask=mask, why=why)  # noqa: E731
+    out = [c(1, 32, n, "causal", "ring diagonal") for n in (16384, 32768)]
+    out += [c(4, 16, n, "causal", "kernel table") for n in (4096, 8192, 16384)]
+    out += [c(4, 16, 16384, "full", "control")]
+    out += [c(4, 16, 16384, m, "other masks") for m in ("sliding_window:1024", "prefix_lm:8192",
+                                                          "document:4096,2048,6144,1024,3072")]
+    return out
+
+
+def impls(spec):
+    if spec.kind not in ("causal", "full"):
+        return ["two_launch", "two_launch:forced", "one_launch"]
+    sdpa = ["sdpa_cudnn", "sdpa_flash"]
+    return sdpa + (["two_launch", "two_launch:longest", "two_launch:onband4", "one_launch"]
+                   if spec.kind == "causal" else ["two_launch"])
+
+
+def make_fn(impl, q, k, v, spec, d, n):
+    causal = spec.kind == "causal"
+    if impl.startswith("sdpa_"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        be = SDPBackend.CUDNN_ATTENTION if impl == "sdpa_cudnn" else SDPBackend.FLASH_ATTENTION
+
+        def fn():
+            with sdpa_kernel(be):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return fn
+    if impl == "one_launch":
+        cfg = default_config(d, q.dtype, n=n).as_dict()
+        return lambda: flash_attention(q, k, v, mask=spec, **cfg)
+    if impl == "two_launch:longest":
+        return lambda: flash_attention(q, k, v, mask=spec, schedule="longest_first")
+    if impl == "two_launch:onband4":
+        def fn():
+            saved, fl.WS_ON_BAND_WARPS = fl.WS_ON_BAND_WARPS, 4
+            try:
+                return flash_attention(q, k, v, mask=spec)
+            finally:
+                fl.WS_ON_BAND_WARPS = saved
+        return fn
+    if impl == "two_launch:forced":
+        ws = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), fl.WS_DEFAULTS["h200"][128]))
+
+        def fn():
+            saved, fl.WS_SPLIT_MAX_PARTIAL = fl.WS_SPLIT_MAX_PARTIAL, 1.0
+            try:
+                return flash_attention(q, k, v, mask=spec, warp_specialize=True, **ws)
+            finally:
+                fl.WS_SPLIT_MAX_PARTIAL = saved
+        return fn
+    return lambda: flash_attention(q, k, v, mask=spec)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rep", type=int, default=100)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name()
+    import triton
+    res = {"meta": {"kind": "causal_ws_probe", "device": name, "torch": torch.__version__,
+                    "triton": triton.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "command": "python scripts/causal_ws_probe.py " + " ".join(sys.argv[1:]),
+                    "dtype": "bf16", "head_dim": 128, "ws_split_max_partial": fl.WS_SPLIT_MAX_PARTIAL,
+                    "timing": f"do_bench median warmup={args.warmup} rep={args.rep}; each impl timed "
+                              f"{args.rounds} times interleaved, median kept (ms_rounds holds all)",
+                    "flops": "4*B*H*D*visible pairs"}, "records": []}
+    out_path = Path(args.out) / f"causal-ws-{device_slug(name)}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    for case in cases():
+        b, h, n, d = case["batch"], case["heads"], case["n"], 128
+        spec = parse_mask(case["mask"], n)
+        g = torch.Generator(device="cuda").manual_seed(n + b)
+        q, k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        bh = check_heads(b, h)
+        ref = reference_slice(q, k, v, spec, bh)
+        lo, hi = spec.row_intervals(n)
+        pairs = int((hi - lo + 1).clip(min=0).sum())
+        flops = 4 * b * h * d * pairs
+        cfg = default_config(d, q.dtype, n=n, mask=spec, device=dev)
+        plan = fl.block_plan(spec, n, cfg.block_m, cfg.block_n, dev)
+        fns, recs = {}, {}
+        for impl in impls(spec):
+            rec = dict(case, impl=impl, ms=None, ms_rounds=[], tflops=None, rel_err=None, status="ok",
+                       config=cfg.as_dict() if impl.startswith("two") else None,
+                       partial_share=float((plan.block_map == 1).sum() / max(1, (plan.block_map != 0).sum()))
+                       if impl.startswith("two") else None)
+            try:
+                fn = make_fn(impl, q, k, v, spec, d, n)
+                err = rel_error(take_heads(fn(), bh), ref)
+                rec["rel_err"] = err
+                if err <= TOLERANCE["bf16"]:
+                    fns[impl] = fn
+                else:
+                    rec["status"] = "wrong"
+            except Exception as e:  # noqa: BLE001
+                rec.update(status="error", error=f"{type(e).__name__}: {str(e)[:300]}")
+            recs[impl] = rec
+        for _ in range(args.rounds):
+            for impl, fn in fns.items():
+                recs[impl]["ms_rounds"].append(time_ms(fn, dev, warmup=args.warmup, rep=args.rep))
+        base = {}
+        for impl, rec in recs.items():
+            if rec["ms_rounds"]:
+                rec["ms"] = statistics.median(rec["ms_rounds"])
+                rec["tflops"] = flops / rec["ms"] / 1e9
+                base[impl] = rec["ms"]
+        for rec in recs.values():
+            for key, other in (("x_cudnn", "sdpa_cudnn"), ("x_one_launch", "one_launch")):
+                rec[key] = rec["ms"] / base[other] if rec["ms"] and other in base else None
+            res["records"].append(rec)
+        line = " | ".join(f"{i} {r['ms']:.3f} ms {r['tflops']:.0f} TF" + (f" x_cudnn {r['x_cudnn']:.3f}" if r["x_cudnn"] else "")
+                          + (f" x_one {r['x_one_launch']:.3f}" if r.get("x_one_launch") and i != "one_launch" else "")
+                          if r["ms"] else f"{i} {r['status']} {r.get('error', '')} err {r['rel_err']}"
+                          for i, r in recs.items())
+        print(f"B{b} H{h} N{n} {case['mask']} cfg {cfg.as_dict()}: {line}", flush=True)
+        out_path.write_text(json.dumps(res, indent=1))
+        del q, k, v, ref, fns
+        torch.cuda.empty_cache()
+    print(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()
