@@ -43,11 +43,15 @@ class KernelConfig:
 # shared memory); WS_DEFAULTS is the one chosen per device family and padded D where it applies.
 # It applies to bf16/fp16, not persistent, untraced where the plan has partial tiles. A plan
 # with partial tiles runs as two launches (the warp-specialised full tiles, then the partial
-# tiles resumed from their result; see flash_kernel) when at most WS_SPLIT_MAX_PARTIAL of its
-# computed tiles are partial (causal at 128x128: 1 in N/256 + 1/2); the on-band launch uses
-# WS_ON_BAND_WARPS warps.
+# tiles resumed from their result; see flash_kernel) when its query blocks hold on average at
+# least WS_SPLIT_MIN_FULL full tiles and at most WS_SPLIT_MAX_PARTIAL of its computed tiles are
+# partial; the on-band launch uses WS_ON_BAND_WARPS warps. Measured on an H200
+# (scripts/causal_ws_probe.py, data/benchmarks/causal-ws-nvidia-h200.json), against one launch
+# of both plain loops: causal 0.96x the time at N 8k (31.5 full tiles per block), 0.91-0.94x at
+# 16k/32k, but 1.05x at 4k (15.5), sliding_window:1024 1.20x (8), document 1.05x (~14).
 WS_CONFIGS = ((128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2))
 WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
+WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
 
@@ -118,9 +122,11 @@ def _ws_plan_fits(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int
 
 
 def _split_pays(block_map: np.ndarray) -> bool:
-    """No partial tile, or few enough next to full ones for the two-launch warp-specialised run."""
+    """No partial tile, or loops of full tiles long enough (and partial tiles few enough) for the
+    two-launch warp-specialised run to win; block_map (n_qb, n_kb)."""
     part, full = int((block_map == PARTIAL).sum()), int((block_map == FULL).sum())
-    return part == 0 or (full > 0 and part <= WS_SPLIT_MAX_PARTIAL * (part + full))
+    return part == 0 or (full >= WS_SPLIT_MIN_FULL * block_map.shape[0]
+                         and part <= WS_SPLIT_MAX_PARTIAL * (part + full))
 
 
 def use_warp_specialize(requested, cfg: KernelConfig, plan: "BlockPlan", head_dim: int, dtype,

@@ -4,14 +4,16 @@ plain loops it replaces and SDPA cuDNN / FLASH, on the same inputs in one proces
 
     python scripts/causal_ws_probe.py --out $OUT      # bf16 D 128, writes causal-ws-<device>.json
 
-Cases: the ring's diagonal step (causal, B 1 H 32, N = tokens per GPU 16k and 32k), the README's
+Cases: the ring's diagonal step (causal, B 1 H 32, N = tokens per GPU 16k and 32k) and its
+off-diagonal steps at 32k (full, 32k x 16k and 16k x 32k), the README's
 kernel table (B 4 H 16, causal N 4k/8k/16k, full 16k as a control), and the other masks of that
-table at 16k (sliding_window:1024, prefix_lm:8192, document), which pick the split by their share
-of partial tiles (kernels.flash.WS_SPLIT_MAX_PARTIAL). Variants of our kernel:
+table at 16k (sliding_window:1024, prefix_lm:8192, document), which take the split or not by the
+length of their loops and their share of partial tiles (kernels.flash.WS_SPLIT_MIN_FULL,
+WS_SPLIT_MAX_PARTIAL; each record says which: two_launches). Variants of our kernel:
   two_launch            a plain call (the split where it applies)
   two_launch:longest    ... schedule="longest_first"
   two_launch:onband4    ... the on-band launch with 4 warps instead of WS_ON_BAND_WARPS
-  two_launch:forced     the split whatever the share of partial tiles (WS default config)
+  two_launch:forced     the split whatever the loops (WS default config; masks other than causal)
   one_launch            the config a plain call picked before (default_config without the mask):
                         both loops in one launch, no warp specialisation
 Each output is checked against a float32 reference (first and last head) before it is timed.
@@ -32,14 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import kernels.flash as fl  # noqa: E402
-from benchmarks import (TOLERANCE, check_heads, device_slug, rel_error, reference_slice,  # noqa: E402
-                        take_heads, time_ms)
+from benchmarks import TOLERANCE, check_heads, device_slug, rel_error, take_heads, time_ms  # noqa: E402
+from benchmarks.shapes import reference  # noqa: E402  (float32, N_q != N_k)
 from kernels import default_config, flash_attention, parse_mask  # noqa: E402
 
 
 def cases():
-    c = lambda b, h, n, mask, why: dict(batch=b, heads=h, n=n, mask=mask, why=why)  # noqa: E731
+    c = lambda b, h, n, mask, why, n_k=None: dict(batch=b, heads=h, n=n, n_k=n_k or n, mask=mask, why=why)  # noqa: E731
     out = [c(1, 32, n, "causal", "ring diagonal") for n in (16384, 32768)]
+    out += [c(1, 32, n_q, "full", "ring off-diagonal", n_k) for n_q, n_k in ((32768, 16384), (16384, 32768))]
     out += [c(4, 16, n, "causal", "kernel table") for n in (4096, 8192, 16384)]
     out += [c(4, 16, 16384, "full", "control")]
     out += [c(4, 16, 16384, m, "other masks") for m in ("sliding_window:1024", "prefix_lm:8192",
@@ -66,7 +69,7 @@ def make_fn(impl, q, k, v, spec, d, n):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return fn
     if impl == "one_launch":
-        cfg = default_config(d, q.dtype, n=n).as_dict()
+        cfg = default_config(d, q.dtype, n=max(n, k.shape[2])).as_dict()
         return lambda: flash_attention(q, k, v, mask=spec, **cfg)
     if impl == "two_launch:longest":
         return lambda: flash_attention(q, k, v, mask=spec, schedule="longest_first")
@@ -105,29 +108,34 @@ def main():
                     "triton": triton.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "command": "python scripts/causal_ws_probe.py " + " ".join(sys.argv[1:]),
                     "dtype": "bf16", "head_dim": 128, "ws_split_max_partial": fl.WS_SPLIT_MAX_PARTIAL,
+                    "ws_split_min_full": fl.WS_SPLIT_MIN_FULL,
                     "timing": f"do_bench median warmup={args.warmup} rep={args.rep}; each impl timed "
                               f"{args.rounds} times interleaved, median kept (ms_rounds holds all)",
                     "flops": "4*B*H*D*visible pairs"}, "records": []}
     out_path = Path(args.out) / f"causal-ws-{device_slug(name)}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     for case in cases():
-        b, h, n, d = case["batch"], case["heads"], case["n"], 128
-        spec = parse_mask(case["mask"], n)
+        b, h, n, n_k, d = case["batch"], case["heads"], case["n"], case["n_k"], 128
+        spec = parse_mask(case["mask"], n, n_k)
         g = torch.Generator(device="cuda").manual_seed(n + b)
-        q, k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)      # (B, H, N_q, D)
+        k, v = (torch.randn(b, h, n_k, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         bh = check_heads(b, h)
-        ref = reference_slice(q, k, v, spec, bh)
-        lo, hi = spec.row_intervals(n)
+        ref = reference(q, k, v, spec, bh)
+        lo, hi = spec.row_intervals(n, n_k)
         pairs = int((hi - lo + 1).clip(min=0).sum())
         flops = 4 * b * h * d * pairs
-        cfg = default_config(d, q.dtype, n=n, mask=spec, device=dev)
-        plan = fl.block_plan(spec, n, cfg.block_m, cfg.block_n, dev)
+        cfg = default_config(d, q.dtype, n=max(n, n_k), mask=spec, n_q=n, n_k=n_k, device=dev)
+        plan = fl.block_plan(spec, n, cfg.block_m, cfg.block_n, dev, n_k)
+        ws_cfg = tuple(cfg.as_dict().values()) == fl.WS_DEFAULTS.get(fl.device_family(dev), {}).get(128)
         fns, recs = {}, {}
         for impl in impls(spec):
             rec = dict(case, impl=impl, ms=None, ms_rounds=[], tflops=None, rel_err=None, status="ok",
                        config=cfg.as_dict() if impl.startswith("two") else None,
                        partial_share=float((plan.block_map == 1).sum() / max(1, (plan.block_map != 0).sum()))
-                       if impl.startswith("two") else None)
+                       if impl.startswith("two") else None,
+                       full_per_block=float((plan.block_map == 2).sum() / plan.n_qb) if impl.startswith("two") else None,
+                       two_launches=bool(plan.has_partial and ws_cfg) if impl.startswith("two") else None)
             try:
                 fn = make_fn(impl, q, k, v, spec, d, n)
                 err = rel_error(take_heads(fn(), bh), ref)
@@ -156,7 +164,7 @@ def main():
                           + (f" x_one {r['x_one_launch']:.3f}" if r.get("x_one_launch") and i != "one_launch" else "")
                           if r["ms"] else f"{i} {r['status']} {r.get('error', '')} err {r['rel_err']}"
                           for i, r in recs.items())
-        print(f"B{b} H{h} N{n} {case['mask']} cfg {cfg.as_dict()}: {line}", flush=True)
+        print(f"B{b} H{h} N{n}x{n_k} {case['mask']} cfg {cfg.as_dict()}: {line}", flush=True)
         out_path.write_text(json.dumps(res, indent=1))
         del q, k, v, ref, fns
         torch.cuda.empty_cache()

@@ -6,8 +6,8 @@ import torch
 
 from benchmarks import tune
 from kernels import flash_attention, parse_mask, reference_attention
-from kernels.flash import (WS_CONFIGS, WS_DEFAULTS, KernelConfig, block_plan, default_config,
-                           use_warp_specialize, warp_specialize_supported)
+from kernels.flash import (WS_CONFIGS, WS_DEFAULTS, WS_SPLIT_MIN_FULL, KernelConfig, block_plan,
+                           default_config, use_warp_specialize, warp_specialize_supported)
 
 WS_KEYS = [dict(zip(("block_m", "block_n", "num_warps", "num_stages"), c)) for c in WS_CONFIGS]
 
@@ -120,18 +120,18 @@ def test_gpu_every_tuner_config_is_right_or_refused(cfg, d, mask):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [1024, 4096])
+@pytest.mark.parametrize("n", [1024, 8192])
 def test_gpu_default_is_warp_specialised_where_it_applies_and_right(n):
     dev = torch.device("cuda")
     cfg = default_config(128, torch.bfloat16, n=n, mask=parse_mask("full"), device=dev)
     if warp_specialize_supported(dev) and WS_DEFAULTS.get(_family()):
         assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == WS_DEFAULTS[_family()][128]
-    # causal too: its full tiles warp-specialised, the diagonal in a second launch
+    # causal too where its loops are long: full tiles warp-specialised, the diagonal in a second launch
     causal = default_config(128, torch.bfloat16, n=n, mask=parse_mask("causal"), device=dev)
-    assert (causal.block_m, causal.block_n, causal.num_warps, causal.num_stages) == \
-        (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    assert ((causal.block_m, causal.block_n, causal.num_warps, causal.num_stages) ==
+            (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)) is (n // 128 - 1) / 2 >= WS_SPLIT_MIN_FULL
     q, k, v = inputs(2, 4, n, 128, torch.bfloat16, "cuda", seed=n)
-    for mask in ("full", "causal"):
+    for mask in ("causal", "full"):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                                is_causal=mask == "causal")
         for kw in ({}, dict(schedule="persistent"), dict(warp_specialize=False)):
