@@ -17,6 +17,7 @@ BUDGET=${BUDGET:-250}          # compare mode: seconds after which nothing new s
 mkdir -p "$OUT/ring"
 stamp() { echo "== $1 $(date -u +%H:%M:%S) (${SECONDS}s)"; }
 fits() { [ "$MODE" = full ] || [ $((SECONDS + $1)) -le "$BUDGET" ]; }   # another $1 seconds fit
+TRACES=${TRACES:-1}            # TRACES=0: no recordings (a comparison only)
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv; nvidia-smi topo -m
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
@@ -38,6 +39,7 @@ fi
 stamp "traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
   set -- $spec
+  [ "$TRACES" = 1 ] || { echo "skipped trace $spec: TRACES=0"; continue; }
   fits 40 || { echo "skipped trace $spec: past the time budget"; continue; }
   timeout 50 $PY -m instrumentation.ring --world-size "$1" --seq-len "$2" --mask causal --layout "$3" \
     --heads 32 --head-dim 128 --dtype bf16 --iters 8 --out "$OUT/ring/w$1_n$2_causal_$3" 2>&1 | tee -a "$OUT/traces.log"

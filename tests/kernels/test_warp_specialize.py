@@ -128,8 +128,9 @@ def test_gpu_default_is_warp_specialised_where_it_applies_and_right(n):
         assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == WS_DEFAULTS[_family()][128]
     # causal too where its loops are long: full tiles warp-specialised, the diagonal in a second launch
     causal = default_config(128, torch.bfloat16, n=n, mask=parse_mask("causal"), device=dev)
-    assert ((causal.block_m, causal.block_n, causal.num_warps, causal.num_stages) ==
-            (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)) is (n // 128 - 1) / 2 >= WS_SPLIT_MIN_FULL
+    same = (causal.block_m, causal.block_n, causal.num_warps, causal.num_stages) == \
+        (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    assert same == ((n // 128 - 1) / 2 >= WS_SPLIT_MIN_FULL)     # mean full tiles per query block
     q, k, v = inputs(2, 4, n, 128, torch.bfloat16, "cuda", seed=n)
     for mask in ("causal", "full"):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
