@@ -45,10 +45,12 @@ class KernelConfig:
 # with partial tiles runs as two launches (the warp-specialised full tiles, then the partial
 # tiles resumed from their result; see flash_kernel) when its query blocks hold on average at
 # least WS_SPLIT_MIN_FULL full tiles and at most WS_SPLIT_MAX_PARTIAL of its computed tiles are
-# partial; the on-band launch uses WS_ON_BAND_WARPS warps. Measured on an H200
-# (scripts/causal_ws_probe.py, data/benchmarks/causal-ws-nvidia-h200.json), against one launch
-# of both plain loops: causal 0.96x the time at N 8k (31.5 full tiles per block), 0.91-0.94x at
-# 16k/32k, but 1.05x at 4k (15.5), sliding_window:1024 1.20x (8), document 1.05x (~14).
+# partial; the on-band launch uses WS_ON_BAND_WARPS warps (4: 1.01-1.09x slower). On an H200
+# (scripts/causal_ws_probe.py, data/benchmarks/causal-ws-nvidia-h200.json), against both plain
+# loops in one launch: causal 0.97x the time at N 8k (31.5 full tiles per query block), 0.90-0.93x
+# at 16k and 32k, prefix_lm:8192 0.94x; with the split taken everywhere
+# (causal-ws-first-nvidia-h200.json) causal 4k 1.05x (15.5), document 1.04x, sliding_window:1024
+# 1.18x (8): hence the minimum.
 WS_CONFIGS = ((128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2))
 WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
 WS_SPLIT_MIN_FULL = 24

@@ -85,11 +85,12 @@ def make_fn(impl, q, k, v, spec, d, n):
         ws = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), fl.WS_DEFAULTS["h200"][128]))
 
         def fn():
-            saved, fl.WS_SPLIT_MAX_PARTIAL = fl.WS_SPLIT_MAX_PARTIAL, 1.0
+            saved = fl.WS_SPLIT_MAX_PARTIAL, fl.WS_SPLIT_MIN_FULL
+            fl.WS_SPLIT_MAX_PARTIAL, fl.WS_SPLIT_MIN_FULL = 1.0, 0
             try:
                 return flash_attention(q, k, v, mask=spec, warp_specialize=True, **ws)
             finally:
-                fl.WS_SPLIT_MAX_PARTIAL = saved
+                fl.WS_SPLIT_MAX_PARTIAL, fl.WS_SPLIT_MIN_FULL = saved
         return fn
     return lambda: flash_attention(q, k, v, mask=spec)
 
