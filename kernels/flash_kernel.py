@@ -16,11 +16,12 @@ On Hopper the off-band loop can be warp-specialised (WARP_SPECIALIZE: `tl.range(
 warp_specialize=True)`, K/V through tensor descriptors built on the device, DEVICE_DESC): Triton
 3.6 then gives the loads to a producer warp and the two dots to consumer warpgroups. It compiles
 only when the kernel holds no other loop with dots (scripts/ws_probe.py: a second loop, or the
-diagonal tile unrolled before or after it, fails), so a plan with partial tiles (causal) runs as
-two launches: the first compiles only the warp-specialised off-band loop (OFF_BAND, HAS_PARTIAL
-off) and stores (O, lse); the second compiles only the plain on-band loop (HAS_PARTIAL) and
-starts from that result (SEED: a normalised (O, lse) is the state acc = O, l = 1, m = lse), as
-a ring merges partial results. Without warp specialisation both loops run in one launch.
+diagonal tile unrolled before or after it, fails), so a plan with partial tiles (causal) whose
+off-band loops are long enough (the host decides: kernels.flash.WS_SPLIT_MIN_FULL) runs as two
+launches: the first compiles only the warp-specialised off-band loop (OFF_BAND, HAS_PARTIAL off)
+and stores (O, lse); the second compiles only the plain on-band loop (HAS_PARTIAL) and starts
+from that result (SEED: a normalised (O, lse) is the state acc = O, l = 1, m = lse), as a ring
+merges partial results. Otherwise, and always when tracing, both loops run in one launch.
 
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
