@@ -22,6 +22,13 @@ sequence and takes its shard):
                         warp-specialised loop; not bit-identical, checked against the tolerance),
                         one-launch (causal calls as before session 4: one launch, plain loops, where
                         now the full tiles run warp-specialised and the diagonal in a second launch)
+                        (strided-halves and one-launch also merge in a pass of their own)
+    ring:zigzag:<cut>   the ring's own overhead (issue 12, session 4): unfused-merge (each call
+                        writes a bf16 partial that kernels.ring_merge merges in a pass of its own,
+                        not straight into the float32 accumulator), step-copies (that, and the
+                        query halves copied at every step: the ring before this pass), ctas-N (a
+                        ring group whose NCCL kernels take at most N thread blocks, ncclConfig_t
+                        maxCTAs, so transfers take fewer SMs from the attention beside them)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -52,13 +59,17 @@ RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority
                   ("strided-halves", 3, True, True, False, False), ("post-first", 3, True, False, True, False),
                   ("before", 2, False, True, True, False), ("split-diagonal", 3, True, False, False, True),
                   ("one-launch", 3, True, False, False, False))
+# (impl suffix, kernels.ring flags patched, NCCL max CTAs of the ring's group or None)
+OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
+                     ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False)), None),
+                     ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 
 def variant_names() -> list[str]:
     """Every multi-GPU variant, in the order they run."""
     return ([f"ring:{layout}" for layout in RING_LAYOUTS] + [f"ring:zigzag:{a[0]}" for a in RING_ABLATIONS]
-            + [f"torch_cp:{rotate}" for rotate in CP_ROTATES])
+            + [f"ring:zigzag:{o[0]}" for o in OVERHEAD_VARIANTS] + [f"torch_cp:{rotate}" for rotate in CP_ROTATES])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +109,13 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
     mesh = init_device_mesh("cuda", (world,))       # one mesh (one set of communicators) for torch's CP
     normal = dist.new_group(list(range(world)), pg_options=dist.ProcessGroupNCCL.Options())  # default priority
     wanted = set(split_list(args.impls))
+    capped = {}       # NCCL max CTAs -> a ring group with that cap (made on every rank alike)
+    for name, _, ctas in OVERHEAD_VARIANTS:
+        if ctas is not None and (not wanted or f"ring:zigzag:{name}" in wanted):
+            try:
+                capped[ctas] = dist.new_group(list(range(world)), pg_options=kernels.ring.nccl_options(max_ctas=ctas))
+            except (AttributeError, RuntimeError, TypeError) as exc:   # no ncclConfig_t in this torch
+                log(f"rank {rank}: no NCCL group with max_ctas={ctas}: {type(exc).__name__}: {exc}")
     records = []
     for per_gpu in parse_int_list(args.tokens_per_gpu):
         n = per_gpu * world
@@ -120,6 +138,8 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
                 [(f"ring:zigzag:{name}", "zigzag", dict(kv_buffers=bufs, group=None if high else normal),
                   _patches(strided, post_first, split) + _one_launch_patch(name))
                  for name, bufs, high, strided, post_first, split in RING_ABLATIONS] + \
+                [(f"ring:zigzag:{name}", "zigzag", dict(group=capped[ctas]) if ctas else {}, flags)
+                 for name, flags, ctas in OVERHEAD_VARIANTS if ctas is None or ctas in capped] + \
                 [(f"torch_cp:{rotate}", None, None, ()) for rotate in CP_ROTATES]
             variants = [v for v in variants if not wanted or v[0] in wanted]
             same_as = {}   # ring:zigzag's output, for the bit-for-bit check of every other ring
@@ -166,7 +186,7 @@ def _patches(strided: bool, post_first: bool, split: bool) -> tuple:
     """(kernels.ring attribute, replacement) pairs that undo (or try) one change of the ring."""
     import kernels.ring
 
-    return (((("attend_chunk", _strided_attend),) if strided else ())
+    return (((("attend_chunk", _strided_attend), ("FUSED_MERGE", False)) if strided else ())
             + ((("COMPUTE_BEFORE_POST", False),) if post_first else ())
             + ((("step_plan", _split_diagonal_plan(kernels.ring.step_plan)),) if split else ()))
 
@@ -174,7 +194,7 @@ def _patches(strided: bool, post_first: bool, split: bool) -> tuple:
 def _one_launch_patch(name: str) -> tuple:
     """`one-launch`: causal calls as before session 4 (both loops in one launch, no warp
     specialisation, the config a plain call picked then), full calls unchanged."""
-    return (("attend_chunk", _one_launch_attend),) if name == "one-launch" else ()
+    return (("attend_chunk", _one_launch_attend), ("FUSED_MERGE", False)) if name == "one-launch" else ()
 
 
 def _one_launch_attend(q, k, v, causal: bool, sm_scale):
@@ -329,7 +349,7 @@ def main(argv=None) -> int:
     return 0
 
 
-RATIO_REFS = ("torch_cp:allgather", "ring:zigzag:post-first", "ring:zigzag:one-launch")
+RATIO_REFS = ("torch_cp:allgather", "ring:zigzag:post-first", "ring:zigzag:one-launch", "ring:zigzag:step-copies")
 
 
 def summarise(records: list[dict]) -> list[dict]:

@@ -322,7 +322,8 @@ def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num
 def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
                     schedule="natural", num_warps=None, num_stages=None, return_lse=False,
                     trace: TraceBuffers | None = None, hw_clock: bool | None = None,
-                    use_tma: bool | None = None, warp_specialize: bool | None = None):
+                    use_tma: bool | None = None, warp_specialize: bool | None = None,
+                    out: tuple | None = None, merge: bool = False):
     """Fused FlashAttention-2 forward (no backward: refuses inputs that require grad).
 
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D), H % H_kv == 0 (query head h reads KV head
@@ -330,7 +331,11 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     aligned (query i sits at key position i + N_k - N_q). Returns O (B, H, N_q, D), or with
     return_lse=True (O, lse), lse (B, H, N_q) float32 natural-log log-sum-exp of the scaled
     scores. A row that sees no key gets O = 0 and lse = -inf. warp_specialize: None picks it
-    where it applies and the config is the device's default for it (use_warp_specialize)."""
+    where it applies and the config is the device's default for it (use_warp_specialize).
+    out=(o, lse): write into these instead of new tensors (o like q, float32 or q's dtype; lse
+    (B, H, N_q) float32; row-range views of larger buffers are fine); returns them. merge=True:
+    they already hold a normalised (o, lse) over other keys and the result is merged into them
+    (kernels.ring_merge's merge, done in the kernel's epilogue: a ring's accumulator)."""
     spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     b, h, n, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
@@ -346,7 +351,9 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
                 "or open a bundled GPU recording from data/")
     # strides carry any (B, H, N) layout; only a non-unit stride along D needs a copy
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)                 # (B, H, N_q, D)
+    if merge and out is None:
+        raise ValueError("merge=True merges into out=(o, lse): pass the buffers that hold the partial result")
+    o = _check_out(out, q) if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H, N_q, D)
     qk_scale = sm_scale * 1.4426950408889634                                 # fold log2(e) in
     n_work = b * h * plan.n_qb
     works = plan.work_list(b * h, schedule)
@@ -384,7 +391,10 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
         cfg = KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
     split = _two_launches(ws, plan)   # the second resumes from the first's (O, lse)
-    lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device) if return_lse or split else o  # (B, H, N_q)
+    if out is not None:
+        lse = out[1]
+    else:
+        lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device) if return_lse or split else o  # (B, H, N_q)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -394,13 +404,14 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         descs = [q, k, v]  # unused placeholders: the TMA path is compiled out
     args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
-            works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
+            lse.stride(1) if lse is not o else n, works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
     consts = dict(
         HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
-        EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows),
-        RETURN_LSE=bool(return_lse), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
+        EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
+        RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
+        MERGE=bool(merge),
         WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
@@ -410,10 +421,24 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         # the full tiles warp-specialised, storing (O, lse); then the partial tiles in a plain
         # loop, resumed from them (Triton 3.6 compiles the WS loop only alone in its kernel)
         _launch(grid, args, dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True))
-        consts = dict(consts, OFF_BAND=False, SEED=True, WARP_SPECIALIZE=False, DEVICE_DESC=False,
+        consts = dict(consts, OFF_BAND=False, SEED=True, MERGE=False, WARP_SPECIALIZE=False, DEVICE_DESC=False,
                       USE_TMA=False, num_warps=WS_ON_BAND_WARPS)
     _launch(grid, args, consts)
-    return (o, lse) if return_lse else o
+    return (o, lse) if return_lse or out is not None else o
+
+
+def _check_out(out, q) -> torch.Tensor:
+    """flash_attention's out=(o, lse): o to write into; one clear line when they do not fit q."""
+    b, h, n, d = q.shape
+    o, lse = out if isinstance(out, (tuple, list)) and len(out) == 2 else (None, None)
+    fits = (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor) and o.shape == q.shape
+            and o.dtype in (torch.float32, q.dtype) and o.stride(-1) == 1 and o.device == q.device
+            and tuple(lse.shape) == (b, h, n) and lse.dtype == torch.float32 and lse.device == q.device
+            and lse.stride(2) == 1 and lse.stride(0) == h * lse.stride(1))
+    if not fits:
+        raise ValueError(f"out must be (o, lse): o {tuple(q.shape)} float32 or {q.dtype} with unit last "
+                         f"stride, lse {(b, h, n)} float32 with rows of one (B, H, N) buffer, on {q.device}")
+    return o
 
 
 def _two_launches(ws: bool, plan: BlockPlan) -> bool:

@@ -22,6 +22,9 @@ launches: the first compiles only the warp-specialised off-band loop (OFF_BAND, 
 and stores (O, lse); the second compiles only the plain on-band loop (HAS_PARTIAL) and starts
 from that result (SEED: a normalised (O, lse) is the state acc = O, l = 1, m = lse), as a ring
 merges partial results. Otherwise, and always when tracing, both loops run in one launch.
+MERGE (a ring's accumulator): O and LSE already hold a normalised result over other keys, and the
+epilogue merges this program's rows into them; LSE rows sit stride_lbh apart (views of a longer
+(B, H, N) buffer).
 
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
@@ -177,13 +180,13 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
 def _work_item(work, program, order,
                Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
+               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh,
                tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                H, GROUP, N_Q, N_K, head_dim: tl.constexpr, n_qb, n_kb, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr,
+               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
                WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
@@ -221,7 +224,7 @@ def _work_item(work, program, order,
     if SEED:
         # -- second launch: resume from the (O, lse) the first stored; O normalised is acc with
         # l = 1, and m = lse in log2 units. Rows that saw no key yet (lse -inf) restart at l = 0 --
-        lse0 = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=in_seq, other=float("-inf"))
+        lse0 = tl.load(LSE + bh.to(tl.int64) * stride_lbh + offs_m, mask=in_seq, other=float("-inf"))
         m_i = lse0 / LN2
         l_i = tl.where(lse0 == float("-inf"), 0.0, 1.0)
         acc = tl.load(o_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
@@ -260,16 +263,31 @@ def _work_item(work, program, order,
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
     else:
         out = acc / l_i[:, None]
+    if RETURN_LSE or MERGE:
+        # natural-log log-sum-exp per row: (m + log2 l) * ln 2; -inf where a row saw no key
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+    if MERGE:
+        # (O, LSE) already hold a normalised result over other keys (a ring's accumulator):
+        # the online-softmax merge of kernels.ring_merge, here instead of a pass of its own
+        lse_old = tl.load(LSE + bh.to(tl.int64) * stride_lbh + offs_m, mask=in_seq, other=float("-inf"))
+        top = tl.maximum(lse_old, lse)
+        top = tl.where(top == float("-inf"), 0.0, top)          # both -inf: weights 0, not NaN
+        w_old = tl.exp(lse_old - top)
+        w_new = tl.exp(lse - top)
+        total = w_old + w_new
+        seen = total > 0
+        inv = tl.where(seen, 1.0 / tl.where(seen, total, 1.0), 0.0)
+        o_old = tl.load(o_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        out = o_old * (w_old * inv)[:, None] + out * (w_new * inv)[:, None]
+        lse = tl.where(seen, top + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     if EVEN_M and EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty))
     elif EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None])
     else:
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :])
-    if RETURN_LSE:
-        # natural-log log-sum-exp per row: (m + log2 l) * ln 2; -inf where a row saw no key
-        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * LN2)
-        tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, lse, mask=in_seq)
+    if RETURN_LSE or MERGE:
+        tl.store(LSE + bh.to(tl.int64) * stride_lbh + offs_m, lse, mask=in_seq)
     if TRACE_WORK:
         rec = tr_work + work.to(tl.int64) * 5
         if STORE_ORDER:  # otherwise the host derives both: program from the work list, order from t_start
@@ -287,7 +305,7 @@ def _work_item(work, program, order,
 @triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"])
 def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-                    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE,
+                    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh,
                     work_list, work_counter,
                     tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                     H, GROUP, N_Q, N_K, head_dim: tl.constexpr, n_qb, n_kb, n_work, qk_scale,
@@ -295,7 +313,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr, EVEN_D: tl.constexpr,
                     SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-                    OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr,
+                    OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
                     WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
@@ -311,9 +329,9 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                        stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                       part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
+                       part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
@@ -327,7 +345,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
         _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                    stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
-                   part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
+                   part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)

@@ -48,6 +48,13 @@ RING_MASKS = ("full", "causal")
 # On CUDA a step's compute is queued before its transfer is posted (see ring_attention); False
 # restores the older order, transfer first (benchmarks.ring's `post-first` ablation)
 COMPUTE_BEFORE_POST = True
+# Each call writes its (O, lse) straight into the float32 accumulator, merging in the kernel's
+# epilogue (`attend_into`), instead of a bf16 partial that kernels.ring_merge then merges in a
+# pass of its own; False: the separate merge (benchmarks.ring's `unfused-merge` ablation)
+FUSED_MERGE = True
+# The query rows of a call (a zigzag half) are copied to a contiguous tensor once per ring, not
+# at every step that reads them; False: copied at every call (the `step-copies` ablation)
+COPY_Q_ONCE = True
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------
@@ -200,14 +207,26 @@ def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
                            mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True)
 
 
+def attend_into(q, k, v, o_acc, lse_acc, causal: bool, sm_scale: float | None, merge: bool) -> None:
+    """attend_chunk written into the ring's float32 accumulator views o_acc (B, H, N_q, D) and
+    lse_acc (B, H, N_q): merged into what they hold (merge=True) or overwriting it."""
+    from .flash import flash_attention
+    flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal" if causal else "full",
+                    sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge)
+
+
 # -- ring attention -------------------------------------------------------------------------------
 
-def nccl_options():
+def nccl_options(max_ctas: int | None = None):
     """Options for an NCCL process group whose transfers can overlap attention: high-priority
     streams (see the module docstring). `dist.init_process_group("nccl", pg_options=nccl_options())`
-    or `dist.new_group(ranks, pg_options=nccl_options())`."""
+    or `dist.new_group(ranks, pg_options=nccl_options())`. max_ctas caps the thread blocks (SMs)
+    one NCCL kernel of the group takes (ncclConfig_t.maxCTAs)."""
     opts = dist.ProcessGroupNCCL.Options()
     opts.is_high_priority_stream = True
+    if max_ctas is not None:
+        opts.config.max_ctas = int(max_ctas)
+        opts.config.min_ctas = 1
     return opts
 
 
@@ -264,6 +283,14 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     started = False
     q_chunks = rank_chunks(rank, world, layout)
     records, pending_rows = [], []
+    q_rows: dict = {}     # (lo, hi) -> q[:, :, lo:hi] contiguous, made once per ring (COPY_Q_ONCE)
+
+    def queries(lo, hi):
+        if not COPY_Q_ONCE:
+            return q[:, :, lo:hi]
+        if (lo, hi) not in q_rows:
+            q_rows[lo, hi] = q[:, :, lo:hi].contiguous()
+        return q_rows[lo, hi]
 
     def post_transfer(step, held):
         """Send the K/V this step holds on to the next rank, receive the next step's from the
@@ -301,22 +328,29 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
         if clock:
             clock.mark(step, "compute_start", compute_stream)
         for call in calls:
-            o_p, lse_p = attend_chunk(q[:, :, call.q_lo:call.q_hi], held[0][:, :, call.k_lo:call.k_hi],
-                                      held[1][:, :, call.k_lo:call.k_hi], call.causal, sm_scale)
-            if not started and (call.q_lo, call.q_hi) == (0, n_local):
-                o_acc.copy_(o_p)                 # the first partial covers every row: no merge
-                lse_acc.copy_(lse_p)
+            q_c, k_c, v_c = (queries(call.q_lo, call.q_hi), held[0][:, :, call.k_lo:call.k_hi],
+                             held[1][:, :, call.k_lo:call.k_hi])
+            o_view, lse_view = o_acc[:, :, call.q_lo:call.q_hi], lse_acc[:, :, call.q_lo:call.q_hi]
+            covers_all = (call.q_lo, call.q_hi) == (0, n_local)
+            if not started and not covers_all:
+                o_acc.zero_()
+                lse_acc.fill_(float("-inf"))
+            lse_p = None          # fused: the partial's lse is not kept (traced rows get it in float64)
+            if FUSED_MERGE:       # the first call covering every row overwrites, later ones merge
+                attend_into(q_c, k_c, v_c, o_view, lse_view, call.causal, sm_scale, merge=started or not covers_all)
             else:
-                if not started:
-                    o_acc.zero_()
-                    lse_acc.fill_(float("-inf"))
-                merge_partial(o_acc[:, :, call.q_lo:call.q_hi], lse_acc[:, :, call.q_lo:call.q_hi], o_p, lse_p)
+                o_p, lse_p = attend_chunk(q_c, k_c, v_c, call.causal, sm_scale)
+                if started or not covers_all:
+                    merge_partial(o_view, lse_view, o_p, lse_p)
+                else:             # the first partial covers every row: no merge
+                    o_acc.copy_(o_p)
+                    lse_acc.copy_(lse_p)
             started = True
             if trace is not None and any(call.q_lo <= r < call.q_hi for r in trace_rows):
                 # keep head 0's keys and lse of this call; the float64 row states are computed
                 # after the ring, so they do not sit inside the timed compute
                 pending_rows.append((step, call, kv_chunks, held[0][0, 0, call.k_lo:call.k_hi].clone(),
-                                     lse_p[0, 0].clone()))
+                                     None if lse_p is None else lse_p[0, 0].clone()))
         if clock:
             clock.mark(step, "compute_end", compute_stream)
         if cuda:
@@ -370,7 +404,8 @@ def _emit(trace, records, times, cuda) -> None:
 def _row_stats(q, k_call, call, chunk, kv_chunks, lse_call, rows, sm_scale) -> list[dict]:
     """For traced local rows inside this call (batch 0, head 0): the row's partial softmax state
     (m, l) over each K/V chunk of the call, in float64 beside the kernel (one row against the
-    chunk), and the kernel's lse for the whole call, which the merged states must reproduce."""
+    chunk), and the kernel's lse for the whole call, which the merged states must reproduce (in
+    float64 from the row's scores where the call merged into the accumulator: lse_call None)."""
     from .shapes import softmax_scale
 
     out = []
@@ -383,13 +418,14 @@ def _row_stats(q, k_call, call, chunk, kv_chunks, lse_call, rows, sm_scale) -> l
         s = (q[0, 0, row].double() @ k_call.double().T) * scale                   # (N_k,)
         if call.causal:
             s[i + nk - nq + 1:] = float("-inf")
+        call_lse = float(torch.logsumexp(s, 0)) if lse_call is None else float(lse_call[i])
         for j in range(call.k_lo // chunk, call.k_hi // chunk):
             part = s[j * chunk - call.k_lo:(j + 1) * chunk - call.k_lo]
             m = float(part.max())
             if m == float("-inf"):
                 continue
             out.append(dict(row=int(row), kv_chunk=int(kv_chunks[j]), m=m,
-                            l=float(torch.exp(part - m).sum()), call_lse=float(lse_call[i])))
+                            l=float(torch.exp(part - m).sum()), call_lse=call_lse))
     return out
 
 

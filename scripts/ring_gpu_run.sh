@@ -6,7 +6,10 @@
 #        MODE=compare OUT=/some/dir scripts/ring_gpu_run.sh   (~2.5 minutes: the ring, the ring with its
 #        causal calls as before session 4 (one-launch) and torch's CP side by side on 4 GPUs, 16k and
 #        32k tokens per GPU, causal, REPEATS interleaved repeats, NAME the result's name; then the
-#        traces, then the gpu tests, each only while its time fits)
+#        traces, then the gpu tests, each only while its time fits; IMPLS overrides the variants,
+#        e.g. the ring-overhead run: IMPLS=ring:zigzag,ring:zigzag:unfused-merge,...; SM clocks and
+#        power are sampled into smi.csv while it runs)
+#        SUITE=1: afterwards the whole gpu test suite on GPU 0 (carry .whl: jsonschema)
 # NVLink multicast stays off (the lent machines ask for it; it can take a shared host's GPUs down).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -32,9 +35,12 @@ if [ "$MODE" = full ]; then
   stamp "benchmark"; timeout 300 $PY -m benchmarks.ring --world-sizes 4,2 --tokens-per-gpu 16384,32768 --iters 8 \
     --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 else
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv -lms 1000 > "$OUT/smi.csv" 2>&1 &
+  SMI=$!
   stamp "benchmark"; timeout $((BUDGET - 95)) $PY -m benchmarks.ring --world-sizes 4 --tokens-per-gpu 16384,32768 \
     --masks causal --iters 10 --repeats "${REPEATS:-5}" --name "${NAME:-causal-ws}" \
-    --impls ring:zigzag,ring:zigzag:one-launch,torch_cp:allgather --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+    --impls "${IMPLS:-ring:zigzag,ring:zigzag:one-launch,torch_cp:allgather}" --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+  kill "$SMI"
 fi
 stamp "traces"
 for spec in "4 65536 zigzag" "4 65536 natural" "2 32768 zigzag"; do
@@ -48,6 +54,16 @@ done
 rm -rf "$OUT/ring"
 if [ "$MODE" != full ]; then
   if fits 35; then gpu_tests $((BUDGET + 25 - SECONDS)) || tail -40 "$OUT/gpu-tests.log"; else echo "skipped gpu tests: past the time budget"; fi
+fi
+if [ "${SUITE:-0}" = 1 ]; then
+  if ls .whl/*.whl >/dev/null 2>&1; then   # packages the device image lacks (jsonschema)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site
+  fi
+  stamp "gpu suite (GPU 0)"
+  CUDA_VISIBLE_DEVICES=0 timeout "${SUITE_S:-240}" $PY -m pytest -m gpu tests/kernels tests/instrumentation tests/benchmarks \
+    tests/data -q -n 8 -p no:cacheprovider --tb=short -rf > "$OUT/gpu-suite.log" 2>&1
+  tail -15 "$OUT/gpu-suite.log"
 fi
 stamp "done"
 ls -la "$OUT"

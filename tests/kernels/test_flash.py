@@ -148,6 +148,34 @@ def test_two_launch_run_resumes_from_the_first(n_q, n_k, h_kv, d, device, monkey
         assert torch.allclose(lse.cpu().double()[fin], ref_lse[fin], atol=1e-4), text
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_merge_into_accumulator_views_matches_attention_over_all_keys(split, device, monkeypatch):
+    """out=/merge=: two key halves, each written into or merged into row-range views of one
+    float32 (O, lse) accumulator (as a ring does), give attention over all keys; bottom-right
+    causal on the diagonal half, and with the forced two-launch run (the first launch merges,
+    the second resumes from the merged state)."""
+    import kernels.flash as fl
+
+    if split:
+        monkeypatch.setattr(fl, "_two_launches", lambda ws, plan: plan.has_partial)
+    n, d = 40, 16
+    q, k, v = inputs(1, 2, 2 * n, d, torch.bfloat16 if device.type == "cuda" else torch.float32, device, seed=5)
+    ref, m, l = reference_attention(q, k, v, mask="causal")
+    o = torch.zeros(q.shape, dtype=torch.float32, device=device)             # (B, H, 2n, D)
+    lse = torch.full(q.shape[:3], float("-inf"), device=device)              # (B, H, 2n)
+    lo, hi = (slice(None), slice(None), slice(0, n)), (slice(None), slice(None), slice(n, 2 * n))
+    kw = dict(block_m=16, block_n=16)
+    flash_attention(q[lo], k[lo], v[lo], mask="causal", out=(o[lo], lse[lo]), **kw)          # overwrite
+    flash_attention(q[hi], k[hi], v[hi], mask="causal", out=(o[hi], lse[hi]), merge=True, **kw)
+    flash_attention(q[hi], k[lo], v[lo], mask="full", out=(o[hi], lse[hi]), merge=True, **kw)
+    assert rel_err(o, ref) < TOL[q.dtype]
+    assert torch.allclose(lse.cpu().double(), m + torch.log(l), atol=1e-3 if q.dtype == torch.float32 else 2e-2)
+    with pytest.raises(ValueError, match="merge=True merges into out"):
+        flash_attention(q, k, v, merge=True)
+    with pytest.raises(ValueError, match="out must be"):
+        flash_attention(q, k, v, out=(o[lo], lse))
+
+
 def test_tensor_descriptor_path_matches_reference(device):
     """The TMA (tensor descriptor) path indexes a (B*H*N, D) view; check it on every mask."""
     q, k, v = inputs(2, 2, 128, 32, torch.float32, device, seed=11)

@@ -48,6 +48,9 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
     with mock.patch.object(kernels.ring, "COMPUTE_BEFORE_POST", False):
         results["post_first"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag"),
                                             results["causal", "zigzag"][0].to(device))
+    # the separate merge pass and per-step query copies (the ring before the fused merge)
+    with mock.patch.object(kernels.ring, "FUSED_MERGE", False), mock.patch.object(kernels.ring, "COPY_Q_ONCE", False):
+        results["unfused"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
     results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
@@ -67,6 +70,8 @@ def test_ring_matches_float64_attention(world):
         assert torch.allclose(lse.double(), m + torch.log(l), atol=1e-4), (world, mask, layout)
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=False)
+    ref, _, _ = reference_attention(q, k, v, mask="causal")
+    assert rel_err(unshard([r["unfused"] for r in per_rank], world, "zigzag"), ref) < 1e-3
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
     assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
@@ -196,6 +201,8 @@ def test_ring_on_gpus_matches_one_gpu(world):
         ref = flash_attention(q, k, v, mask=mask).double().cpu()
         o = unshard([r[mask, layout][0] for r in per_rank], world, layout)
         assert rel_err(o, ref) < 2e-2, (world, mask, layout)
+        if (mask, layout) == ("causal", "zigzag"):
+            assert rel_err(unshard([r["unfused"] for r in per_rank], world, layout), ref) < 2e-2
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=True)
     assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
