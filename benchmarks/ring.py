@@ -62,7 +62,7 @@ RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority
 # (impl suffix, kernels.ring flags patched, NCCL max CTAs of the ring's group or None)
 OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
                      ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False)), None),
-                     ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8))
+                     ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 
