@@ -6,6 +6,7 @@ bottom-right aligned (kernels.masks). Input rules live in kernels.shapes."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
@@ -466,8 +467,10 @@ def _launch(grid, args, consts: dict) -> None:
         consts = dict(consts, WARP_SPECIALIZE=False, num_warps=8)
     try:
         attn_fwd_kernel[grid](*args, **consts)
-    except Exception:  # noqa: BLE001  (compile errors come as several exception types)
+    except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
         if not consts["WARP_SPECIALIZE"]:
             raise
         _WS_REFUSED.add(key)
+        print(f"flash: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop "
+              f"for {dict((k, v) for k, v in consts.items() if v is True)}", file=sys.stderr)
         attn_fwd_kernel[grid](*args, **dict(consts, WARP_SPECIALIZE=False, num_warps=8))
