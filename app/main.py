@@ -60,7 +60,6 @@ if shown is not settings:
 with link_slot.container():   # now as well as after the page: a page that stops keeps a link
     url_state.show_share_link()
 try:
-    plotly_preload.done(preload)   # before the page: a page may st.stop(), after which nothing is sent
     with view.container():
         page.run()
     if refused is None and not own_data:
@@ -70,5 +69,6 @@ except Exception as exc:  # never a traceback on screen; the log keeps it
     st.error(f"This view could not be drawn: {type(exc).__name__}: {plain(exc)}. Try other settings "
              "(the controls on the left); the rest of the app keeps working.")
 finally:   # after the page: the link carries the page's own controls too
+    plotly_preload.done(preload)
     with link_slot.container():
         url_state.show_share_link()

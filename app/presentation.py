@@ -2,7 +2,7 @@
 one chart per screen. Each chart keeps the slide size the figures' template lays it out at
 (app/figures/_slide.py: 1280 x 720, 16:9, the same as a slide-mode PNG export) and is scaled as a
 whole to fit the window, so what the room sees is what the export writes. Errors, warnings and
-the page's own controls (step buttons, sliders) stay; download buttons fade until hovered.
+the page's own controls (step buttons, sliders) stay; download buttons and export menus fade until hovered.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ CSS = """
   margin: calc((100vh - 4.5rem) * 0.02) 0; scroll-snap-align: center;
 }
 [data-testid="stPlotlyChart"] { width: auto !important; }
-[data-testid="stDownloadButton"] { opacity: 0.25; }
-[data-testid="stDownloadButton"]:hover { opacity: 1; }
+[data-testid="stDownloadButton"], [data-testid="stPopover"] { opacity: 0.25; }
+[data-testid="stDownloadButton"]:hover, [data-testid="stPopover"]:hover { opacity: 1; }
 /* the way out: a clear dark pill in the top-right corner, small enough to stay out of the slide */
 .st-key-leave_present { position: fixed; top: 0.6rem; right: 1rem; z-index: 1000; width: auto !important;
   opacity: 0.45; transition: opacity 0.2s; }   /* faint over a chart's title until the pointer comes */

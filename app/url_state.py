@@ -226,6 +226,11 @@ def control(key: str, default, parse=None, options=None):
     return value
 
 
+def in_link(key: str) -> bool:
+    """A value for the page control `key` came with the link (and no widget has taken it yet)."""
+    return key in st.session_state.get("_link_params", {}) or key in st.query_params
+
+
 def share_link() -> str:
     """The full URL of the current view (scheme, host, path and every parameter)."""
     return f"{st.context.url or ''}?{urlencode(st.query_params.to_dict())}"

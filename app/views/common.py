@@ -101,12 +101,15 @@ def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "s
                           meta={**meta, "slide_px": slide_px})
     st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False}, **size)
     if exports:
-        cols = st.columns([1] * len(exports) + [8 - len(exports)])
-        for col, fmt in zip(cols, exports):
-            col.download_button(f"⬇ {fmt.upper()}", data=_deferred(figure_bytes, fig, fmt),
-                                file_name=f"{name}.{fmt}", mime=MIME[fmt], key=f"{key}_{fmt}",
-                                on_click="ignore",
-                                help=f"{name} as {fmt.upper()} ({'kaleido' if fmt != 'html' else 'standalone, works offline'})")
+        # one small menu per chart: its buttons are drawn by the browser only when it opens (a
+        # page of charts otherwise paints four buttons per chart before it settles)
+        with st.popover(f"⬇ Export chart ({' · '.join(f.upper() for f in exports)})", width="content",
+                        key=f"{key}_export"):
+            for fmt in exports:
+                st.download_button(f"⬇ {fmt.upper()}", data=_deferred(figure_bytes, fig, fmt),
+                                   file_name=f"{name}.{fmt}", mime=MIME[fmt], key=f"{key}_{fmt}",
+                                   on_click="ignore", width="stretch",
+                                   help=f"{name} as {fmt.upper()} ({'kaleido' if fmt != 'html' else 'standalone, works offline'})")
 
 
 def _deferred(fn, *args):
@@ -146,18 +149,20 @@ def trace_zip(trace, fmt: str) -> bytes:
 
 def trace_downloads(trace, key: str, tl=None) -> None:
     """Download buttons for the trace tables (and the schedule as Chrome-trace JSON)."""
-    cols = st.columns([2, 2, 3, 3])
-    cols[0].download_button("⬇ trace (parquet zip)", data=_deferred(trace_zip, trace, "parquet"),
-                            file_name="tilescope-trace.zip", mime=MIME["zip"], key=f"{key}_parquet",
-                            on_click="ignore", help="Trace.save's directory, zipped: upload it back here")
-    cols[1].download_button("⬇ trace (CSV zip)", data=_deferred(trace_zip, trace, "csv"),
-                            file_name="tilescope-trace-csv.zip", mime=MIME["zip"], key=f"{key}_csv",
-                            on_click="ignore")
-    if tl is not None:
-        cols[2].download_button("⬇ schedule (Chrome trace JSON)", data=_deferred(chrome_trace_bytes, trace, tl),
-                                file_name="tilescope-schedule.json", mime=MIME["json"],
-                                key=f"{key}_chrome", on_click="ignore",
-                                help="open in https://ui.perfetto.dev or chrome://tracing")
+    what = "parquet · CSV" + (" · Chrome trace" if tl is not None else "")
+    with st.popover(f"⬇ Trace data ({what})", width="content", key=f"{key}_data"):   # drawn when opened, as chart exports
+        st.download_button("⬇ trace (parquet zip)", data=_deferred(trace_zip, trace, "parquet"),
+                           file_name="tilescope-trace.zip", mime=MIME["zip"], key=f"{key}_parquet",
+                           on_click="ignore", width="stretch",
+                           help="Trace.save's directory, zipped: upload it back here")
+        st.download_button("⬇ trace (CSV zip)", data=_deferred(trace_zip, trace, "csv"),
+                           file_name="tilescope-trace-csv.zip", mime=MIME["zip"], key=f"{key}_csv",
+                           on_click="ignore", width="stretch", help="one CSV per table, and meta.json")
+        if tl is not None:
+            st.download_button("⬇ schedule (Chrome trace JSON)", data=_deferred(chrome_trace_bytes, trace, tl),
+                               file_name="tilescope-schedule.json", mime=MIME["json"],
+                               key=f"{key}_chrome", on_click="ignore", width="stretch",
+                               help="open in https://ui.perfetto.dev or chrome://tracing")
 
 
 # -- caches of things derived from a trace (keyed on Source.key; the trace itself is not hashed) --

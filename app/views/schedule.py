@@ -86,7 +86,8 @@ def kv_sharing_fig(key, sms, _trace):
 # the lanes, so the lanes chart is one screen; normal mode keeps both on top
 controls_box = st.expander("Page controls (SMs, colour, comparison, time window)", expanded=False) \
     if s.present else st.container()
-c1, c2, c3 = controls_box.columns([1, 1, 1])
+# a row of controls: SMs (modelled timelines only), colour, comparison, zoom
+c1, c2, c3, c4 = controls_box.columns(4) if modelled else (None, *controls_box.columns(3))
 sms = None
 if modelled:
     url_state.control("sched_sms", DEFAULT_SMS, options=MODEL_SMS)
@@ -131,15 +132,25 @@ if not s.present:
 scale = 1.0 if modelled else 1e3
 t_lo, t_hi = float(tl["t_start"].min()) / scale, float(tl["t_end"].max()) / scale
 t_lo, t_hi = float(np.floor(t_lo)), float(np.ceil(t_hi))
-url_state.control("sched_window", [t_lo, t_hi], parse=float)
-lo, hi = st.session_state["sched_window"]
-if not t_lo <= lo < hi <= t_hi:
-    st.session_state["sched_window"] = [t_lo, t_hi]
-span = t_hi - t_lo
-step = float(10 ** np.floor(np.log10(span / 100))) if span > 0 else 1.0     # ~100-1000 steps: a
-window = controls_box.slider(f"Time window ({unit})", t_lo, t_hi, key="sched_window", step=step,   # finer slider
-                   format="%.0f" if step >= 1 else "%.2f",                               # is slow to draw
-                   help="drag the ends to redraw the lanes over a shorter time at full detail")
+if "sched_zoom" not in st.session_state and url_state.in_link("sched_window"):
+    st.session_state["sched_zoom"] = True           # a link with a time window opens zoomed in
+url_state.control("sched_zoom", False)
+# the slider comes on request: its code (a slider, date and number formatting) is ~120 kB of
+# JavaScript the browser would otherwise compile before the page settles
+if c4.toggle("Zoom into a time window", key="sched_zoom",
+                       help="a slider that redraws the lanes over a shorter time at full detail"):
+    url_state.control("sched_window", [t_lo, t_hi], parse=float)
+    lo, hi = st.session_state["sched_window"]
+    if not t_lo <= lo < hi <= t_hi:
+        st.session_state["sched_window"] = [t_lo, t_hi]
+    span = t_hi - t_lo
+    step = float(10 ** np.floor(np.log10(span / 100))) if span > 0 else 1.0     # ~100-1000 steps: a
+    window = controls_box.slider(f"Time window ({unit})", t_lo, t_hi, key="sched_window", step=step,  # finer
+                                 format="%.0f" if step >= 1 else "%.2f",                  # slider is slow
+                                 help="drag the ends to redraw the lanes over a shorter time at full detail")
+else:
+    window = (t_lo, t_hi)
+    st.query_params.pop("sched_window", None)
 full = tuple(window) == (t_lo, t_hi)
 common.chart(lanes_fig(src.key, sms, color_by, None if full else (window[0] * scale, window[1] * scale), trace),
              "sm-lanes", "sched_lanes", s.present)

@@ -80,8 +80,12 @@ def decode(obj, arrays: bool = False):
 
 
 def charts(at, arrays: bool = False) -> list[dict]:
-    """Every Plotly chart on the page, as its figure dict with data decoded."""
-    return [decode(json.loads(el.proto.spec), arrays) for el in at.get("plotly_chart")]
+    """Every Plotly chart on the page, as its figure dict with data decoded; not the hidden empty
+    chart that starts the browser loading Plotly (app/plotly_preload.py): a page that stops before
+    the end of its first run leaves it there until the next run."""
+    from app.plotly_preload import KEY
+
+    return [decode(json.loads(el.proto.spec), arrays) for el in at.get("plotly_chart") if KEY not in el.proto.id]
 
 
 def chart(at, needle: str, arrays: bool = False) -> dict:

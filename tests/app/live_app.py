@@ -22,3 +22,13 @@ def wait_for_title(page, needle: str, timeout: float = 60_000) -> None:
 
 def no_exception_on_page(page) -> None:
     assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def menu_button(page, menu: str, name: str):
+    """The button `name` inside the first popover menu whose label starts with `menu` (the chart
+    exports and trace downloads live in menus, drawn only when opened): opens it if needed."""
+    button = page.get_by_role("button", name=name, exact=True)
+    if not button.first.is_visible():
+        page.locator('[data-testid="stPopoverButton"]').filter(has_text=menu).first.click()
+        button.first.wait_for(state="visible")
+    return button.first

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.live_app import chart_titles, no_exception_on_page, wait_for_title
+from tests.app.live_app import chart_titles, menu_button, no_exception_on_page, wait_for_title
 
 pytestmark = pytest.mark.browser
 
@@ -63,14 +63,14 @@ def test_download_chrome_trace_and_csv(app_server, page):
     page.goto(f"{app_server}/?page=schedule&{QUERY}&mask=causal")
     wait_for_title(page, "Work items on SMs (modelled timeline)")
     with page.expect_download() as info:
-        page.get_by_role("button", name="⬇ schedule (Chrome trace JSON)").click()
+        menu_button(page, "⬇ Trace data", "⬇ schedule (Chrome trace JSON)").click()
     doc = json.loads(Path(info.value.path()).read_text())
     slices = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     assert len(slices) == N // 64 and doc["otherData"]["modelled"] is True
     assert "Triton CPU interpreter" in doc["otherData"]["provenance"]
 
     with page.expect_download() as info:
-        page.get_by_role("button", name="⬇ trace (CSV zip)").click()
+        menu_button(page, "⬇ Trace data", "⬇ trace (CSV zip)").click()
     with zipfile.ZipFile(info.value.path()) as zf:
         work = zf.read("trace/work.csv").decode().splitlines()
         meta = json.loads(zf.read("trace/meta.json"))
@@ -82,7 +82,7 @@ def test_download_standalone_html(app_server, page):
     page.goto(f"{app_server}/?page=block_skip&{QUERY}&mask=causal")
     wait_for_title(page, f"Block map: causal, N={N}")
     with page.expect_download() as info:
-        page.get_by_role("button", name="⬇ HTML").first.click()
+        menu_button(page, "⬇ Export chart", "⬇ HTML").click()
     html = Path(info.value.path()).read_text()
     assert html.lstrip().lower().startswith("<html") or "<!doctype" in html[:100].lower()
     assert "Plotly.newPlot" in html and f"Block map: causal, N={N}" in html
@@ -93,7 +93,7 @@ def test_download_png_and_gif(app_server, page):
     page.goto(f"{app_server}/?page=schedule&{QUERY}&mask=causal")
     wait_for_title(page, "Work items on SMs (modelled timeline)")
     with page.expect_download(timeout=120_000) as info:
-        page.get_by_role("button", name="⬇ PNG").first.click()
+        menu_button(page, "⬇ Export chart", "⬇ PNG").click()
     png = Path(info.value.path()).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # videos are made on request (the button says how long), then offered as a download

@@ -168,6 +168,8 @@ def test_live_comparison_runs_on_demand(data_dir):
 def test_time_window_redraws_the_lanes_in_detail(data_dir):
     at = page(data_dir, sched_sms=4)
     full = next(t for t in chart(at, "Work items on SMs")["data"] if t["type"] == "heatmap")
+    assert not at.get("slider")                      # the slider comes when zoom is switched on
+    at.toggle(key="sched_zoom").set_value(True).run()
     lo, hi = at.slider(key="sched_window").value
     at.slider(key="sched_window").set_value((lo, lo + (hi - lo) / 4)).run()
     clean(at)
@@ -176,3 +178,10 @@ def test_time_window_redraws_the_lanes_in_detail(data_dir):
     assert heat["dx"] == pytest.approx(full["dx"] / 4, rel=0.05)          # same bins, a quarter of the time
     assert part["layout"]["xaxis"]["range"][1] == pytest.approx(lo + (hi - lo) / 4, rel=0.02)
     assert "sched_window" in at.query_params
+    linked = page(data_dir, sched_sms=4, sched_window=at.query_params["sched_window"])    # the link opens zoomed
+    assert linked.toggle(key="sched_zoom").value and linked.slider(key="sched_window").value == \
+        pytest.approx((lo, lo + (hi - lo) / 4), rel=0.02)
+    at.toggle(key="sched_zoom").set_value(False).run()                     # zoom off: the whole run again
+    assert "sched_window" not in at.query_params
+    assert next(t for t in chart(at, "Work items on SMs")["data"] if t["type"] == "heatmap")["dx"] == \
+        pytest.approx(full["dx"])
