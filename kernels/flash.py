@@ -324,7 +324,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
                     schedule="natural", num_warps=None, num_stages=None, return_lse=False,
                     trace: TraceBuffers | None = None, hw_clock: bool | None = None,
                     use_tma: bool | None = None, warp_specialize: bool | None = None,
-                    out: tuple | None = None, merge: bool = False):
+                    out: tuple | None = None, merge: bool = False, o_prev=None):
     """Fused FlashAttention-2 forward (no backward: refuses inputs that require grad).
 
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D), H % H_kv == 0 (query head h reads KV head
@@ -336,7 +336,9 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     out=(o, lse): write into these instead of new tensors (o like q, float32 or q's dtype; lse
     (B, H, N_q) float32; row-range views of larger buffers are fine); returns them. merge=True:
     they already hold a normalised (o, lse) over other keys and the result is merged into them
-    (kernels.ring_merge's merge, done in the kernel's epilogue: a ring's accumulator)."""
+    (kernels.ring_merge's merge, done in the kernel's epilogue: a ring's accumulator). o_prev:
+    the o merged with when it is not out's (like q, any float dtype; the merged result goes to
+    out's o, e.g. a ring's last step straight into its bf16 output)."""
     spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     b, h, n, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
@@ -355,6 +357,11 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     if merge and out is None:
         raise ValueError("merge=True merges into out=(o, lse): pass the buffers that hold the partial result")
     o = _check_out(out, q) if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H, N_q, D)
+    if o_prev is None:
+        o_prev = o
+    elif not (merge and isinstance(o_prev, torch.Tensor) and o_prev.shape == q.shape and o_prev.stride(-1) == 1
+              and o_prev.device == q.device):
+        raise ValueError(f"o_prev goes with merge=True: a tensor {tuple(q.shape)} with unit last stride on {q.device}")
     qk_scale = sm_scale * 1.4426950408889634                                 # fold log2(e) in
     n_work = b * h * plan.n_qb
     works = plan.work_list(b * h, schedule)
@@ -403,7 +410,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
                  for t, bm in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n))]
     else:
         descs = [q, k, v]  # unused placeholders: the TMA path is compiled out
-    args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+    args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o_prev, *o_prev.stride()[:3],
             plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
             lse.stride(1) if lse is not o else n, works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
     consts = dict(

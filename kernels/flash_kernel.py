@@ -22,9 +22,9 @@ launches: the first compiles only the warp-specialised off-band loop (OFF_BAND, 
 and stores (O, lse); the second compiles only the plain on-band loop (HAS_PARTIAL) and starts
 from that result (SEED: a normalised (O, lse) is the state acc = O, l = 1, m = lse), as a ring
 merges partial results. Otherwise, and always when tracing, both loops run in one launch.
-MERGE (a ring's accumulator): O and LSE already hold a normalised result over other keys, and the
-epilogue merges this program's rows into them; LSE rows sit stride_lbh apart (views of a longer
-(B, H, N) buffer).
+MERGE (a ring's accumulator): OA (O itself, or another buffer) and LSE already hold a normalised
+result over other keys, and the epilogue merges this program's rows with it into O and LSE; LSE
+rows sit stride_lbh apart (views of a longer (B, H, N) buffer).
 
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
@@ -180,6 +180,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
 def _work_item(work, program, order,
                Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+               OA, stride_ab, stride_ah, stride_an,
                lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh,
                tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                H, GROUP, N_Q, N_K, head_dim: tl.constexpr, n_qb, n_kb, qk_scale,
@@ -277,7 +278,8 @@ def _work_item(work, program, order,
         total = w_old + w_new
         seen = total > 0
         inv = tl.where(seen, 1.0 / tl.where(seen, total, 1.0), 0.0)
-        o_old = tl.load(o_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        oa_ptrs = OA + off_b * stride_ab + off_h * stride_ah + offs_m[:, None] * stride_an + offs_d[None, :]
+        o_old = tl.load(oa_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         out = o_old * (w_old * inv)[:, None] + out * (w_new * inv)[:, None]
         lse = tl.where(seen, top + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     if EVEN_M and EVEN_D:
@@ -305,6 +307,7 @@ def _work_item(work, program, order,
 @triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"])
 def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+                    OA, stride_ab, stride_ah, stride_an,
                     lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh,
                     work_list, work_counter,
                     tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
@@ -328,7 +331,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             work = tl.load(work_list + idx)
             _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                       stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
+                       stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
                        part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                        DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
@@ -344,7 +347,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             order = pid
         _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                   stride_ob, stride_oh, stride_on, lo_ptr, hi_ptr, full_cnt, full_start,
+                   stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
                    part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                    DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from .ring_clock import StepClock
+from .ring_inputs import StepInputs
 from .ring_merge import merge_partial  # noqa: F401  (public here too)
 
 LAYOUTS = ("natural", "zigzag")
@@ -55,6 +56,11 @@ FUSED_MERGE = True
 # The query rows of a call (a zigzag half) are copied to a contiguous tensor once per ring, not
 # at every step that reads them; False: copied at every call (the `step-copies` ablation)
 COPY_Q_ONCE = True
+# Those copies, and the K/V halves', made on the side stream (CUDA) ahead of the step that reads
+# them (kernels.ring_inputs), and the last step's calls merge straight into the output in q's
+# dtype (no cast pass after the ring; rows the last step does not touch are cast beside it);
+# False: copies on the compute stream where read, and one cast at the end (`fused-only`)
+COPY_AHEAD = True
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------
@@ -207,12 +213,13 @@ def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
                            mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True)
 
 
-def attend_into(q, k, v, o_acc, lse_acc, causal: bool, sm_scale: float | None, merge: bool) -> None:
+def attend_into(q, k, v, o_acc, lse_acc, causal: bool, sm_scale: float | None, merge: bool, o_prev=None) -> None:
     """attend_chunk written into the ring's float32 accumulator views o_acc (B, H, N_q, D) and
-    lse_acc (B, H, N_q): merged into what they hold (merge=True) or overwriting it."""
+    lse_acc (B, H, N_q): merged into what they hold (merge=True) or overwriting it. o_prev: merge
+    with this accumulator instead and write o_acc (then the output, in q's dtype)."""
     from .flash import flash_attention
     flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal" if causal else "full",
-                    sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge)
+                    sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge, o_prev=o_prev)
 
 
 # -- ring attention -------------------------------------------------------------------------------
@@ -272,25 +279,29 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     own = (k.contiguous(), v.contiguous())                    # (B, H_kv, N_local, D) each
     n_buffers = min(world - 1, kv_buffers)
     buffers = [(torch.empty_like(own[0]), torch.empty_like(own[1])) for _ in range(n_buffers)]
+    q_chunks = rank_chunks(rank, world, layout)
+    plans = [step_plan(q_chunks, rank_chunks((rank - s) % world, world, layout), chunk, mask) for s in range(world)]
+    ahead = COPY_AHEAD and world > 1
+    inputs = StepInputs(q, own[0], plans, n_buffers, ahead, COPY_Q_ONCE)
+    n_local = q.shape[2]
+    # the last step writes the output itself where its calls are full ones on disjoint rows
+    last = plans[-1]
+    direct = ahead and FUSED_MERGE and not any(c.causal for c in last) and \
+        sum(c.q_hi - c.q_lo for c in last) == len({r for c in last for r in range(c.q_lo, c.q_hi)})
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if direct else None   # (B, H, N_local, D)
     if cuda:   # the caller's k, v and the new buffers' memory are ready once its queued work is
         comm_stream.wait_stream(compute_stream)
     freed: list = []      # CUDA: per step, an event after its compute (its buffer may be refilled)
     arrived = None        # CUDA: an event after the receive this step computes on
 
-    n_local = q.shape[2]
     o_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device)    # (B, H, N_local, D)
     lse_acc = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     started = False
-    q_chunks = rank_chunks(rank, world, layout)
     records, pending_rows = [], []
-    q_rows: dict = {}     # (lo, hi) -> q[:, :, lo:hi] contiguous, made once per ring (COPY_Q_ONCE)
-
-    def queries(lo, hi):
-        if not COPY_Q_ONCE:
-            return q[:, :, lo:hi]
-        if (lo, hi) not in q_rows:
-            q_rows[lo, hi] = q[:, :, lo:hi].contiguous()
-        return q_rows[lo, hi]
+    cast_done = None      # CUDA, direct output: an event after the rows the last step leaves are cast
+    if ahead:
+        with on_comm():
+            inputs.fill_queries()
 
     def post_transfer(step, held):
         """Send the K/V this step holds on to the next rank, receive the next step's from the
@@ -324,19 +335,23 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
             compute_stream.wait_event(arrived)
         src = (rank - step) % world
         kv_chunks = rank_chunks(src, world, layout)
-        calls = step_plan(q_chunks, kv_chunks, chunk, mask)
+        calls = plans[step]
+        if direct and step == world - 1:
+            cast_done = _cast_rows_left(out, o_acc, calls, on_comm, comm_stream, freed[-1] if cuda else None)
         if clock:
             clock.mark(step, "compute_start", compute_stream)
         for call in calls:
-            q_c, k_c, v_c = (queries(call.q_lo, call.q_hi), held[0][:, :, call.k_lo:call.k_hi],
-                             held[1][:, :, call.k_lo:call.k_hi])
+            q_c, (k_c, v_c) = inputs.queries(call.q_lo, call.q_hi), inputs.keys(step, held, call.k_lo, call.k_hi)
             o_view, lse_view = o_acc[:, :, call.q_lo:call.q_hi], lse_acc[:, :, call.q_lo:call.q_hi]
             covers_all = (call.q_lo, call.q_hi) == (0, n_local)
             if not started and not covers_all:
                 o_acc.zero_()
                 lse_acc.fill_(float("-inf"))
             lse_p = None          # fused: the partial's lse is not kept (traced rows get it in float64)
-            if FUSED_MERGE:       # the first call covering every row overwrites, later ones merge
+            if direct and step == world - 1:   # merged with the accumulator, into the output
+                attend_into(q_c, k_c, v_c, out[:, :, call.q_lo:call.q_hi], lse_view, call.causal, sm_scale,
+                            merge=True, o_prev=o_view)
+            elif FUSED_MERGE:     # the first call covering every row overwrites, later ones merge
                 attend_into(q_c, k_c, v_c, o_view, lse_view, call.causal, sm_scale, merge=started or not covers_all)
             else:
                 o_p, lse_p = attend_chunk(q_c, k_c, v_c, call.causal, sm_scale)
@@ -362,9 +377,10 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
             with on_comm():
                 for req in requests:
                     req.wait()          # CUDA: the side stream waits for NCCL; gloo: the host waits
+                if cuda and clock:
+                    clock.mark(step, "comm_end", comm_stream)
+                inputs.fill_keys(step + 1, buffers[step % n_buffers])
                 if cuda:
-                    if clock:
-                        clock.mark(step, "comm_end", comm_stream)
                     arrived = torch.cuda.Event()
                     arrived.record(comm_stream)
         if trace is not None:
@@ -380,13 +396,37 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     if not started:   # no call at all (cannot happen: step 0 always holds the diagonal)
         o_acc.zero_()
         lse_acc.fill_(float("-inf"))
-    out = o_acc.to(q.dtype)
+    if cast_done is not None:
+        compute_stream.wait_event(cast_done)
+    out = o_acc.to(q.dtype) if out is None else out
     if trace is not None:
         times = clock.resolve()
         for step, call, kv_chunks, k_keep, lse_keep in pending_rows:
             records[step]["rows"] += _row_stats(q, k_keep, call, chunk, kv_chunks, lse_keep, trace_rows, sm_scale)
         _emit(trace, records, times, cuda)
     return (out, lse_acc) if return_lse else out
+
+
+def _cast_rows_left(out, o_acc, calls, on_comm, comm_stream, computed):
+    """Direct output: the rows the last step's calls do not touch are final once the step before
+    it computed (CUDA: the event `computed`); cast them into the output on the side stream, beside
+    the last step. Returns an event after the casts (None on the CPU)."""
+    touched = sorted((c.q_lo, c.q_hi) for c in calls)
+    gaps, at = [], 0
+    for lo, hi in touched + [(o_acc.shape[2], o_acc.shape[2])]:
+        if lo > at:
+            gaps.append((at, lo))
+        at = max(at, hi)
+    with on_comm():
+        if computed is not None:
+            comm_stream.wait_event(computed)
+        for lo, hi in gaps:
+            out[:, :, lo:hi].copy_(o_acc[:, :, lo:hi])
+        if computed is None:
+            return None
+        done = torch.cuda.Event()
+        done.record(comm_stream)
+    return done
 
 
 def _emit(trace, records, times, cuda) -> None:

@@ -153,7 +153,7 @@ def test_merge_into_accumulator_views_matches_attention_over_all_keys(split, dev
     """out=/merge=: two key halves, each written into or merged into row-range views of one
     float32 (O, lse) accumulator (as a ring does), give attention over all keys; bottom-right
     causal on the diagonal half, and with the forced two-launch run (the first launch merges,
-    the second resumes from the merged state)."""
+    the second resumes from the merged state); the last merge reads o_prev and writes another tensor."""
     import kernels.flash as fl
 
     if split:
@@ -167,13 +167,17 @@ def test_merge_into_accumulator_views_matches_attention_over_all_keys(split, dev
     kw = dict(block_m=16, block_n=16)
     flash_attention(q[lo], k[lo], v[lo], mask="causal", out=(o[lo], lse[lo]), **kw)          # overwrite
     flash_attention(q[hi], k[hi], v[hi], mask="causal", out=(o[hi], lse[hi]), merge=True, **kw)
-    flash_attention(q[hi], k[lo], v[lo], mask="full", out=(o[hi], lse[hi]), merge=True, **kw)
-    assert rel_err(o, ref) < TOL[q.dtype]
+    final = torch.empty(q.shape, dtype=q.dtype, device=device)              # the last call writes here
+    final[lo] = o[lo]
+    flash_attention(q[hi], k[lo], v[lo], mask="full", out=(final[hi], lse[hi]), merge=True, o_prev=o[hi], **kw)
+    assert rel_err(final, ref) < TOL[q.dtype]
     assert torch.allclose(lse.cpu().double(), m + torch.log(l), atol=1e-3 if q.dtype == torch.float32 else 2e-2)
     with pytest.raises(ValueError, match="merge=True merges into out"):
         flash_attention(q, k, v, merge=True)
     with pytest.raises(ValueError, match="out must be"):
         flash_attention(q, k, v, out=(o[lo], lse))
+    with pytest.raises(ValueError, match="o_prev goes with merge=True"):
+        flash_attention(q[hi], k[lo], v[lo], out=(final[hi], lse[hi]), o_prev=o[hi])
 
 
 def test_tensor_descriptor_path_matches_reference(device):
