@@ -25,9 +25,9 @@ sequence and takes its shard):
                         (strided-halves and one-launch also merge in a pass of their own)
     ring:zigzag:<cut>   the ring's own overhead (issue 12, session 4): unfused-merge (each call
                         writes a bf16 partial that kernels.ring_merge merges in a pass of its own,
-                        not straight into the float32 accumulator), fused-only (the zigzag halves
-                        copied on the compute stream where read, and a cast after the ring, not
-                        copied ahead on the side stream with the last step writing the output),
+                        not straight into the float32 accumulator), copy-ahead (the zigzag halves
+                        copied on the side stream ahead of the step that reads them, and the last
+                        step merging straight into the output: kernels.ring.COPY_AHEAD),
                         step-copies (unfused, and the query halves copied at every step: the ring
                         before this pass), ctas-N (a
                         ring group whose NCCL kernels take at most N thread blocks, ncclConfig_t
@@ -64,7 +64,7 @@ RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority
                   ("one-launch", 3, True, False, False, False))
 # (impl suffix, kernels.ring flags patched, NCCL max CTAs of the ring's group or None)
 OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
-                     ("fused-only", (("COPY_AHEAD", False),), None),
+                     ("copy-ahead", (("COPY_AHEAD", True),), None),
                      ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False), ("COPY_AHEAD", False)), None),
                      ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
@@ -190,8 +190,7 @@ def _patches(strided: bool, post_first: bool, split: bool) -> tuple:
     """(kernels.ring attribute, replacement) pairs that undo (or try) one change of the ring."""
     import kernels.ring
 
-    return (((("attend_chunk", _strided_attend), ("FUSED_MERGE", False), ("COPY_Q_ONCE", False),
-              ("COPY_AHEAD", False)) if strided else ())
+    return (((("attend_chunk", _strided_attend), ("FUSED_MERGE", False), ("COPY_Q_ONCE", False)) if strided else ())
             + ((("COMPUTE_BEFORE_POST", False),) if post_first else ())
             + ((("step_plan", _split_diagonal_plan(kernels.ring.step_plan)),) if split else ()))
 

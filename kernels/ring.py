@@ -56,11 +56,12 @@ FUSED_MERGE = True
 # The query rows of a call (a zigzag half) are copied to a contiguous tensor once per ring, not
 # at every step that reads them; False: copied at every call (the `step-copies` ablation)
 COPY_Q_ONCE = True
-# Those copies, and the K/V halves', made on the side stream (CUDA) ahead of the step that reads
-# them (kernels.ring_inputs), and the last step's calls merge straight into the output in q's
-# dtype (no cast pass after the ring; rows the last step does not touch are cast beside it);
-# False: copies on the compute stream where read, and one cast at the end (`fused-only`)
-COPY_AHEAD = True
+# True: those copies, and the K/V halves', made on the side stream (CUDA) ahead of the step that
+# reads them (kernels.ring_inputs), and the last step's calls merge straight into the output in
+# q's dtype (rows it does not touch cast beside it). Off: on 4 x H200 it lost at 32k tokens per
+# GPU, 0.5-1.2 ms in each of 5 paired repeats (copies beside the attention slow it more than they
+# cost in line), and was within noise at 16k (benchmarks.ring's `copy-ahead`)
+COPY_AHEAD = False
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------

@@ -48,12 +48,12 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
     with mock.patch.object(kernels.ring, "COMPUTE_BEFORE_POST", False):
         results["post_first"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag"),
                                             results["causal", "zigzag"][0].to(device))
-    # the separate merge pass and per-step copies (the ring before the fused merge); the fused
-    # merge with the copies made where read and a cast at the end
+    # the separate merge pass and per-step copies (the ring before the fused merge); the copies
+    # made ahead on the side stream and the last step writing the output (COPY_AHEAD)
     with mock.patch.multiple(kernels.ring, FUSED_MERGE=False, COPY_Q_ONCE=False, COPY_AHEAD=False):
         results["unfused"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
-    with mock.patch.object(kernels.ring, "COPY_AHEAD", False):
-        results["fused_only"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
+    with mock.patch.object(kernels.ring, "COPY_AHEAD", True):
+        results["copy_ahead"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
     results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
@@ -75,7 +75,7 @@ def test_ring_matches_float64_attention(world):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=False)
     ref, _, _ = reference_attention(q, k, v, mask="causal")
     assert rel_err(unshard([r["unfused"] for r in per_rank], world, "zigzag"), ref) < 1e-3
-    assert all(torch.equal(r["fused_only"], r["causal", "zigzag"][0]) for r in per_rank)
+    assert all(torch.equal(r["copy_ahead"], r["causal", "zigzag"][0]) for r in per_rank)
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
     assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
@@ -206,7 +206,7 @@ def test_ring_on_gpus_matches_one_gpu(world):
         o = unshard([r[mask, layout][0] for r in per_rank], world, layout)
         assert rel_err(o, ref) < 2e-2, (world, mask, layout)
         if (mask, layout) == ("causal", "zigzag"):
-            for other in ("unfused", "fused_only"):
+            for other in ("unfused", "copy_ahead"):
                 assert rel_err(unshard([r[other] for r in per_rank], world, layout), ref) < 2e-2, other
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=True)
