@@ -28,7 +28,14 @@ On GPUs three things keep the ring busy (4 x H200, 16k tokens per GPU, data/benc
     host spends ~0.4 ms in batch_isend_irecv, and with the transfer posted first the ring's first
     kernel waited for it. The first kernel now starts ~0.15 ms into the ring (was ~0.5); causal,
     16k tokens per GPU: 0.982x the post-first ring's time (median of 5 paired repeats; at 32k
-    within noise).
+    within noise);
+  - each call writes its (O, lse) straight into the float32 accumulator, merging in the kernel's
+    epilogue (`attend_into`, `FUSED_MERGE`), where a bf16 partial and a merge pass of its own
+    (kernels.ring_merge) cost the rank with the most full-row merges ~0.6 ms of a 68 ms ring at
+    32k tokens per GPU; with the query halves copied once per ring (`COPY_Q_ONCE`) the ring went
+    from 18.78 to 18.47 ms at 16k and 68.46 to 67.88 ms at 32k (data/benchmarks/ring-overhead-*).
+    Capping NCCL's thread blocks (`nccl_options(max_ctas=...)`) and copying the halves ahead on
+    the side stream (`COPY_AHEAD`) did not pay.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ import torch
 import torch.distributed as dist
 
 from .ring_clock import StepClock
-from .ring_inputs import StepInputs
+from .ring_inputs import StepInputs, cast_rows_left
+from .ring_trace import emit_steps, row_stats
 from .ring_merge import merge_partial  # noqa: F401  (public here too)
 
 LAYOUTS = ("natural", "zigzag")
@@ -208,7 +216,8 @@ def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
     A half of a zigzag shard is a strided view; the kernel's warp-specialised loop (for calls
     without partial tiles, i.e. every off-diagonal pair) reads only contiguous tensors, so the
     halves are copied first (~130 MB, some 0.05 ms at HBM speed) to save 0.5-0.9 ms per 16k x 8k
-    call (measured on an H200 as the ring's strided-halves ablation)."""
+    call (measured on an H200 as the ring's strided-halves ablation). The ring uses `attend_into`
+    unless FUSED_MERGE is off."""
     from .flash import flash_attention   # loaded on first use, after the interpreter is chosen
     return flash_attention(q.contiguous(), k.contiguous(), v.contiguous(),
                            mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True)
@@ -338,7 +347,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
         kv_chunks = rank_chunks(src, world, layout)
         calls = plans[step]
         if direct and step == world - 1:
-            cast_done = _cast_rows_left(out, o_acc, calls, on_comm, comm_stream, freed[-1] if cuda else None)
+            cast_done = cast_rows_left(out, o_acc, calls, on_comm, comm_stream, freed[-1] if cuda else None)
         if clock:
             clock.mark(step, "compute_start", compute_stream)
         for call in calls:
@@ -403,70 +412,6 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     if trace is not None:
         times = clock.resolve()
         for step, call, kv_chunks, k_keep, lse_keep in pending_rows:
-            records[step]["rows"] += _row_stats(q, k_keep, call, chunk, kv_chunks, lse_keep, trace_rows, sm_scale)
-        _emit(trace, records, times, cuda)
+            records[step]["rows"] += row_stats(q, k_keep, call, chunk, kv_chunks, lse_keep, trace_rows, sm_scale)
+        emit_steps(trace, records, times, cuda)
     return (out, lse_acc) if return_lse else out
-
-
-def _cast_rows_left(out, o_acc, calls, on_comm, comm_stream, computed):
-    """Direct output: the rows the last step's calls do not touch are final once the step before
-    it computed (CUDA: the event `computed`); cast them into the output on the side stream, beside
-    the last step. Returns an event after the casts (None on the CPU)."""
-    touched = sorted((c.q_lo, c.q_hi) for c in calls)
-    gaps, at = [], 0
-    for lo, hi in touched + [(o_acc.shape[2], o_acc.shape[2])]:
-        if lo > at:
-            gaps.append((at, lo))
-        at = max(at, hi)
-    with on_comm():
-        if computed is not None:
-            comm_stream.wait_event(computed)
-        for lo, hi in gaps:
-            out[:, :, lo:hi].copy_(o_acc[:, :, lo:hi])
-        if computed is None:
-            return None
-        done = torch.cuda.Event()
-        done.record(comm_stream)
-    return done
-
-
-def _emit(trace, records, times, cuda) -> None:
-    nan = float("nan")
-    for rec in records:
-        s = rec["step"]
-        start = times.get((s, "comm_start"), nan)
-        # CUDA: send and receive are one batched NCCL launch and end together; gloo stamps each
-        send_end = times.get((s, "comm_end" if cuda else "send_end"), nan)
-        recv_end = times.get((s, "comm_end" if cuda else "recv_end"), nan)
-        trace(dict(rec, compute_start=times[(s, "compute_start")], compute_end=times[(s, "compute_end")],
-                   send_start=start, send_end=send_end, recv_start=start, recv_end=recv_end))
-
-
-def _row_stats(q, k_call, call, chunk, kv_chunks, lse_call, rows, sm_scale) -> list[dict]:
-    """For traced local rows inside this call (batch 0, head 0): the row's partial softmax state
-    (m, l) over each K/V chunk of the call, in float64 beside the kernel (one row against the
-    chunk), and the kernel's lse for the whole call, which the merged states must reproduce (in
-    float64 from the row's scores where the call merged into the accumulator: lse_call None)."""
-    from .shapes import softmax_scale
-
-    out = []
-    scale = softmax_scale(sm_scale, q.shape[-1])
-    nq, nk = call.q_hi - call.q_lo, call.k_hi - call.k_lo
-    for row in rows:
-        if not call.q_lo <= row < call.q_hi:
-            continue
-        i = row - call.q_lo
-        s = (q[0, 0, row].double() @ k_call.double().T) * scale                   # (N_k,)
-        if call.causal:
-            s[i + nk - nq + 1:] = float("-inf")
-        call_lse = float(torch.logsumexp(s, 0)) if lse_call is None else float(lse_call[i])
-        for j in range(call.k_lo // chunk, call.k_hi // chunk):
-            part = s[j * chunk - call.k_lo:(j + 1) * chunk - call.k_lo]
-            m = float(part.max())
-            if m == float("-inf"):
-                continue
-            out.append(dict(row=int(row), kv_chunk=int(kv_chunks[j]), m=m,
-                            l=float(torch.exp(part - m).sum()), call_lse=call_lse))
-    return out
-
-

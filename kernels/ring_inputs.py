@@ -1,11 +1,15 @@
-"""The rows a ring step's kernel calls read, as contiguous tensors, copied off the compute stream.
+"""The rows a ring step's kernel calls read, as contiguous tensors, copied off the compute stream,
+and the output rows a ring's last step leaves (kernels.ring.COPY_AHEAD).
 
 A zigzag call reads half of the local queries or half of the held K/V (`step_plan`): as strided
 views they would run the kernel's plain loop instead of the warp-specialised one, so they are
 copied. The query halves are the same at every step: copied once per ring. The K/V halves of
 step s are copied right after step s's K/V arrive, on the side stream that received them, so
-the copy runs beside step s-1's attention instead of before step s's (4 x H200, 32k tokens per
-GPU: the rank that reads a K/V half at three steps spent ~0.5 ms of its ring copying them).
+the copy runs beside step s-1's attention instead of before step s's. Made ahead like this they
+cost more than in line (4 x H200, 32k tokens per GPU: 0.5-1.2 ms per ring in each of 5 paired
+repeats, data/benchmarks/ring-overhead-nvidia-h200.json): the copies slow the attention beside
+them, so COPY_AHEAD is off: the query halves are then copied where first read, the K/V halves
+at each call (kernels.ring.attend_into).
 """
 
 from __future__ import annotations
@@ -59,3 +63,25 @@ class StepInputs:
         if step > 0 and self.kv_rows and ((step - 1) % self.n_buffers, lo, hi) in self.kv_rows:
             return self.kv_rows[(step - 1) % self.n_buffers, lo, hi]
         return held[0][:, :, lo:hi], held[1][:, :, lo:hi]
+
+
+def cast_rows_left(out, o_acc, calls, on_comm, comm_stream, computed):
+    """Direct output: the rows the last step's calls do not touch are final once the step before
+    it computed (CUDA: the event `computed`); cast them into the output on the side stream, beside
+    the last step. Returns an event after the casts (None on the CPU)."""
+    touched = sorted((c.q_lo, c.q_hi) for c in calls)
+    gaps, at = [], 0
+    for lo, hi in touched + [(o_acc.shape[2], o_acc.shape[2])]:
+        if lo > at:
+            gaps.append((at, lo))
+        at = max(at, hi)
+    with on_comm():
+        if computed is not None:
+            comm_stream.wait_event(computed)
+        for lo, hi in gaps:
+            out[:, :, lo:hi].copy_(o_acc[:, :, lo:hi])
+        if computed is None:
+            return None
+        done = torch.cuda.Event()
+        done.record(comm_stream)
+    return done
