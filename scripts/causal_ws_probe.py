@@ -16,6 +16,13 @@ WS_SPLIT_MAX_PARTIAL; each record says which: two_launches). Variants of our ker
   two_launch:forced     the split whatever the loops (WS default config; masks other than causal)
   one_launch            the config a plain call picked before (default_config without the mask):
                         both loops in one launch, no warp specialisation
+With --configs "bm,bn,w,s[,maxnreg];...": cfg:<...> runs a plain call with that config as the
+device's WS default (both the full-tile loop and the two-launch split take it; maxnreg goes to the
+warp-specialised launch), and exp16 / exp16:<cfg> the same with kernels.flash.WS_EXP_F16 (the
+full tiles' exponentials as ex2.approx.f16x2). --cases ring: only the ring's shapes (diagonal
+causal 16k / 32k, off-diagonal full 32k x 16k, 16k x 32k, 16k x 8k, 8k x 16k); table: the rest.
+A config Triton refuses to compile warp-specialised is reported (status ws_refused), not timed.
+Configs compile first in parallel worker processes (--jobs; Triton's disk cache).
 Each output is checked against a float32 reference (first and last head) before it is timed.
 Timings: do_bench medians, every impl timed ROUNDS times in turn (interleaved); the median is kept.
 """
@@ -39,10 +46,14 @@ from benchmarks.shapes import reference  # noqa: E402  (float32, N_q != N_k)
 from kernels import default_config, flash_attention, parse_mask  # noqa: E402
 
 
-def cases():
+def cases(which="ring,table"):
     c = lambda b, h, n, mask, why, n_k=None: dict(batch=b, heads=h, n=n, n_k=n_k or n, mask=mask, why=why)  # noqa: E731
-    out = [c(1, 32, n, "causal", "ring diagonal") for n in (16384, 32768)]
-    out += [c(1, 32, n_q, "full", "ring off-diagonal", n_k) for n_q, n_k in ((32768, 16384), (16384, 32768))]
+    ring = [c(1, 32, n, "causal", "ring diagonal") for n in (16384, 32768)]
+    ring += [c(1, 32, n_q, "full", "ring off-diagonal", n_k) for n_q, n_k in
+             ((32768, 16384), (16384, 32768), (16384, 8192), (8192, 16384))]
+    out = ring if "ring" in which.split(",") else []
+    if "table" not in which.split(","):
+        return out
     out += [c(4, 16, n, "causal", "kernel table") for n in (4096, 8192, 16384)]
     out += [c(4, 16, 16384, "full", "control")]
     out += [c(4, 16, 16384, m, "other masks") for m in ("sliding_window:1024", "prefix_lm:8192",
@@ -50,7 +61,18 @@ def cases():
     return out
 
 
+CONFIGS: list = []      # --configs: (bm, bn, w, s[, maxnreg]) tuples
+
+
+def cfg_name(cfg):
+    return ",".join(map(str, cfg))
+
+
 def impls(spec):
+    if CONFIGS:
+        names = [f"cfg:{cfg_name(c)}" for c in CONFIGS] + ["exp16"] + [f"exp16:{cfg_name(c)}" for c in CONFIGS[1:]
+                                                                     if c[:2] == (128, 128) and len(c) == 4]
+        return (["sdpa_cudnn"] if spec.kind in ("causal", "full") else []) + names
     if spec.kind not in ("causal", "full"):
         return ["two_launch", "two_launch:forced", "one_launch"]
     sdpa = ["sdpa_cudnn", "sdpa_flash"]
@@ -58,8 +80,94 @@ def impls(spec):
                    if spec.kind == "causal" else ["two_launch"])
 
 
+class _WithRegs:
+    """attn_fwd_kernel[grid](...) with maxnreg added to the warp-specialised launches."""
+
+    def __init__(self, kern, regs):
+        self.kern, self.regs = kern, regs
+
+    def __getitem__(self, grid):
+        launch = self.kern[grid]
+        return lambda *a, **kw: launch(*a, **(dict(kw, maxnreg=self.regs) if kw.get("WARP_SPECIALIZE") else kw))
+
+
+def with_config(cfg, exp16=False, force_split=False):
+    """A context: cfg (bm, bn, w, s[, maxnreg]) as the device's WS default, WS_EXP_F16 as given."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx():
+        fam = fl.device_family(torch.device("cuda"))
+        saved = (fl.WS_CONFIGS, dict(fl.WS_DEFAULTS[fam]), fl.WS_EXP_F16, fl.attn_fwd_kernel,
+                 fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL)
+        fl.WS_CONFIGS = tuple(set(fl.WS_CONFIGS) | {tuple(cfg[:4])})
+        fl.WS_DEFAULTS[fam][128] = tuple(cfg[:4])
+        fl.WS_EXP_F16 = exp16
+        if len(cfg) > 4:
+            fl.attn_fwd_kernel = _WithRegs(saved[3], cfg[4])
+        if force_split:      # (the plan-fits cache is keyed by blocks, not by these thresholds)
+            fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL = 0, 1.0
+            fl._ws_plan_fits.cache_clear()
+        try:
+            yield
+        finally:
+            (fl.WS_CONFIGS, fl.WS_DEFAULTS[fam], fl.WS_EXP_F16, fl.attn_fwd_kernel,
+             fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL) = saved
+            if force_split:
+                fl._ws_plan_fits.cache_clear()
+    return ctx
+
+
+def parse_impl_cfg(impl):
+    if impl == "exp16":
+        return CONFIGS[0], True
+    kind, text = impl.split(":", 1)
+    return tuple(int(x) for x in text.split(",")), kind == "exp16"
+
+
+def _compile_worker(jobs):
+    """Compile each (cfg, exp16, mask) once on small inputs: fills Triton's disk cache (same
+    constexprs and stride divisibility as the large calls; the causal split forced)."""
+    import triton
+    fl._ensure_allocator()
+    res = []
+    for cfg, exp16, mask in jobs:
+        q, k, v = (torch.randn(1, 2, 512, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        try:
+            with with_config(cfg, exp16, force_split=mask == "causal")():
+                flash_attention(q, k, v, mask=mask)
+            torch.cuda.synchronize()
+            res.append((cfg, exp16, mask, None))
+        except Exception as e:  # noqa: BLE001
+            res.append((cfg, exp16, mask, f"{type(e).__name__}: {str(e)[:300]}"))
+    del triton
+    return res
+
+
+def precompile(jobs, n_proc):
+    import importlib
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    chunks = [jobs[i::n_proc] for i in range(n_proc) if jobs[i::n_proc]]
+    worker = importlib.import_module("scripts.causal_ws_probe")._compile_worker
+    out = {}
+    with ProcessPoolExecutor(len(chunks), mp_context=mp.get_context("spawn")) as ex:
+        for f in [ex.submit(worker, c) for c in chunks]:
+            for cfg, exp16, mask, err in f.result(timeout=420):
+                out[(tuple(cfg), exp16, mask)] = err
+    return out
+
+
 def make_fn(impl, q, k, v, spec, d, n):
     causal = spec.kind == "causal"
+    if impl.startswith(("cfg:", "exp16")):
+        ctx = with_config(*parse_impl_cfg(impl))
+
+        def fn():
+            with ctx():
+                return flash_attention(q, k, v, mask=spec)
+        return fn
     if impl.startswith("sdpa_"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         be = SDPBackend.CUDNN_ATTENTION if impl == "sdpa_cudnn" else SDPBackend.FLASH_ATTENTION
@@ -101,7 +209,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--cases", default="ring,table", help="ring, table or both")
+    ap.add_argument("--configs", default="", help='"bm,bn,w,s[,maxnreg];..." (first = the baseline)')
+    ap.add_argument("--jobs", type=int, default=8, help="worker processes compiling the configs first")
     args = ap.parse_args()
+    CONFIGS[:] = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";") if c]
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name()
     import triton
@@ -113,9 +225,17 @@ def main():
                     "timing": f"do_bench median warmup={args.warmup} rep={args.rep}; each impl timed "
                               f"{args.rounds} times interleaved, median kept (ms_rounds holds all)",
                     "flops": "4*B*H*D*visible pairs"}, "records": []}
-    out_path = Path(args.out) / f"causal-ws-{device_slug(name)}.json"
+    out_path = Path(args.out) / f"causal-ws{'-configs' if CONFIGS else ''}-{device_slug(name)}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    for case in cases():
+    refused = {}
+    if CONFIGS and args.jobs:
+        t0 = time.time()
+        jobs = [(parse_impl_cfg(i)[0], parse_impl_cfg(i)[1], m) for m in ("full", "causal")
+                for i in impls(parse_mask(m, 256, 256)) if i != "sdpa_cudnn"]
+        refused = {key: err for key, err in precompile(jobs, args.jobs).items() if err}
+        res["meta"]["compile_errors"] = [dict(cfg=list(k[0]), exp16=k[1], mask=k[2], error=e) for k, e in refused.items()]
+        print(f"precompiled {len(jobs)} in {time.time() - t0:.0f}s; errors: {refused}", flush=True)
+    for case in cases(args.cases):
         b, h, n, n_k, d = case["batch"], case["heads"], case["n"], case["n_k"], 128
         spec = parse_mask(case["mask"], n, n_k)
         g = torch.Generator(device="cuda").manual_seed(n + b)
@@ -137,11 +257,22 @@ def main():
                        if impl.startswith("two") else None,
                        full_per_block=float((plan.block_map == 2).sum() / plan.n_qb) if impl.startswith("two") else None,
                        two_launches=bool(plan.has_partial and ws_cfg) if impl.startswith("two") else None)
+            if impl.startswith(("cfg:", "exp16")):
+                icfg, iexp = parse_impl_cfg(impl)
+                rec.update(config=list(icfg), exp16=iexp, two_launches=spec.kind == "causal")
+                why = refused.get((icfg, iexp, "causal" if spec.kind == "causal" else "full"))
+                if why:
+                    rec.update(status="compile_error", error=why)
+                    recs[impl] = rec
+                    continue
             try:
                 fn = make_fn(impl, q, k, v, spec, d, n)
+                n_refused = len(fl._WS_REFUSED)
                 err = rel_error(take_heads(fn(), bh), ref)
                 rec["rel_err"] = err
-                if err <= TOLERANCE["bf16"]:
+                if len(fl._WS_REFUSED) > n_refused:
+                    rec["status"] = "ws_refused"
+                elif err <= TOLERANCE["bf16"]:
                     fns[impl] = fn
                 else:
                     rec["status"] = "wrong"
