@@ -58,8 +58,8 @@ WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
 # The warp-specialised full-tile loop's exponentials as ex2.approx.f16x2 (two per instruction):
-# a probe switch (scripts/causal_ws_probe.py), off.
-WS_EXP_F16 = False
+# a probe switch (scripts/causal_ws_probe.py), off unless TILESCOPE_WS_EXP_F16=1.
+WS_EXP_F16 = os.environ.get("TILESCOPE_WS_EXP_F16", "0") == "1"
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,

@@ -62,6 +62,7 @@ def cases(which="ring,table"):
 
 
 CONFIGS: list = []      # --configs: (bm, bn, w, s[, maxnreg]) tuples
+REG_REFUSED: set = set()   # configs with maxnreg Triton refused to compile warp-specialised
 
 
 def cfg_name(cfg):
@@ -100,6 +101,7 @@ def with_config(cfg, exp16=False, force_split=False):
         fam = fl.device_family(torch.device("cuda"))
         saved = (fl.WS_CONFIGS, dict(fl.WS_DEFAULTS[fam]), fl.WS_EXP_F16, fl.attn_fwd_kernel,
                  fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL)
+        refused = set(fl._WS_REFUSED)   # kernels.flash remembers refusals by constexprs, not maxnreg
         fl.WS_CONFIGS = tuple(set(fl.WS_CONFIGS) | {tuple(cfg[:4])})
         fl.WS_DEFAULTS[fam][128] = tuple(cfg[:4])
         fl.WS_EXP_F16 = exp16
@@ -115,7 +117,16 @@ def with_config(cfg, exp16=False, force_split=False):
              fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL) = saved
             if force_split:
                 fl._ws_plan_fits.cache_clear()
+            if len(cfg) > 4:
+                if fl._WS_REFUSED - refused:
+                    REG_REFUSED.add(tuple(cfg))
+                fl._WS_REFUSED.clear()
+                fl._WS_REFUSED.update(refused)
     return ctx
+
+
+def icfg_refused(impl):
+    return impl.startswith(("cfg:", "exp16")) and parse_impl_cfg(impl)[0] in REG_REFUSED
 
 
 def parse_impl_cfg(impl):
@@ -270,7 +281,7 @@ def main():
                 n_refused = len(fl._WS_REFUSED)
                 err = rel_error(take_heads(fn(), bh), ref)
                 rec["rel_err"] = err
-                if len(fl._WS_REFUSED) > n_refused:
+                if len(fl._WS_REFUSED) > n_refused or icfg_refused(impl):
                     rec["status"] = "ws_refused"
                 elif err <= TOLERANCE["bf16"]:
                     fns[impl] = fn
