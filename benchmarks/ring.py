@@ -29,8 +29,7 @@ sequence and takes its shard):
                         copied on the side stream ahead of the step that reads them, and the last
                         step merging straight into the output: kernels.ring.COPY_AHEAD),
                         step-copies (unfused, and the query halves copied at every step: the ring
-                        before this pass), exp16 (the full tiles' exponentials as ex2.approx.f16x2,
-                        kernels.flash.WS_EXP_F16), ctas-N (a
+                        before this pass), ctas-N (a
                         ring group whose NCCL kernels take at most N thread blocks, ncclConfig_t
                         maxCTAs, so transfers take fewer SMs from the attention beside them)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
@@ -67,7 +66,6 @@ RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority
 OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
                      ("copy-ahead", (("COPY_AHEAD", True),), None),
                      ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False), ("COPY_AHEAD", False)), None),
-                     ("exp16", (("flash.WS_EXP_F16", True),), None),
                      ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
@@ -105,7 +103,6 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
 
     from instrumentation.inputs import make_inputs
     from instrumentation.ring import time_ms
-    import kernels.flash
     import kernels.ring
     from kernels import flash_attention
     from kernels.ring import ring_attention, shard
@@ -161,9 +158,8 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
                     qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
                     run = lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout, **kw)  # noqa: E731
                     with ExitStack() as stack:
-                        for name, value in patches:     # "flash.X": kernels.flash's X
-                            mod = kernels.flash if name.startswith("flash.") else kernels.ring
-                            stack.enter_context(mock.patch.object(mod, name.removeprefix("flash."), value))
+                        for name, value in patches:
+                            stack.enter_context(mock.patch.object(kernels.ring, name, value))
                         out = run()
                         err = _worst(_rel_err(out, shard(ours_1, rank, world, layout)))
                         ms = time_ms(run, args.iters, True) if err < TOL else None

@@ -57,9 +57,6 @@ WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
 WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
-# The warp-specialised full-tile loop's exponentials as ex2.approx.f16x2 (two per instruction):
-# a probe switch (scripts/causal_ws_probe.py), off unless TILESCOPE_WS_EXP_F16=1.
-WS_EXP_F16 = os.environ.get("TILESCOPE_WS_EXP_F16", "0") == "1"
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
@@ -423,7 +420,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
         RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
         MERGE=bool(merge),
-        WARP_SPECIALIZE=ws, DEVICE_DESC=ws, EXP_F16=bool(ws and WS_EXP_F16),
+        WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -433,7 +430,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         # loop, resumed from them (Triton 3.6 compiles the WS loop only alone in its kernel)
         _launch(grid, args, dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True))
         consts = dict(consts, OFF_BAND=False, SEED=True, MERGE=False, WARP_SPECIALIZE=False, DEVICE_DESC=False,
-                      USE_TMA=False, EXP_F16=False, num_warps=WS_ON_BAND_WARPS)
+                      USE_TMA=False, num_warps=WS_ON_BAND_WARPS)
     _launch(grid, args, consts)
     return (o, lse) if return_lse or out is not None else o
 
@@ -474,7 +471,7 @@ def _launch(grid, args, consts: dict) -> None:
     flags) runs once more with the plain loop and 8 warps, and that choice is remembered."""
     key = tuple(consts.items())
     if consts["WARP_SPECIALIZE"] and key in _WS_REFUSED:
-        consts = dict(consts, WARP_SPECIALIZE=False, EXP_F16=False, num_warps=8)
+        consts = dict(consts, WARP_SPECIALIZE=False, num_warps=8)
     try:
         attn_fwd_kernel[grid](*args, **consts)
     except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
@@ -483,4 +480,4 @@ def _launch(grid, args, consts: dict) -> None:
         _WS_REFUSED.add(key)
         print(f"flash: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop "
               f"for {dict((k, v) for k, v in consts.items() if v is True)}", file=sys.stderr)
-        attn_fwd_kernel[grid](*args, **dict(consts, WARP_SPECIALIZE=False, EXP_F16=False, num_warps=8))
+        attn_fwd_kernel[grid](*args, **dict(consts, WARP_SPECIALIZE=False, num_warps=8))

@@ -62,15 +62,6 @@ def _smid():
                                      is_pure=True, pack=1)
 
 
-@triton.jit
-def _exp2_f16x2(x):
-    """2^x for x <= 0 by ex2.approx.f16x2 (two per MUFU instruction instead of one), returned as
-    float32: fp16 keeps 11 bits of x and of 2^x, more than the bf16 P takes into P.V."""
-    p = tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)],
-                                  dtype=tl.float16, is_pure=True, pack=2)
-    return p.to(tl.float32)
-
-
 KV_EVICT_NORMAL = tl.constexpr("")    # tl.load's default L2 policy, as a constexpr to pass along
 
 
@@ -123,8 +114,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
                EVEN_D: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-               TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr,
-               EXP_F16: tl.constexpr = False):
+               TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
         if IS_PARTIAL:
@@ -156,10 +146,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_ref = m_new
             qk = qk * qk_scale - m_ref[:, None]
-        if EXP_F16:
-            p = _exp2_f16x2(qk)              # full tiles on a GPU only (inline PTX)
-        else:
-            p = tl.math.exp2(qk)
+        p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -203,7 +190,7 @@ def _work_item(work, program, order,
                OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
                WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
-               HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr, EXP_F16: tl.constexpr):
+               HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     if TRACE_WORK and HW_CLOCK:
         t_start = _globaltimer()
     bh = work // n_qb
@@ -264,7 +251,7 @@ def _work_item(work, program, order,
                                    offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block),
                                    n_full, 0, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
                                    BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
-                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK, EXP_F16)
+                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
     if HAS_PARTIAL:
         acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc,
@@ -332,7 +319,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
                     WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
-                    HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr, EXP_F16: tl.constexpr = False):
+                    HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     pid = tl.program_id(0)
     if DEVICE_DESC:
         q_desc, k_desc, v_desc = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, stride_qn, stride_kn,
@@ -348,7 +335,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                        part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                        DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
-                       STORE_ORDER, EXP_F16)
+                       STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
         work = tl.load(work_list + pid)
@@ -364,4 +351,4 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                    part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
                    DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
-                       STORE_ORDER, EXP_F16)
+                       STORE_ORDER)

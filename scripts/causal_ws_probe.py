@@ -18,12 +18,18 @@ WS_SPLIT_MAX_PARTIAL; each record says which: two_launches). Variants of our ker
                         both loops in one launch, no warp specialisation
 With --configs "bm,bn,w,s[,maxnreg];...": cfg:<...> runs a plain call with that config as the
 device's WS default (both the full-tile loop and the two-launch split take it; maxnreg goes to the
-warp-specialised launch), and exp16 / exp16:<cfg> the same with kernels.flash.WS_EXP_F16 (the
-full tiles' exponentials as ex2.approx.f16x2). --cases ring: only the ring's shapes (diagonal
+warp-specialised launch). --cases ring: only the ring's shapes (diagonal
 causal 16k / 32k, off-diagonal full 32k x 16k, 16k x 32k, 16k x 8k, 8k x 16k); table: the rest.
 A config Triton refuses to compile warp-specialised is reported (status ws_refused), not timed.
 Configs compile first in parallel worker processes (--jobs; Triton's disk cache).
 Each output is checked against a float32 reference (first and last head) before it is timed.
+
+Session 4, round 3 (H200, data/benchmarks/causal-ws-configs-*nvidia-h200.json): on the ring's
+full shapes the default 128x128, 4 warps, 2 stages took 1.075-1.098x cuDNN's time; 128x64/4/2
+1.156-1.223x, 256x64/8/3 1.141-1.203x, 128x128/8/2 1.188-1.392x, 128x64/8/3 1.22-1.28x,
+256x64/8/2 1.22-1.41x, 256x128/8/2 1.36-1.45x; maxnreg=232 was refused (out of resources), and
+the exponentials as ex2.approx.f16x2 (a kernel switch at commit b2265b7, since removed) were
+1.036-1.052x slower than the default: nothing beat it.
 Timings: do_bench medians, every impl timed ROUNDS times in turn (interleaved); the median is kept.
 """
 
@@ -71,8 +77,7 @@ def cfg_name(cfg):
 
 def impls(spec):
     if CONFIGS:
-        names = [f"cfg:{cfg_name(c)}" for c in CONFIGS] + ["exp16"] + [f"exp16:{cfg_name(c)}" for c in CONFIGS[1:]
-                                                                     if c[:2] == (128, 128) and len(c) == 4]
+        names = [f"cfg:{cfg_name(c)}" for c in CONFIGS]
         return (["sdpa_cudnn"] if spec.kind in ("causal", "full") else []) + names
     if spec.kind not in ("causal", "full"):
         return ["two_launch", "two_launch:forced", "one_launch"]
@@ -92,28 +97,27 @@ class _WithRegs:
         return lambda *a, **kw: launch(*a, **(dict(kw, maxnreg=self.regs) if kw.get("WARP_SPECIALIZE") else kw))
 
 
-def with_config(cfg, exp16=False, force_split=False):
-    """A context: cfg (bm, bn, w, s[, maxnreg]) as the device's WS default, WS_EXP_F16 as given."""
+def with_config(cfg, force_split=False):
+    """A context: cfg (bm, bn, w, s[, maxnreg]) as the device's WS default."""
     import contextlib
 
     @contextlib.contextmanager
     def ctx():
         fam = fl.device_family(torch.device("cuda"))
-        saved = (fl.WS_CONFIGS, dict(fl.WS_DEFAULTS[fam]), fl.WS_EXP_F16, fl.attn_fwd_kernel,
+        saved = (fl.WS_CONFIGS, dict(fl.WS_DEFAULTS[fam]), fl.attn_fwd_kernel,
                  fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL)
         refused = set(fl._WS_REFUSED)   # kernels.flash remembers refusals by constexprs, not maxnreg
         fl.WS_CONFIGS = tuple(set(fl.WS_CONFIGS) | {tuple(cfg[:4])})
         fl.WS_DEFAULTS[fam][128] = tuple(cfg[:4])
-        fl.WS_EXP_F16 = exp16
         if len(cfg) > 4:
-            fl.attn_fwd_kernel = _WithRegs(saved[3], cfg[4])
+            fl.attn_fwd_kernel = _WithRegs(saved[2], cfg[4])
         if force_split:      # (the plan-fits cache is keyed by blocks, not by these thresholds)
             fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL = 0, 1.0
             fl._ws_plan_fits.cache_clear()
         try:
             yield
         finally:
-            (fl.WS_CONFIGS, fl.WS_DEFAULTS[fam], fl.WS_EXP_F16, fl.attn_fwd_kernel,
+            (fl.WS_CONFIGS, fl.WS_DEFAULTS[fam], fl.attn_fwd_kernel,
              fl.WS_SPLIT_MIN_FULL, fl.WS_SPLIT_MAX_PARTIAL) = saved
             if force_split:
                 fl._ws_plan_fits.cache_clear()
@@ -126,31 +130,28 @@ def with_config(cfg, exp16=False, force_split=False):
 
 
 def icfg_refused(impl):
-    return impl.startswith(("cfg:", "exp16")) and parse_impl_cfg(impl)[0] in REG_REFUSED
+    return impl.startswith("cfg:") and parse_impl_cfg(impl) in REG_REFUSED
 
 
 def parse_impl_cfg(impl):
-    if impl == "exp16":
-        return CONFIGS[0], True
-    kind, text = impl.split(":", 1)
-    return tuple(int(x) for x in text.split(",")), kind == "exp16"
+    return tuple(int(x) for x in impl.split(":", 1)[1].split(","))
 
 
 def _compile_worker(jobs):
-    """Compile each (cfg, exp16, mask) once on small inputs: fills Triton's disk cache (same
+    """Compile each (cfg, mask) once on small inputs: fills Triton's disk cache (same
     constexprs and stride divisibility as the large calls; the causal split forced)."""
     import triton
     fl._ensure_allocator()
     res = []
-    for cfg, exp16, mask in jobs:
+    for cfg, mask in jobs:
         q, k, v = (torch.randn(1, 2, 512, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         try:
-            with with_config(cfg, exp16, force_split=mask == "causal")():
+            with with_config(cfg, force_split=mask == "causal")():
                 flash_attention(q, k, v, mask=mask)
             torch.cuda.synchronize()
-            res.append((cfg, exp16, mask, None))
+            res.append((cfg, mask, None))
         except Exception as e:  # noqa: BLE001
-            res.append((cfg, exp16, mask, f"{type(e).__name__}: {str(e)[:300]}"))
+            res.append((cfg, mask, f"{type(e).__name__}: {str(e)[:300]}"))
     del triton
     return res
 
@@ -165,15 +166,15 @@ def precompile(jobs, n_proc):
     out = {}
     with ProcessPoolExecutor(len(chunks), mp_context=mp.get_context("spawn")) as ex:
         for f in [ex.submit(worker, c) for c in chunks]:
-            for cfg, exp16, mask, err in f.result(timeout=420):
-                out[(tuple(cfg), exp16, mask)] = err
+            for cfg, mask, err in f.result(timeout=420):
+                out[(tuple(cfg), mask)] = err
     return out
 
 
 def make_fn(impl, q, k, v, spec, d, n):
     causal = spec.kind == "causal"
-    if impl.startswith(("cfg:", "exp16")):
-        ctx = with_config(*parse_impl_cfg(impl))
+    if impl.startswith("cfg:"):
+        ctx = with_config(parse_impl_cfg(impl))
 
         def fn():
             with ctx():
@@ -241,10 +242,10 @@ def main():
     refused = {}
     if CONFIGS and args.jobs:
         t0 = time.time()
-        jobs = [(parse_impl_cfg(i)[0], parse_impl_cfg(i)[1], m) for m in ("full", "causal")
+        jobs = [(parse_impl_cfg(i), m) for m in ("full", "causal")
                 for i in impls(parse_mask(m, 256, 256)) if i != "sdpa_cudnn"]
         refused = {key: err for key, err in precompile(jobs, args.jobs).items() if err}
-        res["meta"]["compile_errors"] = [dict(cfg=list(k[0]), exp16=k[1], mask=k[2], error=e) for k, e in refused.items()]
+        res["meta"]["compile_errors"] = [dict(cfg=list(k[0]), mask=k[1], error=e) for k, e in refused.items()]
         print(f"precompiled {len(jobs)} in {time.time() - t0:.0f}s; errors: {refused}", flush=True)
     for case in cases(args.cases):
         b, h, n, n_k, d = case["batch"], case["heads"], case["n"], case["n_k"], 128
@@ -268,10 +269,10 @@ def main():
                        if impl.startswith("two") else None,
                        full_per_block=float((plan.block_map == 2).sum() / plan.n_qb) if impl.startswith("two") else None,
                        two_launches=bool(plan.has_partial and ws_cfg) if impl.startswith("two") else None)
-            if impl.startswith(("cfg:", "exp16")):
-                icfg, iexp = parse_impl_cfg(impl)
-                rec.update(config=list(icfg), exp16=iexp, two_launches=spec.kind == "causal")
-                why = refused.get((icfg, iexp, "causal" if spec.kind == "causal" else "full"))
+            if impl.startswith("cfg:"):
+                icfg = parse_impl_cfg(impl)
+                rec.update(config=list(icfg), two_launches=spec.kind == "causal")
+                why = refused.get((icfg, "causal" if spec.kind == "causal" else "full"))
                 if why:
                     rec.update(status="compile_error", error=why)
                     recs[impl] = rec

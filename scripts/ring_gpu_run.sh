@@ -9,7 +9,8 @@
 #        traces, then the gpu tests, each only while its time fits; IMPLS overrides the variants,
 #        e.g. the ring-overhead run: IMPLS=ring:zigzag,ring:zigzag:unfused-merge,...; SM clocks and
 #        power are sampled into smi.csv while it runs)
-#        SUITE=1: afterwards the whole gpu test suite on GPU 0 (carry .whl: jsonschema)
+#        SUITE=1: afterwards the whole gpu test suite on GPU 0
+# Carry .whl (jsonschema): the trace recorder and the suite need it; without it the traces fail.
 # NVLink multicast stays off (the lent machines ask for it; it can take a shared host's GPUs down).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -21,6 +22,10 @@ mkdir -p "$OUT/ring"
 stamp() { echo "== $1 $(date -u +%H:%M:%S) (${SECONDS}s)"; }
 fits() { [ "$MODE" = full ] || [ $((SECONDS + $1)) -le "$BUDGET" ]; }   # another $1 seconds fit
 TRACES=${TRACES:-1}            # TRACES=0: no recordings (a comparison only)
+if ls .whl/*.whl >/dev/null 2>&1; then   # packages the device image lacks (jsonschema: the recorder, the suite)
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv; nvidia-smi topo -m
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count(), 'nccl', torch.cuda.nccl.version())"
 } > "$OUT/env.txt" 2>&1
@@ -56,10 +61,6 @@ if [ "$MODE" != full ]; then
   if fits 35; then gpu_tests $((BUDGET + 25 - SECONDS)) || tail -40 "$OUT/gpu-tests.log"; else echo "skipped gpu tests: past the time budget"; fi
 fi
 if [ "${SUITE:-0}" = 1 ]; then
-  if ls .whl/*.whl >/dev/null 2>&1; then   # packages the device image lacks (jsonschema)
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH=/tmp/site
-  fi
   stamp "gpu suite (GPU 0)"
   CUDA_VISIBLE_DEVICES=0 timeout "${SUITE_S:-240}" $PY -m pytest -m gpu tests/kernels tests/instrumentation tests/benchmarks \
     tests/data -q -n 8 -p no:cacheprovider --tb=short -rf > "$OUT/gpu-suite.log" 2>&1
