@@ -2,12 +2,15 @@
 one chart per screen. Each chart keeps the slide size the figures' template lays it out at
 (app/figures/_slide.py: 1280 x 720, 16:9, the same as a slide-mode PNG export) and is scaled as a
 whole to fit the window, so what the room sees is what the export writes. Errors, warnings and
-the page's own controls (step buttons, sliders) stay; download buttons and export menus fade until hovered.
+the page's own controls (step buttons, sliders) stay, stepping controls in a bar at the bottom of
+the window (a container keyed STEP_BAR...); download buttons and export menus fade until hovered.
 """
 
 from __future__ import annotations
 
 import streamlit as st
+
+STEP_BAR = "slide_step_bar"     # key prefix of a container of stepping controls: on slides, a bar at the bottom
 
 CSS = """
 <style>
@@ -40,6 +43,12 @@ CSS = """
   box-shadow: 0 1px 4px rgba(0, 0, 0, 0.35); }
 .st-key-leave_present button:hover { background: #111; color: #fff; border-color: #fff; }
 .st-key-leave_present button p, .st-key-leave_present button span { font-size: 0.95rem; color: #fff !important; }
+/* a page's stepping controls (a container keyed STEP_BAR...): a bar fixed at the bottom of the
+   window, so the step buttons and the chart they change are on screen together */
+[class*="st-key-slide_step_bar"] { position: fixed; left: 0; right: 0; bottom: 0; z-index: 999;
+  width: auto !important; background: #fff; border-top: 1px solid #bbb;
+  padding: 0.3rem 1.5rem 0.1rem; }
+[data-testid="stMainBlockContainer"]:has([class*="st-key-slide_step_bar"]) { padding-bottom: 9rem; }
 /* the page's own controls (step buttons, sliders, selects) readable from the back of the room */
 [data-testid="stMainBlockContainer"] [data-testid="stBaseButton-secondary"] { border: 1px solid #555;
   color: #111; font-size: 1.05rem; padding: 0.35rem 1rem; }
@@ -71,7 +80,8 @@ FIT = """
       // the slide size the server fixed (layout.meta.slide_px): Streamlit may re-lay the plot out
       const size = (p.layout.meta && p.layout.meta.slide_px) || [p.layout.width, p.layout.height];
       const [fw, fh] = size;
-      const W = main.clientWidth - 32, H = window.innerHeight - 72;
+      const bar = document.querySelector('[class*="st-key-slide_step_bar"]');   // fixed at the bottom
+      const W = main.clientWidth - 32, H = window.innerHeight - 72 - (bar ? bar.offsetHeight : 0);
       const z = Math.min(W / fw, H / fh);
       const want = {transform: `scale(${z.toFixed(3)})`,
                     marginLeft: `${Math.max(0, (W - fw * z) / 2).toFixed(0)}px`,

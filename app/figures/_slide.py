@@ -326,11 +326,11 @@ def _fit_axis_titles(fig: go.Figure, plot_px: float) -> None:
 
 def _two_lines(text: str, width: int) -> list[str]:
     """Wrap an axis title at `width`, breaking before its '(units …)' when that gives two lines
-    (a break inside the parenthesis reads as 'GB = 10⁹ B,' / 'log)')."""
+    (a break inside the parenthesis reads as 'GB = 10⁹ B,' / 'log)'); never inside a word ('batch·hea' / 'd')."""
     i = text.rfind(" (")
     if 0 < i and i <= width and len(text) - i - 1 <= width:
         return [text[:i], text[i + 1:]]
-    return textwrap.wrap(text, width)
+    return textwrap.wrap(text, width, break_long_words=False)
 
 
 def _wrap(text: str, width: int) -> str:

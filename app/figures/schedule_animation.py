@@ -100,10 +100,11 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     st = schedule_stats(tl)
 
     # lanes across the top, the two grids side by side below: each panel gets a readable size
-    # on the page (1440 px) and on a 16:9 slide alike
-    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], row_heights=[0.45, 0.55],
-                        vertical_spacing=0.16, horizontal_spacing=0.14,
-                        subplot_titles=["SM lanes, cursor = now (colour: the lanes' colour bar)",
+    # on the page (1440 px) and on a 16:9 slide alike. The lanes' time axis is named in their
+    # panel title, not under the axis: that line is lane height on a 720 px slide.
+    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], row_heights=[0.55, 0.45],
+                        vertical_spacing=0.11, horizontal_spacing=0.14,
+                        subplot_titles=[f"SM lanes over {xlabel}; cursor = now",
                                         f"work items ({n_bh} bh × {n_qb} q blocks)",
                                         f"tiles of head bh={bh}"])
     lanes = lane_traces(tl, color_by, scale, bins=LANE_BINS, hover=False, showscale=True, colorbar_y=0.8)
@@ -147,7 +148,6 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
                       template=TEMPLATE, height=1000 if controls else 900, showlegend=True,
                       meta={"slide_colorbar_top": True},     # the lanes' colour bar beside the lanes
                       legend=dict(orientation="v", x=1.02, y=0.5, yanchor="top", font=dict(size=11)))
-    fig.update_xaxes(title_text=xlabel, row=1, col=1)
     n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=1, col=1)
     fig.update_xaxes(title_text="query block", row=2, col=1)

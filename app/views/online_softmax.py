@@ -4,7 +4,7 @@ running max m, sum l and rescale alpha, beside a float64 reference on the same i
 import numpy as np
 import streamlit as st
 
-from app import settings, url_state
+from app import presentation, settings, url_state
 from app.text import plain
 from app.figures.softmax import (default_q_row, inputs_for_trace, softmax_error_figure, softmax_state_figure,
                                  softmax_steps, softmax_strip_figure, softmax_tile_figure)
@@ -65,7 +65,9 @@ def step(delta):
     st.session_state["sm_step"] = max(1, min(n_steps, st.session_state["sm_step"] + delta))
 
 
-b1, b2, b3, b4 = st.columns([1, 1, 1, 6])
+# the stepping controls: on slides a bar fixed under the charts (app/presentation.py), so Next and
+# the chart it changes are on screen together
+b1, b2, b3, b4 = st.container(key=f"{presentation.STEP_BAR}_softmax").columns([1, 1, 1, 6])
 b1.button("First", icon=":material/first_page:", on_click=lambda: st.session_state.update(sm_step=1),
           key="sm_first")
 b2.button("Prev", icon=":material/chevron_left:", on_click=step, args=(-1,), key="sm_prev")

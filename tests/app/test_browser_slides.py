@@ -46,3 +46,31 @@ def test_slide_captions_clear_of_download_buttons(app_server, new_page, viewport
             assert overlap <= 0, (chart["box"], b)                            # no button on a chart
             for cap in chart["caption"]:
                 assert min(cap["bottom"], b["bottom"]) - max(cap["top"], b["top"]) <= 0, (cap, b)
+
+
+STEP_BAR_BOXES = """() => {
+  const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
+  const next = [...document.querySelectorAll('button')].find(b => b.innerText.trim().endsWith('Next'));
+  return {chart: r(document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot')),
+          next: next ? r(next) : null, height: window.innerHeight};
+}"""
+
+
+@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
+def test_slide_softmax_step_buttons_on_screen_with_the_chart(app_server, new_page):
+    """On a slide the online softmax's Prev/Next bar stays at the bottom of the window: with the
+    first chart scrolled to the top, the whole chart (x-axis title included) and the Next button
+    are on screen together, and the bar covers no part of the chart."""
+    page = new_page(1920, 1080)
+    page.goto(f"{app_server}/?page=online_softmax&source=recorded&trace=n1024_causal_natural&present=1")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
+                           ".js-plotly-plot').length >= 4", timeout=120_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
+    time.sleep(1.0)                                   # the fit script settles every 300 ms
+    page.evaluate("() => document.querySelector('[data-testid=\"stPlotlyChart\"]').scrollIntoView({block: 'start'})")
+    time.sleep(0.5)
+    boxes = page.evaluate(STEP_BAR_BOXES)
+    chart, nxt, height = boxes["chart"], boxes["next"], boxes["height"]
+    assert nxt is not None and 0 <= nxt["top"] and nxt["bottom"] <= height, boxes     # Next on screen
+    assert chart["top"] >= -1 and chart["bottom"] <= nxt["top"] + 1, boxes           # chart whole, above the bar

@@ -96,3 +96,38 @@ def test_decode_merge_labels_share_one_size_and_never_overlap(splits):
     shares = [float(t.rstrip("%")) / 100 for t in bar.text]
     np.testing.assert_allclose(shares, bar.y, atol=5e-4)              # the labels are the weights
     assert fig.layout.yaxis.tickformat == ".0%"
+
+
+def test_slide_axis_titles_wrap_between_words_only():
+    """A y-axis title too long for its slide panel wraps between words, never inside one (the
+    animation's "batch·head" read "batch·hea" / "d" on a slide)."""
+    from app.figures._slide import _two_lines
+
+    rng = np.random.default_rng(13)
+    assert _two_lines("batch·head", 6) == ["batch·head"]
+    for _ in range(200):
+        words = ["".join(rng.choice(list("abcdefgh·"), int(rng.integers(1, 14)))) for _ in range(int(rng.integers(1, 6)))]
+        text = " ".join(words)
+        lines = _two_lines(text, int(rng.integers(3, 20)))
+        assert " ".join(lines) == text                       # nothing lost, nothing split
+        assert all(w in words for line in lines for w in line.split(" "))
+
+
+def test_animation_slide_gives_the_lanes_the_larger_panel(softmax_inputs):
+    """On a 720 px slide the whole-GPU animation's SM lanes get the taller row (they were ~100 px
+    of it), and their time axis is still named with its unit, in the panel's title."""
+    from app.figures.schedule_animation import tile_animation_figure
+    from app.figures._common import time_axis
+    from instrumentation.schedule_model import timeline
+
+    tr = softmax_inputs.trace
+    for controls in (True, False):
+        fig = presentation(tile_animation_figure(tr, max_frames=6, controls=controls))
+        lay = fig.layout
+        heights = {k: lay[k].domain[1] - lay[k].domain[0] for k in ("yaxis", "yaxis2", "yaxis3")}
+        assert heights["yaxis"] >= max(heights["yaxis2"], heights["yaxis3"]), heights
+        plot_px = lay.height - lay.margin.t - lay.margin.b
+        assert heights["yaxis"] * plot_px >= 120, (heights, plot_px)
+        unit_label = time_axis(timeline(tr))[1]
+        lane_title = next(a.text for a in lay.annotations if a.y is not None and abs(a.y - lay.yaxis.domain[1]) < 1e-6)
+        assert unit_label in lane_title, lane_title
