@@ -1,4 +1,5 @@
-"""Host side of the FlashAttention kernel: settings, block lists, schedules, launch.
+"""Host side of the FlashAttention kernel: settings, warp-specialisation rules, launch (the block
+lists and work order it runs are kernels.plan).
 
 Shapes: q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H % H_kv == 0; masks on the N_q x N_k grid,
 bottom-right aligned (kernels.masks). Input rules live in kernels.shapes."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -20,7 +21,8 @@ choose_backend()  # before triton is imported: the interpreter is chosen at impo
 import triton  # noqa: E402
 
 from .flash_kernel import attn_fwd_kernel  # noqa: E402
-from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask  # noqa: E402
+from .masks import FULL, PARTIAL, MaskSpec, parse_mask  # noqa: E402
+from .plan import BlockPlan, block_plan, work_order  # noqa: E402,F401  (re-exported: kernels.flash.block_plan)
 from .shapes import SUPPORTED_DTYPES, check_inputs, padded_head_dim, softmax_scale  # noqa: E402,F401
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -149,91 +151,6 @@ def use_warp_specialize(requested, cfg: KernelConfig, plan: "BlockPlan", head_di
         return False
     return (dtype in (torch.bfloat16, torch.float16) and schedule != "persistent" and descriptors_fit
             and (not plan.has_partial or (not traced and _split_pays(plan.block_map))))
-
-
-@dataclass
-class BlockPlan:
-    """What the kernel iterates: per query block, the full and the partial K-block lists."""
-
-    spec: MaskSpec
-    n: int                                 # query rows N_q
-    block_m: int
-    block_n: int
-    block_map: np.ndarray                  # (n_qb, n_kb) int8
-    row_lo: torch.Tensor                   # (n,) int32
-    row_hi: torch.Tensor                   # (n,) int32
-    full_cnt: torch.Tensor                 # (n_qb,) int32
-    full_start: torch.Tensor               # (n_qb,) int32: full K blocks are full_start + [0, full_cnt)
-    part_cnt: torch.Tensor
-    part_idx: torch.Tensor
-    tiles_per_q_block: np.ndarray = field(repr=False)  # (n_qb,) computed tiles
-    n_k: int = 0                           # key columns N_k
-    has_empty_rows: bool = False           # some query row sees no key (output 0, lse -inf)
-    _work_lists: dict = field(default_factory=dict, repr=False)
-
-    def work_list(self, batch_heads: int, schedule: str) -> torch.Tensor:
-        """The work order on the device, built once per (B*H, schedule) and kept."""
-        key = (batch_heads, schedule)
-        if key not in self._work_lists:
-            order = work_order(self, batch_heads, schedule)
-            self._work_lists[key] = torch.from_numpy(order).to(self.row_lo.device)
-        return self._work_lists[key]
-
-    @cached_property
-    def has_partial(self) -> bool:
-        """Any partial tile: the kernel then compiles its on-band loop (HAS_PARTIAL)."""
-        return bool((self.block_map == PARTIAL).any())
-
-    @property
-    def n_qb(self) -> int:
-        return self.block_map.shape[0]
-
-    @property
-    def n_kb(self) -> int:
-        return self.block_map.shape[1]
-
-
-def _index_lists(block_map: np.ndarray, status: int) -> tuple[np.ndarray, np.ndarray]:
-    hit = block_map == status
-    cnt = hit.sum(axis=1).astype(np.int32)
-    # stable sort puts the hit K blocks first, in ascending order
-    idx = np.argsort(~hit, axis=1, kind="stable").astype(np.int32)
-    return cnt, idx
-
-
-def block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device, n_k: int | None = None) -> BlockPlan:
-    """The plan for N_q = n query rows and N_k = n_k keys (n_k = n when omitted)."""
-    return _block_plan(spec, n, n if n_k is None else int(n_k), block_m, block_n, str(device))
-
-
-@lru_cache(maxsize=64)
-def _block_plan(spec: MaskSpec, n: int, n_k: int, block_m: int, block_n: int, device: str) -> BlockPlan:
-    """Built once per (mask, N_q, N_k, blocks, device): the host work stays out of repeated calls."""
-    bmap = spec.block_map(n, block_m, block_n, n_k)
-    lo, hi = spec.row_intervals(n, n_k)
-    full_cnt, full_idx = _index_lists(bmap, FULL)
-    full_start = full_idx[:, 0].copy()
-    # every row sees one interval, so the tiles all rows fully see form one contiguous run
-    last = np.where(full_cnt > 0, full_idx[np.arange(len(full_cnt)), np.maximum(full_cnt - 1, 0)], -1)
-    assert np.all((full_cnt == 0) | (last - full_start + 1 == full_cnt)), "full tiles not contiguous"
-    part_cnt, part_idx = _index_lists(bmap, PARTIAL)
-    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    return BlockPlan(spec, n, block_m, block_n, bmap, to(lo), to(hi), to(full_cnt), to(full_start),
-                     to(part_cnt), to(part_idx), (bmap != SKIPPED).sum(axis=1), n_k,
-                     bool((lo > hi).any()))
-
-
-def work_order(plan: BlockPlan, batch_heads: int, schedule: str) -> np.ndarray:
-    """Work items (bh * n_qb + q_block) in the order programs take them."""
-    n_qb = plan.n_qb
-    natural = np.arange(batch_heads * n_qb, dtype=np.int64)
-    if schedule == "natural":
-        return natural.astype(np.int32)
-    # longest first within each head (FA2's reverse order for causal); heads stay in order so
-    # the K/V of the heads in flight stay in L2
-    tiles = np.tile(plan.tiles_per_q_block, batch_heads)
-    order = np.lexsort((natural % n_qb, -tiles, natural // n_qb))
-    return order.astype(np.int32)
 
 
 def tma_available(device) -> bool:
