@@ -35,12 +35,13 @@ def png_scale(fig: go.Figure) -> float:
 
 def static_frame(fig: go.Figure, frame: int | None = None) -> go.Figure:
     """One frame of an animated figure as a still: the frame's data and layout applied to the
-    base figure, player buttons and slider removed. frame: 0-based, default the middle one.
-    A figure without frames comes back unchanged."""
+    base figure, player buttons and slider removed. frame: 0-based, default the one its player
+    opens on (else the middle one). A figure without frames comes back unchanged."""
     if not fig.frames:
         return fig
     n = len(fig.frames)
-    i = n // 2 if frame is None else int(frame)
+    opens = fig.layout.sliders[0].active if fig.layout.sliders else None
+    i = (int(opens) if opens is not None else n // 2) if frame is None else int(frame)
     if not 0 <= i < n:
         raise ExportError(f"frame must be within 1..{n}, got {i + 1}")
     base = fig.to_dict()

@@ -62,6 +62,20 @@ def slider_label(value: float, step: float) -> str:
     return f"{value:.{decimals}f}"
 
 
+def opening_frame(tl, bh: int, times: np.ndarray) -> int:
+    """The frame a player opens on: mid-run, or, for a head whose work items are not running
+    then (one picked because it starts late), the middle of that head's items, so its tile grid
+    is seen filling in rather than all pending or all done."""
+    k = len(times) // 2
+    mine = tl[tl["bh"] == bh]
+    if not len(mine):
+        return k
+    lo, hi = float(mine["t_start"].min()), float(mine["t_end"].max())
+    if lo <= times[k] <= hi:
+        return k
+    return int(np.clip(np.searchsorted(times, (lo + hi) / 2), 0, len(times) - 1))
+
+
 def _frame_title(heading: str, t: float, scale: float, unit: str, work: dict, tiles: dict, k: int,
                  bh: int) -> dict:
     run, done = frame_counts(work, k)
@@ -78,7 +92,8 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     grid of traced head `bh` (bottom right; default: the first traced head).
 
     max_frames frames evenly spread from the first start to the last end. `frame`: the frame
-    drawn before playing (default: mid-run, never an empty grid). controls=False: a
+    drawn before playing (default: mid-run, or the middle of the traced head's work items where
+    they do not run at mid-run: never an empty grid). controls=False: a
     still of that frame (no frames, no player).
     """
     tl = _timeline(trace, tl)
@@ -88,7 +103,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     scale, xlabel = time_axis(tl)
     unit = _unit(tl)
     times = animation_times(tl, max_frames)
-    k0 = len(times) // 2 if frame is None else int(frame)
+    k0 = opening_frame(tl, bh, times) if frame is None else int(frame)
     if not 0 <= k0 < len(times):
         raise ValueError(f"frame must be within 0..{len(times) - 1}, got {frame}")
     t0 = float(tl["t_start"].min())

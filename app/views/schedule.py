@@ -256,7 +256,7 @@ else:
                              "sched_frame_chart", s.present)
             one_frame()
         else:
-            common.chart(animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace),
+            common.chart(animation_fig(src.key, sms, color_by, bh, None, True, trace),    # opens mid-run or mid-head
                          "whole-gpu-animation", "sched_anim_chart", s.present)
         st.caption("Top: the lanes with the time cursor, coloured as the colour bar says. Bottom left: every "
                    "work item, pending (pale blue), running (black) or done (blue). Bottom right: the traced head's "

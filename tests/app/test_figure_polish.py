@@ -131,3 +131,29 @@ def test_animation_slide_gives_the_lanes_the_larger_panel(softmax_inputs):
         unit_label = time_axis(timeline(tr))[1]
         lane_title = next(a.text for a in lay.annotations if a.y is not None and abs(a.y - lay.yaxis.domain[1]) < 1e-6)
         assert unit_label in lane_title, lane_title
+
+
+@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
+def test_animation_opens_where_the_picked_head_runs():
+    """Picking a head that starts late (or finishes early) opens the player, and a still export,
+    on a frame inside that head's work items, not on an all-pending (or all-done) tile grid; the
+    default head still opens mid-run."""
+    from app.exports.images import static_frame
+    from app.figures.schedule_animation import tile_animation_figure
+    from instrumentation.schedule_analysis import animation_times, default_traced_head, traced_heads
+    from instrumentation.schedule_model import timeline
+    from instrumentation.trace import Trace
+
+    tr = Trace.load(ROOT / "data" / "traces" / "n1024_causal_natural")
+    tl = timeline(tr)
+    times = animation_times(tl, 24)
+    default, _ = default_traced_head(tr, tl)
+    for bh in traced_heads(tr):
+        fig = tile_animation_figure(tr, tl=tl, bh=bh, max_frames=24)
+        k = fig.layout.sliders[0].active
+        mine = tl[tl["bh"] == bh]
+        assert mine["t_start"].min() <= times[k] <= mine["t_end"].max(), (bh, k)
+        if bh == default:
+            assert k == 12
+        still = static_frame(fig)
+        assert still.layout.title.subtitle.text == fig.frames[k].layout.title.subtitle.text
