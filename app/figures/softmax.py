@@ -5,6 +5,8 @@ instrumentation.online_softmax.softmax_steps; this module only draws them."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -275,7 +277,9 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
                       height=310, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
                       yaxis_visible=False,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
-    fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False)
+    # whole K blocks only (with a few blocks plotly's own ticks fall on -0.5, 0.5, ...)
+    fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False, tickmode="array",
+                     tickvals=list(range(0, n_kb, max(1, math.ceil(n_kb / 16)))))
     return _caption(fig, steps)
 
 

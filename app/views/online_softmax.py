@@ -90,6 +90,12 @@ st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`)
             f"{r.key_start}–{r.key_end - 1}).")
 
 
+def percent(share: float) -> str:
+    """A share in plain digits: '12.5 %', and '< 0.001 %' for round-off (never '1.86e-14 %')."""
+    pct = 100 * share
+    return "0 %" if pct == 0 else f"{pct:,.3g} %" if pct >= 1e-3 else "< 0.001 %"
+
+
 def diff(kernel: float, ref: float, relative: bool = False) -> str:
     """Kernel minus float64 reference, as text (a step where the row sees no key yet has m = −∞)."""
     if not (np.isfinite(kernel) and np.isfinite(ref)):
@@ -105,8 +111,7 @@ m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", diff(r.l_kernel, r.l_re
             delta_color="off", delta_arrow="off")
 m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
             diff(r.alpha_kernel, r.alpha_ref), delta_color="off", delta_arrow="off")
-m[3].metric("partial output off the final", "n/a" if not np.isfinite(r.out_rel_err) else
-            f"{100 * r.out_rel_err:,.3g} %",
+m[3].metric("partial output off the final", "n/a" if not np.isfinite(r.out_rel_err) else percent(r.out_rel_err),
             help="‖O'/ℓ − O‖/‖O‖: the row's output if the softmax stopped after this step (keys so "
                  "far only) against the exact float64 output over every key; near 0 % after the last step")
 kerr = steps.attrs.get("kernel_out_rel_err")

@@ -70,3 +70,18 @@ def test_another_traced_head_from_the_link(monkeypatch):
     assert any(f"head bh={heads[-1]}," in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
     assert not [e for e in at.error]                 # regenerated inputs match the kernel's m, l
     assert at.session_state["sm_offset"] == default_q_row(trace, heads[-1]) % int(trace.meta["block_m"])
+
+
+@needs_trace
+def test_every_step_reads_in_plain_numbers(monkeypatch):
+    """Stepping a row to its end: the partial-output share is written in plain digits (round-off
+    reads '< 0.001 %', never '1.86e-14 %'), and the K-block strip ticks whole blocks only."""
+    at = _open(monkeypatch)
+    last = at.slider(key="sm_step").max
+    at.slider(key="sm_step").set_value(last).run()
+    share = [m for m in at.metric if m.label.startswith("partial output")][0].value
+    assert share.endswith("%") and "e" not in share.lower(), share
+    strip = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                 if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("K blocks"))
+    ticks = strip["layout"]["xaxis"]["tickvals"]
+    assert ticks and all(float(t).is_integer() and t >= 0 for t in ticks)
