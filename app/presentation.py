@@ -34,6 +34,7 @@ CSS = """
 [data-testid="stPlotlyChart"] { width: auto !important; }
 [data-testid="stDownloadButton"], [data-testid="stPopover"] { opacity: 0.25; }
 [data-testid="stDownloadButton"]:hover, [data-testid="stPopover"]:hover { opacity: 1; }
+[data-testid="stPopoverBody"] [data-testid="stDownloadButton"] { opacity: 1; }   /* an open menu reads whole */
 /* the way out: a clear dark pill in the top-right corner, small enough to stay out of the slide */
 .st-key-leave_present { position: fixed; top: 0.6rem; right: 1rem; z-index: 1000; width: auto !important;
   opacity: 0.45; transition: opacity 0.2s; }   /* faint over a chart's title until the pointer comes */

@@ -74,3 +74,22 @@ def test_slide_softmax_step_buttons_on_screen_with_the_chart(app_server, new_pag
     chart, nxt, height = boxes["chart"], boxes["next"], boxes["height"]
     assert nxt is not None and 0 <= nxt["top"] and nxt["bottom"] <= height, boxes     # Next on screen
     assert chart["top"] >= -1 and chart["bottom"] <= nxt["top"] + 1, boxes           # chart whole, above the bar
+
+
+def test_slide_export_menu_opens_readable(app_server, new_page):
+    """On a slide the export menus fade until hovered, but an opened menu's buttons do not: every
+    format in it is drawn at full opacity (they were all faint, 0.25, until each was hovered)."""
+    page = new_page(1920, 1080)
+    page.goto(f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
+                           ".js-plotly-plot').length >= 4", timeout=120_000)
+    menu = page.locator('[data-testid="stPopoverButton"]').filter(has_text="Export chart").first
+    menu.scroll_into_view_if_needed()
+    menu.click()
+    body = page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')
+    body.first.wait_for(timeout=30_000)
+    page.mouse.move(1, 1)                        # the pointer off the menu: nothing is hovered
+    time.sleep(0.3)
+    opacities = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')]
+        .map(b => { let o = 1; for (let e = b; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; })""")
+    assert len(opacities) >= 4 and min(opacities) > 0.9, opacities
