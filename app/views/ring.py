@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import data_sources, settings, url_state
+from app import data_sources, presentation, settings, url_state
 from app.figures.ring import (balance_figure, efficiency_note, overlap_stats, ring_diagram_figure,
                               ring_merge_figure, ring_provenance, ring_timeline_figure)
 from app.views import common
@@ -108,7 +108,9 @@ st.caption("Natural: rank r holds chunk r, so under causal the last rank attends
 st.subheader("4. One row's (m, l), merged across ranks")
 rows = trace.ring_rows
 q_rows = sorted(int(x) for x in rows.q_row.unique())
-c1, c2 = st.columns([1, 2])
+# on slides a bar fixed at the bottom (app/presentation.py): the merge chart, the page's last, and
+# its step slider are on screen together
+c1, c2 = st.container(key=f"{presentation.STEP_BAR}_ring").columns([1, 2])
 url_state.control("ring_row", q_rows[-1], int, options=q_rows)
 q_row = c1.selectbox("query row (traced ones)", q_rows, key="ring_row")
 n_parts = int((rows.q_row == q_row).sum())

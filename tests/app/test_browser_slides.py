@@ -93,3 +93,27 @@ def test_slide_export_menu_opens_readable(app_server, new_page):
     opacities = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')]
         .map(b => { let o = 1; for (let e = b; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; })""")
     assert len(opacities) >= 4 and min(opacities) > 0.9, opacities
+
+
+@pytest.mark.skipif(not list((ROOT / "data" / "ring").glob("*/manifest.json")), reason="no bundled ring recordings")
+def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
+    """The ring page's merge chart (its last) and its 'chunks merged' slider share the screen on a
+    slide: the slider sits in the bar at the bottom of the window, below the whole chart."""
+    page = new_page(1920, 1080)
+    page.goto(f"{app_server}/?page=ring&present=1")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
+                           ".js-plotly-plot').length >= 4", timeout=120_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
+    time.sleep(1.0)
+    page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')].pop().scrollIntoView({block: 'start'})")
+    time.sleep(0.5)
+    boxes = page.evaluate("""() => {
+      const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom}; };
+      const slider = [...document.querySelectorAll('[data-testid="stSlider"]')].find(s => s.innerText.includes('chunks merged'));
+      return {chart: r([...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].pop()),
+              slider: slider ? r(slider) : null, height: window.innerHeight};
+    }""")
+    chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
+    assert slider is not None and 0 <= slider["top"] and slider["bottom"] <= height, boxes
+    assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, boxes
