@@ -157,3 +157,18 @@ def test_animation_opens_where_the_picked_head_runs():
             assert k == 12
         still = static_frame(fig)
         assert still.layout.title.subtitle.text == fig.frames[k].layout.title.subtitle.text
+
+
+def test_animation_work_grid_ticks_whole_rows_and_blocks(softmax_inputs):
+    """The work-item grid's axes tick whole batch·head rows and query blocks: one head (B = H = 1)
+    read -0.4, -0.2, 0, 0.2, 0.4; any grid size gets a few evenly spaced whole numbers."""
+    from app.figures.schedule_animation import _whole_ticks, tile_animation_figure
+
+    fig = tile_animation_figure(softmax_inputs.trace, max_frames=6)
+    n_qb = int(softmax_inputs.trace.meta["n_q_blocks"])
+    assert list(fig.layout.yaxis2.tickvals) == [0]                     # the one head
+    assert list(fig.layout.xaxis2.tickvals) == list(range(n_qb))
+    for n in np.random.default_rng(7).integers(1, 5000, 200):
+        ticks = _whole_ticks(int(n))
+        steps = set(np.diff(ticks)) if len(ticks) > 1 else {1}
+        assert ticks[0] == 0 and ticks[-1] < n and len(steps) == 1 and len(ticks) <= 9, (n, ticks)
