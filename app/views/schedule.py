@@ -17,11 +17,11 @@ from app.text import plain
 from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_comparison_figure,
                                   schedule_comparison_stats, sm_lanes_figure)
 from app.figures.kv_sharing import kv_sharing_figure
-from app.figures.schedule_animation import DEFAULT_FRAMES, tile_animation_figure
+from app.figures.schedule_animation import DEFAULT_FRAMES, opening_frame, tile_animation_figure
 from app.views import common
 from app.views.progress import FrameProgress
 from instrumentation.schedule_analysis import (METRICS, cached_stats, cached_timeline, default_traced_head,
-                                               metrics_row, stragglers, traced_heads, uneven_work)
+                                               animation_times, metrics_row, stragglers, traced_heads, uneven_work)
 from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
@@ -249,7 +249,8 @@ else:
             @st.fragment
             def one_frame():
                 """Only this part reruns when the frame changes."""
-                url_state.control("sched_frame", DEFAULT_FRAMES // 2, options=range(DEFAULT_FRAMES))
+                opens = opening_frame(tl, bh, animation_times(tl, DEFAULT_FRAMES))   # as the player does
+                url_state.control("sched_frame", opens, options=range(DEFAULT_FRAMES))
                 k = st.slider("frame", 0, DEFAULT_FRAMES - 1, key="sched_frame",
                               help=f"{DEFAULT_FRAMES} frames evenly spread from the first start to the last end")
                 common.chart(animation_fig(src.key, sms, color_by, bh, k, False, trace), "whole-gpu-frame",

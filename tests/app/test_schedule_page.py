@@ -5,6 +5,7 @@ page controls in the URL. Small interpreter recordings made here (TILESCOPE_DATA
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -106,6 +107,11 @@ def test_animation_for_each_traced_head(data_dir):
     assert "tiles of head bh=3" in json.dumps(chart(at, "The whole GPU over time")["layout"]["annotations"])
     # one frame at a time: a still (no player), its frame in the link
     at.toggle(key="sched_still").set_value(True).run()
+    # the still opens as the player does: on a frame where the picked head's work items run
+    still = chart(at, "The whole GPU over time")
+    t_now = float(re.match(r"t = ([0-9.e+-]+)", still["layout"]["title"]["subtitle"]["text"]).group(1))
+    span = re.search(r"its items run from t = ([0-9.e+-]+) to ([0-9.e+-]+)", json.dumps(still["layout"]["annotations"]))
+    assert float(span.group(1)) * 0.999 <= t_now <= float(span.group(2)) * 1.001, (t_now, span.groups())
     at.slider(key="sched_frame").set_value(5).run()
     clean(at)
     still = chart(at, "The whole GPU over time")
