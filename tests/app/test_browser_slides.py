@@ -12,8 +12,24 @@ import pytest
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
+
 if not list((ROOT / "data" / "decode").glob("*/manifest.json")):
     pytest.skip("no bundled decode recordings (data/decode/)", allow_module_level=True)
+
+
+def open_slides(new_page, url: str, size=(1920, 1080), fitted: bool = True):
+    """`url` (presentation mode) in a window of `size`, once four charts are drawn and, with
+    `fitted`, scaled to the window by the fit script (which settles every 300 ms)."""
+    page = new_page(*size)
+    page.goto(url)
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
+                           ".js-plotly-plot').length >= 4", timeout=120_000)
+    if fitted:
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                               ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
+        time.sleep(1.0)
+    return page
+
 
 BOXES = """() => {
   const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
@@ -28,13 +44,7 @@ BOXES = """() => {
 
 @pytest.mark.parametrize("viewport", [(1100, 700), (1700, 1000)])
 def test_slide_captions_clear_of_download_buttons(app_server, new_page, viewport):
-    page = new_page(*viewport)
-    page.goto(f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1")
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
-                           ".js-plotly-plot').length >= 4", timeout=120_000)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
-    time.sleep(1.0)                                   # the fit script settles every 300 ms
+    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", viewport)
     boxes = page.evaluate(BOXES)
     charts, buttons = boxes["charts"], boxes["buttons"]
     assert len(charts) == 4 and len(buttons) >= 4          # one export menu per chart (and the trace data)
@@ -61,13 +71,7 @@ def test_slide_softmax_step_buttons_on_screen_with_the_chart(app_server, new_pag
     """On a slide the online softmax's Prev/Next bar stays at the bottom of the window: with the
     first chart scrolled to the top, the whole chart (x-axis title included) and the Next button
     are on screen together, and the bar covers no part of the chart."""
-    page = new_page(1920, 1080)
-    page.goto(f"{app_server}/?page=online_softmax&source=recorded&trace=n1024_causal_natural&present=1")
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
-                           ".js-plotly-plot').length >= 4", timeout=120_000)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
-    time.sleep(1.0)                                   # the fit script settles every 300 ms
+    page = open_slides(new_page, f"{app_server}/?page=online_softmax&source=recorded&trace=n1024_causal_natural&present=1")
     page.evaluate("() => document.querySelector('[data-testid=\"stPlotlyChart\"]').scrollIntoView({block: 'start'})")
     time.sleep(0.5)
     boxes = page.evaluate(STEP_BAR_BOXES)
@@ -79,10 +83,7 @@ def test_slide_softmax_step_buttons_on_screen_with_the_chart(app_server, new_pag
 def test_slide_export_menu_opens_readable(app_server, new_page):
     """On a slide the export menus fade until hovered, but an opened menu's buttons do not: every
     format in it is drawn at full opacity (they were all faint, 0.25, until each was hovered)."""
-    page = new_page(1920, 1080)
-    page.goto(f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1")
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
-                           ".js-plotly-plot').length >= 4", timeout=120_000)
+    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", fitted=False)
     menu = page.locator('[data-testid="stPopoverButton"]').filter(has_text="Export chart").first
     menu.scroll_into_view_if_needed()
     menu.click()
@@ -99,13 +100,7 @@ def test_slide_export_menu_opens_readable(app_server, new_page):
 def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
     """The ring page's merge chart (its last) and its 'chunks merged' slider share the screen on a
     slide: the slider sits in the bar at the bottom of the window, below the whole chart."""
-    page = new_page(1920, 1080)
-    page.goto(f"{app_server}/?page=ring&present=1")
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
-                           ".js-plotly-plot').length >= 4", timeout=120_000)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
-    time.sleep(1.0)
+    page = open_slides(new_page, f"{app_server}/?page=ring&present=1")
     page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')].pop().scrollIntoView({block: 'start'})")
     time.sleep(0.5)
     boxes = page.evaluate("""() => {
