@@ -85,6 +85,23 @@ def load_kv_tile(ptrs, n_ok, d_ok, MASK_N: tl.constexpr, EVEN_D: tl.constexpr, E
 
 
 @triton.jit
+def merge_normalised(o_a, lse_a, o_b, lse_b):
+    """Two normalised results of the same rows over disjoint keys, (O (rows, D), lse natural log)
+    each, merged: the online-softmax merge in lse form, w = e^(lse - lse_new), O = w_a O_a + w_b O_b.
+    Rows neither has seen stay (0, -inf). The flash kernel's MERGE epilogue and kernels.ring_merge."""
+    top = tl.maximum(lse_a, lse_b)
+    top = tl.where(top == float("-inf"), 0.0, top)          # both -inf: weights 0, not NaN
+    w_a = tl.exp(lse_a - top)
+    w_b = tl.exp(lse_b - top)
+    total = w_a + w_b
+    seen = total > 0
+    inv = tl.where(seen, 1.0 / tl.where(seen, total, 1.0), 0.0)
+    o = o_a * (w_a * inv)[:, None] + o_b * (w_b * inv)[:, None]
+    lse = tl.where(seen, top + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    return o, lse
+
+
+@triton.jit
 def accumulate_pv(acc, p, v, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
     """acc + P.V with P rounded to V's dtype, as the tensor cores take it."""
     if UPCAST_DOT:
@@ -269,19 +286,11 @@ def _work_item(work, program, order,
         lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * LN2)
     if MERGE:
         # (O, LSE) already hold a normalised result over other keys (a ring's accumulator):
-        # the online-softmax merge of kernels.ring_merge, here instead of a pass of its own
+        # the online-softmax merge kernels.ring_merge runs as a pass of its own, done here instead
         lse_old = tl.load(LSE + bh.to(tl.int64) * stride_lbh + offs_m, mask=in_seq, other=float("-inf"))
-        top = tl.maximum(lse_old, lse)
-        top = tl.where(top == float("-inf"), 0.0, top)          # both -inf: weights 0, not NaN
-        w_old = tl.exp(lse_old - top)
-        w_new = tl.exp(lse - top)
-        total = w_old + w_new
-        seen = total > 0
-        inv = tl.where(seen, 1.0 / tl.where(seen, total, 1.0), 0.0)
         oa_ptrs = OA + off_b * stride_ab + off_h * stride_ah + offs_m[:, None] * stride_an + offs_d[None, :]
         o_old = tl.load(oa_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        out = o_old * (w_old * inv)[:, None] + out * (w_new * inv)[:, None]
-        lse = tl.where(seen, top + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+        out, lse = merge_normalised(o_old, lse_old, out, lse)
     if EVEN_M and EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty))
     elif EVEN_D:

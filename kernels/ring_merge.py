@@ -4,7 +4,8 @@
 merge m = max(m1, m2), l = l1 e^(m1-m) + l2 e^(m2-m), o = (l1 e^(m1-m) o1 + l2 e^(m2-m) o2) / l,
 written in lse form: w1 = e^(lse1 - lse), w2 = e^(lse2 - lse), o = w1 o1 + w2 o2. It is
 associative, so any number of ranks, in any order, give the same result. Rows no key has reached
-stay (0, -inf). One pass reads the float32 accumulator and the partial once and writes the
+stay (0, -inf). The math is kernels.flash_kernel.merge_normalised, which the flash kernel's MERGE
+epilogue runs too. One pass reads the float32 accumulator and the partial once and writes the
 accumulator once: a chain of torch ops makes about four passes, which at 16k rows per GPU cost
 about a tenth of a ring step.
 """
@@ -19,6 +20,8 @@ choose_backend()  # before triton is imported
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from .flash_kernel import merge_normalised  # noqa: E402
 
 
 @triton.jit
@@ -38,20 +41,12 @@ def ring_merge_kernel(O, LSE, OP, LSEP,
     in_rows = rows < N
     lse_a = tl.load(LSE + b * stride_lb + h * stride_lh + rows, mask=in_rows, other=-float("inf"))
     lse_p = tl.load(LSEP + b * stride_qb + h * stride_qh + rows, mask=in_rows, other=-float("inf"))
-    top = tl.maximum(lse_a, lse_p)
-    top = tl.where(top == -float("inf"), 0.0, top)      # both -inf: weights 0, not NaN
-    w_a = tl.exp(lse_a - top)
-    w_p = tl.exp(lse_p - top)
-    total = w_a + w_p
-    seen = total > 0
-    inv = tl.where(seen, 1.0 / tl.where(seen, total, 1.0), 0.0)
-    new_lse = tl.where(seen, top + tl.log(tl.where(seen, total, 1.0)), -float("inf"))
     tile = in_rows[:, None] & (cols[None, :] < D)
     o_ptr = O + b * stride_ob + h * stride_oh + rows[:, None] * stride_on + cols[None, :]
     p_ptr = OP + b * stride_pb + h * stride_ph + rows[:, None] * stride_pn + cols[None, :]
     o = tl.load(o_ptr, mask=tile, other=0.0)
     p = tl.load(p_ptr, mask=tile, other=0.0).to(tl.float32)
-    o = o * (w_a * inv)[:, None] + p * (w_p * inv)[:, None]
+    o, new_lse = merge_normalised(o, lse_a, p, lse_p)
     tl.store(o_ptr, o, mask=tile)
     tl.store(LSE + b * stride_lb + h * stride_lh + rows, new_lse, mask=in_rows)
 
