@@ -31,7 +31,11 @@ sequence and takes its shard):
                         step-copies (unfused, and the query halves copied at every step: the ring
                         before this pass), ctas-N (a
                         ring group whose NCCL kernels take at most N thread blocks, ncclConfig_t
-                        maxCTAs, so transfers take fewer SMs from the attention beside them)
+                        maxCTAs, so transfers take fewer SMs from the attention beside them);
+                        registered (session 5: K/V slots registered with the group's NCCL
+                        communicator, kernels.ring.REGISTERED_BUFFERS: one copy per transfer,
+                        sender to receiver's slot, not two through NCCL's staging buffer),
+                        registered-ctas-8 (both)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -66,7 +70,9 @@ RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority
 OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
                      ("copy-ahead", (("COPY_AHEAD", True),), None),
                      ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False), ("COPY_AHEAD", False)), None),
-                     ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16))
+                     ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16),
+                     ("registered", (("REGISTERED_BUFFERS", True),), None),
+                     ("registered-ctas-8", (("REGISTERED_BUFFERS", True),), 8))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 
@@ -106,6 +112,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
     import kernels.ring
     from kernels import flash_attention
     from kernels.ring import ring_attention, shard
+    from kernels.ring_buffers import release_workspaces
 
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -118,6 +125,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
         if ctas is not None and (not wanted or f"ring:zigzag:{name}" in wanted):
             try:
                 capped[ctas] = dist.new_group(list(range(world)), pg_options=kernels.ring.nccl_options(max_ctas=ctas))
+                dist.barrier(group=capped[ctas])   # its communicator exists now (a pool can be registered)
             except (AttributeError, RuntimeError, TypeError) as exc:   # no ncclConfig_t in this torch
                 log(f"rank {rank}: no NCCL group with max_ctas={ctas}: {type(exc).__name__}: {exc}")
     records = []
@@ -175,6 +183,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
             del ours_1
             torch.cuda.empty_cache()
             dist.barrier()
+    release_workspaces()     # the registered variants' K/V slots, before the group goes
     return records
 
 
@@ -353,12 +362,13 @@ def main(argv=None) -> int:
     return 0
 
 
-RATIO_REFS = ("torch_cp:allgather", "ring:zigzag:post-first", "ring:zigzag:one-launch", "ring:zigzag:step-copies")
+RATIO_REFS = ("torch_cp:allgather", "ring:zigzag", "ring:zigzag:post-first", "ring:zigzag:one-launch", "ring:zigzag:step-copies")
 
 
 def summarise(records: list[dict]) -> list[dict]:
     """Per problem and multi-GPU variant: the time of every repeat, their median, and per repeat
-    the ratio to torch's allgather CP and to the post-first ring of the same repeat (< 1: faster)."""
+    the ratio to torch's allgather CP, to the ring as it is (a variant's gain) and to the older
+    rings of RATIO_REFS in the same repeat (< 1: faster)."""
     import statistics
 
     by_key = {}

@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from .ring_buffers import kv_slots
 from .ring_clock import StepClock
 from .ring_inputs import StepInputs, cast_rows_left
 from .ring_trace import emit_steps, row_stats
@@ -70,6 +71,10 @@ COPY_Q_ONCE = True
 # GPU, 0.5-1.2 ms in each of 5 paired repeats (copies beside the attention slow it more than they
 # cost in line), and was within noise at 16k (benchmarks.ring's `copy-ahead`)
 COPY_AHEAD = False
+# True: the travelling K/V live in slots registered with the group's NCCL communicator, so a
+# transfer is one copy, sender to receiver's buffer, not two through NCCL's staging buffer
+# (kernels.ring_buffers; CUDA + NCCL only, elsewhere the plain buffers)
+REGISTERED_BUFFERS = False
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------
@@ -284,11 +289,12 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     on_comm = (lambda: torch.cuda.stream(comm_stream)) if cuda else nullcontext
     clock = StepClock(cuda) if trace is not None else None
 
-    # K and V travel as two messages. Step 0 sends the caller's own k, v (only read); step s
-    # receives into buffer s mod n_buffers, which step s+1 computes on and sends on.
+    # Step 0 computes on the caller's own k, v (only read) and sends them (`send`: a registered
+    # copy with REGISTERED_BUFFERS); step s receives into buffer s mod n_buffers, which step s+1
+    # computes on and sends on. K and V travel as two messages, or as one registered slot (packed).
     own = (k.contiguous(), v.contiguous())                    # (B, H_kv, N_local, D) each
     n_buffers = min(world - 1, kv_buffers)
-    buffers = [(torch.empty_like(own[0]), torch.empty_like(own[1])) for _ in range(n_buffers)]
+    send, buffers, packed = kv_slots(own, n_buffers, group, REGISTERED_BUFFERS and world > 1)
     q_chunks = rank_chunks(rank, world, layout)
     plans = [step_plan(q_chunks, rank_chunks((rank - s) % world, world, layout), chunk, mask) for s in range(world)]
     ahead = COPY_AHEAD and world > 1
@@ -301,6 +307,10 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if direct else None   # (B, H, N_local, D)
     if cuda:   # the caller's k, v and the new buffers' memory are ready once its queued work is
         comm_stream.wait_stream(compute_stream)
+    if packed is not None:   # beside step 0's compute, before its transfer (same stream)
+        with on_comm():
+            packed[0][0].copy_(own[0])
+            packed[0][1].copy_(own[1])
     freed: list = []      # CUDA: per step, an event after its compute (its buffer may be refilled)
     arrived = None        # CUDA: an event after the receive this step computes on
 
@@ -313,17 +323,23 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
         with on_comm():
             inputs.fill_queries()
 
-    def post_transfer(step, held):
+    def post_transfer(step):
         """Send the K/V this step holds on to the next rank, receive the next step's from the
         previous one; returns the requests. send/recv start is stamped once the transfer is posted
         (the host has queued it), not before: it cannot run earlier."""
-        incoming = buffers[step % n_buffers]
+        out_slot, in_slot = 0 if step == 0 else 1 + (step - 1) % n_buffers, 1 + step % n_buffers
+        outgoing, incoming = send if step == 0 else buffers[out_slot - 1], buffers[in_slot - 1]
         with on_comm():
             if cuda and step >= n_buffers:   # `incoming` was last computed on at step+1-n_buffers
                 comm_stream.wait_event(freed[step + 1 - n_buffers])
-            ops = [dist.P2POp(dist.isend, held[0], send_to, group), dist.P2POp(dist.isend, held[1], send_to, group),
-                   dist.P2POp(dist.irecv, incoming[0], recv_from, group),
-                   dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
+            if packed is not None:
+                ops = [dist.P2POp(dist.isend, packed[out_slot], send_to, group),
+                       dist.P2POp(dist.irecv, packed[in_slot], recv_from, group)]
+            else:
+                ops = [dist.P2POp(dist.isend, outgoing[0], send_to, group),
+                       dist.P2POp(dist.isend, outgoing[1], send_to, group),
+                       dist.P2POp(dist.irecv, incoming[0], recv_from, group),
+                       dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
             requests = dist.batch_isend_irecv(ops)
             if clock:
                 clock.mark(step, "comm_start", comm_stream)
@@ -340,7 +356,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     for step in range(world):
         held = own if step == 0 else buffers[(step - 1) % n_buffers]
         sends = step < world - 1
-        requests = post_transfer(step, held) if sends and not compute_first else []
+        requests = post_transfer(step) if sends and not compute_first else []
         if arrived is not None:
             compute_stream.wait_event(arrived)
         src = (rank - step) % world
@@ -382,7 +398,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
             freed.append(torch.cuda.Event())
             freed[-1].record(compute_stream)
         if sends and compute_first:
-            requests = post_transfer(step, held)
+            requests = post_transfer(step)
         if requests:
             with on_comm():
                 for req in requests:

@@ -29,6 +29,7 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
     """Each rank: every (mask, layout) case on the same inputs; its outputs and step records."""
     import kernels.ring
     from kernels.ring import ring_attention
+    from kernels.ring_buffers import release_workspaces
 
     device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
     q, k, v = inputs(b, h, n, d, dtype, seed=world, device=device)
@@ -54,9 +55,19 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
         results["unfused"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
     with mock.patch.object(kernels.ring, "COPY_AHEAD", True):
         results["copy_ahead"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
+    # K/V slots registered with the NCCL communicator, or not (REGISTERED_BUFFERS flipped; gloo
+    # keeps the plain buffers): the same bits, twice (the second call reuses the workspace)
+    flipped = mock.patch.object(kernels.ring, "REGISTERED_BUFFERS", not kernels.ring.REGISTERED_BUFFERS)
+    with flipped:
+        results["registered"] = all(torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag"),
+                                                results["causal", "zigzag"][0].to(device)) for _ in range(2))
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
     results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
+    with flipped:             # a new K/V shape: a new workspace
+        results["registered"] &= torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu(),
+                                             results["gqa"])
+    release_workspaces()
     return results
 
 
@@ -78,7 +89,7 @@ def test_ring_matches_float64_attention(world):
     assert all(torch.equal(r["copy_ahead"], r["causal", "zigzag"][0]) for r in per_rank)
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
-    assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
+    assert all(r["two_buffers"] and r["post_first"] and r["registered"] for r in per_rank)
 
 
 def _check_steps(records, rank, world, mask, layout, compute_first):
@@ -210,4 +221,4 @@ def test_ring_on_gpus_matches_one_gpu(world):
                 assert rel_err(unshard([r[other] for r in per_rank], world, layout), ref) < 2e-2, other
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=True)
-    assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
+    assert all(r["two_buffers"] and r["post_first"] and r["registered"] for r in per_rank)
