@@ -35,7 +35,10 @@ sequence and takes its shard):
                         registered (session 5: K/V slots registered with the group's NCCL
                         communicator, kernels.ring.REGISTERED_BUFFERS: one copy per transfer,
                         sender to receiver's slot, not two through NCCL's staging buffer),
-                        registered-ctas-8 (both)
+                        registered-ctas-8 (both), direct-output (the last step merges into the
+                        output in q's dtype: kernels.ring.DIRECT_OUTPUT), chunked-kv (K/V travel
+                        chunk-major, so a step reading one zigzag half reads it in place:
+                        kernels.ring.CHUNKED_KV), chunked-direct, chunked-registered (together)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -72,7 +75,11 @@ OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
                      ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False), ("COPY_AHEAD", False)), None),
                      ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16),
                      ("registered", (("REGISTERED_BUFFERS", True),), None),
-                     ("registered-ctas-8", (("REGISTERED_BUFFERS", True),), 8))
+                     ("registered-ctas-8", (("REGISTERED_BUFFERS", True),), 8),
+                     ("direct-output", (("DIRECT_OUTPUT", True),), None),
+                     ("chunked-kv", (("CHUNKED_KV", True),), None),
+                     ("chunked-direct", (("CHUNKED_KV", True), ("DIRECT_OUTPUT", True)), None),
+                     ("chunked-registered", (("CHUNKED_KV", True), ("REGISTERED_BUFFERS", True)), None))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 

@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .ring_buffers import kv_slots
+from .ring_buffers import fill_send, kv_slots
 from .ring_clock import StepClock
 from .ring_inputs import StepInputs, cast_rows_left
 from .ring_trace import emit_steps, row_stats
@@ -75,6 +75,14 @@ COPY_AHEAD = False
 # transfer is one copy, sender to receiver's buffer, not two through NCCL's staging buffer
 # (kernels.ring_buffers; CUDA + NCCL only, elsewhere the plain buffers)
 REGISTERED_BUFFERS = False
+# True (zigzag): the travelling K/V are laid out chunk-major, (2, B, H_kv, N_local / 2, D), so a
+# step that reads one half of them (all queries against the first chunk) reads it in place, not
+# through a copy; a step that reads both makes one call per chunk (kernels.ring_buffers)
+CHUNKED_KV = False
+# True: the last step's calls merge straight into the output in q's dtype where they touch
+# disjoint rows, the rows they leave cast beside them, instead of a cast of the whole float32
+# accumulator after the ring (COPY_AHEAD implies it)
+DIRECT_OUTPUT = False
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------
@@ -294,23 +302,26 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     # computes on and sends on. K and V travel as two messages, or as one registered slot (packed).
     own = (k.contiguous(), v.contiguous())                    # (B, H_kv, N_local, D) each
     n_buffers = min(world - 1, kv_buffers)
-    send, buffers, packed = kv_slots(own, n_buffers, group, REGISTERED_BUFFERS and world > 1)
+    ahead = COPY_AHEAD and world > 1
+    chunked = CHUNKED_KV and per > 1 and world > 1 and not ahead
+    send, buffers, packed = kv_slots(own, n_buffers, group, REGISTERED_BUFFERS and world > 1, per if chunked else 1)
     q_chunks = rank_chunks(rank, world, layout)
     plans = [step_plan(q_chunks, rank_chunks((rank - s) % world, world, layout), chunk, mask) for s in range(world)]
-    ahead = COPY_AHEAD and world > 1
+    if chunked:   # a call reads one chunk of a chunk-major slot (those spanning two are full calls)
+        plans[1:] = [[KernelCall(c.q_lo, c.q_hi, lo, lo + chunk, c.causal) for c in plan
+                      for lo in range(c.k_lo, c.k_hi, chunk)] for plan in plans[1:]]
     inputs = StepInputs(q, own[0], plans, n_buffers, ahead, COPY_Q_ONCE)
     n_local = q.shape[2]
     # the last step writes the output itself where its calls are full ones on disjoint rows
     last = plans[-1]
-    direct = ahead and FUSED_MERGE and not any(c.causal for c in last) and \
+    direct = (ahead or DIRECT_OUTPUT) and world > 1 and FUSED_MERGE and not any(c.causal for c in last) and \
         sum(c.q_hi - c.q_lo for c in last) == len({r for c in last for r in range(c.q_lo, c.q_hi)})
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if direct else None   # (B, H, N_local, D)
     if cuda:   # the caller's k, v and the new buffers' memory are ready once its queued work is
         comm_stream.wait_stream(compute_stream)
-    if packed is not None:   # beside step 0's compute, before its transfer (same stream)
+    if send is not own:      # beside step 0's compute, before its transfer (same stream)
         with on_comm():
-            packed[0][0].copy_(own[0])
-            packed[0][1].copy_(own[1])
+            fill_send(send, own)
     freed: list = []      # CUDA: per step, an event after its compute (its buffer may be refilled)
     arrived = None        # CUDA: an event after the receive this step computes on
 
@@ -390,7 +401,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
             if trace is not None and any(call.q_lo <= r < call.q_hi for r in trace_rows):
                 # keep head 0's keys and lse of this call; the float64 row states are computed
                 # after the ring, so they do not sit inside the timed compute
-                pending_rows.append((step, call, kv_chunks, held[0][0, 0, call.k_lo:call.k_hi].clone(),
+                pending_rows.append((step, call, kv_chunks, k_c[0, 0].clone(),
                                      None if lse_p is None else lse_p[0, 0].clone()))
         if clock:
             clock.mark(step, "compute_end", compute_stream)

@@ -75,14 +75,40 @@ def _release(held: tuple) -> None:
     slots.clear()
 
 
-def kv_slots(own: tuple, n_buffers: int, group, registered: bool):
+def kv_slots(own: tuple, n_buffers: int, group, registered: bool, chunks: int = 1):
     """(send, buffers, packed) for a ring over `group` whose step 0 holds `own` = (k, v), each
     (B, H_kv, N_local, D) contiguous: `send` the (k, v) step 0 sends, `buffers` n_buffers (k, v)
-    receive slots. Registered (CUDA + NCCL): `packed` lists the whole (2, ...) slots, send slot
-    first, each travelling as one message, and the caller copies `own` into the send slot before
-    the first transfer. Otherwise packed is None, `send` is `own`, and K and V travel apart."""
+    receive slots. chunks > 1 (kernels.ring.CHUNKED_KV): slots hold K and V chunk-major,
+    (chunks, B, H_kv, N_local / chunks, D), so that each zigzag half is a contiguous tensor.
+    Registered (CUDA + NCCL): `packed` lists the whole (2, ...) slots, send slot first, each
+    travelling as one message; otherwise packed is None and K and V travel apart. `send` is
+    `own` itself where its layout fits and nothing is registered, else a slot that fill_send
+    fills before the first transfer."""
     k = own[0]
-    slots = registered_slots(k.shape, k.dtype, k.device, n_buffers + 1, group) if registered else None
-    if slots is None:
-        return own, [(torch.empty_like(own[0]), torch.empty_like(own[1])) for _ in range(n_buffers)], None
-    return (slots[0][0], slots[0][1]), [(s[0], s[1]) for s in slots[1:]], slots
+    b, h, n, d = k.shape
+    shape = k.shape if chunks == 1 else (chunks, b, h, n // chunks, d)
+    slots = registered_slots(shape, k.dtype, k.device, n_buffers + 1, group) if registered else None
+    if slots is not None:
+        return (slots[0][0], slots[0][1]), [(s[0], s[1]) for s in slots[1:]], slots
+    fresh = lambda: torch.empty(shape, dtype=k.dtype, device=k.device)  # noqa: E731
+    return (own if chunks == 1 else (fresh(), fresh())), [(fresh(), fresh()) for _ in range(n_buffers)], None
+
+
+def fill_send(send: tuple, own: tuple) -> None:
+    """The caller's k, v (B, H_kv, N_local, D) into the send slot, plain or chunk-major: one copy each."""
+    for slot, t in zip(send, own):
+        if slot.dim() == t.dim():
+            slot.copy_(t)
+        else:                     # (chunks, B, H_kv, c, D) <- (B, H_kv, chunks * c, D)
+            slot.copy_(t.unflatten(2, (slot.shape[0], slot.shape[3])).permute(2, 0, 1, 3, 4))
+
+
+def held_rows(held: tuple, lo: int, hi: int) -> tuple:
+    """Key rows [lo, hi) of the held (k, v): a slice, or in a chunk-major slot the one chunk they are."""
+    k, v = held
+    if k.dim() == 4:
+        return k[:, :, lo:hi], v[:, :, lo:hi]
+    c = k.shape[3]
+    if lo % c or hi - lo != c:
+        raise ValueError(f"rows [{lo}, {hi}) are not one chunk of {c} rows of a chunk-major slot")
+    return k[lo // c], v[lo // c]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .ring_buffers import held_rows
+
 
 class StepInputs:
     """plans: step_plan's calls per step; n_buffers: the ring's receive buffers (step s reads
@@ -62,7 +64,7 @@ class StepInputs:
     def keys(self, step: int, held: tuple, lo: int, hi: int) -> tuple:
         if step > 0 and self.kv_rows and ((step - 1) % self.n_buffers, lo, hi) in self.kv_rows:
             return self.kv_rows[(step - 1) % self.n_buffers, lo, hi]
-        return held[0][:, :, lo:hi], held[1][:, :, lo:hi]
+        return held_rows(held, lo, hi)
 
 
 def cast_rows_left(out, o_acc, calls, on_comm, comm_stream, computed):

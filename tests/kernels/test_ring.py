@@ -61,6 +61,17 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
     with flipped:
         results["registered"] = all(torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag"),
                                                 results["causal", "zigzag"][0].to(device)) for _ in range(2))
+    # the last step straight into the output; the K/V chunk-major (calls split per K/V chunk), alone
+    # and with registered slots; its traced steps keep every invariant
+    with mock.patch.multiple(kernels.ring, DIRECT_OUTPUT=True, CHUNKED_KV=False):
+        results["direct"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
+    with mock.patch.multiple(kernels.ring, DIRECT_OUTPUT=True, CHUNKED_KV=True):
+        for mask in ("causal", "full"):
+            records = []
+            results["chunked", mask] = (ring_attention(qs, ks, vs, mask=mask, layout="zigzag",
+                                                       trace=records.append).cpu(), records)
+        with flipped:
+            results["chunked", "registered"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
     results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
@@ -87,6 +98,15 @@ def test_ring_matches_float64_attention(world):
     ref, _, _ = reference_attention(q, k, v, mask="causal")
     assert rel_err(unshard([r["unfused"] for r in per_rank], world, "zigzag"), ref) < 1e-3
     assert all(torch.equal(r["copy_ahead"], r["causal", "zigzag"][0]) for r in per_rank)
+    assert all(torch.equal(r["direct"], r["causal", "zigzag"][0]) for r in per_rank)
+    for mask in ("causal", "full"):
+        ref, _, _ = reference_attention(q, k, v, mask=mask)
+        assert rel_err(unshard([r["chunked", mask][0] for r in per_rank], world, "zigzag"), ref) < 1e-3, mask
+        for rank, r in enumerate(per_rank):
+            _check_steps(r["chunked", mask][1], rank, world, mask, "zigzag", compute_first=False)
+    assert all(torch.equal(r["chunked", "registered"], r["chunked", "causal"][0]) for r in per_rank)
+    # rank 0 reads both chunks of every later rank's K/V: one call per chunk
+    assert [rec["kernel_calls"] for rec in per_rank[0]["chunked", "causal"][1]] == [1] + [2] * (world - 1)
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
     assert all(r["two_buffers"] and r["post_first"] and r["registered"] for r in per_rank)
@@ -217,8 +237,12 @@ def test_ring_on_gpus_matches_one_gpu(world):
         o = unshard([r[mask, layout][0] for r in per_rank], world, layout)
         assert rel_err(o, ref) < 2e-2, (world, mask, layout)
         if (mask, layout) == ("causal", "zigzag"):
-            for other in ("unfused", "copy_ahead"):
+            for other in ("unfused", "copy_ahead", "direct", ("chunked", "registered")):
                 assert rel_err(unshard([r[other] for r in per_rank], world, layout), ref) < 2e-2, other
+        if layout == "zigzag":
+            assert rel_err(unshard([r["chunked", mask][0] for r in per_rank], world, layout), ref) < 2e-2, mask
+            for rank, r in enumerate(per_rank):
+                _check_steps(r["chunked", mask][1], rank, world, mask, layout, compute_first=True)
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=True)
     assert all(r["two_buffers"] and r["post_first"] and r["registered"] for r in per_rank)
