@@ -54,6 +54,7 @@ Writes data/benchmarks/ring-<device-slug>.json (ring-<name>-<device-slug>.json w
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import ExitStack
 from unittest import mock
@@ -351,7 +352,8 @@ def main(argv=None) -> int:
                 nccl_streams="high priority (kernels.ring.nccl_options) for the ring and for torch's "
                              "context parallel, which runs on the same default group; "
                              "ring:zigzag:*normal-priority uses a second group with default streams",
-                efficiency="one-GPU time of the same attention / (W x multi-GPU time)")
+                efficiency="one-GPU time of the same attention / (W x multi-GPU time)",
+                nccl_env={k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))})
     records = []
     for world in worlds:
         log(f"world {world}: starting {world} ranks")

@@ -41,7 +41,6 @@ On GPUs three things keep the ring busy (4 x H200, 16k tokens per GPU, data/benc
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -52,9 +51,9 @@ from .ring_clock import StepClock
 from .ring_inputs import StepInputs, cast_rows_left
 from .ring_trace import emit_steps, row_stats
 from .ring_merge import merge_partial  # noqa: F401  (public here too)
+from .ring_plan import RING_MASKS, KernelCall, per_kv_chunk, step_plan  # noqa: F401  (KernelCall: public here too)
 
 LAYOUTS = ("natural", "zigzag")
-RING_MASKS = ("full", "causal")
 # On CUDA a step's compute is queued before its transfer is posted (see ring_attention); False
 # restores the older order, transfer first (benchmarks.ring's `post-first` ablation)
 COMPUTE_BEFORE_POST = True
@@ -147,80 +146,6 @@ def unshard(parts: Sequence[torch.Tensor], world: int, layout: str = "natural", 
     return torch.cat(chunks, dim=dim)
 
 
-# -- the plan of one ring step: which rows meet which keys, under which mask ---------------------
-
-@dataclass(frozen=True)
-class KernelCall:
-    """Local query rows [q_lo, q_hi) against held key rows [k_lo, k_hi); causal on the diagonal."""
-
-    q_lo: int
-    q_hi: int
-    k_lo: int
-    k_hi: int
-    causal: bool
-
-    def chunk_pairs(self, chunk: int, q_chunks, kv_chunks, mask: str) -> list[tuple[int, int]]:
-        """(query chunk, key chunk) pairs of the sequence this call computes (any key visible)."""
-        return [(q_chunks[i], kv_chunks[j]) for i in range(self.q_lo // chunk, self.q_hi // chunk)
-                for j in range(self.k_lo // chunk, self.k_hi // chunk)
-                if mask == "full" or kv_chunks[j] <= q_chunks[i]]
-
-    @property
-    def score_entries(self) -> int:
-        """Query-key pairs the mask lets through (bottom-right causal when `causal`). In closed
-        form: traced rings read it inside the loop, where a sum over 16k rows took ~6 ms of host
-        time, longer than a step, and delayed the next launches (the stall before step 1)."""
-        nq, nk = self.q_hi - self.q_lo, self.k_hi - self.k_lo
-        if not self.causal:
-            return nq * nk
-        # query i sees min(nk, max(0, i + nk - nq + 1)) keys: sum that over x = i + nk - nq + 1
-        return _clamped_sum(nk - nq + 1 + nq, nk) - _clamped_sum(nk - nq + 1, nk)
-
-
-def _clamped_sum(n: int, cap: int) -> int:
-    """sum(min(x, cap) for x in range(n)) for x >= 0 only (n <= 0: 0)."""
-    if n <= 0:
-        return 0
-    if n <= cap + 1:
-        return n * (n - 1) // 2
-    return cap * (cap + 1) // 2 + (n - cap - 1) * cap
-
-
-def step_plan(q_chunks: Sequence[int], kv_chunks: Sequence[int], chunk: int, mask: str) -> list[KernelCall]:
-    """Kernel calls that attend local Q (chunks `q_chunks`) to held K/V (chunks `kv_chunks`).
-
-    Under `causal`, a K/V chunk after a Q chunk is hidden, before it fully visible, equal to it the
-    diagonal. Q and K/V holding the same chunks (step 0): one causal call on the concatenation,
-    since local order is global order. Otherwise consecutive Q chunks that see the same run of
-    K/V chunks share one full call (zigzag: all Q vs the first K/V chunk, or the second Q chunk
-    vs all K/V); anything else falls back to one call per visible chunk pair."""
-    if mask not in RING_MASKS:
-        raise ValueError(f"ring attention supports masks {RING_MASKS}, got {mask!r}")
-    nq, nk = len(q_chunks), len(kv_chunks)
-    if mask == "full":
-        return [KernelCall(0, nq * chunk, 0, nk * chunk, False)]
-    if tuple(q_chunks) == tuple(kv_chunks):
-        return [KernelCall(0, nq * chunk, 0, nk * chunk, True)]
-    calls: list[KernelCall] = []
-    groups: list[tuple[int, int, tuple[int, ...]]] = []   # (first q chunk, last q chunk, visible kv)
-    for i, qc in enumerate(q_chunks):
-        visible = tuple(j for j, kc in enumerate(kv_chunks) if kc < qc)
-        if any(kc == qc for kc in kv_chunks) or (visible and visible != tuple(range(visible[0], visible[-1] + 1))):
-            for j, kc in enumerate(kv_chunks):   # general case: one call per visible pair
-                if kc <= qc:
-                    calls.append(KernelCall(i * chunk, (i + 1) * chunk, j * chunk, (j + 1) * chunk, kc == qc))
-            continue
-        if not visible:
-            continue
-        if groups and groups[-1][1] == i - 1 and groups[-1][2] == visible:
-            groups[-1] = (groups[-1][0], i, visible)
-        else:
-            groups.append((i, i, visible))
-    for first, last, vis in groups:
-        calls.append(KernelCall(first * chunk, (last + 1) * chunk, vis[0] * chunk, (vis[-1] + 1) * chunk, False))
-    return calls
-
-
 # -- the pair kernel and the merge ----------------------------------------------------------------
 
 def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
@@ -307,9 +232,8 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     send, buffers, packed = kv_slots(own, n_buffers, group, REGISTERED_BUFFERS and world > 1, per if chunked else 1)
     q_chunks = rank_chunks(rank, world, layout)
     plans = [step_plan(q_chunks, rank_chunks((rank - s) % world, world, layout), chunk, mask) for s in range(world)]
-    if chunked:   # a call reads one chunk of a chunk-major slot (those spanning two are full calls)
-        plans[1:] = [[KernelCall(c.q_lo, c.q_hi, lo, lo + chunk, c.causal) for c in plan
-                      for lo in range(c.k_lo, c.k_hi, chunk)] for plan in plans[1:]]
+    if chunked:   # a call reads one chunk of a chunk-major slot
+        plans[1:] = [per_kv_chunk(plan, chunk) for plan in plans[1:]]
     inputs = StepInputs(q, own[0], plans, n_buffers, ahead, COPY_Q_ONCE)
     n_local = q.shape[2]
     # the last step writes the output itself where its calls are full ones on disjoint rows
