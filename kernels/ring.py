@@ -36,6 +36,12 @@ On GPUs three things keep the ring busy (4 x H200, 16k tokens per GPU, data/benc
     from 18.78 to 18.47 ms at 16k and 68.46 to 67.88 ms at 32k (data/benchmarks/ring-overhead-*).
     Capping NCCL's thread blocks (`nccl_options(max_ctas=...)`) and copying the halves ahead on
     the side stream (`COPY_AHEAD`) did not pay.
+Tried in session 5 and left off (REGISTERED_BUFFERS, CHUNKED_KV, DIRECT_OUTPUT below; measured on
+2 x H200 only, 4 x H200 was not lent: data/benchmarks/ring-session5-2gpu-*). NCCL's CTA policy
+(ncclConfig_t CTAPolicy) changes only collectives in NCCL 2.28.9, not send/recv; copy-engine
+transfers (NCCL_P2P_USE_CUDA_MEMCPY=1) hung the ring; torch's allocator hook
+(TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1) leaves cudaMalloc'd tensors unregistered
+("failed to IPC register" under cuMem), so only a registered pool gives zero-copy transfers.
 """
 
 from __future__ import annotations
@@ -72,15 +78,22 @@ COPY_Q_ONCE = True
 COPY_AHEAD = False
 # True: the travelling K/V live in slots registered with the group's NCCL communicator, so a
 # transfer is one copy, sender to receiver's buffer, not two through NCCL's staging buffer
-# (kernels.ring_buffers; CUDA + NCCL only, elsewhere the plain buffers)
+# (kernels.ring_buffers; CUDA + NCCL only, elsewhere the plain buffers). NCCL registers them
+# (NCCL_DEBUG_SUBSYS=REG: "IPC register buffer", then "reuse"), but on 2 x H200 at 32k tokens per
+# GPU the ring took 1.002-1.011x its unregistered time in 5 of 5 paired repeats (0.985-1.005x in
+# 3 more), at 16k 0.96-1.10x: the copy of the caller's K/V into the send slot, beside step 0,
+# costs what the one transfer saves (`registered`; 4 x H200, three transfers, not measured)
 REGISTERED_BUFFERS = False
 # True (zigzag): the travelling K/V are laid out chunk-major, (2, B, H_kv, N_local / 2, D), so a
 # step that reads one half of them (all queries against the first chunk) reads it in place, not
-# through a copy; a step that reads both makes one call per chunk (kernels.ring_buffers)
+# through a copy; a step that reads both makes one call per chunk (kernels.ring_buffers). Off:
+# 1.008-1.037x at 32k in 5 of 5 repeats on 2 x H200 (the rank that splits its calls loses more
+# than the other saves; `chunked-kv`)
 CHUNKED_KV = False
 # True: the last step's calls merge straight into the output in q's dtype where they touch
 # disjoint rows, the rows they leave cast beside them, instead of a cast of the whole float32
-# accumulator after the ring (COPY_AHEAD implies it)
+# accumulator after the ring (COPY_AHEAD implies it). Off: 0.999-1.026x at 32k on 2 x H200,
+# slower in 4 of 5 repeats (`direct-output`)
 DIRECT_OUTPUT = False
 
 
