@@ -9,11 +9,16 @@ import re
 
 # what Markdown (and Streamlit's extensions) would act on: link and image brackets, autolinks
 # and HTML in <>, emphasis, code, math, strikethrough, tables, entities, headings; a colon
-# before a letter (:red[...], :material/icon:); an underscore at a word edge (intraword ones
-# are plain in CommonMark); a list marker at the start. Everything else stays as typed, so
+# before a letter (:red[...], :material/icon:) or closing a ':name:' pair (an emoji shortcode:
+# ':100:' would become one, and a time stamp like 22:50:39 sends the browser off for
+# Streamlit's 260 kB emoji plugin); an underscore at a word edge (intraword ones are plain in
+# CommonMark); a list marker at the start. Everything else stays as typed, so
 # "mask sliding_window:64, N=1024." reads (and searches) the same.
 _ALWAYS = re.compile(r"([\\`*\[\]<>$~|&#])")
 _COLON = re.compile(r":(?=[A-Za-z])")
+# Streamlit loads its emoji plugin when the raw Markdown matches :[\w+-][\w_+-]*: ; a backslash
+# before the closing colon breaks the match (the colon itself may open the next pair)
+_SHORTCODE = re.compile(r"(:[\w+-]+)(?=:)")
 _UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 _LEADING = re.compile(r"^(\s*)(\d+(?=[.)])|[-+=>])")
 # Streamlit also turns bare URLs, www. names and e-mail addresses in text into links (GFM
@@ -32,6 +37,7 @@ def plain(value) -> str:
                          + (_ZWSP if m.group(5) else ""), text)
     text = _ALWAYS.sub(r"\\\1", text)
     text = _COLON.sub(r"\\:", text)
+    text = _SHORTCODE.sub(r"\1\\", text)
     text = _UNDERSCORE.sub(r"\\_", text)
     return _LEADING.sub(lambda m: m.group(1) + (m.group(2) + "\\" if m.group(2)[0].isdigit()
                                                  else "\\" + m.group(2)), text)

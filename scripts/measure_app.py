@@ -14,6 +14,10 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
                         (navigation -> every chart drawn, the script idle), a colour-by change,
                         and the schedule comparison switched on (all bundled schedules side by side)
 
+The browser is the system Chromium with app.devtools.CHROMIUM_ARGS: a fresh browser context (a
+new window: no cache) per visit, with the omnibox WebUI that new headless Chromium builds for every
+new window turned off (~1.2 s of CPU on this machine that a person's browser spent long before the
+visit; --browser-ui leaves it on, as sessions before 5 measured).
 Times are wall clock from the browser's side (navigation or click -> the chart's new title is
 in the DOM). "Settled" also waits until Streamlit's status widget is idle and every Plotly chart
 on the page has drawn. Bytes are the websocket payload the browser received for that step (the
@@ -305,8 +309,9 @@ def compare_servers(browser, data: Path, rec, rounds: int, env_on: dict, env_off
     return out
 
 
-# what --compare-preload switches (on = the app as it is, off = without it)
-COMPARED = {"preload": ({"TILESCOPE_PLOTLY_PRELOAD": "1"}, {"TILESCOPE_PLOTLY_PRELOAD": "0"})}
+# what --compare-preload / --compare-assets switch (on = the app as it is, off = without it)
+COMPARED = {"preload": ({"TILESCOPE_PLOTLY_PRELOAD": "1"}, {"TILESCOPE_PLOTLY_PRELOAD": "0"}),
+            "assets": ({"TILESCOPE_ASSETS": "1"}, {"TILESCOPE_ASSETS": "0"})}
 
 
 def machine_info(browser_version: str | None = None) -> dict:
@@ -341,6 +346,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-preload", type=int, default=0, metavar="ROUNDS",
                     help="also time the cold first chart and the 16k page's settle with the Plotly "
                          "preload on and off, side by side over ROUNDS pairs of fresh servers")
+    ap.add_argument("--compare-assets", type=int, default=0, metavar="ROUNDS",
+                    help="the same with app/server.py's middleware (files from memory, Plotly's "
+                         "chunk preloaded) on and off")
+    ap.add_argument("--browser-ui", action="store_true",
+                    help="leave on the omnibox WebUI that new headless Chromium builds for every new "
+                         "window (app.devtools.CHROMIUM_ARGS turns it off; sessions before 5 measured with it)")
     args = ap.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"error: {CHROMIUM} is missing; this script never downloads a browser", file=sys.stderr)
@@ -371,8 +382,10 @@ def main(argv=None) -> int:
     with running_app(data, log) as server, sync_playwright() as pw:
         url = server.url
         results["server_health_s"] = server.healthy_after_s
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        chromium_args = [a for a in CHROMIUM_ARGS if not (args.browser_ui and a.startswith("--disable-features"))]
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=chromium_args, headless=True)
         results["machine"] = machine_info(browser.version)
+        results["chromium_args"] = chromium_args
         try:
             results["first_chart_cold_s"] = first_chart(browser, url, shots, "first_cold")
             warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
@@ -413,7 +426,9 @@ def main(argv=None) -> int:
     hb = results["hello_baseline_settle_s"]
     print(f"  baseline: a one-chart Streamlit page  median {statistics.median(hb):.2f} s over {len(hb)} "
           f"(load average {mi['load_average_1min']} -> {results['load_average_1min_end']})")
-    for name, label in (("preload", "Plotly preload on/off"),):
+    if args.browser_ui:
+        print("  (Chromium's per-window omnibox WebUI left on: --browser-ui)")
+    for name, label in (("preload", "Plotly preload on/off"), ("assets", "asset middleware on/off")):
         pc = results.get(f"{name}_compare")
         for what, key in (("cold first chart", "first_chart_cold_s"), ("16k settle (later visit)", "settle_s")):
             if pc:

@@ -103,18 +103,27 @@ def test_benchmark_table_when_bundled(ring_data):
            "records": [dict(world=4, mask="causal", seq_len=65536, impl=impl, ms=ms, parallel_efficiency=eff,
                             rel_err=1e-3, status="ok") for impl, ms, eff in
                        (("ring:zigzag", 20.0, 0.9), ("torch_cp:allgather", 25.0, 0.8))]}
+    # beside it, files the table must pass over: a newer 2-GPU comparison, a probe without
+    # records, and a file that is not JSON
+    newer = {"meta": dict(doc["meta"], date="2026-11-22T00:00:00", gpu_count=2),
+             "records": [dict(r, world=2, ms=r["ms"] / 2) for r in doc["records"]]}
+    others = {"ring-gpu-x.json": json.dumps(doc), "ring-zz-2gpu.json": json.dumps(newer),
+              "ring-zz-probe.json": json.dumps({"meta": {}, "rows": []}), "ring-zz-broken.json": "{not json"}
     bench = ring_data / "benchmarks"
     bench.mkdir(exist_ok=True)
-    (bench / "ring-gpu-x.json").write_text(json.dumps(doc))
+    for name, text in others.items():
+        (bench / name).write_text(text)
     try:
         at = page(ring_rec="w2_zigzag")
         clean(at)
         table = next(d.value for d in at.dataframe if "ring:zigzag" in d.value.columns)
         assert list(table.columns) == ["GPUs", "mask", "N", "ring:zigzag", "torch_cp:allgather"]
+        assert table.iloc[0]["GPUs"] == 4           # the most GPUs wins over the newer 2-GPU file
         assert table.iloc[0]["ring:zigzag"] == "20.00 ms (90%)"
         assert table.iloc[0]["torch_cp:allgather"] == "25.00 ms (80%)"
     finally:
-        (bench / "ring-gpu-x.json").unlink()
+        for name in others:
+            (bench / name).unlink()
 
 
 def test_no_recordings_says_how_to_make_one(tmp_path):

@@ -1,0 +1,102 @@
+"""What Tilescope adds to Streamlit's web server: its frontend's files served from memory, and the
+browser told to fetch the Plotly chart code first thing.
+
+`streamlit run app/main.py` finds the `st.App` that app/main.py builds with `asset_middleware()`
+(Streamlit's public ASGI app: the same server, routes and websocket, plus this middleware).
+
+Why (Chromium traces of the 16k schedule page on a 2-CPU machine, notes in the README):
+  - Streamlit's frontend fetches its 4.7 MB Plotly chunk only when React mounts the first chart,
+    ~1.1 s after navigation, and its static route streams files in 64 kB pieces through a thread
+    pool: with the page's script and websocket busy beside it, that fetch took 0.4-0.95 s, all on
+    the way to the first chart. A `<link rel="modulepreload">` in the page's HTML starts it with the
+    frontend's own files, and the files come from memory in one piece.
+  - The set of files is Streamlit's own static directory, listed once: a request for anything else
+    (another path, `..`, a query) falls through to Streamlit unchanged.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import Path
+
+import streamlit as st
+
+STATIC_DIR = Path(st.__file__).parent / "static"
+# Streamlit's hashed bundles may be cached for good (its own rule for files under static/)
+_IMMUTABLE = b"public, immutable, max-age=31536000"
+
+
+def _asset_files() -> dict[str, Path]:
+    """URL path -> file for every file of the frontend's static/ directory (hashed bundles)."""
+    root = STATIC_DIR / "static"
+    return {"/static/" + p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
+
+
+def preload_chunks(files: dict[str, Path]) -> list[str]:
+    """The URL paths the page's HTML asks the browser to fetch at once: Plotly's chart chunk."""
+    return sorted(u for u in files if u.startswith("/static/js/PlotlyChart.") and u.endswith(".js"))
+
+
+class AssetMiddleware:
+    """ASGI middleware: static files from memory; `modulepreload` links in the page's HTML."""
+
+    def __init__(self, app):
+        self.app = app
+        self.files = _asset_files()
+        self.cache: dict[str, tuple[bytes, bytes]] = {}
+        links = "".join(f'<link rel="modulepreload" crossorigin href=".{u}">' for u in preload_chunks(self.files))
+        self.head_links = links.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") not in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if path in self.files:
+            return await self._send_file(path, scope["method"] == "HEAD", send)
+        return await self.app(scope, receive, self._add_links(send) if self.head_links else send)
+
+    async def _send_file(self, path: str, head_only: bool, send) -> None:
+        if path not in self.cache:
+            ctype = mimetypes.guess_type(path)[0] or "application/octet-stream"
+            if ctype.startswith("text/") or ctype.endswith("javascript"):
+                ctype += "; charset=utf-8"
+            self.cache[path] = (self.files[path].read_bytes(), ctype.encode())
+        body, ctype = self.cache[path]
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", ctype), (b"content-length", str(len(body)).encode()), (b"cache-control", _IMMUTABLE)]})
+        await send({"type": "http.response.body", "body": b"" if head_only else body})
+
+    def _add_links(self, send):
+        """`send` for a response that adds the links to it if it is the (uncompressed) page HTML."""
+        held: dict = {}
+        parts: list[bytes] = []
+
+        async def wrapped(msg):
+            if msg["type"] == "http.response.start":
+                headers = dict(msg.get("headers", []))
+                if headers.get(b"content-type", b"").startswith(b"text/html") and b"content-encoding" not in headers:
+                    held["start"] = msg
+                    return None
+                return await send(msg)
+            if msg["type"] == "http.response.body" and "start" in held:
+                parts.append(msg.get("body", b""))
+                if msg.get("more_body"):
+                    return None
+                html = b"".join(parts)
+                if b"</head>" in html:
+                    html = html.replace(b"</head>", self.head_links + b"</head>", 1)
+                start = held.pop("start")
+                start["headers"] = [(k, str(len(html)).encode() if k == b"content-length" else v)
+                                    for k, v in start.get("headers", [])]
+                await send(start)
+                return await send({"type": "http.response.body", "body": html})
+            return await send(msg)
+
+        return wrapped
+
+
+def asset_middleware() -> list:
+    """The middleware list for `st.App(..., middleware=asset_middleware())`."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(AssetMiddleware)]
