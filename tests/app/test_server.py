@@ -4,7 +4,7 @@ everything else passed to Streamlit untouched."""
 import asyncio
 import random
 
-from app.server import STATIC_DIR, AssetMiddleware, _asset_files, preload_chunks
+from app.server import _STATIC_IMPORT, STATIC_DIR, AssetMiddleware, _asset_files, preload_chunks
 
 
 def call(mw, path, method="GET"):
@@ -65,10 +65,17 @@ def test_anything_else_goes_to_streamlit():
 
 
 def test_the_page_html_asks_for_plotly_first_and_keeps_its_length_right():
-    chunk = preload_chunks(_asset_files())
-    assert len(chunk) == 1 and chunk[0].startswith("/static/js/PlotlyChart.")
+    files = _asset_files()
+    chunk = preload_chunks(files)
+    assert chunk[0].startswith("/static/js/PlotlyChart.")
+    # everything Plotly's chunk imports is preloaded, by Streamlit's own page or by us
+    index = (STATIC_DIR / "index.html").read_bytes()
+    for url in chunk:
+        for dep in _STATIC_IMPORT.findall(files[url].read_bytes()):
+            assert f"/static/js/{dep.decode()}" in chunk or b"./static/js/" + dep in index, (url, dep)
     status, headers, body, _ = call(AssetMiddleware(FakeStreamlit()), "/")
-    assert f'<link rel="modulepreload" crossorigin href=".{chunk[0]}">'.encode() in body
+    for url in chunk:
+        assert f'<link rel="modulepreload" crossorigin href=".{url}">'.encode() in body
     assert body.index(b"modulepreload") < body.index(b"</head>")
     assert int(headers[b"content-length"]) == len(body)
     # a compressed page is passed on as it is
