@@ -137,6 +137,15 @@ def time_axis(tl) -> tuple[float, str]:
     return 1e3, "time since the first work item started (µs)"
 
 
+def whole_ticks(n: int, most: int = 8, start: int = 0) -> list[int]:
+    """Tick values for a count axis of n whole positions start, start + 1, ...: every k-th, k a
+    round step (1, 2, 5, 10, 16, ...) giving at most about `most` ticks (plotly's own ticks fall on
+    halves, -0.5, 0.5, ..., when there are few positions)."""
+    step = max(1, math.ceil(n / most))
+    step = next(x for x in (1, 2, 5, 10, 16, 20, 25, 32, 50, 64, 100, 128, 256, 512, 1024, step) if x >= step)
+    return list(range(start, start + n, step))
+
+
 def discrete_colorscale(colors: list[str]) -> list:
     """A step colorscale for integer codes 0..len-1 used with zmin=-0.5, zmax=len-0.5."""
     n = len(colors)

@@ -11,7 +11,6 @@ per layer, never a grid. Frames are spread over the whole run, not one head's li
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import plotly.graph_objects as go
@@ -21,7 +20,8 @@ from instrumentation.schedule_analysis import (NEVER, animation_times, default_t
                                                tile_frames, work_frames)
 from instrumentation.schedule_model import schedule_stats, tile_timeline
 
-from ._common import FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, time_axis, title
+from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, time_axis, title,
+                      whole_ticks)
 from .schedule import (CURSOR, IN_FLIGHT, TEMPLATE, _kind, _problem, _provenance, _timeline,
                        _traced_head, _unit, lane_traces)
 
@@ -55,13 +55,6 @@ def _head_span(tl, bh: int, scale: float, unit: str) -> str:
     t0 = float(tl["t_start"].min())
     return (f"from t = {(float(mine['t_start'].min()) - t0) / scale:.4g} to "
             f"{(float(mine['t_end'].max()) - t0) / scale:.4g} {unit}")
-
-
-def _whole_ticks(n: int, most: int = 8) -> list[int]:
-    """Tick values 0, k, 2k, ... below n: at most about `most` whole numbers."""
-    step = max(1, math.ceil(n / most))
-    step = next(x for x in (1, 2, 5, 10, 16, 20, 25, 32, 50, 64, 100, 128, 256, 512, 1024, step) if x >= step)
-    return list(range(0, n, step))
 
 
 def slider_label(value: float, step: float) -> str:
@@ -175,8 +168,8 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=1, col=1)
     # whole rows and blocks only (one head, B = H = 1, read -0.4 ... 0.4 with plotly's own ticks)
-    fig.update_xaxes(title_text="query block", tickmode="array", tickvals=_whole_ticks(n_qb), row=2, col=1)
-    fig.update_yaxes(title_text="batch·head", autorange="reversed", tickmode="array", tickvals=_whole_ticks(n_bh),
+    fig.update_xaxes(title_text="query block", tickmode="array", tickvals=whole_ticks(n_qb), row=2, col=1)
+    fig.update_yaxes(title_text="batch·head", autorange="reversed", tickmode="array", tickvals=whole_ticks(n_bh),
                      row=2, col=1)
     bm, bn = trace.meta["block_m"], trace.meta["block_n"]
     fig.update_xaxes(title_text=f"K block ({bm}×{bn} tiles)", constrain="domain", row=2, col=2)

@@ -5,7 +5,6 @@ instrumentation.online_softmax.softmax_steps; this module only draws them."""
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
@@ -14,7 +13,7 @@ from plotly.subplots import make_subplots
 
 from instrumentation.online_softmax import default_bh, default_q_row, inputs_for_trace, softmax_steps
 
-from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title
+from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title, whole_ticks
 
 ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in the hover)
 MAX_STEP_TICKS = 16
@@ -203,8 +202,7 @@ def softmax_state_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
 
 def _step_axis(fig, steps, row=None):
     n = len(steps)
-    every = max(1, -(-n // MAX_STEP_TICKS))
-    vals = list(range(1, n + 1, every))
+    vals = whole_ticks(n, MAX_STEP_TICKS, start=1)
     ticks = dict(tickmode="array", tickvals=vals, ticktext=[str(v) for v in vals], range=[0.4, n + 0.6],
                  title_text=f"step (one K block of {_keys_per_block(steps)}, in the kernel's visit order; "
                             "hover for which)")
@@ -279,7 +277,7 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     # whole K blocks only (with a few blocks plotly's own ticks fall on -0.5, 0.5, ...)
     fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False, tickmode="array",
-                     tickvals=list(range(0, n_kb, max(1, math.ceil(n_kb / 16)))))
+                     tickvals=whole_ticks(n_kb, 16))
     return _caption(fig, steps)
 
 

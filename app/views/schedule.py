@@ -65,11 +65,7 @@ def traced_head_default(key, sms, _trace, _tl):
 
 def markdown_table(df) -> str:
     """A small DataFrame as a Markdown table, numbers to 4 significant digits."""
-    def cell(v):
-        return f"{v:.4g}" if isinstance(v, (float, np.floating)) else str(v)
-    rows = [" | ".join(map(str, df.columns)), " | ".join("---:" for _ in df.columns)]
-    rows += [" | ".join(cell(v) for v in r) for r in df.itertuples(index=False)]
-    return "\n".join(f"| {r} |" for r in rows)
+    return df.to_markdown(index=False, floatfmt=".4g")
 
 
 @st.cache_resource(show_spinner=False, max_entries=12)

@@ -162,13 +162,16 @@ def test_animation_opens_where_the_picked_head_runs():
 def test_animation_work_grid_ticks_whole_rows_and_blocks(softmax_inputs):
     """The work-item grid's axes tick whole batch·head rows and query blocks: one head (B = H = 1)
     read -0.4, -0.2, 0, 0.2, 0.4; any grid size gets a few evenly spaced whole numbers."""
-    from app.figures.schedule_animation import _whole_ticks, tile_animation_figure
+    from app.figures._common import whole_ticks
+    from app.figures.schedule_animation import tile_animation_figure
 
     fig = tile_animation_figure(softmax_inputs.trace, max_frames=6)
     n_qb = int(softmax_inputs.trace.meta["n_q_blocks"])
     assert list(fig.layout.yaxis2.tickvals) == [0]                     # the one head
     assert list(fig.layout.xaxis2.tickvals) == list(range(n_qb))
     for n in np.random.default_rng(7).integers(1, 5000, 200):
-        ticks = _whole_ticks(int(n))
+        ticks = whole_ticks(int(n))
         steps = set(np.diff(ticks)) if len(ticks) > 1 else {1}
         assert ticks[0] == 0 and ticks[-1] < n and len(steps) == 1 and len(ticks) <= 9, (n, ticks)
+        one_based = whole_ticks(int(n), 16, start=1)       # the softmax page's steps count from 1
+        assert one_based[0] == 1 and one_based[-1] <= n and len(one_based) <= 17, (n, one_based)

@@ -81,7 +81,7 @@ def test_metrics_lanes_and_stragglers(data_dir, default_view):
     heat = [t for t in lanes["data"] if t["type"] == "heatmap"]
     assert len(heat) == 1 and heat[0]["z"].dtype == np.uint8
     assert not any(t["type"] in ("bar", "scattergl") for t in lanes["data"])
-    tables = [markdown_table(m.value) for m in at.markdown if "| ---:" in m.value]   # static tables
+    tables = [markdown_table(m.value) for m in at.markdown if "-:|" in m.value]   # static tables
     late = next(t for t in tables if "late by (tile-units)" in t.columns)
     longest = next(t for t in tables if "duration (tile-units)" in t.columns)
     assert len(late) == 5 and (np.diff(late["ends (tile-units)"]) <= 0).all()
