@@ -9,6 +9,7 @@ import io
 import json
 import tempfile
 import zipfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -75,7 +76,19 @@ def banner(src: Source) -> None:
             + (f"**Shape:** {plain(shape)} · {plain(str(m.get('dtype')))} · mask {plain(str(m.get('mask')))}  \n"
                if shape else "")
             + plain(f"backend {m.get('backend')} · {m.get('device_name')} ({hw}) · recorded "
-                    f"{m.get('created', '?')} · {versions}{timing}{ran}"), icon=":material/info:")
+                    f"{when(m.get('created'))} · {versions}{timing}{ran}"), icon=":material/info:")
+
+
+def when(created) -> str:
+    """A trace's ISO time stamp as people read it: '2026-11-21 22:50 UTC' (as given when it is
+    not one)."""
+    try:
+        t = datetime.fromisoformat(str(created))
+    except ValueError:
+        return str(created if created is not None else "?")
+    if t.tzinfo is not None:
+        t = t.astimezone(timezone.utc)
+    return t.strftime("%Y-%m-%d %H:%M") + (" UTC" if t.tzinfo is not None else "")
 
 
 # -- charts and exports ---------------------------------------------------------------------------

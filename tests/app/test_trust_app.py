@@ -148,3 +148,21 @@ def test_export_cli_manifest_directory_and_dev_zero_in_a_subprocess(good, tmp_pa
                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and fragment in res.stderr, res.stderr
+
+
+def test_banner_dates_read_as_dates_and_never_as_emoji_shortcodes():
+    """The banner writes a trace's ISO time stamp as 'YYYY-MM-DD HH:MM UTC'; whatever text a trace
+    carries, no ':name:' pair reaches Streamlit's Markdown (it would load the emoji plugin, and
+    ':100:' would become an emoji)."""
+    import random
+
+    from app.views.common import when
+
+    assert when("2026-11-21T22:50:39+00:00") == "2026-11-21 22:50 UTC"
+    assert when("2026-11-21T23:50:39+01:00") == "2026-11-21 22:50 UTC"
+    assert when("not a date") == "not a date" and when(None) == "?"
+    shortcode = re.compile(r":(?!material/|streamlit:)[\w+-][\w_+-]*:")
+    rng = random.Random(3)
+    for _ in range(300):
+        text = "".join(rng.choice("ab1:_-+ T") for _ in range(rng.randint(1, 24)))
+        assert not shortcode.search(plain(text)), (text, plain(text))
