@@ -45,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from app.devtools import CHROMIUM, CHROMIUM_ARGS, running_app  # noqa: E402
+from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, hello_baseline, settle,  # noqa: E402,F401
+                        side_by_side, titles_js)
 
 
 def small_data_dir() -> Path:
@@ -61,35 +63,11 @@ def small_data_dir() -> Path:
     return root
 
 
-def titles_js(needle: str) -> str:
-    return ("[...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-            f".some(t => t.textContent.includes({json.dumps(needle)}))")
-
-
 def time_until(page, action, needle: str, timeout_ms: int = 60_000) -> float:
     started = time.perf_counter()
     action()
     page.wait_for_function(f"() => {titles_js(needle)}", timeout=timeout_ms)
     return time.perf_counter() - started
-
-
-# a chart with a title has drawn (the app's 10-pixel Plotly preload chart has none and does not count)
-FIRST_CHART_JS = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-                  ".some(t => t.textContent.trim().length > 0)")
-
-
-def first_chart(browser, url: str, shots: Path | None, name: str) -> float:
-    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-    page = ctx.new_page()
-    started = time.perf_counter()
-    page.goto(url)
-    page.wait_for_function(FIRST_CHART_JS, timeout=120_000)
-    took = time.perf_counter() - started
-    if shots:
-        page.wait_for_timeout(1500)
-        page.screenshot(path=str(shots / f"{name}.png"), full_page=False)
-    ctx.close()
-    return took
 
 
 def redraws(browser, url: str, recs: list, repeats: int, shots: Path | None) -> dict:
@@ -163,37 +141,6 @@ def redraws(browser, url: str, recs: list, repeats: int, shots: Path | None) -> 
 
 # -- the largest causal recording's schedule page (issue 13's real-size targets) ------------------
 
-IDLE_JS = ("() => { const w = document.querySelector('[data-testid=\"stStatusWidget\"]');"
-           " return !w || !w.innerText.includes('Running'); }")
-# every chart element has drawn its plot (Plotly adds .main-svg when it has rendered)
-DRAWN_JS = ("() => { const c = [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')];"
-            " return c.length > 0 && c.every(e => e.querySelector('.js-plotly-plot .main-svg')); }")
-
-
-class WsBytes:
-    """Counts the websocket bytes the page receives (Streamlit's deltas: mostly Plotly JSON)."""
-
-    def __init__(self, page):
-        self.n = 0
-        page.on("websocket", lambda ws: ws.on("framereceived", self._add))
-
-    def _add(self, payload):
-        self.n += len(payload)
-
-    def take(self) -> int:
-        n, self.n = self.n, 0
-        return n
-
-
-def settle(page, needle_js: str, timeout_ms: int = 120_000) -> None:
-    """Wait until `needle_js` holds, the script is idle, every chart has drawn, then two frames."""
-    page.wait_for_function(needle_js, timeout=timeout_ms)
-    page.wait_for_function(IDLE_JS, timeout=timeout_ms)
-    page.wait_for_function(DRAWN_JS, timeout=timeout_ms)
-    page.wait_for_function(needle_js, timeout=timeout_ms)
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
-
-
 def colorbar_js(text: str) -> str:
     return ("() => [...document.querySelectorAll('.js-plotly-plot .cbtitle')]"
             f".some(t => t.textContent.includes({json.dumps(text)}))")
@@ -263,57 +210,6 @@ def schedule_page(browser, url: str, rec, repeats: int, shots: Path | None) -> d
     return out
 
 
-HELLO_APP = """import plotly.graph_objects as go
-import streamlit as st
-st.title("baseline")
-st.plotly_chart(go.Figure(go.Scatter(x=[0, 1], y=[0, 1]), layout=dict(title="Work items on SMs")))
-"""
-
-
-def hello_baseline(browser, repeats: int) -> list[float]:
-    """Settle time of a one-chart Streamlit page on this machine now: the floor under any page
-    (Streamlit's own boot and one Plotly chart), measured the same way as the schedule page."""
-    root = Path(tempfile.mkdtemp(prefix="tilescope-hello-"))
-    (root / "app.py").write_text(HELLO_APP)
-    out = []
-    with running_app(None, None, app=root / "app.py", interpreter=False) as server:
-        for _ in range(repeats):
-            ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-            page = ctx.new_page()
-            started = time.perf_counter()
-            page.goto(server.url)
-            settle(page, titles_js("Work items on SMs"))
-            out.append(time.perf_counter() - started)
-            ctx.close()
-    return out
-
-
-def compare_servers(browser, data: Path, rec, rounds: int, env_on: dict, env_off: dict) -> dict:
-    """Side by side, alternating fresh servers started with `env_on` and `env_off`: the cold first
-    chart and the later-visit settle of `rec`'s schedule page for each."""
-    out: dict = {}
-    target = f"/?page=schedule&source=recorded&trace={rec.name}"
-    for i in range(rounds):
-        for key in (("on", "off") if i % 2 == 0 else ("off", "on")):
-            with running_app(data, None, env=env_on if key == "on" else env_off) as server:
-                out.setdefault(f"first_chart_cold_s_{key}", []).append(first_chart(browser, server.url, None, ""))
-                for visit in range(2):                   # the first visit loads the recording
-                    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-                    page = ctx.new_page()
-                    started = time.perf_counter()
-                    page.goto(server.url + target)
-                    settle(page, titles_js("Work items on SMs"))
-                    if visit:
-                        out.setdefault(f"settle_s_{key}", []).append(time.perf_counter() - started)
-                    ctx.close()
-    return out
-
-
-# what --compare-preload / --compare-assets switch (on = the app as it is, off = without it)
-COMPARED = {"preload": ({"TILESCOPE_PLOTLY_PRELOAD": "1"}, {"TILESCOPE_PLOTLY_PRELOAD": "0"}),
-            "assets": ({"TILESCOPE_ASSETS": "1"}, {"TILESCOPE_ASSETS": "0"})}
-
-
 def machine_info(browser_version: str | None = None) -> dict:
     import plotly
     import streamlit
@@ -349,6 +245,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-assets", type=int, default=0, metavar="ROUNDS",
                     help="the same with app/server.py's middleware (files from memory, Plotly's "
                          "chunk preloaded) on and off")
+    ap.add_argument("--side-by-side", default=None, metavar="CHECKOUT",
+                    help="also serve CHECKOUT's app (e.g. `git worktree add /tmp/old <commit>`) beside "
+                         "this one and time the 16k page's settle on both, visits alternating, --repeats each")
     ap.add_argument("--browser-ui", action="store_true",
                     help="leave on the omnibox WebUI that new headless Chromium builds for every new "
                          "window (app.devtools.CHROMIUM_ARGS turns it off; sessions before 5 measured with it)")
@@ -396,6 +295,9 @@ def main(argv=None) -> int:
                 if getattr(args, f"compare_{what}"):
                     results[f"{what}_compare"] = compare_servers(browser, data, big, getattr(args, f"compare_{what}"),
                                                                  *COMPARED[what])
+            if args.side_by_side:
+                results["side_by_side"] = side_by_side(browser, data, big, Path(args.side_by_side).resolve(),
+                                                       args.repeats)
             results["load_average_1min_end"] = round(os.getloadavg()[0], 2)
             if args.only == "all":
                 results["redraw_s"] = redraws(browser, url, picks, args.repeats, shots)
@@ -435,6 +337,11 @@ def main(argv=None) -> int:
                 on, off = statistics.median(pc[f"{key}_on"]), statistics.median(pc[f"{key}_off"])
                 print(f"  {label}: {what:25s} median {on:.2f} / {off:.2f} s "
                       f"({off / on:.2f}x) over {len(pc[f'{key}_on'])} pairs of fresh servers")
+    sbs = results.get("side_by_side")
+    if sbs:
+        print(f"  side by side, 16k settle: this app median {statistics.median(sbs['settle_s_this']):.2f} s, "
+              f"{sbs['other']} ({sbs['other_commit']}) {statistics.median(sbs['settle_s_other']):.2f} s, "
+              f"{len(sbs['settle_s_this'])} alternating visits each")
     for name, xs in results.get("redraw_s", {}).items():
         print(f"  redraw: {name:34s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s "
               f"over {len(xs)}   (target 1 s)")

@@ -1,0 +1,147 @@
+"""Timing visits to the app in headless Chromium, for scripts/measure_app.py: the waits that say
+a page has settled (a titled chart drawn, the script idle, every chart drawn), the first chart of a
+new session, the one-chart floor page, and the comparisons of two servers side by side (the same
+app with a change switched off, or another checkout's app), visits alternating so that the
+machine's drift falls on both alike."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from app.devtools import running_app
+
+
+def titles_js(needle: str) -> str:
+    return ("[...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+            f".some(t => t.textContent.includes({json.dumps(needle)}))")
+
+
+# a chart with a title has drawn (the app's 10-pixel Plotly preload chart has none and does not count)
+FIRST_CHART_JS = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                  ".some(t => t.textContent.trim().length > 0)")
+
+
+def first_chart(browser, url: str, shots: Path | None, name: str) -> float:
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = ctx.new_page()
+    started = time.perf_counter()
+    page.goto(url)
+    page.wait_for_function(FIRST_CHART_JS, timeout=120_000)
+    took = time.perf_counter() - started
+    if shots:
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=False)
+    ctx.close()
+    return took
+
+
+IDLE_JS = ("() => { const w = document.querySelector('[data-testid=\"stStatusWidget\"]');"
+           " return !w || !w.innerText.includes('Running'); }")
+# every chart element has drawn its plot (Plotly adds .main-svg when it has rendered)
+DRAWN_JS = ("() => { const c = [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')];"
+            " return c.length > 0 && c.every(e => e.querySelector('.js-plotly-plot .main-svg')); }")
+
+
+class WsBytes:
+    """Counts the websocket bytes the page receives (Streamlit's deltas: mostly Plotly JSON)."""
+
+    def __init__(self, page):
+        self.n = 0
+        page.on("websocket", lambda ws: ws.on("framereceived", self._add))
+
+    def _add(self, payload):
+        self.n += len(payload)
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
+
+
+def settle(page, needle_js: str, timeout_ms: int = 120_000) -> None:
+    """Wait until `needle_js` holds, the script is idle, every chart has drawn, then two frames."""
+    page.wait_for_function(needle_js, timeout=timeout_ms)
+    page.wait_for_function(IDLE_JS, timeout=timeout_ms)
+    page.wait_for_function(DRAWN_JS, timeout=timeout_ms)
+    page.wait_for_function(needle_js, timeout=timeout_ms)
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
+HELLO_APP = """import plotly.graph_objects as go
+import streamlit as st
+st.title("baseline")
+st.plotly_chart(go.Figure(go.Scatter(x=[0, 1], y=[0, 1]), layout=dict(title="Work items on SMs")))
+"""
+
+
+def hello_baseline(browser, repeats: int) -> list[float]:
+    """Settle time of a one-chart Streamlit page on this machine now: the floor under any page
+    (Streamlit's own boot and one Plotly chart), measured the same way as the schedule page."""
+    root = Path(tempfile.mkdtemp(prefix="tilescope-hello-"))
+    (root / "app.py").write_text(HELLO_APP)
+    out = []
+    with running_app(None, None, app=root / "app.py", interpreter=False) as server:
+        for _ in range(repeats):
+            ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+            page = ctx.new_page()
+            started = time.perf_counter()
+            page.goto(server.url)
+            settle(page, titles_js("Work items on SMs"))
+            out.append(time.perf_counter() - started)
+            ctx.close()
+    return out
+
+
+def compare_servers(browser, data: Path, rec, rounds: int, env_on: dict, env_off: dict) -> dict:
+    """Side by side, alternating fresh servers started with `env_on` and `env_off`: the cold first
+    chart and the later-visit settle of `rec`'s schedule page for each."""
+    out: dict = {}
+    target = f"/?page=schedule&source=recorded&trace={rec.name}"
+    for i in range(rounds):
+        for key in (("on", "off") if i % 2 == 0 else ("off", "on")):
+            with running_app(data, None, env=env_on if key == "on" else env_off) as server:
+                out.setdefault(f"first_chart_cold_s_{key}", []).append(first_chart(browser, server.url, None, ""))
+                for visit in range(2):                   # the first visit loads the recording
+                    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+                    page = ctx.new_page()
+                    started = time.perf_counter()
+                    page.goto(server.url + target)
+                    settle(page, titles_js("Work items on SMs"))
+                    if visit:
+                        out.setdefault(f"settle_s_{key}", []).append(time.perf_counter() - started)
+                    ctx.close()
+    return out
+
+
+def side_by_side(browser, data: Path, rec, other: Path, rounds: int) -> dict:
+    """This checkout's app and `other` checkout's app/main.py served at once (both on `data`),
+    each warmed by one visit, then `rounds` visits to each, alternating which goes first: the
+    later-visit settle of `rec`'s schedule page, an A/B free of the machine's drift."""
+    out: dict = {"other": str(other)}
+    try:
+        out["other_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=other, capture_output=True,
+                                             text=True, timeout=10).stdout.strip() or None
+    except OSError:
+        out["other_commit"] = None
+    target = f"/?page=schedule&source=recorded&trace={rec.name}"
+    with running_app(data, None) as this, running_app(data, None, app=other / "app" / "main.py") as that:
+        servers = {"this": this.url, "other": that.url}
+        for i in range(rounds + 1):
+            for key in (("this", "other") if i % 2 == 0 else ("other", "this")):
+                ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+                page = ctx.new_page()
+                started = time.perf_counter()
+                page.goto(servers[key] + target)
+                settle(page, titles_js("Work items on SMs"))
+                if i:               # round 0 loads the recording on both servers
+                    out.setdefault(f"settle_s_{key}", []).append(time.perf_counter() - started)
+                ctx.close()
+    return out
+
+
+# what --compare-preload / --compare-assets switch (on = the app as it is, off = without it)
+COMPARED = {"preload": ({"TILESCOPE_PLOTLY_PRELOAD": "1"}, {"TILESCOPE_PLOTLY_PRELOAD": "0"}),
+            "assets": ({"TILESCOPE_ASSETS": "1"}, {"TILESCOPE_ASSETS": "0"})}
