@@ -29,18 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def gpu_ms(fn, iters: int) -> float:
-    import torch
+    """Median of CUDA-event-timed calls after a sync (instrumentation.ring.time_ms, no barrier)."""
+    from instrumentation.ring import time_ms
 
-    times = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_ms(fn, iters, barrier=False)
 
 
 def host_ms(fn, busy, iters: int) -> float:
