@@ -6,7 +6,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data_sources, settings, url_state
+from app import data_sources, presentation, settings, url_state
 from app.text import plain
 from app.figures.decode import (decode_kv_figure, decode_pair_lanes_figure, decode_pair_roofline_figure,
                                 decode_row_steps, merge_figure)
@@ -147,7 +147,9 @@ common.trace_downloads(chosen, key="dec_trace")
 # -- 2. the merge of one row ---------------------------------------------------------------------------
 st.subheader("Merging one row's partial states")
 parts = chosen.partials
-r = st.columns(4)
+# on slides the row and step controls are a bar under the charts (app/presentation.py STEP_BAR),
+# so the merge chart and the controls that step it are on screen together
+r = st.container(key=f"{presentation.STEP_BAR}_decode").columns(4)
 b_sel = r[0].number_input("sequence b", 0, int(parts.b.max()), 0, key="dec_b")
 h_sel = r[1].number_input("query head", 0, int(parts["head"].max()), 0, key="dec_h")
 t_sel = r[2].number_input("query row t", 0, int(parts.q_row.max()), int(parts.q_row.max()), key="dec_t")

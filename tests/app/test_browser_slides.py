@@ -112,3 +112,22 @@ def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
     chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
     assert slider is not None and 0 <= slider["top"] and slider["bottom"] <= height, boxes
     assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, boxes
+
+
+def test_slide_decode_merge_controls_on_screen_with_the_merge_chart(app_server, new_page):
+    """The decode page's merge chart and its row / step controls share the screen on a slide:
+    the 'merge step' slider sits in the bar at the bottom of the window, below the whole chart."""
+    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", fitted=False)
+    page.locator('[data-testid="stSlider"]').filter(has_text="merge step").first.wait_for(timeout=60_000)
+    page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
+        .find(c => c.innerText.includes('Merging the partial states')).scrollIntoView({block: 'start'})""")
+    time.sleep(0.5)
+    boxes = page.evaluate("""() => {
+      const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom}; };
+      const slider = [...document.querySelectorAll('[data-testid="stSlider"]')].find(s => s.innerText.includes('merge step'));
+      const chart = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].find(c => c.innerText.includes('Merging the partial states'));
+      return {chart: r(chart.querySelector('.js-plotly-plot')), slider: r(slider), height: window.innerHeight};
+    }""")
+    chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
+    assert 0 <= slider["top"] and slider["bottom"] <= height, boxes
+    assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, boxes
