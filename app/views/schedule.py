@@ -200,26 +200,28 @@ VIDEO_FRAMES = 16          # the page's default (the CLI makes up to 120)
 
 def video_downloads(bh: int) -> None:
     """GIF / MP4 of the animation as shown: rendered when asked, with the time it will take
-    said before and a per-frame progress bar while it runs, then offered as a download."""
-    v1, v2, v3, v4 = st.columns([2, 2, 2, 4])
-    fmt = v1.selectbox("Video", ["gif", "mp4"], key="sched_video_fmt", format_func=str.upper)
-    size = v2.selectbox("Size", list(SECONDS_PER_FRAME), key="sched_video_size",
-                        format_func=lambda wh: f"{wh[0]}×{wh[1]}")
-    frames = v3.selectbox("Frames", [VIDEO_FRAMES, DEFAULT_FRAMES], key="sched_video_frames")
-    est = SECONDS_PER_FRAME[size] * frames
-    made = st.session_state.get("sched_video")
-    want = (src.key, sms, color_by, bh, fmt, size, frames, s.present)
-    if v4.button(f"Make the {fmt.upper()} (about {est:.0f} s)", key="sched_video_make"):
-        fig = animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace)
-        bar = FrameProgress(f"{fmt.upper()} at {size[0]}×{size[1]}", SECONDS_PER_FRAME[size])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=frames,
-                                           size=size, presentation=s.present, progress=bar)
-            made = st.session_state["sched_video"] = (want, path.read_bytes())
-    if made and made[0] == want:
-        st.download_button(f"⬇ whole-gpu-schedule.{fmt} ({len(made[1]) / 1e6:.1f} MB)", data=made[1],
-                           file_name=f"whole-gpu-schedule.{fmt}", mime=common.MIME[fmt],
-                           key="sched_video_dl", on_click="ignore")
+    said before and a per-frame progress bar while it runs, then offered as a download. In one
+    menu, like the charts' exports (on slides it fades until hovered instead of a row of boxes)."""
+    with st.popover("⬇ Video (GIF · MP4)", width="content", key="sched_video_menu"):
+        v1, v2, v3 = st.columns(3)
+        fmt = v1.selectbox("Video", ["gif", "mp4"], key="sched_video_fmt", format_func=str.upper)
+        size = v2.selectbox("Size", list(SECONDS_PER_FRAME), key="sched_video_size",
+                            format_func=lambda wh: f"{wh[0]}×{wh[1]}")
+        frames = v3.selectbox("Frames", [VIDEO_FRAMES, DEFAULT_FRAMES], key="sched_video_frames")
+        est = SECONDS_PER_FRAME[size] * frames
+        made = st.session_state.get("sched_video")
+        want = (src.key, sms, color_by, bh, fmt, size, frames, s.present)
+        if st.button(f"Make the {fmt.upper()} (about {est:.0f} s)", key="sched_video_make"):
+            fig = animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace)
+            bar = FrameProgress(f"{fmt.upper()} at {size[0]}×{size[1]}", SECONDS_PER_FRAME[size])
+            with tempfile.TemporaryDirectory() as tmp:
+                path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=frames,
+                                               size=size, presentation=s.present, progress=bar)
+                made = st.session_state["sched_video"] = (want, path.read_bytes())
+        if made and made[0] == want:
+            st.download_button(f"⬇ whole-gpu-schedule.{fmt} ({len(made[1]) / 1e6:.1f} MB)", data=made[1],
+                               file_name=f"whole-gpu-schedule.{fmt}", mime=common.MIME[fmt],
+                               key="sched_video_dl", on_click="ignore")
 
 
 st.subheader("The whole GPU over time")

@@ -97,6 +97,7 @@ def test_download_png_and_gif(app_server, page):
     png = Path(info.value.path()).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # videos are made on request (the button says how long), then offered as a download
+    page.locator('[data-testid="stPopoverButton"]').filter(has_text="⬇ Video").first.click()
     page.get_by_role("button", name=re.compile(r"^Make the GIF")).click()
     with page.expect_download(timeout=180_000) as info:
         page.get_by_role("button", name=re.compile(r"whole-gpu-schedule\.gif")).click(timeout=180_000)
