@@ -11,7 +11,6 @@ per layer, never a grid. Frames are spread over the whole run, not one head's li
 
 from __future__ import annotations
 
-
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots

@@ -5,7 +5,6 @@ instrumentation.online_softmax.softmax_steps; this module only draws them."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go

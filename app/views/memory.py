@@ -64,9 +64,8 @@ else:
     except (ValueError, OSError) as exc:
         st.error(f"The sweep {plain(Path(path).name)} cannot be read: {plain(exc)}")
         st.stop()
-    when = str(meta.get("created", "?"))
     st.info(f"**Data: sweep {plain(Path(path).name)}** · " + plain(
-            f"{meta.get('device_name')} · backend {meta.get('backend')} · recorded {when} · torch "
+            f"{meta.get('device_name')} · backend {meta.get('backend')} · recorded {common.when(meta.get('created'))} · torch "
             f"{meta.get('torch_version')}, triton {meta.get('triton_version')}"
             + (f", CUDA {meta['cuda_version']}" if meta.get("cuda_version") else "")
             + (f", driver {meta['driver_version']}" if meta.get("driver_version") else "")), icon=":material/info:")

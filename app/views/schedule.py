@@ -141,7 +141,7 @@ url_state.control("sched_zoom", False)
 # the slider comes on request: its code (a slider, date and number formatting) is ~120 kB of
 # JavaScript the browser would otherwise compile before the page settles
 if c4.toggle("Zoom into a time window", key="sched_zoom",
-                       help="a slider that redraws the lanes over a shorter time at full detail"):
+             help="a slider that redraws the lanes over a shorter time at full detail"):
     url_state.control("sched_window", [t_lo, t_hi], parse=float)
     lo, hi = st.session_state["sched_window"]
     if not t_lo <= lo < hi <= t_hi:
@@ -212,7 +212,7 @@ def video_downloads(bh: int) -> None:
         made = st.session_state.get("sched_video")
         want = (src.key, sms, color_by, bh, fmt, size, frames, s.present)
         if st.button(f"Make the {fmt.upper()} (about {est:.0f} s)", key="sched_video_make"):
-            fig = animation_fig(src.key, sms, color_by, bh, DEFAULT_FRAMES // 2, True, trace)
+            fig = animation_fig(src.key, sms, color_by, bh, None, True, trace)    # the figure shown (cached)
             bar = FrameProgress(f"{fmt.upper()} at {size[0]}×{size[1]}", SECONDS_PER_FRAME[size])
             with tempfile.TemporaryDirectory() as tmp:
                 path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=frames,
