@@ -70,6 +70,28 @@ def settle(page, needle_js: str, timeout_ms: int = 120_000) -> None:
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
 
 
+def settled_visit(browser, url: str, needle: str = "Work items on SMs") -> float:
+    """Seconds from navigating a fresh browser context (a new visitor: no cache) to `url` until the
+    page has settled with a chart titled `needle`."""
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = ctx.new_page()
+    started = time.perf_counter()
+    page.goto(url)
+    settle(page, titles_js(needle))
+    took = time.perf_counter() - started
+    ctx.close()
+    return took
+
+
+def git_commit(checkout: Path) -> str | None:
+    """The short commit a checkout is at (None where git cannot say)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except OSError:
+        return None
+
+
 HELLO_APP = """import plotly.graph_objects as go
 import streamlit as st
 st.title("baseline")
@@ -82,17 +104,8 @@ def hello_baseline(browser, repeats: int) -> list[float]:
     (Streamlit's own boot and one Plotly chart), measured the same way as the schedule page."""
     root = Path(tempfile.mkdtemp(prefix="tilescope-hello-"))
     (root / "app.py").write_text(HELLO_APP)
-    out = []
     with running_app(None, None, app=root / "app.py", interpreter=False) as server:
-        for _ in range(repeats):
-            ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-            page = ctx.new_page()
-            started = time.perf_counter()
-            page.goto(server.url)
-            settle(page, titles_js("Work items on SMs"))
-            out.append(time.perf_counter() - started)
-            ctx.close()
-    return out
+        return [settled_visit(browser, server.url) for _ in range(repeats)]
 
 
 def compare_servers(browser, data: Path, rec, rounds: int, env_on: dict, env_off: dict) -> dict:
@@ -104,15 +117,8 @@ def compare_servers(browser, data: Path, rec, rounds: int, env_on: dict, env_off
         for key in (("on", "off") if i % 2 == 0 else ("off", "on")):
             with running_app(data, None, env=env_on if key == "on" else env_off) as server:
                 out.setdefault(f"first_chart_cold_s_{key}", []).append(first_chart(browser, server.url, None, ""))
-                for visit in range(2):                   # the first visit loads the recording
-                    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-                    page = ctx.new_page()
-                    started = time.perf_counter()
-                    page.goto(server.url + target)
-                    settle(page, titles_js("Work items on SMs"))
-                    if visit:
-                        out.setdefault(f"settle_s_{key}", []).append(time.perf_counter() - started)
-                    ctx.close()
+                settled_visit(browser, server.url + target)       # the first visit loads the recording
+                out.setdefault(f"settle_s_{key}", []).append(settled_visit(browser, server.url + target))
     return out
 
 
@@ -120,25 +126,15 @@ def side_by_side(browser, data: Path, rec, other: Path, rounds: int) -> dict:
     """This checkout's app and `other` checkout's app/main.py served at once (both on `data`),
     each warmed by one visit, then `rounds` visits to each, alternating which goes first: the
     later-visit settle of `rec`'s schedule page, an A/B free of the machine's drift."""
-    out: dict = {"other": str(other)}
-    try:
-        out["other_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=other, capture_output=True,
-                                             text=True, timeout=10).stdout.strip() or None
-    except OSError:
-        out["other_commit"] = None
+    out: dict = {"other": str(other), "other_commit": git_commit(other)}
     target = f"/?page=schedule&source=recorded&trace={rec.name}"
     with running_app(data, None) as this, running_app(data, None, app=other / "app" / "main.py") as that:
         servers = {"this": this.url, "other": that.url}
         for i in range(rounds + 1):
             for key in (("this", "other") if i % 2 == 0 else ("other", "this")):
-                ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-                page = ctx.new_page()
-                started = time.perf_counter()
-                page.goto(servers[key] + target)
-                settle(page, titles_js("Work items on SMs"))
+                took = settled_visit(browser, servers[key] + target)
                 if i:               # round 0 loads the recording on both servers
-                    out.setdefault(f"settle_s_{key}", []).append(time.perf_counter() - started)
-                ctx.close()
+                    out.setdefault(f"settle_s_{key}", []).append(took)
     return out
 
 

@@ -36,7 +36,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from app.devtools import CHROMIUM, CHROMIUM_ARGS, running_app  # noqa: E402
-from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, hello_baseline, settle,  # noqa: E402,F401
-                        side_by_side, titles_js)
+from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, git_commit, hello_baseline,  # noqa: E402,F401
+                        settle, side_by_side, titles_js)
 
 
 def small_data_dir() -> Path:
@@ -217,11 +216,7 @@ def machine_info(browser_version: str | None = None) -> dict:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
         else platform.processor()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-    except OSError:
-        commit = None
+    commit = git_commit(ROOT)
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
             "cpu": cpu, "machine": platform.machine(), "os": platform.platform(),
             "load_average_1min": round(os.getloadavg()[0], 2),
