@@ -10,6 +10,12 @@ Why (Chromium traces of the 16k schedule page on a 2-CPU machine, notes in the R
     pool: with the page's script and websocket busy beside it, that fetch took 0.4-0.95 s, all on
     the way to the first chart. A `<link rel="modulepreload">` in the page's HTML starts it with the
     frontend's own files, and the files come from memory in one piece.
+  - Every JavaScript file starts with V8's explicit compile hint (`//# allFunctionsCalledOnLoad`,
+    Chrome 136+; other browsers read a comment): V8 then compiles the whole file while it streams
+    in, on a background thread, instead of compiling each function lazily on the main thread the
+    first time it runs. Nearly all of the frontend's and Plotly's code runs while a page opens, and
+    the main thread is the bottleneck there: script time per visit 1.82 -> 1.50 s, settle 3.00 ->
+    2.82 s (medians of 12 interleaved visits; data in the README).
   - The set of files is Streamlit's own static directory, listed once: a request for anything else
     (another path, `..`) falls through to Streamlit unchanged.
 """
@@ -23,6 +29,8 @@ from pathlib import Path
 import streamlit as st
 
 STATIC_DIR = Path(st.__file__).parent / "static"
+# V8's explicit compile hint: a magic comment in a script's first line (v8.dev/blog/explicit-compile-hints)
+COMPILE_HINT = b"//# allFunctionsCalledOnLoad\n"
 # Streamlit's hashed bundles may be cached for good (its own rule for files under static/)
 _IMMUTABLE = b"public, immutable, max-age=31536000"
 
@@ -60,7 +68,8 @@ def preload_chunks(files: dict[str, Path]) -> list[str]:
 
 
 class AssetMiddleware:
-    """ASGI middleware: static files from memory; `modulepreload` links in the page's HTML."""
+    """ASGI middleware: static files from memory (scripts with the compile hint); `modulepreload`
+    links in the page's HTML."""
 
     def __init__(self, app):
         self.app = app
@@ -82,7 +91,10 @@ class AssetMiddleware:
             ctype = mimetypes.guess_type(path)[0] or "application/octet-stream"
             if ctype.startswith("text/") or ctype.endswith("javascript"):
                 ctype += "; charset=utf-8"
-            self.cache[path] = (self.files[path].read_bytes(), ctype.encode())
+            body = self.files[path].read_bytes()
+            if path.endswith(".js"):
+                body = COMPILE_HINT + body
+            self.cache[path] = (body, ctype.encode())
         body, ctype = self.cache[path]
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", ctype), (b"content-length", str(len(body)).encode()), (b"cache-control", _IMMUTABLE)]})
