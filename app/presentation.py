@@ -3,7 +3,7 @@ one chart per screen. Each chart keeps the slide size the figures' template lays
 (app/figures/_slide.py: 1280 x 720, 16:9, the same as a slide-mode PNG export) and is scaled as a
 whole to fit the window, so what the room sees is what the export writes. Errors, warnings and
 the page's own controls (step buttons, sliders) stay, stepping controls in a bar at the bottom of
-the window (a container keyed STEP_BAR...); download buttons and export menus fade until hovered.
+the window (a container keyed STEP_BAR...); download buttons, export menus and the switches that draw more charts fade until hovered.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ CSS = """
 [data-testid="stDownloadButton"], [data-testid="stPopover"] { opacity: 0.25; }
 [data-testid="stDownloadButton"]:hover, [data-testid="stPopover"]:hover { opacity: 1; }
 [data-testid="stPopoverBody"] [data-testid="stDownloadButton"] { opacity: 1; }   /* an open menu reads whole */
+/* the page's switches for more charts ("Draw the animation") fade too: the presenter finds them,
+   the room sees the chart (the step bar's controls stay whole) */
+[data-testid="stMainBlockContainer"] [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]) {
+  opacity: 0.3; transition: opacity 0.2s; }
+[data-testid="stMainBlockContainer"] [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]):hover,
+[data-testid="stMainBlockContainer"] [class*="st-key-slide_step_bar"] [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]) {
+  opacity: 1; }
 /* the way out: a clear dark pill in the top-right corner, small enough to stay out of the slide */
 .st-key-leave_present { position: fixed; top: 0.6rem; right: 1rem; z-index: 1000; width: auto !important;
   opacity: 0.45; transition: opacity 0.2s; }   /* faint over a chart's title until the pointer comes */

@@ -96,6 +96,25 @@ def test_slide_export_menu_opens_readable(app_server, new_page):
     assert len(opacities) >= 4 and min(opacities) > 0.9, opacities
 
 
+OPACITY_JS = """el => { let o = 1; for (let e = el; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; }"""
+
+
+@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
+def test_slide_switches_fade_until_hovered(app_server, new_page):
+    """On a slide the schedule page's switches that draw more charts ('Draw the animation', ...)
+    are faint until the pointer comes (they sat at full strength between the slides), and whole
+    when hovered."""
+    page = open_slides(new_page, f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1")
+    switch = page.locator('[data-testid="stCheckbox"]').filter(has_text="Draw the imbalance chart").first
+    switch.scroll_into_view_if_needed()
+    page.mouse.move(1, 1)
+    time.sleep(0.4)
+    assert switch.evaluate(OPACITY_JS) < 0.5
+    switch.hover()
+    time.sleep(0.4)
+    assert switch.evaluate(OPACITY_JS) > 0.9
+
+
 @pytest.mark.skipif(not list((ROOT / "data" / "ring").glob("*/manifest.json")), reason="no bundled ring recordings")
 def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
     """The ring page's merge chart (its last) and its 'chunks merged' slider share the screen on a
