@@ -59,6 +59,12 @@ WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
 WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
+# True: a causal plan (partial tiles only right after each block's full run) runs as ONE
+# warp-specialised launch whose loop masks keys past each row's last on every tile (kernels.flash_kernel
+# MASKED_TAIL). Off: on an H200 it took 1.085-1.099x the two-launch split's time at 16k / 32k causal
+# (the mask on every tile costs more than the second launch; an `if` for the tail tiles only does not
+# compile in Triton 3.6: data/benchmarks/causal-ws-masked-tail-session6-nvidia-h200.json)
+MASKED_TAIL = False
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
@@ -315,7 +321,8 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         # the WS default where WS cannot run (e.g. strided q/k/v, traced, or turned off): 4 warps
         # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
         cfg = KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
-    split = _two_launches(ws, plan)   # the second resumes from the first's (O, lse)
+    tail = _masked_tail(ws, plan)     # one launch: the full-tile loop runs on into the diagonal
+    split = not tail and _two_launches(ws, plan)   # the second resumes from the first's (O, lse)
     if out is not None:
         lse = out[1]
     else:
@@ -328,15 +335,15 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     else:
         descs = [q, k, v]  # unused placeholders: the TMA path is compiled out
     args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o_prev, *o_prev.stride()[:3],
-            plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
+            plan.row_lo, plan.row_hi, plan.full_cnt, plan.run_start if tail else plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
             lse.stride(1) if lse is not o else n, works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
     consts = dict(
         HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
-        RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
-        MERGE=bool(merge),
+        RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial and not tail,
+        SEED=False, MERGE=bool(merge), MASKED_TAIL=tail,
         WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
@@ -364,6 +371,13 @@ def _check_out(out, q) -> torch.Tensor:
         raise ValueError(f"out must be (o, lse): o {tuple(q.shape)} float32 or {q.dtype} with unit last "
                          f"stride, lse {(b, h, n)} float32 with rows of one (B, H, N) buffer, on {q.device}")
     return o
+
+
+def _masked_tail(ws: bool, plan: BlockPlan) -> bool:
+    """Where the off-band loop is warp-specialised and every query block's partial tiles directly
+    follow its full ones (causal): one launch, the loop running on into the partial tiles with the
+    mask (MASKED_TAIL), instead of two. (Tests force it without WS, N_k a multiple of block_n.)"""
+    return MASKED_TAIL and ws and plan.partial_follows_full
 
 
 def _two_launches(ws: bool, plan: BlockPlan) -> bool:

@@ -50,6 +50,19 @@ def host_ms(fn, busy, iters: int) -> float:
     return statistics.median(times)
 
 
+def split(fn):
+    """fn with kernels.flash.MASKED_TAIL off: causal calls as the two-launch split (sessions 4-5)."""
+    import kernels.flash as fl
+
+    def run():
+        saved, fl.MASKED_TAIL = fl.MASKED_TAIL, False
+        try:
+            return fn()
+        finally:
+            fl.MASKED_TAIL = saved
+    return run
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens-per-gpu", default="16384,32768")
@@ -101,6 +114,10 @@ def main(argv=None) -> int:
             "second_q_half_merge": lambda: attend_into(q_half, k2, v2, o_acc[:, :, c:], lse_acc[:, :, c:], False,
                                                        None, merge=True),
         }
+        cases.update({   # session 6: the causal step as the older two-launch split (MASKED_TAIL off)
+            "causal_into_acc_split": split(lambda: attend_into(q, k, v, o_acc, lse_acc, True, None, merge=False)),
+            "ring_world1_zigzag_split": split(lambda: ring_attention(q, k, v, mask="causal", layout="zigzag")),
+        })
         o_b = torch.empty_like(q)                                               # bf16 out, for A/B
         kh, vh = k2[:, :, :c].contiguous(), v2[:, :, :c].contiguous()
         cases.update({
