@@ -38,8 +38,10 @@ sequence and takes its shard):
                         registered-ctas-8 (both), direct-output (the last step merges into the
                         output in q's dtype: kernels.ring.DIRECT_OUTPUT), chunked-kv (K/V travel
                         chunk-major, so a step reading one zigzag half reads it in place:
-                        kernels.ring.CHUNKED_KV); two-launch (session 6: causal calls as the
-                        two-launch split of sessions 4-5, kernels.flash.MASKED_TAIL off)
+                        kernels.ring.CHUNKED_KV); diagonal-first (session 6: step 0's causal
+                        call whole and a cast after the ring, kernels.ring.DIAGONAL_LAST off),
+                        longest-first (the causal calls' query blocks longest first:
+                        kernels.ring.CAUSAL_SCHEDULE)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -80,7 +82,8 @@ OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
                      ("registered-ctas-8", (("REGISTERED_BUFFERS", True),), 8),
                      ("direct-output", (("DIRECT_OUTPUT", True),), None),
                      ("chunked-kv", (("CHUNKED_KV", True),), None),
-                     ("two-launch", (("flash.MASKED_TAIL", False),), None))
+                     ("diagonal-first", (("DIAGONAL_LAST", False),), None),
+                     ("longest-first", (("CAUSAL_SCHEDULE", "longest_first"),), None))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 
@@ -117,7 +120,6 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
 
     from instrumentation.inputs import make_inputs
     from instrumentation.ring import time_ms
-    import kernels.flash
     import kernels.ring
     from kernels import flash_attention
     from kernels.ring import ring_attention, shard
@@ -175,9 +177,8 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
                     qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
                     run = lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout, **kw)  # noqa: E731
                     with ExitStack() as stack:
-                        for name, value in patches:   # "flash.X": kernels.flash's switch X
-                            module = kernels.flash if name.startswith("flash.") else kernels.ring
-                            stack.enter_context(mock.patch.object(module, name.removeprefix("flash."), value))
+                        for name, value in patches:
+                            stack.enter_context(mock.patch.object(kernels.ring, name, value))
                         out = run()
                         err = _worst(_rel_err(out, shard(ours_1, rank, world, layout)))
                         ms = time_ms(run, args.iters, True) if err < TOL else None

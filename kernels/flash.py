@@ -59,12 +59,6 @@ WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
 WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
-# True: a causal plan (partial tiles only right after each block's full run) runs as ONE
-# warp-specialised launch whose loop masks keys past each row's last on every tile (kernels.flash_kernel
-# MASKED_TAIL). Off: on an H200 it took 1.085-1.099x the two-launch split's time at 16k / 32k causal
-# (the mask on every tile costs more than the second launch; an `if` for the tail tiles only does not
-# compile in Triton 3.6: data/benchmarks/causal-ws-masked-tail-session6-nvidia-h200.json)
-MASKED_TAIL = False
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
@@ -247,7 +241,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
                     schedule="natural", num_warps=None, num_stages=None, return_lse=False,
                     trace: TraceBuffers | None = None, hw_clock: bool | None = None,
                     use_tma: bool | None = None, warp_specialize: bool | None = None,
-                    out: tuple | None = None, merge: bool = False, o_prev=None):
+                    out: tuple | None = None, merge: bool = False, o_prev=None, tiles: str = "all"):
     """Fused FlashAttention-2 forward (no backward: refuses inputs that require grad).
 
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D), H % H_kv == 0 (query head h reads KV head
@@ -261,7 +255,11 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     they already hold a normalised (o, lse) over other keys and the result is merged into them
     (kernels.ring_merge's merge, done in the kernel's epilogue: a ring's accumulator). o_prev:
     the o merged with when it is not out's (like q, any float dtype; the merged result goes to
-    out's o, e.g. a ring's last step straight into its bf16 output)."""
+    out's o, e.g. a ring's last step straight into its bf16 output). tiles="full": only the full
+    tiles (the mask's partial ones left out), storing (O, lse) into out; then tiles="partial" with
+    the same q, k, v and mask resumes from (o_prev or out's o, out's lse) with the partial tiles
+    and writes out: together the same as one call (the two launches of the WS split, e.g. with
+    other keys merged in between: a ring's diagonal last, straight into its output)."""
     spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     b, h, n, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
@@ -280,11 +278,15 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     if merge and out is None:
         raise ValueError("merge=True merges into out=(o, lse): pass the buffers that hold the partial result")
     o = _check_out(out, q) if out is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, H, N_q, D)
+    if tiles not in ("all", "full", "partial") or (tiles != "all" and (out is None or trace is not None)) \
+            or (tiles == "partial" and merge):
+        raise ValueError(f"tiles={tiles!r}: use 'all', or 'full' / 'partial' with out=(o, lse), untraced "
+                         "('partial' resumes from out, or o_prev: no merge)")
     if o_prev is None:
         o_prev = o
-    elif not (merge and isinstance(o_prev, torch.Tensor) and o_prev.shape == q.shape and o_prev.stride(-1) == 1
+    elif not ((merge or tiles == "partial") and isinstance(o_prev, torch.Tensor) and o_prev.shape == q.shape and o_prev.stride(-1) == 1
               and o_prev.device == q.device):
-        raise ValueError(f"o_prev goes with merge=True: a tensor {tuple(q.shape)} with unit last stride on {q.device}")
+        raise ValueError(f"o_prev goes with merge=True or tiles='partial': a tensor {tuple(q.shape)} with unit last stride on {q.device}")
     qk_scale = sm_scale * 1.4426950408889634                                 # fold log2(e) in
     n_work = b * h * plan.n_qb
     works = plan.work_list(b * h, schedule)
@@ -321,8 +323,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         # the WS default where WS cannot run (e.g. strided q/k/v, traced, or turned off): 4 warps
         # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
         cfg = KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
-    tail = _masked_tail(ws, plan)     # one launch: the full-tile loop runs on into the diagonal
-    split = not tail and _two_launches(ws, plan)   # the second resumes from the first's (O, lse)
+    split = _two_launches(ws, plan)   # the second resumes from the first's (O, lse)
     if out is not None:
         lse = out[1]
     else:
@@ -335,27 +336,33 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     else:
         descs = [q, k, v]  # unused placeholders: the TMA path is compiled out
     args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o_prev, *o_prev.stride()[:3],
-            plan.row_lo, plan.row_hi, plan.full_cnt, plan.run_start if tail else plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
+            plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
             lse.stride(1) if lse is not o else n, works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
     consts = dict(
         HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
-        RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial and not tail,
-        SEED=False, MERGE=bool(merge), MASKED_TAIL=tail,
+        RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
+        MERGE=bool(merge),
         WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split:
+    full = dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True)
+    partial = dict(consts, OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, WARP_SPECIALIZE=False,
+                   DEVICE_DESC=False, USE_TMA=False, SAFE_DIV=True, RETURN_LSE=True,
+                   num_warps=WS_ON_BAND_WARPS if ws else cfg.num_warps)
+    if tiles != "all":      # one of the split's two launches (any plan; without WS too)
+        _launch(grid, args, full if tiles == "full" else partial)
+    elif split:
         # the full tiles warp-specialised, storing (O, lse); then the partial tiles in a plain
-        # loop, resumed from them (Triton 3.6 compiles the WS loop only alone in its kernel)
-        _launch(grid, args, dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True))
-        consts = dict(consts, OFF_BAND=False, SEED=True, MERGE=False, WARP_SPECIALIZE=False, DEVICE_DESC=False,
-                      USE_TMA=False, num_warps=WS_ON_BAND_WARPS)
-    _launch(grid, args, consts)
+        # loop, resumed from them, read from O (Triton 3.6 compiles the WS loop only alone in its kernel)
+        _launch(grid, args, full)
+        _launch(grid, args[:16] + (o, *o.stride()[:3]) + args[20:], partial)
+    else:
+        _launch(grid, args, consts)
     return (o, lse) if return_lse or out is not None else o
 
 
@@ -371,13 +378,6 @@ def _check_out(out, q) -> torch.Tensor:
         raise ValueError(f"out must be (o, lse): o {tuple(q.shape)} float32 or {q.dtype} with unit last "
                          f"stride, lse {(b, h, n)} float32 with rows of one (B, H, N) buffer, on {q.device}")
     return o
-
-
-def _masked_tail(ws: bool, plan: BlockPlan) -> bool:
-    """Where the off-band loop is warp-specialised and every query block's partial tiles directly
-    follow its full ones (causal): one launch, the loop running on into the partial tiles with the
-    mask (MASKED_TAIL), instead of two. (Tests force it without WS, N_k a multiple of block_n.)"""
-    return MASKED_TAIL and ws and plan.partial_follows_full
 
 
 def _two_launches(ws: bool, plan: BlockPlan) -> bool:

@@ -24,7 +24,7 @@ from that result (SEED: a normalised (O, lse) is the state acc = O, l = 1, m = l
 merges partial results. Otherwise, and always when tracing, both loops run in one launch.
 MERGE (a ring's accumulator): OA (O itself, or another buffer) and LSE already hold a normalised
 result over other keys, and the epilogue merges this program's rows with it into O and LSE; LSE
-rows sit stride_lbh apart (views of a longer (B, H, N) buffer).
+rows sit stride_lbh apart (views of a longer (B, H, N) buffer). SEED starts from OA too.
 
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
@@ -125,38 +125,14 @@ def _device_descs(Q, K, V, batch_heads, GROUP, N_Q, N_K, stride_qn, stride_kn, s
 
 
 @triton.jit
-def _masked_scores(qk, m_i, offs_n, row_lo, row_hi, qk_scale):
-    """A partial tile's scores in log2 units, shifted by the new row max: keys outside a row's
-    visible interval [lo, hi] get -inf. Returns (shifted scores, new max, the shift)."""
-    visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
-    qk = tl.where(visible, qk * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return qk - m_ref[:, None], m_new, m_ref
-
-
-@triton.jit
-def _full_scores(qk, m_i, qk_scale):
-    """A full tile's scores: scale and shift in one FMA per score."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    return qk * qk_scale - m_new[:, None], m_new, m_new
-
-
-@triton.jit
 def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, row_base,
                offs_m, offs_d, d_ok, row_lo, row_hi, idx_ptr, kb_start, count, step0, N_K, qk_scale,
                tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
                EVEN_D: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-               TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr,
-               MASKED_TAIL: tl.constexpr):
-    # MASKED_TAIL (full-tile loop only): the loop runs on into the partial tiles that follow the
-    # full run (the causal diagonal); keys after a row's last are masked, in float (exact below 2^24)
+               TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
-    offs_nf = offs_n0.to(tl.float32)
-    last_rel = (row_hi - kb_start * BLOCK_N).to(tl.float32)        # (BLOCK_M,): last key - tile start
     for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
         if IS_PARTIAL:
             k_block = tl.load(idx_ptr + i)   # partial tiles: a short list (diagonal, window edges)
@@ -176,19 +152,17 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
         # -- online softmax update (scores in log2 units: qk * qk_scale) --
         if IS_PARTIAL:
-            qk, m_new, m_ref = _masked_scores(qk, m_i, offs_n, row_lo, row_hi, qk_scale)
-        elif MASKED_TAIL:
-            # keys past each row's last (the host checks every interval starts at key 0), with
-            # no branch and nothing computed from i here (Triton 3.6 pipelines no `if` in this
-            # loop and warp-specialises none that reads i): the row's last key relative to this
-            # tile is carried from tile to tile; on a full tile it is past the tile's end
-            qk = tl.where(offs_nf[None, :] <= last_rel[:, None], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet: shift by 0
-            qk = qk * qk_scale - m_ref[:, None]
-            last_rel = last_rel - BLOCK_N
+            visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            qk = qk - m_ref[:, None]
         else:
-            qk, m_new, m_ref = _full_scores(qk, m_i, qk_scale)
+            # scale and shift in one FMA per score
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_ref = m_new
+            qk = qk * qk_scale - m_ref[:, None]
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -230,7 +204,7 @@ def _work_item(work, program, order,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr, MASKED_TAIL: tl.constexpr,
+               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
                WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
@@ -266,12 +240,14 @@ def _work_item(work, program, order,
     row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)                # padded rows see nothing
     o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :]         # (BLOCK_M, D)
     if SEED:
-        # -- second launch: resume from the (O, lse) the first stored; O normalised is acc with
+        # -- second launch: resume from the (O, lse) the first stored (O in OA: O itself, or
+        # e.g. a ring's float32 accumulator when O is its output); O normalised is acc with
         # l = 1, and m = lse in log2 units. Rows that saw no key yet (lse -inf) restart at l = 0 --
         lse0 = tl.load(LSE + bh.to(tl.int64) * stride_lbh + offs_m, mask=in_seq, other=float("-inf"))
         m_i = lse0 / LN2
         l_i = tl.where(lse0 == float("-inf"), 0.0, 1.0)
-        acc = tl.load(o_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        seed_ptrs = OA + off_b * stride_ab + off_h * stride_ah + offs_m[:, None] * stride_an + offs_d[None, :]
+        acc = tl.load(seed_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -288,22 +264,20 @@ def _work_item(work, program, order,
     trace_rows_here = traced_head & (slot >= 0)
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
-    # -- off-band: full tiles, no element mask (MASKED_TAIL: on into the partial tiles right after
-    # them, masked; full_start then holds each block's first visible tile) --
+    # -- off-band: full tiles, no element mask --
     if OFF_BAND:
-        n_loop = n_full + n_part if MASKED_TAIL else n_full
         acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
                                    offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block),
-                                   n_loop, 0, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
+                                   n_full, 0, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
                                    BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
-                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK, MASKED_TAIL)
+                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- on-band: partial tiles, element mask from the per-row interval --
     if HAS_PARTIAL:
         acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc,
                                    kv_row_base, offs_m, offs_d, d_ok, row_lo, row_hi, part_idx + q_block * n_kb,
                                    0, n_part, n_full, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head,
                                    trace_rows_here, BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA,
-                                   EVEN_D, False, TRACE_TILES, TRACE_ROWS, HW_CLOCK, False)
+                                   EVEN_D, False, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
     # -- epilogue: one normalisation per row --
     if SAFE_DIV:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
@@ -353,7 +327,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr, EVEN_D: tl.constexpr,
                     SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-                    OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr, MASKED_TAIL: tl.constexpr,
+                    OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
                     WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
@@ -371,7 +345,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                        stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
                        part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, MASKED_TAIL, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
@@ -387,5 +361,5 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                    stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
                    part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, MASKED_TAIL, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)

@@ -47,28 +47,6 @@ class BlockPlan:
         """Any partial tile: the kernel then compiles its on-band loop (HAS_PARTIAL)."""
         return bool((self.block_map == PARTIAL).any())
 
-    @cached_property
-    def partial_follows_full(self) -> bool:
-        """Every query block's visible tiles are one run, its full tiles first and its partial
-        tiles after them (causal, bottom-right: the diagonal), and every row's interval starts at
-        key 0 (or is empty): the full-tile loop can run on into them masking keys past each row's
-        last only (the kernel's MASKED_TAIL), starting at `run_start`. Causal, prefix_lm: yes."""
-        vis = self.block_map != SKIPPED
-        first = np.where(vis.any(axis=1), vis.argmax(axis=1), 0)
-        cols = np.arange(self.n_kb)[None, :]
-        n_full = (self.block_map == FULL).sum(axis=1)[:, None]
-        run = (cols >= first[:, None]) & (cols < first[:, None] + vis.sum(axis=1)[:, None])
-        want = np.where(run, np.where(cols < first[:, None] + n_full, FULL, PARTIAL), SKIPPED)
-        lo, hi = self.row_lo.cpu().numpy(), self.row_hi.cpu().numpy()
-        return bool(self.has_partial and np.array_equal(want, self.block_map) and np.all((lo == 0) | (lo > hi)))
-
-    @cached_property
-    def run_start(self) -> torch.Tensor:
-        """(n_qb,) int32: each query block's first visible K block (0 if none)."""
-        vis = self.block_map != SKIPPED
-        first = np.where(vis.any(axis=1), vis.argmax(axis=1), 0).astype(np.int32)
-        return torch.from_numpy(first).to(self.row_lo.device)
-
     @property
     def n_qb(self) -> int:
         return self.block_map.shape[0]

@@ -95,6 +95,16 @@ CHUNKED_KV = False
 # accumulator after the ring (COPY_AHEAD implies it). Off: 0.999-1.026x at 32k on 2 x H200,
 # slower in 4 of 5 repeats (`direct-output`)
 DIRECT_OUTPUT = False
+# True: step 0's causal call (local Q against its own K/V) computes only its full tiles; its
+# partial (diagonal) tiles run after the last step, resumed from the float32 accumulator that by
+# then holds every other key, and write the output in q's dtype: the diagonal launch's
+# accumulator read-modify-write and the final cast pass become one read and one bf16 write. The
+# same two launches the kernel's WS split makes anyway (kernels.flash, tiles="full" / "partial").
+# False: the whole causal call at step 0 and a cast after the ring (the `diagonal-first` variant)
+DIAGONAL_LAST = True
+# The order the causal call's programs take their query blocks in (kernels.flash schedule):
+# "longest_first" puts the short loops at the end, where the last programs leave SMs idle
+CAUSAL_SCHEDULE = "natural"
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------
@@ -174,13 +184,16 @@ def attend_chunk(q, k, v, causal: bool, sm_scale: float | None):
                            mask="causal" if causal else "full", sm_scale=sm_scale, return_lse=True)
 
 
-def attend_into(q, k, v, o_acc, lse_acc, causal: bool, sm_scale: float | None, merge: bool, o_prev=None) -> None:
+def attend_into(q, k, v, o_acc, lse_acc, causal: bool, sm_scale: float | None, merge: bool, o_prev=None,
+                tiles: str = "all") -> None:
     """attend_chunk written into the ring's float32 accumulator views o_acc (B, H, N_q, D) and
     lse_acc (B, H, N_q): merged into what they hold (merge=True) or overwriting it. o_prev: merge
-    with this accumulator instead and write o_acc (then the output, in q's dtype)."""
+    with this accumulator instead and write o_acc (then the output, in q's dtype). tiles: "full"
+    or "partial", one half of a causal call (kernels.flash.flash_attention; DIAGONAL_LAST)."""
     from .flash import flash_attention
     flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal" if causal else "full",
-                    sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge, o_prev=o_prev)
+                    sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge, o_prev=o_prev, tiles=tiles,
+                    schedule=CAUSAL_SCHEDULE if causal else "natural")
 
 
 # -- ring attention -------------------------------------------------------------------------------
@@ -253,7 +266,10 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     last = plans[-1]
     direct = (ahead or DIRECT_OUTPUT) and world > 1 and FUSED_MERGE and not any(c.causal for c in last) and \
         sum(c.q_hi - c.q_lo for c in last) == len({r for c in last for r in range(c.q_lo, c.q_hi)})
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if direct else None   # (B, H, N_local, D)
+    # the diagonal last (DIAGONAL_LAST): step 0's causal call covers every local row and key
+    diag_last = DIAGONAL_LAST and FUSED_MERGE and not direct and \
+        [(c.q_lo, c.q_hi, c.k_lo, c.k_hi, c.causal) for c in plans[0]] == [(0, q.shape[2], 0, q.shape[2], True)]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if direct or diag_last else None   # (B, H, N_local, D)
     if cuda:   # the caller's k, v and the new buffers' memory are ready once its queued work is
         comm_stream.wait_stream(compute_stream)
     if send is not own:      # beside step 0's compute, before its transfer (same stream)
@@ -326,7 +342,8 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
                 attend_into(q_c, k_c, v_c, out[:, :, call.q_lo:call.q_hi], lse_view, call.causal, sm_scale,
                             merge=True, o_prev=o_view)
             elif FUSED_MERGE:     # the first call covering every row overwrites, later ones merge
-                attend_into(q_c, k_c, v_c, o_view, lse_view, call.causal, sm_scale, merge=started or not covers_all)
+                attend_into(q_c, k_c, v_c, o_view, lse_view, call.causal, sm_scale, merge=started or not covers_all,
+                            tiles="full" if diag_last and step == 0 else "all")
             else:
                 o_p, lse_p = attend_chunk(q_c, k_c, v_c, call.causal, sm_scale)
                 if started or not covers_all:
@@ -340,6 +357,9 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
                 # after the ring, so they do not sit inside the timed compute
                 pending_rows.append((step, call, kv_chunks, k_c[0, 0].clone(),
                                      None if lse_p is None else lse_p[0, 0].clone()))
+        if diag_last and step == world - 1:   # step 0's diagonal tiles, resumed from all other keys
+            attend_into(inputs.queries(0, n_local), own[0], own[1], out, lse_acc, True, sm_scale, merge=False,
+                        o_prev=o_acc, tiles="partial")
         if clock:
             clock.mark(step, "compute_end", compute_stream)
         if cuda:

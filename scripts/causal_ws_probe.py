@@ -10,11 +10,8 @@ kernel table (B 4 H 16, causal N 4k/8k/16k, full 16k as a control), and the othe
 table at 16k (sliding_window:1024, prefix_lm:8192, document), which take the split or not by the
 length of their loops and their share of partial tiles (kernels.flash.WS_SPLIT_MIN_FULL,
 WS_SPLIT_MAX_PARTIAL; each record says which: two_launches). Variants of our kernel:
-  masked_tail           a plain call on causal (session 6: one warp-specialised launch whose loop
-                        runs on into the diagonal tiles, masked; kernels.flash.MASKED_TAIL)
-  masked_tail:longest   ... schedule="longest_first"
-  two_launch            causal: the split of sessions 4-5 (MASKED_TAIL off); other masks: a plain
-                        call (the split or the masked tail where they apply)
+  two_launch            a plain call (the split where it applies)
+  two_launch:longest    ... schedule="longest_first"
   two_launch:onband4    ... the on-band launch with 4 warps instead of WS_ON_BAND_WARPS
   two_launch:forced     the split whatever the loops (WS default config; masks other than causal)
   one_launch            the config a plain call picked before (default_config without the mask):
@@ -87,7 +84,7 @@ def impls(spec):
     if spec.kind not in ("causal", "full"):
         return ["two_launch", "two_launch:forced", "one_launch"]
     sdpa = ["sdpa_cudnn", "sdpa_flash"]
-    return sdpa + (["masked_tail", "two_launch", "masked_tail:longest", "one_launch"]
+    return sdpa + (["two_launch", "two_launch:longest", "two_launch:onband4", "one_launch"]
                    if spec.kind == "causal" else ["two_launch"])
 
 
@@ -196,18 +193,8 @@ def make_fn(impl, q, k, v, spec, d, n):
     if impl == "one_launch":
         cfg = default_config(d, q.dtype, n=max(n, k.shape[2])).as_dict()
         return lambda: flash_attention(q, k, v, mask=spec, **cfg)
-    if impl == "masked_tail:longest":
+    if impl == "two_launch:longest":
         return lambda: flash_attention(q, k, v, mask=spec, schedule="longest_first")
-    if impl in ("two_launch", "two_launch:longest") and spec.kind == "causal":
-        sched = "longest_first" if impl.endswith("longest") else "natural"
-
-        def fn():
-            saved, fl.MASKED_TAIL = fl.MASKED_TAIL, False
-            try:
-                return flash_attention(q, k, v, mask=spec, schedule=sched)
-            finally:
-                fl.MASKED_TAIL = saved
-        return fn
     if impl == "two_launch:onband4":
         def fn():
             saved, fl.WS_ON_BAND_WARPS = fl.WS_ON_BAND_WARPS, 4
@@ -279,14 +266,11 @@ def main():
         fns, recs = {}, {}
         for impl in impls(spec):
             rec = dict(case, impl=impl, ms=None, ms_rounds=[], tflops=None, rel_err=None, status="ok",
-                       config=cfg.as_dict() if impl.startswith(("two", "masked")) else None,
+                       config=cfg.as_dict() if impl.startswith("two") else None,
                        partial_share=float((plan.block_map == 1).sum() / max(1, (plan.block_map != 0).sum()))
-                       if impl.startswith(("two", "masked")) else None,
-                       full_per_block=float((plan.block_map == 2).sum() / plan.n_qb)
-                       if impl.startswith(("two", "masked")) else None,
-                       two_launches=bool(plan.has_partial and ws_cfg and not (impl.startswith("masked")
-                                                                               and plan.partial_follows_full))
-                       if impl.startswith(("two", "masked")) else None)
+                       if impl.startswith("two") else None,
+                       full_per_block=float((plan.block_map == 2).sum() / plan.n_qb) if impl.startswith("two") else None,
+                       two_launches=bool(plan.has_partial and ws_cfg) if impl.startswith("two") else None)
             if impl.startswith("cfg:"):
                 icfg = parse_impl_cfg(impl)
                 rec.update(config=list(icfg), two_launches=spec.kind == "causal")

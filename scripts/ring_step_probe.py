@@ -50,16 +50,16 @@ def host_ms(fn, busy, iters: int) -> float:
     return statistics.median(times)
 
 
-def split(fn):
-    """fn with kernels.flash.MASKED_TAIL off: causal calls as the two-launch split (sessions 4-5)."""
-    import kernels.flash as fl
+def diagonal_first(fn):
+    """fn with kernels.ring.DIAGONAL_LAST off (the ring before session 6)."""
+    import kernels.ring
 
     def run():
-        saved, fl.MASKED_TAIL = fl.MASKED_TAIL, False
+        saved, kernels.ring.DIAGONAL_LAST = kernels.ring.DIAGONAL_LAST, False
         try:
             return fn()
         finally:
-            fl.MASKED_TAIL = saved
+            kernels.ring.DIAGONAL_LAST = saved
     return run
 
 
@@ -114,9 +114,18 @@ def main(argv=None) -> int:
             "second_q_half_merge": lambda: attend_into(q_half, k2, v2, o_acc[:, :, c:], lse_acc[:, :, c:], False,
                                                        None, merge=True),
         }
-        cases.update({   # session 6: the causal step as the older two-launch split (MASKED_TAIL off)
-            "causal_into_acc_split": split(lambda: attend_into(q, k, v, o_acc, lse_acc, True, None, merge=False)),
-            "ring_world1_zigzag_split": split(lambda: ring_attention(q, k, v, mask="causal", layout="zigzag")),
+        o_out = torch.empty_like(q)
+
+        def full_then_partial():   # session 6: the ring's diagonal last, straight into its output
+            attend_into(q, k, v, o_acc, lse_acc, True, None, merge=False, tiles="full")
+            attend_into(q, k, v, o_out, lse_acc, True, None, merge=False, o_prev=o_acc, tiles="partial")
+
+        cases.update({
+            "causal_full_then_partial_bf16": full_then_partial,
+            "causal_full_tiles_into_acc": lambda: attend_into(q, k, v, o_acc, lse_acc, True, None, merge=False,
+                                                              tiles="full"),
+            "ring_world1_zigzag_diagonal_first": diagonal_first(
+                lambda: ring_attention(q, k, v, mask="causal", layout="zigzag")),
         })
         o_b = torch.empty_like(q)                                               # bf16 out, for A/B
         kh, vh = k2[:, :, :c].contiguous(), v2[:, :, :c].contiguous()
@@ -137,7 +146,7 @@ def main(argv=None) -> int:
             row["gpu_ms_median"] = statistics.median(row["gpu_ms"])
             print(f"{per_gpu:6d} {row['case']:28s} gpu {row['gpu_ms_median']:8.3f} ms "
                   f"({min(row['gpu_ms']):.3f}-{max(row['gpu_ms']):.3f})   host {row['host_ms']:6.3f} ms", flush=True)
-        del o_b, kh, vh
+        del o_b, kh, vh, o_out
         del q, k, v, k2, v2, o_acc, lse_acc, q_half
         torch.cuda.empty_cache()
     dist.destroy_process_group()

@@ -55,6 +55,21 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
         results["unfused"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
     with mock.patch.object(kernels.ring, "COPY_AHEAD", True):
         results["copy_ahead"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
+    # step 0's diagonal tiles after the last step, straight into the output (DIAGONAL_LAST), or
+    # the whole causal call at step 0: which calls run, in order
+    calls, attend = [], kernels.ring.attend_into
+    with mock.patch.object(kernels.ring, "attend_into",
+                           lambda *a, **kw: (calls.append(kw.get("tiles", "all")), attend(*a, **kw))):
+        ring_attention(qs, ks, vs, mask="causal", layout="zigzag")
+        results["tiles", "diagonal_last"] = list(calls)
+        calls.clear()
+        with mock.patch.object(kernels.ring, "DIAGONAL_LAST", False):
+            results["diagonal_first"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
+        results["tiles", "diagonal_first"] = list(calls)
+    # the causal calls' query blocks longest first: only the order programs run in changes
+    with mock.patch.object(kernels.ring, "CAUSAL_SCHEDULE", "longest_first"):
+        results["longest_first"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag"),
+                                               results["causal", "zigzag"][0].to(device))
     # K/V slots registered with the NCCL communicator, or not (REGISTERED_BUFFERS flipped; gloo
     # keeps the plain buffers): the same bits, twice (the second call reuses the workspace)
     flipped = mock.patch.object(kernels.ring, "REGISTERED_BUFFERS", not kernels.ring.REGISTERED_BUFFERS)
@@ -97,8 +112,13 @@ def test_ring_matches_float64_attention(world):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=False)
     ref, _, _ = reference_attention(q, k, v, mask="causal")
     assert rel_err(unshard([r["unfused"] for r in per_rank], world, "zigzag"), ref) < 1e-3
-    assert all(torch.equal(r["copy_ahead"], r["causal", "zigzag"][0]) for r in per_rank)
-    assert all(torch.equal(r["direct"], r["causal", "zigzag"][0]) for r in per_rank)
+    assert rel_err(unshard([r["diagonal_first"] for r in per_rank], world, "zigzag"), ref) < 1e-3
+    for r in per_rank:   # diagonal last: step 0 its full tiles, then the other steps, then the diagonal
+        assert r["tiles", "diagonal_last"] == ["full"] + ["all"] * (len(r["tiles", "diagonal_first"]) - 1) + ["partial"]
+        assert set(r["tiles", "diagonal_first"]) == {"all"}
+    # (copy-ahead and direct output write the last step into the output: the diagonal at step 0)
+    assert all(torch.equal(r["copy_ahead"], r["diagonal_first"]) for r in per_rank)
+    assert all(torch.equal(r["direct"], r["diagonal_first"]) for r in per_rank)
     for mask in ("causal", "full"):
         ref, _, _ = reference_attention(q, k, v, mask=mask)
         assert rel_err(unshard([r["chunked", mask][0] for r in per_rank], world, "zigzag"), ref) < 1e-3, mask
@@ -109,7 +129,7 @@ def test_ring_matches_float64_attention(world):
     assert [rec["kernel_calls"] for rec in per_rank[0]["chunked", "causal"][1]] == [1] + [2] * (world - 1)
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
-    assert all(r["two_buffers"] and r["post_first"] and r["registered"] for r in per_rank)
+    assert all(r["two_buffers"] and r["post_first"] and r["registered"] and r["longest_first"] for r in per_rank)
 
 
 def _check_steps(records, rank, world, mask, layout, compute_first):
@@ -237,7 +257,7 @@ def test_ring_on_gpus_matches_one_gpu(world):
         o = unshard([r[mask, layout][0] for r in per_rank], world, layout)
         assert rel_err(o, ref) < 2e-2, (world, mask, layout)
         if (mask, layout) == ("causal", "zigzag"):
-            for other in ("unfused", "copy_ahead", "direct", ("chunked", "registered")):
+            for other in ("unfused", "copy_ahead", "direct", "diagonal_first", ("chunked", "registered")):
                 assert rel_err(unshard([r[other] for r in per_rank], world, layout), ref) < 2e-2, other
         if layout == "zigzag":
             assert rel_err(unshard([r["chunked", mask][0] for r in per_rank], world, layout), ref) < 2e-2, mask
