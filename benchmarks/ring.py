@@ -25,23 +25,14 @@ sequence and takes its shard):
                         (strided-halves and one-launch also merge in a pass of their own)
     ring:zigzag:<cut>   the ring's own overhead (issue 12, session 4): unfused-merge (each call
                         writes a bf16 partial that kernels.ring_merge merges in a pass of its own,
-                        not straight into the float32 accumulator), copy-ahead (the zigzag halves
-                        copied on the side stream ahead of the step that reads them, and the last
-                        step merging straight into the output: kernels.ring.COPY_AHEAD),
-                        step-copies (unfused, and the query halves copied at every step: the ring
-                        before this pass), ctas-N (a
+                        not straight into the float32 accumulator), step-copies (unfused, and the
+                        query halves copied at every step: the ring before that pass), ctas-N (a
                         ring group whose NCCL kernels take at most N thread blocks, ncclConfig_t
                         maxCTAs, so transfers take fewer SMs from the attention beside them);
-                        registered (session 5: K/V slots registered with the group's NCCL
-                        communicator, kernels.ring.REGISTERED_BUFFERS: one copy per transfer,
-                        sender to receiver's slot, not two through NCCL's staging buffer),
-                        registered-ctas-8 (both), direct-output (the last step merges into the
-                        output in q's dtype: kernels.ring.DIRECT_OUTPUT), chunked-kv (K/V travel
-                        chunk-major, so a step reading one zigzag half reads it in place:
-                        kernels.ring.CHUNKED_KV); diagonal-first (session 6: step 0's causal
-                        call whole and a cast after the ring, kernels.ring.DIAGONAL_LAST off),
-                        longest-first (the causal calls' query blocks longest first:
-                        kernels.ring.CAUSAL_SCHEDULE)
+                        diagonal-first (session 6: step 0's causal call whole and a cast after
+                        the ring, kernels.ring.DIAGONAL_LAST off). (copy-ahead, registered,
+                        direct-output, chunked-kv and longest-first lost and were removed with
+                        their switches after commit de28ca4; their runs stay in data/benchmarks.)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
                         (head-tail load balance under causal, as zigzag; allgather or alltoall)
 A multi-GPU time is, per repetition, the slowest rank's CUDA-event time (ranks start together
@@ -75,15 +66,9 @@ RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority
                   ("one-launch", 3, True, False, False, False))
 # (impl suffix, kernels.ring flags patched, NCCL max CTAs of the ring's group or None)
 OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
-                     ("copy-ahead", (("COPY_AHEAD", True),), None),
-                     ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False), ("COPY_AHEAD", False)), None),
+                     ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False)), None),
                      ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16),
-                     ("registered", (("REGISTERED_BUFFERS", True),), None),
-                     ("registered-ctas-8", (("REGISTERED_BUFFERS", True),), 8),
-                     ("direct-output", (("DIRECT_OUTPUT", True),), None),
-                     ("chunked-kv", (("CHUNKED_KV", True),), None),
-                     ("diagonal-first", (("DIAGONAL_LAST", False),), None),
-                     ("longest-first", (("CAUSAL_SCHEDULE", "longest_first"),), None))
+                     ("diagonal-first", (("DIAGONAL_LAST", False),), None))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 
@@ -123,7 +108,6 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
     import kernels.ring
     from kernels import flash_attention
     from kernels.ring import ring_attention, shard
-    from kernels.ring_buffers import release_workspaces
 
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -136,7 +120,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
         if ctas is not None and (not wanted or f"ring:zigzag:{name}" in wanted):
             try:
                 capped[ctas] = dist.new_group(list(range(world)), pg_options=kernels.ring.nccl_options(max_ctas=ctas))
-                dist.barrier(group=capped[ctas])   # its communicator exists now (a pool can be registered)
+                dist.barrier(group=capped[ctas])   # its communicator exists now
             except (AttributeError, RuntimeError, TypeError) as exc:   # no ncclConfig_t in this torch
                 log(f"rank {rank}: no NCCL group with max_ctas={ctas}: {type(exc).__name__}: {exc}")
     records = []
@@ -194,7 +178,6 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
             del ours_1
             torch.cuda.empty_cache()
             dist.barrier()
-    release_workspaces()     # the registered variants' K/V slots, before the group goes
     return records
 
 

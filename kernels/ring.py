@@ -14,7 +14,7 @@ runs on a side stream (NCCL) or in gloo's threads while step s computes. Pairs o
 causal mask hides entirely are skipped; a chunk against itself uses the causal kernel.
 NCCL between GPUs, gloo on the CPU (where the kernel runs in Triton's interpreter).
 
-On GPUs three things keep the ring busy (4 x H200, 16k tokens per GPU, data/benchmarks/ring-*):
+On GPUs these keep the ring busy (4 x H200, 16k tokens per GPU, data/benchmarks/ring-*):
   - the halves of a zigzag shard are copied to contiguous tensors before the kernel call
     (`attend_chunk`): as strided views they ran the kernel's plain loop instead of the
     warp-specialised one, 1.5-2.7 ms of an 18.8 ms causal ring;
@@ -34,14 +34,20 @@ On GPUs three things keep the ring busy (4 x H200, 16k tokens per GPU, data/benc
     (kernels.ring_merge) cost the rank with the most full-row merges ~0.6 ms of a 68 ms ring at
     32k tokens per GPU; with the query halves copied once per ring (`COPY_Q_ONCE`) the ring went
     from 18.78 to 18.47 ms at 16k and 68.46 to 67.88 ms at 32k (data/benchmarks/ring-overhead-*).
-    Capping NCCL's thread blocks (`nccl_options(max_ctas=...)`) and copying the halves ahead on
-    the side stream (`COPY_AHEAD`) did not pay.
-Tried in session 5 and left off (REGISTERED_BUFFERS, CHUNKED_KV, DIRECT_OUTPUT below; measured on
-2 x H200 only, 4 x H200 was not lent: data/benchmarks/ring-session5-2gpu-*). NCCL's CTA policy
-(ncclConfig_t CTAPolicy) changes only collectives in NCCL 2.28.9, not send/recv; copy-engine
-transfers (NCCL_P2P_USE_CUDA_MEMCPY=1) hung the ring; torch's allocator hook
-(TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1) leaves cudaMalloc'd tensors unregistered
-("failed to IPC register" under cuMem), so only a registered pool gives zero-copy transfers.
+  - step 0's diagonal tiles run after the last step, straight into the output (`DIAGONAL_LAST`):
+    16k tokens per GPU 2.5% faster by the median of 5 paired repeats, 32k within noise.
+Tried and removed (sessions 4-6; the code is at commit de28ca4, the figures in
+data/benchmarks/ring-*): the halves copied ahead on the side stream with the last step writing
+the output (`copy-ahead`: 0.5-1.2 ms slower at 32k on 4 x H200); K/V slots from a memory pool
+registered with the group's NCCL communicator, one copy per transfer instead of two
+(`registered`: NCCL did register them, but the copy of the caller's K/V into the send slot costs
+what it saves; 4 x H200, session 6: 1.025x / 1.001x the plain ring's time at 16k / 32k by the
+median); K/V travelling chunk-major so a zigzag half is read in place (`chunked-kv`: 1.008-1.037x
+on 2 x H200); the last step merged straight into the output (`direct-output`: 1.047x / 1.014x on
+4 x H200); the causal calls' query blocks longest first (`longest-first`: 1.02x at 16k, a tie at
+32k). Capping NCCL's thread blocks (`nccl_options(max_ctas=...)`) did not pay either. NCCL's CTA
+policy (ncclConfig_t CTAPolicy) changes only collectives in NCCL 2.28.9, not send/recv;
+copy-engine transfers (NCCL_P2P_USE_CUDA_MEMCPY=1) hung the ring.
 """
 
 from __future__ import annotations
@@ -52,12 +58,10 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .ring_buffers import fill_send, kv_slots
 from .ring_clock import StepClock
-from .ring_inputs import StepInputs, cast_rows_left
 from .ring_trace import emit_steps, row_stats
 from .ring_merge import merge_partial  # noqa: F401  (public here too)
-from .ring_plan import RING_MASKS, KernelCall, per_kv_chunk, step_plan  # noqa: F401  (KernelCall: public here too)
+from .ring_plan import RING_MASKS, KernelCall, step_plan  # noqa: F401  (KernelCall: public here too)
 
 LAYOUTS = ("natural", "zigzag")
 # On CUDA a step's compute is queued before its transfer is posted (see ring_attention); False
@@ -70,31 +74,6 @@ FUSED_MERGE = True
 # The query rows of a call (a zigzag half) are copied to a contiguous tensor once per ring, not
 # at every step that reads them; False: copied at every call (the `step-copies` ablation)
 COPY_Q_ONCE = True
-# True: those copies, and the K/V halves', made on the side stream (CUDA) ahead of the step that
-# reads them (kernels.ring_inputs), and the last step's calls merge straight into the output in
-# q's dtype (rows it does not touch cast beside it). Off: on 4 x H200 it lost at 32k tokens per
-# GPU, 0.5-1.2 ms in each of 5 paired repeats (copies beside the attention slow it more than they
-# cost in line), and was within noise at 16k (benchmarks.ring's `copy-ahead`)
-COPY_AHEAD = False
-# True: the travelling K/V live in slots registered with the group's NCCL communicator, so a
-# transfer is one copy, sender to receiver's buffer, not two through NCCL's staging buffer
-# (kernels.ring_buffers; CUDA + NCCL only, elsewhere the plain buffers). NCCL registers them
-# (NCCL_DEBUG_SUBSYS=REG: "IPC register buffer", then "reuse"), but on 2 x H200 at 32k tokens per
-# GPU the ring took 1.002-1.011x its unregistered time in 5 of 5 paired repeats (0.985-1.005x in
-# 3 more), at 16k 0.96-1.10x: the copy of the caller's K/V into the send slot, beside step 0,
-# costs what the one transfer saves (`registered`; 4 x H200, three transfers, not measured)
-REGISTERED_BUFFERS = False
-# True (zigzag): the travelling K/V are laid out chunk-major, (2, B, H_kv, N_local / 2, D), so a
-# step that reads one half of them (all queries against the first chunk) reads it in place, not
-# through a copy; a step that reads both makes one call per chunk (kernels.ring_buffers). Off:
-# 1.008-1.037x at 32k in 5 of 5 repeats on 2 x H200 (the rank that splits its calls loses more
-# than the other saves; `chunked-kv`)
-CHUNKED_KV = False
-# True: the last step's calls merge straight into the output in q's dtype where they touch
-# disjoint rows, the rows they leave cast beside them, instead of a cast of the whole float32
-# accumulator after the ring (COPY_AHEAD implies it). Off: 0.999-1.026x at 32k on 2 x H200,
-# slower in 4 of 5 repeats (`direct-output`)
-DIRECT_OUTPUT = False
 # True: step 0's causal call (local Q against its own K/V) computes only its full tiles; its
 # partial (diagonal) tiles run after the last step, resumed from the float32 accumulator that by
 # then holds every other key, and write the output in q's dtype: the diagonal launch's
@@ -102,9 +81,6 @@ DIRECT_OUTPUT = False
 # same two launches the kernel's WS split makes anyway (kernels.flash, tiles="full" / "partial").
 # False: the whole causal call at step 0 and a cast after the ring (the `diagonal-first` variant)
 DIAGONAL_LAST = True
-# The order the causal call's programs take their query blocks in (kernels.flash schedule):
-# "longest_first" puts the short loops at the end, where the last programs leave SMs idle
-CAUSAL_SCHEDULE = "natural"
 
 
 # -- layouts: which chunks of the sequence a rank holds ------------------------------------------
@@ -192,8 +168,7 @@ def attend_into(q, k, v, o_acc, lse_acc, causal: bool, sm_scale: float | None, m
     or "partial", one half of a causal call (kernels.flash.flash_attention; DIAGONAL_LAST)."""
     from .flash import flash_attention
     flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal" if causal else "full",
-                    sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge, o_prev=o_prev, tiles=tiles,
-                    schedule=CAUSAL_SCHEDULE if causal else "natural")
+                    sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge, o_prev=o_prev, tiles=tiles)
 
 
 # -- ring attention -------------------------------------------------------------------------------
@@ -248,33 +223,31 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     on_comm = (lambda: torch.cuda.stream(comm_stream)) if cuda else nullcontext
     clock = StepClock(cuda) if trace is not None else None
 
-    # Step 0 computes on the caller's own k, v (only read) and sends them (`send`: a registered
-    # copy with REGISTERED_BUFFERS); step s receives into buffer s mod n_buffers, which step s+1
-    # computes on and sends on. K and V travel as two messages, or as one registered slot (packed).
+    # Step 0 computes on the caller's own k, v (only read) and sends them; step s receives into
+    # buffer s mod n_buffers, which step s+1 computes on and sends on. K and V travel apart.
     own = (k.contiguous(), v.contiguous())                    # (B, H_kv, N_local, D) each
     n_buffers = min(world - 1, kv_buffers)
-    ahead = COPY_AHEAD and world > 1
-    chunked = CHUNKED_KV and per > 1 and world > 1 and not ahead
-    send, buffers, packed = kv_slots(own, n_buffers, group, REGISTERED_BUFFERS and world > 1, per if chunked else 1)
+    buffers = [(torch.empty_like(own[0]), torch.empty_like(own[1])) for _ in range(n_buffers)]
     q_chunks = rank_chunks(rank, world, layout)
     plans = [step_plan(q_chunks, rank_chunks((rank - s) % world, world, layout), chunk, mask) for s in range(world)]
-    if chunked:   # a call reads one chunk of a chunk-major slot
-        plans[1:] = [per_kv_chunk(plan, chunk) for plan in plans[1:]]
-    inputs = StepInputs(q, own[0], plans, n_buffers, ahead, COPY_Q_ONCE)
     n_local = q.shape[2]
-    # the last step writes the output itself where its calls are full ones on disjoint rows
-    last = plans[-1]
-    direct = (ahead or DIRECT_OUTPUT) and world > 1 and FUSED_MERGE and not any(c.causal for c in last) and \
-        sum(c.q_hi - c.q_lo for c in last) == len({r for c in last for r in range(c.q_lo, c.q_hi)})
+    q_rows: dict = {}     # (lo, hi) -> those query rows as a contiguous tensor (COPY_Q_ONCE)
+
+    def queries(lo, hi):
+        """Query rows [lo, hi): q itself, or a contiguous copy made once per ring (COPY_Q_ONCE;
+        otherwise the view, which attend_into copies at every call)."""
+        if (lo, hi) == (0, n_local) or not COPY_Q_ONCE:
+            return q[:, :, lo:hi]
+        if (lo, hi) not in q_rows:
+            q_rows[lo, hi] = q[:, :, lo:hi].contiguous()
+        return q_rows[lo, hi]
+
     # the diagonal last (DIAGONAL_LAST): step 0's causal call covers every local row and key
-    diag_last = DIAGONAL_LAST and FUSED_MERGE and not direct and \
-        [(c.q_lo, c.q_hi, c.k_lo, c.k_hi, c.causal) for c in plans[0]] == [(0, q.shape[2], 0, q.shape[2], True)]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if direct or diag_last else None   # (B, H, N_local, D)
+    diag_last = DIAGONAL_LAST and FUSED_MERGE and \
+        [(c.q_lo, c.q_hi, c.k_lo, c.k_hi, c.causal) for c in plans[0]] == [(0, n_local, 0, n_local, True)]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if diag_last else None   # (B, H, N_local, D)
     if cuda:   # the caller's k, v and the new buffers' memory are ready once its queued work is
         comm_stream.wait_stream(compute_stream)
-    if send is not own:      # beside step 0's compute, before its transfer (same stream)
-        with on_comm():
-            fill_send(send, own)
     freed: list = []      # CUDA: per step, an event after its compute (its buffer may be refilled)
     arrived = None        # CUDA: an event after the receive this step computes on
 
@@ -282,28 +255,20 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     lse_acc = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     started = False
     records, pending_rows = [], []
-    cast_done = None      # CUDA, direct output: an event after the rows the last step leaves are cast
-    if ahead:
-        with on_comm():
-            inputs.fill_queries()
 
     def post_transfer(step):
         """Send the K/V this step holds on to the next rank, receive the next step's from the
         previous one; returns the requests. send/recv start is stamped once the transfer is posted
         (the host has queued it), not before: it cannot run earlier."""
-        out_slot, in_slot = 0 if step == 0 else 1 + (step - 1) % n_buffers, 1 + step % n_buffers
-        outgoing, incoming = send if step == 0 else buffers[out_slot - 1], buffers[in_slot - 1]
+        outgoing = own if step == 0 else buffers[(step - 1) % n_buffers]
+        incoming = buffers[step % n_buffers]
         with on_comm():
             if cuda and step >= n_buffers:   # `incoming` was last computed on at step+1-n_buffers
                 comm_stream.wait_event(freed[step + 1 - n_buffers])
-            if packed is not None:
-                ops = [dist.P2POp(dist.isend, packed[out_slot], send_to, group),
-                       dist.P2POp(dist.irecv, packed[in_slot], recv_from, group)]
-            else:
-                ops = [dist.P2POp(dist.isend, outgoing[0], send_to, group),
-                       dist.P2POp(dist.isend, outgoing[1], send_to, group),
-                       dist.P2POp(dist.irecv, incoming[0], recv_from, group),
-                       dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
+            ops = [dist.P2POp(dist.isend, outgoing[0], send_to, group),
+                   dist.P2POp(dist.isend, outgoing[1], send_to, group),
+                   dist.P2POp(dist.irecv, incoming[0], recv_from, group),
+                   dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
             requests = dist.batch_isend_irecv(ops)
             if clock:
                 clock.mark(step, "comm_start", comm_stream)
@@ -326,22 +291,17 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
         src = (rank - step) % world
         kv_chunks = rank_chunks(src, world, layout)
         calls = plans[step]
-        if direct and step == world - 1:
-            cast_done = cast_rows_left(out, o_acc, calls, on_comm, comm_stream, freed[-1] if cuda else None)
         if clock:
             clock.mark(step, "compute_start", compute_stream)
         for call in calls:
-            q_c, (k_c, v_c) = inputs.queries(call.q_lo, call.q_hi), inputs.keys(step, held, call.k_lo, call.k_hi)
+            q_c, k_c, v_c = queries(call.q_lo, call.q_hi), held[0][:, :, call.k_lo:call.k_hi], held[1][:, :, call.k_lo:call.k_hi]
             o_view, lse_view = o_acc[:, :, call.q_lo:call.q_hi], lse_acc[:, :, call.q_lo:call.q_hi]
             covers_all = (call.q_lo, call.q_hi) == (0, n_local)
             if not started and not covers_all:
                 o_acc.zero_()
                 lse_acc.fill_(float("-inf"))
             lse_p = None          # fused: the partial's lse is not kept (traced rows get it in float64)
-            if direct and step == world - 1:   # merged with the accumulator, into the output
-                attend_into(q_c, k_c, v_c, out[:, :, call.q_lo:call.q_hi], lse_view, call.causal, sm_scale,
-                            merge=True, o_prev=o_view)
-            elif FUSED_MERGE:     # the first call covering every row overwrites, later ones merge
+            if FUSED_MERGE:     # the first call covering every row overwrites, later ones merge
                 attend_into(q_c, k_c, v_c, o_view, lse_view, call.causal, sm_scale, merge=started or not covers_all,
                             tiles="full" if diag_last and step == 0 else "all")
             else:
@@ -358,7 +318,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
                 pending_rows.append((step, call, kv_chunks, k_c[0, 0].clone(),
                                      None if lse_p is None else lse_p[0, 0].clone()))
         if diag_last and step == world - 1:   # step 0's diagonal tiles, resumed from all other keys
-            attend_into(inputs.queries(0, n_local), own[0], own[1], out, lse_acc, True, sm_scale, merge=False,
+            attend_into(q, own[0], own[1], out, lse_acc, True, sm_scale, merge=False,
                         o_prev=o_acc, tiles="partial")
         if clock:
             clock.mark(step, "compute_end", compute_stream)
@@ -373,7 +333,6 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
                     req.wait()          # CUDA: the side stream waits for NCCL; gloo: the host waits
                 if cuda and clock:
                     clock.mark(step, "comm_end", comm_stream)
-                inputs.fill_keys(step + 1, buffers[step % n_buffers])
                 if cuda:
                     arrived = torch.cuda.Event()
                     arrived.record(comm_stream)
@@ -390,8 +349,6 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     if not started:   # no call at all (cannot happen: step 0 always holds the diagonal)
         o_acc.zero_()
         lse_acc.fill_(float("-inf"))
-    if cast_done is not None:
-        compute_stream.wait_event(cast_done)
     out = o_acc.to(q.dtype) if out is None else out
     if trace is not None:
         times = clock.resolve()

@@ -81,9 +81,3 @@ def step_plan(q_chunks: Sequence[int], kv_chunks: Sequence[int], chunk: int, mas
         calls.append(KernelCall(first * chunk, (last + 1) * chunk, vis[0] * chunk, (vis[-1] + 1) * chunk, False))
     return calls
 
-
-def per_kv_chunk(plan: list[KernelCall], chunk: int) -> list[KernelCall]:
-    """The plan with every call cut into one call per key chunk (kernels.ring.CHUNKED_KV: a
-    chunk-major slot holds each chunk apart). Only full calls span several chunks."""
-    return [KernelCall(c.q_lo, c.q_hi, lo, lo + chunk, c.causal) for c in plan for lo in range(c.k_lo, c.k_hi, chunk)]
-

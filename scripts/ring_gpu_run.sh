@@ -10,9 +10,7 @@
 #        e.g. the ring-overhead run: IMPLS=ring:zigzag,ring:zigzag:unfused-merge,...; SM clocks and
 #        power are sampled into smi.csv while it runs)
 #        SUITE=1: afterwards the whole gpu test suite on GPU 0
-#        WORLD=2: compare on 2 GPUs (default 4); REGCHECK=1: first a small ring (REGCHECK_IMPLS, default
-#        ring:zigzag:registered, under ENV2 if set) with NCCL_DEBUG_SUBSYS=REG (regcheck.log: did NCCL
-#        register the K/V buffers?); ENV2="VAR=value ..."
+#        WORLD=2: compare on 2 GPUs (default 4); ENV2="VAR=value ..."
 #        (with IMPLS2, default ring:zigzag,torch_cp:allgather): after the comparison a second one in a
 #        process with those variables set (NCCL reads them at init), named NAME-env2
 # Carry .whl (jsonschema): the trace recorder and the suite need it; without it the traces fail.
@@ -45,13 +43,6 @@ if [ "$MODE" = full ]; then
   stamp "benchmark"; timeout 300 $PY -m benchmarks.ring --world-sizes 4,2 --tokens-per-gpu 16384,32768 --iters 8 \
     --out "$OUT" 2>&1 | tee "$OUT/bench.log"
 else
-  if [ "${REGCHECK:-0}" = 1 ]; then
-    stamp "registration check"; env ${ENV2:-} NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=REG timeout 120 $PY -m benchmarks.ring \
-      --world-sizes 2 --tokens-per-gpu 4096 --masks causal --iters 2 --impls "${REGCHECK_IMPLS:-ring:zigzag:registered}" \
-      --name regcheck --out /tmp > "$OUT/regcheck.log" 2>&1
-    echo "regcheck: exit $?; $(grep -c 'IPC register buffer' "$OUT/regcheck.log") IPC registrations," \
-      "$(grep -c 'IPC reuse buffer' "$OUT/regcheck.log") reuses, $(grep -c 'failed' "$OUT/regcheck.log") failures"
-  fi
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv -lms 1000 > "$OUT/smi.csv" 2>&1 &
   SMI=$!
   stamp "benchmark"; timeout $((BUDGET - 95)) $PY -m benchmarks.ring --world-sizes "${WORLD:-4}" --tokens-per-gpu 16384,32768 \
