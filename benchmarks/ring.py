@@ -30,7 +30,8 @@ sequence and takes its shard):
                         ring group whose NCCL kernels take at most N thread blocks, ncclConfig_t
                         maxCTAs, so transfers take fewer SMs from the attention beside them);
                         diagonal-first (session 6: step 0's causal call whole and a cast after
-                        the ring, kernels.ring.DIAGONAL_LAST off). (copy-ahead, registered,
+                        the ring, kernels.ring.DIAGONAL_LAST off), rowsum-off (the kernel's row
+                        sums in its softmax arithmetic, kernels.flash.ROWSUM_MMA off). (copy-ahead, registered,
                         direct-output, chunked-kv and longest-first lost and were removed with
                         their switches after commit de28ca4; their runs stay in data/benchmarks.)
     torch_cp:<rotate>   torch.distributed.tensor.experimental.context_parallel around SDPA
@@ -68,7 +69,8 @@ RING_ABLATIONS = (("2-buffers", 2, True, False, False, False), ("normal-priority
 OVERHEAD_VARIANTS = (("unfused-merge", (("FUSED_MERGE", False),), None),
                      ("step-copies", (("FUSED_MERGE", False), ("COPY_Q_ONCE", False)), None),
                      ("ctas-2", (), 2), ("ctas-4", (), 4), ("ctas-8", (), 8), ("ctas-16", (), 16),
-                     ("diagonal-first", (("DIAGONAL_LAST", False),), None))
+                     ("diagonal-first", (("DIAGONAL_LAST", False),), None),
+                     ("rowsum-off", (("flash.ROWSUM_MMA", False),), None))
 TOL = 2e-2   # relative error of a bf16 output against our one-GPU bf16 output
 
 
@@ -105,6 +107,7 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
 
     from instrumentation.inputs import make_inputs
     from instrumentation.ring import time_ms
+    import kernels.flash
     import kernels.ring
     from kernels import flash_attention
     from kernels.ring import ring_attention, shard
@@ -161,8 +164,9 @@ def bench_rank(rank: int, world: int, args) -> list[dict]:
                     qs, ks, vs = (shard(t, rank, world, layout) for t in (q, k, v))
                     run = lambda: ring_attention(qs, ks, vs, mask=mask, layout=layout, **kw)  # noqa: E731
                     with ExitStack() as stack:
-                        for name, value in patches:
-                            stack.enter_context(mock.patch.object(kernels.ring, name, value))
+                        for name, value in patches:   # "flash.X": kernels.flash's switch X
+                            module = kernels.flash if name.startswith("flash.") else kernels.ring
+                            stack.enter_context(mock.patch.object(module, name.removeprefix("flash."), value))
                         out = run()
                         err = _worst(_rel_err(out, shard(ours_1, rank, world, layout)))
                         ms = time_ms(run, args.iters, True) if err < TOL else None

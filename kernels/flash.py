@@ -59,6 +59,9 @@ WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
 WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
+# The warp-specialised full-tile loop sums each row of P on the tensor cores (P times a ones tile)
+# instead of in its softmax arithmetic, which bounds that loop (kernels.flash_kernel ROWSUM_MMA)
+ROWSUM_MMA = True
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
@@ -344,14 +347,14 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
         RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
-        MERGE=bool(merge),
+        MERGE=bool(merge), ROWSUM_MMA=_rowsum_mma(ws, flags[2]),
         WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     full = dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True)
-    partial = dict(consts, OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, WARP_SPECIALIZE=False,
+    partial = dict(consts, OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, ROWSUM_MMA=False, WARP_SPECIALIZE=False,
                    DEVICE_DESC=False, USE_TMA=False, SAFE_DIV=True, RETURN_LSE=True,
                    num_warps=WS_ON_BAND_WARPS if ws else cfg.num_warps)
     if tiles != "all":      # one of the split's two launches (any plan; without WS too)
@@ -378,6 +381,12 @@ def _check_out(out, q) -> torch.Tensor:
         raise ValueError(f"out must be (o, lse): o {tuple(q.shape)} float32 or {q.dtype} with unit last "
                          f"stride, lse {(b, h, n)} float32 with rows of one (B, H, N) buffer, on {q.device}")
     return o
+
+
+def _rowsum_mma(ws: bool, trace_rows: bool) -> bool:
+    """The full-tile loop's row sums on the tensor cores (kernels.flash_kernel ROWSUM_MMA): where
+    it is warp-specialised and no row state is traced per tile (tests force it elsewhere)."""
+    return ROWSUM_MMA and ws and not trace_rows
 
 
 def _two_launches(ws: bool, plan: BlockPlan) -> bool:

@@ -131,8 +131,14 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
                EVEN_D: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-               TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr):
+               TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr,
+               ROWSUM_MMA: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
+    if ROWSUM_MMA:
+        # the row sums l on the tensor cores: P (in V's dtype, as P.V takes it) times a ones
+        # tile, 16 equal columns carried like acc, instead of a sum over each row per tile
+        ones = tl.full([BLOCK_N, 16], 1.0, dtype=q.dtype)
+        l_mma = tl.zeros([BLOCK_M, 16], dtype=tl.float32) + l_i[:, None]
     for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
         if IS_PARTIAL:
             k_block = tl.load(idx_ptr + i)   # partial tiles: a short list (diagonal, window edges)
@@ -165,7 +171,10 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
             qk = qk * qk_scale - m_ref[:, None]
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if ROWSUM_MMA:
+            l_mma = tl.dot(p.to(q.dtype), ones, l_mma * alpha[:, None], input_precision=DOT_PRECISION)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         # -- load V, accumulate --
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]     # (BLOCK_N, D)
@@ -190,6 +199,8 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
                 tl.store(row_ptrs + 1, m_i * LN2)
                 tl.store(row_ptrs + 2, l_i)
                 tl.store(row_ptrs + 3, alpha)
+    if ROWSUM_MMA:
+        l_i = tl.max(l_mma, 1)
     return acc, l_i, m_i
 
 
@@ -204,7 +215,7 @@ def _work_item(work, program, order,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
+               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr, ROWSUM_MMA: tl.constexpr,
                WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
@@ -270,14 +281,14 @@ def _work_item(work, program, order,
                                    offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block),
                                    n_full, 0, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
                                    BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
-                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK, ROWSUM_MMA)
     # -- on-band: partial tiles, element mask from the per-row interval --
     if HAS_PARTIAL:
         acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc,
                                    kv_row_base, offs_m, offs_d, d_ok, row_lo, row_hi, part_idx + q_block * n_kb,
                                    0, n_part, n_full, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head,
                                    trace_rows_here, BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA,
-                                   EVEN_D, False, TRACE_TILES, TRACE_ROWS, HW_CLOCK)
+                                   EVEN_D, False, TRACE_TILES, TRACE_ROWS, HW_CLOCK, False)
     # -- epilogue: one normalisation per row --
     if SAFE_DIV:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
@@ -327,7 +338,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     EVEN_M: tl.constexpr, PERSISTENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr, EVEN_D: tl.constexpr,
                     SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-                    OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
+                    OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr, ROWSUM_MMA: tl.constexpr,
                     WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                     HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
@@ -345,7 +356,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                        stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
                        part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                        H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
@@ -361,5 +372,5 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                    stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
                    part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
                        STORE_ORDER)

@@ -13,6 +13,8 @@ WS_SPLIT_MAX_PARTIAL; each record says which: two_launches). Variants of our ker
   two_launch            a plain call (the split where it applies)
   two_launch:longest    ... schedule="longest_first"
   two_launch:onband4    ... the on-band launch with 4 warps instead of WS_ON_BAND_WARPS
+  two_launch:rowsum-off ... the row sums in the softmax arithmetic (kernels.flash.ROWSUM_MMA off;
+                        session 6: on, they run on the tensor cores)
   two_launch:forced     the split whatever the loops (WS default config; masks other than causal)
   one_launch            the config a plain call picked before (default_config without the mask):
                         both loops in one launch, no warp specialisation
@@ -84,8 +86,8 @@ def impls(spec):
     if spec.kind not in ("causal", "full"):
         return ["two_launch", "two_launch:forced", "one_launch"]
     sdpa = ["sdpa_cudnn", "sdpa_flash"]
-    return sdpa + (["two_launch", "two_launch:longest", "two_launch:onband4", "one_launch"]
-                   if spec.kind == "causal" else ["two_launch"])
+    return sdpa + (["two_launch", "two_launch:rowsum-off", "one_launch"]
+                   if spec.kind == "causal" else ["two_launch", "two_launch:rowsum-off"])
 
 
 class _WithRegs:
@@ -195,6 +197,14 @@ def make_fn(impl, q, k, v, spec, d, n):
         return lambda: flash_attention(q, k, v, mask=spec, **cfg)
     if impl == "two_launch:longest":
         return lambda: flash_attention(q, k, v, mask=spec, schedule="longest_first")
+    if impl == "two_launch:rowsum-off":
+        def fn():
+            saved, fl.ROWSUM_MMA = fl.ROWSUM_MMA, False
+            try:
+                return flash_attention(q, k, v, mask=spec)
+            finally:
+                fl.ROWSUM_MMA = saved
+        return fn
     if impl == "two_launch:onband4":
         def fn():
             saved, fl.WS_ON_BAND_WARPS = fl.WS_ON_BAND_WARPS, 4
