@@ -16,7 +16,11 @@ below are the layout a template cannot express, and they hold for every chart:
 - category tick arrays are thinned to at most MAX_TICKS labels, so they never smear, and a
   short stacked panel keeps only the y ticks that fit its height;
 - stacked panels sharing one legend get one legend per panel, beside the panel it names;
-- a figure too short for a slide (a strip) keeps a plot area of at least MIN_PLOT_PX.
+- a figure too short for a slide (a strip) keeps a plot area of at least MIN_PLOT_PX;
+- a figure whose panels want another arrangement on a 16:9 slide than on the page says so in
+  layout.meta["slide_layout"] (layout paths to values, e.g. {"xaxis.domain": [0, 0.45]}), and
+  "slide_colorbar" (colour-bar properties) places its colour bar; the rules above then apply
+  to that arrangement.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     meta[LOOK_KEY] = "slide"
     out.update_layout(template=SLIDE_TEMPLATE, meta=meta, width=w, height=h, font=None,
                       hoverlabel=dict(font_size=18))
+    for path, value in (meta.get("slide_layout") or {}).items():    # the figure's own slide arrangement
+        lay[path] = value
     if lay.title:
         lay.title.font = None
         if lay.title.subtitle:
@@ -203,6 +209,7 @@ def _split_legend_and_colorbar(fig: go.Figure) -> None:
         fig.layout.legend.update(x=1.02, xanchor="left", y=0.5, yanchor="top")
         for cb in bars:
             cb.update(len=0.45, y=1, yanchor="top", lenmode="fraction")
+            cb.update(meta.get("slide_colorbar") or {})          # e.g. beside its panel, not the figure's edge
         return
     fig.layout.legend.update(x=1.02, xanchor="left", y=1, yanchor="top")
     for cb in bars:

@@ -56,6 +56,34 @@ def _head_span(tl, bh: int, scale: float, unit: str) -> str:
             f"{(float(mine['t_end'].max()) - t0) / scale:.4g} {unit}")
 
 
+# On a 16:9 slide the lanes take the left part at full plot height and the two grids stack on
+# the right: stacked as on the page, the lanes got ~135 of the slide's 720 px beside the player.
+SLIDE_LANES_X, SLIDE_GRIDS_X = (0.0, 0.45), (0.68, 1.0)
+SLIDE_ROW_GAP_PX = 110      # between the grids: tick labels, an axis title and a subplot title
+
+
+def _slide_arrangement(fig: go.Figure, unit: str, player: bool) -> dict:
+    """layout.meta["slide_layout"] for app/figures/_slide.py: domains and subplot-title places.
+    Work items over tiles on the right; the gap between them is SLIDE_ROW_GAP_PX of the slide's
+    plot height (~310 px with the player under the plot, ~420 px without). The tile grid is
+    square, so its height is its size: it gets 60% of the column."""
+    gap = SLIDE_ROW_GAP_PX / (310 if player else 420)
+    tiles_h = 0.6 * (1 - gap)           # the square tile grid gets the taller share; the work grid stretches
+    work_y, tiles_y = (tiles_h + gap, 1.0), (0.0, tiles_h)
+    mid = sum(SLIDE_GRIDS_X) / 2
+    out = {"xaxis.domain": list(SLIDE_LANES_X), "yaxis.domain": [0.0, 1.0],
+           "xaxis2.domain": list(SLIDE_GRIDS_X), "yaxis2.domain": list(work_y),
+           "xaxis3.domain": list(SLIDE_GRIDS_X), "yaxis3.domain": list(tiles_y),
+           "xaxis.title.text": f"time ({unit}); cursor = now"}
+    titles = [a for a in fig.layout.annotations if a.name != "provenance"]     # make_subplots' order
+    for i, (x, y, text) in enumerate([(sum(SLIDE_LANES_X) / 2, 1.0, "SM lanes"), (mid, work_y[1], None),
+                                      (mid, tiles_y[1], None)][:len(titles)]):
+        out[f"annotations[{i}].x"], out[f"annotations[{i}].y"] = x, y
+        if text:
+            out[f"annotations[{i}].text"] = text
+    return out
+
+
 def slider_label(value: float, step: float) -> str:
     """A frame time rounded to the frames' spacing: 6.631 µs apart -> "7", "13", "20";
     0.25 apart -> "0.3", "0.5"."""
@@ -162,7 +190,11 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     heading = f"The whole GPU over time ({_kind(tl)} timeline)"
     fig.update_layout(title=_frame_title(heading, times[k0] - t0, scale, unit, work, tiles, k0, bh),
                       template=TEMPLATE, height=1000 if controls else 900, showlegend=True,
-                      meta={"slide_colorbar_top": True},     # the lanes' colour bar beside the lanes
+                      meta={"slide_colorbar_top": True,     # the lanes' colour bar beside the lanes
+                            # beside the lanes, its title along the bar: the grids' axes start close by
+                            "slide_colorbar": dict(x=SLIDE_LANES_X[1] + 0.01, xanchor="left",
+                                                   title=dict(side="right")),
+                            "slide_layout": _slide_arrangement(fig, unit, player=controls)},
                       legend=dict(orientation="v", x=1.02, y=0.5, yanchor="top", font=dict(size=11)))
     n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     fig.update_yaxes(title_text="SM id", range=[n_sms - 0.5, -0.5], autorange=False, row=1, col=1)

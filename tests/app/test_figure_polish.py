@@ -113,24 +113,34 @@ def test_slide_axis_titles_wrap_between_words_only():
         assert all(w in words for line in lines for w in line.split(" "))
 
 
-def test_animation_slide_gives_the_lanes_the_larger_panel(softmax_inputs):
-    """On a 720 px slide the whole-GPU animation's SM lanes get the taller row (they were ~100 px
-    of it), and their time axis is still named with its unit, in the panel's title."""
-    from app.figures.schedule_animation import tile_animation_figure
+def test_animation_slide_gives_the_lanes_the_plot_height(softmax_inputs):
+    """On a 720 px slide the whole-GPU animation's SM lanes take the left part at the plot's full
+    height (stacked as on the page they got ~135 px of it beside the player), the two grids stack
+    on the right with room between them for ticks, an axis title and a subplot title, nothing
+    overlaps, and the lanes' time axis is named with its unit."""
+    from app.figures.schedule_animation import SLIDE_ROW_GAP_PX, tile_animation_figure
     from app.figures._common import time_axis
     from instrumentation.schedule_model import timeline
 
     tr = softmax_inputs.trace
+    unit = "µs" if "µs" in time_axis(timeline(tr))[1] else "tile-units"
     for controls in (True, False):
-        fig = presentation(tile_animation_figure(tr, max_frames=6, controls=controls))
+        page = tile_animation_figure(tr, max_frames=6, controls=controls)
+        fig = presentation(page)
         lay = fig.layout
-        heights = {k: lay[k].domain[1] - lay[k].domain[0] for k in ("yaxis", "yaxis2", "yaxis3")}
-        assert heights["yaxis"] >= max(heights["yaxis2"], heights["yaxis3"]), heights
         plot_px = lay.height - lay.margin.t - lay.margin.b
-        assert heights["yaxis"] * plot_px >= 120, (heights, plot_px)
-        unit_label = time_axis(timeline(tr))[1]
-        lane_title = next(a.text for a in lay.annotations if a.y is not None and abs(a.y - lay.yaxis.domain[1]) < 1e-6)
-        assert unit_label in lane_title, lane_title
+        assert lay.yaxis.domain == (0.0, 1.0) and plot_px >= 280, (lay.yaxis.domain, plot_px)
+        lanes_right = lay.xaxis.domain[1]
+        bar = next(t.marker.colorbar for t in fig.data if t.type == "scatter" and t.marker.showscale)
+        assert lanes_right < bar.x < lay.xaxis2.domain[0] and bar.title.side == "right"
+        assert lay.xaxis2.domain == lay.xaxis3.domain and lay.xaxis2.domain[0] - lanes_right > 0.15
+        (w0, w1), (t0, t1) = lay.yaxis2.domain, lay.yaxis3.domain
+        assert t1 < w0 and (w0 - t1) * plot_px >= SLIDE_ROW_GAP_PX * 0.9, (lay.yaxis2.domain, lay.yaxis3.domain, plot_px)
+        assert t1 - t0 > w1 - w0                                  # the square tile grid gets the taller share
+        assert unit in lay.xaxis.title.text
+        titles = [a for a in lay.annotations if a.name != "provenance"]
+        assert [round(a.y, 6) for a in titles] == [1.0, round(w1, 6), round(t1, 6)]
+        assert page.layout.yaxis.domain[0] > 0.3                   # the page keeps its own (stacked) layout
 
 
 @pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
