@@ -102,6 +102,39 @@ def test_animation(trace_dir, tmp_path, kaleido_server, fmt):
         E.export_animation(tr, tmp_path / "x.gif", max_frames=500)
 
 
+def test_gif_keeps_small_flat_colours_exact(tmp_path):
+    """A GIF has 256 colours. Frames with a smooth many-colour raster (the lanes) and small flat
+    fills (a legend swatch, a few tiles) keep every flat fill's colour exactly and white white;
+    quantised from the pixels alone, 'pending (partial tile)' (#fde0c5) came out as the grey of
+    'skipped by the mask'."""
+    import imageio.v3 as iio
+    from app.exports.animations import _write_gif
+
+    from plotly.colors import hex_to_rgb, sample_colorscale
+    from app.figures.schedule_animation import STATES
+
+    rng = np.random.default_rng(7)
+    h, w = 240, 400
+    flats = np.array([hex_to_rgb(c) for _, c in STATES] + [tuple(rng.integers(0, 256, 3)) for _ in range(3)],
+                     np.uint8)                                          # the app's states: pale, close
+    ramp = np.array([[int(v) for v in c[4:-1].split(",")] for c in
+                     sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))], np.uint8)
+    frames = []
+    for k in range(3):
+        f = np.full((h, w, 3), 255, np.uint8)
+        f[:150] = ramp[rng.integers(0, 256, (150, w))]                  # a lanes-like Viridis raster
+        f[:150:7] = np.clip(f[:150:7].astype(int) + rng.integers(-3, 4, (22, w, 3)), 0, 255)   # + antialiasing
+        for i, c in enumerate(flats):                                    # 12 x 20 = 240-pixel swatches
+            f[160 + (i // 5) * 30: 172 + (i // 5) * 30, 10 + (i % 5) * 40 + k: 30 + (i % 5) * 40 + k] = c
+        frames.append(f)
+    _write_gif(tmp_path / "a.gif", frames, fps=4)
+    back = iio.imread(tmp_path / "a.gif", index=None)[..., :3]
+    assert back.shape == (3, h, w, 3)
+    for f, b in zip(frames, back):
+        np.testing.assert_array_equal(b[150:], f[150:])                  # swatches and white: exact
+        assert np.abs(b[:150].astype(int) - f[:150]).mean() < 12         # the raster: close
+
+
 def test_chrome_trace(trace_dir):
     tr, _ = trace_dir
     tl = timeline(tr, sms=3)
