@@ -60,8 +60,12 @@ WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
 # The warp-specialised full-tile loop sums each row of P on the tensor cores (P times a ones tile)
-# instead of in its softmax arithmetic, which bounds that loop (kernels.flash_kernel ROWSUM_MMA)
+# instead of in its softmax arithmetic, which bounds that loop (kernels.flash_kernel ROWSUM_MMA):
+# on an H200 0.8-2.5% faster on full calls of 64-256 tiles per query block and causal 32k (127.5
+# full tiles per block on average), 1.8-3.5% slower on causal 16k (63.5), so a plan with partial
+# tiles takes it from ROWSUM_MIN_FULL full tiles per block (data/benchmarks/causal-ws-rowsum-*)
 ROWSUM_MMA = True
+ROWSUM_MIN_FULL = 96
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
@@ -347,7 +351,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
         RETURN_LSE=bool(return_lse or out is not None), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
-        MERGE=bool(merge), ROWSUM_MMA=_rowsum_mma(ws, flags[2]),
+        MERGE=bool(merge), ROWSUM_MMA=_rowsum_mma(ws, flags[2], plan),
         WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
@@ -383,10 +387,11 @@ def _check_out(out, q) -> torch.Tensor:
     return o
 
 
-def _rowsum_mma(ws: bool, trace_rows: bool) -> bool:
+def _rowsum_mma(ws: bool, trace_rows: bool, plan: BlockPlan) -> bool:
     """The full-tile loop's row sums on the tensor cores (kernels.flash_kernel ROWSUM_MMA): where
-    it is warp-specialised and no row state is traced per tile (tests force it elsewhere)."""
-    return ROWSUM_MMA and ws and not trace_rows
+    it is warp-specialised, no row state is traced per tile, and the plan has no partial tiles or
+    long enough full-tile loops (ROWSUM_MIN_FULL). Tests force it elsewhere."""
+    return ROWSUM_MMA and ws and not trace_rows and (not plan.has_partial or plan.mean_full >= ROWSUM_MIN_FULL)
 
 
 def _two_launches(ws: bool, plan: BlockPlan) -> bool:

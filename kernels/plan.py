@@ -47,6 +47,11 @@ class BlockPlan:
         """Any partial tile: the kernel then compiles its on-band loop (HAS_PARTIAL)."""
         return bool((self.block_map == PARTIAL).any())
 
+    @cached_property
+    def mean_full(self) -> float:
+        """Full tiles per query block, on average (how long the off-band loops run)."""
+        return float((self.block_map == FULL).sum()) / max(1, self.n_qb)
+
     @property
     def n_qb(self) -> int:
         return self.block_map.shape[0]
