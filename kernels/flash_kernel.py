@@ -25,6 +25,9 @@ merges partial results. Otherwise, and always when tracing, both loops run in on
 MERGE (a ring's accumulator): OA (O itself, or another buffer) and LSE already hold a normalised
 result over other keys, and the epilogue merges this program's rows with it into O and LSE; LSE
 rows sit stride_lbh apart (views of a longer (B, H, N) buffer). SEED starts from OA too.
+ROWSUM_MMA (the full-tile loop): the row sums l come from P times a ones tile on the tensor cores,
+carried like acc, instead of a reduction per tile in the softmax arithmetic that bounds the
+warp-specialised loop (kernels.flash decides where).
 
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
