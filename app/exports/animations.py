@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .common import ExportError, kaleido_server
+from .gif import figure_colours, write_gif
 from .images import SLIDE_PIXELS, figure_size, static_frame
 
 ANIMATION_FORMATS = ("gif", "mp4")
@@ -81,55 +82,11 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
     data_path = path.with_name(f".{path.name}.partial{path.suffix}")
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "gif":
-        _write_gif(data_path, frames, fps)
+        write_gif(data_path, frames, fps, keep=figure_colours(fig))
     else:
         _mp4_ffmpeg(data_path, frames, fps)
     data_path.replace(path)
     return path
-
-
-FLAT_COLOURS = 96      # palette entries kept for a frame's flat fills (states, legend swatches, text)
-
-
-def gif_palette(frames: list[np.ndarray]) -> np.ndarray:
-    """One 256-colour palette for all frames: every colour that fills many pixels exactly (the
-    tile states, legend swatches, white, text grey) keeps its own entry; the rest (the lanes'
-    Viridis raster, antialiased edges) is median-cut into what is left. A palette quantised from
-    the pixels alone merged small flat fills into their neighbours: 'pending (partial tile)'
-    (#fde0c5) came out as the grey of 'skipped by the mask'."""
-    from PIL import Image
-
-    codes, counts = np.unique(np.concatenate([_rgb_codes(f) for f in frames]), return_counts=True)
-    top = np.argsort(-counts)[:FLAT_COLOURS]
-    top = top[counts[top] >= 200]                                   # a swatch is hundreds of pixels
-    flat = np.stack([codes[top] >> 16, codes[top] >> 8 & 255, codes[top] & 255], axis=1).astype(np.uint8)
-    rest = Image.fromarray(np.concatenate(frames, axis=0)).quantize(256 - len(flat), method=Image.Quantize.MEDIANCUT)
-    cut = np.array(rest.getpalette()[:3 * (256 - len(flat))], dtype=np.uint8).reshape(-1, 3)
-    return np.concatenate([flat, cut])[:256]
-
-
-def _rgb_codes(frame: np.ndarray) -> np.ndarray:
-    """(H, W, 3) uint8 -> (H*W,) 0xRRGGBB codes."""
-    rgb = frame.reshape(-1, 3).astype(np.uint32)
-    return rgb[:, 0] << 16 | rgb[:, 1] << 8 | rgb[:, 2]
-
-
-def _write_gif(path, frames: list[np.ndarray], fps: float) -> None:
-    """The frames as a looping GIF over one shared palette (gif_palette), without dithering."""
-    from PIL import Image
-
-    pal = gif_palette(frames)
-    flat_pal = pal.reshape(-1).tolist() + [0] * (768 - pal.size)
-    images = []
-    for f in frames:      # each colour to its nearest palette entry, exactly (Pillow's lookup is coarser)
-        codes, where = np.unique(_rgb_codes(f), return_inverse=True)
-        rgb = np.stack([codes >> 16, codes >> 8 & 255, codes & 255], axis=1).astype(np.int32)
-        nearest = ((rgb[:, None, :] - pal[None, :, :].astype(np.int32)) ** 2).sum(-1).argmin(1)
-        im = Image.fromarray(nearest[where].reshape(f.shape[:2]).astype(np.uint8), mode="P")
-        im.putpalette(flat_pal)
-        images.append(im)
-    images[0].save(path, format="GIF", save_all=True, append_images=images[1:], duration=int(round(1000 / fps)),
-                   loop=0, optimize=False)
 
 
 def _fit(img: np.ndarray, w: int, h: int) -> np.ndarray:

@@ -108,7 +108,7 @@ def test_gif_keeps_small_flat_colours_exact(tmp_path):
     quantised from the pixels alone, 'pending (partial tile)' (#fde0c5) came out as the grey of
     'skipped by the mask'."""
     import imageio.v3 as iio
-    from app.exports.animations import _write_gif
+    from app.exports.gif import write_gif
 
     from plotly.colors import hex_to_rgb, sample_colorscale
     from app.figures.schedule_animation import STATES
@@ -127,12 +127,25 @@ def test_gif_keeps_small_flat_colours_exact(tmp_path):
         for i, c in enumerate(flats):                                    # 12 x 20 = 240-pixel swatches
             f[160 + (i // 5) * 30: 172 + (i // 5) * 30, 10 + (i % 5) * 40 + k: 30 + (i % 5) * 40 + k] = c
         frames.append(f)
-    _write_gif(tmp_path / "a.gif", frames, fps=4)
+    write_gif(tmp_path / "a.gif", frames, fps=4, keep=[tuple(c) for c in flats])
     back = iio.imread(tmp_path / "a.gif", index=None)[..., :3]
     assert back.shape == (3, h, w, 3)
     for f, b in zip(frames, back):
         np.testing.assert_array_equal(b[150:], f[150:])                  # swatches and white: exact
         assert np.abs(b[:150].astype(int) - f[:150]).mean() < 12         # the raster: close
+
+
+def test_figure_colours_name_every_state_of_the_animation(trace_dir):
+    """The GIF palette keeps the colours a figure names: for the animation, every state colour
+    of its legend (hex in the figure, rgb() from plotly's colour scales alike)."""
+    from plotly.colors import hex_to_rgb
+    from app.exports.gif import figure_colours
+    from app.figures.schedule_animation import STATES
+
+    tr, _ = trace_dir
+    named = set(figure_colours(tile_animation_figure(tr, max_frames=4)))
+    fig_states = {hex_to_rgb(c) for _, c in STATES[:-1]}              # the last (mismatch) only when there is one
+    assert fig_states <= named
 
 
 def test_chrome_trace(trace_dir):
