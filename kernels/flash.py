@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -23,6 +23,7 @@ import triton  # noqa: E402
 from .flash_kernel import attn_fwd_kernel  # noqa: E402
 from .masks import FULL, PARTIAL, MaskSpec, parse_mask  # noqa: E402
 from .plan import BlockPlan, block_plan, work_order  # noqa: E402,F401  (re-exported: kernels.flash.block_plan)
+from .trace_buffers import TraceBuffers, check_trace_buffers  # noqa: E402  (re-exported: kernels.flash.TraceBuffers)
 from .shapes import SUPPORTED_DTYPES, check_inputs, padded_head_dim, softmax_scale  # noqa: E402,F401
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -178,54 +179,6 @@ def num_sms(device) -> int:
     return 4  # interpreter: a handful of programs; the order they run in is still real
 
 
-@dataclass
-class TraceBuffers:
-    """Device buffers the kernel writes when tracing (decoded by instrumentation.trace)."""
-
-    work: torch.Tensor          # (B*H*n_qb, 5) int64: program, order, smid, t_start, t_end
-    counter: torch.Tensor       # (1,) int32
-    tiles: torch.Tensor         # ([K,] n_qb, n_kb, 3) int64 per traced head: order, c_start, c_end
-    rows: torch.Tensor          # ([K,] slots*block_m, n_kb, 4) fp32: k_block, m, l, alpha per step
-    row_slot: torch.Tensor      # (n_qb,) int32: slot of a traced query block, -1 if untraced
-    trace_bh: int | list        # the traced batch*head index, or a list of K of them
-    trace_work: bool
-    trace_tiles: bool
-    trace_rows: bool
-    _checked: dict = field(default_factory=dict, repr=False)   # (B*H, plan) -> (head_slot, slots)
-
-
-def _check_trace_buffers(trace: TraceBuffers, batch_heads: int, plan: BlockPlan) -> None:
-    """The kernel writes trace buffers without bounds checks: refuse ones sized for another plan.
-    Returns (head_slot (B*H,) int32 on the device, row slots per traced head)."""
-    heads = [trace.trace_bh] if isinstance(trace.trace_bh, int) else list(trace.trace_bh)
-    if not heads or len(set(heads)) != len(heads) or not all(0 <= x < batch_heads for x in heads):
-        raise ValueError(f"trace_bh={trace.trace_bh} must name distinct heads in 0..{batch_heads - 1}")
-    n_traced = len(heads)
-    want = {"work": (batch_heads * plan.n_qb, 5), "row_slot": (plan.n_qb,)}
-    if trace.trace_tiles:
-        want["tiles"] = (n_traced * plan.n_qb, plan.n_kb, 3)
-    if trace.trace_rows:
-        want["rows"] = (None, plan.n_kb, 4)
-    for name, shape in want.items():
-        buf = getattr(trace, name)
-        got = tuple(buf.reshape(-1, *buf.shape[-2:]).shape) if name in ("tiles", "rows") else tuple(buf.shape)
-        if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
-            raise ValueError(f"trace buffer {name!r} has shape {tuple(buf.shape)}, but this call needs "
-                             f"{shape} (N_q={plan.n}, N_k={plan.n_k}, {plan.n_qb}x{plan.n_kb} blocks, "
-                             f"{n_traced} traced heads)")
-    slots = 0
-    if trace.trace_rows:
-        rows_per_slot = plan.block_m * plan.n_kb * 4
-        slots = trace.rows.numel() // (n_traced * rows_per_slot)
-        if slots * n_traced * rows_per_slot != trace.rows.numel() or \
-                int(trace.row_slot.max()) >= slots:
-            raise ValueError(f"trace buffer 'rows' holds {trace.rows.numel()} values: not {n_traced} heads x "
-                             f"the traced query blocks x {rows_per_slot}")
-    head_slot = torch.full((batch_heads,), -1, dtype=torch.int32)
-    head_slot[heads] = torch.arange(n_traced, dtype=torch.int32)
-    return head_slot.to(trace.work.device), slots
-
-
 def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num_stages=None):
     """Check a kernel call before anything is built; returns (mask spec, kernel config)."""
     check_inputs(q, k, v)
@@ -308,7 +261,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     else:
         key = (b * h, id(plan))     # checked once: timing a traced call then adds no host work
         if key not in trace._checked:
-            trace._checked[key] = _check_trace_buffers(trace, b * h, plan)
+            trace._checked[key] = check_trace_buffers(trace, b * h, plan)
         head_slot, slots = trace._checked[key]
         tr = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, head_slot, slots)
         flags = (trace.trace_work, trace.trace_tiles, trace.trace_rows)

@@ -1,0 +1,59 @@
+"""The device buffers a traced FlashAttention call writes (kernels.flash; decoded by
+instrumentation.trace), and the check that they fit the call's plan before the kernel, which writes
+them without bounds checks, runs. Host side only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .plan import BlockPlan
+
+
+@dataclass
+class TraceBuffers:
+    """Device buffers the kernel writes when tracing (decoded by instrumentation.trace)."""
+
+    work: torch.Tensor          # (B*H*n_qb, 5) int64: program, order, smid, t_start, t_end
+    counter: torch.Tensor       # (1,) int32
+    tiles: torch.Tensor         # ([K,] n_qb, n_kb, 3) int64 per traced head: order, c_start, c_end
+    rows: torch.Tensor          # ([K,] slots*block_m, n_kb, 4) fp32: k_block, m, l, alpha per step
+    row_slot: torch.Tensor      # (n_qb,) int32: slot of a traced query block, -1 if untraced
+    trace_bh: int | list        # the traced batch*head index, or a list of K of them
+    trace_work: bool
+    trace_tiles: bool
+    trace_rows: bool
+    _checked: dict = field(default_factory=dict, repr=False)   # (B*H, plan) -> (head_slot, slots)
+
+
+def check_trace_buffers(trace: TraceBuffers, batch_heads: int, plan: BlockPlan) -> None:
+    """The kernel writes trace buffers without bounds checks: refuse ones sized for another plan.
+    Returns (head_slot (B*H,) int32 on the device, row slots per traced head)."""
+    heads = [trace.trace_bh] if isinstance(trace.trace_bh, int) else list(trace.trace_bh)
+    if not heads or len(set(heads)) != len(heads) or not all(0 <= x < batch_heads for x in heads):
+        raise ValueError(f"trace_bh={trace.trace_bh} must name distinct heads in 0..{batch_heads - 1}")
+    n_traced = len(heads)
+    want = {"work": (batch_heads * plan.n_qb, 5), "row_slot": (plan.n_qb,)}
+    if trace.trace_tiles:
+        want["tiles"] = (n_traced * plan.n_qb, plan.n_kb, 3)
+    if trace.trace_rows:
+        want["rows"] = (None, plan.n_kb, 4)
+    for name, shape in want.items():
+        buf = getattr(trace, name)
+        got = tuple(buf.reshape(-1, *buf.shape[-2:]).shape) if name in ("tiles", "rows") else tuple(buf.shape)
+        if len(got) != len(shape) or any(w is not None and g != w for g, w in zip(got, shape)):
+            raise ValueError(f"trace buffer {name!r} has shape {tuple(buf.shape)}, but this call needs "
+                             f"{shape} (N_q={plan.n}, N_k={plan.n_k}, {plan.n_qb}x{plan.n_kb} blocks, "
+                             f"{n_traced} traced heads)")
+    slots = 0
+    if trace.trace_rows:
+        rows_per_slot = plan.block_m * plan.n_kb * 4
+        slots = trace.rows.numel() // (n_traced * rows_per_slot)
+        if slots * n_traced * rows_per_slot != trace.rows.numel() or \
+                int(trace.row_slot.max()) >= slots:
+            raise ValueError(f"trace buffer 'rows' holds {trace.rows.numel()} values: not {n_traced} heads x "
+                             f"the traced query blocks x {rows_per_slot}")
+    head_slot = torch.full((batch_heads,), -1, dtype=torch.int32)
+    head_slot[heads] = torch.arange(n_traced, dtype=torch.int32)
+    return head_slot.to(trace.work.device), slots
