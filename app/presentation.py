@@ -3,7 +3,8 @@ one chart per screen. Each chart keeps the slide size the figures' template lays
 (app/figures/_slide.py: 1280 x 720, 16:9, the same as a slide-mode PNG export) and is scaled as a
 whole to fit the window, so what the room sees is what the export writes. Errors, warnings and
 the page's own controls (step buttons, sliders) stay, stepping controls in a bar at the bottom of
-the window (a container keyed STEP_BAR...); download buttons, export menus and the switches that draw more charts fade until hovered.
+the window (a container keyed STEP_BAR...), a page's folded controls (an expander keyed slide_controls)
+in a faint pill top left; download buttons, export menus and the switches that draw more charts fade until hovered.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ CSS = """
 [data-testid="stElementContainer"]:has(> [data-testid="stCaptionContainer"]),
 [data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"]),
 [data-testid="stExpander"], [data-testid="stDataFrame"] { display: none !important; }
+/* except the page's controls folded into an expander keyed slide_controls (schedule page): a faint
+   pill in the top-left corner, out of the chart's way, opened over the slide when needed */
+.st-key-slide_controls [data-testid="stExpander"] { display: block !important; }
+.st-key-slide_controls { position: fixed; top: 0.6rem; left: 1rem; z-index: 1000;
+  width: auto !important; max-width: calc(100vw - 14rem); opacity: 0.3; transition: opacity 0.2s;
+  background: #fff; }
+.st-key-slide_controls:hover, .st-key-slide_controls:has(details[open]) { opacity: 1; }
+.st-key-slide_controls:has(details[open]) { width: min(64rem, calc(100vw - 14rem)) !important; }
 /* one chart per screen, at its own 16:9 slide size, scaled to the window (script below) */
 [data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"]) {
   margin: calc((100vh - 4.5rem) * 0.02) 0; scroll-snap-align: center;
@@ -40,7 +49,8 @@ CSS = """
 [data-testid="stMainBlockContainer"] [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]) {
   opacity: 0.3; transition: opacity 0.2s; }
 [data-testid="stMainBlockContainer"] [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]):hover,
-[data-testid="stMainBlockContainer"] [class*="st-key-slide_step_bar"] [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]) {
+[data-testid="stMainBlockContainer"] [class*="st-key-slide_step_bar"] [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]),
+[data-testid="stMainBlockContainer"] .st-key-slide_controls [data-testid="stElementContainer"]:has(> [data-testid="stCheckbox"]) {
   opacity: 1; }
 /* the way out: a clear dark pill in the top-right corner, small enough to stay out of the slide */
 .st-key-leave_present { position: fixed; top: 0.6rem; right: 1rem; z-index: 1000; width: auto !important;
