@@ -260,6 +260,10 @@ def _changes(applied: dict, want: dict) -> str:
     return ", ".join(f"{k} {applied.get(k)} → {v}" for k, v in want.items() if applied.get(k) != v)
 
 
+RUN_BAR_CSS = ("<style>[data-testid='stLayoutWrapper']:has(> .st-key-run_bar) { position: sticky; bottom: 0; z-index: 5; background: rgb(248, 248, 247);"
+               " padding: 0.3rem 0 0.6rem; box-shadow: 0 -6px 6px -6px rgba(0, 0, 0, 0.25); }</style>")
+
+
 @st.fragment
 def _live_controls() -> None:
     """The problem controls of a live source: edits rerun only this fragment; Run applies them."""
@@ -269,12 +273,16 @@ def _live_controls() -> None:
     pending = _changes(ss.get("_applied", {}), want)
     s = Settings(source=ss["ctl_source"], **want)
     problems = s.problems()
+    # what changed, the estimate and Run stick to the sidebar's bottom edge: under a 1080 px
+    # window the button sat below the fold, so an edit to N seemed to do nothing
+    st.html(RUN_BAR_CSS)
+    bar = st.container(key="run_bar")
     if pending:
-        st.caption(f"**Not run yet:** {plain(pending)}.")
-    st.caption(plain(" ".join(problems) if problems else sources.estimate(s)))
-    if st.button("▶ Run", key="ctl_run", type="primary" if pending else "secondary",
-                 on_click=apply_staged, width="stretch",
-                 help="run the kernel with the settings above (nothing runs until you press it)"):
+        bar.caption(f"**Not run yet:** {plain(pending)}.")
+    bar.caption(plain(" ".join(problems) if problems else sources.estimate(s)))
+    if bar.button("▶ Run", key="ctl_run", type="primary" if pending else "secondary",
+                  on_click=apply_staged, width="stretch",
+                  help="run the kernel with the settings above (nothing runs until you press it)"):
         st.rerun()
 
 

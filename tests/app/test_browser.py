@@ -154,6 +154,9 @@ def test_live_edits_run_once_with_the_run_button_and_clear_stale_messages(app_se
     assert "Estimated run time ≈" in text and "An estimate" in text
     assert page.locator('[data-testid="stAlertContentError"]').count() == 1
     assert "seq_len=-64" in page.url
+    # ... and the Run button with them is in the window, not below the sidebar's fold
+    run = sidebar.get_by_role("button", name="Run").bounding_box()
+    assert run is not None and run["y"] + run["height"] <= page.viewport_size["height"], run
     # one press: while the kernel runs, the old error is gone; then the new view
     sidebar.get_by_role("button", name="Run").click()
     page.wait_for_function(
