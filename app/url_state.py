@@ -21,7 +21,7 @@ what was wrong and what is used). The parameter lives in the URL only while its 
 from __future__ import annotations
 
 import html
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlparse
 
 import streamlit as st
 
@@ -130,6 +130,12 @@ def init_session() -> None:
     ss["_url_errors"] = errors
     ss["_link_params"] = {k: v for k, v in qp.items() if k not in SETTING_PARAMS}
     ss["_default_page"] = qp.get("page") if qp.get("page") in PAGES else "schedule"
+    # Streamlit serves its default page at "/" only: a path naming it (a reload after the
+    # sidebar's page links, /block_skip?page=block_skip) showed "Page not found". The path opens
+    # its page by url_path, so the default is then any other page.
+    path_page = urlparse(st.context.url or "").path.rstrip("/").rsplit("/", 1)[-1]
+    if path_page in PAGES and path_page == ss["_default_page"]:
+        ss["_default_page"] = next(p for p in PAGES if p != path_page)
     if "page" in qp and qp["page"] not in PAGES:
         errors.append(f"page={qp['page']!r} is not a page here ({', '.join(PAGES)}); "
                       f"opening {PAGES[ss['_default_page']]!r}.")

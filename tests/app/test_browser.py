@@ -217,3 +217,14 @@ def test_presentation_mode_hides_the_sidebar_and_fits_each_chart(app_server, new
     page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
                            ".every(el => !el.style.transform)")
     no_exception_on_page(page)
+
+
+def test_a_path_naming_the_page_opens_without_page_not_found(app_server, page):
+    """Streamlit serves its default page at "/" only: a reload after the sidebar's page links
+    (/block_skip?page=block_skip&...) or /schedule showed "Page not found" over the page."""
+    for path, title in (("schedule?", "Work items on SMs"), ("block_skip?page=block_skip&", "Block map")):
+        page.goto(f"{app_server}/{path}source=recorded&trace=n1024_causal_natural")
+        wait_for_title(page, title, timeout=90_000)
+        page.wait_for_timeout(1000)
+        assert page.get_by_text("Page not found").count() == 0, path
+        no_exception_on_page(page)
