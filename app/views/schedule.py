@@ -96,6 +96,8 @@ color_by = c2.selectbox("Colour work items by", list(COLOR_BY), key="sched_color
 url_state.control("sched_compare", False)
 compare = c3.toggle("Compare schedules side by side", key="sched_compare",
                     help=f"up to {MAX_COMPARED} schedules of this problem on one time axis")
+if compare:     # drawn last: the toggle alone changed nothing in view
+    c3.caption("↓ drawn under **Schedules side by side**, at the end of the page")
 if modelled:
     (controls_box if s.present else st).warning("**Modelled timeline.** This trace comes from the Triton CPU interpreter, which has no "
                "clock and no SMs. The *order* in which work items started and the tiles each one "

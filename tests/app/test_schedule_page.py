@@ -131,6 +131,7 @@ def test_three_schedules_side_by_side(data_dir):
     at = page(data_dir, sched_compare=1, sched_sms=4)      # 4 modelled SMs: schedules differ
     clean(at)
     picked = at.multiselect(key="sched_cmp").value
+    assert any("Schedules side by side" in c.value for c in at.caption)      # where it is drawn
     assert [p.rsplit("_", 1)[-1] for p in picked] == ["natural", "first", "persistent"]
     cmp = chart(at, "timelines)")
     assert cmp["layout"]["title"]["text"].startswith("natural vs longest_first vs persistent")
