@@ -199,9 +199,14 @@ def softmax_state_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     return _caption(fig, steps, STATE_FORMULAS + ". ")
 
 
+def _step_ticks(n: int) -> list[int]:
+    """Steps 1..n labelled at 1 and round multiples (1, 10, 20, ...), not 1, 11, 21, ..."""
+    return sorted({1, *(v for v in whole_ticks(n + 1, MAX_STEP_TICKS) if v >= 1)})
+
+
 def _step_axis(fig, steps, row=None):
     n = len(steps)
-    vals = whole_ticks(n, MAX_STEP_TICKS, start=1)
+    vals = _step_ticks(n)
     ticks = dict(tickmode="array", tickvals=vals, ticktext=[str(v) for v in vals], range=[0.4, n + 0.6],
                  title_text=f"step (one K block of {_keys_per_block(steps)}, in the kernel's visit order; "
                             "hover for which)")

@@ -180,6 +180,8 @@ def test_softmax_figures(causal):
     ticks = list(err.layout.yaxis.ticktext)
     assert ticks and all(t[0] in "10" for t in ticks)         # 10⁻¹⁶ … 1, never "1f, 1p, 1n"
     assert err.layout.xaxis.tickvals[0] == 1
+    from app.figures.softmax import _step_ticks
+    assert _step_ticks(128) == [1, *range(10, 129, 10)] and _step_ticks(8) == list(range(1, 9))   # not 1, 11, 21
     for fig in (tile, state, err, F.softmax_strip_figure(steps, 2), F.softmax_overview_figure(steps, 2)):
         assert_provenance(fig, causal)
     assert "natural units" in tile.layout.yaxis.title.text
