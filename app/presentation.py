@@ -32,10 +32,9 @@ CSS = """
    pill in the top-left corner, out of the chart's way, opened over the slide when needed */
 .st-key-slide_controls [data-testid="stExpander"] { display: block !important; }
 .st-key-slide_controls { position: fixed; top: 0.6rem; left: 1rem; z-index: 1000;
-  width: auto !important; max-width: calc(100vw - 14rem); opacity: 0.3; transition: opacity 0.2s;
-  background: #fff; }
+  width: auto !important; max-width: calc(100vw - 14rem); opacity: 0.3; transition: opacity 0.2s; }
 .st-key-slide_controls:hover, .st-key-slide_controls:has(details[open]) { opacity: 1; }
-.st-key-slide_controls:has(details[open]) { width: min(64rem, calc(100vw - 14rem)) !important; }
+.st-key-slide_controls:has(details[open]) { width: min(64rem, calc(100vw - 14rem)) !important; background: #fff; }
 /* one chart per screen, at its own 16:9 slide size, scaled to the window (script below) */
 [data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"]) {
   margin: calc((100vh - 4.5rem) * 0.02) 0; scroll-snap-align: center;

@@ -82,8 +82,8 @@ def kv_sharing_fig(key, sms, _trace):
 
 # presentation: the page's controls fold into one collapsed expander and the metrics go under
 # the lanes, so the lanes chart is one screen; normal mode keeps both on top
-controls_box = st.expander("Page controls (SMs, colour, comparison, time window)", expanded=False,
-                           key="slide_controls") if s.present else st.container()   # key: app/presentation.py
+controls_box = st.expander("Controls", expanded=False, icon=":material/tune:",   # short: a pill beside
+                           key="slide_controls") if s.present else st.container()   # the title (app/presentation.py)
 # a row of controls: SMs (modelled timelines only), colour, comparison, zoom
 c1, c2, c3, c4 = controls_box.columns(4) if modelled else (None, *controls_box.columns(3))
 sms = None

@@ -78,9 +78,9 @@ def test_16k_presentation_mode_keeps_lanes_tall(app_server, new_page):
     assert "The whole GPU over time" not in " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
     assert plot_height(page, "Work items on SMs") >= 300
     # the page's controls fold into one collapsed expander, so the lanes chart is one screen
-    assert page.locator('[data-testid="stExpander"]').filter(has_text="Page controls").count() == 1
+    assert page.locator('.st-key-slide_controls [data-testid="stExpander"]').count() == 1
     assert not page.get_by_text("Colour work items by").first.is_visible()
     # ... which the presenter can still open (slides hide other expanders), above the chart
-    header = page.get_by_text("Page controls (SMs, colour, comparison, time window)").first
+    header = page.locator('.st-key-slide_controls summary').first
     header.click()
     page.get_by_text("Colour work items by").first.wait_for(state="visible", timeout=10_000)
