@@ -59,7 +59,8 @@ def _head_span(tl, bh: int, scale: float, unit: str) -> str:
 # On a 16:9 slide the lanes take the left part at full plot height and the two grids stack on
 # the right: stacked as on the page, the lanes got ~135 of the slide's 720 px beside the player.
 SLIDE_LANES_X, SLIDE_GRIDS_X = (0.0, 0.45), (0.68, 1.0)
-SLIDE_ROW_GAP_PX = 110      # between the grids: tick labels, an axis title and a subplot title
+SLIDE_ROW_GAP_PX = 80       # between the grids: tick labels and a subplot title (on a slide the work
+                            # grid's x axis is named by its panel title, "... × 128 q blocks")
 
 
 def _slide_arrangement(fig: go.Figure, unit: str, player: bool) -> dict:
@@ -74,7 +75,7 @@ def _slide_arrangement(fig: go.Figure, unit: str, player: bool) -> dict:
     out = {"xaxis.domain": list(SLIDE_LANES_X), "yaxis.domain": [0.0, 1.0],
            "xaxis2.domain": list(SLIDE_GRIDS_X), "yaxis2.domain": list(work_y),
            "xaxis3.domain": list(SLIDE_GRIDS_X), "yaxis3.domain": list(tiles_y),
-           "xaxis.title.text": f"time ({unit}); cursor = now"}
+           "xaxis.title.text": f"time ({unit}); cursor = now", "xaxis2.title.text": ""}
     titles = [a for a in fig.layout.annotations if a.name != "provenance"]     # make_subplots' order
     for i, (x, y, text) in enumerate([(sum(SLIDE_LANES_X) / 2, 1.0, "SM lanes"), (mid, work_y[1], None),
                                       (mid, tiles_y[1], None)][:len(titles)]):
