@@ -295,9 +295,12 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
                  for t, bm in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n))]
     else:
         descs = [q, k, v]  # unused placeholders: the TMA path is compiled out
-    args = (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o_prev, *o_prev.stride()[:3],
-            plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
-            lse.stride(1) if lse is not o else n, works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
+
+    def kernel_args(prev):       # prev: the O a merging or resumed launch reads (o_prev, or o itself)
+        return (q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], prev, *prev.stride()[:3],
+                plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, *descs, lse,
+                lse.stride(1) if lse is not o else n, works, counter, *tr, h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work, qk_scale)
+    args = kernel_args(o_prev)
     consts = dict(
         HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -320,7 +323,7 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         # the full tiles warp-specialised, storing (O, lse); then the partial tiles in a plain
         # loop, resumed from them, read from O (Triton 3.6 compiles the WS loop only alone in its kernel)
         _launch(grid, args, full)
-        _launch(grid, args[:16] + (o, *o.stride()[:3]) + args[20:], partial)
+        _launch(grid, kernel_args(o), partial)
     else:
         _launch(grid, args, consts)
     return (o, lse) if return_lse or out is not None else o
