@@ -256,17 +256,16 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     started = False
     records, pending_rows = [], []
 
-    def post_transfer(step):
-        """Send the K/V this step holds on to the next rank, receive the next step's from the
-        previous one; returns the requests. send/recv start is stamped once the transfer is posted
-        (the host has queued it), not before: it cannot run earlier."""
-        outgoing = own if step == 0 else buffers[(step - 1) % n_buffers]
+    def post_transfer(step, held):
+        """Send the K/V this step holds (`held`) on to the next rank, receive the next step's from
+        the previous one; returns the requests. send/recv start is stamped once the transfer is
+        posted (the host has queued it), not before: it cannot run earlier."""
         incoming = buffers[step % n_buffers]
         with on_comm():
             if cuda and step >= n_buffers:   # `incoming` was last computed on at step+1-n_buffers
                 comm_stream.wait_event(freed[step + 1 - n_buffers])
-            ops = [dist.P2POp(dist.isend, outgoing[0], send_to, group),
-                   dist.P2POp(dist.isend, outgoing[1], send_to, group),
+            ops = [dist.P2POp(dist.isend, held[0], send_to, group),
+                   dist.P2POp(dist.isend, held[1], send_to, group),
                    dist.P2POp(dist.irecv, incoming[0], recv_from, group),
                    dist.P2POp(dist.irecv, incoming[1], recv_from, group)]
             requests = dist.batch_isend_irecv(ops)
@@ -285,7 +284,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
     for step in range(world):
         held = own if step == 0 else buffers[(step - 1) % n_buffers]
         sends = step < world - 1
-        requests = post_transfer(step) if sends and not compute_first else []
+        requests = post_transfer(step, held) if sends and not compute_first else []
         if arrived is not None:
             compute_stream.wait_event(arrived)
         src = (rank - step) % world
@@ -326,7 +325,7 @@ def ring_attention(q, k, v, mask: str = "full", layout: str = "natural", group=N
             freed.append(torch.cuda.Event())
             freed[-1].record(compute_stream)
         if sends and compute_first:
-            requests = post_transfer(step)
+            requests = post_transfer(step, held)
         if requests:
             with on_comm():
                 for req in requests:
