@@ -198,11 +198,26 @@ def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num
 
 
 def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
-                    schedule="natural", num_warps=None, num_stages=None, return_lse=False,
-                    trace: TraceBuffers | None = None, hw_clock: bool | None = None,
-                    use_tma: bool | None = None, warp_specialize: bool | None = None,
-                    out: tuple | None = None, merge: bool = False, o_prev=None, tiles: str = "all"):
+                    schedule="natural", *, return_lse=False, trace: TraceBuffers | None = None,
+                    num_warps=None, num_stages=None, warp_specialize: bool | None = None):
     """Fused FlashAttention-2 forward (no backward: refuses inputs that require grad).
+
+    q (B, H, N_q, D); k, v (B, H_kv, N_k, D), H % H_kv == 0 (query head h reads KV head
+    h // (H / H_kv)); D any integer 1..256. The mask lives on the N_q x N_k grid, bottom-right
+    aligned (query i sits at key position i + N_k - N_q). Returns O (B, H, N_q, D), or with
+    return_lse=True (O, lse), lse (B, H, N_q) float32 natural-log log-sum-exp of the scaled
+    scores. A row that sees no key gets O = 0 and lse = -inf. warp_specialize: None picks it
+    where it applies and the config is the device's default for it."""
+    return launch_attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages,
+                            return_lse, trace, warp_specialize=warp_specialize)
+
+
+def launch_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
+                     schedule="natural", num_warps=None, num_stages=None, return_lse=False,
+                     trace: TraceBuffers | None = None, hw_clock: bool | None = None,
+                     use_tma: bool | None = None, warp_specialize: bool | None = None,
+                     out: tuple | None = None, merge: bool = False, o_prev=None, tiles: str = "all"):
+    """flash_attention with the internal launch options a ring and the tests use (not public).
 
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D), H % H_kv == 0 (query head h reads KV head
     h // (H / H_kv)); D any integer 1..256. The mask lives on the N_q x N_k grid, bottom-right

@@ -166,8 +166,8 @@ def attend_into(q, k, v, o_acc, lse_acc, causal: bool, sm_scale: float | None, m
     lse_acc (B, H, N_q): merged into what they hold (merge=True) or overwriting it. o_prev: merge
     with this accumulator instead and write o_acc (then the output, in q's dtype). tiles: "full"
     or "partial", one half of a causal call (kernels.flash.flash_attention; DIAGONAL_LAST)."""
-    from .flash import flash_attention
-    flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal" if causal else "full",
+    from .flash import launch_attention
+    launch_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask="causal" if causal else "full",
                     sm_scale=sm_scale, out=(o_acc, lse_acc), merge=merge, o_prev=o_prev, tiles=tiles)
 
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from kernels import SCHEDULES, flash_attention, naive_attention, reference_attention
+from kernels.flash import launch_attention
 from tests.kernels.test_masks import mask_texts
 
 TOL = {torch.float32: 1e-3, torch.float16: 5e-3, torch.bfloat16: 3e-2}
@@ -165,26 +166,26 @@ def test_merge_into_accumulator_views_matches_attention_over_all_keys(split, dev
     lse = torch.full(q.shape[:3], float("-inf"), device=device)              # (B, H, 2n)
     lo, hi = (slice(None), slice(None), slice(0, n)), (slice(None), slice(None), slice(n, 2 * n))
     kw = dict(block_m=16, block_n=16)
-    flash_attention(q[lo], k[lo], v[lo], mask="causal", out=(o[lo], lse[lo]), **kw)          # overwrite
-    flash_attention(q[hi], k[hi], v[hi], mask="causal", out=(o[hi], lse[hi]), merge=True, **kw)
+    launch_attention(q[lo], k[lo], v[lo], mask="causal", out=(o[lo], lse[lo]), **kw)          # overwrite
+    launch_attention(q[hi], k[hi], v[hi], mask="causal", out=(o[hi], lse[hi]), merge=True, **kw)
     final = torch.empty(q.shape, dtype=q.dtype, device=device)              # the last call writes here
     final[lo] = o[lo]
-    flash_attention(q[hi], k[lo], v[lo], mask="full", out=(final[hi], lse[hi]), merge=True, o_prev=o[hi], **kw)
+    launch_attention(q[hi], k[lo], v[lo], mask="full", out=(final[hi], lse[hi]), merge=True, o_prev=o[hi], **kw)
     assert rel_err(final, ref) < TOL[q.dtype]
     assert torch.allclose(lse.cpu().double(), m + torch.log(l), atol=1e-3 if q.dtype == torch.float32 else 2e-2)
     with pytest.raises(ValueError, match="merge=True merges into out"):
-        flash_attention(q, k, v, merge=True)
+        launch_attention(q, k, v, merge=True)
     with pytest.raises(ValueError, match="out must be"):
-        flash_attention(q, k, v, out=(o[lo], lse))
+        launch_attention(q, k, v, out=(o[lo], lse))
     with pytest.raises(ValueError, match="o_prev goes with merge=True"):
-        flash_attention(q[hi], k[lo], v[lo], out=(final[hi], lse[hi]), o_prev=o[hi])
+        launch_attention(q[hi], k[lo], v[lo], out=(final[hi], lse[hi]), o_prev=o[hi])
 
 
 def test_tensor_descriptor_path_matches_reference(device):
     """The TMA (tensor descriptor) path indexes a (B*H*N, D) view; check it on every mask."""
     q, k, v = inputs(2, 2, 128, 32, torch.float32, device, seed=11)
     for text in mask_texts(128):
-        out = flash_attention(q, k, v, mask=text, block_m=32, block_n=64, use_tma=True)
+        out = launch_attention(q, k, v, mask=text, block_m=32, block_n=64, use_tma=True)
         ref, _, _ = reference_attention(q, k, v, mask=text)
         assert rel_err(out, ref) < 1e-3, text
 

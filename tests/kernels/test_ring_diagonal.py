@@ -1,4 +1,4 @@
-"""flash_attention(tiles="full" / "partial"): a call's two halves, as the ring runs its step-0
+"""launch_attention(tiles="full" / "partial"): a call's two halves, as the ring runs its step-0
 causal call with the diagonal last (kernels.ring.DIAGONAL_LAST): the full tiles into a float32
 accumulator, other keys merged into it, then the partial tiles resumed from it into the output in
 q's dtype. Against float64 on every mask, N_q != N_k, GQA, padded D and rows that see no key."""
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels import flash_attention, reference_attention
+from kernels.flash import launch_attention
 from tests.kernels.test_masks import mask_texts
 
 
@@ -24,17 +25,17 @@ def test_full_then_partial_tiles_equal_one_call(n_q, n_k, h_kv, d, device):
         acc = torch.full(q.shape, float("nan"), device=device)             # float32 (B, H, N_q, D)
         lse = torch.full(q.shape[:3], float("nan"), device=device)         # (B, H, N_q)
         kw = dict(mask=text, block_m=32, block_n=32)
-        flash_attention(q, k, v, out=(acc, lse), tiles="full", **kw)
+        launch_attention(q, k, v, out=(acc, lse), tiles="full", **kw)
         out = torch.empty_like(q)
-        flash_attention(q, k, v, out=(out, lse), o_prev=acc, tiles="partial", **kw)
+        launch_attention(q, k, v, out=(out, lse), o_prev=acc, tiles="partial", **kw)
         assert rel_err(out, ref) < 1e-3, text
         ref_lse = m + torch.log(l)                                          # -inf where no key
         assert torch.equal(torch.isinf(lse.cpu()), torch.isinf(ref_lse)), text
         fin = torch.isfinite(ref_lse)
         assert torch.allclose(lse.cpu().double()[fin], ref_lse[fin], atol=1e-4), text
         # without o_prev the partial tiles resume from out's own o
-        flash_attention(q, k, v, out=(acc, lse), tiles="full", **kw)
-        flash_attention(q, k, v, out=(acc, lse), tiles="partial", **kw)
+        launch_attention(q, k, v, out=(acc, lse), tiles="full", **kw)
+        launch_attention(q, k, v, out=(acc, lse), tiles="partial", **kw)
         assert rel_err(acc, ref) < 1e-3, text
 
 
@@ -50,10 +51,10 @@ def test_other_keys_merged_between_the_halves(device):
     acc = torch.empty(qh.shape, dtype=torch.float32, device=device)
     lse = torch.empty(qh.shape[:3], dtype=torch.float32, device=device)
     kw = dict(block_m=16, block_n=16)
-    flash_attention(qh, kh, vh, mask="causal", out=(acc, lse), tiles="full", **kw)
-    flash_attention(qh, kl, vl, mask="full", out=(acc, lse), merge=True, **kw)
+    launch_attention(qh, kh, vh, mask="causal", out=(acc, lse), tiles="full", **kw)
+    launch_attention(qh, kl, vl, mask="full", out=(acc, lse), merge=True, **kw)
     out = torch.empty(qh.shape, dtype=torch.float16, device=device)
-    flash_attention(qh.half(), kh.half(), vh.half(), mask="causal", out=(out, lse), o_prev=acc, tiles="partial", **kw)
+    launch_attention(qh.half(), kh.half(), vh.half(), mask="causal", out=(out, lse), o_prev=acc, tiles="partial", **kw)
     assert out.dtype == torch.float16 and rel_err(out, ref[hi]) < 5e-3
     assert torch.allclose(lse.cpu().double(), (m + torch.log(l))[hi], atol=1e-2)
 
@@ -64,9 +65,9 @@ def test_tiles_errors_are_one_line(device):
     for kw, fragment in ((dict(tiles="diagonal"), "tiles='diagonal'"), (dict(tiles="full"), "with out="),
                          (dict(tiles="partial", out=(o, lse), merge=True), "no merge")):
         with pytest.raises(ValueError, match=fragment):
-            flash_attention(q, q, q, **kw)
+            launch_attention(q, q, q, **kw)
     with pytest.raises(ValueError, match="o_prev goes with"):
-        flash_attention(q, q, q, out=(o, lse), o_prev=o)
+        launch_attention(q, q, q, out=(o, lse), o_prev=o)
 
 
 @pytest.mark.gpu
@@ -81,7 +82,7 @@ def test_gpu_warp_specialised_halves_match_one_call():
     acc = torch.empty(q.shape, dtype=torch.float32, device="cuda")
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device="cuda")
     out = torch.empty_like(q)
-    flash_attention(q, k, v, mask="causal", out=(acc, lse), tiles="full")
-    flash_attention(q, k, v, mask="causal", out=(out, lse), o_prev=acc, tiles="partial")
+    launch_attention(q, k, v, mask="causal", out=(acc, lse), tiles="full")
+    launch_attention(q, k, v, mask="causal", out=(out, lse), o_prev=acc, tiles="partial")
     assert ((out.float() - one.float()).norm() / one.float().norm()).item() < 1e-2
     assert torch.allclose(lse, lse_one, atol=1e-3)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels import flash_attention, reference_attention
+from kernels.flash import launch_attention
 from tests.kernels.test_masks import mask_texts
 
 
@@ -39,8 +40,8 @@ def test_row_sums_on_the_tensor_cores_match_float64(n_q, n_k, h_kv, d, split, de
     acc = torch.empty(q.shape, dtype=torch.float32, device=device)
     acc_lse = torch.empty(q.shape[:3], dtype=torch.float32, device=device)
     half = n_k // 2
-    flash_attention(q, k[:, :, :half], v[:, :, :half], mask="full", out=(acc, acc_lse), block_m=32, block_n=32)
-    flash_attention(q, k[:, :, half:], v[:, :, half:], mask="full", out=(acc, acc_lse), merge=True,
+    launch_attention(q, k[:, :, :half], v[:, :, :half], mask="full", out=(acc, acc_lse), block_m=32, block_n=32)
+    launch_attention(q, k[:, :, half:], v[:, :, half:], mask="full", out=(acc, acc_lse), merge=True,
                     block_m=32, block_n=32)
     ref, _, _ = reference_attention(q, k, v, mask="full")
     assert rel_err(acc, ref) < 1e-3
