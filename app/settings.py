@@ -1,7 +1,7 @@
 """What a view depends on: the Settings of the shared controls, the choices they allow, and
 `current()`, the settings main.py resolved for this run (every page calls it first).
 
-No trace loading here (app/sources.py) and no widgets (app/sidebar.py); the URL form of the
+No trace loading here (app/sources/) and no widgets (app/sidebar.py); the URL form of the
 settings is `Settings.query()`, read back by app/url_state.py.
 """
 

@@ -15,8 +15,8 @@ import math
 
 import streamlit as st
 
-from app import about, data_sources, sources
-from app.data_sources import Recording
+from app import about, sources
+from app.sources import Recording
 from app.text import plain
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, SCHEDULES, SOURCES, SUPPORTED_HEAD_DIMS,
                           Settings, default_docs, parse_mask)
@@ -325,7 +325,7 @@ def sidebar(attention: bool = True) -> Settings:
                 st.warning("No bundled recordings: data/traces/ is empty on this machine.")
             else:
                 if ss.get("ctl_trace") not in names:
-                    ss["ctl_trace"] = (data_sources.default_recording(recs, DEFAULTS) or recs[0]).name
+                    ss["ctl_trace"] = (sources.default_recording(recs, DEFAULTS) or recs[0]).name
                 st.selectbox("Recording", names, key="ctl_trace",
                              format_func=lambda n: sources.recording_named(n).label)
                 _sync_controls(sources.recording_named(ss["ctl_trace"]).settings())

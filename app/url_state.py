@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlparse
 
 import streamlit as st
 
-from app import data_sources, sources
+from app import sources
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, INT_KEYS, MAX_SEQ_LEN, PAGES, SCHEDULES, SOURCES,
                           SUPPORTED_HEAD_DIMS, Settings, parse_mask)
 from app.sidebar import KERNEL_CONTROLS, mask_to_controls
@@ -36,7 +36,7 @@ def default_settings() -> tuple[dict, str, str]:
     """(kernel settings, source, recording name) a fresh session opens with."""
     if sources.live_source() == "gpu":
         return dict(DEFAULTS), "gpu", ""
-    rec = data_sources.default_recording(sources.recordings(), DEFAULTS)
+    rec = sources.default_recording(sources.recordings(), DEFAULTS)
     if rec is not None:
         return {**DEFAULTS, **rec.settings()}, "recorded", rec.name
     return dict(DEFAULTS), "interpreter", ""
@@ -104,7 +104,7 @@ def init_session() -> None:
         missing = qp.get("trace") if qp.get("trace") and rec is None else None
         wanted = {k: values[k] for k in DEFAULTS if k in qp and k not in wrong}
         if rec is None and recs and wanted:      # only the link's valid values choose a recording
-            rec = data_sources.nearest(recs, wanted)
+            rec = sources.nearest(recs, wanted)
         if rec is None and recs:                 # nothing valid asked for: the default recording
             rec = sources.recording_named(trace) or recs[0]
         if rec is None:

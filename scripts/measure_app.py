@@ -252,7 +252,7 @@ def main(argv=None) -> int:
         return 2
     from playwright.sync_api import sync_playwright
 
-    from app.data_sources import discover_traces
+    from app.sources.bundled import discover_traces
 
     data = Path(args.data) if args.data else ROOT / "data"
     recs = discover_traces(data)

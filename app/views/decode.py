@@ -6,7 +6,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data_sources, presentation, settings, url_state
+from app import presentation, settings, sources, url_state
 from app.text import plain
 from app.figures.decode import (decode_kv_figure, decode_pair_lanes_figure, decode_pair_roofline_figure,
                                 decode_row_steps, merge_figure)
@@ -49,7 +49,7 @@ def recorded_pair(b1_dir: str, b2_dir: str, mtime: float):
 def bundled() -> dict:
     """{batch: {splits label: path}} of data/decode/*/ recordings."""
     out = {}
-    for man in sorted((data_sources.data_dir() / "decode").glob("*/manifest.json")):
+    for man in sorted((sources.data_dir() / "decode").glob("*/manifest.json")):
         name = man.parent.name                                 # decode_b8_ctx32k_splits-auto
         parts = dict(p.split("-", 1) if "-" in p else (p, "") for p in name.split("_"))
         try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data_sources, settings, sources
+from app import settings, sources
 from app.about import cite
 from app.text import plain
 from app.views import common
@@ -52,7 +52,7 @@ def ncu_vs_models(rows) -> str:
 
 # -- measured sweep ------------------------------------------------------------------------------
 st.subheader("Naive vs flash over N")
-paths = data_sources.discover_sweeps()
+paths = sources.discover_sweeps()
 if not paths:
     st.warning("No measured sweep is bundled here (data/sweeps/*.json is missing), so there are "
                "no measurements on this page. Everything below is an **analytic model** "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from app import data_sources, presentation, settings, url_state
+from app import presentation, settings, sources, url_state
 from app.figures.ring import (balance_figure, efficiency_note, overlap_stats, ring_diagram_figure,
                               ring_merge_figure, ring_provenance, ring_timeline_figure)
 from app.views import common
@@ -31,7 +31,7 @@ def load(path: str, mtime: float):
 
 
 def recordings() -> dict[str, Path]:
-    return {p.parent.name: p.parent for p in sorted((data_sources.data_dir() / "ring").glob("*/manifest.json"))}
+    return {p.parent.name: p.parent for p in sorted((sources.data_dir() / "ring").glob("*/manifest.json"))}
 
 
 def _same_problem(a: dict, b: dict) -> bool:
@@ -130,7 +130,7 @@ def benchmark_table():
     compare with torch's CP, the one on the most GPUs, then the newest (probes and other files
     there are passed over)."""
     docs = []
-    for path in (data_sources.data_dir() / "benchmarks").glob("ring-*.json"):
+    for path in (sources.data_dir() / "benchmarks").glob("ring-*.json"):
         try:
             doc = json.loads(path.read_text())
             records = doc["records"]

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import data_sources, export, settings, sources, url_state
+from app import export, settings, sources, url_state
 from app.text import plain
 from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_comparison_figure,
                                   schedule_comparison_stats, sm_lanes_figure)
@@ -309,7 +309,7 @@ def compared_traces():
     if src.recording is None:
         st.info("Comparing schedules needs a live run or bundled recordings (not an upload).")
         return None
-    variants = data_sources.schedule_variants(sources.recordings(), src.recording)
+    variants = sources.schedule_variants(sources.recordings(), src.recording)
     names = [r.name for r in variants]
     if len(names) < 2:
         st.info(f"No other bundled recording of this problem ({plain(src.recording.label)}) with another "

@@ -403,7 +403,8 @@ def test_parquet_download_uploads_back(data_dir):
 def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
     """Two sessions asking at once both get their traces; runs never overlap; the same settings
     never run twice."""
-    from app import settings, sources
+    from app import settings
+    from app.sources import live as sources
     from instrumentation import recording   # where the app's live runs take record() from
 
     real, active, peak, calls = recording.record, [0], [0], []

@@ -60,7 +60,7 @@ def test_a_presets_window_scales_with_n_in_the_interpreter(data_dir, name):
 def test_runs_that_load_or_compile_stay_out_of_the_estimate(data_dir):
     """The server's first run and the first run of each specialisation (it compiles) are not
     clean; until a clean run exists the estimate uses the default rate."""
-    from app import sources
+    from app.sources import live as sources
     from app.settings import Settings
 
     sources._run_log().clear()

@@ -60,7 +60,8 @@ def test_edits_run_nothing_until_run_is_pressed(data_dir, counted_runs):
 
 
 def test_the_estimate_is_shown_before_the_run_and_learns_from_runs(data_dir):
-    from app import settings, sources
+    from app import settings
+    from app.sources import live as sources
     from kernels.masks import parse_mask
 
     at = live(data_dir, page="block_skip", mask="causal")

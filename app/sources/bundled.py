@@ -1,11 +1,13 @@
-"""Bundled recordings: find the traces and sweeps under data/ without loading their tables.
+"""Bundled recordings: find the traces and sweeps under data/ without loading their tables,
+pick the one nearest some settings, and load a trace through the app's cache.
 
 Layout (written by `python -m instrumentation.record_cli --out data/traces/NAME` and the sweep
 scripts):  data/traces/<name>/manifest.json (+ parquet files), data/sweeps/*.json,
 data/MANIFEST.json (optional index; may name a default trace).
 
-No Streamlit here: the app wraps these in its caches (app/state.py), tests call them directly.
-Set TILESCOPE_DATA to point the app at another data directory (tests do).
+The discovery functions take a root and need no Streamlit session (tests call them directly);
+`recordings()`, `recording_named()` and `load_recording()` at the bottom are the app's cached
+accessors. Set TILESCOPE_DATA to point the app at another data directory (tests do).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from instrumentation import files
+import streamlit as st
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from instrumentation import Trace, files
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def data_dir() -> Path:
@@ -164,3 +168,33 @@ def default_recording(recordings: list[Recording], defaults: dict, root: Path | 
         if named and r.name == named:
             return r
     return nearest(gpu, defaults)
+
+
+# -- the app's cached accessors (discovery cached on the directory's mtime) --------------------
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _discover(root: str, stamp: float) -> list[Recording]:
+    return discover_traces(Path(root))
+
+
+def recordings() -> list[Recording]:
+    root = data_dir()
+    traces = root / "traces"
+    stamp = traces.stat().st_mtime if traces.is_dir() else 0.0
+    return _discover(str(root), stamp)
+
+
+def recording_named(name: str) -> Recording | None:
+    return next((r for r in recordings() if r.name == name), None)
+
+
+@st.cache_resource(show_spinner="Loading the recording…", max_entries=16)
+def _load_trace(path: str, mtime: float) -> Trace:
+    trace = Trace.load(path)
+    trace.meta["source"] = "recorded"   # it was live when recorded; here it is a recording
+    return trace
+
+
+def load_recording(rec: Recording) -> Trace:
+    """The recording's trace (cached on path + manifest mtime). Raises TraceFormatError."""
+    return _load_trace(rec.path, rec.mtime)
