@@ -3,6 +3,13 @@
 No Streamlit here, so every figure is testable and exportable headless (app.export). The
 analysis behind the figures (softmax steps, block-map statistics, traffic crossovers and slopes)
 lives in instrumentation/; the names are re-exported here for convenience.
+
+    schedule.py, schedule_animation.py   SM lanes, tile grid, imbalance, comparisons; the animation
+    schedule_common.py                   what those two share (colours, captions, the lane raster)
+    blockmap.py, softmax.py, memory.py   block-skip maps, the online softmax, memory and traffic
+    ring.py, decode.py, kv_sharing.py    across devices, prefill vs decode, K/V sharing
+    _common.py, _slide.py                colours, axes and templates; the slide look
+    registry.py                          every chart by name, the list `python -m app.export` walks
 """
 
 from ._common import SLIDE_TEMPLATE, TEMPLATE, title_text  # noqa: F401  (registers the templates)

@@ -26,7 +26,8 @@ IMPL_COLORS = {"naive": PARTIAL, "flash": FULL}
 hbm_calculator_numbers = calculator_numbers        # the name the app has always used
 
 __all__ = ["memory_figure", "time_figure", "traffic_figure", "hbm_calculator_figure", "hbm_calculator_numbers",
-           "traffic_model", "crossover", "loglog_slope", "sweep_provenance", "tile_count_point"]
+           "model_curves_figure", "traffic_model", "crossover", "loglog_slope", "sweep_provenance",
+           "tile_count_point"]
 
 
 def sweep_provenance(meta: dict | None) -> str:
@@ -259,3 +260,36 @@ def hbm_calculator_figure(T: int, h: int, d: int, block_q: int, block_k: int, by
                       template=TEMPLATE, showlegend=False, height=560)
     return caption(fig, "Analytic model (the HBM calculator's formulas via instrumentation.hbm), not a "
                         "measurement. block_k moves no bytes; block_q only changes the tiled bar.")
+
+
+def model_curves_figure(h: int, d: int, bytes_per_el: int, block_q: int, ns=None) -> go.Figure:
+    """The analytic HBM models over N, for the memory page when no sweep is bundled (traffic_figure
+    needs sweep records); titled and captioned as a model, not a measurement.
+
+    Arguments:
+        h, d: heads and head dim; bytes_per_el: bytes per element; block_q: the query block of
+        the tiled flash model; ns: the sequence lengths (default 256 .. 131072, powers of two).
+    Returns:
+        The figure: naive, tiled flash and ideal flash HBM bytes per layer over N (log axes).
+    """
+    ns = ns or [2 ** k for k in range(8, 18)]
+    fig = go.Figure()
+    ys = []
+    for fn, name, dash, color in ((lambda n: hbm.naive_hbm_bytes(n, h, d, bytes_per_el), "naive", "solid", PARTIAL),
+                                  (lambda n: hbm.flash_hbm_bytes_tiled(n, h, d, block_q, bytes_per_el),
+                                   f"flash, tiled (block_q={block_q})", "dash", FULL),
+                                  (lambda n: hbm.flash_hbm_bytes(n, h, d, bytes_per_el), "flash, ideal", "dot", FULL)):
+        y = [fn(n) for n in ns]
+        ys += y
+        fig.add_trace(go.Scatter(x=ns, y=y, mode="lines+markers", name=name, line=dict(dash=dash, color=color),
+                                 text=[fmt_bytes(v) for v in y], hovertemplate="N=%{x:,}: %{text}<extra></extra>"))
+    n, naive, ideal = ns[-1], hbm.naive_hbm_bytes(ns[-1], h, d, bytes_per_el), hbm.flash_hbm_bytes(ns[-1], h, d, bytes_per_el)
+    fig.update_layout(title=title("HBM traffic over N (ANALYTIC MODEL, not a measurement)",
+                                  f"h={h}, d={d}, {bytes_per_el} B per element, batch 1<br>at N = {n:,}: naive "
+                                  f"{fmt_bytes(naive)} vs ideal flash {fmt_bytes(ideal)} = {naive / ideal:,.0f}× less"),
+                      template=TEMPLATE)
+    count_axis(fig, ns, "x", title_text="sequence length N (tokens, log)")
+    byte_axis(fig, ys, "y", title_text="HBM bytes per layer")
+    return caption(fig, "Model: instrumentation.hbm (the byte formulas of the vLLM lesson, the MathemaTricks post and "
+                        "the Tiling Strategy explainer); no caches modelled; "
+                        "no sweep is bundled, so there is nothing measured to show")

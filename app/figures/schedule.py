@@ -16,45 +16,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
-from instrumentation.schedule_analysis import animation_times, lane_raster, stragglers
+from instrumentation.schedule_analysis import animation_times, stragglers
 from instrumentation.schedule_model import schedule_stats, tile_timeline, timeline
 
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption,
                       discrete_colorscale, time_axis, title)
+from .schedule_common import (COLOR_BY, CURSOR, IN_FLIGHT, LANE_BINS, clock_kind, clock_unit,  # noqa: F401
+                              lane_traces, problem_text, provenance_text, timeline_for, traced_head)
 
-IN_FLIGHT = "#111111"      # "computing now": near-black, unlike any other state (not red)
-CURSOR = "#e4572e"         # the time cursor on the lanes
 HIGHLIGHT = "#d62728"      # straggler outlines on the lanes
 # tile states drawn by the grid (codes are the heatmap's z values)
 TILE_STATES = ["skipped", "pending (partial)", "pending (full)", "computing now",
                "done (partial)", "done (full)", "visited but predicted skipped"]
 TILE_COLORS = [SKIPPED_GREY, "#fde0c5", "#c6dbef", IN_FLIGHT, PARTIAL, FULL, MISMATCH]
 MAX_HOVER_CELLS = 40_000        # per-cell hover text beyond this makes the page heavy
-COLOR_BY = {"tiles_visited": "K/V tiles visited", "q_block": "query block"}
-LANE_BINS = 900                 # time bins of the lane raster (about one per screen pixel)
 MAX_POINTS = 2000               # per-item markers up to this many work items (SVG: no WebGL)
-
-
-def _timeline(trace, tl, sms=None, gpu=None) -> pd.DataFrame:
-    return timeline(trace, sms=sms, gpu=gpu) if tl is None else tl
-
-
-def _kind(tl) -> str:
-    return "modelled" if tl.attrs.get("modelled", bool(tl["modelled"].any())) else "measured"
-
-
-def _unit(tl) -> str:
-    return "tile-units" if _kind(tl) == "modelled" else "µs"
-
-
-def _problem(trace) -> str:
-    m = trace.meta
-    s = m["shape"]
-    return (f"B={s['B']} H={s['H']} N={s['N']} D={s['D']} {m.get('dtype')}, mask {m.get('mask')}, "
-            f"blocks {m.get('block_m')}×{m.get('block_n')}, schedule {m.get('schedule')}")
 
 
 def _heads(trace) -> int | None:
@@ -68,55 +46,6 @@ def stats_line(st: dict) -> str:
     return (f"makespan {st['makespan'] / scale:.4g} {unit}, tail {st['tail'] / scale:.4g} {unit} "
             f"({st['tail'] / st['makespan']:.1%}), {st['over_ideal']:.1%} over ideal, "
             f"imbalance {st['imbalance']:.3f}; {st['waves']:.2f} waves on {st['sms']} SMs")
-
-
-def _provenance(trace, tl) -> str:
-    text = trace.provenance()
-    if _kind(tl) == "modelled":
-        text += (f". Modelled on {tl.attrs.get('sms')} SMs: list scheduling in the kernel's real "
-                 "start order, cost = tiles + 0.5 per item (instrumentation.schedule_model)")
-    return text
-
-
-# -- the lanes as one raster -------------------------------------------------------------------------
-
-def _lane_colorscale() -> list:
-    """Code 0 (idle) transparent, codes 1..255 Viridis (zmin 0, zmax 255)."""
-    edge = 0.5 / 255
-    stops = np.linspace(edge, 1.0, 12)
-    colors = sample_colorscale("Viridis", list(np.linspace(0, 1, len(stops))))
-    return [[0.0, "rgba(0,0,0,0)"], [edge, "rgba(0,0,0,0)"]] + [[float(p), c] for p, c in zip(stops, colors)]
-
-
-def lane_traces(tl: pd.DataFrame, color_by: str, scale: float, bins: int = LANE_BINS,
-                vmin=None, vmax=None, t_range=None, showscale=True, hover=True,
-                colorbar_y=None) -> list:
-    """[lane heatmap, colour-bar carrier]: all work items in two traces, however many.
-
-    Hover comes from the heatmap itself: SM and time with its unit, and (hover=True) the exact
-    colour value per bin (customdata). No per-item markers: thousands of SVG or WebGL points
-    cost seconds to draw in a browser without a GPU."""
-    if color_by not in COLOR_BY:
-        raise ValueError(f"color_by must be one of {list(COLOR_BY)}, got {color_by!r}")
-    r = lane_raster(tl, color_by, bins=bins, t_range=t_range, vmin=vmin, vmax=vmax)
-    unit = "tile-units" if scale == 1.0 else "µs"
-    show_value = hover and r["value"] is not None
-    heat = go.Heatmap(z=r["z"], x0=(r["t0"] + r["dt"] / 2) / scale, dx=r["dt"] / scale, y0=0, dy=1,
-                      zmin=0, zmax=255, zauto=False, colorscale=_lane_colorscale(), showscale=False,
-                      name="work items", customdata=r["value"] if show_value else None,
-                      hovertemplate=(f"SM %{{y}}, t ≈ %{{x:.4g}} {unit}"
-                                     + (f"<br>{COLOR_BY[color_by]}: %{{customdata}}" if show_value else "")
-                                     + "<extra></extra>"))
-    colorbar = dict(title=COLOR_BY[color_by], len=0.5 if colorbar_y is not None else 0.9)
-    if colorbar_y is not None:
-        colorbar["y"] = colorbar_y
-    # codes 1..255 spread linearly over [vmin, vmax], so an empty marker trace with the same
-    # scale over the values draws a colour bar in value units
-    hi = r["vmax"] if r["vmax"] > r["vmin"] else r["vmin"] + 1
-    bar = go.Scatter(x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
-                     marker=dict(color=[r["vmin"], hi], cmin=r["vmin"], cmax=hi,
-                                 colorscale="Viridis", showscale=showscale, colorbar=colorbar))
-    return [heat, bar]
 
 
 def straggler_traces(tl: pd.DataFrame, scale: float, k: int = 5, heads=None, legend=True) -> list:
@@ -193,7 +122,7 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
 
     t: optional "now" cursor; t_range: draw only this window (timeline clock) at full detail.
     """
-    tl = _timeline(trace, tl, sms, gpu)
+    tl = timeline_for(trace, tl, sms, gpu)
     scale, xlabel = time_axis(tl)
     st = schedule_stats(tl)
     fig = go.Figure(lane_traces(tl, color_by, scale, bins=bins, t_range=t_range, colorbar_y=0.75))
@@ -205,7 +134,7 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
     _tail_marks(fig, st, tl, scale)
     if t is not None:
         fig.add_vline(x=t / scale, line=dict(color=CURSOR, width=2))
-    kind = _kind(tl)
+    kind = clock_kind(tl)
     fig.update_layout(
         title=title(f"Work items on SMs ({kind} timeline)", stats_line(st)),
         xaxis_title=xlabel, yaxis_title="SM id" + (" (modelled GPU)" if kind == "modelled" else ""),
@@ -217,23 +146,10 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
     fig.update_yaxes(range=[n_sms - 0.5, -0.5], autorange=False)     # lane 0 on top, no padding
     if t_range is not None:
         fig.update_xaxes(range=[t_range[0] / scale, t_range[1] / scale])
-    return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
+    return caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}")
 
 
 # -- tile grid -----------------------------------------------------------------------------------
-
-def _traced_head(trace, bh):
-    from instrumentation.schedule_analysis import traced_heads
-
-    heads = traced_heads(trace)
-    if not heads:
-        raise ValueError("this trace has no tile detail (recorded with level='work'); "
-                         "record with level='full' to see the tile grid")
-    bh = heads[0] if bh is None else int(bh)
-    if bh not in heads:
-        raise ValueError(f"head bh={bh} was not traced; traced heads: {heads}")
-    return bh
-
 
 def tile_states(tiles: pd.DataFrame, t: float | None, n_qb: int, n_kb: int) -> np.ndarray:
     """(n_qb, n_kb) codes into TILE_STATES at time t (None: after the kernel finished)."""
@@ -288,15 +204,15 @@ def tile_grid_figure(trace, t: float | None = None, tl: pd.DataFrame | None = No
                      bh: int | None = None) -> go.Figure:
     """The traced head's (q_block × k_block) grid: full/partial/skipped from the mask, and which
     tiles the kernel has computed by time t (None: the finished kernel)."""
-    tl = _timeline(trace, tl)
-    bh = _traced_head(trace, bh)
+    tl = timeline_for(trace, tl)
+    bh = traced_head(trace, bh)
     tiles = tile_timeline(trace, tl)
     tiles = tiles[tiles["bh"] == bh]
     n_qb, n_kb = int(trace.meta["n_q_blocks"]), int(trace.meta["n_k_blocks"])
     grid = tile_states(tiles, t, n_qb, n_kb)
     fig = go.Figure(_grid_heatmap(grid, _grid_hover(tiles, n_qb, n_kb)))
     scale, _ = time_axis(tl)
-    when = "after the kernel finished" if t is None else f"at t = {t / scale:.4g} {_unit(tl)} ({_kind(tl)})"
+    when = "after the kernel finished" if t is None else f"at t = {t / scale:.4g} {clock_unit(tl)} ({clock_kind(tl)})"
     done = int((grid >= 4).sum())
     fig.update_layout(title=title(f"Tile grid of head bh={bh}, {when}",
                                   f"{done} of {int(tiles['visited'].sum())} visited tiles computed; "
@@ -304,7 +220,7 @@ def tile_grid_figure(trace, t: float | None = None, tl: pd.DataFrame | None = No
                       template=TEMPLATE)
     grid_axes(fig, trace)
     fig.update_yaxes(scaleanchor="x")
-    fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
+    fig = caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}")
     m = fig.layout.margin
     return fig.update_layout(height=(m.t if m.t is not None else 100) + (m.b or 80) + 440)
 
@@ -335,10 +251,10 @@ def imbalance_figure(trace, tl: pd.DataFrame | None = None) -> go.Figure:
     """Duration vs K/V tiles visited per work item: with a causal mask, late query blocks visit
     more tiles and run longer, which is what leaves the tail. Up to MAX_POINTS items one point
     each; more as a band (min-max), the median and the longest items per tile count."""
-    tl = _timeline(trace, tl)
+    tl = timeline_for(trace, tl)
     scale, _ = time_axis(tl)
-    modelled = _kind(tl) == "modelled"
-    unit = _unit(tl)
+    modelled = clock_kind(tl) == "modelled"
+    unit = clock_unit(tl)
     x = tl["tiles_visited"].to_numpy().astype(np.float32)
     y = ((tl["t_end"] - tl["t_start"]).to_numpy() / scale).astype(np.float32)
     if len(tl) <= MAX_POINTS:
@@ -362,11 +278,11 @@ def imbalance_figure(trace, tl: pd.DataFrame | None = None) -> go.Figure:
             sub += " (modelled: linear by construction; record on a GPU for measured durations)"
     if len(tl) > MAX_POINTS:
         sub += f"; {len(tl)} work items drawn per tile count"
-    fig.update_layout(title=title(f"Causal imbalance: duration vs tiles visited ({_kind(tl)})", sub),
+    fig.update_layout(title=title(f"Causal imbalance: duration vs tiles visited ({clock_kind(tl)})", sub),
                       xaxis_title="K/V tiles visited by the work item",
                       yaxis_title=f"work-item duration ({unit})", template=TEMPLATE,
                       legend=dict(x=0.01, y=0.99, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.8)"))
-    return caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}")
+    return caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}")
 
 
 def _same_problem(traces) -> None:
@@ -385,7 +301,7 @@ def _comparison_timelines(traces, sms, gpu, tls=None):
         raise ValueError(f"compare two or three schedules, got {len(traces)}")
     _same_problem(traces)
     tls = list(tls) if tls is not None else [timeline(tr, sms=sms, gpu=gpu) for tr in traces]
-    if len({_kind(tl) for tl in tls}) > 1:
+    if len({clock_kind(tl) for tl in tls}) > 1:
         raise ValueError("one trace has hardware timing and another does not; a measured and a "
                          "modelled timeline cannot share a time axis")
     return tls
@@ -427,14 +343,14 @@ def schedule_comparison_figure(*traces, sms: int | None = None, gpu: str | None 
     best = int(np.argmin([s["makespan"] for s in stats]))
     worst = int(np.argmax([s["makespan"] for s in stats]))
     ratio = stats[worst]["makespan"] / stats[best]["makespan"] if stats[best]["makespan"] else float("nan")
-    fig.update_layout(title=title(" vs ".join(names) + f" ({_kind(tls[0])} timelines)",
+    fig.update_layout(title=title(" vs ".join(names) + f" ({clock_kind(tls[0])} timelines)",
                                   f"shortest: {names[best]}; {names[worst]} takes {ratio:.3f}× as long. "
                                   "Shaded: the tail (some SMs idle for good); red: the longest "
                                   "work items and the SMs that finish last"),
                       showlegend=False, template=TEMPLATE, height=170 + 300 * n)
     for ann in fig.layout.annotations:      # subplot titles: one line each, smaller than the title
         ann.font.size = 13
-    return caption(fig, f"{_problem(traces[0]).rsplit(', schedule', 1)[0]}. {_provenance(traces[0], tls[0])}")
+    return caption(fig, f"{problem_text(traces[0]).rsplit(', schedule', 1)[0]}. {provenance_text(traces[0], tls[0])}")
 
 
 def schedule_comparison_stats(*traces, sms=None, gpu=None, tls=None) -> pd.DataFrame:
@@ -445,9 +361,6 @@ def schedule_comparison_stats(*traces, sms=None, gpu=None, tls=None) -> pd.DataF
     return metrics_table({schedule_name(tr): schedule_stats(tl) for tr, tl in zip(traces, tls)})
 
 
-# the whole-GPU animation lives in its own module; exported here for app.figures' import table
-from .schedule_animation import tile_animation_figure  # noqa: E402,F401
-
-__all__ = ["sm_lanes_figure", "tile_grid_figure", "tile_animation_figure", "imbalance_figure",
+__all__ = ["sm_lanes_figure", "tile_grid_figure", "imbalance_figure",
            "schedule_comparison_figure", "schedule_comparison_stats", "tile_states", "animation_times",
            "lane_traces", "straggler_traces", "straggler_labels", "stats_line"]

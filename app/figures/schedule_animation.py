@@ -21,8 +21,9 @@ from instrumentation.schedule_model import schedule_stats, tile_timeline
 
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, time_axis, title,
                       whole_ticks)
-from .schedule import (CURSOR, IN_FLIGHT, TEMPLATE, _kind, _problem, _provenance, _timeline,
-                       _traced_head, _unit, lane_traces)
+from ._common import TEMPLATE
+from .schedule_common import (CURSOR, IN_FLIGHT, clock_kind, clock_unit, lane_traces, problem_text,
+                              provenance_text, timeline_for, traced_head)
 
 CLEAR = "rgba(0,0,0,0)"
 PENDING_PARTIAL, PENDING_FULL = "#fde0c5", "#c6dbef"
@@ -30,7 +31,7 @@ WORK_PENDING = PENDING_FULL     # one "pending" colour for items and full tiles:
 WORK_RUNNING = IN_FLIGHT
 WORK_DONE = FULL
 DEFAULT_FRAMES = 48
-LANE_BINS = 600             # the lanes panel is narrower than the lanes chart
+PANEL_LANE_BINS = 600       # the lanes panel is narrower than the lanes chart (LANE_BINS)
 # legend: (name, colour) of every state drawn
 STATES = [("pending (work item, full tile)", PENDING_FULL),
           ("pending (partial tile)", PENDING_PARTIAL), ("running / computing now", IN_FLIGHT),
@@ -126,12 +127,12 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     they do not run at mid-run: never an empty grid). controls=False: a
     still of that frame (no frames, no player).
     """
-    tl = _timeline(trace, tl)
+    tl = timeline_for(trace, tl)
     default, why = default_traced_head(trace, tl)
-    bh = default if bh is None else _traced_head(trace, bh)
+    bh = default if bh is None else traced_head(trace, bh)
     why = why if bh == default else "picked"
     scale, xlabel = time_axis(tl)
-    unit = _unit(tl)
+    unit = clock_unit(tl)
     times = animation_times(tl, max_frames)
     k0 = opening_frame(tl, bh, times) if frame is None else int(frame)
     if not 0 <= k0 < len(times):
@@ -152,7 +153,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
                         subplot_titles=[f"SM lanes over {xlabel}; cursor = now",
                                         f"work items ({n_bh} bh × {n_qb} q blocks)",
                                         f"tiles of head bh={bh}"])
-    lanes = lane_traces(tl, color_by, scale, bins=LANE_BINS, hover=False, showscale=True, colorbar_y=0.8)
+    lanes = lane_traces(tl, color_by, scale, bins=PANEL_LANE_BINS, hover=False, showscale=True, colorbar_y=0.8)
     for tr in lanes:
         fig.add_trace(tr, row=1, col=1)
     x_now = times[k0] / scale
@@ -188,7 +189,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
                                              line=dict(color="#999", width=1))), row=1, col=1)
 
     step = float(times[1] - times[0]) / scale if len(times) > 1 else 1.0
-    heading = f"The whole GPU over time ({_kind(tl)} timeline)"
+    heading = f"The whole GPU over time ({clock_kind(tl)} timeline)"
     fig.update_layout(title=_frame_title(heading, times[k0] - t0, scale, unit, work, tiles, k0, bh),
                       template=TEMPLATE, height=1000 if controls else 900, showlegend=True,
                       meta={"slide_colorbar_top": True,     # the lanes' colour bar beside the lanes
@@ -207,7 +208,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     fig.update_xaxes(title_text=f"K block ({bm}×{bn} tiles)", constrain="domain", row=2, col=2)
     fig.update_yaxes(title_text="Q block", autorange="reversed", constrain="domain",
                      scaleanchor="x3", row=2, col=2)
-    fig = caption(fig, f"{_problem(trace)}. {_provenance(trace, tl)}. {st['waves']:.2f} waves; "
+    fig = caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}. {st['waves']:.2f} waves; "
                        f"frames every {(times[1] - times[0]) / scale:.3g} {unit}. Tile grid: head bh={bh} ({why}; its "
                        f"items run {_head_span(tl, bh, scale, unit)})")
     if not controls:

@@ -1,5 +1,5 @@
 """What every view shares: the provenance banner, charts with export buttons (through
-app/export.py), trace downloads, and turning a failed source into a visible message (never a
+app.export), trace downloads, and turning a failed source into a visible message (never a
 traceback).
 """
 
@@ -98,7 +98,7 @@ def presentation(fig: go.Figure) -> go.Figure:
 
 
 def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
-    """PNG / SVG / PDF (kaleido) or standalone HTML of a figure, as app/export.py writes them."""
+    """PNG / SVG / PDF (kaleido) or standalone HTML of a figure, as app.export writes them."""
     return export.figure_bytes(fig, fmt)
 
 
@@ -189,6 +189,6 @@ def timeline_for(key: str, sms: int | None, _trace):
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def animation_for(key: str, sms: int | None, max_frames: int, _trace, _tl):
-    from app.figures.schedule import tile_animation_figure
+    from app.figures.schedule_animation import tile_animation_figure
 
     return tile_animation_figure(_trace, _tl, max_frames=max_frames)

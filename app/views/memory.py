@@ -12,9 +12,8 @@ from app.about import cite
 from app.text import plain
 from app.views import common
 from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, memory_figure,
-                                time_figure, tile_count_point, traffic_figure)
+                                model_curves_figure, time_figure, tile_count_point, traffic_figure)
 from app.figures._common import fmt_bytes
-from app.views.memory_figures import model_curves_figure
 from instrumentation import hbm
 from instrumentation.sweep import load_sweep
 

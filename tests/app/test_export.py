@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from app import export as E
-from app.charts import SWEEP_CHARTS, TRACE_CHARTS, ChartInputs
+from app.export import cli as export_cli
+from app.figures.registry import SWEEP_CHARTS, TRACE_CHARTS, ChartInputs
 from app.figures import blockmap_figure_for_trace, is_slide, presentation, sm_lanes_figure, tile_animation_figure
 from instrumentation import make_inputs, record
 from instrumentation.schedule_model import timeline
@@ -108,7 +109,7 @@ def test_gif_keeps_small_flat_colours_exact(tmp_path):
     quantised from the pixels alone, 'pending (partial tile)' (#fde0c5) came out as the grey of
     'skipped by the mask'."""
     import imageio.v3 as iio
-    from app.exports.gif import write_gif
+    from app.export.gif import write_gif
 
     from plotly.colors import hex_to_rgb, sample_colorscale
     from app.figures.schedule_animation import STATES
@@ -139,7 +140,7 @@ def test_figure_colours_name_every_state_of_the_animation(trace_dir):
     """The GIF palette keeps the colours a figure names: for the animation, every state colour
     of its legend (hex in the figure, rgb() from plotly's colour scales alike)."""
     from plotly.colors import hex_to_rgb
-    from app.exports.gif import figure_colours
+    from app.export.gif import figure_colours
     from app.figures.schedule_animation import STATES
 
     tr, _ = trace_dir
@@ -190,8 +191,8 @@ def test_gallery_walks_every_view(trace_dir, tmp_path, monkeypatch):
 
     tr, path = trace_dir
     seen = []
-    monkeypatch.setattr(E, "export_figure", lambda fig, p, fmt: seen.append((Path(p), is_slide(fig))) or Path(p))
-    monkeypatch.setattr(E, "_kaleido", __import__("contextlib").nullcontext)
+    monkeypatch.setattr(export_cli, "export_figure", lambda fig, p, fmt: seen.append((Path(p), is_slide(fig))) or Path(p))
+    monkeypatch.setattr(export_cli, "_kaleido", __import__("contextlib").nullcontext)
     inputs = ChartInputs(trace=tr, sweep=load_sweep(SWEEP) if SWEEP.exists() else None, compare=tr)
     E.gallery(tmp_path / "g", inputs)
     names = {p.stem for p, _ in seen}

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from app import export as E
-from app.charts import DECODE_CHARTS, ChartInputs, build, charts_for
+from app.export import cli as export_cli
+from app.figures.registry import DECODE_CHARTS, ChartInputs, build, charts_for
 from app.figures import is_slide, presentation
 from instrumentation import make_decode_inputs, make_inputs, record, record_decode
 
@@ -90,8 +91,8 @@ def test_decode_pair_in_either_order_and_merge_options(decode_dir):
 
 def test_gallery_writes_every_decode_view_in_both_looks(decode_dir, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(E, "export_figure", lambda fig, p, fmt: seen.append((Path(p), fig)) or Path(p))
-    monkeypatch.setattr(E, "_kaleido", contextlib.nullcontext)
+    monkeypatch.setattr(export_cli, "export_figure", lambda fig, p, fmt: seen.append((Path(p), fig)) or Path(p))
+    monkeypatch.setattr(export_cli, "_kaleido", contextlib.nullcontext)
     # the command line finds the other split count beside the trace (no --compare)
     assert E.main(["--trace", str(decode_dir[3][1]), "--gallery", str(tmp_path / "g")]) == 0
     assert {(p.parent.name, p.stem) for p, _ in seen} == {(look, n) for look in ("normal", "slide") for n in DECODE_CHARTS}

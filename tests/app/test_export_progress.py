@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app import export as E
-from app.exports import animations
+from app.export import animations
 from app.figures import tile_animation_figure
 from instrumentation import make_inputs, record
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from app import export as E
-from app.charts import ChartInputs
+from app.export import cli as export_cli
+from app.figures.registry import ChartInputs
 from app.figures import presentation
 from app.figures._slide import TICK_SIZE
 from app.figures.memory import hbm_calculator_figure, time_figure
@@ -30,7 +31,7 @@ def trace():
 
 
 def _softmax(name, tr):
-    from app.charts import build
+    from app.figures.registry import build
     return build(name, ChartInputs(trace=tr, q_row=250))
 
 
@@ -52,8 +53,8 @@ def test_gallery_formats_write_png_svg_pdf_and_the_strip_slide_is_16_9(trace, tm
 
 def test_gallery_formats_on_the_command_line(monkeypatch, tmp_path, capsys):
     seen = {}
-    monkeypatch.setattr(E, "_inputs", lambda args: None)
-    monkeypatch.setattr(E, "gallery", lambda d, inputs, formats: seen.setdefault("formats", formats) and [])
+    monkeypatch.setattr(export_cli, "_inputs", lambda args: None)
+    monkeypatch.setattr(export_cli, "gallery", lambda d, inputs, formats: seen.setdefault("formats", formats) and [])
     assert E.main(["--trace", "x", "--gallery", str(tmp_path), "--formats", "png, SVG,pdf"]) == 0
     assert seen["formats"] == ["png", "svg", "pdf"]
     seen.clear()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.charts import ChartInputs, build
+from app.figures.registry import ChartInputs, build
 from app.figures import presentation
 from instrumentation import make_inputs, record
 
@@ -148,7 +148,7 @@ def test_animation_opens_where_the_picked_head_runs():
     """Picking a head that starts late (or finishes early) opens the player, and a still export,
     on a frame inside that head's work items, not on an all-pending (or all-done) tile grid; the
     default head still opens mid-run."""
-    from app.exports.images import static_frame
+    from app.export.images import static_frame
     from app.figures.schedule_animation import tile_animation_figure
     from instrumentation.schedule_analysis import animation_times, default_traced_head, traced_heads
     from instrumentation.schedule_model import timeline

@@ -59,7 +59,7 @@ def test_scaling_table_is_two_narrow_tables(page):
 
 def test_model_curves_write_the_ratio_and_say_model():
     from app.figures._common import title_text
-    from app.views.memory_figures import model_curves_figure
+    from app.figures.memory import model_curves_figure
 
     fig = model_curves_figure(8, 64, 2, 64, ns=[256, 1024, 4096])
     ratio = hbm.naive_hbm_bytes(4096, 8, 64) / hbm.flash_hbm_bytes(4096, 8, 64)

@@ -1,24 +1,5 @@
-"""Exports: figures as PNG/SVG/PDF/HTML, animations as GIF/MP4, schedules as Chrome-trace JSON
-(Perfetto, chrome://tracing), trace tables as parquet/CSV; and the same from the shell:
-
-    python -m app.export --trace data/traces/NAME --chart schedule --format png --out fig.png
-    python -m app.export --trace T --chart animation --format gif --size 1920x1080 --out tiles.gif
-    python -m app.export --trace T --chart animation --format png --frame 12 --out frame12.png
-    python -m app.export --trace T --chart schedule --format json --out schedule.json
-    python -m app.export --trace T --format csv --out tables/        (work/tiles/rows tables)
-    python -m app.export --trace T --chart softmax --head 37 --q-row 100 --step 3 --format pdf --out row.pdf
-    python -m app.export --trace data/decode/decode_b1_ctx32k_splits-auto --chart decode-lanes --format png --out lanes.png
-    python -m app.export --sweep data/sweeps/nvidia-h200.json --chart memory --format svg --out m.svg
-    python -m app.export --trace T --sweep S --gallery out/          (every view, both looks)
-    python -m app.export --trace T --gallery out/ --formats png,svg,pdf  (vector files too)
-
-`--presentation` draws in the slide look (template "tilescope_slide", 16:9); its PNGs are at
-least 1920 x 1080 (a strip: 1920 wide), other PNGs are drawn at scale 2. A static export (PNG/SVG/PDF) of an animated
-chart shows one frame (default: the middle of the run) without play buttons or slider.
-The jobs live in app/exports/ (images, animations, data); this module is the command line,
-the gallery, and the one import path for all of them. Images come from kaleido, which drives
-the system Chromium (/usr/bin/chromium) on its own.
-"""
+"""`python -m app.export`: the export command line and its gallery (every chart of a trace or
+sweep in both looks). The usage is in app/export/__init__.py."""
 
 from __future__ import annotations
 
@@ -27,12 +8,11 @@ import contextlib
 import sys
 from pathlib import Path
 
-from app.exports.animations import ANIMATION_FORMATS, MAX_ANIMATION_FRAMES, export_animation, parse_size  # noqa: F401
-from app.exports.common import ExportError, write_atomic
-from app.exports.common import kaleido_server as _kaleido
-from app.exports.data import TABLE_FORMATS, chrome_trace, chrome_trace_bytes, trace_tables, write_chrome_trace  # noqa: F401
-from app.exports.images import (DEFAULT_SIZE, FIGURE_FORMATS, IMAGE_FORMATS, PNG_SCALE, SLIDE_PIXELS,  # noqa: F401
-                                export_figure, figure_bytes, png_scale, static_frame)
+from app.export.animations import ANIMATION_FORMATS, MAX_ANIMATION_FRAMES, export_animation
+from app.export.common import ExportError, write_atomic
+from app.export.common import kaleido_server as _kaleido
+from app.export.data import TABLE_FORMATS, trace_tables, write_chrome_trace
+from app.export.images import FIGURE_FORMATS, IMAGE_FORMATS, export_figure
 
 # -- gallery ---------------------------------------------------------------------------------------
 
@@ -45,7 +25,7 @@ def gallery(directory, inputs, charts=None, formats=("png",)) -> list[Path]:
     bad = [f for f in formats if f not in IMAGE_FORMATS]
     if bad or not formats:
         raise ExportError(f"gallery formats must be among {', '.join(IMAGE_FORMATS)}, got {', '.join(bad) or 'none'}")
-    from app.charts import build, charts_for
+    from app.figures.registry import build, charts_for
     from app.figures import presentation
 
     directory = Path(directory)
@@ -69,7 +49,7 @@ def gallery(directory, inputs, charts=None, formats=("png",)) -> list[Path]:
 # -- command line ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.charts import CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
+    from app.figures.registry import CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
 
     p = argparse.ArgumentParser(prog="python -m app.export",
                                 description="Export Tilescope charts, animations, Chrome traces and tables.")
@@ -107,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _inputs(args):
     import instrumentation.decode  # noqa: F401  (declares the decode tables, so decode recordings load)
     import instrumentation.ring  # noqa: F401  (declares the ring tables, so ring recordings load)
-    from app.charts import ChartInputs
+    from app.figures.registry import ChartInputs
     from instrumentation.sweep import load_sweep
     from instrumentation.trace import Trace
 
@@ -122,7 +102,7 @@ def _inputs(args):
     compare = Trace.load(args.compare) if args.compare else None
     if compare is None and trace is not None and (args.gallery or trace.meta.get("kind") == "decode"):
         # the schedule comparison and the decode pair take the bundled sibling of the same problem
-        from app.charts import sibling_schedule
+        from app.figures.registry import sibling_schedule
         other = sibling_schedule(args.trace)
         compare = Trace.load(other) if other else None
     return ChartInputs(trace=trace, sweep=sweep, compare=compare, q_row=args.q_row, step=args.step,
@@ -130,7 +110,7 @@ def _inputs(args):
 
 
 def run(args) -> Path | list[Path]:
-    from app.charts import build, trace_charts
+    from app.figures.registry import build, trace_charts
     from app.figures import presentation
 
     inputs = _inputs(args)
@@ -198,6 +178,3 @@ def main(argv=None) -> int:
         print(p)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
