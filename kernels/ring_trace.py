@@ -19,11 +19,11 @@ def emit_steps(trace, records, times, cuda) -> None:
                    send_start=start, send_end=send_end, recv_start=start, recv_end=recv_end))
 
 
-def row_stats(q, k_call, call, chunk, kv_chunks, lse_call, rows, sm_scale) -> list[dict]:
+def row_stats(q, k_call, call, chunk, kv_chunks, rows, sm_scale) -> list[dict]:
     """For traced local rows inside this call (batch 0, head 0): the row's partial softmax state
     (m, l) over each K/V chunk of the call, in float64 beside the kernel (one row against the
-    chunk), and the kernel's lse for the whole call, which the merged states must reproduce (in
-    float64 from the row's scores where the call merged into the accumulator: lse_call None)."""
+    chunk), and the call's lse from the same scores, which the merged states must reproduce (the
+    kernel merged its own straight into the ring's accumulator)."""
     from .shapes import softmax_scale
 
     out = []
@@ -36,7 +36,7 @@ def row_stats(q, k_call, call, chunk, kv_chunks, lse_call, rows, sm_scale) -> li
         s = (q[0, 0, row].double() @ k_call.double().T) * scale                   # (N_k,)
         if call.causal:
             s[i + nk - nq + 1:] = float("-inf")
-        call_lse = float(torch.logsumexp(s, 0)) if lse_call is None else float(lse_call[i])
+        call_lse = float(torch.logsumexp(s, 0))
         for j in range(call.k_lo // chunk, call.k_hi // chunk):
             part = s[j * chunk - call.k_lo:(j + 1) * chunk - call.k_lo]
             m = float(part.max())

@@ -44,24 +44,16 @@ def _ring_cases(rank, world, n, device_kind="cpu", dtype=torch.float32, b=1, h=2
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k, v))
     results["two_buffers"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag", kv_buffers=2),
                                          results["causal", "zigzag"][0].to(device))
-    # the older order (transfer posted before the compute; CUDA only) gives the same bits
-    with mock.patch.object(kernels.ring, "COMPUTE_BEFORE_POST", False):
-        results["post_first"] = torch.equal(ring_attention(qs, ks, vs, mask="causal", layout="zigzag"),
-                                            results["causal", "zigzag"][0].to(device))
-    # the separate merge pass and per-step copies (the ring before the fused merge)
-    with mock.patch.multiple(kernels.ring, FUSED_MERGE=False, COPY_Q_ONCE=False):
-        results["unfused"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
-    # step 0's diagonal tiles after the last step, straight into the output (DIAGONAL_LAST), or
-    # the whole causal call at step 0: which calls run, in order
+    # step 0's full tiles first, the other steps, then step 0's diagonal tiles straight into the
+    # output: which calls run, in order
     calls, attend = [], kernels.ring.attend_into
     with mock.patch.object(kernels.ring, "attend_into",
                            lambda *a, **kw: (calls.append(kw.get("tiles", "all")), attend(*a, **kw))):
         ring_attention(qs, ks, vs, mask="causal", layout="zigzag")
-        results["tiles", "diagonal_last"] = list(calls)
-        calls.clear()
-        with mock.patch.object(kernels.ring, "DIAGONAL_LAST", False):
-            results["diagonal_first"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
-        results["tiles", "diagonal_first"] = list(calls)
+    results["tiles"] = calls
+    results["planned_calls"] = sum(len(step_plan(rank_chunks(rank, world, "zigzag"),
+                                                 rank_chunks((rank - s) % world, world, "zigzag"), n // (2 * world),
+                                                 "causal")) for s in range(world))
     # GQA: every query head of the pair reads the one K/V head that travels
     qs, ks, vs = (shard(t, rank, world, "zigzag") for t in (q, k[:, :1], v[:, :1]))
     results["gqa"] = ring_attention(qs, ks, vs, mask="causal", layout="zigzag").cpu()
@@ -81,15 +73,11 @@ def test_ring_matches_float64_attention(world):
         assert torch.allclose(lse.double(), m + torch.log(l), atol=1e-4), (world, mask, layout)
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=False)
-    ref, _, _ = reference_attention(q, k, v, mask="causal")
-    assert rel_err(unshard([r["unfused"] for r in per_rank], world, "zigzag"), ref) < 1e-3
-    assert rel_err(unshard([r["diagonal_first"] for r in per_rank], world, "zigzag"), ref) < 1e-3
     for r in per_rank:   # diagonal last: step 0 its full tiles, then the other steps, then the diagonal
-        assert r["tiles", "diagonal_last"] == ["full"] + ["all"] * (len(r["tiles", "diagonal_first"]) - 1) + ["partial"]
-        assert set(r["tiles", "diagonal_first"]) == {"all"}
+        assert r["tiles"] == ["full"] + ["all"] * (r["planned_calls"] - 1) + ["partial"]
     ref, _, _ = reference_attention(q, k[:, :1], v[:, :1], mask="causal")
     assert rel_err(unshard([r["gqa"] for r in per_rank], world, "zigzag"), ref) < 1e-3
-    assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
+    assert all(r["two_buffers"] for r in per_rank)
 
 
 def _check_steps(records, rank, world, mask, layout, compute_first):
@@ -216,9 +204,8 @@ def test_ring_on_gpus_matches_one_gpu(world):
         ref = flash_attention(q, k, v, mask=mask).double().cpu()
         o = unshard([r[mask, layout][0] for r in per_rank], world, layout)
         assert rel_err(o, ref) < 2e-2, (world, mask, layout)
-        if (mask, layout) == ("causal", "zigzag"):
-            for other in ("unfused", "diagonal_first"):
-                assert rel_err(unshard([r[other] for r in per_rank], world, layout), ref) < 2e-2, other
         for rank, r in enumerate(per_rank):
             _check_steps(r[mask, layout][2], rank, world, mask, layout, compute_first=True)
-    assert all(r["two_buffers"] and r["post_first"] for r in per_rank)
+    assert all(r["two_buffers"] for r in per_rank)
+    for r in per_rank:
+        assert r["tiles"] == ["full"] + ["all"] * (r["planned_calls"] - 1) + ["partial"]

@@ -1,5 +1,5 @@
 """launch_attention(tiles="full" / "partial"): a call's two halves, as the ring runs its step-0
-causal call with the diagonal last (kernels.ring.DIAGONAL_LAST): the full tiles into a float32
+causal call with the diagonal last (kernels.ring): the full tiles into a float32
 accumulator, other keys merged into it, then the partial tiles resumed from it into the output in
 q's dtype. Against float64 on every mask, N_q != N_k, GQA, padded D and rows that see no key."""
 
