@@ -2,18 +2,22 @@
 `current()`, the settings main.py resolved for this run (every page calls it first).
 
 No trace loading here (app/sources/) and no widgets (app/sidebar.py); the URL form of the
-settings is `Settings.query()`, read back by app/url_state.py.
+settings is `Settings.query()`, read back by app/url_state.py. Settings hold the parsed mask
+(a kernels.masks.MaskSpec): its text is parsed once, by `make_settings`, where it comes in
+(the URL, the controls, a recording's manifest), and written back as `spec.text`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Mapping
 
 import streamlit as st
 
-from instrumentation import files
-from instrumentation.inputs import document_lengths
+from instrumentation.recording.inputs import document_lengths
+from instrumentation.trace import files
 from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (re-used by pages)
+from kernels.masks import MaskSpec
 
 PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
          "online_softmax": "Online softmax", "memory": "Memory and traffic",
@@ -33,11 +37,12 @@ MAX_GRID_TILES = 2048 * 2048       # (N/block_m) x (N/block_n) tiles a page may 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a view depends on; `query()` is its URL form."""
+    """Everything a view depends on; `query()` is its URL form. Build it with `make_settings`
+    from control values whose mask is text."""
 
     source: str
     seq_len: int
-    mask: str
+    mask: MaskSpec
     head_dim: int
     block_m: int
     block_n: int
@@ -49,13 +54,21 @@ class Settings:
     kv_heads: int = 0           # H_kv (GQA: H % H_kv == 0; 1 = MQA); 0 = H
     trace: str = ""
     present: bool = False
+    bad_mask: tuple[str, str] = ()   # (text, why) when the controls' mask text does not parse; then
+                                     # `mask` is unused (problems() refuses the run) and the URL keeps the text
+
+    @property
+    def mask_text(self) -> str:
+        """The mask as the URL and the kernel settings write it: the parsed spec's text."""
+        return self.bad_mask[0] if self.bad_mask else self.mask.text
 
     @property
     def live(self) -> bool:
         return self.source in ("gpu", "interpreter")
 
     def kernel(self) -> dict:
-        return {k: getattr(self, k) for k in DEFAULTS}
+        """The kernel settings as plain values (the mask as text): cache keys, a run, nearest recordings."""
+        return {k: self.mask_text if k == "mask" else getattr(self, k) for k in DEFAULTS}
 
     def query(self) -> dict[str, str]:
         q = {"source": self.source, **{k: str(v) for k, v in self.kernel().items()
@@ -65,6 +78,14 @@ class Settings:
         if self.present:
             q["present"] = "1"
         return q
+
+    def checked_mask(self) -> MaskSpec:
+        """The mask, checked against N queries and N_k keys; ValueError says why it does not fit
+        (or why the controls' text did not parse)."""
+        if self.bad_mask:
+            raise ValueError(self.bad_mask[1])
+        self.mask.check(self.seq_len, self.n_k)
+        return self.mask
 
     @property
     def n_k(self) -> int:
@@ -78,7 +99,7 @@ class Settings:
         """The view in a few words (for messages): the recording, or N, mask and blocks."""
         if self.source == "recorded" and self.trace:
             return f"the recording {self.trace}"
-        return (f"{SOURCES.get(self.source, self.source)}: N={self.seq_len}, {self.mask}, blocks "
+        return (f"{SOURCES.get(self.source, self.source)}: N={self.seq_len}, {self.mask_text}, blocks "
                 f"{self.block_m}×{self.block_n}, B×H={self.batch}×{self.heads}")
 
     def problems(self) -> list[str]:
@@ -96,9 +117,9 @@ class Settings:
                            f"or a length up to {MAX_SEQ_LEN}.")
                 return out
             try:
-                parse_mask(self.mask, self.seq_len, self.n_k)
+                self.checked_mask()
             except ValueError as exc:
-                out.append(f"The mask {self.mask!r} does not work here: {exc}")
+                out.append(f"The mask {self.mask_text!r} does not work here: {exc}")
             grid = -(-self.seq_len // self.block_m) * -(-self.n_k // self.block_n)
             if grid > MAX_GRID_TILES:
                 out.append(f"N={self.seq_len}, N_k={self.n_k} with blocks {self.block_m}×{self.block_n} makes "
@@ -113,6 +134,25 @@ class Settings:
             out.append(f"H = {self.heads} query heads cannot share H_kv = {self.h_kv} KV heads: H must "
                        "be a multiple of H_kv (GQA), e.g. H_kv = 1 (MQA) or H_kv = H.")
         return out
+
+
+def make_settings(source: str, values: Mapping, trace: str = "", present: bool = False) -> Settings:
+    """Settings from control values (the sidebar's, the URL's, a recording's), the mask parsed here.
+
+    Arguments:
+        source: a key of SOURCES; values: every key of DEFAULTS, the mask as text (or a MaskSpec);
+        trace: the recording's name (source 'recorded'); present: presentation mode.
+    Returns:
+        Settings whose `mask` is the parsed spec; a mask text that does not parse is kept in
+        `bad_mask` with the reason, and `problems()` names it.
+    """
+    values = dict(values)
+    text, bad = values.pop("mask"), ()
+    try:
+        mask = parse_mask(text)
+    except ValueError as exc:
+        mask, bad = MaskSpec(DEFAULTS["mask"]), (str(text), str(exc))
+    return Settings(source=source, mask=mask, **values, trace=trace, present=present, bad_mask=bad)
 
 
 def variant(s: Settings, schedule: str) -> Settings:

@@ -19,8 +19,8 @@ from app import about, sources
 from app.sources import Recording
 from app.text import plain
 from app.settings import (BLOCK_SIZES, DEFAULTS, DTYPES, SCHEDULES, SOURCES, SUPPORTED_HEAD_DIMS,
-                          Settings, default_docs, parse_mask)
-from kernels.masks import MASK_KINDS, mask_kind
+                          Settings, default_docs, make_settings, parse_mask)
+from kernels.masks import MASK_KINDS, MaskSpec, mask_kind
 
 KERNEL_CONTROLS = ("seq_len", "head_dim", "block_m", "block_n", "dtype", "batch", "heads", "schedule",
                    "kv_len", "kv_heads")
@@ -40,9 +40,8 @@ def _control_value(kind, param):
     return int(param) if kind.widget == "int" else kind.param_text(param)
 
 
-def mask_to_controls(text: str) -> dict:
-    """The `ctl_*` values that show mask `text` in the controls (kind plus its parameter)."""
-    spec = parse_mask(text)
+def mask_to_controls(spec: MaskSpec) -> dict:
+    """The `ctl_*` values that show the mask `spec` in the controls (kind plus its parameter)."""
     out = {"ctl_mask_kind": spec.kind}
     if spec.param is not None:
         out[_param_key(spec.kind)] = _control_value(spec.mask_kind, spec.param)
@@ -50,6 +49,7 @@ def mask_to_controls(text: str) -> dict:
 
 
 def mask_from_controls() -> str:
+    """The mask text the controls show (it may not parse: the settings then say why)."""
     ss = st.session_state
     kind = mask_kind(ss.get("ctl_mask_kind", "causal"))
     if kind.widget is None:
@@ -80,7 +80,7 @@ def _sync_controls(settings: dict) -> None:
     for key in KERNEL_CONTROLS:
         ss[f"ctl_{key}"] = settings.get(key, DEFAULTS[key])
     try:
-        ss.update(mask_to_controls(settings["mask"]))
+        ss.update(mask_to_controls(parse_mask(settings["mask"])))
     except ValueError:
         pass
 
@@ -157,7 +157,7 @@ def apply_preset() -> None:
             note += ("; " if note else "") + (f"{n_q} queries of {n_k} keys shortened to {n_q // shrink} "
                                               f"of {n_k // shrink} (the same ratio)")
             n_q, n_k = n_q // shrink, n_k // shrink
-    mask = shape["mask"]
+    mask = parse_mask(shape["mask"])
     if ss.get("ctl_source") == "interpreter":
         mask, why = _scaled_window(mask, n_k)
         if why:
@@ -170,16 +170,15 @@ def apply_preset() -> None:
     ss["_preset_note"] = f"{p.label}: {note}; a GPU runs it as published." if note else ""
 
 
-def _scaled_window(mask: str, n_k: int) -> tuple[str, str]:
+def _scaled_window(spec: MaskSpec, n_k: int) -> tuple[MaskSpec, str]:
     """A model's sliding window at the interpreter's small N: a window W >= N covers every key
     (the same as causal), so it becomes N / WINDOW_FRACTION (whole 16s), the window's share of the
     context at the lengths the model serves (Mistral-7B: 4096 of 32k is 1/8; Gemma-2: 4096 of
     8k is 1/2; a quarter sits between). (mask, note) with note '' when nothing changed."""
-    spec = parse_mask(mask)
     if spec.kind != "sliding_window" or spec.param is None or int(spec.param) < n_k:
-        return mask, ""
+        return spec, ""
     w = max(16, n_k // WINDOW_FRACTION // 16 * 16)
-    return (f"sliding_window:{w}",
+    return (MaskSpec("sliding_window", w),
             f"window {int(spec.param)} ≥ N={n_k} (the same as causal) scaled to {w} = N/{WINDOW_FRACTION}")
 
 
@@ -271,7 +270,7 @@ def _live_controls() -> None:
     _problem_controls()
     want = staged()
     pending = _changes(ss.get("_applied", {}), want)
-    s = Settings(source=ss["ctl_source"], **want)
+    s = make_settings(ss["ctl_source"], want)
     problems = s.problems()
     # what changed, the estimate and Run stick to the sidebar's bottom edge: under a 1080 px
     # window the button sat below the fold, so an edit to N seemed to do nothing
@@ -347,5 +346,5 @@ def sidebar(attention: bool = True) -> Settings:
                   help="larger fonts, light background, no clutter: for talks and screenshots")
         about.about_sources()
     values = ss.setdefault("_applied", staged()) if source in ("gpu", "interpreter") else staged()
-    return Settings(source=source, **values, trace=ss.get("ctl_trace", "") if source == "recorded" else "",
-                    present=bool(ss.get("ctl_present")))
+    return make_settings(source, values, trace=ss.get("ctl_trace", "") if source == "recorded" else "",
+                         present=bool(ss.get("ctl_present")))

@@ -91,10 +91,11 @@ def init_session() -> None:
                 values[key] = qp[key]
             else:
                 wrong[key] = f"{key}={qp[key]!r} is not one of {', '.join(allowed)}"
+    mask = None
     if "mask" in qp:
         try:
-            parse_mask(qp["mask"])
-            values["mask"] = qp["mask"]
+            mask = parse_mask(qp["mask"])
+            values["mask"] = mask.text
         except ValueError as exc:
             wrong["mask"] = f"mask={qp['mask']!r} in the link does not parse: {exc}."
     used = values
@@ -124,7 +125,7 @@ def init_session() -> None:
     ss["ctl_trace"] = trace
     for key in KERNEL_CONTROLS:
         ss[f"ctl_{key}"] = values[key]
-    ss.update(mask_to_controls(values["mask"]))
+    ss.update(mask_to_controls(mask or parse_mask(values["mask"])))
     ss["_applied"] = {k: values[k] for k in DEFAULTS}      # a live link runs as it opens
     ss["ctl_present"] = qp.get("present", "0") in ("1", "true", "yes")
     ss["_url_errors"] = errors

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from instrumentation import Trace, files
+from instrumentation import Trace
+
+from instrumentation.trace import files
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from app.settings import SOURCES, Settings
 from app.sources.bundled import nearest, recordings
 from app.sources.errors import RunError
 from instrumentation import Trace
-from kernels import INTERPRETER_MAX_TILES, backend, parse_mask
+from kernels import INTERPRETER_MAX_TILES, backend
 
 # The interpreter's run time is about RUN_OVERHEAD_S + tiles x seconds per tile. Measured on 2 CPUs
 # (D=64, fp16, causal): 136 tiles 1.55 s, 528 tiles 4.29 s -> 7 ms per tile and ~0.6 s per run.
@@ -41,7 +41,8 @@ def live_source() -> str:
 
 
 def computed_tiles(s: Settings) -> int:
-    bmap = parse_mask(s.mask, s.seq_len, s.n_k).block_map(s.seq_len, s.block_m, s.block_n, n_k=s.n_k)
+    """Tiles the kernel computes for these settings (every head); ValueError when the mask does not fit."""
+    bmap = s.checked_mask().block_map(s.seq_len, s.block_m, s.block_n, n_k=s.n_k)
     return int((bmap != 0).sum()) * s.batch * s.heads
 
 
@@ -139,7 +140,7 @@ def run_live(s: Settings) -> tuple[Trace, float, bool]:
         recs = recordings()
         near = nearest(recs, s.kernel(), gpu_only=any(r.is_gpu for r in recs))
         raise RunError(
-            f"N={s.seq_len}, mask {s.mask}, blocks {s.block_m}×{s.block_n}, B×H={s.batch}×{s.heads} "
+            f"N={s.seq_len}, mask {s.mask.text}, blocks {s.block_m}×{s.block_n}, B×H={s.batch}×{s.heads} "
             f"needs {tiles:,} computed tiles; the CPU interpreter stops at {INTERPRETER_MAX_TILES:,} "
             "(it would take minutes). Lower N, B or H, raise the block sizes, or open a bundled "
             "GPU recording.", nearest=near)
@@ -147,7 +148,7 @@ def run_live(s: Settings) -> tuple[Trace, float, bool]:
     what = "on the GPU" if s.source == "gpu" else "in the Triton CPU interpreter"
     started = time.perf_counter()
     try:
-        with st.spinner(f"Running the kernel {what}: N={s.seq_len}, {s.mask}, "
+        with st.spinner(f"Running the kernel {what}: N={s.seq_len}, {s.mask.text}, "
                         f"{s.block_m}×{s.block_n}, {tiles:,} tiles. {estimate(s)}", show_time=True):
             trace, took, clean = _run_live(key, s.source)
         _run_log().setdefault(key, (s.source, tiles, took, clean))

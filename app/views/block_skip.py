@@ -78,14 +78,14 @@ if what == "two block sizes":
     right["block_n"] = c2.selectbox("block_n (right)", settings.BLOCK_SIZES, key="skip_cmp_bn")
 else:
     others = {name: kind.default_text(s.seq_len) for name, kind in MASKS.items()}   # the registry's defaults
-    kind = parse_mask(s.mask).kind
+    kind = s.mask.kind
     default = next(k for k in MASK_KINDS if k != kind)
     url_state.control("skip_cmp_mask", others[default])        # checked by parse_mask below
     text = st.text_input("Mask (right)", key="skip_cmp_mask",
                          help=MASK_HELP)
-    right["mask"] = text
 try:
-    parse_mask(right["mask"], s.seq_len, s.n_k)
+    if what != "two block sizes":
+        right["mask"] = parse_mask(text, s.seq_len, s.n_k)     # the page's own mask field, parsed once
     common.chart(blockmap_comparison_figure(left, right, head_dim=s.head_dim), "block-map-comparison",
                  "skip_cmp", s.present)
 except ValueError as exc:

@@ -49,7 +49,7 @@ def explain_failure(exc: RunError, s: Settings, shown: Settings | None = None) -
     elif "interpreter stops at" in str(exc):
         st.info("No recording is bundled on this machine (data/traces/ is empty), so there "
                 "is nothing nearer to offer: lower N or raise the block sizes.")
-    if s.mask.startswith("document:") and "sum to" in str(exc):
+    if s.mask_text.startswith("document:") and "sum to" in str(exc):
         st.button("Scale the document lengths to N", on_click=sidebar.scale_docs_to_n,
                   key="scale_docs")
 
@@ -182,7 +182,7 @@ def trace_downloads(trace, key: str, tl=None) -> None:
 
 @st.cache_resource(show_spinner=False, max_entries=32)
 def timeline_for(key: str, sms: int | None, _trace):
-    from instrumentation.schedule_model import timeline
+    from instrumentation.analysis.schedule_model import timeline
 
     return timeline(_trace, sms=sms)
 

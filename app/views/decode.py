@@ -11,7 +11,7 @@ from app.text import plain
 from app.figures.decode import (decode_kv_figure, decode_pair_lanes_figure, decode_pair_roofline_figure,
                                 decode_row_steps, merge_figure)
 from app.views import common
-from instrumentation import decode_model as dm
+from instrumentation.analysis import decode_model as dm
 
 s = settings.current()
 st.title("Prefill vs decode")

@@ -14,8 +14,8 @@ from app.views import common
 from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, memory_figure,
                                 model_curves_figure, time_figure, tile_count_point, traffic_figure)
 from app.figures._common import fmt_bytes
-from instrumentation import hbm
-from instrumentation.sweep import load_sweep
+from instrumentation.analysis import hbm
+from instrumentation.trace.sweep_file import load_sweep
 
 LESSON = cite("vllm_lesson")
 TILING = cite("tiling_strategy")

@@ -24,7 +24,6 @@ st.caption("Past one GPU, each rank keeps a slice of the queries while the keys 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def load(path: str, mtime: float):
-    import instrumentation.ring  # noqa: F401  (declares the ring tables' columns)
     from instrumentation.trace import Trace
 
     return Trace.load(path)

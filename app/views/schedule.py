@@ -21,9 +21,9 @@ from app.figures.kv_sharing import kv_sharing_figure
 from app.figures.schedule_animation import DEFAULT_FRAMES, opening_frame, tile_animation_figure
 from app.views import common
 from app.views.progress import FrameProgress
-from instrumentation.schedule_analysis import (METRICS, cached_stats, cached_timeline, default_traced_head,
+from instrumentation.analysis.schedule_analysis import (METRICS, cached_stats, cached_timeline, default_traced_head,
                                                animation_times, metrics_row, stragglers, traced_heads, uneven_work)
-from instrumentation.schedule_model import DEFAULT_SMS, GPU_SMS
+from instrumentation.analysis.schedule_model import DEFAULT_SMS, GPU_SMS
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
 MAX_COMPARED = 3
@@ -336,7 +336,7 @@ if compare:
     st.subheader("Schedules side by side")
     traces = compared_traces()
     if traces:
-        from instrumentation.schedule_analysis import trace_digest
+        from instrumentation.analysis.schedule_analysis import trace_digest
         try:
             fig, table = comparison(tuple(trace_digest(t) for t in traces), sms, color_by, traces)
         except ValueError as exc:

@@ -29,7 +29,7 @@ def app_recordings(tmp_path_factory):
     """A data/ directory with three small recordings of one problem (three schedules), a
     sliding-window one, a B=2 H=2 prefix one, and a tiny naive-vs-flash sweep, all made here in
     the interpreter (no bundled GPU data needed). Recorded once; tests must not change it."""
-    from instrumentation.sweep import run_sweep
+    from instrumentation.recording.sweep import run_sweep
     from tests.app.headless import record_small
 
     root = tmp_path_factory.mktemp("data")

@@ -422,7 +422,7 @@ def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
                 active[0] -= 1
 
     monkeypatch.setattr(recording, "record", counting)
-    base = settings.Settings(source="interpreter", seq_len=160, mask="causal", head_dim=16, block_m=32,
+    base = settings.Settings(source="interpreter", seq_len=160, mask=settings.parse_mask("causal"), head_dim=16, block_m=32,
                              block_n=32, dtype="fp32")
     wanted = [base, settings.variant(base, "longest_first"), base]
     out = [None] * 3

@@ -19,10 +19,10 @@ def page_script():
     import streamlit as st
 
     from app import url_state
-    from app.settings import DEFAULTS, Settings
+    from app.settings import DEFAULTS, make_settings
 
     url_state.init_session()
-    s = Settings(source="recorded", **DEFAULTS)
+    s = make_settings("recorded", DEFAULTS)
     url_state.write_query(s, "demo")
     url_state.control("demo_step", 3, options=range(10))
     st.slider("step", 0, 9, key="demo_step")

@@ -62,10 +62,11 @@ def test_runs_that_load_or_compile_stay_out_of_the_estimate(data_dir):
     clean; until a clean run exists the estimate uses the default rate."""
     from app.sources import live as sources
     from app.settings import Settings
+    from kernels.masks import MaskSpec
 
     sources._run_log().clear()
     sources._specialisations().clear()
-    base = dict(source="interpreter", mask="causal", head_dim=16, block_m=32, block_n=32, dtype="fp16")
+    base = dict(source="interpreter", mask=MaskSpec("causal"), head_dim=16, block_m=32, block_n=32, dtype="fp16")
     first = Settings(seq_len=320, **base)                      # 55 computed tiles: enough to count
     sources.run_live(first)
     assert sources.seconds_per_tile() == (sources.INTERPRETER_S_PER_TILE, 0)

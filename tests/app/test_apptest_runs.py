@@ -70,7 +70,7 @@ def test_the_estimate_is_shown_before_the_run_and_learns_from_runs(data_dir):
     tiles = int((parse_mask("causal").block_map(512, 64, 64) != 0).sum())
     assert f"{tiles:,} computed tiles" in text and "estimate" in text and " s:" in text
     # after runs in this server, the rate is this server's own measurement
-    s = settings.Settings(source="interpreter", seq_len=N, mask="causal", head_dim=32, block_m=64,
+    s = settings.Settings(source="interpreter", seq_len=N, mask=parse_mask("causal"), head_dim=32, block_m=64,
                           block_n=64, dtype="fp16")
     log = sources._run_log()
     log.clear()
@@ -83,7 +83,7 @@ def test_the_estimate_is_shown_before_the_run_and_learns_from_runs(data_dir):
     rate, runs = sources.seconds_per_tile()
     assert runs == 3 and abs(rate - 0.005) < 1e-9
     assert "≈ 2.6 s: 400 computed tiles" in sources.estimate(settings.Settings(
-        source="interpreter", seq_len=1280, mask="full", head_dim=32, block_m=64, block_n=64,
+        source="interpreter", seq_len=1280, mask=parse_mask("full"), head_dim=32, block_m=64, block_n=64,
         dtype="fp16"))                                        # 0.6 s + 400 tiles x 5 ms
     log.clear()
     assert f"{sources.computed_tiles(s):,} computed tiles" in sources.estimate(s)

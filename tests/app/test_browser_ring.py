@@ -40,7 +40,6 @@ CHARTS = """() => [...document.querySelectorAll('[data-testid="stPlotlyChart"] .
 
 
 def _steps(name):
-    import instrumentation.ring  # noqa: F401  (declares the ring tables)
     from instrumentation.trace import Trace
 
     trace = Trace.load(RING / name)

@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("streamlit")
 import instrumentation  # noqa: E402
-import instrumentation.decode  # noqa: E402,F401  (declares the decode tables, so the recordings load)
 from app.sources import live as sources  # noqa: E402
 from instrumentation.trace import Trace  # noqa: E402
 from tests.app.headless import chart, charts, clean, open_page  # noqa: E402

@@ -14,7 +14,7 @@ from app.export import cli as export_cli
 from app.figures.registry import SWEEP_CHARTS, TRACE_CHARTS, ChartInputs
 from app.figures import blockmap_figure_for_trace, is_slide, presentation, sm_lanes_figure, tile_animation_figure
 from instrumentation import make_inputs, record
-from instrumentation.schedule_model import timeline
+from instrumentation.analysis.schedule_model import timeline
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "data" / "sweeps" / "nvidia-h200.json"
@@ -187,7 +187,7 @@ def test_gallery_walks_every_view(trace_dir, tmp_path, monkeypatch):
     """--gallery asks for every chart of the trace and the sweep, in both looks (rendering is
     replaced by a recorder here; test_png_svg_pdf_sizes renders for real)."""
     from app import charts
-    from instrumentation.sweep import load_sweep
+    from instrumentation.trace.sweep_file import load_sweep
 
     tr, path = trace_dir
     seen = []

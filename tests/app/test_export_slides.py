@@ -90,7 +90,7 @@ def test_softmax_slides_legend_per_panel_and_readable_ticks(trace):
 
 @pytest.mark.skipif(not SWEEP.exists(), reason="no bundled sweep")
 def test_time_axis_has_one_title():
-    from instrumentation.sweep import load_sweep
+    from instrumentation.trace.sweep_file import load_sweep
 
     meta, df = load_sweep(SWEEP)
     text = time_figure(df, meta).layout.yaxis.title.text

@@ -50,7 +50,6 @@ def test_softmax_strip_is_tall_enough_for_its_legend(softmax_inputs):
 
 
 def _ring(name="w2_n32768_causal_zigzag"):
-    import instrumentation.ring  # noqa: F401  (declares the ring tables)
     from app.figures.ring import ring_merge_figure, ring_provenance, ring_timeline_figure
     from instrumentation.trace import Trace
 
@@ -120,7 +119,7 @@ def test_animation_slide_gives_the_lanes_the_plot_height(softmax_inputs):
     overlaps, and the lanes' time axis is named with its unit."""
     from app.figures.schedule_animation import SLIDE_ROW_GAP_PX, tile_animation_figure
     from app.figures._common import time_axis
-    from instrumentation.schedule_model import timeline
+    from instrumentation.analysis.schedule_model import timeline
 
     tr = softmax_inputs.trace
     unit = "µs" if "µs" in time_axis(timeline(tr))[1] else "tile-units"
@@ -150,8 +149,8 @@ def test_animation_opens_where_the_picked_head_runs():
     default head still opens mid-run."""
     from app.export.images import static_frame
     from app.figures.schedule_animation import tile_animation_figure
-    from instrumentation.schedule_analysis import animation_times, default_traced_head, traced_heads
-    from instrumentation.schedule_model import timeline
+    from instrumentation.analysis.schedule_analysis import animation_times, default_traced_head, traced_heads
+    from instrumentation.analysis.schedule_model import timeline
     from instrumentation.trace import Trace
 
     tr = Trace.load(ROOT / "data" / "traces" / "n1024_causal_natural")

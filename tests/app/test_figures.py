@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 import app.figures as F
-from instrumentation import hbm, make_inputs, record
-from instrumentation.schedule_model import timeline
+from instrumentation import make_inputs, record
+from instrumentation.analysis import hbm
+from instrumentation.analysis.schedule_model import timeline
 from kernels.masks import parse_mask
 
 B, H, N, D = 1, 2, 256, 32

@@ -11,8 +11,8 @@ import pytest
 from app.figures import presentation
 from app.figures._slide import TICK_SIZE
 from app.figures.kv_sharing import MAX_ROW_LABELS, kv_sharing_figure
-from instrumentation.kv_sharing import kv_live_table
-from instrumentation.schedule_analysis import cached_timeline
+from instrumentation.analysis.kv_sharing import kv_live_table
+from instrumentation.analysis.schedule_analysis import cached_timeline
 from instrumentation.trace import Trace
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("streamlit")
 from app.figures._common import fmt_bytes  # noqa: E402
-from instrumentation import hbm  # noqa: E402
+from instrumentation.analysis import hbm  # noqa: E402
 from tests.app.headless import open_page  # noqa: E402
 
 RAW_BYTES = re.compile(r"\b\d{1,3}(?:,\d{3}){2,} B\b")          # "75,497,472 B"

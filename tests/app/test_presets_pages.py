@@ -85,7 +85,7 @@ def test_live_preset_in_the_interpreter_draws_kv_sharing(data_dir):
     """The live path: a GQA preset at a small size reaches the kernel and the KV-sharing view."""
     from app import sources
     from app.figures.kv_sharing import kv_sharing_figure
-    from instrumentation.schedule_analysis import cached_timeline
+    from instrumentation.analysis.schedule_analysis import cached_timeline
 
     at = open_page("schedule", timeout=120, source="interpreter", seq_len=128, head_dim=32, block_m=64,
                    block_n=64, dtype="fp16", mask="causal")

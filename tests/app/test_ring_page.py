@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from instrumentation.ring import RingConfig, record_ring  # noqa: E402
+from instrumentation.recording.ring import RingConfig, record_ring  # noqa: E402
 from instrumentation.trace import Trace  # noqa: E402
 from tests.app.test_apptest import _record, charts, clean  # noqa: E402
 

@@ -10,8 +10,8 @@ import pytest
 import app.figures as F
 from app.figures.schedule_animation import threshold_colorscale
 from instrumentation import make_inputs, record
-from instrumentation import schedule_analysis as A
-from instrumentation.schedule_model import schedule_stats, timeline
+from instrumentation.analysis import schedule_analysis as A
+from instrumentation.analysis.schedule_model import schedule_stats, timeline
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
 BIG = DATA / "n16384_causal_natural"

@@ -63,7 +63,7 @@ def markdown_table(text: str):
 
 def lanes_timeline(data_dir, trace=f"n{N}_causal_natural"):
     """The timeline the page draws for a recording (modelled on its default SM count)."""
-    from instrumentation.schedule_model import DEFAULT_SMS, timeline
+    from instrumentation.analysis.schedule_model import DEFAULT_SMS, timeline
     from instrumentation.trace import Trace
 
     return timeline(Trace.load(data_dir / "traces" / trace), sms=DEFAULT_SMS)
@@ -78,8 +78,8 @@ def test_metrics_lanes_and_stragglers(data_dir, default_view):
     assert list(row) == ["makespan", "tail", "over ideal", "load imbalance", "idle SM time", "waves"]
     assert row["makespan"].endswith("tile-units") and "% (ideal " in row["over ideal"]
     # the page's numbers are its own analysis of the recording
-    from instrumentation.schedule_analysis import METRICS
-    from instrumentation.schedule_model import DEFAULT_SMS, schedule_stats
+    from instrumentation.analysis.schedule_analysis import METRICS
+    from instrumentation.analysis.schedule_model import DEFAULT_SMS, schedule_stats
     st = schedule_stats(lanes_timeline(data_dir), sms=DEFAULT_SMS)
     assert float(row["makespan"].split()[0]) == pytest.approx(st["makespan"], rel=1e-3)
     assert float(row["load imbalance"]) == pytest.approx(st["imbalance"], abs=1e-3)

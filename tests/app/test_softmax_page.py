@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("streamlit")
 from tests.app.headless import open_page  # noqa: E402
 
-from instrumentation.online_softmax import default_q_row  # noqa: E402
+from instrumentation.analysis.online_softmax import default_q_row  # noqa: E402
 from instrumentation.trace import Trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
