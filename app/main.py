@@ -4,20 +4,17 @@ A small router: the URL seeds the session (app/url_state.py), the shared sidebar
 (app/sidebar.py) resolve to Settings (app/settings.py), then one view from app/views/ runs.
 app/views/ is not named pages/, so Streamlit's legacy pages-directory mode never starts.
 
-`streamlit run app/main.py` first imports this file to find its server (the `st.App` at the
-bottom: Streamlit's own server plus app/server.py's middleware); every session then runs it as
-the page script (`__name__ == "__main__"`), which is `page_run()`.
+The `app` package must be importable: `pip install -e .` (the README's first command) installs
+it; Streamlit itself puts only app/ on sys.path. `streamlit run app/main.py` first imports this
+file to find its server (the `st.App` at the bottom: Streamlit's own server plus app/server.py's
+middleware); every session then runs it as the page script (`__name__ == "__main__"`), which is
+`page_run()`.
 """
 
 import logging
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import streamlit as st  # noqa: E402
+import streamlit as st
 
 
 def page_run() -> None:

@@ -17,12 +17,12 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
 The browser is the system Chromium with app.devtools.CHROMIUM_ARGS: a fresh browser context (a
 new window: no cache) per visit, with the omnibox WebUI that new headless Chromium builds for every
 new window turned off (~1.2 s of CPU on this machine that a person's browser spent long before the
-visit; --browser-ui leaves it on, as sessions before 5 measured).
+visit; --browser-ui leaves it on).
 Times are wall clock from the browser's side (navigation or click -> the chart's new title is
 in the DOM). "Settled" also waits until Streamlit's status widget is idle and every Plotly chart
 on the page has drawn. Bytes are the websocket payload the browser received for that step (the
 Plotly JSON it must parse is most of it). Measurements only: nothing here asserts a target.
-Targets from issue 13 (2 CPUs, headless Chromium): first chart cold <= 5 s; 16k causal schedule
+Targets (2 CPUs, headless Chromium): first chart cold <= 5 s; 16k causal schedule
 page settles <= 3 s on a warm server; a control change on a recording <= 1 s; three schedules
 side by side <= 3 s. Results go to data/benchmarks/app-timings.json (with machine info) unless
 --json says otherwise.
@@ -41,11 +41,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from app.devtools import CHROMIUM, CHROMIUM_ARGS, running_app  # noqa: E402
-from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, git_commit, hello_baseline,  # noqa: E402,F401
+from app.devtools import CHROMIUM, CHROMIUM_ARGS, running_app
+from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, git_commit, hello_baseline,  # noqa: F401
                         settle, side_by_side, titles_js)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def small_data_dir() -> Path:
@@ -138,7 +138,7 @@ def redraws(browser, url: str, recs: list, repeats: int, shots: Path | None) -> 
     return out
 
 
-# -- the largest causal recording's schedule page (issue 13's real-size targets) ------------------
+# -- the largest causal recording's schedule page (the real-size targets) -------------------------
 
 def colorbar_js(text: str) -> str:
     return ("() => [...document.querySelectorAll('.js-plotly-plot .cbtitle')]"
@@ -147,7 +147,7 @@ def colorbar_js(text: str) -> str:
 
 def pick_option(page, label: str, options: tuple[str, ...]) -> None:
     """Open the selectbox labelled `label` and click the first of `options` it offers (names
-    differ between app versions: 'query block' today, 'q_block' before issue 13)."""
+    differ between app versions: 'query block' or the older 'q_block')."""
     box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label).first
     box.locator("input").click()
     listbox = page.get_by_role("option")
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
                          "this one and time the 16k page's settle on both, visits alternating, --repeats each")
     ap.add_argument("--browser-ui", action="store_true",
                     help="leave on the omnibox WebUI that new headless Chromium builds for every new "
-                         "window (app.devtools.CHROMIUM_ARGS turns it off; sessions before 5 measured with it)")
+                         "window (app.devtools.CHROMIUM_ARGS turns it off)")
     args = ap.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"error: {CHROMIUM} is missing; this script never downloads a browser", file=sys.stderr)

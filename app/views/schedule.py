@@ -194,8 +194,8 @@ if st.toggle("Show the order the kernel really ran the work items in (trace.work
         "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
     st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
-# kaleido on this 2-CPU machine at load ~12 (16k causal, /tmp/sf_gif.py in the schedule-fix note):
-# 16 frames at 960x540 took 26.6 s, 6 at 1920x1080 15.9 s; the 1920x1080 40-frame default was 107 s
+# kaleido's seconds per video frame on a loaded 2-CPU machine (16k causal schedule): the estimate
+# the page shows before it makes a GIF/MP4
 SECONDS_PER_FRAME = {(960, 540): 1.7, (1920, 1080): 2.7}
 VIDEO_FRAMES = 16          # the page's default (the CLI makes up to 120)
 
