@@ -13,7 +13,6 @@ a measurement; `model_note` says so wherever a figure quotes it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -76,7 +75,8 @@ def d_class(head_dim: int) -> int:
 
 
 def padded_head_dim(head_dim: int) -> int:
-    """The width the kernel multiplies at: the next power of two >= 16 (kernels.shapes' rule)."""
+    """The width the kernel multiplies at: the next power of two >= 16 (kernels.shapes'
+    padded_head_dim, repeated because kernels.shapes imports torch)."""
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
@@ -243,14 +243,15 @@ def _positive(name: str, value) -> int:
 
 def default_blocks(head_dim: int, dtype: str, n_q: int, n_k: int, spec=None,
                    device: str | None = None) -> tuple[int, int]:
-    """(block_m, block_n) the kernel picks when none are given (kernels.flash.default_config,
-    mirrored here without torch or triton): by the padded head dim, 128 x 64 up to D 64, 128 x 64
-    (max(N_q, N_k) <= 8192) or 128 x 128 up to D 128, 64 x 64 above, at most 64 x 64 in fp32; on an
-    H100 or H200 (device) a bf16/fp16 D = 128 call with N_q and N_k multiples of 128 whose 128 x 128
-    plan has no partial tile, or pays the warp-specialised split, takes 128 x 128.
+    """(block_m, block_n) the kernel picks when none are given: kernels.default_config, mirrored
+    here without torch (a test compares the two). By the padded head dim: 128 x 64 up to D 64;
+    up to D 128, 128 x 64 while max(N_q, N_k) <= 8192, else 128 x 128; 64 x 64 above; at most
+    64 x 64 in fp32. On an H100 or H200, a bf16/fp16 D = 128 call with N_q and N_k multiples of 128
+    whose 128 x 128 plan has no partial tile, or pays the warp-specialised split, takes 128 x 128.
 
-    Arguments: head_dim D, dtype name, n_q, n_k, spec (a MaskSpec, for the device rule), device
-    ('H100' | 'H200' | None). Returns (block_m, block_n)."""
+    Arguments: head_dim D, dtype name, n_q, n_k, spec (the MaskSpec; None when a block size is
+    given: the kernel then skips the device rule), device ('H100' | 'H200' | None).
+    Returns (block_m, block_n)."""
     d = padded_head_dim(head_dim)
     if device in DEVICES and spec is not None and dtype in ("bf16", "fp16") and d == head_dim == 128 \
             and n_q % 128 == 0 and n_k % 128 == 0:
@@ -358,7 +359,8 @@ def estimate(batch, heads, kv_heads, n_q, n_k, head_dim, mask="causal", dtype="b
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; use one of {', '.join(DEVICES)}")
     spec = parse_mask(mask, n_q, n_k)
-    dbm, dbn = default_blocks(d, dtype, n_q, n_k, spec, device)
+    given = block_m is not None or block_n is not None
+    dbm, dbn = default_blocks(d, dtype, n_q, n_k, None if given else spec, device)
     bm = dbm if block_m is None else _positive("block_m", block_m)
     bn = dbn if block_n is None else _positive("block_n", block_n)
     el = DTYPE_BYTES[dtype]
