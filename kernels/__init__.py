@@ -17,9 +17,9 @@ from .runtime import (INTERPRETER_MAX_TILES, MAX_HEAD_DIM, SCHEDULES, SUPPORTED_
 choose_backend()
 
 _LAZY = {
-    "flash_attention": "flash", "BlockPlan": "plan", "KernelConfig": "flash",
-    "TraceBuffers": "flash", "block_plan": "plan", "check_inputs": "flash",
-    "default_config": "flash", "validate_call": "flash", "work_order": "plan",
+    "flash_attention": "flash", "BlockPlan": "plan", "KernelConfig": "launch_config",
+    "TraceBuffers": "trace_buffers", "block_plan": "plan", "check_inputs": "shapes",
+    "default_config": "launch_config", "validate_call": "launch_config", "work_order": "plan",
     "SUPPORTED_DTYPES": "shapes", "naive_attention": "naive", "reference_attention": "reference",
     "reference_lse": "reference", "softmax_scale": "shapes", "padded_head_dim": "shapes",
     "flash_decode": "decode", "reference_decode": "decode_reference",

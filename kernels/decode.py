@@ -19,23 +19,19 @@ from functools import lru_cache
 
 import torch
 
-from .runtime import choose_backend, interpreting
+from .runtime import INTERPRETER_MAX_DECODE_VISITS, MAX_HEAD_DIM, choose_backend, device_facts, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
 import triton  # noqa: E402
 
 from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
-from .flash import SUPPORTED_DTYPES, num_sms  # noqa: E402
+from .shapes import SUPPORTED_DTYPES  # noqa: E402
 from .shapes import check_kernel_device, padded_head_dim  # noqa: E402
 
 MAX_QUERIES = 16          # speculative decoding verifies a few tokens at once
-MAX_HEAD_DIM = 256
 MAX_SPLITS = 128          # FlashAttention's cap
 MAX_ROWS_PER_TILE = 64    # stacked query rows per program; more rows get more row blocks
-# The CPU interpreter runs one numpy op per tile; past this many (program, K tile) visits a
-# run takes minutes, so it is refused with a pointer to a GPU or a bundled recording.
-INTERPRETER_MAX_TILES = 20_000
 
 
 @dataclass(frozen=True)
@@ -268,7 +264,7 @@ def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, 
     if cfg.block_n not in (16, 32, 64, 128, 256):
         raise ValueError(f"block_n={cfg.block_n} is not supported; use 16, 32, 64, 128 or 256")
     row_blocks = triton.cdiv(rows, cfg.block_m)
-    sms = num_sms(torch.device(device))
+    sms = device_facts(device).sm_count
     auto, rule = choose_num_splits(b, h_kv, row_blocks, n_max, cfg.block_n, sms)
     splits = auto if num_splits == "auto" else int(num_splits)
     rule = {**rule, "requested": num_splits, "num_splits": splits}
@@ -326,9 +322,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     cfg, splits = plan.config, plan.num_splits
     if interpreting():
         visits = plan.batch * plan.kv_heads * plan.row_blocks * (triton.cdiv(plan.n_max, cfg.block_n) + splits)
-        if visits > INTERPRETER_MAX_TILES:
+        if visits > INTERPRETER_MAX_DECODE_VISITS:
             raise ValueError(f"{visits} K/V tile visits (B={b}, H_kv={plan.kv_heads}, N_max={plan.n_max}) is too "
-                             f"much for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): lower B or the "
+                             f"much for the CPU interpreter (limit {INTERPRETER_MAX_DECODE_VISITS}): lower B or the "
                              "context length, run on a GPU, or open a bundled GPU recording from data/")
     dev = q.device
     has_seqlens = cache_seqlens is not None

@@ -349,22 +349,17 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
     if DEVICE_DESC:
         q_desc, k_desc, v_desc = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, stride_qn, stride_kn,
                                                stride_vn, HEAD_DIM, BLOCK_M, BLOCK_N)
+    # which work items this program runs: its own (one per program), or, persistent, items taken
+    # from a counter in the order of work_list until none are left
     if PERSISTENT:
-        # take work items from a counter, in the order of work_list, until none are left
         idx = tl.atomic_add(work_counter, 1)
-        while idx < n_work:
-            work = tl.load(work_list + idx)
-            _work_item(work, pid, idx, Q, K, V, O, stride_qb, stride_qh, stride_qn,
-                       stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                       stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
-                       part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-                       H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                       DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
-                       STORE_ORDER)
-            idx = tl.atomic_add(work_counter, 1)
     else:
-        work = tl.load(work_list + pid)
-        if TRACE_WORK and not HW_CLOCK:
+        idx = pid
+    while idx < n_work:
+        work = tl.load(work_list + idx)
+        if PERSISTENT:
+            order = idx
+        elif TRACE_WORK and not HW_CLOCK:
             # no clock in the interpreter: a counter gives the order programs ran in; on a GPU
             # the order comes from the start times instead, so tracing adds no atomic
             order = tl.atomic_add(tr_counter, 1)
@@ -372,8 +367,14 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             order = pid
         _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                   stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an, lo_ptr, hi_ptr, full_cnt, full_start,
-                   part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
+                   stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an,
+                   lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc,
+                   LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                    H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
-                       STORE_ORDER)
+                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL,
+                   SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
+                   STORE_ORDER)
+        if PERSISTENT:
+            idx = tl.atomic_add(work_counter, 1)
+        else:
+            idx = n_work

@@ -6,12 +6,20 @@ order programs take the work items in. Host side only: numpy and torch, no Trito
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 import torch
 
+from .launch_cache import BoundedCache
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec
+
+# A plan holds its block map on the host and its block lists on the device, about
+# n_qb * n_kb * 5 bytes: plans for long sequences with small blocks are rebuilt, not kept.
+PLAN_CACHE_ENTRIES = 64
+PLAN_CACHE_BYTES = 256 << 20
+PLAN_CACHE_ITEM_BYTES = 32 << 20
+WORK_LISTS_PER_PLAN = 4
 
 
 @dataclass
@@ -37,10 +45,14 @@ class BlockPlan:
     def work_list(self, batch_heads: int, schedule: str) -> torch.Tensor:
         """The work order on the device, built once per (B*H, schedule) and kept."""
         key = (batch_heads, schedule)
-        if key not in self._work_lists:
-            order = work_order(self, batch_heads, schedule)
-            self._work_lists[key] = torch.from_numpy(order).to(self.row_lo.device)
-        return self._work_lists[key]
+        works = self._work_lists.get(key)
+        if works is None:
+            works = torch.from_numpy(work_order(self, batch_heads, schedule)).to(self.row_lo.device)
+            if works.numel() * 4 <= PLAN_CACHE_ITEM_BYTES:
+                while len(self._work_lists) >= WORK_LISTS_PER_PLAN:
+                    self._work_lists.pop(next(iter(self._work_lists)))
+                self._work_lists[key] = works
+        return works
 
     @cached_property
     def has_partial(self) -> bool:
@@ -71,12 +83,22 @@ def _index_lists(block_map: np.ndarray, status: int) -> tuple[np.ndarray, np.nda
 
 def block_plan(spec: MaskSpec, n: int, block_m: int, block_n: int, device, n_k: int | None = None) -> BlockPlan:
     """The plan for N_q = n query rows and N_k = n_k keys (n_k = n when omitted)."""
-    return _block_plan(spec, n, n if n_k is None else int(n_k), block_m, block_n, str(device))
+    key = (spec, n, n if n_k is None else int(n_k), block_m, block_n, str(device))
+    plan = _PLANS.get(key)
+    return plan if plan is not None else _PLANS.put(key, _block_plan(*key))
 
 
-@lru_cache(maxsize=64)
+def plan_bytes(plan: BlockPlan) -> int:
+    """Host and device bytes a plan holds (its block map and block lists)."""
+    return plan.block_map.nbytes + sum(t.numel() * t.element_size() for t in (
+        plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx))
+
+
+# built once per (mask, N_q, N_k, blocks, device): the host work stays out of repeated calls
+_PLANS = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, plan_bytes)
+
+
 def _block_plan(spec: MaskSpec, n: int, n_k: int, block_m: int, block_n: int, device: str) -> BlockPlan:
-    """Built once per (mask, N_q, N_k, blocks, device): the host work stays out of repeated calls."""
     bmap = spec.block_map(n, block_m, block_n, n_k)
     lo, hi = spec.row_intervals(n, n_k)
     full_cnt, full_idx = _index_lists(bmap, FULL)

@@ -132,9 +132,10 @@ def test_two_launch_run_resumes_from_the_first(n_q, n_k, h_kv, d, device, monkey
     and resumes from them for the partial ones; forced here without WS, so the interpreter checks
     the resumed state on every mask, GQA, padded D, N_q != N_k and rows that see no key."""
     import kernels.flash as fl
+    import kernels.launch_config as rules
     from kernels.masks import parse_mask
 
-    monkeypatch.setattr(fl, "_two_launches", lambda ws, plan: plan.has_partial)
+    monkeypatch.setattr(rules, "two_launches", lambda ws, plan: plan.has_partial)
     g = torch.Generator().manual_seed(n_q + n_k + d)
     q = torch.randn(1, 2, n_q, d, generator=g).to(device)                   # (B, H, N_q, D)
     k, v = (torch.randn(1, h_kv, n_k, d, generator=g).to(device) for _ in range(2))
@@ -155,10 +156,10 @@ def test_merge_into_accumulator_views_matches_attention_over_all_keys(split, dev
     float32 (O, lse) accumulator (as a ring does), give attention over all keys; bottom-right
     causal on the diagonal half, and with the forced two-launch run (the first launch merges,
     the second resumes from the merged state); the last merge reads o_prev and writes another tensor."""
-    import kernels.flash as fl
+    import kernels.launch_config as rules
 
     if split:
-        monkeypatch.setattr(fl, "_two_launches", lambda ws, plan: plan.has_partial)
+        monkeypatch.setattr(rules, "two_launches", lambda ws, plan: plan.has_partial)
     n, d = 40, 16
     q, k, v = inputs(1, 2, 2 * n, d, torch.bfloat16 if device.type == "cuda" else torch.float32, device, seed=5)
     ref, m, l = reference_attention(q, k, v, mask="causal")

@@ -1,4 +1,4 @@
-"""Warp-specialised off-band loop (issue 11): when it applies, and that every config the tuner may
+"""Warp-specialised off-band loop: when it applies, and that every config the tuner may
 pick gives the right answer on the GPU (a config that returns NaN must never be chosen)."""
 
 import pytest
@@ -68,8 +68,10 @@ def test_a_refused_warp_specialised_compile_falls_back_once_and_is_remembered(mo
     import triton
 
     import kernels.flash as fl
+    import kernels.launch as launch
+    import kernels.launch_config as rules
 
-    real, launches = fl.attn_fwd_kernel, []
+    real, launches = launch.attn_fwd_kernel, []
 
     class Refusing:
         def __getitem__(self, grid):
@@ -80,10 +82,10 @@ def test_a_refused_warp_specialised_compile_falls_back_once_and_is_remembered(mo
                 return real[grid](*args, **kw)
             return launch
 
-    monkeypatch.setattr(fl, "attn_fwd_kernel", Refusing())
-    monkeypatch.setattr(fl, "_WS_REFUSED", set())
-    monkeypatch.setattr(fl, "use_warp_specialize", lambda *a, **kw: True)
-    monkeypatch.setattr(fl, "_ensure_allocator", lambda: triton.set_allocator(
+    monkeypatch.setattr(launch, "attn_fwd_kernel", Refusing())
+    monkeypatch.setattr(launch, "_WS_REFUSED", set())
+    monkeypatch.setattr(rules, "use_warp_specialize", lambda *a, **kw: True)
+    monkeypatch.setattr(launch, "_ensure_allocator", lambda: triton.set_allocator(
         lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device)))
     q, k, v = inputs(1, 2, 128, 32, torch.float32, device, seed=5)
     ref, _, _ = reference_attention(q, k, v, mask="full")

@@ -1,0 +1,290 @@
+"""One launch path for the FlashAttention kernel: a call's shape, dtype, device, mask, block
+sizes, schedule and options resolve once into a frozen LaunchPlan (config, warp specialisation,
+TMA, row sums, one launch or the two of the split, their constexpr dicts, grid, work list),
+kept in a bounded cache; a repeated call builds only its output tensors and the argument tuple.
+The LaunchPlan is the one place the kernel's constexpr dicts are made."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .runtime import INTERPRETER_MAX_TILES, choose_backend, device_facts, interpreting
+
+choose_backend()  # before triton is imported: the interpreter is chosen at import time
+
+import triton  # noqa: E402
+
+from . import launch_config as rules  # noqa: E402  (looked up per resolve: tests force rules)
+from .flash_kernel import attn_fwd_kernel  # noqa: E402
+from .launch_cache import BoundedCache  # noqa: E402
+from .masks import MaskSpec  # noqa: E402
+from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
+from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
+from .trace_buffers import check_trace_buffers  # noqa: E402
+
+LOG2E = 1.4426950408889634
+# launch plans share their block plans with kernels.plan's cache; a plan's size is its block
+# plan's, so a call shape whose block plan is not kept is not kept either
+LAUNCH_CACHE_ENTRIES = 256
+LAUNCH_CACHE_BYTES = 256 << 20
+LAUNCH_CACHE_ITEM_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a plan: its constexprs (with num_warps, num_stages), the ones to run
+    instead if Triton refuses the warp-specialised loop, and whether it resumes from O itself."""
+
+    consts: dict
+    plain: dict                    # WARP_SPECIALIZE off, 8 warps
+    key: tuple                     # consts as a hashable key (_WS_REFUSED)
+    ws: bool
+    prev_is_o: bool                # the split's second launch reads the first's O
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a call of a given shape launches, resolved once (resolve_launch)."""
+
+    spec: MaskSpec
+    cfg: object                    # launch_config.KernelConfig (after the WS-default warp fix)
+    block: BlockPlan
+    shape: tuple                   # q (B, H, N_q, D)
+    dtype: torch.dtype
+    device: torch.device
+    grid: tuple
+    works: torch.Tensor            # (n_work,) int32 work list in program order
+    persistent: bool
+    ws: bool
+    use_tma: bool
+    copy_qkv: bool                 # some of q, k, v has a non-unit stride along D
+    kv_strides: tuple              # strides of q, k, v (B, H, N each; of the copies where made)
+    o_strides: tuple               # a fresh O's (B, H, N) strides
+    plan_args: tuple               # row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx
+    sizes: tuple                   # H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, n_work
+    new_lse: bool                  # a call without out makes an lse buffer (return_lse or split)
+    returns_lse: bool
+    launches: tuple                # Launch, one or two
+
+
+def _size(plan: LaunchPlan) -> int:
+    return plan_bytes(plan.block) + plan.works.numel() * 4
+
+
+_PLANS = BoundedCache(LAUNCH_CACHE_ENTRIES, LAUNCH_CACHE_BYTES, LAUNCH_CACHE_ITEM_BYTES, _size)
+_WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-specialised
+_ALLOCATOR = []
+
+
+def clear_caches() -> None:
+    """Forget resolved launch plans (tests that change the launch rules)."""
+    _PLANS.clear()
+
+
+def resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
+                   trace_flags, hw_clock, use_tma, warp_specialize, has_out, merge, tiles) -> LaunchPlan:
+    """The LaunchPlan of a call, from the cache or resolved now (and kept when small enough).
+
+    Arguments:
+        q, k, v: the call's tensors (only shape, strides, dtype and device are read).
+        mask ... warp_specialize: as launch_attention's; trace_flags: None untraced, else the
+            trace's (work, tiles, rows) levels; has_out: out=(o, lse) was passed.
+    Returns:
+        LaunchPlan. Raises ValueError for a call the kernel cannot run."""
+    options = (block_m, block_n, schedule, num_warps, num_stages, bool(return_lse), trace_flags,
+               hw_clock, use_tma, warp_specialize, has_out, bool(merge), tiles)
+    try:
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+               q.stride(), k.stride(), v.stride(), mask, options)
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):   # not tensors (validate_call says so), or an unhashable mask
+        return _resolve(q, k, v, mask, *options)
+    if plan is None:
+        plan = _PLANS.put(key, _resolve(q, k, v, mask, *options))
+    return plan
+
+
+def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
+             trace_flags, hw_clock, use_tma, warp_specialize, has_out, merge, tiles) -> LaunchPlan:
+    spec, cfg = rules.validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
+    b, h, n, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    device = q.device
+    copy_qkv = any(t.stride(-1) != 1 for t in (q, k, v))   # strides carry any (B, H, N) layout
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    plan = block_plan(spec, n, cfg.block_m, cfg.block_n, device, n_k)
+    if interpreting():
+        computed = int(plan.tiles_per_q_block.sum()) * b * h
+        if computed > INTERPRETER_MAX_TILES:
+            raise ValueError(
+                f"{computed} tiles (B*H={b * h}, N_q={n}, N_k={n_k}, mask {spec.text}, blocks "
+                f"{cfg.block_m}x{cfg.block_n}) is too much for the CPU interpreter (limit "
+                f"{INTERPRETER_MAX_TILES}): lower N, B or H, raise the block sizes, run on a GPU, "
+                "or open a bundled GPU recording from data/")
+    if merge and not has_out:
+        raise ValueError("merge=True merges into out=(o, lse): pass the buffers that hold the partial result")
+    if tiles not in ("all", "full", "partial") or (tiles != "all" and (not has_out or trace_flags is not None)) \
+            or (tiles == "partial" and merge):
+        raise ValueError(f"tiles={tiles!r}: use 'all', or 'full' / 'partial' with out=(o, lse), untraced "
+                         "('partial' resumes from out, or o_prev: no merge)")
+    traced = trace_flags is not None
+    flags = trace_flags or (False, False, False)
+    persistent = schedule == "persistent"
+    n_work = b * h * plan.n_qb
+    works = plan.work_list(b * h, schedule)
+    grid = (min(device_facts(device).sm_count, n_work),) if persistent else (n_work,)
+    if hw_clock is None:
+        hw_clock = device.type == "cuda" and not interpreting()
+    d_tile = padded_head_dim(d)
+    tma_fits = (d == d_tile and n % cfg.block_m == 0 and n_k % cfg.block_n == 0
+                and all(t.is_contiguous() for t in (q, k, v)))
+    if use_tma is None:
+        use_tma = rules.tma_available(device) and tma_fits
+    elif use_tma and not tma_fits:
+        raise ValueError("use_tma=True needs contiguous q, k, v, a power-of-two D >= 16 and N_q, N_k "
+                         "multiples of the block sizes")
+    ws = rules.use_warp_specialize(warp_specialize, cfg, plan, d, q.dtype, schedule, tma_fits, device,
+                                   traced=traced)
+    if ws:
+        _ensure_allocator()
+        use_tma = False        # descriptors are made on the device (DEVICE_DESC)
+    elif (warp_specialize is None or (block_m, block_n, num_warps, num_stages) == (None,) * 4) and \
+            (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == rules.ws_default(d_tile, q.dtype, device):
+        # the WS default where WS cannot run (e.g. strided q/k/v, traced, or turned off): 4 warps
+        # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
+        cfg = rules.KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
+    split = rules.two_launches(ws, plan)   # the second resumes from the first's (O, lse)
+    consts = dict(
+        HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
+        PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
+        EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
+        RETURN_LSE=bool(return_lse or has_out), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
+        MERGE=bool(merge), ROWSUM_MMA=rules.rowsum_mma(ws, flags[2], plan),
+        WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
+        TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
+        STORE_ORDER=persistent or not hw_clock,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    full = dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True)
+    partial = dict(consts, OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, ROWSUM_MMA=False,
+                   WARP_SPECIALIZE=False, DEVICE_DESC=False, USE_TMA=False, SAFE_DIV=True, RETURN_LSE=True,
+                   num_warps=rules.WS_ON_BAND_WARPS if ws else cfg.num_warps)
+    if tiles != "all":      # one of the split's two launches (any plan; without WS too)
+        launches = (_launch_of(full if tiles == "full" else partial, False),)
+    elif split:
+        # the full tiles warp-specialised, storing (O, lse); then the partial tiles in a plain
+        # loop, resumed from them, read from O (Triton 3.6 compiles the WS loop only alone in its kernel)
+        launches = (_launch_of(full, False), _launch_of(partial, True))
+    else:
+        launches = (_launch_of(consts, False),)
+    contiguous = lambda shape: (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3])  # noqa: E731
+    return LaunchPlan(
+        spec=spec, cfg=cfg, block=plan, shape=(b, h, n, d), dtype=q.dtype, device=device, grid=grid,
+        works=works, persistent=persistent, ws=ws, use_tma=bool(use_tma), copy_qkv=copy_qkv,
+        kv_strides=(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]), o_strides=contiguous(q.shape),
+        plan_args=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
+        sizes=(h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work),
+        new_lse=bool(return_lse or split), returns_lse=bool(return_lse or has_out), launches=launches)
+
+
+def _launch_of(consts: dict, prev_is_o: bool) -> Launch:
+    plain = dict(consts, WARP_SPECIALIZE=False, num_warps=8)
+    return Launch(consts, plain, tuple(consts.items()), consts["WARP_SPECIALIZE"], prev_is_o)
+
+
+def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
+    """Launch a resolved plan on this call's tensors.
+
+    Arguments:
+        lp: the call's LaunchPlan; q, k, v, sm_scale, trace, out, merge, o_prev: as
+            launch_attention's (already checked against lp's key).
+    Returns:
+        O, or (O, lse) where the plan returns lse."""
+    b, h, n, d = lp.shape
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        check_inputs(q, k, v)           # raises: the kernel has no backward
+    if lp.copy_qkv:
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    strides = lp.kv_strides
+    if out is None:
+        o = torch.empty(lp.shape, dtype=lp.dtype, device=lp.device)         # (B, H, N_q, D)
+        o_strides = lp.o_strides
+        lse = torch.empty((b, h, n), dtype=torch.float32, device=lp.device) if lp.new_lse else o
+        lse_stride = n
+    else:
+        o = _check_out(out, q)
+        o_strides = o.stride()[:3]
+        lse = out[1]
+        lse_stride = lse.stride(1)
+    if o_prev is None:
+        o_prev = o
+    elif not ((merge or lp.launches[0].consts["SEED"]) and isinstance(o_prev, torch.Tensor)
+              and o_prev.shape == q.shape and o_prev.stride(-1) == 1 and o_prev.device == q.device):
+        raise ValueError(f"o_prev goes with merge=True or tiles='partial': a tensor {tuple(q.shape)} with unit last stride on {q.device}")
+    qk_scale = softmax_scale(sm_scale, d) * LOG2E                   # fold log2(e) in
+    works = lp.works
+    counter = torch.zeros(1, device=lp.device, dtype=torch.int32) if lp.persistent else works
+    if trace is None:
+        tr = (works,) * 6 + (0,)    # placeholders: with the flags off no trace code is compiled
+    else:
+        key = (b * h, id(lp.block))     # checked once: timing a traced call then adds no host work
+        if key not in trace._checked:
+            trace._checked[key] = check_trace_buffers(trace, b * h, lp.block)
+        head_slot, slots = trace._checked[key]
+        tr = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, head_slot, slots)
+    if lp.use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        cfg = lp.cfg
+        descs = tuple(TensorDescriptor.from_tensor(t.view(-1, d), [bm, d])          # (B*H*N, D) views
+                      for t, bm in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
+    else:
+        descs = (q, k, v)  # unused placeholders: the TMA path is compiled out
+    head = (q, k, v, o, *strides, *o_strides)
+    tail = (*lp.plan_args, *descs, lse, lse_stride, works, counter, *tr, *lp.sizes, qk_scale)
+    for launch in lp.launches:
+        prev = o if launch.prev_is_o else o_prev
+        _launch(lp.grid, (*head, prev, *(o_strides if prev is o else prev.stride()[:3]), *tail), launch)
+    return (o, lse) if lp.returns_lse else o
+
+
+def _check_out(out, q) -> torch.Tensor:
+    """launch_attention's out=(o, lse): o to write into; one clear line when they do not fit q."""
+    b, h, n, d = q.shape
+    o, lse = out if isinstance(out, (tuple, list)) and len(out) == 2 else (None, None)
+    fits = (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor) and o.shape == q.shape
+            and o.dtype in (torch.float32, q.dtype) and o.stride(-1) == 1 and o.device == q.device
+            and tuple(lse.shape) == (b, h, n) and lse.dtype == torch.float32 and lse.device == q.device
+            and lse.stride(2) == 1 and lse.stride(0) == h * lse.stride(1))
+    if not fits:
+        raise ValueError(f"out must be (o, lse): o {tuple(q.shape)} float32 or {q.dtype} with unit last "
+                         f"stride, lse {(b, h, n)} float32 with rows of one (B, H, N) buffer, on {q.device}")
+    return o
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors take their scratch from Triton's allocator (set once)."""
+    if not _ALLOCATOR:
+        _ALLOCATOR.append(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        triton.set_allocator(_ALLOCATOR[0])
+
+
+def _launch(grid, args, launch: Launch) -> None:
+    """Launch; a warp-specialised kernel Triton refuses to compile (it can, e.g. with some trace
+    flags) runs once more with the plain loop and 8 warps, and that choice is remembered."""
+    consts = launch.consts
+    if launch.ws and _WS_REFUSED and launch.key in _WS_REFUSED:
+        consts = launch.plain
+    try:
+        attn_fwd_kernel[grid](*args, **consts)
+    except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
+        if not consts["WARP_SPECIALIZE"]:
+            raise
+        _WS_REFUSED.add(launch.key)
+        print(f"flash: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop "
+              f"for {dict((k, v) for k, v in consts.items() if v is True)}", file=sys.stderr)
+        attn_fwd_kernel[grid](*args, **launch.plain)
