@@ -8,6 +8,7 @@ still build and run a model.
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -78,3 +79,19 @@ def test_console_scripts_point_at_modules_with_main():
         module, _, func = target.partition(":")
         assert callable(getattr(importlib.import_module(module), func)), name
 
+
+
+def test_no_sys_path_changes_in_product_code():
+    # The packages are importable because the project is installed, never by editing sys.path.
+    edits = re.compile(r"sys\.path\.(insert|append|extend)\(|sys\.path\s*(\+=|=[^=])")
+    found = [f"{path.relative_to(ROOT)}:{number}"
+             for package in ("kernels", "instrumentation", "app", "benchmarks")
+             for path in sorted((ROOT / package).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if edits.search(line)]
+    assert not found
+
+
+def test_app_launcher_runs_the_repository_app():
+    from app import run_app
+
+    assert run_app.MAIN == ROOT / "app" / "main.py" and run_app.MAIN.is_file()
