@@ -1,0 +1,233 @@
+"""FlashAttention backward, host side: the block lists of the dK/dV pass (the forward's plan
+transposed: per key block, its visible query blocks), the launch of the three kernels
+(kernels.backward_kernel), and the torch.autograd.Function that makes flash_attention
+differentiable.
+
+The forward saves O and the natural-log lse; the backward recomputes P = exp(S - lse) tile by
+tile, so it keeps O(N) extra memory: lse2 and D = rowsum(dO * O) per query row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .runtime import INTERPRETER_MAX_TILES, choose_backend, interpreting
+
+choose_backend()  # before triton is imported: the interpreter is chosen at import time
+
+from .backward_kernel import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess  # noqa: E402
+from .launch_cache import BoundedCache  # noqa: E402
+from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask  # noqa: E402
+from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
+from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
+
+LOG2E = 1.4426950408889634
+PREPROCESS_ROWS = 64
+KEY_LISTS_CACHE_ENTRIES = 64
+KEY_LISTS_CACHE_BYTES = 256 << 20
+KEY_LISTS_CACHE_ITEM_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Tiles of the two passes: dK/dV holds block_n1 keys and streams block_m1 query rows; dQ
+    holds block_m2 query rows and streams block_n2 keys."""
+
+    block_m1: int
+    block_n1: int
+    block_m2: int
+    block_n2: int
+    num_warps: int
+    num_stages: int
+
+
+def backward_config(head_dim: int, device) -> BackwardConfig:
+    """The default tiles for a padded head dim on a device (the interpreter: few, large tiles).
+
+    Arguments:
+        head_dim: D of the call (padded to a power of two inside).
+        device: where the tensors are.
+    Returns:
+        BackwardConfig."""
+    d = padded_head_dim(head_dim)
+    if interpreting() or torch.device(device).type != "cuda":
+        return BackwardConfig(32, 32, 32, 32, 4, 1)
+    if d <= 64:
+        return BackwardConfig(64, 128, 128, 64, 4, 3)
+    if d <= 128:
+        return BackwardConfig(64, 128, 128, 64, 8, 2)
+    return BackwardConfig(32, 64, 64, 32, 8, 1)
+
+
+@dataclass
+class KeyBlockLists:
+    """Per key block, the query blocks that see it: the forward's block map transposed."""
+
+    plan: BlockPlan                 # the forward's plan at (block_m, block_n): row intervals, map
+    full_cnt: torch.Tensor          # (n_kb,) int32
+    full_start: torch.Tensor        # (n_kb,) int32: full query blocks are full_start + [0, full_cnt)
+    part_cnt: torch.Tensor          # (n_kb,) int32
+    part_idx: torch.Tensor          # (n_kb, n_qb) int32: partial query blocks first, ascending
+
+
+def _lists_bytes(lists: KeyBlockLists) -> int:
+    return plan_bytes(lists.plan) + sum(t.numel() * 4 for t in (lists.full_cnt, lists.full_start,
+                                                                 lists.part_cnt, lists.part_idx))
+
+
+_KEY_LISTS = BoundedCache(KEY_LISTS_CACHE_ENTRIES, KEY_LISTS_CACHE_BYTES, KEY_LISTS_CACHE_ITEM_BYTES,
+                          _lists_bytes)
+
+
+def key_block_lists(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int, device) -> KeyBlockLists:
+    """The dK/dV pass's block lists for query blocks of block_m rows and key blocks of block_n.
+
+    Arguments:
+        spec: the parsed mask; n_q, n_k: query rows and keys; block_m, block_n: tile sizes;
+            device: where the lists go.
+    Returns:
+        KeyBlockLists (kept in a bounded cache per (mask, sizes, blocks, device))."""
+    key = (spec, int(n_q), int(n_k), int(block_m), int(block_n), str(device))
+    lists = _KEY_LISTS.get(key)
+    if lists is None:
+        lists = _KEY_LISTS.put(key, _key_block_lists(*key))
+    return lists
+
+
+def _key_block_lists(spec, n_q, n_k, block_m, block_n, device) -> KeyBlockLists:
+    plan = block_plan(spec, n_q, block_m, block_n, device, n_k)
+    by_key = plan.block_map.T                                     # (n_kb, n_qb)
+    full = by_key == FULL
+    full_cnt = full.sum(axis=1).astype(np.int32)
+    full_start = np.where(full_cnt > 0, np.argmax(full, axis=1), 0).astype(np.int32)
+    # every row sees one interval whose ends never move left as the row moves down (all mask
+    # kinds), so the query blocks that fully see a key block form one contiguous run
+    run = np.arange(by_key.shape[1])[None, :]
+    in_run = (run >= full_start[:, None]) & (run < (full_start + full_cnt)[:, None])
+    assert np.array_equal(in_run, full), "full query blocks of a key block are not contiguous"
+    partial = by_key == PARTIAL
+    part_cnt = partial.sum(axis=1).astype(np.int32)
+    part_idx = np.argsort(~partial, axis=1, kind="stable").astype(np.int32)  # partial ones first, ascending
+    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return KeyBlockLists(plan, to(full_cnt), to(full_start), to(part_cnt), to(part_idx))
+
+
+def _rows_ok(t: torch.Tensor) -> torch.Tensor:
+    """t with a unit stride along D (the kernels take any (B, H, N) strides)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_interpreter_size(plan: BlockPlan, heads: int, phase: str) -> None:
+    computed = int((plan.block_map != SKIPPED).sum()) * heads
+    if computed > INTERPRETER_MAX_TILES:
+        raise ValueError(f"the {phase} pass computes {computed} tiles, too many for the CPU interpreter "
+                         f"(limit {INTERPRETER_MAX_TILES}): lower N, B or H, or run on a GPU")
+
+
+def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None,
+                             config: BackwardConfig | None = None):
+    """Gradients of flash_attention from its saved output and log-sum-exp.
+
+    Arguments:
+        do: dL/dO, (B, H, N_q, D) like q (any float dtype; taken in q's dtype).
+        q, k, v: the forward's inputs; o, lse: its output and natural-log lse (B, H, N_q) float32.
+        mask, sm_scale: the forward's.
+        dlse: dL/dlse (B, H, N_q), or None when the lse took no part in the loss.
+        config: BackwardConfig; None: backward_config's default.
+    Returns:
+        (dq, dk, dv) in the inputs' shapes and dtype; rows that see no key get dq = 0 and add
+        nothing to dk, dv."""
+    check_inputs(q, k, v, for_kernel=False)
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    spec = parse_mask(mask, n_q, n_k)
+    scale = softmax_scale(sm_scale, d)
+    cfg = config or backward_config(d, q.device)
+    q, k, v, o = (_rows_ok(t) for t in (q, k, v, o))
+    do = _rows_ok(do.to(q.dtype))
+    lse = lse.float().contiguous()
+    d_tile = padded_head_dim(d)
+    dq_plan = block_plan(spec, n_q, cfg.block_m2, cfg.block_n2, q.device, n_k)
+    kv_lists = key_block_lists(spec, n_q, n_k, cfg.block_m1, cfg.block_n1, q.device)
+    if interpreting():
+        _check_interpreter_size(kv_lists.plan, b * h, "dK/dV")
+        _check_interpreter_size(dq_plan, b * h, "dQ")
+    common = dict(HEAD_DIM=d_tile, EVEN_D=(d == d_tile),
+                  DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                  UPCAST=interpreting() and q.dtype == torch.bfloat16)
+    # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
+    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    n_rows = -(-n_q // PREPROCESS_ROWS)
+    has_dlse = dlse is not None
+    dlse_arg = dlse.float().contiguous() if has_dlse else lse
+    attn_bwd_preprocess[(b * h * n_rows,)](
+        o, do, lse, dlse_arg, stats, *o.stride()[:3], *do.stride()[:3], h, n_q, n_rows,
+        head_dim=d, HEAD_DIM=d_tile, BLOCK=PREPROCESS_ROWS, EVEN_D=(d == d_tile), HAS_DLSE=has_dlse)
+    qk_scale = scale * LOG2E
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    # 2. dK, dV: one program per (b * H_kv + kv head, key block)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    kp = kv_lists.plan
+    attn_bwd_dkdv_kernel[(b * h_kv * kp.n_kb,)](
+        q, k, v, do, dk, dv, stats, *strides, *dk.stride()[:3], *dv.stride()[:3],
+        kp.row_lo, kp.row_hi, kv_lists.full_cnt, kv_lists.full_start, kv_lists.part_cnt, kv_lists.part_idx,
+        h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, qk_scale, scale,
+        head_dim=d, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, EVEN_N=(n_k % cfg.block_n1 == 0),
+        HAS_FULL=bool((kp.block_map == FULL).any()), HAS_PARTIAL=kp.has_partial,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    # 3. dQ: one program per (b * H + head, query block)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    attn_bwd_dq_kernel[(b * h * dq_plan.n_qb,)](
+        q, k, v, do, dq, stats, *strides, *dq.stride()[:3],
+        dq_plan.row_lo, dq_plan.row_hi, dq_plan.full_cnt, dq_plan.full_start, dq_plan.part_cnt, dq_plan.part_idx,
+        h, h // h_kv, n_q, n_k, dq_plan.n_qb, dq_plan.n_kb, qk_scale, scale,
+        head_dim=d, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, EVEN_M=(n_q % cfg.block_m2 == 0),
+        HAS_FULL=bool((dq_plan.block_map == FULL).any()), HAS_PARTIAL=dq_plan.has_partial,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """flash_attention with a backward: saves (q, k, v, O, lse); gradients for q, k, v (and
+    through the lse, when the caller uses it)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages,
+                warp_specialize, bwd_config):
+        from .flash import flash_attention   # kernels.flash routes here: import when first run
+
+        o, lse = flash_attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse=True,
+                                 num_warps=num_warps, num_stages=num_stages, warp_specialize=warp_specialize)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mask, ctx.sm_scale, ctx.bwd_config = mask, sm_scale, bwd_config
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:                     # only the lse reached the loss
+            do = torch.zeros_like(o)
+        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.mask, ctx.sm_scale, dlse,
+                                              ctx.bwd_config)
+        return dq, dk, dv, *(None,) * 9
+
+
+def attention_with_grad(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
+                        schedule="natural", return_lse=False, num_warps=None, num_stages=None,
+                        warp_specialize=None, bwd_config: BackwardConfig | None = None):
+    """flash_attention recorded for autograd (kernels.flash calls this when an input requires grad).
+
+    Arguments:
+        q ... warp_specialize: as kernels.flash_attention's; bwd_config: the backward's tiles
+            (None: backward_config's default).
+    Returns:
+        O, or (O, lse) with return_lse; both carry gradients back to q, k, v."""
+    if isinstance(mask, str):
+        mask = parse_mask(mask)       # a spec is hashable and checked once; the text is parsed here
+    o, lse = FlashAttentionFunction.apply(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps,
+                                          num_stages, warp_specialize, bwd_config)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,321 @@
+"""The FlashAttention-2 backward kernels (Triton): recompute P = exp(S - lse) tile by tile from
+the forward's log-sum-exp, never storing an N_q x N_k matrix.
+
+Three launches, deterministic (no atomics):
+1. attn_bwd_preprocess: one program per (batch*head, row block) computes D_i = rowsum(dO_i * O_i)
+   (minus dlse_i when the caller's lse carries a gradient) and the lse in log2 units; a row
+   that saw no key (lse -inf) gets +inf, so every P of that row recomputes as exp2(-inf) = 0.
+2. attn_bwd_dkdv_kernel: one program per (batch*kv_head, key block). K_j and V_j stay on chip;
+   the program walks the query heads of its group (GQA: their contributions sum into one
+   dK_j, dV_j) and, per head, the key block's visible query blocks (the forward's block lists
+   transposed: partial ones first, each with the per-row interval mask, then the contiguous
+   run of full ones, unmasked):
+       P^T = exp2(K Q^T * scale*log2e - lse2),  dV += P^T dO,  dP^T = V dO^T,
+       dS^T = P^T (dP^T - D),  dK += dS^T Q.
+3. attn_bwd_dq_kernel: one program per (batch*head, query block) walks the forward's block
+   lists of its query block: dQ += dS K with the same recomputed P and dS. dQ in its own pass
+   keeps the result independent of the order programs run in.
+
+Shapes as the forward's: q, dO, O (B, H, N_q, D); k, v (B, H_kv, N_k, D); query head h reads
+KV head h // GROUP. The head dim is padded to the tile width HEAD_DIM by masked loads when
+EVEN_D is off (padded columns load 0 and are never stored). Padded query rows load dO = 0,
+lse2 = +inf and an empty interval; padded key rows are masked on partial tiles (full tiles have
+none) and their dK, dV rows are not stored. UPCAST_DOT (the interpreter's bf16): operands are
+rounded to bf16 as the tensor cores take them and multiplied in float32, as in the forward.
+
+Tracing (to come, as the forward's): the work-item functions _dkdv_item and _dq_item are where
+a TRACE_WORK constexpr would store one record per program, (phase, head, block, program, sm,
+t_start, t_end): the head is the KV head for dkdv and the query head for dq, the block the key
+or query block; t_start is read on entry, t_end after the store. The tile loops _dkdv_tiles and
+_dq_tiles visit one tile per iteration: a TRACE_TILES flag would store (q_block, k_block,
+step0 + i) per visited tile there, with step0 the visits before the loop (for dkdv, counted
+across the group's heads), which gives bwd_tiles' per-program visit order. A persistent
+schedule would call the same item functions from a loop over a work counter, as the forward.
+"""
+
+from .runtime import choose_backend
+
+choose_backend()  # before triton is imported, also when this module is imported on its own
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _load_tile(ptrs, row_ok, d_ok, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr):
+    """A (rows, HEAD_DIM) tile; masks only where they can be false. UPCAST: float32 after loading."""
+    if MASK_ROWS:
+        if EVEN_D:
+            x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    elif EVEN_D:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _operand(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    """A float32 tile rounded to the inputs' dtype for a dot (kept float32 when UPCAST)."""
+    y = x.to(DTYPE)
+    if UPCAST:
+        y = y.to(tl.float32)
+    return y
+
+
+@triton.jit
+def _store_tile(ptrs, x, row_ok, d_ok, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    if MASK_ROWS:
+        if EVEN_D:
+            tl.store(ptrs, x, mask=row_ok[:, None])
+        else:
+            tl.store(ptrs, x, mask=row_ok[:, None] & d_ok[None, :])
+    elif EVEN_D:
+        tl.store(ptrs, x)
+    else:
+        tl.store(ptrs, x, mask=d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["N_Q", "n_rows"])
+def attn_bwd_preprocess(O, DO, LSE, DLSE, STATS, stride_ob, stride_oh, stride_on,
+                        stride_dob, stride_doh, stride_don, H, N_Q, n_rows,
+                        head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+                        EVEN_D: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """STATS (B*H, 2, N_Q) float32: [bh, 0, i] = lse * log2(e), +inf where lse = -inf (lse2);
+    [bh, 1, i] = sum_d O * dO (- dLSE) (delta). LSE, DLSE: (B*H, N_Q) float32, contiguous.
+    Grid: (B*H * n_rows,)."""
+    pid = tl.program_id(0)
+    bh = pid // n_rows
+    offs_m = (pid % n_rows) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_Q
+    d_ok = offs_d < head_dim
+    off_b = (bh // H).to(tl.int64)
+    off_h = (bh % H).to(tl.int64)
+    o = _load_tile(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :],
+                   row_ok, d_ok, True, EVEN_D, True)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
+                    row_ok, d_ok, True, EVEN_D, True)
+    delta = tl.sum(o * do, 1)
+    row = bh.to(tl.int64) * N_Q + offs_m
+    stat = STATS + bh.to(tl.int64) * 2 * N_Q + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + row, mask=row_ok, other=0.0)
+    lse = tl.load(LSE + row, mask=row_ok, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    tl.store(stat, lse2, mask=row_ok)
+    tl.store(stat + N_Q, delta, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base, lo_ptr, hi_ptr,
+                idx_ptr, qb_start, count, offs_n, offs_d, d_ok, N_Q, qk_scale,
+                BLOCK_M: tl.constexpr, IS_PARTIAL: tl.constexpr, EVEN_D: tl.constexpr,
+                DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One key block against `count` query blocks of one query head: dK, dV accumulated."""
+    for i in range(0, count):
+        if IS_PARTIAL:
+            q_block = tl.load(idx_ptr + i)
+        else:
+            q_block = qb_start + i           # full query blocks of an interval mask: one run
+        offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < N_Q
+        q = _load_tile(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], row_ok, d_ok, IS_PARTIAL,
+                       EVEN_D, UPCAST)
+        do = _load_tile(do_base + offs_m[:, None] * stride_don + offs_d[None, :], row_ok, d_ok, IS_PARTIAL,
+                        EVEN_D, UPCAST)
+        if IS_PARTIAL:
+            lse2 = tl.load(stat_base + offs_m, mask=row_ok, other=float("inf"))
+            delta = tl.load(stat_base + N_Q + offs_m, mask=row_ok, other=0.0)
+        else:
+            lse2 = tl.load(stat_base + offs_m)
+            delta = tl.load(stat_base + N_Q + offs_m)
+        # P^T (BLOCK_N, BLOCK_M) recomputed from the forward's lse
+        qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
+        if IS_PARTIAL:
+            lo = tl.load(lo_ptr + offs_m, mask=row_ok, other=0)
+            hi = tl.load(hi_ptr + offs_m, mask=row_ok, other=-1)     # padded rows see nothing
+            visible = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :])
+            p_t = tl.where(visible, p_t, 0.0)
+        dv = tl.dot(_operand(p_t, DTYPE, UPCAST), do, dv, input_precision=DOT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(_operand(ds_t, DTYPE, UPCAST), q, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS,
+               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+               H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
+               head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    h_kv = H // GROUP
+    bh_kv = work // n_kb
+    k_block = work % n_kb
+    off_b = (bh_kv // h_kv).to(tl.int64)
+    off_hkv = (bh_kv % h_kv).to(tl.int64)
+    offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim
+    n_ok = offs_n < N_K
+    DTYPE: tl.constexpr = DO.dtype.element_ty
+    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                   n_ok, d_ok, not EVEN_N, EVEN_D, UPCAST)
+    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                   n_ok, d_ok, not EVEN_N, EVEN_D, UPCAST)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    n_full = tl.load(full_cnt + k_block)
+    qb_start = tl.load(full_start + k_block)
+    n_part = tl.load(part_cnt + k_block)
+    # the group's query heads all read this KV head: their dK, dV sum here, in head order
+    for g in range(0, GROUP):
+        off_h = off_hkv * GROUP + g
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+        do_base = DO + off_b * stride_dob + off_h * stride_doh
+        stat_base = STATS + (off_b * H + off_h) * 2 * N_Q         # lse2 row, then delta row
+        if HAS_PARTIAL:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base, lo_ptr, hi_ptr,
+                                 part_idx + k_block * n_qb, 0, n_part, offs_n, offs_d, d_ok, N_Q, qk_scale,
+                                 BLOCK_M, True, EVEN_D, DTYPE, DOT_PRECISION, UPCAST)
+        if HAS_FULL:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base, lo_ptr, hi_ptr,
+                                 part_idx, qb_start, n_full, offs_n, offs_d, d_ok, N_Q, qk_scale,
+                                 BLOCK_M, False, EVEN_D, DTYPE, DOT_PRECISION, UPCAST)
+    dk = dk * sm_scale
+    dk_ptrs = DK + off_b * stride_dkb + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :]
+    dv_ptrs = DV + off_b * stride_dvb + off_hkv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :]
+    _store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, EVEN_D)
+    _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), n_ok, d_ok, not EVEN_N, EVEN_D)
+
+
+@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, STATS,
+                         stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                         stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                         lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+                         H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
+                         head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                         HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dK, dV: one program per work item (b*H_kv + kv_head) * n_kb + key block. Block lists per
+    key block (the forward's transposed, for BLOCK_M x BLOCK_N tiles): full query blocks
+    full_start + [0, full_cnt), partial ones part_idx[k_block * n_qb + i], i < part_cnt.
+    STATS: (B*H, 2, N_Q) float32, lse2 and delta from attn_bwd_preprocess."""
+    _dkdv_item(tl.program_id(0), Q, K, V, DO, DK, DV, STATS,
+               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+               H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, head_dim, HEAD_DIM, BLOCK_M, BLOCK_N,
+               EVEN_N, EVEN_D, HAS_FULL, HAS_PARTIAL, DOT_PRECISION, UPCAST)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, row_lo, row_hi,
+              idx_ptr, kb_start, count, offs_d, d_ok, N_K, qk_scale,
+              BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr, EVEN_D: tl.constexpr,
+              DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One query block against `count` key blocks: dQ accumulated (unscaled)."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for i in range(0, count):
+        if IS_PARTIAL:
+            k_block = tl.load(idx_ptr + i)
+        else:
+            k_block = kb_start + i
+        offs_n = k_block * BLOCK_N + offs_n0
+        n_ok = offs_n < N_K
+        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok, IS_PARTIAL,
+                       EVEN_D, UPCAST)
+        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok, IS_PARTIAL,
+                       EVEN_D, UPCAST)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)                 # (BLOCK_M, BLOCK_N)
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if IS_PARTIAL:
+            visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(_operand(ds, DTYPE, UPCAST), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _dq_item(work, Q, K, V, DO, DQ, STATS,
+             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+             stride_dqb, stride_dqh, stride_dqn,
+             lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+             H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
+             head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
+             DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    bh = work // n_qb
+    q_block = work % n_qb
+    off_b = (bh // H).to(tl.int64)
+    off_h = (bh % H).to(tl.int64)
+    off_hkv = off_h // GROUP
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim
+    row_ok = offs_m < N_Q
+    DTYPE: tl.constexpr = DO.dtype.element_ty
+    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                   row_ok, d_ok, not EVEN_M, EVEN_D, UPCAST)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :],
+                    row_ok, d_ok, not EVEN_M, EVEN_D, UPCAST)
+    stat_base = STATS + bh.to(tl.int64) * 2 * N_Q
+    lse2 = tl.load(stat_base + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(stat_base + N_Q + offs_m, mask=row_ok, other=0.0)
+    row_lo = tl.load(lo_ptr + offs_m, mask=row_ok, other=0)
+    row_hi = tl.load(hi_ptr + offs_m, mask=row_ok, other=-1)
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if HAS_FULL:
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, row_lo, row_hi, part_idx,
+                       tl.load(full_start + q_block), tl.load(full_cnt + q_block), offs_d, d_ok, N_K, qk_scale,
+                       BLOCK_N, False, EVEN_D, DTYPE, DOT_PRECISION, UPCAST)
+    if HAS_PARTIAL:
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, row_lo, row_hi,
+                       part_idx + q_block * n_kb, 0, tl.load(part_cnt + q_block), offs_d, d_ok, N_K, qk_scale,
+                       BLOCK_N, True, EVEN_D, DTYPE, DOT_PRECISION, UPCAST)
+    dq = dq * sm_scale
+    dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :]
+    _store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), row_ok, d_ok, not EVEN_M, EVEN_D)
+
+
+@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_bwd_dq_kernel(Q, K, V, DO, DQ, STATS,
+                       stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                       stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                       stride_dqb, stride_dqh, stride_dqn,
+                       lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+                       H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
+                       head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
+                       HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dQ: one program per work item (b*H + head) * n_qb + query block, over the forward's
+    block lists (kernels.plan.BlockPlan for BLOCK_M x BLOCK_N tiles)."""
+    _dq_item(tl.program_id(0), Q, K, V, DO, DQ, STATS,
+             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+             stride_dqb, stride_dqh, stride_dqn,
+             lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+             H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, head_dim, HEAD_DIM, BLOCK_M, BLOCK_N,
+             EVEN_M, EVEN_D, HAS_FULL, HAS_PARTIAL, DOT_PRECISION, UPCAST)
