@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 import torch
 
-from instrumentation.ring import launch
+from instrumentation.recording.ranks import launch
 from kernels.reference import reference_attention
 from kernels.ring import (KernelCall, locate, merge_partial, rank_chunks, shard, step_plan,
                           unshard)
