@@ -1,0 +1,169 @@
+"""The FlashAttention backward against float64 autograd of dense attention: every mask kind,
+GQA / MQA, N_q != N_k, odd N and D, rows that see no key, sm_scale, several tile sizes, the
+gradient through the lse, and fp16 / bf16 within twice PyTorch's own same-precision error.
+
+No torch.autograd.gradcheck: it needs float64 end to end, and the forward kernel takes float32,
+float16 and bfloat16 only (float64 has no tensor-core dot to mirror); the float32 comparisons
+against float64 autograd at 1e-5 stand in for it."""
+
+import pytest
+import torch
+
+from kernels import flash_attention
+from kernels.backward import BackwardConfig, attention_with_grad, flash_attention_backward
+from kernels.masks import parse_mask
+from tests.kernels.test_masks import mask_texts
+
+
+def dense_attention(q, k, v, mask, sm_scale=None):
+    """Softmax attention with the dense mask, in the inputs' dtype (autograd-able); returns (O, lse).
+    Rows that see no key: O = 0, lse = -inf."""
+    n_q, n_k, d = q.shape[2], k.shape[2], q.shape[3]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * (sm_scale or d ** -0.5)
+    s = s.masked_fill(~parse_mask(mask, n_q, n_k).dense(n_q, n_k).to(q.device), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    return p @ v, lse
+
+
+def make(b, h, h_kv, n_q, n_k, d, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed * 1009 + n_q * 31 + n_k * 7 + d)
+    q = torch.randn(b, h, n_q, d, generator=g)
+    k, v = (torch.randn(b, h_kv, n_k, d, generator=g) for _ in range(2))
+    do = torch.randn(b, h, n_q, d, generator=g)
+    return [t.to(dtype).to(device) for t in (q, k, v, do)]
+
+
+def ours(q, k, v, do, mask, **kw):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    o = attention_with_grad(q, k, v, mask, **kw)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def float64_grads(q, k, v, do, mask, sm_scale=None):
+    q, k, v = (t.detach().cpu().double().requires_grad_(True) for t in (q, k, v))
+    o, _ = dense_attention(q, k, v, mask, sm_scale)
+    o.backward(do.cpu().double())
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def rel_err(x, ref):
+    return ((x.detach().cpu().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("b,h,h_kv,n_q,n_k,d", [
+    (1, 2, 2, 45, 45, 16),      # MHA, odd N
+    (2, 4, 2, 37, 70, 24),      # GQA, N_q < N_k, odd D
+    (1, 3, 1, 64, 33, 40),      # MQA, N_q > N_k: the first rows of causal masks see no key
+])
+def test_float32_gradients_match_float64_for_every_mask(b, h, h_kv, n_q, n_k, d):
+    q, k, v, do = make(b, h, h_kv, n_q, n_k, d)
+    for text in mask_texts(n_k):
+        got = ours(q, k, v, do, text)
+        ref = float64_grads(q, k, v, do, text)
+        for name, x, r in zip(("o", "dq", "dk", "dv"), got, ref):
+            assert torch.isfinite(x).all(), (text, name)
+            assert rel_err(x, r) < 1e-5, (text, name, rel_err(x, r))
+
+
+@pytest.mark.parametrize("cfg", [BackwardConfig(16, 64, 64, 16, 4, 1), BackwardConfig(64, 16, 16, 32, 4, 1)])
+def test_tile_sizes_and_sm_scale(cfg):
+    q, k, v, do = make(1, 2, 1, 50, 77, 20, seed=1)
+    for text in ("causal", "sliding_window:20"):
+        got = ours(q, k, v, do, text, sm_scale=0.3, bwd_config=cfg)
+        ref = float64_grads(q, k, v, do, text, sm_scale=0.3)
+        for x, r in zip(got[1:], ref[1:]):
+            assert rel_err(x, r) < 1e-5, (cfg, text)
+
+
+def test_rows_that_see_no_key_get_zero_gradient():
+    # 48 queries against 20 keys, causal and bottom-right aligned: rows 0..27 see nothing
+    q, k, v, do = make(1, 2, 1, 48, 20, 16, seed=2)
+    _, dq, dk, dv = ours(q, k, v, do, "causal")
+    _, dq_ref, dk_ref, dv_ref = float64_grads(q, k, v, do, "causal")
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert torch.equal(dq[:, :, :28], torch.zeros_like(dq[:, :, :28]))
+    assert dq[:, :, 28:].abs().amin(dim=-1).gt(0).any()
+    # huge upstream gradients on the blind rows change nothing
+    do_blind = do.clone()
+    do_blind[:, :, :28] = 1e30
+    _, dq2, dk2, dv2 = ours(q, k, v, do_blind, "causal")
+    assert torch.equal(dq2, dq) and torch.equal(dk2, dk) and torch.equal(dv2, dv)
+    for x, r in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+        assert rel_err(x, r) < 1e-5
+
+
+def test_gradient_through_the_lse():
+    q, k, v, do = make(1, 2, 2, 33, 41, 16, seed=3)
+    w = torch.randn(1, 2, 33, generator=torch.Generator().manual_seed(4))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    o, lse = attention_with_grad(*leaves, "prefix_lm:10", return_lse=True)
+    ((o * do).sum() + (lse * w).sum()).backward()
+    refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    o64, lse64 = dense_attention(*refs, "prefix_lm:10")
+    ((o64 * do.double()).sum() + (lse64 * w.double()).sum()).backward()
+    assert rel_err(lse, lse64.detach()) < 1e-6
+    for x, r in zip(leaves, refs):
+        assert rel_err(x.grad, r.grad) < 1e-5
+    # only the lse in the loss: dO is zero
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    _, lse = attention_with_grad(*leaves, "causal", return_lse=True)
+    lse.sum().backward()
+    refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    dense_attention(*refs, "causal")[1].sum().backward()
+    for x, r in zip(leaves[:2], refs[:2]):
+        assert rel_err(x.grad, r.grad) < 1e-5
+    assert refs[2].grad is None and torch.equal(leaves[2].grad, torch.zeros_like(v))   # lse ignores v
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_within_twice_torch_own_error(dtype):
+    q, k, v, do = make(1, 4, 2, 70, 96, 32, dtype, seed=5)
+    for text in ("causal", "document:30,40,26"):
+        got = ours(q, k, v, do, text)
+        ref = float64_grads(q, k, v, do, text)
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        o_t, _ = dense_attention(*leaves, text)       # PyTorch in the same precision
+        o_t.backward(do)
+        torch_errs = [rel_err(x, r) for x, r in zip((o_t, *(t.grad for t in leaves)), ref)]
+        for name, x, r, te in zip(("o", "dq", "dk", "dv"), got, ref, torch_errs):
+            assert torch.isfinite(x).all(), (text, name)
+            assert rel_err(x, r) <= 2 * te, (dtype, text, name, rel_err(x, r), te)
+
+
+def test_backward_call_matches_autograd_and_is_deterministic():
+    q, k, v, do = make(1, 2, 1, 40, 40, 32, seed=6)
+    o, lse = flash_attention(q, k, v, "sliding_window:13", return_lse=True)
+    first = flash_attention_backward(do, q, k, v, o, lse, "sliding_window:13")
+    again = flash_attention_backward(do, q, k, v, o, lse, "sliding_window:13")
+    for x, y in zip(first, again):
+        assert torch.equal(x, y)
+    _, *grads = ours(q, k, v, do, "sliding_window:13")
+    for x, y in zip(first, grads):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_kv", [8, 2])
+def test_realistic_shapes_against_sdpa_backward(h_kv, device):
+    # B2 H8 N2048 D128 bf16 causal, MHA and GQA: ours and SDPA's bf16 backward against float32
+    q, k, v, do = make(2, 8, h_kv, 2048, 2048, 128, torch.bfloat16, device, seed=7)
+    got = ours(q, k, v, do, "causal")
+    again = ours(q, k, v, do, "causal")
+    for x, y in zip(got, again):
+        assert torch.equal(x, y)                        # deterministic: no atomics
+    leaves32 = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    o32 = torch.nn.functional.scaled_dot_product_attention(*leaves32, is_causal=True, enable_gqa=h_kv != 8)
+    o32.backward(do.float())
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    o_s = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=h_kv != 8)
+    o_s.backward(do)
+    ref = [o32.detach()] + [t.grad for t in leaves32]
+    sdpa = [o_s.detach()] + [t.grad for t in leaves]
+    for name, x, s, r in zip(("o", "dq", "dk", "dv"), got, sdpa, ref):
+        err = ((x.float() - r).norm() / r.norm()).item()
+        err_sdpa = ((s.float() - r).norm() / r.norm()).item()
+        assert err <= 2 * err_sdpa + 1e-3, (name, err, err_sdpa)
