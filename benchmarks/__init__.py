@@ -28,9 +28,10 @@ import kernels  # noqa: F401  (first: picks the interpreter before triton is imp
 import numpy as np
 import torch
 
-from instrumentation import files
-from instrumentation.inputs import (DOC_FRACTIONS, TORCH_DTYPES, document_lengths,  # noqa: F401
-                                    visible_pairs)
+from instrumentation.recording.inputs import (DOC_FRACTIONS, TORCH_DTYPES, document_lengths,  # noqa: F401
+                                              visible_pairs)
+from instrumentation.recording.timing import time_ms  # noqa: F401  (the one timer, re-exported)
+from instrumentation.trace import files
 from kernels.masks import MaskSpec, parse_mask
 
 SCHEMA = "tilescope.benchmarks/1"
@@ -188,25 +189,6 @@ class _no_tf32:
     def __exit__(self, *exc):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
         return False
-
-
-# -- timing -------------------------------------------------------------------------------------
-
-def time_ms(fn, device, warmup: int = 25, rep: int = 100) -> float:
-    """Median time of fn() in milliseconds: Triton's do_bench (CUDA events, L2 flushed between
-    calls) on a GPU; on the CPU (interpreter smoke runs) a few wall-clock calls."""
-    if torch.device(device).type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-    fn()
-    times = []
-    deadline = time.perf_counter() + rep / 1000.0
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 20):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return float(statistics.median(times))
 
 
 def matmul_tflops(device, size: int = 8192, dtype=torch.bfloat16) -> float | None:

@@ -31,7 +31,8 @@ from . import (DEFAULT_OUT, DTYPES, RECORD_KEYS, TOLERANCE, device_slug, free_cu
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from instrumentation.decode import FLUSHES, decode_bytes, measure_copy_bandwidth, time_graph_ms  # noqa: E402
+from instrumentation.recording.decode import decode_bytes, measure_copy_bandwidth  # noqa: E402
+from instrumentation.recording.timing import FLUSHES, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
 

@@ -113,7 +113,7 @@ def _compile_worker(payload: dict) -> list:
     out = []
     try:
         import torch as _torch
-        from instrumentation.inputs import make_inputs
+        from instrumentation.recording.inputs import make_inputs
         from kernels import flash_attention as _fa
 
         dev = _torch.device(payload.get("device", "cuda"))

@@ -36,7 +36,8 @@ import torch  # noqa: E402
 
 from benchmarks import TOLERANCE, rel_error, run_meta  # noqa: E402
 from benchmarks.decode import decode_inputs, empty_graph_us, make_call, min_step_bytes, reference  # noqa: E402
-from instrumentation.decode import FLUSHES, measure_copy_bandwidth, time_graph_ms  # noqa: E402
+from instrumentation.recording.decode import measure_copy_bandwidth  # noqa: E402
+from instrumentation.recording.timing import FLUSHES, time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
 from kernels.decode import decode_plan  # noqa: E402
 

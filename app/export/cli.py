@@ -85,11 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _inputs(args):
-    import instrumentation.decode  # noqa: F401  (declares the decode tables, so decode recordings load)
-    import instrumentation.ring  # noqa: F401  (declares the ring tables, so ring recordings load)
     from app.figures.registry import ChartInputs
-    from instrumentation.sweep import load_sweep
     from instrumentation.trace import Trace
+    from instrumentation.trace.sweep_file import load_sweep
 
     if not args.trace and not args.sweep:
         raise ExportError("pass --trace data/traces/NAME and/or --sweep data/sweeps/NAME.json")

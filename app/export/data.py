@@ -17,7 +17,7 @@ def chrome_trace(trace, tl: pd.DataFrame | None = None) -> dict:
     complete 'X' slice per work item. ts and dur are µs (the format's unit); measured times
     keep their exact ns in args. Modelled timelines put one tile-unit at 1 µs and say so in
     every slice's args and in otherData."""
-    from instrumentation.schedule_model import timeline
+    from instrumentation.analysis.schedule_model import timeline
 
     tl = timeline(trace) if tl is None else tl
     modelled = bool(tl["modelled"].any())

@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation.block_stats import (MAP_STATES, VISIT_STATES, blockmap_stats, flops_per_tile,
+from instrumentation.analysis.block_stats import (MAP_STATES, VISIT_STATES, blockmap_stats, flops_per_tile,
                                          visit_map, visited_grid)
 from kernels.masks import parse_mask
 

@@ -175,7 +175,7 @@ def kv_bytes_figure(kv: dict, preset: str, batch: int, context: int, layers: int
 def decode_setting(trace) -> dict:
     """What the decode figures need from a recording's meta: hardware timing or not, the SM
     count, the bandwidth roof (measured copy, else the datasheet) and the datasheet entry."""
-    from instrumentation import decode_model as dm
+    from instrumentation.analysis import decode_model as dm
 
     meta = trace.meta
     sheet = dm.datasheet_for(meta.get("device_name"))
@@ -189,7 +189,7 @@ def decode_setting(trace) -> dict:
 def decode_pair_lanes_figure(one, chosen) -> go.Figure:
     """SM lanes of the unsplit and the split recording of one decode step (modelled lanes
     where the recording has no hardware clocks)."""
-    from instrumentation import decode_model as dm
+    from instrumentation.analysis import decode_model as dm
 
     s = decode_setting(chosen)
     hw = s["hw"] and decode_setting(one)["hw"]
@@ -207,7 +207,7 @@ def decode_pair_lanes_figure(one, chosen) -> go.Figure:
 
 def decode_row_steps(trace, b: int = 0, head: int = 0, q_row: int | None = None):
     """The merge steps of one query row (default: b 0, head 0, the last query row)."""
-    from instrumentation import decode_model as dm
+    from instrumentation.analysis import decode_model as dm
 
     parts = trace.partials
     q_row = int(parts.q_row.max()) if q_row is None else int(q_row)
@@ -220,7 +220,7 @@ def decode_row_steps(trace, b: int = 0, head: int = 0, q_row: int | None = None)
 
 def decode_pair_roofline_figure(one, chosen) -> go.Figure:
     """Both recordings (when timed) and the same shapes as one causal prefill on the roofline."""
-    from instrumentation import decode_model as dm
+    from instrumentation.analysis import decode_model as dm
 
     s, meta = decode_setting(chosen), chosen.meta
     if one.meta.get("untraced_ms") and meta.get("untraced_ms"):
@@ -238,7 +238,7 @@ def decode_pair_roofline_figure(one, chosen) -> go.Figure:
 
 def decode_kv_figure(preset: str, batch: int, context: int, sizes_from: str | None = None) -> go.Figure:
     """KV-cache bytes per token of a model preset (instrumentation.decode_model.PRESETS)."""
-    from instrumentation import decode_model as dm
+    from instrumentation.analysis import decode_model as dm
 
     if preset not in dm.PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; use one of {sorted(dm.PRESETS)}")

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation.kv_sharing import kv_live_table, kv_occupancy, kv_working_set
+from instrumentation.analysis.kv_sharing import kv_live_table, kv_occupancy, kv_working_set
 
 from ._common import FULL, TEMPLATE, caption, fmt_bytes, time_axis, title
 

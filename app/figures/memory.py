@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from instrumentation import hbm
-from instrumentation.traffic import (CONFIG_COLS, calculator_numbers, check_records, crossover,
+from instrumentation.analysis import hbm
+from instrumentation.analysis.traffic import (CONFIG_COLS, calculator_numbers, check_records, crossover,
                                      loglog_slope, memory_capacity, traffic_model)
 
 from ._common import (FULL, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_time_ms,

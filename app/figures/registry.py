@@ -23,7 +23,7 @@ class ChartInputs:
     _cache: dict = field(default_factory=dict)
 
     def timeline(self):
-        from instrumentation.schedule_model import timeline
+        from instrumentation.analysis.schedule_model import timeline
 
         if "tl" not in self._cache:
             self._cache["tl"] = timeline(self.trace, sms=self.sms, gpu=self.gpu)
@@ -44,7 +44,8 @@ class ChartInputs:
         return int(self.head)
 
     def softmax_steps(self):
-        from instrumentation.online_softmax import default_q_row, inputs_for_trace, softmax_steps
+        from instrumentation.analysis.online_softmax import default_q_row, softmax_steps
+        from instrumentation.recording.inputs import inputs_for_trace
 
         if "steps" not in self._cache:
             if len(self.trace.rows) == 0:
@@ -93,7 +94,7 @@ def _sweep(c: ChartInputs):
 
 def _calculator(c: ChartInputs):
     meta, df = c.sweep if c.sweep is not None else ({}, None)
-    from instrumentation import hbm
+    from instrumentation.analysis import hbm
     el = hbm.DTYPE_BYTES.get(meta.get("dtype", "fp16"), 2)
     # seed 000's worked example (T = 8192), with the sweep's heads / head dim / block when given
     return _F().hbm_calculator_figure(8192, int(meta.get("heads", 32)), int(meta.get("head_dim", 128)),

@@ -18,8 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation.schedule_analysis import animation_times, stragglers
-from instrumentation.schedule_model import schedule_stats, tile_timeline, timeline
+from instrumentation.analysis.schedule_analysis import animation_times, stragglers
+from instrumentation.analysis.schedule_model import schedule_stats, tile_timeline, timeline
 
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption,
                       discrete_colorscale, time_axis, title)
@@ -355,7 +355,7 @@ def schedule_comparison_figure(*traces, sms: int | None = None, gpu: str | None 
 
 def schedule_comparison_stats(*traces, sms=None, gpu=None, tls=None) -> pd.DataFrame:
     """metrics_table of two or three schedules of one problem (µs or tile-units, and %)."""
-    from instrumentation.schedule_analysis import metrics_table
+    from instrumentation.analysis.schedule_analysis import metrics_table
 
     tls = _comparison_timelines(traces, sms, gpu, tls)
     return metrics_table({schedule_name(tr): schedule_stats(tl) for tr, tl in zip(traces, tls)})

@@ -15,9 +15,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation.schedule_analysis import (NEVER, animation_times, default_traced_head, frame_counts,
+from instrumentation.analysis.schedule_analysis import (NEVER, animation_times, default_traced_head, frame_counts,
                                                tile_frames, work_frames)
-from instrumentation.schedule_model import schedule_stats, tile_timeline
+from instrumentation.analysis.schedule_model import schedule_stats, tile_timeline
 
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, time_axis, title,
                       whole_ticks)

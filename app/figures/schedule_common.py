@@ -9,8 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from instrumentation.schedule_analysis import lane_raster
-from instrumentation.schedule_model import timeline
+from instrumentation.analysis.schedule_analysis import lane_raster
+from instrumentation.analysis.schedule_model import timeline
 
 IN_FLIGHT = "#111111"      # "computing now": near-black, unlike any other state (not red)
 CURSOR = "#e4572e"         # the time cursor on the lanes
@@ -92,7 +92,7 @@ def lane_traces(tl: pd.DataFrame, color_by: str, scale: float, bins: int = LANE_
 
 
 def traced_head(trace, bh):
-    from instrumentation.schedule_analysis import traced_heads
+    from instrumentation.analysis.schedule_analysis import traced_heads
 
     heads = traced_heads(trace)
     if not heads:

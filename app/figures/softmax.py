@@ -10,7 +10,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation.online_softmax import default_bh, default_q_row, inputs_for_trace, softmax_steps
+from instrumentation.analysis.online_softmax import default_bh, default_q_row, softmax_steps
+from instrumentation.recording.inputs import inputs_for_trace
 
 from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title, whole_ticks
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from instrumentation import make_inputs, record
-from instrumentation.hbm import (
+from instrumentation.analysis.hbm import (
     DTYPE_BYTES, flash_hbm_bytes, flash_hbm_bytes_tiled, naive_hbm_bytes, tile_count_hbm_bytes,
 )
-from instrumentation.sweep import load_sweep
 from instrumentation.trace import Trace
+from instrumentation.trace.sweep_file import load_sweep
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 TRACES = sorted(p.parent for p in DATA.glob("traces/*/manifest.json")
@@ -152,7 +152,7 @@ def test_manifest_checker_on_a_fresh_interpreter_regenerate(tmp_path):
     """The same checks on a tiny `regenerate --allow-cpu --quick` output (always runs on CPU)."""
     import torch
 
-    from instrumentation import regenerate
+    from instrumentation.cli import regenerate
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the bundled tests above cover it")
     assert regenerate.main(["--out", str(tmp_path), "--allow-cpu", "--quick", "--no-progress"]) == 0

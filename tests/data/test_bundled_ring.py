@@ -7,8 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import instrumentation.ring  # noqa: F401  (declares the ring tables)
 from instrumentation.trace import Trace
 from kernels.ring import rank_chunks
 

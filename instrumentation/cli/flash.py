@@ -1,0 +1,160 @@
+"""Command line: record one traced kernel run and save it.
+
+    python -m instrumentation.record_cli --seq-len 1024 --mask causal --head-dim 64 \
+        --block-m 64 --block-n 64 --dtype fp16 --out data/traces/NAME [--force]
+
+Bad input gets one line on stderr and exit status 2, before any input or
+block map is built: the output place, the mask and the sizes are checked first, by arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+
+PROG = "python -m instrumentation.record_cli"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):                  # one line, exit 2 (argparse prints usage too)
+        self.exit(2, f"error: {message} (see {PROG} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Run the instrumented FlashAttention kernel and save a trace.")
+    p.add_argument("--seq-len", type=int, required=True, help="sequence length N")
+    p.add_argument("--mask", default="causal",
+                   help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...")
+    p.add_argument("--head-dim", type=int, default=64, help="D: 1..256 (menus offer 16..256)")
+    p.add_argument("--block-m", type=int, default=None, help="query block size (default: per D)")
+    p.add_argument("--block-n", type=int, default=None, help="key block size (default: per D)")
+    p.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=1)
+    p.add_argument("--kv-len", type=int, default=None,
+                   help="N_k, keys per head (default: N); queries are the last N of them")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="H_kv, key/value heads (default: H); H must be a multiple (GQA; 1 = MQA)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedule", default="natural", choices=["natural", "longest_first", "persistent"])
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="cpu runs the Triton interpreter; auto picks cuda when available")
+    p.add_argument("--level", default="full", choices=["work", "full"],
+                   help="work: one row per work item; full: plus tiles and softmax rows of one head")
+    p.add_argument("--trace-head", type=int, default=0, help="which batch*head gets tile/row detail")
+    p.add_argument("--trace-blocks", default="auto",
+                   help="query blocks with row detail: auto, all, or a comma list like 0,7,15")
+    p.add_argument("--out", required=True, help="directory to write the trace into (new or empty)")
+    p.add_argument("--force", action="store_true", help="replace a trace already at --out")
+    return p
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def _is_trace_dir(path) -> bool:
+    from ..trace.trace import is_trace_dir    # pandas loads only when --out is an existing directory
+    return is_trace_dir(path)
+
+
+def preflight(args) -> None:
+    """Everything that can be refused without torch: output place, mask, sizes (ValueError).
+    Leaves args.mask parsed (a kernels.masks.MaskSpec) and args.trace_blocks a list or
+    'auto' / 'all'."""
+    from kernels.masks import parse_mask
+
+    from ..recording.inputs import check_sizes, parse_q_blocks
+    from ..trace.files import check_dir_target
+
+    check_dir_target(args.out, _is_trace_dir, args.force, "trace")
+    for name in ("block_m", "block_n"):
+        val = getattr(args, name)
+        if val is not None and val not in (16, 32, 64, 128, 256):
+            raise ValueError(f"--{name.replace('_', '-')} {val} is not supported; use 16, 32, 64, "
+                             "128 or 256")
+    interpreter = args.device == "cpu" or (args.device == "auto"
+                                           and os.environ.get("TRITON_INTERPRET") == "1")
+    check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
+                args.block_n)
+    for name in ("kv_len", "kv_heads"):
+        val = getattr(args, name)
+        if val is not None and not 1 <= val <= (1 << 24):
+            raise ValueError(f"--{name.replace('_', '-')} {val} is out of range; use 1..{1 << 24}")
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        raise ValueError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
+    args.mask = parse_mask(args.mask, args.seq_len, args.kv_len)   # parsed once; a MaskSpec from here on
+    check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
+                args.block_n, interpreter=interpreter, mask=args.mask, kv_len=args.kv_len,
+                kv_heads=args.kv_heads)
+    if args.trace_blocks not in ("auto", "all"):
+        args.trace_blocks = parse_q_blocks(args.trace_blocks)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        preflight(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _fail("--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)")
+    from kernels import backend
+
+    from kernels import default_config
+
+    from ..recording.flash import record
+    from ..recording.inputs import check_sizes, make_inputs, torch_dtype
+
+    device = "cuda" if backend() == "cuda" else "cpu"
+    blocks = args.trace_blocks
+    try:
+        # the same checks with the kernel's real block sizes (and the GPU's memory)
+        cfg = default_config(args.head_dim, torch_dtype(args.dtype), args.block_m, args.block_n,
+                             n=args.seq_len)
+        check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, cfg.block_m,
+                    cfg.block_n, interpreter=device == "cpu", mask=args.mask, kv_len=args.kv_len,
+                    kv_heads=args.kv_heads,
+                    device_bytes=torch.cuda.get_device_properties(0).total_memory
+                    if device == "cuda" else None)
+        q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,
+                              args.seed, device, kv_heads=args.kv_heads, kv_len=args.kv_len)
+        started = time.perf_counter()
+        _, trace = record(q, k, v, mask=args.mask, block_m=args.block_m, block_n=args.block_n,
+                          schedule=args.schedule, trace_head=args.trace_head, trace_q_blocks=blocks,
+                          level=args.level,
+                          meta_extra={"input_seed": args.seed, "inputs": "instrumentation.make_inputs",
+                                      "command": f"{PROG} " +
+                                      shlex.join(argv if argv is not None else sys.argv[1:])})
+        wall = time.perf_counter() - started
+        path = trace.save(args.out, force=args.force)
+    except ValueError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot write the trace to '{args.out}': {exc.strerror or exc}")
+    except torch.cuda.OutOfMemoryError:
+        return _fail("the GPU ran out of memory; lower --batch, --heads or --seq-len", 3)
+    s = trace.summary()
+    m = trace.meta
+    print(f"{m['device_name']} [{m['backend']}] N={args.seq_len} mask={m['mask']} "
+          f"blocks={m['block_m']}x{m['block_n']} B*H={args.batch * args.heads} {args.dtype}")
+    print(f"tiles (head {args.trace_head}): {s['tiles_full']} full + {s['tiles_partial']} partial computed, "
+          f"{s['tiles_skipped']} skipped; {s['work_items']} work items")
+    if m.get("untraced_ms") is not None:
+        print(f"kernel time: {m['untraced_ms']:.3f} ms untraced, {m['traced_ms']:.3f} ms traced")
+    else:
+        print(f"wall time: {wall:.2f} s in the interpreter (no hardware timing)")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""record(): run the FlashAttention kernel (kernels.flash) with trace buffers and decode them
+into a Trace."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kernels import TraceBuffers, backend, block_plan, flash_attention, validate_call
+from kernels.masks import STATUS_NAMES
+
+from ..trace import SCHEMA_VERSION, Trace
+from .environment import DTYPE_NAMES, environment
+from .inputs import check_sizes, dtype_name, parse_q_blocks
+from .timing import time_ms
+
+AUTO_TRACE_BLOCKS = 8          # query blocks with row detail when a sequence is long
+ROW_DETAIL_ALL_UP_TO = 32      # below this many query blocks, every block gets row detail
+
+
+def default_trace_blocks(n_qb: int) -> list[int]:
+    if n_qb <= ROW_DETAIL_ALL_UP_TO:
+        return list(range(n_qb))
+    picks = np.unique(np.linspace(0, n_qb - 1, AUTO_TRACE_BLOCKS).round().astype(int))
+    return [int(x) for x in picks]
+
+
+def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, schedule="natural",
+           num_warps=None, num_stages=None, trace_head=0, trace_q_blocks="auto",
+           level="full", measure=True, meta_extra=None):
+    """Run the instrumented kernel; return (out, Trace).
+
+    level: 'work' (one row per work item) or 'full' (plus tiles and per-row softmax state of
+    head `trace_head` -- a batch*head index, or a list of them -- for `trace_q_blocks`: 'auto',
+    'all' or a list of query-block indices). q (B, H, N_q, D); k, v (B, H_kv, N_k, D).
+    measure: on CUDA, also time the untraced and traced kernel (do_bench medians).
+    """
+    spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
+    if level not in ("work", "full"):
+        raise ValueError(f"level must be 'work' or 'full', got {level!r}")
+    b, h, n, d = q.shape
+    check_sizes(b, h, n, d, dtype_name(q.dtype), cfg.block_m, cfg.block_n, kv_len=k.shape[2],
+                kv_heads=k.shape[1])
+    h_kv, n_k = k.shape[1], k.shape[2]
+    heads = [trace_head] if isinstance(trace_head, int) and not isinstance(trace_head, bool) else \
+        list(trace_head) if isinstance(trace_head, (list, tuple)) else None
+    if not heads or any(isinstance(x, bool) or not isinstance(x, int) for x in heads) or len(heads) > 8:
+        raise ValueError(f"trace_head must be a batch*head index or a list of up to 8, got {trace_head!r}")
+    bad_heads = [x for x in heads if not 0 <= x < b * h]
+    if bad_heads or len(set(heads)) != len(heads):
+        raise ValueError(f"trace_head={trace_head} must name distinct heads in 0..{b * h - 1} (B*H = {b * h})")
+    dev = q.device
+    plan = block_plan(spec, n, cfg.block_m, cfg.block_n, dev, n_k)
+    n_qb, n_kb = plan.n_qb, plan.n_kb
+    if isinstance(trace_q_blocks, str) and trace_q_blocks == "auto":
+        blocks = default_trace_blocks(n_qb)
+    elif isinstance(trace_q_blocks, str) and trace_q_blocks == "all":
+        blocks = list(range(n_qb))
+    else:
+        blocks = parse_q_blocks(trace_q_blocks)
+        bad = [x for x in blocks if not 0 <= x < n_qb]
+        if bad:
+            raise ValueError(f"trace_q_blocks {bad} outside 0..{n_qb - 1} ({n_qb} query blocks)")
+    full = level == "full"
+    if not full:
+        blocks = []
+    row_slot = torch.full((n_qb,), -1, dtype=torch.int32)
+    row_slot[blocks] = torch.arange(len(blocks), dtype=torch.int32)
+
+    def fresh_buffers() -> TraceBuffers:
+        return TraceBuffers(
+            work=torch.full((b * h * n_qb, 5), -1, dtype=torch.int64, device=dev),
+            counter=torch.zeros(1, dtype=torch.int32, device=dev),
+            tiles=torch.full((len(heads), n_qb, n_kb, 3), -1, dtype=torch.int64, device=dev) if full
+            else torch.empty(8, dtype=torch.int64, device=dev),
+            rows=torch.full((len(heads), max(len(blocks), 1) * cfg.block_m, n_kb, 4), float("nan"),
+                            dtype=torch.float32, device=dev) if full
+            else torch.empty(8, dtype=torch.float32, device=dev),
+            row_slot=row_slot.to(dev), trace_bh=heads, trace_work=True,
+            trace_tiles=full, trace_rows=full and bool(blocks))
+
+    kwargs = dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale,
+                  schedule=schedule, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    buffers = fresh_buffers()
+    out = flash_attention(q, k, v, trace=buffers, **kwargs)
+    timings = {}
+    if measure and dev.type == "cuda" and backend() == "cuda":
+        timings["untraced_ms"] = time_ms(lambda: flash_attention(q, k, v, **kwargs), q.device, warmup=10, rep=60)
+        scratch = fresh_buffers()
+        # on CUDA the trace counter is unused (order comes from globaltimer), so no reset is timed
+        timings["traced_ms"] = time_ms(lambda: flash_attention(q, k, v, trace=scratch, **kwargs), q.device,
+                                       warmup=10, rep=60)
+        torch.cuda.synchronize()
+
+    env = environment(dev)
+    hw = env["backend"] == "cuda"
+    work = _decode_work(buffers.work.cpu().numpy(), n_qb, h, plan.tiles_per_q_block, plan.block_map, hw,
+                        schedule, plan.work_list(b * h, schedule).cpu().numpy())
+    work.insert(3, "kv_head", (work["head"] // (h // h_kv)).astype(np.int32))   # GQA: the KV head read
+    if full:
+        tile_buf, row_buf = buffers.tiles.cpu().numpy(), buffers.rows.cpu().numpy()
+        tiles = pd.concat([_decode_tiles(tile_buf[i], plan.block_map, x, work, hw)
+                           for i, x in enumerate(heads)], ignore_index=True)
+        rows = pd.concat([_decode_rows(row_buf[i], blocks, cfg.block_m, n, x)
+                          for i, x in enumerate(heads)], ignore_index=True)
+    else:
+        tiles, rows = _empty_tiles(), _empty_rows()
+    out_rows = pd.concat([_decode_out(out, blocks, cfg.block_m, n, x) for x in heads], ignore_index=True)
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **env,
+        "shape": {"B": b, "H": h, "N": n, "D": d, "N_q": n, "N_k": n_k, "H_kv": h_kv},
+        "dtype": DTYPE_NAMES[q.dtype],
+        "mask": spec.text,
+        "block_m": cfg.block_m, "block_n": cfg.block_n,
+        "n_q_blocks": n_qb, "n_k_blocks": n_kb,
+        "kernel": {**cfg.as_dict(), "schedule": schedule,
+                   "sm_scale": sm_scale if sm_scale is not None else 1.0 / d ** 0.5,
+                   "programs": min(env["sm_count"] or 4, b * h * n_qb) if schedule == "persistent"
+                   else b * h * n_qb},
+        "schedule": schedule,
+        "level": level,
+        "traced_heads": [int(x) for x in heads] if full else [],
+        "traced_q_blocks": blocks,
+        "clocks": {
+            "work": "globaltimer ns, relative to the earliest work start" if hw else
+            "none (interpreter): 'order' is the logical order programs ran, times are NaN",
+            "tiles": "clock64 SM cycles, relative to the work item's first tile" if hw else "none",
+        },
+        "untraced_ms": timings.get("untraced_ms"),
+        "traced_ms": timings.get("traced_ms"),
+        "source": "live",
+    }
+    if meta_extra:
+        meta.update(meta_extra)
+    return out, Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows)
+
+
+def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule, work_list) -> pd.DataFrame:
+    n_work = buf.shape[0]
+    w = np.arange(n_work)
+    bh, qb = w // n_qb, w % n_qb
+    df = pd.DataFrame({
+        "bh": bh.astype(np.int32), "batch": (bh // heads).astype(np.int32),
+        "head": (bh % heads).astype(np.int32), "q_block": qb.astype(np.int32),
+        "program": buf[:, 0].astype(np.int32), "order": buf[:, 1].astype(np.int32),
+    })
+    if hw:
+        t0 = buf[:, 3].min()
+        if schedule != "persistent":
+            # program p ran work_list[p]; the order programs started in comes from the global clock
+            df["program"] = np.argsort(work_list).astype(np.int32)
+            df["order"] = np.lexsort((df["program"].to_numpy(), buf[:, 3])).argsort().astype(np.int32)
+        df["sm"] = buf[:, 2].astype(np.int32)
+        df["t_start"] = (buf[:, 3] - t0).astype(np.float64)
+        df["t_end"] = (buf[:, 4] - t0).astype(np.float64)
+    else:
+        df["sm"] = np.int32(-1)
+        df["t_start"] = np.nan
+        df["t_end"] = np.nan
+    df["tiles_visited"] = tiles_per_qb[qb].astype(np.int32)
+    df["tiles_full"] = (block_map == 2).sum(axis=1)[qb].astype(np.int32)
+    df["tiles_partial"] = (block_map == 1).sum(axis=1)[qb].astype(np.int32)
+    return df
+
+
+def _decode_tiles(buf, block_map, bh, work, hw) -> pd.DataFrame:
+    n_qb, n_kb = block_map.shape
+    qb, kb = np.meshgrid(np.arange(n_qb), np.arange(n_kb), indexing="ij")
+    order = buf[:, :, 0]
+    df = pd.DataFrame({
+        "bh": np.int32(bh), "q_block": qb.ravel().astype(np.int32), "k_block": kb.ravel().astype(np.int32),
+        "status": pd.Categorical([STATUS_NAMES[s] for s in block_map.ravel()],
+                                 categories=["skipped", "partial", "full"]),
+        "visited": (order >= 0).ravel(), "order": order.ravel().astype(np.int32),
+    })
+    if hw:
+        c0, c1 = buf[:, :, 1].astype(np.float64), buf[:, :, 2].astype(np.float64)
+        c0[order < 0] = np.nan
+        c1[order < 0] = np.nan
+        base = np.nanmin(c0, axis=1, keepdims=True) \
+            if (order >= 0).any() else np.zeros((n_qb, 1))
+        rel0, rel1 = c0 - base, c1 - base
+        df["cycles_start"] = rel0.ravel()
+        df["cycles_end"] = rel1.ravel()
+        # place each tile inside its work item's [t_start, t_end] in proportion to its cycles
+        wk = work[work.bh == bh].set_index("q_block")
+        span = np.nanmax(rel1, axis=1, keepdims=True)
+        span[~np.isfinite(span) | (span <= 0)] = np.nan
+        ts = wk.reindex(range(n_qb))["t_start"].to_numpy()[:, None]
+        te = wk.reindex(range(n_qb))["t_end"].to_numpy()[:, None]
+        df["t_start"] = (ts + rel0 / span * (te - ts)).ravel()
+        df["t_end"] = (ts + rel1 / span * (te - ts)).ravel()
+    else:
+        for col in ("cycles_start", "cycles_end", "t_start", "t_end"):
+            df[col] = np.nan
+    return df
+
+
+def _decode_rows(buf, blocks, block_m, n, bh) -> pd.DataFrame:
+    if not blocks:
+        return _empty_rows()
+    slots, steps = buf.shape[0], buf.shape[1]
+    row_in_slot = np.arange(slots)
+    q_row = np.asarray(blocks)[row_in_slot // block_m] * block_m + row_in_slot % block_m
+    k_block = buf[:, :, 0]
+    hit = ~np.isnan(k_block) & (q_row[:, None] < n)
+    r_idx, step = np.nonzero(hit)
+    return pd.DataFrame({
+        "bh": np.int32(bh), "q_row": q_row[r_idx].astype(np.int32),
+        "q_block": (q_row[r_idx] // block_m).astype(np.int32), "step": step.astype(np.int32),
+        "k_block": k_block[r_idx, step].astype(np.int32),
+        "m": buf[r_idx, step, 1].astype(np.float64), "l": buf[r_idx, step, 2].astype(np.float64),
+        "alpha": buf[r_idx, step, 3].astype(np.float64),
+    })
+
+
+def _decode_out(out, blocks, block_m, n, bh) -> pd.DataFrame:
+    rows = [r for qb in blocks for r in range(qb * block_m, min((qb + 1) * block_m, n))]
+    b_, h_, _, d = out.shape
+    flat = out.reshape(b_ * h_, n, d)[bh, rows].float().cpu().numpy() if rows else np.zeros((0, d))
+    df = pd.DataFrame(flat, columns=[f"o{i}" for i in range(d)])
+    df.insert(0, "q_row", np.asarray(rows, dtype=np.int32))
+    df.insert(0, "bh", np.int32(bh))
+    return df
+
+
+def _empty_tiles() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
+        ("bh", "int32"), ("q_block", "int32"), ("k_block", "int32"), ("status", "object"),
+        ("visited", "bool"), ("order", "int32")]})
+
+
+def _empty_rows() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
+        ("bh", "int32"), ("q_row", "int32"), ("q_block", "int32"), ("step", "int32"),
+        ("k_block", "int32"), ("m", "float64"), ("l", "float64"), ("alpha", "float64")]})

@@ -1,0 +1,68 @@
+"""`python -m instrumentation.regenerate` (tiny interpreter version) and the data/ bundle's plan:
+refused without a GPU, writes and resumes a MANIFEST, stops cleanly on its budget, fits 30 MB."""
+
+import json
+
+import pytest
+import torch
+
+from instrumentation.trace.sweep_file import load_sweep
+
+
+def test_regenerate_needs_a_gpu_without_allow_cpu(tmp_path, capsys):
+    from instrumentation.cli import regenerate
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert regenerate.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert regenerate.main(["--out", str(tmp_path), "--allow-cpu"]) == 2   # only with --quick
+
+
+def test_regenerate_quick_cpu_writes_manifest_and_resumes(tmp_path):
+    from instrumentation.cli import regenerate
+    from instrumentation.trace import Trace
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the CPU path is not taken")
+    args = ["--out", str(tmp_path), "--allow-cpu", "--quick", "--no-progress"]
+    assert regenerate.main(args) == 0
+    man = json.loads((tmp_path / "MANIFEST.json").read_text())
+    kinds = [f["kind"] for f in man["files"]]
+    assert kinds.count("trace") == 7 + 2 and kinds.count("sweep") == 1 and not man["problems"]   # + 2 presets
+    assert man["command"] == "python -m instrumentation.regenerate " + " ".join(args)
+    masks = {f["mask"] for f in man["files"] if f["kind"] == "trace"}
+    assert masks == {"full", "causal", "sliding_window:64", "prefix_lm:32",
+                     "document:32,96,64,64"}
+    scheds = {f["schedule"] for f in man["files"] if f["kind"] == "trace" and f["mask"] == "causal"}
+    assert scheds == {"natural", "longest_first", "persistent"}
+    t = Trace.load(tmp_path / "traces" / "n256_causal_persistent")
+    assert t.meta["command"] == man["command"] and t.meta["schedule"] == "persistent"
+    meta, df = load_sweep(tmp_path / "sweeps" / "cpu-x86-64-unknown.json"
+                          if (tmp_path / "sweeps" / "cpu-x86-64-unknown.json").exists()
+                          else next((tmp_path / "sweeps").glob("*.json")))
+    assert meta["command"] == man["command"] and len(df) == 6
+    # a rerun skips everything that exists
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")}
+    assert regenerate.main(args) == 0
+    assert stamps == {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")}
+    # a damaged trace is re-recorded
+    (tmp_path / "traces" / "n256_full_natural" / "work.parquet").write_bytes(b"garbage")
+    assert regenerate.main(args) == 0
+    Trace.load(tmp_path / "traces" / "n256_full_natural")
+
+
+def test_regenerate_budget_stops_cleanly(tmp_path):
+    from instrumentation.cli import regenerate
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    args = ["--out", str(tmp_path), "--allow-cpu", "--quick", "--no-progress", "--budget-s", "0"]
+    assert regenerate.main(args) == 3
+    assert (tmp_path / "MANIFEST.json").exists()
+
+
+def test_trace_caps_fit_the_budget():
+    from instrumentation.recording.data_bundle import DATA_BUDGET_BYTES, document_mask, plan, trace_caps
+    jobs = plan(quick=False, cpu=False)["traces"]
+    assert len(jobs) == 15 + 4 + 6           # + model presets (Llama, Mistral, Qwen, Gemma, Phi, chunked)
+    assert sum(trace_caps(jobs)) <= DATA_BUDGET_BYTES
+    assert document_mask(1024) == "document:128,384,256,256"
+    assert {j["mask"] for j in jobs if j["n"] == 16384} >= {"sliding_window:1024", "prefix_lm:512"}
