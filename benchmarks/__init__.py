@@ -19,9 +19,7 @@ import os
 import re
 import shlex
 import shutil
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import kernels  # noqa: F401  (first: picks the interpreter before triton is imported)
