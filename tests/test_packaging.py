@@ -69,7 +69,7 @@ def test_transformers_runs_beside_our_kernels_package(tmp_path):
         "`kernels` resolves to another package (is the hub `kernels` package installed?)"
 
 
-def test_console_scripts_point_at_modules_with_main():
+def test_console_scripts_print_their_help(capsys):
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     scripts = project["scripts"]
@@ -77,7 +77,10 @@ def test_console_scripts_point_at_modules_with_main():
             "tilescope-ring", "tilescope-app"} <= set(scripts)
     for name, target in scripts.items():
         module, _, func = target.partition(":")
-        assert callable(getattr(importlib.import_module(module), func)), name
+        with pytest.raises(SystemExit) as stop:
+            getattr(importlib.import_module(module), func)(["--help"])
+        assert stop.value.code in (0, None), name
+        assert "usage" in capsys.readouterr().out.lower(), name
 
 
 
