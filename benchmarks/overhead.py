@@ -1,8 +1,15 @@
-"""What tracing costs: untraced vs per-work-item tracing vs full per-tile tracing, one run.
+"""What a call costs beside the kernel: host time per launch, and what tracing adds.
 
-    python -m benchmarks.overhead            # bf16, D=128, B=4, H=16; N=4096,16384; causal, full
-    python -m benchmarks.overhead --quick    # N=4096, one repeat
+    python -m benchmarks.overhead            # both parts: launch (B1 H8 N1024 D64) and tracing
+    python -m benchmarks.overhead --quick    # tracing at N=4096, one repeat
+    python -m benchmarks.overhead --parts launch --profile   # and a cProfile of our call
 
+Launch part: host time per untraced call, the median over --calls unsynchronised calls (each
+timed with perf_counter_ns; the GPU runs behind), of flash_attention (full and causal), of a bare
+Triton launch of the same compiled kernel (attn_fwd_kernel[grid](*args, **constexprs) with the
+arguments built beforehand, kernels.launch.kernel_launches) and of torch's SDPA on the same inputs.
+
+Trace part:
 Each case calls instrumentation.record() with level='work' (one record per work item: program,
 order, SM id, globaltimer start/end) and level='full' (plus every tile's order and clock64 span
 and the online-softmax rows of a few query blocks of one head), with measure=True: record()
@@ -18,6 +25,8 @@ import statistics
 import sys
 import time
 
+import torch
+
 from . import (
     DEFAULT_OUT, DTYPES, TOLERANCE, check_heads, check_output, device_slug, free_cuda,
     load_config_file, log, parse_int_list, pick_device, reference_slice, resolve_mask, run_meta,
@@ -32,6 +41,9 @@ LEVELS = ("work", "full")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default="launch,trace", help="comma list of launch, trace")
+    p.add_argument("--calls", type=int, default=1000, help="launch part: timed calls per case")
+    p.add_argument("--profile", action="store_true", help="launch part: print a cProfile of our full call")
     p.add_argument("--seq-lens", default=None, help="comma list of N (default 4096,16384; quick 4096)")
     p.add_argument("--masks", default="causal,full")
     p.add_argument("--levels", default="work,full", help="trace levels: work, full")
@@ -64,6 +76,75 @@ def _median(xs):
     return float(statistics.median(xs)) if xs else None
 
 
+LAUNCH_SHAPE = dict(batch=1, heads=8, seq_len=1024, head_dim=64, dtype="bf16")
+
+
+def host_us(fn, calls: int, device) -> dict:
+    """Host microseconds per call of fn: median (and quartiles) over `calls` calls, unsynchronised."""
+    for _ in range(20):
+        fn()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    times = []
+    clock = time.perf_counter_ns
+    for _ in range(calls):
+        t0 = clock()
+        fn()
+        times.append(clock() - t0)
+    sync()
+    qs = statistics.quantiles(times, n=4)
+    return {"median_us": statistics.median(times) / 1e3, "p25_us": qs[0] / 1e3, "p75_us": qs[2] / 1e3,
+            "calls": calls}
+
+
+def launch_overhead(device, calls: int, profile: bool = False) -> list:
+    """Host time per untraced call: ours, a bare Triton launch of the same kernel, SDPA."""
+    from kernels import flash_attention
+    from kernels.launch import attn_fwd_kernel, kernel_launches, resolve_launch
+
+    s = LAUNCH_SHAPE
+    b, h, n, d = s["batch"], s["heads"], s["seq_len"], s["head_dim"]
+    dtype = DTYPES[s["dtype"]]
+    if device.type != "cuda":
+        b, h, n, d, dtype = 1, 2, 64, 32, torch.float32          # interpreter smoke run
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, device=device, dtype=dtype) for _ in range(3))
+    records = []
+    for mask in ("full", "causal"):
+        lp = resolve_launch(q, k, v, mask, None, None, "natural", None, None, False, None, None, None,
+                            None, False, False, "all")
+        _, launches = kernel_launches(lp, q, k, v)
+        grid = lp.grid
+
+        def bare():
+            for args, launch in launches:
+                attn_fwd_kernel[grid](*args, **launch.consts)
+
+        ours = lambda: flash_attention(q, k, v, mask=mask)  # noqa: E731
+        sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal")  # noqa: E731
+        rec = {"mask": mask, "batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": str(dtype),
+               "launches": len(launches), "config": lp.cfg.as_dict(), "warp_specialize": lp.ws}
+        for name, fn in (("ours", ours), ("bare_triton", bare), ("sdpa", sdpa)):
+            rec[name] = host_us(fn, calls, device)
+        rec["ours_over_bare"] = rec["ours"]["median_us"] / rec["bare_triton"]["median_us"]
+        rec["ours_over_sdpa"] = rec["ours"]["median_us"] / rec["sdpa"]["median_us"]
+        records.append(rec)
+        log(f"launch {mask:6s} B{b} H{h} N{n} D{d}: ours {rec['ours']['median_us']:.1f} us, bare Triton "
+            f"{rec['bare_triton']['median_us']:.1f} us, SDPA {rec['sdpa']['median_us']:.1f} us "
+            f"(ours / bare {rec['ours_over_bare']:.2f}x, {rec['launches']} launch(es))")
+        if profile and mask == "full":
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                ours()
+            prof.disable()
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+    return records
+
+
 def run(args, argv=None) -> dict:
     from instrumentation import record
     from instrumentation.recording import make_inputs
@@ -82,10 +163,21 @@ def run(args, argv=None) -> dict:
             raise SystemExit(f"error: unknown schedule {s!r}")
     repeats = args.repeats or (1 if args.quick else 3)
     b, h, d = args.batch, args.heads, args.head_dim
+    parts = split_list(args.parts)
+    if not parts or set(parts) - {"launch", "trace"}:
+        raise SystemExit(f"error: --parts takes launch and/or trace, got {args.parts!r}")
     for m in masks:
         resolve_mask(m, max(seq_lens))
 
     meta = run_meta(device, "overhead", argv)
+    meta.update(
+        parts=parts,
+        launch_method=("host time per untraced call: median over `calls` unsynchronised calls, each "
+                       "timed with perf_counter_ns after 20 warm-up calls; ours = kernels.flash_attention, "
+                       "bare_triton = attn_fwd_kernel[grid](*args, **constexprs) with the same "
+                       "arguments built beforehand, sdpa = torch scaled_dot_product_attention (default backend)"),
+        launch_shape=LAUNCH_SHAPE,
+    )
     meta.update(
         dtype=args.dtype, shape={"B": b, "H": h, "D": d}, seq_lens=seq_lens, masks=masks,
         levels=levels, schedules=schedules, repeats=repeats, config_file=args.config_file,
@@ -100,13 +192,18 @@ def run(args, argv=None) -> dict:
                             "softmax state (m, l, alpha) per row of a few query blocks"},
     )
     tuned = load_config_file(args.config_file, args.out, meta["device"])
-    result = {"meta": meta, "records": []}
+    result = {"meta": meta, "records": [], "launch": []}
     out_path = f"{args.out.rstrip('/')}/overhead-{device_slug(meta['device'])}.json"
     log(f"benchmarks.overhead on {meta['device']}: B={b} H={h} D={d} {args.dtype}, N={seq_lens}, "
         f"masks={masks}, levels={levels}, schedules={schedules}, repeats={repeats}")
     if device.type != "cuda":
         log("   (no GPU: record() runs the interpreter and takes no timings; overheads are null)")
     t0 = time.perf_counter()
+    if "launch" in parts:
+        result["launch"] = launch_overhead(device, args.calls, args.profile)
+        write_results(result, out_path, "overhead")
+    if "trace" not in parts:
+        seq_lens = []
     total = len(seq_lens) * len(masks) * len(schedules) * len(levels)
     done = 0
     for n in seq_lens:
@@ -194,8 +291,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     result = run(args, argv)
-    df = overhead_table(result["records"])
-    log("\n" + df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if result["records"]:
+        df = overhead_table(result["records"])
+        log("\n" + df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return 0 if all(r["output_ok"] for r in result["records"]) else 1
 
 

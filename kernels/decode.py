@@ -165,10 +165,9 @@ def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, n_max: int, bl
     start at once, one per SM (capped by the key blocks and MAX_SPLITS); otherwise
     FlashAttention-2's `num_splits_heuristic` (1 split from 80% of the SMs). Why one wave:
     FA-2's rule takes the smallest S within 85% of the best wave efficiency and gave 14 splits
-    (112 programs) for B=1, H_kv 8 on the H100's 132 SMs; `scripts/decode_probe.py` measured
-    16 splits (128 programs) fastest there at 4k, 32k and 128k (32k: 63.7 µs vs 65.1 µs for
-    14), and every count past one wave (20..64) slower (67-79 µs): programs of a second,
-    partial wave start late and finish last. Where both rules apply they mostly agree
+    (112 programs) for B=1, H_kv 8 on the H100's 132 SMs, where 16 splits (128 programs)
+    measured fastest at 4k, 32k and 128k, and every count past one wave (20..64) slower:
+    programs of a second, partial wave start late and finish last. Where both rules apply they mostly agree
     (B=8: W=64, 2 splits either way).
     """
     work_items = batch * kv_heads * row_blocks

@@ -44,8 +44,10 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
         out: (batch_size, nheads, seqlen_q, headdim), q's dtype. With return_lse=True (out, lse),
         lse (batch_size, nheads, seqlen_q) float32, natural-log log-sum-exp of the scaled scores.
         A row that sees no key gets out = 0 and lse = -inf."""
-    return launch_attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages,
-                            return_lse, trace, warp_specialize=warp_specialize)
+    trace_flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
+    lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
+                        trace_flags, None, None, warp_specialize, False, False, "all")
+    return run_plan(lp, q, k, v, sm_scale, trace, None, False, None)
 
 
 def launch_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,

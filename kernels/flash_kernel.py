@@ -15,9 +15,9 @@ they store 0 and, with RETURN_LSE, a log-sum-exp of -inf.
 On Hopper the off-band loop can be warp-specialised (WARP_SPECIALIZE: `tl.range(...,
 warp_specialize=True)`, K/V through tensor descriptors built on the device, DEVICE_DESC): Triton
 3.6 then gives the loads to a producer warp and the two dots to consumer warpgroups. It compiles
-only when the kernel holds no other loop with dots (scripts/ws_probe.py: a second loop, or the
-diagonal tile unrolled before or after it, fails), so a plan with partial tiles (causal) whose
-off-band loops are long enough (the host decides: kernels.flash.WS_SPLIT_MIN_FULL) runs as two
+only when the kernel holds no other loop with dots (a second loop, or the diagonal tile
+unrolled before or after it, fails), so a plan with partial tiles (causal) whose
+off-band loops are long enough (the host decides: kernels.launch_config.WS_SPLIT_MIN_FULL) runs as two
 launches: the first compiles only the warp-specialised off-band loop (OFF_BAND, HAS_PARTIAL off)
 and stores (O, lse); the second compiles only the plain on-band loop (HAS_PARTIAL) and starts
 from that result (SEED: a normalised (O, lse) is the state acc = O, l = 1, m = lse), as a ring
@@ -27,7 +27,7 @@ result over other keys, and the epilogue merges this program's rows with it into
 rows sit stride_lbh apart (views of a longer (B, H, N) buffer). SEED starts from OA too.
 ROWSUM_MMA (the full-tile loop): the row sums l come from P times a ones tile on the tensor cores,
 carried like acc, instead of a reduction per tile in the softmax arithmetic that bounds the
-warp-specialised loop (kernels.flash decides where).
+warp-specialised loop (kernels.launch_config decides where).
 
 Tracing is switched on by `tl.constexpr` flags; with every flag off the trace code is compiled
 away. `HW_CLOCK` reads %globaltimer, %smid and %clock64 through inline PTX, which the CPU
@@ -208,20 +208,23 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
 
 
 @triton.jit
-def _work_item(work, program, order,
-               Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-               stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
-               OA, stride_ab, stride_ah, stride_an,
-               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc, LSE, stride_lbh,
-               tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-               H, GROUP, N_Q, N_K, head_dim: tl.constexpr, n_qb, n_kb, qk_scale,
+def _work_item(work, program, order, tensors, strides, lists, descs, trace, sizes, head_dim: tl.constexpr,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_M: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                USE_TMA: tl.constexpr, EVEN_D: tl.constexpr, SAFE_DIV: tl.constexpr, RETURN_LSE: tl.constexpr,
-               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr, ROWSUM_MMA: tl.constexpr,
-               WARP_SPECIALIZE: tl.constexpr,
+               OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
+               ROWSUM_MMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
                HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
+    """One (batch*head, query block) work item; the kernel's runtime arguments come in the groups
+    attn_fwd_kernel makes of them."""
+    Q, K, V, O, OA, LSE = tensors
+    (stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+     stride_ob, stride_oh, stride_on, stride_ab, stride_ah, stride_an, stride_lbh) = strides
+    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx = lists
+    q_desc, k_desc, v_desc = descs
+    tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots = trace
+    H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale = sizes
     if TRACE_WORK and HW_CLOCK:
         t_start = _globaltimer()
     bh = work // n_qb
@@ -267,15 +270,19 @@ def _work_item(work, program, order,
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # traced heads: head_slot[bh] is this head's slot in the tile / row buffers, -1 if untraced
+    # (untraced, the trace buffers are None: nothing here is compiled)
     if TRACE_TILES or TRACE_ROWS:
         hslot = tl.load(head_slot + bh).to(tl.int64)
+        traced_head = hslot >= 0
+        slot = tl.load(row_slot + q_block)
+        tiles_ptr = tr_tiles + (hslot * n_qb + q_block) * n_kb * 3
+        rows_ptr = tr_rows + (hslot * trace_slots + slot) * BLOCK_M * n_kb * 4
+        trace_rows_here = traced_head & (slot >= 0)
     else:
-        hslot = -1
-    traced_head = hslot >= 0
-    slot = tl.load(row_slot + q_block)
-    tiles_ptr = tr_tiles + (hslot * n_qb + q_block) * n_kb * 3
-    rows_ptr = tr_rows + (hslot * trace_slots + slot) * BLOCK_M * n_kb * 4
-    trace_rows_here = traced_head & (slot >= 0)
+        traced_head = False
+        tiles_ptr = tr_tiles
+        rows_ptr = tr_rows
+        trace_rows_here = False
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
@@ -349,32 +356,36 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
     if DEVICE_DESC:
         q_desc, k_desc, v_desc = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, stride_qn, stride_kn,
                                                stride_vn, HEAD_DIM, BLOCK_M, BLOCK_N)
-    # which work items this program runs: its own (one per program), or, persistent, items taken
-    # from a counter in the order of work_list until none are left
+    # a work item's runtime arguments, gathered once for both schedules below
+    tensors = (Q, K, V, O, OA, LSE)
+    strides = (stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+               stride_ob, stride_oh, stride_on, stride_ab, stride_ah, stride_an, stride_lbh)
+    lists = (lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx)
+    descs = (q_desc, k_desc, v_desc)
+    trace = (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots)
+    sizes = (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale)
+    # Two call sites, not one loop for both: Triton 3.6 warp-specialises a loop only when its
+    # parent is the function itself (inside a while loop it fails to compile), so the one-item
+    # program keeps its work item straight-line and only the persistent one loops.
     if PERSISTENT:
+        # take work items from a counter, in the order of work_list, until none are left
         idx = tl.atomic_add(work_counter, 1)
+        while idx < n_work:
+            work = tl.load(work_list + idx)
+            _work_item(work, pid, idx, tensors, strides, lists, descs, trace, sizes, head_dim,
+                       HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV,
+                       RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE,
+                       TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK, STORE_ORDER)
+            idx = tl.atomic_add(work_counter, 1)
     else:
-        idx = pid
-    while idx < n_work:
-        work = tl.load(work_list + idx)
-        if PERSISTENT:
-            order = idx
-        elif TRACE_WORK and not HW_CLOCK:
+        work = tl.load(work_list + pid)
+        if TRACE_WORK and not HW_CLOCK:
             # no clock in the interpreter: a counter gives the order programs ran in; on a GPU
             # the order comes from the start times instead, so tracing adds no atomic
             order = tl.atomic_add(tr_counter, 1)
         else:
             order = pid
-        _work_item(work, pid, order, Q, K, V, O, stride_qb, stride_qh, stride_qn,
-                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                   stride_ob, stride_oh, stride_on, OA, stride_ab, stride_ah, stride_an,
-                   lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, q_desc, k_desc, v_desc,
-                   LSE, stride_lbh, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-                   H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M,
-                   DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV, RETURN_LSE, OFF_BAND, HAS_PARTIAL,
-                   SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE, TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK,
-                   STORE_ORDER)
-        if PERSISTENT:
-            idx = tl.atomic_add(work_counter, 1)
-        else:
-            idx = n_work
+        _work_item(work, pid, order, tensors, strides, lists, descs, trace, sizes, head_dim,
+                   HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV,
+                   RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE,
+                   TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK, STORE_ORDER)

@@ -63,6 +63,8 @@ class LaunchPlan:
     copy_qkv: bool                 # some of q, k, v has a non-unit stride along D
     kv_strides: tuple              # strides of q, k, v (B, H, N each; of the copies where made)
     o_strides: tuple               # a fresh O's (B, H, N) strides
+    head_strides: tuple            # kv_strides + o_strides: a call without out
+    qk_scale: float                # the default scale (1/sqrt(D)) times log2(e)
     plan_args: tuple               # row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx
     sizes: tuple                   # H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, n_work
     new_lse: bool                  # a call without out makes an lse buffer (return_lse or split)
@@ -75,6 +77,7 @@ def _size(plan: LaunchPlan) -> int:
 
 
 _PLANS = BoundedCache(LAUNCH_CACHE_ENTRIES, LAUNCH_CACHE_BYTES, LAUNCH_CACHE_ITEM_BYTES, _size)
+_UNTRACED = (None,) * 7         # the kernel's trace buffers and trace_slots, untraced
 _WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-specialised
 _ALLOCATOR = []
 
@@ -186,6 +189,8 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         spec=spec, cfg=cfg, block=plan, shape=(b, h, n, d), dtype=q.dtype, device=device, grid=grid,
         works=works, persistent=persistent, ws=ws, use_tma=bool(use_tma), copy_qkv=copy_qkv,
         kv_strides=(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]), o_strides=contiguous(q.shape),
+        head_strides=(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *contiguous(q.shape)),
+        qk_scale=softmax_scale(None, d) * LOG2E,
         plan_args=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
         sizes=(h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work),
         new_lse=bool(return_lse or split), returns_lse=bool(return_lse or has_out), launches=launches)
@@ -204,20 +209,35 @@ def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
             launch_attention's (already checked against lp's key).
     Returns:
         O, or (O, lse) where the plan returns lse."""
+    result, launches = kernel_launches(lp, q, k, v, sm_scale, trace, out, merge, o_prev)
+    for args, launch in launches:
+        _launch(lp.grid, args, launch)
+    return result
+
+
+def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None, merge=False, o_prev=None):
+    """The output tensors of a call and its kernel launches, not launched (run_plan launches
+    them; benchmarks.overhead times a bare Triton launch of the same arguments).
+
+    Arguments:
+        as run_plan's.
+    Returns:
+        (O or (O, lse), [(args, Launch), ...]): attn_fwd_kernel[lp.grid](*args, **launch.consts)."""
     b, h, n, d = lp.shape
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         check_inputs(q, k, v)           # raises: the kernel has no backward
     if lp.copy_qkv:
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    strides = lp.kv_strides
     if out is None:
         o = torch.empty(lp.shape, dtype=lp.dtype, device=lp.device)         # (B, H, N_q, D)
         o_strides = lp.o_strides
+        head = (q, k, v, o) + lp.head_strides
         lse = torch.empty((b, h, n), dtype=torch.float32, device=lp.device) if lp.new_lse else o
         lse_stride = n
     else:
         o = _check_out(out, q)
-        o_strides = o.stride()[:3]
+        o_strides = tuple(o.stride()[:3])
+        head = (q, k, v, o) + lp.kv_strides + o_strides
         lse = out[1]
         lse_stride = lse.stride(1)
     if o_prev is None:
@@ -225,11 +245,11 @@ def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
     elif not ((merge or lp.launches[0].consts["SEED"]) and isinstance(o_prev, torch.Tensor)
               and o_prev.shape == q.shape and o_prev.stride(-1) == 1 and o_prev.device == q.device):
         raise ValueError(f"o_prev goes with merge=True or tiles='partial': a tensor {tuple(q.shape)} with unit last stride on {q.device}")
-    qk_scale = softmax_scale(sm_scale, d) * LOG2E                   # fold log2(e) in
+    qk_scale = lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, d) * LOG2E   # log2(e) folded in
     works = lp.works
-    counter = torch.zeros(1, device=lp.device, dtype=torch.int32) if lp.persistent else works
+    counter = torch.zeros(1, device=lp.device, dtype=torch.int32) if lp.persistent else None
     if trace is None:
-        tr = (works,) * 6 + (0,)    # placeholders: with the flags off no trace code is compiled
+        tr = _UNTRACED              # with the flags off no trace code is compiled
     else:
         key = (b * h, id(lp.block))     # checked once: timing a traced call then adds no host work
         if key not in trace._checked:
@@ -244,12 +264,12 @@ def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
                       for t, bm in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
     else:
         descs = (q, k, v)  # unused placeholders: the TMA path is compiled out
-    head = (q, k, v, o, *strides, *o_strides)
-    tail = (*lp.plan_args, *descs, lse, lse_stride, works, counter, *tr, *lp.sizes, qk_scale)
+    tail = lp.plan_args + descs + (lse, lse_stride, works, counter) + tr + lp.sizes + (qk_scale,)
+    launches = []
     for launch in lp.launches:
         prev = o if launch.prev_is_o else o_prev
-        _launch(lp.grid, (*head, prev, *(o_strides if prev is o else prev.stride()[:3]), *tail), launch)
-    return (o, lse) if lp.returns_lse else o
+        launches.append((head + (prev,) + (o_strides if prev is o else tuple(prev.stride()[:3])) + tail, launch))
+    return ((o, lse) if lp.returns_lse else o), launches
 
 
 def _check_out(out, q) -> torch.Tensor:
@@ -280,11 +300,11 @@ def _launch(grid, args, launch: Launch) -> None:
     if launch.ws and _WS_REFUSED and launch.key in _WS_REFUSED:
         consts = launch.plain
     try:
-        attn_fwd_kernel[grid](*args, **consts)
+        attn_fwd_kernel.run(*args, grid=grid, warmup=False, **consts)
     except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
         if not consts["WARP_SPECIALIZE"]:
             raise
         _WS_REFUSED.add(launch.key)
         print(f"flash: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop "
               f"for {dict((k, v) for k, v in consts.items() if v is True)}", file=sys.stderr)
-        attn_fwd_kernel[grid](*args, **launch.plain)
+        attn_fwd_kernel.run(*args, grid=grid, warmup=False, **launch.plain)

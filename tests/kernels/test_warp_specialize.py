@@ -74,13 +74,11 @@ def test_a_refused_warp_specialised_compile_falls_back_once_and_is_remembered(mo
     real, launches = launch.attn_fwd_kernel, []
 
     class Refusing:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                launches.append(kw["WARP_SPECIALIZE"])
-                if kw["WARP_SPECIALIZE"]:
-                    raise RuntimeError("PassManager::run failed")
-                return real[grid](*args, **kw)
-            return launch
+        def run(self, *args, grid, warmup, **kw):
+            launches.append(kw["WARP_SPECIALIZE"])
+            if kw["WARP_SPECIALIZE"]:
+                raise RuntimeError("PassManager::run failed")
+            return real[grid](*args, **kw)
 
     monkeypatch.setattr(launch, "attn_fwd_kernel", Refusing())
     monkeypatch.setattr(launch, "_WS_REFUSED", set())
