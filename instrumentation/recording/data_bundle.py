@@ -25,12 +25,12 @@ recorded in every file's meta. Running out of GPU memory is recorded, never fata
 
 from __future__ import annotations
 
-import datetime as _dt
 import shutil
 import time
 from pathlib import Path
 
 from ..trace import files
+from ..trace.files import utc_now
 
 MANIFEST_FORMAT = "tilescope-data-manifest"
 DATA_BUDGET_BYTES = 30 * 10 ** 6          # keep data/ (traces + sweeps) within 30 MB
@@ -43,7 +43,7 @@ NCU_SIZES = (1024, 4096, 16384)
 TRACE_BLOCK_STEPS = (None, 8, 4, 2)       # None = record()'s auto choice; then fewer if too big
 
 
-DOC_FRACTIONS = (1 / 8, 3 / 8, 1 / 4, 1 / 4)
+BUNDLE_DOC_FRACTIONS = (1 / 8, 3 / 8, 1 / 4, 1 / 4)   # the bundled document traces' split
 
 
 def detailed_heads(n_bh: int) -> list[int]:
@@ -56,7 +56,7 @@ def detailed_heads(n_bh: int) -> list[int]:
 def document_mask(n: int) -> str:
     """Uneven documents in proportions 1/8, 3/8, 1/4, 1/4 (the last takes the remainder)."""
     from .inputs import document_mask as _document_mask
-    return _document_mask(n, DOC_FRACTIONS)
+    return _document_mask(n, BUNDLE_DOC_FRACTIONS)
 
 
 def trace_masks(n: int, quick_cpu: bool = False) -> list[str]:
@@ -144,10 +144,6 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 # -- traces ----------------------------------------------------------------------------------------
 
 def _existing_trace_ok(path: Path, job: dict, shape: dict) -> bool:
@@ -197,9 +193,9 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
             shutil.rmtree(leftover, ignore_errors=True)
     inputs = {}
     caps = per_trace_cap if isinstance(per_trace_cap, (list, tuple)) else [per_trace_cap] * len(jobs)
-    from .sweep import _progress
+    from .sweep import progress_bar
 
-    bar = _progress(list(zip(jobs, caps)), progress, "traces")
+    bar = progress_bar(list(zip(jobs, caps)), progress, "traces")
     default_shape = shape
     for job, cap in bar:
         name = job_name(job)
@@ -250,13 +246,13 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
         except torch.cuda.OutOfMemoryError as exc:
             failures.append({"file": f"traces/{name}", "kind": "trace", "error":
                              "torch.cuda.OutOfMemoryError: " + str(exc).strip().splitlines()[0][:300],
-                             "when": _now()})
+                             "when": utc_now()})
             inputs.clear()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         except ValueError as exc:    # e.g. a size the interpreter refuses
             failures.append({"file": f"traces/{name}", "kind": "trace", "error": str(exc),
-                             "when": _now()})
+                             "when": utc_now()})
     return True
 
 
@@ -302,7 +298,7 @@ def build_manifest(out: Path, command=None, failures=()) -> dict:
             "oom_points": int(df.oom.sum()), "ncu_points": int(df.dram_read_bytes.notna().sum()),
             "complete": bool(meta.get("complete")),
         })
-    return {"format": MANIFEST_FORMAT, "version": 1, "created": _now(), "command": command,
+    return {"format": MANIFEST_FORMAT, "version": 1, "created": utc_now(), "command": command,
             "total_bytes": sum(f["bytes"] for f in files), "files": files, "problems": problems}
 
 

@@ -19,7 +19,6 @@ bandwidth of the device, each stage's time and achieved GB/s.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 from functools import lru_cache
 
@@ -32,6 +31,7 @@ from kernels.decode import (DecodePlan, check_decode_inputs, decode_plan, flash_
                             make_trace_buffers)
 
 from ..trace import SCHEMA_VERSION, Trace
+from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, DTYPES, environment
 from .timing import l2_flusher, time_graph_ms, time_ms
 
@@ -154,7 +154,7 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     meta = {
         "schema_version": SCHEMA_VERSION,
         "kind": "decode",
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": utc_now(),
         **env,
         # N is the query rows per sequence (as in a prefill trace); N_k the cache's length
         "shape": {"B": b, "H": h, "N": n_q, "D": d, "N_q": n_q, "N_k": plan.n_max, "H_kv": plan.kv_heads},

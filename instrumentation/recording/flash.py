@@ -3,7 +3,6 @@ into a Trace."""
 
 from __future__ import annotations
 
-import datetime as _dt
 
 import numpy as np
 import pandas as pd
@@ -13,6 +12,7 @@ from kernels import TraceBuffers, backend, block_plan, flash_attention, validate
 from kernels.masks import STATUS_NAMES
 
 from ..trace import SCHEMA_VERSION, Trace
+from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, environment
 from .inputs import check_sizes, dtype_name, parse_q_blocks
 from .timing import time_ms
@@ -111,7 +111,7 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     out_rows = pd.concat([_decode_out(out, blocks, cfg.block_m, n, x) for x in heads], ignore_index=True)
     meta = {
         "schema_version": SCHEMA_VERSION,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": utc_now(),
         **env,
         "shape": {"B": b, "H": h, "N": n, "D": d, "N_q": n, "N_k": n_k, "H_kv": h_kv},
         "dtype": DTYPE_NAMES[q.dtype],

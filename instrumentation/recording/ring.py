@@ -19,13 +19,13 @@ Ring tables:
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from ..trace import Trace
+from ..trace.files import utc_now
 from .ranks import launch, provenance
 from .timing import time_ranks_ms
 
@@ -192,7 +192,7 @@ def gather_trace(results: list[dict], cfg: RingConfig, extra_meta: dict | None =
     meta = dict(env, shape=dict(B=cfg.batch, H=cfg.heads, N=n, D=cfg.head_dim, N_q=n, N_k=n,
                                                 H_kv=cfg.heads), dtype=cfg.dtype,
                 mask=cfg.mask, block_m=c, block_n=c, n_q_blocks=n_chunks, n_k_blocks=n_chunks,
-                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                created=utc_now(),
                 source="live", kind="ring",
                 ring=dict(world=w, layout=cfg.layout, backend=cfg.backend, chunk=c,
                           trace_rows=cfg.trace_rows, devices=[r["env"]["device_name"] for r in results],

@@ -26,7 +26,6 @@ so) and times are wall-clock medians of the interpreter, which say nothing about
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import time
 from pathlib import Path
@@ -34,16 +33,13 @@ from pathlib import Path
 import kernels  # noqa: F401  (chooses the interpreter before triton is imported)
 
 from ..analysis.hbm import DTYPE_BYTES, flash_hbm_bytes, flash_hbm_bytes_tiled, naive_hbm_bytes
+from ..trace.files import utc_now
 from ..trace.sweep_file import IMPLS, KEY, read_sweep_json, write_sweep
 from .timing import time_ms
 
 
 class SweepMismatchError(RuntimeError):
     """Flash and naive disagree, or a file from another device / setup is being resumed."""
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 # -- measuring one point ---------------------------------------------------------------------------
@@ -193,10 +189,10 @@ def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=3
         records = payload["records"]
         meta = old
         meta["seq_lens"] = sorted(set(old.get("seq_lens", [])) | set(seq_lens))
-        meta.setdefault("resumed", []).append(_now())
+        meta.setdefault("resumed", []).append(utc_now())
     else:
         records = []
-        meta = {**env, "created": _now(), **shapes}
+        meta = {**env, "created": utc_now(), **shapes}
     meta.update({
         "command": command or meta.get("command"),
         "peak_memory": ("torch.cuda.max_memory_allocated() during one call minus "
@@ -225,7 +221,7 @@ def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=3
 
     def save(complete):
         meta["complete"] = complete
-        meta["updated"] = _now()
+        meta["updated"] = utc_now()
         write_sweep(out_path, meta, records)
 
     def over_budget():
@@ -236,11 +232,11 @@ def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=3
         n_chk = check_n or min(seq_lens[0], 256)
         diff = check_agreement(n_chk, 1, min(heads, 2), head_dim, dtype, mask, dev, fns)
         meta["agreement"] = {"seq_len": n_chk, "batch": 1, "heads": min(heads, 2),
-                             "max_abs_diff": diff, "checked": _now()}
+                             "max_abs_diff": diff, "checked": utc_now()}
     save(False)
 
     points = [(impl, n) for n in seq_lens for impl in impls]
-    bar = _progress(points, progress, desc=f"sweep {env['device_name'][:24]}")
+    bar = progress_bar(points, progress, desc=f"sweep {env['device_name'][:24]}")
     stopped = False
     for impl, n in bar:
         if over_budget():
@@ -277,7 +273,7 @@ def run_sweep(out_path, seq_lens=None, min_n=256, max_n=131072, batch=1, heads=3
                 rec.update(peak_bytes=None, ms=None, error=f"not run: {exc}")
             if rec["oom"] and dev.type == "cuda":
                 _free_cuda()   # outside the except block: the traceback no longer pins tensors
-        rec["created"] = _now()
+        rec["created"] = utc_now()
         index[key] = len(records)
         records.append(rec)
         save(False)
@@ -306,14 +302,14 @@ def add_ncu(path, sizes, impls=IMPLS, timeout_s=300.0, budget_s=None, progress=T
         meta, records = payload["meta"], payload["records"]
 
         def _save(complete):
-            meta["updated"] = _now()
+            meta["updated"] = utc_now()
             write_sweep(path, meta, records)
     else:
         meta, records = _payload
     meta["ncu_sizes"] = sorted(set(meta.get("ncu_sizes", [])) | {int(s) for s in sizes})
     todo = [r for r in records if r["seq_len"] in set(sizes) and r["impl"] in impls
             and (force or r.get("ncu_status") is None)]
-    bar = _progress(todo, progress, desc="ncu")
+    bar = progress_bar(todo, progress, desc="ncu")
     for rec in bar:
         if budget_s is not None and time.monotonic() - started > budget_s:
             _save(False)
@@ -338,7 +334,8 @@ def add_ncu(path, sizes, impls=IMPLS, timeout_s=300.0, budget_s=None, progress=T
     return True
 
 
-def _progress(items, enabled, desc):
+def progress_bar(items, enabled: bool, desc: str):
+    """items wrapped in a tqdm bar when enabled and tqdm is installed; else items as they are."""
     if not enabled:
         return items
     try:

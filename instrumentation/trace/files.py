@@ -16,6 +16,7 @@ never by a path on this machine: the same messages reach uploaders of a web app.
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
 import math
@@ -53,6 +54,11 @@ def check_dtype(name) -> str:
 
 
 # -- JSON -----------------------------------------------------------------------------------------
+
+def utc_now() -> str:
+    """The time stamp written into files' meta ("created", "updated"): UTC, ISO 8601, seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
 
 def json_safe(obj):
     """A copy that strict JSON can hold: NaN/inf -> None, numpy scalars and arrays -> Python,
