@@ -17,7 +17,7 @@ from .runtime import INTERPRETER_MAX_TILES, choose_backend, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
-from .backward_kernel import attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_bwd_preprocess  # noqa: E402
+from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask  # noqa: E402
 from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
@@ -33,7 +33,8 @@ KEY_LISTS_CACHE_ITEM_BYTES = 32 << 20
 @dataclass(frozen=True)
 class BackwardConfig:
     """Tiles of the two passes: dK/dV holds block_n1 keys and streams block_m1 query rows; dQ
-    holds block_m2 query rows and streams block_n2 keys."""
+    holds block_m2 query rows and streams block_n2 keys. one_launch: both passes in one grid
+    (the dQ programs after the dK/dV ones), else two launches."""
 
     block_m1: int
     block_n1: int
@@ -41,24 +42,34 @@ class BackwardConfig:
     block_n2: int
     num_warps: int
     num_stages: int
+    one_launch: bool = True
 
 
-def backward_config(head_dim: int, device) -> BackwardConfig:
-    """The default tiles for a padded head dim on a device (the interpreter: few, large tiles).
+# Tiles per padded head dim on CUDA for fp16/bf16, chosen where the compiled kernel keeps its
+# dK, dV accumulators without spilling registers (Triton 3.6 for sm_90; checked with
+# cuobjdump -res-usage): dK/dV 32 query rows x 128 keys and dQ 128 x 32 with 8 warps; D 256 on
+# 16 x 32 tiles. float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
+CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 32, 8, 3), 128: BackwardConfig(32, 128, 128, 32, 8, 3),
+                256: BackwardConfig(16, 32, 32, 16, 4, 2)}
+CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
+INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
+
+
+def backward_config(head_dim: int, dtype, device) -> BackwardConfig:
+    """The default tiles for a head dim, dtype and device (the interpreter: few, large tiles).
 
     Arguments:
         head_dim: D of the call (padded to a power of two inside).
+        dtype: the inputs' torch dtype.
         device: where the tensors are.
     Returns:
         BackwardConfig."""
-    d = padded_head_dim(head_dim)
     if interpreting() or torch.device(device).type != "cuda":
-        return BackwardConfig(32, 32, 32, 32, 4, 1)
-    if d <= 64:
-        return BackwardConfig(64, 128, 128, 64, 4, 3)
-    if d <= 128:
-        return BackwardConfig(64, 128, 128, 64, 8, 2)
-    return BackwardConfig(32, 64, 64, 32, 8, 1)
+        return INTERPRETER_CONFIG
+    if dtype == torch.float32:
+        return CUDA_FLOAT32_CONFIG
+    d = padded_head_dim(head_dim)
+    return CUDA_CONFIGS[64 if d <= 64 else 128 if d <= 128 else 256]
 
 
 @dataclass
@@ -144,7 +155,7 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     h_kv, n_k = k.shape[1], k.shape[2]
     spec = parse_mask(mask, n_q, n_k)
     scale = softmax_scale(sm_scale, d)
-    cfg = config or backward_config(d, q.device)
+    cfg = config or backward_config(d, q.dtype, q.device)
     q, k, v, o = (_rows_ok(t) for t in (q, k, v, o))
     do = _rows_ok(do.to(q.dtype))
     lse = lse.float().contiguous()
@@ -165,28 +176,28 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     attn_bwd_preprocess[(b * h * n_rows,)](
         o, do, lse, dlse_arg, stats, *o.stride()[:3], *do.stride()[:3], h, n_q, n_rows,
         head_dim=d, HEAD_DIM=d_tile, BLOCK=PREPROCESS_ROWS, EVEN_D=(d == d_tile), HAS_DLSE=has_dlse)
-    qk_scale = scale * LOG2E
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-    # 2. dK, dV: one program per (b * H_kv + kv head, key block)
+    # 2. dK, dV per (b * H_kv + kv head, key block) and dQ per (b * H + head, query block)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     kp = kv_lists.plan
-    attn_bwd_dkdv_kernel[(b * h_kv * kp.n_kb,)](
-        q, k, v, do, dk, dv, stats, *strides, *dk.stride()[:3], *dv.stride()[:3],
-        kp.row_lo, kp.row_hi, kv_lists.full_cnt, kv_lists.full_start, kv_lists.part_cnt, kv_lists.part_idx,
-        h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, qk_scale, scale,
-        head_dim=d, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1, EVEN_N=(n_k % cfg.block_n1 == 0),
-        HAS_FULL=bool((kp.block_map == FULL).any()), HAS_PARTIAL=kp.has_partial,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
-    # 3. dQ: one program per (b * H + head, query block)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    attn_bwd_dq_kernel[(b * h * dq_plan.n_qb,)](
-        q, k, v, do, dq, stats, *strides, *dq.stride()[:3],
-        dq_plan.row_lo, dq_plan.row_hi, dq_plan.full_cnt, dq_plan.full_start, dq_plan.part_cnt, dq_plan.part_idx,
-        h, h // h_kv, n_q, n_k, dq_plan.n_qb, dq_plan.n_kb, qk_scale, scale,
-        head_dim=d, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2, EVEN_M=(n_q % cfg.block_m2 == 0),
-        HAS_FULL=bool((dq_plan.block_map == FULL).any()), HAS_PARTIAL=dq_plan.has_partial,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * dq_plan.n_qb
+    args = [q, k, v, do, dk, dv, dq, stats, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *do.stride()[:3], *dk.stride()[:3], *dq.stride()[:3], kp.row_lo, kp.row_hi,
+            kv_lists.full_cnt, kv_lists.full_start, kv_lists.part_cnt, kv_lists.part_idx,
+            dq_plan.full_cnt, dq_plan.full_start, dq_plan.part_cnt, dq_plan.part_idx,
+            h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, dq_plan.n_qb, dq_plan.n_kb, n_dkdv, scale * LOG2E, scale]
+    consts = dict(head_dim=d, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1, BLOCK_M2=cfg.block_m2,
+                  BLOCK_N2=cfg.block_n2, EVEN_N1=(n_k % cfg.block_n1 == 0), EVEN_M2=(n_q % cfg.block_m2 == 0),
+                  HAS_FULL1=bool((kp.block_map == FULL).any()), HAS_PARTIAL1=kp.has_partial,
+                  HAS_FULL2=bool((dq_plan.block_map == FULL).any()), HAS_PARTIAL2=dq_plan.has_partial,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    if cfg.one_launch:
+        attn_bwd_kernel[(n_dkdv + n_dq,)](*args, DKDV=True, DQ_PASS=True, **consts)
+    else:
+        attn_bwd_kernel[(n_dkdv,)](*args, DKDV=True, DQ_PASS=False, **consts)
+        args[-3] = 0                   # n_dkdv: the dQ launch's programs start at item 0
+        attn_bwd_kernel[(n_dq,)](*args, DKDV=False, DQ_PASS=True, **consts)
     return dq, dk, dv
 
 

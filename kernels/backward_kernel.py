@@ -1,27 +1,29 @@
 """The FlashAttention-2 backward kernels (Triton): recompute P = exp(S - lse) tile by tile from
 the forward's log-sum-exp, never storing an N_q x N_k matrix.
 
-Three launches, deterministic (no atomics):
+Deterministic (no atomics): a preprocess, then the two passes in one launch or two:
 1. attn_bwd_preprocess: one program per (batch*head, row block) computes D_i = rowsum(dO_i * O_i)
    (minus dlse_i when the caller's lse carries a gradient) and the lse in log2 units; a row
    that saw no key (lse -inf) gets +inf, so every P of that row recomputes as exp2(-inf) = 0.
-2. attn_bwd_dkdv_kernel: one program per (batch*kv_head, key block). K_j and V_j stay on chip;
-   the program walks the query heads of its group (GQA: their contributions sum into one
-   dK_j, dV_j) and, per head, the key block's visible query blocks (the forward's block lists
-   transposed: partial ones first, each with the per-row interval mask, then the contiguous
-   run of full ones, unmasked):
+2. attn_bwd_kernel's dK/dV items (_dkdv_item): one program per (batch*kv_head, key block). K_j
+   and V_j stay on chip; the program walks the query heads of its group (GQA: their
+   contributions sum into one dK_j, dV_j) and, per head, the key block's visible query blocks
+   (the forward's block lists transposed: partial ones first, each with the per-row interval
+   mask, then the contiguous run of full ones, unmasked; ascending for causal):
        P^T = exp2(K Q^T * scale*log2e - lse2),  dV += P^T dO,  dP^T = V dO^T,
        dS^T = P^T (dP^T - D),  dK += dS^T Q.
-3. attn_bwd_dq_kernel: one program per (batch*head, query block) walks the forward's block
-   lists of its query block: dQ += dS K with the same recomputed P and dS. dQ in its own pass
-   keeps the result independent of the order programs run in.
+3. attn_bwd_kernel's dQ items (_dq_item): one program per (batch*head, query block) walks the
+   forward's block lists of its query block (full tiles, then partial): dQ += dS K with the same
+   recomputed P and dS. dQ in programs of its own keeps the result independent of the order
+   programs run in (no atomic adds across key blocks).
 
 Shapes as the forward's: q, dO, O (B, H, N_q, D); k, v (B, H_kv, N_k, D); query head h reads
 KV head h // GROUP. The head dim is padded to the tile width HEAD_DIM by masked loads when
 EVEN_D is off (padded columns load 0 and are never stored). Padded query rows load dO = 0,
 lse2 = +inf and an empty interval; padded key rows are masked on partial tiles (full tiles have
-none) and their dK, dV rows are not stored. UPCAST_DOT (the interpreter's bf16): operands are
-rounded to bf16 as the tensor cores take them and multiplied in float32, as in the forward.
+none) and their dK, dV rows are not stored. UPCAST (the interpreter's bf16): operands are
+rounded to bf16 as the tensor cores take them and multiplied in float32, as in the forward
+(UPCAST_DOT in kernels.flash_kernel).
 
 Tracing (to come, as the forward's): the work-item functions _dkdv_item and _dq_item are where
 a TRACE_WORK constexpr would store one record per program, (phase, head, block, program, sm,
@@ -31,6 +33,7 @@ _dq_tiles visit one tile per iteration: a TRACE_TILES flag would store (q_block,
 step0 + i) per visited tile there, with step0 the visits before the loop (for dkdv, counted
 across the group's heads), which gives bwd_tiles' per-program visit order. A persistent
 schedule would call the same item functions from a loop over a work counter, as the forward.
+The program id, and in one launch whether it ran dK/dV or dQ, come from attn_bwd_kernel.
 """
 
 from .runtime import choose_backend
@@ -201,30 +204,6 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS,
     _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), n_ok, d_ok, not EVEN_N, EVEN_D)
 
 
-@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_bwd_dkdv_kernel(Q, K, V, DO, DK, DV, STATS,
-                         stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-                         stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                         lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
-                         H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
-                         head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                         HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV: one program per work item (b*H_kv + kv_head) * n_kb + key block. Block lists per
-    key block (the forward's transposed, for BLOCK_M x BLOCK_N tiles): full query blocks
-    full_start + [0, full_cnt), partial ones part_idx[k_block * n_qb + i], i < part_cnt.
-    STATS: (B*H, 2, N_Q) float32, lse2 and delta from attn_bwd_preprocess."""
-    _dkdv_item(tl.program_id(0), Q, K, V, DO, DK, DV, STATS,
-               stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-               stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-               stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
-               H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, head_dim, HEAD_DIM, BLOCK_M, BLOCK_N,
-               EVEN_N, EVEN_D, HAS_FULL, HAS_PARTIAL, DOT_PRECISION, UPCAST)
-
-
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, row_lo, row_hi,
               idx_ptr, kb_start, count, offs_d, d_ok, N_K, qk_scale,
@@ -299,23 +278,47 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS,
     _store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), row_ok, d_ok, not EVEN_M, EVEN_D)
 
 
-@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_bwd_dq_kernel(Q, K, V, DO, DQ, STATS,
+# sizes are not specialised on (one compiled kernel serves every N_q, N_k, H and group size)
+@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb1", "n_kb1", "n_qb2", "n_kb2", "n_dkdv"])
+def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
+                    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                    stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                    stride_dkb, stride_dkh, stride_dkn, stride_dqb, stride_dqh, stride_dqn,
+                    lo_ptr, hi_ptr, full_cnt1, full_start1, part_cnt1, part_idx1,
+                    full_cnt2, full_start2, part_cnt2, part_idx2,
+                    H, GROUP, N_Q, N_K, n_qb1, n_kb1, n_qb2, n_kb2, n_dkdv, qk_scale, sm_scale,
+                    head_dim: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                    EVEN_N1: tl.constexpr, EVEN_M2: tl.constexpr, EVEN_D: tl.constexpr,
+                    HAS_FULL1: tl.constexpr, HAS_PARTIAL1: tl.constexpr,
+                    HAS_FULL2: tl.constexpr, HAS_PARTIAL2: tl.constexpr,
+                    DKDV: tl.constexpr, DQ_PASS: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The dK/dV and dQ passes, in one launch or two. Work items: with DKDV, program p < n_dkdv
+    runs dK/dV item p = (b*H_kv + kv_head) * n_kb1 + key block, over the key block's lists
+    (the forward's transposed, tiles BLOCK_M1 x BLOCK_N1: full query blocks full_start1 +
+    [0, full_cnt1), partial ones part_idx1[k_block * n_qb1 + i], i < part_cnt1); with DQ_PASS,
+    program n_dkdv + p (n_dkdv = 0 when DKDV is off) runs dQ item p = (b*H + head) * n_qb2 +
+    query block over the forward's lists (kernels.plan.BlockPlan, tiles BLOCK_M2 x BLOCK_N2).
+    Both in one launch: the dQ programs fill the SMs the dK/dV programs leave (a causal tail).
+    DK, DV share strides. lo_ptr, hi_ptr: the per-row visible key intervals. STATS: (B*H, 2, N_Q)
+    float32, lse2 and delta from attn_bwd_preprocess."""
+    pid = tl.program_id(0)
+    if DKDV:
+        if pid < n_dkdv:
+            _dkdv_item(pid, Q, K, V, DO, DK, DV, STATS,
                        stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-                       stride_dqb, stride_dqh, stride_dqn,
-                       lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
-                       H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
-                       head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, EVEN_M: tl.constexpr, EVEN_D: tl.constexpr,
-                       HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """dQ: one program per work item (b*H + head) * n_qb + query block, over the forward's
-    block lists (kernels.plan.BlockPlan for BLOCK_M x BLOCK_N tiles)."""
-    _dq_item(tl.program_id(0), Q, K, V, DO, DQ, STATS,
-             stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
-             stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
-             stride_dqb, stride_dqh, stride_dqn,
-             lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
-             H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, head_dim, HEAD_DIM, BLOCK_M, BLOCK_N,
-             EVEN_M, EVEN_D, HAS_FULL, HAS_PARTIAL, DOT_PRECISION, UPCAST)
+                       stride_dkb, stride_dkh, stride_dkn, stride_dkb, stride_dkh, stride_dkn,
+                       lo_ptr, hi_ptr, full_cnt1, full_start1, part_cnt1, part_idx1,
+                       H, GROUP, N_Q, N_K, n_qb1, n_kb1, qk_scale, sm_scale, head_dim, HEAD_DIM,
+                       BLOCK_M1, BLOCK_N1, EVEN_N1, EVEN_D, HAS_FULL1, HAS_PARTIAL1, DOT_PRECISION, UPCAST)
+    if DQ_PASS:
+        if pid >= n_dkdv:
+            _dq_item(pid - n_dkdv, Q, K, V, DO, DQ, STATS,
+                     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
+                     stride_dqb, stride_dqh, stride_dqn,
+                     lo_ptr, hi_ptr, full_cnt2, full_start2, part_cnt2, part_idx2,
+                     H, GROUP, N_Q, N_K, n_qb2, n_kb2, qk_scale, sm_scale, head_dim, HEAD_DIM,
+                     BLOCK_M2, BLOCK_N2, EVEN_M2, EVEN_D, HAS_FULL2, HAS_PARTIAL2, DOT_PRECISION, UPCAST)
