@@ -25,9 +25,9 @@ from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
 
 LOG2E = 1.4426950408889634
 PREPROCESS_ROWS = 64
-KEY_LISTS_CACHE_ENTRIES = 64
-KEY_LISTS_CACHE_BYTES = 256 << 20
-KEY_LISTS_CACHE_ITEM_BYTES = 32 << 20
+PLAN_CACHE_ENTRIES = 64
+PLAN_CACHE_BYTES = 256 << 20
+PLAN_CACHE_ITEM_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -73,43 +73,52 @@ def backward_config(head_dim: int, dtype, device) -> BackwardConfig:
 
 
 @dataclass
-class KeyBlockLists:
-    """Per key block, the query blocks that see it: the forward's block map transposed."""
+class BackwardPlan:
+    """What the backward iterates for one (mask, N_q, N_k, tiles, device). The dK/dV pass: per
+    key block, the query blocks that see it (the forward's block map at block_m1 x block_n1,
+    transposed); the dQ pass: the forward's plan at block_m2 x block_n2. Each pass takes a head's
+    blocks most tiles first (kv_order, q_order), so the programs that start last are short."""
 
-    plan: BlockPlan                 # the forward's plan at (block_m, block_n): row intervals, map
-    full_cnt: torch.Tensor          # (n_kb,) int32
-    full_start: torch.Tensor        # (n_kb,) int32: full query blocks are full_start + [0, full_cnt)
-    part_cnt: torch.Tensor          # (n_kb,) int32
-    part_idx: torch.Tensor          # (n_kb, n_qb) int32: partial query blocks first, ascending
+    kv_plan: BlockPlan               # row intervals and block map of the dK/dV tiles
+    kv_full_cnt: torch.Tensor        # (n_kb,) int32
+    kv_full_start: torch.Tensor      # (n_kb,) int32: full query blocks are start + [0, cnt)
+    kv_part_cnt: torch.Tensor        # (n_kb,) int32
+    kv_part_idx: torch.Tensor        # (n_kb, n_qb) int32: partial query blocks first, ascending
+    kv_order: torch.Tensor           # (n_kb,) int32 key blocks in program order
+    q_plan: BlockPlan                # the forward's plan at the dQ tiles
+    q_order: torch.Tensor            # (n_qb,) int32 query blocks in program order
+    kv_tiles: int                    # computed tiles per head of each pass
+    q_tiles: int
+    consts: dict                     # the kernel's mask-dependent constexprs
 
 
-def _lists_bytes(lists: KeyBlockLists) -> int:
-    return plan_bytes(lists.plan) + sum(t.numel() * 4 for t in (lists.full_cnt, lists.full_start,
-                                                                 lists.part_cnt, lists.part_idx))
+def _plan_size(bp: BackwardPlan) -> int:
+    return plan_bytes(bp.kv_plan) + plan_bytes(bp.q_plan) + 4 * (
+        bp.kv_part_idx.numel() + 4 * bp.kv_order.numel() + bp.q_order.numel())
 
 
-_KEY_LISTS = BoundedCache(KEY_LISTS_CACHE_ENTRIES, KEY_LISTS_CACHE_BYTES, KEY_LISTS_CACHE_ITEM_BYTES,
-                          _lists_bytes)
+_BACKWARD_PLANS = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, _plan_size)
 
 
-def key_block_lists(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int, device) -> KeyBlockLists:
-    """The dK/dV pass's block lists for query blocks of block_m rows and key blocks of block_n.
+def backward_plan(spec: MaskSpec, n_q: int, n_k: int, cfg: BackwardConfig, device) -> BackwardPlan:
+    """The backward's block lists for a mask and sizes at cfg's tiles.
 
     Arguments:
-        spec: the parsed mask; n_q, n_k: query rows and keys; block_m, block_n: tile sizes;
-            device: where the lists go.
+        spec: the parsed mask; n_q, n_k: query rows and keys; cfg: the tiles; device: where the
+            lists go.
     Returns:
-        KeyBlockLists (kept in a bounded cache per (mask, sizes, blocks, device))."""
-    key = (spec, int(n_q), int(n_k), int(block_m), int(block_n), str(device))
-    lists = _KEY_LISTS.get(key)
-    if lists is None:
-        lists = _KEY_LISTS.put(key, _key_block_lists(*key))
-    return lists
+        BackwardPlan (kept in a bounded cache)."""
+    key = (spec, int(n_q), int(n_k), cfg.block_m1, cfg.block_n1, cfg.block_m2, cfg.block_n2, str(device))
+    bp = _BACKWARD_PLANS.get(key)
+    if bp is None:
+        bp = _BACKWARD_PLANS.put(key, _backward_plan(spec, int(n_q), int(n_k), cfg, device))
+    return bp
 
 
-def _key_block_lists(spec, n_q, n_k, block_m, block_n, device) -> KeyBlockLists:
-    plan = block_plan(spec, n_q, block_m, block_n, device, n_k)
-    by_key = plan.block_map.T                                     # (n_kb, n_qb)
+def _backward_plan(spec, n_q, n_k, cfg, device) -> BackwardPlan:
+    kv_plan = block_plan(spec, n_q, cfg.block_m1, cfg.block_n1, device, n_k)
+    q_plan = block_plan(spec, n_q, cfg.block_m2, cfg.block_n2, device, n_k)
+    by_key = kv_plan.block_map.T                                   # (n_kb, n_qb)
     full = by_key == FULL
     full_cnt = full.sum(axis=1).astype(np.int32)
     full_start = np.where(full_cnt > 0, np.argmax(full, axis=1), 0).astype(np.int32)
@@ -119,22 +128,21 @@ def _key_block_lists(spec, n_q, n_k, block_m, block_n, device) -> KeyBlockLists:
     in_run = (run >= full_start[:, None]) & (run < (full_start + full_cnt)[:, None])
     assert np.array_equal(in_run, full), "full query blocks of a key block are not contiguous"
     partial = by_key == PARTIAL
-    part_cnt = partial.sum(axis=1).astype(np.int32)
-    part_idx = np.argsort(~partial, axis=1, kind="stable").astype(np.int32)  # partial ones first, ascending
-    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    return KeyBlockLists(plan, to(full_cnt), to(full_start), to(part_cnt), to(part_idx))
+    part_idx = np.argsort(~partial, axis=1, kind="stable")         # partial ones first, ascending
+    kv_tiles = (by_key != SKIPPED).sum(axis=1)
+    to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)  # noqa: E731
+    consts = dict(HAS_FULL1=bool(full.any()), HAS_PARTIAL1=bool(partial.any()),
+                  HAS_FULL2=bool((q_plan.block_map == FULL).any()), HAS_PARTIAL2=q_plan.has_partial,
+                  EVEN_N1=n_k % cfg.block_n1 == 0, EVEN_M2=n_q % cfg.block_m2 == 0)
+    return BackwardPlan(kv_plan, to(full_cnt), to(full_start), to(partial.sum(axis=1)), to(part_idx),
+                        to(np.argsort(-kv_tiles, kind="stable")), q_plan,
+                        to(np.argsort(-q_plan.tiles_per_q_block, kind="stable")),
+                        int(kv_tiles.sum()), int(q_plan.tiles_per_q_block.sum()), consts)
 
 
 def _rows_ok(t: torch.Tensor) -> torch.Tensor:
     """t with a unit stride along D (the kernels take any (B, H, N) strides)."""
     return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _check_interpreter_size(plan: BlockPlan, heads: int, phase: str) -> None:
-    computed = int((plan.block_map != SKIPPED).sum()) * heads
-    if computed > INTERPRETER_MAX_TILES:
-        raise ValueError(f"the {phase} pass computes {computed} tiles, too many for the CPU interpreter "
-                         f"(limit {INTERPRETER_MAX_TILES}): lower N, B or H, or run on a GPU")
 
 
 def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None,
@@ -160,11 +168,10 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     do = _rows_ok(do.to(q.dtype))
     lse = lse.float().contiguous()
     d_tile = padded_head_dim(d)
-    dq_plan = block_plan(spec, n_q, cfg.block_m2, cfg.block_n2, q.device, n_k)
-    kv_lists = key_block_lists(spec, n_q, n_k, cfg.block_m1, cfg.block_n1, q.device)
-    if interpreting():
-        _check_interpreter_size(kv_lists.plan, b * h, "dK/dV")
-        _check_interpreter_size(dq_plan, b * h, "dQ")
+    bp = backward_plan(spec, n_q, n_k, cfg, q.device)
+    if interpreting() and max(bp.kv_tiles, bp.q_tiles) * b * h > INTERPRETER_MAX_TILES:
+        raise ValueError(f"the backward computes {max(bp.kv_tiles, bp.q_tiles) * b * h} tiles per pass, too many "
+                         f"for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): lower N, B or H, or run on a GPU")
     common = dict(HEAD_DIM=d_tile, EVEN_D=(d == d_tile),
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   UPCAST=interpreting() and q.dtype == torch.bfloat16)
@@ -180,18 +187,16 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    kp = kv_lists.plan
-    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * dq_plan.n_qb
+    kp, qp = bp.kv_plan, bp.q_plan
+    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * qp.n_qb
     args = [q, k, v, do, dk, dv, dq, stats, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], *dk.stride()[:3], *dq.stride()[:3], kp.row_lo, kp.row_hi,
-            kv_lists.full_cnt, kv_lists.full_start, kv_lists.part_cnt, kv_lists.part_idx,
-            dq_plan.full_cnt, dq_plan.full_start, dq_plan.part_cnt, dq_plan.part_idx,
-            h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, dq_plan.n_qb, dq_plan.n_kb, n_dkdv, scale * LOG2E, scale]
+            bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order,
+            qp.full_cnt, qp.full_start, qp.part_cnt, qp.part_idx, bp.q_order,
+            h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, qp.n_qb, qp.n_kb, n_dkdv, scale * LOG2E, scale]
     consts = dict(head_dim=d, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1, BLOCK_M2=cfg.block_m2,
-                  BLOCK_N2=cfg.block_n2, EVEN_N1=(n_k % cfg.block_n1 == 0), EVEN_M2=(n_q % cfg.block_m2 == 0),
-                  HAS_FULL1=bool((kp.block_map == FULL).any()), HAS_PARTIAL1=kp.has_partial,
-                  HAS_FULL2=bool((dq_plan.block_map == FULL).any()), HAS_PARTIAL2=dq_plan.has_partial,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+                  BLOCK_N2=cfg.block_n2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                  **bp.consts, **common)
     if cfg.one_launch:
         attn_bwd_kernel[(n_dkdv + n_dq,)](*args, DKDV=True, DQ_PASS=True, **consts)
     else:

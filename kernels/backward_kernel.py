@@ -159,14 +159,14 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS,
                stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+               lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, kb_order,
                H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
                head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
                DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     h_kv = H // GROUP
     bh_kv = work // n_kb
-    k_block = work % n_kb
+    k_block = tl.load(kb_order + work % n_kb)      # a head's key blocks, most tiles first
     off_b = (bh_kv // h_kv).to(tl.int64)
     off_hkv = (bh_kv % h_kv).to(tl.int64)
     offs_n = k_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -238,13 +238,13 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS,
              stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
              stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
              stride_dqb, stride_dqh, stride_dqn,
-             lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx,
+             lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, qb_order,
              H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
              head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
              DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     bh = work // n_qb
-    q_block = work % n_qb
+    q_block = tl.load(qb_order + work % n_qb)      # a head's query blocks, most tiles first
     off_b = (bh // H).to(tl.int64)
     off_h = (bh % H).to(tl.int64)
     off_hkv = off_h // GROUP
@@ -284,8 +284,8 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
                     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                     stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                     stride_dkb, stride_dkh, stride_dkn, stride_dqb, stride_dqh, stride_dqn,
-                    lo_ptr, hi_ptr, full_cnt1, full_start1, part_cnt1, part_idx1,
-                    full_cnt2, full_start2, part_cnt2, part_idx2,
+                    lo_ptr, hi_ptr, full_cnt1, full_start1, part_cnt1, part_idx1, kb_order,
+                    full_cnt2, full_start2, part_cnt2, part_idx2, qb_order,
                     H, GROUP, N_Q, N_K, n_qb1, n_kb1, n_qb2, n_kb2, n_dkdv, qk_scale, sm_scale,
                     head_dim: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
@@ -295,11 +295,11 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
                     DKDV: tl.constexpr, DQ_PASS: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """The dK/dV and dQ passes, in one launch or two. Work items: with DKDV, program p < n_dkdv
-    runs dK/dV item p = (b*H_kv + kv_head) * n_kb1 + key block, over the key block's lists
+    runs dK/dV item p = (b*H_kv + kv_head) * n_kb1 + r, key block kb_order[r], over its lists
     (the forward's transposed, tiles BLOCK_M1 x BLOCK_N1: full query blocks full_start1 +
     [0, full_cnt1), partial ones part_idx1[k_block * n_qb1 + i], i < part_cnt1); with DQ_PASS,
-    program n_dkdv + p (n_dkdv = 0 when DKDV is off) runs dQ item p = (b*H + head) * n_qb2 +
-    query block over the forward's lists (kernels.plan.BlockPlan, tiles BLOCK_M2 x BLOCK_N2).
+    program n_dkdv + p (n_dkdv = 0 when DKDV is off) runs dQ item p = (b*H + head) * n_qb2 + r,
+    query block qb_order[r], over the forward's lists (kernels.plan.BlockPlan, tiles BLOCK_M2 x BLOCK_N2).
     Both in one launch: the dQ programs fill the SMs the dK/dV programs leave (a causal tail).
     DK, DV share strides. lo_ptr, hi_ptr: the per-row visible key intervals. STATS: (B*H, 2, N_Q)
     float32, lse2 and delta from attn_bwd_preprocess."""
@@ -310,7 +310,7 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
                        stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                        stride_dkb, stride_dkh, stride_dkn, stride_dkb, stride_dkh, stride_dkn,
-                       lo_ptr, hi_ptr, full_cnt1, full_start1, part_cnt1, part_idx1,
+                       lo_ptr, hi_ptr, full_cnt1, full_start1, part_cnt1, part_idx1, kb_order,
                        H, GROUP, N_Q, N_K, n_qb1, n_kb1, qk_scale, sm_scale, head_dim, HEAD_DIM,
                        BLOCK_M1, BLOCK_N1, EVEN_N1, EVEN_D, HAS_FULL1, HAS_PARTIAL1, DOT_PRECISION, UPCAST)
     if DQ_PASS:
@@ -319,6 +319,6 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
                      stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_don,
                      stride_dqb, stride_dqh, stride_dqn,
-                     lo_ptr, hi_ptr, full_cnt2, full_start2, part_cnt2, part_idx2,
+                     lo_ptr, hi_ptr, full_cnt2, full_start2, part_cnt2, part_idx2, qb_order,
                      H, GROUP, N_Q, N_K, n_qb2, n_kb2, qk_scale, sm_scale, head_dim, HEAD_DIM,
                      BLOCK_M2, BLOCK_N2, EVEN_M2, EVEN_D, HAS_FULL2, HAS_PARTIAL2, DOT_PRECISION, UPCAST)
