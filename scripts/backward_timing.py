@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +34,8 @@ SWEEP = [BackwardConfig(32, 128, 128, 32, 8, 3), BackwardConfig(32, 128, 128, 32
          BackwardConfig(32, 128, 128, 64, 8, 3), BackwardConfig(32, 128, 128, 32, 8, 2),
          BackwardConfig(64, 128, 128, 64, 8, 2), BackwardConfig(64, 128, 128, 64, 8, 3),
          BackwardConfig(16, 128, 128, 16, 8, 3)]
+SWEEP_D256 = [BackwardConfig(16, 32, 32, 16, 4, 2), BackwardConfig(16, 64, 64, 16, 8, 2),
+              BackwardConfig(16, 64, 64, 32, 8, 2)]
 BACKENDS = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -41,7 +44,14 @@ def fwd_flops(b, h, n, d, mask):
     return 4 * b * h * d * pairs
 
 
+DEVICE = "cuda"
+
+
 def bench(fn):
+    if DEVICE != "cuda":                      # --smoke: the script's logic in the interpreter
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
     return triton.testing.do_bench(fn, warmup=10, rep=80, return_mode="median")
 
 
@@ -50,8 +60,8 @@ def rel(x, ref):
 
 
 def case_inputs(b, h, n, d):
-    g = torch.Generator(device="cuda").manual_seed(n + d)
-    make = lambda: torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    g = torch.Generator(device=DEVICE).manual_seed(n + d)
+    make = lambda: torch.randn(b, h, n, d, generator=g, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
     return make(), make(), make(), make()
 
 
@@ -91,13 +101,15 @@ def time_case(b, h, n, d, mask, log):
     return row
 
 
-def sweep(n, mask, log):
-    q, k, v, do = case_inputs(4, 16, n, 128)
+def sweep(n, mask, log, d=128, configs=None):
+    configs = configs or SWEEP
+    n, d, b, h = (64, 32, 1, 2) if DEVICE != "cuda" else (n, d, 4, 16)
+    q, k, v, do = case_inputs(b, h, n, d)
     with torch.no_grad():
         o, lse = flash_attention(q, k, v, mask=mask, return_lse=True)
     rows = []
     first = None
-    for cfg in SWEEP:
+    for cfg in configs:
         try:
             grads = flash_attention_backward(do, q, k, v, o, lse, mask, config=cfg)
             first = first or grads
@@ -106,9 +118,9 @@ def sweep(n, mask, log):
         except Exception as exc:  # noqa: BLE001  (out of resources and compile errors)
             rows.append(dict(config=cfg.__dict__, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
-        tflops = 2.5 * fwd_flops(4, 16, n, 128, mask) / (ms * 1e-3) / 1e12
+        tflops = 2.5 * fwd_flops(b, h, n, d, mask) / (ms * 1e-3) / 1e12
         rows.append(dict(config=cfg.__dict__, ms=ms, tflops=tflops, err_vs_first=errs))
-        log(f"sweep N{n} {mask} {cfg}: {ms:.3f} ms {tflops:.0f} TFLOP/s, dq/dk/dv vs the first {errs}")
+        log(f"sweep N{n} D{d} {mask} {cfg}: {ms:.3f} ms {tflops:.0f} TFLOP/s, dq/dk/dv vs the first {errs}")
     return rows
 
 
@@ -117,9 +129,15 @@ def main():
     ap.add_argument("--out", default="data/benchmarks")
     ap.add_argument("--quick", action="store_true", help="the 4k cases and the sweep only")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter (checks the script)")
     args = ap.parse_args()
+    global CASES, SWEEP, SWEEP_D256, DEVICE
+    if args.smoke:
+        DEVICE = "cpu"
+        CASES = [(1, 2, 64, 32, "causal"), (1, 2, 64, 32, "full")]
+        SWEEP, SWEEP_D256 = SWEEP[:2], SWEEP_D256[:1]
     log = lambda s: print(s, flush=True)  # noqa: E731
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "interpreter"
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     result = dict(meta=dict(device=name, device_slug=slug, torch_version=torch.__version__,
                             triton_version=triton.__version__, cuda_version=torch.version.cuda,
@@ -132,10 +150,17 @@ def main():
     path = Path(args.out) / f"backward-{slug}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     for n, mask in () if args.no_sweep else ((4096, "causal"), (4096, "full")):
-        result["sweep"] += [dict(seq_len=n, mask=mask, **r) for r in sweep(n, mask, log)]
+        result["sweep"] += [dict(seq_len=n, head_dim=128, mask=mask, **r) for r in sweep(n, mask, log)]
         path.write_text(json.dumps(result, indent=1))
+    if not args.no_sweep:
+        result["sweep"] += [dict(seq_len=4096, head_dim=256, mask="causal", **r)
+                            for r in sweep(4096, "causal", log, 256, SWEEP_D256)]
     for case in CASES[:2] if args.quick else CASES:
-        result["cases"].append(time_case(*case, log))
+        try:
+            result["cases"].append(time_case(*case, log))
+        except Exception as exc:  # noqa: BLE001  (one case's failure keeps the others)
+            result["cases"].append(dict(case=case, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+            log(f"case {case}: {result['cases'][-1]['error']}")
         path.write_text(json.dumps(result, indent=1))
     log(f"wrote {path}")
 
