@@ -49,6 +49,7 @@ def gallery(directory, inputs, charts=None, formats=("png",)) -> list[Path]:
 # -- command line ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `python -m app.export` (its flags and their help)."""
     from app.figures.registry import CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
 
     p = argparse.ArgumentParser(prog="python -m app.export",
@@ -108,6 +109,7 @@ def _inputs(args):
 
 
 def run(args) -> Path | list[Path]:
+    """Do what the parsed `args` ask; the written path(s). Raises ExportError on bad input."""
     from app.figures.registry import build, trace_charts
     from app.figures import presentation
 
@@ -163,6 +165,7 @@ def _frame_bar(desc: str):
 
 
 def main(argv=None) -> int:
+    """The command line: prints each written path; 0, or 2 with one 'error: ...' line on stderr."""
     args = build_parser().parse_args(argv)
     from instrumentation.trace import TraceFormatError
 

@@ -223,6 +223,7 @@ def trace_charts(trace) -> dict:
 
 
 def build(name: str, inputs: ChartInputs):
+    """The chart `name` drawn from `inputs`; ValueError when these inputs cannot draw it."""
     if name not in CHARTS:
         raise ValueError(f"unknown chart {name!r}; use one of {sorted(CHARTS)}")
     if name not in SWEEP_CHARTS and inputs.trace is None:

@@ -24,7 +24,7 @@ from instrumentation.analysis.schedule_model import schedule_stats, tile_timelin
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption,
                       discrete_colorscale, time_axis, title)
 from .schedule_common import (COLOR_BY, CURSOR, IN_FLIGHT, LANE_BINS, clock_kind, clock_unit,  # noqa: F401
-                              lane_traces, problem_text, provenance_text, timeline_for, traced_head)
+                              lane_traces, problem_text, provenance_text, ensure_timeline, traced_head)
 
 HIGHLIGHT = "#d62728"      # straggler outlines on the lanes
 # tile states drawn by the grid (codes are the heatmap's z values)
@@ -122,7 +122,7 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
 
     t: optional "now" cursor; t_range: draw only this window (timeline clock) at full detail.
     """
-    tl = timeline_for(trace, tl, sms, gpu)
+    tl = ensure_timeline(trace, tl, sms, gpu)
     scale, xlabel = time_axis(tl)
     st = schedule_stats(tl)
     fig = go.Figure(lane_traces(tl, color_by, scale, bins=bins, t_range=t_range, colorbar_y=0.75))
@@ -204,7 +204,7 @@ def tile_grid_figure(trace, t: float | None = None, tl: pd.DataFrame | None = No
                      bh: int | None = None) -> go.Figure:
     """The traced head's (q_block × k_block) grid: full/partial/skipped from the mask, and which
     tiles the kernel has computed by time t (None: the finished kernel)."""
-    tl = timeline_for(trace, tl)
+    tl = ensure_timeline(trace, tl)
     bh = traced_head(trace, bh)
     tiles = tile_timeline(trace, tl)
     tiles = tiles[tiles["bh"] == bh]
@@ -251,7 +251,7 @@ def imbalance_figure(trace, tl: pd.DataFrame | None = None) -> go.Figure:
     """Duration vs K/V tiles visited per work item: with a causal mask, late query blocks visit
     more tiles and run longer, which is what leaves the tail. Up to MAX_POINTS items one point
     each; more as a band (min-max), the median and the longest items per tile count."""
-    tl = timeline_for(trace, tl)
+    tl = ensure_timeline(trace, tl)
     scale, _ = time_axis(tl)
     modelled = clock_kind(tl) == "modelled"
     unit = clock_unit(tl)

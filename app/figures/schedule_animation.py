@@ -23,7 +23,7 @@ from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_c
                       whole_ticks)
 from ._common import TEMPLATE
 from .schedule_common import (CURSOR, IN_FLIGHT, clock_kind, clock_unit, lane_traces, problem_text,
-                              provenance_text, timeline_for, traced_head)
+                              provenance_text, ensure_timeline, traced_head)
 
 CLEAR = "rgba(0,0,0,0)"
 PENDING_PARTIAL, PENDING_FULL = "#fde0c5", "#c6dbef"
@@ -127,7 +127,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     they do not run at mid-run: never an empty grid). controls=False: a
     still of that frame (no frames, no player).
     """
-    tl = timeline_for(trace, tl)
+    tl = ensure_timeline(trace, tl)
     default, why = default_traced_head(trace, tl)
     bh = default if bh is None else traced_head(trace, bh)
     why = why if bh == default else "picked"

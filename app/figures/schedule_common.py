@@ -18,8 +18,9 @@ COLOR_BY = {"tiles_visited": "K/V tiles visited", "q_block": "query block"}
 LANE_BINS = 900                 # time bins of the lane raster (about one per screen pixel)
 
 
-def timeline_for(trace, tl, sms=None, gpu=None) -> pd.DataFrame:
-    """`tl` when given, else the trace's timeline (instrumentation.schedule_model.timeline)."""
+def ensure_timeline(trace, tl, sms=None, gpu=None) -> pd.DataFrame:
+    """`tl` when given, else the trace's timeline on `sms` SMs or the named `gpu` (modelled for
+    interpreter traces; instrumentation's schedule_model.timeline)."""
     return timeline(trace, sms=sms, gpu=gpu) if tl is None else tl
 
 
@@ -92,6 +93,7 @@ def lane_traces(tl: pd.DataFrame, color_by: str, scale: float, bins: int = LANE_
 
 
 def traced_head(trace, bh):
+    """`bh` checked against the heads with tile detail (default: the first); ValueError otherwise."""
     from instrumentation.analysis.schedule_analysis import traced_heads
 
     heads = traced_heads(trace)

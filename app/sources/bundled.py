@@ -27,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def data_dir() -> Path:
+    """The data directory the app reads: $TILESCOPE_DATA, else the repository's data/."""
     return Path(os.environ.get("TILESCOPE_DATA") or REPO_ROOT / "data")
 
 
@@ -113,6 +114,7 @@ def discover_traces(root: Path | None = None) -> list[Recording]:
 
 
 def discover_sweeps(root: Path | None = None) -> list[Path]:
+    """The sweep files (data/sweeps/*.json) under `root` (default: data_dir()), sorted."""
     root = (root or data_dir()) / "sweeps"
     return sorted(root.glob("*.json")) if root.is_dir() else []
 
@@ -145,6 +147,8 @@ def distance(rec: Recording, settings: dict) -> float:
 
 
 def nearest(recordings: list[Recording], settings: dict, gpu_only: bool = False) -> Recording | None:
+    """The recording nearest `settings` by `distance` (name breaks ties; GPU ones only with
+    gpu_only), or None when there is none."""
     pool = [r for r in recordings if r.is_gpu] if gpu_only else list(recordings)
     return min(pool, key=lambda r: (distance(r, settings), r.name)) if pool else None
 
@@ -180,6 +184,7 @@ def _discover(root: str, stamp: float) -> list[Recording]:
 
 
 def recordings() -> list[Recording]:
+    """The bundled recordings, cached until data/traces/ changes."""
     root = data_dir()
     traces = root / "traces"
     stamp = traces.stat().st_mtime if traces.is_dir() else 0.0
@@ -187,6 +192,7 @@ def recordings() -> list[Recording]:
 
 
 def recording_named(name: str) -> Recording | None:
+    """The bundled recording called `name`, or None."""
     return next((r for r in recordings() if r.name == name), None)
 
 

@@ -37,6 +37,7 @@ def run_lock() -> threading.Lock:
 
 
 def live_source() -> str:
+    """The live source this machine has: 'gpu' with CUDA, else 'interpreter'."""
     return "gpu" if backend() == "cuda" else "interpreter"
 
 

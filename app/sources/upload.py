@@ -53,10 +53,12 @@ def trace_from_zip(data: bytes) -> Trace:
 
 
 def upload_digest(upload) -> str:
+    """SHA-256 of an uploaded file's bytes: the key of its cached trace."""
     return hashlib.sha256(upload.getvalue()).hexdigest()
 
 
 def uploaded_trace(upload) -> Trace:
+    """The trace in an uploaded zip (cached on its digest); RunError saying why it is not one."""
     try:
         return _load_upload(upload_digest(upload), upload.getvalue())
     except TraceFormatError as exc:

@@ -19,7 +19,7 @@ import pytest
 
 # The app needs plotly and streamlit; a machine without them (the bare GPU image) skips this folder.
 if importlib.util.find_spec("plotly") is None or importlib.util.find_spec("streamlit") is None:
-    collect_ignore_glob = ["test_*.py"]
+    collect_ignore_glob = ["test_*.py", "*/test_*.py"]
 
 N = 256          # the sequence length of the shared headless recordings
 
@@ -49,6 +49,87 @@ def data_dir(app_recordings):
 
     with tilescope_data(app_recordings):
         yield app_recordings
+
+
+# -- traces and stand-ins the figure, export and page tests share ----------------------------
+
+@pytest.fixture
+def fast_frames(monkeypatch):
+    """kaleido replaced by random PNGs of the asked size (the pages and CLI tests check the
+    progress reporting, not Chromium); returns the list of frame indices drawn."""
+    from app.export import animations
+    from tests.app.headless import random_png
+
+    drawn = []
+
+    class Still:
+        def __init__(self, i):
+            self.i = i
+
+        def to_image(self, format, width, height, scale):
+            drawn.append(self.i)
+            return random_png(int(width * scale), int(height * scale), self.i)
+
+    monkeypatch.setattr(animations, "static_frame", lambda fig, i: Still(i))
+    monkeypatch.setattr(animations, "kaleido_server", lambda: __import__("contextlib").nullcontext())
+    return drawn
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """A small good trace directory (the app pointed at it): the hostile tests edit copies of it."""
+    from tests.app.headless import tilescope_data
+
+    from instrumentation import make_inputs, record
+
+    root = tmp_path_factory.mktemp("data")
+    q, k, v = make_inputs(1, 1, 128, 16, "fp16", seed=1)
+    _, tr = record(q, k, v, mask="causal", block_m=32, block_n=32,
+                   meta_extra={"input_seed": 1, "inputs": "instrumentation.make_inputs"})
+    path = tr.save(root / "traces" / "n128_causal_natural")
+    with tilescope_data(root):
+        yield path
+
+
+@pytest.fixture
+def counted_runs(monkeypatch):
+    """Every kernel run the app starts, as the mask it ran with."""
+    from instrumentation import recording
+
+    real, calls = recording.record, []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["mask"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recording, "record", counting)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def trace():
+    """A causal interpreter trace, two heads, N=256 (the export and figure tests draw it)."""
+    from instrumentation import make_inputs, record
+
+    q, k, v = make_inputs(1, 2, 256, 32, "fp16", seed=3)
+    _, tr = record(q, k, v, mask="causal", block_m=32, block_n=32, meta_extra={"input_seed": 3})
+    return tr
+
+
+@pytest.fixture(scope="module")
+def decode_dir(tmp_path_factory):
+    """Two interpreter recordings of one decode step (B 2, H 8, H_kv 2, 200 keys, D 32):
+    num_splits 1 and 3, saved side by side as the bundled ones are."""
+    from instrumentation import make_decode_inputs, record_decode
+
+    root = tmp_path_factory.mktemp("decode")
+    q, k, v = make_decode_inputs(2, 8, 2, 200, 32, dtype="fp32", seed=3)
+    out = {}
+    for splits in (1, 3):
+        _, trace = record_decode(q, k, v, num_splits=splits)
+        trace.meta["source"] = "recorded"
+        out[splits] = (trace, trace.save(root / f"decode_b2_ctx200_splits-{splits}"))
+    return out
 
 
 # -- browser tests ------------------------------------------------------------------------------

@@ -7,15 +7,21 @@ The fixtures built on these (the shared recordings, `data_dir`) are in tests/app
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import os
+import re
+import shutil
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import N
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 
@@ -101,3 +107,83 @@ def clean(at) -> None:
     """No exception element and no error message on the page."""
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+# -- the app on the shared small recordings (the `data_dir` fixture) ----------------------------
+
+PAGES = ("schedule", "block_skip", "online_softmax", "memory")
+
+
+def app(data_dir, **query):
+    """A new session on a link with these query parameters, run once (data_dir: the fixture,
+    which points the app at the shared recordings)."""
+    return open_page(timeout=90, **query)
+
+
+def live(data_dir, page="schedule", **query):
+    base = dict(page=page, source="interpreter", seq_len=N, head_dim=32, block_m=64, block_n=64,
+                dtype="fp16")
+    return app(data_dir, **{**base, **query})
+
+
+def run_clicked(at):
+    """Press the sidebar's Run button (live sources apply control changes only then)."""
+    return at.button(key="ctl_run").click().run()
+
+
+def table_with(at, column):
+    return next(d.value for d in at.dataframe if column in d.value.columns)
+
+
+def share_link_shown(at) -> str:
+    """The link in the sidebar's read-only link field (plain HTML: no st.code highlighting)."""
+    box = next(h.proto.body for h in at.sidebar.get("html") if "tilescope-link" in h.proto.body)
+    return html.unescape(re.search(r'value="([^"]*)"', box).group(1))
+
+
+needs_chromium = pytest.mark.skipif(not Path("/usr/bin/chromium").exists() and not shutil.which("chromium"),
+                                    reason="kaleido needs Chromium (/usr/bin/chromium)")
+
+
+def random_png(w: int, h: int, seed: int) -> bytes:
+    """A w x h PNG of random pixels (a stand-in for a kaleido frame)."""
+    import imageio.v3 as iio
+
+    img = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
+    return iio.imwrite("<bytes>", img, extension=".png")
+
+
+HOST = "198.51.100.7"      # a documentation address: nothing may ever be fetched from it
+HOSTILE = {  # name: (edit of the manifest, fragment of the one-line answer)
+    "etc-passwd": (lambda m: m["tables"]["rows"].update(file="/etc/passwd"), "outside the trace"),
+    "dotdot": (lambda m: m["tables"]["rows"].update(file="../../../../etc/passwd"), "outside the trace"),
+    "dev-zero": (lambda m: m["tables"]["work"].update(file="/dev/zero"), "outside the trace"),
+    "no-meta": (lambda m: m.pop("meta"), "'meta' is a required property"),
+    "tables-list": (lambda m: m.update(tables=[1]), "tables: [1] is not of type 'object'"),
+    "shape-big": (lambda m: m["meta"].update(shape="big"), "shape: 'big' is not of type 'object'"),
+    "n-99999": (lambda m: m["meta"]["shape"].update(N=99999, N_q=99999), "contradicts its tables"),
+    "html-device": (lambda m: m["meta"].update(device_name=f"<a href=http://{HOST}>GPU</a>"),
+                    "device_name"),
+}
+
+
+def hostile_dir(good: Path, tmp: Path, name: str) -> Path:
+    """A copy of the trace directory `good` with its manifest edited as HOSTILE[name] says."""
+    out = tmp / name / "trace"
+    shutil.copytree(good, out)
+    m = json.loads((out / "manifest.json").read_text())
+    HOSTILE[name][0](m)
+    (out / "manifest.json").write_text(json.dumps(m))
+    return out
+
+
+def captions(at) -> str:
+    """The sidebar's captions as one string."""
+    return " ".join(c.value for c in at.sidebar.caption)
+
+
+def live_block_skip(**query):
+    """The block-skip page on a live interpreter source (N=256, causal, 64x64 blocks unless given)."""
+    base = dict(source="interpreter", seq_len=256, head_dim=32, block_m=64, block_n=64, dtype="fp16",
+                mask="causal")
+    return open_page("block_skip", timeout=120, **{**base, **query})

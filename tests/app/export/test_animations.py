@@ -1,0 +1,103 @@
+"""Animations as GIF/MP4 (app.export.animations, gif): valid files, small flat colours kept exact,
+every state of the animation named, and a progress callback once per frame.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+
+from app import export as E
+from app.figures import tile_animation_figure
+from tests.app.headless import needs_chromium
+
+
+@needs_chromium
+@pytest.mark.parametrize("fmt", ["gif", "mp4"])
+def test_animation(trace_dir, tmp_path, kaleido_server, fmt):
+    import imageio.v3 as iio
+
+    tr, _ = trace_dir
+    size = (640, 360) if fmt == "gif" else None
+    p = E.export_animation(tile_animation_figure(tr, max_frames=5), tmp_path / f"a.{fmt}", max_frames=5,
+                           size=size, presentation=fmt == "gif")
+    frames = iio.imread(p, index=None) if fmt == "gif" else np.stack(list(iio.imiter(p, plugin="FFMPEG")))
+    assert frames.shape[0] >= 5 and frames.ndim == 4
+    if size:
+        assert frames.shape[1:3] == (360, 640)
+    assert not np.array_equal(frames[0], frames[-1])         # the grid fills in
+    with pytest.raises(E.ExportError):
+        E.export_animation(tr, tmp_path / "x.gif", max_frames=500)
+
+
+def test_gif_keeps_small_flat_colours_exact(tmp_path):
+    """A GIF has 256 colours. Frames with a smooth many-colour raster (the lanes) and small flat
+    fills (a legend swatch, a few tiles) keep every flat fill's colour exactly and white white;
+    quantised from the pixels alone, 'pending (partial tile)' (#fde0c5) came out as the grey of
+    'skipped by the mask'."""
+    import imageio.v3 as iio
+    from app.export.gif import write_gif
+
+    from plotly.colors import hex_to_rgb, sample_colorscale
+    from app.figures.schedule_animation import STATES
+
+    rng = np.random.default_rng(7)
+    h, w = 240, 400
+    flats = np.array([hex_to_rgb(c) for _, c in STATES] + [tuple(rng.integers(0, 256, 3)) for _ in range(3)],
+                     np.uint8)                                          # the app's states: pale, close
+    ramp = np.array([[int(v) for v in c[4:-1].split(",")] for c in
+                     sample_colorscale("Viridis", list(np.linspace(0, 1, 256)))], np.uint8)
+    frames = []
+    for k in range(3):
+        f = np.full((h, w, 3), 255, np.uint8)
+        f[:150] = ramp[rng.integers(0, 256, (150, w))]                  # a lanes-like Viridis raster
+        f[:150:7] = np.clip(f[:150:7].astype(int) + rng.integers(-3, 4, (22, w, 3)), 0, 255)   # + antialiasing
+        for i, c in enumerate(flats):                                    # 12 x 20 = 240-pixel swatches
+            f[160 + (i // 5) * 30: 172 + (i // 5) * 30, 10 + (i % 5) * 40 + k: 30 + (i % 5) * 40 + k] = c
+        frames.append(f)
+    write_gif(tmp_path / "a.gif", frames, fps=4, keep=[tuple(c) for c in flats])
+    back = iio.imread(tmp_path / "a.gif", index=None)[..., :3]
+    assert back.shape == (3, h, w, 3)
+    for f, b in zip(frames, back):
+        np.testing.assert_array_equal(b[150:], f[150:])                  # swatches and white: exact
+        assert np.abs(b[:150].astype(int) - f[:150]).mean() < 12         # the raster: close
+
+
+def test_figure_colours_name_every_state_of_the_animation(trace_dir):
+    """The GIF palette keeps the colours a figure names: for the animation, every state colour
+    of its legend (hex in the figure, rgb() from plotly's colour scales alike)."""
+    from plotly.colors import hex_to_rgb
+    from app.export.gif import figure_colours
+    from app.figures.schedule_animation import STATES
+
+    tr, _ = trace_dir
+    named = set(figure_colours(tile_animation_figure(tr, max_frames=4)))
+    fig_states = {hex_to_rgb(c) for _, c in STATES[:-1]}              # the last (mismatch) only when there is one
+    assert fig_states <= named
+
+
+@needs_chromium
+def test_callback_once_per_frame_monotone(small_trace, tmp_path, frames=5):
+    """Real kaleido: (0, n) first, then (k, n) after each frame, k = 1..n, n = frames drawn."""
+    import imageio.v3 as iio
+
+    calls = []
+    fig = tile_animation_figure(small_trace, max_frames=frames)
+    p = E.export_animation(fig, tmp_path / "a.gif", max_frames=frames, size=(320, 180),
+                           progress=lambda done, total: calls.append((done, total)))
+    n = iio.imread(p, index=None).shape[0]
+    assert n == min(frames, len(fig.frames))
+    assert calls == [(k, n) for k in range(n + 1)], calls
+
+
+def test_callback_counts_follow_the_frames_drawn(small_trace, tmp_path, fast_frames):
+    """Each call comes after its frame is drawn: the k-th call (k >= 1) sees k frames drawn."""
+    seen = []
+    fig = tile_animation_figure(small_trace, max_frames=9)
+    E.export_animation(fig, tmp_path / "a.mp4", max_frames=9, size=(320, 184),
+                       progress=lambda done, total: seen.append((done, total, len(fast_frames))))
+    n = len(fast_frames)
+    assert n == min(9, len(fig.frames)) and fast_frames == sorted(fast_frames)
+    assert [(d, t) for d, t, _ in seen] == [(k, n) for k in range(n + 1)]
+    assert all(drawn == done for done, _, drawn in seen)

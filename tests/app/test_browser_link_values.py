@@ -1,0 +1,61 @@
+"""Link values in a real headless Chromium: Markdown in URL values is shown as text. A link
+whose `mask` is a Markdown link, or whose `trace` is a Markdown image, must leave no external
+anchor or image on the page and make the browser fetch nothing from the outside host, while
+the value itself is still shown (so the user sees what was wrong).
+
+Runs on the session's one server and Chromium (tests/app/conftest.py); skips cleanly when
+/usr/bin/chromium or playwright is missing. Never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote, urlparse
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+N = 256
+
+HOST = "198.51.100.7"
+HOSTILE = [
+    ("mask", f"[Open the corrected view](http://{HOST}/phish)", "Open the corrected view"),
+    ("trace", f"![t](http://{HOST}/t.png)", f"{HOST}/t.png"),
+    ("mask", f"causal <img src=http://{HOST}/x.png> :red[alarm] http://{HOST}/bare", "alarm"),
+]
+
+
+def _settle(page, shown: str, timeout: float = 90) -> str:
+    """Wait until the app has run and `shown` is on the page; return the page's text."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = page.inner_text("body")
+        running = page.query_selector('[data-testid="stStatusWidget"]')
+        if shown in text and (running is None or not running.inner_text().strip()):
+            return text
+        time.sleep(0.5)
+    raise AssertionError(f"{shown!r} never appeared; the page says: {text[:1500]}")
+
+
+@pytest.mark.parametrize("key,value,shown", HOSTILE)
+@pytest.mark.parametrize("page_name", ["block_skip", "schedule"])
+def test_markdown_in_link_values_is_text(app_server, new_page, key, value, shown, page_name):
+    page = new_page(1400, 1000)
+    outside = []
+    page.on("request", lambda r: outside.append(r.url) if urlparse(r.url).hostname == HOST else None)
+    # answer any request to the outside host locally, so a failure is seen, not waited for
+    page.route(lambda u: urlparse(u).hostname == HOST, lambda route: route.fulfill(status=204, body=""))
+    source = "recorded" if key == "trace" else "interpreter"
+    url = (f"{app_server}/?page={page_name}&source={source}&seq_len={N}&head_dim=32&block_m=64"
+           f"&block_n=64&{key}={quote(value, safe='')}")
+    page.goto(url)
+    text = _settle(page, shown)
+    anchors = page.eval_on_selector_all(
+        "a[href]", "els => els.map(e => e.href).filter(h => new URL(h).hostname === '198.51.100.7')")
+    images = page.eval_on_selector_all(
+        "img[src]", "els => els.map(e => e.src).filter(s => new URL(s).hostname === '198.51.100.7')")
+    assert anchors == [] and images == [], (anchors, images)
+    assert outside == [], outside
+    assert "Traceback" not in text

@@ -1,0 +1,104 @@
+"""The online-softmax page, headless: it steps through the kernel's own state, opens on a row
+that rescales, counts steps from 1, and its head, row and step live in the link.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from instrumentation.analysis.online_softmax import default_q_row
+from instrumentation.trace import Trace
+from tests.app.headless import charts, clean, live, open_page, titles
+
+
+ROOT = Path(__file__).resolve().parents[3]
+TRACE = ROOT / "data" / "traces" / "n1024_causal_natural"
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="bundled recording missing")
+
+
+def _open(monkeypatch, **query):
+    monkeypatch.delenv("TILESCOPE_DATA", raising=False)
+    at = open_page("online_softmax", source="recorded", trace=TRACE.name, **query)
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _titles(at):
+    return [json.loads(c.proto.spec)["layout"]["title"] for c in at.get("plotly_chart")]
+
+
+def test_online_softmax_steps_through_the_kernel_state(data_dir):
+    at = live(data_dir, page="online_softmax", mask="causal")
+    clean(at)
+    at.button(key="sm_first").click().run()
+    tile = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Step 1 of"))
+    assert tile["data"][0]["type"] == "bar"
+    at.button(key="sm_next").click().run()
+    assert at.session_state["sm_step"] == 2                  # steps count from 1
+    assert any(t.startswith("Step 2 of") for t in titles(at))
+    at.slider(key="sm_step").set_value(at.slider(key="sm_step").max).run()
+    err = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Partial output error"))
+    errors = err["data"][0]["customdata"]
+    assert errors[-1] < 1e-6 < errors[0]                     # converges to the exact output
+    clean(at)
+
+
+@needs_trace
+def test_opens_on_a_rescaling_row_and_counts_from_one(monkeypatch):
+    at = _open(monkeypatch)
+    trace = Trace.load(TRACE)
+    row = default_q_row(trace)
+    bm = int(trace.meta["block_m"])
+    assert (at.session_state["sm_qblock"], at.session_state["sm_offset"]) == (row // bm, row % bm)
+    step = at.session_state["sm_step"]
+    assert at.slider(key="sm_step").min == 1 and step >= 2          # the first rescale (α < 1)
+    alpha = [m for m in at.metric if m.label.startswith("α")][0]
+    assert float(alpha.value) < 1
+    assert any(f"Step {step} of" in t["text"] for t in _titles(at))
+    assert "⏮" not in " ".join(b.label for b in at.button)
+    at.button(key="sm_first").click().run()
+    assert at.session_state["sm_step"] == 1 and any("Step 1 of" in t["text"] for t in _titles(at))
+    assert at.query_params["sm_step"] == ["1"] or at.query_params["sm_step"] == "1"
+
+
+@needs_trace
+def test_row_and_step_come_from_the_link(monkeypatch):
+    trace = Trace.load(TRACE)
+    qb = sorted(trace.rows.loc[trace.rows.bh == 0, "q_block"].unique())[1]     # a traced block, not the default
+    at = _open(monkeypatch, sm_qblock=str(qb), sm_offset="5", sm_step="2")
+    assert (at.session_state["sm_qblock"], at.session_state["sm_offset"], at.session_state["sm_step"]) == (qb, 5, 2)
+    row = qb * int(trace.meta["block_m"]) + 5
+    assert any(f"query row {row} " in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
+    bad = _open(monkeypatch, sm_step="999")
+    assert any("999" in w.value for w in bad.warning) and not bad.exception          # one clear warning
+
+
+@needs_trace
+def test_another_traced_head_from_the_link(monkeypatch):
+    trace = Trace.load(TRACE)
+    heads = sorted(int(h) for h in trace.rows["bh"].unique())
+    if len(heads) < 2:
+        pytest.skip("the recording traces one head")
+    at = _open(monkeypatch, sm_head=str(heads[-1]))
+    assert at.session_state["sm_head"] == heads[-1]
+    assert any(f"head bh={heads[-1]}," in (t.get("subtitle", {}).get("text") or "") for t in _titles(at))
+    assert not [e for e in at.error]                 # regenerated inputs match the kernel's m, l
+    assert at.session_state["sm_offset"] == default_q_row(trace, heads[-1]) % int(trace.meta["block_m"])
+
+
+@needs_trace
+def test_every_step_reads_in_plain_numbers(monkeypatch):
+    """Stepping a row to its end: the partial-output share is written in plain digits (round-off
+    reads '< 0.001 %', never '1.86e-14 %'), and the K-block strip ticks whole blocks only."""
+    at = _open(monkeypatch)
+    last = at.slider(key="sm_step").max
+    at.slider(key="sm_step").set_value(last).run()
+    share = [m for m in at.metric if m.label.startswith("partial output")][0].value
+    assert share.endswith("%") and "e" not in share.lower(), share
+    strip = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                 if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("K blocks"))
+    ticks = strip["layout"]["xaxis"]["tickvals"]
+    assert ticks and all(float(t).is_integer() and t >= 0 for t in ticks)
