@@ -212,11 +212,12 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages,
-                warp_specialize, bwd_config):
+                warp_specialize, trace, bwd_config):
         from .flash import flash_attention   # kernels.flash routes here: import when first run
 
         o, lse = flash_attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse=True,
-                                 num_warps=num_warps, num_stages=num_stages, warp_specialize=warp_specialize)
+                                 trace=trace, num_warps=num_warps, num_stages=num_stages,
+                                 warp_specialize=warp_specialize)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.mask, ctx.sm_scale, ctx.bwd_config = mask, sm_scale, bwd_config
         ctx.set_materialize_grads(False)
@@ -229,21 +230,21 @@ class FlashAttentionFunction(torch.autograd.Function):
             do = torch.zeros_like(o)
         dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.mask, ctx.sm_scale, dlse,
                                               ctx.bwd_config)
-        return dq, dk, dv, *(None,) * 9
+        return dq, dk, dv, *(None,) * 10
 
 
 def attention_with_grad(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
                         schedule="natural", return_lse=False, num_warps=None, num_stages=None,
-                        warp_specialize=None, bwd_config: BackwardConfig | None = None):
+                        warp_specialize=None, trace=None, bwd_config: BackwardConfig | None = None):
     """flash_attention recorded for autograd (kernels.flash calls this when an input requires grad).
 
     Arguments:
-        q ... warp_specialize: as kernels.flash_attention's; bwd_config: the backward's tiles
-            (None: backward_config's default).
+        q ... trace: as kernels.flash_attention's (a trace records the forward); bwd_config: the
+            backward's tiles (None: backward_config's default).
     Returns:
         O, or (O, lse) with return_lse; both carry gradients back to q, k, v."""
     if isinstance(mask, str):
         mask = parse_mask(mask)       # a spec is hashable and checked once; the text is parsed here
     o, lse = FlashAttentionFunction.apply(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps,
-                                          num_stages, warp_specialize, bwd_config)
+                                          num_stages, warp_specialize, trace, bwd_config)
     return (o, lse) if return_lse else o
