@@ -22,7 +22,7 @@ _LAZY = {
     "default_config": "launch_config", "validate_call": "launch_config", "work_order": "plan",
     "SUPPORTED_DTYPES": "shapes", "naive_attention": "naive", "reference_attention": "reference",
     "reference_lse": "reference", "softmax_scale": "shapes", "padded_head_dim": "shapes",
-    "flash_decode": "decode", "reference_decode": "decode_reference",
+    "flash_decode": "decode", "reference_decode": "decode_reference", "flash_attention_varlen": "varlen",
 }
 
 

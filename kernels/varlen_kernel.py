@@ -1,0 +1,163 @@
+"""The variable-length (packed) FlashAttention forward kernel (Triton).
+
+Sequences of different lengths are packed along one token axis: q (total_q, H, D), k and v
+(total_k, H_kv, D), or k and v in a paged cache (num_blocks, page_size, H_kv, D) read through a
+block table. One program runs one (sequence, query block, head) work item from a list the host
+builds, so no padding is ever computed: a sequence of 3 tokens costs one query block, not
+max_seqlen_q / BLOCK_M of them.
+
+An item row (ITEM_FIELDS int32) holds the packed row range of its query block, the sequence's
+first packed key row (contiguous K/V) and its key length, and the item's key blocks in three
+runs: [kb_lo, f_lo) partial, [f_lo, f_hi) full (every row sees every key: no element mask),
+[f_hi, kb_end) partial. Every mask kind but document is one visible interval [lo_i, hi_i] per
+row (sequence-local key indices, bottom-right aligned per sequence; the host computes them), so
+the blocks a query block touches are one run and its full blocks a run inside it.
+
+PAGED: key j of sequence b lives in page block_table[b, j // PAGE_SIZE], slot j % PAGE_SIZE; a
+tile's rows are gathered through the table (any page size; one table entry per key, from L1).
+
+Scores are kept in log2 units as in kernels.flash_kernel (whose tile load and P.V helpers this
+kernel calls). TRACE stores one record per program: program, order, smid, t_start, t_end.
+"""
+
+from .runtime import choose_backend
+
+choose_backend()  # before triton is imported, also when this module is imported on its own
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .flash_kernel import KV_EVICT_NORMAL, _globaltimer, _smid, accumulate_pv, load_kv_tile  # noqa: E402
+
+LN2 = tl.constexpr(0.6931471805599453)
+# seq, q_start, q_end, k_start, len_k, kb_lo, f_lo, f_hi, kb_end (host: kernels.varlen.ITEM_COLUMNS)
+ITEM_FIELDS = tl.constexpr(9)
+
+
+@triton.jit
+def _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED: tl.constexpr,
+              PAGE_SIZE: tl.constexpr):
+    """int64 element offsets of the keys offs_n of one sequence (without the head's offset)."""
+    if PAGED:
+        page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < len_k, other=0)
+        rows = page.to(tl.int64) * stride_kp + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kt
+    else:
+        rows = (k_start + offs_n).to(tl.int64) * stride_kt
+    return rows
+
+
+@triton.jit
+def _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, kb_from, kb_to,
+                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt, stride_vp,
+                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  UPCAST_DOT: tl.constexpr):
+    """Online softmax over key blocks [kb_from, kb_to); MASKED applies each row's [lo, hi]."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for kb in range(kb_from, kb_to):
+        offs_n = kb * BLOCK_N + offs_n0
+        n_ok = offs_n < len_k
+        k_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED, PAGE_SIZE)
+        k = load_kv_tile(k_head + k_rows[None, :] + offs_d[:, None], n_ok[None, :], d_ok[:, None],
+                         MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (D, BLOCK_N)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if MASKED:
+            visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            qk = qk - m_ref[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_ref = m_new
+            qk = qk * qk_scale - m_ref[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_vt, stride_vp, PAGED, PAGE_SIZE)
+        v = load_kv_tile(v_head + v_rows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :],
+                         MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (BLOCK_N, D)
+        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_work, tr_counter,
+                      stride_qt, stride_qh, stride_kt, stride_kh, stride_kp, stride_vt, stride_vh, stride_vp,
+                      stride_ot, stride_oh, stride_lh, stride_bt, H, GROUP, qk_scale,
+                      head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                      EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                      RETURN_LSE: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
+    if TRACE and HW_CLOCK:
+        t_start = _globaltimer()
+    pid = tl.program_id(0)
+    item = items + (pid // H).to(tl.int64) * ITEM_FIELDS
+    head = pid % H                       # the heads of one item run side by side: GQA heads share K/V in L2
+    kv_head = (head // GROUP).to(tl.int64)
+    seq = tl.load(item)
+    q_start = tl.load(item + 1)
+    q_end = tl.load(item + 2)
+    k_start = tl.load(item + 3)
+    len_k = tl.load(item + 4)
+    kb_lo = tl.load(item + 5)
+    f_lo = tl.load(item + 6)
+    f_hi = tl.load(item + 7)
+    kb_end = tl.load(item + 8)
+    offs_m = q_start + tl.arange(0, BLOCK_M)
+    in_seq = offs_m < q_end
+    offs_d = tl.arange(0, HEAD_DIM)
+    d_ok = offs_d < head_dim
+    q_ptrs = Q + offs_m.to(tl.int64)[:, None] * stride_qt + head.to(tl.int64) * stride_qh + offs_d[None, :]
+    if EVEN_D:
+        q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+    row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
+    row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)             # rows past the sequence see nothing
+    k_head = K + kv_head * stride_kh
+    v_head = V + kv_head * stride_vh
+    table_row = block_table + seq.to(tl.int64) * stride_bt
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # partial blocks before the full run (window start, prefix edge), the full run, then the
+    # partial blocks after it (the diagonal, the sequence end)
+    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, kb_lo, f_lo,
+                                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
+                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT)
+    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_lo, f_hi,
+                                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
+                                  stride_vp, BLOCK_N, False, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT)
+    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_hi, kb_end,
+                                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
+                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT)
+    # -- epilogue: one normalisation per row; a row that sees no key stores 0 (and lse -inf) --
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o_ptrs = O + offs_m.to(tl.int64)[:, None] * stride_ot + head.to(tl.int64) * stride_oh + offs_d[None, :]
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None])
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :])
+    if RETURN_LSE:
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+        tl.store(LSE + head.to(tl.int64) * stride_lh + offs_m, lse, mask=in_seq)
+    if TRACE:
+        rec = tr_work + pid.to(tl.int64) * 5
+        tl.store(rec, pid.to(tl.int64))
+        if HW_CLOCK:
+            tl.store(rec + 1, pid.to(tl.int64))    # the host orders programs by t_start
+            tl.store(rec + 2, _smid().to(tl.int64))
+            tl.store(rec + 3, t_start)
+            tl.store(rec + 4, _globaltimer())
+        else:
+            # no clock in the interpreter: a counter gives the order programs ran in
+            tl.store(rec + 1, tl.atomic_add(tr_counter, 1).to(tl.int64))
