@@ -5,7 +5,7 @@
     python -m benchmarks.overhead --parts launch --profile   # and a cProfile of our call
 
 Launch part: host time per untraced call, the median over --calls unsynchronised calls (each
-timed with perf_counter_ns; the GPU runs behind), of flash_attention (full and causal), of a bare
+timed with perf_counter_ns; the GPU runs behind; 5 rounds taking turns, median over rounds), of flash_attention (full and causal), of a bare
 Triton launch of the same compiled kernel (attn_fwd_kernel[grid](*args, **constexprs) with the
 arguments built beforehand, kernels.launch.kernel_launches) and of torch's SDPA on the same inputs.
 
@@ -79,22 +79,27 @@ def _median(xs):
 LAUNCH_SHAPE = dict(batch=1, heads=8, seq_len=1024, head_dim=64, dtype="bf16")
 
 
-def host_us(fn, calls: int, device) -> dict:
-    """Host microseconds per call of fn: median (and quartiles) over `calls` calls, unsynchronised."""
-    for _ in range(20):
-        fn()
+def host_us(fns: dict, calls: int, device, rounds: int = 5) -> dict:
+    """Host microseconds per call of each fn: per round and fn, the median over `calls`
+    unsynchronised calls; the fns take turns, round after round (so a drift in the machine's
+    state touches them alike); reported: the median over rounds, and every round's median."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    times = []
     clock = time.perf_counter_ns
-    for _ in range(calls):
-        t0 = clock()
-        fn()
-        times.append(clock() - t0)
-    sync()
-    qs = statistics.quantiles(times, n=4)
-    return {"median_us": statistics.median(times) / 1e3, "p25_us": qs[0] / 1e3, "p75_us": qs[2] / 1e3,
-            "calls": calls}
+    per_round = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(20):
+                fn()
+            sync()
+            times = []
+            for _ in range(calls):
+                t0 = clock()
+                fn()
+                times.append(clock() - t0)
+            sync()
+            per_round[name].append(statistics.median(times) / 1e3)
+    return {name: {"median_us": statistics.median(meds), "round_medians_us": meds, "calls": calls}
+            for name, meds in per_round.items()}
 
 
 def launch_overhead(device, calls: int, profile: bool = False) -> list:
@@ -124,8 +129,8 @@ def launch_overhead(device, calls: int, profile: bool = False) -> list:
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal")  # noqa: E731
         rec = {"mask": mask, "batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": str(dtype),
                "launches": len(launches), "config": lp.cfg.as_dict(), "warp_specialize": lp.ws}
-        for name, fn in (("ours", ours), ("bare_triton", bare), ("sdpa", sdpa)):
-            rec[name] = host_us(fn, calls, device)
+        rec.update(host_us({"ours": ours, "bare_triton": bare, "sdpa": sdpa}, calls, device,
+                           rounds=5 if device.type == "cuda" else 1))
         rec["ours_over_bare"] = rec["ours"]["median_us"] / rec["bare_triton"]["median_us"]
         rec["ours_over_sdpa"] = rec["ours"]["median_us"] / rec["sdpa"]["median_us"]
         records.append(rec)
@@ -173,7 +178,8 @@ def run(args, argv=None) -> dict:
     meta.update(
         parts=parts,
         launch_method=("host time per untraced call: median over `calls` unsynchronised calls, each "
-                       "timed with perf_counter_ns after 20 warm-up calls; ours = kernels.flash_attention, "
+                       "timed with perf_counter_ns after 20 warm-up calls, in 5 rounds where the three take "
+                       "turns; reported: the median over rounds (and each round's); ours = kernels.flash_attention, "
                        "bare_triton = attn_fwd_kernel[grid](*args, **constexprs) with the same "
                        "arguments built beforehand, sdpa = torch scaled_dot_product_attention (default backend)"),
         launch_shape=LAUNCH_SHAPE,

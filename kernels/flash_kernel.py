@@ -354,14 +354,16 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     pid = tl.program_id(0)
     if DEVICE_DESC:
-        q_desc, k_desc, v_desc = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, stride_qn, stride_kn,
-                                               stride_vn, HEAD_DIM, BLOCK_M, BLOCK_N)
-    # a work item's runtime arguments, gathered once for both schedules below
+        descs = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, stride_qn, stride_kn, stride_vn,
+                              HEAD_DIM, BLOCK_M, BLOCK_N)
+    else:
+        descs = (q_desc, k_desc, v_desc)        # host descriptors (USE_TMA), or None: unused
+    # a work item's runtime arguments, gathered once for both schedules below; the host passes
+    # None for what a launch does not use (OA, LSE, trace buffers): nothing reads them then
     tensors = (Q, K, V, O, OA, LSE)
     strides = (stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                stride_ob, stride_oh, stride_on, stride_ab, stride_ah, stride_an, stride_lbh)
     lists = (lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx)
-    descs = (q_desc, k_desc, v_desc)
     trace = (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots)
     sizes = (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale)
     # Two call sites, not one loop for both: Triton 3.6 warp-specialises a loop only when its

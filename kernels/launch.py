@@ -43,6 +43,8 @@ class Launch:
     key: tuple                     # consts as a hashable key (_WS_REFUSED)
     ws: bool
     prev_is_o: bool                # the split's second launch reads the first's O
+    uses_prev: bool                # reads a previous O (MERGE, SEED); else OA and its strides are None
+    uses_lse: bool                 # reads or writes LSE; else LSE and its stride are None
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def _size(plan: LaunchPlan) -> int:
 
 _PLANS = BoundedCache(LAUNCH_CACHE_ENTRIES, LAUNCH_CACHE_BYTES, LAUNCH_CACHE_ITEM_BYTES, _size)
 _UNTRACED = (None,) * 7         # the kernel's trace buffers and trace_slots, untraced
+_NONE2, _NONE3, _NONE4 = (None,) * 2, (None,) * 3, (None,) * 4
 _WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-specialised
 _ALLOCATOR = []
 
@@ -198,7 +201,8 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
 
 def _launch_of(consts: dict, prev_is_o: bool) -> Launch:
     plain = dict(consts, WARP_SPECIALIZE=False, num_warps=8)
-    return Launch(consts, plain, tuple(consts.items()), consts["WARP_SPECIALIZE"], prev_is_o)
+    return Launch(consts, plain, tuple(consts.items()), consts["WARP_SPECIALIZE"], prev_is_o,
+                  consts["MERGE"] or consts["SEED"], consts["MERGE"] or consts["SEED"] or consts["RETURN_LSE"])
 
 
 def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
@@ -263,12 +267,18 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
         descs = tuple(TensorDescriptor.from_tensor(t.view(-1, d), [bm, d])          # (B*H*N, D) views
                       for t, bm in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
     else:
-        descs = (q, k, v)  # unused placeholders: the TMA path is compiled out
-    tail = lp.plan_args + descs + (lse, lse_stride, works, counter) + tr + lp.sizes + (qk_scale,)
+        descs = _NONE3      # the TMA path is compiled out (or the kernel makes its own)
+    mid = lp.plan_args + descs
+    end = (works, counter) + tr + lp.sizes + (qk_scale,)
     launches = []
     for launch in lp.launches:
-        prev = o if launch.prev_is_o else o_prev
-        launches.append((head + (prev,) + (o_strides if prev is o else tuple(prev.stride()[:3])) + tail, launch))
+        if launch.uses_prev:
+            prev = o if launch.prev_is_o else o_prev
+            prev_args = (prev,) + (o_strides if prev is o else tuple(prev.stride()[:3]))
+        else:
+            prev_args = _NONE4
+        lse_args = (lse, lse_stride) if launch.uses_lse else _NONE2
+        launches.append((head + prev_args + mid + lse_args + end, launch))
     return ((o, lse) if lp.returns_lse else o), launches
 
 

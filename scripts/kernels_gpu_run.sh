@@ -4,8 +4,8 @@
 #   1. python -m benchmarks.overhead: host time per call (ours / bare Triton launch / SDPA) and,
 #      quick, what tracing adds
 #   2. kernel speed of this tree against an earlier one side by side: the earlier kernels/ copied
-#      into .old/kernels (an excluded folder, carried), timed in alternating rounds in this one
-#      run, with an output checksum per case (the same numerics give the same sum)
+#      to .old/kernels_old (an excluded folder, carried), both imported in one process and timed
+#      per case old, new, new, old, with an output checksum per case (same numerics, same sum)
 #   3. the gpu-marked kernel tests
 # STEPS picks steps (default "1 2 3"); each has its own time limit.
 OUT=${OUT:-/tmp/out}
@@ -14,10 +14,13 @@ export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-"1 2 3"}
 ROOT=$(pwd)
 cat > /tmp/kernel_speed.py <<'PY'
-"""Time kernels.flash_attention (from the kernels package on sys.path) on a fixed case list."""
-import json, sys, time
+"""Time this tree's kernels.flash_attention against the earlier copy (.old/kernels_old) on a
+fixed case list, in one process: per case old, new, new, old (do_bench medians), output checksums."""
+import json, sys
 import torch, triton.testing
-from kernels import flash_attention
+sys.path.insert(0, sys.argv[1])
+from kernels import flash_attention as new
+from kernels_old import flash_attention as old
 CASES = [  # B, H, H_kv, N, D, mask, schedule
     (4, 16, 16, 4096, 64, "full", "natural"), (4, 16, 16, 4096, 64, "causal", "natural"),
     (4, 16, 16, 8192, 64, "full", "natural"), (4, 16, 16, 8192, 64, "causal", "natural"),
@@ -28,21 +31,26 @@ CASES = [  # B, H, H_kv, N, D, mask, schedule
     (4, 16, 16, 4096, 80, "causal", "natural"), (4, 16, 16, 8192, 128, "causal", "longest_first"),
     (4, 16, 16, 8192, 128, "causal", "persistent"), (4, 16, 16, 4096, 64, "full", "persistent"),
 ]
-warm_only = "--warm" in sys.argv
-out = []
+rows = []
 for b, h, hkv, n, d, mask, sched in CASES:
     g = torch.Generator(device="cuda").manual_seed(n + d + h)
     q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    fn = lambda: flash_attention(q, k, v, mask=mask, schedule=sched)
-    o = fn(); torch.cuda.synchronize()
-    if warm_only:
-        continue
-    ms = triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
-    out.append(dict(batch=b, heads=h, kv_heads=hkv, seq_len=n, head_dim=d, mask=mask, schedule=sched,
-                    ms=ms, checksum=float(o.double().sum())))
-if not warm_only:
-    print(json.dumps(out))
+    fns = {"old": lambda: old(q, k, v, mask=mask, schedule=sched), "new": lambda: new(q, k, v, mask=mask, schedule=sched)}
+    sums = {name: float(fn().double().sum()) for name, fn in fns.items()}
+    ms = {"old": [], "new": []}
+    for name in ("old", "new", "new", "old"):
+        ms[name].append(triton.testing.do_bench(fns[name], warmup=25, rep=120, return_mode="median"))
+    r = dict(batch=b, heads=h, kv_heads=hkv, seq_len=n, head_dim=d, mask=mask, schedule=sched,
+             old_ms=sum(ms["old"]) / 2, new_ms=sum(ms["new"]) / 2, old_runs=ms["old"], new_runs=ms["new"],
+             same_checksum=sums["old"] == sums["new"])
+    r["speed_new_over_old"] = r["old_ms"] / r["new_ms"]
+    rows.append(r)
+    print(f"B{b} H{h}/{hkv} N{n} D{d} {mask:6s} {sched:13s} old {r['old_ms']:.3f} new {r['new_ms']:.3f} ms  "
+          f"new/old speed {r['speed_new_over_old']:.3f}x  same output {r['same_checksum']}", flush=True)
+json.dump(rows, open(sys.argv[2], "w"), indent=1)
+print("min speed new/old", min(r["speed_new_over_old"] for r in rows), "all same output",
+      all(r["same_checksum"] for r in rows))
 PY
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv,noheader
@@ -52,31 +60,8 @@ PY
     timeout ${OVERHEAD_S:-200} python3 -m benchmarks.overhead --quick --profile --out "$OUT" 2>&1 | grep -v '^ *$'
   fi
   if [[ " $STEPS " == *" 2 "* ]]; then
-    echo "== 2. kernel speed, .old vs this tree ($(date -u +%T))"
-    PYTHONPATH="$ROOT/.old" python3 /tmp/kernel_speed.py --warm & PYTHONPATH="$ROOT" python3 /tmp/kernel_speed.py --warm; wait
-    echo "   compiled ($(date -u +%T))"
-    for r in 1 2; do
-      PYTHONPATH="$ROOT/.old" timeout 150 python3 /tmp/kernel_speed.py > "$OUT/speed-old-$r.json"
-      PYTHONPATH="$ROOT" timeout 150 python3 /tmp/kernel_speed.py > "$OUT/speed-new-$r.json"
-    done
-    python3 - "$OUT" <<'PY'
-import json, sys, os
-d = sys.argv[1]
-def load(tag):
-    runs = [json.load(open(f"{d}/speed-{tag}-{r}.json")) for r in (1, 2) if os.path.getsize(f"{d}/speed-{tag}-{r}.json")]
-    return [dict(r[0], ms=min(x["ms"] for x in r), ms_runs=[x["ms"] for x in r]) for r in zip(*runs)]
-old, new = load("old"), load("new")
-rows = []
-for o, n in zip(old, new):
-    rows.append(dict({k: n[k] for k in ("batch", "heads", "kv_heads", "seq_len", "head_dim", "mask", "schedule")},
-                     old_ms=o["ms"], new_ms=n["ms"], old_runs=o["ms_runs"], new_runs=n["ms_runs"],
-                     speed_new_over_old=o["ms"] / n["ms"], same_checksum=o["checksum"] == n["checksum"]))
-    r = rows[-1]
-    print(f"B{r['batch']} H{r['heads']}/{r['kv_heads']} N{r['seq_len']} D{r['head_dim']} {r['mask']:6s} {r['schedule']:13s} "
-          f"old {r['old_ms']:.3f} new {r['new_ms']:.3f} ms  new/old speed {r['speed_new_over_old']:.3f}x  same output {r['same_checksum']}")
-json.dump(rows, open(f"{d}/kernel-speed.json", "w"), indent=1)
-print("min speed new/old", min(r["speed_new_over_old"] for r in rows), "all same output", all(r["same_checksum"] for r in rows))
-PY
+    echo "== 2. kernel speed, .old/kernels_old vs this tree ($(date -u +%T))"
+    PYTHONPATH="$ROOT" timeout ${SPEED_S:-300} python3 /tmp/kernel_speed.py "$ROOT/.old" "$OUT/kernel-speed.json"
   fi
   if [[ " $STEPS " == *" 3 "* ]]; then
     echo "== 3. pytest -m gpu tests/kernels ($(date -u +%T))"
