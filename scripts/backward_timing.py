@@ -24,11 +24,11 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import flash_attention
-from kernels.backward import BackwardConfig, backward_config, flash_attention_backward
+from kernels.backward import BackwardConfig, attention_with_grad, backward_config, flash_attention_backward
 
 CASES = [(4, 16, 4096, 128, "full"), (4, 16, 4096, 128, "causal"),
          (4, 16, 8192, 128, "full"), (4, 16, 8192, 128, "causal"),
-         (4, 16, 8192, 64, "causal"), (4, 16, 4096, 256, "causal")]
+         (4, 16, 8192, 64, "causal"), (4, 16, 4096, 256, "causal"), (2, 32, 8192, 128, "causal", 8)]
 # D 128 candidates (compile-time register use in kernels.backward's CUDA_CONFIGS note)
 SWEEP = [BackwardConfig(32, 128, 128, 32, 8, 3), BackwardConfig(32, 128, 128, 32, 8, 3, one_launch=False),
          BackwardConfig(32, 128, 128, 64, 8, 3), BackwardConfig(32, 128, 128, 32, 8, 2),
@@ -59,21 +59,28 @@ def rel(x, ref):
     return float((x.float() - ref.float()).norm() / ref.float().norm())
 
 
-def case_inputs(b, h, n, d):
+def case_inputs(b, h, n, d, h_kv=None):
     g = torch.Generator(device=DEVICE).manual_seed(n + d)
-    make = lambda: torch.randn(b, h, n, d, generator=g, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
-    return make(), make(), make(), make()
+    make = lambda heads: torch.randn(b, heads, n, d, generator=g, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
+    return make(h), make(h_kv or h), make(h_kv or h), make(h)
 
 
-def time_case(b, h, n, d, mask, log):
-    q, k, v, do = case_inputs(b, h, n, d)
+def time_case(b, h, n, d, mask, log, h_kv=None):
+    q, k, v, do = case_inputs(b, h, n, d, h_kv)
     causal = mask == "causal"
+    group = h // (h_kv or h)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    row = dict(batch=b, heads=h, seq_len=n, head_dim=d, mask=mask, dtype="bf16", fwd_flops=fwd_flops(b, h, n, d, mask))
+    row = dict(batch=b, heads=h, kv_heads=h_kv or h, seq_len=n, head_dim=d, mask=mask, dtype="bf16",
+               fwd_flops=fwd_flops(b, h, n, d, mask))
 
-    def ours_fb():
-        o = flash_attention(*leaves, mask=mask)
+    def ours_fb():    # what flash_attention runs when an input requires grad
+        o = attention_with_grad(*leaves, mask=mask)
         return torch.autograd.grad(o, leaves, do)
+
+    def sdpa(q, k, v):    # GQA: SDPA on K, V repeated per query head (their gradients summed back)
+        if group > 1:
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     with torch.no_grad():
         o, lse = flash_attention(q, k, v, mask=mask, return_lse=True)
@@ -84,7 +91,7 @@ def time_case(b, h, n, d, mask, log):
     for name, backend in BACKENDS.items():
         try:
             with sdpa_kernel(backend):
-                fn = lambda: torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)  # noqa: E731
+                fn = lambda: sdpa(*leaves)  # noqa: E731
                 o_s = fn()
                 ref = torch.autograd.grad(o_s, leaves, do, retain_graph=True)
                 row[f"{name}_err_vs_ours"] = [rel(x, r) for x, r in zip(grads, ref)]
@@ -134,7 +141,7 @@ def main():
     global CASES, SWEEP, SWEEP_D256, DEVICE
     if args.smoke:
         DEVICE = "cpu"
-        CASES = [(1, 2, 64, 32, "causal"), (1, 2, 64, 32, "full")]
+        CASES = [(1, 2, 64, 32, "causal"), (1, 2, 64, 32, "full"), (1, 4, 64, 32, "causal", 2)]
         SWEEP, SWEEP_D256 = SWEEP[:2], SWEEP_D256[:1]
     log = lambda s: print(s, flush=True)  # noqa: E731
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "interpreter"
@@ -157,7 +164,7 @@ def main():
                             for r in sweep(4096, "causal", log, 256, SWEEP_D256)]
     for case in CASES[:2] if args.quick else CASES:
         try:
-            result["cases"].append(time_case(*case, log))
+            result["cases"].append(time_case(*case[:5], log, *case[5:]))
         except Exception as exc:  # noqa: BLE001  (one case's failure keeps the others)
             result["cases"].append(dict(case=case, error=f"{type(exc).__name__}: {str(exc)[:300]}"))
             log(f"case {case}: {result['cases'][-1]['error']}")
