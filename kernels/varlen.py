@@ -24,6 +24,7 @@ import torch
 
 from .launch_config import BLOCK_SIZES, default_config
 from .masks import MaskSpec, parse_mask
+from .paged import check_block_table
 from .runtime import INTERPRETER_MAX_TILES, MAX_HEAD_DIM, choose_backend, interpreting
 from .shapes import SUPPORTED_DTYPES, check_kernel_device, padded_head_dim, softmax_scale
 
@@ -110,26 +111,6 @@ def _check_tensors(q, k, v, paged: bool) -> None:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         _fail("flash_attention_varlen is forward-only: pass tensors with .detach() or call it under torch.no_grad()")
     check_kernel_device(q.device)
-
-
-def _block_table(block_table, batch: int, k, lens_k: np.ndarray) -> torch.Tensor:
-    """The table checked (used entries within the pool) and as the kernel reads it: int32, contiguous."""
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.shape[0] != batch:
-        _fail(f"block_table must be a ({batch}, max_blocks) tensor (one row of page indices per sequence), "
-              f"got {getattr(block_table, 'shape', type(block_table).__name__)}")
-    if block_table.dtype not in (torch.int32, torch.int64) or block_table.device != k.device:
-        _fail(f"block_table must be int32 on {k.device}, got {block_table.dtype} on {block_table.device}")
-    num_blocks, page = k.shape[0], k.shape[1]
-    pages = -(-lens_k // page)
-    if (pages > block_table.shape[1]).any():
-        _fail(f"a sequence of {int(lens_k.max())} keys needs {int(pages.max())} pages of {page}, but "
-              f"block_table has {block_table.shape[1]} per sequence")
-    host = block_table.detach().to("cpu", torch.int64).numpy()
-    used = host[np.arange(host.shape[1])[None, :] < pages[:, None]]
-    if used.size and (used.min() < 0 or used.max() >= num_blocks):
-        _fail(f"block_table entries in use must lie in 0..{num_blocks - 1} (the cache's pages), "
-              f"got {int(used.min())}..{int(used.max())}")
-    return block_table.to(torch.int32).contiguous()
 
 
 @lru_cache(maxsize=1024)
@@ -246,7 +227,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for name, given, need in (("max_seqlen_q", max_seqlen_q, lens_q.max()), ("max_seqlen_k", max_seqlen_k, lens_k.max())):
         if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given < need:
             _fail(f"{name} must be an integer at least the longest sequence ({int(need)}), got {given!r}")
-    table = _block_table(block_table, lens_q.size, k, lens_k) if paged else None
+    table = check_block_table(block_table, lens_q.size, k, lens_k) if paged else None
     h, d = q.shape[1], q.shape[2]
     cfg = default_config(d, q.dtype, n=int(max(lens_q.max(), lens_k.max(), 1)))
     bm, bn = _block_size("block_m", block_m, cfg.block_m), _block_size("block_n", block_n, cfg.block_n)
