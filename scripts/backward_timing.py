@@ -32,8 +32,8 @@ CASES = [(4, 16, 4096, 128, "full"), (4, 16, 4096, 128, "causal"),
 # D 128 candidates (compile-time register use in kernels.backward's CUDA_CONFIGS note)
 SWEEP = [BackwardConfig(32, 128, 128, 32, 8, 3), BackwardConfig(32, 128, 128, 32, 8, 3, one_launch=False),
          BackwardConfig(32, 128, 128, 64, 8, 3), BackwardConfig(32, 128, 128, 32, 8, 2),
-         BackwardConfig(64, 128, 128, 64, 8, 2), BackwardConfig(64, 128, 128, 64, 8, 3),
-         BackwardConfig(16, 128, 128, 16, 8, 3)]
+         BackwardConfig(64, 128, 128, 64, 8, 2), BackwardConfig(64, 128, 128, 64, 8, 1),
+         BackwardConfig(64, 64, 64, 64, 8, 2), BackwardConfig(16, 128, 128, 16, 8, 3)]
 SWEEP_D256 = [BackwardConfig(16, 32, 32, 16, 4, 2), BackwardConfig(16, 64, 64, 16, 8, 2),
               BackwardConfig(16, 64, 64, 32, 8, 2)]
 BACKENDS = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
