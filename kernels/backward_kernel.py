@@ -16,6 +16,8 @@ Deterministic (no atomics): a preprocess, then the two passes in one launch or t
    forward's block lists of its query block (full tiles, then partial): dQ += dS K with the same
    recomputed P and dS. dQ in programs of its own keeps the result independent of the order
    programs run in (no atomic adds across key blocks).
+Programs take a head's blocks in the order the host lists (kb_order, qb_order: most tiles first,
+so the programs that start last are short) and the heads in order (their K, V, Q, dO stay in L2).
 
 Shapes as the forward's: q, dO, O (B, H, N_q, D); k, v (B, H_kv, N_k, D); query head h reads
 KV head h // GROUP. The head dim is padded to the tile width HEAD_DIM by masked loads when
