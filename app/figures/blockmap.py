@@ -80,8 +80,9 @@ def blockmap_figure(mask, n: int, block_m: int, block_n: int, head_dim: int = 64
     """One heatmap: the mask's full/partial/skipped tiles and, with a trace, the kernel's visits
     (agreeing tiles keep the mask colour; 'mask computes · kernel skipped' black, 'mask skips ·
     kernel visited' red, each also marked ✕)."""
-    st = blockmap_stats(mask, n, block_m, block_n, head_dim, trace, bh, n_k)   # n_k keys: a rectangular grid
-    bmap = parse_mask(mask, n, n_k).block_map(n, block_m, block_n, n_k)
+    spec = parse_mask(mask, n, n_k)          # text (a file, the command line) or a MaskSpec: parsed once here
+    st = blockmap_stats(spec, n, block_m, block_n, head_dim, trace, bh, n_k)   # n_k keys: a rectangular grid
+    bmap = spec.block_map(n, block_m, block_n, n_k)
     visited = visited_grid(trace, bh, bmap.shape) if trace is not None else None
     code = visit_map(bmap, visited)
     states = VISIT_STATES if visited is not None else [f"{s} (mask)" for s in MAP_STATES]
@@ -126,7 +127,7 @@ def _head(trace, bh):
 
 def blockmap_figure_for_trace(trace, bh: int | None = None) -> go.Figure:
     m = trace.meta
-    return blockmap_figure(m["mask"], int(m["shape"]["N"]), int(m["block_m"]), int(m["block_n"]),
+    return blockmap_figure(trace.mask_spec, int(m["shape"]["N"]), int(m["block_m"]), int(m["block_n"]),
                            int(m["shape"]["D"]), trace=trace, bh=bh, n_k=trace.kv_len)
 
 
@@ -138,6 +139,7 @@ def blockmap_comparison_figure(left: dict, right: dict, head_dim: int = 64) -> g
     sides = [dict(side) for side in (left, right)]
     for side in sides:
         side["n_k"] = int(side.get("n_k") or side["n"])
+        side["mask"] = parse_mask(side["mask"], side["n"], side["n_k"])    # text or a MaskSpec: parsed once here
     stats = [blockmap_stats(s["mask"], s["n"], s["block_m"], s["block_n"], head_dim, s.get("trace"), None, s["n_k"])
              for s in sides]
     n_q, n_k = max(s["n"] for s in sides), max(s["n_k"] for s in sides)
@@ -152,7 +154,7 @@ def blockmap_comparison_figure(left: dict, right: dict, head_dim: int = 64) -> g
     note = stretch_note(r, "query", "key")
     for i, (s, st) in enumerate(zip(sides, stats)):
         row, col = (i + 1, 1) if stacked else (1, i + 1)
-        bmap = parse_mask(s["mask"], s["n"], s["n_k"]).block_map(s["n"], s["block_m"], s["block_n"], s["n_k"])
+        bmap = s["mask"].block_map(s["n"], s["block_m"], s["block_n"], s["n_k"])
         visited = visited_grid(s["trace"], None, bmap.shape) if s.get("trace") is not None else None
         code = visit_map(bmap, visited)
         present |= set(np.unique(code).tolist())

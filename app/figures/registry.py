@@ -75,7 +75,7 @@ def _F():
 def _blockmap_compare(c: ChartInputs):
     m = c.trace.meta
     n, bm, bn = int(m["shape"]["N"]), int(m["block_m"]), int(m["block_n"])
-    left = {"mask": m["mask"], "n": n, "block_m": bm, "block_n": bn, "n_k": c.trace.kv_len}
+    left = {"mask": c.trace.mask_spec, "n": n, "block_m": bm, "block_n": bn, "n_k": c.trace.kv_len}
     right = dict(left, block_m=128 if bm != 128 else 64, block_n=128 if bn != 128 else 64)
     return _F().blockmap_comparison_figure(left, right, head_dim=int(m["shape"]["D"]))
 
