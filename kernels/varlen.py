@@ -272,7 +272,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         EVEN_D=d == d_pad, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, RETURN_LSE=bool(return_lse),
         TRACE=trace is not None, HW_CLOCK=hw_clock,
-        num_warps=cfg.num_warps if block_m is None else 4, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return (o, lse) if return_lse else o
 
 
