@@ -154,6 +154,7 @@ def random_png(w: int, h: int, seed: int) -> bytes:
 
 
 HOST = "198.51.100.7"      # a documentation address: nothing may ever be fetched from it
+LINK = re.compile(r"(?<!\\)\]\(|https?://")      # a Markdown link or a bare URL in shown text
 HOSTILE = {  # name: (edit of the manifest, fragment of the one-line answer)
     "etc-passwd": (lambda m: m["tables"]["rows"].update(file="/etc/passwd"), "outside the trace"),
     "dotdot": (lambda m: m["tables"]["rows"].update(file="../../../../etc/passwd"), "outside the trace"),

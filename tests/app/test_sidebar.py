@@ -15,8 +15,7 @@ from app.sidebar import recording_settings_text
 from kernels.masks import parse_mask
 from kernels.presets import PRESETS
 from tests.app.conftest import N
-from tests.app.headless import app, charts, clean, live, N, open_page, run_clicked
-from tests.app.headless import captions, live_block_skip
+from tests.app.headless import app, captions, charts, clean, live, live_block_skip, N, open_page, run_clicked
 
 
 def test_summary_names_every_setting_and_kv_only_when_it_differs():

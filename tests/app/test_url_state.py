@@ -1,18 +1,18 @@
 """The URL and the session, headless: a link reproduces a view (settings and each page's own
 controls), changed controls go into the URL and defaults leave it, a bad link value is one
-warning line and falls back (never to another recording), and the sidebar shows the full link
-as a plain copyable field.
+warning line and falls back (never to another recording), Markdown in a link value is shown as
+text, and the sidebar shows the full link as a plain copyable field.
 """
 
 from __future__ import annotations
 
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.text import plain
 from tests.app.conftest import N
-from tests.app.headless import app, charts, clean, live, open_page, run_clicked, share_link_shown, titles
-from tests.app.headless import live_block_skip
+from tests.app.headless import (app, charts, clean, HOST, LINK, live, live_block_skip, open_page,
+                                run_clicked, share_link_shown, titles)
 
 
 CONTROL_CHANGES = [
@@ -213,3 +213,14 @@ def test_the_share_link_is_a_plain_field_with_a_copy_button(data_dir):
     assert "page=block_skip" in link and "mask=sliding_window%3A64" in link
     evil = open_page("block_skip", timeout=90, source="recorded", mask='"><img src=x onerror=alert(1)>')
     assert "<img" not in next(h.proto.body for h in evil.sidebar.get("html") if "tilescope-link" in h.proto.body)
+
+
+@pytest.mark.parametrize("value", [f"[Open the corrected view](http://{HOST}/phish)",
+                                   f"causal :red[alarm] $x$ http://{HOST}/bare"])
+def test_url_values_are_text(good, value):
+    at = open_page("block_skip", timeout=90, source="interpreter", seq_len=64, head_dim=16, block_m=32,
+                   block_n=32, mask=value)
+    assert not at.exception
+    shown = [x.value for x in [*at.error, *at.warning]]
+    assert any(plain(value) in s for s in shown), shown
+    assert not any(LINK.search(s) for s in shown), shown

@@ -4,7 +4,6 @@ every state of the animation named, and a progress callback once per frame.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

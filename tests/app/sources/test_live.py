@@ -12,8 +12,8 @@ import pytest
 
 from kernels.masks import parse_mask
 from tests.app.conftest import N
-from tests.app.headless import charts, clean, live, N, run_clicked, share_link_shown
-from tests.app.headless import captions, live_block_skip
+from tests.app.headless import (captions, charts, clean, live, live_block_skip, N, run_clicked,
+                                share_link_shown)
 
 
 def provenance(at) -> str:

@@ -1,13 +1,12 @@
 """Uploaded traces (app.sources.upload), headless: a zipped trace directory opens, a damaged or
 hostile zip is refused with one line and never a traceback, nothing outside the upload is
-opened, a parquet download uploads back, and user-supplied names and metadata are shown as text.
+opened, a parquet download uploads back, and upload names and trace metadata are shown as text.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import re
 import zipfile
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from app.text import plain
 from instrumentation import make_inputs, record
 from kernels.masks import parse_mask
 from tests.app.conftest import N
-from tests.app.headless import app, charts, clean, open_page, PAGES, zip_trace
-from tests.app.headless import HOST, HOSTILE, hostile_dir
+from tests.app.headless import (app, charts, clean, HOST, HOSTILE, hostile_dir, LINK, open_page, PAGES,
+                                zip_trace)
 
 
 def _zip_dir(path: Path) -> bytes:
@@ -27,7 +26,6 @@ def _zip_dir(path: Path) -> bytes:
 
 
 # Markdown that would become a link or image: an unescaped ']('; or a bare URL Streamlit links
-LINK = re.compile(r"(?<!\\)\]\(|https?://")
 
 
 def _zip(path: Path) -> bytes:
@@ -128,14 +126,3 @@ def test_upload_name_and_metadata_are_text(good, tmp_path):
     banner = at.info[0].value
     assert plain(m["meta"]["device_name"]) in banner and not LINK.search(banner)
     assert plain(f"[x](http://{HOST}).zip") in banner
-
-
-@pytest.mark.parametrize("value", [f"[Open the corrected view](http://{HOST}/phish)",
-                                   f"causal :red[alarm] $x$ http://{HOST}/bare"])
-def test_url_values_are_text(good, value):
-    at = open_page("block_skip", timeout=90, source="interpreter", seq_len=64, head_dim=16, block_m=32,
-                   block_n=32, mask=value)
-    assert not at.exception
-    shown = [x.value for x in [*at.error, *at.warning]]
-    assert any(plain(value) in s for s in shown), shown
-    assert not any(LINK.search(s) for s in shown), shown
