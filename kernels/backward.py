@@ -46,11 +46,11 @@ class BackwardConfig:
 
 
 # Tiles per padded head dim on CUDA for fp16/bf16, chosen where the compiled kernel keeps its
-# dK, dV accumulators without spilling registers (Triton 3.6 for sm_90; checked with
-# cuobjdump -res-usage): dK/dV 32 query rows x 128 keys and dQ 128 x 32 with 8 warps; D 256 on
-# 16 x 32 tiles. float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
+# dK, dV accumulators without spilling registers (Triton 3.6 for sm_90, cuobjdump -res-usage):
+# dK/dV 32 query rows x 128 keys and dQ 128 x 32 with 8 warps; D 256: 16 x 64 and 64 x 16.
+# float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
 CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 32, 8, 3), 128: BackwardConfig(32, 128, 128, 32, 8, 3),
-                256: BackwardConfig(16, 32, 32, 16, 4, 2)}
+                256: BackwardConfig(16, 64, 64, 16, 8, 2)}
 CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
 INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
 

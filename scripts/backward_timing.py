@@ -34,8 +34,8 @@ SWEEP = [BackwardConfig(32, 128, 128, 32, 8, 3), BackwardConfig(32, 128, 128, 32
          BackwardConfig(32, 128, 128, 64, 8, 3), BackwardConfig(32, 128, 128, 32, 8, 2),
          BackwardConfig(64, 128, 128, 64, 8, 2), BackwardConfig(64, 128, 128, 64, 8, 1),
          BackwardConfig(64, 64, 64, 64, 8, 2), BackwardConfig(16, 128, 128, 16, 8, 3)]
-SWEEP_D256 = [BackwardConfig(16, 32, 32, 16, 4, 2), BackwardConfig(16, 64, 64, 16, 8, 2),
-              BackwardConfig(16, 64, 64, 32, 8, 2)]
+SWEEP_D256 = [BackwardConfig(16, 64, 64, 16, 8, 2), BackwardConfig(16, 64, 64, 32, 8, 2),
+              BackwardConfig(16, 32, 32, 16, 4, 2)]
 BACKENDS = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
 
 
