@@ -6,8 +6,10 @@ Reading:   `confined_file` keeps a name from a manifest inside its directory (no
            `validate` checks a document against a JSON schema (jsonschema) and says, in one
            line, which field is wrong.
 Writing:   `write_json_atomic` (temporary sibling file, fsync, rename) and `write_dir_atomic`
-           (temporary sibling directory, fsync, rename; a directory that is not ours is never
-           replaced, one of ours only with force=True). NaN and inf become JSON null.
+           (temporary sibling directory, fsync, exchange; a directory that is not ours is never
+           replaced, one of ours only with force=True). NaN and inf become JSON null; files
+           and directories get the umask's modes; temporaries (instrumentation.trace.temporaries)
+           never outlive a SIGTERM, and a killed writer's are removed by the next one.
 Vocabulary: `DTYPES`, the one table of element types that files and command lines name.
 
 Error messages name files the way the document names them ('table file "work.parquet"'),
@@ -26,6 +28,8 @@ import stat
 import tempfile
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Callable, NamedTuple
+
+from .temporaries import exchange, remove_stale_temporaries, temp_prefix, terminate_cleanly, umask
 
 MAX_JSON_BYTES = 16 << 20       # a manifest, sweep or benchmark file is a few hundred KB at most
 MAX_TABLE_BYTES = 512 << 20     # one parquet table of a trace (bundled ones are < 2 MB)
@@ -109,7 +113,7 @@ def read_json(path, what: str, error=FileFormatError, limit: int = MAX_JSON_BYTE
     data = read_bytes(path, what, limit, error)
     try:
         return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:   # ValueError: 5000-digit ints
         raise error(f"{what} is corrupt (not JSON: {str(exc)[:120]}); restore the file or "
                     "make it again") from None
 
@@ -198,23 +202,26 @@ def check_writable_target(path, error=FileFormatError, probe: bool = False) -> P
 
 
 def write_json_atomic(path, payload, error=FileFormatError) -> Path:
-    """Write strict JSON (NaN -> null) to a temporary sibling, fsync, and rename over `path`."""
+    """Write strict JSON (NaN -> null) to a temporary sibling, fsync, and rename over `path`.
+    The file gets the umask's mode; a SIGTERM mid-write leaves no temporary behind."""
     path = check_writable_target(path, error)
     text = dumps(payload)
     if path.is_dir():
         raise error(f"cannot write '{path}': it is a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    remove_stale_temporaries(path.parent / path.name)
+    with terminate_cleanly():
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o666 & ~umask())
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
     _fsync_dir(path.parent)
     return path
 
@@ -237,33 +244,42 @@ def check_dir_target(path, is_ours: Callable[[Path], bool], force: bool, kind: s
 
 def write_dir_atomic(path, fill: Callable[[Path], None], is_ours: Callable[[Path], bool],
                      force: bool = False, kind: str = "trace", error=FileFormatError) -> Path:
-    """Build a directory with fill(tmp) in a temporary sibling, fsync it, then rename it to
-    `path`. An interrupted fill leaves the old directory intact and no temporary behind."""
+    """Build a directory with fill(tmp) in a temporary sibling, fsync it, then put it at `path`
+    (an atomic exchange with the old one where the system has one). An interrupted fill --
+    an exception, Ctrl-C or SIGTERM -- leaves the old directory intact and no temporary behind;
+    one killed outright leaves a temporary that the next save or load there removes. The
+    directory gets the umask's mode."""
     path = check_dir_target(path, is_ours, force, kind, error)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        fill(tmp)
-        for f in tmp.iterdir():
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        _fsync_dir(tmp)
-        replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    remove_stale_temporaries(path)
+    with terminate_cleanly():
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
+        try:
+            os.chmod(tmp, 0o777 & ~umask())
+            fill(tmp)
+            for f in tmp.iterdir():
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            _fsync_dir(tmp)
+            replace_dir(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)   # the unfinished one, or the old one swapped out
     return path
 
 
 def replace_dir(src, dst) -> Path:
-    """Move the finished directory `src` to `dst`, replacing what is there: the old one is
-    renamed aside first and deleted only once the new one is in place (two renames; a crash
-    between them leaves both on disk, never neither)."""
+    """Put the finished directory `src` at `dst`. Where `dst` exists, the two are exchanged in one
+    step (renameat2 RENAME_EXCHANGE: the old one is then at `src`, for the caller to delete);
+    elsewhere the old one is renamed aside first and deleted once the new one is in place (a
+    crash between the renames leaves both on disk, never neither)."""
     src, dst = Path(src), Path(dst)
+    if dst.exists() and exchange(src, dst):
+        _fsync_dir(dst.parent)
+        return dst
     old = None
     if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
+        old = Path(tempfile.mkdtemp(prefix=temp_prefix(dst), suffix=".old", dir=dst.parent))
         os.rmdir(old)
         os.rename(dst, old)
     try:

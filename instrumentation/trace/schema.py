@@ -9,44 +9,108 @@ version old to old + 1, meta and tables, in place) and adjust META_SCHEMA / TABL
 from __future__ import annotations
 
 import re
+from typing import Callable, NamedTuple
 
 from kernels.masks import parse_mask
 
-from . import files
+from . import bounds, files
 
 FORMAT = "tilescope-trace"
 SCHEMA_VERSION = 2     # 2: real shapes -- meta.shape has N_q, N_k, H_kv; work has kv_head
 MANIFEST = "manifest.json"
 
-# columns the rest of the product relies on, per table (DESIGN.md's headless contract), for
-# every recorder of this package; a further recorder adds its own with register_table()
-TABLE_COLUMNS: dict[str, list[str]] = {
-    "work": ["bh", "q_block", "program", "sm", "t_start", "t_end"],
-    "tiles": ["bh", "q_block", "k_block", "status", "visited", "order"],
-    "rows": ["bh", "q_row", "k_block", "m", "l"],
-    "out": ["bh", "q_row"],
-    "splits": ["b", "kv_head", "split", "k_start", "k_end", "sm", "t_start", "t_end"],
-    "partials": ["b", "head", "q_row", "split", "m", "l"],
-    # ring recordings (instrumentation.recording.ring): one row per (rank, step), the traced
-    # rows' per-chunk partial and merged state, and the modelled balance of both layouts
-    "ring_steps": ["rank", "step", "kv_rank", "kv_chunks", "skipped", "kernel_calls", "score_entries",
-                   "bytes_sent", "bytes_recv", "compute_start", "compute_end", "send_start", "send_end",
-                   "recv_start", "recv_end"],
-    "ring_rows": ["q_row", "rank", "step", "kv_chunk", "m_part", "l_part", "m", "l"],
-    "ring_balance": ["layout", "rank", "step", "score_entries"],
-}
-NUMERIC_TABLES = ("work", "tiles", "rows", "out", "splits", "partials")   # all but 'status'
-CORE_TABLES = ("work", "tiles", "rows", "out")     # attributes every Trace has (maybe empty)
-REQUIRED_TABLES = ("work", "tiles", "rows")        # a trace file without these is incomplete
+class TableSpec(NamedTuple):
+    """What a named table must be: its required columns, a row bound from the meta, the integer
+    index columns and their ranges, and the columns that name each row once."""
+    columns: list[str]
+    max_rows: Callable[[dict], int]     # max_rows(meta): checked against the manifest before decoding
+    index: dict                         # column -> bound(meta): integers in [0, bound) (-1 too for NONE_OK)
+    key: tuple = ()                     # no two rows share these values
+    numeric: bool = True                # the required columns (but 'status') hold numbers
+
+
+TABLES: dict[str, TableSpec] = {}
+TABLE_COLUMNS: dict[str, list[str]] = {}     # name -> required columns, kept by register_table
+NONE_OK = ("sm", "order", "rank", "split", "send_to", "recv_from")   # -1 means "none" there
 MAX_TABLES = 32
 TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
-def register_table(name: str, columns) -> None:
-    """Declare the required columns of a further named table (e.g. a ring recorder's)."""
+def register_table(name: str, columns, max_rows: Callable[[dict], int], index: dict | None = None,
+                   key=(), numeric: bool = True) -> None:
+    """Declare a named table, so that every trace that holds it is bounded and checked at load.
+
+    Arguments: name (lower-case identifier); columns, those the product relies on; max_rows,
+    meta -> the most rows a trace of that meta can have (instrumentation.trace.bounds has the
+    usual ones); index, {column: meta -> n}: integer columns whose values lie in [0, n) (or -1
+    for columns in NONE_OK); key, columns naming each row once; numeric, whether the required
+    columns (but 'status') must hold numbers.
+    """
     if not TABLE_NAME.match(name):
         raise ValueError(f"table name {name!r} must match {TABLE_NAME.pattern}")
+    if not callable(max_rows):
+        raise ValueError(f"table {name!r} needs max_rows, a function of the meta")
+    TABLES[name] = TableSpec(list(columns), max_rows, dict(index or {}), tuple(key), numeric)
     TABLE_COLUMNS[name] = list(columns)
+
+
+def _b(m): return bounds.shape(m)[0]                      # noqa: E704
+def _h(m): return bounds.shape(m)[1]                      # noqa: E704
+def _h_kv(m): return bounds.shape(m)[2]                   # noqa: E704
+def _n_q(m): return bounds.shape(m)[3]                    # noqa: E704
+def _n_qb(m): return m["n_q_blocks"]                      # noqa: E704
+def _n_kb(m): return m["n_k_blocks"]                      # noqa: E704
+
+
+# the tables of this package's recorders (DESIGN.md's headless contract); a further recorder
+# adds its own with register_table()
+register_table("work", ["bh", "q_block", "program", "sm", "t_start", "t_end"],
+               lambda m: bounds.heads(m) * _n_qb(m),
+               {"bh": bounds.heads, "q_block": _n_qb, "batch": _b, "head": _h, "kv_head": _h_kv,
+                "sm": bounds.sm_bound, "tiles_visited": lambda m: _n_kb(m) + 1},
+               key=("bh", "q_block"))
+register_table("tiles", ["bh", "q_block", "k_block", "status", "visited", "order"],
+               lambda m: bounds.traced_heads(m) * _n_qb(m) * _n_kb(m),
+               {"bh": bounds.heads, "q_block": _n_qb, "k_block": _n_kb, "order": _n_kb, "rank": _n_qb},
+               key=("bh", "q_block", "k_block"))
+register_table("rows", ["bh", "q_row", "k_block", "m", "l"],
+               lambda m: bounds.traced_heads(m) * bounds.traced_rows(m) * _n_kb(m),
+               {"bh": bounds.heads, "q_row": _n_q, "k_block": _n_kb, "q_block": _n_qb, "step": _n_kb},
+               key=("bh", "q_row", "k_block"))
+register_table("out", ["bh", "q_row"], lambda m: bounds.traced_heads(m) * bounds.traced_rows(m),
+               {"bh": bounds.heads, "q_row": _n_q}, key=("bh", "q_row"))
+# decode steps (instrumentation.recording.decode)
+register_table("splits", ["b", "kv_head", "split", "k_start", "k_end", "sm", "t_start", "t_end"],
+               lambda m: bounds.splits(m) * _b(m) * _h_kv(m) * bounds.decode_row_blocks(m),
+               {"b": _b, "kv_head": _h_kv, "split": bounds.splits, "row_block": bounds.decode_row_blocks,
+                "sm": bounds.sm_bound},
+               key=("b", "kv_head", "split", "row_block"))
+register_table("partials", ["b", "head", "q_row", "split", "m", "l"],
+               lambda m: _b(m) * _h(m) * _n_q(m) * bounds.splits(m),
+               {"b": _b, "head": _h, "kv_head": _h_kv, "q_row": _n_q, "split": bounds.splits},
+               key=("b", "head", "q_row", "split"))
+register_table("merge", ["b", "kv_head", "row_block"],
+               lambda m: _b(m) * _h_kv(m) * bounds.decode_row_blocks(m),
+               {"b": _b, "kv_head": _h_kv, "row_block": bounds.decode_row_blocks, "split": bounds.splits,
+                "sm": bounds.sm_bound},
+               key=("b", "kv_head", "row_block"))
+# ring recordings (instrumentation.recording.ring): one row per (rank, step), the traced rows'
+# per-chunk partial and merged state, and the modelled balance of both layouts; ranks and
+# steps are fewer than the chunks (n_q_blocks)
+register_table("ring_steps", ["rank", "step", "kv_rank", "kv_chunks", "skipped", "kernel_calls",
+                              "score_entries", "bytes_sent", "bytes_recv", "compute_start",
+                              "compute_end", "send_start", "send_end", "recv_start", "recv_end"],
+               lambda m: _n_qb(m) ** 2, {"rank": _n_qb, "step": _n_qb, "kv_rank": _n_qb},
+               key=("rank", "step"), numeric=False)
+register_table("ring_rows", ["q_row", "rank", "step", "kv_chunk", "m_part", "l_part", "m", "l"],
+               lambda m: bounds.traced_rows(m) * _n_kb(m),
+               {"q_row": _n_q, "rank": _n_qb, "step": _n_qb, "kv_chunk": _n_kb},
+               key=("q_row", "kv_chunk"), numeric=False)
+register_table("ring_balance", ["layout", "rank", "step", "score_entries"],
+               lambda m: 2 * _n_qb(m) ** 2, {"rank": _n_qb, "step": _n_qb},
+               key=("layout", "rank", "step"), numeric=False)
+CORE_TABLES = ("work", "tiles", "rows", "out")     # attributes every Trace has (maybe empty)
+REQUIRED_TABLES = ("work", "tiles", "rows")        # a trace file without these is incomplete
 
 
 def _upgrade_v1(meta: dict, tables: dict) -> None:
@@ -72,27 +136,45 @@ _NUM_OR_NULL = {"type": ["number", "null"]}
 _TEXT = {"type": "string", "maxLength": 4096}
 # free text that charts put in titles: Plotly reads <a href>, <span style> there, so no markup
 _LABEL = {"type": "string", "maxLength": 256, "pattern": "^[^<>]*$"}
+
+
+def _up_to(n: int) -> dict:
+    return {"type": "integer", "minimum": 1, "maximum": n}
+
+
+# sizes within what a page can draw (bounds.check_meta checks their products)
+_SHAPE = {"B": _up_to(bounds.MAX_BATCH_HEADS), "H": _up_to(bounds.MAX_BATCH_HEADS),
+          "H_kv": _up_to(bounds.MAX_BATCH_HEADS), "D": _up_to(bounds.MAX_HEAD_DIM),
+          **{k: _up_to(bounds.MAX_SEQ_LEN) for k in ("N", "N_q", "N_k")}}
 META_SCHEMA = {
     "type": "object",
     "required": ["shape", "dtype", "mask", "block_m", "block_n", "n_q_blocks", "n_k_blocks",
                  "backend", "device_name"],
     "properties": {
         "shape": {"type": "object", "required": ["B", "H", "N", "D", "N_q", "N_k", "H_kv"],
-                  "properties": {k: _POS_INT for k in ("B", "H", "N", "D", "N_q", "N_k", "H_kv")}},
+                  "properties": _SHAPE},
         "dtype": {"enum": list(files.DTYPES)},
         "mask": {"type": "string", "minLength": 1, "maxLength": 4096},
-        "block_m": _POS_INT, "block_n": _POS_INT, "n_q_blocks": _POS_INT, "n_k_blocks": _POS_INT,
+        **{k: _up_to(bounds.MAX_SEQ_LEN) for k in ("block_m", "block_n", "n_q_blocks", "n_k_blocks")},
         "backend": _LABEL, "device_name": _LABEL, "created": _LABEL, "source": _LABEL,
         "schedule": _LABEL, "torch_version": _LABEL, "triton_version": _LABEL, "command": _TEXT,
+        "kind": _LABEL,
         "level": {"enum": ["work", "full"]},
-        "traced_heads": {"type": "array", "items": _NAT_INT},
-        "traced_q_blocks": {"type": "array", "items": _NAT_INT},
-        "kernel": {"type": "object"},
+        "traced_heads": {"type": "array", "items": _NAT_INT, "maxItems": bounds.MAX_TRACED_HEADS},
+        "traced_q_blocks": {"type": "array", "items": _NAT_INT, "maxItems": bounds.MAX_SEQ_LEN},
+        "kernel": {"type": "object", "properties": {"sm_scale": {"type": ["number", "null"]},
+                                                    "num_splits": _up_to(bounds.MAX_SEQ_LEN)}},
+        "ring": {"type": "object", "properties": {"trace_rows": {"type": "array", "items": _NAT_INT}}},
         "clocks": {"type": "object"},
         "untraced_ms": _NUM_OR_NULL, "traced_ms": _NUM_OR_NULL,
-        "sm_count": {"type": ["integer", "null"], "minimum": 1},
+        "sm_count": {"type": ["integer", "null"], "minimum": 1, "maximum": bounds.MAX_SM},
     },
 }
+# the meta as a file of any readable version holds it, before upgrades (version 1 has no N_q,
+# N_k, H_kv): what the loader checks before it decodes a table
+STORED_META_SCHEMA = {**META_SCHEMA, "properties": {
+    **META_SCHEMA["properties"],
+    "shape": {"type": "object", "required": ["B", "H", "N", "D"], "properties": _SHAPE}}}
 MANIFEST_SCHEMA = {
     "type": "object",
     "required": ["format", "schema_version", "meta", "tables"],

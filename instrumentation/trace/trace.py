@@ -20,9 +20,9 @@ import pandas as pd
 
 from kernels.masks import MaskSpec, parse_mask
 
-from . import files, schema
+from . import bounds, checks, files, schema
 from .schema import (CORE_TABLES, FORMAT, MANIFEST, MANIFEST_SCHEMA, MAX_TABLES, META_SCHEMA,
-                     NUMERIC_TABLES, REQUIRED_TABLES, TABLE_COLUMNS, TABLE_NAME, TraceFormatError,
+                     REQUIRED_TABLES, STORED_META_SCHEMA, TABLE_NAME, TraceFormatError,
                      check_consistent)
 
 
@@ -167,9 +167,18 @@ class Trace:
         missing = [n for n in REQUIRED_TABLES if n not in entries]
         if missing:
             raise TraceFormatError(f"the manifest lists no {missing} table; the trace is incomplete")
-        root = manifest_path.parent.resolve()
-        tables = {name: _read_table(root, name, entry) for name, entry in entries.items()}
         meta = manifest["meta"]
+        # what the meta allows bounds every table before a byte of parquet is decoded
+        files.validate(meta, STORED_META_SCHEMA, "the trace's meta", TraceFormatError)
+        bounds.check_meta(meta, TraceFormatError)
+        bounds.check_manifest(meta, entries, {n: t.max_rows for n, t in schema.TABLES.items()},
+                              schema.TABLE_COLUMNS, TraceFormatError)
+        root = manifest_path.parent.resolve()
+        files.remove_stale_temporaries(root)
+        tables, decoded = {}, 0
+        for name, entry in entries.items():
+            tables[name], size = _read_table(root, name, entry, bounds.MAX_DECODED_BYTES - decoded)
+            decoded += size
         while version < schema.SCHEMA_VERSION:
             try:
                 schema.UPGRADES[version](meta, tables)
@@ -178,7 +187,9 @@ class Trace:
                                        f"({type(exc).__name__}: {str(exc)[:120]})") from None
             version += 1
         files.validate(meta, META_SCHEMA, "the trace's meta", TraceFormatError)
+        checks.check_values(meta, tables, schema.TABLES, schema.NONE_OK, TraceFormatError)
         check_consistent(meta, tables)
+        checks.check_kind_columns(meta, tables, TraceFormatError)
         meta["schema_version"] = schema.SCHEMA_VERSION
         if meta.get("source") == "live":  # it was live when recorded; read back, it is a recording
             meta["source"] = "recorded"
@@ -199,7 +210,9 @@ def _write_table_file(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def _read_table(root: Path, name: str, entry: dict) -> pd.DataFrame:
+def _read_table(root: Path, name: str, entry: dict, budget: int) -> tuple[pd.DataFrame, int]:
+    """One table, decoded only once its footer agrees with the manifest and fits `budget`
+    decoded bytes. Returns (table, its decoded bytes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -209,12 +222,27 @@ def _read_table(root: Path, name: str, entry: dict) -> pd.DataFrame:
     if files.sha256(data) != entry["sha256"]:
         raise TraceFormatError(f"{what} does not match its checksum: the file is corrupt or was "
                                "edited. Re-record or restore it.")
+    if bounds.footer_bytes(data) > bounds.MAX_FOOTER_BYTES:
+        raise TraceFormatError(f"{what} has {bounds.footer_bytes(data) / 2**20:.0f} MiB of metadata; "
+                               "that is not a trace")
     try:
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        unpacked = sum(pf.metadata.row_group(i).total_byte_size for i in range(pf.num_row_groups))
-        if unpacked > 4 * files.MAX_TABLE_BYTES:
-            raise TraceFormatError(f"{what} unpacks to {unpacked / 1e9:.1f} GB; that is not a trace")
-        df = pf.read().to_pandas()
+        opts = dict(thrift_string_size_limit=bounds.MAX_FOOTER_BYTES,
+                    thrift_container_size_limit=1 << 16)
+        pf = pq.ParquetFile(pa.BufferReader(data), **opts)
+        size = bounds.check_parquet(pf, entry["rows"], what, TraceFormatError)
+        bounds.check_budget(bounds.MAX_DECODED_BYTES - budget + size, TraceFormatError)
+        # text is decoded as a dictionary first: one long string repeated on every row would
+        # otherwise expand to rows x its length before anything could count it
+        text = [f.name for f in pf.schema_arrow if pa.types.is_string(f.type)
+                or pa.types.is_large_string(f.type) or pa.types.is_binary(f.type)]
+        if text:
+            pf = pq.ParquetFile(pa.BufferReader(data), read_dictionary=text, **opts)
+        df = pf.read().to_pandas(self_destruct=True, split_blocks=True)
+        for col in text:
+            longest = df[col].cat.categories.str.len().max() if len(df[col].cat.categories) else 0
+            size += len(df) * int(longest)
+            bounds.check_budget(bounds.MAX_DECODED_BYTES - budget + size, TraceFormatError)
+            df[col] = df[col].astype(str).where(df[col].notna(), None)
     except TraceFormatError:
         raise
     except Exception as exc:  # pyarrow raises several types for damaged files
@@ -222,12 +250,13 @@ def _read_table(root: Path, name: str, entry: dict) -> pd.DataFrame:
                                f"({type(exc).__name__})") from None
     if len(df) != entry["rows"]:
         raise TraceFormatError(f"{what} has {len(df)} rows; the manifest says {entry['rows']}")
-    missing = [c for c in TABLE_COLUMNS.get(name, []) if c not in df.columns]
+    spec = schema.TABLES.get(name)
+    missing = [c for c in (spec.columns if spec else []) if c not in df.columns]
     if missing:
         raise TraceFormatError(f"{what} lacks columns {missing}")
-    if name in NUMERIC_TABLES:      # the checks and charts compare these columns as numbers
-        text = [c for c in TABLE_COLUMNS[name] if c != "status"
+    if spec and spec.numeric:      # the checks and charts compare these columns as numbers
+        text = [c for c in spec.columns if c != "status"
                 and not pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
         if text:
             raise TraceFormatError(f"{what} has non-numeric columns {text}")
-    return df
+    return df, size

@@ -123,8 +123,11 @@ def test_meta_that_contradicts_the_tables_is_refused(saved, edit, fragment):
 
 
 def test_row_count_must_match_the_manifest(saved):
-    _edit_manifest(saved, lambda m: m["tables"]["work"].update(rows=m["tables"]["work"]["rows"] + 1))
+    _edit_manifest(saved, lambda m: m["tables"]["work"].update(rows=m["tables"]["work"]["rows"] - 1))
     _refused(saved, "rows; the manifest says")
+    # more rows than the meta allows is refused before the file is opened
+    _edit_manifest(saved, lambda m: m["tables"]["work"].update(rows=m["tables"]["work"]["rows"] + 2))
+    _refused(saved, "the trace's meta allows at most")
 
 
 # -- saving: atomic, never over something that is not ours, force to replace a trace -------------
