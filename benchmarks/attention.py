@@ -4,7 +4,7 @@
     python -m benchmarks.attention --quick         # N=1024,4096 and shorter timing loops
     python -m benchmarks.attention --config-file data/benchmarks/tuned-<device>.json
     python -m benchmarks.attention --device cpu --quick   # interpreter smoke run: tiny shapes
-    python -m benchmarks.shapes                    # GQA, odd D, chunked prefill (issue 9)
+    python -m benchmarks.shapes                    # GQA, odd D, chunked prefill
 
 Every implementation runs on the same inputs (instrumentation.make_inputs). Before an
 implementation is timed its output is checked against a float32 reference on a slice (the first

@@ -1,4 +1,4 @@
-"""Real-model shapes, timed side by side (issue 9): GQA, odd head dims, chunked prefill, and the
+"""Real-model shapes, timed side by side: GQA, odd head dims, chunked prefill, and the
 square case against the kernel as it was before real shapes (if `kernels_before/` is present).
 
     python -m benchmarks.shapes                        # every suite, on the GPU

@@ -5,7 +5,8 @@
 #      quick, what tracing adds
 #   2. kernel speed of this tree against an earlier one side by side: the earlier kernels/ copied
 #      to .old/kernels_old (an excluded folder, carried), both imported in one process and timed
-#      per case old, new, new, old, with an output checksum per case (same numerics, same sum)
+#      per case (old, new, new, old) x 3, median of each; an output checksum per case (same
+#      numerics, same sum); and whether both compiled the same PTX instructions (parameters aside)
 #   3. the gpu-marked kernel tests
 # STEPS picks steps (default "1 2 3"); each has its own time limit.
 OUT=${OUT:-/tmp/out}
@@ -16,7 +17,7 @@ ROOT=$(pwd)
 cat > /tmp/kernel_speed.py <<'PY'
 """Time this tree's kernels.flash_attention against the earlier copy (.old/kernels_old) on a
 fixed case list, in one process: per case old, new, new, old (do_bench medians), output checksums."""
-import json, sys
+import json, re, statistics, sys
 import torch, triton.testing
 sys.path.insert(0, sys.argv[1])
 from kernels import flash_attention as new
@@ -39,16 +40,40 @@ for b, h, hkv, n, d, mask, sched in CASES:
     fns = {"old": lambda: old(q, k, v, mask=mask, schedule=sched), "new": lambda: new(q, k, v, mask=mask, schedule=sched)}
     sums = {name: float(fn().double().sum()) for name, fn in fns.items()}
     ms = {"old": [], "new": []}
-    for name in ("old", "new", "new", "old"):
-        ms[name].append(triton.testing.do_bench(fns[name], warmup=25, rep=120, return_mode="median"))
+    for name in ("old", "new", "new", "old") * 3:
+        ms[name].append(triton.testing.do_bench(fns[name], warmup=25, rep=100, return_mode="median"))
     r = dict(batch=b, heads=h, kv_heads=hkv, seq_len=n, head_dim=d, mask=mask, schedule=sched,
-             old_ms=sum(ms["old"]) / 2, new_ms=sum(ms["new"]) / 2, old_runs=ms["old"], new_runs=ms["new"],
-             same_checksum=sums["old"] == sums["new"])
+             old_ms=statistics.median(ms["old"]), new_ms=statistics.median(ms["new"]), old_runs=ms["old"],
+             new_runs=ms["new"], same_checksum=sums["old"] == sums["new"])
     r["speed_new_over_old"] = r["old_ms"] / r["new_ms"]
     rows.append(r)
     print(f"B{b} H{h}/{hkv} N{n} D{d} {mask:6s} {sched:13s} old {r['old_ms']:.3f} new {r['new_ms']:.3f} ms  "
           f"new/old speed {r['speed_new_over_old']:.3f}x  same output {r['same_checksum']}", flush=True)
-json.dump(rows, open(sys.argv[2], "w"), indent=1)
+
+
+def instructions(compiled):
+    """PTX instructions, without parameters (the new kernel binds fewer), debug lines and
+    register numbers (loading fewer parameters can renumber them)."""
+    keep = []
+    for line in compiled.asm["ptx"].splitlines():
+        t = line.strip()
+        if not t or t.startswith((".", "//", "}", "{", ")")) or "_param_" in t:
+            continue
+        keep.append(re.sub(r"%(r|rd|f|p|rs|fd|hh|h)\d+", r"%\1", re.sub(r"\s+", " ", t)))
+    return "\n".join(keep)
+
+
+def compiled_set(fn):
+    return sorted(instructions(k) for cache in fn.device_caches.values() for k in cache[0].values())
+
+
+import kernels.launch as new_launch
+import kernels_old.flash as old_flash
+new_ptx, old_ptx = compiled_set(new_launch.attn_fwd_kernel), compiled_set(old_flash.attn_fwd_kernel)
+same_ptx = new_ptx == old_ptx
+print(f"compiled kernels: old {len(old_ptx)}, new {len(new_ptx)}; the same PTX instructions: {same_ptx}")
+json.dump({"cases": rows, "compiled_kernels": {"old": len(old_ptx), "new": len(new_ptx), "same_ptx": same_ptx}},
+          open(sys.argv[2], "w"), indent=1)
 print("min speed new/old", min(r["speed_new_over_old"] for r in rows), "all same output",
       all(r["same_checksum"] for r in rows))
 PY
