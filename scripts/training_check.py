@@ -7,6 +7,7 @@ gaps and a summary; also |loss_ours - loss_sdpa_fp32| against the same gap: whet
 least as near float32 as SDPA's bf16).
 
     python scripts/training_check.py [--steps 300] [--out data/benchmarks] [--smoke]
+    python scripts/training_check.py --plot data/benchmarks/backward-training-<slug>.json out.png
 
 Task: each sequence is a random first half followed by the same tokens again, so the second
 half is predictable only by attending back (an induction copy); the loss is taken on the second
@@ -94,12 +95,35 @@ def train(kind, args, device):
     return losses, time.perf_counter() - start
 
 
+def plot(json_path, png_path):
+    """The loss curves and the per-step gaps of a result file, as a PNG (plotly + kaleido)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    d = json.loads(Path(json_path).read_text())
+    m = d["meta"]["model"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        f"training loss (copy task, {m['layers']}-layer GPT, D {m['width'] // m['heads']})", "per-step loss gap"))
+    names = {"ours_bf16": "ours (bf16)", "sdpa_bf16": "SDPA bf16", "sdpa_fp32": "SDPA fp32"}
+    for kind, losses in d["losses"].items():
+        fig.add_trace(go.Scatter(y=losses, name=names[kind], mode="lines"), 1, 1)
+    fig.add_trace(go.Scatter(y=d["gap_ours"], name="|ours - SDPA bf16|", mode="lines"), 1, 2)
+    fig.add_trace(go.Scatter(y=d["gap_bf16_vs_fp32"], name="|SDPA bf16 - SDPA fp32|", mode="lines"), 1, 2)
+    fig.update_yaxes(type="log")
+    fig.update_xaxes(title="step")
+    fig.update_layout(width=1200, height=450, title=f"Training through the kernel, {d['meta']['device']}")
+    fig.write_image(png_path)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw a result file's curves and stop")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--out", default="data/benchmarks")
     ap.add_argument("--smoke", action="store_true", help="a few steps of a tiny model on the CPU interpreter")
     args = ap.parse_args()
+    if args.plot:
+        return plot(*args.plot)
     device = "cpu" if args.smoke else "cuda"
     size = dict(vocab=16, seq=32, width=32, heads=2, layers=1, batch=2, steps=3) if args.smoke else \
         dict(vocab=64, seq=256, width=256, heads=4, layers=4, batch=32, steps=args.steps)
