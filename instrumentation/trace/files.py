@@ -100,12 +100,14 @@ def read_bytes(path, what: str, limit: int, error=FileFormatError) -> bytes:
     if st.st_size > limit:
         raise error(f"{what} is {st.st_size / 1e6:.1f} MB, over the {limit / 1e6:.0f} MB limit")
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
+        with open(path, "rb") as f:      # read(n) allocates n bytes: ask for what stat says
+            data = f.read(min(st.st_size, limit) + 1)
     except OSError:
         raise error(f"{what} cannot be read") from None
     if len(data) > limit:
         raise error(f"{what} is over the {limit / 1e6:.0f} MB limit")
+    if len(data) > st.st_size:
+        raise error(f"{what} changed while it was read; try again")
     return data
 
 
@@ -113,9 +115,12 @@ def read_json(path, what: str, error=FileFormatError, limit: int = MAX_JSON_BYTE
     data = read_bytes(path, what, limit, error)
     try:
         return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:   # ValueError: 5000-digit ints
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise error(f"{what} is corrupt (not JSON: {str(exc)[:120]}); restore the file or "
                     "make it again") from None
+    except (ValueError, RecursionError) as exc:   # a number of thousands of digits; deep nesting
+        why = "nested too deeply" if isinstance(exc, RecursionError) else "a number is too long"
+        raise error(f"{what} is corrupt ({why}); restore the file or make it again") from None
 
 
 def sha256(data: bytes) -> str:
@@ -210,18 +215,22 @@ def write_json_atomic(path, payload, error=FileFormatError) -> Path:
         raise error(f"cannot write '{path}': it is a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path.parent / path.name)
-    with terminate_cleanly():
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
+    tmp = None
+    with terminate_cleanly() as guard:
         try:
+            with guard.deferred():
+                fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
             os.fchmod(fd, 0o666 & ~umask())
             with os.fdopen(fd, "w") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
+            with guard.deferred():
+                os.replace(tmp, path)
         finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+            with guard.deferred():
+                if tmp is not None and os.path.lexists(tmp):
+                    os.unlink(tmp)
     _fsync_dir(path.parent)
     return path
 
@@ -252,9 +261,11 @@ def write_dir_atomic(path, fill: Callable[[Path], None], is_ours: Callable[[Path
     path = check_dir_target(path, is_ours, force, kind, error)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    with terminate_cleanly():
-        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
+    tmp = None
+    with terminate_cleanly() as guard:
         try:
+            with guard.deferred():
+                tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
             os.chmod(tmp, 0o777 & ~umask())
             fill(tmp)
             for f in tmp.iterdir():
@@ -262,9 +273,12 @@ def write_dir_atomic(path, fill: Callable[[Path], None], is_ours: Callable[[Path
                     with open(f, "rb") as fh:
                         os.fsync(fh.fileno())
             _fsync_dir(tmp)
-            replace_dir(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)   # the unfinished one, or the old one swapped out
+            with guard.deferred():
+                replace_dir(tmp, path)
+        finally:   # the unfinished one, or the old one swapped out
+            with guard.deferred():
+                if tmp is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

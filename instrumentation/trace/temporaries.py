@@ -72,28 +72,52 @@ class _Terminated(BaseException):
     """SIGTERM arrived during a write; raised so that the write's cleanup runs first."""
 
 
+class WriteGuard:
+    """What terminate_cleanly() yields: `with guard.deferred():` marks a step a SIGTERM must not
+    split (creating a temporary, the swap, removing temporaries); the signal then takes effect
+    when the step is done."""
+
+    def __init__(self):
+        self.depth, self.terminated = 0, False
+
+    def on_sigterm(self, signum, frame):
+        self.terminated = True
+        if not self.depth:
+            raise _Terminated()
+
+    @contextmanager
+    def deferred(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if self.terminated and not self.depth:
+            raise _Terminated()
+
+
 @contextmanager
 def terminate_cleanly():
     """Within the block, SIGTERM unwinds (finally blocks remove temporaries) and then ends the
-    process as SIGTERM would have. Only the main thread can take signals, and a handler that
-    someone else installed is left alone; elsewhere the next save removes what is left."""
+    process as SIGTERM would have -- also when the exception was swallowed on the way (an
+    exception in a __del__ is only printed). Python runs signal handlers in the main thread
+    only, and a handler that someone else installed is left alone; elsewhere the guard does
+    nothing and the next save or load removes what a killed write left."""
+    guard = WriteGuard()
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
+        yield guard
         return
-
-    def handler(signum, frame):
-        raise _Terminated()
-
-    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGTERM, guard.on_sigterm)
     try:
-        yield
+        yield guard
     except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise
+        pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if guard.terminated:
+            os.kill(os.getpid(), signal.SIGTERM)   # delivered before kill() returns: the end
+            raise SystemExit(128 + signal.SIGTERM)  # (only if this thread has SIGTERM blocked)
 
 
 def umask() -> int:

@@ -146,6 +146,8 @@ class Trace:
     @classmethod
     def load(cls, path) -> "Trace":
         path = Path(path)
+        # what a killed save left beside the trace (and the trace itself, if it died mid-swap)
+        files.remove_stale_temporaries(path.parent if path.name == MANIFEST else path)
         manifest_path = path / MANIFEST if path.is_dir() else path
         if path.is_dir() and not manifest_path.exists() and not manifest_path.is_symlink():
             raise TraceFormatError("this directory is not a Tilescope trace: no manifest.json "
@@ -174,7 +176,6 @@ class Trace:
         bounds.check_manifest(meta, entries, {n: t.max_rows for n, t in schema.TABLES.items()},
                               schema.TABLE_COLUMNS, TraceFormatError)
         root = manifest_path.parent.resolve()
-        files.remove_stale_temporaries(root)
         tables, decoded = {}, 0
         for name, entry in entries.items():
             tables[name], size = _read_table(root, name, entry, bounds.MAX_DECODED_BYTES - decoded)
