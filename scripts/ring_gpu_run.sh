@@ -14,6 +14,7 @@
 # NVLink multicast stays off (a program using it can take a shared host's GPUs down).
 set -u -o pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the checkout, installed or not (every rank imports it)
 OUT=${OUT:-/tmp/ring-gpu}
 PY=${PY:-python3}
 mkdir -p "$OUT"
