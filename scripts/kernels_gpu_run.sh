@@ -8,7 +8,7 @@
 #      per case (old, new, new, old) x 3, median of each; an output checksum per case (same
 #      numerics, same sum); and whether both compiled the same PTX instructions (parameters aside)
 #   3. the gpu-marked kernel tests
-# STEPS picks steps (default "1 2 3"); each has its own time limit.
+# STEPS picks steps (default "1 2 3"); each has its own time limit; TEST_ARGS adds pytest arguments.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -72,7 +72,14 @@ import kernels_old.flash as old_flash
 new_ptx, old_ptx = compiled_set(new_launch.attn_fwd_kernel), compiled_set(old_flash.attn_fwd_kernel)
 same_ptx = new_ptx == old_ptx
 print(f"compiled kernels: old {len(old_ptx)}, new {len(new_ptx)}; the same PTX instructions: {same_ptx}")
-json.dump({"cases": rows, "compiled_kernels": {"old": len(old_ptx), "new": len(new_ptx), "same_ptx": same_ptx}},
+import os, triton
+meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "old": os.environ.get("OLD_COMMIT", ".old/kernels_old"), "new": os.environ.get("NEW_COMMIT", "this tree"),
+        "dtype": "bf16", "method": "per case: do_bench medians (warmup 25 ms, rep 100 ms, L2 flushed) in the order "
+        "(old, new, new, old) x 3 in one process; old_ms / new_ms = median of the six; speed_new_over_old = "
+        "old_ms / new_ms; same_checksum: the float64 sums of both outputs are equal"}
+json.dump({"meta": meta, "cases": rows,
+           "compiled_kernels": {"old": len(old_ptx), "new": len(new_ptx), "same_ptx_instructions": same_ptx}},
           open(sys.argv[2], "w"), indent=1)
 print("min speed new/old", min(r["speed_new_over_old"] for r in rows), "all same output",
       all(r["same_checksum"] for r in rows))
@@ -90,7 +97,7 @@ PY
   fi
   if [[ " $STEPS " == *" 3 "* ]]; then
     echo "== 3. pytest -m gpu tests/kernels ($(date -u +%T))"
-    timeout ${TEST_S:-300} python3 -m pytest -m gpu tests/kernels -q -n 8 -p no:cacheprovider --tb=short -rf > "$OUT/gpu-tests.log" 2>&1
+    timeout ${TEST_S:-300} python3 -m pytest -m gpu tests/kernels ${TEST_ARGS} -q -n 8 -p no:cacheprovider --tb=short -rf > "$OUT/gpu-tests.log" 2>&1
     tail -25 "$OUT/gpu-tests.log"
   fi
   echo "== done ($(date -u +%T))"

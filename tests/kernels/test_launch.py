@@ -1,0 +1,101 @@
+"""The launch path: one frozen plan per call shape, kept in bounded caches; device facts and the
+interpreter choice looked up once."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import kernels.launch as launch
+import kernels.plan as plan_mod
+import kernels.runtime as runtime
+from kernels import flash_attention, parse_mask, reference_attention
+from kernels.launch_cache import BoundedCache
+from kernels.plan import block_plan
+
+
+def qkv(n=64, d=32, h=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, h, n, d, generator=g) for _ in range(3)]
+
+
+def test_a_call_shape_resolves_once_and_the_plan_is_frozen():
+    q, k, v = qkv()
+    flash_attention(q, k, v, mask="causal", block_m=32, block_n=32)
+    assert len(launch._PLANS) == 1
+    lp = launch.resolve_launch(q, k, v, "causal", 32, 32, "natural", None, None, False, None, None, None,
+                               None, False, False, "all")
+    assert len(launch._PLANS) == 1                   # the same key: no second plan
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lp.grid = (1,)
+    # every launch's constexprs come from the plan: BLOCK sizes, the mask's partial tiles
+    (only,) = lp.launches
+    assert only.consts["BLOCK_M"] == 32 and only.consts["HAS_PARTIAL"] and not only.consts["WARP_SPECIALIZE"]
+    # another shape, mask or option is another plan; fresh tensors of the same shape are not
+    flash_attention(*qkv(seed=1), mask="causal", block_m=32, block_n=32)
+    assert len(launch._PLANS) == 1
+    flash_attention(q, k, v, mask="full", block_m=32, block_n=32)
+    flash_attention(q, k, v, mask="causal", block_m=32, block_n=32, return_lse=True)
+    assert len(launch._PLANS) == 3
+
+
+def test_a_cached_plan_still_refuses_what_the_call_cannot_do():
+    q, k, v = qkv()
+    flash_attention(q, k, v, mask="full")
+    with pytest.raises(ValueError, match="forward-only"):
+        flash_attention(q.clone().requires_grad_(), k, v, mask="full")
+    with pytest.raises(ValueError, match="sm_scale"):
+        flash_attention(q, k, v, mask="full", sm_scale=-1.0)
+    ref, _, _ = reference_attention(q, k, v, mask="full", sm_scale=0.5)
+    out = flash_attention(q, k, v, mask="full", sm_scale=0.5)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-3
+
+
+def test_bounded_cache_evicts_least_recently_used_and_skips_large_items():
+    cache = BoundedCache(max_entries=3, max_bytes=100, max_item_bytes=60, size_of=len)
+    for key in "abc":
+        cache.put(key, "x" * 10)
+    cache.get("a")                                   # now the most recently used
+    cache.put("d", "x" * 10)
+    assert cache.get("b") is None and cache.get("a") is not None   # b was the least recently used
+    cache.put("big", "x" * 61)
+    assert cache.get("big") is None and len(cache) == 3             # over max_item_bytes: not kept
+    cache.put("e", "x" * 50)
+    cache.put("f", "x" * 50)                         # 100 bytes would be exceeded: oldest go
+    assert cache.bytes <= 100 and cache.get("f") is not None
+
+
+def test_a_plan_for_a_huge_sequence_is_not_kept(monkeypatch):
+    monkeypatch.setattr(plan_mod._PLANS, "max_item_bytes", 4096)
+    plan_mod._PLANS.clear()
+    spec = parse_mask("causal")
+    small = block_plan(spec, 256, 64, 64, "cpu")
+    assert block_plan(spec, 256, 64, 64, "cpu") is small           # kept
+    big = block_plan(spec, 4096, 16, 16, "cpu")                    # 256 x 256 blocks: over the bound
+    assert plan_mod.plan_bytes(big) > 4096
+    assert block_plan(spec, 4096, 16, 16, "cpu") is not big        # built again, never kept
+    assert all(plan_mod.plan_bytes(p) <= 4096 for p, _ in plan_mod._PLANS._items.values())
+    plan_mod._PLANS.clear()
+
+
+def test_work_lists_per_plan_are_bounded():
+    p = block_plan(parse_mask("causal"), 128, 32, 32, "cpu")
+    for bh in range(1, 10):
+        p.work_list(bh, "longest_first")
+    assert len(p._work_lists) <= plan_mod.WORK_LISTS_PER_PLAN
+
+
+def test_device_facts_and_the_backend_are_looked_up_once(monkeypatch):
+    assert runtime.interpreting()                    # these tests run in the interpreter
+    monkeypatch.setenv("TRITON_INTERPRET", "0")      # read once, before triton was imported
+    assert runtime.interpreting()
+    facts = runtime.device_facts(torch.device("cpu"))
+    assert runtime.device_facts(torch.device("cpu")) is facts
+    assert (facts.sm_count, facts.warp_specialize, facts.tma) == (4, False, False)
+
+
+def test_interpreter_limit_is_one_constant():
+    from kernels import INTERPRETER_MAX_TILES, decode
+
+    assert INTERPRETER_MAX_TILES == runtime.INTERPRETER_MAX_TILES
+    assert not hasattr(decode, "INTERPRETER_MAX_TILES")
