@@ -70,7 +70,7 @@ def pick_device(choice: str = "auto") -> torch.device:
 
 def run_meta(device, kind: str, argv=None, prog: str | None = None) -> dict:
     """Common `meta` of every result file: device, driver, versions, date, command."""
-    from instrumentation.recording import environment
+    from instrumentation.recording.environment import environment
 
     env = environment(device)
     argv = sys.argv[1:] if argv is None else list(argv)

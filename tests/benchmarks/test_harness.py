@@ -328,7 +328,7 @@ def test_attention_uses_config_file(tmp_path, device):
 
 
 def test_config_file_auto(tmp_path, device):
-    from instrumentation.recording import environment
+    from instrumentation.recording.environment import environment
 
     name = environment(device)["device_name"]
     assert bh.load_config_file("auto", tmp_path, name) is None          # nothing tuned yet
