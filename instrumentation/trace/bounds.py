@@ -136,13 +136,23 @@ def check_manifest(meta: dict, entries: dict, bounds: dict, columns: dict, error
             raise error(f"the manifest names {entry['file']!r} for two tables ({seen[key]} and "
                         f"{name}); each table has its own file")
         seen[key] = name
+    check_tables(meta, {name: (entry["rows"], len(columns.get(name, ()))) for name, entry in entries.items()},
+                 bounds, error)
+
+
+def check_tables(meta: dict, sizes: dict, bounds: dict, error) -> None:
+    """Each table's rows within its bound and all of them within the decoded-bytes budget.
+
+    Arguments: meta (checked by check_meta); sizes, {name: (rows, columns)}; bounds, {name:
+    max_rows} of the registered tables (others get tile_grid); error, the exception class.
+    """
     total = 0
-    for name, entry in entries.items():
+    for name, (rows, cols) in sizes.items():
         bound = bounds[name](meta) if name in bounds else tile_grid(meta)
-        if entry["rows"] > bound:
-            raise error(f"the manifest gives table {name} {entry['rows']:,} rows; the trace's meta "
-                        f"allows at most {bound:,}. The trace is corrupt or not a recording")
-        total += entry["rows"] * max(len(columns.get(name, ())), 1) * BYTES_PER_CELL
+        if rows > bound:
+            raise error(f"table {name} has {rows:,} rows; the trace's meta allows at most "
+                        f"{bound:,}, so the trace is corrupt or not a recording")
+        total += rows * max(cols, 1) * BYTES_PER_CELL
     check_budget(total, error)
 
 

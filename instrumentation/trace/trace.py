@@ -126,6 +126,10 @@ class Trace:
             raise TraceFormatError(f"table names {bad} must match {TABLE_NAME.pattern} "
                                    f"(at most {MAX_TABLES} tables)")
         files.validate(files.json_safe(self.meta), META_SCHEMA, "the trace's meta", TraceFormatError)
+        # what load would refuse is not written (a recorder should refuse such sizes up front)
+        bounds.check_meta(self.meta, TraceFormatError)
+        bounds.check_tables(self.meta, {n: (len(df), len(df.columns)) for n, df in self.tables.items()},
+                            {n: t.max_rows for n, t in schema.TABLES.items()}, TraceFormatError)
 
         def fill(tmp: Path) -> None:
             entries = {}

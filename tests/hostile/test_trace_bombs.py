@@ -69,7 +69,7 @@ def _load(path: Path):
 
 def test_rle_bomb_with_an_honest_manifest_is_refused_before_decoding(tmp_path, bomb):
     t = _trace_with(tmp_path, {"tiles": (bomb, BOMB_ROWS)})
-    refused_cheaply(_load(t), "REFUSED", "table tiles 100,000,000 rows", "allows at most 384")
+    refused_cheaply(_load(t), "REFUSED", "table tiles has 100,000,000 rows", "allows at most 384")
 
 
 def test_rle_bomb_behind_a_lying_manifest_is_refused_by_its_footer(tmp_path, bomb):

@@ -122,7 +122,7 @@ def test_decode_tables_are_bounded_and_checked(tmp_path):
     rewrite_table(path, "partials", _set("split", 16))           # kernel.num_splits = 16
     refused(path, "partials: split = 16 lies outside -1..15")
     rewrite_table(path, "partials", lambda df: pd.concat([df] * 2, ignore_index=True))
-    refused(path, "table partials 1,024 rows", "allows at most 512")
+    refused(path, "table partials has 1,024 rows", "allows at most 512")
 
 
 def test_a_markup_status_never_reaches_an_exported_hover(flash, tmp_path):
@@ -140,3 +140,11 @@ def test_every_bundled_trace_passes_the_checks():
     assert len(dirs) >= 30
     for d in dirs:
         Trace.load(d)
+
+
+def test_save_refuses_what_load_would_refuse(tmp_path):
+    t = Trace.load(FLASH)
+    big = Trace(meta=t.meta, tables={**t.tables, "tiles": pd.concat([t.tiles] * 2, ignore_index=True)})
+    with pytest.raises(TraceFormatError, match="table tiles has 768 rows; the trace's meta allows at most 384"):
+        big.save(tmp_path / "t")
+    assert not (tmp_path / "t").exists()
