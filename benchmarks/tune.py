@@ -33,7 +33,8 @@ from . import (
 )
 
 from kernels import default_config, flash_attention  # noqa: E402
-from kernels.flash import block_plan, warp_specialize_supported  # noqa: E402
+from kernels.launch_config import warp_specialize_supported  # noqa: E402
+from kernels.plan import block_plan  # noqa: E402
 
 BLOCK_M = (64, 128)
 BLOCK_N = (32, 64, 128)
@@ -53,8 +54,9 @@ def candidates(block_m=BLOCK_M, block_n=BLOCK_N, warps=WARPS, stages=STAGES, pru
 
 
 def ws_candidates() -> list[dict]:
-    """The warp-specialised configs (each passed the NaN gate of scripts/ws_probe.py)."""
-    from kernels.flash import WS_CONFIGS
+    """The warp-specialised configs (each passes the GPU tests' NaN and accuracy gate,
+    tests/kernels/test_warp_specialize.py)."""
+    from kernels.launch_config import WS_CONFIGS
 
     return [dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s, warp_specialize=True)
             for bm, bn, w, s in WS_CONFIGS]
