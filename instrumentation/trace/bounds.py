@@ -170,10 +170,17 @@ def footer_bytes(data: bytes) -> int:
     return int.from_bytes(data[-8:-4], "little")
 
 
-def check_parquet(pf, rows: int, what: str, error) -> int:
-    """A parquet file's footer against its manifest entry, before its pages are decoded: row
-    counts equal (file and every row group), flat columns only, at most MAX_COLUMNS, the sizes
-    it claims within the budget. Returns its decoded bytes (rows x columns x 8)."""
+def check_parquet(pf, data: bytes, rows: int, what: str, error) -> int:
+    """A parquet file's footer and page headers against its manifest entry, before a page is
+    decompressed: row counts equal (file, every row group, every column's pages), flat columns
+    only, at most MAX_COLUMNS, the bytes its pages decompress to within the budget.
+
+    Arguments: pf, the pyarrow ParquetFile of `data` (its footer parsed); data, the file;
+    rows, the manifest's; what, the file as messages name it; error, the exception class.
+    Returns: its decoded bytes, the larger of rows x columns x 8 and what its pages unpack to.
+    """
+    from .parquet_pages import PageFormatError, chunk_pages
+
     md = pf.metadata
     if md.num_rows != rows:
         raise error(f"{what} has {md.num_rows:,} rows; the manifest says {rows:,}")
@@ -187,10 +194,19 @@ def check_parquet(pf, rows: int, what: str, error) -> int:
         counted += rg.num_rows
         for j in range(rg.num_columns):
             col = rg.column(j)
-            if col.num_values != rg.num_rows:
-                raise error(f"{what} is inconsistent: a column holds {col.num_values:,} values in a "
-                            f"row group of {rg.num_rows:,} rows")
-            claimed += col.total_uncompressed_size
+            # the chunk starts at its dictionary page if any (writers leave 0 for an offset
+            # a chunk does not have: an empty row group has a dictionary page alone)
+            offsets = [o for o in (col.dictionary_page_offset if col.has_dictionary_page else 0,
+                                   col.data_page_offset) if o]
+            try:
+                pages = chunk_pages(data, min(offsets, default=0), col.total_compressed_size)
+            except PageFormatError as exc:
+                raise error(f"{what} is damaged: {exc}") from None
+            if not col.num_values == pages.values == rg.num_rows:
+                raise error(f"{what} is inconsistent: a column's pages hold {pages.values:,} values "
+                            f"in a row group of {rg.num_rows:,} rows")
+            claimed += max(pages.uncompressed, col.total_uncompressed_size)
+            check_budget(claimed, error)
     if counted != rows:
         raise error(f"{what} has row groups of {counted:,} rows; the manifest says {rows:,}")
     decoded = rows * md.num_columns * BYTES_PER_CELL

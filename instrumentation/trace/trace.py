@@ -234,7 +234,7 @@ def _read_table(root: Path, name: str, entry: dict, budget: int) -> tuple[pd.Dat
         opts = dict(thrift_string_size_limit=bounds.MAX_FOOTER_BYTES,
                     thrift_container_size_limit=1 << 16)
         pf = pq.ParquetFile(pa.BufferReader(data), **opts)
-        size = bounds.check_parquet(pf, entry["rows"], what, TraceFormatError)
+        size = bounds.check_parquet(pf, data, entry["rows"], what, TraceFormatError)
         bounds.check_budget(bounds.MAX_DECODED_BYTES - budget + size, TraceFormatError)
         # text is decoded as a dictionary first: one long string repeated on every row would
         # otherwise expand to rows x its length before anything could count it
