@@ -32,7 +32,20 @@ DEFAULTS = {"seq_len": 512, "mask": "causal", "head_dim": 64, "block_m": 64, "bl
 INT_KEYS = ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads", "kv_len", "kv_heads")
 SAME = ("kv_len", "kv_heads")       # 0 = the same as N / H (square MHA); in the URL only when set
 MAX_SEQ_LEN = 1 << 20
-MAX_GRID_TILES = 2048 * 2048       # (N/block_m) x (N/block_n) tiles a page may draw
+MAX_GRID_TILES = 2048 * 2048       # (N/block_m) x (N/block_n) tiles a page may draw, at most
+# The block-skip page's largest chart carries this many bytes per grid tile (measured: 152 B at
+# 128x128 and 256x256 grids): a grid past Streamlit's server.maxMessageSize / this cannot reach
+# the browser (it fails with a MessageSizeError after all the work), so it is refused first.
+GRID_TILE_BYTES = 160
+# q, k, v of one live interpreter run (host memory): B·(H·N + 2·H_kv·N_k)·D·bytes
+MAX_INTERPRETER_INPUT_BYTES = 256 << 20
+
+
+def max_grid_tiles() -> int:
+    """Tiles a page's block map may have: MAX_GRID_TILES, or fewer when a chart of that many
+    would not fit one browser message (Streamlit's server.maxMessageSize, in MB)."""
+    message_bytes = int(st.get_option("server.maxMessageSize")) * 10**6
+    return min(MAX_GRID_TILES, message_bytes // GRID_TILE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,14 @@ class Settings:
     def h_kv(self) -> int:
         return self.kv_heads or self.heads
 
+    def input_bytes(self) -> int:
+        """Bytes of q, k and v a live run of these settings allocates (0 when they are not numbers)."""
+        try:
+            el = files.DTYPE_BYTES.get(self.dtype, 4)
+            return self.batch * (self.heads * self.seq_len + 2 * self.h_kv * self.n_k) * self.head_dim * el
+        except TypeError:
+            return 0
+
     def brief(self) -> str:
         """The view in a few words (for messages): the recording, or N, mask and blocks."""
         if self.source == "recorded" and self.trace:
@@ -121,10 +142,16 @@ class Settings:
             except ValueError as exc:
                 out.append(f"The mask {self.mask_text!r} does not work here: {exc}")
             grid = -(-self.seq_len // self.block_m) * -(-self.n_k // self.block_n)
-            if grid > MAX_GRID_TILES:
+            if grid > max_grid_tiles():
                 out.append(f"N={self.seq_len}, N_k={self.n_k} with blocks {self.block_m}×{self.block_n} makes "
-                           f"{grid:,} tiles, more than the {MAX_GRID_TILES:,} a page can draw: "
-                           "raise the block sizes or lower N.")
+                           f"{grid:,} tiles, more than the {max_grid_tiles():,} a page can draw (a chart of "
+                           f"{grid * GRID_TILE_BYTES / 1e6:,.0f} MB; a browser message carries "
+                           f"{st.get_option('server.maxMessageSize')} MB): raise the block sizes or lower N.")
+            elif self.source == "interpreter" and self.input_bytes() > MAX_INTERPRETER_INPUT_BYTES:
+                out.append(f"B×H={self.batch}×{self.heads}, N={self.seq_len}, D={self.head_dim} {self.dtype} "
+                           f"needs {self.input_bytes() / 2**20:,.0f} MiB of q, k, v, more than the CPU "
+                           f"interpreter's {MAX_INTERPRETER_INPUT_BYTES >> 20} MiB: lower N, B or H, or open "
+                           "a GPU recording.")
         for name, value in (("batch B", self.batch), ("heads H", self.heads)):
             if not isinstance(value, int) or value < 1:
                 out.append(f"{name} = {value} is not valid: use 1 or more.")

@@ -332,12 +332,12 @@ def sidebar(attention: bool = True) -> Settings:
             up = st.file_uploader("Trace (.zip of a trace directory)", type=["zip"], key="ctl_upload",
                                   help="manifest.json + parquet files, as written by Trace.save")
             st.caption("A link cannot carry an uploaded file: share the zip with the link.")
-            if up is not None:
+            if up is not None:    # read once per zip (cached, a refusal too); the page shows why it failed
                 try:
                     trace = sources.uploaded_trace(up)
                     _sync_controls({**DEFAULTS, **Recording(up.name, "", 0, trace.meta).settings()})
-                except sources.RunError:
-                    pass  # the page says why
+                except (sources.RunError, ValueError, TypeError, KeyError, OverflowError):
+                    pass
         if attention and source in ("gpu", "interpreter"):
             _live_controls()
         elif attention:     # a recording's settings are facts, not controls: one line of text

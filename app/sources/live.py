@@ -14,6 +14,7 @@ import time
 import streamlit as st
 
 import kernels  # noqa: F401  (first: picks the interpreter before triton loads)
+import instrumentation
 from app.settings import SOURCES, Settings
 from app.sources.bundled import nearest, recordings
 from app.sources.errors import RunError
@@ -42,9 +43,13 @@ def live_source() -> str:
 
 
 def computed_tiles(s: Settings) -> int:
-    """Tiles the kernel computes for these settings (every head); ValueError when the mask does not fit."""
-    bmap = s.checked_mask().block_map(s.seq_len, s.block_m, s.block_n, n_k=s.n_k)
-    return int((bmap != 0).sum()) * s.batch * s.heads
+    """Tiles the kernel computes for these settings (every head), counted from the mask's row
+    intervals (instrumentation.estimate; no block map is built, so a link's N of 2^20 costs
+    milliseconds); ValueError when the settings or the mask do not fit."""
+    s.checked_mask()
+    cost = instrumentation.estimate(s.batch, s.heads, s.h_kv, s.seq_len, s.n_k, s.head_dim,
+                                    mask=s.mask_text, dtype=s.dtype, block_m=s.block_m, block_n=s.block_n)
+    return int(cost.tiles_computed)
 
 
 @st.cache_resource(show_spinner=False)

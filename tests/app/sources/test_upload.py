@@ -126,3 +126,68 @@ def test_upload_name_and_metadata_are_text(good, tmp_path):
     banner = at.info[0].value
     assert plain(m["meta"]["device_name"]) in banner and not LINK.search(banner)
     assert plain(f"[x](http://{HOST}).zip") in banner
+
+
+def test_uploaded_gpu_trace_is_labelled_recorded_not_live(tmp_path):
+    """A trace recorded on a GPU elsewhere and uploaded here says so: 'recorded', never 'live GPU'."""
+    base = Path(__file__).resolve().parents[3] / "data" / "traces" / "n1024_causal_natural"
+    at = _upload("h200.zip", _zip(base))
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    banner = at.info[0].value
+    assert "upload h200.zip" in banner and "recorded: NVIDIA H200" in banner, banner
+    assert "live GPU" not in banner, banner
+
+
+class _Upload:
+    def __init__(self, name: str, data: bytes):
+        self.name, self.data = name, data
+
+    def getvalue(self) -> bytes:
+        return self.data
+
+
+def test_a_refused_upload_is_read_once(monkeypatch):
+    """A zip that is not a trace is read once: the refusal is cached on its digest, so reruns
+    (and the sidebar and the page in one run) do not parse it again."""
+    import os
+
+    from app.sources import RunError, upload
+
+    calls = []
+    real = upload.trace_from_zip
+    monkeypatch.setattr(upload, "trace_from_zip", lambda data: calls.append(1) or real(data))
+    bad = _Upload("bad.zip", b"not a zip " + os.urandom(16))
+    for _ in range(3):
+        with pytest.raises(RunError, match="not a zip file"):
+            upload.uploaded_trace(bad)
+    assert len(calls) == 1
+
+
+def test_a_refused_upload_is_read_once_per_page_run(monkeypatch):
+    import os
+
+    from app.sources import upload
+
+    calls = []
+    real = upload.trace_from_zip
+    monkeypatch.setattr(upload, "trace_from_zip", lambda data: calls.append(1) or real(data))
+    at = _upload("bad.zip", b"not a zip " + os.urandom(16), page="schedule")
+    assert not at.exception and len(at.error) == 1, [e.value for e in at.error]
+    assert len(calls) == 1, "the sidebar and the page each parsed the zip"
+    at.run()
+    assert not at.exception and len(at.error) == 1
+    assert len(calls) == 1, "a rerun parsed the refused zip again"
+
+
+@pytest.mark.parametrize("case", ["encrypted", "deflate64", "corrupt deflate", "1500-deep path",
+                                  "5000-digit integer"])
+def test_hostile_zip_on_the_page_is_one_line(case):
+    """The sidebar's upload and the page show one error line for each hostile zip, no traceback."""
+    from tests.hostile.test_app_uploads import CASES
+
+    build, words = CASES[case]
+    at = _upload("hostile.zip", build(), page="schedule")
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and words in errors[0] and "not a usable trace" in errors[0], errors
+    assert "/tmp" not in errors[0] and "Traceback" not in errors[0]

@@ -1,0 +1,166 @@
+"""Hostile uploads to the app (app.sources.upload): zips with 50,000 entries, entries that inflate
+1000x, more unpacked bytes than a trace may have, encryption, a compression this server cannot
+read, a corrupt deflate stream, a path 1500 folders deep, a 5000-digit integer in the manifest,
+and a parquet bomb behind an honest manifest. Each is refused in one line that names no server
+path, within the suite's limits (1.5 GiB peak RSS, 10 s) in a child under RLIMIT_AS 2 GiB. The
+zips are built here, never committed."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from .harness import refused_cheaply, run_snippet
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "data" / "traces" / "n1024_causal_natural"
+UPLOAD = """
+from app.sources.upload import uploaded_trace
+from app.sources.errors import RunError
+
+class Upload:
+    name = "hostile.zip"
+    def __init__(self, data): self.data = data
+    def getvalue(self): return self.data
+
+try:
+    uploaded_trace(Upload(open({path!r}, "rb").read()))
+    print("ACCEPTED")
+except RunError as exc:
+    print(exc)
+"""
+
+
+def _zip_of(entries: dict[str, bytes], method=zipfile.ZIP_DEFLATED) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as zf:
+        for name, body in entries.items():
+            zf.writestr(name, body)
+    return buf.getvalue()
+
+
+def _trace_files(edit_manifest=None) -> dict[str, bytes]:
+    files = {f"t/{p.name}": p.read_bytes() for p in sorted(BASE.iterdir())}
+    if edit_manifest:
+        files["t/manifest.json"] = edit_manifest(files["t/manifest.json"].decode()).encode()
+    return files
+
+
+def _patch_headers(data: bytes, offset_local: int, offset_central: int, value: int) -> bytes:
+    """Every local and central header's 2-byte field at those offsets set to `value` (the
+    flags or the compression method; Python's zipfile cannot write encrypted or deflate64)."""
+    out = bytearray(data)
+    for sig, off in ((b"PK\x03\x04", offset_local), (b"PK\x01\x02", offset_central)):
+        at = out.find(sig)
+        while at >= 0:
+            out[at + off:at + off + 2] = value.to_bytes(2, "little")
+            at = out.find(sig, at + 4)
+    return bytes(out)
+
+
+def _many_entries() -> bytes:
+    return _zip_of({f"t/{i}.txt": b"" for i in range(50_000)}, zipfile.ZIP_STORED)
+
+
+def _inflating_entry() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        with zf.open("t/work.parquet", "w") as f:
+            for _ in range(100):
+                f.write(bytes(1 << 20))                    # 100 MiB of zeros: ~100 kB deflated
+        zf.writestr("t/manifest.json", "{}")
+    return buf.getvalue()
+
+
+def _too_large() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for i in range(6):                                 # 6 x 100 MiB > 512 MiB
+            with zf.open(f"t/{i}.parquet", "w") as f:
+                for _ in range(100):
+                    f.write(bytes(1 << 20))
+        zf.writestr("t/manifest.json", "{}")
+    return buf.getvalue()
+
+
+def _encrypted() -> bytes:
+    return _patch_headers(_zip_of(_trace_files()), 6, 8, 0x1)
+
+
+def _deflate64() -> bytes:
+    return _patch_headers(_zip_of(_trace_files()), 8, 10, 9)
+
+
+def _corrupt_deflate() -> bytes:
+    data = bytearray(_zip_of(_trace_files()))
+    name = b"t/manifest.json"
+    at = data.find(name) + len(name)                       # the manifest's deflate stream follows its name
+    for i in range(at + 4, at + 40):
+        data[i] ^= 0xA5
+    return bytes(data)
+
+
+def _deep_path() -> bytes:
+    files = _trace_files()
+    return _zip_of({"a/" * 1500 + "manifest.json": files["t/manifest.json"]})
+
+
+def _huge_integer() -> bytes:
+    return _zip_of(_trace_files(lambda text: text.replace('"N": 1024', '"N": ' + "9" * 5000, 1)))
+
+
+CASES = {   # case: (zip builder, words the one-line refusal must contain)
+    "50000 entries": (_many_entries, "50,000 entries"),
+    "entry inflates 1000x": (_inflating_entry, "inflates"),
+    "600 MiB unpacked": (_too_large, "unpacks to 600 MiB"),
+    "encrypted": (_encrypted, "encrypted"),
+    "deflate64": (_deflate64, "compression this server cannot read"),
+    "corrupt deflate": (_corrupt_deflate, "damaged"),
+    "1500-deep path": (_deep_path, "folders deep"),
+    "5000-digit integer": (_huge_integer, "manifest.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_upload_is_refused_cheaply_in_one_line(tmp_path, case):
+    build, words = CASES[case]
+    path = tmp_path / "hostile.zip"
+    path.write_bytes(build())
+    res = run_snippet(UPLOAD.format(path=str(path)), env={"TMPDIR": str(tmp_path)})
+    line = refused_cheaply(res, "not a usable trace", words)
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert len(res.stdout.strip().splitlines()) == 1, res.stdout
+    assert "/tmp" not in line and "tilescope-upload-" not in line and str(tmp_path) not in line, line
+    assert not list(tmp_path.glob("tilescope-upload-*")), "the unpacked files stayed behind"
+
+
+def test_upload_of_a_parquet_bomb_is_refused_before_decoding(tmp_path):
+    """A few-kB tiles.parquet of 10^8 rows behind a manifest that says so, uploaded as a zip:
+    the trace's own row bound (from its meta) refuses it before a row is decoded."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = Path(shutil.copytree(BASE, tmp_path / "t"))
+    rows = 10**8
+    chunk = pa.array(np.zeros(1 << 20, dtype=np.int32))
+    column = pa.chunked_array([chunk] * (rows >> 20) + [chunk.slice(0, rows - (rows >> 20 << 20))])
+    pq.write_table(pa.table({c: column for c in ("bh", "q_block", "k_block", "order")}), t / "tiles.parquet",
+                   compression="zstd", use_dictionary=True, write_statistics=False, row_group_size=rows,
+                   data_page_size=1 << 30, write_batch_size=1 << 24, max_rows_per_page=1 << 30)
+    manifest = json.loads((t / "manifest.json").read_text())
+    manifest["tables"]["tiles"] = {"file": "tiles.parquet", "rows": rows,
+                                   "sha256": hashlib.sha256((t / "tiles.parquet").read_bytes()).hexdigest()}
+    (t / "manifest.json").write_text(json.dumps(manifest))
+    path = tmp_path / "bomb.zip"
+    path.write_bytes(_zip_of({f"t/{p.name}": p.read_bytes() for p in sorted(t.iterdir())}))
+    assert (t / "tiles.parquet").stat().st_size < 16_000
+    res = run_snippet(UPLOAD.format(path=str(path)), env={"TMPDIR": str(tmp_path)})
+    refused_cheaply(res, "not a usable trace", "tiles")
