@@ -36,20 +36,22 @@ MAX_TABLES = 32
 TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
-def register_table(name: str, columns, max_rows: Callable[[dict], int], index: dict | None = None,
-                   key=(), numeric: bool = True) -> None:
+def register_table(name: str, columns, max_rows: Callable[[dict], int] | None = None,
+                   index: dict | None = None, key=(), numeric: bool = True) -> None:
     """Declare a named table, so that every trace that holds it is bounded and checked at load.
 
     Arguments: name (lower-case identifier); columns, those the product relies on; max_rows,
     meta -> the most rows a trace of that meta can have (instrumentation.trace.bounds has the
-    usual ones); index, {column: meta -> n}: integer columns whose values lie in [0, n) (or -1
-    for columns in NONE_OK); key, columns naming each row once; numeric, whether the required
-    columns (but 'status') must hold numbers.
+    usual ones; default bounds.tile_grid, B*H x n_q_blocks x n_k_blocks); index, {column:
+    meta -> n}: integer columns whose values lie in [0, n) (or -1 for columns in NONE_OK);
+    key, columns naming each row once; numeric, whether the required columns (but 'status')
+    must hold numbers.
     """
     if not TABLE_NAME.match(name):
         raise ValueError(f"table name {name!r} must match {TABLE_NAME.pattern}")
+    max_rows = bounds.tile_grid if max_rows is None else max_rows
     if not callable(max_rows):
-        raise ValueError(f"table {name!r} needs max_rows, a function of the meta")
+        raise ValueError(f"table {name!r}: max_rows must be a function of the meta")
     TABLES[name] = TableSpec(list(columns), max_rows, dict(index or {}), tuple(key), numeric)
     TABLE_COLUMNS[name] = list(columns)
 

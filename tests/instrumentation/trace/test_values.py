@@ -148,3 +148,23 @@ def test_save_refuses_what_load_would_refuse(tmp_path):
     with pytest.raises(TraceFormatError, match="table tiles has 768 rows; the trace's meta allows at most 384"):
         big.save(tmp_path / "t")
     assert not (tmp_path / "t").exists()
+
+
+def test_a_table_registered_by_other_work_inherits_a_bound(tmp_path, monkeypatch):
+    from instrumentation.trace import schema
+
+    monkeypatch.setattr(schema, "TABLES", dict(schema.TABLES))
+    monkeypatch.setattr(schema, "TABLE_COLUMNS", dict(schema.TABLE_COLUMNS))
+    schema.register_table("paged", ["bh", "page"], max_rows=lambda m: 2 * m["n_k_blocks"],
+                          index={"page": lambda m: m["n_k_blocks"]}, key=("bh", "page"))
+    t = Trace.load(FLASH)
+    ok = pd.DataFrame({"bh": [0, 0], "page": [0, 15]})
+    Trace(meta=t.meta, tables={**t.tables, "paged": ok}).save(tmp_path / "ok")
+    assert Trace.load(tmp_path / "ok").paged["page"].tolist() == [0, 15]
+    rewrite_table(tmp_path / "ok", "paged", _set("page", 16))
+    refused(tmp_path / "ok", "paged: page = 16 lies outside 0..15")
+    many = pd.DataFrame({"bh": 0, "page": np.arange(33) % 16})
+    with pytest.raises(TraceFormatError, match="table paged has 33 rows; the trace's meta allows at most 32"):
+        Trace(meta=t.meta, tables={**t.tables, "paged": many}).save(tmp_path / "many")
+    schema.register_table("plain", ["x"])          # no bound given: the tile grid bounds it
+    assert schema.TABLES["plain"].max_rows(t.meta) == 64 * 8 * 16
