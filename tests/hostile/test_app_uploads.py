@@ -164,3 +164,46 @@ def test_upload_of_a_parquet_bomb_is_refused_before_decoding(tmp_path):
     assert (t / "tiles.parquet").stat().st_size < 16_000
     res = run_snippet(UPLOAD.format(path=str(path)), env={"TMPDIR": str(tmp_path)})
     refused_cheaply(res, "not a usable trace", "tiles")
+
+
+SLOW_UPLOAD = """
+import time
+from app.sources import upload
+
+class SlowTrace:     # the server is killed while it reads the unpacked trace
+    @staticmethod
+    def load(path):
+        print("UNPACKED", flush=True)
+        time.sleep(120)
+
+upload.Trace = SlowTrace
+upload.trace_from_zip(open({path!r}, "rb").read())
+"""
+
+
+def test_a_server_killed_mid_upload_leaves_no_temporary_directory(tmp_path):
+    """SIGKILL while an upload is unpacked leaves its tilescope-upload-<pid>-* directory; the next
+    server removes it as it starts (a live process's directory stays)."""
+    import os
+    import subprocess
+    import sys
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    path = tmp_path / "good.zip"
+    path.write_bytes(_zip_of(_trace_files()))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_UPLOAD.format(path=str(path))], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "UNPACKED"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(list(temp.glob("tilescope-upload-*"))) == 1, "the killed upload should have left its directory"
+    alive = temp / f"tilescope-upload-{os.getpid()}-inuse"
+    alive.mkdir()
+    res = run_snippet("import app.sources.upload", env={"TMPDIR": str(temp)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [p.name for p in temp.glob("tilescope-upload-*")] == [alive.name]
+    assert res.seconds < 10

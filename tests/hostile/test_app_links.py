@@ -1,0 +1,61 @@
+"""Hostile links: URL parameters that would make the page run or draw more than the server and a
+browser message can carry are refused by arithmetic as the page opens -- before a block map is
+built, an input allocated or the process-wide run lock taken -- in one line, within the suite's
+limits (1.5 GiB peak RSS, 10 s) in a child under RLIMIT_AS 2 GiB."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qsl
+
+import pytest
+
+from .harness import ROOT, refused_cheaply, run_snippet
+
+OPEN = """
+import json, time
+import app.sources.live as live
+from app import settings, sidebar, url_state          # the page's imports, before the clock starts
+from app.views import common
+from app.figures import blockmap
+from streamlit.testing.v1 import AppTest
+
+taken = []
+def no_run(*args, **kwargs):
+    taken.append(args)
+    raise AssertionError("a live run started")
+live._run_live = no_run
+live.run_lock = lambda: taken.append("lock") or __import__("threading").Lock()
+
+at = AppTest.from_file({app!r}, default_timeout=60)
+at.query_params.update({query!r})
+t0, c0 = time.monotonic(), time.process_time()
+at.run()
+took, cpu = time.monotonic() - t0, time.process_time() - c0
+print(json.dumps({{"took": took, "cpu": cpu, "taken": len(taken), "errors": [e.value for e in at.error],
+                  "exceptions": [str(e.value) for e in at.exception]}}))
+print(" ".join(e.value for e in at.error).replace("\\n", " "))
+"""
+
+LINKS = {  # link: what its one-line refusal names
+    "source=interpreter&seq_len=524288&mask=sliding_window:1&block_m=256&block_n=256": "a browser message carries",
+    "source=interpreter&seq_len=1048576&mask=causal&block_m=16&block_n=16": "a browser message carries",
+    "source=interpreter&seq_len=262144&mask=sliding_window:1&block_m=256&block_n=256&head_dim=256&batch=8":
+        "MiB of q, k, v",
+    "source=interpreter&seq_len=16384&mask=full&heads=4": "interpreter stops at",
+}
+
+
+@pytest.mark.parametrize("page", ["schedule", "block_skip"])
+@pytest.mark.parametrize("link", sorted(LINKS))
+def test_heavy_link_is_refused_by_arithmetic(link, page):
+    query = {"page": page, **dict(parse_qsl(link))}
+    res = run_snippet(OPEN.format(app=str(ROOT / "app" / "main.py"), query=query),
+                      env={"TILESCOPE_DATA": str(ROOT / "tests" / "no-such-data")})
+    refused_cheaply(res, LINKS[link])
+    report = json.loads(res.stdout.strip().splitlines()[-2])
+    assert not report["exceptions"], report
+    assert report["taken"] == 0, "the refused link took the run lock or started a run"
+    # CPU seconds of the page's run (its wall time on a loaded 2-CPU machine varies with the load)
+    assert report["cpu"] < 1.0, f"the page took {report['cpu']:.2f} s of CPU to refuse the link"
+    assert len(report["errors"]) >= 1 and all("\n" not in e.strip() for e in report["errors"]), report
