@@ -239,7 +239,7 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
         lse = torch.empty((b, h, n), dtype=torch.float32, device=lp.device) if lp.new_lse else o
         lse_stride = n
     else:
-        o = _check_out(out, q)
+        o = _check_out(out, q, k, v)
         o_strides = tuple(o.stride()[:3])
         head = (q, k, v, o) + lp.kv_strides + o_strides
         lse = out[1]
@@ -282,8 +282,9 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
     return ((o, lse) if lp.returns_lse else o), launches
 
 
-def _check_out(out, q) -> torch.Tensor:
-    """launch_attention's out=(o, lse): o to write into; one clear line when they do not fit q."""
+def _check_out(out, q, k, v) -> torch.Tensor:
+    """launch_attention's out=(o, lse): o to write into; one clear line when they do not fit q
+    or share memory with q, k, v or each other (the kernel would read what it has written)."""
     b, h, n, d = q.shape
     o, lse = out if isinstance(out, (tuple, list)) and len(out) == 2 else (None, None)
     fits = (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor) and o.shape == q.shape
@@ -293,7 +294,30 @@ def _check_out(out, q) -> torch.Tensor:
     if not fits:
         raise ValueError(f"out must be (o, lse): o {tuple(q.shape)} float32 or {q.dtype} with unit last "
                          f"stride, lse {(b, h, n)} float32 with rows of one (B, H, N) buffer, on {q.device}")
+    for name, t in (("o", o), ("lse", lse)):
+        for other_name, other in (("q", q), ("k", k), ("v", v)) + ((("o", o),) if name == "lse" else ()):
+            if _share_memory(t, other):
+                raise ValueError(f"out's {name} shares memory with {other_name}: the kernel would overwrite "
+                                 "what it still reads; pass separate output buffers")
     return o
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) addresses a tensor's elements may occupy (non-negative strides)."""
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' element spans overlap in memory (views of one buffer, or aliases);
+    spans, not elements: interleaved views of one buffer count as sharing."""
+    if a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _ensure_allocator() -> None:

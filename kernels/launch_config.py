@@ -11,9 +11,10 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .masks import FULL, PARTIAL, MaskSpec, parse_mask
+from .masks import FULL, MAX_BLOCK_MAP_ENTRIES, PARTIAL, MaskSpec, parse_mask
 from .plan import BlockPlan
-from .runtime import SCHEDULES, device_facts
+from .sizes import call_size
+from .runtime import SCHEDULES, device_facts, interpreting
 from .shapes import check_inputs, padded_head_dim
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -124,6 +125,8 @@ def ws_default(head_dim: int, dtype, device):
 
 @lru_cache(maxsize=256)
 def _ws_plan_fits(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int) -> bool:
+    if -(-n_q // block_m) * -(-n_k // block_n) > MAX_BLOCK_MAP_ENTRIES:
+        return False        # no map is built for it; validate_call refuses the call's grid
     return split_pays(spec.block_map(n_q, block_m, block_n, n_k))
 
 
@@ -173,7 +176,8 @@ def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num
     Arguments:
         q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages: as flash_attention's.
     Returns:
-        (MaskSpec on the N_q x N_k grid, KernelConfig). Raises ValueError for anything unsupported."""
+        (MaskSpec on the N_q x N_k grid, KernelConfig). Raises ValueError for anything unsupported,
+        and for a call too large to plan (plan.call_size, by arithmetic) before its block map is built."""
     check_inputs(q, k, v)
     n_q, n_k, d = q.shape[2], k.shape[2], q.shape[3]
     spec = parse_mask(mask, n_q, n_k)
@@ -187,4 +191,5 @@ def validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps=None, num
                              "(an int), or leave it out for the default")
     cfg = default_config(d, q.dtype, block_m, block_n, num_warps, num_stages, n=max(n_q, n_k),
                          mask=spec, n_q=n_q, n_k=n_k, device=q.device, schedule=schedule)
+    call_size(spec, q.shape[0] * q.shape[1], n_q, n_k, cfg.block_m, cfg.block_n, interpreter=interpreting())
     return spec, cfg

@@ -24,15 +24,21 @@ Mask text forms: full | causal | sliding_window:W | prefix_lm:P | document:L1,L2
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
+
+from .launch_cache import BoundedCache
+from .sizes import MAX_BLOCK_MAP_ENTRIES, block_grid  # noqa: F401  (the bound, read as masks.X too)
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 STATUS_NAMES = {SKIPPED: "skipped", PARTIAL: "partial", FULL: "full"}
 # mask parameters are stored as int32 per-row intervals in the kernel
 MAX_PARAM = 2**31 - 1
 MAX_DOCUMENTS = 1 << 20
+# block maps kept for repeated calls: bounded by their bytes, large ones rebuilt every time
+BLOCK_MAP_CACHE_ENTRIES = 64
+BLOCK_MAP_CACHE_BYTES = 256 << 20
+BLOCK_MAP_CACHE_ITEM_BYTES = 32 << 20
 
 
 def _short(value, limit: int = 60) -> str:
@@ -320,20 +326,42 @@ class MaskSpec:
             if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {_short(b)}")
         n_q, n_k = _lengths(n_q, n_k)
-        return _block_map(self, n_q, n_k, int(block_m), int(block_n)).copy()
+        block_grid(n_q, n_k, int(block_m), int(block_n))
+        key = (self, n_q, n_k, int(block_m), int(block_n))
+        bmap = _BLOCK_MAPS.get(key)
+        if bmap is None:
+            bmap = _BLOCK_MAPS.put(key, _block_map(*key))
+        return bmap.copy()
+
+    def visible_pairs(self, n_q: int, n_k: int | None = None) -> int:
+        """(query, key) pairs the mask lets through on the N_q x N_k grid (exact, O(N))."""
+        lo, hi = self.row_intervals(n_q, n_k)
+        return int(np.maximum(hi.astype(np.int64) - lo.astype(np.int64) + 1, 0).sum())
+
+    def min_tiles(self, n_q: int, block_m: int, block_n: int, n_k: int | None = None) -> int:
+        """A lower bound on the tiles the kernel computes for one head, from the per-row
+        intervals alone (O(N), no block map): per query block, its visible pairs over the tile
+        area and its longest row over block_n, whichever is more."""
+        lo, hi = (a.astype(np.int64) for a in self.row_intervals(n_q, n_k))
+        length = np.maximum(hi - lo + 1, 0)
+        starts = np.arange(0, len(length), block_m)
+        pairs = np.add.reduceat(length, starts)
+        longest = np.maximum.reduceat(length, starts)
+        return int(np.maximum(-(-pairs // (block_m * block_n)), -(-longest // block_n)).sum())
 
 
-@lru_cache(maxsize=64)
 def _block_map(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int) -> np.ndarray:
     lo, hi = (a.astype(np.int64) for a in spec.row_intervals(n_q, n_k))
     n_qb, n_kb = -(-n_q // block_m), -(-n_k // block_n)
     q_block = np.arange(n_q) // block_m
     seen = lo <= hi
     # a tile is visited if any row's interval reaches into it: difference array per q block
-    cover = np.zeros((n_qb, n_kb + 1), np.int64)
+    # (int32: at most block_m rows add to one entry)
+    cover = np.zeros((n_qb, n_kb + 1), np.int32)
     np.add.at(cover, (q_block[seen], lo[seen] // block_n), 1)
     np.add.at(cover, (q_block[seen], hi[seen] // block_n + 1), -1)
-    touched = np.cumsum(cover, axis=1)[:, :n_kb] > 0
+    touched = np.cumsum(cover, axis=1, dtype=np.int32)[:, :n_kb] > 0
+    del cover
     # a tile is full if every (padded) row's interval covers every (padded) key of it
     max_lo = np.full(n_qb, np.iinfo(np.int64).min)
     min_hi = np.full(n_qb, np.iinfo(np.int64).max)
@@ -352,6 +380,10 @@ def _block_map(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int) -
     out[full & touched] = FULL
     out.flags.writeable = False
     return out
+
+
+_BLOCK_MAPS = BoundedCache(BLOCK_MAP_CACHE_ENTRIES, BLOCK_MAP_CACHE_BYTES, BLOCK_MAP_CACHE_ITEM_BYTES,
+                           lambda a: a.nbytes)
 
 
 def parse_mask(text: str | MaskSpec, n: int | None = None, n_k: int | None = None) -> MaskSpec:

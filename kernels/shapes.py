@@ -11,6 +11,14 @@ import torch
 from .runtime import MAX_HEAD_DIM, interpreting
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The softmax scale a kernel takes. The default is 1/sqrt(D), in [1/16, 1]; temperatures stay
+# within a few orders of magnitude of it. Above MAX_SM_SCALE the float32 scores can overflow
+# (1e38 turns every score of a row into inf and the row into NaN): with fp16 inputs a score is
+# at most 256 * 65504^2 * 1e4 * log2(e) ~ 2e16, far below float32's 3.4e38. Below MIN_SM_SCALE
+# the scaled scores of ordinary inputs differ by less than float32 resolves next to the row
+# maximum, so the softmax is uniform whatever q and k are: a scale that small is a slip.
+MIN_SM_SCALE = 1e-8
+MAX_SM_SCALE = 1e4
 
 
 def padded_head_dim(d: int) -> int:
@@ -19,14 +27,27 @@ def padded_head_dim(d: int) -> int:
 
 
 def softmax_scale(sm_scale, head_dim: int) -> float:
-    """1/sqrt(D) by default; otherwise a finite positive number (one rule for every kernel)."""
+    """1/sqrt(D) by default; otherwise a finite positive number in [MIN_SM_SCALE, MAX_SM_SCALE]
+    (one rule for every kernel).
+
+    Arguments:
+        sm_scale: None, or the scale (int or float).
+        head_dim: D.
+    Returns:
+        float. Raises ValueError, one line, for anything else."""
     if sm_scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
         raise ValueError(f"sm_scale must be a finite positive number or None, got {type(sm_scale).__name__}")
-    value = float(sm_scale)
+    try:
+        value = float(sm_scale)
+    except OverflowError:        # an int of hundreds of digits
+        value = math.inf
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"sm_scale must be a finite positive number (or None for 1/sqrt(D)), got {value}")
+    if not MIN_SM_SCALE <= value <= MAX_SM_SCALE:
+        raise ValueError(f"sm_scale={value:g} is outside {MIN_SM_SCALE:g}..{MAX_SM_SCALE:g}: the float32 scores "
+                         "would overflow (or the softmax would be uniform); the default is 1/sqrt(D)")
     return value
 
 

@@ -11,9 +11,6 @@ import os
 
 from ..trace.files import DTYPE_BYTES, DTYPES, check_dtype
 
-# The kernel never needs more (N / 16)^2 block-map entries than this; a larger map is a typo
-# (N = 1e6 in 16 x 16 blocks asks numpy for 32 GiB before any kernel runs).
-MAX_BLOCK_MAP_ENTRIES = 1 << 24
 MAX_BLOCK = 256                       # the largest block size the kernel takes
 DOC_FRACTIONS = (0.30, 0.05, 0.20, 0.12, 0.25, 0.08)
 
@@ -54,26 +51,38 @@ def visible_pairs(spec, n: int, n_k: int | None = None) -> int:
     """(query, key) pairs the mask lets through on the n x n_k grid (exact; from the per-row
     intervals, O(N)). spec: a kernels.masks.MaskSpec (mask text is parsed here, for callers at a
     text edge)."""
-    import numpy as np
-
     from kernels.masks import MaskSpec, parse_mask
 
     if isinstance(spec, MaskSpec):
         spec.check(n, n_k)
     else:
         spec = parse_mask(spec, n, n_k)
-    lo, hi = spec.row_intervals(n, n_k)
-    return int(np.maximum(hi.astype(np.int64) - lo.astype(np.int64) + 1, 0).sum())
+    return spec.visible_pairs(n, n_k)
 
 
 def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=None,
-                interpreter=False, device_bytes=None, mask=None, kv_len=None, kv_heads=None) -> None:
+                interpreter=False, device_bytes=None, mask=None, kv_len=None, kv_heads=None,
+                trace=None) -> None:
     """Refuse, by arithmetic alone, sizes that could not be built or run: before anything is
-    allocated. block_m / block_n None means 'the default' (at most MAX_BLOCK). With `mask`
-    and interpreter=True, also refuse runs that must compute more tiles than the interpreter
-    takes (a lower bound: the visible pairs over the tile area). kv_len / kv_heads: N_k and
-    H_kv of k and v (default N and H)."""
-    from kernels.runtime import INTERPRETER_MAX_TILES, MAX_HEAD_DIM
+    allocated.
+
+    Arguments:
+        batch, heads, n, head_dim, dtype: B, H, N (= N_q), D and the element type.
+        block_m, block_n: the block sizes; None means 'the default' (at most MAX_BLOCK, so the
+            checks below are lower bounds).
+        interpreter: with `mask`, refuse runs that must compute more tiles than the interpreter
+            takes (kernels.plan.call_size: a lower bound from the mask's row intervals).
+        device_bytes: the memory q, k, v and the output must fit (default: this machine's).
+        mask: a MaskSpec (or mask text) on the N x N_k grid, or None.
+        kv_len, kv_heads: N_k and H_kv of k and v (default N and H).
+        trace: None, or (traced heads, traced query blocks): a count, a list, 'all' or 'auto'
+            (record()'s trace_q_blocks); refuses a recording whose tables would decode to more
+            than a trace may hold (instrumentation.trace.bounds), before its buffers exist.
+    Returns:
+        None. Raises ValueError, one line."""
+    from kernels.masks import parse_mask
+    from kernels.sizes import block_grid, call_size
+    from kernels.runtime import MAX_HEAD_DIM
 
     n_k = n if kv_len is None else kv_len
     h_kv = heads if kv_heads is None else kv_heads
@@ -94,23 +103,36 @@ def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=N
                          f"need about {need / 2**30:.1f} GiB; this machine has "
                          f"{have / 2**30:.1f} GiB. Lower the sequence lengths, batch or heads")
     bm, bn = block_m or MAX_BLOCK, block_n or MAX_BLOCK
-    n_qb, n_kb = -(-n // bm), -(-n_k // bn)
-    if n_qb * n_kb > MAX_BLOCK_MAP_ENTRIES:
-        raise ValueError(f"N={n} in {block_m or 'default'} x {block_n or 'default'} blocks is a "
-                         f"{n_qb} x {n_kb} block grid, over the {MAX_BLOCK_MAP_ENTRIES:,} tiles a "
-                         "block map may have: raise the block sizes or lower N")
-    if interpreter and batch * heads * n_qb > INTERPRETER_MAX_TILES:
-        # every query block computes at least one tile, whatever the mask
-        raise ValueError(f"at least {batch * heads * n_qb:,} tiles (B*H={batch * heads}, N={n}) "
-                         f"is too much for the CPU interpreter (limit {INTERPRETER_MAX_TILES:,}): "
-                         "lower N, B or H, run on a GPU, or open a bundled GPU recording")
-    if interpreter and mask is not None:
-        tiles = batch * heads * -(-visible_pairs(mask, n, n_k) // (bm * bn))
-        if tiles > INTERPRETER_MAX_TILES:
-            raise ValueError(f"at least {tiles:,} tiles (B*H={batch * heads}, N={n}, mask {mask}) "
-                             f"is too much for the CPU interpreter (limit "
-                             f"{INTERPRETER_MAX_TILES:,}): lower N, B or H, raise the block sizes, "
-                             "run on a GPU, or open a bundled GPU recording")
+    n_qb, n_kb = block_grid(n, n_k, bm, bn)
+    if mask is not None:
+        spec = parse_mask(mask, n, n_k)
+        call_size(spec, batch * heads, n, n_k, bm, bn, interpreter=interpreter)
+    if trace is not None:
+        _check_trace_size(batch, heads, h_kv, n, n_k, head_dim, bm, bn, n_qb, n_kb, *trace)
+
+
+def _check_trace_size(batch, heads, h_kv, n, n_k, head_dim, bm, bn, n_qb, n_kb, traced_heads,
+                      blocks) -> None:
+    """The tables a recording of these sizes would hold, by their registered row bounds,
+    against the decoded-bytes budget of a trace."""
+    from ..trace import bounds
+    from ..trace.schema import TABLES
+
+    if blocks == "all":
+        blocks = n_qb
+    elif blocks == "auto":
+        from .flash import AUTO_TRACE_BLOCKS, ROW_DETAIL_ALL_UP_TO
+        blocks = n_qb if n_qb <= ROW_DETAIL_ALL_UP_TO else AUTO_TRACE_BLOCKS
+    elif not isinstance(blocks, int):
+        blocks = len(parse_q_blocks(blocks))
+    blocks = min(blocks, n_qb)
+    meta = {"shape": {"B": batch, "H": heads, "H_kv": h_kv, "N": n, "N_q": n, "N_k": n_k, "D": head_dim},
+            "n_q_blocks": n_qb, "n_k_blocks": n_kb, "block_m": bm, "block_n": bn,
+            "traced_heads": list(range(traced_heads)), "traced_q_blocks": list(range(blocks))}
+    columns = {"work": len(TABLES["work"].columns), "tiles": len(TABLES["tiles"].columns),
+               "rows": len(TABLES["rows"].columns), "out": head_dim + 2}
+    sizes = {name: (TABLES[name].max_rows(meta), cols) for name, cols in columns.items()}
+    bounds.check_tables(meta, sizes, {name: TABLES[name].max_rows for name in sizes}, ValueError)
 
 
 def make_inputs(batch, heads, n, head_dim, dtype="fp16", seed=0, device="cpu", heads_only=None,

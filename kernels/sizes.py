@@ -1,0 +1,67 @@
+"""What a FlashAttention call needs, by arithmetic, before anything for it is built: its block
+grid and, in the interpreter, a lower bound on the tiles it computes (from the mask's per-row
+intervals, O(N), never a block map). The one size check of the kernels: the launch path
+(kernels.launch_config.validate_call), the block-map builder (kernels.masks) and
+instrumentation's check_sizes call it first. numpy only (no torch, no Triton), so command lines
+refuse quickly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .runtime import INTERPRETER_MAX_TILES
+
+# The most tiles a block map may have. Building one costs about 16 bytes per tile on the host
+# (the map, its difference array and the block lists), so this bounds a block plan near 1 GiB:
+# N = 2^20 in 128 x 128 blocks is 2^26 tiles; N = 262144 in 16 x 16 blocks (2^28) is a slip
+# that would take minutes and GBs.
+MAX_BLOCK_MAP_ENTRIES = 1 << 26
+
+
+def block_grid(n_q: int, n_k: int, block_m: int, block_n: int) -> tuple[int, int]:
+    """(n_qb, n_kb) of N_q x N_k in block_m x block_n tiles, by arithmetic; ValueError (one
+    line) over MAX_BLOCK_MAP_ENTRIES tiles, before any map is built.
+
+    Arguments:
+        n_q, n_k: query rows and keys; block_m, block_n: positive block sizes.
+    Returns:
+        (n_qb, n_kb)."""
+    n_qb, n_kb = -(-int(n_q) // int(block_m)), -(-int(n_k) // int(block_n))
+    if n_qb * n_kb > MAX_BLOCK_MAP_ENTRIES:
+        raise ValueError(f"N_q={n_q}, N_k={n_k} in {block_m} x {block_n} blocks is a {n_qb:,} x {n_kb:,} "
+                         f"block grid, over the {MAX_BLOCK_MAP_ENTRIES:,} tiles a block map may have: "
+                         "raise the block sizes or lower N")
+    return n_qb, n_kb
+
+
+@dataclass(frozen=True)
+class CallSize:
+    """What a call needs, by arithmetic and the mask's row intervals (no block map)."""
+
+    n_qb: int
+    n_kb: int
+    min_tiles: int          # computed tiles over all heads, at least (0 when not asked)
+
+
+def call_size(spec, batch_heads: int, n_q: int, n_k: int, block_m: int, block_n: int,
+              interpreter: bool = False) -> CallSize:
+    """Refuse a call by arithmetic before anything for it is built: its block grid over
+    MAX_BLOCK_MAP_ENTRIES tiles, and in the interpreter more than INTERPRETER_MAX_TILES computed
+    tiles (a lower bound from the per-row intervals, O(N)). The one size check of the kernels;
+    instrumentation's check_sizes and the launch path call it first.
+
+    Arguments:
+        spec: the MaskSpec (checked against n_q, n_k); batch_heads: B*H; n_q, n_k: query rows
+            and keys; block_m, block_n: the block sizes; interpreter: apply the interpreter limit.
+    Returns:
+        CallSize. Raises ValueError (one line) for a call over either limit."""
+    n_qb, n_kb = block_grid(n_q, n_k, block_m, block_n)
+    tiles = 0
+    if interpreter:
+        tiles = batch_heads * spec.min_tiles(n_q, block_m, block_n, n_k)
+        if tiles > INTERPRETER_MAX_TILES:
+            raise ValueError(f"at least {tiles:,} tiles (B*H={batch_heads}, N_q={n_q}, N_k={n_k}, mask "
+                             f"{spec.text}, blocks {block_m}x{block_n}) is too much for the CPU interpreter "
+                             f"(limit {INTERPRETER_MAX_TILES:,}): lower N, B or H, raise the block sizes, "
+                             "run on a GPU, or open a bundled GPU recording from data/")
+    return CallSize(n_qb, n_kb, tiles)
