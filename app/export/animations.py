@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 import plotly.graph_objects as go
 
-from .common import ExportError, kaleido_server
+from .common import ExportError, kaleido_server, write_atomic
 from .gif import figure_colours, write_gif
 from .images import SLIDE_PIXELS, figure_size, static_frame
 
@@ -79,14 +79,9 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
             frames.append(_fit(iio.imread(png)[..., :3], out_w, out_h))
             if progress is not None:
                 progress(len(frames), len(idx))
-    data_path = path.with_name(f".{path.name}.partial{path.suffix}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "gif":
-        write_gif(data_path, frames, fps, keep=figure_colours(fig))
-    else:
-        _mp4_ffmpeg(data_path, frames, fps)
-    data_path.replace(path)
-    return path
+        return write_atomic(path, write=lambda tmp: write_gif(tmp, frames, fps, keep=figure_colours(fig)))
+    return write_atomic(path, write=lambda tmp: _mp4_ffmpeg(tmp, frames, fps), keep_suffix=True)
 
 
 def _fit(img: np.ndarray, w: int, h: int) -> np.ndarray:

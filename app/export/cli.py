@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from app.export.animations import ANIMATION_FORMATS, MAX_ANIMATION_FRAMES, export_animation
-from app.export.common import ExportError, write_atomic
+from app.export.common import ExportError, check_dir_target, check_file_target, write_atomic
 from app.export.common import kaleido_server as _kaleido
 from app.export.data import TABLE_FORMATS, trace_tables, write_chrome_trace
 from app.export.images import FIGURE_FORMATS, IMAGE_FORMATS, export_figure
@@ -51,8 +51,11 @@ def gallery(directory, inputs, charts=None, formats=("png",)) -> list[Path]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `python -m app.export` (its flags and their help)."""
     from app.figures.registry import CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
+    from instrumentation.cli.args import MAX_COUNT, OneLineParser, bounded_int
+    from instrumentation.trace.bounds import MAX_SM
 
-    p = argparse.ArgumentParser(prog="python -m app.export",
+    index = bounded_int(0, MAX_COUNT)
+    p = OneLineParser(prog="python -m app.export",
                                 description="Export Tilescope charts, animations, Chrome traces and tables.")
     p.add_argument("--trace", help="trace directory (or its manifest.json)")
     p.add_argument("--sweep", help="sweep JSON (data/sweeps/*.json) for the memory/time/traffic/calculator charts")
@@ -66,22 +69,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FIGURE_FORMATS + ANIMATION_FORMATS + ("json",) + TABLE_FORMATS,
                    help="required unless --gallery")
     p.add_argument("--out", help="output file (a directory for csv/parquet)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--gallery", metavar="DIR", help="write every view of --trace (and --sweep) in both looks")
     p.add_argument("--formats", default="png",
                    help="with --gallery: comma-separated image formats, e.g. png,svg,pdf (default png)")
     p.add_argument("--presentation", action="store_true", help="the slide look (16:9; PNG ≥ 1920x1080)")
-    p.add_argument("--head", type=int, default=None,
+    p.add_argument("--head", type=index, default=None,
                    help="traced head bh for the softmax, tiles and animation charts (default: the first traced "
                         "one); the query head of decode-merge (default 0)")
-    p.add_argument("--q-row", type=int, default=None, help="query row for the softmax charts (and decode-merge)")
-    p.add_argument("--step", type=int, default=None,
+    p.add_argument("--q-row", type=index, default=None, help="query row for the softmax charts (and decode-merge)")
+    p.add_argument("--step", type=bounded_int(1, MAX_COUNT), default=None,
                    help="softmax step, 1-based (default: the first rescale); decode-merge: merge step (default: the last)")
-    p.add_argument("--frame", type=int, default=None,
+    p.add_argument("--frame", type=bounded_int(1, MAX_COUNT), default=None,
                    help="frame of an animated chart for PNG/SVG/PDF, 1-based (default: the middle)")
     p.add_argument("--size", default=None, help="GIF/MP4 pixels, e.g. 1920x1080")
-    p.add_argument("--sms", type=int, default=None, help="SMs of the modelled GPU (interpreter traces)")
+    p.add_argument("--sms", type=bounded_int(1, MAX_SM), default=None,
+                   help=f"SMs of the modelled GPU (interpreter traces), 1..{MAX_SM}")
     p.add_argument("--gpu", default=None, help="modelled GPU by name, e.g. 'H100 SXM', 'A100'")
-    p.add_argument("--frames", type=int, default=40, help=f"animation frames (2..{MAX_ANIMATION_FRAMES})")
+    p.add_argument("--frames", type=bounded_int(2, MAX_ANIMATION_FRAMES), default=40, help=f"animation frames (2..{MAX_ANIMATION_FRAMES})")
     return p
 
 
@@ -113,18 +118,25 @@ def run(args) -> Path | list[Path]:
     from app.figures.registry import build, trace_charts
     from app.figures import presentation
 
+    # the output place first: nothing is loaded or drawn for a target that will be refused
+    if args.gallery:
+        check_dir_target(args.gallery, "--gallery")
+    elif not args.format or not args.out:
+        raise ExportError("--format and --out are needed (or --gallery DIR)")
+    elif args.format in TABLE_FORMATS:
+        check_dir_target(args.out, f"--format {args.format} (one file per table)")
+    else:
+        check_file_target(args.out, args.force)
     inputs = _inputs(args)
     if args.gallery:
         return gallery(args.gallery, inputs,
                        formats=[f.strip().lower() for f in str(args.formats).split(",") if f.strip()])
-    if not args.format or not args.out:
-        raise ExportError("--format and --out are needed (or --gallery DIR)")
     fmt = args.format
     chart = args.chart or (next(iter(trace_charts(inputs.trace))) if inputs.trace is not None else "memory")
     if fmt in TABLE_FORMATS:
         if inputs.trace is None:
             raise ExportError(f"--format {fmt} writes a trace's tables: pass --trace")
-        return trace_tables(inputs.trace, args.out, fmt)
+        return trace_tables(inputs.trace, args.out, fmt, force=args.force)
     if fmt == "json":
         if chart != "schedule" or inputs.trace is None:
             raise ExportError("--format json exports the schedule as a Chrome trace: use --trace T --chart schedule")
@@ -165,17 +177,16 @@ def _frame_bar(desc: str):
 
 
 def main(argv=None) -> int:
-    """The command line: prints each written path; 0, or 2 with one 'error: ...' line on stderr."""
-    args = build_parser().parse_args(argv)
-    from instrumentation.trace import TraceFormatError
+    """The command line: prints each written path; 0, or 2 with one 'error: ...' line on stderr
+    (instrumentation.cli.args.run_guarded: never a traceback)."""
+    from instrumentation.cli.args import run_guarded
 
-    try:
-        out = run(args)
-    except (TraceFormatError, ExportError, ValueError, KeyError, FileNotFoundError) as exc:
-        msg = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(argv)
+    return run_guarded(_main, args, what="the trace or sweep")
+
+
+def _main(args) -> int:
+    out = run(args)
     for p in out if isinstance(out, list) else [out]:
         print(p)
     return 0
-

@@ -1,25 +1,107 @@
-"""What every export job shares: its error type, atomic writes, and one Chromium for kaleido."""
+"""What every export job shares: its error type, the one guard and atomic write of an output
+file, and one Chromium for kaleido."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
+import tempfile
 import warnings
 from pathlib import Path
+
+from instrumentation.trace.files import check_writable_target
+from instrumentation.trace.temporaries import remove_stale_temporaries, temp_prefix, terminate_cleanly, umask
+
+MANIFEST = "manifest.json"       # a directory holding one is a trace (instrumentation.trace)
 
 
 class ExportError(ValueError):
     """Bad export input (the CLI prints it and exits 2)."""
 
 
-def write_atomic(path, data: bytes) -> Path:
-    """No half-written file: write beside the target, then rename over it."""
-    path = Path(path)
-    if path.is_dir():
+def check_file_target(path, force: bool = False) -> Path:
+    """Refuse, in one line and before any work, an output file that must not be written: an
+    empty path or one under a file (the parent checks record_cli's targets get,
+    instrumentation.trace.files.check_writable_target), a place inside a trace, a symbolic
+    link, a directory, a device, FIFO or socket, or an existing file without force.
+
+    Arguments:
+        path: the output file; force: an existing regular file may be replaced.
+    Returns:
+        Path(path). Raises ExportError."""
+    path = check_writable_target(path, ExportError)
+    holds_trace(path.parent, f"cannot write '{path}': its directory holds a trace; export somewhere else")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise ExportError(f"cannot write '{path}': {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise ExportError(f"cannot write '{path}': it is a symbolic link; name a regular file")
+    if stat.S_ISDIR(st.st_mode):
+        holds_trace(path, f"cannot write '{path}': it is a trace; name a new file")
         raise ExportError(f"cannot write '{path}': it is a directory; name a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ExportError(f"cannot write '{path}': it is not a regular file (a device, FIFO or socket)")
+    if not force:
+        raise ExportError(f"'{path}' already exists; pass --force to replace it")
+    return path
+
+
+def check_dir_target(path, what: str) -> Path:
+    """An output directory (--gallery, the tables of --format csv/parquet): not under a file,
+    not a file, link or device itself, not a trace. Raises ExportError."""
+    path = check_writable_target(path, ExportError)
+    if os.path.islink(path) or (os.path.lexists(path) and not path.is_dir()):
+        raise ExportError(f"{what} writes into a directory: '{path}' is not one; name a directory")
+    holds_trace(path, f"cannot write into '{path}': it holds a trace; name another directory")
+    return path
+
+
+def holds_trace(directory, message: str) -> None:
+    """ExportError(message) when `directory` holds a trace's manifest (nothing is read)."""
+    if os.path.lexists(Path(directory) / MANIFEST):
+        raise ExportError(message)
+
+
+def write_atomic(path, data: bytes | None = None, write=None, keep_suffix: bool = False) -> Path:
+    """No half-written file and no write through someone else's name: the bytes (or write(tmp),
+    for writers that take a path) go to a new temporary beside the target, created with O_EXCL
+    (mkstemp), which is then renamed over it. The target is checked first (check_file_target;
+    an existing regular file is replaced: the command line asks for --force before). The file
+    gets the umask's mode; an exception or SIGTERM leaves no temporary behind.
+
+    Arguments:
+        path: the output file; data: its bytes, or write: a function of the temporary's path;
+        keep_suffix: the temporary ends in the target's suffix (writers that pick the format by it).
+    Returns:
+        Path(path)."""
+    path = check_file_target(path, force=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    remove_stale_temporaries(path)
+    tmp = None
+    with terminate_cleanly() as guard:
+        try:
+            with guard.deferred():
+                fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp" + (path.suffix if keep_suffix else ""),
+                                           dir=path.parent)
+            os.fchmod(fd, 0o666 & ~umask())
+            with os.fdopen(fd, "wb") as f:
+                if data is not None:
+                    f.write(data)
+            if write is not None:
+                write(Path(tmp))
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            with guard.deferred():
+                os.replace(tmp, path)
+                tmp = None
+        finally:
+            with guard.deferred():
+                if tmp is not None and os.path.lexists(tmp):
+                    os.unlink(tmp)
     return path
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import ExportError, write_atomic
+from .common import ExportError, check_dir_target, check_file_target, write_atomic
 
 TABLE_FORMATS = ("csv", "parquet")
 
@@ -54,25 +54,20 @@ def write_chrome_trace(trace, path, tl=None) -> Path:
     return write_atomic(Path(path), chrome_trace_bytes(trace, tl))
 
 
-def trace_tables(trace, directory, fmt: str = "parquet") -> list[Path]:
+def trace_tables(trace, directory, fmt: str = "parquet", force: bool = True) -> list[Path]:
     """Write work/tiles/rows, then the recording's further tables (decode's splits / partials,
-    ring tables), as parquet or CSV into `directory`; returns the paths."""
+    ring tables), as parquet or CSV into `directory` (never a trace's); returns the paths.
+    force=False refuses, before writing any, when a table file is already there."""
     if fmt not in TABLE_FORMATS:
         raise ExportError(f"table format must be one of {TABLE_FORMATS}, got {fmt!r}")
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise ExportError(f"--format {fmt} writes one file per table: '{directory}' is a file, name a directory")
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = check_dir_target(directory, f"--format {fmt} (one file per table)")
     tables = {name: getattr(trace, name) for name in ("work", "tiles", "rows")}
     tables.update({k: v for k, v in sorted(getattr(trace, "tables", {}).items()) if k not in tables and k != "out"})
+    targets = {name: check_file_target(directory / f"{name}.{fmt}", force) for name in tables}
     paths = []
     for name, df in tables.items():
-        p = directory / f"{name}.{fmt}"
-        tmp = directory / f".{name}.partial.{fmt}"
         if fmt == "csv":
-            df.to_csv(tmp, index=False)
+            paths.append(write_atomic(targets[name], write=lambda tmp, df=df: df.to_csv(tmp, index=False)))
         else:
-            df.to_parquet(tmp, index=False)
-        tmp.replace(p)
-        paths.append(p)
+            paths.append(write_atomic(targets[name], write=lambda tmp, df=df: df.to_parquet(tmp, index=False)))
     return paths

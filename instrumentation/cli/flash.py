@@ -15,36 +15,34 @@ import shlex
 import sys
 import time
 
+from .args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, refuse, run_guarded
+
 PROG = "python -m instrumentation.record_cli"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):                  # one line, exit 2 (argparse prints usage too)
-        self.exit(2, f"error: {message} (see {PROG} --help)\n")
+COUNT = bounded_int(1, MAX_COUNT)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run the instrumented FlashAttention kernel and save a trace.")
-    p.add_argument("--seq-len", type=int, required=True, help="sequence length N")
+    p = OneLineParser(prog=PROG, description="Run the instrumented FlashAttention kernel and save a trace.")
+    p.add_argument("--seq-len", type=bounded_int(0, MAX_COUNT), required=True, help="sequence length N")
     p.add_argument("--mask", default="causal",
                    help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...")
-    p.add_argument("--head-dim", type=int, default=64, help="D: 1..256 (menus offer 16..256)")
+    p.add_argument("--head-dim", type=COUNT, default=64, help="D: 1..256 (menus offer 16..256)")
     p.add_argument("--block-m", type=int, default=None, help="query block size (default: per D)")
     p.add_argument("--block-n", type=int, default=None, help="key block size (default: per D)")
     p.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=1)
-    p.add_argument("--kv-len", type=int, default=None,
+    p.add_argument("--batch", type=COUNT, default=1)
+    p.add_argument("--heads", type=COUNT, default=1)
+    p.add_argument("--kv-len", type=COUNT, default=None,
                    help="N_k, keys per head (default: N); queries are the last N of them")
-    p.add_argument("--kv-heads", type=int, default=None,
+    p.add_argument("--kv-heads", type=COUNT, default=None,
                    help="H_kv, key/value heads (default: H); H must be a multiple (GQA; 1 = MQA)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
     p.add_argument("--schedule", default="natural", choices=["natural", "longest_first", "persistent"])
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="cpu runs the Triton interpreter; auto picks cuda when available")
     p.add_argument("--level", default="full", choices=["work", "full"],
                    help="work: one row per work item; full: plus tiles and softmax rows of one head")
-    p.add_argument("--trace-head", type=int, default=0, help="which batch*head gets tile/row detail")
+    p.add_argument("--trace-head", type=bounded_int(0, MAX_COUNT), default=0, help="which batch*head gets tile/row detail")
     p.add_argument("--trace-blocks", default="auto",
                    help="query blocks with row detail: auto, all, or a comma list like 0,7,15")
     p.add_argument("--out", required=True, help="directory to write the trace into (new or empty)")
@@ -52,14 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fail(msg: str, code: int = 2) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return code
-
-
-def _is_trace_dir(path) -> bool:
-    from ..trace.trace import is_trace_dir    # pandas loads only when --out is an existing directory
-    return is_trace_dir(path)
+def is_trace_dir(path) -> bool:
+    """Whether `path` holds a trace (pandas loads only when --out is an existing directory)."""
+    from ..trace.trace import is_trace_dir as holds_trace
+    return holds_trace(path)
 
 
 def preflight(args) -> None:
@@ -71,7 +65,7 @@ def preflight(args) -> None:
     from ..recording.inputs import check_sizes, parse_q_blocks
     from ..trace.files import check_dir_target
 
-    check_dir_target(args.out, _is_trace_dir, args.force, "trace")
+    check_dir_target(args.out, is_trace_dir, args.force, "trace")
     for name in ("block_m", "block_n"):
         val = getattr(args, name)
         if val is not None and val not in (16, 32, 64, 128, 256):
@@ -88,25 +82,32 @@ def preflight(args) -> None:
     if args.kv_heads is not None and args.heads % args.kv_heads:
         raise ValueError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
     args.mask = parse_mask(args.mask, args.seq_len, args.kv_len)   # parsed once; a MaskSpec from here on
-    check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
-                args.block_n, interpreter=interpreter, mask=args.mask, kv_len=args.kv_len,
-                kv_heads=args.kv_heads)
     if args.trace_blocks not in ("auto", "all"):
         args.trace_blocks = parse_q_blocks(args.trace_blocks)
+    check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
+                args.block_n, interpreter=interpreter, mask=args.mask, kv_len=args.kv_len,
+                kv_heads=args.kv_heads, trace=traced(args))
+
+
+def traced(args) -> tuple:
+    """(traced heads, traced query blocks) of a recording, for check_sizes' trace budget."""
+    return (1, args.trace_blocks) if args.level == "full" else (0, 0)
 
 
 def main(argv=None) -> int:
+    """The command line; 0, or 2 with one 'error: ...' line on stderr (3: the GPU ran out of memory)."""
     args = build_parser().parse_args(argv)
+    return run_guarded(_main, args, argv)
+
+
+def _main(args, argv) -> int:
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        preflight(args)
-    except ValueError as exc:
-        return _fail(str(exc))
+    preflight(args)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        return _fail("--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)")
+        return refuse("--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)")
     from kernels import backend
 
     from kernels import default_config
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
                              n=args.seq_len)
         check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, cfg.block_m,
                     cfg.block_n, interpreter=device == "cpu", mask=args.mask, kv_len=args.kv_len,
-                    kv_heads=args.kv_heads,
+                    kv_heads=args.kv_heads, trace=traced(args),
                     device_bytes=torch.cuda.get_device_properties(0).total_memory
                     if device == "cuda" else None)
         q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,
@@ -136,12 +137,10 @@ def main(argv=None) -> int:
                                       shlex.join(argv if argv is not None else sys.argv[1:])})
         wall = time.perf_counter() - started
         path = trace.save(args.out, force=args.force)
-    except ValueError as exc:
-        return _fail(str(exc))
     except OSError as exc:
-        return _fail(f"cannot write the trace to '{args.out}': {exc.strerror or exc}")
+        return refuse(f"cannot write the trace to '{args.out}': {exc.strerror or exc}")
     except torch.cuda.OutOfMemoryError:
-        return _fail("the GPU ran out of memory; lower --batch, --heads or --seq-len", 3)
+        return refuse("the GPU ran out of memory; lower --batch, --heads or --seq-len", 3)
     s = trace.summary()
     m = trace.meta
     print(f"{m['device_name']} [{m['backend']}] N={args.seq_len} mask={m['mask']} "
