@@ -275,7 +275,7 @@ def write_dir_atomic(path, fill: Callable[[Path], None], is_ours: Callable[[Path
             _fsync_dir(tmp)
             with guard.deferred():
                 replace_dir(tmp, path)
-        finally:   # the unfinished one, or the old one swapped out
+        finally:   # an unfinished one
             with guard.deferred():
                 if tmp is not None:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -283,13 +283,14 @@ def write_dir_atomic(path, fill: Callable[[Path], None], is_ours: Callable[[Path
 
 
 def replace_dir(src, dst) -> Path:
-    """Put the finished directory `src` at `dst`. Where `dst` exists, the two are exchanged in one
-    step (renameat2 RENAME_EXCHANGE: the old one is then at `src`, for the caller to delete);
-    elsewhere the old one is renamed aside first and deleted once the new one is in place (a
-    crash between the renames leaves both on disk, never neither)."""
+    """Move the finished directory `src` to `dst`, replacing what is there. Where `dst` exists,
+    the two are exchanged in one step (renameat2 RENAME_EXCHANGE) and the old one, now at
+    `src`, is deleted; elsewhere the old one is renamed aside first and deleted once the new
+    one is in place (a crash between the renames leaves both on disk, never neither)."""
     src, dst = Path(src), Path(dst)
     if dst.exists() and exchange(src, dst):
         _fsync_dir(dst.parent)
+        shutil.rmtree(src, ignore_errors=True)
         return dst
     old = None
     if dst.exists():

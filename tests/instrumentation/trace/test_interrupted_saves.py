@@ -86,3 +86,14 @@ def test_saved_files_get_the_umask_modes(tmp_path, mask):
     assert {mode(p) for p in path.iterdir()} == {0o666 & ~mask}
     assert mode(doc) == 0o666 & ~mask
     assert files.umask() == old
+
+
+def test_replace_dir_leaves_only_the_new_directory(tmp_path):
+    """data_bundle moves a finished '<name>.partial' over the old trace with replace_dir."""
+    old, new = tmp_path / "t", tmp_path / "t.partial"
+    old.mkdir()
+    (old / "a").write_text("old")
+    new.mkdir()
+    (new / "a").write_text("new")
+    files.replace_dir(new, old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"] and (old / "a").read_text() == "new"
