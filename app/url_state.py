@@ -21,6 +21,7 @@ what was wrong and what is used). The parameter lives in the URL only while its 
 from __future__ import annotations
 
 import html
+import math
 from urllib.parse import urlencode, urlparse
 
 import streamlit as st
@@ -56,7 +57,7 @@ def init_session() -> None:
     if "source" in qp:
         want = qp["source"]
         if want not in SOURCES:
-            errors.append(f"source={want!r} in the link is not one of {', '.join(SOURCES)}; "
+            errors.append(f"source={_shown(want)} in the link is not one of {', '.join(SOURCES)}; "
                           f"using {SOURCES[source]!r}.")
         elif want in ("gpu", "interpreter") and want != live_source:
             errors.append(f"The link asks for {SOURCES[want]!r}, which this machine does not have; "
@@ -70,13 +71,13 @@ def init_session() -> None:
     for key in INT_KEYS:
         if key in qp:
             try:
-                value = int(qp[key])
-            except ValueError:
-                wrong[key] = f"{key}={qp[key]!r} in the link is not a whole number"
+                value = _whole_number(qp[key])
+            except ValueError as exc:
+                wrong[key] = f"{key}={_shown(qp[key])} in the link is not valid ({exc})"
                 continue
             why = _int_problem(key, value)
             if why and recorded:   # a live link keeps it: the page says why it cannot run, the sidebar fixes it
-                wrong[key] = f"{key}={qp[key]!r} in the link is not valid ({why})"
+                wrong[key] = f"{key}={_shown(qp[key])} in the link is not valid ({why})"
             else:
                 values[key] = value
     for key, allowed in (("head_dim", SUPPORTED_HEAD_DIMS), ("block_m", BLOCK_SIZES),
@@ -90,14 +91,14 @@ def init_session() -> None:
             if qp[key] in allowed:
                 values[key] = qp[key]
             else:
-                wrong[key] = f"{key}={qp[key]!r} is not one of {', '.join(allowed)}"
+                wrong[key] = f"{key}={_shown(qp[key])} is not one of {', '.join(allowed)}"
     mask = None
     if "mask" in qp:
         try:
             mask = parse_mask(qp["mask"])
             values["mask"] = mask.text
         except ValueError as exc:
-            wrong["mask"] = f"mask={qp['mask']!r} in the link does not parse: {exc}."
+            wrong["mask"] = f"mask={_shown(qp['mask'])} in the link does not parse: {_cut(exc)}."
     used = values
     if recorded:
         recs = sources.recordings()
@@ -116,7 +117,7 @@ def init_session() -> None:
             trace = rec.name
             used = {**values, **rec.settings()}
         if missing:
-            errors.append(f"The link names the recording {missing!r}, which is not bundled here; "
+            errors.append(f"The link names the recording {_shown(missing)}, which is not bundled here; "
                           + (f"using {trace!r}." if rec is not None else "running live."))
     for key, why in wrong.items():               # one line each: what was wrong, what is used instead
         where = f" (the recording {trace})" if source == "recorded" else ""
@@ -138,12 +139,57 @@ def init_session() -> None:
     if path_page in PAGES and path_page == ss["_default_page"]:
         ss["_default_page"] = next(p for p in PAGES if p != path_page)
     if "page" in qp and qp["page"] not in PAGES:
-        errors.append(f"page={qp['page']!r} is not a page here ({', '.join(PAGES)}); "
+        errors.append(f"page={_shown(qp['page'])} is not a page here ({', '.join(PAGES)}); "
                       f"opening {PAGES[ss['_default_page']]!r}.")
     ss["_initialised"] = True
 
 
 SETTING_PARAMS = ("page", "source", "trace", "present", *DEFAULTS)
+LARGEST_LINK_NUMBER = 2**53 - 1    # a browser's number controls hold no more (JavaScript's safe integers)
+SHOWN_CHARS = 80                   # of a link value quoted in a warning
+
+
+def _shown(raw) -> str:
+    """A link value as a warning quotes it: repr, cut to SHOWN_CHARS (a 5000-digit value is one line)."""
+    text = str(raw)
+    return repr(text) if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]!r}… ({len(text):,} characters)"
+
+
+def _cut(message, chars: int = 300) -> str:
+    """A message about a link value (it may quote the value) on one line of at most `chars`."""
+    text = " ".join(str(message).split())
+    return text if len(text) <= chars else text[:chars] + "…"
+
+
+def _whole_number(raw: str) -> int:
+    """A link's whole number: digits, or a float notation of a whole number ('1e9'); ValueError
+    (with why) for anything else or past LARGEST_LINK_NUMBER, before any control sees it."""
+    text = str(raw).strip()
+    if len(text.lstrip("+-")) > 20:
+        raise ValueError(f"{len(text):,} digits; at most {LARGEST_LINK_NUMBER:,}")
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError("not a whole number") from None
+        if not math.isfinite(number) or not number.is_integer():
+            raise ValueError("not a whole number") from None
+        value = int(number)
+    if abs(value) > LARGEST_LINK_NUMBER:
+        raise ValueError(f"larger than {LARGEST_LINK_NUMBER:,}")
+    return value
+
+
+def _checked_number(value):
+    """A parsed link value that a browser control can hold: finite floats, ints up to
+    LARGEST_LINK_NUMBER (ValueError says which is not)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST_LINK_NUMBER:
+        raise ValueError(f"larger than {LARGEST_LINK_NUMBER:,}")
+    return value
 
 
 def _int_problem(key: str, value: int) -> str:
@@ -177,16 +223,26 @@ def _dump(value) -> str:
 
 
 def _parse(raw: str, default, parse):
+    if len(raw) > 4000:
+        raise ValueError(f"{len(raw):,} characters is not a value of this view")
     if isinstance(default, (list, tuple)):
         item = parse or (type(default[0]) if default else str)
-        return type(default)(item(x) for x in raw.split(",") if x != "")
+        value = type(default)(_checked_number(_item(item, x)) for x in raw.split(",") if x != "")
+        if default and len(value) != len(default):     # a range slider takes exactly its two ends
+            raise ValueError(f"{len(value)} values; it takes {len(default)}")
+        return value
     if parse is not None:
-        return parse(raw)
+        return _checked_number(_item(parse, raw))
     if isinstance(default, bool):
         if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-            raise ValueError(f"{raw!r} is not 1 or 0")
+            raise ValueError(f"{_shown(raw)} is not 1 or 0")
         return raw.lower() in ("1", "true", "yes")
-    return type(default)(raw) if default is not None else raw
+    return _checked_number(_item(type(default), raw)) if default is not None else raw
+
+
+def _item(parse, raw: str):
+    """One value parsed: whole numbers through _whole_number (no 300-digit int reaches a control)."""
+    return _whole_number(raw) if parse is int else parse(raw)
 
 
 def _allowed(value, options) -> bool:
@@ -197,11 +253,13 @@ def _allowed(value, options) -> bool:
     return value in options
 
 
-def control(key: str, default, parse=None, options=None):
+def control(key: str, default, parse=None, options=None, bounds=None):
     """Back the page widget `key` with the URL parameter `key`; returns its current value.
 
     Call it just before the widget and create the widget with `key=key` and no default of its
-    own (st.session_state[key] holds the value)."""
+    own (st.session_state[key] holds the value). bounds=(lo, hi): the widget's own limits; a link
+    value outside them is set to the nearest one with a warning that says so (the URL then
+    carries the value used)."""
     ss = st.session_state
     link = ss.setdefault("_link_params", {})
     if key not in ss:
@@ -213,11 +271,17 @@ def control(key: str, default, parse=None, options=None):
             try:
                 value = _parse(raw, default, parse)
                 if not _allowed(value, options):
-                    raise ValueError(f"{raw!r} is not one of {', '.join(map(str, options))}")
-            except (TypeError, ValueError) as exc:
-                st.warning(plain(f"The link's {key}={raw!r} does not fit this view ({exc}); using "
+                    raise ValueError(f"{_shown(raw)} is not one of {_shown(', '.join(map(str, options)))}")
+            except (TypeError, ValueError, OverflowError) as exc:
+                st.warning(plain(f"The link's {key}={_shown(raw)} does not fit this view ({_cut(exc)}); using "
                                  f"{_dump(default)}."), icon=":material/link_off:")
                 value = default
+            else:
+                if bounds is not None and not bounds[0] <= value <= bounds[1]:
+                    used = min(max(value, bounds[0]), bounds[1])
+                    st.warning(plain(f"The link's {key}={_shown(raw)} is outside {bounds[0]:,}–{bounds[1]:,}; "
+                                     f"using {_dump(used)} (the link now says so)."), icon=":material/link_off:")
+                    value = used
         ss[key] = value
     elif not _allowed(ss[key], options):       # e.g. another recording with fewer blocks
         ss[key] = default

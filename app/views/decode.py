@@ -68,13 +68,13 @@ preset = c[0].selectbox("model preset", list(dm.PRESETS), key="dec_preset",
 p = dm.PRESETS[preset]
 if live:
     lim = LIVE_LIMITS[s.source]
-    url_state.control("dec_batch", 1, int)
+    url_state.control("dec_batch", 1, int, bounds=(1, lim["batch"]))
     batch = c[1].number_input("batch B", 1, lim["batch"], key="dec_batch")
-    url_state.control("dec_ctx", 1024 if s.source == "interpreter" else 32768, int)
+    url_state.control("dec_ctx", 1024 if s.source == "interpreter" else 32768, int, bounds=(16, lim["context"]))
     context = c[2].number_input("context length", 16, lim["context"], step=256, key="dec_ctx")
     url_state.control("dec_ragged", False, lambda x: x in ("True", "true", "1"))
     ragged = c[3].checkbox("ragged lengths", key="dec_ragged", help="lengths spread from context/B to context")
-    url_state.control("dec_nq", 1, int)
+    url_state.control("dec_nq", 1, int, bounds=(1, 16))
     n_q = c[4].number_input("N_q", 1, 16, key="dec_nq", help="queries per sequence (speculative decoding)")
     url_state.control("dec_splits", "auto", options=["auto"] + [str(i) for i in range(2, 129)])
     split_text = c[5].selectbox("splits", ["auto"] + [str(i) for i in (2, 3, 4, 8, 16, 32, 64, 128)],

@@ -224,3 +224,82 @@ def test_url_values_are_text(good, value):
     shown = [x.value for x in [*at.error, *at.warning]]
     assert any(plain(value) in s for s in shown), shown
     assert not any(LINK.search(s) for s in shown), shown
+
+
+def bounded_script():
+    """A page with a range slider and a bounded number input backed by the URL."""
+    import streamlit as st
+
+    from app import url_state
+
+    url_state.control("demo_window", [0.0, 10.0], parse=float)
+    st.slider("window", 0.0, 10.0, key="demo_window")
+    url_state.control("demo_batch", 1, int, bounds=(1, 8))
+    st.number_input("batch", 1, 8, key="demo_batch")
+    url_state.control("demo_count", 3)
+    st.number_input("count", key="demo_count")
+
+
+def bounded(**query) -> AppTest:
+    at = AppTest.from_function(bounded_script, default_timeout=30)
+    at.query_params.update(query)
+    return at.run()
+
+
+@pytest.mark.parametrize("query, needle", [
+    ({"demo_window": "1,2,3,4"}, "4 values; it takes 2"),
+    ({"demo_window": "1e400,2"}, "not a finite number"),
+    ({"demo_window": "9" * 400 + ",2"}, "(402 characters)"),
+    ({"demo_count": "9" * 300}, "300 digits"),
+    ({"demo_count": "9" * 5000}, "(5,000 characters)"),
+    ({"demo_batch": "-" + "9" * 300}, "digits"),
+])
+def test_a_link_value_a_control_cannot_hold_is_one_warning(query, needle):
+    at = bounded(**query)
+    assert not at.exception, [e.value for e in at.exception]
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1 and needle in warnings[0], warnings
+    assert len(warnings[0]) < 400 and "\n" not in warnings[0].strip()
+    assert list(at.slider(key="demo_window").value) == [0.0, 10.0] and at.number_input(key="demo_count").value == 3
+    assert not set(query) & set(at.query_params)              # the URL says what is used: the default
+
+
+@pytest.mark.parametrize("raw, used", [("1e9", 8), ("-5", 1), ("100", 8), ("4", 4)])
+def test_a_link_value_outside_a_controls_bounds_says_so_and_the_url_follows(raw, used):
+    at = bounded(demo_batch=raw)
+    assert not at.exception
+    assert at.number_input(key="demo_batch").value == used
+    warnings = [w.value for w in at.warning]
+    if raw == str(used):
+        assert not warnings and at.query_params["demo_batch"] == raw
+    else:
+        assert len(warnings) == 1 and f"demo_batch='{raw}' is outside 1–8; using {used}" in warnings[0], warnings
+        assert at.query_params.get("demo_batch", "1") == str(used)      # the default leaves the URL
+
+
+def test_a_four_value_time_window_keeps_the_schedule_page(data_dir):
+    at = open_page("schedule", timeout=90, source="recorded", sched_zoom="1", sched_window="1,2,3,4")
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("sched_window='1,2,3,4'" in w.value and "it takes 2" in w.value for w in at.warning)
+    assert at.title[0].value == "Tile schedule" and charts(at)
+    assert "sched_window" not in at.query_params
+
+
+def test_decode_link_values_out_of_range_are_said_and_rewritten(data_dir):
+    at = open_page("decode", timeout=120, source="interpreter", dec_batch="1e9", dec_ctx="-5", dec_nq="100")
+    assert not at.exception, [e.value for e in at.exception]
+    warnings = " ".join(w.value for w in at.warning)
+    for key in ("dec_batch='1e9'", "dec_ctx='-5'", "dec_nq='100'"):
+        assert f"{key} is outside" in warnings, warnings
+    q = at.query_params
+    assert (at.number_input(key="dec_batch").value, at.number_input(key="dec_ctx").value,
+            at.number_input(key="dec_nq").value) == (int(q["dec_batch"]), int(q["dec_ctx"]), int(q["dec_nq"]))
+    assert int(q["dec_ctx"]) == 16 and int(q["dec_nq"]) == 16
+
+
+def test_a_300_digit_setting_in_a_live_link_is_one_warning(data_dir):
+    at = open_page("schedule", timeout=120, source="interpreter", seq_len="9" * 300, batch="9" * 400)
+    assert not at.exception, [e.value for e in at.exception]
+    link = [w.value for w in at.warning if w.value.startswith("The link's settings")]
+    assert len(link) == 2 and all("digits" in w and len(w) < 400 for w in link), link
+    assert at.query_params["seq_len"] == "512" and at.query_params["batch"] == "1"
