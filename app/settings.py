@@ -41,6 +41,20 @@ GRID_TILE_BYTES = 160
 MAX_INTERPRETER_INPUT_BYTES = 256 << 20
 
 
+# q, k, v of the one head the online-softmax page regenerates for its float64 reference
+MAX_REGENERATED_BYTES = 256 << 20
+
+
+def regeneration_bytes(meta: dict) -> int:
+    """Bytes the online-softmax page allocates to regenerate one head's q (N_q x D) and its KV
+    head's k, v (N_k x D): float32 as generated plus the recording's dtype.
+
+    Arguments: meta, a trace's meta (shape N/N_q, N_k, D; dtype). Returns: the bytes."""
+    s = meta.get("shape", {})
+    n_q, n_k, d = int(s.get("N_q", s.get("N", 0))), int(s.get("N_k", s.get("N", 0))), int(s.get("D", 0))
+    return (n_q + 2 * n_k) * d * (4 + files.DTYPE_BYTES.get(str(meta.get("dtype")), 4))
+
+
 def max_grid_tiles() -> int:
     """Tiles a page's block map may have: MAX_GRID_TILES, or fewer when a chart of that many
     would not fit one browser message (Streamlit's server.maxMessageSize, in MB)."""

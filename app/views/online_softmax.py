@@ -21,6 +21,17 @@ if len(trace.rows) == 0:
     st.stop()
 
 
+need = settings.regeneration_bytes(trace.meta)
+if need > settings.MAX_REGENERATED_BYTES:    # by arithmetic, before a byte is allocated
+    n_q, d = trace.seq_len, trace.meta["shape"]["D"]
+    st.error(plain(f"This trace declares N={n_q:,}, D={d}: regenerating one head's q, k, v for the float64 "
+                   f"reference would take {need / 2**30:,.1f} GiB, more than the "
+                   f"{settings.MAX_REGENERATED_BYTES >> 20} MiB this page may spend. Record the problem at a "
+                   "smaller N or D to step through a row here; the schedule, block-skip and memory pages "
+                   "show this trace."), icon=":material/error:")
+    st.stop()
+
+
 @st.cache_resource(show_spinner="Regenerating the traced head's inputs…", max_entries=8)
 def head_inputs(key: str, bh: int, _trace):
     """q, k, v of one head, regenerated with the recording's seed (make_inputs(heads_only=[bh]))."""
