@@ -15,7 +15,7 @@ from typing import Mapping
 import streamlit as st
 
 from instrumentation.recording.inputs import document_lengths
-from instrumentation.trace import files
+from instrumentation.trace import bounds, files
 from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (re-used by pages)
 from kernels.masks import MaskSpec
 
@@ -122,6 +122,13 @@ class Settings:
     def h_kv(self) -> int:
         return self.kv_heads or self.heads
 
+    def _work_items(self) -> int:
+        """B·H·ceil(N / block_m): the trace's work table (0 when the values are not numbers)."""
+        try:
+            return self.batch * self.heads * -(-self.seq_len // self.block_m)
+        except TypeError:
+            return 0
+
     def input_bytes(self) -> int:
         """Bytes of q, k and v a live run of these settings allocates (0 when they are not numbers)."""
         try:
@@ -161,6 +168,10 @@ class Settings:
                            f"{grid:,} tiles, more than the {max_grid_tiles():,} a page can draw (a chart of "
                            f"{grid * GRID_TILE_BYTES / 1e6:,.0f} MB; a browser message carries "
                            f"{st.get_option('server.maxMessageSize')} MB): raise the block sizes or lower N.")
+            elif self._work_items() > bounds.MAX_WORK_ITEMS:
+                out.append(f"B×H={self.batch}×{self.heads} with N={self.seq_len} in blocks of {self.block_m} "
+                           f"makes {self._work_items():,} work items, more than a trace may hold "
+                           f"({bounds.MAX_WORK_ITEMS:,}): lower B, H or N, or raise block_m.")
             elif self.source == "interpreter" and self.input_bytes() > MAX_INTERPRETER_INPUT_BYTES:
                 out.append(f"B×H={self.batch}×{self.heads}, N={self.seq_len}, D={self.head_dim} {self.dtype} "
                            f"needs {self.input_bytes() / 2**20:,.0f} MiB of q, k, v, more than the CPU "

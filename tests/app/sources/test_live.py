@@ -175,3 +175,53 @@ def test_live_runs_are_serialised_and_shared(data_dir, monkeypatch):
     assert out[0] is out[2]                                    # shared, not run twice
     assert {o.meta["schedule"] for o in out} == {"natural", "longest_first"}
     assert peak[0] == 1 and len(calls) == 2
+
+
+@pytest.mark.parametrize("mask", ["causal", "full", "sliding_window:40", "prefix_lm:100", "document"])
+@pytest.mark.parametrize("n, kv_len, bm, bn", [(1000, 0, 64, 32), (512, 0, 16, 128), (256, 1000, 64, 64)])
+def test_computed_tiles_are_counted_without_a_block_map(monkeypatch, mask, n, kv_len, bm, bn):
+    """The live tile count is arithmetic on the mask's row intervals (a link's N=2^20 costs
+    milliseconds) and equals the block map's nonzero tiles times B·H."""
+    from app.settings import DEFAULTS, make_settings
+    from app.sources import computed_tiles
+    from kernels.masks import MaskSpec
+
+    if mask.startswith("document"):           # lengths that sum to N_k
+        n_k = kv_len or n
+        mask = f"document:{n_k // 4},{n_k // 2},{n_k - n_k // 4 - n_k // 2}"
+    s = make_settings("interpreter", {**DEFAULTS, "mask": mask, "seq_len": n, "kv_len": kv_len, "block_m": bm,
+                                      "block_n": bn, "batch": 2, "heads": 3})
+    if s.problems():
+        pytest.skip(" ".join(s.problems()))
+    want = int((parse_mask(mask).block_map(n, bm, bn, n_k=s.n_k) != 0).sum()) * 6
+    monkeypatch.setattr(MaskSpec, "block_map", lambda *a, **k: pytest.fail("built a block map"))
+    assert computed_tiles(s) == want
+
+
+def test_page_limits_follow_the_browser_message_size():
+    """A grid is refused when its block-map chart cannot fit one browser message
+    (server.maxMessageSize / GRID_TILE_BYTES), before anything is built; so are traces with more
+    work items than a trace may hold and interpreter inputs past their budget."""
+    import streamlit as st
+    from streamlit import config
+
+    from app.settings import DEFAULTS, GRID_TILE_BYTES, MAX_GRID_TILES, make_settings, max_grid_tiles
+
+    old = st.get_option("server.maxMessageSize")
+    try:
+        assert max_grid_tiles() == min(MAX_GRID_TILES, old * 10**6 // GRID_TILE_BYTES)
+        config.set_option("server.maxMessageSize", 50)
+        assert max_grid_tiles() == 50 * 10**6 // GRID_TILE_BYTES
+        side = int((50 * 10**6 // GRID_TILE_BYTES) ** 0.5) + 1      # one tile past the limit per side
+        s = make_settings("gpu", {**DEFAULTS, "seq_len": side * 64, "mask": "causal"})
+        assert any("a browser message carries 50 MB" in p for p in s.problems()), s.problems()
+        ok = make_settings("gpu", {**DEFAULTS, "seq_len": (side - 2) * 64, "mask": "causal"})
+        assert not ok.problems(), ok.problems()
+    finally:
+        config.set_option("server.maxMessageSize", old)
+    many = make_settings("gpu", {**DEFAULTS, "batch": 512, "heads": 128, "seq_len": 65536, "block_n": 256})
+    assert any("work items, more than a trace may hold" in p for p in many.problems()), many.problems()
+    big = make_settings("interpreter", {**DEFAULTS, "seq_len": 262144, "head_dim": 256, "batch": 4,
+                                        "block_m": 256, "block_n": 256, "mask": "sliding_window:1"})
+    assert any("MiB of q, k, v" in p for p in big.problems()), big.problems()
+    assert not make_settings("gpu", {**big.kernel(), "mask": "sliding_window:1"}).problems()   # a GPU is not bounded by it
