@@ -54,27 +54,34 @@ TABLE_COLUMNS = ["mask", "seq_len", "impl", "status", "ms", "tflops", "pct_matmu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seq-lens", default=None, help=f"comma list of N (default {DEFAULT_SEQ_LENS})")
+    """The argument parser: bounded numbers, one-line errors (instrumentation.cli.args)."""
+    from instrumentation.cli.args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, int_list
+    from kernels.runtime import MAX_HEAD_DIM
+
+    count = bounded_int(1, MAX_COUNT)
+    p = OneLineParser(prog="python -m benchmarks.attention", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-lens", type=int_list(1, MAX_COUNT), default=None,
+                   help=f"comma list of N (default {DEFAULT_SEQ_LENS})")
     p.add_argument("--masks", default=DEFAULT_MASKS,
                    help="comma list: full, causal, sliding_window:W, prefix_lm:P, document "
                         "(uneven lengths summing to N) or document:L1,L2,... (only where they sum to N)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help=f"comma list of {', '.join(IMPLS)}")
-    p.add_argument("--batch", type=int, default=None, help="default 4 (CPU: 1)")
-    p.add_argument("--heads", type=int, default=None, help="default 16 (CPU: 2)")
-    p.add_argument("--head-dim", type=int, default=None, help="default 128 (CPU: 32)")
+    p.add_argument("--batch", type=count, default=None, help="default 4 (CPU: 1)")
+    p.add_argument("--heads", type=count, default=None, help="default 16 (CPU: 2)")
+    p.add_argument("--head-dim", type=bounded_int(1, MAX_HEAD_DIM), default=None,
+                   help=f"1..{MAX_HEAD_DIM}; default 128 (CPU: 32)")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for <device-slug>.json")
     p.add_argument("--copy-to", default=None, help="also copy the result file into this directory")
     p.add_argument("--quick", action="store_true", help=f"N={QUICK_SEQ_LENS}, shorter timing loops")
     p.add_argument("--config-file", default=None,
                    help="JSON of tuned configs per (head_dim, mask, N), e.g. the output of "
                         "python -m benchmarks.tune; 'auto': <out>/tuned-<device-slug>.json if present")
-    p.add_argument("--warmup", type=int, default=None, help="do_bench warmup ms (default 25; quick 10)")
-    p.add_argument("--rep", type=int, default=None, help="do_bench rep ms (default 100; quick 40)")
+    p.add_argument("--warmup", type=bounded_int(1, 60_000), default=None, help="do_bench warmup ms (default 25; quick 10)")
+    p.add_argument("--rep", type=bounded_int(1, 60_000), default=None, help="do_bench rep ms (default 100; quick 40)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="cpu runs our kernel in the Triton interpreter (smoke runs only)")
     p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul peak measurement")
@@ -237,22 +244,42 @@ def summary_pivot(df):
     return piv
 
 
-def run(args, argv=None) -> dict:
-    device = pick_device(args.device)
-    dtype = DTYPES[args.dtype]
+def preflight(args, device) -> list[int]:
+    """Fill the device's default sizes into args and refuse, by arithmetic and before any input
+    is made, what could not run: bad mask text, inputs past this machine's memory, interpreter
+    runs past its tile limit (instrumentation's check_sizes). Returns the sequence lengths;
+    raises ValueError (one line)."""
+    from instrumentation.recording.inputs import check_sizes
+
     cpu = device.type == "cpu"
     for key, val in (CPU_SHAPE if cpu else GPU_SHAPE).items():     # sizes the device can run
         if key != "seq_lens" and getattr(args, key) is None:
             setattr(args, key, val)
     default_ns = CPU_SHAPE["seq_lens"] if cpu else QUICK_SEQ_LENS if args.quick else DEFAULT_SEQ_LENS
-    seq_lens = parse_int_list(args.seq_lens or default_ns)
+    seq_lens = args.seq_lens or parse_int_list(default_ns)
+    if isinstance(seq_lens, str):
+        seq_lens = parse_int_list(seq_lens)
+    masks = split_list(args.masks)
+    if not masks:
+        raise ValueError("--masks is empty; give mask texts like full,causal,sliding_window:1024")
+    for n in seq_lens:
+        check_sizes(args.batch, args.heads, n, args.head_dim, args.dtype)
+        for m in masks:
+            spec = resolve_mask(m, n)
+            if spec is not None and cpu:
+                check_sizes(args.batch, args.heads, n, args.head_dim, args.dtype, interpreter=True, mask=spec)
+    return seq_lens
+
+
+def run(args, argv=None) -> dict:
+    device = pick_device(args.device)
+    dtype = DTYPES[args.dtype]
+    seq_lens = preflight(args, device)
     masks = split_list(args.masks)
     impls = parse_impls(args.impls)
     warmup = args.warmup if args.warmup is not None else (10 if args.quick else 25)
     rep = args.rep if args.rep is not None else (40 if args.quick else 100)
     b, h, d = args.batch, args.heads, args.head_dim
-    for m in masks:   # fail fast on bad mask text
-        resolve_mask(m, max(seq_lens))
 
     from instrumentation.recording import make_inputs
 
@@ -407,8 +434,16 @@ def _progress(i, total, rec) -> str:
 
 
 def main(argv=None) -> int:
+    """The command line: 0, 1 when some output was wrong, 2 with one 'error: ...' line for
+    arguments or files that cannot be used (instrumentation.cli.args.run_guarded)."""
+    from instrumentation.cli.args import run_guarded
+
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    return run_guarded(_main, args, argv, what="the config file")
+
+
+def _main(args, argv) -> int:
     result = run(args, argv)
     df = ratio_table(result["records"], mask_order=result["meta"]["masks"],
                      matmul=result["meta"]["matmul_tflops"])

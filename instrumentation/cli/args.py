@@ -47,6 +47,25 @@ def bounded_int(low: int, high: int):
     return parse
 
 
+def int_list(low: int, high: int, most: int = 64):
+    """An argparse `type`: a comma list of 1..`most` integers, each low..high ('1024,4096').
+
+    Arguments:
+        low, high: each value's range (inclusive); most: the longest list.
+    Returns:
+        a function of the argument's text returning list[int]."""
+    one = bounded_int(low, high)
+
+    def parse(text: str) -> list:
+        items = [x for x in str(text).replace(" ", "").split(",") if x]
+        if not 1 <= len(items) <= most:
+            raise argparse.ArgumentTypeError(f"give 1 to {most} comma-separated integers, got {len(items)}")
+        return [one(x) for x in items]
+
+    parse.__name__ = "integer list"
+    return parse
+
+
 def one_line(message) -> str:
     """A message as one line of at most 400 characters."""
     text = " ".join(str(message).split())

@@ -22,10 +22,11 @@ from pathlib import Path
 
 from ..recording.data_bundle import DATA_BUDGET_BYTES, plan, record_traces, trace_caps, write_manifest
 from ..trace.sweep_file import device_slug, read_sweep_json
+from .args import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m instrumentation.regenerate",
+    p = OneLineParser(prog="python -m instrumentation.regenerate",
                                 description="Regenerate data/ (traces, sweeps, ncu) on a CUDA GPU.")
     p.add_argument("--out", default="data", help="data directory (default: data)")
     p.add_argument("--quick", action="store_true", help="a small subset (N=1024 traces, short sweep)")

@@ -15,24 +15,27 @@ from pathlib import Path
 
 from ..recording.ring import RingConfig, record_ring
 from ..trace.files import check_writable_target
+from .args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, one_line
+
+COUNT = bounded_int(1, MAX_COUNT)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m instrumentation.ring",
+    p = OneLineParser(prog="python -m instrumentation.ring",
                                 description="Run ring attention on several ranks and save one trace.")
-    p.add_argument("--world-size", type=int, required=True, help="number of ranks (GPUs with nccl)")
-    p.add_argument("--seq-len", type=int, required=True, help="total sequence length N")
+    p.add_argument("--world-size", type=COUNT, required=True, help="number of ranks (GPUs with nccl)")
+    p.add_argument("--seq-len", type=COUNT, required=True, help="total sequence length N")
     p.add_argument("--mask", default="causal", help="full | causal")
     p.add_argument("--layout", default="zigzag", help="natural | zigzag")
     p.add_argument("--backend", default="nccl", help="nccl (one GPU per rank) | gloo (CPU, interpreter)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=1)
-    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=COUNT, default=1)
+    p.add_argument("--heads", type=COUNT, default=1)
+    p.add_argument("--head-dim", type=COUNT, default=64)
     p.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
     p.add_argument("--trace-rows", default="", help="global query rows to trace, e.g. 100,4095")
-    p.add_argument("--iters", type=int, default=10, help="timed repetitions on GPU")
-    p.add_argument("--traced-runs", type=int, default=3,
+    p.add_argument("--iters", type=COUNT, default=10, help="timed repetitions on GPU")
+    p.add_argument("--traced-runs", type=COUNT, default=3,
                    help="traced rings on GPU; the trace keeps the one of median wall time")
     p.add_argument("--force", action="store_true", help="replace an existing trace at --out")
     p.add_argument("--out", required=True, help="directory to write the trace into")
@@ -60,8 +63,8 @@ def main(argv=None) -> int:
         trace = record_ring(cfg, {"command": "python -m instrumentation.ring " + shlex.join(argv),
                                   "inputs": "instrumentation.make_inputs", "input_seed": args.seed})
         path = trace.save(args.out, force=args.force)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ValueError, OverflowError, MemoryError, OSError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:   # a rank failed: mp.spawn re-raises with the rank's traceback
         print(f"error: a rank failed: {str(exc).strip().splitlines()[-1][:300]}", file=sys.stderr)
