@@ -33,9 +33,11 @@ INT_KEYS = ("seq_len", "head_dim", "block_m", "block_n", "batch", "heads", "kv_l
 SAME = ("kv_len", "kv_heads")       # 0 = the same as N / H (square MHA); in the URL only when set
 MAX_SEQ_LEN = 1 << 20
 MAX_GRID_TILES = 2048 * 2048       # (N/block_m) x (N/block_n) tiles a page may draw, at most
-# The block-skip page's largest chart carries this many bytes per grid tile (measured: 152 B at
-# 128x128 and 256x256 grids): a grid past Streamlit's server.maxMessageSize / this cannot reach
-# the browser (it fails with a MessageSizeError after all the work), so it is refused first.
+# Bytes the block-skip page sends per tile of its grid: its map (~30 B a tile as Plotly JSON) and
+# the side-by-side comparison (~30 B a tile of each side; the default right side has up to 4x the
+# tiles) -- measured 152 B at 128x128 and 256x256 grids. A grid past Streamlit's
+# server.maxMessageSize / this cannot reach the browser (the comparison alone failed with a 636 MB
+# MessageSizeError after all the work), so it is refused first; so is a right-hand side past it.
 GRID_TILE_BYTES = 160
 # q, k, v of one live interpreter run (host memory): B·(H·N + 2·H_kv·N_k)·D·bytes
 MAX_INTERPRETER_INPUT_BYTES = 256 << 20
@@ -60,6 +62,18 @@ def max_grid_tiles() -> int:
     would not fit one browser message (Streamlit's server.maxMessageSize, in MB)."""
     message_bytes = int(st.get_option("server.maxMessageSize")) * 10**6
     return min(MAX_GRID_TILES, message_bytes // GRID_TILE_BYTES)
+
+
+def grid_problem(n_q: int, n_k: int, block_m: int, block_n: int) -> str:
+    """Why a page cannot draw the block map of N_q x N_k in block_m x block_n tiles ('' when it
+    can): more tiles than max_grid_tiles(). Arithmetic only; every block map a page draws from
+    a link's values passes here first."""
+    grid = -(-n_q // block_m) * -(-n_k // block_n)
+    if grid <= max_grid_tiles():
+        return ""
+    return (f"N={n_q}, N_k={n_k} with blocks {block_m}×{block_n} makes {grid:,} tiles, more than the "
+            f"{max_grid_tiles():,} a page can draw (a chart of {grid * GRID_TILE_BYTES / 1e6:,.0f} MB; a browser "
+            f"message carries {st.get_option('server.maxMessageSize')} MB): raise the block sizes or lower N.")
 
 
 @dataclass(frozen=True)
@@ -162,12 +176,9 @@ class Settings:
                 self.checked_mask()
             except ValueError as exc:
                 out.append(f"The mask {self.mask_text!r} does not work here: {exc}")
-            grid = -(-self.seq_len // self.block_m) * -(-self.n_k // self.block_n)
-            if grid > max_grid_tiles():
-                out.append(f"N={self.seq_len}, N_k={self.n_k} with blocks {self.block_m}×{self.block_n} makes "
-                           f"{grid:,} tiles, more than the {max_grid_tiles():,} a page can draw (a chart of "
-                           f"{grid * GRID_TILE_BYTES / 1e6:,.0f} MB; a browser message carries "
-                           f"{st.get_option('server.maxMessageSize')} MB): raise the block sizes or lower N.")
+            too_big = grid_problem(self.seq_len, self.n_k, self.block_m, self.block_n)
+            if too_big:
+                out.append(too_big)
             elif self._work_items() > bounds.MAX_WORK_ITEMS:
                 out.append(f"B×H={self.batch}×{self.heads} with N={self.seq_len} in blocks of {self.block_m} "
                            f"makes {self._work_items():,} work items, more than a trace may hold "

@@ -86,8 +86,12 @@ else:
 try:
     if what != "two block sizes":
         right["mask"] = parse_mask(text, s.seq_len, s.n_k)     # the page's own mask field, parsed once
-    common.chart(blockmap_comparison_figure(left, right, head_dim=s.head_dim), "block-map-comparison",
-                 "skip_cmp", s.present)
+    too_big = settings.grid_problem(right["n"], right["n_k"], right["block_m"], right["block_n"])
+    if too_big:
+        st.error(f"The right-hand map cannot be drawn: {plain(too_big)}", icon=":material/error:")
+    else:
+        common.chart(blockmap_comparison_figure(left, right, head_dim=s.head_dim), "block-map-comparison",
+                     "skip_cmp", s.present)
 except ValueError as exc:
     st.error(f"The right-hand mask does not work: {plain(exc)}")
 

@@ -14,6 +14,8 @@ from .harness import ROOT, refused_cheaply, run_snippet
 
 OPEN = """
 import json, time
+from streamlit import config
+config.set_option("server.maxMessageSize", {message_mb})
 import app.sources.live as live
 from app import settings, sidebar, url_state          # the page's imports, before the clock starts
 from app.views import common
@@ -50,7 +52,7 @@ LINKS = {  # link: what its one-line refusal names
 @pytest.mark.parametrize("link", sorted(LINKS))
 def test_heavy_link_is_refused_by_arithmetic(link, page):
     query = {"page": page, **dict(parse_qsl(link))}
-    res = run_snippet(OPEN.format(app=str(ROOT / "app" / "main.py"), query=query),
+    res = run_snippet(OPEN.format(app=str(ROOT / "app" / "main.py"), query=query, message_mb=200),
                       env={"TILESCOPE_DATA": str(ROOT / "tests" / "no-such-data")})
     refused_cheaply(res, LINKS[link])
     report = json.loads(res.stdout.strip().splitlines()[-2])
@@ -59,3 +61,17 @@ def test_heavy_link_is_refused_by_arithmetic(link, page):
     # CPU seconds of the page's run (its wall time on a loaded 2-CPU machine varies with the load)
     assert report["cpu"] < 1.0, f"the page took {report['cpu']:.2f} s of CPU to refuse the link"
     assert len(report["errors"]) >= 1 and all("\n" not in e.strip() for e in report["errors"]), report
+
+
+def test_a_comparison_grid_past_the_message_limit_is_refused():
+    """The block-skip page's right-hand map takes its block sizes from the link: a grid past what
+    a browser message carries is one line, not a chart (here server.maxMessageSize=50 MB, so
+    16x16 blocks of a 16k recording, 1M tiles, are past it)."""
+    query = {"page": "block_skip", "source": "recorded", "trace": "n16384_causal_natural",
+             "skip_cmp_bm": "16", "skip_cmp_bn": "16"}
+    res = run_snippet(OPEN.format(app=str(ROOT / "app" / "main.py"), query=query, message_mb=50),
+                      env={"TILESCOPE_DATA": str(ROOT / "data")})
+    line = refused_cheaply(res, "right-hand map cannot be drawn", "a browser message carries 50 MB")
+    report = json.loads(res.stdout.strip().splitlines()[-2])
+    assert not report["exceptions"] and len(report["errors"]) == 1, report
+    assert "\n" not in line
