@@ -38,7 +38,6 @@ def places(tmp_path):
 @pytest.mark.parametrize("target,fragment", [
     ("link.json", "symbolic link"),
     ("fifo.json", "not a regular file"),
-    ("/dev/null", "not a regular file"),
     ("trace/manifest.json", "holds a trace"),
     ("trace/work.parquet", "holds a trace"),
     ("trace", "is a trace"),
@@ -53,6 +52,16 @@ def test_export_refuses_places_it_must_not_write(places, target, fragment):
     assert {p.name: p.read_bytes() for p in places["trace"].iterdir()} == places["before"]
     assert (tmp / "old.json").read_text() == "old"
     assert not [p for p in tmp.iterdir() if p.name.startswith(".")]          # no temporaries
+
+
+def test_a_character_device_is_refused_without_opening_it():
+    """Checked in-process on the guard alone (it never writes), so a regression cannot replace
+    the machine's /dev/null."""
+    from app.export.common import ExportError, check_file_target
+
+    for force in (False, True):
+        with pytest.raises(ExportError, match="not a regular file"):
+            check_file_target("/dev/null", force)
 
 
 @pytest.mark.parametrize("args,fragment", [
