@@ -146,11 +146,15 @@ needs_chromium = pytest.mark.skipif(not Path("/usr/bin/chromium").exists() and n
 
 
 def random_png(w: int, h: int, seed: int) -> bytes:
-    """A w x h PNG of random pixels (a stand-in for a kaleido frame)."""
+    """A w x h PNG of random flat blocks in a few dozen colours (a stand-in for a kaleido frame:
+    a chart is flat fills, and per-pixel noise makes the GIF palette search minutes long)."""
     import imageio.v3 as iio
 
-    img = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
-    return iio.imwrite("<bytes>", img, extension=".png")
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(0, 255, (32, 3), dtype=np.uint8)
+    cells = colours[rng.integers(0, 32, (9, 16))]                      # (9, 16, 3) blocks
+    img = np.repeat(np.repeat(cells, -(-h // 9), axis=0), -(-w // 16), axis=1)[:h, :w]
+    return iio.imwrite("<bytes>", np.ascontiguousarray(img), extension=".png")
 
 
 HOST = "198.51.100.7"      # a documentation address: nothing may ever be fetched from it
