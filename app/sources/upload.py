@@ -19,6 +19,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
@@ -37,6 +38,7 @@ RATIO_FREE_BYTES = 1 << 20         # ... checked for entries larger than this
 READABLE_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate",
                     zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "lzma"}
 TEMP_PREFIX = "tilescope-upload-"
+STALE_UNNAMED_S = 3600
 REZIP = "zip the trace directory again with a standard zip tool (no password) and upload that"
 
 log = logging.getLogger("tilescope")
@@ -44,7 +46,8 @@ log = logging.getLogger("tilescope")
 
 def remove_stale_upload_dirs(root: str | None = None) -> list[str]:
     """Remove this user's `tilescope-upload-<pid>-*` directories whose server process is gone
-    (killed mid-upload: a clean exit removes its own). Returns the paths removed.
+    (killed mid-upload: a clean exit removes its own), and those without a pid an hour old.
+    Returns the paths removed.
 
     Arguments: root, the temporary directory to clean (default: tempfile.gettempdir()).
     """
@@ -63,6 +66,8 @@ def remove_stale_upload_dirs(root: str | None = None) -> list[str]:
                 continue
             if pid.isdigit() and _alive(int(pid)):
                 continue
+            if not pid.isdigit() and time.time() - entry.stat().st_mtime < STALE_UNNAMED_S:
+                continue        # no pid in the name (an older server's): only once it is old
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
         except OSError:
