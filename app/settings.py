@@ -23,6 +23,8 @@ PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
          "online_softmax": "Online softmax", "memory": "Memory and traffic",
          "ring": "Across devices", "decode": "Prefill vs decode"}
 OWN_DATA_PAGES = ("ring", "decode")   # pages with their own recordings/runs: the attention controls do nothing there
+PAGES["your_model"] = "Your model"      # the estimator: its own controls (a model, N), no trace
+OWN_DATA_PAGES += ("your_model",)
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 DTYPES = tuple(files.DTYPES)           # fp16, bf16, fp32: the one dtype table
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",

@@ -1,0 +1,268 @@
+"""What one attention layer of a model costs at N tokens, drawn from the analytic model
+`instrumentation.estimate` (docs/formulas.md): peak memory against the devices' memory, HBM
+traffic, FLOPs and the modelled time, each over N, plus the numbers at one N as table rows.
+
+No number is computed here: every plotted value is a field of an `Estimate`; this module only
+sweeps N, picks fields and draws. Every chart's caption says the data are the analytic model.
+
+    ests = {d: sweep(problem, n_points(), device=d) for d in DEVICES}
+    peak_memory_figure(ests, n=32768)
+    traffic_figure(ests["H100"], n=32768); flops_figure(...); time_figure(...)
+    numbers_at_n(estimate_at(problem, 32768, "H100"), estimate_at(problem, 32768, "H200"))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+
+from instrumentation import estimate
+from instrumentation.analysis.estimator import DEVICES, Estimate
+
+from ._common import (FULL, NOW, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_time_ms,
+                      time_axis_ms, title)
+
+PROVENANCE = "analytic model (instrumentation.estimate), not a measurement"
+N_MIN, N_MAX = 256, 1 << 20
+DEVICE_COLOURS = {"H100": "#59a14f", "H200": "#8c6bb1"}
+GREY = "#888"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention layer's shape, N left open: q (B, H, N_q, D), k and v (B, H_kv, N_k, D).
+
+    chunk: a fixed number of queries (chunked prefill: N_q = min(chunk, N), N_k = N); None:
+    N_q = N_k = N. label: what the shape is (a preset's menu text, or 'custom shape')."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mask: str
+    dtype: str
+    chunk: int | None = None
+    label: str = ""
+
+    def lengths(self, n: int) -> tuple[int, int]:
+        """(N_q, N_k) at N tokens."""
+        return (min(self.chunk, n) if self.chunk else n), n
+
+    def brief(self, n: int | None = None) -> str:
+        """The shape in one line: 'B 1 · H 32 / H_kv 8 · D 128 · causal · bf16' (with N_q, N_k at n)."""
+        lens = ""
+        if n is not None:
+            n_q, n_k = self.lengths(n)
+            lens = f" · N {n:,}" if n_q == n_k else f" · N_q {n_q:,}, N_k {n_k:,}"
+        return (f"B {self.batch} · H {self.heads} / H_kv {self.kv_heads} · D {self.head_dim}{lens} · "
+                f"{self.mask} · {self.dtype}")
+
+
+def n_points(lo: int = N_MIN, hi: int = N_MAX, extra: tuple[int, ...] = ()) -> list[int]:
+    """Sequence lengths for a sweep: powers of two and the half-octaves between them (rounded to
+    a multiple of 64) from lo to hi, plus `extra` (e.g. the chosen N). Returns sorted ints."""
+    out = set(int(x) for x in extra if lo <= x <= hi)
+    k = math.log2(lo)
+    while 2 ** k <= hi * 1.0001:
+        out.add(int(round(2 ** k / 64) * 64) if k % 1 else int(2 ** k))
+        k += 0.5
+    return sorted(out)
+
+
+def estimate_at(p: Problem, n: int, device: str = "H100") -> Estimate:
+    """`instrumentation.estimate` of the problem at N tokens on `device` (default blocks).
+    Raises ValueError (one line) on a shape the estimator refuses."""
+    n_q, n_k = p.lengths(n)
+    return estimate(p.batch, p.heads, p.kv_heads, n_q, n_k, p.head_dim, mask=p.mask, dtype=p.dtype,
+                    device=device)
+
+
+def sweep(p: Problem, ns, device: str = "H100") -> list[Estimate]:
+    """One Estimate per N of `ns` on `device`. Arguments: the Problem, sequence lengths, a
+    device of DEVICES. Returns the list in the order of ns."""
+    return [estimate_at(p, int(n), device) for n in ns]
+
+
+def _n(ests) -> np.ndarray:
+    return np.array([e.n_k for e in ests], float)
+
+
+def _field(ests, name: str) -> np.ndarray:
+    return np.array([getattr(e, name) for e in ests], float)
+
+
+def _chosen_n(fig: go.Figure, n: int, label: str = "chosen N") -> None:
+    """A dashed vertical line at the chosen N with its label at the top (log x: annotations take log10)."""
+    fig.add_vline(x=n, line=dict(color="#444", dash="dash", width=1.5))
+    fig.add_annotation(x=math.log10(n), xref="x", y=1, yref="paper", yanchor="bottom", showarrow=False,
+                       text=f"{label} {_tokens(n)}", font=dict(color="#444"))
+
+
+def _tokens(n: int) -> str:
+    """1024 -> '1k', 32768 -> '32k', 1048576 -> '1M', 1500 -> '1,500'."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n >> 10}k"
+    return f"{n:,}"
+
+
+def _line(fig, x, y, name, colour, dash=None, fmt=fmt_bytes, width=3) -> None:
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line=dict(color=colour, width=width, dash=dash),
+                             text=[fmt(v) for v in y], hovertemplate="N=%{x:,}: %{text}<extra>" + name + "</extra>"))
+
+
+def _layout(fig: go.Figure, ests, main: str, p: Problem, note: str) -> go.Figure:
+    count_axis(fig, _n(ests), title_text="N (tokens" + (", keys; the chunk is the last N_q queries" if p.chunk else "")
+               + ", log)")
+    fig.update_layout(template=TEMPLATE, title=title(main, f"{p.label} · {p.brief()}" if p.label else p.brief()),
+                      legend=dict(orientation="v", x=0.01, y=0.99, xanchor="left", yanchor="top",
+                                  bgcolor="rgba(255,255,255,0.85)"),
+                      meta={"slide_legend_inside": True}, height=480, hovermode="x unified")
+    return caption(fig, f"Data: {PROVENANCE}, one attention layer, forward. {note}", width=150)
+
+
+def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> go.Figure:
+    """Naive vs flash peak memory of one call over N (log-log), the KV cache of the layer, each
+    device's memory as a horizontal line, and the N where naive attention no longer fits.
+
+    Arguments: {device: sweep(...)} (same N for every device), the chosen N, the Problem.
+    Returns the figure; y values are Estimate.naive_peak_bytes, flash_peak_bytes, kv_cache_bytes."""
+    first = next(iter(ests.values()))
+    x = _n(first)
+    fig = go.Figure()
+    _line(fig, x, _field(first, "naive_peak_bytes"), "naive: S and P resident", PARTIAL)
+    _line(fig, x, _field(first, "flash_peak_bytes"), "flash: O and lse", FULL)
+    _line(fig, x, _field(first, "kv_cache_bytes"), "KV cache of the layer (K and V)", GREY, dash="dot", width=2)
+    notes = []
+    for dev, es in ests.items():
+        mem = es[0].device_memory_bytes
+        colour = DEVICE_COLOURS.get(dev, "#444")
+        fig.add_hline(y=mem, line=dict(color=colour, width=2, dash="dashdot"))
+        fig.add_annotation(x=0.99, xref="paper", xanchor="right", y=math.log10(mem), yref="y",
+                           yanchor="bottom" if dev == "H200" else "top", showarrow=False,
+                           text=f"{dev} memory {fmt_bytes(mem, binary=True)}", font=dict(color=colour))
+        oom = [e for e in es if not e.naive_fits]
+        if oom:
+            fig.add_trace(go.Scatter(
+                x=[e.n_k for e in oom], y=[e.naive_peak_bytes for e in oom], mode="markers",
+                name=f"naive does not fit the {dev}", marker=dict(symbol="x", size=9, color=colour, line=dict(width=1)),
+                hovertemplate="N=%{x:,}: naive out of memory on the " + dev + "<extra></extra>"))
+            notes.append(f"naive needs more than the {dev}'s memory from N = {oom[0].n_k:,}")
+        else:
+            notes.append(f"naive fits the {dev} up to N = {es[-1].n_k:,}")
+    _chosen_n(fig, n)
+    values = np.concatenate([_field(first, k) for k in ("naive_peak_bytes", "flash_peak_bytes", "kv_cache_bytes")]
+                            + [[es[0].device_memory_bytes for es in ests.values()]])
+    byte_axis(fig, values, binary=True, title_text="memory allocated by the call")
+    return _layout(fig, first, "Peak memory of one attention call: naive vs flash", p,
+                   "Inputs Q, K, V are not in the peaks; out of memory = Q, K, V + peak > the device's memory "
+                   "(Estimate.naive_fits); " + "; ".join(notes) + ".")
+
+
+def traffic_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
+    """HBM bytes of one call over N: naive (S and P written and read), flash tiled (K/V read
+    again per computed tile, no cache) and flash ideal (Q, K, V, O once).
+
+    Arguments: sweep(...), the chosen N, the Problem. Returns the figure; y values are
+    Estimate.naive_hbm_bytes, flash_tiled_hbm_bytes, flash_hbm_bytes."""
+    x = _n(ests)
+    fig = go.Figure()
+    cols = (("naive_hbm_bytes", "naive", PARTIAL, None), ("flash_tiled_hbm_bytes", "flash, tiled (no cache)", FULL, "dash"),
+            ("flash_hbm_bytes", "flash, ideal (Q, K, V, O once)", FULL, None))
+    for col, name, colour, dash in cols:
+        _line(fig, x, _field(ests, col), name, colour, dash=dash)
+    _chosen_n(fig, n)
+    byte_axis(fig, np.concatenate([_field(ests, c[0]) for c in cols]), title_text="HBM traffic")
+    e = ests[0]
+    return _layout(fig, ests, "HBM traffic of one attention call", p,
+                   f"K and V counted with H_kv = {e.kv_heads} heads and N_k keys, Q and O with H = {e.heads} and "
+                   f"N_q; tiles {e.block_m}×{e.block_n} (the kernel's default).")
+
+
+def flops_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
+    """FLOPs of one call over N (QK^T and PV, 2 per multiply-add): naive's dense grid, the
+    kernel's computed tiles, and the pairs the mask lets through.
+
+    Arguments: sweep(...), the chosen N, the Problem. Returns the figure; y values are
+    Estimate.flops_dense, flops_tiles, flops."""
+    x = _n(ests)
+    fig = go.Figure()
+    cols = (("flops_dense", "naive: the whole N_q × N_k grid", PARTIAL, None),
+            ("flops_tiles", "flash: the computed tiles", FULL, "dash"),
+            ("flops", "the pairs the mask lets through", FULL, None))
+    for col, name, colour, dash in cols:
+        _line(fig, x, _field(ests, col), name, colour, dash=dash, fmt=fmt_flops)
+    _chosen_n(fig, n)
+    vals = np.concatenate([_field(ests, c[0]) for c in cols])
+    lo, hi = math.floor(math.log10(vals[vals > 0].min() / 1.5)), math.ceil(math.log10(vals.max() * 1.5))
+    ticks = [10.0 ** k for k in range(lo, hi + 1)]
+    fig.update_yaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[fmt_flops(t) for t in ticks],
+                     title_text="FLOPs (log)")
+    return _layout(fig, ests, "FLOPs of one attention call", p, "QK^T and PV, 2 FLOPs per multiply-add.")
+
+
+def time_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
+    """Modelled time of one flash call over N on each device (Estimate.time_by_device), the
+    estimator's roofline calibrated on named recordings; the caption quotes its model_note.
+
+    Arguments: sweep(...), the chosen N, the Problem. Returns the figure."""
+    x = _n(ests)
+    fig = go.Figure()
+    values = []
+    for dev in DEVICES:
+        ms = np.array([e.time_by_device[dev] * 1e3 for e in ests])
+        values.append(ms)
+        _line(fig, x, ms, f"flash on the {dev} (modelled)", DEVICE_COLOURS.get(dev, "#444"), fmt=fmt_time_ms)
+    _chosen_n(fig, n)
+    time_axis_ms(fig, np.concatenate(values), title_text="modelled time of one call")
+    note = ests[0].model_note
+    return _layout(fig, ests, "Modelled time of one flash call: H100 and H200", p,
+                   f"{note[0].upper()}{note[1:]}.")
+
+
+def fmt_flops(f: float) -> str:
+    """'1.2 TFLOP', '34 GFLOP' (decimal prefixes)."""
+    for unit, div in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if abs(f) >= div:
+            return f"{f / div:.3g} {unit}"
+    return f"{f:.3g} FLOP"
+
+
+def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
+    """The table at one N: one row per quantity with its value in units, the exact number, and
+    the Estimate field it is (docs/formulas.md names the formula by that field).
+
+    Arguments: the estimates of one shape on the H100 and on the H200. Returns a list of dicts
+    with keys quantity, value, exact, field."""
+    e = h100
+
+    def row(quantity, value, exact, field):
+        return {"quantity": quantity, "value": value, "exact": exact, "field": field}
+
+    def b(field, quantity):
+        v = getattr(e, field)
+        return row(quantity, fmt_bytes(v), f"{v:,} B", field)
+
+    fits = {d: x for d, x in (("H100", h100), ("H200", h200))}
+    return [
+        b("naive_peak_bytes", "naive peak memory (S, P resident)"),
+        b("flash_peak_bytes", "flash peak memory (O, lse)"),
+        b("kv_cache_bytes", "KV cache of the layer (K, V)"),
+        b("naive_hbm_bytes", "HBM traffic, naive"),
+        b("flash_tiled_hbm_bytes", "HBM traffic, flash tiled (no cache)"),
+        b("flash_hbm_bytes", "HBM traffic, flash ideal"),
+        row("FLOPs, mask's pairs", fmt_flops(e.flops), f"{e.flops:,}", "flops"),
+        row("FLOPs, computed tiles", fmt_flops(e.flops_tiles), f"{e.flops_tiles:,}", "flops_tiles"),
+        row("FLOPs, naive dense grid", fmt_flops(e.flops_dense), f"{e.flops_dense:,}", "flops_dense"),
+        row(f"tiles computed ({e.block_m}×{e.block_n})", f"{e.tiles_computed / max(e.tiles_total, 1):.1%} of all",
+            f"{e.tiles_computed:,} of {e.tiles_total:,}", "tiles_computed"),
+        *(row(f"modelled time, {d}", fmt_time_ms(x.time_by_device[d] * 1e3),
+              f"{x.time_by_device[d] * 1e3:.4g} ms ({x.bound}-bound)", "time_by_device") for d, x in fits.items()),
+        *(row(f"naive fits the {d} ({fmt_bytes(x.device_memory_bytes, binary=True)})", "yes" if x.naive_fits else "no",
+              f"Q, K, V + peak = {x.q_bytes + x.k_bytes + x.v_bytes + x.naive_peak_bytes:,} B", "naive_fits")
+          for d, x in fits.items()),
+    ]
