@@ -24,7 +24,8 @@ from instrumentation.analysis.schedule_model import schedule_stats, tile_timelin
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption,
                       discrete_colorscale, time_axis, title)
 from .schedule_common import (COLOR_BY, CURSOR, IN_FLIGHT, LANE_BINS, clock_kind, clock_unit,  # noqa: F401
-                              lane_traces, problem_text, provenance_text, ensure_timeline, traced_head)
+                              lane_traces, problem_text, provenance_text, ensure_timeline, spread_is_meaningful,
+                              traced_head)
 
 HIGHLIGHT = "#d62728"      # straggler outlines on the lanes
 # tile states drawn by the grid (codes are the heatmap's z values)
@@ -43,6 +44,10 @@ def stats_line(st: dict) -> str:
     """Makespan, tail, over-ideal and imbalance in words with units (chart subtitles)."""
     unit = "tile-units" if st["modelled"] else "µs"
     scale = 1.0 if st["modelled"] else 1e3
+    if not spread_is_meaningful(st):
+        return (f"makespan {st['makespan'] / scale:.4g} {unit}; {st['waves']:.2f} waves: "
+                f"{st['work_items']} work items on {st['sms']} SMs (fewer items than SMs: over ideal, tail "
+                "and imbalance not meaningful)")
     return (f"makespan {st['makespan'] / scale:.4g} {unit}, tail {st['tail'] / scale:.4g} {unit} "
             f"({st['tail'] / st['makespan']:.1%}), {st['over_ideal']:.1%} over ideal, "
             f"imbalance {st['imbalance']:.3f}; {st['waves']:.2f} waves on {st['sms']} SMs")

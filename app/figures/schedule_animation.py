@@ -50,6 +50,12 @@ def _layer(z: np.ndarray, color: str, k: int, xaxis_row, name: str) -> go.Heatma
                       colorscale=threshold_colorscale(color, k), hoverinfo="skip", name=name)
 
 
+def _cursor(x: float) -> dict:
+    """The time cursor on the lanes (a layout shape, not a trace: see the frames below)."""
+    return dict(type="line", xref="x", yref="y domain", x0=x, x1=x, y0=0, y1=1, name="now (time cursor)",
+                line=dict(color=CURSOR, width=3), layer="above")
+
+
 def _head_span(tl, bh: int, scale: float, unit: str) -> str:
     mine = tl[tl["bh"] == bh]
     t0 = float(tl["t_start"].min())
@@ -156,11 +162,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     lanes = lane_traces(tl, color_by, scale, bins=PANEL_LANE_BINS, hover=False, showscale=True, colorbar_y=0.8)
     for tr in lanes:
         fig.add_trace(tr, row=1, col=1)
-    x_now = times[k0] / scale
-    fig.add_trace(go.Scatter(x=[x_now, x_now], y=[-0.5, int(tl.attrs.get("sms") or tl["sm"].max() + 1) - 0.5],
-                             mode="lines", line=dict(color=CURSOR, width=3), name="now (time cursor)",
-                             showlegend=False, hoverinfo="skip"), row=1, col=1)
-    cursor_index = len(fig.data) - 1
+    fig.update_layout(shapes=[_cursor(times[k0] / scale)])
     # work grid: pending base, running and done layers
     fig.add_trace(go.Heatmap(z=work["exists"].astype(np.uint8), zmin=0, zmax=1,
                              colorscale=[[0, "white"], [1, WORK_PENDING]], showscale=False,
@@ -214,13 +216,16 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
     if not controls:
         return fig
 
-    changing = [cursor_index, *layer_index]          # frames carry only these traces' changes
+    # Frames carry only heatmap colour scales and layout (the cursor is a shape). A frame that also
+    # carried a scatter trace (an "animatable" one) made plotly.js transition that trace alone,
+    # replotting its subplots without their heatmaps, so every panel stayed blank until the
+    # frame's redraw caught up (1-2.5 s on a loaded machine after ▶ play). Without an animatable
+    # trace a frame goes straight to one full redraw with the new colour scales: no empty frame.
     frames = []
     for k, t in enumerate(times):
-        data = [go.Scatter(x=[t / scale, t / scale])]
-        data += [go.Heatmap(colorscale=threshold_colorscale(color, k)) for _z, color, *_r in layers]
-        frames.append(go.Frame(data=data, traces=changing, name=str(k), layout=dict(
-            title=_frame_title(heading, t - t0, scale, unit, work, tiles, k, bh))))
+        data = [go.Heatmap(colorscale=threshold_colorscale(color, k)) for _z, color, *_r in layers]
+        frames.append(go.Frame(data=data, traces=layer_index, name=str(k), layout=dict(
+            shapes=[_cursor(t / scale)], title=_frame_title(heading, t - t0, scale, unit, work, tiles, k, bh))))
     fig.frames = frames
     play = dict(frame=dict(duration=frame_ms, redraw=True), fromcurrent=True, transition=dict(duration=0))
     pause = dict(frame=dict(duration=0, redraw=False), mode="immediate", transition=dict(duration=0))

@@ -18,6 +18,28 @@ COLOR_BY = {"tiles_visited": "K/V tiles visited", "q_block": "query block"}
 LANE_BINS = 900                 # time bins of the lane raster (about one per screen pixel)
 
 
+SPREAD_METRICS = ("over_ideal", "ideal", "tail", "tail_share", "imbalance", "idle")
+
+
+def spread_is_meaningful(stats: dict) -> bool:
+    """Whether the metrics that compare a schedule with an even spread of its work over every SM
+    (SPREAD_METRICS: over ideal, tail, imbalance, idle SM time) say anything: with fewer work
+    items than SMs no schedule can keep every SM busy (a work item is never split), so they
+    measure the GPU's size, not the schedule ("2705 % over ideal" for 8 items on 132 SMs).
+
+    Arguments:
+        stats: schedule_model.schedule_stats of one timeline ("work_items", "sms").
+    Returns:
+        True when there are at least as many work items as SMs."""
+    return int(stats["work_items"]) >= int(stats["sms"])
+
+
+def too_few_items_text(stats: dict) -> str:
+    """What the page and the charts say instead of the spread metrics of a tiny run."""
+    return (f"{stats['work_items']} work items on {stats['sms']} SMs: fewer items than SMs, so over-ideal, "
+            "tail, imbalance and idle time are not meaningful (they would measure the GPU's size, not the schedule)")
+
+
 def ensure_timeline(trace, tl, sms=None, gpu=None) -> pd.DataFrame:
     """`tl` when given, else the trace's timeline on `sms` SMs or the named `gpu` (modelled for
     interpreter traces; instrumentation's schedule_model.timeline)."""

@@ -18,6 +18,7 @@ from app.text import plain
 from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_comparison_figure,
                                   schedule_comparison_stats, sm_lanes_figure)
 from app.figures.kv_sharing import kv_sharing_figure
+from app.figures.schedule_common import SPREAD_METRICS, spread_is_meaningful, too_few_items_text
 from app.figures.schedule_animation import DEFAULT_FRAMES, opening_frame, tile_animation_figure
 from app.views import common
 from app.views.progress import FrameProgress
@@ -115,6 +116,11 @@ def metrics_markdown() -> str:
     a 2-CPU machine (median of 10 interleaved visits); the table is drawn by the Markdown code the
     page loads anyway, and the explanations sit under it instead of in tooltips."""
     row = metrics_row(stats)
+    if not spread_is_meaningful(stats):     # a tiny run: the spread metrics would only measure the GPU
+        cells = {"makespan": f"{row['makespan']:.4g} {unit}",
+                 "waves": f"{row['waves']:.2f} ({stats['work_items']} work items on {stats['sms']} SMs)",
+                 "over ideal · tail · imbalance · idle": "not meaningful: fewer work items than SMs"}
+        return markdown_table(pd.DataFrame([cells]), align="right") + "\n\n" + too_few_items_text(stats) + "."
     cells = {"makespan": f"{row['makespan']:.4g} {unit}",
              "tail": f"{row['tail']:.4g} {unit} ({row['tail_share']:.1f} % of makespan)",
              "over ideal": f"{row['over_ideal']:.1f} % (ideal {row['ideal']:.4g} {unit})",
@@ -349,6 +355,10 @@ if compare:
                 (f"{label} (%)" if k in ("over_ideal", "tail_share", "idle") else label),
                 help=text, format="%.4g" if k in ("makespan", "ideal", "tail", "imbalance") else "%.2f")
                 for k, (label, text) in METRICS.items()}
+            tiny = [not spread_is_meaningful(cached_stats(t, sms)) for t in traces]
+            if any(tiny):       # blank, not a misleading number, and the reason under the table
+                table.loc[tiny, [c for c in SPREAD_METRICS if c in table.columns]] = np.nan
+                st.caption(too_few_items_text(cached_stats(traces[tiny.index(True)], sms)) + ".")
             st.dataframe(table, hide_index=True, column_config=cfg)
             st.caption(metrics_caption())
 

@@ -145,8 +145,30 @@ def test_animation_states_and_light_frames(schedules):
     assert now_seen > 0                                      # "computing now" appears in frames
     assert done_prev == n_items                              # the last frame: everything done
     # frames spread over the whole run, the cursor with them
-    xs = [fr.data[0].x[0] for fr in fig.frames]
+    xs = [fr.layout.shapes[0].x0 for fr in fig.frames]
     assert xs[0] == pytest.approx(tl["t_start"].min()) and xs[-1] == pytest.approx(tl["t_end"].max())
+    assert fig.layout.shapes[0].x0 == xs[k0]                # the opening frame's cursor
+
+
+def test_animation_frames_never_blank_the_heatmaps(schedules):
+    """▶ play must not blank the panels: plotly.js transitions an animatable (scatter) trace in a
+    frame on its own and replots its subplots without their heatmaps until the frame's redraw.
+    So a frame carries only heatmap colour scales (and layout: the cursor, the title), every
+    frame is redrawn whole, and a still of any frame keeps every heatmap's data."""
+    from app.export.images import static_frame
+
+    tr = schedules["natural"]
+    fig = F.tile_animation_figure(tr, tl=timeline(tr, sms=3), max_frames=12)
+    n_heat = sum(d.type == "heatmap" for d in fig.data)
+    for k, fr in enumerate(fig.frames):
+        assert fr.data and all(d.type == "heatmap" for d in fr.data), [d.type for d in fr.data]
+        assert all(fig.data[i].type == "heatmap" for i in fr.traces)
+        assert len(fr.layout.shapes) == 1 and fr.layout.shapes[0].x0 == fr.layout.shapes[0].x1
+        still = static_frame(fig, k)
+        assert sum(d.type == "heatmap" and d.z is not None for d in still.data) == n_heat
+        assert still.layout.shapes[0].x0 == fr.layout.shapes[0].x0
+    for button in fig.layout.updatemenus[0].buttons[:1]:      # play redraws every frame whole
+        assert button.args[1]["frame"]["redraw"] is True
 
 
 def test_animation_other_head_and_still(schedules):
@@ -309,3 +331,22 @@ def test_animation_work_grid_ticks_whole_rows_and_blocks(softmax_inputs):
         assert ticks[0] == 0 and ticks[-1] < n and len(steps) == 1 and len(ticks) <= 9, (n, ticks)
         one_based = whole_ticks(int(n), 16, start=1)       # the softmax page's steps count from 1
         assert one_based[0] == 1 and one_based[-1] <= n and len(one_based) <= 17, (n, one_based)
+
+
+def test_tiny_run_says_spread_metrics_are_not_meaningful(schedules):
+    """Fewer work items than SMs: over ideal, tail and imbalance would measure the GPU's size
+    ("2705 % over ideal" for 8 items on 132 SMs), so the lanes' subtitle says they are not
+    meaningful instead of printing them; a run of at least as many items as SMs keeps them."""
+    from app.figures.schedule_common import spread_is_meaningful
+    from instrumentation.analysis.schedule_model import schedule_stats
+
+    tr = schedules["natural"]
+    n = len(tr.work)
+    tiny = timeline(tr, sms=n + 1)
+    assert not spread_is_meaningful(schedule_stats(tiny))
+    sub = F.sm_lanes_figure(tr, tl=tiny).layout.title.subtitle.text
+    assert "over ideal" in sub and "not meaningful" in sub and "%" not in sub and "imbalance 0" not in sub
+    enough = timeline(tr, sms=max(1, n // 2))
+    assert spread_is_meaningful(schedule_stats(enough))
+    sub = F.sm_lanes_figure(tr, tl=enough).layout.title.subtitle.text
+    assert "% over ideal" in sub and "not meaningful" not in sub

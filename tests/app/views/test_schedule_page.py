@@ -73,15 +73,28 @@ def lanes_timeline(data_dir, trace=f"n{N}_causal_natural"):
 def test_metrics_lanes_and_stragglers(data_dir, default_view):
     at = default_view
     clean(at)
-    metrics = next(m.value for m in at.markdown if re.match(r"\|\s*makespan\s*\|", m.value.lstrip()))
-    row = dict(zip(*[[c.strip() for c in ln.strip().strip("|").split("|")]
-                     for ln in metrics.splitlines() if ln.strip() and "---" not in ln]))
+
+    def metrics_row(at):
+        metrics = next(m.value for m in at.markdown if re.match(r"\|\s*makespan\s*\|", m.value.lstrip()))
+        return metrics, dict(zip(*[[c.strip() for c in ln.strip().strip("|").split("|")]
+                                   for ln in metrics.splitlines() if ln.strip() and "---" not in ln][:2]))
+
+    # 32 work items on the default 132 SMs: the spread metrics are said to be meaningless, not printed
+    text, row = metrics_row(at)
+    assert list(row) == ["makespan", "waves", "over ideal · tail · imbalance · idle"]
+    assert "not meaningful" in row["over ideal · tail · imbalance · idle"] and "%" not in text
+    assert "fewer items than SMs" in text
+    # on 16 SMs (more items than SMs) every metric, with units
+    sixteen = page(data_dir, sched_sms="16")
+    assert not sixteen.exception
+    _, row = metrics_row(sixteen)
     assert list(row) == ["makespan", "tail", "over ideal", "load imbalance", "idle SM time", "waves"]
     assert row["makespan"].endswith("tile-units") and "% (ideal " in row["over ideal"]
     # the page's numbers are its own analysis of the recording
     from instrumentation.analysis.schedule_analysis import METRICS
-    from instrumentation.analysis.schedule_model import DEFAULT_SMS, schedule_stats
-    st = schedule_stats(lanes_timeline(data_dir), sms=DEFAULT_SMS)
+    from instrumentation.analysis.schedule_model import schedule_stats, timeline
+    from instrumentation.trace import Trace
+    st = schedule_stats(timeline(Trace.load(data_dir / "traces" / f"n{N}_causal_natural"), sms=16), sms=16)
     assert float(row["makespan"].split()[0]) == pytest.approx(st["makespan"], rel=1e-3)
     assert float(row["load imbalance"]) == pytest.approx(st["imbalance"], abs=1e-3)
     explained = " ".join(c.value for c in at.caption)
