@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from instrumentation.analysis.traffic import FLASH_HBM_FORMULA, NAIVE_HBM_FORMULA
+
 
 @dataclass(frozen=True)
 class Text:
@@ -20,7 +22,7 @@ class Text:
 TEXTS = {
     "vllm_lesson": Text("FlashAttention: same math, different schedule",
                         "vLLM lessons, lesson 3 of 12",
-                        "the HBM-traffic calculator (naive 4hT² + 8hTd bytes vs flash 8hTd), the "
+                        f"the HBM-traffic calculator ({NAIVE_HBM_FORMULA} vs {FLASH_HBM_FORMULA}), the "
                         "online-softmax widget, the T = 8192 worked example"),
     "mathematricks": Text("The MathemaTricks behind FlashAttention: fast and memory efficient exact attention",
                           "blog post (CC BY 4.0)",

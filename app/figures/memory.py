@@ -1,5 +1,5 @@
 """Naive vs flash over the sequence length N: measured peak memory (with the GPU's capacity and
-its out-of-memory points), time and HBM traffic (analytic models from instrumentation.hbm, plus
+its out-of-memory points), time and HBM traffic (the cost model instrumentation.estimate, plus
 ncu DRAM bytes when the sweep has them), and seed 000's HBM-traffic calculator.
 
 Sweep records: a DataFrame with impl ('naive' | 'flash'), seq_len, batch, heads, head_dim,
@@ -17,7 +17,8 @@ import plotly.graph_objects as go
 
 from instrumentation.analysis import hbm
 from instrumentation.analysis.traffic import (CONFIG_COLS, calculator_numbers, check_records, crossover,
-                                     loglog_slope, memory_capacity, traffic_model)
+                                              loglog_slope, memory_capacity, shape_traffic, sp_crossover,
+                                              traffic_model)
 
 from ._common import (FULL, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_time_ms,
                       time_axis_ms, title)
@@ -148,14 +149,42 @@ def _measured_figure(df, meta, col, what, ref_slope, cross_text, y_axis, fmt) ->
     return caption(fig, f"{prov[:1].upper()}{prov[1:]}. {where}.", width=160)
 
 
+def naive_peak_note(df: pd.DataFrame) -> dict | None:
+    """What naive attention's peak holds at the largest N it ran, from the estimator: S and P,
+    (B, H, N, N) each, both resident while the softmax runs; the inputs q, k, v are not counted.
+
+    Arguments: sweep records (one config). Returns {"n", "x", "y", "text"} (x, y: the measured
+    point the note points at) or None when naive never ran."""
+    ran = df[(df["impl"] == "naive") & ~df["oom"] & df["peak_bytes"].notna()]
+    if not len(ran):
+        return None
+    r = ran.sort_values("seq_len").iloc[-1]
+    n = int(r["seq_len"])
+    e = shape_traffic(r["batch"], r["heads"], r["heads"], n, n, r["head_dim"], r["mask"], r["dtype"])["estimate"]
+    one = fmt_bytes(e.naive_s_bytes, binary=True)
+    text = (f"naive peak at N = {n:,}, H = {int(r['heads'])}: S and P both resident,<br>"
+            f"2 × {one} = {fmt_bytes(e.naive_sp_bytes, binary=True)} (B·H·N²·{e.bytes_per_element} B each; "
+            f"inputs q, k, v excluded)")
+    if e.naive_peak_bytes != e.naive_sp_bytes:
+        text += f"<br>model peak {fmt_bytes(e.naive_peak_bytes, binary=True)} (O or grouped K/V added)"
+    return {"n": n, "x": n, "y": float(r["peak_bytes"]), "text": text}
+
+
 def memory_figure(df: pd.DataFrame, meta: dict | None = None) -> go.Figure:
     """Measured peak memory vs N (log y, binary units), the GPU's capacity as a line with the
-    OOM points on it, slopes and the naive/flash ratio written on the chart."""
-    return _measured_figure(
+    OOM points on it, slopes and the naive/flash ratio written on the chart, and what naive's
+    peak holds (S and P, both resident, inputs excluded) at its largest N, from the estimator."""
+    fig = _measured_figure(
         df, meta, "peak_bytes", "Peak GPU memory: naive materialises N×N, flash does not",
         {"naive": 2, "flash": 1}, "naive needs more memory",
         lambda fig, ys: byte_axis(fig, ys, "y", binary=True, title_text="peak memory"),  # MiB/GiB ticks
         lambda v: fmt_bytes(v, binary=True))
+    note = naive_peak_note(check_records(df)) if df.groupby(CONFIG_COLS).ngroups == 1 else None
+    if note:
+        fig.add_annotation(x=np.log10(note["x"]), xref="x", y=np.log10(note["y"]), yref="y", text=note["text"],
+                           name="naive-peak", showarrow=True, arrowhead=2, ax=-60, ay=-60, xanchor="right",
+                           align="right", font=dict(size=12, color=PARTIAL), bgcolor="rgba(255,255,255,0.85)")
+    return fig
 
 
 def time_figure(df: pd.DataFrame, meta: dict | None = None) -> go.Figure:
@@ -168,8 +197,9 @@ def time_figure(df: pd.DataFrame, meta: dict | None = None) -> go.Figure:
 
 
 def traffic_figure(df: pd.DataFrame, meta: dict | None = None, block_q: int | None = None) -> go.Figure:
-    """HBM bytes vs N: the seeds' naive, ideal-flash and tiled-flash models (lines), ncu DRAM
-    bytes where measured (markers), the T = 2d crossover of naive's T² term, reference slopes."""
+    """HBM bytes vs N: the estimator's naive, ideal-flash and tiled-flash bytes (lines), ncu DRAM
+    bytes where measured (markers), the T where naive's S-and-P term overtakes its Q, K, V, O term
+    (T = d for MHA: 4hT²·e = 4hTd·e), reference slopes."""
     df = check_records(df)
     block_q = int(block_q or (meta or {}).get("block_m") or 128)
     model = traffic_model(df, block_q)
@@ -197,9 +227,11 @@ def traffic_figure(df: pd.DataFrame, meta: dict | None = None, block_q: int | No
                                      marker=dict(symbol="diamond", size=13, color=IMPL_COLORS.get(impl, "#444"),
                                                  line=dict(width=1, color="black"))))
     d = int(df["head_dim"].iloc[0])
-    if df["head_dim"].nunique() == 1:
-        # naive's 4hT² term passes its 8hTd term at T = 2d (seed 000)
-        _log_vline(fig, 2 * d, f"T = 2d = {2 * d}: S,P bytes<br>overtake Q,K,V,O")
+    cross = float(sp_crossover(int(df["heads"].iloc[0]), int(df["heads"].iloc[0]), d))
+    if df["head_dim"].nunique() == 1 and df["heads"].nunique() == 1:
+        # naive's S,P term 4hT²·e meets its Q,K,V,O term 4hTd·e (the estimator's terms)
+        what = f"T = d = {d}" if cross == d else f"T = {cross:,.0f}"
+        _log_vline(fig, cross, f"{what}: S,P bytes<br>overtake Q,K,V,O")
     last = model.iloc[-1]
     ratio = last["naive"] / last["flash_ideal"]
     _reference_slopes(fig, model["seq_len"], [(2, last["seq_len"], last["naive"], "naive"),
@@ -209,20 +241,20 @@ def traffic_figure(df: pd.DataFrame, meta: dict | None = None, block_q: int | No
     fig.add_shape(type="line", x0=last["seq_len"], x1=last["seq_len"], y0=last["flash_ideal"], y1=last["naive"],
                   xref="x", yref="y", line=dict(color="#333", width=1.5))
     count_axis(fig, model["seq_len"], "x", title_text="sequence length N = T (tokens, log)")
-    # pad the ends: the T = 2d line at the smallest N and the ratio bracket at the largest stay off the axes
+    # pad the ends: the crossover line at the smallest N and the ratio bracket at the largest stay off the axes
     lo, hi = float(model["seq_len"].min()), float(model["seq_len"].max())
-    fig.update_xaxes(range=[np.log10(min(lo, 2 * d) / 1.25), np.log10(hi * 1.15)])
+    fig.update_xaxes(range=[np.log10(min(lo, cross) / 1.25), np.log10(hi * 1.15)])
     byte_axis(fig, ys, "y", title_text="HBM traffic per forward")
     cfg = "" if multi else _config_label(next(iter(model.groupby(CONFIG_COLS).groups))) + "; "
     fig.update_layout(title=title("HBM traffic: naive O(N²) vs flash O(N)",
-                                  f"{cfg}lines: analytic models (instrumentation.hbm); diamonds: ncu measurements"
+                                  f"{cfg}lines: the cost model (instrumentation.estimate); diamonds: ncu measurements"
                                   f"<br>at N = {int(last['seq_len']):,}: naive {fmt_bytes(last['naive'])} vs ideal "
                                   f"flash {fmt_bytes(last['flash_ideal'])} = {ratio:,.0f}× less"),
                       template=TEMPLATE, height=600, width=1150,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
-    return caption(fig, "Models are exact byte counts of the source texts' formulas, not measurements: naive = Q,K,V,O "
-                   f"once + S,P written and read; flash ideal = Q,K,V,O once; flash tiled = K,V re-read once per "
-                   f"Q block of {block_q}. ncu: DRAM bytes read + written in one forward. "
+    return caption(fig, "Models are exact byte counts (docs/formulas.md), not measurements: naive = Q,K,V,O "
+                   f"once + S,P written and read, (4hTd + 4hT²)·e; flash ideal = Q,K,V,O once; flash tiled = the "
+                   f"K,V blocks of every computed tile, Q blocks of {block_q}. ncu: DRAM bytes read + written in one forward. "
                    + ("Measured points: " + sweep_provenance(meta) if "dram_read_bytes" in df else
                       "Sweep configs from: " + sweep_provenance(meta)), width=160)
 
@@ -258,8 +290,9 @@ def hbm_calculator_figure(T: int, h: int, d: int, block_q: int, block_k: int, by
                                   f"T={T:,}, h={h}, d={d}, block_q={block_q}, block_k={block_k}, "
                                   f"{bytes_per_el} B/element, batch 1; naive dominated by {x['dominant_term']}"),
                       template=TEMPLATE, showlegend=False, height=560)
-    return caption(fig, "Analytic model (the HBM calculator's formulas via instrumentation.hbm), not a "
-                        "measurement. block_k moves no bytes; block_q only changes the tiled bar.")
+    return caption(fig, f"Analytic model, not a measurement: naive (4hTd + 4hT²)·e, flash 4hTd·e "
+                        f"(instrumentation.estimate, docs/formulas.md); S and P overtake Q, K, V, O at "
+                        f"T = {x['crossover_T']:,.0f}. block_k moves no bytes; block_q only changes the tiled bar.")
 
 
 def model_curves_figure(h: int, d: int, bytes_per_el: int, block_q: int, ns=None) -> go.Figure:
@@ -275,21 +308,21 @@ def model_curves_figure(h: int, d: int, bytes_per_el: int, block_q: int, ns=None
     ns = ns or [2 ** k for k in range(8, 18)]
     fig = go.Figure()
     ys = []
-    for fn, name, dash, color in ((lambda n: hbm.naive_hbm_bytes(n, h, d, bytes_per_el), "naive", "solid", PARTIAL),
-                                  (lambda n: hbm.flash_hbm_bytes_tiled(n, h, d, block_q, bytes_per_el),
-                                   f"flash, tiled (block_q={block_q})", "dash", FULL),
-                                  (lambda n: hbm.flash_hbm_bytes(n, h, d, bytes_per_el), "flash, ideal", "dot", FULL)):
-        y = [fn(n) for n in ns]
+    t = [calculator_numbers(n, h, d, block_q, block_q, bytes_per_el) for n in ns]
+    for key, name, dash, color in (("naive_bytes", "naive", "solid", PARTIAL),
+                                   ("flash_tiled_bytes", f"flash, tiled (block_q={block_q})", "dash", FULL),
+                                   ("flash_bytes", "flash, ideal", "dot", FULL)):
+        y = [x[key] for x in t]
         ys += y
         fig.add_trace(go.Scatter(x=ns, y=y, mode="lines+markers", name=name, line=dict(dash=dash, color=color),
                                  text=[fmt_bytes(v) for v in y], hovertemplate="N=%{x:,}: %{text}<extra></extra>"))
-    n, naive, ideal = ns[-1], hbm.naive_hbm_bytes(ns[-1], h, d, bytes_per_el), hbm.flash_hbm_bytes(ns[-1], h, d, bytes_per_el)
+    n, naive, ideal = ns[-1], t[-1]["naive_bytes"], t[-1]["flash_bytes"]
     fig.update_layout(title=title("HBM traffic over N (ANALYTIC MODEL, not a measurement)",
                                   f"h={h}, d={d}, {bytes_per_el} B per element, batch 1<br>at N = {n:,}: naive "
                                   f"{fmt_bytes(naive)} vs ideal flash {fmt_bytes(ideal)} = {naive / ideal:,.0f}× less"),
                       template=TEMPLATE)
     count_axis(fig, ns, "x", title_text="sequence length N (tokens, log)")
     byte_axis(fig, ys, "y", title_text="HBM bytes per layer")
-    return caption(fig, "Model: instrumentation.hbm (the byte formulas of the vLLM lesson, the MathemaTricks post and "
-                        "the Tiling Strategy explainer); no caches modelled; "
+    return caption(fig, "Model: instrumentation.estimate (docs/formulas.md: the byte formulas of the vLLM lesson, the "
+                        "MathemaTricks post and the Tiling Strategy explainer); no caches modelled; "
                         "no sweep is bundled, so there is nothing measured to show")

@@ -15,6 +15,7 @@ from app.figures.memory import (hbm_calculator_figure, hbm_calculator_numbers, m
                                 model_curves_figure, time_figure, tile_count_point, traffic_figure)
 from app.figures._common import fmt_bytes
 from instrumentation.analysis import hbm
+from instrumentation.analysis.traffic import trace_traffic
 from instrumentation.trace.sweep_file import load_sweep
 
 LESSON = cite("vllm_lesson")
@@ -117,7 +118,8 @@ m[3].metric("dominant term (naive)", "S and P (T²)" if calc["naive_sp_bytes"] >
             f"{calc['naive_sp_bytes'] / naive:.0%} of naive", delta_color="off", delta_arrow="off")
 common.chart(hbm_calculator_figure(T, h, d, bq, bkv, el), "hbm-calculator", "mem_calc", s.present)
 ex = hbm.seed000_example()
-st.caption(f"Tiled flash (K and V re-read once per query block of {bq}): "
+st.caption(f"S and P bytes overtake Q, K, V, O at T = {calc['crossover_T']:,.0f} (T = d: $4hT^2 = 4hTd$). "
+           f"Tiled flash (K and V re-read once per query block of {bq}): "
            f"{fmt_bytes(calc['flash_tiled_bytes'])} ({calc['reduction_tiled']:.1f}× less than naive). "
            f"Changing block_kv (now {bkv}) moves no byte. The lesson's example (T = 8,192, h = 32, d = 128, fp16): "
            f"{fmt_bytes(ex['naive_bytes'])} naive vs {fmt_bytes(ex['flash_bytes'])} flash, "
@@ -152,19 +154,33 @@ st.caption("One head, $d = 128$, $B_q = 128$, fp16; the article's “MB” are M
 st.subheader("Counted from the current trace")
 try:
     src = sources.current_source(s)
+    meta_t = src.trace.meta
     counted = hbm.tile_count_breakdown(src.trace)
     point = tile_count_point(src.trace)
-    sh = src.trace.meta["shape"]
-    el_t = hbm.DTYPE_BYTES[src.trace.meta["dtype"]]
-    ideal = hbm.flash_hbm_bytes(int(sh["N"]), int(sh["H"]), int(sh["D"]), el_t, int(sh["B"]))
-    naive_t = hbm.naive_hbm_bytes(int(sh["N"]), int(sh["H"]), int(sh["D"]), el_t, int(sh["B"]))
+    model = trace_traffic(meta_t)                 # the estimator at this recording's shape
+    e = model["estimate"]
+    shape = (f"B {e.batch}, H {e.heads} / H_kv {e.kv_heads}, N_q {e.n_q:,}, N_k {e.n_k:,}, D {e.head_dim}, "
+             f"{e.dtype}")
     st.markdown(f"From the **{counted['tiles_visited']:,} K/V tiles the kernel visited** "
-                f"({src.origin}; mask {src.trace.meta['mask']}, blocks {src.trace.meta['block_m']}×"
-                f"{src.trace.meta['block_n']}): Q {fmt_bytes(counted['q_read'])} + K {fmt_bytes(counted['k_read'])} + "
+                f"({src.origin}; mask {meta_t['mask']}, blocks {meta_t['block_m']}×"
+                f"{meta_t['block_n']}): Q {fmt_bytes(counted['q_read'])} + K {fmt_bytes(counted['k_read'])} + "
                 f"V {fmt_bytes(counted['v_read'])} + O {fmt_bytes(counted['o_write'])} = "
-                f"**{fmt_bytes(point['bytes'])}**, vs {fmt_bytes(ideal)} ideal flash and {fmt_bytes(naive_t)} naive "
-                f"(models, no caches; decimal units, 1 MB = 10⁶ B).",
-                help=f"exact: {point['bytes']:,} bytes counted; {ideal:,} ideal flash; {naive_t:,} naive")
+                f"**{fmt_bytes(point['bytes'])}** (the cost model's tiled flash: {fmt_bytes(model['flash_tiled'])}).",
+                help=f"exact: {point['bytes']:,} bytes counted; {model['flash_tiled']:,} tiled flash model")
+    c = st.columns(3)
+    c[0].metric("ideal flash (model)", fmt_bytes(model["flash_ideal"]),
+                help=f"{model['flash_ideal']:,} B: Q and O with H = {e.heads} heads and N_q = {e.n_q:,} rows, "
+                     f"K and V with H_kv = {e.kv_heads} heads and N_k = {e.n_k:,} rows, each once")
+    c[1].metric("tiled flash (model)", fmt_bytes(model["flash_tiled"]),
+                help=f"{model['flash_tiled']:,} B: Q and O once, each computed tile reads its K and V block")
+    c[2].metric("naive (model)", fmt_bytes(model["naive"]),
+                help=f"{model['naive']:,} B: Q, K, V, O once plus S and P (B·H·N_q·N_k each) written once "
+                     "and read once")
+    st.caption(f"Models from instrumentation.estimate at this recording's shape ({shape}; docs/formulas.md), "
+               f"no caches. Ideal flash: K {fmt_bytes(e.k_bytes)} + V {fmt_bytes(e.v_bytes)} with H_kv heads, "
+               f"Q {fmt_bytes(e.q_bytes)} + O {fmt_bytes(e.o_bytes)}. Naive: S and P of "
+               f"{e.batch}×{e.heads}×{e.n_q:,}×{e.n_k:,} move {fmt_bytes(model['naive_sp'])}. "
+               "Decimal units: 1 MB = 10⁶ B.")
     st.caption(src.trace.provenance())
 except (sources.RunError, ValueError, KeyError) as exc:
     st.info(f"No trace to count from with the current settings: {exc}")

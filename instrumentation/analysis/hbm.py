@@ -1,5 +1,10 @@
 """Analytic HBM-traffic models for naive and flash attention (the seeds' formulas, exactly).
 
+These are the seeds' formulas, kept to check the seeds and the scaling table against. The app's
+numbers come from the one cost model, instrumentation.analysis.estimator (GQA, N_q != N_k, every
+mask), which equals them at H_kv = H, N_q = N_k and the full mask (tests say so); the count from
+a recording's visited tiles below equals the estimator's flash_tiled_hbm_bytes.
+
 Every function returns bytes that cross the HBM <-> on-chip boundary for ONE forward pass of one
 attention layer, as an exact integer. None of them models caches: a real GPU serves part of the
 re-reads from L2, so measured DRAM bytes (ncu's dram__bytes_read.sum / dram__bytes_write.sum,

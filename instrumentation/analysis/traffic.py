@@ -1,5 +1,9 @@
 """Naive vs flash over a sweep: log-log slopes, crossovers, the analytic traffic table, seed
-000's calculator numbers and the GPU's memory capacity. The memory figures only draw these."""
+000's calculator numbers and the GPU's memory capacity. The memory figures only draw these.
+
+Every byte count here comes from the one cost model, instrumentation.analysis.estimator
+(formulas in docs/formulas.md); at H_kv = H, N_q = N_k and the full mask it gives the seeds'
+formulas of instrumentation.analysis.hbm exactly."""
 
 from __future__ import annotations
 
@@ -9,6 +13,13 @@ import numpy as np
 import pandas as pd
 
 from . import hbm
+from .estimator import estimate
+
+# naive and flash HBM traffic as the calculator counts them (MHA, N_q = N_k = T, batch 1, e bytes per
+# element); "About the sources" quotes these, and a test evaluates them against the calculator
+NAIVE_HBM_FORMULA = "naive (4hTd + 4hT²)·e bytes"
+FLASH_HBM_FORMULA = "flash 4hTd·e bytes"
+DTYPE_OF_BYTES = {2: "fp16", 4: "fp32"}
 
 CONFIG_COLS = ["batch", "heads", "head_dim", "dtype", "mask"]
 REQUIRED = ["impl", "seq_len", *CONFIG_COLS, "peak_bytes", "ms", "oom"]
@@ -57,37 +68,74 @@ def bytes_per_element(dtype) -> int:
     return hbm.DTYPE_BYTES[dtype]
 
 
-def traffic_model(df: pd.DataFrame, block_q: int = 128) -> pd.DataFrame:
-    """Analytic HBM bytes (instrumentation.hbm) for every (config, N) in the sweep."""
+def sp_crossover(heads: int, kv_heads: int, head_dim: int) -> float:
+    """The sequence length T (N_q = N_k = T) where naive traffic's S-and-P term, 4·B·H·T²·e,
+    reaches its Q, K, V, O term, (2·H + 2·H_kv)·B·T·D·e, both read off the estimator: T = D for
+    MHA, D·(H + H_kv)/(2H) with grouped K/V.
+
+    Arguments: heads H, kv_heads H_kv, head_dim D. Returns T as a float (tokens)."""
+    e = estimate(1, heads, kv_heads, 1, 1, head_dim, "full", "fp16", 16, 16)
+    per_t = e.q_bytes + e.k_bytes + e.v_bytes + e.o_bytes        # grows as T
+    per_t2 = e.naive_hbm_bytes - per_t                           # grows as T²
+    return per_t / per_t2
+
+
+def shape_traffic(batch, heads, kv_heads, n_q, n_k, head_dim, mask, dtype, block_m=None,
+                  block_n=None) -> dict:
+    """Naive, ideal-flash and tiled-flash HBM bytes of one call, from the estimator.
+
+    Arguments: the call's shape (batch B, heads H, kv_heads H_kv, n_q, n_k, head_dim D), mask
+    text, dtype name, block_m / block_n (None: the kernel's defaults).
+    Returns {"naive", "flash_ideal", "flash_tiled", "naive_sp", "qkvo", "estimate"} (bytes; the
+    Estimate itself under "estimate")."""
+    e = estimate(int(batch), int(heads), int(kv_heads), int(n_q), int(n_k), int(head_dim), mask, dtype,
+                 block_m, block_n)
+    qkvo = e.q_bytes + e.k_bytes + e.v_bytes + e.o_bytes
+    return {"naive": e.naive_hbm_bytes, "flash_ideal": e.flash_hbm_bytes,
+            "flash_tiled": e.flash_tiled_hbm_bytes, "naive_sp": e.naive_hbm_bytes - qkvo, "qkvo": qkvo,
+            "estimate": e}
+
+
+def trace_traffic(meta: dict) -> dict:
+    """shape_traffic for a recording's meta (shape B, H, H_kv, N_q, N_k, D; mask; dtype; blocks)."""
+    sh = meta["shape"]
+    n_q = int(sh.get("N_q", sh["N"]))
+    return shape_traffic(sh["B"], sh["H"], sh.get("H_kv") or sh["H"], n_q, sh.get("N_k", n_q), sh["D"],
+                         meta["mask"], meta["dtype"], meta.get("block_m"), meta.get("block_n"))
+
+
+def traffic_model(df: pd.DataFrame, block_q: int = 128, block_k: int | None = None) -> pd.DataFrame:
+    """HBM bytes of the estimator (naive, ideal flash, tiled flash) for every (config, N) in the
+    sweep: self-attention (N_q = N_k = N, H_kv = H) with the record's mask. block_q / block_k:
+    the tile of the tiled count (block_k None: the kernel's default)."""
     df = check_records(df)
     rows = []
     for cfg, g in df.groupby(CONFIG_COLS):
         b, h, d, dt, mask = cfg
-        el = bytes_per_element(dt)
+        bytes_per_element(dt)
         for n in sorted(g["seq_len"].unique()):
             n = int(n)
-            rows.append(dict(zip(CONFIG_COLS, cfg), seq_len=n,
-                             naive=hbm.naive_hbm_bytes(n, h, d, el, b),
-                             flash_ideal=hbm.flash_hbm_bytes(n, h, d, el, b),
-                             flash_tiled=hbm.flash_hbm_bytes_tiled(n, h, d, block_q, el, b)))
+            t = shape_traffic(b, h, h, n, n, d, mask, dt, block_q, block_k)
+            rows.append(dict(zip(CONFIG_COLS, cfg), seq_len=n, naive=t["naive"],
+                             flash_ideal=t["flash_ideal"], flash_tiled=t["flash_tiled"]))
     return pd.DataFrame(rows)
 
 
 def calculator_numbers(T: int, h: int, d: int, block_q: int, block_k: int, bytes_per_el: int = 2) -> dict:
-    """Seed 000's calculator, batch 1: naive, ideal flash and tiled flash bytes, reductions and
-    naive's dominant term. block_k changes no byte count (only SRAM use and loop count)."""
-    naive = hbm.naive_hbm_bytes(T, h, d, bytes_per_el)
-    ideal = hbm.flash_hbm_bytes(T, h, d, bytes_per_el)
-    tiled = hbm.flash_hbm_bytes_tiled(T, h, d, block_q, bytes_per_el)
-    qkvo = 4 * h * T * d * bytes_per_el
-    sp = naive - qkvo
+    """The HBM calculator, batch 1, MHA, full mask, from the estimator: naive, ideal flash and
+    tiled flash bytes, reductions, naive's dominant term and the T where S and P overtake
+    Q, K, V, O. block_k changes no byte count under the full mask (only SRAM use and loop count)."""
+    if bytes_per_el not in DTYPE_OF_BYTES:
+        raise ValueError(f"bytes_per_el must be one of {sorted(DTYPE_OF_BYTES)}, got {bytes_per_el!r}")
+    t = shape_traffic(1, h, h, T, T, d, "full", DTYPE_OF_BYTES[bytes_per_el], block_q, block_k)
+    naive, ideal, tiled, qkvo, sp = t["naive"], t["flash_ideal"], t["flash_tiled"], t["qkvo"], t["naive_sp"]
     return {
         "T": T, "h": h, "d": d, "block_q": block_q, "block_k": block_k, "bytes_per_el": bytes_per_el,
         "naive_bytes": naive, "flash_bytes": ideal, "flash_tiled_bytes": tiled,
         "naive_qkvo_bytes": qkvo, "naive_sp_bytes": sp,
         "reduction": naive / ideal, "reduction_tiled": naive / tiled,
         "dominant_term": "S and P (4hT² term)" if sp > qkvo else "Q, K, V, O (4hTd term)",
-        "crossover_T": 2 * d,
+        "crossover_T": sp_crossover(h, h, d),
     }
 
 

@@ -99,7 +99,7 @@ def test_traffic_figure(sweep):
     assert len(lines) == 3
     measured = [t for t in fig.data if "ncu" in (t.name or "")]
     assert sum(len(t.x) for t in measured) == (~df.oom).sum()
-    assert any("T = 2d = 128" in (a.text or "") for a in fig.layout.annotations)
+    assert any("T = d = 64" in (a.text or "") for a in fig.layout.annotations)
     assert "GB = 10⁹ B" in fig.layout.yaxis.title.text and "not measurements" in annotations_text(fig)
     texts = _byte_tick_texts(fig)
     # every byte tick carries a decimal unit: never Plotly's SI "1B" (= one billion)
@@ -150,3 +150,49 @@ def test_calculator_reductions_sit_on_their_bars(T, h, d, bq):
     assert bar.textposition == "outside" and "less than naive" in bar.text[1] and "less than naive" in bar.text[2]
     assert not [a for a in fig.layout.annotations if "less than" in (a.text or "")]   # no floating labels
     assert np.max(bar.y) * 1.2 <= fig.layout.yaxis.range[1]         # room above the tallest bar's label
+
+
+def test_traffic_crossover_is_where_s_and_p_meet_q_k_v_o(sweep):
+    """The line sits where the model's S,P bytes equal its Q,K,V,O bytes: T = d (4hT² = 4hTd)."""
+    df, meta = sweep
+    fig = F.traffic_figure(df, meta)
+    d, h = 64, 16
+    lines = [s for s in fig.layout.shapes if s.type == "line" and s.x0 == s.x1 and s.line.dash == "dash"]
+    assert [s.x0 for s in lines] == [d]
+    assert not any("2d" in (a.text or "") for a in fig.layout.annotations)
+    x = F.hbm_calculator_numbers(d, h, d, 64, 64)
+    assert x["crossover_T"] == d and x["naive_sp_bytes"] == x["naive_qkvo_bytes"]
+    below, above = F.hbm_calculator_numbers(d - 1, h, d, 64, 64), F.hbm_calculator_numbers(d + 1, h, d, 64, 64)
+    assert below["naive_sp_bytes"] < below["naive_qkvo_bytes"] and above["naive_sp_bytes"] > above["naive_qkvo_bytes"]
+
+
+def test_about_the_sources_quotes_the_calculators_formula():
+    """"About the sources" quotes the formula whose value the calculator shows (17.4 GB at T = 8192)."""
+    from app.about import TEXTS
+    from instrumentation.analysis.traffic import FLASH_HBM_FORMULA, NAIVE_HBM_FORMULA
+
+    used = TEXTS["vllm_lesson"].used_for
+    assert NAIVE_HBM_FORMULA in used and FLASH_HBM_FORMULA in used and "8hTd" not in used
+    assert NAIVE_HBM_FORMULA == "naive (4hTd + 4hT²)·e bytes" and FLASH_HBM_FORMULA == "flash 4hTd·e bytes"
+    T, h, d, e = 8192, 32, 128, 2
+    x = F.hbm_calculator_numbers(T, h, d, 128, 64, e)
+    assert x["naive_bytes"] == (4 * h * T * d + 4 * h * T * T) * e and x["flash_bytes"] == 4 * h * T * d * e
+    assert "(4hTd + 4hT²)·e" in annotations_text(F.hbm_calculator_figure(T, h, d, 128, 64, e))
+
+
+@pytest.mark.skipif(not SWEEP.exists(), reason="no bundled sweep")
+def test_naive_peak_says_s_and_p_are_both_resident_and_inputs_excluded():
+    from instrumentation import estimate
+    from instrumentation.trace.sweep_file import load_sweep
+
+    meta, df = load_sweep(SWEEP)
+    fig = F.memory_figure(df, meta)
+    note = [a.text for a in fig.layout.annotations if a.name == "naive-peak"]
+    assert len(note) == 1, [a.text for a in fig.layout.annotations]
+    e = estimate(1, 32, 32, 16384, 16384, 128, "full", "fp16")
+    assert e.naive_s_bytes == 16 * 2 ** 30 and e.naive_peak_bytes == 32 * 2 ** 30
+    text = note[0]
+    assert "N = 16,384, H = 32" in text and "2 × 16 GiB = 32 GiB" in text, text
+    assert "both resident" in text and "inputs q, k, v excluded" in text
+    measured = df[(df.impl == "naive") & (df.seq_len == 16384)].peak_bytes.item()
+    assert measured == e.naive_peak_bytes                       # the model is the measured peak

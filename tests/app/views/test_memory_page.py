@@ -103,3 +103,40 @@ def test_scaling_table_is_two_narrow_tables(page):
     stated, exact = frames
     assert list(stated["seed_standard_mib"]) == [132.0, 528.0, 2112.0]    # the article's numbers, as stated
     assert list(exact["exact_standard_mib"]) == [132.0, 520.0, 2064.0]    # its own formula, exactly
+
+
+TRACES = ROOT / "data" / "traces"
+
+
+@pytest.mark.parametrize("name,ideal,naive_sp,kv", [
+    # Llama-3-8B, N 4096, H 32 / H_kv 8, D 128, bf16: Q, O with 32 heads, K, V with 8
+    ("preset-llama-3-8b_n4096_causal_natural", 2 * 32 * 4096 * 128 * 2 + 2 * 8 * 4096 * 128 * 2,
+     4 * 32 * 4096 * 4096 * 2, 2 * 8 * 4096 * 128 * 2),
+    # chunked prefill: 512 queries against 8192 keys, H 32 / H_kv 8
+    ("preset-chunked-prefill_n512_nk8192_causal_natural", 2 * 32 * 512 * 128 * 2 + 2 * 8 * 8192 * 128 * 2,
+     4 * 32 * 512 * 8192 * 2, 2 * 8 * 8192 * 128 * 2),
+])
+def test_recordings_traffic_counts_grouped_kv_and_rectangular_grids(monkeypatch, name, ideal, naive_sp, kv):
+    if not (TRACES / name).exists():
+        pytest.skip(f"{name} is not bundled")
+    monkeypatch.delenv("TILESCOPE_DATA", raising=False)
+    at = open_page("memory", source="recorded", trace=name)
+    assert not at.exception, [e.value for e in at.exception]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["ideal flash (model)"] == fmt_bytes(ideal)
+    assert ideal >= kv                                          # at least the K/V the kernel must read
+    if "llama" in name:
+        assert metrics["ideal flash (model)"] == "83.9 MB"      # not 134 MB (K/V with H heads)
+    else:
+        assert kv == 33_554_432 and metrics["ideal flash (model)"] == "41.9 MB"
+        assert naive_sp == 1_073_741_824                        # S and P of 32 x 512 x 8192, ~1.07 GB
+    captions = " ".join(c.value for c in at.caption)
+    assert f"move {fmt_bytes(naive_sp)}" in captions, captions
+    from instrumentation.analysis.traffic import trace_traffic
+    from instrumentation.trace import Trace
+
+    model = trace_traffic(Trace.load(TRACES / name).meta)
+    assert model["flash_ideal"] == ideal and model["naive_sp"] == naive_sp
+    assert metrics["naive (model)"] == fmt_bytes(model["naive"])
+    counted = [m.value for m in at.markdown if "K/V tiles the kernel visited" in m.value][0]
+    assert f"tiled flash: {fmt_bytes(model['flash_tiled'])}" in counted   # counted visits = the model's tiles

@@ -124,3 +124,24 @@ def test_tile_count_rejects_inconsistent_trace():
     trace.meta["mask"] = "full"
     with pytest.raises(ValueError, match="does not match"):
         tile_count_hbm_bytes(trace)
+
+
+@pytest.mark.parametrize("name", ["preset-llama-3-8b_n4096_causal_natural",
+                                  "preset-chunked-prefill_n512_nk8192_causal_natural"])
+def test_counted_visits_equal_the_estimators_tiled_bytes(name):
+    """GQA and N_q != N_k: the bytes counted from the recording's visited tiles are the cost
+    model's tiled flash bytes, and its ideal flash counts K and V with H_kv heads."""
+    from pathlib import Path
+
+    from instrumentation.analysis.traffic import trace_traffic
+    from instrumentation.trace import Trace
+
+    path = Path(__file__).resolve().parents[3] / "data" / "traces" / name
+    if not path.exists():
+        pytest.skip(f"{name} is not bundled")
+    trace = Trace.load(path)
+    model = trace_traffic(trace.meta)
+    e = model["estimate"]
+    assert hbm.tile_count_hbm_bytes(trace) == model["flash_tiled"]
+    assert e.k_bytes == e.v_bytes == e.batch * e.kv_heads * e.n_k * e.head_dim * 2
+    assert model["flash_ideal"] == 2 * e.heads * e.n_q * e.head_dim * 2 + 2 * e.k_bytes
