@@ -142,6 +142,6 @@ def test_counted_visits_equal_the_estimators_tiled_bytes(name):
     trace = Trace.load(path)
     model = trace_traffic(trace.meta)
     e = model["estimate"]
-    assert hbm.tile_count_hbm_bytes(trace) == model["flash_tiled"]
+    assert tile_count_hbm_bytes(trace) == model["flash_tiled"]
     assert e.k_bytes == e.v_bytes == e.batch * e.kv_heads * e.n_k * e.head_dim * 2
     assert model["flash_ideal"] == 2 * e.heads * e.n_q * e.head_dim * 2 + 2 * e.k_bytes
