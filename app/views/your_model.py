@@ -60,15 +60,15 @@ def formula_rows(path: str, mtime: float) -> dict:
 
 
 def nearest_recording(preset_name: str, p: Problem, n: int):
-    """The bundled GPU recording nearest this model at N: a `preset-<name>_…` one of the same
-    preset when there is one (the same mask first, then the nearest N_k), else the GPU recording
-    nearest the shape. Returns a Recording or None."""
-    recs = [r for r in sources.recordings() if r.is_gpu]
+    """The bundled recording nearest this model at N: a `preset-<name>_…` one of the same preset
+    when there is one (the same mask first, then the nearest N_k, a GPU one before an interpreter
+    one), else the recording nearest the shape (bundled.distance). Returns a Recording or None."""
+    recs = sources.recordings()
     own = [r for r in recs if r.name.startswith(f"preset-{preset_name}_")] if preset_name != CUSTOM else []
     if own:
         def far(r):
             n_k = int(r.meta.get("shape", {}).get("N_k") or r.seq_len or 1)
-            return (r.mask != p.mask, abs(math.log2(max(n_k, 1)) - math.log2(n)), r.name)
+            return (r.mask != p.mask, abs(math.log2(max(n_k, 1)) - math.log2(n)), not r.is_gpu, r.name)
         return min(own, key=far)
     want = {"seq_len": p.lengths(n)[0], "mask": p.mask, "head_dim": p.head_dim, "heads": p.heads,
             "kv_heads": 0 if p.kv_heads == p.heads else p.kv_heads, "batch": p.batch}

@@ -1,0 +1,115 @@
+"""The 'Your model' figures (app.figures.estimate): every plotted value is the Estimate's own
+field, for GQA (Llama-3-8B at 32k) and for N_q != N_k (chunked prefill); naive's peak is the
+whole (B, H, N_q, N_k) S and P, ideal flash counts K and V with H_kv heads; the device lines,
+out-of-memory points, modelled time and provenance are on the charts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.figures.estimate import (PROVENANCE, Problem, estimate_at, flops_figure, n_points, numbers_at_n,
+                                  peak_memory_figure, sweep, time_figure, traffic_figure)
+from instrumentation import estimate
+from instrumentation.analysis.estimator import DEVICES
+from kernels.presets import PRESETS
+from tests.app.figures.checks import all_text
+
+N = 32768
+LLAMA = Problem(1, 32, 8, 128, "causal", "bf16", label=PRESETS["llama-3-8b"].label)
+CHUNKED = Problem(2, 32, 8, 128, "causal", "fp16", chunk=512, label=PRESETS["chunked-prefill"].label)
+
+
+def _trace(fig, name):
+    return next(t for t in fig.data if t.name == name)
+
+
+@pytest.fixture(scope="module", params=[LLAMA, CHUNKED], ids=["llama-3-8b", "chunked-prefill"])
+def case(request):
+    p = request.param
+    ns = n_points(extra=(N,))
+    return p, ns, {dev: sweep(p, ns, dev) for dev in DEVICES}
+
+
+def test_sweep_is_the_estimator(case):
+    p, ns, ests = case
+    assert N in ns and ns[0] == 256 and ns[-1] == 1 << 20 and ns == sorted(set(ns))
+    for n, e in zip(ns[::7], ests["H100"][::7]):
+        n_q = min(512, n) if p.chunk else n
+        assert e == estimate(p.batch, p.heads, p.kv_heads, n_q, n, p.head_dim, p.mask, p.dtype, device="H100")
+
+
+def test_figures_plot_the_estimate_fields(case):
+    p, ns, ests = case
+    h100 = ests["H100"]
+    mem = peak_memory_figure(ests, N, p)
+    for name, field in (("naive: S and P resident", "naive_peak_bytes"), ("flash: O and lse", "flash_peak_bytes"),
+                        ("KV cache of the layer (K and V)", "kv_cache_bytes")):
+        tr = _trace(mem, name)
+        assert list(tr.x) == ns and list(tr.y) == [getattr(e, field) for e in h100]
+    traffic = traffic_figure(h100, N, p)
+    for name, field in (("naive", "naive_hbm_bytes"), ("flash, tiled (no cache)", "flash_tiled_hbm_bytes"),
+                        ("flash, ideal (Q, K, V, O once)", "flash_hbm_bytes")):
+        assert list(_trace(traffic, name).y) == [getattr(e, field) for e in h100]
+    flops = flops_figure(h100, N, p)
+    for name, field in (("naive: the whole N_q × N_k grid", "flops_dense"), ("flash: the computed tiles", "flops_tiles"),
+                        ("the pairs the mask lets through", "flops")):
+        assert list(_trace(flops, name).y) == [getattr(e, field) for e in h100]
+    time = time_figure(h100, N, p)
+    for dev in DEVICES:
+        assert np.allclose(_trace(time, f"flash on the {dev} (modelled)").y, [e.time_by_device[dev] * 1e3 for e in h100])
+    for fig in (mem, traffic, flops, time):
+        assert "analytic model (instrumentation.estimate)" in all_text(fig) and PROVENANCE in all_text(fig)
+        assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert h100[0].model_note.split(":")[0].lower() in all_text(time).lower()
+
+
+def test_gqa_and_chunk_terms_at_the_chosen_n(case):
+    """Naive S, P are (B, H, N_q, N_k) whatever the mask; ideal flash reads K, V with H_kv heads."""
+    p, ns, ests = case
+    e = ests["H100"][ns.index(N)]
+    n_q, n_k, el = (512 if p.chunk else N), N, 2
+    b, h, h_kv, d = p.batch, p.heads, p.kv_heads, p.head_dim
+    assert e.naive_sp_bytes == 2 * b * h * n_q * n_k * el
+    assert e.naive_peak_bytes == 2 * b * h * n_q * n_k * el + 2 * b * h * n_k * d * el   # + K, V repeated to H
+    assert e.flash_hbm_bytes == 2 * b * h * n_q * d * el + 2 * b * h_kv * n_k * d * el
+    assert e.kv_cache_bytes == 2 * b * h_kv * n_k * d * el
+    if not p.chunk:          # Llama-3-8B at 32k, bf16: S and P are 2 x 64 GiB
+        assert e.naive_sp_bytes == 128 * 2**30
+
+
+def test_memory_chart_marks_the_devices_and_where_naive_does_not_fit():
+    ns = n_points(extra=(N,))
+    ests = {dev: sweep(LLAMA, ns, dev) for dev in DEVICES}
+    fig = peak_memory_figure(ests, N, LLAMA)
+    lines = [s.y0 for s in fig.layout.shapes if s.y0 == s.y1 and s.y0 is not None]
+    assert sorted(lines) == sorted(dev.memory_bytes for dev in DEVICES.values())
+    for dev, es in ests.items():
+        oom = _trace(fig, f"naive does not fit the {dev}")
+        assert list(oom.x) == [e.n_k for e in es if not e.naive_fits] and len(oom.x)
+        assert f"from N = {oom.x[0]:,}" in all_text(fig)
+    # Llama-3-8B at 32k: 128 GiB of S and P fit the H200 (139.8 GiB) but not the H100 (79.2 GiB)
+    at = {dev: es[ns.index(N)] for dev, es in ests.items()}
+    assert not at["H100"].naive_fits and at["H200"].naive_fits
+    assert N not in _trace(fig, "naive does not fit the H200").x and N in _trace(fig, "naive does not fit the H100").x
+    assert "chosen N 32k" in all_text(fig)
+
+
+def test_table_rows_are_the_estimate():
+    h100, h200 = estimate_at(CHUNKED, N, "H100"), estimate_at(CHUNKED, N, "H200")
+    by_field = {}
+    for r in numbers_at_n(h100, h200):
+        by_field.setdefault(r["field"], []).append(r)
+    assert by_field["naive_peak_bytes"][0]["exact"] == f"{h100.naive_peak_bytes:,} B"
+    assert by_field["flash_hbm_bytes"][0]["exact"] == f"{h100.flash_hbm_bytes:,} B"
+    assert by_field["flops"][0]["exact"] == f"{h100.flops:,}"
+    times = [r["exact"] for r in by_field["time_by_device"]]
+    assert times[0].startswith(f"{h100.time_by_device['H100'] * 1e3:.4g} ms")
+    assert times[1].startswith(f"{h200.time_by_device['H200'] * 1e3:.4g} ms")
+    assert [r["value"] for r in by_field["naive_fits"]] == ["yes" if x.naive_fits else "no" for x in (h100, h200)]
+    assert all(r["value"] and r["exact"] for r in numbers_at_n(h100, h200))
+
+
+def test_bad_shape_is_one_line():
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        estimate_at(Problem(1, 32, 5, 128, "causal", "bf16"), 1024)

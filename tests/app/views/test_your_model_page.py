@@ -1,0 +1,107 @@
+"""The 'Your model' page, headless (AppTest): opened from a link (Llama-3-8B at N = 32k, Mistral's
+sliding window at 128k, chunked prefill, a custom GQA shape) it shows the estimator's numbers
+and charts without an exception, links the nearest recording of that model, keeps its controls
+in the URL, and answers a bad link value or a shape the estimator refuses with one line."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("streamlit")
+from app.figures.estimate import Problem, estimate_at  # noqa: E402
+from app.figures._common import fmt_bytes, fmt_time_ms  # noqa: E402
+from tests.app.headless import chart, charts, clean, open_page, record_small, tilescope_data  # noqa: E402
+
+N = 32768
+
+
+@pytest.fixture(scope="module")
+def preset_data(tmp_path_factory):
+    """Two small recordings named as the bundled preset ones are (the link's target)."""
+    root = tmp_path_factory.mktemp("yourmodeldata")
+    record_small(root, "n64_causal_natural", n=64)
+    record_small(root, "preset-llama-3-8b_n128_causal_natural", n=128)
+    with tilescope_data(root):
+        yield root
+
+
+def page(**query):
+    return open_page("your_model", source="recorded", **query)
+
+
+def metrics(at) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def shown_text(at) -> str:
+    return " ".join(str(x.value) for x in [*at.markdown, *at.caption, *at.warning])
+
+
+def test_llama_at_32k_from_a_link(preset_data):
+    at = page(ym_preset="llama-3-8b", ym_n=N)
+    clean(at)
+    e = estimate_at(Problem(1, 32, 8, 128, "causal", "bf16"), N, "H100")
+    h200 = estimate_at(Problem(1, 32, 8, 128, "causal", "bf16"), N, "H200")
+    m = metrics(at)
+    assert m["naive peak memory"] == fmt_bytes(e.naive_peak_bytes, binary=True) == "128 GiB"
+    assert m["flash peak memory"] == fmt_bytes(e.flash_peak_bytes, binary=True)
+    assert m["KV cache (this layer)"] == fmt_bytes(e.kv_cache_bytes, binary=True)
+    assert m["modelled time, H100"] == fmt_time_ms(e.time_by_device["H100"] * 1e3)
+    assert m["modelled time, H200"] == fmt_time_ms(h200.time_by_device["H200"] * 1e3)
+    assert len(charts(at)) == 4
+    mem = chart(at, "Peak memory")
+    naive = next(t for t in mem["data"] if t["name"].startswith("naive: S and P"))
+    assert naive["y"][naive["x"].index(N)] == e.naive_peak_bytes
+    assert "analytic model (instrumentation.estimate)" in " ".join(a["text"] for a in mem["layout"]["annotations"])
+    table = at.dataframe[0].value
+    assert f"{e.naive_peak_bytes:,} B" in set(table["exact"]) and f"{e.flops:,}" in set(table["exact"])
+    text = shown_text(at)
+    assert "fits the H200 only" in text                       # 128 GiB: the H200 yes, the H100 no
+    assert "[preset-llama-3-8b_n128_causal_natural](./schedule?page=schedule&source=recorded&trace=" \
+           "preset-llama-3-8b_n128_causal_natural)" in text
+    assert "Modelled, not measured" in text and "[`naive_peak_bytes`]" in text
+
+
+def test_mistral_sliding_window_at_128k_and_url(preset_data):
+    at = page(ym_preset="mistral-7b", ym_n=131072)
+    clean(at)
+    assert at.selectbox(key="ym_mask").value == "sliding_window:4096"
+    e = estimate_at(Problem(1, 32, 8, 128, "sliding_window:4096", "bf16"), 131072)
+    assert metrics(at)["naive peak memory"] == fmt_bytes(e.naive_peak_bytes, binary=True)
+    flops = chart(at, "FLOPs")
+    pairs = next(t for t in flops["data"] if t["name"].startswith("the pairs"))
+    assert pairs["y"][pairs["x"].index(131072)] == e.flops
+    assert at.query_params["ym_preset"] == "mistral-7b" and at.query_params["ym_n"] == "131072"
+    at.selectbox(key="ym_mask").set_value("causal").run()
+    clean(at)
+    assert at.query_params["ym_mask"] == "causal"
+
+
+def test_chunked_prefill_and_custom_shape(preset_data):
+    at = page(ym_preset="chunked-prefill", ym_n=8192, ym_dtype="fp16")
+    clean(at)
+    e = estimate_at(Problem(1, 32, 8, 128, "causal", "fp16", chunk=512), 8192)
+    assert (e.n_q, e.n_k) == (512, 8192)
+    assert metrics(at)["HBM traffic, flash ideal"] == fmt_bytes(e.flash_hbm_bytes) == "41.9 MB"
+    at = page(ym_preset="custom", ym_heads=16, ym_kv_heads=2, ym_head_dim=64, ym_mask="window", ym_window=1024,
+              ym_batch=4)
+    clean(at)
+    e = estimate_at(Problem(4, 16, 2, 64, "sliding_window:1024", "bf16"), N)
+    assert metrics(at)["naive peak memory"] == fmt_bytes(e.naive_peak_bytes, binary=True)
+
+
+@pytest.mark.parametrize("bad", [dict(ym_preset="llama-9"), dict(ym_n="12345"), dict(ym_batch="many")])
+def test_a_bad_link_value_is_one_warning(preset_data, bad):
+    at = page(**bad)
+    clean(at)
+    key = next(iter(bad))
+    lines = [w.value for w in at.warning if "link" in w.value]
+    assert len(lines) == 1 and key in lines[0], lines
+    assert len(charts(at)) == 4            # the defaults are used: the page still draws
+
+
+def test_a_shape_the_estimator_refuses_is_one_line(preset_data):
+    at = page(ym_preset="custom", ym_heads=32, ym_kv_heads=5)
+    assert not at.exception
+    assert len(at.error) == 1 and "multiple of kv_heads" in at.error[0].value
+    assert not charts(at)
