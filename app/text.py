@@ -41,3 +41,17 @@ def plain(value) -> str:
     text = _UNDERSCORE.sub(r"\\_", text)
     return _LEADING.sub(lambda m: m.group(1) + (m.group(2) + "\\" if m.group(2)[0].isdigit()
                                                  else "\\" + m.group(2)), text)
+
+
+# Ranges of keys and queries are half-open everywhere in the app, as in the traces' tables
+# (key_start, key_end): [256, 320) holds keys 256 to 319.
+RANGE_CONVENTION = "Ranges are half-open: [256, 320) holds positions 256 to 319 (as the tables' start, end)."
+
+
+def key_range(start, end, what: str = "keys") -> str:
+    """A half-open range as the app writes it: 'keys [256, 320)'.
+
+    Arguments: start (first position), end (one past the last), what (the word before it).
+    Returns the text; an empty range reads 'no keys'."""
+    start, end = int(start), int(end)
+    return f"no {what}" if end <= start else f"{what} [{start}, {end})"

@@ -12,6 +12,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app.text import key_range
+
 from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, fmt_bytes, title
 
 SPLIT_COLOURS = ["#3d7ab8", "#f4a259", "#59a14f", "#8c6bb1", "#76b7b2", "#9c755f", "#e15759",
@@ -25,11 +27,18 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+LANES_TRACED = "one traced run"
+LANES_MODELLED = "modelled"
+REPLAY_MEDIAN = "untraced CUDA-graph replay median"
+
+
 def decode_lanes_figure(lanes_a, lanes_b, label_a: str, label_b: str, sm_count: int,
-                        provenance: str, modelled: bool) -> go.Figure:
+                        provenance: str, modelled: bool, timing_note: str = "") -> go.Figure:
     """Two timelines of the same decode step (programs as bars on SM lanes): the unsplit
     FlashAttention-2 schedule leaves most SMs idle; the split schedule fills the GPU.
-    lanes_*: a trace's `splits` table with sm, t_start, t_end (ns), b, kv_head, split."""
+    lanes_*: a trace's `splits` table with sm, t_start, t_end (ns), b, kv_head, split.
+    Each lane's end time says what kind of time it is (one traced run, or modelled);
+    timing_note: a line under the title naming how it differs from the page's headline times."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.16,
                         subplot_titles=[label_a, label_b])
     t_max = 0.0
@@ -44,19 +53,35 @@ def decode_lanes_figure(lanes_a, lanes_b, label_a: str, label_b: str, sm_count: 
             customdata=np.stack([lanes["b"], lanes["kv_head"], lanes["split"], lanes["k_start"],
                                  lanes["k_end"]], axis=1),
             hovertemplate="SM %{y}<br>b %{customdata[0]}, KV head %{customdata[1]}, split "
-                          "%{customdata[2]}<br>keys %{customdata[3]}..%{customdata[4]}<br>"
+                          "%{customdata[2]}<br>keys [%{customdata[3]}, %{customdata[4]})<br>"
                           "%{base:.1f} to %{x:.1f} µs long<extra></extra>"), row=row, col=1)
-        fig.add_annotation(text=f"{busy} of {sm_count} SMs busy · ends at {end_us:.1f} µs",
+        kind = LANES_MODELLED if modelled else LANES_TRACED
+        fig.add_annotation(text=f"{busy} of {sm_count} SMs busy · ends at {end_us:.1f} µs ({kind})",
                            xref="x domain", yref=f"y{row if row > 1 else ''} domain", x=1, y=1.02,
                            xanchor="right", yanchor="bottom", showarrow=False,
                            font=dict(size=12, color=NOW if busy < 0.5 * sm_count else "#333"))
         fig.update_yaxes(range=[-0.5, sm_count - 0.5], title_text="SM", row=row, col=1)
     timing = "modelled timing (no hardware clocks)" if modelled else "time"
     fig.update_xaxes(title_text=f"{timing} (µs)", range=[0, t_max * 1.02], row=2, col=1)
-    fig.update_layout(template=TEMPLATE, height=560, bargap=0, title=title(
+    fig.update_layout(template=TEMPLATE, height=580, bargap=0, title=title(
         "SM lanes of one decode step", "each bar is one stage-1 program (colour = split); "
-        "empty lanes are idle SMs"))
+        "empty lanes are idle SMs" + (f"<br>{timing_note}" if timing_note else "")))
     return caption(fig, provenance)
+
+
+def lanes_timing_note(one, chosen, hw: bool) -> str:
+    """What the lanes' end times are, beside the recordings' headline (replay median) times.
+
+    Arguments: the unsplit and the split decode trace; hw: the lanes are hardware clocks.
+    Returns one line, '' when neither recording was timed."""
+    times = [t.meta.get("untraced_ms") for t in (one, chosen)]
+    if not all(times):
+        return ""
+    medians = " / ".join(f"{ms * 1e3:.1f}" for ms in times)
+    if not hw:
+        return f"lanes modelled; {REPLAY_MEDIAN}s (1 / {chosen.meta['kernel']['num_splits']} splits): {medians} µs"
+    return (f"lanes: {LANES_TRACED} after an L2 flush, from the first program's start; headline "
+            f"{medians} µs: {REPLAY_MEDIAN}s, launch included")
 
 
 def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure:
@@ -65,7 +90,7 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
     step = int(np.clip(step, 0, len(steps) - 1))
     merged = steps["step"] <= step
     names = [str(r.split) for r in steps.itertuples()]
-    ranges = [f"keys {r.k_start}–{r.k_end}" for r in steps.itertuples()]
+    ranges = [key_range(r.k_start, r.k_end) for r in steps.itertuples()]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, column_widths=[0.5, 0.5],
                         subplot_titles=["weight of each split in the final softmax",
                                         "m_j, log-sum-exp of each split and of the merge"])
@@ -109,6 +134,24 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
     return caption(fig, provenance)
 
 
+def intensity_note(points) -> str:
+    """The roofline's subtitle, from the plotted points: decode's and prefill's FLOP per byte.
+
+    Arguments: RooflinePoints; decode ones are labelled 'decode…', prefill ones 'prefill…'.
+    Returns one line (decode's intensity is about H / H_kv: each K/V byte serves the query heads
+    that share it)."""
+    def fmt(x):
+        return f"{x:.2g}" if x < 10 else f"{x:,.0f}"
+    dec = sorted({fmt(p.intensity) for p in points if p.label.startswith("decode")})
+    pre = sorted({fmt(p.intensity) for p in points if p.label.startswith("prefill")})
+    text = "same attention math"
+    if dec:
+        text += f"; one query row per sequence: decode ~{' / '.join(dec)} FLOP per byte"
+    if pre:
+        text += f", prefill ~{' / '.join(pre)}"
+    return text
+
+
 def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, provenance: str) -> go.Figure:
     """Attained TFLOP/s against arithmetic intensity (FLOP per byte) on log axes, under the
     bandwidth roof (gbps x intensity) and the compute roof."""
@@ -141,8 +184,7 @@ def roofline_figure(points, gbps: float, tflops: float, ceiling_source: str, pro
     fig.update_layout(template=TEMPLATE, height=520, meta={"slide_legend_inside": True},
                       legend=dict(x=0.99, y=0.02, xanchor="right", yanchor="bottom", font=dict(size=11),
                                   bgcolor="rgba(255,255,255,0.85)"),
-                      title=title("Prefill is compute bound, decode is bandwidth bound",
-                                  "same attention math; one query row per sequence leaves ~1 FLOP per byte"))
+                      title=title("Prefill is compute bound, decode is bandwidth bound", intensity_note(points)))
     return caption(fig, f"{provenance}; bandwidth roof: {ceiling_source}")
 
 
@@ -202,7 +244,7 @@ def decode_pair_lanes_figure(one, chosen) -> go.Figure:
                                   "(measured on the H100)")
     return decode_lanes_figure(lanes(one), lanes(chosen), "num_splits = 1 (FlashAttention-2 schedule)",
                                f"num_splits = {chosen.meta['kernel']['num_splits']} (split-KV)",
-                               s["sm_count"], prov, modelled=not hw)
+                               s["sm_count"], prov, modelled=not hw, timing_note=lanes_timing_note(one, chosen, hw))
 
 
 def decode_row_steps(trace, b: int = 0, head: int = 0, q_row: int | None = None):

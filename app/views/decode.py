@@ -8,8 +8,8 @@ import streamlit as st
 
 from app import presentation, settings, sources, url_state
 from app.text import plain
-from app.figures.decode import (decode_kv_figure, decode_pair_lanes_figure, decode_pair_roofline_figure,
-                                decode_row_steps, merge_figure)
+from app.figures.decode import (LANES_TRACED, REPLAY_MEDIAN, decode_kv_figure, decode_pair_lanes_figure,
+                                decode_pair_roofline_figure, decode_row_steps, merge_figure)
 from app.views import common
 from instrumentation.analysis import decode_model as dm
 
@@ -129,9 +129,11 @@ m = st.columns(4)
 for col, tr, name in ((m[0], one, "1 split"), (m[1], chosen, f"{meta['kernel']['num_splits']} splits")):
     t = tr.meta
     if t.get("untraced_ms"):
-        col.metric(name, f"{t['untraced_ms'] * 1e3:.1f} µs",
+        col.metric(f"{name} · graph-replay median", f"{t['untraced_ms'] * 1e3:.1f} µs",
                    f"{t['bandwidth']['op_gbps']:.0f} GB/s = {(t['bandwidth']['op_fraction_of_copy'] or 0):.0%} of copy",
-                   delta_color="off", delta_arrow="off")
+                   delta_color="off", delta_arrow="off",
+                   help=f"{REPLAY_MEDIAN} (L2 flushed before each replay, launch included); the lanes below "
+                        f"are {LANES_TRACED} after an L2 read flush, timed from the first program's start")
     else:
         col.metric(name, f"{t['kernel']['programs']} programs", "no hardware timing", delta_color="off", delta_arrow="off")
 rule = modelled_rule or meta["split_rule"]

@@ -88,3 +88,20 @@ def test_bad_preset_link_falls_back(decode_data):
     assert any("does not fit this view" in w.value and "GPT" in w.value for w in at.warning)
     assert at.selectbox(key="dec_preset").value == "llama-3-8b"
     clean(at)
+
+
+def test_headline_times_say_they_are_replay_medians(monkeypatch):
+    """On the bundled GPU recordings the headline times are labelled as graph-replay medians and
+    the lanes chart names its own kind (one traced run)."""
+    from pathlib import Path
+
+    if not (Path(__file__).resolve().parents[3] / "data" / "decode" / "decode_b1_ctx32k_splits-auto").exists():
+        pytest.skip("no bundled decode recordings")
+    monkeypatch.delenv("TILESCOPE_DATA", raising=False)
+    at = page(source="recorded", dec_rec_batch=1)
+    clean(at)
+    labels = [m.label for m in at.metric if m.value.endswith("µs")]
+    assert labels == ["1 split · graph-replay median", "16 splits · graph-replay median"], labels
+    lanes = chart(at, "SM lanes")
+    ends = [a["text"] for a in lanes["layout"]["annotations"] if "ends at" in a["text"]]
+    assert ends and all("(one traced run)" in t for t in ends), ends
