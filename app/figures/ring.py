@@ -47,6 +47,20 @@ def _ms(ns) -> np.ndarray:
     return np.asarray(ns, dtype=float) / 1e6
 
 
+def kv_step_bytes(meta: dict) -> int:
+    """Bytes one rank sends per ring step: the K and V of its chunk of N/W rows with H_kv heads,
+    from the cost model (instrumentation.estimate's kv_cache_bytes at N_k = N/W). The queries and
+    the running (m, l, O) never leave their rank.
+
+    Arguments: a ring recording's meta (shape, dtype, ring.world). Returns bytes."""
+    from instrumentation import estimate
+
+    sh, world = meta["shape"], int(meta["ring"]["world"])
+    rows = int(sh.get("N_k", sh["N"])) // world
+    return estimate(int(sh["B"]), int(sh["H"]), int(sh.get("H_kv") or sh["H"]), rows, rows, int(sh["D"]),
+                    "full", meta["dtype"], 16, 16).kv_cache_bytes
+
+
 def overlap_stats(steps: pd.DataFrame) -> dict:
     """Per transfer, the part that compute did not hide: the time from the end of that step's
     compute to the moment its K/V had arrived (0 when it arrived first)."""

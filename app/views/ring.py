@@ -9,8 +9,10 @@ import pandas as pd
 import streamlit as st
 
 from app import presentation, settings, sources, url_state
-from app.figures.ring import (balance_figure, efficiency_note, overlap_stats, ring_diagram_figure,
+from app.figures._common import fmt_bytes
+from app.figures.ring import (balance_figure, efficiency_note, kv_step_bytes, overlap_stats, ring_diagram_figure,
                               ring_merge_figure, ring_provenance, ring_timeline_figure)
+from instrumentation.trace.files import DTYPE_BYTES
 from app.views import common
 
 s = settings.current()
@@ -18,8 +20,10 @@ st.title("Across devices: ring attention")
 st.caption("Past one GPU, each rank keeps a slice of the queries while the keys and values travel "
            "round a ring (torch.distributed: NCCL between GPUs). Each rank attends its queries to "
            "the chunk it holds with our kernel, which returns the log-sum-exp, and merges the partial "
-           "results with the same online-softmax algebra that joins tiles inside the kernel. Only K/V "
-           "and the running (m, l, O) ever move: per step B·H_kv·(N/W)·D·2 values, whatever N is.")
+           "results with the same online-softmax algebra that joins tiles inside the kernel. Only K "
+           "and V move between ranks: per step each rank sends the chunk it holds, 2·B·H_kv·(N/W)·D "
+           "values (K and V). The queries and each row's running (m, l, O) stay on their rank; each "
+           "step's partial result merges into them there.")
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
@@ -60,6 +64,16 @@ prov = ring_provenance(meta)
 hardware = meta.get("backend") == "cuda"
 st.info(f"**Data: {prov}**  \n" + (efficiency_note(meta) or "no hardware timing (interpreter)") +
         f" · output vs one device: relative error {ring['rel_err_vs_single']:.1e}", icon=":material/info:")
+
+sent = steps.loc[steps.bytes_sent > 0, "bytes_sent"]
+per_step = kv_step_bytes(meta)
+sh = meta["shape"]
+st.caption(f"Sent per rank and step here: K and V of {sh['N'] // ring['world']:,} rows = 2 × B {sh['B']} × "
+           f"H_kv {sh.get('H_kv', sh['H'])} × {sh['N'] // ring['world']:,} × D {sh['D']} × "
+           f"{DTYPE_BYTES[meta['dtype']]} B = **{fmt_bytes(per_step)}**"
+           + (f"; the recording's transfers: {fmt_bytes(int(sent.iloc[0]))} each"
+              + ("" if sent.nunique() == 1 else f" to {fmt_bytes(int(sent.max()))}") if len(sent) else "")
+           + ". Nothing else crosses the ring.")
 
 ov = overlap_stats(steps)
 shape = meta["shape"]

@@ -152,3 +152,23 @@ def test_balance_figure_measured_row_sums_each_ranks_compute(ring_data):
     busy = ((steps.compute_end - steps.compute_start) / 1e6).groupby(steps["rank"]).sum()
     assert np.allclose(measured[0].y, busy.to_numpy())
     assert "measured: the natural" in fig.layout.annotations[-1].text.replace("<br>", " ")
+
+
+@pytest.mark.parametrize("name", ["w2_zigzag", "w3_natural"])
+def test_intro_says_only_k_and_v_move_and_counts_them(ring_data, name):
+    """The text says what moves (K and V, nothing of (m, l, O)) and the count it gives is the
+    recording's bytes sent per step: 2·B·H_kv·(N/W)·D·e."""
+    from app.figures._common import fmt_bytes
+    from app.figures.ring import kv_step_bytes
+
+    at = page(ring_rec=name)
+    clean(at)
+    text = " ".join(c.value for c in at.caption)
+    assert "(m, l, O) ever move" not in text
+    assert "Only K and V move between ranks" in text and "(m, l, O) stay on their rank" in text
+    trace = Trace.load(ring_data / "ring" / name)
+    sh, world = trace.meta["shape"], trace.meta["ring"]["world"]
+    expected = 2 * sh["B"] * sh["H_kv"] * (sh["N"] // world) * sh["D"] * 4          # fp32
+    sent = trace.ring_steps.bytes_sent
+    assert kv_step_bytes(trace.meta) == expected and set(sent[sent > 0]) == {expected}
+    assert f"**{fmt_bytes(expected)}**" in text and f"transfers: {fmt_bytes(expected)} each" in text
