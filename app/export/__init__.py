@@ -23,11 +23,14 @@ Images come from kaleido, which drives the system Chromium (/usr/bin/chromium) o
     animations.py  animated figures as GIF / MP4
     gif.py         GIF frames over one palette that keeps the figure's own colours
     data.py        schedules as Chrome-trace JSON, trace tables as CSV / parquet
+    names.py       the one download / file name: the recording, then the view
 
 The public names of all of them are importable from app.export.
 """
 
-from app.export.animations import ANIMATION_FORMATS, MAX_ANIMATION_FRAMES, export_animation, parse_size
+from app.export.names import download_name, recording_stem
+from app.export.animations import (ANIMATION_FORMATS, FPS_RANGE, MAX_ANIMATION_FRAMES, MAX_VIDEO_SECONDS,
+                                   export_animation, parse_size, video_plan)
 from app.export.cli import build_parser, gallery, main, run
 from app.export.common import ExportError, write_atomic
 from app.export.data import TABLE_FORMATS, chrome_trace, chrome_trace_bytes, trace_tables, write_chrome_trace
@@ -35,7 +38,8 @@ from app.export.images import (DEFAULT_SIZE, FIGURE_FORMATS, IMAGE_FORMATS, PNG_
                                export_figure, figure_bytes, png_scale, static_frame)
 
 __all__ = [
-    "ANIMATION_FORMATS", "MAX_ANIMATION_FRAMES", "export_animation", "parse_size",
+    "ANIMATION_FORMATS", "MAX_ANIMATION_FRAMES", "export_animation", "parse_size", "FPS_RANGE",
+    "MAX_VIDEO_SECONDS", "video_plan", "download_name", "recording_stem",
     "build_parser", "gallery", "main", "run", "ExportError", "write_atomic",
     "TABLE_FORMATS", "chrome_trace", "chrome_trace_bytes", "trace_tables", "write_chrome_trace",
     "DEFAULT_SIZE", "FIGURE_FORMATS", "IMAGE_FORMATS", "PNG_SCALE", "SLIDE_PIXELS",

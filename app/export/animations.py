@@ -10,10 +10,40 @@ import plotly.graph_objects as go
 
 from .common import ExportError, kaleido_server, write_atomic
 from .gif import figure_colours, write_gif
-from .images import SLIDE_PIXELS, figure_size, static_frame
+from .images import SLIDE_PIXELS, figure_size, static_frame, without_hover_hints
 
 ANIMATION_FORMATS = ("gif", "mp4")
-MAX_ANIMATION_FRAMES = 60
+MAX_ANIMATION_FRAMES = 60       # distinct frames rendered (kaleido draws each: ~0.5-1.5 s apiece)
+MAX_VIDEO_SECONDS = 60
+FPS_RANGE = (1, 30)
+
+
+def video_plan(n_available: int, max_frames: int, fps: int, duration: float | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Which of a figure's frames a video renders and how long it holds each.
+
+    Without a duration every rendered frame is one video frame (max_frames of them at `fps`).
+    With one, the video has round(duration x fps) frames (bounded by MAX_VIDEO_SECONDS); the
+    distinct frames rendered stay at most max_frames (each costs a kaleido render), spread
+    evenly over the figure's frames, and each is held for its share of the video frames, so a
+    20 s lecture video needs no more renders than a 2 s one.
+
+    Arguments:
+        n_available: the figure's frames; max_frames: the most distinct frames to render;
+        fps: video frames per second; duration: the video's length in seconds, or None.
+    Returns:
+        (indices of the figure's frames to render, how many video frames each is held for);
+        the holds sum to the video's frame count."""
+    if not FPS_RANGE[0] <= int(fps) <= FPS_RANGE[1]:
+        raise ExportError(f"fps must be within {FPS_RANGE[0]}..{FPS_RANGE[1]}, got {fps}")
+    if duration is not None and not 0 < float(duration) <= MAX_VIDEO_SECONDS:
+        raise ExportError(f"duration must be within 0..{MAX_VIDEO_SECONDS} s, got {duration}")
+    distinct = min(max_frames, n_available)
+    total = distinct if duration is None else max(2, int(round(float(duration) * int(fps))))
+    distinct = min(distinct, total)
+    idx = np.unique(np.linspace(0, n_available - 1, distinct).round().astype(int))
+    edges = np.linspace(0, total, len(idx) + 1).round().astype(int)     # video frames of each rendered one
+    return idx, np.diff(edges)
 
 
 def parse_size(size) -> tuple[int, int] | None:
@@ -33,13 +63,16 @@ Progress = Callable[[int, int], None]
 
 
 def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int = 40, fps: int = 8,
-                     tl=None, size=None, presentation: bool = False, progress: Progress | None = None) -> Path:
+                     tl=None, size=None, presentation: bool = False, progress: Progress | None = None,
+                     duration: float | None = None) -> Path:
     """Any animated figure (or, given a Trace, the tile grid filling in) as GIF or MP4 via
     imageio, every frame rendered by kaleido in the figure's own look. size: (w, h) or
     "1920x1080" pixels of the video (the figure is drawn at its own size and scaled up, so
     fonts stay in proportion); presentation: the slide look (default size 1920 x 1080).
     progress(done, total) is called once before the first frame (0, n) and after each
-    rendered frame (k, n), k = 1..n (a bar in the app, tqdm on the command line)."""
+    rendered frame (k, n), k = 1..n (a bar in the app, tqdm on the command line).
+    duration: the video's length in seconds at `fps` (video_plan: at most max_frames distinct
+    frames, each held for its share); None: one video frame per rendered frame."""
     import imageio.v3 as iio
 
     path = Path(path)
@@ -60,7 +93,8 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
         from app.figures import presentation as slide
         fig = slide(fig)
         size = size or SLIDE_PIXELS
-    idx = np.unique(np.linspace(0, len(fig.frames) - 1, min(max_frames, len(fig.frames))).round().astype(int))
+    idx, hold = video_plan(len(fig.frames), max_frames, fps, duration)
+    fig = without_hover_hints(fig)
     w, h = figure_size(fig)
     if size is not None:
         # lay the figure out at the video's aspect (its own height), then scale to the pixels
@@ -79,9 +113,10 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
             frames.append(_fit(iio.imread(png)[..., :3], out_w, out_h))
             if progress is not None:
                 progress(len(frames), len(idx))
-    if fmt == "gif":
-        return write_atomic(path, write=lambda tmp: write_gif(tmp, frames, fps, keep=figure_colours(fig)))
-    return write_atomic(path, write=lambda tmp: _mp4_ffmpeg(tmp, frames, fps), keep_suffix=True)
+    if fmt == "gif":      # a held frame is one GIF frame shown longer
+        return write_atomic(path, write=lambda tmp: write_gif(tmp, frames, fps, keep=figure_colours(fig), hold=hold))
+    video = [f for f, n in zip(frames, hold) for _ in range(int(n))]     # H.264 runs at one fps
+    return write_atomic(path, write=lambda tmp: _mp4_ffmpeg(tmp, video, fps), keep_suffix=True)
 
 
 def _fit(img: np.ndarray, w: int, h: int) -> np.ndarray:

@@ -62,8 +62,9 @@ def gif_palette(frames: list[np.ndarray], keep=()) -> np.ndarray:
     return np.concatenate([flat, cut])[:256]
 
 
-def write_gif(path, frames: list[np.ndarray], fps: float, keep=()) -> None:
-    """The frames as a looping GIF over one shared palette (gif_palette)."""
+def write_gif(path, frames: list[np.ndarray], fps: float, keep=(), hold=None) -> None:
+    """The frames as a looping GIF over one shared palette (gif_palette); hold: how many
+    1/fps ticks each frame shows for (default one each)."""
     from PIL import Image
 
     pal = gif_palette(frames, keep)
@@ -75,5 +76,6 @@ def write_gif(path, frames: list[np.ndarray], fps: float, keep=()) -> None:
         im = Image.fromarray(near[where].reshape(f.shape[:2]).astype(np.uint8), mode="P")
         im.putpalette(flat_pal)
         images.append(im)
-    images[0].save(path, format="GIF", save_all=True, append_images=images[1:], duration=int(round(1000 / fps)),
-                   loop=0, optimize=False)
+    ticks = [1] * len(frames) if hold is None else [int(n) for n in hold]
+    images[0].save(path, format="GIF", save_all=True, append_images=images[1:],
+                   duration=[int(round(1000 * n / fps)) for n in ticks], loop=0, optimize=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -83,11 +84,48 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float | None = None, frame: in
         return fig.to_html(include_plotlyjs=True, full_html=True, auto_play=False).encode()
     if fmt not in IMAGE_FORMATS:
         raise ExportError(f"image format must be one of {FIGURE_FORMATS}, got {fmt!r}")
-    fig = static_frame(fig, frame)
+    fig = without_hover_hints(static_frame(fig, frame))
     w, h = figure_size(fig)
     scale = (png_scale(fig) if fmt == "png" else 1.0) if scale is None else scale
     with kaleido_server():
-        return fig.to_image(format=fmt, width=w, height=h, scale=scale)
+        data = fig.to_image(format=fmt, width=w, height=h, scale=scale)
+    return pdf_titled(data, figure_title(fig)) if fmt == "pdf" else data
+
+
+def without_hover_hints(fig: go.Figure) -> go.Figure:
+    """A copy of `fig` without hover hints in its texts: an image or a video is not hovered."""
+    from app.figures._common import drop_hover_hints
+
+    return drop_hover_hints(go.Figure(fig))
+
+
+def figure_title(fig: go.Figure) -> str:
+    """The figure's title as plain text ("" when it has none)."""
+    text = (fig.layout.title.text if fig.layout.title else None) or ""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text)).strip()
+
+
+def pdf_titled(pdf: bytes, title: str) -> bytes:
+    """The PDF with its document title set to `title` (kaleido's page is titled "Kaleido-fier",
+    which a PDF viewer shows in its window and a slide tool as the file's name): an incremental
+    update, a new Info dictionary appended after the file with its own cross-reference section,
+    so nothing kaleido wrote moves. A PDF whose trailer cannot be read is returned unchanged."""
+    m = re.search(rb"trailer\s*<<(.*?)>>\s*startxref\s*(\d+)\s*%%EOF\s*$", pdf, re.S)
+    if not title or m is None:
+        return pdf
+    size = re.search(rb"/Size\s+(\d+)", m.group(1))
+    root = re.search(rb"/Root\s+(\d+\s+\d+\s+R)", m.group(1))
+    if size is None or root is None:
+        return pdf
+    n = int(size.group(1))
+    hex_title = ("FEFF" + title.encode("utf-16-be").hex().upper()).encode()     # any character, escaped
+    body = pdf if pdf.endswith(b"\n") else pdf + b"\n"
+    obj_at = len(body)
+    obj = b"%d 0 obj\n<</Title <%s>\n/Producer (Tilescope via kaleido)>>\nendobj\n" % (n, hex_title)
+    xref_at = obj_at + len(obj)
+    tail = (b"xref\n%d 1\n%010d 00000 n \ntrailer\n<</Size %d\n/Root %s\n/Info %d 0 R\n/Prev %s>>\n"
+            b"startxref\n%d\n%%%%EOF\n" % (n, obj_at, n + 1, root.group(1), n, m.group(2), xref_at))
+    return body + obj + tail
 
 
 def export_figure(fig: go.Figure, path, fmt: str | None = None, scale: float | None = None,

@@ -10,6 +10,7 @@ with "tilescope_slide" plus the layout rules that templates cannot express.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 
 import numpy as np
@@ -234,3 +235,53 @@ def count_axis(fig: go.Figure, values, axis: str = "x", **where) -> None:
     text = [f"{x // 1024}k" if x >= 1024 else str(x) for x in vals]
     (fig.update_yaxes if axis == "y" else fig.update_xaxes)(type="log", tickmode="array", tickvals=vals,
                                                             ticktext=text, **where)
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """'1 tile', '0 tiles', '3 work items': a count with its noun in the right number.
+
+    Arguments:
+        n: the count; noun: its singular; nouns: the plural (default noun + 's').
+    Returns:
+        the text."""
+    return f"{n} {noun if n == 1 else (nouns or noun + 's')}"
+
+
+_HOVER_HINTS = [re.compile(p) for p in (
+    r"\s*\(\s*hover[^()]*\)",                        # "(hover names each)"
+    r"\s*[;,]\s*hover\b[^;,()<]*(?=[)<]|$)",          # "…visit order; hover for which)"
+    r"(?:(?<=^)|(?<=[.!?]\s)|(?<=<br>))\s*Hover\b[^.<]*\.\s*",   # "Hover a bar for its numbers."
+)]
+
+
+def without_hover_hints(text: str) -> str:
+    """`text` with its hover hints ("(hover for which)", "Hover a bar for …") taken out: a
+    slide, a video or an image cannot be hovered.
+
+    Arguments:
+        text: a title, axis title, annotation or caption (plotly's <br> markup kept).
+    Returns:
+        the text without them."""
+    if not text or "over" not in text:
+        return text
+    for pattern in _HOVER_HINTS:
+        text = pattern.sub("", text)
+    return text
+
+
+def drop_hover_hints(fig: go.Figure) -> go.Figure:
+    """Every text of `fig` (titles, subtitles, axis titles, annotations, legend title) without
+    hover hints, in place (see without_hover_hints). Returns fig."""
+    lay = fig.layout
+    if lay.title and lay.title.text:
+        lay.title.text = without_hover_hints(lay.title.text)
+    if lay.title and lay.title.subtitle and lay.title.subtitle.text:
+        lay.title.subtitle.text = without_hover_hints(lay.title.subtitle.text)
+    for k in [k for k in lay if k.startswith(("xaxis", "yaxis"))]:
+        ax = lay[k]
+        if ax.title and ax.title.text:
+            ax.title.text = without_hover_hints(ax.title.text)
+    for ann in lay.annotations:
+        if ann.text:
+            ann.text = without_hover_hints(ann.text)
+    return fig

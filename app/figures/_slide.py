@@ -4,6 +4,7 @@ One template ("tilescope_slide", registered in _common) sets fonts, axes and col
 below are the layout a template cannot express, and they hold for every chart:
 
 - 16:9 at 1280 x 720 logical pixels (PNG exports at scale 1.5: 1920 x 1080), strips included;
+- hover hints ("hover for which") are dropped from every text: a slide is not hovered;
 - the title and subtitle sit at the top and the top margin is sized to their lines, so
   they never meet a tick label or a long axis title;
 - explicit font sizes set by a figure are dropped, so the template's sizes apply everywhere;
@@ -32,7 +33,8 @@ import plotly.graph_objects as go
 import re
 import textwrap
 
-from ._common import SLIDE_SIZE, SLIDE_TEMPLATE, SUBTITLE_SIZE, TITLE_SIZE, axis_block_px, bottom_margin, fit_title
+from ._common import (SLIDE_SIZE, SLIDE_TEMPLATE, SUBTITLE_SIZE, TITLE_SIZE, axis_block_px, bottom_margin,
+                      drop_hover_hints, fit_title)
 
 LOOK_KEY = "tilescope_look"
 MAX_TICKS = 16
@@ -70,6 +72,7 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
                       hoverlabel=dict(font_size=18))
     for path, value in (meta.get("slide_layout") or {}).items():    # the figure's own slide arrangement
         lay[path] = value
+    drop_hover_hints(out)            # nobody hovers a slide: "(hover for which)" is noise there
     if lay.title:
         lay.title.font = None
         if lay.title.subtitle:

@@ -19,7 +19,7 @@ from instrumentation.analysis.schedule_analysis import (NEVER, animation_times, 
                                                tile_frames, work_frames)
 from instrumentation.analysis.schedule_model import schedule_stats, tile_timeline
 
-from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, time_axis, title,
+from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_colorscale, plural, time_axis, title,
                       whole_ticks)
 from ._common import TEMPLATE
 from .schedule_common import (CURSOR, IN_FLIGHT, clock_kind, clock_unit, lane_traces, problem_text,
@@ -118,8 +118,8 @@ def _frame_title(heading: str, t: float, scale: float, unit: str, work: dict, ti
     run, done = frame_counts(work, k)
     now, computed = frame_counts(tiles, k)
     total = int(work["exists"].sum())
-    return title(heading, f"t = {(t - 0) / scale:.4g} {unit}: {run} work items running, {done} of "
-                          f"{total} done; head bh={bh}: {now} tiles computing now, {computed} computed")
+    return title(heading, f"t = {(t - 0) / scale:.4g} {unit}: {plural(run, 'work item')} running, {done} of "
+                          f"{total} done; head bh={bh}: {plural(now, 'tile')} computing now, {computed} computed")
 
 
 def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: int | None = None,

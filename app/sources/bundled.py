@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+import re
 from pathlib import Path
 
 import streamlit as st
@@ -90,8 +91,14 @@ class Recording:
                 f"{kv} · {self.schedule}")
 
 
+def natural_key(name: str) -> list:
+    """Sort key that reads numbers as numbers: n1024 < n4096 < n16384 (text order puts n16384 second)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part]
+
+
 def discover_traces(root: Path | None = None) -> list[Recording]:
-    """Every data/traces/<name>/manifest.json that looks like a Tilescope trace, sorted by name.
+    """Every data/traces/<name>/manifest.json that looks like a Tilescope trace, in natural
+    name order (numbers as numbers: n1024, n4096, n16384).
 
     Only the manifest is read (JSON, small); unreadable manifests are left out here and reported
     when the user opens them (Trace.load gives the reason).
@@ -100,7 +107,7 @@ def discover_traces(root: Path | None = None) -> list[Recording]:
     found = []
     if not root.is_dir():
         return found
-    for manifest in sorted(root.glob("*/manifest.json")):
+    for manifest in sorted(root.glob("*/manifest.json"), key=lambda m: natural_key(m.parent.name)):
         try:
             doc = files.read_json(manifest, "manifest.json")
         except files.FileFormatError:

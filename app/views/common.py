@@ -30,10 +30,17 @@ MIME = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf", "h
 def source_or_stop(s: Settings) -> Source:
     """The settings' trace, or a visible error (with a way out) and the page stops there."""
     try:
-        return current_source(s)
+        src = current_source(s)
     except RunError as exc:
         explain_failure(exc, s)
         st.stop()
+    st.session_state["_download_stem"] = export.recording_stem(src)    # downloads are named after it
+    return src
+
+
+def download_name(view: str, fmt: str) -> str:
+    """The current recording's download name for `view` (app.export.download_name)."""
+    return export.download_name(st.session_state.get("_download_stem"), view, fmt)
 
 
 def explain_failure(exc: RunError, s: Settings, shown: Settings | None = None) -> None:
@@ -120,7 +127,7 @@ def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "s
                         key=f"{key}_export"):
             for fmt in exports:
                 st.download_button(f"⬇ {fmt.upper()}", data=_deferred(figure_bytes, fig, fmt),
-                                   file_name=f"{name}.{fmt}", mime=MIME[fmt], key=f"{key}_{fmt}",
+                                   file_name=download_name(name, fmt), mime=MIME[fmt], key=f"{key}_{fmt}",
                                    on_click="ignore", width="stretch",
                                    help=f"{name} as {fmt.upper()} ({'kaleido' if fmt != 'html' else 'standalone, works offline'})")
 
@@ -165,15 +172,15 @@ def trace_downloads(trace, key: str, tl=None) -> None:
     what = "parquet · CSV" + (" · Chrome trace" if tl is not None else "")
     with st.popover(f"⬇ Trace data ({what})", width="content", key=f"{key}_data"):   # drawn when opened, as chart exports
         st.download_button("⬇ trace (parquet zip)", data=_deferred(trace_zip, trace, "parquet"),
-                           file_name="tilescope-trace.zip", mime=MIME["zip"], key=f"{key}_parquet",
+                           file_name=download_name("trace", "zip"), mime=MIME["zip"], key=f"{key}_parquet",
                            on_click="ignore", width="stretch",
                            help="Trace.save's directory, zipped: upload it back here")
         st.download_button("⬇ trace (CSV zip)", data=_deferred(trace_zip, trace, "csv"),
-                           file_name="tilescope-trace-csv.zip", mime=MIME["zip"], key=f"{key}_csv",
+                           file_name=download_name("trace-csv", "zip"), mime=MIME["zip"], key=f"{key}_csv",
                            on_click="ignore", width="stretch", help="one CSV per table, and meta.json")
         if tl is not None:
             st.download_button("⬇ schedule (Chrome trace JSON)", data=_deferred(chrome_trace_bytes, trace, tl),
-                               file_name="tilescope-schedule.json", mime=MIME["json"],
+                               file_name=download_name("schedule-chrome-trace", "json"), mime=MIME["json"],
                                key=f"{key}_chrome", on_click="ignore", width="stretch",
                                help="open in https://ui.perfetto.dev or chrome://tracing")
 

@@ -7,6 +7,7 @@ redraws. The page's own controls live in the URL (app.url_state.control).
 """
 
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -200,36 +201,57 @@ if st.toggle("Show the order the kernel really ran the work items in (trace.work
         "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
     st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
-# kaleido's seconds per video frame on a loaded 2-CPU machine (16k causal schedule): the estimate
-# the page shows before it makes a GIF/MP4
-SECONDS_PER_FRAME = {(960, 540): 1.7, (1920, 1080): 2.7}
-VIDEO_FRAMES = 16          # the page's default (the CLI makes up to 120)
+# kaleido's seconds per rendered video frame (16k causal schedule, loaded 2-CPU machine), the
+# estimate shown until this session has rendered a video at that size (then its measured rate)
+SECONDS_PER_FRAME = {(960, 540): 0.75, (1920, 1080): 1.2}
+RENDER_START_S = 3.0                # the renderer's start, before the first frame
+VIDEO_SECONDS = [5, 10, 15, 20, 30]  # a lecture wants 10-20 s
+VIDEO_FPS = [8, 12, 24]
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def video_fig(key, sms, color_by, bh, frames, _trace):
+    """The animation with exactly the frames a video renders, so its caption's "frames every
+    ..." is the video's own spacing."""
+    return tile_animation_figure(_trace, cached_timeline(_trace, sms), max_frames=frames, bh=bh, color_by=color_by)
 
 
 def video_downloads(bh: int) -> None:
-    """GIF / MP4 of the animation as shown: rendered when asked, with the time it will take
-    said before and a per-frame progress bar while it runs, then offered as a download. In one
-    menu, like the charts' exports (on slides it fades until hovered instead of a row of boxes)."""
+    """GIF / MP4 of the animation as shown, of a chosen length and frame rate (frames = length x
+    fps; at most MAX_ANIMATION_FRAMES distinct ones rendered, each held for its share): rendered
+    when asked, with the time it will take said before (this session's measured rate per frame)
+    and a per-frame progress bar while it runs, then offered as a download."""
     with st.popover("⬇ Video (GIF · MP4)", width="content", key="sched_video_menu"):
-        v1, v2, v3 = st.columns(3)
+        v1, v2, v3, v4 = st.columns(4)
         fmt = v1.selectbox("Video", ["gif", "mp4"], key="sched_video_fmt", format_func=str.upper)
         size = v2.selectbox("Size", list(SECONDS_PER_FRAME), key="sched_video_size",
                             format_func=lambda wh: f"{wh[0]}×{wh[1]}")
-        frames = v3.selectbox("Frames", [VIDEO_FRAMES, DEFAULT_FRAMES], key="sched_video_frames")
-        est = SECONDS_PER_FRAME[size] * frames
+        seconds = v3.selectbox("Length", VIDEO_SECONDS, index=2, key="sched_video_seconds",
+                               format_func=lambda x: f"{x} s")
+        fps = v4.selectbox("Frames per second", VIDEO_FPS, key="sched_video_fps")
+        rendered = min(export.MAX_ANIMATION_FRAMES, seconds * fps)
+        rate = st.session_state.get("sched_video_rate", {}).get(size, SECONDS_PER_FRAME[size])
+        est = RENDER_START_S + rate * rendered
+        st.caption(f"{seconds * fps} video frames ({seconds} s at {fps} fps) from {rendered} distinct frames "
+                   f"of the run{', each held ' + format(seconds * fps / rendered, '.2g') + '×' if rendered < seconds * fps else ''}; "
+                   f"about {rate:.2g} s per frame to render.")
         made = st.session_state.get("sched_video")
-        want = (src.key, sms, color_by, bh, fmt, size, frames, s.present)
+        want = (src.key, sms, color_by, bh, fmt, size, seconds, fps, s.present)
         if st.button(f"Make the {fmt.upper()} (about {est:.0f} s)", key="sched_video_make"):
-            fig = animation_fig(src.key, sms, color_by, bh, None, True, trace)    # the figure shown (cached)
-            bar = FrameProgress(f"{fmt.upper()} at {size[0]}×{size[1]}", SECONDS_PER_FRAME[size])
+            fig = video_fig(src.key, sms, color_by, bh, rendered, trace)
+            bar = FrameProgress(f"{fmt.upper()} at {size[0]}×{size[1]}", rate)
+            began = time.monotonic()
             with tempfile.TemporaryDirectory() as tmp:
-                path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=frames,
-                                               size=size, presentation=s.present, progress=bar)
+                path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=rendered,
+                                               fps=fps, duration=seconds, size=size, presentation=s.present,
+                                               progress=bar)
                 made = st.session_state["sched_video"] = (want, path.read_bytes())
+            per_frame = max(0.05, (time.monotonic() - began - RENDER_START_S) / max(1, len(fig.frames)))
+            st.session_state.setdefault("sched_video_rate", {})[size] = per_frame
         if made and made[0] == want:
-            st.download_button(f"⬇ whole-gpu-schedule.{fmt} ({len(made[1]) / 1e6:.1f} MB)", data=made[1],
-                               file_name=f"whole-gpu-schedule.{fmt}", mime=common.MIME[fmt],
-                               key="sched_video_dl", on_click="ignore")
+            name = export.download_name(src, "whole-gpu-schedule", fmt)
+            st.download_button(f"⬇ {name} ({len(made[1]) / 1e6:.1f} MB)", data=made[1],
+                               file_name=name, mime=common.MIME[fmt], key="sched_video_dl", on_click="ignore")
 
 
 st.subheader("The whole GPU over time")

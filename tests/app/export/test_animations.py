@@ -100,3 +100,50 @@ def test_callback_counts_follow_the_frames_drawn(small_trace, tmp_path, fast_fra
     assert n == min(9, len(fig.frames)) and fast_frames == sorted(fast_frames)
     assert [(d, t) for d, t, _ in seen] == [(k, n) for k in range(n + 1)]
     assert all(drawn == done for done, _, drawn in seen)
+
+
+def test_video_length_and_fps_set_the_frame_count(tmp_path, fast_frames, small_trace):
+    """A lecture video of a chosen length: frames = duration x fps (15 s at 8 fps is 120 MP4
+    frames), from at most the asked distinct renders, each held for its share; the GIF shows
+    its distinct frames for the same total time. Without a duration, one frame per render."""
+    import imageio.v3 as iio
+    from PIL import Image
+
+    idx, hold = E.video_plan(48, 40, fps=8, duration=15)
+    assert hold.sum() == 120 and len(idx) == 40 and idx[0] == 0 and idx[-1] == 47
+    assert hold.max() - hold.min() <= 1                              # evenly held
+    idx, hold = E.video_plan(48, 40, fps=8)
+    assert len(idx) == 40 and (hold == 1).all()
+    idx, hold = E.video_plan(48, 60, fps=4, duration=2)             # short: no more renders than frames
+    assert len(idx) == 8 and hold.sum() == 8
+    for bad in (dict(fps=0), dict(fps=8, duration=600), dict(fps=8, duration=0)):
+        with pytest.raises(E.ExportError):
+            E.video_plan(48, 40, **bad)
+    fig = tile_animation_figure(small_trace, max_frames=6)
+    mp4 = E.export_animation(fig, tmp_path / "a.mp4", max_frames=6, fps=8, duration=3, size=(320, 180))
+    assert len(fast_frames) == 6                                     # six renders ...
+    assert len(list(iio.imiter(mp4, plugin="FFMPEG"))) == 24         # ... make 3 s at 8 fps
+    fast_frames.clear()
+    gif = E.export_animation(fig, tmp_path / "a.gif", max_frames=6, fps=8, duration=3, size=(320, 180))
+    with Image.open(gif) as im:
+        total_ms = 0
+        for k in range(im.n_frames):
+            im.seek(k)
+            total_ms += im.info["duration"]
+    assert total_ms == pytest.approx(3000, abs=60)
+
+
+def test_download_names_say_recording_and_view(small_trace):
+    """One naming function: recording, then view (downloads from several recordings and pages
+    never collide); a live run or upload is named after its problem; names are file-safe."""
+    class Rec:
+        name = "n16384_causal_natural"
+
+    class Src:
+        recording = Rec()
+        trace = small_trace
+
+    assert E.download_name(Src(), "block-map", "png") == "n16384_causal_natural-block-map.png"
+    assert E.download_name(small_trace, "trace", "zip") == "n128_causal_natural-trace.zip"
+    assert E.download_name("a/b c", "x y", "gif") == "a_b_c-x-y.gif"
+    assert E.download_name(None, "memory", "csv") == "memory.csv"

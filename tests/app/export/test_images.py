@@ -73,3 +73,22 @@ def test_slide_png_scale_of_a_strip():
     assert E.png_scale(full) * 1280 == pytest.approx(1920) and E.png_scale(full) * 720 == pytest.approx(1080)
     assert E.png_scale(strip) * 1280 == pytest.approx(1920)
     assert E.png_scale(go.Figure()) == E.PNG_SCALE
+
+
+@needs_chromium
+def test_pdf_is_titled_after_the_chart(kaleido_server):
+    """A PDF's document title is the chart's title (kaleido's page title 'Kaleido-fier' is what
+    viewers showed), written as an incremental update that keeps the file readable."""
+    import re
+
+    import plotly.graph_objects as go
+    from app.export.images import figure_bytes
+
+    pdf = figure_bytes(go.Figure(go.Scatter(x=[1, 2], y=[1, 3]), layout=dict(title="Work items on SMs · µs")), "pdf")
+    info = re.findall(rb"/Info (\d+) 0 R", pdf)[-1]
+    obj = re.search(rb"\n" + info + rb" 0 obj\n<</Title <([0-9A-F]+)>", pdf)
+    assert obj and bytes.fromhex(obj.group(1).decode())[2:].decode("utf-16-be") == "Work items on SMs · µs"
+    xref = int(re.findall(rb"startxref\n(\d+)", pdf)[-1])
+    assert pdf[xref:xref + 4] == b"xref" and pdf.rstrip().endswith(b"%%EOF")
+    at = int(re.search(rb"xref\n\d+ 1\n(\d{10})", pdf[xref:]).group(1))
+    assert pdf[at:].startswith(info + b" 0 obj")

@@ -51,3 +51,22 @@ def test_slide_template_draws_shapes():
 
     d = pio.templates[SLIDE_TEMPLATE].layout.shapedefaults
     assert d.line.width >= 1 and d.opacity == 1 and d.fillcolor == "rgba(0,0,0,0)"
+
+
+def test_slides_and_images_drop_hover_hints():
+    """'hover for which' says nothing on a slide, in a video or an image: every text of the slide
+    look, and every exported still or video frame, goes without it; the page keeps it."""
+    import plotly.graph_objects as go
+
+    from app.export.images import without_hover_hints
+    from app.figures import presentation
+
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[1, 2]), layout=dict(
+        title=dict(text="Steps", subtitle=dict(text="Rows at even steps (hover names each). More.")),
+        xaxis_title="step (one K block of 64 keys, in the kernel's visit order; hover for which)",
+        annotations=[dict(text="Each lane. Hover a bar for its numbers. Red: stragglers", x=0, y=0)]))
+    for out in (presentation(fig), without_hover_hints(fig)):
+        texts = [out.layout.title.subtitle.text, out.layout.xaxis.title.text, out.layout.annotations[0].text]
+        assert not any("hover" in t.lower() for t in texts), texts
+        assert out.layout.xaxis.title.text.endswith("visit order)") and "Red: stragglers" in texts[2]
+    assert "hover for which" in fig.layout.xaxis.title.text          # the page's figure untouched
