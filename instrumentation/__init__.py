@@ -28,10 +28,12 @@ _LAZY = {"Trace": "trace", "TraceFormatError": "trace", "SCHEMA_VERSION": "trace
 
 
 def __getattr__(name):
+    if name == "hf":    # a module, not a name in one: the transformers integration
+        return import_module(".hf", __name__)
     if name in _LAZY:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'instrumentation' has no attribute {name!r}")
 
 
 __all__ = ["record", "record_decode", "make_decode_inputs", "make_inputs", "document_lengths",
-           "environment", "DTYPES", "Trace", "TraceFormatError", "SCHEMA_VERSION", "estimate"]
+           "environment", "DTYPES", "Trace", "TraceFormatError", "SCHEMA_VERSION", "estimate", "hf"]

@@ -1,0 +1,196 @@
+"""instrumentation.hf: a transformers model's attention through Tilescope's kernels.
+
+Tiny models from configs with random weights (no download), fp32: our attention against
+transformers' eager attention (logits, greedy tokens), sliding-window layers, the captured traces,
+and the one-line refusals of what the kernel cannot express.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from instrumentation import hf  # noqa: E402
+from kernels import naive_attention  # noqa: E402
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+            attn_implementation="eager")
+
+
+def tiny_model(cls_name: str, seed: int = 0, **config):
+    config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
+    torch.manual_seed(seed)
+    return getattr(transformers, cls_name)(config_cls(**TINY, **config)).eval()
+
+
+def prompt(n: int, batch: int = 1):
+    return torch.randint(0, TINY["vocab_size"], (batch, n), generator=torch.Generator().manual_seed(1))
+
+
+def agree_with_eager(model, ids):
+    with torch.no_grad():
+        ref, ref_tokens = model(ids).logits, model.generate(ids, max_new_tokens=8, do_sample=False)
+        hf.use_tilescope(model)
+        assert model.config._attn_implementation == hf.NAME
+        out, tokens = model(ids).logits, model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert (out - ref).abs().max().item() < 1e-4
+    assert tokens[0, -8:].tolist() == ref_tokens[0, -8:].tolist()
+
+
+def test_llama_gqa_matches_eager_logits_and_greedy_tokens():
+    agree_with_eager(tiny_model("LlamaForCausalLM"), prompt(40))
+
+
+@pytest.mark.parametrize("cls_name, config", [
+    ("MistralForCausalLM", dict(sliding_window=8)),                 # every layer sliding
+    ("Qwen2ForCausalLM", dict(sliding_window=8, use_sliding_window=True,
+                              layer_types=["full_attention", "sliding_attention"])),
+])
+def test_sliding_window_layers_match_eager(cls_name, config):
+    agree_with_eager(tiny_model(cls_name, **config), prompt(24))   # the prompt is 3 windows long
+
+
+def test_capture_one_trace_per_attention_call_with_the_kernels_shapes(tmp_path):
+    model = tiny_model("Qwen2ForCausalLM", sliding_window=8, use_sliding_window=True,
+                       layer_types=["full_attention", "sliding_attention"])
+    ids = prompt(20)
+    with hf.capture(model) as run:
+        tokens = model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert model.config._attn_implementation == "eager"        # restored after the block
+    # 3 forward passes (prefill + 2 decode steps: the 3rd token needs no forward) x 2 layers
+    assert [(c.step, c.layer, c.phase) for c in run.calls] == [
+        (0, 0, "prefill"), (0, 1, "prefill"), (1, 0, "decode"), (1, 1, "decode"), (2, 0, "decode"), (2, 1, "decode")]
+    for c in run.calls:
+        shape = c.trace.meta["shape"]
+        assert (shape["N_q"], shape["N_k"], shape["H_kv"], shape["H"]) == (c.n_q, c.n_k, 2, 4) == \
+            (c.n_q, c.n_k, c.kv_heads, c.heads)
+        assert c.trace.meta["model_call"] == {"step": c.step, "layer": c.layer, "phase": c.phase,
+                                              "model": "Qwen2ForCausalLM"}
+        assert c.kv_cache_bytes == 2 * c.batch * c.kv_heads * c.n_k * c.head_dim * 4
+    full, sliding = run.calls[0::2], run.calls[1::2]
+    assert [(c.n_q, c.n_k, c.mask, c.window) for c in full] == \
+        [(20, 20, "causal", None), (1, 21, "causal", None), (1, 22, "causal", None)]
+    # the sliding layer: a window mask in prefill; its decode steps read only the last W keys
+    assert [(c.n_q, c.n_k, c.mask, c.window) for c in sliding] == \
+        [(20, 20, "sliding_window:8", 8), (1, 8, "causal", 8), (1, 8, "causal", 8)]
+    assert run.calls[2].trace.meta.get("kind") == "decode" and "splits" in run.calls[2].trace.tables
+    with torch.no_grad():
+        assert torch.equal(tokens, model.generate(ids, max_new_tokens=3, do_sample=False))
+    assert run.meta["config"]["num_key_value_heads"] == 2 and run.steps() == 3 and run.layers() == [0, 1]
+
+
+def test_capture_selected_layers_and_heads():
+    model = tiny_model("LlamaForCausalLM")
+    with hf.capture(model, layers=[1], heads=[0, 3]) as run:
+        model(prompt(20))
+    assert [(c.layer, c.phase) for c in run.calls] == [(1, "prefill")]
+    trace = run.calls[0].trace
+    assert trace.meta["level"] == "full" and trace.meta["traced_heads"] == [0, 3]
+    assert set(trace.tiles["bh"]) == {0, 3} and len(trace.rows) > 0
+    with pytest.raises(ValueError, match="already running"), hf.capture(model), hf.capture(model):
+        pass
+
+
+def one_line_refusal(fn, match):
+    with pytest.raises(ValueError, match=match) as info:
+        fn()
+    assert "\n" not in str(info.value)
+
+
+def test_refusals_are_one_line():
+    model = tiny_model("LlamaForCausalLM")
+    hf.use_tilescope(model)
+    ids = prompt(10, batch=2)
+    padded = torch.ones(2, 10, dtype=torch.long)
+    padded[1, :3] = 0                                                   # left padding
+    with torch.no_grad():
+        one_line_refusal(lambda: model(ids, attention_mask=padded), "takes no padding")
+        one_line_refusal(lambda: model.generate(ids, attention_mask=padded, max_new_tokens=2), "takes no padding")
+        # an unpadded batch (all ones) runs
+        assert model(ids, attention_mask=torch.ones(2, 10, dtype=torch.long)).logits.shape == (2, 10, 128)
+    one_line_refusal(lambda: model(ids), "forward-only")                # gradients on
+    model.train()
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    with torch.no_grad():
+        one_line_refusal(lambda: model(ids), "dropout")
+    gemma = tiny_model("Gemma2ForCausalLM", attn_logit_softcapping=50.0)
+    one_line_refusal(lambda: hf.use_tilescope(gemma), "soft-capping")
+
+
+class Layer(torch.nn.Module):
+    layer_idx, is_causal = 3, True
+
+
+def qkv(n_q, n_k, heads=4, kv_heads=2, d=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, heads, n_q, d, generator=g), torch.randn(1, kv_heads, n_k, d, generator=g),
+            torch.randn(1, kv_heads, n_k, d, generator=g))
+
+
+def reference(q, k, v, seen, scale):
+    """Dense softmax attention over the visible keys (GQA by repeating K/V): (B, N_q, H, D)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2)
+
+
+def test_calls_against_a_dense_reference():
+    # a sliding layer's decode step over a cache longer than its window reads only the last W keys
+    q, k, v = qkv(1, 20)
+    plan = hf.plan_call(Layer(), q, k, v, None, sliding_window=8)
+    assert (plan["phase"], plan["k_start"], plan["k_end"], plan["mask"]) == ("decode", 12, 20, "causal")
+    out, weights = hf.attention_forward(Layer(), q, k, v, None, scaling=0.3, sliding_window=8)
+    seen = hf.kernel_pattern(1, 20, True, 8, "cpu")
+    assert weights is None and (out - reference(q, k, v, seen, 0.3)).abs().max() < 1e-5
+    # a static cache: trailing empty slots the mask hides are cut; the rest is bottom-right causal
+    q, k, v = qkv(4, 24)
+    mask = torch.zeros(1, 1, 4, 24, dtype=torch.bool)
+    mask[..., :16] = hf.kernel_pattern(4, 16, True, None, "cpu")
+    plan = hf.plan_call(Layer(), q, k, v, mask)
+    assert (plan["phase"], plan["k_end"], plan["mask"]) == ("decode", 16, "causal")
+    out, _ = hf.attention_forward(Layer(), q, k, v, mask, scaling=0.25)
+    assert (out - reference(q, k, v, mask[0, 0], 0.25)).abs().max() < 1e-5
+    # a chunk of 20 queries over 30 keys with a float (0 / min) mask: prefill, bottom-right
+    q, k, v = qkv(20, 30)
+    seen = hf.kernel_pattern(20, 30, True, 6, "cpu")
+    fmask = torch.zeros(1, 1, 20, 30).masked_fill(~seen, torch.finfo(torch.float32).min)
+    plan = hf.plan_call(Layer(), q, k, v, fmask, sliding_window=6)
+    assert (plan["phase"], plan["mask"]) == ("prefill", "sliding_window:6")
+    out, _ = hf.attention_forward(Layer(), q, k, v, fmask, scaling=0.25, sliding_window=6)
+    assert (out - reference(q, k, v, seen, 0.25)).abs().max() < 1e-5
+
+
+def test_call_refusals():
+    q, k, v = qkv(8, 8)
+    causal = hf.kernel_pattern(8, 8, True, None, "cpu")[None, None]
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, None, softcap=30.0), "soft-capping")
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, None, dropout=0.1), "dropout")
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, None, position_bias=torch.zeros(1)),
+                     "ALiBi")
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, causal.float() - 1.0), "biases")
+    bidirectional = torch.ones_like(causal)                              # more than causal shows
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, bidirectional), "not the causal pattern")
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, causal[..., :4]), "shape")
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, torch.zeros_like(causal)), "hides every key")
+    q4, k9, v9 = qkv(4, 9)
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q4, k9, v9, None), "positions are unknown")
+    # and what it does run agrees with the naive kernel (mask None, N_q = N_k: causal)
+    out, _ = hf.attention_forward(Layer(), q, k, v, None)
+    naive = naive_attention(q, k, v, mask="causal")                      # GQA: H_kv = 2
+    assert (out - naive.transpose(1, 2)).abs().max() < 1e-5
+
+
+def test_instrumentation_hf_is_the_module():
+    code = ("import sys, instrumentation; m = instrumentation.hf; "
+            "assert m is sys.modules['instrumentation.hf'] and callable(m.use_tilescope); print('ok')")
+    env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.stdout.strip() == "ok", res.stderr[-500:]
