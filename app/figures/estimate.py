@@ -147,10 +147,12 @@ def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> g
                            text=f"{dev} memory {fmt_bytes(mem, binary=True)}", font=dict(color=colour))
         oom = [e for e in es if not e.naive_fits]
         if oom:
+            # on the device's line, not on the naive curve: the two devices' marks stay apart
             fig.add_trace(go.Scatter(
-                x=[e.n_k for e in oom], y=[e.naive_peak_bytes for e in oom], mode="markers",
-                name=f"naive does not fit the {dev}", marker=dict(symbol="x", size=9, color=colour, line=dict(width=1)),
-                hovertemplate="N=%{x:,}: naive out of memory on the " + dev + "<extra></extra>"))
+                x=[e.n_k for e in oom], y=[mem] * len(oom), mode="markers",
+                name=f"naive does not fit the {dev}", marker=dict(symbol="x", size=10, color=colour, line=dict(width=1)),
+                text=[fmt_bytes(e.naive_peak_bytes, binary=True) for e in oom],
+                hovertemplate="N=%{x:,}: naive needs %{text} + Q, K, V: out of memory on the " + dev + "<extra></extra>"))
             notes.append(f"naive needs more than the {dev}'s memory from N = {oom[0].n_k:,}")
         else:
             notes.append(f"naive fits the {dev} up to N = {es[-1].n_k:,}")
@@ -205,23 +207,24 @@ def flops_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
     return _layout(fig, ests, "FLOPs of one attention call", p, "QK^T and PV, 2 FLOPs per multiply-add.")
 
 
-def time_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
+def time_figure(ests: list[Estimate], n: int, p: Problem, h200_note: str = "") -> go.Figure:
     """Modelled time of one flash call over N on each device (Estimate.time_by_device), the
     estimator's roofline calibrated on named recordings; the caption quotes its model_note.
 
-    Arguments: sweep(...), the chosen N, the Problem. Returns the figure."""
+    Arguments: sweep(...) (its model_note is the H100's or the device it ran on), the chosen N,
+    the Problem, h200_note: the other device's model_note, quoted too. Returns the figure."""
     x = _n(ests)
     fig = go.Figure()
     values = []
     for dev in DEVICES:
         ms = np.array([e.time_by_device[dev] * 1e3 for e in ests])
         values.append(ms)
-        _line(fig, x, ms, f"flash on the {dev} (modelled)", DEVICE_COLOURS.get(dev, "#444"), fmt=fmt_time_ms)
+        _line(fig, x, ms, f"flash on the {dev} (modelled)", DEVICE_COLOURS.get(dev, "#444"), fmt=fmt_time_ms,
+              dash="dash" if dev == "H200" else None)      # the two lines nearly coincide when compute-bound
     _chosen_n(fig, n)
     time_axis_ms(fig, np.concatenate(values), title_text="modelled time of one call")
-    note = ests[0].model_note
-    return _layout(fig, ests, "Modelled time of one flash call: H100 and H200", p,
-                   f"{note[0].upper()}{note[1:]}.")
+    notes = " ".join(f"{x[0].upper()}{x[1:]}." for x in (ests[0].model_note, h200_note) if x)
+    return _layout(fig, ests, "Modelled time of one flash call: H100 and H200", p, notes)
 
 
 def fmt_flops(f: float) -> str:
@@ -243,15 +246,15 @@ def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
     def row(quantity, value, exact, field):
         return {"quantity": quantity, "value": value, "exact": exact, "field": field}
 
-    def b(field, quantity):
+    def b(field, quantity, binary=False):      # memory in GiB (as the memory chart), traffic in GB
         v = getattr(e, field)
-        return row(quantity, fmt_bytes(v), f"{v:,} B", field)
+        return row(quantity, fmt_bytes(v, binary=binary), f"{v:,} B", field)
 
     fits = {d: x for d, x in (("H100", h100), ("H200", h200))}
     return [
-        b("naive_peak_bytes", "naive peak memory (S, P resident)"),
-        b("flash_peak_bytes", "flash peak memory (O, lse)"),
-        b("kv_cache_bytes", "KV cache of the layer (K, V)"),
+        b("naive_peak_bytes", "naive peak memory (S, P resident)", True),
+        b("flash_peak_bytes", "flash peak memory (O, lse)", True),
+        b("kv_cache_bytes", "KV cache of the layer (K, V)", True),
         b("naive_hbm_bytes", "HBM traffic, naive"),
         b("flash_tiled_hbm_bytes", "HBM traffic, flash tiled (no cache)"),
         b("flash_hbm_bytes", "HBM traffic, flash ideal"),

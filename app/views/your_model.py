@@ -77,7 +77,7 @@ def nearest_recording(preset_name: str, p: Problem, n: int):
 
 # -- controls (page-level, kept in the URL) --------------------------------------------------------
 names = [*PRESETS, CUSTOM]
-c = st.columns([3, 1, 2, 2, 1])
+c = st.columns([2.5, 1, 2, 2.5, 1])
 url_state.control("ym_preset", "llama-3-8b", options=names)
 name = c[0].selectbox("model", names, key="ym_preset",
                       format_func=lambda k: PRESETS[k].label if k in PRESETS else "custom shape (H, H_kv, D)")
@@ -132,15 +132,18 @@ except ValueError as exc:
 n_q, n_k = p.lengths(int(n))
 st.markdown(f"**{plain(p.label)}** · {plain(p.brief(int(n)))} · tiles {h100.block_m}×{h100.block_n}")
 m = st.columns(6)
-m[0].metric("naive peak memory", fmt_bytes(h100.naive_peak_bytes, binary=True),
-            help=f"{h100.naive_peak_bytes:,} B: S and P of (B, H, N_q, N_k), both resident, plus the GQA expansion")
-m[1].metric("flash peak memory", fmt_bytes(h100.flash_peak_bytes, binary=True),
-            help=f"{h100.flash_peak_bytes:,} B: O and lse")
-m[2].metric("KV cache (this layer)", fmt_bytes(h100.kv_cache_bytes, binary=True), help=f"{h100.kv_cache_bytes:,} B")
-m[3].metric("HBM traffic, flash ideal", fmt_bytes(h100.flash_hbm_bytes),
-            help=f"{h100.flash_hbm_bytes:,} B; naive {h100.naive_hbm_bytes:,} B")
-m[4].metric("modelled time, H100", fmt_time_ms(h100.time_by_device["H100"] * 1e3), help=h100.model_note)
-m[5].metric("modelled time, H200", fmt_time_ms(h200.time_by_device["H200"] * 1e3), help=h200.model_note)
+m[0].metric("naive peak", fmt_bytes(h100.naive_peak_bytes, binary=True),
+            help=f"naive peak memory: {h100.naive_peak_bytes:,} B, S and P of (B, H, N_q, N_k), both resident, plus "
+                 "K and V repeated to H heads (GQA)")
+m[1].metric("flash peak", fmt_bytes(h100.flash_peak_bytes, binary=True),
+            help=f"flash peak memory: {h100.flash_peak_bytes:,} B, O and lse")
+m[2].metric("KV cache", fmt_bytes(h100.kv_cache_bytes, binary=True),
+            help=f"KV cache of this layer (K and V of N_k tokens, H_kv heads): {h100.kv_cache_bytes:,} B")
+m[3].metric("flash HBM", fmt_bytes(h100.flash_hbm_bytes),
+            help=f"HBM traffic of ideal flash (Q, K, V, O once): {h100.flash_hbm_bytes:,} B; naive moves "
+                 f"{h100.naive_hbm_bytes:,} B")
+m[4].metric("H100 modelled", fmt_time_ms(h100.time_by_device["H100"] * 1e3), help=f"modelled time of one flash call. {h100.model_note}.")
+m[5].metric("H200 modelled", fmt_time_ms(h200.time_by_device["H200"] * 1e3), help=f"modelled time of one flash call. {h200.model_note}.")
 fits = [f"the {d}" for d, e in (("H100", h100), ("H200", h200)) if e.naive_fits]
 if len(fits) < 2:
     st.warning(f"Naive attention needs {fmt_bytes(h100.naive_peak_bytes, binary=True)} beyond Q, K and V at "
@@ -159,12 +162,12 @@ if rec is not None:
 common.chart(peak_memory_figure(ests, int(n), p), "your-model-peak-memory", "ym_memory", s.present)
 common.chart(traffic_figure(ests["H100"], int(n), p), "your-model-hbm-traffic", "ym_traffic", s.present)
 common.chart(flops_figure(ests["H100"], int(n), p), "your-model-flops", "ym_flops", s.present)
-common.chart(time_figure(ests["H100"], int(n), p), "your-model-time", "ym_time", s.present)
-st.caption(plain(f"Time: {h100.model_note}. {h200.model_note}."))
+common.chart(time_figure(ests["H100"], int(n), p, ests["H200"][0].model_note), "your-model-time", "ym_time", s.present)
 
 # -- the table and the formulas ------------------------------------------------------------------
 st.subheader(f"The numbers at N = {n_label(int(n))}")
-st.dataframe(numbers_at_n(h100, h200), hide_index=True, width="stretch",
+table = numbers_at_n(h100, h200)
+st.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1) + 3,   # every row, no scrolling
              column_config={"quantity": "quantity", "value": "value", "exact": "exact",
                             "field": st.column_config.TextColumn("Estimate field", help="docs/formulas.md")})
 st.caption("Decimal units for traffic (1 GB = 10⁹ B), binary for memory (1 GiB = 2³⁰ B); FLOPs count 2 per "

@@ -87,6 +87,7 @@ def test_memory_chart_marks_the_devices_and_where_naive_does_not_fit():
     for dev, es in ests.items():
         oom = _trace(fig, f"naive does not fit the {dev}")
         assert list(oom.x) == [e.n_k for e in es if not e.naive_fits] and len(oom.x)
+        assert set(oom.y) == {es[0].device_memory_bytes}          # marked on that device's line
         assert f"from N = {oom.x[0]:,}" in all_text(fig)
     # Llama-3-8B at 32k: 128 GiB of S and P fit the H200 (139.8 GiB) but not the H100 (79.2 GiB)
     at = {dev: es[ns.index(N)] for dev, es in ests.items()}
