@@ -13,6 +13,8 @@ from plotly.subplots import make_subplots
 from instrumentation.analysis.online_softmax import default_bh, default_q_row, softmax_steps
 from instrumentation.recording.inputs import inputs_for_trace
 
+from app.text import key_range
+
 from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title, whole_ticks
 
 ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in the hover)
@@ -33,7 +35,7 @@ def _step_index(steps: pd.DataFrame, step: int | None) -> int:
 def _row_label(steps) -> str:
     a = steps.attrs
     lo, hi = a["visible"]
-    return f"query row {a['q_row']} (head bh={a['bh']}, mask {a['mask']}, sees keys {lo}–{hi})"
+    return f"query row {a['q_row']} (head bh={a['bh']}, mask {a['mask']}, sees {key_range(lo, hi + 1)})"
 
 
 def _caption(fig, steps, extra=""):
@@ -100,8 +102,10 @@ def _step_heading(steps, i) -> str:
     alpha = "first visible tile: α = 0" if not np.isfinite(r.m_before_ref) else (
         f"α = {r.alpha_kernel:.4f}" + (" (the running max grew: old state rescaled)" if r.alpha_kernel < 1 else
                                        " (max unchanged)"))
-    return (f"Step {i + 1} of {len(steps)}: K block {r.k_block} ({r.status}, keys "
-            f"{r.key_start}–{r.key_end - 1}); {alpha}")
+    if r.n_visible == 0:
+        alpha = (f"0 of {r.key_end - r.key_start} keys visible to this row: computed for other rows of its "
+                 "Q block; nothing added")
+    return f"Step {i + 1} of {len(steps)}: K block {r.k_block} ({r.status}, {key_range(r.key_start, r.key_end)}); {alpha}"
 
 
 def softmax_tile_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
@@ -253,37 +257,67 @@ def softmax_error_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
 
 
 STRIP_STATES = (("skipped by the mask", SKIPPED_GREY), ("not yet", "#f6e3c6"), ("integrated", "#8fb8de"),
-                ("loaded now", NOW))
+                ("loaded now", NOW), ("visited, no key visible to this row", "#9a9a9a"))
+# what the row itself sees in each K block (second strip): none, some, all of the block's keys
+ROW_SEES_COLORS = (SKIPPED_GREY, "#c9ddf0", "#5b8fc7")
+TILE_RULE = ("The kernel skips whole (Q block, K block) tiles, not single rows: it visits a K block "
+             "when any row of the query block sees a key in it, so a row can visit a block in which "
+             "it sees no key (its scores there are all −∞, α = 1, nothing is added).")
+
+
+def visible_per_block(steps: pd.DataFrame) -> np.ndarray:
+    """Keys of each K block the row sees (from its visible interval [lo, hi])."""
+    lo, hi = steps.attrs["visible"]
+    bn, n_kb = steps.attrs["block_n"], steps.attrs["n_k_blocks"]
+    starts = np.arange(n_kb) * bn
+    return np.maximum(0, np.minimum(hi, starts + bn - 1) - np.maximum(lo, starts) + 1)
 
 
 def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
-    """The row's K blocks: blue = integrated, red = loaded now, pale = visited later, grey =
-    never visited (the mask skips it)."""
+    """The row's K blocks in two strips. Top, the kernel's visits: blue = integrated, red =
+    loaded now, pale = visited later, grey = skipped (the mask hides the whole tile from the
+    row's query block), dark grey = visited though this row sees none of its keys (other rows
+    of the block do). Bottom, the keys this row itself sees in each block."""
     i = _step_index(steps, step)
-    n_kb = steps.attrs["n_k_blocks"]
+    n_kb, bn = steps.attrs["n_k_blocks"], steps.attrs["block_n"]
+    sees = visible_per_block(steps)
     state = np.zeros(n_kb)                      # 0 skipped unless the kernel visits it
     for j, kb in enumerate(steps["k_block"]):
-        state[kb] = 3 if j == i else (2 if j < i else 1)
-    text = [f"K block {kb} (keys {kb * steps.attrs['block_n']}–{(kb + 1) * steps.attrs['block_n'] - 1}): "
-            + STRIP_STATES[int(state[kb])][0] for kb in range(n_kb)]
-    fig = go.Figure(go.Heatmap(z=[state], x=np.arange(n_kb), zmin=-0.5, zmax=len(STRIP_STATES) - 0.5,
-                               showscale=False, xgap=2 if n_kb <= 64 else 0, text=[text],
-                               colorscale=discrete_colorscale([c for _, c in STRIP_STATES]),
-                               hovertemplate="%{text}<extra></extra>"))
+        state[kb] = 3 if j == i else (4 if sees[kb] == 0 else 2 if j < i else 1)
+    text = [f"K block {kb} ({key_range(kb * bn, (kb + 1) * bn)}): " + STRIP_STATES[int(state[kb])][0]
+            for kb in range(n_kb)]
+    sees_class = np.where(sees == 0, 0, np.where(sees == bn, 2, 1))
+    sees_text = [f"K block {kb}: this row sees {sees[kb]} of {bn} keys" for kb in range(n_kb)]
+    gap = 2 if n_kb <= 64 else 0
+    fig = go.Figure([
+        go.Heatmap(z=[state], x=np.arange(n_kb), y=[0], zmin=-0.5, zmax=len(STRIP_STATES) - 0.5,
+                   showscale=False, xgap=gap, ygap=3, text=[text], name="kernel visits", showlegend=False,
+                   colorscale=discrete_colorscale([c for _, c in STRIP_STATES]),
+                   hovertemplate="%{text}<extra></extra>"),
+        go.Heatmap(z=[sees_class], x=np.arange(n_kb), y=[1], zmin=-0.5, zmax=2.5, showscale=False, xgap=gap,
+                   ygap=3, text=[[str(int(x)) for x in sees]], name="keys this row sees", showlegend=False,
+                   texttemplate="%{text}" if n_kb <= 32 else None, customdata=[sees_text],
+                   colorscale=discrete_colorscale(list(ROW_SEES_COLORS)),
+                   hovertemplate="%{customdata}<extra></extra>"),
+    ])
     for name, color in STRIP_STATES[::-1]:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=14, color=color)))
-    fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}",
-                                  f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
-                                  f"{len(steps)} of {n_kb} K blocks visited"),
-                      # tall enough for the 4-entry legend beside it (shorter, plotly scrolls it)
-                      height=310, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
-                      yaxis_visible=False,
+    dead = int(sum(sees[kb] == 0 for kb in steps["k_block"]))
+    sub = (f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
+           f"{len(steps)} of {n_kb} K blocks visited")
+    if dead:
+        sub += f", {dead} of them with no key visible to this row (tiles are skipped per query block)"
+    fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}", sub),
+                      # tall enough for the 5-entry legend beside it (shorter, plotly scrolls it)
+                      height=340, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
+    fig.update_yaxes(tickmode="array", tickvals=[0, 1], autorange="reversed", showgrid=False, zeroline=False,
+                     ticktext=["kernel visits<br>(its Q block)", f"keys this row<br>sees (of {bn})"])
     # whole K blocks only (with a few blocks plotly's own ticks fall on -0.5, 0.5, ...)
     fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False, tickmode="array",
                      tickvals=whole_ticks(n_kb, 16))
-    return _caption(fig, steps)
+    return _caption(fig, steps, "Bottom strip: how many keys of each block this row's mask leaves it. ")
 
 
 def softmax_overview_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:

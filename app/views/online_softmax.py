@@ -5,8 +5,8 @@ import numpy as np
 import streamlit as st
 
 from app import presentation, settings, url_state
-from app.text import plain
-from app.figures.softmax import (default_q_row, inputs_for_trace, softmax_error_figure, softmax_state_figure,
+from app.text import RANGE_CONVENTION, key_range, plain
+from app.figures.softmax import (TILE_RULE, default_q_row, inputs_for_trace, softmax_error_figure, softmax_state_figure,
                                  softmax_steps, softmax_strip_figure, softmax_tile_figure)
 from app.views import common
 
@@ -95,10 +95,13 @@ else:
                f"query row {teaching_row} rescales.")
 
 lo, hi = steps.attrs["visible"]
-st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`) sees keys {lo}–{hi}; "
-            f"the kernel visits **{len(steps)} K tiles** of {steps.attrs['n_k_blocks']}. "
-            f"Step **{i + 1}/{len(steps)}**: K block {r.k_block} ({r.status}, keys "
-            f"{r.key_start}–{r.key_end - 1}).")
+dead = int((steps["n_visible"] == 0).sum())
+st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`) sees {key_range(lo, hi + 1)}; "
+            f"the kernel visits **{len(steps)} K tiles** of {steps.attrs['n_k_blocks']}"
+            + (f", **{dead}** of them with no key this row sees" if dead else "") + ". "
+            f"Step **{i + 1}/{len(steps)}**: K block {r.k_block} ({r.status}, {key_range(r.key_start, r.key_end)}, "
+            f"{r.n_visible} visible to this row).")
+st.caption(TILE_RULE + " " + RANGE_CONVENTION)
 
 
 def percent(share: float) -> str:
@@ -139,8 +142,10 @@ with st.expander("Every step as a table"):
     st.dataframe(steps.drop(columns=["scores"]).assign(step=steps["step"] + 1), hide_index=True)
 with st.expander("The algorithm (as the vLLM lesson “FlashAttention” writes it)"):
     st.code("""m, l, O' = -inf, 0, zeros(d)          # running stats, live in SRAM
-for t in tiles:                         # the K blocks this row's mask leaves visible
-    S     = q @ K_t.T / sqrt(d)         # 1 x TILE, in SRAM only
+for t in tiles:   # the K blocks that SOME row of this row's Q block sees: the kernel
+                  # skips per (Q block, K block) tile, not per row, so a row can get a
+                  # block it sees no key of (all -inf there: alpha = 1, P = 0)
+    S     = q @ K_t.T / sqrt(d)         # 1 x TILE, in SRAM only; keys the row's mask hides: -inf
     m_new = max(m, max(S))
     alpha = exp(m - m_new)              # rescale factor for the old stats
     P     = exp(S - m_new)

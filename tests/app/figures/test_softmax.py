@@ -107,7 +107,7 @@ def test_softmax_strip_is_tall_enough_for_its_legend(softmax_inputs):
     lay = fig.layout
     plot_px = lay.height - lay.margin.t - lay.margin.b
     entries = len(legend_names(fig))
-    assert entries == 4
+    assert entries == 5                                              # + visited, no key visible to this row
     assert plot_px >= entries * 22, (plot_px, entries)               # shorter, plotly scrolls the legend
 
 
@@ -129,3 +129,35 @@ def test_softmax_slides_legend_per_panel_and_readable_ticks(trace):
         if ax.tickvals is not None and len(ax.tickvals) > 1:
             panel = plot_px * (ax.domain[1] - ax.domain[0])
             assert panel / (len(ax.tickvals) - 1) >= 1.6 * TICK_SIZE, (k, panel, list(ax.ticktext))
+
+
+@pytest.fixture(scope="module")
+def tall_blocks():
+    """A causal one-head trace with query blocks taller than key blocks (64 x 32), N = 128: the
+    first row of query block 1 (row 64) sees keys [0, 65), yet the kernel visits K block 3
+    (keys [96, 128)) for the block's later rows."""
+    from instrumentation import make_inputs, record
+
+    q, k, v = make_inputs(1, 1, 128, 16, "fp32", seed=2)
+    _, tr = record(q, k, v, mask="causal", block_m=64, block_n=32, meta_extra={"input_seed": 2})
+    return tr, F.softmax_steps(tr, 64, *F.inputs_for_trace(tr))
+
+
+def test_strip_shows_visits_beside_the_rows_visible_keys(tall_blocks):
+    """Tiles are skipped per (Q block, K block): a visited block with no key visible to the row
+    is drawn as such, and the row's own visible keys per block sit beside the visits."""
+    from app.figures.softmax import STRIP_STATES
+
+    trace, steps = tall_blocks
+    assert list(steps["k_block"]) == [0, 1, 2, 3] and list(steps["n_visible"]) == [32, 32, 1, 0]
+    fig = F.softmax_strip_figure(steps, 0)
+    visits, sees = (t for t in fig.data if t.type == "heatmap")
+    dead = [n for n, _ in STRIP_STATES].index("visited, no key visible to this row")
+    assert list(visits.z[0]) == [3, 1, 1, dead]                 # block 3: visited, nothing visible
+    assert [int(x) for x in sees.text[0]] == [32, 32, 1, 0]     # the row's visible keys beside it
+    assert list(sees.z[0]) == [2, 2, 1, 0]
+    assert "1 of them with no key visible to this row" in fig.layout.title.subtitle.text
+    assert "keys [96, 128)" in visits.text[0][3]                # half-open, as the tables
+    tile = F.softmax_tile_figure(steps, 3)
+    assert "0 of 32 keys visible to this row" in tile.layout.title.text
+    assert "keys [96, 128)" in tile.layout.title.text and "sees keys [0, 65)" in tile.layout.title.subtitle.text

@@ -102,3 +102,20 @@ def test_every_step_reads_in_plain_numbers(monkeypatch):
                  if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("K blocks"))
     ticks = strip["layout"]["xaxis"]["tickvals"]
     assert ticks and all(float(t).is_integer() and t >= 0 for t in ticks)
+
+
+@needs_trace
+def test_a_row_visiting_a_block_it_sees_no_key_of_is_told_why(monkeypatch):
+    """Row 896 (the first of query block 7, 128 x 64 tiles) sees keys [0, 897); the kernel also
+    visits K block 14 (keys [896, 960): one visible) and K block 15 (keys [960, 1024): none) for the block's
+    later rows. The page says tiles are skipped per (Q block, K block), in the text and the
+    algorithm box, and counts the row's empty visits."""
+    at = _open(monkeypatch, sm_head=0, sm_qblock=7, sm_offset=0)
+    text = " ".join(m.value for m in at.markdown)
+    assert "sees keys [0, 897)" in text and "**1** of them with no key this row sees" in text, text
+    captions = " ".join(c.value for c in at.caption)
+    assert "skips whole (Q block, K block) tiles, not single rows" in captions
+    assert "half-open" in captions
+    code = " ".join(c.value for c in at.code)
+    assert "per (Q block, K block) tile, not per row" in code
+    assert "the K blocks this row's mask leaves visible" not in code
