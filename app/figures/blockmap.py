@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from instrumentation.analysis.block_stats import (MAP_STATES, VISIT_STATES, blockmap_stats, flops_per_tile,
-                                         visit_map, visited_grid)
+                                                  visit_map, visited_grid)
 from kernels.masks import parse_mask
 
 from ._common import FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title
@@ -25,13 +25,47 @@ __all__ = ["blockmap_figure", "blockmap_figure_for_trace", "blockmap_comparison_
            "blockmap_stats", "flops_per_tile"]
 
 
-def _map_heatmap(code, states, colors, x=None, y=None, hover=True) -> go.Heatmap:
+# why a tile is in its state: MaskSpec.block_map's rule (docs/formulas.md, "Tiles"), by mask
+# state; the page writes the long form, each tile's hover the short one (a hover string per tile
+# is sent for every tile: the short form keeps a 16k map's chart small)
+TILE_RULES = {
+    "full": "every query of the Q block sees every key of the K block: computed with no mask test",
+    "partial": "some of the tile's (query, key) pairs are visible, not all: computed, hidden scores set to −∞",
+    "skipped": "no query of the Q block sees any key of the K block: never loaded",
+}
+TILE_RULES_SHORT = {"full": "every pair visible", "partial": "some pairs visible", "skipped": "no pair visible"}
+
+
+def tile_ranges(n_q: int, n_k: int, block_m: int, block_n: int) -> np.ndarray:
+    """(q blocks, k blocks, 4) int32: each tile's query range [q0, q1) and key range [k0, k1),
+    half-open, the last block cut at N_q / N_k."""
+    qb, kb = -(-n_q // block_m), -(-n_k // block_n)
+    q0 = np.arange(qb) * block_m
+    k0 = np.arange(kb) * block_n
+    out = np.empty((qb, kb, 4), np.int32)
+    out[..., 0] = q0[:, None]
+    out[..., 1] = np.minimum(q0 + block_m, n_q)[:, None]
+    out[..., 2] = k0[None, :]
+    out[..., 3] = np.minimum(k0 + block_n, n_k)[None, :]
+    return out
+
+
+def _map_heatmap(code, states, colors, x=None, y=None, hover=True, bmap=None, ranges=None) -> go.Heatmap:
+    """The grid as one heatmap. With `bmap` (mask codes) and `ranges` (tile_ranges) the hover
+    gives each tile's query and key ranges, its state and the rule that put it there."""
     small = code.shape[0] <= 64 and code.shape[1] <= 64
     names = np.asarray(states, dtype=object)[code]
+    template = "q block %{y}, k block %{x}: %{text}<extra></extra>"
+    if hover and bmap is not None and ranges is not None:
+        rules = np.asarray([f"<br>mask: {TILE_RULES_SHORT[name]}" for name in MAP_STATES], dtype=object)
+        names = names + rules[bmap]
+        template = ("q block %{y}: queries [%{customdata[0]}, %{customdata[1]})<br>"
+                    "k block %{x}: keys [%{customdata[2]}, %{customdata[3]})<br>%{text}<extra></extra>")
     return go.Heatmap(
         z=code, x=x, y=y, zmin=-0.5, zmax=len(states) - 0.5, colorscale=discrete_colorscale(colors),
         xgap=1 if small else 0, ygap=1 if small else 0, showscale=False, text=names if hover else None,
-        hovertemplate="q block %{y}, k block %{x}: %{text}<extra></extra>" if hover else None,
+        customdata=ranges if hover and ranges is not None else None,
+        hovertemplate=template if hover else None,
         name="block map",
     )
 
@@ -87,7 +121,8 @@ def blockmap_figure(mask, n: int, block_m: int, block_n: int, head_dim: int = 64
     code = visit_map(bmap, visited)
     states = VISIT_STATES if visited is not None else [f"{s} (mask)" for s in MAP_STATES]
     colors = VISIT_COLORS if visited is not None else MAP_COLORS
-    fig = go.Figure(_map_heatmap(code, states, colors))
+    fig = go.Figure(_map_heatmap(code, states, colors, bmap=bmap,
+                                 ranges=tile_ranges(n, st["n_k"], block_m, block_n)))
     _legend(fig, states, colors, set(np.unique(code).tolist()) | {0, 1, 2})
     sub = (f"{st['full']:,} full, {st['partial']:,} partial, {st['skipped']:,} skipped of {st['tiles']:,} tiles "
            f"({st['fraction_skipped']:.1%} skipped): {st['flops_saved'] / 1e9:,.3g} of {st['flops_all_tiles'] / 1e9:,.3g} "

@@ -4,8 +4,8 @@ saves, and whether the kernel really visited exactly the predicted tiles."""
 import streamlit as st
 
 from app import settings, sources, url_state
-from app.figures.blockmap import blockmap_comparison_figure, blockmap_figure, blockmap_stats
-from app.text import plain
+from app.figures.blockmap import TILE_RULES, blockmap_comparison_figure, blockmap_figure, blockmap_stats
+from app.text import RANGE_CONVENTION, plain
 from app.views import common
 from kernels import parse_mask
 from kernels.masks import MASK_HELP, MASK_KINDS, MASKS
@@ -61,6 +61,10 @@ if trace is not None:
         st.success(f"The kernel visited exactly the {stats['visited']:,} tiles the block map predicts "
                    f"(head bh={bh}).", icon=":material/check_circle:")
 
+st.markdown(f"A tile is Q block i × K block j: queries [i·{s.block_m}, (i+1)·{s.block_m}) against keys "
+            f"[j·{s.block_n}, (j+1)·{s.block_n}). The mask puts it in one of three states:  \n"
+            + "  \n".join(f"**{name}**: {TILE_RULES[name]}." for name in ("full", "partial", "skipped")))
+st.caption("Hover a tile for its query and key ranges, its state and the rule. " + RANGE_CONVENTION)
 common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh, n_k=s.n_k),
              "block-map", "skip_map", s.present)
 

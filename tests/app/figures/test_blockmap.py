@@ -73,3 +73,24 @@ def test_blockmap_comparison():
     assert np.asarray(heat[0].z).shape == (8, 8) and np.asarray(heat[1].z).shape == (4, 4)
     assert "28/64 skipped" in annotations_text(fig) and "6/16 skipped" in annotations_text(fig)
     assert "tokens" in fig.layout.xaxis.title.text
+
+
+def test_hover_gives_each_tiles_ranges_state_and_rule():
+    """Every tile's hover: its query range and key range (half-open, the last block cut at N),
+    its state and the rule behind it, consistent with MaskSpec.block_map."""
+    from app.figures.blockmap import TILE_RULES, TILE_RULES_SHORT, blockmap_figure
+    from kernels.masks import parse_mask
+
+    n, n_k, bm, bn = 300, 300, 64, 64
+    fig = blockmap_figure("sliding_window:100", n, bm, bn, 64, n_k=n_k)
+    hm = fig.data[0]
+    bmap = parse_mask("sliding_window:100", n, n_k).block_map(n, bm, bn, n_k)
+    ranges = np.asarray(hm.customdata)
+    assert ranges.shape == (*bmap.shape, 4)
+    assert list(ranges[4, 3]) == [256, 300, 192, 256]            # the ragged last Q block ends at N
+    assert "queries [%{customdata[0]}, %{customdata[1]})" in hm.hovertemplate
+    assert "keys [%{customdata[2]}, %{customdata[3]})" in hm.hovertemplate
+    names = ("skipped", "partial", "full")
+    for (i, j), code in np.ndenumerate(bmap):
+        assert hm.text[i][j].startswith(names[code]) and TILE_RULES_SHORT[names[code]] in hm.text[i][j]
+    assert set(TILE_RULES) == set(names) and "never loaded" in TILE_RULES["skipped"]

@@ -82,3 +82,15 @@ def test_visits_of_another_traced_head(monkeypatch):
     captions = " ".join(a.get("text", "") for c in at.get("plotly_chart")
                         for a in json.loads(c.proto.spec)["layout"].get("annotations", []))
     assert f"head bh={heads[-1]}" in captions
+
+
+def test_page_says_why_a_tile_is_full_partial_or_skipped(data_dir):
+    from app.figures.blockmap import TILE_RULES
+
+    at = live(data_dir, page="block_skip", mask="causal", block_m=32, block_n=64)
+    clean(at)
+    text = " ".join(m.value for m in at.markdown)
+    for name in ("full", "partial", "skipped"):
+        assert f"**{name}**: {TILE_RULES[name]}" in text, text
+    assert "queries [i·32, (i+1)·32) against keys [j·64, (j+1)·64)" in text
+    assert any("half-open" in c.value and "Hover a tile" in c.value for c in at.caption)
