@@ -11,12 +11,17 @@ import torch
 from .runtime import MAX_HEAD_DIM, interpreting
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# The softmax scale a kernel takes. The default is 1/sqrt(D), in [1/16, 1]; temperatures stay
-# within a few orders of magnitude of it. Above MAX_SM_SCALE the float32 scores can overflow
-# (1e38 turns every score of a row into inf and the row into NaN): with fp16 inputs a score is
-# at most 256 * 65504^2 * 1e4 * log2(e) ~ 2e16, far below float32's 3.4e38. Below MIN_SM_SCALE
-# the scaled scores of ordinary inputs differ by less than float32 resolves next to the row
-# maximum, so the softmax is uniform whatever q and k are: a scale that small is a slip.
+# The softmax scale a kernel takes (docs/api.md). The kernels compute p = exp2(s * c - m) in
+# float32 (c = sm_scale * log2(e), one fused multiply-add), so a scaled score must stay well
+# inside float32: 1e38 turns a row's scores into inf and the row into NaN, and at |s * c| near
+# 1e9 the rounding of the product alone (|s * c| * 2^-24 in the exponent) overflows exp2. At
+# MAX_SM_SCALE = 1e4 unit-variance inputs at D = 256 (row maxima near 60) score below 1e6 and
+# stay accurate (the softmax is then an argmax whose weights the rounding barely moves); real
+# scales are far below it (1/sqrt(D) <= 1; temperatures and cosine-similarity attention, whose
+# learned scale Swin v2 caps at 100). Below MIN_SM_SCALE every score of ordinary inputs is ~0
+# and the softmax uniform whatever q and k are: a scale that small is a slip. Inputs of huge
+# magnitude at an ordinary scale are the caller's: checking max|q| and max|k| would cost every
+# call a device reduction and a host sync.
 MIN_SM_SCALE = 1e-8
 MAX_SM_SCALE = 1e4
 
@@ -47,7 +52,8 @@ def softmax_scale(sm_scale, head_dim: int) -> float:
         raise ValueError(f"sm_scale must be a finite positive number (or None for 1/sqrt(D)), got {value}")
     if not MIN_SM_SCALE <= value <= MAX_SM_SCALE:
         raise ValueError(f"sm_scale={value:g} is outside {MIN_SM_SCALE:g}..{MAX_SM_SCALE:g}: the float32 scores "
-                         "would overflow (or the softmax would be uniform); the default is 1/sqrt(D)")
+                         "would lose their precision or overflow (or the softmax would be uniform); the "
+                         "default is 1/sqrt(D)")
     return value
 
 

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 from .runtime import INTERPRETER_MAX_TILES
 
-# The most tiles a block map may have. Building one costs about 16 bytes per tile on the host
-# (the map, its difference array and the block lists), so this bounds a block plan near 1 GiB:
-# N = 2^20 in 128 x 128 blocks is 2^26 tiles; N = 262144 in 16 x 16 blocks (2^28) is a slip
-# that would take minutes and GBs.
-MAX_BLOCK_MAP_ENTRIES = 1 << 26
+# The most tiles a block map may have (the same bound as the largest map a page draws,
+# instrumentation.trace.bounds.MAX_TILE_GRID). Planning costs about 24 bytes per tile on the
+# host at its peak (the map, its difference array, the sorted block lists), so a plan stays
+# near 400 MB: N = 131072 in 128 x 64 blocks is 2^21 tiles, N = 2^20 fits in 256 x 256 blocks
+# (2^24); N = 262144 in 16 x 16 blocks (2^28) would take minutes and GBs before any kernel ran.
+MAX_BLOCK_MAP_ENTRIES = 1 << 24
 
 
 def block_grid(n_q: int, n_k: int, block_m: int, block_n: int) -> tuple[int, int]:

@@ -22,17 +22,19 @@ def no_block_maps(monkeypatch):
     monkeypatch.setattr(masks, "_block_map", built)
 
 
-def huge(n, d=64):
-    """q = k = v of (1, 1, n, d) fp16 without touching its pages (torch.empty)."""
-    return torch.empty(1, 1, n, d, dtype=torch.float16)
+def huge(n, device, d=64):
+    """q = k = v of (1, 1, n, d) fp16, never written (torch.empty)."""
+    return torch.empty(1, 1, n, d, dtype=torch.float16, device=device)
 
 
 # -- item 4: sizes by arithmetic first ---------------------------------------------------------------
 
 @pytest.mark.parametrize("n,block", [(262144, 16), (1 << 20, None), (1 << 20, 256)])
-def test_huge_calls_are_refused_before_any_block_map(monkeypatch, n, block):
+def test_huge_calls_are_refused_before_any_block_map(monkeypatch, n, block, device):
+    if device.type == "cuda" and block == 256:
+        pytest.skip("on a GPU 256 x 256 tiles of N = 2^20 are a legitimate call")
     no_block_maps(monkeypatch)
-    q = huge(n)
+    q = huge(n, device)
     started = time.perf_counter()
     with pytest.raises(ValueError, match="block grid|too much for the CPU interpreter"):
         flash_attention(q, q, q, mask="causal", block_m=block, block_n=block)
@@ -84,32 +86,33 @@ def test_block_map_cache_is_bounded_by_bytes(monkeypatch):
 
 # -- item 8: the softmax scale ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("scale", [1e38, 3.4e38, 1e5, 1e-9, 1e-300, 10**400])
-def test_an_absurd_sm_scale_is_refused_in_one_line(scale):
-    q = torch.randn(1, 1, 32, 16)
+@pytest.mark.parametrize("scale", [1e38, 3.4e38, 1e5, 10001.0, 1e-9, 1e-300, 10**400])
+def test_an_absurd_sm_scale_is_refused_in_one_line(scale, device):
+    q = torch.randn(1, 1, 32, 16, device=device)
     for fn in (flash_attention, reference_attention):
         with pytest.raises(ValueError, match=r"outside 1e-08\.\.10000|finite positive") as exc:
             fn(q, q, q, sm_scale=scale)
         assert "\n" not in str(exc.value)
 
 
-def test_the_largest_sm_scale_gives_finite_rows():
+@pytest.mark.parametrize("d", [16, 128])
+def test_the_extreme_sm_scales_give_finite_accurate_rows(device, d):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 48, 16, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 256, d, generator=g).to(device) for _ in range(3))
     for scale in (MAX_SM_SCALE, MIN_SM_SCALE):
         out = flash_attention(q, k, v, mask="causal", block_m=16, block_n=16, sm_scale=scale)
         ref, _, _ = reference_attention(q, k, v, mask="causal", sm_scale=scale)
         assert torch.isfinite(out).all()
-        assert (out - ref.float()).abs().max() < 1e-3
+        assert (out.double() - ref.to(out.device).double()).abs().max() < 1e-2
 
 
 # -- item 9: outputs that alias an input ------------------------------------------------------------
 
-def test_out_sharing_memory_with_q_k_v_is_refused():
+def test_out_sharing_memory_with_q_k_v_is_refused(device):
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(3))
-    lse = torch.empty(1, 2, 32)
-    packed = torch.randn(3, 1, 2, 32, 16, generator=g)           # q, k, v views of one buffer
+    q, k, v = (torch.randn(1, 2, 32, 16, generator=g).to(device) for _ in range(3))
+    lse = torch.empty(1, 2, 32, device=device)
+    packed = torch.randn(3, 1, 2, 32, 16, generator=g).to(device)   # q, k, v views of one buffer
     cases = [((v, lse), (q, k, v)), ((q, lse), (q, k, v)), ((k, lse), (q, k, v)),
              ((packed[2], lse), tuple(packed[:3]))]
     for out, (qq, kk, vv) in cases:
@@ -117,17 +120,17 @@ def test_out_sharing_memory_with_q_k_v_is_refused():
         with pytest.raises(ValueError, match="shares memory"):
             launch_attention(qq, kk, vv, mask="causal", block_m=16, block_n=16, out=out)
         assert torch.equal(vv, before)                           # nothing was written
-    flat = torch.empty(2 * 32 * 16)                               # lse inside o's memory
+    flat = torch.empty(2 * 32 * 16, device=device)                # lse inside o's memory
     o, inside = flat.view(1, 2, 32, 16), flat[:64].view(1, 2, 32)
     with pytest.raises(ValueError, match="lse shares memory with o"):
         launch_attention(q, k, v, block_m=16, block_n=16, out=(o, inside))
 
 
-def test_separate_outputs_and_row_ranges_of_one_buffer_still_work():
+def test_separate_outputs_and_row_ranges_of_one_buffer_still_work(device):
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 2, 64, 16, generator=g) for _ in range(3))
-    o, lse = torch.empty(1, 2, 64, 16), torch.empty(1, 2, 64)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g).to(device) for _ in range(3))
+    o, lse = torch.empty(1, 2, 64, 16, device=device), torch.empty(1, 2, 64, device=device)
     lo = (slice(None), slice(None), slice(0, 32))
     launch_attention(q[lo], k[lo], v[lo], mask="causal", block_m=16, block_n=16, out=(o[lo], lse[lo]))
     ref, _, _ = reference_attention(q[lo], k[lo], v[lo], mask="causal")
-    assert np.allclose(o[lo].numpy(), ref.float().numpy(), atol=1e-4)
+    assert np.allclose(o[lo].cpu().numpy(), ref.float().cpu().numpy(), atol=1e-3)
