@@ -7,7 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import presentation, settings, sources, url_state
-from app.text import plain
+from app.text import RANGE_CONVENTION, plain
 from app.figures.decode import (LANES_TRACED, REPLAY_MEDIAN, decode_kv_figure, decode_pair_lanes_figure,
                                 decode_pair_roofline_figure, decode_row_steps, merge_figure)
 from app.views import common
@@ -165,7 +165,7 @@ common.chart(merge_figure(steps, step, chosen.provenance(), row_label),
              "decode-merge", "dec_merge", s.present)
 st.caption("m = max_j m_j,  O = Σ e^(m_j − m)·l_j·O_j / Σ e^(m_j − m)·l_j  (the merge, run by the last "
            "split program of each KV head to finish; m_j, l_j are what the splits wrote, in natural units). "
-           "The last step's m + log l is the kernel's log-sum-exp.")
+           "The last step's m + log l is the kernel's log-sum-exp. " + RANGE_CONVENTION)
 
 # -- 3. roofline --------------------------------------------------------------------------------------
 st.subheader("Roofline: prefill vs decode")
