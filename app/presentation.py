@@ -5,6 +5,7 @@ whole to fit the window, so what the room sees is what the export writes. Errors
 the page's own controls (step buttons, sliders) stay, stepping controls in a bar at the bottom of
 the window (a container keyed STEP_BAR...), a page's folded controls (an expander keyed slide_controls)
 in a faint pill top left; download buttons, export menus and the switches that draw more charts fade until hovered.
+The keyboard steps through the charts one slide at a time: PageDown / → next, PageUp / ← previous.
 """
 
 from __future__ import annotations
@@ -37,9 +38,16 @@ CSS = """
 .st-key-slide_controls:has(details[open]) { width: min(64rem, calc(100vw - 14rem)) !important; background: #fff; }
 /* one chart per screen, at its own 16:9 slide size, scaled to the window (script below) */
 [data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"]) {
-  margin: calc((100vh - 4.5rem) * 0.02) 0; scroll-snap-align: center;
+  margin: calc((100vh - 4.5rem) * 0.02) 0; scroll-margin-top: 0.4rem;
 }
 [data-testid="stPlotlyChart"] { width: auto !important; }
+/* buttons and menus under a chart stay above it: the scaled chart keeps its unscaled layout box,
+   pulled up by a negative margin, and its positioned layers would otherwise paint over them. The
+   fade below made it worse: at full opacity (hover) an element loses its stacking context and
+   falls under the chart, so the mouse-down of a click landed on the chart and the menu never
+   opened (Enter did). Positioned with a z-index they stay on top whatever their opacity. */
+[data-testid="stDownloadButton"], [data-testid="stPopover"], [class*="st-key-slide_step_bar"] button {
+  position: relative; z-index: 5; }
 [data-testid="stDownloadButton"], [data-testid="stPopover"] { opacity: 0.25; }
 [data-testid="stDownloadButton"]:hover, [data-testid="stPopover"]:hover { opacity: 1; }
 [data-testid="stPopoverBody"] [data-testid="stDownloadButton"] { opacity: 1; }   /* an open menu reads whole */
@@ -79,10 +87,13 @@ CSS = """
 # Scale each chart so its whole slide fits the window (a CSS transform: Plotly maps the pointer
 # through it, and Streamlit still lays the chart out at its own size); runs again as charts re-render or the window
 # changes, and undoes itself when presentation mode ends (the Leave button is gone).
+RESERVED_PX = 104      # window height kept free of the slide: page padding, the chart's margins, its export row
+
 FIT = """
 <script>
 (() => {
   if (window.__tilescopeFit) return;
+  const RESERVED_PX = __RESERVED_PX__;
   const fit = () => {
     const on = !!document.querySelector('.st-key-leave_present');
     const main = document.querySelector('[data-testid="stMainBlockContainer"]');
@@ -98,7 +109,8 @@ FIT = """
       const size = (p.layout.meta && p.layout.meta.slide_px) || [p.layout.width, p.layout.height];
       const [fw, fh] = size;
       const bar = document.querySelector('[class*="st-key-slide_step_bar"]');   // fixed at the bottom
-      const W = main.clientWidth - 32, H = window.innerHeight - 72 - (bar ? bar.offsetHeight : 0);
+      // the slide and the row of export buttons under it fit the window (above the step bar)
+      const W = main.clientWidth - 32, H = window.innerHeight - RESERVED_PX - (bar ? bar.offsetHeight : 0);
       const z = Math.min(W / fw, H / fh);
       const want = {transform: `scale(${z.toFixed(3)})`,
                     marginLeft: `${Math.max(0, (W - fw * z) / 2).toFixed(0)}px`,
@@ -113,6 +125,27 @@ FIT = """
     });
   };
   window.__tilescopeFit = setInterval(fit, 300);
+  // next / previous slide: PageDown or → / PageUp or ←: scroll the next chart's top to the top
+  // of the window (a chart fits above the step bar, so it is seen whole); typing in a control is left alone
+  const charts = () => [...document.querySelectorAll('[data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"])')]
+    .filter(c => c.offsetHeight > 0);
+  window.addEventListener('keydown', e => {
+    if (!document.querySelector('.st-key-leave_present') || e.altKey || e.ctrlKey || e.metaKey) return;
+    const t = e.target, tag = (t && t.tagName) || '';
+    if (/INPUT|TEXTAREA|SELECT/.test(tag) || (t && t.isContentEditable) || (t && t.closest && t.closest('[role="slider"],[role="listbox"],[role="combobox"],[data-baseweb="popover"]'))) return;
+    const step = {PageDown: 1, ArrowRight: 1, PageUp: -1, ArrowLeft: -1}[e.key];
+    if (!step) return;
+    const list = charts();
+    if (!list.length) return;
+    const tops = list.map(c => c.getBoundingClientRect().top);
+    // the current slide: the last chart whose top is at or above the window's upper part
+    let cur = -1;
+    tops.forEach((top, i) => { if (top <= 24) cur = i; });
+    const next = Math.max(0, Math.min(list.length - 1, step > 0 ? cur + 1 : (tops[Math.max(cur, 0)] < -4 ? cur : cur - 1)));
+    e.preventDefault();
+    list[next].scrollIntoView({block: 'start', behavior: 'instant'});
+    window.__tilescopeSlide = next;
+  }, true);
   window.addEventListener('resize', fit);
 })();
 </script>
@@ -126,6 +159,6 @@ def _leave() -> None:
 def apply() -> None:
     """Turn the page into slides (call once per run, before the view draws)."""
     st.html(CSS)
-    st.html(FIT, unsafe_allow_javascript=True)
+    st.html(FIT.replace("__RESERVED_PX__", str(RESERVED_PX)), unsafe_allow_javascript=True)
     st.button("✕ Leave presentation", key="leave_present", on_click=_leave,
               help="back to the normal view with the sidebar (the link's present=1 goes too)")
