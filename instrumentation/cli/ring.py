@@ -17,7 +17,7 @@ from ..recording.ring import RingConfig, record_ring
 from ..trace.files import check_writable_target
 from .args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, one_line
 
-COUNT = bounded_int(1, MAX_COUNT)
+COUNT = bounded_int(0, MAX_COUNT)     # 0 and the other rules: RingConfig.check says why
 
 
 def build_parser() -> argparse.ArgumentParser:
