@@ -273,8 +273,8 @@ class _Capture:
         self.model_run.calls.append(ModelCall(
             index=len(self.model_run.calls), step=max(self.step, 0), layer=plan["layer"], phase=plan["phase"],
             batch=b, heads=h, kv_heads=k.shape[1], n_q=n_q, n_k=k.shape[2], head_dim=d,
-            dtype=DTYPE_NAMES[q.dtype], mask=trace.meta.get("mask", plan["mask"]), window=plan["window"], wall_ms=wall_ms,
-            kernel_ms=trace.meta.get("untraced_ms"), trace=trace))
+            dtype=DTYPE_NAMES[q.dtype], mask=trace.meta.get("mask", plan["mask"]), window=plan["window"],
+            wall_ms=wall_ms, kernel_ms=trace.meta.get("untraced_ms"), trace=trace))
         return out
 
 

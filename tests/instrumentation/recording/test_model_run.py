@@ -15,11 +15,11 @@ from instrumentation.recording.model_run import MANIFEST, ModelCall, ModelRun, M
 
 
 @pytest.fixture(scope="module")
-def run():
-    q, k, v = make_inputs(1, 4, 32, 16, dtype="fp32", kv_heads=2)
-    _, prefill = record(q, k, v, mask="causal", level="work")
-    qd, kc, vc = make_decode_inputs(1, 4, 2, 33, 16, dtype="fp32")
-    _, decode = record_decode(qd, kc, vc)
+def run(device):
+    q, k, v = make_inputs(1, 4, 32, 16, dtype="fp32", kv_heads=2, device=device)
+    _, prefill = record(q, k, v, mask="causal", level="work", measure=False)
+    qd, kc, vc = make_decode_inputs(1, 4, 2, 33, 16, dtype="fp32", device=device)
+    _, decode = record_decode(qd, kc, vc, measure=False)
     calls = [ModelCall(index=0, step=0, layer=0, phase="prefill", batch=1, heads=4, kv_heads=2, n_q=32,
                        n_k=32, head_dim=16, dtype="fp32", mask="causal", wall_ms=12.5, trace=prefill),
              ModelCall(index=1, step=1, layer=0, phase="decode", batch=1, heads=4, kv_heads=2, n_q=1, n_k=33,

@@ -1,0 +1,151 @@
+"""A Llama-3-8B-shaped transformers model with Tilescope's attention against SDPA: top-1 agreement,
+greedy tokens and the whole forward's time.
+
+    python -m benchmarks.hf_llama                       # 4 layers, bf16, prompts 1024, 4096, 8192
+    python -m benchmarks.hf_llama --seq-lens 2048 --agree-len 1024 --new-tokens 16
+
+The model is LlamaForCausalLM from a config with random weights (seeded; nothing is downloaded):
+Llama-3-8B's attention and embeddings (hidden 4096, 32 heads, 8 KV heads, head dim 128, vocab
+128256, rope theta 500000) with --layers layers and a small MLP (--intermediate; the MLP is the
+same for every attention implementation and only costs memory). bf16 on CUDA.
+
+Agreement: the share of prompt positions whose top-1 token is the same as SDPA's, for ours and
+for transformers' eager attention (bf16 rounding alone makes eager differ from SDPA; ours is held
+to at least eager's agreement by a gpu test). Greedy: --new-tokens tokens generated from a
+512-token prompt with ours and with SDPA, and how many are the same. Time: do_bench median of
+model(ids, logits_to_keep=1) (a prefill: no cache, the last position's logits, as generate asks)
+per prompt length, ours and SDPA on the same model. Writes data/benchmarks/hf-llama-<device-slug>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from . import DEFAULT_OUT, device_slug, log, parse_int_list, pick_device, run_meta, time_ms
+from instrumentation.trace import files
+
+LLAMA3_8B = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                 vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5)
+
+
+def build_model(layers: int = 4, intermediate: int = 1024, device="cuda", dtype=torch.bfloat16, seed: int = 0):
+    """A LlamaForCausalLM shaped as Llama-3-8B (LLAMA3_8B), `layers` layers, random weights.
+
+    Arguments: layers; intermediate, the MLP width; device, dtype; seed for the weights.
+    Returns: the model in eval mode, its attention on 'sdpa'."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(num_hidden_layers=layers, intermediate_size=intermediate, attn_implementation="sdpa",
+                         **LLAMA3_8B)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def set_attention(model, name: str):
+    """Switch the model's attention: 'tilescope', or a transformers implementation ('sdpa', 'eager')."""
+    from instrumentation import hf
+
+    if name == hf.NAME:
+        hf.use_tilescope(model)
+    else:
+        model.set_attn_implementation(name)
+    return model
+
+
+@torch.no_grad()
+def top1(model, ids, attention: str) -> torch.Tensor:
+    """The argmax token at every position of ids under the given attention: (B, N)."""
+    return set_attention(model, attention)(ids).logits.argmax(-1)
+
+
+def top1_agreement(model, ids) -> dict:
+    """Share of positions whose top-1 token equals SDPA's, for 'tilescope' and 'eager'."""
+    ref = top1(model, ids, "sdpa")
+    return {name: float((top1(model, ids, name) == ref).float().mean()) for name in ("tilescope", "eager")}
+
+
+def prompt(n: int, vocab: int, device, seed: int = 1, batch: int = 1) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (batch, n), generator=g).to(device)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.hf_llama", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--intermediate", type=int, default=1024, help="MLP width (Llama-3-8B's is 14336)")
+    p.add_argument("--seq-lens", default="1024,4096,8192", help="prompt lengths timed")
+    p.add_argument("--agree-len", type=int, default=2048, help="prompt length of the top-1 agreement")
+    p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens compared (512-token prompt)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for hf-llama-<device-slug>.json")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    device = pick_device("auto")
+    if device.type != "cuda":
+        raise SystemExit("error: this benchmark needs a CUDA GPU (an 8B-shaped model in the interpreter "
+                         "would take hours); the interpreter tests cover correctness")
+    import transformers
+
+    seq_lens = parse_int_list(args.seq_lens)
+    model = build_model(args.layers, args.intermediate, device, seed=args.seed)
+    vocab = model.config.vocab_size
+    agreement = top1_agreement(model, prompt(args.agree_len, vocab, device))
+    log(f"top-1 agreement with SDPA at N={args.agree_len}: tilescope {agreement['tilescope']:.4f}, "
+        f"eager {agreement['eager']:.4f}")
+    greedy_ids = prompt(512, vocab, device, seed=2)
+    tokens = {}
+    for name in ("sdpa", "tilescope"):
+        with torch.no_grad():
+            out = set_attention(model, name).generate(greedy_ids, max_new_tokens=args.new_tokens, do_sample=False,
+                                                      min_new_tokens=args.new_tokens)
+        tokens[name] = out[0, 512:].tolist()
+    same = sum(a == b for a, b in zip(tokens["sdpa"], tokens["tilescope"]))
+    log(f"greedy: {same}/{args.new_tokens} tokens the same as SDPA's")
+    records = []
+    for n in seq_lens:
+        ids = prompt(n, vocab, device)
+        times = {}
+        for name in ("sdpa", "tilescope", "sdpa"):          # SDPA before and after: drift shows
+            model_fn = set_attention(model, name)
+            with torch.no_grad():
+                times.setdefault(name, []).append(
+                    time_ms(lambda: model_fn(ids, logits_to_keep=1), device, warmup=25, rep=200))
+        sdpa_ms = sorted(times["sdpa"])[0]
+        rec = {"seq_len": n, "batch": 1, "tilescope_ms": times["tilescope"][0], "sdpa_ms": sdpa_ms,
+               "sdpa_ms_runs": times["sdpa"], "ratio_to_sdpa": times["tilescope"][0] / sdpa_ms}
+        records.append(rec)
+        log(f"N={n}: tilescope {rec['tilescope_ms']:.3f} ms, sdpa {sdpa_ms:.3f} ms "
+            f"({rec['ratio_to_sdpa']:.3f}x)")
+        torch.cuda.empty_cache()
+    meta = run_meta(device, "hf_llama", argv if argv is not None else sys.argv[1:],
+                    prog="python -m benchmarks.hf_llama")
+    meta["transformers_version"] = transformers.__version__
+    result = {
+        "meta": meta,
+        "model": {"class": "LlamaForCausalLM", "layers": args.layers, "intermediate_size": args.intermediate,
+                  "dtype": "bf16", "weights": f"random (seed {args.seed})", **LLAMA3_8B},
+        "agreement": {"seq_len": args.agree_len, "vs": "sdpa", **agreement},
+        "greedy": {"prompt_len": 512, "new_tokens": args.new_tokens, "same_as_sdpa": same,
+                   "sdpa": tokens["sdpa"], "tilescope": tokens["tilescope"]},
+        "timing": "do_bench median of model(ids, logits_to_keep=1) under no_grad (a prefill's whole forward, "
+                  "no cache, the last position's logits, as generate asks); SDPA timed "
+                  "before and after ours, the faster of its two runs is the baseline",
+        "records": records,
+    }
+    path = files.write_json_atomic(Path(args.out) / f"hf-llama-{device_slug(meta['device'])}.json", result)
+    log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
