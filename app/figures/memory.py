@@ -180,10 +180,8 @@ def memory_figure(df: pd.DataFrame, meta: dict | None = None) -> go.Figure:
         lambda fig, ys: byte_axis(fig, ys, "y", binary=True, title_text="peak memory"),  # MiB/GiB ticks
         lambda v: fmt_bytes(v, binary=True))
     note = naive_peak_note(check_records(df)) if df.groupby(CONFIG_COLS).ngroups == 1 else None
-    if note:
-        fig.add_annotation(x=np.log10(note["x"]), xref="x", y=np.log10(note["y"]), yref="y", text=note["text"],
-                           name="naive-peak", showarrow=True, arrowhead=2, ax=-60, ay=-60, xanchor="right",
-                           align="right", font=dict(size=12, color=PARTIAL), bgcolor="rgba(255,255,255,0.85)")
+    if note:                     # a subtitle line: an arrow label would cover the capacity line's label
+        fig.layout.title.subtitle.text += "<br>" + note["text"].replace("<br>", " ")
     return fig
 
 

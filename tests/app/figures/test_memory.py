@@ -187,8 +187,8 @@ def test_naive_peak_says_s_and_p_are_both_resident_and_inputs_excluded():
 
     meta, df = load_sweep(SWEEP)
     fig = F.memory_figure(df, meta)
-    note = [a.text for a in fig.layout.annotations if a.name == "naive-peak"]
-    assert len(note) == 1, [a.text for a in fig.layout.annotations]
+    note = [line for line in fig.layout.title.subtitle.text.split("<br>") if line.startswith("naive peak")]
+    assert len(note) == 1, fig.layout.title.subtitle.text
     e = estimate(1, 32, 32, 16384, 16384, 128, "full", "fp16")
     assert e.naive_s_bytes == 16 * 2 ** 30 and e.naive_peak_bytes == 32 * 2 ** 30
     text = note[0]
