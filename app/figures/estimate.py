@@ -122,7 +122,7 @@ def _layout(fig: go.Figure, ests, main: str, p: Problem, note: str) -> go.Figure
                       legend=dict(orientation="v", x=0.01, y=0.99, xanchor="left", yanchor="top",
                                   bgcolor="rgba(255,255,255,0.85)"),
                       meta={"slide_legend_inside": True}, height=480, hovermode="x unified")
-    return caption(fig, f"Data: {PROVENANCE}, one attention layer, forward. {note}", width=150)
+    return caption(fig, f"Data: {PROVENANCE}, one attention layer, forward. {note}", width=115)
 
 
 def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> go.Figure:
@@ -233,6 +233,14 @@ def fmt_flops(f: float) -> str:
         if abs(f) >= div:
             return f"{f / div:.3g} {unit}"
     return f"{f:.3g} FLOP"
+
+
+def short(text: str) -> str:
+    """A formatted quantity ('4.06 MiB', '17.4 ms') in at most 3 digits and 2 significant ones
+    below 100 ('4.1 MiB', '17 ms'): what fits a metric tile at 1280 px; the table keeps 3."""
+    num, _, unit = text.partition(" ")
+    x = float(num)
+    return f"{x:.2g} {unit}" if x < 10 else f"{x:.0f} {unit}"
 
 
 def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:

@@ -15,7 +15,7 @@ import streamlit as st
 from app import settings, sources, url_state
 from app.figures._common import fmt_bytes, fmt_time_ms
 from app.figures.estimate import (N_MAX, N_MIN, Problem, estimate_at, flops_figure, n_points, numbers_at_n,
-                                  peak_memory_figure, sweep, time_figure, traffic_figure)
+                                  peak_memory_figure, short, sweep, time_figure, traffic_figure)
 from app.text import plain
 from app.views import common
 from instrumentation.analysis.estimator import DEVICES
@@ -129,21 +129,22 @@ except ValueError as exc:
     st.stop()
 
 # -- the numbers at N ----------------------------------------------------------------------------
-n_q, n_k = p.lengths(int(n))
 st.markdown(f"**{plain(p.label)}** · {plain(p.brief(int(n)))} · tiles {h100.block_m}×{h100.block_n}")
 m = st.columns(6)
-m[0].metric("naive peak", fmt_bytes(h100.naive_peak_bytes, binary=True),
+m[0].metric("naive peak", short(fmt_bytes(h100.naive_peak_bytes, binary=True)),
             help=f"naive peak memory: {h100.naive_peak_bytes:,} B, S and P of (B, H, N_q, N_k), both resident, plus "
                  "K and V repeated to H heads (GQA)")
-m[1].metric("flash peak", fmt_bytes(h100.flash_peak_bytes, binary=True),
+m[1].metric("flash peak", short(fmt_bytes(h100.flash_peak_bytes, binary=True)),
             help=f"flash peak memory: {h100.flash_peak_bytes:,} B, O and lse")
-m[2].metric("KV cache", fmt_bytes(h100.kv_cache_bytes, binary=True),
+m[2].metric("KV cache", short(fmt_bytes(h100.kv_cache_bytes, binary=True)),
             help=f"KV cache of this layer (K and V of N_k tokens, H_kv heads): {h100.kv_cache_bytes:,} B")
-m[3].metric("flash HBM", fmt_bytes(h100.flash_hbm_bytes),
+m[3].metric("flash HBM", short(fmt_bytes(h100.flash_hbm_bytes)),
             help=f"HBM traffic of ideal flash (Q, K, V, O once): {h100.flash_hbm_bytes:,} B; naive moves "
                  f"{h100.naive_hbm_bytes:,} B")
-m[4].metric("H100 modelled", fmt_time_ms(h100.time_by_device["H100"] * 1e3), help=f"modelled time of one flash call. {h100.model_note}.")
-m[5].metric("H200 modelled", fmt_time_ms(h200.time_by_device["H200"] * 1e3), help=f"modelled time of one flash call. {h200.model_note}.")
+m[4].metric("H100 modelled", short(fmt_time_ms(h100.time_by_device["H100"] * 1e3)), 
+            help=f"modelled time of one flash call. {h100.model_note}.")
+m[5].metric("H200 modelled", short(fmt_time_ms(h200.time_by_device["H200"] * 1e3)), 
+            help=f"modelled time of one flash call. {h200.model_note}.")
 fits = [f"the {d}" for d, e in (("H100", h100), ("H200", h200)) if e.naive_fits]
 if len(fits) < 2:
     st.warning(f"Naive attention needs {fmt_bytes(h100.naive_peak_bytes, binary=True)} beyond Q, K and V at "
@@ -167,7 +168,7 @@ common.chart(time_figure(ests["H100"], int(n), p, ests["H200"][0].model_note), "
 # -- the table and the formulas ------------------------------------------------------------------
 st.subheader(f"The numbers at N = {n_label(int(n))}")
 table = numbers_at_n(h100, h200)
-st.dataframe(table, hide_index=True, width="stretch", height=36 * (len(table) + 1) + 3,   # every row, no scrolling
+st.dataframe(table, hide_index=True, width="stretch", height=35 * (len(table) + 1) + 3,   # every row, no scrolling
              column_config={"quantity": "quantity", "value": "value", "exact": "exact",
                             "field": st.column_config.TextColumn("Estimate field", help="docs/formulas.md")})
 st.caption("Decimal units for traffic (1 GB = 10⁹ B), binary for memory (1 GiB = 2³⁰ B); FLOPs count 2 per "

@@ -61,7 +61,10 @@ def test_figures_plot_the_estimate_fields(case):
     for fig in (mem, traffic, flops, time):
         assert "analytic model (instrumentation.estimate)" in all_text(fig) and PROVENANCE in all_text(fig)
         assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    assert h100[0].model_note.split(":")[0].lower() in all_text(time).lower()
+    time = time_figure(h100, N, p, ests["H200"][0].model_note)
+    shown = " ".join(all_text(time).replace("<br>", " ").split())
+    for note in (h100[0].model_note, ests["H200"][0].model_note):    # both devices' notes, whole
+        assert note[1:] in shown and "data/benchmarks/" in note
 
 
 def test_gqa_and_chunk_terms_at_the_chosen_n(case):
@@ -114,3 +117,10 @@ def test_table_rows_are_the_estimate():
 def test_bad_shape_is_one_line():
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         estimate_at(Problem(1, 32, 5, 128, "causal", "bf16"), 1024)
+
+
+def test_metric_text_is_short():
+    from app.figures.estimate import short
+
+    assert [short(t) for t in ("4.06 MiB", "41.9 MB", "128 GiB", "17.4 ms", "134 µs", "1 TiB")] == \
+        ["4.1 MiB", "42 MB", "128 GiB", "17 ms", "134 µs", "1 TiB"]
