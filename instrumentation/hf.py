@@ -142,17 +142,23 @@ def _refuse(module, query, key, value, dropout, softcap, kwargs) -> None:
                          f"{key.shape[-1]}, {value.shape[-1]}); the kernel needs one head dim")
 
 
-def kernel_pattern(n_q: int, n_k: int, causal: bool, window: int | None, device) -> torch.Tensor:
-    """The kernel's visible (query, key) pairs, bottom-right aligned: (N_q, N_k) bool."""
-    pos = torch.arange(n_q, device=device)[:, None] + (n_k - n_q)
+def kernel_pattern(n_q: int, n_k: int, causal: bool, window: int | None, device, rows=None) -> torch.Tensor:
+    """The kernel's visible (query, key) pairs, bottom-right aligned: (N_q, N_k) bool, or only
+    the query rows in range(*rows)."""
+    r0, r1 = rows or (0, n_q)
+    pos = torch.arange(r0, r1, device=device)[:, None] + (n_k - n_q)
     kv = torch.arange(n_k, device=device)[None, :]
-    seen = kv <= pos if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    seen = kv <= pos if causal else torch.ones(r1 - r0, n_k, dtype=torch.bool, device=device)
     if window is not None:
         seen = seen & (kv > pos - window)
     return seen
 
 
-def _key_end(mask, n_q: int, n_k: int, causal: bool, window: int | None, where: str) -> int:
+MASK_CHECK_ELEMENTS = 1 << 26    # query rows are compared in chunks of about this many entries
+
+
+def _key_end(mask, batch: int, heads: int, n_q: int, n_k: int, causal: bool, window: int | None,
+             where: str) -> int:
     """Check the model's mask against the kernel's pattern; return how many leading keys to use
     (trailing keys no query sees, a static cache's empty slots, are cut)."""
     if mask is None:
@@ -161,27 +167,32 @@ def _key_end(mask, n_q: int, n_k: int, causal: bool, window: int | None, where: 
                              "the queries' positions are unknown; build the mask with transformers' "
                              "masking_utils (the model's own forward does)")
         return n_k
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-2] != n_q or mask.shape[-1] != n_k:
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[0] not in (1, batch) or \
+            mask.shape[1] not in (1, heads) or mask.shape[2:] != (n_q, n_k):
         raise ValueError(f"{where}: an attention mask of shape {tuple(getattr(mask, 'shape', ()))} "
-                         f"(a {type(mask).__name__}); the kernel takes a 4-D (B, 1, {n_q}, {n_k}) mask or none")
+                         f"(a {type(mask).__name__}); the kernel takes a 4-D ({batch}, 1, {n_q}, {n_k}) mask or none")
     if mask.dtype == torch.bool:
         seen = mask
     else:
-        hidden = mask <= torch.finfo(mask.dtype).min / 2
         seen = mask == 0
-        if not bool((seen | hidden).all()):
+        if not bool((seen | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
             raise ValueError(f"{where}: the attention mask adds biases to the scores (ALiBi or relative "
                              "positions), which Tilescope's kernel does not; use 'eager' or 'sdpa'")
-    used = seen.flatten(0, 2).any(dim=0).nonzero()
+    # reductions and row chunks, never a copy of the (often expanded) mask
+    used = seen.any(dim=2).any(dim=1).any(dim=0).nonzero()
     if used.numel() == 0:
         raise ValueError(f"{where}: the attention mask hides every key")
     end = int(used.max()) + 1
-    if not bool((seen[..., :end] == kernel_pattern(n_q, end, causal, window, seen.device)).all()):
-        raise ValueError(
-            f"{where}: the attention mask is not the {'sliding-window ' if window else ''}"
-            f"{'causal' if causal else 'full'} pattern the kernel computes (a padded batch, packed "
-            "sequences or a custom mask): Tilescope's kernel takes no padding; run unpadded sequences "
-            "(one prompt, or prompts of one length) or use attn_implementation='sdpa'")
+    step = max(1, MASK_CHECK_ELEMENTS // end)
+    for r0 in range(0, n_q, step):
+        r1 = min(n_q, r0 + step)
+        if not bool((seen[:, :, r0:r1, :end] == kernel_pattern(n_q, end, causal, window, seen.device,
+                                                               (r0, r1))).all()):
+            raise ValueError(
+                f"{where}: the attention mask is not the {'sliding-window ' if window else ''}"
+                f"{'causal' if causal else 'full'} pattern the kernel computes (a padded batch, packed "
+                "sequences or a custom mask): Tilescope's kernel takes no padding; run unpadded sequences "
+                "(one prompt, or prompts of one length) or use attn_implementation='sdpa'")
     return end
 
 
@@ -200,7 +211,7 @@ def plan_call(module, query, key, value, attention_mask, dropout=0.0, sliding_wi
     layer = getattr(module, "layer_idx", None)
     n_q, n_k = query.shape[2], key.shape[2]
     where = f"layer {layer if layer is not None else '?'}"
-    end = _key_end(attention_mask, n_q, n_k, causal, window, where)
+    end = _key_end(attention_mask, query.shape[0], query.shape[1], n_q, n_k, causal, window, where)
     decode = causal and n_q < end and n_q <= MAX_QUERIES and (window is None or n_q == 1)
     start = max(0, end - window) if decode and window is not None else 0
     mask = ("sliding_window:%d" % window if window is not None and not decode else
@@ -332,9 +343,10 @@ def capture(model, layers=None, heads=None, measure: bool = True):
     finally:
         _CAPTURE.remove(cap)
         hook.remove()
-        if previous != NAME:
-            model.set_attn_implementation(previous) if hasattr(model, "set_attn_implementation") \
-                else setattr(model.config, "_attn_implementation", previous)
+        if previous != NAME and hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(previous)
+        elif previous != NAME:
+            model.config._attn_implementation = previous
 
 
 __all__ = ["use_tilescope", "capture", "register", "attention_forward", "plan_call", "kernel_pattern", "NAME"]

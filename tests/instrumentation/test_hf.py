@@ -176,6 +176,7 @@ def test_call_refusals(device):
     bidirectional = torch.ones_like(causal)                              # more than causal shows
     one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, bidirectional), "not the causal pattern")
     one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, causal[..., :4]), "shape")
+    one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, causal.expand(3, 1, 8, 8)), "shape")
     one_line_refusal(lambda: hf.attention_forward(Layer(), q, k, v, torch.zeros_like(causal)), "hides every key")
     q4, k9, v9 = qkv(4, 9, device)
     one_line_refusal(lambda: hf.attention_forward(Layer(), q4, k9, v9, None), "positions are unknown")
@@ -183,6 +184,16 @@ def test_call_refusals(device):
     out, _ = hf.attention_forward(Layer(), q, k, v, None)
     naive = naive_attention(q, k, v, mask="causal")                      # GQA: H_kv = 2
     assert (out - naive.transpose(1, 2)).abs().max() < 1e-5
+
+
+def test_mask_checked_in_row_chunks(device, monkeypatch):
+    monkeypatch.setattr(hf, "MASK_CHECK_ELEMENTS", 40)               # chunks of 2 rows of 20 keys
+    q, k, v = qkv(12, 20, device)
+    mask = hf.kernel_pattern(12, 20, True, 5, device)[None, None].expand(1, 4, 12, 20)   # per head
+    assert hf.plan_call(Layer(), q, k, v, mask, sliding_window=5)["k_end"] == 20
+    wrong = mask.clone()
+    wrong[0, 3, 11, 10] = True                                           # the last chunk, 4th head
+    one_line_refusal(lambda: hf.plan_call(Layer(), q, k, v, wrong, sliding_window=5), "sliding-window causal")
 
 
 def test_instrumentation_hf_is_the_module():
