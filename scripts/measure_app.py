@@ -2,6 +2,7 @@
 
     python scripts/measure_app.py                 # bundled data/ if present, else a small trace
     python scripts/measure_app.py --repeats 5 --json /tmp/app-perf.json --screenshots /tmp/shots
+    python scripts/measure_app.py --interactions /tmp/old --repeats 6   # export click, softmax step, A/B
 
 Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives headless Chromium
 (/usr/bin/chromium, never downloaded) with Playwright and prints:
@@ -13,6 +14,10 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
   16k schedule page     the largest causal recording's schedule page on a warm server: settle
                         (navigation -> every chart drawn, the script idle), a colour-by change,
                         and the schedule comparison switched on (all bundled schedules side by side)
+
+  --interactions       an export click (16k lanes chart as PNG, click -> file; goal 1.5 s) and an
+                        online-softmax step (Next -> next step shown; goal 0.5 s), beside another
+                        checkout's app when given; merged into the JSON as "interactions"
 
 The browser is the system Chromium with app.devtools.CHROMIUM_ARGS: a fresh browser context (a
 new window: no cache) per visit, with the omnibox WebUI that new headless Chromium builds for every
@@ -140,6 +145,64 @@ def redraws(browser, url: str, recs: list, repeats: int, shots: Path | None) -> 
 
 # -- the largest causal recording's schedule page (the real-size targets) -------------------------
 
+def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict:
+    """The two interactions with goals (2 CPUs): an export click (the 16k schedule page's lanes
+    chart as PNG: click -> the browser has the file; goal 1.5 s) and one online-softmax step
+    (Next -> the page says the next step; goal 0.5 s). Each after one untimed warm-up."""
+    out: dict[str, list[float]] = {}
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
+    page = ctx.new_page()
+    page.set_default_timeout(300_000)       # the first visit loads the 16k recording on a loaded machine
+    page.goto(f"{url}/?page=schedule&source=recorded&trace={rec_big.name}")
+    settle(page, titles_js("Work items on SMs"))
+    for i in range(repeats + 1):
+        page.get_by_role("button", name=re.compile("Export chart")).first.click()
+        png = page.get_by_role("button", name="⬇ PNG").first
+        png.wait_for()
+        started = time.perf_counter()
+        with page.expect_download() as dl:
+            png.click()
+        dl.value.path()                     # the whole file has arrived
+        if i:
+            out.setdefault("export_png_click_s", []).append(time.perf_counter() - started)
+        page.keyboard.press("Escape")
+        time.sleep(0.5)
+    page.goto(f"{url}/?page=online_softmax&source=recorded&trace={rec_small.name}&sm_step=1")
+    page.wait_for_function("() => document.body.innerText.includes('Step 1/')")
+    settle(page, titles_js(""))
+    for k in range(2, repeats + 3):
+        started = time.perf_counter()
+        page.get_by_role("button", name="Next").first.click()
+        page.wait_for_function(f"() => document.body.innerText.includes('Step {k}/')")
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
+        if k > 2:
+            out.setdefault("softmax_step_s", []).append(time.perf_counter() - started)
+    ctx.close()
+    return out
+
+
+def interactions_side_by_side(browser, data: Path, big, small, other: Path | None, repeats: int) -> dict:
+    """export_and_step on this checkout's app and, given `other` (a checkout, e.g. `git worktree
+    add /tmp/old <commit>`), on that one served at once, alternating which goes first per round."""
+    from app.devtools import running_app
+
+    res: dict = {"trace_export": big.name, "trace_softmax": small.name}
+    with running_app(data, None) as this:
+        servers = {"this": this.url}
+        if other is None:
+            res["this"] = export_and_step(browser, this.url, big, small, repeats)
+            return res
+        res["other"], res["other_commit"] = str(other), git_commit(other)
+        with running_app(data, None, app=other / "app" / "main.py", env={"PYTHONPATH": str(other)}) as that:
+            servers["other"] = that.url
+            for i in range(2):
+                for key in (("this", "other") if i % 2 == 0 else ("other", "this")):
+                    got = export_and_step(browser, servers[key], big, small, max(1, repeats // 2))
+                    for name, xs in got.items():
+                        res.setdefault(key, {}).setdefault(name, []).extend(xs)
+    return res
+
+
 def colorbar_js(text: str) -> str:
     return ("() => [...document.querySelectorAll('.js-plotly-plot .cbtitle')]"
             f".some(t => t.textContent.includes({json.dumps(text)}))")
@@ -243,6 +306,9 @@ def main(argv=None) -> int:
     ap.add_argument("--side-by-side", default=None, metavar="CHECKOUT",
                     help="also serve CHECKOUT's app (e.g. `git worktree add /tmp/old <commit>`) beside "
                          "this one and time the 16k page's settle on both, visits alternating, --repeats each")
+    ap.add_argument("--interactions", nargs="?", const="", default=None, metavar="CHECKOUT",
+                    help="only time an export click and an online-softmax step (beside CHECKOUT's app "
+                         "when given) and merge them into --json as 'interactions', keeping its other fields")
     ap.add_argument("--browser-ui", action="store_true",
                     help="leave on the omnibox WebUI that new headless Chromium builds for every new "
                          "window (app.devtools.CHROMIUM_ARGS turns it off)")
@@ -267,6 +333,31 @@ def main(argv=None) -> int:
     shots = Path(args.screenshots) if args.screenshots else None
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
+
+    big = max(recs, key=lambda r: (r.seq_len * r.meta.get("shape", {}).get("B", 1)
+                                   * r.meta.get("shape", {}).get("H", 1), r.mask == "causal",
+                                   r.schedule == "natural", r.name))
+    if args.interactions is not None:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True)
+            try:
+                res = interactions_side_by_side(browser, data, big, default_like[0],
+                                                Path(args.interactions).resolve() if args.interactions else None,
+                                                args.repeats)
+                res["machine"] = machine_info(browser.version)
+                res["command"] = "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:])
+            finally:
+                browser.close()
+        for who in ("this", "other"):
+            for name, xs in (res.get(who) or {}).items():
+                print(f"  {who:5s} {name:22s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)}")
+        if args.json:
+            path = Path(args.json)
+            doc = json.loads(path.read_text()) if path.exists() else {}
+            doc["interactions"] = res
+            path.write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"wrote 'interactions' into {path}")
+        return 0
 
     log = Path(tempfile.mkdtemp(prefix="tilescope-measure-log-")) / "streamlit.log"
     results = {"data": source, "command": "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:])}

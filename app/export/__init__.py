@@ -32,7 +32,7 @@ from app.export.names import download_name, recording_stem
 from app.export.animations import (ANIMATION_FORMATS, FPS_RANGE, MAX_ANIMATION_FRAMES, MAX_VIDEO_SECONDS,
                                    export_animation, parse_size, video_plan)
 from app.export.cli import build_parser, gallery, main, run
-from app.export.common import ExportError, write_atomic
+from app.export.common import ExportError, keep_renderer, warm_renderer_in_background, write_atomic
 from app.export.data import TABLE_FORMATS, chrome_trace, chrome_trace_bytes, trace_tables, write_chrome_trace
 from app.export.images import (DEFAULT_SIZE, FIGURE_FORMATS, IMAGE_FORMATS, PNG_SCALE, SLIDE_PIXELS,
                                export_figure, figure_bytes, png_scale, static_frame)
@@ -40,7 +40,8 @@ from app.export.images import (DEFAULT_SIZE, FIGURE_FORMATS, IMAGE_FORMATS, PNG_
 __all__ = [
     "ANIMATION_FORMATS", "MAX_ANIMATION_FRAMES", "export_animation", "parse_size", "FPS_RANGE",
     "MAX_VIDEO_SECONDS", "video_plan", "download_name", "recording_stem",
-    "build_parser", "gallery", "main", "run", "ExportError", "write_atomic",
+    "build_parser", "gallery", "main", "run", "ExportError", "write_atomic", "keep_renderer",
+    "warm_renderer_in_background",
     "TABLE_FORMATS", "chrome_trace", "chrome_trace_bytes", "trace_tables", "write_chrome_trace",
     "DEFAULT_SIZE", "FIGURE_FORMATS", "IMAGE_FORMATS", "PNG_SCALE", "SLIDE_PIXELS",
     "export_figure", "figure_bytes", "png_scale", "static_frame",

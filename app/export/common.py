@@ -3,10 +3,12 @@ file, and one Chromium for kaleido."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import stat
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -106,23 +108,74 @@ def write_atomic(path, data: bytes | None = None, write=None, keep_suffix: bool 
 
 
 _kaleido_started = False
+_kept = False                    # the app keeps one renderer for the process (keep_renderer)
+_lock = threading.RLock()        # kaleido's sync server answers one caller at a time
+_flags = threading.Lock()
+
+
+def keep_renderer() -> None:
+    """Start kaleido's Chromium now and keep it for the life of the process (stopped at exit):
+    the app's export clicks then render at once instead of starting a browser each (1-3 s of a
+    click on a 2-CPU machine). Call it ahead of the first click (e.g. in a background thread)."""
+    global _kaleido_started, _kept
+    import kaleido
+
+    with _lock:
+        if _kept:
+            return
+        if not _kaleido_started:
+            kaleido.start_sync_server(silence_warnings=True)
+            _kaleido_started = True
+        _kept = True
+        atexit.register(lambda: kaleido.stop_sync_server(silence_warnings=True))
+        import plotly.graph_objects as go      # the first image also loads plotly.js into the page (~5 s)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*kopts.*")
+            go.Figure().to_image(format="png", width=64, height=64)
+
+
+def warm_renderer_in_background() -> None:
+    """keep_renderer() in a daemon thread, once per process (a page draws its charts meanwhile)."""
+    global _warming
+    # off where nobody clicks: TILESCOPE_WARM_RENDERER=0, and the headless page tests (a Chromium
+    # per test process for nothing)
+    if os.environ.get("TILESCOPE_WARM_RENDERER", "1") == "0" or "PYTEST_CURRENT_TEST" in os.environ:
+        return
+
+    def warm():
+        try:
+            keep_renderer()
+        except Exception:       # no browser here: an export click says so, as it did before
+            pass
+
+    with _flags:            # never the renderer's lock: a page must not wait for a warm-up
+        if _kept or _warming:
+            return
+        _warming = True
+    threading.Thread(target=warm, name="kaleido-warm", daemon=True).start()
+
+
+_warming = False
 
 
 @contextlib.contextmanager
 def kaleido_server():
-    """Keep one Chromium alive for a batch of images (frames): ~0.2 s per image instead of ~3 s."""
+    """Keep one Chromium alive for a batch of images (frames): ~0.2 s per image instead of ~3 s.
+    Inside, this thread has the renderer to itself (other threads wait); a kept renderer
+    (keep_renderer) is reused and left running."""
     global _kaleido_started
     import kaleido
 
-    started_here = not _kaleido_started
-    if started_here:
-        kaleido.start_sync_server(silence_warnings=True)
-        _kaleido_started = True
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*kopts.*")
-            yield
-    finally:
+    with _lock:
+        started_here = not _kaleido_started
         if started_here:
-            kaleido.stop_sync_server(silence_warnings=True)
-            _kaleido_started = False
+            kaleido.start_sync_server(silence_warnings=True)
+            _kaleido_started = True
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*kopts.*")
+                yield
+        finally:
+            if started_here and not _kept:
+                kaleido.stop_sync_server(silence_warnings=True)
+                _kaleido_started = False

@@ -121,6 +121,7 @@ def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "s
                           meta={**meta, "slide_px": slide_px})
     st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False}, **size)
     if exports:
+        export.warm_renderer_in_background()     # an export click then renders at once, no browser start
         # one small menu per chart: its buttons are drawn by the browser only when it opens (a
         # page of charts otherwise paints four buttons per chart before it settles)
         with st.popover(f"⬇ Export chart ({' · '.join(f.upper() for f in exports)})", width="content",

@@ -96,8 +96,8 @@ if modelled:
 url_state.control("sched_color", "tiles_visited", options=list(COLOR_BY))
 color_by = c2.selectbox("Colour work items by", list(COLOR_BY), key="sched_color", format_func=COLOR_BY.get)
 url_state.control("sched_compare", False)
-compare = c3.toggle("Compare schedules side by side", key="sched_compare",
-                    help=f"up to {MAX_COMPARED} schedules of this problem on one time axis")
+compare = c3.toggle("Compare schedules", key="sched_compare",     # short: a quarter of 1280 px holds it
+                    help=f"up to {MAX_COMPARED} schedules of this problem side by side on one time axis")
 if compare:     # drawn last: the toggle alone changed nothing in view
     c3.caption("↓ drawn under **Schedules side by side**, at the end of the page")
 if modelled:
@@ -149,7 +149,7 @@ if "sched_zoom" not in st.session_state and url_state.in_link("sched_window"):
 url_state.control("sched_zoom", False)
 # the slider comes on request: its code (a slider, date and number formatting) is ~120 kB of
 # JavaScript the browser would otherwise compile before the page settles
-if c4.toggle("Zoom into a time window", key="sched_zoom",
+if c4.toggle("Zoom into time", key="sched_zoom",
              help="a slider that redraws the lanes over a shorter time at full detail"):
     url_state.control("sched_window", [t_lo, t_hi], parse=float)
     lo, hi = st.session_state["sched_window"]

@@ -150,3 +150,57 @@ def test_slide_decode_merge_controls_on_screen_with_the_merge_chart(app_server, 
     chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
     assert 0 <= slider["top"] and slider["bottom"] <= height, boxes
     assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, boxes
+
+
+SLIDE_BOXES = """() => {
+  const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
+  const vis = e => { const b = e.getBoundingClientRect(); return b.bottom > 0 && b.top < window.innerHeight && b.width > 0; };
+  const titles = [...document.querySelectorAll('.js-plotly-plot .g-gtitle text, .js-plotly-plot .g-xtitle text, '
+                  + '.js-plotly-plot .g-ytitle text, .js-plotly-plot .g-x2title text, .js-plotly-plot .g-y2title text')]
+                  .filter(vis).map(t => ({text: t.textContent, box: r(t)}));
+  const covers = [...document.querySelectorAll('.st-key-slide_controls, .st-key-leave_present, [class*="st-key-slide_step_bar"]')]
+                  .filter(vis).map(e => ({key: e.className.match(/st-key-[a-z_]+/)[0], box: r(e)}));
+  return {titles, covers, charts: [...document.querySelectorAll('[data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"])')].map(r),
+          buttons: [...document.querySelectorAll('[data-testid="stPopoverButton"]')].map(r), height: window.innerHeight};
+}"""
+
+
+def _overlap(a, b) -> bool:
+    return min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 1 and min(a["right"], b["right"]) - max(a["left"], b["left"]) > 1
+
+
+@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
+@pytest.mark.parametrize("viewport", [(1280, 720), (1920, 1080)])
+def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_page, viewport):
+    """Schedule slides: a mouse click opens the chart's export menu (a faded menu at full opacity
+    used to fall under the scaled chart's layout box, so only Enter opened it); PageDown brings
+    each next chart whole into the window with its export row, and no fixed control (Controls
+    pill, Leave button) covers a chart's title or axis titles; PageUp goes back."""
+    page = new_page(*viewport)
+    page.goto(f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1&sched_imb=1")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .js-plotly-plot').length >= 2",
+                           timeout=60_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
+    time.sleep(0.8)
+    button = page.get_by_role("button", name="Export chart").first
+    button.click()
+    page.locator('[data-testid="stPopoverBody"]').first.wait_for(state="visible", timeout=10_000)
+    page.keyboard.press("Escape")
+    page.mouse.click(viewport[0] - 5, viewport[1] // 2)              # focus the page, not a control
+    n = len(page.evaluate(SLIDE_BOXES)["charts"])
+    for k in range(n):
+        if k:
+            page.keyboard.press("PageDown")
+            time.sleep(0.6)
+        boxes = page.evaluate(SLIDE_BOXES)
+        chart = boxes["charts"][k]
+        assert -2 <= chart["top"] <= 40 and chart["bottom"] <= boxes["height"] + 1, (k, chart)   # one whole slide
+        assert any(b["top"] >= chart["bottom"] - 2 and b["bottom"] <= boxes["height"] + 1 for b in boxes["buttons"]), \
+            (k, "the chart's export row is in the window too", boxes["buttons"])
+        for t in boxes["titles"]:
+            for c in boxes["covers"]:
+                assert not _overlap(t["box"], c["box"]), (k, t["text"], c["key"])
+    page.keyboard.press("PageUp")
+    time.sleep(0.6)
+    assert -2 <= page.evaluate(SLIDE_BOXES)["charts"][n - 2]["top"] <= 40

@@ -228,4 +228,5 @@ def test_schedule_page_video_shows_the_bar(tmp_path, fast_frames):
     assert len(bars) == 1 and bars[0].value == 100, bars
     n = len(fast_frames)
     assert n >= 2 and f"Rendered the GIF at 960×540: {n} frames in" in bars[0].text, bars[0].text
-    assert any(b.label.startswith("⬇ whole-gpu-schedule.gif") for b in at.get("download_button"))
+    # named after the recording and the view (app.export.download_name)
+    assert any(b.label.startswith("⬇ n128_causal_natural-whole-gpu-schedule.gif") for b in at.get("download_button"))
