@@ -4,6 +4,10 @@
     # q (B, H, N_q, D), N_q 1..16; k_cache, v_cache (B, H_kv, N_max, D), H % H_kv == 0
     # cache_seqlens (B,) int32 valid lengths; query t of sequence b sits at key position
     # cache_seqlens[b] - N_q + t and sees keys j <= that position (bottom-right causal)
+    o = flash_decode(q, k_pages, v_pages, cache_seqlens, block_table=block_table)
+    # paged (flash-attention's layout): k_pages, v_pages (num_blocks, page_size, H_kv, D),
+    # block_table (B, max_blocks) int32; key j of sequence b is row j % page_size of page
+    # block_table[b, j // page_size]; N_max = max_blocks * page_size (kernels.paged)
 
 The split rule ("auto") fills the GPU with one wave of programs when the work items are few, and
 is FlashAttention-2's `num_splits_heuristic` (flash_api.cpp) otherwise; see `choose_num_splits`.
@@ -17,6 +21,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from .runtime import INTERPRETER_MAX_DECODE_VISITS, MAX_HEAD_DIM, choose_backend, device_facts, interpreting
@@ -28,10 +33,12 @@ import triton  # noqa: E402
 from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
 from .shapes import SUPPORTED_DTYPES  # noqa: E402
 from .shapes import check_kernel_device, padded_head_dim  # noqa: E402
+from .paged import check_block_table  # noqa: E402
 
 MAX_QUERIES = 16          # speculative decoding verifies a few tokens at once
 MAX_SPLITS = 128          # FlashAttention's cap
 MAX_ROWS_PER_TILE = 64    # stacked query rows per program; more rows get more row blocks
+PAGE_SIZES = (16, 256)    # the page sizes a paged cache may have (inclusive)
 
 
 @dataclass(frozen=True)
@@ -182,25 +189,48 @@ def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, n_max: int, bl
     return splits, rule
 
 
-def _check_tensor(name: str, t) -> None:
+def _check_tensor(name: str, t, layout: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
-        raise ValueError(f"{name} must have 4 dimensions ({'B, H, N_q, D' if name == 'q' else 'B, H_kv, N_max, D'}), "
+        raise ValueError(f"{name} must have 4 dimensions ({'B, H, N_q, D' if name == 'q' else layout}), "
                          f"got shape {tuple(t.shape)}")
 
 
-def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None):
-    """Shape, dtype, device and value rules; each failure is one ValueError line."""
+def cache_dims(k_cache, block_table=None) -> tuple[int, int]:
+    """(H_kv, N_max) of a contiguous cache (B, H_kv, N_max, D), or of a paged one
+    (num_blocks, page_size, H_kv, D) with its (B, max_blocks) table: N_max = max_blocks * page_size."""
+    if block_table is None:
+        return k_cache.shape[1], k_cache.shape[2]
+    return k_cache.shape[2], block_table.shape[1] * k_cache.shape[1]
+
+
+def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
+                        block_table=None):
+    """Shape, dtype, device and value rules; each failure is one ValueError line. Returns the
+    block table as the kernel reads it (int32, contiguous), or None without one."""
+    paged = block_table is not None
+    layout = "num_blocks, page_size, H_kv, D" if paged else "B, H_kv, N_max, D"
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(name, t)
+        _check_tensor(name, t, layout)
     b, h, n_q, d = q.shape
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape (B, H_kv, N_max, D), got "
+        raise ValueError(f"k_cache and v_cache must have the same shape ({layout}), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    bk, h_kv, n_max, dk = k_cache.shape
+    if paged:
+        if not (isinstance(block_table, torch.Tensor) and block_table.dim() == 2):
+            raise ValueError(f"block_table must be a ({b}, max_blocks) tensor (one row of page indices per "
+                             f"sequence), got {getattr(block_table, 'shape', type(block_table).__name__)}")
+        page = k_cache.shape[1]
+        if not PAGE_SIZES[0] <= page <= PAGE_SIZES[1]:
+            raise ValueError(f"page size {page} (k_cache.shape[1]) is not supported; use "
+                             f"{PAGE_SIZES[0]}..{PAGE_SIZES[1]} keys per page")
+    h_kv, n_max = cache_dims(k_cache, block_table)
+    bk, dk = (block_table.shape[0] if paged else k_cache.shape[0]), k_cache.shape[3]
     if bk != b or dk != d:
-        raise ValueError(f"q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)} must agree on B and D")
+        raise ValueError(f"q {tuple(q.shape)} and {'block_table' if paged else 'k_cache'} "
+                         f"{tuple((block_table if paged else k_cache).shape)} must agree on B, and q and "
+                         f"k_cache {tuple(k_cache.shape)} on D")
     if min(b, h, n_q, d, h_kv) < 1:
         raise ValueError(f"B, H, N_q, D and H_kv must be >= 1, got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
     if h % h_kv:
@@ -226,6 +256,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
                          "gradient. For training use torch.nn.functional.scaled_dot_product_attention; "
                          "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
     check_kernel_device(q.device)
+    lengths = np.full(b, n_max)
     if cache_seqlens is not None:
         if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (b,):
             raise ValueError(f"cache_seqlens must be a tensor of shape ({b},) (one length per sequence), "
@@ -233,7 +264,11 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
         if cache_seqlens.dtype not in (torch.int32, torch.int64) or cache_seqlens.device != q.device:
             raise ValueError(f"cache_seqlens must be int32 on {q.device}, got {cache_seqlens.dtype} on "
                              f"{cache_seqlens.device}")
-        lo, hi = (int(x) for x in torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist())
+        if paged:
+            lengths = cache_seqlens.detach().to("cpu", torch.int64).numpy()      # the table check needs them all
+            lo, hi = int(lengths.min()), int(lengths.max())
+        else:
+            lo, hi = (int(x) for x in torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist())
         if lo < 0 or hi > n_max:
             raise ValueError(f"cache_seqlens must lie in 0..N_max={n_max}, got values {lo}..{hi}")
     if num_splits != "auto" and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
@@ -242,12 +277,13 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
     if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
                                      and sm_scale > 0):
         raise ValueError(f"sm_scale must be a positive number, got {sm_scale!r}")
+    return check_block_table(block_table, b, k_cache, lengths) if paged else None
 
 
 def decode_plan(q, k_cache, num_splits="auto", block_n=None, num_warps=None, num_stages=None,
-                fused_merge=True) -> DecodePlan:
+                fused_merge=True, block_table=None) -> DecodePlan:
     b, h, n_q, d = q.shape
-    h_kv, n_max = k_cache.shape[1], k_cache.shape[2]
+    h_kv, n_max = cache_dims(k_cache, block_table)
     return _decode_plan(b, h, n_q, d, h_kv, n_max, q.dtype, str(q.device), num_splits, block_n,
                         num_warps, num_stages, bool(fused_merge))
 
@@ -304,7 +340,7 @@ def make_trace_buffers(plan: DecodePlan, device) -> DecodeTraceBuffers:
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
                  return_lse=False, block_n=None, num_warps=None, num_stages=None, fused_merge=True,
                  use_tma=False, trace: DecodeTraceBuffers | None = None, hw_clock: bool | None = None,
-                 plan: DecodePlan | None = None, stages="both"):
+                 plan: DecodePlan | None = None, stages="both", *, block_table=None):
     """Split-KV decoding attention. Returns O (B, H, N_q, D), or (O, lse) with lse (B, H, N_q)
     float32 in natural log units (-inf and O = 0 for a row that sees no key).
 
@@ -313,10 +349,21 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     two). `plan`, `trace`, `hw_clock` and `stages` ('both' | 'split' | 'merge') are for
     instrumentation: a prepared plan skips the checks, and a stage can be launched alone to time
     it (with the fused merge, 'split' is the whole op).
+
+    block_table: (B, max_blocks) int32 for a paged cache: k_cache, v_cache are then
+    (num_blocks, page_size, H_kv, D) with page_size 16..256 (kernels.paged); int64 or strided
+    tables are copied, entries in use are checked to lie in the pool (with a prepared plan, the
+    caller's table must already be int32 and contiguous).
     """
+    paged = block_table is not None
     if plan is None:
-        check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale)
-        plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge)
+        block_table = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_table)
+        plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge, block_table)
+    elif paged and (block_table.dtype != torch.int32 or not block_table.is_contiguous()):
+        block_table = block_table.to(torch.int32).contiguous()
+    page_size = k_cache.shape[1] if paged else 1
+    if paged and use_tma:
+        raise ValueError("use_tma=True reads a contiguous cache; a paged cache is read through its block table")
     b, h, n_q, d = q.shape
     cfg, splits = plan.config, plan.num_splits
     if interpreting():
@@ -329,8 +376,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     has_seqlens = cache_seqlens is not None
     if not has_seqlens:
         cache_seqlens = _full_lengths(b, plan.n_max, str(dev))
-    elif cache_seqlens.dtype != torch.int32:
-        cache_seqlens = cache_seqlens.to(torch.int32)
+    else:
+        # the kernel reads lengths[b] at offset b: an int64 or strided tensor is copied, never misread
+        cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
     q = q.contiguous()
     o = torch.empty_like(q)                                                    # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=dev) if return_lse else o
@@ -358,10 +406,12 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     if stages in ("both", "split"):
         decode_split_kernel[plan.stage1_grid](
             q, k_cache, v_cache, o, lse, o_part, m_part, l_part, cache_seqlens, counters, *descs,
-            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *o.stride()[:3],
+            block_table if paged else cache_seqlens, block_table.stride(0) if paged else 0,
+            *q.stride()[:3], *_cache_strides(k_cache, paged), *_cache_strides(v_cache, paged), *o.stride()[:3],
             *tr, tr_merge, plan.kv_heads, n_q, plan.n_max, plan.rows, splits, sm_scale * 1.4426950408889634,
             BLOCK_N=cfg.block_n, SPLIT=split, FUSED_MERGE=plan.fused_merge, USE_TMA=bool(use_tma),
-            HAS_SEQLENS=has_seqlens,
+            HAS_SEQLENS=has_seqlens, PAGED=paged, PAGE_SIZE=page_size,
+            SPLIT_UNIT=max(cfg.block_n, page_size) if paged else cfg.block_n,
             STORE_STATS=trace is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
@@ -370,6 +420,12 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
             o_part, m_part, l_part, o, lse, *o.stride()[:3], tr_merge, plan.kv_heads, n_q, plan.rows,
             splits, num_warps=cfg.num_warps, **common)
     return (o, lse) if return_lse else o
+
+
+def _cache_strides(cache, paged: bool) -> tuple[int, int, int]:
+    """The kernel's (batch or page, KV head, key) strides: a paged cache is (page, key, head, D)."""
+    st = cache.stride()
+    return (st[0], st[2], st[1]) if paged else st[:3]
 
 
 def _tma_descriptors(k_cache, v_cache, block_n: int):

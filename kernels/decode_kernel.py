@@ -43,21 +43,44 @@ KV_EVICT = tl.constexpr("evict_first")
 
 
 @triton.jit
+def _page_slots(offs_n, start, hi, table_row, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """(page, slot) of the keys offs_n (= start + 0..BLOCK_N-1) in a paged cache, int64: a tile
+    inside one page (BLOCK_N divides PAGE_SIZE) costs one table entry (page a scalar); a tile over
+    several pages gathers one entry per key (from L1)."""
+    if PAGE_SIZE % BLOCK_N == 0:
+        first = start // PAGE_SIZE
+        page = tl.load(table_row + first).to(tl.int64)
+        slot = (offs_n - first * PAGE_SIZE).to(tl.int64)
+    else:
+        page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
+        slot = (offs_n % PAGE_SIZE).to(tl.int64)
+    return page, slot
+
+
+@triton.jit
 def _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_kn, stride_vn, offs_d,
-             row_pos, lo, hi, qk_scale,
+             row_pos, lo, hi, qk_scale, table_row, stride_kp, stride_vp,
              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
              ON_BAND: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-             UPCAST_DOT: tl.constexpr):
-    """Online softmax over the keys [lo, hi) in BLOCK_N steps; scores in log2 units."""
+             UPCAST_DOT: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Online softmax over the keys [lo, hi) in BLOCK_N steps; scores in log2 units. PAGED: key j
+    is row j % PAGE_SIZE of page table_row[j // PAGE_SIZE] (k_base, v_base: the KV head's offset)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + offs_n0
+        if PAGED:
+            page, slot = _page_slots(offs_n, start, hi, table_row, BLOCK_N, PAGE_SIZE)
+            k_rows = page * stride_kp + slot * stride_kn
+            v_rows = page * stride_vp + slot * stride_vn
+        else:
+            k_rows = offs_n * stride_kn
+            v_rows = offs_n * stride_vn
         # -- load K^T, compute qk --
         if USE_TMA and not ON_BAND:
             k = tl.trans(k_desc.load([desc_row + start, 0]))                   # bulk tensor copy
         else:
-            k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]      # (D, BLOCK_N)
+            k_ptrs = k_base + k_rows[None, :] + offs_d[:, None]                  # (D, BLOCK_N)
             k = load_kv_tile(k_ptrs, offs_n[None, :] < hi, d_ok[:, None], ON_BAND, EVEN_D, KV_EVICT)
         if UPCAST_DOT:
             k = k.to(tl.float32)
@@ -77,7 +100,7 @@ def _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_
         if USE_TMA and not ON_BAND:
             v = v_desc.load([desc_row + start, 0])
         else:
-            v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]      # (BLOCK_N, D)
+            v_ptrs = v_base + v_rows[:, None] + offs_d[None, :]                  # (BLOCK_N, D)
             v = load_kv_tile(v_ptrs, offs_n[:, None] < hi, d_ok[None, :], ON_BAND, EVEN_D, KV_EVICT)
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
@@ -163,6 +186,7 @@ def _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on,
 
 @triton.jit
 def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counters, k_desc, v_desc,
+                        block_table, stride_bt,
                         stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
                         tr_splits, tr_counter, tr_merge,
@@ -172,7 +196,8 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
                         FUSED_MERGE: tl.constexpr, MERGE_M: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
                         EVEN_MERGE: tl.constexpr, USE_TMA: tl.constexpr, HAS_SEQLENS: tl.constexpr,
                         STORE_LSE: tl.constexpr, STORE_STATS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                        UPCAST_DOT: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
+                        UPCAST_DOT: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr,
+                        PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT_UNIT: tl.constexpr):
     if TRACE and HW_CLOCK:
         t_start = _globaltimer()
     split = tl.program_id(0)
@@ -196,29 +221,39 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
         seq_len = tl.load(seqlens + off_b)
     else:
         seq_len = N_MAX        # every sequence fills the cache: no load before the first K/V tile
-    n_blocks = tl.cdiv(seq_len, BLOCK_N)
+    # splits start on whole SPLIT_UNITs: tiles, or pages of a paged cache longer than a tile
+    # (each page is then read by one split)
+    n_blocks = tl.cdiv(seq_len, SPLIT_UNIT)
     blocks_per_split = tl.cdiv(n_blocks, num_splits)
-    k_start = tl.minimum(split * blocks_per_split * BLOCK_N, seq_len)
-    k_end = tl.minimum((split + 1) * blocks_per_split * BLOCK_N, seq_len)
+    k_start = tl.minimum(split * blocks_per_split * SPLIT_UNIT, seq_len)
+    k_end = tl.minimum((split + 1) * blocks_per_split * SPLIT_UNIT, seq_len)
     # bottom-right causal: query t sits at key position seq_len - N_q + t; padded rows see nothing
     row_pos = tl.where(row_ok, seq_len - N_Q + t, -1)
     # keys every row sees (j <= seq_len - N_q) need no mask: whole tiles of them run off-band
     all_see = tl.maximum(tl.minimum(k_end, seq_len - N_Q + 1), k_start)
     k_mid = k_start + (all_see - k_start) // BLOCK_N * BLOCK_N
-    k_base = K + off_b * stride_kb + off_kv * stride_kh
-    v_base = V + off_b * stride_vb + off_kv * stride_vh
+    if PAGED:
+        # (num_blocks, page_size, H_kv, D): stride_kb / stride_vb step pages, the table finds them
+        k_base = K + off_kv * stride_kh
+        v_base = V + off_kv * stride_vh
+    else:
+        k_base = K + off_b * stride_kb + off_kv * stride_kh
+        v_base = V + off_b * stride_vb + off_kv * stride_vh
+    table_row = block_table + off_b * stride_bt
     desc_row = bkv * N_MAX                       # this KV head's first row in the (B*H_kv*N_max, D) view
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     # -- off-band: whole tiles, no element mask --
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_kn, stride_vn,
-                             offs_d, row_pos, k_start, k_mid, qk_scale, HEAD_DIM, HEAD_DIM == HEAD_DIM_PAD,
-                             BLOCK_N, False, USE_TMA, DOT_PRECISION, UPCAST_DOT)
+                             offs_d, row_pos, k_start, k_mid, qk_scale, table_row, stride_kb, stride_vb, HEAD_DIM,
+                             HEAD_DIM == HEAD_DIM_PAD, BLOCK_N, False, USE_TMA, DOT_PRECISION, UPCAST_DOT, PAGED,
+                             PAGE_SIZE)
     # -- on-band: the cache end and the causal diagonal, masked per row --
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_kn, stride_vn,
-                             offs_d, row_pos, k_mid, k_end, qk_scale, HEAD_DIM, HEAD_DIM == HEAD_DIM_PAD,
-                             BLOCK_N, True, USE_TMA, DOT_PRECISION, UPCAST_DOT)
+                             offs_d, row_pos, k_mid, k_end, qk_scale, table_row, stride_kb, stride_vb, HEAD_DIM,
+                             HEAD_DIM == HEAD_DIM_PAD, BLOCK_N, True, USE_TMA, DOT_PRECISION, UPCAST_DOT, PAGED,
+                             PAGE_SIZE)
     # -- epilogue: normalise once; a row that saw no key (l = 0) writes 0 --
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
