@@ -144,6 +144,8 @@ def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> g
         fig.add_hline(y=mem, line=dict(color=colour, width=2, dash="dashdot"))
         fig.add_annotation(x=0.99, xref="paper", xanchor="right", y=math.log10(mem), yref="y",
                            yanchor="bottom" if dev == "H200" else "top", showarrow=False,
+                           yshift=7 if dev == "H200" else -7,      # clear of the out-of-memory marks on the line
+                           bgcolor="rgba(255,255,255,0.8)",
                            text=f"{dev} memory {fmt_bytes(mem, binary=True)}", font=dict(color=colour))
         oom = [e for e in es if not e.naive_fits]
         if oom:

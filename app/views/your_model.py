@@ -77,7 +77,7 @@ def nearest_recording(preset_name: str, p: Problem, n: int):
 
 # -- controls (page-level, kept in the URL) --------------------------------------------------------
 names = [*PRESETS, CUSTOM]
-c = st.columns([2.5, 1, 2, 2.5, 1])
+c = st.columns([2.5, 1, 2, 2.5, 1] + ([1.2] if s.present else []))   # presentation: room for its "Leave" pill
 url_state.control("ym_preset", "llama-3-8b", options=names)
 name = c[0].selectbox("model", names, key="ym_preset",
                       format_func=lambda k: PRESETS[k].label if k in PRESETS else "custom shape (H, H_kv, D)")
