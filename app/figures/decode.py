@@ -57,8 +57,9 @@ def decode_lanes_figure(lanes_a, lanes_b, label_a: str, label_b: str, sm_count: 
                           "%{base:.1f} to %{x:.1f} µs long<extra></extra>"), row=row, col=1)
         kind = LANES_MODELLED if modelled else LANES_TRACED
         fig.add_annotation(text=f"{busy} of {sm_count} SMs busy · ends at {end_us:.1f} µs ({kind})",
-                           xref="x domain", yref=f"y{row if row > 1 else ''} domain", x=1, y=1.02,
-                           xanchor="right", yanchor="bottom", showarrow=False,
+                           # inside the plot's empty lower right: above it, it ran into the subplot title
+                           xref="x domain", yref=f"y{row if row > 1 else ''} domain", x=0.99, y=0.03,
+                           xanchor="right", yanchor="bottom", showarrow=False, bgcolor="rgba(255,255,255,0.85)",
                            font=dict(size=12, color=NOW if busy < 0.5 * sm_count else "#333"))
         fig.update_yaxes(range=[-0.5, sm_count - 0.5], title_text="SM", row=row, col=1)
     timing = "modelled timing (no hardware clocks)" if modelled else "time"
@@ -80,7 +81,7 @@ def lanes_timing_note(one, chosen, hw: bool) -> str:
     medians = " / ".join(f"{ms * 1e3:.1f}" for ms in times)
     if not hw:
         return f"lanes modelled; {REPLAY_MEDIAN}s (1 / {chosen.meta['kernel']['num_splits']} splits): {medians} µs"
-    return (f"lanes: {LANES_TRACED} after an L2 flush, from the first program's start; headline "
+    return (f"lanes: {LANES_TRACED} after an L2 flush, from the first program's start;<br>headline "
             f"{medians} µs: {REPLAY_MEDIAN}s, launch included")
 
 
@@ -273,9 +274,13 @@ def decode_pair_roofline_figure(one, chosen) -> go.Figure:
         points[0].label = "decode"
     shape = meta["shape"]
     points.append(dm.prefill_point(shape["B"], shape["H"], shape["H_kv"], shape["N_k"], shape["D"]))
-    return roofline_figure(points, s["gbps"], s["sheet"]["tflops"], s["ceiling"], chosen.provenance() +
-                           "; prefill: the same shapes as one causal prefill, on the roof (model); "
-                           f"compute roof: {s['sheet']['name']}")
+    fig = roofline_figure(points, s["gbps"], s["sheet"]["tflops"], s["ceiling"], chosen.provenance() +
+                          "; prefill: the same shapes as one causal prefill, on the roof (model); "
+                          f"compute roof: {s['sheet']['name']}")
+    group = shape["H"] // shape["H_kv"]
+    if group > 1:          # why decode sits at ~group FLOP/B: each K/V byte serves `group` query heads
+        fig.layout.title.subtitle.text += f"<br>(decode: each K/V byte serves H/H_kv = {group} query heads)"
+    return fig
 
 
 def decode_kv_figure(preset: str, batch: int, context: int, sizes_from: str | None = None) -> go.Figure:

@@ -129,7 +129,7 @@ m = st.columns(4)
 for col, tr, name in ((m[0], one, "1 split"), (m[1], chosen, f"{meta['kernel']['num_splits']} splits")):
     t = tr.meta
     if t.get("untraced_ms"):
-        col.metric(f"{name} · graph-replay median", f"{t['untraced_ms'] * 1e3:.1f} µs",
+        col.metric(f"{name} · replay median", f"{t['untraced_ms'] * 1e3:.1f} µs",
                    f"{t['bandwidth']['op_gbps']:.0f} GB/s = {(t['bandwidth']['op_fraction_of_copy'] or 0):.0%} of copy",
                    delta_color="off", delta_arrow="off",
                    help=f"{REPLAY_MEDIAN} (L2 flushed before each replay, launch included); the lanes below "

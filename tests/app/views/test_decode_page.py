@@ -101,7 +101,7 @@ def test_headline_times_say_they_are_replay_medians(monkeypatch):
     at = page(source="recorded", dec_rec_batch=1)
     clean(at)
     labels = [m.label for m in at.metric if m.value.endswith("µs")]
-    assert labels == ["1 split · graph-replay median", "16 splits · graph-replay median"], labels
+    assert labels == ["1 split · replay median", "16 splits · replay median"], labels
     lanes = chart(at, "SM lanes")
     ends = [a["text"] for a in lanes["layout"]["annotations"] if "ends at" in a["text"]]
     assert ends and all("(one traced run)" in t for t in ends), ends
