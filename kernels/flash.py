@@ -1,12 +1,17 @@
-"""FlashAttention forward: the public call and the internal one a ring uses. What a call launches
+"""FlashAttention: the public call and the internal one a ring uses. What a call launches
 is resolved once per call shape by kernels.launch (rules in kernels.launch_config, block lists
 and work order in kernels.plan, the kernel in kernels.flash_kernel).
 
 Shapes: q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H % H_kv == 0; masks on the N_q x N_k grid,
-bottom-right aligned (kernels.masks). Input rules live in kernels.shapes."""
+bottom-right aligned (kernels.masks). Input rules live in kernels.shapes. With an input that
+requires grad, and grad mode on, flash_attention runs through kernels.backward's autograd
+Function (the backward recomputes P from the saved lse); otherwise the forward alone."""
 
 from __future__ import annotations
 
+import torch
+
+from .backward import attention_with_grad
 from .launch import resolve_launch, run_plan
 # re-exported: callers read the launch rules and the plan types as kernels.flash.X
 from .launch_config import (BLOCK_SIZES, ROWSUM_MIN_FULL, WS_CONFIGS, WS_DEFAULTS,  # noqa: F401
@@ -21,7 +26,8 @@ from .trace_buffers import TraceBuffers
 def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
                     schedule="natural", *, return_lse=False, trace: TraceBuffers | None = None,
                     num_warps=None, num_stages=None, warp_specialize: bool | None = None):
-    """Fused FlashAttention-2 forward (no backward: refuses inputs that require grad).
+    """Fused FlashAttention-2, differentiable: when q, k or v requires grad and grad mode is on,
+    the output carries gradients back to them (kernels.backward).
 
     Arguments:
         q: (batch_size, nheads, seqlen_q, headdim), float16, bfloat16 or float32; headdim any
@@ -43,7 +49,11 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     Returns:
         out: (batch_size, nheads, seqlen_q, headdim), q's dtype. With return_lse=True (out, lse),
         lse (batch_size, nheads, seqlen_q) float32, natural-log log-sum-exp of the scaled scores.
-        A row that sees no key gets out = 0 and lse = -inf."""
+        A row that sees no key gets out = 0 and lse = -inf (and gradient 0)."""
+    if (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+            or getattr(v, "requires_grad", False)) and torch.is_grad_enabled():
+        return attention_with_grad(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, num_warps,
+                                   num_stages, warp_specialize, trace)
     trace_flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
                         trace_flags, None, None, warp_specialize, False, False, "all")

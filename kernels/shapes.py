@@ -88,9 +88,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, for_kernel: 
     if not for_kernel:
         return
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise ValueError("flash_attention is forward-only (no backward pass): the output would carry no "
-                         "gradient. For training use torch.nn.functional.scaled_dot_product_attention; "
-                         "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
+        raise ValueError("this internal launch (kernels.flash.launch_attention, the ring) is forward-only: its "
+                         "output would carry no gradient. For training call kernels.flash_attention, which is "
+                         "differentiable; or pass tensors with .detach() or call it under torch.no_grad()")
     check_kernel_device(q.device)
 
 

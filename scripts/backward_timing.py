@@ -24,7 +24,7 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels import flash_attention
-from kernels.backward import BackwardConfig, attention_with_grad, backward_config, flash_attention_backward
+from kernels.backward import BackwardConfig, backward_config, flash_attention_backward
 
 CASES = [(4, 16, 4096, 128, "full"), (4, 16, 4096, 128, "causal"),
          (4, 16, 8192, 128, "full"), (4, 16, 8192, 128, "causal"),
@@ -73,8 +73,8 @@ def time_case(b, h, n, d, mask, log, h_kv=None):
     row = dict(batch=b, heads=h, kv_heads=h_kv or h, seq_len=n, head_dim=d, mask=mask, dtype="bf16",
                fwd_flops=fwd_flops(b, h, n, d, mask))
 
-    def ours_fb():    # what flash_attention runs when an input requires grad
-        o = attention_with_grad(*leaves, mask=mask)
+    def ours_fb():
+        o = flash_attention(*leaves, mask=mask)
         return torch.autograd.grad(o, leaves, do)
 
     def sdpa(q, k, v):    # GQA: SDPA on K, V repeated per query head (their gradients summed back)

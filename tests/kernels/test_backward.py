@@ -36,9 +36,13 @@ def make(b, h, h_kv, n_q, n_k, d, dtype=torch.float32, device="cpu", seed=0):
     return [t.to(dtype).to(device) for t in (q, k, v, do)]
 
 
-def ours(q, k, v, do, mask, **kw):
+def ours(q, k, v, do, mask, bwd_config=None, **kw):
+    """Output and gradients through the public call (with tiles of its own: the Function it uses)."""
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    o = attention_with_grad(q, k, v, mask, **kw)
+    if bwd_config is None:
+        o = flash_attention(q, k, v, mask, **kw)
+    else:
+        o = attention_with_grad(q, k, v, mask, bwd_config=bwd_config, **kw)
     o.backward(do)
     return o.detach(), q.grad, k.grad, v.grad
 
@@ -101,7 +105,7 @@ def test_gradient_through_the_lse():
     q, k, v, do = make(1, 2, 2, 33, 41, 16, seed=3)
     w = torch.randn(1, 2, 33, generator=torch.Generator().manual_seed(4))
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    o, lse = attention_with_grad(*leaves, "prefix_lm:10", return_lse=True)
+    o, lse = flash_attention(*leaves, "prefix_lm:10", return_lse=True)
     ((o * do).sum() + (lse * w).sum()).backward()
     refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     o64, lse64 = dense_attention(*refs, "prefix_lm:10")
@@ -111,7 +115,7 @@ def test_gradient_through_the_lse():
         assert rel_err(x.grad, r.grad) < 1e-5
     # only the lse in the loss: dO is zero
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    _, lse = attention_with_grad(*leaves, "causal", return_lse=True)
+    _, lse = flash_attention(*leaves, "causal", return_lse=True)
     lse.sum().backward()
     refs = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     dense_attention(*refs, "causal")[1].sum().backward()
@@ -142,7 +146,7 @@ def test_strided_inputs_and_upstream_gradient():
     buffers = [t.transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v)]
     views = [t.transpose(1, 2) for t in buffers]
     assert not any(t.is_contiguous() for t in views)
-    o = attention_with_grad(*views, "sliding_window:9")
+    o = flash_attention(*views, "sliding_window:9")
     o.backward(do.transpose(1, 2).contiguous().transpose(1, 2))
     ref = float64_grads(q, k, v, do, "sliding_window:9")
     for x, r in zip(buffers, ref[1:]):

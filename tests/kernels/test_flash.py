@@ -212,12 +212,23 @@ def test_bad_block_settings_say_what_is_accepted(kw, fragment, device):
         "(1, 2, 3" in str(exc.value)
 
 
-def test_inputs_that_require_grad_are_refused(device):
+def test_inputs_that_require_grad_get_gradients(device):
+    # differentiable (kernels.backward); gradients against float64 autograd in tests/kernels/test_backward.py
     q = torch.randn(1, 1, 16, 32, device=device, requires_grad=True)
     k = torch.randn(1, 1, 16, 32, device=device)
-    with pytest.raises(ValueError, match="forward-only.*scaled_dot_product_attention"):
-        flash_attention(q, k, k)
+    out = flash_attention(q, k, k, block_m=16, block_n=16)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
     ref, _, _ = reference_attention(q, k, k)
-    with torch.no_grad():                       # inference on a model's parameters is fine
-        assert rel_err(flash_attention(q, k, k, block_m=16, block_n=16), ref) < 1e-3
+    assert rel_err(out.detach(), ref) < 1e-3
+    with torch.no_grad():                       # inference on a model's parameters: the plain forward
+        plain = flash_attention(q, k, k, block_m=16, block_n=16)
+        assert plain.grad_fn is None and rel_err(plain, ref) < 1e-3
     assert rel_err(flash_attention(q.detach(), k, k, block_m=16, block_n=16), ref) < 1e-3
+
+
+def test_internal_launch_refuses_inputs_that_require_grad(device):
+    q = torch.randn(1, 1, 16, 32, device=device, requires_grad=True)
+    with pytest.raises(ValueError, match="forward-only.*flash_attention, which is differentiable"):
+        launch_attention(q, q.detach(), q.detach())
