@@ -23,6 +23,7 @@ _LAZY = {
     "SUPPORTED_DTYPES": "shapes", "naive_attention": "naive", "reference_attention": "reference",
     "reference_lse": "reference", "softmax_scale": "shapes", "padded_head_dim": "shapes",
     "flash_decode": "decode", "reference_decode": "decode_reference", "flash_attention_varlen": "varlen",
+    "flash_attention_backward": "backward",
 }
 
 

@@ -253,7 +253,8 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
                          "pass .contiguous() caches (a copy of the whole cache would be hidden otherwise)")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
         raise ValueError("flash_decode is forward-only (no backward pass): the output would carry no "
-                         "gradient. For training use torch.nn.functional.scaled_dot_product_attention; "
+                         "gradient. For training use kernels.flash_attention (differentiable) or "
+                         "torch.nn.functional.scaled_dot_product_attention; "
                          "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
     check_kernel_device(q.device)
     lengths = np.full(b, n_max)
