@@ -10,6 +10,7 @@ import kernels.launch as launch
 import kernels.plan as plan_mod
 import kernels.runtime as runtime
 from kernels import flash_attention, parse_mask, reference_attention
+from kernels.flash import launch_attention
 from kernels.launch_cache import BoundedCache
 from kernels.plan import block_plan
 
@@ -42,8 +43,9 @@ def test_a_call_shape_resolves_once_and_the_plan_is_frozen():
 def test_a_cached_plan_still_refuses_what_the_call_cannot_do():
     q, k, v = qkv()
     flash_attention(q, k, v, mask="full")
-    with pytest.raises(ValueError, match="forward-only"):
-        flash_attention(q.clone().requires_grad_(), k, v, mask="full")
+    with pytest.raises(ValueError, match="forward-only"):       # the internal launch has no backward
+        launch_attention(q.clone().requires_grad_(), k, v, mask="full")
+    assert flash_attention(q.clone().requires_grad_(), k, v, mask="full").grad_fn is not None   # differentiable
     with pytest.raises(ValueError, match="sm_scale"):
         flash_attention(q, k, v, mask="full", sm_scale=-1.0)
     ref, _, _ = reference_attention(q, k, v, mask="full", sm_scale=0.5)
