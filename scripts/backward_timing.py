@@ -151,7 +151,8 @@ def main():
                             cudnn_version=torch.backends.cudnn.version(),
                             date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                             command="python scripts/backward_timing.py " + " ".join(sys.argv[1:]),
-                            default_config={str(d): backward_config(d, torch.bfloat16, "cuda").__dict__ for d in (64, 128, 256)},
+                            default_config={str(d): backward_config(d, torch.bfloat16, "cuda").__dict__
+                                            for d in (64, 128, 256)},
                             flops="forward 4*B*H*D*visible pairs; backward 2.5x, forward+backward 3.5x"),
                   sweep=[], cases=[])
     path = Path(args.out) / f"backward-{slug}.json"
