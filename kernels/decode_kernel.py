@@ -43,18 +43,16 @@ KV_EVICT = tl.constexpr("evict_first")
 
 
 @triton.jit
-def _page_slots(offs_n, start, hi, table_row, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """(page, slot) of the keys offs_n (= start + 0..BLOCK_N-1) in a paged cache, int64: a tile
-    inside one page (BLOCK_N divides PAGE_SIZE) costs one table entry (page a scalar); a tile over
-    several pages gathers one entry per key (from L1)."""
+def _table_entries(start, hi, table_row, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The pages of the tile of keys start + 0..BLOCK_N-1 (keys from hi on read entry 0), int64:
+    a tile inside one page (BLOCK_N divides PAGE_SIZE) costs one table entry (a scalar); a tile
+    over several pages gathers one entry per key (from L1)."""
     if PAGE_SIZE % BLOCK_N == 0:
-        first = start // PAGE_SIZE
-        page = tl.load(table_row + first).to(tl.int64)
-        slot = (offs_n - first * PAGE_SIZE).to(tl.int64)
+        page = tl.load(table_row + start // PAGE_SIZE, mask=start < hi, other=0).to(tl.int64)
     else:
+        offs_n = start + tl.arange(0, BLOCK_N)
         page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
-        slot = (offs_n % PAGE_SIZE).to(tl.int64)
-    return page, slot
+    return page
 
 
 @triton.jit
@@ -67,10 +65,18 @@ def _kv_loop(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, desc_row, stride_
     is row j % PAGE_SIZE of page table_row[j // PAGE_SIZE] (k_base, v_base: the KV head's offset)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
+    if PAGED:
+        page_next = _table_entries(lo, hi, table_row, BLOCK_N, PAGE_SIZE)
+    else:
+        page_next = lo.to(tl.int64)          # unused
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + offs_n0
         if PAGED:
-            page, slot = _page_slots(offs_n, start, hi, table_row, BLOCK_N, PAGE_SIZE)
+            # the next tile's table entries are loaded here, a tile ahead of their use, so the
+            # K/V loads never wait on a table load
+            page = page_next
+            page_next = _table_entries(start + BLOCK_N, hi, table_row, BLOCK_N, PAGE_SIZE)
+            slot = (offs_n % PAGE_SIZE).to(tl.int64)
             k_rows = page * stride_kp + slot * stride_kn
             v_rows = page * stride_vp + slot * stride_vn
         else:

@@ -28,6 +28,7 @@ from benchmarks import rel_error, run_meta  # noqa: E402
 from instrumentation.recording.decode import measure_copy_bandwidth  # noqa: E402
 from instrumentation.recording.timing import time_graph_ms  # noqa: E402
 from kernels import flash_decode  # noqa: E402
+from kernels.decode import decode_plan  # noqa: E402
 from kernels.paged import paginate  # noqa: E402
 
 H, H_KV, D = 32, 8, 128
@@ -52,13 +53,19 @@ def main(argv=None) -> int:
     q = torch.randn(b, H, 1, D, generator=g, device=dev, dtype=torch.bfloat16)
     k, v = (torch.randn(b, H_KV, n, D, generator=g, device=dev, dtype=torch.bfloat16) for _ in range(2))
     lens = torch.full((b,), n, dtype=torch.int32, device=dev)
-    calls = {"contiguous": lambda: flash_decode(q, k, v, lens)}
+    # prepared plans: the checked call reads cache_seqlens on the host, which a CUDA graph cannot hold
+    plan = decode_plan(q, k)
+    calls = {"contiguous": lambda: flash_decode(q, k, v, lens, plan=plan)}
     for page in (int(x) for x in args.pages.split(",")):
         kp, vp, table = paginate(k, v, page, generator=torch.Generator().manual_seed(page))
-        calls[f"paged:{page}"] = (lambda kp=kp, vp=vp, table=table: flash_decode(q, kp, vp, lens, block_table=table))
+        flash_decode(q, kp, vp, lens, block_table=table)                   # the checks, once
+        pp = decode_plan(q, kp, block_table=table)
+        calls[f"paged:{page}"] = (lambda kp=kp, vp=vp, table=table, pp=pp: flash_decode(q, kp, vp, lens, plan=pp,
+                                                                                        block_table=table))
         if page < 64:      # also tiles of one page each (one table entry per tile, not one per key)
-            calls[f"paged:{page}:block_n{page}"] = (lambda kp=kp, vp=vp, table=table, page=page: flash_decode(
-                q, kp, vp, lens, block_table=table, block_n=page))
+            pn = decode_plan(q, kp, block_n=page, block_table=table)
+            calls[f"paged:{page}:block_n{page}"] = (lambda kp=kp, vp=vp, table=table, pn=pn: flash_decode(
+                q, kp, vp, lens, plan=pn, block_table=table))
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
