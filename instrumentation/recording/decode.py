@@ -33,6 +33,7 @@ from kernels.decode import (DecodePlan, check_decode_inputs, decode_plan, flash_
 from ..trace import SCHEMA_VERSION, Trace
 from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, DTYPES, environment
+from .paged import paged_meta, pages_table
 from .timing import l2_flusher, time_graph_ms, time_ms
 
 COPY_BYTES = 1 << 30      # the copy benchmark moves a 1 GiB buffer (read once, written once)
@@ -86,7 +87,7 @@ def decode_bytes(plan: DecodePlan, seq_lens: np.ndarray, elem: int) -> dict:
 
 def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
                   block_n=None, num_warps=None, num_stages=None, fused_merge=True, measure=True,
-                  meta_extra=None):
+                  meta_extra=None, *, block_table=None):
     """Run split-KV decoding with tracing; return (out, Trace). See the module doc for tables.
 
     measure: on CUDA, also time the untraced op, stage 1 alone (with the fused merge, the whole
@@ -94,12 +95,14 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     fresh allocation: the same bytes, so the same time), the traced op, and the copy bandwidth.
     The timeline itself is one traced run after a warm-up and, on CUDA, a read flush of the L2
     (as `time_graph_ms(flush="read")` before each replay: none of the cache in L2, no dirty lines).
+    block_table: a paged cache (kernels.paged); the trace then holds the `pages` table and meta
+    `paged` (instrumentation.recording.paged).
     """
-    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale)
-    plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge)
+    block_table = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_table)
+    plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge, block_table)
     b, h, n_q, d = q.shape
     dev = q.device
-    call = dict(cache_seqlens=cache_seqlens, sm_scale=sm_scale, plan=plan)    # as the caller passed it
+    call = dict(cache_seqlens=cache_seqlens, sm_scale=sm_scale, plan=plan, block_table=block_table)
     if cache_seqlens is None:
         cache_seqlens = torch.full((b,), plan.n_max, dtype=torch.int32, device=dev)
     cache_seqlens = cache_seqlens.to(torch.int32)
@@ -189,6 +192,10 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
         "stage1_ms": timing.get("stage1_ms"), "stage2_ms": timing.get("stage2_ms"),
         "source": "live",
     }
+    paged = {}
+    if block_table is not None:
+        meta["paged"] = paged_meta(block_table, k_cache)
+        paged["pages"] = pages_table(splits, block_table, k_cache.shape[1])
     if meta_extra:
         meta.update(meta_extra)
     work = _work_from_splits(splits, plan)
@@ -200,7 +207,7 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     rows = pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
         ("bh", "int32"), ("q_row", "int32"), ("k_block", "int32"), ("m", "float64"), ("l", "float64")]})
     return out, Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows, splits=splits,
-                      partials=partials, merge=merge)
+                      partials=partials, merge=merge, **paged)
 
 
 def _decode_splits(buf, plan: DecodePlan, hw: bool, elem: int, t0: int) -> pd.DataFrame:

@@ -96,6 +96,20 @@ register_table("merge", ["b", "kv_head", "row_block"],
                {"b": _b, "kv_head": _h_kv, "row_block": bounds.decode_row_blocks, "split": bounds.splits,
                 "sm": bounds.sm_bound},
                key=("b", "kv_head", "row_block"))
+# paged decode steps (instrumentation.recording.paged): the pages each program read, in order;
+# meta['paged'] bounds them (a trace without it can hold no pages rows)
+def _paged(m, key):
+    value = m["paged"].get(key) if isinstance(m.get("paged"), dict) else None
+    sane = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= bounds.MAX_SEQ_LEN
+    return value if sane else 0
+
+
+register_table("pages", ["b", "kv_head", "split", "logical_block", "physical_block", "order"],
+               lambda m: _b(m) * _h_kv(m) * bounds.decode_row_blocks(m) * _paged(m, "max_blocks"),
+               {"b": _b, "kv_head": _h_kv, "split": bounds.splits, "row_block": bounds.decode_row_blocks,
+                "logical_block": lambda m: _paged(m, "max_blocks"), "order": lambda m: _paged(m, "max_blocks"),
+                "physical_block": lambda m: _paged(m, "num_pages")},
+               key=("b", "kv_head", "row_block", "logical_block"))
 # ring recordings (instrumentation.recording.ring): one row per (rank, step), the traced rows'
 # per-chunk partial and merged state, and the modelled balance of both layouts; ranks and
 # steps are fewer than the chunks (n_q_blocks)
