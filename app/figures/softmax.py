@@ -103,8 +103,7 @@ def _step_heading(steps, i) -> str:
         f"α = {r.alpha_kernel:.4f}" + (" (the running max grew: old state rescaled)" if r.alpha_kernel < 1 else
                                        " (max unchanged)"))
     if r.n_visible == 0:
-        alpha = (f"0 of {r.key_end - r.key_start} keys visible to this row: computed for other rows of its "
-                 "Q block; nothing added")
+        alpha = f"0 of {r.key_end - r.key_start} keys visible to this row"
     return f"Step {i + 1} of {len(steps)}: K block {r.k_block} ({r.status}, {key_range(r.key_start, r.key_end)}); {alpha}"
 
 
@@ -112,7 +111,11 @@ def softmax_tile_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figu
     """The current tile's scores for this row (masked keys marked), with m before and after."""
     i = _step_index(steps, step)
     fig = go.Figure(_tile_traces(steps, i))
-    fig.update_layout(title=title(_step_heading(steps, i), _row_label(steps)),
+    sub = _row_label(steps)
+    if steps["n_visible"].iat[i] == 0:
+        sub += ("<br>the kernel computes this tile for other rows of the Q block; this row's scores are all "
+                "−∞, so nothing is added")
+    fig.update_layout(title=title(_step_heading(steps, i), sub),
                       xaxis_title="key position j", yaxis_title="score s = q·k/√d (natural units)",
                       template=TEMPLATE, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     return _caption(fig, steps)
@@ -307,7 +310,8 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     sub = (f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
            f"{len(steps)} of {n_kb} K blocks visited")
     if dead:
-        sub += f", {dead} of them with no key visible to this row (tiles are skipped per query block)"
+        sub += (f", {dead} of them with no key visible to this row<br>(the kernel skips whole "
+                "(Q block, K block) tiles, not single rows)")
     fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}", sub),
                       # tall enough for the 5-entry legend beside it (shorter, plotly scrolls it)
                       height=340, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
