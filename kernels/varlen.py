@@ -186,7 +186,8 @@ def _block_size(name: str, value, default: int) -> int:
 
 def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask="causal",
                            sm_scale=None, return_lse=False, block_m=None, block_n=None, *,
-                           block_table=None, trace: VarlenTraceBuffers | None = None):
+                           block_table=None, trace: VarlenTraceBuffers | None = None, num_warps=None,
+                           num_stages=None):
     """FlashAttention forward over a packed batch of sequences of different lengths (forward only).
 
     Arguments:
@@ -205,6 +206,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         block_table: (B, max_blocks) int32 page indices (chunked prefill over a paged cache): key j
             of sequence b is k[block_table[b, j // page_size], j % page_size].
         trace: a VarlenTraceBuffers() to fill with one record per program.
+        num_warps, num_stages: Triton launch options; None: the default config's.
     Returns:
         out (total_q, nheads, headdim), q's dtype; with return_lse (out, lse), lse (nheads, total_q)
         float32 natural log (flash-attention's layout). A row that sees no key: out 0, lse -inf."""
@@ -272,7 +274,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         EVEN_D=d == d_pad, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, RETURN_LSE=bool(return_lse),
         TRACE=trace is not None, HW_CLOCK=hw_clock,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages)
     return (o, lse) if return_lse else o
 
 

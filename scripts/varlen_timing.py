@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--lens", default="8192,4096,3000,2048,1024,512,256,100,1")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-flex", action="store_true")
+    p.add_argument("--sweep", default="", help="also time varlen at these block_m/block_n/warps/stages, "
+                   "e.g. 128/64/8/3,128/128/8/2")
     return p.parse_args(argv)
 
 
@@ -69,6 +71,10 @@ def main(argv=None) -> int:
              "sdpa_per_sequence": sdpa_each}
     unpad = lambda o: torch.cat([o[i, :, :lens[i]].transpose(0, 1) for i in range(len(lens))])  # noqa: E731
     check = {"padded": unpad}
+    for cfg in filter(None, args.sweep.split(",")):
+        bm, bn, w, st = (int(x) for x in cfg.split("/"))
+        calls[f"varlen:{cfg}"] = (lambda bm=bm, bn=bn, w=w, st=st: flash_attention_varlen(
+            q, k, v, cu, cu, n_max, n_max, block_m=bm, block_n=bn, num_warps=w, num_stages=st))
     if not args.no_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
