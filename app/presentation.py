@@ -20,7 +20,9 @@ CSS = """
 [data-testid="stExpandSidebarButton"], [data-testid="stHeader"], [data-testid="stDecoration"] {
   display: none !important;
 }
-[data-testid="stMainBlockContainer"] { max-width: none; padding: 0.5rem 1rem 2rem; }
+/* the first slide starts below the fixed Controls pill and Leave button (TOP_PX), as every slide
+   the keyboard brings up does: neither covers a chart's title */
+[data-testid="stMainBlockContainer"] { max-width: none; padding: 2.7rem 1rem 2rem; }
 /* banners and the words between charts: a slide is the chart (errors and warnings stay) */
 [data-testid="stElementContainer"]:has([data-testid="stAlertContentInfo"]),
 [data-testid="stElementContainer"]:has([data-testid="stAlertContentSuccess"]),
@@ -37,8 +39,8 @@ CSS = """
 .st-key-slide_controls:hover, .st-key-slide_controls:has(details[open]) { opacity: 1; }
 .st-key-slide_controls:has(details[open]) { width: min(64rem, calc(100vw - 14rem)) !important; background: #fff; }
 /* one chart per screen, at its own 16:9 slide size, scaled to the window (script below) */
-[data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"]) {
-  margin: calc((100vh - 4.5rem) * 0.02) 0; scroll-margin-top: 0.4rem;
+[data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"]) {
+  margin: calc((100vh - 4.5rem) * 0.02) 0;
 }
 [data-testid="stPlotlyChart"] { width: auto !important; }
 /* buttons and menus under a chart stay above it: the scaled chart keeps its unscaled layout box,
@@ -87,13 +89,15 @@ CSS = """
 # Scale each chart so its whole slide fits the window (a CSS transform: Plotly maps the pointer
 # through it, and Streamlit still lays the chart out at its own size); runs again as charts re-render or the window
 # changes, and undoes itself when presentation mode ends (the Leave button is gone).
-RESERVED_PX = 104      # window height kept free of the slide: page padding, the chart's margins, its export row
+TOP_PX = 56            # a slide's top edge in the window: below the fixed Controls pill and Leave button
+RESERVED_PX = 106      # window height kept free of the slide (and its two 2 % margins): the page's top
+                       # padding, the gap and export row under the chart
 
 FIT = """
 <script>
 (() => {
   if (window.__tilescopeFit) return;
-  const RESERVED_PX = __RESERVED_PX__;
+  const RESERVED_PX = __RESERVED_PX__, TOP_PX = __TOP_PX__;
   const fit = () => {
     const on = !!document.querySelector('.st-key-leave_present');
     const main = document.querySelector('[data-testid="stMainBlockContainer"]');
@@ -110,7 +114,8 @@ FIT = """
       const [fw, fh] = size;
       const bar = document.querySelector('[class*="st-key-slide_step_bar"]');   // fixed at the bottom
       // the slide and the row of export buttons under it fit the window (above the step bar)
-      const W = main.clientWidth - 32, H = window.innerHeight - RESERVED_PX - (bar ? bar.offsetHeight : 0);
+      const margin = (window.innerHeight - 72) * 0.02;     // the chart's own top and bottom margin (CSS)
+      const W = main.clientWidth - 32, H = window.innerHeight - RESERVED_PX - 2 * margin - (bar ? bar.offsetHeight : 0);
       const z = Math.min(W / fw, H / fh);
       const want = {transform: `scale(${z.toFixed(3)})`,
                     marginLeft: `${Math.max(0, (W - fw * z) / 2).toFixed(0)}px`,
@@ -127,7 +132,7 @@ FIT = """
   window.__tilescopeFit = setInterval(fit, 300);
   // next / previous slide: PageDown or → / PageUp or ←: scroll the next chart's top to the top
   // of the window (a chart fits above the step bar, so it is seen whole); typing in a control is left alone
-  const charts = () => [...document.querySelectorAll('[data-testid="stElementContainer"]:has(> [data-testid="stPlotlyChart"])')]
+  const charts = () => [...document.querySelectorAll('[data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"])')]
     .filter(c => c.offsetHeight > 0);
   window.addEventListener('keydown', e => {
     if (!document.querySelector('.st-key-leave_present') || e.altKey || e.ctrlKey || e.metaKey) return;
@@ -138,12 +143,17 @@ FIT = """
     const list = charts();
     if (!list.length) return;
     const tops = list.map(c => c.getBoundingClientRect().top);
-    // the current slide: the last chart whose top is at or above the window's upper part
+    // the current slide: the last chart whose top is in the window's upper part (or above it)
     let cur = -1;
-    tops.forEach((top, i) => { if (top <= 24) cur = i; });
+    tops.forEach((top, i) => { if (top <= window.innerHeight * 0.4) cur = i; });
     const next = Math.max(0, Math.min(list.length - 1, step > 0 ? cur + 1 : (tops[Math.max(cur, 0)] < -4 ? cur : cur - 1)));
     e.preventDefault();
-    list[next].scrollIntoView({block: 'start', behavior: 'instant'});
+    // scroll the page's own container (scrollIntoView would also scroll sideways: the chart's
+    // layout box is its unscaled slide size)
+    const box = list[next].getBoundingClientRect();
+    const sc = document.querySelector('[data-testid="stMain"]');
+    if (sc && sc.scrollHeight > sc.clientHeight) sc.scrollTo({top: sc.scrollTop + box.top - TOP_PX, behavior: 'instant'});
+    else window.scrollBy({top: box.top - TOP_PX, behavior: 'instant'});
     window.__tilescopeSlide = next;
   }, true);
   window.addEventListener('resize', fit);
@@ -159,6 +169,7 @@ def _leave() -> None:
 def apply() -> None:
     """Turn the page into slides (call once per run, before the view draws)."""
     st.html(CSS)
-    st.html(FIT.replace("__RESERVED_PX__", str(RESERVED_PX)), unsafe_allow_javascript=True)
+    st.html(FIT.replace("__RESERVED_PX__", str(RESERVED_PX)).replace("__TOP_PX__", str(TOP_PX)),
+            unsafe_allow_javascript=True)
     st.button("✕ Leave presentation", key="leave_present", on_click=_leave,
               help="back to the normal view with the sidebar (the link's present=1 goes too)")

@@ -154,7 +154,7 @@ def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict
     page = ctx.new_page()
     page.set_default_timeout(300_000)       # the first visit loads the 16k recording on a loaded machine
     page.goto(f"{url}/?page=schedule&source=recorded&trace={rec_big.name}")
-    settle(page, titles_js("Work items on SMs"))
+    settle(page, titles_js("Work items on SMs"), timeout_ms=300_000)
     for i in range(repeats + 1):
         page.get_by_role("button", name=re.compile("Export chart")).first.click()
         png = page.get_by_role("button", name="⬇ PNG").first
@@ -169,7 +169,7 @@ def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict
         time.sleep(0.5)
     page.goto(f"{url}/?page=online_softmax&source=recorded&trace={rec_small.name}&sm_step=1")
     page.wait_for_function("() => document.body.innerText.includes('Step 1/')")
-    settle(page, titles_js(""))
+    settle(page, titles_js(""), timeout_ms=300_000)
     for k in range(2, repeats + 3):
         started = time.perf_counter()
         page.get_by_role("button", name="Next").first.click()
@@ -181,12 +181,24 @@ def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict
     return out
 
 
-def interactions_side_by_side(browser, data: Path, big, small, other: Path | None, repeats: int) -> dict:
+def interactions_side_by_side(browser, data: Path, big, small, other: Path | None, repeats: int,
+                              urls: list[str] | None = None) -> dict:
     """export_and_step on this checkout's app and, given `other` (a checkout, e.g. `git worktree
-    add /tmp/old <commit>`), on that one served at once, alternating which goes first per round."""
+    add /tmp/old <commit>`), on that one served at once, alternating which goes first per round;
+    `urls`: time servers already running instead ([this, other])."""
     from app.devtools import running_app
 
     res: dict = {"trace_export": big.name, "trace_softmax": small.name}
+    if urls:            # servers already running (this app's, then the other checkout's)
+        res["urls"] = urls
+        for i in range(2):
+            for key in (("this", "other") if i % 2 == 0 else ("other", "this"))[:len(urls)]:
+                got = export_and_step(browser, urls[0 if key == "this" else 1], big, small, max(1, repeats // 2))
+                for name, xs in got.items():
+                    res.setdefault(key, {}).setdefault(name, []).extend(xs)
+        if other is not None:
+            res["other"], res["other_commit"] = str(other), git_commit(other)
+        return res
     with running_app(data, None) as this:
         servers = {"this": this.url}
         if other is None:
@@ -309,6 +321,9 @@ def main(argv=None) -> int:
     ap.add_argument("--interactions", nargs="?", const="", default=None, metavar="CHECKOUT",
                     help="only time an export click and an online-softmax step (beside CHECKOUT's app "
                          "when given) and merge them into --json as 'interactions', keeping its other fields")
+    ap.add_argument("--urls", default=None, metavar="THIS[,OTHER]",
+                    help="with --interactions: time these running servers (this app's, then CHECKOUT's) "
+                         "instead of starting them")
     ap.add_argument("--browser-ui", action="store_true",
                     help="leave on the omnibox WebUI that new headless Chromium builds for every new "
                          "window (app.devtools.CHROMIUM_ARGS turns it off)")
@@ -343,7 +358,7 @@ def main(argv=None) -> int:
             try:
                 res = interactions_side_by_side(browser, data, big, default_like[0],
                                                 Path(args.interactions).resolve() if args.interactions else None,
-                                                args.repeats)
+                                                args.repeats, args.urls.split(",") if args.urls else None)
                 res["machine"] = machine_info(browser.version)
                 res["command"] = "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:])
             finally:
