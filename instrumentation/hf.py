@@ -20,8 +20,9 @@ The mask transformers builds for our name is its own SDPA mask: None where the p
 causal, a boolean (B, 1, N_q, N_k) tensor otherwise. A given mask is compared with the kernel's
 pattern, entry by entry, and any difference is refused (a padded batch, a packed or custom
 mask). Refused as well, each in one ValueError line: logit soft-capping, dropout, ALiBi and other
-position biases, attention sinks, and gradients (the kernels are forward-only). Nothing is
-computed silently different from what the model asks for.
+position biases, attention sinks, and gradients through decode steps or a capture (prefill
+trains through flash_attention's autograd). Nothing is computed silently different from what the
+model asks for.
 """
 
 from __future__ import annotations
@@ -127,16 +128,13 @@ def _refuse(module, query, key, value, dropout, softcap, kwargs) -> None:
                          "Tilescope's kernel; keep attn_implementation='eager' for this model")
     if dropout:
         raise ValueError(f"{where}: attention dropout {dropout} (training) is not supported: Tilescope's "
-                         "kernel is forward-only; call model.eval() or train with 'sdpa'")
+                         "kernel has no dropout; call model.eval() or train with 'sdpa'")
     if kwargs.get("position_bias") is not None or kwargs.get("alibi") is not None:
         raise ValueError(f"{where}: ALiBi / position biases added to the scores are not supported by "
                          "Tilescope's kernel; keep this model on 'eager' or 'sdpa'")
     if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
         raise ValueError(f"{where}: attention sinks are not supported by Tilescope's kernel; keep this "
                          "model on 'eager'")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        raise ValueError(f"{where}: Tilescope's kernel is forward-only (no gradients): run the model "
-                         "under torch.no_grad() (generate does), or use 'sdpa' for training")
     if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
         raise ValueError(f"{where}: query, key and value head dims differ ({query.shape[-1]}, "
                          f"{key.shape[-1]}, {value.shape[-1]}); the kernel needs one head dim")
@@ -236,6 +234,11 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     k = key[:, :, plan["k_start"]:plan["k_end"]]
     v = value[:, :, plan["k_start"]:plan["k_end"]]
     capture = _CAPTURE[-1] if _CAPTURE else None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)) and \
+            (plan["phase"] == "decode" or capture is not None):
+        # prefill trains through flash_attention's autograd; decode and traced calls do not
+        raise ValueError(f"layer {plan['layer']}: decode steps and captured calls are forward-only (no "
+                         "gradients): run them under torch.no_grad() (generate does)")
     if capture is not None and capture.wants(plan["layer"]):
         out = capture.record_call(plan, query, k, v, scaling)
     elif plan["phase"] == "decode":

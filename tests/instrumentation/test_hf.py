@@ -109,7 +109,8 @@ def test_refusals_are_one_line(device):
         one_line_refusal(lambda: model.generate(ids, attention_mask=padded, max_new_tokens=2), "takes no padding")
         # an unpadded batch (all ones) runs
         assert model(ids, attention_mask=torch.ones_like(padded)).logits.shape == (2, 10, 128)
-    one_line_refusal(lambda: model(ids), "forward-only")                # gradients on
+    with hf.capture(model), torch.enable_grad():
+        one_line_refusal(lambda: model(ids), "forward-only")            # gradients on, traced
     model.train()
     model.config.attention_dropout = 0.1
     for layer in model.model.layers:
@@ -215,3 +216,20 @@ def test_llama3_8b_shaped_top1_agreement_with_sdpa_is_at_least_eagers():
     model = build_model(layers=4, intermediate=1024, device="cuda")
     agreement = top1_agreement(model, prompt(1024, model.config.vocab_size, "cuda"))
     assert agreement["tilescope"] >= agreement["eager"] > 0.5, agreement
+
+
+def test_prefill_trains_through_the_kernel_like_eager(device):
+    """Gradients of every weight through our attention match eager attention's (float32)."""
+    grads = {}
+    for impl in ("eager", "tilescope"):
+        model = tiny_model("LlamaForCausalLM", device)
+        if impl == "tilescope":
+            hf.use_tilescope(model)
+        ids = prompt(12, batch=2, device=device)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        grads[impl] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads["eager"].keys() == grads["tilescope"].keys() and grads["eager"]
+    for name, g in grads["eager"].items():
+        err = (grads["tilescope"][name] - g).abs().max().item()
+        assert err <= 1e-4 * max(1.0, g.abs().max().item()), (name, err)
