@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from .runtime import INTERPRETER_MAX_TILES
 
-# The most tiles a block map may have (the same bound as the largest map a page draws,
-# instrumentation.trace.bounds.MAX_TILE_GRID). Planning costs about 24 bytes per tile on the
-# host at its peak (the map, its difference array, the sorted block lists), so a plan stays
-# near 400 MB: N = 131072 in 128 x 64 blocks is 2^21 tiles, N = 2^20 fits in 256 x 256 blocks
-# (2^24); N = 262144 in 16 x 16 blocks (2^28) would take minutes and GBs before any kernel ran.
-MAX_BLOCK_MAP_ENTRIES = 1 << 24
+# The most tiles a block map may have. Planning costs about 24 bytes per tile on the host at its
+# peak (the map, its difference array, the sorted block lists), so a plan stays near 1.6 GB:
+# N = 2^20 fits in 128 x 128 blocks (2^26, a real long-context call on a GPU host); N = 262144 in
+# 16 x 16 blocks (2^28) would take minutes and GBs before any kernel ran. Pages draw smaller maps
+# (instrumentation.trace.bounds.MAX_TILE_GRID), and the interpreter refuses far earlier by tiles.
+MAX_BLOCK_MAP_ENTRIES = 1 << 26
 
 
 def block_grid(n_q: int, n_k: int, block_m: int, block_n: int) -> tuple[int, int]:

@@ -21,7 +21,7 @@ except ValueError as exc:
 @pytest.mark.parametrize("n,block,mask,fragment", [
     (262144, 16, "causal", "block grid"),                   # was 23 s / 5.3 GB building the map
     (1 << 20, None, "causal", "block grid"),                # was a MemoryError
-    (1 << 20, 128, "sliding_window:1", "block grid"),
+    (1 << 20, 64, "sliding_window:1", "block grid"),
     (1 << 20, 256, "causal", "too much for the CPU interpreter"),
     (1 << 20, 256, "full", "too much for the CPU interpreter"),
 ])

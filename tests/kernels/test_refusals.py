@@ -42,9 +42,9 @@ def test_huge_calls_are_refused_before_any_block_map(monkeypatch, n, block, devi
 
 
 def test_block_grid_bound_is_arithmetic_and_shared():
-    assert block_grid(1 << 20, 1 << 20, 256, 256) == (4096, 4096)          # 2^24: allowed
+    assert block_grid(1 << 20, 1 << 20, 128, 128) == (8192, 8192)          # 2^26: allowed
     with pytest.raises(ValueError, match="block grid"):
-        block_grid(1 << 20, 1 << 20, 128, 128)
+        block_grid(1 << 20, 1 << 20, 64, 128)
     with pytest.raises(ValueError, match="block grid"):
         block_grid(262144, 262144, 16, 16)
     assert masks.MAX_BLOCK_MAP_ENTRIES == MAX_BLOCK_MAP_ENTRIES
