@@ -197,14 +197,14 @@ def interactions_side_by_side(browser, data: Path, big, small, other: Path | Non
                 for name, xs in got.items():
                     res.setdefault(key, {}).setdefault(name, []).extend(xs)
         if other is not None:
-            res["other"], res["other_commit"] = str(other), git_commit(other)
+            res["other_checkout"], res["other_commit"] = str(other), git_commit(other)
         return res
     with running_app(data, None) as this:
         servers = {"this": this.url}
         if other is None:
             res["this"] = export_and_step(browser, this.url, big, small, repeats)
             return res
-        res["other"], res["other_commit"] = str(other), git_commit(other)
+        res["other_checkout"], res["other_commit"] = str(other), git_commit(other)
         with running_app(data, None, app=other / "app" / "main.py", env={"PYTHONPATH": str(other)}) as that:
             servers["other"] = that.url
             for i in range(2):

@@ -201,10 +201,9 @@ if st.toggle("Show the order the kernel really ran the work items in (trace.work
         "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
     st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
-# kaleido's seconds per rendered video frame (16k causal schedule, loaded 2-CPU machine), the
-# estimate shown until this session has rendered a video at that size (then its measured rate)
+# seconds per rendered video frame, all in (kaleido's frame, encoding; 16k causal schedule, loaded
+# 2-CPU machine): the estimate until this session has made a video at that size, then its own rate
 SECONDS_PER_FRAME = {(960, 540): 0.75, (1920, 1080): 1.2}
-RENDER_START_S = 3.0                # the renderer's start, before the first frame
 VIDEO_SECONDS = [5, 10, 15, 20, 30]  # a lecture wants 10-20 s
 VIDEO_FPS = [8, 12, 24]
 
@@ -231,7 +230,7 @@ def video_downloads(bh: int) -> None:
         fps = v4.selectbox("Frames per second", VIDEO_FPS, key="sched_video_fps")
         rendered = min(export.MAX_ANIMATION_FRAMES, seconds * fps)
         rate = st.session_state.get("sched_video_rate", {}).get(size, SECONDS_PER_FRAME[size])
-        est = RENDER_START_S + rate * rendered
+        est = rate * rendered
         st.caption(f"{seconds * fps} video frames ({seconds} s at {fps} fps) from {rendered} distinct frames "
                    f"of the run{', each held ' + format(seconds * fps / rendered, '.2g') + '×' if rendered < seconds * fps else ''}; "
                    f"about {rate:.2g} s per frame to render.")
@@ -246,7 +245,7 @@ def video_downloads(bh: int) -> None:
                                                fps=fps, duration=seconds, size=size, presentation=s.present,
                                                progress=bar)
                 made = st.session_state["sched_video"] = (want, path.read_bytes())
-            per_frame = max(0.05, (time.monotonic() - began - RENDER_START_S) / max(1, len(fig.frames)))
+            per_frame = max(0.05, (time.monotonic() - began) / max(1, len(fig.frames)))
             st.session_state.setdefault("sched_video_rate", {})[size] = per_frame
         if made and made[0] == want:
             name = export.download_name(src, "whole-gpu-schedule", fmt)
