@@ -129,7 +129,34 @@ FIT = """
       for (let a = p.parentElement; a && a !== box.parentElement; a = a.parentElement) a.style.overflow = 'visible';
     });
   };
-  window.__tilescopeFit = setInterval(fit, 300);
+  // scroll the page's own container so a chart's top sits at TOP_PX (scrollIntoView would also
+  // scroll sideways: the chart's layout box is its unscaled slide size)
+  const show = el => {
+    const box = el.getBoundingClientRect();
+    const sc = document.querySelector('[data-testid="stMain"]');
+    if (sc && sc.scrollHeight > sc.clientHeight) sc.scrollTo({top: sc.scrollTop + box.top - TOP_PX, behavior: 'instant'});
+    else window.scrollBy({top: box.top - TOP_PX, behavior: 'instant'});
+  };
+  // a page whose own controls push its first slide under the step bar (online softmax) opens
+  // with that slide brought up whole, once per page: the bar never hides its axis titles
+  const firstWhole = () => {
+    const bar = document.querySelector('[class*="st-key-slide_step_bar"]');
+    const first = document.querySelector('[data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"])');
+    const plot = first && first.querySelector('.js-plotly-plot');
+    const page = location.pathname + '?' + (new URLSearchParams(location.search).get('page') || '');
+    if (!bar || !plot || !plot.style.transform || window.__tilescopeShown === page) return;
+    const r = plot.getBoundingClientRect();
+    // act once the page has stopped moving (three ticks alike): content drawn later above the
+    // chart would otherwise shift it after the scroll
+    const at = `${Math.round(r.top)},${Math.round(r.bottom)}`;
+    stable = at === lastAt ? stable + 1 : 0;
+    lastAt = at;
+    if (stable < 3) return;
+    window.__tilescopeShown = page;
+    if (r.bottom > window.innerHeight - bar.offsetHeight + 2) show(first);
+  };
+  let stable = 0, lastAt = '';
+  window.__tilescopeFit = setInterval(() => { fit(); firstWhole(); }, 300);
   // next / previous slide: PageDown or → / PageUp or ←: scroll the next chart's top to the top
   // of the window (a chart fits above the step bar, so it is seen whole); typing in a control is left alone
   const charts = () => [...document.querySelectorAll('[data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"])')]
@@ -142,19 +169,21 @@ FIT = """
     if (!step) return;
     const list = charts();
     if (!list.length) return;
-    const tops = list.map(c => c.getBoundingClientRect().top);
-    // the current slide: the last chart whose top is in the window's upper part (or above it)
+    // the current slide: the last chart whose top is at the slide position (or above it) or that
+    // is seen whole; below it the next (a first chart under the page's own controls is seen whole
+    // or not: PageDown then brings it up whole first)
+    const bar = document.querySelector('[class*="st-key-slide_step_bar"]');
+    const bottom = window.innerHeight - (bar ? bar.offsetHeight : 0);
+    const rects = list.map(c => (c.querySelector('.js-plotly-plot') || c).getBoundingClientRect());
+    const whole = r => r.top >= -2 && r.bottom <= bottom + 2;
     let cur = -1;
-    tops.forEach((top, i) => { if (top <= window.innerHeight * 0.4) cur = i; });
-    const next = Math.max(0, Math.min(list.length - 1, step > 0 ? cur + 1 : (tops[Math.max(cur, 0)] < -4 ? cur : cur - 1)));
+    rects.forEach((r, i) => { if (r.top <= TOP_PX + 4 || whole(r)) cur = i; });
+    let next;
+    if (step > 0) next = cur >= 0 && !whole(rects[cur]) && rects[cur].top > TOP_PX + 4 ? cur : cur + 1;
+    else next = cur >= 0 && rects[cur].top < TOP_PX - 4 ? cur : cur - 1;
+    next = Math.max(0, Math.min(list.length - 1, next));
     e.preventDefault();
-    // scroll the page's own container (scrollIntoView would also scroll sideways: the chart's
-    // layout box is its unscaled slide size)
-    const box = list[next].getBoundingClientRect();
-    const sc = document.querySelector('[data-testid="stMain"]');
-    if (sc && sc.scrollHeight > sc.clientHeight) sc.scrollTo({top: sc.scrollTop + box.top - TOP_PX, behavior: 'instant'});
-    else window.scrollBy({top: box.top - TOP_PX, behavior: 'instant'});
-    window.__tilescopeSlide = next;
+    show(list[next]);
   }, true);
   window.addEventListener('resize', fit);
 })();
