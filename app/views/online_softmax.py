@@ -81,8 +81,12 @@ def step(delta):
 b1, b2, b3, b4 = st.container(key=f"{presentation.STEP_BAR}_softmax").columns([1, 1, 1, 6])
 b1.button("First", icon=":material/first_page:", on_click=lambda: st.session_state.update(sm_step=1),
           key="sm_first")
-b2.button("Prev", icon=":material/chevron_left:", on_click=step, args=(-1,), key="sm_prev")
-b3.button("Next", icon=":material/chevron_right:", on_click=step, args=(1,), key="sm_next")
+# at either end the button that would do nothing is greyed out, not silently ignored
+at_step = int(st.session_state["sm_step"])
+b2.button("Prev", icon=":material/chevron_left:", on_click=step, args=(-1,), key="sm_prev",
+          disabled=at_step <= 1, help="the first step" if at_step <= 1 else None)
+b3.button("Next", icon=":material/chevron_right:", on_click=step, args=(1,), key="sm_next",
+          disabled=at_step >= n_steps, help="the last step: the row has seen every tile" if at_step >= n_steps else None)
 if n_steps > 1:
     b4.slider("Step (K tile in the kernel's order)", 1, n_steps, key="sm_step")
 i = int(st.session_state["sm_step"]) - 1
@@ -125,11 +129,11 @@ m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", diff(r.l_kernel, r.l_re
             delta_color="off", delta_arrow="off")
 m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
             diff(r.alpha_kernel, r.alpha_ref), delta_color="off", delta_arrow="off")
-m[3].metric("partial output off the final", "n/a" if not np.isfinite(r.out_rel_err) else percent(r.out_rel_err),
+m[3].metric("output error so far", "n/a" if not np.isfinite(r.out_rel_err) else percent(r.out_rel_err),
             help="‖O'/ℓ − O‖/‖O‖: the row's output if the softmax stopped after this step (keys so "
                  "far only) against the exact float64 output over every key; near 0 % after the last step")
 kerr = steps.attrs.get("kernel_out_rel_err")
-m[4].metric(f"kernel output error ({steps.attrs.get('dtype')})",
+m[4].metric(f"kernel O error ({steps.attrs.get('dtype')})",
             "n/a" if kerr is None or not np.isfinite(kerr) else f"{kerr:.2e}",
             help="the kernel's final O for this row vs the float64 reference")
 

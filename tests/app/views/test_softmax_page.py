@@ -39,6 +39,12 @@ def test_online_softmax_steps_through_the_kernel_state(data_dir):
     at.button(key="sm_next").click().run()
     assert at.session_state["sm_step"] == 2                  # steps count from 1
     assert any(t.startswith("Step 2 of") for t in titles(at))
+    assert at.button(key="sm_prev").disabled is False and at.button(key="sm_next").disabled is False
+    at.slider(key="sm_step").set_value(at.slider(key="sm_step").max).run()
+    assert at.button(key="sm_next").disabled, "Next at the last step must say it can go no further"
+    at.button(key="sm_first").click().run()
+    assert at.button(key="sm_prev").disabled and at.session_state["sm_step"] == 1
+    assert not any(len(m.label) > 22 for m in at.metric), [m.label for m in at.metric]   # fit 1280 px
     at.slider(key="sm_step").set_value(at.slider(key="sm_step").max).run()
     err = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Partial output error"))
     errors = err["data"][0]["customdata"]
@@ -96,7 +102,7 @@ def test_every_step_reads_in_plain_numbers(monkeypatch):
     at = _open(monkeypatch)
     last = at.slider(key="sm_step").max
     at.slider(key="sm_step").set_value(last).run()
-    share = [m for m in at.metric if m.label.startswith("partial output")][0].value
+    share = [m for m in at.metric if m.label.startswith("output error so far")][0].value
     assert share.endswith("%") and "e" not in share.lower(), share
     strip = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
                  if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("K blocks"))
