@@ -86,6 +86,19 @@ def sweep(p: Problem, ns, device: str = "H100") -> list[Estimate]:
     return [estimate_at(p, int(n), device) for n in ns]
 
 
+def first_oom(p: Problem, device: str, ests: list[Estimate]) -> int:
+    """The smallest N at which naive attention no longer fits `device` (Estimate.naive_fits),
+    bisected between the sweep's last fitting point and its first failing one (the sweep's grid
+    alone would name a grid point, up to 1.4x past the real limit). ests: sweep(p, ns, device)
+    with at least one failing point."""
+    bad = next(i for i, e in enumerate(ests) if not e.naive_fits)
+    lo, hi = (ests[bad - 1].n_k if bad else 0), ests[bad].n_k       # fits at lo (or nothing), not at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if estimate_at(p, mid, device).naive_fits else (lo, mid)
+    return hi
+
+
 def _n(ests) -> np.ndarray:
     return np.array([e.n_k for e in ests], float)
 
@@ -155,7 +168,7 @@ def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> g
                 name=f"naive does not fit the {dev}", marker=dict(symbol="x", size=10, color=colour, line=dict(width=1)),
                 text=[fmt_bytes(e.naive_peak_bytes, binary=True) for e in oom],
                 hovertemplate="N=%{x:,}: naive needs %{text} + Q, K, V: out of memory on the " + dev + "<extra></extra>"))
-            notes.append(f"naive needs more than the {dev}'s memory from N = {oom[0].n_k:,}")
+            notes.append(f"naive needs more than the {dev}'s memory from N = {first_oom(p, dev, es):,}")
         else:
             notes.append(f"naive fits the {dev} up to N = {es[-1].n_k:,}")
     _chosen_n(fig, n)
@@ -181,10 +194,13 @@ def traffic_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
         _line(fig, x, _field(ests, col), name, colour, dash=dash)
     _chosen_n(fig, n)
     byte_axis(fig, np.concatenate([_field(ests, c[0]) for c in cols]), title_text="HBM traffic")
-    e = ests[0]
+    e = min(ests, key=lambda x: abs(x.n_k - n))          # the tiles of the chosen N (they change with N)
+    tiles = sorted({(x.block_m, x.block_n) for x in ests})
+    varies = "" if len(tiles) == 1 else " (the default changes with N: " + ", ".join(
+        f"{bm}×{bn} from N = {min(x.n_k for x in ests if (x.block_m, x.block_n) == (bm, bn)):,}" for bm, bn in tiles) + ")"
     return _layout(fig, ests, "HBM traffic of one attention call", p,
                    f"K and V counted with H_kv = {e.kv_heads} heads and N_k keys, Q and O with H = {e.heads} and "
-                   f"N_q; tiles {e.block_m}×{e.block_n} (the kernel's default).")
+                   f"N_q; tiles {e.block_m}×{e.block_n} at the chosen N, the kernel's default{varies}.")
 
 
 def flops_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:

@@ -91,7 +91,10 @@ def test_memory_chart_marks_the_devices_and_where_naive_does_not_fit():
         oom = _trace(fig, f"naive does not fit the {dev}")
         assert list(oom.x) == [e.n_k for e in es if not e.naive_fits] and len(oom.x)
         assert set(oom.y) == {es[0].device_memory_bytes}          # marked on that device's line
-        assert f"from N = {oom.x[0]:,}" in all_text(fig)
+        # the caption names the exact first N that does not fit (not the sweep's next grid point)
+        first = int(all_text(fig).split(f"the {dev}'s memory from N = ")[1].split(";")[0].split(".")[0].replace(",", ""))
+        assert not estimate_at(LLAMA, first, dev).naive_fits and estimate_at(LLAMA, first - 1, dev).naive_fits
+        assert first <= oom.x[0]
     # Llama-3-8B at 32k: 128 GiB of S and P fit the H200 (139.8 GiB) but not the H100 (79.2 GiB)
     at = {dev: es[ns.index(N)] for dev, es in ests.items()}
     assert not at["H100"].naive_fits and at["H200"].naive_fits
@@ -124,3 +127,13 @@ def test_metric_text_is_short():
 
     assert [short(t) for t in ("4.06 MiB", "41.9 MB", "128 GiB", "17.4 ms", "134 µs", "1 TiB")] == \
         ["4.1 MiB", "42 MB", "128 GiB", "17 ms", "134 µs", "1 TiB"]
+
+
+def test_traffic_caption_names_the_tiles_of_the_chosen_n():
+    ns = n_points(extra=(N,))
+    ests = sweep(LLAMA, ns, "H100")
+    at = estimate_at(LLAMA, N, "H100")
+    text = all_text(traffic_figure(ests, N, LLAMA))
+    assert f"tiles {at.block_m}×{at.block_n} at the chosen N" in text
+    if len({(e.block_m, e.block_n) for e in ests}) > 1:
+        assert "the default changes with N" in text
