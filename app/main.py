@@ -63,6 +63,7 @@ def page_run() -> None:
             common.explain_failure(refused, settings, shown=shown)
     with link_slot.container():   # now as well as after the page: a page that stops keeps a link
         url_state.show_share_link()
+    st.session_state.pop("_download_stem", None)     # each page names its downloads itself
     try:
         with view.container():
             page.run()

@@ -20,6 +20,7 @@ if problems:
 trace = None
 try:
     src = sources.current_source(s)
+    common.name_downloads(src)
     common.banner(src)
     trace = src.trace
 except sources.RunError as exc:  # e.g. too big for the interpreter: the prediction still works

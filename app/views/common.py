@@ -34,8 +34,14 @@ def source_or_stop(s: Settings) -> Source:
     except RunError as exc:
         explain_failure(exc, s)
         st.stop()
-    st.session_state["_download_stem"] = export.recording_stem(src)    # downloads are named after it
+    name_downloads(src)
     return src
+
+
+def name_downloads(source_or_stem) -> None:
+    """Name this page run's downloads after its recording (app.export.recording_stem): a Source,
+    a Trace or a stem. main.py forgets the name before each page, so no page inherits another's."""
+    st.session_state["_download_stem"] = export.recording_stem(source_or_stem)
 
 
 def download_name(view: str, fmt: str) -> str:

@@ -91,6 +91,7 @@ if live:
                 "32k contexts.", icon=":material/memory:")
     try:
         one, chosen = live_pair(s.source, preset, int(batch), int(context), bool(ragged), int(n_q), splits)
+        common.name_downloads(f"decode_b{int(batch)}_ctx{int(context)}_{s.source}")
     except ValueError as exc:
         st.error(plain(exc), icon=":material/error:")
         st.stop()
@@ -111,6 +112,7 @@ else:
     other = next(k for k in sorted(pair) if k != "1")
     one, chosen = recorded_pair(str(pair["1"]), str(pair[other]),
                                 Path(pair[other], "manifest.json").stat().st_mtime)
+    common.name_downloads(Path(pair[other]).name)
     shape = chosen.meta["shape"]
     c[2].metric("context", f"{shape['N_k']:,}")
     c[3].metric("H / H_kv", f"{shape['H']} / {shape['H_kv']}")

@@ -134,3 +134,14 @@ def test_banner_dates_read_as_dates_and_never_as_emoji_shortcodes():
     for _ in range(300):
         text = "".join(rng.choice("ab1:_-+ T") for _ in range(rng.randint(1, 24)))
         assert not shortcode.search(plain(text)), (text, plain(text))
+
+
+def test_downloads_are_named_after_the_pages_own_recording():
+    """Block-skip and decode exports carry their recording's name (they read their traces
+    without source_or_stop, and took another page's name or none: 'block-map.png')."""
+    from tests.app.headless import open_page
+
+    at = open_page("block_skip", source="recorded", trace="n1024_causal_natural")
+    assert not at.exception and at.session_state["_download_stem"] == "n1024_causal_natural"
+    at = open_page("decode", source="recorded")
+    assert not at.exception and at.session_state["_download_stem"].startswith("decode_b")
