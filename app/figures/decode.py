@@ -93,8 +93,9 @@ def merge_figure(steps, step: int, provenance: str, row_label: str) -> go.Figure
     names = [str(r.split) for r in steps.itertuples()]
     ranges = [key_range(r.k_start, r.k_end) for r in steps.itertuples()]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, column_widths=[0.5, 0.5],
-                        subplot_titles=["weight of each split in the final softmax",
-                                        "m_j, log-sum-exp of each split and of the merge"])
+                        # short enough that the two titles stay apart in a 1280 px window
+                        subplot_titles=["each split's weight in the softmax",
+                                        "m_j and lse: splits and merge"])
     fig.add_trace(go.Bar(x=names, y=steps["weight"], name="weight l_j·e^(m_j − lse)",
                          marker_color=[FULL if m else SKIPPED_GREY for m in merged],
                          # one size for every label (plotly shrinks outside text to each bar's width);
