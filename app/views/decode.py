@@ -61,7 +61,7 @@ def bundled() -> dict:
 
 # -- controls (page-level, kept in the URL) --------------------------------------------------------
 live = s.source in ("gpu", "interpreter")
-c = st.columns(6)
+c = st.columns([2, 1, 1, 1, 1, 1])      # the preset's label is the long one
 url_state.control("dec_preset", "llama-3-8b", options=list(dm.PRESETS))
 preset = c[0].selectbox("model preset", list(dm.PRESETS), key="dec_preset",
                         format_func=lambda name: dm.PRESETS[name]["label"])
@@ -140,7 +140,7 @@ for col, tr, name in ((m[0], one, "1 split"), (m[1], chosen, f"{meta['kernel']['
         col.metric(name, f"{t['kernel']['programs']} programs", "no hardware timing", delta_color="off", delta_arrow="off")
 rule = modelled_rule or meta["split_rule"]
 m[2].metric("split rule (auto)" + (", modelled H100" if modelled_rule else ""), f"{rule['num_splits']} splits",
-            f"{rule['work_items']} work items, {rule['sm_count']} SMs, {rule['key_blocks']} key blocks",
+            f"{rule['work_items']} items · {rule['sm_count']} SMs · {rule['key_blocks']} blocks",
             delta_color="off", delta_arrow="off")
 m[3].metric("measured copy bandwidth", f"{bw['copy_gbps']:.0f} GB/s" if bw.get("copy_gbps") else "—",
             "device-to-device copy" if bw.get("copy_gbps") else "interpreter: not measured", delta_color="off", delta_arrow="off")

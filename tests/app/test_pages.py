@@ -139,9 +139,12 @@ def test_banner_dates_read_as_dates_and_never_as_emoji_shortcodes():
 def test_downloads_are_named_after_the_pages_own_recording():
     """Block-skip and decode exports carry their recording's name (they read their traces
     without source_or_stop, and took another page's name or none: 'block-map.png')."""
-    from tests.app.headless import open_page
+    from pathlib import Path
 
-    at = open_page("block_skip", source="recorded", trace="n1024_causal_natural")
-    assert not at.exception and at.session_state["_download_stem"] == "n1024_causal_natural"
-    at = open_page("decode", source="recorded")
-    assert not at.exception and at.session_state["_download_stem"].startswith("decode_b")
+    from tests.app.headless import open_page, tilescope_data
+
+    with tilescope_data(Path(__file__).resolve().parents[2] / "data"):      # the bundled recordings
+        at = open_page("block_skip", source="recorded", trace="n1024_causal_natural")
+        assert not at.exception and at.session_state["_download_stem"] == "n1024_causal_natural"
+        at = open_page("decode", source="recorded")
+        assert not at.exception and at.session_state["_download_stem"].startswith("decode_b")
