@@ -84,6 +84,13 @@ if __name__ == "__main__":      # a session's run of the page script
 else:                           # `streamlit run app/main.py` looks for a server app first: ours
     import os
 
+    # Sessions run the page script in threads of their own: two first visits that import numpy /
+    # pandas / Plotly at the same moment could meet a half-initialised module ("partially
+    # initialized module 'numpy' has no attribute 'ndarray'"). Import them once, before any session.
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+    import plotly.graph_objects  # noqa: F401
+
     from app.server import asset_middleware
 
     # TILESCOPE_ASSETS=0: Streamlit's server alone (scripts/measure_app.py --compare-assets)
