@@ -42,13 +42,15 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     if level not in ("work", "full"):
         raise ValueError(f"level must be 'work' or 'full', got {level!r}")
     b, h, n, d = q.shape
-    check_sizes(b, h, n, d, dtype_name(q.dtype), cfg.block_m, cfg.block_n, kv_len=k.shape[2],
-                kv_heads=k.shape[1])
     h_kv, n_k = k.shape[1], k.shape[2]
     heads = [trace_head] if isinstance(trace_head, int) and not isinstance(trace_head, bool) else \
         list(trace_head) if isinstance(trace_head, (list, tuple)) else None
     if not heads or any(isinstance(x, bool) or not isinstance(x, int) for x in heads) or len(heads) > 8:
         raise ValueError(f"trace_head must be a batch*head index or a list of up to 8, got {trace_head!r}")
+    # the trace's own tables too, by arithmetic, before its buffers (as the command line does)
+    check_sizes(b, h, n, d, dtype_name(q.dtype), cfg.block_m, cfg.block_n, kv_len=n_k, kv_heads=h_kv,
+                trace=(len(heads), trace_q_blocks if isinstance(trace_q_blocks, str) and trace_q_blocks in ("auto", "all") else
+                       parse_q_blocks(trace_q_blocks)) if level == "full" else (0, 0))
     bad_heads = [x for x in heads if not 0 <= x < b * h]
     if bad_heads or len(set(heads)) != len(heads):
         raise ValueError(f"trace_head={trace_head} must name distinct heads in 0..{b * h - 1} (B*H = {b * h})")

@@ -160,3 +160,17 @@ def test_gpu_trace_has_sm_ids_and_times():
     t = trace.tiles[trace.tiles.visited]
     assert (t.cycles_end > t.cycles_start).all()
     assert trace.meta["untraced_ms"] > 0
+
+
+def test_record_refuses_a_trace_over_its_budget_before_any_buffer(monkeypatch):
+    """record() from Python checks the trace's own tables by arithmetic first, as record_cli does:
+    every query block of N = 65536 traced with its softmax rows would decode to GBs."""
+    import instrumentation.recording.flash as rec
+
+    def no_plan(*args, **kwargs):
+        raise AssertionError("a block plan was built before the size check")
+    monkeypatch.setattr(rec, "block_plan", no_plan)
+    q = torch.empty(1, 1, 65536, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="MiB") as info:
+        record(q, q, q, mask="sliding_window:1", block_m=128, block_n=128, trace_q_blocks="all")
+    assert "\n" not in str(info.value)
