@@ -5,6 +5,7 @@ and exit status 2 (never a traceback). Used by instrumentation.cli, app.export a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 # the largest seed a command line takes: per-head generators are seeded with
@@ -81,6 +82,20 @@ def refuse(message, code: int = EXIT_REFUSED) -> int:
     """Print 'error: MESSAGE' as one line on stderr; returns code (main's exit status)."""
     print(f"error: {one_line(message)}", file=sys.stderr)
     return code
+
+
+def start_device(device: str, preflight) -> str | None:
+    """The start every recording command shares: --device cpu selects the interpreter before
+    Triton is imported, preflight() refuses by arithmetic before torch loads, then --device cuda
+    without a GPU is refused. Returns that refusal's line, or None."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    preflight()
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return "--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)"
+    return None
 
 
 def run_guarded(body, *args, what: str = "the input") -> int:

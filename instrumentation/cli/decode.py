@@ -14,7 +14,7 @@ import shlex
 import sys
 import time
 
-from .args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, refuse, run_guarded
+from .args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, refuse, run_guarded, start_device
 
 PROG = "python -m instrumentation.decode_cli"
 COUNT = bounded_int(1, MAX_COUNT)
@@ -91,13 +91,10 @@ def main(argv=None) -> int:
 
 
 def _main(args, argv) -> int:
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    preflight(args)
+    problem = start_device(args.device, lambda: preflight(args))
+    if problem:
+        return refuse(problem)
     import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        return refuse("--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)")
     splits = args.splits
     from kernels import backend
 

@@ -15,7 +15,7 @@ import shlex
 import sys
 import time
 
-from .args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, refuse, run_guarded
+from .args import MAX_COUNT, MAX_SEED, OneLineParser, bounded_int, refuse, run_guarded, start_device
 
 PROG = "python -m instrumentation.record_cli"
 COUNT = bounded_int(1, MAX_COUNT)
@@ -101,13 +101,10 @@ def main(argv=None) -> int:
 
 
 def _main(args, argv) -> int:
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
-    preflight(args)
+    problem = start_device(args.device, lambda: preflight(args))
+    if problem:
+        return refuse(problem)
     import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        return refuse("--device cuda but no CUDA GPU is visible; use --device cpu (interpreter)")
     from kernels import backend
 
     from kernels import default_config
