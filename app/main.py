@@ -92,6 +92,9 @@ else:                           # `streamlit run app/main.py` looks for a server
     import plotly.graph_objects  # noqa: F401
 
     from app.server import asset_middleware
+    from app.sources.upload import remove_stale_upload_dirs
+
+    remove_stale_upload_dirs()      # at the server's start, what a killed server left behind
 
     # TILESCOPE_ASSETS=0: Streamlit's server alone (scripts/measure_app.py --compare-assets)
     app = st.App(__file__, middleware=asset_middleware() if os.environ.get("TILESCOPE_ASSETS") != "0" else [])

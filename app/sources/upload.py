@@ -85,8 +85,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-remove_stale_upload_dirs()     # this server's start: what a killed one left behind
-
 
 def _declared_entries(data: bytes) -> int | None:
     """The entry count the zip's end-of-central-directory record declares (None: no record;
