@@ -133,7 +133,7 @@ def check_zip_directory(infos: list[zipfile.ZipInfo]) -> None:
 def trace_from_zip(data: bytes) -> Trace:
     """A trace from a zip of a trace directory; TraceFormatError with a reason if it is not one.
 
-    Arguments: data, the zip's bytes. Returns: the Trace (meta['source'] = 'recorded': an upload
+    Arguments: data, the zip's bytes. Returns: the Trace (meta['source'] = 'uploaded': an upload
     was recorded somewhere else, never live here). Raises: TraceFormatError (one line, no paths).
     """
     declared = _declared_entries(data)
@@ -170,7 +170,7 @@ def trace_from_zip(data: bytes) -> Trace:
             except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError, MemoryError,
                     OSError, UnicodeError) as exc:
                 raise TraceFormatError(f"it cannot be read ({type(exc).__name__}: {_without(exc, root)})") from None
-    trace.meta["source"] = "recorded"
+    trace.meta["source"] = "uploaded"
     return trace
 
 

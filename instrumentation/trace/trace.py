@@ -94,11 +94,12 @@ class Trace:
         m = self.meta
         when = str(m.get("created", "?"))[:10]
         dev = m.get("device_name", "?")
+        # an uploaded file's meta is the uploader's word: say so
+        kept = {"recorded": "recorded", "uploaded": "uploaded file, recorded"}.get(m.get("source"))
         if m.get("backend") == "cuda":
-            src = "recorded" if m.get("source") == "recorded" else "live GPU"
-            return (f"{src}: {dev}, {when}, torch {m.get('torch_version')}, "
+            return (f"{kept or 'live GPU'}: {dev}, {when}, torch {m.get('torch_version')}, "
                     f"triton {m.get('triton_version')}")
-        src = "recorded in the " if m.get("source") == "recorded" else ""
+        src = f"{kept} in the " if kept else ""
         return (f"{src}Triton CPU interpreter ({dev}), {when}: real tile visits and softmax state, "
                 "no hardware timings (timelines are modelled)")
 

@@ -80,6 +80,9 @@ def test_parquet_download_uploads_back(data_dir):
     trace = Trace.load(data_dir / "traces" / f"n{N}_causal_natural")
     again = trace_from_zip(trace_zip(trace, "parquet"))
     assert again.meta["mask"] == "causal" and len(again.tiles) == len(trace.tiles)
+    # a file's meta is its uploader's word: captions say it came in as an upload
+    assert again.provenance().startswith("uploaded file, recorded")
+    assert trace.meta["device_name"] in again.provenance()
     with zipfile.ZipFile(io.BytesIO(trace_zip(trace, "csv"))) as zf:
         assert {"trace/work.csv", "trace/tiles.csv", "trace/rows.csv", "trace/meta.json"} <= set(zf.namelist())
 
