@@ -175,6 +175,14 @@ class Estimate:
       flops_tiles                    4 * D * B * H * (rows x keys of the computed tiles): what the
                                      kernel multiplies, masked entries of partial tiles included
       flops_full_tiles               the part of flops_tiles in full tiles
+    Backward (training; gradients dQ, dK, dV and dO excluded: both ways hold them):
+      naive_bwd_peak_bytes           autograd through naive attention: P (saved by the forward),
+                                     dP = dO V^T and dS, each a grid, resident while the softmax's
+                                     backward runs, + naive_kv_expand_bytes (expanded K, V saved)
+      flash_bwd_peak_bytes           O and lse (saved by the forward) + D = rowsum(dO * O) and the
+                                     lse in log2 units, float32 per query row: O(N)
+      flops_backward                 10 * D * B * H * visible_pairs = 2.5 * flops (recompute S,
+                                     then dV, dP, dQ, dK: five matmuls to the forward's two)
     Model (per device in DEVICES):
       time_s, time_by_device         roofline_time(...) in seconds on `device` / on each device:
                                      a model, see model_note
@@ -223,6 +231,9 @@ class Estimate:
     flops_dense: int
     flops_tiles: int
     flops_full_tiles: int
+    naive_bwd_peak_bytes: int
+    flash_bwd_peak_bytes: int
+    flops_backward: int
     time_s: float
     time_by_device: dict = field(hash=False)
     bound: str
@@ -395,7 +406,9 @@ def estimate(batch, heads, kv_heads, n_q, n_k, head_dim, mask="causal", dtype="b
         tiles_computed=computed, tiles_full=full, tiles_partial=computed - full,
         tiles_skipped=tiles_total - computed, visible_pairs=c["pairs"],
         flops=4 * d * b * h * c["pairs"], flops_dense=4 * d * b * h * n_q * n_k,
-        flops_tiles=flops_tiles, flops_full_tiles=flops_full, time_s=times[device][0],
+        flops_tiles=flops_tiles, flops_full_tiles=flops_full,
+        naive_bwd_peak_bytes=3 * grid + expand, flash_bwd_peak_bytes=o + lse + 2 * b * h * n_q * LSE_BYTES,
+        flops_backward=10 * d * b * h * c["pairs"], time_s=times[device][0],
         time_by_device={name: t for name, (t, _) in times.items()}, bound=times[device][1],
         device_memory_bytes=memory, naive_fits=inputs + naive_peak <= memory,
         flash_fits=inputs + flash_peak <= memory, model_note=model_note(device, d))

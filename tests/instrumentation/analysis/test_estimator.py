@@ -294,3 +294,41 @@ def test_bad_input_is_refused_in_one_line(kwargs, words):
     with pytest.raises(ValueError) as err:
         estimate(**args)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("shape", _random_shapes(seed=3, count=6),
+                         ids=lambda s: "B{}H{}Hkv{}q{}k{}D{}{}".format(*s[:7]))
+def test_backward_terms_equal_a_direct_count(shape):
+    """Naive backward: the grids autograd saves from naive_attention's forward (counted by a
+    saved-tensors hook: P only) plus dP and dS, and the expanded K, V; flash: O, lse and the two
+    float32 rows per query the backward allocates; FLOPs: five matmuls over the visible pairs."""
+    from kernels import naive_attention
+
+    b, h, h_kv, n_q, n_k, d, dtype, _, _, rng = shape
+    dt = torch.float32                         # the saved tensors' sizes scale with e below
+    el = TORCH_DTYPE[dtype].itemsize
+    q = torch.randn(b, h, n_q, d, dtype=dt, requires_grad=True)
+    k, v = (torch.randn(b, h_kv, n_k, d, dtype=dt, requires_grad=True) for _ in range(2))
+    mask = "full" if n_q > n_k else _masks(rng, n_k)[int(rng.integers(0, 5))]   # no row without a key
+    saved = {}                                  # storage -> bytes: views of one tensor count once
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        naive_attention(q, k, v, mask=mask)
+    for t in (q, k, v):                         # the inputs are not the call's memory
+        saved.pop(t.untyped_storage().data_ptr(), None)
+    grids = [n for n in saved.values() if n == b * h * n_q * n_k * 4]
+    expanded = [n for n in saved.values() if n == b * h * n_k * d * 4 and h != h_kv]
+    grid = b * h * n_q * n_k * el
+    assert len(grids) == 1                     # P: S is not kept for the backward
+    direct_naive = (3 * grids[0] + sum(expanded)) // 4 * el        # P, dP, dS and the expanded K, V
+    e = estimate(b, h, h_kv, n_q, n_k, d, mask=mask, dtype=dtype)
+    assert e.naive_bwd_peak_bytes == direct_naive == 3 * grid + e.naive_kv_expand_bytes
+    stats = torch.empty(b * h, 2, n_q, dtype=torch.float32)        # kernels.backward's (lse2, D) rows
+    o, lse = torch.empty(b, h, n_q, d, dtype=TORCH_DTYPE[dtype]), torch.empty(b, h, n_q)
+    assert e.flash_bwd_peak_bytes == sum(t.numel() * t.element_size() for t in (o, lse, stats))
+    pairs = int(parse_mask(mask, n_q, n_k).dense(n_q, n_k).sum())
+    assert e.flops_backward == 5 * 2 * d * b * h * pairs and 2 * e.flops_backward == 5 * e.flops
