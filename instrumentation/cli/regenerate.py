@@ -2,11 +2,13 @@
 
     python -m instrumentation.regenerate --out data              # everything (~8 min on an H100)
     python -m instrumentation.regenerate --out data --quick      # a small subset
-    python -m instrumentation.regenerate --out data --only traces|sweeps|ncu
+    python -m instrumentation.regenerate --out data --only traces|sweeps|ncu|presets|runs
     python -m instrumentation.regenerate --out data --budget-s 420   # stop cleanly; rerun resumes
     python -m instrumentation.regenerate --out /tmp/d --allow-cpu --quick   # tiny, interpreter
 
-What it writes, and the plan: instrumentation.recording.data_bundle.
+What it writes, and the plan: instrumentation.recording.data_bundle (traces, sweeps, ncu) and
+instrumentation.recording.model_bundle (presets: long prefills at each model preset's shape;
+runs: captured transformers model runs; both left out of --quick unless --only names them).
 Everything is resumable: outputs that already exist and load are skipped. The exact command is
 recorded in every file's meta. Running out of GPU memory is recorded, never fatal.
 """
@@ -30,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Regenerate data/ (traces, sweeps, ncu) on a CUDA GPU.")
     p.add_argument("--out", default="data", help="data directory (default: data)")
     p.add_argument("--quick", action="store_true", help="a small subset (N=1024 traces, short sweep)")
-    p.add_argument("--only", choices=["traces", "sweeps", "ncu"], default=None,
-                   help="do one part only (ncu fills DRAM bytes into an existing sweep)")
+    p.add_argument("--only", choices=["traces", "sweeps", "ncu", "presets", "runs"], default=None,
+                   help="do one part only (ncu fills DRAM bytes into an existing sweep; presets: long "
+                        "prefills per model preset; runs: captured model runs, needs transformers)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop cleanly before this many seconds have passed (rerun to resume)")
     p.add_argument("--allow-cpu", action="store_true",
@@ -74,13 +77,24 @@ def main(argv=None) -> int:
     failures: list = []
     complete = True
     print(f"regenerate: {env['device_name']} [{env['backend']}] -> {out}/ "
-          f"({'quick ' if args.quick else ''}{args.only or 'traces, sweeps, ncu'})", flush=True)
+          f"({'quick ' if args.quick else ''}{args.only or 'traces, presets, runs, sweeps, ncu'})", flush=True)
 
     if args.only in (None, "traces"):
         complete &= record_traces(out, work["traces"], work["trace_shape"], device, command,
                                   trace_caps(work["traces"]), deadline, failures, progress)
         print(f"traces: {len(list((out / 'traces').glob('*/manifest.json')))} in "
               f"{out / 'traces'} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    if args.only == "presets" or (args.only is None and not args.quick):
+        from ..recording.model_bundle import record_long_presets
+        complete &= record_long_presets(out, device, command, deadline, failures, cpu)
+        print(f"presets: {time.monotonic() - started:.0f} s", flush=True)
+
+    if args.only == "runs" or (args.only is None and not args.quick):
+        from ..recording.model_bundle import record_model_runs
+        complete &= record_model_runs(out, device, command, deadline, failures, cpu)
+        print(f"runs: {len(list((out / 'runs').glob('*/model_run.json')))} in {out / 'runs'} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)
 
     if args.only in (None, "sweeps") and complete:
         left = None if deadline is None else deadline - time.monotonic()
