@@ -1,0 +1,213 @@
+"""The backward pass's tiles: the order programs visit them and where dQ comes from.
+
+The forward runs one program per (batch, head, query block) and walks that block's row of
+the block map, key block by key block. The backward (kernels.backward) recomputes each tile's
+P = exp(S - lse) twice over: the dK/dV programs, one per (batch, KV head, key block), walk a
+column (the query blocks that see their key block) and sum dK, dV in registers; the dQ programs,
+one per (batch, head, query block), walk a row again and sum dQ. Each pass has its own tile
+sizes, so both maps are drawn in token positions and line up whatever the blocks.
+
+Inputs are the trace's tables as DataFrames (instrumentation.record(..., backward=True)):
+    fwd_tiles  trace.tiles: bh, q_block, k_block, visited, order
+    bwd_tiles  trace.bwd_tiles: phase ('dkdv' | 'dq'), b, head (the query head), q_block,
+               k_block, order (visit order within the program)
+and `blocks` = phase_blocks(meta): {'forward' | 'dkdv' | 'dq': (block_m, block_n)}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ._common import FULL, NOW, SKIPPED_GREY, TEMPLATE, caption, title
+
+PHASE_NAMES = {"forward": "forward", "delta": "D = rowsum(dO∘O)", "dkdv": "dK·dV", "dq": "dQ"}
+ORDER_SCALE = "Viridis"
+MAX_PATHS = 512                # programs whose path is drawn (a line per program beyond is noise)
+NOT_VISITED = "#f2f2f2"
+
+__all__ = ["phase_blocks", "has_backward", "program_steps", "tile_order_figure", "dq_sources_figure",
+           "dq_sources"]
+
+
+def has_backward(trace) -> bool:
+    """Whether the trace was recorded with backward=True (it has bwd_work rows)."""
+    work = getattr(trace, "bwd_work", None)
+    return work is not None and len(work) > 0
+
+
+def phase_blocks(meta: dict) -> dict:
+    """{'forward' | 'dkdv' | 'dq': (block_m, block_n)} from a trace's meta: the forward's
+    blocks and each backward pass's (meta['backward'][phase]). Raises ValueError when the meta
+    has no backward section."""
+    bwd = meta.get("backward") or {}
+    missing = [p for p in ("dkdv", "dq") if not isinstance(bwd.get(p), dict)]
+    if missing:
+        raise ValueError("this trace has no backward tile sizes (meta['backward']); record it with "
+                         "record(..., backward=True)")
+    out = {"forward": (int(meta["block_m"]), int(meta["block_n"]))}
+    for p in ("dkdv", "dq"):
+        out[p] = (int(bwd[p]["block_m"]), int(bwd[p]["block_n"]))
+    return out
+
+
+def program_steps(tiles: pd.DataFrame, program_col: str) -> pd.DataFrame:
+    """The visited tiles with `step`: 0, 1, ... in visit order within each program (the rank of
+    `order` among the tiles of the same `program_col` value), sorted by program then step.
+
+    Arguments:
+        tiles: rows with q_block, k_block, order and program_col (visited tiles only).
+        program_col: 'q_block' (a row-wise program) or 'k_block' (a column-wise one).
+    Returns:
+        a copy with the int column `step`."""
+    out = tiles.sort_values([program_col, "order", "q_block", "k_block"]).copy()
+    out["step"] = out.groupby(program_col).cumcount().astype(np.int64)
+    return out.reset_index(drop=True)
+
+
+def _grid(steps: pd.DataFrame, n_rows: int, n_cols: int) -> np.ndarray:
+    z = np.full((n_rows, n_cols), np.nan)
+    z[steps["q_block"].to_numpy(int), steps["k_block"].to_numpy(int)] = steps["step"].to_numpy(float)
+    return z
+
+
+def _paths(steps: pd.DataFrame, program_col: str, bm: int, bn: int) -> tuple[list, list]:
+    """x, y of one polyline per program through its tile centres in visit order (None between)."""
+    xs, ys = [], []
+    for _, g in steps.groupby(program_col, sort=True):
+        xs += list((g["k_block"].to_numpy() + 0.5) * bn) + [None]
+        ys += list((g["q_block"].to_numpy() + 0.5) * bm) + [None]
+    return xs, ys
+
+
+def _forward_steps(fwd_tiles: pd.DataFrame, bh: int) -> pd.DataFrame:
+    t = fwd_tiles[(fwd_tiles["bh"] == bh) & fwd_tiles["visited"].astype(bool)]
+    return program_steps(t[["q_block", "k_block", "order"]], "q_block")
+
+
+def _phase_tiles(bwd_tiles: pd.DataFrame, phase: str, b: int, head: int) -> pd.DataFrame:
+    t = bwd_tiles[(bwd_tiles["phase"] == phase) & (bwd_tiles["b"] == b) & (bwd_tiles["head"] == head)]
+    return t[["q_block", "k_block", "order"]]
+
+
+def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
+                      b: int = 0, head: int = 0, heads: int = 1, provenance: str = "") -> go.Figure:
+    """The forward's row-wise tile order beside the dK/dV programs' column-wise order, on the
+    same (query, key) plane: each visited tile coloured by its step within its program, and
+    one line per program through its tiles in visit order (a dot at its first tile).
+
+    Arguments:
+        fwd_tiles, bwd_tiles: the trace's tiles and bwd_tiles tables.
+        blocks: phase_blocks(meta). n_q, n_k: query rows and keys.
+        b, head: the batch and query head shown (bh = b * heads + head in the forward's table);
+            the dK/dV tiles shown are those of this query head in its KV head's programs.
+        provenance: the trace's provenance line.
+    Returns:
+        a two-panel Figure. Raises ValueError when the head has no tiles in either table."""
+    fwd = _forward_steps(fwd_tiles, b * heads + head)
+    kv = program_steps(_phase_tiles(bwd_tiles, "dkdv", b, head), "k_block")
+    if fwd.empty or kv.empty:
+        raise ValueError(f"batch {b}, head {head} has no traced tiles in "
+                         f"{'the forward' if fwd.empty else 'the dK/dV pass'}: pick a traced head")
+    (fm, fn), (km, kn) = blocks["forward"], blocks["dkdv"]
+    names = [f"Forward: one program per Q block ({fm} queries),<br>K blocks of {fn} keys in its row",
+             f"dK·dV: one program per K block ({kn} keys),<br>Q blocks of {km} queries in its column"]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=names)
+    top = int(max(fwd["step"].max(), kv["step"].max()))
+    for col, (steps, prog, bm, bn) in enumerate(((fwd, "q_block", fm, fn), (kv, "k_block", km, kn)), start=1):
+        n_rows, n_cols = -(-n_q // bm), -(-n_k // bn)
+        fig.add_trace(go.Heatmap(
+            z=_grid(steps, n_rows, n_cols), x=(np.arange(n_cols) + 0.5) * bn, y=(np.arange(n_rows) + 0.5) * bm,
+            coloraxis="coloraxis", xgap=1 if n_cols <= 64 else 0, ygap=1 if n_rows <= 64 else 0,
+            hovertemplate=("queries from %{y:.0f} ± " + f"{bm / 2:g}" + ", keys from %{x:.0f} ± " + f"{bn / 2:g}"
+                           + "<br>step %{z} of its program<extra></extra>"),
+            name="forward tiles" if col == 1 else "dK·dV tiles"), row=1, col=col)
+        if steps[prog].nunique() <= MAX_PATHS:
+            xs, ys = _paths(steps, prog, bm, bn)
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="rgba(20,20,20,0.55)", width=1),
+                                     name="a program's path", showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+            first = steps[steps["step"] == 0]
+            fig.add_trace(go.Scatter(x=(first["k_block"] + 0.5) * bn, y=(first["q_block"] + 0.5) * bm,
+                                     mode="markers", marker=dict(size=5, color="#111"), name="its first tile",
+                                     showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+        fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False, constrain="domain",
+                         row=1, col=col)
+        fig.update_yaxes(title_text="query position (tokens)", range=[n_q, 0], showgrid=False, constrain="domain",
+                         scaleanchor="x" if col == 1 else "x2", row=1, col=col)
+    fig.update_layout(
+        title=title(f"Tile order: forward rows, dK·dV columns (batch {b}, head {head})",
+                    f"{fwd['q_block'].nunique()} forward programs visit {len(fwd):,} tiles; "
+                    f"{kv['k_block'].nunique()} dK·dV programs visit {len(kv):,} tiles of this head, each "
+                    "summing its key block's dK, dV over the query blocks that see it; grey: not visited"),
+        coloraxis=dict(colorscale=ORDER_SCALE, cmin=0, cmax=max(top, 1),
+                       colorbar=dict(title=dict(text="step in its<br>program"), x=1.02, y=1, yanchor="top",
+                                     len=0.6)),
+        template=TEMPLATE, plot_bgcolor=NOT_VISITED, height=620, width=1250,
+        legend=dict(x=1.02, y=0, yanchor="bottom", xanchor="left"))
+    return caption(fig, "tile visits from the kernel trace: " + provenance, width=170)
+
+
+def dq_sources(bwd_tiles: pd.DataFrame, b: int, head: int, q_block: int) -> pd.DataFrame:
+    """The dQ program of (b, head, q_block): its key blocks in visit order (k_block, order,
+    step), each adding dS_ij·K_j to the block's dQ."""
+    t = _phase_tiles(bwd_tiles, "dq", b, head)
+    return program_steps(t[t["q_block"] == q_block], "q_block")
+
+
+def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int, b: int = 0, head: int = 0,
+                      q_block: int = 0, provenance: str = "") -> go.Figure:
+    """Where one query block's dQ comes from: the dQ pass's map for (b, head) with the chosen
+    row's tiles numbered in the order its program summed them, and the dK·dV tiles that read
+    the same query rows (they produce dK, dV, not dQ: the dQ pass recomputes its own).
+
+    Arguments:
+        bwd_tiles: trace.bwd_tiles. blocks: phase_blocks(meta). n_q, n_k: query rows, keys.
+        b, head, q_block: the query block (in the dQ pass's blocks). provenance: the trace's line.
+    Returns:
+        a Figure. Raises ValueError when that block has no dQ tiles."""
+    (qm, qn), (km, kn) = blocks["dq"], blocks["dkdv"]
+    dq_all = _phase_tiles(bwd_tiles, "dq", b, head)
+    row = dq_sources(bwd_tiles, b, head, q_block)
+    if row.empty:
+        blocks_seen = sorted(dq_all["q_block"].unique().tolist())
+        raise ValueError(f"query block {q_block} of batch {b}, head {head} has no dQ tiles; traced blocks "
+                         f"{blocks_seen[:8]}{' ...' if len(blocks_seen) > 8 else ''}")
+    q0, q1 = q_block * qm, min((q_block + 1) * qm, n_q)
+    kv = _phase_tiles(bwd_tiles, "dkdv", b, head)
+    kv_rows = kv[((kv["q_block"] + 1) * km > q0) & (kv["q_block"] * km < q1)]
+    n_rows, n_cols = -(-n_q // qm), -(-n_k // qn)
+    seen = np.full((n_rows, n_cols), np.nan)
+    seen[dq_all["q_block"].to_numpy(int), dq_all["k_block"].to_numpy(int)] = 0
+    fig = go.Figure(go.Heatmap(z=seen, x=(np.arange(n_cols) + 0.5) * qn, y=(np.arange(n_rows) + 0.5) * qm,
+                               colorscale=[[0, SKIPPED_GREY], [1, SKIPPED_GREY]], showscale=False,
+                               hoverinfo="skip", name="other dQ tiles"))
+    xs = (row["k_block"].to_numpy() + 0.5) * qn
+    ys = np.full(len(row), (q_block + 0.5) * qm)
+    small = len(row) <= 48
+    fig.add_trace(go.Scatter(
+        x=xs, y=ys, mode="markers+text" if small else "markers", text=(row["step"] + 1).astype(str) if small else None,
+        textposition="middle center", textfont=dict(color="white", size=11),
+        marker=dict(symbol="square", size=max(8, min(26, 900 / max(n_cols, 1))), color=FULL),
+        customdata=np.stack([row["k_block"] * qn, np.minimum((row["k_block"] + 1) * qn, n_k), row["step"] + 1], 1),
+        hovertemplate="keys [%{customdata[0]}, %{customdata[1]}): added %{customdata[2]}. to dQ<extra></extra>",
+        name="dQ's key blocks<br>(numbered: summing order)"))
+    if len(kv_rows):
+        fig.add_trace(go.Scatter(
+            x=(kv_rows["k_block"] + 0.5) * kn, y=np.clip((kv_rows["q_block"] + 0.5) * km, q0, q1),
+            mode="markers", marker=dict(symbol="line-ns", size=14, line=dict(width=2, color=NOW)),
+            name="dK·dV tiles on these rows<br>(they add to dK, dV only)",
+            hoverinfo="skip"))
+    fig.add_hrect(y0=q0, y1=q1, line=dict(color=FULL, width=1), fillcolor="rgba(61,122,184,0.08)")
+    fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False, constrain="domain")
+    fig.update_yaxes(title_text="query position (tokens)", range=[n_q, 0], showgrid=False, scaleanchor="x",
+                     constrain="domain")
+    fig.update_layout(
+        title=title(f"Where dQ comes from: queries [{q0}, {q1}) (batch {b}, head {head})",
+                    f"dQ_i = scale · Σ_j dS_ij · K_j over the {len(row)} key blocks that row block sees, "
+                    "summed in registers by one dQ program in its own pass (no atomics: deterministic); "
+                    "dS_ij = P_ij ∘ (dP_ij − D_i), P recomputed from the lse"),
+        template=TEMPLATE, height=620, width=1100, plot_bgcolor=NOT_VISITED,
+        legend=dict(x=1.02, y=1, yanchor="top", xanchor="left"))
+    return caption(fig, "tile visits from the kernel trace: " + provenance, width=160)

@@ -1,0 +1,230 @@
+"""The backward pass in time and in bytes: SM lanes of its phases, the time split forward / D /
+dK·dV / dQ, its FLOPs against the forward's, and its memory naive vs flash.
+
+Times come from the trace (bwd_work: phase, program, sm, t_start, t_end in ns, NaN where the
+interpreter has no clock); without a clock the lanes are modelled by the same list scheduling
+as the forward's (instrumentation.analysis.schedule_model) and say so. FLOPs and bytes come
+from instrumentation.estimate (docs/formulas.md, "Backward").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from instrumentation import estimate
+from instrumentation.analysis.estimator import DEVICES
+from instrumentation.analysis.schedule_model import ITEM_OVERHEAD, TILE_COST, list_schedule
+
+from ._common import FULL, NOW, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, title
+from .backward import PHASE_NAMES
+
+PHASE_COLORS = {"forward": FULL, "delta": "#8c6bb1", "dkdv": "#59a14f", "dq": NOW}
+PHASE_ORDER = ("delta", "dkdv", "dq")
+MODELLED_UNIT = "modelled time (tile-units: 1 = one tile)"
+ESTIMATOR = "analytic model: instrumentation.estimate (docs/formulas.md, Backward)"
+MEMORY_NS = [2 ** k for k in range(9, 21)]        # 512 .. 1M tokens
+
+__all__ = ["backward_timeline", "backward_lanes_figure", "time_split", "backward_time_figure",
+           "backward_flops_figure", "backward_memory_figure", "PHASE_COLORS"]
+
+
+def backward_timeline(bwd_work: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
+    """One row per backward program: phase, program, sm, t_start, t_end (from the backward's
+    first program start) and the clock's unit. Measured ('ns') when every program has a time;
+    otherwise modelled ('tile-units'): the D launch's programs cost ITEM_OVERHEAD each, then the
+    dK·dV and dQ programs (one launch, in the kernel's start order) cost tiles·TILE_COST +
+    ITEM_OVERHEAD, list-scheduled on `sms` SMs. attrs: modelled, unit, sms.
+
+    Arguments:
+        bwd_work: trace.bwd_work (phase, program, sm, t_start, t_end; `tiles` and `order` for the model).
+        sms: SMs of the modelled GPU (ignored when measured).
+    Returns:
+        the DataFrame."""
+    w = bwd_work.reset_index(drop=True)
+    times = w[["t_start", "t_end"]].to_numpy(float)
+    if len(w) and np.isfinite(times).all():
+        t0 = times[:, 0].min()
+        out = pd.DataFrame({"phase": w["phase"], "program": w["program"], "sm": w["sm"].astype(int),
+                            "t_start": times[:, 0] - t0, "t_end": times[:, 1] - t0})
+        out.attrs.update(modelled=False, unit="ns", sms=int(out["sm"].max()) + 1)
+        return out
+    if "tiles" not in w:
+        raise ValueError("this backward trace has neither times nor per-program tile counts")
+    parts, start = [], 0.0
+    for launch in (w[w["phase"] == "delta"], w[w["phase"] != "delta"]):
+        if launch.empty:
+            continue
+        launch = launch.sort_values("order" if "order" in launch else "program", kind="stable")
+        cost = np.where(launch["phase"] == "delta", ITEM_OVERHEAD,
+                        launch["tiles"].to_numpy(float) * TILE_COST + ITEM_OVERHEAD)
+        sm, t = list_schedule(cost, sms)
+        parts.append(pd.DataFrame({"phase": launch["phase"].to_numpy(), "program": launch["program"].to_numpy(),
+                                   "sm": sm, "t_start": t + start, "t_end": t + start + cost}))
+        start = float(parts[-1]["t_end"].max())
+    out = pd.concat(parts, ignore_index=True)
+    out.attrs.update(modelled=True, unit="tile-units", sms=int(sms))
+    return out
+
+
+def _scale(tl: pd.DataFrame) -> tuple[float, str]:
+    """(divide by, axis title) for a timeline's clock."""
+    if tl.attrs.get("modelled", True):
+        return 1.0, MODELLED_UNIT
+    return 1e3, "time since the first backward program started (µs)"
+
+
+def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "") -> go.Figure:
+    """SM lanes of the backward: one bar per program on its SM, coloured by phase (D, dK·dV, dQ).
+
+    Arguments:
+        bwd_tl: backward_timeline(). provenance: the trace's provenance line.
+    Returns:
+        a Figure."""
+    div, xtitle = _scale(bwd_tl)
+    fig = go.Figure()
+    for phase in PHASE_ORDER:
+        p = bwd_tl[bwd_tl["phase"] == phase]
+        if p.empty:
+            continue
+        fig.add_trace(go.Bar(
+            y=p["sm"], x=(p["t_end"] - p["t_start"]) / div, base=p["t_start"] / div, orientation="h",
+            marker=dict(color=PHASE_COLORS[phase], line=dict(width=0)), width=0.9,
+            name=f"{PHASE_NAMES[phase]} ({len(p):,} programs)", customdata=p[["program"]],
+            hovertemplate=f"{PHASE_NAMES[phase]} program " + "%{customdata[0]}<br>SM %{y}<br>%{base:.3g} → "
+                          "%{x:.3g} long<extra></extra>"))
+    spans = {ph: (g["t_end"].max() - g["t_start"].min()) / div for ph, g in bwd_tl.groupby("phase")}
+    unit = "tile-units" if bwd_tl.attrs.get("modelled", True) else "µs"
+    sub = " · ".join(f"{PHASE_NAMES[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
+    where = (f"modelled: list scheduling on {bwd_tl.attrs.get('sms')} SMs, programs in the kernel's start order "
+             "(no hardware clock); " if bwd_tl.attrs.get("modelled", True) else "measured: globaltimer and SM id per program; ")
+    fig.update_layout(title=title("Backward SM lanes: D, then dK·dV and dQ programs", sub), template=TEMPLATE,
+                      barmode="overlay", bargap=0, height=560, width=1250,
+                      legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"))
+    fig.update_xaxes(title_text=xtitle, rangemode="tozero")
+    fig.update_yaxes(title_text="SM", autorange="reversed")
+    return caption(fig, where + provenance, width=170)
+
+
+def time_split(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame) -> pd.DataFrame:
+    """Per phase (forward, delta, dkdv, dq): start and end on its pass's clock (the forward from
+    its first item, the backward from its first program), span and busy SM time (Σ program
+    durations), in the timelines' unit; fwd_tl is schedule_model.timeline(trace)."""
+    rows = [("forward", fwd_tl["t_start"].min(), fwd_tl["t_end"].max(), (fwd_tl["t_end"] - fwd_tl["t_start"]).sum())]
+    f0 = rows[0][1]
+    rows = [("forward", 0.0, rows[0][2] - f0, rows[0][3])]
+    for phase in PHASE_ORDER:
+        g = bwd_tl[bwd_tl["phase"] == phase]
+        if len(g):
+            rows.append((phase, g["t_start"].min(), g["t_end"].max(), (g["t_end"] - g["t_start"]).sum()))
+    out = pd.DataFrame(rows, columns=["phase", "start", "end", "busy"])
+    out["span"] = out["end"] - out["start"]
+    return out
+
+
+def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, provenance: str = "") -> go.Figure:
+    """The time split forward / D / dK·dV / dQ: each phase as a bar from its first program's start
+    to its last program's end (the forward on its own clock, the backward phases on the
+    backward's: dK·dV and dQ share one launch, so they may overlap), with the span and, when
+    measured, the rate at the estimator's FLOPs (forward: `flops`; backward: `flops_backward`).
+
+    Arguments:
+        fwd_tl: schedule_model.timeline(trace). bwd_tl: backward_timeline(). est: the trace's
+            Estimate. provenance: the trace's provenance line.
+    Returns:
+        a Figure."""
+    if bool(fwd_tl.attrs.get("modelled", True)) != bool(bwd_tl.attrs.get("modelled", True)):
+        raise ValueError("the forward and the backward timelines must both be measured or both modelled")
+    split = time_split(fwd_tl, bwd_tl)
+    div, xtitle = _scale(bwd_tl)
+    measured = not bwd_tl.attrs.get("modelled", True)
+    unit = "µs" if measured else "tile-units"
+    fwd_span = split["span"].iat[0] / div
+    bwd_span = (split["end"].iloc[1:].max() - split["start"].iloc[1:].min()) / div
+    labels = [f"{PHASE_NAMES[p]}" for p in split["phase"]]
+    texts = [f"{s / div:,.3g} {unit}" for s in split["span"]]
+    fig = go.Figure(go.Bar(y=labels, x=split["span"] / div, base=split["start"] / div, orientation="h",
+                           marker_color=[PHASE_COLORS[p] for p in split["phase"]], text=texts,
+                           textposition="outside", cliponaxis=False, name="span",
+                           customdata=np.stack([split["busy"] / div], 1),
+                           hovertemplate="%{y}: %{x:.4g} " + unit + " from %{base:.4g}<br>busy SM time %{customdata[0]:.4g} "
+                                         + unit + "<extra></extra>"))
+    sub = f"forward {fwd_span:,.3g} {unit}, backward {bwd_span:,.3g} {unit} ({bwd_span / fwd_span:.2f}× the forward)"
+    if measured:
+        sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f}, "
+                f"backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
+    fig.update_layout(title=title("Time split: forward, D, dK·dV, dQ", sub), template=TEMPLATE, height=420,
+                      width=1150, showlegend=False, margin=dict(r=120))
+    fig.update_yaxes(autorange="reversed", title_text="")
+    fig.update_xaxes(title_text=xtitle.replace("the first backward program started",
+                                               "its pass's first program started"), rangemode="tozero")
+    where = "measured per program (globaltimer); " if measured else "modelled (no hardware clock): "
+    return caption(fig, where + provenance + "; FLOPs: " + ESTIMATOR, width=170)
+
+
+def backward_flops_figure(est) -> go.Figure:
+    """FLOPs of the forward's two matmuls and the backward's five (S recomputed, dV, dP, dQ, dK),
+    each 2·D per visible (query, key) pair per (batch, head): the backward is 2.5× the forward.
+
+    Arguments:
+        est: instrumentation.estimate's Estimate of the call.
+    Returns:
+        a Figure (GFLOP, stacked per pass)."""
+    per = est.flops / 2 / 1e9                       # one D-wide matmul over the visible pairs, GFLOP
+    parts = [("forward", "S = QKᵀ", FULL), ("forward", "O = PV", "#76b7b2"),
+             ("backward", "S = QKᵀ again (recompute P)", "#9c755f"), ("backward", "dV = PᵀdO", "#59a14f"),
+             ("backward", "dP = dO·Vᵀ", "#8c6bb1"), ("backward", "dQ = dS·K", NOW), ("backward", "dK = dSᵀQ", "#f4a259")]
+    fig = go.Figure()
+    for passname, name, color in parts:
+        fig.add_trace(go.Bar(x=[passname], y=[per], name=name, marker_color=color,
+                             hovertemplate=f"{name}: " + "%{y:,.4g} GFLOP<extra></extra>"))
+    for passname, total in (("forward", est.flops), ("backward", est.flops_backward)):
+        fig.add_annotation(x=passname, y=total / 1e9, text=f"{total / 1e9:,.4g} GFLOP", showarrow=False,
+                           yanchor="bottom", yshift=4)
+    shape = f"B {est.batch}, H {est.heads}, N_q {est.n_q}, N_k {est.n_k}, D {est.head_dim}, {est.mask}"
+    fig.update_layout(barmode="stack", template=TEMPLATE, height=520, width=900,
+                      title=title("FLOPs: the backward is 2.5× the forward",
+                                  f"{shape}: each matmul is 2·D per visible pair = {per:,.4g} GFLOP; "
+                                  f"backward {est.flops_backward / 1e9:,.4g} = 2.5 × {est.flops / 1e9:,.4g}"),
+                      legend=dict(x=1.02, y=1, xanchor="left", yanchor="top", traceorder="reversed"))
+    fig.update_yaxes(title_text="GFLOP (10⁹ floating-point operations)", range=[0, est.flops_backward / 1e9 * 1.15])
+    fig.update_xaxes(title_text="pass")
+    return caption(fig, ESTIMATOR + " at the trace's shape; the kernel's dQ pass recomputes S and dP once more", width=130)
+
+
+def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: str, n_q: int, n_k: int,
+                           mask: str = "causal") -> go.Figure:
+    """Memory of the backward over N (N_q = N_k): naive (P kept from the forward, plus dP and dS:
+    three N_q×N_k grids per head) against flash (O, lse and two float32 rows per query: O(N)),
+    with the GPUs' memory, and this call's (n_q, n_k) marked. Neither depends on the mask.
+
+    Arguments:
+        batch, heads, kv_heads, head_dim, dtype: the call's shape; n_q, n_k, mask: the call.
+    Returns:
+        a Figure (log-log, bytes)."""
+    rows = [estimate(batch, heads, kv_heads, n, n, head_dim, "full", dtype, 64, 64) for n in MEMORY_NS]
+    naive = [e.naive_bwd_peak_bytes for e in rows]
+    flash = [e.flash_bwd_peak_bytes for e in rows]
+    here = estimate(batch, heads, kv_heads, n_q, n_k, head_dim, mask, dtype, 64, 64)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=MEMORY_NS, y=naive, mode="lines+markers", name="naive backward: P, dP, dS",
+                             line=dict(color=NOW, width=3)))
+    fig.add_trace(go.Scatter(x=MEMORY_NS, y=flash, mode="lines+markers", name="flash backward: O, lse, D",
+                             line=dict(color=FULL, width=3)))
+    fig.add_trace(go.Scatter(x=[n_q, n_q], y=[here.naive_bwd_peak_bytes, here.flash_bwd_peak_bytes], mode="markers",
+                             marker=dict(size=14, symbol="diamond", color="#111"), name=f"this call (N_q {n_q})"))
+    for name, dev in DEVICES.items():
+        fig.add_hline(y=dev.memory_bytes, line=dict(dash="dot", width=1.5, color="#777"),
+                      annotation_text=f"{name} memory {fmt_bytes(dev.memory_bytes)}", annotation_position="top left")
+    byte_axis(fig, naive + flash + [d.memory_bytes for d in DEVICES.values()], title_text="memory the backward holds")
+    count_axis(fig, MEMORY_NS, title_text="sequence length N = N_q = N_k (tokens, log)")
+    ratio = here.naive_bwd_peak_bytes / here.flash_bwd_peak_bytes
+    fig.update_layout(
+        template=TEMPLATE, height=560, width=1150, legend=dict(x=0.01, y=0.99, xanchor="left", yanchor="top"),
+        title=title("Backward memory: naive stores N_q×N_k per head, flash recomputes from the lse",
+                    f"this call (N_q {n_q}, N_k {n_k}): naive {fmt_bytes(here.naive_bwd_peak_bytes)} vs flash "
+                    f"{fmt_bytes(here.flash_bwd_peak_bytes)} ({ratio:,.0f}×); B {batch}, H {heads}, D {head_dim}, "
+                    f"{dtype}; gradients and dO excluded (both hold them)"),
+        meta={"slide_legend_inside": True})
+    return caption(fig, ESTIMATOR, width=150)

@@ -1,0 +1,155 @@
+"""The Backward page's figures on tables built from the mask's block lists (what a backward
+trace holds): every visible tile once per phase in the order shown, dQ's sources, the lanes'
+programs, and the memory and FLOP numbers equal to instrumentation.estimate's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from app.figures.backward import dq_sources, dq_sources_figure, program_steps, tile_order_figure
+from app.figures.backward_time import (backward_flops_figure, backward_lanes_figure, backward_memory_figure,
+                                       backward_time_figure, backward_timeline, time_split)
+from instrumentation import estimate
+from kernels.masks import SKIPPED, parse_mask
+from tests.app.figures.checks import provenance_captions
+
+MASKS = ["full", "causal", "sliding_window:40", "prefix_lm:24", "document:30,50,40"]
+
+
+def _tables(mask, n_q, n_k, blocks, b=1, heads=2, seed=0):
+    """(fwd_tiles, bwd_tiles, bwd_work) as a backward trace holds them, from the block maps,
+    with each program's visit order shuffled so the figures must read `order`, not the index."""
+    rng = np.random.default_rng(seed)
+    spec = parse_mask(mask, n_q, n_k)
+    maps = {p: spec.block_map(n_q, *blocks[p], n_k) for p in blocks}
+    fwd, bwd, work = [], [], []
+    for bi in range(b):
+        for h in range(heads):
+            for i, row in enumerate(maps["forward"]):
+                ks = np.flatnonzero(row != SKIPPED)
+                for j in range(len(row)):
+                    vis = row[j] != SKIPPED
+                    fwd.append((bi * heads + h, i, j, vis, float(np.searchsorted(ks, j)) if vis else np.nan))
+            for phase, prog_axis in (("dkdv", 1), ("dq", 0)):
+                m = maps[phase] if prog_axis == 0 else maps[phase].T
+                for p, line in enumerate(m):
+                    seen = np.flatnonzero(line != SKIPPED)
+                    order = rng.permutation(len(seen)) + 100
+                    for o, x in zip(order, seen):
+                        qb, kb = (p, x) if prog_axis == 0 else (x, p)
+                        bwd.append((phase, bi, h, int(qb), int(kb), int(o)))
+                    work.append((phase, bi, h, p, len(work), len(seen)))
+    fwd = pd.DataFrame(fwd, columns=["bh", "q_block", "k_block", "visited", "order"])
+    bwd = pd.DataFrame(bwd, columns=["phase", "b", "head", "q_block", "k_block", "order"])
+    work = pd.DataFrame(work, columns=["phase", "b", "head", "block", "program", "tiles"])
+    work = pd.concat([pd.DataFrame({"phase": "delta", "b": 0, "head": 0, "block": range(3), "program": range(3),
+                                    "tiles": 0}), work], ignore_index=True)
+    work["order"] = np.arange(len(work))
+    work["sm"], work["t_start"], work["t_end"] = -1, np.nan, np.nan
+    return maps, fwd, bwd, work
+
+
+BLOCKS = {"forward": (16, 8), "dkdv": (8, 16), "dq": (16, 8)}
+
+
+def _heatmap_steps(trace):
+    """{(q_block, k_block): step} of a heatmap trace (NaN cells left out)."""
+    z = np.asarray(trace.z, float)
+    return {(int(i), int(j)): int(z[i, j]) for i, j in zip(*np.nonzero(np.isfinite(z)))}
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_tile_order_shows_every_visible_tile_once_in_visit_order(mask):
+    n_q = n_k = 120
+    maps, fwd, bwd, _ = _tables(mask, n_q, n_k, BLOCKS)
+    fig = tile_order_figure(fwd, bwd, BLOCKS, n_q, n_k, b=0, head=1, heads=2, provenance="test run")
+    heat = [d for d in fig.data if d.type == "heatmap"]
+    for trace, phase, prog in zip(heat, ("forward", "dkdv"), ("q_block", "k_block")):
+        cells = _heatmap_steps(trace)
+        visible = {tuple(map(int, x)) for x in np.argwhere(maps[phase] != SKIPPED)}
+        assert set(cells) == visible                         # every visible tile, none other
+        if phase == "dkdv":
+            want = bwd[(bwd.phase == "dkdv") & (bwd.b == 0) & (bwd["head"] == 1)]
+            for kb, g in want.groupby("k_block"):             # step = rank of the kernel's order
+                ranked = g.sort_values("order")["q_block"].tolist()
+                assert [cells[(q, kb)] for q in ranked] == list(range(len(ranked)))
+        else:
+            for (q, k), s in cells.items():
+                assert s == int(np.sum(maps["forward"][q, :k] != SKIPPED))
+    paths = [d for d in fig.data if d.type == "scatter" and d.mode == "lines"]
+    kv_path = paths[1]                                       # a dK·dV program stays in its column
+    xs = [x for x in kv_path.x if x is not None]
+    assert len(xs) == len(bwd[(bwd.phase == "dkdv") & (bwd.b == 0) & (bwd["head"] == 1)])
+    assert any("test run" in c for c in provenance_captions(fig))
+
+
+def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
+    n_q, n_k = 120, 136                                       # N_q != N_k: bottom-right aligned
+    maps, _, bwd, _ = _tables("causal", n_q, n_k, BLOCKS)
+    for q_block in range(maps["dq"].shape[0]):
+        row = dq_sources(bwd, 0, 0, q_block)
+        assert sorted(row["k_block"]) == np.flatnonzero(maps["dq"][q_block] != SKIPPED).tolist()
+        assert row["step"].tolist() == list(range(len(row)))
+        assert row["order"].is_monotonic_increasing
+    fig = dq_sources_figure(bwd, BLOCKS, n_q, n_k, b=0, head=0, q_block=3, provenance="test run")
+    pts = next(d for d in fig.data if d.type == "scatter")
+    row = dq_sources(bwd, 0, 0, 3)
+    assert np.allclose(pts.x, (row["k_block"] + 0.5) * BLOCKS["dq"][1])
+    assert list(pts.text) == [str(s + 1) for s in row["step"]]
+    assert "[48, 64)" in fig.layout.title.text
+    with pytest.raises(ValueError, match="no dQ tiles"):
+        dq_sources_figure(bwd, BLOCKS, n_q, n_k, q_block=99)
+
+
+def test_program_steps_rank_within_each_program():
+    t = pd.DataFrame({"q_block": [0, 0, 1, 1, 1], "k_block": [2, 1, 0, 2, 1], "order": [7, 3, 9, 1, 5]})
+    s = program_steps(t, "q_block")
+    assert s[["q_block", "k_block", "step"]].values.tolist() == [[0, 1, 0], [0, 2, 1], [1, 2, 0], [1, 1, 1], [1, 0, 2]]
+
+
+def test_modelled_lanes_schedule_every_program_once():
+    _, _, _, work = _tables("causal", 120, 120, BLOCKS)
+    tl = backward_timeline(work, sms=4)
+    assert tl.attrs["modelled"] and len(tl) == len(work)
+    assert tl[tl.phase == "delta"]["t_end"].max() <= tl[tl.phase != "delta"]["t_start"].min()  # its own launch
+    for _, g in tl.groupby("sm"):                             # one program at a time per SM
+        g = g.sort_values("t_start")
+        assert (g["t_start"].to_numpy()[1:] >= g["t_end"].to_numpy()[:-1] - 1e-9).all()
+    fig = backward_lanes_figure(tl, "interpreter run")
+    assert sum(len(d.y) for d in fig.data) == len(work)
+    assert "modelled" in fig.layout.xaxis.title.text and "modelled" in provenance_captions(fig)[0]
+
+
+def test_measured_time_split_spans_and_rates():
+    fwd = pd.DataFrame({"t_start": [1000.0, 1500.0], "t_end": [3000.0, 5000.0]})
+    fwd.attrs["modelled"] = False
+    work = pd.DataFrame({"phase": ["delta", "dkdv", "dkdv", "dq"], "program": [0, 0, 1, 2], "sm": [0, 1, 2, 1],
+                         "t_start": [50.0, 1000.0, 1100.0, 4000.0], "t_end": [300.0, 6000.0, 7000.0, 11000.0]})
+    bwd = backward_timeline(work)
+    assert not bwd.attrs["modelled"] and bwd["t_start"].min() == 0
+    split = time_split(fwd, bwd).set_index("phase")
+    assert split.loc["forward", "span"] == 4000 and split.loc["dkdv", "span"] == 6000
+    assert split.loc["dq", "end"] == 10950 and split.loc["dkdv", "busy"] == 10900
+    e = estimate(1, 2, 2, 128, 128, 64, "causal", "bf16")
+    fig = backward_time_figure(fwd, bwd, e, "H100 run")
+    sub = fig.layout.title.subtitle.text
+    assert f"{e.flops / 4e-6 / 1e12:,.0f}" in sub and f"{e.flops_backward / 10.95e-6 / 1e12:,.0f}" in sub
+    assert "µs" in fig.layout.xaxis.title.text
+
+
+def test_flops_and_memory_are_the_estimators():
+    e = estimate(2, 4, 2, 256, 320, 64, "sliding_window:100", "fp16")
+    fig = backward_flops_figure(e)
+    bars = [d for d in fig.data if d.type == "bar"]
+    assert sum(b.y[0] for b in bars if b.x[0] == "forward") * 1e9 == pytest.approx(e.flops)
+    assert sum(b.y[0] for b in bars if b.x[0] == "backward") * 1e9 == pytest.approx(e.flops_backward)
+    assert e.flops_backward == 2.5 * e.flops
+    mem = backward_memory_figure(2, 4, 2, 64, "fp16", 256, 320, "sliding_window:100")
+    naive, flash, here = mem.data[:3]
+    for n, y_naive, y_flash in zip(naive.x, naive.y, flash.y):
+        at = estimate(2, 4, 2, n, n, 64, "causal", "fp16")
+        assert (y_naive, y_flash) == (at.naive_bwd_peak_bytes, at.flash_bwd_peak_bytes)
+    assert list(here.y) == [e.naive_bwd_peak_bytes, e.flash_bwd_peak_bytes]
+    assert "instrumentation.estimate" in provenance_captions(mem)[0]
