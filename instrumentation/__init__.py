@@ -22,7 +22,7 @@ import kernels  # noqa: F401  (first: chooses the interpreter before triton is i
 # that replaces instrumentation.recording.record replaces what `from instrumentation import
 # record` returns
 _LAZY = {"Trace": "trace", "TraceFormatError": "trace", "SCHEMA_VERSION": "trace",
-         "record": "recording", "record_decode": "recording", "make_decode_inputs": "recording",
+         "record": "recording", "record_decode": "recording", "record_varlen": "recording", "make_decode_inputs": "recording",
          "make_inputs": "recording", "document_lengths": "recording", "environment": "recording",
          "DTYPES": "recording", "estimate": "analysis.estimator"}
 
@@ -35,5 +35,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'instrumentation' has no attribute {name!r}")
 
 
-__all__ = ["record", "record_decode", "make_decode_inputs", "make_inputs", "document_lengths",
+__all__ = ["record", "record_decode", "record_varlen", "make_decode_inputs", "make_inputs", "document_lengths",
            "environment", "DTYPES", "Trace", "TraceFormatError", "SCHEMA_VERSION", "estimate", "hf"]

@@ -42,12 +42,20 @@ class VarlenTraceBuffers:
 
     work: (programs, 5) int64 per program: program, order, smid, t_start, t_end (-1 where unknown).
     items: (programs, 4) int64 host array per program: seq, head, q_block, key blocks read.
-    plan: the VarlenPlan the call ran."""
+    plan: the VarlenPlan the call ran.
+    tile_head: a query head whose key-block visits to record (None: none), for the first
+        tile_seqs sequences: tiles (slots, n_kb, 4) int64 per key block: step within the item,
+        visits, clock64 start, end (-1 / 0 where not visited); tile_slot (programs,) the slot
+        of each program (-1 untraced)."""
 
     work: torch.Tensor | None = None
     counter: torch.Tensor | None = None
     items: np.ndarray | None = None
     plan: "VarlenPlan | None" = None
+    tile_head: int | None = None
+    tile_seqs: int = 64
+    tiles: torch.Tensor | None = None
+    tile_slot: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)      # hashed by identity: its device copy is cached per plan
@@ -256,7 +264,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                 plan.q_block[per_item], (plan.items[:, 8] - plan.items[:, 5])[per_item]],
                                axis=1).astype(np.int64)
         trace.plan = plan
+        _tile_buffers(trace, plan, h, q.device)
     tr = (trace.work, trace.counter) if trace is not None else (items, items)
+    trace_tiles = trace is not None and trace.tiles is not None
+    tile_args = ((trace.tiles, torch.from_numpy(trace.tile_slot).to(q.device), trace.tiles.shape[1])
+                 if trace_tiles else (items, items, 0))
     if paged:
         # (num_blocks, page_size, H_kv, D): page stride, row-in-page stride, head stride
         kp, kt, kh = k.stride(0), k.stride(1), k.stride(2)
@@ -266,16 +278,31 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         (kt, kh), (vt, vh), kp, vp, page_size = k.stride()[:2], v.stride()[:2], 0, 0, 1
     d_pad = padded_head_dim(d)
     varlen_fwd_kernel[(n_prog,)](
-        q, k, v, o, lse, items, row_lo, row_hi, table if paged else items, *tr,
+        q, k, v, o, lse, items, row_lo, row_hi, table if paged else items, *tr, *tile_args,
         q.stride(0), q.stride(1), kt, kh, kp, vt, vh, vp, o.stride(0), o.stride(1),
         lse.stride(0) if return_lse else 0, table.stride(0) if paged else 0,
         h, h // k.shape[-2], scale * LOG2E,
         head_dim=d, HEAD_DIM=d_pad, BLOCK_M=bm, BLOCK_N=bn, PAGED=paged, PAGE_SIZE=page_size,
         EVEN_D=d == d_pad, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, RETURN_LSE=bool(return_lse),
-        TRACE=trace is not None, HW_CLOCK=hw_clock,
+        TRACE=trace is not None, TRACE_TILES=trace_tiles, HW_CLOCK=hw_clock,
         num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages)
     return (o, lse) if return_lse else o
+
+
+def _tile_buffers(trace: VarlenTraceBuffers, plan: VarlenPlan, h: int, device) -> None:
+    """Tile slots for the programs of head trace.tile_head in the first trace.tile_seqs sequences."""
+    if trace.tile_head is None:
+        return
+    if not 0 <= trace.tile_head < h:
+        _fail(f"tile_head={trace.tile_head} must be a query head in 0..{h - 1}")
+    traced = np.flatnonzero(plan.items[:, 0] < trace.tile_seqs)                # item indices
+    slot = np.full(plan.items.shape[0] * h, -1, np.int32)
+    slot[traced * h + trace.tile_head] = np.arange(traced.size, dtype=np.int32)
+    n_kb = int(plan.items[traced, 8].max()) if traced.size else 1
+    tiles = torch.full((max(traced.size, 1), max(n_kb, 1), 4), -1, dtype=torch.int64, device=device)
+    tiles[:, :, 1] = 0                                                          # visits
+    trace.tiles, trace.tile_slot = tiles, slot
 
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mask="causal", sm_scale=None, block_table=None):

@@ -18,6 +18,8 @@ tile's rows are gathered through the table (any page size; one table entry per k
 
 Scores are kept in log2 units as in kernels.flash_kernel (whose tile load and P.V helpers this
 kernel calls). TRACE stores one record per program: program, order, smid, t_start, t_end.
+TRACE_TILES also records, for the programs the host gave a tile slot (tile_slot[pid] >= 0),
+each key block's visit: (step within the item, visits, clock64 at start, at end) per block.
 """
 
 from .runtime import choose_backend
@@ -27,7 +29,7 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .flash_kernel import KV_EVICT_NORMAL, _globaltimer, _smid, accumulate_pv, load_kv_tile  # noqa: E402
+from .flash_kernel import KV_EVICT_NORMAL, _clock64, _globaltimer, _smid, accumulate_pv, load_kv_tile  # noqa: E402
 
 LN2 = tl.constexpr(0.6931471805599453)
 # seq, q_start, q_end, k_start, len_k, kb_lo, f_lo, f_hi, kb_end (host: kernels.varlen.ITEM_COLUMNS)
@@ -51,10 +53,13 @@ def _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, k
                   row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt, stride_vp,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
                   PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  UPCAST_DOT: tl.constexpr):
+                  UPCAST_DOT: tl.constexpr, tiles_ptr, trace_here, step0,
+                  TRACE_TILES: tl.constexpr, HW_CLOCK: tl.constexpr):
     """Online softmax over key blocks [kb_from, kb_to); MASKED applies each row's [lo, hi]."""
     offs_n0 = tl.arange(0, BLOCK_N)
     for kb in range(kb_from, kb_to):
+        if TRACE_TILES and HW_CLOCK:
+            c_start = _clock64()
         offs_n = kb * BLOCK_N + offs_n0
         n_ok = offs_n < len_k
         k_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED, PAGE_SIZE)
@@ -83,17 +88,27 @@ def _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, k
                          MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (BLOCK_N, D)
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
+        if TRACE_TILES:      # compiled away untraced
+            if trace_here:
+                tile_ptr = tiles_ptr + kb * 4
+                tl.store(tile_ptr, step0 + kb - kb_from)
+                tl.atomic_add(tile_ptr + 1, 1)           # visits: a block read twice shows as 2
+                if HW_CLOCK:
+                    tl.store(tile_ptr + 2, c_start)
+                    tl.store(tile_ptr + 3, _clock64())
     return acc, l_i, m_i
 
 
 @triton.jit
 def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_work, tr_counter,
+                      tr_tiles, tile_slot, n_kb_trace,
                       stride_qt, stride_qh, stride_kt, stride_kh, stride_kp, stride_vt, stride_vh, stride_vp,
                       stride_ot, stride_oh, stride_lh, stride_bt, H, GROUP, qk_scale,
                       head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
                       EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                      RETURN_LSE: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
+                      RETURN_LSE: tl.constexpr, TRACE: tl.constexpr, TRACE_TILES: tl.constexpr,
+                      HW_CLOCK: tl.constexpr):
     if TRACE and HW_CLOCK:
         t_start = _globaltimer()
     pid = tl.program_id(0)
@@ -128,17 +143,27 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_wo
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if TRACE_TILES:
+        slot = tl.load(tile_slot + pid).to(tl.int64)
+        trace_here = slot >= 0
+        tiles_ptr = tr_tiles + slot * n_kb_trace * 4       # this item's (n_kb_trace, 4) records
+    else:
+        trace_here = False
+        tiles_ptr = tr_tiles
     # partial blocks before the full run (window start, prefix edge), the full run, then the
     # partial blocks after it (the diagonal, the sequence end)
     acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, kb_lo, f_lo,
                                   row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
-                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT)
+                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
+                                  tiles_ptr, trace_here, 0, TRACE_TILES, HW_CLOCK)
     acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_lo, f_hi,
                                   row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
-                                  stride_vp, BLOCK_N, False, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT)
+                                  stride_vp, BLOCK_N, False, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
+                                  tiles_ptr, trace_here, f_lo - kb_lo, TRACE_TILES, HW_CLOCK)
     acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_hi, kb_end,
                                   row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
-                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT)
+                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
+                                  tiles_ptr, trace_here, f_hi - kb_lo, TRACE_TILES, HW_CLOCK)
     # -- epilogue: one normalisation per row; a row that sees no key stores 0 (and lse -inf) --
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]

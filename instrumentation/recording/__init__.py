@@ -8,6 +8,7 @@ torch and triton load on first use of a name below; `inputs` alone needs neither
 from importlib import import_module
 
 _LAZY = {"record": "flash", "record_decode": "decode", "make_decode_inputs": "decode",
+         "record_varlen": "varlen",
          "record_ring": "ring", "RingConfig": "ring", "make_inputs": "inputs",
          "document_lengths": "inputs", "environment": "environment", "DTYPES": "environment",
          "time_ms": "timing"}

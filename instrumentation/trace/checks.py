@@ -12,7 +12,8 @@ import pandas as pd
 STATUSES = ("full", "partial", "skipped")
 # columns a page relies on beyond a table's registered ones, per recorder (meta.kind; flash
 # recordings have none)
-KIND_COLUMNS = {"flash": {"work": ["kv_head", "tiles_visited"]}}
+KIND_COLUMNS = {"flash": {"work": ["kv_head", "tiles_visited"]},
+                "varlen": {"work": ["seq", "kv_head", "tiles_visited", "len_q", "len_k"], "tiles": ["seq"]}}
 TIME_PAIRS = (("t_start", "t_end"), ("compute_start", "compute_end"))
 _FIX = "re-record the trace or restore its files"
 

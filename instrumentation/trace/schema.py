@@ -229,14 +229,16 @@ def check_consistent(meta: dict, tables: dict) -> None:
         problems.append(f"n_q_blocks x n_k_blocks = {n_qb} x {n_kb}, but N_q={n}, N_k={n_k} in "
                         f"blocks of {bm} x {bn} gives {-(-n // bm)} x {-(-n_k // bn)}")
     work = tables["work"]
-    if len(work) != bh * n_qb:
+    # a varlen (packed) batch has items only where its sequences have rows: at most the padded grid
+    ragged = meta.get("kind") == "varlen"
+    if len(work) > bh * n_qb or (not ragged and len(work) != bh * n_qb):
         problems.append(f"the work table has {len(work)} rows, but B*H x n_q_blocks = "
                         f"{bh} x {n_qb} = {bh * n_qb}")
     elif len(work) and (work["bh"].max() >= bh or work["q_block"].max() >= n_qb
                         or work["bh"].min() < 0 or work["q_block"].min() < 0):
         problems.append("the work table names heads or query blocks outside B*H x n_q_blocks")
     tiles = tables["tiles"]
-    if len(tiles) and (len(tiles) % (n_qb * n_kb) or tiles["q_block"].max() >= n_qb
+    if len(tiles) and ((not ragged and len(tiles) % (n_qb * n_kb)) or tiles["q_block"].max() >= n_qb
                        or tiles["k_block"].max() >= n_kb):
         problems.append(f"the tiles table ({len(tiles)} rows) does not fit an "
                         f"{n_qb} x {n_kb} tile grid")
