@@ -5,6 +5,7 @@
     python -m benchmarks.attention --config-file data/benchmarks/tuned-<device>.json
     python -m benchmarks.attention --device cpu --quick   # interpreter smoke run: tiny shapes
     python -m benchmarks.shapes                    # GQA, odd D, chunked prefill
+    python -m benchmarks.attention --backward      # the backward pass (benchmarks.backward)
 
 Every implementation runs on the same inputs (instrumentation.make_inputs). Before an
 implementation is timed its output is checked against a float32 reference on a slice (the first
@@ -439,6 +440,10 @@ def main(argv=None) -> int:
     from instrumentation.cli.args import run_guarded
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--backward" in argv:             # the backward's own benchmark (benchmarks.backward)
+        from .backward import main as backward_main
+
+        return backward_main([a for a in argv if a != "--backward"])
     args = build_parser().parse_args(argv)
     return run_guarded(_main, args, argv, what="the config file")
 

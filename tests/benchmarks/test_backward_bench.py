@@ -1,0 +1,89 @@
+"""benchmarks.backward (python -m benchmarks.attention --backward), its dQ-by-atomics variant and
+benchmarks.training's per-step checks: a CPU smoke run writes a valid result file with gradients
+checked against float32; the atomic variant's gradients match float64 autograd; on a GPU every
+backend of the benchmark agrees with ours before anything is timed."""
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import attention, load_results
+from benchmarks import backward as bench
+from benchmarks.backward_atomic import flash_attention_backward_atomic
+from benchmarks.training import checks
+from kernels import flash_attention
+from kernels.masks import parse_mask
+
+
+def test_smoke_run_writes_a_valid_result_file(tmp_path, device):
+    if device.type == "cuda":
+        pytest.skip("the GPU run is the benchmark itself")
+    rc = attention.main(["--backward", "--device", "cpu", "--quick", "--out", str(tmp_path)])
+    assert rc == 0
+    path = next(tmp_path.glob("backward-*.json"))
+    res = load_results(path, "backward")
+    (rec,) = res["records"]                           # SDPA's CUDA backends and Flex are skipped on the CPU
+    b, h, h_kv, n, d, mask = bench.CPU_CASES[0]
+    assert (rec["impl"], rec["status"], rec["seq_len"], rec["head_dim"], rec["mask"]) == ("tilescope", "ok", n, d, mask)
+    assert len(rec["rel_err_dq_dk_dv"]) == 3 and rec["rel_err"] < 1e-5        # float32 against SDPA float32
+    assert rec["ms"] > 0 and rec["fwd_bwd_ms"] > 0
+    pairs = n * n if mask == "full" else n * (n + 1) // 2
+    assert rec["tflops"] == pytest.approx(2.5 * 4 * b * h * d * pairs / (rec["ms"] * 1e-3) / 1e12)
+    assert rec["fwd_bwd_tflops"] == pytest.approx(3.5 * 4 * b * h * d * pairs / (rec["fwd_bwd_ms"] * 1e-3) / 1e12)
+    meta = json.loads(path.read_text())["meta"]
+    assert meta["kind"] == "backward" and meta["command"].startswith("python -m benchmarks.attention --backward")
+
+
+def test_unknown_impl_is_refused():
+    with pytest.raises(SystemExit, match="unknown impl"):
+        bench.main(["--device", "cpu", "--impls", "tilescope,fa3"])
+
+
+@pytest.mark.parametrize("mask,h,h_kv,n", [("causal", 4, 2, 80), ("sliding_window:20", 2, 2, 70)])
+def test_atomic_dq_variant_matches_float64_autograd(device, mask, h, h_kv, n):
+    g = torch.Generator().manual_seed(n)
+    q, do = (torch.randn(1, h, n, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, h_kv, n, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    lo, hi = (torch.from_numpy(a.astype("int64")) for a in parse_mask(mask, n).row_intervals(n))
+    cols = torch.arange(n)
+    visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+    s = leaves[0] @ leaves[1].repeat_interleave(h // h_kv, 1).transpose(-1, -2) / 32 ** 0.5
+    ref = torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ leaves[2].repeat_interleave(h // h_kv, 1)
+    want = torch.autograd.grad(ref, leaves, do)
+    q32, k32, v32, do32 = (t.float().to(device) for t in (q, k, v, do))
+    with torch.no_grad():
+        o, lse = flash_attention(q32, k32, v32, mask=mask, return_lse=True)
+    got = flash_attention_backward_atomic(do32, q32, k32, v32, o, lse, mask)
+    for x, r in zip(got, want):
+        assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-5
+
+
+def test_training_checks_band_and_coin_toss_bound():
+    fp32 = [4.0, 3.0, 2.0, 1.0]
+    runs = {"sdpa_fp32": fp32, "ours_bf16": [4.0, 3.1, 2.05, 1.0],
+            "sdpa_flash": [4.0, 3.2, 2.01, 1.0], "sdpa_cudnn": [4.0, 2.95, 2.06, 1.2]}
+    shadow = {"ours_bf16": dict(grad_err=[1e-3, 2e-3, 5e-3, 1e-3]),
+              "sdpa_flash": dict(grad_err=[1e-3, 1e-3, 2e-3, 1e-3]),
+              "sdpa_cudnn": dict(grad_err=[2e-3, 3e-3, 1e-3, 1e-3])}
+    per_step, s = checks(runs, shadow, ["sdpa_flash", "sdpa_cudnn"])
+    assert per_step["band"] == pytest.approx([0.0, 0.2, 0.06, 0.2])
+    # step 0: every loss equal, so the issue's bound is 0 and holds only with equality
+    assert s["issue_steps_bound_zero"] == 2 and s["issue_steps_within"] == 3
+    assert s["band_steps_within"] == 4
+    # step 2: 5e-3 against twice min(2e-3, 1e-3)
+    assert s["same_weights_steps_within"] == 3 and s["same_weights_max_ratio"] == pytest.approx(5.0)
+
+
+@pytest.mark.gpu
+def test_every_backend_agrees_with_ours_before_timing():
+    records = bench.run_case((2, 16, 16, 4096, 128, "causal"), bench.IMPLS, torch.device("cuda"),
+                             torch.bfloat16, seed=1)
+    ours = records[0]
+    assert ours["impl"] == "tilescope" and ours["status"] == "ok" and ours["rel_err"] < 1e-2
+    for rec in records[1:]:
+        if rec["status"] == "error":           # a backend that does not take this shape says so
+            continue
+        assert rec["status"] == "ok" and rec["rel_err"] < 1e-2
+        assert max(rec["vs_ours_dq_dk_dv"]) < 2e-2
