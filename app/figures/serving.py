@@ -1,0 +1,185 @@
+"""Serving figures, paged KV cache: pure functions data -> plotly Figure (no Streamlit).
+
+    block_table_figure(frame, num_pages, ...)   sequences' logical blocks -> pages of the pool
+    page_walk_figure(reads, ...)                one sequence's programs reading pages over time
+    cache_bytes_figure(acc, by_page_size, ...)  paged vs contiguous bytes, unused slots by page size
+
+The varlen batch's figures are in app.figures.serving_varlen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ._common import SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fmt_bytes, title
+
+SEQ_COLOURS = ["#3d7ab8", "#f4a259", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+               "#ff9da7", "#9c755f", "#4e79a7", "#f28e2b", "#8cd17d"]
+SHARED = "#3b1f5c"          # a page several sequences point at
+MAX_LINKS = 48              # arrows drawn from the followed sequence's blocks to their pages
+
+
+def seq_colour(b: int) -> str:
+    return SEQ_COLOURS[int(b) % len(SEQ_COLOURS)]
+
+
+def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, follow: int = 0) -> go.Figure:
+    """The block table as a picture: each sequence's row of logical blocks (top), the pool of
+    physical pages (below, in rows of the table's width), shared pages dark in both, and lines
+    from the followed sequence's blocks to the pages they point at.
+
+    Arguments:
+        frame: kv_cache.block_table_frame (b, logical_block, physical_block, tokens, sharers).
+        num_pages: pages in the pool; page_size: tokens per page.
+        provenance: the caption's source line; follow: the sequence whose lookups are drawn.
+    Returns: a Figure."""
+    n_seq = int(frame["b"].max()) + 1
+    width = int(frame["logical_block"].max()) + 1
+    pool_rows = -(-int(num_pages) // width)
+    # codes: 0 a table entry past the sequence's end, 1 a free page of the pool, 2 shared, 3 + b
+    colours = ["#ffffff", SKIPPED_GREY, SHARED] + [seq_colour(b) for b in range(n_seq)]
+    code = np.where(frame["sharers"].to_numpy() > 1, 2, 3 + frame["b"].to_numpy())
+    table = np.zeros((n_seq, width))
+    table[frame["b"], frame["logical_block"]] = code
+    hover_t = np.full((n_seq, width), "past the sequence's end (no page)", dtype=object)
+    for r in frame.itertuples():
+        hover_t[r.b, r.logical_block] = (f"sequence {r.b}, logical block {r.logical_block} → page {r.physical_block}"
+                                         f"<br>{r.tokens} of {page_size} tokens"
+                                         + (f"<br>shared by {r.sharers} sequences" if r.sharers > 1 else ""))
+    pool = np.ones(pool_rows * width)
+    hover_p = np.full(pool_rows * width, "free page (no sequence)", dtype=object)
+    hover_p[num_pages:] = ""
+    pool[num_pages:] = np.nan
+    for page, g in frame.groupby("physical_block"):
+        pool[page] = 2 if g["b"].nunique() > 1 else 3 + int(g["b"].iat[0])
+        who = ", ".join(map(str, sorted(g["b"].unique())))
+        hover_p[page] = f"page {page}: logical block {int(g['logical_block'].iat[0])} of sequence{'s' if g['b'].nunique() > 1 else ''} {who}"
+    # the pool sits under the table with a one-row gap: table rows 0..B-1, pool rows B+1..
+    y_pool = n_seq + 1 + np.arange(pool_rows)
+    scale = discrete_colorscale(colours)
+    common = dict(colorscale=scale, zmin=-0.5, zmax=len(colours) - 0.5, showscale=False, xgap=1, ygap=2,
+                  hovertemplate="%{text}<extra></extra>")
+    fig = go.Figure(go.Heatmap(z=table, x=np.arange(width), y=np.arange(n_seq), text=hover_t, **common))
+    fig.add_trace(go.Heatmap(z=pool.reshape(pool_rows, width), x=np.arange(width), y=y_pool,
+                             text=hover_p.reshape(pool_rows, width), **common))
+    mine = frame[frame["b"] == follow]
+    if len(mine) > MAX_LINKS:      # evenly spaced lookups, the first and last always among them
+        mine = mine.iloc[np.unique(np.linspace(0, len(mine) - 1, MAX_LINKS).round().astype(int))]
+    xs, ys = [], []
+    for r in mine.itertuples():
+        xs += [r.logical_block, r.physical_block % width, None]
+        ys += [follow, n_seq + 1 + r.physical_block // width, None]
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="rgba(30,30,30,0.45)", width=1),
+                             hoverinfo="skip", name=f"sequence {follow}'s lookups"))
+    for name, colour in [("shared page", SHARED), ("free page", SKIPPED_GREY)] + [
+            (f"sequence {b}", seq_colour(b)) for b in range(min(n_seq, 8))]:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker=dict(symbol="square", size=12, color=colour)))
+    shared = int((frame.groupby("physical_block")["b"].nunique() > 1).sum())
+    ticks = list(range(n_seq)) + [n_seq + 1 + r for r in range(pool_rows)]
+    text = [f"seq {b}" for b in range(n_seq)] + [f"pages {r * width}–{min(num_pages, (r + 1) * width) - 1}"
+                                                  for r in range(pool_rows)]
+    fig.update_yaxes(autorange="reversed", tickvals=ticks, ticktext=text, title_text="block table ↑ · page pool ↓")
+    fig.update_xaxes(title_text=f"logical block (table, {page_size} tokens each) · page index mod {width} (pool)",
+                     range=[-0.5, width - 0.5])
+    fig.update_layout(template=TEMPLATE, height=max(380, 22 * (n_seq + pool_rows) + 250),
+                      legend=dict(x=1.01, y=1, yanchor="top", font=dict(size=11)),
+                      title=title("Block table: logical blocks → physical pages",
+                                  f"{n_seq} sequences, {len(frame)} table entries in use, {frame['physical_block'].nunique()} "
+                                  f"of {num_pages} pages; {shared} shared prefix pages (dark) serve every sequence that "
+                                  f"points at them; lines: sequence {follow}'s lookups"))
+    return caption(fig, provenance)
+
+
+def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figure:
+    """One sequence's page reads over time: the logical block each program asks for (top,
+    in order) and the physical page the table sends it to (below, anywhere in the pool).
+
+    Arguments:
+        reads: serving.page_read_times rows of that sequence (kv_head, split, logical_block,
+            physical_block, t_start, t_end in ns; sharers optional).
+        provenance: caption; modelled: the times are a model (no hardware clock); b: the sequence.
+    Returns: a Figure."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=["logical block asked for (in order)", "physical page read (the table's answer)"])
+    for (kv_head, split), g in reads.groupby(["kv_head", "split"], sort=True):
+        colour = SEQ_COLOURS[int(split) % len(SEQ_COLOURS)]
+        mid = (g["t_start"] + g["t_end"]).to_numpy() / 2e3
+        shared = g["sharers"].to_numpy() > 1 if "sharers" in g else np.zeros(len(g), bool)
+        show = bool(kv_head == reads["kv_head"].min())
+        for row, col in ((1, "logical_block"), (2, "physical_block")):
+            fig.add_trace(go.Scatter(
+                x=mid, y=g[col], mode="lines+markers", legendgroup=f"split {split}", showlegend=show and row == 1,
+                name=f"split {split}", line=dict(color=colour, width=1),
+                marker=dict(size=6, color=[SHARED if s else colour for s in shared]),
+                customdata=np.stack([g["logical_block"], g["physical_block"], g["t_start"] / 1e3,
+                                     g["t_end"] / 1e3], axis=1),
+                hovertemplate=f"KV head {kv_head}, split {split}<br>logical block %{{customdata[0]}} → page "
+                              "%{customdata[1]}<br>%{customdata[2]:.2f} to %{customdata[3]:.2f} µs<extra></extra>"),
+                row=row, col=1)
+    kind = "modelled time (no hardware clock)" if modelled else "time since the first program started"
+    fig.update_xaxes(title_text=f"{kind} (µs)", row=2, col=1)
+    fig.update_yaxes(title_text="logical block", row=1, col=1)
+    fig.update_yaxes(title_text="page in the pool", row=2, col=1)
+    n_prog = reads.groupby(["kv_head", "split"]).ngroups
+    fig.update_layout(template=TEMPLATE, height=560, title=title(
+        f"Sequence {b}'s programs walking the block table",
+        f"{n_prog} programs (KV heads × splits), {len(reads)} page reads; each program's reads are in logical "
+        "order,<br>the pages they land on are scattered over the pool (dark: a shared prefix page)"))
+    how = ("each program's start and end are the trace's; its reads, recorded in order, are spaced "
+           "inside that span by their keys")
+    return caption(fig, f"{provenance}; {how}")
+
+
+def _binary_axis(fig: go.Figure, top: float, col: int) -> None:
+    """A linear byte axis from 0 to top, ticks at a power-of-two step labelled in B / KiB / MiB."""
+    step = 2.0 ** np.ceil(np.log2(max(top, 8) / 6))
+    ticks = list(np.arange(0, top, step))
+    fig.update_yaxes(range=[0, top], tickmode="array", tickvals=ticks,
+                     ticktext=[fmt_bytes(t, binary=True) for t in ticks],
+                     title_text="bytes, one layer (KiB = 2¹⁰ B)", row=1, col=col)
+
+
+def cache_bytes_figure(acc, by_page_size: dict, provenance: str) -> go.Figure:
+    """One layer's KV cache, paged vs a contiguous max-length reserve (stacked: tokens stored,
+    unused slots, what sharing saved), and the paged cache's unused slots by page size.
+
+    Arguments:
+        acc: kv_cache.CacheBytes of the batch at its page size.
+        by_page_size: {page size: CacheBytes} of the same batch at other page sizes.
+        provenance: the caption's source line.
+    Returns: a Figure."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,
+                        subplot_titles=["bytes held for this batch (one layer)", "paged: unused slots by page size"])
+    names = [f"contiguous<br>({acc.max_len:,} tokens each)", f"paged<br>({acc.page_size} tokens / page)"]
+    stored = [acc.tokens * acc.token_bytes, acc.stored_tokens * acc.token_bytes]
+    unused = [acc.contiguous_unused_bytes, acc.paged_unused_bytes]
+    per_token = [acc.contiguous_bytes_per_token, acc.paged_bytes_per_token]
+    fig.add_trace(go.Bar(x=names, y=stored, name="tokens' K and V", marker_color="#3d7ab8",
+                         hovertemplate="%{x}<br>tokens' K and V: %{y:,} B<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=names, y=unused, name="reserved, no token", marker_color=SKIPPED_GREY,
+                         text=[f"{fmt_bytes(t + u, binary=True)} · {fmt_bytes(p, binary=True)} per token"
+                               for t, u, p in zip(stored, unused, per_token)],
+                         textposition="outside", cliponaxis=False,
+                         hovertemplate="%{x}<br>unused: %{y:,} B<extra></extra>"), row=1, col=1)
+    sizes = sorted(by_page_size)
+    fig.add_trace(go.Scatter(x=sizes, y=[by_page_size[p].paged_unused_bytes for p in sizes], mode="lines+markers",
+                             name="unused slots (last page of each sequence)", line=dict(color="#e15759"),
+                             hovertemplate="page %{x}: %{y:,} B unused<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=sizes, y=[by_page_size[p].shared_saved_bytes for p in sizes], mode="lines+markers",
+                             name="saved by sharing prefix pages", line=dict(color=SHARED, dash="dot"),
+                             hovertemplate="page %{x}: %{y:,} B saved<extra></extra>"), row=1, col=2)
+    _binary_axis(fig, max(s + u for s, u in zip(stored, unused)) * 1.25, 1)
+    right = [v for p in sizes for v in (by_page_size[p].paged_unused_bytes, by_page_size[p].shared_saved_bytes)]
+    _binary_axis(fig, max(right + [1]) * 1.15, 2)
+    fig.update_xaxes(type="log", tickvals=sizes, ticktext=[str(p) for p in sizes],
+                     title_text="page size (tokens)", row=1, col=2)
+    fig.update_layout(template=TEMPLATE, barmode="stack", height=480,
+                      legend=dict(x=1.02, y=1, yanchor="top", font=dict(size=11)),
+                      title=title("KV cache: paged vs a contiguous max-length reserve",
+                                  f"{acc.batch} sequences, {acc.tokens:,} tokens, {fmt_bytes(acc.token_bytes)} per token "
+                                  f"(2·H_kv·D·e); paged holds {acc.paged_bytes / acc.contiguous_bytes:.0%} of the "
+                                  f"contiguous bytes, {acc.shared_pages} shared pages save {fmt_bytes(acc.shared_saved_bytes, binary=True)}"))
+    return caption(fig, f"{provenance}; bytes: instrumentation.analysis.kv_cache (docs/formulas.md)")

@@ -1,0 +1,120 @@
+"""The Serving page's recordings: bundled ones under data/serving/ and live runs at small sizes.
+
+    bundled_serving(root)          {kind: [paths]} of data/serving/*/manifest.json, by their meta:
+                                   'paged' (a decode trace with meta paged), 'varlen' (a varlen
+                                   trace), 'padded' (a record() trace of the same batch padded)
+    run_paged(where, lengths, ...)   record_decode over a shared-prefix block table
+    run_varlen(where, lengths, ...)  record_varlen of a packed batch and record() of it padded
+
+No Streamlit here: the page caches these calls.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+# the interpreter runs one numpy op at a time: keep live runs to seconds on 2 CPUs
+LIVE_LIMITS = {"interpreter": dict(seqs=6, length=1024), "gpu": dict(seqs=16, length=32768)}
+LIVE_SHAPE = {"interpreter": dict(heads=4, kv_heads=2, head_dim=32, dtype="fp32"),
+              "gpu": dict(heads=32, kv_heads=8, head_dim=128, dtype="bf16")}
+
+
+def kind_of(meta: dict) -> str | None:
+    """'paged', 'varlen', 'padded' or None (another kind of recording) from a manifest's meta."""
+    if meta.get("kind") == "decode":
+        return "paged" if meta.get("paged") else None
+    if meta.get("kind") == "varlen" or "cu_seqlens_q" in meta:
+        return "varlen"
+    if "ring" not in meta and meta.get("shape"):
+        return "padded"
+    return None
+
+
+def bundled_serving(root: Path) -> dict:
+    """{kind: [recording directories]} under root/serving/, found from their manifests alone.
+
+    Arguments: root, the data directory. Returns: dict kind -> sorted list of Paths."""
+    out: dict = {}
+    for man in sorted((Path(root) / "serving").glob("*/manifest.json")):
+        try:
+            meta = json.loads(man.read_text()).get("meta", {})
+        except (OSError, ValueError):
+            continue                      # a broken recording is simply not offered
+        kind = kind_of(meta)
+        if kind:
+            out.setdefault(kind, []).append(man.parent)
+    return out
+
+
+def check_lengths(lengths, where: str) -> list[int]:
+    """The lengths as ints within the live source's limits; ValueError in one line otherwise."""
+    lim = LIVE_LIMITS[where]
+    lens = [int(x) for x in lengths]
+    if not 1 <= len(lens) <= lim["seqs"]:
+        raise ValueError(f"give 1 to {lim['seqs']} sequences for a live {where} run, got {len(lens)}")
+    if min(lens) < 1 or max(lens) > lim["length"]:
+        raise ValueError(f"each length must lie in 1..{lim['length']} for a live {where} run, got {lens}")
+    return lens
+
+
+def run_paged(where: str, lengths, page_size: int, shared_prefix: int, seed: int = 0):
+    """One decode step over a paged cache whose sequences share a prefix; returns its Trace.
+
+    Arguments: where 'interpreter' | 'gpu'; lengths per sequence; page_size (16..256);
+    shared_prefix tokens (<= the shortest length); seed of the data and the pool's order."""
+    import torch
+
+    from instrumentation import make_decode_inputs, record_decode
+    from instrumentation.analysis.kv_cache import shared_prefix_table
+
+    lens = check_lengths(lengths, where)
+    if not 0 <= shared_prefix <= min(lens):
+        raise ValueError(f"the shared prefix must lie in 0..{min(lens)} (the shortest sequence), got {shared_prefix}")
+    shape, dev = LIVE_SHAPE[where], ("cuda" if where == "gpu" else "cpu")
+    q, k, v = make_decode_inputs(len(lens), shape["heads"], shape["kv_heads"], max(lens), shape["head_dim"],
+                                 1, shape["dtype"], seed=seed, device=dev)
+    k[:, :, :shared_prefix], v[:, :, :shared_prefix] = k[:1, :, :shared_prefix], v[:1, :, :shared_prefix]
+    table, num_pages = shared_prefix_table(lens, page_size, shared_prefix, spare_pages=2, seed=seed)
+    pools = []
+    for t in (k, v):                                      # (B, H_kv, N, D) -> pages (P, H_kv, D)
+        pool = torch.zeros(num_pages, page_size, t.shape[1], t.shape[3], dtype=t.dtype, device=dev)
+        for b, n in enumerate(lens):
+            for j in range(-(-n // page_size)):
+                rows = t[b, :, j * page_size:min(n, (j + 1) * page_size)].transpose(0, 1)
+                pool[int(table[b, j]), :rows.shape[0]] = rows
+        pools.append(pool)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    return record_decode(q, pools[0], pools[1], seqlens, num_splits="auto", measure=dev == "cuda",
+                         block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev))[1]
+
+
+def run_varlen(where: str, lengths, block: int = 32, seed: int = 0):
+    """A packed causal prefill of ragged lengths and the same batch padded; returns (varlen, padded)
+    Traces. ValueError (one line) when this checkout has no record_varlen yet."""
+    import torch
+
+    from instrumentation import record
+
+    try:
+        from instrumentation import record_varlen
+    except ImportError:
+        raise ValueError("this checkout has no instrumentation.record_varlen: open the bundled recordings") from None
+    lens = check_lengths(lengths, where)
+    shape, dev = LIVE_SHAPE[where], ("cuda" if where == "gpu" else "cpu")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[shape["dtype"]]
+    g = torch.Generator(device=dev).manual_seed(seed)
+    h, h_kv, d, n = shape["heads"], shape["kv_heads"], shape["head_dim"], max(lens)
+    q = torch.randn(len(lens), h, n, d, generator=g, device=dev, dtype=dtype)
+    k = torch.randn(len(lens), h_kv, n, d, generator=g, device=dev, dtype=dtype)
+    v = torch.randn(len(lens), h_kv, n, d, generator=g, device=dev, dtype=dtype)
+
+    def pack(t):                                         # (B, H, N, D) -> (Σ L_b, H, D)
+        return torch.cat([t[b, :, :L].transpose(0, 1) for b, L in enumerate(lens)]).contiguous()
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=dev)
+    blocks = dict(block_m=block, block_n=block)
+    _, packed = record_varlen(pack(q), pack(k), pack(v), cu, cu, n, n, mask="causal", **blocks)
+    _, padded = record(q, k, v, mask="causal", level="work", **blocks)
+    return packed, padded

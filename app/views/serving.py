@@ -1,0 +1,151 @@
+"""Page: serving. A decode step over a paged KV cache (the block table as a picture, a sequence's
+programs walking it, the cache's bytes paged vs a contiguous max-length reserve) and a packed
+varlen batch on the SM lanes beside the same batch padded."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from app import settings, sources, url_state
+from app.figures import serving_traces as charts
+from app.figures._common import fmt_bytes
+from app.sources import serving as srv
+from app.text import plain
+from app.views import common
+
+s = settings.current()
+st.title("Serving: a paged KV cache and a packed batch")
+st.caption("PagedAttention keeps each sequence's keys and values in fixed-size pages anywhere in a "
+           "pool, found through a block table; the kernel walks a sequence's logical blocks in order "
+           "and looks each one's page up (the same Flash update, a different address). A packed "
+           "(varlen) batch runs only the work items its real tokens need; padding every sequence to "
+           "the longest computes the rest and throws it away.")
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def load(path: str, mtime: float):
+    from instrumentation.trace import Trace
+
+    return Trace.load(path)
+
+
+def load_dir(path: Path):
+    return load(str(path), Path(path, "manifest.json").stat().st_mtime)
+
+
+@st.cache_resource(show_spinner="Running a paged decode step…", max_entries=8)
+def live_paged(where: str, lengths: tuple, page: int, prefix: int):
+    return srv.run_paged(where, lengths, page, prefix)
+
+
+@st.cache_resource(show_spinner="Running the packed batch and the same batch padded…", max_entries=4)
+def live_varlen(where: str, lengths: tuple):
+    return srv.run_varlen(where, lengths)
+
+
+def parse_lengths(text: str) -> tuple:
+    try:
+        lens = tuple(int(x) for x in str(text).replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"sequence lengths must be whole numbers separated by commas, e.g. 300,120,37; got {text!r}") from None
+    if not lens:
+        raise ValueError("give at least one sequence length, e.g. 300,120,37")
+    return lens
+
+
+live = s.source in ("gpu", "interpreter")
+found = srv.bundled_serving(sources.data_dir())
+
+# -- paged decode ----------------------------------------------------------------------------------
+st.header("A paged KV cache")
+c = st.columns([3, 1, 1, 1, 1])
+paged = None
+if live:
+    lim = srv.LIVE_LIMITS[s.source]
+    url_state.control("srv_lens", "300,120,37,512")
+    text = c[0].text_input(f"sequence lengths (1 to {lim['seqs']}, each ≤ {lim['length']:,})", key="srv_lens")
+    url_state.control("srv_page", 16, int, options=[16, 32, 64, 128, 256])
+    page = c[1].selectbox("page size (tokens)", [16, 32, 64, 128, 256], key="srv_page")
+    url_state.control("srv_prefix", 64, int, bounds=(0, lim["length"]))
+    prefix = c[2].number_input("shared prefix (tokens)", 0, lim["length"], key="srv_prefix",
+                               help="tokens every sequence shares; its whole pages are held once")
+    try:
+        lens = srv.check_lengths(parse_lengths(text), s.source)
+        paged = live_paged(s.source, lens, int(page), int(prefix))
+        common.name_downloads(f"serving_paged_{s.source}")
+    except ValueError as exc:
+        st.error(plain(exc), icon=":material/error:")
+    if s.source == "interpreter":
+        st.info("Live in the CPU interpreter: the real block table and page reads, **modelled timing**; "
+                "small shapes (H 4, H_kv 2, D 32, fp32).", icon=":material/memory:")
+elif found.get("paged"):
+    names = [p.name for p in found["paged"]]
+    url_state.control("srv_rec", names[0], options=names)
+    rec = c[0].selectbox("paged decode recording", names, key="srv_rec")
+    paged = load_dir(found["paged"][names.index(rec)])
+    common.name_downloads(rec)
+else:
+    st.warning("No paged decode recording is bundled (data/serving/ has none). Switch the source to "
+               "the live interpreter in the sidebar to run one.", icon=":material/folder_off:")
+
+if paged is not None:
+    t = charts.paged_tables(paged)
+    n_seq = len(t["lengths"])
+    url_state.control("srv_follow", 0, int, bounds=(0, n_seq - 1))
+    follow = c[3].number_input("follow sequence", 0, n_seq - 1, key="srv_follow",
+                               help="whose lookups are drawn, and whose page reads are walked below")
+    url_state.control("srv_maxlen", t["table_tokens"], int, bounds=(max(t["lengths"]), 1 << 20))
+    max_len = c[4].number_input("contiguous reserve (tokens)", max(t["lengths"]), 1 << 20, key="srv_maxlen",
+                                help="tokens a contiguous cache reserves per sequence (the model's max length)")
+    if not live:
+        st.caption(f"Data: {plain(paged.provenance())} · lengths {', '.join(map(str, t['lengths']))} · "
+                   f"page {t['page_size']} tokens")
+    common.chart(charts.block_table_figure_for(paged, int(follow)), "serving-block-table", "srv_table", s.present)
+    common.chart(charts.page_walk_figure_for(paged, int(follow)), "serving-page-walk", "srv_walk", s.present)
+    acc, _ = charts.cache_bytes_for(paged, int(max_len))
+    m = st.columns(4)
+    m[0].metric("paged", fmt_bytes(acc.paged_bytes, binary=True), f"{acc.paged_bytes_per_token:,.0f} B per token",
+                delta_color="off", delta_arrow="off", help="one layer: pages in use × page size × 2·H_kv·D·e")
+    m[1].metric("contiguous", fmt_bytes(acc.contiguous_bytes, binary=True),
+                f"{acc.contiguous_bytes_per_token:,.0f} B per token", delta_color="off", delta_arrow="off",
+                help="one layer: B × the reserve × 2·H_kv·D·e")
+    m[2].metric("unused slots, paged", fmt_bytes(acc.paged_unused_bytes, binary=True),
+                f"{acc.paged_unused_bytes / acc.paged_bytes:.1%} of the pages", delta_color="off", delta_arrow="off")
+    m[3].metric("saved by shared pages", fmt_bytes(acc.shared_saved_bytes, binary=True),
+                f"{acc.shared_pages} pages held once", delta_color="off", delta_arrow="off")
+    common.chart(charts.cache_bytes_figure_for(paged, int(max_len)), "serving-cache-bytes", "srv_bytes", s.present)
+    common.trace_downloads(paged, key="srv_trace")
+
+# -- varlen ----------------------------------------------------------------------------------------
+st.header("A packed batch of ragged lengths")
+packed = padded = None
+if live:
+    url_state.control("srv_vlens", "300,120,37,512")
+    vtext = st.text_input("varlen batch: sequence lengths", key="srv_vlens")
+    if st.toggle("Run the packed and the padded batch", key="srv_vrun",
+                 help="two kernel runs; in the interpreter they take a minute on a busy machine"):
+        try:
+            packed, padded = live_varlen(s.source, srv.check_lengths(parse_lengths(vtext), s.source))
+        except ValueError as exc:
+            st.error(plain(exc), icon=":material/error:")
+elif found.get("varlen"):
+    vnames = [p.name for p in found["varlen"]]
+    url_state.control("srv_vrec", vnames[0], options=vnames)
+    vrec = st.selectbox("varlen recording", vnames, key="srv_vrec")
+    packed = load_dir(found["varlen"][vnames.index(vrec)])
+    lens = packed.meta["varlen"]["lengths_q"]
+    # the same batch padded: a record() trace whose shape is the batch at its longest length
+    for p in found.get("padded", []):
+        cand = load_dir(p)
+        if cand.meta["shape"]["B"] == len(lens) and cand.meta["shape"]["N_q"] == max(lens):
+            padded = cand
+            break
+else:
+    st.warning("No varlen recording is bundled (data/serving/ has none). Switch the source to the "
+               "live interpreter in the sidebar to run one.", icon=":material/folder_off:")
+if packed is not None:
+    if padded is None:
+        st.caption("The padded batch is not recorded here: its work items and time are the analytic "
+                   "model's (instrumentation.estimate).")
+    common.chart(charts.varlen_lanes_figure_for(packed, padded), "serving-varlen-lanes", "srv_lanes", s.present)
+    common.chart(charts.varlen_work_figure_for(packed, padded), "serving-varlen-work", "srv_work", s.present)

@@ -1,0 +1,64 @@
+"""The Serving page, headless (AppTest), on serving recordings made here in the interpreter: the
+block table, a sequence's page walk, cache bytes and the varlen batch carry the recordings' data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("streamlit")
+from app.sources.serving import run_paged, run_varlen  # noqa: E402
+from instrumentation.analysis.kv_cache import table_cache_bytes  # noqa: E402
+from tests.app.headless import chart, charts, clean, open_page, record_small, tilescope_data  # noqa: E402
+
+LENGTHS, PAGE, PREFIX = [70, 40, 33], 16, 33
+
+
+@pytest.fixture(scope="module")
+def serving_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("servingdata")
+    paged = run_paged("interpreter", LENGTHS, PAGE, PREFIX, seed=1)
+    packed, padded = run_varlen("interpreter", [40, 9, 70])
+    for name, tr in (("paged", paged), ("varlen", packed), ("padded", padded)):
+        tr.meta["source"] = "recorded"
+        tr.save(root / "serving" / name)
+    record_small(root, "n64_causal_natural", n=64)   # the sidebar's recorded source needs one trace
+    with tilescope_data(root):
+        yield dict(paged=paged, packed=packed, padded=padded)
+
+
+def test_recorded_page_draws_the_recordings(serving_data):
+    at = open_page("serving", source="recorded", srv_follow=1)
+    clean(at)
+    assert len(charts(at)) == 5
+    paged = serving_data["paged"]
+    table = chart(at, "Block table")
+    heat = [d for d in table["data"] if d["type"] == "heatmap"]
+    z = np.asarray(heat[0]["z"], float)                     # sequences x logical blocks
+    n_pages = [-(-n // PAGE) for n in LENGTHS]
+    assert [(row > 0).sum() for row in z] == n_pages
+    assert (z[:, :PREFIX // PAGE] == 2).all() and (z[:, PREFIX // PAGE:] != 2).all()     # shared pages: code 2
+    pool = np.asarray(heat[1]["z"], float).ravel()
+    bt = paged.meta["paged"]["block_table"]
+    assert pool[bt[0][0]] == 2 and pool[bt[1][2]] == 3 + 1    # a shared page; sequence 1's own page
+    lines = next(d for d in table["data"] if d.get("mode") == "lines")
+    assert sum(y == 1 for y in lines["y"] if y is not None) == n_pages[1]   # sequence 1's lookups
+    walk = chart(at, "walking the block table")
+    pts = [d for d in walk["data"] if d.get("yaxis") == "y2"]
+    read = sorted(p for d in pts for p in d["y"])
+    mine = paged.pages[paged.pages.b == 1]
+    assert read == sorted(mine.physical_block.tolist())
+    acc = table_cache_bytes(bt, LENGTHS, PAGE, 2, 32, "fp32", max_len=len(bt[0]) * PAGE)
+    bars = [d for d in chart(at, "KV cache")["data"] if d["type"] == "bar"]
+    assert [sum(v) for v in zip(*(b["y"] for b in bars))] == [acc.contiguous_bytes, acc.paged_bytes]
+    work = chart(at, "Work items per sequence")
+    packed = next(d for d in work["data"] if d["name"] == "packed")
+    assert list(packed["y"]) == serving_data["packed"].work.groupby("seq").size().tolist()
+    pad = next(d for d in work["data"] if d["name"] == "padded: padding")
+    assert sum(pad["y"]) == len(serving_data["padded"].work) - len(serving_data["packed"].work)
+
+
+def test_live_lengths_that_do_not_parse_are_one_line(serving_data):
+    at = open_page("serving", source="interpreter", srv_lens="300,x")
+    assert not at.exception
+    assert len(at.error) == 1 and "whole numbers separated by commas" in at.error[0].value
