@@ -171,6 +171,11 @@ def _decode_figures():
     return decode
 
 
+def _serving():
+    from app.figures import serving_traces
+    return serving_traces
+
+
 TRACE_CHARTS = {
     "schedule": lambda c: _F().sm_lanes_figure(c.trace, tl=c.timeline()),
     "tiles": lambda c: _F().tile_grid_figure(c.trace, tl=c.timeline(), bh=c.traced_head()),
@@ -196,13 +201,24 @@ DECODE_CHARTS = {
     "decode-roofline": lambda c: _decode_figures().decode_pair_roofline_figure(*_decode_pair(c)),
     "decode-kv-bytes": _decode_kv,
 }
+# serving recordings (data/serving/NAME): a paged decode step; a varlen batch (--compare: the same
+# batch padded, a record() trace; without it the padded batch is the estimator's)
+PAGED_CHARTS = {
+    "serving-block-table": lambda c: _serving().block_table_figure_for(c.trace),
+    "serving-page-walk": lambda c: _serving().page_walk_figure_for(c.trace),
+    "serving-cache-bytes": lambda c: _serving().cache_bytes_figure_for(c.trace),
+}
+VARLEN_CHARTS = {
+    "serving-varlen-lanes": lambda c: _serving().varlen_lanes_figure_for(c.trace, c.compare, c.sms),
+    "serving-varlen-work": lambda c: _serving().varlen_work_figure_for(c.trace, c.compare),
+}
 SWEEP_CHARTS = {
     "memory": lambda c: _F().memory_figure(_sweep(c)[1], _sweep(c)[0]),
     "time": lambda c: _F().time_figure(_sweep(c)[1], _sweep(c)[0]),
     "traffic": lambda c: _F().traffic_figure(_sweep(c)[1], _sweep(c)[0]),
     "calculator": _calculator,
 }
-CHARTS = {**TRACE_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **SWEEP_CHARTS}
+CHARTS = {**TRACE_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **PAGED_CHARTS, **VARLEN_CHARTS, **SWEEP_CHARTS}
 
 
 def charts_for(inputs: ChartInputs) -> list[str]:
@@ -219,6 +235,10 @@ def trace_charts(trace) -> dict:
     """The chart table for a recording's kind: ring, decode, or an attention trace."""
     if "ring" in trace.meta:
         return RING_CHARTS
+    if trace.meta.get("varlen"):
+        return VARLEN_CHARTS
+    if trace.meta.get("kind") == "decode" and trace.meta.get("paged"):
+        return PAGED_CHARTS
     return DECODE_CHARTS if trace.meta.get("kind") == "decode" else TRACE_CHARTS
 
 
