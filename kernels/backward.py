@@ -87,6 +87,7 @@ class BackwardPlan:
     kv_full_start: torch.Tensor      # (n_kb,) int32: full query blocks are start + [0, cnt)
     kv_part_cnt: torch.Tensor        # (n_kb,) int32
     kv_part_idx: torch.Tensor        # (n_kb, n_qb) int32: partial query blocks first, ascending
+    kv_part_before: torch.Tensor     # (n_kb,) int32: how many of them lie above the full run
     kv_order: torch.Tensor           # (n_kb,) int32 key blocks in program order
     q_plan: BlockPlan                # the forward's plan at the dQ tiles
     q_order: torch.Tensor            # (n_qb,) int32 query blocks in program order
@@ -97,7 +98,7 @@ class BackwardPlan:
 
 def _plan_size(bp: BackwardPlan) -> int:
     return plan_bytes(bp.kv_plan) + plan_bytes(bp.q_plan) + 4 * (
-        bp.kv_part_idx.numel() + 4 * bp.kv_order.numel() + bp.q_order.numel())
+        bp.kv_part_idx.numel() + 5 * bp.kv_order.numel() + bp.q_order.numel())
 
 
 _BACKWARD_PLANS = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, _plan_size)
@@ -132,15 +133,88 @@ def _backward_plan(spec, n_q, n_k, cfg, device) -> BackwardPlan:
     assert np.array_equal(in_run, full), "full query blocks of a key block are not contiguous"
     partial = by_key == PARTIAL
     part_idx = np.argsort(~partial, axis=1, kind="stable")         # partial ones first, ascending
+    # the dK/dV programs visit query blocks in increasing order: partial ones above the full
+    # run, the run, then partial ones below it (a window's far edge)
+    part_before = np.where(full_cnt > 0, (partial & (run < full_start[:, None])).sum(axis=1),
+                           partial.sum(axis=1)).astype(np.int32)
     kv_tiles = (by_key != SKIPPED).sum(axis=1)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)  # noqa: E731
     consts = dict(HAS_FULL1=bool(full.any()), HAS_PARTIAL1=bool(partial.any()),
+                  PARTIAL_AFTER1=bool((part_before < partial.sum(axis=1)).any()),
                   HAS_FULL2=bool((q_plan.block_map == FULL).any()), HAS_PARTIAL2=q_plan.has_partial,
                   EVEN_N1=n_k % cfg.block_n1 == 0, EVEN_M2=n_q % cfg.block_m2 == 0)
     return BackwardPlan(kv_plan, to(full_cnt), to(full_start), to(partial.sum(axis=1)), to(part_idx),
-                        to(np.argsort(-kv_tiles, kind="stable")), q_plan,
+                        to(part_before), to(np.argsort(-kv_tiles, kind="stable")), q_plan,
                         to(np.argsort(-q_plan.tiles_per_q_block, kind="stable")),
                         int(kv_tiles.sum()), int(q_plan.tiles_per_q_block.sum()), consts)
+
+
+@dataclass
+class BackwardTraceBuffers:
+    """Device buffers a traced backward writes (decoded by instrumentation.recording.backward).
+    Work records, int64 (order, sm, t_start, t_end), -1 where unknown, one per program: the
+    preprocess's first, then the dK/dV programs', then the dQ programs'."""
+
+    work: torch.Tensor               # (n_delta + n_dkdv + n_dq, 4) int64
+    counter: torch.Tensor            # (1,) int32: the interpreter's program order
+    head_slot: torch.Tensor          # (B*H,) int32: a traced query head's slot, -1 if untraced
+    tiles_dkdv: torch.Tensor | None  # (slots, n_qb1, n_kb1) int32: visit order in its program, -1 none
+    tiles_dq: torch.Tensor | None    # (slots, n_qb2, n_kb2) int32
+    rows: torch.Tensor | None        # (slots, N_q) float32: row sums of the recomputed P
+    n_delta: int                     # programs of each launch
+    n_dkdv: int
+    n_dq: int
+    config: BackwardConfig
+    plan: BackwardPlan
+
+
+def backward_trace_buffers(q, k, mask="causal", trace_bh=(0,), tiles: bool = True, rows: bool = True,
+                           config: BackwardConfig | None = None) -> BackwardTraceBuffers:
+    """Trace buffers for flash_attention_backward on these shapes.
+
+    Arguments:
+        q, k: the call's (shapes, dtype and device are read); mask: its mask.
+        trace_bh: the batch*head indices of the query heads whose tiles and rows are kept.
+        tiles, rows: keep tile visits, and the row sums of the recomputed P.
+        config: the backward's tiles (None: backward_config's default).
+    Returns:
+        BackwardTraceBuffers (work records for every program, whatever trace_bh)."""
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    heads = [int(x) for x in trace_bh]
+    if len(set(heads)) != len(heads) or not all(0 <= x < b * h for x in heads):
+        raise ValueError(f"trace_bh={list(trace_bh)} must name distinct heads in 0..{b * h - 1}")
+    cfg = config or backward_config(d, q.dtype, q.device)
+    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, cfg, q.device)
+    kp, qp, dev = bp.kv_plan, bp.q_plan, q.device
+    head_slot = torch.full((b * h,), -1, dtype=torch.int32)
+    head_slot[heads] = torch.arange(len(heads), dtype=torch.int32)
+    n_delta = b * h * -(-n_q // PREPROCESS_ROWS)
+    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * qp.n_qb
+    grid = lambda n_qb, n_kb: torch.full((len(heads), n_qb, n_kb), -1, dtype=torch.int32, device=dev)  # noqa: E731
+    return BackwardTraceBuffers(
+        torch.full((n_delta + n_dkdv + n_dq, 4), -1, dtype=torch.int64, device=dev),
+        torch.zeros(1, dtype=torch.int32, device=dev), head_slot.to(dev),
+        grid(kp.n_qb, kp.n_kb) if tiles and heads else None, grid(qp.n_qb, qp.n_kb) if tiles and heads else None,
+        torch.full((len(heads), n_q), float("nan"), dtype=torch.float32, device=dev) if rows and heads else None,
+        n_delta, n_dkdv, n_dq, cfg, bp)
+
+
+def _check_trace(trace: BackwardTraceBuffers, bp: BackwardPlan, cfg: BackwardConfig, n_programs: tuple,
+                 batch_heads: int, n_q: int) -> None:
+    """The kernels write trace buffers without bounds checks: refuse ones made for another call."""
+    slots = int(trace.head_slot.max()) + 1 if trace.head_slot.numel() else 0
+    want = [("work", trace.work, (sum(n_programs), 4)), ("head_slot", trace.head_slot, (batch_heads,)),
+            ("tiles_dkdv", trace.tiles_dkdv, (slots, bp.kv_plan.n_qb, bp.kv_plan.n_kb)),
+            ("tiles_dq", trace.tiles_dq, (slots, bp.q_plan.n_qb, bp.q_plan.n_kb)),
+            ("rows", trace.rows, (slots, n_q))]
+    for name, buf, shape in want:
+        if buf is not None and (tuple(buf.shape) != shape or not buf.is_contiguous()):
+            raise ValueError(f"backward trace buffer {name!r} has shape {tuple(buf.shape)}, but this call "
+                             f"needs {shape}: make the buffers with backward_trace_buffers for this call")
+    if trace.config != cfg or (trace.n_delta, trace.n_dkdv, trace.n_dq) != n_programs:
+        raise ValueError("the backward trace buffers were made for other tiles or sizes: make them with "
+                         "backward_trace_buffers for this call")
 
 
 def _rows_ok(t: torch.Tensor) -> torch.Tensor:
@@ -149,7 +223,7 @@ def _rows_ok(t: torch.Tensor) -> torch.Tensor:
 
 
 def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None,
-                             config: BackwardConfig | None = None):
+                             config: BackwardConfig | None = None, trace: BackwardTraceBuffers | None = None):
     """Gradients of flash_attention from its saved output and log-sum-exp.
 
     Arguments:
@@ -157,7 +231,8 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
         q, k, v: the forward's inputs; o, lse: its output and natural-log lse (B, H, N_q) float32.
         mask, sm_scale: the forward's.
         dlse: dL/dlse (B, H, N_q), or None when the lse took no part in the loss.
-        config: BackwardConfig; None: backward_config's default.
+        config: BackwardConfig; None: the trace's, else backward_config's default.
+        trace: BackwardTraceBuffers (backward_trace_buffers) the kernels record into; None: untraced.
     Returns:
         (dq, dk, dv) in the inputs' shapes and dtype; rows that see no key get dq = 0 and add
         nothing to dk, dv."""
@@ -166,7 +241,7 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     h_kv, n_k = k.shape[1], k.shape[2]
     spec = parse_mask(mask, n_q, n_k)
     scale = softmax_scale(sm_scale, d)
-    cfg = config or backward_config(d, q.dtype, q.device)
+    cfg = config or (trace.config if trace is not None else backward_config(d, q.dtype, q.device))
     q, k, v, o = (_rows_ok(t) for t in (q, k, v, o))
     do = _rows_ok(do.to(q.dtype))
     lse = lse.float().contiguous()
@@ -178,33 +253,49 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     common = dict(HEAD_DIM=d_tile, EVEN_D=(d == d_tile),
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   UPCAST=interpreting() and q.dtype == torch.bfloat16)
+    n_rows = -(-n_q // PREPROCESS_ROWS)
+    kp, qp = bp.kv_plan, bp.q_plan
+    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * qp.n_qb
+    if trace is not None:
+        _check_trace(trace, bp, cfg, (b * h * n_rows, n_dkdv, n_dq), b * h, n_q)
+        work = trace.work
+        tracing = dict(TRACE_WORK=True, TRACE_TILES=trace.tiles_dkdv is not None,
+                       TRACE_ROWS=trace.rows is not None, HW_CLOCK=not interpreting())
+        buffers = [trace.counter, trace.tiles_dkdv, trace.tiles_dq, trace.rows, trace.head_slot]
+    else:
+        work = None
+        tracing = dict(TRACE_WORK=False, TRACE_TILES=False, TRACE_ROWS=False, HW_CLOCK=False)
+        buffers = [None] * 5
     # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
-    n_rows = -(-n_q // PREPROCESS_ROWS)
     has_dlse = dlse is not None
     dlse_arg = dlse.float().contiguous() if has_dlse else lse
     attn_bwd_preprocess[(b * h * n_rows,)](
-        o, do, lse, dlse_arg, stats, *o.stride()[:3], *do.stride()[:3], h, n_q, n_rows,
-        head_dim=d, HEAD_DIM=d_tile, BLOCK=PREPROCESS_ROWS, EVEN_D=(d == d_tile), HAS_DLSE=has_dlse)
+        o, do, lse, dlse_arg, stats, *o.stride()[:3], *do.stride()[:3], h, n_q, n_rows, work, buffers[0],
+        head_dim=d, HEAD_DIM=d_tile, BLOCK=PREPROCESS_ROWS, EVEN_D=(d == d_tile), HAS_DLSE=has_dlse,
+        TRACE_WORK=tracing["TRACE_WORK"], HW_CLOCK=tracing["HW_CLOCK"])
     # 2. dK, dV per (b * H_kv + kv head, key block) and dQ per (b * H + head, query block)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    kp, qp = bp.kv_plan, bp.q_plan
-    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * qp.n_qb
+    # the passes' work records follow the preprocess's (a view: program p writes row p)
+    pass_work = None if work is None else work[b * h * n_rows:]
     args = [q, k, v, do, dk, dv, dq, stats, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *do.stride()[:3], *dk.stride()[:3], *dq.stride()[:3], kp.row_lo, kp.row_hi,
-            bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order,
+            bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_part_before, bp.kv_order,
             qp.full_cnt, qp.full_start, qp.part_cnt, qp.part_idx, bp.q_order,
-            h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, qp.n_qb, qp.n_kb, n_dkdv, scale * LOG2E, scale]
+            h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, qp.n_qb, qp.n_kb, n_dkdv, scale * LOG2E, scale,
+            pass_work, *buffers]
     consts = dict(head_dim=d, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1, BLOCK_M2=cfg.block_m2,
                   BLOCK_N2=cfg.block_n2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                  **bp.consts, **common)
+                  **bp.consts, **common, **tracing)
     if cfg.one_launch:
         attn_bwd_kernel[(n_dkdv + n_dq,)](*args, DKDV=True, DQ_PASS=True, **consts)
     else:
         attn_bwd_kernel[(n_dkdv,)](*args, DKDV=True, DQ_PASS=False, **consts)
-        args[-3] = 0                   # n_dkdv: the dQ launch's programs start at item 0
+        args[-9] = 0                   # n_dkdv: the dQ launch's programs start at item 0
+        if pass_work is not None:      # and write their records after the dK/dV programs'
+            args[-6] = pass_work[n_dkdv:]
         attn_bwd_kernel[(n_dq,)](*args, DKDV=False, DQ_PASS=True, **consts)
     return dq, dk, dv
 

@@ -30,14 +30,25 @@ def default_trace_blocks(n_qb: int) -> list[int]:
 
 def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, schedule="natural",
            num_warps=None, num_stages=None, trace_head=0, trace_q_blocks="auto",
-           level="full", measure=True, meta_extra=None):
+           level="full", measure=True, meta_extra=None, backward=False, grad_out=None):
     """Run the instrumented kernel; return (out, Trace).
 
     level: 'work' (one row per work item) or 'full' (plus tiles and per-row softmax state of
     head `trace_head` -- a batch*head index, or a list of them -- for `trace_q_blocks`: 'auto',
     'all' or a list of query-block indices). q (B, H, N_q, D); k, v (B, H_kv, N_k, D).
     measure: on CUDA, also time the untraced and traced kernel (do_bench medians).
+    backward: also run the traced backward (instrumentation.recording.backward) on dL/dO =
+    grad_out (None: a seeded standard normal): the trace gains bwd_work, bwd_tiles (traced
+    heads), bwd_rows (their traced rows) and meta['backward']; the inputs that are leaves and
+    require grad get their .grad (accumulated, as autograd does); out is returned detached.
     """
+    if not isinstance(backward, bool):
+        raise ValueError(f"backward must be True or False, got {backward!r}")
+    if grad_out is not None and not backward:
+        raise ValueError("grad_out is used by the backward only: pass backward=True with it")
+    leaves = (q, k, v)
+    if backward:       # the forward and backward run on the values; the gradients go to .grad
+        q, k, v = (t.detach() if isinstance(t, torch.Tensor) else t for t in leaves)
     spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     if level not in ("work", "full"):
         raise ValueError(f"level must be 'work' or 'full', got {level!r}")
@@ -87,7 +98,18 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     kwargs = dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale,
                   schedule=schedule, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     buffers = fresh_buffers()
-    out = flash_attention(q, k, v, trace=buffers, **kwargs)
+    out = flash_attention(q, k, v, trace=buffers, return_lse=backward, **kwargs)
+    if backward:
+        from .backward import record_backward
+
+        out, lse = out
+        traced_rows = np.array([r for qb in blocks for r in range(qb * cfg.block_m, min((qb + 1) * cfg.block_m, n))],
+                               dtype=np.int64)
+        grads, bwd_tables, bwd_meta = record_backward(q, k, v, out, lse, spec, sm_scale, grad_out,
+                                                      heads if full else [], traced_rows, measure)
+        for leaf, grad in zip(leaves, grads):
+            if leaf.requires_grad and leaf.is_leaf:
+                leaf.grad = grad.to(leaf.dtype) if leaf.grad is None else leaf.grad + grad.to(leaf.dtype)
     timings = {}
     if measure and dev.type == "cuda" and backend() == "cuda":
         timings["untraced_ms"] = time_ms(lambda: flash_attention(q, k, v, **kwargs), q.device, warmup=10, rep=60)
@@ -137,9 +159,15 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         "traced_ms": timings.get("traced_ms"),
         "source": "live",
     }
+    if backward:
+        meta["backward"] = bwd_meta
     if meta_extra:
         meta.update(meta_extra)
-    return out, Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows)
+    trace = Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows)
+    if backward:
+        for name, table in bwd_tables.items():
+            trace.tables[name] = table
+    return out, trace
 
 
 def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule, work_list) -> pd.DataFrame:

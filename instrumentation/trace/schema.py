@@ -125,6 +125,12 @@ register_table("ring_rows", ["q_row", "rank", "step", "kv_chunk", "m_part", "l_p
 register_table("ring_balance", ["layout", "rank", "step", "score_entries"],
                lambda m: 2 * _n_qb(m) ** 2, {"rank": _n_qb, "step": _n_qb},
                key=("layout", "rank", "step"), numeric=False)
+# the backward's tables: bwd_work, bwd_tiles, bwd_rows
+from . import backward_tables  # noqa: E402
+
+backward_tables.register(register_table)
+_BACKWARD_META = backward_tables.META_PROPERTY
+
 CORE_TABLES = ("work", "tiles", "rows", "out")     # attributes every Trace has (maybe empty)
 REQUIRED_TABLES = ("work", "tiles", "rows")        # a trace file without these is incomplete
 
@@ -182,6 +188,7 @@ META_SCHEMA = {
                                                     "num_splits": _up_to(bounds.MAX_SEQ_LEN)}},
         "ring": {"type": "object", "properties": {"trace_rows": {"type": "array", "items": _NAT_INT}}},
         "clocks": {"type": "object"},
+        "backward": _BACKWARD_META,
         "untraced_ms": _NUM_OR_NULL, "traced_ms": _NUM_OR_NULL,
         "sm_count": {"type": ["integer", "null"], "minimum": 1, "maximum": bounds.MAX_SM},
     },

@@ -20,7 +20,7 @@ import pandas as pd
 
 from kernels.masks import MaskSpec, parse_mask
 
-from . import bounds, checks, files, schema
+from . import backward_tables, bounds, checks, files, schema
 from .schema import (CORE_TABLES, FORMAT, MANIFEST, MANIFEST_SCHEMA, MAX_TABLES, META_SCHEMA,
                      REQUIRED_TABLES, STORED_META_SCHEMA, TABLE_NAME, TraceFormatError,
                      check_consistent)
@@ -196,6 +196,7 @@ class Trace:
         checks.check_values(meta, tables, schema.TABLES, schema.NONE_OK, TraceFormatError)
         check_consistent(meta, tables)
         checks.check_kind_columns(meta, tables, TraceFormatError)
+        backward_tables.check_backward(meta, tables, TraceFormatError)
         meta["schema_version"] = schema.SCHEMA_VERSION
         if meta.get("source") == "live":  # it was live when recorded; read back, it is a recording
             meta["source"] = "recorded"
