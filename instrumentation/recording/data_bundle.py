@@ -33,7 +33,7 @@ from ..trace import files
 from ..trace.files import utc_now
 
 MANIFEST_FORMAT = "tilescope-data-manifest"
-DATA_BUDGET_BYTES = 30 * 10 ** 6          # keep data/ (traces + sweeps) within 30 MB
+DATA_BUDGET_BYTES = 45 * 10 ** 6          # keep data/ (traces + sweeps) within 45 MB
 TRACE_SHAPE = dict(batch=4, heads=16, head_dim=128, dtype="bf16")
 TRACE_NS = (1024, 4096, 16384)
 SCHEDULE_NS = (4096, 16384)

@@ -24,23 +24,26 @@ TRACES = sorted(p.parent for p in DATA.glob("traces/*/manifest.json")
                 if not p.parent.name.endswith(".partial"))
 SWEEPS = sorted(DATA.glob("sweeps/*.json"))
 MANIFEST = DATA / "MANIFEST.json"
-BUDGET_BYTES = 30 * 10 ** 6
+BUDGET_BYTES = 45 * 10 ** 6
 
 
 def check_trace_invariants(t: Trace) -> None:
     m = t.meta
     b, h, n = m["shape"]["B"], m["shape"]["H"], m["shape"]["N"]
+    # work: one row per (bh, q_block)
+    w = t.work
+    assert len(w) == b * h * m["n_q_blocks"]
+    assert not w.duplicated(["bh", "q_block"]).any(), "duplicate work items"
+    assert set(w.bh) == set(range(b * h)) and set(w.q_block) == set(range(m["n_q_blocks"]))
+    if m.get("level") == "work":     # a long prefill's million-tile grid: work items only, by design
+        assert t.tiles.empty and t.rows.empty and "work items only" in m.get("trace_q_blocks_request", "")
+        return
     # tiles: the kernel visited exactly the tiles the mask does not skip
     tiles = t.tiles
     assert len(tiles), "no tile table"
     bad = tiles[tiles.visited != (tiles.status != "skipped")]
     assert bad.empty, f"{len(bad)} tiles where visited != (status != 'skipped')"
     assert len(tiles.groupby(["bh", "q_block", "k_block"])) == len(tiles)
-    # work: one row per (bh, q_block)
-    w = t.work
-    assert len(w) == b * h * m["n_q_blocks"]
-    assert not w.duplicated(["bh", "q_block"]).any(), "duplicate work items"
-    assert set(w.bh) == set(range(b * h)) and set(w.q_block) == set(range(m["n_q_blocks"]))
     # rows: running max never decreases; the final denominator is positive
     r = t.rows.sort_values(["bh", "q_row", "step"])
     assert len(r), "no softmax rows"

@@ -1,0 +1,41 @@
+"""The model runs shipped under data/runs/: each loads without transformers' help, came from a
+GPU, and holds one call per (forward pass, layer) with the shapes of its own traces; data/ as a
+whole stays within its size budget."""
+
+from pathlib import Path
+
+import pytest
+
+from instrumentation.recording.model_run import ModelRun
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+RUNS = sorted(p.parent for p in DATA.glob("runs/*/model_run.json"))
+DATA_BYTES = 45 * 10 ** 6
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.name for p in RUNS])
+def test_bundled_model_run(path):
+    run = ModelRun.load(path)
+    meta = run.meta
+    assert meta["environment"]["backend"] == "cuda" and "H" in meta["environment"]["device_name"]
+    assert meta["command"].startswith("python -m instrumentation.regenerate")
+    layers = meta["config"]["num_hidden_layers"]
+    assert run.layers() == list(range(layers))
+    assert len(run) == layers * run.steps() == layers * (1 + meta["decode_steps"])
+    table = run.table()
+    assert (table.groupby("step").phase.first() == ["prefill"] + ["decode"] * meta["decode_steps"]).all()
+    for c in run.calls:
+        s = c.trace.meta["shape"]
+        assert (s["N_q"], s["N_k"], s["H"], s["H_kv"], s["D"]) == (c.n_q, c.n_k, c.heads, c.kv_heads, c.head_dim)
+        assert c.trace.meta["model_call"]["layer"] == c.layer and c.kernel_ms > 0
+        if c.phase == "prefill":
+            assert c.n_q == c.n_k == meta["prompt_tokens"]
+        elif c.window is None:              # a global layer's cache grows one token a step
+            assert c.n_k == meta["prompt_tokens"] + c.step
+        else:                               # a sliding layer's decode reads its last W keys
+            assert c.n_k == c.window
+
+
+def test_data_directory_within_budget():
+    total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
+    assert total <= DATA_BYTES, f"data/ holds {total / 1e6:.1f} MB, over its {DATA_BYTES / 1e6:.0f} MB budget"
