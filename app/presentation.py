@@ -43,6 +43,10 @@ CSS = """
   margin: calc((100vh - 4.5rem) * 0.02) 0;
 }
 [data-testid="stPlotlyChart"] { width: auto !important; }
+/* nothing is drawn over a slide when the pointer comes to it (Plotly's mode bar, Streamlit's
+   element toolbar with its shadow): the room sees the chart as exported */
+[data-testid="stMain"] .js-plotly-plot .modebar-container, [data-testid="stMain"] [data-testid="stElementToolbar"] {
+  display: none !important; }
 /* buttons and menus under a chart stay above it: the scaled chart keeps its unscaled layout box,
    pulled up by a negative margin, and its positioned layers would otherwise paint over them. The
    fade below made it worse: at full opacity (hover) an element loses its stacking context and
@@ -92,19 +96,40 @@ CSS = """
 TOP_PX = 56            # a slide's top edge in the window: below the fixed Controls pill and Leave button
 RESERVED_PX = 106      # window height kept free of the slide (and its two 2 % margins): the page's top
                        # padding, the gap and export row under the chart
+LEAD_SHARE = 0.3       # a chart's own controls above it belong to its slide up to this share of the window
 
 FIT = """
 <script>
 (() => {
   if (window.__tilescopeFit) return;
-  const RESERVED_PX = __RESERVED_PX__, TOP_PX = __TOP_PX__;
+  const RESERVED_PX = __RESERVED_PX__, TOP_PX = __TOP_PX__, LEAD_SHARE = __LEAD_SHARE__;
+  const FIXED = '.st-key-slide_controls, .st-key-leave_present, [class*="st-key-slide_step_bar"], [data-testid="stPopoverBody"]';
+  // The slides, one layout rule for every page: a slide is a chart with the page's controls
+  // drawn just above it, after the previous chart (the animation's head picker, a "Draw the
+  // imbalance chart" switch). Controls taller than LEAD_SHARE of the window stay above the slide.
+  const slides = () => {
+    const out = [];
+    let lead = [];
+    document.querySelectorAll('[data-testid="stMain"] [data-testid="stElementContainer"]').forEach(c => {
+      if (c.offsetHeight === 0 || c.closest(FIXED)) return;
+      const plot = c.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
+      if (plot) { out.push({box: c, plot, lead}); lead = []; }
+      else if (c.querySelector('input, button, textarea, [role="slider"], [role="combobox"]')) lead.push(c);
+    });
+    return out;
+  };
+  // where a slide starts (its first control, or its chart) and its controls' height above the chart
+  const extent = s => {
+    const r = s.plot.getBoundingClientRect();
+    const top = s.lead.length ? Math.min(...s.lead.map(c => c.getBoundingClientRect().top)) : r.top;
+    const lead = r.top - top;
+    return lead > 0 && lead <= LEAD_SHARE * window.innerHeight ? {top, lead, bottom: r.bottom} : {top: r.top, lead: 0, bottom: r.bottom};
+  };
   const fit = () => {
     const on = !!document.querySelector('.st-key-leave_present');
     const main = document.querySelector('[data-testid="stMainBlockContainer"]');
-    document.querySelectorAll('[data-testid="stPlotlyChart"]').forEach(el => {
-      const p = el.querySelector('.js-plotly-plot');
-      const box = el.closest('[data-testid="stElementContainer"]');
-      if (!p) return;
+    slides().forEach(s => {
+      const p = s.plot, box = s.box;
       if (!on || !p.layout) {
         if (p.style.transform) { p.style.transform = ''; box.style.marginLeft = ''; box.style.marginBottom = ''; }
         return;
@@ -113,9 +138,11 @@ FIT = """
       const size = (p.layout.meta && p.layout.meta.slide_px) || [p.layout.width, p.layout.height];
       const [fw, fh] = size;
       const bar = document.querySelector('[class*="st-key-slide_step_bar"]');   // fixed at the bottom
-      // the slide and the row of export buttons under it fit the window (above the step bar)
+      // the slide (its controls, the chart) and the row of export buttons under it fit the
+      // window below the fixed pills and above the step bar
       const margin = (window.innerHeight - 72) * 0.02;     // the chart's own top and bottom margin (CSS)
-      const W = main.clientWidth - 32, H = window.innerHeight - RESERVED_PX - 2 * margin - (bar ? bar.offsetHeight : 0);
+      const W = main.clientWidth - 32,
+            H = window.innerHeight - RESERVED_PX - extent(s).lead - 2 * margin - (bar ? bar.offsetHeight : 0);
       const z = Math.min(W / fw, H / fh);
       const want = {transform: `scale(${z.toFixed(3)})`,
                     marginLeft: `${Math.max(0, (W - fw * z) / 2).toFixed(0)}px`,
@@ -129,23 +156,22 @@ FIT = """
       for (let a = p.parentElement; a && a !== box.parentElement; a = a.parentElement) a.style.overflow = 'visible';
     });
   };
-  // scroll the page's own container so a chart's top sits at TOP_PX (scrollIntoView would also
-  // scroll sideways: the chart's layout box is its unscaled slide size)
-  const show = el => {
-    const box = el.getBoundingClientRect();
+  // scroll the page's own container so a slide's top sits at TOP_PX, below the fixed pills
+  // (scrollIntoView would also scroll sideways: the chart's layout box is its unscaled slide size)
+  const show = s => {
+    const top = extent(s).top;
     const sc = document.querySelector('[data-testid="stMain"]');
-    if (sc && sc.scrollHeight > sc.clientHeight) sc.scrollTo({top: sc.scrollTop + box.top - TOP_PX, behavior: 'instant'});
-    else window.scrollBy({top: box.top - TOP_PX, behavior: 'instant'});
+    if (sc && sc.scrollHeight > sc.clientHeight) sc.scrollTo({top: sc.scrollTop + top - TOP_PX, behavior: 'instant'});
+    else window.scrollBy({top: top - TOP_PX, behavior: 'instant'});
   };
   // a page whose own controls push its first slide under the step bar (online softmax) opens
   // with that slide brought up whole, once per page: the bar never hides its axis titles
   const firstWhole = () => {
     const bar = document.querySelector('[class*="st-key-slide_step_bar"]');
-    const first = document.querySelector('[data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"])');
-    const plot = first && first.querySelector('.js-plotly-plot');
+    const first = slides()[0];
     const page = location.pathname + '?' + (new URLSearchParams(location.search).get('page') || '');
-    if (!bar || !plot || !plot.style.transform || window.__tilescopeShown === page) return;
-    const r = plot.getBoundingClientRect();
+    if (!bar || !first || !first.plot.style.transform || window.__tilescopeShown === page) return;
+    const r = extent(first);
     // act once the page has stopped moving (three ticks alike): content drawn later above the
     // chart would otherwise shift it after the scroll
     const at = `${Math.round(r.top)},${Math.round(r.bottom)}`;
@@ -153,28 +179,26 @@ FIT = """
     lastAt = at;
     if (stable < 3) return;
     window.__tilescopeShown = page;
-    if (r.bottom > window.innerHeight - bar.offsetHeight + 2) show(first);
+    if (r.bottom > window.innerHeight - bar.offsetHeight + 2 || r.top < 0) show(first);
   };
   let stable = 0, lastAt = '';
   window.__tilescopeFit = setInterval(() => { fit(); firstWhole(); }, 300);
-  // next / previous slide: PageDown or → / PageUp or ←: scroll the next chart's top to the top
-  // of the window (a chart fits above the step bar, so it is seen whole); typing in a control is left alone
-  const charts = () => [...document.querySelectorAll('[data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"])')]
-    .filter(c => c.offsetHeight > 0);
+  // next / previous slide: PageDown or → / PageUp or ←: scroll the next slide's top to TOP_PX
+  // (a slide fits above the step bar, so it is seen whole); typing in a control is left alone
   window.addEventListener('keydown', e => {
     if (!document.querySelector('.st-key-leave_present') || e.altKey || e.ctrlKey || e.metaKey) return;
     const t = e.target, tag = (t && t.tagName) || '';
     if (/INPUT|TEXTAREA|SELECT/.test(tag) || (t && t.isContentEditable) || (t && t.closest && t.closest('[role="slider"],[role="listbox"],[role="combobox"],[data-baseweb="popover"]'))) return;
     const step = {PageDown: 1, ArrowRight: 1, PageUp: -1, ArrowLeft: -1}[e.key];
     if (!step) return;
-    const list = charts();
+    const list = slides();
     if (!list.length) return;
-    // the current slide: the last chart whose top is at the slide position (or above it) or that
-    // is seen whole; below it the next (a first chart under the page's own controls is seen whole
+    // the current slide: the last whose top is at the slide position (or above it) or that is
+    // seen whole; below it the next (a first slide under the page's own controls is seen whole
     // or not: PageDown then brings it up whole first)
     const bar = document.querySelector('[class*="st-key-slide_step_bar"]');
     const bottom = window.innerHeight - (bar ? bar.offsetHeight : 0);
-    const rects = list.map(c => (c.querySelector('.js-plotly-plot') || c).getBoundingClientRect());
+    const rects = list.map(extent);
     const whole = r => r.top >= -2 && r.bottom <= bottom + 2;
     let cur = -1;
     rects.forEach((r, i) => { if (r.top <= TOP_PX + 4 || whole(r)) cur = i; });
@@ -198,7 +222,8 @@ def _leave() -> None:
 def apply() -> None:
     """Turn the page into slides (call once per run, before the view draws)."""
     st.html(CSS)
-    st.html(FIT.replace("__RESERVED_PX__", str(RESERVED_PX)).replace("__TOP_PX__", str(TOP_PX)),
+    st.html(FIT.replace("__RESERVED_PX__", str(RESERVED_PX)).replace("__TOP_PX__", str(TOP_PX))
+            .replace("__LEAD_SHARE__", str(LEAD_SHARE)),
             unsafe_allow_javascript=True)
     st.button("✕ Leave presentation", key="leave_present", on_click=_leave,
               help="back to the normal view with the sidebar (the link's present=1 goes too)")

@@ -189,7 +189,8 @@ st.caption(f"**busy**: time the SM ran work items · **ends**: its last work ite
            f"long after the first SM went idle for good it finishes · **start**: after the first work "
            f"item started. Times in {unit}.")
 
-if st.toggle("Show the order the kernel really ran the work items in (trace.work)", key="sched_order",
+# the table is not drawn on slides (app/presentation.py), so neither is its switch
+if not s.present and st.toggle("Show the order the kernel really ran the work items in (trace.work)", key="sched_order",
              help=f"{len(trace.work)} rows; drawn only when asked"):
     cols = [c for c in ("order", "bh", "q_block", "program", "tiles_visited", "sm", "t_start", "t_end")
             if c in trace.work.columns]

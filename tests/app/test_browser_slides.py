@@ -155,12 +155,18 @@ def test_slide_decode_merge_controls_on_screen_with_the_merge_chart(app_server, 
 SLIDE_BOXES = """() => {
   const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
   const vis = e => { const b = e.getBoundingClientRect(); return b.bottom > 0 && b.top < window.innerHeight && b.width > 0; };
+  const fixed = '.st-key-slide_controls, .st-key-leave_present, [class*="st-key-slide_step_bar"]';
   const titles = [...document.querySelectorAll('.js-plotly-plot .g-gtitle text, .js-plotly-plot .g-xtitle text, '
                   + '.js-plotly-plot .g-ytitle text, .js-plotly-plot .g-x2title text, .js-plotly-plot .g-y2title text')]
                   .filter(vis).map(t => ({text: t.textContent, box: r(t)}));
-  const covers = [...document.querySelectorAll('.st-key-slide_controls, .st-key-leave_present, [class*="st-key-slide_step_bar"]')]
+  const covers = [...document.querySelectorAll(fixed)]
                   .filter(vis).map(e => ({key: e.className.match(/st-key-[a-z_]+/)[0], box: r(e)}));
-  return {titles, covers, charts: [...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].map(r),
+  // the page's own controls in the window (a head picker, a "Draw ..." switch), not the fixed ones
+  const controls = [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stElementContainer"]')]
+                  .filter(c => c.offsetHeight > 0 && !c.closest(fixed) && vis(c) && !c.querySelector('.js-plotly-plot')
+                          && c.querySelector('input, button, [role="slider"], [role="combobox"]'))
+                  .map(c => ({text: c.innerText.split('\\n')[0], box: r(c)}));
+  return {titles, covers, controls, charts: [...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].map(r),
           buttons: [...document.querySelectorAll('[data-testid="stPopoverButton"]')].map(r), height: window.innerHeight};
 }"""
 
@@ -169,13 +175,26 @@ def _overlap(a, b) -> bool:
     return min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 1 and min(a["right"], b["right"]) - max(a["left"], b["left"]) > 1
 
 
+def _pixels(page, box) -> bytes:
+    from io import BytesIO
+
+    from PIL import Image
+
+    clip = {"x": max(0, box["left"]), "y": max(0, box["top"]), "width": box["right"] - max(0, box["left"]),
+            "height": box["bottom"] - max(0, box["top"])}
+    return Image.open(BytesIO(page.screenshot(clip=clip))).convert("RGB").tobytes()
+
+
 @pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
 @pytest.mark.parametrize("viewport", [(1280, 720), (1920, 1080)])
 def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_page, viewport):
     """Schedule slides: a mouse click opens the chart's export menu (a faded menu at full opacity
     used to fall under the scaled chart's layout box, so only Enter opened it); PageDown brings
-    each next chart whole into the window with its export row, and no fixed control (Controls
-    pill, Leave button) covers a chart's title or axis titles; PageUp goes back."""
+    each next slide whole into the window: the chart, its export row and the page's controls
+    drawn just above it (the animation's head picker was half off the top, the 'Draw the
+    imbalance chart' switch under the Controls pill), and no fixed control (Controls pill, Leave
+    button) covers a chart's title, axis titles or a control; PageUp goes back. Hovering a
+    slide draws nothing over it (no mode bar, no toolbar frame)."""
     page = new_page(*viewport)
     page.goto(f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1&sched_imb=1")
     page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .js-plotly-plot').length >= 2",
@@ -189,18 +208,31 @@ def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_p
     page.keyboard.press("Escape")
     page.evaluate("() => document.activeElement && document.activeElement.blur()")   # keys go to the page
     n = len(page.evaluate(SLIDE_BOXES)["charts"])
+    assert n >= 3
     for k in range(n):
         if k:
             page.keyboard.press("PageDown")
             time.sleep(0.6)
         boxes = page.evaluate(SLIDE_BOXES)
         chart = boxes["charts"][k]
-        assert 40 <= chart["top"] <= 80 and chart["bottom"] <= boxes["height"] + 1, (k, chart)   # one whole slide
+        above = [c for c in boxes["controls"] if c["box"]["top"] < chart["top"]]
+        top = min([chart["top"]] + [c["box"]["top"] for c in above])
+        assert 40 <= top <= 80 and chart["bottom"] <= boxes["height"] + 1, (k, top, chart)   # one whole slide
+        for c in above:      # its controls whole in the window, under the fixed pills
+            assert c["box"]["top"] >= 40, (k, "a control of the slide is cut off at the top", c)
         assert any(b["top"] >= chart["bottom"] - 2 and b["bottom"] <= boxes["height"] + 1 for b in boxes["buttons"]), \
             (k, "the chart's export row is in the window too", boxes["buttons"])
-        for t in boxes["titles"]:
+        for t in boxes["titles"] + boxes["controls"]:
             for c in boxes["covers"]:
                 assert not _overlap(t["box"], c["box"]), (k, t["text"], c["key"])
+    page.mouse.move(1, boxes["height"] - 1)
+    time.sleep(0.5)
+    before = _pixels(page, chart)
+    page.mouse.move(chart["left"] + 0.5 * (chart["right"] - chart["left"]), chart["top"] + 8)   # over the title
+    time.sleep(0.8)
+    assert _pixels(page, chart) == before, "hovering the slide drew something over it"
     page.keyboard.press("PageUp")
     time.sleep(0.6)
-    assert 40 <= page.evaluate(SLIDE_BOXES)["charts"][n - 2]["top"] <= 80
+    boxes = page.evaluate(SLIDE_BOXES)
+    chart = boxes["charts"][n - 2]
+    assert 40 <= min([chart["top"]] + [c["box"]["top"] for c in boxes["controls"] if c["box"]["top"] < chart["top"]]) <= 80
