@@ -45,15 +45,14 @@ class BackwardConfig:
     one_launch: bool = True
 
 
-# Tiles per padded head dim on CUDA for fp16/bf16: configs whose compiled kernel keeps its dK, dV
-# accumulators without spilling registers (Triton 3.6, sm_90, cuobjdump -res-usage), the fastest
-# of the sweep in data/benchmarks/backward-nvidia-h100-80gb-hbm3.json: D 128, B4 H16 N4k, dK/dV
-# 32 query rows x 128 keys, dQ 128 x 64, 8 warps, 3 stages: 332 / 385 TFLOP/s causal / full
-# (dQ 128 x 32: 308 / 355; 64 x 128 dK/dV tiles spill a little: 336 / 375). D 256: 16 x 64 and
-# 64 x 32 (111 TFLOP/s causal against 91 for 64 x 16). D 64 (not swept): 32 x 128 and 128 x 32.
+# Tiles per padded head dim on CUDA for fp16/bf16: the fastest of the sweep in
+# data/benchmarks/backward-<device>.json (python -m benchmarks.attention --backward --sweep; B4 H16
+# N4096, backward alone). D 128: dK/dV 64 query rows x 128 keys, dQ 128 x 64, 8 warps, 3 stages
+# (32 x 128 dK/dV tiles: 0.9x its speed). D 64: 32 x 128 and 128 x 64 with 4 warps (8 warps or
+# 64 x 128 dK/dV tiles: 0.7-0.8x). D 256: 32 x 64 and 64 x 32, 8 warps, 2 stages (16 x 64: 0.8x).
 # float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
-CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 32, 8, 3), 128: BackwardConfig(32, 128, 128, 64, 8, 3),
-                256: BackwardConfig(16, 64, 64, 32, 8, 2)}
+CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 64, 4, 3), 128: BackwardConfig(64, 128, 128, 64, 8, 3),
+                256: BackwardConfig(32, 64, 64, 32, 8, 2)}
 CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
 INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
 
