@@ -50,7 +50,7 @@ def gallery(directory, inputs, charts=None, formats=("png",)) -> list[Path]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `python -m app.export` (its flags and their help)."""
-    from app.figures.registry import CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
+    from app.figures.registry import BACKWARD_CHARTS, CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
     from instrumentation.cli.args import MAX_COUNT, OneLineParser, bounded_int
     from instrumentation.trace.bounds import MAX_SM
 
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", help="a second trace of the same problem, for --chart compare; for a decode "
                                      "recording, the same step with the other split count (default: its sibling)")
     p.add_argument("--chart", choices=sorted(CHARTS), default=None,
-                   help=f"trace charts: {', '.join(TRACE_CHARTS)}; ring recordings: {', '.join(RING_CHARTS)}; "
+                   help=f"trace charts: {', '.join(TRACE_CHARTS)}; traces with the backward also "
+                        f"{', '.join(BACKWARD_CHARTS)}; ring recordings: {', '.join(RING_CHARTS)}; "
                         f"decode recordings: {', '.join(DECODE_CHARTS)}; "
                         f"sweep charts: {', '.join(SWEEP_CHARTS)}. "
                         "Default: the recording's first chart (schedule, ring-timeline, decode-lanes) or memory (sweep)")

@@ -21,7 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._common import FULL, NOW, SKIPPED_GREY, TEMPLATE, caption, title
+from ._common import FULL, SKIPPED_GREY, TEMPLATE, caption, title
 
 PHASE_NAMES = {"forward": "forward", "delta": "D = rowsum(dO∘O)", "dkdv": "dK·dV", "dq": "dQ"}
 ORDER_SCALE = "Viridis"
@@ -126,11 +126,19 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
             name="forward tiles" if col == 1 else "dK·dV tiles"), row=1, col=col)
         if steps[prog].nunique() <= MAX_PATHS:
             xs, ys = _paths(steps, prog, bm, bn)
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="rgba(20,20,20,0.55)", width=1),
-                                     name="a program's path", showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line=dict(color="rgba(255,255,255,0.85)", width=1.5),
+                                     marker=dict(symbol="arrow", angleref="previous", size=7,
+                                                 color="rgba(255,255,255,0.9)"),
+                                     name="a program's path", showlegend=False, hoverinfo="skip"), row=1, col=col)
+            if col == 1:                                 # the legend's sample: white is invisible there
+                fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines+markers", name="a program's path",
+                                         line=dict(color="#555", width=1.5),
+                                         marker=dict(symbol="arrow", angleref="previous", size=7, color="#555")),
+                              row=1, col=col)
             first = steps[steps["step"] == 0]
             fig.add_trace(go.Scatter(x=(first["k_block"] + 0.5) * bn, y=(first["q_block"] + 0.5) * bm,
-                                     mode="markers", marker=dict(size=5, color="#111"), name="its first tile",
+                                     mode="markers", marker=dict(size=7, color="white", line=dict(width=1, color="#111")),
+                                     name="its first tile",
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
         fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False, constrain="domain",
                          row=1, col=col)
@@ -159,15 +167,14 @@ def dq_sources(bwd_tiles: pd.DataFrame, b: int, head: int, q_block: int) -> pd.D
 def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int, b: int = 0, head: int = 0,
                       q_block: int = 0, provenance: str = "") -> go.Figure:
     """Where one query block's dQ comes from: the dQ pass's map for (b, head) with the chosen
-    row's tiles numbered in the order its program summed them, and the dK·dV tiles that read
-    the same query rows (they produce dK, dV, not dQ: the dQ pass recomputes its own).
+    row's tiles numbered in the order its program summed them.
 
     Arguments:
         bwd_tiles: trace.bwd_tiles. blocks: phase_blocks(meta). n_q, n_k: query rows, keys.
         b, head, q_block: the query block (in the dQ pass's blocks). provenance: the trace's line.
     Returns:
         a Figure. Raises ValueError when that block has no dQ tiles."""
-    (qm, qn), (km, kn) = blocks["dq"], blocks["dkdv"]
+    qm, qn = blocks["dq"]
     dq_all = _phase_tiles(bwd_tiles, "dq", b, head)
     row = dq_sources(bwd_tiles, b, head, q_block)
     if row.empty:
@@ -175,8 +182,6 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
         raise ValueError(f"query block {q_block} of batch {b}, head {head} has no dQ tiles; traced blocks "
                          f"{blocks_seen[:8]}{' ...' if len(blocks_seen) > 8 else ''}")
     q0, q1 = q_block * qm, min((q_block + 1) * qm, n_q)
-    kv = _phase_tiles(bwd_tiles, "dkdv", b, head)
-    kv_rows = kv[((kv["q_block"] + 1) * km > q0) & (kv["q_block"] * km < q1)]
     n_rows, n_cols = -(-n_q // qm), -(-n_k // qn)
     seen = np.full((n_rows, n_cols), np.nan)
     seen[dq_all["q_block"].to_numpy(int), dq_all["k_block"].to_numpy(int)] = 0
@@ -193,12 +198,6 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
         customdata=np.stack([row["k_block"] * qn, np.minimum((row["k_block"] + 1) * qn, n_k), row["step"] + 1], 1),
         hovertemplate="keys [%{customdata[0]}, %{customdata[1]}): added %{customdata[2]}. to dQ<extra></extra>",
         name="dQ's key blocks<br>(numbered: summing order)"))
-    if len(kv_rows):
-        fig.add_trace(go.Scatter(
-            x=(kv_rows["k_block"] + 0.5) * kn, y=np.clip((kv_rows["q_block"] + 0.5) * km, q0, q1),
-            mode="markers", marker=dict(symbol="line-ns", size=14, line=dict(width=2, color=NOW)),
-            name="dK·dV tiles on these rows<br>(they add to dK, dV only)",
-            hoverinfo="skip"))
     fig.add_hrect(y0=q0, y1=q1, line=dict(color=FULL, width=1), fillcolor="rgba(61,122,184,0.08)")
     fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False, constrain="domain")
     fig.update_yaxes(title_text="query position (tokens)", range=[n_q, 0], showgrid=False, scaleanchor="x",
@@ -206,8 +205,9 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
     fig.update_layout(
         title=title(f"Where dQ comes from: queries [{q0}, {q1}) (batch {b}, head {head})",
                     f"dQ_i = scale · Σ_j dS_ij · K_j over the {len(row)} key blocks that row block sees, "
-                    "summed in registers by one dQ program in its own pass (no atomics: deterministic); "
-                    "dS_ij = P_ij ∘ (dP_ij − D_i), P recomputed from the lse"),
+                    "summed in registers by one dQ program in its own pass (no atomics: deterministic);<br>"
+                    "dS_ij = P_ij ∘ (dP_ij − D_i), P recomputed from the lse; the dK·dV programs recompute "
+                    "the same tiles' dS for dK, dV"),
         template=TEMPLATE, height=620, width=1100, plot_bgcolor=NOT_VISITED,
         legend=dict(x=1.02, y=1, yanchor="top", xanchor="left"))
     return caption(fig, "tile visits from the kernel trace: " + provenance, width=160)

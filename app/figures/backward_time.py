@@ -9,6 +9,8 @@ from instrumentation.estimate (docs/formulas.md, "Backward").
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -25,8 +27,10 @@ PHASE_ORDER = ("delta", "dkdv", "dq")
 MODELLED_UNIT = "modelled time (tile-units: 1 = one tile)"
 ESTIMATOR = "analytic model: instrumentation.estimate (docs/formulas.md, Backward)"
 MEMORY_NS = [2 ** k for k in range(9, 21)]        # 512 .. 1M tokens
+NO_CLOCK = ("the time split is measured: it needs a GPU recording (the interpreter has no clock, and modelled "
+            "forward and backward tiles differ in size, so their tile-units do not compare)")
 
-__all__ = ["backward_timeline", "backward_lanes_figure", "time_split", "backward_time_figure",
+__all__ = ["backward_timeline", "backward_lanes_figure", "time_split", "pass_spans", "backward_time_figure",
            "backward_flops_figure", "backward_memory_figure", "PHASE_COLORS"]
 
 
@@ -123,25 +127,31 @@ def time_split(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def pass_spans(split: pd.DataFrame) -> tuple[float, float]:
+    """(forward span, backward span) of a time_split(): the backward from its first program's
+    start (D's) to its last program's end, in the timelines' unit."""
+    bwd = split[split["phase"] != "forward"]
+    return float(split["span"].iat[0]), float(bwd["end"].max() - bwd["start"].min())
+
+
 def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, provenance: str = "") -> go.Figure:
-    """The time split forward / D / dK·dV / dQ: each phase as a bar from its first program's start
+    """The measured time split forward / D / dK·dV / dQ: each phase as a bar from its first program's start
     to its last program's end (the forward on its own clock, the backward phases on the
-    backward's: dK·dV and dQ share one launch, so they may overlap), with the span and, when
-    measured, the rate at the estimator's FLOPs (forward: `flops`; backward: `flops_backward`).
+    backward's: dK·dV and dQ share one launch, so they may overlap), with the span and the
+    rate at the estimator's FLOPs (forward: `flops`; backward: `flops_backward`). Raises
+    ValueError (NO_CLOCK) on modelled timelines.
 
     Arguments:
         fwd_tl: schedule_model.timeline(trace). bwd_tl: backward_timeline(). est: the trace's
             Estimate. provenance: the trace's provenance line.
     Returns:
         a Figure."""
-    if bool(fwd_tl.attrs.get("modelled", True)) != bool(bwd_tl.attrs.get("modelled", True)):
-        raise ValueError("the forward and the backward timelines must both be measured or both modelled")
+    if fwd_tl.attrs.get("modelled", True) or bwd_tl.attrs.get("modelled", True):
+        raise ValueError(NO_CLOCK)
     split = time_split(fwd_tl, bwd_tl)
     div, xtitle = _scale(bwd_tl)
-    measured = not bwd_tl.attrs.get("modelled", True)
-    unit = "µs" if measured else "tile-units"
-    fwd_span = split["span"].iat[0] / div
-    bwd_span = (split["end"].iloc[1:].max() - split["start"].iloc[1:].min()) / div
+    unit = "µs"
+    fwd_span, bwd_span = (x / div for x in pass_spans(split))
     labels = [f"{PHASE_NAMES[p]}" for p in split["phase"]]
     texts = [f"{s / div:,.3g} {unit}" for s in split["span"]]
     fig = go.Figure(go.Bar(y=labels, x=split["span"] / div, base=split["start"] / div, orientation="h",
@@ -151,16 +161,14 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
                            hovertemplate="%{y}: %{x:.4g} " + unit + " from %{base:.4g}<br>busy SM time %{customdata[0]:.4g} "
                                          + unit + "<extra></extra>"))
     sub = f"forward {fwd_span:,.3g} {unit}, backward {bwd_span:,.3g} {unit} ({bwd_span / fwd_span:.2f}× the forward)"
-    if measured:
-        sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f}, "
-                f"backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
+    sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f}, "
+            f"backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
     fig.update_layout(title=title("Time split: forward, D, dK·dV, dQ", sub), template=TEMPLATE, height=420,
                       width=1150, showlegend=False, margin=dict(r=120))
     fig.update_yaxes(autorange="reversed", title_text="")
     fig.update_xaxes(title_text=xtitle.replace("the first backward program started",
                                                "its pass's first program started"), rangemode="tozero")
-    where = "measured per program (globaltimer); " if measured else "modelled (no hardware clock): "
-    return caption(fig, where + provenance + "; FLOPs: " + ESTIMATOR, width=170)
+    return caption(fig, "measured per program (globaltimer); " + provenance + "; FLOPs: " + ESTIMATOR, width=170)
 
 
 def backward_flops_figure(est) -> go.Figure:
@@ -214,9 +222,12 @@ def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int,
                              line=dict(color=FULL, width=3)))
     fig.add_trace(go.Scatter(x=[n_q, n_q], y=[here.naive_bwd_peak_bytes, here.flash_bwd_peak_bytes], mode="markers",
                              marker=dict(size=14, symbol="diamond", color="#111"), name=f"this call (N_q {n_q})"))
-    for name, dev in DEVICES.items():
-        fig.add_hline(y=dev.memory_bytes, line=dict(dash="dot", width=1.5, color="#777"),
-                      annotation_text=f"{name} memory {fmt_bytes(dev.memory_bytes)}", annotation_position="top left")
+    for i, (name, dev) in enumerate(DEVICES.items()):
+        fig.add_hline(y=dev.memory_bytes, line=dict(dash="dot", width=1.5, color="#777"))
+        # an annotation on a log axis is placed at log10 of its value (a shape at the value itself)
+        fig.add_annotation(x=0.99 - 0.22 * i, xref="x domain", y=math.log10(dev.memory_bytes), yref="y",
+                           text=f"{name} memory {fmt_bytes(dev.memory_bytes)}", showarrow=False, xanchor="right",
+                           yanchor="bottom", font=dict(color="#555"))
     byte_axis(fig, naive + flash + [d.memory_bytes for d in DEVICES.values()], title_text="memory the backward holds")
     count_axis(fig, MEMORY_NS, title_text="sequence length N = N_q = N_k (tokens, log)")
     ratio = here.naive_bwd_peak_bytes / here.flash_bwd_peak_bytes

@@ -166,6 +166,11 @@ def _kv_sharing():
     return kv_sharing
 
 
+def _backward():
+    from app.figures import backward_charts
+    return backward_charts
+
+
 def _decode_figures():
     from app.figures import decode
     return decode
@@ -191,6 +196,15 @@ TRACE_CHARTS = {
     "softmax-tile": lambda c: _F().softmax_tile_figure(c.softmax_steps(), c.softmax_step_index()),
     "softmax-state": lambda c: _F().softmax_state_figure(c.softmax_steps(), c.softmax_step_index()),
     "softmax-error": lambda c: _F().softmax_error_figure(c.softmax_steps(), c.softmax_step_index()),
+}
+# a trace recorded with backward=True also draws the Backward page's charts
+BACKWARD_CHARTS = {
+    "bwd-order": lambda c: _backward().order_chart(c.trace, c.head),
+    "bwd-lanes": lambda c: _backward().lanes_chart(c.trace, c.sms),
+    "bwd-dq": lambda c: _backward().dq_chart(c.trace, c.head, q_row=c.q_row),
+    "bwd-time": lambda c: _backward().time_chart(c.trace, c.timeline(), c.sms),
+    "bwd-flops": lambda c: _backward().flops_chart(c.trace),
+    "bwd-memory": lambda c: _backward().memory_chart(c.trace),
 }
 # ring recordings (data/ring/NAME) have their own views
 RING_CHARTS = {"ring-timeline": _ring_timeline, "ring-diagram": _ring_diagram, "ring-balance": _ring_balance}
@@ -218,7 +232,7 @@ SWEEP_CHARTS = {
     "traffic": lambda c: _F().traffic_figure(_sweep(c)[1], _sweep(c)[0]),
     "calculator": _calculator,
 }
-CHARTS = {**TRACE_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **PAGED_CHARTS, **VARLEN_CHARTS, **SWEEP_CHARTS}
+CHARTS = {**TRACE_CHARTS, **BACKWARD_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **PAGED_CHARTS, **VARLEN_CHARTS, **SWEEP_CHARTS}
 
 
 def charts_for(inputs: ChartInputs) -> list[str]:
@@ -239,7 +253,9 @@ def trace_charts(trace) -> dict:
         return VARLEN_CHARTS
     if trace.meta.get("kind") == "decode" and trace.meta.get("paged"):
         return PAGED_CHARTS
-    return DECODE_CHARTS if trace.meta.get("kind") == "decode" else TRACE_CHARTS
+    if trace.meta.get("kind") == "decode":
+        return DECODE_CHARTS
+    return {**TRACE_CHARTS, **BACKWARD_CHARTS} if len(getattr(trace, "bwd_work", ())) else TRACE_CHARTS
 
 
 def build(name: str, inputs: ChartInputs):

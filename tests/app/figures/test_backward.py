@@ -78,7 +78,7 @@ def test_tile_order_shows_every_visible_tile_once_in_visit_order(mask):
         else:
             for (q, k), s in cells.items():
                 assert s == int(np.sum(maps["forward"][q, :k] != SKIPPED))
-    paths = [d for d in fig.data if d.type == "scatter" and d.mode == "lines"]
+    paths = [d for d in fig.data if d.name == "a program's path" and any(x is not None for x in d.x)]
     kv_path = paths[1]                                       # a dK·dV program stays in its column
     xs = [x for x in kv_path.x if x is not None]
     assert len(xs) == len(bwd[(bwd.phase == "dkdv") & (bwd.b == 0) & (bwd["head"] == 1)])
@@ -137,6 +137,9 @@ def test_measured_time_split_spans_and_rates():
     sub = fig.layout.title.subtitle.text
     assert f"{e.flops / 4e-6 / 1e12:,.0f}" in sub and f"{e.flops_backward / 10.95e-6 / 1e12:,.0f}" in sub
     assert "µs" in fig.layout.xaxis.title.text
+    fwd.attrs["modelled"] = True                              # no clock: no time split, said in one line
+    with pytest.raises(ValueError, match="needs a GPU recording"):
+        backward_time_figure(fwd, bwd, e, "interpreter run")
 
 
 def test_flops_and_memory_are_the_estimators():
