@@ -7,27 +7,7 @@ import torch
 
 from kernels import flash_decode, reference_decode
 from kernels.decode import choose_num_splits, num_splits_heuristic
-
-TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
-
-
-def make(b, h, h_kv, n_q, n_max, d, dtype, device, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, n_q, d, generator=g)
-    k, v = (torch.randn(b, h_kv, n_max, d, generator=g) for _ in range(2))
-    return [t.to(dtype).to(device) for t in (q, k, v)]
-
-
-def check(out, lse, ref_o, ref_lse, dtype):
-    assert torch.isfinite(out).all()
-    err = ((out.double().cpu() - ref_o).norm() / ref_o.norm().clamp_min(1e-30)).item()
-    assert err < TOL[dtype], err
-    lse = lse.double().cpu()
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))           # rows that see no key
-    fin = torch.isfinite(ref_lse)
-    assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-4 if dtype == torch.float32 else 2e-2)
-    assert (out.cpu()[~fin] == 0).all()                                  # ... return 0
-
+from tests.kernels.attention_checks import check, decode_inputs
 
 # ragged lengths with a length of 1 (and, for N_q = 4, rows that see nothing); GQA, MQA, MHA
 @pytest.mark.parametrize("n_q", [1, 4])
@@ -35,7 +15,7 @@ def check(out, lse, ref_o, ref_lse, dtype):
 @pytest.mark.parametrize("h,h_kv,d", [(8, 2, 32), (4, 1, 40), (2, 2, 17)])
 def test_ragged_gqa_against_float64(n_q, num_splits, h, h_kv, d, device):
     seed = n_q * 100 + d + (0 if num_splits == "auto" else num_splits)
-    q, k, v = make(3, h, h_kv, n_q, 97, d, torch.float32, device, seed)
+    (q, k, v), _ = decode_inputs(3, h, h_kv, n_q, 97, d, torch.float32, device, seed)
     lens = torch.tensor([97, 1, 50], dtype=torch.int32, device=device)
     out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
     ref_o, ref_lse = reference_decode(q, k, v, lens)
@@ -44,7 +24,7 @@ def test_ragged_gqa_against_float64(n_q, num_splits, h, h_kv, d, device):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_full_cache(dtype, device):
-    q, k, v = make(2, 4, 2, 2, 130, 64, dtype, device, seed=7)
+    (q, k, v), _ = decode_inputs(2, 4, 2, 2, 130, 64, dtype, device, seed=7)
     out, lse = flash_decode(q, k, v, num_splits=2, return_lse=True, sm_scale=0.2)
     ref_o, ref_lse = reference_decode(q, k, v, sm_scale=0.2)
     check(out, lse, ref_o, ref_lse, dtype)
@@ -52,7 +32,7 @@ def test_half_precision_full_cache(dtype, device):
 
 
 def test_split_count_does_not_change_the_result(device):
-    q, k, v = make(2, 4, 2, 1, 200, 32, torch.float32, device, seed=3)
+    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 200, 32, torch.float32, device, seed=3)
     lens = torch.tensor([200, 123], dtype=torch.int32, device=device)
     outs = [flash_decode(q, k, v, lens, num_splits=s) for s in (1, 2, 5, 16)]
     for o in outs[1:]:
@@ -102,7 +82,7 @@ def test_auto_fills_one_wave_when_work_items_are_few():
     (lambda q, k, v: flash_decode(q, k.transpose(2, 3), v.transpose(2, 3)), "contiguous last"),
 ])
 def test_bad_input_is_one_clear_line(call, fragment):
-    q, k, v = make(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
+    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
     with pytest.raises(ValueError, match=fragment) as info:
         call(q, k, v)
     assert "\n" not in str(info.value)
@@ -113,7 +93,7 @@ def test_bad_input_is_one_clear_line(call, fragment):
 @pytest.mark.parametrize("num_splits", [1, "auto"])
 def test_realistic_sizes_on_the_gpu(n_q, num_splits, device):
     # Llama-3-8B attention shapes: H 32, H_kv 8, D 128, bf16; a ragged batch up to 8k
-    q, k, v = make(3, 32, 8, n_q, 8192, 128, torch.bfloat16, device, seed=11)
+    (q, k, v), _ = decode_inputs(3, 32, 8, n_q, 8192, 128, torch.bfloat16, device, seed=11)
     lens = torch.tensor([8192, 1, 5000], dtype=torch.int32, device=device)
     out, lse = flash_decode(q, k, v, cache_seqlens=lens, num_splits=num_splits, return_lse=True)
     ref_o, ref_lse = reference_decode(q, k, v, lens)
@@ -123,7 +103,7 @@ def test_realistic_sizes_on_the_gpu(n_q, num_splits, device):
 @pytest.mark.gpu
 def test_odd_head_dims_and_mqa_on_the_gpu(device):
     for d in (80, 96, 111, 256):
-        q, k, v = make(2, 16, 1, 2, 3000, d, torch.float16, device, seed=d)
+        (q, k, v), _ = decode_inputs(2, 16, 1, 2, 3000, d, torch.float16, device, seed=d)
         lens = torch.tensor([3000, 77], dtype=torch.int32, device=device)
         out, lse = flash_decode(q, k, v, cache_seqlens=lens, return_lse=True)
         ref_o, ref_lse = reference_decode(q, k, v, lens)

@@ -8,31 +8,7 @@ import torch
 from kernels import flash_attention_varlen
 from kernels.varlen import VarlenTraceBuffers, reference_varlen, varlen_plan
 from kernels.masks import parse_mask
-
-TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
-
-
-def cu(lens, device):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-
-
-def packed(lens_q, lens_k, h, h_kv, d, dtype, device, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(sum(lens_q), h, d, generator=g)
-    k, v = (torch.randn(sum(lens_k), h_kv, d, generator=g) for _ in range(2))
-    return [t.to(dtype).to(device) for t in (q, k, v)]
-
-
-def check(out, lse, ref_o, ref_lse, dtype):
-    assert torch.isfinite(out).all()
-    err = ((out.double().cpu() - ref_o).norm() / ref_o.norm().clamp_min(1e-30)).item()
-    assert err < TOL[dtype], err
-    lse = lse.double().cpu()
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))           # rows that see no key ...
-    fin = torch.isfinite(ref_lse)
-    assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-4 if dtype == torch.float32 else 2e-2)
-    assert (out.cpu().transpose(0, 1)[~fin] == 0).all()                  # ... return 0
-
+from tests.kernels.attention_checks import check, cu_seqlens as cu, packed_inputs as packed
 
 # lengths 1..N (1 and a block plus one), N_q != N_k per sequence (shorter and longer), GQA
 LENS_Q = [1, 17, 16, 5, 9]
@@ -46,7 +22,7 @@ def test_every_mask_per_sequence_against_float64(mask, device):
     out, lse = flash_attention_varlen(q, k, v, cq, ck, max(LENS_Q), max(LENS_K), mask=mask, return_lse=True,
                                       block_m=16, block_n=16)
     assert out.shape == q.shape and lse.shape == (4, q.shape[0])
-    check(out, lse, *reference_varlen(q, k, v, cq, ck, mask), torch.float32)
+    check(out, lse, *reference_varlen(q, k, v, cq, ck, mask), torch.float32, packed=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -54,7 +30,7 @@ def test_batch_of_one_half_precision_mqa(dtype, device):
     q, k, v = packed([33], [50], 4, 1, 64, dtype, device, seed=3)
     cq, ck = cu([33], device), cu([50], device)
     out, lse = flash_attention_varlen(q, k, v, cq, ck, 33, 50, return_lse=True, sm_scale=0.3, block_m=16, block_n=32)
-    check(out, lse, *reference_varlen(q, k, v, cq, ck, "causal", sm_scale=0.3), dtype)
+    check(out, lse, *reference_varlen(q, k, v, cq, ck, "causal", sm_scale=0.3), dtype, packed=True)
     assert out.dtype == dtype
 
 
@@ -75,7 +51,7 @@ def test_paged_keys_through_a_permuted_block_table(device):
     cq, ck = cu(lens_q, device), cu(lens_k, device)
     out, lse = flash_attention_varlen(q, k, v, cq, ck, 20, 64, mask="sliding_window:20", return_lse=True,
                                       block_m=16, block_n=16, block_table=table)
-    check(out, lse, *reference_varlen(q, k, v, cq, ck, "sliding_window:20", block_table=table), torch.float32)
+    check(out, lse, *reference_varlen(q, k, v, cq, ck, "sliding_window:20", block_table=table), torch.float32, packed=True)
 
 
 def test_strided_and_int64_cu_seqlens_are_read_as_values(device):

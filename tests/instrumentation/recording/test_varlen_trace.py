@@ -14,20 +14,20 @@ LENS = [1, 37, 16, 0, 9]            # a length of 1, a block plus some, exactly 
 H, H_KV, D, BM, BN = 4, 2, 16, 16, 16
 
 
-def packed(lens, seed):
+def packed(lens, seed, device):
     g = torch.Generator().manual_seed(seed)
     cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
     q = torch.randn(sum(lens), H, D, generator=g)
     k, v = (torch.randn(sum(lens), H_KV, D, generator=g) for _ in range(2))
-    return q, k, v, cu
+    return [t.to(device) for t in (q, k, v, cu)]
 
 
 @pytest.mark.parametrize("mask", ["causal", "sliding_window:7"])
-def test_work_items_cover_every_row_once_and_tiles_are_visited_once(mask, tmp_path):
-    q, k, v, cu = packed(LENS, seed=len(mask))
+def test_work_items_cover_every_row_once_and_tiles_are_visited_once(mask, tmp_path, device):
+    q, k, v, cu = packed(LENS, seed=len(mask), device=device)
     out, trace = record_varlen(q, k, v, cu, cu, 40, 40, mask=mask, block_m=BM, block_n=BN, trace_head=3)
     ref, _ = reference_varlen(q, k, v, cu, cu, mask)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
+    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < 1e-4
     w = trace.work
     assert len(w) == H * sum(-(-n // BM) for n in LENS)                  # nothing for padding
     assert not w.duplicated(["bh", "q_block"]).any()
@@ -49,9 +49,9 @@ def test_work_items_cover_every_row_once_and_tiles_are_visited_once(mask, tmp_pa
     assert back.meta["varlen"]["lengths_q"] == LENS
 
 
-def test_pages_follow_the_block_table_and_bad_head_is_refused():
+def test_pages_follow_the_block_table_and_bad_head_is_refused(device):
     lens, page = [20, 3, 33], 16
-    q, k, v, cu = packed(lens, seed=5)
+    q, k, v, cu = packed(lens, seed=5, device="cpu")
     n_pages = [-(-n // page) for n in lens]
     perm = torch.randperm(sum(n_pages) + 2, generator=torch.Generator().manual_seed(2))
     table = torch.zeros(len(lens), max(n_pages), dtype=torch.int32)
@@ -64,9 +64,10 @@ def test_pages_follow_the_block_table_and_bad_head_is_refused():
             k_pool[perm[used], :rows.stop - rows.start] = k[rows]
             v_pool[perm[used], :rows.stop - rows.start] = v[rows]
             used += 1
-    out, trace = record_varlen(q, k_pool, v_pool, cu, cu, 33, 33, block_m=BM, block_n=BN, block_table=table)
     ref, _ = reference_varlen(q, k, v, cu, cu)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
+    q, k, v, cu, k_pool, v_pool, table = (t.to(device) for t in (q, k, v, cu, k_pool, v_pool, table))
+    out, trace = record_varlen(q, k_pool, v_pool, cu, cu, 33, 33, block_m=BM, block_n=BN, block_table=table)
+    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() < 1e-4
     pages = trace.pages
     assert trace.meta["paged"]["block_table"] == table.tolist()
     for (b, kv, qb), reads in pages.groupby(["b", "kv_head", "row_block"]):
