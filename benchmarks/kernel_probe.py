@@ -1,0 +1,235 @@
+"""Kernel variants side by side with cuDNN, for choosing launch rules: forward configs (plain and
+warp-specialised), the causal tail modes (kernels.launch_config.MASK_TAIL), and decode tile
+configs and split counts. Every variant of a case runs on the same inputs in one process; each
+output is checked against cuDNN's before it is timed; `--repeats` interleaved rounds of
+triton.testing.do_bench medians, the median over rounds recorded (with every round).
+
+    python -m benchmarks.kernel_probe --suite d256 --name d256
+    python -m benchmarks.kernel_probe --suite causal,decode --name causal --repeats 3
+
+Writes data/benchmarks/<name>-probe-<device-slug>.json. Variants compile first in parallel
+worker processes (Triton's on-disk cache), so the timing rounds only load them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from . import DEFAULT_OUT, RECORD_KEYS, device_slug, log, run_meta, write_results
+
+import torch  # noqa: E402
+
+RECORD_KEYS.setdefault("kernel_probe", ("kind", "shape", "label", "status", "ms", "x_cudnn"))
+
+D256_PLAIN = ((64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (128, 32, 4, 3), (64, 128, 4, 2))
+D256_WS = ((128, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (128, 32, 8, 3), (64, 64, 4, 2))
+DECODE_CONFIGS = ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 4))
+
+
+def _fwd(shape, mask, cfg=None, ws=None, tail=None, label=""):
+    return dict(kind="fwd", shape=shape, mask=mask, cfg=cfg, ws=ws, tail=tail, label=label)
+
+
+def suite(name: str) -> list[dict]:
+    """The variants of a suite: dicts of kind, shape (B, H, H_kv, N, D) and options."""
+    out = []
+    if name == "d256":
+        for n in (4096, 8192):
+            shape = (2, 16, 16, n, 256)
+            for mask in ("full", "causal"):
+                out.append(dict(kind="cudnn", shape=shape, mask=mask, label="cudnn"))
+                out.append(_fwd(shape, mask, label="default"))
+                out += [_fwd(shape, mask, c, False, label=f"plain {c}") for c in D256_PLAIN]
+                for c in D256_WS:
+                    tails = (None,) if mask == "full" else (0, 1, 2)
+                    out += [_fwd(shape, mask, c, True, t, label=f"ws {c}" + ("" if t is None else f" tail{t}"))
+                            for t in tails]
+    elif name == "causal":
+        for shape in [(4, 16, 16, n, 128) for n in (2048, 4096, 8192, 16384)] + \
+                     [(4, 16, 16, n, 64) for n in (4096, 8192, 16384)] + [(2, 32, 8, n, 128) for n in (4096, 8192)]:
+            d = shape[-1]
+            out.append(dict(kind="cudnn", shape=shape, mask="causal", label="cudnn"))
+            out.append(_fwd(shape, "causal", tail=0, label="default split rule"))
+            ws_cfg = (128, 128, 4, 2)
+            for t in (1, 2):
+                out.append(_fwd(shape, "causal", ws_cfg, True, t, label=f"ws {ws_cfg} tail{t}"))
+            out.append(_fwd(shape, "causal", (128, 64, 4, 2), True, 1, label="ws (128, 64, 4, 2) tail1"))
+            if d == 128 and shape[0] == 4 and shape[3] in (4096, 8192):
+                out.append(dict(kind="cudnn", shape=shape, mask="full", label="cudnn"))
+                out.append(_fwd(shape, "full", label="default"))
+    elif name == "decode":
+        shape = (64, 32, 8, 32768, 128)
+        out.append(dict(kind="cudnn_decode", shape=shape, label="cudnn"))
+        for bn, w, s in DECODE_CONFIGS:
+            for splits in (1, 2):
+                out.append(dict(kind="decode", shape=shape, cfg=(bn, w, s), splits=splits,
+                                label=f"decode bn{bn} w{w} s{s} splits{splits}"))
+    else:
+        raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, decode")
+    return out
+
+
+_INPUTS: dict = {}
+
+
+def _inputs(v, device):
+    b, h, h_kv, n, d = v["shape"]
+    decode = v["kind"] in ("decode", "cudnn_decode")
+    key = (b, h, h_kv, n, d, decode)
+    if key not in _INPUTS:
+        _INPUTS.clear()
+        g = torch.Generator(device=device).manual_seed(n + d)
+        q = torch.randn(b, h, 1 if decode else n, d, generator=g, device=device, dtype=torch.bfloat16)
+        k, v_ = (torch.randn(b, h_kv, n, d, generator=g, device=device, dtype=torch.bfloat16) for _ in range(2))
+        _INPUTS[key] = (q, k, v_)
+    return _INPUTS[key]
+
+
+def _call(v, device):
+    """fn() of a variant, with the launch rules it needs set (restored by the caller)."""
+    import kernels.launch as launch
+    import kernels.launch_config as rules
+    from kernels import flash_attention, flash_decode
+
+    q, k, vv = _inputs(v, device)
+    if v["kind"] == "cudnn" or v["kind"] == "cudnn_decode":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        causal = v.get("mask") == "causal"
+
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, vv, is_causal=causal,
+                                                                        enable_gqa=True)
+        return fn
+    if v["kind"] == "decode":
+        bn, w, s = v["cfg"]
+        return lambda: flash_decode(q, k, vv, num_splits=v["splits"], block_n=bn, num_warps=w, num_stages=s)
+    if v["ws"] and v["cfg"] not in rules.WS_CONFIGS:
+        rules.WS_CONFIGS = rules.WS_CONFIGS + (v["cfg"],)
+    if v["tail"] is not None:
+        rules.MASK_TAIL = v["tail"]
+    rules._ws_plan_fits.cache_clear()
+    launch.clear_caches()
+    kw = {} if v["cfg"] is None else dict(zip(("block_m", "block_n", "num_warps", "num_stages"), v["cfg"]))
+    if v["ws"] is not None:
+        kw["warp_specialize"] = v["ws"]
+    return lambda: flash_attention(q, k, vv, mask=v["mask"], **kw)
+
+
+def _compile(chunk):
+    """Worker: run each variant once (fills Triton's cache); returns errors by index."""
+    import kernels.launch_config as rules
+
+    saved = (rules.WS_CONFIGS, rules.MASK_TAIL)
+    errs = {}
+    for i, v in chunk:
+        if v["kind"] == "decode":      # the kernel is the same at any context: compile on a short one
+            v = dict(v, shape=v["shape"][:3] + (4096,) + v["shape"][4:])
+        try:
+            _call(v, "cuda")()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            errs[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rules.WS_CONFIGS, rules.MASK_TAIL = saved
+        _INPUTS.clear()
+    return errs
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kernel_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", default="d256", help="comma list of d256, causal, decode")
+    p.add_argument("--name", required=True, help="file name: <name>-probe-<device>.json")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rep", type=int, default=60, help="do_bench rep ms per round")
+    p.add_argument("--jobs", type=int, default=8)
+    p.add_argument("--out", default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    import triton
+    import kernels.launch_config as rules
+    import kernels.launch as launch
+
+    device = torch.device("cuda")
+    variants = [v for s in args.suite.split(",") for v in suite(s.strip())]
+    meta = run_meta(device, "kernel_probe", argv, "python -m benchmarks.kernel_probe")
+    meta.update(suites=args.suite, repeats=args.repeats,
+                timing=f"median over {args.repeats} interleaved rounds of do_bench(rep={args.rep}, median)",
+                check="rel_err: ||out - cudnn|| / ||cudnn|| on the whole output, before timing")
+    t0 = time.perf_counter()
+    errs = {}
+    if args.jobs > 0:
+        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing as mp
+
+        idx = [(i, v) for i, v in enumerate(variants) if v["kind"] in ("fwd", "decode")]
+        chunks = [idx[j::args.jobs] for j in range(args.jobs) if idx[j::args.jobs]]
+        with ProcessPoolExecutor(len(chunks), mp_context=mp.get_context("spawn")) as ex:
+            for e in ex.map(_compile, chunks):
+                errs.update(e)
+    log(f"compiled in {time.perf_counter() - t0:.0f} s, {len(errs)} failed")
+    saved = (rules.WS_CONFIGS, rules.MASK_TAIL)
+    recs = [dict(v, cfg=list(v["cfg"]) if v.get("cfg") else None, status="ok", ms_rounds=[], rel_err=None,
+                 error=errs.get(i)) for i, v in enumerate(variants)]
+    refs = {}
+    for r in range(args.repeats):
+        for i, v in enumerate(variants):
+            rec = recs[i]
+            if rec["error"]:
+                rec["status"] = "error"
+                continue
+            try:
+                launch._WS_REFUSED.clear()
+                fn = _call(v, device)
+                out = fn()
+                if v.get("ws") and launch._WS_REFUSED:
+                    rec.update(status="ws_refused", error="the warp-specialised kernel did not compile")
+                    continue
+                ref_key = (v["shape"], v.get("mask"), v["kind"].endswith("decode"))
+                if v["kind"].startswith("cudnn"):
+                    refs[ref_key] = out
+                elif r == 0 and ref_key in refs:
+                    ref = refs[ref_key].float()
+                    rec["rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
+                    if rec["rel_err"] > 2e-2:
+                        rec.update(status="wrong", error=f"rel_err {rec['rel_err']:.3g}")
+                        continue
+                rec["ms_rounds"].append(triton.testing.do_bench(fn, warmup=10, rep=args.rep,
+                                                                return_mode="median"))
+            except Exception as exc:  # noqa: BLE001
+                rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            finally:
+                rules.WS_CONFIGS, rules.MASK_TAIL = saved
+                rules._ws_plan_fits.cache_clear()
+                launch.clear_caches()
+        log(f"round {r + 1} done at {time.perf_counter() - t0:.0f} s")
+        meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        path = _write(meta, recs, args.out, args.name, last=r + 1 == args.repeats)
+    log(f"wrote {path}")
+    return 0
+
+
+def _write(meta, recs, out_dir, name, last):
+    """Medians over the rounds so far and the ratios to cuDNN; printed after the last round."""
+    cudnn = {}
+    for rec in recs:
+        if rec["ms_rounds"]:
+            rec["ms"] = statistics.median(rec["ms_rounds"])
+            if rec["kind"].startswith("cudnn"):
+                cudnn[(tuple(rec["shape"]), rec.get("mask"))] = rec["ms"]
+    for rec in recs:
+        base = cudnn.get((tuple(rec["shape"]), rec.get("mask")))
+        rec["x_cudnn"] = base / rec["ms"] if rec.get("ms") and base else None
+        if last:
+            log(f"{str(rec['shape']):26s} {str(rec.get('mask') or 'decode'):7s} {rec['label']:32s} "
+                + (f"{rec['ms']:8.3f} ms  {rec['x_cudnn']:.3f}x cuDNN" if rec.get("ms") else
+                   f"{rec['status']}: {(rec['error'] or '')[:90]}"))
+    path = os.path.join(out_dir, f"{name}-probe-{device_slug(meta['device'])}.json")
+    return write_results({"meta": meta, "records": recs}, path, "kernel_probe")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
