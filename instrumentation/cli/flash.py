@@ -23,7 +23,11 @@ COUNT = bounded_int(1, MAX_COUNT)
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description="Run the instrumented FlashAttention kernel and save a trace.")
-    p.add_argument("--seq-len", type=bounded_int(0, MAX_COUNT), required=True, help="sequence length N")
+    p.add_argument("--seq-len", type=bounded_int(0, MAX_COUNT), default=None,
+                   help="sequence length N (required unless --varlen)")
+    p.add_argument("--varlen", default=None, metavar="LENS",
+                   help="record a packed batch of these sequence lengths instead (comma list, e.g. "
+                        "300,17,1024) with flash_attention_varlen (instrumentation.record_varlen)")
     p.add_argument("--mask", default="causal",
                    help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...")
     p.add_argument("--head-dim", type=COUNT, default=64, help="D: 1..256 (menus offer 16..256)")
@@ -66,6 +70,11 @@ def preflight(args) -> None:
     from ..trace.files import check_dir_target
 
     check_dir_target(args.out, is_trace_dir, args.force, "trace")
+    if args.varlen is not None:
+        args.varlen = parse_lengths(args.varlen)
+        args.seq_len, args.batch = max(args.varlen), 1    # sizes below: the longest sequence
+    elif args.seq_len is None:
+        raise ValueError("--seq-len is required (or --varlen LENS for a packed batch)")
     for name in ("block_m", "block_n"):
         val = getattr(args, name)
         if val is not None and val not in (16, 32, 64, 128, 256):
@@ -87,6 +96,17 @@ def preflight(args) -> None:
     check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,
                 args.block_n, interpreter=interpreter, mask=args.mask, kv_len=args.kv_len,
                 kv_heads=args.kv_heads, trace=traced(args))
+
+
+def parse_lengths(text: str) -> list[int]:
+    """--varlen's comma list: 1..4096 lengths, each 0..2**20, at least one positive (ValueError)."""
+    try:
+        lens = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--varlen takes comma-separated sequence lengths, e.g. 300,17,1024; got {text[:40]!r}") from None
+    if not 1 <= len(lens) <= 4096 or min(lens) < 0 or max(lens) < 1 or max(lens) > (1 << 20):
+        raise ValueError("--varlen needs 1..4096 lengths, each 0..1048576 and at least one positive")
+    return lens
 
 
 def traced(args) -> tuple:
@@ -123,6 +143,8 @@ def _main(args, argv) -> int:
                     kv_heads=args.kv_heads, trace=traced(args),
                     device_bytes=torch.cuda.get_device_properties(0).total_memory
                     if device == "cuda" else None)
+        if args.varlen is not None:
+            return _record_varlen(args, argv, device)
         q, k, v = make_inputs(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype,
                               args.seed, device, kv_heads=args.kv_heads, kv_len=args.kv_len)
         started = time.perf_counter()
@@ -148,6 +170,34 @@ def _main(args, argv) -> int:
         print(f"kernel time: {m['untraced_ms']:.3f} ms untraced, {m['traced_ms']:.3f} ms traced")
     else:
         print(f"wall time: {wall:.2f} s in the interpreter (no hardware timing)")
+    print(f"wrote {path}")
+    return 0
+
+
+def _record_varlen(args, argv, device) -> int:
+    """--varlen: a packed batch of random rows (seeded), recorded by record_varlen."""
+    import torch
+
+    from ..recording.inputs import torch_dtype
+    from ..recording.varlen import record_varlen
+
+    lens, h_kv = args.varlen, args.kv_heads or args.heads
+    g = torch.Generator().manual_seed(args.seed)
+    dtype = torch_dtype(args.dtype)
+    q, k, v = (torch.randn(sum(lens), h, args.head_dim, generator=g).to(dtype).to(device)
+               for h in (args.heads, h_kv, h_kv))                                    # (total, H, D)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    _, trace = record_varlen(q, k, v, cu, cu, max(lens), max(lens), mask=args.mask, block_m=args.block_m,
+                             block_n=args.block_n, trace_head=args.trace_head,
+                             meta_extra={"input_seed": args.seed, "command": f"{PROG} " +
+                                         shlex.join(argv if argv is not None else sys.argv[1:])})
+    path = trace.save(args.out, force=args.force)
+    m, w = trace.meta, trace.work
+    print(f"{m['device_name']} [{m['backend']}] varlen {len(lens)} sequences (total {sum(lens)} rows) "
+          f"mask={m['mask']} blocks={m['block_m']}x{m['block_n']} H={args.heads} {args.dtype}")
+    print(f"{len(w)} work items ({int(w.tiles_visited.sum())} key blocks read), no padding")
+    if m.get("untraced_ms") is not None:
+        print(f"kernel time: {m['untraced_ms']:.3f} ms untraced, {m['traced_ms']:.3f} ms traced")
     print(f"wrote {path}")
     return 0
 

@@ -78,3 +78,15 @@ def test_pages_follow_the_block_table_and_bad_head_is_refused(device):
     assert len(pages.groupby(["b", "kv_head", "row_block"])) == H_KV * sum(-(-n // BM) for n in lens)
     with pytest.raises(ValueError, match="tile_head=9 must be a query head"):
         record_varlen(q, k, v, cu, cu, 33, 33, block_m=BM, block_n=BN, trace_head=9)
+
+
+def test_record_cli_varlen_writes_a_packed_trace(tmp_path, capsys):
+    from instrumentation.cli.flash import main
+
+    out = tmp_path / "packed"
+    assert main(["--varlen", "30,0,17", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--dtype",
+                 "fp32", "--block-m", "16", "--block-n", "16", "--device", "cpu", "--out", str(out)]) == 0
+    trace = Trace.load(out)
+    assert trace.meta["varlen"]["lengths_q"] == [30, 0, 17] and len(trace.work) == 2 * (2 + 2)
+    assert main(["--varlen", "3,-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "--varlen needs" in capsys.readouterr().err and not (tmp_path / "bad").exists()
