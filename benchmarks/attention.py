@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 import time
 
@@ -86,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="cpu runs our kernel in the Triton interpreter (smoke runs only)")
     p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul peak measurement")
+    p.add_argument("--repeats", type=bounded_int(1, 100), default=1,
+                   help="time each case this many times (ms: the median; every repeat in ms_repeats)")
     return p
 
 
@@ -302,6 +305,7 @@ def run(args, argv=None) -> dict:
         shape={"B": b, "H": h, "D": d}, dtype=args.dtype, seq_lens=seq_lens, masks=masks,
         impls=impls, seed=args.seed,
         timing=f"triton.testing.do_bench(fn, warmup={warmup}, rep={rep}, return_mode='median')"
+        + (f", median of {args.repeats} repeats" if args.repeats > 1 else "")
         if device.type == "cuda" else "wall clock median (CPU interpreter smoke run; not a benchmark)",
         correctness=(f"before timing, each output is compared with a float32 reference on batch*heads "
                      f"{heads_checked} (all rows); rel_err = ||out - ref||_F / ||ref||_F; an impl with "
@@ -380,8 +384,11 @@ def run(args, argv=None) -> dict:
                             rec["error"] = (f"rel_err {err:.3g} > {TOLERANCE[args.dtype]}: "
                                             "output disagrees with the reference; not timed")
                         else:
-                            ms = time_ms(fn, device, warmup=warmup, rep=rep)
+                            reps = [time_ms(fn, device, warmup=warmup, rep=rep) for _ in range(args.repeats)]
+                            ms = statistics.median(reps)
                             rec["ms"] = ms
+                            if args.repeats > 1:
+                                rec["ms_repeats"] = reps
                             rec["tflops"] = flops / (ms * 1e-3) / 1e12
                 except Exception as e:  # noqa: BLE001  (record and go on)
                     msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
