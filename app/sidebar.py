@@ -320,6 +320,8 @@ def sidebar(attention: bool = True) -> Settings:
                        "their values there.")
         if source == "recorded" and attention:
             names = [r.name for r in recs]
+            if sources.is_call_name(ss.get("ctl_trace")) and sources.recording_named(ss["ctl_trace"]):
+                names.insert(0, ss["ctl_trace"])      # a model run's call, opened from the Model run page
             if not names:
                 st.warning("No bundled recordings: data/traces/ is empty on this machine.")
             else:

@@ -117,7 +117,9 @@ def init_session() -> None:
             trace = rec.name
             used = {**values, **rec.settings()}
         if missing:
-            errors.append(f"The link names the recording {_shown(missing)}, which is not bundled here; "
+            why = sources.call_problem(missing) if sources.is_call_name(missing) else ""
+            errors.append(f"The link names the recording {_shown(missing)}"
+                          + (f", which does not open: {_cut(why)}; " if why else ", which is not bundled here; ")
                           + (f"using {trace!r}." if rec is not None else "running live."))
     for key, why in wrong.items():               # one line each: what was wrong, what is used instead
         where = f" (the recording {trace})" if source == "recorded" else ""

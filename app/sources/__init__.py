@@ -3,6 +3,7 @@
     bundled.py   recordings under data/traces/ (found without loading their tables, cached loads)
     live.py      live runs on this machine's CUDA GPU or in Triton's CPU interpreter, estimates
     upload.py    a zip of a trace directory (manifest.json + parquet files)
+    model_run.py captured model runs (data/runs/, uploads) and a run's call as a recording
     current.py   the settings' source resolved to the trace the page shows
     errors.py    RunError, what every source raises when it cannot give a trace
 
@@ -17,11 +18,12 @@ from app.sources.errors import RunError
 from app.sources.live import (computed_tiles, estimate, has_run, live_source, run_live, run_lock,
                               seconds_per_tile)
 from app.sources.upload import trace_from_zip, upload_digest, uploaded_trace
+from app.sources.model_run import call_name, call_problem, is_call_name
 
 __all__ = [
     "Recording", "data_dir", "data_index", "default_recording", "discover_sweeps", "discover_traces",
     "distance", "load_recording", "nearest", "recording_named", "recordings", "schedule_variants",
     "Source", "current_source", "refusal", "run_before_page", "RunError",
     "computed_tiles", "estimate", "has_run", "live_source", "run_live", "run_lock", "seconds_per_tile",
-    "trace_from_zip", "upload_digest", "uploaded_trace",
+    "trace_from_zip", "upload_digest", "uploaded_trace", "call_name", "call_problem", "is_call_name",
 ]

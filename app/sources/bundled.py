@@ -199,7 +199,11 @@ def recordings() -> list[Recording]:
 
 
 def recording_named(name: str) -> Recording | None:
-    """The bundled recording called `name`, or None."""
+    """The bundled recording called `name`, or None. A model run's prefill call, `run:<run>:<call>`,
+    is one too (app.sources.model_run)."""
+    if isinstance(name, str) and name.startswith("run:"):
+        from app.sources.model_run import call_recording
+        return call_recording(name)
     return next((r for r in recordings() if r.name == name), None)
 
 

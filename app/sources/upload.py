@@ -95,21 +95,24 @@ def _declared_entries(data: bytes) -> int | None:
     return struct.unpack_from("<H", data, at + 10)[0]
 
 
-def _check_entry_count(n: int) -> None:
-    if n > MAX_ENTRIES:
+def _check_entry_count(n: int, max_entries: int = MAX_ENTRIES) -> None:
+    if n > max_entries:
         raise TraceFormatError(f"the zip has {n:,} entries; a trace directory has a manifest and a few "
-                               f"tables (at most {MAX_ENTRIES}): zip just the trace directory")
+                               f"tables (at most {max_entries}): zip just the trace directory")
 
 
-def check_zip_directory(infos: list[zipfile.ZipInfo]) -> None:
+def check_zip_directory(infos: list[zipfile.ZipInfo], max_entries: int = MAX_ENTRIES,
+                        max_bytes: int = MAX_UPLOAD_BYTES) -> None:
     """Refuse a zip by its directory alone: too many entries, too large unpacked, paths too deep
     or long, unsafe paths, encryption, a compression this server cannot read, or an entry that
-    inflates more than a trace's files do. Raises TraceFormatError (one line)."""
-    _check_entry_count(len(infos))
+    inflates more than a trace's files do. Raises TraceFormatError (one line).
+
+    max_entries, max_bytes: a trace's limits by default; a model run (many traces) passes its own."""
+    _check_entry_count(len(infos), max_entries)
     total = sum(i.file_size for i in infos)
-    if total > MAX_UPLOAD_BYTES:
+    if total > max_bytes:
         raise TraceFormatError(f"the zip unpacks to {total / 2**20:,.0f} MiB, more than the "
-                               f"{MAX_UPLOAD_BYTES >> 20} MiB a trace may have")
+                               f"{max_bytes >> 20} MiB an upload may have")
     for info in infos:
         name = info.filename
         parts = PurePosixPath(name.replace("\\", "/")).parts

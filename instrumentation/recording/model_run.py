@@ -102,6 +102,7 @@ class ModelRun:
     def __init__(self, meta: dict | None = None, calls: list[ModelCall] | None = None):
         self.meta = dict(meta or {})
         self.calls: list[ModelCall] = list(calls or [])
+        self._dirs: list[Path] = []          # each call's trace directory (a run loaded with traces=False)
 
     def __repr__(self):
         return (f"ModelRun({self.meta.get('model', '?')}, {len(self.calls)} calls, "
@@ -154,38 +155,75 @@ class ModelRun:
         return files.write_dir_atomic(path, fill, is_model_run_dir, force, "model run", ModelRunFormatError)
 
     @classmethod
-    def load(cls, path) -> "ModelRun":
+    def load(cls, path, traces: bool = True) -> "ModelRun":
         """Read a run directory written by save (no torch or transformers needed).
 
         Arguments:
             path: the run's directory (or its model_run.json).
+            traces: load every call's trace now; False: the calls' trace is None until
+                call_trace(i) loads it (a run's table and trace metas read in milliseconds;
+                dozens of traces take seconds).
         Returns:
-            a ModelRun whose calls carry their traces; ModelRunFormatError (one line) otherwise."""
-        path = Path(path)
-        root = path.parent if path.name == MANIFEST else path
-        files.remove_stale_temporaries(root)
-        if not (root / MANIFEST).exists():
-            raise ModelRunFormatError(f"this directory is not a Tilescope model run: no {MANIFEST} there. "
-                                      "Capture one with instrumentation.hf.capture(model) and run.save(DIR).")
-        if (root / MANIFEST).is_symlink():
-            raise ModelRunFormatError(f"{MANIFEST} is a link; a model run holds plain files")
-        doc = files.read_json(root / MANIFEST, MANIFEST, ModelRunFormatError)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ModelRunFormatError(f"{MANIFEST} is not a Tilescope model-run manifest")
-        if doc.get("version") != VERSION:
-            raise ModelRunFormatError(f"the model run has version {doc.get('version')!r}; this Tilescope "
-                                      f"reads version {VERSION}. Capture it again.")
-        files.validate(doc, MANIFEST_SCHEMA, MANIFEST, ModelRunFormatError)
-        real_root = root.resolve()
-        calls = []
+            a ModelRun; ModelRunFormatError (one line) otherwise."""
+        root, doc = read_manifest(path)
+        run = cls(meta=doc["meta"])
         for entry in doc["calls"]:
-            trace = Trace.load(_trace_dir(real_root, entry["trace"]))
-            calls.append(ModelCall(**{k: v for k, v in entry.items() if k != "trace"}, trace=trace))
-        return cls(meta=doc["meta"], calls=calls)
+            where = trace_dir(root, entry["trace"])
+            run._dirs.append(where)
+            run.calls.append(ModelCall(**{k: v for k, v in entry.items() if k != "trace"},
+                                       trace=Trace.load(where) if traces else None))
+        return run
+
+    def call_trace(self, i: int) -> Trace:
+        """Call i's trace, loaded from the run's directory the first time it is asked for."""
+        call = self.calls[i]
+        if call.trace is None:
+            if not self._dirs:
+                raise ModelRunFormatError(f"call {i} has no trace and the run was not loaded from a directory")
+            call.trace = Trace.load(self._dirs[i])
+        return call.trace
+
+    def trace_meta(self, i: int) -> dict:
+        """Call i's trace meta (block sizes, device, timings), without loading its tables."""
+        call = self.calls[i]
+        if call.trace is not None or not self._dirs:
+            return self.call_trace(i).meta
+        doc = files.read_json(self._dirs[i] / "manifest.json", "manifest.json", ModelRunFormatError)
+        if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict):
+            raise ModelRunFormatError(f"call {i}'s trace manifest has no meta")
+        return doc["meta"]
 
 
-def _trace_dir(root: Path, name: str) -> Path:
-    """root / name for a manifest's trace entry, only when it is a plain directory inside root."""
+def read_manifest(path) -> tuple[Path, dict]:
+    """A run directory's model_run.json, checked against its schema, without loading a trace.
+
+    Arguments:
+        path: the run's directory (or its model_run.json).
+    Returns:
+        (the directory, resolved; the manifest dict: format, version, meta, calls). Raises
+        ModelRunFormatError (one line) when it is not a readable model run."""
+    path = Path(path)
+    root = path.parent if path.name == MANIFEST else path
+    files.remove_stale_temporaries(root)
+    if not (root / MANIFEST).exists():
+        raise ModelRunFormatError(f"this directory is not a Tilescope model run: no {MANIFEST} there. "
+                                  "Capture one with instrumentation.hf.capture(model) and run.save(DIR).")
+    if (root / MANIFEST).is_symlink():
+        raise ModelRunFormatError(f"{MANIFEST} is a link; a model run holds plain files")
+    doc = files.read_json(root / MANIFEST, MANIFEST, ModelRunFormatError)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ModelRunFormatError(f"{MANIFEST} is not a Tilescope model-run manifest")
+    if doc.get("version") != VERSION:
+        raise ModelRunFormatError(f"the model run has version {doc.get('version')!r}; this Tilescope "
+                                  f"reads version {VERSION}. Capture it again.")
+    files.validate(doc, MANIFEST_SCHEMA, MANIFEST, ModelRunFormatError)
+    return root.resolve(), doc
+
+
+def trace_dir(root: Path, name: str) -> Path:
+    """root / name for a manifest's trace entry (root: the run's resolved directory, as
+    read_manifest returns it), only when it is a plain directory inside root; else
+    ModelRunFormatError."""
     if not TRACE_DIR.match(name):
         raise ModelRunFormatError(f"trace {name!r} in the manifest is not a calls/NNNNN directory")
     candidate = root / name
@@ -208,4 +246,4 @@ def is_model_run_dir(path: Path) -> bool:
     return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
-__all__ = ["ModelRun", "ModelCall", "ModelRunFormatError", "is_model_run_dir", "FORMAT", "MANIFEST"]
+__all__ = ["ModelRun", "ModelCall", "ModelRunFormatError", "is_model_run_dir", "read_manifest", "trace_dir", "FORMAT", "MANIFEST"]

@@ -1,0 +1,122 @@
+"""Page: model run. A real model's attention calls, captured by `instrumentation.hf.capture`
+during a forward or generate: time and tiles per layer, sliding-window vs global layers, the
+prefill and each decode step, the KV cache growing; each prefill call opens in the tile-schedule,
+block-skip and online-softmax pages (a `run:<run>:<call>` recording, app/sources/model_run.py).
+Opens a bundled run (data/runs/) or an uploaded zip of a run directory. The page's controls
+live in the URL (mr_* parameters).
+"""
+
+from urllib.parse import urlencode
+
+import streamlit as st
+
+from app import settings, url_state
+from app.figures._common import fmt_bytes, fmt_time_ms
+from app.figures.model_run import (call_table, kv_cache_figure, layer_figure, layer_kind_figure, run_provenance,
+                                   steps_figure)
+from app.sources import model_run as runs
+from app.sources.errors import RunError
+from app.text import plain
+from app.views import common
+
+UPLOAD = "upload"
+PAGES_FOR_A_CALL = (("schedule", "tile schedule"), ("block_skip", "block-skip map"),
+                    ("online_softmax", "online softmax"))
+
+s = settings.current()
+st.title("Model run")
+st.caption("A real model's attention, every call of one forward or generate, recorded by "
+           "`instrumentation.hf.capture` (transformers, Tilescope's kernels): where the time went by layer, "
+           "sliding-window vs global layers, prefill vs decode steps, and the KV cache growing.")
+
+bundled = runs.runs()
+options = [r.name for r in bundled] + [UPLOAD]
+url_state.control("mr_run", options[0], options=options)
+c = st.columns([3, 2] + ([1] if s.present else []))      # presentation: room for its "Leave" pill
+choice = c[0].selectbox("model run", options, key="mr_run",
+                        format_func=lambda n: "upload a run (.zip of its directory)" if n == UPLOAD
+                        else runs.run_named(n).label)
+try:
+    if choice == UPLOAD:
+        up = c[1].file_uploader("model run (.zip)", type=["zip"], key="mr_upload",
+                                help="a zip of the directory ModelRun.save wrote (model_run.json + calls/)")
+        if up is None:
+            st.info("Upload a zip of a saved model run: `run.save(DIR)` after `with hf.capture(model) as run:`, "
+                    "then zip DIR. Saved under data/runs/ it is listed here and its calls link to the other pages.")
+            st.stop()
+        run, name = runs.uploaded_run(up), ""
+    else:
+        run, name = runs.load_run(runs.run_named(choice)), choice
+except RunError as exc:
+    st.error(plain(str(exc)), icon=":material/error:")
+    st.stop()
+if not run.calls:
+    st.warning("This model run holds no calls: capture a forward or generate inside `hf.capture(model)`.")
+    st.stop()
+common.name_downloads(name or "model-run")
+
+table = call_table(run)
+prov = run_provenance(run, name)
+m = run.meta
+if not s.present:
+    env = m.get("environment") or {}
+    st.info(f"**Data: {plain(prov)}**  \n"
+            + plain(f"{m.get('about') or m.get('model')} · torch {m.get('torch_version', '?')} · Triton "
+                    f"{env.get('triton_version', '?')} · {m.get('command', 'captured from Python')}"),
+            icon=":material/info:")
+
+# -- the run in numbers --------------------------------------------------------------------------------
+prefill, decode = table[table.phase == "prefill"], table[table.phase == "decode"]
+sliding = sorted(set(table.loc[table.kind == "sliding", "layer"]))
+k = st.columns(6)
+k[0].metric("calls", f"{len(table)}", help="attention calls recorded: layers × forward passes")
+k[1].metric("layers", f"{table.layer.nunique()}", f"{len(sliding)} sliding" if sliding else "all global",
+            delta_color="off", delta_arrow="off")
+k[2].metric("forward passes", f"{table.step.nunique()}", f"1 prefill + {decode.step.nunique()} decode",
+            delta_color="off", delta_arrow="off")
+k[3].metric("prompt", f"{int(prefill.n_q.max()) if len(prefill) else 0:,} tok",
+            help="queries of the prefill calls (N_q)")
+k[4].metric("attention time", fmt_time_ms(table.kernel_us.sum() / 1e3),
+            help="sum of every call's untraced kernel median (do_bench)")
+last = table[table.step == table.step.max()]
+k[5].metric("KV cache, last step", fmt_bytes(int(last.kv_bytes.sum()), binary=True),
+            help="K and V read by the last forward pass, all layers (Estimate.kv_cache_bytes)")
+
+# -- charts --------------------------------------------------------------------------------------------
+common.chart(layer_figure(table, prov), "model-run-layers", "mr_layers", s.present)
+common.chart(layer_kind_figure(table, prov), "model-run-layer-kinds", "mr_kinds", s.present)
+common.chart(steps_figure(table, prov), "model-run-steps", "mr_steps", s.present)
+common.chart(kv_cache_figure(table, prov), "model-run-kv-cache", "mr_kv", s.present)
+
+# -- one call in the other pages ------------------------------------------------------------------------
+st.subheader("Open a call")
+prefill_calls = [int(i) for i in prefill["index"]]
+if name and prefill_calls:
+    url_state.control("mr_call", prefill_calls[0], int, options=prefill_calls)
+    row = st.columns([2, 3])
+    pick = row[0].selectbox("prefill call", prefill_calls, key="mr_call",
+                            format_func=lambda i: f"call {i} · {table.layer_label[i]} · N_q {table.n_q[i]:,}")
+    links = " · ".join(f"[{label}](./{page}?" + urlencode({"page": page, "source": "recorded",
+                                                            "trace": runs.call_name(name, pick)}) + ")"
+                       for page, label in PAGES_FOR_A_CALL)
+    row[1].markdown(f"Open call {pick} in the {links}.  \nDecode steps are split-KV traces: their numbers "
+                    "are in the table below, and their tables in the trace download.")
+elif not name:
+    st.caption("The calls of an uploaded run open here only; saved under data/runs/ (or $TILESCOPE_DATA/runs/), "
+               "each prefill call also opens in the schedule, block-skip and online-softmax pages.")
+table_view = table[["index", "step", "layer", "phase", "n_q", "n_k", "kv_heads", "mask", "kernel_us", "tiles",
+                    "kv_bytes"]].copy()
+if name:
+    table_view["open"] = [("./schedule?" + urlencode({"page": "schedule", "source": "recorded",
+                                                     "trace": runs.call_name(name, i)})) if p == "prefill" else None
+                          for i, p in zip(table["index"], table["phase"])]
+st.dataframe(table_view, hide_index=True, width="stretch", height=300,
+             column_config={"kernel_us": st.column_config.NumberColumn("kernel (µs)", format="%.2f"),
+                            "kv_bytes": st.column_config.NumberColumn("KV read (B)", format="%d"),
+                            "tiles": st.column_config.NumberColumn("tiles", help="Estimate.tiles_computed"),
+                            "open": st.column_config.LinkColumn("trace", display_text="open schedule")})
+call = st.number_input("call to download", 0, len(run.calls) - 1, 0, key="mr_download_call")
+try:
+    common.trace_downloads(run.call_trace(int(call)), key="mr_trace")
+except (OSError, ValueError) as exc:          # a trace removed or damaged since the run was listed
+    st.error(plain(f"Call {int(call)}'s trace cannot be read: {exc}"), icon=":material/error:")
