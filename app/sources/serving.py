@@ -87,7 +87,13 @@ def run_paged(where: str, lengths, page_size: int, shared_prefix: int, seed: int
                 pool[int(table[b, j]), :rows.shape[0]] = rows
         pools.append(pool)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
-    return record_decode(q, pools[0], pools[1], seqlens, num_splits="auto", measure=dev == "cuda",
+    splits = "auto"
+    if where == "interpreter":   # no SMs here: the split rule's choice for the modelled H100
+        from instrumentation.analysis import decode_model as dm
+
+        splits = dm.auto_splits(len(lens), shape["heads"], shape["kv_heads"], 1, shape["head_dim"], max(lens),
+                                dm.DATASHEET["H100"]["sms"])[0]
+    return record_decode(q, pools[0], pools[1], seqlens, num_splits=splits, measure=dev == "cuda",
                          block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev))[1]
 
 

@@ -1,0 +1,104 @@
+"""Serving figures and the tables behind them, on frames built here: page reads placed inside
+their programs, the varlen lanes image, packed vs padded work items, and the charts' data."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from app.figures.serving import block_table_figure, cache_bytes_figure, page_walk_figure
+from app.figures.serving_varlen import lane_image, varlen_lanes_figure, varlen_work_figure
+from instrumentation.analysis.kv_cache import block_table_frame, paged_cache_bytes, shared_prefix_table
+from instrumentation.analysis.serving import (items_per_sequence, padded_items_model, page_read_times,
+                                              varlen_items)
+from kernels.paged import page_reads
+
+
+def random_decode(rng, page=16):
+    """A splits-like table of programs with random key ranges, times, and their page reads."""
+    lens = rng.integers(1, 200, 3)
+    table, _ = shared_prefix_table(lens, page, int(rng.integers(0, lens.min() + 1)), seed=int(rng.integers(99)))
+    rows = []
+    for b, n in enumerate(lens):
+        cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n, 2)]))
+        for split, (k0, k1) in enumerate(zip(cuts[:-1], cuts[1:])):
+            t0 = float(rng.uniform(0, 100))
+            rows.append(dict(b=b, kv_head=0, split=split, row_block=0, k_start=int(k0), k_end=int(k1), sm=split,
+                             t_start=t0, t_end=t0 + float(rng.uniform(1, 50))))
+    lanes = pd.DataFrame(rows)
+    reads = page_reads(table, page, lanes[["b", "kv_head", "split", "k_start", "k_end"]].to_numpy())
+    pages = pd.DataFrame(reads, columns=["b", "kv_head", "split", "logical_block", "physical_block", "order"])
+    return lens, table, lanes, pages.assign(row_block=0)
+
+
+def test_page_reads_tile_each_program_span_in_order():
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        lens, _, lanes, pages = random_decode(rng)
+        reads = page_read_times(pages, lanes, 16)
+        for key, g in reads.groupby(["b", "split"]):
+            prog = lanes.set_index(["b", "split"]).loc[key]
+            assert g["keys"].sum() == prog.k_end - prog.k_start
+            assert np.isclose(g["t_start"].iloc[0], prog.t_start) and np.isclose(g["t_end"].iloc[-1], prog.t_end)
+            assert np.allclose(g["t_end"].to_numpy()[:-1], g["t_start"].to_numpy()[1:])   # back to back
+            assert (np.diff(g["logical_block"]) == 1).all()
+            share = (g["t_end"] - g["t_start"]) / (prog.t_end - prog.t_start)
+            assert np.allclose(share, g["keys"] / g["keys"].sum())
+
+
+def test_page_walk_and_block_table_figures_carry_the_reads():
+    rng = np.random.default_rng(1)
+    lens, table, lanes, pages = random_decode(rng)
+    frame = block_table_frame(table, lens, 16)
+    reads = page_read_times(pages, lanes, 16).merge(frame[["b", "logical_block", "sharers"]])
+    fig = page_walk_figure(reads[reads.b == 1], "test", True, 1)
+    phys = sorted(v for d in fig.data if d.yaxis == "y2" for v in d.y)
+    assert phys == sorted(pages[pages.b == 1].physical_block)
+    assert "modelled" in fig.layout.xaxis2.title.text
+    fig = block_table_figure(frame, int(table.max()) + 1, 16, "test", follow=2)
+    z = np.asarray(fig.data[0].z)
+    assert [(row > 0).sum() for row in z] == [-(-n // 16) for n in lens]
+
+
+def test_cache_bytes_figure_stacks_the_accounting():
+    acc = paged_cache_bytes([500, 90, 33], 16, 8, 128, "bf16", shared_prefix=32, max_len=1024)
+    by = {p: paged_cache_bytes([500, 90, 33], p, 8, 128, "bf16", shared_prefix=32, max_len=1024) for p in (16, 64)}
+    fig = cache_bytes_figure(acc, by, "test")
+    stored, unused = (list(d.y) for d in fig.data[:2])
+    assert stored[0] + unused[0] == acc.contiguous_bytes and stored[1] + unused[1] == acc.paged_bytes
+    assert list(fig.data[2].y) == [by[16].paged_unused_bytes, by[64].paged_unused_bytes]
+
+
+def test_varlen_items_mark_padding_and_the_image_places_them():
+    lens, heads, bm = [40, 9, 70], 2, 32
+    # the padded batch: every (b, head) has ceil(70 / 32) = 3 query blocks
+    pad = pd.DataFrame([dict(bh=b * heads + h, q_block=q) for b in range(3) for h in range(heads) for q in range(3)])
+    pad = pad.assign(sm=np.arange(len(pad)) % 4, t_start=np.arange(len(pad)) // 4 * 1.0)
+    pad["t_end"] = pad["t_start"] + 1.0
+    items = varlen_items(pad, lens, bm, heads)
+    assert items.groupby("seq")["padding"].sum().tolist() == [2 * 1, 2 * 2, 0]
+    per = items_per_sequence(items, 3)
+    assert per["real"].tolist() == [4, 2, 6] and per["padding"].tolist() == [2, 4, 0]
+    img = lane_image(items, 4, float(items["t_end"].max()), bins=10)
+    first = items.iloc[0]
+    assert img[int(first.sm), 0] == 2 * first.seq + int(first.padding)
+    assert (img >= 0).sum() == len(items) * 2        # 10 bins over 5 time units: 2 bins per item
+    packed = items[~items.padding]
+    fig = varlen_lanes_figure(packed, items, 4, "tile-units", "test")
+    notes = [a.text for a in fig.layout.annotations if "work items" in a.text]
+    assert notes[0].startswith(f"{len(packed)} work items (0 padding)")
+    assert notes[1].startswith(f"{len(items)} work items (6 padding)")
+
+
+def test_padded_model_counts_query_blocks_and_figure_shows_them():
+    m = padded_items_model([40, 9, 70], 4, 2, 32, "causal", "fp16", 32, 32)
+    assert m["packed"]["per_seq"] == [4 * 2, 4 * 1, 4 * 3] and m["padded"]["per_seq"] == [12, 12, 12]
+    assert m["padded"]["tiles"] > m["packed"]["tiles"] and m["padded"]["time_s"] > 0
+    per = pd.DataFrame({"packed_real": m["packed"]["per_seq"], "padded_real": m["packed"]["per_seq"],
+                        "padded_padding": np.subtract(m["padded"]["per_seq"], m["packed"]["per_seq"])})
+    fig = varlen_work_figure(per, [40, 9, 70], "model")
+    assert list(fig.data[2].y) == [4, 8, 0] and "36 (1.50×)" in fig.layout.title.subtitle.text
+
+
+def test_items_naming_a_sequence_outside_the_batch_are_refused():
+    with pytest.raises(ValueError, match="the batch has 2"):
+        varlen_items(pd.DataFrame(dict(seq=[0, 2], q_block=0, sm=0, t_start=0.0, t_end=1.0)), [5, 6], 16, 1)
