@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-head", type=bounded_int(0, MAX_COUNT), default=0, help="which batch*head gets tile/row detail")
     p.add_argument("--trace-blocks", default="auto",
                    help="query blocks with row detail: auto, all, or a comma list like 0,7,15")
+    p.add_argument("--backward", action="store_true",
+                   help="also run the traced backward (dQ, dK, dV from a seeded dO): tables bwd_work, "
+                        "bwd_tiles, bwd_rows")
     p.add_argument("--out", required=True, help="directory to write the trace into (new or empty)")
     p.add_argument("--force", action="store_true", help="replace a trace already at --out")
     return p
@@ -150,7 +153,7 @@ def _main(args, argv) -> int:
         started = time.perf_counter()
         _, trace = record(q, k, v, mask=args.mask, block_m=args.block_m, block_n=args.block_n,
                           schedule=args.schedule, trace_head=args.trace_head, trace_q_blocks=blocks,
-                          level=args.level,
+                          level=args.level, backward=args.backward,
                           meta_extra={"input_seed": args.seed, "inputs": "instrumentation.make_inputs",
                                       "command": f"{PROG} " +
                                       shlex.join(argv if argv is not None else sys.argv[1:])})
@@ -170,6 +173,12 @@ def _main(args, argv) -> int:
         print(f"kernel time: {m['untraced_ms']:.3f} ms untraced, {m['traced_ms']:.3f} ms traced")
     else:
         print(f"wall time: {wall:.2f} s in the interpreter (no hardware timing)")
+    if args.backward:
+        bwd = m["backward"]
+        timed = f", {bwd['untraced_ms']:.3f} ms untraced, {bwd['traced_ms']:.3f} ms traced" \
+            if bwd.get("untraced_ms") is not None else ""
+        print(f"backward: {bwd['programs']['delta']} delta + {bwd['programs']['dkdv']} dK/dV + "
+              f"{bwd['programs']['dq']} dQ programs{timed}")
     print(f"wrote {path}")
     return 0
 

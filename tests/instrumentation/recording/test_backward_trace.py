@@ -168,3 +168,16 @@ def test_gpu_clocks_at_a_realistic_shape(device):
     # the phases run in launch order: every delta program ends before the passes begin
     delta = work[work.phase == "delta"]
     assert delta.t_end.max() <= work[work.phase != "delta"].t_start.min()
+
+
+def test_record_cli_writes_the_backward_tables(tmp_path, capsys):
+    from instrumentation.cli.flash import main
+
+    args = ["--seq-len", "48", "--head-dim", "8", "--heads", "2", "--kv-heads", "1", "--dtype", "fp32",
+            "--block-m", "16", "--block-n", "16", "--trace-head", "1", "--out", str(tmp_path / "t")]
+    assert main(args + ["--backward"]) == 0
+    assert "backward: 2 delta + 2 dK/dV + 4 dQ programs" in capsys.readouterr().out
+    trace = Trace.load(tmp_path / "t")
+    assert sorted(trace.bwd_work.phase.unique()) == ["delta", "dkdv", "dq"] and len(trace.bwd_work) == 8
+    assert set(trace.bwd_tiles["head"]) == {1} and np.allclose(trace.bwd_rows.p_rowsum[trace.bwd_rows.lse.notna()], 1)
+    assert main(args[:-1] + [str(tmp_path / "u")]) == 0 and "bwd_work" not in Trace.load(tmp_path / "u").tables
