@@ -86,6 +86,23 @@ def sweep(p: Problem, ns, device: str = "H100") -> list[Estimate]:
     return [estimate_at(p, int(n), device) for n in ns]
 
 
+def device_sweeps(p: Problem, n: int) -> dict[str, list[Estimate]]:
+    """{device: [Estimate over N]} for every device of DEVICES, N from N_MIN to N_MAX and the
+    chosen n: what the four charts draw. Raises ValueError (one line) on a refused shape."""
+    ns = n_points(extra=(n,))
+    return {dev: sweep(p, ns, dev) for dev in DEVICES}
+
+
+def preset_problem(name: str, batch: int = 1, mask: str | None = None, dtype: str = "bf16") -> Problem:
+    """A model preset's layer (kernels.presets) as a Problem: its heads, KV heads, head dim,
+    chunk, and `mask` (None: the preset's first layer kind). ValueError on an unknown preset."""
+    from kernels.presets import preset
+
+    pr = preset(name)
+    return Problem(int(batch), pr.heads, pr.kv_heads, pr.head_dim, mask or pr.masks[0], dtype,
+                   pr.n_q or None, pr.label)
+
+
 def first_oom(p: Problem, device: str, ests: list[Estimate]) -> int:
     """The smallest N at which naive attention no longer fits `device` (Estimate.naive_fits),
     bisected between the sweep's last fitting point and its first failing one (the sweep's grid

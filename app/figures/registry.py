@@ -20,6 +20,9 @@ class ChartInputs:
     sms: int | None = None
     gpu: str | None = None
     head: int | None = None           # traced head bh (softmax, tiles, animation); the decode merge's query head
+    run: object = None                # a ModelRun (data/runs/NAME): the Model run page's charts
+    run_name: str = ""
+    model: tuple | None = None        # (app.figures.estimate.Problem, N): the Your model page's charts
     _cache: dict = field(default_factory=dict)
 
     def timeline(self):
@@ -232,16 +235,62 @@ SWEEP_CHARTS = {
     "traffic": lambda c: _F().traffic_figure(_sweep(c)[1], _sweep(c)[0]),
     "calculator": _calculator,
 }
-CHARTS = {**TRACE_CHARTS, **BACKWARD_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **PAGED_CHARTS, **VARLEN_CHARTS, **SWEEP_CHARTS}
+
+
+
+def _model_run(fn_name: str):
+    """A Model run chart of --run: figures.model_run.<fn_name>(call table, provenance)."""
+    def build(c: ChartInputs):
+        from app.figures import model_run as mr
+        if c.run is None:
+            raise ValueError("the model-run charts draw a captured model run: pass --run data/runs/NAME")
+        if "run" not in c._cache:
+            c._cache["run"] = (mr.call_table(c.run), mr.run_provenance(c.run, c.run_name))
+        return getattr(mr, fn_name)(*c._cache["run"])
+    return build
+
+
+def _your_model(fn_name: str):
+    """A Your model chart of --model/--n: figures.estimate.<fn_name> on the devices' sweeps."""
+    def build(c: ChartInputs):
+        from app.figures import estimate as est
+        if c.model is None:
+            raise ValueError("the estimator's charts draw a model's shape: pass --model PRESET --n N")
+        p, n = c.model
+        if "model" not in c._cache:
+            c._cache["model"] = est.device_sweeps(p, n)
+        ests = c._cache["model"]
+        if fn_name == "peak_memory_figure":
+            return est.peak_memory_figure(ests, n, p)
+        extra = (ests["H200"][0].model_note,) if fn_name == "time_figure" else ()
+        return getattr(est, fn_name)(ests["H100"], n, p, *extra)
+    return build
+
+
+# a captured model run (data/runs/NAME, instrumentation.hf.capture): the Model run page's charts
+MODEL_RUN_CHARTS = {"model-run-layers": _model_run("layer_figure"), "model-run-layer-kinds": _model_run("layer_kind_figure"),
+                    "model-run-steps": _model_run("steps_figure"), "model-run-kv-cache": _model_run("kv_cache_figure")}
+# a model's layer at N tokens (kernels.presets), the analytic model: the Your model page's charts
+ESTIMATE_CHARTS = {"your-model-peak-memory": _your_model("peak_memory_figure"),
+                   "your-model-hbm-traffic": _your_model("traffic_figure"),
+                   "your-model-flops": _your_model("flops_figure"), "your-model-time": _your_model("time_figure")}
+CHARTS = {**TRACE_CHARTS, **BACKWARD_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **PAGED_CHARTS, **VARLEN_CHARTS, **SWEEP_CHARTS,
+          **MODEL_RUN_CHARTS, **ESTIMATE_CHARTS}
+OWN_INPUT_CHARTS = {**SWEEP_CHARTS, **MODEL_RUN_CHARTS, **ESTIMATE_CHARTS}     # drawn without a trace
 
 
 def charts_for(inputs: ChartInputs) -> list[str]:
-    """Every chart `inputs` can draw: a ring or decode recording's views, or a trace's, and a sweep's."""
+    """Every chart `inputs` can draw: a ring or decode recording's views, or a trace's, a sweep's,
+    a model run's (--run) and a model shape's (--model)."""
     names = []
     if inputs.trace is not None:
         names += list(trace_charts(inputs.trace))
     if inputs.sweep is not None:
         names += list(SWEEP_CHARTS)
+    if inputs.run is not None:
+        names += list(MODEL_RUN_CHARTS)
+    if inputs.model is not None:
+        names += list(ESTIMATE_CHARTS)
     return names
 
 
@@ -262,9 +311,9 @@ def build(name: str, inputs: ChartInputs):
     """The chart `name` drawn from `inputs`; ValueError when these inputs cannot draw it."""
     if name not in CHARTS:
         raise ValueError(f"unknown chart {name!r}; use one of {sorted(CHARTS)}")
-    if name not in SWEEP_CHARTS and inputs.trace is None:
+    if name not in OWN_INPUT_CHARTS and inputs.trace is None:
         raise ValueError(f"--chart {name} draws a trace: pass --trace data/traces/NAME")
-    if name not in SWEEP_CHARTS and name not in (own := trace_charts(inputs.trace)):
+    if name not in OWN_INPUT_CHARTS and name not in (own := trace_charts(inputs.trace)):
         kind = {id(RING_CHARTS): "ring", id(DECODE_CHARTS): "decode"}.get(id(own), "attention")
         raise ValueError(f"--chart {name} does not draw this {kind} recording; its charts: {', '.join(own)}")
     return CHARTS[name](inputs)

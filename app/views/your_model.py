@@ -14,8 +14,8 @@ import streamlit as st
 
 from app import settings, sources, url_state
 from app.figures._common import fmt_bytes, fmt_time_ms
-from app.figures.estimate import (N_MAX, N_MIN, Problem, estimate_at, flops_figure, n_points, numbers_at_n,
-                                  peak_memory_figure, short, sweep, time_figure, traffic_figure)
+from app.figures.estimate import (N_MAX, N_MIN, Problem, device_sweeps, estimate_at, flops_figure, numbers_at_n,
+                                  peak_memory_figure, short, time_figure, traffic_figure)
 from app.text import plain
 from app.views import common
 from instrumentation.analysis.estimator import DEVICES
@@ -42,8 +42,7 @@ def n_label(n: int) -> str:
 @st.cache_data(show_spinner=False, max_entries=64)
 def sweeps(p: Problem, n: int) -> dict:
     """{device: [Estimate over N]} (N from 256 to 1M and the chosen N), cached per shape."""
-    ns = n_points(extra=(n,))
-    return {dev: sweep(p, ns, dev) for dev in DEVICES}
+    return device_sweeps(p, n)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
