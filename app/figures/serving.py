@@ -106,19 +106,22 @@ def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figur
                         subplot_titles=["logical block asked for (in order)", "physical page read (the table's answer)"])
     for (kv_head, split), g in reads.groupby(["kv_head", "split"], sort=True):
         colour = SEQ_COLOURS[int(split) % len(SEQ_COLOURS)]
-        mid = (g["t_start"] + g["t_end"]).to_numpy() / 2e3
-        shared = g["sharers"].to_numpy() > 1 if "sharers" in g else np.zeros(len(g), bool)
         show = bool(kv_head == reads["kv_head"].min())
         for row, col in ((1, "logical_block"), (2, "physical_block")):
             fig.add_trace(go.Scatter(
-                x=mid, y=g[col], mode="lines+markers", legendgroup=f"split {split}", showlegend=show and row == 1,
-                name=f"split {split}", line=dict(color=colour, width=1),
-                marker=dict(size=6, color=[SHARED if s else colour for s in shared]),
+                x=(g["t_start"] + g["t_end"]) / 2e3, y=g[col], mode="lines+markers", legendgroup=f"split {split}",
+                showlegend=show and row == 1, name=f"split {split}", line=dict(color=colour, width=1),
+                marker=dict(size=6, color=colour),
                 customdata=np.stack([g["logical_block"], g["physical_block"], g["t_start"] / 1e3,
                                      g["t_end"] / 1e3], axis=1),
                 hovertemplate=f"KV head {kv_head}, split {split}<br>logical block %{{customdata[0]}} → page "
                               "%{customdata[1]}<br>%{customdata[2]:.2f} to %{customdata[3]:.2f} µs<extra></extra>"),
                 row=row, col=1)
+    shared = reads[reads["sharers"] > 1] if "sharers" in reads else reads.iloc[:0]
+    for row, col in ((1, "logical_block"), (2, "physical_block")):     # shared prefix pages on top
+        fig.add_trace(go.Scatter(x=(shared["t_start"] + shared["t_end"]) / 2e3, y=shared[col], mode="markers",
+                                 name="a shared prefix page", legendgroup="shared", showlegend=row == 1 and len(shared) > 0,
+                                 marker=dict(size=9, color=SHARED, symbol="diamond"), hoverinfo="skip"), row=row, col=1)
     kind = "modelled time (no hardware clock)" if modelled else "time since the first program started"
     fig.update_xaxes(title_text=f"{kind} (µs)", row=2, col=1)
     fig.update_yaxes(title_text="logical block", row=1, col=1)
@@ -127,7 +130,7 @@ def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figur
     fig.update_layout(template=TEMPLATE, height=560, title=title(
         f"Sequence {b}'s programs walking the block table",
         f"{n_prog} programs (KV heads × splits), {len(reads)} page reads; each program's reads are in logical "
-        "order,<br>the pages they land on are scattered over the pool (dark: a shared prefix page)"))
+        "order,<br>the pages they land on are scattered over the pool (diamonds: a shared prefix page)"))
     how = ("each program's start and end are the trace's; its reads, recorded in order, are spaced "
            "inside that span by their keys")
     return caption(fig, f"{provenance}; {how}")

@@ -47,8 +47,11 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     colours = [IDLE]
     for s in range(n_seq):
         colours += [seq_colour(s), SKIPPED_GREY]      # codes 2s (real) and 2s + 1 (padding), shifted by 1
+    def note(name, items):    # in the panel's title: inside the plot it covered the lanes
+        return (f"{name}: {len(items):,} work items ({int(items['padding'].sum()):,} padding), "
+                f"ends at {float(items['t_end'].max()):.3g} {unit}")
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.14,
-                        subplot_titles=[n for n, _ in panels])
+                        subplot_titles=[note(n, p) for n, p in panels])
     xs = (np.arange(BINS) + 0.5) * t_end / BINS
     for row, (name, items) in enumerate(panels, start=1):
         img = lane_image(items, sms, t_end) + 1           # 0 idle
@@ -59,10 +62,6 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
                                  zmin=-0.5, zmax=len(colours) - 0.5, showscale=False,
                                  hovertemplate=f"SM %{{y}}, %{{x:.3g}} {unit}<br>%{{text}}<extra></extra>"),
                       row=row, col=1)
-        end, pad = float(items["t_end"].max()), int(items["padding"].sum())
-        fig.add_annotation(text=f"{len(items):,} work items ({pad:,} padding) · ends at {end:.3g} {unit}",
-                           xref="x domain", yref=f"y{row if row > 1 else ''} domain", x=0.99, y=0.03,
-                           xanchor="right", yanchor="bottom", showarrow=False, bgcolor="rgba(255,255,255,0.85)")
         fig.update_yaxes(title_text="SM", range=[-0.5, sms - 0.5], row=row, col=1)
     for s in range(min(n_seq, 10)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"sequence {s}",

@@ -51,9 +51,12 @@ def test_page_walk_and_block_table_figures_carry_the_reads():
     frame = block_table_frame(table, lens, 16)
     reads = page_read_times(pages, lanes, 16).merge(frame[["b", "logical_block", "sharers"]])
     fig = page_walk_figure(reads[reads.b == 1], "test", True, 1)
-    phys = sorted(v for d in fig.data if d.yaxis == "y2" for v in d.y)
+    phys = sorted(v for d in fig.data if d.yaxis == "y2" and d.mode == "lines+markers" for v in d.y)
     assert phys == sorted(pages[pages.b == 1].physical_block)
     assert "modelled" in fig.layout.xaxis2.title.text
+    shared = reads[(reads.b == 1) & (reads.sharers > 1)]
+    diamonds = [d for d in fig.data if d.name == "a shared prefix page" and d.yaxis == "y2"]
+    assert sorted(diamonds[0].y) == sorted(shared.physical_block)
     fig = block_table_figure(frame, int(table.max()) + 1, 16, "test", follow=2)
     z = np.asarray(fig.data[0].z)
     assert [(row > 0).sum() for row in z] == [-(-n // 16) for n in lens]
@@ -85,8 +88,7 @@ def test_varlen_items_mark_padding_and_the_image_places_them():
     packed = items[~items.padding]
     fig = varlen_lanes_figure(packed, items, 4, "tile-units", "test")
     notes = [a.text for a in fig.layout.annotations if "work items" in a.text]
-    assert notes[0].startswith(f"{len(packed)} work items (0 padding)")
-    assert notes[1].startswith(f"{len(items)} work items (6 padding)")
+    assert f"{len(packed)} work items (0 padding)" in notes[0] and f"{len(items)} work items (6 padding)" in notes[1]
 
 
 def test_padded_model_counts_query_blocks_and_figure_shows_them():

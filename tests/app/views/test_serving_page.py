@@ -44,7 +44,7 @@ def test_recorded_page_draws_the_recordings(serving_data):
     lines = next(d for d in table["data"] if d.get("mode") == "lines")
     assert sum(y == 1 for y in lines["y"] if y is not None) == n_pages[1]   # sequence 1's lookups
     walk = chart(at, "walking the block table")
-    pts = [d for d in walk["data"] if d.get("yaxis") == "y2"]
+    pts = [d for d in walk["data"] if d.get("yaxis") == "y2" and d["mode"] == "lines+markers"]
     read = sorted(p for d in pts for p in d["y"])
     mine = paged.pages[paged.pages.b == 1]
     assert read == sorted(mine.physical_block.tolist())
