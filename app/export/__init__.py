@@ -9,6 +9,8 @@
     python -m app.export --trace T --chart softmax --head 37 --q-row 100 --step 3 --format pdf --out row.pdf
     python -m app.export --trace data/decode/decode_b1_ctx32k_splits-auto --chart decode-lanes --format png --out lanes.png
     python -m app.export --sweep data/sweeps/nvidia-h200.json --chart memory --format svg --out m.svg
+    python -m app.export --run data/runs/llama-3-8b-4l --chart model-run-layers --format png --out layers.png
+    python -m app.export --model llama-3-8b --n 32768 --chart your-model-peak-memory --format svg --out mem.svg
     python -m app.export --trace T --sweep S --gallery out/          (every view, both looks)
     python -m app.export --trace T --gallery out/ --formats png,svg,pdf  (vector files too)
 

@@ -51,6 +51,7 @@ def gallery(directory, inputs, charts=None, formats=("png",)) -> list[Path]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `python -m app.export` (its flags and their help)."""
     from app.figures.registry import BACKWARD_CHARTS, CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
+    from app.figures.registry import ESTIMATE_CHARTS, MODEL_RUN_CHARTS
     from instrumentation.cli.args import MAX_COUNT, OneLineParser, bounded_int
     from instrumentation.trace.bounds import MAX_SM
 
@@ -59,13 +60,20 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Export Tilescope charts, animations, Chrome traces and tables.")
     p.add_argument("--trace", help="trace directory (or its manifest.json)")
     p.add_argument("--sweep", help="sweep JSON (data/sweeps/*.json) for the memory/time/traffic/calculator charts")
+    p.add_argument("--run", help="a captured model run directory (data/runs/NAME) for the model-run charts")
+    p.add_argument("--model", help="a model preset (kernels.presets, e.g. llama-3-8b) for the your-model charts, with --n")
+    p.add_argument("--n", type=bounded_int(1, 1 << 20), default=None,
+                   help="with --model: the sequence length N (keys; a chunked preset's chunk stays), 1..1048576")
+    p.add_argument("--batch", type=bounded_int(1, 4096), default=1, help="with --model: the batch B (default 1)")
+    p.add_argument("--mask", default=None, help="with --model: the mask (default: the preset's first layer kind)")
     p.add_argument("--compare", help="a second trace of the same problem, for --chart compare; for a decode "
                                      "recording, the same step with the other split count (default: its sibling)")
     p.add_argument("--chart", choices=sorted(CHARTS), default=None,
                    help=f"trace charts: {', '.join(TRACE_CHARTS)}; traces with the backward also "
                         f"{', '.join(BACKWARD_CHARTS)}; ring recordings: {', '.join(RING_CHARTS)}; "
                         f"decode recordings: {', '.join(DECODE_CHARTS)}; "
-                        f"sweep charts: {', '.join(SWEEP_CHARTS)}. "
+                        f"sweep charts: {', '.join(SWEEP_CHARTS)}; model runs (--run): {', '.join(MODEL_RUN_CHARTS)}; "
+                        f"a model's shape (--model, --n): {', '.join(ESTIMATE_CHARTS)}. "
                         "Default: the recording's first chart (schedule, ring-timeline, decode-lanes) or memory (sweep)")
     p.add_argument("--format", choices=FIGURE_FORMATS + ANIMATION_FORMATS + ("json",) + TABLE_FORMATS,
                    help="required unless --gallery")
@@ -96,8 +104,10 @@ def _inputs(args):
     from instrumentation.trace import Trace
     from instrumentation.trace.sweep_file import load_sweep
 
-    if not args.trace and not args.sweep:
-        raise ExportError("pass --trace data/traces/NAME and/or --sweep data/sweeps/NAME.json")
+    if not args.trace and not args.sweep and not args.run and not args.model:
+        raise ExportError("pass --trace data/traces/NAME and/or --sweep data/sweeps/NAME.json, or --run "
+                          "data/runs/NAME, or --model PRESET --n N")
+    run, model = _run_and_model(args)
     sweep = None
     if args.sweep:
         if not Path(args.sweep).is_file():
@@ -111,12 +121,31 @@ def _inputs(args):
         other = sibling_schedule(args.trace)
         compare = Trace.load(other) if other else None
     return ChartInputs(trace=trace, sweep=sweep, compare=compare, q_row=args.q_row, step=args.step,
-                       sms=args.sms, gpu=args.gpu, head=args.head)
+                       sms=args.sms, gpu=args.gpu, head=args.head, run=run,
+                       run_name=Path(args.run).name if args.run else "", model=model)
+
+
+def _run_and_model(args):
+    """(ModelRun of --run or None, (Problem, N) of --model/--n or None); ExportError (one line)."""
+    run = model = None
+    if args.run:
+        from instrumentation.recording.model_run import ModelRun
+        run = ModelRun.load(args.run, traces=False)       # the charts read the manifests only
+    if args.model or args.n is not None:
+        from app.figures.estimate import estimate_at, preset_problem
+        if not args.model or args.n is None:
+            raise ExportError("the your-model charts need both --model PRESET and --n N")
+        try:
+            model = (preset_problem(args.model, args.batch, args.mask), args.n)
+            estimate_at(model[0], args.n)          # a refused shape or mask: one line now, not mid-gallery
+        except ValueError as exc:
+            raise ExportError(str(exc)) from None
+    return run, model
 
 
 def run(args) -> Path | list[Path]:
     """Do what the parsed `args` ask; the written path(s). Raises ExportError on bad input."""
-    from app.figures.registry import build, trace_charts
+    from app.figures.registry import build, charts_for, trace_charts
     from app.figures import presentation
 
     # the output place first: nothing is loaded or drawn for a target that will be refused
@@ -133,7 +162,8 @@ def run(args) -> Path | list[Path]:
         return gallery(args.gallery, inputs,
                        formats=[f.strip().lower() for f in str(args.formats).split(",") if f.strip()])
     fmt = args.format
-    chart = args.chart or (next(iter(trace_charts(inputs.trace))) if inputs.trace is not None else "memory")
+    chart = args.chart or (next(iter(trace_charts(inputs.trace))) if inputs.trace is not None else "memory"
+                           if inputs.sweep is not None else charts_for(inputs)[0])
     if fmt in TABLE_FORMATS:
         if inputs.trace is None:
             raise ExportError(f"--format {fmt} writes a trace's tables: pass --trace")
