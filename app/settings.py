@@ -24,6 +24,7 @@ PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
          "ring": "Across devices", "decode": "Prefill vs decode"}
 OWN_DATA_PAGES = ("ring", "decode")   # pages with their own recordings/runs: the attention controls do nothing there
 PAGES["your_model"] = "Your model"      # the estimator: its own controls (a model, N), no trace
+PAGES["backward"] = "Backward pass"     # training: dK/dV and dQ programs of a trace recorded with backward=True
 OWN_DATA_PAGES += ("your_model",)
 PAGES["serving"] = "Serving"           # paged KV cache and packed varlen batches: their own recordings
 OWN_DATA_PAGES += ("serving",)

@@ -16,6 +16,8 @@ and `blocks` = phase_blocks(meta): {'forward' | 'dkdv' | 'dq': (block_m, block_n
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -27,9 +29,15 @@ PHASE_NAMES = {"forward": "forward", "delta": "D = rowsum(dO∘O)", "dkdv": "dK�
 ORDER_SCALE = "Viridis"
 MAX_PATHS = 512                # programs whose path is drawn (a line per program beyond is noise)
 NOT_VISITED = "#f2f2f2"
+SUBTITLE_CHARS = 110           # a subtitle line that fits a 1280 px window's chart
 
-__all__ = ["phase_blocks", "has_backward", "program_steps", "tile_order_figure", "dq_sources_figure",
+__all__ = ["wrapped", "phase_blocks", "has_backward", "program_steps", "tile_order_figure", "dq_sources_figure",
            "dq_sources"]
+
+
+def wrapped(text: str, width: int = SUBTITLE_CHARS) -> str:
+    """A subtitle in lines of at most `width` characters (plotly never wraps one itself)."""
+    return "<br>".join(textwrap.wrap(text, width, break_long_words=False))
 
 
 def has_backward(trace) -> bool:
@@ -112,8 +120,7 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
         raise ValueError(f"batch {b}, head {head} has no traced tiles in "
                          f"{'the forward' if fwd.empty else 'the dK/dV pass'}: pick a traced head")
     (fm, fn), (km, kn) = blocks["forward"], blocks["dkdv"]
-    names = [f"Forward: one program per Q block ({fm} queries),<br>K blocks of {fn} keys in its row",
-             f"dK·dV: one program per K block ({kn} keys),<br>Q blocks of {km} queries in its column"]
+    names = ["Forward: a program per Q block,<br>along its row", "dK·dV: a program per K block,<br>down its column"]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=names)
     top = int(max(fwd["step"].max(), kv["step"].max()))
     for col, (steps, prog, bm, bn) in enumerate(((fwd, "q_block", fm, fn), (kv, "k_block", km, kn)), start=1):
@@ -146,15 +153,16 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
                          scaleanchor="x" if col == 1 else "x2", row=1, col=col)
     fig.update_layout(
         title=title(f"Tile order: forward rows, dK·dV columns (batch {b}, head {head})",
-                    f"{fwd['q_block'].nunique()} forward programs visit {len(fwd):,} tiles; "
-                    f"{kv['k_block'].nunique()} dK·dV programs visit {len(kv):,} tiles of this head, each "
-                    "summing its key block's dK, dV over the query blocks that see it; grey: not visited"),
+                    wrapped(f"{fwd['q_block'].nunique()} forward programs visit {len(fwd):,} tiles of "
+                            f"{fm}×{fn}; {kv['k_block'].nunique()} dK·dV programs visit {len(kv):,} tiles of "
+                            f"{km}×{kn} (queries × keys) of this head, each summing its key block's dK, dV over "
+                            "the query blocks that see it; grey: not visited")),
         coloraxis=dict(colorscale=ORDER_SCALE, cmin=0, cmax=max(top, 1),
                        colorbar=dict(title=dict(text="step in its<br>program"), x=1.02, y=1, yanchor="top",
                                      len=0.6)),
         template=TEMPLATE, plot_bgcolor=NOT_VISITED, height=620, width=1250,
-        legend=dict(x=1.02, y=0, yanchor="bottom", xanchor="left"))
-    return caption(fig, "tile visits from the kernel trace: " + provenance, width=170)
+        legend=dict(x=1.02, y=0, yanchor="bottom", xanchor="left"), meta={"slide_legend_inside": True})
+    return caption(fig, "tile visits from the kernel trace: " + provenance)
 
 
 def dq_sources(bwd_tiles: pd.DataFrame, b: int, head: int, q_block: int) -> pd.DataFrame:
@@ -204,10 +212,10 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
                      constrain="domain")
     fig.update_layout(
         title=title(f"Where dQ comes from: queries [{q0}, {q1}) (batch {b}, head {head})",
-                    f"dQ_i = scale · Σ_j dS_ij · K_j over the {len(row)} key blocks that row block sees, "
-                    "summed in registers by one dQ program in its own pass (no atomics: deterministic);<br>"
-                    "dS_ij = P_ij ∘ (dP_ij − D_i), P recomputed from the lse; the dK·dV programs recompute "
-                    "the same tiles' dS for dK, dV"),
+                    wrapped(f"dQ_i = scale · Σ_j dS_ij · K_j over the {len(row)} key blocks that row block "
+                            "sees, summed in registers by one dQ program in its own pass (no atomics: "
+                            "deterministic); dS_ij = P_ij ∘ (dP_ij − D_i), P recomputed from the lse; the dK·dV "
+                            "programs recompute the same tiles' dS for dK, dV")),
         template=TEMPLATE, height=620, width=1100, plot_bgcolor=NOT_VISITED,
         legend=dict(x=1.02, y=1, yanchor="top", xanchor="left"))
-    return caption(fig, "tile visits from the kernel trace: " + provenance, width=160)
+    return caption(fig, "tile visits from the kernel trace: " + provenance)

@@ -20,7 +20,7 @@ from instrumentation.analysis.estimator import DEVICES
 from instrumentation.analysis.schedule_model import ITEM_OVERHEAD, TILE_COST, list_schedule
 
 from ._common import FULL, NOW, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, title
-from .backward import PHASE_NAMES
+from .backward import PHASE_NAMES, wrapped
 
 PHASE_COLORS = {"forward": FULL, "delta": "#8c6bb1", "dkdv": "#59a14f", "dq": NOW}
 PHASE_ORDER = ("delta", "dkdv", "dq")
@@ -103,12 +103,12 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "") -> go.Figu
     sub = " · ".join(f"{PHASE_NAMES[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
     where = (f"modelled: list scheduling on {bwd_tl.attrs.get('sms')} SMs, programs in the kernel's start order "
              "(no hardware clock); " if bwd_tl.attrs.get("modelled", True) else "measured: globaltimer and SM id per program; ")
-    fig.update_layout(title=title("Backward SM lanes: D, then dK·dV and dQ programs", sub), template=TEMPLATE,
+    fig.update_layout(title=title("Backward SM lanes: D, then dK·dV and dQ programs", wrapped(sub)), template=TEMPLATE,
                       barmode="overlay", bargap=0, height=560, width=1250,
                       legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"))
     fig.update_xaxes(title_text=xtitle, rangemode="tozero")
     fig.update_yaxes(title_text="SM", autorange="reversed")
-    return caption(fig, where + provenance, width=170)
+    return caption(fig, where + provenance)
 
 
 def time_split(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame) -> pd.DataFrame:
@@ -163,12 +163,12 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
     sub = f"forward {fwd_span:,.3g} {unit}, backward {bwd_span:,.3g} {unit} ({bwd_span / fwd_span:.2f}× the forward)"
     sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f}, "
             f"backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
-    fig.update_layout(title=title("Time split: forward, D, dK·dV, dQ", sub), template=TEMPLATE, height=420,
+    fig.update_layout(title=title("Time split: forward, D, dK·dV, dQ", wrapped(sub)), template=TEMPLATE, height=420,
                       width=1150, showlegend=False, margin=dict(r=120))
     fig.update_yaxes(autorange="reversed", title_text="")
     fig.update_xaxes(title_text=xtitle.replace("the first backward program started",
                                                "its pass's first program started"), rangemode="tozero")
-    return caption(fig, "measured per program (globaltimer); " + provenance + "; FLOPs: " + ESTIMATOR, width=170)
+    return caption(fig, "measured per program (globaltimer); " + provenance + "; FLOPs: " + ESTIMATOR)
 
 
 def backward_flops_figure(est) -> go.Figure:
@@ -193,12 +193,12 @@ def backward_flops_figure(est) -> go.Figure:
     shape = f"B {est.batch}, H {est.heads}, N_q {est.n_q}, N_k {est.n_k}, D {est.head_dim}, {est.mask}"
     fig.update_layout(barmode="stack", template=TEMPLATE, height=520, width=900,
                       title=title("FLOPs: the backward is 2.5× the forward",
-                                  f"{shape}: each matmul is 2·D per visible pair = {per:,.4g} GFLOP; "
-                                  f"backward {est.flops_backward / 1e9:,.4g} = 2.5 × {est.flops / 1e9:,.4g}"),
+                                  wrapped(f"{shape}: each matmul is 2·D per visible pair = {per:,.4g} GFLOP; "
+                                          f"backward {est.flops_backward / 1e9:,.4g} = 2.5 × {est.flops / 1e9:,.4g}")),
                       legend=dict(x=1.02, y=1, xanchor="left", yanchor="top", traceorder="reversed"))
     fig.update_yaxes(title_text="GFLOP (10⁹ floating-point operations)", range=[0, est.flops_backward / 1e9 * 1.15])
     fig.update_xaxes(title_text="pass")
-    return caption(fig, ESTIMATOR + " at the trace's shape; the kernel's dQ pass recomputes S and dP once more", width=130)
+    return caption(fig, ESTIMATOR + " at the trace's shape; the kernel's dQ pass recomputes S and dP once more")
 
 
 def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: str, n_q: int, n_k: int,
@@ -234,8 +234,8 @@ def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int,
     fig.update_layout(
         template=TEMPLATE, height=560, width=1150, legend=dict(x=0.01, y=0.99, xanchor="left", yanchor="top"),
         title=title("Backward memory: naive stores N_q×N_k per head, flash recomputes from the lse",
-                    f"this call (N_q {n_q}, N_k {n_k}): naive {fmt_bytes(here.naive_bwd_peak_bytes)} vs flash "
-                    f"{fmt_bytes(here.flash_bwd_peak_bytes)} ({ratio:,.0f}×); B {batch}, H {heads}, D {head_dim}, "
-                    f"{dtype}; gradients and dO excluded (both hold them)"),
+                    wrapped(f"this call (N_q {n_q}, N_k {n_k}): naive {fmt_bytes(here.naive_bwd_peak_bytes)} vs "
+                            f"flash {fmt_bytes(here.flash_bwd_peak_bytes)} ({ratio:,.0f}×); B {batch}, H {heads}, "
+                            f"D {head_dim}, {dtype}; gradients and dO excluded (both hold them)")),
         meta={"slide_legend_inside": True})
-    return caption(fig, ESTIMATOR, width=150)
+    return caption(fig, ESTIMATOR)

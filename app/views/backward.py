@@ -1,0 +1,124 @@
+"""Page: the backward pass. The dK/dV programs' column-wise tile order beside the forward's
+row-wise order, SM lanes of the backward's phases, where a query block's dQ comes from, the time
+split forward / D / dK·dV / dQ, and the backward's FLOPs and memory (instrumentation.estimate)."""
+
+import dataclasses
+import time
+
+import streamlit as st
+
+from app import settings, sidebar, sources, url_state
+from app.figures._common import fmt_bytes
+from app.figures.backward import has_backward, phase_blocks
+from app.figures.backward_charts import (DEFAULT_SMS, dq_blocks, dq_chart, flops_chart, lanes_chart, memory_chart,
+                                         order_chart, shape_of, time_chart, timeline_of, trace_estimate, traced_heads)
+from app.figures.backward_time import pass_spans, time_split
+from app.text import plain
+from app.views import common
+
+BUNDLED = "backward_n4096_causal"          # the bundled GPU recording with backward tables
+RECORD_HINT = ("`python -m instrumentation.record_cli --backward ...` or "
+               "`record(q, k, v, ..., backward=True)`")
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def live_backward(key: tuple, source: str):
+    """(trace, seconds) of the settings' problem recorded with backward=True, on the inputs the
+    live forward uses (make_inputs, seed 0)."""
+    from app.sources.live import run_lock
+    from instrumentation import make_inputs, record
+
+    s = dict(key)
+    with run_lock():
+        started = time.perf_counter()
+        q, k, v = make_inputs(s["batch"], s["heads"], s["seq_len"], s["head_dim"], s["dtype"], seed=0,
+                              device="cuda" if source == "gpu" else "cpu", kv_heads=s.get("kv_heads") or None,
+                              kv_len=s.get("kv_len") or None)
+        _, trace = record(q, k, v, mask=s["mask"], block_m=s["block_m"], block_n=s["block_n"],
+                          schedule=s["schedule"], backward=True,
+                          meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})
+        return trace, time.perf_counter() - started
+
+
+s = settings.current()
+st.title("Backward pass")
+st.caption("Training needs dQ, dK and dV. The backward never stores P: it recomputes each tile's "
+           "P = exp(S − lse) from the forward's log-sum-exp. One program per key block walks its column "
+           "and sums dK, dV; one program per query block walks its row again and sums dQ.")
+src = common.source_or_stop(s)
+trace = src.trace
+if not has_backward(trace) and s.live:
+    try:
+        with st.spinner(f"Recording the backward {'on the GPU' if s.source == 'gpu' else 'in the interpreter'}…",
+                        show_time=True):
+            trace, took = live_backward(tuple(sorted(s.kernel().items())), s.source)
+        src = dataclasses.replace(src, trace=trace, run_s=took, key=src.key + ":backward")
+    except (ValueError, RuntimeError) as exc:
+        st.error(plain(f"The backward could not be recorded: {exc}"), icon=":material/error:")
+common.banner(src)
+
+meta = trace.meta
+sh = shape_of(trace)
+est = trace_estimate(trace)
+m = st.columns(5)
+m[0].metric("naive memory", fmt_bytes(est.naive_bwd_peak_bytes),
+            help=f"naive backward: P, dP, dS, 3 × B·H·N_q·N_k·e + expansion = {est.naive_bwd_peak_bytes:,} B (naive_bwd_peak_bytes)")
+m[1].metric("flash memory", fmt_bytes(est.flash_bwd_peak_bytes),
+            help=f"flash backward: O, lse, D and lse₂ per row = {est.flash_bwd_peak_bytes:,} B (flash_bwd_peak_bytes)")
+m[2].metric("fwd GFLOP", f"{est.flops / 1e9:,.4g}", help=f"forward: 4·D·B·H·visible pairs = {est.flops:,} (flops)")
+m[3].metric("bwd GFLOP", f"{est.flops_backward / 1e9:,.4g}", help=f"backward: 2.5 × the forward = {est.flops_backward:,} (flops_backward)")
+
+if not has_backward(trace):
+    st.info(f"This trace has only the forward: record one with the backward ({RECORD_HINT}) to see its "
+            "tiles and lanes.", icon=":material/info:")
+    if sources.recording_named(BUNDLED) is not None:
+        st.button(f"Open the bundled backward recording: {BUNDLED}", on_click=sidebar.open_recording,
+                  args=(BUNDLED,), key="bwd_open_bundled", type="primary")
+    common.chart(flops_chart(trace), "backward-flops", "bwd_flops", s.present)
+    common.chart(memory_chart(trace), "backward-memory", "bwd_memory", s.present)
+    st.stop()
+
+try:
+    blocks = phase_blocks(meta)
+except ValueError as exc:
+    st.error(plain(str(exc)), icon=":material/error:")
+    st.stop()
+heads = traced_heads(trace)
+qbs = []
+if not heads:
+    st.info("This trace keeps no tile detail of a head traced in both passes (level='work'): the tile "
+            "order and dQ charts need one; the lanes and the time split are below.")
+else:
+    labels = [f"batch {b}, head {h}" for b, h in heads]
+    url_state.control("bwd_head", labels[0], options=labels)
+    c = st.columns([2, 2, 3])
+    b_sel, h_sel = heads[labels.index(c[0].selectbox("Head (traced)", labels, key="bwd_head"))]
+    bh = b_sel * sh["H"] + h_sel
+    qbs = dq_blocks(trace, b_sel, h_sel)
+    if qbs:
+        url_state.control("bwd_qblock", qbs[len(qbs) // 2], int, options=qbs)
+        qb = c[1].selectbox(f"Query block for dQ ({blocks['dq'][0]} rows each)", qbs, key="bwd_qblock")
+    c[2].caption(f"Tiles (queries × keys): forward {blocks['forward'][0]}×{blocks['forward'][1]}, dK·dV "
+                 f"{blocks['dkdv'][0]}×{blocks['dkdv'][1]}, dQ {blocks['dq'][0]}×{blocks['dq'][1]}; "
+                 "the maps are in token positions, so they line up.")
+    common.chart(order_chart(trace, bh), "backward-tile-order", "bwd_order", s.present)
+
+sms = int(meta.get("sm_count") or DEFAULT_SMS)
+tl_bwd = timeline_of(trace, sms)
+common.chart(lanes_chart(trace, sms), "backward-lanes", "bwd_lanes", s.present)
+if qbs:
+    common.chart(dq_chart(trace, bh, q_block=qb), "backward-dq-sources", "bwd_dq", s.present)
+fwd_tl = common.timeline_for(src.key, sms, trace)
+if fwd_tl.attrs.get("modelled") or tl_bwd.attrs.get("modelled"):
+    st.info("The time split forward / D / dK·dV / dQ is measured: it needs a GPU recording (open "
+            f"{BUNDLED} or run on a GPU). The interpreter has no clock.", icon=":material/timer_off:")
+else:
+    fwd_span, bwd_span = pass_spans(time_split(fwd_tl, tl_bwd))
+    m[4].metric("bwd ÷ fwd time", f"{bwd_span / fwd_span:.2f}×",
+                help="measured: the backward's span over the forward's (the time split chart)")
+    common.chart(time_chart(trace, fwd_tl, sms), "backward-time-split", "bwd_time", s.present)
+common.chart(flops_chart(trace), "backward-flops", "bwd_flops", s.present)
+common.chart(memory_chart(trace), "backward-memory", "bwd_memory", s.present)
+if not s.present:
+    st.subheader("Downloads")
+    common.trace_downloads(trace, "bwd")

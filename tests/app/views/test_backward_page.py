@@ -1,0 +1,69 @@
+"""The Backward page, headless, on a small backward recording made here: its charts draw the
+trace's own tables (the dK/dV tiles in the order shown, the dQ row of the chosen block, every
+program in the lanes), its numbers are instrumentation.estimate's, its choices live in the link,
+and a forward-only trace gets one line that says how to record the backward."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from app.figures._common import fmt_bytes
+from app.views.common import trace_zip
+from instrumentation import estimate
+from instrumentation.trace import Trace
+from tests.app.headless import chart, charts, clean, open_page, record_small, tilescope_data
+
+N, H, D = 128, 2, 16
+
+
+@pytest.fixture(scope="module")
+def bwd_data(tmp_path_factory):
+    """data/ with a backward recording (N 128, H 2, causal, blocks 32) and a forward-only one."""
+    root = tmp_path_factory.mktemp("bwd-data")
+    record_small(root, "bwd_small", n=N, mask="causal", h=H, d=D, bm=32, bn=64, backward=True,
+                 trace_head=1)
+    record_small(root, "fwd_small", n=N, mask="causal", d=D, bm=32, bn=32)
+    with tilescope_data(root):
+        yield root
+
+
+def test_page_draws_the_backward_tables(bwd_data):
+    trace = Trace.load(bwd_data / "traces" / "bwd_small")
+    at = open_page("backward", source="recorded", trace="bwd_small", bwd_qblock="2")
+    clean(at)
+    e = estimate(1, H, H, N, N, D, "causal", "fp16", 32, 64)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["naive memory"] == fmt_bytes(e.naive_bwd_peak_bytes)
+    assert metrics["flash memory"] == fmt_bytes(e.flash_bwd_peak_bytes)
+    assert metrics["bwd GFLOP"] == f"{e.flops_backward / 1e9:,.4g}"
+    assert at.selectbox(key="bwd_head").value == "batch 0, head 1"              # the traced head
+    order = chart(at, "Tile order", arrays=True)
+    kv = trace.bwd_tiles[(trace.bwd_tiles.phase == "dkdv") & (trace.bwd_tiles["head"] == 1)]
+    z = np.asarray(order["data"][[t["type"] for t in order["data"]].index("heatmap", 2)]["z"], float)
+    assert {(int(i), int(j)) for i, j in np.argwhere(np.isfinite(z))} == set(zip(kv.q_block, kv.k_block))
+    dq = chart(at, "Where dQ comes from")
+    assert "queries [64, 96)" in dq["layout"]["title"]["text"]                   # bwd_qblock=2 from the link
+    lanes = chart(at, "Backward SM lanes", arrays=True)
+    assert sum(len(t["y"]) for t in lanes["data"] if t["type"] == "bar") == len(trace.bwd_work)
+    assert any("needs a GPU recording" in i.value for i in at.info)              # no clock: no time split
+    at.selectbox(key="bwd_qblock").set_value(0).run()
+    assert "queries [0, 32)" in chart(at, "Where dQ comes from")["layout"]["title"]["text"]
+
+
+def test_csv_download_carries_the_backward_tables(bwd_data):
+    trace = Trace.load(bwd_data / "traces" / "bwd_small")
+    with zipfile.ZipFile(io.BytesIO(trace_zip(trace, "csv"))) as zf:
+        got = pd.read_csv(zf.open("trace/bwd_tiles.csv"))
+    assert len(got) == len(trace.bwd_tiles) and set(got.phase) == {"dkdv", "dq"}
+
+
+def test_forward_only_trace_says_how_to_record_the_backward(bwd_data):
+    at = open_page("backward", source="recorded", trace="fwd_small", bwd_head="nonsense")
+    clean(at)
+    assert any("backward=True" in i.value for i in at.info)
+    assert [c["layout"]["title"]["text"].split(":")[0] for c in charts(at)] == ["FLOPs", "Backward memory"]
