@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     p.add_argument("--quick", action="store_true", help="the N = 4096 cases only")
+    p.add_argument("--head-dims", default=None,
+                   help="comma list: only the cases of these head dims (writes backward-d<dims>-<device-slug>.json)")
     p.add_argument("--sweep", action="store_true",
                    help="also time our backward over tile configs and dQ by atomic adds (benchmarks.backward_sweep)")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for backward-<device-slug>.json")
@@ -226,13 +228,20 @@ def _main(args, argv) -> int:
     cases = GPU_CASES if cuda else CPU_CASES
     if args.quick:
         cases = [c for c in cases if c[3] == 4096] if cuda else cases[:1]
+    dims = sorted({int(x) for x in args.head_dims.split(",")}) if args.head_dims else []
+    if dims:
+        cases = [c for c in cases if c[4] in dims]
+        if not cases:
+            raise SystemExit(f"error: no case has head dim {args.head_dims}; the cases' head dims: "
+                             f"{sorted({c[4] for c in (GPU_CASES if cuda else CPU_CASES)})}")
     dtype = torch.bfloat16 if cuda else torch.float32   # the interpreter's exact float32 path
     meta = run_meta(device, "backward", argv, prog="python -m benchmarks.attention --backward")
     meta.update(flop_convention=FLOPS, impls=impls, reference="SDPA float32 on batch element 0, TF32 off",
                 tolerance=TOLERANCE["bf16"], cudnn_version=torch.backends.cudnn.version() if cuda else None,
                 default_configs={str(dd): dict(backward_config(dd, dtype, device).__dict__) for dd in (64, 128, 256)})
     result = dict(meta=meta, records=[], sweep=[], dq_atomic=[])
-    path = f"{args.out}/backward-{device_slug(meta['device'])}.json"
+    part = f"d{'-'.join(map(str, dims))}-" if dims else ""
+    path = f"{args.out}/backward-{part}{device_slug(meta['device'])}.json"
     if args.sweep:
         from .backward_sweep import run_sweep
 
