@@ -2,7 +2,8 @@
 
     block_table_figure(frame, num_pages, ...)   sequences' logical blocks -> pages of the pool
     page_walk_figure(reads, ...)                one sequence's programs reading pages over time
-    cache_bytes_figure(acc, by_page_size, ...)  paged vs contiguous bytes, unused slots by page size
+    cache_bytes_figure(acc, ...)                paged vs contiguous bytes of one layer's cache
+    page_size_figure(by_page_size, ...)         unused slots and shared-page savings by page size
 
 The varlen batch's figures are in app.figures.serving_varlen.
 """
@@ -88,8 +89,8 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
                       legend=dict(x=1.01, y=1, yanchor="top", font=dict(size=11)),
                       title=title("Block table: logical blocks → physical pages",
                                   f"{n_seq} sequences, {len(frame)} table entries in use, {frame['physical_block'].nunique()} "
-                                  f"of {num_pages} pages; {shared} shared prefix pages (dark) serve every sequence that "
-                                  f"points at them; lines: sequence {follow}'s lookups"))
+                                  f"of {num_pages} pages in use;<br>dark: {shared} shared prefix pages, one copy for every "
+                                  f"sequence pointing at them; lines: sequence {follow}'s lookups"))
     return caption(fig, provenance)
 
 
@@ -136,53 +137,61 @@ def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figur
     return caption(fig, f"{provenance}; {how}")
 
 
-def _binary_axis(fig: go.Figure, top: float, col: int) -> None:
+def _binary_axis(fig: go.Figure, top: float) -> None:
     """A linear byte axis from 0 to top, ticks at a power-of-two step labelled in B / KiB / MiB."""
     step = 2.0 ** np.ceil(np.log2(max(top, 8) / 6))
     ticks = list(np.arange(0, top, step))
     fig.update_yaxes(range=[0, top], tickmode="array", tickvals=ticks,
-                     ticktext=[fmt_bytes(t, binary=True) for t in ticks],
-                     title_text="bytes, one layer (KiB = 2¹⁰ B)", row=1, col=col)
+                     ticktext=[fmt_bytes(t, binary=True) for t in ticks], title_text="bytes, one layer (KiB = 2¹⁰ B)")
 
 
-def cache_bytes_figure(acc, by_page_size: dict, provenance: str) -> go.Figure:
-    """One layer's KV cache, paged vs a contiguous max-length reserve (stacked: tokens stored,
-    unused slots, what sharing saved), and the paged cache's unused slots by page size.
+def cache_bytes_figure(acc, provenance: str) -> go.Figure:
+    """One layer's KV cache of a batch, a contiguous max-length reserve vs paged, each stacked
+    into the tokens' K and V and the slots no token fills.
 
-    Arguments:
-        acc: kv_cache.CacheBytes of the batch at its page size.
-        by_page_size: {page size: CacheBytes} of the same batch at other page sizes.
-        provenance: the caption's source line.
+    Arguments: acc, kv_cache.CacheBytes of the batch; provenance, the caption's source line.
     Returns: a Figure."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.14,
-                        subplot_titles=["bytes held for this batch (one layer)", "paged: unused slots by page size"])
-    names = [f"contiguous<br>({acc.max_len:,} tokens each)", f"paged<br>({acc.page_size} tokens / page)"]
+    names = [f"contiguous ({acc.max_len:,} tokens each)", f"paged ({acc.page_size} tokens / page)"]
     stored = [acc.tokens * acc.token_bytes, acc.stored_tokens * acc.token_bytes]
     unused = [acc.contiguous_unused_bytes, acc.paged_unused_bytes]
     per_token = [acc.contiguous_bytes_per_token, acc.paged_bytes_per_token]
-    fig.add_trace(go.Bar(x=names, y=stored, name="tokens' K and V", marker_color="#3d7ab8",
-                         hovertemplate="%{x}<br>tokens' K and V: %{y:,} B<extra></extra>"), row=1, col=1)
+    fig = go.Figure(go.Bar(x=names, y=stored, name="tokens' K and V", marker_color="#3d7ab8",
+                           hovertemplate="%{x}<br>tokens' K and V: %{y:,} B<extra></extra>"))
     fig.add_trace(go.Bar(x=names, y=unused, name="reserved, no token", marker_color=SKIPPED_GREY,
                          text=[f"{fmt_bytes(t + u, binary=True)} · {fmt_bytes(p, binary=True)} per token"
                                for t, u, p in zip(stored, unused, per_token)],
                          textposition="outside", cliponaxis=False,
-                         hovertemplate="%{x}<br>unused: %{y:,} B<extra></extra>"), row=1, col=1)
-    sizes = sorted(by_page_size)
-    fig.add_trace(go.Scatter(x=sizes, y=[by_page_size[p].paged_unused_bytes for p in sizes], mode="lines+markers",
-                             name="unused slots (last page of each sequence)", line=dict(color="#e15759"),
-                             hovertemplate="page %{x}: %{y:,} B unused<extra></extra>"), row=1, col=2)
-    fig.add_trace(go.Scatter(x=sizes, y=[by_page_size[p].shared_saved_bytes for p in sizes], mode="lines+markers",
-                             name="saved by sharing prefix pages", line=dict(color=SHARED, dash="dot"),
-                             hovertemplate="page %{x}: %{y:,} B saved<extra></extra>"), row=1, col=2)
-    _binary_axis(fig, max(s + u for s, u in zip(stored, unused)) * 1.25, 1)
-    right = [v for p in sizes for v in (by_page_size[p].paged_unused_bytes, by_page_size[p].shared_saved_bytes)]
-    _binary_axis(fig, max(right + [1]) * 1.15, 2)
-    fig.update_xaxes(type="log", tickvals=sizes, ticktext=[str(p) for p in sizes],
-                     title_text="page size (tokens)", row=1, col=2)
-    fig.update_layout(template=TEMPLATE, barmode="stack", height=480,
-                      legend=dict(x=1.02, y=1, yanchor="top", font=dict(size=11)),
+                         hovertemplate="%{x}<br>unused: %{y:,} B<extra></extra>"))
+    _binary_axis(fig, max(s + u for s, u in zip(stored, unused)) * 1.3)
+    fig.update_layout(template=TEMPLATE, barmode="stack", height=460, bargap=0.45,
+                      legend=dict(x=0.99, y=0.99, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.85)"),
                       title=title("KV cache: paged vs a contiguous max-length reserve",
                                   f"{acc.batch} sequences, {acc.tokens:,} tokens, {fmt_bytes(acc.token_bytes)} per token "
-                                  f"(2·H_kv·D·e); paged holds {acc.paged_bytes / acc.contiguous_bytes:.0%} of the "
-                                  f"contiguous bytes, {acc.shared_pages} shared pages save {fmt_bytes(acc.shared_saved_bytes, binary=True)}"))
+                                  f"(2·H_kv·D·e);<br>paged holds {acc.paged_bytes / acc.contiguous_bytes:.0%} of the "
+                                  f"contiguous bytes; {acc.shared_pages} shared pages save "
+                                  f"{fmt_bytes(acc.shared_saved_bytes, binary=True)}"))
+    return caption(fig, f"{provenance}; bytes: instrumentation.analysis.kv_cache (docs/formulas.md)")
+
+
+def page_size_figure(by_page_size: dict, provenance: str) -> go.Figure:
+    """What the page size trades: the slots of the last page of each sequence no token fills
+    (grow with the page) and the bytes whole shared prefix pages save (a prefix page is shared
+    only when whole, so they shrink once a page outgrows the prefix).
+
+    Arguments: by_page_size, {page size: kv_cache.CacheBytes} of one batch; provenance.
+    Returns: a Figure."""
+    sizes = sorted(by_page_size)
+    unused = [by_page_size[p].paged_unused_bytes for p in sizes]
+    saved = [by_page_size[p].shared_saved_bytes for p in sizes]
+    fig = go.Figure(go.Scatter(x=sizes, y=unused, mode="lines+markers", name="unused slots (last page of each sequence)",
+                               line=dict(color="#e15759"), hovertemplate="page %{x}: %{y:,} B unused<extra></extra>"))
+    fig.add_trace(go.Scatter(x=sizes, y=saved, mode="lines+markers", name="saved by shared prefix pages",
+                             line=dict(color=SHARED, dash="dot"), hovertemplate="page %{x}: %{y:,} B saved<extra></extra>"))
+    _binary_axis(fig, max(unused + saved + [1]) * 1.35)
+    fig.update_xaxes(type="log", tickvals=sizes, ticktext=[str(p) for p in sizes], title_text="page size (tokens)")
+    any_acc = by_page_size[sizes[0]]
+    fig.update_layout(template=TEMPLATE, height=420,
+                      legend=dict(x=0.01, y=0.99, yanchor="top", bgcolor="rgba(255,255,255,0.85)"),
+                      title=title("Page size: unused slots vs shared prefix pages",
+                                  f"the same {any_acc.batch} sequences ({any_acc.tokens:,} tokens) at each page size"))
     return caption(fig, f"{provenance}; bytes: instrumentation.analysis.kv_cache (docs/formulas.md)")

@@ -76,11 +76,18 @@ def cache_bytes_for(trace, max_len: int | None = None) -> tuple:
                                       max_len=max_len) for p in PAGE_SIZES}
 
 
-def cache_bytes_figure_for(trace, max_len: int | None = None):
-    acc, by_page = cache_bytes_for(trace, max_len)
+def _bytes_source(trace) -> str:
     sh = trace.meta["shape"]
-    return fig_paged.cache_bytes_figure(acc, by_page, f"{trace.provenance()}; H_kv {sh['H_kv']}, D {sh['D']}, "
-                                        f"{trace.meta['dtype']}, the recording's block table and lengths")
+    return (f"{trace.provenance()}; H_kv {sh['H_kv']}, D {sh['D']}, {trace.meta['dtype']}, the recording's "
+            "block table and lengths")
+
+
+def cache_bytes_figure_for(trace, max_len: int | None = None):
+    return fig_paged.cache_bytes_figure(cache_bytes_for(trace, max_len)[0], _bytes_source(trace))
+
+
+def page_size_figure_for(trace):
+    return fig_paged.page_size_figure(cache_bytes_for(trace)[1], _bytes_source(trace))
 
 
 # -- varlen --------------------------------------------------------------------------------------

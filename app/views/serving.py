@@ -114,6 +114,7 @@ if paged is not None:
     m[3].metric("saved by shared pages", fmt_bytes(acc.shared_saved_bytes, binary=True),
                 f"{acc.shared_pages} pages held once", delta_color="off", delta_arrow="off")
     common.chart(charts.cache_bytes_figure_for(paged, int(max_len)), "serving-cache-bytes", "srv_bytes", s.present)
+    common.chart(charts.page_size_figure_for(paged), "serving-page-sizes", "srv_sizes", s.present)
     common.trace_downloads(paged, key="srv_trace")
 
 # -- varlen ----------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from app.figures.serving import block_table_figure, cache_bytes_figure, page_walk_figure
+from app.figures.serving import block_table_figure, cache_bytes_figure, page_size_figure, page_walk_figure
 from app.figures.serving_varlen import lane_image, varlen_lanes_figure, varlen_work_figure
 from instrumentation.analysis.kv_cache import block_table_frame, paged_cache_bytes, shared_prefix_table
 from instrumentation.analysis.serving import (items_per_sequence, padded_items_model, page_read_times,
@@ -65,10 +65,12 @@ def test_page_walk_and_block_table_figures_carry_the_reads():
 def test_cache_bytes_figure_stacks_the_accounting():
     acc = paged_cache_bytes([500, 90, 33], 16, 8, 128, "bf16", shared_prefix=32, max_len=1024)
     by = {p: paged_cache_bytes([500, 90, 33], p, 8, 128, "bf16", shared_prefix=32, max_len=1024) for p in (16, 64)}
-    fig = cache_bytes_figure(acc, by, "test")
+    fig = cache_bytes_figure(acc, "test")
     stored, unused = (list(d.y) for d in fig.data[:2])
     assert stored[0] + unused[0] == acc.contiguous_bytes and stored[1] + unused[1] == acc.paged_bytes
-    assert list(fig.data[2].y) == [by[16].paged_unused_bytes, by[64].paged_unused_bytes]
+    fig = page_size_figure(by, "test")
+    assert list(fig.data[0].y) == [by[16].paged_unused_bytes, by[64].paged_unused_bytes]
+    assert list(fig.data[1].y) == [2 * 32 * 4096, 0]       # 2 whole 16-token pages shared by 3; none of 64
 
 
 def test_varlen_items_mark_padding_and_the_image_places_them():

@@ -30,7 +30,7 @@ def serving_data(tmp_path_factory):
 def test_recorded_page_draws_the_recordings(serving_data):
     at = open_page("serving", source="recorded", srv_follow=1)
     clean(at)
-    assert len(charts(at)) == 5
+    assert len(charts(at)) == 6
     paged = serving_data["paged"]
     table = chart(at, "Block table")
     heat = [d for d in table["data"] if d["type"] == "heatmap"]
