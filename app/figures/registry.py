@@ -224,6 +224,7 @@ PAGED_CHARTS = {
     "serving-block-table": lambda c: _serving().block_table_figure_for(c.trace),
     "serving-page-walk": lambda c: _serving().page_walk_figure_for(c.trace),
     "serving-cache-bytes": lambda c: _serving().cache_bytes_figure_for(c.trace),
+    "serving-page-sizes": lambda c: _serving().page_size_figure_for(c.trace),
 }
 VARLEN_CHARTS = {
     "serving-varlen-lanes": lambda c: _serving().varlen_lanes_figure_for(c.trace, c.compare, c.sms),
