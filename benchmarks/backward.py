@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     p.add_argument("--quick", action="store_true", help="the N = 4096 cases only")
     p.add_argument("--head-dims", default=None,
-                   help="comma list: only the cases of these head dims (writes backward-d<dims>-<device-slug>.json)")
+                   help="comma list: only the cases and sweeps of these head dims (writes backward-d<dims>-<device-slug>.json)")
     p.add_argument("--sweep", action="store_true",
                    help="also time our backward over tile configs and dQ by atomic adds (benchmarks.backward_sweep)")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for backward-<device-slug>.json")
@@ -245,7 +245,7 @@ def _main(args, argv) -> int:
     if args.sweep:
         from .backward_sweep import run_sweep
 
-        run_sweep(result, device, dtype, args.seed, lambda: write_results(result, path, "backward"))
+        run_sweep(result, device, dtype, args.seed, lambda: write_results(result, path, "backward"), dims)
     for case in cases:
         for rec in run_case(case, impls, device, dtype, args.seed):
             result["records"].append(rec)

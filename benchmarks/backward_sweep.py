@@ -29,8 +29,8 @@ GPU_SWEEP = {      # the default first, then its neighbours and the previous def
           C(64, 128, 64, 128, 8, 3), C(64, 128, 128, 64, 8, 3, one_launch=False), C(32, 128, 128, 64, 8, 3)],
     64: [C(32, 128, 128, 64, 4, 3), C(32, 128, 128, 64, 4, 4), C(32, 128, 128, 64, 4, 2), C(32, 128, 128, 128, 4, 3),
          C(64, 128, 128, 64, 4, 2), C(32, 128, 128, 32, 8, 3)],
-    256: [C(32, 64, 64, 32, 8, 2), C(32, 64, 64, 64, 8, 2), C(32, 64, 32, 64, 8, 2), C(64, 64, 64, 32, 8, 2),
-          C(32, 32, 64, 32, 4, 2), C(16, 64, 64, 32, 8, 2)],
+    256: [C(32, 64, 64, 64, 8, 2), C(64, 64, 64, 64, 8, 2), C(32, 64, 64, 64, 8, 3), C(64, 64, 64, 32, 8, 2),
+          C(32, 64, 64, 32, 8, 2)],
 }
 GPU_MASKS = {128: ("causal", "full"), 64: ("causal", "full"), 256: ("causal",)}
 ATOMIC_CONFIGS = {128: [None, C(32, 128, 128, 64, 8, 3)], 64: [None, C(64, 128, 128, 64, 8, 3)]}
@@ -52,10 +52,12 @@ def _time(fn, device):
     return time_ms(fn, device, warmup=10, rep=40)
 
 
-def run_sweep(result, device, dtype, seed, save):
-    """Fill result['sweep'] and result['dq_atomic'], calling save() after each head dim."""
+def run_sweep(result, device, dtype, seed, save, dims=()):
+    """Fill result['sweep'] and result['dq_atomic'] (only the head dims in dims, when given),
+    calling save() after each head dim."""
     cuda = device.type == "cuda"
-    for d, configs in (GPU_SWEEP if cuda else CPU_SWEEP).items():
+    pick = lambda table: {d: c for d, c in table.items() if not dims or d in dims}  # noqa: E731
+    for d, configs in pick(GPU_SWEEP if cuda else CPU_SWEEP).items():
         for mask in GPU_MASKS[d] if cuda else ("causal",):
             (b, h, n), (q, k, v, o, lse, do) = _inputs(d, mask, device, dtype, seed)
             flops = BWD_FACTOR * attention_flops(b, h, n, d, parse_mask(mask, n))
@@ -74,7 +76,7 @@ def run_sweep(result, device, dtype, seed, save):
                     log(f"sweep D{d} {mask} {cfg}: {row['error']}")
                 result["sweep"].append(row)
             save()
-    for d, configs in (ATOMIC_CONFIGS if cuda else CPU_ATOMIC).items():
+    for d, configs in pick(ATOMIC_CONFIGS if cuda else CPU_ATOMIC).items():
         for mask in ("causal", "full"):
             (b, h, n), (q, k, v, o, lse, do) = _inputs(d, mask, device, dtype, seed)
             flops = BWD_FACTOR * attention_flops(b, h, n, d, parse_mask(mask, n))
