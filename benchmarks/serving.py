@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds")
+    p.add_argument("--sweep", default="", metavar="CONFIGS",
+                   help="paged: also time our kernel at each page size over these block_n/warps/stages, "
+                        "e.g. 64/4/3,128/8/4 (records paged:<page>:<config>)")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for serving-<device-slug>.json")
     p.add_argument("--copy-to", default=None, help="also copy the result file into this directory")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
@@ -116,15 +119,22 @@ def paged_part(args, device, dtype) -> tuple[list[dict], float | None]:
     # prepared plans: the checked call reads cache_seqlens on the host, which a CUDA graph cannot hold
     plan = decode_plan(q, k)
     calls = {"contiguous": lambda: flash_decode(q, k, v, lens, plan=plan)}
+    plans = {"contiguous": plan}                     # impl -> the decode plan it runs (its tile config)
     gathered = None
     for page in parse_int_list(args.pages):
         kp, vp, table = paginate(k, v, page, generator=torch.Generator().manual_seed(page))
         flash_decode(q, kp, vp, lens, block_table=table)                     # the input checks, once
-        pp = decode_plan(q, kp, block_table=table)
+        pp = plans[f"paged:{page}"] = decode_plan(q, kp, block_table=table)
         calls[f"paged:{page}"] = (lambda kp=kp, vp=vp, table=table, pp=pp:
                                   flash_decode(q, kp, vp, lens, plan=pp, block_table=table))
         calls[f"gather:{page}"] = (lambda kp=kp, vp=vp, table=table:
                                    torch.stack([gather_pages(kp, table, n), gather_pages(vp, table, n)]))
+        for cfg in filter(None, args.sweep.split(",")):
+            bn, w, st = (int(x) for x in cfg.split("/"))
+            ps = plans[f"paged:{page}:{cfg}"] = decode_plan(q, kp, block_n=bn, num_warps=w, num_stages=st,
+                                                            block_table=table)
+            calls[f"paged:{page}:{cfg}"] = (lambda kp=kp, vp=vp, table=table, ps=ps:
+                                            flash_decode(q, kp, vp, lens, plan=ps, block_table=table))
         if gathered is None:
             gathered = (gather_pages(kp, table, n), gather_pages(vp, table, n))
     if device.type == "cuda" and gathered is not None:
@@ -147,6 +157,7 @@ def paged_part(args, device, dtype) -> tuple[list[dict], float | None]:
     contiguous = records["contiguous"].get("ms")
     for impl, rec in records.items():
         page = impl.split(":")[1] if ":" in impl else None
+        rec["kernel_config"] = plans[impl].config.as_dict() if impl in plans else None
         rec["page_size"] = int(page) if page else None
         if rec["status"] != "ok":
             continue
