@@ -25,6 +25,8 @@ from ._common import FULL, PARTIAL, TEMPLATE, caption, fmt_bytes, fmt_time_ms, t
 PHASE_COLOURS = {"prefill": FULL, "decode": PARTIAL}
 KIND_COLOURS = {"global": "#3d7ab8", "sliding": "#59a14f"}
 MIB = 2 ** 20
+STEP_AXIS = "forward pass: the prefill, then decode step k"
+TOP_LEGEND = dict(orientation="h", x=1, y=1.1, xanchor="right", yanchor="bottom")   # right of the subtitle
 TIMES = "kernel time: each call's untraced kernel, do_bench median"
 
 
@@ -102,7 +104,7 @@ def layer_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
     fig.update_layout(barmode="stack", template=TEMPLATE, height=460,
                       title=title("Attention per layer: kernel time and tiles",
                                   f"{len(table)} calls · {table.step.nunique()} forward passes"),
-                      legend=dict(orientation="h", x=0, y=-0.18, xanchor="left", yanchor="top"))
+                      legend=TOP_LEGEND)
     fig.update_yaxes(title_text="kernel time (µs, all calls)", row=1, col=1)
     fig.update_yaxes(title_text="tiles (all calls, all heads)", row=1, col=2)
     return caption(fig, f"Data: {provenance}. {TIMES}; tiles: Estimate.tiles_computed of each call's shape "
@@ -139,7 +141,7 @@ def layer_kind_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
             "a sliding layer's decode step reads only its last W keys")
     fig.update_layout(barmode="group", template=TEMPLATE, height=460,
                       title=title("Sliding-window vs global layers", note),
-                      legend=dict(orientation="h", x=0, y=-0.18, xanchor="left", yanchor="top"))
+                      legend=TOP_LEGEND)
     fig.update_yaxes(title_text="kernel time per call (µs)", row=1, col=1)
     fig.update_yaxes(title_text="keys per call (N_k)", row=1, col=2)
     return caption(fig, f"Data: {provenance}. {TIMES}; keys: the N_k each call's kernel read.")
@@ -156,7 +158,7 @@ def per_step(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _step_labels(steps: pd.DataFrame) -> list[str]:
-    return ["prefill" if p == "prefill" else f"decode {int(s)}" for s, p in zip(steps.step, steps.phase)]
+    return ["prefill" if p == "prefill" else str(int(s)) for s, p in zip(steps.step, steps.phase)]
 
 
 def steps_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
@@ -171,14 +173,15 @@ def steps_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
         fig.add_trace(go.Bar(x=[l for l, m in zip(labels, mask) if m], y=steps.kernel_us[mask], name=phase,
                              marker_color=PHASE_COLOURS[phase],
                              text=[fmt_time_ms(v / 1e3) for v in steps.kernel_us[mask]],
-                             customdata=steps.n_k[mask],
+                             customdata=steps.n_k[mask], textangle=0,
+                             textfont=dict(size=11 if len(steps) > 12 else 13),
                              hovertemplate="%{x}: %{text}, N_k up to %{customdata:,}<extra></extra>"))
     prefill = steps[steps.phase == "prefill"]
     decode = steps[steps.phase == "decode"]
     sub = (f"prefill {fmt_time_ms(prefill.kernel_us.sum() / 1e3)} · "
            f"{len(decode)} decode steps, {fmt_time_ms(decode.kernel_us.mean() / 1e3) if len(decode) else '—'} each (mean)")
     fig.update_layout(template=TEMPLATE, height=440, title=title("Attention time per forward pass", sub),
-                      xaxis=dict(title_text="forward pass", type="category", tickangle=-45 if len(steps) > 12 else 0),
+                      xaxis=dict(title_text=STEP_AXIS, type="category", tickangle=0),
                       yaxis=dict(title_text="kernel time, all layers (µs)"),
                       legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom"))
     return caption(fig, f"Data: {provenance}. {TIMES}, summed over the layers of each forward pass.")
@@ -204,11 +207,12 @@ def kv_cache_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
                                  hovertemplate="%{x}: %{text}<extra>" + kind + " layers</extra>"))
     total = steps.kv_global + steps.kv_sliding
     fig.update_yaxes(title_text="KV cache read, all layers (MiB = 2²⁰ B)", rangemode="tozero")
-    grow = total.iloc[-1] - total.iloc[0] if len(total) > 1 else 0
-    sub = (f"{fmt_bytes(total.iloc[0], binary=True)} after the prefill → {fmt_bytes(total.iloc[-1], binary=True)} "
-           f"at the last step (+{fmt_bytes(grow, binary=True)})")
+    grow = int(total.iloc[-1] - total.iloc[0]) if len(total) > 1 else 0
+    sub = (f"{fmt_bytes(total.iloc[0], binary=True)} read by the prefill → {fmt_bytes(total.iloc[-1], binary=True)} "
+           f"by the last step ({'+' if grow >= 0 else '−'}{fmt_bytes(abs(grow), binary=True)})")
     fig.update_layout(template=TEMPLATE, height=440, title=title("KV cache over the decode steps", sub),
-                      xaxis=dict(title_text="forward pass", type="category", tickangle=-45 if len(steps) > 12 else 0),
+                      xaxis=dict(title_text=STEP_AXIS, type="category", tickangle=0),
                       legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom"))
     return caption(fig, f"Data: {provenance}; bytes: Estimate.kv_cache_bytes of each call's shape "
-                        "(2 × B × H_kv × N_k × D × bytes per element), summed over the layers.")
+                        "(2 × B × H_kv × N_k × D × bytes per element), summed over the layers. A global layer's "
+                        "cache grows one token a decode step; a sliding layer's decode reads only its last W keys.")
