@@ -60,7 +60,8 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
     # the pool sits under the table with a one-row gap: table rows 0..B-1, pool rows B+1..
     y_pool = n_seq + 1 + np.arange(pool_rows)
     scale = discrete_colorscale(colours)
-    common = dict(colorscale=scale, zmin=-0.5, zmax=len(colours) - 0.5, showscale=False, xgap=1, ygap=2,
+    gap = 1 if width <= 128 else 0        # a GPU table of 512 blocks: gaps would hide the cells
+    common = dict(colorscale=scale, zmin=-0.5, zmax=len(colours) - 0.5, showscale=False, xgap=gap, ygap=2,
                   hovertemplate="%{text}<extra></extra>")
     fig = go.Figure(go.Heatmap(z=table, x=np.arange(width), y=np.arange(n_seq), text=hover_t, **common))
     fig.add_trace(go.Heatmap(z=pool.reshape(pool_rows, width), x=np.arange(width), y=y_pool,
@@ -88,8 +89,8 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
     fig.update_layout(template=TEMPLATE, height=max(380, 22 * (n_seq + pool_rows) + 250),
                       legend=dict(x=1.01, y=1, yanchor="top", font=dict(size=11)),
                       title=title("Block table: logical blocks → physical pages",
-                                  f"{n_seq} sequences, {len(frame)} table entries in use, {frame['physical_block'].nunique()} "
-                                  f"of {num_pages} pages in use;<br>dark: {shared} shared prefix pages, one copy for every "
+                                  f"{n_seq} sequences, {len(frame):,} table entries in use, {frame['physical_block'].nunique():,} "
+                                  f"of {num_pages:,} pages in use;<br>dark: {shared} shared prefix pages, one copy for every "
                                   f"sequence pointing at them; lines: sequence {follow}'s lookups"))
     return caption(fig, provenance)
 
