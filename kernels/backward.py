@@ -160,6 +160,7 @@ class BackwardTraceBuffers:
     tiles_dkdv: torch.Tensor | None  # (slots, n_qb1, n_kb1) int32: visit order in its program, -1 none
     tiles_dq: torch.Tensor | None    # (slots, n_qb2, n_kb2) int32
     rows: torch.Tensor | None        # (slots, N_q) float32: row sums of the recomputed P
+    heads: list                      # the traced batch*head indices, in slot order
     n_delta: int                     # programs of each launch
     n_dkdv: int
     n_dq: int
@@ -196,13 +197,14 @@ def backward_trace_buffers(q, k, mask="causal", trace_bh=(0,), tiles: bool = Tru
         torch.zeros(1, dtype=torch.int32, device=dev), head_slot.to(dev),
         grid(kp.n_qb, kp.n_kb) if tiles and heads else None, grid(qp.n_qb, qp.n_kb) if tiles and heads else None,
         torch.full((len(heads), n_q), float("nan"), dtype=torch.float32, device=dev) if rows and heads else None,
-        n_delta, n_dkdv, n_dq, cfg, bp)
+        heads, n_delta, n_dkdv, n_dq, cfg, bp)
 
 
 def _check_trace(trace: BackwardTraceBuffers, bp: BackwardPlan, cfg: BackwardConfig, n_programs: tuple,
                  batch_heads: int, n_q: int) -> None:
-    """The kernels write trace buffers without bounds checks: refuse ones made for another call."""
-    slots = int(trace.head_slot.max()) + 1 if trace.head_slot.numel() else 0
+    """The kernels write trace buffers without bounds checks: refuse ones made for another call
+    (from their shapes alone: no device read, so a traced call is timed as it runs)."""
+    slots = len(trace.heads)
     want = [("work", trace.work, (sum(n_programs), 4)), ("head_slot", trace.head_slot, (batch_heads,)),
             ("tiles_dkdv", trace.tiles_dkdv, (slots, bp.kv_plan.n_qb, bp.kv_plan.n_kb)),
             ("tiles_dq", trace.tiles_dq, (slots, bp.q_plan.n_qb, bp.q_plan.n_kb)),

@@ -301,7 +301,8 @@ def _dq_tiles(dq, p_sum, q, do, lse2, delta, k_base, v_base, stride_kn, stride_v
         ds = p * (dp - delta[:, None])
         dq = tl.dot(_operand(ds, DTYPE, UPCAST), k, dq, input_precision=DOT_PRECISION)
         if TRACE_ROWS:
-            p_sum += tl.sum(p, 1)
+            if trace_here:                   # only a traced head's programs pay for the sums
+                p_sum += tl.sum(p, 1)
         if TRACE_TILES:
             if trace_here:
                 tl.store(tiles_ptr + k_block, step0 + i)
