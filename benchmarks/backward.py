@@ -46,18 +46,21 @@ RECORD_KEYS.setdefault("backward", ("impl", "mask", "seq_len", "head_dim", "dtyp
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.attention --backward", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The argument parser: bounded numbers, one-line errors (instrumentation.cli.args)."""
+    from instrumentation.cli.args import MAX_SEED, OneLineParser, bounded_int, int_list
+
+    p = OneLineParser(prog="python -m benchmarks.attention --backward", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     p.add_argument("--quick", action="store_true", help="the N = 4096 cases only")
-    p.add_argument("--head-dims", default=None,
+    p.add_argument("--head-dims", type=int_list(1, 256), default=None,
                    help="comma list: only the cases and sweeps of these head dims (writes backward-d<dims>-<device-slug>.json)")
     p.add_argument("--sweep", action="store_true",
                    help="also time our backward over tile configs and dQ by atomic adds (benchmarks.backward_sweep)")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for backward-<device-slug>.json")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="cpu: a Triton-interpreter smoke run of our kernel (tiny shapes, CPU backends only)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
     return p
 
 
@@ -228,11 +231,11 @@ def _main(args, argv) -> int:
     cases = GPU_CASES if cuda else CPU_CASES
     if args.quick:
         cases = [c for c in cases if c[3] == 4096] if cuda else cases[:1]
-    dims = sorted({int(x) for x in args.head_dims.split(",")}) if args.head_dims else []
+    dims = sorted(set(args.head_dims or ()))
     if dims:
         cases = [c for c in cases if c[4] in dims]
         if not cases:
-            raise SystemExit(f"error: no case has head dim {args.head_dims}; the cases' head dims: "
+            raise SystemExit(f"error: no case has head dim {dims}; the cases' head dims: "
                              f"{sorted({c[4] for c in (GPU_CASES if cuda else CPU_CASES)})}")
     dtype = torch.bfloat16 if cuda else torch.float32   # the interpreter's exact float32 path
     meta = run_meta(device, "backward", argv, prog="python -m benchmarks.attention --backward")

@@ -246,16 +246,16 @@ def main(argv=None) -> int:
     from instrumentation.cli.args import run_guarded
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.training", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    from instrumentation.cli.args import MAX_SEED, OneLineParser, bounded_int
+
+    ap = OneLineParser(prog="python -m benchmarks.training", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw a result file's curves and stop")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=bounded_int(1, 100_000), default=300)
+    ap.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
     ap.add_argument("--out", default="data/benchmarks")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     args = ap.parse_args(argv)
-    if args.steps < 1:
-        ap.error("--steps must be at least 1")
     if args.plot:
         return run_guarded(lambda: (log(f"wrote {plot(*args.plot)}"), 0)[1])
     return run_guarded(lambda: (run(args, argv), 0)[1])

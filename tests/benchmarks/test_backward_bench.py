@@ -40,6 +40,14 @@ def test_unknown_impl_is_refused():
         bench.main(["--device", "cpu", "--impls", "tilescope,fa3"])
 
 
+def test_head_dims_without_a_case_are_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit, match="no case has head dim"):
+        bench.main(["--device", "cpu", "--head-dims", "7"])
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--device", "cpu", "--head-dims", "x"])
+    assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
 @pytest.mark.parametrize("mask,h,h_kv,n", [("causal", 4, 2, 80), ("sliding_window:20", 2, 2, 70)])
 def test_atomic_dq_variant_matches_float64_autograd(device, mask, h, h_kv, n):
     g = torch.Generator().manual_seed(n)
