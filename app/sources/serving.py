@@ -64,15 +64,16 @@ def run_paged(where: str, lengths, page_size: int, shared_prefix: int, seed: int
     """One decode step over a paged cache whose sequences share a prefix; returns its Trace.
 
     Arguments: where 'interpreter' | 'gpu'; lengths per sequence; page_size (16..256);
-    shared_prefix tokens (<= the shortest length); seed of the data and the pool's order."""
+    shared_prefix tokens (<= the longest length; a shorter sequence shares the whole pages of its
+    own length); seed of the data and the pool's order."""
     import torch
 
     from instrumentation import make_decode_inputs, record_decode
     from instrumentation.analysis.kv_cache import shared_prefix_table
 
     lens = check_lengths(lengths, where)
-    if not 0 <= shared_prefix <= min(lens):
-        raise ValueError(f"the shared prefix must lie in 0..{min(lens)} (the shortest sequence), got {shared_prefix}")
+    if not 0 <= shared_prefix <= max(lens):
+        raise ValueError(f"the shared prefix must lie in 0..{max(lens)} (the longest sequence), got {shared_prefix}")
     shape, dev = LIVE_SHAPE[where], ("cuda" if where == "gpu" else "cpu")
     q, k, v = make_decode_inputs(len(lens), shape["heads"], shape["kv_heads"], max(lens), shape["head_dim"],
                                  1, shape["dtype"], seed=seed, device=dev)

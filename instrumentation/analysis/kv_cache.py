@@ -7,8 +7,9 @@ per sequence. Pure arithmetic (numpy); the bytes of one token come from the esti
     block_table_frame(block_table, lengths, ...)  one row per (sequence, logical block): its page
     shared_prefix_table(lengths, page_size, ...)  a block table whose sequences share prefix pages
 
-Only whole pages are shared: a prefix of p tokens shares floor(p / page_size) pages, and the
-page that holds the prefix's ragged end belongs to each sequence (copy-on-write in vLLM).
+Only whole pages are shared: a prefix of p tokens shares floor(p / page_size) pages (a sequence
+shorter than the prefix, the whole pages of its own length), and the page that holds the
+prefix's ragged end belongs to each sequence (copy-on-write in vLLM).
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ def _max_len(lens: np.ndarray, max_len) -> int:
     return max_len
 
 
+def shared_pages_per_sequence(lengths, page_size: int, shared_prefix: int) -> np.ndarray:
+    """S_b = min(floor(p / P), floor(L_b / P)): the whole prefix pages sequence b points at (a
+    sequence shorter than the prefix shares the whole pages of its own length); 0 for a batch of one."""
+    lens = _lengths(lengths)
+    if len(lens) == 1:
+        return np.zeros(1, np.int64)
+    return np.minimum(shared_prefix // page_size, lens // page_size)
+
+
 def paged_cache_bytes(lengths, page_size: int, kv_heads: int, head_dim: int, dtype: str,
                       shared_prefix: int = 0, max_len: int | None = None) -> CacheBytes:
     """The cache of sequences of `lengths` tokens whose first `shared_prefix` tokens are the same.
@@ -105,23 +115,25 @@ def paged_cache_bytes(lengths, page_size: int, kv_heads: int, head_dim: int, dty
         lengths: tokens per sequence (each >= 1).
         page_size: tokens per page P.
         kv_heads, head_dim, dtype: the cache's H_kv, D and element type.
-        shared_prefix: tokens every sequence shares (at most the shortest length); its
-            S = floor(shared_prefix / P) whole pages are held once.
+        shared_prefix: tokens of a prefix the sequences share (at most the longest length);
+            sequence b points at S_b = min(floor(p / P), floor(L_b / P)) whole prefix pages.
         max_len: tokens per sequence a contiguous cache reserves (default: the longest length).
     Returns:
-        CacheBytes: pages = S + Σ_b ceil((L_b − S·P) / P), stored tokens = Σ_b L_b − (B − 1)·S·P."""
+        CacheBytes: pages = max_b S_b + Σ_b ceil((L_b − S_b·P) / P); stored tokens =
+        max_b S_b·P + Σ_b (L_b − S_b·P); shared pages (two or more sequences point at them) =
+        the second largest S_b."""
     lens = _lengths(lengths)
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    if not 0 <= shared_prefix <= lens.min():
-        raise ValueError(f"shared_prefix must lie in 0..{int(lens.min())} (the shortest sequence), "
+    if not 0 <= shared_prefix <= lens.max():
+        raise ValueError(f"shared_prefix must lie in 0..{int(lens.max())} (the longest sequence), "
                          f"got {shared_prefix}")
-    shared = shared_prefix // page_size if len(lens) > 1 else 0
-    own = lens - shared * page_size
-    pages = shared + int((-(-own // page_size)).sum())
+    s_b = shared_pages_per_sequence(lens, page_size, shared_prefix)
+    own = lens - s_b * page_size
     return CacheBytes(batch=len(lens), tokens=int(lens.sum()),
-                      stored_tokens=int(lens.sum()) - (len(lens) - 1) * shared * page_size,
-                      pages=pages, shared_pages=shared, page_size=int(page_size),
+                      stored_tokens=int(s_b.max() * page_size + own.sum()),
+                      pages=int(s_b.max() + (-(-own // page_size)).sum()),
+                      shared_pages=int(np.sort(s_b)[-2]) if len(lens) > 1 else 0, page_size=int(page_size),
                       max_len=_max_len(lens, max_len), token_bytes=token_bytes(kv_heads, head_dim, dtype))
 
 
@@ -171,21 +183,23 @@ def shared_prefix_table(lengths, page_size: int, shared_prefix: int = 0, spare_p
 
     Arguments:
         lengths: tokens per sequence; page_size: tokens per page.
-        shared_prefix: tokens every sequence shares (floor(shared_prefix / P) pages are shared).
+        shared_prefix: tokens of a shared prefix (paged_cache_bytes says which pages are shared).
         spare_pages: pool pages no sequence uses; seed: of the pool's order.
     Returns:
         (table, num_pages): the (B, max pages of a sequence) int32 table (unused entries 0) and
         the pool's page count."""
     acc = paged_cache_bytes(lengths, page_size, 1, 1, "fp32", shared_prefix)
     lens = _lengths(lengths)
+    s_b = shared_pages_per_sequence(lens, page_size, shared_prefix)
     n_pages = -(-lens // page_size)
+    shared = int(s_b.max())
     num_pages = acc.pages + int(spare_pages)
     order = np.random.default_rng(seed).permutation(num_pages)
     table = np.zeros((len(lens), int(n_pages.max())), np.int32)
-    table[:, :acc.shared_pages] = order[:acc.shared_pages]
-    nxt = acc.shared_pages
+    nxt = shared
     for b, n in enumerate(n_pages):
-        own = int(n) - acc.shared_pages
-        table[b, acc.shared_pages:n] = order[nxt:nxt + own]
+        table[b, :s_b[b]] = order[:s_b[b]]
+        own = int(n) - int(s_b[b])
+        table[b, s_b[b]:n] = order[nxt:nxt + own]
         nxt += own
     return table, num_pages

@@ -35,7 +35,7 @@ def test_formula_matches_a_real_block_table():
         batch = int(rng.integers(1, 7))
         page = int(rng.choice([1, 3, 16, 64]))
         lens = rng.integers(1, 400, batch)
-        prefix = int(rng.integers(0, lens.min() + 1))
+        prefix = int(rng.integers(0, lens.max() + 1))     # longer than some sequences, at times
         table, pool = shared_prefix_table(lens, page, prefix, spare_pages=int(rng.integers(0, 4)),
                                           seed=int(rng.integers(1 << 30)))
         pages_used, stored = slot_counts(table, lens, page, pool)
@@ -43,7 +43,8 @@ def test_formula_matches_a_real_block_table():
         t = table_cache_bytes(table, lens, page, 2, 8, "fp16")
         tb = 2 * 2 * 8 * 2
         assert (f.pages, f.stored_tokens) == (t.pages, t.stored_tokens) == (pages_used, stored)
-        assert f.shared_pages == t.shared_pages == (prefix // page if batch > 1 else 0)
+        whole = np.minimum(prefix // page, lens // page)   # prefix pages each sequence points at
+        assert f.shared_pages == t.shared_pages == (int(np.sort(whole)[-2]) if batch > 1 else 0)
         assert f.paged_bytes == pages_used * page * tb
         assert f.paged_unused_bytes == (pages_used * page - stored) * tb
         assert f.shared_saved_bytes == (int(lens.sum()) - stored) * tb
@@ -64,6 +65,13 @@ def test_paged_bytes_per_token_beat_a_max_length_reserve():
     assert shared.paged_bytes == acc.paged_bytes - 3 * 16 * 4096     # one page held once, not 4 times
 
 
+def test_a_sequence_shorter_than_the_prefix_shares_its_own_whole_pages():
+    # the bundled recording's shape: 2048 keys under a 4096-key prefix, pages of 64
+    acc = paged_cache_bytes([2048, 4160, 5000], 64, 1, 8, "bf16", shared_prefix=4096)
+    assert acc.shared_pages == 64 and acc.pages == 64 + 0 + 1 + 15
+    assert acc.stored_tokens == 4096 + (4160 - 4096) + (5000 - 4096)
+
+
 def test_block_table_frame_marks_shared_pages():
     table, _ = shared_prefix_table([40, 70, 33], 16, shared_prefix=33, seed=3)
     df = block_table_frame(table, [40, 70, 33], 16)
@@ -75,7 +83,7 @@ def test_block_table_frame_marks_shared_pages():
 
 @pytest.mark.parametrize("call, msg", [
     (lambda: paged_cache_bytes([10, 0], 16, 1, 8, "bf16"), "length must be >= 1"),
-    (lambda: paged_cache_bytes([10, 20], 16, 1, 8, "bf16", shared_prefix=11), "shared_prefix must lie in 0..10"),
+    (lambda: paged_cache_bytes([10, 20], 16, 1, 8, "bf16", shared_prefix=21), "shared_prefix must lie in 0..20"),
     (lambda: paged_cache_bytes([10, 20], 16, 1, 8, "bf16", max_len=19), "raise it"),
     (lambda: block_table_frame(np.zeros((2, 1)), [10, 20], 16), "needs 2 pages"),
 ])
