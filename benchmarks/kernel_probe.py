@@ -5,7 +5,7 @@ output is checked against cuDNN's before it is timed; `--repeats` interleaved ro
 triton.testing.do_bench medians, the median over rounds recorded (with every round).
 
     python -m benchmarks.kernel_probe --suite d256 --name d256
-    python -m benchmarks.kernel_probe --suite causal,decode --name causal --repeats 3
+    python -m benchmarks.kernel_probe --suite causal2,decode2 --name causal --repeats 3
 
 Writes data/benchmarks/<name>-probe-<device-slug>.json. Variants compile first in parallel
 worker processes (Triton's on-disk cache), so the timing rounds only load them.
@@ -29,8 +29,8 @@ D256_WS = ((128, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (128, 32, 8, 3), (
 DECODE_CONFIGS = ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 4))
 
 
-def _fwd(shape, mask, cfg=None, ws=None, tail=None, label=""):
-    return dict(kind="fwd", shape=shape, mask=mask, cfg=cfg, ws=ws, tail=tail, label=label)
+def _fwd(shape, mask, cfg=None, ws=None, tail=None, label="", sched="natural"):
+    return dict(kind="fwd", shape=shape, mask=mask, cfg=cfg, ws=ws, tail=tail, label=label, sched=sched)
 
 
 def suite(name: str) -> list[dict]:
@@ -44,7 +44,7 @@ def suite(name: str) -> list[dict]:
                 out.append(_fwd(shape, mask, label="default"))
                 out += [_fwd(shape, mask, c, False, label=f"plain {c}") for c in D256_PLAIN]
                 for c in D256_WS:
-                    tails = (None,) if mask == "full" else (0, 1, 2)
+                    tails = (None,) if mask == "full" else (0, 3, 4)
                     out += [_fwd(shape, mask, c, True, t, label=f"ws {c}" + ("" if t is None else f" tail{t}"))
                             for t in tails]
     elif name == "causal":
@@ -54,12 +54,29 @@ def suite(name: str) -> list[dict]:
             out.append(dict(kind="cudnn", shape=shape, mask="causal", label="cudnn"))
             out.append(_fwd(shape, "causal", tail=0, label="default split rule"))
             ws_cfg = (128, 128, 4, 2)
-            for t in (1, 2):
+            for t in (3, 4):
                 out.append(_fwd(shape, "causal", ws_cfg, True, t, label=f"ws {ws_cfg} tail{t}"))
-            out.append(_fwd(shape, "causal", (128, 64, 4, 2), True, 1, label="ws (128, 64, 4, 2) tail1"))
+            out.append(_fwd(shape, "causal", (128, 64, 4, 2), True, 3, label="ws (128, 64, 4, 2) tail3"))
             if d == 128 and shape[0] == 4 and shape[3] in (4096, 8192):
                 out.append(dict(kind="cudnn", shape=shape, mask="full", label="cudnn"))
                 out.append(_fwd(shape, "full", label="default"))
+    elif name == "causal2":
+        for shape in [(4, 16, 16, n, 128) for n in (4096, 8192, 16384)] + \
+                     [(4, 16, 16, n, 64) for n in (4096, 8192)] + [(2, 32, 8, n, 128) for n in (4096, 8192)]:
+            out.append(dict(kind="cudnn", shape=shape, mask="causal", label="cudnn"))
+            out.append(_fwd(shape, "causal", tail=0, label="default split rule"))
+            out.append(_fwd(shape, "causal", tail=0, label="default, longest_first", sched="longest_first"))
+            for cfg in ((128, 128, 8, 2), (128, 64, 8, 2)):
+                out.append(_fwd(shape, "causal", cfg, True, 3, label=f"ws {cfg} tail3"))
+            out.append(_fwd(shape, "causal", (128, 64, 4, 2), True, 0, label="ws (128, 64, 4, 2) split"))
+            out.append(_fwd(shape, "causal", (128, 128, 4, 2), True, 0, label="ws (128, 128, 4, 2) split"))
+    elif name == "decode2":
+        for shape in ((1, 32, 8, 4096, 128), (1, 32, 8, 32768, 128), (8, 32, 8, 32768, 128),
+                      (64, 32, 8, 4096, 128), (64, 32, 8, 32768, 128)):
+            out.append(dict(kind="cudnn_decode", shape=shape, label="cudnn"))
+            for cfg in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (128, 4, 4)):
+                out.append(dict(kind="decode", shape=shape, cfg=cfg, splits="auto",
+                                label=f"decode bn{cfg[0]} w{cfg[1]} s{cfg[2]} auto"))
     elif name == "decode":
         shape = (64, 32, 8, 32768, 128)
         out.append(dict(kind="cudnn_decode", shape=shape, label="cudnn"))
@@ -68,7 +85,7 @@ def suite(name: str) -> list[dict]:
                 out.append(dict(kind="decode", shape=shape, cfg=(bn, w, s), splits=splits,
                                 label=f"decode bn{bn} w{w} s{s} splits{splits}"))
     else:
-        raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, decode")
+        raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, causal2, decode, decode2")
     return out
 
 
@@ -117,7 +134,7 @@ def _call(v, device):
     kw = {} if v["cfg"] is None else dict(zip(("block_m", "block_n", "num_warps", "num_stages"), v["cfg"]))
     if v["ws"] is not None:
         kw["warp_specialize"] = v["ws"]
-    return lambda: flash_attention(q, k, vv, mask=v["mask"], **kw)
+    return lambda: flash_attention(q, k, vv, mask=v["mask"], schedule=v["sched"], **kw)
 
 
 def _compile(chunk):
@@ -151,13 +168,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import triton
     import kernels.launch_config as rules
+    from instrumentation.recording.timing import time_graph_ms
     import kernels.launch as launch
 
     device = torch.device("cuda")
     variants = [v for s in args.suite.split(",") for v in suite(s.strip())]
     meta = run_meta(device, "kernel_probe", argv, "python -m benchmarks.kernel_probe")
     meta.update(suites=args.suite, repeats=args.repeats,
-                timing=f"median over {args.repeats} interleaved rounds of do_bench(rep={args.rep}, median)",
+                timing=f"median over {args.repeats} interleaved rounds of do_bench(rep={args.rep}, median); decode: "
+                "CUDA-graph replays (time_graph_ms, L2 write-flushed)",
                 check="rel_err: ||out - cudnn|| / ||cudnn|| on the whole output, before timing")
     t0 = time.perf_counter()
     errs = {}
@@ -172,8 +191,8 @@ def main(argv=None) -> int:
                 errs.update(e)
     log(f"compiled in {time.perf_counter() - t0:.0f} s, {len(errs)} failed")
     saved = (rules.WS_CONFIGS, rules.MASK_TAIL)
-    recs = [dict(v, cfg=list(v["cfg"]) if v.get("cfg") else None, status="ok", ms_rounds=[], rel_err=None,
-                 error=errs.get(i)) for i, v in enumerate(variants)]
+    recs = [dict(v, cfg=list(v["cfg"]) if v.get("cfg") else None, status="ok", ms_rounds=[], ms=None,
+                 x_cudnn=None, rel_err=None, error=errs.get(i)) for i, v in enumerate(variants)]
     refs = {}
     for r in range(args.repeats):
         for i, v in enumerate(variants):
@@ -197,8 +216,11 @@ def main(argv=None) -> int:
                     if rec["rel_err"] > 2e-2:
                         rec.update(status="wrong", error=f"rel_err {rec['rel_err']:.3g}")
                         continue
-                rec["ms_rounds"].append(triton.testing.do_bench(fn, warmup=10, rep=args.rep,
-                                                                return_mode="median"))
+                if v["kind"].endswith("decode"):     # microseconds of GPU work: CUDA-graph replays
+                    rec["ms_rounds"].append(time_graph_ms(fn, rep_ms=args.rep))
+                else:
+                    rec["ms_rounds"].append(triton.testing.do_bench(fn, warmup=10, rep=args.rep,
+                                                                    return_mode="median"))
             except Exception as exc:  # noqa: BLE001
                 rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:200]}")
             finally:

@@ -180,9 +180,12 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
                 lo_bound = tl.where(i >= n_unmasked, row_lo, 0)
                 visible = (offs_n[None, :] >= lo_bound[:, None]) & (offs_n[None, :] <= hi_bound[:, None])
                 qk = tl.where(visible, qk, float("-inf"))
+            elif MASK_TAIL >= 3:
+                # the upper bound on every tile (a full tile's keys are all <= every row's hi)
+                qk = tl.where(offs_n[None, :] <= row_hi[:, None], qk, float("-inf"))
             # scale and shift in one FMA per score
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            if MASK_TAIL:
+            if MASK_TAIL == 1 or MASK_TAIL == 2 or MASK_TAIL == 3:
                 m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no visible key yet
             else:
                 m_ref = m_new

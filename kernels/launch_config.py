@@ -45,8 +45,13 @@ class KernelConfig:
 # causal-ws-first-nvidia-h200.json): the split wins for causal from N 8k (31.5 full tiles per
 # query block) and prefix_lm, and loses for causal 4k (15.5), document and sliding_window:1024
 # (8): hence the minimum.
+# At D 256 (data/benchmarks/d256-tail-decode-probe-nvidia-h200.json, B2 H16 bf16 against cuDNN
+# in one run; the H100 sweep of the same configs agreed on the winner): 128x64 with 4 warps and
+# 2 stages, warp-specialised, 0.90-0.92x cuDNN full and 0.81 / 0.86x causal at 4k / 8k (the split),
+# where the plain 128x64 with 8 warps reads 0.79 / 0.81x and the old 64x64 default 0.40x.
 WS_CONFIGS = ((128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2))
-WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2)}, "h200": {128: (128, 128, 4, 2)}}
+WS_DEFAULTS = {"h100": {128: (128, 128, 4, 2), 256: (128, 64, 4, 2)},
+               "h200": {128: (128, 128, 4, 2), 256: (128, 64, 4, 2)}}
 WS_SPLIT_MIN_FULL = 24
 WS_SPLIT_MAX_PARTIAL = 0.25
 WS_ON_BAND_WARPS = 8
@@ -68,7 +73,7 @@ def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None
                    num_warps=None, num_stages=None, n: int | None = None, mask=None,
                    n_q: int | None = None, n_k: int | None = None, device=None,
                    schedule: str = "natural") -> KernelConfig:
-    """Hopper-minded defaults: large tiles for D <= 128, smaller for D = 256 (shared memory).
+    """Hopper-minded defaults: 128-row tiles, 64 or 128 keys wide (64 at D = 256: shared memory).
 
     Arguments:
         head_dim: D (any; tiles are chosen for the padded width).
@@ -92,8 +97,8 @@ def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None
         bm, bn, w, s = 128, 64, 4, 3
     elif head_dim <= 128:
         bm, bn, w, s = (128, 64, 8, 3) if n is not None and n <= 8192 else (128, 128, 8, 3)
-    else:
-        bm, bn, w, s = 64, 64, 8, 2
+    else:       # D 256 (and D 129..255 padded to it): 2x the 64x64 tiles' speed on Hopper
+        bm, bn, w, s = 128, 64, 8, 2
     if dtype == torch.float32:  # fp32 tiles take twice the shared memory
         bm, bn, s = min(bm, 64), min(bn, 64), 2
     pick = lambda given, dflt: dflt if given is None else given  # noqa: E731  (0 is not "default")
