@@ -167,7 +167,7 @@ def cache_bytes_figure(acc, provenance: str) -> go.Figure:
     fig.update_layout(template=TEMPLATE, barmode="stack", height=460, bargap=0.45,
                       legend=dict(x=0.99, y=0.99, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.85)"),
                       title=title("KV cache: paged vs a contiguous max-length reserve",
-                                  f"{acc.batch} sequences, {acc.tokens:,} tokens, {fmt_bytes(acc.token_bytes)} per token "
+                                  f"{acc.batch} sequences, {acc.tokens:,} tokens, {acc.token_bytes:,} B per token "
                                   f"(2·H_kv·D·e);<br>paged holds {acc.paged_bytes / acc.contiguous_bytes:.0%} of the "
                                   f"contiguous bytes; {acc.shared_pages} shared pages save "
                                   f"{fmt_bytes(acc.shared_saved_bytes, binary=True)}"))

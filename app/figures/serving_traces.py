@@ -134,11 +134,15 @@ def varlen_lanes_figure_for(packed, padded=None, sms: int | None = None):
     return fig_varlen.varlen_lanes_figure(a, b, n_sms, unit, prov)
 
 
-def varlen_work_figure_for(packed, padded=None, device: str = "H100"):
+def varlen_work_figure_for(packed, padded=None, device: str | None = None):
     """Work items per sequence from the traces; without a padded recording, the padded batch's
-    items and both batches' modelled times come from the estimator (labelled so)."""
+    items come from the estimator (labelled so); both batches' modelled times always do, on
+    `device` ('H100' | 'H200'; default the recording's, the H100 for the interpreter)."""
     from instrumentation.analysis.serving import items_per_sequence, padded_items_model, varlen_items
 
+    from ._common import fmt_time_ms
+
+    device = device or ("H200" if "H200" in str(packed.meta.get("device_name")) else "H100")
     v = varlen_shape(packed)
     n = len(v["lengths"])
     real = items_per_sequence(varlen_items(packed.work, v["lengths"], v["block_m"], v["heads"]), n)
@@ -153,6 +157,9 @@ def varlen_work_figure_for(packed, padded=None, device: str = "H100"):
         pad = pd.DataFrame({"real": real["real"], "padding": per - real["real"]})
         source = f"packed: {packed.provenance()}; padded: analytic model (instrumentation.estimate), not recorded"
     per_seq = pd.DataFrame({"packed_real": real["real"], "padded_real": pad["real"], "padded_padding": pad["padding"]})
-    note = (f"modelled on the {device} (instrumentation.estimate): packed {model['packed']['time_s'] * 1e6:.3g} µs, "
-            f"padded {model['padded']['time_s'] * 1e6:.3g} µs")
+    note = (f"modelled on the {device} (instrumentation.estimate): packed {fmt_time_ms(model['packed']['time_s'] * 1e3)}, "
+            f"padded {fmt_time_ms(model['padded']['time_s'] * 1e3)}")
+    if packed.meta.get("untraced_ms") and padded is not None and padded.meta.get("untraced_ms"):
+        note += (f"; measured (untraced median of each recording): packed {fmt_time_ms(packed.meta['untraced_ms'])}, "
+                 f"padded {fmt_time_ms(padded.meta['untraced_ms'])}")
     return fig_varlen.varlen_work_figure(per_seq, v["lengths"], source, note)

@@ -10,7 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._common import SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title
+from ._common import SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fmt_time_ms, title
 from .serving import SEQ_COLOURS, seq_colour
 
 BINS = 900                 # time bins per lane: one image whatever the number of work items
@@ -47,9 +47,12 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     colours = [IDLE]
     for s in range(n_seq):
         colours += [seq_colour(s), SKIPPED_GREY]      # codes 2s (real) and 2s + 1 (padding), shifted by 1
+    def when(t):
+        return fmt_time_ms(t / 1e3) if unit == "µs" else f"{t:.3g} {unit}"
+
     def note(name, items):    # in the panel's title: inside the plot it covered the lanes
         return (f"{name}: {len(items):,} work items ({int(items['padding'].sum()):,} padding), "
-                f"ends at {float(items['t_end'].max()):.3g} {unit}")
+                f"ends at {when(float(items['t_end'].max()))}")
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.14,
                         subplot_titles=[note(n, p) for n, p in panels])
     xs = (np.arange(BINS) + 0.5) * t_end / BINS
