@@ -17,6 +17,7 @@ from kernels import backend
 from kernels.backward import PREPROCESS_ROWS, backward_trace_buffers, flash_attention_backward
 from kernels.masks import STATUS_NAMES
 
+from .program_clock import clock_columns
 from .timing import time_ms
 
 GRAD_OUT_SEED = 0       # the default dO: standard normal from a generator with this seed
@@ -120,19 +121,8 @@ def _decode_work(buffers, b, h, h_kv, hw) -> pd.DataFrame:
         "tiles": np.concatenate([np.zeros(len(p_delta), np.int64), kv_tiles[k_block],
                                  qp.tiles_per_q_block[q_block]]).astype(np.int32),
     })
-    if hw:
-        t0 = buf[:, 2].min()
-        # the order programs started in (ties: the earlier launch, then the lower program id)
-        df["order"] = np.lexsort((np.arange(len(buf)), buf[:, 2])).argsort().astype(np.int32)
-        df["sm"] = buf[:, 1].astype(np.int32)
-        df["t_start"] = (buf[:, 2] - t0).astype(np.float64)
-        df["t_end"] = (buf[:, 3] - t0).astype(np.float64)
-    else:
-        df["order"] = buf[:, 0].astype(np.int32)
-        df["sm"] = np.int32(-1)
-        df["t_start"] = np.nan
-        df["t_end"] = np.nan
-    return df
+    # ties in start time: the earlier launch, then the lower program id
+    return df.assign(**clock_columns(buf[:, 0], buf[:, 1], buf[:, 2], buf[:, 3], hw, np.arange(len(buf))))
 
 
 def _decode_tiles(buffers, heads, h, group) -> pd.DataFrame:

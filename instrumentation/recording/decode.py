@@ -34,6 +34,7 @@ from ..trace import SCHEMA_VERSION, Trace
 from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, DTYPES, environment
 from .paged import paged_meta, pages_table
+from .program_clock import clock_columns
 from .timing import l2_flusher, time_graph_ms, time_ms
 
 COPY_BYTES = 1 << 30      # the copy benchmark moves a 1 GiB buffer (read once, written once)
@@ -220,16 +221,7 @@ def _decode_splits(buf, plan: DecodePlan, hw: bool, elem: int, t0: int) -> pd.Da
         "program": program.astype(np.int32),
     })
     k_start, k_end = buf[:, 4], buf[:, 5]
-    if hw:
-        df["order"] = np.lexsort((program, buf[:, 2])).argsort().astype(np.int32)
-        df["sm"] = buf[:, 1].astype(np.int32)
-        df["t_start"] = (buf[:, 2] - t0).astype(np.float64)
-        df["t_end"] = (buf[:, 3] - t0).astype(np.float64)
-    else:
-        df["order"] = buf[:, 0].astype(np.int32)
-        df["sm"] = np.int32(-1)
-        df["t_start"] = np.nan
-        df["t_end"] = np.nan
+    df = df.assign(**clock_columns(buf[:, 0], buf[:, 1], buf[:, 2], buf[:, 3], hw, program, t0))
     df["k_start"] = k_start.astype(np.int64)
     df["k_end"] = k_end.astype(np.int64)
     df["keys"] = (k_end - k_start).astype(np.int64)
