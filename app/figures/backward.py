@@ -127,7 +127,9 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
         n_rows, n_cols = -(-n_q // bm), -(-n_k // bn)
         fig.add_trace(go.Heatmap(
             z=_grid(steps, n_rows, n_cols), x=(np.arange(n_cols) + 0.5) * bn, y=(np.arange(n_rows) + 0.5) * bm,
-            coloraxis="coloraxis", xgap=1 if n_cols <= 64 else 0, ygap=1 if n_rows <= 64 else 0,
+            colorscale=ORDER_SCALE, zmin=0, zmax=max(top, 1), showscale=col == 2,
+            colorbar=dict(title=dict(text="step in its<br>program"), x=1.02, y=1, yanchor="top", len=0.6),
+            xgap=1 if n_cols <= 64 else 0, ygap=1 if n_rows <= 64 else 0,
             hovertemplate=("queries from %{y:.0f} ± " + f"{bm / 2:g}" + ", keys from %{x:.0f} ± " + f"{bn / 2:g}"
                            + "<br>step %{z} of its program<extra></extra>"),
             name="forward tiles" if col == 1 else "dK·dV tiles"), row=1, col=col)
@@ -157,9 +159,6 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
                             f"{fm}×{fn}; {kv['k_block'].nunique()} dK·dV programs visit {len(kv):,} tiles of "
                             f"{km}×{kn} (queries × keys) of this head, each summing its key block's dK, dV over "
                             "the query blocks that see it; grey: not visited")),
-        coloraxis=dict(colorscale=ORDER_SCALE, cmin=0, cmax=max(top, 1),
-                       colorbar=dict(title=dict(text="step in its<br>program"), x=1.02, y=1, yanchor="top",
-                                     len=0.6)),
         template=TEMPLATE, plot_bgcolor=NOT_VISITED, height=620, width=1250,
         legend=dict(x=1.02, y=0, yanchor="bottom", xanchor="left"), meta={"slide_legend_inside": True})
     return caption(fig, "tile visits from the kernel trace: " + provenance)

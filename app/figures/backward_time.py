@@ -225,8 +225,8 @@ def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int,
     for i, (name, dev) in enumerate(DEVICES.items()):
         fig.add_hline(y=dev.memory_bytes, line=dict(dash="dot", width=1.5, color="#777"))
         # an annotation on a log axis is placed at log10 of its value (a shape at the value itself)
-        fig.add_annotation(x=0.99 - 0.22 * i, xref="x domain", y=math.log10(dev.memory_bytes), yref="y",
-                           text=f"{name} memory {fmt_bytes(dev.memory_bytes)}", showarrow=False, xanchor="right",
+        fig.add_annotation(x=0.01 + 0.22 * i, xref="x domain", y=math.log10(dev.memory_bytes), yref="y",
+                           text=f"{name} memory {fmt_bytes(dev.memory_bytes)}", showarrow=False, xanchor="left",
                            yanchor="bottom", font=dict(color="#555"))
     byte_axis(fig, naive + flash + [d.memory_bytes for d in DEVICES.values()], title_text="memory the backward holds")
     count_axis(fig, MEMORY_NS, title_text="sequence length N = N_q = N_k (tokens, log)")
