@@ -4,9 +4,10 @@ tiny interpreter version for tests):
     python -m instrumentation.recording.serving_bundle --out data/serving
 
 decode_paged_b8_prefix4k_page64   one paged decode step (record_decode with a block table): 8
-                                  sequences of ragged lengths 2k..32k whose first 4096 keys are
-                                  the same 64 pages of 64 (a shared system prompt), the rest
-                                  their own pages, every page at a random place in the pool;
+                                  sequences of ragged lengths 4.2k..32k whose first 4096 keys are
+                                  the same 64 pages of 64 (a shared system prompt, so no sequence
+                                  is shorter), the rest their own pages, every page at a random
+                                  place in the pool;
                                   block-table entries past a sequence's last page are -1
 varlen_causal_9seq                a packed causal prefill of 9 sequences of 37..8192 tokens
                                   (record_varlen)
@@ -32,10 +33,10 @@ from .decode import record_decode
 from .flash import record
 from .varlen import record_varlen
 
-DECODE_LENS = (2048, 4160, 5000, 8192, 11000, 16384, 23000, 32768)
+DECODE_LENS = (4200, 5160, 6144, 8192, 11000, 16384, 23000, 32768)
 PREFIX, PAGE = 4096, 64
 VARLEN_LENS = (8192, 4096, 3000, 2048, 1024, 512, 256, 100, 37)
-SMALL = {"decode_lens": (20, 40, 47, 70), "prefix": 32, "page": 16, "varlen_lens": (40, 17, 1, 33),
+SMALL = {"decode_lens": (33, 40, 47, 70), "prefix": 32, "page": 16, "varlen_lens": (40, 17, 1, 33),
          "heads": 4, "kv_heads": 2, "head_dim": 16}
 FULL = {"decode_lens": DECODE_LENS, "prefix": PREFIX, "page": PAGE, "varlen_lens": VARLEN_LENS,
         "heads": 32, "kv_heads": 8, "head_dim": 128}
@@ -50,6 +51,9 @@ def shared_prefix_cache(lens, prefix: int, page: int, h_kv: int, d: int, dtype, 
     Returns:
         (k_pages, v_pages (num_pages, page, H_kv, D), block_table (B, max_pages) int32, -1 past
         each sequence's last page, prefix_pages: the shared pages' pool indices)."""
+    if prefix % page or not 0 <= prefix <= min(lens):
+        raise ValueError(f"the shared prefix ({prefix} keys) must be whole pages of {page} and no longer "
+                         f"than the shortest sequence ({min(lens)})")
     shared = prefix // page
     per_seq = [-(-n // page) for n in lens]
     own = [max(0, p - shared) for p in per_seq]

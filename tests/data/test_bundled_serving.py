@@ -28,9 +28,8 @@ def check_serving_trace(t: Trace) -> None:
             for _, split in reads.groupby("split"):
                 assert split.sort_values("order").logical_block.is_monotonic_increasing
         prefix = t.meta["serving"]["prefix_pages"]
-        for b, n in enumerate(lens):
-            shared = min(len(prefix), -(-n // page))
-            assert table[b][:shared] == prefix[:shared], "the shared prefix's pages"
+        assert t.meta["serving"]["shared_prefix"] <= min(lens), "a sequence shorter than its prefix"
+        assert all(row[:len(prefix)] == prefix for row in table), "the shared prefix's pages"
     elif kind == "varlen":
         lens, bm = t.meta["varlen"]["lengths_q"], t.meta["block_m"]
         w, h = t.work, t.meta["shape"]["H"]
