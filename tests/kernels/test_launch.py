@@ -101,3 +101,33 @@ def test_interpreter_limit_is_one_constant():
 
     assert INTERPRETER_MAX_TILES == runtime.INTERPRETER_MAX_TILES
     assert not hasattr(decode, "INTERPRETER_MAX_TILES")
+
+
+def test_head_dim_256_tiles_are_128_rows():
+    """D 256 (and a D padded to it) runs 128x64 tiles: the plain default with 8 warps off Hopper,
+    the device's warp-specialised config on it (kernels.launch_config.WS_DEFAULTS)."""
+    from kernels.launch_config import WS_DEFAULTS, default_config
+
+    for d in (256, 192):
+        cfg = default_config(d, torch.bfloat16, n=4096)
+        assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == (128, 64, 8, 2)
+    assert default_config(256, torch.float32, n=4096).block_m == 64          # fp32: half the tile
+    assert all(by_d[256] == (128, 64, 4, 2) for by_d in WS_DEFAULTS.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [256, 192])
+def test_gpu_head_dim_256_defaults_are_right(d):
+    """The D 256 defaults on the GPU: warp-specialised full attention, the causal split (its
+    full tiles warp-specialised, the diagonal resumed in a second launch), and D 192 padded to
+    256 on the plain loop, each against float32 SDPA."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v = (torch.randn(1, 4, 4096, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
+    for mask in ("full", "causal"):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                               is_causal=mask == "causal")
+        out = flash_attention(q, k, v, mask=mask)
+        assert torch.isfinite(out).all()
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2, (d, mask)
