@@ -53,8 +53,29 @@ def parse_lengths(text: str) -> tuple:
     return lens
 
 
+def uploaded():
+    """The sidebar's uploaded trace and its kind ('paged', 'varlen', 'padded'), or (None, None)."""
+    up = st.session_state.get("ctl_upload")
+    if s.source != "upload" or up is None:
+        return None, None
+    try:
+        trace = sources.uploaded_trace(up)
+    except sources.RunError as exc:
+        st.error(plain(exc), icon=":material/error:")
+        return None, None
+    return trace, srv.kind_of(trace.meta)
+
+
 live = s.source in ("gpu", "interpreter")
 found = srv.bundled_serving(sources.data_dir())
+upload, upload_kind = uploaded()
+if s.source == "upload" and upload is None:
+    st.info("Upload a paged decode step (`record_decode(..., block_table=)`) or a varlen batch "
+            "(`record_varlen`), saved with Trace.save and zipped, in the sidebar; until then the "
+            "bundled recordings are shown.", icon=":material/upload:")
+elif upload is not None and upload_kind not in ("paged", "varlen"):
+    st.warning("The uploaded trace is neither a paged decode step nor a varlen batch: the bundled "
+               "recordings are shown.", icon=":material/info:")
 
 # -- paged decode ----------------------------------------------------------------------------------
 st.header("A paged KV cache")
@@ -78,6 +99,9 @@ if live:
     if s.source == "interpreter":
         st.info("Live in the CPU interpreter: the real block table and page reads, **modelled timing**; "
                 "small shapes (H 4, H_kv 2, D 32, fp32).", icon=":material/memory:")
+elif upload_kind == "paged":
+    paged = upload
+    common.name_downloads(upload)
 elif found.get("paged"):
     names = [p.name for p in found["paged"]]
     url_state.control("srv_rec", names[0], options=names)
@@ -129,6 +153,8 @@ if live:
             packed, padded = live_varlen(s.source, srv.check_lengths(parse_lengths(vtext), s.source))
         except ValueError as exc:
             st.error(plain(exc), icon=":material/error:")
+elif upload_kind == "varlen":
+    packed = upload
 elif found.get("varlen"):
     vnames = [p.name for p in found["varlen"]]
     url_state.control("srv_vrec", vnames[0], options=vnames)

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("streamlit")
 from app.sources.serving import run_paged, run_varlen  # noqa: E402
 from instrumentation.analysis.kv_cache import table_cache_bytes  # noqa: E402
-from tests.app.headless import chart, charts, clean, open_page, record_small, tilescope_data  # noqa: E402
+from tests.app.headless import chart, charts, clean, open_page, record_small, tilescope_data, zip_trace  # noqa: E402
 
 LENGTHS, PAGE, PREFIX = [70, 40, 33], 16, 33
 
@@ -62,3 +62,16 @@ def test_live_lengths_that_do_not_parse_are_one_line(serving_data):
     at = open_page("serving", source="interpreter", srv_lens="300,x")
     assert not at.exception
     assert len(at.error) == 1 and "whole numbers separated by commas" in at.error[0].value
+
+
+def test_an_uploaded_paged_step_replaces_the_bundled_one(serving_data, tmp_path):
+    up = run_paged("interpreter", [20, 50], 16, 16, seed=3)
+    up.save(tmp_path / "mine")
+    at = open_page("serving", source="upload")
+    assert any("Upload a paged decode step" in i.value for i in at.info)
+    at.file_uploader(key="ctl_upload").upload("mine.zip", zip_trace(tmp_path / "mine", "mine"),
+                                              "application/zip").run()
+    clean(at)
+    z = np.asarray([d for d in chart(at, "Block table")["data"] if d["type"] == "heatmap"][0]["z"], float)
+    assert z.shape == (2, 4) and [(row > 0).sum() for row in z] == [2, 4]      # the upload's table
+    assert (z[:, 0] == 2).all() and (z[:, 1:] != 2).all()                      # one shared page
