@@ -53,10 +53,12 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
     hover_p = np.full(pool_rows * width, "free page (no sequence)", dtype=object)
     hover_p[num_pages:] = ""
     pool[num_pages:] = np.nan
-    for page, g in frame.groupby("physical_block"):
-        pool[page] = 2 if g["b"].nunique() > 1 else 3 + int(g["b"].iat[0])
-        who = ", ".join(map(str, sorted(g["b"].unique())))
-        hover_p[page] = f"page {page}: logical block {int(g['logical_block'].iat[0])} of sequence{'s' if g['b'].nunique() > 1 else ''} {who}"
+    per_page = frame.groupby("physical_block").agg(n=("b", "nunique"), b=("b", "first"), lb=("logical_block", "first"))
+    pages = per_page.index.to_numpy()
+    pool[pages] = np.where(per_page["n"].to_numpy() > 1, 2, 3 + per_page["b"].to_numpy())
+    hover_p[pages] = [f"page {p}: logical block {lb} of sequence {b}" if n == 1 else
+                      f"page {p}: logical block {lb} of {n} sequences (shared)"
+                      for p, n, b, lb in zip(pages, per_page["n"], per_page["b"], per_page["lb"])]
     # the pool sits under the table with a one-row gap: table rows 0..B-1, pool rows B+1..
     y_pool = n_seq + 1 + np.arange(pool_rows)
     scale = discrete_colorscale(colours)

@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 from ._common import SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fmt_time_ms, title
 from .serving import SEQ_COLOURS, seq_colour
 
-BINS = 900                 # time bins per lane: one image whatever the number of work items
+BINS = 600                 # time bins per lane: one image whatever the number of work items
 IDLE = "#ffffff"
 
 
@@ -56,14 +56,14 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.14,
                         subplot_titles=[note(n, p) for n, p in panels])
     xs = (np.arange(BINS) + 0.5) * t_end / BINS
+    small = np.int8 if len(colours) < 127 else np.int16       # a small typed array in the page
     for row, (name, items) in enumerate(panels, start=1):
-        img = lane_image(items, sms, t_end) + 1           # 0 idle
-        seq = np.where(img > 0, (img - 1) // 2, -1)
-        label = np.where(img <= 0, "idle", np.where((img - 1) % 2 == 1, "padding of sequence ", "sequence "))
-        text = np.char.add(label.astype(str), np.where(seq >= 0, seq.astype(int).astype(str), ""))
-        fig.add_trace(go.Heatmap(z=img, x=xs, y=np.arange(sms), text=text, colorscale=discrete_colorscale(colours),
+        img = (lane_image(items, sms, t_end) + 1).astype(small)   # 0 idle
+        seq = np.where(img > 0, (img - 1) // 2, -1).astype(small)
+        fig.add_trace(go.Heatmap(z=img, x=xs, y=np.arange(sms), customdata=seq, colorscale=discrete_colorscale(colours),
                                  zmin=-0.5, zmax=len(colours) - 0.5, showscale=False,
-                                 hovertemplate=f"SM %{{y}}, %{{x:.3g}} {unit}<br>%{{text}}<extra></extra>"),
+                                 hovertemplate=f"SM %{{y}}, %{{x:.3g}} {unit}<br>sequence %{{customdata}} "
+                                               "(-1: idle; grey: padding)<extra></extra>"),
                       row=row, col=1)
         fig.update_yaxes(title_text="SM", range=[-0.5, sms - 0.5], row=row, col=1)
     for s in range(min(n_seq, 10)):
