@@ -37,6 +37,7 @@ from kernels import flash_attention, flash_decode
 from kernels.decode import MAX_QUERIES
 
 NAME = "tilescope"
+CAPTURED_INPUTS = "the model's own activations (instrumentation.hf.capture)"   # a captured trace's meta 'inputs'
 _UNSET = object()
 _CAPTURE: list = []        # the capture in progress (at most one)
 
@@ -270,7 +271,8 @@ class _Capture:
 
         b, h, n_q, d = q.shape
         extra = {"model_call": {"step": max(self.step, 0), "layer": plan["layer"], "phase": plan["phase"],
-                                "model": self.model_run.meta.get("model")}}
+                                "model": self.model_run.meta.get("model")},
+                 "inputs": CAPTURED_INPUTS}      # not make_inputs: no page may regenerate them
         sync = torch.cuda.synchronize if q.is_cuda else (lambda: None)
         sync()
         t0 = time.perf_counter()

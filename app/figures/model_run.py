@@ -76,6 +76,11 @@ def _layers(table: pd.DataFrame) -> list[str]:
     return list(table.sort_values("layer").layer_label.drop_duplicates())
 
 
+def _two_lines(labels) -> list[str]:
+    """'L0 · window 256' as two lines of a category tick: short enough for a slide's width."""
+    return [str(x).replace(" · ", "<br>") for x in labels]
+
+
 def per_layer(table: pd.DataFrame) -> pd.DataFrame:
     """Kernel time (µs) and tiles summed per (layer, phase): what layer_figure draws."""
     return table.groupby(["layer", "layer_label", "phase"], as_index=False)[["kernel_us", "tiles"]].sum()
@@ -98,7 +103,7 @@ def layer_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
         for col, (field, fmt) in enumerate((("kernel_us", lambda v: fmt_time_ms(v / 1e3)),
                                             ("tiles", lambda v: f"{v:,.0f} tiles")), start=1):
             vals = part[field].fillna(0)
-            fig.add_trace(go.Bar(x=order, y=vals, name=name, legendgroup=phase, showlegend=col == 1,
+            fig.add_trace(go.Bar(x=_two_lines(order), y=vals, name=name, legendgroup=phase, showlegend=col == 1, textangle=0,
                                  marker_color=PHASE_COLOURS[phase], text=[fmt(v) for v in vals],
                                  hovertemplate="%{x}: %{text}<extra>" + phase + "</extra>"), row=1, col=col)
     fig.update_layout(barmode="stack", template=TEMPLATE, height=460,
@@ -130,7 +135,7 @@ def layer_kind_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
         for col, (field, fmt) in enumerate((("kernel_us", lambda v: fmt_time_ms(v / 1e3)),
                                             ("n_k", lambda v: f"{v:,.0f} keys")), start=1):
             vals = part[field]
-            fig.add_trace(go.Bar(x=phases, y=vals, name=name, legendgroup=kind, showlegend=col == 1,
+            fig.add_trace(go.Bar(x=phases, y=vals, name=name, legendgroup=kind, showlegend=col == 1, textangle=0,
                                  marker_color=KIND_COLOURS[kind], text=[fmt(v) if pd.notna(v) else "" for v in vals],
                                  customdata=part["calls"].fillna(0).astype(int),
                                  hovertemplate="%{x}: %{text} (%{customdata} calls)<extra>" + kind + "</extra>"),

@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import settings, url_state
 from app.figures._common import fmt_bytes, fmt_time_ms
+from app.figures.estimate import short
 from app.figures.model_run import (call_table, kv_cache_figure, layer_figure, layer_kind_figure, run_provenance,
                                    steps_figure)
 from app.sources import model_run as runs
@@ -32,7 +33,10 @@ st.caption("A real model's attention, every call of one forward or generate, rec
 bundled = runs.runs()
 options = [r.name for r in bundled] + [UPLOAD]
 url_state.control("mr_run", options[0], options=options)
-c = st.columns([3, 2] + ([1] if s.present else []))      # presentation: room for its "Leave" pill
+# presentation: the controls fold into the faint "Controls" pill (app/presentation.py): each chart a whole slide
+controls = st.expander("Controls", expanded=False, icon=":material/tune:", key="slide_controls") if s.present \
+    else st.container()
+c = controls.columns([3, 2])
 choice = c[0].selectbox("model run", options, key="mr_run",
                         format_func=lambda n: "upload a run (.zip of its directory)" if n == UPLOAD
                         else runs.run_named(n).label)
@@ -70,17 +74,18 @@ prefill, decode = table[table.phase == "prefill"], table[table.phase == "decode"
 sliding = sorted(set(table.loc[table.kind == "sliding", "layer"]))
 k = st.columns(6)
 k[0].metric("calls", f"{len(table)}", help="attention calls recorded: layers × forward passes")
-k[1].metric("layers", f"{table.layer.nunique()}", f"{len(sliding)} sliding" if sliding else "all global",
+k[1].metric("layers", f"{table.layer.nunique()}", f"{len(sliding)} sliding" if sliding else "global",
             delta_color="off", delta_arrow="off")
-k[2].metric("forward passes", f"{table.step.nunique()}", f"1 prefill + {decode.step.nunique()} decode",
+k[2].metric("forward passes", f"{table.step.nunique()}", f"prefill + {decode.step.nunique()}",
             delta_color="off", delta_arrow="off")
 k[3].metric("prompt", f"{int(prefill.n_q.max()) if len(prefill) else 0:,} tok",
             help="queries of the prefill calls (N_q)")
-k[4].metric("attention time", fmt_time_ms(table.kernel_us.sum() / 1e3),
+k[4].metric("attention", short(fmt_time_ms(table.kernel_us.sum() / 1e3)),
             help="sum of every call's untraced kernel median (do_bench)")
 last = table[table.step == table.step.max()]
-k[5].metric("KV cache, last step", fmt_bytes(int(last.kv_bytes.sum()), binary=True),
-            help="K and V read by the last forward pass, all layers (Estimate.kv_cache_bytes)")
+k[5].metric("KV, last step", short(fmt_bytes(int(last.kv_bytes.sum()), binary=True)),
+            help=f"K and V read by the last forward pass, all layers (Estimate.kv_cache_bytes): "
+                 f"{int(last.kv_bytes.sum()):,} B")
 
 # -- charts --------------------------------------------------------------------------------------------
 common.chart(layer_figure(table, prov), "model-run-layers", "mr_layers", s.present)
@@ -104,19 +109,21 @@ if name and prefill_calls:
 elif not name:
     st.caption("The calls of an uploaded run open here only; saved under data/runs/ (or $TILESCOPE_DATA/runs/), "
                "each prefill call also opens in the schedule, block-skip and online-softmax pages.")
-table_view = table[["index", "step", "layer", "phase", "n_q", "n_k", "kv_heads", "mask", "kernel_us", "tiles",
-                    "kv_bytes"]].copy()
+table_view = table[["index", "step", "layer", "phase", "n_q", "n_k", "mask", "kernel_us", "tiles", "kv_bytes"]].copy()
 if name:
     table_view["open"] = [("./schedule?" + urlencode({"page": "schedule", "source": "recorded",
-                                                     "trace": runs.call_name(name, i)})) if p == "prefill" else None
+                                                     "trace": runs.call_name(name, i)})) if p == "prefill" else ""
                           for i, p in zip(table["index"], table["phase"])]
 st.dataframe(table_view, hide_index=True, width="stretch", height=300,
-             column_config={"kernel_us": st.column_config.NumberColumn("kernel (µs)", format="%.2f"),
-                            "kv_bytes": st.column_config.NumberColumn("KV read (B)", format="%d"),
+             column_config={"index": "call", "kernel_us": st.column_config.NumberColumn("kernel (µs)", format="%.2f"),
+                            "kv_bytes": st.column_config.NumberColumn("KV read (B)", format="localized"),
                             "tiles": st.column_config.NumberColumn("tiles", help="Estimate.tiles_computed"),
-                            "open": st.column_config.LinkColumn("trace", display_text="open schedule")})
-call = st.number_input("call to download", 0, len(run.calls) - 1, 0, key="mr_download_call")
+                            "open": st.column_config.LinkColumn("trace", display_text="schedule",
+                                                                help="a prefill call opens in the tile schedule")})
+row = st.columns([1, 3], vertical_alignment="bottom")
+call = row[0].number_input("call to download", 0, len(run.calls) - 1, 0, key="mr_download_call")
 try:
-    common.trace_downloads(run.call_trace(int(call)), key="mr_trace")
+    with row[1]:
+        common.trace_downloads(run.call_trace(int(call)), key="mr_trace")
 except (OSError, ValueError) as exc:          # a trace removed or damaged since the run was listed
     st.error(plain(f"Call {int(call)}'s trace cannot be read: {exc}"), icon=":material/error:")

@@ -67,6 +67,7 @@ def test_capture_one_trace_per_attention_call_with_the_kernels_shapes(device):
             (c.n_q, c.n_k, c.kv_heads, c.heads)
         assert c.trace.meta["model_call"] == {"step": c.step, "layer": c.layer, "phase": c.phase,
                                               "model": "Qwen2ForCausalLM"}
+        assert c.trace.meta["inputs"] == hf.CAPTURED_INPUTS       # the pages never regenerate them
         assert c.kv_cache_bytes == 2 * c.batch * c.kv_heads * c.n_k * c.head_dim * 4
     full, sliding = run.calls[0::2], run.calls[1::2]
     assert [(c.n_q, c.n_k, c.mask, c.window) for c in full] == \
