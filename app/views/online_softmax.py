@@ -61,7 +61,7 @@ if trace.meta.get("inputs") not in (None, "instrumentation.make_inputs"):
                "instrumentation.make_inputs: the reference below cannot see the kernel's inputs.")
 q, k, v = head_inputs(src.key, bh, trace)
 steps = softmax_steps(trace, q_row, q, k, v, bh=bh)
-if not steps.attrs["inputs_match"]:
+if not steps.attrs["inputs_match"] and trace.meta.get("inputs") in (None, "instrumentation.make_inputs"):
     st.error("The kernel's m and l do not match the float64 reference on the regenerated inputs: "
              f"either these are not the inputs it saw (seed {trace.meta.get('input_seed', 0)}, head {bh}) "
              "or the kernel is wrong. Treat the comparison below with suspicion.", icon=":material/report:")
