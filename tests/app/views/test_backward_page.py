@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -67,3 +68,21 @@ def test_forward_only_trace_says_how_to_record_the_backward(bwd_data):
     clean(at)
     assert any("backward=True" in i.value for i in at.info)
     assert [c["layout"]["title"]["text"].split(":")[0] for c in charts(at)] == ["FLOPs", "Backward memory"]
+
+
+BUNDLED = Path(__file__).resolve().parents[3] / "data" / "traces" / "backward_n4096_causal"
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="bundled backward recording missing")
+def test_bundled_gpu_recording_shows_the_measured_split(monkeypatch):
+    monkeypatch.delenv("TILESCOPE_DATA", raising=False)
+    trace = Trace.load(BUNDLED)
+    at = open_page("backward", source="recorded", trace=BUNDLED.name)
+    clean(at)
+    lanes = chart(at, "Backward SM lanes", arrays=True)
+    assert "µs" in lanes["layout"]["xaxis"]["title"]["text"]                    # measured, not modelled
+    assert sum(len(t["y"]) for t in lanes["data"] if t["type"] == "bar") == len(trace.bwd_work)
+    split = chart(at, "Time split")
+    assert [b for b in split["data"][0]["y"]] == ["forward", "D = rowsum(dO∘O)", "dK·dV", "dQ"]
+    assert "TFLOP/s" in split["layout"]["title"]["subtitle"]["text"]
+    assert any(m.label == "bwd ÷ fwd time" for m in at.metric)
