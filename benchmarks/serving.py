@@ -27,7 +27,8 @@ visible (query, key) pair; speed_vs_flex = flex ms / this ms.
 
 Every implementation's output is checked against ours first (paged: the contiguous
 flash_decode; varlen: flash_attention_varlen, itself checked against SDPA per sequence); a wrong
-one is recorded, never timed. Writes data/benchmarks/serving-<device>.json.
+one is recorded, never timed. Writes data/benchmarks/serving-<device>.json (with --sweep,
+serving-sweep-<device>.json).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", default="", metavar="CONFIGS",
                    help="paged: also time our kernel at each page size over these block_n/warps/stages, "
                         "e.g. 64/4/3,128/8/4 (records paged:<page>:<config>)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="directory for serving-<device-slug>.json")
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for serving-<device-slug>.json "
+                   "(serving-sweep-<device-slug>.json with --sweep)")
     p.add_argument("--copy-to", default=None, help="also copy the result file into this directory")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="cpu: a Triton-interpreter smoke run of our kernels (tiny sizes only)")
@@ -276,8 +278,9 @@ def main(argv=None) -> int:
         meta.update(varlen_timing=(f"do_bench median, median over {args.repeats} interleaved rounds"
                                    if device.type == "cuda" else "interpreter smoke run"),
                     flop_convention="4 * H * D per visible (query, key) pair; causal: n (n + 1) / 2 per sequence")
+    name = "serving-sweep" if args.sweep else "serving"       # a sweep never replaces the main figures
     path = write_results({"meta": meta, "records": records},
-                         f"{args.out}/serving-{device_slug(meta['device'])}.json", "serving", copy_to=args.copy_to)
+                         f"{args.out}/{name}-{device_slug(meta['device'])}.json", "serving", copy_to=args.copy_to)
     log(f"wrote {path}")
     return 0
 
