@@ -213,7 +213,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         block_m, block_n: the tile (16..256, powers of two); None: the device default.
         block_table: (B, max_blocks) int32 page indices (chunked prefill over a paged cache): key j
             of sequence b is k[block_table[b, j // page_size], j % page_size].
-        trace: a VarlenTraceBuffers() to fill with one record per program.
+        trace: a VarlenTraceBuffers() to fill with one record per program (and, with its
+            tile_head set, each key block's visits by that head's programs).
         num_warps, num_stages: Triton launch options; None: the default config's.
     Returns:
         out (total_q, nheads, headdim), q's dtype; with return_lse (out, lse), lse (nheads, total_q)
