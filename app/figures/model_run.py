@@ -110,6 +110,7 @@ def layer_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
                       title=title("Attention per layer: kernel time and tiles",
                                   f"{len(table)} calls · {table.step.nunique()} forward passes"),
                       legend=TOP_LEGEND)
+    fig.update_xaxes(title_text="layer (its window, or global)")
     fig.update_yaxes(title_text="kernel time (µs, all calls)", row=1, col=1)
     fig.update_yaxes(title_text="tiles (all calls, all heads)", row=1, col=2)
     return caption(fig, f"Data: {provenance}. {TIMES}; tiles: Estimate.tiles_computed of each call's shape "
@@ -147,6 +148,7 @@ def layer_kind_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
     fig.update_layout(barmode="group", template=TEMPLATE, height=460,
                       title=title("Sliding-window vs global layers", note),
                       legend=TOP_LEGEND)
+    fig.update_xaxes(title_text="phase")
     fig.update_yaxes(title_text="kernel time per call (µs)", row=1, col=1)
     fig.update_yaxes(title_text="keys per call (N_k)", row=1, col=2)
     return caption(fig, f"Data: {provenance}. {TIMES}; keys: the N_k each call's kernel read.")

@@ -76,7 +76,11 @@ def nearest_recording(preset_name: str, p: Problem, n: int):
 
 # -- controls (page-level, kept in the URL) --------------------------------------------------------
 names = [*PRESETS, CUSTOM]
-c = st.columns([2.5, 1, 2, 2.5, 1] + ([1.2] if s.present else []))   # presentation: room for its "Leave" pill
+# presentation: the controls fold into the faint "Controls" pill (app/presentation.py), so the first
+# chart is a whole slide at 1280 x 720 (above it they pushed its axis off the screen)
+controls = st.expander("Controls", expanded=False, icon=":material/tune:", key="slide_controls") if s.present \
+    else st.container()
+c = controls.columns([2.5, 1, 2, 2.5, 1])
 url_state.control("ym_preset", "llama-3-8b", options=names)
 name = c[0].selectbox("model", names, key="ym_preset",
                       format_func=lambda k: PRESETS[k].label if k in PRESETS else "custom shape (H, H_kv, D)")
@@ -103,7 +107,7 @@ url_state.control("ym_dtype", "bf16", options=list(settings.DTYPES))
 dtype = c[4].selectbox("dtype", settings.DTYPES, key="ym_dtype")
 
 heads, kv_heads, head_dim = (preset.heads, preset.kv_heads, preset.head_dim) if preset is not None else (0, 0, 0)
-extra = st.columns(4) if name == CUSTOM or mask_choice == WINDOW else None
+extra = controls.columns(4) if name == CUSTOM or mask_choice == WINDOW else None
 if name == CUSTOM:
     url_state.control("ym_heads", 32, int, bounds=(1, 1024))
     heads = extra[0].number_input("query heads H", 1, 1024, key="ym_heads")
@@ -145,7 +149,7 @@ m[4].metric("H100 modelled", short(fmt_time_ms(h100.time_by_device["H100"] * 1e3
 m[5].metric("H200 modelled", short(fmt_time_ms(h200.time_by_device["H200"] * 1e3)), 
             help=f"modelled time of one flash call. {h200.model_note}.")
 fits = [f"the {d}" for d, e in (("H100", h100), ("H200", h200)) if e.naive_fits]
-if len(fits) < 2:
+if len(fits) < 2 and not s.present:     # on slides the memory chart's marks and caption say it
     st.warning(f"Naive attention needs {fmt_bytes(h100.naive_peak_bytes, binary=True)} beyond Q, K and V at "
                f"N = {n_label(int(n))}: it " + (f"fits {fits[0]} only." if fits else
                                                 "fits neither the H100 nor the H200.")
