@@ -160,6 +160,6 @@ def varlen_work_figure_for(packed, padded=None, device: str | None = None):
     note = (f"modelled on the {device} (instrumentation.estimate): packed {fmt_time_ms(model['packed']['time_s'] * 1e3)}, "
             f"padded {fmt_time_ms(model['padded']['time_s'] * 1e3)}")
     if packed.meta.get("untraced_ms") and padded is not None and padded.meta.get("untraced_ms"):
-        note += (f"; measured (untraced median of each recording): packed {fmt_time_ms(packed.meta['untraced_ms'])}, "
+        note += (f"<br>measured (untraced median of each recording): packed {fmt_time_ms(packed.meta['untraced_ms'])}, "
                  f"padded {fmt_time_ms(padded.meta['untraced_ms'])}")
     return fig_varlen.varlen_work_figure(per_seq, v["lengths"], source, note)
