@@ -1,11 +1,11 @@
 """Kernel variants side by side with cuDNN, for choosing launch rules: forward configs (plain and
-warp-specialised), the causal tail modes (kernels.launch_config.MASK_TAIL), and decode tile
-configs and split counts. Every variant of a case runs on the same inputs in one process; each
-output is checked against cuDNN's before it is timed; `--repeats` interleaved rounds of
+warp-specialised, the causal split), schedules, and decode tile configs and split counts. Every
+variant of a case runs on the same inputs in one process; each output is checked against
+cuDNN's before it is timed; `--repeats` interleaved rounds of
 triton.testing.do_bench medians, the median over rounds recorded (with every round).
 
     python -m benchmarks.kernel_probe --suite d256 --name d256
-    python -m benchmarks.kernel_probe --suite causal2,decode2 --name causal --repeats 3
+    python -m benchmarks.kernel_probe --suite causal,decode --name causal-decode --repeats 3
 
 Writes data/benchmarks/<name>-probe-<device-slug>.json. Variants compile first in parallel
 worker processes (Triton's on-disk cache), so the timing rounds only load them.
@@ -29,8 +29,8 @@ D256_WS = ((128, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2), (128, 32, 8, 3), (
 DECODE_CONFIGS = ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 4), (32, 4, 4))
 
 
-def _fwd(shape, mask, cfg=None, ws=None, tail=None, label="", sched="natural"):
-    return dict(kind="fwd", shape=shape, mask=mask, cfg=cfg, ws=ws, tail=tail, label=label, sched=sched)
+def _fwd(shape, mask, cfg=None, ws=None, label="", sched="natural"):
+    return dict(kind="fwd", shape=shape, mask=mask, cfg=cfg, ws=ws, label=label, sched=sched)
 
 
 def suite(name: str) -> list[dict]:
@@ -43,41 +43,23 @@ def suite(name: str) -> list[dict]:
                 out.append(dict(kind="cudnn", shape=shape, mask=mask, label="cudnn"))
                 out.append(_fwd(shape, mask, label="default"))
                 out += [_fwd(shape, mask, c, False, label=f"plain {c}") for c in D256_PLAIN]
-                for c in D256_WS:
-                    tails = (None,) if mask == "full" else (0, 3, 4)
-                    out += [_fwd(shape, mask, c, True, t, label=f"ws {c}" + ("" if t is None else f" tail{t}"))
-                            for t in tails]
+                out += [_fwd(shape, mask, c, True, label=f"ws {c}") for c in D256_WS]
     elif name == "causal":
-        for shape in [(4, 16, 16, n, 128) for n in (2048, 4096, 8192, 16384)] + \
-                     [(4, 16, 16, n, 64) for n in (4096, 8192, 16384)] + [(2, 32, 8, n, 128) for n in (4096, 8192)]:
-            d = shape[-1]
-            out.append(dict(kind="cudnn", shape=shape, mask="causal", label="cudnn"))
-            out.append(_fwd(shape, "causal", tail=0, label="default split rule"))
-            ws_cfg = (128, 128, 4, 2)
-            for t in (3, 4):
-                out.append(_fwd(shape, "causal", ws_cfg, True, t, label=f"ws {ws_cfg} tail{t}"))
-            out.append(_fwd(shape, "causal", (128, 64, 4, 2), True, 3, label="ws (128, 64, 4, 2) tail3"))
-            if d == 128 and shape[0] == 4 and shape[3] in (4096, 8192):
-                out.append(dict(kind="cudnn", shape=shape, mask="full", label="cudnn"))
-                out.append(_fwd(shape, "full", label="default"))
-    elif name == "causal2":
         for shape in [(4, 16, 16, n, 128) for n in (4096, 8192, 16384)] + \
                      [(4, 16, 16, n, 64) for n in (4096, 8192)] + [(2, 32, 8, n, 128) for n in (4096, 8192)]:
             out.append(dict(kind="cudnn", shape=shape, mask="causal", label="cudnn"))
-            out.append(_fwd(shape, "causal", tail=0, label="default split rule"))
-            out.append(_fwd(shape, "causal", tail=0, label="default, longest_first", sched="longest_first"))
-            for cfg in ((128, 128, 8, 2), (128, 64, 8, 2)):
-                out.append(_fwd(shape, "causal", cfg, True, 3, label=f"ws {cfg} tail3"))
-            out.append(_fwd(shape, "causal", (128, 64, 4, 2), True, 0, label="ws (128, 64, 4, 2) split"))
-            out.append(_fwd(shape, "causal", (128, 128, 4, 2), True, 0, label="ws (128, 128, 4, 2) split"))
-    elif name == "decode2":
+            out.append(_fwd(shape, "causal", label="default split rule"))
+            out.append(_fwd(shape, "causal", label="default, longest_first", sched="longest_first"))
+            for cfg in ((128, 64, 4, 2), (128, 128, 4, 2)):
+                out.append(_fwd(shape, "causal", cfg, True, label=f"ws {cfg} split"))
+    elif name == "decode":
         for shape in ((1, 32, 8, 4096, 128), (1, 32, 8, 32768, 128), (8, 32, 8, 32768, 128),
                       (64, 32, 8, 4096, 128), (64, 32, 8, 32768, 128)):
             out.append(dict(kind="cudnn_decode", shape=shape, label="cudnn"))
             for cfg in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (128, 4, 4)):
                 out.append(dict(kind="decode", shape=shape, cfg=cfg, splits="auto",
                                 label=f"decode bn{cfg[0]} w{cfg[1]} s{cfg[2]} auto"))
-    elif name == "decode":
+    elif name == "decode_b64":
         shape = (64, 32, 8, 32768, 128)
         out.append(dict(kind="cudnn_decode", shape=shape, label="cudnn"))
         for bn, w, s in DECODE_CONFIGS:
@@ -85,7 +67,7 @@ def suite(name: str) -> list[dict]:
                 out.append(dict(kind="decode", shape=shape, cfg=(bn, w, s), splits=splits,
                                 label=f"decode bn{bn} w{w} s{s} splits{splits}"))
     else:
-        raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, causal2, decode, decode2")
+        raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, decode, decode_b64")
     return out
 
 
@@ -127,8 +109,6 @@ def _call(v, device):
         return lambda: flash_decode(q, k, vv, num_splits=v["splits"], block_n=bn, num_warps=w, num_stages=s)
     if v["ws"] and v["cfg"] not in rules.WS_CONFIGS:
         rules.WS_CONFIGS = rules.WS_CONFIGS + (v["cfg"],)
-    if v["tail"] is not None:
-        rules.MASK_TAIL = v["tail"]
     rules._ws_plan_fits.cache_clear()
     launch.clear_caches()
     kw = {} if v["cfg"] is None else dict(zip(("block_m", "block_n", "num_warps", "num_stages"), v["cfg"]))
@@ -141,7 +121,7 @@ def _compile(chunk):
     """Worker: run each variant once (fills Triton's cache); returns errors by index."""
     import kernels.launch_config as rules
 
-    saved = (rules.WS_CONFIGS, rules.MASK_TAIL)
+    saved = rules.WS_CONFIGS
     errs = {}
     for i, v in chunk:
         if v["kind"] == "decode":      # the kernel is the same at any context: compile on a short one
@@ -151,7 +131,7 @@ def _compile(chunk):
             torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001
             errs[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        rules.WS_CONFIGS, rules.MASK_TAIL = saved
+        rules.WS_CONFIGS = saved
         _INPUTS.clear()
     return errs
 
@@ -159,7 +139,7 @@ def _compile(chunk):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kernel_probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", default="d256", help="comma list of d256, causal, decode")
+    p.add_argument("--suite", default="d256", help="comma list of d256, causal, decode, decode_b64")
     p.add_argument("--name", required=True, help="file name: <name>-probe-<device>.json")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rep", type=int, default=60, help="do_bench rep ms per round")
@@ -190,7 +170,7 @@ def main(argv=None) -> int:
             for e in ex.map(_compile, chunks):
                 errs.update(e)
     log(f"compiled in {time.perf_counter() - t0:.0f} s, {len(errs)} failed")
-    saved = (rules.WS_CONFIGS, rules.MASK_TAIL)
+    saved = rules.WS_CONFIGS
     recs = [dict(v, cfg=list(v["cfg"]) if v.get("cfg") else None, status="ok", ms_rounds=[], ms=None,
                  x_cudnn=None, rel_err=None, error=errs.get(i)) for i, v in enumerate(variants)]
     refs = {}
@@ -224,7 +204,7 @@ def main(argv=None) -> int:
             except Exception as exc:  # noqa: BLE001
                 rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:200]}")
             finally:
-                rules.WS_CONFIGS, rules.MASK_TAIL = saved
+                rules.WS_CONFIGS = saved
                 rules._ws_plan_fits.cache_clear()
                 launch.clear_caches()
         log(f"round {r + 1} done at {time.perf_counter() - t0:.0f} s")

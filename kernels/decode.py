@@ -125,13 +125,26 @@ class DecodePlan:
 
 
 def default_decode_config(head_dim: int, rows: int, dtype: torch.dtype, block_n=None, num_warps=None,
-                          num_stages=None) -> DecodeConfig:
-    """Small Q tile, K/V tiles sized so several stages of loads stay in flight (bandwidth bound)."""
+                          num_stages=None, fills_gpu: bool = False) -> DecodeConfig:
+    """Small Q tile, K/V tiles sized so several stages of loads stay in flight (bandwidth bound).
+
+    Arguments:
+        head_dim, rows (stacked query rows per KV head), dtype: the call's.
+        block_n, num_warps, num_stages: explicit values, taken as given.
+        fills_gpu: the work items alone (B * H_kv * row blocks) fill the GPU (one split): then
+            16-bit tiles of D <= 128 are 128 keys wide, 3 stages; otherwise 64 keys, 4 stages.
+            On an H200 (data/benchmarks/causal-decode-probe-nvidia-h200.json, H 32 / H_kv 8, CUDA
+            graphs) 64-key tiles with 3 stages read 0.89x cuDNN at B 64, 4 stages 0.99-1.00x and
+            128-key tiles 0.99-1.01x; at B 1-8 64-key tiles with 4 stages 0.99-1.03x.
+    Returns:
+        DecodeConfig."""
     block_m = min(max(16, triton.next_power_of_2(rows)), MAX_ROWS_PER_TILE)
-    bn = 64 if padded_head_dim(head_dim) <= 128 else 32
+    bn, stages = (64, 4) if padded_head_dim(head_dim) <= 128 else (32, 3)
     if dtype == torch.float32:
-        bn = min(bn, 32)
-    return DecodeConfig(block_m, block_n or bn, num_warps or 4, num_stages or 3)
+        bn, stages = min(bn, 32), 3
+    elif fills_gpu and bn == 64 and block_n is None and num_stages is None:
+        bn, stages = 128, 3
+    return DecodeConfig(block_m, block_n or bn, num_warps or 4, num_stages or stages)
 
 
 def num_splits_heuristic(work_items: int, sm_count: int, n_blocks: int, max_splits: int = MAX_SPLITS) -> int:
@@ -201,11 +214,13 @@ def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, 
     (a decode step is tens of microseconds of GPU time; host work per call shows up in it)."""
     group = h // h_kv
     rows = group * n_q
-    cfg = default_decode_config(d, rows, dtype, block_n, num_warps, num_stages)
+    sms = device_facts(device).sm_count
+    block_m = default_decode_config(d, rows, dtype).block_m
+    fills = b * h_kv * triton.cdiv(rows, block_m) >= 0.8 * sms     # one split under the auto rule
+    cfg = default_decode_config(d, rows, dtype, block_n, num_warps, num_stages, fills_gpu=fills)
     if cfg.block_n not in (16, 32, 64, 128, 256):
         raise ValueError(f"block_n={cfg.block_n} is not supported; use 16, 32, 64, 128 or 256")
     row_blocks = triton.cdiv(rows, cfg.block_m)
-    sms = device_facts(device).sm_count
     auto, rule = choose_num_splits(b, h_kv, row_blocks, n_max, cfg.block_n, sms)
     splits = auto if num_splits == "auto" else int(num_splits)
     rule = {**rule, "requested": num_splits, "num_splits": splits}

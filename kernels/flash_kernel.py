@@ -135,10 +135,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
                DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_TMA: tl.constexpr,
                EVEN_D: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, HW_CLOCK: tl.constexpr,
-               ROWSUM_MMA: tl.constexpr, MASK_TAIL: tl.constexpr, n_unmasked):
-    """MASK_TAIL (an off-band loop whose last count - n_unmasked tiles are partial, contiguous
-    after the full ones): 1 masks those tiles in a branch, 2 masks every tile by a per-row bound
-    that is open on the full tiles (no branch in the loop)."""
+               ROWSUM_MMA: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     if ROWSUM_MMA:
         # the row sums l on the tensor cores: P (in V's dtype, as P.V takes it) times a ones
@@ -171,24 +168,9 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
             qk = qk - m_ref[:, None]
         else:
-            if MASK_TAIL == 1:
-                if i >= n_unmasked:      # the partial tiles at the loop's end
-                    visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
-                    qk = tl.where(visible, qk, float("-inf"))
-            elif MASK_TAIL == 2:
-                hi_bound = tl.where(i >= n_unmasked, row_hi, N_K)               # (BLOCK_M,)
-                lo_bound = tl.where(i >= n_unmasked, row_lo, 0)
-                visible = (offs_n[None, :] >= lo_bound[:, None]) & (offs_n[None, :] <= hi_bound[:, None])
-                qk = tl.where(visible, qk, float("-inf"))
-            elif MASK_TAIL >= 3:
-                # the upper bound on every tile (a full tile's keys are all <= every row's hi)
-                qk = tl.where(offs_n[None, :] <= row_hi[:, None], qk, float("-inf"))
             # scale and shift in one FMA per score
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            if MASK_TAIL == 1 or MASK_TAIL == 2 or MASK_TAIL == 3:
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no visible key yet
-            else:
-                m_ref = m_new
+            m_ref = m_new
             qk = qk * qk_scale - m_ref[:, None]
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_ref)
@@ -233,7 +215,7 @@ def _work_item(work, program, order, tensors, strides, lists, descs, trace, size
                OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr,
                ROWSUM_MMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
-               HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr, MASK_TAIL: tl.constexpr):
+               HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     """One (batch*head, query block) work item; the kernel's runtime arguments come in the groups
     attn_fwd_kernel makes of them."""
     Q, K, V, O, OA, LSE = tensors
@@ -304,29 +286,19 @@ def _work_item(work, program, order, tensors, strides, lists, descs, trace, size
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
-    if MASK_TAIL:
-        # the partial tiles follow the full ones (kernels.launch_config.partial_tail): one loop,
-        # masked only on its last n_part tiles, so a warp-specialised loop needs no second launch
-        kb0 = tl.where(n_full > 0, tl.load(full_start + q_block), tl.load(part_idx + q_block * n_kb))
-        acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
-                                   offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, kb0,
-                                   n_full + n_part, 0, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head,
-                                   trace_rows_here, BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA,
-                                   EVEN_D, WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK, ROWSUM_MMA,
-                                   MASK_TAIL, n_full)
-    elif OFF_BAND:
+    if OFF_BAND:
         acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base,
                                    offs_m, offs_d, d_ok, row_lo, row_hi, part_idx, tl.load(full_start + q_block),
                                    n_full, 0, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here,
                                    BLOCK_M, BLOCK_N, False, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D,
-                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK, ROWSUM_MMA, 0, 0)
+                                   WARP_SPECIALIZE, TRACE_TILES, TRACE_ROWS, HW_CLOCK, ROWSUM_MMA)
     # -- on-band: partial tiles, element mask from the per-row interval --
-    if HAS_PARTIAL and not MASK_TAIL:
+    if HAS_PARTIAL:
         acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v_desc,
                                    kv_row_base, offs_m, offs_d, d_ok, row_lo, row_hi, part_idx + q_block * n_kb,
                                    0, n_part, n_full, N_K, qk_scale, tiles_ptr, rows_ptr, n_kb, traced_head,
                                    trace_rows_here, BLOCK_M, BLOCK_N, True, DOT_PRECISION, UPCAST_DOT, USE_TMA,
-                                   EVEN_D, False, TRACE_TILES, TRACE_ROWS, HW_CLOCK, False, 0, 0)
+                                   EVEN_D, False, TRACE_TILES, TRACE_ROWS, HW_CLOCK, False)
     # -- epilogue: one normalisation per row --
     if SAFE_DIV:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
@@ -379,7 +351,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
                     OFF_BAND: tl.constexpr, HAS_PARTIAL: tl.constexpr, SEED: tl.constexpr, MERGE: tl.constexpr, ROWSUM_MMA: tl.constexpr,
                     WARP_SPECIALIZE: tl.constexpr, DEVICE_DESC: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
-                    HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr, MASK_TAIL: tl.constexpr):
+                    HW_CLOCK: tl.constexpr, STORE_ORDER: tl.constexpr):
     pid = tl.program_id(0)
     if DEVICE_DESC:
         descs = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, stride_qn, stride_kn, stride_vn,
@@ -405,7 +377,7 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
             _work_item(work, pid, idx, tensors, strides, lists, descs, trace, sizes, head_dim,
                        HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV,
                        RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE,
-                       TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK, STORE_ORDER, MASK_TAIL)
+                       TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK, STORE_ORDER)
             idx = tl.atomic_add(work_counter, 1)
     else:
         work = tl.load(work_list + pid)
@@ -418,4 +390,4 @@ def attn_fwd_kernel(Q, K, V, O, stride_qb, stride_qh, stride_qn, stride_kb, stri
         _work_item(work, pid, order, tensors, strides, lists, descs, trace, sizes, head_dim,
                    HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_M, DOT_PRECISION, UPCAST_DOT, USE_TMA, EVEN_D, SAFE_DIV,
                    RETURN_LSE, OFF_BAND, HAS_PARTIAL, SEED, MERGE, ROWSUM_MMA, WARP_SPECIALIZE,
-                   TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK, STORE_ORDER, MASK_TAIL)
+                   TRACE_WORK, TRACE_TILES, TRACE_ROWS, HW_CLOCK, STORE_ORDER)

@@ -162,23 +162,21 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         # the WS default where WS cannot run (e.g. strided q/k/v, traced, or turned off): 4 warps
         # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
         cfg = rules.KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
-    tail = rules.mask_tail(ws, plan, tma_fits)   # the partial tiles at the end of the WS loop
-    split = rules.two_launches(ws, plan) and not tail   # the second resumes from the first's (O, lse)
+    split = rules.two_launches(ws, plan)   # the second resumes from the first's (O, lse)
     consts = dict(
         HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
         PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
         EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
         RETURN_LSE=bool(return_lse or has_out), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
-        MASK_TAIL=tail,
         MERGE=bool(merge), ROWSUM_MMA=rules.rowsum_mma(ws, flags[2], plan),
         WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
         TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
         STORE_ORDER=persistent or not hw_clock,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    full = dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True, MASK_TAIL=0)
-    partial = dict(consts, OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, ROWSUM_MMA=False, MASK_TAIL=0,
+    full = dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True)
+    partial = dict(consts, OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, ROWSUM_MMA=False,
                    WARP_SPECIALIZE=False, DEVICE_DESC=False, USE_TMA=False, SAFE_DIV=True, RETURN_LSE=True,
                    num_warps=rules.WS_ON_BAND_WARPS if ws else cfg.num_warps)
     if tiles != "all":      # one of the split's two launches (any plan; without WS too)

@@ -11,7 +11,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .masks import FULL, MAX_BLOCK_MAP_ENTRIES, PARTIAL, SKIPPED, MaskSpec, parse_mask
+from .masks import FULL, MAX_BLOCK_MAP_ENTRIES, PARTIAL, MaskSpec, parse_mask
 from .plan import BlockPlan
 from .sizes import call_size
 from .runtime import SCHEDULES, device_facts, interpreting
@@ -62,11 +62,6 @@ WS_ON_BAND_WARPS = 8
 # ROWSUM_MIN_FULL full tiles per block (data/benchmarks/causal-ws-rowsum-*)
 ROWSUM_MMA = True
 ROWSUM_MIN_FULL = 96
-# A plan whose every query block computes its full tiles and then its partial ones in one run of
-# key blocks (causal, prefix_lm; kernels.flash_kernel MASK_TAIL) runs the partial tiles as the
-# last iterations of the warp-specialised loop, masked there: one launch instead of the split's
-# two. 1: the mask in a branch taken on those tiles only; 2: a per-row bound on every tile; 0: off.
-MASK_TAIL = 0
 
 
 def default_config(head_dim: int, dtype: torch.dtype, block_m=None, block_n=None,
@@ -137,29 +132,7 @@ def ws_default(head_dim: int, dtype, device):
 def _ws_plan_fits(spec: MaskSpec, n_q: int, n_k: int, block_m: int, block_n: int) -> bool:
     if -(-n_q // block_m) * -(-n_k // block_n) > MAX_BLOCK_MAP_ENTRIES:
         return False        # no map is built for it; validate_call refuses the call's grid
-    block_map = spec.block_map(n_q, block_m, block_n, n_k)
-    return split_pays(block_map) or bool(MASK_TAIL and partial_tail(block_map))
-
-
-def partial_tail(block_map: np.ndarray) -> bool:
-    """Whether every query block's computed tiles are one run of key blocks, its full tiles
-    first and its partial ones after them (what the MASK_TAIL loop walks); block_map (n_qb, n_kb)."""
-    computed = block_map != SKIPPED
-    count = computed.sum(axis=1)
-    first = np.argmax(computed, axis=1)
-    last = block_map.shape[1] - 1 - np.argmax(computed[:, ::-1], axis=1)
-    if np.any((count > 0) & (last - first + 1 != count)):
-        return False
-    # inside the run a full tile never follows a partial one
-    after_partial = np.maximum.accumulate(block_map == PARTIAL, axis=1)
-    return not np.any(after_partial & (block_map == FULL))
-
-
-def mask_tail(ws: bool, plan: BlockPlan, even: bool) -> int:
-    """The kernel's MASK_TAIL for a call: MASK_TAIL where the loop is warp-specialised, the plan
-    has partial tiles that form a tail (partial_tail) and N_q, N_k are multiples of the blocks
-    (`even`: the loop loads whole tiles); else 0. Tests force it elsewhere."""
-    return MASK_TAIL if ws and even and plan.has_partial and partial_tail(plan.block_map) else 0
+    return split_pays(spec.block_map(n_q, block_m, block_n, n_k))
 
 
 def split_pays(block_map: np.ndarray) -> bool:
@@ -186,8 +159,7 @@ def use_warp_specialize(requested, cfg: KernelConfig, plan: BlockPlan, head_dim:
     if requested is None and key != ws_default(padded_head_dim(head_dim), dtype, device):
         return False
     return (dtype in (torch.bfloat16, torch.float16) and schedule != "persistent" and descriptors_fit
-            and (not plan.has_partial or bool(MASK_TAIL and partial_tail(plan.block_map))
-                 or (not traced and split_pays(plan.block_map))))
+            and (not plan.has_partial or (not traced and split_pays(plan.block_map))))
 
 
 def rowsum_mma(ws: bool, trace_rows: bool, plan: BlockPlan) -> bool:
@@ -199,8 +171,7 @@ def rowsum_mma(ws: bool, trace_rows: bool, plan: BlockPlan) -> bool:
 
 def two_launches(ws: bool, plan: BlockPlan) -> bool:
     """Off-band and on-band tiles in two launches: where the off-band loop is warp-specialised
-    and partial tiles exist (unless they run in its tail: mask_tail). (Tests force it without
-    WS to check the resumed state anywhere.)"""
+    and partial tiles exist. (Tests force it without WS to check the resumed state anywhere.)"""
     return ws and plan.has_partial
 
 

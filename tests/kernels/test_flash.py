@@ -150,57 +150,6 @@ def test_two_launch_run_resumes_from_the_first(n_q, n_k, h_kv, d, device, monkey
         assert torch.allclose(lse.cpu().double()[fin], ref_lse[fin], atol=1e-4), text
 
 
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("n_q,n_k,h_kv,d", [(128, 128, 2, 32), (64, 128, 1, 24), (128, 64, 2, 16)])
-def test_partial_tiles_in_the_loop_tail_match_float64(mode, n_q, n_k, h_kv, d, device, monkeypatch):
-    """MASK_TAIL: a plan's partial tiles run as the masked last iterations of the off-band loop
-    (on Hopper the warp-specialised one, in one launch); forced here without WS on every mask
-    whose partial tiles form a tail, GQA, padded D, N_q != N_k and rows that see no key."""
-    import kernels.launch_config as rules
-    from kernels.masks import parse_mask
-    from kernels.plan import block_plan
-
-    used = []
-    monkeypatch.setattr(rules, "mask_tail", lambda ws, plan, even: used.append(mode) or (
-        mode if even and plan.has_partial and rules.partial_tail(plan.block_map) else 0))
-    g = torch.Generator().manual_seed(n_q + n_k + d + mode)
-    q = torch.randn(1, 2, n_q, d, generator=g).to(device)                   # (B, H, N_q, D)
-    k, v = (torch.randn(1, h_kv, n_k, d, generator=g).to(device) for _ in range(2))
-    tails = 0
-    for text in mask_texts(min(n_q, n_k)) if n_q == n_k else ["full", "causal"]:
-        plan = block_plan(parse_mask(text, n_q, n_k), n_q, 32, 16, device, n_k)
-        tails += plan.has_partial and rules.partial_tail(plan.block_map)
-        out, lse = flash_attention(q, k, v, mask=text, block_m=32, block_n=16, return_lse=True)
-        ref, m, l = reference_attention(q, k, v, mask=text)
-        assert rel_err(out, ref) < 1e-3, text
-        ref_lse = m + torch.log(l)                                            # -inf where no key
-        assert torch.equal(torch.isinf(lse.cpu()), torch.isinf(ref_lse)), text
-        fin = torch.isfinite(ref_lse)
-        assert torch.allclose(lse.cpu().double()[fin], ref_lse[fin], atol=1e-4), text
-    assert used and tails >= 1
-
-
-def test_partial_tail_holds_for_causal_and_prefix_not_for_windows_and_documents():
-    import numpy as np
-
-    import kernels.launch_config as rules
-    from kernels.masks import parse_mask
-
-    def tail(text, n=1024, bm=128, bn=64):
-        return rules.partial_tail(parse_mask(text, n).block_map(n, bm, bn, n))
-    assert tail("causal") and tail("prefix_lm:300") and tail("full") and tail("document:512,512")
-    # a window's left edge, a document starting inside a key block: partial tiles before full ones
-    assert not tail("sliding_window:256") and not tail("document:300,724")
-    rng = np.random.default_rng(0)
-    for _ in range(20):     # a full tile after a partial one, or a gap, is never a tail
-        row = np.sort(rng.integers(0, 3, 8))[::-1].copy()               # FULL.. PARTIAL.. SKIPPED..
-        assert rules.partial_tail(row[None, :])
-        if (row == 1).any() and (row == 2).any():
-            assert not rules.partial_tail(row[None, ::-1].copy()) or (row[::-1] == row).all()
-        gap = np.array([[2, 0, 1]])
-        assert not rules.partial_tail(gap)
-
-
 @pytest.mark.parametrize("split", [False, True])
 def test_merge_into_accumulator_views_matches_attention_over_all_keys(split, device, monkeypatch):
     """out=/merge=: two key halves, each written into or merged into row-range views of one
