@@ -107,3 +107,18 @@ def test_a_shape_the_estimator_refuses_is_one_line(preset_data):
     assert not at.exception
     assert len(at.error) == 1 and "multiple of kv_heads" in at.error[0].value
     assert not charts(at)
+
+
+@pytest.mark.parametrize("query, recording", [
+    (dict(ym_preset="llama-3-8b", ym_n=131072), "preset-llama-3-8b_n131072_causal_natural"),
+    (dict(ym_preset="qwen2.5-7b", ym_n=32768), "preset-qwen2.5-7b_n32768_causal_natural"),
+    (dict(ym_preset="gemma-2-9b", ym_n=32768, ym_mask="causal"), "preset-gemma-2-9b_n32768_causal_natural"),
+])
+def test_nearest_recording_of_the_model_among_the_bundled_long_prefills(query, recording):
+    from pathlib import Path
+
+    if not (Path(__file__).resolve().parents[3] / "data" / "traces" / recording).is_dir():
+        pytest.skip("the bundled long-prefill recordings are not here")
+    at = page(**{k: str(v) for k, v in query.items()})
+    clean(at)
+    assert f"Nearest real recording of this model: [{recording}](./schedule?" in shown_text(at)
