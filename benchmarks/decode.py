@@ -208,6 +208,8 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 rec = run_one(impl, q, k, v, ref, rows, args.dtype, device, flex, bytes_min, copy_gbps,
                               _base(impl, batch, context, args, splits))
+                if splits is not None:      # the tile config the call ran with
+                    rec["config"] = decode_plan(q, k, splits).config.as_dict()
                 records.append(rec)
                 log(f"  B={batch:3d} ctx={context:6d} {impl:16s} {rec['status']:11s} "
                     + (f"{rec['ms'] * 1e3:9.1f} us {rec['gbps']:7.0f} GB/s "
