@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `python -m app.export` (its flags and their help)."""
     from app.figures.registry import BACKWARD_CHARTS, CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
     from app.figures.registry import ESTIMATE_CHARTS, MODEL_RUN_CHARTS
+    from app.figures.registry import PAGED_CHARTS, VARLEN_CHARTS
     from instrumentation.cli.args import MAX_COUNT, OneLineParser, bounded_int
     from instrumentation.trace.bounds import MAX_SM
 
@@ -67,11 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=bounded_int(1, 4096), default=1, help="with --model: the batch B (default 1)")
     p.add_argument("--mask", default=None, help="with --model: the mask (default: the preset's first layer kind)")
     p.add_argument("--compare", help="a second trace of the same problem, for --chart compare; for a decode "
-                                     "recording, the same step with the other split count (default: its sibling)")
+                                     "recording, the same step with the other split count (default: its sibling); for a "
+                                     "varlen recording, the same batch padded (a record() trace)")
     p.add_argument("--chart", choices=sorted(CHARTS), default=None,
                    help=f"trace charts: {', '.join(TRACE_CHARTS)}; traces with the backward also "
                         f"{', '.join(BACKWARD_CHARTS)}; ring recordings: {', '.join(RING_CHARTS)}; "
                         f"decode recordings: {', '.join(DECODE_CHARTS)}; "
+                        f"paged decode recordings (data/serving): {', '.join(PAGED_CHARTS)}; varlen "
+                        f"recordings: {', '.join(VARLEN_CHARTS)} (--compare: the same batch padded); "
                         f"sweep charts: {', '.join(SWEEP_CHARTS)}; model runs (--run): {', '.join(MODEL_RUN_CHARTS)}; "
                         f"a model's shape (--model, --n): {', '.join(ESTIMATE_CHARTS)}. "
                         "Default: the recording's first chart (schedule, ring-timeline, decode-lanes) or memory (sweep)")
@@ -104,7 +108,7 @@ def _inputs(args):
     from instrumentation.trace import Trace
     from instrumentation.trace.sweep_file import load_sweep
 
-    if not args.trace and not args.sweep and not args.run and not args.model:
+    if not args.trace and not args.sweep and not args.run and not args.model and args.n is None:
         raise ExportError("pass --trace data/traces/NAME and/or --sweep data/sweeps/NAME.json, or --run "
                           "data/runs/NAME, or --model PRESET --n N")
     run, model = _run_and_model(args)
