@@ -12,7 +12,7 @@ from instrumentation.recording.backward import grad_output
 from instrumentation.trace import Trace
 from instrumentation.trace.schema import TraceFormatError
 from kernels import flash_attention, reference_attention, reference_lse
-from kernels.backward import flash_attention_backward
+from kernels.backward import BackwardConfig, backward_trace_buffers, flash_attention_backward
 from kernels.masks import parse_mask
 from tests.kernels.test_masks import mask_texts
 
@@ -181,3 +181,24 @@ def test_record_cli_writes_the_backward_tables(tmp_path, capsys):
     assert sorted(trace.bwd_work.phase.unique()) == ["delta", "dkdv", "dq"] and len(trace.bwd_work) == 8
     assert set(trace.bwd_tiles["head"]) == {1} and np.allclose(trace.bwd_rows.p_rowsum[trace.bwd_rows.lse.notna()], 1)
     assert main(args[:-1] + [str(tmp_path / "u")]) == 0 and "bwd_work" not in Trace.load(tmp_path / "u").tables
+
+
+def test_two_launches_record_every_program_and_foreign_buffers_are_refused():
+    q, k, v = inputs(1, 2, 1, 50, 40, 8, seed=4)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
+    mask = "sliding_window:20"
+    o, lse = flash_attention(q, k, v, mask, return_lse=True)
+    seen = []
+    for one_launch in (True, False):
+        cfg = BackwardConfig(16, 16, 16, 16, 4, 1, one_launch=one_launch)
+        tr = backward_trace_buffers(q, k, mask, [1], config=cfg)
+        grads = flash_attention_backward(do, q, k, v, o, lse, mask, trace=tr)
+        assert sorted(tr.work[:, 0].tolist()) == list(range(len(tr.work)))   # every program wrote its record
+        seen.append((grads, tr.tiles_dkdv.clone(), tr.tiles_dq.clone(), tr.rows.clone()))
+    for a, b in zip(*seen):
+        for x, y in zip(a if isinstance(a, tuple) else [a], b if isinstance(b, tuple) else [b]):
+            assert torch.equal(x.nan_to_num(-9), y.nan_to_num(-9))
+    other = backward_trace_buffers(q, k, "causal", [1], config=BackwardConfig(32, 32, 32, 32, 4, 1))
+    with pytest.raises(ValueError, match="with backward_trace_buffers for this call") as err:
+        flash_attention_backward(do, q, k, v, o, lse, mask, trace=other, config=cfg)
+    assert "\n" not in str(err.value)
