@@ -18,6 +18,8 @@ import numpy as np
 
 # the interpreter runs one numpy op at a time: keep live runs to seconds on 2 CPUs
 LIVE_LIMITS = {"interpreter": dict(seqs=6, length=1024), "gpu": dict(seqs=16, length=32768)}
+# a varlen run is two runs (packed and padded), the padded one over the longest length's full grid
+VARLEN_LIMITS = {"interpreter": dict(seqs=6, length=512), "gpu": dict(seqs=16, length=16384)}
 LIVE_SHAPE = {"interpreter": dict(heads=4, kv_heads=2, head_dim=32, dtype="fp32"),
               "gpu": dict(heads=32, kv_heads=8, head_dim=128, dtype="bf16")}
 
@@ -49,14 +51,16 @@ def bundled_serving(root: Path) -> dict:
     return out
 
 
-def check_lengths(lengths, where: str) -> list[int]:
-    """The lengths as ints within the live source's limits; ValueError in one line otherwise."""
-    lim = LIVE_LIMITS[where]
+def check_lengths(lengths, where: str, limits: dict | None = None) -> list[int]:
+    """The lengths as ints within the live source's limits (LIVE_LIMITS, or `limits`); ValueError
+    in one line otherwise."""
+    lim = (limits or LIVE_LIMITS)[where]
     lens = [int(x) for x in lengths]
     if not 1 <= len(lens) <= lim["seqs"]:
         raise ValueError(f"give 1 to {lim['seqs']} sequences for a live {where} run, got {len(lens)}")
     if min(lens) < 1 or max(lens) > lim["length"]:
-        raise ValueError(f"each length must lie in 1..{lim['length']} for a live {where} run, got {lens}")
+        raise ValueError(f"each length must lie in 1..{lim['length']} for a live {where} run, got "
+                         f"{', '.join(map(str, lens))}")
     return lens
 
 
@@ -109,7 +113,7 @@ def run_varlen(where: str, lengths, block: int = 32, seed: int = 0):
         from instrumentation import record_varlen
     except ImportError:
         raise ValueError("this checkout has no instrumentation.record_varlen: open the bundled recordings") from None
-    lens = check_lengths(lengths, where)
+    lens = check_lengths(lengths, where, VARLEN_LIMITS)
     shape, dev = LIVE_SHAPE[where], ("cuda" if where == "gpu" else "cpu")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[shape["dtype"]]
     g = torch.Generator(device=dev).manual_seed(seed)

@@ -146,11 +146,14 @@ st.header("A packed batch of ragged lengths")
 packed = padded = None
 if live:
     url_state.control("srv_vlens", "300,120,37,512")
-    vtext = st.text_input("varlen batch: sequence lengths", key="srv_vlens")
+    vlim = srv.VARLEN_LIMITS[s.source]
+    vtext = st.text_input(f"varlen batch: sequence lengths (1 to {vlim['seqs']}, each ≤ {vlim['length']:,})",
+                          key="srv_vlens")
+    url_state.control("srv_vrun", False, lambda x: x in ("True", "true", "1"))
     if st.toggle("Run the packed and the padded batch", key="srv_vrun",
                  help="two kernel runs; in the interpreter they take a minute on a busy machine"):
         try:
-            packed, padded = live_varlen(s.source, srv.check_lengths(parse_lengths(vtext), s.source))
+            packed, padded = live_varlen(s.source, srv.check_lengths(parse_lengths(vtext), s.source, srv.VARLEN_LIMITS))
         except ValueError as exc:
             st.error(plain(exc), icon=":material/error:")
 elif upload_kind == "varlen":

@@ -58,10 +58,12 @@ def test_recorded_page_draws_the_recordings(serving_data):
     assert sum(pad["y"]) == len(serving_data["padded"].work) - len(serving_data["packed"].work)
 
 
-def test_live_lengths_that_do_not_parse_are_one_line(serving_data):
-    at = open_page("serving", source="interpreter", srv_lens="300,x")
+def test_live_lengths_that_do_not_parse_or_fit_are_one_line_each(serving_data):
+    at = open_page("serving", source="interpreter", srv_lens="300,x", srv_vlens="600,20", srv_vrun="1")
     assert not at.exception
-    assert len(at.error) == 1 and "whole numbers separated by commas" in at.error[0].value
+    assert [e.value for e in at.error] == [
+        "sequence lengths must be whole numbers separated by commas, e.g. 300,120,37; got '300,x'",
+        "each length must lie in 1..512 for a live interpreter run, got 600, 20"]
 
 
 def test_an_uploaded_paged_step_replaces_the_bundled_one(serving_data, tmp_path):
