@@ -27,6 +27,8 @@ from ._common import FULL, SKIPPED_GREY, TEMPLATE, caption, title
 
 PHASE_NAMES = {"forward": "forward", "delta": "D = rowsum(dO∘O)", "dkdv": "dK·dV", "dq": "dQ"}
 ORDER_SCALE = "Viridis"
+MAX_NUMBERED = 16             # dQ's key blocks numbered in the chart up to this; beyond, coloured by step
+MAX_ARROWS = 400              # tiles on a map whose path carries an arrow per tile (beyond, lines only)
 MAX_PATHS = 512                # programs whose path is drawn (a line per program beyond is noise)
 NOT_VISITED = "#f2f2f2"
 SUBTITLE_CHARS = 110           # a subtitle line that fits a 1280 px window's chart
@@ -135,7 +137,9 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
             name="forward tiles" if col == 1 else "dK·dV tiles"), row=1, col=col)
         if steps[prog].nunique() <= MAX_PATHS:
             xs, ys = _paths(steps, prog, bm, bn)
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line=dict(color="rgba(255,255,255,0.85)", width=1.5),
+            arrows = len(steps) <= MAX_ARROWS
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers" if arrows else "lines",
+                                     line=dict(color="rgba(255,255,255,0.85)", width=1.5 if arrows else 1),
                                      marker=dict(symbol="arrow", angleref="previous", size=7,
                                                  color="rgba(255,255,255,0.9)"),
                                      name="a program's path", showlegend=False, hoverinfo="skip"), row=1, col=col)
@@ -197,14 +201,16 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
                                hoverinfo="skip", name="other dQ tiles"))
     xs = (row["k_block"].to_numpy() + 0.5) * qn
     ys = np.full(len(row), (q_block + 0.5) * qm)
-    small = len(row) <= 48
+    small = len(row) <= MAX_NUMBERED
     fig.add_trace(go.Scatter(
         x=xs, y=ys, mode="markers+text" if small else "markers", text=(row["step"] + 1).astype(str) if small else None,
         textposition="middle center", textfont=dict(color="white", size=11),
-        marker=dict(symbol="square", size=max(8, min(26, 900 / max(n_cols, 1))), color=FULL),
+        marker=dict(symbol="square", size=max(6, min(26, 560 / max(n_cols, 1))), color=row["step"],
+                    colorscale=ORDER_SCALE, cmin=0, cmax=max(len(row) - 1, 1), showscale=not small,
+                    colorbar=dict(title=dict(text="summing<br>step"), len=0.6, y=1, yanchor="top")),
         customdata=np.stack([row["k_block"] * qn, np.minimum((row["k_block"] + 1) * qn, n_k), row["step"] + 1], 1),
         hovertemplate="keys [%{customdata[0]}, %{customdata[1]}): added %{customdata[2]}. to dQ<extra></extra>",
-        name="dQ's key blocks<br>(numbered: summing order)"))
+        name="dQ's key blocks<br>(in summing order)"))
     fig.add_hrect(y0=q0, y1=q1, line=dict(color=FULL, width=1), fillcolor="rgba(61,122,184,0.08)")
     fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False, constrain="domain")
     fig.update_yaxes(title_text="query position (tokens)", range=[n_q, 0], showgrid=False, scaleanchor="x",

@@ -30,7 +30,7 @@ MEMORY_NS = [2 ** k for k in range(9, 21)]        # 512 .. 1M tokens
 NO_CLOCK = ("the time split is measured: it needs a GPU recording (the interpreter has no clock, and modelled "
             "forward and backward tiles differ in size, so their tile-units do not compare)")
 
-__all__ = ["backward_timeline", "backward_lanes_figure", "time_split", "pass_spans", "backward_time_figure",
+__all__ = ["backward_timeline", "resident_slots", "backward_lanes_figure", "time_split", "pass_spans", "backward_time_figure",
            "backward_flops_figure", "backward_memory_figure", "PHASE_COLORS"]
 
 
@@ -79,28 +79,64 @@ def _scale(tl: pd.DataFrame) -> tuple[float, str]:
     return 1e3, "time since the first backward program started (µs)"
 
 
+def resident_slots(tl: pd.DataFrame) -> np.ndarray:
+    """Per program, its slot on its SM: programs that overlap in time on one SM (several CTAs
+    resident at once) get different slots, each the lowest one free at its start.
+
+    Arguments:
+        tl: a timeline with sm, t_start, t_end.
+    Returns:
+        int array aligned with tl's rows."""
+    slot = np.zeros(len(tl), np.int64)
+    for _, g in tl.groupby("sm", sort=False):
+        ends: list[float] = []
+        order = g.sort_values(["t_start", "t_end"], kind="stable")
+        for i, start, end in zip(order.index, order["t_start"], order["t_end"]):
+            free = next((k for k, e in enumerate(ends) if e <= start), len(ends))
+            if free == len(ends):
+                ends.append(end)
+            else:
+                ends[free] = end
+            slot[tl.index.get_loc(i)] = free
+    return slot
+
+
 def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "") -> go.Figure:
-    """SM lanes of the backward: one bar per program on its SM, coloured by phase (D, dK·dV, dQ).
+    """SM lanes of the backward: one bar per program on its SM, coloured by phase (D, dK·dV, dQ);
+    programs resident on one SM at the same time share its lane in thinner rows (resident_slots).
 
     Arguments:
         bwd_tl: backward_timeline(). provenance: the trace's provenance line.
     Returns:
         a Figure."""
     div, xtitle = _scale(bwd_tl)
+    tl = bwd_tl.reset_index(drop=True)
+    row, height, most = np.zeros(len(tl)), np.ones(len(tl)), {}
+    for launch in (tl["phase"] == "delta", tl["phase"] != "delta"):     # each launch splits lanes its own way
+        if launch.any():
+            slot = resident_slots(tl[launch])
+            slots = int(slot.max()) + 1
+            most["D" if launch.equals(tl["phase"] == "delta") else "dK·dV, dQ"] = slots
+            row[launch.to_numpy()] = tl.loc[launch, "sm"].to_numpy() - 0.5 + (slot + 0.5) / slots
+            height[launch.to_numpy()] = 1 / slots
     fig = go.Figure()
     for phase in PHASE_ORDER:
-        p = bwd_tl[bwd_tl["phase"] == phase]
+        sel = (tl["phase"] == phase).to_numpy()
+        p = tl[sel]
         if p.empty:
             continue
         fig.add_trace(go.Bar(
-            y=p["sm"], x=(p["t_end"] - p["t_start"]) / div, base=p["t_start"] / div, orientation="h",
-            marker=dict(color=PHASE_COLORS[phase], line=dict(width=0)), width=0.9,
-            name=f"{PHASE_NAMES[phase]} ({len(p):,} programs)", customdata=p[["program"]],
-            hovertemplate=f"{PHASE_NAMES[phase]} program " + "%{customdata[0]}<br>SM %{y}<br>%{base:.3g} → "
-                          "%{x:.3g} long<extra></extra>"))
+            y=row[sel], x=(p["t_end"] - p["t_start"]) / div, base=p["t_start"] / div, orientation="h",
+            marker=dict(color=PHASE_COLORS[phase], line=dict(width=0)), width=height[sel],
+            name=f"{PHASE_NAMES[phase]} ({len(p):,} programs)", customdata=p[["program", "sm"]],
+            hovertemplate=f"{PHASE_NAMES[phase]} program " + "%{customdata[0]}<br>SM %{customdata[1]}<br>from "
+                          "%{base:.3g}, %{x:.3g} long<extra></extra>"))
     spans = {ph: (g["t_end"].max() - g["t_start"].min()) / div for ph, g in bwd_tl.groupby("phase")}
     unit = "tile-units" if bwd_tl.attrs.get("modelled", True) else "µs"
     sub = " · ".join(f"{PHASE_NAMES[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
+    if max(most.values(), default=1) > 1:
+        sub += " · programs resident on one SM at once, stacked in its lane: up to " + ", ".join(
+            f"{k} for {name}" for name, k in most.items() if k > 1)
     where = (f"modelled: list scheduling on {bwd_tl.attrs.get('sms')} SMs, programs in the kernel's start order "
              "(no hardware clock); " if bwd_tl.attrs.get("modelled", True) else "measured: globaltimer and SM id per program; ")
     fig.update_layout(title=title("Backward SM lanes: D, then dK·dV and dQ programs", wrapped(sub)), template=TEMPLATE,

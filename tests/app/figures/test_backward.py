@@ -10,7 +10,7 @@ import pytest
 
 from app.figures.backward import dq_sources, dq_sources_figure, program_steps, tile_order_figure
 from app.figures.backward_time import (backward_flops_figure, backward_lanes_figure, backward_memory_figure,
-                                       backward_time_figure, backward_timeline, time_split)
+                                       backward_time_figure, backward_timeline, resident_slots, time_split)
 from instrumentation import estimate
 from kernels.masks import SKIPPED, parse_mask
 from tests.app.figures.checks import provenance_captions
@@ -109,6 +109,19 @@ def test_program_steps_rank_within_each_program():
     assert s[["q_block", "k_block", "step"]].values.tolist() == [[0, 1, 0], [0, 2, 1], [1, 2, 0], [1, 1, 1], [1, 0, 2]]
 
 
+def test_resident_slots_never_overlap_on_one_sm():
+    rng = np.random.default_rng(1)
+    start = rng.uniform(0, 100, 300)
+    tl = pd.DataFrame({"sm": rng.integers(0, 5, 300), "t_start": start, "t_end": start + rng.uniform(1, 30, 300)})
+    tl["slot"] = resident_slots(tl)
+    for _, g in tl.groupby(["sm", "slot"]):
+        g = g.sort_values("t_start")
+        assert (g["t_start"].to_numpy()[1:] >= g["t_end"].to_numpy()[:-1]).all()
+    for _, g in tl.groupby("sm"):                              # as few slots as programs at once need
+        at_once = max(((g.t_start <= t) & (g.t_end > t)).sum() for t in g.t_start)
+        assert g["slot"].max() + 1 == at_once
+
+
 def test_modelled_lanes_schedule_every_program_once():
     _, _, _, work = _tables("causal", 120, 120, BLOCKS)
     tl = backward_timeline(work, sms=4)
@@ -137,6 +150,10 @@ def test_measured_time_split_spans_and_rates():
     sub = fig.layout.title.subtitle.text
     assert f"{e.flops / 4e-6 / 1e12:,.0f}" in sub and f"{e.flops_backward / 10.95e-6 / 1e12:,.0f}" in sub
     assert "µs" in fig.layout.xaxis.title.text
+    lanes = backward_lanes_figure(bwd, "H100 run")            # dK·dV and dQ overlap on SM 1: two rows
+    ys = {(d.name.split(" (")[0], round(y, 3)) for d in lanes.data for y in d.y}
+    assert {y for name, y in ys if name in ("dK·dV", "dQ")} >= {0.75, 1.25}
+    assert lanes.layout.title.subtitle.text.replace("<br>", " ").endswith("up to 2 for dK·dV, dQ")
     fwd.attrs["modelled"] = True                              # no clock: no time split, said in one line
     with pytest.raises(ValueError, match="needs a GPU recording"):
         backward_time_figure(fwd, bwd, e, "interpreter run")
