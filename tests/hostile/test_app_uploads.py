@@ -203,7 +203,8 @@ def test_a_server_killed_mid_upload_leaves_no_temporary_directory(tmp_path):
     assert len(list(temp.glob("tilescope-upload-*"))) == 1, "the killed upload should have left its directory"
     alive = temp / f"tilescope-upload-{os.getpid()}-inuse"
     alive.mkdir()
-    res = run_snippet("import app.sources.upload", env={"TMPDIR": str(temp)})
+    # what `streamlit run app/main.py` does first: import the file to find its server app
+    res = run_snippet("import app.main", env={"TMPDIR": str(temp)})
     assert res.returncode == 0, res.stderr[-2000:]
     assert [p.name for p in temp.glob("tilescope-upload-*")] == [alive.name]
     assert res.seconds < 10
