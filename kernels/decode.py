@@ -204,19 +204,21 @@ def decode_plan(q, k_cache, num_splits="auto", block_n=None, num_warps=None, num
     b, h, n_q, d = q.shape
     h_kv, n_max = cache_dims(k_cache, block_table)
     return _decode_plan(b, h, n_q, d, h_kv, n_max, q.dtype, str(q.device), num_splits, block_n,
-                        num_warps, num_stages, bool(fused_merge))
+                        num_warps, num_stages, bool(fused_merge), block_table is not None)
 
 
 @lru_cache(maxsize=256)
 def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, num_warps,
-                 num_stages, fused_merge) -> DecodePlan:
+                 num_stages, fused_merge, paged=False) -> DecodePlan:
     """Built once per shape and setting: the split rule and the config stay off the hot path
     (a decode step is tens of microseconds of GPU time; host work per call shows up in it)."""
     group = h // h_kv
     rows = group * n_q
     sms = device_facts(device).sm_count
     block_m = default_decode_config(d, rows, dtype).block_m
-    fills = b * h_kv * triton.cdiv(rows, block_m) >= 0.8 * sms     # one split under the auto rule
+    # one split under the auto rule; a paged cache keeps tiles of 64 keys (a 128-key tile spans
+    # pages of 16 or 64 and gathers a table entry per key; not measured wider)
+    fills = not paged and b * h_kv * triton.cdiv(rows, block_m) >= 0.8 * sms
     cfg = default_decode_config(d, rows, dtype, block_n, num_warps, num_stages, fills_gpu=fills)
     if cfg.block_n not in (16, 32, 64, 128, 256):
         raise ValueError(f"block_n={cfg.block_n} is not supported; use 16, 32, 64, 128 or 256")

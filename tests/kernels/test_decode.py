@@ -108,3 +108,23 @@ def test_odd_head_dims_and_mqa_on_the_gpu(device):
         out, lse = flash_decode(q, k, v, cache_seqlens=lens, return_lse=True)
         ref_o, ref_lse = reference_decode(q, k, v, lens)
         check(out, lse, ref_o, ref_lse, torch.float16)
+
+
+def test_decode_tiles_widen_only_where_the_work_items_fill_the_gpu():
+    """64-key tiles with 4 stages; 128-key tiles with 3 where B * H_kv * row blocks alone fill
+    the GPU (one split) and the cache is contiguous; fp32 and D 256 keep 32-key tiles."""
+    from kernels.decode import _decode_plan, default_decode_config
+
+    bf16 = torch.bfloat16
+    cfg = lambda **kw: default_decode_config(128, 4, bf16, **kw).as_dict()  # noqa: E731
+    assert cfg() == dict(block_m=16, block_n=64, num_warps=4, num_stages=4)
+    assert cfg(fills_gpu=True) == dict(block_m=16, block_n=128, num_warps=4, num_stages=3)
+    assert cfg(fills_gpu=True, block_n=32)["block_n"] == 32 and cfg(fills_gpu=True, num_stages=2)["block_n"] == 64
+    assert default_decode_config(128, 4, torch.float32, fills_gpu=True).block_n == 32
+    assert default_decode_config(256, 4, bf16, fills_gpu=True).block_n == 32
+    # the interpreter models 4 SMs: 8 KV heads of one sequence fill it; 1 does not
+    plan = lambda b, h_kv, paged: _decode_plan(b, 4 * h_kv, 1, 128, h_kv, 4096, bf16, "cpu", "auto",  # noqa: E731
+                                               None, None, None, True, paged)
+    assert plan(1, 8, False).config.block_n == 128 and plan(1, 8, False).num_splits == 1
+    assert plan(1, 8, True).config.block_n == 64
+    assert plan(1, 1, False).config.block_n == 64 and plan(1, 1, False).num_splits > 1
