@@ -15,6 +15,7 @@ from app.figures.backward_charts import (DEFAULT_SMS, dq_blocks, dq_chart, flops
 from app.figures.backward_time import pass_spans, time_split
 from app.text import plain
 from app.views import common
+from instrumentation import estimate
 
 BUNDLED = "backward_n4096_causal"          # the bundled GPU recording with backward tables
 RECORD_HINT = ("`python -m instrumentation.record_cli --backward ...` or "
@@ -47,8 +48,25 @@ st.caption("Training needs dQ, dK and dV. The backward never stores P: it recomp
            "and sums dK, dV; one program per query block walks its row again and sums dQ.")
 src = common.source_or_stop(s)
 trace = src.trace
+def interpreter_refusal(s) -> str:
+    """Why the interpreter would refuse this backward ('' if it would not), by arithmetic: the
+    backward's tiles at its interpreter tile size against the interpreter's limit."""
+    from kernels.backward import INTERPRETER_CONFIG
+    from kernels.runtime import INTERPRETER_MAX_TILES
+
+    cfg = INTERPRETER_CONFIG
+    tiles = max(estimate(s.batch, s.heads, s.h_kv, s.seq_len, s.n_k, s.head_dim, s.mask_text, s.dtype,
+                         bm, bn).tiles_computed for bm, bn in ((cfg.block_m1, cfg.block_n1), (cfg.block_m2, cfg.block_n2)))
+    if tiles <= INTERPRETER_MAX_TILES:
+        return ""
+    return (f"the backward computes {tiles:,} tiles per pass at its {cfg.block_m1}×{cfg.block_n1} interpreter tiles, "
+            f"more than the CPU interpreter's {INTERPRETER_MAX_TILES:,}: lower N, B or H, or open {BUNDLED}")
+
+
 if not has_backward(trace) and s.live:
     try:
+        if s.source == "interpreter" and (why := interpreter_refusal(s)):
+            raise ValueError(why)
         with st.spinner(f"Recording the backward {'on the GPU' if s.source == 'gpu' else 'in the interpreter'}…",
                         show_time=True):
             trace, took = live_backward(tuple(sorted(s.kernel().items())), s.source)
@@ -69,8 +87,9 @@ m[2].metric("fwd GFLOP", f"{est.flops / 1e9:,.4g}", help=f"forward: 4·D·B·H·
 m[3].metric("bwd GFLOP", f"{est.flops_backward / 1e9:,.4g}", help=f"backward: 2.5 × the forward = {est.flops_backward:,} (flops_backward)")
 
 if not has_backward(trace):
-    st.info(f"This trace has only the forward: record one with the backward ({RECORD_HINT}) to see its "
-            "tiles and lanes.", icon=":material/info:")
+    if not s.live:                   # a live run that could not record the backward said why above
+        st.info(f"This trace has only the forward: record one with the backward ({RECORD_HINT}) to see its "
+                "tiles and lanes.", icon=":material/info:")
     if sources.recording_named(BUNDLED) is not None:
         st.button(f"Open the bundled backward recording: {BUNDLED}", on_click=sidebar.open_recording,
                   args=(BUNDLED,), key="bwd_open_bundled", type="primary")
