@@ -151,8 +151,10 @@ def main(argv=None) -> int:
     from instrumentation.recording.timing import time_graph_ms
     import kernels.launch as launch
 
-    device = torch.device("cuda")
     variants = [v for s in args.suite.split(",") for v in suite(s.strip())]
+    if not torch.cuda.is_available():
+        raise SystemExit("error: benchmarks.kernel_probe times kernels on a CUDA GPU; run it on one")
+    device = torch.device("cuda")
     meta = run_meta(device, "kernel_probe", argv, "python -m benchmarks.kernel_probe")
     meta.update(suites=args.suite, repeats=args.repeats,
                 timing=f"median over {args.repeats} interleaved rounds of do_bench(rep={args.rep}, median); decode: "
