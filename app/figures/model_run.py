@@ -76,9 +76,10 @@ def _layers(table: pd.DataFrame) -> list[str]:
     return list(table.sort_values("layer").layer_label.drop_duplicates())
 
 
-def _two_lines(labels) -> list[str]:
-    """'L0 · window 256' as two lines of a category tick: short enough for a slide's width."""
-    return [str(x).replace(" · ", "<br>") for x in labels]
+def tick_labels(labels) -> list[str]:
+    """'L0 · window 256' as a bar's tick, 'L0 · W 256': one line short enough for a slide's width
+    (two lines ran into the caption, a long line was rotated into it)."""
+    return [str(x).replace("window ", "W ") for x in labels]
 
 
 def per_layer(table: pd.DataFrame) -> pd.DataFrame:
@@ -103,14 +104,14 @@ def layer_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
         for col, (field, fmt) in enumerate((("kernel_us", lambda v: fmt_time_ms(v / 1e3)),
                                             ("tiles", lambda v: f"{v:,.0f} tiles")), start=1):
             vals = part[field].fillna(0)
-            fig.add_trace(go.Bar(x=_two_lines(order), y=vals, name=name, legendgroup=phase, showlegend=col == 1, textangle=0,
+            fig.add_trace(go.Bar(x=tick_labels(order), y=vals, name=name, legendgroup=phase, showlegend=col == 1, textangle=0,
                                  marker_color=PHASE_COLOURS[phase], text=[fmt(v) for v in vals],
                                  hovertemplate="%{x}: %{text}<extra>" + phase + "</extra>"), row=1, col=col)
     fig.update_layout(barmode="stack", template=TEMPLATE, height=460,
                       title=title("Attention per layer: kernel time and tiles",
                                   f"{len(table)} calls · {table.step.nunique()} forward passes"),
                       legend=TOP_LEGEND)
-    fig.update_xaxes(title_text="layer (its window, or global)")
+    fig.update_xaxes(title_text="layer (W: its sliding window in tokens)")
     fig.update_yaxes(title_text="kernel time (µs, all calls)", row=1, col=1)
     fig.update_yaxes(title_text="tiles (all calls, all heads)", row=1, col=2)
     return caption(fig, f"Data: {provenance}. {TIMES}; tiles: Estimate.tiles_computed of each call's shape "

@@ -34,7 +34,7 @@ def test_layer_totals_equal_the_runs_table(run):
     table = mr.call_table(run)
     fig = mr.layer_figure(table, mr.run_provenance(run, "r"))
     raw = run.table()
-    labels = dict(zip(table.layer, mr._two_lines(table.layer_label)))
+    labels = dict(zip(table.layer, mr.tick_labels(table.layer_label)))
     for phase in ("prefill", "decode"):
         want = raw[raw.phase == phase].groupby("layer").kernel_ms.sum() * 1e3
         got = bars(fig, phase)
