@@ -26,10 +26,8 @@ from pathlib import Path
 import torch
 
 from . import DEFAULT_OUT, device_slug, log, parse_int_list, pick_device, run_meta, time_ms
+from instrumentation.recording.model_bundle import LLAMA3_8B     # the one Llama-3-8B shape (data/runs too)
 from instrumentation.trace import files
-
-LLAMA3_8B = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                 vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5)
 
 
 def build_model(layers: int = 4, intermediate: int = 1024, device="cuda", dtype=torch.bfloat16, seed: int = 0):
