@@ -54,7 +54,7 @@ MODEL_RUNS = {
         cls="Qwen2ForCausalLM",
         config=dict(QWEN25_7B, num_hidden_layers=4, use_sliding_window=True, sliding_window=SLIDING_WINDOW,
                     max_window_layers=0, layer_types=["sliding_attention", "full_attention"] * 2),
-        steps=4,                   # a few decode steps: each step's trace is ~0.1 MB
+        steps=2,                   # a few decode steps: each call's decode trace is ~0.13 MB
         about=f"Qwen2.5-7B-shaped Qwen2ForCausalLM, 4 layers, a {SLIDING_WINDOW}-token window on layers 0 "
               "and 2, random weights"),
 }
