@@ -5,6 +5,8 @@ instrumentation.online_softmax.softmax_steps; this module only draws them."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -21,7 +23,8 @@ ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in 
 MAX_STEP_TICKS = 16
 
 __all__ = ["default_bh", "default_q_row", "inputs_for_trace", "softmax_steps", "softmax_tile_figure",
-           "softmax_state_figure", "softmax_error_figure", "softmax_strip_figure", "softmax_overview_figure"]
+           "softmax_state_figure", "softmax_error_figure", "softmax_strip_figure", "softmax_overview_figure",
+           "PAGE_FIGURES", "softmax_page_figures", "figures_at_step"]
 
 
 def _step_index(steps: pd.DataFrame, step: int | None) -> int:
@@ -110,15 +113,32 @@ def _step_heading(steps, i) -> str:
 def softmax_tile_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
     """The current tile's scores for this row (masked keys marked), with m before and after."""
     i = _step_index(steps, step)
-    fig = go.Figure(_tile_traces(steps, i))
+    fig = go.Figure(layout=dict(xaxis_title="key position j", yaxis_title="score s = q·k/√d (natural units)",
+                                template=TEMPLATE, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top")))
+    return _caption(_tile_at(fig, steps, i), steps)
+
+
+def _tile_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
+    """The tile figure at step i: every trace is the step's own."""
+    fig.data = []
+    fig.add_traces(_tile_traces(steps, i))
     sub = _row_label(steps)
     if steps["n_visible"].iat[i] == 0:
         sub += ("<br>the kernel computes this tile for other rows of the Q block; this row's scores are all "
                 "−∞, so nothing is added")
-    fig.update_layout(title=title(_step_heading(steps, i), sub),
-                      xaxis_title="key position j", yaxis_title="score s = q·k/√d (natural units)",
-                      template=TEMPLATE, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
-    return _caption(fig, steps)
+    fig.update_layout(title=title(_step_heading(steps, i), sub))
+    return fig
+
+
+def _mark_step(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
+    """Move every 'current step' marker (its meta names the column it marks) to step i."""
+    for tr in fig.data:
+        if tr.name == "current step":
+            y = steps[tr.meta].iat[i]
+            if tr.meta == "out_rel_err" and not y > 0:
+                y = ERR_FLOOR             # exact zeros sit on the log axis's floor, as the line does
+            tr.update(x=[i + 1], y=[y])
+    return fig
 
 
 def _keys_per_block(steps) -> str:
@@ -147,7 +167,7 @@ def _state_panels(steps, i):
                        marker=dict(color=FULL, size=7), line=dict(color=FULL, width=1),
                        showlegend=first, legendgroup="kernel",
                        hovertemplate="%{text}<br>kernel %{y:.7g}<extra></extra>", text=hover),
-            go.Scatter(x=[i + 1], y=[steps[col].iat[i]], mode="markers", name="current step",
+            go.Scatter(x=[i + 1], y=[steps[col].iat[i]], mode="markers", name="current step", meta=col,
                        marker=dict(color=NOW, size=14, symbol="circle-open", line=dict(width=3)),
                        showlegend=first, legendgroup="now", hoverinfo="skip"),
         ])
@@ -231,7 +251,7 @@ def _error_traces(steps, i):
     traces = [go.Scatter(x=x, y=shown, mode="lines+markers", name="‖O'/l − O‖/‖O‖ (float64)",
                          line=dict(color=FULL), customdata=err, text=_hover(steps),
                          hovertemplate="%{text}: %{customdata:.3g}<extra></extra>"),
-              go.Scatter(x=[i + 1], y=[shown[i]], mode="markers", name="current step", showlegend=False,
+              go.Scatter(x=[i + 1], y=[shown[i]], mode="markers", name="current step", showlegend=False, meta="out_rel_err",
                          marker=dict(color=NOW, size=14, symbol="circle-open", line=dict(width=3)))]
     kerr = steps.attrs.get("kernel_out_rel_err")
     if kerr is not None and np.isfinite(kerr):
@@ -284,17 +304,12 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     i = _step_index(steps, step)
     n_kb, bn = steps.attrs["n_k_blocks"], steps.attrs["block_n"]
     sees = visible_per_block(steps)
-    state = np.zeros(n_kb)                      # 0 skipped unless the kernel visits it
-    for j, kb in enumerate(steps["k_block"]):
-        state[kb] = 3 if j == i else (4 if sees[kb] == 0 else 2 if j < i else 1)
-    text = [f"K block {kb} ({key_range(kb * bn, (kb + 1) * bn)}): " + STRIP_STATES[int(state[kb])][0]
-            for kb in range(n_kb)]
     sees_class = np.where(sees == 0, 0, np.where(sees == bn, 2, 1))
     sees_text = [f"K block {kb}: this row sees {sees[kb]} of {bn} keys" for kb in range(n_kb)]
     gap = 2 if n_kb <= 64 else 0
     fig = go.Figure([
-        go.Heatmap(z=[state], x=np.arange(n_kb), y=[0], zmin=-0.5, zmax=len(STRIP_STATES) - 0.5,
-                   showscale=False, xgap=gap, ygap=3, text=[text], name="kernel visits", showlegend=False,
+        go.Heatmap(x=np.arange(n_kb), y=[0], zmin=-0.5, zmax=len(STRIP_STATES) - 0.5,
+                   showscale=False, xgap=gap, ygap=3, name="kernel visits", showlegend=False,
                    colorscale=discrete_colorscale([c for _, c in STRIP_STATES]),
                    hovertemplate="%{text}<extra></extra>"),
         go.Heatmap(z=[sees_class], x=np.arange(n_kb), y=[1], zmin=-0.5, zmax=2.5, showscale=False, xgap=gap,
@@ -306,14 +321,7 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     for name, color in STRIP_STATES[::-1]:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=14, color=color)))
-    dead = int(sum(sees[kb] == 0 for kb in steps["k_block"]))
-    sub = (f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
-           f"{len(steps)} of {n_kb} K blocks visited")
-    if dead:
-        sub += (f", {dead} of them with no key visible to this row<br>(the kernel skips whole "
-                "(Q block, K block) tiles, not single rows)")
-    fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}", sub),
-                      # tall enough for the 5-entry legend beside it (shorter, plotly scrolls it)
+    fig.update_layout(# tall enough for the 5-entry legend beside it (shorter, plotly scrolls it)
                       height=340, template=TEMPLATE, xaxis_title=f"K block ({_keys_per_block(steps)} each)",
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     fig.update_yaxes(tickmode="array", tickvals=[0, 1], autorange="reversed", showgrid=False, zeroline=False,
@@ -321,7 +329,54 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     # whole K blocks only (with a few blocks plotly's own ticks fall on -0.5, 0.5, ...)
     fig.update_xaxes(range=[-0.5, n_kb - 0.5], showgrid=False, tickmode="array",
                      tickvals=whole_ticks(n_kb, 16))
-    return _caption(fig, steps, "Bottom strip: how many keys of each block this row's mask leaves it. ")
+    return _caption(_strip_at(fig, steps, i), steps, "Bottom strip: how many keys of each block this row's mask leaves it. ")
+
+
+def _strip_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
+    """The strip figure at step i: the kernel-visits strip (its first trace) and the subtitle."""
+    n_kb, bn = steps.attrs["n_k_blocks"], steps.attrs["block_n"]
+    sees = visible_per_block(steps)
+    state = np.zeros(n_kb)                      # 0 skipped unless the kernel visits it
+    for j, kb in enumerate(steps["k_block"]):
+        state[kb] = 3 if j == i else (4 if sees[kb] == 0 else 2 if j < i else 1)
+    text = [f"K block {kb} ({key_range(kb * bn, (kb + 1) * bn)}): " + STRIP_STATES[int(state[kb])][0]
+            for kb in range(n_kb)]
+    fig.data[0].update(z=[state], text=[text])
+    dead = int(sum(sees[kb] == 0 for kb in steps["k_block"]))
+    sub = (f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
+           f"{len(steps)} of {n_kb} K blocks visited")
+    if dead:
+        sub += (f", {dead} of them with no key visible to this row<br>(the kernel skips whole "
+                "(Q block, K block) tiles, not single rows)")
+    fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}", sub))
+    return fig
+
+
+# the online-softmax page's four figures (export name -> (figure, how it moves to another step)):
+# built once per row, each step is a copy moved there (a full build per step cost the page ~0.6 s)
+PAGE_FIGURES = {"softmax-strip": (softmax_strip_figure, _strip_at), "softmax-tile": (softmax_tile_figure, _tile_at),
+                "softmax-error": (softmax_error_figure, _mark_step), "softmax-state": (softmax_state_figure, _mark_step)}
+
+
+def softmax_page_figures(steps: pd.DataFrame) -> dict[str, dict]:
+    """The page's four figures at the first step, as plain figure dicts for figures_at_step.
+
+    Arguments: steps: softmax_steps' table of one row.
+    Returns: {export name: figure dict} in PAGE_FIGURES' order."""
+    return {name: build(steps, 0).to_dict() for name, (build, _) in PAGE_FIGURES.items()}
+
+
+def figures_at_step(figures: dict[str, dict], steps: pd.DataFrame, step: int) -> dict[str, go.Figure]:
+    """softmax_page_figures' figures moved to `step` (0-based): the same figures the
+    softmax_*_figure functions build there, from copies (`figures` is left as it was). The copies
+    skip plotly's validation (the dicts came out of validated figures): validating each cost more
+    than the whole step.
+
+    Arguments: figures: softmax_page_figures(steps); steps: the same table; step: 0-based.
+    Returns: {export name: figure}."""
+    i = _step_index(steps, step)
+    return {name: PAGE_FIGURES[name][1](go.Figure(copy.deepcopy(fig), _validate=False), steps, i)
+            for name, fig in figures.items()}
 
 
 def softmax_overview_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:

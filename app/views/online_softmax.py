@@ -6,8 +6,8 @@ import streamlit as st
 
 from app import presentation, settings, url_state
 from app.text import RANGE_CONVENTION, key_range, plain
-from app.figures.softmax import (TILE_RULE, default_q_row, inputs_for_trace, softmax_error_figure, softmax_state_figure,
-                                 softmax_steps, softmax_strip_figure, softmax_tile_figure)
+from app.figures.softmax import (TILE_RULE, default_q_row, figures_at_step, inputs_for_trace, softmax_page_figures,
+                                 softmax_steps)
 from app.views import common
 
 s = settings.current()
@@ -59,8 +59,18 @@ q_row = qb * bm + offset
 if trace.meta.get("inputs") not in (None, "instrumentation.make_inputs"):
     st.warning(f"This trace was recorded with inputs {plain(repr(trace.meta.get('inputs')))}, not "
                "instrumentation.make_inputs: the reference below cannot see the kernel's inputs.")
-q, k, v = head_inputs(src.key, bh, trace)
-steps = softmax_steps(trace, q_row, q, k, v, bh=bh)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def row_steps(key: str, bh: int, q_row: int, _trace):
+    """The row's steps (softmax_steps) and the page's figures at its first step, once per row:
+    a step then only moves copies of them (app.figures.softmax.figures_at_step)."""
+    q, k, v = head_inputs(key, bh, _trace)
+    steps = softmax_steps(_trace, q_row, q, k, v, bh=bh)
+    return steps, softmax_page_figures(steps)
+
+
+steps, first_figures = row_steps(src.key, bh, q_row, trace)
 if not steps.attrs["inputs_match"] and trace.meta.get("inputs") in (None, "instrumentation.make_inputs"):
     st.error("The kernel's m and l do not match the float64 reference on the regenerated inputs: "
              f"either these are not the inputs it saw (seed {trace.meta.get('input_seed', 0)}, head {bh}) "
@@ -69,43 +79,10 @@ if not steps.attrs["inputs_match"] and trace.meta.get("inputs") in (None, "instr
 # steps are numbered from 1 in the slider, the text and the link; default: the first rescale
 n_steps = len(steps)
 rescales = [j + 1 for j in range(1, n_steps) if steps["alpha_kernel"].iat[j] < 1]
-url_state.control("sm_step", rescales[0] if rescales else n_steps, options=range(1, n_steps + 1))
 
 
 def step(delta):
     st.session_state["sm_step"] = max(1, min(n_steps, st.session_state["sm_step"] + delta))
-
-
-# the stepping controls: on slides a bar fixed under the charts (app/presentation.py), so Next and
-# the chart it changes are on screen together
-b1, b2, b3, b4 = st.container(key=f"{presentation.STEP_BAR}_softmax").columns([1, 1, 1, 6])
-b1.button("First", icon=":material/first_page:", on_click=lambda: st.session_state.update(sm_step=1),
-          key="sm_first")
-# at either end the button that would do nothing is greyed out, not silently ignored
-at_step = int(st.session_state["sm_step"])
-b2.button("Prev", icon=":material/chevron_left:", on_click=step, args=(-1,), key="sm_prev",
-          disabled=at_step <= 1, help="the first step" if at_step <= 1 else None)
-b3.button("Next", icon=":material/chevron_right:", on_click=step, args=(1,), key="sm_next",
-          disabled=at_step >= n_steps, help="the last step: the row has seen every tile" if at_step >= n_steps else None)
-if n_steps > 1:
-    b4.slider("Step (K tile in the kernel's order)", 1, n_steps, key="sm_step")
-i = int(st.session_state["sm_step"]) - 1
-r = steps.iloc[i]
-if rescales:
-    st.caption(f"α < 1 (the running max grew and the old m, l, O′ were rescaled) at step"
-               f"{'s' if len(rescales) > 1 else ''} {', '.join(map(str, rescales))}.")
-else:
-    st.caption("This row's running max never changes after its first tile (α = 1 from step 2 on); "
-               f"query row {teaching_row} rescales.")
-
-lo, hi = steps.attrs["visible"]
-dead = int((steps["n_visible"] == 0).sum())
-st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`) sees {key_range(lo, hi + 1)}; "
-            f"the kernel visits **{len(steps)} K tiles** of {steps.attrs['n_k_blocks']}"
-            + (f", **{dead}** of them with no key this row sees" if dead else "") + ". "
-            f"Step **{i + 1}/{len(steps)}**: K block {r.k_block} ({r.status}, {key_range(r.key_start, r.key_end)}, "
-            f"{r.n_visible} visible to this row).")
-st.caption(TILE_RULE + " " + RANGE_CONVENTION)
 
 
 def percent(share: float) -> str:
@@ -122,25 +99,62 @@ def diff(kernel: float, ref: float, relative: bool = False) -> str:
     return f"{d / ref:+.1e} rel." if relative and ref else f"{d:+.1e} vs float64"
 
 
-m = st.columns(5)
-m[0].metric("running m (kernel)", f"{r.m_kernel:.5f}", diff(r.m_kernel, r.m_ref),
-            delta_color="off", delta_arrow="off")
-m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", diff(r.l_kernel, r.l_ref, relative=True),
-            delta_color="off", delta_arrow="off")
-m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
-            diff(r.alpha_kernel, r.alpha_ref), delta_color="off", delta_arrow="off")
-m[3].metric("output error so far", "n/a" if not np.isfinite(r.out_rel_err) else percent(r.out_rel_err),
-            help="‖O'/ℓ − O‖/‖O‖: the row's output if the softmax stopped after this step (keys so "
-                 "far only) against the exact float64 output over every key; near 0 % after the last step")
-kerr = steps.attrs.get("kernel_out_rel_err")
-m[4].metric(f"kernel O error ({steps.attrs.get('dtype')})",
-            "n/a" if kerr is None or not np.isfinite(kerr) else f"{kerr:.2e}",
-            help="the kernel's final O for this row vs the float64 reference")
+@st.fragment
+def stepper():
+    """The step controls and everything a step changes: a step reruns only this (the row's
+    steps and figures are cached), not the page."""
+    url_state.control("sm_step", rescales[0] if rescales else n_steps, options=range(1, n_steps + 1))
+    # the stepping controls: on slides a bar fixed under the charts (app/presentation.py), so Next and
+    # the chart it changes are on screen together
+    b1, b2, b3, b4 = st.container(key=f"{presentation.STEP_BAR}_softmax").columns([1, 1, 1, 6])
+    b1.button("First", icon=":material/first_page:", on_click=lambda: st.session_state.update(sm_step=1),
+              key="sm_first")
+    # at either end the button that would do nothing is greyed out, not silently ignored
+    at_step = int(st.session_state["sm_step"])
+    b2.button("Prev", icon=":material/chevron_left:", on_click=step, args=(-1,), key="sm_prev",
+              disabled=at_step <= 1, help="the first step" if at_step <= 1 else None)
+    b3.button("Next", icon=":material/chevron_right:", on_click=step, args=(1,), key="sm_next",
+              disabled=at_step >= n_steps, help="the last step: the row has seen every tile" if at_step >= n_steps else None)
+    if n_steps > 1:
+        b4.slider("Step (K tile in the kernel's order)", 1, n_steps, key="sm_step")
+    i = int(st.session_state["sm_step"]) - 1
+    r = steps.iloc[i]
+    if rescales:
+        st.caption(f"α < 1 (the running max grew and the old m, l, O′ were rescaled) at step"
+                   f"{'s' if len(rescales) > 1 else ''} {', '.join(map(str, rescales))}.")
+    else:
+        st.caption("This row's running max never changes after its first tile (α = 1 from step 2 on); "
+                   f"query row {teaching_row} rescales.")
 
-common.chart(softmax_strip_figure(steps, i), "softmax-strip", "sm_strip", s.present)
-common.chart(softmax_tile_figure(steps, i), "softmax-tile", "sm_tile", s.present)
-common.chart(softmax_error_figure(steps, i), "softmax-error", "sm_error", s.present)
-common.chart(softmax_state_figure(steps, i), "softmax-state", "sm_state", s.present)
+    lo, hi = steps.attrs["visible"]
+    dead = int((steps["n_visible"] == 0).sum())
+    st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`) sees {key_range(lo, hi + 1)}; "
+                f"the kernel visits **{len(steps)} K tiles** of {steps.attrs['n_k_blocks']}"
+                + (f", **{dead}** of them with no key this row sees" if dead else "") + ". "
+                f"Step **{i + 1}/{len(steps)}**: K block {r.k_block} ({r.status}, {key_range(r.key_start, r.key_end)}, "
+                f"{r.n_visible} visible to this row).")
+    st.caption(TILE_RULE + " " + RANGE_CONVENTION)
+
+    m = st.columns(5)
+    m[0].metric("running m (kernel)", f"{r.m_kernel:.5f}", diff(r.m_kernel, r.m_ref),
+                delta_color="off", delta_arrow="off")
+    m[1].metric("running ℓ (kernel)", f"{r.l_kernel:.5f}", diff(r.l_kernel, r.l_ref, relative=True),
+                delta_color="off", delta_arrow="off")
+    m[2].metric("α this step (kernel)", f"{r.alpha_kernel:.5f}", "0 on the first tile" if i == 0 else
+                diff(r.alpha_kernel, r.alpha_ref), delta_color="off", delta_arrow="off")
+    m[3].metric("output error so far", "n/a" if not np.isfinite(r.out_rel_err) else percent(r.out_rel_err),
+                help="‖O'/ℓ − O‖/‖O‖: the row's output if the softmax stopped after this step (keys so "
+                     "far only) against the exact float64 output over every key; near 0 % after the last step")
+    kerr = steps.attrs.get("kernel_out_rel_err")
+    m[4].metric(f"kernel O error ({steps.attrs.get('dtype')})",
+                "n/a" if kerr is None or not np.isfinite(kerr) else f"{kerr:.2e}",
+                help="the kernel's final O for this row vs the float64 reference")
+
+    for name, fig in figures_at_step(first_figures, steps, i).items():
+        common.chart(fig, name, name.replace("softmax-", "sm_"), s.present)
+
+
+stepper()
 
 with st.expander("Every step as a table"):
     st.dataframe(steps.drop(columns=["scores"]).assign(step=steps["step"] + 1), hide_index=True)

@@ -161,3 +161,24 @@ def test_strip_shows_visits_beside_the_rows_visible_keys(tall_blocks):
     tile = F.softmax_tile_figure(steps, 3)
     assert "0 of 32 keys visible to this row" in tile.layout.title.text
     assert "keys [96, 128)" in tile.layout.title.text and "sees keys [0, 65)" in tile.layout.title.subtitle.text
+
+
+def test_page_figures_moved_to_a_step_are_the_figures_built_there(tall_blocks):
+    """The page builds its four figures once per row and moves copies to each step: at every
+    step (random order) they are exactly what the softmax_*_figure functions build there, and the
+    row's first-step figures are left as they were."""
+    import json
+
+    from app.figures.softmax import PAGE_FIGURES, figures_at_step, softmax_page_figures
+
+    _, steps = tall_blocks
+    first = softmax_page_figures(steps)
+    kept = json.dumps(first, sort_keys=True, default=str)
+    for i in np.random.default_rng(0).permutation(len(steps)):
+        moved = figures_at_step(first, steps, int(i))
+        assert list(moved) == list(PAGE_FIGURES)
+        for name, (build_at, _) in PAGE_FIGURES.items():
+            assert json.loads(moved[name].to_json()) == json.loads(build_at(steps, int(i)).to_json()), (name, i)
+    assert json.dumps(first, sort_keys=True, default=str) == kept
+    with pytest.raises(ValueError, match="outside"):
+        figures_at_step(first, steps, len(steps))

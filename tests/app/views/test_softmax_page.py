@@ -125,3 +125,32 @@ def test_a_row_visiting_a_block_it_sees_no_key_of_is_told_why(monkeypatch):
     code = " ".join(c.value for c in at.code)
     assert "per (Q block, K block) tile, not per row" in code
     assert "the K blocks this row's mask leaves visible" not in code
+
+
+def test_a_step_reruns_only_what_it_changes(data_dir, monkeypatch):
+    """Next reruns the step controls and the charts only (a fragment): the row's steps and its
+    figures are computed once per row, not at every step, and the step still reaches the link."""
+    import app.figures.softmax as softmax
+
+    built = {"steps": 0, "figures": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            built[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(softmax, "softmax_steps", counted("steps", softmax.softmax_steps))
+    monkeypatch.setattr(softmax, "softmax_page_figures",
+                        counted("figures", getattr(softmax, "softmax_page_figures", None)), raising=False)
+    at = live(data_dir, page="online_softmax", mask="full")
+    clean(at)
+    at.button(key="sm_first").click().run()
+    before = dict(built)
+    for k in (2, 3):
+        at.button(key="sm_next").click().run()
+        assert any(t.startswith(f"Step {k} of") for t in titles(at))
+        # the link carries the step (the default step, the row's first rescale, is left out)
+        assert at.query_params.get("sm_step") in (str(k), [str(k)]) or "sm_step" not in at.query_params
+    assert built == before, built
+    clean(at)
