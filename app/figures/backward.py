@@ -199,22 +199,22 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
     fig = go.Figure(go.Heatmap(z=seen, x=(np.arange(n_cols) + 0.5) * qn, y=(np.arange(n_rows) + 0.5) * qm,
                                colorscale=[[0, SKIPPED_GREY], [1, SKIPPED_GREY]], showscale=False,
                                hoverinfo="skip", name="other dQ tiles"))
-    xs = (row["k_block"].to_numpy() + 0.5) * qn
-    ys = np.full(len(row), (q_block + 0.5) * qm)
     small = len(row) <= MAX_NUMBERED
-    fig.add_trace(go.Scatter(
-        x=xs, y=ys, mode="markers+text" if small else "markers", text=(row["step"] + 1).astype(str) if small else None,
-        textposition="middle center", textfont=dict(color="white", size=11),
-        marker=dict(symbol="square", size=max(6, min(26, 560 / max(n_cols, 1))), color=row["step"],
-                    colorscale=ORDER_SCALE, cmin=0, cmax=max(len(row) - 1, 1), showscale=not small,
-                    colorbar=dict(title=dict(text="summing<br>step"), len=0.6, y=1, yanchor="top")),
-        customdata=np.stack([row["k_block"] * qn, np.minimum((row["k_block"] + 1) * qn, n_k), row["step"] + 1], 1),
-        hovertemplate="keys [%{customdata[0]}, %{customdata[1]}): added %{customdata[2]}. to dQ<extra></extra>",
-        name="dQ's key blocks<br>(in summing order)"))
+    step = np.full(n_cols, np.nan)                       # the chosen row: each key block's summing step
+    step[row["k_block"].to_numpy(int)] = row["step"].to_numpy(float)
+    k0 = np.arange(n_cols) * qn
+    fig.add_trace(go.Heatmap(
+        z=step[None, :], x0=0.5 * qn, dx=qn, y0=(q_block + 0.5) * qm, dy=qm, colorscale=ORDER_SCALE, zmin=0,
+        zmax=max(len(row) - 1, 1), xgap=1, showscale=not small,
+        colorbar=dict(title=dict(text="summing<br>step"), len=0.6, y=1, yanchor="top"),
+        text=[[f"{int(x) + 1}" if np.isfinite(x) else "" for x in step]] if small else None,
+        texttemplate="%{text}" if small else None, textfont=dict(color="white", size=12),
+        customdata=np.stack([k0, np.minimum(k0 + qn, n_k)], -1)[None, :, :],
+        hovertemplate="keys [%{customdata[0]}, %{customdata[1]}): summing step %{z}<extra></extra>",
+        name="dQ's key blocks (in summing order)"))
     fig.add_hrect(y0=q0, y1=q1, line=dict(color=FULL, width=1), fillcolor="rgba(61,122,184,0.08)")
-    fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False, constrain="domain")
-    fig.update_yaxes(title_text="query position (tokens)", range=[n_q, 0], showgrid=False, scaleanchor="x",
-                     constrain="domain")
+    fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False)
+    fig.update_yaxes(title_text="query position (tokens)", range=[n_q, 0], showgrid=False)   # full width: a row
     fig.update_layout(
         title=title(f"Where dQ comes from: queries [{q0}, {q1}) (batch {b}, head {head})",
                     wrapped(f"dQ_i = scale · Σ_j dS_ij · K_j over the {len(row)} key blocks that row block "

@@ -94,10 +94,13 @@ def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
         assert row["step"].tolist() == list(range(len(row)))
         assert row["order"].is_monotonic_increasing
     fig = dq_sources_figure(bwd, BLOCKS, n_q, n_k, b=0, head=0, q_block=3, provenance="test run")
-    pts = next(d for d in fig.data if d.type == "scatter")
+    chosen = fig.data[1]                                      # the chosen row over the dQ map
     row = dq_sources(bwd, 0, 0, 3)
-    assert np.allclose(pts.x, (row["k_block"] + 0.5) * BLOCKS["dq"][1])
-    assert list(pts.text) == [str(s + 1) for s in row["step"]]
+    steps = np.asarray(chosen.z, float)[0]
+    assert np.flatnonzero(np.isfinite(steps)).tolist() == sorted(row["k_block"])
+    assert [steps[k] for k in row["k_block"]] == list(range(len(row)))          # numbered in summing order
+    assert [chosen.text[0][k] for k in row["k_block"]] == [str(s + 1) for s in row["step"]]
+    assert (chosen.y0, chosen.dy) == ((3 + 0.5) * BLOCKS["dq"][0], BLOCKS["dq"][0])
     assert "[48, 64)" in fig.layout.title.text
     with pytest.raises(ValueError, match="no dQ tiles"):
         dq_sources_figure(bwd, BLOCKS, n_q, n_k, q_block=99)
