@@ -23,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._common import FULL, SKIPPED_GREY, TEMPLATE, caption, title
+from ._common import FULL, SKIPPED_GREY, TEMPLATE, caption, plural, title
 
 PHASE_NAMES = {"forward": "forward", "delta": "D = rowsum(dO∘O)", "dkdv": "dK·dV", "dq": "dQ"}
 ORDER_SCALE = "Viridis"
@@ -103,7 +103,7 @@ def _phase_tiles(bwd_tiles: pd.DataFrame, phase: str, b: int, head: int) -> pd.D
 
 
 def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
-                      b: int = 0, head: int = 0, heads: int = 1, provenance: str = "") -> go.Figure:
+                      b: int = 0, head: int = 0, heads: int = 1, provenance: str = "", group: int = 1) -> go.Figure:
     """The forward's row-wise tile order beside the dK/dV programs' column-wise order, on the
     same (query, key) plane: each visited tile coloured by its step within its program, and
     one line per program through its tiles in visit order (a dot at its first tile).
@@ -113,7 +113,8 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
         blocks: phase_blocks(meta). n_q, n_k: query rows and keys.
         b, head: the batch and query head shown (bh = b * heads + head in the forward's table);
             the dK/dV tiles shown are those of this query head in its KV head's programs.
-        provenance: the trace's provenance line.
+        provenance: the trace's provenance line. group: query heads per KV head (H / H_kv): a
+            dK·dV program sums the tiles of its group's query heads.
     Returns:
         a two-panel Figure. Raises ValueError when the head has no tiles in either table."""
     fwd = _forward_steps(fwd_tiles, b * heads + head)
@@ -162,7 +163,9 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
                     wrapped(f"{fwd['q_block'].nunique()} forward programs visit {len(fwd):,} tiles of "
                             f"{fm}×{fn}; {kv['k_block'].nunique()} dK·dV programs visit {len(kv):,} tiles of "
                             f"{km}×{kn} (queries × keys) of this head, each summing its key block's dK, dV over "
-                            "the query blocks that see it; grey: not visited")),
+                            "the query blocks that see it"
+                            + (f" (and the same tiles of its KV head's other {plural(group - 1, 'query head')})"
+                               if group > 1 else "") + "; grey: not visited")),
         template=TEMPLATE, plot_bgcolor=NOT_VISITED, height=620, width=1250,
         legend=dict(x=1.02, y=0, yanchor="bottom", xanchor="left"), meta={"slide_legend_inside": True})
     return caption(fig, "tile visits from the kernel trace: " + provenance)

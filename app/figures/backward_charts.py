@@ -70,7 +70,7 @@ def order_chart(trace, head=None):
     b, h = _head(trace, head)
     s = shape_of(trace)
     return tile_order_figure(trace.tiles, trace.bwd_tiles, phase_blocks(trace.meta), s["N_q"], s["N_k"], b, h,
-                             s["H"], trace.provenance())
+                             s["H"], trace.provenance(), group=s["H"] // s["H_kv"])
 
 
 def dq_chart(trace, head=None, q_block=None, q_row=None):

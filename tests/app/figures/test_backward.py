@@ -83,6 +83,8 @@ def test_tile_order_shows_every_visible_tile_once_in_visit_order(mask):
     xs = [x for x in kv_path.x if x is not None]
     assert len(xs) == len(bwd[(bwd.phase == "dkdv") & (bwd.b == 0) & (bwd["head"] == 1)])
     assert any("test run" in c for c in provenance_captions(fig))
+    gqa = tile_order_figure(fwd, bwd, BLOCKS, n_q, n_k, b=0, head=1, heads=2, group=2)
+    assert "other 1 query head)" in gqa.layout.title.subtitle.text.replace("<br>", " ")
 
 
 def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
