@@ -17,7 +17,8 @@ from instrumentation.recording.inputs import inputs_for_trace
 
 from app.text import key_range
 
-from ._common import FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, title, whole_ticks
+from ._common import (FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fit_title, title,
+                      whole_ticks)
 
 ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in the hover)
 MAX_STEP_TICKS = 16
@@ -127,7 +128,7 @@ def _tile_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
         sub += ("<br>the kernel computes this tile for other rows of the Q block; this row's scores are all "
                 "−∞, so nothing is added")
     fig.update_layout(title=title(_step_heading(steps, i), sub))
-    return fig
+    return fit_title(fig)             # the top margin holds this step's title lines
 
 
 def _mark_step(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
@@ -349,7 +350,7 @@ def _strip_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
         sub += (f", {dead} of them with no key visible to this row<br>(the kernel skips whole "
                 "(Q block, K block) tiles, not single rows)")
     fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}", sub))
-    return fig
+    return fit_title(fig)             # the top margin holds this step's title lines
 
 
 # the online-softmax page's four figures (export name -> (figure, how it moves to another step)):
