@@ -257,7 +257,8 @@ def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int,
     fig.add_trace(go.Scatter(x=MEMORY_NS, y=flash, mode="lines+markers", name="flash backward: O, lse, D",
                              line=dict(color=FULL, width=3)))
     fig.add_trace(go.Scatter(x=[n_q, n_q], y=[here.naive_bwd_peak_bytes, here.flash_bwd_peak_bytes], mode="markers",
-                             marker=dict(size=14, symbol="diamond", color="#111"), name=f"this call (N {n_q})" if n_q == n_k else f"this call (N_q {n_q}, N_k {n_k})"))
+                             marker=dict(size=14, symbol="diamond", color="#111"),
+                             name=f"this call (N {n_q})" if n_q == n_k else f"this call (N_q {n_q}, N_k {n_k})"))
     for i, (name, dev) in enumerate(DEVICES.items()):
         fig.add_hline(y=dev.memory_bytes, line=dict(dash="dot", width=1.5, color="#777"))
         # an annotation on a log axis is placed at log10 of its value (a shape at the value itself)

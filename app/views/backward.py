@@ -80,11 +80,13 @@ sh = shape_of(trace)
 est = trace_estimate(trace)
 m = st.columns(5)
 m[0].metric("naive memory", fmt_bytes(est.naive_bwd_peak_bytes),
-            help=f"naive backward: P, dP, dS, 3 × B·H·N_q·N_k·e + expansion = {est.naive_bwd_peak_bytes:,} B (naive_bwd_peak_bytes)")
+            help=f"naive backward: P, dP, dS, 3 × B·H·N_q·N_k·e + expansion = {est.naive_bwd_peak_bytes:,} B "
+                 "(naive_bwd_peak_bytes)")
 m[1].metric("flash memory", fmt_bytes(est.flash_bwd_peak_bytes),
             help=f"flash backward: O, lse, D and lse₂ per row = {est.flash_bwd_peak_bytes:,} B (flash_bwd_peak_bytes)")
 m[2].metric("fwd GFLOP", f"{est.flops / 1e9:,.4g}", help=f"forward: 4·D·B·H·visible pairs = {est.flops:,} (flops)")
-m[3].metric("bwd GFLOP", f"{est.flops_backward / 1e9:,.4g}", help=f"backward: 2.5 × the forward = {est.flops_backward:,} (flops_backward)")
+m[3].metric("bwd GFLOP", f"{est.flops_backward / 1e9:,.4g}",
+            help=f"backward: 2.5 × the forward = {est.flops_backward:,} (flops_backward)")
 
 if not has_backward(trace):
     if not s.live:                   # a live run that could not record the backward said why above
