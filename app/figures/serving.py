@@ -140,12 +140,13 @@ def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figur
     return caption(fig, f"{provenance}; {how}")
 
 
-def _binary_axis(fig: go.Figure, top: float) -> None:
-    """A linear byte axis from 0 to top, ticks at a power-of-two step labelled in B / KiB / MiB."""
+def _binary_axis(fig: go.Figure, top: float, title_text: str = "bytes, one layer (KiB = 2¹⁰ B)", **where) -> None:
+    """A linear byte axis from 0 to top, ticks at a power-of-two step labelled in B / KiB / MiB;
+    where: row and col of a subplot's axis."""
     step = 2.0 ** np.ceil(np.log2(max(top, 8) / 6))
     ticks = list(np.arange(0, top, step))
     fig.update_yaxes(range=[0, top], tickmode="array", tickvals=ticks,
-                     ticktext=[fmt_bytes(t, binary=True) for t in ticks], title_text="bytes, one layer (KiB = 2¹⁰ B)")
+                     ticktext=[fmt_bytes(t, binary=True) for t in ticks], title_text=title_text, **where)
 
 
 def cache_bytes_figure(acc, provenance: str) -> go.Figure:
@@ -161,7 +162,7 @@ def cache_bytes_figure(acc, provenance: str) -> go.Figure:
     fig = go.Figure(go.Bar(x=names, y=stored, name="tokens' K and V", marker_color="#3d7ab8",
                            hovertemplate="%{x}<br>tokens' K and V: %{y:,} B<extra></extra>"))
     fig.add_trace(go.Bar(x=names, y=unused, name="reserved, no token", marker_color=SKIPPED_GREY,
-                         text=[f"{fmt_bytes(t + u, binary=True)} · {fmt_bytes(p, binary=True)} per token"
+                         text=[f"{fmt_bytes(t + u, binary=True)} · {p:,.0f} B per token"
                                for t, u, p in zip(stored, unused, per_token)],
                          textposition="outside", cliponaxis=False,
                          hovertemplate="%{x}<br>unused: %{y:,} B<extra></extra>"))
@@ -176,25 +177,34 @@ def cache_bytes_figure(acc, provenance: str) -> go.Figure:
     return caption(fig, f"{provenance}; bytes: instrumentation.analysis.kv_cache (docs/formulas.md)")
 
 
-def page_size_figure(by_page_size: dict, provenance: str) -> go.Figure:
-    """What the page size trades: the slots of the last page of each sequence no token fills
-    (grow with the page) and the bytes whole shared prefix pages save (a prefix page is shared
-    only when whole, so they shrink once a page outgrows the prefix).
+def page_size_figure(by_page_size: dict, provenance: str, shared_prefix: int | None = None) -> go.Figure:
+    """What the page size trades, side by side on their own byte axes (the two differ by orders of
+    magnitude): the slots of the last page of each sequence no token fills (grow with the page)
+    and the bytes whole shared prefix pages save (a prefix page is shared only when whole, so they
+    shrink once a page outgrows the prefix).
 
-    Arguments: by_page_size, {page size: kv_cache.CacheBytes} of one batch; provenance.
+    Arguments: by_page_size, {page size: kv_cache.CacheBytes} of one batch; provenance;
+    shared_prefix: the prefix's tokens, for the subtitle (None: not named).
     Returns: a Figure."""
     sizes = sorted(by_page_size)
     unused = [by_page_size[p].paged_unused_bytes for p in sizes]
     saved = [by_page_size[p].shared_saved_bytes for p in sizes]
-    fig = go.Figure(go.Scatter(x=sizes, y=unused, mode="lines+markers", name="unused slots (last page of each sequence)",
-                               line=dict(color="#e15759"), hovertemplate="page %{x}: %{y:,} B unused<extra></extra>"))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
+                        subplot_titles=["unused slots (the last page of each sequence)",
+                                        "saved by whole shared prefix pages"])
+    fig.add_trace(go.Scatter(x=sizes, y=unused, mode="lines+markers", name="unused slots",
+                             line=dict(color="#e15759"), hovertemplate="page %{x} tokens: %{y:,} B unused<extra></extra>"),
+                  row=1, col=1)
     fig.add_trace(go.Scatter(x=sizes, y=saved, mode="lines+markers", name="saved by shared prefix pages",
-                             line=dict(color=SHARED, dash="dot"), hovertemplate="page %{x}: %{y:,} B saved<extra></extra>"))
-    _binary_axis(fig, max(unused + saved + [1]) * 1.35)
-    fig.update_xaxes(type="log", tickvals=sizes, ticktext=[str(p) for p in sizes], title_text="page size (tokens)")
+                             line=dict(color=SHARED, dash="dot"),
+                             hovertemplate="page %{x} tokens: %{y:,} B saved<extra></extra>"), row=1, col=2)
+    for col, ys in ((1, unused), (2, saved)):
+        _binary_axis(fig, max(ys + [1]) * 1.25, "bytes, one layer (KiB = 2¹⁰ B)" if col == 1 else "", row=1, col=col)
+        fig.update_xaxes(type="log", tickvals=sizes, ticktext=[str(p) for p in sizes], title_text="page size (tokens)",
+                         row=1, col=col)
     any_acc = by_page_size[sizes[0]]
-    fig.update_layout(template=TEMPLATE, height=420,
-                      legend=dict(x=0.01, y=0.99, yanchor="top", bgcolor="rgba(255,255,255,0.85)"),
+    prefix = f", a {shared_prefix:,}-token shared prefix" if shared_prefix else ""
+    fig.update_layout(template=TEMPLATE, height=420, showlegend=False,
                       title=title("Page size: unused slots vs shared prefix pages",
-                                  f"the same {any_acc.batch} sequences ({any_acc.tokens:,} tokens) at each page size"))
+                                  f"the same {any_acc.batch} sequences ({any_acc.tokens:,} tokens{prefix}) at each page size"))
     return caption(fig, f"{provenance}; bytes: instrumentation.analysis.kv_cache (docs/formulas.md)")

@@ -71,9 +71,28 @@ def cache_bytes_for(trace, max_len: int | None = None) -> tuple:
     max_len = t["table_tokens"] if max_len is None else int(max_len)
     acc = table_cache_bytes(trace.meta["paged"]["block_table"], t["lengths"], t["page_size"], sh["H_kv"],
                             sh["D"], t["dtype"], max_len=max_len)
-    prefix = acc.shared_pages * t["page_size"]
+    prefix = shared_prefix_of(trace, acc)
     return acc, {p: paged_cache_bytes(t["lengths"], p, sh["H_kv"], sh["D"], t["dtype"], shared_prefix=prefix,
                                       max_len=max_len) for p in PAGE_SIZES}
+
+
+def shared_prefix_of(trace, acc=None) -> int:
+    """The tokens a paged trace's sequences share: meta serving.shared_prefix when the block table
+    agrees with it at the recorded page size, else the whole pages the table shares (a prefix
+    that ends inside a page is then counted short). acc: its table_cache_bytes, if at hand."""
+    from instrumentation.analysis.kv_cache import paged_cache_bytes, table_cache_bytes
+
+    t = paged_tables(trace)
+    if len(t["lengths"]) == 1:
+        return 0                          # one sequence shares nothing
+    if acc is None:
+        acc = table_cache_bytes(trace.meta["paged"]["block_table"], t["lengths"], t["page_size"], 1, 1, "fp32")
+    whole = acc.shared_pages * t["page_size"]
+    rec = (trace.meta.get("serving") or {}).get("shared_prefix")
+    if not isinstance(rec, int) or not 0 <= rec <= max(t["lengths"]):
+        return whole
+    f = paged_cache_bytes(t["lengths"], t["page_size"], 1, 1, "fp32", shared_prefix=rec)
+    return rec if (f.pages, f.stored_tokens) == (acc.pages, acc.stored_tokens) else whole
 
 
 def _bytes_source(trace) -> str:
@@ -87,7 +106,7 @@ def cache_bytes_figure_for(trace, max_len: int | None = None):
 
 
 def page_size_figure_for(trace):
-    return fig_paged.page_size_figure(cache_bytes_for(trace)[1], _bytes_source(trace))
+    return fig_paged.page_size_figure(cache_bytes_for(trace)[1], _bytes_source(trace), shared_prefix_of(trace))
 
 
 # -- varlen --------------------------------------------------------------------------------------

@@ -98,8 +98,11 @@ def run_paged(where: str, lengths, page_size: int, shared_prefix: int, seed: int
 
         splits = dm.auto_splits(len(lens), shape["heads"], shape["kv_heads"], 1, shape["head_dim"], max(lens),
                                 dm.DATASHEET["H100"]["sms"])[0]
+    # the prefix goes in the meta as the bundled recording's does: the page-size chart needs the
+    # tokens, not only the whole pages the table happens to share at this page size
     return record_decode(q, pools[0], pools[1], seqlens, num_splits=splits, measure=dev == "cuda",
-                         block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev))[1]
+                         block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
+                         meta_extra={"serving": {"shared_prefix": int(shared_prefix)}})[1]
 
 
 def run_varlen(where: str, lengths, block: int = 32, seed: int = 0):

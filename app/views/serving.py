@@ -79,7 +79,10 @@ elif upload is not None and upload_kind not in ("paged", "varlen"):
 
 # -- paged decode ----------------------------------------------------------------------------------
 st.header("A paged KV cache")
-c = st.columns([3, 1, 1, 1, 1])
+# live: lengths, page, prefix, follow, reserve; a recording: its name, follow, reserve (wider, so the
+# labels stay on one line at 1280 px)
+c = st.columns([3, 1, 1, 1, 1] if live else [2, 1, 1])
+slot_follow, slot_reserve = (c[3], c[4]) if live else (c[1], c[2])
 paged = None
 if live:
     lim = srv.LIVE_LIMITS[s.source]
@@ -116,10 +119,10 @@ if paged is not None:
     t = charts.paged_tables(paged)
     n_seq = len(t["lengths"])
     url_state.control("srv_follow", 0, int, bounds=(0, n_seq - 1))
-    follow = c[3].number_input("follow sequence", 0, n_seq - 1, key="srv_follow",
+    follow = slot_follow.number_input("follow sequence", 0, n_seq - 1, key="srv_follow",
                                help="whose lookups are drawn, and whose page reads are walked below")
     url_state.control("srv_maxlen", t["table_tokens"], int, bounds=(max(t["lengths"]), 1 << 20))
-    max_len = c[4].number_input("contiguous reserve (tokens)", max(t["lengths"]), 1 << 20, key="srv_maxlen",
+    max_len = slot_reserve.number_input("contiguous reserve (tokens)", max(t["lengths"]), 1 << 20, key="srv_maxlen",
                                 help="tokens a contiguous cache reserves per sequence (the model's max length)")
     if not live:
         st.caption(f"Data: {plain(paged.provenance())} · lengths {', '.join(map(str, t['lengths']))} · "

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..trace.files import DTYPE_BYTES
+
 # Attention shapes come from kernels.presets (one place for published model shapes); the KV-cache
 # chart also needs the layer count, num_hidden_layers of the same config.json files.
 LAYERS = {"gpt-2": 12, "llama-3-8b": 32, "mistral-7b": 32, "qwen2.5-7b": 28, "gemma-2-9b": 42,
@@ -59,10 +61,19 @@ def datasheet_for(device_name: str | None) -> dict:
 
 def kv_bytes_per_token(heads: int, kv_heads: int, head_dim: int, layers: int = 1, elem: int = 2) -> dict:
     """Bytes of K and V one token adds to the cache, per layer and for the whole model, with the
-    query heads' own KV (MHA), the model's grouped KV heads (GQA) and one KV head (MQA)."""
+    query heads' own KV (MHA), the model's grouped KV heads (GQA) and one KV head (MQA).
+
+    Arguments: heads H, kv_heads H_kv, head_dim D, layers, elem (bytes per element: 2 or 4).
+    Returns: {"MHA" | "GQA" | "MQA": dict(kv_heads, per_layer, per_token)}; per_layer is
+    kv_cache.token_bytes (the estimator's 2·H_kv·D·e), per_token that times the layers."""
+    from .kv_cache import token_bytes
+
+    dtype = next((name for name, size in DTYPE_BYTES.items() if size == elem), None)
+    if dtype is None:
+        raise ValueError(f"elem is bytes per element, 2 (bf16 / fp16) or 4 (fp32); got {elem}")
     out = {}
     for name, h_kv in (("MHA", heads), ("GQA", kv_heads), ("MQA", 1)):
-        per_layer = 2 * h_kv * head_dim * elem
+        per_layer = token_bytes(h_kv, head_dim, dtype)
         out[name] = {"kv_heads": h_kv, "per_layer": per_layer, "per_token": per_layer * layers}
     return out
 
@@ -130,7 +141,7 @@ def decode_point(trace) -> RooflinePoint:
     m = trace.meta
     s = m["shape"]
     lens = m["cache_seqlens"]
-    elem = {"fp32": 4, "fp16": 2, "bf16": 2}[m["dtype"]]
+    elem = DTYPE_BYTES[m["dtype"]]
     flops = decode_flops(s["B"], s["H"], s["N_q"], lens, s["D"])
     nbytes = attention_bytes(s["B"], s["H"], s["H_kv"], s["N_q"], float(sum(lens)), s["D"], elem)
     ms = m.get("untraced_ms")

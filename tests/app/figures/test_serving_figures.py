@@ -106,3 +106,35 @@ def test_padded_model_counts_query_blocks_and_figure_shows_them():
 def test_items_naming_a_sequence_outside_the_batch_are_refused():
     with pytest.raises(ValueError, match="the batch has 2"):
         varlen_items(pd.DataFrame(dict(seq=[0, 2], q_block=0, sm=0, t_start=0.0, t_end=1.0)), [5, 6], 16, 1)
+
+
+def test_page_size_panels_each_fill_their_own_byte_axis():
+    # the last pages' unused slots are MiB where a 4k shared prefix saves hundreds: on one axis
+    # the unused line lay flat on zero
+    by = {p: paged_cache_bytes([4200, 5160, 23000], p, 8, 128, "bf16", shared_prefix=4096) for p in (16, 64, 256)}
+    fig = page_size_figure(by, "test", 4096)
+    assert {d.yaxis for d in fig.data} == {"y", "y2"}
+    for d in fig.data:
+        top = fig.layout["yaxis" + d.yaxis[1:]].range[1]
+        assert 0.5 * top <= max(d.y) <= top
+    assert "4,096-token shared prefix" in fig.layout.title.subtitle.text
+
+
+def test_bytes_per_token_on_the_bars_are_the_metrics_bytes():
+    acc = paged_cache_bytes([417, 90, 33], 16, 2, 32, "fp32", shared_prefix=40, max_len=512)
+    text = cache_bytes_figure(acc, "test").data[1].text
+    assert text[0].endswith(f"{acc.contiguous_bytes_per_token:,.0f} B per token")
+    assert text[1].endswith(f"{acc.paged_bytes_per_token:,.0f} B per token")
+
+
+def test_page_sizes_share_the_recorded_prefix_not_only_its_whole_pages():
+    from app.figures.serving_traces import cache_bytes_for
+    from app.sources.serving import run_paged
+
+    lens, prefix = [40, 50], 40         # at page 16 two whole pages (32 tokens) are shared; at 8, five
+    trace = run_paged("interpreter", lens, 16, prefix, seed=4)
+    acc, by = cache_bytes_for(trace)
+    assert acc.shared_pages == 2
+    e = 2 * 2 * 32 * 4                  # 2·H_kv·D·e of the live interpreter shape
+    assert by[8].shared_saved_bytes == prefix * e and by[8].pages == 5 + 0 + 2
+    assert by[16].pages == acc.pages and by[16].stored_tokens == acc.stored_tokens

@@ -90,3 +90,19 @@ def test_block_table_frame_marks_shared_pages():
 def test_bad_input_is_one_line(call, msg):
     with pytest.raises(ValueError, match=msg):
         call()
+
+
+def test_the_decode_pages_bytes_per_token_are_the_estimators():
+    from instrumentation.analysis.decode_model import kv_bytes_per_token
+    from instrumentation.analysis.estimator import estimate
+
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        h_kv, d, layers = int(rng.integers(1, 9)), int(rng.integers(1, 257)), int(rng.integers(1, 80))
+        for elem, dtype in ((2, "bf16"), (4, "fp32")):
+            kv = kv_bytes_per_token(4 * h_kv, h_kv, d, layers, elem)
+            for name, heads in (("MHA", 4 * h_kv), ("GQA", h_kv), ("MQA", 1)):
+                one = estimate(1, heads, heads, 1, 1, d, "full", dtype).kv_cache_bytes
+                assert kv[name]["per_layer"] == one and kv[name]["per_token"] == one * layers
+    with pytest.raises(ValueError, match="2 .bf16 / fp16. or 4 .fp32.; got 3"):
+        kv_bytes_per_token(8, 2, 64, 1, elem=3)      # no element is 3 bytes: not silently 2·H_kv·D·3
