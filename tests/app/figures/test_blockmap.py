@@ -94,3 +94,25 @@ def test_hover_gives_each_tiles_ranges_state_and_rule():
     for (i, j), code in np.ndenumerate(bmap):
         assert hm.text[i][j].startswith(names[code]) and TILE_RULES_SHORT[names[code]] in hm.text[i][j]
     assert set(TILE_RULES) == set(names) and "never loaded" in TILE_RULES["skipped"]
+
+
+def test_comparison_titles_side_by_side_stay_apart():
+    """Two maps side by side: each subplot title's lines fit the space between the two maps'
+    centres at the narrowest width the page draws them (~650 px at a 1280 px window), with the
+    GFLOP computed of each side at the same precision (they ran into each other at 1280 px)."""
+    import re
+
+    fig = F.blockmap_comparison_figure(dict(mask="causal", n=16384, block_m=128, block_n=128),
+                                       dict(mask="causal", n=16384, block_m=64, block_n=64), head_dim=128)
+    titles = [a for a in fig.layout.annotations if "skipped" in (a.text or "")]
+    assert len(titles) == 2
+    x0, x1 = (fig.layout.xaxis.domain[0] + fig.layout.xaxis.domain[1]) / 2, \
+             (fig.layout.xaxis2.domain[0] + fig.layout.xaxis2.domain[1]) / 2
+    room = (x1 - x0) * 650 * 0.85                          # the plot area of a 650 px wide figure
+    for t in titles:
+        longest = max(len(line) for line in t.text.split("<br>"))
+        assert 0.55 * (t.font.size or 16) * longest <= room, t.text
+    gflop = [re.search(r"([\d,.]+) GFLOP computed", t.text).group(1) for t in titles]
+    assert [g.split(".")[-1] for g in gflop] and all(len(g.split(".")[1]) == 1 for g in gflop), gflop
+    dense = 4 * 16384 * 16384 * 128 / 1e9                  # 4·N²·d per head; causal computes about half
+    assert all(0.49 * dense < float(g.replace(",", "")) < 0.52 * dense for g in gflop), gflop
