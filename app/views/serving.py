@@ -95,7 +95,11 @@ if live:
                                help="tokens every sequence shares; its whole pages are held once")
     try:
         lens = srv.check_lengths(parse_lengths(text), s.source)
-        paged = live_paged(s.source, lens, int(page), int(prefix))
+        used = min(int(prefix), max(lens))     # a prefix past the longest shares the same pages
+        if used < prefix:
+            st.caption(f"Shared prefix: {used:,} tokens, the longest sequence (each sequence shares the "
+                       "whole pages of its own length).")
+        paged = live_paged(s.source, lens, int(page), used)
         common.name_downloads(f"serving_paged_{s.source}")
     except ValueError as exc:
         st.error(plain(exc), icon=":material/error:")
@@ -120,10 +124,15 @@ if paged is not None:
     n_seq = len(t["lengths"])
     url_state.control("srv_follow", 0, int, bounds=(0, n_seq - 1))
     follow = slot_follow.number_input("follow sequence", 0, n_seq - 1, key="srv_follow",
-                               help="whose lookups are drawn, and whose page reads are walked below")
+                                      help="whose lookups are drawn, and whose page reads are walked below")
+    ss = st.session_state          # a reserve left at one table's width follows the next table's
+    if ss.get("srv_maxlen") is not None and ss["srv_maxlen"] == ss.get("_srv_maxlen_default"):
+        ss["srv_maxlen"] = t["table_tokens"]
+    ss["_srv_maxlen_default"] = t["table_tokens"]
     url_state.control("srv_maxlen", t["table_tokens"], int, bounds=(max(t["lengths"]), 1 << 20))
-    max_len = slot_reserve.number_input("contiguous reserve (tokens)", max(t["lengths"]), 1 << 20, key="srv_maxlen",
-                                help="tokens a contiguous cache reserves per sequence (the model's max length)")
+    max_len = slot_reserve.number_input("contiguous reserve (tokens)", max(t["lengths"]), 1 << 20,
+                                        key="srv_maxlen",
+                                        help="tokens a contiguous cache reserves per sequence (the model's max length)")
     if not live:
         st.caption(f"Data: {plain(paged.provenance())} · lengths {', '.join(map(str, t['lengths']))} · "
                    f"page {t['page_size']} tokens")

@@ -71,9 +71,19 @@ def test_an_uploaded_paged_step_replaces_the_bundled_one(serving_data, tmp_path)
     up.save(tmp_path / "mine")
     at = open_page("serving", source="upload")
     assert any("Upload a paged decode step" in i.value for i in at.info)
+    assert at.number_input(key="srv_maxlen").value == 5 * PAGE                 # the bundled table's width
     at.file_uploader(key="ctl_upload").upload("mine.zip", zip_trace(tmp_path / "mine", "mine"),
                                               "application/zip").run()
     clean(at)
     z = np.asarray([d for d in chart(at, "Block table")["data"] if d["type"] == "heatmap"][0]["z"], float)
     assert z.shape == (2, 4) and [(row > 0).sum() for row in z] == [2, 4]      # the upload's table
     assert (z[:, 0] == 2).all() and (z[:, 1:] != 2).all()                      # one shared page
+    assert at.number_input(key="srv_maxlen").value == 4 * 16      # the reserve left alone follows the upload's
+
+
+def test_a_prefix_past_the_longest_sequence_shares_each_ones_whole_pages(serving_data):
+    at = open_page("serving", source="interpreter", srv_lens="20,36", srv_prefix="64")
+    clean(at)
+    assert any("Shared prefix: 36 tokens" in c.value for c in at.caption)
+    z = np.asarray([d for d in chart(at, "Block table")["data"] if d["type"] == "heatmap"][0]["z"], float)
+    assert z.shape == (2, 3) and (z[:, 0] == 2).all() and (z[:, 1:] != 2).all()
