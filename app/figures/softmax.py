@@ -127,7 +127,10 @@ def _tile_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
     if steps["n_visible"].iat[i] == 0:
         sub += ("<br>the kernel computes this tile for other rows of the Q block; this row's scores are all "
                 "−∞, so nothing is added")
-    fig.update_layout(title=title(_step_heading(steps, i), sub))
+    # the step and its tile as the title, what α did on a line of its own: on one line the
+    # title ran past the chart's right edge at 1280 px
+    step_text, alpha = _step_heading(steps, i).split("; ", 1)
+    fig.update_layout(title=title(step_text, f"{alpha}<br>{sub}"))
     return fit_title(fig)             # the top margin holds this step's title lines
 
 
@@ -221,8 +224,8 @@ def softmax_state_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     worst_m, worst_l = np.nanmax(np.abs(steps["m_abs_err"])), np.nanmax(steps["l_rel_err"])
     rescaled = int(((steps["alpha_kernel"] < 1) & np.isfinite(steps["m_before_ref"])).sum())
     fig.update_layout(title=title("Online softmax state, step by step",
-                                  f"{_row_label(steps)}; α < 1 (rescale) at {rescaled} of {len(steps)} "
-                                  f"steps; kernel vs float64: max |Δm| {worst_m:.1e}, max |Δl|/l {worst_l:.1e}"),
+                                  f"{_row_label(steps)}<br>α < 1 (rescale) at {rescaled} of {len(steps)} "
+                                  f"steps<br>kernel vs float64: max |Δm| {worst_m:.1e}, max |Δl|/l {worst_l:.1e}"),
                       template=TEMPLATE, height=760,
                       legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
     return _caption(fig, steps, STATE_FORMULAS + ". ")

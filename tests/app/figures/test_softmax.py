@@ -159,7 +159,7 @@ def test_strip_shows_visits_beside_the_rows_visible_keys(tall_blocks):
     assert "1 of them with no key visible to this row" in fig.layout.title.subtitle.text
     assert "keys [96, 128)" in visits.text[0][3]                # half-open, as the tables
     tile = F.softmax_tile_figure(steps, 3)
-    assert "0 of 32 keys visible to this row" in tile.layout.title.text
+    assert "0 of 32 keys visible to this row" in F.title_text(tile)
     assert "keys [96, 128)" in tile.layout.title.text and "sees keys [0, 65)" in tile.layout.title.subtitle.text
 
 
@@ -182,3 +182,21 @@ def test_page_figures_moved_to_a_step_are_the_figures_built_there(tall_blocks):
     assert json.dumps(first, sort_keys=True, default=str) == kept
     with pytest.raises(ValueError, match="outside"):
         figures_at_step(first, steps, len(steps))
+
+
+def test_page_figure_titles_fit_the_chart_at_1280(tall_blocks, causal):
+    """Every title and subtitle line of the page's four figures fits the ~700 px a chart's title
+    gets on a 1280 px window (the tile's title with α, and the state chart's subtitle, ran past
+    the right edge), at every step, a step with no key visible to the row included."""
+    import re
+
+    from app.figures._common import SUBTITLE_SIZE, TITLE_SIZE
+    from app.figures.softmax import PAGE_FIGURES
+
+    for trace, steps in (tall_blocks, (causal, F.softmax_steps(causal, 230, *F.inputs_for_trace(causal)))):
+        for i in range(len(steps)):
+            for name, (build_at, _) in PAGE_FIGURES.items():
+                t = build_at(steps, i).layout.title
+                for text, size in ((t.text, TITLE_SIZE[0]), (t.subtitle.text if t.subtitle else "", SUBTITLE_SIZE[0])):
+                    for line in re.sub(r"<(?!br>)[^>]+>", "", text or "").split("<br>"):
+                        assert 0.45 * size * len(line) <= 700, (name, i, line)   # ~0.43 em a character
