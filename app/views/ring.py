@@ -78,17 +78,17 @@ st.caption(f"Sent per rank and step here: K and V of {sh['N'] // ring['world']:,
 ov = overlap_stats(steps)
 shape = meta["shape"]
 m = st.columns(5)
-m[0].metric("ranks × tokens", f"{ring['world']} × {shape['N'] // ring['world']:,}",
-            f"N = {shape['N']:,}, H = {shape['H']}, D = {shape['D']}", delta_color="off")
-m[1].metric("layout", ring["layout"], f"{meta['mask']} mask", delta_color="off",
+m[0].metric("ranks × tokens", f"{ring['world']} × {shape['N'] // ring['world']:,}",   # short: a fifth of 1280 px
+            f"N = {shape['N']:,}", delta_color="off", delta_arrow="off", help=f"N = {shape['N']:,}, H = {shape['H']}, D = {shape['D']}")
+m[1].metric("layout", ring["layout"], f"{meta['mask']} mask", delta_color="off", delta_arrow="off",
             help=f"the sequence is cut into chunks of {ring['chunk']:,} rows")
 m[2].metric("ring time", f"{ring['ring_ms']:.2f} ms" if ring.get("ring_ms") else "—",
             f"one GPU {ring['single_device_ms']:.2f} ms" if ring.get("single_device_ms") else "interpreter",
-            delta_color="off")
+            delta_color="off", delta_arrow="off")
 m[3].metric("parallel efficiency", f"{100 * ring['parallel_efficiency']:.0f}%" if ring.get("parallel_efficiency")
-            else "—", "vs one GPU", delta_color="off", help="one-GPU time / (W × ring time)")
+            else "—", "vs one GPU", delta_color="off", delta_arrow="off", help="one-GPU time / (W × ring time)")
 m[4].metric("transfers hidden", f"{100 * ov['hidden']:.0f}%",
-            f"{ov['gbps']:.0f} GB/s effective" if ov["gbps"] and hardware else "", delta_color="off",
+            f"{ov['gbps']:.0f} GB/s effective" if ov["gbps"] and hardware else "", delta_color="off", delta_arrow="off",
             help="hidden: the share of transfer time that overlapped compute. Effective: bytes sent "
                  "over (send start to arrival), median over transfers; it includes waiting for the "
                  "peer to post its receive, so it is not the link bandwidth")

@@ -172,3 +172,15 @@ def test_intro_says_only_k_and_v_move_and_counts_them(ring_data, name):
     sent = trace.ring_steps.bytes_sent
     assert kv_step_bytes(trace.meta) == expected and set(sent[sent > 0]) == {expected}
     assert f"**{fmt_bytes(expected)}**" in text and f"transfers: {fmt_bytes(expected)} each" in text
+
+
+def test_headline_numbers_fit_a_fifth_of_1280_px(ring_data):
+    """The five headline metrics share a 1280 px row: each label, value and note stays short
+    enough not to be cut off ('N = 32,768, H = 32, …' was), the full shape in the help."""
+    at = page(ring_rec="w3_natural")
+    clean(at)
+    assert len(at.metric) == 5
+    for m in at.metric:
+        assert len(m.label) <= 22 and len(str(m.value)) <= 12 and len(str(m.proto.delta or "")) <= 22, \
+            (m.label, m.value, m.proto.delta)
+    assert "H = " in at.metric[0].proto.help
