@@ -14,7 +14,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._common import SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fmt_bytes, title
+from ._common import (SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fmt_bytes, plural, title,
+                      whole_ticks)
 
 SEQ_COLOURS = ["#3d7ab8", "#f4a259", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
                "#ff9da7", "#9c755f", "#4e79a7", "#f28e2b", "#8cd17d"]
@@ -83,17 +84,18 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
                                  marker=dict(symbol="square", size=12, color=colour)))
     shared = int((frame.groupby("physical_block")["b"].nunique() > 1).sum())
     ticks = list(range(n_seq)) + [n_seq + 1 + r for r in range(pool_rows)]
-    text = [f"seq {b}" for b in range(n_seq)] + [f"pages {r * width}–{min(num_pages, (r + 1) * width) - 1}"
-                                                  for r in range(pool_rows)]
+    first_last = [(r * width, min(num_pages, (r + 1) * width) - 1) for r in range(pool_rows)]
+    text = [f"seq {b}" for b in range(n_seq)] + [f"page {a}" if a == z else f"pages {a}–{z}" for a, z in first_last]
     fig.update_yaxes(autorange="reversed", tickvals=ticks, ticktext=text, title_text="block table ↑ · page pool ↓")
     fig.update_xaxes(title_text=f"logical block (table, {page_size} tokens each) · page index mod {width} (pool)",
-                     range=[-0.5, width - 0.5])
+                     range=[-0.5, width - 0.5], tickmode="array", tickvals=whole_ticks(width))
     fig.update_layout(template=TEMPLATE, height=max(380, 22 * (n_seq + pool_rows) + 250),
                       legend=dict(x=1.01, y=1, yanchor="top", font=dict(size=11)),
                       title=title("Block table: logical blocks → physical pages",
-                                  f"{n_seq} sequences, {len(frame):,} table entries in use, {frame['physical_block'].nunique():,} "
-                                  f"of {num_pages:,} pages in use;<br>dark: {shared} shared prefix pages, one copy for every "
-                                  f"sequence pointing at them; lines: sequence {follow}'s lookups"))
+                                  f"{plural(n_seq, 'sequence')}, {len(frame):,} table entries in use, "
+                                  f"{frame['physical_block'].nunique():,} of {num_pages:,} pages in use;<br>dark: "
+                                  f"{plural(shared, 'shared prefix page')}, one copy for every sequence pointing "
+                                  f"at it; lines: sequence {follow}'s lookups"))
     return caption(fig, provenance)
 
 
@@ -128,13 +130,18 @@ def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figur
                                  marker=dict(size=9, color=SHARED, symbol="diamond"), hoverinfo="skip"), row=row, col=1)
     kind = "modelled time (no hardware clock)" if modelled else "time since the first program started"
     fig.update_xaxes(title_text=f"{kind} (µs)", row=2, col=1)
-    fig.update_yaxes(title_text="logical block", row=1, col=1)
-    fig.update_yaxes(title_text="page in the pool", row=2, col=1)
+    for row, col, label in ((1, "logical_block", "logical block"), (2, "physical_block", "page in the pool")):
+        fig.update_yaxes(title_text=label, row=row, col=1)
+        lo, hi = (int(reads[col].min()), int(reads[col].max())) if len(reads) else (0, 0)
+        if hi - lo < 10:          # a few blocks or pages: whole numbers only (plotly ticks halves)
+            fig.update_yaxes(range=[lo - 0.5, hi + 0.5], tickmode="array", tickvals=list(range(lo, hi + 1)),
+                             row=row, col=1)
     n_prog = reads.groupby(["kv_head", "split"]).ngroups
     fig.update_layout(template=TEMPLATE, height=560, title=title(
         f"Sequence {b}'s programs walking the block table",
-        f"{n_prog} programs (KV heads × splits), {len(reads)} page reads; each program's reads are in logical "
-        "order,<br>the pages they land on are scattered over the pool (diamonds: a shared prefix page)"))
+        f"{plural(n_prog, 'program')} (KV heads × splits), {plural(len(reads), 'page read')}; "
+        "each program's reads are in logical order,<br>the pages they land on are scattered over the pool "
+        "(diamonds: a shared prefix page)"))
     how = ("each program's start and end are the trace's; its reads, recorded in order, are spaced "
            "inside that span by their keys")
     return caption(fig, f"{provenance}; {how}")
@@ -170,9 +177,10 @@ def cache_bytes_figure(acc, provenance: str) -> go.Figure:
     fig.update_layout(template=TEMPLATE, barmode="stack", height=460, bargap=0.45,
                       legend=dict(x=0.99, y=0.99, xanchor="right", yanchor="top", bgcolor="rgba(255,255,255,0.85)"),
                       title=title("KV cache: paged vs a contiguous max-length reserve",
-                                  f"{acc.batch} sequences, {acc.tokens:,} tokens, {acc.token_bytes:,} B per token "
+                                  f"{plural(acc.batch, 'sequence')}, {acc.tokens:,} tokens, {acc.token_bytes:,} B per token "
                                   f"(2·H_kv·D·e);<br>paged holds {acc.paged_bytes / acc.contiguous_bytes:.0%} of the "
-                                  f"contiguous bytes; {acc.shared_pages} shared pages save "
+                                  f"contiguous bytes; {plural(acc.shared_pages, 'shared page')} "
+                                  f"save{'s' if acc.shared_pages == 1 else ''} "
                                   f"{fmt_bytes(acc.shared_saved_bytes, binary=True)}"))
     return caption(fig, f"{provenance}; bytes: instrumentation.analysis.kv_cache (docs/formulas.md)")
 
@@ -206,5 +214,5 @@ def page_size_figure(by_page_size: dict, provenance: str, shared_prefix: int | N
     prefix = f", a {shared_prefix:,}-token shared prefix" if shared_prefix else ""
     fig.update_layout(template=TEMPLATE, height=420, showlegend=False,
                       title=title("Page size: unused slots vs shared prefix pages",
-                                  f"the same {any_acc.batch} sequences ({any_acc.tokens:,} tokens{prefix}) at each page size"))
+                                  f"the same {plural(any_acc.batch, 'sequence')} ({any_acc.tokens:,} tokens{prefix}) at each page size"))
     return caption(fig, f"{provenance}; bytes: instrumentation.analysis.kv_cache (docs/formulas.md)")

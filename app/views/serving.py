@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import settings, sources, url_state
 from app.figures import serving_traces as charts
-from app.figures._common import fmt_bytes
+from app.figures._common import fmt_bytes, plural
 from app.sources import serving as srv
 from app.text import plain
 from app.views import common
@@ -148,7 +148,7 @@ if paged is not None:
     m[2].metric("unused slots, paged", fmt_bytes(acc.paged_unused_bytes, binary=True),
                 f"{acc.paged_unused_bytes / acc.paged_bytes:.1%} of the pages", delta_color="off", delta_arrow="off")
     m[3].metric("saved by shared pages", fmt_bytes(acc.shared_saved_bytes, binary=True),
-                f"{acc.shared_pages} pages held once", delta_color="off", delta_arrow="off")
+                f"{plural(acc.shared_pages, 'page')} held once", delta_color="off", delta_arrow="off")
     common.chart(charts.cache_bytes_figure_for(paged, int(max_len)), "serving-cache-bytes", "srv_bytes", s.present)
     common.chart(charts.page_size_figure_for(paged), "serving-page-sizes", "srv_sizes", s.present)
     common.trace_downloads(paged, key="srv_trace")

@@ -138,3 +138,21 @@ def test_page_sizes_share_the_recorded_prefix_not_only_its_whole_pages():
     e = 2 * 2 * 32 * 4                  # 2·H_kv·D·e of the live interpreter shape
     assert by[8].shared_saved_bytes == prefix * e and by[8].pages == 5 + 0 + 2
     assert by[16].pages == acc.pages and by[16].stored_tokens == acc.stored_tokens
+
+
+def test_a_table_of_few_pages_has_whole_ticks_and_counts_in_the_singular():
+    lens, page = [1, 256, 300], 256                 # length 1, exactly one page, one shared page
+    table, num_pages = shared_prefix_table(lens, page, 256, spare_pages=2, seed=5)
+    frame = block_table_frame(table, lens, page)
+    fig = block_table_figure(frame, num_pages, page, "test")
+    assert list(fig.layout.xaxis.tickvals) == [0, 1]                        # not -0.5, 0, 0.5, ...
+    assert "1 shared prefix page," in fig.layout.title.subtitle.text
+    assert fig.layout.yaxis.ticktext[-1] == "page 4"                         # not "pages 4–4"
+    one = frame[frame.b == 0].assign(kv_head=0, split=0, t_start=0.0, t_end=10.0)
+    fig = page_walk_figure(one, "test", True, 0)
+    page0 = int(one.physical_block.iloc[0])
+    assert list(fig.layout.yaxis.tickvals) == [0] and list(fig.layout.yaxis2.tickvals) == [page0]
+    assert "1 program (KV heads × splits), 1 page read;" in fig.layout.title.subtitle.text
+    acc = paged_cache_bytes(lens, page, 2, 32, "fp32", shared_prefix=256)
+    assert "1 sequence" not in cache_bytes_figure(acc, "test").layout.title.subtitle.text
+    assert "1 shared page saves 128 KiB" in cache_bytes_figure(acc, "test").layout.title.subtitle.text
