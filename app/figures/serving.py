@@ -78,8 +78,9 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
         ys += [follow, n_seq + 1 + r.physical_block // width, None]
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="rgba(30,30,30,0.45)", width=1),
                              hoverinfo="skip", name=f"sequence {follow}'s lookups"))
-    for name, colour in [("shared page", SHARED), ("free page", SKIPPED_GREY)] + [
-            (f"sequence {b}", seq_colour(b)) for b in range(min(n_seq, 8))]:
+    keys = [("shared page", SHARED)] * int(frame["sharers"].max() > 1) + \
+        [("free page", SKIPPED_GREY)] * int(len(pages) < num_pages)          # only what the picture has
+    for name, colour in keys + [(f"sequence {b}", seq_colour(b)) for b in range(min(n_seq, 8))]:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=12, color=colour)))
     shared = int((frame.groupby("physical_block")["b"].nunique() > 1).sum())

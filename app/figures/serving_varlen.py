@@ -38,17 +38,22 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     Arguments:
         packed, padded: serving.varlen_items frames (seq, q_block, sm, t_start, t_end, padding)
             on one clock; padded may be None (not recorded: the packed lanes alone).
-        sms: lanes; unit: the time axis' label ('µs' or 'modelled tile-units').
+        sms: lanes; unit: the time axis' label ('µs' or 'modelled tile-units'); µs past 2,000 are
+            drawn in ms (an axis of '10k µs' reads badly).
         provenance: the caption; names: the two panels' titles.
     Returns: a Figure."""
     panels = [(names[0], packed)] + ([(names[1], padded)] if padded is not None else [])
     t_end = max(float(p["t_end"].max()) for _, p in panels)
+    if unit == "µs" and t_end > 2000:
+        panels = [(n, p.assign(t_start=p["t_start"] / 1e3, t_end=p["t_end"] / 1e3)) for n, p in panels]
+        padded = panels[1][1] if padded is not None else None
+        packed, unit, t_end = panels[0][1], "ms", t_end / 1e3
     n_seq = int(max(p["seq"].max() for _, p in panels)) + 1
     colours = [IDLE]
     for s in range(n_seq):
         colours += [seq_colour(s), SKIPPED_GREY]      # codes 2s (real) and 2s + 1 (padding), shifted by 1
     def when(t):
-        return fmt_time_ms(t / 1e3) if unit == "µs" else f"{t:.3g} {unit}"
+        return fmt_time_ms({"µs": t / 1e3, "ms": t}[unit]) if unit in ("µs", "ms") else f"{t:.3g} {unit}"
 
     def note(name, items):    # in the panel's title: inside the plot it covered the lanes
         return (f"{name}: {len(items):,} work items ({int(items['padding'].sum()):,} padding), "
@@ -71,7 +76,8 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
                                  marker=dict(symbol="square", size=11, color=seq_colour(s))))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="padding (computed, thrown away)",
                              marker=dict(symbol="square", size=11, color=SKIPPED_GREY)))
-    fig.update_xaxes(title_text=f"time ({unit})", range=[0, t_end * 1.01], row=len(panels), col=1)
+    clock = f"time since each batch's first work item ({unit})" if unit in ("µs", "ms") else f"time ({unit})"
+    fig.update_xaxes(title_text=clock, range=[0, t_end * 1.01], row=len(panels), col=1)
     ratio = (f"; padded ends {float(padded['t_end'].max()) / float(packed['t_end'].max()):.2f}× later"
              if padded is not None else "")
     fig.update_layout(template=TEMPLATE, height=260 + 300 * len(panels), legend=dict(x=1.01, y=1, font=dict(size=11)),

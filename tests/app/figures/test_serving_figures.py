@@ -156,3 +156,27 @@ def test_a_table_of_few_pages_has_whole_ticks_and_counts_in_the_singular():
     acc = paged_cache_bytes(lens, page, 2, 32, "fp32", shared_prefix=256)
     assert "1 sequence" not in cache_bytes_figure(acc, "test").layout.title.subtitle.text
     assert "1 shared page saves 128 KiB" in cache_bytes_figure(acc, "test").layout.title.subtitle.text
+
+
+def test_lanes_past_two_milliseconds_are_drawn_in_ms():
+    rng = np.random.default_rng(6)
+    t0 = rng.uniform(0, 4000, 40)                                      # µs, as a GPU recording's
+    items = pd.DataFrame(dict(seq=rng.integers(0, 3, 40), q_block=0, sm=rng.integers(0, 8, 40), t_start=t0,
+                              t_end=t0 + rng.uniform(10, 900, 40), padding=False))
+    fig = varlen_lanes_figure(items, None, 8, "µs", "test")
+    end_ms = items["t_end"].max() / 1e3
+    assert fig.layout.xaxis.title.text.endswith("(ms)") and np.isclose(fig.layout.xaxis.range[1], end_ms * 1.01)
+    assert np.asarray(fig.data[0].x).max() < end_ms                  # bin centres, in ms
+    notes = [a.text for a in fig.layout.annotations if "ends at" in a.text]
+    assert notes[0].endswith(f"ends at {end_ms:.3g} ms")
+    short = items.assign(t_start=items["t_start"] / 10, t_end=items["t_end"] / 10)
+    assert varlen_lanes_figure(short, None, 8, "µs", "test").layout.xaxis.title.text.endswith("(µs)")
+
+
+def test_the_block_tables_key_names_only_what_it_draws():
+    lens, page = [40, 50], 16
+    for prefix, spare, keys in ((0, 0, []), (16, 2, ["shared page", "free page"])):
+        table, num_pages = shared_prefix_table(lens, page, prefix, spare_pages=spare, seed=7)
+        fig = block_table_figure(block_table_frame(table, lens, page), num_pages, page, "test")
+        names = [d.name for d in fig.data if d.type == "scatter" and d.mode == "markers"]
+        assert names == keys + ["sequence 0", "sequence 1"]
