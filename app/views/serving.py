@@ -166,28 +166,33 @@ if live:
                  help="two kernel runs; in the interpreter they take a minute on a busy machine"):
         try:
             packed, padded = live_varlen(s.source, srv.check_lengths(parse_lengths(vtext), s.source, srv.VARLEN_LIMITS))
+            vstem = f"serving_varlen_{s.source}"
         except ValueError as exc:
             st.error(plain(exc), icon=":material/error:")
 elif upload_kind == "varlen":
-    packed = upload
+    packed = vstem = upload
 elif found.get("varlen"):
     vnames = [p.name for p in found["varlen"]]
     url_state.control("srv_vrec", vnames[0], options=vnames)
     vrec = st.selectbox("varlen recording", vnames, key="srv_vrec")
-    packed = load_dir(found["varlen"][vnames.index(vrec)])
+    packed, vstem = load_dir(found["varlen"][vnames.index(vrec)]), vrec
     lens = packed.meta["varlen"]["lengths_q"]
-    # the same batch padded: a record() trace whose shape is the batch at its longest length
+    # the same batch padded: a record() trace whose shape is the batch at its longest length (and,
+    # where it says which lengths it pads, these)
     for p in found.get("padded", []):
         cand = load_dir(p)
-        if cand.meta["shape"]["B"] == len(lens) and cand.meta["shape"]["N_q"] == max(lens):
+        if cand.meta["shape"]["B"] == len(lens) and cand.meta["shape"]["N_q"] == max(lens) and \
+                (cand.meta.get("padded_from") or {}).get("lengths", lens) == lens:
             padded = cand
             break
 else:
     st.warning("No varlen recording is bundled (data/serving/ has none). Switch the source to the "
                "live interpreter in the sidebar to run one.", icon=":material/folder_off:")
 if packed is not None:
+    common.name_downloads(vstem)
     if padded is None:
         st.caption("The padded batch is not recorded here: its work items and time are the analytic "
                    "model's (instrumentation.estimate).")
     common.chart(charts.varlen_lanes_figure_for(packed, padded), "serving-varlen-lanes", "srv_lanes", s.present)
     common.chart(charts.varlen_work_figure_for(packed, padded), "serving-varlen-work", "srv_work", s.present)
+    common.trace_downloads(packed, key="srv_vtrace")       # the packed batch: upload it back here

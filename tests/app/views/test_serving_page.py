@@ -56,6 +56,8 @@ def test_recorded_page_draws_the_recordings(serving_data):
     assert list(packed["y"]) == serving_data["packed"].work.groupby("seq").size().tolist()
     pad = next(d for d in work["data"] if d["name"] == "padded: padding")
     assert sum(pad["y"]) == len(serving_data["padded"].work) - len(serving_data["packed"].work)
+    downloads = [d.proto.id for d in at.get("download_button")]
+    assert any(k.endswith("srv_vtrace_parquet") for k in downloads)   # the varlen batch, to upload back
 
 
 def test_live_lengths_that_do_not_parse_or_fit_are_one_line_each(serving_data):
