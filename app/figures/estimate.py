@@ -14,6 +14,7 @@ sweeps N, picks fields and draws. Every chart's caption says the data are the an
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,7 @@ PROVENANCE = "analytic model (instrumentation.estimate), not a measurement"
 N_MIN, N_MAX = 256, 1 << 20
 DEVICE_COLOURS = {"H100": "#59a14f", "H200": "#8c6bb1"}
 GREY = "#888"
+CAPTION_LINE_PX = 15               # one caption line (11 px type) in the normal look
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,11 @@ def _layout(fig: go.Figure, ests, main: str, p: Problem, note: str) -> go.Figure
     fig.update_layout(template=TEMPLATE, title=title(main, f"{p.label} · {p.brief()}" if p.label else p.brief()),
                       legend=dict(orientation="v", x=0.01, y=0.99, xanchor="left", yanchor="top",
                                   bgcolor="rgba(255,255,255,0.85)"),
-                      meta={"slide_legend_inside": True}, height=480, hovermode="x unified")
-    return caption(fig, f"Data: {PROVENANCE}, one attention layer, forward. {note}", width=115)
+                      meta={"slide_legend_inside": True}, hovermode="x unified")
+    text = f"Data: {PROVENANCE}, one attention layer, forward. {note}"
+    lines = len(textwrap.wrap(text, 115))
+    fig.update_layout(height=480 + CAPTION_LINE_PX * max(0, lines - 3))    # a long caption keeps the plot's height
+    return caption(fig, text, width=115)
 
 
 def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> go.Figure:
