@@ -117,8 +117,10 @@ def test_a_shape_the_estimator_refuses_is_one_line(preset_data):
 def test_nearest_recording_of_the_model_among_the_bundled_long_prefills(query, recording):
     from pathlib import Path
 
-    if not (Path(__file__).resolve().parents[3] / "data" / "traces" / recording).is_dir():
+    data = Path(__file__).resolve().parents[3] / "data"
+    if not (data / "traces" / recording).is_dir():
         pytest.skip("the bundled long-prefill recordings are not here")
-    at = page(**{k: str(v) for k, v in query.items()})
+    with tilescope_data(data):       # the bundled data/, whichever module fixture is alive
+        at = page(**{k: str(v) for k, v in query.items()})
     clean(at)
     assert f"Nearest real recording of this model: [{recording}](./schedule?" in shown_text(at)
