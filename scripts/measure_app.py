@@ -16,7 +16,8 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
                         and the schedule comparison switched on (all bundled schedules side by side)
 
   --interactions       an export click (16k lanes chart as PNG, click -> file; goal 1.5 s) and an
-                        online-softmax step (Next -> next step shown; goal 0.5 s), beside another
+                        online-softmax step (Next -> next step shown, the script idle; goal 0.5 s;
+                        also until its text and until its tile chart show the step), beside another
                         checkout's app when given; merged into the JSON as "interactions"
 
 The browser is the system Chromium with app.devtools.CHROMIUM_ARGS: a fresh browser context (a
@@ -174,9 +175,15 @@ def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict
         started = time.perf_counter()
         page.get_by_role("button", name="Next").first.click()
         page.wait_for_function(f"() => document.body.innerText.includes('Step {k}/')")
+        text_s = time.perf_counter() - started           # the server's answer: the step's text is shown
+        page.wait_for_function(f"() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+                               f".some(t => t.textContent.startsWith('Step {k} of'))")
+        chart_s = time.perf_counter() - started          # the tile chart redrawn at the new step
         page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
         if k > 2:
             out.setdefault("softmax_step_s", []).append(time.perf_counter() - started)
+            out.setdefault("softmax_step_text_s", []).append(text_s)
+            out.setdefault("softmax_step_chart_s", []).append(chart_s)
     ctx.close()
     return out
 
