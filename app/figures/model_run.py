@@ -30,16 +30,17 @@ TOP_LEGEND = dict(orientation="h", x=1, y=1.1, xanchor="right", yanchor="bottom"
 TIMES = "kernel time: each call's untraced kernel, do_bench median"
 
 
-def run_provenance(run, name: str = "") -> str:
-    """Where a run's numbers come from: 'recorded model run NAME: Model, NVIDIA H200, 2026-11-26,
-    transformers 5.17'."""
+def run_provenance(run, name: str = "", uploaded: bool = False) -> str:
+    """Where a run's numbers come from: 'recorded model run NAME: Model on NVIDIA H200, 2026-11-26,
+    transformers 5.17' (uploaded: 'uploaded model run FILE', its meta is the uploader's word)."""
     m = run.meta
     env = m.get("environment") or {}
     dev = env.get("device_name") or m.get("device", "?")
     if env.get("backend") not in (None, "cuda"):
         dev = "CPU interpreter (no hardware timing)"
     when = str(m.get("created", "?"))[:10]
-    return (f"recorded model run{' ' + name if name else ''}: {m.get('model', '?')} on {dev}, {when}, "
+    return (f"{'uploaded' if uploaded else 'recorded'} model run{' ' + name if name else ''}: "
+            f"{m.get('model', '?')} on {dev}, {when}, "
             f"transformers {m.get('transformers_version', '?')}")
 
 

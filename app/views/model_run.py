@@ -48,9 +48,9 @@ try:
             st.info("Upload a zip of a saved model run: `run.save(DIR)` after `with hf.capture(model) as run:`, "
                     "then zip DIR. Saved under data/runs/ it is listed here and its calls link to the other pages.")
             st.stop()
-        run, name = runs.uploaded_run(up), ""
+        run, name, shown = runs.uploaded_run(up), "", up.name
     else:
-        run, name = runs.load_run(runs.run_named(choice)), choice
+        run, name, shown = runs.load_run(runs.run_named(choice)), choice, choice
 except RunError as exc:
     st.error(plain(str(exc)), icon=":material/error:")
     st.stop()
@@ -60,7 +60,7 @@ if not run.calls:
 common.name_downloads(name or "model-run")
 
 table = call_table(run)
-prov = run_provenance(run, name)
+prov = run_provenance(run, shown, uploaded=not name)
 m = run.meta
 if not s.present:
     env = m.get("environment") or {}

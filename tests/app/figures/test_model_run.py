@@ -44,6 +44,7 @@ def test_layer_totals_equal_the_runs_table(run):
     total = sum(bars(fig, "prefill").values()) + sum(bars(fig, "decode").values())
     assert total == pytest.approx(raw.kernel_ms.sum() * 1e3)
     assert "recorded model run r" in fig.layout.annotations[-1].text and "NVIDIA H" in fig.layout.annotations[-1].text
+    assert mr.run_provenance(run, "mine.zip", uploaded=True).startswith("uploaded model run mine.zip: ")
 
 
 def test_tiles_match_the_prefill_traces_and_kv_bytes_the_shapes(run):
