@@ -81,7 +81,8 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     ratio = (f"; padded ends {float(padded['t_end'].max()) / float(packed['t_end'].max()):.2f}× later"
              if padded is not None else "")
     fig.update_layout(template=TEMPLATE, height=260 + 300 * len(panels), legend=dict(x=1.01, y=1, font=dict(size=11)),
-                      title=title("A ragged batch on the SM lanes: packed vs padded",
+                      title=title("A ragged batch on the SM lanes: " + ("packed vs padded" if padded is not None
+                                                                        else "packed (the padded batch not recorded)"),
                                   f"colour = sequence; short sequences end early and free their SMs{ratio}"))
     return caption(fig, provenance)
 
