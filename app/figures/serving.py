@@ -129,7 +129,7 @@ def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figur
         fig.add_trace(go.Scatter(x=(shared["t_start"] + shared["t_end"]) / 2e3, y=shared[col], mode="markers",
                                  name="a shared prefix page", legendgroup="shared", showlegend=row == 1 and len(shared) > 0,
                                  marker=dict(size=9, color=SHARED, symbol="diamond"), hoverinfo="skip"), row=row, col=1)
-    kind = "modelled time (no hardware clock)" if modelled else "time since the first program started"
+    kind = "modelled time, no hardware clock" if modelled else "time since the first program started"
     fig.update_xaxes(title_text=f"{kind} (µs)", row=2, col=1)
     for row, col, label in ((1, "logical_block", "logical block"), (2, "physical_block", "page in the pool")):
         fig.update_yaxes(title_text=label, row=row, col=1)

@@ -141,7 +141,9 @@ if paged is not None:
     acc, _ = charts.cache_bytes_for(paged, int(max_len))
     m = st.columns(4)
     m[0].metric("paged", fmt_bytes(acc.paged_bytes, binary=True), f"{acc.paged_bytes_per_token:,.0f} B per token",
-                delta_color="off", delta_arrow="off", help="one layer: pages in use × page size × 2·H_kv·D·e")
+                delta_color="off", delta_arrow="off",
+                help="one layer: pages in use × page size × 2·H_kv·D·e; per token: over the tokens the sequences "
+                     "hold, a shared page counted once (so it can be below 2·H_kv·D·e)")
     m[1].metric("contiguous", fmt_bytes(acc.contiguous_bytes, binary=True),
                 f"{acc.contiguous_bytes_per_token:,.0f} B per token", delta_color="off", delta_arrow="off",
                 help="one layer: B × the reserve × 2·H_kv·D·e")
