@@ -256,8 +256,8 @@ def default_blocks(head_dim: int, dtype: str, n_q: int, n_k: int, spec=None,
                    device: str | None = None) -> tuple[int, int]:
     """(block_m, block_n) the kernel picks when none are given: kernels.default_config, mirrored
     here without torch (a test compares the two). By the padded head dim: 128 x 64 up to D 64;
-    up to D 128, 128 x 64 while max(N_q, N_k) <= 8192, else 128 x 128; 64 x 64 above; at most
-    64 x 64 in fp32. On an H100 or H200, a bf16/fp16 D = 128 call with N_q and N_k multiples of 128
+    up to D 128, 128 x 64 while max(N_q, N_k) <= 8192, else 128 x 128; 128 x 64 above (also the
+    D 256 warp-specialised config's tiles); at most 64 x 64 in fp32. On an H100 or H200, a bf16/fp16 D = 128 call with N_q and N_k multiples of 128
     whose 128 x 128 plan has no partial tile, or pays the warp-specialised split, takes 128 x 128.
 
     Arguments: head_dim D, dtype name, n_q, n_k, spec (the MaskSpec; None when a block size is
@@ -275,7 +275,7 @@ def default_blocks(head_dim: int, dtype: str, n_q: int, n_k: int, spec=None,
     elif d <= 128:
         bm, bn = (128, 64) if max(n_q, n_k) <= 8192 else (128, 128)
     else:
-        bm, bn = 64, 64
+        bm, bn = 128, 64
     if dtype == "fp32":
         bm, bn = min(bm, 64), min(bn, 64)
     return bm, bn
