@@ -79,10 +79,10 @@ elif upload is not None and upload_kind not in ("paged", "varlen"):
 
 # -- paged decode ----------------------------------------------------------------------------------
 st.header("A paged KV cache")
-# live: lengths, page, prefix, follow, reserve; a recording: its name, follow, reserve (wider, so the
-# labels stay on one line at 1280 px)
-c = st.columns([3, 1, 1, 1, 1] if live else [2, 1, 1])
-slot_follow, slot_reserve = (c[3], c[4]) if live else (c[1], c[2])
+# a recording: its name, follow, reserve; live: lengths, page, prefix, and follow, reserve on a second
+# row (five in one row wrapped their labels onto three lines at 1280 px)
+c = st.columns([2, 1, 1])
+_, slot_follow, slot_reserve = st.columns([2, 1, 1]) if live else c
 paged = None
 if live:
     lim = srv.LIVE_LIMITS[s.source]
