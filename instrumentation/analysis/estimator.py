@@ -48,22 +48,24 @@ class Device:
 
 
 # The efficiencies fit_efficiency(calibration_points()) gives (a test recomputes them from the
-# files). The H100 has no D = 256 recording: it takes the H200's (same SMs and clocks).
+# files).
 DEVICES = {
     "H100": Device("NVIDIA H100 SXM 80GB", 989.4, 66.9, 3350.0, 85_017_493_504,
-                   full_efficiency={64: 0.43, 128: 0.52, 256: 0.26},
-                   partial_efficiency={64: 0.14, 128: 0.20, 256: 0.11}),
+                   full_efficiency={64: 0.43, 128: 0.56, 256: 0.60},
+                   partial_efficiency={64: 0.12, 128: 0.11, 256: 0.10}),
     "H200": Device("NVIDIA H200 141GB", 989.4, 66.9, 4800.0, 150_109_880_320,
-                   full_efficiency={64: 0.44, 128: 0.50, 256: 0.26},
-                   partial_efficiency={64: 0.12, 128: 0.21, 256: 0.11}),
+                   full_efficiency={64: 0.44, 128: 0.53, 256: 0.60},
+                   partial_efficiency={64: 0.12, 128: 0.16, 256: 0.18}),
 }
 
 # Where the efficiencies come from: untraced median times of the kernel's natural schedule,
 # calls of at least CALIBRATION_MIN_MS (shorter ones are dominated by launch and the last wave).
 CALIBRATION_FILES = {
-    "H100": ("data/benchmarks/nvidia-h100-80gb-hbm3.json", "data/benchmarks/nvidia-h100-80gb-hbm3-d64.json"),
-    "H200": ("data/benchmarks/nvidia-h200.json", "data/benchmarks/nvidia-h200-d64.json",
-             "data/benchmarks/shapes-nvidia-h200.json", "data/traces/*/manifest.json"),
+    "H100": ("data/benchmarks/nvidia-h100-80gb-hbm3-d128-r3.json", "data/benchmarks/nvidia-h100-80gb-hbm3-d64-r3.json",
+             "data/benchmarks/nvidia-h100-80gb-hbm3-d256.json"),
+    "H200": ("data/benchmarks/nvidia-h200-d128-r3.json", "data/benchmarks/nvidia-h200-d64-r3.json",
+             "data/benchmarks/nvidia-h200-d256.json", "data/benchmarks/shapes-nvidia-h200.json",
+             "data/traces/*/manifest.json"),
 }
 CALIBRATION_MIN_MS = 0.25
 
@@ -84,7 +86,9 @@ def calibration_points(root=".") -> list[dict]:
     """One dict per calibrating recording: device, source, shape, measured ms, and the FLOPs of
     its full and of its partial tiles at the padded head dim (what the kernel multiplies). Reads
     the CALIBRATION_FILES under `root` (the repository). Returns the list; calls shorter than
-    CALIBRATION_MIN_MS are kept with used=False."""
+    CALIBRATION_MIN_MS, and calls at tiles other than the kernel's default for their shape (the
+    model prices the default; a hand-picked tile, e.g. 64 x 64 at D 256, runs at another rate),
+    are kept with used=False."""
     import glob
     import os
 
@@ -95,11 +99,13 @@ def calibration_points(root=".") -> list[dict]:
     def add(device, source, b, h, h_kv, n_q, n_k, d, mask, dtype, bm, bn, ms):
         e = estimate(b, h, h_kv, n_q, n_k, d, mask, dtype, bm, bn, device)
         pad = padded_head_dim(d) / d
+        default = (bm, bn) == default_blocks(d, dtype, n_q, n_k, parse_mask(e.mask, n_q, n_k), device)
         out.append(dict(device=device, source=source, batch=b, heads=h, kv_heads=h_kv, n_q=n_q,
                         n_k=n_k, head_dim=d, mask=e.mask, dtype=dtype, block_m=bm, block_n=bn,
                         ms=ms, d_class=d_class(d), flops_full=e.flops_full_tiles * pad,
                         flops_partial=(e.flops_tiles - e.flops_full_tiles) * pad,
-                        used=ms >= CALIBRATION_MIN_MS))
+                        default_tiles=default,
+                        used=default and ms >= CALIBRATION_MIN_MS))
 
     for device, patterns in CALIBRATION_FILES.items():
         for pattern in patterns:
