@@ -132,7 +132,7 @@ def varlen_lanes_for(packed, padded=None, sms: int | None = None):
     def items(trace):
         tl = trace.work if hw else timeline(trace, sms=sms)
         lanes = tl.assign(seq=trace.work["seq"].to_numpy()) if "seq" in trace.work else tl
-        out = varlen_items(lanes, v["lengths"], v["block_m"], v["heads"])
+        out = varlen_items(lanes, v["lengths"], int(trace.meta["block_m"]), v["heads"])   # each its own tile
         if hw:
             t0 = float(out["t_start"].min())
             out = out.assign(t_start=(out["t_start"] - t0) / 1e3, t_end=(out["t_end"] - t0) / 1e3)
@@ -169,7 +169,7 @@ def varlen_work_figure_for(packed, padded=None, device: str | None = None):
     model = padded_items_model(v["lengths"], sh["H"], sh["H_kv"], sh["D"], packed.meta.get("mask", "causal"),
                                packed.meta["dtype"], v["block_m"], int(packed.meta["block_n"]), device)
     if padded is not None:
-        pad = items_per_sequence(varlen_items(padded.work, v["lengths"], v["block_m"], v["heads"]), n)
+        pad = items_per_sequence(varlen_items(padded.work, v["lengths"], int(padded.meta["block_m"]), v["heads"]), n)
         source = f"packed: {packed.provenance()}; padded: {padded.provenance()}"
     else:
         per = pd.Series(model["padded"]["per_seq"])

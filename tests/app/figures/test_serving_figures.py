@@ -181,3 +181,23 @@ def test_the_block_tables_key_names_only_what_it_draws():
         fig = block_table_figure(block_table_frame(table, lens, page), num_pages, page, "test")
         names = [d.name for d in fig.data if d.type == "scatter" and d.mode == "markers"]
         assert names == keys + ["sequence 0", "sequence 1"]
+
+
+def test_a_padded_batch_of_another_tile_counts_its_own_query_blocks():
+    import torch
+
+    from app.figures.serving_traces import varlen_lanes_for, varlen_work_figure_for
+    from app.sources.serving import run_varlen
+    from instrumentation import record
+
+    lens, heads = [40, 9, 70], 4
+    packed, _ = run_varlen("interpreter", lens)                    # 32-row query blocks
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(3, h, 70, 32, generator=g) for h in (heads, 2, 2))
+    _, padded = record(q, k, v, mask="causal", level="work", block_m=64, block_n=32, measure=False)
+    real = [heads * -(-n // 64) for n in lens]                     # 64-row blocks holding a real row
+    fig = varlen_work_figure_for(packed, padded)
+    bars = {d.name: list(d.y) for d in fig.data}
+    assert bars["padded: real"] == real and bars["padded: padding"] == [heads * 2 - r for r in real]
+    _, pad_items, *_ = varlen_lanes_for(packed, padded)
+    assert pad_items.groupby("seq")["padding"].apply(lambda p: int((~p).sum())).tolist() == real
