@@ -2,7 +2,7 @@
 warp-specialised, the causal split), schedules, and decode tile configs and split counts. Every
 variant of a case runs on the same inputs in one process; each output is checked against
 cuDNN's before it is timed; `--repeats` interleaved rounds of
-triton.testing.do_bench medians, the median over rounds recorded (with every round).
+medians of instrumentation's time_ms (do_bench), the median over rounds recorded (with every round).
 
     python -m benchmarks.kernel_probe --suite d256 --name d256
     python -m benchmarks.kernel_probe --suite causal,decode --name causal-decode --repeats 3
@@ -146,9 +146,8 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=8)
     p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args(argv)
-    import triton
     import kernels.launch_config as rules
-    from instrumentation.recording.timing import time_graph_ms
+    from instrumentation.recording.timing import time_graph_ms, time_ms
     import kernels.launch as launch
 
     variants = [v for s in args.suite.split(",") for v in suite(s.strip())]
@@ -201,8 +200,7 @@ def main(argv=None) -> int:
                 if v["kind"].endswith("decode"):     # microseconds of GPU work: CUDA-graph replays
                     rec["ms_rounds"].append(time_graph_ms(fn, rep_ms=args.rep))
                 else:
-                    rec["ms_rounds"].append(triton.testing.do_bench(fn, warmup=10, rep=args.rep,
-                                                                    return_mode="median"))
+                    rec["ms_rounds"].append(time_ms(fn, "cuda", warmup=10, rep=args.rep))
             except Exception as exc:  # noqa: BLE001
                 rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:200]}")
             finally:
