@@ -62,15 +62,17 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
                         subplot_titles=[note(n, p) for n, p in panels])
     xs = (np.arange(BINS) + 0.5) * t_end / BINS
     small = np.int8 if len(colours) < 127 else np.int16       # a small typed array in the page
+    # a small batch on a modelled 132-SM GPU: draw the lanes in use (thin stripes otherwise), say the rest idle
+    used = int(max(p["sm"].max() for _, p in panels)) + 1
     for row, (name, items) in enumerate(panels, start=1):
-        img = (lane_image(items, sms, t_end) + 1).astype(small)   # 0 idle
+        img = (lane_image(items, used, t_end) + 1).astype(small)   # 0 idle
         seq = np.where(img > 0, (img - 1) // 2, -1).astype(small)
-        fig.add_trace(go.Heatmap(z=img, x=xs, y=np.arange(sms), customdata=seq, colorscale=discrete_colorscale(colours),
+        fig.add_trace(go.Heatmap(z=img, x=xs, y=np.arange(used), customdata=seq, colorscale=discrete_colorscale(colours),
                                  zmin=-0.5, zmax=len(colours) - 0.5, showscale=False,
                                  hovertemplate=f"SM %{{y}}, %{{x:.3g}} {unit}<br>sequence %{{customdata}} "
                                                "(-1: idle; grey: padding)<extra></extra>"),
                       row=row, col=1)
-        fig.update_yaxes(title_text="SM", range=[-0.5, sms - 0.5], row=row, col=1)
+        fig.update_yaxes(title_text="SM", range=[-0.5, used - 0.5], row=row, col=1)
     for s in range(min(n_seq, 10)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"sequence {s}",
                                  marker=dict(symbol="square", size=11, color=seq_colour(s))))
@@ -80,6 +82,8 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     fig.update_xaxes(title_text=clock, range=[0, t_end * 1.01], row=len(panels), col=1)
     ratio = (f"; padded ends {float(padded['t_end'].max()) / float(packed['t_end'].max()):.2f}× later"
              if padded is not None else "")
+    if used < sms:
+        ratio += f"<br>SMs {used}–{sms - 1} of {sms} get no work item (not drawn)"
     fig.update_layout(template=TEMPLATE, height=260 + 300 * len(panels), legend=dict(x=1.01, y=1, font=dict(size=11)),
                       title=title("A ragged batch on the SM lanes: " + ("packed vs padded" if padded is not None
                                                                         else "packed (the padded batch not recorded)"),

@@ -170,6 +170,10 @@ def test_lanes_past_two_milliseconds_are_drawn_in_ms():
     assert np.asarray(fig.data[0].x).max() < end_ms                  # bin centres, in ms
     notes = [a.text for a in fig.layout.annotations if "ends at" in a.text]
     assert notes[0].endswith(f"ends at {end_ms:.3g} ms")
+    used = int(items["sm"].max()) + 1
+    fig = varlen_lanes_figure(items, None, 132, "µs", "test")       # a few lanes of a 132-SM GPU
+    assert np.asarray(fig.data[0].z).shape[0] == used and fig.layout.yaxis.range[1] == used - 0.5
+    assert f"SMs {used}–131 of 132 get no work item" in fig.layout.title.subtitle.text
     short = items.assign(t_start=items["t_start"] / 10, t_end=items["t_end"] / 10)
     assert varlen_lanes_figure(short, None, 8, "µs", "test").layout.xaxis.title.text.endswith("(µs)")
 
