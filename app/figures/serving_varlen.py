@@ -76,8 +76,9 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     for s in range(min(n_seq, 10)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"sequence {s}",
                                  marker=dict(symbol="square", size=11, color=seq_colour(s))))
-    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="padding (computed, thrown away)",
-                             marker=dict(symbol="square", size=11, color=SKIPPED_GREY)))
+    if any(p["padding"].any() for _, p in panels):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="padding (computed, thrown away)",
+                                 marker=dict(symbol="square", size=11, color=SKIPPED_GREY)))
     clock = f"time since each batch's first work item ({unit})" if unit in ("µs", "ms") else f"time ({unit})"
     fig.update_xaxes(title_text=clock, range=[0, t_end * 1.01], row=len(panels), col=1)
     ratio = (f"; padded ends {float(padded['t_end'].max()) / float(packed['t_end'].max()):.2f}× later"

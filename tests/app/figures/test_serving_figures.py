@@ -165,6 +165,7 @@ def test_lanes_past_two_milliseconds_are_drawn_in_ms():
                               t_end=t0 + rng.uniform(10, 900, 40), padding=False))
     fig = varlen_lanes_figure(items, None, 8, "µs", "test")
     assert fig.layout.title.text.endswith("packed (the padded batch not recorded)")   # one panel, no "vs"
+    assert not [d for d in fig.data if d.name and "padding" in d.name]                # nor a key for it
     end_ms = items["t_end"].max() / 1e3
     assert fig.layout.xaxis.title.text.endswith("(ms)") and np.isclose(fig.layout.xaxis.range[1], end_ms * 1.01)
     assert np.asarray(fig.data[0].x).max() < end_ms                  # bin centres, in ms
