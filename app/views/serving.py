@@ -163,7 +163,7 @@ if live:
     vlim = srv.VARLEN_LIMITS[s.source]
     vtext = st.text_input(f"varlen batch: sequence lengths (1 to {vlim['seqs']}, each ≤ {vlim['length']:,})",
                           key="srv_vlens")
-    url_state.control("srv_vrun", False, lambda x: x in ("True", "true", "1"))
+    url_state.control("srv_vrun", False)              # 1 or 0; anything else is named in a warning
     if st.toggle("Run the packed and the padded batch", key="srv_vrun",
                  help="two kernel runs; in the interpreter they take a minute on a busy machine"):
         try:

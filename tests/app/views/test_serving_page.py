@@ -68,6 +68,12 @@ def test_live_lengths_that_do_not_parse_or_fit_are_one_line_each(serving_data):
         "each length must lie in 1..512 for a live interpreter run, got 600, 20"]
 
 
+def test_a_run_switch_in_the_link_that_is_not_1_or_0_is_named(serving_data):
+    at = open_page("serving", source="interpreter", srv_lens="20,36", srv_vrun="maybe")
+    assert not at.exception and not at.toggle(key="srv_vrun").value
+    assert any("srv_vrun='maybe'" in w.value and "not 1 or 0" in w.value for w in at.warning)
+
+
 def test_an_uploaded_paged_step_replaces_the_bundled_one(serving_data, tmp_path):
     up = run_paged("interpreter", [20, 50], 16, 16, seed=3)
     up.save(tmp_path / "mine")
