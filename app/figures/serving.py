@@ -70,6 +70,7 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
     fig.add_trace(go.Heatmap(z=pool.reshape(pool_rows, width), x=np.arange(width), y=y_pool,
                              text=hover_p.reshape(pool_rows, width), **common))
     mine = frame[frame["b"] == follow]
+    n_lookups = len(mine)
     if len(mine) > MAX_LINKS:      # evenly spaced lookups, the first and last always among them
         mine = mine.iloc[np.unique(np.linspace(0, len(mine) - 1, MAX_LINKS).round().astype(int))]
     xs, ys = [], []
@@ -96,7 +97,8 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
                                   f"{plural(n_seq, 'sequence')}, {len(frame):,} table entries in use, "
                                   f"{frame['physical_block'].nunique():,} of {num_pages:,} pages in use;<br>dark: "
                                   f"{plural(shared, 'shared prefix page')}, one copy for every sequence pointing "
-                                  f"at it; lines: sequence {follow}'s lookups"))
+                                  f"at it; lines: sequence {follow}'s lookups"
+                                  + (f" ({len(mine)} of {n_lookups:,}, evenly spaced)" if len(mine) < n_lookups else "")))
     return caption(fig, provenance)
 
 

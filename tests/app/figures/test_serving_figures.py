@@ -206,3 +206,15 @@ def test_a_padded_batch_of_another_tile_counts_its_own_query_blocks():
     assert bars["padded: real"] == real and bars["padded: padding"] == [heads * 2 - r for r in real]
     _, pad_items, *_ = varlen_lanes_for(packed, padded)
     assert pad_items.groupby("seq")["padding"].apply(lambda p: int((~p).sum())).tolist() == real
+
+
+def test_a_long_sequences_lookups_are_thinned_and_the_subtitle_says_so():
+    lens, page = [16 * 100, 40], 16
+    table, num_pages = shared_prefix_table(lens, page, 0, seed=9)
+    frame = block_table_frame(table, lens, page)
+    for follow, drawn, note in ((0, 48, "(48 of 100, evenly spaced)"), (1, 3, None)):
+        fig = block_table_figure(frame, num_pages, page, "test", follow=follow)
+        lines = next(d for d in fig.data if d.type == "scatter" and d.mode == "lines")
+        assert sum(y is None for y in lines.y) == drawn
+        sub = fig.layout.title.subtitle.text
+        assert (note in sub) if note else sub.endswith(f"sequence {follow}'s lookups")
