@@ -142,7 +142,7 @@ def page_walk_figure(reads, provenance: str, modelled: bool, b: int) -> go.Figur
     n_prog = reads.groupby(["kv_head", "split"]).ngroups
     fig.update_layout(template=TEMPLATE, height=560, title=title(
         f"Sequence {b}'s programs walking the block table",
-        f"{plural(n_prog, 'program')} (KV heads × splits), {plural(len(reads), 'page read')}; "
+        f"{plural(n_prog, 'program')} (KV heads × splits), {len(reads):,} page read{'' if len(reads) == 1 else 's'}; "
         "each program's reads are in logical order,<br>the pages they land on are scattered over the pool "
         "(diamonds: a shared prefix page)"))
     how = ("each program's start and end are the trace's; its reads, recorded in order, are spaced "
