@@ -133,9 +133,9 @@ if paged is not None:
     max_len = slot_reserve.number_input("contiguous reserve (tokens)", max(t["lengths"]), 1 << 20,
                                         key="srv_maxlen",
                                         help="tokens a contiguous cache reserves per sequence (the model's max length)")
-    if not live:
-        st.caption(f"Data: {plain(paged.provenance())} · lengths {', '.join(map(str, t['lengths']))} · "
-                   f"page {t['page_size']} tokens")
+    sh = t["shape"]                # the metrics below have no caption of their own: this line is theirs
+    st.caption(f"Data: {plain(paged.provenance())} · lengths {', '.join(map(str, t['lengths']))} · "
+               f"page {t['page_size']} tokens · H {sh['H']}, H_kv {sh['H_kv']}, D {sh['D']}, {t['dtype']}")
     common.chart(charts.block_table_figure_for(paged, int(follow)), "serving-block-table", "srv_table", s.present)
     common.chart(charts.page_walk_figure_for(paged, int(follow)), "serving-page-walk", "srv_walk", s.present)
     acc, _ = charts.cache_bytes_for(paged, int(max_len))

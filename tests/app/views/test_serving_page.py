@@ -93,5 +93,7 @@ def test_a_prefix_past_the_longest_sequence_shares_each_ones_whole_pages(serving
     at = open_page("serving", source="interpreter", srv_lens="20,36", srv_prefix="64")
     clean(at)
     assert any("Shared prefix: 36 tokens" in c.value for c in at.caption)
+    assert any(c.value.startswith("Data: Triton CPU interpreter") and "lengths 20, 36 · page 16 tokens · "
+               "H 4, H_kv 2, D 32, fp32" in c.value for c in at.caption)          # the metrics' source
     z = np.asarray([d for d in chart(at, "Block table")["data"] if d["type"] == "heatmap"][0]["z"], float)
     assert z.shape == (2, 3) and (z[:, 0] == 2).all() and (z[:, 1:] != 2).all()
