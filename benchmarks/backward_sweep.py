@@ -25,9 +25,10 @@ from .backward_atomic import flash_attention_backward_atomic
 BWD_FACTOR = 2.5
 # candidates per head dim: (block_m1, block_n1, block_m2, block_n2, warps, stages[, one_launch])
 GPU_SWEEP = {      # the default first, then its neighbours and the previous default
-    128: [C(64, 128, 128, 64, 8, 3), C(64, 128, 128, 64, 8, 2), C(64, 128, 128, 64, 8, 4), C(64, 128, 128, 32, 8, 3),
-          C(64, 128, 64, 128, 8, 3), C(64, 128, 128, 64, 8, 3, one_launch=False), C(32, 128, 128, 64, 8, 3)],
-    64: [C(32, 128, 128, 64, 4, 3), C(32, 128, 128, 64, 4, 4), C(32, 128, 128, 64, 4, 2), C(32, 128, 128, 128, 4, 3),
+    128: [C(64, 128, 128, 64, 8, 3), C(64, 128, 128, 64, 8, 3, lse_acc=True), C(64, 128, 128, 64, 8, 2),
+          C(64, 128, 128, 64, 8, 4), C(64, 128, 128, 32, 8, 3), C(64, 128, 128, 64, 8, 3, one_launch=False),
+          C(32, 128, 128, 64, 8, 3)],
+    64: [C(32, 128, 128, 64, 4, 3), C(32, 128, 128, 64, 4, 3, lse_acc=True), C(32, 128, 128, 64, 4, 4), C(32, 128, 128, 64, 4, 2), C(32, 128, 128, 128, 4, 3),
          C(64, 128, 128, 64, 4, 2), C(32, 128, 128, 32, 8, 3)],
     256: [C(64, 64, 64, 64, 8, 2), C(64, 64, 64, 64, 8, 1), C(64, 64, 128, 64, 8, 2), C(64, 32, 64, 64, 8, 2),
           C(128, 64, 64, 64, 8, 2), C(32, 64, 64, 64, 8, 2)],
@@ -52,9 +53,9 @@ def _time(fn, device):
     return time_ms(fn, device, warmup=10, rep=40)
 
 
-def run_sweep(result, device, dtype, seed, save, dims=()):
-    """Fill result['sweep'] and result['dq_atomic'] (only the head dims in dims, when given),
-    calling save() after each head dim."""
+def run_sweep(result, device, dtype, seed, save, dims=(), atomic=True):
+    """Fill result['sweep'] and, with atomic, result['dq_atomic'] (only the head dims in dims,
+    when given), calling save() after each head dim."""
     cuda = device.type == "cuda"
     pick = lambda table: {d: c for d, c in table.items() if not dims or d in dims}  # noqa: E731
     for d, configs in pick(GPU_SWEEP if cuda else CPU_SWEEP).items():
@@ -76,7 +77,7 @@ def run_sweep(result, device, dtype, seed, save, dims=()):
                     log(f"sweep D{d} {mask} {cfg}: {row['error']}")
                 result["sweep"].append(row)
             save()
-    for d, configs in pick(ATOMIC_CONFIGS if cuda else CPU_ATOMIC).items():
+    for d, configs in pick(ATOMIC_CONFIGS if cuda else CPU_ATOMIC).items() if atomic else ():
         for mask in ("causal", "full"):
             (b, h, n), (q, k, v, o, lse, do) = _inputs(d, mask, device, dtype, seed)
             flops = BWD_FACTOR * attention_flops(b, h, n, d, parse_mask(mask, n))

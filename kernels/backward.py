@@ -34,7 +34,8 @@ PLAN_CACHE_ITEM_BYTES = 32 << 20
 class BackwardConfig:
     """Tiles of the two passes: dK/dV holds block_n1 keys and streams block_m1 query rows; dQ
     holds block_m2 query rows and streams block_n2 keys. one_launch: both passes in one grid
-    (the dQ programs after the dK/dV ones), else two launches."""
+    (the dQ programs after the dK/dV ones), else two launches. lse_acc: the recomputed scores'
+    dot starts from -lse (as the dP dot starts from -D) instead of subtracting it per element."""
 
     block_m1: int
     block_n1: int
@@ -43,6 +44,7 @@ class BackwardConfig:
     num_warps: int
     num_stages: int
     one_launch: bool = True
+    lse_acc: bool = False
 
 
 # Tiles per padded head dim on CUDA for fp16/bf16: the fastest of the sweep in
@@ -289,7 +291,7 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
             pass_work, *buffers]
     consts = dict(head_dim=d, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1, BLOCK_M2=cfg.block_m2,
                   BLOCK_N2=cfg.block_n2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                  **bp.consts, **common, **tracing)
+                  LSE_ACC=cfg.lse_acc, **bp.consts, **common, **tracing)
     if cfg.one_launch:
         attn_bwd_kernel[(n_dkdv + n_dq,)](*args, DKDV=True, DQ_PASS=True, **consts)
     else:

