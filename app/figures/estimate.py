@@ -247,12 +247,50 @@ def flops_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
     return _layout(fig, ests, "FLOPs of one attention call", p, "QK^T and PV, 2 FLOPs per multiply-add.")
 
 
-def time_figure(ests: list[Estimate], n: int, p: Problem, h200_note: str = "") -> go.Figure:
+def measured_points(recordings, p: Problem) -> list[dict]:
+    """The GPU recordings of exactly this shape (B, H, H_kv, D, dtype, mask, and N_q = the
+    Problem's N_q at their N_k) with a measured untraced time: what the time chart marks beside
+    the model. Pure: reads only the metas it is given.
+
+    Arguments: recordings, pairs (name, meta) of trace manifests (app.sources.bundled.Recording's
+    name and meta), the Problem. Returns a list of dicts sorted by (n, device): name, n (N_k),
+    n_q, device (the DEVICES key), device_name, date (recorded), block_m, block_n, measured_ms (the recording's
+    untraced_ms) and model_ms (the estimator at its shape, tiles and device)."""
+    out = []
+    for name, m in recordings:
+        s = (m or {}).get("shape") or {}
+        dev = next((d for d in DEVICES if d in str(m.get("device_name", ""))), None)
+        if m.get("backend") != "cuda" or dev is None or not m.get("untraced_ms"):
+            continue
+        n_k, n_q = int(s.get("N_k") or s.get("N") or 0), int(s.get("N_q") or s.get("N") or 0)
+        kv = int(s.get("H_kv") or s.get("H") or 0)
+        if n_k < 1 or (s.get("B"), s.get("H"), kv, s.get("D"), m.get("dtype"), m.get("mask")) != \
+                (p.batch, p.heads, p.kv_heads, p.head_dim, p.dtype, p.mask) or n_q != p.lengths(n_k)[0]:
+            continue
+        bm, bn = int(m.get("block_m") or 0) or None, int(m.get("block_n") or 0) or None
+        e = estimate(p.batch, p.heads, p.kv_heads, n_q, n_k, p.head_dim, mask=p.mask, dtype=p.dtype,
+                     block_m=bm, block_n=bn, device=dev)
+        out.append(dict(name=name, n=n_k, n_q=n_q, device=dev, device_name=str(m.get("device_name")),
+                        date=str(m.get("created", "?"))[:10], block_m=e.block_m, block_n=e.block_n,
+                        measured_ms=float(m["untraced_ms"]),
+                        model_ms=e.time_s * 1e3))
+    return sorted(out, key=lambda r: (r["n"], r["device"], r["name"]))
+
+
+def measured_at(points: list[dict], n: int, device: str) -> dict | None:
+    """The measured point of `device` at exactly N keys (measured_points), or None."""
+    return next((r for r in points if r["n"] == n and r["device"] == device), None)
+
+
+def time_figure(ests: list[Estimate], n: int, p: Problem, h200_note: str = "",
+                measured: list[dict] = ()) -> go.Figure:
     """Modelled time of one flash call over N on each device (Estimate.time_by_device), the
-    estimator's roofline calibrated on named recordings; the caption quotes its model_note.
+    estimator's roofline calibrated on named recordings, and the measured times of recordings
+    of this shape as markers beside it; the caption quotes the model_note and the measurements.
 
     Arguments: sweep(...) (its model_note is the H100's or the device it ran on), the chosen N,
-    the Problem, h200_note: the other device's model_note, quoted too. Returns the figure."""
+    the Problem, h200_note: the other device's model_note, quoted too, measured:
+    measured_points(...) of this Problem. Returns the figure."""
     x = _n(ests)
     fig = go.Figure()
     values = []
@@ -261,10 +299,27 @@ def time_figure(ests: list[Estimate], n: int, p: Problem, h200_note: str = "") -
         values.append(ms)
         _line(fig, x, ms, f"flash on the {dev} (modelled)", DEVICE_COLOURS.get(dev, "#444"), fmt=fmt_time_ms,
               dash="dash" if dev == "H200" else None)      # the two lines nearly coincide when compute-bound
+    for dev in DEVICES:
+        pts = [r for r in measured if r["device"] == dev]
+        if not pts:
+            continue
+        values.append(np.array([r["measured_ms"] for r in pts]))
+        fig.add_trace(go.Scatter(
+            x=[r["n"] for r in pts], y=[r["measured_ms"] for r in pts], mode="markers",
+            name=f"measured on the {dev} (recordings)",
+            marker=dict(symbol="diamond", size=11, color=DEVICE_COLOURS.get(dev, "#444"), line=dict(color="#222", width=1)),
+            text=[f"{fmt_time_ms(r['measured_ms'])} measured, {fmt_time_ms(r['model_ms'])} modelled at its tiles "
+                  f"{r['block_m']}×{r['block_n']} ({r['name']})" for r in pts],
+            hovertemplate="N=%{x:,}: %{text}<extra></extra>"))
     _chosen_n(fig, n)
-    time_axis_ms(fig, np.concatenate(values), title_text="modelled time of one call")
+    time_axis_ms(fig, np.concatenate(values), title_text="time of one call")
     notes = " ".join(f"{x[0].upper()}{x[1:]}." for x in (ests[0].model_note, h200_note) if x)
-    return _layout(fig, ests, "Modelled time of one flash call: H100 and H200", p, notes)
+    if measured:
+        notes = ("Diamonds: measured untraced times (do_bench median) of the bundled recordings of this shape, "
+                 + "; ".join(f"N {_tokens(r['n'])} on the {r['device_name']} ({r['date']}): {fmt_time_ms(r['measured_ms'])} "
+                             f"measured, {fmt_time_ms(r['model_ms'])} modelled" for r in measured) + ". " + notes)
+    return _layout(fig, ests, "Modelled time of one flash call: H100 and H200"
+                   + (", and measured" if measured else ""), p, notes)
 
 
 def fmt_flops(f: float) -> str:

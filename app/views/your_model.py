@@ -14,8 +14,9 @@ import streamlit as st
 
 from app import settings, sources, url_state
 from app.figures._common import fmt_bytes, fmt_time_ms
-from app.figures.estimate import (N_MAX, N_MIN, Problem, device_sweeps, estimate_at, flops_figure, numbers_at_n,
-                                  peak_memory_figure, short, time_figure, traffic_figure)
+from app.figures.estimate import (N_MAX, N_MIN, Problem, device_sweeps, estimate_at, flops_figure, measured_at,
+                                  measured_points, numbers_at_n, peak_memory_figure, short, time_figure,
+                                  traffic_figure)
 from app.text import plain
 from app.views import common
 from instrumentation.analysis.estimator import DEVICES
@@ -144,10 +145,16 @@ m[2].metric("KV cache", short(fmt_bytes(h100.kv_cache_bytes, binary=True)),
 m[3].metric("flash HBM", short(fmt_bytes(h100.flash_hbm_bytes)),
             help=f"HBM traffic of ideal flash (Q, K, V, O once): {h100.flash_hbm_bytes:,} B; naive moves "
                  f"{h100.naive_hbm_bytes:,} B")
-m[4].metric("H100 modelled", short(fmt_time_ms(h100.time_by_device["H100"] * 1e3)), 
-            help=f"modelled time of one flash call. {h100.model_note}.")
-m[5].metric("H200 modelled", short(fmt_time_ms(h200.time_by_device["H200"] * 1e3)), 
-            help=f"modelled time of one flash call. {h200.model_note}.")
+measured = measured_points([(r.name, r.meta) for r in sources.recordings()], p)
+for col, dev, e in ((m[4], "H100", h100), (m[5], "H200", h200)):
+    seen = measured_at(measured, int(n), dev)       # a recording of this very shape and N on that card
+    col.metric(f"{dev} modelled", short(fmt_time_ms(e.time_by_device[dev] * 1e3)),
+               f"measured {short(fmt_time_ms(seen['measured_ms']))}" if seen else None,
+               delta_color="off", delta_arrow="off",
+               help=f"modelled time of one flash call. {e.model_note}."
+                    + (f" Measured: {seen['measured_ms']:.4g} ms, untraced do_bench median of the recording "
+                       f"{seen['name']} ({seen['device_name']}, {seen['date']})." if seen else
+                       " No recording of this shape and N on this card is bundled."))
 fits = [f"the {d}" for d, e in (("H100", h100), ("H200", h200)) if e.naive_fits]
 if len(fits) < 2 and not s.present:     # on slides the memory chart's marks and caption say it
     st.warning(f"Naive attention needs {fmt_bytes(h100.naive_peak_bytes, binary=True)} beyond Q, K and V at "
@@ -159,14 +166,18 @@ rec = nearest_recording(name, p, int(n))
 if rec is not None:
     link = "./schedule?" + urlencode({"page": "schedule", "source": "recorded", "trace": rec.name})
     own = rec.name.startswith(f"preset-{name}_")
+    point = next((r for r in measured if r["name"] == rec.name), None)
+    timed = (f" Measured there: **{fmt_time_ms(point['measured_ms'])}** (untraced, do_bench median) against "
+             f"{fmt_time_ms(point['model_ms'])} modelled for its shape and tiles." if point else "")
     st.markdown(f"{'Nearest real recording of this model' if own else 'No recording of this shape is bundled; nearest'}: "
-                f"[{rec.name}]({link}) ({plain(rec.label.split(' — ', 1)[-1])}; opens the tile schedule).")
+                f"[{rec.name}]({link}) ({plain(rec.label.split(' — ', 1)[-1])}; opens the tile schedule).{timed}")
 
 # -- charts --------------------------------------------------------------------------------------
 common.chart(peak_memory_figure(ests, int(n), p), "your-model-peak-memory", "ym_memory", s.present)
 common.chart(traffic_figure(ests["H100"], int(n), p), "your-model-hbm-traffic", "ym_traffic", s.present)
 common.chart(flops_figure(ests["H100"], int(n), p), "your-model-flops", "ym_flops", s.present)
-common.chart(time_figure(ests["H100"], int(n), p, ests["H200"][0].model_note), "your-model-time", "ym_time", s.present)
+common.chart(time_figure(ests["H100"], int(n), p, ests["H200"][0].model_note, measured), "your-model-time", "ym_time",
+             s.present)
 
 # -- the table and the formulas ------------------------------------------------------------------
 st.subheader(f"The numbers at N = {n_label(int(n))}")

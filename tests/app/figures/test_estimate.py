@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.figures.estimate import (PROVENANCE, Problem, estimate_at, flops_figure, n_points, numbers_at_n,
+from app.figures.estimate import (PROVENANCE, Problem, estimate_at, flops_figure, measured_at, measured_points,
+                                  n_points, numbers_at_n,
                                   peak_memory_figure, sweep, time_figure, traffic_figure)
 from instrumentation import estimate
 from instrumentation.analysis.estimator import DEVICES
@@ -62,9 +63,9 @@ def test_figures_plot_the_estimate_fields(case):
         assert "analytic model (instrumentation.estimate)" in all_text(fig) and PROVENANCE in all_text(fig)
         assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     time = time_figure(h100, N, p, ests["H200"][0].model_note)
-    shown = " ".join(all_text(time).replace("<br>", " ").split())
+    shown = "".join(all_text(time).replace("<br>", "").split())      # the caption wraps a path at its hyphens
     for note in (h100[0].model_note, ests["H200"][0].model_note):    # both devices' notes, whole
-        assert note[1:] in shown and "data/benchmarks/" in note
+        assert "".join(note[1:].split()) in shown and "data/benchmarks/" in note
 
 
 def test_gqa_and_chunk_terms_at_the_chosen_n(case):
@@ -137,3 +138,35 @@ def test_traffic_caption_names_the_tiles_of_the_chosen_n():
     assert f"tiles {at.block_m}×{at.block_n} at the chosen N" in text
     if len({(e.block_m, e.block_n) for e in ests}) > 1:
         assert "the default changes with N" in text
+
+
+def _gpu_meta(n_q, n_k, ms, *, b=1, h=32, h_kv=8, d=128, mask="causal", dtype="bf16", device="NVIDIA H200",
+              backend="cuda", bm=128, bn=128):
+    return {"backend": backend, "device_name": device, "created": "2026-11-26T04:12:31+00:00", "dtype": dtype,
+            "mask": mask, "block_m": bm, "block_n": bn, "untraced_ms": ms,
+            "shape": {"B": b, "H": h, "N": n_q, "N_q": n_q, "N_k": n_k, "D": d, "H_kv": h_kv}}
+
+
+def test_time_chart_marks_the_measured_recordings_of_this_shape_beside_the_model():
+    metas = [("llama-32k", _gpu_meta(N, N, 15.6)), ("llama-8k-h100", _gpu_meta(8192, 8192, 1.3, device="NVIDIA H100 80GB HBM3")),
+             ("interp", _gpu_meta(4096, 4096, 9.0, backend="cpu")),        # no hardware time
+             ("mha", _gpu_meta(4096, 4096, 0.3, h_kv=32)),                 # another shape
+             ("fp16", _gpu_meta(4096, 4096, 0.3, dtype="fp16")),
+             ("chunk", _gpu_meta(512, 8192, 0.14))]                        # N_q != N_k: not Llama's prefill
+    pts = measured_points(metas, LLAMA)
+    assert [(r["name"], r["n"], r["device"]) for r in pts] == [("llama-8k-h100", 8192, "H100"), ("llama-32k", N, "H200")]
+    at = pts[1]
+    assert at["model_ms"] == pytest.approx(estimate(1, 32, 8, N, N, 128, "causal", "bf16", 128, 128, "H200").time_s * 1e3)
+    assert measured_at(pts, N, "H200") is at and measured_at(pts, N, "H100") is None
+    # the chunk's own recording matches the chunked-prefill problem (N_q 512 of N_k 8192)
+    chunk = Problem(1, 32, 8, 128, "causal", "bf16", chunk=512)
+    assert [r["name"] for r in measured_points(metas, chunk)] == ["chunk"]
+    ests = sweep(LLAMA, n_points(extra=(N,)), "H100")
+    fig = time_figure(ests, N, LLAMA, measured=pts)
+    h200 = _trace(fig, "measured on the H200 (recordings)")
+    assert list(h200.x) == [N] and list(h200.y) == [15.6]
+    assert list(_trace(fig, "measured on the H100 (recordings)").y) == [1.3]
+    text = all_text(fig)
+    assert "measured untraced times" in text and "NVIDIA H200 (2026-11-26): 15.6 ms measured" in text
+    # the y axis reaches the measured points
+    assert all(t.name != "measured on the H200 (recordings)" for t in time_figure(ests, N, LLAMA).data)

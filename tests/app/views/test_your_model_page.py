@@ -124,3 +124,14 @@ def test_nearest_recording_of_the_model_among_the_bundled_long_prefills(query, r
         at = page(**{k: str(v) for k, v in query.items()})
     clean(at)
     assert f"Nearest real recording of this model: [{recording}](./schedule?" in shown_text(at)
+    # its measured time beside the model: in the sentence, on the card's metric, as a marker on the time chart
+    import json
+
+    meta = json.loads((data / "traces" / recording / "manifest.json").read_text())["meta"]
+    card = next(d for d in ("H100", "H200") if d in meta["device_name"])
+    measured = fmt_time_ms(meta["untraced_ms"])
+    assert f"Measured there: **{measured}**" in shown_text(at)
+    metric = next(m for m in at.metric if m.label == f"{card} modelled")
+    assert metric.delta == f"measured {short(measured)}"
+    marks = next(t for t in chart(at, "Modelled time")["data"] if t["name"] == f"measured on the {card} (recordings)")
+    assert query["ym_n"] in marks["x"] and meta["untraced_ms"] in marks["y"]
