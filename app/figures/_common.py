@@ -164,8 +164,11 @@ BINARY_UNITS = (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 
 
 def fmt_bytes(b: float, binary: bool = False) -> str:
     """'17.4 GB' (decimal, 1 GB = 10⁹ B) or '32 GiB' (binary, 1 GiB = 2³⁰ B)."""
-    for unit, div in (BINARY_UNITS if binary else DECIMAL_UNITS):
+    units = BINARY_UNITS if binary else DECIMAL_UNITS
+    for i, (unit, div) in enumerate(units):
         if abs(b) >= div or div == 1:
+            if i and abs(float(f"{b / div:.3g}")) >= 1000:      # 1023.5 KiB read '1.02e+03 KiB': one unit up
+                unit, div = units[i - 1]
             return f"{b / div:.3g} {unit}"
     return f"{b:.0f} B"
 

@@ -50,19 +50,35 @@ def _blocks(meta: dict) -> tuple[int, int]:
     return int(meta.get("block_m") or kernel.get("block_m")), int(meta.get("block_n") or kernel.get("block_n"))
 
 
+def call_tiles(call, meta: dict) -> int:
+    """The tiles a call's kernel computed: Estimate.tiles_computed with the blocks its trace ran.
+    A decode step packs the query heads of each KV head (H / H_kv heads x N_q rows,
+    kernel.rows_per_kv_head) into the rows of one block, so its tiles are those of B x H_kv
+    programs of that many rows over its N_k keys (one 16-row tile serves a whole GQA group;
+    counting per query head gave H / H_kv times too many). Arguments: a ModelCall, its trace's
+    meta. Returns the count."""
+    bm, bn = _blocks(meta)
+    if call.phase == "decode":
+        rows = int((meta.get("kernel") or {}).get("rows_per_kv_head") or call.heads // call.kv_heads * call.n_q)
+        e = estimate(call.batch, call.kv_heads, call.kv_heads, rows, call.n_k, call.head_dim, mask="full",
+                     dtype=call.dtype, block_m=bm, block_n=bn)    # every packed row sees all N_k keys it was given
+    else:
+        e = estimate(call.batch, call.heads, call.kv_heads, call.n_q, call.n_k, call.head_dim, mask=call.mask,
+                     dtype=call.dtype, block_m=bm, block_n=bn)
+    return e.tiles_computed
+
+
 def call_table(run) -> pd.DataFrame:
     """One row per call: run.table()'s columns plus `kind` (sliding / global), `layer_label`,
-    `tiles` (Estimate.tiles_computed with the call's blocks), `kv_bytes` (Estimate.kv_cache_bytes:
-    the K and V the call read) and `kernel_us`.
+    `tiles` (call_tiles: Estimate.tiles_computed with the call's blocks, a decode step's GQA group
+    in one block), `kv_bytes` (Estimate.kv_cache_bytes: the K and V the call read) and `kernel_us`.
 
     Arguments: a ModelRun (its traces loaded or not: ModelRun.trace_meta reads the blocks).
     Returns a DataFrame (empty run: no rows)."""
     rows = []
     for i, c in enumerate(run.calls):
-        bm, bn = _blocks(run.trace_meta(i))
-        e = estimate(c.batch, c.heads, c.kv_heads, c.n_q, c.n_k, c.head_dim, mask=c.mask, dtype=c.dtype,
-                     block_m=bm, block_n=bn)
-        rows.append({"tiles": e.tiles_computed, "kv_bytes": e.kv_cache_bytes})
+        e = estimate(c.batch, c.heads, c.kv_heads, c.n_q, c.n_k, c.head_dim, mask=c.mask, dtype=c.dtype)
+        rows.append({"tiles": call_tiles(c, run.trace_meta(i)), "kv_bytes": e.kv_cache_bytes})
     table = run.table()
     extra = pd.DataFrame(rows, index=table.index, columns=["tiles", "kv_bytes"])
     table = pd.concat([table, extra], axis=1)
@@ -116,7 +132,8 @@ def layer_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
     fig.update_yaxes(title_text="kernel time (µs, all calls)", row=1, col=1)
     fig.update_yaxes(title_text="tiles (all calls, all heads)", row=1, col=2)
     return caption(fig, f"Data: {provenance}. {TIMES}; tiles: Estimate.tiles_computed of each call's shape "
-                        "and blocks (a prefill's trace counts the same in work.tiles_visited).")
+                        "and blocks (a prefill's trace counts the same in work.tiles_visited; a decode step packs "
+                        "each KV head's query heads into one block's rows, one tile per KV head and key block).")
 
 
 def layer_kind_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
@@ -192,7 +209,7 @@ def steps_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
     fig.update_layout(template=TEMPLATE, height=440, title=title("Attention time per forward pass", sub),
                       xaxis=dict(title_text=STEP_AXIS, type="category", tickangle=0),
                       yaxis=dict(title_text="kernel time, all layers (µs)"),
-                      legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom"))
+                      legend=TOP_LEGEND)        # at the left it sat on the subtitle
     return caption(fig, f"Data: {provenance}. {TIMES}, summed over the layers of each forward pass.")
 
 
@@ -221,7 +238,7 @@ def kv_cache_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
            f"by the last step ({'+' if grow >= 0 else '−'}{fmt_bytes(abs(grow), binary=True)})")
     fig.update_layout(template=TEMPLATE, height=440, title=title("KV cache over the decode steps", sub),
                       xaxis=dict(title_text=STEP_AXIS, type="category", tickangle=0),
-                      legend=dict(orientation="h", x=0, y=1.0, xanchor="left", yanchor="bottom"))
+                      legend=TOP_LEGEND)        # at the left it sat on the subtitle
     return caption(fig, f"Data: {provenance}; bytes: Estimate.kv_cache_bytes of each call's shape "
                         "(2 × B × H_kv × N_k × D × bytes per element), summed over the layers. A global layer's "
                         "cache grows one token a decode step; a sliding layer's decode reads only its last W keys.")

@@ -72,3 +72,24 @@ def test_sliding_vs_global(run):
     keys = bars(fig, "sliding", col=2)
     assert keys["decode"] == window and keys["prefill"] == run.meta["prompt_tokens"]
     assert bars(fig, "global", col=2)["decode"] > window
+
+
+def test_decode_tiles_are_the_kernels_grouped_tiles(run):
+    """A decode step packs a KV head's query heads into one block: its tiles are B·H_kv·row blocks
+    × key blocks (the split-KV kernel's programs cover each key block once), not H / H_kv times that."""
+    table = mr.call_table(run)
+    decode = table.index[table.phase == "decode"]
+    assert len(decode)
+    for i in decode:
+        c, kernel = run.calls[int(i)], run.trace_meta(int(i))["kernel"]
+        row_blocks = -(-int(kernel["rows_per_kv_head"]) // int(kernel["block_m"]))
+        k_blocks = -(-c.n_k // int(kernel["block_n"]))
+        assert table.tiles[i] == c.batch * c.kv_heads * row_blocks * k_blocks
+        assert kernel["programs"] == c.batch * c.kv_heads * row_blocks * kernel["num_splits"] <= table.tiles[i]
+
+
+def test_legends_and_subtitles_do_not_share_a_line(run):
+    table = mr.call_table(run)
+    for fig in (mr.steps_figure(table, "p"), mr.kv_cache_figure(table, "p")):
+        assert fig.layout.legend.xanchor == "right" and fig.layout.legend.x == 1   # right of the left-aligned subtitle
+        assert "e+" not in fig.layout.title.text                                    # '−1.02e+03 KiB' read as a number
