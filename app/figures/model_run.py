@@ -130,7 +130,7 @@ def layer_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
                       legend=TOP_LEGEND)
     fig.update_xaxes(title_text="layer (W: its sliding window in tokens)")
     fig.update_yaxes(title_text="kernel time (µs, all calls)", row=1, col=1)
-    fig.update_yaxes(title_text="tiles (all calls, all heads)", row=1, col=2)
+    fig.update_yaxes(title_text="tiles computed (all calls)", row=1, col=2)
     return caption(fig, f"Data: {provenance}. {TIMES}; tiles: Estimate.tiles_computed of each call's shape "
                         "and blocks (a prefill's trace counts the same in work.tiles_visited; a decode step packs "
                         "each KV head's query heads into one block's rows, one tile per KV head and key block).")
