@@ -155,6 +155,15 @@ for col, dev, e in ((m[4], "H100", h100), (m[5], "H200", h200)):
                     + (f" Measured: {seen['measured_ms']:.4g} ms, untraced do_bench median of the recording "
                        f"{seen['name']} ({seen['device_name']}, {seen['date']})." if seen else
                        " No recording of this shape and N on this card is bundled."))
+if len(own_masks) > 1 and not s.present:     # Gemma-2: one layer kind at a time above; both kinds side by side here
+    kinds = []
+    for km in own_masks:
+        ke = estimate_at(Problem(p.batch, p.heads, p.kv_heads, p.head_dim, km, p.dtype, p.chunk), int(n), "H100")
+        kind = layer_kind[km].split("'s ", 1)[1]            # "the model's local layers" -> "local layers"
+        kinds.append(f"{kind} ({km}) {fmt_time_ms(ke.time_s * 1e3)} and "
+                     f"{ke.tiles_computed:,} tiles a call")
+    st.caption(f"{plain(p.label)} alternates its layers; at N = {n_label(int(n))} on the H100 (modelled): "
+               + "; ".join(kinds) + ". Pick a layer kind in **mask**.")
 fits = [f"the {d}" for d, e in (("H100", h100), ("H200", h200)) if e.naive_fits]
 if len(fits) < 2 and not s.present:     # on slides the memory chart's marks and caption say it
     st.warning(f"Naive attention needs {fmt_bytes(h100.naive_peak_bytes, binary=True)} beyond Q, K and V at "

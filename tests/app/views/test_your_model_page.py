@@ -135,3 +135,12 @@ def test_nearest_recording_of_the_model_among_the_bundled_long_prefills(query, r
     assert metric.delta == f"measured {short(measured)}"
     marks = next(t for t in chart(at, "Modelled time")["data"] if t["name"] == f"measured on the {card} (recordings)")
     assert query["ym_n"] in marks["x"] and meta["untraced_ms"] in marks["y"]
+
+
+def test_gemma_alternating_layers_side_by_side(preset_data):
+    at = page(ym_preset="gemma-2-9b", ym_n=N, ym_mask="causal")
+    clean(at)
+    line = next(c.value for c in at.caption if "alternates its layers" in c.value)
+    for mask, kind in (("sliding_window:4096", "local layers"), ("causal", "global layers")):
+        e = estimate_at(Problem(1, 16, 8, 256, mask, "bf16"), N, "H100")
+        assert f"{kind} ({mask}) {fmt_time_ms(e.time_s * 1e3)} and {e.tiles_computed:,} tiles a call" in line
