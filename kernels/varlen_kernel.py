@@ -16,8 +16,12 @@ the blocks a query block touches are one run and its full blocks a run inside it
 PAGED: key j of sequence b lives in page block_table[b, j // PAGE_SIZE], slot j % PAGE_SIZE; a
 tile's rows are gathered through the table (any page size; one table entry per key, from L1).
 
-Scores are kept in log2 units as in kernels.flash_kernel (whose tile load and P.V helpers this
-kernel calls). TRACE stores one record per program: program, order, smid, t_start, t_end.
+Scores are kept in log2 units as in kernels.flash_kernel. An untraced full run of contiguous
+keys goes through the forward's own tile loop (flash_kernel._tile_loop, pointer loads from the
+sequence's first key row): the loop the padded batch runs, and on an H200 faster than
+_varlen_tiles below, which the partial runs, paged keys and traced tile visits keep (their
+gather and the visit records differ from the forward's). TRACE stores one record per program:
+program, order, smid, t_start, t_end.
 TRACE_TILES also records, for the programs the host gave a tile slot (tile_slot[pid] >= 0),
 each key block's visit: (step within the item, visits, clock64 at start, at end) per block.
 """
@@ -29,7 +33,8 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .flash_kernel import KV_EVICT_NORMAL, _clock64, _globaltimer, _smid, accumulate_pv, load_kv_tile  # noqa: E402
+from .flash_kernel import (KV_EVICT_NORMAL, _clock64, _globaltimer, _smid, _tile_loop, accumulate_pv,  # noqa: E402
+                           load_kv_tile)
 
 LN2 = tl.constexpr(0.6931471805599453)
 # seq, q_start, q_end, k_start, len_k, kb_lo, f_lo, f_hi, kb_end (host: kernels.varlen.ITEM_COLUMNS)
@@ -156,10 +161,18 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_wo
                                   row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
                                   stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
                                   tiles_ptr, trace_here, 0, TRACE_TILES, HW_CLOCK)
-    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_lo, f_hi,
-                                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
-                                  stride_vp, BLOCK_N, False, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
-                                  tiles_ptr, trace_here, f_lo - kb_lo, TRACE_TILES, HW_CLOCK)
+    if PAGED or TRACE_TILES:
+        acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_lo, f_hi,
+                                      row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
+                                      stride_vp, BLOCK_N, False, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION,
+                                      UPCAST_DOT, tiles_ptr, trace_here, f_lo - kb_lo, TRACE_TILES, HW_CLOCK)
+    else:
+        # the forward's full-tile loop (no mask, no TMA, no trace) over keys k_start + [f_lo, f_hi) blocks
+        acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_head + k_start.to(tl.int64) * stride_kt,
+                                   v_head + k_start.to(tl.int64) * stride_vt, stride_kt, stride_vt, k_head, v_head,
+                                   k_start, offs_m, offs_d, d_ok, row_lo, row_hi, lo_ptr, f_lo, f_hi - f_lo, 0,
+                                   len_k, qk_scale, tiles_ptr, tiles_ptr, 0, False, False, BLOCK_M, BLOCK_N, False,
+                                   DOT_PRECISION, UPCAST_DOT, False, EVEN_D, False, False, False, HW_CLOCK, False)
     acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_hi, kb_end,
                                   row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
                                   stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
