@@ -149,7 +149,9 @@ measured = measured_points([(r.name, r.meta) for r in sources.recordings()], p)
 for col, dev, e in ((m[4], "H100", h100), (m[5], "H200", h200)):
     seen = measured_at(measured, int(n), dev)       # a recording of this very shape and N on that card
     col.metric(f"{dev} modelled", short(fmt_time_ms(e.time_by_device[dev] * 1e3)),
-               f"measured {short(fmt_time_ms(seen['measured_ms']))}" if seen else None,
+               (f"measured {short(fmt_time_ms(seen['measured_ms']))}"
+                + ("" if (seen["block_m"], seen["block_n"]) == (e.block_m, e.block_n)
+                   else f" at {seen['block_m']}×{seen['block_n']}")) if seen else None,
                delta_color="off", delta_arrow="off",
                help=f"modelled time of one flash call. {e.model_note}."
                     + (f" Measured: {seen['measured_ms']:.4g} ms, untraced do_bench median of the recording "
@@ -178,6 +180,9 @@ if rec is not None:
     point = next((r for r in measured if r["name"] == rec.name), None)
     timed = (f" Measured there: **{fmt_time_ms(point['measured_ms'])}** (untraced, do_bench median) against "
              f"{fmt_time_ms(point['model_ms'])} modelled for its shape and tiles." if point else "")
+    if point and (point["block_m"], point["block_n"]) != (h100.block_m, h100.block_n) and point["n"] == int(n):
+        timed += (f" It ran {point['block_m']}×{point['block_n']} tiles, not the kernel's default "
+                  f"{h100.block_m}×{h100.block_n} the model is fitted at.")
     st.markdown(f"{'Nearest real recording of this model' if own else 'No recording of this shape is bundled; nearest'}: "
                 f"[{rec.name}]({link}) ({plain(rec.label.split(' — ', 1)[-1])}; opens the tile schedule).{timed}")
 

@@ -144,3 +144,24 @@ def test_gemma_alternating_layers_side_by_side(preset_data):
     for mask, kind in (("sliding_window:4096", "local layers"), ("causal", "global layers")):
         e = estimate_at(Problem(1, 16, 8, 256, mask, "bf16"), N, "H100")
         assert f"{kind} ({mask}) {fmt_time_ms(e.time_s * 1e3)} and {e.tiles_computed:,} tiles a call" in line
+
+
+def test_a_recording_at_other_tiles_says_so_beside_the_model():
+    """Gemma-2's 8k local-layer recording ran 64x64 tiles; the model prices the default 128x64."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[3] / "data"
+    rec = "preset-gemma-2-9b_n8192_sliding_window-4096_natural"
+    if not (data / "traces" / rec).is_dir():
+        pytest.skip("the bundled long-prefill recordings are not here")
+    meta = json.loads((data / "traces" / rec / "manifest.json").read_text())["meta"]
+    e = estimate_at(Problem(1, 16, 8, 256, "sliding_window:4096", "bf16"), 8192, "H200")
+    assert (meta["block_m"], meta["block_n"]) != (e.block_m, e.block_n)
+    with tilescope_data(data):
+        at = page(ym_preset="gemma-2-9b", ym_n=8192)
+    clean(at)
+    metric = next(m for m in at.metric if m.label == "H200 modelled")
+    assert metric.delta == f"measured {short(fmt_time_ms(meta['untraced_ms']))} at {meta['block_m']}×{meta['block_n']}"
+    assert f"It ran {meta['block_m']}×{meta['block_n']} tiles, not the kernel's default {e.block_m}×{e.block_n}" \
+        in shown_text(at)
