@@ -338,6 +338,11 @@ def short(text: str) -> str:
     return f"{x:.2g} {unit}" if x < 10 else f"{x:.0f} {unit}"
 
 
+def exact_ms(ms: float) -> str:
+    """Milliseconds to 4 significant digits without an exponent: '0.1327', '16.44', '16,270'."""
+    return f"{ms:,.0f}" if ms >= 1000 else f"{ms:.4g}"
+
+
 def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
     """The table at one N: one row per quantity with its value in units, the exact number, and
     the Estimate field it is (docs/formulas.md names the formula by that field).
@@ -367,7 +372,7 @@ def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
         row(f"tiles computed ({e.block_m}×{e.block_n})", f"{e.tiles_computed / max(e.tiles_total, 1):.1%} of all",
             f"{e.tiles_computed:,} of {e.tiles_total:,}", "tiles_computed"),
         *(row(f"modelled time, {d}", fmt_time_ms(x.time_by_device[d] * 1e3),
-              f"{x.time_by_device[d] * 1e3:.4g} ms ({x.bound}-bound)", "time_by_device") for d, x in fits.items()),
+              f"{exact_ms(x.time_by_device[d] * 1e3)} ms ({x.bound}-bound)", "time_by_device") for d, x in fits.items()),
         *(row(f"naive fits the {d} ({fmt_bytes(x.device_memory_bytes, binary=True)})", "yes" if x.naive_fits else "no",
               f"Q, K, V + peak = {x.q_bytes + x.k_bytes + x.v_bytes + x.naive_peak_bytes:,} B", "naive_fits")
           for d, x in fits.items()),

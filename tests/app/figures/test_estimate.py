@@ -114,6 +114,10 @@ def test_table_rows_are_the_estimate():
     times = [r["exact"] for r in by_field["time_by_device"]]
     assert times[0].startswith(f"{h100.time_by_device['H100'] * 1e3:.4g} ms")
     assert times[1].startswith(f"{h200.time_by_device['H200'] * 1e3:.4g} ms")
+    # at 1M tokens a call takes seconds: the exact column reads '16,270 ms', never '1.627e+04 ms'
+    big = estimate_at(LLAMA, 1 << 20, "H100"), estimate_at(LLAMA, 1 << 20, "H200")
+    rows = [r["exact"] for r in numbers_at_n(*big) if r["field"] == "time_by_device"]
+    assert rows[0].startswith(f"{round(big[0].time_by_device['H100'] * 1e3):,} ms") and all("e+" not in r for r in rows)
     assert [r["value"] for r in by_field["naive_fits"]] == ["yes" if x.naive_fits else "no" for x in (h100, h200)]
     assert all(r["value"] and r["exact"] for r in numbers_at_n(h100, h200))
 
