@@ -314,10 +314,16 @@ def time_figure(ests: list[Estimate], n: int, p: Problem, h200_note: str = "",
     _chosen_n(fig, n)
     time_axis_ms(fig, np.concatenate(values), title_text="time of one call")
     notes = " ".join(f"{x[0].upper()}{x[1:]}." for x in (ests[0].model_note, h200_note) if x)
-    if measured:
-        notes = ("Diamonds: measured untraced times (do_bench median) of the bundled recordings of this shape, "
-                 + "; ".join(f"N {_tokens(r['n'])} on the {r['device_name']} ({r['date']}): {fmt_time_ms(r['measured_ms'])} "
-                             f"measured, {fmt_time_ms(r['model_ms'])} modelled" for r in measured) + ". " + notes)
+    if measured:            # per card: 'on the NVIDIA H200 (recorded 2026-11-26): N 4k 346 µs (model 308 µs), …'
+        cards = []
+        for card in dict.fromkeys(r["device_name"] for r in measured):
+            pts = [r for r in measured if r["device_name"] == card]
+            dates = sorted({r["date"] for r in pts})
+            cards.append(f"on the {card} (recorded {dates[0]}{' to ' + dates[-1] if len(dates) > 1 else ''}): "
+                         + ", ".join(f"N {_tokens(r['n'])} {fmt_time_ms(r['measured_ms'])} "
+                                     f"(model {fmt_time_ms(r['model_ms'])})" for r in pts))
+        notes = ("Diamonds: measured untraced times (do_bench median) of the bundled recordings of this shape "
+                 + "; ".join(cards) + ". " + notes)
     return _layout(fig, ests, "Modelled time of one flash call: H100 and H200"
                    + (", and measured" if measured else ""), p, notes)
 

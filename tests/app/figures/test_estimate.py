@@ -170,7 +170,7 @@ def test_time_chart_marks_the_measured_recordings_of_this_shape_beside_the_model
     h200 = _trace(fig, "measured on the H200 (recordings)")
     assert list(h200.x) == [N] and list(h200.y) == [15.6]
     assert list(_trace(fig, "measured on the H100 (recordings)").y) == [1.3]
-    text = all_text(fig)
-    assert "measured untraced times" in text and "NVIDIA H200 (2026-11-26): 15.6 ms measured" in text
+    text = " ".join(all_text(fig).replace("<br>", " ").split())
+    assert "measured untraced times" in text and "on the NVIDIA H200 (recorded 2026-11-26): N 32k 15.6 ms (model " in text
     # the y axis reaches the measured points
     assert all(t.name != "measured on the H200 (recordings)" for t in time_figure(ests, N, LLAMA).data)
