@@ -131,7 +131,8 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
         fig.add_trace(go.Heatmap(
             z=_grid(steps, n_rows, n_cols), x=(np.arange(n_cols) + 0.5) * bn, y=(np.arange(n_rows) + 0.5) * bm,
             colorscale=ORDER_SCALE, zmin=0, zmax=max(top, 1), showscale=col == 2,
-            colorbar=dict(title=dict(text="step in its<br>program"), x=1.02, y=1, yanchor="top", len=0.6),
+            colorbar=dict(title=dict(text="step in its<br>program"), x=1.02, y=1, yanchor="top", len=0.6,
+                          dtick=1 if top <= 8 else None),             # whole steps: no 0.5 tick
             xgap=1 if n_cols <= 64 else 0, ygap=1 if n_rows <= 64 else 0,
             hovertemplate=("queries from %{y:.0f} ± " + f"{bm / 2:g}" + ", keys from %{x:.0f} ± " + f"{bn / 2:g}"
                            + "<br>step %{z} of its program<extra></extra>"),
@@ -164,7 +165,8 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
                             f"{fm}×{fn}; {kv['k_block'].nunique()} dK·dV programs visit {len(kv):,} tiles of "
                             f"{km}×{kn} (queries × keys) of this head, each summing its key block's dK, dV over "
                             "the query blocks that see it"
-                            + (f" (and the same tiles of its KV head's other {plural(group - 1, 'query head')})"
+                            + (f" (and the same tiles of its KV head's other "
+                               f"{'query head' if group == 2 else plural(group - 1, 'query head')})"
                                if group > 1 else "") + "; grey: not visited")),
         template=TEMPLATE, plot_bgcolor=NOT_VISITED, height=620, width=1250,
         legend=dict(x=1.02, y=0, yanchor="bottom", xanchor="left"), meta={"slide_legend_inside": True})
@@ -208,12 +210,14 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
     k0 = np.arange(n_cols) * qn
     fig.add_trace(go.Heatmap(
         z=step[None, :], x0=0.5 * qn, dx=qn, y0=(q_block + 0.5) * qm, dy=qm, colorscale=ORDER_SCALE, zmin=0,
-        zmax=max(len(row) - 1, 1), xgap=1, showscale=not small,
-        colorbar=dict(title=dict(text="summing<br>step"), len=0.6, y=1, yanchor="top"),
+        zmax=max(len(row) - 1, 1), xgap=1, showscale=not small, hoverongaps=False,
+        colorbar=dict(title=dict(text="summing<br>step"), len=0.6, y=1, yanchor="top",   # steps from 1, as hovered
+                      tickvals=list(range(0, len(row), max(1, len(row) // 5))),
+                      ticktext=[str(k + 1) for k in range(0, len(row), max(1, len(row) // 5))]),
         text=[[f"{int(x) + 1}" if np.isfinite(x) else "" for x in step]] if small else None,
         texttemplate="%{text}" if small else None, textfont=dict(color="white", size=12),
-        customdata=np.stack([k0, np.minimum(k0 + qn, n_k)], -1)[None, :, :],
-        hovertemplate="keys [%{customdata[0]}, %{customdata[1]}): summing step %{z}<extra></extra>",
+        customdata=np.stack([k0, np.minimum(k0 + qn, n_k), step + 1], -1)[None, :, :],   # step counted from 1, as numbered
+        hovertemplate="keys [%{customdata[0]}, %{customdata[1]}): summed at step %{customdata[2]}<extra></extra>",
         name="dQ's key blocks (in summing order)"))
     fig.add_hrect(y0=q0, y1=q1, line=dict(color=FULL, width=1), fillcolor="rgba(61,122,184,0.08)")
     fig.update_xaxes(title_text="key position (tokens)", range=[0, n_k], showgrid=False)
@@ -223,7 +227,7 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
                     wrapped(f"dQ_i = scale · Σ_j dS_ij · K_j over the {len(row)} key blocks that row block "
                             "sees, summed in registers by one dQ program in its own pass (no atomics: "
                             "deterministic); dS_ij = P_ij ∘ (dP_ij − D_i), P recomputed from the lse; the dK·dV "
-                            "programs recompute the same tiles' dS for dK, dV")),
+                            "programs recompute the same tiles' dS for dK, dV; grey: the head's other dQ tiles")),
         template=TEMPLATE, height=620, width=1100, plot_bgcolor=NOT_VISITED,
         legend=dict(x=1.02, y=1, yanchor="top", xanchor="left"))
     return caption(fig, "tile visits from the kernel trace: " + provenance)

@@ -21,17 +21,20 @@ from instrumentation.analysis.schedule_model import ITEM_OVERHEAD, TILE_COST, li
 
 from ._common import FULL, NOW, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, title
 from .backward import PHASE_NAMES, wrapped
+from .estimate import fmt_flops
 
 PHASE_COLORS = {"forward": FULL, "delta": "#8c6bb1", "dkdv": "#59a14f", "dq": NOW}
 PHASE_ORDER = ("delta", "dkdv", "dq")
 MODELLED_UNIT = "modelled time (tile-units: 1 = one tile)"
 ESTIMATOR = "analytic model: instrumentation.estimate (docs/formulas.md, Backward)"
-MEMORY_NS = [2 ** k for k in range(9, 21)]        # 512 .. 1M tokens
+MEMORY_NS = [2 ** k for k in range(9, 21)]        # 512 .. 1M tokens (down to the call's N_q when shorter)
+FLOP_PREFIXES = {"FLOP": 1.0, "kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15}
+SUPERSCRIPT = {"kFLOP": "³", "MFLOP": "⁶", "GFLOP": "⁹", "TFLOP": "¹²", "PFLOP": "¹⁵"}
 NO_CLOCK = ("the time split is measured: it needs a GPU recording (the interpreter has no clock, and modelled "
             "forward and backward tiles differ in size, so their tile-units do not compare)")
 
 __all__ = ["backward_timeline", "resident_slots", "backward_lanes_figure", "time_split", "pass_spans", "backward_time_figure",
-           "backward_flops_figure", "backward_memory_figure", "PHASE_COLORS"]
+           "backward_flops_figure", "backward_memory_figure", "flop_unit", "PHASE_COLORS"]
 
 
 def backward_timeline(bwd_work: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
@@ -197,14 +200,20 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
                            hovertemplate="%{y}: %{x:.4g} " + unit + " from %{base:.4g}<br>busy SM time %{customdata[0]:.4g} "
                                          + unit + "<extra></extra>"))
     sub = f"forward {fwd_span:,.3g} {unit}, backward {bwd_span:,.3g} {unit} ({bwd_span / fwd_span:.2f}× the forward)"
-    sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f}, "
-            f"backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
+    sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f} "
+            f"TFLOP/s, backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
     fig.update_layout(title=title("Time split: forward, D, dK·dV, dQ", wrapped(sub)), template=TEMPLATE, height=420,
                       width=1150, showlegend=False, margin=dict(r=120))
     fig.update_yaxes(autorange="reversed", title_text="")
     fig.update_xaxes(title_text=xtitle.replace("the first backward program started",
                                                "its pass's first program started"), rangemode="tozero")
     return caption(fig, "measured per program (globaltimer); " + provenance + "; FLOPs: " + ESTIMATOR)
+
+
+def flop_unit(flops: float) -> tuple[str, float]:
+    """(unit, divisor) that app.figures.estimate.fmt_flops writes `flops` in: 'GFLOP', 1e9."""
+    unit = fmt_flops(flops).split()[-1]
+    return unit, FLOP_PREFIXES[unit]
 
 
 def backward_flops_figure(est) -> go.Figure:
@@ -214,59 +223,76 @@ def backward_flops_figure(est) -> go.Figure:
     Arguments:
         est: instrumentation.estimate's Estimate of the call.
     Returns:
-        a Figure (GFLOP, stacked per pass)."""
-    per = est.flops / 2 / 1e9                       # one D-wide matmul over the visible pairs, GFLOP
+        a Figure (stacked per pass, in the unit that fits the backward's total: kFLOP .. PFLOP)."""
+    unit, div = flop_unit(est.flops_backward)
+    per = est.flops / 2 / div                       # one D-wide matmul over the visible pairs
     parts = [("forward", "S = QKᵀ", FULL), ("forward", "O = PV", "#76b7b2"),
              ("backward", "S = QKᵀ again (recompute P)", "#9c755f"), ("backward", "dV = PᵀdO", "#59a14f"),
              ("backward", "dP = dO·Vᵀ", "#8c6bb1"), ("backward", "dQ = dS·K", NOW), ("backward", "dK = dSᵀQ", "#f4a259")]
     fig = go.Figure()
     for passname, name, color in parts:
         fig.add_trace(go.Bar(x=[passname], y=[per], name=name, marker_color=color,
-                             hovertemplate=f"{name}: " + "%{y:,.4g} GFLOP<extra></extra>"))
+                             hovertemplate=f"{name}: " + "%{y:,.4g} " + unit + "<extra></extra>"))
     for passname, total in (("forward", est.flops), ("backward", est.flops_backward)):
-        fig.add_annotation(x=passname, y=total / 1e9, text=f"{total / 1e9:,.4g} GFLOP", showarrow=False,
+        fig.add_annotation(x=passname, y=total / div, text=fmt_flops(total), showarrow=False,
                            yanchor="bottom", yshift=4)
     shape = f"B {est.batch}, H {est.heads}, N_q {est.n_q}, N_k {est.n_k}, D {est.head_dim}, {est.mask}"
     fig.update_layout(barmode="stack", template=TEMPLATE, height=520, width=900,
                       title=title("FLOPs: the backward is 2.5× the forward",
-                                  wrapped(f"{shape}: each matmul is 2·D per visible pair = {per:,.4g} GFLOP; "
-                                          f"backward {est.flops_backward / 1e9:,.4g} = 2.5 × {est.flops / 1e9:,.4g}")),
+                                  wrapped(f"{shape}: each matmul is 2·D per visible pair = {fmt_flops(est.flops / 2)}; "
+                                          f"backward {fmt_flops(est.flops_backward)} = 2.5 × {fmt_flops(est.flops)}")),
                       legend=dict(x=1.02, y=1, xanchor="left", yanchor="top", traceorder="reversed"))
-    fig.update_yaxes(title_text="GFLOP (10⁹ floating-point operations)", range=[0, est.flops_backward / 1e9 * 1.15])
+    fig.update_yaxes(title_text=unit if unit == "FLOP" else f"{unit} (10{SUPERSCRIPT[unit]} FLOP)", range=[0, est.flops_backward / div * 1.15])
     fig.update_xaxes(title_text="pass")
     return caption(fig, ESTIMATOR + " at the trace's shape; the kernel's dQ pass recomputes S and dP once more")
 
 
+def memory_ns(n_q: int) -> list[int]:
+    """The N_q of the memory chart's curves: MEMORY_NS, starting lower (at a power of 2) when
+    the call's N_q is shorter, so the call sits on the curves."""
+    lo = min(MEMORY_NS[0], 2 ** int(math.floor(math.log2(max(int(n_q), 1)))))
+    return sorted({lo * 2 ** k for k in range(int(math.log2(MEMORY_NS[0] // lo)))} | set(MEMORY_NS))
+
+
 def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int, dtype: str, n_q: int, n_k: int,
                            mask: str = "causal") -> go.Figure:
-    """Memory of the backward over N (N_q = N_k): naive (P kept from the forward, plus dP and dS:
-    three N_q×N_k grids per head) against flash (O, lse and two float32 rows per query: O(N)),
-    with the GPUs' memory, and this call's (n_q, n_k) marked. Neither depends on the mask.
+    """Memory of the backward over N_q, N_k in the call's proportion (N_k = N_q · n_k / n_q): naive
+    (P kept from the forward, plus dP and dS: three N_q×N_k grids per head) against flash (O, lse
+    and two float32 rows per query: O(N)), with the GPUs' memory, and this call marked on the
+    curves. Neither depends on the mask.
 
     Arguments:
         batch, heads, kv_heads, head_dim, dtype: the call's shape; n_q, n_k, mask: the call.
     Returns:
         a Figure (log-log, bytes)."""
-    rows = [estimate(batch, heads, kv_heads, n, n, head_dim, "full", dtype, 64, 64) for n in MEMORY_NS]
+    ns = memory_ns(n_q)
+    ratio_k = n_k / n_q
+    rows = [estimate(batch, heads, kv_heads, n, max(1, round(n * ratio_k)), head_dim, "full", dtype, 64, 64)
+            for n in ns]
     naive = [e.naive_bwd_peak_bytes for e in rows]
     flash = [e.flash_bwd_peak_bytes for e in rows]
     here = estimate(batch, heads, kv_heads, n_q, n_k, head_dim, mask, dtype, 64, 64)
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=MEMORY_NS, y=naive, mode="lines+markers", name="naive backward: P, dP, dS",
+    fig.add_trace(go.Scatter(x=ns, y=naive, mode="lines+markers", name="naive backward: P, dP, dS",
                              line=dict(color=NOW, width=3)))
-    fig.add_trace(go.Scatter(x=MEMORY_NS, y=flash, mode="lines+markers", name="flash backward: O, lse, D",
+    fig.add_trace(go.Scatter(x=ns, y=flash, mode="lines+markers", name="flash backward: O, lse, D",
                              line=dict(color=FULL, width=3)))
     fig.add_trace(go.Scatter(x=[n_q, n_q], y=[here.naive_bwd_peak_bytes, here.flash_bwd_peak_bytes], mode="markers",
                              marker=dict(size=14, symbol="diamond", color="#111"),
                              name=f"this call (N {n_q})" if n_q == n_k else f"this call (N_q {n_q}, N_k {n_k})"))
-    for i, (name, dev) in enumerate(DEVICES.items()):
+    for i, (name, dev) in enumerate(sorted(DEVICES.items(), key=lambda d: d[1].memory_bytes)):
         fig.add_hline(y=dev.memory_bytes, line=dict(dash="dot", width=1.5, color="#777"))
-        # an annotation on a log axis is placed at log10 of its value (a shape at the value itself)
+        # an annotation on a log axis is placed at log10 of its value (a shape at the value itself);
+        # the smaller memory's label under its line, the larger's over its own: close lines never cross a label
         fig.add_annotation(x=0.01 + 0.22 * i, xref="x domain", y=math.log10(dev.memory_bytes), yref="y",
                            text=f"{name} memory {fmt_bytes(dev.memory_bytes)}", showarrow=False, xanchor="left",
-                           yanchor="bottom", font=dict(color="#555"))
+                           yanchor="top" if i == 0 and len(DEVICES) > 1 else "bottom", font=dict(color="#555"))
     byte_axis(fig, naive + flash + [d.memory_bytes for d in DEVICES.values()], title_text="memory the backward holds")
-    count_axis(fig, MEMORY_NS, title_text="sequence length N = N_q = N_k (tokens, log)")
+    if n_q == n_k:
+        xtitle = "sequence length N = N_q = N_k (tokens, log)"
+    else:
+        xtitle = f"queries N_q (tokens, log); keys N_k = {ratio_k:.3g} × N_q as in this call"
+    count_axis(fig, ns, title_text=xtitle)
     ratio = here.naive_bwd_peak_bytes / here.flash_bwd_peak_bytes
     fig.update_layout(
         template=TEMPLATE, height=560, width=1150, legend=dict(x=0.01, y=0.99, xanchor="left", yanchor="top"),

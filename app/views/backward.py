@@ -13,6 +13,7 @@ from app.figures.backward import has_backward, phase_blocks
 from app.figures.backward_charts import (DEFAULT_SMS, dq_blocks, dq_chart, flops_chart, lanes_chart, memory_chart,
                                          order_chart, shape_of, time_chart, timeline_of, trace_estimate, traced_heads)
 from app.figures.backward_time import pass_spans, time_split
+from app.figures.estimate import fmt_flops
 from app.text import plain
 from app.views import common
 from instrumentation import estimate
@@ -84,8 +85,8 @@ m[0].metric("naive memory", fmt_bytes(est.naive_bwd_peak_bytes),
                  "(naive_bwd_peak_bytes)")
 m[1].metric("flash memory", fmt_bytes(est.flash_bwd_peak_bytes),
             help=f"flash backward: O, lse, D and lse₂ per row = {est.flash_bwd_peak_bytes:,} B (flash_bwd_peak_bytes)")
-m[2].metric("fwd GFLOP", f"{est.flops / 1e9:,.4g}", help=f"forward: 4·D·B·H·visible pairs = {est.flops:,} (flops)")
-m[3].metric("bwd GFLOP", f"{est.flops_backward / 1e9:,.4g}",
+m[2].metric("forward FLOPs", fmt_flops(est.flops), help=f"forward: 4·D·B·H·visible pairs = {est.flops:,} (flops)")
+m[3].metric("backward FLOPs", fmt_flops(est.flops_backward),
             help=f"backward: 2.5 × the forward = {est.flops_backward:,} (flops_backward)")
 
 if not has_backward(trace):
@@ -112,7 +113,11 @@ if not heads:
 else:
     labels = [f"batch {b}, head {h}" for b, h in heads]
     url_state.control("bwd_head", labels[0], options=labels)
-    c = st.columns([2, 2, 3])
+    # presentation: the two selectors fold into the faint "Controls" pill (app/presentation.py), as on
+    # the schedule page, so the first slide is the tile-order chart
+    controls = (st.expander("Controls", expanded=False, icon=":material/tune:", key="slide_controls") if s.present
+                else st.container())
+    c = controls.columns([2, 2, 3])
     b_sel, h_sel = heads[labels.index(c[0].selectbox("Head (traced)", labels, key="bwd_head"))]
     bh = b_sel * sh["H"] + h_sel
     qbs = dq_blocks(trace, b_sel, h_sel)
@@ -123,12 +128,12 @@ else:
                  f"{blocks['dkdv'][0]}×{blocks['dkdv'][1]}, dQ {blocks['dq'][0]}×{blocks['dq'][1]}; "
                  "the maps are in token positions, so they line up.")
     common.chart(order_chart(trace, bh), "backward-tile-order", "bwd_order", s.present)
+    if qbs:                          # next to the order chart: both follow the selectors above them
+        common.chart(dq_chart(trace, bh, q_block=qb), "backward-dq-sources", "bwd_dq", s.present)
 
 sms = int(meta.get("sm_count") or DEFAULT_SMS)
 tl_bwd = timeline_of(trace, sms)
 common.chart(lanes_chart(trace, sms), "backward-lanes", "bwd_lanes", s.present)
-if qbs:
-    common.chart(dq_chart(trace, bh, q_block=qb), "backward-dq-sources", "bwd_dq", s.present)
 fwd_tl = common.timeline_for(src.key, sms, trace)
 if fwd_tl.attrs.get("modelled") or tl_bwd.attrs.get("modelled"):
     st.info("The time split forward / D / dK·dV / dQ is measured: it needs a GPU recording (open "

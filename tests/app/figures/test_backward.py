@@ -11,6 +11,7 @@ import pytest
 from app.figures.backward import dq_sources, dq_sources_figure, program_steps, tile_order_figure
 from app.figures.backward_time import (backward_flops_figure, backward_lanes_figure, backward_memory_figure,
                                        backward_time_figure, backward_timeline, resident_slots, time_split)
+from app.figures.estimate import fmt_flops
 from instrumentation import estimate
 from kernels.masks import SKIPPED, parse_mask
 from tests.app.figures.checks import provenance_captions
@@ -84,7 +85,7 @@ def test_tile_order_shows_every_visible_tile_once_in_visit_order(mask):
     assert len(xs) == len(bwd[(bwd.phase == "dkdv") & (bwd.b == 0) & (bwd["head"] == 1)])
     assert any("test run" in c for c in provenance_captions(fig))
     gqa = tile_order_figure(fwd, bwd, BLOCKS, n_q, n_k, b=0, head=1, heads=2, group=2)
-    assert "other 1 query head)" in gqa.layout.title.subtitle.text.replace("<br>", " ")
+    assert "other query head)" in gqa.layout.title.subtitle.text.replace("<br>", " ")
 
 
 def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
@@ -102,6 +103,8 @@ def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
     assert np.flatnonzero(np.isfinite(steps)).tolist() == sorted(row["k_block"])
     assert [steps[k] for k in row["k_block"]] == list(range(len(row)))          # numbered in summing order
     assert [chosen.text[0][k] for k in row["k_block"]] == [str(s + 1) for s in row["step"]]
+    hover = np.asarray(chosen.customdata, float)[0]            # the hover's step is the number drawn
+    assert [int(hover[k, 2]) for k in row["k_block"]] == [s + 1 for s in row["step"]]
     assert (chosen.y0, chosen.dy) == ((3 + 0.5) * BLOCKS["dq"][0], BLOCKS["dq"][0])
     assert "[48, 64)" in fig.layout.title.text
     with pytest.raises(ValueError, match="no dQ tiles"):
@@ -153,7 +156,8 @@ def test_measured_time_split_spans_and_rates():
     e = estimate(1, 2, 2, 128, 128, 64, "causal", "bf16")
     fig = backward_time_figure(fwd, bwd, e, "H100 run")
     sub = fig.layout.title.subtitle.text
-    assert f"{e.flops / 4e-6 / 1e12:,.0f}" in sub and f"{e.flops_backward / 10.95e-6 / 1e12:,.0f}" in sub
+    assert f"forward {e.flops / 4e-6 / 1e12:,.0f} TFLOP/s" in sub.replace("<br>", " ")     # each rate its unit
+    assert f"backward {e.flops_backward / 10.95e-6 / 1e12:,.0f} TFLOP/s" in sub.replace("<br>", " ")
     assert "µs" in fig.layout.xaxis.title.text
     lanes = backward_lanes_figure(bwd, "H100 run")            # dK·dV and dQ overlap on SM 1: two rows
     ys = {(d.name.split(" (")[0], round(y, 3)) for d in lanes.data for y in d.y}
@@ -167,14 +171,38 @@ def test_measured_time_split_spans_and_rates():
 def test_flops_and_memory_are_the_estimators():
     e = estimate(2, 4, 2, 256, 320, 64, "sliding_window:100", "fp16")
     fig = backward_flops_figure(e)
+    unit = fig.layout.yaxis.title.text.split()[0]                # the unit that fits: 1 .. 1000 of it
+    div = {"kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12}[unit]
     bars = [d for d in fig.data if d.type == "bar"]
-    assert sum(b.y[0] for b in bars if b.x[0] == "forward") * 1e9 == pytest.approx(e.flops)
-    assert sum(b.y[0] for b in bars if b.x[0] == "backward") * 1e9 == pytest.approx(e.flops_backward)
+    assert sum(b.y[0] for b in bars if b.x[0] == "forward") * div == pytest.approx(e.flops)
+    assert sum(b.y[0] for b in bars if b.x[0] == "backward") * div == pytest.approx(e.flops_backward)
+    assert 1 <= e.flops_backward / div < 1000
+    assert [a.text for a in fig.layout.annotations if "FLOP" in a.text and "model" not in a.text] == \
+        [fmt_flops(e.flops), fmt_flops(e.flops_backward)]
     assert e.flops_backward == 2.5 * e.flops
     mem = backward_memory_figure(2, 4, 2, 64, "fp16", 256, 320, "sliding_window:100")
     naive, flash, here = mem.data[:3]
-    for n, y_naive, y_flash in zip(naive.x, naive.y, flash.y):
-        at = estimate(2, 4, 2, n, n, 64, "causal", "fp16")
+    for n, y_naive, y_flash in zip(naive.x, naive.y, flash.y):     # N_k in the call's proportion, 1.25 N_q
+        at = estimate(2, 4, 2, n, round(n * 1.25), 64, "causal", "fp16")
         assert (y_naive, y_flash) == (at.naive_bwd_peak_bytes, at.flash_bwd_peak_bytes)
     assert list(here.y) == [e.naive_bwd_peak_bytes, e.flash_bwd_peak_bytes]
     assert "instrumentation.estimate" in provenance_captions(mem)[0]
+
+
+@pytest.mark.parametrize("n_q,n_k", [(256, 384), (4096, 4096), (64, 64)])
+def test_memory_curves_pass_through_the_call(n_q, n_k):
+    """The call's two markers lie on the naive and flash curves (a short call or N_q != N_k
+    included), and each GPU's memory label stays clear of the other's line."""
+    mem = backward_memory_figure(1, 4, 2, 16, "fp32", n_q, n_k, "causal")
+    naive, flash, here = mem.data[:3]
+    i = list(naive.x).index(n_q)
+    assert (naive.y[i], flash.y[i]) == tuple(here.y) and here.x[0] == n_q
+    labels = sorted((a.y, a.yanchor) for a in mem.layout.annotations if "memory" in a.text)
+    assert [anchor for _, anchor in labels] == ["top", "bottom"]    # the lower one under its line
+
+
+def test_tile_order_colour_scale_ticks_whole_steps():
+    maps, fwd, bwd, _ = _tables("sliding_window:20", 48, 48, BLOCKS)
+    fig = tile_order_figure(fwd, bwd, BLOCKS, 48, 48, b=0, head=0, heads=2)
+    bar = [d for d in fig.data if d.type == "heatmap" and d.showscale][0].colorbar
+    assert bar.dtick == 1

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from app.figures._common import fmt_bytes
+from app.figures.estimate import fmt_flops
 from app.views.common import trace_zip
 from instrumentation import estimate
 from instrumentation.trace import Trace
@@ -41,7 +42,7 @@ def test_page_draws_the_backward_tables(bwd_data):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["naive memory"] == fmt_bytes(e.naive_bwd_peak_bytes)
     assert metrics["flash memory"] == fmt_bytes(e.flash_bwd_peak_bytes)
-    assert metrics["bwd GFLOP"] == f"{e.flops_backward / 1e9:,.4g}"
+    assert metrics["backward FLOPs"] == fmt_flops(e.flops_backward)                 # kFLOP here, not 0.0000x GFLOP
     assert at.selectbox(key="bwd_head").value == "batch 0, head 1"              # the traced head
     order = chart(at, "Tile order", arrays=True)
     kv = trace.bwd_tiles[(trace.bwd_tiles.phase == "dkdv") & (trace.bwd_tiles["head"] == 1)]
@@ -54,6 +55,21 @@ def test_page_draws_the_backward_tables(bwd_data):
     assert any("needs a GPU recording" in i.value for i in at.info)              # no clock: no time split
     at.selectbox(key="bwd_qblock").set_value(0).run()
     assert "queries [0, 32)" in chart(at, "Where dQ comes from")["layout"]["title"]["text"]
+
+
+def test_slides_fold_the_selectors_and_put_dq_after_the_tile_order(bwd_data):
+    """Presentation mode: the head and query-block selectors sit in the Controls pill (the
+    expander keyed slide_controls), as on the schedule page; the dQ chart the query block picks
+    follows the tile-order chart the head picks."""
+    at = open_page("backward", source="recorded", trace="bwd_small", present="1")
+    clean(at)
+    folded = [e for e in at.expander if e.label == "Controls"]
+    assert len(folded) == 1
+    assert {w.key for w in folded[0].selectbox} == {"bwd_head", "bwd_qblock"}
+    titles = [c["layout"]["title"]["text"].split(":")[0] for c in charts(at)]
+    assert titles[:2] == ["Tile order", "Where dQ comes from"]
+    normal = open_page("backward", source="recorded", trace="bwd_small")
+    assert not [e for e in normal.expander if e.label == "Controls"]
 
 
 def test_csv_download_carries_the_backward_tables(bwd_data):
