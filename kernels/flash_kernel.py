@@ -116,6 +116,27 @@ def accumulate_pv(acc, p, v, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constex
 
 
 @triton.jit
+def softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED: tl.constexpr):
+    """One tile's online-softmax step on raw scores qk (BLOCK_M, BLOCK_N) in log2 units (flash and
+    varlen loops). MASKED: keys outside each row's [row_lo, row_hi] get -inf, and a row with no
+    visible key yet keeps m = -inf (0 is subtracted); unmasked: scale and shift in one FMA per score.
+    Returns (p, alpha = 2^(m_i - m_new), m_new); the caller rescales l and acc by alpha."""
+    if MASKED:
+        visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
+        qk = tl.where(visible, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        qk = qk - m_ref[:, None]
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_ref = m_new
+        qk = qk * qk_scale - m_ref[:, None]
+    p = tl.math.exp2(qk)
+    alpha = tl.math.exp2(m_i - m_ref)
+    return p, alpha, m_new
+
+
+@triton.jit
 def _device_descs(Q, K, V, batch_heads, GROUP, N_Q, N_K, stride_qn, stride_kn, stride_vn,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Tensor descriptors over the (B*H*N_q, D) and (B*H_kv*N_k, D) row views, made on the
@@ -160,20 +181,7 @@ def _tile_loop(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, k_desc, v
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
         # -- online softmax update (scores in log2 units: qk * qk_scale) --
-        if IS_PARTIAL:
-            visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            qk = qk - m_ref[:, None]
-        else:
-            # scale and shift in one FMA per score
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_ref = m_new
-            qk = qk * qk_scale - m_ref[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ref)
+        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, IS_PARTIAL)
         if ROWSUM_MMA:
             l_mma = tl.dot(p.to(q.dtype), ones, l_mma * alpha[:, None], input_precision=DOT_PRECISION)
         else:

@@ -34,7 +34,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .flash_kernel import (KV_EVICT_NORMAL, _clock64, _globaltimer, _smid, _tile_loop, accumulate_pv,  # noqa: E402
-                           load_kv_tile)
+                           load_kv_tile, softmax_update)
 
 LN2 = tl.constexpr(0.6931471805599453)
 # seq, q_start, q_end, k_start, len_k, kb_lo, f_lo, f_hi, kb_end (host: kernels.varlen.ITEM_COLUMNS)
@@ -73,19 +73,7 @@ def _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, k
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
-        if MASKED:
-            visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            qk = qk - m_ref[:, None]
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            m_ref = m_new
-            qk = qk * qk_scale - m_ref[:, None]
-        p = tl.math.exp2(qk)
-        alpha = tl.math.exp2(m_i - m_ref)
+        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_vt, stride_vp, PAGED, PAGE_SIZE)
