@@ -97,7 +97,10 @@ def lanes_chart(trace, sms=None):
 
 def time_chart(trace, fwd_tl, sms=None):
     """The time split; fwd_tl: schedule_model.timeline(trace) (measured or modelled like the backward)."""
-    return backward_time_figure(fwd_tl, timeline_of(trace, sms), trace_estimate(trace), trace.provenance())
+    m = trace.meta
+    untraced = (m.get("untraced_ms"), (m.get("backward") or {}).get("untraced_ms"))
+    return backward_time_figure(fwd_tl, timeline_of(trace, sms), trace_estimate(trace), trace.provenance(),
+                                untraced_ms=untraced if all(isinstance(x, (int, float)) for x in untraced) else None)
 
 
 def flops_chart(trace):

@@ -173,7 +173,8 @@ def pass_spans(split: pd.DataFrame) -> tuple[float, float]:
     return float(split["span"].iat[0]), float(bwd["end"].max() - bwd["start"].min())
 
 
-def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, provenance: str = "") -> go.Figure:
+def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, provenance: str = "",
+                         untraced_ms: tuple | None = None) -> go.Figure:
     """The measured time split forward / D / dK·dV / dQ: each phase as a bar from its first program's start
     to its last program's end (the forward on its own clock, the backward phases on the
     backward's: dK·dV and dQ share one launch, so they may overlap), with the span and the
@@ -182,7 +183,9 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
 
     Arguments:
         fwd_tl: schedule_model.timeline(trace). bwd_tl: backward_timeline(). est: the trace's
-            Estimate. provenance: the trace's provenance line.
+            Estimate. provenance: the trace's provenance line. untraced_ms: (forward, backward)
+            kernel times of the same call without tracing (the recording's meta), said beside the
+            traced spans when given.
     Returns:
         a Figure."""
     if fwd_tl.attrs.get("modelled", True) or bwd_tl.attrs.get("modelled", True):
@@ -202,6 +205,10 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
     sub = f"forward {fwd_span:,.3g} {unit}, backward {bwd_span:,.3g} {unit} ({bwd_span / fwd_span:.2f}× the forward)"
     sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f} "
             f"TFLOP/s, backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
+    if untraced_ms and all(x and math.isfinite(x) for x in untraced_ms):
+        f_ms, b_ms = untraced_ms
+        sub += (f"; untraced kernel time: forward {f_ms * 1e3:,.3g} µs, backward {b_ms * 1e3:,.3g} µs "
+                f"({b_ms / f_ms:.2f}×, {est.flops_backward / (b_ms * 1e-3) / 1e12:,.0f} TFLOP/s)")
     fig.update_layout(title=title("Time split: forward, D, dK·dV, dQ", wrapped(sub)), template=TEMPLATE, height=420,
                       width=1150, showlegend=False, margin=dict(r=120))
     fig.update_yaxes(autorange="reversed", title_text="")

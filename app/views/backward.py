@@ -141,7 +141,8 @@ if fwd_tl.attrs.get("modelled") or tl_bwd.attrs.get("modelled"):
 else:
     fwd_span, bwd_span = pass_spans(time_split(fwd_tl, tl_bwd))
     m[4].metric("bwd ÷ fwd time", f"{bwd_span / fwd_span:.2f}×",
-                help="measured: the backward's span over the forward's (the time split chart)")
+                help="measured on the traced run: the backward's span over the forward's (the time split chart, "
+                     "which also gives the untraced kernel times)")
     common.chart(time_chart(trace, fwd_tl, sms), "backward-time-split", "bwd_time", s.present)
 common.chart(flops_chart(trace), "backward-flops", "bwd_flops", s.present)
 common.chart(memory_chart(trace), "backward-memory", "bwd_memory", s.present)

@@ -159,6 +159,9 @@ def test_measured_time_split_spans_and_rates():
     assert f"forward {e.flops / 4e-6 / 1e12:,.0f} TFLOP/s" in sub.replace("<br>", " ")     # each rate its unit
     assert f"backward {e.flops_backward / 10.95e-6 / 1e12:,.0f} TFLOP/s" in sub.replace("<br>", " ")
     assert "µs" in fig.layout.xaxis.title.text
+    timed = backward_time_figure(fwd, bwd, e, "H100 run", untraced_ms=(0.004, 0.012))   # the recording's kernel times
+    assert "untraced kernel time: forward 4 µs, backward 12 µs (3.00×, " \
+        f"{e.flops_backward / 12e-6 / 1e12:,.0f} TFLOP/s)" in timed.layout.title.subtitle.text.replace("<br>", " ")
     lanes = backward_lanes_figure(bwd, "H100 run")            # dK·dV and dQ overlap on SM 1: two rows
     ys = {(d.name.split(" (")[0], round(y, 3)) for d in lanes.data for y in d.y}
     assert {y for name, y in ys if name in ("dK·dV", "dQ")} >= {0.75, 1.25}

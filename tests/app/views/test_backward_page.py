@@ -101,4 +101,6 @@ def test_bundled_gpu_recording_shows_the_measured_split(monkeypatch):
     split = chart(at, "Time split")
     assert [b for b in split["data"][0]["y"]] == ["forward", "D = rowsum(dO∘O)", "dK·dV", "dQ"]
     assert "TFLOP/s" in split["layout"]["title"]["subtitle"]["text"]
+    ratio = trace.meta["backward"]["untraced_ms"] / trace.meta["untraced_ms"]      # do_bench, no tracing
+    assert f"({ratio:.2f}×," in split["layout"]["title"]["subtitle"]["text"].replace("<br>", " ")
     assert any(m.label == "bwd ÷ fwd time" for m in at.metric)
