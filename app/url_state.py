@@ -342,6 +342,12 @@ if (!window.__tilescopeCopy) {
   document.addEventListener('focusin', e => {
     if (e.target.matches && e.target.matches('.tilescope-link input')) e.target.select();
   });
+  // a part of a page that reruns on its own (st.fragment: the online-softmax step) changes the
+  // link without rerunning the sidebar: the field follows the address bar
+  setInterval(() => {
+    const field = document.querySelector('.tilescope-link input');
+    if (field && location.search && field.value !== location.href && document.activeElement !== field) field.value = location.href;
+  }, 400);
 }
 </script>"""
 
