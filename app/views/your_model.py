@@ -149,13 +149,12 @@ measured = measured_points([(r.name, r.meta) for r in sources.recordings()], p)
 for col, dev, e in ((m[4], "H100", h100), (m[5], "H200", h200)):
     seen = measured_at(measured, int(n), dev)       # a recording of this very shape and N on that card
     col.metric(f"{dev} modelled", short(fmt_time_ms(e.time_by_device[dev] * 1e3)),
-               (f"measured {short(fmt_time_ms(seen['measured_ms']))}"
-                + ("" if (seen["block_m"], seen["block_n"]) == (e.block_m, e.block_n)
-                   else f" at {seen['block_m']}×{seen['block_n']}")) if seen else None,
+               f"measured {short(fmt_time_ms(seen['measured_ms']))}" if seen else None,   # tiles: in the help
                delta_color="off", delta_arrow="off",
                help=f"modelled time of one flash call. {e.model_note}."
                     + (f" Measured: {seen['measured_ms']:.4g} ms, untraced do_bench median of the recording "
-                       f"{seen['name']} ({seen['device_name']}, {seen['date']})." if seen else
+                       f"{seen['name']} ({seen['device_name']}, {seen['date']}) at {seen['block_m']}×{seen['block_n']} "
+                       f"tiles." if seen else
                        " No recording of this shape and N on this card is bundled."))
 if len(own_masks) > 1 and not s.present:     # Gemma-2: one layer kind at a time above; both kinds side by side here
     kinds = []
