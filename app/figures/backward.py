@@ -28,6 +28,7 @@ from ._common import FULL, SKIPPED_GREY, TEMPLATE, caption, plural, title
 PHASE_NAMES = {"forward": "forward", "delta": "D = rowsum(dO∘O)", "dkdv": "dK·dV", "dq": "dQ"}
 ORDER_SCALE = "Viridis"
 MAX_NUMBERED = 16             # dQ's key blocks numbered in the chart up to this; beyond, coloured by step
+MAX_NUMBERED_COLS = 40         # ... and only while a key block's cell is wide enough for two digits (~20 px at 1280)
 MAX_ARROWS = 400              # tiles on a map whose path carries an arrow per tile (beyond, lines only)
 MAX_PATHS = 512                # programs whose path is drawn (a line per program beyond is noise)
 NOT_VISITED = "#f2f2f2"
@@ -204,7 +205,7 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
     fig = go.Figure(go.Heatmap(z=seen, x=(np.arange(n_cols) + 0.5) * qn, y=(np.arange(n_rows) + 0.5) * qm,
                                colorscale=[[0, SKIPPED_GREY], [1, SKIPPED_GREY]], showscale=False,
                                hoverinfo="skip", name="other dQ tiles"))
-    small = len(row) <= MAX_NUMBERED
+    small = len(row) <= MAX_NUMBERED and n_cols <= MAX_NUMBERED_COLS
     step = np.full(n_cols, np.nan)                       # the chosen row: each key block's summing step
     step[row["k_block"].to_numpy(int)] = row["step"].to_numpy(float)
     k0 = np.arange(n_cols) * qn

@@ -107,6 +107,9 @@ def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
     assert [int(hover[k, 2]) for k in row["k_block"]] == [s + 1 for s in row["step"]]
     assert (chosen.y0, chosen.dy) == ((3 + 0.5) * BLOCKS["dq"][0], BLOCKS["dq"][0])
     assert "[48, 64)" in fig.layout.title.text
+    _, _, wide, _ = _tables("sliding_window:64", 16, 8 * 48, BLOCKS)   # 9 of 48 key blocks: cells too narrow
+    many = dq_sources_figure(wide, BLOCKS, 16, 8 * 48, q_block=0).data[1]
+    assert many.text is None and many.showscale                  # the colour scale gives the step instead
     with pytest.raises(ValueError, match="no dQ tiles"):
         dq_sources_figure(bwd, BLOCKS, n_q, n_k, q_block=99)
 
