@@ -12,8 +12,7 @@ from app.figures._common import fmt_bytes
 from app.figures.backward import has_backward, phase_blocks
 from app.figures.backward_charts import (DEFAULT_SMS, dq_blocks, dq_chart, flops_chart, lanes_chart, memory_chart,
                                          order_chart, shape_of, time_chart, timeline_of, trace_estimate, traced_heads)
-from app.figures.backward_time import pass_spans, time_split
-from app.figures.estimate import fmt_flops
+from app.figures.backward_time import flop_unit, pass_spans, time_split
 from app.text import plain
 from app.views import common
 from instrumentation import estimate
@@ -85,8 +84,10 @@ m[0].metric("naive memory", fmt_bytes(est.naive_bwd_peak_bytes),
                  "(naive_bwd_peak_bytes)")
 m[1].metric("flash memory", fmt_bytes(est.flash_bwd_peak_bytes),
             help=f"flash backward: O, lse, D and lse₂ per row = {est.flash_bwd_peak_bytes:,} B (flash_bwd_peak_bytes)")
-m[2].metric("forward FLOPs", fmt_flops(est.flops), help=f"forward: 4·D·B·H·visible pairs = {est.flops:,} (flops)")
-m[3].metric("backward FLOPs", fmt_flops(est.flops_backward),
+flop_name, flop_div = flop_unit(est.flops_backward)      # the unit in the label: a value fits a fifth of 1280 px
+m[2].metric(f"forward {flop_name}", f"{est.flops / flop_div:,.3g}",
+            help=f"forward: 4·D·B·H·visible pairs = {est.flops:,} (flops)")
+m[3].metric(f"backward {flop_name}", f"{est.flops_backward / flop_div:,.3g}",
             help=f"backward: 2.5 × the forward = {est.flops_backward:,} (flops_backward)")
 
 if not has_backward(trace):

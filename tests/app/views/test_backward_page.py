@@ -42,7 +42,11 @@ def test_page_draws_the_backward_tables(bwd_data):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["naive memory"] == fmt_bytes(e.naive_bwd_peak_bytes)
     assert metrics["flash memory"] == fmt_bytes(e.flash_bwd_peak_bytes)
-    assert metrics["backward FLOPs"] == fmt_flops(e.flops_backward)                 # kFLOP here, not 0.0000x GFLOP
+    unit = fmt_flops(e.flops_backward).split()[-1]                               # MFLOP here, not 0.00264 GFLOP
+    div = {"kFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9}[unit]
+    assert metrics[f"backward {unit}"] == f"{e.flops_backward / div:,.3g}"
+    assert metrics[f"forward {unit}"] == f"{e.flops / div:,.3g}"
+    assert all(len(v) <= 7 for v in metrics.values())                          # fits a fifth of 1280 px ("4.92 MB")
     assert at.selectbox(key="bwd_head").value == "batch 0, head 1"              # the traced head
     order = chart(at, "Tile order", arrays=True)
     kv = trace.bwd_tiles[(trace.bwd_tiles.phase == "dkdv") & (trace.bwd_tiles["head"] == 1)]
