@@ -174,6 +174,12 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
     return caption(fig, "tile visits from the kernel trace: " + provenance)
 
 
+def _step_ticks(n: int) -> list[int]:
+    """Steps 1..n to label on a colour bar: 1 and round multiples (5, 10, 20, 50, ...), about five."""
+    stride = next(x for x in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10 ** 9) if x * 5 >= n)
+    return sorted({1, *range(stride, n + 1, stride)})
+
+
 def dq_sources(bwd_tiles: pd.DataFrame, b: int, head: int, q_block: int) -> pd.DataFrame:
     """The dQ program of (b, head, q_block): its key blocks in visit order (k_block, order,
     step), each adding dS_ij·K_j to the block's dQ."""
@@ -213,8 +219,7 @@ def dq_sources_figure(bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
         z=step[None, :], x0=0.5 * qn, dx=qn, y0=(q_block + 0.5) * qm, dy=qm, colorscale=ORDER_SCALE, zmin=0,
         zmax=max(len(row) - 1, 1), xgap=1, showscale=not small, hoverongaps=False,
         colorbar=dict(title=dict(text="summing<br>step"), len=0.6, y=1, yanchor="top",   # steps from 1, as hovered
-                      tickvals=list(range(0, len(row), max(1, len(row) // 5))),
-                      ticktext=[str(k + 1) for k in range(0, len(row), max(1, len(row) // 5))]),
+                      tickvals=[k - 1 for k in _step_ticks(len(row))], ticktext=[str(k) for k in _step_ticks(len(row))]),
         text=[[f"{int(x) + 1}" if np.isfinite(x) else "" for x in step]] if small else None,
         texttemplate="%{text}" if small else None, textfont=dict(color="white", size=12),
         customdata=np.stack([k0, np.minimum(k0 + qn, n_k), step + 1], -1)[None, :, :],   # step counted from 1, as numbered

@@ -110,6 +110,8 @@ def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
     _, _, wide, _ = _tables("sliding_window:64", 16, 8 * 48, BLOCKS)   # 9 of 48 key blocks: cells too narrow
     many = dq_sources_figure(wide, BLOCKS, 16, 8 * 48, q_block=0).data[1]
     assert many.text is None and many.showscale                  # the colour scale gives the step instead
+    bar = many.colorbar                                          # ... counted from 1, as the hover counts
+    assert [int(t) - 1 for t in bar.ticktext] == list(bar.tickvals) and bar.ticktext[0] == "1"
     with pytest.raises(ValueError, match="no dQ tiles"):
         dq_sources_figure(bwd, BLOCKS, n_q, n_k, q_block=99)
 
