@@ -21,8 +21,8 @@ from app.text import plain
 from app.views import common
 
 UPLOAD = "upload"
-PAGES_FOR_A_CALL = (("schedule", "tile schedule"), ("block_skip", "block-skip map"),
-                    ("online_softmax", "online softmax"))
+# not the online softmax: it regenerates a trace's inputs, and a model's activations are not kept
+PAGES_FOR_A_CALL = (("schedule", "tile schedule"), ("block_skip", "block-skip map"))
 
 s = settings.current()
 st.title("Model run")

@@ -57,8 +57,12 @@ offset = c2.slider("Row inside the block", 0, rows_in_block - 1, key="sm_offset"
 q_row = qb * bm + offset
 
 if trace.meta.get("inputs") not in (None, "instrumentation.make_inputs"):
-    st.warning(f"This trace was recorded with inputs {plain(repr(trace.meta.get('inputs')))}, not "
-               "instrumentation.make_inputs: the reference below cannot see the kernel's inputs.")
+    # the page draws each tile's scores and a float64 recurrence from the regenerated inputs: with
+    # other inputs (a model's activations) every chart would show numbers the kernel never saw
+    st.info(f"This trace's inputs ({plain(repr(trace.meta.get('inputs')))}) are not kept in it and cannot be "
+            "regenerated, so its rows cannot be stepped against their scores here: open it in the tile "
+            "schedule or block-skip map, or step a recording made with instrumentation.record.")
+    st.stop()
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)

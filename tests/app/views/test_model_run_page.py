@@ -22,7 +22,8 @@ def test_the_bundled_llama_run():
         "Attention per layer: kernel time and tiles", "Sliding-window vs global layers",
         "Attention time per forward pass", "KV cache over the decode steps"]
     text = " ".join(x.value for x in at.markdown)
-    assert "[online softmax](./online_softmax?page=online_softmax&source=recorded&trace=run%3Allama-3-8b-4l%3A0)" in text
+    assert "[block-skip map](./block_skip?page=block_skip&source=recorded&trace=run%3Allama-3-8b-4l%3A0)" in text
+    assert "online_softmax" not in text       # a model's activations are not kept: nothing to step against
     at.selectbox(key="mr_run").set_value("qwen2.5-7b-4l-sliding").run()
     clean(at)
     assert at.query_params["mr_run"] == "qwen2.5-7b-4l-sliding" and at.metric[0].value == "12"
@@ -36,6 +37,14 @@ def test_a_call_link_opens_in_the_schedule_page():
     assert not at.warning and at.query_params["trace"] == "run:llama-3-8b-4l:1"
     assert at.sidebar.selectbox(key="ctl_trace").value == "run:llama-3-8b-4l:1"
     assert (at.query_params["seq_len"], at.query_params["kv_heads"]) == ("512", "8")
+
+
+def test_a_captured_call_is_not_stepped_against_scores_it_never_saw():
+    at = open_page("online_softmax", source="recorded", trace="run:llama-3-8b-4l:0")
+    assert not at.exception and not at.error and not at.warning
+    [info] = [i.value for i in at.info if "cannot be regenerated" in i.value]
+    assert "tile schedule or block-skip map" in info
+    assert not [c for c in charts(at)]
 
 
 def test_a_call_link_that_does_not_open_is_one_line():
