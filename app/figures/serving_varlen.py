@@ -83,6 +83,8 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
     fig.update_xaxes(title_text=clock, range=[0, t_end * 1.01], row=len(panels), col=1)
     ratio = (f"; padded ends {float(padded['t_end'].max()) / float(packed['t_end'].max()):.2f}× later"
              if padded is not None else "")
+    if unit in ("µs", "ms"):      # two times of one batch: say which is which
+        ratio += "<br>end times of one traced run; the untraced median of each recording is on the work-items chart"
     if used < sms:
         ratio += f"<br>SMs {used}–{sms - 1} of {sms} get no work item (not drawn)"
     fig.update_layout(template=TEMPLATE, height=260 + 300 * len(panels), legend=dict(x=1.01, y=1, font=dict(size=11)),
@@ -100,7 +102,7 @@ def varlen_work_figure(per_seq, lengths, provenance: str, time_note: str = "") -
         lengths: tokens per sequence (the axis' labels).
         provenance: the caption; time_note: a subtitle line on time (recorded or modelled).
     Returns: a Figure."""
-    x = [f"seq {s}<br>{int(n):,} tok" for s, n in enumerate(lengths)]
+    x = [f"{s}: {int(n):,}" for s, n in enumerate(lengths)]      # one line: a second pushed the axis title into the caption
     fig = go.Figure()
     fig.add_trace(go.Bar(x=x, y=per_seq["packed_real"], name="packed", offsetgroup="packed",
                          marker_color=[SEQ_COLOURS[s % len(SEQ_COLOURS)] for s in range(len(x))],
@@ -113,7 +115,7 @@ def varlen_work_figure(per_seq, lengths, provenance: str, time_note: str = "") -
                          hovertemplate="%{x}<br>padding: %{y:,} items<extra></extra>"))
     total_p, total_pad = int(per_seq["packed_real"].sum()), int((per_seq["padded_real"] + per_seq["padded_padding"]).sum())
     fig.update_yaxes(title_text="work items (sequence × head × query block)", rangemode="tozero")
-    fig.update_xaxes(title_text="sequence (length in tokens)")
+    fig.update_xaxes(title_text="sequence: its length in tokens")
     fig.update_layout(template=TEMPLATE, height=440, barmode="group", bargap=0.3,
                       legend=dict(x=1.01, y=1, font=dict(size=11)),
                       title=title("Work items per sequence: packed vs padded",

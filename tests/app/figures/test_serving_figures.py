@@ -175,6 +175,9 @@ def test_lanes_past_two_milliseconds_are_drawn_in_ms():
     fig = varlen_lanes_figure(items, None, 132, "µs", "test")       # a few lanes of a 132-SM GPU
     assert np.asarray(fig.data[0].z).shape[0] == used and fig.layout.yaxis.range[1] == used - 0.5
     assert f"SMs {used}–131 of 132 get no work item" in fig.layout.title.subtitle.text
+    # a recording's two times of one batch (a traced run here, untraced medians on the work chart) are named
+    assert "end times of one traced run" in fig.layout.title.subtitle.text
+    assert "traced run" not in varlen_lanes_figure(items, None, 8, "modelled tile-units", "t").layout.title.subtitle.text
     short = items.assign(t_start=items["t_start"] / 10, t_end=items["t_end"] / 10)
     assert varlen_lanes_figure(short, None, 8, "µs", "test").layout.xaxis.title.text.endswith("(µs)")
 
