@@ -19,17 +19,20 @@ from instrumentation.trace import bounds, files
 from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (re-used by pages)
 from kernels.masks import MaskSpec
 
-PAGES = {"schedule": "Tile schedule", "block_skip": "Block-skip map",
-         "online_softmax": "Online softmax", "memory": "Memory and traffic",
-         "ring": "Across devices", "decode": "Prefill vs decode"}
-OWN_DATA_PAGES = ("ring", "decode")   # pages with their own recordings/runs: the attention controls do nothing there
-PAGES["your_model"] = "Your model"      # the estimator: its own controls (a model, N), no trace
-PAGES["backward"] = "Backward pass"     # training: dK/dV and dQ programs of a trace recorded with backward=True
-OWN_DATA_PAGES += ("your_model",)
-PAGES["serving"] = "Serving"           # paged KV cache and packed varlen batches: their own recordings
-OWN_DATA_PAGES += ("serving",)
-PAGES["model_run"] = "Model run"       # a captured transformers run (data/runs/): its own runs, calls open elsewhere
-OWN_DATA_PAGES += ("model_run",)
+PAGES = {                               # URL path -> title, in the sidebar's order
+    "schedule": "Tile schedule",
+    "block_skip": "Block-skip map",
+    "online_softmax": "Online softmax",
+    "memory": "Memory and traffic",
+    "ring": "Across devices",
+    "decode": "Prefill vs decode",
+    "your_model": "Your model",         # the estimator: a model and N, no trace
+    "backward": "Backward pass",        # dK/dV and dQ programs of a trace recorded with backward=True
+    "serving": "Serving",               # paged KV cache and packed varlen batches
+    "model_run": "Model run",           # a captured transformers run (data/runs/); its calls open elsewhere
+}
+# pages with their own recordings, runs or controls: the sidebar's attention run does nothing there
+OWN_DATA_PAGES = ("ring", "decode", "your_model", "serving", "model_run")
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 DTYPES = tuple(files.DTYPES)           # fp16, bf16, fp32: the one dtype table
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
