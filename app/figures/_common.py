@@ -173,6 +173,12 @@ def fmt_bytes(b: float, binary: bool = False) -> str:
     return f"{b:.0f} B"
 
 
+
+def fmt_memory(b: float) -> str:
+    """Memory (a device's, a call's peak) in binary units, as every page writes it: '79.2 GiB'
+    for the H100's 85,017,493,504 B. Traffic stays decimal (fmt_bytes)."""
+    return fmt_bytes(b, binary=True)
+
 def _tick_label(v: float, units) -> str:
     for unit, div in units:
         if v >= div or div == 1:

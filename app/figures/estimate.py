@@ -21,16 +21,17 @@ import numpy as np
 import plotly.graph_objects as go
 
 from instrumentation import estimate
-from instrumentation.analysis.estimator import DEVICES, Estimate
+from instrumentation.analysis.estimator import CALIBRATION_FILES, CALIBRATION_MIN_MS, DEVICES, Estimate, d_class
 
-from ._common import (FULL, NOW, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_time_ms,
-                      time_axis_ms, title)
+from ._common import (FULL, NOW, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_memory,
+                      fmt_time_ms, time_axis_ms, title)
 
 PROVENANCE = "analytic model (instrumentation.estimate), not a measurement"
 N_MIN, N_MAX = 256, 1 << 20
 DEVICE_COLOURS = {"H100": "#59a14f", "H200": "#8c6bb1"}
 GREY = "#888"
 CAPTION_LINE_PX = 15               # one caption line (11 px type) in the normal look
+OVERLAP = 1.10                     # devices' times within 10 %: their lines lie on top of each other
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,11 @@ def _line(fig, x, y, name, colour, dash=None, fmt=fmt_bytes, width=3) -> None:
                              text=[fmt(v) for v in y], hovertemplate="N=%{x:,}: %{text}<extra>" + name + "</extra>"))
 
 
-def _layout(fig: go.Figure, ests, main: str, p: Problem, note: str) -> go.Figure:
+def _layout(fig: go.Figure, ests, main: str, p: Problem, note: str, sub: str = "") -> go.Figure:
     count_axis(fig, _n(ests), title_text="N (tokens" + (", keys; the chunk is the last N_q queries" if p.chunk else "")
                + ", log)")
-    fig.update_layout(template=TEMPLATE, title=title(main, f"{p.label} · {p.brief()}" if p.label else p.brief()),
+    shape = f"{p.label} · {p.brief()}" if p.label else p.brief()
+    fig.update_layout(template=TEMPLATE, title=title(main, shape + (f"<br>{sub}" if sub else "")),
                       legend=dict(orientation="v", x=0.01, y=0.99, xanchor="left", yanchor="top",
                                   bgcolor="rgba(255,255,255,0.85)"),
                       meta={"slide_legend_inside": True}, hovermode="x unified")
@@ -181,14 +183,14 @@ def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> g
                            yanchor="bottom" if dev == "H200" else "top", showarrow=False,
                            yshift=7 if dev == "H200" else -7,      # clear of the out-of-memory marks on the line
                            bgcolor="rgba(255,255,255,0.8)",
-                           text=f"{dev} memory {fmt_bytes(mem, binary=True)}", font=dict(color=colour))
+                           text=f"{dev} memory {fmt_memory(mem)}", font=dict(color=colour))
         oom = [e for e in es if not e.naive_fits]
         if oom:
             # on the device's line, not on the naive curve: the two devices' marks stay apart
             fig.add_trace(go.Scatter(
                 x=[e.n_k for e in oom], y=[mem] * len(oom), mode="markers",
                 name=f"naive does not fit the {dev}", marker=dict(symbol="x", size=10, color=colour, line=dict(width=1)),
-                text=[fmt_bytes(e.naive_peak_bytes, binary=True) for e in oom],
+                text=[fmt_memory(e.naive_peak_bytes) for e in oom],
                 hovertemplate="N=%{x:,}: naive needs %{text} + Q, K, V: out of memory on the " + dev + "<extra></extra>"))
             notes.append(f"naive needs more than the {dev}'s memory from N = {first_oom(p, dev, es):,}")
         else:
@@ -282,15 +284,40 @@ def measured_at(points: list[dict], n: int, device: str) -> dict | None:
     return next((r for r in points if r["n"] == n and r["device"] == device), None)
 
 
-def time_figure(ests: list[Estimate], n: int, p: Problem, h200_note: str = "",
-                measured: list[dict] = ()) -> go.Figure:
+def time_model_note(head_dim: int) -> str:
+    """The time model in one sentence for every device at once (each device's model_note says
+    the same with that device's numbers): the roofline, each device's ceilings and efficiencies
+    for D's class, and the recordings it is fitted on. Arguments: head dim D. Returns the text."""
+    cls = d_class(head_dim)
+    per_dev = " ".join(
+        f"{d}: {dev.peak_tflops:.0f} TFLOP/s × {dev.full_efficiency[cls]:.0%} on full tiles, "
+        f"{dev.partial_efficiency[cls]:.0%} on partial; {dev.hbm_gbps:.0f} GB/s × {dev.bandwidth_efficiency:.0%}."
+        for d, dev in DEVICES.items())
+    sources = sorted({"/".join(f.split("/")[:2]) + "/" for fs in CALIBRATION_FILES.values() for f in fs})
+    return (f"Modelled, not measured: a roofline, datasheet ceilings × efficiencies fitted for D = {head_dim} on "
+            f"{' and '.join(sources)} (docs/formulas.md), calls ≥ {CALIBRATION_MIN_MS} ms (shorter ones run slower; "
+            f"fp32 uncalibrated). {per_dev}")
+
+
+def overlap_note(e: Estimate) -> str:
+    """'the H100 and H200 lines overlap: at N 32k the H100 takes 0.96× the H200's time' when the
+    devices' modelled times at the chosen N are within OVERLAP of each other, else ''. Arguments: the Estimate at the chosen N."""
+    (a, ta), (b, tb) = sorted(e.time_by_device.items())[:2]
+    ratio = ta / tb
+    if not 1 / OVERLAP <= ratio <= OVERLAP:
+        return ""
+    return f"the {a} and {b} lines overlap: at N {_tokens(e.n_k)} the {a} takes {ratio:.2f}× the {b}'s time"
+
+
+def time_figure(ests: list[Estimate], n: int, p: Problem, measured: list[dict] = ()) -> go.Figure:
     """Modelled time of one flash call over N on each device (Estimate.time_by_device), the
     estimator's roofline calibrated on named recordings, and the measured times of recordings
-    of this shape as markers beside it; the caption quotes the model_note and the measurements.
+    of this shape as markers beside it. The caption quotes the model once for every device
+    (time_model_note) and the measurements; the subtitle says when the devices' lines overlap
+    at the chosen N (overlap_note).
 
-    Arguments: sweep(...) (its model_note is the H100's or the device it ran on), the chosen N,
-    the Problem, h200_note: the other device's model_note, quoted too, measured:
-    measured_points(...) of this Problem. Returns the figure."""
+    Arguments: sweep(...), the chosen N, the Problem, measured: measured_points(...) of this
+    Problem. Returns the figure."""
     x = _n(ests)
     fig = go.Figure()
     values = []
@@ -313,19 +340,22 @@ def time_figure(ests: list[Estimate], n: int, p: Problem, h200_note: str = "",
             hovertemplate="N=%{x:,}: %{text}<extra></extra>"))
     _chosen_n(fig, n)
     time_axis_ms(fig, np.concatenate(values), title_text="time of one call")
-    notes = " ".join(f"{x[0].upper()}{x[1:]}." for x in (ests[0].model_note, h200_note) if x)
-    if measured:            # per card: 'on the NVIDIA H200 (recorded 2026-11-26): N 4k 346 µs (model 308 µs), …'
-        cards = []
+    notes = time_model_note(p.head_dim)
+    if measured:            # per card: 'on the NVIDIA H200 (recorded 2026-11-21 to 2026-11-26): N 4k to 128k, …'
+        cards = []          # each point's own numbers are in its hover; the caption stays a few lines on a slide
         for card in dict.fromkeys(r["device_name"] for r in measured):
             pts = [r for r in measured if r["device_name"] == card]
             dates = sorted({r["date"] for r in pts})
+            ratios = [r["measured_ms"] / r["model_ms"] for r in pts]
             cards.append(f"on the {card} (recorded {dates[0]}{' to ' + dates[-1] if len(dates) > 1 else ''}): "
-                         + ", ".join(f"N {_tokens(r['n'])} {fmt_time_ms(r['measured_ms'])} "
-                                     f"(model {fmt_time_ms(r['model_ms'])})" for r in pts))
+                         f"{len(pts)} at N {_tokens(pts[0]['n'])}" + (f" to {_tokens(pts[-1]['n'])}" if len(pts) > 1 else "")
+                         + f", measured {min(ratios):.2f}" + (f" to {max(ratios):.2f}" if len(pts) > 1 else "")
+                         + "× the model at their tiles")
         notes = ("Diamonds: measured untraced times (do_bench median) of the bundled recordings of this shape "
                  + "; ".join(cards) + ". " + notes)
+    at_n = min(ests, key=lambda e: abs(e.n_k - n))
     return _layout(fig, ests, "Modelled time of one flash call: H100 and H200"
-                   + (", and measured" if measured else ""), p, notes)
+                   + (", and measured" if measured else ""), p, notes, overlap_note(at_n))
 
 
 def fmt_flops(f: float) -> str:
@@ -362,7 +392,7 @@ def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
 
     def b(field, quantity, binary=False):      # memory in GiB (as the memory chart), traffic in GB
         v = getattr(e, field)
-        return row(quantity, fmt_bytes(v, binary=binary), f"{v:,} B", field)
+        return row(quantity, fmt_memory(v) if binary else fmt_bytes(v), f"{v:,} B", field)
 
     fits = {d: x for d, x in (("H100", h100), ("H200", h200))}
     return [
@@ -379,7 +409,7 @@ def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
             f"{e.tiles_computed:,} of {e.tiles_total:,}", "tiles_computed"),
         *(row(f"modelled time, {d}", fmt_time_ms(x.time_by_device[d] * 1e3),
               f"{exact_ms(x.time_by_device[d] * 1e3)} ms ({x.bound}-bound)", "time_by_device") for d, x in fits.items()),
-        *(row(f"naive fits the {d} ({fmt_bytes(x.device_memory_bytes, binary=True)})", "yes" if x.naive_fits else "no",
+        *(row(f"naive fits the {d} ({fmt_memory(x.device_memory_bytes)})", "yes" if x.naive_fits else "no",
               f"Q, K, V + peak = {x.q_bytes + x.k_bytes + x.v_bytes + x.naive_peak_bytes:,} B", "naive_fits")
           for d, x in fits.items()),
     ]

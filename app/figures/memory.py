@@ -20,7 +20,7 @@ from instrumentation.analysis.traffic import (CONFIG_COLS, calculator_numbers, c
                                               loglog_slope, memory_capacity, shape_traffic, sp_crossover,
                                               traffic_model)
 
-from ._common import (FULL, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_time_ms,
+from ._common import (FULL, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_memory, fmt_time_ms,
                       time_axis_ms, title)
 
 IMPL_COLORS = {"naive": PARTIAL, "flash": FULL}
@@ -121,7 +121,7 @@ def _measured_figure(df, meta, col, what, ref_slope, cross_text, y_axis, fmt) ->
     if cap:
         fig.add_hline(y=cap[0], line=dict(color="#b22222", width=2, dash="dash"))
         fig.add_annotation(x=0, xref="paper", y=np.log10(cap[0]), yref="y", yanchor="bottom", xanchor="left",
-                           text=f"{meta.get('device_name', 'GPU')} capacity {cap[0] / 2 ** 30:.1f} GiB",
+                           text=f"{meta.get('device_name', 'GPU')} capacity {fmt_memory(cap[0])}",
                            showarrow=False, font=dict(color="#b22222", size=13), bgcolor="rgba(255,255,255,0.8)")
     if anchors:
         _reference_slopes(fig, df["seq_len"], anchors)

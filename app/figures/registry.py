@@ -266,7 +266,7 @@ def _your_model(fn_name: str):
         if fn_name == "time_figure":         # the bundled recordings of this shape: measured beside the model
             from app.sources.bundled import discover_traces
             measured = est.measured_points([(r.name, r.meta) for r in discover_traces()], p)
-            return est.time_figure(ests["H100"], n, p, ests["H200"][0].model_note, measured)
+            return est.time_figure(ests["H100"], n, p, measured)
         return getattr(est, fn_name)(ests["H100"], n, p)
     return build
 

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from app import settings, sources, url_state
-from app.figures._common import fmt_bytes, fmt_time_ms
+from app.figures._common import fmt_bytes, fmt_memory, fmt_time_ms
 from app.figures.estimate import (N_MAX, N_MIN, Problem, device_sweeps, estimate_at, flops_figure, measured_at,
                                   measured_points, numbers_at_n, peak_memory_figure, short, time_figure,
                                   traffic_figure)
@@ -135,12 +135,12 @@ except ValueError as exc:
 # -- the numbers at N ----------------------------------------------------------------------------
 st.markdown(f"**{plain(p.label)}** · {plain(p.brief(int(n)))} · tiles {h100.block_m}×{h100.block_n}")
 m = st.columns(6)
-m[0].metric("naive peak", short(fmt_bytes(h100.naive_peak_bytes, binary=True)),
+m[0].metric("naive peak", short(fmt_memory(h100.naive_peak_bytes)),
             help=f"naive peak memory: {h100.naive_peak_bytes:,} B, S and P of (B, H, N_q, N_k), both resident, plus "
                  "K and V repeated to H heads (GQA)")
-m[1].metric("flash peak", short(fmt_bytes(h100.flash_peak_bytes, binary=True)),
+m[1].metric("flash peak", short(fmt_memory(h100.flash_peak_bytes)),
             help=f"flash peak memory: {h100.flash_peak_bytes:,} B, O and lse")
-m[2].metric("KV cache", short(fmt_bytes(h100.kv_cache_bytes, binary=True)),
+m[2].metric("KV cache", short(fmt_memory(h100.kv_cache_bytes)),
             help=f"KV cache of this layer (K and V of N_k tokens, H_kv heads): {h100.kv_cache_bytes:,} B")
 m[3].metric("flash HBM", short(fmt_bytes(h100.flash_hbm_bytes)),
             help=f"HBM traffic of ideal flash (Q, K, V, O once): {h100.flash_hbm_bytes:,} B; naive moves "
@@ -167,10 +167,10 @@ if len(own_masks) > 1 and not s.present:     # Gemma-2: one layer kind at a time
                + "; ".join(kinds) + ". Pick a layer kind in **mask**.")
 fits = [f"the {d}" for d, e in (("H100", h100), ("H200", h200)) if e.naive_fits]
 if len(fits) < 2 and not s.present:     # on slides the memory chart's marks and caption say it
-    st.warning(f"Naive attention needs {fmt_bytes(h100.naive_peak_bytes, binary=True)} beyond Q, K and V at "
+    st.warning(f"Naive attention needs {fmt_memory(h100.naive_peak_bytes)} beyond Q, K and V at "
                f"N = {n_label(int(n))}: it " + (f"fits {fits[0]} only." if fits else
                                                 "fits neither the H100 nor the H200.")
-               + f" Flash needs {fmt_bytes(h100.flash_peak_bytes, binary=True)}.", icon=":material/memory:")
+               + f" Flash needs {fmt_memory(h100.flash_peak_bytes)}.", icon=":material/memory:")
 
 rec = nearest_recording(name, p, int(n))
 if rec is not None:
@@ -189,8 +189,7 @@ if rec is not None:
 common.chart(peak_memory_figure(ests, int(n), p), "your-model-peak-memory", "ym_memory", s.present)
 common.chart(traffic_figure(ests["H100"], int(n), p), "your-model-hbm-traffic", "ym_traffic", s.present)
 common.chart(flops_figure(ests["H100"], int(n), p), "your-model-flops", "ym_flops", s.present)
-common.chart(time_figure(ests["H100"], int(n), p, ests["H200"][0].model_note, measured), "your-model-time", "ym_time",
-             s.present)
+common.chart(time_figure(ests["H100"], int(n), p, measured), "your-model-time", "ym_time", s.present)
 
 # -- the table and the formulas ------------------------------------------------------------------
 st.subheader(f"The numbers at N = {n_label(int(n))}")
@@ -208,5 +207,7 @@ with st.expander("Formulas (quoted from docs/formulas.md)", expanded=False):
     quoted = [(rows[f][0], rows[f][1]) for f in QUOTED if f in rows]
     if quoted:
         st.markdown("| term | formula |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in quoted))
+    st.markdown("**Time model**, as each device's Estimate.model_note says it:\n\n"
+                + "\n".join(f"- {plain(estimate_at(p, int(n), d).model_note)}." for d in DEVICES))
     st.markdown("All of them, with the symbols, the tile rule and the time model's constants: `docs/formulas.md` "
                 "in the repository.")

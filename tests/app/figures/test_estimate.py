@@ -12,7 +12,7 @@ from app.figures.estimate import (PROVENANCE, Problem, estimate_at, flops_figure
                                   n_points, numbers_at_n,
                                   peak_memory_figure, sweep, time_figure, traffic_figure)
 from instrumentation import estimate
-from instrumentation.analysis.estimator import DEVICES
+from instrumentation.analysis.estimator import DEVICES, d_class
 from kernels.presets import PRESETS
 from tests.app.figures.checks import all_text
 
@@ -62,10 +62,14 @@ def test_figures_plot_the_estimate_fields(case):
     for fig in (mem, traffic, flops, time):
         assert "analytic model (instrumentation.estimate)" in all_text(fig) and PROVENANCE in all_text(fig)
         assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    time = time_figure(h100, N, p, ests["H200"][0].model_note)
-    shown = "".join(all_text(time).replace("<br>", "").split())      # the caption wraps a path at its hyphens
-    for note in (h100[0].model_note, ests["H200"][0].model_note):    # both devices' notes, whole
-        assert "".join(note[1:].split()) in shown and "data/benchmarks/" in note
+    # the model is quoted once with each device's numbers: ceilings, efficiencies for D's class, calibration
+    shown = all_text(time).replace("<br>", " ")
+    cls = d_class(p.head_dim)
+    assert shown.count("Modelled, not measured") == 1 and "data/benchmarks/" in shown and "docs/formulas.md" in shown
+    for dev, d in DEVICES.items():
+        assert (f"{dev}: {d.peak_tflops:.0f} TFLOP/s × {d.full_efficiency[cls]:.0%} on full tiles, "
+                f"{d.partial_efficiency[cls]:.0%} on partial; {d.hbm_gbps:.0f} GB/s × {d.bandwidth_efficiency:.0%}") \
+            in " ".join(shown.split())
 
 
 def test_gqa_and_chunk_terms_at_the_chosen_n(case):
@@ -171,6 +175,38 @@ def test_time_chart_marks_the_measured_recordings_of_this_shape_beside_the_model
     assert list(h200.x) == [N] and list(h200.y) == [15.6]
     assert list(_trace(fig, "measured on the H100 (recordings)").y) == [1.3]
     text = " ".join(all_text(fig).replace("<br>", " ").split())
-    assert "measured untraced times" in text and "on the NVIDIA H200 (recorded 2026-11-26): N 32k 15.6 ms (model " in text
+    ratio = 15.6 / at["model_ms"]
+    assert "measured untraced times" in text and \
+        f"on the NVIDIA H200 (recorded 2026-11-26): 1 at N 32k, measured {ratio:.2f}× the model" in text
+    assert f"15.6 ms measured, {at['model_ms']:.3g} ms modelled" in h200.text[0] or "15.6 ms measured" in h200.text[0]
     # the y axis reaches the measured points
     assert all(t.name != "measured on the H200 (recordings)" for t in time_figure(ests, N, LLAMA).data)
+
+
+def test_time_caption_quotes_the_model_once_and_the_subtitle_says_when_the_devices_overlap():
+    """The caption stays short enough for a slide (the model once, not once per device); at Llama
+    32k the devices' lines coincide and the subtitle gives their ratio; a memory-bound decode
+    call (one query) separates them by the bandwidths, and the subtitle says nothing."""
+    ns = n_points(extra=(N,))
+    fig = time_figure(sweep(LLAMA, ns), N, LLAMA)
+    cap = next(a.text for a in fig.layout.annotations if a.name == "provenance")
+    assert cap.count("<br>") + 1 <= 5
+    e = estimate_at(LLAMA, N)
+    ratio = e.time_by_device["H100"] / e.time_by_device["H200"]
+    assert 1 / 1.1 <= ratio <= 1.1
+    assert f"at N 32k the H100 takes {ratio:.2f}× the H200's time" in fig.layout.title.subtitle.text
+    decode = Problem(1, 32, 8, 128, "causal", "bf16", chunk=1)
+    d = estimate_at(decode, N)
+    assert d.time_by_device["H100"] / d.time_by_device["H200"] > 1.1
+    assert "overlap" not in time_figure(sweep(decode, ns), N, decode).layout.title.subtitle.text
+
+
+def test_device_memory_is_binary_on_every_chart():
+    """The devices' memory lines read in GiB (79.2 GiB for the H100's 85,017,493,504 B), as on
+    the Memory and Backward pages, never 85 GB."""
+    ns = n_points(extra=(N,))
+    fig = peak_memory_figure({dev: sweep(LLAMA, ns, dev) for dev in DEVICES}, N, LLAMA)
+    text = all_text(fig)
+    assert "H100 memory 79.2 GiB" in text and "H200 memory 140 GiB" in text and "85 GB" not in text
+    rows = {r["quantity"]: r["value"] for r in numbers_at_n(estimate_at(LLAMA, N), estimate_at(LLAMA, N, "H200"))}
+    assert "naive fits the H100 (79.2 GiB)" in rows

@@ -196,3 +196,13 @@ def test_naive_peak_says_s_and_p_are_both_resident_and_inputs_excluded():
     assert "both resident" in text and "inputs q, k, v excluded" in text
     measured = df[(df.impl == "naive") & (df.seq_len == 16384)].peak_bytes.item()
     assert measured == e.naive_peak_bytes                       # the model is the measured peak
+
+
+def test_capacity_reads_as_the_your_model_page_writes_device_memory(sweep):
+    """One unit and one rounding for a device's memory across pages (fmt_memory): the H200's
+    150,109,880,320 B is '140 GiB' here as on Your model, not '139.8 GiB'."""
+    from app.figures._common import fmt_memory
+    df, meta = sweep
+    fig = F.memory_figure(df, {**meta, "total_memory_bytes": 150_109_880_320, "device_name": "NVIDIA H200"})
+    assert fmt_memory(150_109_880_320) == "140 GiB"
+    assert "NVIDIA H200 capacity 140 GiB" in annotations_text(fig)

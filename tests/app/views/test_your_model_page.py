@@ -60,8 +60,10 @@ def test_llama_at_32k_from_a_link(preset_data):
     assert "[preset-llama-3-8b_n128_causal_natural](./schedule?page=schedule&source=recorded&trace=" \
            "preset-llama-3-8b_n128_causal_natural)" in text
     assert "[`naive_peak_bytes`]" in text                    # the formulas, quoted from docs/formulas.md
-    notes = " ".join(a["text"] for a in chart(at, "Modelled time")["layout"]["annotations"])
-    assert "Modelled, not measured" in notes and "H100" in notes and "H200" in notes
+    notes = " ".join(a["text"] for a in chart(at, "Modelled time")["layout"]["annotations"]).replace("<br>", " ")
+    assert notes.count("Modelled, not measured") == 1 and "H100: 989 TFLOP/s × 56%" in notes and "H200: 989 TFLOP/s × 53%" in notes
+    assert "data/benchmarks/nvidia-h100-80gb-hbm3-d128-r3.json" in text      # each device's whole note: Formulas
+    assert "data/benchmarks/nvidia-h200-d128-r3.json" in text
 
 
 def test_mistral_sliding_window_at_128k_and_url(preset_data):
