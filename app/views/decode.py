@@ -72,7 +72,7 @@ if live:
     batch = c[1].number_input("batch B", 1, lim["batch"], key="dec_batch")
     url_state.control("dec_ctx", 1024 if s.source == "interpreter" else 32768, int, bounds=(16, lim["context"]))
     context = c[2].number_input("context length", 16, lim["context"], step=256, key="dec_ctx")
-    url_state.control("dec_ragged", False, lambda x: x in ("True", "true", "1"))
+    url_state.control("dec_ragged", False)            # 1 or 0; anything else is named in a warning
     ragged = c[3].checkbox("ragged lengths", key="dec_ragged", help="lengths spread from context/B to context")
     url_state.control("dec_nq", 1, int, bounds=(1, 16))
     n_q = c[4].number_input("N_q", 1, 16, key="dec_nq", help="queries per sequence (speculative decoding)")

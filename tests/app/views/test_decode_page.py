@@ -105,3 +105,15 @@ def test_headline_times_say_they_are_replay_medians(monkeypatch):
     lanes = chart(at, "SM lanes")
     ends = [a["text"] for a in lanes["layout"]["annotations"] if "ends at" in a["text"]]
     assert ends and all("(one traced run)" in t for t in ends), ends
+
+
+def test_ragged_switch_parses_as_the_other_switches(decode_data):
+    """dec_ragged=1 turns the switch on; a value that is not 1 or 0 is named in one warning line
+    (it used to mean 'off' without a word)."""
+    at = page(source="interpreter", dec_ctx=64, dec_ragged="maybe")
+    assert any("dec_ragged='maybe'" in w.value and "not 1 or 0" in w.value for w in at.warning)
+    assert at.checkbox(key="dec_ragged").value is False
+    clean(at)
+    at = page(source="interpreter", dec_ctx=64, dec_batch=2, dec_ragged="1")
+    assert at.checkbox(key="dec_ragged").value is True
+    clean(at)
