@@ -129,14 +129,21 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
     top = int(max(fwd["step"].max(), kv["step"].max()))
     for col, (steps, prog, bm, bn) in enumerate(((fwd, "q_block", fm, fn), (kv, "k_block", km, kn)), start=1):
         n_rows, n_cols = -(-n_q // bm), -(-n_k // bn)
+        z = _grid(steps, n_rows, n_cols)                              # (n_rows, n_cols) steps from 0, NaN unvisited
+        q0 = np.broadcast_to((np.arange(n_rows) * bm)[:, None], z.shape)
+        k0 = np.broadcast_to((np.arange(n_cols) * bn)[None, :], z.shape)
+        ticks = _step_ticks(top + 1)
         fig.add_trace(go.Heatmap(
-            z=_grid(steps, n_rows, n_cols), x=(np.arange(n_cols) + 0.5) * bn, y=(np.arange(n_rows) + 0.5) * bm,
+            z=z, x=(np.arange(n_cols) + 0.5) * bn, y=(np.arange(n_rows) + 0.5) * bm,
             colorscale=ORDER_SCALE, zmin=0, zmax=max(top, 1), showscale=col == 2,
             colorbar=dict(title=dict(text="step in its<br>program"), x=1.02, y=1, yanchor="top", len=0.6,
-                          dtick=1 if top <= 8 else None),             # whole steps: no 0.5 tick
+                          tickvals=[k - 1 for k in ticks], ticktext=[str(k) for k in ticks]),   # from 1, as hovered
             xgap=1 if n_cols <= 64 else 0, ygap=1 if n_rows <= 64 else 0,
-            hovertemplate=("queries from %{y:.0f} ± " + f"{bm / 2:g}" + ", keys from %{x:.0f} ± " + f"{bn / 2:g}"
-                           + "<br>step %{z} of its program<extra></extra>"),
+            # (n_rows, n_cols, 5): the tile's half-open query and key ranges and its step counted from 1,
+            # as on the dQ chart
+            customdata=np.stack([q0, np.minimum(q0 + bm, n_q), k0, np.minimum(k0 + bn, n_k), z + 1], -1),
+            hovertemplate=("queries [%{customdata[0]}, %{customdata[1]}), keys [%{customdata[2]}, %{customdata[3]})"
+                           "<br>step %{customdata[4]} of its program<extra></extra>"),
             name="forward tiles" if col == 1 else "dK·dV tiles"), row=1, col=col)
         if steps[prog].nunique() <= MAX_PATHS:
             xs, ys = _paths(steps, prog, bm, bn)

@@ -88,6 +88,25 @@ def test_tile_order_shows_every_visible_tile_once_in_visit_order(mask):
     assert "other query head)" in gqa.layout.title.subtitle.text.replace("<br>", " ")
 
 
+def test_tile_order_hover_gives_half_open_ranges_and_steps_from_one_as_the_dq_chart():
+    """The tile-order chart hovers each tile's query and key ranges (half-open, as the dQ chart and
+    the tables) and its step counted from 1, and its colour bar is labelled from 1: it said
+    'queries from 2112 ± 64' and 'step 0', while the dQ chart beside it counts from 1."""
+    n_q, n_k = 120, 136                                       # N_q != N_k, ragged last blocks
+    _, fwd, bwd, _ = _tables("causal", n_q, n_k, BLOCKS)
+    fig = tile_order_figure(fwd, bwd, BLOCKS, n_q, n_k, b=0, head=0, heads=2)
+    for heat, phase in zip([d for d in fig.data if d.type == "heatmap"], ("forward", "dkdv")):
+        bm, bn = BLOCKS[phase]
+        z, cd = np.asarray(heat.z, float), np.asarray(heat.customdata, float)
+        for (i, j), s in _heatmap_steps(heat).items():
+            assert cd[i, j].tolist() == [i * bm, min((i + 1) * bm, n_q), j * bn, min((j + 1) * bn, n_k), s + 1]
+        assert "queries [%{customdata[0]}, %{customdata[1]})" in heat.hovertemplate and " ± " not in heat.hovertemplate
+        if heat.showscale:
+            bar = heat.colorbar
+            assert bar.ticktext[0] == "1" and [int(t) - 1 for t in bar.ticktext] == list(bar.tickvals)
+            assert max(int(t) for t in bar.ticktext) <= np.nanmax(z) + 1
+
+
 def test_dq_sources_are_the_rows_visible_key_blocks_in_summing_order():
     n_q, n_k = 120, 136                                       # N_q != N_k: bottom-right aligned
     maps, _, bwd, _ = _tables("causal", n_q, n_k, BLOCKS)
@@ -213,4 +232,4 @@ def test_tile_order_colour_scale_ticks_whole_steps():
     maps, fwd, bwd, _ = _tables("sliding_window:20", 48, 48, BLOCKS)
     fig = tile_order_figure(fwd, bwd, BLOCKS, 48, 48, b=0, head=0, heads=2)
     bar = [d for d in fig.data if d.type == "heatmap" and d.showscale][0].colorbar
-    assert bar.dtick == 1
+    assert bar.tickvals and all(float(v).is_integer() for v in bar.tickvals)     # whole steps: no 0.5 tick
