@@ -92,12 +92,15 @@ def ring_timeline_figure(steps: pd.DataFrame, provenance: str, hardware: bool) -
         orientation="h", base=_ms(done.compute_start), x=_ms(done.compute_end - done.compute_start),
         y=[lane[r, "compute"] for r in done["rank"]], width=0.8,
         marker=dict(color=[rank_colour(k) for k in done.kv_rank], line=dict(width=1, color="white")),
-        name="compute (colour: whose K/V)",
+        name="compute (colour: whose K/V)", showlegend=False,     # the legend names each colour below
         customdata=np.stack([done.step, done.kv_rank, done.kv_chunks, done.kernel_calls,
                              done.score_entries / 1e6], axis=1),
         hovertemplate="step %{customdata[0]}: K/V of rank %{customdata[1]} (chunks %{customdata[2]})"
                       "<br>%{customdata[3]} kernel call(s), %{customdata[4]:.3g} M score entries"
                       "<br>%{base:.3f} ms + %{x:.3f} ms<extra></extra>"))
+    for k in sorted(set(done.kv_rank.astype(int))):      # legend only: which rank's K/V each colour is
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"compute on rank {k}'s K/V",
+                                 marker=dict(symbol="square", size=10, color=rank_colour(k))))
     skipped = steps[steps.skipped]
     if len(skipped):   # no kernel ran: a mark where the step began, or it would be invisible
         fig.add_trace(go.Scatter(

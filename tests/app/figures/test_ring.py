@@ -43,3 +43,18 @@ def test_ring_merge_axis_titles_are_words():
     for k in ("yaxis", "yaxis2"):
         text = merge.layout[k].title.text
         assert len(text) > 2, text                                   # a lone rotated "l" reads as a dash
+
+
+def test_ring_timeline_legend_names_each_ranks_colour():
+    """Each compute colour is named in the legend ('compute on rank 1's K/V'), the colour its
+    bars have: the legend had one entry, 'compute (colour: whose K/V)', with one colour's swatch."""
+    timeline, _ = _ring()
+    bars = next(d for d in timeline.data if d.type == "bar" and d.name.startswith("compute"))
+    kv = [int(float(c[1])) for c in bars.customdata]                     # the rank whose K/V each bar attends
+    colour_of = {int(k): c for k, c in zip(kv, bars.marker.color)}
+    assert len(colour_of) >= 2
+    names = legend_names(timeline)
+    assert not any(n.startswith("compute (colour") for n in names)
+    for k, colour in colour_of.items():
+        entry = next(d for d in timeline.data if d.name == f"compute on rank {k}'s K/V")
+        assert entry.showlegend is not False and entry.marker.color == colour
