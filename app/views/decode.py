@@ -73,7 +73,8 @@ if live:
     url_state.control("dec_ctx", 1024 if s.source == "interpreter" else 32768, int, bounds=(16, lim["context"]))
     context = c[2].number_input("context length", 16, lim["context"], step=256, key="dec_ctx")
     url_state.control("dec_ragged", False)            # 1 or 0; anything else is named in a warning
-    ragged = c[3].checkbox("ragged lengths", key="dec_ragged", help="lengths spread from context/B to context")
+    ragged = c[3].checkbox("ragged", key="dec_ragged",       # "ragged lengths" was cut to "ragged …" at 1280 px
+                           help="ragged lengths: spread evenly from context/B up to context")
     url_state.control("dec_nq", 1, int, bounds=(1, 16))
     n_q = c[4].number_input("N_q", 1, 16, key="dec_nq", help="queries per sequence (speculative decoding)")
     url_state.control("dec_splits", "auto", options=["auto"] + [str(i) for i in range(2, 129)])
