@@ -76,6 +76,17 @@ def test_slides_fold_the_selectors_and_put_dq_after_the_tile_order(bwd_data):
     assert not [e for e in normal.expander if e.label == "Controls"]
 
 
+def test_slides_keep_no_row_of_hidden_metrics_above_the_first_slide(bwd_data):
+    """Presentation mode hides metrics, but a row of columns holding them still took the page's gap
+    above the first chart, pushing its export row off a 1280 x 720 window: on slides the metrics
+    sit in no column row (in the normal page they are a row)."""
+    at = open_page("backward", source="recorded", trace="bwd_small", present="1")
+    clean(at)
+    assert not [c for c in at.columns if len(c.metric)]
+    normal = open_page("backward", source="recorded", trace="bwd_small")
+    assert len([c for c in normal.columns if len(c.metric)]) >= 4          # the fifth, a time, needs a GPU trace
+
+
 def test_csv_download_carries_the_backward_tables(bwd_data):
     trace = Trace.load(bwd_data / "traces" / "bwd_small")
     with zipfile.ZipFile(io.BytesIO(trace_zip(trace, "csv"))) as zf:
