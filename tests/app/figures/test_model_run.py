@@ -66,6 +66,7 @@ def test_sliding_vs_global(run):
     windows = {c.window for c in run.calls}
     if windows == {None}:
         assert all(n.startswith("global") for n in names)
+        assert all(list(t.x) == ["prefill", "decode"] for t in fig.data)     # each bar names its phase
         assert "every layer of this model is global" in fig.layout.title.subtitle.text
         return
     window = next(w for w in windows if w)
