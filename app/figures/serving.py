@@ -97,7 +97,7 @@ def block_table_figure(frame, num_pages: int, page_size: int, provenance: str, f
                                   f"{plural(n_seq, 'sequence')}, {len(frame):,} table entries in use, "
                                   f"{frame['physical_block'].nunique():,} of {num_pages:,} pages in use;<br>dark: "
                                   f"{plural(shared, 'shared prefix page')}, one copy for every sequence pointing "
-                                  f"at it; lines: sequence {follow}'s lookups"
+                                  f"at it;<br>lines: sequence {follow}'s lookups"
                                   + (f" ({len(mine)} of {n_lookups:,}, evenly spaced)" if len(mine) < n_lookups else "")))
     return caption(fig, provenance)
 

@@ -221,3 +221,6 @@ def test_a_long_sequences_lookups_are_thinned_and_the_subtitle_says_so():
         assert sum(y is None for y in lines.y) == drawn
         sub = fig.layout.title.subtitle.text
         assert (note in sub) if note else sub.endswith(f"sequence {follow}'s lookups")
+        # each line fits the chart in a 1280 px window's page (about 90 characters); the lookups line
+        # ran past its right edge there
+        assert max(len(line) for line in sub.split("<br>")) <= 90, sub
