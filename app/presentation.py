@@ -23,14 +23,17 @@ CSS = """
 /* the first slide starts below the fixed Controls pill and Leave button (TOP_PX), as every slide
    the keyboard brings up does: neither covers a chart's title */
 [data-testid="stMainBlockContainer"] { max-width: none; padding: 2.7rem 1rem 2rem; }
-/* banners and the words between charts: a slide is the chart (errors and warnings stay) */
-[data-testid="stElementContainer"]:has([data-testid="stAlertContentInfo"]),
-[data-testid="stElementContainer"]:has([data-testid="stAlertContentSuccess"]),
-[data-testid="stElementContainer"]:has(> [data-testid="stMetric"]),
-[data-testid="stElementContainer"]:has(> [data-testid="stHeading"]),
-[data-testid="stElementContainer"]:has(> [data-testid="stCaptionContainer"]),
-[data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"]),
-[data-testid="stExpander"], [data-testid="stDataFrame"] { display: none !important; }
+/* banners and the words between charts: a slide is the chart (errors and warnings stay). Only on
+   the page: an open menu (a popover, drawn outside stMain) keeps its words, e.g. the video menu's
+   "120 video frames (15 s at 8 fps) ..., about 0.75 s per frame" */
+[data-testid="stMain"] [data-testid="stElementContainer"]:has([data-testid="stAlertContentInfo"]),
+[data-testid="stMain"] [data-testid="stElementContainer"]:has([data-testid="stAlertContentSuccess"]),
+[data-testid="stMain"] [data-testid="stElementContainer"]:has(> [data-testid="stMetric"]),
+[data-testid="stMain"] [data-testid="stElementContainer"]:has(> [data-testid="stHeading"]),
+[data-testid="stMain"] [data-testid="stElementContainer"]:has(> [data-testid="stCaptionContainer"]),
+[data-testid="stMain"] [data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"]),
+[data-testid="stMain"] [data-testid="stExpander"], [data-testid="stMain"] [data-testid="stDataFrame"] {
+  display: none !important; }
 /* except the page's controls folded into an expander keyed slide_controls (schedule page): a faint
    pill in the top-left corner, out of the chart's way, opened over the slide when needed */
 .st-key-slide_controls [data-testid="stExpander"] { display: block !important; }

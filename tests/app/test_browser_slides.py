@@ -236,3 +236,25 @@ def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_p
     boxes = page.evaluate(SLIDE_BOXES)
     chart = boxes["charts"][n - 2]
     assert 40 <= min([chart["top"]] + [c["box"]["top"] for c in boxes["controls"] if c["box"]["top"] < chart["top"]]) <= 80
+
+
+@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
+def test_slide_video_menu_keeps_its_words(app_server, new_page):
+    """Presentation mode hides the words between charts, but an open menu keeps its own: the
+    video menu's line with the frame count, length, fps and render time per frame was hidden on
+    slides (the rule reached into popovers), so a presenter chose a video blind."""
+    page = new_page(1280, 720)
+    page.goto(f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1&sched_anim=1")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .js-plotly-plot').length >= 2",
+                           timeout=60_000)
+    menu = page.locator('[data-testid="stPopoverButton"]').filter(has_text="Video").first
+    menu.scroll_into_view_if_needed()
+    menu.click()
+    body = page.locator('[data-testid="stPopoverBody"]').filter(has_text="Frames per second").first
+    body.wait_for(state="visible", timeout=20_000)
+    line = body.locator('[data-testid="stCaptionContainer"]').filter(has_text="video frames").first
+    line.wait_for(state="visible", timeout=10_000)
+    assert "fps" in line.inner_text() and "per frame" in line.inner_text()
+    hidden = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stCaptionContainer"]')]
+        .filter(c => !c.closest('.st-key-slide_controls')).every(c => c.offsetHeight === 0)""")
+    assert hidden, "the page's own captions stay hidden on slides"
