@@ -77,9 +77,12 @@ left = {"mask": s.mask, "n": s.seq_len, "n_k": s.n_k, "block_m": s.block_m, "blo
 right = dict(left)
 if what == "two block sizes":
     c1, c2 = st.columns(2)
-    url_state.control("skip_cmp_bm", 128 if s.block_m != 128 else 64, options=settings.BLOCK_SIZES)
+    cmp_bm, cmp_bn = (128 if s.block_m != 128 else 64), (128 if s.block_n != 128 else 64)
+    if settings.grid_problem(s.seq_len, s.n_k, cmp_bm, cmp_bn):    # a long run: the default must draw
+        cmp_bm = cmp_bn = max(settings.BLOCK_SIZES)
+    url_state.control("skip_cmp_bm", cmp_bm, options=settings.BLOCK_SIZES)
     right["block_m"] = c1.selectbox("block_m (right)", settings.BLOCK_SIZES, key="skip_cmp_bm")
-    url_state.control("skip_cmp_bn", 128 if s.block_n != 128 else 64, options=settings.BLOCK_SIZES)
+    url_state.control("skip_cmp_bn", cmp_bn, options=settings.BLOCK_SIZES)
     right["block_n"] = c2.selectbox("block_n (right)", settings.BLOCK_SIZES, key="skip_cmp_bn")
 else:
     others = {name: kind.default_text(s.seq_len) for name, kind in MASKS.items()}   # the registry's defaults
