@@ -2,13 +2,15 @@
 
     python -m instrumentation.regenerate --out data              # everything (~8 min on an H100)
     python -m instrumentation.regenerate --out data --quick      # a small subset
-    python -m instrumentation.regenerate --out data --only traces|sweeps|ncu|presets|runs
+    python -m instrumentation.regenerate --out data --only traces|sweeps|ncu|presets|runs|serving
     python -m instrumentation.regenerate --out data --budget-s 420   # stop cleanly; rerun resumes
     python -m instrumentation.regenerate --out /tmp/d --allow-cpu --quick   # tiny, interpreter
 
 What it writes, and the plan: instrumentation.recording.data_bundle (traces, sweeps, ncu) and
 instrumentation.recording.model_bundle (presets: long prefills at each model preset's shape;
-runs: captured transformers model runs; both left out of --quick unless --only names them).
+runs: captured transformers model runs) and instrumentation.recording.serving_bundle (serving: a
+paged decode step with a shared prefix, a packed varlen prefill and the same batch padded); these
+three are left out of --quick unless --only names them.
 Everything is resumable: outputs that already exist and load are skipped. The exact command is
 recorded in every file's meta. Running out of GPU memory is recorded, never fatal.
 """
@@ -32,9 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Regenerate data/ (traces, sweeps, ncu) on a CUDA GPU.")
     p.add_argument("--out", default="data", help="data directory (default: data)")
     p.add_argument("--quick", action="store_true", help="a small subset (N=1024 traces, short sweep)")
-    p.add_argument("--only", choices=["traces", "sweeps", "ncu", "presets", "runs"], default=None,
+    p.add_argument("--only", choices=["traces", "sweeps", "ncu", "presets", "runs", "serving"], default=None,
                    help="do one part only (ncu fills DRAM bytes into an existing sweep; presets: long "
-                        "prefills per model preset; runs: captured model runs, needs transformers)")
+                        "prefills per model preset; runs: captured model runs, needs transformers; "
+                        "serving: data/serving's paged and varlen recordings)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop cleanly before this many seconds have passed (rerun to resume)")
     p.add_argument("--allow-cpu", action="store_true",
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
     failures: list = []
     complete = True
     print(f"regenerate: {env['device_name']} [{env['backend']}] -> {out}/ "
-          f"({'quick ' if args.quick else ''}{args.only or 'traces, presets, runs, sweeps, ncu'})", flush=True)
+          f"({'quick ' if args.quick else ''}{args.only or 'traces, presets, runs, serving, sweeps, ncu'})", flush=True)
 
     if args.only in (None, "traces"):
         complete &= record_traces(out, work["traces"], work["trace_shape"], device, command,
@@ -95,6 +98,11 @@ def main(argv=None) -> int:
         complete &= record_model_runs(out, device, command, deadline, failures, cpu)
         print(f"runs: {len(list((out / 'runs').glob('*/model_run.json')))} in {out / 'runs'} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
+
+    if args.only == "serving" or (args.only is None and not args.quick):
+        from ..recording.serving_bundle import record_bundle
+        for path in record_bundle(out / "serving", device, small=cpu, command=command):
+            print(f"serving: wrote {path}", flush=True)
 
     if args.only in (None, "sweeps") and complete:
         left = None if deadline is None else deadline - time.monotonic()

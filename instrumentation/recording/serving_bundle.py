@@ -1,7 +1,7 @@
 """The serving recordings shipped under data/serving/ (a GPU run; `--device cpu --small` makes a
-tiny interpreter version for tests):
+tiny interpreter version for tests), written by
 
-    python -m instrumentation.recording.serving_bundle --out data/serving
+    python -m instrumentation.regenerate --out data --only serving
 
 decode_paged_b8_prefix4k_page64   one paged decode step (record_decode with a block table): 8
                                   sequences of ragged lengths 4.2k..32k whose first 4096 keys are

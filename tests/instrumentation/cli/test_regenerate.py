@@ -1,5 +1,6 @@
 """`python -m instrumentation.regenerate` (tiny interpreter version) and the data/ bundle's plan:
-refused without a GPU, writes and resumes a MANIFEST, stops cleanly on its budget, fits 30 MB."""
+refused without a GPU, writes and resumes a MANIFEST, stops cleanly on its budget, fits its budget;
+--only serving writes data/serving's recordings."""
 
 import json
 
@@ -66,3 +67,17 @@ def test_trace_caps_fit_the_budget():
     assert sum(trace_caps(jobs)) <= DATA_BUDGET_BYTES
     assert document_mask(1024) == "document:128,384,256,256"
     assert {j["mask"] for j in jobs if j["n"] == 16384} >= {"sliding_window:1024", "prefix_lm:512"}
+
+
+def test_regenerate_only_serving_writes_the_serving_recordings(tmp_path):
+    """--only serving: data/serving's three recordings (tiny ones in the interpreter), and nothing else."""
+    from instrumentation import Trace
+    from instrumentation.cli import regenerate
+
+    assert regenerate.main(["--out", str(tmp_path), "--allow-cpu", "--quick", "--only", "serving",
+                            "--no-progress"]) == 0
+    names = sorted(p.name for p in (tmp_path / "serving").iterdir())
+    assert len(names) == 3 and any(n.startswith("decode_paged") for n in names)
+    assert not (tmp_path / "traces").exists() or not any((tmp_path / "traces").iterdir())
+    paged = Trace.load(tmp_path / "serving" / next(n for n in names if n.startswith("decode_paged")))
+    assert paged.meta["command"].startswith("python -m instrumentation.regenerate")
