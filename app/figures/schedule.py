@@ -312,6 +312,14 @@ def _comparison_timelines(traces, sms, gpu, tls=None):
     return tls
 
 
+def _stats_without_waves(st: dict) -> str:
+    """stats_line less its waves, which every schedule of one problem shares (the comparison's
+    subtitle says them once): with them a subplot title ran wider than its lanes at 1280 px,
+    over the top SM tick and into the colour bar."""
+    line = stats_line(st)
+    return line.rsplit("; ", 1)[0] if spread_is_meaningful(st) else line
+
+
 def schedule_name(trace) -> str:
     return str(trace.meta.get("schedule") or trace.meta.get("kernel", {}).get("schedule", "?"))
 
@@ -328,7 +336,7 @@ def schedule_comparison_figure(*traces, sms: int | None = None, gpu: str | None 
     names = [schedule_name(tr) for tr in traces]
     n = len(traces)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.22 / n,
-                        subplot_titles=[f"<b>{nm}</b>: {stats_line(s)}" for nm, s in zip(names, stats)])
+                        subplot_titles=[f"<b>{nm}</b>: {_stats_without_waves(s)}" for nm, s in zip(names, stats)])
     vmin = float(min(tl[color_by].min() for tl in tls))
     vmax = float(max(tl[color_by].max() for tl in tls))
     t_end = max(float(tl["t_end"].max()) for tl in tls)
@@ -349,7 +357,8 @@ def schedule_comparison_figure(*traces, sms: int | None = None, gpu: str | None 
     worst = int(np.argmax([s["makespan"] for s in stats]))
     ratio = stats[worst]["makespan"] / stats[best]["makespan"] if stats[best]["makespan"] else float("nan")
     fig.update_layout(title=title(" vs ".join(names) + f" ({clock_kind(tls[0])} timelines)",
-                                  f"shortest: {names[best]}; {names[worst]} takes {ratio:.3f}× as long. "
+                                  f"shortest: {names[best]}; {names[worst]} takes {ratio:.3f}× as long; "
+                                  f"each {stats[0]['waves']:.2f} waves on {stats[0]['sms']} SMs<br>"
                                   "Shaded: the tail (some SMs idle for good); red: the longest "
                                   "work items and the SMs that finish last"),
                       showlegend=False, template=TEMPLATE, height=170 + 300 * n)

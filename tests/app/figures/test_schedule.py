@@ -14,6 +14,7 @@ import pytest
 import app.figures as F
 from app.figures import presentation
 from app.figures.schedule_animation import threshold_colorscale
+from app.figures.schedule_common import spread_is_meaningful
 from instrumentation import make_inputs, record
 from instrumentation.analysis import schedule_analysis as A
 from instrumentation.analysis.schedule_model import schedule_stats, timeline
@@ -188,6 +189,21 @@ def test_threshold_colorscale():
     cs = threshold_colorscale("#111111", 3)
     assert cs[0][1] == cs[1][1] == "#111111" and cs[2][1].endswith(",0)")
     assert cs[1][0] == pytest.approx(3.5 / 255)
+
+
+def test_compared_schedules_say_their_shared_waves_once(schedules):
+    """The waves are the same for every schedule of one problem: the comparison's subtitle says
+    them once and each subplot title keeps makespan, tail, over ideal and imbalance, short enough
+    to sit over its lanes (with the waves it ran past them at 1280 px, over the top SM tick)."""
+    trs = list(schedules.values())
+    fig = F.schedule_comparison_figure(*trs, sms=3)
+    st = schedule_stats(timeline(trs[0], sms=3))
+    assert spread_is_meaningful(st)
+    assert f"each {st['waves']:.2f} waves on 3 SMs" in fig.layout.title.subtitle.text
+    subplot = [a.text for a in fig.layout.annotations if a.text and a.text.startswith("<b>") and "makespan" in a.text]
+    assert len(subplot) == len(trs)
+    for text in subplot:
+        assert "waves" not in text and "imbalance" in text and len(text.replace("<b>", "").replace("</b>", "")) <= 100
 
 
 def test_three_schedules_side_by_side(schedules):
