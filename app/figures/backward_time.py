@@ -19,7 +19,7 @@ from instrumentation import estimate
 from instrumentation.analysis.estimator import DEVICES
 from instrumentation.analysis.schedule_model import ITEM_OVERHEAD, TILE_COST, list_schedule
 
-from ._common import FULL, NOW, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, title
+from ._common import FULL, NOW, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_memory, title
 from .backward import PHASE_NAMES, wrapped
 from .estimate import fmt_flops
 
@@ -292,7 +292,9 @@ def backward_memory_figure(batch: int, heads: int, kv_heads: int, head_dim: int,
         # an annotation on a log axis is placed at log10 of its value (a shape at the value itself);
         # the smaller memory's label under its line, the larger's over its own: close lines never cross a label
         fig.add_annotation(x=0.01 + 0.22 * i, xref="x domain", y=math.log10(dev.memory_bytes), yref="y",
-                           text=f"{name} memory {fmt_bytes(dev.memory_bytes)}", showarrow=False, xanchor="left",
+                           # GiB as every page writes device memory; the GB in brackets reads on this decimal axis
+                           text=f"{name} memory {fmt_memory(dev.memory_bytes)} ({fmt_bytes(dev.memory_bytes)})",
+                           showarrow=False, xanchor="left",
                            yanchor="top" if i == 0 and len(DEVICES) > 1 else "bottom", font=dict(color="#555"))
     byte_axis(fig, naive + flash + [d.memory_bytes for d in DEVICES.values()], title_text="memory the backward holds")
     if n_q == n_k:
