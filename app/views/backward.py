@@ -78,9 +78,7 @@ common.banner(src)
 meta = trace.meta
 sh = shape_of(trace)
 est = trace_estimate(trace)
-# slides hide metrics, but a row of hidden metrics still takes the page's gap and pushed the first
-# slide's export row off a 1280 x 720 window: there the five share one hidden placeholder
-m = [st.empty()] * 5 if s.present else st.columns(5)
+m = common.metric_columns(5, s.present)
 m[0].metric("naive memory", fmt_bytes(est.naive_bwd_peak_bytes),
             help=f"naive backward: P, dP, dS, 3 × B·H·N_q·N_k·e + expansion = {est.naive_bwd_peak_bytes:,} B "
                  "(naive_bwd_peak_bytes)")

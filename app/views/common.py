@@ -106,6 +106,13 @@ def when(created) -> str:
 
 # -- charts and exports ---------------------------------------------------------------------------
 
+def metric_columns(n: int, present: bool) -> list:
+    """n places for a row of st.metric. Slides hide metrics, but a row of hidden columns still takes
+    the page's gap and pushed the first slide's export row off a 1280 x 720 window: on slides the n
+    share one hidden placeholder."""
+    return [st.empty()] * n if present else st.columns(n)
+
+
 def presentation(fig: go.Figure) -> go.Figure:
     return slide_style(fig)          # the slide template sizes margins to titles and captions
 

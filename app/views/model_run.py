@@ -72,7 +72,7 @@ if not s.present:
 # -- the run in numbers --------------------------------------------------------------------------------
 prefill, decode = table[table.phase == "prefill"], table[table.phase == "decode"]
 sliding = sorted(set(table.loc[table.kind == "sliding", "layer"]))
-k = st.columns(6)
+k = common.metric_columns(6, s.present)
 k[0].metric("calls", f"{len(table)}", help="attention calls recorded: layers × forward passes")
 k[1].metric("layers", f"{table.layer.nunique()}", f"{len(sliding)} sliding" if sliding else "global",
             delta_color="off", delta_arrow="off")

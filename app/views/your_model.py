@@ -134,7 +134,7 @@ except ValueError as exc:
 
 # -- the numbers at N ----------------------------------------------------------------------------
 st.markdown(f"**{plain(p.label)}** · {plain(p.brief(int(n)))} · tiles {h100.block_m}×{h100.block_n}")
-m = st.columns(6)
+m = common.metric_columns(6, s.present)
 m[0].metric("naive peak", short(fmt_memory(h100.naive_peak_bytes)),
             help=f"naive peak memory: {h100.naive_peak_bytes:,} B, S and P of (B, H, N_q, N_k), both resident, plus "
                  "K and V repeated to H heads (GQA)")

@@ -1,7 +1,7 @@
 """Presentation mode at 1280 x 720 in a real headless Chromium, on the bundled data: the first
 slide of the Your model page (Llama-3-8B at 32k, where naive attention does not fit the H100)
-and of the Model run page is a whole chart, its x-axis title and its provenance caption inside
-the window (the page's controls and the not-fit warning used to push the axis off). On the
+and of the Model run page is a whole chart, its x-axis title, its provenance caption and its
+export row inside the window (the page's controls and the not-fit warning used to push the axis off). On the
 session's one server and Chromium (tests/app/conftest.py); skips cleanly without them."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ FIRST_SLIDE = """() => {
   const plot = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
   return {box: r(plot), xtitle: r(plot.querySelector('.xtitle')),
           caption: [...plot.querySelectorAll('.annotation-text')].filter(t => t.textContent.startsWith('Data:')).map(r),
-          alerts: [...document.querySelectorAll('[data-testid="stAlert"]')].filter(a => a.offsetParent !== null).length};
+          alerts: [...document.querySelectorAll('[data-testid="stAlert"]')].filter(a => a.offsetParent !== null).length,
+          exportRow: r([...document.querySelectorAll('button')].find(b => b.textContent.includes('Export chart')))};
 }"""
 
 
@@ -41,3 +42,4 @@ def test_first_slide_fits_1280x720(app_server, new_page, query):
     assert 0 <= s["box"]["top"] and s["box"]["right"] <= 1281
     assert s["xtitle"]["bottom"] <= 720, ("the x axis is on screen", s)
     assert s["caption"] and all(c["bottom"] <= 720 for c in s["caption"]), ("the provenance is on screen", s)
+    assert s["exportRow"]["bottom"] <= 720, ("the slide's export row is on screen", s)
