@@ -46,8 +46,12 @@ def test_preset_recording_is_the_published_shape(name):
     assert m["mask"] in p.masks
 
 
-@pytest.mark.parametrize("page", PAGES)
-@pytest.mark.parametrize("name", RECORDINGS)
+# every recording on every page, but one 128k block map: each draws for ~4 s, and they test the same thing
+CASES = [(name, page) for name in RECORDINGS for page in PAGES
+         if not (page == "block_skip" and "_n131072_" in name and not name.startswith("preset-llama"))]
+
+
+@pytest.mark.parametrize("name, page", CASES)
 def test_preset_recording_opens_on_page(bundled, name, page):
     trace = Trace.load(BUNDLED / "traces" / name)
     s, bm, bn = trace.meta["shape"], int(trace.meta["block_m"]), int(trace.meta["block_n"])
