@@ -203,6 +203,20 @@ def trace_downloads(trace, key: str, tl=None) -> None:
                                help="open in https://ui.perfetto.dev or chrome://tracing")
 
 
+# -- a page's own recordings (ring, serving): traces loaded once per directory and manifest mtime --
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _trace_at(path: str, mtime: float):
+    from instrumentation.trace import Trace
+
+    return Trace.load(path)
+
+
+def trace_dir(path):
+    """The trace in directory `path`, cached until its manifest.json changes. Raises TraceFormatError."""
+    return _trace_at(str(path), Path(path, "manifest.json").stat().st_mtime)
+
+
 # -- caches of things derived from a trace (keyed on Source.key; the trace itself is not hashed) --
 
 @st.cache_resource(show_spinner=False, max_entries=32)

@@ -26,13 +26,6 @@ st.caption("Past one GPU, each rank keeps a slice of the queries while the keys 
            "step's partial result merges into them there.")
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
-def load(path: str, mtime: float):
-    from instrumentation.trace import Trace
-
-    return Trace.load(path)
-
-
 def recordings() -> dict[str, Path]:
     return {p.parent.name: p.parent for p in sorted((sources.data_dir() / "ring").glob("*/manifest.json"))}
 
@@ -57,7 +50,7 @@ if s.source != "recorded":
 names = list(recs)
 url_state.control("ring_rec", names[0], options=names)
 name = st.selectbox("Recording (data/ring/)", names, key="ring_rec")
-trace = load(str(recs[name]), (recs[name] / "manifest.json").stat().st_mtime)
+trace = common.trace_dir(recs[name])
 meta, ring = trace.meta, trace.meta["ring"]
 steps = trace.ring_steps
 prov = ring_provenance(meta)
@@ -107,10 +100,10 @@ if meta["mask"] != "causal":
     st.caption("Under the full mask every pair is visible and both layouts do equal work; the "
                "balance matters under causal.")
 sibling = next((other for n, other in recs.items() if n != name and _same_problem(
-    load(str(other), (other / "manifest.json").stat().st_mtime).meta, meta)), None)
+    common.trace_dir(other).meta, meta)), None)
 measured = None
 if sibling is not None:
-    other = load(str(sibling), (sibling / "manifest.json").stat().st_mtime)
+    other = common.trace_dir(sibling)
     measured = {ring["layout"]: steps, other.meta["ring"]["layout"]: other.ring_steps}
 common.chart(balance_figure(trace.ring_balance, meta["mask"], prov, measured), "ring-balance", "ring_bal",
              s.present)

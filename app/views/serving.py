@@ -2,8 +2,6 @@
 programs walking it, the cache's bytes paged vs a contiguous max-length reserve) and a packed
 varlen batch on the SM lanes beside the same batch padded."""
 
-from pathlib import Path
-
 import streamlit as st
 
 from app import settings, sources, url_state
@@ -20,17 +18,6 @@ st.caption("PagedAttention keeps each sequence's keys and values in fixed-size p
            "and looks each one's page up (the same Flash update, a different address). A packed "
            "(varlen) batch runs only the work items its real tokens need; padding every sequence to "
            "the longest computes the rest and throws it away.")
-
-
-@st.cache_resource(show_spinner=False, max_entries=8)
-def load(path: str, mtime: float):
-    from instrumentation.trace import Trace
-
-    return Trace.load(path)
-
-
-def load_dir(path: Path):
-    return load(str(path), Path(path, "manifest.json").stat().st_mtime)
 
 
 @st.cache_resource(show_spinner="Running a paged decode step…", max_entries=8)
@@ -113,7 +100,7 @@ elif found.get("paged"):
     names = [p.name for p in found["paged"]]
     url_state.control("srv_rec", names[0], options=names)
     rec = c[0].selectbox("paged decode recording", names, key="srv_rec")
-    paged = load_dir(found["paged"][names.index(rec)])
+    paged = common.trace_dir(found["paged"][names.index(rec)])
     common.name_downloads(rec)
 else:
     st.warning("No paged decode recording is bundled (data/serving/ has none). Switch the source to "
@@ -177,12 +164,12 @@ elif found.get("varlen"):
     vnames = [p.name for p in found["varlen"]]
     url_state.control("srv_vrec", vnames[0], options=vnames)
     vrec = st.selectbox("varlen recording", vnames, key="srv_vrec")
-    packed, vstem = load_dir(found["varlen"][vnames.index(vrec)]), vrec
+    packed, vstem = common.trace_dir(found["varlen"][vnames.index(vrec)]), vrec
     lens = packed.meta["varlen"]["lengths_q"]
     # the same batch padded: a record() trace whose shape is the batch at its longest length (and,
     # where it says which lengths it pads, these)
     for p in found.get("padded", []):
-        cand = load_dir(p)
+        cand = common.trace_dir(p)
         if cand.meta["shape"]["B"] == len(lens) and cand.meta["shape"]["N_q"] == max(lens) and \
                 (cand.meta.get("padded_from") or {}).get("lengths", lens) == lens:
             padded = cand
