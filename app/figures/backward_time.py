@@ -173,6 +173,15 @@ def pass_spans(split: pd.DataFrame) -> tuple[float, float]:
     return float(split["span"].iat[0]), float(bwd["end"].max() - bwd["start"].min())
 
 
+def untraced_ms(meta: dict) -> tuple[float, float] | None:
+    """(forward, backward) kernel times in ms of the recorded call without tracing (do_bench
+    medians in the recording's meta: untraced_ms and backward.untraced_ms), or None when the
+    recording has not both."""
+    pair = (meta.get("untraced_ms"), (meta.get("backward") or {}).get("untraced_ms"))
+    ok = all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in pair)
+    return (float(pair[0]), float(pair[1])) if ok else None
+
+
 def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, provenance: str = "",
                          untraced_ms: tuple | None = None) -> go.Figure:
     """The measured time split forward / D / dK·dV / dQ: each phase as a bar from its first program's start

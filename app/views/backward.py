@@ -12,7 +12,7 @@ from app.figures._common import fmt_bytes
 from app.figures.backward import has_backward, phase_blocks
 from app.figures.backward_charts import (DEFAULT_SMS, dq_blocks, dq_chart, flops_chart, lanes_chart, memory_chart,
                                          order_chart, shape_of, time_chart, timeline_of, trace_estimate, traced_heads)
-from app.figures.backward_time import flop_unit, pass_spans, time_split
+from app.figures.backward_time import flop_unit, pass_spans, time_split, untraced_ms
 from app.text import plain
 from app.views import common
 from instrumentation import estimate
@@ -141,9 +141,16 @@ if fwd_tl.attrs.get("modelled") or tl_bwd.attrs.get("modelled"):
             f"{BUNDLED} or run on a GPU). The interpreter has no clock.", icon=":material/timer_off:")
 else:
     fwd_span, bwd_span = pass_spans(time_split(fwd_tl, tl_bwd))
-    m[4].metric("bwd ÷ fwd time", f"{bwd_span / fwd_span:.2f}×",
-                help="measured on the traced run: the backward's span over the forward's (the time split chart, "
-                     "which also gives the untraced kernel times)")
+    traced = f"the traced run's spans give {bwd_span / fwd_span:.2f}× (tracing slows the passes unevenly)"
+    plain_ms = untraced_ms(meta)     # the headline is the kernels' own time, without tracing
+    if plain_ms:
+        m[4].metric("bwd ÷ fwd time, untraced", f"{plain_ms[1] / plain_ms[0]:.2f}×",
+                    help=f"untraced kernel times of the recorded call (do_bench medians): backward "
+                         f"{plain_ms[1]:.4g} ms over forward {plain_ms[0]:.4g} ms; {traced}")
+    else:
+        m[4].metric("bwd ÷ fwd time, traced", f"{bwd_span / fwd_span:.2f}×",
+                    help="measured on the traced run (this recording has no untraced times): the backward's "
+                         "span over the forward's, as in the time split chart")
     common.chart(time_chart(trace, fwd_tl, sms), "backward-time-split", "bwd_time", s.present)
 common.chart(flops_chart(trace), "backward-flops", "bwd_flops", s.present)
 common.chart(memory_chart(trace), "backward-memory", "bwd_memory", s.present)

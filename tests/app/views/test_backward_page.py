@@ -118,4 +118,6 @@ def test_bundled_gpu_recording_shows_the_measured_split(monkeypatch):
     assert "TFLOP/s" in split["layout"]["title"]["subtitle"]["text"]
     ratio = trace.meta["backward"]["untraced_ms"] / trace.meta["untraced_ms"]      # do_bench, no tracing
     assert f"({ratio:.2f}×," in split["layout"]["title"]["subtitle"]["text"].replace("<br>", " ")
-    assert any(m.label == "bwd ÷ fwd time" for m in at.metric)
+    # the headline tile is the untraced ratio, and says so (it was the traced run's 2.45x beside 2.62x untraced)
+    tile = next(m for m in at.metric if m.label.startswith("bwd ÷ fwd"))
+    assert tile.label == "bwd ÷ fwd time, untraced" and tile.value == f"{ratio:.2f}×"
