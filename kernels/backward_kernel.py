@@ -46,7 +46,7 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .flash_kernel import _globaltimer, _smid  # noqa: E402
+from .tile_ops import globaltimer, smid  # noqa: E402
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -129,9 +129,9 @@ def _record_program(rec, counter, t_start, HW_CLOCK: tl.constexpr):
     global clock (the host derives the order from the start times, so tracing adds no atomic);
     in the interpreter, which has no clock, the order programs finished in, from a counter."""
     if HW_CLOCK:
-        tl.store(rec + 1, _smid().to(tl.int64))
+        tl.store(rec + 1, smid().to(tl.int64))
         tl.store(rec + 2, t_start)
-        tl.store(rec + 3, _globaltimer())
+        tl.store(rec + 3, globaltimer())
     else:
         tl.store(rec, tl.atomic_add(counter, 1).to(tl.int64))
 
@@ -146,7 +146,7 @@ def attn_bwd_preprocess(O, DO, LSE, DLSE, STATS, stride_ob, stride_oh, stride_on
     [bh, 1, i] = sum_d O * dO (- dLSE) (delta). LSE, DLSE: (B*H, N_Q) float32, contiguous.
     Grid: (B*H * n_rows,). TRACE_WORK: program p writes tr_work[p] (_record_program)."""
     pid = tl.program_id(0)
-    t_start = _globaltimer() if TRACE_WORK and HW_CLOCK else 0
+    t_start = globaltimer() if TRACE_WORK and HW_CLOCK else 0
     bh = pid // n_rows
     offs_m = (pid % n_rows) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -409,7 +409,7 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS,
     Trace buffers (None when off): as kernels.backward.BackwardTraceBuffers; tr_work[pid] is
     program pid's record."""
     pid = tl.program_id(0)
-    t_start = _globaltimer() if TRACE_WORK and HW_CLOCK else 0
+    t_start = globaltimer() if TRACE_WORK and HW_CLOCK else 0
     if DKDV:
         if pid < n_dkdv:
             _dkdv_item(pid, Q, K, V, DO, DK, DV, STATS,

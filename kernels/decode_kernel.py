@@ -31,7 +31,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 # one implementation of each: the clocks, the K/V tile load and the P.V accumulate
-from .flash_kernel import _globaltimer, _smid, accumulate_pv, load_kv_tile  # noqa: E402
+from .tile_ops import accumulate_pv, globaltimer, load_kv_tile, smid  # noqa: E402
 
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -205,7 +205,7 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
                         UPCAST_DOT: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr,
                         PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT_UNIT: tl.constexpr):
     if TRACE and HW_CLOCK:
-        t_start = _globaltimer()
+        t_start = globaltimer()
     split = tl.program_id(0)
     bkv = tl.program_id(1)                       # b * H_kv + kv_head
     row_block = tl.program_id(2)
@@ -283,9 +283,9 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
         program = split + num_splits * (bkv + tl.num_programs(1) * row_block)
         rec = tr_splits + program.to(tl.int64) * 6
         if HW_CLOCK:
-            tl.store(rec + 1, _smid().to(tl.int64))
+            tl.store(rec + 1, smid().to(tl.int64))
             tl.store(rec + 2, t_start)
-            tl.store(rec + 3, _globaltimer())        # before the ticket: the merge is timed apart
+            tl.store(rec + 3, globaltimer())        # before the ticket: the merge is timed apart
         else:
             # no clock in the interpreter: a counter gives the order programs ran in
             tl.store(rec, tl.atomic_add(tr_counter, 1).to(tl.int64))
@@ -300,7 +300,7 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
         ticket = tl.atomic_add(counters + group, 1, sem="acq_rel", scope="gpu")
         if ticket == num_splits - 1:
             if TRACE and HW_CLOCK:
-                t_merge = _globaltimer()
+                t_merge = globaltimer()
             _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on, bkv, row_block,
                         H_KV, N_Q, ROWS, num_splits, GROUP, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, MERGE_M,
                         SPLIT_CHUNK, EVEN_MERGE, STORE_LSE)
@@ -309,9 +309,9 @@ def decode_split_kernel(Q, K, V, O, LSE, O_part, M_part, L_part, seqlens, counte
                 mrec = tr_merge + group.to(tl.int64) * MERGE_SLOTS
                 tl.store(mrec, split.to(tl.int64))
                 if HW_CLOCK:
-                    tl.store(mrec + 1, _smid().to(tl.int64))
+                    tl.store(mrec + 1, smid().to(tl.int64))
                     tl.store(mrec + 2, t_merge)
-                    tl.store(mrec + 3, _globaltimer())
+                    tl.store(mrec + 3, globaltimer())
 
 
 @triton.jit
@@ -322,7 +322,7 @@ def decode_merge_kernel(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, st
                         EVEN_MERGE: tl.constexpr, STORE_LSE: tl.constexpr, TRACE: tl.constexpr, HW_CLOCK: tl.constexpr):
     """The merge as a second launch (FUSED_MERGE off): one program per (b, kv_head, row block)."""
     if TRACE and HW_CLOCK:
-        t_start = _globaltimer()
+        t_start = globaltimer()
     bkv = tl.program_id(0)
     row_block = tl.program_id(1)
     _merge_rows(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, stride_on, bkv, row_block,
@@ -332,6 +332,6 @@ def decode_merge_kernel(O_part, M_part, L_part, O, LSE, stride_ob, stride_oh, st
         mrec = tr_merge + (bkv * tl.num_programs(1) + row_block).to(tl.int64) * MERGE_SLOTS
         tl.store(mrec, -1)                               # no split program: a launch of its own
         if HW_CLOCK:
-            tl.store(mrec + 1, _smid().to(tl.int64))
+            tl.store(mrec + 1, smid().to(tl.int64))
             tl.store(mrec + 2, t_start)
-            tl.store(mrec + 3, _globaltimer())
+            tl.store(mrec + 3, globaltimer())

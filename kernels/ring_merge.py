@@ -4,7 +4,7 @@
 merge m = max(m1, m2), l = l1 e^(m1-m) + l2 e^(m2-m), o = (l1 e^(m1-m) o1 + l2 e^(m2-m) o2) / l,
 written in lse form: w1 = e^(lse1 - lse), w2 = e^(lse2 - lse), o = w1 o1 + w2 o2. It is
 associative, so any number of ranks, in any order, give the same result. Rows no key has reached
-stay (0, -inf). The math is kernels.flash_kernel.merge_normalised, which the flash kernel's MERGE
+stay (0, -inf). The math is kernels.tile_ops.merge_normalised, which the flash kernel's MERGE
 epilogue runs too. One pass reads the float32 accumulator and the partial once and writes the
 accumulator once: a chain of torch ops makes about four passes, which at 16k rows per GPU cost
 about a tenth of a ring step.
@@ -21,7 +21,7 @@ choose_backend()  # before triton is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .flash_kernel import merge_normalised  # noqa: E402
+from .tile_ops import merge_normalised  # noqa: E402
 
 
 @triton.jit
