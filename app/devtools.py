@@ -1,7 +1,8 @@
 """Developer tools shared by the browser tests (tests/app/live_app.py) and the app timing script
 (scripts/measure_app.py): `streamlit run app/main.py` as a subprocess on a free port,
-health-checked and stopped on exit, and the system Chromium's launch settings. Nothing here is
-imported by the app itself, and nothing downloads a browser.
+health-checked and stopped on exit, and Chromium's launch settings (the browser itself is the one
+app.browser.find_browser finds). Nothing here is imported by the app itself, and nothing downloads
+a browser.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
 # New headless Chromium builds the omnibox's WebUI popup for every new window (each Playwright
 # context): ~1.2 s of a second renderer's CPU (chrome://omnibox-popup.top-chrome, traced on this
 # 2-CPU machine) during the page load being timed, which a person's browser spent once, long

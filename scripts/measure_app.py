@@ -5,7 +5,7 @@
     python scripts/measure_app.py --interactions /tmp/old --repeats 6   # export click, softmax step, A/B
 
 Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives headless Chromium
-(/usr/bin/chromium, never downloaded) with Playwright and prints:
+(the one app.browser.find_browser finds, never downloaded) with Playwright and prints:
 
   first chart, cold     first session after the server started (imports, loads the trace), until
                         a chart with a title has drawn
@@ -47,7 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.devtools import CHROMIUM, CHROMIUM_ARGS, running_app
+from app.browser import find_browser, missing_reason
+from app.devtools import CHROMIUM_ARGS, running_app
 from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, git_commit, hello_baseline,  # noqa: F401
                         settle, side_by_side, titles_js)
 
@@ -335,8 +336,9 @@ def main(argv=None) -> int:
                     help="leave on the omnibox WebUI that new headless Chromium builds for every new "
                          "window (app.devtools.CHROMIUM_ARGS turns it off)")
     args = ap.parse_args(argv)
-    if not Path(CHROMIUM).exists():
-        print(f"error: {CHROMIUM} is missing; this script never downloads a browser", file=sys.stderr)
+    chromium = find_browser()
+    if chromium is None:
+        print(f"error: {missing_reason('this script drives Chrome or Chromium')}", file=sys.stderr)
         return 2
     from playwright.sync_api import sync_playwright
 
@@ -361,7 +363,7 @@ def main(argv=None) -> int:
                                    r.schedule == "natural", r.name))
     if args.interactions is not None:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True)
+            browser = pw.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS), headless=True)
             try:
                 res = interactions_side_by_side(browser, data, big, default_like[0],
                                                 Path(args.interactions).resolve() if args.interactions else None,
@@ -390,7 +392,7 @@ def main(argv=None) -> int:
         url = server.url
         results["server_health_s"] = server.healthy_after_s
         chromium_args = [a for a in CHROMIUM_ARGS if not (args.browser_ui and a.startswith("--disable-features"))]
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=chromium_args, headless=True)
+        browser = pw.chromium.launch(executable_path=chromium, args=chromium_args, headless=True)
         results["machine"] = machine_info(browser.version)
         results["chromium_args"] = chromium_args
         try:

@@ -29,9 +29,12 @@ def pytest_collection_modifyitems(config, items):
         return 1 if "fresh_app_server" in getattr(item, "fixturenames", ()) else 2
 
     items.sort(key=order)          # stable: file order within each group
-    if ON_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU)")
+    from app.browser import missing_reason
+
+    # no Chrome / Chromium (app.browser: BROWSER_PATH, else PATH): browser tests skip with the reason
+    no_browser = missing_reason("the browser tests drive Chrome or Chromium")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not ON_GPU:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU)"))
+        elif "browser" in item.keywords and no_browser:
+            item.add_marker(pytest.mark.skip(reason=no_browser))

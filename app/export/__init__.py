@@ -17,7 +17,8 @@
 `--presentation` draws in the slide look (template "tilescope_slide", 16:9); its PNGs are at
 least 1920 x 1080 (a strip: 1920 wide), other PNGs are drawn at scale 2. A static export (PNG/SVG/PDF) of an animated
 chart shows one frame (default: the middle of the run) without play buttons or slider.
-Images come from kaleido, which drives the system Chromium (/usr/bin/chromium) on its own.
+Images come from kaleido, driving the Chrome / Chromium that app.browser finds (BROWSER_PATH, else
+PATH); without one an image export refuses in one line saying how to get one.
 
     cli.py         the command line (`python -m app.export`, __main__.py) and the gallery
     common.py      ExportError, atomic writes, one kaleido Chromium per batch of images

@@ -22,6 +22,27 @@ class ExportError(ValueError):
     """Bad export input (the CLI prints it and exits 2)."""
 
 
+IMAGE_NEEDS = "PNG / SVG / PDF export draws with Chrome or Chromium (kaleido)"
+
+
+def image_browser() -> str:
+    """The browser kaleido will drive (app.browser.find_browser), or ExportError in one line
+    saying how to get one. Checked before kaleido starts: kaleido's server thread dies on a
+    missing browser and its callers then wait for ever."""
+    from app.browser import BrowserMissing, require_browser
+
+    try:
+        return require_browser(IMAGE_NEEDS)
+    except BrowserMissing as exc:
+        raise ExportError(str(exc)) from None
+
+
+def _start_kaleido() -> None:
+    import kaleido
+
+    kaleido.start_sync_server(silence_warnings=True, path=image_browser())
+
+
 def check_file_target(path, force: bool = False) -> Path:
     """Refuse, in one line and before any work, an output file that must not be written: an
     empty path or one under a file (the parent checks record_cli's targets get,
@@ -124,7 +145,7 @@ def keep_renderer() -> None:
         if _kept:
             return
         if not _kaleido_started:
-            kaleido.start_sync_server(silence_warnings=True)
+            _start_kaleido()
             _kaleido_started = True
         _kept = True
         atexit.register(lambda: kaleido.stop_sync_server(silence_warnings=True))
@@ -169,7 +190,7 @@ def kaleido_server():
     with _lock:
         started_here = not _kaleido_started
         if started_here:
-            kaleido.start_sync_server(silence_warnings=True)
+            _start_kaleido()
             _kaleido_started = True
         try:
             with warnings.catch_warnings():

@@ -8,7 +8,8 @@ Browser (Playwright): ONE `streamlit run app/main.py` server on the bundled data
 headless system Chromium for the whole session, a fresh browser context per test (`page`, or
 `new_page(...)` for another window size). tests/conftest.py runs the browser tests last, so the
 Chromium (and the asyncio loop Playwright's sync API holds) is closed before nothing else runs.
-They skip cleanly without /usr/bin/chromium or playwright, and never download a browser.
+They skip with the reason when app.browser.find_browser finds no browser (BROWSER_PATH, else
+PATH) or playwright is missing, and never download a browser.
 """
 
 import importlib.util
@@ -137,13 +138,15 @@ def decode_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def browser():
     """One headless system Chromium for every browser test."""
-    from tests.app.live_app import CHROMIUM, CHROMIUM_ARGS
+    from app.browser import find_browser, missing_reason
+    from tests.app.live_app import CHROMIUM_ARGS
 
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed: the browser tests need a system Chromium")
+    chromium = find_browser()
+    if chromium is None:
+        pytest.skip(missing_reason("the browser tests drive Chrome or Chromium"))
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
         try:
             yield b
         finally:

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.browser import find_browser, missing_reason
+from app.export.common import IMAGE_NEEDS
 from tests.app.conftest import N
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
@@ -141,8 +143,7 @@ def share_link_shown(at) -> str:
     return html.unescape(re.search(r'value="([^"]*)"', box).group(1))
 
 
-needs_chromium = pytest.mark.skipif(not Path("/usr/bin/chromium").exists() and not shutil.which("chromium"),
-                                    reason="kaleido needs Chromium (/usr/bin/chromium)")
+needs_chromium = pytest.mark.skipif(find_browser() is None, reason=str(missing_reason(IMAGE_NEEDS)))
 
 
 def random_png(w: int, h: int, seed: int) -> bytes:

@@ -6,7 +6,7 @@ these are fixtures in tests/app/conftest.py. Never downloads a browser.
 
 from __future__ import annotations
 
-from app.devtools import CHROMIUM, CHROMIUM_ARGS, ROOT, free_port, streamlit_server, wait_healthy  # noqa: F401
+from app.devtools import CHROMIUM_ARGS, ROOT, free_port, streamlit_server, wait_healthy  # noqa: F401
 
 
 def chart_titles(page) -> list[str]:

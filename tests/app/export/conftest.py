@@ -19,7 +19,13 @@ def trace_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def kaleido_server():
-    """One Chromium for the module's image exports (each export would otherwise start one)."""
+    """One Chromium for the module's image exports (each export would otherwise start one);
+    without a browser the tests using it skip with the one-line reason."""
+    from app.browser import missing_reason
+
+    reason = missing_reason(common.IMAGE_NEEDS)
+    if reason:
+        pytest.skip(reason)
     with common.kaleido_server():
         yield
 
