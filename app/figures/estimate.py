@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from instrumentation import estimate
 from instrumentation.analysis.estimator import CALIBRATION_FILES, CALIBRATION_MIN_MS, DEVICES, Estimate, d_class
 
+from .estimate_measured import measured_at, measured_naive, measured_points, naive_fits, naive_verdicts  # noqa: F401
 from ._common import (FULL, NOW, PARTIAL, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_memory,
                       fmt_time_ms, time_axis_ms, title)
 
@@ -162,11 +163,14 @@ def _layout(fig: go.Figure, ests, main: str, p: Problem, note: str, sub: str = "
     return caption(fig, text, width=115)
 
 
-def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> go.Figure:
+def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem, measured: list[dict] = ()) -> go.Figure:
     """Naive vs flash peak memory of one call over N (log-log), the KV cache of the layer, each
-    device's memory as a horizontal line, and the N where naive attention no longer fits.
+    device's memory as a horizontal line, and the N where naive attention no longer fits; a
+    bundled sweep's naive runs of exactly this shape that ran out of memory are marked too, and
+    where one is at an N the model says fits, the caption says the measurement, not the paper.
 
-    Arguments: {device: sweep(...)} (same N for every device), the chosen N, the Problem.
+    Arguments: {device: sweep(...)} (same N for every device), the chosen N, the Problem,
+    measured: measured_naive(...) of this Problem.
     Returns the figure; y values are Estimate.naive_peak_bytes, flash_peak_bytes, kv_cache_bytes."""
     first = next(iter(ests.values()))
     x = _n(first)
@@ -195,6 +199,19 @@ def peak_memory_figure(ests: dict[str, list[Estimate]], n: int, p: Problem) -> g
             notes.append(f"naive needs more than the {dev}'s memory from N = {first_oom(p, dev, es):,}")
         else:
             notes.append(f"naive fits the {dev} up to N = {es[-1].n_k:,}")
+        ran_out = [r for r in measured if r["device"] == dev and r["oom"]]
+        if ran_out:
+            fig.add_trace(go.Scatter(
+                x=[r["n"] for r in ran_out], y=[mem] * len(ran_out), mode="markers",
+                name=f"measured: out of memory on the {dev}",
+                marker=dict(symbol="square-open", size=15, color=colour, line=dict(width=3)),
+                text=[r["file"] + (" (not run: a smaller N already ran out)" if r["inferred"] else "") for r in ran_out],
+                hovertemplate="N=%{x:,}: naive measured out of memory on the " + dev + ", %{text}<extra></extra>"))
+            on_paper = [r["n"] for r in ran_out if next((e for e in es if e.n_k == r["n"]), None) is not None
+                        and next(e for e in es if e.n_k == r["n"]).naive_fits]
+            if on_paper:
+                notes[-1] = (f"naive fits the {dev} on paper up to N = {max(e.n_k for e in es if e.naive_fits):,}, but "
+                             f"measured: out of memory from N = {min(on_paper):,} ({ran_out[0]['file']})")
     _chosen_n(fig, n)
     values = np.concatenate([_field(first, k) for k in ("naive_peak_bytes", "flash_peak_bytes", "kv_cache_bytes")]
                             + [[es[0].device_memory_bytes for es in ests.values()]])
@@ -247,41 +264,6 @@ def flops_figure(ests: list[Estimate], n: int, p: Problem) -> go.Figure:
     fig.update_yaxes(type="log", tickmode="array", tickvals=ticks, ticktext=[fmt_flops(t) for t in ticks],
                      title_text="FLOPs (log)")
     return _layout(fig, ests, "FLOPs of one attention call", p, "QK^T and PV, 2 FLOPs per multiply-add.")
-
-
-def measured_points(recordings, p: Problem) -> list[dict]:
-    """The GPU recordings of exactly this shape (B, H, H_kv, D, dtype, mask, and N_q = the
-    Problem's N_q at their N_k) with a measured untraced time: what the time chart marks beside
-    the model. Pure: reads only the metas it is given.
-
-    Arguments: recordings, pairs (name, meta) of trace manifests (app.sources.bundled.Recording's
-    name and meta), the Problem. Returns a list of dicts sorted by (n, device): name, n (N_k),
-    n_q, device (the DEVICES key), device_name, date (recorded), block_m, block_n, measured_ms (the recording's
-    untraced_ms) and model_ms (the estimator at its shape, tiles and device)."""
-    out = []
-    for name, m in recordings:
-        s = (m or {}).get("shape") or {}
-        dev = next((d for d in DEVICES if d in str(m.get("device_name", ""))), None)
-        if m.get("backend") != "cuda" or dev is None or not m.get("untraced_ms"):
-            continue
-        n_k, n_q = int(s.get("N_k") or s.get("N") or 0), int(s.get("N_q") or s.get("N") or 0)
-        kv = int(s.get("H_kv") or s.get("H") or 0)
-        if n_k < 1 or (s.get("B"), s.get("H"), kv, s.get("D"), m.get("dtype"), m.get("mask")) != \
-                (p.batch, p.heads, p.kv_heads, p.head_dim, p.dtype, p.mask) or n_q != p.lengths(n_k)[0]:
-            continue
-        bm, bn = int(m.get("block_m") or 0) or None, int(m.get("block_n") or 0) or None
-        e = estimate(p.batch, p.heads, p.kv_heads, n_q, n_k, p.head_dim, mask=p.mask, dtype=p.dtype,
-                     block_m=bm, block_n=bn, device=dev)
-        out.append(dict(name=name, n=n_k, n_q=n_q, device=dev, device_name=str(m.get("device_name")),
-                        date=str(m.get("created", "?"))[:10], block_m=e.block_m, block_n=e.block_n,
-                        measured_ms=float(m["untraced_ms"]),
-                        model_ms=e.time_s * 1e3))
-    return sorted(out, key=lambda r: (r["n"], r["device"], r["name"]))
-
-
-def measured_at(points: list[dict], n: int, device: str) -> dict | None:
-    """The measured point of `device` at exactly N keys (measured_points), or None."""
-    return next((r for r in points if r["n"] == n and r["device"] == device), None)
 
 
 def time_model_note(head_dim: int) -> str:
@@ -379,13 +361,16 @@ def exact_ms(ms: float) -> str:
     return f"{ms:,.0f}" if ms >= 1000 else f"{ms:.4g}"
 
 
-def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
+def numbers_at_n(h100: Estimate, h200: Estimate, measured: list[dict] = ()) -> list[dict]:
     """The table at one N: one row per quantity with its value in units, the exact number, and
     the Estimate field it is (docs/formulas.md names the formula by that field).
 
-    Arguments: the estimates of one shape on the H100 and on the H200. Returns a list of dicts
+    Arguments: the estimates of one shape on the H100 and on the H200; measured: measured_naive(...)
+    of the shape (a measurement at this N decides whether naive fits). Returns a list of dicts
     with keys quantity, value, exact, field."""
     e = h100
+    cards = {"H100": h100, "H200": h200}
+    verdict, fits = naive_verdicts(cards, h100.n_k, list(measured)), naive_fits(cards, h100.n_k, list(measured))
 
     def row(quantity, value, exact, field):
         return {"quantity": quantity, "value": value, "exact": exact, "field": field}
@@ -394,7 +379,6 @@ def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
         v = getattr(e, field)
         return row(quantity, fmt_memory(v) if binary else fmt_bytes(v), f"{v:,} B", field)
 
-    fits = {d: x for d, x in (("H100", h100), ("H200", h200))}
     return [
         b("naive_peak_bytes", "naive peak memory (S, P resident)", True),
         b("flash_peak_bytes", "flash peak memory (O, lse)", True),
@@ -408,8 +392,10 @@ def numbers_at_n(h100: Estimate, h200: Estimate) -> list[dict]:
         row(f"tiles computed ({e.block_m}×{e.block_n})", f"{e.tiles_computed / max(e.tiles_total, 1):.1%} of all",
             f"{e.tiles_computed:,} of {e.tiles_total:,}", "tiles_computed"),
         *(row(f"modelled time, {d}", fmt_time_ms(x.time_by_device[d] * 1e3),
-              f"{exact_ms(x.time_by_device[d] * 1e3)} ms ({x.bound}-bound)", "time_by_device") for d, x in fits.items()),
-        *(row(f"naive fits the {d} ({fmt_memory(x.device_memory_bytes)})", "yes" if x.naive_fits else "no",
-              f"Q, K, V + peak = {x.q_bytes + x.k_bytes + x.v_bytes + x.naive_peak_bytes:,} B", "naive_fits")
-          for d, x in fits.items()),
+              f"{exact_ms(x.time_by_device[d] * 1e3)} ms ({x.bound}-bound)", "time_by_device") for d, x in cards.items()),
+        *(row(f"naive fits the {d} ({fmt_memory(x.device_memory_bytes)})",
+              ("yes" if fits[d] else "no") + (" (measured)" if verdict[d].startswith("measured") else ""),
+              f"Q, K, V + peak = {x.q_bytes + x.k_bytes + x.v_bytes + x.naive_peak_bytes:,} B"
+              + (f"; {verdict[d]}" if verdict[d].startswith("measured") else ""), "naive_fits")
+          for d, x in cards.items()),
     ]

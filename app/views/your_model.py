@@ -15,8 +15,8 @@ import streamlit as st
 from app import settings, sources, url_state
 from app.figures._common import fmt_bytes, fmt_memory, fmt_time_ms
 from app.figures.estimate import (N_MAX, N_MIN, Problem, device_sweeps, estimate_at, flops_figure, measured_at,
-                                  measured_points, numbers_at_n, peak_memory_figure, short, time_figure,
-                                  traffic_figure)
+                                  measured_naive, measured_points, naive_fits, naive_verdicts, numbers_at_n,
+                                  peak_memory_figure, short, time_figure, traffic_figure)
 from app.text import plain
 from app.views import common
 from instrumentation.analysis.estimator import DEVICES
@@ -44,6 +44,27 @@ def n_label(n: int) -> str:
 def sweeps(p: Problem, n: int) -> dict:
     """{device: [Estimate over N]} (N from 256 to 1M and the chosen N), cached per shape."""
     return device_sweeps(p, n)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _sweep_file(path: str, mtime: float) -> tuple:
+    from instrumentation.trace.sweep_file import load_sweep
+
+    meta, df = load_sweep(path)
+    return meta, df.to_dict("records")
+
+
+def bundled_sweeps() -> list[tuple]:
+    """(label, meta, records) of every bundled naive-vs-flash sweep (data/sweeps/*.json), for
+    measured_naive: a measurement of exactly the chosen shape decides whether naive fits."""
+    out = []
+    for path in sources.discover_sweeps():
+        try:
+            meta, records = _sweep_file(str(path), path.stat().st_mtime)
+        except (OSError, ValueError):
+            continue               # the Memory page says what is wrong with a sweep file
+        out.append((f"{path.parent.name}/{path.name}", meta, records))
+    return out
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -148,13 +169,17 @@ m[3].metric("flash HBM", short(fmt_bytes(h100.flash_hbm_bytes)),
 measured = measured_points([(r.name, r.meta) for r in sources.recordings()], p)
 for col, dev, e in ((m[4], "H100", h100), (m[5], "H200", h200)):
     seen = measured_at(measured, int(n), dev)       # a recording of this very shape and N on that card
+    # a recording at other tiles than the default the model prices says so on the tile itself
+    other_tiles = seen and (seen["block_m"], seen["block_n"]) != (e.block_m, e.block_n)
     col.metric(f"{dev} modelled", short(fmt_time_ms(e.time_by_device[dev] * 1e3)),
-               f"measured {short(fmt_time_ms(seen['measured_ms']))}" if seen else None,   # tiles: in the help
+               (f"measured {short(fmt_time_ms(seen['measured_ms']))}"
+                + (f" at {seen['block_m']}×{seen['block_n']}" if other_tiles else "")) if seen else None,
                delta_color="off", delta_arrow="off",
                help=f"modelled time of one flash call. {e.model_note}."
                     + (f" Measured: {seen['measured_ms']:.4g} ms, untraced do_bench median of the recording "
                        f"{seen['name']} ({seen['device_name']}, {seen['date']}) at {seen['block_m']}×{seen['block_n']} "
-                       f"tiles." if seen else
+                       f"tiles" + (f", not the default {e.block_m}×{e.block_n} modelled here (the model at "
+                                   f"its tiles: {seen['model_ms']:.4g} ms)." if other_tiles else ".") if seen else
                        " No recording of this shape and N on this card is bundled."))
 if len(own_masks) > 1 and not s.present:     # Gemma-2: one layer kind at a time above; both kinds side by side here
     kinds = []
@@ -165,12 +190,20 @@ if len(own_masks) > 1 and not s.present:     # Gemma-2: one layer kind at a time
                      f"{ke.tiles_computed:,} tiles a call")
     st.caption(f"{plain(p.label)} alternates its layers; at N = {n_label(int(n))} on the H100 (modelled): "
                + "; ".join(kinds) + ". Pick a layer kind in **mask**.")
-fits = [f"the {d}" for d, e in (("H100", h100), ("H200", h200)) if e.naive_fits]
-if len(fits) < 2 and not s.present:     # on slides the memory chart's marks and caption say it
+# a bundled sweep's run of exactly this shape and N overrides "fits on paper" (measured: out of memory)
+naive_runs = measured_naive(bundled_sweeps(), p)
+cards = {"H100": h100, "H200": h200}
+fit = naive_fits(cards, int(n), naive_runs)
+verdicts = naive_verdicts(cards, int(n), naive_runs)
+said = [f"the {d}: {v}" for d, v in verdicts.items() if v.startswith("measured")]
+fits = [f"the {d}" for d in cards if fit[d]]
+if (len(fits) < 2 or said) and not s.present:     # on slides the memory chart's marks and caption say it
     st.warning(f"Naive attention needs {fmt_memory(h100.naive_peak_bytes)} beyond Q, K and V at "
-               f"N = {n_label(int(n))}: it " + (f"fits {fits[0]} only." if fits else
-                                                "fits neither the H100 nor the H200.")
-               + f" Flash needs {fmt_memory(h100.flash_peak_bytes)}.", icon=":material/memory:")
+               f"N = {n_label(int(n))}: it " + (f"fits {fits[0]} only" if len(fits) == 1 else
+                                                "fits both the H100 and the H200" if fits else
+                                                "fits neither the H100 nor the H200")
+               + (f" ({'; '.join(said)})" if said else "")
+               + f". Flash needs {fmt_memory(h100.flash_peak_bytes)}.", icon=":material/memory:")
 
 rec = nearest_recording(name, p, int(n))
 if rec is not None:
@@ -186,14 +219,14 @@ if rec is not None:
                 f"[{rec.name}]({link}) ({plain(rec.label.split(' — ', 1)[-1])}; opens the tile schedule).{timed}")
 
 # -- charts --------------------------------------------------------------------------------------
-common.chart(peak_memory_figure(ests, int(n), p), "your-model-peak-memory", "ym_memory", s.present)
+common.chart(peak_memory_figure(ests, int(n), p, naive_runs), "your-model-peak-memory", "ym_memory", s.present)
 common.chart(traffic_figure(ests["H100"], int(n), p), "your-model-hbm-traffic", "ym_traffic", s.present)
 common.chart(flops_figure(ests["H100"], int(n), p), "your-model-flops", "ym_flops", s.present)
 common.chart(time_figure(ests["H100"], int(n), p, measured), "your-model-time", "ym_time", s.present)
 
 # -- the table and the formulas ------------------------------------------------------------------
 st.subheader(f"The numbers at N = {n_label(int(n))}")
-table = numbers_at_n(h100, h200)
+table = numbers_at_n(h100, h200, naive_runs)
 st.dataframe(table, hide_index=True, width="stretch", height=35 * (len(table) + 1) + 3,   # every row, no scrolling
              column_config={"quantity": "quantity", "value": "value", "exact": "exact",
                             "field": st.column_config.TextColumn("Estimate field", help="docs/formulas.md")})

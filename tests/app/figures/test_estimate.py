@@ -210,3 +210,34 @@ def test_device_memory_is_binary_on_every_chart():
     assert "H100 memory 79.2 GiB" in text and "H200 memory 140 GiB" in text and "85 GB" not in text
     rows = {r["quantity"]: r["value"] for r in numbers_at_n(estimate_at(LLAMA, N), estimate_at(LLAMA, N, "H200"))}
     assert "naive fits the H100 (79.2 GiB)" in rows
+
+
+def test_a_measured_out_of_memory_overrides_fits_on_paper():
+    """B 1, H 32, D 128 fp16 full at 32k: naive's 128 GiB fits the H200's 139.8 GiB on paper, but
+    the bundled H200 sweep of exactly that shape ran out of memory (PyTorch's reserved but
+    unallocated memory). The measurement decides, and the chart and table name the sweep file."""
+    from app.figures.estimate import measured_naive, naive_fits, naive_verdicts
+
+    p = Problem(1, 32, 32, 128, "full", "fp16")
+    rec = dict(impl="naive", batch=1, heads=32, head_dim=128, dtype="fp16", mask="full")
+    sweeps = [("sweeps/nvidia-h200.json", {"device_name": "NVIDIA H200"},
+               [dict(rec, seq_len=16384, oom=False, peak_bytes=2.0 ** 35),
+                dict(rec, seq_len=N, oom=True, oom_inferred=False, peak_bytes=float("nan")),
+                dict(rec, seq_len=N, impl="flash", oom=False, peak_bytes=1.0),
+                dict(rec, seq_len=N, heads=16, oom=True)])]           # another shape
+    runs = measured_naive(sweeps, p)
+    assert [(r["n"], r["device"], r["oom"]) for r in runs] == [(16384, "H200", False), (N, "H200", True)]
+    assert measured_naive(sweeps, Problem(1, 32, 8, 128, "full", "fp16")) == []     # GQA: not the sweep's shape
+    cards = {d: estimate_at(p, N, d) for d in ("H100", "H200")}
+    assert cards["H200"].naive_fits and not cards["H100"].naive_fits                 # on paper
+    assert naive_fits(cards, N, runs) == {"H100": False, "H200": False}
+    assert naive_verdicts(cards, N, runs)["H200"].startswith("measured: out of memory")
+    assert "sweeps/nvidia-h200.json" in naive_verdicts(cards, N, runs)["H200"]
+    ns = n_points(extra=(N,))
+    fig = peak_memory_figure({dev: sweep(p, ns, dev) for dev in DEVICES}, N, p, runs)
+    assert list(_trace(fig, "measured: out of memory on the H200").x) == [N]
+    text = " ".join(all_text(fig).replace("<br>", " ").split())
+    assert "measured: out of memory from N = 32,768 (sweeps/nvidia-h200.json)" in text
+    rows = {r["quantity"]: r for r in numbers_at_n(cards["H100"], cards["H200"], runs)}
+    row = rows["naive fits the H200 (140 GiB)"]
+    assert row["value"] == "no (measured)" and "sweeps/nvidia-h200.json" in row["exact"]

@@ -164,7 +164,28 @@ def test_a_recording_at_other_tiles_says_so_beside_the_model():
         at = page(ym_preset="gemma-2-9b", ym_n=8192)
     clean(at)
     metric = next(m for m in at.metric if m.label == "H200 modelled")
-    assert metric.delta == f"measured {short(fmt_time_ms(meta['untraced_ms']))}"       # short: a 1280 px tile
-    assert f"at {meta['block_m']}×{meta['block_n']} tiles" in metric.proto.help
+    # the tile itself says the measurement ran other tiles (it read "measured 1.6 ms" under a model of 128x64)
+    assert metric.delta == f"measured {short(fmt_time_ms(meta['untraced_ms']))} at {meta['block_m']}×{meta['block_n']}"
+    assert f"at {meta['block_m']}×{meta['block_n']} tiles, not the default {e.block_m}×{e.block_n}" in metric.proto.help
     assert f"It ran {meta['block_m']}×{meta['block_n']} tiles, not the kernel's default {e.block_m}×{e.block_n}" \
         in shown_text(at)
+
+
+def test_a_bundled_sweep_that_ran_out_of_memory_overrides_fits_on_paper():
+    """The custom shape of the bundled H200 sweep (B 1, H 32 = H_kv, D 128, fp16, full) at 32k:
+    on paper naive fits the H200 only, but the sweep's call ran out of memory there; the page
+    says measured: out of memory and names the sweep file."""
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[3] / "data"
+    if not (data / "sweeps" / "nvidia-h200.json").is_file():
+        pytest.skip("the bundled sweep is not here")
+    with tilescope_data(data):
+        at = page(ym_preset="custom", ym_heads=32, ym_kv_heads=32, ym_head_dim=128, ym_mask="full",
+                  ym_dtype="fp16", ym_n=N)
+    clean(at)
+    line = next(w.value for w in at.warning if "Naive attention needs" in w.value)
+    assert "fits neither the H100 nor the H200" in line and "fits the H200 only" not in line
+    assert "measured: out of memory" in line and "sweeps/nvidia-h200.json" in line
+    mem = chart(at, "Peak memory")
+    assert any(t["name"] == "measured: out of memory on the H200" for t in mem["data"])
