@@ -34,27 +34,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-m", type=int, default=None, help="query block size (default: per D)")
     p.add_argument("--block-n", type=int, default=None, help="key block size (default: per D)")
     p.add_argument("--dtype", default="fp16", choices=["fp32", "fp16", "bf16"])
-    p.add_argument("--batch", type=COUNT, default=1)
+    p.add_argument("--batch", type=COUNT, default=None, help="B (default 1)")
     p.add_argument("--heads", type=COUNT, default=1)
     p.add_argument("--kv-len", type=COUNT, default=None,
                    help="N_k, keys per head (default: N); queries are the last N of them")
     p.add_argument("--kv-heads", type=COUNT, default=None,
                    help="H_kv, key/value heads (default: H); H must be a multiple (GQA; 1 = MQA)")
     p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
-    p.add_argument("--schedule", default="natural", choices=["natural", "longest_first", "persistent"])
+    p.add_argument("--schedule", default=None, choices=["natural", "longest_first", "persistent"],
+                   help="work-item order (default natural)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="cpu runs the Triton interpreter; auto picks cuda when available")
-    p.add_argument("--level", default="full", choices=["work", "full"],
-                   help="work: one row per work item; full: plus tiles and softmax rows of one head")
+    p.add_argument("--level", default=None, choices=["work", "full"],
+                   help="work: one row per work item; full (default): plus tiles and softmax rows of one head")
     p.add_argument("--trace-head", type=bounded_int(0, MAX_COUNT), default=0, help="which batch*head gets tile/row detail")
-    p.add_argument("--trace-blocks", default="auto",
-                   help="query blocks with row detail: auto, all, or a comma list like 0,7,15")
+    p.add_argument("--trace-blocks", default=None,
+                   help="query blocks with row detail: auto (default), all, or a comma list like 0,7,15")
     p.add_argument("--backward", action="store_true",
                    help="also run the traced backward (dQ, dK, dV from a seeded dO): tables bwd_work, "
                         "bwd_tiles, bwd_rows")
     p.add_argument("--out", required=True, help="directory to write the trace into (new or empty)")
     p.add_argument("--force", action="store_true", help="replace a trace already at --out")
     return p
+
+
+# flags a --varlen recording does not take (None or False: not given on the command line)
+VARLEN_IGNORES = [("--seq-len", lambda a: a.seq_len is not None), ("--batch", lambda a: a.batch is not None),
+                  ("--kv-len", lambda a: a.kv_len is not None), ("--schedule", lambda a: a.schedule is not None),
+                  ("--level", lambda a: a.level is not None), ("--trace-blocks", lambda a: a.trace_blocks is not None),
+                  ("--backward", lambda a: a.backward)]
+DEFAULTS = dict(batch=1, schedule="natural", level="full", trace_blocks="auto")
 
 
 def is_trace_dir(path) -> bool:
@@ -74,10 +83,18 @@ def preflight(args) -> None:
 
     check_dir_target(args.out, is_trace_dir, args.force, "trace")
     if args.varlen is not None:
+        given = [flag for flag, val in VARLEN_IGNORES if val(args)]
+        if given:
+            raise ValueError(f"--varlen records a packed batch forward with its own lengths and order: "
+                             f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply; drop "
+                             f"{'it' if len(given) == 1 else 'them'}")
         args.varlen = parse_lengths(args.varlen)
         args.seq_len, args.batch = max(args.varlen), 1    # sizes below: the longest sequence
     elif args.seq_len is None:
         raise ValueError("--seq-len is required (or --varlen LENS for a packed batch)")
+    for name, default in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     for name in ("block_m", "block_n"):
         val = getattr(args, name)
         if val is not None and val not in (16, 32, 64, 128, 256):
