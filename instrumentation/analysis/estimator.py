@@ -1,6 +1,7 @@
 """What one attention call costs at a given shape: memory, HBM traffic, tiles, FLOPs and a
-modelled time, by arithmetic on the mask's per-row intervals (no dense N x N array, no block map:
-N = 1M runs in well under a second). The formulas are written once in docs/formulas.md; at
+modelled time, in closed form on the mask's per-row intervals (instrumentation.analysis.tile_counts:
+no dense N x N array, no block map, no per-row array; exact Python integers, N = 10^12 in a
+millisecond). Sizes past MAX_TOKENS / MAX_BATCH_HEADS / MAX_BLOCK are refused in one line first. The formulas are written once in docs/formulas.md; at
 H_kv = H, N_q = N_k and the full mask they are the seeds' (instrumentation.analysis.hbm).
 
     from instrumentation import estimate
@@ -21,6 +22,7 @@ from kernels.masks import parse_mask
 from kernels.runtime import MAX_HEAD_DIM
 
 from ..trace.files import DTYPE_BYTES
+from .tile_counts import tile_counts
 
 LSE_BYTES = 4            # the kernel's log-sum-exp is float32 whatever the input dtype
 
@@ -252,9 +254,23 @@ class Estimate:
         return asdict(self)
 
 
-def _positive(name: str, value) -> int:
+# What estimate answers (larger is refused in one line before any work): a token count far past
+# any model's context, a batch or head count of an int32 grid, a tile edge of an int32 index.
+MAX_TOKENS = 1 << 48                      # N_q, N_k: 2.8e14 tokens
+MAX_BATCH_HEADS = 2**31 - 1               # batch, heads, kv_heads each
+MAX_BLOCK = 2**31 - 1                     # block_m, block_n
+
+
+def _positive(name: str, value, most: int, fix: str) -> int:
+    """value as an int in 1..most, else ValueError (one line, the number shortened, saying what to do)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        text = repr(value)
+        raise ValueError(f"{name} must be a positive integer, got "
+                         f"{text if len(text) <= 40 else text[:30] + '…'}")
+    if value > most:
+        digits = len(str(int(value)))
+        shown = f"{int(value):,}" if digits <= 20 else f"a {digits}-digit number"
+        raise ValueError(f"{name} = {shown} is past the {most:,} the estimate answers for; {fix}")
     return int(value)
 
 
@@ -272,7 +288,7 @@ def default_blocks(head_dim: int, dtype: str, n_q: int, n_k: int, spec=None,
     d = padded_head_dim(head_dim)
     if device in DEVICES and spec is not None and dtype in ("bf16", "fp16") and d == head_dim == 128 \
             and n_q % 128 == 0 and n_k % 128 == 0:
-        c = _tile_counts(spec, n_q, n_k, 128, 128)
+        c = tile_counts(spec, n_q, n_k, 128, 128)
         full, part = c["full"], c["computed"] - c["full"]
         if part == 0 or (full >= 24 * c["q_blocks"] and part <= 0.25 * (part + full)):
             return 128, 128
@@ -285,46 +301,6 @@ def default_blocks(head_dim: int, dtype: str, n_q: int, n_k: int, spec=None,
     if dtype == "fp32":
         bm, bn = min(bm, 64), min(bn, 64)
     return bm, bn
-
-
-def _tile_counts(spec, n_q: int, n_k: int, bm: int, bn: int) -> dict:
-    """Per (batch, head): visible pairs, computed / full tiles and K rows the computed tiles hold,
-    from the per-row intervals [lo, hi] in O(N_q log N_q) (no block map).
-
-    A tile (q block i, k block j) is computed iff some row of block i sees a key of block j: per
-    block, the union of the rows' k-block ranges [lo // bn, hi // bn] (sorted by start; each range
-    counts the blocks past the running end). It is full iff the blocks are complete and every row
-    of the block sees every key of it (max lo <= first key, min hi >= last key)."""
-    lo, hi = (a.astype(np.int64) for a in spec.row_intervals(n_q, n_k))
-    n_qb, n_kb = -(-n_q // bm), -(-n_k // bn)
-    seen = lo <= hi
-    pairs = int((hi - lo + 1)[seen].sum())
-    rows = np.flatnonzero(seen)
-    blk, a, b = rows // bm, lo[seen] // bn, hi[seen] // bn
-    if len(rows) > 1 and not np.all((np.diff(a) >= 0) | (np.diff(blk) > 0)):
-        order = np.lexsort((a, blk))
-        blk, a, b = blk[order], a[order], b[order]
-    key = blk * (n_kb + 2)                       # keeps the running max inside one block
-    run = np.maximum.accumulate(b + key) - key
-    prev = np.concatenate([[-1], (run[:-1] + key[:-1]) - key[1:]])   # < 0 at a block's first row
-    new = np.maximum(0, b - np.maximum(a, prev + 1) + 1)
-    computed = np.bincount(blk, weights=new, minlength=n_qb).astype(np.int64)
-    last_b = np.full(n_qb, -1, np.int64)
-    if len(rows):
-        np.maximum.at(last_b, blk, b)
-    pad = n_kb * bn - n_k                          # missing rows of a ragged last k block
-    kv_rows = computed * bn - pad * (last_b == n_kb - 1)
-    starts = np.arange(n_qb) * bm
-    max_lo = np.maximum.reduceat(lo, starts)
-    min_hi = np.minimum.reduceat(np.minimum(hi, n_k - 1), starts)
-    first_full = -(-max_lo // bn)
-    last_full = (min_hi + 1) // bn - 1
-    complete = (np.arange(n_qb) + 1) * bm <= n_q
-    full = np.where(complete, np.maximum(0, last_full - first_full + 1), 0)
-    q_rows = np.minimum(bm, n_q - starts)
-    return {"pairs": pairs, "q_blocks": n_qb, "k_blocks": n_kb, "computed": int(computed.sum()),
-            "full": int(full.sum()), "kv_rows": int(kv_rows.sum()),
-            "tile_area": int((q_rows * kv_rows).sum())}
 
 
 def roofline_time(flops_full: float, flops_partial: float, hbm_bytes: float, head_dim: int,
@@ -364,13 +340,13 @@ def estimate(batch, heads, kv_heads, n_q, n_k, head_dim, mask="causal", dtype="b
     (1..256), mask text (kernels.masks, bottom-right aligned), dtype 'bf16' | 'fp16' | 'fp32',
     block_m / block_n (None: the kernel's default on that device, see default_blocks), device
     'H100' | 'H200'. Returns an Estimate. Raises ValueError (one line) on bad input."""
-    b, h, h_kv, n_q, n_k, d = (_positive(n, v) for n, v in (
-        ("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("n_q", n_q), ("n_k", n_k),
-        ("head_dim", head_dim)))
+    b, h, h_kv = (_positive(n, v, MAX_BATCH_HEADS, "estimate one batch and head count an int32 grid holds")
+                  for n, v in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads)))
+    n_q, n_k = (_positive(n, v, MAX_TOKENS, "give a sequence length of at most 2^48 tokens")
+                for n, v in (("n_q", n_q), ("n_k", n_k)))
+    d = _positive("head_dim", head_dim, MAX_HEAD_DIM, f"the kernel takes D up to {MAX_HEAD_DIM}")
     if h % h_kv:
         raise ValueError(f"heads H={h} must be a multiple of kv_heads H_kv={h_kv}")
-    if d > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim D={d} is above the kernel's {MAX_HEAD_DIM}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     if device not in DEVICES:
@@ -378,10 +354,10 @@ def estimate(batch, heads, kv_heads, n_q, n_k, head_dim, mask="causal", dtype="b
     spec = parse_mask(mask, n_q, n_k)
     given = block_m is not None or block_n is not None
     dbm, dbn = default_blocks(d, dtype, n_q, n_k, None if given else spec, device)
-    bm = dbm if block_m is None else _positive("block_m", block_m)
-    bn = dbn if block_n is None else _positive("block_n", block_n)
+    bm, bn = (dflt if v is None else _positive(n, v, MAX_BLOCK, "give a tile edge an int32 index holds")
+              for n, v, dflt in (("block_m", block_m, dbm), ("block_n", block_n, dbn)))
     el = DTYPE_BYTES[dtype]
-    c = _tile_counts(spec, n_q, n_k, bm, bn)
+    c = tile_counts(spec, n_q, n_k, bm, bn)
 
     grid = b * h * n_q * n_k * el                          # one (B, H, N_q, N_k) matrix
     q = o = b * h * n_q * d * el

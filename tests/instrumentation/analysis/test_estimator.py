@@ -11,8 +11,9 @@ import torch
 from instrumentation import estimate
 from instrumentation.analysis import hbm
 from instrumentation.analysis.estimator import (
-    DEVICES, _tile_counts, calibration_points, d_class, default_blocks, fit_efficiency,
+    DEVICES, calibration_points, d_class, default_blocks, fit_efficiency,
 )
+from instrumentation.analysis.tile_counts import tile_counts
 from kernels.masks import FULL, SKIPPED, parse_mask
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -115,37 +116,33 @@ def test_tiles_agree_with_the_masks_block_map(mask, n_q, n_k):
         assert e.tiles_total == 8 * bmap.size
 
 
-class _Intervals:
-    """A stand-in mask with arbitrary per-row intervals (gaps, unsorted starts, empty rows)."""
+def _dense_counts(spec, n_q, n_k, bm, bn):
+    """tile_counts' fields counted on the dense mask, padded to whole tiles."""
+    lo, hi = (a.astype(np.int64) for a in spec.row_intervals(n_q, n_k))
+    dense = (np.arange(n_k)[None, :] >= lo[:, None]) & (np.arange(n_k)[None, :] <= hi[:, None])
+    n_qb, n_kb = -(-n_q // bm), -(-n_k // bn)
+    padded = np.zeros((n_qb * bm, n_kb * bn), bool)
+    padded[:n_q, :n_k] = dense
+    blocks = padded.reshape(n_qb, bm, n_kb, bn)
+    computed = blocks.any(axis=(1, 3))
+    k_rows = np.minimum(bn, n_k - np.arange(n_kb) * bn)
+    q_rows = np.minimum(bm, n_q - np.arange(n_qb) * bm)
+    return {"pairs": int(dense.sum()), "q_blocks": n_qb, "k_blocks": n_kb, "computed": int(computed.sum()),
+            "full": int(blocks.all(axis=(1, 3)).sum()), "kv_rows": int((computed * k_rows[None, :]).sum()),
+            "tile_area": int((computed * q_rows[:, None] * k_rows[None, :]).sum())}
 
-    def __init__(self, lo, hi):
-        self.lo, self.hi = lo, hi
 
-    def row_intervals(self, n_q, n_k):
-        return self.lo.astype(np.int32), self.hi.astype(np.int32)
-
-
-def test_tile_union_is_exact_for_any_intervals():
+def test_closed_form_tile_counts_are_exact_for_every_mask_kind_and_any_blocks():
+    """600 random (mask, N_q, N_k, block_m, block_n), blocks 1..19 (not powers of two), N_q above
+    and below N_k (rows that see no key), windows and prefixes past N_k: every count as the dense
+    mask gives it."""
     rng = np.random.default_rng(7)
-    for _ in range(40):
-        n_q, n_k = int(rng.integers(1, 70)), int(rng.integers(1, 70))
-        bm, bn = int(rng.choice([4, 8, 16])), int(rng.choice([4, 8, 16]))
-        lo = rng.integers(0, n_k + 1, n_q)
-        hi = np.minimum(lo + rng.integers(-3, n_k, n_q), n_k - 1)
-        dense = (np.arange(n_k)[None, :] >= lo[:, None]) & (np.arange(n_k)[None, :] <= hi[:, None])
-        n_qb, n_kb = -(-n_q // bm), -(-n_k // bn)
-        padded = np.zeros((n_qb * bm, n_kb * bn), bool)
-        padded[:n_q, :n_k] = dense
-        blocks = padded.reshape(n_qb, bm, n_kb, bn)
-        computed = blocks.any(axis=(1, 3))
-        k_rows = np.minimum(bn, n_k - np.arange(n_kb) * bn)
-        q_rows = np.minimum(bm, n_q - np.arange(n_qb) * bm)
-        c = _tile_counts(_Intervals(lo, hi), n_q, n_k, bm, bn)
-        assert c["pairs"] == int(dense.sum())
-        assert c["computed"] == int(computed.sum())
-        assert c["full"] == int(blocks.all(axis=(1, 3)).sum())
-        assert c["kv_rows"] == int((computed * k_rows[None, :]).sum())
-        assert c["tile_area"] == int((computed * q_rows[:, None] * k_rows[None, :]).sum())
+    for i in range(600):
+        n_q, n_k = int(rng.integers(1, 60)), int(rng.integers(1, 60))
+        bm, bn = int(rng.integers(1, 20)), int(rng.integers(1, 20))
+        mask = (_masks(rng, n_k) if n_k > 1 else ["full", "causal", "sliding_window:2", "prefix_lm:0", "document:1"])[i % 5]
+        spec = parse_mask(mask, n_q, n_k)
+        assert tile_counts(spec, n_q, n_k, bm, bn) == _dense_counts(spec, n_q, n_k, bm, bn), (mask, n_q, n_k, bm, bn)
 
 
 # -- the seeds' formulas at H_kv = H, N_q = N_k --------------------------------------------------
