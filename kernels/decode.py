@@ -30,6 +30,8 @@ choose_backend()  # before triton is imported: the interpreter is chosen at impo
 import triton  # noqa: E402
 
 from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
+# merge_counters is re-exported: callers and tests read the counters a call used
+from .decode_launch import launch, launch_args, merge_counters  # noqa: E402,F401
 from .shapes import padded_head_dim  # noqa: E402
 
 # the input rules live in kernels.decode_inputs; re-exported here, where callers have read them
@@ -48,23 +50,6 @@ class DecodeConfig:
     def as_dict(self) -> dict:
         return dict(block_m=self.block_m, block_n=self.block_n, num_warps=self.num_warps,
                     num_stages=self.num_stages)
-
-
-# The fused merge's ticket counters: one int32 per (b, kv_head, row block), zero between calls
-# (the merging program resets its own). One buffer per device, reused by every call, so a call
-# costs no memset launch and a CUDA graph replays it as is. Calls are stream-ordered like the
-# KV cache they read: two flash_decode calls running at once on two streams of one device would
-# share counters (run such calls with fused_merge=False).
-_COUNTERS: dict[str, torch.Tensor] = {}
-
-
-def merge_counters(device, n: int) -> torch.Tensor:
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
 
 
 @dataclass(frozen=True)
@@ -284,7 +269,6 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
         plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge, block_table)
     elif paged and (block_table.dtype != torch.int32 or not block_table.is_contiguous()):
         block_table = block_table.to(torch.int32).contiguous()
-    page_size = k_cache.shape[1] if paged else 1
     if paged and use_tma:
         raise ValueError("use_tma=True reads a contiguous cache; a paged cache is read through its block table")
     b, h, n_q, d = q.shape
@@ -319,44 +303,14 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
         m_part, l_part = (trace.m_part, trace.l_part) if trace is not None else (o, o)
     if hw_clock is None:
         hw_clock = dev.type == "cuda" and not interpreting()
-    tr = (trace.splits, trace.counter) if trace is not None else (cache_seqlens, cache_seqlens)
-    tr_merge = trace.merge if trace is not None else cache_seqlens
-    common = dict(GROUP=plan.group, HEAD_DIM=d, HEAD_DIM_PAD=plan.head_dim_pad, BLOCK_M=cfg.block_m, MERGE_M=plan.merge_m,
-                  SPLIT_CHUNK=plan.split_chunk, EVEN_MERGE=plan.even_merge, STORE_LSE=bool(return_lse), TRACE=trace is not None,
-                  HW_CLOCK=bool(hw_clock))
+    # unused buffers are filled with the lengths tensor, as the kernels never read them
+    trace_bufs = (trace.splits, trace.counter, trace.merge) if trace is not None else (cache_seqlens,) * 3
     counters = merge_counters(dev, plan.merge_groups) if plan.fused_merge else cache_seqlens
-    descs = _tma_descriptors(k_cache, v_cache, cfg.block_n) if use_tma else (k_cache, v_cache)
+    args = launch_args(plan, q, k_cache, v_cache, o, lse, (o_part, m_part, l_part), cache_seqlens, counters,
+                       block_table, trace_bufs, sm_scale, has_seqlens=has_seqlens, store_lse=return_lse,
+                       use_tma=use_tma, traced=trace is not None, hw_clock=hw_clock)
     if stages in ("both", "split"):
-        decode_split_kernel[plan.stage1_grid](
-            q, k_cache, v_cache, o, lse, o_part, m_part, l_part, cache_seqlens, counters, *descs,
-            block_table if paged else cache_seqlens, block_table.stride(0) if paged else 0,
-            *q.stride()[:3], *_cache_strides(k_cache, paged), *_cache_strides(v_cache, paged), *o.stride()[:3],
-            *tr, tr_merge, plan.kv_heads, n_q, plan.n_max, plan.rows, splits, sm_scale * 1.4426950408889634,
-            BLOCK_N=cfg.block_n, SPLIT=split, FUSED_MERGE=plan.fused_merge, USE_TMA=bool(use_tma),
-            HAS_SEQLENS=has_seqlens, PAGED=paged, PAGE_SIZE=page_size,
-            SPLIT_UNIT=max(cfg.block_n, page_size) if paged else cfg.block_n,
-            STORE_STATS=trace is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+        launch(decode_split_kernel, plan.stage1_grid, args, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split and not plan.fused_merge and stages in ("both", "merge"):
-        decode_merge_kernel[plan.merge_grid](
-            o_part, m_part, l_part, o, lse, *o.stride()[:3], tr_merge, plan.kv_heads, n_q, plan.rows,
-            splits, num_warps=cfg.num_warps, **common)
+        launch(decode_merge_kernel, plan.merge_grid, args, num_warps=cfg.num_warps)
     return (o, lse) if return_lse else o
-
-
-def _cache_strides(cache, paged: bool) -> tuple[int, int, int]:
-    """The kernel's (batch or page, KV head, key) strides: a paged cache is (page, key, head, D)."""
-    st = cache.stride()
-    return (st[0], st[2], st[1]) if paged else st[:3]
-
-
-def _tma_descriptors(k_cache, v_cache, block_n: int):
-    """Host tensor descriptors over the (B*H_kv*N_max, D) row views of the caches."""
-    d = k_cache.shape[-1]
-    if interpreting() or k_cache.device.type != "cuda" or d != triton.next_power_of_2(d) or d < 16 \
-            or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("use_tma=True needs CUDA, contiguous caches and a power-of-two D >= 16")
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return tuple(TensorDescriptor.from_tensor(t.view(-1, d), [block_n, d]) for t in (k_cache, v_cache))

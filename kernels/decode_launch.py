@@ -1,0 +1,162 @@
+"""Launching the split-KV decoding kernels (kernels.decode_kernel): the compile-time groups they take,
+the runtime arguments of a call as one mapping keyed by parameter name, and the fused merge's
+ticket counters.
+
+A call builds one mapping (`launch_args`) whose keys are the kernels' parameter names;
+`launch` passes a kernel the entries it names, in its own order (taken once from its
+`arg_names`), positionally: Triton binds keyword launches at 2-3x the host time. The merge
+kernel's parameters are a subset of the split kernel's, so both launches of a call read the
+same mapping.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .runtime import choose_backend, interpreting
+
+choose_backend()  # before triton is imported: the interpreter is chosen at import time
+
+import triton  # noqa: E402
+
+from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
+
+LOG2E = 1.4426950408889634
+
+
+class DecodeTile(NamedTuple):
+    """TILE: the tiles and the dot. The stacked Q tile holds BLOCK_M rows (GROUP query heads of one
+    KV head times N_q queries, padded to a power of two >= 16); K/V tiles hold BLOCK_N keys; the
+    head dim HEAD_DIM is computed HEAD_DIM_PAD wide (EVEN_D: no padding, no head-dim mask).
+    DOT_PRECISION is tl.dot's input precision ("ieee" for fp32 inputs, else "tf32"); UPCAST_DOT
+    multiplies bf16 operands in fp32 (the CPU interpreter's bf16 dot is broken)."""
+    GROUP: int
+    HEAD_DIM: int
+    HEAD_DIM_PAD: int
+    EVEN_D: bool
+    BLOCK_M: int
+    BLOCK_N: int
+    DOT_PRECISION: str
+    UPCAST_DOT: bool
+
+
+class DecodeCache(NamedTuple):
+    """CACHE: how stage 1 finds its keys. PAGED: a paged cache (num_blocks, PAGE_SIZE, H_kv, D)
+    read through the block table (PAGE_SIZE 1 otherwise); SPLIT_UNIT: splits start on multiples of
+    it (BLOCK_N, or a page when pages are longer than a tile); USE_TMA: off-band tiles through
+    tensor descriptors; HAS_SEQLENS: lengths are read from cache_seqlens (else every sequence is
+    N_max long)."""
+    PAGED: bool
+    PAGE_SIZE: int
+    SPLIT_UNIT: int
+    USE_TMA: bool
+    HAS_SEQLENS: bool
+
+
+class DecodeMerge(NamedTuple):
+    """MERGE: the merge of the splits' partials. MERGE_M rows at a time, SPLIT_CHUNK splits per
+    load; EVEN_MERGE: the group's partials are one dense block, no mask (DecodePlan.even_merge)."""
+    MERGE_M: int
+    SPLIT_CHUNK: int
+    EVEN_MERGE: bool
+
+
+class DecodeTrace(NamedTuple):
+    """TRACE: on writes one record per stage-1 program and per merge; hw_clock reads %globaltimer
+    and %smid (CUDA only; the interpreter counts the order programs ran in); stats writes m_j, l_j
+    also with one split."""
+    on: bool
+    hw_clock: bool
+    stats: bool
+
+
+SPLIT_ARGS = tuple(decode_split_kernel.arg_names)    # the kernels' positional order, taken once
+MERGE_ARGS = tuple(decode_merge_kernel.arg_names)
+
+
+def launch(kernel, grid, args: dict, **options) -> None:
+    """Launch kernel (decode_split_kernel or decode_merge_kernel) on grid with the entries of args
+    its parameters name, positionally; options: num_warps, num_stages."""
+    order = SPLIT_ARGS if kernel is decode_split_kernel else MERGE_ARGS
+    kernel[grid](*[args[name] for name in order], **options)
+
+
+def launch_args(plan, q, k_cache, v_cache, o, lse, parts, seqlens, counters, block_table, trace: tuple,
+                sm_scale: float, *, has_seqlens: bool, store_lse: bool, use_tma: bool, traced: bool,
+                hw_clock: bool) -> dict:
+    """The runtime and compile-time arguments of one call, keyed by the kernels' parameter names.
+
+    Arguments:
+        plan: the DecodePlan. q, o: (B, H, N_q, D); lse: (B, H, N_q) float32, or o when not stored.
+        k_cache, v_cache: (B, H_kv, N_max, D), or pools (num_blocks, page_size, H_kv, D) when
+            block_table is given.
+        parts: (O_part, M_part, L_part), the splits' partials (placeholder tensors with one split).
+        seqlens: (B,) int32 lengths (read only when has_seqlens). counters: the fused merge's
+            ticket counters (a placeholder without it). block_table: (B, max_blocks) int32 or None.
+        trace: (splits, counter, merge) trace buffers (placeholders when not traced).
+        sm_scale: the softmax scale; the kernels take sm_scale * log2(e).
+        has_seqlens, store_lse, use_tma, traced, hw_clock: the call's switches.
+    Returns:
+        dict: one entry per parameter of decode_split_kernel (the merge kernel's are a subset)."""
+    cfg, (n_q, d) = plan.config, q.shape[2:]
+    paged = block_table is not None
+    page_size = k_cache.shape[1] if paged else 1
+    k_desc, v_desc = _tma_descriptors(k_cache, v_cache, cfg.block_n) if use_tma else (k_cache, v_cache)
+    return dict(
+        Q=q, K=k_cache, V=v_cache, O=o, LSE=lse, parts=parts, seqlens=seqlens, counters=counters,
+        k_desc=k_desc, v_desc=v_desc, block_table=block_table if paged else seqlens,
+        stride_bt=block_table.stride(0) if paged else 0, q_strides=q.stride()[:3],
+        k_strides=_cache_strides(k_cache, paged), v_strides=_cache_strides(v_cache, paged),
+        o_strides=o.stride()[:3], trace=trace, H_KV=plan.kv_heads, N_Q=n_q, N_MAX=plan.n_max,
+        ROWS=plan.rows, num_splits=plan.num_splits, qk_scale=sm_scale * LOG2E,
+        TILE=DecodeTile(plan.group, d, plan.head_dim_pad, d == plan.head_dim_pad, cfg.block_m, cfg.block_n,
+                        "ieee" if q.dtype == torch.float32 else "tf32",
+                        interpreting() and q.dtype == torch.bfloat16),
+        CACHE=DecodeCache(paged, page_size, max(cfg.block_n, page_size) if paged else cfg.block_n,
+                          bool(use_tma), has_seqlens),
+        MERGE=DecodeMerge(plan.merge_m, plan.split_chunk, plan.even_merge),
+        TRACE=DecodeTrace(traced, bool(hw_clock), traced),
+        SPLIT=plan.num_splits > 1, FUSED_MERGE=plan.fused_merge, STORE_LSE=bool(store_lse))
+
+
+def _cache_strides(cache, paged: bool) -> tuple[int, int, int]:
+    """The kernel's (batch or page, KV head, key) strides: a paged cache is (page, key, head, D)."""
+    st = cache.stride()
+    return (st[0], st[2], st[1]) if paged else st[:3]
+
+
+def _tma_descriptors(k_cache, v_cache, block_n: int):
+    """Host tensor descriptors over the (B*H_kv*N_max, D) row views of the caches."""
+    d = k_cache.shape[-1]
+    if interpreting() or k_cache.device.type != "cuda" or d != triton.next_power_of_2(d) or d < 16 \
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("use_tma=True needs CUDA, contiguous caches and a power-of-two D >= 16")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor.from_tensor(t.view(-1, d), [block_n, d]) for t in (k_cache, v_cache))
+
+
+# The fused merge's ticket counters: one int32 per (b, kv_head, row block), zero between calls
+# (the merging program resets its own). One buffer per device, reused by every call, so a call
+# costs no memset launch and a CUDA graph replays it as is. Calls are stream-ordered like the
+# KV cache they read: two flash_decode calls running at once on two streams of one device would
+# share counters (run such calls with fused_merge=False).
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def merge_counters(device, n: int) -> torch.Tensor:
+    """At least n int32 zeros on device (1024 at first), kept between calls: the ticket counters.
+
+    Arguments:
+        device: a torch.device or its name.
+        n: the merge groups of the call (B * H_kv * row blocks).
+    Returns:
+        int32 tensor on device whose first n entries are 0 between calls."""
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
