@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from app import export, settings, sources, url_state
+from app.export.animations import video_size
 from app.text import plain
 from app.figures.schedule import (COLOR_BY, imbalance_figure, schedule_comparison_figure,
                                   schedule_comparison_stats, sm_lanes_figure)
@@ -202,9 +203,10 @@ if not s.present and st.toggle("Show the order the kernel really ran the work it
         "SM ids and start/end times (ns, globaltimer) were recorded by the kernel on the GPU."))
     st.dataframe(trace.work.sort_values("order")[cols], hide_index=True, height=240)
 
-# seconds per rendered video frame, all in (kaleido's frame, encoding; 16k causal schedule, loaded
-# 2-CPU machine): the estimate until this session has made a video at that size, then its own rate
-SECONDS_PER_FRAME = {(960, 540): 0.75, (1920, 1080): 1.2}
+# seconds per rendered video frame, all in (the browser's start, each frame drawn in one reused page,
+# encoding; 16k causal schedule, loaded 2-CPU machine): the estimate until this session has made a
+# video at that size, then its own rate
+SECONDS_PER_FRAME = {(960, 540): 0.25, (1280, 720): 0.3, (1920, 1080): 0.45}
 VIDEO_SECONDS = [5, 10, 15, 20, 30]  # a lecture wants 10-20 s
 VIDEO_FPS = [8, 12, 24]
 
@@ -239,14 +241,17 @@ def video_downloads(bh: int) -> None:
         want = (src.key, sms, color_by, bh, fmt, size, seconds, fps, s.present)
         if st.button(f"Make the {fmt.upper()} (about {est:.0f} s)", key="sched_video_make"):
             fig = video_fig(src.key, sms, color_by, bh, rendered, trace)
-            bar = FrameProgress(f"{fmt.upper()} at {size[0]}×{size[1]}", rate)
+            bar = FrameProgress(fmt.upper(), rate)
             began = time.monotonic()
             with tempfile.TemporaryDirectory() as tmp:
                 path = export.export_animation(fig, Path(tmp) / f"schedule.{fmt}", fmt, max_frames=rendered,
                                                fps=fps, duration=seconds, size=size, presentation=s.present,
                                                progress=bar)
                 made = st.session_state["sched_video"] = (want, path.read_bytes())
-            per_frame = max(0.05, (time.monotonic() - began) / max(1, len(fig.frames)))
+                w, h = video_size(path)           # the file's own size, read back, is what is said
+            took = time.monotonic() - began
+            bar.bar.progress(1.0, text=f"Rendered the {fmt.upper()} at {w}×{h}: {len(fig.frames)} frames in {took:.0f} s")
+            per_frame = max(0.05, took / max(1, len(fig.frames)))
             st.session_state.setdefault("sched_video_rate", {})[size] = per_frame
         if made and made[0] == want:
             name = export.download_name(src, "whole-gpu-schedule", fmt)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from app import export as E
+from app.export.animations import render_frames, video_size
 from app.figures import tile_animation_figure
 from tests.app.headless import needs_chromium
 
@@ -147,3 +148,35 @@ def test_download_names_say_recording_and_view(small_trace):
     assert E.download_name(small_trace, "trace", "zip") == "n128_causal_natural-trace.zip"
     assert E.download_name("a/b c", "x y", "gif") == "a_b_c-x-y.gif"
     assert E.download_name(None, "memory", "csv") == "memory.csv"
+
+
+def test_the_video_is_the_size_asked_and_says_it(tmp_path, fast_frames, small_trace):
+    """'Rendered the MP4 at 960×540' while the file was 960×536 (sides cut to multiples of 8):
+    an MP4 keeps the asked size (H.264 in yuv420p needs even sides only), and video_size reads
+    what a file is, for the app to say."""
+    fig = tile_animation_figure(small_trace, max_frames=4)
+    for fmt, size in (("mp4", (960, 540)), ("gif", (960, 540)), ("mp4", (1280, 720)), ("mp4", (641, 361))):
+        p = E.export_animation(fig, tmp_path / f"a.{fmt}", max_frames=4, size=size)
+        want = (size[0] - size[0] % 2, size[1] - size[1] % 2) if fmt == "mp4" else size
+        assert video_size(p) == want, (fmt, size)
+
+
+@needs_chromium
+def test_one_page_draws_every_frame_as_the_still_would(small_trace):
+    """The frames of a video come from one reused browser page (the figure sent once, each frame
+    laid over it), not a kaleido still each: the right pixel size, frames that differ as the grid
+    fills in, and the first one the still kaleido draws of it (the same picture, up to
+    antialiasing)."""
+    import imageio.v3 as iio
+    from app.export.common import kaleido_server
+    from app.export.images import static_frame
+
+    fig = tile_animation_figure(small_trace, max_frames=4)
+    w, h = 1000, 700
+    pngs = render_frames(fig, [0, 3], w, h, 0.5)
+    a, b = (iio.imread(x)[..., :3] for x in pngs)
+    assert a.shape == (round(h * 0.5), round(w * 0.5), 3) and not np.array_equal(a, b)
+    with kaleido_server():
+        still = iio.imread(static_frame(fig, 0).to_image(format="png", width=w, height=h, scale=0.5))[..., :3]
+    assert still.shape == a.shape
+    assert np.abs(still.astype(int) - a).mean() < 4

@@ -230,3 +230,23 @@ def test_schedule_page_video_shows_the_bar(tmp_path, fast_frames):
     assert n >= 2 and f"Rendered the GIF at 960×540: {n} frames in" in bars[0].text, bars[0].text
     # named after the recording and the view (app.export.download_name)
     assert any(b.label.startswith("⬇ n128_causal_natural-whole-gpu-schedule.gif") for b in at.get("download_button"))
+
+
+def test_schedule_page_mp4_says_the_size_of_its_file(tmp_path, fast_frames):
+    """'Rendered the MP4 at 960×540' named the asked size while the file was 960×536: the bar
+    says the size read back from the file, and at 960×540 and 1280×720 that is the asked one."""
+    from app.export.animations import video_size
+
+    record_small(tmp_path, "n128_causal_natural", n=128, bm=32, bn=32, trace_head=[0])
+    with tilescope_data(tmp_path):
+        at = open_page("schedule", source="recorded", trace="n128_causal_natural")
+        at.selectbox(key="sched_video_fmt").set_value("mp4")
+        for size in ((960, 540), (1280, 720)):
+            at.selectbox(key="sched_video_size").set_value(size)
+            at.button(key="sched_video_make").click().run()
+            assert not at.exception and not at.error, [e.value for e in at.error]
+            bar = [b.proto for b in at.get("progress")][0]
+            assert f"Rendered the MP4 at {size[0]}×{size[1]}:" in bar.text, bar.text
+            out = tmp_path / f"v{size[0]}.mp4"
+            out.write_bytes(at.session_state["sched_video"][1])
+            assert video_size(out) == size
