@@ -9,6 +9,12 @@
     # block_table (B, max_blocks) int32; key j of sequence b is row j % page_size of page
     # block_table[b, j // page_size]; N_max = max_blocks * page_size (kernels.paged)
 
+Where to read: this module holds the plan (DecodePlan: shapes, tiles, the split count), the split
+rule, the trace buffers and `flash_decode`; kernels.decode_launch turns a plan and the call's
+tensors into the kernels' arguments (one mapping keyed by parameter name, the constexpr groups
+TILE / CACHE / MERGE / TRACE) and launches them; kernels.decode_kernel holds the two kernels;
+kernels.decode_inputs the input rules.
+
 The split rule ("auto") fills the GPU with one wave of programs when the work items are few, and
 is FlashAttention-2's `num_splits_heuristic` (flash_api.cpp) otherwise; see `choose_num_splits`.
 The merge of the splits runs inside stage 1 (the last split program of each group to finish
@@ -186,6 +192,15 @@ def choose_num_splits(batch: int, kv_heads: int, row_blocks: int, n_max: int, bl
 
 def decode_plan(q, k_cache, num_splits="auto", block_n=None, num_warps=None, num_stages=None,
                 fused_merge=True, block_table=None) -> DecodePlan:
+    """The plan of a call (built once per shape and setting, see _decode_plan).
+
+    Arguments:
+        q, k_cache: the call's query and K cache (or K pool with block_table); only shapes,
+            dtype and device are read.
+        num_splits, block_n, num_warps, num_stages, fused_merge: as flash_decode takes them.
+        block_table: the paged cache's table, or None.
+    Returns:
+        DecodePlan."""
     b, h, n_q, d = q.shape
     h_kv, n_max = cache_dims(k_cache, block_table)
     return _decode_plan(b, h, n_q, d, h_kv, n_max, q.dtype, str(q.device), num_splits, block_n,
@@ -234,6 +249,8 @@ class DecodeTraceBuffers:
 
 
 def make_trace_buffers(plan: DecodePlan, device) -> DecodeTraceBuffers:
+    """Arguments: plan, the call's DecodePlan; device, where the call runs.
+    Returns: DecodeTraceBuffers sized for the plan, records -1 and stats NaN until written."""
     s = plan.stage1_grid
     programs = s[0] * s[1] * s[2]
     stats = (plan.batch, plan.kv_heads, plan.num_splits, plan.rows)
@@ -249,19 +266,29 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
                  return_lse=False, block_n=None, num_warps=None, num_stages=None, fused_merge=True,
                  use_tma=False, trace: DecodeTraceBuffers | None = None, hw_clock: bool | None = None,
                  plan: DecodePlan | None = None, stages="both", *, block_table=None):
-    """Split-KV decoding attention. Returns O (B, H, N_q, D), or (O, lse) with lse (B, H, N_q)
-    float32 in natural log units (-inf and O = 0 for a row that sees no key).
+    """Split-KV decoding attention.
 
-    `fused_merge=False` merges the splits in a second launch; `use_tma` loads the off-band K/V
-    tiles through tensor descriptors (Hopper's bulk copy; CUDA, contiguous caches, D a power of
-    two). `plan`, `trace`, `hw_clock` and `stages` ('both' | 'split' | 'merge') are for
-    instrumentation: a prepared plan skips the checks, and a stage can be launched alone to time
-    it (with the fused merge, 'split' is the whole op).
-
-    block_table: (B, max_blocks) int32 for a paged cache: k_cache, v_cache are then
-    (num_blocks, page_size, H_kv, D) with page_size 16..256 (kernels.paged); int64 or strided
-    tables are copied, entries in use are checked to lie in the pool (with a prepared plan, the
-    caller's table must already be int32 and contiguous).
+    Arguments:
+        q: (B, H, N_q, D), N_q 1..16; k_cache, v_cache: (B, H_kv, N_max, D), H % H_kv == 0, or
+            pools (num_blocks, page_size, H_kv, D) with block_table.
+        cache_seqlens: (B,) int32 (int64 is copied) valid lengths, or None: every sequence is N_max.
+        num_splits: "auto" (choose_num_splits) or 1..MAX_SPLITS.
+        sm_scale: the softmax scale, None for 1/sqrt(D).
+        return_lse: also return the log-sum-exp.
+        block_n, num_warps, num_stages: tile and launch overrides (default_decode_config).
+        fused_merge: False merges the splits in a second launch.
+        use_tma: load the off-band K/V tiles through tensor descriptors (Hopper's bulk copy;
+            CUDA, contiguous caches, D a power of two).
+        trace, hw_clock, plan, stages ('both' | 'split' | 'merge'): for instrumentation: a
+            prepared plan skips the checks, and a stage can be launched alone to time it (with
+            the fused merge, 'split' is the whole op).
+        block_table: (B, max_blocks) int32 for a paged cache, page_size 16..256 (kernels.paged);
+            int64 or strided tables are copied, entries in use are checked to lie in the pool
+            (with a prepared plan, the caller's table must already be int32 and contiguous).
+    Returns:
+        O (B, H, N_q, D) in q's dtype, or (O, lse) with lse (B, H, N_q) float32 in natural log
+        units (-inf and O = 0 for a row that sees no key). Raises ValueError (one line) for
+        inputs the kernels do not take.
     """
     paged = block_table is not None
     if plan is None:
