@@ -6,7 +6,7 @@
 
 Launch part: host time per untraced call, the median over --calls unsynchronised calls (each
 timed with perf_counter_ns; the GPU runs behind; 5 rounds taking turns, median over rounds), of flash_attention (full and causal), of a bare
-Triton launch of the same compiled kernel (attn_fwd_kernel[grid](*args, **constexprs) with the
+Triton launch of the same compiled kernel (kernel[grid](*args, num_warps=, num_stages=) with the
 arguments built beforehand, kernels.launch.kernel_launches) and of torch's SDPA on the same inputs.
 
 Trace part:
@@ -105,7 +105,7 @@ def host_us(fns: dict, calls: int, device, rounds: int = 5) -> dict:
 def launch_overhead(device, calls: int, profile: bool = False) -> list:
     """Host time per untraced call: ours, a bare Triton launch of the same kernel, SDPA."""
     from kernels import flash_attention
-    from kernels.launch import attn_fwd_kernel, kernel_launches, resolve_launch
+    from kernels.launch import kernel_launches, resolve_launch
 
     s = LAUNCH_SHAPE
     b, h, n, d = s["batch"], s["heads"], s["seq_len"], s["head_dim"]
@@ -125,7 +125,7 @@ def launch_overhead(device, calls: int, profile: bool = False) -> list:
 
         def bare():
             for args, launch in launches:
-                attn_fwd_kernel[grid](*args, **launch.consts)
+                launch.kernel[grid](*args, **launch.options)
 
         ours = lambda: flash_attention(q, k, v, mask=mask)  # noqa: E731
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal")  # noqa: E731
@@ -182,7 +182,7 @@ def run(args, argv=None) -> dict:
         launch_method=("host time per untraced call: median over `calls` unsynchronised calls, each "
                        "timed with perf_counter_ns after 20 warm-up calls, in 5 rounds where the three take "
                        "turns; reported: the median over rounds (and each round's); ours = kernels.flash_attention, "
-                       "bare_triton = attn_fwd_kernel[grid](*args, **constexprs) with the same "
+                       "bare_triton = kernel[grid](*args, num_warps=, num_stages=) with the same "
                        "arguments built beforehand, sdpa = torch scaled_dot_product_attention (default backend)"),
         launch_shape=LAUNCH_SHAPE,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -18,7 +19,8 @@ choose_backend()  # before triton is imported: the interpreter is chosen at impo
 import triton  # noqa: E402
 
 from . import launch_config as rules  # noqa: E402  (looked up per resolve: tests force rules)
-from .flash_kernel import attn_fwd_kernel  # noqa: E402
+from .flash_kernel import attn_fwd_kernel, attn_fwd_persistent_kernel  # noqa: E402
+from .kernel_args import KernelArgs, Tile, TraceFlags  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
 from .masks import MaskSpec  # noqa: E402
 from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
@@ -33,18 +35,62 @@ LAUNCH_CACHE_BYTES = 256 << 20
 LAUNCH_CACHE_ITEM_BYTES = 32 << 20
 
 
+class FwdLoop(NamedTuple):
+    """Constexpr group LOOP of the forward kernels: how the full tiles are loaded and the loop run.
+
+    USE_TMA: bulk tensor copies through descriptors (Hopper); DEVICE_DESC: the descriptors are made
+    on the device (the warp-specialised loop); WARP_SPECIALIZE: tl.range's producer/consumer
+    split; ROWSUM_MMA: the row sums from P times a ones tile on the tensor cores."""
+
+    USE_TMA: bool
+    DEVICE_DESC: bool
+    WARP_SPECIALIZE: bool
+    ROWSUM_MMA: bool
+
+
+class FwdPhase(NamedTuple):
+    """Constexpr group PHASE of the forward kernels: which tiles a launch runs, what it starts from
+    and what it stores.
+
+    OFF_BAND: the full tiles (no element mask); HAS_PARTIAL: the partial tiles (per-row interval);
+    SEED: start from a normalised (O, lse) in (OA, LSE) instead of zeros (the split's second
+    launch); MERGE: merge the result with the normalised (OA, LSE) over other keys (a ring's
+    accumulator); RETURN_LSE: store lse; SAFE_DIV: rows may end with l = 0 (padding, rows that see
+    no key, a merge), so the division is guarded."""
+
+    OFF_BAND: bool
+    HAS_PARTIAL: bool
+    SEED: bool
+    MERGE: bool
+    RETURN_LSE: bool
+    SAFE_DIV: bool
+
+
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch of a plan: its constexprs (with num_warps, num_stages), the ones to run
-    instead if Triton refuses the warp-specialised loop, and whether it resumes from O itself."""
+    """One kernel launch of a plan: its arguments by name (the constexpr groups and everything the
+    plan fixes), its launch options, the same launch with the plain loop if Triton refuses the
+    warp-specialised one, and what it reads besides q, k, v."""
 
-    consts: dict
-    plain: dict                    # WARP_SPECIALIZE off, 8 warps
-    key: tuple                     # consts as a hashable key (_WS_REFUSED)
-    ws: bool
+    args: KernelArgs
+    tile: Tile
+    loop: FwdLoop
+    phase: FwdPhase
+    trace: TraceFlags
+    options: dict                  # num_warps, num_stages
+    plain: tuple                   # (LOOP, options) instead: WARP_SPECIALIZE off, 8 warps
+    key: tuple                     # the constexprs and options as a hashable key (_WS_REFUSED)
     prev_is_o: bool                # the split's second launch reads the first's O
     uses_prev: bool                # reads a previous O (MERGE, SEED); else OA and its strides are None
     uses_lse: bool                 # reads or writes LSE; else LSE and its stride are None
+
+    @property
+    def ws(self) -> bool:
+        return self.loop.WARP_SPECIALIZE
+
+    @property
+    def kernel(self):
+        return self.args.kernel
 
 
 @dataclass(frozen=True)
@@ -63,12 +109,8 @@ class LaunchPlan:
     ws: bool
     use_tma: bool
     copy_qkv: bool                 # some of q, k, v has a non-unit stride along D
-    kv_strides: tuple              # strides of q, k, v (B, H, N each; of the copies where made)
     o_strides: tuple               # a fresh O's (B, H, N) strides
-    head_strides: tuple            # kv_strides + o_strides: a call without out
     qk_scale: float                # the default scale (1/sqrt(D)) times log2(e)
-    plan_args: tuple               # row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx
-    sizes: tuple                   # H, GROUP, N_Q, N_K, head_dim, n_qb, n_kb, n_work
     new_lse: bool                  # a call without out makes an lse buffer (return_lse or split)
     returns_lse: bool
     launches: tuple                # Launch, one or two
@@ -79,8 +121,11 @@ def _size(plan: LaunchPlan) -> int:
 
 
 _PLANS = BoundedCache(LAUNCH_CACHE_ENTRIES, LAUNCH_CACHE_BYTES, LAUNCH_CACHE_ITEM_BYTES, _size)
-_UNTRACED = (None,) * 7         # the kernel's trace buffers and trace_slots, untraced
-_NONE2, _NONE3, _NONE4 = (None,) * 2, (None,) * 3, (None,) * 4
+_UNTRACED = (None,) * 6         # the kernel's trace buffers, untraced
+_NO_STRIDES = (None,) * 3
+# what each call binds; the plan fixes every other argument of the kernel
+_PER_CALL = ("Q", "K", "V", "O", "o_strides", "OA", "oa_strides", "LSE", "stride_lbh", "q_desc", "k_desc", "v_desc",
+             "trace", "trace_slots", "qk_scale")
 _WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-specialised
 _ALLOCATOR = []
 
@@ -163,46 +208,56 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
         cfg = rules.KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
     split = rules.two_launches(ws, plan)   # the second resumes from the first's (O, lse)
-    consts = dict(
-        HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
-        PERSISTENT=persistent, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, USE_TMA=bool(use_tma or ws),
-        EVEN_D=(d == d_tile), SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
-        RETURN_LSE=bool(return_lse or has_out), OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False,
-        MERGE=bool(merge), ROWSUM_MMA=rules.rowsum_mma(ws, flags[2], plan),
-        WARP_SPECIALIZE=ws, DEVICE_DESC=ws,
-        TRACE_WORK=flags[0], TRACE_TILES=flags[1], TRACE_ROWS=flags[2], HW_CLOCK=bool(hw_clock),
-        STORE_ORDER=persistent or not hw_clock,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    full = dict(consts, HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True)
-    partial = dict(consts, OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, ROWSUM_MMA=False,
-                   WARP_SPECIALIZE=False, DEVICE_DESC=False, USE_TMA=False, SAFE_DIV=True, RETURN_LSE=True,
+    tile = Tile(head_dim=d, HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
+                EVEN_D=(d == d_tile), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
+    loop = FwdLoop(USE_TMA=bool(use_tma or ws), DEVICE_DESC=ws, WARP_SPECIALIZE=ws,
+                   ROWSUM_MMA=rules.rowsum_mma(ws, flags[2], plan))
+    phase = FwdPhase(OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False, MERGE=bool(merge),
+                     RETURN_LSE=bool(return_lse or has_out),
+                     SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)))
+    trace_flags = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=bool(hw_clock),
+                             STORE_ORDER=persistent or not hw_clock)
+    contiguous = lambda shape: (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3])  # noqa: E731
+    fixed = dict(
+        q_strides=tuple(q.stride()[:3]), k_strides=tuple(k.stride()[:3]), v_strides=tuple(v.stride()[:3]),
+        lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
+        work_list=works, H=h, GROUP=h // h_kv, N_Q=n, N_K=n_k, n_qb=plan.n_qb, n_kb=plan.n_kb, n_work=n_work)
+    kernel = attn_fwd_persistent_kernel if persistent else attn_fwd_kernel
+    per_call = _PER_CALL + (("work_counter",) if persistent else ())
+    groups = dict(tile=tile, loop=loop, phase=phase, trace=trace_flags)
+
+    def launch_of(prev_is_o=False, num_warps=cfg.num_warps, **changes) -> Launch:
+        g = dict(groups)
+        for name, fields in changes.items():
+            g[name] = g[name]._replace(**fields)
+        args = KernelArgs(kernel, per_call, TILE=g["tile"], LOOP=g["loop"], PHASE=g["phase"], TRACE=g["trace"],
+                          **fixed)
+        ph = g["phase"]
+        options = dict(num_warps=num_warps, num_stages=cfg.num_stages)
+        plain = (g["loop"]._replace(WARP_SPECIALIZE=False), dict(options, num_warps=8))
+        return Launch(args=args, **g, options=options, plain=plain,
+                      key=(kernel.__name__, *g.values(), num_warps, cfg.num_stages), prev_is_o=prev_is_o,
+                      uses_prev=ph.MERGE or ph.SEED, uses_lse=ph.MERGE or ph.SEED or ph.RETURN_LSE)
+
+    # the split's two launches: the full tiles (warp-specialised where it applies) storing (O, lse);
+    # then the partial tiles in a plain loop, resumed from them (SEED)
+    full = dict(phase=dict(HAS_PARTIAL=False, RETURN_LSE=True, SAFE_DIV=True))
+    partial = dict(phase=dict(OFF_BAND=False, HAS_PARTIAL=True, SEED=True, MERGE=False, SAFE_DIV=True, RETURN_LSE=True),
+                   loop=dict(ROWSUM_MMA=False, WARP_SPECIALIZE=False, DEVICE_DESC=False, USE_TMA=False),
                    num_warps=rules.WS_ON_BAND_WARPS if ws else cfg.num_warps)
     if tiles != "all":      # one of the split's two launches (any plan; without WS too)
-        launches = (_launch_of(full if tiles == "full" else partial, False),)
+        launches = (launch_of(**(full if tiles == "full" else partial)),)
     elif split:
-        # the full tiles warp-specialised, storing (O, lse); then the partial tiles in a plain
-        # loop, resumed from them, read from O (Triton 3.6 compiles the WS loop only alone in its kernel)
-        launches = (_launch_of(full, False), _launch_of(partial, True))
+        # Triton 3.6 compiles the WS loop only alone in its kernel
+        launches = (launch_of(**full), launch_of(prev_is_o=True, **partial))
     else:
-        launches = (_launch_of(consts, False),)
-    contiguous = lambda shape: (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3])  # noqa: E731
+        launches = (launch_of(),)
     return LaunchPlan(
         spec=spec, cfg=cfg, block=plan, shape=(b, h, n, d), dtype=q.dtype, device=device, grid=grid,
         works=works, persistent=persistent, ws=ws, use_tma=bool(use_tma), copy_qkv=copy_qkv,
-        kv_strides=(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]), o_strides=contiguous(q.shape),
-        head_strides=(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *contiguous(q.shape)),
-        qk_scale=softmax_scale(None, d) * LOG2E,
-        plan_args=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
-        sizes=(h, h // h_kv, n, n_k, d, plan.n_qb, plan.n_kb, n_work),
+        o_strides=contiguous(q.shape), qk_scale=softmax_scale(None, d) * LOG2E,
         new_lse=bool(return_lse or split), returns_lse=bool(return_lse or has_out), launches=launches)
-
-
-def _launch_of(consts: dict, prev_is_o: bool) -> Launch:
-    plain = dict(consts, WARP_SPECIALIZE=False, num_warps=8)
-    return Launch(consts, plain, tuple(consts.items()), consts["WARP_SPECIALIZE"], prev_is_o,
-                  consts["MERGE"] or consts["SEED"], consts["MERGE"] or consts["SEED"] or consts["RETURN_LSE"])
 
 
 def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
@@ -226,7 +281,7 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
     Arguments:
         as run_plan's.
     Returns:
-        (O or (O, lse), [(args, Launch), ...]): attn_fwd_kernel[lp.grid](*args, **launch.consts)."""
+        (O or (O, lse), [(args, Launch), ...]): launch.kernel[lp.grid](*args, **launch.options)."""
     b, h, n, d = lp.shape
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         check_inputs(q, k, v)           # raises: the kernel has no backward
@@ -235,50 +290,47 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
     if out is None:
         o = torch.empty(lp.shape, dtype=lp.dtype, device=lp.device)         # (B, H, N_q, D)
         o_strides = lp.o_strides
-        head = (q, k, v, o) + lp.head_strides
         lse = torch.empty((b, h, n), dtype=torch.float32, device=lp.device) if lp.new_lse else o
         lse_stride = n
     else:
         o = _check_out(out, q, k, v)
         o_strides = tuple(o.stride()[:3])
-        head = (q, k, v, o) + lp.kv_strides + o_strides
         lse = out[1]
         lse_stride = lse.stride(1)
     if o_prev is None:
         o_prev = o
-    elif not ((merge or lp.launches[0].consts["SEED"]) and isinstance(o_prev, torch.Tensor)
+    elif not ((merge or lp.launches[0].phase.SEED) and isinstance(o_prev, torch.Tensor)
               and o_prev.shape == q.shape and o_prev.stride(-1) == 1 and o_prev.device == q.device):
         raise ValueError(f"o_prev goes with merge=True or tiles='partial': a tensor {tuple(q.shape)} with unit last stride on {q.device}")
     qk_scale = lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, d) * LOG2E   # log2(e) folded in
-    works = lp.works
-    counter = torch.zeros(1, device=lp.device, dtype=torch.int32) if lp.persistent else None
-    if trace is None:
-        tr = _UNTRACED              # with the flags off no trace code is compiled
-    else:
+    call = dict(Q=q, K=k, V=v, O=o, o_strides=o_strides, qk_scale=qk_scale, trace=_UNTRACED, trace_slots=None,
+                q_desc=None, k_desc=None, v_desc=None)    # untraced and without host descriptors: compiled out
+    if lp.persistent:
+        call["work_counter"] = torch.zeros(1, device=lp.device, dtype=torch.int32)
+    if trace is not None:
         key = (b * h, id(lp.block))     # checked once: timing a traced call then adds no host work
         if key not in trace._checked:
             trace._checked[key] = check_trace_buffers(trace, b * h, lp.block)
-        head_slot, slots = trace._checked[key]
-        tr = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, head_slot, slots)
+        head_slot, call["trace_slots"] = trace._checked[key]
+        call["trace"] = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, head_slot)
     if lp.use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         cfg = lp.cfg
-        descs = tuple(TensorDescriptor.from_tensor(t.view(-1, d), [bm, d])          # (B*H*N, D) views
-                      for t, bm in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
-    else:
-        descs = _NONE3      # the TMA path is compiled out (or the kernel makes its own)
-    mid = lp.plan_args + descs
-    end = (works, counter) + tr + lp.sizes + (qk_scale,)
+        for name, t, rows in (("q_desc", q, cfg.block_m), ("k_desc", k, cfg.block_n), ("v_desc", v, cfg.block_n)):
+            call[name] = TensorDescriptor.from_tensor(t.view(-1, d), [rows, d])        # (B*H*N, D) views
     launches = []
     for launch in lp.launches:
         if launch.uses_prev:
             prev = o if launch.prev_is_o else o_prev
-            prev_args = (prev,) + (o_strides if prev is o else tuple(prev.stride()[:3]))
+            call.update(OA=prev, oa_strides=o_strides if prev is o else tuple(prev.stride()[:3]))
         else:
-            prev_args = _NONE4
-        lse_args = (lse, lse_stride) if launch.uses_lse else _NONE2
-        launches.append((head + prev_args + mid + lse_args + end, launch))
+            call.update(OA=None, oa_strides=_NO_STRIDES)
+        if launch.uses_lse:
+            call.update(LSE=lse, stride_lbh=lse_stride)
+        else:
+            call.update(LSE=None, stride_lbh=None)
+        launches.append((launch.args.bind(**call), launch))
     return ((o, lse) if lp.returns_lse else o), launches
 
 
@@ -327,18 +379,24 @@ def _ensure_allocator() -> None:
         triton.set_allocator(_ALLOCATOR[0])
 
 
+def _run_kernel(kernel, grid, args, options) -> None:
+    kernel.run(*args, grid=grid, warmup=False, **options)
+
+
 def _launch(grid, args, launch: Launch) -> None:
     """Launch; a warp-specialised kernel Triton refuses to compile (it can, e.g. with some trace
     flags) runs once more with the plain loop and 8 warps, and that choice is remembered."""
-    consts = launch.consts
     if launch.ws and _WS_REFUSED and launch.key in _WS_REFUSED:
-        consts = launch.plain
+        plain_loop, options = launch.plain
+        _run_kernel(launch.kernel, grid, launch.args.rebind(args, LOOP=plain_loop), options)
+        return
     try:
-        attn_fwd_kernel.run(*args, grid=grid, warmup=False, **consts)
+        _run_kernel(launch.kernel, grid, args, launch.options)
     except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
-        if not consts["WARP_SPECIALIZE"]:
+        if not launch.ws:
             raise
         _WS_REFUSED.add(launch.key)
         print(f"flash: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop "
-              f"for {dict((k, v) for k, v in consts.items() if v is True)}", file=sys.stderr)
-        attn_fwd_kernel.run(*args, grid=grid, warmup=False, **launch.plain)
+              f"for {launch.tile}, {launch.loop}, {launch.phase}", file=sys.stderr)
+        plain_loop, options = launch.plain
+        _run_kernel(launch.kernel, grid, launch.args.rebind(args, LOOP=plain_loop), options)

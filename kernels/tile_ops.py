@@ -107,3 +107,101 @@ def softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED: tl.constex
     p = tl.math.exp2(qk)
     alpha = tl.math.exp2(m_i - m_ref)
     return p, alpha, m_new
+
+
+@triton.jit
+def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, tile_trace, TILE: tl.constexpr,
+                 IS_PARTIAL: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                 ROWSUM_MMA: tl.constexpr, TRACE: tl.constexpr):
+    """The online softmax over one run of K/V tiles of a query block (the forward's off-band and
+    on-band loops, and the varlen kernel's full run): per tile load K, S = Q K^T, softmax_update,
+    rescale, load V, acc += P V. Returns (acc, l_i, m_i).
+
+    kv: (k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, desc_row): the KV head's K and V
+        rows (pointer loads), or their tensor descriptors and this head's first row (USE_TMA).
+    rows: (offs_d, d_ok, row_lo, row_hi): head-dim offsets and bounds; each row's visible keys.
+    blocks: (idx_ptr, kb_start, count, step0, N_K): `count` key blocks, kb_start + i for a full
+        run (one contiguous run for an interval mask), idx_ptr[i] for partial tiles (IS_PARTIAL,
+        masked per row); step0 numbers the visits; keys from N_K on are padding.
+    tile_trace: (tiles_ptr, rows_ptr, n_kb, tiles_here, rows_here): where TRACE.TILES / TRACE.ROWS
+        store this query block's visits and row states, and whether this head is traced.
+    TILE: kernel_args.Tile. WARP_SPECIALIZE: tl.range's producer/consumer split (Hopper; the loop
+    must be its kernel's only loop with dots). ROWSUM_MMA: the row sums l from P times a ones tile
+    on the tensor cores instead of a per-tile reduction."""
+    k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, desc_row = kv
+    offs_d, d_ok, row_lo, row_hi = rows
+    idx_ptr, kb_start, count, step0, N_K = blocks
+    tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here = tile_trace
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    DOT_PRECISION: tl.constexpr = TILE.DOT_PRECISION
+    UPCAST_DOT: tl.constexpr = TILE.UPCAST_DOT
+    offs_n0 = tl.arange(0, BLOCK_N)
+    if ROWSUM_MMA:
+        # the row sums l on the tensor cores: P (in V's dtype, as P.V takes it) times a ones
+        # tile, 16 equal columns carried like acc, instead of a sum over each row per tile
+        ones = tl.full([BLOCK_N, 16], 1.0, dtype=q.dtype)
+        l_mma = tl.zeros([BLOCK_M, 16], dtype=tl.float32) + l_i[:, None]
+    for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
+        if IS_PARTIAL:
+            k_block = tl.load(idx_ptr + i)   # partial tiles: a short list (diagonal, window edges)
+        else:
+            k_block = kb_start + i           # full tiles of an interval mask are one contiguous run
+        offs_n = k_block * BLOCK_N + offs_n0
+        if TRACE.TILES and TRACE.HW_CLOCK:
+            c_start = clock64()
+        # -- load K^T, compute qk --
+        k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]     # (D, BLOCK_N)
+        if USE_TMA and not IS_PARTIAL:
+            k = tl.trans(k_desc.load([desc_row + k_block * BLOCK_N, 0]))      # bulk tensor copy
+        else:
+            k = load_kv_tile(k_ptrs, offs_n[None, :] < N_K, d_ok[:, None], IS_PARTIAL, TILE.EVEN_D, KV_EVICT_NORMAL)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
+        # -- online softmax update (scores in log2 units: qk * qk_scale) --
+        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, IS_PARTIAL)
+        if ROWSUM_MMA:
+            l_mma = tl.dot(p.to(q.dtype), ones, l_mma * alpha[:, None], input_precision=DOT_PRECISION)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        # -- load V, accumulate --
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]     # (BLOCK_N, D)
+        if USE_TMA and not IS_PARTIAL:
+            v = v_desc.load([desc_row + k_block * BLOCK_N, 0])
+        else:
+            v = load_kv_tile(v_ptrs, offs_n[:, None] < N_K, d_ok[None, :], IS_PARTIAL, TILE.EVEN_D, KV_EVICT_NORMAL)
+        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
+        m_i = m_new
+        # -- trace: tile visit and row state (compiled away when the flags are off) --
+        if TRACE.TILES:
+            if trace_tiles_here:
+                tile_ptr = tiles_ptr + k_block * 3
+                tl.store(tile_ptr, step0 + i)
+                if TRACE.HW_CLOCK:
+                    tl.store(tile_ptr + 1, c_start)
+                    tl.store(tile_ptr + 2, clock64())
+        if TRACE.ROWS:
+            if trace_rows_here:
+                row_ptrs = rows_ptr + tl.arange(0, BLOCK_M) * (n_kb * 4) + (step0 + i) * 4
+                tl.store(row_ptrs, k_block.to(tl.float32) + tl.zeros_like(m_i))
+                tl.store(row_ptrs + 1, m_i * LN2)
+                tl.store(row_ptrs + 2, l_i)
+                tl.store(row_ptrs + 3, alpha)
+    if ROWSUM_MMA:
+        l_i = tl.max(l_mma, 1)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def normalise_rows(acc, l_i, m_i, SAFE_DIV: tl.constexpr):
+    """The epilogue's one division per row, and the natural-log log-sum-exp (m + log2 l) ln 2.
+    SAFE_DIV: rows with l = 0 (padding, rows that saw no key) give 0 and lse -inf; else l > 0 is
+    known and the division is unguarded. Returns (out, lse)."""
+    if SAFE_DIV:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]        # padded rows, rows with no key: 0
+    else:
+        out = acc / l_i[:, None]
+    lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * LN2)
+    return out, lse

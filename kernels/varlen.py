@@ -30,10 +30,12 @@ from .shapes import SUPPORTED_DTYPES, check_kernel_device, padded_head_dim, soft
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
+from .kernel_args import KernelArgs, Tile, TraceFlags  # noqa: E402
 from .varlen_kernel import varlen_fwd_kernel  # noqa: E402
 
 ITEM_COLUMNS = ("seq", "q_start", "q_end", "k_start", "len_k", "kb_lo", "f_lo", "f_hi", "kb_end")
 LOG2E = 1.4426950408889634
+_ARGS = KernelArgs(varlen_fwd_kernel, per_call=varlen_fwd_kernel.arg_names)   # every argument is the call's
 
 
 @dataclass
@@ -266,10 +268,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                axis=1).astype(np.int64)
         trace.plan = plan
         _tile_buffers(trace, plan, h, q.device)
-    tr = (trace.work, trace.counter) if trace is not None else (items, items)
     trace_tiles = trace is not None and trace.tiles is not None
-    tile_args = ((trace.tiles, torch.from_numpy(trace.tile_slot).to(q.device), trace.tiles.shape[1])
-                 if trace_tiles else (items, items, 0))
+    # (tr_work, tr_counter, tr_tiles, tile_slot); untraced, any int pointer stands in (never read)
+    tr = ((trace.work, trace.counter) if trace is not None else (items, items)) + \
+        ((trace.tiles, torch.from_numpy(trace.tile_slot).to(q.device)) if trace_tiles else (items, items))
+    n_kb_trace = trace.tiles.shape[1] if trace_tiles else 0
     if paged:
         # (num_blocks, page_size, H_kv, D): page stride, row-in-page stride, head stride
         kp, kt, kh = k.stride(0), k.stride(1), k.stride(2)
@@ -278,16 +281,18 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     else:
         (kt, kh), (vt, vh), kp, vp, page_size = k.stride()[:2], v.stride()[:2], 0, 0, 1
     d_pad = padded_head_dim(d)
-    varlen_fwd_kernel[(n_prog,)](
-        q, k, v, o, lse, items, row_lo, row_hi, table if paged else items, *tr, *tile_args,
-        q.stride(0), q.stride(1), kt, kh, kp, vt, vh, vp, o.stride(0), o.stride(1),
-        lse.stride(0) if return_lse else 0, table.stride(0) if paged else 0,
-        h, h // k.shape[-2], scale * LOG2E,
-        head_dim=d, HEAD_DIM=d_pad, BLOCK_M=bm, BLOCK_N=bn, PAGED=paged, PAGE_SIZE=page_size,
-        EVEN_D=d == d_pad, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16, RETURN_LSE=bool(return_lse),
-        TRACE=trace is not None, TRACE_TILES=trace_tiles, HW_CLOCK=hw_clock,
-        num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages)
+    tile = Tile(head_dim=d, HEAD_DIM=d_pad, BLOCK_M=bm, BLOCK_N=bn, EVEN_M=False, EVEN_D=d == d_pad,
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
+    args = _ARGS.bind(
+        Q=q, K=k, V=v, O=o, LSE=lse, items=items, lo_ptr=row_lo, hi_ptr=row_hi, block_table=table if paged else items,
+        trace=tr, n_kb_trace=n_kb_trace, q_strides=(q.stride(0), q.stride(1)), k_strides=(kt, kh, kp),
+        v_strides=(vt, vh, vp), o_strides=(o.stride(0), o.stride(1)), stride_lh=lse.stride(0) if return_lse else 0,
+        stride_bt=table.stride(0) if paged else 0, H=h, GROUP=h // k.shape[-2], qk_scale=scale * LOG2E,
+        TILE=tile, PAGED=paged, PAGE_SIZE=page_size, RETURN_LSE=bool(return_lse),
+        TRACE=TraceFlags(WORK=trace is not None, TILES=trace_tiles, HW_CLOCK=hw_clock))
+    varlen_fwd_kernel.run(*args, grid=(n_prog,), warmup=False, num_warps=num_warps or cfg.num_warps,
+                          num_stages=num_stages or cfg.num_stages)
     return (o, lse) if return_lse else o
 
 

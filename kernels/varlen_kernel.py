@@ -17,12 +17,12 @@ PAGED: key j of sequence b lives in page block_table[b, j // PAGE_SIZE], slot j 
 tile's rows are gathered through the table (any page size; one table entry per key, from L1).
 
 Scores are kept in log2 units as in kernels.flash_kernel. An untraced full run of contiguous
-keys goes through the forward's own tile loop (flash_kernel._tile_loop, pointer loads from the
+keys goes through the forward's own tile loop (tile_ops.attend_tiles, pointer loads from the
 sequence's first key row): the loop the padded batch runs, and on an H200 faster than
 _varlen_tiles below, which the partial runs, paged keys and traced tile visits keep (their
-gather and the visit records differ from the forward's). TRACE stores one record per program:
+gather and the visit records differ from the forward's). TRACE.WORK stores one record per program:
 program, order, smid, t_start, t_end.
-TRACE_TILES also records, for the programs the host gave a tile slot (tile_slot[pid] >= 0),
+TRACE.TILES also records, for the programs the host gave a tile slot (tile_slot[pid] >= 0),
 each key block's visit: (step within the item, visits, clock64 at start, at end) per block.
 """
 
@@ -33,10 +33,9 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .flash_kernel import (KV_EVICT_NORMAL, _clock64, _globaltimer, _smid, _tile_loop, accumulate_pv,  # noqa: E402
-                           load_kv_tile, softmax_update)
+from .tile_ops import (LN2, KV_EVICT_NORMAL, accumulate_pv, attend_tiles, clock64 as _clock64,  # noqa: E402
+                       globaltimer as _globaltimer, load_kv_tile, smid as _smid, softmax_update)
 
-LN2 = tl.constexpr(0.6931471805599453)
 # seq, q_start, q_end, k_start, len_k, kb_lo, f_lo, f_hi, kb_end (host: kernels.varlen.ITEM_COLUMNS)
 ITEM_FIELDS = tl.constexpr(9)
 
@@ -54,55 +53,67 @@ def _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED: tl
 
 
 @triton.jit
-def _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, kb_from, kb_to,
-                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt, stride_vp,
-                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
-                  PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  UPCAST_DOT: tl.constexpr, tiles_ptr, trace_here, step0,
-                  TRACE_TILES: tl.constexpr, HW_CLOCK: tl.constexpr):
-    """Online softmax over key blocks [kb_from, kb_to); MASKED applies each row's [lo, hi]."""
+def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tile_trace, TILE: tl.constexpr,
+                  MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, TRACE: tl.constexpr):
+    """Online softmax over key blocks [kb_from, kb_to); MASKED applies each row's [lo, hi].
+    kv: (k_head, v_head, table_row, k_start, len_k, k_strides, v_strides), the strides (packed row,
+    head, page); rows: (offs_d, d_ok, row_lo, row_hi); tile_trace: (tiles_ptr, trace_here, step0)."""
+    k_head, v_head, table_row, k_start, len_k, k_strides, v_strides = kv
+    stride_kt, stride_kh, stride_kp = k_strides
+    stride_vt, stride_vh, stride_vp = v_strides
+    offs_d, d_ok, row_lo, row_hi = rows
+    tiles_ptr, trace_here, step0 = tile_trace
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    EVEN_D: tl.constexpr = TILE.EVEN_D
     offs_n0 = tl.arange(0, BLOCK_N)
     for kb in range(kb_from, kb_to):
-        if TRACE_TILES and HW_CLOCK:
+        if TRACE.TILES and TRACE.HW_CLOCK:
             c_start = _clock64()
         offs_n = kb * BLOCK_N + offs_n0
         n_ok = offs_n < len_k
         k_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED, PAGE_SIZE)
         k = load_kv_tile(k_head + k_rows[None, :] + offs_d[:, None], n_ok[None, :], d_ok[:, None],
                          MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (D, BLOCK_N)
-        if UPCAST_DOT:
+        if TILE.UPCAST_DOT:
             k = k.to(tl.float32)
-        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+        qk = tl.dot(q, k, input_precision=TILE.DOT_PRECISION)
         p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_vt, stride_vp, PAGED, PAGE_SIZE)
         v = load_kv_tile(v_head + v_rows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :],
                          MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (BLOCK_N, D)
-        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
+        acc = accumulate_pv(acc, p, v, TILE.DOT_PRECISION, TILE.UPCAST_DOT)
         m_i = m_new
-        if TRACE_TILES:      # compiled away untraced
+        if TRACE.TILES:      # compiled away untraced
             if trace_here:
                 tile_ptr = tiles_ptr + kb * 4
                 tl.store(tile_ptr, step0 + kb - kb_from)
                 tl.atomic_add(tile_ptr + 1, 1)           # visits: a block read twice shows as 2
-                if HW_CLOCK:
+                if TRACE.HW_CLOCK:
                     tl.store(tile_ptr + 2, c_start)
                     tl.store(tile_ptr + 3, _clock64())
     return acc, l_i, m_i
 
 
 @triton.jit
-def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_work, tr_counter,
-                      tr_tiles, tile_slot, n_kb_trace,
-                      stride_qt, stride_qh, stride_kt, stride_kh, stride_kp, stride_vt, stride_vh, stride_vp,
-                      stride_ot, stride_oh, stride_lh, stride_bt, H, GROUP, qk_scale,
-                      head_dim: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                      RETURN_LSE: tl.constexpr, TRACE: tl.constexpr, TRACE_TILES: tl.constexpr,
-                      HW_CLOCK: tl.constexpr):
-    if TRACE and HW_CLOCK:
+def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, trace, n_kb_trace,
+                      q_strides, k_strides, v_strides, o_strides, stride_lh, stride_bt, H, GROUP, qk_scale,
+                      TILE: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_LSE: tl.constexpr,
+                      TRACE: tl.constexpr):
+    """One program per (item, head): program p runs item p // H for head p % H. q_strides,
+    o_strides: (packed row, head); k_strides, v_strides: (packed row or page slot, head, page);
+    trace: (tr_work, tr_counter, tr_tiles, tile_slot), each None untraced; TILE: kernel_args.Tile
+    (EVEN_M unused); TRACE: kernel_args.TraceFlags (WORK, TILES, HW_CLOCK)."""
+    tr_work, tr_counter, tr_tiles, tile_slot = trace
+    stride_qt, stride_qh = q_strides
+    stride_ot, stride_oh = o_strides
+    stride_kh = k_strides[1]
+    stride_vh = v_strides[1]
+    HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    EVEN_D: tl.constexpr = TILE.EVEN_D
+    if TRACE.WORK and TRACE.HW_CLOCK:
         t_start = _globaltimer()
     pid = tl.program_id(0)
     item = items + (pid // H).to(tl.int64) * ITEM_FIELDS
@@ -120,13 +131,13 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_wo
     offs_m = q_start + tl.arange(0, BLOCK_M)
     in_seq = offs_m < q_end
     offs_d = tl.arange(0, HEAD_DIM)
-    d_ok = offs_d < head_dim
+    d_ok = offs_d < TILE.head_dim
     q_ptrs = Q + offs_m.to(tl.int64)[:, None] * stride_qt + head.to(tl.int64) * stride_qh + offs_d[None, :]
     if EVEN_D:
         q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
     else:
         q = tl.load(q_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST_DOT:
+    if TILE.UPCAST_DOT:
         q = q.to(tl.float32)
     row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
     row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)             # rows past the sequence see nothing
@@ -136,35 +147,36 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_wo
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if TRACE_TILES:
+    if TRACE.TILES:
         slot = tl.load(tile_slot + pid).to(tl.int64)
         trace_here = slot >= 0
         tiles_ptr = tr_tiles + slot * n_kb_trace * 4       # this item's (n_kb_trace, 4) records
     else:
         trace_here = False
         tiles_ptr = tr_tiles
+    kv = (k_head, v_head, table_row, k_start, len_k, k_strides, v_strides)
+    rows = (offs_d, d_ok, row_lo, row_hi)
     # partial blocks before the full run (window start, prefix edge), the full run, then the
     # partial blocks after it (the diagonal, the sequence end)
-    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, kb_lo, f_lo,
-                                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
-                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
-                                  tiles_ptr, trace_here, 0, TRACE_TILES, HW_CLOCK)
-    if PAGED or TRACE_TILES:
-        acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_lo, f_hi,
-                                      row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
-                                      stride_vp, BLOCK_N, False, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION,
-                                      UPCAST_DOT, tiles_ptr, trace_here, f_lo - kb_lo, TRACE_TILES, HW_CLOCK)
+    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_lo, f_lo, qk_scale, (tiles_ptr, trace_here, 0),
+                                  TILE=TILE, MASKED=True, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
+    if PAGED or TRACE.TILES:
+        acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_lo, f_hi, qk_scale,
+                                      (tiles_ptr, trace_here, f_lo - kb_lo), TILE=TILE, MASKED=False, PAGED=PAGED,
+                                      PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
     else:
         # the forward's full-tile loop (no mask, no TMA, no trace) over keys k_start + [f_lo, f_hi) blocks
-        acc, l_i, m_i = _tile_loop(acc, l_i, m_i, q, k_head + k_start.to(tl.int64) * stride_kt,
-                                   v_head + k_start.to(tl.int64) * stride_vt, stride_kt, stride_vt, k_head, v_head,
-                                   k_start, offs_m, offs_d, d_ok, row_lo, row_hi, lo_ptr, f_lo, f_hi - f_lo, 0,
-                                   len_k, qk_scale, tiles_ptr, tiles_ptr, 0, False, False, BLOCK_M, BLOCK_N, False,
-                                   DOT_PRECISION, UPCAST_DOT, False, EVEN_D, False, False, False, HW_CLOCK, False)
-    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, k_start, len_k, f_hi, kb_end,
-                                  row_lo, row_hi, offs_d, d_ok, qk_scale, stride_kt, stride_kp, stride_vt,
-                                  stride_vp, BLOCK_N, True, EVEN_D, PAGED, PAGE_SIZE, DOT_PRECISION, UPCAST_DOT,
-                                  tiles_ptr, trace_here, f_hi - kb_lo, TRACE_TILES, HW_CLOCK)
+        stride_kt = k_strides[0]
+        stride_vt = v_strides[0]
+        run_kv = (k_head + k_start.to(tl.int64) * stride_kt, v_head + k_start.to(tl.int64) * stride_vt,
+                  stride_kt, stride_vt, k_head, v_head, k_start)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, run_kv, (offs_d, d_ok, row_lo, row_hi),
+                                     (lo_ptr, f_lo, f_hi - f_lo, 0, len_k), qk_scale,
+                                     (tiles_ptr, tiles_ptr, 0, False, False), TILE=TILE, IS_PARTIAL=False,
+                                     USE_TMA=False, WARP_SPECIALIZE=False, ROWSUM_MMA=False, TRACE=TRACE)
+    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_hi, kb_end, qk_scale,
+                                  (tiles_ptr, trace_here, f_hi - kb_lo), TILE=TILE, MASKED=True, PAGED=PAGED,
+                                  PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
     # -- epilogue: one normalisation per row; a row that sees no key stores 0 (and lse -inf) --
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -176,10 +188,10 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, tr_wo
     if RETURN_LSE:
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
         tl.store(LSE + head.to(tl.int64) * stride_lh + offs_m, lse, mask=in_seq)
-    if TRACE:
+    if TRACE.WORK:
         rec = tr_work + pid.to(tl.int64) * 5
         tl.store(rec, pid.to(tl.int64))
-        if HW_CLOCK:
+        if TRACE.HW_CLOCK:
             tl.store(rec + 1, pid.to(tl.int64))    # the host orders programs by t_start
             tl.store(rec + 2, _smid().to(tl.int64))
             tl.store(rec + 3, t_start)

@@ -31,7 +31,7 @@ def test_a_call_shape_resolves_once_and_the_plan_is_frozen():
         lp.grid = (1,)
     # every launch's constexprs come from the plan: BLOCK sizes, the mask's partial tiles
     (only,) = lp.launches
-    assert only.consts["BLOCK_M"] == 32 and only.consts["HAS_PARTIAL"] and not only.consts["WARP_SPECIALIZE"]
+    assert only.tile.BLOCK_M == 32 and only.phase.HAS_PARTIAL and not only.loop.WARP_SPECIALIZE
     # another shape, mask or option is another plan; fresh tensors of the same shape are not
     flash_attention(*qkv(seed=1), mask="causal", block_m=32, block_n=32)
     assert len(launch._PLANS) == 1

@@ -71,16 +71,16 @@ def test_a_refused_warp_specialised_compile_falls_back_once_and_is_remembered(mo
     import kernels.launch as launch
     import kernels.launch_config as rules
 
-    real, launches = launch.attn_fwd_kernel, []
+    real, launches = launch._run_kernel, []
 
-    class Refusing:
-        def run(self, *args, grid, warmup, **kw):
-            launches.append(kw["WARP_SPECIALIZE"])
-            if kw["WARP_SPECIALIZE"]:
-                raise RuntimeError("PassManager::run failed")
-            return real[grid](*args, **kw)
+    def refusing(kernel, grid, args, options):
+        (loop,) = (a for a in args if isinstance(a, launch.FwdLoop))
+        launches.append(loop.WARP_SPECIALIZE)
+        if loop.WARP_SPECIALIZE:
+            raise RuntimeError("PassManager::run failed")
+        return real(kernel, grid, args, options)
 
-    monkeypatch.setattr(launch, "attn_fwd_kernel", Refusing())
+    monkeypatch.setattr(launch, "_run_kernel", refusing)
     monkeypatch.setattr(launch, "_WS_REFUSED", set())
     monkeypatch.setattr(rules, "use_warp_specialize", lambda *a, **kw: True)
     monkeypatch.setattr(launch, "_ensure_allocator", lambda: triton.set_allocator(
