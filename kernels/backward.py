@@ -1,14 +1,21 @@
 """FlashAttention backward, host side: the block lists of the dK/dV pass (the forward's plan
-transposed: per key block, its visible query blocks), the launch of the three kernels
-(kernels.backward_kernel), and the torch.autograd.Function that makes flash_attention
+transposed: per key block, its visible query blocks), the launches of the kernels in
+kernels.backward_kernel, and the torch.autograd.Function that makes flash_attention
 differentiable.
 
 The forward saves O and the natural-log lse; the backward recomputes P = exp(S - lse) tile by
-tile, so it keeps O(N) extra memory: lse2 and D = rowsum(dO * O) per query row."""
+tile, so it keeps O(N) extra memory: lse2 and D = rowsum(dO * O) per query row.
+
+The kernels' compile-time switches are three namedtuples defined here (BackwardMath, PassTiles,
+BackwardTrace), each passed as one constexpr. flash_attention_backward builds each launch's
+arguments once as a dict keyed by the kernel's parameter names (pointers, stride tuples, block
+list tuples, sizes, the constexpr namedtuples) and launches them in the kernel's own parameter
+order (_launch); a second launch changes only the entries that differ, by name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -76,6 +83,41 @@ def backward_config(head_dim: int, dtype, device) -> BackwardConfig:
     return CUDA_CONFIGS[64 if d <= 64 else 128 if d <= 128 else 256]
 
 
+class BackwardMath(NamedTuple):
+    """The MATH constexpr of every backward kernel: what the tiles are computed with."""
+
+    head_dim: int          # D of the call
+    HEAD_DIM: int          # its tile width, a power of two (padded columns are masked)
+    EVEN_D: bool           # D == HEAD_DIM: no column masks
+    DOT_PRECISION: str     # 'ieee' for float32 inputs (exact dots), else 'tf32'
+    UPCAST: bool           # bf16 operands multiplied in float32 (the interpreter's bf16 dot is broken)
+    LSE_ACC: bool          # BackwardConfig.lse_acc: the scores' dot starts from -lse
+
+
+class PassTiles(NamedTuple):
+    """TILES1 (the dK/dV pass) or TILES2 (dQ) of attn_bwd_kernel: the pass's tile shape and
+    which tile kinds its block lists hold (a loop the lists never use is compiled away)."""
+
+    BLOCK_M: int           # query rows of a tile
+    BLOCK_N: int           # keys of a tile
+    EVEN: bool             # the block a program holds (dK/dV: keys, dQ: query rows) needs no row mask
+    HAS_FULL: bool         # some tile is fully visible
+    HAS_PARTIAL: bool      # some tile is partly visible
+    PARTIAL_AFTER: bool    # dK/dV: some key block has partial query blocks below its full run
+
+
+class BackwardTrace(NamedTuple):
+    """The TRACE constexpr: which trace stores are compiled in (BackwardTraceBuffers)."""
+
+    work: bool             # per-program records (order, sm, t_start, t_end)
+    tiles: bool            # traced heads' tile visit order
+    rows: bool             # traced heads' row sums of the recomputed P
+    hw_clock: bool         # %globaltimer / %smid (CUDA only)
+
+
+UNTRACED = BackwardTrace(False, False, False, False)
+
+
 @dataclass
 class BackwardPlan:
     """What the backward iterates for one (mask, N_q, N_k, tiles, device). The dK/dV pass: per
@@ -94,7 +136,15 @@ class BackwardPlan:
     q_order: torch.Tensor            # (n_qb,) int32 query blocks in program order
     kv_tiles: int                    # computed tiles per head of each pass
     q_tiles: int
-    consts: dict                     # the kernel's mask-dependent constexprs
+    dkdv_tiles: PassTiles            # the passes' TILES1, TILES2
+    dq_tiles: PassTiles
+
+    @property
+    def consts(self) -> dict:
+        """The mask-dependent switches by name (HAS_FULL1, ..., EVEN_M2), as benchmarks read them."""
+        t1, t2 = self.dkdv_tiles, self.dq_tiles
+        return dict(HAS_FULL1=t1.HAS_FULL, HAS_PARTIAL1=t1.HAS_PARTIAL, PARTIAL_AFTER1=t1.PARTIAL_AFTER,
+                    HAS_FULL2=t2.HAS_FULL, HAS_PARTIAL2=t2.HAS_PARTIAL, EVEN_N1=t1.EVEN, EVEN_M2=t2.EVEN)
 
 
 def _plan_size(bp: BackwardPlan) -> int:
@@ -140,14 +190,16 @@ def _backward_plan(spec, n_q, n_k, cfg, device) -> BackwardPlan:
                            partial.sum(axis=1)).astype(np.int32)
     kv_tiles = (by_key != SKIPPED).sum(axis=1)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)  # noqa: E731
-    consts = dict(HAS_FULL1=bool(full.any()), HAS_PARTIAL1=bool(partial.any()),
-                  PARTIAL_AFTER1=bool((part_before < partial.sum(axis=1)).any()),
-                  HAS_FULL2=bool((q_plan.block_map == FULL).any()), HAS_PARTIAL2=q_plan.has_partial,
-                  EVEN_N1=n_k % cfg.block_n1 == 0, EVEN_M2=n_q % cfg.block_m2 == 0)
+    tiles1 = PassTiles(cfg.block_m1, cfg.block_n1, EVEN=n_k % cfg.block_n1 == 0, HAS_FULL=bool(full.any()),
+                       HAS_PARTIAL=bool(partial.any()),
+                       PARTIAL_AFTER=bool((part_before < partial.sum(axis=1)).any()))
+    tiles2 = PassTiles(cfg.block_m2, cfg.block_n2, EVEN=n_q % cfg.block_m2 == 0,
+                       HAS_FULL=bool((q_plan.block_map == FULL).any()), HAS_PARTIAL=q_plan.has_partial,
+                       PARTIAL_AFTER=False)
     return BackwardPlan(kv_plan, to(full_cnt), to(full_start), to(partial.sum(axis=1)), to(part_idx),
                         to(part_before), to(np.argsort(-kv_tiles, kind="stable")), q_plan,
                         to(np.argsort(-q_plan.tiles_per_q_block, kind="stable")),
-                        int(kv_tiles.sum()), int(q_plan.tiles_per_q_block.sum()), consts)
+                        int(kv_tiles.sum()), int(q_plan.tiles_per_q_block.sum()), tiles1, tiles2)
 
 
 @dataclass
@@ -225,6 +277,24 @@ def _rows_ok(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) -> None:
+    """kernel[grid] on args, a value for every parameter by name, passed in the kernel's own
+    parameter order (positional: a launch by keyword costs 2-3x the host time).
+
+    Arguments:
+        kernel: a backward_kernel jit function; grid: its grid; args: {parameter name: value}.
+        cfg: the launch's warps and stages (None: Triton's defaults).
+    Returns:
+        None. Raises KeyError when a parameter has no value, ValueError when args names one the
+        kernel does not take."""
+    names = kernel.arg_names
+    if len(args) != len(names):
+        raise ValueError(f"{kernel.__name__} takes {len(names)} arguments, got {len(args)}: "
+                         f"unknown {sorted(set(args) - set(names))}, missing {sorted(set(names) - set(args))}")
+    options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    kernel[grid](*[args[n] for n in names], **options)
+
+
 def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None,
                              config: BackwardConfig | None = None, trace: BackwardTraceBuffers | None = None):
     """Gradients of flash_attention from its saved output and log-sum-exp.
@@ -253,53 +323,50 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     if interpreting() and max(bp.kv_tiles, bp.q_tiles) * b * h > INTERPRETER_MAX_TILES:
         raise ValueError(f"the backward computes {max(bp.kv_tiles, bp.q_tiles) * b * h} tiles per pass, too many "
                          f"for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): lower N, B or H, or run on a GPU")
-    common = dict(HEAD_DIM=d_tile, EVEN_D=(d == d_tile),
-                  DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                  UPCAST=interpreting() and q.dtype == torch.bfloat16)
+    math = BackwardMath(d, d_tile, EVEN_D=(d == d_tile), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                        UPCAST=interpreting() and q.dtype == torch.bfloat16, LSE_ACC=cfg.lse_acc)
     n_rows = -(-n_q // PREPROCESS_ROWS)
     kp, qp = bp.kv_plan, bp.q_plan
     n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * qp.n_qb
     if trace is not None:
         _check_trace(trace, bp, cfg, (b * h * n_rows, n_dkdv, n_dq), b * h, n_q)
-        work = trace.work
-        tracing = dict(TRACE_WORK=True, TRACE_TILES=trace.tiles_dkdv is not None,
-                       TRACE_ROWS=trace.rows is not None, HW_CLOCK=not interpreting())
-        buffers = [trace.counter, trace.tiles_dkdv, trace.tiles_dq, trace.rows, trace.head_slot]
+        flags = BackwardTrace(work=True, tiles=trace.tiles_dkdv is not None, rows=trace.rows is not None,
+                              hw_clock=not interpreting())
+        work, counter = trace.work, trace.counter
+        # the passes' work records follow the preprocess's (a view: program p writes row p)
+        pass_trace = (work[b * h * n_rows:], counter, trace.tiles_dkdv, trace.tiles_dq, trace.rows, trace.head_slot)
     else:
-        work = None
-        tracing = dict(TRACE_WORK=False, TRACE_TILES=False, TRACE_ROWS=False, HW_CLOCK=False)
-        buffers = [None] * 5
+        flags, work, counter, pass_trace = UNTRACED, None, None, (None,) * 6
     # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
     has_dlse = dlse is not None
-    dlse_arg = dlse.float().contiguous() if has_dlse else lse
-    attn_bwd_preprocess[(b * h * n_rows,)](
-        o, do, lse, dlse_arg, stats, *o.stride()[:3], *do.stride()[:3], h, n_q, n_rows, work, buffers[0],
-        head_dim=d, HEAD_DIM=d_tile, BLOCK=PREPROCESS_ROWS, EVEN_D=(d == d_tile), HAS_DLSE=has_dlse,
-        TRACE_WORK=tracing["TRACE_WORK"], HW_CLOCK=tracing["HW_CLOCK"])
+    _launch(attn_bwd_preprocess, (b * h * n_rows,), dict(
+        O=o, DO=do, LSE=lse, DLSE=dlse.float().contiguous() if has_dlse else lse, STATS=stats,
+        o_strides=o.stride()[:3], do_strides=do.stride()[:3], H=h, N_Q=n_q, n_rows=n_rows, trace=(work, counter),
+        MATH=math, BLOCK=PREPROCESS_ROWS, HAS_DLSE=has_dlse, TRACE=flags))
     # 2. dK, dV per (b * H_kv + kv head, key block) and dQ per (b * H + head, query block)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    # the passes' work records follow the preprocess's (a view: program p writes row p)
-    pass_work = None if work is None else work[b * h * n_rows:]
-    args = [q, k, v, do, dk, dv, dq, stats, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *do.stride()[:3], *dk.stride()[:3], *dq.stride()[:3], kp.row_lo, kp.row_hi,
-            bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_part_before, bp.kv_order,
-            qp.full_cnt, qp.full_start, qp.part_cnt, qp.part_idx, bp.q_order,
-            h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, qp.n_qb, qp.n_kb, n_dkdv, scale * LOG2E, scale,
-            pass_work, *buffers]
-    consts = dict(head_dim=d, BLOCK_M1=cfg.block_m1, BLOCK_N1=cfg.block_n1, BLOCK_M2=cfg.block_m2,
-                  BLOCK_N2=cfg.block_n2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                  LSE_ACC=cfg.lse_acc, **bp.consts, **common, **tracing)
+    args = dict(Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq, STATS=stats,
+                q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=v.stride()[:3],
+                do_strides=do.stride()[:3], dkv_strides=dk.stride()[:3], dq_strides=dq.stride()[:3],
+                row_bounds=(kp.row_lo, kp.row_hi),
+                kv_lists=(bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_part_before,
+                          bp.kv_order),
+                q_lists=(qp.full_cnt, qp.full_start, qp.part_cnt, qp.part_idx, bp.q_order),
+                H=h, GROUP=h // h_kv, N_Q=n_q, N_K=n_k, n_qb1=kp.n_qb, n_kb1=kp.n_kb, n_qb2=qp.n_qb, n_kb2=qp.n_kb,
+                n_dkdv=n_dkdv, qk_scale=scale * LOG2E, sm_scale=scale, trace=pass_trace,
+                MATH=math, TILES1=bp.dkdv_tiles, TILES2=bp.dq_tiles, DKDV=True, DQ_PASS=True, TRACE=flags)
     if cfg.one_launch:
-        attn_bwd_kernel[(n_dkdv + n_dq,)](*args, DKDV=True, DQ_PASS=True, **consts)
+        _launch(attn_bwd_kernel, (n_dkdv + n_dq,), args, cfg)
     else:
-        attn_bwd_kernel[(n_dkdv,)](*args, DKDV=True, DQ_PASS=False, **consts)
-        args[-9] = 0                   # n_dkdv: the dQ launch's programs start at item 0
-        if pass_work is not None:      # and write their records after the dK/dV programs'
-            args[-6] = pass_work[n_dkdv:]
-        attn_bwd_kernel[(n_dq,)](*args, DKDV=False, DQ_PASS=True, **consts)
+        _launch(attn_bwd_kernel, (n_dkdv,), {**args, "DQ_PASS": False}, cfg)
+        # the dQ launch's programs start at item 0 and write their records after the dK/dV programs'
+        args.update(n_dkdv=0, DKDV=False)
+        if work is not None:
+            args["trace"] = (pass_trace[0][n_dkdv:], *pass_trace[1:])
+        _launch(attn_bwd_kernel, (n_dq,), args, cfg)
     return dq, dk, dv
 
 

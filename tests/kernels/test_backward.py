@@ -187,3 +187,39 @@ def test_realistic_shapes_against_sdpa_backward(h_kv, device):
         err = ((x.float() - r).norm() / r.norm()).item()
         err_sdpa = ((s.float() - r).norm() / r.norm()).item()
         assert err <= 2 * err_sdpa + 1e-3, (name, err, err_sdpa)
+
+
+def test_each_launch_names_every_kernel_parameter(monkeypatch):
+    # the host builds each launch's arguments as one mapping by parameter name: every parameter
+    # of the kernel has a value, none is extra; the second of two launches changes only its own
+    import kernels.backward as kb
+
+    seen = []
+    real = kb._launch
+
+    def spy(kernel, grid, args, cfg=None):
+        seen.append((kernel, dict(args)))
+        real(kernel, grid, args, cfg)
+
+    monkeypatch.setattr(kb, "_launch", spy)
+    q, k, v, do = make(1, 2, 1, 40, 40, 16, seed=8)
+    o, lse = flash_attention(q, k, v, "sliding_window:13", return_lse=True)
+    one = flash_attention_backward(do, q, k, v, o, lse, "sliding_window:13",
+                                   config=BackwardConfig(32, 32, 32, 32, 4, 1))
+    assert [kernel for kernel, _ in seen] == [kb.attn_bwd_preprocess, kb.attn_bwd_kernel]
+    seen.clear()
+    two = flash_attention_backward(do, q, k, v, o, lse, "sliding_window:13",
+                                   config=BackwardConfig(32, 32, 32, 32, 4, 1, one_launch=False))
+    assert [kernel for kernel, _ in seen] == [kb.attn_bwd_preprocess, kb.attn_bwd_kernel, kb.attn_bwd_kernel]
+    for kernel, args in seen:
+        assert set(args) == set(kernel.arg_names), kernel
+    (_, dkdv), (_, dq_launch) = seen[1:]
+    assert (dkdv["DKDV"], dkdv["DQ_PASS"], dq_launch["DKDV"], dq_launch["DQ_PASS"]) == (True, False, False, True)
+    assert dq_launch["n_dkdv"] == 0 and dkdv["n_dkdv"] > 0
+    assert {n for n in dkdv if dkdv[n] is not dq_launch[n]} == {"n_dkdv", "DKDV", "DQ_PASS"}
+    for x, y in zip(one, two):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="unknown"):
+        real(kb.attn_bwd_preprocess, (1,), {**seen[0][1], "EXTRA": 1})
+    with pytest.raises(KeyError):
+        real(kb.attn_bwd_preprocess, (1,), {**{n: v for n, v in seen[0][1].items() if n != "O"}, "EXTRA": 1})
