@@ -11,6 +11,7 @@ same mapping.
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import torch
@@ -76,11 +77,21 @@ SPLIT_ARGS = tuple(decode_split_kernel.arg_names)    # the kernels' positional o
 MERGE_ARGS = tuple(decode_merge_kernel.arg_names)
 
 
+# Triton's CPU interpreter patches triton.language for the length of a launch and is not
+# thread-safe: two threads launching at once fail with InterpreterError. Its launches take turns.
+_INTERPRETER_LOCK = threading.Lock() if interpreting() else None
+
+
 def launch(kernel, grid, args: dict, **options) -> None:
     """Launch kernel (decode_split_kernel or decode_merge_kernel) on grid with the entries of args
-    its parameters name, positionally; options: num_warps, num_stages."""
+    its parameters name, positionally; options: num_warps, num_stages. In the interpreter one
+    launch at a time (a lock); on CUDA no lock: launches are stream-ordered."""
     order = SPLIT_ARGS if kernel is decode_split_kernel else MERGE_ARGS
-    kernel[grid](*[args[name] for name in order], **options)
+    if _INTERPRETER_LOCK is None:
+        kernel[grid](*[args[name] for name in order], **options)
+    else:
+        with _INTERPRETER_LOCK:
+            kernel[grid](*[args[name] for name in order], **options)
 
 
 def launch_args(plan, q, k_cache, v_cache, o, lse, parts, seqlens, counters, block_table, trace: tuple,
@@ -139,24 +150,76 @@ def _tma_descriptors(k_cache, v_cache, block_n: int):
 
 
 # The fused merge's ticket counters: one int32 per (b, kv_head, row block), zero between calls
-# (the merging program resets its own). One buffer per device, reused by every call, so a call
-# costs no memset launch and a CUDA graph replays it as is. Calls are stream-ordered like the
-# KV cache they read: two flash_decode calls running at once on two streams of one device would
-# share counters (run such calls with fused_merge=False).
-_COUNTERS: dict[str, torch.Tensor] = {}
+# (the merging program resets its own), so a call costs no memset launch. Which buffer a call uses:
+# - CUDA, eager: one per (device, stream). Calls on one stream run one after another (each leaves
+#   its counters at 0 for the next), so threads sharing a stream are safe; calls on two streams
+#   never share counters.
+# - CUDA, captured into a graph: one per device for every graph, made (zeroed) at the device's
+#   first eager call, so no memset is captured with the step (it would run at every replay). Graphs
+#   holding a decode step replay one at a time (or capture them with fused_merge=False); a graph
+#   buffer is never freed, as graphs captured with it may still replay.
+# - CPU interpreter: one per (device, thread) (launches take turns anyway, see launch).
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+_COUNTERS_LOCK = threading.Lock()
+_MAX_COUNTER_BUFFERS = 256        # streams or threads come and go: the oldest buffer goes first
+_RETIRED_GRAPH_COUNTERS: list = []
+
+
+def _counter_key(device: torch.device) -> tuple:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return ("cuda", index, torch._C._cuda_getCurrentRawStream(index))
+    return (str(device), threading.get_ident())
 
 
 def merge_counters(device, n: int) -> torch.Tensor:
-    """At least n int32 zeros on device (1024 at first), kept between calls: the ticket counters.
+    """The ticket counters a call on `device` from here uses (see above): at least n int32 zeros
+    (1024 at first), kept between calls.
 
     Arguments:
         device: a torch.device or its name.
         n: the merge groups of the call (B * H_kv * row blocks).
     Returns:
         int32 tensor on device whose first n entries are 0 between calls."""
-    key = str(device)
+    device = torch.device(device)
+    key = _counter_key(device)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        with _COUNTERS_LOCK:
+            buf = _counters_for(device, key, n)
+    return buf
+
+
+def _counters_for(device: torch.device, key: tuple, n: int) -> torch.Tensor:
+    """merge_counters' slow path (under the lock): the buffer for key, made or grown."""
+    size = max(n, 1024)
+    if device.type != "cuda":
+        return _fresh(key, size, device)
+    graph_key = ("cuda", key[1], "graph")
+    if torch.cuda.is_current_stream_capturing():
+        buf = _COUNTERS.get(graph_key)
+        if buf is None or buf.numel() < n:      # no eager call first: the zeros are captured
+            if buf is not None:
+                _RETIRED_GRAPH_COUNTERS.append(buf)
+            buf = _COUNTERS[graph_key] = torch.zeros(size, dtype=torch.int32, device=device)
+        return buf
+    graph = _COUNTERS.get(graph_key)
+    if graph is None or graph.numel() < n:      # made outside any capture, for the graphs to come
+        if graph is not None:
+            _RETIRED_GRAPH_COUNTERS.append(graph)
+        _COUNTERS[graph_key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return _fresh(key, size, device)
+
+
+def _fresh(key: tuple, size: int, device: torch.device) -> torch.Tensor:
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < size:
+        # made on the stream that uses it: the allocator hands an evicted buffer's memory out
+        # again only in that stream's order
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        _COUNTERS.pop(key, None)
         _COUNTERS[key] = buf
+        while len(_COUNTERS) > _MAX_COUNTER_BUFFERS:
+            oldest = next(k for k in _COUNTERS if k[-1] != "graph")
+            _COUNTERS.pop(oldest)
     return buf
