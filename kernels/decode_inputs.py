@@ -1,17 +1,16 @@
 """Input rules of split-KV decoding (kernels.decode): shapes of contiguous and paged caches,
-dtypes, devices, cache_seqlens, the block table, split counts and scale; each failure is one
-ValueError line. Host side: torch and numpy, no Triton."""
+dtypes, devices, cache_seqlens, the block table, split counts and the softmax scale (flash_attention's
+rule and bound, kernels.shapes.softmax_scale); each failure is one ValueError line. Host side:
+torch and numpy, no Triton."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 
 from .paged import check_block_table
 from .runtime import MAX_HEAD_DIM
-from .shapes import SUPPORTED_DTYPES, check_kernel_device
+from .shapes import SUPPORTED_DTYPES, check_kernel_device, softmax_scale
 
 MAX_QUERIES = 16          # speculative decoding verifies a few tokens at once
 MAX_SPLITS = 128          # FlashAttention's cap
@@ -104,7 +103,5 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
     if num_splits != "auto" and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                  or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be 'auto' or an integer 1..{MAX_SPLITS}, got {num_splits!r}")
-    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
-                                     and sm_scale > 0):
-        raise ValueError(f"sm_scale must be a positive number, got {sm_scale!r}")
+    softmax_scale(sm_scale, d)      # flash_attention's rule and bound (kernels.shapes), the same line
     return check_block_table(block_table, b, k_cache, lengths) if paged else None

@@ -128,3 +128,18 @@ def test_decode_tiles_widen_only_where_the_work_items_fill_the_gpu():
     assert plan(1, 8, False).config.block_n == 128 and plan(1, 8, False).num_splits == 1
     assert plan(1, 8, True).config.block_n == 64
     assert plan(1, 1, False).config.block_n == 64 and plan(1, 1, False).num_splits > 1
+
+
+@pytest.mark.parametrize("scale", [1e38, 2.5e4, 1e-30, True, float("nan"), "0.1"])
+def test_sm_scale_has_flash_attentions_bound(scale):
+    # these were accepted and gave NaN outputs: the scaled float32 scores overflow (or are ~0)
+    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
+    with pytest.raises(ValueError, match="sm_scale") as info:
+        flash_decode(q, k, v, num_splits=2, sm_scale=scale)
+    assert "\n" not in str(info.value)
+    from kernels.shapes import MAX_SM_SCALE, MIN_SM_SCALE, softmax_scale
+    with pytest.raises(ValueError) as same:
+        softmax_scale(scale, 16)
+    assert str(info.value) == str(same.value)                     # flash_attention's line
+    for ok in (MIN_SM_SCALE, MAX_SM_SCALE, 3):
+        assert torch.isfinite(flash_decode(q, k, v, num_splits=2, sm_scale=ok)).all()
