@@ -29,6 +29,7 @@ from .launch_cache import BoundedCache  # noqa: E402
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask  # noqa: E402
 from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
 from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
+from .sizes import call_size  # noqa: E402
 
 LOG2E = 1.4426950408889634
 PREPROCESS_ROWS = 64
@@ -272,6 +273,21 @@ def _check_trace(trace: BackwardTraceBuffers, bp: BackwardPlan, cfg: BackwardCon
                          "backward_trace_buffers for this call")
 
 
+def _interpreter_plan_ok(spec: MaskSpec, b: int, h: int, n_q: int, n_k: int, cfg: BackwardConfig,
+                         device) -> BackwardPlan:
+    """The backward's plan, refused in the interpreter (ValueError, one line) when a pass computes
+    more than INTERPRETER_MAX_TILES tiles: first by arithmetic (kernels.sizes.call_size, no block
+    map), then by the plan's own count."""
+    if interpreting():
+        for block_m, block_n in ((cfg.block_m1, cfg.block_n1), (cfg.block_m2, cfg.block_n2)):
+            call_size(spec, b * h, n_q, n_k, block_m, block_n, interpreter=True)
+    bp = backward_plan(spec, n_q, n_k, cfg, device)
+    if interpreting() and max(bp.kv_tiles, bp.q_tiles) * b * h > INTERPRETER_MAX_TILES:
+        raise ValueError(f"the backward computes {max(bp.kv_tiles, bp.q_tiles) * b * h} tiles per pass, too many "
+                         f"for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): lower N, B or H, or run on a GPU")
+    return bp
+
+
 def _rows_ok(t: torch.Tensor) -> torch.Tensor:
     """t with a unit stride along D (the kernels take any (B, H, N) strides)."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -319,10 +335,7 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     do = _rows_ok(do.to(q.dtype))
     lse = lse.float().contiguous()
     d_tile = padded_head_dim(d)
-    bp = backward_plan(spec, n_q, n_k, cfg, q.device)
-    if interpreting() and max(bp.kv_tiles, bp.q_tiles) * b * h > INTERPRETER_MAX_TILES:
-        raise ValueError(f"the backward computes {max(bp.kv_tiles, bp.q_tiles) * b * h} tiles per pass, too many "
-                         f"for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): lower N, B or H, or run on a GPU")
+    bp = _interpreter_plan_ok(spec, b, h, n_q, n_k, cfg, q.device)
     math = BackwardMath(d, d_tile, EVEN_D=(d == d_tile), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                         UPCAST=interpreting() and q.dtype == torch.bfloat16, LSE_ACC=cfg.lse_acc)
     n_rows = -(-n_q // PREPROCESS_ROWS)
@@ -372,7 +385,8 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """flash_attention with a backward: saves (q, k, v, O, lse); gradients for q, k, v (and
-    through the lse, when the caller uses it)."""
+    through the lse, when the caller uses it). No second derivative: a backward asked to build
+    a graph (create_graph=True) is refused in one line rather than answering wrong."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages,
@@ -389,6 +403,9 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
+        if torch.is_grad_enabled():    # create_graph=True: the gradients would carry no graph of their own
+            raise RuntimeError("flash_attention has no second derivative: its backward refuses create_graph=True "
+                               "(use torch.nn.functional.scaled_dot_product_attention for higher-order gradients)")
         q, k, v, o, lse = ctx.saved_tensors
         if do is None:                     # only the lse reached the loss
             do = torch.zeros_like(o)
@@ -406,9 +423,15 @@ def attention_with_grad(q, k, v, mask="causal", block_m=None, block_n=None, sm_s
         q ... trace: as kernels.flash_attention's (a trace records the forward); bwd_config: the
             backward's tiles (None: backward_config's default).
     Returns:
-        O, or (O, lse) with return_lse; both carry gradients back to q, k, v."""
+        O, or (O, lse) with return_lse; both carry gradients back to q, k, v. In the interpreter,
+        a backward over its tile limit is refused before the forward runs (ValueError)."""
     if isinstance(mask, str):
         mask = parse_mask(mask)       # a spec is hashable and checked once; the text is parsed here
+    if interpreting():                # refuse the backward before the forward's work, not after it
+        check_inputs(q, k, v, for_kernel=False)
+        b, h, n_q, d = q.shape
+        _interpreter_plan_ok(parse_mask(mask, n_q, k.shape[2]), b, h, n_q, k.shape[2],
+                             bwd_config or backward_config(d, q.dtype, q.device), q.device)
     o, lse = FlashAttentionFunction.apply(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps,
                                           num_stages, warp_specialize, trace, bwd_config)
     return (o, lse) if return_lse else o

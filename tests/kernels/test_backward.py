@@ -223,3 +223,37 @@ def test_each_launch_names_every_kernel_parameter(monkeypatch):
         real(kb.attn_bwd_preprocess, (1,), {**seen[0][1], "EXTRA": 1})
     with pytest.raises(KeyError):
         real(kb.attn_bwd_preprocess, (1,), {**{n: v for n, v in seen[0][1].items() if n != "O"}, "EXTRA": 1})
+
+
+def test_second_derivative_is_refused_not_silently_wrong():
+    # a gradient penalty: the first gradient would carry no graph, so the second derivative
+    # would count only the q**2 term (issue 31, row 6)
+    q, k, v, do = make(1, 2, 2, 24, 24, 16, seed=9)
+    q = q.clone().requires_grad_(True)
+    o = flash_attention(q, k, v, "causal")
+    with pytest.raises(RuntimeError, match="no second derivative.*create_graph=True"):
+        torch.autograd.grad((o * do).sum(), q, create_graph=True)
+    (gq,) = torch.autograd.grad((flash_attention(q, k, v, "causal") * do).sum(), q)     # first order: as before
+    assert rel_err(gq, float64_grads(q, k, v, do, "causal")[1]) < 1e-5
+
+
+def test_backward_over_the_interpreter_limit_is_refused_before_the_forward():
+    # B*H 8, N 2048, causal: the forward's 64 x 64 tiles fit the interpreter (4,224), the
+    # backward's 32 x 32 do not (16,640 per pass): refused at once, not after the forward's
+    # seconds (issue 31, row 23); without grad the forward alone still runs
+    from tests.hostile.harness import refused_cheaply, run_snippet
+
+    code = """
+import torch
+from kernels import flash_attention
+from kernels.runtime import interpreting
+assert interpreting()
+q = torch.randn(1, 8, 2048, 16, requires_grad=True)
+try:
+    flash_attention(q, q, q, "causal")
+    print("RAN")
+except ValueError as exc:
+    print("REFUSED", exc)
+"""
+    line = refused_cheaply(run_snippet(code), "REFUSED", "too much for the CPU interpreter", "32x32")
+    assert "RAN" not in line
