@@ -39,9 +39,12 @@ def run_provenance(run, name: str = "", uploaded: bool = False) -> str:
     if env.get("backend") not in (None, "cuda"):
         dev = "CPU interpreter (no hardware timing)"
     when = str(m.get("created", "?"))[:10]
-    return (f"{'uploaded' if uploaded else 'recorded'} model run{' ' + name if name else ''}: "
+    text = (f"{'uploaded' if uploaded else 'recorded'} model run{' ' + name if name else ''}: "
             f"{m.get('model', '?')} on {dev}, {when}, "
             f"transformers {m.get('transformers_version', '?')}")
+    # Plotly draws <a>, <span style> in captions: an upload's file name is the uploader's word
+    # (a loaded run's meta has no '<' or '>': ModelRun refuses it)
+    return text.replace("<", "‹").replace(">", "›")
 
 
 def _blocks(meta: dict) -> tuple[int, int]:
@@ -83,7 +86,9 @@ def call_table(run) -> pd.DataFrame:
     extra = pd.DataFrame(rows, index=table.index, columns=["tiles", "kv_bytes"])
     table = pd.concat([table, extra], axis=1)
     table["kind"] = ["global" if pd.isna(w) else "sliding" for w in table["window"]]
-    table["layer_label"] = [f"L{int(l)} · " + ("global" if pd.isna(w) else f"window {int(w):,}")
+    # a call of a module without layer_idx has no layer (None): its own label, never dropped
+    table["layer_label"] = [("no layer" if pd.isna(l) else f"L{int(l)}") + " · "
+                            + ("global" if pd.isna(w) else f"window {int(w):,}")
                             for l, w in zip(table["layer"], table["window"])]
     table["kernel_us"] = table["kernel_ms"].astype(float) * 1e3
     return table
@@ -101,7 +106,7 @@ def tick_labels(labels) -> list[str]:
 
 def per_layer(table: pd.DataFrame) -> pd.DataFrame:
     """Kernel time (µs) and tiles summed per (layer, phase): what layer_figure draws."""
-    return table.groupby(["layer", "layer_label", "phase"], as_index=False)[["kernel_us", "tiles"]].sum()
+    return table.groupby(["layer", "layer_label", "phase"], as_index=False, dropna=False)[["kernel_us", "tiles"]].sum()
 
 
 def layer_figure(table: pd.DataFrame, provenance: str) -> go.Figure:

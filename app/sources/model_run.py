@@ -15,10 +15,13 @@ Discovery reads only each run's model_run.json; `load_run` loads the traces (cac
 from __future__ import annotations
 
 import io
+import lzma
 import os
 import re
+import struct
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,15 +29,18 @@ import streamlit as st
 
 from app.sources.bundled import Recording, data_dir, natural_key
 from app.sources.errors import RunError
-from app.sources.upload import TEMP_PREFIX, check_zip_directory
-from instrumentation.recording.model_run import (MANIFEST, MAX_CALLS, ModelRun, ModelRunFormatError,
+from app.sources.upload import TEMP_PREFIX, _without, check_declared_entries, check_zip_directory
+from instrumentation.recording.model_run import (MANIFEST, TRACE_MANIFEST, ModelRun, ModelRunFormatError,
                                                  read_manifest, trace_dir)
-from instrumentation.trace import files
+from instrumentation.trace import Trace, files
 
 PREFIX = "run:"
 CALL_NAME = re.compile(r"^run:([A-Za-z0-9._-]{1,200}):(.*)$")
 MAX_RUN_UPLOAD_BYTES = 1 << 30         # a run of many calls: 1 GiB unpacked at most
-MAX_RUN_ENTRIES = 8 * MAX_CALLS + 8    # up to 8 files per call's trace, and the manifest
+MAX_UPLOAD_CALLS = 1024                # an uploaded run (a run on disk may have MAX_CALLS)
+MAX_RUN_ENTRIES = 10 * MAX_UPLOAD_CALLS + 16   # 8 files and a folder per call's trace, the manifest, folders
+ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError,
+              RuntimeError, ValueError)   # what zipfile raises on a damaged or unreadable entry
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ def _resolve(name: str) -> tuple[RunInfo | None, int | None, str]:
         known = ", ".join(r.name for r in runs()) or "none here"
         return None, None, f"there is no bundled model run {m.group(1)!r} (bundled: {known})"
     raw = m.group(2)
-    if not raw.isdigit() or len(raw) > 9:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:     # int() reads '²' as no number
         return info, None, (f"the call index {raw[:20]!r} is not a whole number; the run "
                             f"{info.name} has calls 0–{len(info.calls) - 1}")
     index = int(raw)
@@ -166,35 +172,75 @@ def call_recording(name: str) -> Recording | None:
 
 def run_from_zip(data: bytes) -> ModelRun:
     """A model run from a zip of its directory (model_run.json + calls/), checked as trace
-    uploads are (app.sources.upload.check_zip_directory) with a run's larger limits.
+    uploads are (app.sources.upload.check_zip_directory) with a run's limits, and read from its
+    manifests alone: model_run.json (at most MAX_UPLOAD_CALLS calls) and each call's trace
+    manifest, each call checked against its trace's meta (ModelRun.from_manifest). A call's
+    tables are unpacked only when its trace is asked for (ModelRun.call_trace); nothing stays on disk.
 
     Arguments: data, the zip's bytes. Returns: the ModelRun. Raises: ModelRunFormatError (one
     line, no server paths)."""
     try:
+        check_declared_entries(data, MAX_RUN_ENTRIES)
         zf = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError):
+    except files.FileFormatError as exc:
+        raise ModelRunFormatError(str(exc)) from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error):
         raise ModelRunFormatError("the upload is not a zip file: zip a model run directory "
                                   "(model_run.json + calls/) and upload that") from None
-    with zf:
-        infos = zf.infolist()
+    with zf, tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
+        infos = {i.filename: i for i in zf.infolist()}
         try:
-            check_zip_directory(infos, max_entries=MAX_RUN_ENTRIES, max_bytes=MAX_RUN_UPLOAD_BYTES)
+            check_zip_directory(list(infos.values()), max_entries=MAX_RUN_ENTRIES, max_bytes=MAX_RUN_UPLOAD_BYTES)
         except files.FileFormatError as exc:
             raise ModelRunFormatError(str(exc)) from None
-        manifests = sorted((i.filename for i in infos if i.filename.endswith(MANIFEST)), key=lambda n: n.count("/"))
+        manifests = sorted((n for n in infos if n.endswith(MANIFEST)), key=lambda n: n.count("/"))
         if not manifests:
             raise ModelRunFormatError(f"the zip holds no {MANIFEST}: zip a whole model run directory "
                                       "(as written by ModelRun.save)")
-        with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
-            root = Path(tmp).resolve()
-            try:
-                zf.extractall(root)
-                return ModelRun.load(root / manifests[0])
-            except files.FileFormatError as exc:
-                raise ModelRunFormatError(" ".join(str(exc).replace(str(root), "the zip").split())[:300]) from None
-            except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
-                raise ModelRunFormatError(f"the zip is damaged ({type(exc).__name__}); zip the run "
-                                          "directory again with a standard zip tool") from None
+        prefix = manifests[0][:-len(MANIFEST)]
+        root = Path(tmp).resolve()
+        try:
+            _unpack(zf, infos, [prefix + MANIFEST], root)
+            here, doc = read_manifest(root / prefix, max_calls=MAX_UPLOAD_CALLS)
+            _unpack(zf, infos, [f"{prefix}{c['trace']}/{TRACE_MANIFEST}" for c in doc["calls"]], root)
+            return ModelRun.from_manifest(
+                doc, lambda name: files.read_json(trace_dir(here, name) / TRACE_MANIFEST, f"trace {name}'s "
+                                                  f"{TRACE_MANIFEST}", ModelRunFormatError),
+                lambda name: _zipped_trace(data, prefix, name))
+        except files.FileFormatError as exc:
+            raise ModelRunFormatError(_without(exc, root)) from None
+
+
+def _unpack(zf: zipfile.ZipFile, infos: dict, names: list, root: Path) -> None:
+    """Unpack `names` of the zip under root, each a manifest at most files.MAX_JSON_BYTES;
+    ModelRunFormatError (one line) for a missing, oversized or damaged one."""
+    for name in names:
+        info = infos.get(name)
+        if info is None:
+            raise ModelRunFormatError(f"the zip has no {name[-80:]!r}: the model run is incomplete; zip "
+                                      "the whole run directory")
+        if info.file_size > files.MAX_JSON_BYTES:
+            raise ModelRunFormatError(f"{name[-80:]!r} unpacks to {info.file_size / 2**20:,.0f} MiB, over "
+                                      f"the {files.MAX_JSON_BYTES >> 20} MiB a manifest may have")
+        try:
+            zf.extract(info, root)
+        except ZIP_ERRORS as exc:
+            raise ModelRunFormatError(f"the zip is damaged ({type(exc).__name__} in {name[-80:]!r}); zip "
+                                      "the run directory again with a standard zip tool") from None
+
+
+def _zipped_trace(data: bytes, prefix: str, name: str) -> Trace:
+    """The trace `name` (calls/NNNNN) of an uploaded run, unpacked alone into a temporary
+    directory, loaded, and the directory removed. ModelRunFormatError (one line) otherwise."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf, \
+            tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as tmp:
+        root = Path(tmp).resolve()
+        infos = {i.filename: i for i in zf.infolist() if i.filename.startswith(f"{prefix}{name}/")}
+        try:
+            _unpack(zf, infos, [n for n, i in infos.items() if not i.is_dir()], root)
+            return Trace.load(root / prefix / name)
+        except files.FileFormatError as exc:
+            raise ModelRunFormatError(f"trace {name}: {_without(exc, root)}") from None
 
 
 @st.cache_resource(show_spinner="Reading the uploaded model run…", max_entries=4)

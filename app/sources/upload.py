@@ -97,8 +97,10 @@ def _declared_entries(data: bytes) -> int | None:
 
 def _check_entry_count(n: int, max_entries: int = MAX_ENTRIES) -> None:
     if n > max_entries:
-        raise TraceFormatError(f"the zip has {n:,} entries; a trace directory has a manifest and a few "
-                               f"tables (at most {max_entries}): zip just the trace directory")
+        what = "a trace directory has a manifest and a few tables" if max_entries == MAX_ENTRIES else \
+            "an uploaded model run has a manifest and a few files per call"
+        raise TraceFormatError(f"the zip has {n:,} entries; {what} (at most {max_entries:,}): zip just "
+                               "that directory")
 
 
 def check_zip_directory(infos: list[zipfile.ZipInfo], max_entries: int = MAX_ENTRIES,
@@ -133,15 +135,21 @@ def check_zip_directory(infos: list[zipfile.ZipInfo], max_entries: int = MAX_ENT
                                    f"more than a trace's files do ({MAX_RATIO}×): that is not a trace")
 
 
+def check_declared_entries(data: bytes, max_entries: int = MAX_ENTRIES) -> None:
+    """Refuse a zip whose end record declares more than `max_entries` entries, before zipfile
+    parses a directory of that many (TraceFormatError, one line)."""
+    declared = _declared_entries(data)
+    if declared is not None:
+        _check_entry_count(declared, max_entries)
+
+
 def trace_from_zip(data: bytes) -> Trace:
     """A trace from a zip of a trace directory; TraceFormatError with a reason if it is not one.
 
     Arguments: data, the zip's bytes. Returns: the Trace (meta['source'] = 'uploaded': an upload
     was recorded somewhere else, never live here). Raises: TraceFormatError (one line, no paths).
     """
-    declared = _declared_entries(data)
-    if declared is not None:
-        _check_entry_count(declared)        # before zipfile parses a directory of that many entries
+    check_declared_entries(data)            # before zipfile parses a directory of that many entries
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error):

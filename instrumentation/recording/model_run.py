@@ -13,11 +13,16 @@ On disk, a directory written atomically through the trace file layer:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..trace import files
+from kernels.masks import parse_mask
+
+from ..trace import bounds, files
+from ..trace.schema import FORMAT as TRACE_FORMAT
+from ..trace.schema import STORED_META_SCHEMA
 from ..trace.trace import Trace
 
 FORMAT = "tilescope-model-run"
@@ -26,6 +31,10 @@ MANIFEST = "model_run.json"
 MAX_CALLS = 20_000            # 80 layers x 250 forward passes; each trace is bounded by its own format
 PHASES = ("prefill", "decode")
 TRACE_DIR = re.compile(r"^calls/[0-9]{5,6}$")
+TRACE_MANIFEST = "manifest.json"
+MAX_META_DEPTH = 16           # nesting of the free-form meta (the model's config summary is 2 deep)
+# the fields a call shares with its trace's meta: (call field, what the trace's meta says)
+SHAPE_FIELDS = ("batch", "heads", "kv_heads", "n_q", "n_k", "head_dim")
 
 
 class ModelRunFormatError(files.FileFormatError):
@@ -74,6 +83,7 @@ _POS = {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
 _MS = {"type": ["number", "null"], "minimum": 0}
 CALL_SCHEMA = {
     "type": "object",
+    "additionalProperties": False,
     "required": ["index", "step", "layer", "phase", "batch", "heads", "kv_heads", "n_q", "n_k",
                  "head_dim", "dtype", "mask", "trace"],
     "properties": {
@@ -90,7 +100,7 @@ MANIFEST_SCHEMA = {
     "required": ["format", "version", "meta", "calls"],
     "properties": {
         "format": {"const": FORMAT}, "version": {"const": VERSION}, "meta": {"type": "object"},
-        "calls": {"type": "array", "maxItems": MAX_CALLS, "items": CALL_SCHEMA},
+        "calls": {"type": "array", "minItems": 1, "maxItems": MAX_CALLS, "items": CALL_SCHEMA},
     },
 }
 
@@ -102,7 +112,8 @@ class ModelRun:
     def __init__(self, meta: dict | None = None, calls: list[ModelCall] | None = None):
         self.meta = dict(meta or {})
         self.calls: list[ModelCall] = list(calls or [])
-        self._dirs: list[Path] = []          # each call's trace directory (a run loaded with traces=False)
+        self._metas: list[dict] = []         # each call's trace meta, checked at load
+        self._opens: list = []               # each call's fn() -> its Trace (a loaded run)
 
     def __repr__(self):
         return (f"ModelRun({self.meta.get('model', '?')}, {len(self.calls)} calls, "
@@ -144,7 +155,7 @@ class ModelRun:
             raise ModelRunFormatError(f"calls {missing[:5]} have no trace; a saved model run holds one per call")
         entries = [{**c.record(), "trace": f"calls/{i:05d}"} for i, c in enumerate(self.calls)]
         manifest = {"format": FORMAT, "version": VERSION, "meta": self.meta, "calls": entries}
-        files.validate(files.json_safe(manifest), MANIFEST_SCHEMA, MANIFEST, ModelRunFormatError)
+        check_manifest(files.json_safe(manifest))       # what load would refuse is never written
 
         def fill(tmp: Path) -> None:
             (tmp / "calls").mkdir()
@@ -164,41 +175,63 @@ class ModelRun:
                 call_trace(i) loads it (a run's table and trace metas read in milliseconds;
                 dozens of traces take seconds).
         Returns:
-            a ModelRun; ModelRunFormatError (one line) otherwise."""
+            a ModelRun; ModelRunFormatError (one line) otherwise: also when a call's shape, dtype
+            or mask contradicts its trace's meta, or two calls name one trace."""
         root, doc = read_manifest(path)
+
+        def read_trace_manifest(name: str):
+            return files.read_json(trace_dir(root, name) / TRACE_MANIFEST, TRACE_MANIFEST, ModelRunFormatError)
+
+        run = cls.from_manifest(doc, read_trace_manifest, lambda name: Trace.load(trace_dir(root, name)))
+        if traces:
+            for i in range(len(run.calls)):
+                run.call_trace(i)
+        return run
+
+    @classmethod
+    def from_manifest(cls, doc: dict, read_trace_manifest, open_trace) -> "ModelRun":
+        """A run from a manifest that passed check_manifest, each call checked against its trace's
+        meta before anything is drawn from it (the trace's tables are read only when asked for).
+
+        Arguments:
+            doc: the manifest (read_manifest / check_manifest).
+            read_trace_manifest: fn(trace name 'calls/NNNNN') -> that trace's manifest.json, parsed.
+            open_trace: fn(trace name) -> the Trace (Trace.load of that directory).
+        Returns:
+            a ModelRun whose call_trace(i) opens call i's trace; ModelRunFormatError (one line)."""
         run = cls(meta=doc["meta"])
         for entry in doc["calls"]:
-            where = trace_dir(root, entry["trace"])
-            run._dirs.append(where)
-            run.calls.append(ModelCall(**{k: v for k, v in entry.items() if k != "trace"},
-                                       trace=Trace.load(where) if traces else None))
+            call = ModelCall(**{k: v for k, v in entry.items() if k != "trace"})
+            meta = trace_meta_of(read_trace_manifest(entry["trace"]), entry["trace"])
+            check_call_matches(call, meta, entry["trace"])
+            run.calls.append(call)
+            run._metas.append(meta)
+            run._opens.append(lambda name=entry["trace"]: open_trace(name))
         return run
 
     def call_trace(self, i: int) -> Trace:
-        """Call i's trace, loaded from the run's directory the first time it is asked for."""
+        """Call i's trace, loaded from the run's directory (or upload) the first time it is asked for."""
         call = self.calls[i]
         if call.trace is None:
-            if not self._dirs:
+            if not self._opens:
                 raise ModelRunFormatError(f"call {i} has no trace and the run was not loaded from a directory")
-            call.trace = Trace.load(self._dirs[i])
+            call.trace = self._opens[i]()
         return call.trace
 
     def trace_meta(self, i: int) -> dict:
-        """Call i's trace meta (block sizes, device, timings), without loading its tables."""
+        """Call i's trace meta (block sizes, device, timings), checked at load, without its tables."""
         call = self.calls[i]
-        if call.trace is not None or not self._dirs:
+        if call.trace is not None or not self._metas:
             return self.call_trace(i).meta
-        doc = files.read_json(self._dirs[i] / "manifest.json", "manifest.json", ModelRunFormatError)
-        if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict):
-            raise ModelRunFormatError(f"call {i}'s trace manifest has no meta")
-        return doc["meta"]
+        return self._metas[i]
 
 
-def read_manifest(path) -> tuple[Path, dict]:
-    """A run directory's model_run.json, checked against its schema, without loading a trace.
+def read_manifest(path, max_calls: int = MAX_CALLS) -> tuple[Path, dict]:
+    """A run directory's model_run.json, checked (check_manifest), without loading a trace.
 
     Arguments:
         path: the run's directory (or its model_run.json).
+        max_calls: the most calls accepted (an upload reads fewer than a run on disk).
     Returns:
         (the directory, resolved; the manifest dict: format, version, meta, calls). Raises
         ModelRunFormatError (one line) when it is not a readable model run."""
@@ -211,13 +244,93 @@ def read_manifest(path) -> tuple[Path, dict]:
     if (root / MANIFEST).is_symlink():
         raise ModelRunFormatError(f"{MANIFEST} is a link; a model run holds plain files")
     doc = files.read_json(root / MANIFEST, MANIFEST, ModelRunFormatError)
+    return root.resolve(), check_manifest(doc, max_calls)
+
+
+def check_manifest(doc, max_calls: int = MAX_CALLS) -> dict:
+    """A parsed model_run.json, checked before any trace is read: its format and version, at most
+    `max_calls` calls (counted before the schema walks them), the schema (no unknown keys in a
+    call), calls numbered 0, 1, 2, ... in order, each naming a trace no other call names, and a
+    meta with no markup ('<' or '>': charts are HTML). Returns doc; ModelRunFormatError (one line)."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ModelRunFormatError(f"{MANIFEST} is not a Tilescope model-run manifest")
     if doc.get("version") != VERSION:
-        raise ModelRunFormatError(f"the model run has version {doc.get('version')!r}; this Tilescope "
-                                  f"reads version {VERSION}. Capture it again.")
+        raise ModelRunFormatError(f"the model run has version {repr(doc.get('version'))[:20]}; this "
+                                  f"Tilescope reads version {VERSION}. Capture it again.")
+    calls = doc.get("calls")
+    if isinstance(calls, list) and len(calls) > max_calls:
+        raise ModelRunFormatError(f"the model run has {len(calls):,} calls, more than the {max_calls:,} "
+                                  "read here; capture fewer layers or steps (hf.capture(layers=...))")
+    if isinstance(calls, list) and not calls:
+        raise ModelRunFormatError("the model run holds no calls: capture a forward or generate inside "
+                                  "hf.capture(model), then save it")
+    named: dict = {}
+    for i, entry in enumerate(calls):          # before the schema walks 20,000 copies of one call
+        trace = entry.get("trace") if isinstance(entry, dict) else None
+        if isinstance(trace, str) and named.setdefault(trace, i) != i:
+            raise ModelRunFormatError(f"calls {named[trace]} and {i} both name the trace {trace[:40]!r}; "
+                                      "each call has its own trace directory. Save the run again")
     files.validate(doc, MANIFEST_SCHEMA, MANIFEST, ModelRunFormatError)
-    return root.resolve(), doc
+    for i, entry in enumerate(calls):
+        if entry["index"] != i:
+            raise ModelRunFormatError(f"call {i} of {MANIFEST} has index {entry['index']}; a model run's "
+                                      "calls are numbered 0, 1, 2, ... in order. Save the run again")
+        bad = [k for k in ("wall_ms", "kernel_ms") if entry.get(k) is not None and not math.isfinite(entry[k])]
+        if bad:
+            raise ModelRunFormatError(f"call {i} of {MANIFEST} has {bad[0]} {entry[bad[0]]}; a time is a finite "
+                                      "number of milliseconds or null. Save the run again")
+    _check_no_markup(doc["meta"], "meta", 0)
+    return doc
+
+
+def _check_no_markup(value, where: str, depth: int) -> None:
+    """Refuse '<' or '>' in any text of the run's meta (keys too): Plotly reads <a href> and
+    <span style> in the titles and captions the meta is drawn in."""
+    if depth > MAX_META_DEPTH:
+        raise ModelRunFormatError(f"{MANIFEST} {where} is nested more than {MAX_META_DEPTH} deep")
+    if isinstance(value, str):
+        if "<" in value or ">" in value:
+            raise ModelRunFormatError(f"{MANIFEST} {where} holds markup ('<' or '>'), which the charts "
+                                      "would draw as HTML; remove it from run.meta and save the run again")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_no_markup(k, f"{where} (a key)", depth + 1)
+            _check_no_markup(v, f"{where}.{k}"[:80], depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_no_markup(v, f"{where}[{i}]", depth + 1)
+
+
+def trace_meta_of(manifest, name: str) -> dict:
+    """The meta of a call's trace manifest (its manifest.json, parsed), checked as Trace.load
+    checks it before a table is read (schema, then the sizes a page can draw). Arguments: the
+    parsed manifest, the trace's name in the run. Returns the meta; ModelRunFormatError otherwise."""
+    if not isinstance(manifest, dict) or manifest.get("format") != TRACE_FORMAT or \
+            not isinstance(manifest.get("meta"), dict):
+        raise ModelRunFormatError(f"trace {name}'s {TRACE_MANIFEST} is not a Tilescope trace manifest")
+    meta = manifest["meta"]
+    files.validate(meta, STORED_META_SCHEMA, f"trace {name}'s meta", ModelRunFormatError)
+    bounds.check_meta(meta, ModelRunFormatError)
+    return meta
+
+
+def check_call_matches(call: ModelCall, meta: dict, name: str) -> None:
+    """Refuse a call whose shape, dtype or mask contradicts its trace's meta: the page would draw
+    tiles and bytes for a call the kernel never ran (the trace is what ran; the manifest is the
+    capture's note of it, so a disagreement means the run was edited). ModelRunFormatError."""
+    ran = dict(zip(SHAPE_FIELDS, bounds.shape(meta)))
+    ran["dtype"] = meta["dtype"]
+    wrong = [f"{k} {getattr(call, k)} (its trace ran {v})" for k, v in ran.items() if getattr(call, k) != v]
+    try:
+        same_mask = parse_mask(call.mask).text == parse_mask(meta["mask"]).text
+    except ValueError:
+        same_mask = False
+    if not same_mask:
+        wrong.append(f"mask {call.mask[:40]!r} (its trace ran {str(meta['mask'])[:40]!r})")
+    if wrong:
+        raise ModelRunFormatError(f"call {call.index} contradicts its trace {name}: {', '.join(wrong[:3])}; "
+                                  "the manifest was edited or mixed with another run's traces. Capture and "
+                                  "save the run again")
 
 
 def trace_dir(root: Path, name: str) -> Path:
@@ -246,4 +359,5 @@ def is_model_run_dir(path: Path) -> bool:
     return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
-__all__ = ["ModelRun", "ModelCall", "ModelRunFormatError", "is_model_run_dir", "read_manifest", "trace_dir", "FORMAT", "MANIFEST"]
+__all__ = ["ModelRun", "ModelCall", "ModelRunFormatError", "check_manifest", "is_model_run_dir", "read_manifest",
+           "trace_dir", "FORMAT", "MANIFEST"]
