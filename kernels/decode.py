@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -60,7 +60,9 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Everything one call launches: shapes, tiles, splits and the inputs of the split rule."""
+    """Everything one call launches: shapes, tiles, splits and the inputs of the split rule.
+    Plans are kept per shape (_decode_plan): the derived sizes each call reads are cached
+    properties, computed once per plan."""
 
     batch: int
     heads: int
@@ -90,24 +92,24 @@ class DecodePlan:
     def merge_groups(self) -> int:
         return self.batch * self.kv_heads * self.row_blocks if self.num_splits > 1 else 0
 
-    @property
+    @cached_property
     def merge_m(self) -> int:
         """Rows merged at a time: the real stacked rows (a power of two), not the Q tile's padding."""
         return min(triton.next_power_of_2(self.rows), self.config.block_m)
 
-    @property
+    @cached_property
     def head_dim_pad(self) -> int:
         """The kernels' head-dim tile width: D rounded up to a power of two, at least 16."""
         return padded_head_dim(self.head_dim)
 
-    @property
+    @cached_property
     def split_chunk(self) -> int:
         """Splits per merge load: all of them when merge_m x splits x D fits in about 64 fp32
         registers per thread, so one round trip to L2 fetches a row group's partials."""
         budget = 64 * 32 * self.config.num_warps
         return max(1, min(triton.next_power_of_2(self.num_splits), budget // (self.merge_m * self.head_dim_pad)))
 
-    @property
+    @cached_property
     def even_merge(self) -> bool:
         """The merge needs no mask: one row block of exactly merge_m rows, every split in one
         chunk, D a power of two (the partials of a group are one dense block)."""
