@@ -33,8 +33,9 @@ Reading order: two entry kernels, attn_fwd_kernel (one work item per program, in
 the host's work list) and attn_fwd_persistent_kernel (as many programs as SMs, taking work items
 from a counter), both calling fwd_work_item: load Q, the off-band loop, the on-band loop, the
 epilogue. The loops are kernels.tile_ops.attend_tiles, shared with the varlen kernel.
-Arguments come grouped: a tensor's (B, H, N) strides as one tuple, the block lists as one,
-the trace buffers as one; sizes that change per call are plain scalars (not specialised on).
+Arguments come grouped: a tensor's (B, H, N) strides as one tuple, the block lists as one; sizes
+that change per call are plain scalars (not specialised on), and so are the buffers a launch may
+leave out (None).
 The switches come in four constexpr groups (namedtuples made by kernels.launch): TILE
 (kernel_args.Tile: tile shape and dot arithmetic), LOOP (FwdLoop: TMA, device descriptors, warp
 specialisation, MMA row sums), PHASE (FwdPhase: which tiles this launch runs, what it resumes
@@ -203,22 +204,23 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
 
 @triton.jit(do_not_specialize=SIZES)
 def attn_fwd_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, oa_strides, LSE, stride_lbh,
-                    lists, q_desc, k_desc, v_desc, work_list, trace, trace_slots,
+                    lists, q_desc, k_desc, v_desc, work_list,
+                    tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                     H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, qk_scale,
                     TILE: tl.constexpr, LOOP: tl.constexpr, PHASE: tl.constexpr, TRACE: tl.constexpr):
     """One program per work item: program p runs work_list[p] ((batch*head) * n_qb + q_block).
     *_strides: each tensor's (B, H, N) strides (its D stride is 1); OA: the normalised result a
     SEED launch resumes from or a MERGE merges with (None otherwise); LSE rows stride_lbh apart;
     lists: the block plan's (row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx); q/k/v_desc:
-    host tensor descriptors (LOOP.USE_TMA without DEVICE_DESC) or None; trace: (tr_work, tr_counter,
-    tr_tiles, tr_rows, row_slot, head_slot), each None untraced (instrumentation.record's buffers)."""
+    host tensor descriptors (LOOP.USE_TMA without DEVICE_DESC) or None; tr_*, row_slot, head_slot:
+    instrumentation.record's buffers, each None untraced. Unused buffers are None parameters, not
+    None inside a tuple: Triton 3.6 cannot build a tuple in the kernel from a host tuple's None."""
     pid = tl.program_id(0)
     if LOOP.DEVICE_DESC:
         descs = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, q_strides[2], k_strides[2],
                               v_strides[2], TILE)
     else:
         descs = (q_desc, k_desc, v_desc)        # host descriptors (USE_TMA), or None: unused
-    tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot = trace
     work = tl.load(work_list + pid)
     if TRACE.WORK and not TRACE.HW_CLOCK:
         # no clock in the interpreter: a counter gives the order programs ran in; on a GPU
@@ -234,8 +236,9 @@ def attn_fwd_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, 
 
 @triton.jit(do_not_specialize=SIZES)
 def attn_fwd_persistent_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, oa_strides, LSE,
-                               stride_lbh, lists, q_desc, k_desc, v_desc, work_list, work_counter, trace,
-                               trace_slots, H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, qk_scale,
+                               stride_lbh, lists, q_desc, k_desc, v_desc, work_list, work_counter,
+                               tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
+                               H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, qk_scale,
                                TILE: tl.constexpr, LOOP: tl.constexpr, PHASE: tl.constexpr, TRACE: tl.constexpr):
     """The persistent schedule: as many programs as SMs, each taking work items from a counter
     (work_counter, zeroed per call) in the order of work_list until none are left. Arguments as
@@ -247,7 +250,6 @@ def attn_fwd_persistent_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_st
                               v_strides[2], TILE)
     else:
         descs = (q_desc, k_desc, v_desc)
-    tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot = trace
     idx = tl.atomic_add(work_counter, 1)
     while idx < n_work:
         work = tl.load(work_list + idx)

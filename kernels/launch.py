@@ -121,11 +121,11 @@ def _size(plan: LaunchPlan) -> int:
 
 
 _PLANS = BoundedCache(LAUNCH_CACHE_ENTRIES, LAUNCH_CACHE_BYTES, LAUNCH_CACHE_ITEM_BYTES, _size)
-_UNTRACED = (None,) * 6         # the kernel's trace buffers, untraced
-_NO_STRIDES = (None,) * 3
+_TRACE_BUFFERS = ("tr_work", "tr_counter", "tr_tiles", "tr_rows", "row_slot", "head_slot", "trace_slots")
+_UNTRACED = dict.fromkeys(_TRACE_BUFFERS)     # None each: with the flags off no trace code is compiled
 # what each call binds; the plan fixes every other argument of the kernel
 _PER_CALL = ("Q", "K", "V", "O", "o_strides", "OA", "oa_strides", "LSE", "stride_lbh", "q_desc", "k_desc", "v_desc",
-             "trace", "trace_slots", "qk_scale")
+             "qk_scale") + _TRACE_BUFFERS
 _WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-specialised
 _ALLOCATOR = []
 
@@ -303,16 +303,17 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
               and o_prev.shape == q.shape and o_prev.stride(-1) == 1 and o_prev.device == q.device):
         raise ValueError(f"o_prev goes with merge=True or tiles='partial': a tensor {tuple(q.shape)} with unit last stride on {q.device}")
     qk_scale = lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, d) * LOG2E   # log2(e) folded in
-    call = dict(Q=q, K=k, V=v, O=o, o_strides=o_strides, qk_scale=qk_scale, trace=_UNTRACED, trace_slots=None,
-                q_desc=None, k_desc=None, v_desc=None)    # untraced and without host descriptors: compiled out
+    call = dict(Q=q, K=k, V=v, O=o, o_strides=o_strides, qk_scale=qk_scale, q_desc=None, k_desc=None, v_desc=None,
+                **_UNTRACED)    # untraced and without host descriptors: compiled out
     if lp.persistent:
         call["work_counter"] = torch.zeros(1, device=lp.device, dtype=torch.int32)
     if trace is not None:
         key = (b * h, id(lp.block))     # checked once: timing a traced call then adds no host work
         if key not in trace._checked:
             trace._checked[key] = check_trace_buffers(trace, b * h, lp.block)
-        head_slot, call["trace_slots"] = trace._checked[key]
-        call["trace"] = (trace.work, trace.counter, trace.tiles, trace.rows, trace.row_slot, head_slot)
+        head_slot, slots = trace._checked[key]
+        call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
+                    row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
     if lp.use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -325,7 +326,8 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
             prev = o if launch.prev_is_o else o_prev
             call.update(OA=prev, oa_strides=o_strides if prev is o else tuple(prev.stride()[:3]))
         else:
-            call.update(OA=None, oa_strides=_NO_STRIDES)
+            # OA unused: None; its strides any ints (Triton 3.6 cannot unpack a host tuple of None)
+            call.update(OA=None, oa_strides=o_strides)
         if launch.uses_lse:
             call.update(LSE=lse, stride_lbh=lse_stride)
         else:
