@@ -2,7 +2,8 @@
 CPU interpreter ('interpreter': real tile visits, no hardware clocks), with run-time estimates.
 
 Live runs are cached per settings (st.cache_resource: the same settings never run twice and
-sessions share results) and serialised by one process-wide lock. Traces returned from the
+sessions share results) and serialised by one process-wide lock (run_lock, shared with the
+recorders and every page's live runs). Traces returned from the
 caches are shared between sessions: treat them as read-only.
 """
 
@@ -31,10 +32,13 @@ RUN_OVERHEAD_S = 0.6
 GPU_S_PER_RUN = 0.5                # a traced GPU run after the kernel is compiled
 
 
-@st.cache_resource(show_spinner=False)
-def run_lock() -> threading.Lock:
-    """One lock per process: live kernel runs (GPU or interpreter) never overlap."""
-    return threading.Lock()
+def run_lock() -> threading.RLock:
+    """One lock per process: live kernel runs (GPU or interpreter) never overlap, on any page and
+    in the recorders themselves: it is instrumentation.recording.serial's lock (re-entrant, so a
+    page holding it may call a recorder that takes it too)."""
+    from instrumentation.recording.serial import kernel_runs
+
+    return kernel_runs()
 
 
 def live_source() -> str:

@@ -6,7 +6,8 @@
     run_paged(where, lengths, ...)   record_decode over a shared-prefix block table
     run_varlen(where, lengths, ...)  record_varlen of a packed batch and record() of it padded
 
-No Streamlit here: the page caches these calls.
+No Streamlit here: the page caches these calls. Each run holds the process's one run lock
+(instrumentation.recording.serial, the app's run_lock): two sessions never run kernels at once.
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ from pathlib import Path
 
 import numpy as np
 
+from instrumentation.recording.serial import kernel_runs as run_lock
+
 # the interpreter runs one numpy op at a time: keep live runs to seconds on 2 CPUs
 LIVE_LIMITS = {"interpreter": dict(seqs=6, length=1024), "gpu": dict(seqs=16, length=32768)}
 # a varlen run is two runs (packed and padded), the padded one over the longest length's full grid
 VARLEN_LIMITS = {"interpreter": dict(seqs=6, length=512), "gpu": dict(seqs=16, length=16384)}
 LIVE_SHAPE = {"interpreter": dict(heads=4, kv_heads=2, head_dim=32, dtype="fp32"),
               "gpu": dict(heads=32, kv_heads=8, head_dim=128, dtype="bf16")}
+VARLEN_BLOCK = 32                 # the live varlen runs' query and key block
+# The live varlen pair's cost, bounded before it starts: the tiles both runs compute (the packed
+# batch's and the padded one's), at ~8 ms each in a busy 2-CPU interpreter. 600 keep one link's
+# runs to about 5 s of server CPU (6 x 512 tokens were 6,500 tiles, 34 s).
+VARLEN_MAX_TILES = {"interpreter": 600, "gpu": None}
+VARLEN_DEFAULT = {"interpreter": "160,96,37,192", "gpu": "300,120,37,512"}
 
 
 def kind_of(meta: dict) -> str | None:
@@ -64,6 +73,28 @@ def check_lengths(lengths, where: str, limits: dict | None = None) -> list[int]:
     return lens
 
 
+def varlen_tiles(lens, heads: int, block: int = VARLEN_BLOCK) -> tuple[int, int]:
+    """(packed, padded) tiles a causal varlen pair computes over `heads` query heads: each
+    sequence's own causal triangle of block x block tiles, and every sequence padded to the
+    longest's triangle. Arithmetic only."""
+    blocks = [-(-int(n) // block) for n in lens]
+    tri = [nb * (nb + 1) // 2 for nb in blocks]
+    return heads * sum(tri), heads * len(blocks) * max(tri)
+
+
+def check_varlen(lengths, where: str, block: int = VARLEN_BLOCK) -> list[int]:
+    """The live varlen batch's lengths (check_lengths with VARLEN_LIMITS), refused in one line when
+    the two runs would compute more tiles than VARLEN_MAX_TILES[where] allows."""
+    lens = check_lengths(lengths, where, VARLEN_LIMITS)
+    limit = VARLEN_MAX_TILES[where]
+    packed, padded = varlen_tiles(lens, LIVE_SHAPE[where]["heads"], block)
+    if limit is not None and packed + padded > limit:
+        raise ValueError(f"these lengths need {packed + padded:,} tiles in the packed and the padded run, more "
+                         f"than a live {where} run takes ({limit:,}, a few seconds): shorten them "
+                         f"(e.g. {VARLEN_DEFAULT[where]}) or open a bundled varlen recording")
+    return lens
+
+
 def run_paged(where: str, lengths, page_size: int, shared_prefix: int, seed: int = 0):
     """One decode step over a paged cache whose sequences share a prefix; returns its Trace.
 
@@ -100,12 +131,13 @@ def run_paged(where: str, lengths, page_size: int, shared_prefix: int, seed: int
                                 dm.DATASHEET["H100"]["sms"])[0]
     # the prefix goes in the meta as the bundled recording's does: the page-size chart needs the
     # tokens, not only the whole pages the table happens to share at this page size
-    return record_decode(q, pools[0], pools[1], seqlens, num_splits=splits, measure=dev == "cuda",
-                         block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
-                         meta_extra={"serving": {"shared_prefix": int(shared_prefix)}})[1]
+    with run_lock():
+        return record_decode(q, pools[0], pools[1], seqlens, num_splits=splits, measure=dev == "cuda",
+                             block_table=torch.from_numpy(np.ascontiguousarray(table)).to(dev),
+                             meta_extra={"serving": {"shared_prefix": int(shared_prefix)}})[1]
 
 
-def run_varlen(where: str, lengths, block: int = 32, seed: int = 0):
+def run_varlen(where: str, lengths, block: int = VARLEN_BLOCK, seed: int = 0):
     """A packed causal prefill of ragged lengths and the same batch padded; returns (varlen, padded)
     Traces. ValueError (one line) when this checkout has no record_varlen yet."""
     import torch
@@ -116,7 +148,7 @@ def run_varlen(where: str, lengths, block: int = 32, seed: int = 0):
         from instrumentation import record_varlen
     except ImportError:
         raise ValueError("this checkout has no instrumentation.record_varlen: open the bundled recordings") from None
-    lens = check_lengths(lengths, where, VARLEN_LIMITS)
+    lens = check_varlen(lengths, where, block)
     shape, dev = LIVE_SHAPE[where], ("cuda" if where == "gpu" else "cpu")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[shape["dtype"]]
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -129,6 +161,7 @@ def run_varlen(where: str, lengths, block: int = 32, seed: int = 0):
         return torch.cat([t[b, :, :L].transpose(0, 1) for b, L in enumerate(lens)]).contiguous()
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=dev)
     blocks = dict(block_m=block, block_n=block)
-    _, packed = record_varlen(pack(q), pack(k), pack(v), cu, cu, n, n, mask="causal", **blocks)
-    _, padded = record(q, k, v, mask="causal", level="work", **blocks)
+    with run_lock():
+        _, packed = record_varlen(pack(q), pack(k), pack(v), cu, cu, n, n, mask="causal", **blocks)
+        _, padded = record(q, k, v, mask="causal", level="work", **blocks)
     return packed, padded

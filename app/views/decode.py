@@ -27,6 +27,7 @@ LIVE_LIMITS = {"interpreter": dict(batch=2, context=2048), "gpu": dict(batch=64,
 def live_pair(where, preset, batch, context, ragged, n_q, splits):
     import torch
 
+    from app.sources.live import run_lock
     from instrumentation import make_decode_inputs, record_decode
 
     p = dm.PRESETS[preset]
@@ -36,7 +37,8 @@ def live_pair(where, preset, batch, context, ragged, n_q, splits):
     lens = None
     if ragged:  # lengths spread evenly from context/batch up to context
         lens = torch.linspace(max(1, context // batch), context, batch).round().to(torch.int32).to(dev)
-    return tuple(record_decode(q, k, v, lens, num_splits=n, measure=dev == "cuda")[1] for n in (1, splits))
+    with run_lock():             # the process's one run lock: no other session's kernels meanwhile
+        return tuple(record_decode(q, k, v, lens, num_splits=n, measure=dev == "cuda")[1] for n in (1, splits))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)

@@ -146,15 +146,20 @@ if paged is not None:
 st.header("A packed batch of ragged lengths")
 packed = padded = None
 if live:
-    url_state.control("srv_vlens", "300,120,37,512")
+    linked = None                 # the link's own lengths, before the control takes (or refuses) them
+    if "srv_vlens" not in st.session_state and url_state.in_link("srv_vlens"):
+        linked = st.session_state.get("_link_params", {}).get("srv_vlens", st.query_params.get("srv_vlens"))
+    url_state.control("srv_vlens", srv.VARLEN_DEFAULT[s.source])
     vlim = srv.VARLEN_LIMITS[s.source]
     vtext = st.text_input(f"varlen batch: sequence lengths (1 to {vlim['seqs']}, each ≤ {vlim['length']:,})",
                           key="srv_vlens")
     url_state.control("srv_vrun", False)              # 1 or 0; anything else is named in a warning
+    if linked is not None and linked != vtext:
+        st.session_state["srv_vrun"] = False          # the link's lengths were refused: run nothing for it
     if st.toggle("Run the packed and the padded batch", key="srv_vrun",
                  help="two kernel runs; in the interpreter they take a minute on a busy machine"):
         try:
-            packed, padded = live_varlen(s.source, srv.check_lengths(parse_lengths(vtext), s.source, srv.VARLEN_LIMITS))
+            packed, padded = live_varlen(s.source, tuple(srv.check_varlen(parse_lengths(vtext), s.source)))
             vstem = f"serving_varlen_{s.source}"
         except ValueError as exc:
             st.error(plain(exc), icon=":material/error:")

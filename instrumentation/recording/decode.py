@@ -35,6 +35,7 @@ from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, DTYPES, environment
 from .paged import paged_meta, pages_table
 from .program_clock import clock_columns
+from .serial import kernel_runs
 from .timing import l2_flusher, time_graph_ms, time_ms
 
 COPY_BYTES = 1 << 30      # the copy benchmark moves a 1 GiB buffer (read once, written once)
@@ -98,7 +99,15 @@ def record_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm
     (as `time_graph_ms(flush="read")` before each replay: none of the cache in L2, no dirty lines).
     block_table: a paged cache (kernels.paged); the trace then holds the `pages` table and meta
     `paged` (instrumentation.recording.paged).
+    Thread-safe: calls from several threads run one at a time (instrumentation.recording.serial).
     """
+    with kernel_runs():
+        return _record_decode(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_n,
+                              num_warps, num_stages, fused_merge, measure, meta_extra, block_table)
+
+
+def _record_decode(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_n, num_warps,
+                   num_stages, fused_merge, measure, meta_extra, block_table):
     block_table = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_table)
     plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge, block_table)
     b, h, n_q, d = q.shape

@@ -1,0 +1,63 @@
+"""Kernel runs from several threads at once: record_decode from four threads, and the Serving
+page's live runs (a paged decode step, a varlen pair) from two sessions, each return what the
+same call returns alone. Triton's interpreter is not thread-safe (before, threads got
+InterpreterError, TypeError or wrong partials); one process-wide re-entrant lock
+(instrumentation.recording.serial) serialises every recorder and is the app's run lock."""
+
+from __future__ import annotations
+
+from .harness import refused_cheaply, run_snippet
+
+THREADS = """
+import threading, torch
+from instrumentation import make_decode_inputs, record_decode
+{setup}
+refs = [call() for call in calls]              # each alone, first
+got = {{}}
+def go(i, call):
+    try:
+        got[i] = call()
+    except Exception as exc:
+        got[i] = exc
+threads = [threading.Thread(target=go, args=(i, call)) for i, call in enumerate(calls * {copies})]
+[t.start() for t in threads]
+[t.join() for t in threads]
+bad = [f"{{i}}: {{type(r).__name__}}: {{r}}" if isinstance(r, Exception) else f"{{i}}: differs"
+       for i, r in sorted(got.items()) if isinstance(r, Exception) or not same(r, refs[i % len(calls)])]
+print("RESULT", len(got), "calls", "all right" if not bad else "WRONG " + "; ".join(bad)[:300])
+"""
+
+
+def test_record_decode_from_four_threads_gives_each_the_right_trace():
+    setup = """
+q, k, v = make_decode_inputs(1, 4, 2, 130, 16, dtype="fp32", seed=1)
+calls = [lambda: record_decode(q, k, v, num_splits=4)]
+def same(a, b):
+    return torch.equal(a[0], b[0]) and a[1].partials.equals(b[1].partials) and a[1].splits[["k_start", "k_end"]].equals(b[1].splits[["k_start", "k_end"]])
+"""
+    line = refused_cheaply(run_snippet(THREADS.format(setup=setup, copies=4)), "RESULT")
+    assert line == "RESULT 4 calls all right", line
+
+
+def test_two_sessions_live_serving_runs_do_not_collide():
+    setup = """
+from app.sources.serving import run_paged, run_varlen
+calls = [lambda: run_paged("interpreter", [24, 8], 16, 8), lambda: run_varlen("interpreter", [33, 9])]
+def same(a, b):
+    ta = a if isinstance(a, tuple) else (a,)
+    tb = b if isinstance(b, tuple) else (b,)
+    return all(x.work.drop(columns=[c for c in x.work if c in ("t_start", "t_end", "sm", "order")]).equals(
+        y.work.drop(columns=[c for c in y.work if c in ("t_start", "t_end", "sm", "order")])) for x, y in zip(ta, tb))
+"""
+    line = refused_cheaply(run_snippet(THREADS.format(setup=setup, copies=1)), "RESULT")
+    assert line == "RESULT 2 calls all right", line
+
+
+def test_the_app_run_lock_is_the_recorders_lock():
+    from app.sources.live import run_lock
+    from instrumentation.recording.serial import kernel_runs
+
+    assert run_lock() is kernel_runs()
+    with run_lock():                      # re-entrant: a page holding it may call a recorder
+        with kernel_runs():
+            pass
