@@ -20,7 +20,7 @@ import pandas as pd
 
 from kernels.masks import MaskSpec, parse_mask
 
-from . import backward_tables, bounds, checks, files, schema
+from . import backward_tables, bounds, checks, files, schema, serving_meta
 from .schema import (CORE_TABLES, FORMAT, MANIFEST, MANIFEST_SCHEMA, MAX_TABLES, META_SCHEMA,
                      REQUIRED_TABLES, STORED_META_SCHEMA, TABLE_NAME, TraceFormatError,
                      check_consistent)
@@ -178,6 +178,7 @@ class Trace:
         # what the meta allows bounds every table before a byte of parquet is decoded
         files.validate(meta, STORED_META_SCHEMA, "the trace's meta", TraceFormatError)
         bounds.check_meta(meta, TraceFormatError)
+        serving_meta.check_serving_meta(meta, TraceFormatError)
         bounds.check_manifest(meta, entries, {n: t.max_rows for n, t in schema.TABLES.items()},
                               schema.TABLE_COLUMNS, TraceFormatError)
         root = manifest_path.parent.resolve()
