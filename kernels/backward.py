@@ -1,13 +1,13 @@
-"""FlashAttention backward, host side: the block lists of the dK/dV pass (the forward's plan
-transposed: per key block, its visible query blocks), the launches of the kernels in
-kernels.backward_kernel, and the torch.autograd.Function that makes flash_attention
-differentiable.
+"""FlashAttention backward, host side: the launches of the kernels in kernels.backward_kernel,
+its trace buffers, and the torch.autograd.Function that makes flash_attention differentiable.
+The tiles (BackwardConfig) and block lists (BackwardPlan: the forward's plan transposed for the
+dK/dV pass) are kernels.backward_plan's, re-exported here.
 
 The forward saves O and the natural-log lse; the backward recomputes P = exp(S - lse) tile by
 tile, so it keeps O(N) extra memory: lse2 and D = rowsum(dO * O) per query row.
 
-The kernels' compile-time switches are three namedtuples defined here (BackwardMath, PassTiles,
-BackwardTrace), each passed as one constexpr. flash_attention_backward builds each launch's
+The kernels' compile-time switches are three namedtuples, each passed as one constexpr:
+BackwardMath and BackwardTrace defined here, PassTiles (one per pass) in kernels.backward_plan. flash_attention_backward builds each launch's
 arguments once as a dict keyed by the kernel's parameter names (pointers, stride tuples, block
 list tuples, sizes, the constexpr namedtuples) and launches them in the kernel's own parameter
 order (_launch); a second launch changes only the entries that differ, by name."""
@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from .runtime import INTERPRETER_MAX_TILES, choose_backend, interpreting
@@ -25,63 +24,15 @@ from .runtime import INTERPRETER_MAX_TILES, choose_backend, interpreting
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
 from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
-from .launch_cache import BoundedCache  # noqa: E402
-from .masks import FULL, PARTIAL, SKIPPED, MaskSpec, parse_mask  # noqa: E402
-from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
+# re-exported: callers read the tiles and plans as kernels.backward.X
+from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, INTERPRETER_CONFIG, BackwardConfig,  # noqa: E402,F401
+                            BackwardPlan, PassTiles, backward_config, backward_plan)
+from .masks import MaskSpec, parse_mask  # noqa: E402
 from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
 from .sizes import call_size  # noqa: E402
 
 LOG2E = 1.4426950408889634
 PREPROCESS_ROWS = 64
-PLAN_CACHE_ENTRIES = 64
-PLAN_CACHE_BYTES = 256 << 20
-PLAN_CACHE_ITEM_BYTES = 32 << 20
-
-
-@dataclass(frozen=True)
-class BackwardConfig:
-    """Tiles of the two passes: dK/dV holds block_n1 keys and streams block_m1 query rows; dQ
-    holds block_m2 query rows and streams block_n2 keys. one_launch: both passes in one grid
-    (the dQ programs after the dK/dV ones), else two launches. lse_acc: the recomputed scores'
-    dot starts from -lse (as the dP dot starts from -D) instead of subtracting it per element."""
-
-    block_m1: int
-    block_n1: int
-    block_m2: int
-    block_n2: int
-    num_warps: int
-    num_stages: int
-    one_launch: bool = True
-    lse_acc: bool = False
-
-
-# Tiles per padded head dim on CUDA for fp16/bf16: the fastest of the sweep in
-# data/benchmarks/backward-<device>.json (python -m benchmarks.attention --backward --sweep; B4 H16
-# N4096, backward alone). D 128: dK/dV 64 query rows x 128 keys, dQ 128 x 64, 8 warps, 3 stages
-# (32 x 128 dK/dV tiles: 0.9x its speed). D 64: 32 x 128 and 128 x 64 with 4 warps (8 warps or
-# 64 x 128 dK/dV tiles: 0.7-0.8x). D 256: 64 x 64 and 64 x 64, 8 warps, 2 stages (dK/dV 32 x 64: 0.86x).
-# float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
-CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 64, 4, 3), 128: BackwardConfig(64, 128, 128, 64, 8, 3),
-                256: BackwardConfig(64, 64, 64, 64, 8, 2)}
-CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
-INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
-
-
-def backward_config(head_dim: int, dtype, device) -> BackwardConfig:
-    """The default tiles for a head dim, dtype and device (the interpreter: few, large tiles).
-
-    Arguments:
-        head_dim: D of the call (padded to a power of two inside).
-        dtype: the inputs' torch dtype.
-        device: where the tensors are.
-    Returns:
-        BackwardConfig."""
-    if interpreting() or torch.device(device).type != "cuda":
-        return INTERPRETER_CONFIG
-    if dtype == torch.float32:
-        return CUDA_FLOAT32_CONFIG
-    d = padded_head_dim(head_dim)
-    return CUDA_CONFIGS[64 if d <= 64 else 128 if d <= 128 else 256]
 
 
 class BackwardMath(NamedTuple):
@@ -95,18 +46,6 @@ class BackwardMath(NamedTuple):
     LSE_ACC: bool          # BackwardConfig.lse_acc: the scores' dot starts from -lse
 
 
-class PassTiles(NamedTuple):
-    """TILES1 (the dK/dV pass) or TILES2 (dQ) of attn_bwd_kernel: the pass's tile shape and
-    which tile kinds its block lists hold (a loop the lists never use is compiled away)."""
-
-    BLOCK_M: int           # query rows of a tile
-    BLOCK_N: int           # keys of a tile
-    EVEN: bool             # the block a program holds (dK/dV: keys, dQ: query rows) needs no row mask
-    HAS_FULL: bool         # some tile is fully visible
-    HAS_PARTIAL: bool      # some tile is partly visible
-    PARTIAL_AFTER: bool    # dK/dV: some key block has partial query blocks below its full run
-
-
 class BackwardTrace(NamedTuple):
     """The TRACE constexpr: which trace stores are compiled in (BackwardTraceBuffers)."""
 
@@ -117,90 +56,6 @@ class BackwardTrace(NamedTuple):
 
 
 UNTRACED = BackwardTrace(False, False, False, False)
-
-
-@dataclass
-class BackwardPlan:
-    """What the backward iterates for one (mask, N_q, N_k, tiles, device). The dK/dV pass: per
-    key block, the query blocks that see it (the forward's block map at block_m1 x block_n1,
-    transposed); the dQ pass: the forward's plan at block_m2 x block_n2. Each pass takes a head's
-    blocks most tiles first (kv_order, q_order), so the programs that start last are short."""
-
-    kv_plan: BlockPlan               # row intervals and block map of the dK/dV tiles
-    kv_full_cnt: torch.Tensor        # (n_kb,) int32
-    kv_full_start: torch.Tensor      # (n_kb,) int32: full query blocks are start + [0, cnt)
-    kv_part_cnt: torch.Tensor        # (n_kb,) int32
-    kv_part_idx: torch.Tensor        # (n_kb, n_qb) int32: partial query blocks first, ascending
-    kv_part_before: torch.Tensor     # (n_kb,) int32: how many of them lie above the full run
-    kv_order: torch.Tensor           # (n_kb,) int32 key blocks in program order
-    q_plan: BlockPlan                # the forward's plan at the dQ tiles
-    q_order: torch.Tensor            # (n_qb,) int32 query blocks in program order
-    kv_tiles: int                    # computed tiles per head of each pass
-    q_tiles: int
-    dkdv_tiles: PassTiles            # the passes' TILES1, TILES2
-    dq_tiles: PassTiles
-
-    @property
-    def consts(self) -> dict:
-        """The mask-dependent switches by name (HAS_FULL1, ..., EVEN_M2), as benchmarks read them."""
-        t1, t2 = self.dkdv_tiles, self.dq_tiles
-        return dict(HAS_FULL1=t1.HAS_FULL, HAS_PARTIAL1=t1.HAS_PARTIAL, PARTIAL_AFTER1=t1.PARTIAL_AFTER,
-                    HAS_FULL2=t2.HAS_FULL, HAS_PARTIAL2=t2.HAS_PARTIAL, EVEN_N1=t1.EVEN, EVEN_M2=t2.EVEN)
-
-
-def _plan_size(bp: BackwardPlan) -> int:
-    return plan_bytes(bp.kv_plan) + plan_bytes(bp.q_plan) + 4 * (
-        bp.kv_part_idx.numel() + 5 * bp.kv_order.numel() + bp.q_order.numel())
-
-
-_BACKWARD_PLANS = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, _plan_size)
-
-
-def backward_plan(spec: MaskSpec, n_q: int, n_k: int, cfg: BackwardConfig, device) -> BackwardPlan:
-    """The backward's block lists for a mask and sizes at cfg's tiles.
-
-    Arguments:
-        spec: the parsed mask; n_q, n_k: query rows and keys; cfg: the tiles; device: where the
-            lists go.
-    Returns:
-        BackwardPlan (kept in a bounded cache)."""
-    key = (spec, int(n_q), int(n_k), cfg.block_m1, cfg.block_n1, cfg.block_m2, cfg.block_n2, str(device))
-    bp = _BACKWARD_PLANS.get(key)
-    if bp is None:
-        bp = _BACKWARD_PLANS.put(key, _backward_plan(spec, int(n_q), int(n_k), cfg, device))
-    return bp
-
-
-def _backward_plan(spec, n_q, n_k, cfg, device) -> BackwardPlan:
-    kv_plan = block_plan(spec, n_q, cfg.block_m1, cfg.block_n1, device, n_k)
-    q_plan = block_plan(spec, n_q, cfg.block_m2, cfg.block_n2, device, n_k)
-    by_key = kv_plan.block_map.T                                   # (n_kb, n_qb)
-    full = by_key == FULL
-    full_cnt = full.sum(axis=1).astype(np.int32)
-    full_start = np.where(full_cnt > 0, np.argmax(full, axis=1), 0).astype(np.int32)
-    # every row sees one interval whose ends never move left as the row moves down (all mask
-    # kinds), so the query blocks that fully see a key block form one contiguous run
-    run = np.arange(by_key.shape[1])[None, :]
-    in_run = (run >= full_start[:, None]) & (run < (full_start + full_cnt)[:, None])
-    assert np.array_equal(in_run, full), "full query blocks of a key block are not contiguous"
-    partial = by_key == PARTIAL
-    part_idx = np.argsort(~partial, axis=1, kind="stable")         # partial ones first, ascending
-    # the dK/dV programs visit query blocks in increasing order: partial ones above the full
-    # run, the run, then partial ones below it (a window's far edge)
-    part_before = np.where(full_cnt > 0, (partial & (run < full_start[:, None])).sum(axis=1),
-                           partial.sum(axis=1)).astype(np.int32)
-    kv_tiles = (by_key != SKIPPED).sum(axis=1)
-    to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)  # noqa: E731
-    tiles1 = PassTiles(cfg.block_m1, cfg.block_n1, EVEN=n_k % cfg.block_n1 == 0, HAS_FULL=bool(full.any()),
-                       HAS_PARTIAL=bool(partial.any()),
-                       PARTIAL_AFTER=bool((part_before < partial.sum(axis=1)).any()))
-    tiles2 = PassTiles(cfg.block_m2, cfg.block_n2, EVEN=n_q % cfg.block_m2 == 0,
-                       HAS_FULL=bool((q_plan.block_map == FULL).any()), HAS_PARTIAL=q_plan.has_partial,
-                       PARTIAL_AFTER=False)
-    return BackwardPlan(kv_plan, to(full_cnt), to(full_start), to(partial.sum(axis=1)), to(part_idx),
-                        to(part_before), to(np.argsort(-kv_tiles, kind="stable")), q_plan,
-                        to(np.argsort(-q_plan.tiles_per_q_block, kind="stable")),
-                        int(kv_tiles.sum()), int(q_plan.tiles_per_q_block.sum()), tiles1, tiles2)
 
 
 @dataclass
