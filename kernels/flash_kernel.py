@@ -68,10 +68,12 @@ def _device_descs(Q, K, V, batch_heads, GROUP, N_Q, N_K, stride_qn, stride_kn, s
     """Tensor descriptors over the (B*H*N_q, D) and (B*H_kv*N_k, D) row views, made on the
     device (their scratch comes from triton.set_allocator): what the warp-specialised loop loads."""
     HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
     kv_rows = batch_heads // GROUP * N_K
-    q_desc = tl.make_tensor_descriptor(Q, [batch_heads * N_Q, HEAD_DIM], [stride_qn, 1], [TILE.BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K, [kv_rows, HEAD_DIM], [stride_kn, 1], [TILE.BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V, [kv_rows, HEAD_DIM], [stride_vn, 1], [TILE.BLOCK_N, HEAD_DIM])
+    q_desc = tl.make_tensor_descriptor(Q, [batch_heads * N_Q, HEAD_DIM], [stride_qn, 1], [BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K, [kv_rows, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V, [kv_rows, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
     return q_desc, k_desc, v_desc
 
 
@@ -95,10 +97,15 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
     q_desc, k_desc, v_desc = descs
     tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots = trace
     H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale = sizes
+    # namedtuple fields bound to constexprs before they go into shapes or calls (tile_ops.attend_tiles)
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
     EVEN_M: tl.constexpr = TILE.EVEN_M
     EVEN_D: tl.constexpr = TILE.EVEN_D
+    USE_TMA: tl.constexpr = LOOP.USE_TMA
+    WARP_SPECIALIZE: tl.constexpr = LOOP.WARP_SPECIALIZE
+    ROWSUM_MMA: tl.constexpr = LOOP.ROWSUM_MMA
+    SAFE_DIV: tl.constexpr = PHASE.SAFE_DIV
     if TRACE.WORK and TRACE.HW_CLOCK:
         t_start = globaltimer()
     bh = work // n_qb
@@ -117,7 +124,7 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
     q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :]          # (BLOCK_M, D)
     in_seq = offs_m < N_Q
     kv_row_base = ((bh // H) * (H // GROUP) + (bh % H) // GROUP) * N_K   # KV head's first row in (B*H_kv*N_k, D)
-    if LOOP.USE_TMA:
+    if USE_TMA:
         q = q_desc.load([bh * N_Q + q_block * BLOCK_M, 0])
     elif EVEN_M and EVEN_D:
         q = tl.load(q_ptrs)
@@ -157,25 +164,28 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
         tiles_ptr = tr_tiles
         rows_ptr = tr_rows
         trace_rows_here = False
-    kv = (k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, kv_row_base)
+    kv = (k_base, v_base, stride_kn, stride_vn, kv_row_base)
     rows = (offs_d, d_ok, row_lo, row_hi)
-    tile_trace = (tiles_ptr, rows_ptr, n_kb, traced_head, trace_rows_here)
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
     if PHASE.OFF_BAND:
         full_run = (part_idx, tl.load(full_start + q_block), n_full, 0, N_K)
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kv, rows, full_run, qk_scale, tile_trace, TILE=TILE,
-                                     IS_PARTIAL=False, USE_TMA=LOOP.USE_TMA, WARP_SPECIALIZE=LOOP.WARP_SPECIALIZE,
-                                     ROWSUM_MMA=LOOP.ROWSUM_MMA, TRACE=TRACE)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kv, rows, full_run, qk_scale, k_desc=k_desc, v_desc=v_desc,
+                                     tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb, trace_tiles_here=traced_head,
+                                     trace_rows_here=trace_rows_here, TILE=TILE, IS_PARTIAL=False,
+                                     USE_TMA=USE_TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
+                                     ROWSUM_MMA=ROWSUM_MMA, TRACE=TRACE)
     # -- on-band: partial tiles, element mask from the per-row interval --
     if PHASE.HAS_PARTIAL:
         partial_list = (part_idx + q_block * n_kb, 0, n_part, n_full, N_K)
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kv, rows, partial_list, qk_scale, tile_trace, TILE=TILE,
-                                     IS_PARTIAL=True, USE_TMA=LOOP.USE_TMA, WARP_SPECIALIZE=False,
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kv, rows, partial_list, qk_scale, k_desc=k_desc,
+                                     v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb,
+                                     trace_tiles_here=traced_head, trace_rows_here=trace_rows_here, TILE=TILE,
+                                     IS_PARTIAL=True, USE_TMA=USE_TMA, WARP_SPECIALIZE=False,
                                      ROWSUM_MMA=False, TRACE=TRACE)
     # -- epilogue: one normalisation per row --
-    out, lse = normalise_rows(acc, l_i, m_i, PHASE.SAFE_DIV)
+    out, lse = normalise_rows(acc, l_i, m_i, SAFE_DIV)
     if PHASE.MERGE:
         # (O, LSE) already hold a normalised result over other keys (a ring's accumulator):
         # the online-softmax merge kernels.ring_merge runs as a pass of its own, done here instead

@@ -110,30 +110,35 @@ def softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED: tl.constex
 
 
 @triton.jit
-def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, tile_trace, TILE: tl.constexpr,
-                 IS_PARTIAL: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                 ROWSUM_MMA: tl.constexpr, TRACE: tl.constexpr):
+def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, k_desc, v_desc, tiles_ptr, rows_ptr, n_kb,
+                 trace_tiles_here, trace_rows_here, TILE: tl.constexpr, IS_PARTIAL: tl.constexpr,
+                 USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, ROWSUM_MMA: tl.constexpr,
+                 TRACE: tl.constexpr):
     """The online softmax over one run of K/V tiles of a query block (the forward's off-band and
     on-band loops, and the varlen kernel's full run): per tile load K, S = Q K^T, softmax_update,
     rescale, load V, acc += P V. Returns (acc, l_i, m_i).
 
-    kv: (k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, desc_row): the KV head's K and V
-        rows (pointer loads), or their tensor descriptors and this head's first row (USE_TMA).
+    kv: (k_base, v_base, stride_kn, stride_vn, desc_row): the KV head's K and V rows (pointer
+        loads), and this head's first row in k_desc, v_desc (tensor descriptors, USE_TMA).
     rows: (offs_d, d_ok, row_lo, row_hi): head-dim offsets and bounds; each row's visible keys.
     blocks: (idx_ptr, kb_start, count, step0, N_K): `count` key blocks, kb_start + i for a full
         run (one contiguous run for an interval mask), idx_ptr[i] for partial tiles (IS_PARTIAL,
         masked per row); step0 numbers the visits; keys from N_K on are padding.
-    tile_trace: (tiles_ptr, rows_ptr, n_kb, tiles_here, rows_here): where TRACE.TILES / TRACE.ROWS
-        store this query block's visits and row states, and whether this head is traced.
+    tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here: where TRACE.TILES / TRACE.ROWS
+        store this query block's visits and row states, and whether this head is traced. These and
+        the descriptors are separate arguments (by keyword), not a tuple: untraced they are None or
+        False, which Triton 3.6 cannot hold in a tuple built in the kernel.
     TILE: kernel_args.Tile. WARP_SPECIALIZE: tl.range's producer/consumer split (Hopper; the loop
     must be its kernel's only loop with dots). ROWSUM_MMA: the row sums l from P times a ones tile
     on the tensor cores instead of a per-tile reduction."""
-    k_base, v_base, stride_kn, stride_vn, k_desc, v_desc, desc_row = kv
+    k_base, v_base, stride_kn, stride_vn, desc_row = kv
     offs_d, d_ok, row_lo, row_hi = rows
     idx_ptr, kb_start, count, step0, N_K = blocks
-    tiles_ptr, rows_ptr, n_kb, trace_tiles_here, trace_rows_here = tile_trace
+    # a namedtuple field is a plain Python value in Triton 3.6: bound to a constexpr before it goes
+    # into a shape, a tuple or another jit function's arguments
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    EVEN_D: tl.constexpr = TILE.EVEN_D
     DOT_PRECISION: tl.constexpr = TILE.DOT_PRECISION
     UPCAST_DOT: tl.constexpr = TILE.UPCAST_DOT
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -155,7 +160,7 @@ def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, tile_trace, TILE:
         if USE_TMA and not IS_PARTIAL:
             k = tl.trans(k_desc.load([desc_row + k_block * BLOCK_N, 0]))      # bulk tensor copy
         else:
-            k = load_kv_tile(k_ptrs, offs_n[None, :] < N_K, d_ok[:, None], IS_PARTIAL, TILE.EVEN_D, KV_EVICT_NORMAL)
+            k = load_kv_tile(k_ptrs, offs_n[None, :] < N_K, d_ok[:, None], IS_PARTIAL, EVEN_D, KV_EVICT_NORMAL)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
@@ -171,7 +176,7 @@ def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, tile_trace, TILE:
         if USE_TMA and not IS_PARTIAL:
             v = v_desc.load([desc_row + k_block * BLOCK_N, 0])
         else:
-            v = load_kv_tile(v_ptrs, offs_n[:, None] < N_K, d_ok[None, :], IS_PARTIAL, TILE.EVEN_D, KV_EVICT_NORMAL)
+            v = load_kv_tile(v_ptrs, offs_n[:, None] < N_K, d_ok[None, :], IS_PARTIAL, EVEN_D, KV_EVICT_NORMAL)
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
         # -- trace: tile visit and row state (compiled away when the flags are off) --

@@ -53,18 +53,22 @@ def _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED: tl
 
 
 @triton.jit
-def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tile_trace, TILE: tl.constexpr,
-                  MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, TRACE: tl.constexpr):
+def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tiles_ptr, trace_here, step0,
+                  TILE: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  TRACE: tl.constexpr):
     """Online softmax over key blocks [kb_from, kb_to); MASKED applies each row's [lo, hi].
     kv: (k_head, v_head, table_row, k_start, len_k, k_strides, v_strides), the strides (packed row,
-    head, page); rows: (offs_d, d_ok, row_lo, row_hi); tile_trace: (tiles_ptr, trace_here, step0)."""
+    head, page); rows: (offs_d, d_ok, row_lo, row_hi); tiles_ptr, trace_here, step0: where a traced
+    item records its visits (separate arguments: untraced, trace_here is False, which Triton 3.6
+    cannot hold in a tuple built in the kernel)."""
     k_head, v_head, table_row, k_start, len_k, k_strides, v_strides = kv
     stride_kt, stride_kh, stride_kp = k_strides
     stride_vt, stride_vh, stride_vp = v_strides
     offs_d, d_ok, row_lo, row_hi = rows
-    tiles_ptr, trace_here, step0 = tile_trace
-    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N       # fields bound to constexprs (tile_ops.attend_tiles says why)
     EVEN_D: tl.constexpr = TILE.EVEN_D
+    DOT_PRECISION: tl.constexpr = TILE.DOT_PRECISION
+    UPCAST_DOT: tl.constexpr = TILE.UPCAST_DOT
     offs_n0 = tl.arange(0, BLOCK_N)
     for kb in range(kb_from, kb_to):
         if TRACE.TILES and TRACE.HW_CLOCK:
@@ -74,16 +78,16 @@ def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tile_tra
         k_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED, PAGE_SIZE)
         k = load_kv_tile(k_head + k_rows[None, :] + offs_d[:, None], n_ok[None, :], d_ok[:, None],
                          MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (D, BLOCK_N)
-        if TILE.UPCAST_DOT:
+        if UPCAST_DOT:
             k = k.to(tl.float32)
-        qk = tl.dot(q, k, input_precision=TILE.DOT_PRECISION)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_vt, stride_vp, PAGED, PAGE_SIZE)
         v = load_kv_tile(v_head + v_rows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :],
                          MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (BLOCK_N, D)
-        acc = accumulate_pv(acc, p, v, TILE.DOT_PRECISION, TILE.UPCAST_DOT)
+        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
         if TRACE.TILES:      # compiled away untraced
             if trace_here:
@@ -158,24 +162,25 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, trace
     rows = (offs_d, d_ok, row_lo, row_hi)
     # partial blocks before the full run (window start, prefix edge), the full run, then the
     # partial blocks after it (the diagonal, the sequence end)
-    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_lo, f_lo, qk_scale, (tiles_ptr, trace_here, 0),
-                                  TILE=TILE, MASKED=True, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
+    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_lo, f_lo, qk_scale, tiles_ptr=tiles_ptr,
+                                  trace_here=trace_here, step0=0, TILE=TILE, MASKED=True, PAGED=PAGED,
+                                  PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
     if PAGED or TRACE.TILES:
-        acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_lo, f_hi, qk_scale,
-                                      (tiles_ptr, trace_here, f_lo - kb_lo), TILE=TILE, MASKED=False, PAGED=PAGED,
-                                      PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
+        acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_lo, f_hi, qk_scale, tiles_ptr=tiles_ptr,
+                                      trace_here=trace_here, step0=f_lo - kb_lo, TILE=TILE, MASKED=False,
+                                      PAGED=PAGED, PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
     else:
         # the forward's full-tile loop (no mask, no TMA, no trace) over keys k_start + [f_lo, f_hi) blocks
         stride_kt = k_strides[0]
         stride_vt = v_strides[0]
         run_kv = (k_head + k_start.to(tl.int64) * stride_kt, v_head + k_start.to(tl.int64) * stride_vt,
-                  stride_kt, stride_vt, k_head, v_head, k_start)
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, run_kv, (offs_d, d_ok, row_lo, row_hi),
-                                     (lo_ptr, f_lo, f_hi - f_lo, 0, len_k), qk_scale,
-                                     (tiles_ptr, tiles_ptr, 0, False, False), TILE=TILE, IS_PARTIAL=False,
+                  stride_kt, stride_vt, k_start)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, run_kv, rows, (lo_ptr, f_lo, f_hi - f_lo, 0, len_k), qk_scale,
+                                     k_desc=k_head, v_desc=v_head, tiles_ptr=tiles_ptr, rows_ptr=tiles_ptr, n_kb=0,
+                                     trace_tiles_here=False, trace_rows_here=False, TILE=TILE, IS_PARTIAL=False,
                                      USE_TMA=False, WARP_SPECIALIZE=False, ROWSUM_MMA=False, TRACE=TRACE)
-    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_hi, kb_end, qk_scale,
-                                  (tiles_ptr, trace_here, f_hi - kb_lo), TILE=TILE, MASKED=True, PAGED=PAGED,
+    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_hi, kb_end, qk_scale, tiles_ptr=tiles_ptr,
+                                  trace_here=trace_here, step0=f_hi - kb_lo, TILE=TILE, MASKED=True, PAGED=PAGED,
                                   PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
     # -- epilogue: one normalisation per row; a row that sees no key stores 0 (and lse -inf) --
     seen = l_i > 0.0
