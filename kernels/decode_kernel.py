@@ -78,39 +78,48 @@ def _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d,
     head's offset, its sequence's row of the block table (PAGED), and its first row in the
     (B*H_kv*N_max, D) view the descriptors read (USE_TMA). k_strides, v_strides: (batch or page,
     KV head, key). PAGED: key j is row j % PAGE_SIZE of page table_row[j // PAGE_SIZE]."""
+    # constexpr groups' fields bound to constexprs (Triton 3.6 hands a namedtuple field over as a plain value)
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
+    PAGED: tl.constexpr = CACHE.PAGED
+    PAGE_SIZE: tl.constexpr = CACHE.PAGE_SIZE
+    USE_TMA: tl.constexpr = CACHE.USE_TMA
+    EVEN_D: tl.constexpr = TILE.EVEN_D
+    UPCAST_DOT: tl.constexpr = TILE.UPCAST_DOT
+    DOT_PRECISION: tl.constexpr = TILE.DOT_PRECISION
     k_base, v_base, table_row, desc_row = kv
     stride_kp = k_strides[0]
     stride_kn = k_strides[2]
     stride_vp = v_strides[0]
     stride_vn = v_strides[2]
-    offs_n0 = tl.arange(0, TILE.BLOCK_N)
-    d_ok = offs_d < TILE.HEAD_DIM
-    if CACHE.PAGED:
-        page_next = _table_entries(lo, hi, table_row, TILE.BLOCK_N, CACHE.PAGE_SIZE)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    if PAGED:
+        page_next = _table_entries(lo, hi, table_row, BLOCK_N, PAGE_SIZE)
     else:
         page_next = lo.to(tl.int64)          # unused
-    for start in range(lo, hi, TILE.BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         offs_n = start + offs_n0
-        if CACHE.PAGED:
+        if PAGED:
             # the next tile's table entries are loaded here, a tile ahead of their use, so the
             # K/V loads never wait on a table load
             page = page_next
-            page_next = _table_entries(start + TILE.BLOCK_N, hi, table_row, TILE.BLOCK_N, CACHE.PAGE_SIZE)
-            slot = (offs_n % CACHE.PAGE_SIZE).to(tl.int64)
+            page_next = _table_entries(start + BLOCK_N, hi, table_row, BLOCK_N, PAGE_SIZE)
+            slot = (offs_n % PAGE_SIZE).to(tl.int64)
             k_rows = page * stride_kp + slot * stride_kn
             v_rows = page * stride_vp + slot * stride_vn
         else:
             k_rows = offs_n * stride_kn
             v_rows = offs_n * stride_vn
         # -- load K^T, compute qk --
-        if CACHE.USE_TMA and not ON_BAND:
+        if USE_TMA and not ON_BAND:
             k = tl.trans(k_desc.load([desc_row + start, 0]))                   # bulk tensor copy
         else:
             k_ptrs = k_base + k_rows[None, :] + offs_d[:, None]                  # (D, BLOCK_N)
-            k = load_kv_tile(k_ptrs, offs_n[None, :] < hi, d_ok[:, None], ON_BAND, TILE.EVEN_D, KV_EVICT)
-        if TILE.UPCAST_DOT:
+            k = load_kv_tile(k_ptrs, offs_n[None, :] < hi, d_ok[:, None], ON_BAND, EVEN_D, KV_EVICT)
+        if UPCAST_DOT:
             k = k.to(tl.float32)
-        qk = tl.dot(q, k, input_precision=TILE.DOT_PRECISION) * qk_scale        # (BLOCK_M, BLOCK_N)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale        # (BLOCK_M, BLOCK_N)
         if ON_BAND:
             # key j is visible to row r when j < hi (this split's end) and j <= row_pos[r]
             visible = (offs_n[None, :] < hi) & (offs_n[None, :] <= row_pos[:, None])
@@ -123,12 +132,12 @@ def _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d,
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         # -- load V, accumulate --
-        if CACHE.USE_TMA and not ON_BAND:
+        if USE_TMA and not ON_BAND:
             v = v_desc.load([desc_row + start, 0])
         else:
             v_ptrs = v_base + v_rows[:, None] + offs_d[None, :]                  # (BLOCK_N, D)
-            v = load_kv_tile(v_ptrs, offs_n[:, None] < hi, d_ok[None, :], ON_BAND, TILE.EVEN_D, KV_EVICT)
-        acc = accumulate_pv(acc, p, v, TILE.DOT_PRECISION, TILE.UPCAST_DOT)
+            v = load_kv_tile(v_ptrs, offs_n[:, None] < hi, d_ok[None, :], ON_BAND, EVEN_D, KV_EVICT)
+        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -151,45 +160,54 @@ def _merge_rows(parts, O, LSE, o_strides, bkv, row_block, H_KV, N_Q, ROWS, num_s
     dense block at compile-time offsets, a single pass of loads.
     Partials are read with .cg (L2, not L1): they were written by other programs of this launch.
     """
+    # constexpr groups' fields bound to constexprs (Triton 3.6 hands a namedtuple field over as a plain value)
+    EVEN_MERGE: tl.constexpr = MERGE.EVEN_MERGE
+    SPLIT_CHUNK: tl.constexpr = MERGE.SPLIT_CHUNK
+    MERGE_M: tl.constexpr = MERGE.MERGE_M
+    HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
+    HEAD_DIM_PAD: tl.constexpr = TILE.HEAD_DIM_PAD
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    EVEN_D: tl.constexpr = TILE.EVEN_D
+    GROUP: tl.constexpr = TILE.GROUP
     O_part, M_part, L_part = parts
     stride_ob = o_strides[0]
     stride_oh = o_strides[1]
     stride_on = o_strides[2]
     off_b = (bkv // H_KV).to(tl.int64)
     off_kv = (bkv % H_KV).to(tl.int64)
-    if MERGE.EVEN_MERGE:
-        base = bkv.to(tl.int64) * (MERGE.SPLIT_CHUNK * MERGE.MERGE_M)        # (bkv, split 0, row 0) in (B, H_kv, S, rows)
+    if EVEN_MERGE:
+        base = bkv.to(tl.int64) * (SPLIT_CHUNK * MERGE_M)        # (bkv, split 0, row 0) in (B, H_kv, S, rows)
     else:
         base = bkv.to(tl.int64) * num_splits * ROWS
     m_base = M_part + base
     l_base = L_part + base
-    o_base = O_part + base * TILE.HEAD_DIM
-    offs_d = tl.arange(0, TILE.HEAD_DIM_PAD)
-    d_ok = offs_d < TILE.HEAD_DIM
-    offs_c0 = tl.arange(0, MERGE.SPLIT_CHUNK)
-    row_end = tl.minimum(ROWS, (row_block + 1) * TILE.BLOCK_M)
-    for r0 in range(row_block * TILE.BLOCK_M, row_end, MERGE.MERGE_M):
-        offs_r = r0 + tl.arange(0, MERGE.MERGE_M)
+    o_base = O_part + base * HEAD_DIM
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    offs_c0 = tl.arange(0, SPLIT_CHUNK)
+    row_end = tl.minimum(ROWS, (row_block + 1) * BLOCK_M)
+    for r0 in range(row_block * BLOCK_M, row_end, MERGE_M):
+        offs_r = r0 + tl.arange(0, MERGE_M)
         row_ok = offs_r < row_end
-        m_run = tl.full([MERGE.MERGE_M], float("-inf"), dtype=tl.float32)
-        den = tl.zeros([MERGE.MERGE_M], dtype=tl.float32)
-        acc = tl.zeros([MERGE.MERGE_M, TILE.HEAD_DIM_PAD], dtype=tl.float32)
-        for c in range(0, num_splits, MERGE.SPLIT_CHUNK):
+        m_run = tl.full([MERGE_M], float("-inf"), dtype=tl.float32)
+        den = tl.zeros([MERGE_M], dtype=tl.float32)
+        acc = tl.zeros([MERGE_M, HEAD_DIM_PAD], dtype=tl.float32)
+        for c in range(0, num_splits, SPLIT_CHUNK):
             offs_c = c + offs_c0
-            if MERGE.EVEN_MERGE:
+            if EVEN_MERGE:
                 # c = r0 = 0 and ROWS = MERGE_M: constant offsets, nothing to mask
-                part = offs_c0[:, None] * MERGE.MERGE_M + tl.arange(0, MERGE.MERGE_M)[None, :]  # (C, MERGE_M)
+                part = offs_c0[:, None] * MERGE_M + tl.arange(0, MERGE_M)[None, :]  # (C, MERGE_M)
                 m_j = tl.load(m_base + part, cache_modifier=".cg")
                 l_j = tl.load(l_base + part, cache_modifier=".cg")
-                o_j = tl.load(o_base + part[:, :, None] * TILE.HEAD_DIM + offs_d[None, None, :],
+                o_j = tl.load(o_base + part[:, :, None] * HEAD_DIM + offs_d[None, None, :],
                               cache_modifier=".cg")                                    # (C, MERGE_M, D)
             else:
                 ok = (offs_c[:, None] < num_splits) & row_ok[None, :]                  # (C, MERGE_M)
                 part = offs_c[:, None] * ROWS + offs_r[None, :]                        # int32
                 m_j = tl.load(m_base + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
                 l_j = tl.load(l_base + part, mask=ok, other=0.0, cache_modifier=".cg")
-                o_ptrs = o_base + part[:, :, None] * TILE.HEAD_DIM + offs_d[None, None, :]
-                if TILE.EVEN_D:
+                o_ptrs = o_base + part[:, :, None] * HEAD_DIM + offs_d[None, None, :]
+                if EVEN_D:
                     o_j = tl.load(o_ptrs, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
                 else:
                     o_j = tl.load(o_ptrs, mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
@@ -203,13 +221,13 @@ def _merge_rows(parts, O, LSE, o_strides, bkv, row_block, H_KV, N_Q, ROWS, num_s
             m_run = m_new
         seen = den > 0.0
         out = acc / tl.where(seen, den, 1.0)[:, None]
-        head = off_kv * TILE.GROUP + offs_r // N_Q
+        head = off_kv * GROUP + offs_r // N_Q
         t = offs_r % N_Q
         o_ptrs = O + off_b * stride_ob + head[:, None] * stride_oh + t[:, None] * stride_on + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if STORE_LSE:
             lse = tl.where(seen, tl.where(seen, m_run, 0.0) + tl.log(tl.where(seen, den, 1.0)), float("-inf"))
-            tl.store(LSE + (off_b * H_KV * TILE.GROUP + head) * N_Q + t, lse, mask=row_ok)
+            tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + t, lse, mask=row_ok)
 
 
 @triton.jit
@@ -220,6 +238,16 @@ def decode_split_kernel(Q, K, V, O, LSE, parts, seqlens, counters, k_desc, v_des
                         SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, STORE_LSE: tl.constexpr):
     """Stage 1: one program per (split, b * H_kv + kv_head, row block); see the module docstring.
     SPLIT: several splits (write partials); FUSED_MERGE: the last split of a group merges it."""
+    # constexpr groups' fields bound to constexprs (Triton 3.6 hands a namedtuple field over as a plain value)
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    GROUP: tl.constexpr = TILE.GROUP
+    HEAD_DIM_PAD: tl.constexpr = TILE.HEAD_DIM_PAD
+    HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
+    UPCAST_DOT: tl.constexpr = TILE.UPCAST_DOT
+    HAS_SEQLENS: tl.constexpr = CACHE.HAS_SEQLENS
+    SPLIT_UNIT: tl.constexpr = CACHE.SPLIT_UNIT
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    PAGED: tl.constexpr = CACHE.PAGED
     if TRACE.on and TRACE.hw_clock:
         t_start = globaltimer()
     split = tl.program_id(0)
@@ -228,33 +256,33 @@ def decode_split_kernel(Q, K, V, O, LSE, parts, seqlens, counters, k_desc, v_des
     off_b = (bkv // H_KV).to(tl.int64)
     off_kv = (bkv % H_KV).to(tl.int64)
     # -- the stacked Q tile: row r is query t = r % N_q of head kv_head * G + r // N_q --
-    offs_r = row_block * TILE.BLOCK_M + tl.arange(0, TILE.BLOCK_M)
+    offs_r = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = offs_r < ROWS
-    head = off_kv * TILE.GROUP + offs_r // N_Q
+    head = off_kv * GROUP + offs_r // N_Q
     t = offs_r % N_Q
-    offs_d = tl.arange(0, TILE.HEAD_DIM_PAD)
-    d_ok = offs_d < TILE.HEAD_DIM
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
     q_ptrs = Q + off_b * q_strides[0] + head[:, None] * q_strides[1] + t[:, None] * q_strides[2] + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)      # (BLOCK_M, D)
-    if TILE.UPCAST_DOT:
+    if UPCAST_DOT:
         q = q.to(tl.float32)
     # -- this split's key range of the valid cache, in whole BLOCK_N tiles --
-    if CACHE.HAS_SEQLENS:
+    if HAS_SEQLENS:
         seq_len = tl.load(seqlens + off_b)
     else:
         seq_len = N_MAX        # every sequence fills the cache: no load before the first K/V tile
     # splits start on whole SPLIT_UNITs: tiles, or pages of a paged cache longer than a tile
     # (each page is then read by one split)
-    n_blocks = tl.cdiv(seq_len, CACHE.SPLIT_UNIT)
+    n_blocks = tl.cdiv(seq_len, SPLIT_UNIT)
     blocks_per_split = tl.cdiv(n_blocks, num_splits)
-    k_start = tl.minimum(split * blocks_per_split * CACHE.SPLIT_UNIT, seq_len)
-    k_end = tl.minimum((split + 1) * blocks_per_split * CACHE.SPLIT_UNIT, seq_len)
+    k_start = tl.minimum(split * blocks_per_split * SPLIT_UNIT, seq_len)
+    k_end = tl.minimum((split + 1) * blocks_per_split * SPLIT_UNIT, seq_len)
     # bottom-right causal: query t sits at key position seq_len - N_q + t; padded rows see nothing
     row_pos = tl.where(row_ok, seq_len - N_Q + t, -1)
     # keys every row sees (j <= seq_len - N_q) need no mask: whole tiles of them run off-band
     all_see = tl.maximum(tl.minimum(k_end, seq_len - N_Q + 1), k_start)
-    k_mid = k_start + (all_see - k_start) // TILE.BLOCK_N * TILE.BLOCK_N
-    if CACHE.PAGED:
+    k_mid = k_start + (all_see - k_start) // BLOCK_N * BLOCK_N
+    if PAGED:
         # (num_blocks, page_size, H_kv, D): k_strides[0] / v_strides[0] step pages, the table finds them
         k_base = K + off_kv * k_strides[1]
         v_base = V + off_kv * v_strides[1]
@@ -264,9 +292,9 @@ def decode_split_kernel(Q, K, V, O, LSE, parts, seqlens, counters, k_desc, v_des
     table_row = block_table + off_b * stride_bt
     desc_row = bkv * N_MAX                       # this KV head's first row in the (B*H_kv*N_max, D) view
     kv = (k_base, v_base, table_row, desc_row)
-    m_i = tl.full([TILE.BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([TILE.BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([TILE.BLOCK_M, TILE.HEAD_DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     # -- off-band: whole tiles, no element mask --
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d, row_pos,
                              lo=k_start, hi=k_mid, qk_scale=qk_scale, TILE=TILE, CACHE=CACHE, ON_BAND=False)
@@ -280,14 +308,14 @@ def decode_split_kernel(Q, K, V, O, LSE, parts, seqlens, counters, k_desc, v_des
     O_part, M_part, L_part = parts
     if SPLIT:
         part = (bkv.to(tl.int64) * num_splits + split) * ROWS + offs_r             # (B, H_kv, S, R)
-        tl.store(O_part + part[:, None] * TILE.HEAD_DIM + offs_d[None, :], out,
+        tl.store(O_part + part[:, None] * HEAD_DIM + offs_d[None, :], out,
                  mask=row_ok[:, None] & d_ok[None, :])
     else:
         o_ptrs = O + off_b * o_strides[0] + head[:, None] * o_strides[1] + t[:, None] * o_strides[2] + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         if STORE_LSE:
             lse = tl.where(seen, m_nat + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-            tl.store(LSE + (off_b * H_KV * TILE.GROUP + head) * N_Q + t, lse, mask=row_ok)
+            tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + t, lse, mask=row_ok)
     if SPLIT or TRACE.stats:
         part = (bkv.to(tl.int64) * num_splits + split) * ROWS + offs_r
         tl.store(M_part + part, m_nat, mask=row_ok)
