@@ -228,7 +228,7 @@ def attn_fwd_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, 
     pid = tl.program_id(0)
     if LOOP.DEVICE_DESC:
         descs = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, q_strides[2], k_strides[2],
-                              v_strides[2], TILE)
+                              v_strides[2], TILE=TILE)
     else:
         descs = (q_desc, k_desc, v_desc)        # host descriptors (USE_TMA), or None: unused
     work = tl.load(work_list + pid)
@@ -241,7 +241,7 @@ def attn_fwd_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, 
     fwd_work_item(work, pid, order, (Q, K, V, O, OA, LSE),
                   (q_strides, k_strides, v_strides, o_strides, oa_strides, stride_lbh), lists, descs,
                   (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots),
-                  (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale), TILE, LOOP, PHASE, TRACE)
+                  (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale), TILE=TILE, LOOP=LOOP, PHASE=PHASE, TRACE=TRACE)
 
 
 @triton.jit(do_not_specialize=SIZES)
@@ -257,7 +257,7 @@ def attn_fwd_persistent_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_st
     pid = tl.program_id(0)
     if LOOP.DEVICE_DESC:
         descs = _device_descs(Q, K, V, n_work // n_qb, GROUP, N_Q, N_K, q_strides[2], k_strides[2],
-                              v_strides[2], TILE)
+                              v_strides[2], TILE=TILE)
     else:
         descs = (q_desc, k_desc, v_desc)
     idx = tl.atomic_add(work_counter, 1)
@@ -266,5 +266,5 @@ def attn_fwd_persistent_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_st
         fwd_work_item(work, pid, idx, (Q, K, V, O, OA, LSE),
                   (q_strides, k_strides, v_strides, o_strides, oa_strides, stride_lbh), lists, descs,
                       (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots),
-                      (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale), TILE, LOOP, PHASE, TRACE)
+                      (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale), TILE=TILE, LOOP=LOOP, PHASE=PHASE, TRACE=TRACE)
         idx = tl.atomic_add(work_counter, 1)

@@ -1,0 +1,150 @@
+"""This tree's kernels against an earlier copy, on a GPU, in one process (scripts/kernels_gpu_run.sh step 2).
+
+    python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec
+
+OLD_TREE / NEW_TREE: folders holding a kernels/ package (e.g. `git archive <commit> kernels | tar -x -C
+.old`); the old one is imported as `kernels_old`. Per case: do_bench medians in the order (old, new, new,
+old) x 3, the outputs compared bit for bit (forward O; backward dQ, dK, dV; decode O), and at the end the
+compiled PTX of every kernel, instructions only (parameters, line info and register numbers aside)."""
+import importlib
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+
+import torch
+import triton
+import triton.testing
+
+old_root, new_root, out_path, parts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+shutil.rmtree("/tmp/ko", ignore_errors=True)
+os.makedirs("/tmp/ko")
+shutil.copytree(os.path.join(old_root, "kernels"), "/tmp/ko/kernels_old")
+sys.path.insert(0, new_root)
+sys.path.insert(0, "/tmp/ko")
+from kernels import flash_attention as new_fa, flash_decode as new_dec
+from kernels_old import flash_attention as old_fa, flash_decode as old_dec
+FWD = [  # B, H, H_kv, N, D, mask, schedule
+    (4, 16, 16, 4096, 64, "full", "natural"), (4, 16, 16, 4096, 64, "causal", "natural"),
+    (4, 16, 16, 8192, 64, "full", "natural"), (4, 16, 16, 8192, 64, "causal", "natural"),
+    (4, 16, 16, 4096, 128, "full", "natural"), (4, 16, 16, 4096, 128, "causal", "natural"),
+    (4, 16, 16, 8192, 128, "full", "natural"), (4, 16, 16, 8192, 128, "causal", "natural"),
+    (2, 32, 8, 4096, 128, "full", "natural"), (2, 32, 8, 8192, 128, "causal", "natural"),
+    (2, 16, 16, 4096, 256, "full", "natural"), (2, 16, 16, 4096, 256, "causal", "natural"),
+    (4, 16, 16, 4096, 80, "causal", "natural"), (4, 16, 16, 8192, 128, "causal", "longest_first"),
+    (4, 16, 16, 8192, 128, "causal", "persistent"), (4, 16, 16, 4096, 64, "full", "persistent"),
+    (4, 16, 16, 16384, 128, "causal", "natural"), (2, 16, 16, 4096, 128, "sliding_window:1024", "natural"),
+]
+BWD = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 4096, 128, "causal"), (4, 16, 16, 8192, 64, "causal"),
+       (2, 32, 8, 8192, 128, "causal"), (2, 16, 16, 4096, 256, "causal"), (4, 16, 16, 4096, 80, "causal")]
+DEC = [  # B, H, H_kv, N_ctx, D, page_size (0 = contiguous)
+    (1, 32, 8, 32768, 128, 0), (8, 32, 8, 8192, 128, 0), (64, 32, 8, 4096, 128, 0), (1, 32, 8, 131072, 128, 0),
+    (1, 32, 8, 32768, 128, 16), (8, 32, 8, 8192, 128, 64), (32, 32, 8, 8192, 128, 256)]
+
+
+def bench(fns):
+    ms = {"old": [], "new": []}
+    for name in ("old", "new", "new", "old") * 3:
+        ms[name].append(triton.testing.do_bench(fns[name], warmup=25, rep=100, return_mode="median"))
+    return ms
+
+
+rows = []
+def record(kind, case, fns, outs):
+    ms = bench(fns)
+    same = all(torch.equal(a, b) for a, b in zip(outs["old"], outs["new"]))
+    r = dict(kind=kind, case=case, old_ms=statistics.median(ms["old"]), new_ms=statistics.median(ms["new"]),
+             old_runs=ms["old"], new_runs=ms["new"], bit_identical=same)
+    r["speed_new_over_old"] = r["old_ms"] / r["new_ms"]
+    rows.append(r)
+    print(f"{kind} {case}: old {r['old_ms']:.3f} new {r['new_ms']:.3f} ms  new/old speed "
+          f"{r['speed_new_over_old']:.3f}x  bit-identical {same}", flush=True)
+
+
+g = torch.Generator(device="cuda")
+if "fwd" in parts:
+    for b, h, hkv, n, d, mask, sched in FWD:
+        g.manual_seed(n + d + h)
+        q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        fns = {"old": lambda: old_fa(q, k, v, mask=mask, schedule=sched), "new": lambda: new_fa(q, k, v, mask=mask, schedule=sched)}
+        outs = {name: [fn()] for name, fn in fns.items()}
+        record("fwd", f"B{b} H{h}/{hkv} N{n} D{d} {mask} {sched}", fns, outs)
+if "bwd" in parts:
+    for b, h, hkv, n, d, mask in BWD:
+        g.manual_seed(n + d + h + 1)
+        q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        k, v = (torch.randn(b, hkv, n, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+        do = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        o_old = old_fa(q, k, v, mask=mask); o_new = new_fa(q, k, v, mask=mask)
+        grads = lambda o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        fns = {"old": lambda: grads(o_old), "new": lambda: grads(o_new)}
+        outs = {name: list(fn()) for name, fn in fns.items()}
+        record("bwd", f"B{b} H{h}/{hkv} N{n} D{d} {mask}", fns, outs)
+if "dec" in parts:
+    for b, h, hkv, n, d, page in DEC:
+        g.manual_seed(n + b + page)
+        q = torch.randn(b, h, 1, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        if page:
+            n_pages = b * n // page
+            kc, vc = (torch.randn(n_pages, page, hkv, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            table = torch.randperm(n_pages, generator=g, device="cuda").view(b, n // page).to(torch.int32)
+            lens = torch.full((b,), n, device="cuda", dtype=torch.int32)
+            call = lambda fn: fn(q, kc, vc, cache_seqlens=lens, block_table=table)
+        else:
+            kc, vc = (torch.randn(b, hkv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            call = lambda fn: fn(q, kc, vc)
+        fns = {"old": lambda: call(old_dec), "new": lambda: call(new_dec)}
+        outs = {name: [fn()] for name, fn in fns.items()}
+        record("dec", f"B{b} H{h}/{hkv} N{n} D{d} page {page}", fns, outs)
+
+
+def instructions(compiled):
+    keep = []
+    for line in compiled.asm["ptx"].splitlines():
+        t = line.strip()
+        if not t or t.startswith((".", "//", "}", "{", ")", "$L__tmp")) or "_param_" in t:
+            continue
+        keep.append(re.sub(r"%(r|rd|f|p|rs|fd|hh|h|b)\d+", r"%\1", re.sub(r"\s+", " ", t)))
+    return "\n".join(keep)
+
+
+def compiled_set(fns):
+    return sorted(instructions(c) for fn in fns for cache in fn.device_caches.values() for c in cache[0].values())
+
+
+def kernels_of(pkg, names):
+    found = []
+    for mod_name, attr in names:
+        try:
+            found.append(getattr(importlib.import_module(f"{pkg}.{mod_name}"), attr))
+        except (ImportError, AttributeError):
+            pass
+    return found
+ptx = {}
+KS = [("flash_kernel", "attn_fwd_kernel"), ("flash_kernel", "attn_fwd_persistent_kernel"),
+      ("backward_kernel", "attn_bwd_kernel"), ("backward_kernel", "attn_bwd_preprocess"),
+      ("backward_dkdv_kernel", "attn_bwd_dkdv_kernel"), ("backward_dq_kernel", "attn_bwd_dq_kernel"),
+      ("decode_kernel", "decode_split_kernel"), ("decode_kernel", "decode_merge_kernel")]
+groups = {"fwd": ("flash_kernel",), "bwd": ("backward",), "dec": ("decode",)}
+for part, prefixes in groups.items():
+    if part not in parts:
+        continue
+    sel = [k for k in KS if k[0].startswith(prefixes)]
+    o, n = compiled_set(kernels_of("kernels_old", sel)), compiled_set(kernels_of("kernels", sel))
+    same = o == n
+    unmatched = sum(1 for x in n if x not in o)       # new compiled kernels with no identical old one
+    ptx[part] = {"old": len(o), "new": len(n), "same_ptx_instructions": same, "new_without_identical_old": unmatched}
+    print(f"{part}: compiled kernels old {len(o)}, new {len(n)}; same PTX instructions: {same}; "
+          f"new ones without an identical old one: {unmatched}")
+meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "old": os.environ.get("OLD_COMMIT"), "new": os.environ.get("NEW_COMMIT"), "dtype": "bf16",
+        "method": "per case: do_bench medians (warmup 25 ms, rep 100 ms) in the order (old, new, new, old) x 3 "
+        "in one process; old_ms / new_ms = median of the six; speed_new_over_old = old_ms / new_ms; "
+        "bit_identical: torch.equal of every output (forward O; backward dQ, dK, dV; decode O)"}
+json.dump({"meta": meta, "cases": rows, "compiled": ptx}, open(out_path, "w"), indent=1)
+if rows:
+    print("min speed new/old", round(min(r["speed_new_over_old"] for r in rows), 3), "all bit-identical",
+          all(r["bit_identical"] for r in rows))
