@@ -14,11 +14,14 @@ with `MASKS[name]` / `mask_kind(name)` instead of comparing kind names elsewhere
 
     kind = mask_kind("sliding_window")
     kind.default_text(n)        # 'sliding_window:256' for n = 1024 (a sensible UI default)
-    kind.ui_label, kind.ui_help, kind.minimum, kind.widget   # 'int' | 'lengths' | None
+    kind.ui_label, kind.ui_help, kind.minimum, kind.widget   # 'int' | 'lengths' | 'pair' | None
     kind.text(param), kind.param_text(param), kind.parse_param("256")
     parse_mask("causal").dense(n_q, n_k) / .block_map(n_q, bm, bn, n_k) / .row_intervals(n_q, n_k)
 
-Mask text forms: full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...
+Mask text forms: full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,... | local:L,R
+
+local:L,R is flash-attention's window_size=(L, R) with both sides finite: query i (at position
+pos) sees keys pos - L <= j <= pos + R (local:W-1,0 sees what sliding_window:W sees).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class MaskKind:
     name: str = ""
     label: str = ""                  # short human label for menus and legends
     syntax: str = ""                 # text form shown in help messages
-    widget: str | None = None        # UI control for the parameter: None | 'int' | 'lengths'
+    widget: str | None = None        # UI control for the parameter: None | 'int' | 'lengths' | 'pair'
     param_label: str | None = None   # the parameter's name in messages
     ui_label: str | None = None      # the parameter's control label in the app
     ui_help: str | None = None
@@ -244,6 +247,39 @@ class Document(MaskKind):
         return first[np.clip(pos, 0, n_k - 1)], pos
 
 
+@register
+class Local(MaskKind):
+    name, label = "local", "local window (L, R)"
+    syntax = "'local:L,R' (L, R >= 0: keys position-L <= j <= position+R)"
+    widget, param_label, minimum = "pair", "local window L,R", 0
+    ui_label = "Window L,R (keys i-L <= j <= i+R)"
+    ui_help = "two integers >= 0, e.g. 64,16: flash-attention's window_size=(L, R)"
+
+    def parse_param(self, arg):
+        parts = arg.split(",")
+        if len(parts) != 2:
+            raise ValueError(f"a local mask takes two integers L,R, e.g. 'local:64,16', got "
+                             f"{_short(self.name + ':' + arg)}; {MASK_HELP}")
+        return self.validate(parts)
+
+    def validate(self, param):
+        if isinstance(param, (str, bytes)) or not hasattr(param, "__len__") or len(param) != 2:
+            raise ValueError(f"a local mask takes a pair (L, R) of integers >= 0, got {_short(param)}")
+        return tuple(_int_param(x, f"local window {side}", 0) for side, x in zip("LR", param))
+
+    def param_text(self, pair):
+        return f"{pair[0]},{pair[1]}"
+
+    def default_param(self, n):
+        return (max(0, int(n) // 4), max(0, int(n) // 16))
+
+    def visible(self, pair, pos, kv):
+        return (kv >= pos - pair[0]) & (kv <= pos + pair[1])
+
+    def interval(self, pair, pos, n_k):
+        return pos - pair[0], pos + pair[1]
+
+
 MASK_KINDS = tuple(MASKS)
 MASK_HELP = "accepted masks: " + ", ".join(k.syntax for k in MASKS.values())
 
@@ -265,7 +301,7 @@ def _lengths(n_q, n_k) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """A parsed mask: `kind` names a registry entry, `param` is W, P or the document lengths.
+    """A parsed mask: `kind` names a registry entry, `param` is W, P, the document lengths or (L, R).
     Validated on construction, however it is made (text, or MaskSpec(kind, param) directly)."""
 
     kind: str

@@ -63,6 +63,14 @@ def mask_pieces(spec, n_q: int, n_k: int) -> tuple[int, list, list]:
             if end - d > seen and begin - d < n_q:
                 lo.append((max(seen, begin - d), begin, 0))
             begin = end
+    elif kind == "local":                        # keys position - L <= j <= position + R, within the grid
+        left, right = p
+        seen = max(0, -d - right)                # rows whose position + R reaches key 0
+        cut = max(seen, n_q - right)             # rows from here on reach the last key
+        lo = [(seen, 0, 0)] + ([(max(seen, left - d), d - left, 1)] if max(seen, left - d) < n_q else [])
+        if lo[-1][0] == seen:
+            lo = lo[-1:]
+        hi = ([(seen, d + right, 1)] if cut > seen else []) + ([(cut, n_k - 1, 0)] if cut < n_q else [])
     elif kind not in ("causal", "prefix_lm"):
         raise ValueError(f"no closed-form tile count for the mask kind {kind!r}")
     return min(seen, n_q), lo, hi

@@ -15,7 +15,8 @@ def document_text(n, seed=0):
 
 
 def mask_texts(n):
-    return ["full", "causal", f"sliding_window:{max(1, n // 3)}", f"prefix_lm:{n // 2}", document_text(n)]
+    return ["full", "causal", f"sliding_window:{max(1, n // 3)}", f"prefix_lm:{n // 2}", document_text(n),
+            f"local:{n // 3},{n // 5}"]
 
 
 @pytest.mark.parametrize("n", [1, 17, 100, 257])
@@ -95,7 +96,7 @@ def test_text_round_trip():
 # -- the N_q x N_k grid (bottom-right aligned) -------------------------------------------------
 
 def rect_masks(n_k):
-    return ["full", "causal", "sliding_window:9", "prefix_lm:13", document_text(n_k, seed=5)]
+    return ["full", "causal", "sliding_window:9", "prefix_lm:13", document_text(n_k, seed=5), "local:7,4"]
 
 
 @pytest.mark.parametrize("n_q,n_k", [(1, 50), (13, 77), (77, 13), (64, 64), (100, 37)])
@@ -107,7 +108,7 @@ def test_rectangular_dense_matches_definition_and_intervals(n_q, n_k):
         dense = spec.dense(n_q, n_k)
         assert dense.shape == (n_q, n_k)
         expect = {"full": (j >= 0) & (i == i), "causal": j <= i, "sliding_window": (j <= i) & (j > i - 9),
-                  "prefix_lm": (j <= i) | (j < 13)}.get(spec.kind)
+                  "prefix_lm": (j <= i) | (j < 13), "local": (j >= i - 7) & (j <= i + 4)}.get(spec.kind)
         if expect is not None:
             assert torch.equal(dense, expect.expand(n_q, n_k)), text
         lo, hi = spec.row_intervals(n_q, n_k)
@@ -142,7 +143,7 @@ def test_rectangular_block_map_matches_flex_attention(n_q, n_k, bm, bn):
 # -- the registry and validation (issue 8 items 5, 6, 8) ---------------------------------------
 
 def test_every_kind_is_one_registry_entry():
-    assert MASK_KINDS == tuple(MASKS) == ("full", "causal", "sliding_window", "prefix_lm", "document")
+    assert MASK_KINDS == tuple(MASKS) == ("full", "causal", "sliding_window", "prefix_lm", "document", "local")
     for n in (1, 2, 7, 512, 4096):
         for kind in MASKS.values():
             text = kind.default_text(n)
@@ -150,7 +151,7 @@ def test_every_kind_is_one_registry_entry():
             assert spec.kind == kind.name and spec.text == text
             assert kind.label and kind.syntax
             if kind.param_label:
-                assert kind.widget in ("int", "lengths") and kind.parse_param(kind.param_text(spec.param)) == spec.param
+                assert kind.widget in ("int", "lengths", "pair") and kind.parse_param(kind.param_text(spec.param)) == spec.param
     assert parse_mask(mask_kind("sliding_window").default_text(1024)).param == 256
 
 
@@ -190,3 +191,77 @@ def test_long_document_list_errors_are_short():
     with pytest.raises(ValueError) as exc:
         parse_mask("nonsense:" + lengths)
     assert len(str(exc.value)) < 400
+
+
+# -- local:L,R (flash-attention's window_size with both sides finite) ---------------------------
+
+LOCAL_WINDOWS = [(0, 0), (3, 0), (0, 5), (7, 4), (40, 2), (300, 300)]
+
+
+@pytest.mark.parametrize("n_q,n_k", [(1, 50), (13, 77), (77, 13), (64, 64)])
+def test_local_dense_is_flash_attentions_window(n_q, n_k):
+    """flash-attention's tests' construct_local_mask: key j visible to query i iff
+    i' - L <= j <= min(i' + R, N_k), i' = i + N_k - N_q; local:W-1,0 is sliding_window:W."""
+    i = torch.arange(n_q)[:, None] + (n_k - n_q)
+    j = torch.arange(n_k)[None, :]
+    for left, right in LOCAL_WINDOWS:
+        masked = (j > torch.minimum(i + right, torch.tensor(n_k))) | (j < i - left)
+        assert torch.equal(parse_mask(f"local:{left},{right}").dense(n_q, n_k), ~masked), (left, right)
+    for w in (1, 4, 100):
+        assert torch.equal(parse_mask(f"local:{w - 1},0").dense(n_q, n_k), parse_mask(f"sliding_window:{w}").dense(n_q, n_k))
+
+
+@pytest.mark.parametrize("n_q,n_k,bm,bn", [(50, 120, 16, 32), (120, 50, 32, 16), (97, 97, 16, 16)])
+def test_local_block_map_equals_the_dense_masks_blocks(n_q, n_k, bm, bn):
+    from instrumentation.analysis.tile_counts import tile_counts
+
+    for left, right in LOCAL_WINDOWS:
+        spec = parse_mask(f"local:{left},{right}", n_q, n_k)
+        padded = np.zeros((-(-n_q // bm) * bm, -(-n_k // bn) * bn), bool)
+        padded[:n_q, :n_k] = spec.dense(n_q, n_k).numpy()
+        tiles = padded.reshape(padded.shape[0] // bm, bm, padded.shape[1] // bn, bn)
+        expect = np.where(tiles.all(axis=(1, 3)), FULL, np.where(tiles.any(axis=(1, 3)), PARTIAL, SKIPPED))
+        bmap = spec.block_map(n_q, bm, bn, n_k)
+        np.testing.assert_array_equal(bmap, expect, err_msg=spec.text)
+        counts = tile_counts(spec, n_q, n_k, bm, bn)          # the estimator's closed form
+        assert (counts["computed"], counts["full"]) == (int((bmap != SKIPPED).sum()), int((bmap == FULL).sum()))
+        assert counts["pairs"] == spec.visible_pairs(n_q, n_k) == int(padded.sum())
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("local", "two integers"), ("local:3", "two integers"), ("local:1,2,3", "two integers"),
+    ("local:-1,2", "between 0"), ("local:2,x", "integer"),
+])
+def test_local_text_is_refused_in_one_line(text, fragment):
+    with pytest.raises(ValueError, match=fragment) as exc:
+        parse_mask(text)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="pair"):
+        MaskSpec("local", 5)
+    assert parse_mask("local:64,16").param == (64, 16) == MaskSpec("local", [64, 16]).param
+
+
+@pytest.mark.parametrize("n_q,n_k,left,right", [(37, 90, 5, 3), (90, 37, 10, 0), (48, 48, 0, 0), (33, 70, 100, 7)])
+def test_local_kernel_and_gradients_match_float64(n_q, n_k, left, right, device):
+    """Forward (O, lse) and backward (dq, dk, dv) of local:L,R against float64 autograd, GQA."""
+    from kernels import flash_attention
+
+    g = torch.Generator().manual_seed(n_q * 7 + left)
+    q, k, v = (torch.randn(1, h, n, 24, generator=g) for h, n in ((2, n_q), (1, n_k), (1, n_k)))
+    mask = f"local:{left},{right}"
+    dense = parse_mask(mask).dense(n_q, n_k)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    s = (q64 @ k64.repeat_interleave(2, 1).transpose(-1, -2) / 24 ** 0.5).masked_fill(~dense, float("-inf"))
+    ref_lse = s.logsumexp(-1)
+    ref = torch.nan_to_num(torch.softmax(s, -1)) @ v64.repeat_interleave(2, 1)
+    do = torch.randn(ref.shape, generator=g)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), do.double())
+    qd, kd, vd = (t.to(device).requires_grad_() for t in (q, k, v))
+    out, lse = flash_attention(qd, kd, vd, mask=mask, block_m=16, block_n=16, return_lse=True)
+    grads = torch.autograd.grad(out, (qd, kd, vd), do.to(device))
+    assert (out.detach().cpu().double() - ref.detach()).abs().max() < 1e-4
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.detach().cpu()), fin)
+    assert (lse.detach().cpu().double()[fin] - ref_lse.detach()[fin]).abs().max() < 1e-4
+    for got, want in zip(grads, ref_grads):
+        assert (got.cpu().double() - want).abs().max() < 1e-3
