@@ -27,11 +27,17 @@ parameter names):
   `k_strides`, `v_strides` = (batch or page, KV head, key)), the partials as `parts` =
   (O_part, M_part, L_part), the trace buffers as `trace` = (splits, counter, merge); the
   per-call sizes H_KV, N_Q, N_MAX, ROWS, num_splits and qk_scale as scalars (specialised as
-  before: none is in do_not_specialize).
+  before), and num_pages, the paged pool's size (in do_not_specialize: a pool that grows does not
+  recompile; 0 for a contiguous cache).
 - compile time: namedtuples defined in kernels.decode_launch, one constexpr each: TILE
   (DecodeTile: the Q and K/V tiles, head dim, dot precision), CACHE (DecodeCache: paged or
   contiguous, TMA, lengths), MERGE (DecodeMerge: the merge's row and split chunks), TRACE
   (DecodeTrace: records, hardware clock, stats); SPLIT, FUSED_MERGE and STORE_LSE stay flags.
+
+Memory safety without a host check (flash_decode's validate=False): a length outside 0..N_MAX and
+a table entry outside 0..num_pages-1 are never dereferenced — the length becomes 0 (no key is
+read), the entry page 0 — and a flag turns that sequence's rows into NaN (l = NaN flows into O,
+lse and the partials). The cost is a compare per table entry and one per program.
 
 Tracing is switched on by TRACE.on, as in flash_kernel: with it off no trace code is compiled.
 TRACE.hw_clock (%globaltimer, %smid through inline PTX) is only set on CUDA; the interpreter
@@ -57,27 +63,35 @@ KV_EVICT = tl.constexpr("evict_first")
 
 
 @triton.jit
-def _table_entries(start, hi, table_row, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """The pages of the tile of keys start + 0..BLOCK_N-1 (keys from hi on read entry 0), int64:
-    a tile inside one page (BLOCK_N divides PAGE_SIZE) costs one table entry (a scalar); a tile
-    over several pages gathers one entry per key (from L1)."""
+def _table_entries(start, hi, table_row, num_pages, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """The pages of the tile of keys start + 0..BLOCK_N-1 (keys from hi on read entry 0), int64,
+    and which of them lie outside the pool: a tile inside one page (BLOCK_N divides PAGE_SIZE)
+    costs one table entry (a scalar); a tile over several pages gathers one entry per key (from L1).
+    An entry outside the pool (negative, or >= num_pages) is never dereferenced: page 0 stands in
+    for it and the caller turns the flag into a NaN row."""
     if PAGE_SIZE % BLOCK_N == 0:
-        page = tl.load(table_row + start // PAGE_SIZE, mask=start < hi, other=0).to(tl.int64)
+        page = tl.load(table_row + start // PAGE_SIZE, mask=start < hi, other=0)
     else:
         offs_n = start + tl.arange(0, BLOCK_N)
-        page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
-    return page
+        page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0)
+    # one unsigned compare: a negative entry is >= 2^31; clamped with one unsigned min
+    page = page.to(tl.uint32, bitcast=True)
+    limit = num_pages.to(tl.uint32)
+    # back to int32 before the widening, so page * stride stays one 32 x 32 -> 64-bit multiply
+    return tl.minimum(page, limit - 1).to(tl.int32, bitcast=True).to(tl.int64), page >= limit
 
 
 @triton.jit
 def _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d, row_pos, lo, hi, qk_scale,
-             TILE: tl.constexpr, CACHE: tl.constexpr, ON_BAND: tl.constexpr):
+             bad, num_pages, TILE: tl.constexpr, CACHE: tl.constexpr, ON_BAND: tl.constexpr):
     """Online softmax over the keys [lo, hi) in TILE.BLOCK_N steps; scores in log2 units.
 
     kv: where this KV head's keys lie, (k_base, v_base, table_row, desc_row): the caches at the
     head's offset, its sequence's row of the block table (PAGED), and its first row in the
     (B*H_kv*N_max, D) view the descriptors read (USE_TMA). k_strides, v_strides: (batch or page,
-    KV head, key). PAGED: key j is row j % PAGE_SIZE of page table_row[j // PAGE_SIZE]."""
+    KV head, key). PAGED: key j is row j % PAGE_SIZE of page table_row[j // PAGE_SIZE]; bad (a
+    scalar flag) comes back set when an entry of [lo, hi) lies outside the pool of num_pages
+    pages, whose K/V are never read (page 0 stands in). Returns acc, l_i, m_i, bad."""
     # constexpr groups' fields bound to constexprs (Triton 3.6 hands a namedtuple field over as a plain value)
     BLOCK_N: tl.constexpr = TILE.BLOCK_N
     HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
@@ -95,16 +109,18 @@ def _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d,
     offs_n0 = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     if PAGED:
-        page_next = _table_entries(lo, hi, table_row, BLOCK_N, PAGE_SIZE)
+        page_next, outside = _table_entries(lo, hi, table_row, num_pages, BLOCK_N, PAGE_SIZE)
     else:
         page_next = lo.to(tl.int64)          # unused
+        outside = bad
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + offs_n0
         if PAGED:
             # the next tile's table entries are loaded here, a tile ahead of their use, so the
             # K/V loads never wait on a table load
             page = page_next
-            page_next = _table_entries(start + BLOCK_N, hi, table_row, BLOCK_N, PAGE_SIZE)
+            page_next, next_outside = _table_entries(start + BLOCK_N, hi, table_row, num_pages, BLOCK_N, PAGE_SIZE)
+            outside = outside | next_outside       # a compare per table entry; reduced once, below
             slot = (offs_n % PAGE_SIZE).to(tl.int64)
             k_rows = page * stride_kp + slot * stride_kn
             v_rows = page * stride_vp + slot * stride_vn
@@ -139,7 +155,12 @@ def _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d,
             v = load_kv_tile(v_ptrs, offs_n[:, None] < hi, d_ok[None, :], ON_BAND, EVEN_D, KV_EVICT)
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
-    return acc, l_i, m_i
+    if PAGED:
+        if PAGE_SIZE % BLOCK_N == 0:
+            bad = bad | outside
+        else:
+            bad = bad | (tl.max(outside.to(tl.int32), 0) > 0)
+    return acc, l_i, m_i, bad
 
 
 @triton.jit
@@ -219,7 +240,7 @@ def _merge_rows(parts, O, LSE, o_strides, bkv, row_block, H_KV, N_Q, ROWS, num_s
             acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_j, 0)
             den = den * alpha + tl.sum(w, 0)
             m_run = m_new
-        seen = den > 0.0
+        seen = den != 0.0          # den >= 0; NaN (a split's bad row, l_j NaN) passes through as NaN
         out = acc / tl.where(seen, den, 1.0)[:, None]
         head = off_kv * GROUP + offs_r // N_Q
         t = offs_r % N_Q
@@ -230,10 +251,10 @@ def _merge_rows(parts, O, LSE, o_strides, bkv, row_block, H_KV, N_Q, ROWS, num_s
             tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + t, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pages"])
 def decode_split_kernel(Q, K, V, O, LSE, parts, seqlens, counters, k_desc, v_desc, block_table, stride_bt,
                         q_strides, k_strides, v_strides, o_strides, trace,
-                        H_KV, N_Q, N_MAX, ROWS, num_splits, qk_scale,
+                        H_KV, N_Q, N_MAX, ROWS, num_splits, qk_scale, num_pages,
                         TILE: tl.constexpr, CACHE: tl.constexpr, MERGE: tl.constexpr, TRACE: tl.constexpr,
                         SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, STORE_LSE: tl.constexpr):
     """Stage 1: one program per (split, b * H_kv + kv_head, row block); see the module docstring.
@@ -269,8 +290,12 @@ def decode_split_kernel(Q, K, V, O, LSE, parts, seqlens, counters, k_desc, v_des
     # -- this split's key range of the valid cache, in whole BLOCK_N tiles --
     if HAS_SEQLENS:
         seq_len = tl.load(seqlens + off_b)
+        # a length past the capacity (or negative) is never used: no key is read, the row is NaN
+        bad = (seq_len < 0) | (seq_len > N_MAX)
+        seq_len = tl.where(bad, 0, seq_len)
     else:
         seq_len = N_MAX        # every sequence fills the cache: no load before the first K/V tile
+        bad = split < 0        # never: no length to check (a tensor, as _kv_loop carries it)
     # splits start on whole SPLIT_UNITs: tiles, or pages of a paged cache longer than a tile
     # (each page is then read by one split)
     n_blocks = tl.cdiv(seq_len, SPLIT_UNIT)
@@ -296,13 +321,21 @@ def decode_split_kernel(Q, K, V, O, LSE, parts, seqlens, counters, k_desc, v_des
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     # -- off-band: whole tiles, no element mask --
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d, row_pos,
-                             lo=k_start, hi=k_mid, qk_scale=qk_scale, TILE=TILE, CACHE=CACHE, ON_BAND=False)
+    acc, l_i, m_i, bad = _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d, row_pos,
+                                  lo=k_start, hi=k_mid, qk_scale=qk_scale, bad=bad, num_pages=num_pages,
+                                  TILE=TILE, CACHE=CACHE, ON_BAND=False)
     # -- on-band: the cache end and the causal diagonal, masked per row --
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d, row_pos,
-                             lo=k_mid, hi=k_end, qk_scale=qk_scale, TILE=TILE, CACHE=CACHE, ON_BAND=True)
+    acc, l_i, m_i, bad = _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d, row_pos,
+                                  lo=k_mid, hi=k_end, qk_scale=qk_scale, bad=bad, num_pages=num_pages,
+                                  TILE=TILE, CACHE=CACHE, ON_BAND=True)
     # -- epilogue: normalise once; a row that saw no key (l = 0) writes 0 --
-    seen = l_i > 0.0
+    if PAGED or HAS_SEQLENS:
+        # a bad length or table entry: l = NaN, and `seen` (l != 0) lets it through to O, lse and
+        # the partials (the merge's den != 0 passes it on), so the row comes back NaN
+        l_i = tl.where(bad, float("nan"), l_i)
+        seen = l_i != 0.0
+    else:
+        seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     m_nat = m_i * LN2                                       # natural units: max of q.k * sm_scale
     O_part, M_part, L_part = parts

@@ -122,6 +122,7 @@ def launch_args(plan, q, k_cache, v_cache, o, lse, parts, seqlens, counters, blo
         k_strides=_cache_strides(k_cache, paged), v_strides=_cache_strides(v_cache, paged),
         o_strides=o.stride()[:3], trace=trace, H_KV=plan.kv_heads, N_Q=n_q, N_MAX=plan.n_max,
         ROWS=plan.rows, num_splits=plan.num_splits, qk_scale=sm_scale * LOG2E,
+        num_pages=k_cache.shape[0] if paged else 0,
         TILE=DecodeTile(plan.group, d, plan.head_dim_pad, d == plan.head_dim_pad, cfg.block_m, cfg.block_n,
                         "ieee" if q.dtype == torch.float32 else "tf32",
                         interpreting() and q.dtype == torch.bfloat16),
