@@ -2,28 +2,33 @@
 
 Sequences of different lengths are packed along one token axis: q (total_q, H, D), k and v
 (total_k, H_kv, D), or k and v in a paged cache (num_blocks, page_size, H_kv, D) read through a
-block table. One program runs one (sequence, query block, head) work item from a list the host
-builds, so no padding is ever computed: a sequence of 3 tokens costs one query block, not
-max_seqlen_q / BLOCK_M of them.
+block table. The kernel finds its work from cu_seqlens on the device (the host never reads them):
+the grid is n_g = cdiv(total_q, BLOCK_M) + B query blocks per head, H programs per block (the
+heads of one block side by side: GQA heads share K/V in L2), blocks taken last first. Block g
+belongs to the sequence b found by a binary search of g over bs(b) = cu_q[b] // BLOCK_M + b
+(sequence b's blocks are bs(b) .. bs(b) + cdiv(len_q_b, BLOCK_M) - 1, which never reach
+bs(b + 1)); a block past its sequence's last query exits after the search, so padding and empty
+sequences cost one search and nothing else.
 
-An item row (ITEM_FIELDS int32) holds the packed row range of its query block, the sequence's
-first packed key row (contiguous K/V) and its key length, and the item's key blocks in three
-runs: [kb_lo, f_lo) partial, [f_lo, f_hi) full (every row sees every key: no element mask),
-[f_hi, kb_end) partial. Every mask kind but document is one visible interval [lo_i, hi_i] per
-row (sequence-local key indices, bottom-right aligned per sequence; the host computes them), so
-the blocks a query block touches are one run and its full blocks a run inside it.
+Each block derives its query rows' visible key intervals [lo_i, hi_i] from the mask kind
+(MODE.MASK: 0 full, 1 causal, 2 sliding window W, 3 prefix LM P; sequence-local, bottom-right
+aligned per sequence), and from them its key blocks as three runs: [kb_lo, f_lo) partial,
+[f_lo, f_hi) full (every row sees every key of the block: no element mask), [f_hi, kb_end)
+partial (the host's kernels.varlen_plan.sequence_blocks computes the same runs for traces).
 
-PAGED: key j of sequence b lives in page block_table[b, j // PAGE_SIZE], slot j % PAGE_SIZE; a
-tile's rows are gathered through the table (any page size; one table entry per key, from L1).
+Malformed cu_seqlens are never dereferenced out of bounds: a program checks that cu_seqlens_q
+and cu_seqlens_k start at 0, never decrease and end at total_q (total_k for contiguous keys)
+(inline over B + 1 entries, MODE.CHECK_BLOCK of them at once, or one flag the host computed on
+the device for large B), and when they do not, the programs of the first cdiv(total_q, BLOCK_M)
+blocks store NaN over every query row (rows, heads, lse) and read no key. PAGED: a sequence
+longer than its table row (max_blocks * PAGE_SIZE) or a key block whose page lies outside the
+pool gives that query block's rows NaN; pages are clamped into the pool before any load.
 
 Scores are kept in log2 units as in kernels.flash_kernel. An untraced full run of contiguous
-keys goes through the forward's own tile loop (tile_ops.attend_tiles, pointer loads from the
-sequence's first key row): the loop the padded batch runs, and on an H200 faster than
-_varlen_tiles below, which the partial runs, paged keys and traced tile visits keep (their
-gather and the visit records differ from the forward's). TRACE.WORK stores one record per program:
-program, order, smid, t_start, t_end.
-TRACE.TILES also records, for the programs the host gave a tile slot (tile_slot[pid] >= 0),
-each key block's visit: (step within the item, visits, clock64 at start, at end) per block.
+keys goes through the forward's own tile loop (tile_ops.attend_tiles); the partial runs, paged
+keys and traced tile visits go through _varlen_tiles. TRACE.WORK stores one record per program
+that ran a block: program, order, smid, t_start, t_end. TRACE.TILES also records, for the
+programs the host gave a tile slot (tile_slot[pid] >= 0), each key block's visit.
 """
 
 from .runtime import choose_backend
@@ -36,32 +41,91 @@ import triton.language as tl  # noqa: E402
 from .tile_ops import (LN2, KV_EVICT_NORMAL, accumulate_pv, attend_tiles, clock64 as _clock64,  # noqa: E402
                        globaltimer as _globaltimer, load_kv_tile, smid as _smid, softmax_update)
 
-# seq, q_start, q_end, k_start, len_k, kb_lo, f_lo, f_hi, kb_end (host: kernels.varlen.ITEM_COLUMNS)
-ITEM_FIELDS = tl.constexpr(9)
-
 
 @triton.jit
-def _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED: tl.constexpr,
-              PAGE_SIZE: tl.constexpr):
-    """int64 element offsets of the keys offs_n of one sequence (without the head's offset)."""
-    if PAGED:
-        page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < len_k, other=0)
-        rows = page.to(tl.int64) * stride_kp + (offs_n % PAGE_SIZE).to(tl.int64) * stride_kt
+def _cu_ok(cu, stride, B, total, CHECK_BLOCK: tl.constexpr, EXACT_END: tl.constexpr):
+    """cu[0..B] starts at 0, never decreases and (EXACT_END) ends at total; CHECK_BLOCK >= B + 1."""
+    i = tl.arange(0, CHECK_BLOCK)
+    x = tl.load(cu + i * stride, mask=i <= B, other=0).to(tl.int64)
+    nxt = tl.load(cu + (i + 1) * stride, mask=i < B, other=0).to(tl.int64)
+    bad = ((i < B) & (nxt < x)) | ((i == 0) & (x != 0))
+    if EXACT_END:
+        bad = bad | ((i == B) & (x != total))
     else:
-        rows = (k_start + offs_n).to(tl.int64) * stride_kt
-    return rows
+        bad = bad | ((i == B) & (x > 2147483647))
+    return tl.max(bad.to(tl.int32), 0) == 0
 
 
 @triton.jit
-def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tiles_ptr, trace_here, step0,
+def _row_intervals(rows, len_q, len_k, mask_param, MASK: tl.constexpr):
+    """Sequence-local visible keys [lo, hi] (int32) of the query rows `rows` (int64); rows past
+    len_q see nothing (lo 0, hi -1). The kernels.masks interval of each kind, clipped to the keys."""
+    pos = rows + (len_k - len_q)
+    zero = pos * 0
+    if MASK == 0:
+        lo = zero
+        hi = zero + len_k - 1
+    elif MASK == 1:
+        lo = zero
+        hi = pos
+    elif MASK == 2:
+        lo = pos - mask_param + 1
+        hi = pos
+    else:
+        lo = zero
+        hi = tl.maximum(pos, zero + mask_param - 1)
+    lo = tl.minimum(tl.maximum(lo, 0), len_k)
+    hi = tl.minimum(tl.maximum(hi, -1), len_k - 1)
+    in_seq = rows < len_q
+    return tl.where(in_seq, lo, 0).to(tl.int32), tl.where(in_seq, hi, -1).to(tl.int32)
+
+
+@triton.jit
+def _block_runs(lo, hi, full_rows, BLOCK_N: tl.constexpr):
+    """(kb_lo, f_lo, f_hi, kb_end) of one query block from its rows' intervals; full_rows: the
+    block holds BLOCK_M rows of its sequence (a ragged last block has no full key block)."""
+    seen = lo <= hi
+    any_seen = tl.max(seen.to(tl.int32), 0) > 0
+    all_seen = tl.min(seen.to(tl.int32), 0) > 0
+    kb_lo = tl.where(any_seen, tl.min(tl.where(seen, lo, 2147483647), 0) // BLOCK_N, 0)
+    kb_end = tl.where(any_seen, tl.max(tl.where(seen, hi, 0), 0) // BLOCK_N + 1, 0)
+    a = (tl.max(lo, 0) + BLOCK_N - 1) // BLOCK_N
+    b = (tl.min(hi, 0) + 1) // BLOCK_N
+    full = all_seen & full_rows & (a < b)
+    return kb_lo, tl.where(full, a, kb_end), tl.where(full, b, kb_end), kb_end
+
+
+@triton.jit
+def _key_slots(offs_n, k_start, len_k, table_row, stride_bc, num_pages, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """(page, slot) int64 of the keys offs_n of one sequence, and whether a page in use lies
+    outside the pool (clamped to page 0 before any load). Contiguous: page 0, slot = packed row."""
+    n_ok = offs_n < len_k
+    if PAGED:
+        page = tl.load(table_row + (offs_n // PAGE_SIZE).to(tl.int64) * stride_bc, mask=n_ok, other=0).to(tl.int64)
+        out = n_ok & ((page < 0) | (page >= num_pages))
+        page = tl.where(out, 0, page)
+        slot = (offs_n % PAGE_SIZE).to(tl.int64)
+        bad = tl.max(out.to(tl.int32), 0)
+    else:
+        page = (offs_n * 0).to(tl.int64)
+        slot = (k_start + offs_n).to(tl.int64)
+        bad = tl.max((offs_n * 0).to(tl.int32), 0)
+    return page, slot, bad
+
+
+@triton.jit
+def _varlen_tiles(acc, l_i, m_i, bad, q, kv, rows, kb_from, kb_to, qk_scale, tiles_ptr, trace_here, step0,
                   TILE: tl.constexpr, MASKED: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   TRACE: tl.constexpr):
     """Online softmax over key blocks [kb_from, kb_to); MASKED applies each row's [lo, hi].
-    kv: (k_head, v_head, table_row, k_start, len_k, k_strides, v_strides), the strides (packed row,
-    head, page); rows: (offs_d, d_ok, row_lo, row_hi); tiles_ptr, trace_here, step0: where a traced
-    item records its visits (separate arguments: untraced, trace_here is False, which Triton 3.6
-    cannot hold in a tuple built in the kernel)."""
-    k_head, v_head, table_row, k_start, len_k, k_strides, v_strides = kv
+    kv: (k_head, v_head, table_row, k_start, len_k, (table column stride, num_pages), k_strides,
+    v_strides), the strides
+    (packed row or page slot, head, page); rows: (offs_d, d_ok, row_lo, row_hi); bad: set when a
+    page lay outside the pool; tiles_ptr, trace_here, step0: where a traced block records its
+    visits (separate arguments: untraced, trace_here is False, which Triton 3.6 cannot hold in a
+    tuple built in the kernel)."""
+    k_head, v_head, table_row, k_start, len_k, pages, k_strides, v_strides = kv
+    stride_bc, num_pages = pages
     stride_kt, stride_kh, stride_kp = k_strides
     stride_vt, stride_vh, stride_vp = v_strides
     offs_d, d_ok, row_lo, row_hi = rows
@@ -75,7 +139,9 @@ def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tiles_pt
             c_start = _clock64()
         offs_n = kb * BLOCK_N + offs_n0
         n_ok = offs_n < len_k
-        k_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_kt, stride_kp, PAGED, PAGE_SIZE)
+        page, slot, page_bad = _key_slots(offs_n, k_start, len_k, table_row, stride_bc, num_pages, PAGED, PAGE_SIZE)
+        bad = bad | page_bad
+        k_rows = page * stride_kp + slot * stride_kt
         k = load_kv_tile(k_head + k_rows[None, :] + offs_d[:, None], n_ok[None, :], d_ok[:, None],
                          MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (D, BLOCK_N)
         if UPCAST_DOT:
@@ -84,7 +150,7 @@ def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tiles_pt
         p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v_rows = _key_rows(offs_n, k_start, len_k, table_row, stride_vt, stride_vp, PAGED, PAGE_SIZE)
+        v_rows = page * stride_vp + slot * stride_vt
         v = load_kv_tile(v_head + v_rows[:, None] + offs_d[None, :], n_ok[:, None], d_ok[None, :],
                          MASKED, EVEN_D, KV_EVICT_NORMAL)                       # (BLOCK_N, D)
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
@@ -97,110 +163,166 @@ def _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_from, kb_to, qk_scale, tiles_pt
                 if TRACE.HW_CLOCK:
                     tl.store(tile_ptr + 2, c_start)
                     tl.store(tile_ptr + 3, _clock64())
-    return acc, l_i, m_i
+    return acc, l_i, m_i, bad
 
 
 @triton.jit
-def varlen_fwd_kernel(Q, K, V, O, LSE, items, lo_ptr, hi_ptr, block_table, trace, n_kb_trace,
-                      q_strides, k_strides, v_strides, o_strides, stride_lh, stride_bt, H, GROUP, qk_scale,
-                      TILE: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_LSE: tl.constexpr,
-                      TRACE: tl.constexpr):
-    """One program per (item, head): program p runs item p // H for head p % H. q_strides,
-    o_strides: (packed row, head); k_strides, v_strides: (packed row or page slot, head, page);
-    trace: (tr_work, tr_counter, tr_tiles, tile_slot), each None untraced; TILE: kernel_args.Tile
-    (EVEN_M unused); TRACE: kernel_args.TraceFlags (WORK, TILES, HW_CLOCK)."""
-    tr_work, tr_counter, tr_tiles, tile_slot = trace
-    stride_qt, stride_qh = q_strides
+def _store_rows(O, LSE, out, lse, offs_m, row_ok, head, o_strides, stride_lh, offs_d, d_ok,
+                EVEN_D: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """Store a block's normalised rows (packed rows offs_m where row_ok) and their lse."""
     stride_ot, stride_oh = o_strides
-    stride_kh = k_strides[1]
-    stride_vh = v_strides[1]
+    o_ptrs = O + offs_m.to(tl.int64)[:, None] * stride_ot + head.to(tl.int64) * stride_oh + offs_d[None, :]
+    if EVEN_D:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if RETURN_LSE:
+        tl.store(LSE + head.to(tl.int64) * stride_lh + offs_m.to(tl.int64), lse, mask=row_ok)
+
+
+@triton.jit
+def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, n_kb_trace,
+                      q_strides, k_strides, v_strides, o_strides, seqs, heads, pages, mask_param, qk_scale,
+                      TILE: tl.constexpr, MODE: tl.constexpr, RETURN_LSE: tl.constexpr, TRACE: tl.constexpr):
+    """Program p runs query block n_g - 1 - p // H for head p % H.
+
+    seqs: (B, total_q, total_k, stride_cu_q, stride_cu_k, search_steps, n_g); heads: (H, GROUP,
+    stride_lh); pages: (block_table's row and column strides, num_pages, max_blocks); q_strides, o_strides: (packed row, head);
+    k_strides, v_strides: (packed row or page slot, head, page); cu_flag: int32 1 when the host's
+    device-side check found cu_seqlens well formed (read when MODE.CHECK_BLOCK is 0); trace:
+    (tr_work, tr_counter, tr_tiles, tile_slot); TILE: kernel_args.Tile (EVEN_M unused); MODE:
+    kernels.varlen_plan.VarlenMode (MASK, PAGED, PAGE_SIZE, CHECK_BLOCK); TRACE: TraceFlags."""
+    tr_work, tr_counter, tr_tiles, tile_slot = trace
+    B, total_q, total_k, stride_cq, stride_ck, search_steps, n_g = seqs
+    H, GROUP, stride_lh = heads
+    stride_bt, stride_bc, num_pages, max_blocks = pages
+    stride_qt, stride_qh = q_strides
     HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
     EVEN_D: tl.constexpr = TILE.EVEN_D
+    MASK: tl.constexpr = MODE.MASK
+    PAGED: tl.constexpr = MODE.PAGED
+    PAGE_SIZE: tl.constexpr = MODE.PAGE_SIZE
+    CHECK_BLOCK: tl.constexpr = MODE.CHECK_BLOCK
     if TRACE.WORK and TRACE.HW_CLOCK:
         t_start = _globaltimer()
     pid = tl.program_id(0)
-    item = items + (pid // H).to(tl.int64) * ITEM_FIELDS
-    head = pid % H                       # the heads of one item run side by side: GQA heads share K/V in L2
-    kv_head = (head // GROUP).to(tl.int64)
-    seq = tl.load(item)
-    q_start = tl.load(item + 1)
-    q_end = tl.load(item + 2)
-    k_start = tl.load(item + 3)
-    len_k = tl.load(item + 4)
-    kb_lo = tl.load(item + 5)
-    f_lo = tl.load(item + 6)
-    f_hi = tl.load(item + 7)
-    kb_end = tl.load(item + 8)
-    offs_m = q_start + tl.arange(0, BLOCK_M)
-    in_seq = offs_m < q_end
-    offs_d = tl.arange(0, HEAD_DIM)
-    d_ok = offs_d < TILE.head_dim
-    q_ptrs = Q + offs_m.to(tl.int64)[:, None] * stride_qt + head.to(tl.int64) * stride_qh + offs_d[None, :]
-    if EVEN_D:
-        q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
-    else:
-        q = tl.load(q_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0)
-    if TILE.UPCAST_DOT:
-        q = q.to(tl.float32)
-    row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
-    row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)             # rows past the sequence see nothing
-    k_head = K + kv_head * stride_kh
-    v_head = V + kv_head * stride_vh
-    table_row = block_table + seq.to(tl.int64) * stride_bt
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if TRACE.TILES:
-        slot = tl.load(tile_slot + pid).to(tl.int64)
-        trace_here = slot >= 0
-        tiles_ptr = tr_tiles + slot * n_kb_trace * 4       # this item's (n_kb_trace, 4) records
-    else:
-        trace_here = False
-        tiles_ptr = tr_tiles
-    kv = (k_head, v_head, table_row, k_start, len_k, k_strides, v_strides)
-    rows = (offs_d, d_ok, row_lo, row_hi)
-    # partial blocks before the full run (window start, prefix edge), the full run, then the
-    # partial blocks after it (the diagonal, the sequence end)
-    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, kb_lo, f_lo, qk_scale, tiles_ptr=tiles_ptr,
-                                  trace_here=trace_here, step0=0, TILE=TILE, MASKED=True, PAGED=PAGED,
-                                  PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
-    if PAGED or TRACE.TILES:
-        acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_lo, f_hi, qk_scale, tiles_ptr=tiles_ptr,
-                                      trace_here=trace_here, step0=f_lo - kb_lo, TILE=TILE, MASKED=False,
-                                      PAGED=PAGED, PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
-    else:
-        # the forward's full-tile loop (no mask, no TMA, no trace) over keys k_start + [f_lo, f_hi) blocks
-        stride_kt = k_strides[0]
-        stride_vt = v_strides[0]
-        run_kv = (k_head + k_start.to(tl.int64) * stride_kt, v_head + k_start.to(tl.int64) * stride_vt,
-                  stride_kt, stride_vt, k_start)
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, run_kv, rows, (lo_ptr, f_lo, f_hi - f_lo, 0, len_k), qk_scale,
-                                     k_desc=k_head, v_desc=v_head, tiles_ptr=tiles_ptr, rows_ptr=tiles_ptr, n_kb=0,
-                                     trace_tiles_here=False, trace_rows_here=False, TILE=TILE, IS_PARTIAL=False,
-                                     USE_TMA=False, WARP_SPECIALIZE=False, ROWSUM_MMA=False, TRACE=TRACE)
-    acc, l_i, m_i = _varlen_tiles(acc, l_i, m_i, q, kv, rows, f_hi, kb_end, qk_scale, tiles_ptr=tiles_ptr,
-                                  trace_here=trace_here, step0=f_hi - kb_lo, TILE=TILE, MASKED=True, PAGED=PAGED,
-                                  PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
-    # -- epilogue: one normalisation per row; a row that sees no key stores 0 (and lse -inf) --
-    seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    o_ptrs = O + offs_m.to(tl.int64)[:, None] * stride_ot + head.to(tl.int64) * stride_oh + offs_d[None, :]
-    if EVEN_D:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None])
-    else:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :])
-    if RETURN_LSE:
-        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
-        tl.store(LSE + head.to(tl.int64) * stride_lh + offs_m, lse, mask=in_seq)
-    if TRACE.WORK:
-        rec = tr_work + pid.to(tl.int64) * 5
-        tl.store(rec, pid.to(tl.int64))
-        if TRACE.HW_CLOCK:
-            tl.store(rec + 1, pid.to(tl.int64))    # the host orders programs by t_start
-            tl.store(rec + 2, _smid().to(tl.int64))
-            tl.store(rec + 3, t_start)
-            tl.store(rec + 4, _globaltimer())
+    g = n_g - 1 - pid // H               # last blocks first: a causal sequence's longest rows start early
+    head = pid % H
+    # -- the sequence: the largest b in [0, B) with bs(b) = clamp(cu_q[b]) // BLOCK_M + b <= g --
+    lo = tl.zeros([], dtype=tl.int32)
+    hi = lo + B
+    for _ in range(search_steps):
+        mid = (lo + hi) // 2
+        start = tl.load(cu_q + mid.to(tl.int64) * stride_cq).to(tl.int64)
+        go = tl.minimum(tl.maximum(start, 0), total_q) // BLOCK_M + mid <= g
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    seq = lo.to(tl.int64)
+    q0 = tl.load(cu_q + seq * stride_cq).to(tl.int64)
+    q1 = tl.load(cu_q + (seq + 1) * stride_cq).to(tl.int64)
+    qb = g - (tl.minimum(tl.maximum(q0, 0), total_q) // BLOCK_M + lo)
+    active = (qb >= 0) & (qb.to(tl.int64) * BLOCK_M < q1 - q0)
+    duty = g < (total_q + BLOCK_M - 1) // BLOCK_M        # the row block this program NaNs if cu_seqlens are bad
+    if active | duty:
+        if CHECK_BLOCK > 0:
+            ok = _cu_ok(cu_q, stride_cq, B, total_q, CHECK_BLOCK, True) & \
+                _cu_ok(cu_k, stride_ck, B, total_k, CHECK_BLOCK, not PAGED)
         else:
-            # no clock in the interpreter: a counter gives the order programs ran in
-            tl.store(rec + 1, tl.atomic_add(tr_counter, 1).to(tl.int64))
+            ok = tl.load(cu_flag) != 0
+        offs_d = tl.arange(0, HEAD_DIM)
+        d_ok = offs_d < TILE.head_dim
+        if ok:
+            if active:
+                k0 = tl.load(cu_k + seq * stride_ck).to(tl.int64)
+                len_k = (tl.load(cu_k + (seq + 1) * stride_ck).to(tl.int64) - k0).to(tl.int32)
+                len_q = (q1 - q0).to(tl.int32)
+                k_start = k0.to(tl.int32)
+                rows = qb * BLOCK_M + tl.arange(0, BLOCK_M)                  # sequence-local query rows
+                in_seq = rows < len_q
+                offs_m = q0.to(tl.int32) + rows                                 # packed rows
+                row_lo, row_hi = _row_intervals(rows.to(tl.int64), len_q, len_k, mask_param, MASK)
+                kb_lo, f_lo, f_hi, kb_end = _block_runs(row_lo, row_hi, (qb + 1) * BLOCK_M <= len_q, BLOCK_N)
+                bad = tl.zeros([], dtype=tl.int32)
+                if PAGED:
+                    bad = (len_k.to(tl.int64) > (k0 * 0 + max_blocks) * PAGE_SIZE).to(tl.int32)
+                    kb_end = tl.where(bad != 0, 0, kb_end)                      # longer than its table row
+                    kb_lo = tl.minimum(kb_lo, kb_end)
+                    f_lo = tl.minimum(f_lo, kb_end)
+                    f_hi = tl.minimum(f_hi, kb_end)
+                kv_head = (head // GROUP).to(tl.int64)
+                q_ptrs = Q + offs_m.to(tl.int64)[:, None] * stride_qt + head.to(tl.int64) * stride_qh + \
+                    offs_d[None, :]
+                if EVEN_D:
+                    q = tl.load(q_ptrs, mask=in_seq[:, None], other=0.0)
+                else:
+                    q = tl.load(q_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0)
+                if TILE.UPCAST_DOT:
+                    q = q.to(tl.float32)
+                k_head = K + kv_head * k_strides[1]
+                v_head = V + kv_head * v_strides[1]
+                table_row = block_table + seq * stride_bt
+                m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+                acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+                if TRACE.TILES:
+                    slot = tl.load(tile_slot + pid).to(tl.int64)
+                    trace_here = slot >= 0
+                    tiles_ptr = tr_tiles + slot * n_kb_trace * 4       # this block's (n_kb_trace, 4) records
+                else:
+                    trace_here = False
+                    tiles_ptr = tr_tiles
+                kv = (k_head, v_head, table_row, k_start, len_k, (stride_bc, num_pages), k_strides, v_strides)
+                rws = (offs_d, d_ok, row_lo, row_hi)
+                # partial blocks before the full run (window start, prefix edge), the full run, then
+                # the partial blocks after it (the diagonal, the sequence end)
+                acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, kb_lo, f_lo, qk_scale,
+                                                   tiles_ptr=tiles_ptr, trace_here=trace_here, step0=0, TILE=TILE,
+                                                   MASKED=True, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
+                if PAGED or TRACE.TILES:
+                    acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, f_lo, f_hi, qk_scale,
+                                                       tiles_ptr=tiles_ptr, trace_here=trace_here,
+                                                       step0=f_lo - kb_lo, TILE=TILE, MASKED=False, PAGED=PAGED,
+                                                       PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
+                else:
+                    # the forward's full-tile loop (no mask, no TMA, no trace) over keys k_start + [f_lo, f_hi)
+                    stride_kt = k_strides[0]
+                    stride_vt = v_strides[0]
+                    run_kv = (k_head + k0 * stride_kt, v_head + k0 * stride_vt, stride_kt, stride_vt, k_start)
+                    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, run_kv, rws, (cu_q, f_lo, f_hi - f_lo, 0, len_k),
+                                                 qk_scale, k_desc=k_head, v_desc=v_head, tiles_ptr=tiles_ptr,
+                                                 rows_ptr=tiles_ptr, n_kb=0, trace_tiles_here=False,
+                                                 trace_rows_here=False, TILE=TILE, IS_PARTIAL=False, USE_TMA=False,
+                                                 WARP_SPECIALIZE=False, ROWSUM_MMA=False, TRACE=TRACE)
+                acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, f_hi, kb_end, qk_scale,
+                                                   tiles_ptr=tiles_ptr, trace_here=trace_here, step0=f_hi - kb_lo,
+                                                   TILE=TILE, MASKED=True, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE,
+                                                   TRACE=TRACE)
+                # -- epilogue: a row that sees no key stores 0 (lse -inf); a bad page or length: NaN --
+                seen = l_i > 0.0
+                out = acc / tl.where(seen, l_i, 1.0)[:, None]
+                lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+                if PAGED:
+                    out = tl.where(bad != 0, float("nan"), out)
+                    lse = tl.where(bad != 0, float("nan"), lse)
+                _store_rows(O, LSE, out, lse, offs_m, in_seq, head, o_strides, stride_lh, offs_d, d_ok,
+                            EVEN_D, RETURN_LSE)
+                if TRACE.WORK:
+                    rec = tr_work + pid.to(tl.int64) * 5
+                    tl.store(rec, pid.to(tl.int64))
+                    if TRACE.HW_CLOCK:
+                        tl.store(rec + 1, pid.to(tl.int64))    # the host orders programs by t_start
+                        tl.store(rec + 2, _smid().to(tl.int64))
+                        tl.store(rec + 3, t_start)
+                        tl.store(rec + 4, _globaltimer())
+                    else:
+                        # no clock in the interpreter: a counter gives the order programs ran in
+                        tl.store(rec + 1, tl.atomic_add(tr_counter, 1).to(tl.int64))
+        else:
+            if duty:
+                # cu_seqlens malformed: this program's row block of every row comes back NaN
+                offs_m = g * BLOCK_M + tl.arange(0, BLOCK_M)
+                nan = tl.full([BLOCK_M, HEAD_DIM], float("nan"), dtype=tl.float32)
+                _store_rows(O, LSE, nan, tl.full([BLOCK_M], float("nan"), dtype=tl.float32), offs_m,
+                            offs_m < total_q, head, o_strides, stride_lh, offs_d, d_ok, EVEN_D, RETURN_LSE)
