@@ -1,11 +1,18 @@
 """Schedule analysis: the tables the schedule views draw, derived once per trace and memoised.
 
+The timeline, and so the stragglers, tail and makespan, is drawn from trace.work: in a
+recording made by record() at level 'full' that is the work-only launch (tile and row tracing
+off; meta['launches'] says so, see instrumentation.analysis.traced_items), so the tile-traced
+heads' items are not slowed there. Older traces drew work and tiles from one launch.
+
 Everything here works on a timeline from `instrumentation.schedule_model.timeline` (one row per
 work item: bh, q_block, sm, t_start, t_end, tiles_visited; ns when measured, tile-units when
 modelled) and returns plain arrays and DataFrames, so figures only draw:
 
     per_sm_table(tl)               one row per SM: items, busy, first start, last end
-    stragglers(tl, k, heads)       the latest-finishing SMs and the longest work items
+    stragglers(tl, k, heads, traced)  the latest-finishing SMs and the longest work items
+    tile_traced_items(trace, tl)   per timeline row: an item of a tile-traced head (pages mark them)
+    work_launch_note(trace)        which launch drew the timeline, which the tiles (one line)
     metrics_table({name: tl})      the comparison metrics in µs (or tile-units) and %
     lane_raster(tl, column, bins)  the SM lanes as ONE (SMs x time bins) uint8 image
     animation_times(tl, frames)    frame times spread over the whole run
@@ -111,12 +118,15 @@ def per_sm_table(tl: pd.DataFrame) -> pd.DataFrame:
                  last_end=("t_end", "max")))
 
 
-def stragglers(tl: pd.DataFrame, k: int = 5, heads: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def stragglers(tl: pd.DataFrame, k: int = 5, heads: int | None = None,
+               traced: list[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(latest-finishing SMs, longest work items), k rows each, times relative to the first start.
 
     SMs: sm, items, busy, last_end, after_first_idle (how long after the first SM went idle for
     good it finished). Items: bh, batch, head (when `heads` = H is known), q_block,
-    tiles_visited, sm, start, duration, end.
+    tiles_visited, sm, start, duration, end, and tile_traced (when `traced`, the tile-traced
+    heads' bh, is given: traced_items.tile_traced_heads(trace)) saying whether the item is one
+    of theirs.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -134,7 +144,27 @@ def stragglers(tl: pd.DataFrame, k: int = 5, heads: int | None = None) -> tuple[
         cols += ["batch", "head"]
     items = items.assign(start=items["t_start"] - t0, end=items["t_end"] - t0)
     cols += ["q_block", "tiles_visited", "sm", "start", "duration", "end"]
+    if traced is not None:
+        items = items.assign(tile_traced=items["bh"].isin([int(x) for x in traced]))
+        cols.append("tile_traced")
     return late, items[cols].reset_index(drop=True)
+
+
+def tile_traced_items(trace, tl: pd.DataFrame) -> np.ndarray:
+    """Per timeline row: whether the work item belongs to a head recorded with tile detail
+    (the items a page marks). Arguments: trace; tl, its timeline. Returns: a bool array."""
+    from .traced_items import tile_traced_heads
+
+    return tl["bh"].isin(tile_traced_heads(trace)).to_numpy()
+
+
+def work_launch_note(trace) -> str:
+    """The line a schedule page says under its timeline: which launch drew the work items
+    (and so the stragglers, tail and makespan), which the tiles, and which heads are marked
+    (instrumentation.analysis.traced_items.launch_note)."""
+    from .traced_items import launch_note
+
+    return launch_note(trace, "work")
 
 
 def metrics_row(stats: dict) -> dict:

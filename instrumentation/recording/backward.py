@@ -65,6 +65,14 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
     if hw:   # compile and load the traced kernels first: the recorded run's launches then follow each other
         flash_attention_backward(do, q, k, v, o, lse, trace=backward_trace_buffers(q, k, spec, heads, **traced), **call)
     grads = flash_attention_backward(do, q, k, v, o, lse, trace=buffers, **call)
+    work_buffers = buffers
+    if heads:   # bwd_work from a run with tile and row tracing off, so the traced heads' programs are not slowed
+        work_only = dict(tiles=False, rows=False)
+        if hw:
+            flash_attention_backward(do, q, k, v, o, lse, trace=backward_trace_buffers(q, k, spec, heads, **work_only),
+                                     **call)
+        work_buffers = backward_trace_buffers(q, k, spec, heads, **work_only)
+        flash_attention_backward(do, q, k, v, o, lse, trace=work_buffers, **call)
     timings = {}
     if measure and hw:
         timings["untraced_ms"] = time_ms(lambda: flash_attention_backward(do, q, k, v, o, lse, **call),
@@ -76,7 +84,7 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
     b, h, n_q, _ = q.shape
     h_kv = k.shape[1]
     kp, qp = bp.kv_plan, bp.q_plan
-    tables = {"bwd_work": _decode_work(buffers, b, h, h_kv, hw),
+    tables = {"bwd_work": _decode_work(work_buffers, b, h, h_kv, hw),
               "bwd_tiles": _decode_tiles(buffers, heads, h, h // h_kv),
               "bwd_rows": _decode_rows(buffers, heads, h, lse, rows)}
     grid = lambda bm, bn, plan: {"block_m": bm, "block_n": bn, "n_q_blocks": plan.n_qb,  # noqa: E731
@@ -95,8 +103,29 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
         "none (interpreter): 'order' is the order programs finished in, times are NaN",
         "untraced_ms": timings.get("untraced_ms"),
         "traced_ms": timings.get("traced_ms"),
+        # which run drew which table (moved into the trace's meta['launches'] by record())
+        "trace_launches": _launches(bool(heads), hw),
     }
     return grads, tables, meta
+
+
+BWD_WORK_ONLY, BWD_DETAIL = "backward work-only launch", "backward detail launch"
+
+
+def _launches(detail: bool, hw: bool) -> dict:
+    """meta['launches'] entries of the backward's tables. With traced heads the backward runs
+    twice: the detail run (work, tiles, rows traced; its gradients are returned) gives bwd_tiles
+    and bwd_rows, the work-only run (tile and row tracing off) gives bwd_work."""
+    work_only = {"trace": "work records only: tile and row tracing off", "hw_clock": hw,
+                 "warm_up_launches": int(hw)}
+    if not detail:
+        return {"bwd_work": BWD_WORK_ONLY, "bwd_tiles": "none (no traced heads)", "bwd_rows": "none (no traced heads)",
+                "settings": {BWD_WORK_ONLY: {**work_only, "order": 1, "gradients": True}}}
+    return {"bwd_work": BWD_WORK_ONLY, "bwd_tiles": BWD_DETAIL, "bwd_rows": BWD_DETAIL,
+            "settings": {
+                BWD_DETAIL: {"trace": "work records, tiles and row sums of the traced heads", "hw_clock": hw,
+                             "warm_up_launches": int(hw), "order": 1, "gradients": True},
+                BWD_WORK_ONLY: {**work_only, "order": 2, "gradients": False}}}
 
 
 def _decode_work(buffers, b, h, h_kv, hw) -> pd.DataFrame:

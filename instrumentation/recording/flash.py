@@ -11,6 +11,7 @@ import torch
 from kernels import TraceBuffers, backend, block_plan, flash_attention, validate_call
 from kernels.masks import STATUS_NAMES
 
+from ..analysis.traced_items import DETAIL, WORK_ONLY, work_item_ratio
 from ..trace import SCHEMA_VERSION, Trace
 from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, environment
@@ -36,10 +37,17 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     level: 'work' (one row per work item) or 'full' (plus tiles and per-row softmax state of
     head `trace_head` -- a batch*head index, or a list of them -- for `trace_q_blocks`: 'auto',
     'all' or a list of query-block indices). q (B, H, N_q, D); k, v (B, H_kv, N_k, D).
-    measure: on CUDA, also time the untraced and traced kernel (do_bench medians).
+    At level 'full' the kernel runs twice on the same inputs: a detail launch (work, tiles and
+    rows traced) gives out, tiles, rows and the output rows, and a work-only launch (tile and
+    row tracing off, so the traced heads' items run as fast as the others) gives work;
+    meta['launches'] names each table's launch and each launch's settings. At level 'work'
+    one work-only launch gives everything.
+    measure: on CUDA, also time the untraced and traced kernel (do_bench medians: untraced_ms,
+    traced_ms with the detail launch's tracing, work_traced_ms with work records only).
     backward: also run the traced backward (instrumentation.recording.backward) on dL/dO =
-    grad_out (None: a seeded standard normal): the trace gains bwd_work, bwd_tiles (traced
-    heads), bwd_rows (their traced rows) and meta['backward']; the inputs that are leaves and
+    grad_out (None: a seeded standard normal): the trace gains bwd_work (from a backward run with
+    tile and row tracing off), bwd_tiles (traced heads), bwd_rows (their traced rows) and
+    meta['backward']; the inputs that are leaves and
     require grad get their .grad (accumulated, as autograd does); out is returned detached.
     """
     if not isinstance(backward, bool):
@@ -83,22 +91,33 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     row_slot = torch.full((n_qb,), -1, dtype=torch.int32)
     row_slot[blocks] = torch.arange(len(blocks), dtype=torch.int32)
 
-    def fresh_buffers() -> TraceBuffers:
+    def fresh_buffers(detail: bool) -> TraceBuffers:
+        """detail: work records, tiles and rows (the detail launch); else work records only."""
         return TraceBuffers(
             work=torch.full((b * h * n_qb, 5), -1, dtype=torch.int64, device=dev),
             counter=torch.zeros(1, dtype=torch.int32, device=dev),
-            tiles=torch.full((len(heads), n_qb, n_kb, 3), -1, dtype=torch.int64, device=dev) if full
+            tiles=torch.full((len(heads), n_qb, n_kb, 3), -1, dtype=torch.int64, device=dev) if detail
             else torch.empty(8, dtype=torch.int64, device=dev),
             rows=torch.full((len(heads), max(len(blocks), 1) * cfg.block_m, n_kb, 4), float("nan"),
-                            dtype=torch.float32, device=dev) if full
+                            dtype=torch.float32, device=dev) if detail
             else torch.empty(8, dtype=torch.float32, device=dev),
             row_slot=row_slot.to(dev), trace_bh=heads, trace_work=True,
-            trace_tiles=full, trace_rows=full and bool(blocks))
+            trace_tiles=detail, trace_rows=detail and bool(blocks))
 
     kwargs = dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale,
                   schedule=schedule, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    buffers = fresh_buffers()
-    out = flash_attention(q, k, v, trace=buffers, return_lse=backward, **kwargs)
+    hw_run = dev.type == "cuda" and backend() == "cuda"
+    # the output (and the backward's lse) come from the first launch: the detail launch at level
+    # 'full', else the only one. At level 'full' the work table comes from a second launch with
+    # tile and row tracing off, so the tile-traced heads' items are not slowed where it is drawn.
+    first = fresh_buffers(full)
+    out = flash_attention(q, k, v, trace=first, return_lse=backward, **kwargs)
+    work_buffers = first
+    if full:
+        if hw_run:   # compile and load the work-only kernel first: its timeline is a warm launch
+            flash_attention(q, k, v, trace=fresh_buffers(False), **kwargs)
+        work_buffers = fresh_buffers(False)
+        flash_attention(q, k, v, trace=work_buffers, **kwargs)
     if backward:
         from .backward import record_backward
 
@@ -111,26 +130,38 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
             if leaf.requires_grad and leaf.is_leaf:
                 leaf.grad = grad.to(leaf.dtype) if leaf.grad is None else leaf.grad + grad.to(leaf.dtype)
     timings = {}
-    if measure and dev.type == "cuda" and backend() == "cuda":
+    if measure and hw_run:
         timings["untraced_ms"] = time_ms(lambda: flash_attention(q, k, v, **kwargs), q.device, warmup=10, rep=60)
-        scratch = fresh_buffers()
         # on CUDA the trace counter is unused (order comes from globaltimer), so no reset is timed
+        scratch = fresh_buffers(full)
         timings["traced_ms"] = time_ms(lambda: flash_attention(q, k, v, trace=scratch, **kwargs), q.device,
                                        warmup=10, rep=60)
+        if full:
+            scratch = fresh_buffers(False)
+            timings["work_traced_ms"] = time_ms(lambda: flash_attention(q, k, v, trace=scratch, **kwargs),
+                                                q.device, warmup=10, rep=60)
         torch.cuda.synchronize()
 
     env = environment(dev)
     hw = env["backend"] == "cuda"
-    work = _decode_work(buffers.work.cpu().numpy(), n_qb, h, plan.tiles_per_q_block, plan.block_map, hw,
-                        schedule, plan.work_list(b * h, schedule).cpu().numpy())
-    work.insert(3, "kv_head", (work["head"] // (h // h_kv)).astype(np.int32))   # GQA: the KV head read
+
+    def decode_work(buffers: TraceBuffers) -> pd.DataFrame:
+        w = _decode_work(buffers.work.cpu().numpy(), n_qb, h, plan.tiles_per_q_block, plan.block_map, hw,
+                         schedule, plan.work_list(b * h, schedule).cpu().numpy())
+        w.insert(3, "kv_head", (w["head"] // (h // h_kv)).astype(np.int32))   # GQA: the KV head read
+        return w
+
+    work = decode_work(work_buffers)
     if full:
-        tile_buf, row_buf = buffers.tiles.cpu().numpy(), buffers.rows.cpu().numpy()
+        detail_work = decode_work(first)
+        tile_buf, row_buf = first.tiles.cpu().numpy(), first.rows.cpu().numpy()
+        # tiles are placed inside their item's span in the drawn work table (the work-only launch)
         tiles = pd.concat([_decode_tiles(tile_buf[i], plan.block_map, x, work, hw)
                            for i, x in enumerate(heads)], ignore_index=True)
         rows = pd.concat([_decode_rows(row_buf[i], blocks, cfg.block_m, n, x)
                           for i, x in enumerate(heads)], ignore_index=True)
     else:
+        detail_work = None
         tiles, rows = _empty_tiles(), _empty_rows()
     out_rows = pd.concat([_decode_out(out, blocks, cfg.block_m, n, x) for x in heads], ignore_index=True)
     meta = {
@@ -153,14 +184,22 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         "clocks": {
             "work": "globaltimer ns, relative to the earliest work start" if hw else
             "none (interpreter): 'order' is the logical order programs ran, times are NaN",
-            "tiles": "clock64 SM cycles, relative to the work item's first tile" if hw else "none",
+            "tiles": "clock64 SM cycles of the detail launch, relative to the work item's first tile; "
+                     "t_start / t_end place them in proportion inside the item's span in work" if hw else "none",
         },
         "untraced_ms": timings.get("untraced_ms"),
         "traced_ms": timings.get("traced_ms"),
+        "work_traced_ms": timings.get("work_traced_ms"),
+        "launches": launches_meta(full, hw, heads, blocks, detail_work),
         "source": "live",
     }
     if backward:
         meta["backward"] = bwd_meta
+        bwd_launches = bwd_meta.pop("trace_launches")
+        ran_before = len(meta["launches"]["settings"])      # the backward's runs follow the forward's
+        meta["launches"]["settings"].update({name: {**cfg_, "order": cfg_["order"] + ran_before}
+                                             for name, cfg_ in bwd_launches.pop("settings").items()})
+        meta["launches"].update(bwd_launches)
     if meta_extra:
         meta.update(meta_extra)
     trace = Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows)
@@ -168,6 +207,26 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         for name, table in bwd_tables.items():
             trace.tables[name] = table
     return out, trace
+
+
+def launches_meta(full: bool, hw: bool, heads: list, blocks: list, detail_work: pd.DataFrame | None) -> dict:
+    """meta['launches']: which launch each table came from, and each launch's settings. At level
+    'full' the detail launch (work, tiles and rows traced) ran first and gave out, tiles and
+    rows; the work-only launch (tile and row tracing off) gave work. On CUDA the detail launch's
+    own work table is summarised by its traced_item_ratio (what tile tracing costs the traced
+    heads' items: instrumentation.analysis.traced_items), then dropped."""
+    work_only = {"trace": "work records only: tile and row tracing off", "hw_clock": hw,
+                 "warm_up_launches": int(hw and full)}
+    if not full:
+        return {"work": WORK_ONLY, "out": WORK_ONLY, "tiles": "none (level work)", "rows": "none (level work)",
+                "settings": {WORK_ONLY: {**work_only, "order": 1}}}
+    ratio = work_item_ratio(detail_work, heads) if hw else float("nan")
+    return {"work": WORK_ONLY, "tiles": DETAIL, "rows": DETAIL, "out": DETAIL,
+            "settings": {DETAIL: {"trace": "work records, tiles of the traced heads, softmax rows of their "
+                                           "traced query blocks", "hw_clock": hw, "order": 1,
+                                  "traced_heads": [int(x) for x in heads], "traced_q_blocks": len(blocks),
+                                  "traced_item_ratio": ratio if np.isfinite(ratio) else None},
+                         WORK_ONLY: {**work_only, "order": 2}}}
 
 
 def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule, work_list) -> pd.DataFrame:

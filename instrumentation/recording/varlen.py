@@ -16,6 +16,9 @@ Tables of a varlen trace:
     pages     with a block table: per (sequence, KV head, query block) the pages its program
               read, in order (b = seq, kv_head, split 0, row_block = the query block,
               logical_block, physical_block, order); meta `paged` describes the table
+The kernel runs twice on the same inputs: a detail launch (work records and the traced head's
+tiles) gives out and tiles, a work-only launch (tile tracing off) gives work, so the traced
+items are not slowed where the timeline is drawn; meta `launches` says so (as record()'s).
 Meta `varlen`: cu_seqlens_q / cu_seqlens_k, lengths_q / lengths_k, total_q / total_k, the
 max_seqlen arguments and the traced head. shape.B is the number of sequences; N_q / N_k the
 longest sequence's lengths (the padded batch's shape, n_q_blocks / n_k_blocks its grid).
@@ -32,6 +35,7 @@ from kernels.masks import parse_mask
 from kernels.paged import page_reads
 from kernels.varlen import VarlenTraceBuffers, flash_attention_varlen
 
+from ..analysis.traced_items import DETAIL, WORK_ONLY, work_item_ratio
 from ..trace import SCHEMA_VERSION, Trace
 from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, environment
@@ -63,10 +67,15 @@ def record_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     hw_run = q.device.type == "cuda" and backend() == "cuda"
     if hw_run:   # compile first: a first launch would put the compile time on the timeline
         flash_attention_varlen(*args, trace=VarlenTraceBuffers(tile_head=trace_head), **call)
+        flash_attention_varlen(*args, trace=VarlenTraceBuffers(tile_head=None), **call)
+    # the detail launch (work and the traced head's tiles) gives out and tiles; a work-only
+    # launch (tile tracing off) gives work, so the traced items are not slowed where it is drawn
     buffers = VarlenTraceBuffers(tile_head=trace_head, tile_seqs=TILE_SEQS)
     out = flash_attention_varlen(*args, trace=buffers, **call)
     if buffers.plan is None:
         raise ValueError("the batch has no query rows to trace (every sequence has len_q = 0)")
+    work_buffers = VarlenTraceBuffers(tile_head=None)
+    flash_attention_varlen(*args, trace=work_buffers, **call)
     timings = {}
     if measure and hw_run:
         timings["untraced_ms"] = time_ms(lambda: flash_attention_varlen(*args, **call), q.device, warmup=10, rep=60)
@@ -84,8 +93,8 @@ def record_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     b, (h, d), h_kv = lens_q.size, q.shape[1:], k.shape[-2]
     bm, bn = plan.block_m, plan.block_n
     n_q, n_k = int(lens_q.max()), max(int(lens_k.max()), 1)
-    work = _work(buffers, plan, h, h // h_kv, lens_q, lens_k, hw)
-    tiles = _tiles(buffers, plan, spec, h, lens_q, lens_k, work, hw)
+    work = _work(work_buffers, plan, h, h // h_kv, lens_q, lens_k, hw)
+    tiles = _tiles(buffers, plan, spec, h, lens_q, lens_k, work, hw)     # placed in the drawn work items
     meta = {
         "schema_version": SCHEMA_VERSION,
         "kind": "varlen",
@@ -112,6 +121,13 @@ def record_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                    "tiles": "clock64 SM cycles, relative to the work item's first tile" if hw else "none"},
         "untraced_ms": timings.get("untraced_ms"),
         "traced_ms": timings.get("traced_ms"),
+        "launches": {"work": WORK_ONLY, "tiles": DETAIL, "out": DETAIL, "settings": {
+            DETAIL: {"trace": f"work records and the tiles of head {trace_head} in the first {TILE_SEQS} sequences",
+                     "hw_clock": hw, "warm_up_launches": int(hw), "order": 1,
+                     "traced_item_ratio": _ratio(_work(buffers, plan, h, h // h_kv, lens_q, lens_k, hw),
+                                                 tiles) if hw else None},
+            WORK_ONLY: {"trace": "work records only: tile tracing off", "hw_clock": hw,
+                        "warm_up_launches": int(hw), "order": 2}}},
         "source": "live",
     }
     extra = {}
@@ -124,6 +140,13 @@ def record_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         ("bh", "int32"), ("q_row", "int32"), ("k_block", "int32"), ("m", "float64"), ("l", "float64")]})
     out_rows = pd.DataFrame({c: pd.Series(dtype="int32") for c in ("bh", "q_row")})
     return out, Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows, **extra)
+
+
+def _ratio(detail_work: pd.DataFrame, tiles: pd.DataFrame) -> float | None:
+    """The detail launch's traced_item_ratio (instrumentation.analysis.traced_items): what tile
+    tracing cost the traced items there (the drawn work table comes from the other launch)."""
+    r = work_item_ratio(detail_work, tiles["bh"].unique().tolist())
+    return r if np.isfinite(r) else None
 
 
 def _work(buffers: VarlenTraceBuffers, plan, h: int, group: int, lens_q, lens_k, hw: bool) -> pd.DataFrame:

@@ -164,6 +164,14 @@ def _up_to(n: int) -> dict:
     return {"type": "integer", "minimum": 1, "maximum": n}
 
 
+# meta['launches'] (record() and record_varlen): table name -> the launch that drew it, and
+# 'settings': launch name -> what it traced. Traces without it came from one launch.
+_LAUNCHES = {"type": "object", "maxProperties": 16, "propertyNames": _LABEL,
+             "properties": {"settings": {"type": "object", "maxProperties": 8, "propertyNames": _LABEL,
+                                         "additionalProperties": {"type": "object", "maxProperties": 16,
+                                                                  "properties": {"trace": _LABEL}}}},
+             "additionalProperties": _LABEL}
+
 # sizes within what a page can draw (bounds.check_meta checks their products)
 _SHAPE = {"B": _up_to(bounds.MAX_BATCH_HEADS), "H": _up_to(bounds.MAX_BATCH_HEADS),
           "H_kv": _up_to(bounds.MAX_BATCH_HEADS), "D": _up_to(bounds.MAX_HEAD_DIM),
@@ -189,7 +197,8 @@ META_SCHEMA = {
         "ring": {"type": "object", "properties": {"trace_rows": {"type": "array", "items": _NAT_INT}}},
         "clocks": {"type": "object"},
         "backward": _BACKWARD_META,
-        "untraced_ms": _NUM_OR_NULL, "traced_ms": _NUM_OR_NULL,
+        "untraced_ms": _NUM_OR_NULL, "traced_ms": _NUM_OR_NULL, "work_traced_ms": _NUM_OR_NULL,
+        "launches": _LAUNCHES,
         "sm_count": {"type": ["integer", "null"], "minimum": 1, "maximum": bounds.MAX_SM},
     },
 }
