@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from instrumentation.analysis.kv_sharing import kv_live_table, kv_occupancy, kv_working_set
+from instrumentation.analysis.traced_items import launches, tile_traced_heads
 
 from ._common import FULL, TEMPLATE, caption, fmt_bytes, time_axis, title
 
@@ -101,9 +102,12 @@ def kv_sharing_figure(trace, tl, bins: int = BINS) -> go.Figure:
                       template=TEMPLATE, height=_height(n_rows), showlegend=False)
     clock = ("modelled timeline (list scheduling in the kernel's start order)" if live.attrs["modelled"]
              else "measured work-item times (globaltimer) and SM ids")
-    traced = trace.meta.get("traced_heads") or []
-    slow = (f"Heads recorded with tile detail (bh {', '.join(map(str, traced))}) run slower than the others: "
-            "their KV heads stay live longer. " if traced and not live.attrs["modelled"] else "")
+    traced = tile_traced_heads(trace)
+    # a recording whose work items came from the launch that also traced tiles (before the two
+    # launches were separated) shows the tile-traced heads slowed: say so where it is drawn
+    slow = (f"Heads recorded with tile detail (bh {', '.join(map(str, traced[:8]))}) ran slower than the others in "
+            "this one-launch recording: their KV heads stay live longer. "
+            if traced and not live.attrs["modelled"] and not launches(trace)["separate"] else "")
     rows = "" if len(shown) == n_rows else "Rows are labelled at even steps (hover names each). "
     return caption(fig, f"{slow}{rows}Live window: first start to last end of the work items that read a KV head (black ticks); "
                         f"colour: work items reading it per time bin ({bins} bins), an L2-reuse proxy: the trace has "

@@ -83,3 +83,16 @@ def test_many_rows_labelled_at_even_steps(name):
     lines = [s for s in fig.layout.shapes if s.type == "line" and s.y0 == s.y1]
     assert sorted(s.y0 for s in lines) == [i - 0.5 for i in firsts[1:]]   # B - 1 lines between batches
     assert len(lines) == b - 1
+
+
+def test_caption_says_traced_heads_ran_slower_only_in_a_one_launch_recording():
+    trace, _, fig = _figure(GQA)
+    text = fig.to_json().replace("<br>", " ")
+    slowed = "ran slower than the others in this one-launch recording"
+    if "launches" not in trace.meta:          # recorded before work and tiles came from two launches
+        assert slowed in text
+    separate = Trace(meta={**trace.meta, "launches": {"work": "work-only launch", "tiles": "detail launch",
+                                                      "rows": "detail launch"}},
+                     tables=dict(trace.tables))
+    tl = cached_timeline(separate)
+    assert slowed not in kv_sharing_figure(separate, tl).to_json().replace("<br>", " ")

@@ -14,7 +14,8 @@ MODULES = ["instrumentation.trace", "instrumentation.trace.files", "instrumentat
            "instrumentation.analysis.block_stats", "instrumentation.analysis.hbm",
            "instrumentation.analysis.schedule_analysis", "instrumentation.analysis.schedule_model",
            "instrumentation.analysis.kv_sharing", "instrumentation.analysis.traffic",
-           "instrumentation.analysis.decode_model", "instrumentation.analysis.online_softmax"]
+           "instrumentation.analysis.decode_model", "instrumentation.analysis.online_softmax",
+           "instrumentation.analysis.traced_items"]
 
 
 def _heavy_modules_after(code: str) -> dict:
