@@ -14,6 +14,7 @@ has no meta['launches']: all its tables come from one launch.
     traced_item_ratios(trace, table) per query block: median traced / median other item duration
     traced_item_ratio(trace, table)  the goal metric: the 90th percentile of those ratios
     work_item_ratio(work, heads)     the same on a bare forward work table (a detail launch's)
+    two_launch_recording(meta)       whether a saved trace is what record() writes today
     check_recordings(root)           the metric over every recording under a data directory
 
 `python -m instrumentation.analysis.traced_items data/` prints the metric per recording and
@@ -38,7 +39,7 @@ ONE_LAUNCH = "one launch"
 TABLES_BY_LAUNCH = {"work": ("tiles", "rows"), "bwd_work": ("bwd_tiles", "bwd_rows")}
 
 __all__ = ["GOAL", "QUANTILE", "launches", "launch_note", "tile_traced_heads", "traced_item_mask",
-           "traced_item_ratios", "traced_item_ratio", "work_item_ratio", "check_recordings"]
+           "traced_item_ratios", "traced_item_ratio", "work_item_ratio", "two_launch_recording", "check_recordings"]
 
 
 def _check_table(trace, table: str) -> pd.DataFrame:
@@ -64,6 +65,13 @@ def launches(trace, table: str = "work") -> dict:
         return {**out, "separate": separate, "recorded": True}
     out = {name: ONE_LAUNCH for name in (table, *detail)}
     return {**out, "separate": not tile_traced_heads(trace), "recorded": False}
+
+
+def two_launch_recording(meta: dict) -> bool:
+    """Whether a saved trace's meta is what record() writes today: level 'work' (one work-only
+    launch) or meta['launches']. A level-'full' trace without it drew work and tiles from one
+    launch (the tile-traced heads' items slowed): the regenerate command records it again."""
+    return meta.get("level") != "full" or isinstance(meta.get("launches"), dict)
 
 
 def tile_traced_heads(trace) -> list[int]:

@@ -155,7 +155,8 @@ def _existing_trace_ok(path: Path, job: dict, shape: dict) -> bool:
     except TraceFormatError:
         return False
     m = t.meta
-    return (m["shape"]["N"] == job["n"] and m["mask"] == job["mask"]
+    from ..analysis.traced_items import two_launch_recording
+    return two_launch_recording(m) and (m["shape"]["N"] == job["n"] and m["mask"] == job["mask"]
             and m.get("schedule") == job["schedule"] and m["shape"]["B"] == shape["batch"]
             and m["shape"]["H"] == shape["heads"] and m["shape"]["D"] == shape["head_dim"]
             and m["shape"]["N_k"] == (job.get("kv_len") or job["n"])

@@ -105,8 +105,11 @@ def _existing_long_ok(path: Path, job: dict) -> bool:
         m = Trace.load(path).meta
     except TraceFormatError:
         return False
+    from ..analysis.traced_items import two_launch_recording
+
     s = m["shape"]
-    return (s["N"], s["N_k"], s["H"], s["H_kv"], s["D"], m["mask"], m.get("preset")) == \
+    return two_launch_recording(m) and \
+        (s["N"], s["N_k"], s["H"], s["H_kv"], s["D"], m["mask"], m.get("preset")) == \
         (job["n"], job["n"], job["heads"], job["kv_heads"], job["head_dim"], job["mask"], job["preset"])
 
 
@@ -186,6 +189,7 @@ def record_model_runs(out: Path, device, command: str, deadline, failures: list,
     import torch
 
     from .. import hf
+    from ..analysis.traced_items import two_launch_recording
     from .model_run import ModelRun, ModelRunFormatError
 
     rdir = out / "runs"
@@ -194,8 +198,10 @@ def record_model_runs(out: Path, device, command: str, deadline, failures: list,
         prompt_len, steps = (24, 3) if cpu else (PROMPT, spec["steps"])
         path = rdir / name
         try:
-            ModelRun.load(path)
-            continue
+            done = ModelRun.load(path)
+            # calls recorded before record() drew work from a launch of its own are recorded again
+            if all(two_launch_recording(done.trace_meta(i)) for i in range(len(done))):
+                continue
         except ModelRunFormatError:
             pass
         if deadline is not None and time.monotonic() > deadline:

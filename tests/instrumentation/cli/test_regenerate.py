@@ -49,6 +49,16 @@ def test_regenerate_quick_cpu_writes_manifest_and_resumes(tmp_path):
     (tmp_path / "traces" / "n256_full_natural" / "work.parquet").write_bytes(b"garbage")
     assert regenerate.main(args) == 0
     Trace.load(tmp_path / "traces" / "n256_full_natural")
+    # a trace of the one-launch recorder (no meta.launches: work and tiles from one launch) is recorded again
+    old = tmp_path / "traces" / "n256_causal_natural" / "manifest.json"
+    doc = json.loads(old.read_text())
+    assert doc["meta"]["launches"]["work"] == "work-only launch"
+    del doc["meta"]["launches"]
+    old.write_text(json.dumps(doc))
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json") if p != old}
+    assert regenerate.main(args) == 0
+    assert Trace.load(old.parent).meta["launches"]["work"] == "work-only launch"
+    assert stamps == {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json") if p != old}
 
 
 def test_regenerate_budget_stops_cleanly(tmp_path):
