@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Optional
 
 import torch
 
@@ -41,7 +42,9 @@ from .decode_launch import launch, launch_args, merge_counters  # noqa: E402,F40
 from .shapes import padded_head_dim  # noqa: E402
 
 # the input rules live in kernels.decode_inputs; re-exported here, where callers have read them
-from .decode_inputs import MAX_QUERIES, MAX_SPLITS, PAGE_SIZES, cache_dims, check_decode_inputs  # noqa: E402,F401
+from .decode_inputs import (GRAD_REFUSAL, MAX_QUERIES, MAX_SPLITS, PAGE_SIZES, cache_dims,  # noqa: E402,F401
+                            check_decode_inputs, check_values)
+from .shapes import softmax_scale  # noqa: E402
 
 MAX_ROWS_PER_TILE = 64    # stacked query rows per program; more rows get more row blocks
 
@@ -267,39 +270,78 @@ def make_trace_buffers(plan: DecodePlan, device) -> DecodeTraceBuffers:
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
                  return_lse=False, block_n=None, num_warps=None, num_stages=None, fused_merge=True,
                  use_tma=False, trace: DecodeTraceBuffers | None = None, hw_clock: bool | None = None,
-                 plan: DecodePlan | None = None, stages="both", *, block_table=None):
+                 plan: DecodePlan | None = None, stages="both", *, block_table=None, validate=False):
     """Split-KV decoding attention.
 
     Arguments:
         q: (B, H, N_q, D), N_q 1..16; k_cache, v_cache: (B, H_kv, N_max, D), H % H_kv == 0, or
             pools (num_blocks, page_size, H_kv, D) with block_table.
         cache_seqlens: (B,) int32 (int64 is copied) valid lengths, or None: every sequence is N_max.
-        num_splits: "auto" (choose_num_splits) or 1..MAX_SPLITS.
+        num_splits: "auto" (choose_num_splits: from shapes, never from the lengths) or 1..MAX_SPLITS.
         sm_scale: the softmax scale, None for 1/sqrt(D).
         return_lse: also return the log-sum-exp.
         block_n, num_warps, num_stages: tile and launch overrides (default_decode_config).
         fused_merge: False merges the splits in a second launch.
         use_tma: load the off-band K/V tiles through tensor descriptors (Hopper's bulk copy;
             CUDA, contiguous caches, D a power of two).
-        trace, hw_clock, plan, stages ('both' | 'split' | 'merge'): for instrumentation: a
-            prepared plan skips the checks, and a stage can be launched alone to time it (with
-            the fused merge, 'split' is the whole op).
+        trace, hw_clock, plan, stages ('both' | 'split' | 'merge'): for instrumentation, eager
+            only (outside the custom op): a prepared plan skips the checks, and a stage can be
+            launched alone to time it (with the fused merge, 'split' is the whole op).
         block_table: (B, max_blocks) int32 for a paged cache, page_size 16..256 (kernels.paged);
-            int64 or strided tables are copied, entries in use are checked to lie in the pool
-            (with a prepared plan, the caller's table must already be int32 and contiguous).
+            int64 or strided tables are copied.
+        validate: False (the default) reads neither cache_seqlens nor block_table on the host
+            (no synchronisation; CUDA-graph capturable): a length outside 0..N_max or a table
+            entry in use outside the pool is never dereferenced, and that sequence's rows of O and
+            lse come back NaN. True refuses them on the host in one line (a copy to the host).
     Returns:
         O (B, H, N_q, D) in q's dtype, or (O, lse) with lse (B, H, N_q) float32 in natural log
         units (-inf and O = 0 for a row that sees no key). Raises ValueError (one line) for
-        inputs the kernels do not take.
+        shapes, dtypes, devices and settings the kernels do not take, before any launch.
     """
-    paged = block_table is not None
-    if plan is None:
-        block_table = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_table)
-        plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge, block_table)
-    elif paged and (block_table.dtype != torch.int32 or not block_table.is_contiguous()):
-        block_table = block_table.to(torch.int32).contiguous()
-    if paged and use_tma:
+    if trace is not None or plan is not None or stages != "both" or hw_clock is not None:
+        return _eager_decode(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, return_lse, block_n,
+                             num_warps, num_stages, fused_merge, use_tma, trace, hw_clock, plan, stages,
+                             block_table, validate)
+    checked = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_table,
+                                  validate=False)
+    if validate:
+        checked = _validated(q, k_cache, cache_seqlens, block_table)
+    if block_table is not None and use_tma:
         raise ValueError("use_tma=True reads a contiguous cache; a paged cache is read through its block table")
+    o, lse = torch.ops.tilescope.flash_decode(
+        q, k_cache, v_cache, cache_seqlens, checked, softmax_scale(sm_scale, q.shape[3]),
+        0 if num_splits == "auto" else num_splits, block_n or 0, num_warps or 0, num_stages or 0,
+        bool(fused_merge), bool(use_tma), bool(return_lse))
+    return (o, lse) if return_lse else o
+
+
+@torch.compiler.disable
+def _validated(q, k_cache, cache_seqlens, block_table):
+    """validate=True: the host reads of the lengths and the table (eager even under torch.compile)."""
+    return check_values(cache_seqlens, block_table, q.shape[0], cache_dims(k_cache, block_table)[1], k_cache)
+
+
+@torch.compiler.disable
+def _eager_decode(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, return_lse, block_n, num_warps,
+                  num_stages, fused_merge, use_tma, trace, hw_clock, plan, stages, block_table, validate):
+    """Instrumentation's calls (trace, hw_clock, a prepared plan, one stage): eager, outside the op."""
+    if plan is None:
+        block_table = check_decode_inputs(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_table,
+                                          validate=validate)
+        plan = decode_plan(q, k_cache, num_splits, block_n, num_warps, num_stages, fused_merge, block_table)
+    elif block_table is not None:
+        block_table = block_table.to(torch.int32).contiguous()
+    if block_table is not None and use_tma:
+        raise ValueError("use_tma=True reads a contiguous cache; a paged cache is read through its block table")
+    o, lse = _run(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse, use_tma, trace,
+                  hw_clock, stages)
+    return (o, lse) if return_lse else o
+
+
+def _run(plan: DecodePlan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse: bool,
+         use_tma: bool, trace=None, hw_clock=None, stages="both"):
+    """Allocate the outputs and partials of a planned call and launch it. Returns (O, lse), lse
+    (B, H, N_q) float32 when return_lse, else an empty float32 tensor."""
     b, h, n_q, d = q.shape
     cfg, splits = plan.config, plan.num_splits
     if interpreting():
@@ -316,8 +358,8 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
         # the kernel reads lengths[b] at offset b: an int64 or strided tensor is copied, never misread
         cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
     q = q.contiguous()
-    o = torch.empty_like(q)                                                    # (B, H, N_q, D)
-    lse = torch.empty((b, h, n_q), dtype=torch.float32, device=dev) if return_lse else o
+    o = torch.empty(q.shape, dtype=q.dtype, device=dev)                        # (B, H, N_q, D)
+    lse = torch.empty((b, h, n_q) if return_lse else (0,), dtype=torch.float32, device=dev)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     split = splits > 1
     if split:
@@ -335,11 +377,42 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     # unused buffers are filled with the lengths tensor, as the kernels never read them
     trace_bufs = (trace.splits, trace.counter, trace.merge) if trace is not None else (cache_seqlens,) * 3
     counters = merge_counters(dev, plan.merge_groups) if plan.fused_merge else cache_seqlens
-    args = launch_args(plan, q, k_cache, v_cache, o, lse, (o_part, m_part, l_part), cache_seqlens, counters,
-                       block_table, trace_bufs, sm_scale, has_seqlens=has_seqlens, store_lse=return_lse,
-                       use_tma=use_tma, traced=trace is not None, hw_clock=hw_clock)
+    args = launch_args(plan, q, k_cache, v_cache, o, lse if return_lse else o, (o_part, m_part, l_part),
+                       cache_seqlens, counters, block_table, trace_bufs, sm_scale, has_seqlens=has_seqlens,
+                       store_lse=return_lse, use_tma=use_tma, traced=trace is not None, hw_clock=hw_clock)
     if stages in ("both", "split"):
         launch(decode_split_kernel, plan.stage1_grid, args, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split and not plan.fused_merge and stages in ("both", "merge"):
         launch(decode_merge_kernel, plan.merge_grid, args, num_warps=cfg.num_warps)
-    return (o, lse) if return_lse else o
+    return o, lse
+
+
+# -- the custom op: torch.compile sees one opaque node; CUDA graphs capture it (no host reads) --
+
+@torch.library.custom_op("tilescope::flash_decode", mutates_args=())
+def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+              block_table: Optional[torch.Tensor], sm_scale: float, num_splits: int, block_n: int,
+              num_warps: int, num_stages: int, fused_merge: bool, use_tma: bool,
+              return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """tilescope::flash_decode: flash_decode's launch on checked inputs (flash_decode runs the
+    checks first). num_splits 0 is "auto"; block_n, num_warps, num_stages 0 are the defaults;
+    block_table int32 contiguous or None. Returns (O, lse): lse (B, H, N_q) float32 when
+    return_lse, else an empty float32 tensor."""
+    plan = decode_plan(q, k_cache, num_splits or "auto", block_n or None, num_warps or None, num_stages or None,
+                       fused_merge, block_table)
+    return _run(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse, use_tma)
+
+
+@decode_op.register_fake
+def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, num_splits, block_n, num_warps,
+                    num_stages, fused_merge, use_tma, return_lse):
+    b, h, n_q, _ = q.shape
+    return (q.new_empty(q.shape),
+            q.new_empty((b, h, n_q) if return_lse else (0,), dtype=torch.float32))
+
+
+def _refuse_grad(ctx, inputs, output):
+    raise ValueError(GRAD_REFUSAL)
+
+
+decode_op.register_autograd(lambda ctx, *grads: None, setup_context=_refuse_grad)

@@ -34,9 +34,17 @@ def cache_dims(k_cache, block_table=None) -> tuple[int, int]:
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_scale=None,
-                        block_table=None):
-    """Shape, dtype, device and value rules; each failure is one ValueError line. Returns the
-    block table as the kernel reads it (int32, contiguous), or None without one."""
+                        block_table=None, validate=True):
+    """Shape, dtype, device and setting rules of every argument, on the host, before any launch;
+    with validate, also the values of cache_seqlens and of the table entries in use (a copy to the
+    host: a synchronisation). Each failure is one ValueError line.
+
+    Arguments:
+        q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, block_table: as flash_decode.
+        validate: read the lengths and table on the host and refuse bad values (flash_decode's
+            validate=True); False reads neither (the kernel turns bad rows into NaN).
+    Returns:
+        the block table as the kernel reads it (int32, contiguous), or None without one."""
     paged = block_table is not None
     layout = "num_blocks, page_size, H_kv, D" if paged else "B, H_kv, N_max, D"
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -46,13 +54,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
         raise ValueError(f"k_cache and v_cache must have the same shape ({layout}), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if paged:
-        if not (isinstance(block_table, torch.Tensor) and block_table.dim() == 2):
-            raise ValueError(f"block_table must be a ({b}, max_blocks) tensor (one row of page indices per "
-                             f"sequence), got {getattr(block_table, 'shape', type(block_table).__name__)}")
-        page = k_cache.shape[1]
-        if not PAGE_SIZES[0] <= page <= PAGE_SIZES[1]:
-            raise ValueError(f"page size {page} (k_cache.shape[1]) is not supported; use "
-                             f"{PAGE_SIZES[0]}..{PAGE_SIZES[1]} keys per page")
+        _check_table(block_table, b, k_cache)
     h_kv, n_max = cache_dims(k_cache, block_table)
     bk, dk = (block_table.shape[0] if paged else k_cache.shape[0]), k_cache.shape[3]
     if bk != b or dk != d:
@@ -79,13 +81,9 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache need a contiguous last (D) dimension; "
                          "pass .contiguous() caches (a copy of the whole cache would be hidden otherwise)")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
-        raise ValueError("flash_decode is forward-only (no backward pass): the output would carry no "
-                         "gradient. For training use kernels.flash_attention (differentiable) or "
-                         "torch.nn.functional.scaled_dot_product_attention; "
-                         "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
+        raise ValueError(GRAD_REFUSAL)
     check_kernel_device(q.device)
-    lengths = np.full(b, n_max)
     if cache_seqlens is not None:
         if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.shape != (b,):
             raise ValueError(f"cache_seqlens must be a tensor of shape ({b},) (one length per sequence), "
@@ -93,15 +91,44 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, num_splits="aut
         if cache_seqlens.dtype not in (torch.int32, torch.int64) or cache_seqlens.device != q.device:
             raise ValueError(f"cache_seqlens must be int32 on {q.device}, got {cache_seqlens.dtype} on "
                              f"{cache_seqlens.device}")
-        if paged:
-            lengths = cache_seqlens.detach().to("cpu", torch.int64).numpy()      # the table check needs them all
-            lo, hi = int(lengths.min()), int(lengths.max())
-        else:
-            lo, hi = (int(x) for x in torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist())
-        if lo < 0 or hi > n_max:
-            raise ValueError(f"cache_seqlens must lie in 0..N_max={n_max}, got values {lo}..{hi}")
     if num_splits != "auto" and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                  or not 1 <= num_splits <= MAX_SPLITS):
         raise ValueError(f"num_splits must be 'auto' or an integer 1..{MAX_SPLITS}, got {num_splits!r}")
     softmax_scale(sm_scale, d)      # flash_attention's rule and bound (kernels.shapes), the same line
-    return check_block_table(block_table, b, k_cache, lengths) if paged else None
+    if validate:
+        return check_values(cache_seqlens, block_table, b, n_max, k_cache)
+    return block_table.to(torch.int32).contiguous() if paged else None
+
+
+GRAD_REFUSAL = ("flash_decode is forward-only (no backward pass): the output would carry no "
+                "gradient. For training use kernels.flash_attention (differentiable) or "
+                "torch.nn.functional.scaled_dot_product_attention; "
+                "to run this kernel, pass tensors with .detach() or call it under torch.no_grad()")
+
+
+def _check_table(block_table, b: int, pool) -> None:
+    """The paged pool's and table's shapes, dtype and device (no entry is read)."""
+    if not (isinstance(block_table, torch.Tensor) and block_table.dim() == 2):
+        raise ValueError(f"block_table must be a ({b}, max_blocks) tensor (one row of page indices per "
+                         f"sequence), got {getattr(block_table, 'shape', type(block_table).__name__)}")
+    page = pool.shape[1]
+    if not PAGE_SIZES[0] <= page <= PAGE_SIZES[1]:
+        raise ValueError(f"page size {page} (k_cache.shape[1]) is not supported; use "
+                         f"{PAGE_SIZES[0]}..{PAGE_SIZES[1]} keys per page")
+    if pool.shape[0] < 1:
+        raise ValueError("the paged pool has no pages (k_cache.shape[0] = 0)")
+    if block_table.dtype not in (torch.int32, torch.int64) or block_table.device != pool.device:
+        raise ValueError(f"block_table must be int32 on {pool.device}, got {block_table.dtype} on "
+                         f"{block_table.device}")
+
+
+def check_values(cache_seqlens, block_table, b: int, n_max: int, pool):
+    """validate=True: the lengths in 0..N_max and the table entries in use inside the pool, read on
+    the host (a synchronisation). Returns the table as the kernel reads it, or None."""
+    lengths = np.full(b, n_max)
+    if cache_seqlens is not None:
+        lengths = cache_seqlens.detach().to("cpu", torch.int64).numpy()
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 0 or hi > n_max:
+            raise ValueError(f"cache_seqlens must lie in 0..N_max={n_max}, got values {lo}..{hi}")
+    return check_block_table(block_table, b, pool, lengths) if block_table is not None else None
