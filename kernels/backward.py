@@ -28,7 +28,7 @@ from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, INTERPRETER_CONFIG, BackwardConfig,  # noqa: E402,F401
                             BackwardPlan, PassTiles, backward_config, backward_plan)
 from .masks import MaskSpec, parse_mask  # noqa: E402
-from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
+from .shapes import check_inputs, check_kernel_device, padded_head_dim, softmax_scale  # noqa: E402
 from .sizes import call_size  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -166,21 +166,99 @@ def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) 
     kernel[grid](*[args[n] for n in names], **options)
 
 
+def _is_float_tensor(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def check_backward_args(do, q, k, v, o, lse, dlse=None, kernel_device: bool = True) -> None:
+    """flash_attention_backward's host checks, before any launch: every tensor argument's type,
+    shape, dtype and device (the kernels read them without bounds checks), one line each.
+
+    Arguments:
+        do, q, k, v, o, lse, dlse: as flash_attention_backward's.
+        kernel_device: also check that the kernels can run on q's device (off for fake tensors).
+    Returns:
+        None. Raises ValueError naming the argument and what it must be."""
+    check_inputs(q, k, v, for_kernel=False)
+    b, h, n_q, d = q.shape
+    for name, t, shape, what in (("do", do, q.shape, "dL/dO, like q"), ("o", o, q.shape, "the forward's output, like q"),
+                                 ("lse", lse, q.shape[:3], "the forward's log-sum-exp"),
+                                 ("dlse", dlse, q.shape[:3], "dL/dlse (or None)")):
+        if t is None and name == "dlse":
+            continue
+        if not _is_float_tensor(t) or tuple(t.shape) != tuple(shape) or t.device != q.device:
+            got = (f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor)
+                   else type(t).__name__)
+            raise ValueError(f"{name} must be {what}: a floating-point tensor of shape {tuple(shape)} on "
+                             f"{q.device}, got {got}")
+    if kernel_device:
+        check_kernel_device(q.device)
+
+
+def backward_fits(q, k, mask, bwd_config: BackwardConfig | None) -> None:
+    """In the interpreter, refuse a backward over its tile limit before the forward runs (ValueError,
+    one line; nothing on a GPU).
+
+    Arguments:
+        q, k: the call's tensors (shapes, dtype, device read); mask: its mask (text or MaskSpec);
+        bwd_config: the backward's tiles (None: the default).
+    Returns:
+        None."""
+    if interpreting():
+        b, h, n_q, d = q.shape
+        _interpreter_plan_ok(parse_mask(mask, n_q, k.shape[2]), b, h, n_q, k.shape[2],
+                             bwd_config or backward_config(d, q.dtype, q.device), q.device)
+
+
+def no_second_derivative() -> None:
+    """flash_attention's backward builds no graph of its own: asked to (create_graph=True, grad
+    mode on in the backward), it refuses in one line rather than answering wrong."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("flash_attention has no second derivative: its backward refuses create_graph=True "
+                           "(use torch.nn.functional.scaled_dot_product_attention for higher-order gradients)")
+
+
 def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None,
                              config: BackwardConfig | None = None, trace: BackwardTraceBuffers | None = None):
     """Gradients of flash_attention from its saved output and log-sum-exp.
 
     Arguments:
         do: dL/dO, (B, H, N_q, D) like q (any float dtype; taken in q's dtype).
-        q, k, v: the forward's inputs; o, lse: its output and natural-log lse (B, H, N_q) float32.
+        q, k, v: the forward's inputs; o: its output (B, H, N_q, D), any float dtype; lse: its
+            natural-log lse (B, H, N_q), any float dtype (taken in float32).
         mask, sm_scale: the forward's.
         dlse: dL/dlse (B, H, N_q), or None when the lse took no part in the loss.
         config: BackwardConfig; None: the trace's, else backward_config's default.
         trace: BackwardTraceBuffers (backward_trace_buffers) the kernels record into; None: untraced.
     Returns:
         (dq, dk, dv) in the inputs' shapes and dtype; rows that see no key get dq = 0 and add
-        nothing to dk, dv."""
-    check_inputs(q, k, v, for_kernel=False)
+        nothing to dk, dv. Every tensor argument's shape, dtype and device is checked on the host
+        before any launch (ValueError, one line). Under torch.compile an untraced call is the
+        tilescope::flash_attention_backward op (kernels.flash_ops); a traced one runs eagerly."""
+    if torch.compiler.is_compiling():
+        if trace is None:
+            from .flash_ops import config_ints, flash_attention_backward_op
+
+            if not isinstance(mask, str):
+                mask = parse_mask(mask).text
+            if sm_scale is not None:
+                sm_scale = softmax_scale(sm_scale, 1)
+            return flash_attention_backward_op(do, q, k, v, o, lse, mask, sm_scale, dlse, config_ints(config))
+        return _backward_eager(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace)
+    if flash_ops.compile_hook_set():
+        return _backward_eager(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace)
+    return backward_impl(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace)
+
+
+@torch.compiler.disable
+def _backward_eager(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace):
+    return backward_impl(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace)
+
+
+def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, config: BackwardConfig | None = None,
+                  trace: BackwardTraceBuffers | None = None):
+    """flash_attention_backward's body (the op's implementation too): checks, then the launches."""
+    check_backward_args(do, q, k, v, o, lse, dlse)
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     spec = parse_mask(mask, n_q, n_k)
@@ -238,41 +316,11 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     return dq, dk, dv
 
 
-class FlashAttentionFunction(torch.autograd.Function):
-    """flash_attention with a backward: saves (q, k, v, O, lse); gradients for q, k, v (and
-    through the lse, when the caller uses it). No second derivative: a backward asked to build
-    a graph (create_graph=True) is refused in one line rather than answering wrong."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages,
-                warp_specialize, trace, bwd_config):
-        from .flash import flash_attention   # kernels.flash routes here: import when first run
-
-        o, lse = flash_attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse=True,
-                                 trace=trace, num_warps=num_warps, num_stages=num_stages,
-                                 warp_specialize=warp_specialize)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.mask, ctx.sm_scale, ctx.bwd_config = mask, sm_scale, bwd_config
-        ctx.set_materialize_grads(False)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        if torch.is_grad_enabled():    # create_graph=True: the gradients would carry no graph of their own
-            raise RuntimeError("flash_attention has no second derivative: its backward refuses create_graph=True "
-                               "(use torch.nn.functional.scaled_dot_product_attention for higher-order gradients)")
-        q, k, v, o, lse = ctx.saved_tensors
-        if do is None:                     # only the lse reached the loss
-            do = torch.zeros_like(o)
-        dq, dk, dv = flash_attention_backward(do, q, k, v, o, lse, ctx.mask, ctx.sm_scale, dlse,
-                                              ctx.bwd_config)
-        return dq, dk, dv, *(None,) * 10
-
-
 def attention_with_grad(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
                         schedule="natural", return_lse=False, num_warps=None, num_stages=None,
                         warp_specialize=None, trace=None, bwd_config: BackwardConfig | None = None):
-    """flash_attention recorded for autograd (kernels.flash calls this when an input requires grad).
+    """flash_attention with the backward's tiles chosen (tests, benchmarks): the same route as
+    kernels.flash_attention (kernels.flash_ops.attention).
 
     Arguments:
         q ... trace: as kernels.flash_attention's (a trace records the forward); bwd_config: the
@@ -280,13 +328,9 @@ def attention_with_grad(q, k, v, mask="causal", block_m=None, block_n=None, sm_s
     Returns:
         O, or (O, lse) with return_lse; both carry gradients back to q, k, v. In the interpreter,
         a backward over its tile limit is refused before the forward runs (ValueError)."""
-    if isinstance(mask, str):
-        mask = parse_mask(mask)       # a spec is hashable and checked once; the text is parsed here
-    if interpreting():                # refuse the backward before the forward's work, not after it
-        check_inputs(q, k, v, for_kernel=False)
-        b, h, n_q, d = q.shape
-        _interpreter_plan_ok(parse_mask(mask, n_q, k.shape[2]), b, h, n_q, k.shape[2],
-                             bwd_config or backward_config(d, q.dtype, q.device), q.device)
-    o, lse = FlashAttentionFunction.apply(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps,
-                                          num_stages, warp_specialize, trace, bwd_config)
-    return (o, lse) if return_lse else o
+    return flash_ops.attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, num_warps,
+                               num_stages, warp_specialize, trace, bwd_config)
+
+
+# the ops (kernels.flash_ops) run backward_impl; imported last so either module may be imported first
+from . import flash_ops  # noqa: E402

@@ -4,14 +4,15 @@ and work order in kernels.plan, the kernel in kernels.flash_kernel).
 
 Shapes: q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H % H_kv == 0; masks on the N_q x N_k grid,
 bottom-right aligned (kernels.masks). Input rules live in kernels.shapes. With an input that
-requires grad, and grad mode on, flash_attention runs through kernels.backward's autograd
-Function (the backward recomputes P from the saved lse); otherwise the forward alone."""
+requires grad, and grad mode on, flash_attention runs through the tilescope::flash_attention op
+whose autograd is the backward op (kernels.flash_ops; the backward recomputes P from the saved
+lse); otherwise the forward alone.""" 
 
 from __future__ import annotations
 
 import torch
 
-from .backward import attention_with_grad
+from . import flash_ops
 from .launch import resolve_launch, run_plan
 # re-exported: callers read the launch rules and the plan types as kernels.flash.X
 from .launch_config import (BLOCK_SIZES, ROWSUM_MIN_FULL, WS_CONFIGS, WS_DEFAULTS,  # noqa: F401
@@ -49,16 +50,11 @@ def flash_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale
     Returns:
         out: (batch_size, nheads, seqlen_q, headdim), q's dtype. With return_lse=True (out, lse),
         lse (batch_size, nheads, seqlen_q) float32, natural-log log-sum-exp of the scaled scores.
-        A row that sees no key gets out = 0 and lse = -inf (and gradient 0)."""
-    if (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-            or getattr(v, "requires_grad", False)) and torch.is_grad_enabled():
-        return attention_with_grad(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, num_warps,
-                                   num_stages, warp_specialize, trace)
-    trace_flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
-    lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
-                        trace_flags, None, None, warp_specialize, False, False, "all")
-    return run_plan(lp, q, k, v, sm_scale, trace, None, False, None)
-
+        A row that sees no key gets out = 0 and lse = -inf (and gradient 0).
+    Under torch.compile the call is one opaque op (tilescope::flash_attention, kernels.flash_ops);
+    a traced call runs eagerly (torch.compiler.disable)."""
+    return flash_ops.attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, num_warps,
+                               num_stages, warp_specialize, trace)
 
 def launch_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None,
                      schedule="natural", num_warps=None, num_stages=None, return_lse=False,
@@ -82,8 +78,15 @@ def launch_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scal
             or out's o, out's lse) with the partial tiles and writes out: together the same as
             one call (the two launches of the WS split, e.g. with other keys merged in between).
     Returns:
-        O, or (O, lse) with return_lse or out (then out's tensors)."""
+        O, or (O, lse) with return_lse or out (then out's tensors). Eager only: under torch.compile
+        it runs through a torch.compiler.disable'd path (a graph break), as a ring's steps do."""
+    if torch.compiler.is_compiling() or flash_ops.compile_hook_set():
+        return _launch_eager(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages, return_lse,
+                             trace, hw_clock, use_tma, warp_specialize, out, merge, o_prev, tiles)
     trace_flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
                         trace_flags, hw_clock, use_tma, warp_specialize, out is not None, merge, tiles)
     return run_plan(lp, q, k, v, sm_scale, trace, out, merge, o_prev)
+
+
+_launch_eager = torch.compiler.disable(launch_attention)
