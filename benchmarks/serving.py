@@ -8,14 +8,17 @@ alternatives a serving engine has, in one run.
 
 Paged decode (part `paged`): one query row per sequence, B 1 and a --context (32k) cache,
 H 32 / H_kv 8, D 128, bf16. The cache is copied into pools of pages (16, 64, 256 keys) in a random
-permutation; `paged:<page>` is flash_decode(block_table=...) on a pool, `contiguous` is
-flash_decode on the contiguous cache (same values), `sdpa_cudnn` / `sdpa_flash` are SDPA on the
+permutation; `paged:<page>` is the public flash_decode(block_table=...) on a pool, `contiguous`
+is flash_decode on the contiguous cache (same values), both with the lengths and table on the
+device (validate=False: nothing read on the host, so the call itself is captured), `sdpa_cudnn` / `sdpa_flash` are SDPA on the
 contiguous cache gathered from the page-16 pool (what a backend without a block table runs on),
 and `gather:<page>` is that gather itself. Times are medians of CUDA-graph replays with the L2
 flushed by a 256 MiB read before each (a clean L2: the step moves its own bytes), --repeats rounds
 with the implementations interleaved. GB/s counts the K/V cache once plus q and o (the trace's
 byte model); frac_copy is that over the device-to-device copy bandwidth measured in the same run;
-speed_vs_contiguous = contiguous ms / this ms.
+speed_vs_contiguous = contiguous ms / this ms. Our calls are also timed out of a graph:
+eager_ms, do_bench medians of the same public call (host time included), and
+eager_speed_vs_contiguous.
 
 Varlen prefill (part `varlen`): the --lens sequences packed (causal, len_q = len_k), H 32 /
 H_kv 8, D 128, bf16. `varlen` is flash_attention_varlen on the packed batch, `padded` our
@@ -118,6 +121,18 @@ def _check_and_time(calls: dict, ref, base: dict, args, timer, adapt=None, refs=
     return records
 
 
+def _time_eager(records: dict, calls: dict, impls: list, args, device) -> None:
+    """eager_ms (and eager_ms_rounds) of our calls out of a graph: do_bench medians of the
+    public call, host time included, --repeats rounds interleaved (one wall-clock call off CUDA)."""
+    rounds = {impl: [] for impl in impls}
+    for _ in range(args.repeats):
+        for impl in impls:
+            rounds[impl].append(time_ms(calls[impl], device, warmup=10, rep=60) if device.type == "cuda"
+                                else _one_call_ms(calls[impl]))
+    for impl, times in rounds.items():
+        records[impl].update(eager_ms=statistics.median(times), eager_ms_rounds=times)
+
+
 def paged_part(args, device, dtype) -> tuple[list[dict], float | None]:
     """Paged decode vs contiguous flash_decode vs SDPA on the gathered cache, B x context.
     Returns (records, the copy bandwidth in GB/s or None off CUDA)."""
@@ -126,25 +141,25 @@ def paged_part(args, device, dtype) -> tuple[list[dict], float | None]:
     q = torch.randn(b, h, 1, d, generator=g, device=device, dtype=dtype)                # (B, H, 1, D)
     k, v = (torch.randn(b, h_kv, n, d, generator=g, device=device, dtype=dtype) for _ in range(2))
     lens = torch.full((b,), n, dtype=torch.int32, device=device)
-    # prepared plans: the checked call reads cache_seqlens on the host, which a CUDA graph cannot hold
-    plan = decode_plan(q, k)
-    calls = {"contiguous": lambda: flash_decode(q, k, v, lens, plan=plan)}
-    plans = {"contiguous": plan}                     # impl -> the decode plan it runs (its tile config)
+    # the public call, as a serving loop makes it: no host read of lens or the table (validate=False),
+    # so the same call is timed captured in a CUDA graph (ms) and eager (eager_ms)
+    calls = {"contiguous": lambda: flash_decode(q, k, v, lens)}
+    plans = {"contiguous": decode_plan(q, k)}        # impl -> the decode plan it runs (its tile config)
     gathered = None
     for page in parse_int_list(args.pages):
         kp, vp, table = paginate(k, v, page, generator=torch.Generator().manual_seed(page))
-        flash_decode(q, kp, vp, lens, block_table=table)                     # the input checks, once
-        pp = plans[f"paged:{page}"] = decode_plan(q, kp, block_table=table)
-        calls[f"paged:{page}"] = (lambda kp=kp, vp=vp, table=table, pp=pp:
-                                  flash_decode(q, kp, vp, lens, plan=pp, block_table=table))
+        plans[f"paged:{page}"] = decode_plan(q, kp, block_table=table)
+        calls[f"paged:{page}"] = (lambda kp=kp, vp=vp, table=table:
+                                  flash_decode(q, kp, vp, lens, block_table=table))
         calls[f"gather:{page}"] = (lambda kp=kp, vp=vp, table=table:
                                    torch.stack([gather_pages(kp, table, n), gather_pages(vp, table, n)]))
         for cfg in filter(None, args.sweep.split(",")):
             bn, w, st = (int(x) for x in cfg.split("/"))
-            ps = plans[f"paged:{page}:{cfg}"] = decode_plan(q, kp, block_n=bn, num_warps=w, num_stages=st,
-                                                            block_table=table)
-            calls[f"paged:{page}:{cfg}"] = (lambda kp=kp, vp=vp, table=table, ps=ps:
-                                            flash_decode(q, kp, vp, lens, plan=ps, block_table=table))
+            plans[f"paged:{page}:{cfg}"] = decode_plan(q, kp, block_n=bn, num_warps=w, num_stages=st,
+                                                       block_table=table)
+            calls[f"paged:{page}:{cfg}"] = (lambda kp=kp, vp=vp, table=table, bn=bn, w=w, st=st:
+                                            flash_decode(q, kp, vp, lens, block_n=bn, num_warps=w,
+                                                         num_stages=st, block_table=table))
         if gathered is None:
             gathered = (gather_pages(kp, table, n), gather_pages(vp, table, n))
     if device.type == "cuda" and gathered is not None:
@@ -162,6 +177,7 @@ def paged_part(args, device, dtype) -> tuple[list[dict], float | None]:
             "batch": b, "context": n}
     records = _check_and_time(calls, ours, base, args, _timer(device),
                               refs={impl: kv for impl in calls if impl.startswith("gather:")})
+    _time_eager(records, calls, [impl for impl in plans if records[impl]["status"] == "ok"], args, device)
     copy_gbps = measure_copy_bandwidth(str(device))
     nbytes = 2 * b * h_kv * n * d * q.element_size() + 2 * b * h * d * q.element_size()
     contiguous = records["contiguous"].get("ms")
@@ -176,8 +192,11 @@ def paged_part(args, device, dtype) -> tuple[list[dict], float | None]:
         rec["gbps"] = moved / (rec["ms"] * 1e-3) / 1e9
         rec["frac_copy"] = rec["gbps"] / copy_gbps if copy_gbps else None
         rec["speed_vs_contiguous"] = contiguous / rec["ms"] if contiguous and not impl.startswith("gather:") else None
+        if rec.get("eager_ms") and records["contiguous"].get("eager_ms"):
+            rec["eager_speed_vs_contiguous"] = records["contiguous"]["eager_ms"] / rec["eager_ms"]
         log(f"  paged B={b} ctx={n} {impl:12s} {rec['ms'] * 1e3:8.1f} us {rec['gbps']:7.0f} GB/s "
             f"{(rec['frac_copy'] or 0) * 100:5.1f}% of copy  {rec['speed_vs_contiguous'] or 0:.3f}x contiguous  "
+            f"eager {(rec.get('eager_ms') or 0) * 1e3:8.1f} us  "
             f"err {rec['rel_err']:.1e}")
     for impl, rec in records.items():
         if rec["status"] != "ok":
@@ -270,6 +289,9 @@ def main(argv=None) -> int:
         meta.update(copy_gbps=copy_gbps, paged_timing=(
             "median of CUDA-graph replays, L2 flushed by a 256 MiB read before each; median over "
             f"{args.repeats} interleaved rounds" if device.type == "cuda" else "interpreter smoke run"),
+            paged_eager_timing=("eager_ms: do_bench median (warmup 10, rep 60) of the same public call "
+                                "out of a graph, host time included; median over the rounds"
+                                if device.type == "cuda" else "interpreter smoke run"),
             bytes_convention="paged gbps = (K/V cache + q + o bytes, each once) / time; gather: the "
                              "cache read and written; frac_copy = gbps / copy_gbps (2 x 1 GiB / "
                              "device-to-device copy median)")
