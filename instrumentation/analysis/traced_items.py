@@ -204,7 +204,10 @@ def check_recordings(root, goal: float = GOAL) -> pd.DataFrame:
 
     Arguments: root, a directory; goal, the bound a recording must meet.
     Returns: one row per (recording, table): recording (path under root), table, ratio,
-    worst (the largest ratio of one query block), query_blocks (how many the ratio is over), launches ('separate' or 'one launch'), ok (ratio <= goal).
+    worst (the largest ratio of one query block), query_blocks (how many the ratio is over),
+    detail_ratio (the same metric in the detail launch's work table, meta['launches'], CUDA:
+    what tile tracing costs the traced items), untraced_ms / work_traced_ms / traced_ms (the
+    recording's do_bench medians: untraced, work records only, detail tracing), launches ('separate' or 'one launch'), ok (ratio <= goal).
     """
     from ..trace import Trace, TraceFormatError
 
@@ -229,11 +232,28 @@ def check_recordings(root, goal: float = GOAL) -> pd.DataFrame:
                 continue
             ratios = r["ratio"].to_numpy(dtype=np.float64)
             ratio = float(np.quantile(ratios, QUANTILE))
+            m = trace.meta
+            settings = ((m.get("launches") or {}).get("settings") or {}).get(DETAIL) or {}
+            detail = settings.get("traced_item_ratio") if table == "work" else None
+            cost = {k: m.get(k) for k in ("untraced_ms", "work_traced_ms", "traced_ms")} if table == "work" else {}
             rows.append({"recording": str(path.relative_to(root)), "table": table, "ratio": ratio,
                          "worst": float(ratios.max()), "query_blocks": len(r),
+                         "detail_ratio": detail if isinstance(detail, (int, float)) else math.nan,
+                         **{k: v if isinstance(v, (int, float)) else math.nan for k, v in cost.items()},
                          "launches": "separate" if launches(trace, table)["separate"] else ONE_LAUNCH,
                          "ok": bool(ratio <= goal)})
-    return pd.DataFrame(rows, columns=["recording", "table", "ratio", "worst", "query_blocks", "launches", "ok"])
+    return pd.DataFrame(rows, columns=["recording", "table", "ratio", "worst", "query_blocks", "launches", "ok",
+                                       "detail_ratio", "untraced_ms", "work_traced_ms", "traced_ms"])
+
+
+def _costs(r) -> str:
+    """The tracing costs a recording's meta holds (record() on CUDA), for the README's figure."""
+    out = f"  detail launch {r.detail_ratio:.2f}" if math.isfinite(r.detail_ratio) else ""
+    if math.isfinite(r.untraced_ms) and r.untraced_ms > 0:
+        for name, ms in (("work-only", r.work_traced_ms), ("detail", r.traced_ms)):
+            if math.isfinite(ms):
+                out += f"  {name} {100 * (ms / r.untraced_ms - 1):+.1f} %"
+    return out
 
 
 def main(argv=None) -> int:
@@ -256,7 +276,7 @@ def main(argv=None) -> int:
     for r in df.itertuples():
         print(f"{r.recording:<{width}}  {r.table:<8}  {r.ratio:6.3f}  (worst block {r.worst:5.2f}, "
               f"{r.query_blocks:4d} blocks)  "
-              f"{r.launches:<10}  {'ok' if r.ok else 'OVER'}")
+              f"{r.launches:<10}  {'ok' if r.ok else 'OVER'}" + _costs(r))
     bad = int((~df["ok"]).sum())
     print(f"{len(df)} tables, {len(df) - bad} within {args.goal}, {bad} over; "
           f"largest {df['ratio'].max():.3f} ({df.loc[df['ratio'].idxmax(), 'recording']})")
