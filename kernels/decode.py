@@ -10,10 +10,19 @@
     # block_table[b, j // page_size]; N_max = max_blocks * page_size (kernels.paged)
 
 Where to read: this module holds the plan (DecodePlan: shapes, tiles, the split count), the split
-rule, the trace buffers and `flash_decode`; kernels.decode_launch turns a plan and the call's
-tensors into the kernels' arguments (one mapping keyed by parameter name, the constexpr groups
-TILE / CACHE / MERGE / TRACE) and launches them; kernels.decode_kernel holds the two kernels;
-kernels.decode_inputs the input rules.
+rule, the trace buffers, `flash_decode` and the custom op `tilescope::flash_decode` it calls
+(registered when this module is first imported; torch.compile sees one opaque node, a CUDA graph
+captures it); kernels.decode_launch allocates a planned call's outputs (`run_plan`), turns the
+plan and tensors into the kernels' arguments (one mapping keyed by parameter name, the constexpr
+groups TILE / CACHE / MERGE / TRACE) and launches them; kernels.decode_kernel holds the two
+kernels; kernels.decode_inputs the input rules.
+
+What is checked where: shapes, dtypes, devices and settings of every argument on the host, before
+any launch (kernels.decode_inputs.check_decode_inputs, no host read of tensor contents); the
+values of cache_seqlens and block_table in the kernel (validate=False, the default: a bad length or
+table entry is never dereferenced and gives that sequence NaN rows), or on the host with
+validate=True (one-line refusals, a synchronisation). Plans are cached by shapes and settings:
+"auto" splits come from the cache's capacity N_max (max_blocks * page_size), never the lengths.
 
 The split rule ("auto") fills the GPU with one wave of programs when the work items are few, and
 is FlashAttention-2's `num_splits_heuristic` (flash_api.cpp) otherwise; see `choose_num_splits`.
@@ -30,15 +39,14 @@ from typing import Optional
 
 import torch
 
-from .runtime import INTERPRETER_MAX_DECODE_VISITS, choose_backend, device_facts, interpreting
+from .runtime import choose_backend, device_facts
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
 import triton  # noqa: E402
 
-from .decode_kernel import decode_merge_kernel, decode_split_kernel  # noqa: E402
 # merge_counters is re-exported: callers and tests read the counters a call used
-from .decode_launch import launch, launch_args, merge_counters  # noqa: E402,F401
+from .decode_launch import launch, launch_args, merge_counters, run_plan  # noqa: E402,F401
 from .shapes import padded_head_dim  # noqa: E402
 
 # the input rules live in kernels.decode_inputs; re-exported here, where callers have read them
@@ -235,13 +243,6 @@ def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, 
                       fused_merge and splits > 1)
 
 
-@lru_cache(maxsize=64)
-def _full_lengths(b: int, n_max: int, device: str) -> torch.Tensor:
-    """cache_seqlens=None: every sequence fills the cache. The kernel then takes N_max as each
-    length (HAS_SEQLENS off) and reads none of this; it fills the unused pointer arguments."""
-    return torch.full((b,), n_max, dtype=torch.int32, device=device)
-
-
 @dataclass
 class DecodeTraceBuffers:
     """Device buffers the kernels write when tracing (decoded by instrumentation.decode)."""
@@ -333,58 +334,9 @@ def _eager_decode(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, retu
         block_table = block_table.to(torch.int32).contiguous()
     if block_table is not None and use_tma:
         raise ValueError("use_tma=True reads a contiguous cache; a paged cache is read through its block table")
-    o, lse = _run(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse, use_tma, trace,
+    o, lse = run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse, use_tma, trace,
                   hw_clock, stages)
     return (o, lse) if return_lse else o
-
-
-def _run(plan: DecodePlan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse: bool,
-         use_tma: bool, trace=None, hw_clock=None, stages="both"):
-    """Allocate the outputs and partials of a planned call and launch it. Returns (O, lse), lse
-    (B, H, N_q) float32 when return_lse, else an empty float32 tensor."""
-    b, h, n_q, d = q.shape
-    cfg, splits = plan.config, plan.num_splits
-    if interpreting():
-        visits = plan.batch * plan.kv_heads * plan.row_blocks * (triton.cdiv(plan.n_max, cfg.block_n) + splits)
-        if visits > INTERPRETER_MAX_DECODE_VISITS:
-            raise ValueError(f"{visits} K/V tile visits (B={b}, H_kv={plan.kv_heads}, N_max={plan.n_max}) is too "
-                             f"much for the CPU interpreter (limit {INTERPRETER_MAX_DECODE_VISITS}): lower B or the "
-                             "context length, run on a GPU, or open a bundled GPU recording from data/")
-    dev = q.device
-    has_seqlens = cache_seqlens is not None
-    if not has_seqlens:
-        cache_seqlens = _full_lengths(b, plan.n_max, str(dev))
-    else:
-        # the kernel reads lengths[b] at offset b: an int64 or strided tensor is copied, never misread
-        cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
-    q = q.contiguous()
-    o = torch.empty(q.shape, dtype=q.dtype, device=dev)                        # (B, H, N_q, D)
-    lse = torch.empty((b, h, n_q) if return_lse else (0,), dtype=torch.float32, device=dev)
-    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    split = splits > 1
-    if split:
-        # one allocation: partial outputs (B, H_kv, S, rows, D), then m_j and l_j (B, H_kv, S, rows)
-        n_stats = b * plan.kv_heads * splits * plan.rows
-        work = torch.empty(n_stats * (d + 2), dtype=torch.float32, device=dev)
-        o_part = work[:n_stats * d]
-        m_part = trace.m_part if trace is not None else work[n_stats * d:n_stats * (d + 1)]
-        l_part = trace.l_part if trace is not None else work[n_stats * (d + 1):]
-    else:
-        o_part = o
-        m_part, l_part = (trace.m_part, trace.l_part) if trace is not None else (o, o)
-    if hw_clock is None:
-        hw_clock = dev.type == "cuda" and not interpreting()
-    # unused buffers are filled with the lengths tensor, as the kernels never read them
-    trace_bufs = (trace.splits, trace.counter, trace.merge) if trace is not None else (cache_seqlens,) * 3
-    counters = merge_counters(dev, plan.merge_groups) if plan.fused_merge else cache_seqlens
-    args = launch_args(plan, q, k_cache, v_cache, o, lse if return_lse else o, (o_part, m_part, l_part),
-                       cache_seqlens, counters, block_table, trace_bufs, sm_scale, has_seqlens=has_seqlens,
-                       store_lse=return_lse, use_tma=use_tma, traced=trace is not None, hw_clock=hw_clock)
-    if stages in ("both", "split"):
-        launch(decode_split_kernel, plan.stage1_grid, args, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if split and not plan.fused_merge and stages in ("both", "merge"):
-        launch(decode_merge_kernel, plan.merge_grid, args, num_warps=cfg.num_warps)
-    return o, lse
 
 
 # -- the custom op: torch.compile sees one opaque node; CUDA graphs capture it (no host reads) --
@@ -400,7 +352,7 @@ def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
     return_lse, else an empty float32 tensor."""
     plan = decode_plan(q, k_cache, num_splits or "auto", block_n or None, num_warps or None, num_stages or None,
                        fused_merge, block_table)
-    return _run(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse, use_tma)
+    return run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse, use_tma)
 
 
 @decode_op.register_fake

@@ -1,6 +1,6 @@
-"""Launching the split-KV decoding kernels (kernels.decode_kernel): the compile-time groups they take,
-the runtime arguments of a call as one mapping keyed by parameter name, and the fused merge's
-ticket counters.
+"""Launching the split-KV decoding kernels (kernels.decode_kernel): a planned call's outputs and
+partials (`run_plan`), the compile-time groups the kernels take, the runtime arguments of a call as
+one mapping keyed by parameter name, and the fused merge's ticket counters.
 
 A call builds one mapping (`launch_args`) whose keys are the kernels' parameter names;
 `launch` passes a kernel the entries it names, in its own order (taken once from its
@@ -11,12 +11,14 @@ same mapping.
 
 from __future__ import annotations
 
+import math
 import threading
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 
-from .runtime import choose_backend, interpreting
+from .runtime import INTERPRETER_MAX_DECODE_VISITS, choose_backend, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -131,6 +133,65 @@ def launch_args(plan, q, k_cache, v_cache, o, lse, parts, seqlens, counters, blo
         MERGE=DecodeMerge(plan.merge_m, plan.split_chunk, plan.even_merge),
         TRACE=DecodeTrace(traced, bool(hw_clock), traced),
         SPLIT=plan.num_splits > 1, FUSED_MERGE=plan.fused_merge, STORE_LSE=bool(store_lse))
+
+
+def run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse: bool,
+         use_tma: bool, trace=None, hw_clock=None, stages="both"):
+    """Allocate the outputs and partials of a planned call and launch it (flash_decode's op and
+    its eager path; the inputs are checked). Arguments: plan, a kernels.decode.DecodePlan; the
+    call's tensors, sm_scale (None: 1/sqrt(D)) and switches; trace, hw_clock, stages as
+    flash_decode takes them. Returns (O, lse), lse (B, H, N_q) float32 when return_lse, else an
+    empty float32 tensor."""
+    b, h, n_q, d = q.shape
+    cfg, splits = plan.config, plan.num_splits
+    if interpreting():
+        visits = plan.batch * plan.kv_heads * plan.row_blocks * (triton.cdiv(plan.n_max, cfg.block_n) + splits)
+        if visits > INTERPRETER_MAX_DECODE_VISITS:
+            raise ValueError(f"{visits} K/V tile visits (B={b}, H_kv={plan.kv_heads}, N_max={plan.n_max}) is too "
+                             f"much for the CPU interpreter (limit {INTERPRETER_MAX_DECODE_VISITS}): lower B or the "
+                             "context length, run on a GPU, or open a bundled GPU recording from data/")
+    dev = q.device
+    has_seqlens = cache_seqlens is not None
+    if not has_seqlens:
+        cache_seqlens = _full_lengths(b, plan.n_max, str(dev))
+    else:
+        # the kernel reads lengths[b] at offset b: an int64 or strided tensor is copied, never misread
+        cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
+    q = q.contiguous()
+    o = torch.empty(q.shape, dtype=q.dtype, device=dev)                        # (B, H, N_q, D)
+    lse = torch.empty((b, h, n_q) if return_lse else (0,), dtype=torch.float32, device=dev)
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    split = splits > 1
+    if split:
+        # one allocation: partial outputs (B, H_kv, S, rows, D), then m_j and l_j (B, H_kv, S, rows)
+        n_stats = b * plan.kv_heads * splits * plan.rows
+        work = torch.empty(n_stats * (d + 2), dtype=torch.float32, device=dev)
+        o_part = work[:n_stats * d]
+        m_part = trace.m_part if trace is not None else work[n_stats * d:n_stats * (d + 1)]
+        l_part = trace.l_part if trace is not None else work[n_stats * (d + 1):]
+    else:
+        o_part = o
+        m_part, l_part = (trace.m_part, trace.l_part) if trace is not None else (o, o)
+    if hw_clock is None:
+        hw_clock = dev.type == "cuda" and not interpreting()
+    # unused buffers are filled with the lengths tensor, as the kernels never read them
+    trace_bufs = (trace.splits, trace.counter, trace.merge) if trace is not None else (cache_seqlens,) * 3
+    counters = merge_counters(dev, plan.merge_groups) if plan.fused_merge else cache_seqlens
+    args = launch_args(plan, q, k_cache, v_cache, o, lse if return_lse else o, (o_part, m_part, l_part),
+                       cache_seqlens, counters, block_table, trace_bufs, sm_scale, has_seqlens=has_seqlens,
+                       store_lse=return_lse, use_tma=use_tma, traced=trace is not None, hw_clock=hw_clock)
+    if stages in ("both", "split"):
+        launch(decode_split_kernel, plan.stage1_grid, args, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split and not plan.fused_merge and stages in ("both", "merge"):
+        launch(decode_merge_kernel, plan.merge_grid, args, num_warps=cfg.num_warps)
+    return o, lse
+
+
+@lru_cache(maxsize=64)
+def _full_lengths(b: int, n_max: int, device: str) -> torch.Tensor:
+    """cache_seqlens=None: every sequence fills the cache. The kernel then takes N_max as each
+    length (HAS_SEQLENS off) and reads none of this; it fills the unused pointer arguments."""
+    return torch.full((b,), n_max, dtype=torch.int32, device=device)
 
 
 def _cache_strides(cache, paged: bool) -> tuple[int, int, int]:
