@@ -43,23 +43,29 @@ from .tile_ops import (LN2, KV_EVICT_NORMAL, accumulate_pv, attend_tiles, clock6
 
 
 @triton.jit
-def _cu_ok(cu, stride, B, total, CHECK_BLOCK: tl.constexpr, EXACT_END: tl.constexpr):
-    """cu[0..B] starts at 0, never decreases and (EXACT_END) ends at total; CHECK_BLOCK >= B + 1."""
+def _cu_ok(cu_q, cu_k, stride_cq, stride_ck, B, total_q, total_k, CHECK_BLOCK: tl.constexpr,
+           EXACT_END_K: tl.constexpr):
+    """cu_q[0..B] and cu_k[0..B] start at 0, never decrease and end at total_q (total_k when
+    EXACT_END_K, else within 2**31 - 1); CHECK_BLOCK >= B + 1 entries at once."""
     i = tl.arange(0, CHECK_BLOCK)
-    x = tl.load(cu + i * stride, mask=i <= B, other=0).to(tl.int64)
-    nxt = tl.load(cu + (i + 1) * stride, mask=i < B, other=0).to(tl.int64)
-    bad = ((i < B) & (nxt < x)) | ((i == 0) & (x != 0))
-    if EXACT_END:
-        bad = bad | ((i == B) & (x != total))
+    x = tl.load(cu_q + i * stride_cq, mask=i <= B, other=0).to(tl.int64)
+    nxt = tl.load(cu_q + (i + 1) * stride_cq, mask=i < B, other=0).to(tl.int64)
+    bad = ((i < B) & (nxt < x)) | ((i == 0) & (x != 0)) | ((i == B) & (x != total_q))
+    x = tl.load(cu_k + i * stride_ck, mask=i <= B, other=0).to(tl.int64)
+    nxt = tl.load(cu_k + (i + 1) * stride_ck, mask=i < B, other=0).to(tl.int64)
+    bad = bad | ((i < B) & (nxt < x)) | ((i == 0) & (x != 0))
+    if EXACT_END_K:
+        bad = bad | ((i == B) & (x != total_k))
     else:
         bad = bad | ((i == B) & (x > 2147483647))
     return tl.max(bad.to(tl.int32), 0) == 0
 
 
 @triton.jit
-def _row_intervals(rows, len_q, len_k, mask_param, MASK: tl.constexpr):
-    """Sequence-local visible keys [lo, hi] (int32) of the query rows `rows` (int64); rows past
-    len_q see nothing (lo 0, hi -1). The kernels.masks interval of each kind, clipped to the keys."""
+def _block_keys(rows, len_q, len_k, mask_param, MASK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sequence-local visible keys [lo, hi] (int32) of the query rows `rows` (int64; rows past
+    len_q see nothing: lo 0, hi -1), the kernels.masks interval of each kind clipped to the keys,
+    and the block's key runs. Returns (lo, hi, kb_lo, f_lo, f_hi, kb_end)."""
     pos = rows + (len_k - len_q)
     zero = pos * 0
     if MASK == 0:
@@ -77,13 +83,10 @@ def _row_intervals(rows, len_q, len_k, mask_param, MASK: tl.constexpr):
     lo = tl.minimum(tl.maximum(lo, 0), len_k)
     hi = tl.minimum(tl.maximum(hi, -1), len_k - 1)
     in_seq = rows < len_q
-    return tl.where(in_seq, lo, 0).to(tl.int32), tl.where(in_seq, hi, -1).to(tl.int32)
-
-
-@triton.jit
-def _block_runs(lo, hi, full_rows, BLOCK_N: tl.constexpr):
-    """(kb_lo, f_lo, f_hi, kb_end) of one query block from its rows' intervals; full_rows: the
-    block holds BLOCK_M rows of its sequence (a ragged last block has no full key block)."""
+    lo = tl.where(in_seq, lo, 0).to(tl.int32)
+    hi = tl.where(in_seq, hi, -1).to(tl.int32)
+    # the block's key runs (kb_lo, f_lo, f_hi, kb_end); a ragged last block has no full key block
+    full_rows = tl.max(rows, 0) < len_q
     seen = lo <= hi
     any_seen = tl.max(seen.to(tl.int32), 0) > 0
     all_seen = tl.min(seen.to(tl.int32), 0) > 0
@@ -92,7 +95,7 @@ def _block_runs(lo, hi, full_rows, BLOCK_N: tl.constexpr):
     a = (tl.max(lo, 0) + BLOCK_N - 1) // BLOCK_N
     b = (tl.min(hi, 0) + 1) // BLOCK_N
     full = all_seen & full_rows & (a < b)
-    return kb_lo, tl.where(full, a, kb_end), tl.where(full, b, kb_end), kb_end
+    return lo, hi, kb_lo, tl.where(full, a, kb_end), tl.where(full, b, kb_end), kb_end
 
 
 @triton.jit
@@ -187,7 +190,8 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, 
     """Program p runs query block n_g - 1 - p // H for head p % H.
 
     seqs: (B, total_q, total_k, stride_cu_q, stride_cu_k, search_steps, n_g); heads: (H, GROUP,
-    stride_lh); pages: (block_table's row and column strides, num_pages, max_blocks); q_strides, o_strides: (packed row, head);
+    stride_lh); pages: (block_table's row and column strides, num_pages, max_blocks); q_strides,
+    o_strides: (packed row, head);
     k_strides, v_strides: (packed row or page slot, head, page); cu_flag: int32 1 when the host's
     device-side check found cu_seqlens well formed (read when MODE.CHECK_BLOCK is 0); trace:
     (tr_work, tr_counter, tr_tiles, tile_slot); TILE: kernel_args.Tile (EVEN_M unused); MODE:
@@ -227,8 +231,7 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, 
     duty = g < (total_q + BLOCK_M - 1) // BLOCK_M        # the row block this program NaNs if cu_seqlens are bad
     if active | duty:
         if CHECK_BLOCK > 0:
-            ok = _cu_ok(cu_q, stride_cq, B, total_q, CHECK_BLOCK, True) & \
-                _cu_ok(cu_k, stride_ck, B, total_k, CHECK_BLOCK, not PAGED)
+            ok = _cu_ok(cu_q, cu_k, stride_cq, stride_ck, B, total_q, total_k, CHECK_BLOCK, not PAGED)
         else:
             ok = tl.load(cu_flag) != 0
         offs_d = tl.arange(0, HEAD_DIM)
@@ -242,8 +245,8 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, 
                 rows = qb * BLOCK_M + tl.arange(0, BLOCK_M)                  # sequence-local query rows
                 in_seq = rows < len_q
                 offs_m = q0.to(tl.int32) + rows                                 # packed rows
-                row_lo, row_hi = _row_intervals(rows.to(tl.int64), len_q, len_k, mask_param, MASK)
-                kb_lo, f_lo, f_hi, kb_end = _block_runs(row_lo, row_hi, (qb + 1) * BLOCK_M <= len_q, BLOCK_N)
+                row_lo, row_hi, kb_lo, f_lo, f_hi, kb_end = _block_keys(rows.to(tl.int64), len_q, len_k, mask_param,
+                                                                        MASK, BLOCK_N)
                 bad = tl.zeros([], dtype=tl.int32)
                 if PAGED:
                     bad = (len_k.to(tl.int64) > (k0 * 0 + max_blocks) * PAGE_SIZE).to(tl.int32)
@@ -277,28 +280,32 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, 
                 rws = (offs_d, d_ok, row_lo, row_hi)
                 # partial blocks before the full run (window start, prefix edge), the full run, then
                 # the partial blocks after it (the diagonal, the sequence end)
-                acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, kb_lo, f_lo, qk_scale,
-                                                   tiles_ptr=tiles_ptr, trace_here=trace_here, step0=0, TILE=TILE,
-                                                   MASKED=True, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
-                if PAGED or TRACE.TILES:
-                    acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, f_lo, f_hi, qk_scale,
+                if kb_lo < f_lo:     # (each run is skipped when empty: the interpreter pays per call)
+                    acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, kb_lo, f_lo, qk_scale,
+                                                       tiles_ptr=tiles_ptr, trace_here=trace_here, step0=0,
+                                                       TILE=TILE, MASKED=True, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE,
+                                                       TRACE=TRACE)
+                if f_lo < f_hi:
+                    if PAGED or TRACE.TILES:
+                        acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, f_lo, f_hi, qk_scale,
+                                                           tiles_ptr=tiles_ptr, trace_here=trace_here,
+                                                           step0=f_lo - kb_lo, TILE=TILE, MASKED=False, PAGED=PAGED,
+                                                           PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
+                    else:
+                        # the forward's full-tile loop (no mask, no TMA, no trace) over keys k_start + [f_lo, f_hi)
+                        stride_kt = k_strides[0]
+                        stride_vt = v_strides[0]
+                        run_kv = (k_head + k0 * stride_kt, v_head + k0 * stride_vt, stride_kt, stride_vt, k_start)
+                        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, run_kv, rws, (cu_q, f_lo, f_hi - f_lo, 0, len_k),
+                                                     qk_scale, k_desc=k_head, v_desc=v_head, tiles_ptr=tiles_ptr,
+                                                     rows_ptr=tiles_ptr, n_kb=0, trace_tiles_here=False,
+                                                     trace_rows_here=False, TILE=TILE, IS_PARTIAL=False, USE_TMA=False,
+                                                     WARP_SPECIALIZE=False, ROWSUM_MMA=False, TRACE=TRACE)
+                if f_hi < kb_end:
+                    acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, f_hi, kb_end, qk_scale,
                                                        tiles_ptr=tiles_ptr, trace_here=trace_here,
-                                                       step0=f_lo - kb_lo, TILE=TILE, MASKED=False, PAGED=PAGED,
+                                                       step0=f_hi - kb_lo, TILE=TILE, MASKED=True, PAGED=PAGED,
                                                        PAGE_SIZE=PAGE_SIZE, TRACE=TRACE)
-                else:
-                    # the forward's full-tile loop (no mask, no TMA, no trace) over keys k_start + [f_lo, f_hi)
-                    stride_kt = k_strides[0]
-                    stride_vt = v_strides[0]
-                    run_kv = (k_head + k0 * stride_kt, v_head + k0 * stride_vt, stride_kt, stride_vt, k_start)
-                    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, run_kv, rws, (cu_q, f_lo, f_hi - f_lo, 0, len_k),
-                                                 qk_scale, k_desc=k_head, v_desc=v_head, tiles_ptr=tiles_ptr,
-                                                 rows_ptr=tiles_ptr, n_kb=0, trace_tiles_here=False,
-                                                 trace_rows_here=False, TILE=TILE, IS_PARTIAL=False, USE_TMA=False,
-                                                 WARP_SPECIALIZE=False, ROWSUM_MMA=False, TRACE=TRACE)
-                acc, l_i, m_i, bad = _varlen_tiles(acc, l_i, m_i, bad, q, kv, rws, f_hi, kb_end, qk_scale,
-                                                   tiles_ptr=tiles_ptr, trace_here=trace_here, step0=f_hi - kb_lo,
-                                                   TILE=TILE, MASKED=True, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE,
-                                                   TRACE=TRACE)
                 # -- epilogue: a row that sees no key stores 0 (lse -inf); a bad page or length: NaN --
                 seen = l_i > 0.0
                 out = acc / tl.where(seen, l_i, 1.0)[:, None]

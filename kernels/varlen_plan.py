@@ -28,10 +28,10 @@ MASK_CODES = {"full": 0, "causal": 1, "sliding_window": 2, "prefix_lm": 3}     #
 # cu_seqlens of up to this many entries are checked by every program at once (one vector load);
 # longer ones by a few torch ops on the device, whose flag the kernel reads
 INLINE_CHECK_ENTRIES = 1024
-# The interpreter runs every program, empty ones too (a binary search over cu_seqlens: ~1 ms
-# each on the CPU): past this many programs (cdiv(total_q, block_m) + B per head, times H) a
+# The interpreter runs every program, empty ones too (a binary search and the checks: ~35 ms
+# each on a loaded CPU, 30-70 ms with keys): past this many programs (cdiv(total_q, block_m) + B per head, times H) a
 # call is refused before it runs; INTERPRETER_MAX_TILES bounds the tiles computed as for flash.
-INTERPRETER_MAX_VARLEN_PROGRAMS = 4_096
+INTERPRETER_MAX_VARLEN_PROGRAMS = 1_024
 MAX_TOKENS = 2**31 - 1
 
 

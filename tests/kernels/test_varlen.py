@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -63,11 +65,14 @@ def test_strided_and_int64_cu_seqlens_are_read_as_values(device):
 
 
 def test_no_padding_is_computed():
-    """One work item per (sequence, query block); the longest first; none for empty sequences."""
+    """One block per (sequence, query block) in the launch order (the kernel's binary search of
+    bs(b) = cu_q[b] // block_m + b, last first); none for empty sequences or padding."""
     plan = varlen_plan(parse_mask("causal"), (1, 40, 0, 16), (1, 40, 5, 16), 16, 16)
     assert sorted(plan.items[:, 0].tolist()) == [0, 1, 1, 1, 3]
-    tiles = plan.items[:, 8] - plan.items[:, 5]
-    assert (tiles[:-1] >= tiles[1:]).all()
+    assert plan.n_blocks == -(-57 // 16) + 4
+    # bs = (0, 0 + 1, 41 // 16 + 2, 41 // 16 + 3): sequence 1's blocks 1..3, sequence 3's 5
+    assert sorted((plan.n_blocks - 1 - plan.block).tolist()) == [0, 1, 2, 3, 5]
+    assert (np.diff(plan.block) > 0).all()
     # causal 40x40 with 16x16 tiles: 1 + 2 + 3 tiles; the 16x16 sequence 1; the single query 1
     assert plan.tiles == 6 + 1 + 1
 
@@ -85,13 +90,15 @@ def test_trace_records_one_program_per_item_and_head(device):
 
 @pytest.mark.parametrize("change, message", [
     (dict(mask="document:5,6"), "the packing is the document mask"),
-    (dict(cu_seqlens_q=[0, 6, 4, 11]), "never decrease"),
-    (dict(cu_seqlens_q=[1, 4, 11]), "start at 0"),
-    (dict(cu_seqlens_q=[0, 4, 10]), "ends at 10"),
+    (dict(cu_seqlens_q=[0, 12, 11], validate=True), "never decrease"),
+    (dict(cu_seqlens_q=[1, 4, 11], validate=True), "start at 0"),
+    (dict(cu_seqlens_q=[0, 4, 10], validate=True), "ends at 10"),
+    (dict(max_seqlen_q=3, validate=True), "max_seqlen_q"),
     (dict(cu_seqlens_k=[0, 4]), "the same sequences"),
     (dict(cu_seqlens_q=torch.tensor([0.0, 4.0, 11.0])), "int32"),
-    (dict(max_seqlen_q=3), "max_seqlen_q"),
+    (dict(max_seqlen_q=7.0), "max_seqlen_q must be a host integer"),
     (dict(grad=True), "forward-only"),
+    (dict(block_table=torch.zeros(3, 1, dtype=torch.int32)), "k must be a tensor of shape \\(num_blocks"),
 ])
 def test_bad_calls_are_refused_in_one_line(change, message, device):
     q, k, v = packed([4, 7], [4, 7], 2, 1, 16, torch.float32, device, seed=2)
