@@ -19,9 +19,8 @@ mode without them (eager_attention: forward_impl, and FlashAttentionFunction for
 the op's Python dispatch costs more host time than the rest of the call (measured on a CPU with
 the launch stubbed: ~20 us more untraced without grad on ~13 us, ~75 us more with grad on ~25 us;
 docs/api.md). A traced call (trace=) is eager always: under torch.compile it runs through a
-torch.compiler.disable'd path (a graph break)."""
-
-from __future__ import annotations
+torch.compiler.disable'd path (a graph break). No `from __future__ import annotations`: the ops'
+schemas are inferred from their annotations, evaluated (torch 2.11 and 2.13)."""
 
 from typing import List, Optional, Tuple
 
