@@ -162,11 +162,15 @@ def _accepts(fn, name: str) -> bool:
     return name in inspect.signature(fn).parameters
 
 
-def _append(k_cache, v_cache, k, v, start: torch.Tensor, block_table) -> None:
+def _append(k_cache, v_cache, k, v, start: torch.Tensor, capacity: int, block_table) -> None:
     """Write k, v (B, N_new, H_kv, D) into the caches at rows start[b] + t, in place, with device
-    indices (no host sync): contiguous (B, N_max, H_kv, D) or paged through block_table."""
+    indices (no host sync): contiguous (B, N_max, H_kv, D) or paged through block_table.
+
+    Positions are clamped to the sequence's own 0..capacity-1 (unchecked on CUDA): a sequence that
+    overflows writes only into its own last slot, and flash_decode (validate=False) returns its
+    rows as NaN, since its length then lies past the cache."""
     b, n_new = k.shape[:2]
-    pos = start.long()[:, None] + torch.arange(n_new, device=start.device)            # (B, N_new)
+    pos = (start.long()[:, None] + torch.arange(n_new, device=start.device)).clamp_(0, capacity - 1)
     if block_table is None:
         index = (torch.arange(b, device=start.device)[:, None].expand(b, n_new), pos)
     else:
@@ -219,6 +223,10 @@ def _check_cache_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table) -> 
         lo, hi = int(seqlens.min()), int(seqlens.max())
         if lo < 0 or hi + n_new > capacity:
             _fail(f"cache_seqlens {lo}..{hi} plus {n_new} new keys must fit the cache's {capacity} positions")
+        if block_table is not None:
+            from .paged import check_block_table
+
+            check_block_table(block_table, b, k_cache, (seqlens + n_new).numpy())
     return capacity, seqlens
 
 
@@ -258,7 +266,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _fail(f"num_splits must be 0 (the heuristic) or a positive integer, got {num_splits!r}")
     capacity, seqlens = _check_cache_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table)
     if k is not None:
-        _append(k_cache, v_cache, k, v, seqlens, block_table)
+        _append(k_cache, v_cache, k, v, seqlens, capacity, block_table)
         seqlens = seqlens + k.shape[1]
     b, n_q = q.shape[:2]
     mask = window_mask(causal, window_size, n_q, capacity)
