@@ -170,10 +170,12 @@ def _varlen_tiles(acc, l_i, m_i, bad, q, kv, rows, kb_from, kb_to, qk_scale, til
 
 
 @triton.jit
-def _store_rows(O, LSE, out, lse, offs_m, row_ok, head, o_strides, stride_lh, offs_d, d_ok,
+def _store_rows(O, LSE, out, lse, offs_m, row_ok, head, o_strides, stride_lh, cols,
                 EVEN_D: tl.constexpr, RETURN_LSE: tl.constexpr):
-    """Store a block's normalised rows (packed rows offs_m where row_ok) and their lse."""
+    """Store a block's normalised rows (packed rows offs_m where row_ok) and their lse;
+    cols: (offs_d, d_ok)."""
     stride_ot, stride_oh = o_strides
+    offs_d, d_ok = cols
     o_ptrs = O + offs_m.to(tl.int64)[:, None] * stride_ot + head.to(tl.int64) * stride_oh + offs_d[None, :]
     if EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -313,8 +315,8 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, 
                 if PAGED:
                     out = tl.where(bad != 0, float("nan"), out)
                     lse = tl.where(bad != 0, float("nan"), lse)
-                _store_rows(O, LSE, out, lse, offs_m, in_seq, head, o_strides, stride_lh, offs_d, d_ok,
-                            EVEN_D, RETURN_LSE)
+                _store_rows(O, LSE, out, lse, offs_m, in_seq, head, o_strides, stride_lh, (offs_d, d_ok),
+                            EVEN_D=EVEN_D, RETURN_LSE=RETURN_LSE)
                 if TRACE.WORK:
                     rec = tr_work + pid.to(tl.int64) * 5
                     tl.store(rec, pid.to(tl.int64))
@@ -332,4 +334,5 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, 
                 offs_m = g * BLOCK_M + tl.arange(0, BLOCK_M)
                 nan = tl.full([BLOCK_M, HEAD_DIM], float("nan"), dtype=tl.float32)
                 _store_rows(O, LSE, nan, tl.full([BLOCK_M], float("nan"), dtype=tl.float32), offs_m,
-                            offs_m < total_q, head, o_strides, stride_lh, offs_d, d_ok, EVEN_D, RETURN_LSE)
+                            offs_m < total_q, head, o_strides, stride_lh, (offs_d, d_ok), EVEN_D=EVEN_D,
+                            RETURN_LSE=RETURN_LSE)
