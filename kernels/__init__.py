@@ -24,6 +24,8 @@ _LAZY = {
     "reference_lse": "reference", "softmax_scale": "shapes", "padded_head_dim": "shapes",
     "flash_decode": "decode", "reference_decode": "decode_reference", "flash_attention_varlen": "varlen",
     "flash_attention_backward": "backward",
+    "flash_attn_func": "flash_attn_interface", "flash_attn_varlen_func": "flash_attn_interface",
+    "flash_attn_with_kvcache": "flash_attn_interface",
 }
 
 

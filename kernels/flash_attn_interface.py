@@ -21,9 +21,7 @@ it without dropout.
 
 from __future__ import annotations
 
-import inspect
 import operator
-from functools import lru_cache
 
 import torch
 
@@ -83,6 +81,12 @@ def window_mask(causal, window_size, n_q: int, n_k: int) -> str:
     if right == 0:
         return "causal" if left == n_k - 1 else f"sliding_window:{left + 1}"
     return "full" if left == n_k - 1 and right == n_q - 1 else f"local:{left},{right}"
+
+
+def _host(t) -> bool:
+    """Tensors on the CPU: reading lengths and tables back costs no device sync, so the kernels'
+    validate=True checks run (one-line refusals); on CUDA nothing is read back (validate=False)."""
+    return isinstance(t, torch.Tensor) and t.device.type == "cpu"
 
 
 def _check_4d(**tensors) -> None:
@@ -150,16 +154,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     out = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, n_q, n_k,
                                  mask=window_mask(causal, window_size, max(n_q, 1), max(n_k, 1)),
-                                 sm_scale=softmax_scale, return_lse=bool(return_attn_probs), block_table=block_table)
+                                 sm_scale=softmax_scale, return_lse=bool(return_attn_probs), block_table=block_table,
+                                 validate=_host(q))
     if not return_attn_probs:
         return out
     out, lse = out
     return out, lse, q.new_empty((0,))
-
-
-@lru_cache(maxsize=None)
-def _accepts(fn, name: str) -> bool:
-    return name in inspect.signature(fn).parameters
 
 
 def _append(k_cache, v_cache, k, v, start: torch.Tensor, capacity: int, block_table) -> None:
@@ -274,11 +274,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     paged_ok = block_table is None or PAGE_SIZES[0] <= k_cache.shape[1] <= PAGE_SIZES[1]
     if n_q <= MAX_QUERIES and paged_ok and (mask == "causal" or (n_q == 1 and mask == "full")):
-        extra = {"validate": q.device.type == "cpu"} if _accepts(flash_decode, "validate") else {}
         out = flash_decode(_bhnd(q), _bhnd(k_cache) if block_table is None else k_cache,
                            _bhnd(v_cache) if block_table is None else v_cache, seqlens,
                            num_splits="auto" if num_splits == 0 else num_splits, sm_scale=softmax_scale,
-                           return_lse=bool(return_softmax_lse), block_table=block_table, **extra)
+                           return_lse=bool(return_softmax_lse), block_table=block_table, validate=_host(q))
         if not return_softmax_lse:
             return _bhnd(out)
         return _bhnd(out[0]), out[1]
@@ -299,7 +298,8 @@ def _cache_varlen(q, k_cache, v_cache, seqlens, capacity, block_table, mask, sof
     cu_q = torch.arange(0, (b + 1) * n_q, n_q, dtype=torch.int32, device=dev)
     cu_k = torch.nn.functional.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))
     out = flash_attention_varlen(q.reshape(b * n_q, h, d), k_cache, v_cache, cu_q, cu_k, n_q, capacity, mask=mask,
-                                 sm_scale=softmax_scale, return_lse=bool(return_lse), block_table=block_table)
+                                 sm_scale=softmax_scale, return_lse=bool(return_lse), block_table=block_table,
+                                 validate=_host(q))
     if not return_lse:
         return out.view(b, n_q, h, d)
     out, lse = out
