@@ -23,6 +23,11 @@ mask). Refused as well, each in one ValueError line: logit soft-capping, dropout
 position biases, attention sinks, and gradients through decode steps or a capture (prefill
 trains through flash_attention's autograd). Nothing is computed silently different from what the
 model asks for.
+
+Under torch.compile, and for a padding-free batch (transformers' cu_seq_lens_q/k, max_length_q/k
+kwargs: flash_attention_varlen), a call reads nothing on the host: the key range comes from shapes
+and the mask on the device, and the mask is checked on its edges only (a mismatch gives NaN
+output); the entry-by-entry comparison is eager-only. See instrumentation.hf_compiled.
 """
 
 from __future__ import annotations
@@ -156,20 +161,28 @@ def kernel_pattern(n_q: int, n_k: int, causal: bool, window: int | None, device,
 MASK_CHECK_ELEMENTS = 1 << 26    # query rows are compared in chunks of about this many entries
 
 
-def _key_end(mask, batch: int, heads: int, n_q: int, n_k: int, causal: bool, window: int | None,
-             where: str) -> int:
-    """Check the model's mask against the kernel's pattern; return how many leading keys to use
-    (trailing keys no query sees, a static cache's empty slots, are cut)."""
+def _check_mask_shape(mask, batch: int, heads: int, n_q: int, n_k: int, causal: bool, where: str) -> None:
+    """The mask's type and shape (no values read): one ValueError line if the kernel cannot take it."""
     if mask is None:
         if causal and 1 < n_q != n_k:
             raise ValueError(f"{where}: no attention mask for N_q={n_q} queries over N_k={n_k} keys, so "
                              "the queries' positions are unknown; build the mask with transformers' "
                              "masking_utils (the model's own forward does)")
-        return n_k
+        return
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[0] not in (1, batch) or \
             mask.shape[1] not in (1, heads) or mask.shape[2:] != (n_q, n_k):
         raise ValueError(f"{where}: an attention mask of shape {tuple(getattr(mask, 'shape', ()))} "
                          f"(a {type(mask).__name__}); the kernel takes a 4-D ({batch}, 1, {n_q}, {n_k}) mask or none")
+
+
+def _key_end(mask, batch: int, heads: int, n_q: int, n_k: int, causal: bool, window: int | None,
+             where: str) -> int:
+    """Eager: check the model's mask against the kernel's pattern entry by entry (host reads);
+    return how many leading keys to use (trailing keys no query sees, a static cache's empty
+    slots, are cut). Compiled calls use instrumentation.hf_compiled.mask_edges instead."""
+    _check_mask_shape(mask, batch, heads, n_q, n_k, causal, where)
+    if mask is None:
+        return n_k
     if mask.dtype == torch.bool:
         seen = mask
     else:
@@ -191,8 +204,20 @@ def _key_end(mask, batch: int, heads: int, n_q: int, n_k: int, causal: bool, win
                 f"{where}: the attention mask is not the {'sliding-window ' if window else ''}"
                 f"{'causal' if causal else 'full'} pattern the kernel computes (a padded batch, packed "
                 "sequences or a custom mask): Tilescope's kernel takes no padding; run unpadded sequences "
-                "(one prompt, or prompts of one length) or use attn_implementation='sdpa'")
+                "(one prompt, or prompts of one length), pass cu_seq_lens_q/k and max_length_q/k for packed "
+                "ones, or use attn_implementation='sdpa'")
     return end
+
+
+def _layer_settings(module, query, key, value, dropout, sliding_window, softcap, kwargs):
+    """The refusals, then the layer's (window W or None, causal, layer index, 'layer i' for messages)."""
+    _refuse(module, query, key, value, dropout, softcap, kwargs)
+    window = getattr(module, "sliding_window", None) if sliding_window is _UNSET else sliding_window
+    window = int(window) if window else None
+    causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
+    layer = getattr(module, "layer_idx", None)
+    return window, causal, layer, f"layer {layer if layer is not None else '?'}"
 
 
 def plan_call(module, query, key, value, attention_mask, dropout=0.0, sliding_window=_UNSET,
@@ -202,14 +227,9 @@ def plan_call(module, query, key, value, attention_mask, dropout=0.0, sliding_wi
     Arguments: as attention_forward's. Returns: a dict with phase ('prefill' | 'decode'),
     mask (kernels.masks text), k_start, k_end, layer, window (the layer's W or None)."""
     kwargs = kwargs or {}
-    _refuse(module, query, key, value, dropout, softcap, kwargs)
-    window = getattr(module, "sliding_window", None) if sliding_window is _UNSET else sliding_window
-    window = int(window) if window else None
-    causal = kwargs.get("is_causal")
-    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
-    layer = getattr(module, "layer_idx", None)
+    window, causal, layer, where = _layer_settings(module, query, key, value, dropout, sliding_window, softcap,
+                                                   kwargs)
     n_q, n_k = query.shape[2], key.shape[2]
-    where = f"layer {layer if layer is not None else '?'}"
     end = _key_end(attention_mask, query.shape[0], query.shape[1], n_q, n_k, causal, window, where)
     decode = causal and n_q < end and n_q <= MAX_QUERIES and (window is None or n_q == 1)
     start = max(0, end - window) if decode and window is not None else 0
@@ -230,7 +250,12 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         scaling: the softmax scale (None: 1/sqrt(D)); dropout, softcap: refused unless 0 / None.
         sliding_window: the layer's window W, if it has one.
     Returns:
-        (attn_output (B, N_q, H, D) in query's dtype, None): no attention weights."""
+        (attn_output (B, N_q, H, D) in query's dtype, None): no attention weights. Under
+        torch.compile, and for a padding-free batch (cu_seq_lens_q in kwargs), the call reads
+        nothing on the host (instrumentation.hf_compiled)."""
+    if torch.compiler.is_compiling() or kwargs.get("cu_seq_lens_q") is not None:
+        return _forward_without_host_reads(module, query, key, value, attention_mask, scaling, dropout,
+                                           sliding_window, softcap, kwargs), None
     plan = plan_call(module, query, key, value, attention_mask, dropout, sliding_window, softcap, kwargs)
     k = key[:, :, plan["k_start"]:plan["k_end"]]
     v = value[:, :, plan["k_start"]:plan["k_end"]]
@@ -247,6 +272,27 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     else:
         out = flash_attention(query, k, v, mask=plan["mask"], sm_scale=scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _forward_without_host_reads(module, query, key, value, mask, scaling, dropout, sliding_window, softcap,
+                                kwargs):
+    """attention_forward under torch.compile or for a packed batch: (B, N_q, H, D)."""
+    from . import hf_compiled
+
+    window, causal, layer, where = _layer_settings(module, query, key, value, dropout, sliding_window, softcap,
+                                                   kwargs)
+    if _CAPTURE:
+        raise ValueError(f"{where}: hf.capture records eagerly; run the captured model uncompiled and without "
+                         "cu_seq_lens (a padding-free batch)")
+    if kwargs.get("cu_seq_lens_q") is not None:
+        return hf_compiled.packed_forward(query, key, value, mask, kwargs, causal, window, scaling, where)
+    _check_mask_shape(mask, query.shape[0], query.shape[1], query.shape[2], key.shape[2], causal, where)
+    n_q, n_k = query.shape[2], key.shape[2]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)) and \
+            (causal and n_q < n_k and n_q <= MAX_QUERIES):
+        raise ValueError(f"{where}: decode steps are forward-only (no gradients): run them under "
+                         "torch.no_grad() (generate does)")
+    return hf_compiled.compiled_forward(query, key, value, mask, scaling, causal, window, where)
 
 
 # -- capture ----------------------------------------------------------------------------------------
