@@ -9,6 +9,10 @@ On disk, a directory written atomically through the trace file layer:
     model_run.json     {"format": "tilescope-model-run", "version": 1, "meta": {...},
                         "calls": [{index, step, layer, phase, shapes..., "trace": "calls/00000"}, ...]}
     calls/00000/ ...   one trace directory per call (Trace.save / Trace.load)
+
+Version 2 is a run that grows while a job runs (instrumentation.watch): model_run.json holds the
+meta, each completed traced step is its own directory under steps/ (model_run_stream). load and
+read_manifest read either version; for version 2 the calls of the steps complete at that moment.
 """
 
 from __future__ import annotations
@@ -21,16 +25,18 @@ from pathlib import Path
 from kernels.masks import parse_mask
 
 from ..trace import bounds, files
+from . import model_run_stream
 from ..trace.schema import FORMAT as TRACE_FORMAT
 from ..trace.schema import STORED_META_SCHEMA
 from ..trace.trace import Trace
 
 FORMAT = "tilescope-model-run"
-VERSION = 1
+VERSION = 1                   # what save() writes
+STREAM_VERSION = 2            # a growing run (instrumentation.watch, model_run_stream)
 MANIFEST = "model_run.json"
 MAX_CALLS = 20_000            # 80 layers x 250 forward passes; each trace is bounded by its own format
 PHASES = ("prefill", "decode")
-TRACE_DIR = re.compile(r"^calls/[0-9]{5,6}$")
+TRACE_DIR = re.compile(r"^(steps/r[0-9]{4}-s[0-9]{9}/)?calls/[0-9]{5,6}$")
 TRACE_MANIFEST = "manifest.json"
 MAX_META_DEPTH = 16           # nesting of the free-form meta (the model's config summary is 2 deep)
 # the fields a call shares with its trace's meta: (call field, what the trace's meta says)
@@ -49,7 +55,8 @@ class ModelCall:
     wall_ms: host time of the traced call (tracing and, on CUDA, timing repeats included);
     window: the layer's sliding window W (None for a global layer; a decode step of a sliding
     layer reads only its last W keys, so its mask is 'causal' over n_k <= W keys);
-    kernel_ms: the untraced kernel's median time (CUDA only; None in the interpreter)."""
+    kernel_ms: the untraced kernel's median time (CUDA only; None in the interpreter);
+    rank: the torch.distributed rank that ran it (0 without torch.distributed)."""
 
     index: int
     step: int
@@ -66,6 +73,7 @@ class ModelCall:
     window: int | None = None
     wall_ms: float | None = None
     kernel_ms: float | None = None
+    rank: int = 0
     trace: Trace | None = field(default=None, repr=False)
 
     @property
@@ -92,6 +100,7 @@ CALL_SCHEMA = {
         "n_k": _POS, "head_dim": _POS, "dtype": {"enum": list(files.DTYPES)},
         "mask": {"type": "string", "maxLength": 200},
         "window": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1}, "wall_ms": _MS, "kernel_ms": _MS,
+        "rank": {"type": "integer", "minimum": 0, "maximum": 9999},
         "trace": {"type": "string", "pattern": TRACE_DIR.pattern},
     },
 }
@@ -99,8 +108,9 @@ MANIFEST_SCHEMA = {
     "type": "object",
     "required": ["format", "version", "meta", "calls"],
     "properties": {
-        "format": {"const": FORMAT}, "version": {"const": VERSION}, "meta": {"type": "object"},
-        "calls": {"type": "array", "minItems": 1, "maxItems": MAX_CALLS, "items": CALL_SCHEMA},
+        "format": {"const": FORMAT}, "version": {"enum": [VERSION, STREAM_VERSION]}, "meta": {"type": "object"},
+        "stream": {"type": "object"},
+        "calls": {"type": "array", "minItems": 0, "maxItems": MAX_CALLS, "items": CALL_SCHEMA},
     },
 }
 
@@ -177,12 +187,18 @@ class ModelRun:
         Returns:
             a ModelRun; ModelRunFormatError (one line) otherwise: also when a call's shape, dtype
             or mask contradicts its trace's meta, or two calls name one trace."""
-        root, doc = read_manifest(path)
+        for attempt in range(3):     # a growing run's oldest step may be removed (retention) while read
+            root, doc = read_manifest(path)
 
-        def read_trace_manifest(name: str):
-            return files.read_json(trace_dir(root, name) / TRACE_MANIFEST, TRACE_MANIFEST, ModelRunFormatError)
+            def read_trace_manifest(name: str):
+                return files.read_json(trace_dir(root, name) / TRACE_MANIFEST, TRACE_MANIFEST, ModelRunFormatError)
 
-        run = cls.from_manifest(doc, read_trace_manifest, lambda name: Trace.load(trace_dir(root, name)))
+            try:
+                run = cls.from_manifest(doc, read_trace_manifest, lambda name: Trace.load(trace_dir(root, name)))
+                break
+            except ModelRunFormatError:
+                if doc["version"] != STREAM_VERSION or attempt == 2:
+                    raise
         if traces:
             for i in range(len(run.calls)):
                 run.call_trace(i)
@@ -244,6 +260,12 @@ def read_manifest(path, max_calls: int = MAX_CALLS) -> tuple[Path, dict]:
     if (root / MANIFEST).is_symlink():
         raise ModelRunFormatError(f"{MANIFEST} is a link; a model run holds plain files")
     doc = files.read_json(root / MANIFEST, MANIFEST, ModelRunFormatError)
+    if isinstance(doc, dict) and doc.get("format") == FORMAT and doc.get("version") == STREAM_VERSION:
+        if "calls" in doc:
+            raise ModelRunFormatError(f"a growing model run's {MANIFEST} lists no calls (they are in its "
+                                      "steps/); the run was edited: record it again")
+        _check_no_markup(doc.get("meta"), "meta", 0)      # before a step is read
+        doc = model_run_stream.assemble(root.resolve(), doc, max_calls, ModelRunFormatError)
     return root.resolve(), check_manifest(doc, max_calls)
 
 
@@ -254,14 +276,14 @@ def check_manifest(doc, max_calls: int = MAX_CALLS) -> dict:
     meta with no markup ('<' or '>': charts are HTML). Returns doc; ModelRunFormatError (one line)."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ModelRunFormatError(f"{MANIFEST} is not a Tilescope model-run manifest")
-    if doc.get("version") != VERSION:
+    if doc.get("version") not in (VERSION, STREAM_VERSION):
         raise ModelRunFormatError(f"the model run has version {repr(doc.get('version'))[:20]}; this "
-                                  f"Tilescope reads version {VERSION}. Capture it again.")
+                                  f"Tilescope reads versions {VERSION} and {STREAM_VERSION}. Capture it again.")
     calls = doc.get("calls")
     if isinstance(calls, list) and len(calls) > max_calls:
         raise ModelRunFormatError(f"the model run has {len(calls):,} calls, more than the {max_calls:,} "
                                   "read here; capture fewer layers or steps (hf.capture(layers=...))")
-    if isinstance(calls, list) and not calls:
+    if isinstance(calls, list) and not calls and doc.get("version") == VERSION:   # a growing run may have none yet
         raise ModelRunFormatError("the model run holds no calls: capture a forward or generate inside "
                                   "hf.capture(model), then save it")
     named: dict = {}
@@ -340,7 +362,8 @@ def trace_dir(root: Path, name: str) -> Path:
     if not TRACE_DIR.match(name):
         raise ModelRunFormatError(f"trace {name!r} in the manifest is not a calls/NNNNN directory")
     candidate = root / name
-    if candidate.is_symlink() or (root / "calls").is_symlink():
+    parts = Path(name).parts
+    if any((root.joinpath(*parts[:i + 1])).is_symlink() for i in range(len(parts))):
         raise ModelRunFormatError(f"trace '{name}' is a link; a model run holds plain directories")
     real = candidate.resolve()
     if root not in real.parents:
