@@ -3,6 +3,7 @@ greedy tokens and the whole forward's time.
 
     python -m benchmarks.hf_llama                       # 4 layers, bf16, prompts 1024, 4096, 8192
     python -m benchmarks.hf_llama --seq-lens 2048 --agree-len 1024 --new-tokens 16
+    python -m benchmarks.hf_llama --compile             # also torch.compile'd (Inductor) runs, < 5 min
 
 The model is LlamaForCausalLM from a config with random weights (seeded; nothing is downloaded):
 Llama-3-8B's attention and embeddings (hidden 4096, 32 heads, 8 KV heads, head dim 128, vocab
@@ -15,6 +16,17 @@ to at least eager's agreement by a gpu test). Greedy: --new-tokens tokens genera
 512-token prompt with ours and with SDPA, and how many are the same. Time: do_bench median of
 model(ids, logits_to_keep=1) (a prefill: no cache, the last position's logits, as generate asks)
 per prompt length, ours and SDPA on the same model. Writes data/benchmarks/hf-llama-<device-slug>.json.
+
+--compile adds a "compiled" section (issue 32 part 4), each model compiled with Inductor:
+forward: torch.compile(model(ids, logits_to_keep=1)) at --compile-seq-lens (2048, 8192), ours
+with fullgraph=True (so no graph break at all), SDPA compiled the same way; do_bench medians, the
+last position's logits against compiled SDPA's (and eager SDPA against compiled SDPA: the bf16
+noise). train: a compiled forward + loss (labels = ids) and its backward at N 2048, loss and
+every weight's gradient against compiled SDPA's (max relative error over weights; eager SDPA
+against compiled SDPA as the noise), and the step's time. generate: transformers' static-cache
+generate with its own compile (CompileConfig(fullgraph=True): Inductor, reduce-overhead) from a
+512-token prompt, --new-tokens tokens, ours and SDPA, how many are the same, and the second
+call's wall time.
 """
 
 from __future__ import annotations
@@ -73,6 +85,121 @@ def prompt(n: int, vocab: int, device, seed: int = 1, batch: int = 1) -> torch.T
     return torch.randint(0, vocab, (batch, n), generator=g).to(device)
 
 
+def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over max |b| (float32)."""
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+def compiled_forward(model, device, seq_lens) -> list:
+    """Compiled (Inductor) tilescope and SDPA forwards: time and last-position logits per length."""
+    out = []
+    for n in seq_lens:
+        ids = prompt(n, model.config.vocab_size, device)
+        rec = {"seq_len": n, "batch": 1}
+        with torch.no_grad():
+            eager_sdpa = set_attention(model, "sdpa")(ids, logits_to_keep=1).logits
+            logits, times = {}, {}
+            for name in ("sdpa", "tilescope"):
+                torch._dynamo.reset()
+                set_attention(model, name)
+                fn = torch.compile(lambda ids: model(ids, logits_to_keep=1).logits, dynamic=False,
+                                   fullgraph=name == "tilescope")
+                logits[name] = fn(ids)
+                times[name] = time_ms(lambda: fn(ids), device, warmup=25, rep=100)
+        rec.update({"tilescope_ms": times["tilescope"], "sdpa_ms": times["sdpa"],
+                    "ratio_to_sdpa": times["tilescope"] / times["sdpa"], "fullgraph": True,
+                    "logits_max_rel_err": _max_rel(logits["tilescope"], logits["sdpa"]),
+                    "noise_eager_sdpa_max_rel_err": _max_rel(eager_sdpa, logits["sdpa"]),
+                    "top1_same": bool((logits["tilescope"].argmax(-1) == logits["sdpa"].argmax(-1)).all())})
+        log(f"compiled N={n}: tilescope {rec['tilescope_ms']:.3f} ms, sdpa {rec['sdpa_ms']:.3f} ms "
+            f"({rec['ratio_to_sdpa']:.3f}x), logits rel err {rec['logits_max_rel_err']:.2e} "
+            f"(eager vs compiled sdpa {rec['noise_eager_sdpa_max_rel_err']:.2e})")
+        out.append(rec)
+        torch.cuda.empty_cache()
+    return out
+
+
+def compiled_train(model, device, n: int) -> dict:
+    """A compiled forward + loss and its backward: loss, gradients and time, ours against SDPA's."""
+    ids = prompt(n, model.config.vocab_size, device, seed=3)
+    model.train()
+    runs, times = {}, {}
+    for name, compiled in (("sdpa_eager", False), ("sdpa", True), ("tilescope", True)):
+        torch._dynamo.reset()
+        set_attention(model, "sdpa" if name.startswith("sdpa") else name)
+        fn = lambda ids: model(ids, labels=ids).loss  # noqa: E731
+        fn = torch.compile(fn, dynamic=False) if compiled else fn
+        model.zero_grad(set_to_none=True)
+        loss = fn(ids)
+        loss.backward()
+        runs[name] = (float(loss), {k: p.grad.detach().clone() for k, p in model.named_parameters()})
+        if compiled:
+            times[name] = time_ms(lambda: fn(ids).backward(), device, warmup=10, rep=100)
+        model.zero_grad(set_to_none=True)
+    model.eval()
+
+    def grad_err(a, b):
+        return max(_max_rel(runs[a][1][k], runs[b][1][k]) for k in runs[b][1])
+
+    rec = {"seq_len": n, "batch": 1, "loss_tilescope": runs["tilescope"][0], "loss_sdpa": runs["sdpa"][0],
+           "loss_sdpa_eager": runs["sdpa_eager"][0], "grad_max_rel_err": grad_err("tilescope", "sdpa"),
+           "noise_grad_eager_sdpa_max_rel_err": grad_err("sdpa_eager", "sdpa"),
+           "step_ms_tilescope": times["tilescope"], "step_ms_sdpa": times["sdpa"]}
+    log(f"compiled train N={n}: loss {rec['loss_tilescope']:.5f} vs sdpa {rec['loss_sdpa']:.5f}, grad rel err "
+        f"{rec['grad_max_rel_err']:.2e} (eager vs compiled sdpa {rec['noise_grad_eager_sdpa_max_rel_err']:.2e}), "
+        f"step {rec['step_ms_tilescope']:.2f} vs {rec['step_ms_sdpa']:.2f} ms")
+    del runs
+    torch.cuda.empty_cache()
+    return rec
+
+
+def compiled_generate(model, device, new_tokens: int) -> dict:
+    """transformers' static-cache generate with its own compile (Inductor, reduce-overhead)."""
+    import time
+
+    from transformers.generation.configuration_utils import CompileConfig
+
+    ids = prompt(512, model.config.vocab_size, device, seed=2)
+    tokens, wall = {}, {}
+    for name in ("sdpa", "tilescope"):
+        torch._dynamo.reset()
+        set_attention(model, name)
+        if hasattr(model, "_compiled_call"):
+            del model._compiled_call                   # a fresh compile for each attention
+        kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  cache_implementation="static", compile_config=CompileConfig(fullgraph=True))
+        with torch.no_grad():
+            model.generate(ids, **kw)                  # compiles, captures
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model.generate(ids, **kw)
+            torch.cuda.synchronize()
+        wall[name] = (time.perf_counter() - t0) * 1e3
+        tokens[name] = out[0, 512:].tolist()
+    same = sum(a == b for a, b in zip(tokens["sdpa"], tokens["tilescope"]))
+    log(f"compiled static-cache generate: {same}/{new_tokens} tokens the same as SDPA's, "
+        f"{wall['tilescope']:.1f} vs {wall['sdpa']:.1f} ms")
+    return {"prompt_len": 512, "new_tokens": new_tokens, "same_as_sdpa": same, "tilescope": tokens["tilescope"],
+            "sdpa": tokens["sdpa"], "wall_ms_tilescope": wall["tilescope"], "wall_ms_sdpa": wall["sdpa"],
+            "compile_config": "CompileConfig(fullgraph=True): inductor, reduce-overhead"}
+
+
+def compiled_section(model, seq_lens, train_len: int, new_tokens: int, device) -> dict:
+    """The --compile measurements; a part that fails records its error line instead of its numbers."""
+    section = {"backend": "inductor", "torch_version": torch.__version__}
+    for key, fn in (("forward", lambda: compiled_forward(model, device, seq_lens)),
+                    ("train", lambda: compiled_train(model, device, train_len)),
+                    ("generate", lambda: compiled_generate(model, device, new_tokens))):
+        try:
+            section[key] = fn()
+        except Exception as exc:   # noqa: BLE001 - one line in the record, the other parts still run
+            section[key] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            log(f"compiled {key}: {section[key]['error']}")
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return section
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.hf_llama", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agree-len", type=int, default=2048, help="prompt length of the top-1 agreement")
     p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens compared (512-token prompt)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="also time and compare torch.compile'd runs")
+    p.add_argument("--compile-seq-lens", default="2048,8192", help="prompt lengths of the compiled forward")
+    p.add_argument("--train-len", type=int, default=2048, help="sequence length of the compiled training step")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for hf-llama-<device-slug>.json")
     return p
 
@@ -140,6 +270,9 @@ def main(argv=None) -> int:
                   "before and after ours, the faster of its two runs is the baseline",
         "records": records,
     }
+    if args.compile:
+        result["compiled"] = compiled_section(model, parse_int_list(args.compile_seq_lens), args.train_len,
+                                              args.new_tokens, device)
     path = files.write_json_atomic(Path(args.out) / f"hf-llama-{device_slug(meta['device'])}.json", result)
     log(f"wrote {path}")
     return 0
