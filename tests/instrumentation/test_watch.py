@@ -177,3 +177,28 @@ def test_two_gloo_ranks_write_one_stream_each_into_one_run(tmp_path):
     run = ModelRun.load(out, traces=False)
     assert sorted((c.step, c.rank) for c in run.calls) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert stream.status(out)["closed"] and stream.status(out)["ranks"] == [0, 1]
+
+
+def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
+    # traced steps switch the attention implementation (a guard with two values, both compiled in
+    # steps 0 and 1); the step counter is read only by the disabled pre-hook, never by a graph
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = tiny_model("LlamaForCausalLM")
+    hf.use_tilescope(model)
+    model.train()
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    ids = prompt(12, batch=2)
+    with watch(model, tmp_path / "run", every=2, layers=[0]) as w:
+        for s in range(5):
+            if s == 2:
+                graphs = counters["stats"]["unique_graphs"]
+            loss = compiled(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        w.flush()
+    assert counters["stats"]["unique_graphs"] - graphs <= 2
+    assert steps_of(tmp_path / "run") == [0, 2, 4]
