@@ -47,3 +47,21 @@ def test_leave_presentation(data_dir):
     assert "present" not in at.query_params and not at.toggle(key="ctl_present").value
     assert [i for i in at.info if i.value.startswith("**Data: live")]     # the banner is back
     assert not any(b.key == "leave_present" for b in at.button)
+
+
+def test_slide_stepping_knows_every_page_in_the_sidebars_order(monkeypatch):
+    """The keyboard's page order is the sidebar's (settings.PAGES, one place): a page added there
+    is stepped to without another list to edit."""
+    import json
+    import re
+
+    from app import presentation
+    from app.settings import PAGES
+
+    calls = []
+    monkeypatch.setattr(presentation.st, "html", lambda body, **kw: calls.append(body))   # what apply() writes
+    monkeypatch.setattr(presentation.st, "button", lambda *a, **kw: None)
+    presentation.apply()
+    script = next(c for c in calls if "__tilescopeFit" in c)
+    pages = json.loads(re.search(r"PAGES = (\[.*?\]);", script).group(1))
+    assert pages == [list(kv) for kv in PAGES.items()]

@@ -1,0 +1,117 @@
+"""Presentation mode steered with the keyboard, in a real headless Chromium at 1280 x 720 and
+1920 x 1080, on the bundled data: each slide brought up whole with every menu under its chart
+(the schedule's Video menu sat below a 1280 x 720 window), nothing of the previous slide in the
+band of the fixed pills at the top (its export / video button showed over the Controls pill),
+stepping past a page's last slide opens the next page of the sidebar at its first slide and back
+before its first opens the previous page at its last, and a label says where you are ("page ·
+slide n / m"). Every wait is for the layout to settle (the script idle, every chart scaled, the
+slides' boxes alike over consecutive samples), never for a fixed time. On the session's one
+server and Chromium (tests/app/conftest.py); skips cleanly without them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+N1024 = ROOT / "data" / "traces" / "n1024_causal_natural"
+if not N1024.is_dir():
+    pytest.skip("no bundled n1024 recording", allow_module_level=True)
+
+SIZES = [(1280, 720), (1920, 1080)]
+
+# settled: the script idle, a page turn landed, `n` charts at least, each scaled by the fit script, the label there,
+# and every chart's and menu's box the same over 4 samples 150 ms apart (a promise: no fixed sleep)
+SETTLED = """async n => {
+  const idle = () => { const a = document.querySelector('[data-testid="stApp"]');
+    return !a || a.getAttribute('data-test-script-state') !== 'running'; };
+  const boxes = () => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot, [data-testid="stMain"] [data-testid="stPopover"]')]
+    .map(e => { const r = e.getBoundingClientRect(); return `${Math.round(r.top)}:${Math.round(r.height)}`; }).join(',');
+  const ready = () => { const ps = [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')];
+    return idle() && !sessionStorage.getItem('tilescopeLand') && ps.length >= n && ps.every(p => p.style.transform.startsWith('scale')) && document.getElementById('tilescope-where'); };
+  let last = '', same = 0;
+  while (same < 4) {
+    await new Promise(r => setTimeout(r, 150));
+    const now = ready() ? boxes() : '';
+    same = now && now === last ? same + 1 : 0;
+    last = now;
+  }
+  return true;
+}"""
+
+SLIDE = """() => {
+  const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
+  const vis = b => b.bottom > 0 && b.top < window.innerHeight;
+  return {where: (document.getElementById('tilescope-where') || {}).textContent || '',
+          height: window.innerHeight,
+          // each slide's chart as the fit groups them, its top that of the slide (its controls above it)
+          charts: window.__tilescopeSlides().map(s => ({top: s.chart.top - s.lead, bottom: s.chart.bottom})),
+          menus: [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stPopover"]')]
+                 .map(m => ({text: m.innerText.split('\\n')[0], box: r(m)})).filter(m => m.box.bottom > m.box.top),
+          pill: r(document.querySelector('.st-key-slide_controls') || document.body)};
+}"""
+
+
+def settle(page, n: int = 1) -> dict:
+    page.wait_for_function(SETTLED, arg=n, timeout=180_000, polling=1000)
+    return page.evaluate(SLIDE)
+
+
+def press(page, key: str, where: str, n: int = 1) -> dict:
+    """Press `key` and wait until the label says `where` and the layout has settled again."""
+    page.keyboard.press(key)
+    page.wait_for_function("w => ((document.getElementById('tilescope-where') || {}).textContent || '') === w",
+                           arg=where, timeout=120_000)
+    return settle(page, n)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["1280x720", "1920x1080"])
+def test_schedule_slides_keep_their_menus_and_none_of_the_previous_one(app_server, new_page, size):
+    page = new_page(*size, timeout_ms=180_000)
+    page.goto(f"{app_server}/?page=schedule&source=recorded&trace={N1024.name}&present=1&sched_anim=1&sched_imb=1")
+    s = settle(page, 4)
+    n = len(s["charts"])
+    assert n == 4 and s["where"] == f"Tile schedule · slide 1 / {n}", s["where"]
+    for k in range(n):
+        if k:
+            s = press(page, "PageDown", f"Tile schedule · slide {k + 1} / {n}", 4)
+        chart = s["charts"][k]
+        assert 40 <= chart["top"] and chart["bottom"] <= s["height"] + 1, (k, chart)
+        nxt = s["charts"][k + 1]["top"] if k + 1 < n else float("inf")
+        own = [m for m in s["menus"] if chart["bottom"] - 2 <= m["box"]["top"] < nxt]
+        assert own, (k, "the slide's export menu", s["menus"])
+        if k == 1:
+            assert any(m["text"].startswith("⬇ Video") for m in own), own
+        for m in own:        # every menu under the chart in the window (the Video menu was below it)
+            assert m["box"]["bottom"] <= s["height"] + 1, (k, m, s["height"])
+        for m in s["menus"]:  # nothing of the previous slide under the fixed pills at the top
+            assert not (m["box"]["bottom"] > 1 and m["box"]["top"] < 56), (k, m)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["1280x720", "1920x1080"])
+def test_stepping_turns_the_pages_in_the_sidebars_order(app_server, new_page, size):
+    from app.settings import PAGES
+
+    titles = list(PAGES.values())
+    at = titles.index("Tile schedule")
+    after, title = titles[at + 1], titles[at]
+    page = new_page(*size, timeout_ms=180_000)
+    page.goto(f"{app_server}/?page=schedule&source=recorded&trace={N1024.name}&present=1&sched_anim=0")
+    s = settle(page, 1)
+    n = int(s["where"].rsplit("/", 1)[1])
+    for k in range(1, n):
+        s = press(page, "PageDown", f"{title} · slide {k + 1} / {n}")
+    page.keyboard.press("PageDown")                      # past the last slide: the next page's first
+    page.wait_for_function("t => ((document.getElementById('tilescope-where') || {}).textContent || '').startsWith(t + ' · slide 1 /')",
+                           arg=after, timeout=120_000)
+    s = settle(page, 1)
+    assert s["where"].startswith(f"{after} · slide 1 / ") and "present=1" in page.url
+    assert 40 <= s["charts"][0]["top"] <= 200, s["charts"][0]
+    page.keyboard.press("PageUp")                        # before the first: the previous page's last
+    page.wait_for_function("""t => { const w = (document.getElementById('tilescope-where') || {}).textContent || '';
+                                     const [at, of] = w.slice((t + ' · slide ').length).split(' / ');
+                                     return w.startsWith(t + ' · slide ') && at === of; }""", arg=title, timeout=120_000)
+    s = settle(page, 1)
+    assert 40 <= s["charts"][-1]["top"] <= 90 and s["charts"][-1]["bottom"] <= s["height"] + 1, s["charts"][-1]
