@@ -10,6 +10,11 @@ run, an index outside the run, or a decode step (its split-KV trace is not an at
 those pages draw).
 
 Discovery reads only each run's model_run.json; `load_run` loads the traces (cached).
+
+A growing run (format version 2, `instrumentation.watch`) is listed like any other: under
+data/runs/, or the one directory `tilescope-app --watch DIR` names (TILESCOPE_WATCH; listed by
+its directory's name, never by its path). `fresh` re-reads a run when its steps change and
+`live_status` says whether it is still growing.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ import streamlit as st
 from app.sources.bundled import Recording, data_dir, natural_key
 from app.sources.errors import RunError
 from app.sources.upload import TEMP_PREFIX, _without, check_declared_entries, check_zip_directory
-from instrumentation.recording.model_run import (MANIFEST, TRACE_MANIFEST, ModelRun, ModelRunFormatError,
-                                                 read_manifest, trace_dir)
+from instrumentation.recording import model_run_stream as stream
+from instrumentation.recording.model_run import (MANIFEST, STREAM_VERSION, TRACE_MANIFEST, ModelRun,
+                                                 ModelRunFormatError, read_manifest, trace_dir)
 from instrumentation.trace import Trace, files
 
 PREFIX = "run:"
 CALL_NAME = re.compile(r"^run:([A-Za-z0-9._-]{1,200}):(.*)$")
+WATCH_ENV = "TILESCOPE_WATCH"          # the directory `tilescope-app --watch DIR` follows
+STALE_AFTER_S = 300                    # a growing run with no new step for this long has stopped updating
 MAX_RUN_UPLOAD_BYTES = 1 << 30         # a run of many calls: 1 GiB unpacked at most
 MAX_UPLOAD_CALLS = 1024                # an uploaded run (a run on disk may have MAX_CALLS)
 MAX_RUN_ENTRIES = 10 * MAX_UPLOAD_CALLS + 16   # 8 files and a folder per call's trace, the manifest, folders
@@ -53,11 +61,20 @@ class RunInfo:
     mtime: float
     meta: dict
     calls: tuple
+    version: int = 1
+
+    @property
+    def growing(self) -> bool:
+        """A run written by instrumentation.watch (version 2): it may grow while it is open."""
+        return self.version == STREAM_VERSION
 
     @property
     def label(self) -> str:
         m, env = self.meta, self.meta.get("environment") or {}
         prefill = sum(1 for c in self.calls if c["phase"] == "prefill")
+        if self.growing:
+            return (f"{self.name} — {m.get('model', '?')} · watched · "
+                    f"{len({c['step'] for c in self.calls})} traced steps")
         return (f"{self.name} — {m.get('model', '?')} · {env.get('device_name', m.get('device', '?'))} · "
                 f"{len(self.calls)} calls ({prefill} prefill, {len(self.calls) - prefill} decode)")
 
@@ -76,20 +93,87 @@ def discover_runs(root: Path | None = None) -> list[RunInfo]:
     (unreadable ones are left out here; opening one gives the reason)."""
     root = (root or data_dir()) / "runs"
     found = []
-    if not root.is_dir():
-        return found
-    for manifest in sorted(root.glob(f"*/{MANIFEST}"), key=lambda m: natural_key(m.parent.name)):
-        try:
-            path, doc = read_manifest(manifest.parent)
-        except ModelRunFormatError:
-            continue
-        found.append(RunInfo(manifest.parent.name, str(path), manifest.stat().st_mtime, doc["meta"],
-                             tuple(doc["calls"])))
+    if root.is_dir():
+        for manifest in sorted(root.glob(f"*/{MANIFEST}"), key=lambda m: natural_key(m.parent.name)):
+            info = _info(manifest.parent.name, manifest.parent)
+            if info is not None:
+                found.append(info)
+    watched = watched_dir()
+    if watched is not None:
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", watched.name)[:60] or "watched"
+        if any(r.name == name for r in found):
+            name = f"watch-{name}"
+        info = _info(name, watched)
+        if info is not None:
+            found.insert(0, info)
     return found
 
 
+def watched_dir() -> Path | None:
+    """The directory `tilescope-app --watch DIR` follows (TILESCOPE_WATCH), or None."""
+    value = os.environ.get(WATCH_ENV)
+    return Path(value) if value else None
+
+
+def run_stamp(path) -> float:
+    """Changes when a run's files do: its manifest, its steps/ (a step renamed in or removed)
+    and its directory (a closed marker written)."""
+    path = Path(path)
+    stamps = []
+    for p in (path / MANIFEST, path / stream.STEPS, path):
+        try:
+            stamps.append(p.stat().st_mtime_ns / 1e9)
+        except OSError:
+            pass
+    return max(stamps, default=0.0)
+
+
+def _info(name: str, path: Path) -> RunInfo | None:
+    try:
+        here, doc = read_manifest(path)
+    except ModelRunFormatError:
+        return None
+    return RunInfo(name, str(here), run_stamp(path), doc["meta"], tuple(doc["calls"]), doc["version"])
+
+
+@st.cache_data(show_spinner=False, max_entries=32, ttl=600)
+def _fresh(name: str, path: str, stamp: float) -> RunInfo | None:
+    return _info(name, Path(path))
+
+
+def fresh(info: RunInfo) -> RunInfo:
+    """A growing run's RunInfo as it is on disk now (re-read when its stamp changed)."""
+    if not info.growing:
+        return info
+    return _fresh(info.name, info.path, run_stamp(info.path)) or info
+
+
+def live_status(info: RunInfo) -> dict:
+    """{'state': 'live' | 'finished' | 'stopped updating' | 'waiting', 'step': the newest traced
+    step or None, 'ago': seconds since the newest step or marker (None: nothing yet), 'text': the
+    line the page shows}. Finished: every rank that wrote has closed (close() writes a marker);
+    stopped updating: no new step for STALE_AFTER_S seconds and no marker (a killed job)."""
+    st_ = stream.status(info.path)
+    ago, step = st_["updated"], st_["last_step"]
+    if st_["closed"]:
+        state = "finished"
+    elif ago is None:
+        state = "waiting"
+    elif ago > STALE_AFTER_S:
+        state = "stopped updating"
+    else:
+        state = "live"
+    when = "" if ago is None else f"updated {ago:,.0f}s ago" if ago < 120 else f"updated {ago / 60:,.0f} min ago"
+    text = {"live": f"live · step {step} · {when}",
+            "finished": f"finished · {st_['steps']} traced steps, the last step {step} · {when}",
+            "stopped updating": f"stopped updating · the last step {step} · {when} (no close() marker: "
+                                "the job stopped or is stuck)",
+            "waiting": "waiting for the first traced step"}[state]
+    return {"state": state, "step": step, "ago": ago, "text": text}
+
+
 @st.cache_data(show_spinner=False, max_entries=8)
-def _discover(root: str, stamp: float) -> list[RunInfo]:
+def _discover(root: str, stamp: tuple) -> list[RunInfo]:
     return discover_runs(Path(root))
 
 
@@ -97,11 +181,15 @@ def runs() -> list[RunInfo]:
     """The bundled model runs, cached until data/runs/ changes."""
     root = data_dir()
     where = root / "runs"
-    return _discover(str(root), where.stat().st_mtime if where.is_dir() else 0.0)
+    watched = watched_dir()
+    return _discover(str(root), (where.stat().st_mtime if where.is_dir() else 0.0,
+                                 str(watched), run_stamp(watched) if watched else 0.0))
 
 
 def run_named(name: str) -> RunInfo | None:
-    return next((r for r in runs() if r.name == name), None)
+    """The listed run `name` (a growing one as it is on disk now), or None."""
+    info = next((r for r in runs() if r.name == name), None)
+    return fresh(info) if info is not None else None
 
 
 @st.cache_resource(show_spinner="Loading the model run…", max_entries=4)
@@ -201,6 +289,9 @@ def run_from_zip(data: bytes) -> ModelRun:
         root = Path(tmp).resolve()
         try:
             _unpack(zf, infos, [prefix + MANIFEST], root)
+            steps = [n for n in infos if n.startswith(f"{prefix}{stream.STEPS}/") and n.endswith(f"/{stream.STEP_MANIFEST}")
+                     and n.count("/") == prefix.count("/") + 2]
+            _unpack(zf, infos, steps, root)          # a growing run's step manifests (each <= 16 MiB)
             here, doc = read_manifest(root / prefix, max_calls=MAX_UPLOAD_CALLS)
             _unpack(zf, infos, [f"{prefix}{c['trace']}/{TRACE_MANIFEST}" for c in doc["calls"]], root)
             return ModelRun.from_manifest(
@@ -259,3 +350,31 @@ def uploaded_run(upload) -> ModelRun:
     if isinstance(result, str):
         raise RunError(f"The uploaded file {upload.name!r} is not a usable model run: {result}")
     return result
+
+
+# -- the next step: watch or capture your own model --------------------------------------------------
+
+WATCH_SNIPPET = """\
+from instrumentation import hf                  # pip install -e . (Tilescope), transformers >= 5
+from instrumentation.watch import watch
+
+hf.use_tilescope(model)                         # attention through Tilescope's kernels
+with watch(model, "runs/mine", every=100, backward=True) as w:
+    for batch in loader:                        # each training-mode forward is a step
+        loss = model(**batch).loss
+        loss.backward(); opt.step(); opt.zero_grad()
+
+# in another shell, while it trains (or after):
+#   tilescope-app --watch runs/mine     then open http://localhost:8501/model_run
+# one forward or generate instead:  with hf.capture(model) as run: model.generate(ids); run.save("runs/mine")
+"""
+
+
+def watch_snippet(expanded: bool = False) -> None:
+    """The copyable snippet that watches (or captures) a user's own model, and what its times are."""
+    with st.expander("Watch or capture your own model", expanded=expanded, icon=":material/play_circle:"):
+        st.code(WATCH_SNIPPET, language="python")
+        st.caption("On a GPU the traced kernels carry hardware clocks: the times drawn are measured. In Triton's "
+                   "CPU interpreter (TRITON_INTERPRET=1) there is no clock: the times are modelled "
+                   "(instrumentation.estimate). `python -m instrumentation.watch_demo` trains a tiny model "
+                   "watched and prints the URL to open.")

@@ -2,8 +2,10 @@
 during a forward or generate: time and tiles per layer, sliding-window vs global layers, the
 prefill and each decode step, the KV cache growing; each prefill call opens in the tile-schedule,
 block-skip and online-softmax pages (a `run:<run>:<call>` recording, app/sources/model_run.py).
-Opens a bundled run (data/runs/) or an uploaded zip of a run directory. The page's controls
-live in the URL (mr_* parameters).
+Opens a bundled run (data/runs/), a growing run written by `instrumentation.watch` (under
+data/runs/ or the directory `tilescope-app --watch DIR` follows: its charts refresh in a Streamlit
+fragment while it grows, with its live / finished / stopped-updating state) or an uploaded zip of a
+run directory. The page's controls live in the URL (mr_* parameters).
 """
 
 from urllib.parse import urlencode
@@ -14,7 +16,7 @@ from app import settings, url_state
 from app.figures._common import fmt_bytes, fmt_time_ms
 from app.figures.estimate import short
 from app.figures.model_run import (call_table, kv_cache_figure, layer_figure, layer_kind_figure, run_provenance,
-                                   steps_figure)
+                                   steps_figure, watch_figure)
 from app.sources import model_run as runs
 from app.sources.errors import RunError
 from app.text import plain
@@ -23,6 +25,7 @@ from app.views import common
 UPLOAD = "upload"
 # not the online softmax: it regenerates a trace's inputs, and a model's activations are not kept
 PAGES_FOR_A_CALL = (("schedule", "tile schedule"), ("block_skip", "block-skip map"))
+LIVE_EVERY_S = 1.5        # a growing run's charts re-read the run this often (a fragment, not the page)
 
 s = settings.current()
 st.title("Model run")
@@ -47,83 +50,117 @@ try:
         if up is None:
             st.info("Upload a zip of a saved model run: `run.save(DIR)` after `with hf.capture(model) as run:`, "
                     "then zip DIR. Saved under data/runs/ it is listed here and its calls link to the other pages.")
+            runs.watch_snippet()
             st.stop()
-        run, name, shown = runs.uploaded_run(up), "", up.name
+        run, name, shown, info = runs.uploaded_run(up), "", up.name, None
     else:
-        run, name, shown = runs.load_run(runs.run_named(choice)), choice, choice
+        info = runs.run_named(choice)
+        run, name, shown = (None if info.growing else runs.load_run(info)), choice, choice
 except RunError as exc:
     st.error(plain(str(exc)), icon=":material/error:")
     st.stop()
-if not run.calls:
-    st.warning("This model run holds no calls: capture a forward or generate inside `hf.capture(model)`.")
-    st.stop()
 common.name_downloads(name or "model-run")
 
-table = call_table(run)
-prov = run_provenance(run, shown, uploaded=not name)
-m = run.meta
-if not s.present:
-    env = m.get("environment") or {}
-    st.info(f"**Data: {plain(prov)}**  \n"
-            + plain(f"{m.get('about') or m.get('model')} · torch {m.get('torch_version', '?')} · Triton "
-                    f"{env.get('triton_version', '?')} · {m.get('command', 'captured from Python')}"),
-            icon=":material/info:")
 
-# -- the run in numbers --------------------------------------------------------------------------------
-prefill, decode = table[table.phase == "prefill"], table[table.phase == "decode"]
-sliding = sorted(set(table.loc[table.kind == "sliding", "layer"]))
-k = common.metric_columns(6, s.present)
-k[0].metric("calls", f"{len(table)}", help="attention calls recorded: layers × forward passes")
-k[1].metric("layers", f"{table.layer.nunique()}", f"{len(sliding)} sliding" if sliding else "global",
-            delta_color="off", delta_arrow="off")
-k[2].metric("forward passes", f"{table.step.nunique()}", f"prefill + {decode.step.nunique()}",
-            delta_color="off", delta_arrow="off")
-k[3].metric("prompt", f"{int(prefill.n_q.max()) if len(prefill) else 0:,} tok",
-            help="queries of the prefill calls (N_q)")
-k[4].metric("attention", short(fmt_time_ms(table.kernel_us.sum() / 1e3)),
-            help="sum of every call's untraced kernel median (do_bench)")
-last = table[table.step == table.step.max()]
-k[5].metric("KV, last step", short(fmt_bytes(int(last.kv_bytes.sum()), binary=True)),
-            help=f"K and V read by the last forward pass, all layers (Estimate.kv_cache_bytes): "
-                 f"{int(last.kv_bytes.sum()):,} B")
+def show(run, info) -> None:
+    """Everything drawn from the run: its numbers, charts, calls and downloads."""
+    if not run.calls:
+        st.warning("This model run holds no calls: capture a forward or generate inside `hf.capture(model)`.")
+        return
+    table = call_table(run)
+    prov = run_provenance(run, shown, uploaded=not name)
+    m = run.meta
+    if not s.present:
+        env = m.get("environment") or {}
+        st.info(f"**Data: {plain(prov)}**  \n"
+                + plain(f"{m.get('about') or m.get('model')} · torch {m.get('torch_version', '?')} · Triton "
+                        f"{env.get('triton_version', '?')} · {m.get('command', 'captured from Python')}"),
+                icon=":material/info:")
+    growing = info is not None and info.growing
+    # -- the run in numbers --------------------------------------------------------------------------------
+    prefill, decode = table[table.phase == "prefill"], table[table.phase == "decode"]
+    sliding = sorted(set(table.loc[table.kind == "sliding", "layer"]))
+    k = common.metric_columns(6, s.present)
+    k[0].metric("calls", f"{len(table)}", help="attention calls recorded: layers × forward passes")
+    k[1].metric("layers", f"{table.layer.nunique()}", f"{len(sliding)} sliding" if sliding else "global",
+                delta_color="off", delta_arrow="off")
+    k[2].metric("forward passes", f"{table.step.nunique()}", f"prefill + {decode.step.nunique()}",
+                delta_color="off", delta_arrow="off")
+    k[3].metric("prompt", f"{int(prefill.n_q.max()) if len(prefill) else 0:,} tok",
+                help="queries of the prefill calls (N_q)")
+    k[4].metric("attention", short(fmt_time_ms(table.kernel_us.sum() / 1e3)),
+                help="sum of every call's untraced kernel median (do_bench)")
+    last = table[table.step == table.step.max()]
+    k[5].metric("KV, last step", short(fmt_bytes(int(last.kv_bytes.sum()), binary=True)),
+                help=f"K and V read by the last forward pass, all layers (Estimate.kv_cache_bytes): "
+                     f"{int(last.kv_bytes.sum()):,} B")
 
-# -- charts --------------------------------------------------------------------------------------------
-common.chart(layer_figure(table, prov), "model-run-layers", "mr_layers", s.present)
-common.chart(layer_kind_figure(table, prov), "model-run-layer-kinds", "mr_kinds", s.present)
-common.chart(steps_figure(table, prov), "model-run-steps", "mr_steps", s.present)
-common.chart(kv_cache_figure(table, prov), "model-run-kv-cache", "mr_kv", s.present)
+    # -- charts --------------------------------------------------------------------------------------------
+    if growing:
+        common.chart(watch_figure(table, prov), "model-run-watch", "mr_watch", s.present)
+    common.chart(layer_figure(table, prov), "model-run-layers", "mr_layers", s.present)
+    common.chart(layer_kind_figure(table, prov), "model-run-layer-kinds", "mr_kinds", s.present)
+    common.chart(steps_figure(table, prov), "model-run-steps", "mr_steps", s.present)
+    common.chart(kv_cache_figure(table, prov), "model-run-kv-cache", "mr_kv", s.present)
 
-# -- one call in the other pages ------------------------------------------------------------------------
-st.subheader("Open a call")
-prefill_calls = [int(i) for i in prefill["index"]]
-if name and prefill_calls:
-    url_state.control("mr_call", prefill_calls[0], int, options=prefill_calls)
-    row = st.columns([2, 3])
-    pick = row[0].selectbox("prefill call", prefill_calls, key="mr_call",
-                            format_func=lambda i: f"call {i} · {table.layer_label[i]} · N_q {table.n_q[i]:,}")
-    links = " · ".join(f"[{label}](./{page}?" + urlencode({"page": page, "source": "recorded",
-                                                            "trace": runs.call_name(name, pick)}) + ")"
-                       for page, label in PAGES_FOR_A_CALL)
-    row[1].markdown(f"Open call {pick} in the {links}.  \nDecode steps are split-KV traces: their numbers "
-                    "are in the table below, and their tables in the trace download.")
-elif not name:
-    st.caption("The calls of an uploaded run open here only; saved under data/runs/ (or $TILESCOPE_DATA/runs/), "
-               "each prefill call also opens in the schedule, block-skip and online-softmax pages.")
-table_view = table[["index", "step", "layer", "phase", "n_q", "n_k", "mask", "kernel_us", "tiles", "kv_bytes"]].copy()
-if name:
-    table_view["open"] = [("./schedule?" + urlencode({"page": "schedule", "source": "recorded",
-                                                     "trace": runs.call_name(name, i)})) if p == "prefill" else ""
-                          for i, p in zip(table["index"], table["phase"])]
-st.dataframe(table_view, hide_index=True, width="stretch", height=300,
-             column_config={"index": "call", "kernel_us": st.column_config.NumberColumn("kernel (µs)", format="%.2f"),
-                            "kv_bytes": st.column_config.NumberColumn("KV read (B)", format="localized"),
-                            "tiles": st.column_config.NumberColumn("tiles", help="Estimate.tiles_computed"),
-                            "open": st.column_config.LinkColumn("trace", display_text="schedule",
-                                                                help="a prefill call opens in the tile schedule")})
-row = st.columns([1, 3], vertical_alignment="bottom")
-call = row[0].number_input("call to download", 0, len(run.calls) - 1, 0, key="mr_download_call")
-try:
-    with row[1]:
-        common.trace_downloads(run.call_trace(int(call)), key="mr_trace")
-except (OSError, ValueError) as exc:          # a trace removed or damaged since the run was listed
-    st.error(plain(f"Call {int(call)}'s trace cannot be read: {exc}"), icon=":material/error:")
+    # -- one call in the other pages ------------------------------------------------------------------------
+    st.subheader("Open a call")
+    prefill_calls = [int(i) for i in prefill["index"]]
+    if name and prefill_calls:
+        if growing:        # the latest traced call, as the run grows
+            st.caption(f"Latest traced call: {prefill_calls[-1]} (step {int(table.step[prefill_calls[-1]])}).")
+        url_state.control("mr_call", prefill_calls[-1] if growing else prefill_calls[0], int, options=prefill_calls)
+        row = st.columns([2, 3])
+        pick = row[0].selectbox("prefill call", prefill_calls, key="mr_call",
+                                format_func=lambda i: f"call {i} · {table.layer_label[i]} · N_q {table.n_q[i]:,}")
+        links = " · ".join(f"[{label}](./{page}?" + urlencode({"page": page, "source": "recorded",
+                                                                "trace": runs.call_name(name, pick)}) + ")"
+                           for page, label in PAGES_FOR_A_CALL)
+        row[1].markdown(f"Open call {pick} in the {links}.  \nDecode steps are split-KV traces: their numbers "
+                        "are in the table below, and their tables in the trace download.")
+    elif not name:
+        st.caption("The calls of an uploaded run open here only; saved under data/runs/ (or $TILESCOPE_DATA/runs/), "
+                   "each prefill call also opens in the schedule, block-skip and online-softmax pages.")
+    table_view = table[["index", "step", "layer", "phase", "n_q", "n_k", "mask", "kernel_us", "tiles", "kv_bytes"]].copy()
+    if name:
+        table_view["open"] = [("./schedule?" + urlencode({"page": "schedule", "source": "recorded",
+                                                         "trace": runs.call_name(name, i)})) if p == "prefill" else ""
+                              for i, p in zip(table["index"], table["phase"])]
+    st.dataframe(table_view, hide_index=True, width="stretch", height=300,
+                 column_config={"index": "call", "kernel_us": st.column_config.NumberColumn("kernel (µs)", format="%.2f"),
+                                "kv_bytes": st.column_config.NumberColumn("KV read (B)", format="localized"),
+                                "tiles": st.column_config.NumberColumn("tiles", help="Estimate.tiles_computed"),
+                                "open": st.column_config.LinkColumn("trace", display_text="schedule",
+                                                                    help="a prefill call opens in the tile schedule")})
+    row = st.columns([1, 3], vertical_alignment="bottom")
+    call = row[0].number_input("call to download", 0, len(run.calls) - 1, 0, key="mr_download_call")
+    try:
+        with row[1]:
+            common.trace_downloads(run.call_trace(int(call)), key="mr_trace")
+    except (OSError, ValueError) as exc:          # a trace removed or damaged since the run was listed
+        st.error(plain(f"Call {int(call)}'s trace cannot be read: {exc}"), icon=":material/error:")
+
+
+if info is not None and info.growing:
+    @st.fragment(run_every=LIVE_EVERY_S)
+    def live() -> None:
+        """Re-read the growing run and redraw its charts only (the page around stays)."""
+        now = runs.fresh(info)
+        state = runs.live_status(now)
+        icon = {"live": ":material/sensors:", "finished": ":material/check_circle:"}.get(state["state"],
+                                                                                      ":material/pause_circle:")
+        st.markdown(f"{icon} **{state['text']}**", help="live: a step was written in the last "
+                    f"{runs.STALE_AFTER_S // 60} minutes; finished: the watch was closed; stopped updating: "
+                    "neither (the job ended without close(), or it is stuck)")
+        if not now.calls:
+            st.info("No traced step is complete yet: the first one is written when the next step starts.")
+            return
+        try:
+            show(runs.load_run(now), now)
+        except RunError as exc:
+            st.error(plain(str(exc)), icon=":material/error:")
+
+    live()
+else:
+    show(run, info)
+runs.watch_snippet()

@@ -244,3 +244,7 @@ with st.expander("Formulas (quoted from docs/formulas.md)", expanded=False):
                 + "\n".join(f"- {plain(estimate_at(p, int(n), d).model_note)}." for d in DEVICES))
     st.markdown("All of them, with the symbols, the tile rule and the time model's constants: `docs/formulas.md` "
                 "in the repository.")
+st.subheader("Your own model, running")
+st.caption("These numbers are arithmetic. To see your model's real attention kernels, tile by tile, watch its "
+           "training (or capture a forward / generate) and open the Model run page:")
+sources.model_run.watch_snippet(expanded=True)

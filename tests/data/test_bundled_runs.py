@@ -10,7 +10,8 @@ from instrumentation.hf import CAPTURED_INPUTS
 from instrumentation.recording.model_run import ModelRun
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-RUNS = sorted(p.parent for p in DATA.glob("runs/*/model_run.json"))
+RUNS = sorted(p.parent for p in DATA.glob("runs/*/model_run.json")
+              if '"version": 2' not in p.read_text())    # a watched run (interpreter): tests/instrumentation/test_watch.py
 RUNS_BYTES = 12 * 10 ** 6      # the runs' share of data/ (traces and sweeps: MANIFEST.json's 45 MB budget)
 
 
