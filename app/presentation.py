@@ -122,7 +122,10 @@ FIT = """
     let lead = [];
     document.querySelectorAll('[data-testid="stMain"] [data-testid="stElementContainer"], [data-testid="stMain"] [data-testid="stPopover"]').forEach(c => {
       if (c.offsetHeight === 0 || c.closest(FIXED)) return;
-      if (c.dataset.testid === 'stPopover') { if (out.length && !lead.length) out[out.length - 1].tail.push(c); return; }
+      if (c.dataset.testid === 'stPopover') {    // a chart's menu; the page's trace data (keyed ..._data) is not its
+        if (out.length && !lead.length && !/\\bst-key-\\w+_data\\b/.test(c.parentElement.className)) out[out.length - 1].tail.push(c);
+        return;
+      }
       const plot = c.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
       if (plot) { out.push({box: c, plot, lead, tail: []}); lead = []; }
       else if (c.querySelector('input, button, textarea, [role="slider"], [role="combobox"]')) lead.push(c);

@@ -87,6 +87,9 @@ def kv_sharing_fig(key, sms, _trace):
 # the lanes, so the lanes chart is one screen; normal mode keeps both on top
 controls_box = st.expander("Controls", expanded=False, icon=":material/tune:",   # short: a pill beside
                            key="slide_controls") if s.present else st.container()   # the title (app/presentation.py)
+# on slides the switches that draw more charts sit in the pill too: a switch that is off stood above the
+# next slide (three of them pushed the compared schedules down to unreadable lane plots at 1280 px)
+switches = controls_box if s.present else st
 # a row of controls: SMs (modelled timelines only), colour, comparison, zoom
 c1, c2, c3, c4 = controls_box.columns(4) if modelled else (None, *controls_box.columns(3))
 sms = None
@@ -267,7 +270,7 @@ else:
     url_state.control("sched_anim", len(tl) <= ANIMATE_BY_DEFAULT)
     # not drawn: the toggle and one line on why (wide); drawn: the toggle and the player's controls
     h0, h1, h2, _ = st.columns([1, 1, 1, 1]) if st.session_state["sched_anim"] else (*st.columns([1, 3]), None, None)
-    draw = h0.toggle("Draw the animation", key="sched_anim",
+    draw = (switches if s.present else h0).toggle("Draw the animation", key="sched_anim",
                      help=f"on by default up to {ANIMATE_BY_DEFAULT} work items; larger runs draw it "
                           "on demand so the page opens fast")
     default_bh, why = traced_head_default(src.key, sms, trace, tl)
@@ -307,7 +310,7 @@ if uneven_work(tl):
     st.subheader("Causal imbalance")
     # a second chart costs the browser ~1 s on a loaded 2-CPU machine: large runs draw it when asked
     url_state.control("sched_imb", len(tl) <= ANIMATE_BY_DEFAULT)
-    if st.toggle("Draw the imbalance chart (duration vs K/V tiles per work item)", key="sched_imb",
+    if switches.toggle("Draw the imbalance chart (duration vs K/V tiles per work item)", key="sched_imb",
                  help=f"on by default up to {ANIMATE_BY_DEFAULT} work items, so large runs open fast"):
         common.chart(imbalance_fig(src.key, sms, trace), "imbalance", "sched_imbalance", s.present)
 else:
@@ -316,21 +319,23 @@ else:
 
 st.subheader("Which query heads share a KV head (L2 reuse)")
 url_state.control("sched_kv_on", len(tl) <= ANIMATE_BY_DEFAULT)
-if st.toggle("Draw the KV-head sharing chart (when each KV head's K/V is read, by how many)",
+if switches.toggle("Draw the KV-head sharing chart (when each KV head's K/V is read, by how many)",
              key="sched_kv_on", help=f"on by default up to {ANIMATE_BY_DEFAULT} work items, so large runs open fast"):
     common.chart(kv_sharing_fig(src.key, sms, trace), "kv-sharing", "sched_kv", s.present)
 
 
 def compared_traces():
-    """The traces to compare (this one first), or None after saying why not."""
+    """The traces to compare (this one first), or None after saying why not. On slides the
+    picker sits in the Controls pill: the slide is the three lane plots, readable in a room."""
+    where = controls_box if s.present else st
     if s.live:
         url_state.control("sched_cmp", [s.schedule], options=settings.SCHEDULES)
-        picked = st.multiselect("Schedules", settings.SCHEDULES, key="sched_cmp", max_selections=MAX_COMPARED,
+        picked = where.multiselect("Schedules", settings.SCHEDULES, key="sched_cmp", max_selections=MAX_COMPARED,
                                 help="each runs live once (cached afterwards)")
         if len(picked) < 2:
             st.info("Pick two or three schedules.")
             return None
-        if not st.button("Run and compare", key="sched_cmp_run", type="primary") and \
+        if not where.button("Run and compare", key="sched_cmp_run", type="primary") and \
                 not all(sources.has_run(settings.variant(s, x)) for x in picked):
             st.caption(f"Estimated: {sources.estimate(settings.variant(s, picked[0]))} per schedule.")
             return None
@@ -350,7 +355,7 @@ def compared_traces():
         return None
     default = [src.recording.name] + [n for n in names if n != src.recording.name][:MAX_COMPARED - 1]
     url_state.control("sched_cmp", default, options=names)
-    picked = st.multiselect("Recordings", names, key="sched_cmp", max_selections=MAX_COMPARED,
+    picked = where.multiselect("Recordings", names, key="sched_cmp", max_selections=MAX_COMPARED,
                             format_func=lambda n: f"{sources.recording_named(n).schedule} ({n})")
     if len(picked) < 2:
         st.info("Pick two or three recordings.")

@@ -115,3 +115,32 @@ def test_stepping_turns_the_pages_in_the_sidebars_order(app_server, new_page, si
                                      return w.startsWith(t + ' · slide ') && at === of; }""", arg=title, timeout=120_000)
     s = settle(page, 1)
     assert 40 <= s["charts"][-1]["top"] <= 90 and s["charts"][-1]["bottom"] <= s["height"] + 1, s["charts"][-1]
+
+
+COMPARED = ROOT / "data" / "traces" / "n4096_causal_longest_first"
+
+
+@pytest.mark.skipif(not COMPARED.is_dir(), reason="no bundled n4096 schedule variants")
+@pytest.mark.parametrize("size, least_px", [((1280, 720), 14), ((1920, 1080), 20)], ids=["1280x720", "1920x1080"])
+def test_compared_schedules_slide_reads_in_a_room(app_server, new_page, size, least_px):
+    """The compare-schedules slide with the page's switches off: the switches and the recordings
+    picker (~230 px at 1280) sat above it and shrank the three lane plots to ~550 x 400 px with
+    ~8 px subplot titles; on slides they sit in the Controls pill and the slide is the chart."""
+    page = new_page(*size, timeout_ms=180_000)
+    page.goto(f"{app_server}/?page=schedule&source=recorded&trace=n4096_causal_natural&present=1&sched_compare=1"
+              "&sched_anim=0&sched_imb=0&sched_kv_on=0")
+    s = settle(page, 2)
+    n = int(s["where"].rsplit("/", 1)[1])
+    for k in range(1, n):
+        s = press(page, "PageDown", f"Tile schedule · slide {k + 1} / {n}", 2)
+    got = page.evaluate("""() => {
+      const p = [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')].find(p => p.textContent.includes('vs longest_first'));
+      const z = parseFloat(p.style.transform.match(/scale\\(([\\d.]+)\\)/)[1]);
+      const subs = [...p.querySelectorAll('.annotation-text')].filter(t => /makespan/.test(t.textContent));
+      const px = subs.map(t => parseFloat(getComputedStyle(t).fontSize) * z);
+      const r = p.getBoundingClientRect();
+      return {px, width: r.width, height: r.height, controls: [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stMultiSelect"]')]
+              .filter(m => !m.closest('.st-key-slide_controls') && m.offsetHeight > 0).length};
+    }""")
+    assert len(got["px"]) == 3 and min(got["px"]) >= least_px, got
+    assert got["height"] >= 0.75 * size[1] - 112 and got["controls"] == 0, got

@@ -100,19 +100,17 @@ OPACITY_JS = """el => { let o = 1; for (let e = el; e; e = e.parentElement) o *=
 
 
 @pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
-def test_slide_switches_fade_until_hovered(app_server, new_page):
+def test_slide_switches_sit_in_the_controls_pill(app_server, new_page):
     """On a slide the schedule page's switches that draw more charts ('Draw the animation', ...)
-    are faint until the pointer comes (they sat at full strength between the slides), and whole
-    when hovered."""
+    are in the faint Controls pill, not between the slides (a switch that was off stood above the
+    next slide and shrank it), and read whole once the pill is opened."""
     page = open_slides(new_page, f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1")
     switch = page.locator('[data-testid="stCheckbox"]').filter(has_text="Draw the imbalance chart").first
-    switch.scroll_into_view_if_needed()
-    page.mouse.move(1, 1)
-    time.sleep(0.4)
-    assert switch.evaluate(OPACITY_JS) < 0.5
-    switch.hover()
-    time.sleep(0.4)
-    assert switch.evaluate(OPACITY_JS) > 0.9
+    assert switch.evaluate("s => !!s.closest('.st-key-slide_controls')")
+    page.locator('.st-key-slide_controls summary').first.click()
+    switch.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function("s => { let o = 1; for (let e = s; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity);"
+                           " return o > 0.9; }", arg=switch.element_handle(), timeout=30_000)
 
 
 @pytest.mark.skipif(not list((ROOT / "data" / "ring").glob("*/manifest.json")), reason="no bundled ring recordings")
