@@ -1,0 +1,53 @@
+"""A growing run on the Model run page in a real headless Chromium: the app is served with
+TILESCOPE_WATCH (what `tilescope-app --watch DIR` sets) on a run that a background thread grows
+step by step (the bundled watched run's steps copied in one at a time, each renamed into place as
+the watcher writes them), and the page's live line and chart follow without a reload; the close()
+marker turns the line to 'finished'."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from app.devtools import running_app
+
+pytestmark = pytest.mark.browser
+BUNDLED = Path(__file__).resolve().parents[2] / "data" / "runs" / "tiny-llama-watched"
+
+
+def grow(src: Path, dst: Path, pause: float, done: threading.Event) -> None:
+    steps = sorted((src / "steps").iterdir())
+    for step in steps[1:]:
+        time.sleep(pause)
+        shutil.copytree(step, dst / "steps" / f".{step.name}.tmp")
+        os.rename(dst / "steps" / f".{step.name}.tmp", dst / "steps" / step.name)
+    time.sleep(pause)
+    for marker in src.glob("closed-r*.json"):
+        shutil.copy(marker, dst / marker.name)
+    done.set()
+
+
+def test_a_growing_run_updates_on_the_page_without_a_reload(new_page, tmp_path):
+    if not BUNDLED.is_dir():
+        pytest.skip("the bundled watched run is not here")
+    run = tmp_path / "growing-job"
+    (run / "steps").mkdir(parents=True)
+    shutil.copy(BUNDLED / "model_run.json", run / "model_run.json")
+    first = sorted((BUNDLED / "steps").iterdir())[0]
+    shutil.copytree(first, run / "steps" / first.name)
+    with running_app(None, tmp_path / "app.log", env={"TILESCOPE_WATCH": str(run)}) as server:
+        page = new_page(1400, 1000, timeout_ms=120_000)
+        page.goto(f"{server.url}/model_run?mr_run=growing-job")
+        page.get_by_text("live · step 0").first.wait_for(timeout=120_000)
+        page.evaluate("() => { window.__notReloaded = true; }")
+        done = threading.Event()
+        threading.Thread(target=grow, args=(BUNDLED, run, 2.0, done), daemon=True).start()
+        page.get_by_text("live · step 2").first.wait_for(timeout=60_000)
+        page.get_by_text("finished ·").first.wait_for(timeout=60_000)
+        assert page.evaluate("() => window.__notReloaded === true")        # the same document all along
+        assert page.locator('[data-testid="stException"]').count() == 0
