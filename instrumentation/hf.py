@@ -401,3 +401,4 @@ def capture(model, layers=None, heads=None, measure: bool = True):
 
 
 __all__ = ["use_tilescope", "capture", "register", "attention_forward", "plan_call", "kernel_pattern", "NAME"]
+watch = lambda model, out, *args, **kwargs: __import__("instrumentation.watch").watch.watch(model, out, *args, **kwargs)  # noqa: E731 -- instrumentation.watch.watch (lazy: watch imports hf)
