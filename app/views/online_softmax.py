@@ -1,6 +1,8 @@
 """Page 3: the online softmax of one query row, stepped K tile by K tile from the kernel's own
 running max m, sum l and rescale alpha, beside a float64 reference on the same inputs."""
 
+import html
+
 import numpy as np
 import streamlit as st
 
@@ -39,7 +41,11 @@ def head_inputs(key: str, bh: int, _trace):
 
 
 heads = sorted(int(h) for h in trace.rows["bh"].unique())
-c0, c1, c2 = st.columns([1, 1, 2])
+# on slides the row's controls fold into the faint Controls pill (app/presentation.py): above the first
+# chart they took ~130 px of a 1280 x 720 window and left it small
+controls = st.expander("Controls", expanded=False, icon=":material/tune:", key="slide_controls") if s.present \
+    else st.container()
+c0, c1, c2 = controls.columns([1, 1, 2])
 url_state.control("sm_head", heads[0], options=heads)
 bh = int(c0.selectbox("Head (traced ones)", heads, key="sm_head", disabled=len(heads) == 1,
                       help="batch·head index bh = b·H + h of the heads whose rows the recording traced"))
@@ -103,6 +109,14 @@ def diff(kernel: float, ref: float, relative: bool = False) -> str:
     return f"{d / ref:+.1e} rel." if relative and ref else f"{d:+.1e} vs float64"
 
 
+def slide_line(r, i: int, lo: int, hi: int) -> str:
+    """The step in one line for a slide's step bar: the row, the keys it sees, the step's K block
+    and the kernel's m, ℓ, α (the page's sentence and metric tiles, which slides hide)."""
+    alpha = "0 (first tile)" if i == 0 else f"{r.alpha_kernel:.5f}"
+    return (f"Query row {q_row} sees {key_range(lo, hi + 1)} · step {i + 1}/{n_steps}: K block {r.k_block} "
+            f"({r.status}, {r.n_visible} visible) · m = {r.m_kernel:.5f} · ℓ = {r.l_kernel:.5f} · α = {alpha}")
+
+
 @st.fragment
 def stepper():
     """The step controls and everything a step changes: a step reruns only this (the row's
@@ -110,7 +124,8 @@ def stepper():
     url_state.control("sm_step", rescales[0] if rescales else n_steps, options=range(1, n_steps + 1))
     # the stepping controls: on slides a bar fixed under the charts (app/presentation.py), so Next and
     # the chart it changes are on screen together
-    b1, b2, b3, b4 = st.container(key=f"{presentation.STEP_BAR}_softmax").columns([1, 1, 1, 6])
+    bar = st.container(key=f"{presentation.STEP_BAR}_softmax")
+    b1, b2, b3, b4 = bar.columns([1, 1, 1, 6])
     b1.button("First", icon=":material/first_page:", on_click=lambda: st.session_state.update(sm_step=1),
               key="sm_first")
     # at either end the button that would do nothing is greyed out, not silently ignored
@@ -120,9 +135,13 @@ def stepper():
     b3.button("Next", icon=":material/chevron_right:", on_click=step, args=(1,), key="sm_next",
               disabled=at_step >= n_steps, help="the last step: the row has seen every tile" if at_step >= n_steps else None)
     if n_steps > 1:
-        b4.slider("Step (K tile in the kernel's order)", 1, n_steps, key="sm_step")
+        b4.slider("Step (K tile in the kernel's order)", 1, n_steps, key="sm_step",   # slides: the bar's line
+                  label_visibility="collapsed" if s.present else "visible")              # says the step
     i = int(st.session_state["sm_step"]) - 1
     r = steps.iloc[i]
+    lo, hi = steps.attrs["visible"]
+    if s.present:       # slides hide the words and metrics below: the bar says the step's numbers
+        bar.html(f'<div style="font-size:1.05rem;color:#111;line-height:1.4">{html.escape(slide_line(r, i, lo, hi))}</div>')
     if rescales:
         st.caption(f"α < 1 (the running max grew and the old m, l, O′ were rescaled) at step"
                    f"{'s' if len(rescales) > 1 else ''} {', '.join(map(str, rescales))}.")
@@ -130,7 +149,6 @@ def stepper():
         st.caption("This row's running max never changes after its first tile (α = 1 from step 2 on); "
                    f"query row {teaching_row} rescales.")
 
-    lo, hi = steps.attrs["visible"]
     dead = int((steps["n_visible"] == 0).sum())
     st.markdown(f"**Query row {q_row}** (head bh={bh}, mask `{steps.attrs['mask']}`) sees {key_range(lo, hi + 1)}; "
                 f"the kernel visits **{len(steps)} K tiles** of {steps.attrs['n_k_blocks']}"

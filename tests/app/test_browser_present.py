@@ -144,3 +144,30 @@ def test_compared_schedules_slide_reads_in_a_room(app_server, new_page, size, le
     }""")
     assert len(got["px"]) == 3 and min(got["px"]) >= least_px, got
     assert got["height"] >= 0.75 * size[1] - 112 and got["controls"] == 0, got
+
+
+@pytest.mark.parametrize("size, least_px", [((1280, 720), 9), ((1920, 1080), 13)], ids=["1280x720", "1920x1080"])
+def test_softmax_slide_says_the_steps_numbers(app_server, new_page, size, least_px):
+    """The online-softmax slide: the kernel's m, ℓ, α and the 'row sees keys ...' sentence (hidden
+    with the page's words on slides) are in the step bar, on screen with the first chart, and the
+    row's controls sit in the Controls pill, so the first chart is whole above the bar and its
+    caption readable (it was ~6 px at 1280)."""
+    page = new_page(*size, timeout_ms=180_000)
+    page.goto(f"{app_server}/?page=online_softmax&source=recorded&trace={N1024.name}&present=1")
+    settle(page, 2)
+    got = page.evaluate("""() => {
+      const bar = document.querySelector('[class*="st-key-slide_step_bar"]');
+      const line = [...bar.querySelectorAll('[data-testid="stHtml"]')].map(e => e.innerText).join(' ');
+      const p = document.querySelector('[data-testid="stMain"] .js-plotly-plot');
+      const z = parseFloat(p.style.transform.match(/scale\\(([\\d.]+)\\)/)[1]);
+      const cap = [...p.querySelectorAll('.annotation-text')].find(t => t.textContent.includes('from the kernel'));
+      const r = p.getBoundingClientRect(), b = bar.getBoundingClientRect();
+      return {line, px: parseFloat(getComputedStyle(cap).fontSize) * z, chart: [r.top, r.bottom], bar: [b.top, b.bottom],
+              height: window.innerHeight,
+              pickers: [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stSelectbox"]')]
+                       .filter(e => !e.closest('.st-key-slide_controls') && e.offsetHeight > 0).length};
+    }""")
+    for word in ("sees keys", "m = ", "ℓ = ", "α = ", "step "):
+        assert word in got["line"], got["line"]
+    assert got["bar"][1] <= got["height"] + 1 and got["chart"][0] >= 40 and got["chart"][1] <= got["bar"][0] + 1, got
+    assert got["px"] >= least_px and got["pickers"] == 0, got
