@@ -68,7 +68,8 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
                      tl=None, size=None, presentation: bool = False, progress: Progress | None = None,
                      duration: float | None = None) -> Path:
     """Any animated figure (or, given a Trace, the tile grid filling in) as GIF or MP4 via
-    imageio, every frame rendered by kaleido in the figure's own look. size: (w, h) or
+    imageio, every frame drawn in the figure's own look by a reused browser page (render_frames;
+    kaleido's still per frame where that page fails). size: (w, h) or
     "1920x1080" pixels of the video (the figure is drawn at its own size and scaled up, so
     fonts stay in proportion); presentation: the slide look (default size 1920 x 1080).
     progress(done, total) is called once before the first frame (0, n) and after each

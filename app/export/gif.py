@@ -69,11 +69,21 @@ def write_gif(path, frames: list[np.ndarray], fps: float, keep=(), hold=None) ->
 
     pal = gif_palette(frames, keep)
     flat_pal = pal.reshape(-1).tolist() + [0] * (768 - pal.size)
+    # each colour to its nearest palette entry, exactly (Pillow's lookup is coarser): the colours of
+    # every frame marked in one 2^24 table (a scatter, not a sort per frame), each matched once, and
+    # every frame then a gather through that table
+    codes = [rgb_codes(f) for f in frames]
+    seen = np.zeros(1 << 24, dtype=bool)
+    for c in codes:
+        seen[c] = True
+    colours = np.flatnonzero(seen).astype(np.uint32)
+    lut = np.zeros(1 << 24, dtype=np.uint8)
+    for lo in range(0, len(colours), 4096):          # (chunk, 256) distances, bounded memory
+        part = colours[lo:lo + 4096]
+        lut[part] = ((_rgb(part)[:, None, :].astype(np.int32) - pal[None, :, :].astype(np.int32)) ** 2).sum(-1).argmin(1)
     images = []
-    for f in frames:      # each colour to its nearest palette entry, exactly (Pillow's lookup is coarser)
-        codes, where = np.unique(rgb_codes(f), return_inverse=True)
-        near = ((_rgb(codes)[:, None, :].astype(np.int32) - pal[None, :, :].astype(np.int32)) ** 2).sum(-1).argmin(1)
-        im = Image.fromarray(near[where].reshape(f.shape[:2]).astype(np.uint8), mode="P")
+    for f, c in zip(frames, codes):
+        im = Image.fromarray(lut[c].reshape(f.shape[:2]), mode="P")
         im.putpalette(flat_pal)
         images.append(im)
     ticks = [1] * len(frames) if hold is None else [int(n) for n in hold]
