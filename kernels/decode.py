@@ -309,10 +309,17 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
         checked = _validated(q, k_cache, cache_seqlens, block_table)
     if block_table is not None and use_tma:
         raise ValueError("use_tma=True reads a contiguous cache; a paged cache is read through its block table")
-    o, lse = torch.ops.tilescope.flash_decode(
-        q, k_cache, v_cache, cache_seqlens, checked, softmax_scale(sm_scale, q.shape[3]),
-        0 if num_splits == "auto" else num_splits, block_n or 0, num_warps or 0, num_stages or 0,
-        bool(fused_merge), bool(use_tma), bool(return_lse))
+    args = (q, k_cache, v_cache, cache_seqlens, checked, softmax_scale(sm_scale, q.shape[3]),
+            0 if num_splits == "auto" else num_splits, block_n or 0, num_warps or 0, num_stages or 0,
+            bool(fused_merge), bool(use_tma), bool(return_lse))
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.tilescope.flash_decode(*args)
+    else:
+        # eager: the op's implementation without its Python dispatch (~100 us of host time per call
+        # on this project's CPUs, more than the rest of the call), as kernels.flash_ops does
+        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k_cache, v_cache)):
+            raise ValueError(GRAD_REFUSAL)
+        o, lse = decode_impl(*args)
     return (o, lse) if return_lse else o
 
 
@@ -350,6 +357,13 @@ def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
     checks first). num_splits 0 is "auto"; block_n, num_warps, num_stages 0 are the defaults;
     block_table int32 contiguous or None. Returns (O, lse): lse (B, H, N_q) float32 when
     return_lse, else an empty float32 tensor."""
+    return decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, num_splits, block_n, num_warps,
+                       num_stages, fused_merge, use_tma, return_lse)
+
+
+def decode_impl(q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, num_splits, block_n, num_warps,
+                num_stages, fused_merge, use_tma, return_lse):
+    """The one implementation behind tilescope::flash_decode and flash_decode's eager calls."""
     plan = decode_plan(q, k_cache, num_splits or "auto", block_n or None, num_warps or None, num_stages or None,
                        fused_merge, block_table)
     return run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, return_lse, use_tma)
