@@ -105,7 +105,7 @@ def make_call(impl, q, k, v, flex=None):
 
 def min_step_bytes(q, k_cache) -> int:
     """The bytes a decode step must move at least (the K/V cache read once, q read, o written),
-    every sequence filling the cache: the trace's byte model (instrumentation.decode.decode_bytes)."""
+    every sequence filling the cache: the trace's byte model (instrumentation.recording.decode.decode_bytes)."""
     plan = decode_plan(q, k_cache)
     lengths = np.full(q.shape[0], k_cache.shape[2])
     return decode_bytes(plan, lengths, q.element_size())["minimum"]

@@ -2,7 +2,7 @@
 (FlexAttention's split, from MaskSpec.block_map), with the kernel's real visits in the same
 heatmap: tiles where the kernel agrees keep the mask's colour, disagreements get their own
 loud colour. One Heatmap at any size (128×128 blocks and beyond), never one shape per tile.
-Statistics come from instrumentation.block_stats."""
+Statistics come from instrumentation.analysis.block_stats."""
 
 from __future__ import annotations
 

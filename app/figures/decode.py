@@ -285,7 +285,7 @@ def decode_pair_roofline_figure(one, chosen) -> go.Figure:
 
 
 def decode_kv_figure(preset: str, batch: int, context: int, sizes_from: str | None = None) -> go.Figure:
-    """KV-cache bytes per token of a model preset (instrumentation.decode_model.PRESETS)."""
+    """KV-cache bytes per token of a model preset (instrumentation.analysis.decode_model.PRESETS)."""
     from instrumentation.analysis import decode_model as dm
 
     if preset not in dm.PRESETS:

@@ -1,7 +1,7 @@
 """Which query heads share a KV head (GQA/MQA), and when that K/V is live: one row per KV head
 (labelled with its query heads), coloured by how many work items read it in each time bin, and
 under it the K/V bytes whose live window is open (what L2 would have to hold for full reuse).
-The numbers come from instrumentation.kv_sharing; this module only draws them."""
+The numbers come from instrumentation.analysis.kv_sharing; this module only draws them."""
 
 from __future__ import annotations
 

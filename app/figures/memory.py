@@ -5,7 +5,7 @@ ncu DRAM bytes when the sweep has them), and seed 000's HBM-traffic calculator.
 Sweep records: a DataFrame with impl ('naive' | 'flash'), seq_len, batch, heads, head_dim,
 dtype, mask, peak_bytes and ms (NaN when out of memory), oom (bool), optionally oom_inferred,
 error, dram_read_bytes / dram_write_bytes (ncu). `meta` says where it was measured. Slopes,
-crossovers, models and the capacity come from instrumentation.traffic; this module draws.
+crossovers, models and the capacity come from instrumentation.analysis.traffic; this module draws.
 Byte axes carry their units on every tick (decimal GB for traffic, binary GiB for memory).
 """
 

@@ -13,7 +13,7 @@ from pathlib import Path
 @dataclass
 class ChartInputs:
     trace: object = None              # instrumentation.trace.Trace
-    sweep: tuple | None = None        # (meta, records DataFrame) from instrumentation.sweep.load_sweep
+    sweep: tuple | None = None        # (meta, records DataFrame) from instrumentation.trace.sweep_file.load_sweep
     compare: object = None            # a second Trace of the same problem (schedule comparison)
     q_row: int | None = None          # softmax row (default: a row whose running max changes)
     step: int | None = None           # softmax step, 1-based (default: the first step with α < 1)

@@ -1,7 +1,7 @@
 """The online softmax of one query row, drawn step by step (steps numbered from 1): the tile's
 scores, the kernel's running m, l, alpha beside the float64 reference, their differences on
 their own axis, and the partial output's error. The numbers come from
-instrumentation.online_softmax.softmax_steps; this module only draws them."""
+instrumentation.analysis.online_softmax.softmax_steps; this module only draws them."""
 
 from __future__ import annotations
 

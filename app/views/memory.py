@@ -56,7 +56,7 @@ paths = sources.discover_sweeps()
 if not paths:
     st.warning("No measured sweep is bundled here (data/sweeps/*.json is missing), so there are "
                "no measurements on this page. Everything below is an **analytic model** "
-               "(instrumentation.hbm), labelled as such.", icon=":material/straighten:")
+               "(instrumentation.analysis.hbm), labelled as such.", icon=":material/straighten:")
 else:
     path = st.selectbox("Sweep", paths, format_func=lambda p: Path(p).name, key="mem_sweep")
     try:

@@ -7,7 +7,7 @@ the first start to the last end of any work item that reads it -- and the number
 reading it at once are a proxy for that reuse (a proxy: the trace has no L2 counters).
 MHA is the special case of groups of one.
 
-Everything works on a schedule timeline (instrumentation.schedule_model.timeline: one row per
+Everything works on a schedule timeline (instrumentation.analysis.schedule_model.timeline: one row per
 work item with bh, sm, t_start, t_end; ns when measured, tile-units when modelled):
 
     kv_groups(trace)                     one row per (batch, KV head): its query heads

@@ -5,7 +5,7 @@ recording made by record() at level 'full' that is the work-only launch (tile an
 off; meta['launches'] says so, see instrumentation.analysis.traced_items), so the tile-traced
 heads' items are not slowed there. Older traces drew work and tiles from one launch.
 
-Everything here works on a timeline from `instrumentation.schedule_model.timeline` (one row per
+Everything here works on a timeline from `instrumentation.analysis.schedule_model.timeline` (one row per
 work item: bh, q_block, sm, t_start, t_end, tiles_visited; ns when measured, tile-units when
 modelled) and returns plain arrays and DataFrames, so figures only draw:
 

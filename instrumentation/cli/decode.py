@@ -109,7 +109,7 @@ def _main(args, argv) -> int:
         _, trace = record_decode(q, k, v, lens, num_splits=splits, block_n=args.block_n,
                                  measure=not args.no_measure,
                                  meta_extra={"input_seed": args.seed,
-                                             "inputs": "instrumentation.decode.make_decode_inputs",
+                                             "inputs": "instrumentation.make_decode_inputs",
                                              "command": f"{PROG} " +
                                              shlex.join(argv if argv is not None else sys.argv[1:])})
         wall = time.perf_counter() - started

@@ -71,7 +71,7 @@ def check_sizes(batch, heads, n, head_dim, dtype="fp16", block_m=None, block_n=N
         block_m, block_n: the block sizes; None means 'the default' (at most MAX_BLOCK, so the
             checks below are lower bounds).
         interpreter: with `mask`, refuse runs that must compute more tiles than the interpreter
-            takes (kernels.plan.call_size: a lower bound from the mask's row intervals).
+            takes (kernels.sizes.call_size: a lower bound from the mask's row intervals).
         device_bytes: the memory q, k, v and the output must fit (default: this machine's).
         mask: a MaskSpec (or mask text) on the N x N_k grid, or None.
         kv_len, kv_heads: N_k and H_kv of k and v (default N and H).
