@@ -56,15 +56,16 @@ class VarlenLaunch(NamedTuple):
     mode: VarlenMode
     n_blocks: int          # cdiv(total_q, block_m) + B query blocks per head
     search_steps: int      # ceil(log2(B + 1)): the binary search over cu_seqlens_q
-    mask_param: int
+    mask_param: int | Tuple[int, int]     # W or P; (L, R) for local
 
 
 @lru_cache(maxsize=64)
 def _mask_spec(mask) -> MaskSpec:
     spec = parse_mask(mask)
-    if spec.kind not in MASK_CODES:
-        fail("document masks do not apply to flash_attention_varlen: the packing is the document mask "
-             "(pass mask='causal' and one cu_seqlens entry per document)")
+    if spec.kind not in MASK_CODES:      # document: the packing already is a document mask
+        fail(f"flash_attention_varlen takes the mask kinds {', '.join(MASK_CODES)} (applied per sequence), "
+             f"not {spec.kind!r}: a document mask is the packing itself (pass mask='causal' and one "
+             "cu_seqlens entry per document)")
     return spec
 
 
@@ -90,7 +91,14 @@ def _launch(spec: MaskSpec, batch: int, total_q: int, max_q: int, max_k: int, h:
                       CHECK_BLOCK=check)
     n_blocks = -(-total_q // bm) + batch
     return VarlenLaunch(bm, bn, num_warps or cfg.num_warps, num_stages or cfg.num_stages, tile, mode, n_blocks,
-                        max(1, batch.bit_length()), int(spec.param or 0))
+                        max(1, batch.bit_length()), _mask_param(spec))
+
+
+def _mask_param(spec: MaskSpec):
+    """The kernel's mask_param: W or P (int; 0 without a parameter), (L, R) for local."""
+    if isinstance(spec.param, tuple):
+        return tuple(int(x) for x in spec.param)
+    return int(spec.param or 0)
 
 
 def _interpreter_bound(lp: VarlenLaunch, spec, h, cu_q, cu_k, total_q, total_k) -> None:
@@ -218,8 +226,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         max_seqlen_q, max_seqlen_k: host ints, at least the longest sequence's lengths (as
             flash-attention's); they choose the tiles, and the launch plan is cached by them.
         mask: a mask name or MaskSpec applied per sequence, bottom-right aligned per sequence
-            (query i sits at key i + len_k - len_q): full, causal, sliding_window:W, prefix_lm:P;
-            "document:..." is refused (the packing is it).
+            (query i sits at key i + len_k - len_q): full, causal, sliding_window:W, prefix_lm:P,
+            local:L,R; "document:..." is refused (the packing is it).
         sm_scale: the softmax scale; None: 1 / sqrt(headdim).
         return_lse: also return the log-sum-exp per query row.
         block_m, block_n: the tile (16..256, powers of two); None: the device default.

@@ -11,8 +11,8 @@ bs(b + 1)); a block past its sequence's last query exits after the search, so pa
 sequences cost one search and nothing else.
 
 Each block derives its query rows' visible key intervals [lo_i, hi_i] from the mask kind
-(MODE.MASK: 0 full, 1 causal, 2 sliding window W, 3 prefix LM P; sequence-local, bottom-right
-aligned per sequence), and from them its key blocks as three runs: [kb_lo, f_lo) partial,
+(MODE.MASK: 0 full, 1 causal, 2 sliding window W, 3 prefix LM P, 4 local (L, R); sequence-local,
+bottom-right aligned per sequence), and from them its key blocks as three runs: [kb_lo, f_lo) partial,
 [f_lo, f_hi) full (every row sees every key of the block: no element mask), [f_hi, kb_end)
 partial (the host's kernels.varlen_plan.sequence_blocks computes the same runs for traces).
 
@@ -65,7 +65,8 @@ def _cu_ok(cu_q, cu_k, stride_cq, stride_ck, B, total_q, total_k, CHECK_BLOCK: t
 def _block_keys(rows, len_q, len_k, mask_param, MASK: tl.constexpr, BLOCK_N: tl.constexpr):
     """Sequence-local visible keys [lo, hi] (int32) of the query rows `rows` (int64; rows past
     len_q see nothing: lo 0, hi -1), the kernels.masks interval of each kind clipped to the keys,
-    and the block's key runs. Returns (lo, hi, kb_lo, f_lo, f_hi, kb_end)."""
+    and the block's key runs. mask_param: W (sliding window), P (prefix LM), the pair (L, R)
+    (local), unused otherwise. Returns (lo, hi, kb_lo, f_lo, f_hi, kb_end)."""
     pos = rows + (len_k - len_q)
     zero = pos * 0
     if MASK == 0:
@@ -77,9 +78,12 @@ def _block_keys(rows, len_q, len_k, mask_param, MASK: tl.constexpr, BLOCK_N: tl.
     elif MASK == 2:
         lo = pos - mask_param + 1
         hi = pos
-    else:
+    elif MASK == 3:
         lo = zero
         hi = tl.maximum(pos, zero + mask_param - 1)
+    else:                                    # local: pos - L <= j <= pos + R (int64: no overflow)
+        lo = pos - mask_param[0]
+        hi = pos + mask_param[1]
     lo = tl.minimum(tl.maximum(lo, 0), len_k)
     hi = tl.minimum(tl.maximum(hi, -1), len_k - 1)
     in_seq = rows < len_q
@@ -197,7 +201,8 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_flag, block_table, trace, 
     k_strides, v_strides: (packed row or page slot, head, page); cu_flag: int32 1 when the host's
     device-side check found cu_seqlens well formed (read when MODE.CHECK_BLOCK is 0); trace:
     (tr_work, tr_counter, tr_tiles, tile_slot); TILE: kernel_args.Tile (EVEN_M unused); MODE:
-    kernels.varlen_plan.VarlenMode (MASK, PAGED, PAGE_SIZE, CHECK_BLOCK); TRACE: TraceFlags."""
+    kernels.varlen_plan.VarlenMode (MASK, PAGED, PAGE_SIZE, CHECK_BLOCK); TRACE: TraceFlags;
+    mask_param: W or P (an int, 0 for full and causal), or (L, R) for local."""
     tr_work, tr_counter, tr_tiles, tile_slot = trace
     B, total_q, total_k, stride_cq, stride_ck, search_steps, n_g = seqs
     H, GROUP, stride_lh = heads

@@ -24,7 +24,7 @@ from .runtime import MAX_HEAD_DIM
 from .shapes import SUPPORTED_DTYPES, check_kernel_device
 
 ITEM_COLUMNS = ("seq", "q_start", "q_end", "k_start", "len_k", "kb_lo", "f_lo", "f_hi", "kb_end")
-MASK_CODES = {"full": 0, "causal": 1, "sliding_window": 2, "prefix_lm": 3}     # VarlenMode.MASK
+MASK_CODES = {"full": 0, "causal": 1, "sliding_window": 2, "prefix_lm": 3, "local": 4}     # VarlenMode.MASK
 # cu_seqlens of up to this many entries are checked by every program at once (one vector load);
 # longer ones by a few torch ops on the device, whose flag the kernel reads
 INLINE_CHECK_ENTRIES = 1024

@@ -89,7 +89,8 @@ def test_trace_records_one_program_per_item_and_head(device):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(mask="document:5,6"), "the packing is the document mask"),
+    (dict(mask="document:5,6"), "takes the mask kinds full, causal, sliding_window, prefix_lm, local .* not "
+                                "'document': a document mask is the packing itself"),
     (dict(cu_seqlens_q=[0, 12, 11], validate=True), "never decrease"),
     (dict(cu_seqlens_q=[1, 4, 11], validate=True), "start at 0"),
     (dict(cu_seqlens_q=[0, 4, 10], validate=True), "ends at 10"),
@@ -115,7 +116,7 @@ def test_bad_calls_are_refused_in_one_line(change, message, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mask", ["causal", "sliding_window:512", "full"])
+@pytest.mark.parametrize("mask", ["causal", "sliding_window:512", "full", "local:256,64"])
 def test_realistic_batch_against_sdpa_per_sequence(mask, device):
     lens = [1, 777, 4096, 2048, 63, 1500]
     q, k, v = packed(lens, lens, 32, 8, 128, torch.bfloat16, device, seed=11)
