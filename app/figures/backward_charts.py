@@ -86,13 +86,22 @@ def dq_chart(trace, head=None, q_block=None, q_row=None):
 
 
 def timeline_of(trace, sms=None):
-    """backward_timeline of the trace on its SMs (or `sms` / 132 when modelled)."""
+    """backward_timeline of the trace on its SMs (or `sms` / 132 when modelled), each program
+    saying whether it is a tile-traced head's (tile_traced: traced_items.traced_item_mask)."""
+    from instrumentation.analysis.traced_items import traced_item_mask
+
     _need(trace)
-    return backward_timeline(trace.bwd_work, sms=int(sms or trace.meta.get("sm_count") or DEFAULT_SMS))
+    work = trace.bwd_work.assign(tile_traced=traced_item_mask(trace, "bwd_work"))
+    return backward_timeline(work, sms=int(sms or trace.meta.get("sm_count") or DEFAULT_SMS))
 
 
 def lanes_chart(trace, sms=None):
-    return backward_lanes_figure(timeline_of(trace, sms), trace.provenance())
+    """The backward's SM lanes, the tile-traced heads' programs outlined, the caption saying which
+    launch drew them (traced_items.launch_note)."""
+    from instrumentation.analysis.traced_items import launch_note, tile_traced_heads
+
+    return backward_lanes_figure(timeline_of(trace, sms), trace.provenance(), tile_traced_heads(trace),
+                                 launch_note(trace, "bwd_work"))
 
 
 def time_chart(trace, fwd_tl, sms=None):

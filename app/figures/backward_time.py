@@ -22,6 +22,7 @@ from instrumentation.analysis.schedule_model import ITEM_OVERHEAD, TILE_COST, li
 from ._common import FULL, NOW, TEMPLATE, byte_axis, caption, count_axis, fmt_bytes, fmt_memory, title
 from .backward import PHASE_NAMES, wrapped
 from .estimate import fmt_flops
+from .schedule_common import TRACED, traced_label
 
 PHASE_COLORS = {"forward": FULL, "delta": "#8c6bb1", "dkdv": "#59a14f", "dq": NOW}
 PHASE_ORDER = ("delta", "dkdv", "dq")
@@ -45,7 +46,9 @@ def backward_timeline(bwd_work: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
     ITEM_OVERHEAD, list-scheduled on `sms` SMs. attrs: modelled, unit, sms.
 
     Arguments:
-        bwd_work: trace.bwd_work (phase, program, sm, t_start, t_end; `tiles` and `order` for the model).
+        bwd_work: trace.bwd_work (phase, program, sm, t_start, t_end; `tiles` and `order` for the model;
+            a bool `tile_traced` column, e.g. traced_items.traced_item_mask(trace, 'bwd_work'), is carried
+            to its programs' rows).
         sms: SMs of the modelled GPU (ignored when measured).
     Returns:
         the DataFrame."""
@@ -55,6 +58,8 @@ def backward_timeline(bwd_work: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
         t0 = times[:, 0].min()
         out = pd.DataFrame({"phase": w["phase"], "program": w["program"], "sm": w["sm"].astype(int),
                             "t_start": times[:, 0] - t0, "t_end": times[:, 1] - t0})
+        if "tile_traced" in w:
+            out["tile_traced"] = w["tile_traced"].to_numpy(dtype=bool)
         out.attrs.update(modelled=False, unit="ns", sms=int(out["sm"].max()) + 1)
         return out
     if "tiles" not in w:
@@ -67,8 +72,11 @@ def backward_timeline(bwd_work: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
         cost = np.where(launch["phase"] == "delta", ITEM_OVERHEAD,
                         launch["tiles"].to_numpy(float) * TILE_COST + ITEM_OVERHEAD)
         sm, t = list_schedule(cost, sms)
-        parts.append(pd.DataFrame({"phase": launch["phase"].to_numpy(), "program": launch["program"].to_numpy(),
-                                   "sm": sm, "t_start": t + start, "t_end": t + start + cost}))
+        part = pd.DataFrame({"phase": launch["phase"].to_numpy(), "program": launch["program"].to_numpy(),
+                             "sm": sm, "t_start": t + start, "t_end": t + start + cost})
+        if "tile_traced" in launch:
+            part["tile_traced"] = launch["tile_traced"].to_numpy(dtype=bool)
+        parts.append(part)
         start = float(parts[-1]["t_end"].max())
     out = pd.concat(parts, ignore_index=True)
     out.attrs.update(modelled=True, unit="tile-units", sms=int(sms))
@@ -104,12 +112,16 @@ def resident_slots(tl: pd.DataFrame) -> np.ndarray:
     return slot
 
 
-def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "") -> go.Figure:
+def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_heads=(), note: str = "") -> go.Figure:
     """SM lanes of the backward: one bar per program on its SM, coloured by phase (D, dK·dV, dQ);
     programs resident on one SM at the same time share its lane in thinner rows (resident_slots).
+    Programs with tile_traced (the tile-traced heads' dQ programs and their KV heads' dK/dV
+    programs) are outlined in magenta, their legend entry naming traced_heads.
 
     Arguments:
         bwd_tl: backward_timeline(). provenance: the trace's provenance line.
+        traced_heads: the tile-traced bh (the legend); note: which launch drew the programs
+            (traced_items.launch_note), put in the caption.
     Returns:
         a Figure."""
     div, xtitle = _scale(bwd_tl)
@@ -134,6 +146,13 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "") -> go.Figu
             name=f"{PHASE_NAMES[phase]} ({len(p):,} programs)", customdata=p[["program", "sm"]],
             hovertemplate=f"{PHASE_NAMES[phase]} program " + "%{customdata[0]}<br>SM %{customdata[1]}<br>from "
                           "%{base:.3g}, %{x:.3g} long<extra></extra>"))
+    if "tile_traced" in tl and tl["tile_traced"].any():
+        sel = tl["tile_traced"].to_numpy(dtype=bool)
+        p = tl[sel]
+        fig.add_trace(go.Bar(
+            y=row[sel], x=(p["t_end"] - p["t_start"]) / div, base=p["t_start"] / div, orientation="h",
+            marker=dict(color="rgba(0,0,0,0)", line=dict(color=TRACED, width=1.5)), width=height[sel],
+            name=f"{traced_label(traced_heads)}: {len(p):,} programs", hoverinfo="skip"))
     spans = {ph: (g["t_end"].max() - g["t_start"].min()) / div for ph, g in bwd_tl.groupby("phase")}
     unit = "tile-units" if bwd_tl.attrs.get("modelled", True) else "µs"
     sub = " · ".join(f"{PHASE_NAMES[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
@@ -147,7 +166,7 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "") -> go.Figu
                       legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"))
     fig.update_xaxes(title_text=xtitle, rangemode="tozero")
     fig.update_yaxes(title_text="SM", autorange="reversed")
-    return caption(fig, where + provenance)
+    return caption(fig, where + provenance + (f". {note}" if note else ""))
 
 
 def time_split(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame) -> pd.DataFrame:

@@ -18,14 +18,16 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation.analysis.schedule_analysis import animation_times, stragglers
+from instrumentation.analysis.schedule_analysis import (animation_times, stragglers, tile_traced_items,
+                                                         work_launch_note)
+from instrumentation.analysis.traced_items import tile_traced_heads
 from instrumentation.analysis.schedule_model import schedule_stats, tile_timeline, timeline
 
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption,
                       discrete_colorscale, time_axis, title)
 from .schedule_common import (COLOR_BY, CURSOR, IN_FLIGHT, LANE_BINS, clock_kind, clock_unit,  # noqa: F401
                               lane_traces, problem_text, provenance_text, ensure_timeline, spread_is_meaningful,
-                              traced_head)
+                              tile_source_text, traced_head, traced_outline_trace)
 
 HIGHLIGHT = "#d62728"      # straggler outlines on the lanes
 # tile states drawn by the grid (codes are the heatmap's z values)
@@ -121,9 +123,11 @@ def _tail_marks(fig, st: dict, tl, scale: float, row=None) -> None:
 def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tiles_visited",
                     sms: int | None = None, gpu: str | None = None, t: float | None = None,
                     t_range: tuple[float, float] | None = None, bins: int = LANE_BINS,
-                    highlight: int = 5) -> go.Figure:
+                    highlight: int = 5, mark_traced: bool = True) -> go.Figure:
     """One lane per SM (y), every work item over time (x) as one raster; the tail shaded; the
-    `highlight` longest items and latest-finishing SMs outlined (see stragglers()).
+    `highlight` longest items and latest-finishing SMs outlined (see stragglers()); with
+    mark_traced, the tile-traced heads' items outlined in magenta (tile_traced_items) and the
+    caption saying which launch drew the work items and which the tiles (work_launch_note).
 
     t: optional "now" cursor; t_range: draw only this window (timeline clock) at full detail.
     """
@@ -133,6 +137,9 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
     fig = go.Figure(lane_traces(tl, color_by, scale, bins=bins, t_range=t_range, colorbar_y=0.75))
     n_sms = int(tl.attrs.get("sms") or tl["sm"].max() + 1)
     height = max(420, 300 + 3 * n_sms)
+    heads = tile_traced_heads(trace) if mark_traced else []
+    if heads:           # under the stragglers' red outlines: a straggler that is traced shows both
+        fig.add_trace(traced_outline_trace(tl, tile_traced_items(trace, tl), scale, heads))
     if highlight:
         fig.add_traces(straggler_traces(tl, scale, highlight, _heads(trace)))
         straggler_labels(fig, tl, scale, highlight, _heads(trace), lane_px=(height - 220) / n_sms)
@@ -151,7 +158,8 @@ def sm_lanes_figure(trace, tl: pd.DataFrame | None = None, color_by: str = "tile
     fig.update_yaxes(range=[n_sms - 0.5, -0.5], autorange=False)     # lane 0 on top, no padding
     if t_range is not None:
         fig.update_xaxes(range=[t_range[0] / scale, t_range[1] / scale])
-    return caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}")
+    note = f" {work_launch_note(trace)}" if mark_traced else ""
+    return caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}.{note}")
 
 
 # -- tile grid -----------------------------------------------------------------------------------
@@ -225,7 +233,8 @@ def tile_grid_figure(trace, t: float | None = None, tl: pd.DataFrame | None = No
                       template=TEMPLATE)
     grid_axes(fig, trace)
     fig.update_yaxes(scaleanchor="x")
-    fig = caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}")
+    source = tile_source_text(trace)
+    fig = caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}." + (f" Tile grid: {source}." if source else ""))
     m = fig.layout.margin
     return fig.update_layout(height=(m.t if m.t is not None else 100) + (m.b or 80) + 440)
 

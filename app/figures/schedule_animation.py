@@ -23,7 +23,7 @@ from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, caption, discrete_c
                       whole_ticks)
 from ._common import TEMPLATE
 from .schedule_common import (CURSOR, IN_FLIGHT, clock_kind, clock_unit, lane_traces, problem_text,
-                              provenance_text, ensure_timeline, traced_head)
+                              provenance_text, ensure_timeline, tile_source_text, traced_head)
 
 CLEAR = "rgba(0,0,0,0)"
 PENDING_PARTIAL, PENDING_FULL = "#fde0c5", "#c6dbef"
@@ -212,7 +212,7 @@ def tile_animation_figure(trace, tl=None, max_frames: int = DEFAULT_FRAMES, bh: 
                      scaleanchor="x3", row=2, col=2)
     fig = caption(fig, f"{problem_text(trace)}. {provenance_text(trace, tl)}. {st['waves']:.2f} waves; "
                        f"frames every {(times[1] - times[0]) / scale:.3g} {unit}. Tile grid: head bh={bh} ({why}; its "
-                       f"items run {_head_span(tl, bh, scale, unit)})")
+                       f"items run {_head_span(tl, bh, scale, unit)}); {tile_source_text(trace)}")
     if not controls:
         return fig
 

@@ -128,3 +128,64 @@ def traced_head(trace, bh):
     return bh
 
 
+
+
+# -- the tile-traced heads' items ----------------------------------------------------------------------
+
+TRACED = "#ff2fd0"         # outlines of the tile-traced heads' items (no Viridis colour is magenta)
+
+
+def traced_label(heads) -> str:
+    """The legend entry of the tile-traced heads' items: 'tile-traced head (bh 0, 32, 63)'."""
+    heads = [int(h) for h in heads]
+    shown = ", ".join(map(str, heads[:6])) + (", …" if len(heads) > 6 else "")
+    return f"tile-traced head{'s' if len(heads) > 1 else ''} (bh {shown})"
+
+
+def item_outlines(y: np.ndarray, t_start: np.ndarray, t_end: np.ndarray, half: np.ndarray | float = 0.5) -> tuple:
+    """(xs, ys) of closed rectangles, one per item, separated by None: one line trace draws them all.
+
+    Arguments: y, the lane's centre; t_start, t_end, already in axis units; half, half a lane's height.
+    Returns: two lists for go.Scatter(mode='lines')."""
+    n = len(y)
+    half = np.broadcast_to(np.asarray(half, dtype=float), (n,))
+    xs = np.stack([t_start, t_end, t_end, t_start, t_start, np.full(n, np.nan)], axis=1).ravel()
+    ys = np.stack([y - half, y - half, y + half, y + half, y - half, np.full(n, np.nan)], axis=1).ravel()
+    return [None if not np.isfinite(v) else float(v) for v in xs], [None if not np.isfinite(v) else float(v) for v in ys]
+
+
+def traced_outline_trace(tl: pd.DataFrame, mask: np.ndarray, scale: float, heads, legend: bool = True,
+                         y: np.ndarray | None = None, half=0.45, label: str | None = None) -> go.Scatter:
+    """The tile-traced heads' items outlined in TRACED (one line trace; its legend names the heads).
+
+    Arguments:
+        tl: a timeline (sm, t_start, t_end; bh and q_block for the hover); mask: per row, a
+            tile-traced head's item (instrumentation.analysis.schedule_analysis.tile_traced_items);
+        scale: the clock's divisor (1e3: ns to µs); heads: the tile-traced bh (for the legend);
+        legend: show the legend entry; y: lane centres (default tl['sm']); half: half a bar's height;
+        label: the legend entry (default traced_label(heads)).
+    Returns: a go.Scatter, empty (and out of the legend) when no item is marked."""
+    mask = np.asarray(mask, dtype=bool)
+    if len(mask) != len(tl):
+        raise ValueError(f"the traced-item mask has {len(mask)} rows, the timeline {len(tl)}")
+    sel = tl[mask]
+    lanes = (sel["sm"].to_numpy(dtype=float) if y is None else np.asarray(y, dtype=float)[mask])
+    xs, ys = item_outlines(lanes, sel["t_start"].to_numpy(dtype=float) / scale,
+                           sel["t_end"].to_numpy(dtype=float) / scale, half)
+    return go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=TRACED, width=1.2), name=label or traced_label(heads),
+                      showlegend=bool(legend and mask.any()), hoverinfo="skip", legendgroup="traced")
+
+
+def tile_source_text(trace) -> str:
+    """Where a tile grid's tiles come from, in words (launch names from traced_items.launches):
+    the detail launch's tiles placed inside the work-only launch's items, or one launch (an old
+    trace, whose traced items were slowed by the tracing). '' without tile detail."""
+    from instrumentation.analysis.traced_items import launches, tile_traced_heads
+
+    if not tile_traced_heads(trace):
+        return ""
+    la = launches(trace)
+    if la["recorded"] and la["tiles"] != la["work"]:
+        return (f"tiles from the {la['tiles']}, placed inside the {la['work']}'s work items "
+                "(the timeline's clock)")
+    return "tiles and work items from one launch with tile tracing on (a trace recorded before the split)"

@@ -121,9 +121,11 @@ def varlen_shape(trace) -> dict:
 
 def varlen_lanes_for(packed, padded=None, sms: int | None = None):
     """(packed items, padded items or None, SM lanes, time unit, modelled) on one clock: the
-    recordings' own clocks when both have hardware timing, else both modelled (tile-units)."""
+    recordings' own clocks when both have hardware timing, else both modelled (tile-units). Each
+    item says whether it is a tile-traced head's (tile_traced: traced_items.traced_item_mask)."""
     from instrumentation.analysis.schedule_model import timeline
     from instrumentation.analysis.serving import varlen_items
+    from instrumentation.analysis.traced_items import traced_item_mask
 
     v = varlen_shape(packed)
     hw = packed.has_hw_timing and (padded is None or padded.has_hw_timing)
@@ -133,6 +135,7 @@ def varlen_lanes_for(packed, padded=None, sms: int | None = None):
         tl = trace.work if hw else timeline(trace, sms=sms)
         lanes = tl.assign(seq=trace.work["seq"].to_numpy()) if "seq" in trace.work else tl
         out = varlen_items(lanes, v["lengths"], int(trace.meta["block_m"]), v["heads"])   # each its own tile
+        out["tile_traced"] = traced_item_mask(trace)       # varlen_items keeps the rows' order
         if hw:
             t0 = float(out["t_start"].min())
             out = out.assign(t_start=(out["t_start"] - t0) / 1e3, t_end=(out["t_end"] - t0) / 1e3)
@@ -144,13 +147,33 @@ def varlen_lanes_for(packed, padded=None, sms: int | None = None):
     return a, b, max(n_sms, lanes), ("µs" if hw else "modelled tile-units"), not hw
 
 
+def varlen_lanes_note(packed, padded=None) -> str:
+    """Which launch drew each batch's work items (traced_items.launch_note), one line per batch."""
+    from instrumentation.analysis.traced_items import launch_note
+
+    if padded is None:
+        return launch_note(packed)
+    return f"Packed: {launch_note(packed)} Padded: {launch_note(padded)}"
+
+
 def varlen_lanes_figure_for(packed, padded=None, sms: int | None = None):
+    """The varlen lanes chart of the recordings: the tile-traced heads' items outlined, the caption
+    saying which launch drew the work items (varlen_lanes_note)."""
+    from instrumentation.analysis.traced_items import tile_traced_heads
+
     a, b, n_sms, unit, modelled = varlen_lanes_for(packed, padded, sms)
     prov = f"packed: {packed.provenance()}" + (f"; padded: {padded.provenance()}" if padded is not None else "")
     if modelled:
         prov += (f"; lanes modelled (instrumentation.analysis.schedule_model: list scheduling on {n_sms} SMs, "
                  "time ∝ tiles visited)")
-    return fig_varlen.varlen_lanes_figure(a, b, n_sms, unit, prov)
+    heads = sorted(set(tile_traced_heads(packed)) | set(tile_traced_heads(padded) if padded is not None else []))
+    vl = packed.meta.get("varlen") or {}
+    label = None
+    if isinstance(vl.get("tile_head"), int) and tile_traced_heads(packed):
+        n = len(tile_traced_heads(packed))
+        label = f"tile-traced: head {vl['tile_head']} of sequence{'s 0–' + str(n - 1) if n > 1 else ' 0'}"
+    return fig_varlen.varlen_lanes_figure(a, b, n_sms, unit, f"{prov}. {varlen_lanes_note(packed, padded)}",
+                                          traced_heads=heads, traced_label=label)
 
 
 def varlen_work_figure_for(packed, padded=None, device: str | None = None):

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ._common import SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fmt_time_ms, title
+from .schedule_common import traced_outline_trace
 from .serving import SEQ_COLOURS, seq_colour
 
 BINS = 600                 # time bins per lane: one image whatever the number of work items
@@ -31,7 +32,7 @@ def lane_image(items, sms: int, t_end: float, bins: int = BINS) -> np.ndarray:
 
 
 def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, names=("packed (varlen)",
-                        "padded to the longest")) -> go.Figure:
+                        "padded to the longest"), traced_heads=(), traced_label: str | None = None) -> go.Figure:
     """The same batch two ways on SM lanes: packed (no padding computed) above, padded below,
     colour = sequence, padding items grey; each panel's end time and items in its corner.
 
@@ -41,6 +42,8 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
         sms: lanes; unit: the time axis' label ('µs' or 'modelled tile-units'); µs past 2,000 are
             drawn in ms (an axis of '10k µs' reads badly).
         provenance: the caption; names: the two panels' titles.
+        traced_heads: the tile-traced bh, named in the legend of the items outlined where a frame
+            has a bool `tile_traced` column (traced_items.traced_item_mask).
     Returns: a Figure."""
     panels = [(names[0], packed)] + ([(names[1], padded)] if padded is not None else [])
     t_end = max(float(p["t_end"].max()) for _, p in panels)
@@ -73,6 +76,10 @@ def varlen_lanes_figure(packed, padded, sms: int, unit: str, provenance: str, na
                                                "(-1: idle; grey: padding)<extra></extra>"),
                       row=row, col=1)
         fig.update_yaxes(title_text="SM", range=[-0.5, used - 0.5], row=row, col=1)
+        if "tile_traced" in items and items["tile_traced"].any():
+            first = not any(d.legendgroup == "traced" for d in fig.data)
+            fig.add_trace(traced_outline_trace(items, items["tile_traced"].to_numpy(dtype=bool), 1.0, traced_heads,
+                                               legend=first, label=traced_label), row=row, col=1)
     for s in range(min(n_seq, 10)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"sequence {s}",
                                  marker=dict(symbol="square", size=11, color=seq_colour(s))))

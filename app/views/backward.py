@@ -16,6 +16,7 @@ from app.figures.backward_time import flop_unit, pass_spans, time_split, untrace
 from app.text import plain
 from app.views import common
 from instrumentation import estimate
+from instrumentation.analysis.traced_items import launch_note, traced_item_mask
 
 BUNDLED = "backward_n4096_causal"          # the bundled GPU recording with backward tables
 RECORD_HINT = ("`python -m instrumentation.record_cli --backward ...` or "
@@ -135,6 +136,9 @@ else:
 sms = int(meta.get("sm_count") or DEFAULT_SMS)
 tl_bwd = timeline_of(trace, sms)
 common.chart(lanes_chart(trace, sms), "backward-lanes", "bwd_lanes", s.present)
+st.caption("**Which launch:** " + launch_note(trace, "bwd_work")
+           + (" Magenta outlines: the tile-traced heads' dQ programs and their KV heads' dK/dV programs."
+              if traced_item_mask(trace, "bwd_work").any() else ""))
 fwd_tl = common.timeline_for(src.key, sms, trace)
 if fwd_tl.attrs.get("modelled") or tl_bwd.attrs.get("modelled"):
     st.info("The time split forward / D / dK·dV / dQ is measured: it needs a GPU recording (open "

@@ -25,7 +25,10 @@ from app.figures.schedule_animation import DEFAULT_FRAMES, opening_frame, tile_a
 from app.views import common
 from app.views.progress import FrameProgress
 from instrumentation.analysis.schedule_analysis import (METRICS, cached_stats, cached_timeline, default_traced_head,
-                                               animation_times, metrics_row, stragglers, traced_heads, uneven_work)
+                                               animation_times, metrics_row, stragglers, traced_heads, uneven_work,
+                                               work_launch_note)
+from instrumentation.analysis.traced_items import tile_traced_heads
+from app.figures.schedule_common import tile_source_text, traced_label
 from instrumentation.analysis.schedule_model import DEFAULT_SMS, GPU_SMS
 
 MODEL_SMS = sorted({4, 8, 16, 32, *GPU_SMS.values()})
@@ -58,8 +61,9 @@ def animation_fig(key, sms, color_by, bh, frame, controls, _trace):
 @st.cache_resource(show_spinner=False, max_entries=24)
 def straggler_tables(key, sms, _tl):
     """(latest-finishing SMs, longest work items) of this source's timeline: pandas work that
-    would otherwise run again on every rerun."""
-    return stragglers(_tl, STRAGGLERS, heads_h)
+    would otherwise run again on every rerun. The items say whether they belong to a tile-traced
+    head (tile_traced)."""
+    return stragglers(_tl, STRAGGLERS, heads_h, traced=tile_traced_heads(trace))
 
 
 @st.cache_resource(show_spinner=False, max_entries=24)
@@ -173,7 +177,9 @@ common.chart(lanes_fig(src.key, sms, color_by, None if full else (window[0] * sc
 st.caption(f"Each lane is one SM; every work item (one query block of one batch·head) is drawn at "
            f"its SM from start to end, coloured by {COLOR_BY[color_by]}. Hover a bar for its "
            f"numbers. Red outlines: the {STRAGGLERS} longest work items (numbered as below); "
-           "triangles: the SMs that finish last.")
+           "triangles: the SMs that finish last"
+           + (f"; magenta outlines: the items of the {traced_label(tile_traced_heads(trace))}" if tile_traced_heads(trace)
+              else "") + ".  \n**Which launch:** " + work_launch_note(trace))
 late, longest = straggler_tables(src.key, sms, tl)
 t1, t2 = st.columns([2, 3])
 # static Markdown tables: an interactive grid costs the browser its own ~1.3 MB of JavaScript
@@ -183,7 +189,10 @@ t1.markdown("**Latest-finishing SMs**\n\n" + markdown_table(
                 after_first_idle=late["after_first_idle"] / scale)
     .rename(columns={"sm": "SM", "items": "items", "busy": f"busy ({unit})",
                      "last_end": f"ends ({unit})", "after_first_idle": f"late by ({unit})"})))
-t2.markdown("**Longest work items** (# as outlined in the lanes)\n\n" + markdown_table(
+if "tile_traced" in longest:      # yes / no reads better than True / False in a Markdown table
+    longest = longest.assign(tile_traced=longest["tile_traced"].map({True: "yes", False: "no"}))
+t2.markdown("**Longest work items** (# as outlined in the lanes; tile_traced: an item of a head traced "
+            "tile by tile)\n\n" + markdown_table(
     longest.assign(start=longest["start"] / scale, duration=longest["duration"] / scale)
     .drop(columns=["end"]).rename(columns={"q_block": "query block", "tiles_visited": "K/V tiles",
                                            "sm": "SM", "start": f"start ({unit})",
@@ -303,7 +312,8 @@ else:
                    "work item, pending (pale blue), running (black) or done (blue). Bottom right: the traced head's "
                    f"tiles (default bh {default_bh}: {why}); black marks the tile each of its "
                    "running work items is on now, red the tiles the kernel visited although the mask says "
-                   "skip (none expected). Pick a head that starts late to see it fill in at the end.")
+                   "skip (none expected). Pick a head that starts late to see it fill in at the end. "
+                   f"Tile grid: {tile_source_text(trace)}.")
         video_downloads(bh)
 
 if uneven_work(tl):

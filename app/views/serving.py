@@ -10,6 +10,7 @@ from app.figures._common import fmt_bytes, plural
 from app.sources import serving as srv
 from app.text import plain
 from app.views import common
+from instrumentation.analysis.traced_items import traced_item_mask
 
 s = settings.current()
 st.title("Serving: a paged KV cache and a packed batch")
@@ -188,5 +189,7 @@ if packed is not None:
         st.caption("The padded batch is not recorded here: its work items and time are the analytic "
                    "model's (instrumentation.estimate).")
     common.chart(charts.varlen_lanes_figure_for(packed, padded), "serving-varlen-lanes", "srv_lanes", s.present)
+    st.caption("**Which launch:** " + charts.varlen_lanes_note(packed, padded)
+               + (" Magenta outlines: the tile-traced heads' items." if traced_item_mask(packed).any() else ""))
     common.chart(charts.varlen_work_figure_for(packed, padded), "serving-varlen-work", "srv_work", s.present)
     common.trace_downloads(packed, key="srv_vtrace")       # the packed batch: upload it back here
