@@ -95,15 +95,6 @@ def window(local, seqlen_k, g):
     return (-1, -1) if not local else tuple(torch.randint(0, seqlen_k, (2,), generator=g).tolist())
 
 
-def varlen_local_gap(request, mask):
-    """kernels.flash_attention_varlen computes its masks on the device for full, causal,
-    sliding_window and prefix_lm only: a local:L,R window through it is refused (ValueError). Strict:
-    these cases fail as soon as the varlen kernel gains the kind (then drop this)."""
-    if request is not None and mask.startswith("local"):
-        request.applymarker(pytest.mark.xfail(raises=ValueError, strict=True,
-                                              reason="flash_attention_varlen has no local:L,R mask kind"))
-
-
 # -- flash_attn_func: output, lse and gradients (test_flash_attn_output) -------------------------
 
 def run_output(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device, batch=2, grad=True):
@@ -198,11 +189,10 @@ def unpad(x, mask):
     return x[mask], cu
 
 
-def run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device, batch=3, page_size=None, request=None):
+def run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device, batch=3, page_size=None):
     g = torch.Generator().manual_seed(seqlen_q * 7 + seqlen_k + d)
     nheads, nheads_k = heads(mha_type)
     window_size = window(local, seqlen_k, g)
-    varlen_local_gap(request, window_mask(causal, window_size, seqlen_q, seqlen_k))
     q = torch.randn(batch, seqlen_q, nheads, d, generator=g).to(dtype)
     k, v = (torch.randn(batch, seqlen_k, nheads_k, d, generator=g).to(dtype) for _ in range(2))
     qmask, kmask = padding_mask(seqlen_q, batch, g), padding_mask(seqlen_k, batch, g)
@@ -235,10 +225,10 @@ def run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device, ba
 @pytest.mark.parametrize("mha_type", ["mha", "mqa", "gqa"])
 @pytest.mark.parametrize("local", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_attn_varlen_output(causal, local, mha_type, device, request):
+def test_flash_attn_varlen_output(causal, local, mha_type, device):
     seqlen_q, seqlen_k, d, dtype = {"mha": (61, 97, 32, FP16), "mqa": (97, 61, 40, BF16),
                                     "gqa": (80, 80, 59, FP16)}[mha_type]
-    run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device, request=request)
+    run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device)
 
 
 @pytest.mark.parametrize("local", [False, True])
@@ -249,11 +239,10 @@ def test_flash_attn_varlen_paged(local, device):
 # -- flash_attn_with_kvcache: append contiguous and paged (test_flash_attn_kvcache) -------------
 
 def run_kvcache(seqlen_q, seqlen_k, d, causal, local, new_kv, mha_type, page_size, num_splits, dtype, device,
-                batch=2, seqlen_new=None, request=None):
+                batch=2, seqlen_new=None):
     g = torch.Generator().manual_seed(seqlen_q * 17 + seqlen_k + 3 * new_kv + causal)
     nheads, nheads_k = heads(mha_type, 6 if mha_type != "gqa" else 4)
     window_size = window(local, seqlen_k, g)
-    varlen_local_gap(request, window_mask(causal, window_size, seqlen_q, seqlen_k))
     seqlen_new = seqlen_q if seqlen_new is None else seqlen_new
     q = torch.randn(batch, seqlen_q, nheads, d, generator=g).to(dtype)
     k_new, v_new = (torch.randn(batch, seqlen_new, nheads_k, d, generator=g).to(dtype) if new_kv else None
@@ -298,10 +287,10 @@ def run_kvcache(seqlen_q, seqlen_k, d, causal, local, new_kv, mha_type, page_siz
 @pytest.mark.parametrize("local", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k,mha_type,page_size", [(1, 128, "mha", None), (3, 99, "gqa", 16)])
-def test_flash_attn_kvcache(seqlen_q, seqlen_k, mha_type, page_size, causal, local, new_kv, device, request):
+def test_flash_attn_kvcache(seqlen_q, seqlen_k, mha_type, page_size, causal, local, new_kv, device):
     """Contiguous (one query) and paged (three queries, pages of 16) caches."""
     run_kvcache(seqlen_q, seqlen_k, 32, causal, local, new_kv, mha_type, page_size, 0 if new_kv else 2,
-                FP16 if seqlen_q == 1 else BF16, device, request=request)
+                FP16 if seqlen_q == 1 else BF16, device)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -428,15 +417,15 @@ def test_gpu_flash_attn_causal(seqlen_q, seqlen_k, d, local, swap_sq_sk, device)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k,d", [(1, 147, 64), (113, 203, 59), (128, 217, 128), (512, 256, 96),
                                                  (1024, 1023, 128)])
-def test_gpu_flash_attn_varlen_output(seqlen_q, seqlen_k, d, causal, local, mha_type, device, request):
-    run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, GPU_DTYPE[mha_type], device, batch=4, request=request)
+def test_gpu_flash_attn_varlen_output(seqlen_q, seqlen_k, d, causal, local, mha_type, device):
+    run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, GPU_DTYPE[mha_type], device, batch=4)
 
 
 @gpu
 @pytest.mark.parametrize("page_size", [16, 256])
 @pytest.mark.parametrize("local", [False, True])
-def test_gpu_flash_attn_varlen_paged(page_size, local, device, request):
-    run_varlen(300, 700, 128, True, local, "gqa", BF16, device, batch=4, page_size=page_size, request=request)
+def test_gpu_flash_attn_varlen_paged(page_size, local, device):
+    run_varlen(300, 700, 128, True, local, "gqa", BF16, device, batch=4, page_size=page_size)
 
 
 @gpu
@@ -447,11 +436,10 @@ def test_gpu_flash_attn_varlen_paged(page_size, local, device, request):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("seqlen_q,seqlen_k,mha_type", [(1, 128, "mha"), (1, 339, "gqa"), (3, 1024, "mqa"),
                                                         (64, 800, "gqa"), (16, 20000, "mha"), (128, 128, "gqa")])
-def test_gpu_flash_attn_kvcache(seqlen_q, seqlen_k, mha_type, d, causal, local, new_kv, page_size, device, request):
+def test_gpu_flash_attn_kvcache(seqlen_q, seqlen_k, mha_type, d, causal, local, new_kv, page_size, device):
     if seqlen_q > seqlen_k and new_kv:
         pytest.skip("upstream skips these")
-    run_kvcache(seqlen_q, seqlen_k, d, causal, local, new_kv, mha_type, page_size, 0 if d == 64 else 1, FP16, device,
-                request=request)
+    run_kvcache(seqlen_q, seqlen_k, d, causal, local, new_kv, mha_type, page_size, 0 if d == 64 else 1, FP16, device)
 
 
 @gpu
