@@ -28,7 +28,8 @@ INTERPRETER_PRESET_TILES = 600      # a preset in the interpreter is scaled to a
 WINDOW_FRACTION = 4                 # ... and a sliding window that covers all of its N to N / this
 
 
-_PARAM_KEYS = {"sliding_window": "ctl_window", "prefix_lm": "ctl_prefix", "document": "ctl_docs"}  # stable names
+_PARAM_KEYS = {"sliding_window": "ctl_window", "prefix_lm": "ctl_prefix", "document": "ctl_docs",
+               "local": "ctl_local"}  # stable names
 
 
 def _param_key(kind: str) -> str:
@@ -36,14 +37,26 @@ def _param_key(kind: str) -> str:
     return _PARAM_KEYS.get(kind, f"ctl_mask_{kind}")
 
 
+def _pair_keys(key: str) -> tuple[str, str]:
+    """Session keys of a 'pair' widget's two number inputs (local: L, R)."""
+    return f"{key}_l", f"{key}_r"
+
+
 def _control_value(kind, param):
     return int(param) if kind.widget == "int" else kind.param_text(param)
+
+
+def _default_param(kind):
+    n = st.session_state.get("ctl_seq_len")
+    return kind.default_param(n if isinstance(n, int) and n > 0 else 512)
 
 
 def mask_to_controls(spec: MaskSpec) -> dict:
     """The `ctl_*` values that show the mask `spec` in the controls (kind plus its parameter)."""
     out = {"ctl_mask_kind": spec.kind}
-    if spec.param is not None:
+    if spec.param is not None and spec.mask_kind.widget == "pair":
+        out.update(zip(_pair_keys(_param_key(spec.kind)), (int(x) for x in spec.param)))
+    elif spec.param is not None:
         out[_param_key(spec.kind)] = _control_value(spec.mask_kind, spec.param)
     return out
 
@@ -54,9 +67,10 @@ def mask_from_controls() -> str:
     kind = mask_kind(ss.get("ctl_mask_kind", "causal"))
     if kind.widget is None:
         return kind.name
-    n = ss.get("ctl_seq_len")
-    value = ss.get(_param_key(kind.name),
-                   _control_value(kind, kind.default_param(n if isinstance(n, int) and n > 0 else 512)))
+    if kind.widget == "pair":
+        pair = (ss.get(key, x) for key, x in zip(_pair_keys(_param_key(kind.name)), _default_param(kind)))
+        return f"{kind.name}:" + ",".join(str(int(x)) for x in pair)
+    value = ss.get(_param_key(kind.name), _control_value(kind, _default_param(kind)))
     return f"{kind.name}:{int(value)}" if kind.widget == "int" else f"{kind.name}:{str(value).replace(' ', '')}"
 
 
@@ -207,10 +221,15 @@ def _problem_controls() -> None:
     st.number_input("Sequence length N", step=64, key="ctl_seq_len")
     st.selectbox("Mask", MASK_KINDS, key="ctl_mask_kind")
     kind = mask_kind(ss["ctl_mask_kind"])
-    n = ss["ctl_seq_len"]
-    if kind.widget is not None:      # the kind's own parameter control, from the mask registry
+    if kind.widget == "pair":        # two number inputs side by side (local: L, R)
+        cols = st.columns(2)
+        labels = ("Window L (keys before)", "Window R (keys after)")
+        for col, key, x, label in zip(cols, _pair_keys(_param_key(kind.name)), _default_param(kind), labels):
+            ss.setdefault(key, int(x))
+            col.number_input(label, min_value=kind.minimum, step=16, key=key, help=kind.ui_label)
+    elif kind.widget is not None:    # the kind's own parameter control, from the mask registry
         key = _param_key(kind.name)
-        ss.setdefault(key, _control_value(kind, kind.default_param(n if isinstance(n, int) and n > 0 else 512)))
+        ss.setdefault(key, _control_value(kind, _default_param(kind)))
         if kind.widget == "int":
             st.number_input(kind.ui_label, min_value=kind.minimum, step=16, key=key,
                             help=kind.ui_help)

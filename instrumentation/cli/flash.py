@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record a packed batch of these sequence lengths instead (comma list, e.g. "
                         "300,17,1024) with flash_attention_varlen (instrumentation.record_varlen)")
     p.add_argument("--mask", default="causal",
-                   help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,...")
+                   help="full | causal | sliding_window:W | prefix_lm:P | document:L1,L2,... | local:L,R "
+                        "(keys i-L..i+R, flash-attention's window_size); --varlen: any but document")
     p.add_argument("--head-dim", type=COUNT, default=64, help="D: 1..256 (menus offer 16..256)")
     p.add_argument("--block-m", type=int, default=None, help="query block size (default: per D)")
     p.add_argument("--block-n", type=int, default=None, help="key block size (default: per D)")
@@ -95,11 +96,13 @@ def preflight(args) -> None:
     for name, default in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    from kernels.sizes import BLOCK_SIZES
+
     for name in ("block_m", "block_n"):
         val = getattr(args, name)
-        if val is not None and val not in (16, 32, 64, 128, 256):
-            raise ValueError(f"--{name.replace('_', '-')} {val} is not supported; use 16, 32, 64, "
-                             "128 or 256")
+        if val is not None and val not in BLOCK_SIZES:
+            raise ValueError(f"--{name.replace('_', '-')} {val} is not supported; use one of "
+                             f"{', '.join(map(str, BLOCK_SIZES))}")
     interpreter = args.device == "cpu" or (args.device == "auto"
                                            and os.environ.get("TRITON_INTERPRET") == "1")
     check_sizes(args.batch, args.heads, args.seq_len, args.head_dim, args.dtype, args.block_m,

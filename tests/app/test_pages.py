@@ -15,7 +15,7 @@ from tests.app.headless import charts, clean, live, PAGES, run_clicked, titles
 
 
 MASKS = {"full": "full", "causal": "causal", "sliding_window": "sliding_window:64",
-         "prefix_lm": "prefix_lm:48", "document": "document:64,128,64"}
+         "prefix_lm": "prefix_lm:48", "document": "document:64,128,64", "local": "local:48,16"}
 
 
 @pytest.fixture(scope="module")
