@@ -18,6 +18,7 @@ from instrumentation.recording.inputs import document_lengths
 from instrumentation.trace import bounds, files
 from kernels import SCHEDULES, SUPPORTED_HEAD_DIMS, parse_mask  # noqa: F401  (re-used by pages)
 from kernels.masks import MaskSpec
+from kernels.sizes import BLOCK_SIZES  # noqa: F401  (the kernels' one list, re-used by pages)
 
 PAGES = {                               # URL path -> title, in the sidebar's order
     "schedule": "Tile schedule",
@@ -33,7 +34,6 @@ PAGES = {                               # URL path -> title, in the sidebar's or
 }
 # pages with their own recordings, runs or controls: the sidebar's attention run does nothing there
 OWN_DATA_PAGES = ("ring", "decode", "your_model", "serving", "model_run")
-BLOCK_SIZES = (16, 32, 64, 128, 256)
 DTYPES = tuple(files.DTYPES)           # fp16, bf16, fp32: the one dtype table
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
            "recorded": "recorded trace (data/)", "upload": "uploaded trace (.zip)"}

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from .runtime import INTERPRETER_MAX_TILES, choose_backend, interpreting
+from .runtime import check_interpreter_tiles, choose_backend, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -137,9 +137,9 @@ def _interpreter_plan_ok(spec: MaskSpec, b: int, h: int, n_q: int, n_k: int, cfg
         for block_m, block_n in ((cfg.block_m1, cfg.block_n1), (cfg.block_m2, cfg.block_n2)):
             call_size(spec, b * h, n_q, n_k, block_m, block_n, interpreter=True)
     bp = backward_plan(spec, n_q, n_k, cfg, device)
-    if interpreting() and max(bp.kv_tiles, bp.q_tiles) * b * h > INTERPRETER_MAX_TILES:
-        raise ValueError(f"the backward computes {max(bp.kv_tiles, bp.q_tiles) * b * h} tiles per pass, too many "
-                         f"for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): lower N, B or H, or run on a GPU")
+    if interpreting():
+        check_interpreter_tiles(max(bp.kv_tiles, bp.q_tiles) * b * h, "the backward, per pass",
+                                "lower N, B or H, or run on a GPU")
     return bp
 
 

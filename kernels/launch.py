@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from .runtime import INTERPRETER_MAX_TILES, choose_backend, device_facts, interpreting
+from .runtime import check_interpreter_tiles, choose_backend, device_facts, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -168,13 +168,8 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     plan = block_plan(spec, n, cfg.block_m, cfg.block_n, device, n_k)
     if interpreting():
-        computed = int(plan.tiles_per_q_block.sum()) * b * h
-        if computed > INTERPRETER_MAX_TILES:
-            raise ValueError(
-                f"{computed} tiles (B*H={b * h}, N_q={n}, N_k={n_k}, mask {spec.text}, blocks "
-                f"{cfg.block_m}x{cfg.block_n}) is too much for the CPU interpreter (limit "
-                f"{INTERPRETER_MAX_TILES}): lower N, B or H, raise the block sizes, run on a GPU, "
-                "or open a bundled GPU recording from data/")
+        check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
+                                f"B*H={b * h}, N_q={n}, N_k={n_k}, mask {spec.text}, blocks {cfg.block_m}x{cfg.block_n}")
     if merge and not has_out:
         raise ValueError("merge=True merges into out=(o, lse): pass the buffers that hold the partial result")
     if tiles not in ("all", "full", "partial") or (tiles != "all" and (not has_out or trace_flags is not None)) \

@@ -13,11 +13,10 @@ import torch
 
 from .masks import FULL, MAX_BLOCK_MAP_ENTRIES, PARTIAL, MaskSpec, parse_mask
 from .plan import BlockPlan
-from .sizes import call_size
+from .sizes import BLOCK_SIZES, call_size  # noqa: F401  (BLOCK_SIZES re-exported for the launch modules)
 from .runtime import SCHEDULES, device_facts, interpreting
 from .shapes import check_inputs, padded_head_dim
 
-BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,33 @@ INTERPRETER_MAX_TILES = 10_000
 # The decode kernel's unit is a (program, K/V tile) visit, cheaper than a flash tile (a few
 # query rows against the tile), so the interpreter takes twice as many before refusing.
 INTERPRETER_MAX_DECODE_VISITS = 20_000
+TILE_LIMIT_REMEDY = "lower N, B or H, raise the block sizes, run on a GPU, or open a bundled GPU recording from data/"
+
+
+def interpreter_tiles_refusal(tiles: int, what: str, remedy: str = TILE_LIMIT_REMEDY) -> str:
+    """The one message for a call over the interpreter's tile limit, '' when within it.
+
+    Arguments:
+        tiles: the tiles the call computes; what: the call, for the message ("B*H=8, N_q=4096, ...");
+        remedy: what to do instead.
+    Returns:
+        '' when tiles <= INTERPRETER_MAX_TILES, else one line naming the count and the limit."""
+    if tiles <= INTERPRETER_MAX_TILES:
+        return ""
+    return (f"{what}: {tiles:,} computed tiles is too much for the CPU interpreter "
+            f"(limit {INTERPRETER_MAX_TILES:,}): {remedy}")
+
+
+def check_interpreter_tiles(tiles: int, what: str, remedy: str = TILE_LIMIT_REMEDY) -> None:
+    """Raise ValueError with interpreter_tiles_refusal's line when tiles is over the limit.
+
+    Arguments:
+        as interpreter_tiles_refusal.
+    Returns:
+        None."""
+    message = interpreter_tiles_refusal(tiles, what, remedy)
+    if message:
+        raise ValueError(message)
 
 _INTERPRETING: list = []      # the answer, once known
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .runtime import INTERPRETER_MAX_TILES
+from .runtime import check_interpreter_tiles
 
 # The most tiles a block map may have. Planning costs about 24 bytes per tile on the host at its
 # peak (the map, its difference array, the sorted block lists), so a plan stays near 1.6 GB:
@@ -17,6 +17,8 @@ from .runtime import INTERPRETER_MAX_TILES
 # 16 x 16 blocks (2^28) would take minutes and GBs before any kernel ran. Pages draw smaller maps
 # (instrumentation.trace.bounds.MAX_TILE_GRID), and the interpreter refuses far earlier by tiles.
 MAX_BLOCK_MAP_ENTRIES = 1 << 26
+# the block sizes (block_m, block_n) the kernels take: every menu, flag and check reads this one
+BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 def block_grid(n_q: int, n_k: int, block_m: int, block_n: int) -> tuple[int, int]:
@@ -60,9 +62,6 @@ def call_size(spec, batch_heads: int, n_q: int, n_k: int, block_m: int, block_n:
     tiles = 0
     if interpreter:
         tiles = batch_heads * spec.min_tiles(n_q, block_m, block_n, n_k)
-        if tiles > INTERPRETER_MAX_TILES:
-            raise ValueError(f"at least {tiles:,} tiles (B*H={batch_heads}, N_q={n_q}, N_k={n_k}, mask "
-                             f"{spec.text}, blocks {block_m}x{block_n}) is too much for the CPU interpreter "
-                             f"(limit {INTERPRETER_MAX_TILES:,}): lower N, B or H, raise the block sizes, "
-                             "run on a GPU, or open a bundled GPU recording from data/")
+        check_interpreter_tiles(tiles, f"B*H={batch_heads}, N_q={n_q}, N_k={n_k}, mask {spec.text}, blocks "
+                                       f"{block_m}x{block_n} (at least)")
     return CallSize(n_qb, n_kb, tiles)

@@ -20,7 +20,8 @@ from app.settings import SOURCES, Settings
 from app.sources.bundled import nearest, recordings
 from app.sources.errors import RunError
 from instrumentation import Trace
-from kernels import INTERPRETER_MAX_TILES, backend
+from kernels import backend
+from kernels.runtime import interpreter_tiles_refusal
 
 # The interpreter's run time is about RUN_OVERHEAD_S + tiles x seconds per tile. Measured on 2 CPUs
 # (D=64, fp16, causal): 136 tiles 1.55 s, 528 tiles 4.29 s -> 7 ms per tile and ~0.6 s per run.
@@ -100,9 +101,9 @@ def estimate(s: Settings) -> str:
     if s.source == "gpu":
         return (f"{tiles:,} computed tiles: a GPU run takes about {GPU_S_PER_RUN:g} s "
                 "(estimate; the first run also compiles the kernel).")
-    if tiles > INTERPRETER_MAX_TILES:
-        return (f"{tiles:,} computed tiles: more than the interpreter's limit of "
-                f"{INTERPRETER_MAX_TILES:,}; the page will offer the nearest recording instead.")
+    refusal = interpreter_tiles_refusal(tiles, "These settings", "the page will offer the nearest recording instead.")
+    if refusal:
+        return refusal
     rate, runs = seconds_per_tile()
     where = (f"measured by this server's last {runs} clean run{'s' if runs > 1 else ''}" if runs
              else "measured on a 2-CPU machine")
@@ -146,14 +147,13 @@ def run_live(s: Settings) -> tuple[Trace, float, bool]:
         raise RunError(f"the source {SOURCES.get(s.source, s.source)!r} is not available on this "
                        f"machine; pick {SOURCES[live_source()]!r} or a recording.")
     tiles = computed_tiles(s)
-    if s.source == "interpreter" and tiles > INTERPRETER_MAX_TILES:
+    refusal = interpreter_tiles_refusal(tiles, f"N={s.seq_len}, mask {s.mask.text}, blocks {s.block_m}×{s.block_n}, "
+                                               f"B×H={s.batch}×{s.heads}",
+                                        "lower N, B or H, raise the block sizes, or open a bundled GPU recording")
+    if s.source == "interpreter" and refusal:
         recs = recordings()
         near = nearest(recs, s.kernel(), gpu_only=any(r.is_gpu for r in recs))
-        raise RunError(
-            f"N={s.seq_len}, mask {s.mask.text}, blocks {s.block_m}×{s.block_n}, B×H={s.batch}×{s.heads} "
-            f"needs {tiles:,} computed tiles; the CPU interpreter stops at {INTERPRETER_MAX_TILES:,} "
-            "(it would take minutes). Lower N, B or H, raise the block sizes, or open a bundled "
-            "GPU recording.", nearest=near)
+        raise RunError(refusal, nearest=near)
     key = tuple(sorted(s.kernel().items()))
     what = "on the GPU" if s.source == "gpu" else "in the Triton CPU interpreter"
     started = time.perf_counter()

@@ -53,15 +53,13 @@ def interpreter_refusal(s) -> str:
     """Why the interpreter would refuse this backward ('' if it would not), by arithmetic: the
     backward's tiles at its interpreter tile size against the interpreter's limit."""
     from kernels.backward import INTERPRETER_CONFIG
-    from kernels.runtime import INTERPRETER_MAX_TILES
+    from kernels.runtime import interpreter_tiles_refusal
 
     cfg = INTERPRETER_CONFIG
     tiles = max(estimate(s.batch, s.heads, s.h_kv, s.seq_len, s.n_k, s.head_dim, s.mask_text, s.dtype,
                          bm, bn).tiles_computed for bm, bn in ((cfg.block_m1, cfg.block_n1), (cfg.block_m2, cfg.block_n2)))
-    if tiles <= INTERPRETER_MAX_TILES:
-        return ""
-    return (f"the backward computes {tiles:,} tiles per pass at its {cfg.block_m1}×{cfg.block_n1} interpreter tiles, "
-            f"more than the CPU interpreter's {INTERPRETER_MAX_TILES:,}: lower N, B or H, or open {BUNDLED}")
+    return interpreter_tiles_refusal(tiles, f"the backward, per pass at its {cfg.block_m1}×{cfg.block_n1} interpreter tiles",
+                                     f"lower N, B or H, or open {BUNDLED}")
 
 
 if not has_backward(trace) and s.live:

@@ -102,8 +102,8 @@ h = c2.slider("heads h", 1, 128, 32, key="mem_h")
 d = c3.select_slider("head dim d", [16, 32, 64, 128, 256], value=128, key="mem_d")
 c1, c2, c3 = st.columns(3)
 dtype = c1.selectbox("dtype", ["fp16", "bf16", "fp32"], key="mem_dtype")
-bq = c2.select_slider("tile block_q", [16, 32, 64, 128, 256], value=128, key="mem_bq")
-bkv = c3.select_slider("tile block_kv", [16, 32, 64, 128, 256], value=128, key="mem_bkv",
+bq = c2.select_slider("tile block_q", settings.BLOCK_SIZES, value=128, key="mem_bq")
+bkv = c3.select_slider("tile block_kv", settings.BLOCK_SIZES, value=128, key="mem_bkv",
                        help="as the lesson says: tile sizes do not move the bars; they change SRAM pressure "
                             "and the inner-loop count")
 el = hbm.DTYPE_BYTES[dtype]

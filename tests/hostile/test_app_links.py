@@ -44,7 +44,7 @@ LINKS = {  # link: what its one-line refusal names
     "source=interpreter&seq_len=1048576&mask=causal&block_m=16&block_n=16": "a browser message carries",
     "source=interpreter&seq_len=262144&mask=sliding_window:1&block_m=256&block_n=256&head_dim=256&batch=8":
         "MiB of q, k, v",
-    "source=interpreter&seq_len=16384&mask=full&heads=4": "interpreter stops at",
+    "source=interpreter&seq_len=16384&mask=full&heads=4": "too much for the CPU interpreter",
 }
 
 

@@ -53,7 +53,7 @@ def test_the_estimate_is_shown_before_the_run_and_learns_from_runs(data_dir):
 def test_too_big_for_the_interpreter_is_said_before_the_run(data_dir, counted_runs):
     at = live(data_dir, page="block_skip", mask="causal")
     at.number_input(key="ctl_seq_len").set_value(16384).run()
-    assert "more than the interpreter's limit" in captions(at)
+    assert "too much for the CPU interpreter" in captions(at)
     assert len(counted_runs) <= 1
 
 
@@ -94,7 +94,7 @@ def test_runs_that_load_or_compile_stay_out_of_the_estimate(data_dir):
 
 
 @pytest.mark.parametrize("edits, needle", [({"ctl_seq_len": 1048576}, "1048576"),          # not valid here
-                                           ({"ctl_seq_len": 8192, "ctl_block_m": 32}, "interpreter stops at")])
+                                           ({"ctl_seq_len": 8192, "ctl_block_m": 32}, "too much for the CPU interpreter")])
 def test_a_refused_run_keeps_the_last_view_and_its_link(data_dir, edits, needle):
     at = live_block_skip(seq_len=256)
     assert not at.exception and not at.error
@@ -114,7 +114,7 @@ def test_a_refused_run_keeps_the_last_view_and_its_link(data_dir, edits, needle)
 def test_too_large_for_the_interpreter_offers_a_recording(data_dir):
     at = live(data_dir, page="schedule", mask="full", seq_len=8192, block_m=32, block_n=32)
     assert not at.exception
-    assert any("interpreter stops at" in e.value for e in at.error)
+    assert any("too much for the CPU interpreter" in e.value for e in at.error)
     at.button(key="open_nearest").click().run()
     clean(at)
     assert at.query_params["source"] == "recorded"
