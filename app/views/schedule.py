@@ -27,7 +27,7 @@ from app.views.progress import FrameProgress
 from instrumentation.analysis.schedule_analysis import (METRICS, cached_stats, cached_timeline, default_traced_head,
                                                animation_times, metrics_row, stragglers, traced_heads, uneven_work,
                                                work_launch_note)
-from instrumentation.analysis.traced_items import tile_traced_heads
+from instrumentation.analysis.traced_items import launches, tile_traced_heads
 from app.figures.schedule_common import tile_source_text, traced_label
 from instrumentation.analysis.schedule_model import DEFAULT_SMS, GPU_SMS
 
@@ -181,7 +181,7 @@ st.caption(f"Each lane is one SM; every work item (one query block of one batch�
            + (f"; magenta outlines: the items of the {traced_label(tile_traced_heads(trace))}" if tile_traced_heads(trace)
               else "") + ".  \n**Which launch:** " + work_launch_note(trace))
 late, longest = straggler_tables(src.key, sms, tl)
-t1, t2 = st.columns([2, 3])
+t1, t2 = st.columns([2, 3.4])
 # static Markdown tables: an interactive grid costs the browser its own ~1.3 MB of JavaScript
 # and a canvas per table, a tenth of a second of the page's first paint for five rows each
 t1.markdown("**Latest-finishing SMs**\n\n" + markdown_table(
@@ -189,18 +189,21 @@ t1.markdown("**Latest-finishing SMs**\n\n" + markdown_table(
                 after_first_idle=late["after_first_idle"] / scale)
     .rename(columns={"sm": "SM", "items": "items", "busy": f"busy ({unit})",
                      "last_end": f"ends ({unit})", "after_first_idle": f"late by ({unit})"})))
-if "tile_traced" in longest:      # yes / no reads better than True / False in a Markdown table
-    longest = longest.assign(tile_traced=longest["tile_traced"].map({True: "yes", False: "no"}))
-t2.markdown("**Longest work items** (# as outlined in the lanes; tile_traced: an item of a head traced "
-            "tile by tile)\n\n" + markdown_table(
+if "tile_traced" in longest:      # yes / no reads better than True / False; the hyphen lets the header
+    longest = longest.assign(tile_traced=longest["tile_traced"].map({True: "yes", False: "no"}))   # wrap
+t2.markdown("**Longest work items** (# as outlined in the lanes)\n\n" + markdown_table(
     longest.assign(start=longest["start"] / scale, duration=longest["duration"] / scale)
     .drop(columns=["end"]).rename(columns={"q_block": "query block", "tiles_visited": "K/V tiles",
                                            "sm": "SM", "start": f"start ({unit})",
-                                           "duration": f"duration ({unit})"})
+                                           "duration": f"duration ({unit})", "tile_traced": "tile-traced"})
     .set_axis(range(1, len(longest) + 1)).rename_axis("#").reset_index()))
 st.caption(f"**busy**: time the SM ran work items · **ends**: its last work item ends · **late by**: how "
            f"long after the first SM went idle for good it finishes · **start**: after the first work "
-           f"item started. Times in {unit}.")
+           f"item started · **tile-traced**: an item of a head recorded tile by tile (outlined in magenta)"
+           + (", drawn here from the launch without tile tracing, so its time is not the tracing's"
+              if launches(trace)["separate"] and tile_traced_heads(trace) else
+              ", from the same launch as the tiles, so tracing slowed it" if tile_traced_heads(trace) else "")
+           + f". Times in {unit}.")
 
 # the table is not drawn on slides (app/presentation.py), so neither is its switch
 if not s.present and st.toggle("Show the order the kernel really ran the work items in (trace.work)", key="sched_order",

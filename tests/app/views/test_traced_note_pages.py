@@ -45,7 +45,8 @@ def test_schedule_page_says_the_work_only_launch_and_marks_the_traced_heads(bund
     assert "magenta outlines: the items of the tile-traced heads (bh 0, 32, 63)" in text
     assert "Tile grid: tiles from the detail launch, placed inside the work-only launch's work items" in text
     table = next(m for m in at.main.markdown if "Longest work items" in m.value).value
-    assert "tile_traced" in table.splitlines()[2] and ("| yes" in table or "| no" in table)
+    assert "tile-traced" in table.splitlines()[2] and ("| yes" in table or "| no" in table)
+    assert "drawn here from the launch without tile tracing" in text
     lanes = chart(at, "Work items on SMs")
     assert any(str(d.get("name", "")).startswith("tile-traced heads (bh 0, 32, 63)") for d in lanes["data"])
 
@@ -55,7 +56,7 @@ def test_schedule_page_says_an_old_trace_came_from_one_launch(bundled):
     clean(at)
     text = captions(at)
     assert "come from one launch with tile tracing on" in text and "1.41×" in text
-    assert "tiles and work items from one launch" in text
+    assert "tiles and work items from one launch" in text and "so tracing slowed it" in text
 
 
 def test_backward_page_says_which_launch_drew_the_programs(bundled):
