@@ -20,11 +20,19 @@ pytestmark = pytest.mark.browser
 BUNDLED = Path(__file__).resolve().parents[2] / "data" / "runs" / "tiny-llama-watched"
 
 
+def fresh(path: Path) -> Path:
+    """Written now, as a job writes its steps (copytree keeps the bundled files' old mtimes, which the
+    page rightly reads as a run that stopped updating)."""
+    for p in [path, *path.rglob("*")]:
+        os.utime(p)
+    return path
+
+
 def grow(src: Path, dst: Path, pause: float, done: threading.Event) -> None:
     steps = sorted((src / "steps").iterdir())
     for step in steps[1:]:
         time.sleep(pause)
-        shutil.copytree(step, dst / "steps" / f".{step.name}.tmp")
+        fresh(shutil.copytree(step, dst / "steps" / f".{step.name}.tmp"))
         os.rename(dst / "steps" / f".{step.name}.tmp", dst / "steps" / step.name)
     time.sleep(pause)
     for marker in src.glob("closed-r*.json"):
@@ -39,7 +47,8 @@ def test_a_growing_run_updates_on_the_page_without_a_reload(new_page, tmp_path):
     (run / "steps").mkdir(parents=True)
     shutil.copy(BUNDLED / "model_run.json", run / "model_run.json")
     first = sorted((BUNDLED / "steps").iterdir())[0]
-    shutil.copytree(first, run / "steps" / first.name)
+    fresh(shutil.copytree(first, run / "steps" / first.name))
+    fresh(run)
     with running_app(None, tmp_path / "app.log", env={"TILESCOPE_WATCH": str(run)}) as server:
         page = new_page(1400, 1000, timeout_ms=120_000)
         page.goto(f"{server.url}/model_run?mr_run=growing-job")
