@@ -58,8 +58,10 @@ def test_heavy_link_is_refused_by_arithmetic(link, page):
     report = json.loads(res.stdout.strip().splitlines()[-2])
     assert not report["exceptions"], report
     assert report["taken"] == 0, "the refused link took the run lock or started a run"
-    # CPU seconds of the page's run (its wall time on a loaded 2-CPU machine varies with the load)
-    assert report["cpu"] < 1.0, f"the page took {report['cpu']:.2f} s of CPU to refuse the link"
+    # CPU seconds of the page's run (its wall time on a loaded 2-CPU machine varies with the load; so
+    # does its CPU time, 0.6-1.2 s with the suite running beside it): a refusal by arithmetic, well
+    # inside the hostile bound of 10 s, where running the link would take minutes
+    assert report["cpu"] < 3.0, f"the page took {report['cpu']:.2f} s of CPU to refuse the link"
     assert len(report["errors"]) >= 1 and all("\n" not in e.strip() for e in report["errors"]), report
 
 
