@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 
 from .runtime import choose_backend, device_facts
+from .sizes import BLOCK_SIZES
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -233,8 +234,8 @@ def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, 
     # pages of 16 or 64 and gathers a table entry per key; not measured wider)
     fills = not paged and b * h_kv * triton.cdiv(rows, block_m) >= 0.8 * sms
     cfg = default_decode_config(d, rows, dtype, block_n, num_warps, num_stages, fills_gpu=fills)
-    if cfg.block_n not in (16, 32, 64, 128, 256):
-        raise ValueError(f"block_n={cfg.block_n} is not supported; use 16, 32, 64, 128 or 256")
+    if cfg.block_n not in BLOCK_SIZES:
+        raise ValueError(f"block_n={cfg.block_n} is not supported; use one of {', '.join(map(str, BLOCK_SIZES))}")
     row_blocks = triton.cdiv(rows, cfg.block_m)
     auto, rule = choose_num_splits(b, h_kv, row_blocks, n_max, cfg.block_n, sms)
     splits = auto if num_splits == "auto" else int(num_splits)
@@ -245,7 +246,7 @@ def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, 
 
 @dataclass
 class DecodeTraceBuffers:
-    """Device buffers the kernels write when tracing (decoded by instrumentation.decode)."""
+    """Device buffers the kernels write when tracing (decoded by instrumentation.recording.decode)."""
 
     splits: torch.Tensor     # (programs, 6) int64: order, smid, t_start, t_end, k_start, k_end
     counter: torch.Tensor    # (1,) int32: interpreter order

@@ -8,7 +8,7 @@
 Masks apply per sequence, bottom-right aligned per sequence: query i of a sequence with len_q
 queries and len_k keys sits at key position i + len_k - len_q. An untraced call reads no tensor's
 values on the host (no synchronisation, CUDA-graph capturable): its launch plan is cached per
-shape (kernels.varlen_plan.VarlenLaunch) and the kernel finds each program's sequence and query
+shape (kernels.varlen.VarlenLaunch) and the kernel finds each program's sequence and query
 block from cu_seqlens on the device (kernels.varlen_kernel). validate=True reads cu_seqlens and
 the block table on the host first and refuses a malformed one in one line.
 
@@ -29,7 +29,7 @@ import torch
 from .launch_config import BLOCK_SIZES, default_config
 from .masks import MaskSpec, parse_mask
 from .paged import check_block_table
-from .runtime import INTERPRETER_MAX_TILES, choose_backend, interpreting
+from .runtime import check_interpreter_tiles, choose_backend, interpreting
 from .shapes import padded_head_dim, softmax_scale
 from .varlen_plan import (INLINE_CHECK_ENTRIES, INTERPRETER_MAX_VARLEN_PROGRAMS, ITEM_COLUMNS, MASK_CODES,  # noqa: F401
                           VarlenMode, VarlenPlan, VarlenTraceBuffers, check_tensors, device_flag, fail, host_lengths,
@@ -114,9 +114,8 @@ def _interpreter_bound(lp: VarlenLaunch, spec, h, cu_q, cu_k, total_q, total_k) 
         and (total_k is None or ck[-1] == total_k)
     if well_formed:      # malformed: the kernel only stores NaN rows
         tiles = varlen_plan(spec, lq, lk, lp.block_m, lp.block_n).tiles * h
-        if tiles > INTERPRETER_MAX_TILES:
-            fail(f"{tiles} tiles is too much for the CPU interpreter (limit {INTERPRETER_MAX_TILES}): "
-                 "use shorter sequences or a GPU")
+        check_interpreter_tiles(tiles, f"a packed batch of {len(lq)} sequences x {h} heads",
+                                "use shorter sequences or a GPU")
 
 
 def varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask, sm_scale, return_lse,

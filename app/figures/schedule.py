@@ -2,10 +2,10 @@
 imbalance scatter and up to three schedules side by side. The whole-GPU animation is in
 schedule_animation.py.
 
-Times are on the clock of `instrumentation.schedule_model.timeline`: ns for traces with
+Times are on the clock of `instrumentation.analysis.schedule_model.timeline`: ns for traces with
 hardware timing (shown in µs), tile-units for modelled ones (interpreter traces). A modelled
 figure says "modelled" in its title. The analysis (metrics, stragglers, the lane raster) lives
-in `instrumentation.schedule_analysis`; these functions only draw.
+in `instrumentation.analysis.schedule_analysis`; these functions only draw.
 
 Real sizes: the lanes are ONE uint8 heatmap (SMs x time bins) however many work items there
 are, with one invisible WebGL point per item for hover; no per-item shapes.

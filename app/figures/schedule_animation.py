@@ -3,7 +3,7 @@ work item (rows = batch·head, columns = query block) pending / running / done, 
 grid of one traced head with the tile each running work item is on marked "computing now".
 
 Light by construction: the lanes, the work grid and the tile grid are sent once, as uint8
-"first frame this state holds" codes (instrumentation.schedule_analysis.work_frames /
+"first frame this state holds" codes (instrumentation.analysis.schedule_analysis.work_frames /
 tile_frames). A state layer is drawn in its colour where its code <= k and transparent
 elsewhere, so a frame carries only the cursor position and one small threshold colour scale
 per layer, never a grid. Frames are spread over the whole run, not one head's lifetime.

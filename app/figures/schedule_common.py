@@ -69,7 +69,7 @@ def provenance_text(trace, tl) -> str:
     text = trace.provenance()
     if clock_kind(tl) == "modelled":
         text += (f". Modelled on {tl.attrs.get('sms')} SMs: list scheduling in the kernel's real "
-                 "start order, cost = tiles + 0.5 per item (instrumentation.schedule_model)")
+                 "start order, cost = tiles + 0.5 per item (instrumentation.analysis.schedule_model)")
     return text
 
 

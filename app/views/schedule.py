@@ -1,7 +1,7 @@
 """Page 1: the tile schedule. SM lanes over time, metrics that tell schedules apart, the
 stragglers, the whole GPU animated, and up to three schedules side by side.
 
-Everything derived from a trace is computed once (instrumentation.schedule_analysis memoises
+Everything derived from a trace is computed once (instrumentation.analysis.schedule_analysis memoises
 per trace content; the figures are cached per source and options), so a control change only
 redraws. The page's own controls live in the URL (app.url_state.control).
 """
@@ -112,7 +112,7 @@ if modelled:
     (controls_box if s.present else st).warning("**Modelled timeline.** This trace comes from the Triton CPU interpreter, which has no "
                "clock and no SMs. The *order* in which work items started and the tiles each one "
                "visited are the kernel's own; their placement in time on SMs is a list-scheduling "
-               f"model (instrumentation.schedule_model) on {sms} SMs, in tile-units.", icon=":material/schedule:")
+               f"model (instrumentation.analysis.schedule_model) on {sms} SMs, in tile-units.", icon=":material/schedule:")
 
 tl = cached_timeline(trace, sms)
 stats = cached_stats(trace, sms)
