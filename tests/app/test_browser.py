@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import zipfile
+import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,13 @@ def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
     wait_for_title(page, f"Block map: sliding_window:64, N={N}, blocks 64×64")
     no_exception_on_page(page)
     sidebar = page.locator('[data-testid="stSidebar"]')
-    assert sidebar.get_by_label("Sequence length N").input_value() == str(N)
-    assert sidebar.get_by_label("Window W (keys i-W < j <= i)").input_value() == "64"
+    # the sidebar's inputs take the link's values as the page settles (read too early under load: 0)
+    for label, want in (("Sequence length N", str(N)), ("Window W (keys i-W < j <= i)", "64")):
+        box = sidebar.get_by_label(label)
+        deadline = time.monotonic() + 60
+        while box.input_value() != want and time.monotonic() < deadline:
+            page.wait_for_timeout(200)
+        assert box.input_value() == want, label
     page.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stAlert\"]')]"   # may come
                            ".some(a => a.innerText.includes('visited exactly'))")          # after the chart
 
