@@ -17,7 +17,7 @@ to at least eager's agreement by a gpu test). Greedy: --new-tokens tokens genera
 model(ids, logits_to_keep=1) (a prefill: no cache, the last position's logits, as generate asks)
 per prompt length, ours and SDPA on the same model. Writes data/benchmarks/hf-llama-<device-slug>.json.
 
---compile adds a "compiled" section (issue 32 part 4), each model compiled with Inductor:
+--compile adds a "compiled" section, each model compiled with Inductor:
 forward: torch.compile(model(ids, logits_to_keep=1)) at --compile-seq-lens (2048, 8192), ours
 with fullgraph=True (so no graph break at all), SDPA compiled the same way; do_bench medians, the
 last position's logits against compiled SDPA's (and eager SDPA against compiled SDPA: the bf16

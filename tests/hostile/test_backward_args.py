@@ -1,4 +1,4 @@
-"""flash_attention_backward with tensors that do not fit the call (issue 32): a dO of (1, 1, 1, 1), an
+"""flash_attention_backward with tensors that do not fit the call: a dO of (1, 1, 1, 1), an
 lse of (1, 1, 1), an o of (B, H, N, 1), a dlse of the wrong length, a wrong device or dtype. The
 kernels read them without bounds checks (past the buffers, before these checks); each is refused
 on the host, in one line naming the argument, before any launch, in a child under the suite's

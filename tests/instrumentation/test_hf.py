@@ -237,7 +237,7 @@ def test_prefill_trains_through_the_kernel_like_eager(device):
 
 
 def test_compiled_llama_forward_has_no_graph_break_from_attention():
-    # issue 32 part 4, the unmasked case: a plain forward (no padding, no cache) passes no mask,
+    # the unmasked case: a plain forward (no padding, no cache) passes no mask,
     # and the attention is one tilescope::flash_attention node (masks, caches and packed batches:
     # tests/instrumentation/test_hf_compile.py)
     model, ids = tiny_model("LlamaForCausalLM"), prompt(24)

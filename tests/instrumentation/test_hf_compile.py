@@ -1,4 +1,4 @@
-"""instrumentation.hf under torch.compile (issue 32 part 4): masks, caches and packed batches read
+"""instrumentation.hf under torch.compile: masks, caches and packed batches read
 nothing on the host, so a use_tilescope model compiles without graph breaks from attention.
 
 Tiny random-weight models (tests/instrumentation/test_hf.py), float32 on the CPU, backend
@@ -127,7 +127,7 @@ def test_mask_edges_key_range_and_check_on_the_device():
 @pytest.mark.gpu
 @pytest.mark.xfail(strict=True, reason="seen on an H200 (torch 2.11): transformers' compiled static-cache generate "
                    "(CUDA-graph trees) finds 2 tensors in the cudagraph pool not tracked as outputs, allocated "
-                   "by our calls during capture; to be fixed (issue 32)")
+                   "by our calls during capture; to be fixed")
 def test_inductor_compiled_llama_bf16_and_static_cache_generate_on_cuda():
     from transformers.generation.configuration_utils import CompileConfig
 

@@ -227,7 +227,7 @@ def test_each_launch_names_every_kernel_parameter(monkeypatch):
 
 def test_second_derivative_is_refused_not_silently_wrong():
     # a gradient penalty: the first gradient would carry no graph, so the second derivative
-    # would count only the q**2 term (issue 31, row 6)
+    # would count only the q**2 term
     q, k, v, do = make(1, 2, 2, 24, 24, 16, seed=9)
     q = q.clone().requires_grad_(True)
     o = flash_attention(q, k, v, "causal")
@@ -240,7 +240,7 @@ def test_second_derivative_is_refused_not_silently_wrong():
 def test_backward_over_the_interpreter_limit_is_refused_before_the_forward():
     # B*H 8, N 2048, causal: the forward's 64 x 64 tiles fit the interpreter (4,224), the
     # backward's 32 x 32 do not (16,640 per pass): refused at once, not after the forward's
-    # seconds (issue 31, row 23); without grad the forward alone still runs
+    # seconds; without grad the forward alone still runs
     from tests.hostile.harness import refused_cheaply, run_snippet
 
     code = """

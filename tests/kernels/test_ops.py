@@ -55,7 +55,7 @@ def test_explain_shows_no_graph_break(mask, h_kv, return_lse):
 
 
 def test_fullgraph_output_equals_eager():
-    # the crash of issue 32: dynamo traced into the block-map cache (kernels.masks) and failed
+    # the crash this fixed: dynamo traced into the block-map cache (kernels.masks) and failed
     q, k, v, _ = make(h=2, h_kv=1, n_q=20, n_k=28)
     spec = parse_mask("prefix_lm:6")
 

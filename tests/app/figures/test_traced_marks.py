@@ -1,5 +1,5 @@
 """The tile-traced heads' items marked where the pages draw work items, and the captions saying
-which launch drew what (issue 31.1), on bundled GPU recordings: n4096_causal_natural (work from a
+which launch drew what, on bundled GPU recordings: n4096_causal_natural (work from a
 work-only launch, tiles from a detail launch: meta.launches) and legacy-v1 (one launch)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pages say which launch drew what where they draw work items (issue 31.1), headless, on
+"""The pages say which launch drew what where they draw work items, headless, on
 bundled GPU recordings: the schedule page (a two-launch recording and a legacy one-launch one),
 the Backward page and the Serving page's varlen chart."""
 
