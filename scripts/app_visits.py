@@ -83,6 +83,16 @@ def settled_visit(browser, url: str, needle: str = "Work items on SMs") -> float
     return took
 
 
+def write_timings_section(path, key: str, section: dict) -> None:
+    """Write one section (e.g. 'interactions', 'video') into a timings file such as
+    data/benchmarks/app-timings.json, keeping its other fields."""
+    path = Path(path)
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc[key] = section
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote '{key}' into {path}")
+
+
 def git_commit(checkout: Path) -> str | None:
     """The short commit a checkout is at (None where git cannot say)."""
     try:

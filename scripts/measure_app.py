@@ -50,7 +50,7 @@ from pathlib import Path
 from app.browser import find_browser, missing_reason
 from app.devtools import CHROMIUM_ARGS, running_app
 from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, git_commit, hello_baseline,  # noqa: F401
-                        settle, side_by_side, titles_js)
+                        settle, side_by_side, titles_js, write_timings_section)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -376,11 +376,7 @@ def main(argv=None) -> int:
             for name, xs in (res.get(who) or {}).items():
                 print(f"  {who:5s} {name:22s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)}")
         if args.json:
-            path = Path(args.json)
-            doc = json.loads(path.read_text()) if path.exists() else {}
-            doc["interactions"] = res
-            path.write_text(json.dumps(doc, indent=1) + "\n")
-            print(f"wrote 'interactions' into {path}")
+            write_timings_section(args.json, "interactions", res)
         return 0
 
     log = Path(tempfile.mkdtemp(prefix="tilescope-measure-log-")) / "streamlit.log"

@@ -90,11 +90,9 @@ def main(argv=None) -> int:
             xs = res[name][f"{fmt}_s"]
             print(f"{name:5s} {fmt}: median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)}")
     if args.json:
-        path = Path(args.json)
-        doc = json.loads(path.read_text()) if path.exists() else {}
-        doc["video"] = res
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote 'video' into {path}")
+        from app_visits import write_timings_section
+
+        write_timings_section(args.json, "video", res)
     return 0
 
 
