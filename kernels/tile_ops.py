@@ -210,3 +210,21 @@ def normalise_rows(acc, l_i, m_i, SAFE_DIV: tl.constexpr):
         out = acc / l_i[:, None]
     lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))) * LN2)
     return out, lse
+
+
+@triton.jit
+def cast_e4m3(x, ROUND_FIRST: tl.constexpr):
+    """fp32 x (|x| <= 448, e4m3's largest finite value) to float8 e4m3 (torch.float8_e4m3fn),
+    rounded to nearest, ties to even (the FP8 kernels' quantise pass and their P). ROUND_FIRST
+    (the interpreter): x is rounded onto the e4m3 grid in fp32 first, so the cast is exact: Triton
+    3.9's interpreter drops the carry when rounding lifts a mantissa into the next binade (1.96 ->
+    1.0, not 2.0). Normal range: round the fp32 bits to 3 mantissa bits (add half an e4m3 ulp
+    minus one, plus the kept lowest bit, then clear the 20 dropped bits); below 2^-6 (e4m3
+    subnormals, multiples of 2^-9): add and subtract 1.5 * 2^14, whose fp32 ulp is 2^-9."""
+    if ROUND_FIRST:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576       # -1048576 = 0xFFF00000
+        normal = bits.to(tl.float32, bitcast=True)
+        tiny = (x + 24576.0) - 24576.0
+        x = tl.where(tl.abs(x) < 0.015625, tiny, normal)
+    return x.to(tl.float8e4nv)
