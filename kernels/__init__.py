@@ -26,6 +26,7 @@ _LAZY = {
     "flash_attention_backward": "backward",
     "flash_attn_func": "flash_attn_interface", "flash_attn_varlen_func": "flash_attn_interface",
     "flash_attn_with_kvcache": "flash_attn_interface",
+    "flash_attention_fp8": "fp8", "quantize_fp8": "fp8_quant",
 }
 
 

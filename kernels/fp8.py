@@ -1,0 +1,176 @@
+"""FlashAttention in FP8 (FlashAttention-3's recipe): the public call flash_attention_fp8, the
+attention launch on pre-quantised inputs (attention_fp8, what a benchmark times apart from the
+quantise pass) and the torch.library custom op tilescope::flash_attention_fp8.
+
+    tilescope::flash_attention_fp8(q, k, v, mask, sm_scale, scaling, hadamard, block_m, block_n,
+                                   return_lse) -> (o, lse)
+
+A call: kernels.fp8_quant.quantize_fp8 (Q, K, V to e4m3 with per-tile or per-tensor scales, Q and
+K rotated along D by a signed Hadamard matrix), then kernels.fp8_kernel's attention over the same
+block plan as the bf16 kernel (kernels.plan). Forward only: inputs that require grad are refused.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, quantize_fp8
+from .kernel_args import KernelArgs, TraceFlags
+from .launch_cache import BoundedCache
+from .masks import MaskSpec, parse_mask
+from .plan import block_plan, plan_bytes
+from .runtime import check_interpreter_tiles, interpreting
+from .shapes import check_inputs, softmax_scale
+from .trace_buffers import TraceBuffers, check_trace_buffers
+
+LOG2E = 1.4426950408889634
+_TRACE_BUFFERS = ("tr_work", "tr_counter", "tr_tiles", "tr_rows", "row_slot", "head_slot", "trace_slots")
+_PER_CALL = ("Q8", "K8", "V8", "O", "LSE", "scales", "qk_scale") + _TRACE_BUFFERS
+_PLANS = BoundedCache(64, 256 << 20, 32 << 20, lambda launch: plan_bytes(launch.plan))   # as kernels.launch's
+
+
+class Fp8Tile(NamedTuple):
+    """Constexpr group TILE of the FP8 attention kernel.
+
+    head_dim: D; HEAD_DIM: the padded width of the e4m3 tiles (kernels.fp8_quant.fp8_head_dim);
+    BLOCK_M, BLOCK_N: query and key rows per tile; EVEN_M: N_q a multiple of BLOCK_M (no row mask
+    on O); EVEN_D: D == HEAD_DIM (no column mask on O); HAS_PARTIAL: the plan has partial tiles
+    (the on-band loop is compiled); ROUND_FIRST: P rounded on the e4m3 grid before its cast (the
+    interpreter's cast is wrong at binade edges: tile_ops.cast_e4m3)."""
+
+    head_dim: int
+    HEAD_DIM: int
+    BLOCK_M: int
+    BLOCK_N: int
+    EVEN_M: bool
+    EVEN_D: bool
+    HAS_PARTIAL: bool
+    ROUND_FIRST: bool
+
+
+class Fp8Launch(NamedTuple):
+    args: KernelArgs
+    grid: tuple
+    options: dict
+    plan: object            # kernels.plan.BlockPlan
+
+
+def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bool) -> Fp8Launch:
+    from .fp8_kernel import attn_fwd_fp8_kernel
+
+    b, h, n_q, d = x.shape
+    hd = x.head_dim_padded
+    cfg = fp8_config(d, x.block_m, x.block_n)
+    plan = block_plan(spec, n_q, x.block_m, x.block_n, x.q.device, x.n_k)
+    if interpreting():
+        check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
+                                f"B*H={b * h}, N_q={n_q}, N_k={x.n_k}, mask {spec.text}, blocks {x.block_m}x{x.block_n}")
+    tile = Fp8Tile(d, hd, x.block_m, x.block_n, n_q % x.block_m == 0, d == hd, plan.has_partial, interpreting())
+    trace = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=hw_clock, STORE_ORDER=not hw_clock) \
+        if flags is not None else TraceFlags()
+    works = plan.work_list(b * h, "natural")
+    fixed = dict(q8_strides=(x.q.stride(0), x.q.stride(1)), kv8_strides=(x.k.stride(0), x.v.stride(0), x.v.stride(1)),
+                 o_strides=(h * n_q * d, n_q * d, d),
+                 lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
+                 work_list=works, H=h, GROUP=h // x.h_kv, N_Q=n_q, N_K=x.n_k, n_qb=plan.n_qb, n_kb=plan.n_kb,
+                 n_work=b * h * plan.n_qb, TILE=tile, TRACE=trace, RETURN_LSE=bool(return_lse))
+    args = KernelArgs(attn_fwd_fp8_kernel, _PER_CALL, **fixed)
+    return Fp8Launch(args, (b * h * plan.n_qb,), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), plan)
+
+
+def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None):
+    """The FP8 attention kernel on pre-quantised inputs (one launch).
+
+    Arguments:
+        x: kernels.fp8_quant.quantize_fp8's Fp8Inputs.
+        mask: a mask name or MaskSpec on the N_q x N_k grid, bottom-right aligned (kernels.masks).
+        sm_scale: the softmax scale; None: 1 / sqrt(D).
+        return_lse: also return the natural-log log-sum-exp of each query row (fp32).
+        trace: TraceBuffers (instrumentation.record makes them), as kernels.flash_attention's.
+    Returns:
+        out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""
+    b, h, n_q, d = x.shape
+    spec = parse_mask(mask, n_q, x.n_k)
+    scale = softmax_scale(sm_scale, d) * LOG2E
+    device = x.q.device
+    hw_clock = device.type == "cuda"
+    flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
+    key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags)
+    launch = _PLANS.get(key)
+    if launch is None:
+        launch = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock))
+    o = torch.empty(x.shape, dtype=x.dtype, device=device)
+    lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device) if return_lse else None
+    call = dict(Q8=x.q, K8=x.k, V8=x.v, O=o, LSE=lse, scales=(x.q_scale, x.k_scale, x.v_scale), qk_scale=scale,
+                **dict.fromkeys(_TRACE_BUFFERS))
+    if trace is not None:
+        ckey = (b * h, id(launch.plan))
+        if ckey not in trace._checked:
+            trace._checked[ckey] = check_trace_buffers(trace, b * h, launch.plan)
+        head_slot, slots = trace._checked[ckey]
+        call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
+                    row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
+    launch.args.kernel[launch.grid](*launch.args.bind(**call), **launch.options)
+    return (o, lse) if return_lse else o
+
+
+def fp8_forward(q, k, v, mask="causal", sm_scale=None, scaling="block", hadamard=True, block_m=None,
+                block_n=None, return_lse=False, trace: TraceBuffers | None = None):
+    """quantize_fp8 then attention_fp8: the one implementation every path runs (the op, the eager
+    call, instrumentation.record's traced call). Arguments as flash_attention_fp8's, plus trace."""
+    x = quantize_fp8(q, k, v, scaling, hadamard, block_m, block_n)
+    return attention_fp8(x, mask, sm_scale, return_lse, trace)
+
+
+@torch.library.custom_op("tilescope::flash_attention_fp8", mutates_args=())
+def flash_attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str, sm_scale: Optional[float],
+                           scaling: str, hadamard: bool, block_m: Optional[int], block_n: Optional[int],
+                           return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 forward as an op: (o, lse), lse an empty (0,) float32 tensor without return_lse."""
+    out = fp8_forward(q, k, v, mask, sm_scale, scaling, hadamard, block_m, block_n, return_lse)
+    return out if return_lse else (out, q.new_empty((0,), dtype=torch.float32))
+
+
+@flash_attention_fp8_op.register_fake
+def _flash_attention_fp8_fake(q, k, v, mask, sm_scale, scaling, hadamard, block_m, block_n, return_lse):
+    check_inputs(q, k, v, for_kernel=False)
+    n_q, n_k = q.shape[2], k.shape[2]
+    concrete = isinstance(n_q, int) and isinstance(n_k, int)
+    parse_mask(mask, n_q if concrete else None, n_k if concrete else None)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
+
+
+def flash_attention_fp8(q, k, v, mask="causal", sm_scale=None, *, scaling="block", hadamard=True, block_m=None,
+                        block_n=None, return_lse=False):
+    """Fused attention forward with FP8 (e4m3) matrix products, FlashAttention-3's recipe.
+
+    Arguments:
+        q: (batch_size, nheads, seqlen_q, headdim) bfloat16 or float16, headdim 1..256.
+        k, v: (batch_size, nheads_k, seqlen_k, headdim), nheads % nheads_k == 0 (GQA / MQA).
+        mask: a mask name or MaskSpec, as kernels.flash_attention's (bottom-right aligned).
+        sm_scale: the softmax scale; None: 1 / sqrt(headdim).
+        scaling: "block": one fp32 scale per tile of Q (block_m rows), K and V (block_n rows) of
+            each head; "tensor": one per tensor. Scales are amax / 448 (e4m3's largest value).
+        hadamard: rotate Q and K along the head dim by a signed Hadamard matrix (fixed seed;
+            orthogonal, so Q K^T is unchanged exactly), spreading outlier features before quantising.
+        block_m, block_n: tile rows of Q and of K/V (32..256, powers of two); None: the default.
+        return_lse: also return the log-sum-exp of each query row.
+    Returns:
+        out (batch_size, nheads, seqlen_q, headdim) in q's dtype, or (out, lse) with return_lse,
+        lse (batch_size, nheads, seqlen_q) float32 (natural log; -inf for a row that sees no key).
+    Raises ValueError (one line) for inputs that require grad (forward only), a dtype other than
+    bf16/fp16, an unknown scaling, a non-bool hadamard, or anything the bf16 kernel refuses.
+    Under torch.compile the call is one opaque op, tilescope::flash_attention_fp8."""
+    check_fp8_args(q, k, v, scaling, hadamard)
+    if not isinstance(mask, str):
+        mask = parse_mask(mask).text
+    if sm_scale is not None:
+        sm_scale = softmax_scale(sm_scale, 1)
+    fp8_config(q.shape[-1], block_m, block_n)          # refuses bad block sizes before the op
+    if torch.compiler.is_compiling():
+        o, lse = flash_attention_fp8_op(q, k, v, mask, sm_scale, scaling, hadamard, block_m, block_n,
+                                        bool(return_lse))
+        return (o, lse) if return_lse else o
+    return fp8_forward(q, k, v, mask, sm_scale, scaling, hadamard, block_m, block_n, return_lse)

@@ -1,0 +1,221 @@
+"""FP8 inputs for kernels.fp8's attention: the checks of an FP8 call, its tile config, the
+Hadamard rotation and the quantise-and-rotate pass on the device (kernels.fp8_quant_kernel).
+
+quantize_fp8(q, k, v, scaling, hadamard, block_m, block_n) returns Fp8Inputs: Q, K (rotated along
+D when hadamard) and V as float8 e4m3 (torch.float8_e4m3fn) with fp32 scales amax / 448, one per
+tile of Q (block_m rows), K and V (block_n rows) of each (batch, head) with scaling="block", one
+per tensor with "tensor" (stored once per tile all the same, so the kernel reads one layout).
+The attention kernel runs on these alone, so a benchmark can time it apart from this pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+import torch
+
+from .runtime import check_interpreter_tiles, interpreting
+from .shapes import check_inputs
+from .sizes import BLOCK_SIZES
+
+SCALINGS = ("block", "tensor")
+FP8_DTYPES = (torch.bfloat16, torch.float16)
+E4M3_MAX = 448.0
+# the Hadamard rotation's random signs: one fixed seed, so a run is reproducible and Q and K
+# (and every call) share one rotation
+HADAMARD_SEED = 35
+# FP8 tiles: Hopper's FP8 tensor-core product reduces over at least 32 elements, so the head dim
+# is padded to a power of two >= 32 and key tiles are >= 32 wide (they are P.V's reduction)
+FP8_MIN_HEAD_DIM = 32
+FP8_BLOCK_SIZES = tuple(s for s in BLOCK_SIZES if s >= 32)
+
+
+class QuantTile(NamedTuple):
+    """Constexpr group QUANT of the quantise kernel.
+
+    head_dim: D; HEAD_DIM: the padded width (power of two >= 32); BLOCK: rows per tile (one scale
+    each); ROTATE: multiply by the signed Hadamard matrix first; MODE: "block" (scale per tile),
+    "amax" (store each tile's amax only) or "apply" (scale read from SCALE); TRANSPOSE: store the
+    tile as (HEAD_DIM, rows) (V); ROUND_FIRST: round on the e4m3 grid before the cast (the
+    interpreter); UPCAST_DOT: the rotation's products in fp32 (the interpreter's 16-bit dot is broken)."""
+
+    head_dim: int
+    HEAD_DIM: int
+    BLOCK: int
+    ROTATE: bool
+    MODE: str
+    TRANSPOSE: bool
+    ROUND_FIRST: bool
+    UPCAST_DOT: bool
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class Fp8Inputs:
+    """Q, K, V quantised for the FP8 attention kernel, with their scales and the call's shape.
+
+    q: (B*H, n_qb * block_m, HEAD_DIM) e4m3; k: (B*H_kv, n_kb * block_n, HEAD_DIM) e4m3; v: the
+    same transposed, (B*H_kv, HEAD_DIM, n_kb * block_n); padding is zeros. q_scale (B*H*n_qb,),
+    k_scale and v_scale (B*H_kv*n_kb,) fp32: a tile's values are its e4m3 values times its scale.
+    shape: q's (B, H, N_q, D); n_k, h_kv: keys and KV heads; dtype: the inputs' (the output's)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+    shape: tuple
+    n_k: int
+    h_kv: int
+    block_m: int
+    block_n: int
+    scaling: str
+    hadamard: bool
+    dtype: torch.dtype
+
+    @property
+    def head_dim_padded(self) -> int:
+        return self.q.shape[-1]
+
+
+def fp8_head_dim(d: int) -> int:
+    """The FP8 tile width: D padded to a power of two >= FP8_MIN_HEAD_DIM."""
+    return max(FP8_MIN_HEAD_DIM, 1 << (int(d) - 1).bit_length())
+
+
+def check_fp8_args(q, k, v, scaling, hadamard) -> None:
+    """Refuse, in one line (ValueError), what the FP8 path cannot run: bad shapes or devices (as
+    the bf16 kernel), a dtype other than bf16/fp16, an unknown scaling, a non-bool hadamard, or
+    inputs that require grad (the FP8 path is forward only)."""
+    check_inputs(q, k, v, for_kernel=False)
+    if q.dtype not in FP8_DTYPES:
+        raise ValueError(f"flash_attention_fp8 takes bfloat16 or float16 inputs, got {q.dtype}: convert with .to(torch.bfloat16)")
+    if not isinstance(scaling, str) or scaling not in SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not supported; use one of {SCALINGS}")
+    if not isinstance(hadamard, bool):
+        raise ValueError(f"hadamard must be True or False, got {type(hadamard).__name__}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("flash_attention_fp8 is forward only: pass tensors that do not require grad "
+                         "(.detach(), or call it under torch.no_grad())")
+    check_inputs(q, k, v)       # where the kernel runs (interpreter: CPU tensors; else CUDA)
+
+
+def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None) -> Fp8Config:
+    """The FP8 kernel's tiles: 128 x 128 (128 x 64 at a padded D of 256: registers and shared
+    memory), 8 warps (4 at D <= 64). Explicit block sizes must be in FP8_BLOCK_SIZES."""
+    for name, val in (("block_m", block_m), ("block_n", block_n)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val not in FP8_BLOCK_SIZES):
+            raise ValueError(f"{name}={val!r} is not supported by the FP8 kernel; use one of {FP8_BLOCK_SIZES} "
+                             "or leave it out for the default")
+    hd = fp8_head_dim(head_dim)
+    bm, bn, w, s = (128, 128, 4, 3) if hd <= 64 else (128, 128, 8, 3) if hd <= 128 else (128, 64, 8, 2)
+    pick = lambda given, dflt: dflt if given is None else given  # noqa: E731
+    return Fp8Config(pick(block_m, bm), pick(block_n, bn), pick(num_warps, w), pick(num_stages, s))
+
+
+def hadamard_signs(n: int, seed: int = HADAMARD_SEED) -> torch.Tensor:
+    """The rotation's fixed random signs: (n,) float64 of +-1 from `seed` (CPU generator)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 2, (n,), generator=gen).to(torch.float64) * 2 - 1
+
+
+def rotation_matrix(n: int, seed: int = HADAMARD_SEED, normalised: bool = True) -> torch.Tensor:
+    """R = diag(signs) H / sqrt(n), (n, n) float64, H the Sylvester Hadamard matrix (n a power of
+    two): orthogonal, R R^T = I, so (Q R)(K R)^T = Q K^T. normalised=False: diag(signs) H (+-1),
+    what the kernel multiplies by before its fp32 1/sqrt(n)."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"the Hadamard rotation needs a power-of-two width, got {n}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    r = hadamard_signs(n, seed)[:, None] * h
+    return r / math.sqrt(n) if normalised else r
+
+
+@lru_cache(maxsize=16)
+def _had_on(n: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return rotation_matrix(n, normalised=False).to(dtype).to(device).contiguous()
+
+
+def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
+    """One tensor (B, heads, N, D) -> (e4m3 (B*heads, N_pad, hd) or transposed, scales (B*heads*n_tiles,))."""
+    from .fp8_quant_kernel import quantise_kernel
+
+    b, d = x.shape[0], x.shape[3]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    n_tiles = -(-n_rows // block)
+    bh = b * n_heads
+    n_pad = n_tiles * block
+    shape = (bh, hd, n_pad) if transpose else (bh, n_pad, hd)
+    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(bh * n_tiles, dtype=torch.float32, device=x.device)
+    had = _had_on(hd, x.dtype, str(x.device)) if rotate else None
+    interp = interpreting()
+    tile = QuantTile(d, hd, block, rotate, "block", transpose, interp, interp)
+    grid = (n_tiles, bh)
+    args = (x, out, scale, None, had, tuple(x.stride()[:3]), (out.stride(0), out.stride(1)), n_heads, n_rows, n_tiles)
+    if scaling == "block":
+        quantise_kernel[grid](*args, tile, num_warps=4)
+    else:
+        amax = torch.empty(bh * n_tiles, dtype=torch.float32, device=x.device)
+        quantise_kernel[grid](x, out, None, amax, *args[4:], tile._replace(MODE="amax"), num_warps=4)
+        top = amax.max()
+        scale.copy_(torch.where(top > 0, top / E4M3_MAX, torch.ones_like(top)).expand(bh * n_tiles))
+        quantise_kernel[grid](*args, tile._replace(MODE="apply"), num_warps=4)
+    return out, scale
+
+
+def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m=None, block_n=None) -> Fp8Inputs:
+    """The quantise-and-rotate pass (three launches of kernels.fp8_quant_kernel; per-tensor
+    scaling adds an amax pass per tensor).
+
+    Arguments:
+        q: (B, H, N_q, D) bf16/fp16; k, v: (B, H_kv, N_k, D), H % H_kv == 0.
+        scaling: "block" (one scale per tile of each head) or "tensor" (one per tensor).
+        hadamard: rotate Q and K along D by the signed Hadamard matrix (rotation_matrix) first.
+        block_m, block_n: the attention kernel's tiles (the scale tiles); None: fp8_config's.
+    Returns:
+        Fp8Inputs."""
+    check_fp8_args(q, k, v, scaling, hadamard)
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    cfg = fp8_config(d, block_m, block_n)
+    hd = fp8_head_dim(d)
+    if interpreting():
+        check_interpreter_tiles(b * (h * -(-n_q // cfg.block_m) + 2 * h_kv * -(-n_k // cfg.block_n)),
+                                f"FP8 quantise pass B={b}, H={h}, N_q={n_q}, N_k={n_k}")
+    with torch.no_grad():
+        q8, qs = _quantise_one(q, h, n_q, cfg.block_m, hd, hadamard, False, scaling)
+        k8, ks = _quantise_one(k, h_kv, n_k, cfg.block_n, hd, hadamard, False, scaling)
+        v8, vs = _quantise_one(v, h_kv, n_k, cfg.block_n, hd, False, True, scaling)
+    return Fp8Inputs(q8, k8, v8, qs, ks, vs, (b, h, n_q, d), n_k, h_kv, cfg.block_m, cfg.block_n, scaling,
+                     hadamard, q.dtype)
+
+
+def dequantize_fp8(x: Fp8Inputs) -> tuple:
+    """The values the kernel computes with, in float64: (q, k, v) shaped (B, H, N_q, HEAD_DIM),
+    (B, H_kv, N_k, HEAD_DIM) x2 (q and k in the rotated basis when x.hadamard; padding dropped).
+    For tests and the precision study (which error comes from the Q.K^T and which from P.V)."""
+    b, h, n_q, _ = x.shape
+
+    def back(t8, scale, heads, n, block, transpose):
+        t = t8.to(torch.float64)
+        if transpose:
+            t = t.transpose(1, 2)
+        t = t * scale.to(torch.float64).repeat_interleave(block)[: t.shape[0] * t.shape[1]].view(t.shape[0], -1, 1)
+        return t[:, :n].reshape(b, heads, n, t.shape[-1])
+
+    return (back(x.q, x.q_scale, h, n_q, x.block_m, False), back(x.k, x.k_scale, x.h_kv, x.n_k, x.block_n, False),
+            back(x.v, x.v_scale, x.h_kv, x.n_k, x.block_n, True))
