@@ -21,38 +21,31 @@ once outside the timing; x_flex = ms / flex's ms at the same (mask, N), the peer
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
 
 from . import (
     DEFAULT_OUT, DTYPES, FLOP_CONVENTION, TOLERANCE, attention_flops, check_heads,
-    check_output, device_slug, free_cuda, is_oom, load_config_file, log, mask_kind, matmul_tflops,
+    check_output, device_slug, free_cuda, is_oom, load_config_file, log, matmul_tflops,
     parse_int_list, pick_device, reference_slice, rel_error, resolve_mask, run_meta, split_list, take_heads,
-    tile_fraction, time_ms, visible_pairs, write_results,
+    time_ms, visible_pairs, write_results,
 )
+# the implementations (benchmarks.attention_impls: add one there) and the tables, re-exported
+from .attention_impls import (  # noqa: F401
+    IMPLS, NAIVE_MASKS, SCHEDULE_OF, SDPA_BACKENDS, SDPA_MASKS, applicable, kernel_config, make_call,
+    naive_bytes, naive_fits, parse_impls,
+)
+from .attention_table import TABLE_COLUMNS, format_table, ratio_table, summary_pivot  # noqa: F401
 
 import torch  # noqa: E402
 
-from kernels import default_config, flash_attention, naive_attention  # noqa: E402
-
-IMPLS = ("sdpa_cudnn", "tilescope", "tilescope:longest_first", "tilescope:persistent",
-         "sdpa_flash", "sdpa_efficient", "flex", "naive")
-SCHEDULE_OF = {"tilescope": "natural", "tilescope:natural": "natural",
-               "tilescope:longest_first": "longest_first", "tilescope:persistent": "persistent"}
-SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
-                 "sdpa_efficient": "EFFICIENT_ATTENTION"}
-SDPA_MASKS = ("full", "causal")      # what SDPA expresses without an explicit mask tensor
-NAIVE_MASKS = ("full", "causal")
 DEFAULT_MASKS = "full,causal,sliding_window:1024,prefix_lm:512,document"
 DEFAULT_SEQ_LENS = "1024,2048,4096,8192,16384"
 QUICK_SEQ_LENS = "1024,4096"
 # the CPU interpreter runs one numpy op at a time: shapes it finishes in seconds, not minutes
 CPU_SHAPE = dict(seq_lens="64,128", batch=1, heads=2, head_dim=32)
 GPU_SHAPE = dict(batch=4, heads=16, head_dim=128)
-TABLE_COLUMNS = ["mask", "seq_len", "impl", "status", "ms", "tflops", "pct_matmul", "rel_err",
-                 "x_cudnn", "x_full", "x_flex", "tiles_frac", "pairs_frac", "config"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,162 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=bounded_int(1, 100), default=1,
                    help="time each case this many times (ms: the median; every repeat in ms_repeats)")
     return p
-
-
-def parse_impls(text: str) -> list[str]:
-    out = []
-    for name in split_list(text):
-        name = name.strip().lower()
-        if name in ("all", "*"):
-            out.extend(IMPLS)
-            continue
-        if name == "tilescope:natural":
-            name = "tilescope"
-        if name not in IMPLS:
-            raise SystemExit(f"error: unknown impl {name!r}; use some of {', '.join(IMPLS)}")
-        out.append(name)
-    # sdpa_cudnn first: its output is the one every other impl is compared with
-    return [i for i in IMPLS if i in out]
-
-
-def applicable(impl: str, spec, device=None) -> bool:
-    if impl == "flex":
-        return device is None or torch.device(device).type == "cuda"
-    if impl.startswith("sdpa_"):
-        return spec.kind in SDPA_MASKS
-    if impl == "naive":
-        return spec.kind in NAIVE_MASKS
-    return True
-
-
-def naive_bytes(batch, heads, n, elem_bytes) -> int:
-    """Peak bytes naive attention needs beyond q, k, v: S and P (B, H, N, N) plus the mask."""
-    return 2 * batch * heads * n * n * elem_bytes + 2 * n * n
-
-
-def naive_fits(device, batch, heads, n, elem_bytes) -> bool:
-    need = naive_bytes(batch, heads, n, elem_bytes)
-    if torch.device(device).type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return need < 0.85 * free
-    return batch * heads * n * n <= 2 ** 26
-
-
-def make_call(impl, q, k, v, spec, cfg):
-    """(fn, context): fn() computes the output; context() wraps both the check and the timing."""
-    if impl in SCHEDULE_OF:
-        sched = SCHEDULE_OF[impl]
-        return (lambda: flash_attention(q, k, v, mask=spec, schedule=sched, **cfg)), contextlib.nullcontext
-    if impl in SDPA_BACKENDS:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
-        causal = spec.kind == "causal"
-        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-        return fn, (lambda: sdpa_kernel(backend))
-    if impl == "naive":
-        return (lambda: naive_attention(q, k, v, mask=spec)), contextlib.nullcontext
-    if impl == "flex":
-        return flex_call(q, k, v, spec), contextlib.nullcontext
-    raise ValueError(f"unknown impl {impl!r}")
-
-
-_FLEX = []   # one compiled flex_attention for the whole run
-
-
-def flex_call(q, k, v, spec):
-    """Compiled FlexAttention with the mask as a BlockMask (built here, once per mask and N): the
-    mask's own predicate where it is pure index arithmetic, else its per-row intervals."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    if not _FLEX:
-        # each mask and N is a new guard set: past dynamo's recompile limit (8) flex_attention
-        # silently runs eagerly (materialising N x N scores), which is not the peer we time
-        import torch._dynamo as dynamo    # (a plain `import torch._dynamo` would make torch local)
-
-        dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 256)
-        # static shapes: from the second N on, automatic dynamic shapes gave a slower generic kernel
-        _FLEX.append(torch.compile(flex_attention, dynamic=False))
-    n_q, n_k = q.shape[2], k.shape[2]
-    block_mask = None
-    if mask_kind(spec) != "full":
-        pred = spec.predicate(n_q, n_k)
-        try:
-            idx = torch.arange(2, device=q.device)
-            pred(idx[:, None], idx[None, :])
-        except (RuntimeError, TypeError, IndexError):   # a predicate holding host tables
-            lo, hi = (torch.from_numpy(a).to(q.device) for a in spec.row_intervals(n_q, n_k))
-            pred = lambda qi, ki: (ki >= lo[qi]) & (ki <= hi[qi])  # noqa: E731
-        block_mask = create_block_mask(lambda b, h, qi, ki: pred(qi, ki), None, None, n_q, n_k,
-                                       device=q.device)
-    return lambda: _FLEX[0](q, k, v, block_mask=block_mask)
-
-
-def ratio_table(records, mask_order=None, impl_order=IMPLS, matmul=None):
-    """pandas table, one row per record: x_cudnn = ms / sdpa_cudnn's ms at the same (mask, N);
-    x_full = ms / the same impl's ms with the full mask at the same N; pct_matmul = tflops as a
-    percentage of the measured bf16 matmul peak."""
-    import pandas as pd
-
-    df = pd.DataFrame(records)
-    if df.empty:
-        return pd.DataFrame(columns=TABLE_COLUMNS)
-    ok = df[(df["status"] == "ok") & df["ms"].notna()]
-    cudnn = {(m, n): ms for m, n, ms in ok.loc[ok["impl"] == "sdpa_cudnn", ["mask", "seq_len", "ms"]]
-             .itertuples(index=False)}
-    full = {(i, n): ms for i, n, ms in ok.loc[ok["mask"] == "full", ["impl", "seq_len", "ms"]]
-            .itertuples(index=False)}
-    flex = {(m, n): ms for m, n, ms in ok.loc[ok["impl"] == "flex", ["mask", "seq_len", "ms"]]
-            .itertuples(index=False)}
-    df["x_flex"] = [ms / flex[(m, n)] if (m, n) in flex and pd.notna(ms) else None
-                    for m, n, ms in zip(df["mask"], df["seq_len"], df["ms"])]
-    df["x_cudnn"] = [ms / cudnn[(m, n)] if (m, n) in cudnn and pd.notna(ms) else None
-                     for m, n, ms in zip(df["mask"], df["seq_len"], df["ms"])]
-    df["x_full"] = [ms / full[(i, n)] if (i, n) in full and pd.notna(ms) else None
-                    for i, n, ms in zip(df["impl"], df["seq_len"], df["ms"])]
-    df["pct_matmul"] = (df["tflops"].astype(float) / matmul * 100.0) if matmul else None
-    for col in TABLE_COLUMNS:
-        if col not in df:
-            df[col] = None
-    df["config"] = [_cfg_text(c) for c in df["config"]]
-    masks = list(dict.fromkeys(mask_order or df["mask"]))
-    df["_m"] = df["mask"].map({m: i for i, m in enumerate(masks)}).fillna(len(masks))
-    df["_i"] = df["impl"].map({m: i for i, m in enumerate(impl_order)}).fillna(len(impl_order))
-    df = df.sort_values(["_m", "seq_len", "_i"], kind="stable")
-    return df[TABLE_COLUMNS].reset_index(drop=True)
-
-
-def _cfg_text(cfg) -> str:
-    if not isinstance(cfg, dict):
-        return ""
-    return f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}"
-
-
-def format_table(df) -> str:
-    import pandas as pd
-
-    fmt = {"ms": "{:.3f}", "tflops": "{:.1f}", "pct_matmul": "{:.0f}%", "rel_err": "{:.1e}",
-           "x_cudnn": "{:.2f}", "x_full": "{:.2f}", "x_flex": "{:.2f}", "tiles_frac": "{:.3f}", "pairs_frac": "{:.3f}"}
-    out = df.copy()
-    for col, f in fmt.items():
-        out[col] = [f.format(x) if x is not None and not pd.isna(x) else "" for x in out[col]]
-    return out.to_string(index=False)
-
-
-def summary_pivot(df):
-    """(mask, N) x impl matrix of x_cudnn (where SDPA exists) or x_full (other masks)."""
-    import pandas as pd
-
-    if df.empty:
-        return pd.DataFrame()
-    sdpa_mask = df["mask"].map(lambda m: mask_kind(m) in SDPA_MASKS)
-    val = df["x_cudnn"].where(sdpa_mask, df["x_full"]).astype(float)
-    piv = df.assign(ratio=val).pivot_table(index=["mask", "seq_len"], columns="impl", values="ratio",
-                                           sort=False, dropna=False)
-    piv = piv[[c for c in IMPLS if c in piv.columns]]
-    tiles = df.dropna(subset=["tiles_frac"]).groupby(["mask", "seq_len"], sort=False)["tiles_frac"].first()
-    piv["tiles_frac"] = tiles.reindex(piv.index).astype(float)
-    return piv
 
 
 def preflight(args, device) -> list[int]:
@@ -352,16 +189,7 @@ def run(args, argv=None) -> dict:
                            dtype=args.dtype, batch=b, heads=h, ms=None, tflops=None, rel_err=None,
                            rel_err_cudnn=None, config=None, config_source=None, status="ok",
                            error=None, flops=flops, pairs_frac=pairs / float(n * n), tiles_frac=None)
-                if impl in SCHEDULE_OF:
-                    cfg = (tuned.lookup(d, spec, n, args.dtype) if tuned else None)
-                    rec["config_source"] = "tuned" if cfg else "default"
-                    cfg = cfg or default_config(d, dtype, n=n, mask=spec, device=device,
-                                                schedule=SCHEDULE_OF[impl]).as_dict()
-                    rec["config"] = cfg
-                    rec["schedule"] = SCHEDULE_OF[impl]
-                    rec["tiles_frac"] = tile_fraction(spec, n, cfg["block_m"], cfg["block_n"])
-                else:
-                    cfg = None
+                cfg = kernel_config(impl, rec, tuned, spec, device)
                 if impl == "naive" and not naive_fits(device, b, h, n, elem):
                     rec.update(status="too_big",
                                error=f"S and P need {naive_bytes(b, h, n, elem) / 2**30:.1f} GiB")
