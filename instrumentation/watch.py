@@ -289,7 +289,8 @@ class Watch:
             calls.append(ModelCall(index=i, step=step, rank=self.rank, layer=plan["layer"], phase=plan["phase"],
                                    batch=b, heads=h, kv_heads=k.shape[1], n_q=n_q, n_k=k.shape[2], head_dim=d,
                                    dtype=DTYPE_NAMES[q.dtype], mask=trace.meta.get("mask", plan["mask"]),
-                                   window=plan["window"], wall_ms=wall_ms, kernel_ms=_kernel_ms(trace)))
+                                   window=plan["window"], wall_ms=wall_ms, kernel_ms=_kernel_ms(trace),
+                                   bwd_kernel_ms=_kernel_ms(trace, "bwd_work")))
             traces.append(trace)
         entries.clear()        # the snapshots' memory goes back before the write
         return calls, traces, (time.perf_counter() - t0) * 1e3
@@ -304,10 +305,11 @@ def _threaded(entries: list) -> bool:
     return bool(entries) and entries[0]["q"].is_cuda and backend() == "cuda"
 
 
-def _kernel_ms(trace) -> float | None:
-    """The forward kernel's time in a GPU trace: the span of its work-only launch's items
-    (globaltimer); None in the interpreter (no clock: the pages model the time instead)."""
-    work = trace.tables.get("work") if hasattr(trace, "tables") else None
+def _kernel_ms(trace, table: str = "work") -> float | None:
+    """A kernel's time in a GPU trace: the span of the items of a work-only launch, the
+    forward's ('work') or the backward's D, dK/dV and dQ programs ('bwd_work'), by globaltimer;
+    None in the interpreter (no clock: the pages model the time instead) or without that table."""
+    work = trace.tables.get(table) if hasattr(trace, "tables") else None
     if work is None or "t_start" not in work or "t_end" not in work or not len(work):
         return None
     span = float(work["t_end"].max() - work["t_start"].min())

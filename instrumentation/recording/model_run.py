@@ -56,7 +56,9 @@ class ModelCall:
     window: the layer's sliding window W (None for a global layer; a decode step of a sliding
     layer reads only its last W keys, so its mask is 'causal' over n_k <= W keys);
     kernel_ms: the untraced kernel's median time (CUDA only; None in the interpreter);
-    rank: the torch.distributed rank that ran it (0 without torch.distributed)."""
+    rank: the torch.distributed rank that ran it (0 without torch.distributed);
+    bwd_kernel_ms: a watched call's traced backward on the GPU, the span of its work-only launch
+    (D, dK/dV and dQ programs; None where it has no backward or no clock)."""
 
     index: int
     step: int
@@ -74,6 +76,7 @@ class ModelCall:
     wall_ms: float | None = None
     kernel_ms: float | None = None
     rank: int = 0
+    bwd_kernel_ms: float | None = None
     trace: Trace | None = field(default=None, repr=False)
 
     @property
@@ -100,6 +103,7 @@ CALL_SCHEMA = {
         "n_k": _POS, "head_dim": _POS, "dtype": {"enum": list(files.DTYPES)},
         "mask": {"type": "string", "maxLength": 200},
         "window": {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1}, "wall_ms": _MS, "kernel_ms": _MS,
+        "bwd_kernel_ms": _MS,
         "rank": {"type": "integer", "minimum": 0, "maximum": 9999},
         "trace": {"type": "string", "pattern": TRACE_DIR.pattern},
     },
@@ -297,7 +301,7 @@ def check_manifest(doc, max_calls: int = MAX_CALLS) -> dict:
         if entry["index"] != i:
             raise ModelRunFormatError(f"call {i} of {MANIFEST} has index {entry['index']}; a model run's "
                                       "calls are numbered 0, 1, 2, ... in order. Save the run again")
-        bad = [k for k in ("wall_ms", "kernel_ms") if entry.get(k) is not None and not math.isfinite(entry[k])]
+        bad = [k for k in ("wall_ms", "kernel_ms", "bwd_kernel_ms") if entry.get(k) is not None and not math.isfinite(entry[k])]
         if bad:
             raise ModelRunFormatError(f"call {i} of {MANIFEST} has {bad[0]} {entry[bad[0]]}; a time is a finite "
                                       "number of milliseconds or null. Save the run again")
