@@ -40,6 +40,31 @@ TEXTS = {
 }
 
 
+# The cache chapter's FP8 passage, verbatim (two places in its section 4), and what FlashAttention-3
+# scales, precisely: the chapter's "block scaling of the softmax statistics" is loose
+FP8_PASSAGE = (
+    "That low precision is the FP8 story. Running the attention matrix multiplies in 8-bit floating point "
+    "roughly doubles the achievable arithmetic rate again, but naive FP8 would lose too much accuracy in the "
+    "score and probability values. FlashAttention-3 keeps the running softmax statistics in higher precision "
+    "and applies block-level scaling so that the bulk of the multiply work runs in FP8 while the numerically "
+    "sensitive accumulation stays accurate.",
+    "FlashAttention-3 (Shah et al., 2024) brought asynchronous, warp-specialized FP8 attention to Hopper "
+    "accelerators, reporting throughput well beyond FlashAttention-2 while keeping accuracy through block "
+    "scaling of the softmax statistics.",
+)
+FP8_PRECISELY = (
+    "What FlashAttention-3 scales, precisely: the block scales belong to the *inputs* of the two products, "
+    "one fp32 scale per tile of Q (a block of query rows), of K and of V (blocks of key rows); ours is the "
+    "tile's largest magnitude over e4m3's largest value, 448. The softmax statistics (each row's running "
+    "max m and denominator l) are not block-scaled at all: they stay in fp32, unscaled, as does the output "
+    "accumulator. P = exp(S − m) lies in [0, 1] after the running max, so it is cast to e4m3 with one fixed "
+    "scale, no per-block one. Before quantising, Q and K are multiplied by the same random orthogonal "
+    "(signed Hadamard) matrix, which leaves Q·Kᵀ unchanged and spreads outlier features over the head "
+    "dimension (the paper's \"incoherent processing\"). So the chapter's \"block scaling of the softmax "
+    "statistics\" is loose: the statistics are kept in higher precision, as its first passage says, and "
+    "the block scaling is of Q, K and V.")
+
+
 def cite(key: str) -> str:
     """A text's title in quotes, with its kind: what a page writes where it uses the text."""
     t = TEXTS[key]
@@ -53,3 +78,6 @@ def about_sources() -> None:
                     "tables against the kernel's own recordings:")
         st.markdown("\n".join(f"- **{t.title}** — {t.kind}. *Used for:* {t.used_for}."
                               for t in TEXTS.values()))
+        st.markdown(f"**FP8**, in {cite('cache_chapter')}, verbatim:")
+        st.markdown("\n\n".join(f"> {p}" for p in FP8_PASSAGE))
+        st.markdown(FP8_PRECISELY + " The Low precision page measures both kinds of scaling on our FP8 kernel.")

@@ -29,11 +29,12 @@ PAGES = {                               # URL path -> title, in the sidebar's or
     "decode": "Prefill vs decode",
     "your_model": "Your model",         # the estimator: a model and N, no trace
     "backward": "Backward pass",        # dK/dV and dQ programs of a trace recorded with backward=True
+    "low_precision": "Low precision",   # FP8 vs bf16 errors and speed (data/precision/, instrumentation.precision_study)
     "serving": "Serving",               # paged KV cache and packed varlen batches
     "model_run": "Model run",           # a captured transformers run (data/runs/); its calls open elsewhere
 }
 # pages with their own recordings, runs or controls: the sidebar's attention run does nothing there
-OWN_DATA_PAGES = ("ring", "decode", "your_model", "serving", "model_run")
+OWN_DATA_PAGES = ("ring", "decode", "your_model", "serving", "model_run", "low_precision")
 DTYPES = tuple(files.DTYPES)           # fp16, bf16, fp32: the one dtype table
 SOURCES = {"gpu": "live GPU", "interpreter": "live interpreter (CPU)",
            "recorded": "recorded trace (data/)", "upload": "uploaded trace (.zip)"}

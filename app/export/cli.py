@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `python -m app.export` (its flags and their help)."""
     from app.figures.registry import BACKWARD_CHARTS, CHARTS, DECODE_CHARTS, RING_CHARTS, SWEEP_CHARTS, TRACE_CHARTS
     from app.figures.registry import ESTIMATE_CHARTS, MODEL_RUN_CHARTS
-    from app.figures.registry import PAGED_CHARTS, VARLEN_CHARTS
+    from app.figures.registry import PAGED_CHARTS, PRECISION_CHARTS, VARLEN_CHARTS
     from instrumentation.cli.args import MAX_COUNT, OneLineParser, bounded_int
     from instrumentation.trace.bounds import MAX_SM
 
@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"paged decode recordings (data/serving): {', '.join(PAGED_CHARTS)}; varlen "
                         f"recordings: {', '.join(VARLEN_CHARTS)} (--compare: the same batch padded); "
                         f"sweep charts: {', '.join(SWEEP_CHARTS)}; model runs (--run): {', '.join(MODEL_RUN_CHARTS)}; "
-                        f"a model's shape (--model, --n): {', '.join(ESTIMATE_CHARTS)}. "
+                        f"a model's shape (--model, --n): {', '.join(ESTIMATE_CHARTS)}; precision studies "
+                        f"(data/precision): {', '.join(PRECISION_CHARTS)}. "
                         "Default: the recording's first chart (schedule, ring-timeline, decode-lanes) or memory (sweep)")
     p.add_argument("--format", choices=FIGURE_FORMATS + ANIMATION_FORMATS + ("json",) + TABLE_FORMATS,
                    help="required unless --gallery")

@@ -184,6 +184,11 @@ def _serving():
     return serving_traces
 
 
+def _low_precision():
+    from app.figures import low_precision
+    return low_precision
+
+
 TRACE_CHARTS = {
     "schedule": lambda c: _F().sm_lanes_figure(c.trace, tl=c.timeline()),
     "tiles": lambda c: _F().tile_grid_figure(c.trace, tl=c.timeline(), bh=c.traced_head()),
@@ -229,6 +234,13 @@ PAGED_CHARTS = {
 VARLEN_CHARTS = {
     "serving-varlen-lanes": lambda c: _serving().varlen_lanes_figure_for(c.trace, c.compare, c.sms),
     "serving-varlen-work": lambda c: _serving().varlen_work_figure_for(c.trace, c.compare),
+}
+# precision studies (data/precision/NAME, instrumentation.precision_study): the Low precision page's charts
+PRECISION_CHARTS = {
+    "precision-rmse": lambda c: _low_precision().error_maps_figure(c.trace, "rmse"),
+    "precision-max-abs": lambda c: _low_precision().error_maps_figure(c.trace, "max_abs"),
+    "precision-summary": lambda c: _low_precision().error_summary_figure(c.trace),
+    "precision-speed": lambda c: _low_precision().speed_figure(c.trace),
 }
 SWEEP_CHARTS = {
     "memory": lambda c: _F().memory_figure(_sweep(c)[1], _sweep(c)[0]),
@@ -279,7 +291,7 @@ ESTIMATE_CHARTS = {"your-model-peak-memory": _your_model("peak_memory_figure"),
                    "your-model-hbm-traffic": _your_model("traffic_figure"),
                    "your-model-flops": _your_model("flops_figure"), "your-model-time": _your_model("time_figure")}
 CHARTS = {**TRACE_CHARTS, **BACKWARD_CHARTS, **RING_CHARTS, **DECODE_CHARTS, **PAGED_CHARTS, **VARLEN_CHARTS, **SWEEP_CHARTS,
-          **MODEL_RUN_CHARTS, **ESTIMATE_CHARTS}
+          **MODEL_RUN_CHARTS, **ESTIMATE_CHARTS, **PRECISION_CHARTS}
 OWN_INPUT_CHARTS = {**SWEEP_CHARTS, **MODEL_RUN_CHARTS, **ESTIMATE_CHARTS}     # drawn without a trace
 
 
@@ -302,6 +314,8 @@ def trace_charts(trace) -> dict:
     """The chart table for a recording's kind: ring, decode, or an attention trace."""
     if "ring" in trace.meta:
         return RING_CHARTS
+    if "precision_study" in trace.meta:
+        return PRECISION_CHARTS
     if trace.meta.get("varlen"):
         return VARLEN_CHARTS
     if trace.meta.get("kind") == "decode" and trace.meta.get("paged"):
@@ -318,7 +332,8 @@ def build(name: str, inputs: ChartInputs):
     if name not in OWN_INPUT_CHARTS and inputs.trace is None:
         raise ValueError(f"--chart {name} draws a trace: pass --trace data/traces/NAME")
     if name not in OWN_INPUT_CHARTS and name not in (own := trace_charts(inputs.trace)):
-        kind = {id(RING_CHARTS): "ring", id(DECODE_CHARTS): "decode"}.get(id(own), "attention")
+        kind = {id(RING_CHARTS): "ring", id(DECODE_CHARTS): "decode", id(PRECISION_CHARTS): "precision-study"}.get(
+            id(own), "attention")
         raise ValueError(f"--chart {name} does not draw this {kind} recording; its charts: {', '.join(own)}")
     return CHARTS[name](inputs)
 

@@ -177,7 +177,7 @@ def trace_zip(trace, fmt: str) -> bytes:
         else:
             for name in ("work", "tiles", "rows", "out"):
                 zf.writestr(f"trace/{name}.csv", getattr(trace, name).to_csv(index=False))
-            for name in ("bwd_work", "bwd_tiles", "bwd_rows"):     # a trace recorded with the backward
+            for name in ("bwd_work", "bwd_tiles", "bwd_rows", "fp8_error"):     # the backward's; FP8 errors
                 table = getattr(trace, name, None)
                 if table is not None and len(table):
                     zf.writestr(f"trace/{name}.csv", table.to_csv(index=False))

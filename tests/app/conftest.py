@@ -133,6 +133,25 @@ def decode_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def precision_data(tmp_path_factory):
+    """A data/ directory with one tiny precision study (instrumentation.precision_study, run here
+    in the interpreter: B1 H2/1 N64 D32, causal, FA3's outliers) as data/precision/tiny_outliers
+    (and the same as tiny_outliers_copy), and one small flash trace for the sidebar. Made once; tests must not change it."""
+    from instrumentation.precision_study import StudyPreset, run_study
+    from tests.app.headless import record_small
+
+    root = tmp_path_factory.mktemp("precision")
+    tiny = StudyPreset("tiny_outliers", "FA3 outlier recipe, B1 H2/1 N64 D32, causal (test size)", 1, 2, 1, 64, 32,
+                       "causal", True, False, 32)
+    trace = run_study(tiny, seed=1)
+    trace.meta["source"] = "recorded"
+    trace.save(root / "precision" / "tiny_outliers")
+    trace.save(root / "precision" / "tiny_outliers_copy")       # a second choice for the page's menu
+    record_small(root, "n64_causal_natural", n=64)
+    return root
+
+
 # -- browser tests ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
