@@ -85,7 +85,7 @@ def compiled_forward(query, key, value, mask, scaling, causal: bool, window: int
     b, _, n_q, _ = query.shape
     n_k = key.shape[2]
     if mask is None:
-        end, ok = None, None                     # every key (instrumentation.hf._key_end's shape rule)
+        end, ok = None, None                     # every key (instrumentation.hf_mask.key_end's shape rule)
     else:
         end, ok = mask_edges(mask, b, n_q, causal, window)
     decode = causal and n_q < n_k and n_q <= MAX_QUERIES and (window is None or n_q == 1)
@@ -139,7 +139,7 @@ def packed_forward(query, key, value, mask, kwargs, causal: bool, window: int | 
 
 def _check_packed_mask(mask, cu_q, cu_k, causal, window, where) -> None:
     """Eager only: the mask equals the packed sequences' block-diagonal pattern (host reads)."""
-    from .hf import kernel_pattern
+    from .hf_mask import kernel_pattern
 
     seen = mask if mask.dtype == torch.bool else mask == 0
     want = torch.zeros(seen.shape[-2:], dtype=torch.bool, device=seen.device)

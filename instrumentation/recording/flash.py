@@ -15,11 +15,8 @@ from ..analysis.traced_items import DETAIL, WORK_ONLY, work_item_ratio
 from ..trace import SCHEMA_VERSION, Trace
 from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, environment
-from .inputs import check_sizes, dtype_name, parse_q_blocks
+from .inputs import AUTO_TRACE_BLOCKS, ROW_DETAIL_ALL_UP_TO, check_sizes, dtype_name, parse_q_blocks
 from .timing import time_ms
-
-AUTO_TRACE_BLOCKS = 8          # query blocks with row detail when a sequence is long
-ROW_DETAIL_ALL_UP_TO = 32      # below this many query blocks, every block gets row detail
 
 
 def default_trace_blocks(n_qb: int) -> list[int]:

@@ -12,6 +12,8 @@ import os
 from ..trace.files import DTYPE_BYTES, DTYPES, check_dtype
 
 MAX_BLOCK = 256                       # the largest block size the kernel takes
+AUTO_TRACE_BLOCKS = 8          # query blocks with row detail when a sequence is long (record's 'auto')
+ROW_DETAIL_ALL_UP_TO = 32      # below this many query blocks, every block gets row detail
 DOC_FRACTIONS = (0.30, 0.05, 0.20, 0.12, 0.25, 0.08)
 
 
@@ -121,7 +123,6 @@ def _check_trace_size(batch, heads, h_kv, n, n_k, head_dim, bm, bn, n_qb, n_kb, 
     if blocks == "all":
         blocks = n_qb
     elif blocks == "auto":
-        from .flash import AUTO_TRACE_BLOCKS, ROW_DETAIL_ALL_UP_TO
         blocks = n_qb if n_qb <= ROW_DETAIL_ALL_UP_TO else AUTO_TRACE_BLOCKS
     elif not isinstance(blocks, int):
         blocks = len(parse_q_blocks(blocks))

@@ -189,7 +189,9 @@ def test_call_refusals(device):
 
 
 def test_mask_checked_in_row_chunks(device, monkeypatch):
-    monkeypatch.setattr(hf, "MASK_CHECK_ELEMENTS", 40)               # chunks of 2 rows of 20 keys
+    from instrumentation import hf_mask
+
+    monkeypatch.setattr(hf_mask, "MASK_CHECK_ELEMENTS", 40)          # chunks of 2 rows of 20 keys
     q, k, v = qkv(12, 20, device)
     mask = hf.kernel_pattern(12, 20, True, 5, device)[None, None].expand(1, 4, 12, 20)   # per head
     assert hf.plan_call(Layer(), q, k, v, mask, sliding_window=5)["k_end"] == 20
