@@ -33,12 +33,10 @@ from kernels import flash_attention  # noqa: E402
 from kernels.backward import backward_config  # noqa: E402
 from kernels.masks import parse_mask  # noqa: E402
 
+from .backward_cases import CPU_CASES, GPU_CASES, case_inputs  # noqa: E402,F401  (the cases, shared with the sweep)
+
 IMPLS = ("tilescope", "sdpa_cudnn", "sdpa_flash", "flex")
 SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION"}
-# (batch, heads, kv_heads, seq_len, head_dim, mask)
-GPU_CASES = ([(4, 16, 16, n, d, m) for d in (128, 64) for n in (4096, 8192, 16384) for m in ("full", "causal")]
-             + [(2, 32, 8, 8192, 128, "causal"), (4, 16, 16, 4096, 256, "causal")])
-CPU_CASES = [(1, 1, 1, 48, 16, "causal"), (1, 2, 2, 64, 32, "full"), (1, 4, 2, 64, 32, "causal")]
 BWD_FACTOR, FWD_BWD_FACTOR = 2.5, 3.5
 FLOPS = ("backward TFLOP/s = 2.5 x the forward's 4*B*H*D*visible pairs (causal N(N+1)/2) / time; "
          "forward+backward 3.5x")
@@ -71,13 +69,6 @@ def parse_impls(text: str) -> list[str]:
     if bad or not names:
         raise SystemExit(f"error: unknown impl {', '.join(bad) or '(none)'}; use some of {', '.join(IMPLS)}")
     return [i for i in IMPLS if i in names]
-
-
-def case_inputs(batch, heads, kv_heads, n, head_dim, dtype, device, seed):
-    """q, dO (B, H, N, D) and k, v (B, H_kv, N, D), one generator on the device."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    make = lambda h: torch.randn(batch, h, n, head_dim, generator=g, device=device, dtype=dtype)  # noqa: E731
-    return make(heads), make(kv_heads), make(kv_heads), make(heads)
 
 
 def sdpa(q, k, v, causal, expand=False):

@@ -21,6 +21,7 @@ from kernels.masks import parse_mask
 
 from . import attention_flops, log, rel_error, time_ms
 from .backward_atomic import flash_attention_backward_atomic
+from .backward_cases import case_inputs
 
 BWD_FACTOR = 2.5
 # candidates per head dim: (block_m1, block_n1, block_m2, block_n2, warps, stages[, one_launch])
@@ -40,8 +41,6 @@ CPU_ATOMIC = {32: [None]}
 
 
 def _inputs(d, mask, device, dtype, seed):
-    from .backward import case_inputs
-
     b, h, n = (4, 16, 4096) if device.type == "cuda" else (1, 2, 64)
     q, k, v, do = case_inputs(b, h, h, n, d, dtype, device, seed)
     with torch.no_grad():

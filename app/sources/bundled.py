@@ -6,8 +6,8 @@ scripts):  data/traces/<name>/manifest.json (+ parquet files), data/sweeps/*.jso
 data/MANIFEST.json (optional index; may name a default trace).
 
 The discovery functions take a root and need no Streamlit session (tests call them directly);
-`recordings()`, `recording_named()` and `load_recording()` at the bottom are the app's cached
-accessors. Set TILESCOPE_DATA to point the app at another data directory (tests do).
+`recordings()`, `bundled_named()` and `load_recording()` at the bottom are the app's cached
+accessors (app.sources.named.recording_named opens any recording by name). Set TILESCOPE_DATA to point the app at another data directory (tests do).
 """
 
 from __future__ import annotations
@@ -198,12 +198,9 @@ def recordings() -> list[Recording]:
     return _discover(str(root), stamp)
 
 
-def recording_named(name: str) -> Recording | None:
-    """The bundled recording called `name`, or None. A model run's prefill call, `run:<run>:<call>`,
-    is one too (app.sources.model_run)."""
-    if isinstance(name, str) and name.startswith("run:"):
-        from app.sources.model_run import call_recording
-        return call_recording(name)
+def bundled_named(name: str) -> Recording | None:
+    """The bundled trace called `name`, or None (app.sources.named.recording_named also opens a
+    model run's call by its name)."""
     return next((r for r in recordings() if r.name == name), None)
 
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app.settings import SOURCES, Settings
-from app.sources.bundled import Recording, load_recording, recording_named
+from app.sources.bundled import Recording, load_recording
 from app.sources.errors import RunError
 from app.sources.live import has_run, live_source, run_live
+from app.sources.named import recording_named
 from app.sources.upload import upload_digest, uploaded_trace
 from instrumentation import Trace, TraceFormatError
 
