@@ -7,8 +7,9 @@
 This module holds the harness the three commands share: device slug and run metadata, FLOP
 counting per mask, the float32 slice reference and the correctness gate (a wrong output is never
 timed), the timer (Triton's do_bench median on CUDA; a wall-clock fallback in the CPU
-interpreter, only for smoke tests), the result-file writer/validator and the tuned-config file.
-Timings are measured here, never asserted by tests.
+interpreter, only for smoke tests), the result-file writer/validator (benchmarks.results) and the
+tuned-config file (benchmarks.tuned), both re-exported here. Timings are measured here, never
+asserted by tests.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import math
 import os
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
@@ -29,10 +29,12 @@ import torch
 from instrumentation.recording.inputs import (DOC_FRACTIONS, TORCH_DTYPES, document_lengths,  # noqa: F401
                                               visible_pairs)
 from instrumentation.recording.timing import time_ms  # noqa: F401  (the one timer, re-exported)
-from instrumentation.trace import files
 from kernels.masks import MaskSpec, parse_mask
 
-SCHEMA = "tilescope.benchmarks/1"
+from .results import (CONFIG_KEYS, EXTRA_META_KEYS, META_KEYS, RECORD_KEYS, SCHEMA,  # noqa: F401
+                      load_results, validate_results, write_results)
+from .tuned import TunedConfigs, mask_kind, normalize_config  # noqa: F401
+
 DEFAULT_OUT = "data/benchmarks"
 DTYPES = TORCH_DTYPES()                    # 'fp16' -> torch.float16 (the table: files.DTYPES)
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -207,180 +209,6 @@ def free_cuda(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-
-
-# -- result files -------------------------------------------------------------------------------
-
-META_KEYS = ("schema", "kind", "device", "driver", "torch_version", "triton_version", "date",
-             "command")
-RECORD_KEYS = {
-    "attention": ("impl", "mask", "seq_len", "head_dim", "dtype", "batch", "heads", "ms",
-                  "tflops", "rel_err", "config", "status"),
-    "tune": ("head_dim", "mask", "seq_len", "dtype", "batch", "heads", "config", "status", "ms",
-             "tflops"),
-    "overhead": ("mask", "seq_len", "head_dim", "dtype", "batch", "heads", "level",
-                 "untraced_ms", "traced_ms", "overhead_pct"),
-    "ring": ("impl", "world", "mask", "layout", "seq_len", "tokens_per_gpu", "head_dim", "dtype",
-             "batch", "heads", "ms", "rel_err", "status", "single_gpu_ms", "parallel_efficiency"),
-}
-EXTRA_META_KEYS = {"attention": ("matmul_tflops", "flop_convention")}
-CONFIG_KEYS = ("block_m", "block_n", "num_warps", "num_stages")
-
-
-_clean = files.json_safe           # JSON-safe copy: NaN/inf -> None, numpy -> Python
-
-
-def validate_results(obj, kind: str | None = None) -> None:
-    """Raise ValueError naming every problem with a result file's content."""
-    problems = []
-    if not isinstance(obj, dict):
-        raise ValueError(f"result file must hold a JSON object, got {type(obj).__name__}")
-    meta, records = obj.get("meta"), obj.get("records")
-    if not isinstance(meta, dict):
-        problems.append("missing 'meta' object")
-        meta = {}
-    if not isinstance(records, list):
-        problems.append("missing 'records' list")
-        records = []
-    kind = kind or meta.get("kind")
-    if kind not in RECORD_KEYS:
-        problems.append(f"unknown kind {kind!r}; expected one of {sorted(RECORD_KEYS)}")
-    if meta and meta.get("schema") != SCHEMA:
-        problems.append(f"meta.schema is {meta.get('schema')!r}, expected {SCHEMA!r}")
-    if meta and kind in RECORD_KEYS and meta.get("kind") not in (None, kind):
-        problems.append(f"meta.kind is {meta.get('kind')!r}, expected {kind!r}")
-    for key in META_KEYS + EXTRA_META_KEYS.get(kind, ()):
-        if meta and key not in meta:
-            problems.append(f"meta lacks {key!r}")
-    for i, rec in enumerate(records):
-        if not isinstance(rec, dict):
-            problems.append(f"records[{i}] is not an object")
-            continue
-        missing = [k for k in RECORD_KEYS.get(kind, ()) if k not in rec]
-        if missing:
-            problems.append(f"records[{i}] lacks {missing}")
-        for k in ("ms", "tflops", "rel_err", "untraced_ms", "traced_ms", "overhead_pct"):
-            val = rec.get(k)
-            if val is not None and not isinstance(val, (int, float)):
-                problems.append(f"records[{i}].{k} is {val!r}, expected a number or null")
-            if isinstance(val, (int, float)) and k.endswith("ms") and not val > 0:
-                problems.append(f"records[{i}].{k} = {val} is not a positive time")
-        cfg = rec.get("config")
-        if cfg is not None and (not isinstance(cfg, dict) or any(c not in cfg for c in CONFIG_KEYS)):
-            problems.append(f"records[{i}].config must hold {list(CONFIG_KEYS)}, got {cfg!r}")
-        if rec.get("status") == "ok" and "ms" in RECORD_KEYS.get(kind, ()) and rec.get("ms") is None:
-            problems.append(f"records[{i}] has status 'ok' but no ms")
-    if problems:
-        raise ValueError("invalid benchmark results: " + "; ".join(problems))
-
-
-def write_results(obj: dict, path, kind: str | None = None, copy_to=None) -> Path:
-    """Validate and write a result file (strict JSON: NaN written as null); optionally copy it."""
-    obj = _clean(obj)
-    validate_results(obj, kind)
-    path = files.write_json_atomic(path, obj)
-    if copy_to:
-        Path(copy_to).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, Path(copy_to) / path.name)
-    return path
-
-
-def load_results(path, kind: str | None = None) -> dict:
-    obj = files.read_json(path, f"result file '{Path(path).name}'")
-    validate_results(obj, kind)
-    return obj
-
-
-# -- tuned configs ------------------------------------------------------------------------------
-
-_CFG_ALIASES = {"block_m": "block_m", "bm": "block_m", "block_n": "block_n", "bn": "block_n",
-                "num_warps": "num_warps", "warps": "num_warps", "num_stages": "num_stages",
-                "stages": "num_stages"}
-
-
-def normalize_config(cfg) -> dict:
-    """{'block_m','block_n','num_warps','num_stages'} from a dict (aliases warps/stages/bm/bn)."""
-    if not isinstance(cfg, dict):
-        raise ValueError(f"a config must be an object with {list(CONFIG_KEYS)}, got {cfg!r}")
-    out = {}
-    for k, v in cfg.items():
-        name = _CFG_ALIASES.get(k)
-        if name is None:
-            continue
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"config value {k}={v!r} must be a positive integer")
-        out[name] = int(v)
-    missing = [k for k in CONFIG_KEYS if k not in out]
-    if missing:
-        raise ValueError(f"config {cfg!r} lacks {missing}")
-    return out
-
-
-def mask_kind(label) -> str:
-    text = label.text if isinstance(label, MaskSpec) else str(label)
-    return text.strip().lower().partition(":")[0]
-
-
-class TunedConfigs:
-    """Tuned configs per (head_dim, mask kind, N), read from a --config-file.
-
-    Accepted files: the output of `python -m benchmarks.tune` (its 'best' list or object), or a
-    JSON list of {"head_dim": 128, "mask": "causal", "seq_len": 4096, "config": {...}} where
-    "mask" and "seq_len" may be left out (then they match any). Lookup: same head_dim; same mask
-    kind (sliding_window, prefix_lm and document fall back to causal, then anything); the
-    nearest tuned N on a log scale. None when no entry has this head_dim.
-    """
-
-    def __init__(self, entries):
-        self.entries = []
-        for i, e in enumerate(entries):
-            if not isinstance(e, dict):
-                raise ValueError(f"config entry {i} is not an object: {e!r}")
-            if "head_dim" not in e or "config" not in e:
-                raise ValueError(f"config entry {i} needs 'head_dim' and 'config', got {sorted(e)}")
-            self.entries.append({
-                "head_dim": int(e["head_dim"]),
-                "mask": None if e.get("mask") in (None, "*", "any") else mask_kind(e["mask"]),
-                "seq_len": None if e.get("seq_len") in (None, "*") else int(e["seq_len"]),
-                "dtype": e.get("dtype"),
-                "config": normalize_config(e["config"]),
-            })
-
-    @classmethod
-    def parse(cls, obj) -> "TunedConfigs":
-        if isinstance(obj, dict):
-            best = obj.get("best")
-            if best is None:
-                raise ValueError("config file object needs a 'best' list or object "
-                                 "(as written by python -m benchmarks.tune)")
-            entries = list(best.values()) if isinstance(best, dict) else best
-        elif isinstance(obj, list):
-            entries = obj
-        else:
-            raise ValueError(f"config file must hold a JSON object or list, got {type(obj).__name__}")
-        if not isinstance(entries, list):
-            raise ValueError("'best' must be a list or an object of entries")
-        return cls(entries)
-
-    @classmethod
-    def load(cls, path) -> "TunedConfigs":
-        return cls.parse(files.read_json(path, f"config file '{path}'"))
-
-    def lookup(self, head_dim: int, mask, n: int, dtype: str | None = None) -> dict | None:
-        kind = mask_kind(mask)
-        cands = [e for e in self.entries if e["head_dim"] == head_dim
-                 and (dtype is None or e["dtype"] in (None, dtype))]
-        if not cands:
-            return None
-        for want in (kind, "causal" if kind not in ("full", "causal") else None, None):
-            pool = [e for e in cands if want is None or e["mask"] in (want, None)]
-            if pool:
-                break
-        def dist(e):
-            return 0.0 if e["seq_len"] is None else abs(math.log2(e["seq_len"]) - math.log2(n))
-        # exact-kind entries first, then nearest N, then entries with fewer wildcards
-        best = min(pool, key=lambda e: (e["mask"] != kind, dist(e), e["seq_len"] is None))
-        return dict(best["config"])
 
 
 def load_config_file(path, out_dir, device_name) -> "TunedConfigs | None":
