@@ -72,10 +72,23 @@ def call_tiles(call, meta: dict) -> int:
     return e.tiles_computed
 
 
+def backward_tiles(call, backward: dict | None) -> int | None:
+    """The tiles a call's traced backward computed: its trace meta's tiles per query head, dK/dV
+    and dQ passes (what the backward's bwd_work table sums to), times B x H. None without a
+    backward. Arguments: a ModelCall, its trace meta's 'backward' (or None). Returns the count."""
+    per_head = (backward or {}).get("tiles_per_head") or {}
+    if not per_head:
+        return None
+    return int(sum(int(per_head.get(p) or 0) for p in ("dkdv", "dq"))) * call.batch * call.heads
+
+
 def call_table(run) -> pd.DataFrame:
     """One row per call: run.table()'s columns plus `kind` (sliding / global), `layer_label`,
     `tiles` (call_tiles: Estimate.tiles_computed with the call's blocks, a decode step's GQA group
-    in one block), `kv_bytes` (Estimate.kv_cache_bytes: the K and V the call read) and `kernel_us`.
+    in one block), `kv_bytes` (Estimate.kv_cache_bytes: the K and V the call read), `kernel_us`
+    and, for the watched page, `backward` (the trace has the backward), `model_us` /
+    `model_bwd_us` (modelled forward / backward time on MODEL_DEVICE), `bwd_tiles`
+    (backward_tiles), `flops` / `bwd_flops` (Estimate.flops / flops_backward) and `bwd_kernel_us`.
 
     Arguments: a ModelRun (its traces loaded or not: ModelRun.trace_meta reads the blocks).
     Returns a DataFrame (empty run: no rows)."""
@@ -84,11 +97,15 @@ def call_table(run) -> pd.DataFrame:
         e = estimate(c.batch, c.heads, c.kv_heads, c.n_q, c.n_k, c.head_dim, mask=c.mask, dtype=c.dtype)
         meta = run.trace_meta(i)
         fwd_s = e.time_by_device.get(MODEL_DEVICE, e.time_s)
-        rows.append({"tiles": call_tiles(c, meta), "kv_bytes": e.kv_cache_bytes, "backward": "backward" in meta,
+        bwd = meta.get("backward") if isinstance(meta.get("backward"), dict) else None
+        rows.append({"tiles": call_tiles(c, meta), "kv_bytes": e.kv_cache_bytes, "backward": bwd is not None,
                      "model_us": fwd_s * 1e6,
-                     "model_bwd_us": fwd_s * 1e6 * e.flops_backward / e.flops if "backward" in meta and e.flops else None})
+                     "model_bwd_us": fwd_s * 1e6 * e.flops_backward / e.flops if bwd is not None and e.flops else None,
+                     "bwd_tiles": backward_tiles(c, bwd), "flops": e.flops,
+                     "bwd_flops": e.flops_backward if bwd is not None else None})
     table = run.table()
-    extra = pd.DataFrame(rows, index=table.index, columns=["tiles", "kv_bytes", "backward", "model_us", "model_bwd_us"])
+    extra = pd.DataFrame(rows, index=table.index, columns=["tiles", "kv_bytes", "backward", "model_us", "model_bwd_us",
+                                                           "bwd_tiles", "flops", "bwd_flops"])
     table = pd.concat([table, extra], axis=1)
     table["kind"] = ["global" if pd.isna(w) else "sliding" for w in table["window"]]
     # a call of a module without layer_idx has no layer (None): its own label, never dropped
@@ -96,6 +113,7 @@ def call_table(run) -> pd.DataFrame:
                             + ("global" if pd.isna(w) else f"window {int(w):,}")
                             for l, w in zip(table["layer"], table["window"])]
     table["kernel_us"] = table["kernel_ms"].astype(float) * 1e3
+    table["bwd_kernel_us"] = table["bwd_kernel_ms"].astype(float) * 1e3
     return table
 
 
@@ -252,37 +270,3 @@ def kv_cache_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
     return caption(fig, f"Data: {provenance}; bytes: Estimate.kv_cache_bytes of each call's shape "
                         "(2 × B × H_kv × N_k × D × bytes per element), summed over the layers. A global layer's "
                         "cache grows one token a decode step; a sliding layer's decode reads only its last W keys.")
-
-
-def watch_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
-    """A watched run (instrumentation.watch) over its traced steps: per layer, the attention
-    forward and (where traced) backward time of each step. Measured (kernel_ms: the work-only
-    launch's span on the GPU) where every call has it, else modelled (instrumentation.estimate
-    on the MODEL_DEVICE; the backward at the forward's time x flops_backward / flops).
-
-    Arguments: call_table(run), run_provenance(run). Returns the figure."""
-    measured = table["kernel_us"].notna().all() and len(table)
-    fwd = table["kernel_us"] if measured else table["model_us"]
-    bwd = table["model_bwd_us"] * (table["kernel_us"] / table["model_us"] if measured else 1.0)
-    data = table.assign(fwd_us=fwd, bwd_us=bwd)
-    fig = go.Figure()
-    palette = ["#3d7ab8", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"]
-    for n, (label, part) in enumerate(data.sort_values("step").groupby("layer_label", sort=False, dropna=False)):
-        per = part.groupby("step", as_index=False)[["fwd_us", "bwd_us"]].sum(min_count=1)
-        colour = palette[n % len(palette)]
-        fig.add_trace(go.Scatter(x=per.step, y=per.fwd_us, mode="lines+markers", name=f"{label} forward",
-                                 line=dict(color=colour), legendgroup=label,
-                                 hovertemplate="step %{x}: %{y:,.1f} µs<extra>" + f"{label} forward</extra>"))
-        if per.bwd_us.notna().any():
-            fig.add_trace(go.Scatter(x=per.step, y=per.bwd_us, mode="lines+markers", name=f"{label} backward",
-                                     line=dict(color=colour, dash="dash"), legendgroup=label,
-                                     hovertemplate="step %{x}: %{y:,.1f} µs<extra>" + f"{label} backward</extra>"))
-    how = "measured on the GPU (the traced work-only launch)" if measured else \
-        f"modelled (instrumentation.estimate on the {MODEL_DEVICE}: this run has no hardware clock)"
-    steps = table.step.nunique()
-    fig.update_layout(template=TEMPLATE, height=460, legend=TOP_LEGEND,
-                      title=title("Attention per layer over the traced steps: forward vs backward",
-                                  f"{steps} traced step{'s' if steps != 1 else ''} · time {how.split(' (')[0]}"))
-    fig.update_xaxes(title_text="training step (traced steps only)")
-    fig.update_yaxes(title_text="attention time per step (µs)", rangemode="tozero")
-    return caption(fig, f"Data: {provenance}. Time {how}; dashed: the traced backward of that step (its real dL/dO).")

@@ -43,6 +43,9 @@ from instrumentation.trace import Trace, files
 PREFIX = "run:"
 CALL_NAME = re.compile(r"^run:([A-Za-z0-9._-]{1,200}):(.*)$")
 WATCH_ENV = "TILESCOPE_WATCH"          # the directory `tilescope-app --watch DIR` follows
+LIVE_EVERY_S = 0.5        # the Model run page re-reads a live growing run this often (a fragment; an
+                          # unchanged run costs a few stat calls and the cached charts re-sent)
+RESTING_EVERY_S = 5.0     # ... and a finished or stopped one (a resumed job is seen within this)
 STALE_AFTER_S = 300                    # a growing run with no new step for this long has stopped updating
 MAX_RUN_UPLOAD_BYTES = 1 << 30         # a run of many calls: 1 GiB unpacked at most
 MAX_UPLOAD_CALLS = 1024                # an uploaded run (a run on disk may have MAX_CALLS)

@@ -16,7 +16,8 @@ from app import settings, url_state
 from app.figures._common import fmt_bytes, fmt_time_ms
 from app.figures.estimate import short
 from app.figures.model_run import (call_table, kv_cache_figure, layer_figure, layer_kind_figure, run_provenance,
-                                   steps_figure, watch_figure)
+                                   steps_figure)
+from app.figures.model_run_watch import watch_figure, watch_rate_figure
 from app.sources import model_run as runs
 from app.sources.errors import RunError
 from app.text import plain
@@ -25,7 +26,12 @@ from app.views import common
 UPLOAD = "upload"
 # not the online softmax: it regenerates a trace's inputs, and a model's activations are not kept
 PAGES_FOR_A_CALL = (("schedule", "tile schedule"), ("block_skip", "block-skip map"))
-LIVE_EVERY_S = 1.5        # a growing run's charts re-read the run this often (a fragment, not the page)
+BACKWARD_PAGE = ("backward", "backward page")     # a watched call traced with backward=True
+# a growing run's charts, in the page's order: widget key -> (export file name, figure function)
+LIVE_CHARTS = {"mr_watch_rates": ("model-run-watch-rates", watch_rate_figure),
+               "mr_watch": ("model-run-watch", watch_figure), "mr_layers": ("model-run-layers", layer_figure),
+               "mr_kinds": ("model-run-layer-kinds", layer_kind_figure)}
+BACKWARD_STEPS = 3        # the newest traced steps with a backward linked to the Backward page
 
 s = settings.current()
 st.title("Model run")
@@ -62,13 +68,49 @@ except RunError as exc:
 common.name_downloads(name or "model-run")
 
 
+def backward_links(table, name: str) -> None:
+    """For a watched run: the newest traced steps whose calls carry backward tables, each a line of
+    links to the Backward page, one per layer (the step's real dL/dO, traced)."""
+    bwd = table[table.backward.astype(bool) & (table.phase == "prefill")]
+    if not len(bwd):
+        st.caption("No traced step of this run has its backward traced: watch with backward=True to open "
+                   "one on the Backward page.")
+        return
+    lines = []
+    for step in sorted(set(bwd.step), reverse=True)[:BACKWARD_STEPS]:
+        calls = bwd[bwd.step == step].sort_values("layer")
+        links = " · ".join(f"[{table.layer_label[i].split(' · ')[0]}](./backward?" + urlencode(
+            {"page": "backward", "source": "recorded", "trace": runs.call_name(name, int(i))}) + ")"
+            for i in calls["index"])
+        lines.append(f"step {int(step)}: {links}")
+    st.markdown("**Backward of a traced step** (its real dL/dO), on the Backward page:  \n" + "  \n".join(lines))
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def live_table(path: str, stamp: float, shown_as: str, _run) -> tuple:
+    """A growing run's call table and provenance, built once per state of the run on disk (its
+    path and stamp): the live fragment re-reads the run every LIVE_EVERY_S seconds and rebuilds
+    only when a step has landed (or a marker was written)."""
+    return call_table(_run), run_provenance(_run, shown_as)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4 * 8)
+def live_chart(key: str, path: str, stamp: float, _table, _prov: str):
+    """One of a growing run's charts (LIVE_CHARTS[key]), built once per state of the run, each on
+    its own so the first is on the page before the next is built."""
+    return LIVE_CHARTS[key][1](_table, _prov)
+
+
 def show(run, info) -> None:
     """Everything drawn from the run: its numbers, charts, calls and downloads."""
     if not run.calls:
         st.warning("This model run holds no calls: capture a forward or generate inside `hf.capture(model)`.")
         return
-    table = call_table(run)
-    prov = run_provenance(run, shown, uploaded=not name)
+    growing = info is not None and info.growing
+    if growing:
+        table, prov = live_table(info.path, info.mtime, shown, run)
+    else:
+        table, prov = call_table(run), run_provenance(run, shown, uploaded=not name)
     m = run.meta
     if not s.present:
         env = m.get("environment") or {}
@@ -76,7 +118,6 @@ def show(run, info) -> None:
                 + plain(f"{m.get('about') or m.get('model')} · torch {m.get('torch_version', '?')} · Triton "
                         f"{env.get('triton_version', '?')} · {m.get('command', 'captured from Python')}"),
                 icon=":material/info:")
-    growing = info is not None and info.growing
     # -- the run in numbers --------------------------------------------------------------------------------
     prefill, decode = table[table.phase == "prefill"], table[table.phase == "decode"]
     sliding = sorted(set(table.loc[table.kind == "sliding", "layer"]))
@@ -84,9 +125,14 @@ def show(run, info) -> None:
     k[0].metric("calls", f"{len(table)}", help="attention calls recorded: layers × forward passes")
     k[1].metric("layers", f"{table.layer.nunique()}", f"{len(sliding)} sliding" if sliding else "global",
                 delta_color="off", delta_arrow="off")
-    k[2].metric("forward passes", f"{table.step.nunique()}", f"prefill + {decode.step.nunique()}",
-                delta_color="off", delta_arrow="off")
-    k[3].metric("prompt", f"{int(prefill.n_q.max()) if len(prefill) else 0:,} tok",
+    if growing:
+        every = (m.get("watched") or {}).get("every")
+        k[2].metric("traced steps", f"{table.step.nunique()}", f"every {every}" if every else None,
+                    delta_color="off", delta_arrow="off", help="training steps traced so far (and kept)")
+    else:
+        k[2].metric("forward passes", f"{table.step.nunique()}", f"prefill + {decode.step.nunique()}",
+                    delta_color="off", delta_arrow="off")
+    k[3].metric("sequence" if growing else "prompt", f"{int(prefill.n_q.max()) if len(prefill) else 0:,} tok",
                 help="queries of the prefill calls (N_q)")
     k[4].metric("attention", short(fmt_time_ms(table.kernel_us.sum() / 1e3)),
                 help="sum of every call's untraced kernel median (do_bench)")
@@ -96,12 +142,14 @@ def show(run, info) -> None:
                      f"{int(last.kv_bytes.sum()):,} B")
 
     # -- charts --------------------------------------------------------------------------------------------
-    if growing:
-        common.chart(watch_figure(table, prov), "model-run-watch", "mr_watch", s.present)
-    common.chart(layer_figure(table, prov), "model-run-layers", "mr_layers", s.present)
-    common.chart(layer_kind_figure(table, prov), "model-run-layer-kinds", "mr_kinds", s.present)
-    common.chart(steps_figure(table, prov), "model-run-steps", "mr_steps", s.present)
-    common.chart(kv_cache_figure(table, prov), "model-run-kv-cache", "mr_kv", s.present)
+    if growing:    # a training run's traced steps: no decode steps or growing KV cache to draw
+        for key, (file, _) in LIVE_CHARTS.items():
+            common.chart(live_chart(key, info.path, info.mtime, table, prov), file, key, s.present)
+    else:
+        common.chart(layer_figure(table, prov), "model-run-layers", "mr_layers", s.present)
+        common.chart(layer_kind_figure(table, prov), "model-run-layer-kinds", "mr_kinds", s.present)
+        common.chart(steps_figure(table, prov), "model-run-steps", "mr_steps", s.present)
+        common.chart(kv_cache_figure(table, prov), "model-run-kv-cache", "mr_kv", s.present)
 
     # -- one call in the other pages ------------------------------------------------------------------------
     st.subheader("Open a call")
@@ -113,11 +161,14 @@ def show(run, info) -> None:
         row = st.columns([2, 3])
         pick = row[0].selectbox("prefill call", prefill_calls, key="mr_call",
                                 format_func=lambda i: f"call {i} · {table.layer_label[i]} · N_q {table.n_q[i]:,}")
+        pages = PAGES_FOR_A_CALL + ((BACKWARD_PAGE,) if bool(table.backward[pick]) else ())
         links = " · ".join(f"[{label}](./{page}?" + urlencode({"page": page, "source": "recorded",
                                                                 "trace": runs.call_name(name, pick)}) + ")"
-                           for page, label in PAGES_FOR_A_CALL)
+                           for page, label in pages)
         row[1].markdown(f"Open call {pick} in the {links}.  \nDecode steps are split-KV traces: their numbers "
                         "are in the table below, and their tables in the trace download.")
+        if growing:
+            backward_links(table, name)
     elif not name:
         st.caption("The calls of an uploaded run open here only; saved under data/runs/ (or $TILESCOPE_DATA/runs/), "
                    "each prefill call also opens in the schedule, block-skip and online-softmax pages.")
@@ -142,7 +193,6 @@ def show(run, info) -> None:
 
 
 if info is not None and info.growing:
-    @st.fragment(run_every=LIVE_EVERY_S)
     def live() -> None:
         """Re-read the growing run and redraw its charts only (the page around stays)."""
         now = runs.fresh(info)
@@ -160,7 +210,9 @@ if info is not None and info.growing:
         except RunError as exc:
             st.error(plain(str(exc)), icon=":material/error:")
 
-    live()
+    # a live run is re-read every LIVE_EVERY_S; one finished or stopped when the page ran, less often
+    resting = runs.live_status(info)["state"] in ("finished", "stopped updating")
+    st.fragment(live, run_every=runs.RESTING_EVERY_S if resting else runs.LIVE_EVERY_S)()
 else:
     show(run, info)
 runs.watch_snippet()

@@ -25,10 +25,18 @@ def test_a_watched_run_followed_with_watch_dir(tmp_path, monkeypatch):
     text = " ".join(x.value for x in at.markdown)
     assert "finished ·" in text
     titles = [c["layout"]["title"]["text"] for c in charts(at)]
-    assert titles[0] == "Attention per layer over the traced steps: forward vs backward"
-    assert "modelled" in charts(at)[0]["layout"]["annotations"][-1]["text"] or \
-        any("modelled" in a["text"] for a in charts(at)[0]["layout"]["annotations"])
+    assert titles[:2] == ["Time, tiles and TFLOP/s over the traced steps",
+                          "Attention per layer over the traced steps: forward vs backward"]
+    assert "the latest step 4" in charts(at)[0]["layout"]["title"]["subtitle"]["text"]
+    for fig in charts(at)[:2]:
+        assert any("modelled" in a["text"] for a in fig["layout"]["annotations"])
+    assert not any("KV cache" in t or "per forward pass" in t for t in titles)   # no decode steps in training
     assert "trace=run%3Amy-job%3A" in text and str(tmp_path) not in text        # links carry names, never paths
+    # each traced step with a backward links its calls to the Backward page, which draws that backward
+    assert "step 4: [L0](./backward?page=backward&source=recorded&trace=run%3Amy-job%3A4)" in text
+    back = open_page("backward", source="recorded", trace="run:my-job:4")
+    clean(back)
+    assert any(c["layout"]["title"]["text"].startswith("Tile order: forward rows, dK·dV columns") for c in charts(back))
     assert any("watch(model" in c.value for c in at.code)
     # no close() marker and no new step for longer than STALE_AFTER_S: stopped updating, honestly
     for marker in run.glob("closed-r*.json"):
