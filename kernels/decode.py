@@ -230,8 +230,8 @@ def _decode_plan(b, h, n_q, d, h_kv, n_max, dtype, device, num_splits, block_n, 
     rows = group * n_q
     sms = device_facts(device).sm_count
     block_m = default_decode_config(d, rows, dtype).block_m
-    # one split under the auto rule; a paged cache keeps tiles of 64 keys (a 128-key tile spans
-    # pages of 16 or 64 and gathers a table entry per key; not measured wider)
+    # one split under the auto rule; a paged cache keeps tiles of 64 keys (128-key tiles over
+    # pages of 16 were not faster on an H200: data/benchmarks/serving-sweep-nvidia-h200.json)
     fills = not paged and b * h_kv * triton.cdiv(rows, block_m) >= 0.8 * sms
     cfg = default_decode_config(d, rows, dtype, block_n, num_warps, num_stages, fills_gpu=fills)
     if cfg.block_n not in BLOCK_SIZES:
@@ -289,7 +289,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
         trace, hw_clock, plan, stages ('both' | 'split' | 'merge'): for instrumentation, eager
             only (outside the custom op): a prepared plan skips the checks, and a stage can be
             launched alone to time it (with the fused merge, 'split' is the whole op).
-        block_table: (B, max_blocks) int32 for a paged cache, page_size 16..256 (kernels.paged);
+        block_table: (B, max_blocks) int32 for a paged cache, page_size 1..256 (kernels.paged);
             int64 or strided tables are copied.
         validate: False (the default) reads neither cache_seqlens nor block_table on the host
             (no synchronisation; CUDA-graph capturable): a length outside 0..N_max or a table

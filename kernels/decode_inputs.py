@@ -14,7 +14,7 @@ from .shapes import SUPPORTED_DTYPES, check_kernel_device, softmax_scale
 
 MAX_QUERIES = 16          # speculative decoding verifies a few tokens at once
 MAX_SPLITS = 128          # FlashAttention's cap
-PAGE_SIZES = (16, 256)    # the page sizes a paged cache may have (inclusive)
+PAGE_SIZES = (1, 256)     # the page sizes a paged cache may have (inclusive)
 
 
 def _check_tensor(name: str, t, layout: str) -> None:

@@ -37,7 +37,13 @@ parameter names):
 Memory safety without a host check (flash_decode's validate=False): a length outside 0..N_MAX and
 a table entry outside 0..num_pages-1 are never dereferenced — the length becomes 0 (no key is
 read), the entry page 0 — and a flag turns that sequence's rows into NaN (l = NaN flows into O,
-lse and the partials). The cost is a compare per table entry and one per program.
+lse and the partials). The cost is a compare per table entry read and one per program.
+
+A paged cache's table is read once per page a tile touches (`_table_entries`): one scalar entry
+per tile when the page holds the tile, one per page when a tile holds up to MAX_RUNS whole pages
+(each key then takes its page's row offset by a select), one per key otherwise (pages of 1..3
+keys at 32-key tiles, or sizes that do not nest with the tile). Tiles start on multiples of
+BLOCK_N, so when pages and tiles nest each key's offset within its page is loop-invariant.
 
 Tracing is switched on by TRACE.on, as in flash_kernel: with it off no trace code is compiled.
 TRACE.hw_clock (%globaltimer, %smid through inline PTX) is only set on CUDA; the interpreter
@@ -60,23 +66,46 @@ MERGE_SLOTS = tl.constexpr(4)       # trace record of a merge: split that merged
 # evict what the L2 held before it (dirty lines it would write back, data the next kernels reuse)
 # nor the partials its merge reads back.
 KV_EVICT = tl.constexpr("evict_first")
+MAX_RUNS = tl.constexpr(8)          # most pages a tile's table entries are read for one by one
 
 
 @triton.jit
-def _table_entries(start, hi, table_row, num_pages, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """The pages of the tile of keys start + 0..BLOCK_N-1 (keys from hi on read entry 0), int64,
-    and which of them lie outside the pool: a tile inside one page (BLOCK_N divides PAGE_SIZE)
-    costs one table entry (a scalar); a tile over several pages gathers one entry per key (from L1).
-    An entry outside the pool (negative, or >= num_pages) is never dereferenced: page 0 stands in
-    for it and the caller turns the flag into a NaN row."""
+def _table_entries(start, hi, table_row, num_pages, stride_kp, stride_vp, BLOCK_N: tl.constexpr,
+                   PAGE_SIZE: tl.constexpr):
+    """Where the pages of the tile of keys start + 0..BLOCK_N-1 (start a multiple of BLOCK_N;
+    keys from hi on read entry 0) begin in the K and V pools (page strides stride_kp, stride_vp), int64,
+    and whether an entry lies outside the pool (page 0 then stands in; the caller makes the row
+    NaN). One scalar entry per tile, one per page (selected per key), or one per key: see above."""
+    limit = num_pages.to(tl.uint32)
     if PAGE_SIZE % BLOCK_N == 0:
-        page = tl.load(table_row + start // PAGE_SIZE, mask=start < hi, other=0)
+        page, outside = _pool_page(table_row + start // PAGE_SIZE, start < hi, limit)
+        k_off = page * stride_kp
+        v_off = page * stride_vp
+    elif BLOCK_N % PAGE_SIZE == 0 and BLOCK_N // PAGE_SIZE <= MAX_RUNS:
+        RUNS: tl.constexpr = BLOCK_N // PAGE_SIZE
+        run = tl.arange(0, BLOCK_N) // PAGE_SIZE           # each key's page within the tile
+        first = table_row + start // PAGE_SIZE
+        page, outside = _pool_page(first, start < hi, limit)
+        k_off = tl.full([BLOCK_N], 0, tl.int64) + page * stride_kp
+        v_off = tl.full([BLOCK_N], 0, tl.int64) + page * stride_vp
+        for i in tl.static_range(1, RUNS):
+            page, run_outside = _pool_page(first + i, start + i * PAGE_SIZE < hi, limit)
+            outside = outside | run_outside
+            k_off = tl.where(run == i, page * stride_kp, k_off)
+            v_off = tl.where(run == i, page * stride_vp, v_off)
     else:
         offs_n = start + tl.arange(0, BLOCK_N)
-        page = tl.load(table_row + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0)
-    # one unsigned compare: a negative entry is >= 2^31; clamped with one unsigned min
-    page = page.to(tl.uint32, bitcast=True)
-    limit = num_pages.to(tl.uint32)
+        page, outside = _pool_page(table_row + offs_n // PAGE_SIZE, offs_n < hi, limit)
+        k_off = page * stride_kp
+        v_off = page * stride_vp
+    return k_off, v_off, outside
+
+
+@triton.jit
+def _pool_page(entry_ptrs, used, limit):
+    """Table entries (0 where not used) clamped into the pool of `limit` pages, int64, and whether
+    they were outside it: one unsigned compare (a negative entry is >= 2^31) and one unsigned min."""
+    page = tl.load(entry_ptrs, mask=used, other=0).to(tl.uint32, bitcast=True)
     # back to int32 before the widening, so page * stride stays one 32 x 32 -> 64-bit multiply
     return tl.minimum(page, limit - 1).to(tl.int32, bitcast=True).to(tl.int64), page >= limit
 
@@ -109,21 +138,39 @@ def _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d,
     offs_n0 = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     if PAGED:
-        page_next, outside = _table_entries(lo, hi, table_row, num_pages, BLOCK_N, PAGE_SIZE)
+        k_next, v_next, outside = _table_entries(lo, hi, table_row, num_pages, stride_kp, stride_vp, BLOCK_N,
+                                                 PAGE_SIZE)
     else:
-        page_next = lo.to(tl.int64)          # unused
+        k_next = lo.to(tl.int64)          # unused
+        v_next = k_next
         outside = bad
+    # tiles start on multiples of BLOCK_N (splits on SPLIT_UNITs): when pages and tiles nest, a
+    # key's slot in its page is offs_n0 % PAGE_SIZE (+ the tile's offset in a longer page), its
+    # offset computed once here, not per tile
+    if PAGED:
+        slot_k = (offs_n0 % PAGE_SIZE).to(tl.int64) * stride_kn
+        slot_v = (offs_n0 % PAGE_SIZE).to(tl.int64) * stride_vn
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + offs_n0
         if PAGED:
             # the next tile's table entries are loaded here, a tile ahead of their use, so the
             # K/V loads never wait on a table load
-            page = page_next
-            page_next, next_outside = _table_entries(start + BLOCK_N, hi, table_row, num_pages, BLOCK_N, PAGE_SIZE)
+            k_off = k_next
+            v_off = v_next
+            k_next, v_next, next_outside = _table_entries(start + BLOCK_N, hi, table_row, num_pages, stride_kp,
+                                                          stride_vp, BLOCK_N, PAGE_SIZE)
             outside = outside | next_outside       # a compare per table entry; reduced once, below
-            slot = (offs_n % PAGE_SIZE).to(tl.int64)
-            k_rows = page * stride_kp + slot * stride_kn
-            v_rows = page * stride_vp + slot * stride_vn
+            if PAGE_SIZE % BLOCK_N == 0:
+                in_page = start % PAGE_SIZE          # the tile's first slot: < 256 keys, int32 products
+                k_rows = (k_off + in_page * stride_kn) + slot_k
+                v_rows = (v_off + in_page * stride_vn) + slot_v
+            elif BLOCK_N % PAGE_SIZE == 0:
+                k_rows = k_off + slot_k
+                v_rows = v_off + slot_v
+            else:
+                slot = (offs_n % PAGE_SIZE).to(tl.int64)
+                k_rows = k_off + slot * stride_kn
+                v_rows = v_off + slot * stride_vn
         else:
             k_rows = offs_n * stride_kn
             v_rows = offs_n * stride_vn
@@ -156,7 +203,7 @@ def _kv_loop(acc, l_i, m_i, q, kv, k_desc, v_desc, k_strides, v_strides, offs_d,
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
     if PAGED:
-        if PAGE_SIZE % BLOCK_N == 0:
+        if PAGE_SIZE % BLOCK_N == 0 or (BLOCK_N % PAGE_SIZE == 0 and BLOCK_N // PAGE_SIZE <= MAX_RUNS):
             bad = bad | outside
         else:
             bad = bad | (tl.max(outside.to(tl.int32), 0) > 0)

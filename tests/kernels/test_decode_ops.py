@@ -96,10 +96,11 @@ def _guarded(pool: torch.Tensor, sentinel=1e4):
 
 
 @pytest.mark.skipif(not interpreting(), reason="reads the interpreter's load addresses")
-@pytest.mark.parametrize("num_splits", [1, 3])
+# pages of 1 key: the table read per key; of 16: once per page of a 32-key tile
+@pytest.mark.parametrize("num_splits, page", [(1, 1), (3, 16)])
 @pytest.mark.parametrize("bad", ["entry past the pool", "negative entry", "length past capacity"])
-def test_bad_entries_and_lengths_give_nan_rows_and_never_read_outside(bad, num_splits, monkeypatch):
-    q, k, v, kp, vp, table, lens = _paged("cpu", seed=num_splits)
+def test_bad_entries_and_lengths_give_nan_rows_and_never_read_outside(bad, num_splits, page, monkeypatch):
+    q, k, v, kp, vp, table, lens = _paged("cpu", seed=num_splits, page=page)
     kp, k_guards = _guarded(kp)
     vp, v_guards = _guarded(vp)
     table, lens, b_bad = table.clone(), lens.clone(), 1

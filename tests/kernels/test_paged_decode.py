@@ -21,6 +21,18 @@ def test_paged_gqa_against_float64(page, n_q, num_splits, device):
     check(out, lse, *reference_decode(q, k, v, lens), torch.float32)
 
 
+# fp32 tiles of 32 keys (and 64): pages of 1 key are gathered per key, pages of 4..16 read once
+# per page and selected per key, pages of 64 once per tile
+@pytest.mark.parametrize("page, block_n", [(1, 32), (8, 32), (8, 64), (16, 32), (64, 32)])
+def test_page_sizes_shorter_and_longer_than_a_tile_against_float64(page, block_n, device):
+    (q, k, v), g = make(2, 4, 2, 2, 75, 16, torch.float32, device, seed=page + block_n)
+    lens = torch.tensor([75, 41], dtype=torch.int32, device=device)      # ragged: a partial page and tile
+    k_pages, v_pages, table = paginate(k, v, page, spare_pages=2, generator=g)
+    out, lse = flash_decode(q, k_pages, v_pages, lens, num_splits=2, return_lse=True, block_table=table,
+                            block_n=block_n)
+    check(out, lse, *reference_decode(q, k, v, lens), torch.float32)
+
+
 def test_paged_bf16_mqa_auto_splits_int64_strided_table(device):
     """A strided int64 table is copied (int32, contiguous) before the kernel reads it."""
     (q, k, v), g = make(2, 4, 1, 2, 100, 64, torch.bfloat16, device, seed=4)
@@ -62,7 +74,7 @@ def test_gather_and_page_reads_walk_the_table():
     (dict(block_table=torch.full((2, 3), 99, dtype=torch.int32)), "entries in use"),
     (dict(block_table=torch.zeros(3, 3, dtype=torch.int32)), "must agree on B"),
     (dict(block_table=torch.zeros(2, 3, dtype=torch.float32)), "int32"),
-    (dict(page=8), "page size"),
+    (dict(page=300), "page size"),
 ])
 def test_bad_tables_refused_in_one_line_with_validate(change, message, device):
     """validate=True keeps the host refusals (the first two read the table: validate=False turns
@@ -79,7 +91,7 @@ def test_bad_tables_refused_in_one_line_with_validate(change, message, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("page", [1, 8, 16, 64, 256])
 def test_realistic_paged_decode_against_sdpa(page, device):
     (q, k, v), g = make(4, 32, 8, 1, 8192, 128, torch.bfloat16, device, seed=page)
     lens = torch.tensor([8192, 1, 5000, 4096], dtype=torch.int32, device=device)
