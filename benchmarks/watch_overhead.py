@@ -156,7 +156,9 @@ def run(args, argv) -> dict:
         log(f"note: --block {size['block']} is not a multiple of --every {size['every']}: the watched blocks "
             "hold different numbers of traced steps")
     dtype = torch.float32 if args.tiny else torch.bfloat16
-    shape = TINY_CONFIG if args.tiny else LLAMA3_8B
+    shape = dict(TINY_CONFIG if args.tiny else LLAMA3_8B)
+    if args.vocab is not None:
+        shape["vocab_size"] = args.vocab
     g = torch.Generator(device="cpu").manual_seed(args.seed + 1)
     pool = [torch.randint(0, shape["vocab_size"], (size["batch"], size["seq"]), generator=g).to(device)
             for _ in range(size["pool"])]
@@ -165,20 +167,6 @@ def run(args, argv) -> dict:
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="tilescope-watch-overhead-")) / "run"
     w = watch(arms["watched"].model, run_dir, every=size["every"], heads=[0], backward=True)
     arms["watched"].watch = w
-    t_start = time.perf_counter()
-    try:
-        for arm in arms.values():
-            for _ in range(size["warmup"]):
-                arm.step(timed=False)
-            arm.sync()
-        log(f"warm-up done ({time.perf_counter() - t_start:.1f} s): {size['warmup']} steps each")
-        for i, name in enumerate(order(size["steps"] // size["block"])):
-            arms[name].block(size["block"])
-            log(f"block {i}: {name:9s} {arms[name].block_s[-1] / size['block'] * 1e3:8.2f} ms/step")
-    finally:
-        w.close()
-    result = summarise(arms, size, run_dir, device)
-    result["seconds"] = time.perf_counter() - t_start
     meta = run_meta(device, "watch_overhead", argv, prog="python -m benchmarks.watch_overhead")
     meta.update(model=dict(shape, layers=size["layers"], intermediate=size["intermediate"],
                            dtype="fp32" if args.tiny else "bf16", attention="tilescope", optimizer="AdamW"),
@@ -188,18 +176,43 @@ def run(args, argv) -> dict:
                             order="A B B A (watched first), blocks timed synchronised, the watched block's "
                                   "end after w.flush()"),
                 goal=f"watched / unwatched mean step time <= {GOAL}")
-    doc = {"meta": meta, **result}
-    if args.out:
-        path = Path(args.out) / f"watch-overhead-{device_slug(meta['device'])}{'-tiny' if args.tiny else ''}.json"
-        files.write_json_atomic(path, files.json_safe(doc))
+    path = Path(args.out) / f"watch-overhead-{device_slug(meta['device'])}{'-tiny' if args.tiny else ''}.json" \
+        if args.out else None
+    t_start = time.perf_counter()
+
+    def write(final: bool) -> dict:
+        """The result so far (each block pair: a run stopped by a time limit leaves its blocks)."""
+        doc = {"meta": meta, "complete": final, **summarise(arms, size, run_dir, device, final),
+               "seconds": time.perf_counter() - t_start}
+        if path is not None:
+            files.write_json_atomic(path, files.json_safe(doc))
+        return doc
+
+    try:
+        for arm in arms.values():
+            for _ in range(size["warmup"]):
+                arm.step(timed=False)
+            arm.sync()
+        log(f"warm-up done ({time.perf_counter() - t_start:.1f} s): {size['warmup']} steps each")
+        for i, name in enumerate(order(size["steps"] // size["block"])):
+            arms[name].block(size["block"])
+            log(f"block {i}: {name:9s} {arms[name].block_s[-1] / size['block'] * 1e3:8.2f} ms/step "
+                f"({time.perf_counter() - t_start:.0f} s)")
+            if i % 2 == 1 and i + 1 < 2 * (size["steps"] // size["block"]):
+                write(final=False)
+    finally:
+        w.close()
+    doc = write(final=True)
+    if path is not None:
         log(f"wrote {path}")
     if not args.run_dir:
         shutil.rmtree(run_dir.parent, ignore_errors=True)
     return doc
 
 
-def summarise(arms: dict, size: dict, run_dir: Path, device) -> dict:
-    """The numbers of the result file (see the module doc)."""
+def summarise(arms: dict, size: dict, run_dir: Path, device, final: bool = True) -> dict:
+    """The numbers of the result file (see the module doc); the two copies' weights and losses
+    are compared only at the end (final), when both have taken every step."""
     out: dict = {}
     for name, arm in arms.items():
         per_step = [s.elapsed_time(e) for s, e in arm.events] if device.type == "cuda" else []
@@ -214,6 +227,8 @@ def summarise(arms: dict, size: dict, run_dir: Path, device) -> dict:
     out["meets_goal"] = out["ratio"] <= GOAL
     out["traced_steps"] = costs
     out["traced_steps_in_timed_blocks"] = sum(1 for c in costs if c["step"] >= size["warmup"])
+    if not final:
+        return out
     out["weights_max_rel_diff"] = weights_max_rel_diff(arms["watched"].model, arms["unwatched"].model)
     out["losses_equal"] = out["watched"]["losses"] == out["unwatched"]["losses"]
     log(f"mean step: watched {w:.2f} ms, unwatched {u:.2f} ms, ratio {out['ratio']:.4f} (goal <= {GOAL}: "
@@ -237,6 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=bounded_int(1, 1024), default=None, help="GPU: 4")
     ap.add_argument("--seq", type=bounded_int(1, 131072), default=None, help="tokens per sequence (GPU: 4096)")
     ap.add_argument("--layers", type=bounded_int(1, 64), default=None, help="GPU: 4")
+    ap.add_argument("--vocab", type=bounded_int(2, 1_000_000), default=None,
+                    help="vocabulary (default Llama-3's 128256: its logits are most of a step's time)")
     ap.add_argument("--seed", type=bounded_int(0, 2**31 - 1), default=0)
     ap.add_argument("--run-dir", default=None, help="keep the watched run here (default: a temporary directory)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="result directory ('' writes none)")
