@@ -12,12 +12,15 @@ block plan as the bf16 kernel (kernels.plan). Forward only: inputs that require 
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, quantize_fp8
 from .kernel_args import KernelArgs, TraceFlags
+from .launch import _ensure_allocator as ensure_allocator
+from .launch_config import warp_specialize_supported
 from .launch_cache import BoundedCache
 from .masks import MaskSpec, parse_mask
 from .plan import block_plan, plan_bytes
@@ -38,7 +41,8 @@ class Fp8Tile(NamedTuple):
     BLOCK_M, BLOCK_N: query and key rows per tile; EVEN_M: N_q a multiple of BLOCK_M (no row mask
     on O); EVEN_D: D == HEAD_DIM (no column mask on O); HAS_PARTIAL: the plan has partial tiles
     (the on-band loop is compiled); ROUND_FIRST: P rounded on the e4m3 grid before its cast (the
-    interpreter's cast is wrong at binade edges: tile_ops.cast_e4m3)."""
+    interpreter's cast is wrong at binade edges: tile_ops.cast_e4m3); WARP_SPECIALIZE: the tile
+    loop warp-specialised with K, V through device tensor descriptors (Hopper, no partial tiles)."""
 
     head_dim: int
     HEAD_DIM: int
@@ -48,6 +52,7 @@ class Fp8Tile(NamedTuple):
     EVEN_D: bool
     HAS_PARTIAL: bool
     ROUND_FIRST: bool
+    WARP_SPECIALIZE: bool
 
 
 class Fp8Launch(NamedTuple):
@@ -55,9 +60,26 @@ class Fp8Launch(NamedTuple):
     grid: tuple
     options: dict
     plan: object            # kernels.plan.BlockPlan
+    ws: bool                # the warp-specialised loop
+    plain: tuple            # (TILE, options) of the plain loop, if Triton refuses the warp-specialised one
 
 
-def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bool) -> Fp8Launch:
+# the warp-specialised loop's launch options, as the bf16 kernel's WS defaults (same tiles as fp8_config's)
+WS_OPTIONS = dict(num_warps=4, num_stages=2)
+_WS_REFUSED: set = set()      # Fp8Tile values Triton failed to compile warp-specialised
+
+
+def _use_ws(requested, x: Fp8Inputs, plan, traced: bool) -> bool:
+    """The warp-specialised loop: asked for (True), or by default (None) where it applies: Hopper
+    with device descriptors (launch_config.warp_specialize_supported), no partial tiles (it must
+    be the kernel's only loop with dots), untraced, and fp8_config's default tiles."""
+    if requested is False or traced or plan.has_partial or not warp_specialize_supported(x.q.device):
+        return False
+    default = fp8_config(x.shape[3])
+    return bool(requested) or (x.block_m, x.block_n) == (default.block_m, default.block_n)
+
+
+def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bool, warp_specialize) -> Fp8Launch:
     from .fp8_kernel import attn_fwd_fp8_kernel
 
     b, h, n_q, d = x.shape
@@ -67,7 +89,8 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
     if interpreting():
         check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
                                 f"B*H={b * h}, N_q={n_q}, N_k={x.n_k}, mask {spec.text}, blocks {x.block_m}x{x.block_n}")
-    tile = Fp8Tile(d, hd, x.block_m, x.block_n, n_q % x.block_m == 0, d == hd, plan.has_partial, interpreting())
+    ws = _use_ws(warp_specialize, x, plan, flags is not None)
+    tile = Fp8Tile(d, hd, x.block_m, x.block_n, n_q % x.block_m == 0, d == hd, plan.has_partial, interpreting(), ws)
     trace = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=hw_clock, STORE_ORDER=not hw_clock) \
         if flags is not None else TraceFlags()
     works = plan.work_list(b * h, "natural")
@@ -77,10 +100,34 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
                  work_list=works, H=h, GROUP=h // x.h_kv, N_Q=n_q, N_K=x.n_k, n_qb=plan.n_qb, n_kb=plan.n_kb,
                  n_work=b * h * plan.n_qb, TILE=tile, TRACE=trace, RETURN_LSE=bool(return_lse))
     args = KernelArgs(attn_fwd_fp8_kernel, _PER_CALL, **fixed)
-    return Fp8Launch(args, (b * h * plan.n_qb,), dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), plan)
+    plain_options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return Fp8Launch(args, (b * h * plan.n_qb,), dict(WS_OPTIONS) if ws else plain_options, plan, ws,
+                     (tile._replace(WARP_SPECIALIZE=False), plain_options))
 
 
-def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None):
+def _launch(launch: Fp8Launch, args: list) -> None:
+    """Launch; a warp-specialised kernel Triton refuses to compile runs with the plain loop (and
+    that choice is remembered), as kernels.launch does for the bf16 kernel."""
+    kernel = launch.args.kernel
+    tile = launch.args.value("TILE")
+    if launch.ws:
+        ensure_allocator()
+        if tile not in _WS_REFUSED:
+            try:
+                kernel[launch.grid](*args, **launch.options)
+                return
+            except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
+                _WS_REFUSED.add(tile)
+                print(f"fp8: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop for "
+                      f"{tile}", file=sys.stderr)
+        plain_tile, options = launch.plain
+        kernel[launch.grid](*launch.args.rebind(args, TILE=plain_tile), **options)
+        return
+    kernel[launch.grid](*args, **launch.options)
+
+
+def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None,
+                  warp_specialize: bool | None = None):
     """The FP8 attention kernel on pre-quantised inputs (one launch).
 
     Arguments:
@@ -89,6 +136,8 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         sm_scale: the softmax scale; None: 1 / sqrt(D).
         return_lse: also return the natural-log log-sum-exp of each query row (fp32).
         trace: TraceBuffers (instrumentation.record makes them), as kernels.flash_attention's.
+        warp_specialize: None: the warp-specialised loop where it applies by default (_use_ws);
+            True: wherever it can run (Hopper, no partial tiles, untraced); False: never.
     Returns:
         out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""
     b, h, n_q, d = x.shape
@@ -97,10 +146,10 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     device = x.q.device
     hw_clock = device.type == "cuda"
     flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
-    key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags)
+    key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags, warp_specialize)
     launch = _PLANS.get(key)
     if launch is None:
-        launch = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock))
+        launch = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock, warp_specialize))
     o = torch.empty(x.shape, dtype=x.dtype, device=device)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device) if return_lse else None
     call = dict(Q8=x.q, K8=x.k, V8=x.v, O=o, LSE=lse, scales=(x.q_scale, x.k_scale, x.v_scale), qk_scale=scale,
@@ -112,16 +161,17 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         head_slot, slots = trace._checked[ckey]
         call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
                     row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
-    launch.args.kernel[launch.grid](*launch.args.bind(**call), **launch.options)
+    _launch(launch, launch.args.bind(**call))
     return (o, lse) if return_lse else o
 
 
 def fp8_forward(q, k, v, mask="causal", sm_scale=None, scaling="block", hadamard=True, block_m=None,
-                block_n=None, return_lse=False, trace: TraceBuffers | None = None):
+                block_n=None, return_lse=False, trace: TraceBuffers | None = None, warp_specialize=None):
     """quantize_fp8 then attention_fp8: the one implementation every path runs (the op, the eager
-    call, instrumentation.record's traced call). Arguments as flash_attention_fp8's, plus trace."""
+    call, instrumentation.record's traced call). Arguments as flash_attention_fp8's, plus trace
+    and warp_specialize (attention_fp8's)."""
     x = quantize_fp8(q, k, v, scaling, hadamard, block_m, block_n)
-    return attention_fp8(x, mask, sm_scale, return_lse, trace)
+    return attention_fp8(x, mask, sm_scale, return_lse, trace, warp_specialize)
 
 
 @torch.library.custom_op("tilescope::flash_attention_fp8", mutates_args=())

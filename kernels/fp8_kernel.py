@@ -17,6 +17,11 @@ rescale: acc holds O * l * P_SCALE / s_v in the units of the last V tile's scale
 tile's factor is alpha * s_v_old / s_v_new (the same one multiply per row as alpha alone) and
 the epilogue multiplies by s_v / P_SCALE once. Output in the inputs' dtype (bf16/fp16), lse fp32.
 
+WARP_SPECIALIZE (Hopper, a plan without partial tiles, untraced): the tile loop is `tl.range(...,
+warp_specialize=True)` with K and V through tensor descriptors made on the device, so Triton 3.6
+gives the loads to a producer warp and the dots to consumer warpgroups (as the bf16 kernel's
+off-band loop; it compiles only as the kernel's one loop with dots, hence no partial tiles).
+
 Trace buffers as the bf16 kernel's (kernels.trace_buffers: work items; tiles and rows of traced
 heads), behind the same constexpr kernel_args.TraceFlags: all off compiles every store away.
 """
@@ -38,17 +43,20 @@ SIZES = ["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"]
 
 
 @triton.jit
-def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, tiles_ptr, rows_ptr, n_kb, trace_tiles_here,
-              trace_rows_here, TILE: tl.constexpr, IS_PARTIAL: tl.constexpr, TRACE: tl.constexpr):
+def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, k_desc, v_desc, tiles_ptr, rows_ptr, n_kb,
+              trace_tiles_here, trace_rows_here, TILE: tl.constexpr, IS_PARTIAL: tl.constexpr,
+              WARP_SPECIALIZE: tl.constexpr, TRACE: tl.constexpr):
     """The online softmax over one run of K/V tiles in e4m3. Returns (acc, l_i, m_i, s_v).
 
-    kv: (k_base, v_base, k_scale, v_scale): this KV head's e4m3 K (keys, HEAD_DIM) and V^T
-        (HEAD_DIM, keys) tiles, and its per-tile scales; rows: (offs_d, row_lo, row_hi);
+    kv: (k_base, v_base, k_scale, v_scale, k_row, v_row): this KV head's e4m3 K (keys, HEAD_DIM)
+        and V^T (HEAD_DIM, keys) tiles, its per-tile scales, and its first rows in k_desc, v_desc
+        (device tensor descriptors of the warp-specialised loop, else None, by keyword);
+    rows: (offs_d, row_lo, row_hi);
     blocks: (idx_ptr, kb_start, count, step0, stride_vd) as tile_ops.attend_tiles' (full run:
         kb_start + i; IS_PARTIAL: idx_ptr[i], masked per row), and V^T's row stride.
     qk_scale: softmax scale * log2(e) * Q's tile scale; s_v: the V scale acc is in.
     tiles_ptr ... trace_rows_here: as attend_tiles' (separate, by keyword: None / False untraced)."""
-    k_base, v_base, k_scale, v_scale = kv
+    k_base, v_base, k_scale, v_scale, k_row, v_row = kv
     offs_d, row_lo, row_hi = rows
     idx_ptr, kb_start, count, step0, stride_vd = blocks
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
@@ -56,7 +64,7 @@ def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, tiles_ptr, rows
     HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
     ROUND_FIRST: tl.constexpr = TILE.ROUND_FIRST
     offs_n0 = tl.arange(0, BLOCK_N)
-    for i in tl.range(0, count):
+    for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
         if IS_PARTIAL:
             k_block = tl.load(idx_ptr + i)
         else:
@@ -64,14 +72,20 @@ def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, tiles_ptr, rows
         offs_n = k_block * BLOCK_N + offs_n0
         if TRACE.TILES and TRACE.HW_CLOCK:
             c_start = clock64()
-        k = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])          # (HEAD_DIM, BLOCK_N) e4m3
-        qk = tl.dot(q, k)                                                           # e4m3 x e4m3 -> fp32
-        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale * tl.load(k_scale + k_block),
-                                         IS_PARTIAL)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s_k = tl.load(k_scale + k_block)              # the tile's scales first: their latency under the dot
         s_new = tl.load(v_scale + k_block)
+        if WARP_SPECIALIZE:
+            k = tl.trans(k_desc.load([k_row + k_block * BLOCK_N, 0]))              # bulk tensor copy
+        else:
+            k = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])      # (HEAD_DIM, BLOCK_N) e4m3
+        qk = tl.dot(q, k)                                                           # e4m3 x e4m3 -> fp32
+        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale * s_k, IS_PARTIAL)
+        l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * (alpha * (s_v / s_new))[:, None]
-        v = tl.load(v_base + offs_d[:, None] * stride_vd + offs_n[None, :])         # (HEAD_DIM, BLOCK_N) e4m3
+        if WARP_SPECIALIZE:
+            v = v_desc.load([v_row, k_block * BLOCK_N])
+        else:
+            v = tl.load(v_base + offs_d[:, None] * stride_vd + offs_n[None, :])     # (HEAD_DIM, BLOCK_N) e4m3
         acc = tl.dot(cast_e4m3(p * P_SCALE, ROUND_FIRST), tl.trans(v), acc)
         s_v = s_new
         m_i = m_new
@@ -110,6 +124,8 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
     HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
     EVEN_M: tl.constexpr = TILE.EVEN_M
     EVEN_D: tl.constexpr = TILE.EVEN_D
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    WARP_SPECIALIZE: tl.constexpr = TILE.WARP_SPECIALIZE
     pid = tl.program_id(0)
     work = tl.load(work_list + pid)
     if TRACE.WORK and TRACE.HW_CLOCK:
@@ -130,7 +146,12 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
     offs_d = tl.arange(0, HEAD_DIM)
     in_seq = offs_m < N_Q
     # -- Q's tile once (padded rows and columns are zeros), and its scale folded into the scores' --
-    q = tl.load(Q8 + bh.to(tl.int64) * stride_qbh + offs_m[:, None] * stride_qn + offs_d[None, :])
+    if TILE.WARP_SPECIALIZE:
+        q_desc = tl.make_tensor_descriptor(Q8, [(n_work // n_qb) * n_qb * BLOCK_M, HEAD_DIM], [HEAD_DIM, 1],
+                                           [BLOCK_M, HEAD_DIM])
+        q = q_desc.load([(bh * n_qb + q_block) * BLOCK_M, 0])
+    else:
+        q = tl.load(Q8 + bh.to(tl.int64) * stride_qbh + offs_m[:, None] * stride_qn + offs_d[None, :])
     tile_qk_scale = qk_scale * tl.load(q_scale + bh * n_qb + q_block)
     row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
     row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)                 # padded rows see nothing
@@ -150,23 +171,35 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
         tiles_ptr = tr_tiles
         rows_ptr = tr_rows
         trace_rows_here = False
+    if TILE.WARP_SPECIALIZE:
+        # device descriptors over K8 (B*H_kv*keys, HEAD_DIM) and V8 (B*H_kv*HEAD_DIM, keys) as rows
+        # (scratch from triton.set_allocator): what the warp-specialised loop's producer loads
+        kv_heads = n_work // n_qb // GROUP
+        k_desc = tl.make_tensor_descriptor(K8, [kv_heads * n_kb * BLOCK_N, HEAD_DIM], [HEAD_DIM, 1],
+                                           [BLOCK_N, HEAD_DIM])
+        v_desc = tl.make_tensor_descriptor(V8, [kv_heads * HEAD_DIM, n_kb * BLOCK_N], [stride_vd, 1],
+                                           [HEAD_DIM, BLOCK_N])
+    else:
+        k_desc = None
+        v_desc = None
     kv = (K8 + kv_bh.to(tl.int64) * stride_kbh, V8 + kv_bh.to(tl.int64) * stride_vbh, k_scale + kv_bh * n_kb,
-          v_scale + kv_bh * n_kb)
+          v_scale + kv_bh * n_kb, kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM)
     rows = (offs_d, row_lo, row_hi)
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
     full_run = (part_idx, tl.load(full_start + q_block), n_full, 0, stride_vd)
-    acc, l_i, m_i, s_v = fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, full_run, tile_qk_scale, tiles_ptr=tiles_ptr,
-                                   rows_ptr=rows_ptr, n_kb=n_kb, trace_tiles_here=traced_head,
-                                   trace_rows_here=trace_rows_here, TILE=TILE, IS_PARTIAL=False, TRACE=TRACE)
+    acc, l_i, m_i, s_v = fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, full_run, tile_qk_scale, k_desc=k_desc,
+                                   v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb,
+                                   trace_tiles_here=traced_head, trace_rows_here=trace_rows_here, TILE=TILE,
+                                   IS_PARTIAL=False, WARP_SPECIALIZE=WARP_SPECIALIZE, TRACE=TRACE)
     # -- on-band: partial tiles, element mask from the per-row interval --
     if TILE.HAS_PARTIAL:
         partial_list = (part_idx + q_block * n_kb, 0, n_part, n_full, stride_vd)
         acc, l_i, m_i, s_v = fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, partial_list, tile_qk_scale,
-                                       tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb,
-                                       trace_tiles_here=traced_head, trace_rows_here=trace_rows_here, TILE=TILE,
-                                       IS_PARTIAL=True, TRACE=TRACE)
+                                       k_desc=k_desc, v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr,
+                                       n_kb=n_kb, trace_tiles_here=traced_head, trace_rows_here=trace_rows_here,
+                                       TILE=TILE, IS_PARTIAL=True, WARP_SPECIALIZE=False, TRACE=TRACE)
     # -- epilogue: acc back from V-scale and P_SCALE units, one normalisation per row --
     out, lse = normalise_rows(acc * (s_v / P_SCALE), l_i, m_i, True)
     o_ptrs = O + (bh // H).to(tl.int64) * stride_ob + (bh % H).to(tl.int64) * stride_oh \

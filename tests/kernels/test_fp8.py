@@ -54,10 +54,13 @@ def test_e4m3_cast_matches_torch_in_the_interpreter_and_on_gpu(device):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("mask,h,h_kv", [("full", 4, 4), ("causal", 4, 4), ("causal", 4, 2)],
+@pytest.mark.parametrize("mask,h,h_kv", [("full", 2, 2), ("causal", 2, 2), ("causal", 4, 2)],
                          ids=["full", "causal", "gqa"])
 def test_block_hadamard_beats_per_tensor_on_outliers(mask, h, h_kv):
-    q, k, v = inputs(h, h_kv, 128, 128, 64, seed=3)
+    """D 128 (the rotation spreads an outlier over 128 features). At N 128 the margin is 10-25%
+    (seeds 0-3 all below; causal's first rows see a few keys, so V's e4m3 rounding, which no
+    scaling changes, dominates them); at N 1024 block + Hadamard is ~0.6x per-tensor."""
+    q, k, v = inputs(h, h_kv, 128, 128, 128, seed=2)
     tensor = rmse(flash_attention_fp8(q, k, v, mask, scaling="tensor", hadamard=False, block_m=64, block_n=64),
                   q, k, v, mask)
     block_had = rmse(flash_attention_fp8(q, k, v, mask, scaling="block", hadamard=True, block_m=64, block_n=64),
@@ -190,3 +193,17 @@ def test_gpu_outlier_recipe_fa3_shape():
     print(f"FP8 RMSE block+Hadamard {err['block']:.3e}, per-tensor {err['tensor']:.3e}, "
           f"ratio {err['block'] / err['tensor']:.2f} (FA3: 9.1e-3 / 2.4e-2 = 0.38)")
     assert math.isfinite(err["block"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_warp_specialized_loop_matches_plain(d):
+    """A full mask on whole tiles runs the warp-specialised loop by default (Hopper): the same
+    arithmetic as the plain loop, so the outputs agree to the bf16 rounding."""
+    from kernels.fp8 import attention_fp8
+
+    q, k, v = inputs(8, 2, 1024, 1024, d, seed=8, device="cuda")
+    x = quantize_fp8(q, k, v)
+    ws, plain = attention_fp8(x, "full", warp_specialize=True), attention_fp8(x, "full", warp_specialize=False)
+    assert (ws.float() - plain.float()).abs().max() < 2e-2 * plain.float().abs().max()
+    assert rmse(ws, q, k, v, "full") < FA3_PER_TENSOR_RMSE
