@@ -9,6 +9,9 @@
     ''')
     line = refused_cheaply(res, "REFUSED")    # ran to the end within 1.5 GiB and 10 s of CPU
 
+An upload goes in as `Upload(data)`, the stand-in for Streamlit's UploadedFile; a snippet gets the
+same class from UPLOAD_STANDIN (its source).
+
 The child runs with RLIMIT_AS = 2 GiB (an allocation past it fails instead of taking the
 machine) and is killed after 30 s. Its peak RSS is the high-water mark of its own memory
 (VmHWM of /proc/<pid>/status, written by the child at exit and polled while it runs):
@@ -19,6 +22,7 @@ both wall clock and CPU (user + system from wait4's rusage).
 
 from __future__ import annotations
 
+import inspect
 import os
 import resource
 import signal
@@ -35,6 +39,20 @@ ADDRESS_SPACE_LIMIT = 2 << 30       # RLIMIT_AS of the child
 TIMEOUT_S = 30
 PEAK_RSS_LIMIT = int(1.5 * 2**30)   # what a refusal may cost (issue: 1.5 GB, 10 s)
 SECONDS_LIMIT = 10.0
+
+
+class Upload:
+    """Streamlit's UploadedFile as app.sources reads an upload: its name and getvalue()."""
+
+    def __init__(self, data: bytes, name: str = "hostile.zip"):
+        self.name, self.data = name, data
+
+    def getvalue(self) -> bytes:
+        return self.data
+
+
+# the same class in a child's snippet: UPLOAD_STANDIN + "uploaded_trace(Upload(data))"
+UPLOAD_STANDIN = inspect.getsource(Upload)
 
 
 class Result(NamedTuple):

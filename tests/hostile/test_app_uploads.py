@@ -15,18 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from .harness import refused_cheaply, run_snippet
+from .harness import UPLOAD_STANDIN, refused_cheaply, run_snippet
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "data" / "traces" / "n1024_causal_natural"
-UPLOAD = """
+UPLOAD = UPLOAD_STANDIN + """
 from app.sources.upload import uploaded_trace
 from app.sources.errors import RunError
-
-class Upload:
-    name = "hostile.zip"
-    def __init__(self, data): self.data = data
-    def getvalue(self): return self.data
 
 try:
     uploaded_trace(Upload(open({path!r}, "rb").read()))

@@ -16,19 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from .harness import refused_cheaply, run_snippet
+from .harness import UPLOAD_STANDIN, refused_cheaply, run_snippet
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = ROOT / "data" / "runs" / "qwen2.5-7b-4l-sliding"      # 12 calls, 2.3 MB
 LLAMA = ROOT / "data" / "runs" / "llama-3-8b-4l"             # 68 calls
-UPLOAD = """
+UPLOAD = UPLOAD_STANDIN + """
 from app.sources.model_run import uploaded_run
 from app.sources.errors import RunError
-
-class Upload:
-    name = "hostile.zip"
-    def __init__(self, data): self.data = data
-    def getvalue(self): return self.data
 
 try:
     run = uploaded_run(Upload(open({path!r}, "rb").read()))

@@ -141,14 +141,6 @@ def test_uploaded_gpu_trace_is_labelled_recorded_not_live(tmp_path):
     assert "live GPU" not in banner, banner
 
 
-class _Upload:
-    def __init__(self, name: str, data: bytes):
-        self.name, self.data = name, data
-
-    def getvalue(self) -> bytes:
-        return self.data
-
-
 def test_a_refused_upload_is_read_once(monkeypatch):
     """A zip that is not a trace is read once: the refusal is cached on its digest, so reruns
     (and the sidebar and the page in one run) do not parse it again."""
@@ -159,7 +151,9 @@ def test_a_refused_upload_is_read_once(monkeypatch):
     calls = []
     real = upload.trace_from_zip
     monkeypatch.setattr(upload, "trace_from_zip", lambda data: calls.append(1) or real(data))
-    bad = _Upload("bad.zip", b"not a zip " + os.urandom(16))
+    from tests.hostile.harness import Upload
+
+    bad = Upload(b"not a zip " + os.urandom(16), "bad.zip")
     for _ in range(3):
         with pytest.raises(RunError, match="not a zip file"):
             upload.uploaded_trace(bad)
