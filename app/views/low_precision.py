@@ -57,7 +57,7 @@ url_state.control("lp_rec", _default(recs, metas), options=names)
 # presentation: the recording menu folds into the faint "Controls" pill, so the first slide is a chart
 controls = (st.expander("Controls", expanded=False, icon=":material/tune:", key="slide_controls") if s.present
             else st.container())
-name = controls.selectbox("Precision study (data/precision/)", names, key="lp_rec",
+name = controls.columns([3, 2])[0].selectbox("Precision study (data/precision/)", names, key="lp_rec",
                           format_func=lambda n: _label(n, metas[n]))
 trace = common.trace_dir(recs[name])
 common.name_downloads(name)
@@ -77,7 +77,8 @@ if not s.present:
 m = common.metric_columns(len(v) or 1, s.present)
 per_tensor = v.get("fp8_tensor", {}).get("rmse")
 for col, (key, x) in zip(m, v.items()):
-    ratio = f"{x['rmse'] / per_tensor:.2f}× per-tensor" if per_tensor and key.startswith("fp8") else None
+    ratio = (f"{x['rmse'] / per_tensor:.2f}× per-tensor" if per_tensor and key.startswith("fp8") and key != "fp8_tensor"
+             else None)
     col.metric(f"{VARIANTS.get(key, key)} · RMSE", f"{x['rmse']:.2e}", ratio, delta_color="off", delta_arrow="off",
                help=f"RMSE of the whole output against float64; max |error| {x['max_abs']:.2e}"
                     + (f"; {x['total_ms']:.3f} ms, {x['tflops_total']:.0f} TFLOP/s" if "total_ms" in x else ""))
@@ -114,7 +115,7 @@ def _where_words() -> str:
 st.markdown(_where_words())
 common.chart(error_maps_figure(trace, "max_abs"), "precision-max-abs", "lp_max_abs", s.present)
 common.chart(error_summary_figure(trace), "precision-summary", "lp_summary", s.present)
-st.caption(f"Hatched bars: {FA3_SOURCE}, RMSE on their outlier inputs: FP16 {FA3_RMSE['FP16 (their baseline)']:.1e}, "
+st.caption(f"Outlined bars: {FA3_SOURCE}, RMSE on their outlier inputs: FP16 {FA3_RMSE['FP16 (their baseline)']:.1e}, "
            f"FP8 per-tensor {FA3_RMSE['FP8 per-tensor']:.1e}, FP8 block + Hadamard {FA3_RMSE['FP8 block + Hadamard']:.1e}"
            " — the paper's numbers, not ours. Their baseline is FP16 (10 mantissa bits); ours is bf16 (7), "
            "about 8× coarser, so our baseline's RMSE is larger.")

@@ -143,7 +143,7 @@ def precision_data(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("precision")
     tiny = StudyPreset("tiny_outliers", "FA3 outlier recipe, B1 H2/1 N64 D32, causal (test size)", 1, 2, 1, 64, 32,
-                       "causal", True, False, 32)
+                       "causal", True, False, 16)
     trace = run_study(tiny, seed=1)
     trace.meta["source"] = "recorded"
     trace.save(root / "precision" / "tiny_outliers")

@@ -15,7 +15,7 @@ from instrumentation.precision_study import (PRESETS, VARIANTS, StudyPreset, mai
                                              study_inputs)
 from kernels.reference import reference_attention
 
-TINY = StudyPreset("tiny", "test size", 1, 2, 1, 64, 32, "causal", True, False, 32)
+TINY = StudyPreset("tiny", "test size", 1, 2, 1, 64, 32, "causal", True, False, 16)
 
 
 @pytest.fixture(scope="module")

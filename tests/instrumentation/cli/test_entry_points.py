@@ -16,9 +16,9 @@ ENTRY_POINTS = {"record_cli": "cli.flash", "decode_cli": "cli.decode", "ring": "
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-# documented commands that are their own modules (no older path to keep): the watch demo, and the
-# check of the bundled recordings (python -m instrumentation.analysis.traced_items)
-OWN_MODULES = {"watch_demo", "analysis"}
+# documented commands that are their own modules (no older path to keep): the watch demo, the
+# check of the bundled recordings (python -m instrumentation.analysis.traced_items) and the precision study
+OWN_MODULES = {"watch_demo", "analysis", "precision_study"}
 
 
 def test_every_documented_command_has_an_entry_point():
