@@ -20,7 +20,7 @@ import torch
 from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, quantize_fp8
 from .kernel_args import KernelArgs, TraceFlags
 from .launch import _ensure_allocator as ensure_allocator
-from .launch_config import warp_specialize_supported
+from .launch_config import split_pays, warp_specialize_supported
 from .launch_cache import BoundedCache
 from .masks import MaskSpec, parse_mask
 from .plan import block_plan, plan_bytes
@@ -39,8 +39,9 @@ class Fp8Tile(NamedTuple):
 
     head_dim: D; HEAD_DIM: the padded width of the e4m3 tiles (kernels.fp8_quant.fp8_head_dim);
     BLOCK_M, BLOCK_N: query and key rows per tile; EVEN_M: N_q a multiple of BLOCK_M (no row mask
-    on O); EVEN_D: D == HEAD_DIM (no column mask on O); HAS_PARTIAL: the plan has partial tiles
-    (the on-band loop is compiled); ROUND_FIRST: P rounded on the e4m3 grid before its cast (the
+    on O); EVEN_D: D == HEAD_DIM (no column mask on O); OFF_BAND: run the full tiles; HAS_PARTIAL:
+    run the partial tiles (the on-band loop is compiled); SEED: start from the normalised (O, LSE)
+    the split's first launch stored; ROUND_FIRST: P rounded on the e4m3 grid before its cast (the
     interpreter's cast is wrong at binade edges: tile_ops.cast_e4m3); WARP_SPECIALIZE: the tile
     loop warp-specialised with K, V through device tensor descriptors (Hopper, no partial tiles)."""
 
@@ -50,18 +51,28 @@ class Fp8Tile(NamedTuple):
     BLOCK_N: int
     EVEN_M: bool
     EVEN_D: bool
+    OFF_BAND: bool
     HAS_PARTIAL: bool
+    SEED: bool
     ROUND_FIRST: bool
     WARP_SPECIALIZE: bool
 
 
 class Fp8Launch(NamedTuple):
+    """One kernel launch: its arguments by name, options, and the plain loop's (TILE, options) if
+    Triton refuses the warp-specialised one."""
+
     args: KernelArgs
-    grid: tuple
     options: dict
+    ws: bool
+    plain: tuple
+
+
+class Fp8Plan(NamedTuple):
+    grid: tuple
     plan: object            # kernels.plan.BlockPlan
-    ws: bool                # the warp-specialised loop
-    plain: tuple            # (TILE, options) of the plain loop, if Triton refuses the warp-specialised one
+    launches: tuple         # Fp8Launch, one, or two (the split: full tiles, then partial tiles resumed)
+    needs_lse: bool         # an lse buffer even without return_lse (the split passes it on)
 
 
 # the warp-specialised loop's launch options, as the bf16 kernel's WS defaults (same tiles as fp8_config's)
@@ -69,17 +80,23 @@ WS_OPTIONS = dict(num_warps=4, num_stages=2)
 _WS_REFUSED: set = set()      # Fp8Tile values Triton failed to compile warp-specialised
 
 
-def _use_ws(requested, x: Fp8Inputs, plan, traced: bool) -> bool:
-    """The warp-specialised loop: asked for (True), or by default (None) where it applies: Hopper
-    with device descriptors (launch_config.warp_specialize_supported), no partial tiles (it must
-    be the kernel's only loop with dots), untraced, and fp8_config's default tiles."""
-    if requested is False or traced or plan.has_partial or not warp_specialize_supported(x.q.device):
-        return False
+def _use_ws(requested, x: Fp8Inputs, plan, traced: bool) -> tuple:
+    """(warp-specialised, split): the full-tile loop warp-specialised where it applies (Hopper with
+    device descriptors, untraced; True asks for it, None takes it with fp8_config's default tiles).
+    It compiles only as its kernel's one loop with dots, so a plan with partial tiles runs as two
+    launches (split) where launch_config.split_pays says the long full-tile loops win, as the bf16
+    kernel does; warp_specialize=True splits such a plan anywhere (in the interpreter: two plain
+    launches, which tests use)."""
+    if requested is False or traced:
+        return False, False
+    supported = warp_specialize_supported(x.q.device)
     default = fp8_config(x.shape[3])
-    return bool(requested) or (x.block_m, x.block_n) == (default.block_m, default.block_n)
+    wanted = bool(requested) or (supported and (x.block_m, x.block_n) == (default.block_m, default.block_n))
+    split = wanted and plan.has_partial and (bool(requested) or split_pays(plan.block_map))
+    return wanted and supported and (split or not plan.has_partial), split
 
 
-def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bool, warp_specialize) -> Fp8Launch:
+def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bool, warp_specialize) -> Fp8Plan:
     from .fp8_kernel import attn_fwd_fp8_kernel
 
     b, h, n_q, d = x.shape
@@ -89,46 +106,56 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
     if interpreting():
         check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
                                 f"B*H={b * h}, N_q={n_q}, N_k={x.n_k}, mask {spec.text}, blocks {x.block_m}x{x.block_n}")
-    ws = _use_ws(warp_specialize, x, plan, flags is not None)
-    tile = Fp8Tile(d, hd, x.block_m, x.block_n, n_q % x.block_m == 0, d == hd, plan.has_partial, interpreting(), ws)
+    ws, split = _use_ws(warp_specialize, x, plan, flags is not None)
+    tile = Fp8Tile(d, hd, x.block_m, x.block_n, n_q % x.block_m == 0, d == hd, True, plan.has_partial, False,
+                   interpreting(), ws and not plan.has_partial)
     trace = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=hw_clock, STORE_ORDER=not hw_clock) \
         if flags is not None else TraceFlags()
-    works = plan.work_list(b * h, "natural")
     fixed = dict(q8_strides=(x.q.stride(0), x.q.stride(1)), kv8_strides=(x.k.stride(0), x.v.stride(0), x.v.stride(1)),
                  o_strides=(h * n_q * d, n_q * d, d),
                  lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
-                 work_list=works, H=h, GROUP=h // x.h_kv, N_Q=n_q, N_K=x.n_k, n_qb=plan.n_qb, n_kb=plan.n_kb,
-                 n_work=b * h * plan.n_qb, TILE=tile, TRACE=trace, RETURN_LSE=bool(return_lse))
-    args = KernelArgs(attn_fwd_fp8_kernel, _PER_CALL, **fixed)
+                 work_list=plan.work_list(b * h, "natural"), H=h, GROUP=h // x.h_kv, N_Q=n_q, N_K=x.n_k,
+                 n_qb=plan.n_qb, n_kb=plan.n_kb, n_work=b * h * plan.n_qb, TRACE=trace)
     plain_options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return Fp8Launch(args, (b * h * plan.n_qb,), dict(WS_OPTIONS) if ws else plain_options, plan, ws,
-                     (tile._replace(WARP_SPECIALIZE=False), plain_options))
+
+    def launch_of(tile: Fp8Tile, lse: bool) -> Fp8Launch:
+        args = KernelArgs(attn_fwd_fp8_kernel, _PER_CALL, TILE=tile, RETURN_LSE=lse, **fixed)
+        ws_here = tile.WARP_SPECIALIZE
+        return Fp8Launch(args, dict(WS_OPTIONS) if ws_here else plain_options, ws_here,
+                         (tile._replace(WARP_SPECIALIZE=False), plain_options))
+
+    if split:       # full tiles (warp-specialised) storing (O, lse); partial tiles resumed from them (SEED)
+        launches = (launch_of(tile._replace(HAS_PARTIAL=False, WARP_SPECIALIZE=ws), True),
+                    launch_of(tile._replace(OFF_BAND=False, SEED=True, WARP_SPECIALIZE=False), True))
+    else:
+        launches = (launch_of(tile, bool(return_lse)),)
+    return Fp8Plan((b * h * plan.n_qb,), plan, launches, split)
 
 
-def _launch(launch: Fp8Launch, args: list) -> None:
+def _launch(grid, launch: Fp8Launch, args: list) -> None:
     """Launch; a warp-specialised kernel Triton refuses to compile runs with the plain loop (and
     that choice is remembered), as kernels.launch does for the bf16 kernel."""
     kernel = launch.args.kernel
-    tile = launch.args.value("TILE")
     if launch.ws:
         ensure_allocator()
+        tile = launch.args.value("TILE")
         if tile not in _WS_REFUSED:
             try:
-                kernel[launch.grid](*args, **launch.options)
+                kernel[grid](*args, **launch.options)
                 return
             except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
                 _WS_REFUSED.add(tile)
                 print(f"fp8: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop for "
                       f"{tile}", file=sys.stderr)
         plain_tile, options = launch.plain
-        kernel[launch.grid](*launch.args.rebind(args, TILE=plain_tile), **options)
+        kernel[grid](*launch.args.rebind(args, TILE=plain_tile), **options)
         return
-    kernel[launch.grid](*args, **launch.options)
+    kernel[grid](*args, **launch.options)
 
 
 def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None,
                   warp_specialize: bool | None = None):
-    """The FP8 attention kernel on pre-quantised inputs (one launch).
+    """The FP8 attention kernel on pre-quantised inputs (one launch, or two: _use_ws).
 
     Arguments:
         x: kernels.fp8_quant.quantize_fp8's Fp8Inputs.
@@ -136,8 +163,9 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         sm_scale: the softmax scale; None: 1 / sqrt(D).
         return_lse: also return the natural-log log-sum-exp of each query row (fp32).
         trace: TraceBuffers (instrumentation.record makes them), as kernels.flash_attention's.
-        warp_specialize: None: the warp-specialised loop where it applies by default (_use_ws);
-            True: wherever it can run (Hopper, no partial tiles, untraced); False: never.
+        warp_specialize: None: the warp-specialised full-tile loop where it applies by default
+            (_use_ws; with partial tiles as two launches); True: wherever it can run, and the
+            two launches for any plan with partial tiles; False: never.
     Returns:
         out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""
     b, h, n_q, d = x.shape
@@ -147,21 +175,22 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     hw_clock = device.type == "cuda"
     flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags, warp_specialize)
-    launch = _PLANS.get(key)
-    if launch is None:
-        launch = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock, warp_specialize))
+    fp = _PLANS.get(key)
+    if fp is None:
+        fp = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock, warp_specialize))
     o = torch.empty(x.shape, dtype=x.dtype, device=device)
-    lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device) if return_lse else None
+    lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device) if return_lse or fp.needs_lse else None
     call = dict(Q8=x.q, K8=x.k, V8=x.v, O=o, LSE=lse, scales=(x.q_scale, x.k_scale, x.v_scale), qk_scale=scale,
                 **dict.fromkeys(_TRACE_BUFFERS))
     if trace is not None:
-        ckey = (b * h, id(launch.plan))
+        ckey = (b * h, id(fp.plan))
         if ckey not in trace._checked:
-            trace._checked[ckey] = check_trace_buffers(trace, b * h, launch.plan)
+            trace._checked[ckey] = check_trace_buffers(trace, b * h, fp.plan)
         head_slot, slots = trace._checked[ckey]
         call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
                     row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
-    _launch(launch, launch.args.bind(**call))
+    for launch in fp.launches:
+        _launch(fp.grid, launch, launch.args.bind(**call))
     return (o, lse) if return_lse else o
 
 

@@ -155,10 +155,22 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
     tile_qk_scale = qk_scale * tl.load(q_scale + bh * n_qb + q_block)
     row_lo = tl.load(lo_ptr + offs_m, mask=in_seq, other=0)
     row_hi = tl.load(hi_ptr + offs_m, mask=in_seq, other=-1)                 # padded rows see nothing
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    s_v = tl.full([], 1.0, dtype=tl.float32)
+    o_ptrs = O + (bh // H).to(tl.int64) * stride_ob + (bh % H).to(tl.int64) * stride_oh \
+        + offs_m[:, None] * stride_on + offs_d[None, :]
+    d_ok = offs_d < TILE.head_dim
+    if TILE.SEED:
+        # the split's second launch: resume from the normalised (O, lse) the first stored: acc = O
+        # in units of s_v = P_SCALE, l = 1, m = lse in log2 units; rows without keys yet: l = 0
+        lse0 = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=in_seq, other=float("-inf"))
+        m_i = lse0 / LN2
+        l_i = tl.where(lse0 == float("-inf"), 0.0, 1.0)
+        acc = tl.load(o_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        s_v = tl.full([], P_SCALE, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        s_v = tl.full([], 1.0, dtype=tl.float32)
     if TRACE.TILES or TRACE.ROWS:
         hslot = tl.load(head_slot + bh).to(tl.int64)
         traced_head = hslot >= 0
@@ -188,11 +200,12 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
     # -- off-band: full tiles, no element mask --
-    full_run = (part_idx, tl.load(full_start + q_block), n_full, 0, stride_vd)
-    acc, l_i, m_i, s_v = fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, full_run, tile_qk_scale, k_desc=k_desc,
-                                   v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb,
-                                   trace_tiles_here=traced_head, trace_rows_here=trace_rows_here, TILE=TILE,
-                                   IS_PARTIAL=False, WARP_SPECIALIZE=WARP_SPECIALIZE, TRACE=TRACE)
+    if TILE.OFF_BAND:
+        full_run = (part_idx, tl.load(full_start + q_block), n_full, 0, stride_vd)
+        acc, l_i, m_i, s_v = fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, full_run, tile_qk_scale, k_desc=k_desc,
+                                       v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb,
+                                       trace_tiles_here=traced_head, trace_rows_here=trace_rows_here, TILE=TILE,
+                                       IS_PARTIAL=False, WARP_SPECIALIZE=WARP_SPECIALIZE, TRACE=TRACE)
     # -- on-band: partial tiles, element mask from the per-row interval --
     if TILE.HAS_PARTIAL:
         partial_list = (part_idx + q_block * n_kb, 0, n_part, n_full, stride_vd)
@@ -202,14 +215,12 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
                                        TILE=TILE, IS_PARTIAL=True, WARP_SPECIALIZE=False, TRACE=TRACE)
     # -- epilogue: acc back from V-scale and P_SCALE units, one normalisation per row --
     out, lse = normalise_rows(acc * (s_v / P_SCALE), l_i, m_i, True)
-    o_ptrs = O + (bh // H).to(tl.int64) * stride_ob + (bh % H).to(tl.int64) * stride_oh \
-        + offs_m[:, None] * stride_on + offs_d[None, :]
     if EVEN_M and EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty))
     elif EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None])
     else:
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None] & (offs_d[None, :] < TILE.head_dim))
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :])
     if RETURN_LSE:
         tl.store(LSE + bh.to(tl.int64) * N_Q + offs_m, lse, mask=in_seq)
     if TRACE.WORK:
