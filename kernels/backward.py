@@ -28,7 +28,8 @@ from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, INTERPRETER_CONFIG, BackwardConfig,  # noqa: E402,F401
                             BackwardPlan, PassTiles, backward_config, backward_plan)
 from .masks import MaskSpec, parse_mask  # noqa: E402
-from .shapes import check_inputs, check_kernel_device, padded_head_dim, softmax_scale  # noqa: E402
+from .shapes import (backward_softmax_scale, check_inputs, check_kernel_device, padded_head_dim,  # noqa: E402
+                     softmax_scale)
 from .sizes import call_size  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -242,7 +243,7 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
             if not isinstance(mask, str):
                 mask = parse_mask(mask).text
             if sm_scale is not None:
-                sm_scale = softmax_scale(sm_scale, 1)
+                sm_scale = softmax_scale(sm_scale, 1)     # its form; the backward's bound in backward_impl
             return flash_attention_backward_op(do, q, k, v, o, lse, mask, sm_scale, dlse, config_ints(config))
         return _backward_eager(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace)
     if flash_ops.compile_hook_set():
@@ -262,7 +263,7 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     spec = parse_mask(mask, n_q, n_k)
-    scale = softmax_scale(sm_scale, d)
+    scale = backward_softmax_scale(sm_scale, d)
     cfg = config or (trace.config if trace is not None else backward_config(d, q.dtype, q.device))
     q, k, v, o = (_rows_ok(t) for t in (q, k, v, o))
     do = _rows_ok(do.to(q.dtype))

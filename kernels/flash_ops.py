@@ -30,7 +30,7 @@ from . import launch_config as rules
 from .backward import BackwardConfig, backward_fits, backward_impl, check_backward_args, no_second_derivative
 from .launch import resolve_launch, run_plan
 from .masks import MaskSpec, parse_mask
-from .shapes import check_inputs, softmax_scale
+from .shapes import backward_softmax_scale, check_inputs, softmax_scale
 
 Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
@@ -174,6 +174,8 @@ def attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, n
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     mask, sm_scale, warp_specialize = _op_arguments(q, k, v, mask, block_m, block_n, sm_scale, schedule,
                                                     num_warps, num_stages, warp_specialize)
+    if grad and sm_scale is not None:
+        backward_softmax_scale(sm_scale, q.shape[-1])   # the backward's bound, before the forward runs
     o, lse = flash_attention_op(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages,
                                 warp_specialize, bool(return_lse or grad), config_ints(bwd_config))
     return (o, lse) if return_lse else o
@@ -187,6 +189,7 @@ def eager_attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_
     if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
                                     or getattr(v, "requires_grad", False)):
         check_inputs(q, k, v, for_kernel=False)
+        backward_softmax_scale(sm_scale, q.shape[-1])   # the backward's bound, before the forward runs
         backward_fits(q, k, mask, bwd_config)        # the interpreter refuses before the forward runs
         o, lse = FlashAttentionFunction.apply(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps,
                                               num_stages, warp_specialize, trace, bwd_config)

@@ -24,6 +24,15 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # call a device reduction and a host sync.
 MIN_SM_SCALE = 1e-8
 MAX_SM_SCALE = 1e4
+# The backward recomputes p = exp(s - lse) from the forward's lse in float32: the rounding of the
+# scaled scores s and of lse (|s| * 2^-24 each) moves every p by that much relative, and dP - Delta
+# (which cancels in rows near one-hot) turns it into gradient error that grows with |s|. Unit-variance
+# inputs score |s| ~ sm_scale * sqrt(D) * (3..4), so the bound is on sm_scale * sqrt(D) (the default
+# scale gives 1; a softmax temperature t gives 1/t). Measured against float64, float32 inputs, causal,
+# D 16..256, N 48 and 200 (tests/kernels/test_backward_scale.py): at sm_scale * sqrt(D) = 300 dQ, dK
+# and dV within 2.5e-4 relative, dQ within 2x float32 eager autograd's error; at 800 (D 64, scale
+# 100) 5.6x; at 1131 (D 128, scale 100) dQ was off by 60 % (eager: 1 %).
+MAX_BACKWARD_SCALED = 300.0
 
 
 def padded_head_dim(d: int) -> int:
@@ -54,6 +63,26 @@ def softmax_scale(sm_scale, head_dim: int) -> float:
         raise ValueError(f"sm_scale={value:g} is outside {MIN_SM_SCALE:g}..{MAX_SM_SCALE:g}: the float32 scores "
                          "would lose their precision or overflow (or the softmax would be uniform); the "
                          "default is 1/sqrt(D)")
+    return value
+
+
+def backward_softmax_scale(sm_scale, head_dim: int) -> float:
+    """softmax_scale's rule for a call whose gradients are asked for: also sm_scale * sqrt(D) at
+    most MAX_BACKWARD_SCALED (the float32 backward's accuracy bound, above).
+
+    Arguments:
+        sm_scale: None, or the scale (int or float).
+        head_dim: D.
+    Returns:
+        float. Raises ValueError, one line, for a scale softmax_scale refuses or one above the bound."""
+    value = softmax_scale(sm_scale, head_dim)
+    if value * math.sqrt(head_dim) > MAX_BACKWARD_SCALED:
+        bound = MAX_BACKWARD_SCALED / math.sqrt(head_dim)
+        raise ValueError(f"sm_scale={value:g} at D={head_dim} is above {bound:.4g}, "
+                         f"the largest the backward keeps accurate (sm_scale * sqrt(D) <= {MAX_BACKWARD_SCALED:g}: "
+                         "it recomputes exp(s - lse) in float32, whose rounding grows with the scaled scores); use "
+                         "a smaller scale, or run the forward alone (inputs detached or under torch.no_grad(), "
+                         f"scales up to {MAX_SM_SCALE:g})")
     return value
 
 
