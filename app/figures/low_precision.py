@@ -91,7 +91,7 @@ def error_maps_figure(trace, metric: str = "rmse") -> go.Figure:
     lo, hi = math.floor(lo * 4) / 4, math.ceil(hi * 4) / 4 + (0.25 if math.isclose(lo, hi) else 0)
     overall = s.get("variants", {})
     fig = make_subplots(rows=1, cols=len(names), shared_yaxes=True, horizontal_spacing=0.025,
-                        subplot_titles=[f"{VARIANTS.get(v, v)}<br>"
+                        subplot_titles=[f"{SHORT.get(v, v).replace('<br>', ' ')}<br>"
                                         + (f"{METRICS[metric]} {overall[v][metric]:.2e}" if v in overall else "")
                                         for v in names])
     for i, v in enumerate(names, start=1):
@@ -113,9 +113,9 @@ def error_maps_figure(trace, metric: str = "rmse") -> go.Figure:
         colorscale="Viridis", cmin=lo, cmax=hi,
         colorbar=dict(title=dict(text=f"{METRICS[metric]}<br>(log)"), tickvals=tv, ticktext=tt)),
         title=title(f"{METRICS[metric]} of each (head, query block) against float64",
-                    f"{s.get('preset_label', '')} · one colour scale for all {len(names)} "
-                    f"(brighter = larger error) · rows grouped {s.get('error_block_m', trace.meta.get('block_m'))} "
-                    "queries per block"),
+                    f"{s.get('preset_label', '')}<br>one log colour scale for all {len(names)} "
+                    f"(brighter = larger error) · {s.get('error_block_m', trace.meta.get('block_m'))} "
+                    "query rows per block"),
         margin=dict(l=70, r=30))
     return caption(fig, study_provenance(trace), width=150)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import about, settings, sources, url_state
-from app.figures.low_precision import (FA3_RMSE, FA3_SOURCE, FA3_TFLOPS, VARIANTS, error_maps_figure,
+from app.figures.low_precision import (FA3_RMSE, FA3_SOURCE, FA3_TFLOPS, SHORT, VARIANTS, error_maps_figure,
                                        error_summary_figure, speed_figure, study, study_provenance)
 from app.text import plain
 from app.views import common
@@ -74,12 +74,14 @@ if not s.present:
                "No timings: this study ran in the Triton CPU interpreter (real e4m3 arithmetic, no clock). "
                f"A GPU run: `{COMMAND}`."), icon=":material/info:")
 
+if not s.present:
+    st.caption("RMSE of the whole output against float64, per variant (hover ? for max |error| and times):")
 m = common.metric_columns(len(v) or 1, s.present)
 per_tensor = v.get("fp8_tensor", {}).get("rmse")
 for col, (key, x) in zip(m, v.items()):
     ratio = (f"{x['rmse'] / per_tensor:.2f}× per-tensor" if per_tensor and key.startswith("fp8") and key != "fp8_tensor"
              else None)
-    col.metric(f"{VARIANTS.get(key, key)} · RMSE", f"{x['rmse']:.2e}", ratio, delta_color="off", delta_arrow="off",
+    col.metric(SHORT.get(key, key).replace("<br>", " "), f"{x['rmse']:.2e}", ratio, delta_color="off", delta_arrow="off",
                help=f"RMSE of the whole output against float64; max |error| {x['max_abs']:.2e}"
                     + (f"; {x['total_ms']:.3f} ms, {x['tflops_total']:.0f} TFLOP/s" if "total_ms" in x else ""))
 

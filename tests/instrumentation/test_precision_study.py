@@ -70,3 +70,28 @@ def test_command_line_refuses_in_one_line(tmp_path, capsys):
     assert err.count("\n") == 0 and "GPU-sized" in err and "fa3_outliers_small" in err
     with pytest.raises(ValueError, match="unknown preset"):
         run_study("fa3_outliers_tiny")
+
+
+@pytest.mark.gpu
+def test_gpu_study_times_every_variant_against_a_reference_made_on_the_gpu():
+    """On CUDA: the reference is computed there, every variant is timed (bf16 has no quantise pass),
+    the table still equals a direct float64 computation, and on FA3's outliers block + Hadamard
+    beats per-tensor."""
+    from kernels.fp8 import flash_attention_fp8
+
+    p = StudyPreset("gpu_small", "GPU test size", 1, 4, 2, 1024, 128, "causal", True, True)
+    study = run_study(p, seed=3)
+    s = study.meta["precision_study"]
+    assert s["timed"] and s["reference"].startswith("float64 on cuda")
+    for name, v in s["variants"].items():
+        assert v["total_ms"] > 0 and v["attention_ms"] > 0 and v["tflops_total"] > 0, name
+    assert s["variants"]["bf16"]["quantise_ms"] == 0 and s["variants"]["fp8_block"]["quantise_ms"] > 0
+    assert s["variants"]["fp8_block_hadamard"]["rmse"] < s["variants"]["fp8_tensor"]["rmse"]
+    q, k, v = study_inputs(p, seed=3, device="cuda")
+    ref = reference_attention(q, k, v, mask="causal")[0].cuda()
+    out = flash_attention_fp8(q, k, v, mask="causal", scaling="tensor", hadamard=False).double()
+    bm = s["error_block_m"]
+    rows = study.fp8_error[study.fp8_error.variant == "fp8_tensor"].sort_values(["bh", "q_block"])
+    diff = (out - ref).reshape(4, 1024, 128)
+    want = [diff[r.bh, r.q_block * bm:(r.q_block + 1) * bm].pow(2).mean().sqrt().item() for r in rows.itertuples()]
+    assert np.allclose(rows.rmse.to_numpy(), want, rtol=1e-9, atol=0)

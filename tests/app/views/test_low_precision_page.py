@@ -35,7 +35,7 @@ def test_page_draws_the_study(precision_data):
         assert f"{hadamard['rmse_qk_inputs']:.2e}" in words               # this recording's own numbers
         assert at.query_params["lp_rec"] == "tiny_outliers_copy" and at.query_params["page"] == "low_precision"
         metrics = {m.label: m.value for m in at.metric}
-        assert metrics["FP8 block + Hadamard · RMSE"] == f"{hadamard['rmse']:.2e}"
+        assert metrics["FP8 block + Hadamard"] == f"{hadamard['rmse']:.2e}"
         assert any("no timings" in i.value.lower() for i in at.info)       # an interpreter study claims none
         other = open_page("low_precision", lp_rec="no_such_study")
         clean(other)
