@@ -6,6 +6,11 @@ medians of instrumentation's time_ms (do_bench), the median over rounds recorded
 
     python -m benchmarks.kernel_probe --suite d256 --name d256
     python -m benchmarks.kernel_probe --suite causal,decode --name causal-decode --repeats 3
+    python -m benchmarks.kernel_probe --suite bwd256,bwd128,fwdcausal --name bwd-fwdcausal --jobs 14
+
+Backward suites (bwd256, bwd128: benchmarks.probe_backward) time flash_attention_backward alone
+per BackwardConfig variant, dQ by atomics, cuDNN's and FA2's backward (autograd.grad on a kept
+graph), each variant's (dQ, dK, dV) checked against cuDNN's first.
 
 Writes data/benchmarks/<name>-probe-<device-slug>.json. Variants compile first in parallel
 worker processes (Triton's on-disk cache), so the timing rounds only load them.
@@ -19,6 +24,7 @@ import statistics
 import time
 
 from . import DEFAULT_OUT, RECORD_KEYS, device_slug, log, run_meta, write_results
+from .probe_backward import BWD_KINDS, BWD_SUITES, backward_call, backward_suite
 
 import torch  # noqa: E402
 
@@ -36,7 +42,24 @@ def _fwd(shape, mask, cfg=None, ws=None, label="", sched="natural"):
 def suite(name: str) -> list[dict]:
     """The variants of a suite: dicts of kind, shape (B, H, H_kv, N, D) and options."""
     out = []
-    if name == "d256":
+    if name in BWD_SUITES:
+        return backward_suite(name)
+    if name == "fwdcausal":
+        # forward causal D128: the split rule forced at 4k (WS_SPLIT_MIN_FULL 0), other tiles
+        for n in (4096, 8192):
+            shape = (4, 16, 16, n, 128)
+            out.append(dict(kind="cudnn", shape=shape, mask="causal", label="cudnn"))
+            out.append(_fwd(shape, "causal", label="default"))
+            out.append(_fwd(shape, "causal", label="default, longest_first", sched="longest_first"))
+            out.append(_fwd(shape, "causal", label="default, persistent", sched="persistent"))
+            for cfg in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3)):
+                out.append(_fwd(shape, "causal", cfg, False, label=f"plain {cfg}"))
+            for cfg in ((128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2)):
+                out.append(dict(_fwd(shape, "causal", cfg, True, label=f"ws {cfg} split forced"),
+                                rules=dict(WS_SPLIT_MIN_FULL=0, WS_SPLIT_MAX_PARTIAL=1.0)))
+                out.append(dict(_fwd(shape, "causal", cfg, True, label=f"ws {cfg} split forced, rowsum"),
+                                rules=dict(WS_SPLIT_MIN_FULL=0, WS_SPLIT_MAX_PARTIAL=1.0, ROWSUM_MIN_FULL=0)))
+    elif name == "d256":
         for n in (4096, 8192):
             shape = (2, 16, 16, n, 256)
             for mask in ("full", "causal"):
@@ -67,7 +90,8 @@ def suite(name: str) -> list[dict]:
                 out.append(dict(kind="decode", shape=shape, cfg=(bn, w, s), splits=splits,
                                 label=f"decode bn{bn} w{w} s{s} splits{splits}"))
     else:
-        raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, decode, decode_b64")
+        raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, fwdcausal, decode, decode_b64, "
+                         f"{', '.join(BWD_SUITES)}")
     return out
 
 
@@ -93,6 +117,8 @@ def _call(v, device):
     import kernels.launch_config as rules
     from kernels import flash_attention, flash_decode
 
+    if v["kind"] in BWD_KINDS:
+        return backward_call(v, device)
     q, k, vv = _inputs(v, device)
     if v["kind"] == "cudnn" or v["kind"] == "cudnn_decode":
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -109,6 +135,8 @@ def _call(v, device):
         return lambda: flash_decode(q, k, vv, num_splits=v["splits"], block_n=bn, num_warps=w, num_stages=s)
     if v["ws"] and v["cfg"] not in rules.WS_CONFIGS:
         rules.WS_CONFIGS = rules.WS_CONFIGS + (v["cfg"],)
+    for name, value in v.get("rules", {}).items():      # restored by the caller (RULES_SAVED)
+        setattr(rules, name, value)
     rules._ws_plan_fits.cache_clear()
     launch.clear_caches()
     kw = {} if v["cfg"] is None else dict(zip(("block_m", "block_n", "num_warps", "num_stages"), v["cfg"]))
@@ -121,7 +149,7 @@ def _compile(chunk):
     """Worker: run each variant once (fills Triton's cache); returns errors by index."""
     import kernels.launch_config as rules
 
-    saved = rules.WS_CONFIGS
+    saved = _rules_saved(rules)
     errs = {}
     for i, v in chunk:
         if v["kind"] == "decode":      # the kernel is the same at any context: compile on a short one
@@ -131,7 +159,7 @@ def _compile(chunk):
             torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001
             errs[i] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        rules.WS_CONFIGS = saved
+        _rules_restore(rules, saved)
         _INPUTS.clear()
     return errs
 
@@ -165,13 +193,12 @@ def main(argv=None) -> int:
         from concurrent.futures import ProcessPoolExecutor
         import multiprocessing as mp
 
-        idx = [(i, v) for i, v in enumerate(variants) if v["kind"] in ("fwd", "decode")]
-        chunks = [idx[j::args.jobs] for j in range(args.jobs) if idx[j::args.jobs]]
+        chunks = _compile_chunks(variants, args.jobs)
         with ProcessPoolExecutor(len(chunks), mp_context=mp.get_context("spawn")) as ex:
             for e in ex.map(_compile, chunks):
                 errs.update(e)
     log(f"compiled in {time.perf_counter() - t0:.0f} s, {len(errs)} failed")
-    saved = rules.WS_CONFIGS
+    saved = _rules_saved(rules)
     recs = [dict(v, cfg=list(v["cfg"]) if v.get("cfg") else None, status="ok", ms_rounds=[], ms=None,
                  x_cudnn=None, rel_err=None, error=errs.get(i)) for i, v in enumerate(variants)]
     refs = {}
@@ -188,12 +215,12 @@ def main(argv=None) -> int:
                 if v.get("ws") and launch._WS_REFUSED:
                     rec.update(status="ws_refused", error="the warp-specialised kernel did not compile")
                     continue
-                ref_key = (v["shape"], v.get("mask"), v["kind"].endswith("decode"))
+                ref_key = (v["shape"], v.get("mask"), v["kind"].endswith("decode"), v.get("pass"))
                 if v["kind"].startswith("cudnn"):
                     refs[ref_key] = out
-                elif r == 0 and ref_key in refs:
-                    ref = refs[ref_key].float()
-                    rec["rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
+                elif r == 0 and ref_key in refs and not v.get("nocheck"):
+                    rec["rel_err"] = max(((x.float() - ref.float()).norm() / ref.float().norm()).item()
+                                         for x, ref in zip(_outs(out), _outs(refs[ref_key])))
                     if rec["rel_err"] > 2e-2:
                         rec.update(status="wrong", error=f"rel_err {rec['rel_err']:.3g}")
                         continue
@@ -204,7 +231,7 @@ def main(argv=None) -> int:
             except Exception as exc:  # noqa: BLE001
                 rec.update(status="error", error=f"{type(exc).__name__}: {str(exc)[:200]}")
             finally:
-                rules.WS_CONFIGS = saved
+                _rules_restore(rules, saved)
                 rules._ws_plan_fits.cache_clear()
                 launch.clear_caches()
         log(f"round {r + 1} done at {time.perf_counter() - t0:.0f} s")
@@ -214,6 +241,38 @@ def main(argv=None) -> int:
     return 0
 
 
+def _compile_chunks(variants, jobs: int) -> list:
+    """The variants that compile, in at most `jobs` chunks; variants of one kernel (the same kind,
+    tiles and mask on other shapes) share a chunk, so no two workers compile the same kernel."""
+    groups: dict = {}
+    for i, v in enumerate(variants):
+        if v["kind"] in ("fwd", "decode", "bwd", "bwd_atomic"):
+            key = repr((v["kind"], v.get("cfg"), v.get("bwd_cfg"), v.get("ws"), v.get("mask"), v.get("rules"),
+                        v.get("sched"), v.get("splits")))
+            groups.setdefault(key, []).append((i, v))
+    chunks = [[] for _ in range(max(1, jobs))]
+    for group in sorted(groups.values(), key=len, reverse=True):
+        min(chunks, key=len).extend(group)
+    return [c for c in chunks if c]
+
+
+def _outs(out):
+    """A variant's outputs as a tuple (the backward's (dQ, dK, dV); a forward's O)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+_RULE_NAMES = ("WS_CONFIGS", "WS_SPLIT_MIN_FULL", "WS_SPLIT_MAX_PARTIAL", "ROWSUM_MIN_FULL")
+
+
+def _rules_saved(rules) -> dict:
+    return {n: getattr(rules, n) for n in _RULE_NAMES}
+
+
+def _rules_restore(rules, saved: dict) -> None:
+    for n, value in saved.items():
+        setattr(rules, n, value)
+
+
 def _write(meta, recs, out_dir, name, last):
     """Medians over the rounds so far and the ratios to cuDNN; printed after the last round."""
     cudnn = {}
@@ -221,12 +280,13 @@ def _write(meta, recs, out_dir, name, last):
         if rec["ms_rounds"]:
             rec["ms"] = statistics.median(rec["ms_rounds"])
             if rec["kind"].startswith("cudnn"):
-                cudnn[(tuple(rec["shape"]), rec.get("mask"))] = rec["ms"]
+                cudnn[(tuple(rec["shape"]), rec.get("mask"), rec.get("pass"))] = rec["ms"]
     for rec in recs:
-        base = cudnn.get((tuple(rec["shape"]), rec.get("mask")))
+        base = cudnn.get((tuple(rec["shape"]), rec.get("mask"), rec.get("pass")))
         rec["x_cudnn"] = base / rec["ms"] if rec.get("ms") and base else None
         if last:
-            log(f"{str(rec['shape']):26s} {str(rec.get('mask') or 'decode'):7s} {rec['label']:32s} "
+            log(f"{str(rec['shape']):26s} {str(rec.get('mask') or 'decode'):7s} {rec.get('pass') or '':3s} "
+                f"{rec['label']:36s} "
                 + (f"{rec['ms']:8.3f} ms  {rec['x_cudnn']:.3f}x cuDNN" if rec.get("ms") else
                    f"{rec['status']}: {(rec['error'] or '')[:90]}"))
     path = os.path.join(out_dir, f"{name}-probe-{device_slug(meta['device'])}.json")

@@ -45,6 +45,10 @@ class BackwardMath(NamedTuple):
     DOT_PRECISION: str     # 'ieee' for float32 inputs (exact dots), else 'tf32'
     UPCAST: bool           # bf16 operands multiplied in float32 (the interpreter's bf16 dot is broken)
     LSE_ACC: bool          # BackwardConfig.lse_acc: the scores' dot starts from -lse
+    FINITE_ROWS: bool      # BackwardConfig.finite_rows: masked pairs add exactly 0, whatever their row holds
+    TMA: bool              # BackwardConfig.tma where the tensors fit descriptors: streamed tiles by TMA
+    DP_FIRST: bool         # BackwardConfig.dp_first: the dK/dV loop issues dP's dot before dV's
+    SPLIT_DKDV: bool       # BackwardConfig.split_dkdv: dV and dK in programs of their own
 
 
 class BackwardTrace(NamedTuple):
@@ -167,6 +171,23 @@ def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) 
     kernel[grid](*[args[n] for n in names], **options)
 
 
+def _descriptors_fit(*tensors) -> bool:
+    """Whether device-side tensor descriptors can address every (batch, head)'s rows of these
+    tensors: 16-byte aligned base and (B, H, N) strides, unit D stride (TMA's rules). Sets Triton's
+    allocator (the descriptors' scratch) the first time it answers yes on a GPU."""
+    fit = all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(s * t.element_size() % 16 == 0
+                                                                     for s in t.stride()[:3]) for t in tensors)
+    if fit and not interpreting() and not _ALLOCATOR:
+        import triton
+
+        _ALLOCATOR.append(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        triton.set_allocator(_ALLOCATOR[0])
+    return fit
+
+
+_ALLOCATOR: list = []
+
+
 def _is_float_tensor(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
@@ -270,12 +291,17 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     lse = lse.float().contiguous()
     d_tile = padded_head_dim(d)
     bp = _interpreter_plan_ok(spec, b, h, n_q, n_k, cfg, q.device)
+    upcast = interpreting() and q.dtype == torch.bfloat16
     math = BackwardMath(d, d_tile, EVEN_D=(d == d_tile), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                        UPCAST=interpreting() and q.dtype == torch.bfloat16, LSE_ACC=cfg.lse_acc)
+                        UPCAST=upcast, LSE_ACC=cfg.lse_acc, FINITE_ROWS=cfg.finite_rows,
+                        TMA=cfg.tma and not upcast and _descriptors_fit(q, k, v, do), DP_FIRST=cfg.dp_first,
+                        SPLIT_DKDV=cfg.split_dkdv)
     n_rows = -(-n_q // PREPROCESS_ROWS)
     kp, qp = bp.kv_plan, bp.q_plan
-    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * qp.n_qb
+    n_dkdv, n_dq = b * h_kv * kp.n_kb * (2 if cfg.split_dkdv else 1), b * h * qp.n_qb
     if trace is not None:
+        if cfg.split_dkdv:
+            raise ValueError("a traced backward runs one program per key block: trace with split_dkdv=False")
         _check_trace(trace, bp, cfg, (b * h * n_rows, n_dkdv, n_dq), b * h, n_q)
         flags = BackwardTrace(work=True, tiles=trace.tiles_dkdv is not None, rows=trace.rows is not None,
                               hw_clock=not interpreting())

@@ -174,14 +174,22 @@ def attn_bwd_preprocess(O, DO, LSE, DLSE, STATS, o_strides, do_strides, H, N_Q, 
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk_scale, tiles_ptr, trace_here, n_kb,
-                step0, IS_PARTIAL: tl.constexpr, TILES: tl.constexpr, MATH: tl.constexpr, DTYPE: tl.constexpr,
-                TRACE: tl.constexpr):
+                step0, q_desc, do_desc, IS_PARTIAL: tl.constexpr, TILES: tl.constexpr, MATH: tl.constexpr,
+                DTYPE: tl.constexpr, TRACE: tl.constexpr, PART: tl.constexpr):
     """One key block against `count` query blocks of one query head: dK, dV accumulated; the
     partial tiles (IS_PARTIAL: row-interval mask, padded rows) and the full ones share it.
     head = (q_base, do_base, stat_base, stride_qn, stride_don, N_Q): the query head's Q, dO and
     stats (lse2 row, then delta row) and its rows;
     blocks = (idx_ptr, qb_start, count): partial query blocks idx_ptr[i], full ones qb_start + i;
-    TRACE.tiles: visit i stores step0 + i at tiles_ptr + q_block * n_kb where trace_here."""
+    TRACE.tiles: visit i stores step0 + i at tiles_ptr + q_block * n_kb where trace_here.
+    q_desc, do_desc: the query head's Q, dO rows as tensor descriptors (MATH.TMA), else None.
+    PART: 0 both dK and dV, 1 dV alone, 2 dK alone (MATH.SPLIT_DKDV: the other comes back as is).
+    MATH.FINITE_ROWS (partial tiles): a masked pair adds exactly 0 to dK and dV even where its
+    query row holds NaN/Inf. Such a row has a non-finite D (dO or O, which a bad q makes NaN)
+    or lse: its Q and dO rows load as 0 (the masked load the partial tiles have anyway, no pass
+    over the tile), dS^T is selected rather than multiplied, and the row's NaN reaches exactly
+    the visible pairs through the statistics: P^T = exp2(0 - lse2) is NaN where lse is, dP^T - D
+    where D is, and P^T + 0 * D for the dV dot."""
     q_base, do_base, stat_base, stride_qn, stride_don, N_Q = head
     lo_ptr, hi_ptr = row_bounds
     idx_ptr, qb_start, count = blocks
@@ -193,16 +201,31 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk
             q_block = qb_start + i           # full query blocks of an interval mask: one run
         offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < N_Q
-        q = _load_tile(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], row_ok, d_ok, IS_PARTIAL,
-                       MATH.EVEN_D, MATH.UPCAST)
-        do = _load_tile(do_base + offs_m[:, None] * stride_don + offs_d[None, :], row_ok, d_ok, IS_PARTIAL,
-                        MATH.EVEN_D, MATH.UPCAST)
-        if IS_PARTIAL:
+        FINITE: tl.constexpr = IS_PARTIAL and MATH.FINITE_ROWS
+        if FINITE:
             lse2 = tl.load(stat_base + offs_m, mask=row_ok, other=float("inf"))
             delta = tl.load(stat_base + N_Q + offs_m, mask=row_ok, other=0.0)
+            # rows holding NaN/Inf (a non-finite D, or a NaN lse; +inf is a row that sees no key) load 0
+            load_ok = row_ok & (tl.abs(delta) < float("inf")) & (lse2 == lse2)
+            q = _load_tile(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], load_ok, d_ok, True,
+                           MATH.EVEN_D, MATH.UPCAST)
+            do = _load_tile(do_base + offs_m[:, None] * stride_don + offs_d[None, :], load_ok, d_ok, True,
+                            MATH.EVEN_D, MATH.UPCAST)
         else:
-            lse2 = tl.load(stat_base + offs_m)
-            delta = tl.load(stat_base + N_Q + offs_m)
+            if MATH.TMA:        # rows past N_Q and columns past head_dim come back 0, as masked loads
+                q = q_desc.load([q_block * BLOCK_M, 0])
+                do = do_desc.load([q_block * BLOCK_M, 0])
+            else:
+                q = _load_tile(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], row_ok, d_ok, IS_PARTIAL,
+                               MATH.EVEN_D, MATH.UPCAST)
+                do = _load_tile(do_base + offs_m[:, None] * stride_don + offs_d[None, :], row_ok, d_ok,
+                                IS_PARTIAL, MATH.EVEN_D, MATH.UPCAST)
+            if IS_PARTIAL:
+                lse2 = tl.load(stat_base + offs_m, mask=row_ok, other=float("inf"))
+                delta = tl.load(stat_base + N_Q + offs_m, mask=row_ok, other=0.0)
+            else:
+                lse2 = tl.load(stat_base + offs_m)
+                delta = tl.load(stat_base + N_Q + offs_m)
         # P^T (BLOCK_N, BLOCK_M): a row's statistic enters as the dot's accumulator, not as an
         # elementwise pass over the tile (measured faster: one operand fewer per element)
         if MATH.LSE_ACC:
@@ -217,10 +240,25 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk
             hi = tl.load(hi_ptr + offs_m, mask=row_ok, other=-1)     # padded rows see nothing
             visible = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :])
             p_t = tl.where(visible, p_t, 0.0)
-        dv = tl.dot(_operand(p_t, DTYPE, MATH.UPCAST), do, dv, input_precision=MATH.DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), tl.zeros_like(qk_t) - delta[None, :], input_precision=MATH.DOT_PRECISION)
-        ds_t = p_t * dp_t                                             # dP^T - D: the dot started at -D
-        dk = tl.dot(_operand(ds_t, DTYPE, MATH.UPCAST), q, dk, input_precision=MATH.DOT_PRECISION)
+        if FINITE:
+            # a visible pair carries its row's NaN through D (0 * D is NaN exactly where D is)
+            p_dv = tl.where(visible, p_t + 0.0 * delta[None, :], 0.0)
+        else:
+            p_dv = p_t
+        DV: tl.constexpr = PART != 2
+        DK: tl.constexpr = PART != 1
+        if DV and not MATH.DP_FIRST:
+            dv = tl.dot(_operand(p_dv, DTYPE, MATH.UPCAST), do, dv, input_precision=MATH.DOT_PRECISION)
+        if DK:
+            dp_t = tl.dot(v, tl.trans(do), tl.zeros_like(qk_t) - delta[None, :], input_precision=MATH.DOT_PRECISION)
+        if DV and MATH.DP_FIRST:    # the dP dot issued before dV's (another register schedule)
+            dv = tl.dot(_operand(p_dv, DTYPE, MATH.UPCAST), do, dv, input_precision=MATH.DOT_PRECISION)
+        if DK:
+            if FINITE:
+                ds_t = tl.where(visible, p_t * dp_t, 0.0)
+            else:
+                ds_t = p_t * dp_t                                     # dP^T - D: the dot started at -D
+            dk = tl.dot(_operand(ds_t, DTYPE, MATH.UPCAST), q, dk, input_precision=MATH.DOT_PRECISION)
         if TRACE.tiles:
             if trace_here:
                 tl.store(tiles_ptr + q_block * n_kb, step0 + i)
@@ -230,8 +268,10 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk
 @triton.jit
 def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS, row_bounds, lists, q_strides, k_strides, v_strides, do_strides,
                dkv_strides, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, tr_tiles, head_slot,
-               MATH: tl.constexpr, TILES: tl.constexpr, TRACE: tl.constexpr):
-    """dK, dV of one (batch*kv_head, key block): see attn_bwd_kernel for the lists."""
+               MATH: tl.constexpr, TILES: tl.constexpr, TRACE: tl.constexpr, PART: tl.constexpr):
+    """dK, dV of one (batch*kv_head, key block): see attn_bwd_kernel for the lists. PART: 0 both,
+    1 dV alone, 2 dK alone (MATH.SPLIT_DKDV: two programs per key block, each holding one
+    accumulator; the scores are computed by both)."""
     full_cnt, full_start, part_cnt, part_idx, part_before, kb_order = lists
     off_b, off_hkv, k_block, offs_n, offs_d, d_ok, n_ok, k, v = _item_tiles(
         work, kb_order, n_kb, H // GROUP, K, k_strides, V, v_strides, N_K,
@@ -239,6 +279,8 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS, row_bounds, lists, q_strides, k
     DTYPE: tl.constexpr = DO.dtype.element_ty
     BLOCK_N: tl.constexpr = TILES.BLOCK_N
     HEAD_DIM: tl.constexpr = MATH.HEAD_DIM
+    HEAD_DIM_D: tl.constexpr = MATH.head_dim
+    BLOCK_M: tl.constexpr = TILES.BLOCK_M
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     n_full = tl.load(full_cnt + k_block)
@@ -264,39 +306,53 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS, row_bounds, lists, q_strides, k
             trace_here = False
             tiles_ptr = tr_tiles
         step = g * (n_part + n_full)                               # visits of the heads before
+        if MATH.TMA:
+            q_desc = tl.make_tensor_descriptor(head[0], [N_Q, HEAD_DIM_D], [q_strides[2], 1], [BLOCK_M, HEAD_DIM])
+            do_desc = tl.make_tensor_descriptor(head[1], [N_Q, HEAD_DIM_D], [do_strides[2], 1], [BLOCK_M, HEAD_DIM])
+        else:
+            q_desc = None
+            do_desc = None
         if TILES.HAS_PARTIAL:
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_row, 0, n_before),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE,
+                                 PART=PART)
             step += n_before
         if TILES.HAS_FULL:
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_idx, qb_start, n_full),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE,
+                                 PART=PART)
             step += n_full
         if TILES.PARTIAL_AFTER:
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_row + n_before, 0, n_part - n_before),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE,
+                                 PART=PART)
     dk = dk * sm_scale
     dk_ptrs = _rows(DK, dkv_strides, off_b, off_hkv, offs_n, offs_d)
     dv_ptrs = _rows(DV, dkv_strides, off_b, off_hkv, offs_n, offs_d)
-    _store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), n_ok, d_ok, not TILES.EVEN, MATH.EVEN_D)
-    _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), n_ok, d_ok, not TILES.EVEN, MATH.EVEN_D)
+    if PART != 1:
+        _store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), n_ok, d_ok, not TILES.EVEN, MATH.EVEN_D)
+    if PART != 2:
+        _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), n_ok, d_ok, not TILES.EVEN, MATH.EVEN_D)
 
 
 @triton.jit
 def _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, rows, kv_head, blocks, qk_scale, tiles_ptr, trace_here, step0,
-              IS_PARTIAL: tl.constexpr, TILES: tl.constexpr, MATH: tl.constexpr, DTYPE: tl.constexpr,
+              k_desc, v_desc, IS_PARTIAL: tl.constexpr, TILES: tl.constexpr, MATH: tl.constexpr, DTYPE: tl.constexpr,
               TRACE: tl.constexpr):
     """One query block against `count` key blocks: dQ accumulated (unscaled); p_sum, the
     recomputed P's row sums, only when TRACE.rows. rows = (lse2, delta, row_lo, row_hi) of the
     block's query rows; kv_head = (k_base, v_base, stride_kn, stride_vn, N_K): the KV head they
     read; blocks = (idx_ptr, kb_start, count): partial key blocks idx_ptr[i], full ones
-    kb_start + i. TRACE.tiles: visit i stores step0 + i at tiles_ptr + k_block where trace_here."""
+    kb_start + i. TRACE.tiles: visit i stores step0 + i at tiles_ptr + k_block where trace_here.
+    k_desc, v_desc: the KV head's rows as tensor descriptors (MATH.TMA), else None.
+    MATH.FINITE_ROWS (partial tiles): dS is selected, so a row that sees no key gets dQ = 0
+    whatever its dO holds."""
     lse2, delta, row_lo, row_hi = rows
     k_base, v_base, stride_kn, stride_vn, N_K = kv_head
     idx_ptr, kb_start, count = blocks
@@ -309,10 +365,14 @@ def _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, rows, kv_head, blocks, qk_scale, t
             k_block = kb_start + i
         offs_n = k_block * BLOCK_N + offs_n0
         n_ok = offs_n < N_K
-        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok, IS_PARTIAL,
-                       MATH.EVEN_D, MATH.UPCAST)
-        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok, IS_PARTIAL,
-                       MATH.EVEN_D, MATH.UPCAST)
+        if MATH.TMA:            # keys past N_K and columns past head_dim come back 0
+            k = k_desc.load([k_block * BLOCK_N, 0])
+            v = v_desc.load([k_block * BLOCK_N, 0])
+        else:
+            k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], n_ok, d_ok, IS_PARTIAL,
+                           MATH.EVEN_D, MATH.UPCAST)
+            v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok, IS_PARTIAL,
+                           MATH.EVEN_D, MATH.UPCAST)
         if MATH.LSE_ACC:
             start = tl.broadcast_to(-(lse2 / qk_scale)[:, None], (lse2.shape[0], BLOCK_N))
             qk = tl.dot(q, tl.trans(k), start, input_precision=MATH.DOT_PRECISION)       # (BLOCK_M, BLOCK_N)
@@ -324,7 +384,10 @@ def _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, rows, kv_head, blocks, qk_scale, t
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), tl.zeros_like(qk) - delta[:, None], input_precision=MATH.DOT_PRECISION)
-        ds = p * dp                                                   # dP - D: the dot started at -D
+        if IS_PARTIAL and MATH.FINITE_ROWS:
+            ds = tl.where(visible, p * dp, 0.0)
+        else:
+            ds = p * dp                                               # dP - D: the dot started at -D
         dq = tl.dot(_operand(ds, DTYPE, MATH.UPCAST), k, dq, input_precision=MATH.DOT_PRECISION)
         if TRACE.rows:
             if trace_here:                   # only a traced head's programs pay for the sums
@@ -363,7 +426,15 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strid
         trace_here = False
         tiles_ptr = tr_tiles
     BLOCK_M: tl.constexpr = TILES.BLOCK_M
+    BLOCK_N: tl.constexpr = TILES.BLOCK_N
     HEAD_DIM: tl.constexpr = MATH.HEAD_DIM
+    HEAD_DIM_D: tl.constexpr = MATH.head_dim
+    if MATH.TMA:
+        k_desc = tl.make_tensor_descriptor(kv_head[0], [N_K, HEAD_DIM_D], [k_strides[2], 1], [BLOCK_N, HEAD_DIM])
+        v_desc = tl.make_tensor_descriptor(kv_head[1], [N_K, HEAD_DIM_D], [v_strides[2], 1], [BLOCK_N, HEAD_DIM])
+    else:
+        k_desc = None
+        v_desc = None
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     p_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     n_full = tl.load(full_cnt + q_block)
@@ -371,14 +442,14 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strid
         dq, p_sum = _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, (lse2, delta, row_lo, row_hi), kv_head,
                               blocks=(part_idx, tl.load(full_start + q_block), n_full),
                               qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, step0=0,
-                              IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
+                              k_desc=k_desc, v_desc=v_desc, IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
     else:
         n_full = 0
     if TILES.HAS_PARTIAL:
         dq, p_sum = _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, (lse2, delta, row_lo, row_hi), kv_head,
                               blocks=(part_idx + q_block * n_kb, 0, tl.load(part_cnt + q_block)),
                               qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, step0=n_full,
-                              IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
+                              k_desc=k_desc, v_desc=v_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
     dq = dq * sm_scale
     _store_tile(_rows(DQ, dq_strides, off_b, off_h, offs_m, offs_d), dq.to(DQ.dtype.element_ty), row_ok, d_ok,
                 not TILES.EVEN, MATH.EVEN_D)
@@ -409,12 +480,26 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, q_strides, k_strides, v_stri
     t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
     tr_work, tr_counter, tr_tiles1, tr_tiles2, tr_rows, head_slot = trace
     if DKDV:
-        if pid < n_dkdv:
+        if MATH.SPLIT_DKDV:     # programs [0, n_dkdv / 2) hold dV, the next as many dK, item by item
+            half = n_dkdv // 2
+            if pid < half:
+                _dkdv_item(pid, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
+                           q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
+                           dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
+                           qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
+                           MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=1)
+            elif pid < n_dkdv:
+                _dkdv_item(pid - half, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
+                           q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
+                           dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
+                           qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
+                           MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=2)
+        elif pid < n_dkdv:
             _dkdv_item(pid, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
                        q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
                        dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
                        qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
-                       MATH=MATH, TILES=TILES1, TRACE=TRACE)
+                       MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=0)
     if DQ_PASS:
         if pid >= n_dkdv:
             _dq_item(pid - n_dkdv, Q, K, V, DO, DQ, STATS, row_bounds, q_lists,

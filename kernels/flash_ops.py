@@ -7,7 +7,7 @@ and CUDA graphs (mode="reduce-overhead").
     tilescope::flash_attention_backward(do, q, k, v, o, lse, mask, sm_scale, dlse, bwd_config)
                                -> (dq, dk, dv)
 
-Masks go in as their text (MaskSpec.text), backward tiles as the 8 ints of a BackwardConfig
+Masks go in as their text (MaskSpec.text), backward tiles as the ints of a BackwardConfig (one per field)
 (None: the default); lse is (B, H, N_q) float32 with return_lse, else an empty (0,) tensor.
 Each op has a fake (meta) implementation that checks shapes, dtypes and devices as the real one
 does (a bad call is refused while compiling), and the forward's autograd is registered onto the
@@ -127,20 +127,20 @@ flash_attention_op.register_autograd(_backward_of_forward, setup_context=_setup_
 def _config(ints) -> BackwardConfig | None:
     if ints is None:
         return None
-    if len(ints) != 8:
-        raise ValueError(f"bwd_config takes the 8 fields of a BackwardConfig, got {len(ints)}")
-    *tiles, one_launch, lse_acc = ints
-    return BackwardConfig(*tiles, one_launch=bool(one_launch), lse_acc=bool(lse_acc))
+    n_fields = len(BackwardConfig.__dataclass_fields__)
+    if len(ints) != n_fields:
+        raise ValueError(f"bwd_config takes the {n_fields} fields of a BackwardConfig, got {len(ints)}")
+    tiles, switches = ints[:6], ints[6:]
+    return BackwardConfig(*tiles, *(bool(x) for x in switches))
 
 
 def config_ints(cfg: BackwardConfig | None) -> list | None:
-    """A BackwardConfig as the op's bwd_config (8 ints), or None."""
+    """A BackwardConfig as the op's bwd_config (one int per field, in field order), or None."""
     if cfg is None:
         return None
     if not isinstance(cfg, BackwardConfig):
         raise ValueError(f"bwd_config must be a kernels.backward.BackwardConfig or None, got {type(cfg).__name__}")
-    return [cfg.block_m1, cfg.block_n1, cfg.block_m2, cfg.block_n2, cfg.num_warps, cfg.num_stages,
-            int(cfg.one_launch), int(cfg.lse_acc)]
+    return [int(getattr(cfg, name)) for name in BackwardConfig.__dataclass_fields__]
 
 
 # -- routing ------------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""The backward suites of benchmarks.kernel_probe: flash_attention_backward alone per
+BackwardConfig variant (tiles, one or two launches, lse_acc, finite_rows, tma), dQ by atomic adds
+(benchmarks.backward_atomic), and cuDNN's and FA2's backward through SDPA (autograd.grad on a kept
+graph, the backward alone), all on the same inputs: q, k, v, dO random bf16, O and lse from our
+forward. Every variant returns (dQ, dK, dV), checked against cuDNN's by kernel_probe, except the
+one-pass timings (`only`: the dK/dV or the dQ launch alone, `nocheck`)."""
+
+from __future__ import annotations
+
+import torch
+
+BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd")
+BWD_SUITES = ("bwd256", "bwd128")
+
+
+def _bwd(shape, mask, label, cfg=None, kind="bwd"):
+    return dict(kind=kind, shape=shape, mask=mask, label=label, bwd_cfg=cfg, cfg=None, ws=None, sched="natural",
+                **{"pass": "bwd"})
+
+
+def backward_suite(name: str) -> list[dict]:
+    """The variants of a backward suite: dicts of kind, shape (B, H, H_kv, N, D), mask, bwd_cfg
+    (BackwardConfig fields as a dict, None: the default) and label."""
+    from kernels.backward import CUDA_CONFIGS
+
+    out = []
+    if name == "bwd256":
+        d, cases = 256, [((4, 16, 16, 4096, 256), m) for m in ("causal", "full")]
+        # dQ tiles of 128 rows and dK/dV split into dV and dK programs of 128 keys: every score-like
+        # dot has M = 128 on 8 warps (64-row ones are computed by both warpgroups)
+        split = dict(block_m1=32, block_n1=128, block_m2=128, block_n2=32, split_dkdv=True)
+        extra = [dict(block_m2=128, block_n2=32), dict(block_m2=128, block_n2=32, tma=True), dict(dp_first=True),
+                 dict(tma=True, one_launch=False), split, dict(split, tma=True), dict(split, one_launch=False)]
+        only = [("split", split)]
+    else:
+        d = 128
+        cases = [((4, 16, 16, 4096, 128), m) for m in ("causal", "full")] + [((2, 32, 8, 8192, 128), "causal")]
+        extra = [dict(block_n2=128, num_stages=2), dict(num_stages=4), dict(tma=True, lse_acc=True),
+                 dict(tma=True, num_stages=4), dict(dp_first=True), dict(tma=True, dp_first=True)]
+        only = []
+    base = CUDA_CONFIGS[d].__dict__
+    for shape, mask in cases:
+        out.append(_bwd(shape, mask, "cudnn", kind="cudnn_bwd"))
+        out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
+        out.append(_bwd(shape, mask, "default"))
+        for change in [dict(tma=True), dict(finite_rows=True), dict(lse_acc=True), dict(one_launch=False)] + extra:
+            label = " ".join(f"{k}={v}" for k, v in change.items() if k not in SPLIT_TILES or "split_dkdv" not in change)
+            out.append(_bwd(shape, mask, label.replace("split_dkdv=True", "split 32x128 / 128x32"),
+                            dict(base, **change)))
+        out.append(_bwd(shape, mask, "dq atomic, default tiles", kind="bwd_atomic"))
+        # one pass alone (and the preprocess), two launches: outputs not checked
+        for name, change in [("default", {})] + only:
+            cfg = dict(base, **change, one_launch=False)
+            for part in ("dkdv", "dq"):
+                out.append(dict(_bwd(shape, mask, f"{name}: {part} pass only", cfg), only=part, nocheck=True))
+    return out
+
+
+SPLIT_TILES = ("block_m1", "block_n1", "block_m2", "block_n2")     # named "split" in labels
+_CACHE: dict = {}
+
+
+def _tensors(v, device):
+    """q, k, v, dO (bf16, seeded by the shape) and our forward's O and lse; one case kept at a time."""
+    from kernels import flash_attention
+
+    b, h, h_kv, n, d = v["shape"]
+    key = (tuple(v["shape"]), v["mask"])
+    if key not in _CACHE:
+        _CACHE.clear()
+        g = torch.Generator(device=device).manual_seed(n + d + 1)
+        q = torch.randn(b, h, n, d, generator=g, device=device, dtype=torch.bfloat16)
+        k, vv = (torch.randn(b, h_kv, n, d, generator=g, device=device, dtype=torch.bfloat16) for _ in range(2))
+        do = torch.randn(b, h, n, d, generator=g, device=device, dtype=torch.bfloat16)
+        with torch.no_grad():
+            o, lse = flash_attention(q, k, vv, mask=v["mask"], return_lse=True)
+        _CACHE[key] = (q, k, vv, do, o, lse)
+    return _CACHE[key]
+
+
+def backward_call(v, device):
+    """fn() of a backward variant, returning (dQ, dK, dV)."""
+    from kernels.backward import BackwardConfig, flash_attention_backward
+
+    q, k, vv, do, o, lse = _tensors(v, device)
+    mask = v["mask"]
+    if v["kind"] in ("cudnn_bwd", "fa2_bwd"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = SDPBackend.CUDNN_ATTENTION if v["kind"] == "cudnn_bwd" else SDPBackend.FLASH_ATTENTION
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, vv)]
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=mask == "causal",
+                                                                   enable_gqa=True)
+        return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+    if v["kind"] == "bwd_atomic":
+        from .backward_atomic import flash_attention_backward_atomic
+
+        return lambda: flash_attention_backward_atomic(do, q, k, vv, o, lse, mask)
+    cfg = None if v["bwd_cfg"] is None else BackwardConfig(**v["bwd_cfg"])
+    if v.get("only"):
+        return _one_pass(v["only"], lambda: flash_attention_backward(do, q, k, vv, o, lse, mask, config=cfg))
+    return lambda: flash_attention_backward(do, q, k, vv, o, lse, mask, config=cfg)
+
+
+def _one_pass(only: str, call):
+    """call() with the main kernel launched for one pass only ('dkdv' or 'dq'; two-launch configs)."""
+    import kernels.backward as B
+
+    orig = B._launch
+
+    def launch(kernel, grid, args, cfg=None):
+        if kernel is B.attn_bwd_kernel and bool(args["DKDV"]) != (only == "dkdv"):
+            return
+        orig(kernel, grid, args, cfg)
+
+    def fn():
+        B._launch = launch
+        try:
+            return call()
+        finally:
+            B._launch = orig
+    return fn

@@ -1,0 +1,120 @@
+"""The backward's NaN pattern: a NaN (or Inf) in q or dO row i gives non-finite values exactly in
+dQ row i and in the dK, dV rows of the keys row i sees, everything else finite and right; by rows,
+the pattern of float64 autograd through attention computed row by row over each row's visible
+keys (a masked pair is no term at all, so it cannot carry a NaN). Within a dV row the kernel's
+NaN may fill the row where autograd's sits in dO's bad columns only. Also the backward's
+variants (BackwardConfig tma, split_dkdv, dp_first) against float64."""
+
+import pytest
+import torch
+
+from kernels.backward import BackwardConfig, attention_with_grad
+from kernels.masks import parse_mask
+from tests.kernels.test_backward import float64_grads, make, ours, rel_err
+
+
+def rowwise_float64_grads(q, k, v, do, mask):
+    """float64 autograd of attention row by row, each row over its visible keys only."""
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    b, h, n_q, d = q.shape
+    group = h // k.shape[1]
+    dense = parse_mask(mask, n_q, k.shape[2]).dense(n_q, k.shape[2])
+    loss = 0.0
+    for bi in range(b):
+        for hi in range(h):
+            kk, vv = k[bi, hi // group], v[bi, hi // group]
+            for i in range(n_q):
+                idx = dense[i].nonzero().flatten()
+                if len(idx):
+                    p = torch.softmax(q[bi, hi, i] @ kk[idx].T * d ** -0.5, -1)
+                    loss = loss + (p @ vv[idx] * do[bi, hi, i].double()).sum()
+    return torch.autograd.grad(loss, (q, k, v))
+
+
+@pytest.mark.parametrize("mask", ["causal", "sliding_window:9"])
+def test_nan_rows_reach_only_the_keys_they_see(mask):
+    q, k, v, do = make(1, 2, 1, 40, 40, 16, seed=5)
+    q[0, 0, 21, 3] = float("nan")          # a q row of head 0, in a diagonal (partial) tile
+    do[0, 1, 30, 7] = float("nan")         # a dO row of head 1
+    do[0, 1, 2, 0] = float("inf")
+    ref = rowwise_float64_grads(q, k, v, do, mask)
+    got = ours(q, k, v, do, mask, bwd_config=BackwardConfig(32, 32, 32, 32, 4, 1, finite_rows=True))[1:]
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        bad = (~torch.isfinite(r)).any(-1, keepdim=True)          # by rows
+        assert bad.any() and not bad.all(), name
+        got_bad = (~torch.isfinite(x)).any(-1, keepdim=True)
+        assert torch.equal(got_bad, bad), (name, got_bad.sum().item(), bad.sum().item())
+        assert rel_err(torch.where(bad, 0.0, x.double()), torch.where(bad, 0.0, r)) < 1e-5, name
+
+
+def test_default_interpreter_config_keeps_the_pattern():
+    q, k, v, do = make(1, 1, 1, 20, 20, 8, seed=6)
+    do[0, 0, 5, 1] = float("nan")
+    _, dq, dk, dv = ours(q, k, v, do, "causal")
+    assert torch.isnan(dq[0, 0, 5]).all() and torch.isfinite(dq[0, 0, torch.arange(20) != 5]).all()
+    assert torch.isnan(dk[0, 0, :6]).all() and torch.isfinite(dk[0, 0, 6:]).all()
+    assert torch.isnan(dv[0, 0, :6]).all() and torch.isfinite(dv[0, 0, 6:]).all()
+
+
+@pytest.mark.parametrize("mask,cfg", [
+    ("causal", BackwardConfig(16, 32, 32, 16, 4, 1, tma=True)),
+    ("full", BackwardConfig(16, 32, 32, 16, 4, 1, tma=True, one_launch=False)),
+    ("sliding_window:9", BackwardConfig(16, 32, 32, 16, 4, 1, split_dkdv=True, dp_first=True)),
+    ("causal", BackwardConfig(16, 32, 32, 16, 4, 1, split_dkdv=True, tma=True, finite_rows=True, one_launch=False)),
+])
+def test_backward_variants_match_float64(mask, cfg):
+    # odd N (rows past N come back 0 from the descriptors), GQA, D 24 padded to 32
+    q, k, v, do = make(1, 2, 1, 37, 45, 24, seed=7)
+    got = ours(q, k, v, do, mask, bwd_config=cfg)
+    ref = float64_grads(q, k, v, do, mask)
+    for name, x, r in zip(("dq", "dk", "dv"), got[1:], ref[1:]):
+        assert rel_err(x, r) < 1e-5, (mask, name, rel_err(x, r))
+
+
+def test_split_dkdv_is_not_traced():
+    from kernels.backward import backward_trace_buffers, flash_attention_backward
+
+    q, k, v, do = make(1, 1, 1, 16, 16, 8, seed=8)
+    cfg = BackwardConfig(16, 16, 16, 16, 4, 1, split_dkdv=True)
+    lse = torch.zeros(1, 1, 16)
+    with pytest.raises(ValueError, match="split_dkdv=False"):
+        flash_attention_backward(do, q, k, v, q, lse, "causal", config=cfg,
+                                 trace=backward_trace_buffers(q, k, "causal", (0,), config=cfg))
+
+
+GPU_VARIANTS = [   # (head dim, BackwardConfig fields): the probe's candidates
+    (128, dict(block_m1=64, block_n1=128, block_m2=128, block_n2=64, num_warps=8, num_stages=3, tma=True)),
+    (256, dict(block_m1=32, block_n1=128, block_m2=128, block_n2=32, num_warps=8, num_stages=2, split_dkdv=True,
+               tma=True, one_launch=False)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,fields", GPU_VARIANTS)
+def test_gpu_variants_against_float64(d, fields, device):
+    # bf16 on the GPU, GQA, N_q != N_k (and odd): within twice the default config's error against float64
+    q, k, v, do = make(1, 4, 2, 300, 333, d, torch.bfloat16, device, seed=9)
+    cfg = BackwardConfig(**fields)
+    # partial tiles above the full run, below it (a window's far edge), and padding alone
+    for text in ("causal", "sliding_window:100", "full"):
+        got = ours(q, k, v, do, text, bwd_config=cfg)
+        base = ours(q, k, v, do, text)
+        ref = float64_grads(q, k, v, do, text)
+        for name, x, y, r in zip(("dq", "dk", "dv"), got[1:], base[1:], ref[1:]):
+            assert torch.isfinite(x).all(), (text, name)
+            assert rel_err(x, r) <= 2 * rel_err(y, r) + 1e-4, (text, name, rel_err(x, r), rel_err(y, r))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fields", [dict(finite_rows=True), dict(finite_rows=True, split_dkdv=True, tma=True)])
+def test_gpu_nan_rows_reach_only_the_keys_they_see(fields, device):
+    q, k, v, do = make(1, 2, 1, 200, 200, 64, torch.bfloat16, device, seed=10)
+    q[0, 0, 121, 3] = float("nan")
+    do[0, 1, 70, 7] = float("nan")
+    cfg = BackwardConfig(32, 64, 64, 32, 4, 2, **fields)
+    for mask in ("causal", "sliding_window:50"):
+        ref = rowwise_float64_grads(q.cpu().float(), k.cpu().float(), v.cpu().float(), do.cpu().float(), mask)
+        got = ours(q, k, v, do, mask, bwd_config=cfg)[1:]
+        for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+            bad = (~torch.isfinite(r)).any(-1, keepdim=True)
+            assert torch.equal((~torch.isfinite(x.cpu())).any(-1, keepdim=True), bad), (mask, name)
