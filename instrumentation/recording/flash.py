@@ -28,7 +28,8 @@ def default_trace_blocks(n_qb: int) -> list[int]:
 
 def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, schedule="natural",
            num_warps=None, num_stages=None, trace_head=0, trace_q_blocks="auto",
-           level="full", measure=True, meta_extra=None, backward=False, grad_out=None):
+           level="full", measure=True, meta_extra=None, backward=False, grad_out=None,
+           precision="bf16", scaling="block", hadamard=True):
     """Run the instrumented kernel; return (out, Trace).
 
     level: 'work' (one row per work item) or 'full' (plus tiles and per-row softmax state of
@@ -46,15 +47,30 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     tile and row tracing off), bwd_tiles (traced heads), bwd_rows (their traced rows) and
     meta['backward']; the inputs that are leaves and
     require grad get their .grad (accumulated, as autograd does); out is returned detached.
+    precision: "bf16" (the 16/32-bit kernel, kernels.flash_attention) or "fp8" (kernels.fp8's
+    kernel on inputs quantised once with `scaling` and `hadamard`, forward only, natural schedule;
+    instrumentation.recording.fp8): the trace gains the table fp8_error (bh, q_block, rmse,
+    max_abs, variant) against a float64 reference computed on the inputs' device, meta['fp8']
+    and meta['precision']; untraced_ms / traced_ms time the attention kernel alone.
     """
     if not isinstance(backward, bool):
         raise ValueError(f"backward must be True or False, got {backward!r}")
     if grad_out is not None and not backward:
         raise ValueError("grad_out is used by the backward only: pass backward=True with it")
+    if precision not in ("bf16", "fp8"):
+        raise ValueError(f"precision must be 'bf16' or 'fp8', got {precision!r}")
     leaves = (q, k, v)
     if backward:       # the forward and backward run on the values; the gradients go to .grad
         q, k, v = (t.detach() if isinstance(t, torch.Tensor) else t for t in leaves)
-    spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
+    fp8 = None
+    if precision == "fp8":
+        from .fp8 import fp8_recording
+
+        fp8 = fp8_recording(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages, backward,
+                            scaling, hadamard)
+        spec, cfg = fp8.spec, fp8.cfg
+    else:
+        spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     if level not in ("work", "full"):
         raise ValueError(f"level must be 'work' or 'full', got {level!r}")
     b, h, n, d = q.shape
@@ -103,18 +119,19 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
 
     kwargs = dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale,
                   schedule=schedule, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    run = fp8.run if fp8 is not None else lambda **kw: flash_attention(q, k, v, **kw, **kwargs)   # noqa: E731
     hw_run = dev.type == "cuda" and backend() == "cuda"
     # the output (and the backward's lse) come from the first launch: the detail launch at level
     # 'full', else the only one. At level 'full' the work table comes from a second launch with
     # tile and row tracing off, so the tile-traced heads' items are not slowed where it is drawn.
     first = fresh_buffers(full)
-    out = flash_attention(q, k, v, trace=first, return_lse=backward, **kwargs)
+    out = run(trace=first, return_lse=backward)
     work_buffers = first
     if full:
         if hw_run:   # compile and load the work-only kernel first: its timeline is a warm launch
-            flash_attention(q, k, v, trace=fresh_buffers(False), **kwargs)
+            run(trace=fresh_buffers(False))
         work_buffers = fresh_buffers(False)
-        flash_attention(q, k, v, trace=work_buffers, **kwargs)
+        run(trace=work_buffers)
     if backward:
         from .backward import record_backward
 
@@ -128,15 +145,13 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
                 leaf.grad = grad.to(leaf.dtype) if leaf.grad is None else leaf.grad + grad.to(leaf.dtype)
     timings = {}
     if measure and hw_run:
-        timings["untraced_ms"] = time_ms(lambda: flash_attention(q, k, v, **kwargs), q.device, warmup=10, rep=60)
+        timings["untraced_ms"] = time_ms(run, q.device, warmup=10, rep=60)
         # on CUDA the trace counter is unused (order comes from globaltimer), so no reset is timed
         scratch = fresh_buffers(full)
-        timings["traced_ms"] = time_ms(lambda: flash_attention(q, k, v, trace=scratch, **kwargs), q.device,
-                                       warmup=10, rep=60)
+        timings["traced_ms"] = time_ms(lambda: run(trace=scratch), q.device, warmup=10, rep=60)
         if full:
             scratch = fresh_buffers(False)
-            timings["work_traced_ms"] = time_ms(lambda: flash_attention(q, k, v, trace=scratch, **kwargs),
-                                                q.device, warmup=10, rep=60)
+            timings["work_traced_ms"] = time_ms(lambda: run(trace=scratch), q.device, warmup=10, rep=60)
         torch.cuda.synchronize()
 
     env = environment(dev)
@@ -200,6 +215,8 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     if meta_extra:
         meta.update(meta_extra)
     trace = Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows)
+    if fp8 is not None:
+        fp8.finish(trace, out, measure, hw_run)
     if backward:
         for name, table in bwd_tables.items():
             trace.tables[name] = table

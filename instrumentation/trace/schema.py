@@ -125,6 +125,12 @@ register_table("ring_rows", ["q_row", "rank", "step", "kv_chunk", "m_part", "l_p
 register_table("ring_balance", ["layout", "rank", "step", "score_entries"],
                lambda m: 2 * _n_qb(m) ** 2, {"rank": _n_qb, "step": _n_qb},
                key=("layout", "rank", "step"), numeric=False)
+# low-precision error per (head, query block) against a float64 reference, one row per variant
+# (instrumentation.analysis.precision_error: record(precision="fp8") stores one variant, the
+# precision study four: bf16, fp8_tensor, fp8_block, fp8_block_hadamard)
+register_table("fp8_error", ["bh", "q_block", "rmse", "max_abs", "variant"],
+               lambda m: 4 * bounds.heads(m) * _n_qb(m), {"bh": bounds.heads, "q_block": _n_qb},
+               key=("variant", "bh", "q_block"), numeric=False)
 # the backward's tables: bwd_work, bwd_tiles, bwd_rows
 from . import backward_tables  # noqa: E402
 
