@@ -37,10 +37,17 @@ FA3_SOURCE = "FlashAttention-3 paper (Shah et al., 2024), H100"
 
 
 def study(trace) -> tuple[dict, object]:
-    """(meta['precision_study'], the fp8_error table) of a precision-study recording.
+    """(meta['precision_study'], the fp8_error table) of a precision-study recording; for a trace of
+    record(precision="fp8") (one variant, meta['fp8']) the same form built from its meta.
     Raises ValueError (one line) for any other recording."""
     s = trace.meta.get("precision_study")
     table = trace.tables.get("fp8_error")
+    fp8 = trace.meta.get("fp8")
+    if s is None and isinstance(fp8, dict) and fp8.get("variant"):
+        s = {"preset_label": f"record(precision='fp8'), {VARIANTS.get(fp8['variant'], fp8['variant'])}",
+             "inputs": str(trace.meta.get("inputs", "?")), "seed": trace.meta.get("input_seed", "?"),
+             "reference": fp8.get("reference", "float64"), "error_block_m": trace.meta.get("block_m"),
+             "variants": {fp8["variant"]: {"rmse": fp8.get("rmse"), "max_abs": fp8.get("max_abs")}}}
     if not isinstance(s, dict) or table is None or not len(table):
         raise ValueError("this recording is not a precision study: make one with "
                          "`python -m instrumentation.precision_study --preset ... --out data/precision/NAME`")
@@ -92,7 +99,8 @@ def error_maps_figure(trace, metric: str = "rmse") -> go.Figure:
     overall = s.get("variants", {})
     fig = make_subplots(rows=1, cols=len(names), shared_yaxes=True, horizontal_spacing=0.025,
                         subplot_titles=[f"{SHORT.get(v, v).replace('<br>', ' ')}<br>"
-                                        + (f"{METRICS[metric]} {overall[v][metric]:.2e}" if v in overall else "")
+                                        + (f"{METRICS[metric]} {overall[v][metric]:.2e}"
+                                           if overall.get(v, {}).get(metric) is not None else "")
                                         for v in names])
     for i, v in enumerate(names, start=1):
         t = table[table["variant"] == v]

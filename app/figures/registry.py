@@ -316,6 +316,8 @@ def trace_charts(trace) -> dict:
         return RING_CHARTS
     if "precision_study" in trace.meta:
         return PRECISION_CHARTS
+    if len(trace.tables.get("fp8_error", ())):      # record(precision="fp8"): its error maps too
+        return {**TRACE_CHARTS, **{k: PRECISION_CHARTS[k] for k in ("precision-rmse", "precision-max-abs")}}
     if trace.meta.get("varlen"):
         return VARLEN_CHARTS
     if trace.meta.get("kind") == "decode" and trace.meta.get("paged"):

@@ -75,3 +75,19 @@ def test_registry_draws_and_names_the_precision_charts(study_trace):
     assert "RMSE" in fig.layout.title.text
     with pytest.raises(ValueError, match="precision-study"):
         build("schedule", ChartInputs(trace=study_trace))
+
+
+def test_a_recorded_fp8_trace_draws_its_own_error_maps():
+    """record(precision="fp8") keeps one variant's fp8_error: the registry offers its error maps
+    beside the trace charts, drawn from that table."""
+    from instrumentation import make_inputs, record
+
+    q, k, v = make_inputs(1, 2, 64, 32, "bf16", seed=4)
+    _, tr = record(q, k, v, mask="causal", block_m=32, block_n=32, precision="fp8", scaling="block", hadamard=False)
+    names = charts_for(ChartInputs(trace=tr))
+    assert "schedule" in names and "precision-rmse" in names and "precision-speed" not in names
+    fig = build("precision-rmse", ChartInputs(trace=tr))
+    (heat,) = [d for d in fig.data if d.type == "heatmap"]
+    want = tr.fp8_error.pivot_table(index="bh", columns="q_block", values="rmse").sort_index().to_numpy()
+    assert heat.name == lp.VARIANTS["fp8_block"] and np.allclose(np.asarray(heat.customdata, dtype=float), want)
+    assert f"{tr.meta['fp8']['rmse']:.2e}" in fig.layout.annotations[0].text
