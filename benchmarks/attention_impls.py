@@ -20,13 +20,30 @@ import torch  # noqa: E402
 from kernels import default_config, flash_attention, naive_attention  # noqa: E402
 
 IMPLS = ("sdpa_cudnn", "tilescope", "tilescope:longest_first", "tilescope:persistent",
-         "sdpa_flash", "sdpa_efficient", "flex", "naive")
+         "sdpa_flash", "sdpa_efficient", "flex", "naive",
+         "tilescope_fp8", "tilescope_fp8_total", "tilescope_fp8_total:block", "tilescope_fp8_total:tensor")
+# kernels.flash_attention_fp8 (bf16 inputs, e4m3 products): tilescope_fp8 times the attention kernel
+# alone on inputs quantised once (block scales + Hadamard; every scaling runs the same kernel),
+# tilescope_fp8_total the whole call (quantise-and-rotate pass + attention) per scaling. Asked for
+# by name or 'all'; the default run leaves them out (DEFAULT_IMPLS).
+FP8_IMPLS = {"tilescope_fp8": ("block", True), "tilescope_fp8_total": ("block", True),
+             "tilescope_fp8_total:block": ("block", False), "tilescope_fp8_total:tensor": ("tensor", False)}
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i not in FP8_IMPLS)
+# e4m3 keeps 3 mantissa bits: the FP8 outputs' relative error is ~0.05 on standard-normal inputs
+# (measured in the interpreter, N 64-128, every scaling), so they are checked against 0.1
+FP8_TOLERANCE = 0.1
 SCHEDULE_OF = {"tilescope": "natural", "tilescope:natural": "natural",
                "tilescope:longest_first": "longest_first", "tilescope:persistent": "persistent"}
 SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
                  "sdpa_efficient": "EFFICIENT_ATTENTION"}
 SDPA_MASKS = ("full", "causal")      # what SDPA expresses without an explicit mask tensor
 NAIVE_MASKS = ("full", "causal")
+
+
+def tolerance(impl: str, dtype_name: str, default: float) -> float:
+    """The relative error an impl's output may have: FP8_TOLERANCE for the FP8 impls, else the
+    dtype's (benchmarks.TOLERANCE, passed as default)."""
+    return FP8_TOLERANCE if impl in FP8_IMPLS else default
 
 
 def parse_impls(text: str) -> list[str]:
@@ -93,9 +110,17 @@ def kernel_config(impl: str, rec: dict, tuned, spec, device) -> dict | None:
     Returns: the config dict make_call passes on (the tuned one where the file has the case, else
     kernels.default_config's), or None for an implementation that is not ours.
     """
+    d, n, dtype_name = rec["head_dim"], rec["seq_len"], rec["dtype"]
+    if impl in FP8_IMPLS:
+        from kernels.fp8_quant import fp8_config
+
+        c = fp8_config(d)
+        rec.update(config_source="default", schedule="natural", scaling=FP8_IMPLS[impl][0],
+                   hadamard=FP8_IMPLS[impl][1], tiles_frac=tile_fraction(spec, n, c.block_m, c.block_n),
+                   config=dict(block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages))
+        return None
     if impl not in SCHEDULE_OF:
         return None
-    d, n, dtype_name = rec["head_dim"], rec["seq_len"], rec["dtype"]
     cfg = tuned.lookup(d, spec, n, dtype_name) if tuned else None
     rec["config_source"] = "tuned" if cfg else "default"
     cfg = cfg or default_config(d, DTYPES[dtype_name], n=n, mask=spec, device=device,
@@ -113,6 +138,15 @@ def make_call(impl, q, k, v, spec, cfg):
     config dict (block_m, block_n, num_warps, num_stages) or None for the others.
     Returns: (fn, context): fn() computes the output; context() wraps both the check and the timing.
     """
+    if impl in FP8_IMPLS:
+        from kernels.fp8 import attention_fp8, flash_attention_fp8
+        from kernels.fp8_quant import quantize_fp8
+
+        scaling, hadamard = FP8_IMPLS[impl]
+        if impl == "tilescope_fp8":         # the attention kernel alone: quantised once, here
+            x = quantize_fp8(q, k, v, scaling, hadamard)
+            return (lambda: attention_fp8(x, spec)), contextlib.nullcontext
+        return (lambda: flash_attention_fp8(q, k, v, spec, scaling=scaling, hadamard=hadamard)), contextlib.nullcontext
     if impl in SCHEDULE_OF:
         sched = SCHEDULE_OF[impl]
         return (lambda: flash_attention(q, k, v, mask=spec, schedule=sched, **cfg)), contextlib.nullcontext

@@ -23,6 +23,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from .analysis.precision_error import reference_fp64  # noqa: F401  (re-exported: the study's reference)
+
 PROG = "python -m instrumentation.precision_study"
 OUTLIER_FRACTION = 1e-3          # FA3: 0.1% of the entries ...
 OUTLIER_SCALE = 10.0             # ... of magnitude 10
@@ -105,36 +107,6 @@ def study_inputs(p: StudyPreset, seed: int = 0, device="cpu"):
             x = torch.where(torch.rand(x.shape, generator=gen) < OUTLIER_FRACTION, x * OUTLIER_SCALE, x)
         out.append(x.to(device=device, dtype=torch.bfloat16))
     return tuple(out)
-
-
-def reference_fp64(q, k, v, mask: str, sm_scale=None, chunk_bytes: int = 1 << 30):
-    """float64 attention on q's device (the GPU for a GPU run), a few heads at a time so the score
-    block stays under `chunk_bytes`. q, k (B, H, N_q, D) / (B, H_kv, N_k, D); v (B, H_kv, N_k, D_v);
-    sm_scale None: D ** -0.5. Returns (B, H, N_q, D_v) float64; a row that sees no key is 0 (as the
-    kernels write it)."""
-    import torch
-
-    from kernels.masks import parse_mask
-
-    b, h, n_q, d = q.shape
-    h_kv, n_k = k.shape[1], k.shape[2]
-    group = h // h_kv
-    visible = parse_mask(mask, n_q, n_k).dense(n_q, n_k).to(q.device)
-    step = max(1, chunk_bytes // (n_q * n_k * 8))
-    scale = d ** -0.5 if sm_scale is None else float(sm_scale)
-    out = torch.empty((b, h, n_q, v.shape[-1]), dtype=torch.float64, device=q.device)
-    for bi in range(b):
-        for h0 in range(0, h, step):
-            hs = torch.arange(h0, min(h, h0 + step), device=q.device)
-            qq = q[bi, hs].double()
-            kk, vv = k[bi, hs // group].double(), v[bi, hs // group].double()
-            s = (qq @ kk.transpose(-1, -2)) * scale
-            s = s.masked_fill(~visible, float("-inf"))
-            m = s.amax(-1, keepdim=True)
-            e = torch.exp(s - torch.where(torch.isinf(m), 0.0, m))
-            l_ = e.sum(-1, keepdim=True)
-            out[bi, hs] = (e / torch.where(l_ == 0, 1.0, l_)) @ vv
-    return out
 
 
 def _variant_call(name: str, q, k, v, mask: str):

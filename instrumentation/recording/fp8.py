@@ -19,7 +19,7 @@ from kernels.masks import parse_mask
 from kernels.runtime import interpreting
 from kernels.sizes import call_size
 
-from ..analysis.precision_error import error_table, fp8_variant
+from ..analysis.precision_error import error_table, fp8_variant, reference_fp64
 from .timing import time_ms
 
 PRECISIONS = ("bf16", "fp8")
@@ -45,8 +45,6 @@ class Fp8Recording:
     def finish(self, trace, out, measure: bool, hw_run: bool) -> None:
         """Add the error table fp8_error (this variant, per (bh, q_block), against float64 on the
         inputs' device) and meta['fp8'] (scaling, hadamard, variant, quantise_ms, overall errors)."""
-        from ..precision_study import reference_fp64
-
         q, k, v = self.inputs
         ref = reference_fp64(q, k, v, self.spec.text, self.sm_scale)
         variant = fp8_variant(self.scaling, self.hadamard)
