@@ -287,7 +287,8 @@ def _write(meta, recs, out_dir, name, last):
         if last:
             log(f"{str(rec['shape']):26s} {str(rec.get('mask') or 'decode'):7s} {rec.get('pass') or '':3s} "
                 f"{rec['label']:36s} "
-                + (f"{rec['ms']:8.3f} ms  {rec['x_cudnn']:.3f}x cuDNN" if rec.get("ms") else
+                + (f"{rec['ms']:8.3f} ms  " + (f"{rec['x_cudnn']:.3f}x cuDNN" if rec["x_cudnn"] else "")
+                   if rec.get("ms") else
                    f"{rec['status']}: {(rec['error'] or '')[:90]}"))
     path = os.path.join(out_dir, f"{name}-probe-{device_slug(meta['device'])}.json")
     return write_results({"meta": meta, "records": recs}, path, "kernel_probe")

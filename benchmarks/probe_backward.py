@@ -1,9 +1,10 @@
 """The backward suites of benchmarks.kernel_probe: flash_attention_backward alone per
-BackwardConfig variant (tiles, one or two launches, lse_acc, finite_rows, tma), dQ by atomic adds
-(benchmarks.backward_atomic), and cuDNN's and FA2's backward through SDPA (autograd.grad on a kept
-graph, the backward alone), all on the same inputs: q, k, v, dO random bf16, O and lse from our
-forward. Every variant returns (dQ, dK, dV), checked against cuDNN's by kernel_probe, except the
-one-pass timings (`only`: the dK/dV or the dQ launch alone, `nocheck`)."""
+BackwardConfig variant (tiles, one or two launches, lse_acc, finite_rows, tma, dp_first,
+split_dkdv), dQ by atomic adds (benchmarks.backward_atomic), and cuDNN's and FA2's backward through
+SDPA (autograd.grad on a kept graph, the backward alone), all on the same inputs: q, k, v, dO
+random bf16, O and lse from a float32 torch forward (no forward kernel to compile). Every variant
+returns (dQ, dK, dV), checked against cuDNN's by kernel_probe, except the one-pass timings
+(`only`: the dK/dV or the dQ launch alone, `nocheck`)."""
 
 from __future__ import annotations
 
@@ -60,10 +61,28 @@ SPLIT_TILES = ("block_m1", "block_n1", "block_m2", "block_n2")     # named "spli
 _CACHE: dict = {}
 
 
-def _tensors(v, device):
-    """q, k, v, dO (bf16, seeded by the shape) and our forward's O and lse; one case kept at a time."""
-    from kernels import flash_attention
+def _forward(q, k, v, causal: bool, heads: int = 8):
+    """O (q's dtype) and the natural-log lse (float32) in float32 torch arithmetic, a few heads at a
+    time: the backward's inputs without compiling a forward kernel."""
+    group = q.shape[1] // k.shape[1]
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    n_q, n_k = q.shape[2], k.shape[2]
+    hidden = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(n_k - n_q + 1) if causal else None
+    for bi in range(q.shape[0]):
+        for h0 in range(0, q.shape[1], heads):
+            hs = slice(h0, h0 + heads)
+            kk = k[bi].repeat_interleave(group, 0)[hs].float()
+            vv = v[bi].repeat_interleave(group, 0)[hs].float()
+            s = q[bi, hs].float() @ kk.transpose(-1, -2) * q.shape[-1] ** -0.5
+            if hidden is not None:
+                s.masked_fill_(hidden, float("-inf"))
+            lse[bi, hs] = torch.logsumexp(s, -1)
+            o[bi, hs] = (torch.softmax(s, -1) @ vv).to(q.dtype)
+    return o, lse
 
+
+def _tensors(v, device):
+    """q, k, v, dO (bf16, seeded by the shape) and the forward's O and lse; one case kept at a time."""
     b, h, h_kv, n, d = v["shape"]
     key = (tuple(v["shape"]), v["mask"])
     if key not in _CACHE:
@@ -73,7 +92,7 @@ def _tensors(v, device):
         k, vv = (torch.randn(b, h_kv, n, d, generator=g, device=device, dtype=torch.bfloat16) for _ in range(2))
         do = torch.randn(b, h, n, d, generator=g, device=device, dtype=torch.bfloat16)
         with torch.no_grad():
-            o, lse = flash_attention(q, k, vv, mask=v["mask"], return_lse=True)
+            o, lse = _forward(q, k, vv, v["mask"] == "causal")
         _CACHE[key] = (q, k, vv, do, o, lse)
     return _CACHE[key]
 

@@ -7,10 +7,10 @@ from benchmarks import kernel_probe
 
 
 def test_every_case_of_a_suite_has_its_cudnn_baseline_first():
-    for name in ("d256", "causal", "decode", "decode_b64"):
+    for name in ("d256", "causal", "decode", "decode_b64", "fwdcausal", "bwd256", "bwd128"):
         seen = set()
         for v in kernel_probe.suite(name):
-            case = (tuple(v["shape"]), v.get("mask"))
+            case = (tuple(v["shape"]), v.get("mask"), v.get("pass"))
             if v["kind"].startswith("cudnn"):
                 seen.add(case)
             else:
@@ -25,3 +25,20 @@ def test_bad_suite_and_no_gpu_are_one_line(capsys):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="CUDA GPU"):
             kernel_probe.main(["--suite", "causal", "--name", "x"])
+
+
+def test_backward_suites_and_compile_chunks():
+    from kernels.backward import BackwardConfig
+
+    variants = kernel_probe.suite("bwd256") + kernel_probe.suite("bwd128")
+    for v in variants:
+        if v.get("bwd_cfg"):
+            BackwardConfig(**v["bwd_cfg"])                   # every variant is a valid config
+    assert any(v.get("only") for v in variants) and any(v["kind"] == "fa2_bwd" for v in variants)
+    chunks = kernel_probe._compile_chunks(variants, 5)
+    assert len(chunks) == 5 and sum(map(len, chunks)) == sum(v["kind"] in ("bwd", "bwd_atomic") for v in variants)
+    owner = {}
+    for j, chunk in enumerate(chunks):                       # one kernel, one worker: no compile twice
+        for _, v in chunk:
+            key = repr((v["kind"], v.get("bwd_cfg"), v["mask"]))
+            assert owner.setdefault(key, j) == j
