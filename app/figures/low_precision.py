@@ -173,16 +173,15 @@ def speed_figure(trace) -> go.Figure:
     names = [n for n in variants_in(table) if n in v]
     labels = [SHORT.get(n, n) for n in names]
     timed = all("total_ms" in v[n] for n in names) and bool(names)
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
-                        subplot_titles=["time per call (ms)", "TFLOP/s (4·B·H·D·visible pairs ÷ time)"])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12)
     d = int(trace.meta["shape"]["D"])
     anchor_d = min(FA3_TFLOPS, key=lambda x: abs(x - d))
     if timed:
-        for part, colour, key in (("quantise (+ rotate) pass", NOW, "quantise_ms"), ("attention kernel", FULL, "attention_ms")):
+        for part, colour, key in (("quantise pass", NOW, "quantise_ms"), ("attention kernel", FULL, "attention_ms")):
             fig.add_trace(go.Bar(x=labels, y=[v[n][key] for n in names], name=part, marker_color=colour,
                                  hovertemplate=f"%{{x}}: {part} %{{y:.3f}} ms<extra></extra>"), row=1, col=1)
-        for part, key, colour in (("whole call", "tflops_total", "#8c6bb1"), ("attention kernel alone", "tflops_attention", FULL)):
-            fig.add_trace(go.Bar(x=labels, y=[v[n][key] for n in names], name=f"TFLOP/s, {part}", marker_color=colour,
+        for part, key, colour in (("whole call", "tflops_total", "#8c6bb1"), ("attention alone", "tflops_attention", FULL)):
+            fig.add_trace(go.Bar(x=labels, y=[v[n][key] for n in names], name=f"TFLOP/s {part}", marker_color=colour,
                                  text=[f"{v[n][key]:.0f}" for n in names], textposition="outside",
                                  hovertemplate=f"%{{x}}: %{{y:.0f}} TFLOP/s ({part})<extra></extra>"), row=1, col=2)
         sub = f"measured on {trace.meta.get('device_name')}, untraced do_bench medians; B·H·N·D as in the caption"
@@ -198,19 +197,21 @@ def speed_figure(trace) -> go.Figure:
     # the paper's speed as a dashed line with its own legend entry (a label on the line ran into the bars' numbers)
     fig.add_trace(go.Scatter(x=labels, y=[FA3_TFLOPS[anchor_d]] * len(labels), mode="lines",
                              line=dict(color="#333", dash="dash", width=2),
-                             name=f"FA3 paper: {FA3_TFLOPS[anchor_d]} TFLOP/s (H100, FP8, D{anchor_d})",
+                             name=f"FA3 paper: {FA3_TFLOPS[anchor_d]} (H100 FP8 D{anchor_d})",
                              hovertemplate=f"FA3 paper, H100, FP8 forward D{anchor_d}: %{{y}} TFLOP/s<extra></extra>"),
                   row=1, col=2)
     # grouped bars; the two time parts share one slot, the attention kernel's bar standing on the quantise pass's
     fig.update_layout(template=TEMPLATE, height=430, barmode="group", title=title("Speed per variant", sub),
-                      legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
+                      # a row above the panels: at its right the legend squeezed them until their labels turned
+                      legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"))
     if timed:
         fig.data[0].update(offsetgroup="time")
         fig.data[1].update(offsetgroup="time", base=[v[n]["quantise_ms"] for n in names])
-    fig.update_yaxes(title_text="ms", row=1, col=1, rangemode="tozero")
+    fig.update_yaxes(title_text="time per call (ms)", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text="TFLOP/s", row=1, col=2, rangemode="tozero",
                      range=[0, 1.15 * max([FA3_TFLOPS[anchor_d]] + ([v[n]["tflops_attention"] for n in names] if timed else []))])
     flops = s.get("flops")
-    extra = f" FLOPs per call: {flops:,}." if flops else ""
-    return caption(fig, study_provenance(trace) + extra + f" Dashed: {FA3_SOURCE}'s FP8 forward, not measured here.",
-                   width=150)
+    extra = f" TFLOP/s = 4·B·H·D·visible pairs ÷ time" + (f" ({flops:,} FLOPs per call)." if flops else ".")
+    fig = caption(fig, study_provenance(trace) + extra + f" Dashed: {FA3_SOURCE}'s FP8 forward, not measured here.",
+                  width=150)
+    return fig.update_layout(margin=dict(t=fig.layout.margin.t + 70))     # the legend's row(s) above the panels
