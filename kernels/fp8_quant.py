@@ -165,15 +165,18 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
     interp = interpreting()
     tile = QuantTile(d, hd, block, rotate, "block", transpose, interp, interp)
     grid = (n_tiles, bh)
+    # the rotated tile is held in fp32 registers: 8 warps from 128 x 128 elements (a 128 x 256 tile
+    # in 4 warps would take 256 registers a thread for it alone)
+    warps = 8 if block * hd >= 128 * 128 else 4
     args = (x, out, scale, None, had, tuple(x.stride()[:3]), (out.stride(0), out.stride(1)), n_heads, n_rows, n_tiles)
     if scaling == "block":
-        quantise_kernel[grid](*args, tile, num_warps=4)
+        quantise_kernel[grid](*args, tile, num_warps=warps)
     else:
         amax = torch.empty(bh * n_tiles, dtype=torch.float32, device=x.device)
-        quantise_kernel[grid](x, out, None, amax, *args[4:], tile._replace(MODE="amax"), num_warps=4)
+        quantise_kernel[grid](x, out, None, amax, *args[4:], tile._replace(MODE="amax"), num_warps=warps)
         top = amax.max()
         scale.copy_(torch.where(top > 0, top / E4M3_MAX, torch.ones_like(top)).expand(bh * n_tiles))
-        quantise_kernel[grid](*args, tile._replace(MODE="apply"), num_warps=4)
+        quantise_kernel[grid](*args, tile._replace(MODE="apply"), num_warps=warps)
     return out, scale
 
 
