@@ -6,7 +6,8 @@
     python -m instrumentation.regenerate --out data --budget-s 420   # stop cleanly; rerun resumes
     python -m instrumentation.regenerate --out /tmp/d --allow-cpu --quick   # tiny, interpreter
 
-What it writes, and the plan: instrumentation.recording.data_bundle (traces, sweeps, ncu) and
+What it writes, and the plan: instrumentation.recording.data_bundle (traces: the bundle's forward
+traces, the model presets' and the traced backward; sweeps, ncu) and
 instrumentation.recording.model_bundle (presets: long prefills at each model preset's shape;
 runs: captured transformers model runs) and instrumentation.recording.serving_bundle (serving: a
 paged decode step with a shared prefix, a packed varlen prefill and the same batch padded); these

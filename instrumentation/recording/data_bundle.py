@@ -14,6 +14,9 @@ What it writes (see data/README.md):
     traces/preset-{model}_.../       model presets (kernels.presets, B=1, the model's heads,
                                      KV heads, D and mask): Llama-3-8B, Mistral-7B, Qwen2.5-7B,
                                      Gemma-2-9B, Phi-2, chunked prefill (512 of 8192 keys).
+    traces/backward_n4096_causal/    a forward and its traced backward (BACKWARD_TRACE: B=1,
+                                     H=16, causal, bf16; dO a seeded standard normal), the same
+                                     three detailed heads.
     sweeps/{device-slug}.json        naive vs flash: peak memory, median time, OOM points,
                                      analytic HBM models, ncu DRAM bytes at 3 sizes
     MANIFEST.json                    an index of all of the above (file, kind, N, mask, schedule,
@@ -44,6 +47,10 @@ TRACE_BLOCK_STEPS = (None, 8, 4, 2)       # None = record()'s auto choice; then 
 
 
 BUNDLE_DOC_FRACTIONS = (1 / 8, 3 / 8, 1 / 4, 1 / 4)   # the bundled document traces' split
+# the bundled backward (record(..., backward=True)): the forward's tile detail on query blocks
+# 0, 15 and 31, both passes' tiles and rows of the detailed heads (0, 8, 15)
+BACKWARD_TRACE = dict(name="backward_n4096_causal", n=4096, mask="causal", schedule="natural", backward=True,
+                      q_blocks=[0, 15, 31], shape=dict(batch=1, heads=16, head_dim=128, dtype="bf16"))
 
 
 def detailed_heads(n_bh: int) -> list[int]:
@@ -101,6 +108,8 @@ def trace_name(n: int, mask: str, schedule: str, preset: str | None = None, kv_l
 
 
 def job_name(job: dict) -> str:
+    if job.get("name"):
+        return job["name"]
     return trace_name(job["n"], job["mask"], job["schedule"], job.get("preset"), job.get("kv_len"))
 
 
@@ -121,6 +130,8 @@ def plan(quick: bool, cpu: bool) -> dict:
     jobs += [dict(n=n, mask="causal", schedule=s) for n in sched_ns for s in SCHEDULES
              if s != "natural"]
     jobs += preset_jobs(cpu)
+    if not (quick or cpu):
+        jobs.append(dict(BACKWARD_TRACE))
     return {"traces": jobs, "trace_shape": shape, "sweep": sweep, "ncu_sizes": ncu}
 
 
@@ -162,6 +173,7 @@ def _existing_trace_ok(path: Path, job: dict, shape: dict) -> bool:
             and m["shape"]["N_k"] == (job.get("kv_len") or job["n"])
             and m["shape"]["H_kv"] == shape.get("kv_heads", shape["heads"])
             and m.get("traced_heads") == detailed_heads(shape["batch"] * shape["heads"])
+            and ("backward" in m) == bool(job.get("backward"))
             and m["dtype"] == shape["dtype"])
 
 
@@ -223,21 +235,22 @@ def record_traces(out: Path, jobs, shape, device, command, per_trace_cap, deadli
             heads = detailed_heads(shape["batch"] * shape["heads"])
             n_qb = -(-n // cfg.block_m)
             tmp = tdir / (name + ".partial")
-            candidates = []
-            for step in TRACE_BLOCK_STEPS:
+            candidates = [job["q_blocks"]] if job.get("q_blocks") else []
+            for step in () if candidates else TRACE_BLOCK_STEPS:
                 b = _trace_blocks(n_qb, step)
                 if b not in candidates:
                     candidates.append(b)
             for attempt, blocks in enumerate(candidates):
                 _, trace = record(
                     q, k, v, mask=job["mask"], schedule=job["schedule"], level="full",
-                    trace_head=heads, trace_q_blocks=blocks,
+                    trace_head=heads, trace_q_blocks=blocks, backward=bool(job.get("backward")),
                     meta_extra={"command": command, "recipe": "instrumentation.regenerate",
                                 **({"preset": job["preset"]} if job.get("preset") else {}),
                                 "input_seed": 0, "inputs": "instrumentation.make_inputs",
                                 "trace_q_blocks_request": blocks if blocks == "auto" else
+                                f"query blocks {blocks}" if job.get("q_blocks") else
                                 f"{len(blocks)} of {n_qb} query blocks, evenly spaced (fewer "
-                                "blocks keep data/ within its 30 MB budget)"})
+                                "blocks keep data/ within its 45 MB budget)"})
                 trace.save(tmp, force=True)
                 size = dir_bytes(tmp)
                 if size <= cap or attempt == len(candidates) - 1:

@@ -6,10 +6,10 @@ The command line is instrumentation.cli.regenerate (`--only presets`, `--only ru
                                                 practical N (LONG_PRESETS), B = 1, bf16, the
                                                 preset's heads, KV heads, head dim and each
                                                 layer kind's mask. Work timing for every head;
-                                                tiles and softmax rows of head 0 on TRACED_Q_BLOCKS
-                                                query blocks while the grid has at most
-                                                MAX_DETAIL_TILES tiles, work items only past that
-                                                (a 128k causal grid is a million tiles).
+                                                tiles and softmax rows of heads spread over the
+                                                launch (_detail: never the first wave's head
+                                                alone), work items only past MAX_DETAIL_TILES
+                                                tiles (a 128k causal grid is a million tiles).
     runs/{name}/                                a ModelRun (instrumentation.hf.capture) of a
                                                 generate (MODEL_RUNS): a PROMPT-token prompt, then
                                                 decode steps (DECODE_STEPS for Llama), tiles of
@@ -34,8 +34,9 @@ from ..trace.files import utc_now
 # and Gemma local at 8k) is left to it.
 LONG_PRESETS = (("llama-3-8b", (8192, 32768, 131072)), ("mistral-7b", (32768, 131072)),
                 ("qwen2.5-7b", (8192, 32768, 131072)), ("gemma-2-9b", (8192, 32768)))
-TRACED_Q_BLOCKS = 2                # the middle and the last query block of head 0
+TRACED_Q_BLOCKS = 2                # the middle and the last query block of a one-head detail
 MAX_DETAIL_TILES = 1 << 16         # tile grid past which a trace keeps work items only
+SPREAD_DETAIL_TILES = 1 << 14      # tile grid up to which three heads get detail (beyond it one)
 PROMPT, DECODE_STEPS = 512, 16
 
 # Llama-3-8B's attention and embeddings (config.json of meta-llama/Meta-Llama-3-8B; the context
@@ -85,15 +86,27 @@ def long_trace_name(job: dict) -> str:
     return trace_name(job["n"], job["mask"], "natural", job["preset"], job["n"])
 
 
-def _detail(n: int, head_dim: int, dtype) -> tuple[str, list[int]]:
-    """(level, traced query blocks) of a long prefill: tiles of head 0 while the grid is small."""
+def _detail(n: int, head_dim: int, dtype, n_bh: int) -> tuple[str, list[int], list[int]]:
+    """(level, traced query blocks, tile-traced heads) of a long prefill of n_bh = B * H heads.
+
+    The work table comes from a launch without tile tracing, but the pages compare the traced
+    heads' items with the others of their query block: head 0 alone runs in the launch's first
+    wave, whose items are slower whatever is traced (1.10-1.22x in the H200 recordings), so the
+    heads are spread over the launch. Up to SPREAD_DETAIL_TILES tiles (8k): the first, middle and
+    last head (data_bundle.detailed_heads, as the bundle's traces) on the last query block; up to
+    MAX_DETAIL_TILES (32k): the middle head on the middle and last blocks (a 32k grid's tile table
+    is ~0.9 MB per head: three would take data/ past its budget); past that work items only."""
     from kernels import default_config
+
+    from .data_bundle import detailed_heads
 
     cfg = default_config(head_dim, dtype, n=n)
     n_qb, n_kb = -(-n // cfg.block_m), -(-n // cfg.block_n)
     if n_qb * n_kb > MAX_DETAIL_TILES:
-        return "work", []
-    return "full", sorted({n_qb // 2, n_qb - 1})[:TRACED_Q_BLOCKS]
+        return "work", [], []
+    if n_qb * n_kb > SPREAD_DETAIL_TILES:
+        return "full", sorted({n_qb // 2, n_qb - 1})[:TRACED_Q_BLOCKS], [n_bh // 2]
+    return "full", [n_qb - 1], detailed_heads(n_bh)
 
 
 def _existing_long_ok(path: Path, job: dict) -> bool:
@@ -106,11 +119,14 @@ def _existing_long_ok(path: Path, job: dict) -> bool:
     except TraceFormatError:
         return False
     from ..analysis.traced_items import two_launch_recording
+    from .environment import DTYPES
 
     s = m["shape"]
+    level, _, heads = _detail(job["n"], job["head_dim"], DTYPES["bf16"], job["heads"])
     return two_launch_recording(m) and \
         (s["N"], s["N_k"], s["H"], s["H_kv"], s["D"], m["mask"], m.get("preset")) == \
-        (job["n"], job["n"], job["heads"], job["kv_heads"], job["head_dim"], job["mask"], job["preset"])
+        (job["n"], job["n"], job["heads"], job["kv_heads"], job["head_dim"], job["mask"], job["preset"]) and \
+        (level != "full" or m.get("traced_heads") == heads)     # a head-0-only recording is made again
 
 
 def record_long_presets(out: Path, device, command: str, deadline, failures: list, cpu: bool = False) -> bool:
@@ -132,18 +148,18 @@ def record_long_presets(out: Path, device, command: str, deadline, failures: lis
             continue
         if deadline is not None and time.monotonic() > deadline:
             return False
-        level, blocks = _detail(job["n"], job["head_dim"], DTYPES[dtype])
+        level, blocks, heads = _detail(job["n"], job["head_dim"], DTYPES[dtype], job["heads"])
         print(f"presets: {name} ({level})", flush=True)
         try:
             q, k, v = make_inputs(1, job["heads"], job["n"], job["head_dim"], dtype, seed=0, device=device,
                                   kv_heads=job["kv_heads"])
-            _, trace = record(q, k, v, mask=job["mask"], level=level, trace_head=0,
+            _, trace = record(q, k, v, mask=job["mask"], level=level, trace_head=heads or 0,
                               trace_q_blocks=blocks or "auto",
                               meta_extra={"command": command, "recipe": "instrumentation.regenerate --only presets",
                                           "preset": job["preset"], "input_seed": 0,
                                           "inputs": "instrumentation.make_inputs",
                                           "trace_q_blocks_request": (
-                                              f"head 0, query blocks {blocks}" if blocks else
+                                              f"heads {heads}, query blocks {blocks}" if blocks else
                                               "work items only: the tile grid is over "
                                               f"{MAX_DETAIL_TILES:,} tiles")})
             del q, k, v

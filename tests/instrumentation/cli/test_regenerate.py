@@ -73,7 +73,7 @@ def test_regenerate_budget_stops_cleanly(tmp_path):
 def test_trace_caps_fit_the_budget():
     from instrumentation.recording.data_bundle import DATA_BUDGET_BYTES, document_mask, plan, trace_caps
     jobs = plan(quick=False, cpu=False)["traces"]
-    assert len(jobs) == 15 + 4 + 6           # + model presets (Llama, Mistral, Qwen, Gemma, Phi, chunked)
+    assert len(jobs) == 15 + 4 + 6 + 1       # + model presets (Llama, Mistral, Qwen, Gemma, Phi, chunked), backward
     assert sum(trace_caps(jobs)) <= DATA_BUDGET_BYTES
     assert document_mask(1024) == "document:128,384,256,256"
     assert {j["mask"] for j in jobs if j["n"] == 16384} >= {"sliding_window:1024", "prefix_lm:512"}
@@ -91,3 +91,25 @@ def test_regenerate_only_serving_writes_the_serving_recordings(tmp_path):
     assert not (tmp_path / "traces").exists() or not any((tmp_path / "traces").iterdir())
     paged = Trace.load(tmp_path / "serving" / next(n for n in names if n.startswith("decode_paged")))
     assert paged.meta["command"].startswith("python -m instrumentation.regenerate")
+
+
+@pytest.mark.parametrize("heads, backward, fresh", [([0], True, False), ([0, 8, 15], True, True),
+                                                    ([0, 8, 15], False, False)])
+def test_backward_recording_is_planned_with_spread_heads(monkeypatch, tmp_path, heads, backward, fresh):
+    """The bundled backward is one of --only traces' jobs; a recording of head 0 alone (whose dQ
+    and dK/dV programs all run in the first wave) or without the backward is made again."""
+    from instrumentation.recording import data_bundle as db
+    from instrumentation.trace import Trace
+
+    job = next(j for j in db.plan(quick=False, cpu=False)["traces"] if j.get("backward"))
+    assert db.job_name(job) == "backward_n4096_causal" and job["q_blocks"] == [0, 15, 31]
+    shape = job["shape"]
+    assert db.detailed_heads(shape["batch"] * shape["heads"]) == [0, 8, 15]
+    meta = {"level": "full", "launches": {"work": "work-only launch"}, "mask": "causal", "schedule": "natural",
+            "traced_heads": heads, "dtype": "bf16",
+            "shape": {"N": 4096, "N_k": 4096, "B": 1, "H": 16, "H_kv": 16, "D": 128}}
+    if backward:
+        meta["backward"] = {}
+    (tmp_path / "manifest.json").write_text("{}")
+    monkeypatch.setattr(Trace, "load", staticmethod(lambda path: type("T", (), {"meta": meta})()))
+    assert db._existing_trace_ok(tmp_path, job, shape) is fresh

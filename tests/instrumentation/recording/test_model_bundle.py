@@ -23,12 +23,34 @@ def test_long_prefills_cover_8k_32k_and_the_longest_n_of_each_model():
     assert len(set(names)) == len(names) and "preset-llama-3-8b_n131072_causal_natural" in names
 
 
-def test_detail_level_by_tile_grid():
+def test_detail_level_and_heads_by_tile_grid():
+    """Tile detail never on the first wave's head alone: its items are slower whatever is traced,
+    and the pages compare the traced heads' items with the others of their query block."""
     import torch
 
-    assert mb._detail(131072, 128, torch.bfloat16) == ("work", [])           # a million-tile grid
-    level, blocks = mb._detail(32768, 128, torch.bfloat16)
+    assert mb._detail(131072, 128, torch.bfloat16, 32) == ("work", [], [])      # a million-tile grid
+    level, blocks, heads = mb._detail(32768, 128, torch.bfloat16, 32)
     assert level == "full" and len(blocks) == mb.TRACED_Q_BLOCKS and blocks[-1] == 32768 // 128 - 1
+    assert heads == [16]                                                    # mid-launch (one: data/'s budget)
+    assert mb._detail(8192, 128, torch.bfloat16, 28) == ("full", [8192 // 128 - 1], [0, 14, 27])
+
+
+def _fake_recording(monkeypatch, tmp_path, meta):
+    from instrumentation.trace import Trace
+
+    (tmp_path / "manifest.json").write_text("{}")
+    monkeypatch.setattr(Trace, "load", staticmethod(lambda path: type("T", (), {"meta": meta})()))
+    return tmp_path
+
+
+@pytest.mark.parametrize("n, heads, fresh", [(8192, [0], False), (8192, [0, 16, 31], True),
+                                             (32768, [0], False), (32768, [16], True)])
+def test_a_first_wave_only_preset_recording_is_made_again(monkeypatch, tmp_path, n, heads, fresh):
+    job = next(j for j in mb.long_preset_jobs() if j["preset"] == "llama-3-8b" and j["n"] == n)
+    meta = {"level": "full", "launches": {"work": "work-only launch"}, "mask": job["mask"],
+            "preset": job["preset"], "traced_heads": heads,
+            "shape": {"N": n, "N_k": n, "H": job["heads"], "H_kv": job["kv_heads"], "D": job["head_dim"]}}
+    assert mb._existing_long_ok(_fake_recording(monkeypatch, tmp_path, meta), job) is fresh
 
 
 def test_model_runs_build_from_configs_with_their_layer_kinds():
