@@ -12,6 +12,8 @@ import torch
 
 BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd")
 BWD_SUITES = ("bwd256", "bwd128")
+# D 256: dV and dK programs of 128 keys streaming 32 query rows, dQ tiles of 128 rows x 32 keys
+SPLIT = dict(block_m1=32, block_n1=128, block_m2=128, block_n2=32, split_dkdv=True)
 
 
 def _bwd(shape, mask, label, cfg=None, kind="bwd"):
@@ -29,10 +31,10 @@ def backward_suite(name: str) -> list[dict]:
         d, cases = 256, [((4, 16, 16, 4096, 256), m) for m in ("causal", "full")]
         # dQ tiles of 128 rows and dK/dV split into dV and dK programs of 128 keys: every score-like
         # dot has M = 128 on 8 warps (64-row ones are computed by both warpgroups)
-        split = dict(block_m1=32, block_n1=128, block_m2=128, block_n2=32, split_dkdv=True)
         extra = [dict(block_m2=128, block_n2=32), dict(block_m2=128, block_n2=32, tma=True), dict(dp_first=True),
-                 dict(tma=True, one_launch=False), split, dict(split, tma=True), dict(split, one_launch=False)]
-        only = [("split", split)]
+                 dict(tma=True, one_launch=False), SPLIT, dict(SPLIT, tma=True), dict(SPLIT, one_launch=False),
+                 dict(SPLIT, block_m1=16, num_stages=3)]
+        only = [("split", SPLIT)]
     else:
         d = 128
         cases = [((4, 16, 16, 4096, 128), m) for m in ("causal", "full")] + [((2, 32, 8, 8192, 128), "causal")]
@@ -45,8 +47,8 @@ def backward_suite(name: str) -> list[dict]:
         out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
         out.append(_bwd(shape, mask, "default"))
         for change in [dict(tma=True), dict(finite_rows=True), dict(lse_acc=True), dict(one_launch=False)] + extra:
-            label = " ".join(f"{k}={v}" for k, v in change.items() if k not in SPLIT_TILES or "split_dkdv" not in change)
-            out.append(_bwd(shape, mask, label.replace("split_dkdv=True", "split 32x128 / 128x32"),
+            label = " ".join(f"{k}={v}" for k, v in change.items() if "split_dkdv" not in change or SPLIT.get(k) != v)
+            out.append(_bwd(shape, mask, (("split 32x128 / 128x32 " if "split_dkdv" in change else "") + label).strip(),
                             dict(base, **change)))
         out.append(_bwd(shape, mask, "dq atomic, default tiles", kind="bwd_atomic"))
         # one pass alone (and the preprocess), two launches: outputs not checked
@@ -57,7 +59,6 @@ def backward_suite(name: str) -> list[dict]:
     return out
 
 
-SPLIT_TILES = ("block_m1", "block_n1", "block_m2", "block_n2")     # named "split" in labels
 _CACHE: dict = {}
 
 
