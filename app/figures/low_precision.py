@@ -214,4 +214,5 @@ def speed_figure(trace) -> go.Figure:
     extra = f" TFLOP/s = 4·B·H·D·visible pairs ÷ time" + (f" ({flops:,} FLOPs per call)." if flops else ".")
     fig = caption(fig, study_provenance(trace) + extra + f" Dashed: {FA3_SOURCE}'s FP8 forward, not measured here.",
                   width=150)
-    return fig.update_layout(margin=dict(t=fig.layout.margin.t + 70))     # the legend's row(s) above the panels
+    # the legend's rows above the panels: five entries take two or three at 1280 px, the paper's line alone one
+    return fig.update_layout(margin=dict(t=fig.layout.margin.t + (70 if timed else 30)))
