@@ -145,6 +145,10 @@ def test_opcheck():
     # schema, fake tensor and autograd registration (test_aot_dispatch_dynamic adds ~10 s of compile)
     torch.library.opcheck(flash_attention_fp8_op, (q, k, v, "causal", None, "block", True, 32, 32, True),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    # under torch.compile the call is the one op: no graph break (fullgraph), the eager result
+    f = torch.compile(lambda q, k, v: flash_attention_fp8(q, k, v, "causal", block_m=32, block_n=32) * 2,
+                      fullgraph=True, backend="eager")
+    assert torch.equal(f(q, k, v), flash_attention_fp8(q, k, v, "causal", block_m=32, block_n=32) * 2)
 
 
 def test_lse_is_the_quantised_inputs_exact_lse():
