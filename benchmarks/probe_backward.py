@@ -21,6 +21,13 @@ def _bwd(shape, mask, label, cfg=None, kind="bwd"):
                 **{"pass": "bwd"})
 
 
+def _label(change: dict) -> str:
+    """A variant's label: its changed fields, SPLIT's named once as 'split 32x128 / 128x32'."""
+    split = all(change.get(k) == v for k, v in SPLIT.items())
+    rest = " ".join(f"{k}={v}" for k, v in change.items() if not (split and k in SPLIT))
+    return ("split 32x128 / 128x32 " + rest).strip() if split else rest
+
+
 def backward_suite(name: str) -> list[dict]:
     """The variants of a backward suite: dicts of kind, shape (B, H, H_kv, N, D), mask, bwd_cfg
     (BackwardConfig fields as a dict, None: the default) and label."""
@@ -39,7 +46,8 @@ def backward_suite(name: str) -> list[dict]:
         d = 128
         cases = [((4, 16, 16, 4096, 128), m) for m in ("causal", "full")] + [((2, 32, 8, 8192, 128), "causal")]
         extra = [dict(block_n2=128, num_stages=2), dict(num_stages=4), dict(tma=True, lse_acc=True),
-                 dict(tma=True, num_stages=4), dict(dp_first=True), dict(tma=True, dp_first=True)]
+                 dict(tma=True, num_stages=4), dict(dp_first=True), dict(tma=True, dp_first=True),
+                 dict(split_dkdv=True)]
         only = []
     base = CUDA_CONFIGS[d].__dict__
     for shape, mask in cases:
@@ -47,9 +55,7 @@ def backward_suite(name: str) -> list[dict]:
         out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
         out.append(_bwd(shape, mask, "default"))
         for change in [dict(tma=True), dict(finite_rows=True), dict(lse_acc=True), dict(one_launch=False)] + extra:
-            label = " ".join(f"{k}={v}" for k, v in change.items() if "split_dkdv" not in change or SPLIT.get(k) != v)
-            out.append(_bwd(shape, mask, (("split 32x128 / 128x32 " if "split_dkdv" in change else "") + label).strip(),
-                            dict(base, **change)))
+            out.append(_bwd(shape, mask, _label(change), dict(base, **change)))
         out.append(_bwd(shape, mask, "dq atomic, default tiles", kind="bwd_atomic"))
         # one pass alone (and the preprocess), two launches: outputs not checked
         for name, change in [("default", {})] + only:
