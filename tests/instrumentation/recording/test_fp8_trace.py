@@ -10,15 +10,15 @@ from instrumentation.trace import Trace
 from kernels.reference import reference_attention
 
 
-def _inputs(seed=0):
+def _inputs(device, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, 2, 80, 32, generator=g).bfloat16()
-    k, v = (torch.randn(1, 1, 96, 32, generator=g).bfloat16() for _ in range(2))
+    q = torch.randn(1, 2, 80, 32, generator=g).bfloat16().to(device)
+    k, v = (torch.randn(1, 1, 96, 32, generator=g).bfloat16().to(device) for _ in range(2))
     return q, k, v
 
 
-def test_fp8_record_draws_like_bf16_and_stores_its_error(tmp_path):
-    q, k, v = _inputs()
+def test_fp8_record_draws_like_bf16_and_stores_its_error(tmp_path, device):
+    q, k, v = _inputs(device)
     kw = dict(mask="causal", block_m=32, block_n=32, trace_head=1, measure=False)
     out, tr = record(q, k, v, precision="fp8", scaling="block", hadamard=True, **kw)
     _, ref_tr = record(q, k, v, **kw)
@@ -38,8 +38,8 @@ def test_fp8_record_draws_like_bf16_and_stores_its_error(tmp_path):
     assert back.tables["fp8_error"].equals(err) and back.meta["fp8"]["variant"] == "fp8_block_hadamard"
 
 
-def test_fp8_record_refusals():
-    q, k, v = _inputs()
+def test_fp8_record_refusals(device):
+    q, k, v = _inputs(device)
     for kwargs, word in ((dict(precision="fp4"), "precision"), (dict(precision="fp8", backward=True), "forward only"),
                          (dict(precision="fp8", schedule="persistent"), "schedule"),
                          (dict(precision="fp8", scaling="row"), "scaling")):
