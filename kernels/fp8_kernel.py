@@ -17,10 +17,12 @@ rescale: acc holds O * l * P_SCALE / s_v in the units of the last V tile's scale
 tile's factor is alpha * s_v_old / s_v_new (the same one multiply per row as alpha alone) and
 the epilogue multiplies by s_v / P_SCALE once. Output in the inputs' dtype (bf16/fp16), lse fp32.
 
-WARP_SPECIALIZE (Hopper, a plan without partial tiles, untraced): the tile loop is `tl.range(...,
-warp_specialize=True)` with K and V through tensor descriptors made on the device, so Triton 3.6
-gives the loads to a producer warp and the dots to consumer warpgroups (as the bf16 kernel's
-off-band loop; it compiles only as the kernel's one loop with dots, hence no partial tiles).
+WARP_SPECIALIZE (Hopper, untraced): the full-tile loop is `tl.range(..., warp_specialize=True)` with
+Q, K and V through tensor descriptors made on the device (a pointer-loaded Q failed Triton 3.6's
+warp-specialisation pass), so the loads go to a producer warp and the dots to consumer warpgroups,
+as the bf16 kernel's off-band loop. It compiles only as its kernel's one loop with dots, so a plan
+with partial tiles runs as two launches (TILE.OFF_BAND / HAS_PARTIAL / SEED, kernels.fp8): the
+full tiles storing (O, lse), then the partial tiles resumed from them.
 
 Trace buffers as the bf16 kernel's (kernels.trace_buffers: work items; tiles and rows of traced
 heads), behind the same constexpr kernel_args.TraceFlags: all off compiles every store away.
@@ -37,7 +39,8 @@ from .tile_ops import LN2, cast_e4m3, clock64, globaltimer, normalise_rows, smid
 
 # P after the running max lies in [0, 1]; it is multiplied by a fixed P_SCALE = 256 before the
 # e4m3 cast (a power of two: exact, and undone exactly in the epilogue; 256 <= 448, e4m3's max),
-# so probabilities down to 2^-17 keep e4m3's 3-bit mantissa instead of flushing to zero below 2^-9.
+# so probabilities keep e4m3's 3-bit mantissa down to 2^-14 (not 2^-6) and reach zero below 2^-18
+# (not 2^-10).
 P_SCALE = tl.constexpr(256.0)
 SIZES = ["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"]
 
