@@ -164,7 +164,7 @@ def test_opcheck(device):
 
 def test_lse_is_the_quantised_inputs_exact_lse(device):
     """lse (fp32 softmax statistics) against float64 on the dequantised, rotated Q and K: only
-    the fp32 arithmetic differs. N_q > N_k: the first rows see no key (-inf)."""
+    the accumulation differs. N_q > N_k: the first rows see no key (-inf)."""
     q, k, v = inputs(2, 1, 40, 32, 32, seed=6, device=device)
     o, lse = flash_attention_fp8(q, k, v, "causal", return_lse=True, block_m=32, block_n=32)
     o, lse = o.cpu(), lse.cpu()
@@ -172,7 +172,9 @@ def test_lse_is_the_quantised_inputs_exact_lse(device):
     _, m, l = reference_attention(qd, kd, vd, "causal")
     assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32 and o.shape == q.shape
     assert torch.isneginf(lse[..., :8]).all() and (o[..., :8, :] == 0).all()
-    assert torch.allclose(lse[..., 8:].double(), (m + torch.log(l))[..., 8:], atol=1e-5, rtol=0)
+    # Hopper's FP8 tensor cores accumulate with fewer bits than fp32 (the interpreter: fp32)
+    tol = 1e-5 if device.type == "cpu" else 2e-3
+    assert torch.allclose(lse[..., 8:].double(), (m + torch.log(l))[..., 8:], atol=tol, rtol=0)
 
 
 def test_split_launches_equal_one_launch(device):
