@@ -71,7 +71,13 @@ def fast_frames(monkeypatch):
             drawn.append(self.i)
             return random_png(int(width * scale), int(height * scale), self.i)
 
-    monkeypatch.setattr(animations, "static_frame", lambda fig, i: Still(i))
+    def no_page(*args, **kwargs):
+        # the page renderer needs a browser (none found: ExportError, which export_animation
+        # passes on); without it export_animation falls back to the stills below, with or without one
+        raise RuntimeError("the page renderer is stubbed out: the fake kaleido stills draw the frames")
+
+    monkeypatch.setattr(animations, "render_frames", no_page)
+    monkeypatch.setattr(animations, "static_frame", lambda fig, i, **kw: Still(i))
     monkeypatch.setattr(animations, "kaleido_server", lambda: __import__("contextlib").nullcontext())
     return drawn
 
