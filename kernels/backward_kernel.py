@@ -33,8 +33,11 @@ strides as one tuple; row_bounds = (lo, hi), the per-row visible key interval; a
 lists as one tuple (kv_lists, q_lists: see attn_bwd_kernel); the trace buffers as one tuple.
 Sizes that vary per call (H, GROUP, N_Q, N_K, block counts) are scalars that are not
 specialised on. Compile-time switches come as three namedtuples defined in kernels.backward:
-MATH (BackwardMath: head dim, its tile width, dot precision, UPCAST, LSE_ACC), TILES1 / TILES2
+MATH (BackwardMath: head dim, its tile width, dot precision, UPCAST, LSE_ACC, and the variants
+FINITE_ROWS, TMA, DP_FIRST, SPLIT_DKDV, each off in the default configs), TILES1 / TILES2
 (PassTiles: one pass's tile shape and which tile kinds its lists hold) and TRACE (BackwardTrace).
+MATH.SPLIT_DKDV: each dK/dV item runs as two programs, pids 2p (dK) and 2p + 1 (dV), each with
+one accumulator (_dkdv_item's PART).
 
 Shapes as the forward's: q, dO, O (B, H, N_q, D); k, v (B, H_kv, N_k, D); query head h reads
 KV head h // GROUP. The head dim is padded to the tile width HEAD_DIM by masked loads when
@@ -316,22 +319,22 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS, row_bounds, lists, q_strides, k
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_row, 0, n_before),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE,
-                                 PART=PART)
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                                 TRACE=TRACE, PART=PART)
             step += n_before
         if TILES.HAS_FULL:
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_idx, qb_start, n_full),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE,
-                                 PART=PART)
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                                 TRACE=TRACE, PART=PART)
             step += n_full
         if TILES.PARTIAL_AFTER:
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_row + n_before, 0, n_part - n_before),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE,
-                                 PART=PART)
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                                 TRACE=TRACE, PART=PART)
     dk = dk * sm_scale
     dk_ptrs = _rows(DK, dkv_strides, off_b, off_hkv, offs_n, offs_d)
     dv_ptrs = _rows(DV, dkv_strides, off_b, off_hkv, offs_n, offs_d)
@@ -442,14 +445,16 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strid
         dq, p_sum = _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, (lse2, delta, row_lo, row_hi), kv_head,
                               blocks=(part_idx, tl.load(full_start + q_block), n_full),
                               qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, step0=0,
-                              k_desc=k_desc, v_desc=v_desc, IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
+                              k_desc=k_desc, v_desc=v_desc, IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                              TRACE=TRACE)
     else:
         n_full = 0
     if TILES.HAS_PARTIAL:
         dq, p_sum = _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, (lse2, delta, row_lo, row_hi), kv_head,
                               blocks=(part_idx + q_block * n_kb, 0, tl.load(part_cnt + q_block)),
                               qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, step0=n_full,
-                              k_desc=k_desc, v_desc=v_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE, TRACE=TRACE)
+                              k_desc=k_desc, v_desc=v_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                              TRACE=TRACE)
     dq = dq * sm_scale
     _store_tile(_rows(DQ, dq_strides, off_b, off_h, offs_m, offs_d), dq.to(DQ.dtype.element_ty), row_ok, d_ok,
                 not TILES.EVEN, MATH.EVEN_D)
@@ -480,20 +485,22 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, q_strides, k_strides, v_stri
     t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
     tr_work, tr_counter, tr_tiles1, tr_tiles2, tr_rows, head_slot = trace
     if DKDV:
-        if MATH.SPLIT_DKDV:     # programs [0, n_dkdv / 2) hold dV, the next as many dK, item by item
-            half = n_dkdv // 2
-            if pid < half:
-                _dkdv_item(pid, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
-                           q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
-                           dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
-                           qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
-                           MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=1)
-            elif pid < n_dkdv:
-                _dkdv_item(pid - half, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
-                           q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
-                           dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
-                           qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
-                           MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=2)
+        if MATH.SPLIT_DKDV:
+            # two programs per item, side by side (they stream the same Q, dO tiles: the second
+            # reads them from L2): even pids dK (the heavier: 3 tile matmuls), odd pids dV (2)
+            if pid < n_dkdv:
+                if pid % 2 == 0:
+                    _dkdv_item(pid // 2, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
+                               q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
+                               dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
+                               qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
+                               MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=2)
+                else:
+                    _dkdv_item(pid // 2, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
+                               q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
+                               dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
+                               qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
+                               MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=1)
         elif pid < n_dkdv:
             _dkdv_item(pid, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
                        q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
