@@ -48,8 +48,10 @@ def test_bfloat16_and_sm_scale(device):
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_schedules_give_the_same_output(schedule, device):
-    q, k, v = inputs(2, 2, 193, 32, torch.float32, device, seed=3)
-    for text in mask_texts(193):
+    # 4 query blocks (the last one row) x 4 heads: 16 work items, 4 per program of the persistent
+    # grid (4 SMs in the interpreter), reordered by longest_first
+    q, k, v = inputs(2, 2, 97, 32, torch.float32, device, seed=3)
+    for text in mask_texts(97):
         out = flash_attention(q, k, v, mask=text, block_m=32, block_n=32, schedule=schedule)
         ref, _, _ = reference_attention(q, k, v, mask=text)
         assert rel_err(out, ref) < 1e-3, (schedule, text)
