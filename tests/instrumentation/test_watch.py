@@ -1,15 +1,17 @@
 """instrumentation.watch: a training loop watched into a growing model run (format version 2).
 
-Tiny random-weight transformers Llama models (tests/instrumentation/test_hf.py), fp32, in the
-interpreter: the traced steps and their backward, weights equal to the unwatched run's, refusals
-in one line, retention, marked steps, a killed job's run, two gloo ranks into one run.
+Tiny random-weight transformers Llama models (test_hf's config with 2 query heads sharing 1 KV
+head, batch 1, 8 tokens: the interpreter's cost is per program), fp32, in the interpreter: the
+traced steps and their backward, weights equal to the unwatched run's, refusals in one line, marked steps, a compiled model, and
+two gloo ranks (this process and a child) into one run, the child killed while a step directory
+is half written (its completed steps stay readable, the half step is not read; this rank's
+retention keeps its last steps only).
 """
 
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,18 +24,26 @@ from instrumentation.recording import model_run_stream as stream  # noqa: E402
 from instrumentation.recording.model_run import ModelRun, ModelRunFormatError  # noqa: E402
 from instrumentation.watch import WATCH_NAME, watch  # noqa: E402
 
-from .test_hf import prompt, tiny_model  # noqa: E402
+from .test_hf import TINY, prompt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG = {**TINY, "num_attention_heads": 2, "num_key_value_heads": 1, "use_cache": False}   # training: no KV cache
+TOKENS = 8
+
+
+def tiny_llama(layers: int = 2):
+    """A LlamaForCausalLM of CONFIG (seed 0), on Tilescope's attention, in training mode."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**CONFIG, "num_hidden_layers": layers}))
+    hf.use_tilescope(model)
+    return model.train()
 
 
 def trained(out=None, steps=6, on_step=None, **options):
     """A tiny Llama trained `steps` steps (AdamW), watched into `out` when given."""
-    model = tiny_model("LlamaForCausalLM")
-    hf.use_tilescope(model)
-    model.train()
+    model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    ids = prompt(12, batch=2)
+    ids = prompt(TOKENS)
     w = watch(model, out, **options) if out is not None else None
     for s in range(steps):
         loss = model(ids, labels=ids).loss
@@ -47,8 +57,8 @@ def trained(out=None, steps=6, on_step=None, **options):
     return model
 
 
-def steps_of(out):
-    return sorted({c.step for c in ModelRun.load(out, traces=False).calls})
+def steps_of(out, rank=None):
+    return sorted({c.step for c in ModelRun.load(out, traces=False).calls if rank is None or c.rank == rank})
 
 
 def test_six_steps_every_two_with_backward_equal_the_unwatched_weights(tmp_path):
@@ -72,10 +82,15 @@ def test_six_steps_every_two_with_backward_equal_the_unwatched_weights(tmp_path)
         calls = [c for c in run.calls if c.step == step]
         assert sorted(c.layer for c in calls) == [0, 1]
         for c in calls:
-            assert c.rank == 0 and c.phase == "prefill" and (c.n_q, c.n_k, c.batch) == (12, 12, 2)
+            assert c.rank == 0 and c.phase == "prefill" and (c.n_q, c.n_k, c.batch) == (TOKENS, TOKENS, 1)
+            assert (c.heads, c.kv_heads) == (2, 1)
             assert {"work", "bwd_work"} <= set(c.trace.tables)
             assert c.trace.meta["backward"]["grad_out"] == "given by the caller"   # the step's real dO
             assert len(c.trace.tables["work"]) and len(c.trace.tables["bwd_work"])
+            assert c.kernel_ms is None and c.bwd_kernel_ms is None                 # no clock in the interpreter
+    for step, rank, name in stream.list_steps(out):                                # each step's own cost
+        cost = stream.files.read_json(out / stream.STEPS / name / stream.STEP_MANIFEST, "step.json")["cost"]
+        assert cost["snapshot_ms"] > 0 and cost["record_ms"] > 0
     assert watched.config._attn_implementation == hf.NAME
     for (name, p), q in zip(watched.named_parameters(), plain.parameters()):
         assert torch.equal(p, q), name
@@ -83,8 +98,8 @@ def test_six_steps_every_two_with_backward_equal_the_unwatched_weights(tmp_path)
 
 
 def test_refusals_are_one_line(tmp_path):
-    model = tiny_model("LlamaForCausalLM")
-    ids = prompt(8)
+    model = tiny_llama(layers=1).eval()
+    ids = prompt(TOKENS)
     for bad, match in (({"every": 0}, "every"), ({"backward": "yes"}, "backward"), ({"heads": list(range(9))}, "heads"),
                        ({"steps": "epoch"}, "steps"), ({"keep_steps": 0}, "keep_steps")):
         with pytest.raises(ValueError, match=match) as exc:
@@ -108,13 +123,10 @@ def test_refusals_are_one_line(tmp_path):
         watch(model, tmp_path / "d")
 
 
-def test_retention_keeps_the_last_steps_and_marked_steps(tmp_path):
-    out = tmp_path / "run"
-    trained(out, steps=4, every=1, layers=[0], keep_steps=2)
-    assert steps_of(out) == [2, 3]
+def test_marked_steps_hold_every_forward_of_the_step(tmp_path):
     # steps='marked': two forwards (gradient accumulation) make one step, both recorded in it
-    model = tiny_model("LlamaForCausalLM")
-    ids = prompt(8)
+    model = tiny_llama()
+    ids = prompt(TOKENS)
     with watch(model, tmp_path / "marked", every=2, layers=[1], steps="marked") as w:
         for _ in range(3):
             with torch.no_grad():
@@ -130,53 +142,59 @@ def test_version_one_runs_keep_loading():
     assert run.calls and {c.rank for c in run.calls} == {0}
 
 
-KILLED = """
-import sys, torch
+# rank 1 of two gloo ranks, in a child process: trains until its third step's directory is half
+# written (its first call's trace saved, no step.json yet), where the test kills it (SIGKILL)
+RANK_1 = """
+import sys, time, torch.distributed as dist
 sys.path.insert(0, {root!r})
+dist.init_process_group("gloo", init_method="file://{init}", rank=1, world_size=2)
+from instrumentation.trace import Trace
 from tests.instrumentation.test_watch import trained
+save = Trace.save
+def save_then_hang(self, *args, **kwargs):
+    save(self, *args, **kwargs)
+    print("MID-WRITE", flush=True)
+    time.sleep(600)
 def on_step(s, w, model):
-    w.flush()
-    print("WRITTEN", s, flush=True)
+    if s == 2:            # steps 0 and 1 are written; step 2 is written (and hangs) when step 3 starts
+        w.flush()
+        Trace.save = save_then_hang
 trained({out!r}, steps=50, on_step=on_step, every=1, layers=[0])
 """
 
 
-def test_a_killed_job_leaves_its_completed_steps(tmp_path):
+def test_two_gloo_ranks_one_killed_mid_write_leave_one_stream_each(tmp_path):
+    import datetime
+
+    import torch.distributed as dist
+
     out = tmp_path / "run"
-    child = subprocess.Popen([sys.executable, "-c", KILLED.format(root=str(ROOT), out=str(out))],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    code = RANK_1.format(root=str(ROOT), init=tmp_path / "init", out=str(out))
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                             stdout=subprocess.PIPE, text=True)
     try:
-        for line in child.stdout:
-            if line.startswith("WRITTEN 2"):      # step 2 is written only when step 3 starts
-                break
+        # rank 0 is this process: 4 steps, every step traced, its retention keeping the last 2
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=2,
+                                timeout=datetime.timedelta(seconds=120))
+        try:
+            trained(out, steps=4, every=1, layers=[1], keep_steps=2)
+        finally:
+            dist.destroy_process_group()
+        assert any(line.startswith("MID-WRITE") for line in child.stdout)
         os.kill(child.pid, signal.SIGKILL)
-    finally:
         child.wait(timeout=60)
-    steps = steps_of(out)
-    assert steps[:2] == [0, 1] and steps == list(range(len(steps)))
-    assert not stream.status(out)["closed"]
-
-
-RANK = """
-import os, sys, torch, torch.distributed as dist
-sys.path.insert(0, {root!r})
-dist.init_process_group("gloo", init_method="file://{init}", rank=int(sys.argv[1]), world_size=2)
-from tests.instrumentation.test_watch import trained
-trained({out!r}, steps=2, every=1, layers=[1])
-dist.barrier()
-dist.destroy_process_group()
-"""
-
-
-def test_two_gloo_ranks_write_one_stream_each_into_one_run(tmp_path):
-    out = tmp_path / "run"
-    code = RANK.format(root=str(ROOT), init=tmp_path / "init", out=str(out))
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    children = [subprocess.Popen([sys.executable, "-c", code, str(r)], env=env) for r in (0, 1)]
-    assert [c.wait(timeout=300) for c in children] == [0, 0]
-    run = ModelRun.load(out, traces=False)
-    assert sorted((c.step, c.rank) for c in run.calls) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert stream.status(out)["closed"] and stream.status(out)["ranks"] == [0, 1]
+        half = [n for n in os.listdir(out / stream.STEPS) if not stream.STEP_DIR.match(n)]
+        assert half, "rank 1 was to be killed with a step directory half written"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=60)
+    assert steps_of(out, rank=0) == [2, 3]
+    assert steps_of(out, rank=1) == [0, 1]            # the half-written step 2 is not read
+    assert {c.layer for c in ModelRun.load(out, traces=False).calls if c.rank == 1} == {0}
+    status = stream.status(out)
+    assert status["ranks"] == [0, 1] and not status["closed"]
+    assert (out / stream.closed_name(0)).exists() and not (out / stream.closed_name(1)).exists()
 
 
 def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
@@ -185,13 +203,11 @@ def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    model = tiny_model("LlamaForCausalLM")
-    hf.use_tilescope(model)
-    model.train()
-    compiled = torch.compile(model, backend="aot_eager")
+    model = tiny_llama(layers=1)
+    compiled = torch.compile(model, backend="eager")        # dynamo's guards and graphs are what is tested
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    ids = prompt(12, batch=2)
-    with watch(model, tmp_path / "run", every=2, layers=[0]) as w:
+    ids = prompt(TOKENS)
+    with watch(model, tmp_path / "run", every=2) as w:
         for s in range(5):
             if s == 2:
                 graphs = counters["stats"]["unique_graphs"]
