@@ -209,7 +209,7 @@ class ModelRun:
         return run
 
     @classmethod
-    def from_manifest(cls, doc: dict, read_trace_manifest, open_trace) -> "ModelRun":
+    def from_manifest(cls, doc: dict, read_trace_manifest, open_trace, checked_meta=None) -> "ModelRun":
         """A run from a manifest that passed check_manifest, each call checked against its trace's
         meta before anything is drawn from it (the trace's tables are read only when asked for).
 
@@ -217,12 +217,16 @@ class ModelRun:
             doc: the manifest (read_manifest / check_manifest).
             read_trace_manifest: fn(trace name 'calls/NNNNN') -> that trace's manifest.json, parsed.
             open_trace: fn(trace name) -> the Trace (Trace.load of that directory).
+            checked_meta: fn(trace name) -> that trace's meta, checked (default: trace_meta_of
+                the manifest read_trace_manifest reads; a reader that keeps the metas it
+                checked, e.g. the dashboard's for a growing run, passes its own).
         Returns:
             a ModelRun whose call_trace(i) opens call i's trace; ModelRunFormatError (one line)."""
         run = cls(meta=doc["meta"])
         for entry in doc["calls"]:
             call = ModelCall(**{k: v for k, v in entry.items() if k != "trace"})
-            meta = trace_meta_of(read_trace_manifest(entry["trace"]), entry["trace"])
+            meta = checked_meta(entry["trace"]) if checked_meta is not None else \
+                trace_meta_of(read_trace_manifest(entry["trace"]), entry["trace"])
             check_call_matches(call, meta, entry["trace"])
             run.calls.append(call)
             run._metas.append(meta)
