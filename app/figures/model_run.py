@@ -14,14 +14,19 @@ ran), so they match the trace's own tables (a prefill's work.tiles_visited sums 
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from instrumentation import estimate
+from instrumentation import estimate as _estimate
 
 from ._common import FULL, PARTIAL, TEMPLATE, caption, fmt_bytes, fmt_time_ms, title
 
+# the same shape is estimated once (a training run's calls share a few shapes; the live page's table
+# is rebuilt as the run grows): Estimate is a frozen dataclass, read only here
+estimate = functools.lru_cache(maxsize=4096)(_estimate)
 PHASE_COLOURS = {"prefill": FULL, "decode": PARTIAL}
 KIND_COLOURS = {"global": "#3d7ab8", "sliding": "#59a14f"}
 MIB = 2 ** 20

@@ -36,8 +36,9 @@ from app.sources.bundled import Recording, data_dir, natural_key
 from app.sources.errors import RunError
 from app.sources.upload import TEMP_PREFIX, _without, check_declared_entries, check_zip_directory
 from instrumentation.recording import model_run_stream as stream
-from instrumentation.recording.model_run import (MANIFEST, STREAM_VERSION, TRACE_MANIFEST, ModelRun,
-                                                 ModelRunFormatError, read_manifest, trace_dir)
+from instrumentation.recording.model_run import (FORMAT, MANIFEST, MAX_CALLS, STREAM_VERSION, TRACE_MANIFEST,
+                                                 ModelRun, ModelRunFormatError, read_manifest, trace_dir,
+                                                 trace_meta_of)
 from instrumentation.trace import Trace, files
 
 PREFIX = "run:"
@@ -200,10 +201,37 @@ def _load(path: str, mtime: float) -> ModelRun:
     return ModelRun.load(path, traces=False)
 
 
-def load_run(info: RunInfo) -> ModelRun:
-    """The bundled run (cached on path + manifest mtime), its traces loaded when asked for
-    (ModelRun.call_trace); RunError (one line)."""
+@st.cache_resource(show_spinner=False, max_entries=MAX_CALLS)
+def _checked_meta(manifest: str, mtime_ns: int, name: str) -> dict:
+    """A growing run's trace meta, read and checked once per file version (path, mtime)."""
+    return trace_meta_of(files.read_json(Path(manifest), TRACE_MANIFEST, ModelRunFormatError), name)
+
+
+@st.cache_resource(show_spinner="Loading the model run…", max_entries=4)
+def _load_growing(path: str, mtime: float, _info: RunInfo) -> ModelRun:
+    """A growing run as `fresh` read it (its steps' calls, checked by read_manifest), each call
+    checked against its trace's meta as ModelRun.load does, the metas of steps seen before not
+    read again: a new step costs its own calls only. A step removed while it is read
+    (retention): ModelRun.load, which reads the run again."""
+    root = Path(path)
+    doc = {"format": FORMAT, "version": _info.version, "meta": _info.meta, "calls": list(_info.calls)}
+
+    def checked(name: str) -> dict:
+        manifest = trace_dir(root, name) / TRACE_MANIFEST
+        return _checked_meta(str(manifest), manifest.stat().st_mtime_ns, name)
     try:
+        return ModelRun.from_manifest(doc, None, lambda name: Trace.load(trace_dir(root, name)), checked_meta=checked)
+    except (ModelRunFormatError, OSError):
+        return ModelRun.load(root, traces=False)
+
+
+def load_run(info: RunInfo) -> ModelRun:
+    """The bundled run (cached on path + manifest mtime; a growing run on its stamp, reading only
+    the calls of steps it has not seen), its traces loaded when asked for (ModelRun.call_trace);
+    RunError (one line)."""
+    try:
+        if info.growing:
+            return _load_growing(info.path, info.mtime, info)
         return _load(info.path, info.mtime)
     except ModelRunFormatError as exc:
         raise RunError(f"The model run {info.name} cannot be read: {exc}") from None
