@@ -71,10 +71,29 @@ def traced_head_default(key, sms, _trace, _tl):
     return default_traced_head(_trace, _tl)
 
 
+TABLES_CSS = ("<style>.st-key-sched_tables table th, .st-key-sched_tables table td "
+              "{ padding: 0.3rem 0.4rem; }</style>")
+
+
 def markdown_table(df, align: str | None = None) -> str:
-    """A small DataFrame as a Markdown table, numbers to 4 significant digits."""
-    return df.to_markdown(index=False, floatfmt=".4g",
-                          colalign=(align,) * len(df.columns) if align else None)
+    """A small DataFrame as a Markdown table, numbers to 4 significant digits and never in
+    exponent form (289300, not 2.893e+05: a 128k recording's times in Âµs), right-aligned; text
+    left-aligned (align: one alignment for every column)."""
+    cells, colalign = {}, []
+    for name, col in df.items():
+        number = pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col)
+        cells[name] = [_number(x) for x in col] if number else col.astype(str).tolist()
+        colalign.append(align or ("right" if number else "left"))
+    return pd.DataFrame(cells, columns=df.columns).to_markdown(index=False, disable_numparse=True,
+                                                                 colalign=colalign)
+
+
+def _number(x) -> str:
+    if pd.isna(x):
+        return ""
+    if abs(x) >= 1e4 or float(x).is_integer():
+        return f"{x:.0f}"
+    return f"{x:.4g}"
 
 
 @st.cache_resource(show_spinner=False, max_entries=12)
@@ -181,7 +200,10 @@ st.caption(f"Each lane is one SM; every work item (one query block of one batchÂ
            + (f"; magenta outlines: the items of the {traced_label(tile_traced_heads(trace))}" if tile_traced_heads(trace)
               else "") + ".  \n**Which launch:** " + work_launch_note(trace))
 late, longest = straggler_tables(src.key, sms, tl)
-t1, t2 = st.columns([2, 3.4])
+# the two tables side by side fit 1280 px (the longest items' ten columns were 587 px in a 508 px
+# column at Streamlit's cell padding): their cells padded less, here only
+st.html(TABLES_CSS)
+t1, t2 = st.container(key="sched_tables").columns([2, 3.4])
 # static Markdown tables: an interactive grid costs the browser its own ~1.3 MB of JavaScript
 # and a canvas per table, a tenth of a second of the page's first paint for five rows each
 t1.markdown("**Latest-finishing SMs**\n\n" + markdown_table(
