@@ -5,7 +5,8 @@
 
 Serves the app (TRITON_INTERPRET=1) with TILESCOPE_WATCH on a growing run (what `tilescope-app
 --watch DIR` sets), opens its Model run page in headless Chromium (the system browser
-app.browser.find_browser finds, never downloaded), then appends steps to the run as
+app.browser.find_browser finds, never downloaded) on a run of --initial traced steps (2 calls
+each, forward and backward traced), then appends steps to the run as
 instrumentation.watch writes them: a complete step directory (the bundled watched run's steps,
 renumbered) built under a temporary name and renamed into place. After each rename it waits until
 the page shows that step both in the live line ('live · step N') and as a point of the
@@ -88,6 +89,7 @@ def shown_js(step: int) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=12, help="steps appended while the page is open")
+    ap.add_argument("--initial", type=int, default=20, help="traced steps the run has when the page opens")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=str(ROOT / "data" / "benchmarks" / "app-timings.json"),
                     help="timings file to merge the 'live_watch' section into ('' writes none)")
@@ -109,10 +111,11 @@ def main(argv=None) -> int:
     run = work / RUN_NAME
     (run / "steps").mkdir(parents=True)
     shutil.copy(BUNDLED / "model_run.json", run / "model_run.json")
-    fresh(shutil.copytree(templates[0], run / "steps" / templates[0].name))
+    for k in range(args.initial):           # the run the page opens: steps 0, 2, ... already written
+        land_step(templates[k % len(templates)], run, 2 * k)
     fresh(run)
     rng = random.Random(args.seed)
-    res: dict = {"goal_s": GOAL_S, "steps": args.steps, "load_average_1min_start": round(os.getloadavg()[0], 2)}
+    res: dict = {"goal_s": GOAL_S, "steps": args.steps, "initial_steps": args.initial, "load_average_1min_start": round(os.getloadavg()[0], 2)}
     delays, lines, gaps = [], [], []
     try:
         with running_app(None, work / "app.log", env={"TILESCOPE_WATCH": str(run)}) as server, \
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
             page = browser.new_context(viewport={"width": 1500, "height": 1000}).new_page()
             ws = WsBytes(page)
             page.goto(f"{server.url}/model_run?mr_run={RUN_NAME}")
-            page.wait_for_function(shown_js(0), timeout=180_000)
+            page.wait_for_function(shown_js(2 * (args.initial - 1)), timeout=180_000)
             page.evaluate("() => { window.__notReloaded = true; }")
             page.wait_for_timeout(3000)          # the page settled: refreshes of an unchanged run only
             ws.take()
@@ -134,7 +137,7 @@ def main(argv=None) -> int:
             for k in range(1, args.steps + 1):
                 gap = rng.uniform(2.0, 3.5)
                 page.wait_for_timeout(gap * 1000)
-                step = 2 * k
+                step = 2 * (args.initial - 1 + k)
                 landed = land_step(templates[k % len(templates)], run, step)
                 page.wait_for_function(line_js(step), timeout=60_000, polling="raf")
                 lines.append(time.perf_counter() - landed)
