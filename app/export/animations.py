@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Callable
@@ -97,12 +98,12 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
         fig = slide(fig)
         size = size or SLIDE_PIXELS
     idx, hold = video_plan(len(fig.frames), max_frames, fps, duration)
-    fig = without_hover_hints(fig)
+    fig = without_hover_hints(fig)          # a copy of its own: laid out at the video's aspect below
     w, h = figure_size(fig)
     if size is not None:
         # lay the figure out at the video's aspect (its own height), then scale to the pixels
         w = int(round(h * size[0] / size[1]))
-        fig = go.Figure(fig).update_layout(width=w)
+        fig.update_layout(width=w)
     scale = 1.0 if size is None else min(size[0] / w, size[1] / h)
     out_w, out_h = (int(w * scale), int(h * scale)) if size is None else size
     if fmt == "mp4":
@@ -110,14 +111,14 @@ def export_animation(fig_or_trace, path, fmt: str | None = None, max_frames: int
     if progress is not None:
         progress(0, len(idx))
     try:
-        pngs = render_frames(fig, idx, w, h, scale, progress)
+        frames = render_frames(fig, idx, w, h, scale, progress, fit=(out_w, out_h))
     except ExportError:
         raise
     except Exception:      # the page renderer failed: kaleido draws each frame, as before (slower)
         logging.getLogger("tilescope").warning("video frames: the page renderer failed; kaleido draws them",
                                                exc_info=True)
-        pngs = _kaleido_frames(fig, idx, w, h, scale, progress)
-    frames = [_fit(iio.imread(png)[..., :3], out_w, out_h) for png in pngs]
+        frames = [_fit(iio.imread(png)[..., :3], out_w, out_h)
+                  for png in _kaleido_frames(fig, idx, w, h, scale, progress)]
     if fmt == "gif":      # a held frame is one GIF frame shown longer
         return write_atomic(path, write=lambda tmp: write_gif(tmp, frames, fps, keep=figure_colours(fig), hold=hold))
     video = [f for f, n in zip(frames, hold) for _ in range(int(n))]     # H.264 runs at one fps
@@ -133,11 +134,12 @@ def _fit(img: np.ndarray, w: int, h: int) -> np.ndarray:
 
 
 def _mp4_ffmpeg(path, frames, fps) -> None:
-    """H.264 through imageio-ffmpeg's bundled ffmpeg (yuv420p: plays in browsers and slides)."""
+    """H.264 through imageio-ffmpeg's bundled ffmpeg (yuv420p: plays in browsers and slides;
+    x264's 'veryfast' preset: flat charts compress as well, at a third of 'medium's time)."""
     import imageio.v2 as iio2
 
-    with iio2.get_writer(path, format="FFMPEG", fps=fps, codec="libx264",
-                         macro_block_size=2, quality=8) as writer:
+    with iio2.get_writer(path, format="FFMPEG", fps=fps, codec="libx264", macro_block_size=2, quality=8,
+                         output_params=["-preset", "veryfast"]) as writer:
         for f in frames:
             writer.append_data(f)
 
@@ -173,52 +175,126 @@ def _kaleido_frames(fig: go.Figure, idx, w: int, h: int, scale: float, progress:
     return out
 
 
-PAGES = 2      # browsers drawing frames at once (the 2-CPU machine's cores)
+# browsers drawing frames at once: one since each frame redraws only its overlay (the whole-GPU
+# animation's 40 frames at 1280 x 720 took ~7 s of CPU with one browser and ~10.5 s with two, a
+# second browser's start and page costing more than it shares out; on 2 CPUs the wall times were alike)
+PAGES = 1
 # One page of the browser kaleido drives holds the figure (plotly.js, the figure sent once); each
-# frame is its data and layout laid over it (Plotly.react redraws only what changed) and a
-# screenshot of the page: ~0.2 s a frame where kaleido's still-per-frame took ~0.8 s.
+# frame is its data and layout laid over it (Plotly.react) and a screenshot of the page: ~0.2 s a
+# frame where kaleido's still-per-frame took ~0.8 s. Where a figure's frames change only some of
+# its traces (which nothing else is drawn over), its title and its shapes (overlay_traces: the
+# whole-GPU animation's five layers, its title and time cursor), the page draws the rest once
+# (#fig) and only those on a transparent chart laid over it (#over), at the same margins and axis
+# ranges: plotly then redraws five small heatmaps a frame, not the lanes' raster, legend, colour
+# bar, axes and captions (~0.04 s a frame where a whole redraw took ~0.25 s, a loaded machine).
 _PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><script src="{plotly}"></script>
-<style>html, body {{ margin: 0; padding: 0; background: #fff; overflow: hidden; }}</style></head>
-<body><div id="fig"></div></body></html>"""
+<style>html, body {{ margin: 0; padding: 0; background: #fff; overflow: hidden; }}
+#fig, #over {{ position: absolute; left: 0; top: 0; }}</style></head>
+<body><div id="fig"></div><div id="over"></div></body></html>"""
 _SETUP = """(async () => {
   const merge = (a, b) => (b === null || typeof b !== 'object' || Array.isArray(b) || a === null
       || typeof a !== 'object' || Array.isArray(a)) ? b : Object.keys(b).reduce((o, k) => (o[k] = merge(a[k], b[k]), o), {...a});
-  window.tsFrame = async i => {
+  const withFrame = i => {
     const fr = S.fig.frames[i] || {}, data = S.fig.data.slice(), fd = fr.data || [];
     (fr.traces || fd.map((_, j) => j)).forEach((j, k) => { data[j] = {...data[j], ...fd[k]}; });
+    return [fr, data];
+  };
+  window.tsFrame = async i => {
+    const [fr, data] = withFrame(i);
     await Plotly.react('fig', data, merge(S.layout, fr.layout || {}), {staticPlot: true});
+    return true;
+  };
+  // S.over (trace indices): draw frame i whole once, then everything but those traces, the title
+  // and the shapes at its margins and axis ranges; tsFrame then redraws only the overlay
+  window.tsSplit = async (i, over) => {
+    await tsFrame(i);
+    const gd = document.getElementById('fig'), fl = gd._fullLayout, sz = fl._size;
+    const fixed = {margin: {l: sz.l, r: sz.r, t: sz.t, b: sz.b, pad: sz.p, autoexpand: false}};
+    for (const k of Object.keys(fl).filter(k => /^[xy]axis[0-9]*$/.test(k)))
+      fixed[k] = {...(S.layout[k] || {}), range: fl[k].range.slice(), autorange: false};
+    const base = {...S.layout, ...fixed, title: {text: ''}, shapes: []};
+    const data = S.fig.data.map((d, j) => over.includes(j) ? {...d, visible: false} : d);
+    await Plotly.react('fig', data, base, {staticPlot: true});
+    const top = {...S.layout, ...fixed, annotations: [], images: [], showlegend: false,
+                 paper_bgcolor: 'rgba(0,0,0,0)', plot_bgcolor: 'rgba(0,0,0,0)'};
+    for (const k of Object.keys(fixed).filter(k => k !== 'margin')) top[k] = {...fixed[k], visible: false};
+    window.tsFrame = async i => {
+      const [fr, all] = withFrame(i);
+      const lay = merge(top, fr.layout || {});
+      lay.title = merge(S.layout.title || {}, (fr.layout || {}).title || {});
+      await Plotly.react('over', over.map(j => all[j]), lay, {staticPlot: true});
+      return true;
+    };
     return true;
   };
   return true;
 })()"""
 
 
-def render_frames(fig: go.Figure, idx, w: int, h: int, scale: float, progress: Progress | None = None) -> list[bytes]:
+def overlay_traces(fig: go.Figure) -> list[int] | None:
+    """The traces every frame of `fig` changes, where the rest can be drawn once under them (see
+    _PAGE): each frame sets the same traces, the frames change no layout but the title and
+    shapes, none of those traces has a legend entry, and no trace with points comes after the
+    first of them on a subplot they are on (it would be drawn under them instead of over).
+    None where any of that does not hold (every frame is then drawn whole)."""
+    sets = {tuple(f.traces) if f.traces is not None else None for f in fig.frames}
+    if len(sets) != 1 or None in sets:
+        return None
+    over = list(next(iter(sets)))
+    if not over or any(set(f.layout.to_plotly_json()) - {"title", "shapes"} for f in fig.frames):
+        return None
+    on = set()
+    for j in over:
+        t = fig.data[j]
+        if t.showlegend or (t.showlegend is None and t.type not in ("heatmap", "image", "contour")):
+            return None
+        on.add((t.xaxis or "x", t.yaxis or "y"))
+    for j in range(min(over), len(fig.data)):
+        t = fig.data[j]
+        if j in over or (getattr(t, "xaxis", None) or "x", getattr(t, "yaxis", None) or "y") not in on:
+            continue
+        if t.type != "scatter" or t.x is None or any(v is not None for v in t.x):
+            return None                      # (a legend swatch, x = [None], draws nothing)
+    return over
+
+
+def render_frames(fig: go.Figure, idx, w: int, h: int, scale: float, progress: Progress | None = None,
+                  fit: tuple[int, int] | None = None) -> list:
     """PNG bytes of frames `idx` of an animated figure at w x h CSS pixels times `scale`, as
     static_frame would draw each (its player removed), drawn by one reused browser page.
 
     Arguments: the figure (with frames), frame indices, the layout size, the pixel scale,
-    progress(done, total) after each frame. Returns one PNG per index. Raises ExportError when
-    no browser is found (image_browser), another error when the page fails (the caller falls
-    back to kaleido)."""
+    progress(done, total) after each frame; fit: (width, height): return each frame decoded to an
+    RGB uint8 array of exactly that size instead (padded white or cropped by a pixel or two of
+    rounding), decoded while the browsers draw the next frames. Returns one PNG (or array) per
+    index, in order. Raises ExportError when no browser is found (image_browser), another error when
+    the page fails (the caller falls back to kaleido)."""
     import asyncio
 
     browser = image_browser()
-    return asyncio.run(_render_frames(browser, fig, [int(i) for i in idx], w, h, scale, progress))
+    return asyncio.run(_render_frames(browser, fig, [int(i) for i in idx], w, h, scale, progress, fit))
+
+
+def _decode(png: bytes, fit: tuple[int, int]) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as im:
+        return _fit(np.asarray(im)[..., :3], *fit)
 
 
 async def _render_frames(browser: str, fig: go.Figure, idx: list[int], w: int, h: int, scale: float,
-                         progress: Progress | None) -> list[bytes]:
+                         progress: Progress | None, fit: tuple[int, int] | None) -> list:
     """The frames split between PAGES browsers at once (each its own process), in order."""
     import tempfile
 
     import plotly
     import plotly.io as pio
 
-    still = static_frame(fig, idx[0])          # the player's room removed, once
-    layout = pio.to_json(go.Figure(layout=still.layout).update_layout(width=w, height=h, autosize=False),
-                         validate=False)
-    state = f"window.S = {{fig: {pio.to_json(fig, validate=False)}, layout: {layout}.layout}}; true"
+    still = static_frame(fig, idx[0], validate=False)          # the player's room removed, once
+    layout = pio.to_json(still.update_layout(width=w, height=h, autosize=False).to_dict()["layout"], validate=False)
+    state = f"window.S = {{fig: {pio.to_json(fig, validate=False)}, layout: {layout}}}; true"
     plotly_js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     done = [0]
 
@@ -231,22 +307,23 @@ async def _render_frames(browser: str, fig: go.Figure, idx: list[int], w: int, h
         page = Path(tmp) / "frames.html"
         page.write_text(_PAGE.format(plotly=plotly_js.as_uri()), encoding="utf-8")
         parts = [idx[k::PAGES] for k in range(PAGES) if idx[k::PAGES]]
-        shots = await asyncio.gather(*(_render_part(browser, page.as_uri(), state, part, w, h, scale, tick)
+        over = overlay_traces(fig)
+        shots = await asyncio.gather(*(_render_part(browser, page.as_uri(), state, part, w, h, scale, tick, fit, over)
                                        for part in parts))
-    out = [b""] * len(idx)
+    out: list = [None] * len(idx)
     for k, got in enumerate(shots):
         out[k::PAGES] = got
     return out
 
 
 async def _render_part(browser: str, url: str, state: str, idx: list[int], w: int, h: int, scale: float,
-                       tick) -> list[bytes]:
-    """PNG of frames `idx` drawn in one page of a browser of its own."""
+                       tick, fit: tuple[int, int] | None, over: list[int] | None) -> list:
+    """PNG (or, given fit, decoded arrays) of frames `idx` drawn in one page of a browser of its own."""
     import base64
 
     from choreographer import Browser
 
-    out = []
+    out, decoding = [], []
     async with Browser(path=browser, headless=True) as b:
         tab = await b.create_tab(url)
 
@@ -266,11 +343,17 @@ async def _render_part(browser: str, url: str, state: str, idx: list[int], w: in
                                params={"width": w, "height": h, "deviceScaleFactor": scale, "mobile": False})
         await run(state)
         await run(_SETUP)
+        if over is not None:
+            await run(f"tsSplit({idx[0]}, {json.dumps(over)})")
         clip = {"x": 0, "y": 0, "width": w, "height": h, "scale": 1}
         for i in idx:
             await run(f"tsFrame({i})")
             shot = await tab.send_command("Page.captureScreenshot",
                                           params={"format": "png", "clip": clip, "optimizeForSpeed": True})
-            out.append(base64.b64decode(shot["result"]["data"]))
+            png = base64.b64decode(shot["result"]["data"])
+            if fit is None:
+                out.append(png)
+            else:       # decoded in a thread while the browser draws the next frame
+                decoding.append(asyncio.create_task(asyncio.to_thread(_decode, png, fit)))
             tick()
-    return out
+    return out if fit is None else list(await asyncio.gather(*decoding))

@@ -34,30 +34,38 @@ def figure_colours(fig: go.Figure) -> list[tuple[int, int, int]]:
 
 
 def rgb_codes(frame: np.ndarray) -> np.ndarray:
-    """(H, W, 3) uint8 -> (H*W,) 0xRRGGBB codes."""
-    rgb = frame.reshape(-1, 3).astype(np.uint32)
-    return rgb[:, 0] << 16 | rgb[:, 1] << 8 | rgb[:, 2]
+    """(H, W, 3) uint8 -> (H*W,) 0xRRGGBB codes (built in place, channel by channel: a third of
+    the time of widening all three channels at once)."""
+    out = frame[..., 0].astype(np.uint32)
+    out <<= 8
+    out |= frame[..., 1]
+    out <<= 8
+    out |= frame[..., 2]
+    return out.reshape(-1)
 
 
 def _rgb(codes: np.ndarray) -> np.ndarray:
     return np.stack([codes >> 16, codes >> 8 & 255, codes & 255], axis=1).astype(np.uint8)
 
 
-def gif_palette(frames: list[np.ndarray], keep=()) -> np.ndarray:
+def gif_palette(frames: list[np.ndarray], keep=(), codes: list[np.ndarray] | None = None) -> np.ndarray:
     """(<= 256, 3) uint8: `keep` colours found in the frames, the commonest other colours that
     fill >= 200 pixels (a swatch is hundreds), up to FLAT_COLOURS exact entries in all, then a
-    median cut of the frames."""
+    median cut of the frames (of every other pixel of every other row: the cut's cost was most of
+    a video's encoding, and the colours it places are the gradients and edges, not the flat fills).
+    codes: rgb_codes of each frame, where the caller has them already."""
     from PIL import Image
 
     pick = np.unique(np.linspace(0, len(frames) - 1, min(len(frames), PALETTE_FRAMES)).round().astype(int))
+    picked = [codes[i] for i in pick] if codes is not None else [rgb_codes(frames[i]) for i in pick]
     frames = [frames[i] for i in pick]
-    codes, counts = np.unique(np.concatenate([rgb_codes(f) for f in frames]), return_counts=True)
+    codes, counts = np.unique(np.concatenate(picked), return_counts=True)
     wanted = np.array([r << 16 | g << 8 | b for r, g, b in keep], dtype=np.uint32)
     named = np.isin(codes, wanted)
     order = np.lexsort((-counts, ~named))               # the figure's own colours first, commonest first
     order = order[named[order] | (counts[order] >= 200)][:FLAT_COLOURS]
     flat = _rgb(codes[order])
-    rest = Image.fromarray(np.concatenate(frames, axis=0)).quantize(256 - len(flat), method=Image.Quantize.MEDIANCUT)
+    rest = Image.fromarray(np.concatenate([f[::2, ::2] for f in frames], axis=0)).quantize(256 - len(flat), method=Image.Quantize.MEDIANCUT)
     cut = np.array(rest.getpalette()[:3 * (256 - len(flat))], dtype=np.uint8).reshape(-1, 3)
     return np.concatenate([flat, cut])[:256]
 
@@ -67,12 +75,12 @@ def write_gif(path, frames: list[np.ndarray], fps: float, keep=(), hold=None) ->
     1/fps ticks each frame shows for (default one each)."""
     from PIL import Image
 
-    pal = gif_palette(frames, keep)
+    codes = [rgb_codes(f) for f in frames]
+    pal = gif_palette(frames, keep, codes)
     flat_pal = pal.reshape(-1).tolist() + [0] * (768 - pal.size)
     # each colour to its nearest palette entry, exactly (Pillow's lookup is coarser): the colours of
     # every frame marked in one 2^24 table (a scatter, not a sort per frame), each matched once, and
     # every frame then a gather through that table
-    codes = [rgb_codes(f) for f in frames]
     seen = np.zeros(1 << 24, dtype=bool)
     for c in codes:
         seen[c] = True

@@ -34,10 +34,12 @@ def png_scale(fig: go.Figure) -> float:
     return max(SLIDE_PIXELS[0] / w, SLIDE_PIXELS[1] / h, 1.0)
 
 
-def static_frame(fig: go.Figure, frame: int | None = None) -> go.Figure:
+def static_frame(fig: go.Figure, frame: int | None = None, validate: bool = True) -> go.Figure:
     """One frame of an animated figure as a still: the frame's data and layout applied to the
     base figure, player buttons and slider removed. frame: 0-based, default the one its player
-    opens on (else the middle one). A figure without frames comes back unchanged."""
+    opens on (else the middle one); validate=False: build the still without plotly's validation
+    (its parts come from a validated figure; ~0.5 s saved on the whole-GPU animation). A figure
+    without frames comes back unchanged."""
     if not fig.frames:
         return fig
     n = len(fig.frames)
@@ -51,7 +53,7 @@ def static_frame(fig: go.Figure, frame: int | None = None) -> go.Figure:
     data = list(base["data"])
     for j, fd in zip(fr.get("traces", range(len(fr.get("data", [])))), fr.get("data", [])):
         data[j] = {**data[j], **fd}
-    still = go.Figure(data=data, layout=layout)
+    still = go.Figure(data=data, layout=layout, _validate=validate)
     still.update_layout(fr.get("layout", {}))
     if base["layout"].get("sliders") or base["layout"].get("updatemenus"):
         _drop_player_room(still)
@@ -93,10 +95,11 @@ def figure_bytes(fig: go.Figure, fmt: str, scale: float | None = None, frame: in
 
 
 def without_hover_hints(fig: go.Figure) -> go.Figure:
-    """A copy of `fig` without hover hints in its texts: an image or a video is not hovered."""
+    """A copy of `fig` without hover hints in its texts: an image or a video is not hovered (the
+    copy skips plotly's validation: `fig` was validated; ~1 s saved on the whole-GPU animation)."""
     from app.figures._common import drop_hover_hints
 
-    return drop_hover_hints(go.Figure(fig))
+    return drop_hover_hints(go.Figure(fig.to_dict(), _validate=False))
 
 
 def figure_title(fig: go.Figure) -> str:

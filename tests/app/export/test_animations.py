@@ -177,6 +177,36 @@ def test_one_page_draws_every_frame_as_the_still_would(small_trace):
     a, b = (iio.imread(x)[..., :3] for x in pngs)
     assert a.shape == (round(h * 0.5), round(w * 0.5), 3) and not np.array_equal(a, b)
     with kaleido_server():
-        still = iio.imread(static_frame(fig, 0).to_image(format="png", width=w, height=h, scale=0.5))[..., :3]
-    assert still.shape == a.shape
-    assert np.abs(still.astype(int) - a).mean() < 4
+        for frame, got in ((0, a), (3, b)):       # frame 3 drawn over the page's once-drawn rest
+            still = iio.imread(static_frame(fig, frame).to_image(format="png", width=w, height=h, scale=0.5))[..., :3]
+            assert still.shape == got.shape
+            assert np.abs(still.astype(int) - got).mean() < 4, frame
+
+
+def test_frames_redraw_only_what_the_animation_changes(small_trace):
+    """A video's frames redraw only what the animation changes (its five layers, the title and
+    the time cursor) on a transparent chart over the rest, which is drawn once (render_frames;
+    the frames against kaleido's stills: test_one_page_draws_every_frame_as_the_still_would).
+    A figure whose frames change more than that, or whose changed traces something else is
+    drawn over, is drawn whole each frame."""
+    import plotly.graph_objects as go
+
+    from app.export.animations import overlay_traces
+
+    fig = tile_animation_figure(small_trace, max_frames=4)
+    over = overlay_traces(fig)
+    assert over and all(fig.data[j].type == "heatmap" for j in over) and list(fig.frames[0].traces) == over
+
+    def variant(layout=None, after=None):
+        g = go.Figure(fig)
+        if after is not None:
+            g.add_trace(after)
+        if layout is not None:
+            g.frames = [go.Frame(data=f.data, traces=f.traces, name=f.name,
+                                 layout={**f.layout.to_plotly_json(), **layout}) for f in fig.frames]
+        return g
+
+    assert overlay_traces(variant()) == over
+    assert overlay_traces(variant(layout={"xaxis": {"title": {"text": "t"}}})) is None        # moves an axis
+    dots = go.Scatter(x=[1, 2], y=[1, 2], xaxis=fig.data[over[0]].xaxis, yaxis=fig.data[over[0]].yaxis)
+    assert overlay_traces(variant(after=dots)) is None                       # drawn over a layer
