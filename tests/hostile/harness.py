@@ -9,6 +9,12 @@
     ''')
     line = refused_cheaply(res, "REFUSED")    # ran to the end within 1.5 GiB and 10 s of CPU
 
+Many cheap inputs share one child (run_cases): the imports are paid once, and each case's peak RSS
+(VmHWM reset through /proc/self/clear_refs before it), CPU and wall time are its own.
+
+    results = run_cases("from app.export.cli import main", {"link": "main([...])", ...})
+    refused_cheaply(results["link"], "error")
+
 An upload goes in as `Upload(data)`, the stand-in for Streamlit's UploadedFile; a snippet gets the
 same class from UPLOAD_STANDIN (its source).
 
@@ -23,6 +29,7 @@ both wall clock and CPU (user + system from wait4's rusage).
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import resource
 import signal
@@ -147,3 +154,82 @@ def refused_cheaply(res: Result, *fragments: str) -> str:
     for f in fragments:
         assert f in line, line
     return line
+
+
+# the child of run_cases: setup once, then each case in a fresh copy of setup's globals with its
+# own stdout / stderr, exit status, peak RSS, CPU and wall time; results rewritten after each case
+_CASES_MAIN = """
+import contextlib as _cl, io as _io, json as _json, os as _os, resource as _res, signal as _sig
+import time as _time, traceback as _tb
+
+def _hwm_kib():
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+
+def _cpu():
+    own, kids = _res.getrusage(_res.RUSAGE_SELF), _res.getrusage(_res.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+class _CaseTimeout(BaseException):
+    pass
+
+def _alarm(*_):
+    raise _CaseTimeout()
+
+_sig.signal(_sig.SIGALRM, _alarm)
+with open(_os.environ["HOSTILE_CASES_FILE"]) as f:
+    _spec = _json.load(f)
+_setup = {"__name__": "__hostile_case__"}
+exec(compile(_spec["setup"], "<setup>", "exec"), _setup)
+_done = {}
+for _name, _code in _spec["cases"].items():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")                                  # VmHWM back to the current RSS
+    _out, _err, _rc, _timed_out = _io.StringIO(), _io.StringIO(), 0, False
+    _c0, _t0 = _cpu(), _time.monotonic()
+    _sig.alarm(int(_spec["timeout"]))
+    try:
+        with _cl.redirect_stdout(_out), _cl.redirect_stderr(_err):
+            exec(compile(_code, "<" + _name + ">", "exec"), dict(_setup))
+    except SystemExit as exc:
+        _rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except _CaseTimeout:
+        _rc, _timed_out = -9, True
+    except BaseException:
+        _rc = 1
+        _err.write(_tb.format_exc())
+    finally:
+        _sig.alarm(0)
+    _done[_name] = dict(returncode=_rc, stdout=_out.getvalue(), stderr=_err.getvalue(),
+                        peak_rss=_hwm_kib() * 1024, seconds=_time.monotonic() - _t0, timed_out=_timed_out,
+                        cpu_seconds=_cpu() - _c0)
+    with open(_os.environ["HOSTILE_RESULTS_FILE"] + ".tmp", "w") as f:
+        _json.dump(_done, f)
+    _os.replace(_os.environ["HOSTILE_RESULTS_FILE"] + ".tmp", _os.environ["HOSTILE_RESULTS_FILE"])
+"""
+
+
+def run_cases(setup: str, cases: dict, timeout: float = TIMEOUT_S, env: dict | None = None,
+              cwd: Path = ROOT) -> dict:
+    """Run several cheap hostile inputs in one child under RLIMIT_AS 2 GiB: `setup` (the imports)
+    once, then each case's code in a fresh copy of setup's globals.
+
+    Arguments: setup, Python source run first (its cost is no case's); cases, {name: Python
+    source}; timeout, seconds each case may take (SIGALRM in the child; the child is killed after
+    the sum); env, extra environment variables; cwd, the child's working directory.
+    Returns: {name: Result}, each with the case's own stdout, stderr, exit status (SystemExit's
+    code; 1 after an exception, its traceback in stderr), peak RSS (VmHWM reset before the case),
+    wall and CPU seconds. A case the child never finished (it died) gets the child's exit status
+    and stderr, so its test fails with them.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, results = Path(tmp) / "cases.json", Path(tmp) / "results.json"
+        spec.write_text(json.dumps({"setup": textwrap.dedent(setup), "timeout": max(1, int(timeout)),
+                                    "cases": {k: textwrap.dedent(v) for k, v in cases.items()}}))
+        child = run_snippet(_CASES_MAIN, timeout=timeout * (len(cases) + 1), cwd=cwd,
+                            env={**(env or {}), "HOSTILE_CASES_FILE": str(spec),
+                                 "HOSTILE_RESULTS_FILE": str(results)})
+        done = json.loads(results.read_text()) if results.exists() else {}
+    lost = Result(child.returncode or 1, child.stdout, child.stderr or "the child died before this case",
+                  child.peak_rss, child.seconds, child.timed_out, child.cpu_seconds)
+    return {name: Result(**done[name]) if name in done else lost for name in cases}
