@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                 "met": max(delays) <= GOAL_S, "refresh_every_s": LIVE_EVERY_S,
                 "load_average_1min_end": round(os.getloadavg()[0], 2), "commit": git_commit(ROOT),
                 "machine": {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count()},
-                "command": "python scripts/measure_watch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "command": " ".join(["python scripts/measure_watch.py", *(argv if argv is not None else sys.argv[1:])]),
                 "what": "step renamed into a growing run -> the open Model run page shows it in its live line "
                         "and as a point of the time / tiles / TFLOP/s chart (headless Chromium, no reload)"})
     print(f"delay from a step landing to its point on screen: median {res['median_s']:.2f} s, max "
