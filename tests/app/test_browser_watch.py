@@ -1,7 +1,8 @@
 """A growing run on the Model run page in a real headless Chromium: the app is served with
 TILESCOPE_WATCH (what `tilescope-app --watch DIR` sets) on a run that a background thread grows
 step by step (the bundled watched run's steps copied in one at a time, each renamed into place as
-the watcher writes them), and the page's live line and chart follow without a reload; the close()
+the watcher writes them), and the page's live line and its time / tiles / TFLOP/s chart follow
+without a reload; the close()
 marker turns the line to 'finished'."""
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def test_a_growing_run_updates_on_the_page_without_a_reload(new_page, tmp_path):
         done = threading.Event()
         threading.Thread(target=grow, args=(BUNDLED, run, 2.0, done), daemon=True).start()
         page.get_by_text("live · step 2").first.wait_for(timeout=60_000)
+        # the time / tiles / TFLOP/s chart has drawn the new step (its subtitle and its points)
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(gd =>"
+                               " (gd.querySelector('.infolayer') || {}).textContent?.includes('the latest step 2')"
+                               " && (gd._fullData || []).some(d => Array.from(d.x || []).includes(2)))",
+                               timeout=60_000)
         page.get_by_text("finished ·").first.wait_for(timeout=60_000)
         assert page.evaluate("() => window.__notReloaded === true")        # the same document all along
         assert page.locator('[data-testid="stException"]').count() == 0
