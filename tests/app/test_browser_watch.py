@@ -2,8 +2,7 @@
 TILESCOPE_WATCH (what `tilescope-app --watch DIR` sets) on a run that a background thread grows
 step by step (the bundled watched run's steps copied in one at a time, each renamed into place as
 the watcher writes them), and the page's live line and its time / tiles / TFLOP/s chart follow
-without a reload; the close()
-marker turns the line to 'finished'."""
+without a reload; the close() marker turns the line to 'finished'."""
 
 from __future__ import annotations
 
