@@ -42,8 +42,8 @@ def test_refuses_steps_that_are_not_whole_blocks(tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_gpu_path_with_the_worker_thread_and_measured_times(tmp_path):
-    doc = result(tmp_path, "--device", "cuda", "--layers", "1", "--batch", "1", "--seq", "512", "--steps", "4",
-                 "--block", "2", "--every", "2", "--warmup", "2")
+    doc = result(tmp_path, "--device", "cuda", "--layers", "1", "--vocab", "1024", "--batch", "1", "--seq", "512",
+                 "--steps", "4", "--block", "2", "--every", "2", "--warmup", "2")
     assert [c["step"] for c in doc["traced_steps"]] == [0, 2, 4] and doc["traced_steps_in_timed_blocks"] == 2
     assert doc["weights_max_rel_diff"] < 2e-2 and doc["watched"]["step_ms_median"] > 0
     run = ModelRun.load(tmp_path / "run", traces=False)

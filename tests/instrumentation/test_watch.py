@@ -2,10 +2,10 @@
 
 Tiny random-weight transformers Llama models (test_hf's config with 2 query heads sharing 1 KV
 head, batch 1, 8 tokens: the interpreter's cost is per program), fp32, in the interpreter: the
-traced steps and their backward, weights equal to the unwatched run's, refusals in one line, marked steps, a compiled model, and
-two gloo ranks (this process and a child) into one run, the child killed while a step directory
-is half written (its completed steps stay readable, the half step is not read; this rank's
-retention keeps its last steps only).
+traced steps and their backward, weights equal to the unwatched run's, refusals in one line,
+marked steps, a compiled model, and two gloo ranks (this process and a child) into one run, the
+child killed while a step directory is half written (its completed steps stay readable, the half
+step is not read; this rank's retention keeps its last steps only).
 """
 
 import os
