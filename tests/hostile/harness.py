@@ -215,7 +215,7 @@ def run_cases(setup: str, cases: dict, timeout: float = TIMEOUT_S, env: dict | N
     once, then each case's code in a fresh copy of setup's globals.
 
     Arguments: setup, Python source run first (its cost is no case's); cases, {name: Python
-    source}; timeout, seconds each case may take (SIGALRM in the child; the child is killed after
+    source} (names distinct as text); timeout, seconds each case may take (SIGALRM in the child; the child is killed after
     the sum); env, extra environment variables; cwd, the child's working directory.
     Returns: {name: Result}, each with the case's own stdout, stderr, exit status (SystemExit's
     code; 1 after an exception, its traceback in stderr), peak RSS (VmHWM reset before the case),
@@ -225,11 +225,12 @@ def run_cases(setup: str, cases: dict, timeout: float = TIMEOUT_S, env: dict | N
     with tempfile.TemporaryDirectory() as tmp:
         spec, results = Path(tmp) / "cases.json", Path(tmp) / "results.json"
         spec.write_text(json.dumps({"setup": textwrap.dedent(setup), "timeout": max(1, int(timeout)),
-                                    "cases": {k: textwrap.dedent(v) for k, v in cases.items()}}))
+                                    "cases": {str(k): textwrap.dedent(v) for k, v in cases.items()}}))
         child = run_snippet(_CASES_MAIN, timeout=timeout * (len(cases) + 1), cwd=cwd,
                             env={**(env or {}), "HOSTILE_CASES_FILE": str(spec),
                                  "HOSTILE_RESULTS_FILE": str(results)})
         done = json.loads(results.read_text()) if results.exists() else {}
-    lost = Result(child.returncode or 1, child.stdout, child.stderr or "the child died before this case",
+    lost = Result(child.returncode or 1, child.stdout,
+                  f"the child (exit status {child.returncode}) died before this case: {child.stderr[-1500:]}",
                   child.peak_rss, child.seconds, child.timed_out, child.cpu_seconds)
-    return {name: Result(**done[name]) if name in done else lost for name in cases}
+    return {name: Result(**done[str(name)]) if str(name) in done else lost for name in cases}

@@ -33,6 +33,16 @@ def one_error_line(res, *fragments: str) -> str:
     return line
 
 
+def run_refusals(cases: dict) -> dict:
+    """{name: (module, argv)} run as module.main(argv) in one child (harness.run_cases).
+    Returns: {name: Result} of each case's RUN output."""
+    modules = sorted({module for module, _ in cases.values()})
+    return run_cases("\n".join(f"import {m}" for m in modules),
+                     {name: RUN.format(module=module, argv=[str(a) for a in argv])
+                      for name, (module, argv) in cases.items()},
+                     env={"TILESCOPE_NO_GPU": "1"})
+
+
 def refused(module: str, argv: list, *fragments: str) -> str:
     """Run module.main(argv) in a child of its own; assert exit 2 with one error line naming fragments."""
     return one_error_line(run_snippet(RUN.format(module=module, argv=[str(a) for a in argv]),
@@ -113,8 +123,8 @@ def test_attention_benchmark_refuses_in_one_line(cli_refusals, case):
 def cli_refusals(tmp_path_factory):
     """Every case above run once in one child: {name: (Result, the output place it must not make)}."""
     cases, outs = {}, {}
-    groups = (("record", RECORD, RECORD_CASES), ("decode", DECODE, DECODE_CASES), ("bench", BENCH, BENCH_CASES))
-    for group, module, table in groups:
+    for group, module, table in (("record", RECORD, RECORD_CASES), ("decode", DECODE, DECODE_CASES),
+                                 ("bench", BENCH, BENCH_CASES)):
         for i, (args, _) in enumerate(table):
             tmp = tmp_path_factory.mktemp(f"{group}-{i}")
             if group == "bench":
@@ -125,7 +135,6 @@ def cli_refusals(tmp_path_factory):
             else:
                 argv = args + ["--out", tmp / "t"]
                 outs[f"{group}-{i}"] = tmp / "t"
-            cases[f"{group}-{i}"] = RUN.format(module=module, argv=[str(a) for a in argv])
-    setup = "\n".join(f"import {module}" for _, module, _ in groups)
-    results = run_cases(setup, cases, env={"TILESCOPE_NO_GPU": "1"})
+            cases[f"{group}-{i}"] = (module, argv)
+    results = run_refusals(cases)
     return {name: (results[name], outs[name]) for name in cases}
