@@ -67,7 +67,8 @@ UNTRACED = BackwardTrace(False, False, False, False)
 class BackwardTraceBuffers:
     """Device buffers a traced backward writes (decoded by instrumentation.recording.backward).
     Work records, int64 (order, sm, t_start, t_end), -1 where unknown, one per program: the
-    preprocess's first, then the dK/dV programs', then the dQ programs'."""
+    preprocess's first, then the dK/dV programs' (two per key block with config.split_dkdv: dK
+    at 2p, dV at 2p + 1), then the dQ programs'."""
 
     work: torch.Tensor               # (n_delta + n_dkdv + n_dq, 4) int64
     counter: torch.Tensor            # (1,) int32: the interpreter's program order
@@ -105,7 +106,7 @@ def backward_trace_buffers(q, k, mask="causal", trace_bh=(0,), tiles: bool = Tru
     head_slot = torch.full((b * h,), -1, dtype=torch.int32)
     head_slot[heads] = torch.arange(len(heads), dtype=torch.int32)
     n_delta = b * h * -(-n_q // PREPROCESS_ROWS)
-    n_dkdv, n_dq = b * h_kv * kp.n_kb, b * h * qp.n_qb
+    n_dkdv, n_dq = b * h_kv * kp.n_kb * (2 if cfg.split_dkdv else 1), b * h * qp.n_qb
     grid = lambda n_qb, n_kb: torch.full((len(heads), n_qb, n_kb), -1, dtype=torch.int32, device=dev)  # noqa: E731
     return BackwardTraceBuffers(
         torch.full((n_delta + n_dkdv + n_dq, 4), -1, dtype=torch.int64, device=dev),
@@ -300,8 +301,6 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     kp, qp = bp.kv_plan, bp.q_plan
     n_dkdv, n_dq = b * h_kv * kp.n_kb * (2 if cfg.split_dkdv else 1), b * h * qp.n_qb
     if trace is not None:
-        if cfg.split_dkdv:
-            raise ValueError("a traced backward runs one program per key block: trace with split_dkdv=False")
         _check_trace(trace, bp, cfg, (b * h * n_rows, n_dkdv, n_dq), b * h, n_q)
         flags = BackwardTrace(work=True, tiles=trace.tiles_dkdv is not None, rows=trace.rows is not None,
                               hw_clock=not interpreting())

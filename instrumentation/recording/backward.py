@@ -135,9 +135,10 @@ def _decode_work(buffers, b, h, h_kv, hw) -> pd.DataFrame:
     n_rows = buffers.n_delta // (b * h)
     p_delta, p_dkdv, p_dq = (np.arange(n) for n in (buffers.n_delta, buffers.n_dkdv, buffers.n_dq))
     kv_order, q_order = bp.kv_order.cpu().numpy(), bp.q_order.cpu().numpy()
-    k_block = kv_order[p_dkdv % kp.n_kb]
+    item = p_dkdv // 2 if buffers.config.split_dkdv else p_dkdv     # split: dK at 2p, dV at 2p + 1
+    k_block = kv_order[item % kp.n_kb]
     q_block = q_order[p_dq % qp.n_qb]
-    bh_kv, bh = p_dkdv // kp.n_kb, p_dq // qp.n_qb
+    bh_kv, bh = item // kp.n_kb, p_dq // qp.n_qb
     group = h // h_kv
     kv_tiles = (kp.block_map != 0).sum(axis=0) * group              # per key block, all heads of a group
     dq_base = buffers.n_dkdv if buffers.config.one_launch else 0     # dQ programs' ids in their launch
@@ -172,6 +173,8 @@ def _decode_tiles(buffers, heads, h, group) -> pd.DataFrame:
             b, head = bh // h, bh % h
             if phase == "dkdv":
                 program = (b * (h // group) + head // group) * plan.n_kb + kv_rank[kb]
+                if buffers.config.split_dkdv:     # the dK program (its dV program visits the same tiles)
+                    program = 2 * program
             else:
                 program = dq_base + bh * plan.n_qb + q_rank[qb]
             parts.append(pd.DataFrame({

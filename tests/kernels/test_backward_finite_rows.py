@@ -8,6 +8,7 @@ variants (BackwardConfig tma, split_dkdv, dp_first) against float64."""
 import pytest
 import torch
 
+from kernels import flash_attention
 from kernels.backward import BackwardConfig, attention_with_grad
 from kernels.masks import parse_mask
 from tests.kernels.test_backward import float64_grads, make, ours, rel_err
@@ -71,15 +72,32 @@ def test_backward_variants_match_float64(mask, cfg):
         assert rel_err(x, r) < 1e-5, (mask, name, rel_err(x, r))
 
 
-def test_split_dkdv_is_not_traced():
+def test_split_dkdv_traces_both_programs_of_a_key_block():
+    import numpy as np
+
+    from instrumentation.recording.backward import _decode_tiles, _decode_work
     from kernels.backward import backward_trace_buffers, flash_attention_backward
 
-    q, k, v, do = make(1, 1, 1, 16, 16, 8, seed=8)
-    cfg = BackwardConfig(16, 16, 16, 16, 4, 1, split_dkdv=True)
-    lse = torch.zeros(1, 1, 16)
-    with pytest.raises(ValueError, match="split_dkdv=False"):
-        flash_attention_backward(do, q, k, v, q, lse, "causal", config=cfg,
-                                 trace=backward_trace_buffers(q, k, "causal", (0,), config=cfg))
+    q, k, v, do = make(1, 2, 1, 40, 40, 8, seed=8)
+    o, lse = flash_attention(q, k, v, "causal", return_lse=True)
+    tables = []
+    for split in (False, True):
+        cfg = BackwardConfig(16, 16, 16, 16, 4, 1, split_dkdv=split)
+        tr = backward_trace_buffers(q, k, "causal", (1,), config=cfg)
+        grads = flash_attention_backward(do, q, k, v, o, lse, "causal", config=cfg, trace=tr)
+        assert (tr.work[:, 0] >= 0).all()                    # every program wrote its record
+        tables.append((grads, _decode_work(tr, 1, 2, 1, False), _decode_tiles(tr, [1], 2, 2), tr))
+    (g0, work0, tiles0, tr0), (g1, work1, tiles1, tr1) = tables
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))  # the same sums in the same order
+    assert tr1.n_dkdv == 2 * tr0.n_dkdv
+    dkdv0, dkdv1 = work0[work0.phase == "dkdv"], work1[work1.phase == "dkdv"]
+    # programs 2p and 2p + 1 run item p: the same key block, head and tiles as program p unsplit
+    for col in ("b", "head", "block", "tiles"):
+        assert np.array_equal(dkdv1[col].to_numpy()[::2], dkdv0[col].to_numpy())
+        assert np.array_equal(dkdv1[col].to_numpy()[1::2], dkdv0[col].to_numpy())
+    assert torch.equal(tr1.tiles_dkdv, tr0.tiles_dkdv)
+    t0, t1 = (t[t.phase == "dkdv"].reset_index(drop=True) for t in (tiles0, tiles1))
+    assert np.array_equal(t1.program.to_numpy(), 2 * t0.program.to_numpy())
 
 
 GPU_VARIANTS = [   # (head dim, BackwardConfig fields): the probe's candidates
