@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd")
-BWD_SUITES = ("bwd256", "bwd128")
+BWD_SUITES = ("bwd256", "bwd128", "fwd4k")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
 
@@ -28,12 +28,30 @@ def _label(change: dict) -> str:
     return ("64x64 " + rest).strip() if old else rest
 
 
+def _forward_suite() -> list[dict]:
+    """fwd4k: the forward, causal D 128 at 2k / 4k / 8k: the longest_first schedule and 64-row
+    tiles, which the fwdcausal suite found faster than the default at 4k (kernel_probe's forward
+    variants, kept here while kernel_probe.py is being extended elsewhere)."""
+    out = []
+    for n in (2048, 4096, 8192):
+        shape = (4, 16, 16, n, 128)
+        out.append(dict(kind="cudnn", shape=shape, mask="causal", label="cudnn"))
+        for cfg in (None, (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (64, 64, 8, 3), (128, 64, 8, 3)):
+            for sched in ("natural", "longest_first"):
+                label = f"{'default' if cfg is None else f'plain {cfg}'}{', longest_first' if sched != 'natural' else ''}"
+                out.append(dict(kind="fwd", shape=shape, mask="causal", cfg=cfg, ws=None if cfg is None else False,
+                                label=label, sched=sched))
+    return out
+
+
 def backward_suite(name: str) -> list[dict]:
     """The variants of a backward suite: dicts of kind, shape (B, H, H_kv, N, D), mask, bwd_cfg
     (BackwardConfig fields as a dict, None: the default) and label."""
     from kernels.backward import CUDA_CONFIGS
 
     out = []
+    if name == "fwd4k":
+        return _forward_suite()
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
