@@ -96,7 +96,8 @@ def _use_ws(requested, x: Fp8Inputs, plan, traced: bool) -> tuple:
     return wanted and supported and (split or not plan.has_partial), split
 
 
-def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bool, warp_specialize) -> Fp8Plan:
+def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bool, warp_specialize,
+             launch_options=None) -> Fp8Plan:
     from .fp8_kernel import attn_fwd_fp8_kernel
 
     b, h, n_q, d = x.shape
@@ -116,12 +117,13 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
                  lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
                  work_list=plan.work_list(b * h, "natural"), H=h, GROUP=h // x.h_kv, N_Q=n_q, N_K=x.n_k,
                  n_qb=plan.n_qb, n_kb=plan.n_kb, n_work=b * h * plan.n_qb, TRACE=trace)
-    plain_options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    override = {k: val for k, val in (launch_options or {}).items() if val is not None}
+    plain_options = dict(dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), **override)
 
     def launch_of(tile: Fp8Tile, lse: bool) -> Fp8Launch:
         args = KernelArgs(attn_fwd_fp8_kernel, _PER_CALL, TILE=tile, RETURN_LSE=lse, **fixed)
         ws_here = tile.WARP_SPECIALIZE
-        return Fp8Launch(args, dict(WS_OPTIONS) if ws_here else plain_options, ws_here,
+        return Fp8Launch(args, dict(WS_OPTIONS, **override) if ws_here else plain_options, ws_here,
                          (tile._replace(WARP_SPECIALIZE=False), plain_options))
 
     if split:       # full tiles (warp-specialised) storing (O, lse); partial tiles resumed from them (SEED)
@@ -154,7 +156,7 @@ def _launch(grid, launch: Fp8Launch, args: list) -> None:
 
 
 def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None,
-                  warp_specialize: bool | None = None):
+                  warp_specialize: bool | None = None, *, num_warps: int | None = None, num_stages: int | None = None):
     """The FP8 attention kernel on pre-quantised inputs (one launch, or two: _use_ws).
 
     Arguments:
@@ -166,6 +168,8 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         warp_specialize: None: the warp-specialised full-tile loop where it applies by default
             (_use_ws; with partial tiles as two launches); True: wherever it can run, and the
             two launches for any plan with partial tiles; False: never.
+        num_warps, num_stages: the launch options of every launch of the call (warp-specialised
+            or plain loop); None: the defaults (fp8_config's, WS_OPTIONS). For probes.
     Returns:
         out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""
     b, h, n_q, d = x.shape
@@ -174,10 +178,12 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     device = x.q.device
     hw_clock = device.type == "cuda"
     flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
-    key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags, warp_specialize)
+    key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags, warp_specialize,
+           num_warps, num_stages)
     fp = _PLANS.get(key)
     if fp is None:
-        fp = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock, warp_specialize))
+        options = dict(num_warps=num_warps, num_stages=num_stages)
+        fp = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock, warp_specialize, options))
     o = torch.empty(x.shape, dtype=x.dtype, device=device)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device) if return_lse or fp.needs_lse else None
     call = dict(Q8=x.q, K8=x.k, V8=x.v, O=o, LSE=lse, scales=(x.q_scale, x.k_scale, x.v_scale), qk_scale=scale,

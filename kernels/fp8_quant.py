@@ -31,6 +31,15 @@ HADAMARD_SEED = 35
 # is padded to a power of two >= 32 and key tiles are >= 32 wide (they are P.V's reduction)
 FP8_MIN_HEAD_DIM = 32
 FP8_BLOCK_SIZES = tuple(s for s in BLOCK_SIZES if s >= 32)
+# the quantise pass's launch (knobs for benchmarks.probe_fp8; the defaults are the measured best):
+# FUSED_QUANT: Q, K and V in one launch (quantise_qkv_kernel; per-tensor scaling in two, amax by
+# atomic max on the device), else a launch per tensor (quantise_kernel; per-tensor: amax per tile,
+# reduced by torch, then a second pass); QUANT_WARPS: the quantise kernel's num_warps (None: by tile)
+FUSED_QUANT = True
+QUANT_WARPS = None
+# HADAMARD_KRON: rotate by two products with 16 x 16 matrices (H_D = H_{D/16} (x) H_16) instead of
+# one with the D x D matrix (fused launch only)
+HADAMARD_KRON = False
 
 
 class QuantTile(NamedTuple):
@@ -40,7 +49,8 @@ class QuantTile(NamedTuple):
     each); ROTATE: multiply by the signed Hadamard matrix first; MODE: "block" (scale per tile),
     "amax" (store each tile's amax only) or "apply" (scale read from SCALE); TRANSPOSE: store the
     tile as (HEAD_DIM, rows) (V); ROUND_FIRST: round on the e4m3 grid before the cast (the
-    interpreter); UPCAST_DOT: the rotation's products in fp32 (the interpreter's 16-bit dot is broken)."""
+    interpreter); UPCAST_DOT: the rotation's products in fp32 (the interpreter's 16-bit dot is broken);
+    KRON: rotate by two products with 16 x 16 matrices (fp8_quant_kernel.rotate_kron)."""
 
     head_dim: int
     HEAD_DIM: int
@@ -50,6 +60,7 @@ class QuantTile(NamedTuple):
     TRANSPOSE: bool
     ROUND_FIRST: bool
     UPCAST_DOT: bool
+    KRON: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,15 +147,23 @@ def rotation_matrix(n: int, seed: int = HADAMARD_SEED, normalised: bool = True) 
     what the kernel multiplies by before its fp32 1/sqrt(n)."""
     if n < 1 or n & (n - 1):
         raise ValueError(f"the Hadamard rotation needs a power-of-two width, got {n}")
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    r = hadamard_signs(n, seed)[:, None] * h
+    r = hadamard_signs(n, seed)[:, None] * _sylvester(n)
     return r / math.sqrt(n) if normalised else r
 
 
+def _sylvester(n: int) -> torch.Tensor:
+    """The (n, n) Sylvester Hadamard matrix (+-1, float64), n a power of two."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
 @lru_cache(maxsize=16)
-def _had_on(n: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+def _had_on(n: int, dtype: torch.dtype, device: str, kron: bool = False) -> torch.Tensor:
+    if kron:    # fp8_quant_kernel.rotate_kron's: the signs, H_16, I_{16/G} (x) H_G (G = n / 16)
+        hg = torch.kron(torch.eye(256 // n, dtype=torch.float64), _sylvester(n // 16))
+        return torch.cat([hadamard_signs(n), _sylvester(16).flatten(), hg.flatten()]).to(dtype).to(device)
     return rotation_matrix(n, normalised=False).to(dtype).to(device).contiguous()
 
 
@@ -165,9 +184,7 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
     interp = interpreting()
     tile = QuantTile(d, hd, block, rotate, "block", transpose, interp, interp)
     grid = (n_tiles, bh)
-    # the rotated tile is held in fp32 registers: 8 warps from 128 x 128 elements (a 128 x 256 tile
-    # in 4 warps would take 256 registers a thread for it alone)
-    warps = 8 if block * hd >= 128 * 128 else 4
+    warps = QUANT_WARPS or _quant_warps(block, hd)
     args = (x, out, scale, None, had, tuple(x.stride()[:3]), (out.stride(0), out.stride(1)), n_heads, n_rows, n_tiles)
     if scaling == "block":
         quantise_kernel[grid](*args, tile, num_warps=warps)
@@ -180,9 +197,52 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
     return out, scale
 
 
+def _quant_warps(block: int, hd: int) -> int:
+    # the rotated tile is held in fp32 registers: 8 warps from 128 x 128 elements (a 128 x 256 tile
+    # in 4 warps would take 256 registers a thread for it alone)
+    return 8 if block * hd >= 128 * 128 else 4
+
+
+def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
+    """Q, K, V in one launch of quantise_qkv_kernel (per-tensor scaling: two, the first taking
+    each tensor's amax by atomic max). Returns ((q8, k8, v8), (q_scale, k_scale, v_scale))."""
+    from .fp8_quant_kernel import quantise_qkv_kernel
+
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    n_qt, n_kt = -(-n_q // block_m), -(-n_k // block_n)
+    dev = q.device
+    q8 = torch.empty((b * h, n_qt * block_m, hd), dtype=torch.float8_e4m3fn, device=dev)
+    k8 = torch.empty((b * h_kv, n_kt * block_n, hd), dtype=torch.float8_e4m3fn, device=dev)
+    v8 = torch.empty((b * h_kv, hd, n_kt * block_n), dtype=torch.float8_e4m3fn, device=dev)
+    scales = (torch.empty(b * h * n_qt, dtype=torch.float32, device=dev),
+              torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev),
+              torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev))
+    kron = bool(HADAMARD_KRON and hadamard)
+    had = _had_on(hd, q.dtype, str(dev), kron) if hadamard else None
+    interp = interpreting()
+    mode = "block" if scaling == "block" else "amax_atomic"
+    tiles = (QuantTile(d, hd, block_m, hadamard, mode, False, interp, interp, kron),
+             QuantTile(d, hd, block_n, hadamard, mode, False, interp, interp, kron),
+             QuantTile(d, hd, block_n, False, mode, True, interp, interp))
+    q_progs, k_progs = b * h * n_qt, b * h_kv * n_kt
+    amax = None if scaling == "block" else torch.zeros(3, dtype=torch.float32, device=dev)
+    args = [q, k, v, (q8, k8, v8), scales, amax, had, tuple(q.stride()[:3]), tuple(k.stride()[:3]),
+            tuple(v.stride()[:3]), (q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), v8.stride(0), v8.stride(1)),
+            h, h_kv, n_q, n_k, n_qt, n_kt, q_progs, k_progs]
+    warps = QUANT_WARPS or max(_quant_warps(block_m, hd), _quant_warps(block_n, hd))
+    grid = (q_progs + 2 * k_progs,)
+    quantise_qkv_kernel[grid](*args, *tiles, num_warps=warps)
+    if scaling != "block":
+        quantise_qkv_kernel[grid](*args, *(t._replace(MODE="apply_amax") for t in tiles), num_warps=warps)
+    return (q8, k8, v8), scales
+
+
 def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m=None, block_n=None) -> Fp8Inputs:
-    """The quantise-and-rotate pass (three launches of kernels.fp8_quant_kernel; per-tensor
-    scaling adds an amax pass per tensor).
+    """The quantise-and-rotate pass: one launch of kernels.fp8_quant_kernel's quantise_qkv_kernel
+    for Q, K and V (per-tensor scaling: two, the first taking each tensor's amax); with
+    FUSED_QUANT = False, a launch per tensor (and an amax pass per tensor for per-tensor scaling).
 
     Arguments:
         q: (B, H, N_q, D) bf16/fp16; k, v: (B, H_kv, N_k, D), H % H_kv == 0.
@@ -200,9 +260,12 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
         check_interpreter_tiles(b * (h * -(-n_q // cfg.block_m) + 2 * h_kv * -(-n_k // cfg.block_n)),
                                 f"FP8 quantise pass B={b}, H={h}, N_q={n_q}, N_k={n_k}")
     with torch.no_grad():
-        q8, qs = _quantise_one(q, h, n_q, cfg.block_m, hd, hadamard, False, scaling)
-        k8, ks = _quantise_one(k, h_kv, n_k, cfg.block_n, hd, hadamard, False, scaling)
-        v8, vs = _quantise_one(v, h_kv, n_k, cfg.block_n, hd, False, True, scaling)
+        if FUSED_QUANT:
+            (q8, k8, v8), (qs, ks, vs) = _quantise_fused(q, k, v, cfg.block_m, cfg.block_n, hd, hadamard, scaling)
+        else:
+            q8, qs = _quantise_one(q, h, n_q, cfg.block_m, hd, hadamard, False, scaling)
+            k8, ks = _quantise_one(k, h_kv, n_k, cfg.block_n, hd, hadamard, False, scaling)
+            v8, vs = _quantise_one(v, h_kv, n_k, cfg.block_n, hd, False, True, scaling)
     return Fp8Inputs(q8, k8, v8, qs, ks, vs, (b, h, n_q, d), n_k, h_kv, cfg.block_m, cfg.block_n, scaling,
                      hadamard, q.dtype)
 

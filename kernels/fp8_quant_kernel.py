@@ -8,9 +8,13 @@ so (Q R)(K R)^T = Q K^T in exact arithmetic, while an outlier feature of Q or K 
 every column (FlashAttention-3's "incoherent processing"). The kernel multiplies by the +-1 matrix
 diag(signs) H in the input's dtype (exact products, fp32 sums) and by 1 / sqrt(HEAD_DIM) in fp32.
 
-Three modes (QUANT.MODE): "block" computes each tile's amax and scale and writes the tile;
-"amax" writes only each tile's amax (the per-tensor scale's first pass; the host reduces them);
-"apply" writes the tile with the scale already in SCALE (per-tensor: the same value at every tile).
+quantise_qkv_kernel runs Q, K and V in one launch (one program per tile of any of them), the
+default; quantise_kernel one tensor per launch (kernels.fp8_quant.FUSED_QUANT = False).
+Modes (QUANT.MODE): "block" computes each tile's amax and scale and writes the tile. Per-tensor
+scaling in two launches of quantise_qkv_kernel: "amax_atomic" takes every tile's amax into one
+fp32 per tensor by atomic max, "apply_amax" writes the tiles with the scale amax / 448 read from
+it (stored at every tile's scale slot). quantise_kernel's per-tensor modes: "amax" writes each
+tile's amax (the host reduces them), "apply" writes the tile with the scale already in SCALE.
 Outputs are padded: rows to a multiple of the tile, D to HEAD_DIM, with zeros, so the attention
 kernel loads whole tiles without masks. TRANSPOSE (V): the tile is stored as (HEAD_DIM, rows),
 the layout Hopper's FP8 tensor-core product takes for its second operand (reduction dim contiguous).
@@ -28,13 +32,50 @@ from .tile_ops import cast_e4m3  # noqa: E402
 E4M3_MAX = tl.constexpr(448.0)       # the largest finite float8 e4m3fn value
 
 
-@triton.jit(do_not_specialize=["H", "N", "n_tiles"])
-def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, QUANT: tl.constexpr):
-    """Program (tile, bh): rows tile * BLOCK .. of head bh = b * H + h of X (B, H, N, D), strides
-    x_strides (b, h, n), D contiguous. OUT (B*H, N_pad, HEAD_DIM) or, TRANSPOSE, (B*H, HEAD_DIM,
-    N_pad), strides out_strides (bh, row) or (bh, d); SCALE, AMAX: (B*H*n_tiles,) fp32 at
-    bh * n_tiles + tile; HAD: the (HEAD_DIM, HEAD_DIM) +-1 matrix in X's dtype (ROTATE), else None.
-    QUANT: kernels.fp8_quant.QuantTile."""
+@triton.jit
+def rotate_kron(x, HAD, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """x (BLOCK, HEAD_DIM) in the input dtype times diag(signs) H_D / sqrt(D), by H_D = H_G (x) H_16
+    (G = D / 16; the Sylvester matrix factors over the bits of the index): column 16 a + b is
+    multiplied by H_16 along b, then by H_G along a, two products of K = 16 (the second by the
+    16 x 16 block-diagonal I_{16/G} (x) H_G on columns (e_lo, a)): 64 flops per element, not 2 D,
+    and a 1 KB matrix in shared memory, not D * D * 2 bytes. HAD: the signs (HEAD_DIM,), H_16, then
+    I_{16/G} (x) H_G (16 x 16 each), all +-1 in x's dtype. The first product is exact (+-1 times x,
+    fp32 sums); the second takes the fp32 partial sums as a bf16 pair (hi + lo: 16 mantissa bits,
+    relative error below 2^-16, far under e4m3's 2^-4). Returns fp32 (BLOCK, HEAD_DIM)."""
+    F: tl.constexpr = 16
+    G: tl.constexpr = HEAD_DIM // 16
+    signs = tl.load(HAD + tl.arange(0, HEAD_DIM))
+    offs_f = tl.arange(0, F)
+    h = tl.load(HAD + HEAD_DIM + offs_f[:, None] * F + offs_f[None, :])
+    hg = tl.load(HAD + HEAD_DIM + F * F + offs_f[:, None] * F + offs_f[None, :])
+    if UPCAST_DOT:     # the interpreter's 16-bit arithmetic is broken: the same exact products in fp32
+        t = tl.reshape(x.to(tl.float32) * signs.to(tl.float32)[None, :], (BLOCK * G, F))   # rows (r, a), columns b
+        t = tl.dot(t, h.to(tl.float32), input_precision="ieee")
+    else:
+        t = tl.dot(tl.reshape(x * signs[None, :], (BLOCK * G, F)), h)
+    # (r, a, e) -> (r, e, a) -> rows (r, e_hi), columns (e_lo, a), e = e_hi * 16 / G + e_lo
+    t = tl.reshape(tl.permute(tl.reshape(t, (BLOCK, G, F)), (0, 2, 1)), (BLOCK * G, F))
+    if UPCAST_DOT:
+        u = tl.dot(t, hg.to(tl.float32), input_precision="ieee")
+    else:
+        hb = hg.to(tl.bfloat16)
+        hi = t.to(tl.bfloat16)
+        lo = (t - hi.to(tl.float32)).to(tl.bfloat16)
+        u = tl.dot(lo, hb, acc=tl.dot(hi, hb))
+    u = tl.reshape(tl.permute(tl.reshape(u, (BLOCK, F, G)), (0, 2, 1)), (BLOCK, HEAD_DIM))  # column 16 c + e
+    return u * (1.0 / tl.sqrt(HEAD_DIM * 1.0))
+
+
+@triton.jit
+def quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tile, bh, which,
+                  QUANT: tl.constexpr):
+    """Rows tile * BLOCK .. of head bh = b * H + h of X (B, H, N, D), strides x_strides (b, h, n),
+    D contiguous. OUT (B*H, N_pad, HEAD_DIM) or, TRANSPOSE, (B*H, HEAD_DIM, N_pad), strides
+    out_strides (bh, row) or (bh, d); SCALE: (B*H*n_tiles,) fp32 at bh * n_tiles + tile; HAD: the
+    (HEAD_DIM, HEAD_DIM) +-1 matrix in X's dtype (ROTATE), else None. AMAX: "amax" mode, the
+    tiles' amax at bh * n_tiles + tile; "amax_atomic" / "apply_amax" modes, one fp32 per tensor at
+    AMAX + which (atomic max of every tile's amax; the scale amax / 448 read back). QUANT:
+    kernels.fp8_quant.QuantTile."""
     head_dim: tl.constexpr = QUANT.head_dim
     HEAD_DIM: tl.constexpr = QUANT.HEAD_DIM
     BLOCK: tl.constexpr = QUANT.BLOCK
@@ -42,8 +83,6 @@ def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_ti
     MODE: tl.constexpr = QUANT.MODE
     ROUND_FIRST: tl.constexpr = QUANT.ROUND_FIRST
     UPCAST_DOT: tl.constexpr = QUANT.UPCAST_DOT
-    tile = tl.program_id(0)
-    bh = tl.program_id(1)
     stride_xb, stride_xh, stride_xn = x_strides
     stride_obh, stride_or = out_strides
     offs_r = tile * BLOCK + tl.arange(0, BLOCK)
@@ -51,7 +90,9 @@ def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_ti
     x_ptrs = X + (bh // H).to(tl.int64) * stride_xb + (bh % H).to(tl.int64) * stride_xh \
         + offs_r[:, None] * stride_xn + offs_d[None, :]
     x = tl.load(x_ptrs, mask=(offs_r[:, None] < N) & (offs_d[None, :] < head_dim), other=0.0)   # (BLOCK, HEAD_DIM)
-    if ROTATE:
+    if QUANT.KRON:
+        x = rotate_kron(x, HAD, BLOCK=BLOCK, HEAD_DIM=HEAD_DIM, UPCAST_DOT=UPCAST_DOT)
+    elif ROTATE:
         had = tl.load(HAD + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
         if UPCAST_DOT:   # the interpreter's 16-bit dot is broken: the same exact products in fp32
             x = tl.dot(x.to(tl.float32), had.to(tl.float32), input_precision="ieee")
@@ -63,10 +104,16 @@ def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_ti
     at = bh.to(tl.int64) * n_tiles + tile
     if MODE == "amax":
         tl.store(AMAX + at, tl.max(tl.max(tl.abs(x), 1), 0))
+    elif MODE == "amax_atomic":
+        tl.atomic_max(AMAX + which, tl.max(tl.max(tl.abs(x), 1), 0))
     else:
         if MODE == "block":
             amax = tl.max(tl.max(tl.abs(x), 1), 0)
             scale = tl.where(amax > 0, amax / E4M3_MAX, 1.0)       # an all-zero tile: any scale
+            tl.store(SCALE + at, scale)
+        elif MODE == "apply_amax":
+            top = tl.load(AMAX + which)
+            scale = tl.where(top > 0, top / E4M3_MAX, 1.0)
             tl.store(SCALE + at, scale)
         else:
             scale = tl.load(SCALE + at)
@@ -78,3 +125,38 @@ def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_ti
         else:
             o_ptrs = OUT + bh.to(tl.int64) * stride_obh + offs_r[:, None] * stride_or + offs_d[None, :]
             tl.store(o_ptrs, cast_e4m3(y, ROUND_FIRST))
+
+
+@triton.jit(do_not_specialize=["H", "N", "n_tiles"])
+def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, QUANT: tl.constexpr):
+    """One tensor: program (tile, bh) runs quantise_tile on rows tile * BLOCK .. of head bh
+    (QUANT.MODE "block", "amax" or "apply"; kernels.fp8_quant.QuantTile)."""
+    quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tl.program_id(0),
+                  tl.program_id(1), 0, QUANT)
+
+
+@triton.jit(do_not_specialize=["H", "H_KV", "N_Q", "N_K", "n_qt", "n_kt", "q_progs", "k_progs"])
+def quantise_qkv_kernel(Q, K, V, outs, scales, AMAX, HAD, q_strides, k_strides, v_strides, out_strides, H, H_KV,
+                        N_Q, N_K, n_qt, n_kt, q_progs, k_progs, QUANT_Q: tl.constexpr, QUANT_K: tl.constexpr,
+                        QUANT_V: tl.constexpr):
+    """Q, K and V in one launch: programs 0 .. q_progs - 1 (= B*H*n_qt) quantise Q's tiles, the
+    next k_progs (= B*H_KV*n_kt) K's, the last k_progs V's, each one tile (quantise_tile).
+    outs: (Q8, K8, V8); scales: (Q's, K's, V's) per-tile fp32 scales; out_strides: (Q8's bh, row,
+    K8's bh, row, V8's bh, d); AMAX: (3,) fp32 zeros for the per-tensor modes ("amax_atomic",
+    "apply_amax"), else None; HAD: the +-1 rotation matrix (QUANT_Q.ROTATE), else None."""
+    pid = tl.program_id(0)
+    q8, k8, v8 = outs
+    q_scale, k_scale, v_scale = scales
+    sq_bh, sq_r, sk_bh, sk_r, sv_bh, sv_d = out_strides
+    if pid < q_progs:
+        quantise_tile(Q, q8, q_scale, AMAX, HAD, q_strides, (sq_bh, sq_r), H, N_Q, n_qt, pid % n_qt, pid // n_qt, 0,
+                      QUANT_Q)
+    else:
+        pid -= q_progs
+        if pid < k_progs:
+            quantise_tile(K, k8, k_scale, AMAX, HAD, k_strides, (sk_bh, sk_r), H_KV, N_K, n_kt, pid % n_kt,
+                          pid // n_kt, 1, QUANT_K)
+        else:
+            pid -= k_progs
+            quantise_tile(V, v8, v_scale, AMAX, HAD, v_strides, (sv_bh, sv_d), H_KV, N_K, n_kt, pid % n_kt,
+                          pid // n_kt, 2, QUANT_V)

@@ -104,6 +104,38 @@ def test_block_scales_are_tile_amax_over_448(device):
                           rtol=1e-6)
 
 
+@pytest.mark.parametrize("scaling", ["block", "tensor"])
+def test_one_launch_quantise_equals_a_launch_per_tensor(scaling, device, monkeypatch):
+    """Q, K, V in one launch (per-tensor: amax by atomic max on the device) write the same e4m3
+    bytes and scales as a launch per tensor (per-tensor: torch's amax); the rotation as two 16 x 16
+    products (HADAMARD_KRON) as the dense D x D one: bit for bit in the interpreter, within one e4m3
+    step on the GPU (its second product sums a bf16 pair, not fp32)."""
+    import kernels.fp8_quant as FQ
+
+    q, k, v = inputs(2, 1, 40, 33, 48, seed=5, device=device)
+    runs = {}
+    for fused, kron in ((True, False), (False, False), (True, True)):
+        monkeypatch.setattr(FQ, "FUSED_QUANT", fused)
+        monkeypatch.setattr(FQ, "HADAMARD_KRON", kron)
+        runs[fused, kron] = quantize_fp8(q, k, v, scaling, True, block_m=32, block_n=32)
+    one, per_tensor, kron = runs[True, False], runs[False, False], runs[True, True]
+    # on the GPU the per-tensor scale is the kernel's amax / 448 in one launch, torch's in the other
+    # (Triton's fp32 division is not IEEE's there): equal up to an ulp of the scale
+    exact = device.type == "cpu" or scaling == "block"
+    for name in ("q", "k", "v", "q_scale", "k_scale", "v_scale"):
+        a, b = getattr(one, name), getattr(per_tensor, name)
+        if name.endswith("scale"):
+            assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-6, atol=0), name
+        elif exact:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+    if device.type == "cpu":
+        assert all(torch.equal(getattr(one, n).view(torch.uint8), getattr(kron, n).view(torch.uint8)) for n in "qkv")
+    for other in (per_tensor, kron):
+        for got, want in zip(dequantize_fp8(other), dequantize_fp8(one)):
+            got, want = got.cpu(), want.cpu()
+            assert ((got - want).abs() <= want.abs() / 8 + want.abs().amax() / 448 * 2 ** -9).all()
+
+
 def _tile_visits(run, n_q, n_k, bm, bn, device):
     """(each tile's visit step of head 1, each work item's record): the interpreter stores the
     order items ran in (column 1), a GPU its SM (column 2)."""
