@@ -111,12 +111,12 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
                 s.currentvalue.font = dict(size=18)
         for m in lay.updatemenus:
             m.font = dict(size=18)
-    room = w - 200            # the title starts at the plot's left edge, which wide tick labels push right
-    if lay.title and lay.title.text and len(lay.title.text) * 0.55 * TITLE_SIZE[1] > room:
-        # a long title gets a smaller font (a wrapped plotly title anchors badly at the top)
-        lay.title.font = dict(size=max(20, int(room / (0.55 * len(lay.title.text)))))
-    if lay.title and lay.title.subtitle and lay.title.subtitle.text:
-        lay.title.subtitle.text = _wrap(lay.title.subtitle.text, int((w - 120) / (0.52 * SUBTITLE_SIZE[1])))
+    if lay.title:
+        font, sub = slide_title(lay.title.text, lay.title.subtitle.text if lay.title.subtitle else None, w)
+        if font:
+            lay.title.font = font
+        if sub:
+            lay.title.subtitle.text = sub
     m = lay.margin
     fit_title(out, slide=True)
     top = out.layout.margin.t
@@ -130,6 +130,19 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     out.update_layout(margin=dict(b=bottom, l=m.l if m.l is not None and m.l > 80 else 80,
                                   r=m.r if m.r is not None and m.r > 40 else 40))
     return out
+
+
+def slide_title(text: str | None, subtitle: str | None, width: int) -> tuple[dict | None, str | None]:
+    """A title and subtitle in the slide look on a slide `width` px wide: a long title gets a
+    smaller font (a wrapped plotly title anchors badly at the top; the title starts at the plot's
+    left edge, which wide tick labels push right) and the subtitle is wrapped to the slide.
+
+    Arguments: the title's and subtitle's text (None: none), the slide's width in px.
+    Returns: (the title's font, None for the template's; the subtitle's text)."""
+    room = width - 200
+    font = (dict(size=max(20, int(room / (0.55 * len(text))))) if text and len(text) * 0.55 * TITLE_SIZE[1] > room
+            else None)
+    return font, _wrap(subtitle, int((width - 120) / (0.52 * SUBTITLE_SIZE[1]))) if subtitle else subtitle
 
 
 def _stacked_rows(lay) -> list[tuple[float, float]] | None:

@@ -5,8 +5,6 @@ instrumentation.analysis.online_softmax.softmax_steps; this module only draws th
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -24,8 +22,7 @@ ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in 
 MAX_STEP_TICKS = 16
 
 __all__ = ["default_bh", "default_q_row", "inputs_for_trace", "softmax_steps", "softmax_tile_figure",
-           "softmax_state_figure", "softmax_error_figure", "softmax_strip_figure", "softmax_overview_figure",
-           "PAGE_FIGURES", "softmax_page_figures", "figures_at_step"]
+           "softmax_state_figure", "softmax_error_figure", "softmax_strip_figure", "softmax_overview_figure"]
 
 
 def _step_index(steps: pd.DataFrame, step: int | None) -> int:
@@ -82,22 +79,24 @@ def _padded_range(*cols, min_span: float) -> list[float]:
 
 
 def _tile_traces(steps, i) -> list:
+    """The tile's four traces, always the same four (one absent at this step is drawn invisible, so
+    every step has the same traces and the page can step them in the browser): the scores, the
+    masked keys, m before and m after this tile."""
     r = steps.iloc[i]
     keys = np.arange(r.key_start, r.key_end)
     sc = np.asarray(r.scores)
     vis = np.isfinite(sc)
     floor = (sc[vis].min() if vis.any() else r.m_ref if np.isfinite(r.m_ref) else 0.0) - 1.0
     traces = [go.Bar(x=keys[vis], y=sc[vis], name="score q·k/√d", marker_color=PARTIAL if
-                     r.status == "partial" else FULL, hovertemplate="key %{x}: %{y:.4f}<extra></extra>")]
-    if (~vis).any():
-        traces.append(go.Scatter(x=keys[~vis], y=np.full((~vis).sum(), floor), mode="markers",
-                                 name="masked key (score −∞)", marker=dict(symbol="x", color="#777", size=7),
-                                 hovertemplate="key %{x}: masked (−∞)<extra></extra>"))
+                     r.status == "partial" else FULL, hovertemplate="key %{x}: %{y:.4f}<extra></extra>"),
+              go.Scatter(x=keys[~vis], y=np.full((~vis).sum(), floor), mode="markers", visible=bool((~vis).any()),
+                         name="masked key (score −∞)", marker=dict(symbol="x", color="#777", size=7),
+                         hovertemplate="key %{x}: masked (−∞)<extra></extra>")]
     for val, name, dash in ((r.m_before_ref, "m before this tile", "dot"),
                             (r.m_kernel, "m after this tile (kernel)", "solid")):
-        if np.isfinite(val):
-            traces.append(go.Scatter(x=[keys[0] - 0.5, keys[-1] + 0.5], y=[val, val], mode="lines",
-                                     name=name, line=dict(color=NOW, dash=dash)))
+        shown = bool(np.isfinite(val))
+        traces.append(go.Scatter(x=[keys[0] - 0.5, keys[-1] + 0.5], y=[val, val] if shown else [0.0, 0.0],
+                                 mode="lines", name=name, visible=shown, line=dict(color=NOW, dash=dash)))
     return traces
 
 
@@ -131,6 +130,14 @@ def _tile_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
     # title ran past the chart's right edge at 1280 px
     step_text, alpha = _step_heading(steps, i).split("; ", 1)
     fig.update_layout(title=title(step_text, f"{alpha}<br>{sub}"))
+    # the axes' ranges set here, not left to plotly's autorange: a chart the browser steps through
+    # its frames keeps the ranges it was drawn with unless the frame says them
+    r = steps.iloc[i]
+    ys = [0.0] + [float(v) for tr in fig.data if tr.visible is not False for v in tr.y]
+    lo, hi = min(ys), max(ys)
+    pad = 0.05 * (hi - lo or 1.0)
+    fig.update_xaxes(range=[r.key_start - 0.5, r.key_end - 0.5])
+    fig.update_yaxes(range=[lo - pad, hi + pad])
     return fit_title(fig)             # the top margin holds this step's title lines
 
 
@@ -354,33 +361,6 @@ def _strip_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
                 "(Q block, K block) tiles, not single rows)")
     fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}", sub))
     return fit_title(fig)             # the top margin holds this step's title lines
-
-
-# the online-softmax page's four figures (export name -> (figure, how it moves to another step)):
-# built once per row, each step is a copy moved there (a full build per step cost the page ~0.6 s)
-PAGE_FIGURES = {"softmax-strip": (softmax_strip_figure, _strip_at), "softmax-tile": (softmax_tile_figure, _tile_at),
-                "softmax-error": (softmax_error_figure, _mark_step), "softmax-state": (softmax_state_figure, _mark_step)}
-
-
-def softmax_page_figures(steps: pd.DataFrame) -> dict[str, dict]:
-    """The page's four figures at the first step, as plain figure dicts for figures_at_step.
-
-    Arguments: steps: softmax_steps' table of one row.
-    Returns: {export name: figure dict} in PAGE_FIGURES' order."""
-    return {name: build(steps, 0).to_dict() for name, (build, _) in PAGE_FIGURES.items()}
-
-
-def figures_at_step(figures: dict[str, dict], steps: pd.DataFrame, step: int) -> dict[str, go.Figure]:
-    """softmax_page_figures' figures moved to `step` (0-based): the same figures the
-    softmax_*_figure functions build there, from copies (`figures` is left as it was). The copies
-    skip plotly's validation (the dicts came out of validated figures): validating each cost more
-    than the whole step.
-
-    Arguments: figures: softmax_page_figures(steps); steps: the same table; step: 0-based.
-    Returns: {export name: figure}."""
-    i = _step_index(steps, step)
-    return {name: PAGE_FIGURES[name][1](go.Figure(copy.deepcopy(fig), _validate=False), steps, i)
-            for name, fig in figures.items()}
 
 
 def softmax_overview_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:

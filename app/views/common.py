@@ -122,17 +122,31 @@ def figure_bytes(fig: go.Figure, fmt: str) -> bytes:
     return export.figure_bytes(fig, fmt)
 
 
-def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "pdf", "html")) -> None:
-    """A Plotly chart as the page shows it, with its download buttons underneath."""
-    size = {}
-    if present:   # at its slide size, fixed; app/presentation.py scales it to the window
+def _as_shown(fig: go.Figure, present: bool) -> go.Figure:
+    """The figure in the page's look: on slides at its slide size, fixed (app/presentation.py
+    scales it to the window)."""
+    if present:
         fig = presentation(fig)
-        size = dict(width="content", height=int(fig.layout.height or 720))
-        slide_px = [int(fig.layout.width or 1280), size["height"]]
+        slide_px = [int(fig.layout.width or 1280), int(fig.layout.height or 720)]
         meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, dict) else {}
         fig.update_layout(autosize=False, width=slide_px[0], height=slide_px[1],
                           meta={**meta, "slide_px": slide_px})
+    return fig
+
+
+def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "pdf", "html"),
+          exported=None) -> None:
+    """A Plotly chart as the page shows it, with its download buttons underneath.
+
+    Arguments: the figure, its export name, the element key, the slide look or not, the export
+    formats; exported: what the buttons export instead of `fig`, a figure or a callable that
+    returns one when a button is clicked (the online-softmax page's charts step in the browser:
+    they export the figure at the server's step, not their frames)."""
+    fig = _as_shown(fig, present)
+    size = dict(width="content", height=int(fig.layout.height or 720)) if present else {}
     st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False}, **size)
+    if exported is not None:
+        fig = _deferred(lambda: _as_shown(exported() if callable(exported) else exported, present))
     if exports:
         export.warm_renderer_in_background()     # an export click then renders at once, no browser start
         # one small menu per chart: its buttons are drawn by the browser only when it opens (a
@@ -140,7 +154,7 @@ def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "s
         with st.popover(f"⬇ Export chart ({' · '.join(f.upper() for f in exports)})", width="content",
                         key=f"{key}_export"):
             for fmt in exports:
-                st.download_button(f"⬇ {fmt.upper()}", data=_deferred(figure_bytes, fig, fmt),
+                st.download_button(f"⬇ {fmt.upper()}", data=_deferred(_figure_bytes, fig, fmt),
                                    file_name=download_name(name, fmt), mime=MIME[fmt], key=f"{key}_{fmt}",
                                    on_click="ignore", width="stretch",
                                    help=f"{name} as {fmt.upper()} ({'kaleido' if fmt != 'html' else 'standalone, works offline'})")
@@ -151,6 +165,11 @@ def _deferred(fn, *args):
     def produce():
         return fn(*args)
     return produce
+
+
+def _figure_bytes(fig, fmt: str) -> bytes:
+    """figure_bytes of a figure, or of what a _deferred figure produces (at the click)."""
+    return figure_bytes(fig() if callable(fig) else fig, fmt)
 
 
 def animation_bytes(trace, fmt: str, tl=None, present: bool = False) -> bytes:

@@ -2,14 +2,15 @@
 running max m, sum l and rescale alpha, beside a float64 reference on the same inputs."""
 
 import html
+import json
 
 import numpy as np
 import streamlit as st
 
 from app import presentation, settings, url_state
 from app.text import RANGE_CONVENTION, key_range, plain
-from app.figures.softmax import (TILE_RULE, default_q_row, figures_at_step, inputs_for_trace, softmax_page_figures,
-                                 softmax_steps)
+from app.figures.softmax import TILE_RULE, default_q_row, inputs_for_trace, softmax_steps
+from app.figures.softmax_page import STEP_SLIDER, figures_at_step, softmax_page_figures, stepping_figures
 from app.views import common
 
 s = settings.current()
@@ -74,10 +75,18 @@ if trace.meta.get("inputs") not in (None, "instrumentation.make_inputs"):
 @st.cache_resource(show_spinner=False, max_entries=16)
 def row_steps(key: str, bh: int, q_row: int, _trace):
     """The row's steps (softmax_steps) and the page's figures at its first step, once per row:
-    a step then only moves copies of them (app.figures.softmax.figures_at_step)."""
+    a step then only moves copies of them (app.figures.softmax_page.figures_at_step)."""
     q, k, v = head_inputs(key, bh, _trace)
     steps = softmax_steps(_trace, q_row, q, k, v, bh=bh)
     return steps, softmax_page_figures(steps)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def row_charts(key: str, bh: int, q_row: int, opened_at: int, slide: bool, _steps, _figures) -> dict:
+    """The page's four charts of a row with every step in them (stepping_figures), at the step
+    the row opened on: the browser steps them from there, so they stay the same figures (and
+    are not sent again) while the server follows the steps."""
+    return stepping_figures(_figures, _steps, opened_at, slide=slide)
 
 
 steps, first_figures = row_steps(src.key, bh, q_row, trace)
@@ -115,6 +124,75 @@ def slide_line(r, i: int, lo: int, hi: int) -> str:
     alpha = "0 (first tile)" if i == 0 else f"{r.alpha_kernel:.5f}"
     return (f"Query row {q_row} sees {key_range(lo, hi + 1)} · step {i + 1}/{n_steps}: K block {r.k_block} "
             f"({r.status}, {r.n_visible} visible) · m = {r.m_kernel:.5f} · ℓ = {r.l_kernel:.5f} · α = {alpha}")
+
+
+# The browser steps the four charts: each carries a frame per step and a hidden Plotly slider over
+# them (app.figures.softmax_page). This script moves every chart to the step the step slider
+# shows (its thumb's aria-valuenow, which the browser updates at once while it is dragged and
+# the server sets after a rerun), and to the step First / Prev / Next lead to the moment they are
+# clicked, before the server has answered; the server then follows (the link, the text, the
+# exports). A chart is moved by pressing its hidden slider at the step's tick, as a pointer would.
+STEP_JS = """<style>
+.st-key-sm_strip .slider-container, .st-key-sm_tile .slider-container, .st-key-sm_error .slider-container,
+.st-key-sm_state .slider-container { opacity: 0 !important; pointer-events: none !important; }
+</style><script>
+(() => {
+  const CHARTS = __CHARTS__, SLIDER = __SLIDER__;
+  window.tsSoftmaxCharts = CHARTS;
+  if (window.tsSoftmaxStep) { window.tsSoftmaxStep.sync(); return; }
+  let pending = null, pendingAt = 0, queued = false;
+  // the step shown: the step slider's thumb (live while it is dragged) or, before the slider has
+  // drawn, the server's step written beside this script
+  const thumb = () => document.querySelector('.st-key-sm_step [role="slider"]');
+  const marker = () => document.querySelector('.ts-sm-step');
+  const shown = () => { const t = thumb(), m = marker();
+    return t ? Number(t.getAttribute('aria-valuenow')) : m ? Number(m.dataset.step) : null; };
+  const wanted = () => {
+    const v = shown();
+    if (pending !== null && v !== pending && performance.now() - pendingAt < 5000) return pending;
+    pending = null;
+    return v;
+  };
+  const move = (gd, step) => {
+    const sliders = (gd._fullLayout || {}).sliders || [];
+    const k = sliders.findIndex(s => s.name === SLIDER);
+    if (k < 0 || sliders[k].active === step - 1) return;
+    // Plotly listens on the slider's rail and reads the pointer's x against the step's tick
+    const group = gd.querySelectorAll('.slider-container .slider-group')[k];
+    const tick = group && group.querySelectorAll('.slider-tick-rect')[step - 1];
+    const rail = group && group.querySelector('.slider-rail-touch-rect');
+    if (!tick || !rail) return;
+    const r = tick.getBoundingClientRect();
+    const at = {bubbles: true, cancelable: true, view: window, clientX: r.left + r.width / 2, clientY: r.top};
+    rail.dispatchEvent(new MouseEvent('mousedown', at));
+    gd.dispatchEvent(new MouseEvent('mouseup', at));
+  };
+  const sync = () => {
+    queued = false;
+    const step = wanted();
+    if (step === null || !Number.isFinite(step)) return;
+    for (const key of window.tsSoftmaxCharts) {
+      const gd = document.querySelector('.st-key-' + key + ' .js-plotly-plot');
+      if (gd) move(gd, step);
+    }
+  };
+  const soon = () => { if (!queued) { queued = true; requestAnimationFrame(sync); } };
+  window.tsSoftmaxStep = {sync};
+  document.addEventListener('click', e => {
+    const b = e.target.closest && e.target.closest('.st-key-sm_first button, .st-key-sm_prev button, .st-key-sm_next button');
+    const m = marker();
+    if (!b || b.disabled || !m) return;
+    const at = wanted(), last = Number(m.dataset.last);
+    const key = b.closest('[class*="st-key-sm_"]').className;
+    const to = key.includes('st-key-sm_first') ? 1 : Math.max(1, Math.min(last, at + (key.includes('st-key-sm_next') ? 1 : -1)));
+    pending = to; pendingAt = performance.now();
+    sync();
+  }, true);
+  new MutationObserver(soon).observe(document.body, {subtree: true, childList: true, attributes: true,
+                                                     attributeFilter: ['aria-valuenow']});
+  soon();
+})();
+</script>"""
 
 
 @st.fragment
@@ -172,8 +250,19 @@ def stepper():
                 "n/a" if kerr is None or not np.isfinite(kerr) else f"{kerr:.2e}",
                 help="the kernel's final O for this row vs the float64 reference")
 
-    for name, fig in figures_at_step(first_figures, steps, i).items():
-        common.chart(fig, name, name.replace("softmax-", "sm_"), s.present)
+    # the charts: built at the step this row opened on and stepped in the browser (STEP_JS); the
+    # exports draw the figure at the server's step
+    row = (src.key, bh, q_row, s.present)
+    if st.session_state.get("_sm_opened", (None,))[0] != row:
+        st.session_state["_sm_opened"] = (row, i)
+    opened_at = st.session_state["_sm_opened"][1]
+    charts = row_charts(src.key, bh, q_row, opened_at, s.present, steps, first_figures)
+    for name, fig in charts.items():
+        common.chart(fig, name, name.replace("softmax-", "sm_"), s.present,
+                     exported=lambda name=name, i=i: figures_at_step({name: first_figures[name]}, steps, i)[name])
+    st.html(f'<span class="ts-sm-step" data-step="{i + 1}" data-last="{n_steps}" hidden></span>'
+            + STEP_JS.replace("__CHARTS__", json.dumps(["sm_tile", "sm_strip", "sm_error", "sm_state"]))
+            .replace("__SLIDER__", json.dumps(STEP_SLIDER)), unsafe_allow_javascript=True)
 
 
 stepper()

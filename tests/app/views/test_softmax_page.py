@@ -11,7 +11,7 @@ import pytest
 
 from instrumentation.analysis.online_softmax import default_q_row
 from instrumentation.trace import Trace
-from tests.app.headless import charts, clean, live, open_page, titles
+from tests.app.headless import charts, clean, live, open_page
 
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,15 +30,19 @@ def _titles(at):
     return [json.loads(c.proto.spec)["layout"]["title"] for c in at.get("plotly_chart")]
 
 
+def _says_step(at, k: int) -> bool:
+    """The page's text says step k (the charts step in the browser: their figures stay as sent)."""
+    return any(f"Step **{k}/" in m.value for m in at.markdown)
+
+
 def test_online_softmax_steps_through_the_kernel_state(data_dir):
     at = live(data_dir, page="online_softmax", mask="causal")
     clean(at)
     at.button(key="sm_first").click().run()
-    tile = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Step 1 of"))
-    assert tile["data"][0]["type"] == "bar"
+    tile = next(c for c in charts(at) if c["layout"]["title"]["text"].startswith("Step "))
+    assert tile["data"][0]["type"] == "bar" and _says_step(at, 1)
     at.button(key="sm_next").click().run()
-    assert at.session_state["sm_step"] == 2                  # steps count from 1
-    assert any(t.startswith("Step 2 of") for t in titles(at))
+    assert at.session_state["sm_step"] == 2 and _says_step(at, 2)            # steps count from 1
     assert at.button(key="sm_prev").disabled is False and at.button(key="sm_next").disabled is False
     at.slider(key="sm_step").set_value(at.slider(key="sm_step").max).run()
     assert at.button(key="sm_next").disabled, "Next at the last step must say it can go no further"
@@ -66,7 +70,7 @@ def test_opens_on_a_rescaling_row_and_counts_from_one(monkeypatch):
     assert any(f"Step {step} of" in t["text"] for t in _titles(at))
     assert "⏮" not in " ".join(b.label for b in at.button)
     at.button(key="sm_first").click().run()
-    assert at.session_state["sm_step"] == 1 and any("Step 1 of" in t["text"] for t in _titles(at))
+    assert at.session_state["sm_step"] == 1 and _says_step(at, 1)
     assert at.query_params["sm_step"] == ["1"] or at.query_params["sm_step"] == "1"
 
 
@@ -127,12 +131,15 @@ def test_a_row_visiting_a_block_it_sees_no_key_of_is_told_why(monkeypatch):
     assert "the K blocks this row's mask leaves visible" not in code
 
 
-def test_a_step_reruns_only_what_it_changes(data_dir, monkeypatch):
-    """Next reruns the step controls and the charts only (a fragment): the row's steps and its
-    figures are computed once per row, not at every step, and the step still reaches the link."""
+def test_a_step_sends_no_chart(data_dir, monkeypatch):
+    """The browser steps the charts (each carries every step as a frame): Next reruns the step
+    controls only (a fragment), the row's steps and its charts are computed once per row, the
+    charts the server sends stay exactly as they were, and the step still reaches the server's
+    text and the link."""
     import app.figures.softmax as softmax
+    import app.figures.softmax_page as softmax_page
 
-    built = {"steps": 0, "figures": 0}
+    built = {"steps": 0, "figures": 0, "charts": 0}
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -141,16 +148,18 @@ def test_a_step_reruns_only_what_it_changes(data_dir, monkeypatch):
         return wrapper
 
     monkeypatch.setattr(softmax, "softmax_steps", counted("steps", softmax.softmax_steps))
-    monkeypatch.setattr(softmax, "softmax_page_figures",
-                        counted("figures", getattr(softmax, "softmax_page_figures", None)), raising=False)
+    monkeypatch.setattr(softmax_page, "softmax_page_figures", counted("figures", softmax_page.softmax_page_figures))
+    monkeypatch.setattr(softmax_page, "stepping_figures", counted("charts", softmax_page.stepping_figures))
     at = live(data_dir, page="online_softmax", mask="full")
     clean(at)
     at.button(key="sm_first").click().run()
-    before = dict(built)
+    before, sent = dict(built), [c.proto.spec for c in at.get("plotly_chart")]
+    assert all(json.loads(x)["frames"] for x in sent)
     for k in (2, 3):
         at.button(key="sm_next").click().run()
-        assert any(t.startswith(f"Step {k} of") for t in titles(at))
+        assert _says_step(at, k) and at.session_state["sm_step"] == k
         # the link carries the step (the default step, the row's first rescale, is left out)
         assert at.query_params.get("sm_step") in (str(k), [str(k)]) or "sm_step" not in at.query_params
+        assert [c.proto.spec for c in at.get("plotly_chart")] == sent
     assert built == before, built
     clean(at)
