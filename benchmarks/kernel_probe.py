@@ -7,10 +7,12 @@ medians of instrumentation's time_ms (do_bench), the median over rounds recorded
     python -m benchmarks.kernel_probe --suite d256 --name d256
     python -m benchmarks.kernel_probe --suite causal,decode --name causal-decode --repeats 3
     python -m benchmarks.kernel_probe --suite bwd256,bwd128,fwdcausal --name bwd-fwdcausal --jobs 14
+    python -m benchmarks.kernel_probe --suite fp8 --name fp8 --repeats 2 --rep 40 --jobs 14
 
 Backward suites (bwd256, bwd128: benchmarks.probe_backward) time flash_attention_backward alone
 per BackwardConfig variant, dQ by atomics, cuDNN's and FA2's backward (autograd.grad on a kept
-graph), each variant's (dQ, dK, dV) checked against cuDNN's first.
+graph), each variant's (dQ, dK, dV) checked against cuDNN's first. The FP8 suite (fp8:
+benchmarks.probe_fp8) times the FP8 attention kernel's launch variants and the quantise pass.
 
 Writes data/benchmarks/<name>-probe-<device-slug>.json. Variants compile first in parallel
 worker processes (Triton's on-disk cache), so the timing rounds only load them.
@@ -25,6 +27,7 @@ import time
 
 from . import DEFAULT_OUT, RECORD_KEYS, device_slug, log, run_meta, write_results
 from .probe_backward import BWD_KINDS, BWD_SUITES, backward_call, backward_suite
+from .probe_fp8 import FP8_KINDS, FP8_SUITES, attention_tflops, fp8_call, fp8_suite, ws_refused
 
 import torch  # noqa: E402
 
@@ -44,6 +47,8 @@ def suite(name: str) -> list[dict]:
     out = []
     if name in BWD_SUITES:
         return backward_suite(name)
+    if name in FP8_SUITES:
+        return fp8_suite(name)
     if name == "fwdcausal":
         # forward causal D128: the split rule forced at 4k (WS_SPLIT_MIN_FULL 0), other tiles
         for n in (4096, 8192):
@@ -91,7 +96,7 @@ def suite(name: str) -> list[dict]:
                                 label=f"decode bn{bn} w{w} s{s} splits{splits}"))
     else:
         raise SystemExit(f"error: unknown suite {name!r}; use d256, causal, fwdcausal, decode, decode_b64, "
-                         f"{', '.join(BWD_SUITES)}")
+                         f"{', '.join(BWD_SUITES + FP8_SUITES)}")
     return out
 
 
@@ -120,6 +125,8 @@ def _call(v, device):
     if v["kind"] in BWD_KINDS:
         return backward_call(v, device)
     q, k, vv = _inputs(v, device)
+    if v["kind"] in FP8_KINDS:
+        return fp8_call(v, q, k, vv)
     if v["kind"] == "cudnn" or v["kind"] == "cudnn_decode":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -167,7 +174,8 @@ def _compile(chunk):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kernel_probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", default="d256", help="comma list of d256, causal, decode, decode_b64")
+    p.add_argument("--suite", default="d256", help="comma list of d256, causal, fwdcausal, decode, decode_b64, "
+                   "bwd256, bwd128, fp8")
     p.add_argument("--name", required=True, help="file name: <name>-probe-<device>.json")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rep", type=int, default=60, help="do_bench rep ms per round")
@@ -210,9 +218,10 @@ def main(argv=None) -> int:
                 continue
             try:
                 launch._WS_REFUSED.clear()
+                ws_refused()
                 fn = _call(v, device)
                 out = fn()
-                if v.get("ws") and launch._WS_REFUSED:
+                if v.get("ws") and (launch._WS_REFUSED or ws_refused()):
                     rec.update(status="ws_refused", error="the warp-specialised kernel did not compile")
                     continue
                 ref_key = (v["shape"], v.get("mask"), v["kind"].endswith("decode"), v.get("pass"))
@@ -221,7 +230,7 @@ def main(argv=None) -> int:
                 elif r == 0 and ref_key in refs and not v.get("nocheck"):
                     rec["rel_err"] = max(((x.float() - ref.float()).norm() / ref.float().norm()).item()
                                          for x, ref in zip(_outs(out), _outs(refs[ref_key])))
-                    if rec["rel_err"] > 2e-2:
+                    if rec["rel_err"] > v.get("tol", 2e-2):
                         rec.update(status="wrong", error=f"rel_err {rec['rel_err']:.3g}")
                         continue
                 if v["kind"].endswith("decode"):     # microseconds of GPU work: CUDA-graph replays
@@ -246,9 +255,9 @@ def _compile_chunks(variants, jobs: int) -> list:
     tiles and mask on other shapes) share a chunk, so no two workers compile the same kernel."""
     groups: dict = {}
     for i, v in enumerate(variants):
-        if v["kind"] in ("fwd", "decode", "bwd", "bwd_atomic"):
+        if v["kind"] in ("fwd", "decode", "bwd", "bwd_atomic") + FP8_KINDS:
             key = repr((v["kind"], v.get("cfg"), v.get("bwd_cfg"), v.get("ws"), v.get("mask"), v.get("rules"),
-                        v.get("sched"), v.get("splits")))
+                        v.get("sched"), v.get("splits"), v.get("quant")))
             groups.setdefault(key, []).append((i, v))
     chunks = [[] for _ in range(max(1, jobs))]
     for group in sorted(groups.values(), key=len, reverse=True):
@@ -284,10 +293,12 @@ def _write(meta, recs, out_dir, name, last):
     for rec in recs:
         base = cudnn.get((tuple(rec["shape"]), rec.get("mask"), rec.get("pass")))
         rec["x_cudnn"] = base / rec["ms"] if rec.get("ms") and base else None
+        rec["tflops"] = attention_tflops(rec)
         if last:
             log(f"{str(rec['shape']):26s} {str(rec.get('mask') or 'decode'):7s} {rec.get('pass') or '':3s} "
                 f"{rec['label']:36s} "
                 + (f"{rec['ms']:8.3f} ms  " + (f"{rec['x_cudnn']:.3f}x cuDNN" if rec["x_cudnn"] else "")
+                   + (f"  {rec['tflops']:6.0f} TFLOP/s" if rec["tflops"] else "")
                    if rec.get("ms") else
                    f"{rec['status']}: {(rec['error'] or '')[:90]}"))
     path = os.path.join(out_dir, f"{name}-probe-{device_slug(meta['device'])}.json")
