@@ -1,14 +1,16 @@
 """Kernel calls whose block map alone would take GBs, run in a child under the suite's limits
 (RLIMIT_AS 2 GiB, 1.5 GiB peak RSS, 10 s): refused by arithmetic, in one line, before any
-block map or trace buffer exists."""
+block map or trace buffer exists. The calls share one child (harness.run_cases)."""
 
 import pytest
 
-from .harness import refused_cheaply, run_snippet
+from .harness import refused_cheaply, run_cases, run_snippet
 
-CALL = """
+SETUP = """
 import torch
 from kernels import flash_attention
+"""
+CALL = """
 q = torch.empty(1, 1, {n}, 64, dtype=torch.float16)     # pages never touched
 try:
     flash_attention(q, q, q, mask={mask!r}, block_m={block}, block_n={block})
@@ -16,17 +18,24 @@ try:
 except ValueError as exc:
     print("REFUSED", exc)
 """
-
-
-@pytest.mark.parametrize("n,block,mask,fragment", [
+CASES = [
     (262144, 16, "causal", "block grid"),                   # was 23 s / 5.3 GB building the map
     (1 << 20, None, "causal", "block grid"),                # was a MemoryError
     (1 << 20, 64, "sliding_window:1", "block grid"),
     (1 << 20, 256, "causal", "too much for the CPU interpreter"),
     (1 << 20, 256, "full", "too much for the CPU interpreter"),
-])
-def test_flash_attention_refuses_huge_calls_cheaply(n, block, mask, fragment):
-    line = refused_cheaply(run_snippet(CALL.format(n=n, mask=mask, block=block)), "REFUSED", fragment)
+]
+
+
+@pytest.fixture(scope="module")
+def calls():
+    return run_cases(SETUP, {i: CALL.format(n=n, mask=mask, block=block)
+                             for i, (n, block, mask, _) in enumerate(CASES)})
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_flash_attention_refuses_huge_calls_cheaply(calls, case):
+    line = refused_cheaply(calls[case], "REFUSED", CASES[case][3])
     assert "RAN" not in line
 
 
