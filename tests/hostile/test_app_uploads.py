@@ -3,7 +3,7 @@
 read, a corrupt deflate stream, a path 1500 folders deep, a 5000-digit integer in the manifest,
 and a parquet bomb behind an honest manifest. Each is refused in one line that names no server
 path, within the suite's limits (1.5 GiB peak RSS, 10 s) in a child under RLIMIT_AS 2 GiB. The
-zips are built here, never committed."""
+zips are built here, never committed; the eight zip cases share one child (harness.run_cases)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import UPLOAD_STANDIN, refused_cheaply, run_snippet
+from .harness import UPLOAD_STANDIN, refused_cheaply, run_cases, run_snippet
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "data" / "traces" / "n1024_causal_natural"
@@ -121,12 +121,25 @@ CASES = {   # case: (zip builder, words the one-line refusal must contain)
 }
 
 
+@pytest.fixture(scope="module")
+def uploads(tmp_path_factory):
+    """Every case of CASES uploaded once, all in one child (harness.run_cases), each with a
+    temporary directory of its own: {case: (Result, that directory)}."""
+    cases, dirs = {}, {}
+    for case, (build, _) in CASES.items():
+        dirs[case] = tmp_path_factory.mktemp("upload")
+        (dirs[case] / "hostile.zip").write_bytes(build())
+        # the case's own TMPDIR: where its unpacked files must not stay behind
+        cases[case] = (f"import tempfile\ntempfile.tempdir = {str(dirs[case])!r}\n"
+                       + UPLOAD.format(path=str(dirs[case] / "hostile.zip")))
+    results = run_cases("import app.sources.upload, app.sources.errors", cases)
+    return {case: (results[case], dirs[case]) for case in CASES}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_hostile_upload_is_refused_cheaply_in_one_line(tmp_path, case):
-    build, words = CASES[case]
-    path = tmp_path / "hostile.zip"
-    path.write_bytes(build())
-    res = run_snippet(UPLOAD.format(path=str(path)), env={"TMPDIR": str(tmp_path)})
+def test_hostile_upload_is_refused_cheaply_in_one_line(uploads, case):
+    words = CASES[case][1]
+    res, tmp_path = uploads[case]
     line = refused_cheaply(res, "not a usable trace", words)
     assert "Traceback" not in res.stderr, res.stderr[-2000:]
     assert len(res.stdout.strip().splitlines()) == 1, res.stdout
