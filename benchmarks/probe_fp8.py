@@ -26,6 +26,8 @@ FP8_TOL = 0.1
 _HD128_PLAIN = [(bn, w, s) for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)] + [(256, 8, 2), (256, 8, 3),
                                                                                        (256, 4, 2)]
 _HD128_WS = [(bn, w, s) for bn in (64, 128) for w in (4, 8) for s in (2, 3)] + [(256, 4, 2), (256, 8, 2)]
+# 256-row query tiles (two consumer warpgroups of 128 rows in the warp-specialised loop), D128 only
+_HD128_M256 = [(64, 8, 2, False), (64, 8, 2, True), (128, 8, 2, True), (64, 8, 3, True)]
 _HD256_PLAIN = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3), (32, 8, 2), (32, 8, 3), (128, 8, 2)]
 _HD256_WS = [(64, 4, 2), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 4, 2), (128, 8, 2)]
 
@@ -52,6 +54,8 @@ def fp8_suite(name: str = "fp8") -> list[dict]:
             for bn, w, s in configs:
                 out.append(_v("fp8", shape, mask, f"fp8 {'ws' if ws else 'plain'} 128x{bn} w{w} s{s}",
                               (128, bn, w, s), ws))
+        for bn, w, s, ws in _HD128_M256 if d == 128 else ():
+            out.append(_v("fp8", shape, mask, f"fp8 {'ws' if ws else 'plain'} 256x{bn} w{w} s{s}", (256, bn, w, s), ws))
     for d in (128, 256):
         shape = (4, 16, 16, 4096, d)
         for scaling in ("block", "tensor"):
