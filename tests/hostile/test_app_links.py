@@ -1,7 +1,8 @@
 """Hostile links: URL parameters that would make the page run or draw more than the server and a
 browser message can carry are refused by arithmetic as the page opens -- before a block map is
 built, an input allocated or the process-wide run lock taken -- in one line, within the suite's
-limits (1.5 GiB peak RSS, 10 s) in a child under RLIMIT_AS 2 GiB."""
+limits (1.5 GiB peak RSS, 10 s) in a child under RLIMIT_AS 2 GiB (the heavy links share one,
+harness.run_cases)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from .harness import ROOT, refused_cheaply, run_snippet
+from .harness import ROOT, refused_cheaply, run_cases, run_snippet
 
-OPEN = """
+SETUP = """
 import json, time
 from streamlit import config
 config.set_option("server.maxMessageSize", {message_mb})
@@ -28,7 +29,9 @@ def no_run(*args, **kwargs):
     raise AssertionError("a live run started")
 live._run_live = no_run
 live.run_lock = lambda: taken.append("lock") or __import__("threading").Lock()
-
+"""
+CASE = """
+taken.clear()
 at = AppTest.from_file({app!r}, default_timeout=60)
 at.query_params.update({query!r})
 t0, c0 = time.monotonic(), time.process_time()
@@ -38,6 +41,7 @@ print(json.dumps({{"took": took, "cpu": cpu, "taken": len(taken), "errors": [e.v
                   "exceptions": [str(e.value) for e in at.exception]}}))
 print(" ".join(e.value for e in at.error).replace("\\n", " "))
 """
+OPEN = SETUP + CASE
 
 LINKS = {  # link: what its one-line refusal names
     "source=interpreter&seq_len=524288&mask=sliding_window:1&block_m=256&block_n=256": "a browser message carries",
@@ -48,12 +52,23 @@ LINKS = {  # link: what its one-line refusal names
 }
 
 
-@pytest.mark.parametrize("page", ["schedule", "block_skip"])
+PAGES = ("schedule", "block_skip")
+
+
+@pytest.fixture(scope="module")
+def opened():
+    """Every link on both pages, opened once, all in one child (harness.run_cases)."""
+    cases = {(link, page): CASE.format(app=str(ROOT / "app" / "main.py"), query={"page": page, **dict(parse_qsl(link))})
+             for link in LINKS for page in PAGES}
+    results = run_cases(SETUP.format(message_mb=200), {f"{p} {lk}": code for (lk, p), code in cases.items()},
+                        env={"TILESCOPE_DATA": str(ROOT / "tests" / "no-such-data")})
+    return {(lk, p): results[f"{p} {lk}"] for lk, p in cases}
+
+
+@pytest.mark.parametrize("page", PAGES)
 @pytest.mark.parametrize("link", sorted(LINKS))
-def test_heavy_link_is_refused_by_arithmetic(link, page):
-    query = {"page": page, **dict(parse_qsl(link))}
-    res = run_snippet(OPEN.format(app=str(ROOT / "app" / "main.py"), query=query, message_mb=200),
-                      env={"TILESCOPE_DATA": str(ROOT / "tests" / "no-such-data")})
+def test_heavy_link_is_refused_by_arithmetic(opened, link, page):
+    res = opened[(link, page)]
     refused_cheaply(res, LINKS[link])
     report = json.loads(res.stdout.strip().splitlines()[-2])
     assert not report["exceptions"], report
