@@ -2,7 +2,8 @@
 dict block_table, a page index of 2^62, negative or 10^8-token lengths, 200,000 lengths for a
 batch of four. Each is refused at load in one line (before, the charts raised TypeError /
 IndexError text, MemoryError after 2.5 GB, or took 25 s for a 16 MB figure), in a child under the
-suite's limits; the bundled recordings' own meta still loads and draws."""
+suite's limits (the ten cases share one, harness.run_cases); the bundled recordings' own meta
+still loads and draws."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import ROOT, refused_cheaply, run_snippet
+from .harness import ROOT, refused_cheaply, run_cases, run_snippet
 
 SERVING = ROOT / "data" / "serving"
 
@@ -64,7 +65,6 @@ CASES = {  # name: (recording kind, edit of the meta, fragment of the refusal)
 }
 
 LOAD = """
-from instrumentation.trace import Trace, TraceFormatError
 try:
     Trace.load({path!r})
     print("LOADED")
@@ -73,15 +73,23 @@ except TraceFormatError as exc:
 """
 
 
+@pytest.fixture(scope="module")
+def loads(tmp_path_factory):
+    """Every case of CASES, its edited recording loaded once, all in one child."""
+    paths = {}
+    for name, (kind, edit, _) in CASES.items():
+        paths[name] = path = tmp_path_factory.mktemp("serving") / name
+        shutil.copytree(_first(kind), path)
+        man = json.loads((path / "manifest.json").read_text())
+        edit(man["meta"])
+        (path / "manifest.json").write_text(json.dumps(man))
+    return run_cases("from instrumentation.trace import Trace, TraceFormatError",
+                     {name: LOAD.format(path=str(path)) for name, path in paths.items()})
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_hostile_serving_meta_is_refused_at_load(name, tmp_path):
-    kind, edit, fragment = CASES[name]
-    path = tmp_path / name
-    shutil.copytree(_first(kind), path)
-    man = json.loads((path / "manifest.json").read_text())
-    edit(man["meta"])
-    (path / "manifest.json").write_text(json.dumps(man))
-    line = refused_cheaply(run_snippet(LOAD.format(path=str(path))), "REFUSED", fragment)
+def test_hostile_serving_meta_is_refused_at_load(loads, name):
+    line = refused_cheaply(loads[name], "REFUSED", CASES[name][2])
     assert "Traceback" not in line
 
 
