@@ -295,7 +295,8 @@ def _write(meta, recs, out_dir, name, last):
         rec["x_cudnn"] = base / rec["ms"] if rec.get("ms") and base else None
         rec["tflops"] = attention_tflops(rec)
         if last:
-            log(f"{str(rec['shape']):26s} {str(rec.get('mask') or 'decode'):7s} {rec.get('pass') or '':3s} "
+            mask = rec.get("mask") or ("-" if rec.get("pass") else "decode")
+            log(f"{str(rec['shape']):26s} {mask:7s} {rec.get('pass') or '':3s} "
                 f"{rec['label']:36s} "
                 + (f"{rec['ms']:8.3f} ms  " + (f"{rec['x_cudnn']:.3f}x cuDNN" if rec["x_cudnn"] else "")
                    + (f"  {rec['tflops']:6.0f} TFLOP/s" if rec["tflops"] else "")
