@@ -83,6 +83,42 @@ def settled_visit(browser, url: str, needle: str = "Work items on SMs") -> float
     return took
 
 
+# In every page from its start: the last moment (performance.now(), ms since navigation) anything
+# a viewer sees of the page changed: the script running or not, how many charts there are and have
+# drawn, where the first chart sits and how big it is drawn (presentation mode scales it to the
+# window after it has drawn). slide_settle waits until that has held still a while.
+STILL_JS = """(() => {
+  window.__tsLast = 0; let sig = '';
+  const look = () => {
+    const w = document.querySelector('[data-testid="stStatusWidget"]');
+    const c = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+    const r = c.length ? c[0].getBoundingClientRect() : null;
+    const now = [w && w.innerText.includes('Running') ? 1 : 0, c.length,
+                 c.filter(e => e.querySelector('.js-plotly-plot .main-svg')).length,
+                 r ? [r.x, r.y, r.width, r.height].map(Math.round).join(',') : ''].join('|');
+    if (now !== sig) { sig = now; window.__tsLast = performance.now(); }
+    requestAnimationFrame(look);
+  };
+  requestAnimationFrame(look);
+})();"""
+
+
+def slide_settle(browser, url: str, needle: str = "Work items on SMs", quiet_s: float = 1.0,
+                 size: tuple[int, int] = (1280, 720)) -> float:
+    """Seconds from navigation until a presentation-mode page (`url` with present=1) has settled:
+    a chart titled `needle` drawn, the script idle, and nothing seen changed for `quiet_s` (the
+    slide scaled to the window); timed to the last change, in a fresh context of `size`."""
+    ctx = browser.new_context(viewport={"width": size[0], "height": size[1]})
+    page = ctx.new_page()
+    page.add_init_script(STILL_JS)
+    page.goto(url)
+    settle(page, titles_js(needle))
+    page.wait_for_function(f"() => performance.now() - window.__tsLast > {1e3 * quiet_s}", timeout=120_000)
+    took = page.evaluate("() => window.__tsLast") / 1e3
+    ctx.close()
+    return took
+
+
 def write_timings_section(path, key: str, section: dict) -> None:
     """Write one section (e.g. 'interactions', 'video') into a timings file such as
     data/benchmarks/app-timings.json, keeping its other fields."""
@@ -135,16 +171,20 @@ def compare_servers(browser, data: Path, rec, rounds: int, env_on: dict, env_off
 def side_by_side(browser, data: Path, rec, other: Path, rounds: int) -> dict:
     """This checkout's app and `other` checkout's app/main.py served at once (both on `data`),
     each warmed by one visit, then `rounds` visits to each, alternating which goes first: the
-    later-visit settle of `rec`'s schedule page, an A/B free of the machine's drift."""
+    later-visit settle of `rec`'s schedule page, and of its first slide in presentation mode at
+    1280 x 720 (slide_settle), an A/B free of the machine's drift."""
     out: dict = {"other": str(other), "other_commit": git_commit(other)}
     target = f"/?page=schedule&source=recorded&trace={rec.name}"
-    with running_app(data, None) as this, running_app(data, None, app=other / "app" / "main.py") as that:
+    with running_app(data, None) as this, running_app(data, None, app=other / "app" / "main.py",
+                                                      env={"PYTHONPATH": str(other)}) as that:
         servers = {"this": this.url, "other": that.url}
         for i in range(rounds + 1):
             for key in (("this", "other") if i % 2 == 0 else ("other", "this")):
                 took = settled_visit(browser, servers[key] + target)
+                slide = slide_settle(browser, servers[key] + target + "&present=1")
                 if i:               # round 0 loads the recording on both servers
                     out.setdefault(f"settle_s_{key}", []).append(took)
+                    out.setdefault(f"slide_settle_s_{key}", []).append(slide)
     return out
 
 

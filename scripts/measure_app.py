@@ -15,10 +15,14 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
                         (navigation -> every chart drawn, the script idle), a colour-by change,
                         and the schedule comparison switched on (all bundled schedules side by side)
 
+  --side-by-side       the 16k page's settle and its first slide's (presentation mode at 1280 x
+                        720: drawn, idle and still for 1 s, timed to its last change; goal 4 s) on
+                        this app and another checkout's, visits alternating
   --interactions       an export click (16k lanes chart as PNG, click -> file; goal 1.5 s) and an
-                        online-softmax step (Next -> next step shown, the script idle; goal 0.5 s;
-                        also until its text and until its tile chart show the step), beside another
-                        checkout's app when given; merged into the JSON as "interactions"
+                        online-softmax step (Next -> its tile chart shows the step, goal 0.5 s;
+                        also until the page's text says it and until the script is idle; scripts/
+                        app_interactions.py), beside another checkout's app when given; merged into
+                        the JSON as "interactions"
 
 The browser is the system Chromium with app.devtools.CHROMIUM_ARGS: a fresh browser context (a
 new window: no cache) per visit, with the omnibox WebUI that new headless Chromium builds for every
@@ -49,6 +53,7 @@ from pathlib import Path
 
 from app.browser import find_browser, missing_reason
 from app.devtools import CHROMIUM_ARGS, running_app
+from app_interactions import interactions_side_by_side, redraws
 from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, git_commit, hello_baseline,  # noqa: F401
                         settle, side_by_side, titles_js, write_timings_section)
 
@@ -69,159 +74,7 @@ def small_data_dir() -> Path:
     return root
 
 
-def time_until(page, action, needle: str, timeout_ms: int = 60_000) -> float:
-    started = time.perf_counter()
-    action()
-    page.wait_for_function(f"() => {titles_js(needle)}", timeout=timeout_ms)
-    return time.perf_counter() - started
-
-
-def redraws(browser, url: str, recs: list, repeats: int, shots: Path | None) -> dict:
-    """Control changes on recorded traces, each timed until the chart shows the change."""
-    out: dict[str, list[float]] = {}
-    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    rec = recs[0]
-
-    # online softmax: the 'next' button steps one K tile (the figure titles say which step)
-    page.goto(f"{url}/?page=online_softmax&source=recorded&trace={rec.name}")
-    page.wait_for_function(f"() => {titles_js('Step 1/')}")
-    for i in range(repeats):
-        out.setdefault("softmax: next step", []).append(time_until(
-            page, lambda: page.get_by_role("button", name="next ▶").click(), f"Step {i + 2}/"))
-    if shots:
-        page.screenshot(path=str(shots / "online_softmax.png"), full_page=True)
-
-    # schedule: the single-frame view's step button (a fragment: only that part reruns)
-    page.goto(f"{url}/?page=schedule&source=recorded&trace={rec.name}")
-    page.wait_for_function(f"() => {titles_js('Work items on SMs')}")
-    page.get_by_text("Single-frame view").click()
-    page.get_by_role("button", name="◀ step").wait_for()
-    for _ in range(repeats):
-        grid_titles = ("() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-                       ".map(t => t.textContent).filter(t => t.includes(', at t ='))")
-        page.wait_for_function(f"() => ({grid_titles})().length === 1")
-        before = page.evaluate(grid_titles)[0]
-        started = time.perf_counter()
-        page.get_by_role("button", name="◀ step").click()
-        page.wait_for_function(f"b => {{ const t = ({grid_titles})(); return t.length === 1 && t[0] !== b; }}",
-                               arg=before)
-        out.setdefault("schedule: step the frame (fragment)", []).append(time.perf_counter() - started)
-    if shots:
-        page.screenshot(path=str(shots / "schedule.png"), full_page=True)
-
-    # block-skip map: switch between two recordings (a different trace: load + all charts)
-    if len(recs) >= 2:
-        page.goto(f"{url}/?page=block_skip&source=recorded&trace={recs[0].name}")
-        page.wait_for_function(f"() => {titles_js('Block map: ')}")
-        for i in range(repeats):
-            target = recs[(i + 1) % 2]
-
-            def pick():
-                box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(
-                    has_text="Recording").locator("input")
-                box.click()
-                page.get_by_role("option", name=target.label).click()
-            out.setdefault("block-skip: switch recording", []).append(time_until(
-                page, pick, f"Block map: {target.mask}, N={target.seq_len},"))
-        if shots:
-            page.screenshot(path=str(shots / "block_skip.png"), full_page=True)
-
-    # presentation toggle: restyles every chart of the page
-    page.goto(f"{url}/?page=block_skip&source=recorded&trace={rec.name}")
-    page.wait_for_function(f"() => {titles_js('Block map: ')}")
-    for i in range(repeats):
-        started = time.perf_counter()
-        page.locator('[data-testid="stSidebar"]').get_by_text("Presentation mode").click()
-        want = "true" if i % 2 == 0 else "false"
-        page.wait_for_function(
-            "want => location.search.includes('present=1') === (want === 'true')", arg=want)
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')"
-                               " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText"
-                               ".includes('Running')")
-        out.setdefault("block-skip: presentation toggle", []).append(time.perf_counter() - started)
-    ctx.close()
-    return out
-
-
 # -- the largest causal recording's schedule page (the real-size targets) -------------------------
-
-def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict:
-    """The two interactions with goals (2 CPUs): an export click (the 16k schedule page's lanes
-    chart as PNG: click -> the browser has the file; goal 1.5 s) and one online-softmax step
-    (Next -> the page says the next step; goal 0.5 s). Each after one untimed warm-up."""
-    out: dict[str, list[float]] = {}
-    ctx = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
-    page = ctx.new_page()
-    page.set_default_timeout(300_000)       # the first visit loads the 16k recording on a loaded machine
-    page.goto(f"{url}/?page=schedule&source=recorded&trace={rec_big.name}")
-    settle(page, titles_js("Work items on SMs"), timeout_ms=300_000)
-    for i in range(repeats + 1):
-        page.get_by_role("button", name=re.compile("Export chart")).first.click()
-        png = page.get_by_role("button", name="⬇ PNG").first
-        png.wait_for()
-        started = time.perf_counter()
-        with page.expect_download() as dl:
-            png.click()
-        dl.value.path()                     # the whole file has arrived
-        if i:
-            out.setdefault("export_png_click_s", []).append(time.perf_counter() - started)
-        page.keyboard.press("Escape")
-        time.sleep(0.5)
-    page.goto(f"{url}/?page=online_softmax&source=recorded&trace={rec_small.name}&sm_step=1")
-    page.wait_for_function("() => document.body.innerText.includes('Step 1/')")
-    settle(page, titles_js(""), timeout_ms=300_000)
-    for k in range(2, repeats + 3):
-        started = time.perf_counter()
-        page.get_by_role("button", name="Next").first.click()
-        page.wait_for_function(f"() => document.body.innerText.includes('Step {k}/')")
-        text_s = time.perf_counter() - started           # the server's answer: the step's text is shown
-        page.wait_for_function(f"() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-                               f".some(t => t.textContent.startsWith('Step {k} of'))")
-        chart_s = time.perf_counter() - started          # the tile chart redrawn at the new step
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
-        if k > 2:
-            out.setdefault("softmax_step_s", []).append(time.perf_counter() - started)
-            out.setdefault("softmax_step_text_s", []).append(text_s)
-            out.setdefault("softmax_step_chart_s", []).append(chart_s)
-    ctx.close()
-    return out
-
-
-def interactions_side_by_side(browser, data: Path, big, small, other: Path | None, repeats: int,
-                              urls: list[str] | None = None) -> dict:
-    """export_and_step on this checkout's app and, given `other` (a checkout, e.g. `git worktree
-    add /tmp/old <commit>`), on that one served at once, alternating which goes first per round;
-    `urls`: time servers already running instead ([this, other])."""
-    from app.devtools import running_app
-
-    res: dict = {"trace_export": big.name, "trace_softmax": small.name}
-    if urls:            # servers already running (this app's, then the other checkout's)
-        res["urls"] = urls
-        for i in range(2):
-            for key in (("this", "other") if i % 2 == 0 else ("other", "this"))[:len(urls)]:
-                got = export_and_step(browser, urls[0 if key == "this" else 1], big, small, max(1, repeats // 2))
-                for name, xs in got.items():
-                    res.setdefault(key, {}).setdefault(name, []).extend(xs)
-        if other is not None:
-            res["other_checkout"], res["other_commit"] = str(other), git_commit(other)
-        return res
-    with running_app(data, None) as this:
-        servers = {"this": this.url}
-        if other is None:
-            res["this"] = export_and_step(browser, this.url, big, small, repeats)
-            return res
-        res["other_checkout"], res["other_commit"] = str(other), git_commit(other)
-        with running_app(data, None, app=other / "app" / "main.py", env={"PYTHONPATH": str(other)}) as that:
-            servers["other"] = that.url
-            for i in range(2):
-                for key in (("this", "other") if i % 2 == 0 else ("other", "this")):
-                    got = export_and_step(browser, servers[key], big, small, max(1, repeats // 2))
-                    for name, xs in got.items():
-                        res.setdefault(key, {}).setdefault(name, []).extend(xs)
-    return res
-
 
 def colorbar_js(text: str) -> str:
     return ("() => [...document.querySelectorAll('.js-plotly-plot .cbtitle')]"
@@ -444,16 +297,19 @@ def main(argv=None) -> int:
                 print(f"  {label}: {what:25s} median {on:.2f} / {off:.2f} s "
                       f"({off / on:.2f}x) over {len(pc[f'{key}_on'])} pairs of fresh servers")
     sbs = results.get("side_by_side")
-    if sbs:
-        print(f"  side by side, 16k settle: this app median {statistics.median(sbs['settle_s_this']):.2f} s, "
-              f"{sbs['other']} ({sbs['other_commit']}) {statistics.median(sbs['settle_s_other']):.2f} s, "
-              f"{len(sbs['settle_s_this'])} alternating visits each")
+    for key, what in (("settle_s", "16k settle"), ("slide_settle_s", "16k first slide settle, 1280x720")):
+        if sbs:
+            print(f"  side by side, {what}: this app median {statistics.median(sbs[key + '_this']):.2f} s, "
+                  f"{sbs['other']} ({sbs['other_commit']}) {statistics.median(sbs[key + '_other']):.2f} s, "
+                  f"{len(sbs[key + '_this'])} alternating visits each")
     for name, xs in results.get("redraw_s", {}).items():
         print(f"  redraw: {name:34s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s "
               f"over {len(xs)}   (target 1 s)")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if args.json:           # this run's fields; the file's other sections (interactions, video, ...) kept
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = json.loads(out.read_text()) if out.exists() else {}
+        out.write_text(json.dumps({**doc, **results}, indent=1) + "\n")
         print(f"wrote {args.json}")
     if shots:
         print(f"screenshots in {shots}")
