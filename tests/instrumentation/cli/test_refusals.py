@@ -2,7 +2,9 @@
 is allocated, --force to replace a trace, clear messages for bad dtypes / q-block lists, the
 CLI module that cannot shadow record(), and the sweep / benchmark readers on hostile files."""
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import resource
@@ -27,10 +29,28 @@ def _limit_memory():
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
 
-def cli(*args, cwd=ROOT, limit_memory=False, timeout=120):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=timeout, preexec_fn=_limit_memory if limit_memory else None)
+def cli(*args, cwd=ROOT, limit_memory=False, timeout=120, child=False):
+    """The record command on args: `python -m instrumentation.record_cli` in a child (with
+    limit_memory under 1 GiB of address space, or with child), else its main() in this process
+    (the same code after the import, without a child's 3 s of imports). Returns: a
+    CompletedProcess (returncode, stdout, stderr)."""
+    if limit_memory or child:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                              timeout=timeout, preexec_fn=_limit_memory if limit_memory else None)
+    from instrumentation.cli.flash import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess([*CLI, *args], code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_refusal(res, *fragments):
@@ -48,7 +68,7 @@ def assert_one_line_refusal(res, *fragments):
 def test_bad_out_places_are_refused_and_nothing_is_written(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("keep me")
-    assert_one_line_refusal(cli(*SMALL, "--out", str(afile)), "a file is there")
+    assert_one_line_refusal(cli(*SMALL, "--out", str(afile), child=True), "a file is there")   # the -m entry
     assert_one_line_refusal(cli(*SMALL, "--out", str(afile / "sub")), "is a file, not a directory")
     assert_one_line_refusal(cli(*SMALL, "--out", "/proc/tilescope-trust-test"), "cannot write")
     assert_one_line_refusal(cli(*SMALL, "--out", "", cwd=tmp_path), "output path is empty")
