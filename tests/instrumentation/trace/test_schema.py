@@ -63,21 +63,15 @@ def test_meta_that_contradicts_n_k_is_refused(tmp_path):
 
 
 def test_record_cli_takes_kv_len_and_kv_heads(tmp_path):
-    import subprocess
-    import sys
-    root = Path(__file__).resolve().parents[3]
-    env = {"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}
+    from tests.instrumentation.cli.test_refusals import cli      # the command's main(), in process
+
     out = tmp_path / "t"
-    res = subprocess.run([sys.executable, "-m", "instrumentation.record_cli", "--seq-len", "40", "--kv-len", "100",
-                          "--heads", "4", "--kv-heads", "2", "--head-dim", "24", "--block-m", "16",
-                          "--block-n", "32", "--device", "cpu", "--out", str(out)],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    res = cli("--seq-len", "40", "--kv-len", "100", "--heads", "4", "--kv-heads", "2", "--head-dim", "24",
+              "--block-m", "16", "--block-n", "32", "--device", "cpu", "--out", str(out))
     assert res.returncode == 0, res.stderr
     t = Trace.load(out)
     assert (t.meta["shape"]["N_k"], t.meta["shape"]["H_kv"]) == (100, 2) and t.kv_len == 100
-    res = subprocess.run([sys.executable, "-m", "instrumentation.record_cli", "--seq-len", "40", "--heads", "4",
-                          "--kv-heads", "3", "--device", "cpu", "--out", str(tmp_path / "u")],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    res = cli("--seq-len", "40", "--heads", "4", "--kv-heads", "3", "--device", "cpu", "--out", str(tmp_path / "u"))
     assert res.returncode == 2 and "multiple of --kv-heads 3" in res.stderr and "Traceback" not in res.stderr
 
 
