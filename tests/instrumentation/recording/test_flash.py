@@ -23,7 +23,7 @@ def traced(n=150, d=32, mask="causal", bm=32, bn=32, b=1, h=2, schedule="natural
     return (q, k, v), out, trace
 
 
-@pytest.mark.parametrize("n", [17, 150])
+@pytest.mark.parametrize("n", [17, 100])     # 1 and 4 query blocks of 32, the last partial
 def test_trace_truth_every_mask(n, device):
     for text in mask_texts(n):
         (q, k, v), out, trace = traced(n=n, mask=text, device=device, trace_head=1)
