@@ -3,7 +3,8 @@ and exported with `python -m app.export --run`: markup in the meta, calls claimi
 contradicting their trace, 20,000 calls naming one trace, unknown keys, a corrupt deflate stream,
 a null layer / NaN time / no calls, 160,000 entries, and a call link with a superscript digit.
 Each is refused in one line that says what to do, or answered right, within the suite's limits
-(1.5 GiB peak, 10 s of CPU) in a child under RLIMIT_AS 2 GiB. The zips are built here."""
+(1.5 GiB peak, 10 s of CPU) in a child under RLIMIT_AS 2 GiB (the thirteen uploads share one,
+harness.run_cases, each with its own temporary directory). The zips are built here."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import UPLOAD_STANDIN, refused_cheaply, run_snippet
+from .harness import UPLOAD_STANDIN, refused_cheaply, run_cases, run_snippet
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = ROOT / "data" / "runs" / "qwen2.5-7b-4l-sliding"      # 12 calls, 2.3 MB
@@ -69,10 +70,34 @@ def _zip(doc: dict, run: Path = QWEN, edit_trace=None, method=zipfile.ZIP_STORED
     return buf.getvalue()
 
 
-def _upload(tmp_path, data: bytes, *words: str) -> str:
-    path = tmp_path / "hostile.zip"
-    path.write_bytes(data)
-    res = run_snippet(UPLOAD.format(path=str(path)), env={"TMPDIR": str(tmp_path)})
+UPLOADS = {}       # case: () -> the zip's bytes; every case is uploaded once, all in one child
+
+
+def upload_case(name):
+    """Register a zip builder under `name` (the module fixture `uploads` uploads them all)."""
+    def register(build):
+        UPLOADS[name] = build
+        return build
+    return register
+
+
+@pytest.fixture(scope="module")
+def uploads(tmp_path_factory):
+    """Every zip of UPLOADS uploaded once, all in one child (harness.run_cases), each with a
+    temporary directory of its own: {case: (Result, that directory)}."""
+    cases, dirs = {}, {}
+    for name, build in UPLOADS.items():
+        dirs[name] = tmp_path_factory.mktemp("upload")
+        (dirs[name] / "hostile.zip").write_bytes(build())
+        cases[name] = (f"import tempfile\ntempfile.tempdir = {str(dirs[name])!r}\n"
+                       + UPLOAD.format(path=str(dirs[name] / "hostile.zip")))
+    results = run_cases("import app.sources.model_run, app.sources.errors, app.figures.model_run", cases)
+    return {name: (results[name], dirs[name]) for name in cases}
+
+
+def _upload(uploads, name: str, *words: str) -> str:
+    """The one line case `name`'s upload printed, after the checks every upload passes."""
+    res, tmp_path = uploads[name]
     line = refused_cheaply(res, *words)
     assert "Traceback" not in res.stderr, res.stderr[-2000:]
     assert len(res.stdout.strip().splitlines()) == 1, res.stdout
@@ -87,15 +112,23 @@ MARKUP = {"model": '<a href="https://example.com">LlamaForCausalLM</a>',
           "environment.device_name": '<span style="font-size:60px;color:red">H100</span>'}
 
 
-@pytest.mark.parametrize("field", sorted(MARKUP))
-def test_markup_in_the_meta_is_refused_on_upload(tmp_path, field):
+def _markup_zip(field):
     doc = _manifest()
     where = doc["meta"]
     *parents, key = field.split(".")
     for p in parents:
         where = where[p]
     where[key] = MARKUP[field]
-    line = _upload(tmp_path, _zip(doc), "not a usable model run", "markup", field.split(".")[-1])
+    return _zip(doc)
+
+
+for _field in MARKUP:
+    upload_case(f"markup {_field}")(lambda field=_field: _markup_zip(field))
+
+
+@pytest.mark.parametrize("field", sorted(MARKUP))
+def test_markup_in_the_meta_is_refused_on_upload(uploads, field):
+    line = _upload(uploads, f"markup {field}", "not a usable model run", "markup", field.split(".")[-1])
     assert "<" not in line.split("markup")[0]
 
 
@@ -110,15 +143,19 @@ def test_an_uploaded_file_name_with_markup_stays_text():
 
 # -- rows 8, 9, 21: calls that contradict their trace -----------------------------------------------
 
-def test_a_call_claiming_n_1e8_is_refused(tmp_path):
+@upload_case("n 1e8")
+def _n_1e8():
     doc = _manifest()
     doc["calls"][0].update(n_q=10**8, n_k=10**8)
-    _upload(tmp_path, _zip(doc), "call 0 contradicts its trace", "n_q 100000000", "Capture")
+    return _zip(doc)
 
 
-def test_twenty_calls_claiming_n_2e7_with_their_traces_are_refused(tmp_path):
-    """The calls and their trace manifests both say N = 2e7: the trace meta's bound refuses it
-    before a table or an estimate is made."""
+def test_a_call_claiming_n_1e8_is_refused(uploads):
+    _upload(uploads, "n 1e8", "call 0 contradicts its trace", "n_q 100000000", "Capture")
+
+
+@upload_case("twenty calls 2e7")
+def _twenty_calls_2e7():
     doc = _manifest(LLAMA)
     for c in doc["calls"][:20]:
         c.update(n_q=2 * 10**7, n_k=2 * 10**7)
@@ -126,67 +163,110 @@ def test_twenty_calls_claiming_n_2e7_with_their_traces_are_refused(tmp_path):
     def edit(name, meta):
         if int(name.split("/")[1]) < 20:
             meta["shape"].update(N=2 * 10**7, N_q=2 * 10**7, N_k=2 * 10**7)
-    _upload(tmp_path, _zip(doc, LLAMA, edit), "trace calls/00000's meta is invalid", "shape.N")
+    return _zip(doc, LLAMA, edit)
 
 
-def test_a_call_whose_shape_contradicts_its_trace_is_refused_not_drawn(tmp_path):
+def test_twenty_calls_claiming_n_2e7_with_their_traces_are_refused(uploads):
+    """The calls and their trace manifests both say N = 2e7: the trace meta's bound refuses it
+    before a table or an estimate is made."""
+    _upload(uploads, "twenty calls 2e7", "trace calls/00000's meta is invalid", "shape.N")
+
+
+@upload_case("contradicts")
+def _contradicts():
+    doc = _manifest()
+    doc["calls"][3].update(n_q=4096, n_k=4096, heads=doc["calls"][3]["heads"] * 2)
+    return _zip(doc)
+
+
+def test_a_call_whose_shape_contradicts_its_trace_is_refused_not_drawn(uploads):
     """The issue's case: a call saying 4096 x 4096 over a 512-row trace (the page drew 11,904
     tiles for a trace of 504). The trace is what the kernel ran, so the run is refused at load,
     upload and export alike, naming the call and both values."""
-    doc = _manifest()
-    doc["calls"][3].update(n_q=4096, n_k=4096, heads=doc["calls"][3]["heads"] * 2)
-    line = _upload(tmp_path, _zip(doc), "call 3 contradicts its trace calls/00003", "n_q 4096 (its trace ran")
+    line = _upload(uploads, "contradicts", "call 3 contradicts its trace calls/00003", "n_q 4096 (its trace ran")
     assert "heads" in line
 
 
 # -- row 10: many calls, one trace ----------------------------------------------------------------
 
-def test_twenty_thousand_calls_naming_one_trace_are_refused(tmp_path):
+def _calls_naming_one_trace(n):
     doc = _manifest()
-    doc["calls"] = [{**doc["calls"][0], "index": i} for i in range(20_000)]
-    _upload(tmp_path, _zip(doc), "20,000 calls", "1,024")
+    doc["calls"] = [{**doc["calls"][0], "index": i} for i in range(n)]
+    return _zip(doc)
 
 
-def test_a_thousand_calls_naming_one_trace_are_refused_on_upload(tmp_path):
-    doc = _manifest()
-    doc["calls"] = [{**doc["calls"][0], "index": i} for i in range(1000)]
-    _upload(tmp_path, _zip(doc), "calls 0 and 1 both name the trace 'calls/00000'")
+upload_case("20000 calls")(lambda: _calls_naming_one_trace(20_000))
+upload_case("1000 calls")(lambda: _calls_naming_one_trace(1000))
+
+
+def test_twenty_thousand_calls_naming_one_trace_are_refused(uploads):
+    _upload(uploads, "20000 calls", "20,000 calls", "1,024")
+
+
+def test_a_thousand_calls_naming_one_trace_are_refused_on_upload(uploads):
+    _upload(uploads, "1000 calls", "calls 0 and 1 both name the trace 'calls/00000'")
 
 
 # -- rows 11, 12, 13: malformed calls and zips -----------------------------------------------------
 
-@pytest.mark.parametrize("key", ["foo", "kv_cache_bytes"])
-def test_an_unknown_key_in_a_call_is_refused(tmp_path, key):
+def _unknown_key_zip(key):
     doc = _manifest()
     doc["calls"][2][key] = 1
-    _upload(tmp_path, _zip(doc), "calls[2]", f"'{key}' was unexpected")
+    return _zip(doc)
 
 
-def test_a_corrupt_deflate_stream_is_refused(tmp_path):
+for _key in ("foo", "kv_cache_bytes"):
+    upload_case(f"key {_key}")(lambda key=_key: _unknown_key_zip(key))
+
+
+@pytest.mark.parametrize("key", ["foo", "kv_cache_bytes"])
+def test_an_unknown_key_in_a_call_is_refused(uploads, key):
+    _upload(uploads, f"key {key}", "calls[2]", f"'{key}' was unexpected")
+
+
+@upload_case("corrupt deflate")
+def _corrupt_deflate():
     data = bytearray(_zip(_manifest(), method=zipfile.ZIP_DEFLATED))
     at = data.find(b"r/model_run.json") + len(b"r/model_run.json")
     for i in range(at + 4, at + 60):
         data[i] ^= 0xA5
-    _upload(tmp_path, bytes(data), "damaged", "model_run.json")
+    return bytes(data)
 
 
-def test_a_call_without_a_layer_is_drawn_under_its_own_label(tmp_path):
-    """layer null (a module without layer_idx) is allowed by the format: drawn, not a ValueError."""
+def test_a_corrupt_deflate_stream_is_refused(uploads):
+    _upload(uploads, "corrupt deflate", "damaged", "model_run.json")
+
+
+@upload_case("no layer")
+def _no_layer():
     doc = _manifest()
     doc["calls"][0]["layer"] = None
-    line = _upload(tmp_path, _zip(doc), "ACCEPTED 12")
+    return _zip(doc)
+
+
+def test_a_call_without_a_layer_is_drawn_under_its_own_label(uploads):
+    """layer null (a module without layer_idx) is allowed by the format: drawn, not a ValueError."""
+    line = _upload(uploads, "no layer", "ACCEPTED 12")
     assert line.endswith("no layer · global") or "no layer" in line, line
 
 
-@pytest.mark.parametrize("case,words", [("nan time", ("kernel_ms nan", "finite")),
-                                        ("no calls", ("holds no calls", "hf.capture"))])
-def test_nan_times_and_no_calls_are_refused(tmp_path, case, words):
+def _nan_or_no_calls_zip(case):
     doc = _manifest()
     if case == "nan time":
         doc["calls"][1]["kernel_ms"] = float("nan")
     else:
         doc["calls"] = []
-    _upload(tmp_path, _zip(doc), *words)
+    return _zip(doc)
+
+
+for _case in ("nan time", "no calls"):
+    upload_case(_case)(lambda case=_case: _nan_or_no_calls_zip(case))
+
+
+@pytest.mark.parametrize("case,words", [("nan time", ("kernel_ms nan", "finite")),
+                                        ("no calls", ("holds no calls", "hf.capture"))])
+def test_nan_times_and_no_calls_are_refused(uploads, case, words):
+    _upload(uploads, case, *words)
 
 
 # -- row 14: entries ------------------------------------------------------------------------------
@@ -206,10 +286,12 @@ def _many_entries(n: int) -> bytes:
     return b"".join(local) + cd + end
 
 
-def test_a_zip_of_160k_entries_is_refused_before_it_is_parsed(tmp_path):
-    data = _many_entries(160_000)
-    assert len(data) > 15_000_000
-    _upload(tmp_path, data, "65,535 entries", "10,256")
+upload_case("160k entries")(lambda: _many_entries(160_000))
+
+
+def test_a_zip_of_160k_entries_is_refused_before_it_is_parsed(uploads):
+    assert (uploads["160k entries"][1] / "hostile.zip").stat().st_size > 15_000_000
+    _upload(uploads, "160k entries", "65,535 entries", "10,256")
 
 
 # -- row 15: a call link with a superscript digit ---------------------------------------------------
