@@ -45,7 +45,7 @@ class BackwardMath(NamedTuple):
     DOT_PRECISION: str     # 'ieee' for float32 inputs (exact dots), else 'tf32'
     UPCAST: bool           # bf16 operands multiplied in float32 (the interpreter's bf16 dot is broken)
     LSE_ACC: bool          # BackwardConfig.lse_acc: the scores' dot starts from -lse
-    FINITE_ROWS: bool      # BackwardConfig.finite_rows: masked pairs add exactly 0, whatever their row holds
+    FINITE_ROWS: bool      # BackwardConfig.finite_rows: the NaN pattern's handling compiled in (run when flagged)
     TMA: bool              # BackwardConfig.tma where the tensors fit descriptors: streamed tiles by TMA
     DP_FIRST: bool         # BackwardConfig.dp_first: the dK/dV loop issues dP's dot before dV's
     SPLIT_DKDV: bool       # BackwardConfig.split_dkdv: dV and dK in programs of their own
@@ -311,16 +311,18 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
         flags, work, counter, pass_trace = UNTRACED, None, None, (None,) * 6
     # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    # set on the device when some row's statistics are non-finite (no host read: capturable)
+    flag = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.finite_rows else None
     has_dlse = dlse is not None
     _launch(attn_bwd_preprocess, (b * h * n_rows,), dict(
-        O=o, DO=do, LSE=lse, DLSE=dlse.float().contiguous() if has_dlse else lse, STATS=stats,
+        O=o, DO=do, LSE=lse, DLSE=dlse.float().contiguous() if has_dlse else lse, STATS=stats, FLAG=flag,
         o_strides=o.stride()[:3], do_strides=do.stride()[:3], H=h, N_Q=n_q, n_rows=n_rows, trace=(work, counter),
         MATH=math, BLOCK=PREPROCESS_ROWS, HAS_DLSE=has_dlse, TRACE=flags))
     # 2. dK, dV per (b * H_kv + kv head, key block) and dQ per (b * H + head, query block)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    args = dict(Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq, STATS=stats,
+    args = dict(Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq, STATS=stats, FLAG=flag,
                 q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=v.stride()[:3],
                 do_strides=do.stride()[:3], dkv_strides=dk.stride()[:3], dq_strides=dq.stride()[:3],
                 row_bounds=(kp.row_lo, kp.row_hi),
@@ -330,15 +332,20 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
                 H=h, GROUP=h // h_kv, N_Q=n_q, N_K=n_k, n_qb1=kp.n_qb, n_kb1=kp.n_kb, n_qb2=qp.n_qb, n_kb2=qp.n_kb,
                 n_dkdv=n_dkdv, qk_scale=scale * LOG2E, sm_scale=scale, trace=pass_trace,
                 MATH=math, TILES1=bp.dkdv_tiles, TILES2=bp.dq_tiles, DKDV=True, DQ_PASS=True, TRACE=flags)
+    # finite_rows: each launch twice, the device flag picking which one's programs do the work
+    runs = (False, True) if cfg.finite_rows else (False,)
     if cfg.one_launch:
-        _launch(attn_bwd_kernel, (n_dkdv + n_dq,), args, cfg)
+        for run in runs:
+            _launch(attn_bwd_kernel, (n_dkdv + n_dq,), {**args, "FINITE_RUN": run}, cfg)
     else:
-        _launch(attn_bwd_kernel, (n_dkdv,), {**args, "DQ_PASS": False}, cfg)
+        for run in runs:
+            _launch(attn_bwd_kernel, (n_dkdv,), {**args, "DQ_PASS": False, "FINITE_RUN": run}, cfg)
         # the dQ launch's programs start at item 0 and write their records after the dK/dV programs'
         args.update(n_dkdv=0, DKDV=False)
         if work is not None:
             args["trace"] = (pass_trace[0][n_dkdv:], *pass_trace[1:])
-        _launch(attn_bwd_kernel, (n_dq,), args, cfg)
+        for run in runs:
+            _launch(attn_bwd_kernel, (n_dq,), {**args, "FINITE_RUN": run}, cfg)
     return dq, dk, dv
 
 

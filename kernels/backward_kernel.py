@@ -33,9 +33,17 @@ strides as one tuple; row_bounds = (lo, hi), the per-row visible key interval; a
 lists as one tuple (kv_lists, q_lists: see attn_bwd_kernel); the trace buffers as one tuple.
 Sizes that vary per call (H, GROUP, N_Q, N_K, block counts) are scalars that are not
 specialised on. Compile-time switches come as three namedtuples defined in kernels.backward:
-MATH (BackwardMath: head dim, its tile width, dot precision, UPCAST, LSE_ACC, and the variants
-FINITE_ROWS, TMA, DP_FIRST, SPLIT_DKDV, each off in the default configs), TILES1 / TILES2
+MATH (BackwardMath: head dim, its tile width, dot precision, UPCAST, LSE_ACC, FINITE_ROWS (on
+in every default config) and the variants TMA, DP_FIRST, SPLIT_DKDV), TILES1 / TILES2
 (PassTiles: one pass's tile shape and which tile kinds its lists hold) and TRACE (BackwardTrace).
+MATH.FINITE_ROWS: the NaN pattern (a NaN/Inf in row i of q or dO reaches dQ row i and the dK,
+dV rows of the keys row i sees, nothing else) at no cost to clean inputs. The preprocess marks
+such a row in the statistics (lse2 = NaN, delta = 0: P of its visible pairs is NaN, and dP - D
+of its pairs finite once its dO loads as 0) and sets one device flag. Each pass is launched
+twice on one grid; every program reads the flag once: with no row marked the first launch runs
+the same items as without FINITE_ROWS, with one the second runs the finite-row items (their
+dK/dV partial tiles load marked rows of Q and dO as 0, so masked pairs add exactly 0; their dQ
+zeroes marked rows that see no key). No host read: the choice stays on the device.
 MATH.SPLIT_DKDV: each dK/dV item runs as two programs, pids 2p (dK) and 2p + 1 (dV), each with
 one accumulator (_dkdv_item's PART).
 
@@ -145,10 +153,13 @@ def _record_program(rec, counter, t_start, HW_CLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["N_Q", "n_rows"])
-def attn_bwd_preprocess(O, DO, LSE, DLSE, STATS, o_strides, do_strides, H, N_Q, n_rows, trace,
+def attn_bwd_preprocess(O, DO, LSE, DLSE, STATS, FLAG, o_strides, do_strides, H, N_Q, n_rows, trace,
                         MATH: tl.constexpr, BLOCK: tl.constexpr, HAS_DLSE: tl.constexpr, TRACE: tl.constexpr):
     """STATS (B*H, 2, N_Q) float32: [bh, 0, i] = lse * log2(e), +inf where lse = -inf (lse2);
     [bh, 1, i] = sum_d O * dO (- dLSE) (delta). LSE, DLSE: (B*H, N_Q) float32, contiguous.
+    MATH.FINITE_ROWS: a row with a non-finite delta or a NaN lse2 (a NaN/Inf in that row of q,
+    dO or dLSE) is marked lse2 = NaN, delta = 0, and FLAG (one int32 the host zeroed; None
+    without FINITE_ROWS) is set to 1 by every program holding such a row.
     Grid: (B*H * n_rows,). trace = (work, counter): with TRACE.work, program p writes work[p]."""
     pid = tl.program_id(0)
     t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
@@ -168,6 +179,12 @@ def attn_bwd_preprocess(O, DO, LSE, DLSE, STATS, o_strides, do_strides, H, N_Q, 
         delta -= tl.load(DLSE + row, mask=row_ok, other=0.0)
     lse = tl.load(LSE + row, mask=row_ok, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    if MATH.FINITE_ROWS:
+        bad = row_ok & ~((tl.abs(delta) < float("inf")) & (lse2 == lse2))
+        lse2 = tl.where(bad, float("nan"), lse2)
+        delta = tl.where(bad, 0.0, delta)
+        if tl.max(bad.to(tl.int32), 0) != 0:
+            tl.atomic_or(FLAG, 1)
     tl.store(stat, lse2, mask=row_ok)
     tl.store(stat + N_Q, delta, mask=row_ok)
     if TRACE.work:
@@ -177,8 +194,8 @@ def attn_bwd_preprocess(O, DO, LSE, DLSE, STATS, o_strides, do_strides, H, N_Q, 
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk_scale, tiles_ptr, trace_here, n_kb,
-                step0, q_desc, do_desc, IS_PARTIAL: tl.constexpr, TILES: tl.constexpr, MATH: tl.constexpr,
-                DTYPE: tl.constexpr, TRACE: tl.constexpr, PART: tl.constexpr):
+                step0, q_desc, do_desc, IS_PARTIAL: tl.constexpr, FINITE: tl.constexpr, TILES: tl.constexpr,
+                MATH: tl.constexpr, DTYPE: tl.constexpr, TRACE: tl.constexpr, PART: tl.constexpr):
     """One key block against `count` query blocks of one query head: dK, dV accumulated; the
     partial tiles (IS_PARTIAL: row-interval mask, padded rows) and the full ones share it.
     head = (q_base, do_base, stat_base, stride_qn, stride_don, N_Q): the query head's Q, dO and
@@ -187,29 +204,30 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk
     TRACE.tiles: visit i stores step0 + i at tiles_ptr + q_block * n_kb where trace_here.
     q_desc, do_desc: the query head's Q, dO rows as tensor descriptors (MATH.TMA), else None.
     PART: 0 both dK and dV, 1 dV alone, 2 dK alone (MATH.SPLIT_DKDV: the other comes back as is).
-    MATH.FINITE_ROWS (partial tiles): a masked pair adds exactly 0 to dK and dV even where its
-    query row holds NaN/Inf. Such a row has a non-finite D (dO or O, which a bad q makes NaN)
-    or lse: its Q and dO rows load as 0 (the masked load the partial tiles have anyway, no pass
-    over the tile), dS^T is selected rather than multiplied, and the row's NaN reaches exactly
-    the visible pairs through the statistics: P^T = exp2(0 - lse2) is NaN where lse is, dP^T - D
-    where D is, and P^T + 0 * D for the dV dot."""
+    FINITE (the finite-row run of _dkdv_program, only when the preprocess marked a row): on
+    partial tiles a masked pair adds exactly 0 to dK and dV even where its query row holds
+    NaN/Inf. The marked
+    rows (lse2 = NaN, delta = 0) of Q and dO load as 0 (the masked load the partial tiles have
+    anyway), so their masked pairs give P^T = 0 and dP^T - D = 0 while the visible ones carry
+    the NaN of P^T into dV and, through dS^T, into dK: the tiles' arithmetic is unchanged. Its
+    loops are not pipelined (num_stages=1): it runs only on bad inputs, and its buffers stay small."""
     q_base, do_base, stat_base, stride_qn, stride_don, N_Q = head
     lo_ptr, hi_ptr = row_bounds
     idx_ptr, qb_start, count = blocks
     BLOCK_M: tl.constexpr = TILES.BLOCK_M
-    for i in range(0, count):
+    STAGES: tl.constexpr = 1 if FINITE else None     # None: the config's num_stages
+    MARKED: tl.constexpr = IS_PARTIAL and FINITE
+    for i in tl.range(0, count, num_stages=STAGES):
         if IS_PARTIAL:
             q_block = tl.load(idx_ptr + i)
         else:
             q_block = qb_start + i           # full query blocks of an interval mask: one run
         offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < N_Q
-        FINITE: tl.constexpr = IS_PARTIAL and MATH.FINITE_ROWS
-        if FINITE:
+        if MARKED:
             lse2 = tl.load(stat_base + offs_m, mask=row_ok, other=float("inf"))
             delta = tl.load(stat_base + N_Q + offs_m, mask=row_ok, other=0.0)
-            # rows holding NaN/Inf (a non-finite D, or a NaN lse; +inf is a row that sees no key) load 0
-            load_ok = row_ok & (tl.abs(delta) < float("inf")) & (lse2 == lse2)
+            load_ok = row_ok & (lse2 == lse2)         # rows the preprocess marked (NaN lse2) load 0
             q = _load_tile(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], load_ok, d_ok, True,
                            MATH.EVEN_D, MATH.UPCAST)
             do = _load_tile(do_base + offs_m[:, None] * stride_don + offs_d[None, :], load_ok, d_ok, True,
@@ -243,24 +261,16 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk
             hi = tl.load(hi_ptr + offs_m, mask=row_ok, other=-1)     # padded rows see nothing
             visible = (offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :])
             p_t = tl.where(visible, p_t, 0.0)
-        if FINITE:
-            # a visible pair carries its row's NaN through D (0 * D is NaN exactly where D is)
-            p_dv = tl.where(visible, p_t + 0.0 * delta[None, :], 0.0)
-        else:
-            p_dv = p_t
         DV: tl.constexpr = PART != 2
         DK: tl.constexpr = PART != 1
         if DV and not MATH.DP_FIRST:
-            dv = tl.dot(_operand(p_dv, DTYPE, MATH.UPCAST), do, dv, input_precision=MATH.DOT_PRECISION)
+            dv = tl.dot(_operand(p_t, DTYPE, MATH.UPCAST), do, dv, input_precision=MATH.DOT_PRECISION)
         if DK:
             dp_t = tl.dot(v, tl.trans(do), tl.zeros_like(qk_t) - delta[None, :], input_precision=MATH.DOT_PRECISION)
         if DV and MATH.DP_FIRST:    # the dP dot issued before dV's (another register schedule)
-            dv = tl.dot(_operand(p_dv, DTYPE, MATH.UPCAST), do, dv, input_precision=MATH.DOT_PRECISION)
+            dv = tl.dot(_operand(p_t, DTYPE, MATH.UPCAST), do, dv, input_precision=MATH.DOT_PRECISION)
         if DK:
-            if FINITE:
-                ds_t = tl.where(visible, p_t * dp_t, 0.0)
-            else:
-                ds_t = p_t * dp_t                                     # dP^T - D: the dot started at -D
+            ds_t = p_t * dp_t                                         # dP^T - D: the dot started at -D
             dk = tl.dot(_operand(ds_t, DTYPE, MATH.UPCAST), q, dk, input_precision=MATH.DOT_PRECISION)
         if TRACE.tiles:
             if trace_here:
@@ -271,10 +281,11 @@ def _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds, blocks, qk
 @triton.jit
 def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS, row_bounds, lists, q_strides, k_strides, v_strides, do_strides,
                dkv_strides, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, tr_tiles, head_slot,
-               MATH: tl.constexpr, TILES: tl.constexpr, TRACE: tl.constexpr, PART: tl.constexpr):
+               MATH: tl.constexpr, TILES: tl.constexpr, TRACE: tl.constexpr, PART: tl.constexpr,
+               FINITE: tl.constexpr):
     """dK, dV of one (batch*kv_head, key block): see attn_bwd_kernel for the lists. PART: 0 both,
     1 dV alone, 2 dK alone (MATH.SPLIT_DKDV: two programs per key block, each holding one
-    accumulator; the scores are computed by both)."""
+    accumulator; the scores are computed by both). FINITE: the finite-row run (_dkdv_tiles)."""
     full_cnt, full_start, part_cnt, part_idx, part_before, kb_order = lists
     off_b, off_hkv, k_block, offs_n, offs_d, d_ok, n_ok, k, v = _item_tiles(
         work, kb_order, n_kb, H // GROUP, K, k_strides, V, v_strides, N_K,
@@ -319,21 +330,24 @@ def _dkdv_item(work, Q, K, V, DO, DK, DV, STATS, row_bounds, lists, q_strides, k
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_row, 0, n_before),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, FINITE=FINITE, TILES=TILES,
+                                 MATH=MATH, DTYPE=DTYPE,
                                  TRACE=TRACE, PART=PART)
             step += n_before
         if TILES.HAS_FULL:
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_idx, qb_start, n_full),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=False, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=False, FINITE=FINITE, TILES=TILES,
+                                 MATH=MATH, DTYPE=DTYPE,
                                  TRACE=TRACE, PART=PART)
             step += n_full
         if TILES.PARTIAL_AFTER:
             dk, dv = _dkdv_tiles(dk, dv, k, v, offs_n, offs_d, d_ok, head, row_bounds,
                                  blocks=(part_row + n_before, 0, n_part - n_before),
                                  qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, n_kb=n_kb, step0=step,
-                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
+                                 q_desc=q_desc, do_desc=do_desc, IS_PARTIAL=True, FINITE=FINITE, TILES=TILES,
+                                 MATH=MATH, DTYPE=DTYPE,
                                  TRACE=TRACE, PART=PART)
     dk = dk * sm_scale
     dk_ptrs = _rows(DK, dkv_strides, off_b, off_hkv, offs_n, offs_d)
@@ -354,8 +368,8 @@ def _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, rows, kv_head, blocks, qk_scale, t
     read; blocks = (idx_ptr, kb_start, count): partial key blocks idx_ptr[i], full ones
     kb_start + i. TRACE.tiles: visit i stores step0 + i at tiles_ptr + k_block where trace_here.
     k_desc, v_desc: the KV head's rows as tensor descriptors (MATH.TMA), else None.
-    MATH.FINITE_ROWS (partial tiles): dS is selected, so a row that sees no key gets dQ = 0
-    whatever its dO holds."""
+    A row the preprocess marked (MATH.FINITE_ROWS) has P = NaN on its visible pairs: its dQ row
+    is NaN, the others are untouched (_dq_item zeroes a marked row that sees no key)."""
     lse2, delta, row_lo, row_hi = rows
     k_base, v_base, stride_kn, stride_vn, N_K = kv_head
     idx_ptr, kb_start, count = blocks
@@ -387,10 +401,7 @@ def _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, rows, kv_head, blocks, qk_scale, t
             visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), tl.zeros_like(qk) - delta[:, None], input_precision=MATH.DOT_PRECISION)
-        if IS_PARTIAL and MATH.FINITE_ROWS:
-            ds = tl.where(visible, p * dp, 0.0)
-        else:
-            ds = p * dp                                               # dP - D: the dot started at -D
+        ds = p * dp                                                   # dP - D: the dot started at -D
         dq = tl.dot(_operand(ds, DTYPE, MATH.UPCAST), k, dq, input_precision=MATH.DOT_PRECISION)
         if TRACE.rows:
             if trace_here:                   # only a traced head's programs pay for the sums
@@ -404,8 +415,9 @@ def _dq_tiles(dq, p_sum, q, do, offs_d, d_ok, rows, kv_head, blocks, qk_scale, t
 @triton.jit
 def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strides, v_strides, do_strides,
              dq_strides, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, tr_tiles, tr_rows, head_slot,
-             MATH: tl.constexpr, TILES: tl.constexpr, TRACE: tl.constexpr):
-    """dQ of one (batch*head, query block): see attn_bwd_kernel for the lists."""
+             MATH: tl.constexpr, TILES: tl.constexpr, TRACE: tl.constexpr, FINITE: tl.constexpr):
+    """dQ of one (batch*head, query block): see attn_bwd_kernel for the lists. FINITE: the
+    finite-row run (some row marked): a marked row that sees no key gets dQ = 0."""
     full_cnt, full_start, part_cnt, part_idx, qb_order = lists
     lo_ptr, hi_ptr = row_bounds
     off_b, off_h, q_block, offs_m, offs_d, d_ok, row_ok, q, do = _item_tiles(
@@ -455,6 +467,8 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strid
                               qk_scale=qk_scale, tiles_ptr=tiles_ptr, trace_here=trace_here, step0=n_full,
                               k_desc=k_desc, v_desc=v_desc, IS_PARTIAL=True, TILES=TILES, MATH=MATH, DTYPE=DTYPE,
                               TRACE=TRACE)
+    if FINITE:      # a marked row that sees no key (its dO NaN) gets dQ = 0, as autograd's
+        dq = tl.where((row_lo <= row_hi)[:, None], dq, 0.0)
     dq = dq * sm_scale
     _store_tile(_rows(DQ, dq_strides, off_b, off_h, offs_m, offs_d), dq.to(DQ.dtype.element_ty), row_ok, d_ok,
                 not TILES.EVEN, MATH.EVEN_D)
@@ -465,10 +479,11 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strid
 
 # sizes are not specialised on (one compiled kernel serves every N_q, N_k, H and group size)
 @triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb1", "n_kb1", "n_qb2", "n_kb2", "n_dkdv"])
-def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, q_strides, k_strides, v_strides, do_strides, dkv_strides,
+def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, FLAG, q_strides, k_strides, v_strides, do_strides, dkv_strides,
                     dq_strides, row_bounds, kv_lists, q_lists, H, GROUP, N_Q, N_K, n_qb1, n_kb1, n_qb2, n_kb2,
                     n_dkdv, qk_scale, sm_scale, trace, MATH: tl.constexpr, TILES1: tl.constexpr,
-                    TILES2: tl.constexpr, DKDV: tl.constexpr, DQ_PASS: tl.constexpr, TRACE: tl.constexpr):
+                    TILES2: tl.constexpr, DKDV: tl.constexpr, DQ_PASS: tl.constexpr, TRACE: tl.constexpr,
+                    FINITE_RUN: tl.constexpr):
     """The dK/dV and dQ passes, in one launch or two. Work items: with DKDV, program p < n_dkdv
     runs dK/dV item p = (b*H_kv + kv_head) * n_kb1 + r, key block order[r] of
     kv_lists = (full_cnt, full_start, part_cnt, part_idx, part_before, order): the forward's
@@ -480,9 +495,48 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, q_strides, k_strides, v_stri
     (kernels.plan.BlockPlan), tiles TILES2. DK, DV share dkv_strides. row_bounds = (lo, hi): the
     per-row visible key intervals. STATS: (B*H, 2, N_Q) float32, lse2 and delta from
     attn_bwd_preprocess. trace = (work, counter, tiles_dkdv, tiles_dq, rows, head_slot), None
-    each when off, as kernels.backward.BackwardTraceBuffers; work[pid] is program pid's record."""
+    each when off, as kernels.backward.BackwardTraceBuffers; work[pid] is program pid's record.
+    MATH.FINITE_ROWS: each pass is launched twice on the same grid, and FLAG (the preprocess's
+    int32 marked-row flag, None without FINITE_ROWS), read once per program, picks which launch
+    does the work: the FINITE_RUN=False one when no row is marked (the same items as without
+    FINITE_ROWS), the FINITE_RUN=True one (the finite-row items) when some row is; the other's
+    programs end after that one load."""
     pid = tl.program_id(0)
     t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
+    if MATH.FINITE_ROWS:
+        if FINITE_RUN:
+            if tl.load(FLAG) != 0:
+                _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides, k_strides=k_strides,
+                           v_strides=v_strides, do_strides=do_strides, dkv_strides=dkv_strides, dq_strides=dq_strides,
+                           row_bounds=row_bounds, kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q,
+                           N_K=N_K, n_qb1=n_qb1, n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv,
+                           qk_scale=qk_scale, sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1,
+                           TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=True)
+        else:
+            if tl.load(FLAG) == 0:
+                _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides, k_strides=k_strides,
+                           v_strides=v_strides, do_strides=do_strides, dkv_strides=dkv_strides, dq_strides=dq_strides,
+                           row_bounds=row_bounds, kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q,
+                           N_K=N_K, n_qb1=n_qb1, n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv,
+                           qk_scale=qk_scale, sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1,
+                           TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=False)
+    else:
+        _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides, k_strides=k_strides,
+                   v_strides=v_strides, do_strides=do_strides, dkv_strides=dkv_strides, dq_strides=dq_strides,
+                   row_bounds=row_bounds, kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q,
+                   N_K=N_K, n_qb1=n_qb1, n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv,
+                   qk_scale=qk_scale, sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1,
+                   TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=False)
+
+
+@triton.jit
+def _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides, k_strides, v_strides, do_strides,
+               dkv_strides, dq_strides, row_bounds, kv_lists, q_lists, H, GROUP, N_Q, N_K, n_qb1, n_kb1, n_qb2,
+               n_kb2, n_dkdv, qk_scale, sm_scale, trace, MATH: tl.constexpr, TILES1: tl.constexpr,
+               TILES2: tl.constexpr, DKDV: tl.constexpr, DQ_PASS: tl.constexpr, TRACE: tl.constexpr,
+               FINITE: tl.constexpr):
+    """Program pid's work item of attn_bwd_kernel (its arguments), and its trace record.
+    FINITE: the finite-row items (_dkdv_tiles, _dq_item)."""
     tr_work, tr_counter, tr_tiles1, tr_tiles2, tr_rows, head_slot = trace
     if DKDV:
         if MATH.SPLIT_DKDV:
@@ -494,25 +548,25 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, q_strides, k_strides, v_stri
                                q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
                                dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
                                qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
-                               MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=2)
+                               MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=2, FINITE=FINITE)
                 else:
                     _dkdv_item(pid // 2, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
                                q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
                                dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
                                qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
-                               MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=1)
+                               MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=1, FINITE=FINITE)
         elif pid < n_dkdv:
             _dkdv_item(pid, Q, K, V, DO, DK, DV, STATS, row_bounds, kv_lists,
                        q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
                        dkv_strides=dkv_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb1, n_kb=n_kb1,
                        qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles1, head_slot=head_slot,
-                       MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=0)
+                       MATH=MATH, TILES=TILES1, TRACE=TRACE, PART=0, FINITE=FINITE)
     if DQ_PASS:
         if pid >= n_dkdv:
             _dq_item(pid - n_dkdv, Q, K, V, DO, DQ, STATS, row_bounds, q_lists,
                      q_strides=q_strides, k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
                      dq_strides=dq_strides, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb=n_qb2, n_kb=n_kb2,
                      qk_scale=qk_scale, sm_scale=sm_scale, tr_tiles=tr_tiles2, tr_rows=tr_rows, head_slot=head_slot,
-                     MATH=MATH, TILES=TILES2, TRACE=TRACE)
+                     MATH=MATH, TILES=TILES2, TRACE=TRACE, FINITE=FINITE)
     if TRACE.work:
         _record_program(tr_work + pid.to(tl.int64) * 4, tr_counter, t_start, TRACE.hw_clock)

@@ -30,9 +30,11 @@ class BackwardConfig:
     holds block_m2 query rows and streams block_n2 keys. one_launch: both passes in one grid
     (the dQ programs after the dK/dV ones), else two launches. lse_acc: the recomputed scores'
     dot starts from -lse (as the dP dot starts from -D) instead of subtracting it per element.
-    finite_rows: partial tiles keep a masked pair's contribution exactly 0 even where its query
-    row holds NaN/Inf (q or dO), so a bad row i spreads only to dQ row i and the dK, dV rows of
-    the keys row i sees. tma: the streamed tiles (Q, dO of the dK/dV pass; K, V of the dQ pass)
+    finite_rows (on by default): partial tiles keep a masked pair's contribution exactly 0 even
+    where its query row holds NaN/Inf (q or dO), so a bad row i spreads only to dQ row i and the
+    dK, dV rows of the keys row i sees; the handling is compiled in, and runs only when the
+    preprocess flags such a row on the device (clean inputs run the same tiles as without it).
+    tma: the streamed tiles (Q, dO of the dK/dV pass; K, V of the dQ pass)
     load through device-side tensor descriptors (Hopper; the host falls back to pointer loads
     where the tensors do not fit a descriptor). dp_first: the dK/dV loop issues the dP dot before
     the dV dot (the same values; another register schedule). split_dkdv: dV and dK of a key block
@@ -47,7 +49,7 @@ class BackwardConfig:
     num_stages: int
     one_launch: bool = True
     lse_acc: bool = False
-    finite_rows: bool = False
+    finite_rows: bool = True
     tma: bool = False
     dp_first: bool = False
     split_dkdv: bool = False
@@ -65,8 +67,8 @@ class BackwardConfig:
 # float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
 CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 64, 4, 3), 128: BackwardConfig(64, 128, 128, 64, 8, 3),
                 256: BackwardConfig(32, 128, 128, 32, 8, 2, split_dkdv=True)}
-CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1, finite_rows=True)
-INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1, finite_rows=True)
+CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
+INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
 
 
 def backward_config(head_dim: int, dtype, device) -> BackwardConfig:
