@@ -1,7 +1,9 @@
 """Time a video export as the schedule page's video menu makes it: the 16k whole-GPU animation as
 a 5 s clip at 8 fps (40 frames) at 1280 x 720, GIF and MP4, from the call to the file written
-(the figure is built first, untimed, as the page has it cached). Beside another checkout's
-export when given, runs alternating, each in a fresh Python process (no browser kept warm).
+(the figure is built first, untimed, as the page has it cached), and the CPU seconds it took (the
+process and its browsers: on a busy shared machine the wall time says more about the neighbours).
+Beside another checkout's export when given, runs alternating, each in a fresh Python process (no
+browser kept warm).
 
     python scripts/measure_video.py --side-by-side /tmp/old --repeats 3
     (git worktree add /tmp/old <commit> first)
@@ -26,8 +28,32 @@ TRACE = "n16384_causal_natural"
 CLIP = dict(seconds=5, fps=8, size=(1280, 720))
 
 ONE_RUN = """
-import json, sys, time
+import json, os, sys, threading, time
 from pathlib import Path
+
+def tree_cpu():
+    # CPU seconds of this process and every live descendant (/proc; Linux)
+    tck, kids, out = os.sysconf("SC_CLK_TCK"), {}, 0.0
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            f = open("/proc/" + p + "/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(f[1]), []).append((int(p), (int(f[11]) + int(f[12])) / tck))
+    todo, seen = [os.getpid()], {}
+    while todo:
+        for c, cpu in kids.get(todo.pop(), []):
+            seen[c] = cpu
+            todo.append(c)
+    return seen
+
+peak, stop = {}, []
+def watch():                 # descendants' CPU, the last value seen before each exits
+    while not stop:
+        for k, v in tree_cpu().items():
+            peak[k] = max(peak.get(k, 0.0), v)
+        time.sleep(0.05)
+
 from instrumentation.trace import Trace
 from instrumentation.analysis.schedule_analysis import cached_timeline
 from app.figures.schedule_animation import tile_animation_figure
@@ -36,13 +62,17 @@ data, fmt, out, seconds, fps, w, h = sys.argv[1:8]
 frames = min(export.MAX_ANIMATION_FRAMES, int(seconds) * int(fps))
 tr = Trace.load(Path(data) / "traces" / "%s")
 fig = tile_animation_figure(tr, cached_timeline(tr, None), max_frames=frames)
+before = dict(tree_cpu()); own = time.process_time()
+threading.Thread(target=watch, daemon=True).start()
 t = time.perf_counter()
 export.export_animation(fig, out, fmt, max_frames=frames, fps=int(fps), duration=float(seconds), size=(int(w), int(h)))
 took = time.perf_counter() - t
+stop.append(1); time.sleep(0.1)
+cpu = time.process_time() - own + sum(v - before.get(k, 0.0) for k, v in peak.items())
 from PIL import Image
 import imageio_ffmpeg
 size = Image.open(out).size if fmt == "gif" else tuple(next(imageio_ffmpeg.read_frames(out))["size"])
-print(json.dumps({"s": took, "size": list(size)}))
+print(json.dumps({"s": took, "cpu_s": cpu, "size": list(size)}))
 """ % TRACE
 
 
@@ -77,8 +107,10 @@ def main(argv=None) -> int:
             for fmt in ("gif", "mp4"):
                 got = one_run(who[name], fmt, out / f"{name}.{fmt}")
                 res.setdefault(name, {}).setdefault(f"{fmt}_s", []).append(round(got["s"], 2))
+                res[name].setdefault(f"{fmt}_cpu_s", []).append(round(got["cpu_s"], 2))
                 res[name][f"{fmt}_size"] = got["size"]
-                print(f"  {name:5s} {fmt} {got['s']:.2f} s, {got['size'][0]}x{got['size'][1]}", flush=True)
+                print(f"  {name:5s} {fmt} {got['s']:.2f} s ({got['cpu_s']:.1f} s of CPU), "
+                      f"{got['size'][0]}x{got['size'][1]}", flush=True)
     res["load_average_1min_end"] = round(os.getloadavg()[0], 2)
     if "other" in who:
         res["other_checkout"], res["other_commit"] = str(who["other"]), git_commit(who["other"])
@@ -87,8 +119,9 @@ def main(argv=None) -> int:
     res["command"] = "python scripts/measure_video.py " + " ".join(argv or sys.argv[1:])
     for name in who:
         for fmt in ("gif", "mp4"):
-            xs = res[name][f"{fmt}_s"]
-            print(f"{name:5s} {fmt}: median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)}")
+            xs, cs = res[name][f"{fmt}_s"], res[name][f"{fmt}_cpu_s"]
+            print(f"{name:5s} {fmt}: median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)}; "
+                  f"CPU median {statistics.median(cs):.1f} s")
     if args.json:
         from app_visits import write_timings_section
 
