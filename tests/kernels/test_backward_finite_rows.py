@@ -39,7 +39,7 @@ def test_nan_rows_reach_only_the_keys_they_see(mask):
     do[0, 1, 30, 7] = float("nan")         # a dO row of head 1
     do[0, 1, 2, 0] = float("inf")
     ref = rowwise_float64_grads(q, k, v, do, mask)
-    got = ours(q, k, v, do, mask, bwd_config=BackwardConfig(32, 32, 32, 32, 4, 1, finite_rows=True))[1:]
+    got = ours(q, k, v, do, mask, bwd_config=BackwardConfig(32, 32, 32, 32, 4, 1))[1:]     # finite_rows: default
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         bad = (~torch.isfinite(r)).any(-1, keepdim=True)          # by rows
         assert bad.any() and not bad.all(), name
@@ -55,6 +55,39 @@ def test_default_interpreter_config_keeps_the_pattern():
     assert torch.isnan(dq[0, 0, 5]).all() and torch.isfinite(dq[0, 0, torch.arange(20) != 5]).all()
     assert torch.isnan(dk[0, 0, :6]).all() and torch.isfinite(dk[0, 0, 6:]).all()
     assert torch.isnan(dv[0, 0, :6]).all() and torch.isfinite(dv[0, 0, 6:]).all()
+
+
+def test_clean_inputs_run_the_plain_items_and_a_flag_per_call(monkeypatch):
+    # finite_rows (the default) launches each pass twice; on clean inputs the device flag stays 0
+    # and the plain launch does the work: bit-identical to finite_rows=False, also right after a
+    # call whose flag was set (one flag per call); a NaN row sets it and marks its statistics
+    import kernels.backward as kb
+
+    flags, runs = [], []
+    real = kb._launch
+
+    def spy(kernel, grid, args, cfg=None):
+        real(kernel, grid, args, cfg)
+        if kernel is kb.attn_bwd_preprocess:
+            flags.append(None if args["FLAG"] is None else int(args["FLAG"][0]))
+        else:
+            runs.append(args["FINITE_RUN"])
+
+    monkeypatch.setattr(kb, "_launch", spy)
+    q, k, v, do = make(1, 2, 1, 37, 37, 16, seed=11)
+    bad = do.clone()
+    bad[0, 1, 20, 2] = float("nan")
+    for mask, one_launch in (("causal", True), ("sliding_window:9", False)):
+        cfg = BackwardConfig(16, 16, 16, 16, 4, 1, one_launch=one_launch)
+        plain = ours(q, k, v, do, mask, bwd_config=BackwardConfig(16, 16, 16, 16, 4, 1, one_launch=one_launch,
+                                                                  finite_rows=False))
+        flagged = ours(q, k, v, bad, mask, bwd_config=cfg)
+        clean = ours(q, k, v, do, mask, bwd_config=cfg)
+        assert all(torch.equal(x, y) for x, y in zip(plain, clean)), (mask, one_launch)
+        assert not all(torch.isfinite(x).all() for x in flagged[1:])
+        assert flags[-3:] == [None, 1, 0]
+        n = 1 if one_launch else 2                    # each pass's launch, then its finite-row twin
+        assert runs[-2 * n:] == [False, True] * n
 
 
 @pytest.mark.parametrize("mask,cfg", [
@@ -121,6 +154,32 @@ def test_gpu_variants_against_float64(d, fields, device):
         for name, x, y, r in zip(("dq", "dk", "dv"), got[1:], base[1:], ref[1:]):
             assert torch.isfinite(x).all(), (text, name)
             assert rel_err(x, r) <= 2 * rel_err(y, r) + 1e-4, (text, name, rel_err(x, r), rel_err(y, r))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_gpu_default_configs_keep_the_pattern_and_clean_results(d, device):
+    # the default bf16 configs (finite_rows on): the NaN pattern by rows, and clean inputs
+    # bit-identical to the same config with finite_rows off (the plain launch did the work)
+    import dataclasses
+
+    from kernels.backward import backward_config
+
+    q, k, v, do = make(1, 2, 1, 200, 200, d, torch.bfloat16, device, seed=12)
+    cfg = backward_config(d, torch.bfloat16, device)
+    assert cfg.finite_rows
+    for mask in ("causal", "sliding_window:50"):
+        plain = ours(q, k, v, do, mask, bwd_config=dataclasses.replace(cfg, finite_rows=False))
+        clean = ours(q, k, v, do, mask)
+        assert all(torch.equal(x, y) for x, y in zip(plain, clean)), mask
+    q[0, 0, 121, 3] = float("nan")
+    do[0, 1, 70, 7] = float("nan")
+    for mask in ("causal", "sliding_window:50"):
+        ref = rowwise_float64_grads(q.cpu().float(), k.cpu().float(), v.cpu().float(), do.cpu().float(), mask)
+        got = ours(q, k, v, do, mask)[1:]
+        for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+            bad = (~torch.isfinite(r)).any(-1, keepdim=True)
+            assert torch.equal((~torch.isfinite(x.cpu())).any(-1, keepdim=True), bad), (d, mask, name)
 
 
 @pytest.mark.gpu
