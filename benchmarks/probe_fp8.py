@@ -103,10 +103,10 @@ def fp8_call(v, q, k, vv):
             finally:
                 FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = saved
         return quant
-    key = (id(q), id(k), id(vv), bm, bn)
+    key = (id(q), id(k), id(vv), bm, bn, v["mask"])
     if key not in _X:
         _X.clear()
-        _X[key] = FQ.quantize_fp8(q, k, vv, "block", True, bm, bn)
+        _X[key] = FQ.quantize_fp8(q, k, vv, "block", True, bm, bn, full=v["mask"] == "full")
     x = _X[key]
     return lambda: attention_fp8(x, v["mask"], warp_specialize=v.get("ws"), num_warps=w, num_stages=s)
 

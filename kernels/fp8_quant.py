@@ -38,8 +38,9 @@ FP8_BLOCK_SIZES = tuple(s for s in BLOCK_SIZES if s >= 32)
 FUSED_QUANT = True
 QUANT_WARPS = None
 # HADAMARD_KRON: rotate by two products with 16 x 16 matrices (H_D = H_{D/16} (x) H_16) instead of
-# one with the D x D matrix (fused launch only)
-HADAMARD_KRON = False
+# one with the D x D matrix (fused launch only); None: at a padded D of 256 (H200, B4 H16 4k: 0.40
+# against 0.45 ms for the pass; at D128 the dense product wins, 0.150 against 0.163 ms)
+HADAMARD_KRON = None
 
 
 class QuantTile(NamedTuple):
@@ -65,10 +66,26 @@ class QuantTile(NamedTuple):
 
 @dataclass(frozen=True)
 class Fp8Config:
+    """Tiles and the plain loop's launch options; ws: the warp-specialised loop by default at
+    these tiles (where Hopper runs it; its options are kernels.fp8.WS_OPTIONS)."""
+
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    ws: bool = True
+
+
+# Defaults measured on an H200 (kernel_probe --suite fp8, B4 H16 4k/8k; data/benchmarks/fp8-probe-*):
+# padded D -> (full mask, any other mask) -> (block_m, block_n, warp-specialised by default).
+# D128 full: warp-specialised 128 x 256 762 / 819 TFLOP/s (128 x 128: 698 / 749); D128 causal:
+# plain 128 x 64 w4 s3 553 / 625 (the warp-specialised split at 128 x 128: 515 / 599); D256 full:
+# warp-specialised 128 x 128 1023 (128 x 64: 856)
+DEFAULT_TILES = {128: ((128, 256, True), (128, 64, False)), 256: ((128, 128, True), (128, 64, True))}
+# the plain loop's (num_warps, num_stages) per (padded D, block_m, block_n), the probe's best over
+# full and causal (128 x 128 at D128: 4 warps win full, lose causal 0.6x: 8); others: 4 / 8 warps
+PLAIN_OPTIONS = {(128, 128, 64): (4, 3), (128, 128, 128): (8, 3), (128, 128, 256): (8, 3),
+                 (256, 128, 32): (8, 3), (256, 128, 64): (8, 3), (256, 128, 128): (8, 2)}
 
 
 @dataclass(frozen=True)
@@ -122,17 +139,24 @@ def check_fp8_args(q, k, v, scaling, hadamard) -> None:
     check_inputs(q, k, v)       # where the kernel runs (interpreter: CPU tensors; else CUDA)
 
 
-def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None) -> Fp8Config:
-    """The FP8 kernel's tiles: 128 x 128 (128 x 64 at a padded D of 256: registers and shared
-    memory), 8 warps (4 at D <= 64). Explicit block sizes must be in FP8_BLOCK_SIZES."""
+def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None,
+               full: bool = False) -> Fp8Config:
+    """The FP8 kernel's tiles and plain-loop options: DEFAULT_TILES by padded D and mask (full:
+    the mask is "full"; else any other), 128 x 128 at D <= 64; options PLAIN_OPTIONS's for the
+    tiles, else 4 warps at D <= 64 and 8 above, 3 stages (2 at D 256). ws: the defaults' choice
+    of the warp-specialised loop (explicit tiles: True, it runs where asked or at default tiles).
+    Explicit block sizes must be in FP8_BLOCK_SIZES."""
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val not in FP8_BLOCK_SIZES):
             raise ValueError(f"{name}={val!r} is not supported by the FP8 kernel; use one of {FP8_BLOCK_SIZES} "
                              "or leave it out for the default")
     hd = fp8_head_dim(head_dim)
-    bm, bn, w, s = (128, 128, 4, 3) if hd <= 64 else (128, 128, 8, 3) if hd <= 128 else (128, 64, 8, 2)
+    bm, bn, ws = DEFAULT_TILES[hd][0 if full else 1] if hd in DEFAULT_TILES else (128, 128, True)
+    bm = bm if block_m is None else block_m
+    bn = bn if block_n is None else block_n
+    w, s = PLAIN_OPTIONS.get((hd, bm, bn), (4 if hd <= 64 else 8, 3 if hd <= 128 else 2))
     pick = lambda given, dflt: dflt if given is None else given  # noqa: E731
-    return Fp8Config(pick(block_m, bm), pick(block_n, bn), pick(num_warps, w), pick(num_stages, s))
+    return Fp8Config(bm, bn, pick(num_warps, w), pick(num_stages, s), ws)
 
 
 def hadamard_signs(n: int, seed: int = HADAMARD_SEED) -> torch.Tensor:
@@ -219,7 +243,7 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     scales = (torch.empty(b * h * n_qt, dtype=torch.float32, device=dev),
               torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev),
               torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev))
-    kron = bool(HADAMARD_KRON and hadamard)
+    kron = bool(hadamard and (hd >= 256 if HADAMARD_KRON is None else HADAMARD_KRON))
     had = _had_on(hd, q.dtype, str(dev), kron) if hadamard else None
     interp = interpreting()
     mode = "block" if scaling == "block" else "amax_atomic"
@@ -239,7 +263,8 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     return (q8, k8, v8), scales
 
 
-def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m=None, block_n=None) -> Fp8Inputs:
+def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m=None, block_n=None,
+                 full: bool = False) -> Fp8Inputs:
     """The quantise-and-rotate pass: one launch of kernels.fp8_quant_kernel's quantise_qkv_kernel
     for Q, K and V (per-tensor scaling: two, the first taking each tensor's amax); with
     FUSED_QUANT = False, a launch per tensor (and an amax pass per tensor for per-tensor scaling).
@@ -249,12 +274,13 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
         scaling: "block" (one scale per tile of each head) or "tensor" (one per tensor).
         hadamard: rotate Q and K along D by the signed Hadamard matrix (rotation_matrix) first.
         block_m, block_n: the attention kernel's tiles (the scale tiles); None: fp8_config's.
+        full: the attention to run on them has the "full" mask (fp8_config's default tiles for it).
     Returns:
         Fp8Inputs."""
     check_fp8_args(q, k, v, scaling, hadamard)
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
-    cfg = fp8_config(d, block_m, block_n)
+    cfg = fp8_config(d, block_m, block_n, full=full)
     hd = fp8_head_dim(d)
     if interpreting():
         check_interpreter_tiles(b * (h * -(-n_q // cfg.block_m) + 2 * h_kv * -(-n_k // cfg.block_n)),

@@ -136,6 +136,18 @@ def test_one_launch_quantise_equals_a_launch_per_tensor(scaling, device, monkeyp
             assert ((got - want).abs() <= want.abs() / 8 + want.abs().amax() / 448 * 2 ** -9).all()
 
 
+def test_default_tiles_follow_the_mask():
+    """The H200-measured defaults: D128 full 128 x 256 warp-specialised, any other mask 128 x 64
+    plain (4 warps, 3 stages); D256 full 128 x 128; explicit tiles take their measured options."""
+    from kernels.fp8_quant import fp8_config
+
+    full, masked = fp8_config(100, full=True), fp8_config(100)
+    assert (full.block_m, full.block_n, full.ws) == (128, 256, True)
+    assert (masked.block_n, masked.num_warps, masked.num_stages, masked.ws) == (64, 4, 3, False)
+    assert fp8_config(256, full=True).block_n == 128 and fp8_config(256).block_n == 64
+    assert fp8_config(128, block_n=128).num_warps == 8 and fp8_config(64).block_n == 128
+
+
 def _tile_visits(run, n_q, n_k, bm, bn, device):
     """(each tile's visit step of head 1, each work item's record): the interpreter stores the
     order items ran in (column 1), a GPU its SM (column 2)."""
