@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 FP8_KINDS = ("fp8", "fp8_total", "fp8_quant")
-FP8_SUITES = ("fp8",)
+FP8_SUITES = ("fp8", "fp8quant")
 FP8_TOL = 0.1
 _HD128_PLAIN = [(bn, w, s) for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)] + [(256, 8, 2), (256, 8, 3),
                                                                                        (256, 4, 2)]
@@ -40,6 +40,8 @@ def fp8_suite(name: str = "fp8") -> list[dict]:
     """The variants: dicts of kind ("cudnn", "fwd": our bf16, "fp8": the FP8 attention kernel alone,
     "fp8_total": the whole FP8 call, "fp8_quant": the quantise pass alone), shape (B, H, H_kv, N,
     D), mask, cfg ((block_m, block_n, num_warps, num_stages), None: the default), ws and label."""
+    if name == "fp8quant":
+        return _quant_suite()
     out = []
     cases = [((4, 16, 16, n, 128), m) for m in ("full", "causal") for n in (4096, 8192)] + [((4, 16, 16, 4096, 256),
                                                                                            "full")]
@@ -78,6 +80,28 @@ def fp8_suite(name: str = "fp8") -> list[dict]:
     return out
 
 
+def _quant_suite() -> list[dict]:
+    """The quantise pass alone at each mask's default tiles (full: D128 128 x 256, D256 128 x 128;
+    other masks 128 x 64), per scaling, rotation (dense or Kronecker) and warps, B4 H16 4k and 8k."""
+    out = []
+    for d in (128, 256):
+        for n in (4096, 8192):
+            shape = (4, 16, 16, n, d)
+            for full in (True, False):
+                tiles = "full-mask tiles" if full else "masked tiles"
+                for scaling, had, kron, w in (("block", True, None, None), ("block", True, None, 16),
+                                              ("block", True, None, 4), ("block", True, not d == 256, None),
+                                              ("block", False, None, None), ("tensor", True, None, None)):
+                    label = (f"quant {tiles} {scaling}{' +had' if had else ''}"
+                             f"{'' if kron is None else ' kron' if kron else ' dense'} w{w or 'default'}")
+                    out.append(_v("fp8_quant", shape, None, label, nocheck=True, pass_="quant",
+                                  quant=dict(scaling=scaling, hadamard=had, fused=True, warps=w, kron=kron,
+                                             full=full)))
+    for v in out:
+        v["pass"] = v.pop("pass_")
+    return out
+
+
 _X: dict = {}
 
 
@@ -99,7 +123,7 @@ def fp8_call(v, q, k, vv):
             saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
             try:
-                return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"])
+                return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"], full=opt.get("full", False))
             finally:
                 FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = saved
         return quant
