@@ -72,7 +72,7 @@ def backward_suite(name: str) -> list[dict]:
         out.append(_bwd(shape, mask, "cudnn", kind="cudnn_bwd"))
         out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
         out.append(_bwd(shape, mask, "default"))
-        for change in [dict(tma=True), dict(finite_rows=True), dict(lse_acc=True), dict(one_launch=False)] + extra:
+        for change in [dict(tma=True), dict(finite_rows=False), dict(lse_acc=True), dict(one_launch=False)] + extra:
             out.append(_bwd(shape, mask, _label(change), dict(base, **change)))
         if d != 256:        # the atomic kernel's D 256 tiles do not fit shared memory
             out.append(_bwd(shape, mask, "dq atomic, default tiles", kind="bwd_atomic"))
