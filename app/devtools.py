@@ -64,10 +64,11 @@ class Server:
 
 @contextmanager
 def running_app(data_dir: Path | None, log_path: Path | None, app: str | Path = "app/main.py",
-                interpreter: bool = True, env: dict | None = None):
+                interpreter: bool = True, env: dict | None = None, cwd: Path | None = None):
     """`streamlit run app` served on 127.0.0.1 (recordings from `data_dir`, or the app's default
     data/ when None; TRITON_INTERPRET=1 unless interpreter=False; `env` added to the server's
-    environment); yields a Server."""
+    environment; run in `cwd`, default this checkout: another checkout's app must run in its own,
+    since Streamlit puts the working directory on the import path first); yields a Server."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false", "PYTHONPATH": str(ROOT), **(env or {})}
@@ -81,7 +82,7 @@ def running_app(data_dir: Path | None, log_path: Path | None, app: str | Path = 
             [sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
              "--server.port", str(port), "--server.address", "127.0.0.1",
              "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            cwd=cwd or ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(url, proc)
             yield Server(url, time.perf_counter() - started, proc)

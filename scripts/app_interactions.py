@@ -118,9 +118,10 @@ def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict
     ctx = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
     page = ctx.new_page()
     page.set_default_timeout(300_000)       # the first visit loads the 16k recording on a loaded machine
-    page.goto(f"{url}/?page=schedule&source=recorded&trace={rec_big.name}")
-    settle(page, titles_js("Work items on SMs"), timeout_ms=300_000)
-    for i in range(repeats + 1):
+    if rec_big is not None:
+        page.goto(f"{url}/?page=schedule&source=recorded&trace={rec_big.name}")
+        settle(page, titles_js("Work items on SMs"), timeout_ms=300_000)
+    for i in range(repeats + 1 if rec_big is not None else 0):
         page.get_by_role("button", name=re.compile("Export chart")).first.click()
         png = page.get_by_role("button", name="⬇ PNG").first
         png.wait_for()
@@ -155,7 +156,7 @@ def interactions_side_by_side(browser, data: Path, big, small, other: Path | Non
     `urls`: time servers already running instead ([this, other])."""
     from app.devtools import running_app
 
-    res: dict = {"trace_export": big.name, "trace_softmax": small.name}
+    res: dict = {"trace_export": big.name if big is not None else None, "trace_softmax": small.name}
     if urls:            # servers already running (this app's, then the other checkout's)
         res["urls"] = urls
         for i in range(2):
@@ -172,7 +173,8 @@ def interactions_side_by_side(browser, data: Path, big, small, other: Path | Non
             res["this"] = export_and_step(browser, this.url, big, small, repeats)
             return res
         res["other_checkout"], res["other_commit"] = str(other), git_commit(other)
-        with running_app(data, None, app=other / "app" / "main.py", env={"PYTHONPATH": str(other)}) as that:
+        with running_app(data, None, app=other / "app" / "main.py", env={"PYTHONPATH": str(other)},
+                         cwd=other) as that:
             servers["other"] = that.url
             for i in range(2):
                 for key in (("this", "other") if i % 2 == 0 else ("other", "this")):

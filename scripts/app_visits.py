@@ -176,7 +176,7 @@ def side_by_side(browser, data: Path, rec, other: Path, rounds: int) -> dict:
     out: dict = {"other": str(other), "other_commit": git_commit(other)}
     target = f"/?page=schedule&source=recorded&trace={rec.name}"
     with running_app(data, None) as this, running_app(data, None, app=other / "app" / "main.py",
-                                                      env={"PYTHONPATH": str(other)}) as that:
+                                                      env={"PYTHONPATH": str(other)}, cwd=other) as that:
         servers = {"this": this.url, "other": that.url}
         for i in range(rounds + 1):
             for key in (("this", "other") if i % 2 == 0 else ("other", "this")):

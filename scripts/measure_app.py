@@ -172,8 +172,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(ROOT / "data" / "benchmarks" / "app-timings.json"),
                     help="write the results (and machine info) here (default: %(default)s)")
     ap.add_argument("--screenshots", default=None, help="directory for page screenshots")
-    ap.add_argument("--only", choices=("all", "schedule"), default="all",
-                    help="schedule: only the cold first chart and the 16k schedule page")
+    ap.add_argument("--only", choices=("all", "schedule", "side-by-side"), default="all",
+                    help="schedule: only the cold first chart and the 16k schedule page; side-by-side: only "
+                         "--side-by-side's settles")
     ap.add_argument("--compare-preload", type=int, default=0, metavar="ROUNDS",
                     help="also time the cold first chart and the 16k page's settle with the Plotly "
                          "preload on and off, side by side over ROUNDS pairs of fresh servers")
@@ -186,6 +187,8 @@ def main(argv=None) -> int:
     ap.add_argument("--interactions", nargs="?", const="", default=None, metavar="CHECKOUT",
                     help="only time an export click and an online-softmax step (beside CHECKOUT's app "
                          "when given) and merge them into --json as 'interactions', keeping its other fields")
+    ap.add_argument("--skip-export", action="store_true",
+                    help="with --interactions: time the online-softmax step only")
     ap.add_argument("--urls", default=None, metavar="THIS[,OTHER]",
                     help="with --interactions: time these running servers (this app's, then CHECKOUT's) "
                          "instead of starting them")
@@ -222,7 +225,7 @@ def main(argv=None) -> int:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS), headless=True)
             try:
-                res = interactions_side_by_side(browser, data, big, default_like[0],
+                res = interactions_side_by_side(browser, data, None if args.skip_export else big, default_like[0],
                                                 Path(args.interactions).resolve() if args.interactions else None,
                                                 args.repeats, args.urls.split(",") if args.urls else None)
                 res["machine"] = machine_info(browser.version)
@@ -249,11 +252,12 @@ def main(argv=None) -> int:
         results["machine"] = machine_info(browser.version)
         results["chromium_args"] = chromium_args
         try:
-            results["first_chart_cold_s"] = first_chart(browser, url, shots, "first_cold")
-            warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
-            results["first_chart_warm_s"] = warm
-            results["schedule_page"] = schedule_page(browser, url, big, args.repeats, shots)
-            results["hello_baseline_settle_s"] = hello_baseline(browser, args.repeats)
+            if args.only != "side-by-side":
+                results["first_chart_cold_s"] = first_chart(browser, url, shots, "first_cold")
+                warm = [first_chart(browser, url, None, "") for _ in range(args.repeats)]
+                results["first_chart_warm_s"] = warm
+                results["schedule_page"] = schedule_page(browser, url, big, args.repeats, shots)
+                results["hello_baseline_settle_s"] = hello_baseline(browser, args.repeats)
             for what in COMPARED:
                 if getattr(args, f"compare_{what}"):
                     results[f"{what}_compare"] = compare_servers(browser, data, big, getattr(args, f"compare_{what}"),
@@ -271,29 +275,30 @@ def main(argv=None) -> int:
     print(f"Tilescope app timings ({mi['cpus']} CPUs {mi['cpu']}, Chromium {mi['chromium']}, "
           f"data: {results['data']})")
     print(f"  server healthy after start          {results['server_health_s']:.2f} s")
-    print(f"  first chart, cold (first session)   {results['first_chart_cold_s']:.2f} s   (target 5 s)")
-    w = results["first_chart_warm_s"]
-    print(f"  first chart, warm (new session)     median {statistics.median(w):.2f} s, "
-          f"max {max(w):.2f} s over {len(w)}")
-    sp = results["schedule_page"]
-    print(f"  schedule page of {sp['trace']}:")
-    first, rest = sp["settle_s"][0], sp["settle_s"][1:] or sp["settle_s"]
-    print(f"    settle, first visit (loads it)    {first:.2f} s, "
-          f"{sp['settle_ws_bytes'][0] / 1e6:.2f} MB over the websocket")
-    print(f"    settle, later visits              median {statistics.median(rest):.2f} s, "
-          f"max {max(rest):.2f} s over {len(rest)}   (target 3 s)")
-    for key, what, target in (("colour_change", "colour-by change", 1), ("compare_on", "comparison on", 3)):
-        if not sp.get(f"{key}_s"):
-            print(f"    {what}: not timed ({sp.get('compare_error')})")
-            continue
-        xs, bs = sp[f"{key}_s"], sp[f"{key.split('_')[0]}_change_ws_bytes" if key == "colour_change"
-                                    else "compare_ws_bytes"]
-        print(f"    {what:33s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over "
-              f"{len(xs)}, {statistics.median(bs) / 1e6:.2f} MB   (target {target} s)")
-    print(f"    compared: {sp.get('compared')}")
-    hb = results["hello_baseline_settle_s"]
-    print(f"  baseline: a one-chart Streamlit page  median {statistics.median(hb):.2f} s over {len(hb)} "
-          f"(load average {mi['load_average_1min']} -> {results['load_average_1min_end']})")
+    if "schedule_page" in results:
+        print(f"  first chart, cold (first session)   {results['first_chart_cold_s']:.2f} s   (target 5 s)")
+        w = results["first_chart_warm_s"]
+        print(f"  first chart, warm (new session)     median {statistics.median(w):.2f} s, "
+              f"max {max(w):.2f} s over {len(w)}")
+        sp = results["schedule_page"]
+        print(f"  schedule page of {sp['trace']}:")
+        first, rest = sp["settle_s"][0], sp["settle_s"][1:] or sp["settle_s"]
+        print(f"    settle, first visit (loads it)    {first:.2f} s, "
+              f"{sp['settle_ws_bytes'][0] / 1e6:.2f} MB over the websocket")
+        print(f"    settle, later visits              median {statistics.median(rest):.2f} s, "
+              f"max {max(rest):.2f} s over {len(rest)}   (target 3 s)")
+        for key, what, target in (("colour_change", "colour-by change", 1), ("compare_on", "comparison on", 3)):
+            if not sp.get(f"{key}_s"):
+                print(f"    {what}: not timed ({sp.get('compare_error')})")
+                continue
+            xs, bs = sp[f"{key}_s"], sp[f"{key.split('_')[0]}_change_ws_bytes" if key == "colour_change"
+                                        else "compare_ws_bytes"]
+            print(f"    {what:33s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over "
+                  f"{len(xs)}, {statistics.median(bs) / 1e6:.2f} MB   (target {target} s)")
+        print(f"    compared: {sp.get('compared')}")
+        hb = results["hello_baseline_settle_s"]
+        print(f"  baseline: a one-chart Streamlit page  median {statistics.median(hb):.2f} s over {len(hb)} "
+              f"(load average {mi['load_average_1min']} -> {results['load_average_1min_end']})")
     if args.browser_ui:
         print("  (Chromium's per-window omnibox WebUI left on: --browser-ui)")
     for name, label in (("preload", "Plotly preload on/off"), ("assets", "asset middleware on/off")):
