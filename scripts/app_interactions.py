@@ -14,7 +14,7 @@ from app_visits import git_commit, settle, titles_js
 # the tile chart's title says the step (the browser stepped it, or the server's new figure drew)
 # and until the page's text says it (the server's answer); milliseconds from the click.
 STEP_JS = """k => new Promise((done, fail) => {
-  const next = [...document.querySelectorAll('button')].find(b => b.innerText.trim().endsWith('Next'));
+  const next = [...document.querySelectorAll('button')].find(b => b.innerText.trim().endsWith('Next') && !b.disabled);
   if (!next) return fail('no Next button');
   const t0 = performance.now(), got = {};
   next.click();
@@ -137,6 +137,8 @@ def export_and_step(browser, url: str, rec_big, rec_small, repeats: int) -> dict
     page.wait_for_function("() => document.body.innerText.includes('Step 1/')")
     settle(page, titles_js(""), timeout_ms=300_000)
     for k in range(2, repeats + 3):
+        page.wait_for_function("() => [...document.querySelectorAll('button')]"
+                               ".some(b => b.innerText.trim().endsWith('Next') && !b.disabled)")
         got = page.evaluate(STEP_JS, k)            # ms from the click to the chart and to the text
         started = time.perf_counter()              # then until the script is idle
         page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120_000)
