@@ -34,12 +34,15 @@ FP8_BLOCK_SIZES = tuple(s for s in BLOCK_SIZES if s >= 32)
 # the quantise pass's launch (knobs for benchmarks.probe_fp8; the defaults are the measured best):
 # FUSED_QUANT: Q, K and V in one launch (quantise_qkv_kernel; per-tensor scaling in two, amax by
 # atomic max on the device), else a launch per tensor (quantise_kernel; per-tensor: amax per tile,
-# reduced by torch, then a second pass); QUANT_WARPS: the quantise kernel's num_warps (None: by tile)
+# reduced by torch, then a second pass); QUANT_WARPS: the quantise kernel's num_warps (None: the
+# fused launch's _fused_warps, a launch per tensor's _quant_warps)
 FUSED_QUANT = True
 QUANT_WARPS = None
 # HADAMARD_KRON: rotate by two products with 16 x 16 matrices (H_D = H_{D/16} (x) H_16) instead of
-# one with the D x D matrix (fused launch only); None: at a padded D of 256 (H200, B4 H16 4k: 0.40
-# against 0.45 ms for the pass; at D128 the dense product wins, 0.150 against 0.163 ms)
+# one with the D x D matrix (fused launch only); None: at a padded D of 256 with tiles of fewer than
+# 128 rows. Measured on an H200 (kernel_probe --suite fp8quant, B4 H16, block + Hadamard, 4k / 8k):
+# D256 128 x 64 tiles 0.385 / 0.757 ms Kronecker (16 warps) against 0.451 / 0.888 dense; 128 x 128
+# tiles 0.407 / 0.791 dense against 0.426 / 0.846 Kronecker; D128 dense wins at every tile
 HADAMARD_KRON = None
 
 
@@ -227,6 +230,14 @@ def _quant_warps(block: int, hd: int) -> int:
     return 8 if block * hd >= 128 * 128 else 4
 
 
+def _fused_warps(hd: int, kron: bool) -> int:
+    """quantise_qkv_kernel's num_warps, measured on an H200 (B4 H16 block + Hadamard, 4k): 4 up to a
+    padded D of 128 (0.155 ms against 8 warps' 0.180 at 128 x 256 tiles, equal at 128 x 64); at 256,
+    16 with the Kronecker rotation (0.385 against 0.397), 8 with the dense one (its 192 KB of shared
+    memory allow one program per SM either way)."""
+    return 4 if hd <= 128 else 16 if kron else 8
+
+
 def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     """Q, K, V in one launch of quantise_qkv_kernel (per-tensor scaling: two, the first taking
     each tensor's amax by atomic max). Returns ((q8, k8, v8), (q_scale, k_scale, v_scale))."""
@@ -243,7 +254,8 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     scales = (torch.empty(b * h * n_qt, dtype=torch.float32, device=dev),
               torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev),
               torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev))
-    kron = bool(hadamard and (hd >= 256 if HADAMARD_KRON is None else HADAMARD_KRON))
+    auto = hd >= 256 and min(block_m, block_n) < 128
+    kron = bool(hadamard and (auto if HADAMARD_KRON is None else HADAMARD_KRON))
     had = _had_on(hd, q.dtype, str(dev), kron) if hadamard else None
     interp = interpreting()
     mode = "block" if scaling == "block" else "amax_atomic"
@@ -255,7 +267,7 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     args = [q, k, v, (q8, k8, v8), scales, amax, had, tuple(q.stride()[:3]), tuple(k.stride()[:3]),
             tuple(v.stride()[:3]), (q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), v8.stride(0), v8.stride(1)),
             h, h_kv, n_q, n_k, n_qt, n_kt, q_progs, k_progs]
-    warps = QUANT_WARPS or max(_quant_warps(block_m, hd), _quant_warps(block_n, hd))
+    warps = QUANT_WARPS or _fused_warps(hd, kron)
     grid = (q_progs + 2 * k_progs,)
     quantise_qkv_kernel[grid](*args, *tiles, num_warps=warps)
     if scaling != "block":
