@@ -150,7 +150,7 @@ def backward_call(v, device):
 
 def _one_pass(only: str, call):
     """call() with the main kernel launched for one pass only ('dkdv' or 'dq'; two-launch configs)."""
-    import kernels.backward as B
+    import kernels.backward_launch as B
 
     orig = B._launch
 

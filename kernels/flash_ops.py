@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import launch_config as rules
-from .backward import BackwardConfig, backward_fits, backward_impl, check_backward_args, no_second_derivative
+from .backward_launch import BackwardConfig, backward_fits, backward_impl, check_backward_args, no_second_derivative
 from .launch import resolve_launch, run_plan
 from .masks import MaskSpec, parse_mask
 from .shapes import backward_softmax_scale, check_inputs, softmax_scale

@@ -21,7 +21,7 @@ BAD = [
 
 CODE = """
 import torch
-import kernels.backward as kb
+import kernels.backward_launch as kb
 from kernels import flash_attention
 from kernels.backward import flash_attention_backward
 launches = []
@@ -52,7 +52,7 @@ print("REFUSED none; well-formed:", "OK" if max(errs) < 1e-5 else errs, len(laun
 
 def test_backward_refuses_tensors_that_do_not_fit_before_any_launch():
     res = run_snippet(f"BAD = {BAD!r}" + CODE)
-    last = refused_cheaply(res, "well-formed: OK 2")      # within the limits; the good call: preprocess + passes
+    last = refused_cheaply(res, "well-formed: OK 3")      # within the limits; the good call: preprocess, passes, finite-row twin
     lines = res.stdout.strip().splitlines()[-len(BAD) - 1:-1]
     assert last and len(lines) == len(BAD), res.stdout
     for (name, bad), line in zip(BAD, lines):

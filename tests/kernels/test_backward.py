@@ -192,7 +192,7 @@ def test_realistic_shapes_against_sdpa_backward(h_kv, device):
 def test_each_launch_names_every_kernel_parameter(monkeypatch):
     # the host builds each launch's arguments as one mapping by parameter name: every parameter
     # of the kernel has a value, none is extra; the second of two launches changes only its own
-    import kernels.backward as kb
+    import kernels.backward_launch as kb
 
     seen = []
     real = kb._launch

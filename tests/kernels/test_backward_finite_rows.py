@@ -61,7 +61,7 @@ def test_clean_inputs_run_the_plain_items_and_a_flag_per_call(monkeypatch):
     # finite_rows (the default) launches each pass twice; on clean inputs the device flag stays 0
     # and the plain launch does the work: bit-identical to finite_rows=False, also right after a
     # call whose flag was set (one flag per call); a NaN row sets it and marks its statistics
-    import kernels.backward as kb
+    import kernels.backward_launch as kb
 
     flags, runs = [], []
     real = kb._launch
