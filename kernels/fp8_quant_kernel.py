@@ -131,8 +131,8 @@ def quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tile
 def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, QUANT: tl.constexpr):
     """One tensor: program (tile, bh) runs quantise_tile on rows tile * BLOCK .. of head bh
     (QUANT.MODE "block", "amax" or "apply"; kernels.fp8_quant.QuantTile)."""
-    quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tl.program_id(0),
-                  tl.program_id(1), 0, QUANT)
+    quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tile=tl.program_id(0),
+                  bh=tl.program_id(1), which=0, QUANT=QUANT)
 
 
 @triton.jit(do_not_specialize=["H", "H_KV", "N_Q", "N_K", "n_qt", "n_kt", "q_progs", "k_progs"])
@@ -149,14 +149,14 @@ def quantise_qkv_kernel(Q, K, V, outs, scales, AMAX, HAD, q_strides, k_strides, 
     q_scale, k_scale, v_scale = scales
     sq_bh, sq_r, sk_bh, sk_r, sv_bh, sv_d = out_strides
     if pid < q_progs:
-        quantise_tile(Q, q8, q_scale, AMAX, HAD, q_strides, (sq_bh, sq_r), H, N_Q, n_qt, pid % n_qt, pid // n_qt, 0,
-                      QUANT_Q)
+        quantise_tile(Q, q8, q_scale, AMAX, HAD, q_strides, (sq_bh, sq_r), H, N_Q, n_qt, tile=pid % n_qt,
+                      bh=pid // n_qt, which=0, QUANT=QUANT_Q)
     else:
         pid -= q_progs
         if pid < k_progs:
-            quantise_tile(K, k8, k_scale, AMAX, HAD, k_strides, (sk_bh, sk_r), H_KV, N_K, n_kt, pid % n_kt,
-                          pid // n_kt, 1, QUANT_K)
+            quantise_tile(K, k8, k_scale, AMAX, HAD, k_strides, (sk_bh, sk_r), H_KV, N_K, n_kt, tile=pid % n_kt,
+                          bh=pid // n_kt, which=1, QUANT=QUANT_K)
         else:
             pid -= k_progs
-            quantise_tile(V, v8, v_scale, AMAX, HAD, v_strides, (sv_bh, sv_d), H_KV, N_K, n_kt, pid % n_kt,
-                          pid // n_kt, 2, QUANT_V)
+            quantise_tile(V, v8, v_scale, AMAX, HAD, v_strides, (sv_bh, sv_d), H_KV, N_K, n_kt, tile=pid % n_kt,
+                          bh=pid // n_kt, which=2, QUANT=QUANT_V)
