@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from app import settings, url_state
+from app import settings, url_state, watch_hint
 from app.figures._common import fmt_bytes, fmt_time_ms
 from app.figures.estimate import short
 from app.figures.model_run import (call_table, kv_cache_figure, layer_figure, layer_kind_figure, run_provenance,
@@ -56,7 +56,7 @@ try:
         if up is None:
             st.info("Upload a zip of a saved model run: `run.save(DIR)` after `with hf.capture(model) as run:`, "
                     "then zip DIR. Saved under data/runs/ it is listed here and its calls link to the other pages.")
-            runs.watch_snippet()
+            watch_hint.watch_snippet()
             st.stop()
         run, name, shown, info = runs.uploaded_run(up), "", up.name, None
     else:
@@ -215,4 +215,4 @@ if info is not None and info.growing:
     st.fragment(live, run_every=runs.RESTING_EVERY_S if resting else runs.LIVE_EVERY_S)()
 else:
     show(run, info)
-runs.watch_snippet()
+watch_hint.watch_snippet()

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from app import settings, sources, url_state
+from app import settings, sources, url_state, watch_hint
 from app.figures._common import fmt_bytes, fmt_memory, fmt_time_ms
 from app.figures.estimate import (N_MAX, N_MIN, Problem, device_sweeps, estimate_at, flops_figure, measured_at,
                                   measured_naive, measured_points, naive_fits, naive_verdicts, numbers_at_n,
@@ -247,4 +247,4 @@ with st.expander("Formulas (quoted from docs/formulas.md)", expanded=False):
 st.subheader("Your own model, running")
 st.caption("These numbers are arithmetic. To see your model's real attention kernels, tile by tile, watch its "
            "training (or capture a forward / generate) and open the Model run page:")
-sources.model_run.watch_snippet(expanded=True)
+watch_hint.watch_snippet(expanded=True)
