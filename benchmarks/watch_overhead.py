@@ -41,6 +41,7 @@ import torch
 
 from . import DEFAULT_OUT, device_slug, log, pick_device, run_meta
 from instrumentation.recording.model_bundle import LLAMA3_8B     # the one Llama-3-8B shape
+from instrumentation.recording.timing import step_events
 from instrumentation.trace import files
 
 GOAL = 1.02
@@ -86,7 +87,7 @@ class Arm:
         ids = self.pool[self.steps % len(self.pool)]
         cuda = self.device.type == "cuda"
         if timed and cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = step_events()
             start.record()
         loss = self.model(ids, labels=ids).loss
         loss.backward()

@@ -7,6 +7,8 @@ benchmarks) comes from one of these three, so that "ms" means the same thing eve
                                      of a torch.distributed group starting together (a ring)
     time_graph_ms(fn, ...)           median of CUDA-graph replays, L2 flushed before each (a decode
                                      step, too short to time from Python)
+    step_events()                    a (start, end) pair of timing CUDA events for a span the caller
+                                     records around its own work (a training step of many kernels)
 
 torch and triton load when a timer is first called.
 """
@@ -130,3 +132,14 @@ def l2_flusher(flush: str = "write", flush_bytes: int = 256 << 20):
     buf = torch.ones(flush_bytes // 4, dtype=torch.int32, device="cuda")
     out = torch.empty((), dtype=torch.int32, device="cuda")
     return buf.zero_ if flush == "write" else (lambda: torch.amax(buf, out=out))
+
+
+def step_events():
+    """A (start, end) pair of timing CUDA events: the caller records them around a span of its own
+    (one training step of many kernels, say) and reads end.elapsed_time(start) in ms after a sync.
+
+    Returns:
+        (torch.cuda.Event, torch.cuda.Event), both with enable_timing=True."""
+    import torch
+
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
