@@ -35,7 +35,7 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .tile_ops import LN2, cast_e4m3, clock64, globaltimer, normalise_rows, smid, softmax_update  # noqa: E402
+from .tile_ops import LN2, cast_e4m3, clock64, globaltimer, normalise_rows, record_tile, smid, softmax_update  # noqa: E402
 
 # P after the running max lies in [0, 1]; it is multiplied by a fixed P_SCALE = 256 before the
 # e4m3 cast (a power of two: exact, and undone exactly in the epilogue; 256 <= 448, e4m3's max),
@@ -75,6 +75,8 @@ def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, k_desc, v_desc,
         offs_n = k_block * BLOCK_N + offs_n0
         if TRACE.TILES and TRACE.HW_CLOCK:
             c_start = clock64()
+        else:
+            c_start = 0
         s_k = tl.load(k_scale + k_block)              # the tile's scales first: their latency under the dot
         s_new = tl.load(v_scale + k_block)
         if WARP_SPECIALIZE:
@@ -92,20 +94,9 @@ def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, k_desc, v_desc,
         acc = tl.dot(cast_e4m3(p * P_SCALE, ROUND_FIRST), tl.trans(v), acc)
         s_v = s_new
         m_i = m_new
-        if TRACE.TILES:
-            if trace_tiles_here:
-                tile_ptr = tiles_ptr + k_block * 3
-                tl.store(tile_ptr, step0 + i)
-                if TRACE.HW_CLOCK:
-                    tl.store(tile_ptr + 1, c_start)
-                    tl.store(tile_ptr + 2, clock64())
-        if TRACE.ROWS:
-            if trace_rows_here:
-                row_ptrs = rows_ptr + tl.arange(0, BLOCK_M) * (n_kb * 4) + (step0 + i) * 4
-                tl.store(row_ptrs, k_block.to(tl.float32) + tl.zeros_like(m_i))
-                tl.store(row_ptrs + 1, m_i * LN2)
-                tl.store(row_ptrs + 2, l_i)
-                tl.store(row_ptrs + 3, alpha)
+        record_tile(tiles_ptr, rows_ptr, n_kb, k_block, step0 + i, c_start, m_i, l_i, alpha,
+                    trace_tiles_here=trace_tiles_here, trace_rows_here=trace_rows_here, TRACE=TRACE,
+                    BLOCK_M=BLOCK_M)
     return acc, l_i, m_i, s_v
 
 

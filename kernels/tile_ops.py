@@ -110,6 +110,29 @@ def softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED: tl.constex
 
 
 @triton.jit
+def record_tile(tiles_ptr, rows_ptr, n_kb, k_block, step, c_start, m_i, l_i, alpha, trace_tiles_here,
+                trace_rows_here, TRACE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One visited tile into the trace (the forward's tile loops, bf16 and FP8): with TRACE.TILES
+    its visit number `step` (and with TRACE.HW_CLOCK the clock span from c_start) at tiles_ptr[k_block],
+    with TRACE.ROWS each row's (k_block, m in natural log, l, alpha) at rows_ptr's step; only where
+    trace_tiles_here / trace_rows_here hold. Compiled away when the flags are off."""
+    if TRACE.TILES:
+        if trace_tiles_here:
+            tile_ptr = tiles_ptr + k_block * 3
+            tl.store(tile_ptr, step)
+            if TRACE.HW_CLOCK:
+                tl.store(tile_ptr + 1, c_start)
+                tl.store(tile_ptr + 2, clock64())
+    if TRACE.ROWS:
+        if trace_rows_here:
+            row_ptrs = rows_ptr + tl.arange(0, BLOCK_M) * (n_kb * 4) + step * 4
+            tl.store(row_ptrs, k_block.to(tl.float32) + tl.zeros_like(m_i))
+            tl.store(row_ptrs + 1, m_i * LN2)
+            tl.store(row_ptrs + 2, l_i)
+            tl.store(row_ptrs + 3, alpha)
+
+
+@triton.jit
 def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, k_desc, v_desc, tiles_ptr, rows_ptr, n_kb,
                  trace_tiles_here, trace_rows_here, TILE: tl.constexpr, IS_PARTIAL: tl.constexpr,
                  USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, ROWSUM_MMA: tl.constexpr,
@@ -155,6 +178,8 @@ def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, k_desc, v_desc, t
         offs_n = k_block * BLOCK_N + offs_n0
         if TRACE.TILES and TRACE.HW_CLOCK:
             c_start = clock64()
+        else:
+            c_start = 0
         # -- load K^T, compute qk --
         k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]     # (D, BLOCK_N)
         if USE_TMA and not IS_PARTIAL:
@@ -180,20 +205,9 @@ def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, k_desc, v_desc, t
         acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
         # -- trace: tile visit and row state (compiled away when the flags are off) --
-        if TRACE.TILES:
-            if trace_tiles_here:
-                tile_ptr = tiles_ptr + k_block * 3
-                tl.store(tile_ptr, step0 + i)
-                if TRACE.HW_CLOCK:
-                    tl.store(tile_ptr + 1, c_start)
-                    tl.store(tile_ptr + 2, clock64())
-        if TRACE.ROWS:
-            if trace_rows_here:
-                row_ptrs = rows_ptr + tl.arange(0, BLOCK_M) * (n_kb * 4) + (step0 + i) * 4
-                tl.store(row_ptrs, k_block.to(tl.float32) + tl.zeros_like(m_i))
-                tl.store(row_ptrs + 1, m_i * LN2)
-                tl.store(row_ptrs + 2, l_i)
-                tl.store(row_ptrs + 3, alpha)
+        record_tile(tiles_ptr, rows_ptr, n_kb, k_block, step0 + i, c_start, m_i, l_i, alpha,
+                    trace_tiles_here=trace_tiles_here, trace_rows_here=trace_rows_here, TRACE=TRACE,
+                    BLOCK_M=BLOCK_M)
     if ROWSUM_MMA:
         l_i = tl.max(l_mma, 1)
     return acc, l_i, m_i
