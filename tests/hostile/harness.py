@@ -234,3 +234,19 @@ def run_cases(setup: str, cases: dict, timeout: float = TIMEOUT_S, env: dict | N
                   f"the child (exit status {child.returncode}) died before this case: {child.stderr[-1500:]}",
                   child.peak_rss, child.seconds, child.timed_out, child.cpu_seconds)
     return {name: Result(**done[str(name)]) if str(name) in done else lost for name in cases}
+
+
+def run_uploads(setup: str, builds: dict, upload: str, tmp_path_factory) -> dict:
+    """Each zip of `builds` ({case: () -> bytes}) written to a temporary directory of its own and
+    uploaded by `upload` (source with a `{path}` slot for the zip), all in one child (run_cases),
+    each case with tempfile.tempdir set to its directory (where its unpacked files must not stay).
+
+    Returns: {case: (Result, that directory)}."""
+    cases, dirs = {}, {}
+    for case, build in builds.items():
+        dirs[case] = tmp_path_factory.mktemp("upload")
+        (dirs[case] / "hostile.zip").write_bytes(build())
+        cases[case] = (f"import tempfile\ntempfile.tempdir = {str(dirs[case])!r}\n"
+                       + upload.format(path=str(dirs[case] / "hostile.zip")))
+    results = run_cases(setup, cases)
+    return {case: (results[case], dirs[case]) for case in builds}

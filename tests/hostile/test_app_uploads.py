@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import UPLOAD_STANDIN, refused_cheaply, run_cases, run_snippet
+from .harness import UPLOAD_STANDIN, refused_cheaply, run_snippet, run_uploads
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "data" / "traces" / "n1024_causal_natural"
@@ -123,17 +123,10 @@ CASES = {   # case: (zip builder, words the one-line refusal must contain)
 
 @pytest.fixture(scope="module")
 def uploads(tmp_path_factory):
-    """Every case of CASES uploaded once, all in one child (harness.run_cases), each with a
+    """Every case of CASES uploaded once, all in one child (harness.run_uploads), each with a
     temporary directory of its own: {case: (Result, that directory)}."""
-    cases, dirs = {}, {}
-    for case, (build, _) in CASES.items():
-        dirs[case] = tmp_path_factory.mktemp("upload")
-        (dirs[case] / "hostile.zip").write_bytes(build())
-        # the case's own TMPDIR: where its unpacked files must not stay behind
-        cases[case] = (f"import tempfile\ntempfile.tempdir = {str(dirs[case])!r}\n"
-                       + UPLOAD.format(path=str(dirs[case] / "hostile.zip")))
-    results = run_cases("import app.sources.upload, app.sources.errors", cases)
-    return {case: (results[case], dirs[case]) for case in CASES}
+    return run_uploads("import app.sources.upload, app.sources.errors",
+                       {case: build for case, (build, _) in CASES.items()}, UPLOAD, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

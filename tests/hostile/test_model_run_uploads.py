@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import UPLOAD_STANDIN, refused_cheaply, run_cases, run_snippet
+from .harness import UPLOAD_STANDIN, refused_cheaply, run_snippet, run_uploads
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = ROOT / "data" / "runs" / "qwen2.5-7b-4l-sliding"      # 12 calls, 2.3 MB
@@ -83,16 +83,10 @@ def upload_case(name):
 
 @pytest.fixture(scope="module")
 def uploads(tmp_path_factory):
-    """Every zip of UPLOADS uploaded once, all in one child (harness.run_cases), each with a
+    """Every zip of UPLOADS uploaded once, all in one child (harness.run_uploads), each with a
     temporary directory of its own: {case: (Result, that directory)}."""
-    cases, dirs = {}, {}
-    for name, build in UPLOADS.items():
-        dirs[name] = tmp_path_factory.mktemp("upload")
-        (dirs[name] / "hostile.zip").write_bytes(build())
-        cases[name] = (f"import tempfile\ntempfile.tempdir = {str(dirs[name])!r}\n"
-                       + UPLOAD.format(path=str(dirs[name] / "hostile.zip")))
-    results = run_cases("import app.sources.model_run, app.sources.errors, app.figures.model_run", cases)
-    return {name: (results[name], dirs[name]) for name in cases}
+    return run_uploads("import app.sources.model_run, app.sources.errors, app.figures.model_run", UPLOADS,
+                       UPLOAD, tmp_path_factory)
 
 
 def _upload(uploads, name: str, *words: str) -> str:
