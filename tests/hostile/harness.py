@@ -139,13 +139,21 @@ def run_snippet(code: str, timeout: float = TIMEOUT_S, env: dict | None = None,
                       usage.ru_utime + usage.ru_stime)
 
 
+def ran_to_the_end(res: Result) -> str:
+    """The last line a snippet printed on stdout, after asserting that it ended by itself
+    (within run_snippet's timeout) with status 0 inside the memory limit. For snippets that do
+    real kernel work, where the refusal's 10 CPU-seconds do not apply."""
+    assert not res.timed_out, f"timed out after {res.seconds:.0f} s"
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.peak_rss < PEAK_RSS_LIMIT, f"peak RSS {res.peak_rss / 2**30:.2f} GiB"
+    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+
+
 def refused_cheaply(res: Result, *fragments: str) -> str:
     """The one-line refusal a snippet printed on stdout, after asserting that it ran to the
     end within the suite's memory and time limits (CPU seconds; wall within twice) and that
     the refusal names `fragments`."""
-    assert not res.timed_out, f"timed out after {res.seconds:.0f} s"
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.peak_rss < PEAK_RSS_LIMIT, f"peak RSS {res.peak_rss / 2**30:.2f} GiB"
+    ran_to_the_end(res)
     # the 10 s are the child's CPU time: on the shared 2-CPU machine wall time grows with
     # whatever else runs, so wall time only has to stay within twice the limit
     assert res.cpu_seconds < SECONDS_LIMIT, f"{res.cpu_seconds:.1f} s of CPU"
