@@ -73,8 +73,11 @@ def errors(got, ref, pt):
 
 
 def assert_as_flash_attn(got, ref, pt, mult=2, what="out"):
+    """Upstream's bound: mult x PyTorch's error + 1e-5. The 1e-5 matters where PyTorch is exact:
+    with one visible key (N_k 1) the gradients are 0 in float64 and in PyTorch's fp16, while a fused
+    backward's dS = P (dP - D) takes dP from an MMA and D from a row sum in another order (~1e-6)."""
     err, pt_err = errors(got, ref, pt)
-    assert err <= mult * pt_err + 1e-6, f"{what}: error {err:.3g} > {mult} x PyTorch's {pt_err:.3g}"
+    assert err <= mult * pt_err + 1e-5, f"{what}: error {err:.3g} > {mult} x PyTorch's {pt_err:.3g}"
 
 
 def assert_lse(lse, ref_lse, pt_lse):
