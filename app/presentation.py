@@ -41,6 +41,12 @@ CSS = """
 [data-testid="stMain"] [data-testid="stElementContainer"]:has(> [data-testid="stMarkdown"]),
 [data-testid="stMain"] [data-testid="stExpander"], [data-testid="stMain"] [data-testid="stDataFrame"] {
   display: none !important; }
+/* and their stand-ins: until an element's code has loaded (st.metric, st.dataframe, a button: lazy
+   chunks) Streamlit draws a 40 px skeleton in its place. The rules above hide the element, not the
+   skeleton, so a slide under a hidden metric row (Your model, Model run) sat 40 px + the 16 px gap
+   low until the chunk came, seconds on a loaded machine: its export row fell below a 720 px window */
+[data-testid="stMain"] [data-testid="stElementContainer"]:has(> [data-testid="stSkeleton"]) {
+  display: none !important; }
 /* except the page's controls folded into an expander keyed slide_controls (schedule page): a faint
    pill in the top-left corner, out of the chart's way, opened over the slide when needed */
 .st-key-slide_controls [data-testid="stExpander"] { display: block !important; }
@@ -289,7 +295,19 @@ FIT = """
   // the slides as the fit sees them (the browser tests read them): chart box, lead and tail heights
   window.__tilescopeSlides = () => slides().map(s => ({chart: s.plot.getBoundingClientRect().toJSON(),
     lead: extent(s).lead, tail: tailOf(s), menus: s.tail.map(c => c.getBoundingClientRect().toJSON())}));
-  window.__tilescopeFit = setInterval(() => { fit(); land(); firstWhole(); where(); }, 300);
+  // how many ticks in a row the slides have stood still (their charts' and menus' boxes, the label):
+  // the browser tests wait for the layout to settle on it, not for a time
+  let still = 0, lastSig = '';
+  const stillness = () => {
+    const box = e => { const r = e.getBoundingClientRect(); return [r.top, r.height, r.width].map(Math.round).join(','); };
+    const sig = slides().map(s => [s.plot, ...s.tail].map(box).join(' ')).join(';')
+      + '|' + ((document.getElementById('tilescope-where') || {}).textContent || '');
+    still = sig === lastSig ? still + 1 : 0;
+    lastSig = sig;
+    window.__tilescopeStill = still;
+    window.__tilescopeTicks = (window.__tilescopeTicks || 0) + 1;
+  };
+  window.__tilescopeFit = setInterval(() => { fit(); land(); firstWhole(); where(); stillness(); }, 300);
   // next / previous slide: PageDown or → / PageUp or ←: scroll the next slide's top to TOP_PX
   // (a slide fits above the step bar, so it is seen whole); past either end, the next or the
   // previous page; typing in a control is left alone

@@ -1,0 +1,38 @@
+"""Waiting for a presentation-mode page's layout to settle, for the browser tests of slides: no
+fixed sleeps (a loaded machine lays the page out seconds later than an idle one), but the page's
+own state: the script idle, no page turn pending, the charts drawn and scaled by the fit script
+(app/presentation.py), the fit script's boxes still over two of its ticks, no CSS transition
+running, and every element's box unchanged across two animation frames. It does not wait for
+lazily loaded elements (a skeleton until their code arrives): what the room sees meanwhile is
+tested as it is."""
+
+from __future__ import annotations
+
+SETTLED_JS = """([n, t0]) => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  const status = document.querySelector('[data-testid="stStatusWidget"]');
+  const idle = !(app && app.getAttribute('data-test-script-state') === 'running')
+    && !(status && /Running/.test(status.innerText));
+  const plots = [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')];
+  const ready = idle && !sessionStorage.getItem('tilescopeLand') && plots.length >= n
+    && plots.every(p => p.querySelector('.main-svg') && p.style.transform.startsWith('scale'))
+    && document.getElementById('tilescope-where')
+    && (window.__tilescopeTicks || 0) >= t0 + 2 && (window.__tilescopeStill || 0) >= 2
+    && !document.getAnimations().some(a => a.playState === 'running' && a instanceof CSSTransition);
+  const boxes = ready ? [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot, '
+      + '[data-testid="stMain"] [data-testid="stPopover"], [data-testid="stMain"] [data-testid="stElementContainer"]')]
+    .map(e => { const r = e.getBoundingClientRect(); return [r.top, r.left, r.width, r.height].map(Math.round).join(':'); })
+    .join(',') : '';
+  const w = window.__tsSettle || (window.__tsSettle = {sig: '', same: 0});
+  w.same = boxes && boxes === w.sig ? w.same + 1 : 0;
+  w.sig = boxes;
+  return w.same >= 2;
+}"""
+
+
+def settle(page, n: int = 1, timeout_ms: int = 180_000) -> None:
+    """Until the presentation-mode layout of `page` has settled with at least `n` charts (see the
+    module's docstring); the fit script must tick twice from now, so a change just made (a key
+    press, a scroll, a hover) is seen by it."""
+    t0 = page.evaluate("() => { window.__tsSettle = null; return window.__tilescopeTicks || 0; }")
+    page.wait_for_function(SETTLED_JS, arg=[n, t0], polling="raf", timeout=timeout_ms)
