@@ -1,5 +1,5 @@
 """The traced backward of record(..., backward=True): kernels.backward run with trace buffers on
-the traced forward's output and log-sum-exp, decoded into the tables bwd_work (one row per
+the traced forward's output and log-sum-exp, its buffers decoded (raw_trace.decode_backward) into the tables bwd_work (one row per
 program of the three launches), bwd_tiles (each traced query head's tiles in the order their
 programs visited them) and bwd_rows (per traced query row, the row sum of the recomputed
 P = exp(S - lse) against the forward's lse: 1 where the backward recomputes what the forward
@@ -10,14 +10,17 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pandas as pd
 import torch
 
 from kernels import backend
 from kernels.backward import PREPROCESS_ROWS, backward_trace_buffers, flash_attention_backward
-from kernels.masks import STATUS_NAMES
 
-from .program_clock import clock_columns
+# the decoders live with the forward's in raw_trace (no torch there: a watched job's decoding
+# process imports them); their names here keep working
+from .raw_trace import _decode_bwd_rows as _decode_rows  # noqa: F401
+from .raw_trace import _decode_bwd_tiles as _decode_tiles  # noqa: F401
+from .raw_trace import _decode_bwd_work as _decode_work  # noqa: F401
+from .raw_trace import empty_bwd_tiles as empty_tiles  # noqa: F401
 from .timing import time_ms
 
 GRAD_OUT_SEED = 0       # the default dO: standard normal from a generator with this seed
@@ -55,7 +58,9 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
         rows: the query rows of bwd_rows (the forward's traced rows), or None for none.
         measure: time the backward on CUDA (do_bench medians).
     Returns:
-        ((dq, dk, dv), {'bwd_work', 'bwd_tiles', 'bwd_rows': DataFrame}, meta['backward'])."""
+        ((dq, dk, dv), raw): the gradients, and the raw buffers and meta['backward'] (with its
+        'trace_launches') that raw_trace.decode_backward turns into the tables bwd_work,
+        bwd_tiles and bwd_rows (the buffers still on the device)."""
     do, grad_out_text = grad_output(o, grad_out)
     traced = dict(tiles=bool(heads), rows=bool(heads))
     buffers = backward_trace_buffers(q, k, spec, heads, **traced)
@@ -84,9 +89,15 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
     b, h, n_q, _ = q.shape
     h_kv = k.shape[1]
     kp, qp = bp.kv_plan, bp.q_plan
-    tables = {"bwd_work": _decode_work(work_buffers, b, h, h_kv, hw),
-              "bwd_tiles": _decode_tiles(buffers, heads, h, h // h_kv),
-              "bwd_rows": _decode_rows(buffers, heads, h, lse, rows)}
+    traced = bool(heads) and rows is not None and len(rows) > 0
+    index = torch.tensor(heads if traced else [], dtype=torch.long, device=lse.device)
+    row_index = torch.as_tensor(rows if traced else np.zeros(0, np.int64), dtype=torch.long, device=lse.device)
+    raw = dict(work=work_buffers.work, tiles_dkdv=buffers.tiles_dkdv, tiles_dq=buffers.tiles_dq, rows=buffers.rows,
+               lse_rows=lse.reshape(-1, lse.shape[-1])[index][:, row_index].float(),
+               kv_order=bp.kv_order, q_order=bp.q_order, b=b, h=h, h_kv=h_kv, heads=list(heads), rows_index=rows,
+               n_delta=buffers.n_delta, n_dkdv=buffers.n_dkdv, n_dq=buffers.n_dq, split_dkdv=cfg.split_dkdv,
+               one_launch=cfg.one_launch, kv_n_kb=kp.n_kb, kv_block_map=kp.block_map, q_n_qb=qp.n_qb,
+               q_tiles_per_q_block=qp.tiles_per_q_block, q_block_map=qp.block_map, hw=hw)
     grid = lambda bm, bn, plan: {"block_m": bm, "block_n": bn, "n_q_blocks": plan.n_qb,  # noqa: E731
                                  "n_k_blocks": plan.n_kb}
     meta = {
@@ -106,7 +117,8 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
         # which run drew which table (moved into the trace's meta['launches'] by record())
         "trace_launches": _launches(bool(heads), hw),
     }
-    return grads, tables, meta
+    raw["meta"] = meta
+    return grads, raw
 
 
 BWD_WORK_ONLY, BWD_DETAIL = "backward work-only launch", "backward detail launch"
@@ -127,83 +139,3 @@ def _launches(detail: bool, hw: bool) -> dict:
                              "warm_up_launches": int(hw), "order": 1, "gradients": True},
                 BWD_WORK_ONLY: {**work_only, "order": 2, "gradients": False}}}
 
-
-def _decode_work(buffers, b, h, h_kv, hw) -> pd.DataFrame:
-    """bwd_work: phase, b, head, block, program, order, tiles, sm, t_start, t_end."""
-    bp, buf = buffers.plan, buffers.work.cpu().numpy()
-    kp, qp = bp.kv_plan, bp.q_plan
-    n_rows = buffers.n_delta // (b * h)
-    p_delta, p_dkdv, p_dq = (np.arange(n) for n in (buffers.n_delta, buffers.n_dkdv, buffers.n_dq))
-    kv_order, q_order = bp.kv_order.cpu().numpy(), bp.q_order.cpu().numpy()
-    item = p_dkdv // 2 if buffers.config.split_dkdv else p_dkdv     # split: dK at 2p, dV at 2p + 1
-    k_block = kv_order[item % kp.n_kb]
-    q_block = q_order[p_dq % qp.n_qb]
-    bh_kv, bh = item // kp.n_kb, p_dq // qp.n_qb
-    group = h // h_kv
-    kv_tiles = (kp.block_map != 0).sum(axis=0) * group              # per key block, all heads of a group
-    dq_base = buffers.n_dkdv if buffers.config.one_launch else 0     # dQ programs' ids in their launch
-    df = pd.DataFrame({
-        "phase": np.repeat(np.array(["delta", "dkdv", "dq"]), [len(p_delta), len(p_dkdv), len(p_dq)]),
-        "b": np.concatenate([p_delta // n_rows // h, bh_kv // h_kv, bh // h]).astype(np.int32),
-        "head": np.concatenate([p_delta // n_rows % h, bh_kv % h_kv, bh % h]).astype(np.int32),
-        "block": np.concatenate([p_delta % n_rows, k_block, q_block]).astype(np.int32),
-        "program": np.concatenate([p_delta, p_dkdv, dq_base + p_dq]).astype(np.int32),
-        "tiles": np.concatenate([np.zeros(len(p_delta), np.int64), kv_tiles[k_block],
-                                 qp.tiles_per_q_block[q_block]]).astype(np.int32),
-    })
-    # ties in start time: the earlier launch, then the lower program id
-    return df.assign(**clock_columns(buf[:, 0], buf[:, 1], buf[:, 2], buf[:, 3], hw, np.arange(len(buf))))
-
-
-def _decode_tiles(buffers, heads, h, group) -> pd.DataFrame:
-    """bwd_tiles: phase, b, head (the query head), kv_head, q_block, k_block, order, program, status."""
-    bp = buffers.plan
-    if buffers.tiles_dkdv is None:
-        return empty_tiles()
-    kp, qp = bp.kv_plan, bp.q_plan
-    # the program that ran each block: the inverse of the order programs take a head's blocks
-    kv_rank = np.argsort(bp.kv_order.cpu().numpy())
-    q_rank = np.argsort(bp.q_order.cpu().numpy())
-    dq_base = buffers.n_dkdv if buffers.config.one_launch else 0
-    parts = []
-    for phase, grids, plan in (("dkdv", buffers.tiles_dkdv, kp), ("dq", buffers.tiles_dq, qp)):
-        grids = grids.cpu().numpy()
-        for slot, bh in enumerate(heads):
-            qb, kb = np.nonzero(grids[slot] >= 0)
-            b, head = bh // h, bh % h
-            if phase == "dkdv":
-                program = (b * (h // group) + head // group) * plan.n_kb + kv_rank[kb]
-                if buffers.config.split_dkdv:     # the dK program (its dV program visits the same tiles)
-                    program = 2 * program
-            else:
-                program = dq_base + bh * plan.n_qb + q_rank[qb]
-            parts.append(pd.DataFrame({
-                "phase": phase, "b": np.int32(b), "head": np.int32(head), "kv_head": np.int32(head // group),
-                "q_block": qb.astype(np.int32), "k_block": kb.astype(np.int32),
-                "order": grids[slot][qb, kb].astype(np.int32), "program": program.astype(np.int32),
-                "status": [STATUS_NAMES[s] for s in plan.block_map[qb, kb]]}))
-    return pd.concat(parts, ignore_index=True) if parts else empty_tiles()
-
-
-def _decode_rows(buffers, heads, h, lse, rows) -> pd.DataFrame:
-    """bwd_rows: b, head, q_row, lse (the forward's, natural log; NaN where a row sees no key),
-    p_rowsum (sum over the row's visited tiles of the recomputed P; 0 where it sees no key)."""
-    if buffers.rows is None or rows is None or not len(rows):
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
-            ("b", "int32"), ("head", "int32"), ("q_row", "int32"), ("lse", "float64"), ("p_rowsum", "float64")]})
-    sums = buffers.rows.cpu().numpy()
-    lse_rows = lse.reshape(-1, lse.shape[-1]).float().cpu().numpy()
-    parts = []
-    for slot, bh in enumerate(heads):
-        row_lse = lse_rows[bh, rows].astype(np.float64)
-        parts.append(pd.DataFrame({
-            "b": np.int32(bh // h), "head": np.int32(bh % h), "q_row": rows.astype(np.int32),
-            "lse": np.where(np.isfinite(row_lse), row_lse, np.nan),
-            "p_rowsum": sums[slot, rows].astype(np.float64)}))
-    return pd.concat(parts, ignore_index=True)
-
-
-def empty_tiles() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
-        ("phase", "object"), ("b", "int32"), ("head", "int32"), ("kv_head", "int32"), ("q_block", "int32"),
-        ("k_block", "int32"), ("order", "int32"), ("program", "int32"), ("status", "object")]})

@@ -1,21 +1,18 @@
-"""record(): run the FlashAttention kernel (kernels.flash) with trace buffers and decode them
-into a Trace."""
+"""record(): run the FlashAttention kernel (kernels.flash) with trace buffers (launch) and decode them
+into a Trace (raw_trace.decode)."""
 
 from __future__ import annotations
 
-
 import numpy as np
-import pandas as pd
 import torch
 
 from kernels import TraceBuffers, backend, block_plan, flash_attention, validate_call
-from kernels.masks import STATUS_NAMES
 
-from ..analysis.traced_items import DETAIL, WORK_ONLY, work_item_ratio
-from ..trace import SCHEMA_VERSION, Trace
+from ..trace import SCHEMA_VERSION
 from ..trace.files import utc_now
 from .environment import DTYPE_NAMES, environment
 from .inputs import AUTO_TRACE_BLOCKS, ROW_DETAIL_ALL_UP_TO, check_sizes, dtype_name, parse_q_blocks
+from .raw_trace import decode
 from .timing import time_ms
 
 
@@ -30,7 +27,9 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
            num_warps=None, num_stages=None, trace_head=0, trace_q_blocks="auto",
            level="full", measure=True, meta_extra=None, backward=False, grad_out=None,
            precision="bf16", scaling="block", hadamard=True):
-    """Run the instrumented kernel; return (out, Trace).
+    """Run the instrumented kernel; return (out, Trace): launch(...) with these arguments, its raw
+    buffers decoded by raw_trace.decode (the one decoder, also what a watched job's decoding
+    process runs).
 
     level: 'work' (one row per work item) or 'full' (plus tiles and per-row softmax state of
     head `trace_head` -- a batch*head index, or a list of them -- for `trace_q_blocks`: 'auto',
@@ -53,6 +52,28 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     max_abs, variant) against a float64 reference computed on the inputs' device, meta['fp8']
     and meta['precision']; untraced_ms / traced_ms time the attention kernel alone.
     """
+    out, raw, fp8 = launch(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages, trace_head,
+                           trace_q_blocks, level, measure, meta_extra, backward, grad_out, precision, scaling,
+                           hadamard)
+    trace = decode(raw)
+    if fp8 is not None:
+        fp8.finish(trace, out, measure, raw["hw_run"])
+    return out, trace
+
+
+def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, schedule="natural",
+           num_warps=None, num_stages=None, trace_head=0, trace_q_blocks="auto",
+           level="full", measure=True, meta_extra=None, backward=False, grad_out=None,
+           precision="bf16", scaling="block", hadamard=True):
+    """record()'s launch half: check the call, run the traced kernels (and the timing repeats
+    with measure), and return the raw buffers undecoded, on the inputs' device (nothing waits
+    for the GPU here unless measure times it).
+
+    Arguments: as record().
+    Returns:
+        (out, raw, fp8): out as record() returns it; raw, the dict raw_trace.decode reads (see
+        instrumentation.recording.raw_trace; its arrays still tensors on the device); fp8, the
+        FP8 recording to finish on the decoded trace (None for precision 'bf16')."""
     if not isinstance(backward, bool):
         raise ValueError(f"backward must be True or False, got {backward!r}")
     if grad_out is not None and not backward:
@@ -132,14 +153,15 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
             run(trace=fresh_buffers(False))
         work_buffers = fresh_buffers(False)
         run(trace=work_buffers)
+    bwd_raw = None
     if backward:
         from .backward import record_backward
 
         out, lse = out
         traced_rows = np.array([r for qb in blocks for r in range(qb * cfg.block_m, min((qb + 1) * cfg.block_m, n))],
                                dtype=np.int64)
-        grads, bwd_tables, bwd_meta = record_backward(q, k, v, out, lse, spec, sm_scale, grad_out,
-                                                      heads if full else [], traced_rows, measure)
+        grads, bwd_raw = record_backward(q, k, v, out, lse, spec, sm_scale, grad_out,
+                                         heads if full else [], traced_rows, measure)
         for leaf, grad in zip(leaves, grads):
             if leaf.requires_grad and leaf.is_leaf:
                 leaf.grad = grad.to(leaf.dtype) if leaf.grad is None else leaf.grad + grad.to(leaf.dtype)
@@ -156,26 +178,9 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
 
     env = environment(dev)
     hw = env["backend"] == "cuda"
-
-    def decode_work(buffers: TraceBuffers) -> pd.DataFrame:
-        w = _decode_work(buffers.work.cpu().numpy(), n_qb, h, plan.tiles_per_q_block, plan.block_map, hw,
-                         schedule, plan.work_list(b * h, schedule).cpu().numpy())
-        w.insert(3, "kv_head", (w["head"] // (h // h_kv)).astype(np.int32))   # GQA: the KV head read
-        return w
-
-    work = decode_work(work_buffers)
-    if full:
-        detail_work = decode_work(first)
-        tile_buf, row_buf = first.tiles.cpu().numpy(), first.rows.cpu().numpy()
-        # tiles are placed inside their item's span in the drawn work table (the work-only launch)
-        tiles = pd.concat([_decode_tiles(tile_buf[i], plan.block_map, x, work, hw)
-                           for i, x in enumerate(heads)], ignore_index=True)
-        rows = pd.concat([_decode_rows(row_buf[i], blocks, cfg.block_m, n, x)
-                          for i, x in enumerate(heads)], ignore_index=True)
-    else:
-        detail_work = None
-        tiles, rows = _empty_tiles(), _empty_rows()
-    out_rows = pd.concat([_decode_out(out, blocks, cfg.block_m, n, x) for x in heads], ignore_index=True)
+    rows_index = torch.tensor([r for qb in blocks for r in range(qb * cfg.block_m, min((qb + 1) * cfg.block_m, n))],
+                              dtype=torch.long, device=dev)
+    head_index = torch.tensor(heads, dtype=torch.long, device=dev)
     meta = {
         "schema_version": SCHEMA_VERSION,
         "created": utc_now(),
@@ -202,143 +207,13 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         "untraced_ms": timings.get("untraced_ms"),
         "traced_ms": timings.get("traced_ms"),
         "work_traced_ms": timings.get("work_traced_ms"),
-        "launches": launches_meta(full, hw, heads, blocks, detail_work),
         "source": "live",
     }
-    if backward:
-        meta["backward"] = bwd_meta
-        bwd_launches = bwd_meta.pop("trace_launches")
-        ran_before = len(meta["launches"]["settings"])      # the backward's runs follow the forward's
-        meta["launches"]["settings"].update({name: {**cfg_, "order": cfg_["order"] + ran_before}
-                                             for name, cfg_ in bwd_launches.pop("settings").items()})
-        meta["launches"].update(bwd_launches)
-    if meta_extra:
-        meta.update(meta_extra)
-    trace = Trace(meta=meta, work=work, tiles=tiles, rows=rows, out=out_rows)
-    if fp8 is not None:
-        fp8.finish(trace, out, measure, hw_run)
-    if backward:
-        for name, table in bwd_tables.items():
-            trace.tables[name] = table
-    return out, trace
-
-
-def launches_meta(full: bool, hw: bool, heads: list, blocks: list, detail_work: pd.DataFrame | None) -> dict:
-    """meta['launches']: which launch each table came from, and each launch's settings. At level
-    'full' the detail launch (work, tiles and rows traced) ran first and gave out, tiles and
-    rows; the work-only launch (tile and row tracing off) gave work. On CUDA the detail launch's
-    own work table is summarised by its traced_item_ratio (what tile tracing costs the traced
-    heads' items: instrumentation.analysis.traced_items), then dropped."""
-    work_only = {"trace": "work records only: tile and row tracing off", "hw_clock": hw,
-                 "warm_up_launches": int(hw and full)}
-    if not full:
-        return {"work": WORK_ONLY, "out": WORK_ONLY, "tiles": "none (level work)", "rows": "none (level work)",
-                "settings": {WORK_ONLY: {**work_only, "order": 1}}}
-    ratio = work_item_ratio(detail_work, heads) if hw else float("nan")
-    return {"work": WORK_ONLY, "tiles": DETAIL, "rows": DETAIL, "out": DETAIL,
-            "settings": {DETAIL: {"trace": "work records, tiles of the traced heads, softmax rows of their "
-                                           "traced query blocks", "hw_clock": hw, "order": 1,
-                                  "traced_heads": [int(x) for x in heads], "traced_q_blocks": len(blocks),
-                                  "traced_item_ratio": ratio if np.isfinite(ratio) else None},
-                         WORK_ONLY: {**work_only, "order": 2}}}
-
-
-def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule, work_list) -> pd.DataFrame:
-    n_work = buf.shape[0]
-    w = np.arange(n_work)
-    bh, qb = w // n_qb, w % n_qb
-    df = pd.DataFrame({
-        "bh": bh.astype(np.int32), "batch": (bh // heads).astype(np.int32),
-        "head": (bh % heads).astype(np.int32), "q_block": qb.astype(np.int32),
-        "program": buf[:, 0].astype(np.int32), "order": buf[:, 1].astype(np.int32),
-    })
-    if hw:
-        t0 = buf[:, 3].min()
-        if schedule != "persistent":
-            # program p ran work_list[p]; the order programs started in comes from the global clock
-            df["program"] = np.argsort(work_list).astype(np.int32)
-            df["order"] = np.lexsort((df["program"].to_numpy(), buf[:, 3])).argsort().astype(np.int32)
-        df["sm"] = buf[:, 2].astype(np.int32)
-        df["t_start"] = (buf[:, 3] - t0).astype(np.float64)
-        df["t_end"] = (buf[:, 4] - t0).astype(np.float64)
-    else:
-        df["sm"] = np.int32(-1)
-        df["t_start"] = np.nan
-        df["t_end"] = np.nan
-    df["tiles_visited"] = tiles_per_qb[qb].astype(np.int32)
-    df["tiles_full"] = (block_map == 2).sum(axis=1)[qb].astype(np.int32)
-    df["tiles_partial"] = (block_map == 1).sum(axis=1)[qb].astype(np.int32)
-    return df
-
-
-def _decode_tiles(buf, block_map, bh, work, hw) -> pd.DataFrame:
-    n_qb, n_kb = block_map.shape
-    qb, kb = np.meshgrid(np.arange(n_qb), np.arange(n_kb), indexing="ij")
-    order = buf[:, :, 0]
-    df = pd.DataFrame({
-        "bh": np.int32(bh), "q_block": qb.ravel().astype(np.int32), "k_block": kb.ravel().astype(np.int32),
-        "status": pd.Categorical([STATUS_NAMES[s] for s in block_map.ravel()],
-                                 categories=["skipped", "partial", "full"]),
-        "visited": (order >= 0).ravel(), "order": order.ravel().astype(np.int32),
-    })
-    if hw:
-        c0, c1 = buf[:, :, 1].astype(np.float64), buf[:, :, 2].astype(np.float64)
-        c0[order < 0] = np.nan
-        c1[order < 0] = np.nan
-        base = np.nanmin(c0, axis=1, keepdims=True) \
-            if (order >= 0).any() else np.zeros((n_qb, 1))
-        rel0, rel1 = c0 - base, c1 - base
-        df["cycles_start"] = rel0.ravel()
-        df["cycles_end"] = rel1.ravel()
-        # place each tile inside its work item's [t_start, t_end] in proportion to its cycles
-        wk = work[work.bh == bh].set_index("q_block")
-        span = np.nanmax(rel1, axis=1, keepdims=True)
-        span[~np.isfinite(span) | (span <= 0)] = np.nan
-        ts = wk.reindex(range(n_qb))["t_start"].to_numpy()[:, None]
-        te = wk.reindex(range(n_qb))["t_end"].to_numpy()[:, None]
-        df["t_start"] = (ts + rel0 / span * (te - ts)).ravel()
-        df["t_end"] = (ts + rel1 / span * (te - ts)).ravel()
-    else:
-        for col in ("cycles_start", "cycles_end", "t_start", "t_end"):
-            df[col] = np.nan
-    return df
-
-
-def _decode_rows(buf, blocks, block_m, n, bh) -> pd.DataFrame:
-    if not blocks:
-        return _empty_rows()
-    slots, steps = buf.shape[0], buf.shape[1]
-    row_in_slot = np.arange(slots)
-    q_row = np.asarray(blocks)[row_in_slot // block_m] * block_m + row_in_slot % block_m
-    k_block = buf[:, :, 0]
-    hit = ~np.isnan(k_block) & (q_row[:, None] < n)
-    r_idx, step = np.nonzero(hit)
-    return pd.DataFrame({
-        "bh": np.int32(bh), "q_row": q_row[r_idx].astype(np.int32),
-        "q_block": (q_row[r_idx] // block_m).astype(np.int32), "step": step.astype(np.int32),
-        "k_block": k_block[r_idx, step].astype(np.int32),
-        "m": buf[r_idx, step, 1].astype(np.float64), "l": buf[r_idx, step, 2].astype(np.float64),
-        "alpha": buf[r_idx, step, 3].astype(np.float64),
-    })
-
-
-def _decode_out(out, blocks, block_m, n, bh) -> pd.DataFrame:
-    rows = [r for qb in blocks for r in range(qb * block_m, min((qb + 1) * block_m, n))]
-    b_, h_, _, d = out.shape
-    flat = out.reshape(b_ * h_, n, d)[bh, rows].float().cpu().numpy() if rows else np.zeros((0, d))
-    df = pd.DataFrame(flat, columns=[f"o{i}" for i in range(d)])
-    df.insert(0, "q_row", np.asarray(rows, dtype=np.int32))
-    df.insert(0, "bh", np.int32(bh))
-    return df
-
-
-def _empty_tiles() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
-        ("bh", "int32"), ("q_block", "int32"), ("k_block", "int32"), ("status", "object"),
-        ("visited", "bool"), ("order", "int32")]})
-
-
-def _empty_rows() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
-        ("bh", "int32"), ("q_row", "int32"), ("q_block", "int32"), ("step", "int32"),
-        ("k_block", "int32"), ("m", "float64"), ("l", "float64"), ("alpha", "float64")]})
+    raw = dict(work=work_buffers.work, work_list=plan.work_list(b * h, schedule),
+               detail_work=first.work if full else None, tiles=first.tiles if full else None,
+               rows=first.rows if full else None,
+               out_rows=out.reshape(b * h, n, out.shape[-1])[head_index][:, rows_index].float(),
+               n_qb=n_qb, h=h, h_kv=h_kv, tiles_per_q_block=plan.tiles_per_q_block, block_map=plan.block_map,
+               hw=hw, hw_run=hw_run, schedule=schedule, heads=heads, blocks=blocks, block_m=cfg.block_m, n=n,
+               full=full, meta=meta, meta_extra=meta_extra, backward=bwd_raw)
+    return out, raw, fp8
