@@ -17,12 +17,19 @@ watched call's q, k, v and, with backward=True, a hook on its output that keeps 
 when the backward reaches it). Outputs and gradients are the ones the unwatched model computes,
 so watching changes no number of the training. Under torch.compile the implementation's name is
 a guard with two values (two graphs, both compiled in the first steps) and the step counter is
-never read by compiled code. The traced kernel runs, their decoding and the saving happen on a
-worker thread (a queue of `queue_steps` steps; the training thread waits only when it is full);
-traced calls are not timed (measure=False). In Triton's interpreter (not thread-safe) the traced
-kernels and their decoding run on the training thread when the step ends; the saving stays on the
-worker. A step is written when the next step starts (or at
-w.step() / close()): one directory per step, renamed into place (model_run_stream).
+never read by compiled code. When the step ends (the next step starts, or w.step() / close())
+the training thread launches the traced kernels (recording.flash.launch: on a GPU nothing waits
+for them; traced calls are not timed, measure=False) and copies their raw trace buffers to
+pinned host memory (non_blocking, then a CUDA event). A worker thread waits for the event and
+sends the raw numpy buffers to the decoding process (instrumentation.watch_child: started once,
+at the first traced step; no torch there), which decodes them into Traces and writes the step:
+one directory per step, renamed into place (model_run_stream). So the training process's GIL is
+not held by decoding or saving. At most `queue_steps` traced steps wait for the decoder; a
+traced step due while they do is skipped (not traced; the next written step's cost says
+'skipped_before', the closed marker lists them), so training never waits. decode='thread' does
+the decoding and saving on the worker thread instead (where a child process cannot be started).
+A decode-phase call (a watched generate with a KV cache) is traced and decoded whole
+(recording.record_decode) on the training thread; only its saving is off it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from pathlib import Path
 import torch
 
 from . import hf
+from .watch_launch import launch_calls, to_host, to_numpy
 
 WATCH_NAME = "tilescope_watch"
 WATCHED_INPUTS = "the model's own activations (instrumentation.watch)"
@@ -96,12 +104,12 @@ def _snapshot(module, query, key, value, attention_mask, args, kwargs, out) -> N
 
 class Watch:
     """A watched model (see the module doc): a context manager; step() marks a step, flush() waits
-    for the steps queued so far to be written, close() ends the watch (writes the step in
+    for the steps handed over so far to be written, close() ends the watch (writes the step in
     progress and the 'closed' marker, restores the model's attention implementation)."""
 
     def __init__(self, model, out, every: int = 100, layers=None, heads=None, backward: bool = False, *,
                  steps: str = "forward", keep_steps: int | None = None, max_bytes: int | None = None,
-                 queue_steps: int = 2):
+                 queue_steps: int = 2, decode: str = "process"):
         from .recording import model_run_stream as stream
         from .recording.model_run import FORMAT, STREAM_VERSION, ModelRunFormatError
 
@@ -112,6 +120,9 @@ class Watch:
         if steps not in ("forward", "marked"):
             raise ValueError(f"steps must be 'forward' (each training-mode forward is a step) or 'marked' "
                              f"(w.step() ends a step), got {steps!r}")
+        if decode not in ("process", "thread"):
+            raise ValueError(f"decode must be 'process' (a child process decodes and saves) or 'thread' (a "
+                             f"thread of this process does), got {decode!r}")
         keep_steps = stream.KEEP_STEPS if keep_steps is None else keep_steps
         max_bytes = stream.MAX_BYTES if max_bytes is None else max_bytes
         for name, v in (("keep_steps", keep_steps), ("max_bytes", max_bytes), ("queue_steps", queue_steps)):
@@ -130,6 +141,7 @@ class Watch:
                 raise ValueError("this model is already watched; close() that watch first (one watch per model)")
         self.model, self.every, self.backward, self.marked = model, every, backward, steps == "marked"
         self.keep_steps, self.max_bytes, self.rank = keep_steps, max_bytes, _rank()
+        self.queue_steps, self.decode = queue_steps, decode
         self._stream, self._error_cls = stream, ModelRunFormatError
         self._previous = model.config._attn_implementation
         hf.use_tilescope(model)
@@ -137,19 +149,26 @@ class Watch:
         meta = hf._model_meta(model)
         meta["watched"] = {"every": every, "layers": sorted(self.layers) if self.layers is not None else "all",
                            "heads": self.heads, "level": "full" if self.heads else "work", "backward": backward,
-                           "steps": steps, "measure": False}
+                           "steps": steps, "measure": False,
+                           "decode": "child process" if decode == "process" else "worker thread"}
         self.out = stream.start(Path(out), {"format": FORMAT, "version": STREAM_VERSION, "meta": meta,
                                             "stream": {"every": every, "keep_steps": keep_steps,
                                                        "max_bytes": max_bytes}}, ModelRunFormatError)
         self._meta_model = meta.get("model")
         self.step_index = 0 if self.marked else -1
         self.steps_written = 0
+        self.skipped: list[int] = []      # traced steps not traced: queue_steps steps were waiting
+        self.decoder_info: dict = {}      # the decoding process's hello: pid, torch_loaded
+        self._skipped_since = 0
         self._pending: list = []
         self._snapshot_ms = 0.0
         self._tracing = False
         self._closed = False
         self.errors: list[str] = []
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_steps)
+        self._cond = threading.Condition()
+        self._handed = self._done = 0     # steps handed to the worker, and written (or failed) since
+        self._decoder = None
+        self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="tilescope-watch", daemon=True)
         self._worker.start()
         self._configs = configs
@@ -158,7 +177,7 @@ class Watch:
                 _WATCHES[id(c)] = self
         self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._pre_forward))
         if self.marked:
-            self._set_tracing(self.step_index % self.every == 0)
+            self._begin_step()
 
     # -- the training thread ---------------------------------------------------------------------
     def _wants(self, layer) -> bool:
@@ -169,6 +188,20 @@ class Watch:
         name = WATCH_NAME if on else hf.NAME
         if self.model.config._attn_implementation != name:
             self.model.config._attn_implementation = name
+
+    def _begin_step(self) -> None:
+        """Trace the step now starting if it is due and fewer than queue_steps steps wait to be
+        written; a due step that finds them waiting is skipped (training does not wait)."""
+        due = self.step_index % self.every == 0
+        if due:
+            with self._cond:
+                if self._handed - self._done >= self.queue_steps:
+                    due = False
+                    self.skipped.append(self.step_index)
+                    self._skipped_since += 1
+            if due and self.decode == "process" and self._decoder is None:
+                self._start_decoder()       # once, as the first traced step starts: it loads while the step runs
+        self._set_tracing(due)
 
     def _pre_forward(self, module, *_args) -> None:
         if hf._CAPTURE:
@@ -181,16 +214,25 @@ class Watch:
             return
         self._end_step()
         self.step_index += 1
-        self._set_tracing(self.step_index % self.every == 0)
+        self._begin_step()
 
     def _end_step(self) -> None:
-        """Hand the finished step's snapshots to the worker (waits while the queue is full)."""
-        if self._pending:
-            entries, snapshot_ms = self._pending, self._snapshot_ms
-            self._pending, self._snapshot_ms = [], 0.0
-            if not _threaded(entries):      # the interpreter is not thread-safe: trace here, save there
-                entries = self._trace_calls(self.step_index, entries)
-            self._queue.put((self.step_index, entries, snapshot_ms))
+        """Launch the finished step's traced kernels, copy their raw buffers to the host (no wait
+        on a GPU) and hand them to the worker thread."""
+        if not self._pending:
+            return
+        entries, cost = self._pending, {"snapshot_ms": self._snapshot_ms, "skipped_before": self._skipped_since}
+        self._pending, self._snapshot_ms, self._skipped_since = [], 0.0, 0
+        t0 = time.perf_counter()
+        calls = launch_calls(entries, self.step_index, self.rank, self.heads,
+                             {"model": self._meta_model, "inputs": WATCHED_INPUTS})
+        calls, event = to_host(calls)
+        cost["launch_ms"] = (time.perf_counter() - t0) * 1e3
+        job = {"out": str(self.out), "rank": self.rank, "step": self.step_index, "keep_steps": self.keep_steps,
+               "max_bytes": self.max_bytes, "cost": cost, "calls": calls}
+        with self._cond:
+            self._handed += 1
+        self._queue.put((job, event))
 
     def step(self) -> None:
         """End the current step and start the next (switches the watch to marked steps: from now
@@ -201,16 +243,19 @@ class Watch:
             self.marked = True
         self._end_step()
         self.step_index += 1
-        self._set_tracing(self.step_index % self.every == 0)
+        self._begin_step()
 
     def flush(self) -> None:
         """Wait until every step handed over so far is written (the step in progress is not)."""
-        self._queue.join()
+        with self._cond:
+            target = self._handed
+            self._cond.wait_for(lambda: self._done >= target)
 
     def close(self) -> None:
-        """Write the step in progress, wait for the worker, write this rank's 'closed' marker and
-        restore the model (hook removed, its previous attention implementation back). Idempotent.
-        Returns None; a step that could not be recorded is reported here in one RuntimeError line."""
+        """Write the step in progress, wait for the worker and the decoding process, write this
+        rank's 'closed' marker and restore the model (hook removed, its previous attention
+        implementation back). Idempotent. Returns None; a step that could not be recorded is
+        reported here in one RuntimeError line."""
         if self._closed:
             return
         self._closed = True
@@ -218,7 +263,9 @@ class Watch:
             self._end_step()
             self._queue.put(None)
             self._worker.join()
-            self._stream.close(self.out, self.rank, self.steps_written, self._error_cls)
+            if self._decoder is not None and self._decoder.close() != 0:
+                self.errors.append(f"the decoding process (pid {self._decoder.pid}) did not end cleanly")
+            self._stream.close(self.out, self.rank, self.steps_written, self._error_cls, skipped=self.skipped)
         finally:
             self._hook.remove()
             self._tracing = False
@@ -240,80 +287,67 @@ class Watch:
         self.close()
         return False
 
-    # -- the worker thread -----------------------------------------------------------------------
+    # -- the worker thread and the decoding process ----------------------------------------------
     def _work(self) -> None:
+        from .watch_child import one_line, write_step
+
         while True:
-            job = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                return
+            job, event = item
             try:
-                if job is None:
-                    return
-                self._write(*job)
+                if event is not None:
+                    event.synchronize()          # the raw buffers' copies to the host (the GIL is free)
+                job["calls"] = to_numpy(job["calls"])
+                if self.decode == "process" and self._decoder_up():
+                    self._decoder.submit(job)    # the child answers: _on_message
+                    continue
+                write_step(job)
+                self._finished(written=True)
             except Exception as exc:    # noqa: BLE001 -- reported by close(), the training goes on
-                self.errors.append(f"step {job[0]}: {type(exc).__name__}: {exc}".splitlines()[0][:300])
-            finally:
-                self._queue.task_done()
+                self._finished(error=one_line(job["step"], exc))
 
-    def _write(self, step: int, entries, snapshot_ms: float) -> None:
-        if isinstance(entries, list):
-            entries = self._trace_calls(step, entries)
-        calls, traces, record_ms = entries
-        rows = [{**c.record(), "trace": f"calls/{i:05d}"} for i, c in enumerate(calls)]
-        self._stream.write_step(self.out, self.rank, step, rows, traces,
-                                {"snapshot_ms": snapshot_ms, "record_ms": record_ms}, self._error_cls)
-        self.steps_written += 1
-        self._stream.retain(self.out, self.rank, self.keep_steps, self.max_bytes)
+    def _start_decoder(self) -> None:
+        from .watch_child import Decoder
 
-    def _trace_calls(self, step: int, entries: list) -> tuple:
-        """Run each snapshot's traced kernels (forward; backward on its dL/dO when it has one) and
-        decode them: (ModelCalls, Traces, milliseconds it took)."""
-        from .recording import record, record_decode
-        from .recording.environment import DTYPE_NAMES
-        from .recording.model_run import ModelCall
+        try:
+            self._decoder = Decoder(self._on_message)
+        except OSError as exc:
+            self.errors.append(f"the decoding process could not start ({exc}); steps are decoded in a thread")
+            self.decode = "thread"
 
-        t0 = time.perf_counter()
-        calls, traces = [], []
-        for i, e in enumerate(entries):
-            plan, q, k, v = e["plan"], e["q"], e["k"], e["v"]
-            b, h, n_q, d = q.shape
-            extra = {"model_call": {"step": step, "layer": plan["layer"], "phase": plan["phase"],
-                                    "model": self._meta_model, "rank": self.rank}, "inputs": WATCHED_INPUTS}
-            c0 = time.perf_counter()
-            if plan["phase"] == "decode":
-                _, trace = record_decode(q, k, v, sm_scale=e["scaling"], measure=False, meta_extra=extra)
-            else:
-                heads = [x for x in (self.heads or []) if 0 <= x < b * h][:8]
-                _, trace = record(q, k, v, mask=plan["mask"], sm_scale=e["scaling"], level="full" if heads else "work",
-                                  trace_head=heads or 0, measure=False, meta_extra=extra,
-                                  backward=e["grad"] is not None, grad_out=e["grad"])
-            wall_ms = (time.perf_counter() - c0) * 1e3
-            calls.append(ModelCall(index=i, step=step, rank=self.rank, layer=plan["layer"], phase=plan["phase"],
-                                   batch=b, heads=h, kv_heads=k.shape[1], n_q=n_q, n_k=k.shape[2], head_dim=d,
-                                   dtype=DTYPE_NAMES[q.dtype], mask=trace.meta.get("mask", plan["mask"]),
-                                   window=plan["window"], wall_ms=wall_ms, kernel_ms=_kernel_ms(trace),
-                                   bwd_kernel_ms=_kernel_ms(trace, "bwd_work")))
-            traces.append(trace)
-        entries.clear()        # the snapshots' memory goes back before the write
-        return calls, traces, (time.perf_counter() - t0) * 1e3
+    def _decoder_up(self) -> bool:
+        """Whether the decoding process runs (else this thread decodes: it could not start, or died)."""
+        return self._decoder is not None and self._decoder.proc.poll() is None
 
+    def _on_message(self, message) -> None:
+        kind, info = message
+        if kind == "hello":
+            self.decoder_info = dict(info)
+        if "torch_loaded" in info:       # whether torch was ever imported there (it is not to be)
+            self.decoder_info["torch_loaded"] = bool(self.decoder_info.get("torch_loaded")) or info["torch_loaded"]
+        if kind == "written":
+            self._finished(written=True)
+        elif kind == "error":
+            self._finished(error=info["message"])
+        elif kind == "exited" and (info["code"] != 0 or self._done < self._handed):
+            with self._cond:
+                lost = self._handed - self._done - self._queue.qsize()
+            if info["code"] != 0 or not self._closed:
+                self.errors.append(f"the decoding process ended (exit code {info['code']}) with {max(lost, 0)} "
+                                   "step(s) unwritten; steps are decoded in a thread from now on")
+                self.decode = "thread"
+            for _ in range(max(lost, 0)):
+                self._finished()
 
-def _threaded(entries: list) -> bool:
-    """Whether the traced kernels may run on the worker thread: CUDA tensors on the CUDA backend.
-    Triton's interpreter is not thread-safe (it patches triton.language while a grid runs), so there
-    they run on the training thread at the step's end and only the saving is on the worker."""
-    from kernels import backend
-
-    return bool(entries) and entries[0]["q"].is_cuda and backend() == "cuda"
-
-
-def _kernel_ms(trace, table: str = "work") -> float | None:
-    """A kernel's time in a GPU trace: the span of the items of a work-only launch, the
-    forward's ('work') or the backward's D, dK/dV and dQ programs ('bwd_work'), by globaltimer;
-    None in the interpreter (no clock: the pages model the time instead) or without that table."""
-    work = trace.tables.get(table) if hasattr(trace, "tables") else None
-    if work is None or "t_start" not in work or "t_end" not in work or not len(work):
-        return None
-    span = float(work["t_end"].max() - work["t_start"].min())
-    return span / 1e6 if span == span and span > 0 else None
+    def _finished(self, written: bool = False, error: str | None = None) -> None:
+        with self._cond:
+            self._done += 1
+            self.steps_written += int(written)
+            if error:
+                self.errors.append(error)
+            self._cond.notify_all()
 
 
 def watch(model, out, every: int = 100, layers=None, heads=None, backward: bool = False, **options) -> Watch:
@@ -330,7 +364,9 @@ def watch(model, out, every: int = 100, layers=None, heads=None, backward: bool 
         backward: also trace each traced step's backward with its real dL/dO.
         options: steps ('forward': a training-mode forward is a step; 'marked': w.step() ends
             one), keep_steps (default model_run_stream.KEEP_STEPS traced steps per rank), max_bytes
-            (default model_run_stream.MAX_BYTES per rank), queue_steps (default 2).
+            (default model_run_stream.MAX_BYTES per rank), queue_steps (traced steps that may wait
+            to be written, default 2: a traced step due while they wait is skipped), decode
+            ('process', the default: a child process decodes and saves; 'thread': a thread here).
     Returns:
         a Watch: a context manager, with step(), flush() and close()."""
     return Watch(model, out, every, layers, heads, backward, **options)

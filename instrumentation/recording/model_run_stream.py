@@ -7,7 +7,8 @@
                                          "calls": [{call fields, "trace": "calls/00000"}], "cost": {...}}
         calls/00000/ ...                each call's trace (Trace.save: forward and, when traced,
                                          backward tables as record(backward=True) writes them)
-    out/closed-r0000.json               written by close(): the rank's stream is finished
+    out/closed-r0000.json               written by close(): the rank's stream is finished (its
+                                         traced steps written, and those skipped)
 
 Append-only: a step directory is built under a temporary name in steps/ and renamed into place
 (files.write_dir_atomic), so a reader lists complete steps only and a killed job leaves a
@@ -50,7 +51,8 @@ STEP_SCHEMA = {
         "step": {"type": "integer", "minimum": 0, "maximum": MAX_STEP},
         "rank": {"type": "integer", "minimum": 0, "maximum": MAX_RANK},
         "written": {"type": "string", "maxLength": 40},
-        "cost": {"type": "object", "additionalProperties": _COST, "maxProperties": 16},
+        "cost": {"type": "object", "additionalProperties": _COST, "maxProperties": 16},   # watch: snapshot_ms,
+        # launch_ms (the training thread's), decode_ms (the decoder's), record_ms (both), skipped_before
         "calls": {"type": "array", "maxItems": 100_000, "items": {"type": "object"}},
     },
 }
@@ -195,9 +197,12 @@ def retain(root, rank: int, keep_steps: int, max_bytes: int) -> list[int]:
     return removed
 
 
-def close(root, rank: int, steps: int, error) -> None:
-    """Write the rank's closed marker: its stream is finished (the dashboard says 'finished')."""
+def close(root, rank: int, steps: int, error, skipped=()) -> None:
+    """Write the rank's closed marker: its stream is finished (the dashboard says 'finished').
+    Arguments: root; rank; steps (traced steps written); error; skipped (the traced steps that
+    were due but not traced, because the steps before them were still being written)."""
     files.write_json_atomic(Path(root) / closed_name(rank), {"rank": int(rank), "steps": int(steps),
+                                                             "skipped": [int(s) for s in skipped][:10_000],
                                                              "closed": files.utc_now()}, error)
 
 

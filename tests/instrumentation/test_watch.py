@@ -2,11 +2,13 @@
 
 Tiny random-weight transformers Llama models (test_hf's config with 2 query heads sharing 1 KV
 head, batch 1, 8 tokens: the interpreter's cost is per program), fp32, in the interpreter: the
-traced steps and their backward, weights equal to the unwatched run's, refusals in one line,
-marked steps, a compiled model, and two gloo ranks (this process and a child) into one run, the
-child killed while a step directory is half written (its completed steps stay readable, the half
-step is not read; this rank's retention keeps its last steps only).
-"""
+traced steps and their backward decoded and written by the watch's child process (no torch
+there), weights equal to the unwatched run's, refusals in one line, marked steps, a traced step
+skipped (not waited for) while the steps before it are still being written, a compiled model,
+and two gloo ranks (this process and a child) into one run, the child rank killed while its
+decoding process has a step directory half written (the decoding process then ends by itself;
+the completed steps stay readable, the half step is not read; this rank's retention keeps its
+last steps only)."""
 
 import os
 import signal
@@ -66,6 +68,7 @@ def test_six_steps_every_two_with_backward_equal_the_unwatched_weights(tmp_path)
     seen = {}
 
     def check(s, w, model):
+        seen["watch"] = w
         seen.setdefault("impl", []).append(model.config._attn_implementation)
         if s == 3:
             w.flush()
@@ -90,7 +93,13 @@ def test_six_steps_every_two_with_backward_equal_the_unwatched_weights(tmp_path)
             assert c.kernel_ms is None and c.bwd_kernel_ms is None                 # no clock in the interpreter
     for step, rank, name in stream.list_steps(out):                                # each step's own cost
         cost = stream.files.read_json(out / stream.STEPS / name / stream.STEP_MANIFEST, "step.json")["cost"]
-        assert cost["snapshot_ms"] > 0 and cost["record_ms"] > 0
+        assert cost["snapshot_ms"] > 0 and cost["launch_ms"] > 0 and cost["decode_ms"] > 0
+        assert cost["record_ms"] == pytest.approx(cost["launch_ms"] + cost["decode_ms"]) and cost["skipped_before"] == 0
+    # decoded and written by the child process, which never loaded torch
+    w = seen["watch"]
+    assert w.decoder_info["pid"] != os.getpid() and w.decoder_info["torch_loaded"] is False
+    assert w.decoder_info["pid"] == w._decoder.pid and w._decoder.proc.returncode == 0
+    assert run.meta["watched"]["decode"] == "child process" and w.skipped == [] and w.steps_written == 3
     assert watched.config._attn_implementation == hf.NAME
     for (name, p), q in zip(watched.named_parameters(), plain.parameters()):
         assert torch.equal(p, q), name
@@ -137,30 +146,95 @@ def test_marked_steps_hold_every_forward_of_the_step(tmp_path):
     assert [c.step for c in run.calls] == [0, 0, 2, 2] and {c.layer for c in run.calls} == {1}
 
 
+def test_a_traced_step_due_while_the_steps_before_wait_is_skipped_not_waited_for(tmp_path, monkeypatch):
+    # queue_steps=1: while step 0 is still being written, steps 1 and 2 (due: every=1) are not
+    # traced; the training goes on, and the run says which steps were skipped
+    import threading
+
+    from instrumentation import watch_child
+
+    gate, write = threading.Event(), watch_child.write_step
+    monkeypatch.setattr(watch_child, "write_step", lambda job: (gate.wait(60), write(job))[1])
+    model = tiny_llama(layers=1)
+    ids = prompt(TOKENS)
+    out = tmp_path / "run"
+    with watch(model, out, every=1, steps="marked", queue_steps=1, decode="thread") as w:
+        with torch.no_grad():
+            model(ids)
+        w.step()                                     # step 0 handed over (its write waits on the gate)
+        w.step()                                     # steps 1 and 2: due, skipped
+        try:
+            assert w.skipped == [1, 2] and model.config._attn_implementation == hf.NAME
+        finally:
+            gate.set()
+        w.flush()
+        w.step()                                     # step 3: traced again
+        assert model.config._attn_implementation == WATCH_NAME
+        with torch.no_grad():
+            model(ids)
+    assert steps_of(out) == [0, 3]
+    (_, _, name), = [s for s in stream.list_steps(out) if s[0] == 3]
+    assert stream.files.read_json(out / stream.STEPS / name / stream.STEP_MANIFEST, "")["cost"]["skipped_before"] == 2
+    assert stream.files.read_json(out / stream.closed_name(0), "")["skipped"] == [1, 2]
+
+
 def test_version_one_runs_keep_loading():
     run = ModelRun.load(ROOT / "data" / "runs" / "qwen2.5-7b-4l-sliding", traces=False)
     assert run.calls and {c.rank for c in run.calls} == {0}
 
 
-# rank 1 of two gloo ranks, in a child process: trains until its third step's directory is half
-# written (its first call's trace saved, no step.json yet), where the test kills it (SIGKILL)
+# rank 1 of two gloo ranks, in a child process. The decoding process it starts (after setting
+# PYTHONPATH and WATCH_TEST_HANG) runs HANG_IN_DECODER first: step 2's first call trace saved, it
+# writes its pid into the marker file and hangs, a step directory half written; once rank 1 is
+# killed, the decoding process sees its parent gone and ends after GRACE_S (0.5 s here)
 RANK_1 = """
-import sys, time, torch.distributed as dist
+import os, sys, torch.distributed as dist
 sys.path.insert(0, {root!r})
 dist.init_process_group("gloo", init_method="file://{init}", rank=1, world_size=2)
-from instrumentation.trace import Trace
+os.environ.update(PYTHONPATH=os.pathsep.join([{hooks!r}, {root!r}]), WATCH_TEST_HANG={marker!r})
 from tests.instrumentation.test_watch import trained
-save = Trace.save
-def save_then_hang(self, *args, **kwargs):
-    save(self, *args, **kwargs)
-    print("MID-WRITE", flush=True)
-    time.sleep(600)
 def on_step(s, w, model):
-    if s == 2:            # steps 0 and 1 are written; step 2 is written (and hangs) when step 3 starts
+    if s == 1:            # step 0 written: step 2 is traced (queue_steps=2), whatever the machine's load
         w.flush()
-        Trace.save = save_then_hang
 trained({out!r}, steps=50, on_step=on_step, every=1, layers=[0])
 """
+HANG_IN_DECODER = """
+import os
+if os.environ.get("WATCH_TEST_HANG"):
+    import time
+    from instrumentation import watch_child
+    from instrumentation.trace.trace import Trace
+    watch_child.GRACE_S = 0.5
+    save = Trace.save
+    def save_then_hang(self, *args, **kwargs):
+        path = save(self, *args, **kwargs)
+        if self.meta["model_call"]["step"] == 2:
+            with open(os.environ["WATCH_TEST_HANG"] + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(os.environ["WATCH_TEST_HANG"] + ".tmp", os.environ["WATCH_TEST_HANG"])
+            time.sleep(600)
+        return path
+    Trace.save = save_then_hang
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an orphan may wait to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
 
 
 def test_two_gloo_ranks_one_killed_mid_write_leave_one_stream_each(tmp_path):
@@ -168,27 +242,34 @@ def test_two_gloo_ranks_one_killed_mid_write_leave_one_stream_each(tmp_path):
 
     import torch.distributed as dist
 
-    out = tmp_path / "run"
-    code = RANK_1.format(root=str(ROOT), init=tmp_path / "init", out=str(out))
-    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
-                             stdout=subprocess.PIPE, text=True)
+    out, hooks, marker = tmp_path / "run", tmp_path / "hooks", tmp_path / "decoder-pid"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HANG_IN_DECODER)
+    code = RANK_1.format(root=str(ROOT), init=tmp_path / "init", out=str(out), hooks=str(hooks), marker=str(marker))
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"})
+    decoder = None
     try:
-        # rank 0 is this process: 4 steps, every step traced, its retention keeping the last 2
+        # rank 0 is this process: 4 steps, every step traced (none skipped: queue_steps=4), its
+        # retention keeping the last 2
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=2,
                                 timeout=datetime.timedelta(seconds=120))
         try:
-            trained(out, steps=4, every=1, layers=[1], keep_steps=2)
+            trained(out, steps=4, every=1, layers=[1], keep_steps=2, queue_steps=4)
         finally:
             dist.destroy_process_group()
-        assert any(line.startswith("MID-WRITE") for line in child.stdout)
-        os.kill(child.pid, signal.SIGKILL)
+        assert wait_for(marker.exists, 120), "rank 1's decoding process was to hang in step 2's write"
+        decoder = int(marker.read_text())
+        assert running(decoder) and decoder != child.pid
+        os.kill(child.pid, signal.SIGKILL)           # the job's rank 1 dies; nobody kills its decoder
         child.wait(timeout=60)
+        assert wait_for(lambda: not running(decoder), 30), "the decoding process outlived its job"
         half = [n for n in os.listdir(out / stream.STEPS) if not stream.STEP_DIR.match(n)]
-        assert half, "rank 1 was to be killed with a step directory half written"
+        assert half, "rank 1's decoder was to end with a step directory half written"
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=60)
+        for pid in (child.pid, decoder):
+            if pid is not None and running(pid):
+                os.kill(pid, signal.SIGKILL)
+        child.wait(timeout=60)
     assert steps_of(out, rank=0) == [2, 3]
     assert steps_of(out, rank=1) == [0, 1]            # the half-written step 2 is not read
     assert {c.layer for c in ModelRun.load(out, traces=False).calls if c.rank == 1} == {0}
@@ -207,7 +288,7 @@ def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
     compiled = torch.compile(model, backend="eager")        # dynamo's guards and graphs are what is tested
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     ids = prompt(TOKENS)
-    with watch(model, tmp_path / "run", every=2) as w:
+    with watch(model, tmp_path / "run", every=2, queue_steps=3) as w:       # no traced step skipped
         for s in range(5):
             if s == 2:
                 graphs = counters["stats"]["unique_graphs"]
