@@ -1,6 +1,7 @@
 """`python -m instrumentation.regenerate` (tiny interpreter version) and the data/ bundle's plan:
 refused without a GPU, writes and resumes a MANIFEST, stops cleanly on its budget, fits its budget;
---only serving writes data/serving's recordings."""
+--only serving writes data/serving's recordings. Its one quick run also goes through the bundled
+data/'s checkers (tests/data/test_bundled.py), so they are exercised without GPU recordings."""
 
 import json
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from instrumentation.trace.sweep_file import load_sweep
+from tests.data.test_bundled import check_manifest, check_trace_invariants, names_a_gpu
 
 
 def test_regenerate_needs_a_gpu_without_allow_cpu(tmp_path, capsys):
@@ -37,6 +39,20 @@ def test_regenerate_quick_cpu_writes_manifest_and_resumes(tmp_path):
     assert scheds == {"natural", "longest_first", "persistent"}
     t = Trace.load(tmp_path / "traces" / "n256_causal_persistent")
     assert t.meta["command"] == man["command"] and t.meta["schedule"] == "persistent"
+    # the bundled data/'s checks (tests/data/test_bundled.py) pass on this interpreter output,
+    # and its MANIFEST checker catches a listed trace that changed on disk
+    traces = sorted(p.parent for p in tmp_path.glob("traces/*/manifest.json"))
+    sweeps = sorted(tmp_path.glob("sweeps/*.json"))
+    assert len(traces) == 7 + 2 and len(sweeps) == 1
+    check_manifest(tmp_path, traces, sweeps)
+    for p in traces:
+        loaded = Trace.load(p)
+        check_trace_invariants(loaded)
+        assert not names_a_gpu(loaded.meta)
+    (traces[0] / "extra.bin").write_bytes(b"x")
+    with pytest.raises(AssertionError, match="MANIFEST says"):
+        check_manifest(tmp_path, traces, sweeps)
+    (traces[0] / "extra.bin").unlink()
     meta, df = load_sweep(tmp_path / "sweeps" / "cpu-x86-64-unknown.json"
                           if (tmp_path / "sweeps" / "cpu-x86-64-unknown.json").exists()
                           else next((tmp_path / "sweeps").glob("*.json")))
