@@ -19,14 +19,39 @@ def device():
     return torch.device("cuda" if ON_GPU else "cpu")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n N` the suite is dealt out by file (xdist's loadfile), in the collection order
+    below: a file's module-scoped fixtures (recordings made in the interpreter, most of them) are
+    then built by one worker, not by every worker that runs one of its tests, and the browser
+    files stay last on every worker. An explicit other --dist keeps xdist's own scheduler."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False          # keep the collection order (browser files last)
+    return LoadFileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     # Browser tests last (tests/app/conftest.py): they share one Chromium whose Playwright sync API
     # holds a running asyncio loop until the session ends. The ones that want a server no session
-    # has used yet go first among them, so the shared server is theirs at no extra start.
+    # has used yet go first among them (their file first), so the shared server is theirs at no
+    # extra start; then the browser files with the most tests, so that under xdist (dealt out by
+    # file) the last file a worker takes is a short one.
+    browser_files: dict = {}
+    for item in items:
+        if "browser" in item.keywords:
+            fresh = "fresh_app_server" in getattr(item, "fixturenames", ())
+            n_tests, has_fresh = browser_files.get(item.path, (0, False))
+            browser_files[item.path] = (n_tests + 1, has_fresh or fresh)
+
     def order(item):
         if "browser" not in item.keywords:
-            return 0
-        return 1 if "fresh_app_server" in getattr(item, "fixturenames", ()) else 2
+            return (0,)
+        n_tests, has_fresh = browser_files[item.path]
+        fresh = "fresh_app_server" in getattr(item, "fixturenames", ())
+        return (1, not has_fresh, -n_tests, str(item.path), not fresh)
 
     items.sort(key=order)          # stable: file order within each group
     from app.browser import missing_reason
