@@ -4,11 +4,12 @@ block map or trace buffer exists. The calls share one child (harness.run_cases).
 
 import pytest
 
-from .harness import refused_cheaply, run_cases, run_snippet
+from .harness import refused_cheaply, run_cases
 
 SETUP = """
 import torch
 from kernels import flash_attention
+from instrumentation.recording.inputs import check_sizes
 """
 CALL = """
 q = torch.empty(1, 1, {n}, 64, dtype=torch.float16)     # pages never touched
@@ -27,10 +28,20 @@ CASES = [
 ]
 
 
+TRACE_OVER_BUDGET = """
+try:
+    check_sizes(1, 1, 65536, 64, "fp16", 128, 64, mask="sliding_window:1", trace=(1, "all"))
+    print("PASSED")
+except ValueError as exc:
+    print("REFUSED", exc)
+"""
+
+
 @pytest.fixture(scope="module")
 def calls():
-    return run_cases(SETUP, {i: CALL.format(n=n, mask=mask, block=block)
-                             for i, (n, block, mask, _) in enumerate(CASES)})
+    return run_cases(SETUP, {**{i: CALL.format(n=n, mask=mask, block=block)
+                                for i, (n, block, mask, _) in enumerate(CASES)},
+                             "trace": TRACE_OVER_BUDGET})
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -39,13 +50,5 @@ def test_flash_attention_refuses_huge_calls_cheaply(calls, case):
     assert "RAN" not in line
 
 
-def test_check_sizes_refuses_a_trace_over_budget_before_its_buffers():
-    code = """
-from instrumentation.recording.inputs import check_sizes
-try:
-    check_sizes(1, 1, 65536, 64, "fp16", 128, 64, mask="sliding_window:1", trace=(1, "all"))
-    print("PASSED")
-except ValueError as exc:
-    print("REFUSED", exc)
-"""
-    refused_cheaply(run_snippet(code), "REFUSED", "would decode to", "MiB")
+def test_check_sizes_refuses_a_trace_over_budget_before_its_buffers(calls):
+    refused_cheaply(calls["trace"], "REFUSED", "would decode to", "MiB")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import refused_cheaply, run_snippet
+from .harness import refused_cheaply, run_cases
 from .test_cli_refusals import RUN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,18 +25,34 @@ def no_browser_env(tmp_path) -> dict:
             "TILESCOPE_NO_GPU": "1", "HOME": str(tmp_path)}
 
 
-@pytest.mark.parametrize("argv", [
-    ["--sweep", SWEEP, "--chart", "traffic", "--format", "png", "--out", "out.png"],
-    ["--trace", TRACE, "--chart", "schedule", "--format", "svg", "--out", "out.svg"],
-    ["--trace", TRACE, "--gallery", "gallery", "--formats", "pdf"],
-], ids=["png", "svg", "gallery"])
-def test_image_export_without_a_browser_refuses_in_one_line(tmp_path, argv):
-    argv = [str(tmp_path / a) if a in ("out.png", "out.svg", "gallery") else str(a) for a in argv]
-    res = run_snippet(RUN.format(module=EXPORT, argv=argv), env=no_browser_env(tmp_path))
+EXPORTS = {
+    "png": ["--sweep", SWEEP, "--chart", "traffic", "--format", "png", "--out", "out.png"],
+    "svg": ["--trace", TRACE, "--chart", "schedule", "--format", "svg", "--out", "out.svg"],
+    "gallery": ["--trace", TRACE, "--gallery", "gallery", "--formats", "pdf"],
+}
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """Each export of EXPORTS run in one child without a browser (harness.run_cases), each writing
+    into a folder of its own: {name: (Result, that folder)}."""
+    home = tmp_path_factory.mktemp("home")
+    dirs = {name: tmp_path_factory.mktemp(name) for name in EXPORTS}
+    cases = {}
+    for name, argv in EXPORTS.items():
+        argv = [str(dirs[name] / a) if a in ("out.png", "out.svg", "gallery") else str(a) for a in argv]
+        cases[name] = RUN.format(module=EXPORT, argv=argv)
+    results = run_cases(f"import {EXPORT}", cases, env=no_browser_env(home))
+    return {name: (results[name], dirs[name]) for name in EXPORTS}
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_image_export_without_a_browser_refuses_in_one_line(exports, name):
+    res, folder = exports[name]
     line = refused_cheaply(res, "apt-get install -y chromium", "BROWSER_PATH")
     assert line.startswith("EXIT 2 LINES 1  | error: "), line
     assert "TRACEBACK" not in line
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("out")]
+    assert not [p for p in folder.iterdir() if p.name.startswith("out")]
 
 
 def test_find_browser_honours_browser_path_then_path(tmp_path, monkeypatch):
