@@ -13,16 +13,20 @@ the traced backward, the heaviest watch the dashboard draws), the other is not. 
 batches in the same order (a pool of --pool random batches of B x N tokens, labels = the tokens).
 
 Timing: after --warmup steps each (the watched copy's warm-up includes its traced step 0, which
-compiles the traced kernels), the copies train in blocks of --block steps, alternating A B B A ...
-(so drift in the GPU's clocks falls on both alike) until each has --steps timed steps. A block is
-timed from a synchronised start to a synchronised end, the watched block's end after w.flush():
-the traced step's kernel runs, decoding and saving (on the watcher's thread) are all inside the
-watched copy's time. With --block a multiple of --every every watched block holds the same number
-of traced steps. The result: mean step time of each copy (block time / steps), their ratio (goal
-<= 1.02), per-step CUDA-event times (the traced steps stand out), the traced steps' own cost as the
-run records it (step.json 'cost'), each copy's losses, and the largest relative difference between
-the two copies' weights at the end (watching changes no number of the training: bf16 rounding of
-a nondeterministic backward at most).
+compiles the traced kernels and starts the watch's decoding process), the copies train in blocks
+of --block steps, alternating A B B A ... (so drift in the GPU's clocks falls on both alike) until
+each has --steps timed steps. A block is timed from a synchronised start to a synchronised end,
+the watched block's end after w.flush(): the traced step's kernel runs (on the training thread)
+and its decoding and saving (in the decoding process with --decode process, the default; on the
+watcher's thread with --decode thread) are all inside the watched copy's time. With --block a
+multiple of --every every watched block holds the same number of traced steps. The result: mean
+step time of each copy (block time / steps), their ratio (goal <= 1.02; met only if no traced
+step was skipped), per-step CUDA-event times (the traced steps stand out), the traced steps' own
+cost as the run records it (step.json 'cost': snapshot_ms, launch_ms on the training thread,
+decode_ms in the decoder), where the decoding ran ('decoder': mode, in_child, pid, whether torch
+was loaded there), the traced steps skipped, each copy's losses, and the largest relative
+difference between the two copies' weights at the end (watching changes no number of the
+training: bf16 rounding of a nondeterministic backward at most).
 """
 
 from __future__ import annotations
@@ -166,25 +170,26 @@ def run(args, argv) -> dict:
     arms = {name: Arm(name, build(shape, size["layers"], size["intermediate"], device, dtype, args.seed), pool, device)
             for name in ("watched", "unwatched")}
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="tilescope-watch-overhead-")) / "run"
-    w = watch(arms["watched"].model, run_dir, every=size["every"], heads=[0], backward=True)
+    w = watch(arms["watched"].model, run_dir, every=size["every"], heads=[0], backward=True, decode=args.decode)
     arms["watched"].watch = w
     meta = run_meta(device, "watch_overhead", argv, prog="python -m benchmarks.watch_overhead")
     meta.update(model=dict(shape, layers=size["layers"], intermediate=size["intermediate"],
                            dtype="fp32" if args.tiny else "bf16", attention="tilescope", optimizer="AdamW"),
                 shape=dict(batch=size["batch"], seq=size["seq"]),
-                watch=dict(every=size["every"], heads=[0], backward=True, level="full"),
+                watch=dict(every=size["every"], heads=[0], backward=True, level="full", decode=args.decode),
                 timing=dict(steps=size["steps"], block=size["block"], warmup=size["warmup"],
                             order="A B B A (watched first), blocks timed synchronised, the watched block's "
                                   "end after w.flush()"),
                 goal=f"watched / unwatched mean step time <= {GOAL}")
-    path = Path(args.out) / f"watch-overhead-{device_slug(meta['device'])}{'-tiny' if args.tiny else ''}.json" \
-        if args.out else None
+    suffix = ("-tiny" if args.tiny else "") + ("-thread" if args.decode == "thread" else "")
+    path = Path(args.out) / f"watch-overhead-{device_slug(meta['device'])}{suffix}.json" if args.out else None
     t_start = time.perf_counter()
 
     def write(final: bool) -> dict:
         """The result so far (each block pair: a run stopped by a time limit leaves its blocks)."""
         doc = {"meta": meta, "complete": final, **summarise(arms, size, run_dir, device, final),
-               "seconds": time.perf_counter() - t_start}
+               "decoder": decoder(w), "seconds": time.perf_counter() - t_start}
+        doc["meets_goal"] = doc["meets_goal"] and not doc["decoder"]["skipped_steps"]
         if path is not None:
             files.write_json_atomic(path, files.json_safe(doc))
         return doc
@@ -209,6 +214,15 @@ def run(args, argv) -> dict:
     if not args.run_dir:
         shutil.rmtree(run_dir.parent, ignore_errors=True)
     return doc
+
+
+def decoder(w) -> dict:
+    """Where the watched run's steps were decoded and saved: {'mode': 'process' or 'thread',
+    'in_child': a child process did it, 'pid', 'torch_loaded' (never, there), 'skipped_steps'
+    (traced steps not traced because the ones before were still being written), 'errors'}."""
+    info = dict(w.decoder_info)
+    return {"mode": w.decode, "in_child": w.decode == "process" and "pid" in info, "pid": info.get("pid"),
+            "torch_loaded": info.get("torch_loaded"), "skipped_steps": list(w.skipped), "errors": list(w.errors)}
 
 
 def summarise(arms: dict, size: dict, run_dir: Path, device, final: bool = True) -> dict:
@@ -256,6 +270,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=bounded_int(2, 1_000_000), default=None,
                     help="vocabulary (default Llama-3's 128256: its logits are most of a step's time)")
     ap.add_argument("--seed", type=bounded_int(0, 2**31 - 1), default=0)
+    ap.add_argument("--decode", default="process", choices=["process", "thread"],
+                    help="where the watch decodes and saves: its child process (default) or a thread of this one")
     ap.add_argument("--run-dir", default=None, help="keep the watched run here (default: a temporary directory)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="result directory ('' writes none)")
     args = ap.parse_args(argv)

@@ -1,7 +1,8 @@
 """benchmarks.watch_overhead: the watched and the unwatched copy of one model trained side by side
 on the same batches. In the interpreter (fp32, deterministic) the two copies' losses and weights
-are equal, the traced step's cost is in the run, and the result file says what was timed; on a GPU
-(gpu-marked) the same path with the watcher's worker thread, bf16, and measured kernel times."""
+are equal, the traced step's cost is in the run, and the result file says what was timed and that
+the watch's child process decoded the steps; on a GPU (gpu-marked) the same path with the traced
+kernels' raw buffers copied to pinned memory for the child, bf16, and measured kernel times."""
 
 import json
 
@@ -31,7 +32,10 @@ def test_tiny_run_in_the_interpreter_changes_no_number_of_the_training(tmp_path)
     assert [c["step"] for c in doc["traced_steps"]] == [0] and doc["traced_steps"][0]["record_ms"] > 0
     assert doc["ratio"] == pytest.approx(doc["watched"]["mean_step_ms"] / doc["unwatched"]["mean_step_ms"])
     assert len(doc["watched"]["block_ms_per_step"]) == len(doc["unwatched"]["block_ms_per_step"]) == 2
-    assert doc["meta"]["watch"] == {"every": 100, "heads": [0], "backward": True, "level": "full"}
+    assert doc["meta"]["watch"] == {"every": 100, "heads": [0], "backward": True, "level": "full", "decode": "process"}
+    # decoded and saved by the watch's child process (torch never loaded there), no traced step skipped
+    assert doc["decoder"]["in_child"] and doc["decoder"]["torch_loaded"] is False and doc["decoder"]["pid"]
+    assert doc["decoder"]["skipped_steps"] == [] and doc["traced_steps"][0]["decode_ms"] > 0
     assert {c.step for c in ModelRun.load(tmp_path / "run", traces=False).calls} == {0}
 
 
@@ -41,10 +45,11 @@ def test_refuses_steps_that_are_not_whole_blocks(tmp_path, capsys):
 
 
 @pytest.mark.gpu
-def test_gpu_path_with_the_worker_thread_and_measured_times(tmp_path):
+def test_gpu_path_with_the_decoding_process_and_measured_times(tmp_path):
     doc = result(tmp_path, "--device", "cuda", "--layers", "1", "--vocab", "1024", "--batch", "1", "--seq", "512",
                  "--steps", "4", "--block", "2", "--every", "2", "--warmup", "2")
     assert [c["step"] for c in doc["traced_steps"]] == [0, 2, 4] and doc["traced_steps_in_timed_blocks"] == 2
+    assert doc["decoder"]["in_child"] and doc["decoder"]["torch_loaded"] is False and not doc["decoder"]["skipped_steps"]
     assert doc["weights_max_rel_diff"] < 2e-2 and doc["watched"]["step_ms_median"] > 0
     run = ModelRun.load(tmp_path / "run", traces=False)
     assert run.calls and all(c.kernel_ms and c.bwd_kernel_ms for c in run.calls)      # GPU clocks, both passes
