@@ -36,3 +36,18 @@ def settle(page, n: int = 1, timeout_ms: int = 180_000) -> None:
     press, a scroll, a hover) is seen by it."""
     t0 = page.evaluate("() => { window.__tsSettle = null; return window.__tilescopeTicks || 0; }")
     page.wait_for_function(SETTLED_JS, arg=[n, t0], polling="raf", timeout=timeout_ms)
+
+
+# a frame's style pass comes after its animation-frame callbacks: a transition the pointer started
+# exists from the second frame on, so the check begins there
+QUIET_JS = """() => new Promise(done => {
+  const check = () => document.getAnimations().some(a => a.playState === 'running' && a instanceof CSSTransition)
+    ? requestAnimationFrame(check) : requestAnimationFrame(() => requestAnimationFrame(() => done(true)));
+  requestAnimationFrame(() => requestAnimationFrame(check));
+})"""
+
+
+def quiet(page) -> None:
+    """Until no CSS transition runs on `page` (a hover's fade, 0.2 s here) and two frames have
+    been drawn since: what the pointer changed is on screen."""
+    page.evaluate(QUIET_JS)

@@ -4,8 +4,9 @@
 band of the fixed pills at the top (its export / video button showed over the Controls pill),
 stepping past a page's last slide opens the next page of the sidebar at its first slide and back
 before its first opens the previous page at its last, and a label says where you are ("page ·
-slide n / m"). Every wait is for the layout to settle (the script idle, every chart scaled, the
-slides' boxes alike over consecutive samples), never for a fixed time. On the session's one
+slide n / m"). Every wait is for the layout to settle (tests/app/slide_settle.py: the script idle,
+every chart scaled, the fit script's boxes still, every box unchanged across animation frames),
+never for a fixed time. On the session's one
 server and Chromium (tests/app/conftest.py); skips cleanly without them."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.app.slide_settle import settle as settled
+
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 N1024 = ROOT / "data" / "traces" / "n1024_causal_natural"
@@ -21,25 +24,6 @@ if not N1024.is_dir():
     pytest.skip("no bundled n1024 recording", allow_module_level=True)
 
 SIZES = [(1280, 720), (1920, 1080)]
-
-# settled: the script idle, a page turn landed, `n` charts at least, each scaled by the fit script, the label there,
-# and every chart's and menu's box the same over 4 samples 150 ms apart (a promise: no fixed sleep)
-SETTLED = """async n => {
-  const idle = () => { const a = document.querySelector('[data-testid="stApp"]');
-    return !a || a.getAttribute('data-test-script-state') !== 'running'; };
-  const boxes = () => [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot, [data-testid="stMain"] [data-testid="stPopover"]')]
-    .map(e => { const r = e.getBoundingClientRect(); return `${Math.round(r.top)}:${Math.round(r.height)}`; }).join(',');
-  const ready = () => { const ps = [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')];
-    return idle() && !sessionStorage.getItem('tilescopeLand') && ps.length >= n && ps.every(p => p.style.transform.startsWith('scale')) && document.getElementById('tilescope-where'); };
-  let last = '', same = 0;
-  while (same < 4) {
-    await new Promise(r => setTimeout(r, 150));
-    const now = ready() ? boxes() : '';
-    same = now && now === last ? same + 1 : 0;
-    last = now;
-  }
-  return true;
-}"""
 
 SLIDE = """() => {
   const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
@@ -55,7 +39,8 @@ SLIDE = """() => {
 
 
 def settle(page, n: int = 1) -> dict:
-    page.wait_for_function(SETTLED, arg=n, timeout=180_000, polling=1000)
+    """The slides' boxes once the layout has settled with `n` charts at least."""
+    settled(page, n)
     return page.evaluate(SLIDE)
 
 

@@ -1,14 +1,16 @@
 """Presentation mode in a real headless Chromium, on the bundled decode recordings: every chart
 (scaled to the window) keeps its provenance caption clear of the download buttons under it, at
-a small and a large window. On the session's one server and Chromium (tests/app/conftest.py).
-Skips cleanly without /usr/bin/chromium, playwright or data/decode."""
+a small and a large window. Every wait is for the layout to settle (tests/app/slide_settle.py), not
+for a time. On the session's one server and Chromium (tests/app/conftest.py). Skips cleanly
+without /usr/bin/chromium, playwright or data/decode."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.app.slide_settle import quiet, settle
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,15 +21,13 @@ if not list((ROOT / "data" / "decode").glob("*/manifest.json")):
 
 def open_slides(new_page, url: str, size=(1920, 1080), fitted: bool = True):
     """`url` (presentation mode) in a window of `size`, once four charts are drawn and, with
-    `fitted`, scaled to the window by the fit script (which settles every 300 ms)."""
+    `fitted`, scaled to the window by the fit script and the layout settled."""
     page = new_page(*size)
     page.goto(url)
     page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
                            ".js-plotly-plot').length >= 4", timeout=120_000)
     if fitted:
-        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                               ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
-        time.sleep(1.0)
+        settle(page, 4)
     return page
 
 
@@ -73,7 +73,7 @@ def test_slide_softmax_step_buttons_on_screen_with_the_chart(app_server, new_pag
     are on screen together, and the bar covers no part of the chart."""
     page = open_slides(new_page, f"{app_server}/?page=online_softmax&source=recorded&trace=n1024_causal_natural&present=1")
     page.evaluate("() => document.querySelector('[data-testid=\"stPlotlyChart\"]').scrollIntoView({block: 'start'})")
-    time.sleep(0.5)
+    settle(page)
     boxes = page.evaluate(STEP_BAR_BOXES)
     chart, nxt, height = boxes["chart"], boxes["next"], boxes["height"]
     assert nxt is not None and 0 <= nxt["top"] and nxt["bottom"] <= height, boxes     # Next on screen
@@ -90,7 +90,7 @@ def test_slide_export_menu_opens_readable(app_server, new_page):
     body = page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')
     body.first.wait_for(timeout=30_000)
     page.mouse.move(1, 1)                        # the pointer off the menu: nothing is hovered
-    time.sleep(0.3)
+    quiet(page)
     opacities = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')]
         .map(b => { let o = 1; for (let e = b; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; })""")
     assert len(opacities) >= 4 and min(opacities) > 0.9, opacities
@@ -119,7 +119,7 @@ def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
     slide: the slider sits in the bar at the bottom of the window, below the whole chart."""
     page = open_slides(new_page, f"{app_server}/?page=ring&present=1")
     page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')].pop().scrollIntoView({block: 'start'})")
-    time.sleep(0.5)
+    settle(page)
     boxes = page.evaluate("""() => {
       const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom}; };
       const slider = [...document.querySelectorAll('[data-testid="stSlider"]')].find(s => s.innerText.includes('chunks merged'));
@@ -138,7 +138,7 @@ def test_slide_decode_merge_controls_on_screen_with_the_merge_chart(app_server, 
     page.locator('[data-testid="stSlider"]').filter(has_text="merge step").first.wait_for(timeout=60_000)
     page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
         .find(c => c.innerText.includes('Merging the partial states')).scrollIntoView({block: 'start'})""")
-    time.sleep(0.5)
+    settle(page)
     boxes = page.evaluate("""() => {
       const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom}; };
       const slider = [...document.querySelectorAll('[data-testid="stSlider"]')].find(s => s.innerText.includes('merge step'));
@@ -195,11 +195,7 @@ def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_p
     slide draws nothing over it (no mode bar, no toolbar frame)."""
     page = new_page(*viewport)
     page.goto(f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1&sched_imb=1")
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .js-plotly-plot').length >= 2",
-                           timeout=60_000)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
-    time.sleep(0.8)
+    settle(page, 2)
     button = page.get_by_role("button", name="Export chart").first
     button.click()
     page.locator('[data-testid="stPopoverBody"]').first.wait_for(state="visible", timeout=10_000)
@@ -210,7 +206,7 @@ def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_p
     for k in range(n):
         if k:
             page.keyboard.press("PageDown")
-            time.sleep(0.6)
+            settle(page, 2)
         boxes = page.evaluate(SLIDE_BOXES)
         chart = boxes["charts"][k]
         above = [c for c in boxes["controls"] if c["box"]["top"] < chart["top"]]
@@ -224,13 +220,13 @@ def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_p
             for c in boxes["covers"]:
                 assert not _overlap(t["box"], c["box"]), (k, t["text"], c["key"])
     page.mouse.move(1, boxes["height"] - 1)
-    time.sleep(0.5)
+    quiet(page)
     before = _pixels(page, chart)
     page.mouse.move(chart["left"] + 0.5 * (chart["right"] - chart["left"]), chart["top"] + 8)   # over the title
-    time.sleep(0.8)
+    quiet(page)
     assert _pixels(page, chart) == before, "hovering the slide drew something over it"
     page.keyboard.press("PageUp")
-    time.sleep(0.6)
+    settle(page, 2)
     boxes = page.evaluate(SLIDE_BOXES)
     chart = boxes["charts"][n - 2]
     assert 40 <= min([chart["top"]] + [c["box"]["top"] for c in boxes["controls"] if c["box"]["top"] < chart["top"]]) <= 80
