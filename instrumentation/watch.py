@@ -65,6 +65,7 @@ def _register() -> None:
     mask_interface.register(WATCH_NAME, mask_interface._global_mapping[hf.NAME])
 
 
+@torch.compiler.disable
 def watch_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):
     """The attention of a traced step: hf.attention_forward (the same numbers), then the call's
     snapshot for the watcher (outside any compiled graph). Returns what hf.attention_forward does."""

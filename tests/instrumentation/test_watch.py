@@ -41,9 +41,9 @@ def tiny_llama(layers: int = 2):
     return model.train()
 
 
-def trained(out=None, steps=6, on_step=None, **options):
-    """A tiny Llama trained `steps` steps (AdamW), watched into `out` when given."""
-    model = tiny_llama()
+def trained(out=None, steps=6, on_step=None, n_layers=2, **options):
+    """A tiny Llama of `n_layers` layers trained `steps` steps (AdamW), watched into `out` when given."""
+    model = tiny_llama(n_layers)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ids = prompt(TOKENS)
     w = watch(model, out, **options) if out is not None else None
@@ -136,7 +136,7 @@ def test_marked_steps_hold_every_forward_of_the_step(tmp_path):
     # steps='marked': two forwards (gradient accumulation) make one step, both recorded in it
     model = tiny_llama()
     ids = prompt(TOKENS)
-    with watch(model, tmp_path / "marked", every=2, layers=[1], steps="marked") as w:
+    with watch(model, tmp_path / "marked", every=2, layers=[1], steps="marked", decode="thread") as w:
         for _ in range(3):
             with torch.no_grad():
                 model(ids)
@@ -183,20 +183,20 @@ def test_version_one_runs_keep_loading():
     assert run.calls and {c.rank for c in run.calls} == {0}
 
 
-# rank 1 of two gloo ranks, in a child process. The decoding process it starts (after setting
-# PYTHONPATH and WATCH_TEST_HANG) runs HANG_IN_DECODER first: step 2's first call trace saved, it
-# writes its pid into the marker file and hangs, a step directory half written; once rank 1 is
-# killed, the decoding process sees its parent gone and ends after GRACE_S (0.5 s here)
+# rank 1 of two gloo ranks, in a child process (a 1-layer model, every step traced). The decoding
+# process it starts (after setting PYTHONPATH and WATCH_TEST_HANG) runs HANG_IN_DECODER first: step
+# 1's trace saved, it writes its pid into the marker file and hangs, a step directory half written;
+# once rank 1 is killed the decoding process sees its parent gone and ends after GRACE_S (0.5 s here)
 RANK_1 = """
-import os, sys, torch.distributed as dist
+import os, sys, time, torch.distributed as dist
 sys.path.insert(0, {root!r})
 dist.init_process_group("gloo", init_method="file://{init}", rank=1, world_size=2)
 os.environ.update(PYTHONPATH=os.pathsep.join([{hooks!r}, {root!r}]), WATCH_TEST_HANG={marker!r})
 from tests.instrumentation.test_watch import trained
 def on_step(s, w, model):
-    if s == 1:            # step 0 written: step 2 is traced (queue_steps=2), whatever the machine's load
-        w.flush()
-trained({out!r}, steps=50, on_step=on_step, every=1, layers=[0])
+    if s == 2:            # step 1 handed to the decoder (as step 2 began): wait here to be killed
+        time.sleep(600)
+trained({out!r}, steps=3, on_step=on_step, n_layers=1, every=1, layers=[0])
 """
 HANG_IN_DECODER = """
 import os
@@ -208,7 +208,7 @@ if os.environ.get("WATCH_TEST_HANG"):
     save = Trace.save
     def save_then_hang(self, *args, **kwargs):
         path = save(self, *args, **kwargs)
-        if self.meta["model_call"]["step"] == 2:
+        if self.meta["model_call"]["step"] == 1:
             with open(os.environ["WATCH_TEST_HANG"] + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
             os.replace(os.environ["WATCH_TEST_HANG"] + ".tmp", os.environ["WATCH_TEST_HANG"])
@@ -249,15 +249,15 @@ def test_two_gloo_ranks_one_killed_mid_write_leave_one_stream_each(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"})
     decoder = None
     try:
-        # rank 0 is this process: 4 steps, every step traced (none skipped: queue_steps=4), its
-        # retention keeping the last 2
+        # rank 0 is this process: 3 steps, every step traced (none skipped: queue_steps=3), its
+        # retention keeping the last 2 (decoded on a thread: the child process is rank 1's test)
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=2,
                                 timeout=datetime.timedelta(seconds=120))
         try:
-            trained(out, steps=4, every=1, layers=[1], keep_steps=2, queue_steps=4)
+            trained(out, steps=3, every=1, layers=[1], keep_steps=2, queue_steps=3, decode="thread")
         finally:
             dist.destroy_process_group()
-        assert wait_for(marker.exists, 120), "rank 1's decoding process was to hang in step 2's write"
+        assert wait_for(marker.exists, 120), "rank 1's decoding process was to hang in step 1's write"
         decoder = int(marker.read_text())
         assert running(decoder) and decoder != child.pid
         os.kill(child.pid, signal.SIGKILL)           # the job's rank 1 dies; nobody kills its decoder
@@ -270,8 +270,8 @@ def test_two_gloo_ranks_one_killed_mid_write_leave_one_stream_each(tmp_path):
             if pid is not None and running(pid):
                 os.kill(pid, signal.SIGKILL)
         child.wait(timeout=60)
-    assert steps_of(out, rank=0) == [2, 3]
-    assert steps_of(out, rank=1) == [0, 1]            # the half-written step 2 is not read
+    assert steps_of(out, rank=0) == [1, 2]
+    assert steps_of(out, rank=1) == [0]               # the half-written step 1 is not read
     assert {c.layer for c in ModelRun.load(out, traces=False).calls if c.rank == 1} == {0}
     status = stream.status(out)
     assert status["ranks"] == [0, 1] and not status["closed"]
@@ -288,8 +288,8 @@ def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
     compiled = torch.compile(model, backend="eager")        # dynamo's guards and graphs are what is tested
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     ids = prompt(TOKENS)
-    with watch(model, tmp_path / "run", every=2, queue_steps=3) as w:       # no traced step skipped
-        for s in range(5):
+    with watch(model, tmp_path / "run", every=2, decode="thread") as w:
+        for s in range(4):
             if s == 2:
                 graphs = counters["stats"]["unique_graphs"]
             loss = compiled(ids, labels=ids).loss
@@ -297,5 +297,5 @@ def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
             opt.step()
             opt.zero_grad()
         w.flush()
-    assert counters["stats"]["unique_graphs"] - graphs <= 2
-    assert steps_of(tmp_path / "run") == [0, 2, 4]
+    assert counters["stats"]["unique_graphs"] - graphs <= 2       # a traced and an untraced step after warm-up
+    assert steps_of(tmp_path / "run") == [0, 2]
