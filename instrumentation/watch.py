@@ -225,9 +225,16 @@ class Watch:
         entries, cost = self._pending, {"snapshot_ms": self._snapshot_ms, "skipped_before": self._skipped_since}
         self._pending, self._snapshot_ms, self._skipped_since = [], 0.0, 0
         t0 = time.perf_counter()
-        calls = launch_calls(entries, self.step_index, self.rank, self.heads,
-                             {"model": self._meta_model, "inputs": WATCHED_INPUTS})
-        calls, event = to_host(calls)
+        try:
+            calls = launch_calls(entries, self.step_index, self.rank, self.heads,
+                                 {"model": self._meta_model, "inputs": WATCHED_INPUTS})
+            calls, event = to_host(calls)
+        except Exception as exc:    # noqa: BLE001 -- reported by close(), the training goes on
+            from .watch_child import one_line
+
+            entries.clear()
+            self.errors.append(one_line(self.step_index, exc))
+            return
         cost["launch_ms"] = (time.perf_counter() - t0) * 1e3
         job = {"out": str(self.out), "rank": self.rank, "step": self.step_index, "keep_steps": self.keep_steps,
                "max_bytes": self.max_bytes, "cost": cost, "calls": calls}
@@ -314,8 +321,12 @@ class Watch:
 
         try:
             self._decoder = Decoder(self._on_message)
-        except OSError as exc:
-            self.errors.append(f"the decoding process could not start ({exc}); steps are decoded in a thread")
+        except (OSError, TypeError, ValueError) as exc:     # no usable interpreter to start: a thread decodes
+            import warnings
+
+            self.decoder_info = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+            warnings.warn(f"watch: the decoding process could not start ({self.decoder_info['error']}); "
+                          "steps are decoded on a thread of this process", RuntimeWarning, stacklevel=2)
             self.decode = "thread"
 
     def _decoder_up(self) -> bool:

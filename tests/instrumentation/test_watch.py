@@ -278,6 +278,21 @@ def test_two_gloo_ranks_one_killed_mid_write_leave_one_stream_each(tmp_path):
     assert (out / stream.closed_name(0)).exists() and not (out / stream.closed_name(1)).exists()
 
 
+def test_an_idle_decoding_process_ends_with_its_job(tmp_path):
+    # a job killed between traced steps: its decoding process sees its input end and exits
+    job = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                            "from instrumentation.watch_child import Decoder; "
+                            "print(Decoder(lambda message: None).pid, flush=True); time.sleep(600)", str(ROOT)],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        decoder = int(job.stdout.readline())
+        assert running(decoder)
+    finally:
+        job.kill()
+        job.wait(timeout=60)
+    assert wait_for(lambda: not running(decoder), 30), "the decoding process outlived its job"
+
+
 def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
     # traced steps switch the attention implementation (a guard with two values, both compiled in
     # steps 0 and 1); the step counter is read only by the disabled pre-hook, never by a graph
