@@ -3,7 +3,7 @@ dict block_table, a page index of 2^62, negative or 10^8-token lengths, 200,000 
 batch of four. Each is refused at load in one line (before, the charts raised TypeError /
 IndexError text, MemoryError after 2.5 GB, or took 25 s for a 16 MB figure), in a child under the
 suite's limits (the ten cases share one, harness.run_cases); the bundled recordings' own meta
-still loads and draws."""
+still loads and draws (two more cases of that child)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import ROOT, refused_cheaply, run_cases, run_snippet
+from .harness import ROOT, refused_cheaply, run_cases
 
 SERVING = ROOT / "data" / "serving"
 
@@ -75,7 +75,8 @@ except TraceFormatError as exc:
 
 @pytest.fixture(scope="module")
 def loads(tmp_path_factory):
-    """Every case of CASES, its edited recording loaded once, all in one child."""
+    """Every case of CASES, its edited recording loaded once, and the bundled recordings drawn
+    (DRAWS, cases "draw-<kind>"), all in one child."""
     paths = {}
     for name, (kind, edit, _) in CASES.items():
         paths[name] = path = tmp_path_factory.mktemp("serving") / name
@@ -83,8 +84,10 @@ def loads(tmp_path_factory):
         man = json.loads((path / "manifest.json").read_text())
         edit(man["meta"])
         (path / "manifest.json").write_text(json.dumps(man))
-    return run_cases("from instrumentation.trace import Trace, TraceFormatError",
-                     {name: LOAD.format(path=str(path)) for name, path in paths.items()})
+    draws = {f"draw-{kind}": DRAW.format(path=str(_first(kind)), draw=draw) for kind, draw in DRAWS.items()}
+    return run_cases("from instrumentation.trace import Trace, TraceFormatError\n"
+                     "from app.figures import serving_traces as charts",
+                     {**{name: LOAD.format(path=str(path)) for name, path in paths.items()}, **draws})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -94,17 +97,16 @@ def test_hostile_serving_meta_is_refused_at_load(loads, name):
 
 
 DRAW = """
-from instrumentation.trace import Trace
-from app.figures import serving_traces as charts
 t = Trace.load({path!r})
 {draw}
 print("DREW")
 """
+DRAWS = {
+    "paged": "charts.block_table_figure_for(t, 0); charts.page_walk_figure_for(t, 0); charts.page_size_figure_for(t)",
+    "varlen": "charts.varlen_work_figure_for(t); charts.varlen_lanes_figure_for(t)",
+}
 
 
-@pytest.mark.parametrize("kind,draw", [
-    ("paged", "charts.block_table_figure_for(t, 0); charts.page_walk_figure_for(t, 0); charts.page_size_figure_for(t)"),
-    ("varlen", "charts.varlen_work_figure_for(t); charts.varlen_lanes_figure_for(t)"),
-])
-def test_bundled_serving_recordings_still_load_and_draw(kind, draw):
-    refused_cheaply(run_snippet(DRAW.format(path=str(_first(kind)), draw=draw)), "DREW")
+@pytest.mark.parametrize("kind", DRAWS)
+def test_bundled_serving_recordings_still_load_and_draw(loads, kind):
+    refused_cheaply(loads[f"draw-{kind}"], "DREW")
