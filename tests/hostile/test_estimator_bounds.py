@@ -1,12 +1,14 @@
 """Hostile shapes for instrumentation.estimate: keys past 2^31 - 1 (row intervals once wrapped in
 int32 and answered wrong in silence), N = 10^8 .. 10^12 and 3 x 7 tiles (a per-row array once took
-GBs), n_k past 2^63 and a batch of 10^30 (raw OverflowError / MemoryError). Each runs in a child
-under the suite's limits (RLIMIT_AS 2 GiB; 1.5 GiB peak, 10 s of CPU): big shapes are answered
+GBs), n_k past 2^63 and a batch of 10^30 (raw OverflowError / MemoryError). Each group runs as a
+case of one child (harness.run_cases) under the suite's limits (RLIMIT_AS 2 GiB; 1.5 GiB peak, 10 s of CPU): big shapes are answered
 exactly by closed-form counting, sizes past the documented bounds refused in one line."""
 
 from __future__ import annotations
 
-from .harness import refused_cheaply, run_snippet
+import pytest
+
+from .harness import refused_cheaply, run_cases
 
 ANSWER = """
 from instrumentation import estimate
@@ -25,8 +27,25 @@ for args, kw in {cases!r}:
 """
 
 
-def _answers(cases):
-    res = run_snippet(ANSWER.format(cases=cases))
+INT32_CASES = [((1, 2, 2, 1024, 2**32 + 1024, 64), {"mask": "causal", "block_m": 128, "block_n": 64}),
+               ((1, 1, 1, 1000, 2**31 + 5, 128), {"mask": "causal", "block_m": 64, "block_n": 64})]
+HUGE_CASES = [((1, 32, 8, n, n, 128), {"mask": "causal"}) for n in (10**8, 10**9, 10**12)] + \
+    [((2, 4, 4, 10**12, 10**12, 64), {"mask": m, "block_m": 3, "block_n": 7}) for m in ("full", "causal")]
+REFUSE_CASES = [((1, 1, 1, 1024, 2**63, 64), {}), ((1, 1, 1, 2**63 + 7, 2**63 + 7, 64), {}),
+                ((10**30, 32, 8, 4096, 4096, 128), {}), ((1e30, 32, 8, 4096, 4096, 128), {}),
+                ((1, 1, 1, 4096, 4096, 64), {"block_m": 10**40, "block_n": 64}),
+                ((1, 1, 1, 4096, 4096, 10**5), {})]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The three groups of calls, each a case of one child (harness.run_cases): {group: Result}."""
+    return run_cases("from instrumentation import estimate",
+                     {"int32": ANSWER.format(cases=INT32_CASES), "huge": ANSWER.format(cases=HUGE_CASES),
+                      "refuse": REFUSE.format(cases=REFUSE_CASES)})
+
+
+def _answers(res, cases):
     refused_cheaply(res, "ANSWER")
     lines = res.stdout.strip().splitlines()
     assert len(lines) == len(cases), res.stdout
@@ -45,11 +64,10 @@ def _causal_blocks(n_q, n_k, bm, bn):
     return computed, full
 
 
-def test_keys_past_int32_are_counted_exactly():
+def test_keys_past_int32_are_counted_exactly(runs):
     """n_q 1024, n_k 2^32 + 1024 (and 2^31 + 5): pairs, FLOPs and tiles exact, not wrapped."""
-    cases = [((1, 2, 2, 1024, 2**32 + 1024, 64), {"mask": "causal", "block_m": 128, "block_n": 64}),
-             ((1, 1, 1, 1000, 2**31 + 5, 128), {"mask": "causal", "block_m": 64, "block_n": 64})]
-    for ((b, h, _, n_q, n_k, d), kw), got in zip(cases, _answers(cases)):
+    cases = INT32_CASES
+    for ((b, h, _, n_q, n_k, d), kw), got in zip(cases, _answers(runs["int32"], cases)):
         pairs = n_q * (n_k - n_q) + n_q * (n_q + 1) // 2
         computed, full = _causal_blocks(n_q, n_k, kw["block_m"], kw["block_n"])
         assert got[0] == pairs and got[4] == 4 * d * b * h * pairs
@@ -57,12 +75,11 @@ def test_keys_past_int32_are_counted_exactly():
         assert got[3] == b * h * -(-n_q // kw["block_m"]) * -(-n_k // kw["block_n"])
 
 
-def test_huge_sequences_and_odd_tiles_are_answered_in_closed_form():
+def test_huge_sequences_and_odd_tiles_are_answered_in_closed_form(runs):
     """N = 10^8, 10^9, 10^12 causal at the default tiles, and 3 x 7 tiles at 10^12 (full and
     causal): answered exactly within the limits (a per-row array of 10^12 rows is 8 TB)."""
-    cases = [((1, 32, 8, n, n, 128), {"mask": "causal"}) for n in (10**8, 10**9, 10**12)]
-    cases += [((2, 4, 4, 10**12, 10**12, 64), {"mask": m, "block_m": 3, "block_n": 7}) for m in ("full", "causal")]
-    got = _answers(cases)
+    cases = HUGE_CASES
+    got = _answers(runs["huge"], cases)
     for ((b, h, _, n, _, _), kw), g in zip(cases[:3], got[:3]):
         assert g[0] == n * (n + 1) // 2                                   # pairs of one head
         bm, bn = g[5], g[6]
@@ -75,12 +92,8 @@ def test_huge_sequences_and_odd_tiles_are_answered_in_closed_form():
     assert abs(causal[1] / full[1] - 0.5) < 1e-6
 
 
-def test_sizes_past_the_bounds_are_refused_in_one_line():
-    cases = [((1, 1, 1, 1024, 2**63, 64), {}), ((1, 1, 1, 2**63 + 7, 2**63 + 7, 64), {}),
-             ((10**30, 32, 8, 4096, 4096, 128), {}), ((1e30, 32, 8, 4096, 4096, 128), {}),
-             ((1, 1, 1, 4096, 4096, 64), {"block_m": 10**40, "block_n": 64}),
-             ((1, 1, 1, 4096, 4096, 10**5), {})]
-    res = run_snippet(REFUSE.format(cases=cases))
+def test_sizes_past_the_bounds_are_refused_in_one_line(runs):
+    cases, res = REFUSE_CASES, runs["refuse"]
     refused_cheaply(res, "REFUSED")
     lines = res.stdout.strip().splitlines()
     assert len(lines) == len(cases) and all(line.startswith("REFUSED") for line in lines), res.stdout
