@@ -1,11 +1,10 @@
 """The documented command lines keep their paths: each `python -m instrumentation.X` in the README
 and docs/ is a thin entry point whose main() is the real one (instrumentation.cli, or the ncu
-probe in instrumentation.recording), and answers --help."""
+probe in instrumentation.recording), and answers --help run as `python -m` runs it (runpy, one child
+for them all)."""
 
 import importlib
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,24 @@ def test_entry_point_calls_the_cli_main(old, new):
     assert shim.main is importlib.import_module(f"instrumentation.{new}").main
 
 
+HELP = """
+import runpy, sys
+sys.argv = ["-m", "--help"]
+runpy.run_module("instrumentation.{old}", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def helps():
+    """`python -m instrumentation.X --help` for every entry point, each run as __main__ (runpy, as
+    -m does) in one child Python (tests.hostile.harness.run_cases): the imports paid once."""
+    from tests.hostile.harness import run_cases
+
+    return run_cases("import instrumentation", {old: HELP.format(old=old) for old in ENTRY_POINTS}, timeout=120)
+
+
 @pytest.mark.parametrize("old", sorted(ENTRY_POINTS))
-def test_entry_point_answers_help(old):
-    res = subprocess.run([sys.executable, "-m", f"instrumentation.{old}", "--help"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
+def test_entry_point_answers_help(helps, old):
+    res = helps[old]
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"python -m instrumentation.{old}" in res.stdout
