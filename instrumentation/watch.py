@@ -15,9 +15,10 @@ forward pre-hook. At the start of a traced step the hook switches the implementa
 'tilescope_watch' (the same attention, then a torch.compiler.disable'd snapshot: a copy of each
 watched call's q, k, v and, with backward=True, a hook on its output that keeps the real dL/dO
 when the backward reaches it). Outputs and gradients are the ones the unwatched model computes,
-so watching changes no number of the training. Under torch.compile the implementation's name is
-a guard with two values (two graphs, both compiled in the first steps) and the step counter is
-never read by compiled code. When the step ends (the next step starts, or w.step() / close())
+so watching changes no number of the training. Under torch.compile a traced step runs eagerly as
+a whole: the watch sets torch.compiler.set_stance('force_eager') before it starts (and 'default'
+after; a stance the job set itself is left alone), so no traced variant is compiled and nothing
+breaks a graph; the step counter is never read by compiled code. When the step ends (the next step starts, or w.step() / close())
 the training thread launches the traced kernels (recording.flash.launch: on a GPU nothing waits
 for them; traced calls are not timed, measure=False) and copies their raw trace buffers to
 pinned host memory (non_blocking, then a CUDA event). A worker thread waits for the event and
@@ -169,6 +170,7 @@ class Watch:
         self._cond = threading.Condition()
         self._handed = self._done = 0     # steps handed to the worker, and written (or failed) since
         self._decoder = None
+        self._stance = None               # the compiler stance this watch set (None: none yet)
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="tilescope-watch", daemon=True)
         self._worker.start()
@@ -179,6 +181,8 @@ class Watch:
         self._hook = model.register_forward_pre_hook(torch.compiler.disable(self._pre_forward))
         if self.marked:
             self._begin_step()
+        else:
+            self._set_stance(True)            # step 0 is traced
 
     # -- the training thread ---------------------------------------------------------------------
     def _wants(self, layer) -> bool:
@@ -203,6 +207,24 @@ class Watch:
             if due and self.decode == "process" and self._decoder is None:
                 self._start_decoder()       # once, as the first traced step starts: it loads while the step runs
         self._set_tracing(due)
+        # forward steps: the next step's call starts before its pre-hook runs, so its stance is set now
+        self._set_stance(due if self.marked else (self.step_index + 1) % self.every == 0)
+
+    def _set_stance(self, eager: bool) -> None:
+        """Under torch.compile a traced step runs eagerly as a whole (torch.compiler.set_stance
+        'force_eager', read when a compiled call starts): no traced variant is compiled, no graph
+        breaks. A stance the job set itself is left alone."""
+        want = "force_eager" if eager else "default"
+        if want == self._stance:
+            return
+        current = getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", None)
+        if current != ("default" if self._stance is None else self._stance):
+            return                  # the job's own stance (or one this torch does not show): left alone
+        try:
+            torch.compiler.set_stance(want)
+            self._stance = want
+        except RuntimeError:        # inside a compiled region (not through the pre-hook): left as it is
+            pass
 
     def _pre_forward(self, module, *_args) -> None:
         if hf._CAPTURE:
@@ -277,6 +299,7 @@ class Watch:
         finally:
             self._hook.remove()
             self._tracing = False
+            self._set_stance(False)
             with _LOCK:
                 for c in self._configs:
                     _WATCHES.pop(id(c), None)

@@ -294,8 +294,9 @@ def test_an_idle_decoding_process_ends_with_its_job(tmp_path):
 
 
 def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
-    # traced steps switch the attention implementation (a guard with two values, both compiled in
-    # steps 0 and 1); the step counter is read only by the disabled pre-hook, never by a graph
+    # a traced step runs eagerly as a whole (the watch sets the compiler stance 'force_eager' before
+    # it): only the untraced model is compiled (step 1), no graph breaks; the step counter is read
+    # only by the disabled pre-hook, never by a graph; the job's stance is back after close()
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -314,3 +315,4 @@ def test_compiled_model_is_watched_without_recompiles_after_warm_up(tmp_path):
         w.flush()
     assert counters["stats"]["unique_graphs"] - graphs <= 2       # a traced and an untraced step after warm-up
     assert steps_of(tmp_path / "run") == [0, 2]
+    assert torch._dynamo.eval_frame._stance.stance == "default"
