@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from . import hf
-from .watch_launch import launch_calls, to_host, to_numpy
+from .watch_launch import compile_stance, launch_calls, to_host, to_numpy
 
 WATCH_NAME = "tilescope_watch"
 WATCHED_INPUTS = "the model's own activations (instrumentation.watch)"
@@ -211,20 +211,7 @@ class Watch:
         self._set_stance(due if self.marked else (self.step_index + 1) % self.every == 0)
 
     def _set_stance(self, eager: bool) -> None:
-        """Under torch.compile a traced step runs eagerly as a whole (torch.compiler.set_stance
-        'force_eager', read when a compiled call starts): no traced variant is compiled, no graph
-        breaks. A stance the job set itself is left alone."""
-        want = "force_eager" if eager else "default"
-        if want == self._stance:
-            return
-        current = getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", None)
-        if current != ("default" if self._stance is None else self._stance):
-            return                  # the job's own stance (or one this torch does not show): left alone
-        try:
-            torch.compiler.set_stance(want)
-            self._stance = want
-        except RuntimeError:        # inside a compiled region (not through the pre-hook): left as it is
-            pass
+        self._stance = compile_stance(self._stance, eager)
 
     def _pre_forward(self, module, *_args) -> None:
         if hf._CAPTURE:

@@ -2,10 +2,12 @@
 step ends, each snapshot's traced kernels are launched (recording.flash.launch, measure=False:
 on a GPU nothing waits for them) and their raw trace buffers copied to pinned host memory
 (non_blocking, then one CUDA event), ready for the worker thread to turn into numpy arrays for
-the decoding process (instrumentation.watch_child)."""
+the decoding process (instrumentation.watch_child). Under torch.compile a traced step runs
+eagerly as a whole (compile_stance)."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -38,6 +40,7 @@ def launch_calls(entries: list, step: int, rank: int, heads, extra: dict) -> lis
         call = {}
         if plan["phase"] == "decode":
             _, call["trace"] = record_decode(q, k, v, sm_scale=e["scaling"], measure=False, meta_extra=meta_extra)
+            call["trace"].meta = to_numpy(call["trace"].meta)       # plain values: no torch to unpickle
             mask = call["trace"].meta.get("mask", plan["mask"])
         else:
             traced = [x for x in (heads or []) if 0 <= x < b * h][:8]
@@ -94,4 +97,28 @@ def to_numpy(x):
     return x
 
 
-__all__ = ["launch_calls", "to_host", "to_numpy"]
+def compile_stance(current: str | None, eager: bool) -> str | None:
+    """Set the compiler stance for the step about to start: 'force_eager' for a traced step (read
+    when a compiled call starts, so no traced variant is compiled and nothing breaks a graph),
+    'default' otherwise; a stance the job set itself is left alone.
+
+    Arguments:
+        current: the stance the watch set last (None: none yet).
+        eager: whether the coming step is traced.
+    Returns:
+        the stance the watch has set now (`current` when it left the stance alone)."""
+    want = "force_eager" if eager else "default"
+    if want == current:
+        return current
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")    # not loaded: nothing is compiled yet
+    shown = getattr(getattr(eval_frame, "_stance", None), "stance", None)
+    if shown != ("default" if current is None else current):
+        return current              # the job's own stance (or one this torch does not show): left alone
+    try:
+        torch.compiler.set_stance(want)
+    except RuntimeError:            # inside a compiled region (not through the pre-hook): left as it is
+        return current
+    return want
+
+
+__all__ = ["compile_stance", "launch_calls", "to_host", "to_numpy"]
