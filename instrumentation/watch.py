@@ -18,10 +18,12 @@ when the backward reaches it). Outputs and gradients are the ones the unwatched 
 so watching changes no number of the training. Under torch.compile a traced step runs eagerly as
 a whole: the watch sets torch.compiler.set_stance('force_eager') before it starts (and 'default'
 after; a stance the job set itself is left alone), so no traced variant is compiled and nothing
-breaks a graph; the step counter is never read by compiled code. When the step ends (the next step starts, or w.step() / close())
-the training thread launches the traced kernels (recording.flash.launch: on a GPU nothing waits
-for them; traced calls are not timed, measure=False) and copies their raw trace buffers to
-pinned host memory (non_blocking, then a CUDA event). A worker thread waits for the event and
+breaks a graph; the step counter is never read by compiled code.
+
+When a traced step ends (the next step starts, or w.step() / close()) the training thread
+launches its traced kernels (recording.flash.launch: on a GPU nothing waits for them; traced
+calls are not timed, measure=False) and copies their raw trace buffers to pinned host memory
+(non_blocking, then a CUDA event: instrumentation.watch_launch). A worker thread waits for the event and
 sends the raw numpy buffers to the decoding process (instrumentation.watch_child: started once,
 at the first traced step; no torch there), which decodes them into Traces and writes the step:
 one directory per step, renamed into place (model_run_stream). So the training process's GIL is

@@ -1,9 +1,10 @@
 """The traced backward of record(..., backward=True): kernels.backward run with trace buffers on
-the traced forward's output and log-sum-exp, its buffers decoded (raw_trace.decode_backward) into the tables bwd_work (one row per
-program of the three launches), bwd_tiles (each traced query head's tiles in the order their
-programs visited them) and bwd_rows (per traced query row, the row sum of the recomputed
-P = exp(S - lse) against the forward's lse: 1 where the backward recomputes what the forward
-normalised), and meta['backward'] (the tiles of each phase, the dO used, the timings)."""
+the traced forward's output and log-sum-exp; its buffers are decoded (raw_trace.decode_backward)
+into the tables bwd_work (one row per program of the three launches), bwd_tiles (each traced
+query head's tiles in the order their programs visited them) and bwd_rows (per traced query row,
+the row sum of the recomputed P = exp(S - lse) against the forward's lse: 1 where the backward
+recomputes what the forward normalised), and meta['backward'] (the tiles of each phase, the dO
+used, the timings)."""
 
 from __future__ import annotations
 
