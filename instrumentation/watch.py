@@ -282,8 +282,8 @@ class Watch:
             self._end_step()
             self._queue.put(None)
             self._worker.join()
-            if self._decoder is not None and self._decoder.close() != 0:
-                self.errors.append(f"the decoding process (pid {self._decoder.pid}) did not end cleanly")
+            if self._decoder is not None:
+                self._decoder.close()       # steps it could not write are errors (_on_message 'exited')
             self._stream.close(self.out, self.rank, self.steps_written, self._error_cls, skipped=self.skipped)
         finally:
             self._hook.remove()
@@ -356,13 +356,14 @@ class Watch:
         elif kind == "error":
             self._finished(error=info["message"])
         elif kind == "exited" and (info["code"] != 0 or self._done < self._handed):
-            with self._cond:
-                lost = self._handed - self._done - self._queue.qsize()
-            if info["code"] != 0 or not self._closed:
-                self.errors.append(f"the decoding process ended (exit code {info['code']}) with {max(lost, 0)} "
-                                   "step(s) unwritten; steps are decoded in a thread from now on")
-                self.decode = "thread"
-            for _ in range(max(lost, 0)):
+            with self._cond:         # it died: the steps it was sent are lost, the next ones go to the thread
+                lost = max(self._handed - self._done - self._queue.qsize(), 0)
+            self.decode = "thread"
+            self.decoder_info["exit_code"] = info["code"]
+            if lost:
+                self.errors.append(f"the decoding process ended (exit code {info['code']}) with {lost} step(s) "
+                                   "unwritten; the steps after are decoded on a thread")
+            for _ in range(lost):
                 self._finished()
 
     def _finished(self, written: bool = False, error: str | None = None) -> None:

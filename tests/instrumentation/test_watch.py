@@ -4,11 +4,12 @@ Tiny random-weight transformers Llama models (test_hf's config with 2 query head
 head, batch 1, 8 tokens: the interpreter's cost is per program), fp32, in the interpreter: the
 traced steps and their backward decoded and written by the watch's child process (no torch
 there), weights equal to the unwatched run's, refusals in one line, marked steps, a traced step
-skipped (not waited for) while the steps before it are still being written, a compiled model,
-and two gloo ranks (this process and a child) into one run, the child rank killed while its
-decoding process has a step directory half written (the decoding process then ends by itself;
-the completed steps stay readable, the half step is not read; this rank's retention keeps its
-last steps only)."""
+skipped (not waited for) while the steps before it are still being written, the steps after a
+decoding process died written on a thread, an idle decoding process ending with its job, a
+compiled model (traced steps eager), and two gloo ranks (this process and a child) into one run,
+the child rank killed while its decoding process has a step directory half written (the decoding
+process then ends by itself; the completed steps stay readable, the half step is not read; this
+rank's retention keeps its last steps only)."""
 
 import os
 import signal
@@ -176,6 +177,20 @@ def test_a_traced_step_due_while_the_steps_before_wait_is_skipped_not_waited_for
     (_, _, name), = [s for s in stream.list_steps(out) if s[0] == 3]
     assert stream.files.read_json(out / stream.STEPS / name / stream.STEP_MANIFEST, "")["cost"]["skipped_before"] == 2
     assert stream.files.read_json(out / stream.closed_name(0), "")["skipped"] == [1, 2]
+
+
+def test_steps_after_the_decoding_process_died_are_written_on_a_thread(tmp_path):
+    model = tiny_llama(layers=1)
+    ids = prompt(TOKENS)
+    out = tmp_path / "run"
+    with watch(model, out, every=1, steps="marked") as w, torch.no_grad():
+        model(ids)
+        w.step()
+        w.flush()                                    # step 0 written by the child
+        os.kill(w._decoder.pid, signal.SIGKILL)
+        assert wait_for(lambda: w.decode == "thread", 30)
+        model(ids)
+    assert steps_of(out) == [0, 1] and w.decoder_info["exit_code"] == -signal.SIGKILL and not w.errors
 
 
 def test_version_one_runs_keep_loading():
