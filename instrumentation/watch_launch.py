@@ -70,7 +70,7 @@ def to_host(calls):
             return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x, non_blocking=True)
         if isinstance(x, dict):
             return {key: move(v) for key, v in x.items()}
-        if isinstance(x, (list, tuple)):
+        if isinstance(x, list) or type(x) is tuple:
             return type(x)(move(v) for v in x)
         return x
 
@@ -83,7 +83,7 @@ def to_host(calls):
 
 
 def to_numpy(x):
-    """Every tensor in `x` (on the host; dicts, lists and tuples walked) as a numpy array, and a
+    """Every tensor in `x` (on the host; dicts, lists and plain tuples walked) as a numpy array, and a
     str subclass (torch.__version__) as a str: what the decoding process unpickles without
     importing torch. Returns: the same structure."""
     if isinstance(x, torch.Tensor):
@@ -92,7 +92,7 @@ def to_numpy(x):
         return str(x)
     if isinstance(x, dict):
         return {key: to_numpy(v) for key, v in x.items()}
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, list) or type(x) is tuple:
         return type(x)(to_numpy(v) for v in x)
     return x
 
