@@ -232,6 +232,8 @@ def test_a_path_naming_the_page_opens_without_page_not_found(app_server, page):
     for path, title in (("schedule?", "Work items on SMs"), ("block_skip?page=block_skip&", "Block map")):
         page.goto(f"{app_server}/{path}source=recorded&trace=n1024_causal_natural")
         wait_for_title(page, title, timeout=90_000)
-        page.wait_for_timeout(1000)
+        # until the run has ended: Streamlit sends a page-not-found notice during the run, before its end
+        page.wait_for_function("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
+                               " return a && a.getAttribute('data-test-script-state') !== 'running'; }")
         assert page.get_by_text("Page not found").count() == 0, path
         no_exception_on_page(page)

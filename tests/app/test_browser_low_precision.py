@@ -1,15 +1,17 @@
 """The Low precision page in presentation mode at 1280 x 720 in a real headless Chromium, on the
 bundled precision studies (data/precision/): the first slide is the error maps whole -- the four
 heatmaps, their x-axis titles, the colour bar, the provenance caption and the export row inside the
-window, no warning above it. On the session's one server and Chromium (tests/app/conftest.py);
-skips cleanly without them or without a bundled study."""
+window, no warning above it, read once the layout has settled (tests/app/slide_settle.py), not
+after a fixed time. On the session's one server and Chromium (tests/app/conftest.py); skips cleanly
+without them or without a bundled study."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.app.slide_settle import settle
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +33,7 @@ FIRST_SLIDE = """() => {
 def test_first_slide_fits_1280x720(app_server, new_page):
     page = new_page(1280, 720)
     page.goto(f"{app_server}/?page=low_precision&present=1")
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].length >= 4 && "
-                           "[...document.querySelectorAll('.js-plotly-plot')].every(p => p.style.transform.startsWith('scale'))",
-                           timeout=120_000)
-    time.sleep(1.0)
+    settle(page, 4)              # the four maps drawn and scaled, the layout still (not a fixed wait)
     s = page.evaluate(FIRST_SLIDE)
     assert s["alerts"] == 0, "no warning above the first slide"
     assert s["heatmaps"] >= 4, s
