@@ -60,6 +60,19 @@ def trained(out=None, steps=6, on_step=None, n_layers=2, **options):
     return model
 
 
+def forwards(out, steps: int, n_layers: int = 2, **options):
+    """`steps` marked steps of one forward each (no gradients) of a tiny Llama, every step traced
+    into `out`; the watch is left open (its last step handed over). Returns: the Watch."""
+    model = tiny_llama(n_layers)
+    ids = prompt(TOKENS)
+    w = watch(model, out, every=1, steps="marked", **options)
+    with torch.no_grad():
+        for _ in range(steps):
+            model(ids)
+            w.step()
+    return w
+
+
 def steps_of(out, rank=None):
     return sorted({c.step for c in ModelRun.load(out, traces=False).calls if rank is None or c.rank == rank})
 
@@ -198,20 +211,19 @@ def test_version_one_runs_keep_loading():
     assert run.calls and {c.rank for c in run.calls} == {0}
 
 
-# rank 1 of two gloo ranks, in a child process (a 1-layer model, every step traced). The decoding
-# process it starts (after setting PYTHONPATH and WATCH_TEST_HANG) runs HANG_IN_DECODER first: step
-# 1's trace saved, it writes its pid into the marker file and hangs, a step directory half written;
-# once rank 1 is killed the decoding process sees its parent gone and ends after GRACE_S (0.5 s here)
+# rank 1 of two gloo ranks, in a child process: a 1-layer model's forwards, each a marked step,
+# every step traced. The decoding process it starts (after setting PYTHONPATH and WATCH_TEST_HANG)
+# runs HANG_IN_DECODER first: step 1's trace saved, it writes its pid into the marker file and
+# hangs, a step directory half written; once rank 1 is killed the decoding process sees its parent
+# gone and ends after GRACE_S (0.5 s here)
 RANK_1 = """
-import os, sys, time, torch.distributed as dist
+import os, sys, time, torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
 dist.init_process_group("gloo", init_method="file://{init}", rank=1, world_size=2)
 os.environ.update(PYTHONPATH=os.pathsep.join([{hooks!r}, {root!r}]), WATCH_TEST_HANG={marker!r})
-from tests.instrumentation.test_watch import trained
-def on_step(s, w, model):
-    if s == 2:            # step 1 handed to the decoder (as step 2 began): wait here to be killed
-        time.sleep(600)
-trained({out!r}, steps=3, on_step=on_step, n_layers=1, every=1, layers=[0])
+from tests.instrumentation.test_watch import forwards
+forwards({out!r}, steps=2, n_layers=1, layers=[0])
+time.sleep(600)           # step 1 handed to the decoder: wait here to be killed
 """
 HANG_IN_DECODER = """
 import os
@@ -264,12 +276,13 @@ def test_two_gloo_ranks_one_killed_mid_write_leave_one_stream_each(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"})
     decoder = None
     try:
-        # rank 0 is this process: 3 steps, every step traced (none skipped: queue_steps=3), its
-        # retention keeping the last 2 (decoded on a thread: the child process is rank 1's test)
+        # rank 0 is this process: 3 steps (a 2-layer model's forwards, layer 1 watched), every step
+        # traced (none skipped: queue_steps=4), its retention keeping the last 2 (decoded on a
+        # thread: the child process is rank 1's test)
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=2,
                                 timeout=datetime.timedelta(seconds=120))
         try:
-            trained(out, steps=3, every=1, layers=[1], keep_steps=2, queue_steps=3, decode="thread")
+            forwards(out, steps=3, layers=[1], keep_steps=2, queue_steps=4, decode="thread").close()
         finally:
             dist.destroy_process_group()
         assert wait_for(marker.exists, 120), "rank 1's decoding process was to hang in step 1's write"
