@@ -27,11 +27,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 HEADER = struct.Struct("<Q")
-ROOT = str(Path(__file__).resolve().parents[1])
-BOOT = "import sys; sys.path.insert(0, {root!r}); from instrumentation.watch_child import main; main()"
+# the package is importable in the child as in the parent: installed, or through the inherited
+# working directory and PYTHONPATH (where it is not, the watch decodes on its thread instead)
+BOOT = "from instrumentation.watch_child import main; main()"
 GRACE_S = 60.0               # how long a step being written may take after the parent died
 PARENT_POLL_S = 0.5
 
@@ -109,7 +109,7 @@ class Decoder:
     def __init__(self, on_message):
         self.on_message = on_message
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-c", BOOT.format(root=ROOT)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", BOOT], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, close_fds=True)
         self.pid = self.proc.pid
         self._send_lock = threading.Lock()
