@@ -25,6 +25,35 @@ if importlib.util.find_spec("plotly") is None or importlib.util.find_spec("strea
 N = 256          # the sequence length of the shared headless recordings
 
 
+def _scan_installed_components_once() -> None:
+    """Streamlit's component scan (scan_component_manifests: the metadata of every installed
+    distribution, ~0.5 s of CPU) once per test process instead of once per AppTest: each new
+    AppTest builds its own component manager and rescans, which was most of a simple page's run.
+    A server scans once at its start; the installed packages do not change during the tests, so
+    every AppTest still registers what is installed."""
+    from functools import lru_cache
+
+    from streamlit.components.v2 import manifest_scanner
+
+    scan = manifest_scanner.scan_component_manifests
+    if getattr(scan, "once_per_process", False):
+        return
+
+    @lru_cache(maxsize=None)
+    def scanned(max_workers):
+        return tuple(scan(max_workers))
+
+    def scan_once(max_workers=None):
+        return list(scanned(max_workers))
+
+    scan_once.once_per_process = True
+    manifest_scanner.scan_component_manifests = scan_once
+
+
+if "collect_ignore_glob" not in globals():
+    _scan_installed_components_once()
+
+
 @pytest.fixture(scope="session")
 def app_recordings(tmp_path_factory):
     """A data/ directory with three small recordings of one problem (three schedules), a
