@@ -13,6 +13,60 @@ import torch  # noqa: E402
 ON_GPU = os.environ["TRITON_INTERPRET"] in ("0", "") and torch.cuda.is_available()
 
 
+def _patch_the_interpreters_language_once_per_launch() -> None:
+    """Triton's interpreter swaps triton.language's builtins for interpreted ones when a launch
+    starts (GridExecutor, restored when it ends) and again at every call of a @triton.jit helper
+    inside it (InterpretedFunction: an inspect.getmembers walk of tl, tl.tensor and tl.math, a
+    quarter of a small kernel test's CPU). Inside a launch the second swap finds those modules
+    already swapped (their builtins are its wrappers, and the tensor / core patches are rebuilt
+    alike), so it is skipped there for modules this launch has swapped: the same language, the
+    same results. A helper that sees a module the launch has not swapped (tl.core under another
+    name) is patched as before; outside a launch, or with another interpreter (these names or
+    that call missing), nothing changes. Per thread, as the interpreter's own state is."""
+    import inspect
+    import threading
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as interp
+
+        device_call = inspect.getsource(interp.InterpretedFunction.__call__)
+        launch = interp.GridExecutor.__call__
+        original = interp._patch_lang
+    except (ImportError, AttributeError, OSError, TypeError):
+        return
+    if "_patch_lang(self.fn)" not in device_call or getattr(original, "once_per_launch", False):
+        return
+    local = threading.local()
+
+    def patch_lang(fn):
+        swapped = getattr(local, "swapped", None)
+        langs = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+        if swapped is None:
+            return original(fn)
+        if langs and langs <= swapped:
+            return interp._LangPatchScope()          # nothing to restore: the launch restores its own
+        scope = original(fn)
+        swapped |= langs
+        return scope
+
+    def launched(self, *args, **kwargs):
+        outer = getattr(local, "swapped", None)
+        local.swapped = set()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            local.swapped = outer
+
+    patch_lang.once_per_launch = True
+    interp._patch_lang = patch_lang
+    interp.GridExecutor.__call__ = launched
+
+
+if not ON_GPU and os.environ["TRITON_INTERPRET"] not in ("0", ""):
+    _patch_the_interpreters_language_once_per_launch()
+
+
 @pytest.fixture(scope="session")
 def device():
     """Where kernel tests put their tensors: CUDA when compiled, CPU in the interpreter."""
