@@ -503,22 +503,17 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, FLAG, q_strides, k_strides, 
     programs end after that one load."""
     pid = tl.program_id(0)
     t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
+    work = True
     if MATH.FINITE_ROWS:
         # the twin works when some row is marked, the normal launch when none is
-        if (tl.load(FLAG) != 0) == FINITE_RUN:
-            _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides, k_strides=k_strides,
-                       v_strides=v_strides, do_strides=do_strides, dkv_strides=dkv_strides, dq_strides=dq_strides,
-                       row_bounds=row_bounds, kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q,
-                       N_K=N_K, n_qb1=n_qb1, n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv,
-                       qk_scale=qk_scale, sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1,
-                       TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=FINITE_RUN)
-    else:
+        work = (tl.load(FLAG) != 0) == FINITE_RUN
+    if work:                    # without FINITE_ROWS: one launch per pass, FINITE_RUN False
         _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides, k_strides=k_strides,
                    v_strides=v_strides, do_strides=do_strides, dkv_strides=dkv_strides, dq_strides=dq_strides,
                    row_bounds=row_bounds, kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q,
                    N_K=N_K, n_qb1=n_qb1, n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv,
                    qk_scale=qk_scale, sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1,
-                   TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=False)
+                   TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=FINITE_RUN)
 
 
 @triton.jit
