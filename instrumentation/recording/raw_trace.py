@@ -64,7 +64,7 @@ def decode(raw: dict) -> Trace:
     out_rows = pd.concat([_decode_out(out_buf[i], p.blocks, p.block_m, p.n, x) for i, x in enumerate(p.heads)],
                          ignore_index=True)
     meta = {key: value for key, value in p.meta.items() if key != "source"}
-    meta["launches"] = launches_meta(p.full, p.hw, p.heads, p.blocks, detail_work)
+    meta["launches"] = launches_meta(p.full, p.hw, p.heads, p.blocks, detail_work, raw.get("l2_flushed", False))
     meta["source"] = p.meta.get("source", "live")
     bwd_tables = None
     if p.backward is not None:
@@ -115,14 +115,18 @@ def decode_backward(raw: dict) -> tuple[dict, dict]:
     return tables, r.meta
 
 
-def launches_meta(full: bool, hw: bool, heads: list, blocks: list, detail_work: pd.DataFrame | None) -> dict:
+def launches_meta(full: bool, hw: bool, heads: list, blocks: list, detail_work: pd.DataFrame | None,
+                  l2_flushed: bool = False) -> dict:
     """meta['launches']: which launch each table came from, and each launch's settings. At level
     'full' the detail launch (work, tiles and rows traced) ran first and gave out, tiles and
     rows; the work-only launch (tile and row tracing off) gave work. On CUDA the detail launch's
     own work table is summarised by its traced_item_ratio (what tile tracing costs the traced
-    heads' items: instrumentation.analysis.traced_items), then dropped."""
+    heads' items: instrumentation.analysis.traced_items), then dropped. l2_flushed: the L2 was
+    flushed (a 256 MiB read) between the work-only launch's warm-up and the recorded launch."""
     work_only = {"trace": "work records only: tile and row tracing off", "hw_clock": hw,
                  "warm_up_launches": int(hw and full)}
+    if l2_flushed:
+        work_only["l2"] = "flushed before the launch (256 MiB read: a clean L2)"
     if not full:
         return {"work": WORK_ONLY, "out": WORK_ONLY, "tiles": "none (level work)", "rows": "none (level work)",
                 "settings": {WORK_ONLY: {**work_only, "order": 1}}}

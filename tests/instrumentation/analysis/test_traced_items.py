@@ -289,6 +289,7 @@ def test_gpu_traced_heads_items_within_the_goal(device):
     q, k, v = make_inputs(2, 16, 4096, 128, "bf16", device=device, per_head=False)
     _, trace = record(q, k, v, mask="causal", trace_head=[0, 16, 31], trace_q_blocks=[0, 15, 31])
     assert trace.meta["launches"]["work"] == "work-only launch"
+    assert "flushed" in trace.meta["launches"]["settings"]["work-only launch"]["l2"]
     assert traced_item_ratio(trace) <= GOAL
     detail = trace.meta["launches"]["settings"]["detail launch"]["traced_item_ratio"]
     assert detail is not None and detail > 0
