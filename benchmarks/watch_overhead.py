@@ -218,11 +218,13 @@ def run(args, argv) -> dict:
 
 def decoder(w) -> dict:
     """Where the watched run's steps were decoded and saved: {'mode': 'process' or 'thread',
-    'in_child': a child process did it, 'pid', 'torch_loaded' (never, there), 'skipped_steps'
+    'in_child': a child process did it, 'pid', 'torch_loaded' (never, there; else 'torch_import' says
+    where it was imported first: file:line frames, innermost first), 'skipped_steps'
     (traced steps not traced because the ones before were still being written), 'errors'}."""
     info = dict(w.decoder_info)
     return {"mode": w.decode, "in_child": w.decode == "process" and "pid" in info, "pid": info.get("pid"),
-            "torch_loaded": info.get("torch_loaded"), "skipped_steps": list(w.skipped), "errors": list(w.errors)}
+            "torch_loaded": info.get("torch_loaded"), "torch_import": info.get("torch_import"),
+            "skipped_steps": list(w.skipped), "errors": list(w.errors)}
 
 
 def summarise(arms: dict, size: dict, run_dir: Path, device, final: bool = True) -> dict:

@@ -146,6 +146,25 @@ class Decoder:
         return code
 
 
+class TorchImportWitness:
+    """A sys.meta_path entry that finds nothing and notes where `module` (torch) was first imported
+    in this process (torch is not to be: numpy, pandas and pyarrow decode a step). `where`: the
+    innermost frames outside importlib, e.g. 'watch_child.py:55 <- watch_child.py:172' for a torch
+    object in an unpickled message, or None while it is not imported."""
+
+    def __init__(self, module: str = "torch"):
+        self.module, self.where = module, None
+
+    def find_spec(self, name, path=None, target=None):
+        if name == self.module and self.where is None:
+            import traceback
+
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if "importlib" not in f.filename and not f.filename.startswith("<")]
+            self.where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in frames[::-1][:4])
+        return None
+
+
 def main() -> None:
     """The child: write each step it is sent until its input ends (see the module doc)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -154,6 +173,11 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)                       # prints (ours or a library's) go to stderr, not into the pipe
     busy = threading.Lock()
+    witness = TorchImportWitness()
+    sys.meta_path.insert(0, witness)
+
+    def torch_state() -> dict:
+        return {"torch_loaded": "torch" in sys.modules, "torch_import": witness.where}
 
     def watch_parent() -> None:
         while True:
@@ -164,7 +188,7 @@ def main() -> None:
 
     threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     try:
-        send(out, ("hello", {"pid": os.getpid(), "torch_loaded": "torch" in sys.modules}))
+        send(out, ("hello", {"pid": os.getpid(), **torch_state()}))
         while True:
             message = receive(inp)
             if message is None or message[0] != "step":
@@ -175,11 +199,11 @@ def main() -> None:
                     reply = ("written", write_step(job))
                 except Exception as exc:  # noqa: BLE001 -- reported to the parent, the next step goes on
                     reply = ("error", {"step": job.get("step"), "message": one_line(job.get("step"), exc)})
-                reply[1]["torch_loaded"] = "torch" in sys.modules
+                reply[1].update(torch_state())
                 send(out, reply)
     except (BrokenPipeError, OSError):       # the parent has gone
         pass
     os._exit(0)
 
 
-__all__ = ["Decoder", "write_step", "kernel_ms", "main", "send", "receive"]
+__all__ = ["Decoder", "TorchImportWitness", "write_step", "kernel_ms", "main", "send", "receive"]

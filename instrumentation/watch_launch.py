@@ -83,11 +83,16 @@ def to_host(calls):
 
 
 def to_numpy(x):
-    """Every tensor in `x` (on the host; dicts, lists and plain tuples walked) as a numpy array, and a
-    str subclass (torch.__version__) as a str: what the decoding process unpickles without
-    importing torch. Returns: the same structure."""
+    """Every tensor in `x` (on the host; dicts, lists and plain tuples walked) as a numpy array, a
+    torch.Size as a tuple, a torch dtype or device as its str, and a str subclass (torch.__version__)
+    as a str: what the decoding process unpickles without importing torch. Returns: the same
+    structure."""
     if isinstance(x, torch.Tensor):
         return x.numpy()
+    if isinstance(x, torch.Size):
+        return tuple(x)
+    if isinstance(x, (torch.dtype, torch.device)):
+        return str(x)
     if isinstance(x, str):
         return str(x)
     if isinstance(x, dict):

@@ -112,6 +112,7 @@ def test_six_steps_every_two_with_backward_equal_the_unwatched_weights(tmp_path)
     # decoded and written by the child process, which never loaded torch
     w = seen["watch"]
     assert w.decoder_info["pid"] != os.getpid() and w.decoder_info["torch_loaded"] is False
+    assert w.decoder_info["torch_import"] is None
     assert w.decoder_info["pid"] == w._decoder.pid and w._decoder.proc.returncode == 0
     assert run.meta["watched"]["decode"] == "child process" and w.skipped == [] and w.steps_written == 3
     assert watched.config._attn_implementation == hf.NAME
@@ -204,6 +205,47 @@ def test_steps_after_the_decoding_process_died_are_written_on_a_thread(tmp_path)
         assert wait_for(lambda: w.decode == "thread", 30)
         model(ids)
     assert steps_of(out) == [0, 1] and w.decoder_info["exit_code"] == -signal.SIGKILL and not w.errors
+
+
+def test_the_decoding_process_says_where_a_module_it_must_not_load_was_imported():
+    import colorsys
+    import pickle
+
+    from instrumentation.watch_child import TorchImportWitness
+
+    message = pickle.dumps({"f": colorsys.rgb_to_hsv})   # unpickling it imports colorsys
+    witness = TorchImportWitness("colorsys")
+    sys.modules.pop("colorsys")
+    sys.meta_path.insert(0, witness)
+    try:
+        assert witness.where is None
+        pickle.loads(message)
+    finally:
+        sys.meta_path.remove(witness)
+    assert witness.where.startswith("test_watch.py:")       # the unpickling line, innermost first
+    assert "colorsys" in sys.modules
+
+
+def test_what_the_decoding_process_is_sent_names_nothing_of_torch():
+    import io
+    import pickle
+
+    from instrumentation.watch_launch import to_numpy
+
+    class Globals(pickle.Unpickler):
+        seen: list = []
+
+        def find_class(self, module, name):
+            self.seen.append(module)
+            return super().find_class(module, name)
+
+    calls = [{"raw": {"work": torch.arange(6).reshape(2, 3), "shape": torch.Size([2, 3]), "dtype": torch.bfloat16,
+                      "device": torch.device("cpu"), "v": torch.__version__, "nested": ({"x": torch.ones(2)},)}}]
+    sent = to_numpy(calls)
+    Globals(io.BytesIO(pickle.dumps(sent, protocol=pickle.HIGHEST_PROTOCOL))).load()
+    assert Globals.seen and not [m for m in Globals.seen if m.split(".")[0] == "torch"]    # numpy's only
+    assert sent[0]["raw"]["shape"] == (2, 3) and sent[0]["raw"]["dtype"] == "torch.bfloat16"
+    assert sent[0]["raw"]["work"].tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_version_one_runs_keep_loading():
