@@ -37,6 +37,15 @@ def watch_times(table: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     return table.assign(fwd_us=fwd.astype(float), bwd_us=bwd.astype(float).where(has_bwd)), measured
 
 
+def step_axis(fig: go.Figure, steps) -> None:
+    """Training steps are integers: tick each traced step while there are few, else whole numbers."""
+    steps = sorted({int(x) for x in steps})
+    if 0 < len(steps) <= 12:
+        fig.update_xaxes(tickmode="array", tickvals=steps)
+    else:
+        fig.update_xaxes(tickformat=",d")
+
+
 def _how(measured: bool) -> str:
     return ("measured on the GPU (the traced work-only launches' spans)" if measured else
             f"modelled (instrumentation.estimate on the {MODEL_DEVICE}: this run has no hardware clock)")
@@ -64,6 +73,7 @@ def watch_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
                       title=title("Attention per layer over the traced steps: forward vs backward",
                                   f"{steps} traced step{'s' if steps != 1 else ''} · time {how.split(' (')[0]}"))
     fig.update_xaxes(title_text="training step (traced steps only)")
+    step_axis(fig, table.step)
     fig.update_yaxes(title_text="attention time per step (µs)", rangemode="tozero")
     return caption(fig, f"Data: {provenance}. Time {how}; dashed: the traced backward of that step (its real dL/dO).")
 
@@ -112,6 +122,7 @@ def watch_rate_figure(table: pd.DataFrame, provenance: str) -> go.Figure:
                                   f"{len(steps)} traced step{'s' if len(steps) != 1 else ''}{latest} · "
                                   f"time {how.split(' (')[0]}"))
     fig.update_xaxes(title_text="training step (traced steps only)", row=3, col=1)
+    step_axis(fig, table.step)
     fig.update_yaxes(title_text="µs", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="tiles", rangemode="tozero", row=2, col=1)
     fig.update_yaxes(title_text="TFLOP/s", rangemode="tozero", row=3, col=1)

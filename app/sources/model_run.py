@@ -77,8 +77,8 @@ class RunInfo:
         m, env = self.meta, self.meta.get("environment") or {}
         prefill = sum(1 for c in self.calls if c["phase"] == "prefill")
         if self.growing:
-            return (f"{self.name} — {m.get('model', '?')} · watched · "
-                    f"{len({c['step'] for c in self.calls})} traced steps")
+            every = (m.get("watched") or {}).get("every")     # no step count: the run grows under the page
+            return f"{self.name} — {m.get('model', '?')} · watched" + (f" every {every} steps" if every else "")
         return (f"{self.name} — {m.get('model', '?')} · {env.get('device_name', m.get('device', '?'))} · "
                 f"{len(self.calls)} calls ({prefill} prefill, {len(self.calls) - prefill} decode)")
 

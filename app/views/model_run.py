@@ -17,7 +17,7 @@ from app.figures._common import fmt_bytes, fmt_time_ms
 from app.figures.estimate import short
 from app.figures.model_run import (call_table, kv_cache_figure, layer_figure, layer_kind_figure, run_provenance,
                                    steps_figure)
-from app.figures.model_run_watch import watch_figure, watch_rate_figure
+from app.figures.model_run_watch import watch_figure, watch_rate_figure, watch_times
 from app.sources import model_run as runs
 from app.sources.errors import RunError
 from app.text import plain
@@ -134,8 +134,17 @@ def show(run, info) -> None:
                     delta_color="off", delta_arrow="off")
     k[3].metric("sequence" if growing else "prompt", f"{int(prefill.n_q.max()) if len(prefill) else 0:,} tok",
                 help="queries of the prefill calls (N_q)")
-    k[4].metric("attention", short(fmt_time_ms(table.kernel_us.sum() / 1e3)),
-                help="sum of every call's untraced kernel median (do_bench)")
+    if growing:     # a watched step's calls are traced, not timed: the charts' time of the latest one
+        times, measured = watch_times(table)
+        latest = times[times.step == times.step.max()]
+        k[4].metric("attention", short(fmt_time_ms((latest.fwd_us.sum() + latest.bwd_us.sum()) / 1e3)),
+                    f"last step · {'measured' if measured else 'modelled'}", delta_color="off", delta_arrow="off",
+                    help="forward and backward attention of the latest traced step, all layers: "
+                         + ("measured on the GPU (the traced launches' spans)" if measured else
+                            "modelled (instrumentation.estimate): this run has no hardware clock"))
+    else:
+        k[4].metric("attention", short(fmt_time_ms(table.kernel_us.sum() / 1e3)),
+                    help="sum of every call's untraced kernel median (do_bench)")
     last = table[table.step == table.step.max()]
     k[5].metric("KV, last step", short(fmt_bytes(int(last.kv_bytes.sum()), binary=True)),
                 help=f"K and V read by the last forward pass, all layers (Estimate.kv_cache_bytes): "

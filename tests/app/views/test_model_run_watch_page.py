@@ -30,6 +30,20 @@ def test_a_watched_run_followed_with_watch_dir(tmp_path, monkeypatch):
     assert "the latest step 4" in charts(at)[0]["layout"]["title"]["subtitle"]["text"]
     for fig in charts(at)[:2]:
         assert any("modelled" in a["text"] for a in fig["layout"]["annotations"])
+        assert fig["layout"]["xaxis"]["tickvals"] == [0, 2, 4]           # the traced steps, not 0.5 steps
+    # the latest step's attention time, as the charts draw it (modelled here), never a 0 from untimed calls
+    from app.figures.model_run import call_table
+    from app.figures.model_run_watch import watch_times
+    from app.figures._common import fmt_time_ms
+    from app.figures.estimate import short
+    from instrumentation.recording.model_run import ModelRun
+
+    times, measured = watch_times(call_table(ModelRun.load(run, traces=False)))
+    last = times[times.step == 4]
+    tile = next(m for m in at.metric if m.label == "attention")
+    assert tile.delta == "last step · modelled"
+    assert not measured and tile.value == short(fmt_time_ms((last.fwd_us.sum() + last.bwd_us.sum()) / 1e3))
+    assert float(tile.value.split()[0]) > 0 and "modelled" in tile.help
     assert not any("KV cache" in t or "per forward pass" in t for t in titles)   # no decode steps in training
     assert "trace=run%3Amy-job%3A" in text and str(tmp_path) not in text        # links carry names, never paths
     # each traced step with a backward links its calls to the Backward page, which draws that backward
