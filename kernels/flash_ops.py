@@ -28,7 +28,7 @@ import torch
 
 from . import launch_config as rules
 from .backward_launch import BackwardConfig, backward_fits, backward_impl, check_backward_args, no_second_derivative
-from .launch import resolve_launch, run_plan
+from .launch import resolve_launch, run_plan, run_untraced
 from .masks import MaskSpec, parse_mask
 from .shapes import backward_softmax_scale, check_inputs, softmax_scale
 
@@ -49,13 +49,20 @@ def compile_hook_set() -> bool:
 def forward_impl(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, num_warps, num_stages,
                  warp_specialize, trace=None):
     """The forward every path runs (the op, the eager fast path, a traced call): resolve the call's
-    launch plan (cached per shape) and launch it.
+    launch plan (cached per shape) and launch it. Callers run it with grad mode off or on inputs
+    that do not require grad (the op, eager_attention, FlashAttentionFunction.forward).
 
     Arguments:
         as kernels.flash_attention's (mask: text or MaskSpec).
     Returns:
         O, or (O, lse) with return_lse."""
-    trace_flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
+    if trace is None:
+        lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
+                            None, None, None, warp_specialize, False, False, "all")
+        if lp.untraced is not None:
+            return run_untraced(lp, q, k, v, sm_scale)
+        return run_plan(lp, q, k, v, sm_scale, None, None, False, None)
+    trace_flags = (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
                         trace_flags, None, None, warp_specialize, False, False, "all")
     return run_plan(lp, q, k, v, sm_scale, trace, None, False, None)

@@ -2,12 +2,16 @@
 sizes, schedule and options resolve once into a frozen LaunchPlan (config, warp specialisation,
 TMA, row sums, one launch or the two of the split, their constexpr dicts, grid, work list),
 kept in a bounded cache; a repeated call builds only its output tensors and the argument tuple.
-The LaunchPlan is the one place the kernel's constexpr dicts are made."""
+The LaunchPlan is the one place the kernel's constexpr dicts are made.
+
+An untraced call of a plain plan (one launch, not persistent, no host descriptors, no out=) takes
+run_untraced: the plan's argument list with q, k, v, O (and lse, the scale) set in place, launched
+through kernels.direct_launch (the compiled kernel without JITFunction.run's per-call binding)."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -19,10 +23,12 @@ choose_backend()  # before triton is imported: the interpreter is chosen at impo
 import triton  # noqa: E402
 
 from . import launch_config as rules  # noqa: E402  (looked up per resolve: tests force rules)
+from .direct_launch import DirectLaunch  # noqa: E402
 from .flash_kernel import attn_fwd_kernel, attn_fwd_persistent_kernel  # noqa: E402
 from .kernel_args import KernelArgs, Tile, TraceFlags  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
 from .masks import MaskSpec  # noqa: E402
+from .out_buffers import check_out  # noqa: E402
 from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
 from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
 from .trace_buffers import check_trace_buffers  # noqa: E402
@@ -83,6 +89,7 @@ class Launch:
     prev_is_o: bool                # the split's second launch reads the first's O
     uses_prev: bool                # reads a previous O (MERGE, SEED); else OA and its strides are None
     uses_lse: bool                 # reads or writes LSE; else LSE and its stride are None
+    direct: DirectLaunch = field(compare=False, repr=False, default=None)   # its compiled kernels
 
     @property
     def ws(self) -> bool:
@@ -114,6 +121,8 @@ class LaunchPlan:
     new_lse: bool                  # a call without out makes an lse buffer (return_lse or split)
     returns_lse: bool
     launches: tuple                # Launch, one or two
+    untraced: tuple | None = None  # run_untraced's (argument list, Q, K, V, O, LSE or -1, qk_scale
+                                   # positions), for a plain plan; else None
 
 
 def _size(plan: LaunchPlan) -> int:
@@ -147,9 +156,12 @@ def resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_sta
         LaunchPlan. Raises ValueError for a call the kernel cannot run."""
     options = (block_m, block_n, schedule, num_warps, num_stages, bool(return_lse), trace_flags,
                hw_clock, use_tma, warp_specialize, has_out, bool(merge), tiles)
+    if not (block_m is None and block_n is None and num_warps is None and num_stages is None) and \
+            not all(x is None or type(x) is int for x in (block_m, block_n, num_warps, num_stages)):
+        return _resolve(q, k, v, mask, *options)    # refused there (a float or bool equals an int key)
     try:
-        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
-               q.stride(), k.stride(), v.stride(), mask, options)
+        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, mask, options)
         plan = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors (validate_call says so), or an unhashable mask
         return _resolve(q, k, v, mask, *options)
@@ -233,7 +245,8 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         plain = (g["loop"]._replace(WARP_SPECIALIZE=False), dict(options, num_warps=8))
         return Launch(args=args, **g, options=options, plain=plain,
                       key=(kernel.__name__, *g.values(), num_warps, cfg.num_stages), prev_is_o=prev_is_o,
-                      uses_prev=ph.MERGE or ph.SEED, uses_lse=ph.MERGE or ph.SEED or ph.RETURN_LSE)
+                      uses_prev=ph.MERGE or ph.SEED, uses_lse=ph.MERGE or ph.SEED or ph.RETURN_LSE,
+                      direct=DirectLaunch(kernel))
 
     # the split's two launches: the full tiles (warp-specialised where it applies) storing (O, lse);
     # then the partial tiles in a plain loop, resumed from them (SEED)
@@ -248,11 +261,45 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         launches = (launch_of(**full), launch_of(prev_is_o=True, **partial))
     else:
         launches = (launch_of(),)
+    untraced = None
+    if len(launches) == 1 and not (persistent or use_tma or copy_qkv or traced or has_out or merge):
+        # kernel_launches' arguments for such a call, its tensors None, and the positions run_untraced sets
+        only, o_strides, at = launches[0], contiguous(q.shape), launches[0].args.names.index
+        untraced = (only.args.bind(Q=None, K=None, V=None, O=None, o_strides=o_strides, OA=None, oa_strides=o_strides,
+                                   qk_scale=softmax_scale(None, d) * LOG2E, q_desc=None, k_desc=None, v_desc=None,
+                                   LSE=None, stride_lbh=n if only.uses_lse else None, **_UNTRACED),
+                    at("Q"), at("K"), at("V"), at("O"), at("LSE") if only.uses_lse else -1, at("qk_scale"))
     return LaunchPlan(
         spec=spec, cfg=cfg, block=plan, shape=(b, h, n, d), dtype=q.dtype, device=device, grid=grid,
         works=works, persistent=persistent, ws=ws, use_tma=bool(use_tma), copy_qkv=copy_qkv,
         o_strides=contiguous(q.shape), qk_scale=softmax_scale(None, d) * LOG2E,
-        new_lse=bool(return_lse or split), returns_lse=bool(return_lse or has_out), launches=launches)
+        new_lse=bool(return_lse or split), returns_lse=bool(return_lse or has_out), launches=launches,
+        untraced=untraced)
+
+
+def run_untraced(lp: LaunchPlan, q, k, v, sm_scale):
+    """run_plan of a plan with `untraced` set, without a trace, out or o_prev, on inputs the caller has
+    checked for gradients (kernels.flash_ops: grad mode off or no input requires grad). Returns O,
+    or (O, lse) where the plan returns lse."""
+    template, i_q, i_k, i_v, i_o, i_lse, i_scale = lp.untraced
+    o = torch.empty(lp.shape, dtype=lp.dtype, device=lp.device)         # (B, H, N_q, D)
+    args = template.copy()
+    args[i_q], args[i_k], args[i_v], args[i_o] = q, k, v, o
+    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | o.data_ptr()
+    if sm_scale is not None:
+        args[i_scale] = softmax_scale(sm_scale, lp.shape[3]) * LOG2E   # log2(e) folded in
+    result = o
+    if i_lse >= 0:
+        lse = torch.empty(lp.shape[:3], dtype=torch.float32, device=lp.device)
+        args[i_lse] = lse
+        ptrs |= lse.data_ptr()
+        result = (o, lse)
+    launch = lp.launches[0]
+    if _run_kernel is _RUN_KERNEL:      # not replaced (tests watch the launches through it)
+        launch.direct(lp.grid, args, not ptrs & 15, lambda: _launch(lp.grid, args, launch))
+    else:
+        _launch(lp.grid, args, launch)
+    return result
 
 
 def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
@@ -288,7 +335,7 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
         lse = torch.empty((b, h, n), dtype=torch.float32, device=lp.device) if lp.new_lse else o
         lse_stride = n
     else:
-        o = _check_out(out, q, k, v)
+        o = check_out(out, q, k, v)
         o_strides = tuple(o.stride()[:3])
         lse = out[1]
         lse_stride = lse.stride(1)
@@ -331,44 +378,6 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
     return ((o, lse) if lp.returns_lse else o), launches
 
 
-def _check_out(out, q, k, v) -> torch.Tensor:
-    """launch_attention's out=(o, lse): o to write into; one clear line when they do not fit q
-    or share memory with q, k, v or each other (the kernel would read what it has written)."""
-    b, h, n, d = q.shape
-    o, lse = out if isinstance(out, (tuple, list)) and len(out) == 2 else (None, None)
-    fits = (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor) and o.shape == q.shape
-            and o.dtype in (torch.float32, q.dtype) and o.stride(-1) == 1 and o.device == q.device
-            and tuple(lse.shape) == (b, h, n) and lse.dtype == torch.float32 and lse.device == q.device
-            and lse.stride(2) == 1 and lse.stride(0) == h * lse.stride(1))
-    if not fits:
-        raise ValueError(f"out must be (o, lse): o {tuple(q.shape)} float32 or {q.dtype} with unit last "
-                         f"stride, lse {(b, h, n)} float32 with rows of one (B, H, N) buffer, on {q.device}")
-    for name, t in (("o", o), ("lse", lse)):
-        for other_name, other in (("q", q), ("k", k), ("v", v)) + ((("o", o),) if name == "lse" else ()):
-            if _share_memory(t, other):
-                raise ValueError(f"out's {name} shares memory with {other_name}: the kernel would overwrite "
-                                 "what it still reads; pass separate output buffers")
-    return o
-
-
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, last) addresses a tensor's elements may occupy (non-negative strides)."""
-    if t.numel() == 0:
-        return 0, 0
-    start = t.data_ptr()
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return start, start + (last + 1) * t.element_size()
-
-
-def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' element spans overlap in memory (views of one buffer, or aliases);
-    spans, not elements: interleaved views of one buffer count as sharing."""
-    if a.device != b.device:
-        return False
-    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
-    return a0 < b1 and b0 < a1
-
-
 def _ensure_allocator() -> None:
     """Device-side tensor descriptors take their scratch from Triton's allocator (set once)."""
     if not _ALLOCATOR:
@@ -376,19 +385,23 @@ def _ensure_allocator() -> None:
         triton.set_allocator(_ALLOCATOR[0])
 
 
-def _run_kernel(kernel, grid, args, options) -> None:
-    kernel.run(*args, grid=grid, warmup=False, **options)
+def _run_kernel(kernel, grid, args, options):
+    return kernel.run(*args, grid=grid, warmup=False, **options)
 
 
-def _launch(grid, args, launch: Launch) -> None:
+_RUN_KERNEL = _run_kernel
+
+
+def _launch(grid, args, launch: Launch):
     """Launch; a warp-specialised kernel Triton refuses to compile (it can, e.g. with some trace
-    flags) runs once more with the plain loop and 8 warps, and that choice is remembered."""
+    flags) runs once more with the plain loop and 8 warps, and that choice is remembered.
+    Returns what Triton's run returned for the planned launch (None after a fallback)."""
     if launch.ws and _WS_REFUSED and launch.key in _WS_REFUSED:
         plain_loop, options = launch.plain
         _run_kernel(launch.kernel, grid, launch.args.rebind(args, LOOP=plain_loop), options)
-        return
+        return None
     try:
-        _run_kernel(launch.kernel, grid, args, launch.options)
+        return _run_kernel(launch.kernel, grid, args, launch.options)
     except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
         if not launch.ws:
             raise

@@ -131,3 +131,16 @@ def test_gpu_head_dim_256_defaults_are_right(d):
         out = flash_attention(q, k, v, mask=mask)
         assert torch.isfinite(out).all()
         assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2, (d, mask)
+
+
+def test_a_cached_plan_refuses_an_option_of_the_wrong_type():
+    """32.0, numpy's 32 and True equal an int key: a cached plan must not take them (the first call
+    of a shape refuses them, so every call does)."""
+    import numpy as np
+
+    q, k, v = qkv()
+    flash_attention(q, k, v, mask="causal", block_m=32, num_warps=4)
+    for bad in (dict(block_m=32.0, num_warps=4), dict(block_m=np.int64(32), num_warps=4),
+                dict(block_m=32, num_warps=4.0)):
+        with pytest.raises(ValueError, match="is not supported"):
+            flash_attention(q, k, v, mask="causal", **bad)
