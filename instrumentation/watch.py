@@ -349,10 +349,8 @@ class Watch:
         kind, info = message
         if kind == "hello":
             self.decoder_info = dict(info)
-        if "torch_loaded" in info:       # whether torch was ever imported there (it is not to be)
-            self.decoder_info["torch_loaded"] = bool(self.decoder_info.get("torch_loaded")) or info["torch_loaded"]
-        if info.get("torch_import") and not self.decoder_info.get("torch_import"):
-            self.decoder_info["torch_import"] = info["torch_import"]     # where it was imported first
+        if "torch_loaded" in info:   # torch imported there (it is not to be), and where: the child's state so far
+            self.decoder_info.update(torch_loaded=info["torch_loaded"], torch_import=info.get("torch_import"))
         if kind == "written":
             self._finished(written=True)
         elif kind == "error":
