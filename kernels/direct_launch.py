@@ -37,9 +37,8 @@ class _Triton:
     def __init__(self, jit_function, run, knob_names, driver, knobs, compiled_kernel):
         self.jit_function, self.run, self.driver, self.knobs = jit_function, run, driver, knobs
         self.compiled_kernel = compiled_kernel
-        knob_values = attrgetter(*knob_names)
         # run's per-call options besides the launch's own: debug (the function's or the knob's) and these
-        self.options = lambda fn: (fn.debug, knobs.runtime.debug, knob_values(knobs.compilation))
+        self.knob_values = attrgetter(*knob_names)
 
 
 def _triton_state():
@@ -88,12 +87,17 @@ class DirectLaunch:
         state = _STATE[0] if _STATE else _triton_state()
         fn = self.kernel
         if state is None or not aligned or type(fn) is not state.jit_function or state.jit_function.run is not state.run \
-                or fn.pre_run_hooks or state.knobs.runtime.add_stages_inspection_hook is not None:
+                or fn.pre_run_hooks:
+            slow()
+            return
+        knobs = state.knobs
+        runtime = knobs.runtime
+        if runtime.add_stages_inspection_hook is not None:
             slow()
             return
         active = state.driver.active
         device = active.get_current_device()
-        key = (device, state.options(fn))
+        key = (device, fn.debug, runtime.debug, state.knob_values(knobs.compilation))
         kernel = self.compiled.get(key)
         if kernel is None:
             kernel = slow()
@@ -102,14 +106,15 @@ class DirectLaunch:
                 self.compiled[key] = kernel
             return
         stream = active.get_current_stream(device)
-        # run's check that the globals the kernel read when it was compiled are unchanged
-        not_present = object()
-        for (name, _), (val, globals_dict) in fn.used_global_vals.items():
-            if (new_val := globals_dict.get(name, not_present)) != val:
-                raise RuntimeError(
-                    f"Global variable {name} has changed since we compiled this kernel, from {val} to {new_val}")
-        knobs, size = state.knobs, len(grid)
+        used = fn.used_global_vals
+        if used:        # run's check that the globals the kernel read when it was compiled are unchanged
+            not_present = object()
+            for (name, _), (val, globals_dict) in used.items():
+                if (new_val := globals_dict.get(name, not_present)) != val:
+                    raise RuntimeError(
+                        f"Global variable {name} has changed since we compiled this kernel, from {val} to {new_val}")
+        size = len(grid)
         launch_metadata = kernel.launch_metadata(grid, stream, *args)
         kernel.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1, stream, kernel.function,
-                   kernel.packed_metadata, launch_metadata, knobs.runtime.launch_enter_hook,
-                   knobs.runtime.launch_exit_hook, *args)
+                   kernel.packed_metadata, launch_metadata, runtime.launch_enter_hook, runtime.launch_exit_hook,
+                   *args)

@@ -163,8 +163,8 @@ def resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_sta
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, mask, options)
         plan = _PLANS.get(key)
-    except (AttributeError, TypeError):   # not tensors (validate_call says so), or an unhashable mask
-        return _resolve(q, k, v, mask, *options)
+    except (AttributeError, TypeError, ValueError, RuntimeError):   # not tensors (validate_call says so), or a
+        return _resolve(q, k, v, mask, *options)                    # mask that cannot be hashed or compared
     if plan is None:
         plan = _PLANS.put(key, _resolve(q, k, v, mask, *options))
     return plan

@@ -144,3 +144,29 @@ def test_a_cached_plan_refuses_an_option_of_the_wrong_type():
                 dict(block_m=32, num_warps=4.0)):
         with pytest.raises(ValueError, match="is not supported"):
             flash_attention(q, k, v, mask="causal", **bad)
+
+
+def test_bounded_cache_with_its_last_entry_memo_matches_a_plain_lru():
+    """Random gets and puts (repeats of the last key included) against a plain LRU model."""
+    import random
+    from collections import OrderedDict
+
+    rng = random.Random(0)
+    cache = BoundedCache(max_entries=4, max_bytes=30, max_item_bytes=12, size_of=len)
+    model: OrderedDict = OrderedDict()
+    for step in range(3000):
+        key = rng.choice("abcdefg")
+        if rng.random() < 0.5:
+            want = model.get(key)
+            if want is not None:
+                model.move_to_end(key)
+            assert cache.get(key) == want, step
+        else:
+            value = key * rng.randint(1, 13)
+            assert cache.put(key, value) == value
+            if len(value) <= 12:                     # an item over the bound is not kept (nor replaces)
+                model.pop(key, None)
+                model[key] = value
+                while len(model) > 4 or sum(map(len, model.values())) > 30:
+                    model.popitem(last=False)
+        assert list(cache._items) == list(model), step
