@@ -170,3 +170,19 @@ def test_bounded_cache_with_its_last_entry_memo_matches_a_plain_lru():
                 while len(model) > 4 or sum(map(len, model.values())) > 30:
                     model.popitem(last=False)
         assert list(cache._items) == list(model), step
+
+
+def test_the_untraced_route_equals_the_general_launch():
+    """flash_attention's untraced route (run_untraced: the plan's argument list filled in place)
+    gives what launch_attention's general route (kernel_launches) gives, bit for bit: GQA, a
+    (B, N, H, D) layout seen as (B, H, N, D), an explicit scale, lse, a second call on new inputs."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 20, 2, 16, generator=g).transpose(1, 2)        # strided (B, H, N, D), unit last stride
+    k, v = (torch.randn(1, 1, 24, 16, generator=g) for _ in range(2))
+    for call in range(2):
+        ours = flash_attention(q, k, v, mask="causal", block_m=16, block_n=16, sm_scale=0.3, return_lse=True)
+        general = launch_attention(q, k, v, mask="causal", block_m=16, block_n=16, sm_scale=0.3, return_lse=True)
+        assert all(torch.equal(a, b) for a, b in zip(ours, general)), call
+        q = q * 2.0                                                    # new values, same plan
+    ((lp, _),) = launch._PLANS._items.values()
+    assert lp.untraced is not None
