@@ -50,24 +50,14 @@ def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
     no_exception_on_page(page)
 
 
-def test_play_button_animates_the_tile_grid(app_server, page):
-    page.goto(f"{app_server}/?page=schedule&{QUERY}&mask=causal")
-    wait_for_title(page, "over time (modelled timeline)")
-    no_exception_on_page(page)
-    anim = page.locator(".js-plotly-plot").filter(has=page.locator(".updatemenu-button")).first
-    first = anim.locator(".g-gtitle").text_content()
-    assert "t = " in first and "tile-units" in first
-    anim.locator(".updatemenu-button").filter(has_text="play").click()
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p._fullLayout && "
-        "p._fullLayout.sliders && p._fullLayout.sliders.length && p._fullLayout.sliders[0].active > 5)",
-        timeout=30_000)
-    assert anim.locator(".g-gtitle").text_content() != first
-
-
-def test_download_chrome_trace_and_csv(app_server, page):
+def test_schedule_page_downloads_its_data_and_images_and_plays(app_server, page):
+    """One schedule page: the trace data downloads (Chrome trace JSON, CSV zip) checked by their
+    content; images rendered by kaleido on the server when the button is clicked (PNG), a video
+    made on request (the button says how long) then offered as a download (GIF); and the
+    animation's play button moves the tile grid."""
     page.goto(f"{app_server}/?page=schedule&{QUERY}&mask=causal")
     wait_for_title(page, "Work items on SMs (modelled timeline)")
+    no_exception_on_page(page)
     with page.expect_download() as info:
         menu_button(page, "⬇ Trace data", "⬇ schedule (Chrome trace JSON)").click()
     doc = json.loads(Path(info.value.path()).read_text())
@@ -83,6 +73,30 @@ def test_download_chrome_trace_and_csv(app_server, page):
     assert len(work) == 1 + N // 64 and work[0].startswith("bh,")
     assert meta["mask"] == "causal" and meta["shape"]["N"] == N
 
+    with page.expect_download(timeout=120_000) as info:
+        menu_button(page, "⬇ Export chart", "⬇ PNG").click()
+    png = Path(info.value.path()).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    page.locator('[data-testid="stPopoverButton"]').filter(has_text="⬇ Video").first.click()
+    page.get_by_role("button", name=re.compile(r"^Make the GIF")).click()
+    with page.expect_download(timeout=180_000) as info:
+        page.get_by_role("button", name=re.compile(r"whole-gpu-schedule\.gif")).click(timeout=180_000)
+    gif = Path(info.value.path()).read_bytes()
+    assert gif[:6] in (b"GIF89a", b"GIF87a") and len(gif) > 10_000
+    page.keyboard.press("Escape")
+
+    wait_for_title(page, "over time (modelled timeline)")
+    anim = page.locator(".js-plotly-plot").filter(has=page.locator(".updatemenu-button")).first
+    first = anim.locator(".g-gtitle").text_content()
+    assert "t = " in first and "tile-units" in first
+    anim.locator(".updatemenu-button").filter(has_text="play").click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].some(p => p._fullLayout && "
+        "p._fullLayout.sliders && p._fullLayout.sliders.length && p._fullLayout.sliders[0].active > 5)",
+        timeout=30_000)
+    assert anim.locator(".g-gtitle").text_content() != first
+    no_exception_on_page(page)
+
 
 def test_download_standalone_html(app_server, page):
     page.goto(f"{app_server}/?page=block_skip&{QUERY}&mask=causal")
@@ -92,23 +106,6 @@ def test_download_standalone_html(app_server, page):
     html = Path(info.value.path()).read_text()
     assert html.lstrip().lower().startswith("<html") or "<!doctype" in html[:100].lower()
     assert "Plotly.newPlot" in html and f"Block map: causal, N={N}" in html
-
-
-def test_download_png_and_gif(app_server, page):
-    """Images are rendered by kaleido on the server when the button is clicked."""
-    page.goto(f"{app_server}/?page=schedule&{QUERY}&mask=causal")
-    wait_for_title(page, "Work items on SMs (modelled timeline)")
-    with page.expect_download(timeout=120_000) as info:
-        menu_button(page, "⬇ Export chart", "⬇ PNG").click()
-    png = Path(info.value.path()).read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    # videos are made on request (the button says how long), then offered as a download
-    page.locator('[data-testid="stPopoverButton"]').filter(has_text="⬇ Video").first.click()
-    page.get_by_role("button", name=re.compile(r"^Make the GIF")).click()
-    with page.expect_download(timeout=180_000) as info:
-        page.get_by_role("button", name=re.compile(r"whole-gpu-schedule\.gif")).click(timeout=180_000)
-    gif = Path(info.value.path()).read_bytes()
-    assert gif[:6] in (b"GIF89a", b"GIF87a") and len(gif) > 10_000
 
 
 def test_fresh_server_opened_on_a_page_path_and_nav_keeps_settings(fresh_app_server, page):

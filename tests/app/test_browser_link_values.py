@@ -9,7 +9,6 @@ Runs on the session's one server and Chromium (tests/app/conftest.py); skips cle
 
 from __future__ import annotations
 
-import time
 from urllib.parse import quote, urlparse
 
 import pytest
@@ -26,17 +25,19 @@ HOSTILE = [
 ]
 
 
+SETTLED_JS = """shown => document.body.innerText.includes(shown)
+  && !((document.querySelector('[data-testid="stStatusWidget"]') || {}).innerText || '').trim()"""
+
+
 def _settle(page, shown: str, timeout: float = 90) -> str:
     """Wait until the app has run and `shown` is on the page; return the page's text."""
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        text = page.inner_text("body")
-        running = page.query_selector('[data-testid="stStatusWidget"]')
-        if shown in text and (running is None or not running.inner_text().strip()):
-            return text
-        time.sleep(0.5)
-    raise AssertionError(f"{shown!r} never appeared; the page says: {text[:1500]}")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(SETTLED_JS, arg=shown, timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"{shown!r} never appeared; the page says: {page.inner_text('body')[:1500]}") from None
+    return page.inner_text("body")
 
 
 @pytest.mark.parametrize("key,value,shown", HOSTILE)

@@ -133,12 +133,21 @@ def test_compared_schedules_slide_reads_in_a_room(app_server, new_page, size, le
     assert got["height"] >= 0.75 * size[1] - 112 and got["controls"] == 0, got
 
 
+STEP_BAR_BOXES = """() => {
+  const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
+  const next = [...document.querySelectorAll('button')].find(b => b.innerText.trim().endsWith('Next'));
+  return {chart: r(document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot')),
+          next: next ? r(next) : null, height: window.innerHeight};
+}"""
+
+
 @pytest.mark.parametrize("size, least_px", [((1280, 720), 9), ((1920, 1080), 13)], ids=["1280x720", "1920x1080"])
 def test_softmax_slide_says_the_steps_numbers(app_server, new_page, size, least_px):
     """The online-softmax slide: the kernel's m, ℓ, α and the 'row sees keys ...' sentence (hidden
     with the page's words on slides) are in the step bar, on screen with the first chart, and the
     row's controls sit in the Controls pill, so the first chart is whole above the bar and its
-    caption readable (it was ~6 px at 1280)."""
+    caption readable (it was ~6 px at 1280). With the first chart scrolled to the top, the
+    whole chart (x-axis title included) and the bar's Next button are on screen together."""
     page = new_page(*size, timeout_ms=180_000)
     page.goto(f"{app_server}/?page=online_softmax&source=recorded&trace={N1024.name}&present=1")
     settle(page, 2)
@@ -158,3 +167,9 @@ def test_softmax_slide_says_the_steps_numbers(app_server, new_page, size, least_
         assert word in got["line"], got["line"]
     assert got["bar"][1] <= got["height"] + 1 and got["chart"][0] >= 40 and got["chart"][1] <= got["bar"][0] + 1, got
     assert got["px"] >= least_px and got["pickers"] == 0, got
+    page.evaluate("() => document.querySelector('[data-testid=\"stPlotlyChart\"]').scrollIntoView({block: 'start'})")
+    settled(page)
+    boxes = page.evaluate(STEP_BAR_BOXES)
+    chart, nxt, height = boxes["chart"], boxes["next"], boxes["height"]
+    assert nxt is not None and 0 <= nxt["top"] and nxt["bottom"] <= height, boxes     # Next on screen
+    assert chart["top"] >= -1 and chart["bottom"] <= nxt["top"] + 1, boxes           # chart whole, above the bar

@@ -58,61 +58,6 @@ def test_slide_captions_clear_of_download_buttons(app_server, new_page, viewport
                 assert min(cap["bottom"], b["bottom"]) - max(cap["top"], b["top"]) <= 0, (cap, b)
 
 
-STEP_BAR_BOXES = """() => {
-  const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
-  const next = [...document.querySelectorAll('button')].find(b => b.innerText.trim().endsWith('Next'));
-  return {chart: r(document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot')),
-          next: next ? r(next) : null, height: window.innerHeight};
-}"""
-
-
-@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
-def test_slide_softmax_step_buttons_on_screen_with_the_chart(app_server, new_page):
-    """On a slide the online softmax's Prev/Next bar stays at the bottom of the window: with the
-    first chart scrolled to the top, the whole chart (x-axis title included) and the Next button
-    are on screen together, and the bar covers no part of the chart."""
-    page = open_slides(new_page, f"{app_server}/?page=online_softmax&source=recorded&trace=n1024_causal_natural&present=1")
-    page.evaluate("() => document.querySelector('[data-testid=\"stPlotlyChart\"]').scrollIntoView({block: 'start'})")
-    settle(page)
-    boxes = page.evaluate(STEP_BAR_BOXES)
-    chart, nxt, height = boxes["chart"], boxes["next"], boxes["height"]
-    assert nxt is not None and 0 <= nxt["top"] and nxt["bottom"] <= height, boxes     # Next on screen
-    assert chart["top"] >= -1 and chart["bottom"] <= nxt["top"] + 1, boxes           # chart whole, above the bar
-
-
-def test_slide_export_menu_opens_readable(app_server, new_page):
-    """On a slide the export menus fade until hovered, but an opened menu's buttons do not: every
-    format in it is drawn at full opacity (they were all faint, 0.25, until each was hovered)."""
-    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", fitted=False)
-    menu = page.locator('[data-testid="stPopoverButton"]').filter(has_text="Export chart").first
-    menu.scroll_into_view_if_needed()
-    menu.click()
-    body = page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')
-    body.first.wait_for(timeout=30_000)
-    page.mouse.move(1, 1)                        # the pointer off the menu: nothing is hovered
-    quiet(page)
-    opacities = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')]
-        .map(b => { let o = 1; for (let e = b; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; })""")
-    assert len(opacities) >= 4 and min(opacities) > 0.9, opacities
-
-
-OPACITY_JS = """el => { let o = 1; for (let e = el; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; }"""
-
-
-@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
-def test_slide_switches_sit_in_the_controls_pill(app_server, new_page):
-    """On a slide the schedule page's switches that draw more charts ('Draw the animation', ...)
-    are in the faint Controls pill, not between the slides (a switch that was off stood above the
-    next slide and shrank it), and read whole once the pill is opened."""
-    page = open_slides(new_page, f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1")
-    switch = page.locator('[data-testid="stCheckbox"]').filter(has_text="Draw the imbalance chart").first
-    assert switch.evaluate("s => !!s.closest('.st-key-slide_controls')")
-    page.locator('.st-key-slide_controls summary').first.click()
-    switch.wait_for(state="visible", timeout=30_000)
-    page.wait_for_function("s => { let o = 1; for (let e = s; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity);"
-                           " return o > 0.9; }", arg=switch.element_handle(), timeout=30_000)
-
-
 @pytest.mark.skipif(not list((ROOT / "data" / "ring").glob("*/manifest.json")), reason="no bundled ring recordings")
 def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
     """The ring page's merge chart (its last) and its 'chunks merged' slider share the screen on a
@@ -131,9 +76,12 @@ def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
     assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, boxes
 
 
-def test_slide_decode_merge_controls_on_screen_with_the_merge_chart(app_server, new_page):
+def test_slide_decode_merge_controls_on_screen_and_export_menu_readable(app_server, new_page):
     """The decode page's merge chart and its row / step controls share the screen on a slide:
-    the 'merge step' slider sits in the bar at the bottom of the window, below the whole chart."""
+    the 'merge step' slider sits in the bar at the bottom of the window, below the whole chart.
+    Then, on the same slides, the export menus fade until hovered, but an opened menu's buttons
+    do not: every format in it is drawn at full opacity (they were all faint, 0.25, until each
+    was hovered)."""
     page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", fitted=False)
     page.locator('[data-testid="stSlider"]').filter(has_text="merge step").first.wait_for(timeout=60_000)
     page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
@@ -148,6 +96,17 @@ def test_slide_decode_merge_controls_on_screen_with_the_merge_chart(app_server, 
     chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
     assert 0 <= slider["top"] and slider["bottom"] <= height, boxes
     assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, boxes
+
+    menu = page.locator('[data-testid="stPopoverButton"]').filter(has_text="Export chart").first
+    menu.scroll_into_view_if_needed()
+    menu.click()
+    body = page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')
+    body.first.wait_for(timeout=30_000)
+    page.mouse.move(1, 1)                        # the pointer off the menu: nothing is hovered
+    quiet(page)
+    opacities = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]')]
+        .map(b => { let o = 1; for (let e = b; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity); return o; })""")
+    assert len(opacities) >= 4 and min(opacities) > 0.9, opacities
 
 
 SLIDE_BOXES = """() => {
@@ -185,14 +144,22 @@ def _pixels(page, box) -> bytes:
 
 @pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
 @pytest.mark.parametrize("viewport", [(1280, 720), (1920, 1080)])
-def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_page, viewport):
+def test_slides_export_on_click_fit_step_with_the_keyboard_and_keep_menus_readable(app_server, new_page, viewport):
     """Schedule slides: a mouse click opens the chart's export menu (a faded menu at full opacity
     used to fall under the scaled chart's layout box, so only Enter opened it); PageDown brings
     each next slide whole into the window: the chart, its export row and the page's controls
     drawn just above it (the animation's head picker was half off the top, the 'Draw the
     imbalance chart' switch under the Controls pill), and no fixed control (Controls pill, Leave
     button) covers a chart's title, axis titles or a control; PageUp goes back. Hovering a
-    slide draws nothing over it (no mode bar, no toolbar frame)."""
+    slide draws nothing over it (no mode bar, no toolbar frame).
+
+    Then, on the same slides: presentation mode hides the words between charts, but an open menu
+    keeps its own (the video menu's line with the frame count, length, fps and render time per
+    frame was hidden on slides, the rule reaching into popovers, so a presenter chose a video
+    blind); and the switches that draw more charts ('Draw the imbalance chart', ...) are in the
+    faint Controls pill, not between the slides (a switch there stood above the next slide and
+    shrank it), and read whole once the pill is opened. (The recording is small enough that the
+    page draws the animation and the imbalance chart by default.)"""
     page = new_page(*viewport)
     page.goto(f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1&sched_imb=1")
     settle(page, 2)
@@ -231,16 +198,6 @@ def test_slides_export_on_click_fit_and_step_with_the_keyboard(app_server, new_p
     chart = boxes["charts"][n - 2]
     assert 40 <= min([chart["top"]] + [c["box"]["top"] for c in boxes["controls"] if c["box"]["top"] < chart["top"]]) <= 80
 
-
-@pytest.mark.skipif(not (ROOT / "data" / "traces" / "n1024_causal_natural").is_dir(), reason="no bundled n1024 recording")
-def test_slide_video_menu_keeps_its_words(app_server, new_page):
-    """Presentation mode hides the words between charts, but an open menu keeps its own: the
-    video menu's line with the frame count, length, fps and render time per frame was hidden on
-    slides (the rule reached into popovers), so a presenter chose a video blind."""
-    page = new_page(1280, 720)
-    page.goto(f"{app_server}/?page=schedule&source=recorded&trace=n1024_causal_natural&present=1&sched_anim=1")
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .js-plotly-plot').length >= 2",
-                           timeout=60_000)
     menu = page.locator('[data-testid="stPopoverButton"]').filter(has_text="Video").first
     menu.scroll_into_view_if_needed()
     menu.click()
@@ -252,3 +209,12 @@ def test_slide_video_menu_keeps_its_words(app_server, new_page):
     hidden = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stCaptionContainer"]')]
         .filter(c => !c.closest('.st-key-slide_controls')).every(c => c.offsetHeight === 0)""")
     assert hidden, "the page's own captions stay hidden on slides"
+    page.keyboard.press("Escape")
+    body.wait_for(state="hidden", timeout=20_000)
+
+    switch = page.locator('[data-testid="stCheckbox"]').filter(has_text="Draw the imbalance chart").first
+    assert switch.evaluate("s => !!s.closest('.st-key-slide_controls')")
+    page.locator('.st-key-slide_controls summary').first.click()
+    switch.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function("s => { let o = 1; for (let e = s; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity);"
+                           " return o > 0.9; }", arg=switch.element_handle(), timeout=30_000)
