@@ -231,34 +231,53 @@ def page(new_page):
 
 
 @pytest.fixture(scope="session")
-def _shared_server(browser, tmp_path_factory):
-    """The session's one server, started by the first test that asks for it."""
+def _shared_server(tmp_path_factory):
+    """The session's one server, started by the first test that asks for it (no browser needed:
+    a plain HTTP check shares it too). `opened`: whether a test has opened a page session on it."""
     with ExitStack() as stack:
-        yield {"url": None, "stack": stack}
+        yield {"server": None, "opened": False, "stack": stack}
 
 
-def _start_server(stack: ExitStack, tmp_path_factory) -> str:
-    from tests.app.live_app import ROOT, streamlit_server
+def _start_server(stack: ExitStack, tmp_path_factory):
+    from app.devtools import running_app
+    from tests.app.live_app import ROOT
 
     log = tmp_path_factory.mktemp("streamlit_log") / "streamlit.log"
-    return stack.enter_context(streamlit_server(ROOT / "data", log))
+    return stack.enter_context(running_app(ROOT / "data", log))
+
+
+def _shared_url(shared: dict, tmp_path_factory) -> str:
+    """The shared server's URL, started now if none runs (or the one started before has exited:
+    a server left idle while other tests ran can be gone by the time the browser tests come)."""
+    server = shared["server"]
+    if server is None or server.proc.poll() is not None:
+        shared["server"], shared["opened"] = _start_server(shared["stack"], tmp_path_factory), False
+    return shared["server"].url
 
 
 @pytest.fixture
 def app_server(_shared_server, tmp_path_factory) -> str:
     """The URL of the session's one app server (the bundled data/, interpreter for live runs)."""
-    if _shared_server["url"] is None:
-        _shared_server["url"] = _start_server(_shared_server["stack"], tmp_path_factory)
-    return _shared_server["url"]
+    url = _shared_url(_shared_server, tmp_path_factory)
+    _shared_server["opened"] = True
+    return url
+
+
+@pytest.fixture
+def app_server_http(_shared_server, tmp_path_factory) -> str:
+    """The shared server's URL for plain HTTP requests (no page session is opened on it, so it
+    stays fresh for `fresh_app_server`)."""
+    return _shared_url(_shared_server, tmp_path_factory)
 
 
 @pytest.fixture
 def fresh_app_server(_shared_server, tmp_path_factory):
-    """A server no session has used yet. The shared one when nothing has opened it (the tests
-    asking for this run first among the browser tests), else one started for this test alone."""
-    if _shared_server["url"] is None:
-        _shared_server["url"] = _start_server(_shared_server["stack"], tmp_path_factory)
-        yield _shared_server["url"]
+    """A server no session has used yet. The shared one when no page has been opened on it (the
+    tests asking for this run first among the browser tests), else one started for this test alone."""
+    url = _shared_url(_shared_server, tmp_path_factory)
+    if not _shared_server["opened"]:
+        _shared_server["opened"] = True
+        yield url
     else:
         with ExitStack() as own:
-            yield _start_server(own, tmp_path_factory)
+            yield _start_server(own, tmp_path_factory).url

@@ -87,11 +87,12 @@ def test_the_page_html_asks_for_plotly_first_and_keeps_its_length_right():
     assert body == b"\x1f\x8b binary" and int(headers[b"content-length"]) == len(body)
 
 
-def test_streamlit_run_app_main_serves_through_it(app_server):
+def test_streamlit_run_app_main_serves_through_it(app_server_http):
     """`streamlit run app/main.py` finds app/main.py's st.App: the live server's page HTML carries
     the link and the chunk it names comes back whole."""
     import urllib.request
 
+    app_server = app_server_http
     html = urllib.request.urlopen(app_server + "/?page=schedule", timeout=30).read()
     chunk = preload_chunks(_asset_files())[0]
     assert f'href=".{chunk}"'.encode() in html
