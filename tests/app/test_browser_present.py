@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.app.slide_settle import quiet as quiet_page
 from tests.app.slide_settle import settle as settled
 
 pytestmark = pytest.mark.browser
@@ -52,13 +53,71 @@ def press(page, key: str, where: str, n: int = 1) -> dict:
     return settle(page, n)
 
 
+SLIDE_BOXES = """() => {
+  const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom, left: b.left, right: b.right}; };
+  const vis = e => { const b = e.getBoundingClientRect(); return b.bottom > 0 && b.top < window.innerHeight && b.width > 0; };
+  const fixed = '.st-key-slide_controls, .st-key-leave_present, [class*="st-key-slide_step_bar"]';
+  const titles = [...document.querySelectorAll('.js-plotly-plot .g-gtitle text, .js-plotly-plot .g-xtitle text, '
+                  + '.js-plotly-plot .g-ytitle text, .js-plotly-plot .g-x2title text, .js-plotly-plot .g-y2title text')]
+                  .filter(vis).map(t => ({text: t.textContent, box: r(t)}));
+  const covers = [...document.querySelectorAll(fixed)]
+                  .filter(vis).map(e => ({key: e.className.match(/st-key-[a-z_]+/)[0], box: r(e)}));
+  // the page's own controls in the window (a head picker, a "Draw ..." switch), not the fixed ones
+  const controls = [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stElementContainer"]')]
+                  .filter(c => c.offsetHeight > 0 && !c.closest(fixed) && vis(c) && !c.querySelector('.js-plotly-plot')
+                          && c.querySelector('input, button, [role="slider"], [role="combobox"]'))
+                  .map(c => ({text: c.innerText.split('\\n')[0], box: r(c)}));
+  return {titles, covers, controls, charts: [...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].map(r),
+          buttons: [...document.querySelectorAll('[data-testid="stPopoverButton"]')].map(r), height: window.innerHeight};
+}"""
+
+
+def _overlap(a, b) -> bool:
+    return min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 1 and min(a["right"], b["right"]) - max(a["left"], b["left"]) > 1
+
+
+def _pixels(page, box) -> bytes:
+    from io import BytesIO
+
+    from PIL import Image
+
+    clip = {"x": max(0, box["left"]), "y": max(0, box["top"]), "width": box["right"] - max(0, box["left"]),
+            "height": box["bottom"] - max(0, box["top"])}
+    return Image.open(BytesIO(page.screenshot(clip=clip))).convert("RGB").tobytes()
+
+
 @pytest.mark.parametrize("size", SIZES, ids=["1280x720", "1920x1080"])
-def test_schedule_slides_keep_their_menus_and_none_of_the_previous_one(app_server, new_page, size):
+def test_schedule_slides_step_whole_with_their_menus_and_none_of_the_previous_one(app_server, new_page, size):
+    """Schedule slides (n1024, small enough that the page draws the animation and the imbalance
+    chart by default): a mouse click opens the chart's export menu (a faded menu at full opacity
+    used to fall under the scaled chart's layout box, so only Enter opened it); PageDown brings
+    each next slide whole into the window: the chart, its export row and the page's controls
+    drawn just above it (the animation's head picker was half off the top, the 'Draw the
+    imbalance chart' switch under the Controls pill), and no fixed control (Controls pill, Leave
+    button) covers a chart's title, axis titles or a control; PageUp goes back. Hovering a
+    slide draws nothing over it (no mode bar, no toolbar frame). The label says where you are
+    (page · slide n / m); every menu of a slide sits under its chart in the window (the Video
+    menu sat below a 1280 x 720 window), and nothing of the previous slide is in the band of the
+    fixed pills at the top (its export / video button showed over the Controls pill).
+
+    Then, on the same slides: presentation mode hides the words between charts, but an open menu
+    keeps its own (the video menu's line with the frame count, length, fps and render time per
+    frame was hidden on slides, the rule reaching into popovers, so a presenter chose a video
+    blind); and the switches that draw more charts ('Draw the imbalance chart', ...) are in the
+    faint Controls pill, not between the slides (a switch there stood above the next slide and
+    shrank it), and read whole once the pill is opened."""
     page = new_page(*size, timeout_ms=180_000)
     page.goto(f"{app_server}/?page=schedule&source=recorded&trace={N1024.name}&present=1&sched_anim=1&sched_imb=1")
+    settled(page, 4)
+    button = page.get_by_role("button", name="Export chart").first
+    button.click()
+    page.locator('[data-testid="stPopoverBody"]').first.wait_for(state="visible", timeout=10_000)
+    page.keyboard.press("Escape")
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")   # keys go to the page
     s = settle(page, 4)
     n = len(s["charts"])
     assert n == 4 and s["where"] == f"Tile schedule · slide 1 / {n}", s["where"]
+    assert len(page.evaluate(SLIDE_BOXES)["charts"]) == n
     for k in range(n):
         if k:
             s = press(page, "PageDown", f"Tile schedule · slide {k + 1} / {n}", 4)
@@ -75,6 +134,50 @@ def test_schedule_slides_keep_their_menus_and_none_of_the_previous_one(app_serve
             assert m["box"]["bottom"] <= s["height"] + 1, (k, m, s["height"])
         for m in s["menus"]:  # nothing of the previous slide under the fixed pills at the top
             assert not (m["box"]["bottom"] > 1 and m["box"]["top"] < 56), (k, m)
+        boxes = page.evaluate(SLIDE_BOXES)
+        chart = boxes["charts"][k]
+        above = [c for c in boxes["controls"] if c["box"]["top"] < chart["top"]]
+        top = min([chart["top"]] + [c["box"]["top"] for c in above])
+        assert 40 <= top <= 80 and chart["bottom"] <= boxes["height"] + 1, (k, top, chart)   # one whole slide
+        for c in above:      # its controls whole in the window, under the fixed pills
+            assert c["box"]["top"] >= 40, (k, "a control of the slide is cut off at the top", c)
+        assert any(b["top"] >= chart["bottom"] - 2 and b["bottom"] <= boxes["height"] + 1 for b in boxes["buttons"]), \
+            (k, "the chart's export row is in the window too", boxes["buttons"])
+        for t in boxes["titles"] + boxes["controls"]:
+            for c in boxes["covers"]:
+                assert not _overlap(t["box"], c["box"]), (k, t["text"], c["key"])
+    page.mouse.move(1, boxes["height"] - 1)
+    quiet_page(page)
+    before = _pixels(page, chart)
+    page.mouse.move(chart["left"] + 0.5 * (chart["right"] - chart["left"]), chart["top"] + 8)   # over the title
+    quiet_page(page)
+    assert _pixels(page, chart) == before, "hovering the slide drew something over it"
+    page.keyboard.press("PageUp")
+    settled(page, 2)
+    boxes = page.evaluate(SLIDE_BOXES)
+    chart = boxes["charts"][n - 2]
+    assert 40 <= min([chart["top"]] + [c["box"]["top"] for c in boxes["controls"] if c["box"]["top"] < chart["top"]]) <= 80
+
+    menu = page.locator('[data-testid="stPopoverButton"]').filter(has_text="Video").first
+    menu.scroll_into_view_if_needed()
+    menu.click()
+    body = page.locator('[data-testid="stPopoverBody"]').filter(has_text="Frames per second").first
+    body.wait_for(state="visible", timeout=20_000)
+    line = body.locator('[data-testid="stCaptionContainer"]').filter(has_text="video frames").first
+    line.wait_for(state="visible", timeout=10_000)
+    assert "fps" in line.inner_text() and "per frame" in line.inner_text()
+    hidden = page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMain"] [data-testid="stCaptionContainer"]')]
+        .filter(c => !c.closest('.st-key-slide_controls')).every(c => c.offsetHeight === 0)""")
+    assert hidden, "the page's own captions stay hidden on slides"
+    page.keyboard.press("Escape")
+    body.wait_for(state="hidden", timeout=20_000)
+
+    switch = page.locator('[data-testid="stCheckbox"]').filter(has_text="Draw the imbalance chart").first
+    assert switch.evaluate("s => !!s.closest('.st-key-slide_controls')")
+    page.locator('.st-key-slide_controls summary').first.click()
+    switch.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function("s => { let o = 1; for (let e = s; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity);"
+                           " return o > 0.9; }", arg=switch.element_handle(), timeout=30_000)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=["1280x720", "1920x1080"])
