@@ -173,7 +173,7 @@ def side_by_side(browser, data: Path, rec, other: Path, rounds: int) -> dict:
     each warmed by one visit, then `rounds` visits to each, alternating which goes first: the
     later-visit settle of `rec`'s schedule page, and of its first slide in presentation mode at
     1280 x 720 (slide_settle), an A/B free of the machine's drift."""
-    out: dict = {"other": str(other), "other_commit": git_commit(other)}
+    out: dict = {"trace": rec.name, "other": str(other), "other_commit": git_commit(other)}
     target = f"/?page=schedule&source=recorded&trace={rec.name}"
     with running_app(data, None) as this, running_app(data, None, app=other / "app" / "main.py",
                                                       env={"PYTHONPATH": str(other)}, cwd=other) as that:

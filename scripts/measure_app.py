@@ -15,6 +15,10 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
                         (navigation -> every chart drawn, the script idle), a colour-by change,
                         and the schedule comparison switched on (all bundled schedules side by side)
 
+  --only breakdown     where the largest recording's schedule page visit goes: per visit, CPU
+                        seconds per Chromium process and thread, the server's CPU, websocket and
+                        chart-drawn times, the lanes figure's size (scripts/app_breakdown.py);
+                        beside --side-by-side's checkout and the one-chart floor page
   --side-by-side       the 16k page's settle and its first slide's (presentation mode at 1280 x
                         720: drawn, idle and still for 1 s, timed to its last change; goal 4 s) on
                         this app and another checkout's, visits alternating
@@ -53,6 +57,7 @@ from pathlib import Path
 
 from app.browser import find_browser, missing_reason
 from app.devtools import CHROMIUM_ARGS, running_app
+from app_breakdown import breakdown, figure_stats, print_breakdown
 from app_interactions import interactions_side_by_side, redraws
 from app_visits import (COMPARED, WsBytes, compare_servers, first_chart, git_commit, hello_baseline,  # noqa: F401
                         settle, side_by_side, titles_js, write_timings_section)
@@ -172,9 +177,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(ROOT / "data" / "benchmarks" / "app-timings.json"),
                     help="write the results (and machine info) here (default: %(default)s)")
     ap.add_argument("--screenshots", default=None, help="directory for page screenshots")
-    ap.add_argument("--only", choices=("all", "schedule", "side-by-side"), default="all",
+    ap.add_argument("--only", choices=("all", "schedule", "side-by-side", "breakdown"), default="all",
                     help="schedule: only the cold first chart and the 16k schedule page; side-by-side: only "
-                         "--side-by-side's settles")
+                         "--side-by-side's settles; breakdown: only where a visit's time goes (with "
+                         "--side-by-side's checkout beside it when given)")
     ap.add_argument("--compare-preload", type=int, default=0, metavar="ROUNDS",
                     help="also time the cold first chart and the 16k page's settle with the Plotly "
                          "preload on and off, side by side over ROUNDS pairs of fresh servers")
@@ -237,6 +243,24 @@ def main(argv=None) -> int:
                 print(f"  {who:5s} {name:22s} median {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)}")
         if args.json:
             write_timings_section(args.json, "interactions", res)
+        return 0
+
+    if args.only == "breakdown":
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS), headless=True)
+            try:
+                res = breakdown(browser, data, big, Path(args.side_by_side).resolve() if args.side_by_side else None,
+                                args.repeats)
+                res["figure"] = figure_stats(big)
+                res["machine"] = machine_info(browser.version)
+                res["command"] = "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:])
+            finally:
+                browser.close()
+        print_breakdown(res)
+        print(f"  lanes figure: {res['figure']['json_bytes'] / 1e6:.2f} MB of JSON, "
+              + ", ".join(f"{t['type']} {t['points']} points" for t in res["figure"]["traces"]))
+        if args.json:
+            write_timings_section(args.json, "breakdown", res)
         return 0
 
     log = Path(tempfile.mkdtemp(prefix="tilescope-measure-log-")) / "streamlit.log"
