@@ -11,7 +11,7 @@ Starts `streamlit run app/main.py` (TRITON_INTERPRET=1) on a free port, drives h
                         a chart with a title has drawn
   first chart, warm     a new session on a warm server (what a second visitor sees)
   redraw after ...      one control change on a recorded trace, until the chart shows it
-  16k schedule page     the largest causal recording's schedule page on a warm server: settle
+  16k schedule page     the largest causal recording's schedule page (or --trace's) on a warm server: settle
                         (navigation -> every chart drawn, the script idle), a colour-by change,
                         and the schedule comparison switched on (all bundled schedules side by side)
 
@@ -190,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--side-by-side", default=None, metavar="CHECKOUT",
                     help="also serve CHECKOUT's app (e.g. `git worktree add /tmp/old <commit>`) beside "
                          "this one and time the 16k page's settle on both, visits alternating, --repeats each")
+    ap.add_argument("--trace", default=None, metavar="NAME",
+                    help="the recording whose schedule page is timed (default: the largest, by N x B x H)")
     ap.add_argument("--interactions", nargs="?", const="", default=None, metavar="CHECKOUT",
                     help="only time an export click and an online-softmax step (beside CHECKOUT's app "
                          "when given) and merge them into --json as 'interactions', keeping its other fields")
@@ -223,10 +225,16 @@ def main(argv=None) -> int:
     shots = Path(args.screenshots) if args.screenshots else None
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
-
     big = max(recs, key=lambda r: (r.seq_len * r.meta.get("shape", {}).get("B", 1)
                                    * r.meta.get("shape", {}).get("H", 1), r.mask == "causal",
                                    r.schedule == "natural", r.name))
+    if args.trace:
+        big = next((r for r in recs if r.name == args.trace), None)
+        if big is None:
+            print(f"error: no recording named {args.trace!r} in {data}; one of: "
+                  + ", ".join(sorted(r.name for r in recs)), file=sys.stderr)
+            return 2
+
     if args.interactions is not None:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS), headless=True)
@@ -265,9 +273,6 @@ def main(argv=None) -> int:
 
     log = Path(tempfile.mkdtemp(prefix="tilescope-measure-log-")) / "streamlit.log"
     results = {"data": source, "command": "python scripts/measure_app.py " + " ".join(argv or sys.argv[1:])}
-    big = max(recs, key=lambda r: (r.seq_len * r.meta.get("shape", {}).get("B", 1)
-                                   * r.meta.get("shape", {}).get("H", 1), r.mask == "causal",
-                                   r.schedule == "natural", r.name))
     with running_app(data, log) as server, sync_playwright() as pw:
         url = server.url
         results["server_health_s"] = server.healthy_after_s
