@@ -28,12 +28,17 @@ def fresh(path: Path) -> Path:
     return path
 
 
-def grow(src: Path, dst: Path, pause: float, done: threading.Event) -> None:
+def grow(src: Path, dst: Path, pause: float, done: threading.Event, seen: threading.Event) -> None:
+    """The bundled run's steps after the first into `dst`, one every `pause` s; after the first new
+    step, the next waits until the page has drawn it (`seen`): a loaded machine may redraw the
+    page seconds late, and the test reads that step's chart, not whichever step is latest by then."""
     steps = sorted((src / "steps").iterdir())
-    for step in steps[1:]:
+    for i, step in enumerate(steps[1:]):
         time.sleep(pause)
         fresh(shutil.copytree(step, dst / "steps" / f".{step.name}.tmp"))
         os.rename(dst / "steps" / f".{step.name}.tmp", dst / "steps" / step.name)
+        if i == 0:
+            seen.wait(timeout=180)
     time.sleep(pause)
     for marker in src.glob("closed-r*.json"):
         shutil.copy(marker, dst / marker.name)
@@ -54,14 +59,15 @@ def test_a_growing_run_updates_on_the_page_without_a_reload(new_page, tmp_path):
         page.goto(f"{server.url}/model_run?mr_run=growing-job")
         page.get_by_text("live · step 0").first.wait_for(timeout=120_000)
         page.evaluate("() => { window.__notReloaded = true; }")
-        done = threading.Event()
-        threading.Thread(target=grow, args=(BUNDLED, run, 2.0, done), daemon=True).start()
+        done, seen = threading.Event(), threading.Event()
+        threading.Thread(target=grow, args=(BUNDLED, run, 2.0, done, seen), daemon=True).start()
         page.get_by_text("live · step 2").first.wait_for(timeout=60_000)
         # the time / tiles / TFLOP/s chart has drawn the new step (its subtitle and its points)
         page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(gd =>"
                                " (gd.querySelector('.infolayer') || {}).textContent?.includes('the latest step 2')"
                                " && (gd._fullData || []).some(d => Array.from(d.x || []).includes(2)))",
                                timeout=60_000)
+        seen.set()
         page.get_by_text("finished ·").first.wait_for(timeout=60_000)
         assert page.evaluate("() => window.__notReloaded === true")        # the same document all along
         assert page.locator('[data-testid="stException"]').count() == 0
