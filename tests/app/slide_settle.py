@@ -1,7 +1,8 @@
 """Waiting for a presentation-mode page's layout to settle, for the browser tests of slides: no
 fixed sleeps (a loaded machine lays the page out seconds later than an idle one), but the page's
 own state: the script idle, no page turn pending, the charts drawn and scaled by the fit script
-(app/presentation.py), the fit script's boxes still over two of its ticks, no CSS transition
+(app/presentation.py), a page with a step bar's first slide brought up whole (once per page, by the
+fit script), the fit script's boxes still over two of its ticks, no CSS transition
 running, and every element's box unchanged across two animation frames. It does not wait for
 lazily loaded elements (a skeleton until their code arrives): what the room sees meanwhile is
 tested as it is."""
@@ -14,7 +15,13 @@ SETTLED_JS = """([n, t0]) => {
   const idle = !(app && app.getAttribute('data-test-script-state') === 'running')
     && !(status && /Running/.test(status.innerText));
   const plots = [...document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')];
+  // a page with a step bar brings its first slide up whole once (the fit script's firstWhole, after
+  // three ticks alike): until it has, a scroll made now would be undone by it
+  const bar = document.querySelector('[class*="st-key-slide_step_bar"]');
+  const page = location.pathname + '?' + (new URLSearchParams(location.search).get('page')
+      || location.pathname.split('/').filter(Boolean).pop() || '');
   const ready = idle && !sessionStorage.getItem('tilescopeLand') && plots.length >= n
+    && (!bar || window.__tilescopeShown === page)
     && plots.every(p => p.querySelector('.main-svg') && p.style.transform.startsWith('scale'))
     && document.getElementById('tilescope-where')
     && (window.__tilescopeTicks || 0) >= t0 + 2 && (window.__tilescopeStill || 0) >= 2

@@ -84,6 +84,7 @@ def test_slide_decode_merge_controls_on_screen_and_export_menu_readable(app_serv
     was hovered)."""
     page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", fitted=False)
     page.locator('[data-testid="stSlider"]').filter(has_text="merge step").first.wait_for(timeout=60_000)
+    settle(page)                    # before the scroll: the fit script brings the first slide up once
     page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
         .find(c => c.innerText.includes('Merging the partial states')).scrollIntoView({block: 'start'})""")
     settle(page)
