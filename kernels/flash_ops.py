@@ -56,15 +56,11 @@ def forward_impl(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse
         as kernels.flash_attention's (mask: text or MaskSpec).
     Returns:
         O, or (O, lse) with return_lse."""
-    if trace is None:
-        lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
-                            None, None, None, warp_specialize, False, False, "all")
-        if lp.untraced is not None:
-            return run_untraced(lp, q, k, v, sm_scale)
-        return run_plan(lp, q, k, v, sm_scale, None, None, False, None)
-    trace_flags = (trace.trace_work, trace.trace_tiles, trace.trace_rows)
+    trace_flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
                         trace_flags, None, None, warp_specialize, False, False, "all")
+    if lp.untraced is not None:         # set only on untraced plans
+        return run_untraced(lp, q, k, v, sm_scale)
     return run_plan(lp, q, k, v, sm_scale, trace, None, False, None)
 
 

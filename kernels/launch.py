@@ -261,18 +261,18 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         launches = (launch_of(**full), launch_of(prev_is_o=True, **partial))
     else:
         launches = (launch_of(),)
-    untraced = None
+    untraced, qk_scale = None, softmax_scale(None, d) * LOG2E
     if len(launches) == 1 and not (persistent or use_tma or copy_qkv or traced or has_out or merge):
         # kernel_launches' arguments for such a call, its tensors None, and the positions run_untraced sets
         only, o_strides, at = launches[0], contiguous(q.shape), launches[0].args.names.index
         untraced = (only.args.bind(Q=None, K=None, V=None, O=None, o_strides=o_strides, OA=None, oa_strides=o_strides,
-                                   qk_scale=softmax_scale(None, d) * LOG2E, q_desc=None, k_desc=None, v_desc=None,
+                                   qk_scale=qk_scale, q_desc=None, k_desc=None, v_desc=None,
                                    LSE=None, stride_lbh=n if only.uses_lse else None, **_UNTRACED),
                     at("Q"), at("K"), at("V"), at("O"), at("LSE") if only.uses_lse else -1, at("qk_scale"))
     return LaunchPlan(
         spec=spec, cfg=cfg, block=plan, shape=(b, h, n, d), dtype=q.dtype, device=device, grid=grid,
         works=works, persistent=persistent, ws=ws, use_tma=bool(use_tma), copy_qkv=copy_qkv,
-        o_strides=contiguous(q.shape), qk_scale=softmax_scale(None, d) * LOG2E,
+        o_strides=contiguous(q.shape), qk_scale=qk_scale,
         new_lse=bool(return_lse or split), returns_lse=bool(return_lse or has_out), launches=launches,
         untraced=untraced)
 
