@@ -150,7 +150,8 @@ class TorchImportWitness:
     """A sys.meta_path entry that finds nothing and notes where `module` (torch) was first imported
     in this process (torch is not to be: numpy, pandas and pyarrow decode a step). `where`: the
     innermost frames outside importlib, e.g. 'watch_child.py:55 <- watch_child.py:172' for a torch
-    object in an unpickled message, or None while it is not imported."""
+    object in an unpickled message, or None while it is not imported (main() notes an import made
+    before it was installed)."""
 
     def __init__(self, module: str = "torch"):
         self.module, self.where = module, None
@@ -175,6 +176,8 @@ def main() -> None:
     busy = threading.Lock()
     witness = TorchImportWitness()
     sys.meta_path.insert(0, witness)
+    if "torch" in sys.modules:          # imported before main(): by the package's imports or a site hook
+        witness.where = "before the decoding loop started (no frames)"
 
     def torch_state() -> dict:
         return {"torch_loaded": "torch" in sys.modules, "torch_import": witness.where}

@@ -56,6 +56,16 @@ def launch_calls(entries: list, step: int, rank: int, heads, extra: dict) -> lis
     return calls
 
 
+def _map_leaves(x, leaf):
+    """`x` with `leaf` applied to everything but the dicts, lists and plain tuples it walks (a
+    namedtuple or torch.Size is a leaf). Returns: the same structure."""
+    if isinstance(x, dict):
+        return {key: _map_leaves(v, leaf) for key, v in x.items()}
+    if isinstance(x, list) or type(x) is tuple:
+        return type(x)(_map_leaves(v, leaf) for v in x)
+    return leaf(x)
+
+
 def to_host(calls):
     """`calls` with every tensor on the host: a CUDA tensor copied into pinned memory without
     waiting (non_blocking), a host tensor as is. Returns: (the calls, a CUDA event recorded
@@ -63,18 +73,14 @@ def to_host(calls):
     cuda = []
 
     def move(x):
-        if isinstance(x, torch.Tensor):
-            if not x.is_cuda:
-                return x.detach()
-            cuda.append(x)
-            return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x, non_blocking=True)
-        if isinstance(x, dict):
-            return {key: move(v) for key, v in x.items()}
-        if isinstance(x, list) or type(x) is tuple:
-            return type(x)(move(v) for v in x)
-        return x
+        if not isinstance(x, torch.Tensor):
+            return x
+        if not x.is_cuda:
+            return x.detach()
+        cuda.append(x)
+        return torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x, non_blocking=True)
 
-    moved = move(calls)
+    moved = _map_leaves(calls, move)
     if not cuda:
         return moved, None
     event = torch.cuda.Event()
@@ -82,24 +88,22 @@ def to_host(calls):
     return moved, event
 
 
+def _plain(x):
+    if isinstance(x, torch.Tensor):
+        return x.numpy()
+    if isinstance(x, torch.Size):
+        return tuple(x)
+    if isinstance(x, (torch.dtype, torch.device, str)):
+        return str(x)
+    return x
+
+
 def to_numpy(x):
     """Every tensor in `x` (on the host; dicts, lists and plain tuples walked) as a numpy array, a
     torch.Size as a tuple, a torch dtype or device as its str, and a str subclass (torch.__version__)
     as a str: what the decoding process unpickles without importing torch. Returns: the same
     structure."""
-    if isinstance(x, torch.Tensor):
-        return x.numpy()
-    if isinstance(x, torch.Size):
-        return tuple(x)
-    if isinstance(x, (torch.dtype, torch.device)):
-        return str(x)
-    if isinstance(x, str):
-        return str(x)
-    if isinstance(x, dict):
-        return {key: to_numpy(v) for key, v in x.items()}
-    if isinstance(x, list) or type(x) is tuple:
-        return type(x)(to_numpy(v) for v in x)
-    return x
+    return _map_leaves(x, _plain)
 
 
 def compile_stance(current: str | None, eager: bool) -> str | None:
