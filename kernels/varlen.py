@@ -32,7 +32,7 @@ from .paged import check_block_table
 from .runtime import check_interpreter_tiles, choose_backend, interpreting
 from .shapes import padded_head_dim, softmax_scale
 from .varlen_plan import (INLINE_CHECK_ENTRIES, INTERPRETER_MAX_VARLEN_PROGRAMS, ITEM_COLUMNS, MASK_CODES,  # noqa: F401
-                          VarlenMode, VarlenPlan, VarlenTraceBuffers, check_tensors, device_flag, fail, host_lengths,
+                          VarlenMode, VarlenPlan, VarlenTraceBuffers, check_tensors, device_blocks, fail, host_lengths,
                           reference_varlen, varlen_plan)
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
@@ -55,7 +55,7 @@ class VarlenLaunch(NamedTuple):
     tile: Tile
     mode: VarlenMode
     n_blocks: int          # cdiv(total_q, block_m) + B query blocks per head
-    search_steps: int      # ceil(log2(B + 1)): the binary search over cu_seqlens_q
+    search_steps: int      # ceil(log2(B + 1)): the binary search of device_blocks' starts (large B)
     mask_param: int | Tuple[int, int]     # W or P; (L, R) for local
 
 
@@ -145,7 +145,7 @@ def varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     if total_q == 0:
         return o, lse
     n_prog = lp.n_blocks * h
-    flag = cu_seqlens_q if lp.mode.CHECK_BLOCK else device_flag(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
+    aux = cu_seqlens_q if lp.mode.CHECK_BLOCK else device_blocks(cu_seqlens_q, cu_seqlens_k, total_q, total_k, lp.block_m)
     tr, n_kb_trace = (cu_seqlens_q,) * 4, 0
     if trace is not None:
         tr, n_kb_trace = _trace_buffers(trace, spec, lens_q, lens_k, lp, h, q.device)
@@ -158,12 +158,12 @@ def varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         k_strides, v_strides = (k.stride(0), k.stride(1), 0), (v.stride(0), v.stride(1), 0)
         pages = (0, 0, 0, 0)
     args = _ARGS.bind(
-        Q=q, K=k, V=v, O=o, LSE=lse if return_lse else o, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, cu_flag=flag,
+        Q=q, K=k, V=v, O=o, LSE=lse if return_lse else o, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, cu_aux=aux,
         block_table=block_table if paged else cu_seqlens_q, trace=tr, n_kb_trace=n_kb_trace,
         q_strides=(q.stride(0), q.stride(1)), k_strides=k_strides, v_strides=v_strides,
         o_strides=(o.stride(0), o.stride(1)),
         seqs=(batch, total_q, k.shape[0] if not paged else 0, cu_seqlens_q.stride(0), cu_seqlens_k.stride(0),
-              lp.search_steps, lp.n_blocks),
+              lp.search_steps),
         heads=(h, h // k.shape[-2], lse.stride(0) if return_lse else 0), pages=pages, mask_param=lp.mask_param,
         qk_scale=scale * LOG2E, TILE=lp.tile, MODE=lp.mode, RETURN_LSE=bool(return_lse),
         TRACE=TraceFlags(WORK=trace is not None, TILES=n_kb_trace > 0, HW_CLOCK=hw_clock))

@@ -81,8 +81,8 @@ class VarlenPlan:
 
     items: np.ndarray          # (n_items, 9) int32, ITEM_COLUMNS, in launch order
     q_block: np.ndarray        # (n_items,) int32: the block's index within its sequence
-    block: np.ndarray          # (n_items,) int64: the launch-grid block (program // H) that runs it
-    n_blocks: int              # grid blocks per head: cdiv(total_q, block_m) + B
+    block: np.ndarray          # (n_items,) int64: the launch-grid block (program // H) that runs it, 0.. in order
+    n_blocks: int              # grid blocks per head: cdiv(total_q, block_m) + B (a bound: the last ones run nothing)
     block_m: int
     block_n: int
 
@@ -145,21 +145,23 @@ def varlen_plan(spec: MaskSpec, lens_q, lens_k, block_m: int, block_n: int) -> V
 
 @lru_cache(maxsize=32)
 def _varlen_plan(spec, lens_q, lens_k, block_m, block_n) -> VarlenPlan:
-    rows, q_blocks, blocks = [], [], []
+    rows, q_blocks, numbers = [], [], []
     q_off = k_off = 0
-    n_blocks = -(-sum(lens_q) // block_m) + len(lens_q)
+    first = 0                  # the kernel numbers blocks sequence by sequence: this one's first
     for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         if lq:
             runs = _sequence_blocks(spec, lq, lk, block_m, block_n)
             for qb in range(runs.shape[0]):
                 rows.append((b, q_off + qb * block_m, q_off + lq, k_off, lk, *runs[qb]))
                 q_blocks.append(qb)
-                blocks.append(n_blocks - 1 - (q_off // block_m + b + qb))   # the kernel's g, last first
+                numbers.append(first + qb)
+            first += runs.shape[0]
         q_off, k_off = q_off + lq, k_off + lk
-    order = np.argsort(np.asarray(blocks, np.int64), kind="stable")
+    blocks = first - 1 - np.asarray(numbers, np.int64)     # the grid block (program // H) that runs it: last first
+    order = np.argsort(blocks, kind="stable")
     items = np.asarray(rows, np.int32).reshape(-1, len(ITEM_COLUMNS))[order]
-    return VarlenPlan(items, np.asarray(q_blocks, np.int32)[order], np.asarray(blocks, np.int64)[order],
-                      n_blocks, block_m, block_n)
+    return VarlenPlan(items, np.asarray(q_blocks, np.int32)[order], blocks[order],
+                      -(-sum(lens_q) // block_m) + len(lens_q), block_m, block_n)
 
 
 def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table) -> None:
@@ -238,15 +240,28 @@ def host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q
     return lens_q, lens_k
 
 
-def device_flag(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int | None) -> torch.Tensor:
-    """int32 (1,) on the device: 1 when both cu_seqlens start at 0, never decrease and end at
-    total_q (total_k; paged: within 2**31 - 1); torch ops only, no host synchronisation."""
+def device_blocks(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int | None,
+                  block_m: int) -> torch.Tensor:
+    """What the kernel reads for long cu_seqlens (B + 1 > INLINE_CHECK_ENTRIES), computed by torch
+    ops on the device (no host synchronisation).
+
+    Arguments:
+        cu_q, cu_k: the call's cu_seqlens; total_q, total_k: q's and k's rows (total_k None: paged).
+        block_m: the query tile.
+    Returns:
+        int32 (B + 2,): 1 when both cu_seqlens start at 0, never decrease and end at total_q
+        (total_k; paged: within 2**31 - 1), else 0; then each sequence's first query block in the
+        kernel's numbering (cdiv(len_q, block_m) blocks per sequence, in order), ending at the
+        batch's block count (lengths clamped to 0..total_q, so malformed entries stay in int32)."""
     ok = None
     for cu, end in ((cu_q, total_q), (cu_k, total_k)):
         c = cu.long()
         good = (c[0] == 0) & (c[1:] >= c[:-1]).all() & ((c[-1] == end) if end is not None else (c[-1] <= MAX_TOKENS))
         ok = good if ok is None else ok & good
-    return ok.to(torch.int32).reshape(1)
+    c = cu_q.long()
+    blocks = ((c[1:] - c[:-1]).clamp(0, total_q) + block_m - 1) // block_m
+    starts = torch.cat([blocks.new_zeros(1), blocks.cumsum(0)]).clamp(max=MAX_TOKENS)
+    return torch.cat([ok.to(torch.int64).reshape(1), starts]).to(torch.int32)
 
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, mask="causal", sm_scale=None, block_table=None):

@@ -65,14 +65,14 @@ def test_strided_and_int64_cu_seqlens_are_read_as_values(device):
 
 
 def test_no_padding_is_computed():
-    """One block per (sequence, query block) in the launch order (the kernel's binary search of
-    bs(b) = cu_q[b] // block_m + b, last first); none for empty sequences or padding."""
+    """One block per (sequence, query block), numbered sequence by sequence and run last first by
+    the grid's first blocks (the kernel's prefix sum of cdiv(len_q, block_m)); none for empty
+    sequences or padding, and the grid's spare blocks (cdiv(total_q, block_m) + B is a bound) last."""
     plan = varlen_plan(parse_mask("causal"), (1, 40, 0, 16), (1, 40, 5, 16), 16, 16)
-    assert sorted(plan.items[:, 0].tolist()) == [0, 1, 1, 1, 3]
     assert plan.n_blocks == -(-57 // 16) + 4
-    # bs = (0, 0 + 1, 41 // 16 + 2, 41 // 16 + 3): sequence 1's blocks 1..3, sequence 3's 5
-    assert sorted((plan.n_blocks - 1 - plan.block).tolist()) == [0, 1, 2, 3, 5]
-    assert (np.diff(plan.block) > 0).all()
+    assert plan.block.tolist() == [0, 1, 2, 3, 4]                      # 1 + 3 + 0 + 1 blocks, no gap
+    assert plan.items[:, 0].tolist() == [3, 1, 1, 1, 0]
+    assert plan.q_block.tolist() == [0, 2, 1, 0, 0]
     # causal 40x40 with 16x16 tiles: 1 + 2 + 3 tiles; the 16x16 sequence 1; the single query 1
     assert plan.tiles == 6 + 1 + 1
 
