@@ -138,36 +138,27 @@ def _block_keys(rows, first, len_q, len_k, mask_param, MASK: tl.constexpr, BLOCK
     (int64; rows past len_q see nothing: lo 0, hi -1), and the block's key runs. Returns (lo, hi,
     kb_lo, f_lo, f_hi, kb_end).
 
-    The runs come from scalars, not reductions over the rows (each a round through shared memory
-    and barriers before the first key tile): for every kind lo and hi never decrease along the
-    rows, and a row sees a key exactly when len_k > 0 and its unclipped hi is >= 0 (W >= 1,
-    L, R >= 0), so the rows that see keys are the last rows of the block, from the first row at
-    or past the kind's first seeing position (0; -R for local; any for full and P >= 1). Then
-    kb_lo comes from that row's lo, kb_end from the last row's hi, and a full run [cdiv(lo_last,
-    BLOCK_N), (hi_first + 1) // BLOCK_N) exists when the block has BLOCK_M rows and its first row
-    sees a key (the same runs as kernels.varlen_plan.sequence_blocks)."""
+    The runs come from the first and last rows' intervals, not from reductions over the rows (each
+    a round through shared memory and barriers before the first key tile): for every kind lo and
+    hi never decrease along the rows, and a row that sees no key has an unclipped hi < 0 (W >= 1;
+    L, R >= 0), hence lo 0, as has the first row that sees one. So kb_lo is the first row's lo
+    block, kb_end follows the last row's hi, and the full run is [cdiv(lo_last, BLOCK_N),
+    (hi_first + 1) // BLOCK_N) when the block holds BLOCK_M rows and that is not empty: the runs
+    of kernels.varlen_plan.sequence_blocks, which reduces over the rows."""
     shift = len_k - len_q
     lo, hi = _interval(rows + shift, len_k, mask_param, MASK)
     in_seq = rows < len_q
     lo = tl.where(in_seq, lo, 0).to(tl.int32)
     hi = tl.where(in_seq, hi, -1).to(tl.int32)
     last = tl.minimum(first + BLOCK_M, len_q) - 1
-    pos_first = first + shift
-    lo_first, hi_first = _interval(pos_first, len_k, mask_param, MASK)
+    lo_first, hi_first = _interval(first + shift, len_k, mask_param, MASK)
     lo_last, hi_last = _interval(last + shift, len_k, mask_param, MASK)
-    if MASK == 2:
-        pos_seen = tl.maximum(pos_first, 0)                # the first row that sees a key
-    elif MASK == 4:
-        pos_seen = tl.maximum(pos_first, -mask_param[1])
-    else:
-        pos_seen = pos_first                               # (its lo is 0 like every row's)
-    lo_seen, _ = _interval(pos_seen, len_k, mask_param, MASK)
     any_seen = lo_last <= hi_last
-    kb_lo = tl.where(any_seen, lo_seen // BLOCK_N, 0).to(tl.int32)
+    kb_lo = tl.where(any_seen, lo_first // BLOCK_N, 0).to(tl.int32)
     kb_end = tl.where(any_seen, hi_last // BLOCK_N + 1, 0).to(tl.int32)
     a = ((lo_last + BLOCK_N - 1) // BLOCK_N).to(tl.int32)
     b = ((hi_first + 1) // BLOCK_N).to(tl.int32)
-    full = (lo_first <= hi_first) & (last - first == BLOCK_M - 1) & (a < b)
+    full = (last - first == BLOCK_M - 1) & (a < b)
     return lo, hi, kb_lo, tl.where(full, a, kb_end), tl.where(full, b, kb_end), kb_end
 
 

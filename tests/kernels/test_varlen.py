@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from kernels import flash_attention_varlen
-from kernels.varlen import VarlenTraceBuffers, reference_varlen, varlen_plan
+from kernels.varlen import MASK_CODES, VarlenTraceBuffers, _mask_param, reference_varlen, varlen_plan
+from kernels.varlen_kernel import _block_keys
+from kernels.varlen_plan import sequence_blocks
+import triton  # noqa: E402  (after kernels: the backend is chosen there)
+import triton.language as tl  # noqa: E402
 from kernels.masks import parse_mask
 from tests.kernels.attention_checks import check, cu_seqlens as cu, packed_inputs as packed
 
@@ -130,3 +134,33 @@ def test_realistic_batch_against_sdpa_per_sequence(mask, device):
             qb, kb, vb, attn_mask=spec.dense(n, n).to(device), enable_gqa=True)
         err = ((out[s].transpose(0, 1)[None].float() - ref.float()).norm() / ref.float().norm()).item()
         assert err < 2e-2, (b, err)
+
+
+@triton.jit
+def _runs_of_blocks(cases, out, mask_param, MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Each program: the kernel's key runs for one (len_q, len_k, q_block) case."""
+    pid = tl.program_id(0)
+    len_q = tl.load(cases + pid * 3)
+    len_k = tl.load(cases + pid * 3 + 1)
+    first = tl.load(cases + pid * 3 + 2).to(tl.int64) * BLOCK_M
+    rows = first + tl.arange(0, BLOCK_M)
+    lo, hi, kb_lo, f_lo, f_hi, kb_end = _block_keys(rows, first, len_q, len_k, mask_param, MASK, BLOCK_M, BLOCK_N)
+    tl.store(out + pid * 4, kb_lo)
+    tl.store(out + pid * 4 + 1, f_lo)
+    tl.store(out + pid * 4 + 2, f_hi)
+    tl.store(out + pid * 4 + 3, kb_end)
+
+
+@pytest.mark.parametrize("mask", ["full", "causal", "sliding_window:1", "sliding_window:20", "prefix_lm:0",
+                                  "prefix_lm:12", "local:0,0", "local:5,3", "local:40,0", "local:0,70"])
+def test_kernel_key_runs_are_the_host_plans(mask, device):
+    """The kernel derives a block's runs (partial, full, partial) from a few rows' intervals, not
+    from every row: the same runs as the host's sequence_blocks (itself checked against the dense
+    mask in test_varlen_local), for N_q below, equal to and above N_k, ragged last blocks, no keys."""
+    spec = parse_mask(mask)
+    cases = [(lq, lk, qb) for lq in (1, 5, 16, 17, 40) for lk in (0, 1, 7, 16, 33, 50) for qb in range(-(-lq // 16))]
+    out = torch.zeros(len(cases), 4, dtype=torch.int32, device=device)
+    _runs_of_blocks[(len(cases),)](torch.tensor(cases, dtype=torch.int32, device=device), out,
+                                   _mask_param(spec), MASK_CODES[spec.kind], 16, 16)
+    want = [sequence_blocks(spec, lq, lk, 16, 16)[qb].tolist() for lq, lk, qb in cases]
+    assert out.cpu().tolist() == want
