@@ -297,12 +297,12 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_aux, block_table, trace, n
         len_k = (k1 - k0).to(tl.int32)
         len_q = (q1 - q0).to(tl.int32)
         k_start = k0.to(tl.int32)
-        first = qb.to(tl.int64) * BLOCK_M
-        rows = first + tl.arange(0, BLOCK_M)                            # sequence-local query rows (int64)
+        first = qb * BLOCK_M
+        rows = first + tl.arange(0, BLOCK_M)                            # sequence-local query rows
         in_seq = rows < len_q
-        offs_m = q0.to(tl.int32) + rows.to(tl.int32)                    # packed rows
-        row_lo, row_hi, kb_lo, f_lo, f_hi, kb_end = _block_keys(rows, first, len_q, len_k, mask_param, MASK,
-                                                                BLOCK_M, BLOCK_N)
+        offs_m = q0.to(tl.int32) + rows                                 # packed rows
+        row_lo, row_hi, kb_lo, f_lo, f_hi, kb_end = _block_keys(rows.to(tl.int64), first.to(tl.int64), len_q, len_k,
+                                                                mask_param, MASK, BLOCK_M, BLOCK_N)
         bad = tl.zeros([], dtype=tl.int32)
         if PAGED:
             bad = (len_k.to(tl.int64) > (k0 * 0 + max_blocks) * PAGE_SIZE).to(tl.int32)
