@@ -26,9 +26,9 @@ from .shapes import SUPPORTED_DTYPES, check_kernel_device
 ITEM_COLUMNS = ("seq", "q_start", "q_end", "k_start", "len_k", "kb_lo", "f_lo", "f_hi", "kb_end")
 MASK_CODES = {"full": 0, "causal": 1, "sliding_window": 2, "prefix_lm": 3, "local": 4}     # VarlenMode.MASK
 # cu_seqlens of up to this many entries are checked by every program at once (one vector load);
-# longer ones by a few torch ops on the device, whose flag the kernel reads
+# longer ones by a few torch ops on the device (device_blocks: a flag and the block starts the kernel reads)
 INLINE_CHECK_ENTRIES = 1024
-# The interpreter runs every program, empty ones too (a binary search and the checks: ~35 ms
+# The interpreter runs every program, empty ones too (the reads of cu_seqlens and the checks: ~35 ms
 # each on a loaded CPU, 30-70 ms with keys): past this many programs (cdiv(total_q, block_m) + B per head, times H) a
 # call is refused before it runs; INTERPRETER_MAX_TILES bounds the tiles computed as for flash.
 INTERPRETER_MAX_VARLEN_PROGRAMS = 1_024
