@@ -62,6 +62,22 @@ def test_malformed_cu_seqlens_over_the_inline_bound_use_the_device_flag(device, 
     vl._launch.cache_clear()
 
 
+def test_empty_sequences_through_the_device_block_starts(device, monkeypatch):
+    """Past the inline bound the kernel searches the block starts device_blocks computed on the
+    device: empty sequences first, between and last take no block, odd lengths stay exact."""
+    import kernels.varlen as vl
+    monkeypatch.setattr(vl, "INLINE_CHECK_ENTRIES", 2)
+    vl._launch.cache_clear()
+    lens_q, lens_k = [0, 3, 0, 17, 5, 0], [4, 0, 2, 19, 5, 0]
+    q, k, v = packed(lens_q, lens_k, H, H_KV, D, torch.float32, device, seed=5)
+    cq, ck = cu(lens_q, device), cu(lens_k, device)
+    starts = vl.device_blocks(cq, ck, q.shape[0], k.shape[0], 16)
+    assert starts.tolist() == [1, 0, 0, 1, 1, 3, 4, 4]             # flag, then each sequence's first block
+    out, lse = flash_attention_varlen(q, k, v, cq, ck, 17, 19, mask="causal", return_lse=True, **TILES)
+    check(out, lse, *reference_varlen(q, k, v, cq, ck, "causal"), torch.float32, packed=True)
+    vl._launch.cache_clear()
+
+
 def test_bad_pages_and_over_long_sequences_give_that_sequence_nan(device):
     """Paged: sequence 0 points at pages -1 and num_pages (guard pages of a sentinel on either side
     of the pool view), sequence 2 is longer than its table row; sequence 1 stays exact."""
