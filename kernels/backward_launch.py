@@ -29,6 +29,7 @@ from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, INTERPRETER_CONFIG, BackwardConfig,  # noqa: E402,F401
                             BackwardPlan, PassTiles, backward_config, backward_plan)
+from .device_cache import hold_if_capturing  # noqa: E402
 from .masks import MaskSpec, parse_mask  # noqa: E402
 from .shapes import (backward_softmax_scale, check_inputs, check_kernel_device, padded_head_dim,  # noqa: E402
                      softmax_scale)
@@ -257,6 +258,7 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     lse = lse.float().contiguous()
     d_tile = padded_head_dim(d)
     bp = _interpreter_plan_ok(spec, b, h, n_q, n_k, cfg, q.device)
+    hold_if_capturing(bp, q.device)     # a captured graph reads its lists after the cache drops it
     upcast = interpreting() and q.dtype == torch.bfloat16
     math = BackwardMath(d, d_tile, EVEN_D=(d == d_tile), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                         UPCAST=upcast, LSE_ACC=cfg.lse_acc, FINITE_ROWS=cfg.finite_rows,

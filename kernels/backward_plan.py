@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .device_cache import persistent
 from .launch_cache import BoundedCache
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec
 from .plan import BlockPlan, block_plan, plan_bytes
@@ -171,14 +172,15 @@ def _backward_plan(spec, n_q, n_k, cfg, device) -> BackwardPlan:
     part_before = np.where(full_cnt > 0, (partial & (run < full_start[:, None])).sum(axis=1),
                            partial.sum(axis=1)).astype(np.int32)
     kv_tiles = (by_key != SKIPPED).sum(axis=1)
-    to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device)  # noqa: E731
     tiles1 = PassTiles(cfg.block_m1, cfg.block_n1, EVEN=n_k % cfg.block_n1 == 0, HAS_FULL=bool(full.any()),
                        HAS_PARTIAL=bool(partial.any()),
                        PARTIAL_AFTER=bool((part_before < partial.sum(axis=1)).any()))
     tiles2 = PassTiles(cfg.block_m2, cfg.block_n2, EVEN=n_q % cfg.block_m2 == 0,
                        HAS_FULL=bool((q_plan.block_map == FULL).any()), HAS_PARTIAL=q_plan.has_partial,
                        PARTIAL_AFTER=False)
-    return BackwardPlan(kv_plan, to(full_cnt), to(full_start), to(partial.sum(axis=1)), to(part_idx),
-                        to(part_before), to(np.argsort(-kv_tiles, kind="stable")), q_plan,
-                        to(np.argsort(-q_plan.tiles_per_q_block, kind="stable")),
-                        int(kv_tiles.sum()), int(q_plan.tiles_per_q_block.sum()), tiles1, tiles2)
+    host = (full_cnt, full_start, partial.sum(axis=1), part_idx, part_before, np.argsort(-kv_tiles, kind="stable"),
+            np.argsort(-q_plan.tiles_per_q_block, kind="stable"))
+    lists = persistent(lambda: [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device) for a in host],
+                       device)
+    return BackwardPlan(kv_plan, *lists[:6], q_plan, lists[6], int(kv_tiles.sum()), int(q_plan.tiles_per_q_block.sum()),
+                        tiles1, tiles2)

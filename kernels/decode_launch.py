@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from .device_cache import persistent
 from .runtime import INTERPRETER_MAX_DECODE_VISITS, choose_backend, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
@@ -191,7 +192,7 @@ def run_plan(plan, q, k_cache, v_cache, cache_seqlens, block_table, sm_scale, re
 def _full_lengths(b: int, n_max: int, device: str) -> torch.Tensor:
     """cache_seqlens=None: every sequence fills the cache. The kernel then takes N_max as each
     length (HAS_SEQLENS off) and reads none of this; it fills the unused pointer arguments."""
-    return torch.full((b,), n_max, dtype=torch.int32, device=device)
+    return persistent(lambda: torch.full((b,), n_max, dtype=torch.int32, device=device), device)
 
 
 def _cache_strides(cache, paged: bool) -> tuple[int, int, int]:
@@ -219,7 +220,11 @@ def _tma_descriptors(k_cache, v_cache, block_n: int):
 # - CUDA, captured into a graph: one per device for every graph, made (zeroed) at the device's
 #   first eager call, so no memset is captured with the step (it would run at every replay). Graphs
 #   holding a decode step replay one at a time (or capture them with fused_merge=False); a graph
-#   buffer is never freed, as graphs captured with it may still replay.
+#   buffer is never freed, as graphs captured with it may still replay. A stream that had a buffer
+#   before its capture (torch.compile's CUDA-graph trees warm up on the stream they then capture
+#   on) captures with that one: a CUDA stream's buffer that is replaced or dropped is retired too.
+# - Every buffer is made outside any CUDA graph's private pool (kernels.device_cache), in place
+#   only while the stream captures.
 # - CPU interpreter: one per (device, thread) (launches take turns anyway, see launch).
 _COUNTERS: dict[tuple, torch.Tensor] = {}
 _COUNTERS_LOCK = threading.Lock()
@@ -263,13 +268,13 @@ def _counters_for(device: torch.device, key: tuple, n: int) -> torch.Tensor:
         if buf is None or buf.numel() < n:      # no eager call first: the zeros are captured
             if buf is not None:
                 _RETIRED_GRAPH_COUNTERS.append(buf)
-            buf = _COUNTERS[graph_key] = torch.zeros(size, dtype=torch.int32, device=device)
+            buf = _COUNTERS[graph_key] = _zeros(size, device)
         return buf
     graph = _COUNTERS.get(graph_key)
     if graph is None or graph.numel() < n:      # made outside any capture, for the graphs to come
         if graph is not None:
             _RETIRED_GRAPH_COUNTERS.append(graph)
-        _COUNTERS[graph_key] = torch.zeros(size, dtype=torch.int32, device=device)
+        _COUNTERS[graph_key] = _zeros(size, device)
     return _fresh(key, size, device)
 
 
@@ -278,10 +283,17 @@ def _fresh(key: tuple, size: int, device: torch.device) -> torch.Tensor:
     if buf is None or buf.numel() < size:
         # made on the stream that uses it: the allocator hands an evicted buffer's memory out
         # again only in that stream's order
-        buf = torch.zeros(size, dtype=torch.int32, device=device)
-        _COUNTERS.pop(key, None)
+        buf = _zeros(size, device)
+        dropped = [_COUNTERS.pop(key, None)]
         _COUNTERS[key] = buf
         while len(_COUNTERS) > _MAX_COUNTER_BUFFERS:
-            oldest = next(k for k in _COUNTERS if k[-1] != "graph")
-            _COUNTERS.pop(oldest)
+            dropped.append(_COUNTERS.pop(next(k for k in _COUNTERS if k[-1] != "graph")))
+        if device.type == "cuda":       # a graph captured on that stream may still read it (above)
+            _RETIRED_GRAPH_COUNTERS.extend(t for t in dropped if t is not None)
     return buf
+
+
+def _zeros(size: int, device: torch.device) -> torch.Tensor:
+    """A counter buffer, kept across calls: outside any CUDA graph's pool (kernels.device_cache),
+    made in place while the stream captures (the zeros are then captured with the step)."""
+    return persistent(lambda: torch.zeros(size, dtype=torch.int32, device=device), device)

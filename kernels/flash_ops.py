@@ -28,6 +28,7 @@ import torch
 
 from . import launch_config as rules
 from .backward_launch import BackwardConfig, backward_fits, backward_impl, check_backward_args, no_second_derivative
+from .device_cache import hold_if_capturing
 from .launch import resolve_launch, run_plan, run_untraced
 from .masks import MaskSpec, parse_mask
 from .shapes import backward_softmax_scale, check_inputs, softmax_scale
@@ -47,18 +48,21 @@ def compile_hook_set() -> bool:
 
 
 def forward_impl(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, num_warps, num_stages,
-                 warp_specialize, trace=None):
+                 warp_specialize, trace=None, hold=False):
     """The forward every path runs (the op, the eager fast path, a traced call): resolve the call's
     launch plan (cached per shape) and launch it. Callers run it with grad mode off or on inputs
     that do not require grad (the op, eager_attention, FlashAttentionFunction.forward).
 
     Arguments:
-        as kernels.flash_attention's (mask: text or MaskSpec).
+        as kernels.flash_attention's (mask: text or MaskSpec); hold (the op): keep the plan for
+        good when the stream is capturing (kernels.device_cache.hold_if_capturing).
     Returns:
         O, or (O, lse) with return_lse."""
     trace_flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     lp = resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, return_lse,
                         trace_flags, None, None, warp_specialize, False, False, "all")
+    if hold:
+        hold_if_capturing(lp, lp.device)
     if lp.untraced is not None:         # set only on untraced plans
         return run_untraced(lp, q, k, v, sm_scale)
     return run_plan(lp, q, k, v, sm_scale, trace, None, False, None)
@@ -74,7 +78,7 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, mask: str, block_m: Opti
     """The forward as an op: (o, lse), lse an empty (0,) float32 tensor without return_lse."""
     with torch.no_grad():       # the kernel path refuses inputs that still record a graph
         out = forward_impl(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_lse, num_warps, num_stages,
-                           warp_specialize)
+                           warp_specialize, hold=True)
     return out if return_lse else (out, q.new_empty((0,), dtype=torch.float32))
 
 

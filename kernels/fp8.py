@@ -17,6 +17,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from .device_cache import hold_if_capturing
 from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, quantize_fp8
 from .kernel_args import KernelArgs, TraceFlags
 from .launch import _ensure_allocator as ensure_allocator
@@ -186,6 +187,7 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     if fp is None:
         options = dict(num_warps=num_warps, num_stages=num_stages)
         fp = _PLANS.put(key, _resolve(x, spec, return_lse, flags, hw_clock, warp_specialize, options))
+    hold_if_capturing(fp, device)       # a captured graph reads its lists after the cache drops it
     o = torch.empty(x.shape, dtype=x.dtype, device=device)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device) if return_lse or fp.needs_lse else None
     call = dict(Q8=x.q, K8=x.k, V8=x.v, O=o, LSE=lse, scales=(x.q_scale, x.k_scale, x.v_scale), qk_scale=scale,

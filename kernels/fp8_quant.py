@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from .device_cache import persistent
 from .runtime import check_interpreter_tiles, interpreting
 from .shapes import check_inputs
 from .sizes import BLOCK_SIZES
@@ -186,12 +187,16 @@ def _sylvester(n: int) -> torch.Tensor:
     return h
 
 
-@lru_cache(maxsize=16)
+# a few per device (power-of-two n <= 256, three dtypes, kron or not), never dropped: a captured
+# graph may read one by address
+@lru_cache(maxsize=None)
 def _had_on(n: int, dtype: torch.dtype, device: str, kron: bool = False) -> torch.Tensor:
     if kron:    # fp8_quant_kernel.rotate_kron's: the signs, H_16, I_{16/G} (x) H_G (G = n / 16)
         hg = torch.kron(torch.eye(256 // n, dtype=torch.float64), _sylvester(n // 16))
-        return torch.cat([hadamard_signs(n), _sylvester(16).flatten(), hg.flatten()]).to(dtype).to(device)
-    return rotation_matrix(n, normalised=False).to(dtype).to(device).contiguous()
+        host = torch.cat([hadamard_signs(n), _sylvester(16).flatten(), hg.flatten()]).to(dtype)
+    else:
+        host = rotation_matrix(n, normalised=False).to(dtype).contiguous()
+    return persistent(lambda: host.to(device), device)      # outside any CUDA graph's pool (kernels.device_cache)
 
 
 def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):

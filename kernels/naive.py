@@ -4,6 +4,7 @@ from functools import lru_cache
 
 import torch
 
+from .device_cache import persistent
 from .masks import parse_mask
 from .shapes import check_inputs, expand_kv, softmax_scale
 
@@ -34,4 +35,7 @@ def _hidden(spec, n_q, n_k, device):
     visible = spec.dense(n_q, n_k)
     if bool(visible.all()):
         return None, False
-    return (~visible).to(device), not bool(visible.any(dim=1).all())
+    hidden = ~visible
+    # outside any CUDA graph's pool (kernels.device_cache); dropped after two newer masks, so a
+    # graph captured with it must not outlive them (docs/api.md)
+    return persistent(lambda: hidden.to(device), device), not bool(visible.any(dim=1).all())

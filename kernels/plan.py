@@ -11,6 +11,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from .device_cache import persistent
 from .launch_cache import BoundedCache
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec
 
@@ -47,7 +48,8 @@ class BlockPlan:
         key = (batch_heads, schedule)
         works = self._work_lists.get(key)
         if works is None:
-            works = torch.from_numpy(work_order(self, batch_heads, schedule)).to(self.row_lo.device)
+            order, device = work_order(self, batch_heads, schedule), self.row_lo.device
+            works = persistent(lambda: torch.from_numpy(order).to(device), device)
             if works.numel() * 4 <= PLAN_CACHE_ITEM_BYTES:
                 while len(self._work_lists) >= WORK_LISTS_PER_PLAN:
                     self._work_lists.pop(next(iter(self._work_lists)))
@@ -107,9 +109,9 @@ def _block_plan(spec: MaskSpec, n: int, n_k: int, block_m: int, block_n: int, de
     last = np.where(full_cnt > 0, full_idx[np.arange(len(full_cnt)), np.maximum(full_cnt - 1, 0)], -1)
     assert np.all((full_cnt == 0) | (last - full_start + 1 == full_cnt)), "full tiles not contiguous"
     part_cnt, part_idx = _index_lists(bmap, PARTIAL)
-    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    return BlockPlan(spec, n, block_m, block_n, bmap, to(lo), to(hi), to(full_cnt), to(full_start),
-                     to(part_cnt), to(part_idx), (bmap != SKIPPED).sum(axis=1), n_k,
+    lists = persistent(lambda: [torch.from_numpy(np.ascontiguousarray(a)).to(device)
+                                for a in (lo, hi, full_cnt, full_start, part_cnt, part_idx)], device)
+    return BlockPlan(spec, n, block_m, block_n, bmap, *lists, (bmap != SKIPPED).sum(axis=1), n_k,
                      bool((lo > hi).any()))
 
 
