@@ -285,7 +285,8 @@ def varlen_fwd_kernel(Q, K, V, O, LSE, cu_q, cu_k, cu_aux, block_table, trace, n
     head = pid % H
     if CHECK_BLOCK > 0:
         ok, n_blocks, seq, qb, q0, q1, k0, k1 = _locate_inline(cu_q, cu_k, stride_cq, stride_ck, B, total_q, total_k,
-                                                               r, CHECK_BLOCK, not PAGED, BLOCK_M)
+                                                               r, CHECK_BLOCK=CHECK_BLOCK, EXACT_END_K=not PAGED,
+                                                               BLOCK_M=BLOCK_M)
     else:
         ok, n_blocks, seq, qb, q0, q1, k0, k1 = _locate_search(cu_q, cu_k, cu_aux, stride_cq, stride_ck, B, r,
                                                                search_steps)
