@@ -11,7 +11,8 @@ the pool: the check failed ("... tensor(s) in the cudagraph pool not tracked as 
 pool could later hand that memory to a graph output while the cache still read it.
 torch.cuda.use_mem_pool cannot undo the routing (the allocator takes the first routing rule that
 matches, the warm-up's), and torch has no public call that allocates from the default pool while
-one is active. Routing is per thread, so an entry is made on a helper thread, on the caller's
+one is active. Routing is per thread (torch 2.11 and 2.13; releases before MemPool routed the
+warm-up's stream, which this would not escape), so an entry is made on a helper thread, on the caller's
 device and current stream (the allocator hands out memory freed on a stream only in that
 stream's order, as before; the copies and fills are queued on that stream, before the caller's
 next launch), and the caller waits for it. During an actual capture (the current stream is

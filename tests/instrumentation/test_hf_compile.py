@@ -113,9 +113,6 @@ def test_mask_edges_key_range_and_check_on_the_device():
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="seen on an H200 (torch 2.11): transformers' compiled static-cache generate "
-                   "(CUDA-graph trees) finds 2 tensors in the cudagraph pool not tracked as outputs, allocated "
-                   "by our calls during capture; to be fixed")
 def test_inductor_compiled_llama_bf16_and_static_cache_generate_on_cuda():
     from transformers.generation.configuration_utils import CompileConfig
 
