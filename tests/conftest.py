@@ -73,18 +73,74 @@ def device():
     return torch.device("cuda" if ON_GPU else "cpu")
 
 
+# Under `-n 4` or more on the 2-CPU CI machine, the browser files go to two browser workers from
+# the start while the others run everything else at a lower CPU priority: a browser test mostly
+# waits (for Chromium to lay out and draw, for the app's server), so the CPU-bound tests fill its
+# waits, and the niced workers leave the CPUs to Chromium and the app server whenever those want
+# them (a loaded browser test draws as late as on an idle machine, not 2-3x later).
+BROWSER_FILE = "test_browser"      # every browser test's file name starts with this (checked below)
+
+
+def browser_workers(count: int) -> tuple[str, ...]:
+    """The xdist workers that take the browser files first: two of four or more, one of three, none
+    of fewer (then every worker takes the browser files after the others, as with `-n 2`)."""
+    return tuple(f"gw{i}" for i in range(2 if count >= 4 else 1 if count == 3 else 0))
+
+
+def _is_browser_scope(scope: str) -> bool:
+    return scope.rsplit("/", 1)[-1].startswith(BROWSER_FILE)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Under `-n N` the suite is dealt out by file (xdist's loadfile), in the collection order
     below: a file's module-scoped fixtures (recordings made in the interpreter, most of them) are
-    then built by one worker, not by every worker that runs one of its tests, and the browser
-    files stay last on every worker. An explicit other --dist keeps xdist's own scheduler."""
+    then built by one worker, not by every worker that runs one of its tests. With fewer than three
+    workers the browser files stay last on every worker; with more, browser_workers take them
+    first (and nothing else: Playwright's sync API holds a running asyncio loop in a worker that
+    has used it), the others take the other files, then any browser file still waiting. An
+    explicit other --dist keeps xdist's own scheduler."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    class ByRole(LoadFileScheduling):
+        roles = None            # whether the suite has browser files: decided at the first assignment
+
+        def _assign_work_unit(self, node):
+            if self.roles is None:
+                self.roles = any(_is_browser_scope(s) for s in self.workqueue)
+            if not self.roles:
+                return super()._assign_work_unit(node)
+            browser = node.gateway.id in browser_workers(self.numnodes)
+            scope = next((s for s in self.workqueue if _is_browser_scope(s) == browser), None)
+            if scope is None and not browser:
+                scope = next(iter(self.workqueue))          # a browser file nobody has taken yet
+            if scope is None:
+                # a browser worker takes no other file: told now that it is done, it runs the last
+                # test it holds (a worker keeps one back until it knows what comes next)
+                node.shutdown()
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
     config.option.loadscopereorder = False          # keep the collection order (browser files last)
-    return LoadFileScheduling(config, log)
+    return ByRole(config, log)
+
+
+def _lower_the_priority_of_a_cpu_worker(items) -> None:
+    """A worker that is not a browser worker (under `-n 3` or more) runs at nice 10 when the suite
+    runs browser tests: Chromium and the app server (started by the browser workers, at the normal
+    priority) get the CPUs first."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not worker or worker in browser_workers(count) or not browser_workers(count):
+        return
+    if any("browser" in item.keywords and not item.get_closest_marker("skip") for item in items):
+        try:
+            os.nice(10)
+        except OSError:
+            pass
 
 
 def pytest_collection_modifyitems(config, items):
@@ -96,6 +152,9 @@ def pytest_collection_modifyitems(config, items):
     browser_files: dict = {}
     for item in items:
         if "browser" in item.keywords:
+            if not item.path.name.startswith(BROWSER_FILE):
+                raise pytest.UsageError(f"{item.nodeid}: a browser test goes in a file named {BROWSER_FILE}*.py "
+                                        "(the xdist scheduler above deals those to the browser workers)")
             fresh = "fresh_app_server" in getattr(item, "fixturenames", ())
             n_tests, has_fresh = browser_files.get(item.path, (0, False))
             browser_files[item.path] = (n_tests + 1, has_fresh or fresh)
@@ -117,3 +176,4 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU)"))
         elif "browser" in item.keywords and no_browser:
             item.add_marker(pytest.mark.skip(reason=no_browser))
+    _lower_the_priority_of_a_cpu_worker(items)
