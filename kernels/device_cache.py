@@ -28,6 +28,7 @@ is): docs/api.md gives the limit for such calls captured with torch.cuda.graph."
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 
@@ -37,6 +38,8 @@ _LOCAL = threading.local()      # .helper: True on the helper thread (a nested e
 _WORKER: list = []              # [the helper's single-thread executor], made on first use
 _WORKER_LOCK = threading.Lock()
 _HELD: dict = {}                # id -> a plan (or tensor) a captured graph may read; never dropped
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WORKER.clear)      # the parent's thread is not in the child
 
 
 def persistent(make, device):
@@ -53,7 +56,11 @@ def persistent(make, device):
     target = _helper_target(device)
     if target is None:
         return make()
-    return _worker().submit(_on_helper, make, *target).result()
+    try:
+        future = _worker().submit(_on_helper, make, *target)
+    except RuntimeError:        # the interpreter is shutting down: no new work for threads
+        return make()
+    return future.result()
 
 
 def capturing(device) -> bool:
@@ -99,6 +106,7 @@ def _fake_mode() -> bool:
 
 
 def _worker():
+    """The helper's executor (one thread), made on first use; a forked child makes its own."""
     if not _WORKER:
         with _WORKER_LOCK:
             if not _WORKER:

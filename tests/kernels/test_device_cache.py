@@ -118,3 +118,25 @@ def test_plans_the_ops_use_while_capturing_are_held_after_the_caches_drop_them(m
     dc._HELD.clear()
     gc.collect()
     assert all(ref() is None for ref in lists)              # (held only by _HELD)
+
+
+def test_a_cuda_streams_grown_or_dropped_counter_buffer_is_retired_not_freed(monkeypatch):
+    """CUDA-graph trees capture on the stream they warmed up on, with that stream's buffer: when it
+    grows (a larger step) or is dropped (too many streams) a graph may still read the old one."""
+    import kernels.decode_launch as dl
+
+    monkeypatch.setattr(dl, "_zeros", lambda size, device: torch.zeros(size, dtype=torch.int32))
+    monkeypatch.setattr(dl, "_COUNTERS", {})
+    monkeypatch.setattr(dl, "_RETIRED_GRAPH_COUNTERS", [])
+    monkeypatch.setattr(dl, "_MAX_COUNTER_BUFFERS", 3)
+    cuda = torch.device("cuda")
+    first = dl._fresh(("cuda", 0, 7), 1024, cuda)
+    assert dl._fresh(("cuda", 0, 7), 1000, cuda) is first and dl._RETIRED_GRAPH_COUNTERS == []
+    grown = dl._fresh(("cuda", 0, 7), 4096, cuda)
+    assert grown.numel() == 4096 and [id(t) for t in dl._RETIRED_GRAPH_COUNTERS] == [id(first)]
+    for stream in (8, 9, 10):                           # the oldest stream's buffer is dropped
+        dl._fresh(("cuda", 0, stream), 1024, cuda)
+    assert ("cuda", 0, 7) not in dl._COUNTERS and dl._RETIRED_GRAPH_COUNTERS[-1] is grown
+    dl._fresh(("cpu", 1), 1024, torch.device("cpu"))    # the interpreter's per-thread buffers: freed
+    dl._fresh(("cpu", 1), 2048, torch.device("cpu"))
+    assert len(dl._RETIRED_GRAPH_COUNTERS) == 2
