@@ -118,26 +118,28 @@ def softmax_tile_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figu
     return _caption(_tile_at(fig, steps, i), steps)
 
 
-def _tile_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
-    """The tile figure at step i: every trace is the step's own."""
-    fig.data = []
-    fig.add_traces(_tile_traces(steps, i))
+def _tile_view(steps: pd.DataFrame, i: int) -> tuple[list, dict, list, list]:
+    """The tile figure at step i without a figure (the page's frames): (traces, title, x and y ranges)."""
+    traces = _tile_traces(steps, i)
     sub = _row_label(steps)
     if steps["n_visible"].iat[i] == 0:
         sub += ("<br>the kernel computes this tile for other rows of the Q block; this row's scores are all "
                 "−∞, so nothing is added")
-    # the step and its tile as the title, what α did on a line of its own: on one line the
-    # title ran past the chart's right edge at 1280 px
+    # what α did on a line of its own (on one line the title ran past the chart's edge at 1280 px);
+    # the axes' ranges set, not autoranged: a chart stepped through its frames keeps its first ranges
     step_text, alpha = _step_heading(steps, i).split("; ", 1)
-    fig.update_layout(title=title(step_text, f"{alpha}<br>{sub}"))
-    # the axes' ranges set here, not left to plotly's autorange: a chart the browser steps through
-    # its frames keeps the ranges it was drawn with unless the frame says them
-    r = steps.iloc[i]
-    ys = [0.0] + [float(v) for tr in fig.data if tr.visible is not False for v in tr.y]
-    lo, hi = min(ys), max(ys)
-    pad = 0.05 * (hi - lo or 1.0)
-    fig.update_xaxes(range=[r.key_start - 0.5, r.key_end - 0.5])
-    fig.update_yaxes(range=[lo - pad, hi + pad])
+    r, ys = steps.iloc[i], [0.0] + [float(v) for tr in traces if tr.visible is not False for v in tr.y]
+    pad = 0.05 * (max(ys) - min(ys) or 1.0)
+    return traces, title(step_text, f"{alpha}<br>{sub}"), [r.key_start - 0.5, r.key_end - 0.5], \
+        [min(ys) - pad, max(ys) + pad]
+
+
+def _tile_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
+    """The tile figure at step i: every trace is the step's own."""
+    traces, head, x_range, y_range = _tile_view(steps, i)
+    fig.data = []
+    fig.add_traces(traces)
+    fig.update_layout(title=head, xaxis_range=x_range, yaxis_range=y_range)
     return fit_title(fig)             # the top margin holds this step's title lines
 
 
@@ -343,23 +345,28 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     return _caption(_strip_at(fig, steps, i), steps, "Bottom strip: how many keys of each block this row's mask leaves it. ")
 
 
-def _strip_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
-    """The strip figure at step i: the kernel-visits strip (its first trace) and the subtitle."""
+def _strip_view(steps: pd.DataFrame, i: int) -> tuple[np.ndarray, list[str], dict]:
+    """The kernel-visits strip at step i without a figure: (each K block's STRIP_STATES index, texts, title)."""
     n_kb, bn = steps.attrs["n_k_blocks"], steps.attrs["block_n"]
     sees = visible_per_block(steps)
+    visited = steps["k_block"].to_numpy()
     state = np.zeros(n_kb)                      # 0 skipped unless the kernel visits it
-    for j, kb in enumerate(steps["k_block"]):
-        state[kb] = 3 if j == i else (4 if sees[kb] == 0 else 2 if j < i else 1)
+    state[visited[:i]], state[visited[i + 1:]], state[visited[sees[visited] == 0]], state[visited[i]] = 2, 1, 4, 3
     text = [f"K block {kb} ({key_range(kb * bn, (kb + 1) * bn)}): " + STRIP_STATES[int(state[kb])][0]
             for kb in range(n_kb)]
-    fig.data[0].update(z=[state], text=[text])
-    dead = int(sum(sees[kb] == 0 for kb in steps["k_block"]))
-    sub = (f"step {i + 1} of {len(steps)}: K block {steps['k_block'].iat[i]} loaded; "
-           f"{len(steps)} of {n_kb} K blocks visited")
+    dead = int((sees[visited] == 0).sum())
+    sub = f"step {i + 1} of {len(steps)}: K block {visited[i]} loaded; {len(steps)} of {n_kb} K blocks visited"
     if dead:
         sub += (f", {dead} of them with no key visible to this row<br>(the kernel skips whole "
                 "(Q block, K block) tiles, not single rows)")
-    fig.update_layout(title=title(f"K blocks of query row {steps.attrs['q_row']}", sub))
+    return state, text, title(f"K blocks of query row {steps.attrs['q_row']}", sub)
+
+
+def _strip_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
+    """The strip figure at step i: the kernel-visits strip (its first trace) and the subtitle."""
+    state, text, head = _strip_view(steps, i)
+    fig.data[0].update(z=[state], text=[text])
+    fig.update_layout(title=head)
     return fit_title(fig)             # the top margin holds this step's title lines
 
 

@@ -130,3 +130,22 @@ def test_page_figure_titles_fit_the_chart_at_1280(tall_blocks, causal):
                 for text, size in ((t.text, TITLE_SIZE[0]), (t.subtitle.text if t.subtitle else "", SUBTITLE_SIZE[0])):
                     for line in re.sub(r"<(?!br>)[^>]+>", "", text or "").split("<br>"):
                         assert 0.45 * size * len(line) <= 700, (name, i, line)   # ~0.43 em a character
+
+
+def test_the_strip_shows_done_current_pending_and_keyless_blocks_at_every_step(tall_blocks):
+    """The kernel-visits strip at step i: the block loaded now (red), those integrated before it
+    (blue), those visited later (pale), a visited block with no key for this row (dark grey) and
+    the skipped ones (grey), each block's hover text naming its state."""
+    from app.figures.softmax import STRIP_STATES, _strip_view, visible_per_block
+
+    _, steps = tall_blocks
+    visited, sees = list(steps["k_block"]), visible_per_block(steps)
+    assert any(sees[kb] == 0 for kb in visited)            # a visited block with no key for the row
+    for i in range(len(steps)):
+        state, text, head = _strip_view(steps, i)
+        want = [0] * steps.attrs["n_k_blocks"]
+        for j, kb in enumerate(visited):
+            want[kb] = 3 if j == i else 4 if sees[kb] == 0 else 2 if j < i else 1
+        assert state.tolist() == want
+        assert [t.rsplit(": ", 1)[1] for t in text] == [STRIP_STATES[s][0] for s in want]
+        assert head["subtitle"]["text"].startswith(f"step {i + 1} of {len(steps)}: K block {visited[i]} loaded")
