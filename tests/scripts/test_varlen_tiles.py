@@ -73,3 +73,21 @@ def test_the_h200_file_holds_every_batch_with_its_tiles_and_consistent_ratios():
             assert r["impl"].endswith(("(" + _tiles(r["config"]) + ")", " " + _tiles(r["config"]))), r["impl"]
             assert r["default"] == r["impl"].startswith("varlen default")
     assert json.loads(H200.read_text())["meta"]["device"] == "NVIDIA H200"
+
+
+def test_the_doc_table_quotes_the_h200_file():
+    """docs/performance.md's tile table: 128x64 / 64x64 speed against Flex (2 decimals) and Flex ms
+    (3 decimals) of run 1 of the file, the ragged row of run 2."""
+    lines = (ROOT / "docs" / "performance.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "`varlen-tiles-nvidia-h200.json`" in line)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[start:start + 20]
+            if line.startswith("| ") and "x" in line.split("|")[2]][1:]
+    recs = {(r["run"], r["batch"], r["impl"]): r for r in json.loads(H200.read_text())["records"]}
+    names = {"32 of 64 … 2048": "mixed32", "9 of 1 … 8192 (below)": "ragged9"}
+    assert len(rows) == 7
+    for label, old, new, flex_ms in rows:
+        batch = names.get(label, label.replace(" ", ""))
+        run = 2 if batch == "ragged9" else 1
+        for quoted, impl in ((old, "varlen default (128/64/8/3)"), (new, "varlen 64/64/4/3")):
+            assert quoted == f"{recs[run, batch, impl]['speed_vs_flex']:.2f}x", (label, impl)
+        assert flex_ms == f"{recs[run, batch, 'flex document']['ms']:.3f}", label
