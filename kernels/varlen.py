@@ -96,10 +96,11 @@ def _launch(spec: MaskSpec, batch: int, total_q: int, max_q: int, max_k: int, h:
 
 
 # Packed batches of short sequences run faster on 64x64 tiles with 4 warps (two programs per SM): on
-# an H200, D 128 bf16 causal, against compiled Flex (.g-probe, side by side in one process),
-# 128x64/8 warps -> 64x64/4: 16 x 1024 1.02 -> 1.10x, 32 x 512 0.91 -> 1.10x, 64 x 256 0.84 -> 1.04x,
-# 8 x 2048 1.03 -> 1.07x, 32 of 64..2048 1.30 -> 1.45x; at 4 x 4096 (1.10 -> 1.07x) and a ragged batch
-# up to 8192 (1.21 -> 1.19x) the larger tiles stay ahead.
+# an H200, D 128 bf16 causal, against compiled Flex, side by side in one process
+# (scripts/varlen_tiles.py, data/benchmarks/varlen-tiles-nvidia-h200.json), 128x64/8 warps ->
+# 64x64/4: 16 x 1024 1.02 -> 1.10x, 32 x 512 0.91 -> 1.10x, 64 x 256 0.84 -> 1.04x, 8 x 2048
+# 1.03 -> 1.06x, 32 of 64..2048 1.30 -> 1.45x; at 4 x 4096 (1.10 -> 1.07x) and a ragged batch up to
+# 8192 (1.21 -> 1.19x) the larger tiles stay ahead.
 SHORT_SEQUENCE_MAX = 2048
 
 
