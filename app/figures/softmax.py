@@ -139,8 +139,7 @@ def _tile_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
     traces, head, x_range, y_range = _tile_view(steps, i)
     fig.data = []
     fig.add_traces(traces)
-    fig.update_layout(title=head, xaxis_range=x_range, yaxis_range=y_range)
-    return fit_title(fig)             # the top margin holds this step's title lines
+    return fit_title(fig.update_layout(title=head, xaxis_range=x_range, yaxis_range=y_range))  # margin: the title
 
 
 def _mark_step(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
@@ -348,17 +347,15 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
 def _strip_view(steps: pd.DataFrame, i: int) -> tuple[np.ndarray, list[str], dict]:
     """The kernel-visits strip at step i without a figure: (each K block's STRIP_STATES index, texts, title)."""
     n_kb, bn = steps.attrs["n_k_blocks"], steps.attrs["block_n"]
-    sees = visible_per_block(steps)
-    visited = steps["k_block"].to_numpy()
+    sees, visited = visible_per_block(steps), steps["k_block"].to_numpy()
     state = np.zeros(n_kb)                      # 0 skipped unless the kernel visits it
     state[visited[:i]], state[visited[i + 1:]], state[visited[sees[visited] == 0]], state[visited[i]] = 2, 1, 4, 3
     text = [f"K block {kb} ({key_range(kb * bn, (kb + 1) * bn)}): " + STRIP_STATES[int(state[kb])][0]
             for kb in range(n_kb)]
     dead = int((sees[visited] == 0).sum())
-    sub = f"step {i + 1} of {len(steps)}: K block {visited[i]} loaded; {len(steps)} of {n_kb} K blocks visited"
-    if dead:
-        sub += (f", {dead} of them with no key visible to this row<br>(the kernel skips whole "
-                "(Q block, K block) tiles, not single rows)")
+    sub = f"step {i + 1} of {len(steps)}: K block {visited[i]} loaded; {len(steps)} of {n_kb} K blocks visited" + (
+        f", {dead} of them with no key visible to this row<br>(the kernel skips whole (Q block, K block) tiles, "
+        "not single rows)" if dead else "")
     return state, text, title(f"K blocks of query row {steps.attrs['q_row']}", sub)
 
 
@@ -366,8 +363,7 @@ def _strip_at(fig: go.Figure, steps: pd.DataFrame, i: int) -> go.Figure:
     """The strip figure at step i: the kernel-visits strip (its first trace) and the subtitle."""
     state, text, head = _strip_view(steps, i)
     fig.data[0].update(z=[state], text=[text])
-    fig.update_layout(title=head)
-    return fit_title(fig)             # the top margin holds this step's title lines
+    return fit_title(fig.update_layout(title=head))             # the top margin holds this step's title lines
 
 
 def softmax_overview_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
