@@ -13,6 +13,8 @@ PATH) or playwright is missing, and never download a browser.
 """
 
 import importlib.util
+import os
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -58,11 +60,28 @@ if "collect_ignore_glob" not in globals():
 def app_recordings(tmp_path_factory):
     """A data/ directory with three small recordings of one problem (three schedules), a
     sliding-window one, a B=2 H=2 prefix one, and a tiny naive-vs-flash sweep, all made here in
-    the interpreter (no bundled GPU data needed). Recorded once; tests must not change it."""
+    the interpreter (no bundled GPU data needed). Recorded once per run: under xdist the first
+    worker that asks records them into the run's shared temporary directory (a file lock), the
+    others read those. Tests must not change it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _record_app_data(tmp_path_factory.mktemp("data"))
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent          # this run's, shared by its workers
+    root, done = shared / "app_recordings", shared / "app_recordings.done"
+    with open(shared / "app_recordings.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)              # a worker that died half-way
+            _record_app_data(root)
+            done.touch()
+    return root
+
+
+def _record_app_data(root: Path) -> Path:
     from instrumentation.recording.sweep import run_sweep
     from tests.app.headless import record_small
 
-    root = tmp_path_factory.mktemp("data")
     for sched in ("natural", "longest_first", "persistent"):
         record_small(root, f"n{N}_causal_{sched}", n=N, schedule=sched)
     record_small(root, f"n{N}_sliding_natural", n=N, mask="sliding_window:64")
