@@ -17,6 +17,7 @@ from .backward_launch import (LOG2E, PREPROCESS_ROWS, UNTRACED, BackwardMath, Ba
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, INTERPRETER_CONFIG, BackwardConfig,  # noqa: F401
                             BackwardPlan, PassTiles, backward_config, backward_plan)
 from .masks import parse_mask
+from .outside_graph import outside_graph
 from .shapes import softmax_scale
 
 
@@ -52,7 +53,7 @@ def flash_attention_backward(do, q, k, v, o, lse, mask="causal", sm_scale=None, 
     return backward_impl(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace)
 
 
-@torch.compiler.disable
+@outside_graph                      # torch.compiler.disable
 def _backward_eager(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace):
     return backward_impl(do, q, k, v, o, lse, mask, sm_scale, dlse, config, trace)
 

@@ -48,6 +48,7 @@ import triton  # noqa: E402
 
 # merge_counters is re-exported: callers and tests read the counters a call used
 from .decode_launch import launch, launch_args, merge_counters, run_plan  # noqa: E402,F401
+from .outside_graph import outside_graph  # noqa: E402
 from .shapes import padded_head_dim  # noqa: E402
 
 # the input rules live in kernels.decode_inputs; re-exported here, where callers have read them
@@ -324,13 +325,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits="auto", sm_
     return (o, lse) if return_lse else o
 
 
-@torch.compiler.disable
+@outside_graph                      # torch.compiler.disable
 def _validated(q, k_cache, cache_seqlens, block_table):
     """validate=True: the host reads of the lengths and the table (eager even under torch.compile)."""
     return check_values(cache_seqlens, block_table, q.shape[0], cache_dims(k_cache, block_table)[1], k_cache)
 
 
-@torch.compiler.disable
+@outside_graph                      # torch.compiler.disable
 def _eager_decode(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, return_lse, block_n, num_warps,
                   num_stages, fused_merge, use_tma, trace, hw_clock, plan, stages, block_table, validate):
     """Instrumentation's calls (trace, hw_clock, a prepared plan, one stage): eager, outside the op."""

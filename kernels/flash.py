@@ -14,6 +14,7 @@ import torch
 
 from . import flash_ops
 from .launch import resolve_launch, run_plan
+from .outside_graph import outside_graph
 # re-exported: callers read the launch rules and the plan types as kernels.flash.X
 from .launch_config import (BLOCK_SIZES, ROWSUM_MIN_FULL, WS_CONFIGS, WS_DEFAULTS,  # noqa: F401
                             WS_ON_BAND_WARPS, WS_SPLIT_MAX_PARTIAL, WS_SPLIT_MIN_FULL, KernelConfig,
@@ -89,4 +90,4 @@ def launch_attention(q, k, v, mask="causal", block_m=None, block_n=None, sm_scal
     return run_plan(lp, q, k, v, sm_scale, trace, out, merge, o_prev)
 
 
-_launch_eager = torch.compiler.disable(launch_attention)
+_launch_eager = outside_graph(launch_attention, "_launch_eager")   # torch.compiler.disable

@@ -31,6 +31,7 @@ from .backward_launch import BackwardConfig, backward_fits, backward_impl, check
 from .device_cache import hold_if_capturing
 from .launch import resolve_launch, run_plan, run_untraced
 from .masks import MaskSpec, parse_mask
+from .outside_graph import outside_graph
 from .shapes import backward_softmax_scale, check_inputs, softmax_scale
 
 Tensor = torch.Tensor
@@ -205,7 +206,7 @@ def eager_attention(q, k, v, mask, block_m, block_n, sm_scale, schedule, return_
                         warp_specialize, trace)
 
 
-_eager_outside_graph = torch.compiler.disable(eager_attention)
+_eager_outside_graph = outside_graph(eager_attention, "_eager_outside_graph")   # torch.compiler.disable
 
 
 class FlashAttentionFunction(torch.autograd.Function):

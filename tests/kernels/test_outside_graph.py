@@ -1,0 +1,42 @@
+"""kernels.outside_graph: the kernels' torch.compiler.disable'd eager paths cost no torch._dynamo
+import (~1.7 s of CPU) in a process that never compiles, and are disabled as soon as torch._dynamo
+is imported, before anything can be traced."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent("""
+    import sys
+    import torch
+    import kernels.backward, kernels.decode, kernels.flash, kernels.flash_ops
+    from kernels import flash_attention
+    q, k, v = (torch.randn(1, 1, 16, 16) for _ in range(3))
+    flash_attention(q, k, v, mask="causal", block_m=16, block_n=16)
+    print("loaded before:", "torch._dynamo" in sys.modules)
+    plain = kernels.flash_ops._eager_outside_graph
+    import torch._dynamo
+    for module, name, fn in [(kernels.flash, "_launch_eager", "launch_attention"),
+                             (kernels.flash_ops, "_eager_outside_graph", "eager_attention"),
+                             (kernels.backward, "_backward_eager", "_backward_eager"),
+                             (kernels.decode, "_eager_decode", "_eager_decode"),
+                             (kernels.decode, "_validated", "_validated")]:
+        f = getattr(module, name)
+        print(name, getattr(f, "_torchdynamo_disable", False), f._torchdynamo_orig_callable.__name__ == fn)
+    print("plain before:", plain is kernels.flash_ops.eager_attention)
+    print("own loader:", type(torch._dynamo.__loader__).__name__, torch._dynamo.__spec__.loader is torch._dynamo.__loader__)
+""")
+
+
+def test_kernels_load_and_run_without_dynamo_and_are_disabled_once_it_loads():
+    out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "loaded before: False", out.stdout
+    assert lines[1:6] == [f"{n} True True" for n in ("_launch_eager", "_eager_outside_graph", "_backward_eager",
+                                                     "_eager_decode", "_validated")], out.stdout
+    assert lines[6] == "plain before: True" and lines[7] == "own loader: SourceFileLoader True", out.stdout
