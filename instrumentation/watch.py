@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import torch
+from kernels.outside_graph import outside_graph
 
 from . import hf
 from .watch_launch import compile_stance, launch_calls, to_host, to_numpy
@@ -64,11 +65,12 @@ def _register() -> None:
     """The watch name in transformers' attention and mask registries (the mask is tilescope's)."""
     _, attention_interface, mask_interface, _ = hf._transformers()
     hf.register()
+    __import__("torch._dynamo")       # the registry keeps the object: the disabled one (kernels.outside_graph)
     attention_interface.register(WATCH_NAME, watch_attention_forward)
     mask_interface.register(WATCH_NAME, mask_interface._global_mapping[hf.NAME])
 
 
-@torch.compiler.disable
+@outside_graph                  # torch.compiler.disable once torch._dynamo loads
 def watch_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):
     """The attention of a traced step: hf.attention_forward (the same numbers), then the call's
     snapshot for the watcher (outside any compiled graph). Returns what hf.attention_forward does."""
@@ -80,11 +82,9 @@ def watch_attention_forward(module, query, key, value, attention_mask, *args, **
 _SIGNATURE = inspect.signature(hf.attention_forward)
 
 
-@torch.compiler.disable
+@outside_graph
 def _snapshot(module, query, key, value, attention_mask, args, kwargs, out) -> None:
-    w = _WATCHES.get(id(getattr(module, "config", None)))
-    if w is None and len(_WATCHES) == 1:
-        w = next(iter(_WATCHES.values()))
+    w = _WATCHES.get(id(getattr(module, "config", None)), next(iter(_WATCHES.values())) if len(_WATCHES) == 1 else None)
     if w is None or not w._tracing:
         return
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
-"""kernels.outside_graph: the kernels' torch.compiler.disable'd eager paths cost no torch._dynamo
-import (~1.7 s of CPU) in a process that never compiles, and are disabled as soon as torch._dynamo
-is imported, before anything can be traced."""
+"""kernels.outside_graph: the torch.compiler.disable'd eager paths (the kernels', the watch's) cost
+no torch._dynamo import (~1.7 s of CPU) in a process that never compiles, and are disabled as soon
+as torch._dynamo is imported, before anything can be traced."""
 
 import subprocess
 import sys
@@ -13,6 +13,7 @@ CHILD = textwrap.dedent("""
     import sys
     import torch
     import kernels.backward, kernels.decode, kernels.flash, kernels.flash_ops
+    import instrumentation.watch as watch
     from kernels import flash_attention
     q, k, v = (torch.randn(1, 1, 16, 16) for _ in range(3))
     flash_attention(q, k, v, mask="causal", block_m=16, block_n=16)
@@ -23,7 +24,9 @@ CHILD = textwrap.dedent("""
                              (kernels.flash_ops, "_eager_outside_graph", "eager_attention"),
                              (kernels.backward, "_backward_eager", "_backward_eager"),
                              (kernels.decode, "_eager_decode", "_eager_decode"),
-                             (kernels.decode, "_validated", "_validated")]:
+                             (kernels.decode, "_validated", "_validated"),
+                             (watch, "watch_attention_forward", "watch_attention_forward"),
+                             (watch, "_snapshot", "_snapshot")]:
         f = getattr(module, name)
         print(name, getattr(f, "_torchdynamo_disable", False), f._torchdynamo_orig_callable.__name__ == fn)
     print("plain before:", plain is kernels.flash_ops.eager_attention)
@@ -37,6 +40,7 @@ def test_kernels_load_and_run_without_dynamo_and_are_disabled_once_it_loads():
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[0] == "loaded before: False", out.stdout
-    assert lines[1:6] == [f"{n} True True" for n in ("_launch_eager", "_eager_outside_graph", "_backward_eager",
-                                                     "_eager_decode", "_validated")], out.stdout
-    assert lines[6] == "plain before: True" and lines[7] == "own loader: SourceFileLoader True", out.stdout
+    assert lines[1:8] == [f"{n} True True" for n in ("_launch_eager", "_eager_outside_graph", "_backward_eager",
+                                                     "_eager_decode", "_validated", "watch_attention_forward",
+                                                     "_snapshot")], out.stdout
+    assert lines[8] == "plain before: True" and lines[9] == "own loader: SourceFileLoader True", out.stdout
