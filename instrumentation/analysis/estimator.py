@@ -56,8 +56,8 @@ DEVICES = {
                    full_efficiency={64: 0.43, 128: 0.56, 256: 0.60},
                    partial_efficiency={64: 0.12, 128: 0.11, 256: 0.10}),
     "H200": Device("NVIDIA H200 141GB", 989.4, 66.9, 4800.0, 150_109_880_320,
-                   full_efficiency={64: 0.44, 128: 0.53, 256: 0.60},
-                   partial_efficiency={64: 0.12, 128: 0.16, 256: 0.19}),
+                   full_efficiency={64: 0.44, 128: 0.52, 256: 0.60},
+                   partial_efficiency={64: 0.12, 128: 0.17, 256: 0.15}),
 }
 
 # Where the efficiencies come from: untraced median times of the kernel's natural schedule,
