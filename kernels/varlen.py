@@ -81,7 +81,9 @@ def _block_size(name: str, value, default: int) -> int:
 @lru_cache(maxsize=256)
 def _launch(spec: MaskSpec, batch: int, total_q: int, max_q: int, max_k: int, h: int, d: int, dtype, paged: bool,
             page_size: int, block_m, block_n, num_warps, num_stages, interp: bool) -> VarlenLaunch:
-    cfg = _short_sequence_config(default_config(d, dtype, n=max(max_q, max_k, 1)), max(max_q, max_k), d, dtype, interp)
+    n = max(max_q, max_k, 1)
+    explicit = any(x is not None for x in (block_m, block_n, num_warps, num_stages))
+    cfg = default_config(d, dtype, n=n) if explicit or interp else _short_sequence_config(d, dtype, n)
     bm, bn = _block_size("block_m", block_m, cfg.block_m), _block_size("block_n", block_n, cfg.block_n)
     d_pad = padded_head_dim(d)
     tile = Tile(head_dim=d, HEAD_DIM=d_pad, BLOCK_M=bm, BLOCK_N=bn, EVEN_M=False, EVEN_D=d == d_pad,
@@ -101,11 +103,14 @@ def _launch(spec: MaskSpec, batch: int, total_q: int, max_q: int, max_k: int, h:
 # 64x64/4: 16 x 1024 1.02 -> 1.10x, 32 x 512 0.91 -> 1.10x, 64 x 256 0.84 -> 1.04x, 8 x 2048
 # 1.03 -> 1.06x, 32 of 64..2048 1.30 -> 1.45x; at 4 x 4096 (1.10 -> 1.07x) and a ragged batch up to
 # 8192 (1.21 -> 1.19x) the larger tiles stay ahead.
+# Only a call that names no tile, warps or stages gets them (as default_config's own rule for the
+# warp-specialised config): an explicit block_m keeps the forward's warps for it.
 SHORT_SEQUENCE_MAX = 2048
 
 
-def _short_sequence_config(cfg, max_len: int, d: int, dtype, interp: bool):
-    if interp or d != 128 or dtype not in (torch.float16, torch.bfloat16) or max_len > SHORT_SEQUENCE_MAX:
+def _short_sequence_config(d: int, dtype, n: int):
+    cfg = default_config(d, dtype, n=n)
+    if d != 128 or dtype not in (torch.float16, torch.bfloat16) or n > SHORT_SEQUENCE_MAX:
         return cfg
     return dataclasses.replace(cfg, block_m=64, block_n=64, num_warps=4, num_stages=3)
 
