@@ -21,7 +21,7 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
 def tiny_model(cls_name: str, device="cpu", seed: int = 0, **config):
     config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
     torch.manual_seed(seed)
-    return getattr(transformers, cls_name)(config_cls(**TINY, **config)).eval().to(device)
+    return getattr(transformers, cls_name)(config_cls(**{**TINY, **config})).eval().to(device)
 
 
 def prompt(n: int, batch: int = 1, device="cpu"):

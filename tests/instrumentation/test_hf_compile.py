@@ -17,7 +17,7 @@ from tests.instrumentation.test_hf import compile_whole, graph_targets, prompt, 
 
 
 def test_compiled_forward_with_a_mask_has_no_graph_break_and_equals_eager():
-    model, ids = hf.use_tilescope(tiny_model("LlamaForCausalLM")), prompt(12, batch=2)
+    model, ids = hf.use_tilescope(tiny_model("LlamaForCausalLM", num_hidden_layers=1)), prompt(12, batch=2)
     ones = torch.ones_like(ids)                        # compiled, transformers materialises a 4-D mask
     fn = lambda ids, am: model(ids, attention_mask=am).logits  # noqa: E731
     with torch.no_grad():
@@ -37,7 +37,7 @@ def test_compiled_training_step_equals_eager():
     ones = torch.ones_like(ids)
     result = {}
     for mode in ("eager", "compiled"):
-        model = hf.use_tilescope(tiny_model("LlamaForCausalLM")).train()
+        model = hf.use_tilescope(tiny_model("LlamaForCausalLM", num_hidden_layers=1)).train()
         step = lambda ids, am: model(ids, attention_mask=am, labels=ids).loss  # noqa: E731
         if mode == "compiled":
             step = torch.compile(step, backend="aot_eager")
@@ -57,7 +57,7 @@ def test_compiled_training_step_equals_eager():
 def test_padding_free_batch_eager_and_compiled_equals_separate_sequences():
     # DataCollatorWithFlattening(return_flash_attn_kwargs=True)'s layout: batch 1, positions
     # restarting per sequence, cu_seq_lens on the device, max_length host ints
-    model, ids = hf.use_tilescope(tiny_model("LlamaForCausalLM")), prompt(12)
+    model, ids = hf.use_tilescope(tiny_model("LlamaForCausalLM", num_hidden_layers=1)), prompt(12)
     pos = torch.tensor([[*range(7), *range(5)]])
     cu = torch.tensor([0, 7, 12], dtype=torch.int32)
     fn = lambda ids, pos, cu: model(ids, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,  # noqa: E731
@@ -80,7 +80,7 @@ def test_static_cache_generate_with_a_compiled_forward_runs_our_ops_and_sdpas_to
         graphs.append(gm)
         return torch._dynamo.lookup_backend("aot_eager")(gm, inputs)
 
-    model, ids = tiny_model("LlamaForCausalLM"), prompt(20)
+    model, ids = tiny_model("LlamaForCausalLM", num_hidden_layers=1), prompt(20)
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
         want = model.generate(ids, max_new_tokens=3, do_sample=False, cache_implementation="static")
