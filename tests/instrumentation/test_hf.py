@@ -263,7 +263,7 @@ def test_compiled_llama_forward_has_no_graph_break_from_attention():
     # the unmasked case: a plain forward (no padding, no cache) passes no mask,
     # and the attention is one tilescope::flash_attention node (masks, caches and packed batches:
     # tests/instrumentation/test_hf_compile.py); fullgraph: a graph break anywhere raises
-    model, ids = tiny_model("LlamaForCausalLM"), prompt(24)
+    model, ids = tiny_model("LlamaForCausalLM", num_hidden_layers=1), prompt(24)
     with torch.no_grad():
         hf.use_tilescope(model)
         want = model(ids).logits
