@@ -116,7 +116,7 @@ def job_name(job: dict) -> str:
 def plan(quick: bool, cpu: bool) -> dict:
     """The recordings to make: trace jobs, sweep settings, ncu sizes."""
     if cpu:
-        ns, sched_ns, shape = (256,), (256,), dict(batch=1, heads=2, head_dim=64, dtype="bf16")
+        ns, sched_ns, shape = (256,), (256,), dict(batch=1, heads=1, head_dim=64, dtype="bf16")
         sweep = dict(min_n=32, max_n=128, batch=1, heads=1, head_dim=32, dtype="fp16", mask="full")
         ncu = ()
     elif quick:
