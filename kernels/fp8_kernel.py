@@ -37,10 +37,12 @@ import triton.language as tl  # noqa: E402
 
 from .tile_ops import LN2, cast_e4m3, clock64, globaltimer, normalise_rows, record_tile, smid, softmax_update  # noqa: E402
 
-# P after the running max lies in [0, 1]; it is multiplied by a fixed P_SCALE = 256 before the
-# e4m3 cast (a power of two: exact, and undone exactly in the epilogue; 256 <= 448, e4m3's max),
-# so probabilities keep e4m3's 3-bit mantissa down to 2^-14 (not 2^-6) and reach zero below 2^-18
-# (not 2^-10).
+# P after the running max lies in [0, 1]; it comes out of the exponential multiplied by a fixed
+# P_SCALE = 2^8 = 256 for the e4m3 cast (8 subtracted from the row max before exp2, so no multiply
+# per score; a power of two: exact, and undone exactly in the epilogue; 256 <= 448, e4m3's max), so
+# probabilities keep e4m3's 3-bit mantissa down to 2^-14 (not 2^-6) and reach zero below 2^-18
+# (not 2^-10). l is summed in the same units.
+LOG2_P_SCALE = tl.constexpr(8)
 P_SCALE = tl.constexpr(256.0)
 SIZES = ["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"]
 
@@ -84,17 +86,18 @@ def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, k_desc, v_desc,
         else:
             k = tl.load(k_base + offs_n[None, :] * HEAD_DIM + offs_d[:, None])      # (HEAD_DIM, BLOCK_N) e4m3
         qk = tl.dot(q, k)                                                           # e4m3 x e4m3 -> fp32
-        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale * s_k, IS_PARTIAL)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale * s_k, IS_PARTIAL,
+                                         LOG2_P_SCALE)                       # P_SCALE * P
+        l_i = l_i * alpha + tl.sum(p, 1)                                     # P_SCALE * l
         acc = acc * (alpha * (s_v / s_new))[:, None]
         if WARP_SPECIALIZE:
             v = v_desc.load([v_row, k_block * BLOCK_N])
         else:
             v = tl.load(v_base + offs_d[:, None] * stride_vd + offs_n[None, :])     # (HEAD_DIM, BLOCK_N) e4m3
-        acc = tl.dot(cast_e4m3(p * P_SCALE, ROUND_FIRST), tl.trans(v), acc)
+        acc = tl.dot(cast_e4m3(p, ROUND_FIRST), tl.trans(v), acc)
         s_v = s_new
         m_i = m_new
-        record_tile(tiles_ptr, rows_ptr, n_kb, k_block, step0 + i, c_start, m_i, l_i, alpha,
+        record_tile(tiles_ptr, rows_ptr, n_kb, k_block, step0 + i, c_start, m_i, l_i / P_SCALE, alpha,
                     trace_tiles_here=trace_tiles_here, trace_rows_here=trace_rows_here, TRACE=TRACE,
                     BLOCK_M=BLOCK_M)
     return acc, l_i, m_i, s_v
@@ -157,7 +160,7 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
         # in units of s_v = P_SCALE, l = 1, m = lse in log2 units; rows without keys yet: l = 0
         lse0 = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=in_seq, other=float("-inf"))
         m_i = lse0 / LN2
-        l_i = tl.where(lse0 == float("-inf"), 0.0, 1.0)
+        l_i = tl.where(lse0 == float("-inf"), 0.0, P_SCALE)                   # l = 1 in P_SCALE units
         acc = tl.load(o_ptrs, mask=in_seq[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         s_v = tl.full([], P_SCALE, dtype=tl.float32)
     else:
@@ -208,7 +211,7 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
                                        n_kb=n_kb, trace_tiles_here=traced_head, trace_rows_here=trace_rows_here,
                                        TILE=TILE, IS_PARTIAL=True, WARP_SPECIALIZE=False, TRACE=TRACE)
     # -- epilogue: acc back from V-scale and P_SCALE units, one normalisation per row --
-    out, lse = normalise_rows(acc * (s_v / P_SCALE), l_i, m_i, True)
+    out, lse = normalise_rows(acc * (s_v / P_SCALE), l_i / P_SCALE, m_i, True)
     if EVEN_M and EVEN_D:
         tl.store(o_ptrs, out.to(O.dtype.element_ty))
     elif EVEN_D:

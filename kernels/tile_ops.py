@@ -89,21 +89,29 @@ def accumulate_pv(acc, p, v, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constex
 
 
 @triton.jit
-def softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED: tl.constexpr):
+def softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED: tl.constexpr, LOG2_P_SCALE: tl.constexpr):
     """One tile's online-softmax step on raw scores qk (BLOCK_M, BLOCK_N) in log2 units (flash and
     varlen loops). MASKED: keys outside each row's [row_lo, row_hi] get -inf, and a row with no
     visible key yet keeps m = -inf (0 is subtracted); unmasked: scale and shift in one FMA per score.
+    LOG2_P_SCALE: p comes out multiplied by 2^LOG2_P_SCALE, the shift folded into the row max it
+    subtracts (the FP8 kernel's P scale, free where a multiply per score was not); 0 elsewhere.
     Returns (p, alpha = 2^(m_i - m_new), m_new); the caller rescales l and acc by alpha."""
     if MASKED:
         visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] <= row_hi[:, None])
         qk = tl.where(visible, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        qk = qk - m_ref[:, None]
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_ref = m_new
-        qk = qk * qk_scale - m_ref[:, None]
+    if LOG2_P_SCALE != 0:
+        m_sub = m_ref - LOG2_P_SCALE
+    else:
+        m_sub = m_ref
+    if MASKED:
+        qk = qk - m_sub[:, None]
+    else:
+        qk = qk * qk_scale - m_sub[:, None]
     p = tl.math.exp2(qk)
     alpha = tl.math.exp2(m_i - m_ref)
     return p, alpha, m_new
@@ -190,7 +198,7 @@ def attend_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, k_desc, v_desc, t
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)                      # (BLOCK_M, BLOCK_N)
         # -- online softmax update (scores in log2 units: qk * qk_scale) --
-        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, IS_PARTIAL)
+        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, IS_PARTIAL, 0)
         if ROWSUM_MMA:
             l_mma = tl.dot(p.to(q.dtype), ones, l_mma * alpha[:, None], input_precision=DOT_PRECISION)
         else:

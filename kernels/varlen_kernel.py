@@ -214,7 +214,7 @@ def _varlen_tiles(acc, l_i, m_i, bad, q, kv, rows, kb_from, kb_to, qk_scale, til
         if UPCAST_DOT:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
-        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED)
+        p, alpha, m_new = softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED, 0)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v_rows = page * stride_vp + slot * stride_vt

@@ -1,6 +1,8 @@
 """record(..., precision="fp8"): the FP8 kernel traced as the bf16 one (the same work items and
 tile visits), with the table fp8_error against float64, saved and loaded like any trace."""
 
+import math
+
 import pytest
 import torch
 
@@ -27,6 +29,10 @@ def test_fp8_record_draws_like_bf16_and_stores_its_error(tmp_path, device):
     assert tr.tiles[["q_block", "k_block", "visited", "order"]].equals(
         ref_tr.tiles[["q_block", "k_block", "visited", "order"]])
     assert len(tr.rows) == len(ref_tr.rows) and tr.rows["l"].notna().all()
+    # each traced step's running (m, l) in natural units (the kernel sums l in P_SCALE units): the
+    # log-sum-exp so far m + ln l within FP8's error of the bf16 kernel's, step by step
+    fp8_lse, bf16_lse = (torch.tensor((t.rows["m"] + t.rows["l"].map(math.log)).to_numpy()) for t in (tr, ref_tr))
+    assert (fp8_lse - bf16_lse).abs().max() < 0.25
     err = tr.tables["fp8_error"]
     assert list(err.columns) == ["bh", "q_block", "rmse", "max_abs", "variant"] and len(err) == 2 * 3
     assert set(err["variant"]) == {"fp8_block_hadamard"}
