@@ -7,6 +7,7 @@ The fixtures built on these (the shared recordings, `data_dir`) are in tests/app
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import json
@@ -146,16 +147,19 @@ def share_link_shown(at) -> str:
 needs_chromium = pytest.mark.skipif(find_browser() is None, reason=str(missing_reason(IMAGE_NEEDS)))
 
 
+@functools.lru_cache(maxsize=256)
 def random_png(w: int, h: int, seed: int) -> bytes:
     """A w x h PNG of random flat blocks in a few dozen colours (a stand-in for a kaleido frame:
-    a chart is flat fills, and per-pixel noise makes the GIF palette search minutes long)."""
+    a chart is flat fills, and per-pixel noise makes the GIF palette search minutes long). Made
+    once per (w, h, seed) in a process, at zlib level 1 (the default level took twice the CPU
+    to write and to read back; the stand-in frames only need to be valid PNGs of that size)."""
     import imageio.v3 as iio
 
     rng = np.random.default_rng(seed)
     colours = rng.integers(0, 255, (32, 3), dtype=np.uint8)
     cells = colours[rng.integers(0, 32, (9, 16))]                      # (9, 16, 3) blocks
     img = np.repeat(np.repeat(cells, -(-h // 9), axis=0), -(-w // 16), axis=1)[:h, :w]
-    return iio.imwrite("<bytes>", np.ascontiguousarray(img), extension=".png")
+    return iio.imwrite("<bytes>", np.ascontiguousarray(img), extension=".png", compress_level=1)
 
 
 HOST = "198.51.100.7"      # a documentation address: nothing may ever be fetched from it
