@@ -52,8 +52,21 @@ def _scan_installed_components_once() -> None:
     manifest_scanner.scan_component_manifests = scan_once
 
 
+def _no_full_collection_after_each_headless_run() -> None:
+    """Streamlit ends every script run with a full garbage collection (runner.postScriptGC, on by
+    default: it keeps a long-lived server's memory down between reruns). In a test process that
+    has imported torch, Triton, plotly and pandas, that one gc.collect(2) took ~0.2 s of CPU, often
+    more than the headless (AppTest) page run it followed, hundreds of times a suite. The test
+    processes turn it off for their AppTests (CPython's own collector still runs as usual); the
+    app's server (the browser tests, `streamlit run`) keeps Streamlit's default."""
+    from streamlit import config
+
+    config.set_option("runner.postScriptGC", False)
+
+
 if "collect_ignore_glob" not in globals():
     _scan_installed_components_once()
+    _no_full_collection_after_each_headless_run()
 
 
 @pytest.fixture(scope="session")
