@@ -16,6 +16,13 @@ Why (Chromium traces of the 16k schedule page on a 2-CPU machine, notes in the R
     first time it runs. Nearly all of the frontend's and Plotly's code runs while a page opens, and
     the main thread is the bottleneck there: script time per visit 1.82 -> 1.50 s, settle 3.00 ->
     2.82 s (medians of 12 interleaved visits; data in the README).
+  - Plotly's chunk registers every Plotly trace type when it is evaluated. Tilescope draws
+    scatter, bar and heatmap charts only; the 3D types and `image` pull in WebGL matrix and image-
+    probing modules whose evaluation was ~0.5 s of the main thread's CPU per visit (0.70 -> 0.17 s
+    for the chunk's evaluation, Chromium traces of the 16k schedule page, 3 interleaved visits
+    each). `without_traces` leaves them out of the registration (their code is still sent, never
+    run); every other type, 2D WebGL and maps included, stays. A chunk whose registration does
+    not look as expected is served unchanged; TILESCOPE_PLOTLY_TRACES=all serves it unchanged too.
   - The set of files is Streamlit's own static directory, listed once: a request for anything else
     (another path, `..`) falls through to Streamlit unchanged.
 """
@@ -23,6 +30,7 @@ Why (Chromium traces of the 16k schedule page on a 2-CPU machine, notes in the R
 from __future__ import annotations
 
 import mimetypes
+import os
 import re
 from pathlib import Path
 
@@ -67,6 +75,34 @@ def preload_chunks(files: dict[str, Path]) -> list[str]:
                   key=lambda u: (not u.startswith("/static/js/PlotlyChart."), u))
 
 
+# Plotly trace types no Tilescope chart draws whose modules cost the most to evaluate (the 3D
+# family's WebGL matrix code, image's image probing); every chart is scatter, bar or heatmap
+UNUSED_TRACES = ("scatter3d", "surface", "isosurface", "volume", "mesh3d", "cone", "streamtube", "image")
+# Plotly's lib/index.js in the chunk: `n.register([Iu(),hee(),...])`, each call a lazily evaluated
+# module `Iu=_({"lib/bar.js"(e,t){t.exports=Fu()}})` (minified names differ between builds)
+_REGISTER = re.compile(rb"\.register\(\[((?:[\w$]+\(\),)*[\w$]+\(\))\]\)")
+_TRACE_MODULE = re.compile(rb'([\w$]+)=[\w$]+\(\{"lib/(\w+)\.js"\(')
+
+
+def without_traces(chunk: bytes, drop: tuple[str, ...] = UNUSED_TRACES) -> bytes:
+    """Plotly's chart chunk with the trace types `drop` left out of Plotly's registration, so
+    their modules are never evaluated; the chunk unchanged where its registration is not one list
+    of lib/<type>.js modules (another Streamlit build).
+
+    Arguments: chunk: the PlotlyChart chunk's bytes; drop: Plotly trace type names.
+    Returns: the chunk's bytes, with those calls taken out of the register list."""
+    lists = [m for m in _REGISTER.finditer(chunk)]
+    modules = dict(_TRACE_MODULE.findall(chunk))
+    if len(lists) != 1:
+        return chunk
+    calls = lists[0].group(1).split(b",")
+    names = [modules.get(c[:-2]) for c in calls]
+    if None in names or b"bar" not in names:
+        return chunk
+    kept = b",".join(c for c, n in zip(calls, names) if n.decode() not in drop)
+    return chunk[:lists[0].start(1)] + kept + chunk[lists[0].end(1):]
+
+
 class AssetMiddleware:
     """ASGI middleware: static files from memory (scripts with the compile hint); `modulepreload`
     links in the page's HTML."""
@@ -92,6 +128,8 @@ class AssetMiddleware:
             if ctype.startswith("text/") or ctype.endswith("javascript"):
                 ctype += "; charset=utf-8"
             body = self.files[path].read_bytes()
+            if path.startswith("/static/js/PlotlyChart.") and os.environ.get("TILESCOPE_PLOTLY_TRACES") != "all":
+                body = without_traces(body)
             if path.endswith(".js"):
                 body = COMPILE_HINT + body
             self.cache[path] = (body, ctype.encode())

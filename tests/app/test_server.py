@@ -1,10 +1,28 @@
-"""app/server.py: the frontend's files from memory, a modulepreload link in the page's HTML, and
-everything else passed to Streamlit untouched."""
+"""app/server.py: the frontend's files from memory, a modulepreload link in the page's HTML, Plotly's
+chunk without the trace types no chart draws, and everything else passed to Streamlit untouched."""
 
 import asyncio
 import random
+import re
+from pathlib import Path
 
-from app.server import _STATIC_IMPORT, COMPILE_HINT, STATIC_DIR, AssetMiddleware, _asset_files, preload_chunks
+from app.server import (_REGISTER, _STATIC_IMPORT, _TRACE_MODULE, COMPILE_HINT, STATIC_DIR, UNUSED_TRACES,
+                        AssetMiddleware, _asset_files, preload_chunks, without_traces)
+
+
+def served(url: str) -> bytes:
+    """What the middleware serves for a static file: scripts with the compile hint, Plotly's chunk
+    without the unused trace types, the rest byte for byte."""
+    own = (STATIC_DIR / url.lstrip("/")).read_bytes()
+    if url.startswith("/static/js/PlotlyChart."):
+        own = without_traces(own)
+    return COMPILE_HINT + own if url.endswith(".js") else own
+
+
+def registered(chunk: bytes) -> list[str]:
+    """The trace types a Plotly chunk registers, in order."""
+    modules = dict(_TRACE_MODULE.findall(chunk))
+    return [modules[c[:-2]].decode() for c in _REGISTER.search(chunk).group(1).split(b",")]
 
 
 def call(mw, path, method="GET"):
@@ -47,9 +65,9 @@ def test_static_files_come_from_memory_byte_for_byte():
     for url in random.Random(0).sample(sorted(files), 5) + others[:2] + preload_chunks(files):
         status, headers, body, calls = call(mw, url)
         assert status == 200 and calls == 0
-        own = (STATIC_DIR / url.lstrip("/")).read_bytes()
-        # scripts: V8's compile hint as a first line of its own, then Streamlit's file unchanged
-        assert body == (COMPILE_HINT + own if url.endswith(".js") else own)
+        # scripts: V8's compile hint as a first line of its own, then Streamlit's file (unchanged
+        # but for Plotly's registration)
+        assert body == served(url)
         assert int(headers[b"content-length"]) == len(body)
         if url.endswith(".js"):
             assert headers[b"content-type"].startswith(b"text/javascript") or b"javascript" in headers[b"content-type"]
@@ -97,4 +115,38 @@ def test_streamlit_run_app_main_serves_through_it(app_server_http):
     chunk = preload_chunks(_asset_files())[0]
     assert f'href=".{chunk}"'.encode() in html
     with urllib.request.urlopen(app_server + chunk, timeout=30) as r:
-        assert r.read() == COMPILE_HINT + (STATIC_DIR / chunk.lstrip("/")).read_bytes()
+        assert r.read() == served(chunk)
+
+
+def test_plotly_chunk_registers_every_trace_type_but_the_unused_ones():
+    url = preload_chunks(_asset_files())[0]
+    own = (STATIC_DIR / url.lstrip("/")).read_bytes()
+    before, after = registered(own), registered(without_traces(own))
+    assert set(UNUSED_TRACES) <= set(before) and {"bar", "heatmap", "scattergl", "pie"} <= set(before)
+    assert after == [t for t in before if t not in UNUSED_TRACES]
+    # only the register list changed, and a second pass changes nothing
+    new, where = without_traces(own), _REGISTER.search(own).span(1)
+    assert new[:where[0]] == own[:where[0]] and new.endswith(own[where[1]:])
+    assert without_traces(new) == new
+
+
+def test_a_chunk_of_another_shape_is_served_unchanged():
+    mods = b'A=_({"lib/bar.js"(e,t){t.exports=x()}}),B=_({"lib/image.js"(e,t){t.exports=y()}});'
+    assert without_traces(mods + b"n.register([A(),B()])") == mods + b"n.register([A()])"
+    for odd in (mods + b"n.register([A(),C()])",                       # a call that is not a trace module
+                mods + b"n.register([A(),B()]);m.register([A(),B()])",   # two lists
+                b"no registration at all", mods + b"n.register([B()])"):  # no bar: not Plotly's list
+        assert without_traces(odd) == odd
+
+
+def test_no_chart_draws_a_trace_type_the_browser_does_not_register():
+    """The app's figures are built from go.Scatter / go.Bar / go.Heatmap: none names a dropped type
+    (as a graph_objects class, a plotly.express call that makes one, or a type string)."""
+    classes = set(UNUSED_TRACES)
+    root = Path(__file__).resolve().parents[2] / "app"
+    for f in root.rglob("*.py"):
+        text = f.read_text()
+        used = {m.lower() for m in re.findall(r"\bgo\.([A-Z]\w*)\(", text)}
+        assert not used & classes, (f, used & classes)
+        assert not re.search(r"\bpx\.(imshow|scatter_3d|line_3d)\b", text), f
+        assert not re.search(r"""type["']?\s*[:=]\s*["'](%s)["']""" % "|".join(UNUSED_TRACES), text), f
