@@ -52,21 +52,8 @@ def _scan_installed_components_once() -> None:
     manifest_scanner.scan_component_manifests = scan_once
 
 
-def _no_full_collection_after_each_headless_run() -> None:
-    """Streamlit ends every script run with a full garbage collection (runner.postScriptGC, on by
-    default: it keeps a long-lived server's memory down between reruns). In a test process that
-    has imported torch, Triton, plotly and pandas, that one gc.collect(2) took ~0.2 s of CPU, often
-    more than the headless (AppTest) page run it followed, hundreds of times a suite. The test
-    processes turn it off for their AppTests (CPython's own collector still runs as usual); the
-    app's server (the browser tests, `streamlit run`) keeps Streamlit's default."""
-    from streamlit import config
-
-    config.set_option("runner.postScriptGC", False)
-
-
 if "collect_ignore_glob" not in globals():
     _scan_installed_components_once()
-    _no_full_collection_after_each_headless_run()
 
 
 @pytest.fixture(scope="session")
@@ -275,7 +262,14 @@ def _start_server(stack: ExitStack, tmp_path_factory):
     from tests.app.live_app import ROOT
 
     log = tmp_path_factory.mktemp("streamlit_log") / "streamlit.log"
-    return stack.enter_context(running_app(ROOT / "data", log))
+    return stack.enter_context(running_app(ROOT / "data", log, env=TEST_SERVER_ENV))
+
+
+# The browser tests' servers skip Streamlit's full garbage collection after every script run
+# (runner.postScriptGC, on by default to keep a long-lived server's memory down): over a heap
+# holding torch, Triton, plotly and pandas each gc.collect(2) is ~0.2 s of CPU, ~10% of a test
+# server's CPU. Python's own collector still runs; users' servers keep Streamlit's default.
+TEST_SERVER_ENV = {"STREAMLIT_RUNNER_POST_SCRIPT_GC": "false"}
 
 
 def _shared_url(shared: dict, tmp_path_factory) -> str:
