@@ -185,9 +185,12 @@ def default_recording(recordings: list[Recording], defaults: dict, root: Path | 
 
 # -- the app's cached accessors (discovery cached on the directory's mtime) --------------------
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def _discover(root: str, stamp: float) -> list[Recording]:
-    return discover_traces(Path(root))
+# a resource, not data: Streamlit hands out cached data as a new unpickled copy at every call,
+# and the sidebar asks for the list once per recording it names (~40 unpickled lists a page run);
+# the Recordings are frozen and nothing changes their meta, so one shared tuple serves every call
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _discover(root: str, stamp: float) -> tuple[Recording, ...]:
+    return tuple(discover_traces(Path(root)))
 
 
 def recordings() -> list[Recording]:
@@ -195,7 +198,7 @@ def recordings() -> list[Recording]:
     root = data_dir()
     traces = root / "traces"
     stamp = traces.stat().st_mtime if traces.is_dir() else 0.0
-    return _discover(str(root), stamp)
+    return list(_discover(str(root), stamp))
 
 
 def bundled_named(name: str) -> Recording | None:
