@@ -23,6 +23,14 @@ Why (Chromium traces of the 16k schedule page on a 2-CPU machine, notes in the R
     each). `without_traces` leaves them out of the registration (their code is still sent, never
     run); every other type, 2D WebGL and maps included, stays. A chunk whose registration does
     not look as expected is served unchanged; TILESCOPE_PLOTLY_TRACES=all serves it unchanged too.
+  - Streamlit's chart component drew every chart twice on opening: once before it had measured
+    its container (no width: Plotly autosizes; on slides the figure's 1280 px) and again at the
+    measured width, and once more when an effect re-applied the theme to the figure it had just
+    themed (a deep copy: Plotly redraws everything). `drawn_once` makes the chart wait for its
+    width and skips that effect's first run (a theme change later still redraws), so each chart
+    is drawn once: one Plotly.react instead of two per chart (the 16k lanes chart's second draw
+    was 0.12-0.25 s of the main thread on the loaded 2-CPU machine). Each change applies only
+    where Streamlit's code has the expected shape; TILESCOPE_PLOTLY_DRAWS=twice turns it off.
   - The set of files is Streamlit's own static directory, listed once: a request for anything else
     (another path, `..`) falls through to Streamlit unchanged.
 """
@@ -103,6 +111,32 @@ def without_traces(chunk: bytes, drop: tuple[str, ...] = UNUSED_TRACES) -> bytes
     return chunk[:lists[0].start(1)] + kept + chunk[lists[0].end(1):]
 
 
+# Streamlit's chart component (PlotlyChart chunk; minified names differ between builds):
+# its wrapper renders the chart once the container's width is known, but an unmeasured
+# container reads -1, which is truthy: `let{width:t}=E(k);return t?i(Je,...)`
+_UNMEASURED = re.compile(rb"(let\{width:([\w$]+)\}=[\w$]+\([\w$]+\);return )\2\?")
+# ... and on mount an effect re-applies the theme to the state it was just built with:
+# `(0,P.useEffect)(()=>{F(t=>Le(t,e.theme,c))},[e.id,c,e.theme])`
+_RETHEME = re.compile(rb"\(0,([\w$]+)\.useEffect\)\(\(\)=>\{([\w$]+)\(([\w$]+)=>([\w$]+)\(\3,([\w$]+)\.theme,"
+                      rb"([\w$]+)\)\)\},\[\5\.id,\6,\5\.theme\]\)")
+
+
+def drawn_once(chunk: bytes) -> bytes:
+    """Streamlit's chart component drawing each chart once on opening: it waits until its
+    container has a width (instead of drawing unsized, then again at the width), and the effect
+    that re-themes the figure skips its first run (the figure it starts from is themed already);
+    each change only where exactly one place in the chunk has the expected shape.
+
+    Arguments: chunk: the PlotlyChart chunk's bytes.
+    Returns: the chunk's bytes with those two changes (either left out where it does not fit)."""
+    if len(_UNMEASURED.findall(chunk)) == 1:
+        chunk = _UNMEASURED.sub(rb"\1\2>0?", chunk)
+    if len(_RETHEME.findall(chunk)) == 1:       # a ref (one more hook, always called) marks the first run
+        chunk = _RETHEME.sub(rb"(($tsRef)=>(0,\1.useEffect)(()=>{if(!$tsRef.current){$tsRef.current=!0;return}"
+                             rb"\2(\3=>\4(\3,\5.theme,\6))},[\5.id,\6,\5.theme]))((0,\1.useRef)(!1))", chunk)
+    return chunk
+
+
 class AssetMiddleware:
     """ASGI middleware: static files from memory (scripts with the compile hint); `modulepreload`
     links in the page's HTML."""
@@ -130,6 +164,8 @@ class AssetMiddleware:
             body = self.files[path].read_bytes()
             if path.startswith("/static/js/PlotlyChart.") and os.environ.get("TILESCOPE_PLOTLY_TRACES") != "all":
                 body = without_traces(body)
+            if path.startswith("/static/js/PlotlyChart.") and os.environ.get("TILESCOPE_PLOTLY_DRAWS") != "twice":
+                body = drawn_once(body)
             if path.endswith(".js"):
                 body = COMPILE_HINT + body
             self.cache[path] = (body, ctype.encode())

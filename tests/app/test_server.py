@@ -6,16 +6,16 @@ import random
 import re
 from pathlib import Path
 
-from app.server import (_REGISTER, _STATIC_IMPORT, _TRACE_MODULE, COMPILE_HINT, STATIC_DIR, UNUSED_TRACES,
-                        AssetMiddleware, _asset_files, preload_chunks, without_traces)
+from app.server import (_REGISTER, _RETHEME, _STATIC_IMPORT, _TRACE_MODULE, _UNMEASURED, COMPILE_HINT, STATIC_DIR,
+                        UNUSED_TRACES, AssetMiddleware, _asset_files, drawn_once, preload_chunks, without_traces)
 
 
 def served(url: str) -> bytes:
     """What the middleware serves for a static file: scripts with the compile hint, Plotly's chunk
-    without the unused trace types, the rest byte for byte."""
+    without the unused trace types and drawing each chart once, the rest byte for byte."""
     own = (STATIC_DIR / url.lstrip("/")).read_bytes()
     if url.startswith("/static/js/PlotlyChart."):
-        own = without_traces(own)
+        own = drawn_once(without_traces(own))
     return COMPILE_HINT + own if url.endswith(".js") else own
 
 
@@ -150,3 +150,19 @@ def test_no_chart_draws_a_trace_type_the_browser_does_not_register():
         assert not used & classes, (f, used & classes)
         assert not re.search(r"\bpx\.(imshow|scatter_3d|line_3d)\b", text), f
         assert not re.search(r"""type["']?\s*[:=]\s*["'](%s)["']""" % "|".join(UNUSED_TRACES), text), f
+
+
+def test_chart_component_waits_for_its_width_and_skips_the_first_retheme():
+    url = preload_chunks(_asset_files())[0]
+    own = (STATIC_DIR / url.lstrip("/")).read_bytes()
+    assert len(_UNMEASURED.findall(own)) == 1 and len(_RETHEME.findall(own)) == 1
+    new = drawn_once(own)
+    assert not _UNMEASURED.findall(new) and not _RETHEME.findall(new)
+    wrapper = re.search(rb"let\{width:([\w$]+)\}=[\w$]+\([\w$]+\);return \1>0\?", new)
+    assert wrapper, "the chart renders only once its container has a width"
+    assert new.count(b"$tsRef.current") == 2 and b".useRef)(!1))" in new
+    assert drawn_once(new) == new            # a second pass changes nothing
+    # another build's shape: left as it is
+    for odd in (b"let{width:t}=E(k);return t?a:b;let{width:t}=E(k);return t?a:b", b"nothing here"):
+        assert drawn_once(odd) == odd
+    assert drawn_once(b"x;let{width:t}=E(k);return t?i(J,{width:t}):null") == b"x;let{width:t}=E(k);return t>0?i(J,{width:t}):null"
