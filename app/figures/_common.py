@@ -32,6 +32,23 @@ FONT = "Arial, Liberation Sans, Helvetica, sans-serif"
 CAPTION_GREY = "#555"
 
 
+# what a Tilescope chart draws: 2D cartesian scatter, bar and heatmap traces (tests/app/test_server.py
+# checks no figure names another type); the templates keep only these types' entries and leave out
+# the layouts of subplots no chart has (geo, polar, 3D scene, ternary). Each figure copies and
+# revalidates its whole template (plotly deep-copies a registered one on assignment): the trimmed
+# ones are a third of plotly_white's / simple_white's size, the same look on every chart.
+TRACE_TYPES = ("scatter", "bar", "heatmap")
+_OTHER_SUBPLOTS = ("geo", "polar", "scene", "ternary", "map", "mapbox", "smith")
+
+
+def _cartesian_only(template: go.layout.Template) -> go.layout.Template:
+    """The template's entries for TRACE_TYPES and its layout without other subplot kinds."""
+    spec = template.to_plotly_json()
+    return go.layout.Template(data={k: v for k, v in spec.get("data", {}).items() if k in TRACE_TYPES},
+                              layout={k: v for k, v in spec.get("layout", {}).items()
+                                      if k not in _OTHER_SUBPLOTS})
+
+
 def _register_templates() -> None:
     base = go.layout.Template(pio.templates["plotly_white"])
     base.layout.update(font=dict(family=FONT, size=13, color="#222"),
@@ -39,7 +56,7 @@ def _register_templates() -> None:
                                   yref="container", y=1, yanchor="top", pad=dict(t=TITLE_PAD),
                                   subtitle=dict(font=dict(size=SUBTITLE_SIZE[0], color="#444"))),
                        colorway=[FULL, PARTIAL, "#59a14f", NOW, "#8c6bb1", "#76b7b2", "#9c755f"])
-    pio.templates[TEMPLATE] = base
+    pio.templates[TEMPLATE] = _cartesian_only(base)
 
     slide = go.layout.Template(pio.templates["simple_white"])
     axis = dict(showgrid=True, gridcolor="#ececec", zeroline=False, ticks="outside", ticklen=6,
@@ -61,7 +78,7 @@ def _register_templates() -> None:
     slide.data.heatmap = [go.Heatmap(colorbar=cbar)]
     slide.data.scatter = [go.Scatter(marker=dict(colorbar=cbar))]
     slide.data.bar = [go.Bar(marker=dict(colorbar=cbar))]
-    pio.templates[SLIDE_TEMPLATE] = slide
+    pio.templates[SLIDE_TEMPLATE] = _cartesian_only(slide)
 
 
 _register_templates()

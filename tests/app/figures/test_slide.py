@@ -70,3 +70,26 @@ def test_slides_and_images_drop_hover_hints():
         assert not any("hover" in t.lower() for t in texts), texts
         assert out.layout.xaxis.title.text.endswith("visit order)") and "Red: stragglers" in texts[2]
     assert "hover for which" in fig.layout.xaxis.title.text          # the page's figure untouched
+
+
+def test_templates_hold_only_the_drawn_trace_types_and_plotlys_entries_for_them():
+    """Both looks carry only scatter / bar / heatmap entries (a figure copies its whole template: the
+    other ~20 types were most of that work) and no other subplot kind's layout; what they keep is
+    plotly's base template's entry plus ours, and every app figure draws only those types."""
+    import re
+    from pathlib import Path
+
+    import plotly.io as pio
+
+    from app.figures._common import TRACE_TYPES
+    for name, base in ((F.TEMPLATE, "plotly_white"), (F.SLIDE_TEMPLATE, "simple_white")):
+        t = pio.templates[name].to_plotly_json()
+        assert set(t["data"]) == set(TRACE_TYPES), name
+        assert not {"geo", "polar", "scene", "ternary"} & set(t["layout"]), name
+        plain = pio.templates[base].to_plotly_json()
+        assert t["layout"]["colorscale"] == plain["layout"]["colorscale"]
+        assert t["layout"]["xaxis"]["gridcolor"] == plain["layout"]["xaxis"]["gridcolor"] or name == F.SLIDE_TEMPLATE
+    assert pio.templates[F.TEMPLATE].data.heatmap[0].colorscale == pio.templates["plotly_white"].data.heatmap[0].colorscale
+    for f in (Path(F.__file__).parents[1]).rglob("*.py"):
+        used = {m.lower() for m in re.findall(r"\bgo\.([A-Z]\w*)\(", f.read_text())} - {"figure", "frame"}
+        assert used <= set(TRACE_TYPES), (f, used)
