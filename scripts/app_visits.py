@@ -188,6 +188,8 @@ def side_by_side(browser, data: Path, rec, other: Path, rounds: int) -> dict:
     return out
 
 
-# what --compare-preload / --compare-assets switch (on = the app as it is, off = without it)
+# what --compare-preload / -assets / -traces / -draws switch (on = the app as it is, off = without it)
 COMPARED = {"preload": ({"TILESCOPE_PLOTLY_PRELOAD": "1"}, {"TILESCOPE_PLOTLY_PRELOAD": "0"}),
-            "assets": ({"TILESCOPE_ASSETS": "1"}, {"TILESCOPE_ASSETS": "0"})}
+            "assets": ({"TILESCOPE_ASSETS": "1"}, {"TILESCOPE_ASSETS": "0"}),
+            "traces": ({"TILESCOPE_PLOTLY_TRACES": "used"}, {"TILESCOPE_PLOTLY_TRACES": "all"}),
+            "draws": ({"TILESCOPE_PLOTLY_DRAWS": "once"}, {"TILESCOPE_PLOTLY_DRAWS": "twice"})}

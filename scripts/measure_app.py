@@ -187,6 +187,11 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-assets", type=int, default=0, metavar="ROUNDS",
                     help="the same with app/server.py's middleware (files from memory, Plotly's "
                          "chunk preloaded) on and off")
+    ap.add_argument("--compare-traces", type=int, default=0, metavar="ROUNDS",
+                    help="the same with Plotly's unused trace types (3D, image) left out of its registration "
+                         "and not (TILESCOPE_PLOTLY_TRACES=all)")
+    ap.add_argument("--compare-draws", type=int, default=0, metavar="ROUNDS",
+                    help="the same with each chart drawn once on opening and not (TILESCOPE_PLOTLY_DRAWS=twice)")
     ap.add_argument("--side-by-side", default=None, metavar="CHECKOUT",
                     help="also serve CHECKOUT's app (e.g. `git worktree add /tmp/old <commit>`) beside "
                          "this one and time the 16k page's settle on both, visits alternating, --repeats each")
@@ -330,7 +335,8 @@ def main(argv=None) -> int:
               f"(load average {mi['load_average_1min']} -> {results['load_average_1min_end']})")
     if args.browser_ui:
         print("  (Chromium's per-window omnibox WebUI left on: --browser-ui)")
-    for name, label in (("preload", "Plotly preload on/off"), ("assets", "asset middleware on/off")):
+    for name, label in (("preload", "Plotly preload on/off"), ("assets", "asset middleware on/off"),
+                        ("traces", "unused Plotly traces out/in"), ("draws", "one draw per chart/two")):
         pc = results.get(f"{name}_compare")
         for what, key in (("cold first chart", "first_chart_cold_s"), ("16k settle (later visit)", "settle_s")):
             if pc:
