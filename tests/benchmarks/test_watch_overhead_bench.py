@@ -8,10 +8,15 @@ import json
 
 import pytest
 
-pytest.importorskip("transformers")
-
 from benchmarks import watch_overhead as wo  # noqa: E402
 from instrumentation.recording.model_run import ModelRun  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _needs_transformers():
+    """Skip without transformers; imported by the tests that run, not at collection (every test
+    worker collects this module: importing transformers there cost each one ~0.7 s of CPU)."""
+    pytest.importorskip("transformers")
 
 
 def result(tmp_path, *argv) -> dict:

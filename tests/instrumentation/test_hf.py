@@ -8,10 +8,16 @@ and the one-line refusals of what the kernel cannot express.
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-
 from instrumentation import hf  # noqa: E402
 from kernels import naive_attention  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _needs_transformers():
+    """Skip without transformers; imported by the tests that run, not at collection (every test
+    worker collects this module: importing transformers there cost each one ~0.7 s of CPU)."""
+    pytest.importorskip("transformers")
+
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
@@ -19,6 +25,8 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_la
 
 
 def tiny_model(cls_name: str, device="cpu", seed: int = 0, **config):
+    import transformers
+
     config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
     torch.manual_seed(seed)
     return getattr(transformers, cls_name)(config_cls(**{**TINY, **config})).eval().to(device)

@@ -10,10 +10,15 @@ break anywhere raises with its reason, and the traced graphs show which of our o
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-
 from instrumentation import hf, hf_compiled  # noqa: E402
 from tests.instrumentation.test_hf import compile_whole, graph_targets, prompt, tiny_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _needs_transformers():
+    """Skip without transformers; imported by the tests that run, not at collection (every test
+    worker collects this module: importing transformers there cost each one ~0.7 s of CPU)."""
+    pytest.importorskip("transformers")
 
 
 def test_compiled_forward_with_a_mask_has_no_graph_break_and_equals_eager():

@@ -20,14 +20,20 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-
 from instrumentation import hf  # noqa: E402
 from instrumentation.recording import model_run_stream as stream  # noqa: E402
 from instrumentation.recording.model_run import ModelRun, ModelRunFormatError  # noqa: E402
 from instrumentation.watch import WATCH_NAME, watch  # noqa: E402
 
 from .test_hf import TINY, prompt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _needs_transformers():
+    """Skip without transformers; imported by the tests that run, not at collection (every test
+    worker collects this module: importing transformers there cost each one ~0.7 s of CPU)."""
+    pytest.importorskip("transformers")
+
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {**TINY, "num_attention_heads": 2, "num_key_value_heads": 1, "use_cache": False}   # training: no KV cache
@@ -37,6 +43,8 @@ TOKENS = 8
 def tiny_llama(layers: int = 2):
     """A LlamaForCausalLM of CONFIG (seed 0), on Tilescope's attention, in training mode."""
     torch.manual_seed(0)
+    import transformers
+
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**CONFIG, "num_hidden_layers": layers}))
     hf.use_tilescope(model)
     return model.train()
