@@ -177,3 +177,40 @@ def pytest_collection_modifyitems(config, items):
         elif "browser" in item.keywords and no_browser:
             item.add_marker(pytest.mark.skip(reason=no_browser))
     _lower_the_priority_of_a_cpu_worker(items)
+
+
+# -- one small causal problem under the three schedules, shared by the modules that draw them -----
+
+SCHEDULES = ("natural", "longest_first", "persistent")
+
+
+@pytest.fixture(scope="session")
+def causal_schedules(tmp_path_factory) -> dict:
+    """{schedule: saved trace directory}: one causal problem (B=2, H=2, N=256, D=32, fp16, seed 1,
+    32x32 blocks, tile detail for heads 0 and 3) recorded in the interpreter with each schedule,
+    once per run: under xdist the first worker that asks records them into the run's shared
+    temporary directory (a file lock), the others read those. Tests must not change them (load
+    a Trace from a directory: instrumentation.trace.Trace.load)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _record_causal_schedules(tmp_path_factory.mktemp("causal_schedules"))
+    import fcntl
+    import shutil
+
+    shared = tmp_path_factory.getbasetemp().parent          # this run's, shared by its workers
+    root, done = shared / "causal_schedules", shared / "causal_schedules.done"
+    with open(shared / "causal_schedules.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)              # a worker that died half-way
+            _record_causal_schedules(root)
+            done.touch()
+    return {s: root / s for s in SCHEDULES}
+
+
+def _record_causal_schedules(root) -> dict:
+    from instrumentation import make_inputs, record
+
+    q, k, v = make_inputs(2, 2, 256, 32, "fp16", seed=1)
+    for s in SCHEDULES:
+        record(q, k, v, mask="causal", block_m=32, block_n=32, schedule=s, trace_head=[0, 3])[1].save(root / s)
+    return {s: root / s for s in SCHEDULES}

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from instrumentation import make_inputs, record
 from instrumentation.analysis import schedule_analysis as A
 from instrumentation.analysis.schedule_model import list_schedule, schedule_stats, tile_timeline, timeline
+from instrumentation.trace import Trace
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "traces"
 
@@ -124,10 +124,9 @@ def test_work_frames(seed):
 
 
 @pytest.fixture(scope="module")
-def causal_traces():
-    q, k, v = make_inputs(2, 2, 256, 32, "fp16", seed=3)
-    return {s: record(q, k, v, mask="causal", block_m=32, block_n=32, schedule=s)[1]
-            for s in ("natural", "longest_first")}
+def causal_traces(causal_schedules):
+    """Two schedules of one causal problem (tests/conftest.py: recorded once per run)."""
+    return {s: Trace.load(causal_schedules[s]) for s in ("natural", "longest_first")}
 
 
 def test_tile_frames_show_tiles_in_flight(causal_traces):
