@@ -191,26 +191,15 @@ def causal_schedules(tmp_path_factory) -> dict:
     once per run: under xdist the first worker that asks records them into the run's shared
     temporary directory (a file lock), the others read those. Tests must not change them (load
     a Trace from a directory: instrumentation.trace.Trace.load)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return _record_causal_schedules(tmp_path_factory.mktemp("causal_schedules"))
-    import fcntl
-    import shutil
+    from tests.once_per_run import made_once_per_run
 
-    shared = tmp_path_factory.getbasetemp().parent          # this run's, shared by its workers
-    root, done = shared / "causal_schedules", shared / "causal_schedules.done"
-    with open(shared / "causal_schedules.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            shutil.rmtree(root, ignore_errors=True)              # a worker that died half-way
-            _record_causal_schedules(root)
-            done.touch()
+    root = made_once_per_run(tmp_path_factory, "causal_schedules", _record_causal_schedules)
     return {s: root / s for s in SCHEDULES}
 
 
-def _record_causal_schedules(root) -> dict:
+def _record_causal_schedules(root) -> None:
     from instrumentation import make_inputs, record
 
     q, k, v = make_inputs(2, 2, 256, 32, "fp16", seed=1)
     for s in SCHEDULES:
         record(q, k, v, mask="causal", block_m=32, block_n=32, schedule=s, trace_head=[0, 3])[1].save(root / s)
-    return {s: root / s for s in SCHEDULES}

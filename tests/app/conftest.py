@@ -13,12 +13,12 @@ PATH) or playwright is missing, and never download a browser.
 """
 
 import importlib.util
-import os
-import shutil
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+
+from tests.once_per_run import made_once_per_run
 
 # The app needs plotly and streamlit; a machine without them (the bare GPU image) skips this folder.
 if importlib.util.find_spec("plotly") is None or importlib.util.find_spec("streamlit") is None:
@@ -63,19 +63,7 @@ def app_recordings(tmp_path_factory):
     the interpreter (no bundled GPU data needed). Recorded once per run: under xdist the first
     worker that asks records them into the run's shared temporary directory (a file lock), the
     others read those. Tests must not change it."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return _record_app_data(tmp_path_factory.mktemp("data"))
-    import fcntl
-
-    shared = tmp_path_factory.getbasetemp().parent          # this run's, shared by its workers
-    root, done = shared / "app_recordings", shared / "app_recordings.done"
-    with open(shared / "app_recordings.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            shutil.rmtree(root, ignore_errors=True)              # a worker that died half-way
-            _record_app_data(root)
-            done.touch()
-    return root
+    return made_once_per_run(tmp_path_factory, "app_recordings", _record_app_data)
 
 
 def _record_app_data(root: Path) -> Path:
