@@ -273,9 +273,15 @@ def test_harness_refuses_to_time_a_wrong_kernel(tmp_path, monkeypatch, device):
 
 # -- every schedule and a few configs vs float64, in the interpreter (compiled on a GPU) --------
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("mask", SMALL_MASKS)
-@pytest.mark.parametrize("blocks", [(32, 32), (64, 32), (32, 64)])
+BLOCKS = [(32, 32), (64, 32), (32, 64)]
+# every (schedule, mask), (schedule, blocks) and (mask, blocks) pair once: a Latin square, the
+# blocks of schedule i and mask j are BLOCKS[(i + j) % 3] (tests/kernels/test_flash.py runs every
+# schedule with every mask at 32x32 as well)
+SCHEDULE_MASK_BLOCKS = [pytest.param(s, m, BLOCKS[(i + j) % len(BLOCKS)], id=f"{s}-{m}-{BLOCKS[(i + j) % 3]}")
+                        for i, s in enumerate(SCHEDULES) for j, m in enumerate(SMALL_MASKS)]
+
+
+@pytest.mark.parametrize("schedule,mask,blocks", SCHEDULE_MASK_BLOCKS)
 def test_schedules_and_configs_match_float64(schedule, mask, blocks, device):
     q, k, v = make_inputs(1, 2, 100, 32, "fp32", seed=1, device=device)
     out = flash_attention(q, k, v, mask=mask, block_m=blocks[0], block_n=blocks[1],
