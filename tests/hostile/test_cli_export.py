@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import refused_cheaply, run_snippet
+from .harness import refused_cheaply, run_cases
 from .test_cli_refusals import RUN, one_error_line, run_refusals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,15 +110,17 @@ def test_export_refuses_directories_and_numbers(refusals, case):
 
 def test_export_writes_through_a_new_temporary_not_a_planted_name(places):
     """A symlink planted at the old fixed temporary name (.<out>.partial) is never followed;
-    an existing file is replaced only with --force; the file gets the umask's mode."""
+    an existing file is replaced only with --force; the file gets the umask's mode. Both exports
+    are cases of one child (harness.run_cases: the imports once), the new file's first."""
     tmp = places["tmp"]
     (tmp / ".s.json.partial").symlink_to(places["victim"])
-    code = RUN.format(module=EXPORT, argv=[str(a) for a in json_export(tmp / "s.json")])
-    line = refused_cheaply(run_snippet("import os; os.umask(0o022)\n" + code), "EXIT 0")
+    runs = run_cases(f"import os; os.umask(0o022)\nimport {EXPORT}", {
+        "new": RUN.format(module=EXPORT, argv=[str(a) for a in json_export(tmp / "s.json")]),
+        "force": RUN.format(module=EXPORT, argv=[str(a) for a in json_export(tmp / "old.json", "--force")])})
+    line = refused_cheaply(runs["new"], "EXIT 0")
     assert places["victim"].read_text() == "keep me", line
     assert (tmp / "s.json").stat().st_mode & 0o777 == 0o644
     assert (tmp / "s.json").read_bytes().startswith(b"{")
-    code = RUN.format(module=EXPORT, argv=[str(a) for a in json_export(tmp / "old.json", "--force")])
-    refused_cheaply(run_snippet(code), "EXIT 0")
+    refused_cheaply(runs["force"], "EXIT 0")
     assert (tmp / "old.json").read_bytes().startswith(b"{")
     assert sorted(p.name for p in tmp.iterdir() if p.name.startswith(".")) == [".s.json.partial"]
