@@ -14,6 +14,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import streamlit as st
+from plotly.basedatatypes import BaseFigure
 
 from app import export, sidebar
 from app.figures import presentation as slide_style
@@ -134,17 +135,43 @@ def _as_shown(fig: go.Figure, present: bool) -> go.Figure:
     return fig
 
 
+class _Sent(BaseFigure):
+    """What st.plotly_chart is given for a cached figure: only its dict, made once (st.plotly_chart
+    reads nothing but to_dict of a figure)."""
+
+    def __init__(self, sent: dict):          # no BaseFigure.__init__: nothing to validate or copy
+        object.__setattr__(self, "_sent", sent)
+
+    def to_dict(self) -> dict:
+        return self._sent
+
+
+def _sent_once(fig: go.Figure) -> _Sent:
+    """A cached figure's dict as st.plotly_chart sends it (Figure.to_dict: a deep copy of the whole
+    figure, frames included, and a walk of it for typed arrays), made at its first chart and kept
+    while the figure lives: every rerun sent it again, ~1.7 s of CPU for an online-softmax row of
+    256 steps (its frames), most of a step on the server. Kept on the figure (figures are not hashable)."""
+    sent = fig.__dict__.get("_sent_once")
+    if sent is None:
+        sent = _Sent(fig.to_dict())
+        object.__setattr__(fig, "_sent_once", sent)
+    return sent
+
+
 def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "svg", "pdf", "html"),
-          exported=None) -> None:
+          exported=None, cached: bool = False) -> None:
     """A Plotly chart as the page shows it, with its download buttons underneath.
 
     Arguments: the figure, its export name, the element key, the slide look or not, the export
     formats; exported: what the buttons export instead of `fig`, a figure or a callable that
     returns one when a button is clicked (the online-softmax page's charts step in the browser:
-    they export the figure at the server's step, not their frames)."""
+    they export the figure at the server's step, not their frames); cached: `fig` is a cached
+    figure that nothing changes after it is first shown (a st.cache_resource function's), so
+    what is sent for it is made once (_sent_once), not at every rerun."""
     fig = _as_shown(fig, present)
     size = dict(width="content", height=int(fig.layout.height or 720)) if present else {}
-    st.plotly_chart(fig, key=key, theme=None, config={"displaylogo": False}, **size)
+    st.plotly_chart(_sent_once(fig) if cached else fig, key=key, theme=None, config={"displaylogo": False},
+                    **size)
     if exported is not None:
         fig = _deferred(lambda: _as_shown(exported() if callable(exported) else exported, present))
     if exports:

@@ -258,7 +258,7 @@ def stepper():
     opened_at = st.session_state["_sm_opened"][1]
     charts = row_charts(src.key, bh, q_row, opened_at, s.present, steps, first_figures)
     for name, fig in charts.items():
-        common.chart(fig, name, name.replace("softmax-", "sm_"), s.present,
+        common.chart(fig, name, name.replace("softmax-", "sm_"), s.present, cached=True,
                      exported=lambda name=name, i=i: figures_at_step({name: first_figures[name]}, steps, i)[name])
     st.html(f'<span class="ts-sm-step" data-step="{i + 1}" data-last="{n_steps}" hidden></span>'
             + STEP_JS.replace("__CHARTS__", json.dumps(["sm_tile", "sm_strip", "sm_error", "sm_state"]))
