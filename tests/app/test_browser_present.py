@@ -105,7 +105,10 @@ def test_schedule_slides_step_whole_with_their_menus_and_none_of_the_previous_on
     frame was hidden on slides, the rule reaching into popovers, so a presenter chose a video
     blind); and the switches that draw more charts ('Draw the imbalance chart', ...) are in the
     faint Controls pill, not between the slides (a switch there stood above the next slide and
-    shrank it), and read whole once the pill is opened."""
+    shrank it), and read whole once the pill is opened.
+
+    Last, from the same page (one page load per window size for all of these): stepping turns
+    the pages in the sidebar's order (turn_the_page)."""
     page = new_page(*size, timeout_ms=180_000)
     page.goto(f"{app_server}/?page=schedule&source=recorded&trace={N1024.name}&present=1&sched_anim=1&sched_imb=1")
     settled(page, 4)
@@ -179,32 +182,37 @@ def test_schedule_slides_step_whole_with_their_menus_and_none_of_the_previous_on
     page.wait_for_function("s => { let o = 1; for (let e = s; e; e = e.parentElement) o *= parseFloat(getComputedStyle(e).opacity);"
                            " return o > 0.9; }", arg=switch.element_handle(), timeout=30_000)
 
+    # past the last slide the next page of the sidebar opens at its first slide, and back before
+    # its first the previous page (this one) at its last
+    page.locator('.st-key-slide_controls summary').first.click()          # the pill closed again
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    at = int(page.evaluate(SLIDE)["where"].split(" · slide ")[1].split(" / ")[0])   # the menu scrolled
+    for k in range(at + 1, n + 1):
+        press(page, "PageDown", f"Tile schedule · slide {k} / {n}", 4)
+    turn_the_page(page)
 
-@pytest.mark.parametrize("size", SIZES, ids=["1280x720", "1920x1080"])
-def test_stepping_turns_the_pages_in_the_sidebars_order(app_server, new_page, size):
+
+def turn_the_page(page) -> None:
+    """From the schedule page's last slide: PageDown opens the page after it in the sidebar's order
+    at its first slide; PageUp there opens the schedule page again at its last slide."""
     from app.settings import PAGES
 
     titles = list(PAGES.values())
     at = titles.index("Tile schedule")
     after, title = titles[at + 1], titles[at]
-    page = new_page(*size, timeout_ms=180_000)
-    page.goto(f"{app_server}/?page=schedule&source=recorded&trace={N1024.name}&present=1&sched_anim=0")
-    s = settle(page, 1)
-    n = int(s["where"].rsplit("/", 1)[1])
-    for k in range(1, n):
-        s = press(page, "PageDown", f"{title} · slide {k + 1} / {n}")
     page.keyboard.press("PageDown")                      # past the last slide: the next page's first
     page.wait_for_function("t => ((document.getElementById('tilescope-where') || {}).textContent || '').startsWith(t + ' · slide 1 /')",
                            arg=after, timeout=120_000)
     s = settle(page, 1)
-    assert s["where"].startswith(f"{after} · slide 1 / ") and "present=1" in page.url
-    assert 40 <= s["charts"][0]["top"] <= 200, s["charts"][0]
+    assert s["where"].startswith(f"{after} · slide 1 / ") and "present=1" in page.url, (s["where"], page.url)
+    assert 40 <= s["charts"][0]["top"] <= 200, ("the next page's first slide", s["charts"][0])
     page.keyboard.press("PageUp")                        # before the first: the previous page's last
     page.wait_for_function("""t => { const w = (document.getElementById('tilescope-where') || {}).textContent || '';
                                      const [at, of] = w.slice((t + ' · slide ').length).split(' / ');
                                      return w.startsWith(t + ' · slide ') && at === of; }""", arg=title, timeout=120_000)
     s = settle(page, 1)
-    assert 40 <= s["charts"][-1]["top"] <= 90 and s["charts"][-1]["bottom"] <= s["height"] + 1, s["charts"][-1]
+    assert 40 <= s["charts"][-1]["top"] <= 90 and s["charts"][-1]["bottom"] <= s["height"] + 1, \
+        ("back on the schedule page's last slide", s["charts"][-1])
 
 
 COMPARED = ROOT / "data" / "traces" / "n4096_causal_longest_first"
