@@ -90,7 +90,16 @@ def assert_lse(lse, ref_lse, pt_lse):
         assert_as_flash_attn(lse[fin], ref_lse[fin], pt_lse[fin], what="lse")
 
 
-def heads(mha_type, nheads=4):
+# the interpreter's cost is per program (one per query block and head): on the CPU the fewest
+# heads that still show each layout, two query heads with their own KV heads (MHA: the head
+# strides) or sharing one (MQA); GQA keeps 4 query heads in 2 groups of 2
+CPU_HEADS = {"mha": (2, 2), "mqa": (2, 1), "gqa": (4, 2)}
+
+
+def heads(mha_type, device, nheads=4):
+    """(H, H_kv) of a case: CPU_HEADS in the interpreter, `nheads` query heads when compiled."""
+    if torch.device(device).type == "cpu":
+        return CPU_HEADS[mha_type]
     return nheads, {"mha": nheads, "mqa": 1, "gqa": 2}[mha_type]
 
 
@@ -103,7 +112,7 @@ def window(local, seqlen_k, g):
 def run_output(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device, batch=2, grad=True, grad_mult=3):
     """grad_mult: upstream's bound on gradients, 3 in test_flash_attn_output, 2 in test_flash_attn_causal."""
     g = torch.Generator().manual_seed(seqlen_q * 131 + seqlen_k + d)
-    nheads, nheads_k = heads(mha_type)
+    nheads, nheads_k = heads(mha_type, device)
     window_size = window(local, seqlen_k, g)
     q = torch.randn(batch, seqlen_q, nheads, d, generator=g).to(dtype)
     k, v = (torch.randn(batch, seqlen_k, nheads_k, d, generator=g).to(dtype) for _ in range(2))
@@ -195,7 +204,7 @@ def unpad(x, mask):
 
 def run_varlen(seqlen_q, seqlen_k, d, causal, local, mha_type, dtype, device, batch=3, page_size=None):
     g = torch.Generator().manual_seed(seqlen_q * 7 + seqlen_k + d)
-    nheads, nheads_k = heads(mha_type)
+    nheads, nheads_k = heads(mha_type, device)
     window_size = window(local, seqlen_k, g)
     q = torch.randn(batch, seqlen_q, nheads, d, generator=g).to(dtype)
     k, v = (torch.randn(batch, seqlen_k, nheads_k, d, generator=g).to(dtype) for _ in range(2))
@@ -245,7 +254,7 @@ def test_flash_attn_varlen_paged(local, device):
 def run_kvcache(seqlen_q, seqlen_k, d, causal, local, new_kv, mha_type, page_size, num_splits, dtype, device,
                 batch=2, seqlen_new=None):
     g = torch.Generator().manual_seed(seqlen_q * 17 + seqlen_k + 3 * new_kv + causal)
-    nheads, nheads_k = heads(mha_type, 6 if mha_type != "gqa" else 4)
+    nheads, nheads_k = heads(mha_type, device, 6 if mha_type != "gqa" else 4)
     window_size = window(local, seqlen_k, g)
     seqlen_new = seqlen_q if seqlen_new is None else seqlen_new
     q = torch.randn(batch, seqlen_q, nheads, d, generator=g).to(dtype)
