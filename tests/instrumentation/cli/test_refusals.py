@@ -29,15 +29,13 @@ def _limit_memory():
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
 
-def cli(*args, cwd=ROOT, limit_memory=False, timeout=120, child=False):
+def cli(*args, cwd=ROOT, timeout=120, child=False):
     """The record command on args: `python -m instrumentation.record_cli` in a child (with
-    limit_memory under 1 GiB of address space, or with child), else its main() in this process
-    (the same code after the import, without a child's 3 s of imports). Returns: a
-    CompletedProcess (returncode, stdout, stderr)."""
-    if limit_memory or child:
+    child), else its main() in this process (the same code after the import, without a child's
+    3 s of imports). Returns: a CompletedProcess (returncode, stdout, stderr)."""
+    if child:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
-        return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                              timeout=timeout, preexec_fn=_limit_memory if limit_memory else None)
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
     from instrumentation.cli.flash import main
 
     out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
@@ -76,7 +74,7 @@ def test_bad_out_places_are_refused_and_nothing_is_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
-@pytest.mark.parametrize("args,fragment", [
+HUGE = [
     (["--seq-len", "1048576", "--block-m", "16", "--block-n", "16", "--device", "cpu"], "block grid"),
     (["--seq-len", "1000000000"], "GiB"),
     (["--seq-len", "1000000000", "--device", "cpu"], "GiB"),
@@ -90,11 +88,47 @@ def test_bad_out_places_are_refused_and_nothing_is_written(tmp_path):
     (["--seq-len", "64", "--head-dim", "4096"], "head_dim"),
     (["--seq-len", "64", "--block-m", "0"], "--block-m 0"),
     (["--seq-len", "64", "--trace-blocks", "none"], "'auto', 'all' or query-block indices"),
-])
-def test_huge_or_bad_sizes_are_refused_before_allocating(tmp_path, args, fragment):
-    res = cli(*args, "--out", str(tmp_path / "t"), limit_memory=True, timeout=60)
-    assert_one_line_refusal(res, fragment)
-    assert not (tmp_path / "t").exists()
+]
+# every HUGE case's main() in one child under 1 GiB of address space (one Python start and import
+# for them all; the -m entry is test_bad_out_places_are_refused_and_nothing_is_written's child):
+# a JSON line [exit status, stdout, stderr] per case, an exception's traceback as its stderr
+HUGE_CHILD = """
+import contextlib, io, json, sys, traceback
+from instrumentation.cli.flash import main
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:
+            code = 1
+            err.write(traceback.format_exc())
+    print(json.dumps([code, out.getvalue(), err.getvalue()]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def huge_refusals(tmp_path_factory):
+    """[(CompletedProcess, the --out it must not make)] of each HUGE case, in HUGE's order."""
+    outs = [tmp_path_factory.mktemp("huge") / "t" for _ in HUGE]
+    argvs = [[*args, "--out", str(out)] for (args, _), out in zip(HUGE, outs)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", HUGE_CHILD, json.dumps(argvs)], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=60 * len(HUGE), preexec_fn=_limit_memory)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(HUGE), done.stdout[-2000:]
+    return [(subprocess.CompletedProcess([*CLI, *argv], *json.loads(line)), out)
+            for argv, line, out in zip(argvs, lines, outs)]
+
+
+@pytest.mark.parametrize("case", range(len(HUGE)))
+def test_huge_or_bad_sizes_are_refused_before_allocating(huge_refusals, case):
+    res, out = huge_refusals[case]
+    assert_one_line_refusal(res, HUGE[case][1])
+    assert not out.exists()
 
 
 def test_check_sizes_is_arithmetic_only():
