@@ -26,8 +26,11 @@ QUERY = f"source=interpreter&seq_len={N}&head_dim=32&block_m=64&block_n=64&dtype
 
 
 def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
-    page.goto(f"{app_server}/?page=block_skip&{QUERY}&mask=sliding_window:64")
+    """A link's settings on the page (opened on the path form of the sidebar's page links, which
+    must not say "Page not found"), the mask switched with Run, then the chart as standalone HTML."""
+    page.goto(f"{app_server}/block_skip?page=block_skip&{QUERY}&mask=sliding_window:64")
     wait_for_title(page, f"Block map: sliding_window:64, N={N}, blocks 64×64")
+    no_page_not_found(page, "/block_skip")
     no_exception_on_page(page)
     sidebar = page.locator('[data-testid="stSidebar"]')
     # the sidebar's inputs take the link's values as the page settles (read too early under load: 0)
@@ -48,15 +51,36 @@ def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
     page.wait_for_function("() => location.search.includes('mask=causal')")
     assert "page=block_skip" in page.url and f"seq_len={N}" in page.url
     no_exception_on_page(page)
+    standalone_html_downloads(page, f"Block map: causal, N={N}")
+
+
+def standalone_html_downloads(page, title: str) -> None:
+    """The chart's export menu gives the chart `title` as a standalone HTML page."""
+    with page.expect_download() as info:
+        menu_button(page, "⬇ Export chart", "⬇ HTML").click()
+    html = Path(info.value.path()).read_text()
+    assert html.lstrip().lower().startswith("<html") or "<!doctype" in html[:100].lower(), html[:200]
+    assert "Plotly.newPlot" in html and title in html, "the standalone HTML draws the chart"
+
+
+def no_page_not_found(page, path: str) -> None:
+    """Streamlit serves its default page at "/" only: a reload after the sidebar's page links
+    (/block_skip?page=block_skip&...) or /schedule showed "Page not found" over the page. Checked
+    once the run has ended (Streamlit sends that notice during the run, before its end)."""
+    page.wait_for_function("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
+                           " return a && a.getAttribute('data-test-script-state') !== 'running'; }")
+    assert page.get_by_text("Page not found").count() == 0, path
 
 
 def test_schedule_page_downloads_its_data_and_images_and_plays(app_server, page):
     """One schedule page: the trace data downloads (Chrome trace JSON, CSV zip) checked by their
     content; images rendered by kaleido on the server when the button is clicked (PNG), a video
     made on request (the button says how long) then offered as a download (GIF); and the
-    animation's play button moves the tile grid."""
-    page.goto(f"{app_server}/?page=schedule&{QUERY}&mask=causal")
+    animation's play button moves the tile grid. Opened on a path naming the page (/schedule?...),
+    which must not say "Page not found"."""
+    page.goto(f"{app_server}/schedule?{QUERY}&mask=causal")
     wait_for_title(page, "Work items on SMs (modelled timeline)")
+    no_page_not_found(page, "/schedule")
     no_exception_on_page(page)
     with page.expect_download() as info:
         menu_button(page, "⬇ Trace data", "⬇ schedule (Chrome trace JSON)").click()
@@ -96,16 +120,6 @@ def test_schedule_page_downloads_its_data_and_images_and_plays(app_server, page)
         timeout=30_000)
     assert anim.locator(".g-gtitle").text_content() != first
     no_exception_on_page(page)
-
-
-def test_download_standalone_html(app_server, page):
-    page.goto(f"{app_server}/?page=block_skip&{QUERY}&mask=causal")
-    wait_for_title(page, f"Block map: causal, N={N}")
-    with page.expect_download() as info:
-        menu_button(page, "⬇ Export chart", "⬇ HTML").click()
-    html = Path(info.value.path()).read_text()
-    assert html.lstrip().lower().startswith("<html") or "<!doctype" in html[:100].lower()
-    assert "Plotly.newPlot" in html and f"Block map: causal, N={N}" in html
 
 
 def test_fresh_server_opened_on_a_page_path_and_nav_keeps_settings(fresh_app_server, page):
@@ -221,16 +235,3 @@ def test_presentation_mode_hides_the_sidebar_and_fits_each_chart(app_server, new
     page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
                            ".every(el => !el.style.transform)")
     no_exception_on_page(page)
-
-
-def test_a_path_naming_the_page_opens_without_page_not_found(app_server, page):
-    """Streamlit serves its default page at "/" only: a reload after the sidebar's page links
-    (/block_skip?page=block_skip&...) or /schedule showed "Page not found" over the page."""
-    for path, title in (("schedule?", "Work items on SMs"), ("block_skip?page=block_skip&", "Block map")):
-        page.goto(f"{app_server}/{path}source=recorded&trace=n1024_causal_natural")
-        wait_for_title(page, title, timeout=90_000)
-        # until the run has ended: Streamlit sends a page-not-found notice during the run, before its end
-        page.wait_for_function("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
-                               " return a && a.getAttribute('data-test-script-state') !== 'running'; }")
-        assert page.get_by_text("Page not found").count() == 0, path
-        no_exception_on_page(page)
