@@ -6,6 +6,7 @@ sizes are listed once (kernels.sizes.BLOCK_SIZES) and every menu, flag and check
 """
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -19,12 +20,15 @@ PENDING_ELSEWHERE: set = set()     # files whose duplicate their owner is removi
 NOT_BLOCK_SIZES = {"app/views/memory.py", "app/views/serving.py"}
 
 
-def _sources():
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if rel not in PENDING_ELSEWHERE:
-                yield rel, ast.parse(path.read_text())
+@functools.lru_cache(maxsize=1)
+def _sources() -> tuple:
+    """((relative path, its ast), ...) of every module of PACKAGES: parsed once per process, through
+    the import-structure tests' cache of trees (tests/test_structure_imports._tree)."""
+    from tests.test_structure_imports import _tree
+
+    return tuple((path.relative_to(ROOT).as_posix(), _tree(path)) for package in PACKAGES
+                 for path in sorted((ROOT / package).rglob("*.py"))
+                 if path.relative_to(ROOT).as_posix() not in PENDING_ELSEWHERE)
 
 
 def test_the_tile_limit_is_compared_in_one_place():
