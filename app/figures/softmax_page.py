@@ -66,9 +66,12 @@ def stepping_figures(figures: dict[str, dict], steps: pd.DataFrame, step: int, s
         # only the circled points move on the error and state charts: plotly moves those without
         # redrawing the chart (about a third of a step's time in the browser)
         _add_slider(fig, len(steps), step, redraw=name not in ("softmax-error", "softmax-state"))
-        d = fig.to_dict()
-        d["frames"] = [dict(name=str(j), **fr) for j, fr in enumerate(_FRAMES[name](fig, steps))]
-        out[name] = go.Figure(d, _validate=False)      # frames from validated figures' parts
+        out[name] = go.Figure(fig.to_dict(), _validate=False)
+        # frames from validated figures' parts, not validated again: the figure's frames setter
+        # builds each frame anew with validation whatever it is given (~6 ms a frame, a third of
+        # the page's first draw for a row of 256 steps), so the unvalidated frames are put in place
+        out[name]._frame_objs = tuple(go.Frame(dict(name=str(j), **fr), _validate=False)
+                                      for j, fr in enumerate(_FRAMES[name](fig, steps)))
     return out
 
 
@@ -85,20 +88,29 @@ def _add_slider(fig: go.Figure, n: int, active: int, redraw: bool = True) -> Non
         steps=[dict(method="animate", label=str(j + 1), args=[[str(j)], go_to]) for j in range(n)])])
 
 
-def _title_layout(fig: go.Figure, title: dict, probe: go.Figure) -> dict:
+def _title_layout(fig: go.Figure, title: dict, probe: tuple[go.Figure, dict]) -> dict:
     """The layout a frame sets for a new title: the title (in the slide look, as
     app.figures.presentation writes one) and the top margin that holds it (fit_title, measured
-    on `probe`: _title_probe(fig))."""
+    on `probe`: _title_probe(fig); fit_title counts the title's and subtitle's lines, so a margin
+    is measured once per count of lines and kept in the probe's dict)."""
     title = copy.deepcopy(title)
     slide = is_slide(fig)
     if slide:
         sub = title.get("subtitle", {}).get("text")
         font, sub = slide_title(title.get("text"), sub, int(fig.layout.width or 1280))
-        title["font"] = font
+        if font is None:
+            title.pop("font", None)      # unset: what plotly's validation made of a None
+        else:
+            title["font"] = font
         if sub:
             title["subtitle"]["text"] = sub
-    probe.layout.title = title
-    return dict(title=title, margin=dict(t=fit_title(probe, slide=slide).layout.margin.t))
+    probe, margins = probe
+    text, sub = title.get("text"), (title.get("subtitle") or {}).get("text")
+    lines = (slide, bool(text), bool(sub), *(x.count("<br>") if x else 0 for x in (text, sub)))
+    if lines not in margins:
+        probe.layout.title = title
+        margins[lines] = fit_title(probe, slide=slide).layout.margin.t
+    return dict(title=title, margin=dict(t=margins[lines]))
 
 
 def _plain(v):
@@ -111,10 +123,11 @@ def _plain(v):
     return v.item() if isinstance(v, np.generic) else v
 
 
-def _title_probe(fig: go.Figure) -> go.Figure:
-    """A figure with `fig`'s annotations above the plot only: fit_title reads nothing else."""
+def _title_probe(fig: go.Figure) -> tuple[go.Figure, dict]:
+    """A figure with `fig`'s annotations above the plot only (fit_title reads nothing else), and
+    the top margins measured on it so far ({lines: margin}, _title_layout)."""
     return go.Figure(layout=dict(annotations=[a for a in fig.layout.annotations if a.name != "provenance"]),
-                     _validate=False)
+                     _validate=False), {}
 
 
 def _tile_frames(fig: go.Figure, steps: pd.DataFrame) -> list[dict]:
