@@ -1,7 +1,8 @@
 """The 'Across devices' (ring) page on the bundled 4×H200 recording in a real headless Chromium:
 the four charts are drawn with the recording's own numbers (per-rank compute bars in ms, every
 chart's caption naming the devices), the recording picker switches layouts and the link follows,
-and presentation mode fits each chart to a 1920×1080 window with no sidebar.
+and presentation mode fits each chart to a 1920×1080 window with no sidebar, the merge chart's
+slider on screen below it.
 
 Runs on the session's one server (the bundled data/) and Chromium: tests/app/conftest.py.
 Skips without /usr/bin/chromium, playwright or the bundled ring recordings.
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.app.live_app import wait_for_title
+from tests.app.slide_settle import settle
 
 pytestmark = pytest.mark.browser
 
@@ -102,6 +104,9 @@ def test_ring_page_opens_the_4xH200_recording_and_switches_layout(app_server, ne
 
 
 def test_ring_page_in_presentation_mode_fits_a_1920x1080_window(app_server, new_page):
+    """Each chart one 16:9 slide in the window, no sidebar; then, on the same slides, the merge
+    chart (the page's last) and its 'chunks merged' slider share the screen: the slider sits in
+    the bar at the bottom of the window, below the whole chart."""
     page = _open(new_page, f"{app_server}/?page=ring&source=recorded&ring_rec={ZIGZAG}&present=1", 1920, 1080)
     page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
                            ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
@@ -111,3 +116,15 @@ def test_ring_page_in_presentation_mode_fits_a_1920x1080_window(app_server, new_
         w, h = c["box"]["right"] - c["box"]["left"], c["box"]["bottom"] - c["box"]["top"]
         assert w / h == pytest.approx(16 / 9, rel=0.02), (c["title"], w, h)        # one 16:9 slide each
         assert w >= 1000, (c["title"], w)                                          # scaled up, not a thumbnail
+    settle(page, 4)                 # before the scroll: the fit script brings the first slide up once
+    page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')].pop().scrollIntoView({block: 'start'})")
+    settle(page)
+    boxes = page.evaluate("""() => {
+      const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom}; };
+      const slider = [...document.querySelectorAll('[data-testid="stSlider"]')].find(s => s.innerText.includes('chunks merged'));
+      return {chart: r([...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].pop()),
+              slider: slider ? r(slider) : null, height: window.innerHeight};
+    }""")
+    chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
+    assert slider is not None and 0 <= slider["top"] and slider["bottom"] <= height, ("the merge slider on screen", boxes)
+    assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, ("the merge chart whole above it", boxes)

@@ -19,15 +19,14 @@ if not list((ROOT / "data" / "decode").glob("*/manifest.json")):
     pytest.skip("no bundled decode recordings (data/decode/)", allow_module_level=True)
 
 
-def open_slides(new_page, url: str, size=(1920, 1080), fitted: bool = True):
-    """`url` (presentation mode) in a window of `size`, once four charts are drawn and, with
-    `fitted`, scaled to the window by the fit script and the layout settled."""
+def open_slides(new_page, url: str, size=(1920, 1080)):
+    """`url` (presentation mode) in a window of `size`, once four charts are drawn, scaled to the
+    window by the fit script and the layout settled."""
     page = new_page(*size)
     page.goto(url)
     page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] "
                            ".js-plotly-plot').length >= 4", timeout=120_000)
-    if fitted:
-        settle(page, 4)
+    settle(page, 4)
     return page
 
 
@@ -42,9 +41,9 @@ BOXES = """() => {
 }"""
 
 
-@pytest.mark.parametrize("viewport", [(1100, 700), (1700, 1000)])
-def test_slide_captions_clear_of_download_buttons(app_server, new_page, viewport):
-    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", viewport)
+def captions_clear_of_buttons(page, viewport) -> None:
+    """Every chart of the decode slides has its provenance caption, fits the window's width, and
+    no download button lies over it or its caption."""
     boxes = page.evaluate(BOXES)
     charts, buttons = boxes["charts"], boxes["buttons"]
     assert len(charts) == 4 and len(buttons) >= 4          # one export menu per chart (and the trace data)
@@ -58,22 +57,10 @@ def test_slide_captions_clear_of_download_buttons(app_server, new_page, viewport
                 assert min(cap["bottom"], b["bottom"]) - max(cap["top"], b["top"]) <= 0, (cap, b)
 
 
-@pytest.mark.skipif(not list((ROOT / "data" / "ring").glob("*/manifest.json")), reason="no bundled ring recordings")
-def test_slide_ring_merge_slider_on_screen_with_its_chart(app_server, new_page):
-    """The ring page's merge chart (its last) and its 'chunks merged' slider share the screen on a
-    slide: the slider sits in the bar at the bottom of the window, below the whole chart."""
-    page = open_slides(new_page, f"{app_server}/?page=ring&present=1")
-    page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stPlotlyChart\"]')].pop().scrollIntoView({block: 'start'})")
-    settle(page)
-    boxes = page.evaluate("""() => {
-      const r = e => { const b = e.getBoundingClientRect(); return {top: b.top, bottom: b.bottom}; };
-      const slider = [...document.querySelectorAll('[data-testid="stSlider"]')].find(s => s.innerText.includes('chunks merged'));
-      return {chart: r([...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].pop()),
-              slider: slider ? r(slider) : null, height: window.innerHeight};
-    }""")
-    chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
-    assert slider is not None and 0 <= slider["top"] and slider["bottom"] <= height, boxes
-    assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, boxes
+def test_slide_captions_clear_of_download_buttons(app_server, new_page):
+    """At a small window (the large one: the merge-controls test below, on its one page load)."""
+    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", (1100, 700))
+    captions_clear_of_buttons(page, (1100, 700))
 
 
 def test_slide_decode_merge_controls_on_screen_and_export_menu_readable(app_server, new_page):
@@ -81,8 +68,10 @@ def test_slide_decode_merge_controls_on_screen_and_export_menu_readable(app_serv
     the 'merge step' slider sits in the bar at the bottom of the window, below the whole chart.
     Then, on the same slides, the export menus fade until hovered, but an opened menu's buttons
     do not: every format in it is drawn at full opacity (they were all faint, 0.25, until each
-    was hovered)."""
-    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1", fitted=False)
+    was hovered). First, at this large window, every chart's caption is clear of the download
+    buttons (captions_clear_of_buttons)."""
+    page = open_slides(new_page, f"{app_server}/?page=decode&source=recorded&dec_rec_batch=1&present=1")
+    captions_clear_of_buttons(page, (1920, 1080))
     page.locator('[data-testid="stSlider"]').filter(has_text="merge step").first.wait_for(timeout=60_000)
     settle(page)                    # before the scroll: the fit script brings the first slide up once
     page.evaluate("""() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
