@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ._common import fit_title
+from ._common import fit_title, set_frames
 from ._slide import is_slide, presentation, slide_title
 from .softmax import (ERR_FLOOR, _mark_step, _step_index, _strip_at, _strip_view, _tile_at, _tile_view,
                       softmax_error_figure, softmax_state_figure, softmax_strip_figure, softmax_tile_figure)
@@ -66,12 +66,10 @@ def stepping_figures(figures: dict[str, dict], steps: pd.DataFrame, step: int, s
         # only the circled points move on the error and state charts: plotly moves those without
         # redrawing the chart (about a third of a step's time in the browser)
         _add_slider(fig, len(steps), step, redraw=name not in ("softmax-error", "softmax-state"))
-        out[name] = go.Figure(fig.to_dict(), _validate=False)
-        # frames from validated figures' parts, not validated again: the figure's frames setter
-        # builds each frame anew with validation whatever it is given (~6 ms a frame, a third of
-        # the page's first draw for a row of 256 steps), so the unvalidated frames are put in place
-        out[name]._frame_objs = tuple(go.Frame(dict(name=str(j), **fr), _validate=False)
-                                      for j, fr in enumerate(_FRAMES[name](fig, steps)))
+        # frames from validated figures' parts, not validated again (set_frames: a third of the
+        # page's first draw for a row of 256 steps)
+        out[name] = set_frames(go.Figure(fig.to_dict(), _validate=False),
+                               [dict(name=str(j), **fr) for j, fr in enumerate(_FRAMES[name](fig, steps))])
     return out
 
 
