@@ -187,7 +187,7 @@ else:
     st.query_params.pop("sched_window", None)
 full = tuple(window) == (t_lo, t_hi)
 common.chart(lanes_fig(src.key, sms, color_by, None if full else (window[0] * scale, window[1] * scale), trace),
-             "sm-lanes", "sched_lanes", s.present)
+             "sm-lanes", "sched_lanes", s.present, cached=True)
 st.caption(f"Each lane is one SM; every work item (one query block of one batch·head) is drawn at "
            f"its SM from start to end, coloured by {COLOR_BY[color_by]}. Hover a bar for its "
            f"numbers. Red outlines: the {STRAGGLERS} longest work items (numbered as below); "
@@ -269,11 +269,11 @@ else:
                 k = st.slider("frame", 0, DEFAULT_FRAMES - 1, key="sched_frame",
                               help=f"{DEFAULT_FRAMES} frames evenly spread from the first start to the last end")
                 common.chart(animation_fig(src.key, sms, color_by, bh, k, False, trace), "whole-gpu-frame",
-                             "sched_frame_chart", s.present)
+                             "sched_frame_chart", s.present, cached=True)
             one_frame()
         else:
             common.chart(animation_fig(src.key, sms, color_by, bh, None, True, trace),    # opens mid-run or mid-head
-                         "whole-gpu-animation", "sched_anim_chart", s.present)
+                         "whole-gpu-animation", "sched_anim_chart", s.present, cached=True)
         st.caption("Top: the lanes with the time cursor, coloured as the colour bar says. Bottom left: every "
                    "work item, pending (pale blue), running (black) or done (blue). Bottom right: the traced head's "
                    f"tiles (default bh {default_bh}: {why}); black marks the tile each of its "
@@ -288,7 +288,7 @@ if uneven_work(tl):
     url_state.control("sched_imb", len(tl) <= ANIMATE_BY_DEFAULT)
     if switches.toggle("Draw the imbalance chart (duration vs K/V tiles per work item)", key="sched_imb",
                  help=f"on by default up to {ANIMATE_BY_DEFAULT} work items, so large runs open fast"):
-        common.chart(imbalance_fig(src.key, sms, trace), "imbalance", "sched_imbalance", s.present)
+        common.chart(imbalance_fig(src.key, sms, trace), "imbalance", "sched_imbalance", s.present, cached=True)
 else:
     st.caption(f"No imbalance view: with mask {trace.meta.get('mask')} every work item visits about "
                "the same number of K/V tiles, so durations do not depend on the query block.")
@@ -297,7 +297,7 @@ st.subheader("Which query heads share a KV head (L2 reuse)")
 url_state.control("sched_kv_on", len(tl) <= ANIMATE_BY_DEFAULT)
 if switches.toggle("Draw the KV-head sharing chart (when each KV head's K/V is read, by how many)",
              key="sched_kv_on", help=f"on by default up to {ANIMATE_BY_DEFAULT} work items, so large runs open fast"):
-    common.chart(kv_sharing_fig(src.key, sms, trace), "kv-sharing", "sched_kv", s.present)
+    common.chart(kv_sharing_fig(src.key, sms, trace), "kv-sharing", "sched_kv", s.present, cached=True)
 
 
 def compared_traces():
@@ -356,7 +356,7 @@ if compare:
         except ValueError as exc:
             st.error(f"These cannot be compared: {plain(exc)}")
         else:
-            common.chart(fig, "schedule-comparison", "sched_cmp_chart", s.present)
+            common.chart(fig, "schedule-comparison", "sched_cmp_chart", s.present, cached=True)
             u = table.attrs["unit"]
             cfg = {k: st.column_config.NumberColumn(
                 f"{label} ({u})" if k in ("makespan", "ideal", "tail") else
