@@ -28,6 +28,18 @@ except sources.RunError as exc:  # e.g. too big for the interpreter: the predict
     st.warning("Showing the block map **predicted from the mask** only (MaskSpec.block_map); "
                "no kernel visits to overlay.", icon=":material/straighten:")
 
+@st.cache_resource(show_spinner=False, max_entries=16)
+def map_fig(key, mask, n, block_m, block_n, head_dim, bh, n_k, _trace):
+    """The block map (key: the source's key, None for the mask's prediction alone): built once
+    per view, not at every rerun, and sent once (common.chart(cached=True))."""
+    return blockmap_figure(mask, n, block_m, block_n, head_dim, trace=_trace, bh=bh, n_k=n_k)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def comparison_fig(left, right, head_dim):
+    return blockmap_comparison_figure(left, right, head_dim=head_dim)
+
+
 if trace is not None and len(trace.tiles) == 0:
     st.info("This trace has no tile detail (recorded with level='work'), so there are no kernel "
             "visits to overlay: the map below is the prediction from the mask.")
@@ -66,8 +78,8 @@ st.markdown(f"A tile is Q block i × K block j: queries [i·{s.block_m}, (i+1)·
             f"[j·{s.block_n}, (j+1)·{s.block_n}). The mask puts it in one of three states:  \n"
             + "  \n".join(f"**{name}**: {TILE_RULES[name]}." for name in ("full", "partial", "skipped")))
 st.caption("Hover a tile for its query and key ranges, its state and the rule. " + RANGE_CONVENTION)
-common.chart(blockmap_figure(s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim, trace=trace, bh=bh, n_k=s.n_k),
-             "block-map", "skip_map", s.present)
+common.chart(map_fig(src.key if trace is not None else None, s.mask, s.seq_len, s.block_m, s.block_n, s.head_dim,
+                     bh, s.n_k, trace), "block-map", "skip_map", s.present, cached=True)
 
 st.subheader("Compare side by side")
 CMP_KINDS = ["two block sizes", "two masks"]
@@ -98,8 +110,8 @@ try:
     if too_big:
         st.error(f"The right-hand map cannot be drawn: {plain(too_big)}", icon=":material/error:")
     else:
-        common.chart(blockmap_comparison_figure(left, right, head_dim=s.head_dim), "block-map-comparison",
-                     "skip_cmp", s.present)
+        common.chart(comparison_fig(left, right, s.head_dim), "block-map-comparison", "skip_cmp", s.present,
+                     cached=True)
 except ValueError as exc:
     st.error(f"The right-hand mask does not work: {plain(exc)}")
 
