@@ -61,7 +61,9 @@ def _recorded(**query):
 
 @pytest.mark.parametrize("key, value, param, text", CONTROL_CHANGES, ids=[c[2] for c in CONTROL_CHANGES])
 def test_changing_a_control_reruns_and_updates_the_url(data_dir, key, value, param, text):
-    at = live(data_dir, page="schedule", mask="causal")
+    # from N=64 (one 64x64 tile): each change is a new kernel run in the interpreter, 1-6 tiles
+    # from here instead of 10-20 from the shared N=256 view; the rerun and the link are the same
+    at = live(data_dir, page="schedule", mask="causal", seq_len=64)
     before = charts(at)[0]["layout"]["annotations"]
     at.sidebar.get("number_input" if key in ("ctl_seq_len", "ctl_batch", "ctl_heads") else "selectbox")
     widget = next(w for kind in ("number_input", "selectbox") for w in at.sidebar.get(kind) if w.key == key)
