@@ -218,10 +218,17 @@ def test_time_window_redraws_the_lanes_in_detail(data_dir):
         pytest.approx(full["dx"])
 
 
-def test_schedule_page_video_shows_the_bar(tmp_path, fast_frames):
+@pytest.fixture(scope="module")
+def video_data(tmp_path_factory):
+    """A small recording (N=128, 32x32 blocks, head 0 tile-traced) the two video tests share."""
+    root = tmp_path_factory.mktemp("video_data")
+    record_small(root, "n128_causal_natural", n=128, bm=32, bn=32, trace_head=[0])
+    return root
+
+
+def test_schedule_page_video_shows_the_bar(video_data, fast_frames):
     """The schedule page's 'Make the GIF' renders with the bar and ends with a download."""
-    record_small(tmp_path, "n128_causal_natural", n=128, bm=32, bn=32, trace_head=[0])
-    with tilescope_data(tmp_path):
+    with tilescope_data(video_data):
         at = open_page("schedule", source="recorded", trace="n128_causal_natural")
         assert not at.exception
         at.button(key="sched_video_make").click().run()
@@ -234,13 +241,12 @@ def test_schedule_page_video_shows_the_bar(tmp_path, fast_frames):
     assert any(b.label.startswith("⬇ n128_causal_natural-whole-gpu-schedule.gif") for b in at.get("download_button"))
 
 
-def test_schedule_page_mp4_says_the_size_of_its_file(tmp_path, fast_frames):
+def test_schedule_page_mp4_says_the_size_of_its_file(video_data, tmp_path, fast_frames):
     """'Rendered the MP4 at 960×540' named the asked size while the file was 960×536: the bar
     says the size read back from the file, and at 960×540 and 1280×720 that is the asked one."""
     from app.export.animations import video_size
 
-    record_small(tmp_path, "n128_causal_natural", n=128, bm=32, bn=32, trace_head=[0])
-    with tilescope_data(tmp_path):
+    with tilescope_data(video_data):
         at = open_page("schedule", source="recorded", trace="n128_causal_natural")
         at.selectbox(key="sched_video_fmt").set_value("mp4")
         for size in ((960, 540), (1280, 720)):
