@@ -190,6 +190,7 @@ def check_writable_target(path, error=FileFormatError, probe: bool = False) -> P
     if path is None or str(path).strip() == "":
         raise error("the output path is empty; name a directory, e.g. --out data/traces/mine")
     path = Path(path)
+    child = path.absolute()
     for parent in path.absolute().parents:
         if parent.exists():
             if not parent.is_dir():
@@ -197,13 +198,23 @@ def check_writable_target(path, error=FileFormatError, probe: bool = False) -> P
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise error(f"cannot write '{path}': '{parent}' is not writable")
             if probe:
-                try:
-                    os.rmdir(tempfile.mkdtemp(prefix=".probe.", dir=parent))
-                except OSError as exc:
-                    raise error(f"cannot write '{path}': {exc.strerror or 'not writable'} "
-                                f"in '{parent}'") from None
+                _probe(path, child, error)
             break
+        child = parent
     return path
+
+
+def _probe(path: Path, child: Path, error) -> None:
+    """Create and remove an empty directory beside `child` (the first part of `path` that does
+    not exist, or `path` itself). It is named like a temporary of `child`, so one that a killed
+    process left is removed by the next save or load there; SIGTERM waits for the removal."""
+    remove_stale_temporaries(child)
+    with terminate_cleanly() as guard, guard.deferred():
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=temp_prefix(child), suffix=".tmp", dir=child.parent))
+        except OSError as exc:
+            raise error(f"cannot write '{path}': {exc.strerror or 'not writable'} "
+                        f"in '{child.parent}'") from None
 
 
 def write_json_atomic(path, payload, error=FileFormatError) -> Path:

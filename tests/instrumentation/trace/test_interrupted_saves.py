@@ -73,6 +73,27 @@ def test_what_a_killed_save_leaves_is_removed_by_the_next_load_or_save(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["t", live.name])
 
 
+KILLED_IN_PROBE = """
+import os, signal, sys
+from instrumentation.trace import Trace, files
+trace = Trace.load(sys.argv[1])
+files.os.rmdir = lambda p: os.kill(os.getpid(), signal.SIGKILL)   # dies between mkdtemp and rmdir
+trace.save(sys.argv[2], force=True)
+"""
+
+
+def test_a_save_killed_in_its_writability_probe_leaves_nothing_after_the_next_load(tmp_path):
+    small = ROOT / "data" / "traces" / "n1024_causal_natural"
+    target = tmp_path / "t"
+    Trace.load(small).save(target)
+    proc = subprocess.run([sys.executable, "-c", KILLED_IN_PROBE, str(small), str(target)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == -signal.SIGKILL
+    assert len(list(tmp_path.iterdir())) == 2             # the probe's directory is left
+    assert Trace.load(target).meta["shape"]["N"] == 1024
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
 @pytest.mark.parametrize("mask", [0o022, 0o027])
 def test_saved_files_get_the_umask_modes(tmp_path, mask):
     old = os.umask(mask)
