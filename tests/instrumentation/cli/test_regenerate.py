@@ -57,24 +57,23 @@ def test_regenerate_quick_cpu_writes_manifest_and_resumes(tmp_path):
                           if (tmp_path / "sweeps" / "cpu-x86-64-unknown.json").exists()
                           else next((tmp_path / "sweeps").glob("*.json")))
     assert meta["command"] == man["command"] and len(df) == 6
-    # a rerun skips everything that exists
-    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")}
-    assert regenerate.main(args) == 0
-    assert stamps == {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")}
-    # a damaged trace is re-recorded
-    (tmp_path / "traces" / "n256_full_natural" / "work.parquet").write_bytes(b"garbage")
-    assert regenerate.main(args) == 0
-    Trace.load(tmp_path / "traces" / "n256_full_natural")
-    # a trace of the one-launch recorder (no meta.launches: work and tiles from one launch) is recorded again
+    # one rerun: a damaged trace and a trace of the one-launch recorder (no meta.launches: work and
+    # tiles from one launch) are recorded again, and everything else that exists is skipped
+    damaged = tmp_path / "traces" / "n256_full_natural"
+    (damaged / "work.parquet").write_bytes(b"garbage")
     old = tmp_path / "traces" / "n256_causal_natural" / "manifest.json"
     doc = json.loads(old.read_text())
     assert doc["meta"]["launches"]["work"] == "work-only launch"
     del doc["meta"]["launches"]
     old.write_text(json.dumps(doc))
-    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json") if p != old}
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")
+              if p.parent != damaged and p != old}
+    assert len(stamps) == 7
     assert regenerate.main(args) == 0
+    Trace.load(damaged)
     assert Trace.load(old.parent).meta["launches"]["work"] == "work-only launch"
-    assert stamps == {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json") if p != old}
+    assert stamps == {p: p.stat().st_mtime_ns for p in tmp_path.glob("traces/*/manifest.json")
+                      if p.parent != damaged and p != old}
 
 
 def test_regenerate_budget_stops_cleanly(tmp_path):
