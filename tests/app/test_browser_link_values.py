@@ -3,6 +3,12 @@ whose `mask` is a Markdown link, or whose `trace` is a Markdown image, must leav
 anchor or image on the page and make the browser fetch nothing from the outside host, while
 the value itself is still shown (so the user sees what was wrong).
 
+Every hostile value is shown by the one warning line app.url_state writes for any page (a
+mask that does not parse, a recording that is not bundled), so the three values go in two page
+loads, each page once: the Markdown link as a live link's mask on the block-skip page, the image
+as a recorded link's trace together with the HTML / colour / bare-URL mask on the schedule page
+(a request to the outside host names the value it came from: /phish, /t.png, /x.png, /bare).
+
 Runs on the session's one server and Chromium (tests/app/conftest.py); skips cleanly when
 /usr/bin/chromium or playwright is missing. Never downloads a browser.
 """
@@ -18,11 +24,11 @@ pytestmark = pytest.mark.browser
 N = 256
 
 HOST = "198.51.100.7"
-HOSTILE = [
-    ("mask", f"[Open the corrected view](http://{HOST}/phish)", "Open the corrected view"),
-    ("trace", f"![t](http://{HOST}/t.png)", f"{HOST}/t.png"),
-    ("mask", f"causal <img src=http://{HOST}/x.png> :red[alarm] http://{HOST}/bare", "alarm"),
-]
+LINK = ("mask", f"[Open the corrected view](http://{HOST}/phish)", "Open the corrected view")
+IMAGE = ("trace", f"![t](http://{HOST}/t.png)", f"{HOST}/t.png")
+HTML = ("mask", f"causal <img src=http://{HOST}/x.png> :red[alarm] http://{HOST}/bare", "alarm")
+# (page, source, the hostile values): every value once, each page once
+CASES = [("block_skip", "interpreter", [LINK]), ("schedule", "recorded", [IMAGE, HTML])]
 
 
 SETTLED_JS = """shown => document.body.innerText.includes(shown)
@@ -40,19 +46,19 @@ def _settle(page, shown: str, timeout: float = 90) -> str:
     return page.inner_text("body")
 
 
-@pytest.mark.parametrize("key,value,shown", HOSTILE)
-@pytest.mark.parametrize("page_name", ["block_skip", "schedule"])
-def test_markdown_in_link_values_is_text(app_server, new_page, key, value, shown, page_name):
+@pytest.mark.parametrize("page_name,source,hostile", CASES,
+                         ids=[f"{p}-{'+'.join(k for k, _, _ in h)}" for p, _, h in CASES])
+def test_markdown_in_link_values_is_text(app_server, new_page, page_name, source, hostile):
     page = new_page(1400, 1000)
     outside = []
     page.on("request", lambda r: outside.append(r.url) if urlparse(r.url).hostname == HOST else None)
     # answer any request to the outside host locally, so a failure is seen, not waited for
     page.route(lambda u: urlparse(u).hostname == HOST, lambda route: route.fulfill(status=204, body=""))
-    source = "recorded" if key == "trace" else "interpreter"
-    url = (f"{app_server}/?page={page_name}&source={source}&seq_len={N}&head_dim=32&block_m=64"
-           f"&block_n=64&{key}={quote(value, safe='')}")
+    url = (f"{app_server}/?page={page_name}&source={source}&seq_len={N}&head_dim=32&block_m=64&block_n=64"
+           + "".join(f"&{key}={quote(value, safe='')}" for key, value, _ in hostile))
     page.goto(url)
-    text = _settle(page, shown)
+    for _, _, shown in hostile:
+        text = _settle(page, shown)
     anchors = page.eval_on_selector_all(
         "a[href]", "els => els.map(e => e.href).filter(h => new URL(h).hostname === '198.51.100.7')")
     images = page.eval_on_selector_all(
