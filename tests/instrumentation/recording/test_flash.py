@@ -1,8 +1,4 @@
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,8 +8,6 @@ import torch
 from instrumentation import Trace, TraceFormatError, make_inputs, record
 from kernels import SCHEDULES, reference_attention
 from tests.kernels.test_masks import mask_texts
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def traced(n=150, d=32, mask="causal", bm=32, bn=32, b=1, h=2, schedule="natural", dtype="fp32",
@@ -127,12 +121,15 @@ def test_make_inputs_regenerates_one_head():
 
 
 def test_cli_end_to_end(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(
-        [sys.executable, "-m", "instrumentation.record_cli", "--seq-len", "200", "--mask", "sliding_window:64",
-         "--head-dim", "32", "--block-m", "32", "--block-n", "32", "--dtype", "fp16", "--heads", "2",
-         "--device", "cpu", "--out", str(tmp_path / "cli")],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    # `python -m instrumentation.record_cli ...` in a child: run as __main__ with its argv (runpy, as
+    # -m does), forked from the hostile harness's warm parent (torch and our packages imported)
+    from tests.hostile.harness import run_snippet
+
+    argv = ["-m", "--seq-len", "200", "--mask", "sliding_window:64", "--head-dim", "32", "--block-m", "32",
+            "--block-n", "32", "--dtype", "fp16", "--heads", "2", "--device", "cpu", "--out", str(tmp_path / "cli")]
+    res = run_snippet(f"import runpy, sys\nsys.argv = {argv!r}\n"
+                      "runpy.run_module('instrumentation.record_cli', run_name='__main__', alter_sys=True)",
+                      timeout=300)
     assert res.returncode == 0, res.stderr
     assert "skipped" in res.stdout and "wrote" in res.stdout
     trace = Trace.load(tmp_path / "cli")
