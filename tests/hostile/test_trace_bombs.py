@@ -9,7 +9,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -31,10 +30,12 @@ except TraceFormatError as exc:
 
 @pytest.fixture(scope="module")
 def bomb(tmp_path_factory) -> Path:
-    """A parquet file of BOMB_ROWS rows of the integer 0 in the tiles table's columns, written
-    dictionary-encoded with one page per column (one run of 10^8 equal indices), zstd."""
+    """A parquet file of BOMB_ROWS rows of null int32 in the tiles table's columns, written
+    dictionary-encoded with one page per column (one run of 10^8 equal definition levels), zstd.
+    A reader still allocates 10^8 values of each; pyarrow writes nulls' levels in a third of the
+    CPU it takes to encode 4 x 10^8 zeros."""
     path = tmp_path_factory.mktemp("bomb") / "tiles.parquet"
-    chunk = pa.array(np.zeros(1 << 20, dtype=np.int32))
+    chunk = pa.nulls(1 << 20, pa.int32())
     column = pa.chunked_array([chunk] * (BOMB_ROWS >> 20)
                               + [chunk.slice(0, BOMB_ROWS - (BOMB_ROWS >> 20 << 20))])
     table = pa.table({c: column for c in ("bh", "q_block", "k_block", "order")})
