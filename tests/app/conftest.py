@@ -223,13 +223,33 @@ def new_page(browser):
     def make(width: int = 1500, height: int = 1100, timeout_ms: float = 60_000, **options):
         ctx = browser.new_context(viewport={"width": width, "height": height}, **options)
         contexts.append(ctx)
-        p = ctx.new_page()
+        ctx.on("page", polled_waits)              # a page the test opens in this context too
+        p = polled_waits(ctx.new_page())
         p.set_default_timeout(timeout_ms)
         return p
 
     yield make
     for ctx in contexts:
         ctx.close()
+
+
+WAIT_POLL_MS = 100
+
+
+def polled_waits(page):
+    """`page` with its wait_for_function polling every WAIT_POLL_MS ms unless a call says otherwise
+    (tests/app/slide_settle.py asks for animation frames). Playwright's default polls at every
+    animation frame, so a page a test waits on (for the server's run, a chart's title) draws ~60
+    frames a second: ~0.1 s of Chromium's CPU per second of waiting, ~0.02 s at 100 ms."""
+    if not getattr(page, "_polled_waits", False):
+        wait = page.wait_for_function
+
+        def wait_for_function(expression, *, arg=None, timeout=None, polling=WAIT_POLL_MS):
+            return wait(expression, arg=arg, timeout=timeout, polling=polling)
+
+        page.wait_for_function = wait_for_function
+        page._polled_waits = True
+    return page
 
 
 @pytest.fixture
