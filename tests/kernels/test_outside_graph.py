@@ -2,12 +2,7 @@
 no torch._dynamo import (~1.7 s of CPU) in a process that never compiles, and are disabled as soon
 as torch._dynamo is imported, before anything can be traced."""
 
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent("""
     import sys
@@ -35,8 +30,11 @@ CHILD = textwrap.dedent("""
 
 
 def test_kernels_load_and_run_without_dynamo_and_are_disabled_once_it_loads():
-    out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    # a child forked from the hostile harness's warm parent (torch and our packages imported, never
+    # torch._dynamo: a module it imported that loads dynamo fails this test as a fresh Python would)
+    from tests.hostile.harness import run_snippet
+
+    out = run_snippet(CHILD, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[0] == "loaded before: False", out.stdout
