@@ -122,18 +122,52 @@ def test_schedule_page_downloads_its_data_and_images_and_plays(app_server, page)
     no_exception_on_page(page)
 
 
-def test_fresh_server_opened_on_a_page_path_and_nav_keeps_settings(fresh_app_server, page):
-    page.goto(f"{fresh_app_server}/online_softmax?{QUERY}&mask=sliding_window:96")
+def test_fresh_server_opened_on_a_page_path_copy_link_and_nav_keep_settings(fresh_app_server, new_page):
+    """A server no session has used, opened on a path naming the page (online softmax, the link's
+    window in the sidebar); then the copy-link box reopens the same page state (a step taken with
+    Next) in a new session; last, the page navigation keeps the settings and writes them back into
+    the URL. One page load for the three (the copy-link check opened its own page)."""
+    page = new_page(timeout_ms=90_000)
+    app_server = fresh_app_server
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app_server)
+    page.goto(f"{app_server}/online_softmax?{QUERY}&mask=sliding_window:96")
     wait_for_title(page, "Online softmax state, step by step")
     no_exception_on_page(page)
     sidebar = page.locator('[data-testid="stSidebar"]')
     assert sidebar.get_by_label("Window W (keys i-W < j <= i)").input_value() == "96"
+
+    copy_link_reopens_the_same_page_state(page, app_server)
+
     # the page navigation keeps the settings and writes them back into the URL
     sidebar.get_by_role("link", name="Block-skip map").click()
     wait_for_title(page, f"Block map: sliding_window:96, N={N}, blocks 64×64")
     page.wait_for_function("() => location.search.includes('page=block_skip')")
     assert "mask=sliding_window%3A96" in page.url or "mask=sliding_window:96" in page.url
     no_exception_on_page(page)
+
+
+def copy_link_reopens_the_same_page_state(page, app_server: str) -> None:
+    """On an online-softmax page: a step with Next, the sidebar's link (its Copy button) opened in
+    a new session shows the same step's chart."""
+    wait_for_title(page, "K blocks of query row")
+    page.get_by_role("button", name="Next").click()
+    page.wait_for_function("() => location.search.includes('sm_step=')")
+    step = dict(x.split("=") for x in page.url.split("?")[1].split("&"))["sm_step"]
+    title = [t for t in chart_titles(page) if "K blocks of query row" in t][0]
+    # the sidebar's link field (filled at the end of the run), copied with its Copy button
+    page.wait_for_function("s => document.querySelector('.tilescope-link input').value.includes(s)",
+                           arg=f"sm_step={step}")
+    page.locator('[data-testid="stSidebar"] .tilescope-link').get_by_role("button", name="Copy").click()
+    link = page.evaluate("() => navigator.clipboard.readText()")
+    assert link.startswith(app_server) and f"sm_step={step}" in link and "page=online_softmax" in link, link
+    other = page.context.new_page()               # a new session opened on the link
+    other.set_default_timeout(90_000)
+    other.goto(link)
+    wait_for_title(other, "K blocks of query row")
+    assert title in chart_titles(other)
+    assert f"sm_step={step}" in other.url
+    no_exception_on_page(other)
+    other.close()
 
 
 def test_two_sessions_changing_settings_at_once_both_get_their_charts(app_server, new_page):
@@ -184,30 +218,6 @@ def test_live_edits_run_once_with_the_run_button_and_clear_stale_messages(app_se
     page.wait_for_function("() => location.search.includes('seq_len=352')")
     assert "Not run yet" not in sidebar.inner_text()
     no_exception_on_page(page)
-
-
-def test_copy_link_reopens_the_same_page_state(app_server, new_page):
-    page = new_page(timeout_ms=90_000)
-    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app_server)
-    page.goto(f"{app_server}/?page=online_softmax&{QUERY}&mask=causal")
-    wait_for_title(page, "K blocks of query row")
-    page.get_by_role("button", name="Next").click()
-    page.wait_for_function("() => location.search.includes('sm_step=')")
-    step = dict(x.split("=") for x in page.url.split("?")[1].split("&"))["sm_step"]
-    title = [t for t in chart_titles(page) if "K blocks of query row" in t][0]
-    # the sidebar's link field (filled at the end of the run), copied with its Copy button
-    page.wait_for_function("s => document.querySelector('.tilescope-link input').value.includes(s)",
-                           arg=f"sm_step={step}")
-    page.locator('[data-testid="stSidebar"] .tilescope-link').get_by_role("button", name="Copy").click()
-    link = page.evaluate("() => navigator.clipboard.readText()")
-    assert link.startswith(app_server) and f"sm_step={step}" in link and "page=online_softmax" in link
-    other = page.context.new_page()               # a new session opened on the link
-    other.set_default_timeout(90_000)
-    other.goto(link)
-    wait_for_title(other, "K blocks of query row")
-    assert title in chart_titles(other)
-    assert f"sm_step={step}" in other.url
-    no_exception_on_page(other)
 
 
 def test_presentation_mode_hides_the_sidebar_and_fits_each_chart(app_server, new_page):
