@@ -27,7 +27,9 @@ QUERY = f"source=interpreter&seq_len={N}&head_dim=32&block_m=64&block_n=64&dtype
 
 def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
     """A link's settings on the page (opened on the path form of the sidebar's page links, which
-    must not say "Page not found"), the mask switched with Run, then the chart as standalone HTML."""
+    must not say "Page not found"), the mask switched with Run, then the chart as standalone HTML;
+    last, the same view in presentation mode (presentation_hides_the_sidebar_and_fits_each_chart,
+    on this page load)."""
     page.goto(f"{app_server}/block_skip?page=block_skip&{QUERY}&mask=sliding_window:64")
     wait_for_title(page, f"Block map: sliding_window:64, N={N}, blocks 64×64")
     no_page_not_found(page, "/block_skip")
@@ -52,6 +54,12 @@ def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
     assert "page=block_skip" in page.url and f"seq_len={N}" in page.url
     no_exception_on_page(page)
     standalone_html_downloads(page, f"Block map: causal, N={N}")
+
+    # the same view in presentation mode, switched on in the sidebar, in a 1600 x 900 window
+    page.set_viewport_size({"width": 1600, "height": 900})
+    sidebar.locator('[data-testid="stCheckbox"]').filter(has_text="Presentation mode").click()
+    page.wait_for_function("() => location.search.includes('present=1')")
+    presentation_hides_the_sidebar_and_fits_each_chart(page)
 
 
 def standalone_html_downloads(page, title: str) -> None:
@@ -220,10 +228,10 @@ def test_live_edits_run_once_with_the_run_button_and_clear_stale_messages(app_se
     no_exception_on_page(page)
 
 
-def test_presentation_mode_hides_the_sidebar_and_fits_each_chart(app_server, new_page):
-    page = new_page(1600, 900, timeout_ms=90_000)
-    page.goto(f"{app_server}/?page=block_skip&{QUERY}&mask=causal&present=1")
-    wait_for_title(page, f"Block map: causal, N={N}")
+def presentation_hides_the_sidebar_and_fits_each_chart(page) -> None:
+    """Presentation mode (the sidebar's switch) on `page`, a 1600 x 900 window: no sidebar, no info
+    banner, every chart a whole 16:9 slide on screen at least 3/4 size; Leave presentation brings
+    the sidebar and the unscaled charts back."""
     # 1600 x 900 holds each 1280 x 720 slide with the page's controls drawn above it (the head
     # picker, the comparison's two rows of block sizes) and its export row, at least 3/4 size (sidebar gone)
     page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
