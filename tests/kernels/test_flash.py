@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -32,8 +34,18 @@ def test_every_mask_matches_float64_reference(n, dtype, device):
         assert rel_err(out, ref) < TOL[dtype], (text, n, dtype)
 
 
-@pytest.mark.parametrize("d", [16, 64, 128, 256])
-@pytest.mark.parametrize("block_m,block_n", [(16, 16), (64, 32), (32, 128)])
+# compiled, every head dim with every tile size (registers and shared memory: the pair matters); in
+# the interpreter, where the head dim (a power of two: no padded lanes) only sets the arrays' width
+# and the tile size the tile walk, each head dim and each tile size at least once
+HEAD_DIMS, TILE_SIZES = (16, 64, 128, 256), ((16, 16), (64, 32), (32, 128))
+ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
+DIMS_AND_TILES = ([(d, bm, bn) for bm, bn in TILE_SIZES for d in HEAD_DIMS] if ON_GPU else
+                  [(16, 32, 128), (64, 64, 32), (128, 64, 32), (256, 16, 16)])
+assert {d for d, _, _ in DIMS_AND_TILES} == set(HEAD_DIMS)
+assert {(bm, bn) for _, bm, bn in DIMS_AND_TILES} == set(TILE_SIZES)
+
+
+@pytest.mark.parametrize("d,block_m,block_n", DIMS_AND_TILES)
 def test_head_dims_and_block_sizes(d, block_m, block_n, device):
     # several key tiles of each size, the last one partial: 150 rows (75 with 16-row tiles, 5 of
     # each, the window of 40 across 3 key tiles: a quarter of the interpreter's tiles)
