@@ -1,6 +1,8 @@
 """flash_decode against the float64 reference (interpreter in CI, compiled on a GPU)."""
 
+import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -9,10 +11,20 @@ from kernels import flash_decode, reference_decode
 from kernels.decode import choose_num_splits, num_splits_heuristic
 from tests.kernels.attention_checks import check, decode_inputs
 
-# ragged lengths with a length of 1 (and, for N_q = 4, rows that see nothing); GQA, MQA, MHA
-@pytest.mark.parametrize("n_q", [1, 4])
-@pytest.mark.parametrize("num_splits", [1, 3, "auto"])
-@pytest.mark.parametrize("h,h_kv,d", [(8, 2, 32), (4, 1, 40), (2, 2, 17)])
+# ragged lengths with a length of 1 (and, for N_q = 4, rows that see nothing); GQA, MQA, MHA.
+# Compiled: every combination; in the interpreter, every pair of values of any two of the three
+# parameters (9 cases of the 18: each split count with each layout, N_q alternating so that each
+# N_q meets every split count and every layout)
+N_QS, SPLITS, LAYOUTS = (1, 4), (1, 3, "auto"), ((8, 2, 32), (4, 1, 40), (2, 2, 17))
+ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
+RAGGED = ([(n_q, s, *hd) for n_q in N_QS for s in SPLITS for hd in LAYOUTS] if ON_GPU else
+          [(N_QS[(i + j) % 2], s, *hd) for i, s in enumerate(SPLITS) for j, hd in enumerate(LAYOUTS)])
+_CASES = [(n_q, s, tuple(hd)) for n_q, s, *hd in RAGGED]
+assert all({(c[a], c[b]) for c in _CASES} == {(x, y) for x in values_a for y in values_b}   # every pair
+           for (a, values_a), (b, values_b) in itertools.combinations(enumerate((N_QS, SPLITS, LAYOUTS)), 2))
+
+
+@pytest.mark.parametrize("n_q,num_splits,h,h_kv,d", RAGGED)
 def test_ragged_gqa_against_float64(n_q, num_splits, h, h_kv, d, device):
     seed = n_q * 100 + d + (0 if num_splits == "auto" else num_splits)
     (q, k, v), _ = decode_inputs(3, h, h_kv, n_q, 97, d, torch.float32, device, seed)
