@@ -149,15 +149,21 @@ needs_chromium = pytest.mark.skipif(find_browser() is None, reason=str(missing_r
 
 @functools.lru_cache(maxsize=256)
 def random_png(w: int, h: int, seed: int) -> bytes:
-    """A w x h PNG of random flat blocks in a few dozen colours (a stand-in for a kaleido frame:
-    a chart is flat fills, and per-pixel noise makes the GIF palette search minutes long). Made
-    once per (w, h, seed) in a process, at zlib level 1 (the default level took twice the CPU
-    to write and to read back; the stand-in frames only need to be valid PNGs of that size)."""
+    """A w x h PNG of flat blocks in a few dozen colours (a stand-in for a kaleido frame: a chart
+    is flat fills, and per-pixel noise makes the GIF palette search minutes long). Every seed
+    draws the same 9 x 16 blocks but one, as a chart's frames differ from one another in a few
+    places: frames from different seeds differ, and H.264 encodes the unchanged blocks almost for
+    nothing (all blocks new in every frame cost the videos' encoder twice the CPU). Made once
+    per (w, h, seed) in a process, at zlib level 1 (the default level took twice the CPU to
+    write and to read back; the stand-in frames only need to be valid PNGs of that size)."""
     import imageio.v3 as iio
 
-    rng = np.random.default_rng(seed)
-    colours = rng.integers(0, 255, (32, 3), dtype=np.uint8)
-    cells = colours[rng.integers(0, 32, (9, 16))]                      # (9, 16, 3) blocks
+    base = np.random.default_rng(0)
+    colours = base.integers(0, 255, (32, 3), dtype=np.uint8)
+    which = base.integers(0, 32, (9, 16))
+    cell = seed % 9, seed // 9 % 16                                    # this seed's block: another colour
+    which[cell] = (which[cell] + 1 + np.random.default_rng(seed).integers(0, 31)) % 32
+    cells = colours[which]                                             # (9, 16, 3) blocks
     img = np.repeat(np.repeat(cells, -(-h // 9), axis=0), -(-w // 16), axis=1)[:h, :w]
     return iio.imwrite("<bytes>", np.ascontiguousarray(img), extension=".png", compress_level=1)
 
