@@ -151,9 +151,17 @@ def test_sm_scale_has_flash_attentions_bound(scale):
     with pytest.raises(ValueError, match="sm_scale") as info:
         flash_decode(q, k, v, num_splits=2, sm_scale=scale)
     assert "\n" not in str(info.value)
-    from kernels.shapes import MAX_SM_SCALE, MIN_SM_SCALE, softmax_scale
+    from kernels.shapes import softmax_scale
     with pytest.raises(ValueError) as same:
         softmax_scale(scale, 16)
     assert str(info.value) == str(same.value)                     # flash_attention's line
+
+
+def test_sm_scale_at_its_bounds_is_accepted():
+    """The bounds that refuse the scales above, themselves and a plain scale: finite outputs
+    (once, not again for each refused scale)."""
+    from kernels.shapes import MAX_SM_SCALE, MIN_SM_SCALE
+
+    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
     for ok in (MIN_SM_SCALE, MAX_SM_SCALE, 3):
-        assert torch.isfinite(flash_decode(q, k, v, num_splits=2, sm_scale=ok)).all()
+        assert torch.isfinite(flash_decode(q, k, v, num_splits=2, sm_scale=ok)).all(), ok
