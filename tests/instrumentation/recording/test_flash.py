@@ -49,8 +49,12 @@ def test_trace_truth_every_mask(n, device):
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_schedule_recorded(schedule, device):
-    _, _, trace = traced(n=200, bm=32, mask="causal", schedule=schedule, device=device)
+def test_schedule_recorded(schedule, device, request):
+    if device.type == "cpu":     # the run's causal problem under each schedule (B2 H2 N256, 32x32 blocks),
+        # recorded once per run in the interpreter (tests/conftest.py: causal_schedules)
+        trace = Trace.load(request.getfixturevalue("causal_schedules")[schedule])
+    else:
+        _, _, trace = traced(n=200, bm=32, mask="causal", schedule=schedule, device=device)
     assert trace.meta["schedule"] == schedule
     w = trace.work.sort_values("order")
     if schedule == "natural":
