@@ -88,25 +88,12 @@ def _check_recording(page, name):
     assert page.locator('[data-testid="stAlertContentError"]').count() == 0
 
 
-def test_ring_page_opens_the_4xH200_recording_and_switches_layout(app_server, new_page):
-    page = _open(new_page, f"{app_server}/?page=ring&source=recorded&ring_rec={ZIGZAG}")
-    _check_recording(page, ZIGZAG)
-    # the picker: the natural layout of the same problem, and the link follows
-    picker = page.locator('[data-testid="stSelectbox"]').filter(has_text="Recording (data/ring/)")
-    picker.locator("input").click()
-    page.get_by_role("option", name=NATURAL, exact=True).click()
-    page.wait_for_function("n => new URL(location.href).searchParams.get('ring_rec') === n", arg=NATURAL)
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('[data-testid=\"stAlertContentInfo\"]')]"
-        ".some(e => e.innerText.includes('layout natural'))", timeout=120_000)
-    page.wait_for_function(IDLE)
-    _check_recording(page, NATURAL)
-
-
-def test_ring_page_in_presentation_mode_fits_a_1920x1080_window(app_server, new_page):
-    """Each chart one 16:9 slide in the window, no sidebar; then, on the same slides, the merge
-    chart (the page's last) and its 'chunks merged' slider share the screen: the slider sits in
-    the bar at the bottom of the window, below the whole chart."""
+def test_ring_page_in_presentation_mode_then_the_4xH200_recording_and_its_layouts(app_server, new_page):
+    """Presentation mode: each chart one 16:9 slide in a 1920x1080 window, no sidebar; then, on the
+    same slides, the merge chart (the page's last) and its 'chunks merged' slider share the screen:
+    the slider sits in the bar at the bottom of the window, below the whole chart. Then, on the same
+    page load, presentation left (its button): the recording's own numbers (_check_recording), the
+    picker switching to the natural layout, the link following."""
     page = _open(new_page, f"{app_server}/?page=ring&source=recorded&ring_rec={ZIGZAG}&present=1", 1920, 1080)
     page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
                            ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
@@ -128,3 +115,24 @@ def test_ring_page_in_presentation_mode_fits_a_1920x1080_window(app_server, new_
     chart, slider, height = boxes["chart"], boxes["slider"], boxes["height"]
     assert slider is not None and 0 <= slider["top"] and slider["bottom"] <= height, ("the merge slider on screen", boxes)
     assert chart["top"] >= -1 and chart["bottom"] <= slider["top"] + 1, ("the merge chart whole above it", boxes)
+
+    page.get_by_role("button", name="Leave presentation").click()
+    page.wait_for_function("() => !location.search.includes('present=1')")
+    page.locator('[data-testid="stSidebar"]').wait_for(state="visible")
+    page.set_viewport_size({"width": 1500, "height": 1100})       # the normal page's window
+    page.wait_for_function(IDLE)
+    page.evaluate("() => window.scrollTo(0, 0)")
+    _check_recording(page, ZIGZAG)
+    # the picker: the natural layout of the same problem, and the link follows
+    picker = page.locator('[data-testid="stSelectbox"]').filter(has_text="Recording (data/ring/)")
+    picker.locator("input").click()
+    option = page.get_by_role("option", name=NATURAL, exact=True)
+    if not option.is_visible():     # after Leave presentation the first click focused the box without opening it
+        picker.locator("input").press("ArrowDown")
+    option.click()
+    page.wait_for_function("n => new URL(location.href).searchParams.get('ring_rec') === n", arg=NATURAL)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-testid=\"stAlertContentInfo\"]')]"
+        ".some(e => e.innerText.includes('layout natural'))", timeout=120_000)
+    page.wait_for_function(IDLE)
+    _check_recording(page, NATURAL)
