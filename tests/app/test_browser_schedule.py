@@ -45,9 +45,31 @@ def plot_height(page, title: str) -> float:
                    return p._fullLayout.yaxis._length; }""", title)
 
 
-def test_16k_schedule_page_draws_compares_and_plays(app_server, new_page):
-    # at 16k the animation is drawn on demand; the link switches it on
-    page = open_page(new_page, f"{app_server}/?page=schedule&source=recorded&trace={BIG}&sched_anim=1")
+def test_16k_presentation_keeps_lanes_tall_then_the_page_draws_compares_and_plays(app_server, new_page):
+    """Presentation mode (a 1500 x 900 window): the 132 SM lanes tall, the page's controls folded in
+    the Controls pill, which opens. Then, on the same page load, presentation left, the window
+    1500 x 1100 and the animation switched on (at 16k it is drawn on demand): raster lanes and
+    grids, the animation plays, three schedules side by side."""
+    page = open_page(new_page, f"{app_server}/?page=schedule&source=recorded&trace={BIG}&present=1", 900,
+                     animation=False)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert "The whole GPU over time" not in " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
+    assert plot_height(page, "Work items on SMs") >= 300
+    # the page's controls fold into one collapsed expander, so the lanes chart is one screen
+    assert page.locator('.st-key-slide_controls [data-testid="stExpander"]').count() == 1
+    assert not page.get_by_text("Colour work items by").first.is_visible()
+    # ... which the presenter can still open (slides hide other expanders), above the chart
+    header = page.locator('.st-key-slide_controls summary').first
+    header.click()
+    page.get_by_text("Colour work items by").first.wait_for(state="visible", timeout=10_000)
+
+    page.get_by_role("button", name="Leave presentation").click()
+    page.wait_for_function("() => !location.search.includes('present=1')")
+    page.set_viewport_size({"width": 1500, "height": 1100})
+    page.wait_for_function(IDLE)
+    page.locator('[data-testid="stCheckbox"]').filter(has_text="Draw the animation").first.click()
+    wait_for_title(page, "The whole GPU over time", timeout=180_000)
+    page.wait_for_function(IDLE)
     assert page.locator('[data-testid="stException"]').count() == 0
     # lanes and grids are raster images (one <image> per heatmap), not thousands of SVG paths
     assert page.locator(".js-plotly-plot .hm image").count() >= 4
@@ -69,18 +91,3 @@ def test_16k_schedule_page_draws_compares_and_plays(app_server, new_page):
     for sched in ("natural", "longest_first", "persistent"):
         assert any(t.startswith(f"{sched}: makespan") and "µs" in t for t in names), names
     assert page.locator('[data-testid="stException"]').count() == 0
-
-
-def test_16k_presentation_mode_keeps_lanes_tall(app_server, new_page):
-    page = open_page(new_page, f"{app_server}/?page=schedule&source=recorded&trace={BIG}&present=1", 900,
-                     animation=False)
-    assert page.locator('[data-testid="stException"]').count() == 0
-    assert "The whole GPU over time" not in " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
-    assert plot_height(page, "Work items on SMs") >= 300
-    # the page's controls fold into one collapsed expander, so the lanes chart is one screen
-    assert page.locator('.st-key-slide_controls [data-testid="stExpander"]').count() == 1
-    assert not page.get_by_text("Colour work items by").first.is_visible()
-    # ... which the presenter can still open (slides hide other expanders), above the chart
-    header = page.locator('.st-key-slide_controls summary').first
-    header.click()
-    page.get_by_text("Colour work items by").first.wait_for(state="visible", timeout=10_000)
