@@ -73,19 +73,20 @@ def zip_trace(path: Path, folder: str) -> bytes:
     return buf.getvalue()
 
 
-def decode(obj, arrays: bool = False):
-    """Plotly JSON with its typed arrays ({'dtype', 'bdata', 'shape'}) decoded: to lists, or to
-    numpy arrays (dtype kept) with arrays=True."""
-    if isinstance(obj, dict):
+def decode(spec: str, arrays: bool = False):
+    """A Plotly JSON spec parsed, its typed arrays ({'dtype', 'bdata', 'shape'}) decoded: to lists,
+    or to numpy arrays (dtype kept) with arrays=True. Decoded as the parser meets each object
+    (json's object_hook), not by a walk over the parsed figure afterwards, which visited each of a
+    large map's hover strings one by one."""
+    def typed(obj: dict):
         if "bdata" in obj and "dtype" in obj:
             arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
             if obj.get("shape"):
                 arr = arr.reshape([int(x) for x in str(obj["shape"]).split(",")])
             return arr if arrays else arr.tolist()
-        return {k: decode(v, arrays) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [decode(v, arrays) for v in obj]
-    return obj
+        return obj
+
+    return json.loads(spec, object_hook=typed)
 
 
 def charts(at, arrays: bool = False) -> list[dict]:
@@ -94,7 +95,7 @@ def charts(at, arrays: bool = False) -> list[dict]:
     the end of its first run leaves it there until the next run."""
     from app.plotly_preload import KEY
 
-    return [decode(json.loads(el.proto.spec), arrays) for el in at.get("plotly_chart") if KEY not in el.proto.id]
+    return [decode(el.proto.spec, arrays) for el in at.get("plotly_chart") if KEY not in el.proto.id]
 
 
 def chart(at, needle: str, arrays: bool = False) -> dict:
