@@ -8,6 +8,7 @@ size, drawn by the KV-sharing figure.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -30,6 +31,13 @@ def _text(at) -> str:
     return " ".join([i.value for i in at.info] + [m.value for m in at.markdown]).replace("\\", "")
 
 
+@functools.lru_cache(maxsize=None)
+def recording(name: str) -> Trace:
+    """The bundled recording `name`, loaded once per process: its tests on the three pages and its
+    shape test read it (and never change it), where each loaded it again."""
+    return Trace.load(BUNDLED / "traces" / name)
+
+
 @pytest.fixture(scope="module")
 def bundled():
     with tilescope_data(BUNDLED):
@@ -38,7 +46,7 @@ def bundled():
 
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_preset_recording_is_the_published_shape(name):
-    m = Trace.load(BUNDLED / "traces" / name).meta
+    m = recording(name).meta
     p, s = PRESETS[m["preset"]], m["shape"]
     assert (s["H"], s["H_kv"], s["D"]) == (p.heads, p.kv_heads, p.head_dim)
     if p.n_q:                                               # chunked prefill fixes both lengths
@@ -53,7 +61,7 @@ CASES = [(name, page) for name in RECORDINGS for page in PAGES
 
 @pytest.mark.parametrize("name, page", CASES)
 def test_preset_recording_opens_on_page(bundled, name, page):
-    trace = Trace.load(BUNDLED / "traces" / name)
+    trace = recording(name)
     s, bm, bn = trace.meta["shape"], int(trace.meta["block_m"]), int(trace.meta["block_n"])
     at = open_page(page, timeout=120, source="recorded", trace=name)
     clean(at)
