@@ -7,7 +7,9 @@ in the inputs' dtype (upcast=False, reorder_ops=True). The CPU cases (the interp
 the `gpu` cases at the end are the full matrix: larger N, fp16 and bf16, more head dims.
 """
 
+import itertools
 import math
+import os
 
 import pytest
 import torch
@@ -148,9 +150,19 @@ def test_flash_attn_output(causal, local, mha_type, device):
 
 # -- causal and local, N_q != N_k both ways (test_flash_attn_causal) ----------------------------
 
-@pytest.mark.parametrize("swap_sq_sk", [False, True])
-@pytest.mark.parametrize("local", [False, True])
-@pytest.mark.parametrize("seqlen_q,seqlen_k,d", [(1, 239, 32), (3, 199, 40), (113, 203, 16), (45, 97, 111)])
+# compiled, every combination; in the interpreter every pair of values of any two of the three
+# parameters (8 cases of the 16: each shape both ways round, local on for one of the two, in turn)
+CAUSAL_SHAPES = ((1, 239, 32), (3, 199, 40), (113, 203, 16), (45, 97, 111))
+ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
+CAUSAL_CASES = [(*shape, swap, local) for i, shape in enumerate(CAUSAL_SHAPES) for swap in (False, True)
+                for local in (False, True) if ON_GPU or local == bool((i + swap) % 2)]
+_CASES = [(tuple(c[:3]), c[3], c[4]) for c in CAUSAL_CASES]          # (shape, swap, local)
+assert all({(c[a], c[b]) for c in _CASES} == {(x, y) for x in values_a for y in values_b}   # every pair
+           for (a, values_a), (b, values_b) in itertools.combinations(
+               enumerate((CAUSAL_SHAPES, (False, True), (False, True))), 2))
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k,d,swap_sq_sk,local", CAUSAL_CASES)
 def test_flash_attn_causal(seqlen_q, seqlen_k, d, swap_sq_sk, local, device):
     if swap_sq_sk:
         seqlen_q, seqlen_k = seqlen_k, seqlen_q
