@@ -238,7 +238,7 @@ WAIT_POLL_MS = 100
 
 def polled_waits(page):
     """`page` with its wait_for_function polling every WAIT_POLL_MS ms unless a call says otherwise
-    (tests/app/slide_settle.py asks for animation frames). Playwright's default polls at every
+    (tests/app/slide_settle.py polls at its own POLL_MS). Playwright's default polls at every
     animation frame, so a page a test waits on (for the server's run, a chart's title) draws ~60
     frames a second: ~0.1 s of Chromium's CPU per second of waiting, ~0.02 s at 100 ms."""
     if not getattr(page, "_polled_waits", False):
@@ -261,16 +261,24 @@ def page(new_page):
 def _shared_server(tmp_path_factory):
     """The session's one server, started by the first test that asks for it (no browser needed:
     a plain HTTP check shares it too). `opened`: whether a test has opened a page session on it."""
+    watched = tmp_path_factory.mktemp("watched") / WATCHED_RUN
     with ExitStack() as stack:
-        yield {"server": None, "opened": False, "stack": stack}
+        yield {"server": None, "opened": False, "stack": stack, "watched": watched}
 
 
-def _start_server(stack: ExitStack, tmp_path_factory):
+# The test servers follow one run directory as `tilescope-app --watch DIR` does (TILESCOPE_WATCH),
+# absent until test_browser_watch grows a run there (and removed after it): a watched directory
+# without a run is not listed, so the other pages see the bundled data/ only.
+WATCHED_RUN = "growing-job"
+
+
+def _start_server(stack: ExitStack, tmp_path_factory, watched: Path):
     from app.devtools import running_app
     from tests.app.live_app import ROOT
 
     log = tmp_path_factory.mktemp("streamlit_log") / "streamlit.log"
-    return stack.enter_context(running_app(ROOT / "data", log, env=TEST_SERVER_ENV))
+    env = {**TEST_SERVER_ENV, "TILESCOPE_WATCH": str(watched)}
+    return stack.enter_context(running_app(ROOT / "data", log, env=env))
 
 
 # The browser tests' servers skip Streamlit's full garbage collection after every script run
@@ -285,7 +293,7 @@ def _shared_url(shared: dict, tmp_path_factory) -> str:
     a server left idle while other tests ran can be gone by the time the browser tests come)."""
     server = shared["server"]
     if server is None or server.proc.poll() is not None:
-        shared["server"], shared["opened"] = _start_server(shared["stack"], tmp_path_factory), False
+        shared["server"], shared["opened"] = _start_server(shared["stack"], tmp_path_factory, shared["watched"]), False
     return shared["server"].url
 
 
@@ -314,4 +322,18 @@ def fresh_app_server(_shared_server, tmp_path_factory):
         yield url
     else:
         with ExitStack() as own:
-            yield _start_server(own, tmp_path_factory).url
+            yield _start_server(own, tmp_path_factory, _shared_server["watched"]).url
+
+
+@pytest.fixture
+def watched_app_server(_shared_server, tmp_path_factory):
+    """(the shared server's URL, the run directory it watches): the directory is absent; a test
+    that makes a run there has it removed afterwards."""
+    import shutil
+
+    url = _shared_url(_shared_server, tmp_path_factory)
+    _shared_server["opened"] = True
+    try:
+        yield url, _shared_server["watched"]
+    finally:
+        shutil.rmtree(_shared_server["watched"], ignore_errors=True)

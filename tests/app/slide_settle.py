@@ -3,11 +3,15 @@ fixed sleeps (a loaded machine lays the page out seconds later than an idle one)
 own state: the script idle, no page turn pending, the charts drawn and scaled by the fit script
 (app/presentation.py), a page with a step bar's first slide brought up whole (once per page, by the
 fit script), the fit script's boxes still over two of its ticks, no CSS transition
-running, and every element's box unchanged across two animation frames. It does not wait for
+running, and every element's box unchanged over three checks POLL_MS apart (checked at every
+animation frame, the page drew ~60 frames a second for the wait, each check a layout query over
+every element: ~0.1 s of Chromium's CPU per second of waiting). It does not wait for
 lazily loaded elements (a skeleton until their code arrives): what the room sees meanwhile is
 tested as it is."""
 
 from __future__ import annotations
+
+POLL_MS = 100
 
 SETTLED_JS = """([n, t0]) => {
   const app = document.querySelector('[data-testid="stApp"]');
@@ -42,7 +46,7 @@ def settle(page, n: int = 1, timeout_ms: int = 180_000) -> None:
     module's docstring); the fit script must tick twice from now, so a change just made (a key
     press, a scroll, a hover) is seen by it."""
     t0 = page.evaluate("() => { window.__tsSettle = null; return window.__tilescopeTicks || 0; }")
-    page.wait_for_function(SETTLED_JS, arg=[n, t0], polling="raf", timeout=timeout_ms)
+    page.wait_for_function(SETTLED_JS, arg=[n, t0], polling=POLL_MS, timeout=timeout_ms)
 
 
 # a frame's style pass comes after its animation-frame callbacks: a transition the pointer started
