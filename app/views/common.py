@@ -136,8 +136,8 @@ def _as_shown(fig: go.Figure, present: bool) -> go.Figure:
 
 
 class _Sent(BaseFigure):
-    """What st.plotly_chart is given for a cached figure: only its dict, made once (st.plotly_chart
-    reads nothing but to_dict of a figure)."""
+    """What st.plotly_chart is given for a figure: only its dict (_sent; for a cached figure made
+    once, _sent_once): st.plotly_chart reads nothing but to_dict of a figure."""
 
     def __init__(self, sent: dict):          # no BaseFigure.__init__: nothing to validate or copy
         object.__setattr__(self, "_sent", sent)
@@ -146,14 +146,40 @@ class _Sent(BaseFigure):
         return self._sent
 
 
+def _plain(obj):
+    """obj with its dicts, lists and tuples copied, the values in them shared."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_plain(v) for v in obj)
+    return obj
+
+
+def _sent(fig: go.Figure) -> _Sent:
+    """The figure's dict as st.plotly_chart sends it: Figure.to_dict's result (data, layout and
+    frames as plain dicts, numpy arrays as base64 typed arrays) without its deep copy of every
+    array, which the typed-array step copies again anyway (plotly's convert_to_base64 replaces an
+    array in a dict by a new one and changes nothing else but the copied dicts)."""
+    from _plotly_utils.utils import convert_to_base64
+
+    sent = {"data": _plain(fig._data), "layout": _plain(fig._layout)}
+    frames = _plain([frame._props for frame in fig._frame_objs])
+    if frames:
+        sent["frames"] = frames
+    convert_to_base64(sent)
+    return _Sent(sent)
+
+
 def _sent_once(fig: go.Figure) -> _Sent:
-    """A cached figure's dict as st.plotly_chart sends it (Figure.to_dict: a deep copy of the whole
-    figure, frames included, and a walk of it for typed arrays), made at its first chart and kept
-    while the figure lives: every rerun sent it again, ~0.3 s of CPU for an online-softmax row of
-    256 steps (its frames), half of a step on the server. Kept on the figure (figures are not hashable)."""
+    """A cached figure's dict as st.plotly_chart sends it (_sent: a copy of the whole figure,
+    frames included, and a walk of it for typed arrays), made at its first chart and kept while
+    the figure lives: every rerun sent it again, ~0.3 s of CPU for an online-softmax row of 256
+    steps (its frames), half of a step on the server. Kept on the figure (figures are not hashable)."""
     sent = fig.__dict__.get("_sent_once")
     if sent is None:
-        sent = _Sent(fig.to_dict())
+        sent = _sent(fig)
         object.__setattr__(fig, "_sent_once", sent)
     return sent
 
@@ -170,7 +196,7 @@ def chart(fig: go.Figure, name: str, key: str, present: bool, exports=("png", "s
     what is sent for it is made once (_sent_once), not at every rerun."""
     fig = _as_shown(fig, present)
     size = dict(width="content", height=int(fig.layout.height or 720)) if present else {}
-    st.plotly_chart(_sent_once(fig) if cached else fig, key=key, theme=None, config={"displaylogo": False},
+    st.plotly_chart(_sent_once(fig) if cached else _sent(fig), key=key, theme=None, config={"displaylogo": False},
                     **size)
     if exported is not None:
         fig = _deferred(lambda: _as_shown(exported() if callable(exported) else exported, present))
