@@ -86,17 +86,17 @@ def test_auto_fills_one_wave_when_work_items_are_few():
     (lambda q, k, v: flash_decode(q[:, :3], k, v), "multiple of H_kv"),
     (lambda q, k, v: flash_decode(q.expand(-1, -1, 17, -1), k, v), "N_q=17"),
     (lambda q, k, v: flash_decode(q.half(), k, v), "share a dtype"),
-    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5, 99], dtype=torch.int32), validate=True),
+    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5, 99], dtype=torch.int32, device=q.device), validate=True),
      "0..N_max"),
-    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5, 3.0])), "int32"),
-    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5], dtype=torch.int32)), "one length per sequence"),
+    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5, 3.0], device=q.device)), "int32"),
+    (lambda q, k, v: flash_decode(q, k, v, cache_seqlens=torch.tensor([5], dtype=torch.int32, device=q.device)), "one length per sequence"),
     (lambda q, k, v: flash_decode(q, k, v, num_splits=0), "num_splits"),
     (lambda q, k, v: flash_decode(q, k, v, num_splits="many"), "num_splits"),
     (lambda q, k, v: flash_decode(q, k, v, sm_scale=-1.0), "sm_scale"),
     (lambda q, k, v: flash_decode(q, k.transpose(2, 3), v.transpose(2, 3)), "contiguous last"),
 ])
-def test_bad_input_is_one_clear_line(call, fragment):
-    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
+def test_bad_input_is_one_clear_line(call, fragment, device):
+    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, device, seed=1)
     with pytest.raises(ValueError, match=fragment) as info:
         call(q, k, v)
     assert "\n" not in str(info.value)
@@ -145,9 +145,9 @@ def test_decode_tiles_widen_only_where_the_work_items_fill_the_gpu():
 
 
 @pytest.mark.parametrize("scale", [1e38, 2.5e4, 1e-30, True, float("nan"), "0.1"])
-def test_sm_scale_has_flash_attentions_bound(scale):
+def test_sm_scale_has_flash_attentions_bound(scale, device):
     # these were accepted and gave NaN outputs: the scaled float32 scores overflow (or are ~0)
-    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
+    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, device, seed=1)
     with pytest.raises(ValueError, match="sm_scale") as info:
         flash_decode(q, k, v, num_splits=2, sm_scale=scale)
     assert "\n" not in str(info.value)
@@ -157,11 +157,11 @@ def test_sm_scale_has_flash_attentions_bound(scale):
     assert str(info.value) == str(same.value)                     # flash_attention's line
 
 
-def test_sm_scale_at_its_bounds_is_accepted():
+def test_sm_scale_at_its_bounds_is_accepted(device):
     """The bounds that refuse the scales above, themselves and a plain scale: finite outputs
     (once, not again for each refused scale)."""
     from kernels.shapes import MAX_SM_SCALE, MIN_SM_SCALE
 
-    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, "cpu", seed=1)
+    (q, k, v), _ = decode_inputs(2, 4, 2, 1, 16, 16, torch.float32, device, seed=1)
     for ok in (MIN_SM_SCALE, MAX_SM_SCALE, 3):
         assert torch.isfinite(flash_decode(q, k, v, num_splits=2, sm_scale=ok)).all(), ok
