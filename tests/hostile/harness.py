@@ -119,7 +119,7 @@ def run_snippet(code: str, timeout: float = TIMEOUT_S, env: dict | None = None,
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1",
                     "HOSTILE_HWM_FILE": hwm_file.name, **(env or {})}
         code = _PRELUDE + textwrap.dedent(code)
-        warm = zygote_for(full_env, ROOT)
+        warm = zygote_for(full_env, ROOT, ADDRESS_SPACE_LIMIT)
         t0 = time.monotonic()
         if warm is not None:        # forked from the warm parent: torch and our packages imported
             pid = warm.start(code, full_env, cwd, out.name, err.name, ADDRESS_SPACE_LIMIT)

@@ -93,6 +93,7 @@ class Zygote:
             self.proc.wait()
             raise RuntimeError("the hostile children's warm parent did not start")
         atexit.register(self.close)
+        self.vm_bytes = _vm_size(self.proc.pid)
 
     def close(self) -> None:
         """End the parent (it reads the closed pipe's end) and reap it, so that its CPU and its
@@ -129,16 +130,32 @@ class Zygote:
         return done["status"], done["cpu"]
 
 
+def _vm_size(pid: int) -> int:
+    """The process's address space in bytes (VmSize; 0 where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:")), 0)
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+CHILD_ROOM = 768 << 20      # address space a forked child must have left under its RLIMIT_AS
 _zygote: Zygote | None = None
 _failed = False
 
 
-def zygote_for(env: dict, cwd: Path) -> Zygote | None:
-    """This process's warm parent if a child with `env` may be forked from it, else None."""
+def zygote_for(env: dict, cwd: Path, limit: int) -> Zygote | None:
+    """This process's warm parent if a child with `env` and RLIMIT_AS `limit` may be forked from
+    it, else None. A forked child keeps the parent's mappings, so the parent must leave it
+    CHILD_ROOM of `limit` (the CPU build's parent maps ~1.0 GiB; a CUDA build of torch maps its
+    libraries too: a child forked there starts near or over its limit, and OpenMP cannot even make
+    its threads' stacks; a fresh Python is started instead)."""
     global _zygote, _failed
     if _zygote is None and not _failed:
         try:
             _zygote = Zygote(env, cwd)
         except (OSError, RuntimeError):
             _failed = True
-    return _zygote if _zygote is not None and _zygote.serves(env) else None
+    if _zygote is None or not _zygote.serves(env) or not 0 < _zygote.vm_bytes <= limit - CHILD_ROOM:
+        return None
+    return _zygote
