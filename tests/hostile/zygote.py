@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import re
 import select
 import subprocess
