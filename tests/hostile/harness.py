@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from .zygote import zygote_for
+from .zygote import status_kib, zygote_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ADDRESS_SPACE_LIMIT = 2 << 30       # RLIMIT_AS of the child
@@ -93,17 +93,6 @@ del _atexit, _os
 """
 
 
-def _hwm_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def run_snippet(code: str, timeout: float = TIMEOUT_S, env: dict | None = None,
                 cwd: Path = ROOT) -> Result:
     """Run `code` (dedented) with this Python in a child process under RLIMIT_AS 2 GiB (forked
@@ -139,7 +128,7 @@ def run_snippet(code: str, timeout: float = TIMEOUT_S, env: dict | None = None,
                 return status, usage.ru_utime + usage.ru_stime
         timed_out, peak_kib = False, 0
         while True:
-            peak_kib = max(peak_kib, _hwm_kib(pid))
+            peak_kib = max(peak_kib, status_kib(pid, "VmHWM"))
             done = wait(False)
             if done:
                 break

@@ -92,7 +92,6 @@ class Zygote:
             self.proc.wait()
             raise RuntimeError("the hostile children's warm parent did not start")
         atexit.register(self.close)
-        self.vm_bytes = _vm_size(self.proc.pid)
 
     def close(self) -> None:
         """End the parent (it reads the closed pipe's end) and reap it, so that its CPU and its
@@ -129,11 +128,11 @@ class Zygote:
         return done["status"], done["cpu"]
 
 
-def _vm_size(pid: int) -> int:
-    """The process's address space in bytes (VmSize; 0 where /proc cannot tell)."""
+def status_kib(pid: int, field: str) -> int:
+    """A kB field of /proc/<pid>/status (VmHWM, VmSize, ...); 0 where /proc cannot tell."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:")), 0)
+            return next((int(line.split()[1]) for line in f if line.startswith(field + ":")), 0)
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -148,13 +147,16 @@ def zygote_for(env: dict, cwd: Path, limit: int) -> Zygote | None:
     it, else None. A forked child keeps the parent's mappings, so the parent must leave it
     CHILD_ROOM of `limit` (the CPU build's parent maps ~1.0 GiB; a CUDA build of torch maps its
     libraries too: a child forked there starts near or over its limit, and OpenMP cannot even make
-    its threads' stacks; a fresh Python is started instead)."""
+    its threads' stacks). Where it does not, the parent is ended at once and every child is a
+    fresh Python."""
     global _zygote, _failed
     if _zygote is None and not _failed:
         try:
             _zygote = Zygote(env, cwd)
         except (OSError, RuntimeError):
             _failed = True
-    if _zygote is None or not _zygote.serves(env) or not 0 < _zygote.vm_bytes <= limit - CHILD_ROOM:
-        return None
-    return _zygote
+        else:
+            if not 0 < status_kib(_zygote.proc.pid, "VmSize") << 10 <= limit - CHILD_ROOM:
+                _zygote.close()
+                _zygote, _failed = None, True
+    return _zygote if _zygote is not None and _zygote.serves(env) else None
