@@ -1,7 +1,21 @@
-"""What the decode and varlen kernel tests share: tolerances per dtype, reproducible random
-inputs, and the check of a kernel's output and log-sum-exp against a float64 reference."""
+"""What the kernel tests share: tolerances per dtype, reproducible random inputs, the check of a
+kernel's output and log-sum-exp against a float64 reference, and the parameter grids that run in
+full compiled but as a covering design in the interpreter."""
+
+import itertools
+import os
 
 import torch
+
+# compiled on a CUDA GPU (as tests/conftest.py decides): the full parameter grids run there
+ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
+
+
+def every_pair(cases, *values) -> bool:
+    """Whether `cases` (tuples, one entry per parameter in the order of `values`) hold every pair
+    of values of any two of the parameters, and no other value."""
+    return all({(c[a], c[b]) for c in cases} == {(x, y) for x in values_a for y in values_b}
+               for (a, values_a), (b, values_b) in itertools.combinations(enumerate(values), 2))
 
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 

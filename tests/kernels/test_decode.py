@@ -1,27 +1,23 @@
 """flash_decode against the float64 reference (interpreter in CI, compiled on a GPU)."""
 
-import itertools
 import math
-import os
 
 import pytest
 import torch
 
 from kernels import flash_decode, reference_decode
 from kernels.decode import choose_num_splits, num_splits_heuristic
-from tests.kernels.attention_checks import check, decode_inputs
+from tests.kernels.attention_checks import ON_GPU, check, decode_inputs, every_pair
 
 # ragged lengths with a length of 1 (and, for N_q = 4, rows that see nothing); GQA, MQA, MHA.
 # Compiled: every combination; in the interpreter, every pair of values of any two of the three
 # parameters (9 cases of the 18: each split count with each layout, N_q alternating so that each
 # N_q meets every split count and every layout)
 N_QS, SPLITS, LAYOUTS = (1, 4), (1, 3, "auto"), ((8, 2, 32), (4, 1, 40), (2, 2, 17))
-ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
 RAGGED = ([(n_q, s, *hd) for n_q in N_QS for s in SPLITS for hd in LAYOUTS] if ON_GPU else
           [(N_QS[(i + j) % 2], s, *hd) for i, s in enumerate(SPLITS) for j, hd in enumerate(LAYOUTS)])
 _CASES = [(n_q, s, tuple(hd)) for n_q, s, *hd in RAGGED]
-assert all({(c[a], c[b]) for c in _CASES} == {(x, y) for x in values_a for y in values_b}   # every pair
-           for (a, values_a), (b, values_b) in itertools.combinations(enumerate((N_QS, SPLITS, LAYOUTS)), 2))
+assert every_pair(_CASES, N_QS, SPLITS, LAYOUTS)
 
 
 @pytest.mark.parametrize("n_q,num_splits,h,h_kv,d", RAGGED)

@@ -1,10 +1,9 @@
-import os
-
 import pytest
 import torch
 
 from kernels import SCHEDULES, flash_attention, naive_attention, reference_attention
 from kernels.flash import launch_attention
+from tests.kernels.attention_checks import ON_GPU
 from tests.kernels.test_masks import mask_texts
 
 TOL = {torch.float32: 1e-3, torch.float16: 5e-3, torch.bfloat16: 3e-2}
@@ -38,7 +37,6 @@ def test_every_mask_matches_float64_reference(n, dtype, device):
 # the interpreter, where the head dim (a power of two: no padded lanes) only sets the arrays' width
 # and the tile size the tile walk, each head dim and each tile size at least once
 HEAD_DIMS, TILE_SIZES = (16, 64, 128, 256), ((16, 16), (64, 32), (32, 128))
-ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
 DIMS_AND_TILES = ([(d, bm, bn) for bm, bn in TILE_SIZES for d in HEAD_DIMS] if ON_GPU else
                   [(16, 32, 128), (64, 64, 32), (128, 64, 32), (256, 16, 16)])
 assert {d for d, _, _ in DIMS_AND_TILES} == set(HEAD_DIMS)

@@ -7,15 +7,14 @@ in the inputs' dtype (upcast=False, reorder_ops=True). The CPU cases (the interp
 the `gpu` cases at the end are the full matrix: larger N, fp16 and bf16, more head dims.
 """
 
-import itertools
 import math
-import os
 
 import pytest
 import torch
 
 from kernels.flash_attn_interface import (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                                           window_mask)
+from tests.kernels.attention_checks import ON_GPU, every_pair
 
 gpu = pytest.mark.gpu
 FP16, BF16 = torch.float16, torch.bfloat16
@@ -153,13 +152,10 @@ def test_flash_attn_output(causal, local, mha_type, device):
 # compiled, every combination; in the interpreter every pair of values of any two of the three
 # parameters (8 cases of the 16: each shape both ways round, local on for one of the two, in turn)
 CAUSAL_SHAPES = ((1, 239, 32), (3, 199, 40), (113, 203, 16), (45, 97, 111))
-ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
 CAUSAL_CASES = [(*shape, swap, local) for i, shape in enumerate(CAUSAL_SHAPES) for swap in (False, True)
                 for local in (False, True) if ON_GPU or local == bool((i + swap) % 2)]
 _CASES = [(tuple(c[:3]), c[3], c[4]) for c in CAUSAL_CASES]          # (shape, swap, local)
-assert all({(c[a], c[b]) for c in _CASES} == {(x, y) for x in values_a for y in values_b}   # every pair
-           for (a, values_a), (b, values_b) in itertools.combinations(
-               enumerate((CAUSAL_SHAPES, (False, True), (False, True))), 2))
+assert every_pair(_CASES, CAUSAL_SHAPES, (False, True), (False, True))
 
 
 @pytest.mark.parametrize("seqlen_q,seqlen_k,d,swap_sq_sk,local", CAUSAL_CASES)

@@ -1,25 +1,22 @@
 """flash_decode over a paged KV cache (block_table) against the float64 reference on the
 contiguous cache it stands for (interpreter in CI, compiled on a GPU)."""
 
-import itertools
-import os
 
 import pytest
 import torch
 
 from kernels import flash_decode, reference_decode
 from kernels.paged import gather_pages, page_reads, paginate
-from tests.kernels.attention_checks import check, decode_inputs as make
+from tests.kernels.attention_checks import ON_GPU, check, every_pair
+from tests.kernels.attention_checks import decode_inputs as make
 
 # ragged lengths: 1, exactly one page, a page and a bit, the whole table; a permuted pool with spare
 # pages. Compiled: all 8 combinations; in the interpreter every pair of values of any two of the
 # three parameters (4 cases: the split count 3 exactly where one of page 64 and N_q 4 is)
 PAGES, N_QS, SPLITS = (16, 64), (1, 4), (1, 3)
-ON_GPU = os.environ.get("TRITON_INTERPRET", "0") in ("0", "") and torch.cuda.is_available()
 PAGED = [(p, n, s) for p in PAGES for n in N_QS for s in SPLITS
          if ON_GPU or (p == PAGES[1]) ^ (n == N_QS[1]) == (s == SPLITS[1])]
-assert all({(c[a], c[b]) for c in PAGED} == {(x, y) for x in values_a for y in values_b}   # every pair
-           for (a, values_a), (b, values_b) in itertools.combinations(enumerate((PAGES, N_QS, SPLITS)), 2))
+assert every_pair(PAGED, PAGES, N_QS, SPLITS)
 
 
 @pytest.mark.parametrize("page,n_q,num_splits", PAGED)
