@@ -190,8 +190,8 @@ def check_writable_target(path, error=FileFormatError, probe: bool = False) -> P
     if path is None or str(path).strip() == "":
         raise error("the output path is empty; name a directory, e.g. --out data/traces/mine")
     path = Path(path)
-    child = path.absolute()
-    for parent in path.absolute().parents:
+    child = path.absolute()                 # the part of path just below `parent`
+    for parent in child.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise error(f"cannot write '{path}': '{parent}' is a file, not a directory")
