@@ -118,6 +118,98 @@ def softmax_update(qk, m_i, offs_n, row_lo, row_hi, qk_scale, MASKED: tl.constex
 
 
 @triton.jit
+def band_visible(i, band, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BAND_LO: tl.constexpr,
+                 BAND_HI: tl.constexpr, KEY_BOUND: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) int1: which scores of a band loop's i-th tile a row may see. A band mask
+    (kernels.masks' band) lets row r see keys r + lo <= j <= r + hi and j < N_K, so the mask comes
+    from the tile's own row and key indices and scalar bounds; a full tile's bounds pass every key
+    (no branch: Triton 3.6 warp-specialises no loop with one, nor a mask from row vectors loaded
+    before the loop). band: (full_lo, full_hi, diag_lo, diag_hi, keys_left): tiles full_lo <= i <
+    full_hi are full; diag_lo, diag_hi the band's bounds on key - row for the loop's first tile and
+    the block's first row; keys_left: N_K minus the first tile's first key. BAND_LO / BAND_HI: the
+    band has that bound; KEY_BOUND: keys past N_K can fall inside the band."""
+    full_lo, full_hi, diag_lo, diag_hi, keys_left = band
+    partial = (i < full_lo) | (i >= full_hi)
+    shift = i * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    diag = offs_n[None, :] - tl.arange(0, BLOCK_M)[:, None]              # key - row within the tile
+    visible = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+    if KEY_BOUND:
+        visible &= offs_n[None, :] < tl.where(partial, keys_left - shift, BLOCK_N)
+    if BAND_HI:
+        visible &= diag <= tl.where(partial, diag_hi - shift, BLOCK_N)
+    if BAND_LO:
+        visible &= diag >= tl.where(partial, diag_lo - shift, -BLOCK_M)
+    return visible
+
+
+@triton.jit
+def band_softmax_update(qk, m_i, visible, qk_scale, LOG2_P_SCALE: tl.constexpr):
+    """softmax_update for a band loop's tile: raw scores masked by `visible` (all of a full tile),
+    scaled and shifted in one FMA per score; a row with no visible key yet keeps m = -inf (0 is
+    subtracted). Returns (p, alpha, m_new)."""
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(qk * qk_scale - (m_ref - LOG2_P_SCALE)[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    return p, alpha, m_new
+
+
+@triton.jit
+def attend_band_tiles(acc, l_i, m_i, q, kv, rows, blocks, qk_scale, k_desc, v_desc, tiles_ptr, rows_ptr, n_kb,
+                      trace_tiles_here, trace_rows_here, TILE: tl.constexpr, BAND_LO: tl.constexpr,
+                      BAND_HI: tl.constexpr, KEY_BOUND: tl.constexpr, USE_TMA: tl.constexpr,
+                      WARP_SPECIALIZE: tl.constexpr, TRACE: tl.constexpr):
+    """attend_tiles over every visited tile of a band mask's query block in one loop, full and
+    partial alike (band_visible). Returns (acc, l_i, m_i).
+
+    kv, rows (offs_d, d_ok): as attend_tiles'; blocks: (kb_first, count, band) key blocks
+    kb_first + i for i < count and band_visible's bounds."""
+    k_base, v_base, stride_kn, stride_vn, desc_row = kv
+    offs_d, d_ok = rows
+    kb_first, count, band = blocks
+    BLOCK_M: tl.constexpr = TILE.BLOCK_M
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    EVEN_D: tl.constexpr = TILE.EVEN_D
+    DOT_PRECISION: tl.constexpr = TILE.DOT_PRECISION
+    UPCAST_DOT: tl.constexpr = TILE.UPCAST_DOT
+    keys_left = band[4]
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
+        k_block = kb_first + i
+        offs_n = k_block * BLOCK_N + offs_n0
+        if TRACE.TILES and TRACE.HW_CLOCK:
+            c_start = clock64()
+        else:
+            c_start = 0
+        n_ok = offs_n0 < keys_left - i * BLOCK_N
+        if USE_TMA:
+            k = tl.trans(k_desc.load([desc_row + k_block * BLOCK_N, 0]))
+        else:
+            k = load_kv_tile(k_base + offs_n[None, :] * stride_kn + offs_d[:, None], n_ok[None, :], d_ok[:, None],
+                             KEY_BOUND, EVEN_D, KV_EVICT_NORMAL)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+        visible = band_visible(i, band, BLOCK_M, BLOCK_N, BAND_LO, BAND_HI, KEY_BOUND)
+        p, alpha, m_new = band_softmax_update(qk, m_i, visible, qk_scale, 0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if USE_TMA:
+            v = v_desc.load([desc_row + k_block * BLOCK_N, 0])
+        else:
+            v = load_kv_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok[:, None], d_ok[None, :],
+                             KEY_BOUND, EVEN_D, KV_EVICT_NORMAL)
+        acc = accumulate_pv(acc, p, v, DOT_PRECISION, UPCAST_DOT)
+        m_i = m_new
+        record_tile(tiles_ptr, rows_ptr, n_kb, k_block, i, c_start, m_i, l_i, alpha,
+                    trace_tiles_here=trace_tiles_here, trace_rows_here=trace_rows_here, TRACE=TRACE,
+                    BLOCK_M=BLOCK_M)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def record_tile(tiles_ptr, rows_ptr, n_kb, k_block, step, c_start, m_i, l_i, alpha, trace_tiles_here,
                 trace_rows_here, TRACE: tl.constexpr, BLOCK_M: tl.constexpr):
     """One visited tile into the trace (the forward's tile loops, bf16 and FP8): with TRACE.TILES
