@@ -53,15 +53,14 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .tile_ops import (LN2, attend_band_tiles, attend_tiles, globaltimer, merge_normalised,  # noqa: E402
-                       normalise_rows, smid)
+from .tile_ops import LN2, attend_tiles, globaltimer, merge_normalised, normalise_rows, smid  # noqa: E402
 
 # sizes are not specialised on (only strides are, for aligned loads): one compiled kernel serves
 # every N_q, N_k, H and group size instead of one per divisibility pattern. The head dim is a
 # constexpr (TILE.head_dim): the padding mask offs_d < head_dim is then known, so loads stay 16
 # bytes wide. Triton 3.6 specialises the elements of a tuple even when the tuple is named here,
 # so the sizes stay scalars.
-SIZES = ["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots", "diag_lo", "diag_hi"]
+SIZES = ["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"]
 
 
 @triton.jit
@@ -85,7 +84,7 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
     (B, H, N) strides of q, k, v, o, OA and LSE's row stride; lists: the block plan's (row_lo,
     row_hi, full_cnt, full_start, part_cnt, part_idx); descs: (q_desc, k_desc, v_desc); trace:
     the trace buffers (tr_work, tr_tiles, tr_rows, row_slot, head_slot) and trace_slots; sizes:
-    (H, GROUP, N_Q, N_K, n_qb, n_kb, diag_lo, diag_hi, qk_scale). The host passes None for what a launch does not
+    (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale). The host passes None for what a launch does not
     use (OA, LSE, trace buffers): nothing reads them then."""
     Q, K, V, O, OA, LSE = tensors
     q_strides, k_strides, v_strides, o_strides, oa_strides, stride_lbh = strides
@@ -94,10 +93,10 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
     stride_vb, stride_vh, stride_vn = v_strides
     stride_ob, stride_oh, stride_on = o_strides
     stride_ab, stride_ah, stride_an = oa_strides
-    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx, band_first, band_count = lists
+    lo_ptr, hi_ptr, full_cnt, full_start, part_cnt, part_idx = lists
     q_desc, k_desc, v_desc = descs
     tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots = trace
-    H, GROUP, N_Q, N_K, n_qb, n_kb, diag_lo, diag_hi, qk_scale = sizes
+    H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale = sizes
     # namedtuple fields bound to constexprs before they go into shapes or calls (tile_ops.attend_tiles)
     BLOCK_M: tl.constexpr = TILE.BLOCK_M
     HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
@@ -169,21 +168,8 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
     rows = (offs_d, d_ok, row_lo, row_hi)
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
-    # -- a band mask: every visited tile in one loop, masked where partial --
-    if PHASE.BAND:
-        kb_first = tl.load(band_first + q_block)
-        full_lo = tl.load(full_start + q_block) - kb_first
-        to_first = kb_first * TILE.BLOCK_N - q_block * BLOCK_M       # the band's bounds from this block's corner
-        band = (full_lo, full_lo + n_full, diag_lo - to_first, diag_hi - to_first, N_K - kb_first * TILE.BLOCK_N)
-        acc, l_i, m_i = attend_band_tiles(acc, l_i, m_i, q, kv, (offs_d, d_ok),
-                                          (kb_first, tl.load(band_count + q_block), band), qk_scale,
-                                          k_desc=k_desc, v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr,
-                                          n_kb=n_kb, trace_tiles_here=traced_head, trace_rows_here=trace_rows_here,
-                                          TILE=TILE, BAND_LO=PHASE.BAND_LO, BAND_HI=PHASE.BAND_HI,
-                                          KEY_BOUND=PHASE.KEY_BOUND, USE_TMA=USE_TMA,
-                                          WARP_SPECIALIZE=WARP_SPECIALIZE, TRACE=TRACE)
     # -- off-band: full tiles, no element mask --
-    if PHASE.OFF_BAND and not PHASE.BAND:
+    if PHASE.OFF_BAND:
         full_run = (part_idx, tl.load(full_start + q_block), n_full, 0, N_K)
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kv, rows, full_run, qk_scale, k_desc=k_desc, v_desc=v_desc,
                                      tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb, trace_tiles_here=traced_head,
@@ -191,7 +177,7 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
                                      USE_TMA=USE_TMA, WARP_SPECIALIZE=WARP_SPECIALIZE,
                                      ROWSUM_MMA=ROWSUM_MMA, TRACE=TRACE)
     # -- on-band: partial tiles, element mask from the per-row interval --
-    if PHASE.HAS_PARTIAL and not PHASE.BAND:
+    if PHASE.HAS_PARTIAL:
         partial_list = (part_idx + q_block * n_kb, 0, n_part, n_full, N_K)
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kv, rows, partial_list, qk_scale, k_desc=k_desc,
                                      v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb,
@@ -230,7 +216,7 @@ def fwd_work_item(work, program, order, tensors, strides, lists, descs, trace, s
 def attn_fwd_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, oa_strides, LSE, stride_lbh,
                     lists, q_desc, k_desc, v_desc, work_list,
                     tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-                    H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, diag_lo, diag_hi, qk_scale,
+                    H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, qk_scale,
                     TILE: tl.constexpr, LOOP: tl.constexpr, PHASE: tl.constexpr, TRACE: tl.constexpr):
     """One program per work item: program p runs work_list[p] ((batch*head) * n_qb + q_block).
     *_strides: each tensor's (B, H, N) strides (its D stride is 1); OA: the normalised result a
@@ -255,14 +241,14 @@ def attn_fwd_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, 
     fwd_work_item(work, pid, order, (Q, K, V, O, OA, LSE),
                   (q_strides, k_strides, v_strides, o_strides, oa_strides, stride_lbh), lists, descs,
                   (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots),
-                  (H, GROUP, N_Q, N_K, n_qb, n_kb, diag_lo, diag_hi, qk_scale), TILE=TILE, LOOP=LOOP, PHASE=PHASE, TRACE=TRACE)
+                  (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale), TILE=TILE, LOOP=LOOP, PHASE=PHASE, TRACE=TRACE)
 
 
 @triton.jit(do_not_specialize=SIZES)
 def attn_fwd_persistent_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_strides, OA, oa_strides, LSE,
                                stride_lbh, lists, q_desc, k_desc, v_desc, work_list, work_counter,
                                tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-                               H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, diag_lo, diag_hi, qk_scale,
+                               H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, qk_scale,
                                TILE: tl.constexpr, LOOP: tl.constexpr, PHASE: tl.constexpr, TRACE: tl.constexpr):
     """The persistent schedule: as many programs as SMs, each taking work items from a counter
     (work_counter, zeroed per call) in the order of work_list until none are left. Arguments as
@@ -280,5 +266,5 @@ def attn_fwd_persistent_kernel(Q, K, V, O, q_strides, k_strides, v_strides, o_st
         fwd_work_item(work, pid, idx, (Q, K, V, O, OA, LSE),
                   (q_strides, k_strides, v_strides, o_strides, oa_strides, stride_lbh), lists, descs,
                       (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots),
-                      (H, GROUP, N_Q, N_K, n_qb, n_kb, diag_lo, diag_hi, qk_scale), TILE=TILE, LOOP=LOOP, PHASE=PHASE, TRACE=TRACE)
+                      (H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale), TILE=TILE, LOOP=LOOP, PHASE=PHASE, TRACE=TRACE)
         idx = tl.atomic_add(work_counter, 1)

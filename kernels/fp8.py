@@ -57,10 +57,6 @@ class Fp8Tile(NamedTuple):
     SEED: bool
     ROUND_FIRST: bool
     WARP_SPECIALIZE: bool
-    BAND: bool = False
-    BAND_LO: bool = False
-    BAND_HI: bool = False
-    KEY_BOUND: bool = False
 
 
 class Fp8Launch(NamedTuple):
@@ -83,7 +79,6 @@ class Fp8Plan(NamedTuple):
 # the warp-specialised loop's launch options, as the bf16 kernel's WS defaults (same tiles as fp8_config's)
 WS_OPTIONS = dict(num_warps=4, num_stages=2)
 _WS_REFUSED: set = set()      # Fp8Tile values Triton failed to compile warp-specialised
-BAND = True
 
 
 def _use_ws(requested, x: Fp8Inputs, plan, traced: bool, full: bool) -> tuple:
@@ -120,16 +115,9 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
                    interpreting(), ws and not plan.has_partial)
     trace = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=hw_clock, STORE_ORDER=not hw_clock) \
         if flags is not None else TraceFlags()
-    band = plan.band
-    if BAND and band is not None and plan.has_partial and flags is None:
-        tile = tile._replace(BAND=True, BAND_LO=band.has_lo, BAND_HI=band.has_hi,
-                             KEY_BOUND=x.n_k % x.block_n != 0 and (not band.has_hi or band.diag_hi > x.n_k - n_q),
-                             WARP_SPECIALIZE=warp_specialize is not False and warp_specialize_supported(x.q.device))
-        split = False
     fixed = dict(q8_strides=(x.q.stride(0), x.q.stride(1)), kv8_strides=(x.k.stride(0), x.v.stride(0), x.v.stride(1)),
                  o_strides=(h * n_q * d, n_q * d, d),
                  lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
-                 band_lists=plan.band_lists, diag_lo=band.diag_lo if band else 0, diag_hi=band.diag_hi if band else 0,
                  work_list=plan.work_list(b * h, "natural"), H=h, GROUP=h // x.h_kv, N_Q=n_q, N_K=x.n_k,
                  n_qb=plan.n_qb, n_kb=plan.n_kb, n_work=b * h * plan.n_qb, TRACE=trace)
     override = {k: val for k, val in (launch_options or {}).items() if val is not None}
@@ -194,7 +182,7 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     hw_clock = device.type == "cuda"
     flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags, warp_specialize,
-           num_warps, num_stages, BAND)
+           num_warps, num_stages)
     fp = _PLANS.get(key)
     if fp is None:
         options = dict(num_warps=num_warps, num_stages=num_stages)

@@ -35,8 +35,7 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .tile_ops import (LN2, band_softmax_update, band_visible, cast_e4m3, clock64, globaltimer, normalise_rows,  # noqa: E402
-                       record_tile, smid, softmax_update)
+from .tile_ops import LN2, cast_e4m3, clock64, globaltimer, normalise_rows, record_tile, smid, softmax_update  # noqa: E402
 
 # P after the running max lies in [0, 1]; it comes out of the exponential multiplied by a fixed
 # P_SCALE = 2^8 = 256 for the e4m3 cast (8 subtracted from the row max before exp2, so no multiply
@@ -45,7 +44,7 @@ from .tile_ops import (LN2, band_softmax_update, band_visible, cast_e4m3, clock6
 # (not 2^-10). l is summed in the same units.
 LOG2_P_SCALE = tl.constexpr(8)
 P_SCALE = tl.constexpr(256.0)
-SIZES = ["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots", "diag_lo", "diag_hi"]
+SIZES = ["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "n_work", "trace_slots"]
 
 
 @triton.jit
@@ -104,56 +103,10 @@ def fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, blocks, qk_scale, k_desc, v_desc,
     return acc, l_i, m_i, s_v
 
 
-@triton.jit
-def fp8_band_tiles(acc, l_i, m_i, s_v, q, kv, offs_d, blocks, qk_scale, k_desc, v_desc, tiles_ptr, rows_ptr, n_kb,
-                   trace_tiles_here, trace_rows_here, TILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                   TRACE: tl.constexpr):
-    """fp8_tiles over every visited tile of a band mask's query block in one loop, full and partial
-    alike (tile_ops.band_visible). Returns (acc, l_i, m_i, s_v).
-
-    blocks: (kb_first, count, band, stride_vd): key blocks kb_first + i for i < count, band_visible's
-    bounds, V^T's row stride; the rest as fp8_tiles'."""
-    k_base, v_base, k_scale, v_scale, k_row, v_row = kv
-    kb_first, count, band, stride_vd = blocks
-    BLOCK_M: tl.constexpr = TILE.BLOCK_M
-    BLOCK_N: tl.constexpr = TILE.BLOCK_N
-    HEAD_DIM: tl.constexpr = TILE.HEAD_DIM
-    ROUND_FIRST: tl.constexpr = TILE.ROUND_FIRST
-    offs_n0 = tl.arange(0, BLOCK_N)
-    for i in tl.range(0, count, warp_specialize=WARP_SPECIALIZE):
-        k_block = kb_first + i
-        if TRACE.TILES and TRACE.HW_CLOCK:
-            c_start = clock64()
-        else:
-            c_start = 0
-        s_k = tl.load(k_scale + k_block)
-        s_new = tl.load(v_scale + k_block)
-        if WARP_SPECIALIZE:
-            k = tl.trans(k_desc.load([k_row + k_block * BLOCK_N, 0]))
-        else:
-            k = tl.load(k_base + (k_block * BLOCK_N + offs_n0)[None, :] * HEAD_DIM + offs_d[:, None])
-        qk = tl.dot(q, k)
-        visible = band_visible(i, band, BLOCK_M, BLOCK_N, TILE.BAND_LO, TILE.BAND_HI, TILE.KEY_BOUND)
-        p, alpha, m_new = band_softmax_update(qk, m_i, visible, qk_scale * s_k, LOG2_P_SCALE)   # P_SCALE * P
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * (alpha * (s_v / s_new))[:, None]
-        if WARP_SPECIALIZE:
-            v = v_desc.load([v_row, k_block * BLOCK_N])
-        else:
-            v = tl.load(v_base + offs_d[:, None] * stride_vd + (k_block * BLOCK_N + offs_n0)[None, :])
-        acc = tl.dot(cast_e4m3(p, ROUND_FIRST), tl.trans(v), acc)
-        s_v = s_new
-        m_i = m_new
-        record_tile(tiles_ptr, rows_ptr, n_kb, k_block, i, c_start, m_i, l_i / P_SCALE, alpha,
-                    trace_tiles_here=trace_tiles_here, trace_rows_here=trace_rows_here, TRACE=TRACE,
-                    BLOCK_M=BLOCK_M)
-    return acc, l_i, m_i, s_v
-
-
 @triton.jit(do_not_specialize=SIZES)
-def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_strides, lists, band_lists,
-                        work_list, tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
-                        H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, diag_lo, diag_hi, qk_scale,
+def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_strides, lists, work_list,
+                        tr_work, tr_counter, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
+                        H, GROUP, N_Q, N_K, n_qb, n_kb, n_work, qk_scale,
                         TILE: tl.constexpr, TRACE: tl.constexpr, RETURN_LSE: tl.constexpr):
     """One program per work item: program p runs work_list[p] ((batch*head) * n_qb + q_block).
 
@@ -243,27 +196,15 @@ def attn_fwd_fp8_kernel(Q8, K8, V8, O, LSE, scales, q8_strides, kv8_strides, o_s
     rows = (offs_d, row_lo, row_hi)
     n_full = tl.load(full_cnt + q_block)
     n_part = tl.load(part_cnt + q_block)
-    # -- a band mask: every visited tile in one loop, masked where partial --
-    if TILE.BAND:
-        first_ptr, count_ptr = band_lists
-        kb_first = tl.load(first_ptr + q_block)
-        full_lo = tl.load(full_start + q_block) - kb_first
-        to_first = kb_first * BLOCK_N - q_block * BLOCK_M       # the band's bounds from this block's corner
-        band = (full_lo, full_lo + n_full, diag_lo - to_first, diag_hi - to_first, N_K - kb_first * BLOCK_N)
-        acc, l_i, m_i, s_v = fp8_band_tiles(acc, l_i, m_i, s_v, q, kv, offs_d,
-                                            (kb_first, tl.load(count_ptr + q_block), band, stride_vd), tile_qk_scale,
-                                            k_desc=k_desc, v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr,
-                                            n_kb=n_kb, trace_tiles_here=traced_head, trace_rows_here=trace_rows_here,
-                                            TILE=TILE, WARP_SPECIALIZE=WARP_SPECIALIZE, TRACE=TRACE)
     # -- off-band: full tiles, no element mask --
-    if TILE.OFF_BAND and not TILE.BAND:
+    if TILE.OFF_BAND:
         full_run = (part_idx, tl.load(full_start + q_block), n_full, 0, stride_vd)
         acc, l_i, m_i, s_v = fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, full_run, tile_qk_scale, k_desc=k_desc,
                                        v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr, n_kb=n_kb,
                                        trace_tiles_here=traced_head, trace_rows_here=trace_rows_here, TILE=TILE,
                                        IS_PARTIAL=False, WARP_SPECIALIZE=WARP_SPECIALIZE, TRACE=TRACE)
     # -- on-band: partial tiles, element mask from the per-row interval --
-    if TILE.HAS_PARTIAL and not TILE.BAND:
+    if TILE.HAS_PARTIAL:
         partial_list = (part_idx + q_block * n_kb, 0, n_part, n_full, stride_vd)
         acc, l_i, m_i, s_v = fp8_tiles(acc, l_i, m_i, s_v, q, kv, rows, partial_list, tile_qk_scale,
                                        k_desc=k_desc, v_desc=v_desc, tiles_ptr=tiles_ptr, rows_ptr=rows_ptr,

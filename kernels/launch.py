@@ -70,10 +70,6 @@ class FwdPhase(NamedTuple):
     MERGE: bool
     RETURN_LSE: bool
     SAFE_DIV: bool
-    BAND: bool = False
-    BAND_LO: bool = False
-    BAND_HI: bool = False
-    KEY_BOUND: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,9 +139,6 @@ _WS_REFUSED: set = set()      # constexpr sets Triton failed to compile warp-spe
 _ALLOCATOR = []
 
 
-BAND = False
-
-
 def clear_caches() -> None:
     """Forget resolved launch plans (tests that change the launch rules)."""
     _PLANS.clear()
@@ -168,7 +161,7 @@ def resolve_launch(q, k, v, mask, block_m, block_n, schedule, num_warps, num_sta
         return _resolve(q, k, v, mask, *options)    # refused there (a float or bool equals an int key)
     try:
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               q.device, k.device, v.device, mask, options, BAND)
+               q.device, k.device, v.device, mask, options)
         plan = _PLANS.get(key)
     except (AttributeError, TypeError, ValueError, RuntimeError):   # not tensors (validate_call says so), or a
         return _resolve(q, k, v, mask, *options)                    # mask that cannot be hashed or compared
@@ -222,13 +215,6 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         # hold 128x128 tiles well only when specialised, so the plain loop gets 8 (same tiles, same plan)
         cfg = rules.KernelConfig(cfg.block_m, cfg.block_n, 8, cfg.num_stages)
     split = rules.two_launches(ws, plan)   # the second resumes from the first's (O, lse)
-    band = plan.band if BAND and plan.has_partial and tiles == "all" and not persistent else None
-    if band is not None:
-        split = False
-        if not ws and warp_specialize and tma_fits and not traced:
-            ws = True
-            _ensure_allocator()
-            use_tma = False
     tile = Tile(head_dim=d, HEAD_DIM=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, EVEN_M=(n % cfg.block_m == 0),
                 EVEN_D=(d == d_tile), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                 UPCAST_DOT=interpreting() and q.dtype == torch.bfloat16)
@@ -236,18 +222,14 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
                    ROWSUM_MMA=rules.rowsum_mma(ws, flags[2], plan))
     phase = FwdPhase(OFF_BAND=True, HAS_PARTIAL=plan.has_partial, SEED=False, MERGE=bool(merge),
                      RETURN_LSE=bool(return_lse or has_out),
-                     SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)),
-                     BAND=band is not None, BAND_LO=bool(band and band.has_lo), BAND_HI=bool(band and band.has_hi),
-                     KEY_BOUND=n_k % cfg.block_n != 0)
+                     SAFE_DIV=(n % cfg.block_m != 0 or plan.has_empty_rows or bool(merge)))
     trace_flags = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=bool(hw_clock),
                              STORE_ORDER=persistent or not hw_clock)
     contiguous = lambda shape: (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3])  # noqa: E731
     fixed = dict(
         q_strides=tuple(q.stride()[:3]), k_strides=tuple(k.stride()[:3]), v_strides=tuple(v.stride()[:3]),
-        lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
-               *plan.band_lists),
-        work_list=works, H=h, GROUP=h // h_kv, N_Q=n, N_K=n_k, n_qb=plan.n_qb, n_kb=plan.n_kb, n_work=n_work,
-        diag_lo=plan.band.diag_lo if plan.band else 0, diag_hi=plan.band.diag_hi if plan.band else 0)
+        lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
+        work_list=works, H=h, GROUP=h // h_kv, N_Q=n, N_K=n_k, n_qb=plan.n_qb, n_kb=plan.n_kb, n_work=n_work)
     kernel = attn_fwd_persistent_kernel if persistent else attn_fwd_kernel
     per_call = _PER_CALL + (("work_counter",) if persistent else ())
     groups = dict(tile=tile, loop=loop, phase=phase, trace=trace_flags)

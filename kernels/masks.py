@@ -118,12 +118,6 @@ class MaskKind:
         """Per-row visible keys [lo, hi] (int64, before clipping to [0, n_k))."""
         raise NotImplementedError
 
-    def band(self, param):
-        """(lo, hi) when every row sees the keys pos + lo <= j <= pos + hi (None: unbounded on that
-        side), the same offsets for every row, so a kernel can mask from the row and key indices
-        alone; None for masks that are not such a band."""
-        return None
-
 
 class IntParamKind(MaskKind):
     widget = "int"
@@ -154,9 +148,6 @@ class Full(MaskKind):
     def interval(self, param, pos, n_k):
         return np.zeros_like(pos), np.full_like(pos, n_k - 1)
 
-    def band(self, param):
-        return None, None
-
 
 @register
 class Causal(MaskKind):
@@ -167,9 +158,6 @@ class Causal(MaskKind):
 
     def interval(self, param, pos, n_k):
         return np.zeros_like(pos), pos
-
-    def band(self, param):
-        return None, 0
 
 
 @register
@@ -183,9 +171,6 @@ class SlidingWindow(IntParamKind):
 
     def interval(self, w, pos, n_k):
         return pos - w + 1, pos
-
-    def band(self, w):
-        return 1 - w, 0
 
     def default_param(self, n):
         return max(1, int(n) // 4)
@@ -293,9 +278,6 @@ class Local(MaskKind):
 
     def interval(self, pair, pos, n_k):
         return pos - pair[0], pos + pair[1]
-
-    def band(self, pair):
-        return -pair[0], pair[1]
 
 
 MASK_KINDS = tuple(MASKS)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -22,16 +21,6 @@ PLAN_CACHE_ENTRIES = 64
 PLAN_CACHE_BYTES = 256 << 20
 PLAN_CACHE_ITEM_BYTES = 32 << 20
 WORK_LISTS_PER_PLAN = 4
-
-
-class Band(NamedTuple):
-    """A band mask on the N_q x N_k grid: row r sees keys r + diag_lo <= j <= r + diag_hi (and
-    j < N_k); has_lo / has_hi: that bound exists (else diag_lo / diag_hi are 0, unused)."""
-
-    diag_lo: int
-    diag_hi: int
-    has_lo: bool
-    has_hi: bool
 
 
 @dataclass
@@ -76,27 +65,6 @@ class BlockPlan:
     def mean_full(self) -> float:
         """Full tiles per query block, on average (how long the off-band loops run)."""
         return float((self.block_map == FULL).sum()) / max(1, self.n_qb)
-
-    @cached_property
-    def band(self) -> Band | None:
-        """The mask as a band (Band) where it is one (kernels.masks' band), else None."""
-        offsets = self.spec.mask_kind.band(self.spec.param)
-        if offsets is None:
-            return None
-        shift = self.n_k - self.n              # bottom-right alignment: row r sits at position r + shift
-        lo, hi = offsets
-        return Band(0 if lo is None else lo + shift, 0 if hi is None else hi + shift, lo is not None, hi is not None)
-
-    @cached_property
-    def band_lists(self) -> tuple:
-        """(first, count) int32 on the plan's device: each query block's first visited key block
-        and its visited tiles (a band's visited tiles are one run)."""
-        seen = self.block_map != SKIPPED
-        first = np.where(seen.any(1), seen.argmax(1), 0).astype(np.int32)
-        count = seen.sum(1).astype(np.int32)
-        device = self.row_lo.device
-        return tuple(persistent(lambda a=a: torch.from_numpy(np.ascontiguousarray(a)).to(device), device)
-                     for a in (first, count))
 
     @property
     def n_qb(self) -> int:
