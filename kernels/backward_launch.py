@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from .runtime import check_interpreter_tiles, choose_backend, interpreting
+from .runtime import check_interpreter_tiles, choose_backend, interpreting, resource_refusal
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -172,7 +172,8 @@ def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) 
         raise ValueError(f"{kernel.__name__} takes {len(names)} arguments, got {len(args)}: "
                          f"unknown {sorted(set(args) - set(names))}, missing {sorted(set(names) - set(args))}")
     options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    kernel[grid](*[args[n] for n in names], **options)
+    with resource_refusal():
+        kernel[grid](*[args[n] for n in names], **options)
 
 
 def _descriptors_fit(*tensors) -> bool:

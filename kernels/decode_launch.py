@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from .device_cache import persistent
-from .runtime import INTERPRETER_MAX_DECODE_VISITS, choose_backend, interpreting
+from .runtime import INTERPRETER_MAX_DECODE_VISITS, choose_backend, interpreting, resource_refusal
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -91,7 +91,8 @@ def launch(kernel, grid, args: dict, **options) -> None:
     launch at a time (a lock); on CUDA no lock: launches are stream-ordered."""
     order = SPLIT_ARGS if kernel is decode_split_kernel else MERGE_ARGS
     if _INTERPRETER_LOCK is None:
-        kernel[grid](*[args[name] for name in order], **options)
+        with resource_refusal():
+            kernel[grid](*[args[name] for name in order], **options)
     else:
         with _INTERPRETER_LOCK:
             kernel[grid](*[args[name] for name in order], **options)

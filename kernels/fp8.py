@@ -25,7 +25,7 @@ from .launch_config import split_pays, warp_specialize_supported
 from .launch_cache import BoundedCache
 from .masks import MaskSpec, parse_mask
 from .plan import block_plan, plan_bytes
-from .runtime import check_interpreter_tiles, interpreting
+from .runtime import check_interpreter_tiles, interpreting, resource_refusal
 from .shapes import check_inputs, softmax_scale
 from .trace_buffers import TraceBuffers, check_trace_buffers
 
@@ -199,8 +199,9 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         head_slot, slots = trace._checked[ckey]
         call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
                     row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
-    for launch in fp.launches:
-        _launch(fp.grid, launch, launch.args.bind(**call))
+    with resource_refusal():
+        for launch in fp.launches:
+            _launch(fp.grid, launch, launch.args.bind(**call))
     return (o, lse) if return_lse else o
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from .runtime import check_interpreter_tiles, choose_backend, device_facts, interpreting
+from .runtime import check_interpreter_tiles, choose_backend, device_facts, interpreting, resource_refusal
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -386,7 +386,8 @@ def _ensure_allocator() -> None:
 
 
 def _run_kernel(kernel, grid, args, options):
-    return kernel.run(*args, grid=grid, warmup=False, **options)
+    with resource_refusal():
+        return kernel.run(*args, grid=grid, warmup=False, **options)
 
 
 _RUN_KERNEL = _run_kernel

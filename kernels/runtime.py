@@ -10,6 +10,7 @@ once here, not on every call.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 # Linux and WSL2 device nodes; without them there is no CUDA device to ask torch about
@@ -55,6 +56,21 @@ def check_interpreter_tiles(tiles: int, what: str, remedy: str = TILE_LIMIT_REME
         raise ValueError(message)
 
 _INTERPRETING: list = []      # the answer, once known
+
+
+@contextmanager
+def resource_refusal():
+    """Around a kernel launch: Triton's OutOfResources (the compiled tiles need more shared memory
+    or registers than the GPU has, e.g. float32 D256 with 128-key tiles) as one ValueError line
+    that says what to change, instead of a compiler traceback. The interpreter never raises it."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        yield
+    except OutOfResources as exc:
+        raise ValueError(f"these tiles need {exc.required:,} bytes of {exc.name} and the GPU has {exc.limit:,}: "
+                         "pass smaller block_m / block_n or num_stages, or leave them out for the defaults "
+                         "(float32 tiles take twice the memory of bfloat16)") from None
 
 
 def choose_backend() -> None:

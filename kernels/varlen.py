@@ -30,7 +30,7 @@ import torch
 from .launch_config import BLOCK_SIZES, default_config
 from .masks import MaskSpec, parse_mask
 from .paged import check_block_table
-from .runtime import check_interpreter_tiles, choose_backend, interpreting
+from .runtime import check_interpreter_tiles, choose_backend, interpreting, resource_refusal
 from .shapes import padded_head_dim, softmax_scale
 from .varlen_plan import (INLINE_CHECK_ENTRIES, INTERPRETER_MAX_VARLEN_PROGRAMS, ITEM_COLUMNS, MASK_CODES,  # noqa: F401
                           VarlenMode, VarlenPlan, VarlenTraceBuffers, check_tensors, device_blocks, fail, host_lengths,
@@ -188,7 +188,8 @@ def varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         heads=(h, h // k.shape[-2], lse.stride(0) if return_lse else 0), pages=pages, mask_param=lp.mask_param,
         qk_scale=scale * LOG2E, TILE=lp.tile, MODE=lp.mode, RETURN_LSE=bool(return_lse),
         TRACE=TraceFlags(WORK=trace is not None, TILES=n_kb_trace > 0, HW_CLOCK=hw_clock))
-    varlen_fwd_kernel.run(*args, grid=(n_prog,), warmup=False, num_warps=lp.num_warps, num_stages=lp.num_stages)
+    with resource_refusal():
+        varlen_fwd_kernel.run(*args, grid=(n_prog,), warmup=False, num_warps=lp.num_warps, num_stages=lp.num_stages)
     if trace is not None:
         _compact_trace(trace, h)
     return o, lse

@@ -2,6 +2,7 @@
 interpreter choice looked up once."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -186,3 +187,44 @@ def test_the_untraced_route_equals_the_general_launch():
         q = q * 2.0                                                    # new values, same plan
     ((lp, _),) = launch._PLANS._items.values()
     assert lp.untraced is not None
+
+
+class _TilesTooLarge:
+    """A kernel whose launch fails as Triton's does when the compiled tiles need more shared
+    memory than the GPU has (OutOfResources: found at launch, after compiling)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def __getitem__(self, grid):
+        return self.run
+
+    def run(self, *args, **kwargs):
+        from triton.runtime.errors import OutOfResources
+
+        raise OutOfResources(311_296, 232_448, "shared memory")
+
+
+def test_tiles_too_large_for_the_gpu_are_refused_in_one_line(monkeypatch):
+    import kernels.fp8 as fp8
+    import kernels.fp8_kernel as fp8_kernel
+    from kernels.backward_launch import _launch as backward_launch
+    from kernels.fp8 import flash_attention_fp8
+
+    q, k, v = qkv()
+    monkeypatch.setattr(launch, "attn_fwd_kernel", _TilesTooLarge(launch.attn_fwd_kernel))
+    monkeypatch.setattr(fp8_kernel, "attn_fwd_fp8_kernel", _TilesTooLarge(fp8_kernel.attn_fwd_fp8_kernel))
+    monkeypatch.setattr(fp8, "_PLANS", BoundedCache(4, 1 << 20, 1 << 20, lambda _: 1))
+    launch.clear_caches()
+    calls = (lambda: flash_attention(q, k, v, mask="causal", block_m=32, block_n=32),
+             lambda: flash_attention_fp8(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask="causal"),
+             lambda: backward_launch(_TilesTooLarge(SimpleNamespace(arg_names=[])), (1,), {}))
+    for call in calls:
+        with pytest.raises(ValueError) as err:
+            call()
+        message = str(err.value)
+        assert "\n" not in message and "311,296 bytes of shared memory" in message and "block_n" in message
+    launch.clear_caches()
