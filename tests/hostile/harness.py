@@ -48,7 +48,7 @@ from typing import NamedTuple
 from .zygote import status_kib, zygote_for
 
 ROOT = Path(__file__).resolve().parents[2]
-ADDRESS_SPACE_LIMIT = 2 << 30       # RLIMIT_AS of the child
+ADDRESS_SPACE_LIMIT = 2 << 30       # RLIMIT_AS of the child (above what importing torch maps: _child_limit)
 TIMEOUT_S = 30
 PEAK_RSS_LIMIT = int(1.5 * 2**30)   # what a refusal may cost (issue: 1.5 GB, 10 s)
 SECONDS_LIMIT = 10.0
@@ -78,8 +78,27 @@ class Result(NamedTuple):
     cpu_seconds: float      # user + system time of the child (wait4's rusage)
 
 
-def _limit_child() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+_LIMIT: list = []
+
+
+def _child_limit() -> int:
+    """The child's RLIMIT_AS: ADDRESS_SPACE_LIMIT, plus, on a machine with a CUDA build of torch,
+    the address space a bare `import torch` maps there (its CUDA libraries: GBs, which no 2 GiB
+    limit lets load; the CPU build maps about 1 GiB, inside the 2 GiB, as CI's machine has)."""
+    if not _LIMIT:
+        import torch
+
+        extra = 0
+        if torch.version.cuda is not None:
+            out = subprocess.run([sys.executable, "-c", "import torch; print(open('/proc/self/status').read())"],
+                                 capture_output=True, text=True, timeout=120).stdout
+            extra = int(next(line for line in out.splitlines() if line.startswith("VmSize:")).split()[1]) * 1024
+        _LIMIT.append(ADDRESS_SPACE_LIMIT + extra)
+    return _LIMIT[0]
+
+
+def _limit_child(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 # the child reports its own high-water mark at exit (also after an uncaught exception)
@@ -108,15 +127,16 @@ def run_snippet(code: str, timeout: float = TIMEOUT_S, env: dict | None = None,
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1",
                     "HOSTILE_HWM_FILE": hwm_file.name, **(env or {})}
         code = _PRELUDE + textwrap.dedent(code)
-        warm = zygote_for(full_env, ROOT, ADDRESS_SPACE_LIMIT)
+        limit = _child_limit()
+        warm = zygote_for(full_env, ROOT, limit)
         t0 = time.monotonic()
         if warm is not None:        # forked from the warm parent: torch and our packages imported
-            pid = warm.start(code, full_env, cwd, out.name, err.name, ADDRESS_SPACE_LIMIT)
+            pid = warm.start(code, full_env, cwd, out.name, err.name, limit)
             wait = lambda block: warm.wait(None if block else 0.01)  # noqa: E731
         else:
             proc = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=full_env,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    preexec_fn=_limit_child)
+                                    preexec_fn=lambda: _limit_child(limit))
             pid = proc.pid
 
             def wait(block):

@@ -16,13 +16,13 @@ from kernels.launch_cache import BoundedCache
 from kernels.plan import block_plan
 
 
-def qkv(n=64, d=32, h=2, seed=0):
+def qkv(n=64, d=32, h=2, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(1, h, n, d, generator=g) for _ in range(3)]
+    return [torch.randn(1, h, n, d, generator=g).to(device) for _ in range(3)]
 
 
-def test_a_call_shape_resolves_once_and_the_plan_is_frozen():
-    q, k, v = qkv()
+def test_a_call_shape_resolves_once_and_the_plan_is_frozen(device):
+    q, k, v = qkv(device=device)
     flash_attention(q, k, v, mask="causal", block_m=32, block_n=32)
     assert len(launch._PLANS) == 1
     lp = launch.resolve_launch(q, k, v, "causal", 32, 32, "natural", None, None, False, None, None, None,
@@ -34,15 +34,15 @@ def test_a_call_shape_resolves_once_and_the_plan_is_frozen():
     (only,) = lp.launches
     assert only.tile.BLOCK_M == 32 and only.phase.HAS_PARTIAL and not only.loop.WARP_SPECIALIZE
     # another shape, mask or option is another plan; fresh tensors of the same shape are not
-    flash_attention(*qkv(seed=1), mask="causal", block_m=32, block_n=32)
+    flash_attention(*qkv(seed=1, device=device), mask="causal", block_m=32, block_n=32)
     assert len(launch._PLANS) == 1
     flash_attention(q, k, v, mask="full", block_m=32, block_n=32)
     flash_attention(q, k, v, mask="causal", block_m=32, block_n=32, return_lse=True)
     assert len(launch._PLANS) == 3
 
 
-def test_a_cached_plan_still_refuses_what_the_call_cannot_do():
-    q, k, v = qkv()
+def test_a_cached_plan_still_refuses_what_the_call_cannot_do(device):
+    q, k, v = qkv(device=device)
     flash_attention(q, k, v, mask="full")
     with pytest.raises(ValueError, match="forward-only"):       # the internal launch has no backward
         launch_attention(q.clone().requires_grad_(), k, v, mask="full")
@@ -89,6 +89,8 @@ def test_work_lists_per_plan_are_bounded():
 
 
 def test_device_facts_and_the_backend_are_looked_up_once(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("interpreter property")
     assert runtime.interpreting()                    # these tests run in the interpreter
     monkeypatch.setenv("TRITON_INTERPRET", "0")      # read once, before triton was imported
     assert runtime.interpreting()
@@ -134,12 +136,12 @@ def test_gpu_head_dim_256_defaults_are_right(d):
         assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2, (d, mask)
 
 
-def test_a_cached_plan_refuses_an_option_of_the_wrong_type():
+def test_a_cached_plan_refuses_an_option_of_the_wrong_type(device):
     """32.0, numpy's 32 and True equal an int key: a cached plan must not take them (the first call
     of a shape refuses them, so every call does)."""
     import numpy as np
 
-    q, k, v = qkv()
+    q, k, v = qkv(device=device)
     flash_attention(q, k, v, mask="causal", block_m=32, num_warps=4)
     for bad in (dict(block_m=32.0, num_warps=4), dict(block_m=np.int64(32), num_warps=4),
                 dict(block_m=32, num_warps=4.0)):
@@ -173,13 +175,13 @@ def test_bounded_cache_with_its_last_entry_memo_matches_a_plain_lru():
         assert list(cache._items) == list(model), step
 
 
-def test_the_untraced_route_equals_the_general_launch():
+def test_the_untraced_route_equals_the_general_launch(device):
     """flash_attention's untraced route (run_untraced: the plan's argument list filled in place)
     gives what launch_attention's general route (kernel_launches) gives, bit for bit: GQA, a
     (B, N, H, D) layout seen as (B, H, N, D), an explicit scale, lse, a second call on new inputs."""
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 20, 2, 16, generator=g).transpose(1, 2)        # strided (B, H, N, D), unit last stride
-    k, v = (torch.randn(1, 1, 24, 16, generator=g) for _ in range(2))
+    q = torch.randn(1, 20, 2, 16, generator=g).to(device).transpose(1, 2)   # strided (B, H, N, D), unit last stride
+    k, v = (torch.randn(1, 1, 24, 16, generator=g).to(device) for _ in range(2))
     for call in range(2):
         ours = flash_attention(q, k, v, mask="causal", block_m=16, block_n=16, sm_scale=0.3, return_lse=True)
         general = launch_attention(q, k, v, mask="causal", block_m=16, block_n=16, sm_scale=0.3, return_lse=True)
@@ -208,13 +210,13 @@ class _TilesTooLarge:
         raise OutOfResources(311_296, 232_448, "shared memory")
 
 
-def test_tiles_too_large_for_the_gpu_are_refused_in_one_line(monkeypatch):
+def test_tiles_too_large_for_the_gpu_are_refused_in_one_line(monkeypatch, device):
     import kernels.fp8 as fp8
     import kernels.fp8_kernel as fp8_kernel
     from kernels.backward_launch import _launch as backward_launch
     from kernels.fp8 import flash_attention_fp8
 
-    q, k, v = qkv()
+    q, k, v = qkv(device=device)
     monkeypatch.setattr(launch, "attn_fwd_kernel", _TilesTooLarge(launch.attn_fwd_kernel))
     monkeypatch.setattr(fp8_kernel, "attn_fwd_fp8_kernel", _TilesTooLarge(fp8_kernel.attn_fwd_fp8_kernel))
     monkeypatch.setattr(fp8, "_PLANS", BoundedCache(4, 1 << 20, 1 << 20, lambda _: 1))
