@@ -128,8 +128,36 @@ def presentation(fig: go.Figure, size: tuple[int, int] = SLIDE_SIZE) -> go.Figur
     _space_columns(out, w)
     _fit_axis_titles(out, out.layout.height - top - bottom)
     out.update_layout(margin=dict(b=bottom, l=m.l if m.l is not None and m.l > 80 else 80,
-                                  r=m.r if m.r is not None and m.r > 40 else 40))
+                                  r=max(m.r if m.r is not None and m.r > 40 else 40, _legend_px(out))))
     return out
+
+
+LEGEND_FONT_PX, LEGEND_SYMBOL_PX, LEGEND_GAP_PX = 18, 48, 16
+
+
+def _legend_px(fig: go.Figure) -> int:
+    """The right margin a legend right of the plot needs on a slide: its widest entry or title at
+    the slide's legend font (about 0.5 em per character), the symbol, and a gap to the edge (a
+    legend plotly fits by itself ends flush with the image's edge). 0 when no legend is there."""
+    lay = fig.layout
+    if lay.showlegend is False:
+        return 0
+    widest = 0
+    for key in [k for k in lay if k.startswith("legend")]:
+        legend = lay[key]
+        if legend.x is None or legend.x <= 1:
+            continue
+        names = [t.name for t in fig.data if t.name and t.showlegend is not False and (t.legend or "legend") == key]
+        if not names:
+            continue
+        title = legend.title.text if legend.title and legend.title.text else ""
+        chars = max([len(_plain(n)) for n in names] + [len(_plain(title)) - 3])
+        widest = max(widest, int(chars * 0.5 * LEGEND_FONT_PX) + LEGEND_SYMBOL_PX)
+    return widest + LEGEND_GAP_PX if widest else 0
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"<[^>]+>", "", text)
 
 
 def slide_title(text: str | None, subtitle: str | None, width: int) -> tuple[dict | None, str | None]:

@@ -33,8 +33,10 @@ def test_png_svg_pdf_sizes(trace_dir, tmp_path, kaleido_server):
     h, w = iio.imread(png).shape[:2]
     assert (w, h) == (2 * fig.layout.width if fig.layout.width else 2 * E.DEFAULT_SIZE[0], 2 * fig.layout.height)
     slide = E.export_figure(presentation(fig), tmp_path / "s.png")
-    h, w = iio.imread(slide).shape[:2]
+    img = iio.imread(slide)
+    h, w = img.shape[:2]
     assert w >= 1920 and h >= 1080 and abs(w / h - 16 / 9) < 0.01        # a 16:9 slide
+    assert (img[:, -48:, :3] >= 250).all()          # the legend right of the map ends short of the edge
     svg = E.export_figure(fig, tmp_path / "f.svg")
     root = ET.fromstring(svg.read_text())
     assert root.tag.endswith("svg")
