@@ -114,7 +114,7 @@ def kernel_config(impl: str, rec: dict, tuned, spec, device) -> dict | None:
     if impl in FP8_IMPLS:
         from kernels.fp8_quant import fp8_config
 
-        c = fp8_config(d, full=spec.kind == "full")
+        c = fp8_config(d, mask=spec, n_q=n, n_k=n)
         rec.update(config_source="default", schedule="natural", scaling=FP8_IMPLS[impl][0],
                    hadamard=FP8_IMPLS[impl][1], tiles_frac=tile_fraction(spec, n, c.block_m, c.block_n),
                    config=dict(block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages))
@@ -144,7 +144,7 @@ def make_call(impl, q, k, v, spec, cfg):
 
         scaling, hadamard = FP8_IMPLS[impl]
         if impl == "tilescope_fp8":         # the attention kernel alone: quantised once, here
-            x = quantize_fp8(q, k, v, scaling, hadamard, full=spec.kind == "full")
+            x = quantize_fp8(q, k, v, scaling, hadamard, mask=spec)
             return (lambda: attention_fp8(x, spec)), contextlib.nullcontext
         return (lambda: flash_attention_fp8(q, k, v, spec, scaling=scaling, hadamard=hadamard)), contextlib.nullcontext
     if impl in SCHEDULE_OF:

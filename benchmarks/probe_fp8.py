@@ -123,14 +123,15 @@ def fp8_call(v, q, k, vv):
             saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
             try:
-                return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"], full=opt.get("full", False))
+                return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"],
+                                       mask="full" if opt.get("full", False) else None)
             finally:
                 FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = saved
         return quant
     key = (id(q), id(k), id(vv), bm, bn, v["mask"])
     if key not in _X:
         _X.clear()
-        _X[key] = FQ.quantize_fp8(q, k, vv, "block", True, bm, bn, full=v["mask"] == "full")
+        _X[key] = FQ.quantize_fp8(q, k, vv, "block", True, bm, bn, mask=v["mask"])
     x = _X[key]
     return lambda: attention_fp8(x, v["mask"], warp_specialize=v.get("ws"), num_warps=w, num_stages=s)
 

@@ -81,21 +81,23 @@ WS_OPTIONS = dict(num_warps=4, num_stages=2)
 _WS_REFUSED: set = set()      # Fp8Tile values Triton failed to compile warp-specialised
 
 
-def _use_ws(requested, x: Fp8Inputs, plan, traced: bool, full: bool) -> tuple:
+def _use_ws(requested, x: Fp8Inputs, plan, traced: bool, spec: MaskSpec) -> tuple:
     """(warp-specialised, split): the full-tile loop warp-specialised where it applies (Hopper with
     device descriptors, untraced; True asks for it, None takes it at fp8_config's default tiles
     for the mask where that default says ws).
     It compiles only as its kernel's one loop with dots, so a plan with partial tiles runs as two
-    launches (split) where launch_config.split_pays says the long full-tile loops win, as the bf16
-    kernel does; warp_specialize=True splits such a plan anywhere (in the interpreter: two plain
-    launches, which tests use)."""
+    launches (split) where fp8_config chose the full mask's tiles for that (its split), or where
+    launch_config.split_pays says the long full-tile loops win, as the bf16 kernel does;
+    warp_specialize=True splits such a plan anywhere (in the interpreter: two plain launches,
+    which tests use)."""
     if requested is False or traced:
         return False, False
     supported = warp_specialize_supported(x.q.device)
-    default = fp8_config(x.shape[3], full=full)
-    wanted = bool(requested) or (supported and default.ws and (x.block_m, x.block_n) == (default.block_m,
-                                                                                          default.block_n))
-    split = wanted and plan.has_partial and (bool(requested) or split_pays(plan.block_map))
+    default = fp8_config(x.shape[3], mask=spec, n_q=x.shape[2], n_k=x.n_k)
+    at_default = (x.block_m, x.block_n) == (default.block_m, default.block_n)
+    wanted = bool(requested) or (supported and default.ws and at_default)
+    split = wanted and plan.has_partial and (bool(requested) or (default.split and at_default)
+                                             or split_pays(plan.block_map))
     return wanted and supported and (split or not plan.has_partial), split
 
 
@@ -105,12 +107,12 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
 
     b, h, n_q, d = x.shape
     hd = x.head_dim_padded
-    cfg = fp8_config(d, x.block_m, x.block_n, full=spec.kind == "full")
+    cfg = fp8_config(d, x.block_m, x.block_n, mask=spec, n_q=n_q, n_k=x.n_k)
     plan = block_plan(spec, n_q, x.block_m, x.block_n, x.q.device, x.n_k)
     if interpreting():
         check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
                                 f"B*H={b * h}, N_q={n_q}, N_k={x.n_k}, mask {spec.text}, blocks {x.block_m}x{x.block_n}")
-    ws, split = _use_ws(warp_specialize, x, plan, flags is not None, spec.kind == "full")
+    ws, split = _use_ws(warp_specialize, x, plan, flags is not None, spec)
     tile = Fp8Tile(d, hd, x.block_m, x.block_n, n_q % x.block_m == 0, d == hd, True, plan.has_partial, False,
                    interpreting(), ws and not plan.has_partial)
     trace = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=hw_clock, STORE_ORDER=not hw_clock) \
@@ -210,7 +212,7 @@ def fp8_forward(q, k, v, mask="causal", sm_scale=None, scaling="block", hadamard
     """quantize_fp8 then attention_fp8: the one implementation every path runs (the op, the eager
     call, instrumentation.record's traced call). Arguments as flash_attention_fp8's, plus trace
     and warp_specialize (attention_fp8's)."""
-    x = quantize_fp8(q, k, v, scaling, hadamard, block_m, block_n, full=parse_mask(mask).kind == "full")
+    x = quantize_fp8(q, k, v, scaling, hadamard, block_m, block_n, mask=mask)
     return attention_fp8(x, mask, sm_scale, return_lse, trace, warp_specialize)
 
 

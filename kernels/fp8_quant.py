@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .device_cache import persistent
+from .masks import FULL, PARTIAL, parse_mask
 from .runtime import check_interpreter_tiles, interpreting
 from .shapes import check_inputs
 from .sizes import BLOCK_SIZES
@@ -78,6 +79,7 @@ class Fp8Config:
     num_warps: int
     num_stages: int
     ws: bool = True
+    split: bool = False         # a masked call at the full mask's tiles: the two-launch split (kernels.fp8)
 
 
 # Defaults measured on an H200 (kernel_probe --suite fp8, B4 H16 4k/8k; data/benchmarks/fp8-probe-*):
@@ -86,6 +88,13 @@ class Fp8Config:
 # plain 128 x 64 w4 s3 553 / 625 (the warp-specialised split at 128 x 128: 515 / 599); D256 full:
 # warp-specialised 128 x 128 1023 (128 x 64: 856)
 DEFAULT_TILES = {128: ((128, 256, True), (128, 64, False)), 256: ((128, 128, True), (128, 64, True))}
+# A masked call takes the full mask's tiles, through the two-launch split (the warp-specialised
+# full tiles, then the partial ones resumed: kernels.fp8), once its query blocks hold, on average,
+# FP8_SPLIT_MIN_WORK full keys x D; else DEFAULT_TILES' masked tiles. H200, causal B4 H16, each
+# against the default measured twice in rotated rounds (data/benchmarks/fp8-split-probe-nvidia-h200.json):
+# D128 at 128 x 256 16k (8,064 full keys per block) 1.11x, 8k (3,968) 1.00-1.03x, 4k (1,920) 0.86x;
+# D256 at 128 x 128 8k (3,968) 1.11x, 4k (1,984) 1.09-1.14x
+FP8_SPLIT_MIN_WORK = 3072 * 128
 # the plain loop's (num_warps, num_stages) per (padded D, block_m, block_n), the probe's best over
 # full and causal (128 x 128 at D128: 4 warps win full, lose causal 0.6x: 8); others: 4 / 8 warps
 PLAIN_OPTIONS = {(128, 128, 64): (4, 3), (128, 128, 128): (8, 3), (128, 128, 256): (8, 3),
@@ -143,24 +152,47 @@ def check_fp8_args(q, k, v, scaling, hadamard) -> None:
     check_inputs(q, k, v)       # where the kernel runs (interpreter: CPU tensors; else CUDA)
 
 
-def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None,
-               full: bool = False) -> Fp8Config:
-    """The FP8 kernel's tiles and plain-loop options: DEFAULT_TILES by padded D and mask (full:
-    the mask is "full"; else any other), 128 x 128 at D <= 64; options PLAIN_OPTIONS's for the
-    tiles, else 4 warps at D <= 64 and 8 above, 3 stages (2 at D 256). ws: the defaults' choice
-    of the warp-specialised loop (explicit tiles: True, it runs where asked or at default tiles).
-    Explicit block sizes must be in FP8_BLOCK_SIZES."""
+def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None, mask=None,
+               n_q: int | None = None, n_k: int | None = None) -> Fp8Config:
+    """The FP8 kernel's tiles and plain-loop options.
+
+    Arguments:
+        head_dim: D; block_m, block_n, num_warps, num_stages: explicit values (block sizes in
+            FP8_BLOCK_SIZES), taken as given.
+        mask: the call's MaskSpec on the n_q x n_k grid (n_k None: n_q), or None for a mask other
+            than "full" whose sizes are not known.
+    Returns:
+        Fp8Config: default tiles DEFAULT_TILES' by padded D (128 x 128 at D <= 64): the full
+        mask's for "full", and for another mask whose query blocks hold FP8_SPLIT_MIN_WORK at
+        those tiles (then split: the two-launch run), else the masked tiles; options
+        PLAIN_OPTIONS's for the tiles, else 4 warps at D <= 64 and 8 above, 3 stages (2 at D 256).
+        ws: the defaults' choice of the warp-specialised loop (explicit tiles: True, it runs
+        where asked or at default tiles)."""
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val not in FP8_BLOCK_SIZES):
             raise ValueError(f"{name}={val!r} is not supported by the FP8 kernel; use one of {FP8_BLOCK_SIZES} "
                              "or leave it out for the default")
     hd = fp8_head_dim(head_dim)
-    bm, bn, ws = DEFAULT_TILES[hd][0 if full else 1] if hd in DEFAULT_TILES else (128, 128, True)
-    bm = bm if block_m is None else block_m
-    bn = bn if block_n is None else block_n
-    w, s = PLAIN_OPTIONS.get((hd, bm, bn), (4 if hd <= 64 else 8, 3 if hd <= 128 else 2))
+    bm, bn, ws, split = _default_tiles(hd, mask, n_q, n_k)
+    split = split and block_m in (None, bm) and block_n in (None, bn)      # the split is for these tiles
     pick = lambda given, dflt: dflt if given is None else given  # noqa: E731
-    return Fp8Config(bm, bn, pick(num_warps, w), pick(num_stages, s), ws)
+    bm, bn = pick(block_m, bm), pick(block_n, bn)
+    w, s = PLAIN_OPTIONS.get((hd, bm, bn), (4 if hd <= 64 else 8, 3 if hd <= 128 else 2))
+    return Fp8Config(bm, bn, pick(num_warps, w), pick(num_stages, s), ws, split)
+
+
+def _default_tiles(hd: int, mask, n_q, n_k) -> tuple:
+    """(block_m, block_n, ws, split) for a padded D and a mask (fp8_config)."""
+    full, masked = DEFAULT_TILES.get(hd, ((128, 128, True), (128, 128, True)))
+    if mask is not None and mask.kind == "full":
+        return (*full, False)
+    if mask is None or n_q is None:
+        return (*masked, False)
+    bmap = mask.block_map(n_q, full[0], full[1], n_q if n_k is None else n_k)
+    full_keys = (bmap == FULL).sum() / bmap.shape[0] * full[1]
+    if (bmap == PARTIAL).any() and full_keys * hd >= FP8_SPLIT_MIN_WORK:
+        return (*full, True)
+    return (*masked, False)
 
 
 def hadamard_signs(n: int, seed: int = HADAMARD_SEED) -> torch.Tensor:
@@ -281,7 +313,7 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
 
 
 def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m=None, block_n=None,
-                 full: bool = False) -> Fp8Inputs:
+                 mask=None) -> Fp8Inputs:
     """The quantise-and-rotate pass: one launch of kernels.fp8_quant_kernel's quantise_qkv_kernel
     for Q, K and V (per-tensor scaling: two, the first taking each tensor's amax); with
     FUSED_QUANT = False, a launch per tensor (and an amax pass per tensor for per-tensor scaling).
@@ -291,13 +323,15 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
         scaling: "block" (one scale per tile of each head) or "tensor" (one per tensor).
         hadamard: rotate Q and K along D by the signed Hadamard matrix (rotation_matrix) first.
         block_m, block_n: the attention kernel's tiles (the scale tiles); None: fp8_config's.
-        full: the attention to run on them has the "full" mask (fp8_config's default tiles for it).
+        mask: the mask (name or MaskSpec) of the attention to run on them, for fp8_config's
+            default tiles; None: a mask other than "full".
     Returns:
         Fp8Inputs."""
     check_fp8_args(q, k, v, scaling, hadamard)
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
-    cfg = fp8_config(d, block_m, block_n, full=full)
+    spec = None if mask is None else parse_mask(mask, n_q, n_k)
+    cfg = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k)
     hd = fp8_head_dim(d)
     if interpreting():
         check_interpreter_tiles(b * (h * -(-n_q // cfg.block_m) + 2 * h_kv * -(-n_k // cfg.block_n)),

@@ -138,15 +138,52 @@ def test_one_launch_quantise_equals_a_launch_per_tensor(scaling, device, monkeyp
 
 
 def test_default_tiles_follow_the_mask():
-    """The H200-measured defaults: D128 full 128 x 256 warp-specialised, any other mask 128 x 64
-    plain (4 warps, 3 stages); D256 full 128 x 128; explicit tiles take their measured options."""
-    from kernels.fp8_quant import fp8_config
+    """The H200-measured defaults: D128 full 128 x 256 warp-specialised, another mask 128 x 64
+    plain (4 warps, 3 stages) until its query blocks hold FP8_SPLIT_MIN_WORK of full tiles at the
+    full mask's tiles, then those tiles through the split; D256 full 128 x 128; explicit tiles
+    take their measured options, and the split only at the default tiles."""
+    from kernels.fp8_quant import FP8_SPLIT_MIN_WORK, fp8_config
 
-    full, masked = fp8_config(100, full=True), fp8_config(100)
-    assert (full.block_m, full.block_n, full.ws) == (128, 256, True)
-    assert (masked.block_n, masked.num_warps, masked.num_stages, masked.ws) == (64, 4, 3, False)
-    assert fp8_config(256, full=True).block_n == 128 and fp8_config(256).block_n == 64
+    full, masked = fp8_config(100, mask=parse_mask("full")), fp8_config(100)
+    assert (full.block_m, full.block_n, full.ws, full.split) == (128, 256, True, False)
+    assert (masked.block_n, masked.num_warps, masked.num_stages, masked.ws, masked.split) == (64, 4, 3, False, False)
+    assert fp8_config(256, mask=parse_mask("full")).block_n == 128 and fp8_config(256).block_n == 64
     assert fp8_config(128, block_n=128).num_warps == 8 and fp8_config(64).block_n == 128
+    causal = parse_mask("causal")
+    for d, n, tiles, split in ((128, 4096, (128, 64), False), (128, 8192, (128, 256), True),
+                               (128, 16384, (128, 256), True), (256, 2048, (128, 64), False),
+                               (256, 4096, (128, 128), True), (64, 65536, (128, 128), True)):
+        c = fp8_config(d, mask=causal, n_q=n, n_k=n)
+        assert ((c.block_m, c.block_n), c.split) == (tiles, split), (d, n)
+        # the rule: full keys per query block at the full mask's tiles, times D
+        bn = fp8_config(d, mask=parse_mask("full")).block_n
+        full_keys = (causal.block_map(n, 128, bn) == 2).sum() / (n // 128) * bn
+        assert split == (full_keys * max(d, 64) >= FP8_SPLIT_MIN_WORK), (d, n)
+    assert not fp8_config(128, block_n=128, mask=causal, n_q=16384).split       # other tiles: no split
+    assert fp8_config(128, block_m=128, block_n=256, mask=causal, n_q=16384).split
+    assert not fp8_config(128, mask=parse_mask("full"), n_q=16384).split       # no partial tile to resume
+    assert not fp8_config(128, mask=parse_mask("sliding_window:1024"), n_q=16384).split   # short full runs
+
+
+def test_the_split_runs_where_the_default_tiles_call_for_it(monkeypatch):
+    """On Hopper (warp_specialize_supported), a call at fp8_config's split tiles runs as the two
+    launches (full tiles warp-specialised, then the partial ones); the interpreter never splits
+    by default (the plain loops, one launch)."""
+    import kernels.fp8 as F
+    from kernels.fp8_quant import Fp8Inputs
+
+    def inputs_of(n, bm, bn, d=128):     # the shapes _use_ws reads; no quantise pass at 16k here
+        e = torch.empty(0)
+        return Fp8Inputs(e, e, e, e, e, e, (1, 1, n, d), n, 1, bm, bn, "block", True, torch.bfloat16)
+
+    causal = parse_mask("causal")
+    for supported, n, tiles, want in ((True, 16384, (128, 256), (True, True)), (True, 16384, (128, 64), (False, False)),
+                                      (True, 4096, (128, 64), (False, False)), (False, 16384, (128, 256), (False, False))):
+        monkeypatch.setattr(F, "warp_specialize_supported", lambda device, s=supported: s)
+        plan = block_plan(causal, n, *tiles, "cpu")
+        assert F._use_ws(None, inputs_of(n, *tiles), plan, False, causal) == want, (supported, n, tiles)
+    assert F._use_ws(None, inputs_of(16384, 128, 256), block_plan(causal, 16384, 128, 256, "cpu"), True,
+                     causal) == (False, False)                                  # traced: the plain loops
 
 
 def _tile_visits(run, n_q, n_k, bm, bn, device):
@@ -289,3 +326,30 @@ def test_gpu_warp_specialized_loop_matches_plain(d, mask):
     ws, plain = attention_fp8(x, mask, warp_specialize=True), attention_fp8(x, mask, warp_specialize=False)
     assert (ws.float() - plain.float()).abs().max() < 2e-2 * plain.float().abs().max()
     assert rmse(ws, q, k, v, mask) < FA3_PER_TENSOR_RMSE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,n,h,h_kv", [(128, 8192, 4, 2), (256, 4096, 2, 2)], ids=["d128-8k-gqa", "d256-4k"])
+def test_gpu_split_default_against_float64(d, n, h, h_kv):
+    """Where fp8_config takes the full mask's tiles for causal (its split: the warp-specialised
+    full tiles, then the diagonal resumed), the default call runs that split and stays as
+    accurate as the plain loop at the same tiles; N_q != N_k too (a suffix of the queries)."""
+    from instrumentation.precision_study import reference_fp64
+    from kernels.fp8 import _use_ws, attention_fp8
+    from kernels.fp8_quant import fp8_config
+
+    causal = parse_mask("causal")
+    cfg = fp8_config(d, mask=causal, n_q=n, n_k=n)
+    assert cfg.split
+    for n_q in (n, n - 1000):
+        q, k, v = inputs(h, h_kv, n_q, n, d, seed=9, device="cuda")
+        x = quantize_fp8(q, k, v, mask="causal")
+        split = _use_ws(None, x, block_plan(parse_mask("causal", n_q, n), n_q, x.block_m, x.block_n, "cuda", n),
+                        False, parse_mask("causal", n_q, n))
+        if n_q == n:
+            assert (x.block_m, x.block_n, split) == (cfg.block_m, cfg.block_n, (True, True))
+        out, plain = attention_fp8(x, "causal"), attention_fp8(x, "causal", warp_specialize=False)
+        assert torch.isfinite(out).all()
+        assert (out.float() - plain.float()).abs().max() < 2e-2 * plain.float().abs().max(), (n_q, split)
+        ref = reference_fp64(q, k, v, "causal")
+        assert float((out.double() - ref).pow(2).mean().sqrt()) < FA3_PER_TENSOR_RMSE, (n_q, split)
