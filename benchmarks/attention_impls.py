@@ -112,12 +112,12 @@ def kernel_config(impl: str, rec: dict, tuned, spec, device) -> dict | None:
     """
     d, n, dtype_name = rec["head_dim"], rec["seq_len"], rec["dtype"]
     if impl in FP8_IMPLS:
-        from kernels.fp8_quant import fp8_config
+        from kernels.fp8 import default_launch
 
-        c = fp8_config(d, mask=spec, n_q=n, n_k=n)
+        c = default_launch(d, spec, n, n, device)       # what runs: tiles, options, plain / ws / split
         rec.update(config_source="default", schedule="natural", scaling=FP8_IMPLS[impl][0],
-                   hadamard=FP8_IMPLS[impl][1], tiles_frac=tile_fraction(spec, n, c.block_m, c.block_n),
-                   config=dict(block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages))
+                   hadamard=FP8_IMPLS[impl][1], tiles_frac=tile_fraction(spec, n, c["block_m"], c["block_n"]),
+                   config=c)
         return None
     if impl not in SCHEDULE_OF:
         return None

@@ -49,7 +49,8 @@ def ratio_table(records, mask_order=None, impl_order=IMPLS, matmul=None):
 def _cfg_text(cfg) -> str:
     if not isinstance(cfg, dict):
         return ""
-    return f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    loop = {"warp-specialised": " ws", "split": " split"}.get(cfg.get("loop"), "")    # the FP8 kernel's records
+    return f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}{loop}"
 
 
 def format_table(df) -> str:

@@ -93,7 +93,7 @@ def _use_ws(requested, x: Fp8Inputs, plan, traced: bool, spec: MaskSpec) -> tupl
     if requested is False or traced:
         return False, False
     supported = warp_specialize_supported(x.q.device)
-    default = fp8_config(x.shape[3], mask=spec, n_q=x.shape[2], n_k=x.n_k)
+    default = fp8_config(x.shape[3], mask=spec, n_q=x.shape[2], n_k=x.n_k, device=x.q.device)
     at_default = (x.block_m, x.block_n) == (default.block_m, default.block_n)
     wanted = bool(requested) or (supported and default.ws and at_default)
     split = wanted and plan.has_partial and (bool(requested) or (default.split and at_default)
@@ -107,7 +107,7 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
 
     b, h, n_q, d = x.shape
     hd = x.head_dim_padded
-    cfg = fp8_config(d, x.block_m, x.block_n, mask=spec, n_q=n_q, n_k=x.n_k)
+    cfg = fp8_config(d, x.block_m, x.block_n, mask=spec, n_q=n_q, n_k=x.n_k, device=x.q.device)
     plan = block_plan(spec, n_q, x.block_m, x.block_n, x.q.device, x.n_k)
     if interpreting():
         check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
@@ -137,6 +137,28 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
     else:
         launches = (launch_of(tile, bool(return_lse)),)
     return Fp8Plan((b * h * plan.n_qb,), plan, launches, split)
+
+
+def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> dict:
+    """What a default call on these sizes runs, for reports (the benchmarks' records): the tiles,
+    the first launch's num_warps and num_stages, and loop: "plain", "warp-specialised", or
+    "split" (the warp-specialised full tiles, then the partial ones in a plain loop with
+    partial_warps and partial_stages). No tensor is quantised or launched."""
+    n_k = n_q if n_k is None else n_k
+    spec = parse_mask(mask, n_q, n_k)
+    cfg = fp8_config(head_dim, mask=spec, n_q=n_q, n_k=n_k, device=device)
+    plan = block_plan(spec, n_q, cfg.block_m, cfg.block_n, device, n_k)
+    e = torch.empty(0, device=device)
+    x = Fp8Inputs(e, e, e, e, e, e, (1, 1, n_q, head_dim), n_k, 1, cfg.block_m, cfg.block_n, "block", True,
+                  torch.bfloat16)
+    ws, split = _use_ws(None, x, plan, False, spec)
+    out = dict(block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+               loop="plain")
+    if ws:
+        out.update(WS_OPTIONS, loop="split" if split else "warp-specialised")
+        if split:
+            out.update(partial_warps=cfg.num_warps, partial_stages=cfg.num_stages)
+    return out
 
 
 def _launch(grid, launch: Fp8Launch, args: list) -> None:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .device_cache import persistent
+from .launch_config import warp_specialize_supported
 from .masks import FULL, PARTIAL, parse_mask
 from .runtime import check_interpreter_tiles, interpreting
 from .shapes import check_inputs
@@ -153,7 +154,7 @@ def check_fp8_args(q, k, v, scaling, hadamard) -> None:
 
 
 def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None, mask=None,
-               n_q: int | None = None, n_k: int | None = None) -> Fp8Config:
+               n_q: int | None = None, n_k: int | None = None, device=None) -> Fp8Config:
     """The FP8 kernel's tiles and plain-loop options.
 
     Arguments:
@@ -161,6 +162,8 @@ def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_st
             FP8_BLOCK_SIZES), taken as given.
         mask: the call's MaskSpec on the n_q x n_k grid (n_k None: n_q), or None for a mask other
             than "full" whose sizes are not known.
+        device: where the call runs: the split's tiles only where the warp-specialised loop runs
+            (launch_config.warp_specialize_supported; None: nowhere).
     Returns:
         Fp8Config: default tiles DEFAULT_TILES' by padded D (128 x 128 at D <= 64): the full
         mask's for "full", and for another mask whose query blocks hold FP8_SPLIT_MIN_WORK at
@@ -173,7 +176,7 @@ def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_st
             raise ValueError(f"{name}={val!r} is not supported by the FP8 kernel; use one of {FP8_BLOCK_SIZES} "
                              "or leave it out for the default")
     hd = fp8_head_dim(head_dim)
-    bm, bn, ws, split = _default_tiles(hd, mask, n_q, n_k)
+    bm, bn, ws, split = _default_tiles(hd, mask, n_q, n_k, device is not None and warp_specialize_supported(device))
     split = split and block_m in (None, bm) and block_n in (None, bn)      # the split is for these tiles
     pick = lambda given, dflt: dflt if given is None else given  # noqa: E731
     bm, bn = pick(block_m, bm), pick(block_n, bn)
@@ -181,12 +184,12 @@ def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_st
     return Fp8Config(bm, bn, pick(num_warps, w), pick(num_stages, s), ws, split)
 
 
-def _default_tiles(hd: int, mask, n_q, n_k) -> tuple:
+def _default_tiles(hd: int, mask, n_q, n_k, can_split: bool) -> tuple:
     """(block_m, block_n, ws, split) for a padded D and a mask (fp8_config)."""
     full, masked = DEFAULT_TILES.get(hd, ((128, 128, True), (128, 128, True)))
     if mask is not None and mask.kind == "full":
         return (*full, False)
-    if mask is None or n_q is None:
+    if mask is None or n_q is None or not can_split:      # without warp specialisation the full tiles lose
         return (*masked, False)
     bmap = mask.block_map(n_q, full[0], full[1], n_q if n_k is None else n_k)
     full_keys = (bmap == FULL).sum() / bmap.shape[0] * full[1]
@@ -331,7 +334,7 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     spec = None if mask is None else parse_mask(mask, n_q, n_k)
-    cfg = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k)
+    cfg = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k, device=q.device)
     hd = fp8_head_dim(d)
     if interpreting():
         check_interpreter_tiles(b * (h * -(-n_q // cfg.block_m) + 2 * h_kv * -(-n_k // cfg.block_n)),

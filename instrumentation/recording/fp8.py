@@ -85,7 +85,7 @@ def fp8_recording(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     spec = parse_mask(mask, n_q, n_k)
-    c = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k)
+    c = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k, device=q.device)
     call_size(spec, b * h, n_q, n_k, c.block_m, c.block_n, interpreter=interpreting())
     x = quantize_fp8(q, k, v, scaling, hadamard, c.block_m, c.block_n, mask=spec)
     return Fp8Recording(spec, KernelConfig(c.block_m, c.block_n, c.num_warps, c.num_stages), (q, k, v), x,

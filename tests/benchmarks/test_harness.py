@@ -428,3 +428,28 @@ def test_gpu_tuned_candidates_compile_or_fail_cleanly(tmp_path):
          "--stages", "3,4", "--jobs", "2", "--rep", "5", "--warmup", "1", "--out", str(tmp_path)]), [])
     assert res["best"] and all(r["status"] in ("ok", "compile_error") for r in res["records"])
     assert np.isfinite(res["best"][0]["ms"])
+
+
+def test_fp8_records_say_what_ran(monkeypatch):
+    """An FP8 record's config is the launch that runs (kernels.fp8.default_launch): on Hopper the
+    full mask's warp-specialised options and, for a long causal call, the split with its plain
+    diagonal pass; without warp specialisation the plain loop at the masked tiles. The table
+    shows the loop after the options."""
+    import kernels.fp8 as fp8
+    import kernels.fp8_quant as fq
+    from benchmarks.attention_table import _cfg_text
+
+    def config(d, mask, n):
+        rec = dict(head_dim=d, seq_len=n, dtype="bf16")
+        assert att_impls.kernel_config("tilescope_fp8", rec, None, parse_mask(mask, n), "cpu") is None
+        return rec["config"]
+
+    plain = config(128, "causal", 16384)
+    assert (plain["block_n"], plain["num_warps"], plain["loop"]) == (64, 4, "plain")
+    for module in (fp8, fq):
+        monkeypatch.setattr(module, "warp_specialize_supported", lambda device: True)
+    split, full = config(128, "causal", 16384), config(128, "full", 4096)
+    assert split == dict(block_m=128, block_n=256, num_warps=4, num_stages=2, loop="split", partial_warps=8,
+                         partial_stages=3)
+    assert (full["num_warps"], full["num_stages"], full["loop"]) == (4, 2, "warp-specialised")
+    assert _cfg_text(split) == "128x256 w4 s2 split" and _cfg_text(plain) == "128x64 w4 s3"

@@ -137,32 +137,40 @@ def test_one_launch_quantise_equals_a_launch_per_tensor(scaling, device, monkeyp
             assert ((got - want).abs() <= want.abs() / 8 + want.abs().amax() / 448 * 2 ** -9).all()
 
 
-def test_default_tiles_follow_the_mask():
+def test_default_tiles_follow_the_mask(monkeypatch):
     """The H200-measured defaults: D128 full 128 x 256 warp-specialised, another mask 128 x 64
     plain (4 warps, 3 stages) until its query blocks hold FP8_SPLIT_MIN_WORK of full tiles at the
     full mask's tiles, then those tiles through the split; D256 full 128 x 128; explicit tiles
-    take their measured options, and the split only at the default tiles."""
+    take their measured options, and the split only at the default tiles and only where the
+    warp-specialised loop runs (elsewhere the full mask's tiles lose)."""
+    import kernels.fp8_quant as fq
     from kernels.fp8_quant import FP8_SPLIT_MIN_WORK, fp8_config
+
+    causal = parse_mask("causal")
+    for device in (None, "cpu"):                      # no warp specialisation: the masked tiles
+        c = fp8_config(128, mask=causal, n_q=16384, device=device)
+        assert ((c.block_m, c.block_n), c.split) == ((128, 64), False)
+    monkeypatch.setattr(fq, "warp_specialize_supported", lambda device: True)      # as on Hopper
 
     full, masked = fp8_config(100, mask=parse_mask("full")), fp8_config(100)
     assert (full.block_m, full.block_n, full.ws, full.split) == (128, 256, True, False)
     assert (masked.block_n, masked.num_warps, masked.num_stages, masked.ws, masked.split) == (64, 4, 3, False, False)
     assert fp8_config(256, mask=parse_mask("full")).block_n == 128 and fp8_config(256).block_n == 64
     assert fp8_config(128, block_n=128).num_warps == 8 and fp8_config(64).block_n == 128
-    causal = parse_mask("causal")
     for d, n, tiles, split in ((128, 4096, (128, 64), False), (128, 8192, (128, 256), True),
                                (128, 16384, (128, 256), True), (256, 2048, (128, 64), False),
                                (256, 4096, (128, 128), True), (64, 65536, (128, 128), True)):
-        c = fp8_config(d, mask=causal, n_q=n, n_k=n)
+        c = fp8_config(d, mask=causal, n_q=n, n_k=n, device="cpu")
         assert ((c.block_m, c.block_n), c.split) == (tiles, split), (d, n)
         # the rule: full keys per query block at the full mask's tiles, times D
         bn = fp8_config(d, mask=parse_mask("full")).block_n
         full_keys = (causal.block_map(n, 128, bn) == 2).sum() / (n // 128) * bn
         assert split == (full_keys * max(d, 64) >= FP8_SPLIT_MIN_WORK), (d, n)
-    assert not fp8_config(128, block_n=128, mask=causal, n_q=16384).split       # other tiles: no split
-    assert fp8_config(128, block_m=128, block_n=256, mask=causal, n_q=16384).split
-    assert not fp8_config(128, mask=parse_mask("full"), n_q=16384).split       # no partial tile to resume
-    assert not fp8_config(128, mask=parse_mask("sliding_window:1024"), n_q=16384).split   # short full runs
+    hopper = dict(n_q=16384, device="cpu")
+    assert not fp8_config(128, block_n=128, mask=causal, **hopper).split       # other tiles: no split
+    assert fp8_config(128, block_m=128, block_n=256, mask=causal, **hopper).split
+    assert not fp8_config(128, mask=parse_mask("full"), **hopper).split       # no partial tile to resume
+    assert not fp8_config(128, mask=parse_mask("sliding_window:1024"), **hopper).split   # short full runs
 
 
 def test_the_split_runs_where_the_default_tiles_call_for_it(monkeypatch):
@@ -170,6 +178,7 @@ def test_the_split_runs_where_the_default_tiles_call_for_it(monkeypatch):
     launches (full tiles warp-specialised, then the partial ones); the interpreter never splits
     by default (the plain loops, one launch)."""
     import kernels.fp8 as F
+    import kernels.fp8_quant as fq
     from kernels.fp8_quant import Fp8Inputs
 
     def inputs_of(n, bm, bn, d=128):     # the shapes _use_ws reads; no quantise pass at 16k here
@@ -179,7 +188,8 @@ def test_the_split_runs_where_the_default_tiles_call_for_it(monkeypatch):
     causal = parse_mask("causal")
     for supported, n, tiles, want in ((True, 16384, (128, 256), (True, True)), (True, 16384, (128, 64), (False, False)),
                                       (True, 4096, (128, 64), (False, False)), (False, 16384, (128, 256), (False, False))):
-        monkeypatch.setattr(F, "warp_specialize_supported", lambda device, s=supported: s)
+        for module in (F, fq):
+            monkeypatch.setattr(module, "warp_specialize_supported", lambda device, s=supported: s)
         plan = block_plan(causal, n, *tiles, "cpu")
         assert F._use_ws(None, inputs_of(n, *tiles), plan, False, causal) == want, (supported, n, tiles)
     assert F._use_ws(None, inputs_of(16384, 128, 256), block_plan(causal, 16384, 128, 256, "cpu"), True,
@@ -339,7 +349,7 @@ def test_gpu_split_default_against_float64(d, n, h, h_kv):
     from kernels.fp8_quant import fp8_config
 
     causal = parse_mask("causal")
-    cfg = fp8_config(d, mask=causal, n_q=n, n_k=n)
+    cfg = fp8_config(d, mask=causal, n_q=n, n_k=n, device="cuda")
     assert cfg.split
     for n_q in (n, n - 1000):
         q, k, v = inputs(h, h_kv, n_q, n, d, seed=9, device="cuda")
