@@ -78,7 +78,7 @@ class Fp8Plan(NamedTuple):
 
 # the warp-specialised loop's launch options, as the bf16 kernel's WS defaults (same tiles as fp8_config's)
 WS_OPTIONS = dict(num_warps=4, num_stages=2)
-_WS_REFUSED: set = set()      # Fp8Tile values Triton failed to compile warp-specialised
+_WS_REFUSED: set = set()      # (Fp8Tile, options) Triton failed to compile or launch warp-specialised
 
 
 def _use_ws(requested, x: Fp8Inputs, plan, traced: bool, spec: MaskSpec) -> tuple:
@@ -112,7 +112,15 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
     if interpreting():
         check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
                                 f"B*H={b * h}, N_q={n_q}, N_k={x.n_k}, mask {spec.text}, blocks {x.block_m}x{x.block_n}")
+    override = {k: val for k, val in (launch_options or {}).items() if val is not None}
     ws, split = _use_ws(warp_specialize, x, plan, flags is not None, spec)
+    if ws and any(override.get(k, val) != val for k, val in WS_OPTIONS.items()):
+        # the warp-specialised loop is checked at WS_OPTIONS only: with 3 stages it wrote NaN (H200,
+        # Triton 3.6, D128 128x256: scripts/fp8_stages_probe.py); elsewhere the plain loop takes them
+        if warp_specialize:
+            raise ValueError(f"warp_specialize=True is checked only with num_warps={WS_OPTIONS['num_warps']}, "
+                             f"num_stages={WS_OPTIONS['num_stages']}: leave them out, or pass warp_specialize=None")
+        ws, split = False, False
     tile = Fp8Tile(d, hd, x.block_m, x.block_n, n_q % x.block_m == 0, d == hd, True, plan.has_partial, False,
                    interpreting(), ws and not plan.has_partial)
     trace = TraceFlags(WORK=flags[0], TILES=flags[1], ROWS=flags[2], HW_CLOCK=hw_clock, STORE_ORDER=not hw_clock) \
@@ -122,7 +130,6 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
                  lists=(plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx),
                  work_list=plan.work_list(b * h, "natural"), H=h, GROUP=h // x.h_kv, N_Q=n_q, N_K=x.n_k,
                  n_qb=plan.n_qb, n_kb=plan.n_kb, n_work=b * h * plan.n_qb, TRACE=trace)
-    override = {k: val for k, val in (launch_options or {}).items() if val is not None}
     plain_options = dict(dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), **override)
 
     def launch_of(tile: Fp8Tile, lse: bool) -> Fp8Launch:
@@ -168,12 +175,13 @@ def _launch(grid, launch: Fp8Launch, args: list) -> None:
     if launch.ws:
         ensure_allocator()
         tile = launch.args.value("TILE")
-        if tile not in _WS_REFUSED:
+        key = (tile, tuple(sorted(launch.options.items())))    # a refusal at other options says nothing here
+        if key not in _WS_REFUSED:
             try:
                 kernel[grid](*args, **launch.options)
                 return
             except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
-                _WS_REFUSED.add(tile)
+                _WS_REFUSED.add(key)
                 print(f"fp8: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop for "
                       f"{tile}", file=sys.stderr)
         plain_tile, options = launch.plain

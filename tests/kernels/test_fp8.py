@@ -363,3 +363,63 @@ def test_gpu_split_default_against_float64(d, n, h, h_kv):
         assert (out.float() - plain.float()).abs().max() < 2e-2 * plain.float().abs().max(), (n_q, split)
         ref = reference_fp64(q, k, v, "causal")
         assert float((out.double() - ref).pow(2).mean().sqrt()) < FA3_PER_TENSOR_RMSE, (n_q, split)
+
+
+def test_a_refused_warp_specialised_launch_is_remembered_for_its_options_only(monkeypatch):
+    """Triton refusing the warp-specialised loop at some options (e.g. 3 stages: out of shared
+    memory at D256) sends that launch, and later ones at the same tile and options, to the plain
+    loop; the same tile at other options still runs warp-specialised."""
+    import kernels.fp8 as F
+    from kernels.kernel_args import KernelArgs
+
+    ran = []
+
+    class Kernel:
+        arg_names = ("TILE",)
+        __name__ = "fake_fp8_kernel"
+
+        def __getitem__(self, grid):
+            def run(tile, **options):
+                if tile.WARP_SPECIALIZE and options["num_stages"] == 3:
+                    raise RuntimeError("out of resource: shared memory")
+                ran.append((tile.WARP_SPECIALIZE, options["num_stages"]))
+            return run
+
+    monkeypatch.setattr(F, "_WS_REFUSED", set())
+    monkeypatch.setattr(F, "ensure_allocator", lambda: None)
+    tile = F.Fp8Tile(128, 128, 128, 128, True, True, True, False, False, False, True)
+    args = KernelArgs(Kernel(), (), TILE=tile)
+
+    def launch(stages):
+        plain = (tile._replace(WARP_SPECIALIZE=False), dict(num_warps=8, num_stages=stages))
+        F._launch((1,), F.Fp8Launch(args, dict(num_warps=4, num_stages=stages), True, plain), args.bind())
+
+    for stages in (3, 3, 2):
+        launch(stages)
+    assert ran == [(False, 3), (False, 3), (True, 2)]
+
+
+def test_the_warp_specialised_loop_runs_only_at_its_checked_options(monkeypatch):
+    """On Hopper, num_warps / num_stages other than WS_OPTIONS' send a default call to the plain
+    loop (3 stages wrote NaN warp-specialised on the H200), and warp_specialize=True with them is
+    refused in one line."""
+    import kernels.fp8 as F
+    import kernels.fp8_quant as fq
+    from kernels.fp8_quant import Fp8Inputs
+
+    for module in (F, fq):
+        monkeypatch.setattr(module, "warp_specialize_supported", lambda device: True)
+    rows, cols, s = torch.empty(1, 1024, 128), torch.empty(1, 128, 1024), torch.empty(8)
+    x = Fp8Inputs(rows, rows, cols, s, s, s, (1, 1, 1024, 128), 1024, 1, 128, 256, "block", True, torch.bfloat16)
+    full = parse_mask("full")
+
+    def runs_ws(ws, **options):
+        plan = F._resolve(x, full, False, None, True, ws, options)
+        return [launch.ws for launch in plan.launches]
+
+    assert runs_ws(None) == [True] and runs_ws(None, num_warps=4, num_stages=2) == [True]
+    assert runs_ws(None, num_stages=3) == [False] and runs_ws(None, num_warps=8) == [False]
+    assert runs_ws(False) == [False]
+    with pytest.raises(ValueError, match="checked only with num_warps=4, num_stages=2") as err:
+        runs_ws(True, num_stages=3)
+    assert "\n" not in str(err.value)
