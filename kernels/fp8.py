@@ -107,7 +107,7 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
 
     b, h, n_q, d = x.shape
     hd = x.head_dim_padded
-    cfg = fp8_config(d, x.block_m, x.block_n, mask=spec, n_q=n_q, n_k=x.n_k, device=x.q.device)
+    cfg = fp8_config(d, x.block_m, x.block_n)        # the plain loop's options for these tiles
     plan = block_plan(spec, n_q, x.block_m, x.block_n, x.q.device, x.n_k)
     if interpreting():
         check_interpreter_tiles(int(plan.tiles_per_q_block.sum()) * b * h,
