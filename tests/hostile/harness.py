@@ -89,10 +89,11 @@ def _child_limit() -> int:
         import torch
 
         extra = 0
-        if torch.version.cuda is not None:
-            out = subprocess.run([sys.executable, "-c", "import torch; print(open('/proc/self/status').read())"],
-                                 capture_output=True, text=True, timeout=120).stdout
-            extra = int(next(line for line in out.splitlines() if line.startswith("VmSize:")).split()[1]) * 1024
+        if torch.version.cuda is not None:       # zygote.status_kib, in a fresh Python that imported torch
+            out = subprocess.run([sys.executable, "-c", "import os, torch; from tests.hostile.zygote import status_kib; "
+                                  "print(status_kib(os.getpid(), 'VmSize'))"], cwd=ROOT, env={**os.environ,
+                                 "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120).stdout
+            extra = int(out.strip()) * 1024
         _LIMIT.append(ADDRESS_SPACE_LIMIT + extra)
     return _LIMIT[0]
 
