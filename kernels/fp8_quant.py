@@ -184,20 +184,26 @@ def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_st
     return Fp8Config(bm, bn, pick(num_warps, w), pick(num_stages, s), ws, split)
 
 
-@lru_cache(maxsize=256)
 def _default_tiles(hd: int, mask, n_q, n_k, can_split: bool) -> tuple:
-    """(block_m, block_n, ws, split) for a padded D and a mask (fp8_config). Kept per call shape:
-    every quantize_fp8 call asks, and the block map's count took 20-200 us of host time (N 4k-64k)."""
+    """(block_m, block_n, ws, split) for a padded D and a mask (fp8_config)."""
     full, masked = DEFAULT_TILES.get(hd, ((128, 128, True), (128, 128, True)))
     if mask is not None and mask.kind == "full":
         return (*full, False)
     if mask is None or n_q is None or not can_split:      # without warp specialisation the full tiles lose
         return (*masked, False)
-    bmap = mask.block_map(n_q, full[0], full[1], n_q if n_k is None else n_k)
-    full_keys = (bmap == FULL).sum() / bmap.shape[0] * full[1]
-    if (bmap == PARTIAL).any() and full_keys * hd >= FP8_SPLIT_MIN_WORK:
+    if _split_pays(hd, mask, n_q, n_q if n_k is None else n_k, full[0], full[1]):
         return (*full, True)
     return (*masked, False)
+
+
+@lru_cache(maxsize=256)
+def _split_pays(hd: int, mask, n_q: int, n_k: int, block_m: int, block_n: int) -> bool:
+    """Whether the mask's query blocks hold FP8_SPLIT_MIN_WORK full keys x D at these tiles (and
+    partial tiles to resume). Kept per call shape: every quantize_fp8 call on Hopper asks, and
+    counting the block map took 20-200 us of host time (N 4k-64k)."""
+    bmap = mask.block_map(n_q, block_m, block_n, n_k)
+    full_keys = (bmap == FULL).sum() / bmap.shape[0] * block_n
+    return bool((bmap == PARTIAL).any() and full_keys * hd >= FP8_SPLIT_MIN_WORK)
 
 
 def hadamard_signs(n: int, seed: int = HADAMARD_SEED) -> torch.Tensor:
