@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .device_cache import hold_if_capturing
-from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, quantize_fp8
+from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, fp8_head_dim, quantize_fp8
 from .kernel_args import KernelArgs, TraceFlags
 from .launch import _ensure_allocator as ensure_allocator
 from .launch_config import split_pays, warp_specialize_supported
@@ -78,6 +78,12 @@ class Fp8Plan(NamedTuple):
 
 # the warp-specialised loop's launch options, as the bf16 kernel's WS defaults (same tiles as fp8_config's)
 WS_OPTIONS = dict(num_warps=4, num_stages=2)
+# the split's partial-tile launch by padded D: a query block has one or two partial tiles at the
+# full mask's tiles, so pipelining them buys little; at D128 (128x256) 3 stages spilled (offline
+# sm_90 build, Triton 3.6: 40 bytes of stack at 3 stages, 32 at 2, none at 1) and 1 stage ran the
+# causal calls 1.01-1.04x faster (H200: scripts/compare_kernels.py ... fp8); D256 stays at 2
+# (no spill there; 1 stage measured 0.99x)
+PARTIAL_PASS_OPTIONS = {128: dict(num_stages=1)}
 _WS_REFUSED: set = set()      # (Fp8Tile, options) Triton failed to compile or launch warp-specialised
 
 
@@ -139,8 +145,9 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
                          (tile._replace(WARP_SPECIALIZE=False), plain_options))
 
     if split:       # full tiles (warp-specialised) storing (O, lse); partial tiles resumed from them (SEED)
+        diagonal = launch_of(tile._replace(OFF_BAND=False, SEED=True, WARP_SPECIALIZE=False), True)
         launches = (launch_of(tile._replace(HAS_PARTIAL=False, WARP_SPECIALIZE=ws), True),
-                    launch_of(tile._replace(OFF_BAND=False, SEED=True, WARP_SPECIALIZE=False), True))
+                    diagonal._replace(options={**diagonal.options, **PARTIAL_PASS_OPTIONS.get(hd, {}), **override}))
     else:
         launches = (launch_of(tile, bool(return_lse)),)
     return Fp8Plan((b * h * plan.n_qb,), plan, launches, split)
@@ -164,7 +171,9 @@ def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> di
     if ws:
         out.update(WS_OPTIONS, loop="split" if split else "warp-specialised")
         if split:
-            out.update(partial_warps=cfg.num_warps, partial_stages=cfg.num_stages)
+            partial = {**dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                       **PARTIAL_PASS_OPTIONS.get(fp8_head_dim(head_dim), {})}
+            out.update(partial_warps=partial["num_warps"], partial_stages=partial["num_stages"])
     return out
 
 

@@ -1,10 +1,11 @@
 """This tree's kernels against an earlier copy, on a GPU, in one process (scripts/kernels_gpu_run.sh step 2).
 
-    python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec
+    python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec,fp8
 
 OLD_TREE / NEW_TREE: folders holding a kernels/ package (e.g. `git archive <commit> kernels | tar -x -C
 .old`); the old one is imported as `kernels_old`. Per case: do_bench medians in the order (old, new, new,
-old) x 3, the outputs compared bit for bit (forward O; backward dQ, dK, dV; decode O), and at the end the
+old) x 3, the outputs compared bit for bit (forward O; backward dQ, dK, dV; decode O; FP8: the attention kernel
+alone, on inputs each tree's quantise pass made), and at the end the
 compiled PTX of every kernel, instructions only (parameters, line info and register numbers aside)."""
 import importlib
 import json
@@ -39,6 +40,10 @@ FWD = [  # B, H, H_kv, N, D, mask, schedule
 ]
 BWD = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 4096, 128, "causal"), (4, 16, 16, 8192, 64, "causal"),
        (2, 32, 8, 8192, 128, "causal"), (2, 16, 16, 4096, 256, "causal"), (4, 16, 16, 4096, 80, "causal")]
+FP8 = [  # B, H, H_kv, N, D, mask
+    (4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16, 16, 4096, 128, "causal"),
+    (4, 16, 16, 8192, 128, "causal"), (4, 16, 16, 16384, 128, "causal"), (2, 32, 8, 8192, 128, "causal"),
+    (4, 16, 16, 4096, 256, "full"), (4, 16, 16, 4096, 256, "causal"), (4, 16, 16, 8192, 256, "causal")]
 DEC = [  # B, H, H_kv, N_ctx, D, page_size (0 = contiguous)
     (1, 32, 8, 32768, 128, 0), (8, 32, 8, 8192, 128, 0), (64, 32, 8, 4096, 128, 0), (1, 32, 8, 131072, 128, 0),
     (1, 32, 8, 32768, 128, 16), (8, 32, 8, 8192, 128, 64), (32, 32, 8, 8192, 128, 256)]
@@ -99,6 +104,19 @@ if "dec" in parts:
         fns = {"old": lambda: call(old_dec), "new": lambda: call(new_dec)}
         outs = {name: [fn()] for name, fn in fns.items()}
         record("dec", f"B{b} H{h}/{hkv} N{n} D{d} page {page}", fns, outs)
+if "fp8" in parts:
+    from kernels.fp8 import attention_fp8 as new_fp8
+    from kernels.fp8_quant import quantize_fp8 as new_quant
+    from kernels_old.fp8 import attention_fp8 as old_fp8
+    from kernels_old.fp8_quant import quantize_fp8 as old_quant
+    for b, h, hkv, n, d, mask in FP8:
+        g.manual_seed(n + d + h + 2)
+        q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        x_old, x_new = old_quant(q, k, v, mask=mask), new_quant(q, k, v, mask=mask)
+        fns = {"old": lambda: old_fp8(x_old, mask), "new": lambda: new_fp8(x_new, mask)}
+        outs = {name: [fn()] for name, fn in fns.items()}
+        record("fp8", f"B{b} H{h}/{hkv} N{n} D{d} {mask}", fns, outs)
 
 
 def instructions(compiled):
@@ -127,8 +145,9 @@ ptx = {}
 KS = [("flash_kernel", "attn_fwd_kernel"), ("flash_kernel", "attn_fwd_persistent_kernel"),
       ("backward_kernel", "attn_bwd_kernel"), ("backward_kernel", "attn_bwd_preprocess"),
       ("backward_dkdv_kernel", "attn_bwd_dkdv_kernel"), ("backward_dq_kernel", "attn_bwd_dq_kernel"),
-      ("decode_kernel", "decode_split_kernel"), ("decode_kernel", "decode_merge_kernel")]
-groups = {"fwd": ("flash_kernel",), "bwd": ("backward",), "dec": ("decode",)}
+      ("decode_kernel", "decode_split_kernel"), ("decode_kernel", "decode_merge_kernel"),
+      ("fp8_kernel", "attn_fwd_fp8_kernel")]
+groups = {"fwd": ("flash_kernel",), "bwd": ("backward",), "dec": ("decode",), "fp8": ("fp8_kernel",)}
 for part, prefixes in groups.items():
     if part not in parts:
         continue
@@ -140,7 +159,8 @@ for part, prefixes in groups.items():
     print(f"{part}: compiled kernels old {len(o)}, new {len(n)}; same PTX instructions: {same}; "
           f"new ones without an identical old one: {unmatched}")
 meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "old": os.environ.get("OLD_COMMIT"), "new": os.environ.get("NEW_COMMIT"), "dtype": "bf16",
+        "old": os.environ.get("OLD_COMMIT"), "new": os.environ.get("NEW_COMMIT"),
+        "dtype": "bf16 (fp8: e4m3 from bf16 inputs, block scales + Hadamard)",
         "method": "per case: do_bench medians (warmup 25 ms, rep 100 ms) in the order (old, new, new, old) x 3 "
         "in one process; old_ms / new_ms = median of the six; speed_new_over_old = old_ms / new_ms; "
         "bit_identical: torch.equal of every output (forward O; backward dQ, dK, dV; decode O)"}

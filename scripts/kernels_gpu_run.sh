@@ -5,10 +5,10 @@
 #      quick, what tracing adds
 #   2. kernel speed of this tree against an earlier one side by side (scripts/compare_kernels.py):
 #      the earlier tree's kernels/ in .old/kernels (an excluded folder, carried; e.g.
-#      `git archive <commit> kernels | tar -x -C .old`), forward, backward and decode cases timed
+#      `git archive <commit> kernels | tar -x -C .old`), forward, backward, decode and FP8 cases timed
 #      (old, new, new, old) x 3 in one process, outputs compared bit for bit, and whether both
 #      compiled the same PTX instructions (parameters, line info and register numbers aside);
-#      PARTS picks fwd,bwd,dec (default all)
+#      PARTS picks fwd,bwd,dec,fp8 (default all)
 #   3. the gpu-marked kernel tests
 # STEPS picks steps (default "1 2 3"); each has its own time limit; TEST_ARGS adds pytest arguments.
 OUT=${OUT:-/tmp/out}
@@ -26,7 +26,7 @@ ROOT=$(pwd)
   if [[ " $STEPS " == *" 2 "* ]]; then
     echo "== 2. kernel speed, .old/kernels vs this tree ($(date -u +%T))"
     OLD_COMMIT=${OLD_COMMIT:-} NEW_COMMIT=${NEW_COMMIT:-} timeout ${SPEED_S:-300} \
-      python3 scripts/compare_kernels.py "$ROOT/.old" "$ROOT" "$OUT/kernel-speed.json" ${PARTS:-fwd,bwd,dec}
+      python3 scripts/compare_kernels.py "$ROOT/.old" "$ROOT" "$OUT/kernel-speed.json" ${PARTS:-fwd,bwd,dec,fp8}
   fi
   if [[ " $STEPS " == *" 3 "* ]]; then
     echo "== 3. pytest -m gpu tests/kernels ($(date -u +%T))"

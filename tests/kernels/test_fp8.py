@@ -365,6 +365,28 @@ def test_gpu_split_default_against_float64(d, n, h, h_kv):
         assert float((out.double() - ref).pow(2).mean().sqrt()) < FA3_PER_TENSOR_RMSE, (n_q, split)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_gpu_cuda_graph_capture_replays_the_default_launches(mask):
+    """The default call (causal D128 8k: the quantise pass, then the split's two launches) captured in
+    a CUDA graph: replayed on new inputs copied into the captured ones it equals the eager call bit
+    for bit (no host read of a device tensor, no launch left out of the graph)."""
+    q, k, v = inputs(4, 2, 8192, 8192, 128, seed=10, device="cuda")
+    f = lambda q, k, v: flash_attention_fp8(q, k, v, mask, return_lse=True)  # noqa: E731
+    f(q, k, v)                                  # plans and compiled kernels resolved before capture
+    static = [torch.zeros_like(t) for t in (q, k, v)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = f(*static)
+    for t, src in zip(static, (q, k, v)):
+        t.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    want, want_lse = f(q, k, v)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert torch.isfinite(out).all()
+
+
 def test_a_refused_warp_specialised_launch_is_remembered_for_its_options_only(monkeypatch):
     """Triton refusing the warp-specialised loop at some options (e.g. 3 stages: out of shared
     memory at D256) sends that launch, and later ones at the same tile and options, to the plain
@@ -423,3 +445,27 @@ def test_the_warp_specialised_loop_runs_only_at_its_checked_options(monkeypatch)
     with pytest.raises(ValueError, match="checked only with num_warps=4, num_stages=2") as err:
         runs_ws(True, num_stages=3)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("d,tiles,partial_stages", [(128, (128, 256), 1), (256, (128, 128), 2)])
+def test_the_splits_partial_pass_takes_its_own_stages(monkeypatch, d, tiles, partial_stages):
+    """The split's second launch (one or two partial tiles per query block) runs unpipelined at D128
+    (PARTIAL_PASS_OPTIONS: 3 stages spilled there) and at the plain loop's options elsewhere; the
+    first launch keeps WS_OPTIONS, and options a caller passes still reach both launches."""
+    import kernels.fp8 as F
+    import kernels.fp8_quant as fq
+    from kernels.fp8_quant import Fp8Inputs
+
+    for module in (F, fq):
+        monkeypatch.setattr(module, "warp_specialize_supported", lambda device: True)
+    n = 8192
+    rows, cols, s = torch.empty(1, n, d), torch.empty(1, d, n), torch.empty(8)
+    x = Fp8Inputs(rows, rows, cols, s, s, s, (1, 1, n, d), n, 1, *tiles, "block", True, torch.bfloat16)
+    plan = F._resolve(x, parse_mask("causal", n, n), False, None, True, None)
+    first, second = plan.launches
+    assert (first.ws, first.options) == (True, F.WS_OPTIONS)
+    cfg = fq.fp8_config(d, *tiles)
+    assert (second.ws, second.options) == (False, dict(num_warps=cfg.num_warps, num_stages=partial_stages))
+    assert F.default_launch(d, "causal", n, n, "cpu")["partial_stages"] == partial_stages
+    forced = F._resolve(x, parse_mask("causal", n, n), False, None, True, False, dict(num_stages=3))
+    assert [launch.options["num_stages"] for launch in forced.launches] == [3]
