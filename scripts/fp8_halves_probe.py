@@ -18,6 +18,7 @@ import torch.nn.functional as Fn
 import triton
 import triton.language as tl
 
+from benchmarks.rotated import medians, time_rotated
 from kernels.fp8 import _resolve, attention_fp8
 from kernels.fp8_kernel import LOG2_P_SCALE, P_SCALE, SIZES
 from kernels.fp8_quant import quantize_fp8
@@ -158,14 +159,9 @@ def case(n, d, variants, b=4, h=16):
     if DEV != "cuda":
         return
     fns["default again"] = default
-    times = {key: [] for key in fns}
-    for r in range(ROUNDS):
-        order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
-        for key in order:
-            fns[key]()
-            times[key].append(triton.testing.do_bench(fns[key], warmup=25, rep=80))
+    times = time_rotated(fns, ROUNDS)
     fl = 4 * b * h * n * n * d
-    med = {key: sorted(ts)[ROUNDS // 2] for key, ts in times.items()}
+    med = medians(times)
     for key, ts in times.items():
         ms = med[key]
         rows.append(dict(n=n, head_dim=d, batch=b, heads=h, label=key, ms=ms, tflops=fl / ms / 1e9,

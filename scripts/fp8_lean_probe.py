@@ -15,6 +15,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 import fp8_halves_probe as hp  # noqa: E402
+from benchmarks.rotated import medians, time_rotated  # noqa: E402
 from kernels import flash_attention  # noqa: E402
 from kernels.flash_kernel import SIZES as BF_SIZES, _device_descs  # noqa: E402
 from kernels.fp8 import _resolve, attention_fp8  # noqa: E402
@@ -113,13 +114,8 @@ def timeit(tag, fns, fl):
     outs = {key: fn().float() for key, fn in fns.items()}
     for key in fns:
         print(tag, key, "equal to head:", torch.equal(outs[key], outs["head"]), flush=True)
-    times = {key: [] for key in fns}
-    for r in range(ROUNDS):
-        order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
-        for key in order:
-            fns[key]()
-            times[key].append(triton.testing.do_bench(fns[key], warmup=25, rep=80))
-    med = {key: sorted(ts)[ROUNDS // 2] for key, ts in times.items()}
+    times = time_rotated(fns, ROUNDS)
+    med = medians(times)
     for key, ts in times.items():
         rows.append(dict(case=tag, label=key, ms=med[key], tflops=fl / med[key] / 1e9, x_head=med["head"] / med[key], rounds=ts))
         print(f"  {tag} {key:22s} {med[key]:.3f} ms {fl / med[key] / 1e9:6.0f} TFLOP/s x{med['head'] / med[key]:.3f} vs head", flush=True)

@@ -6,6 +6,7 @@ import torch.nn.functional as Fn
 from kernels.fp8_quant import quantize_fp8
 from kernels.fp8 import attention_fp8
 from benchmarks import attention_flops
+from benchmarks.rotated import medians, time_rotated
 out = sys.argv[1]
 ROUNDS = 5
 rows = []
@@ -19,7 +20,7 @@ def case(mask, n, d, variants, b=4, h=16):
     ref = cudnn()
     fns = {"cudnn bf16": cudnn}
     for label, bm, bn, ws in variants:
-        x = quantize_fp8(q, k, v, "block", True, bm, bn, full=mask == "full")
+        x = quantize_fp8(q, k, v, "block", True, bm, bn, mask=mask)
         run = lambda x=x, ws=ws: attention_fp8(x, mask, warp_specialize=ws)
         try:
             o = run(); torch.cuda.synchronize()
@@ -29,14 +30,9 @@ def case(mask, n, d, variants, b=4, h=16):
         err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
         print(f"{mask} {n} D{d} {label}: rel err vs cudnn {err:.3e}", flush=True)
         fns[label] = run
-    times = {key: [] for key in fns}
-    for r in range(ROUNDS):
-        order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]        # rotate: no variant always follows cuDNN
-        for key in order:
-            fns[key]()
-            times[key].append(triton.testing.do_bench(fns[key], warmup=25, rep=80))
+    times = time_rotated(fns, ROUNDS)
     fl = attention_flops(b, h, n, d, mask)
-    med = {key: sorted(ts)[ROUNDS // 2] for key, ts in times.items()}
+    med = medians(times)
     base = med.get("default")
     for key, ts in times.items():
         ms = med[key]

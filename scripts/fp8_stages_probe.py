@@ -4,6 +4,7 @@ import sys, os, json, torch, triton
 from kernels.fp8_quant import quantize_fp8
 from kernels.fp8 import attention_fp8
 from benchmarks import attention_flops
+from benchmarks.rotated import medians, time_rotated
 ROUNDS = 5
 rows = []
 def case(mask, n, d, variants, b=4, h=16):
@@ -21,14 +22,9 @@ def case(mask, n, d, variants, b=4, h=16):
         ref = o if ref is None else ref
         print(f"{mask} {n} D{d} {label}: max diff vs first {(o.float() - ref.float()).abs().max().item():.3e}", flush=True)
         fns[label] = run
-    times = {key: [] for key in fns}
-    for r in range(ROUNDS):
-        order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
-        for key in order:
-            fns[key]()
-            times[key].append(triton.testing.do_bench(fns[key], warmup=25, rep=80))
+    times = time_rotated(fns, ROUNDS)
     fl = attention_flops(b, h, n, d, mask)
-    med = {key: sorted(ts)[ROUNDS // 2] for key, ts in times.items()}
+    med = medians(times)
     for key, ts in times.items():
         print(f"  {mask:7s} {n:5d} D{d} {key:14s} {med[key]:7.3f} ms {fl / med[key] / 1e9:6.0f} TFLOP/s  x{med['default'] / med[key]:.3f}"
               f"  rounds {[round(t, 3) for t in ts]}", flush=True)
