@@ -79,10 +79,10 @@ class Fp8Plan(NamedTuple):
 # the warp-specialised loop's launch options, as the bf16 kernel's WS defaults (same tiles as fp8_config's)
 WS_OPTIONS = dict(num_warps=4, num_stages=2)
 # the split's partial-tile launch by padded D: a query block has one or two partial tiles at the
-# full mask's tiles, so pipelining them buys little; at D128 (128x256) 3 stages spilled (offline
-# sm_90 build, Triton 3.6: 40 bytes of stack at 3 stages, 32 at 2, none at 1) and 1 stage ran the
-# causal calls 1.01-1.04x faster (H200: scripts/compare_kernels.py ... fp8); D256 stays at 2
-# (no spill there; 1 stage measured 0.99x)
+# full mask's tiles, so pipelining them buys little; at D128 (128x256) 3 stages spilled (sm_90
+# build with Triton 3.6, scripts/sm90_build_stats.py: 40 bytes of stack at 3 stages, 32 at 2, none
+# at 1) and 1 stage ran the causal calls 1.01-1.04x faster (H200: scripts/compare_kernels.py ...
+# fp8); D256 stays at 2 (no spill there; 1 stage measured 0.99x)
 PARTIAL_PASS_OPTIONS = {128: dict(num_stages=1)}
 _WS_REFUSED: set = set()      # (Fp8Tile, options) Triton failed to compile or launch warp-specialised
 

@@ -1,0 +1,231 @@
+"""The default launches of the attention kernels built for Hopper (sm_90) on a machine without a GPU:
+registers, spill stack, shared memory and whether the loop was warp-specialised, per launch.
+
+    pip install --target /tmp/t36 --no-deps triton==3.6.0       # the GPU machines' Triton
+    PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8] [--json OUT]
+
+Each call of the public API runs as on an H200 (its device facts: 132 SMs, warp specialisation on),
+but every kernel launch is only compiled (Triton's warmup: TTIR -> PTX -> ptxas -> cubin), never run,
+and cuobjdump reads the cubin's resource use. STACK > 0 means ptxas spilled registers (or kept a
+local array) there: a first place to look when a kernel is slower than its arithmetic says. The
+numbers are those of the Triton on the path: build with the GPU machines' version (3.6) to compare
+with their timings. A warp-specialised kernel reports the launch's register count; its partitions
+then set their own (setmaxnreg)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver as triton_driver  # noqa: E402
+
+FWD = [(64, 4096, "full"), (64, 8192, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"),
+       (256, 4096, "full"), (256, 4096, "causal")]
+BWD = [(64, 4096, "full"), (64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (256, 4096, "causal")]
+FP8 = [(128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"), (256, 4096, "full"), (256, 4096, "causal")]
+
+
+class _Sm90Driver:
+    """Triton's active driver, answering for a Hopper GPU that is not there (nothing is launched)."""
+
+    def __init__(self):
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_device_interface(self):
+        return torch.cuda
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_benchmarker(self):
+        return None
+
+    def map_python_to_cpp_type(self, ty):
+        return ty
+
+
+def _cuobjdump(compiled, flag: str) -> str:
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resources(compiled) -> dict:
+    """Registers, stack bytes (spills), shared memory and warps of a compiled kernel (cuobjdump),
+    whether its loop was warp-specialised, its SASS, and the spill instructions in its tile loops
+    (_spills_in_loops)."""
+    out = _cuobjdump(compiled, "-res-usage")
+    regs, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
+    sass = _cuobjdump(compiled, "-sass")
+    return dict(registers=int(regs.group(1)) if regs else None, stack_bytes=int(stack.group(1)) if stack else None,
+                shared_kib=round(compiled.metadata.shared / 1024, 1), warps=compiled.metadata.num_warps,
+                warp_specialized="ttg.warp_specialize" in compiled.asm["ttgir"],
+                spills_in_loops=_spills_in_loops(sass), sass=sass)
+
+
+def _spills_in_loops(sass: str) -> int:
+    """LDL/STL instructions in innermost loop bodies (the tile loops): a loop is the span from a
+    backward branch's target to the branch; innermost when no other such span lies inside it."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = set()
+    for addr, text in code:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            loops.add((int(target.group(1), 16), addr))
+    inner = [(lo, hi) for lo, hi in loops if not any((lo, hi) != o and lo <= o[0] and o[1] <= hi for o in loops)]
+    return sum(1 for addr, text in code if re.search(r"\b(LDL|STL)\b", text) and any(lo <= addr <= hi for lo, hi in inner))
+
+
+def _loops(kernel, args) -> str:
+    """Which tile loops a launch compiles, from its constexpr groups: full / partial tiles (forward,
+    FP8), the finite-row twin (backward)."""
+    named = dict(zip(kernel.arg_names, args))
+    phase = named.get("PHASE") or named.get("TILE")
+    if hasattr(phase, "OFF_BAND"):
+        return " + ".join(name for name, on in (("full", phase.OFF_BAND), ("partial", phase.HAS_PARTIAL)) if on) + \
+            (" (resumed)" if phase.SEED else "")
+    if "FINITE_RUN" in named:
+        return "finite-row twin" if named["FINITE_RUN"] else "dK/dV + dQ" if named["DKDV"] and named["DQ_PASS"] else \
+            "dK/dV" if named["DKDV"] else "dQ"
+    return ""
+
+
+def _as_h200(rows: list) -> None:
+    """Device facts of an H200 for CPU tensors, and every launch path compiling instead of running,
+    each built launch appended to rows."""
+    import kernels.backward_launch as backward_launch
+    import kernels.backward_plan as backward_plan
+    import kernels.fp8 as fp8
+    import kernels.launch as launch
+    import kernels.runtime as runtime
+
+    runtime._look_up = lambda device: runtime.DeviceFacts("cuda", (9, 0), 132, "h200", True, False)
+    runtime.clear_device_facts()
+    backward_plan.interpreting = lambda: False
+    cuda_config = backward_plan.CUDA_CONFIGS
+
+    def backward_config(head_dim, dtype, device):
+        d = backward_plan.padded_head_dim(head_dim)
+        return cuda_config[64 if d <= 64 else 128 if d <= 128 else 256]
+
+    for mod in [m for name, m in list(sys.modules.items()) if name.startswith("kernels") and m is not None]:
+        if hasattr(mod, "check_kernel_device"):
+            mod.check_kernel_device = lambda device: None
+        if hasattr(mod, "backward_config"):
+            mod.backward_config = backward_config
+
+    def build(kernel, grid, args, options):
+        rows[-1]["launches"].append(dict(kernel=kernel.__name__, loops=_loops(kernel, args),
+                                         num_warps=options.get("num_warps"), num_stages=options.get("num_stages"),
+                                         **resources(kernel.warmup(*args, grid=grid, **options))))
+
+    launch._run_kernel = build
+    backward_launch._launch = lambda kernel, grid, args, cfg=None: build(
+        kernel, grid, [args[n] for n in kernel.arg_names],
+        {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+    def fp8_launch(grid, one, args):
+        build(one.args.kernel, grid, args, one.options)
+    fp8._launch = fp8_launch
+
+
+def _build_case(part: str, d: int, n: int, mask: str) -> None:
+    """Every launch of one call (B1 H2, N_q = N_k = n, bf16 inputs), built through _as_h200's hooks."""
+    from kernels import flash_attention
+    from kernels.backward import flash_attention_backward
+    from kernels.fp8 import attention_fp8
+    from kernels.fp8_quant import Fp8Inputs, fp8_config, fp8_head_dim
+    from kernels.masks import parse_mask
+
+    bf16 = torch.bfloat16
+    q, k, v, o, do = (torch.zeros(1, 2, n, d, dtype=bf16) for _ in range(5))
+    if part == "fwd":
+        flash_attention(q, k, v, mask=mask)
+    elif part == "bwd":
+        flash_attention_backward(do, q, k, v, o, torch.zeros(1, 2, n, dtype=torch.float32), mask=mask)
+    else:           # the attention kernel's launches on inputs of the quantised layout (no quantise pass)
+        cfg = fp8_config(d, mask=parse_mask(mask, n, n), n_q=n, n_k=n, device="cuda")
+        hd, e4m3 = fp8_head_dim(d), torch.float8_e4m3fn
+        ones = lambda blocks: torch.ones(2 * -(-n // blocks))  # noqa: E731
+        x = Fp8Inputs(torch.zeros(2, n, hd, dtype=e4m3), torch.zeros(2, n, hd, dtype=e4m3),
+                      torch.zeros(2, hd, n, dtype=e4m3), ones(cfg.block_m), ones(cfg.block_n), ones(cfg.block_n),
+                      (1, 2, n, d), n, 2, cfg.block_m, cfg.block_n, "block", True, bf16)
+        attention_fp8(x, mask)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8 (default all)")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated D:N:mask, e.g. 128:4096:causal, for every part asked (default: each part's list)")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--sass", default=None, help="also write each launch's SASS (cuobjdump -sass) into this folder")
+    args = p.parse_args(argv)
+    if os.environ.setdefault("TRITON_INTERPRET", "0") not in ("", "0"):      # before kernels is imported
+        sys.exit("sm90_build_stats: unset TRITON_INTERPRET (the kernels are built for sm_90 here, not interpreted)")
+    parts = set(args.only.split(","))
+    if parts - {"fwd", "bwd", "fp8"}:
+        p.error(f"--only takes fwd, bwd, fp8; got {args.only}")
+    chosen = None
+    if args.cases:
+        try:
+            chosen = [(int(d), int(n), mask) for d, n, mask in (c.split(":") for c in args.cases.split(","))]
+        except ValueError:
+            p.error(f"--cases takes D:N:mask entries such as 128:4096:causal; got {args.cases}")
+    triton_driver.set_active(_Sm90Driver())
+    importlib.import_module("kernels.backward")     # before _as_h200 patches the modules it finds
+
+    rows: list = []
+    _as_h200(rows)
+    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8)
+    cases = [(part, *c) for part in ("fwd", "bwd", "fp8") if part in parts for c in (chosen or lists[part])]
+    for part, d, n, mask in cases:
+        rows.append(dict(part=part, head_dim=d, seq_len=n, mask=mask, launches=[]))
+        try:
+            _build_case(part, d, n, mask)
+        except ValueError as exc:           # a case the kernels refuse (a mask name, a head dim): one line
+            print(f"sm90_build_stats: {part} D{d} N{n} {mask}: {exc}", file=sys.stderr)
+            return 2
+        for i, one in enumerate(rows[-1]["launches"]):
+            opts = f"w{one['num_warps']} s{one['num_stages']}" if one["num_warps"] else "defaults"
+            print(f"{part:3s} D{d:<3d} N{n:<5d} {mask:6s} {one['kernel']:20s} {one['loops']:18s} {opts:8s} "
+                  f"{'ws ' if one['warp_specialized'] else '   '}regs {one['registers']:3d}  stack {one['stack_bytes']:4d} B "
+                  f"(in tile loops: {one['spills_in_loops']:3d} LDL/STL)  shared {one['shared_kib']:6.1f} KiB", flush=True)
+            if args.sass:
+                Path(args.sass).mkdir(parents=True, exist_ok=True)
+                name = f"{part}-d{d}-n{n}-{mask.replace(':', '_')}-{i}-{one['kernel']}.sass"
+                (Path(args.sass) / name).write_text(one["sass"])
+        for one in rows[-1]["launches"]:
+            del one["sass"]
+    if args.json:
+        meta = dict(triton=triton.__version__, target="cuda sm_90 (built, not run)",
+                    command="PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py " + " ".join(argv or sys.argv[1:]))
+        Path(args.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

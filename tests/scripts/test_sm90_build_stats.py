@@ -1,0 +1,78 @@
+"""scripts/sm90_build_stats.py: the FP8 kernel's default full-mask launch built for sm_90 with the
+installed Triton on this CPU machine (compiled, never run): one launch, warp-specialised as on the
+H200, with a register count, a stack size and shared memory read from the cubin; bad arguments and
+an interpreter environment are refused in one line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "sm90_build_stats.py"
+CUOBJDUMP = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def _run(*args, interpret=None):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret is not None:
+        env["TRITON_INTERPRET"] = interpret
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=ROOT)
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
+def test_the_fp8_full_launch_builds_warp_specialised_with_its_resources(tmp_path):
+    out = tmp_path / "stats.json"
+    run = _run("--only", "fp8", "--cases", "128:4096:full", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["part"], r["head_dim"], r["seq_len"], r["mask"]) for r in rows] == [("fp8", 128, 4096, "full")]
+    (launch,) = rows[0]["launches"]
+    assert launch["kernel"] == "attn_fwd_fp8_kernel" and launch["loops"] == "full"
+    assert (launch["num_warps"], launch["num_stages"], launch["warp_specialized"]) == (4, 2, True)
+    assert 0 < launch["registers"] <= 255 and launch["stack_bytes"] >= 0 and launch["spills_in_loops"] >= 0
+    assert 100 < launch["shared_kib"] <= 228          # 128x256 e4m3 K tiles in flight, within an SM's 228 KiB
+    assert "attn_fwd_fp8_kernel" in run.stdout and "\n" not in run.stdout.strip()
+
+
+def test_bad_arguments_and_the_interpreter_are_refused_in_one_line():
+    bad = _run("--cases", "128:x:full")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("got 128:x:full")
+    mask = _run("--only", "fwd", "--cases", "64:1024:bogus")
+    assert mask.returncode == 2 and mask.stderr.strip().splitlines()[-1].startswith("sm90_build_stats: fwd D64 N1024 bogus: unknown mask")
+    interp = _run(interpret="1")
+    assert interp.returncode == 1 and interp.stderr.strip() == \
+        "sm90_build_stats: unset TRITON_INTERPRET (the kernels are built for sm_90 here, not interpreted)"
+
+
+def test_spills_are_counted_in_innermost_loops_only():
+    """A SASS listing with an outer loop holding two inner ones: local loads and stores count only
+    inside the inner loops' spans (backward branch target .. branch)."""
+    import importlib.util
+    import random
+
+    spec = importlib.util.spec_from_file_location("sm90_build_stats", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = random.Random(0)
+    lines, inner_spills = [], 0
+    # layout: 0x0000 prologue, outer loop 0x0100..0x0900 holding inner loops 0x0200..0x0400 and 0x0500..0x0700
+    inner = [(0x0200, 0x0400), (0x0500, 0x0700)]
+    for addr in range(0x0000, 0x0a00, 0x10):
+        spill = rng.random() < 0.2
+        if addr in (0x0400, 0x0700, 0x0900):
+            target = {0x0400: 0x0200, 0x0700: 0x0500, 0x0900: 0x0100}[addr]
+            text = f"@P0 BRA 0x{target:x}"
+        elif spill:
+            text = "LDL R5, [R1+0x10]" if rng.random() < 0.5 else "STL [R1+0x8], R6"
+            inner_spills += any(lo <= addr <= hi for lo, hi in inner)
+        else:
+            text = "FFMA R2, R3, R4, R2"
+        lines.append(f"        /*{addr:04x}*/                   {text} ;   /* 0x0000000000000000 */")
+    assert inner_spills > 0
+    assert module._spills_in_loops("\n".join(lines)) == inner_spills
