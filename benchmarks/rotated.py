@@ -14,14 +14,15 @@ def time_rotated(fns: dict, rounds: int, bench: Callable | None = None, warmup: 
     Arguments:
         fns: {label: a call to time}, in their first round's order.
         rounds: rounds; round r starts at the (r mod len)-th label.
-        bench: times one call in ms (None: triton.testing.do_bench(fn, warmup, rep), its median).
+        bench: times one call in ms (None: the project's timer on CUDA, time_ms: do_bench's
+            median with warmup and rep ms).
     Returns:
         {label: [ms in round 0, 1, ...]}. Each call runs once untimed before it is timed."""
     if bench is None:
-        import triton.testing
+        from instrumentation.recording.timing import time_ms
 
         def bench(fn):
-            return triton.testing.do_bench(fn, warmup=warmup, rep=rep)
+            return time_ms(fn, "cuda", warmup=warmup, rep=rep)
     labels = list(fns)
     times = {key: [] for key in labels}
     for r in range(rounds):

@@ -170,7 +170,7 @@ def case(n, d, variants, b=4, h=16):
               f"  {med['cudnn bf16'] / ms:.3f}x cuDNN", flush=True)
     __import__('json').dump(dict(meta=dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                              command="python scripts/fp8_halves_probe.py OUT_DIR", mask="full",
-                             timing=f"do_bench warmup=25 rep=80, {ROUNDS} rounds, order rotated each round, median"),
+                             timing=f"benchmarks.rotated: do_bench median (warmup 25 ms, rep 80 ms) per round, {ROUNDS} rounds, order rotated each round, median over rounds"),
                    records=rows), open(os.path.join(sys.argv[1], "fp8-halves-probe.json"), "w"), indent=1)
 
 if DEV == "cuda":

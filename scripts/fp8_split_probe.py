@@ -42,7 +42,7 @@ def case(mask, n, d, variants, b=4, h=16):
               f"  {med['cudnn bf16'] / ms:.3f}x cuDNN  rounds {[round(t, 3) for t in ts]}", flush=True)
     json.dump(dict(meta=dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                              command="python scripts/fp8_split_probe.py OUT_DIR", dtype="fp8 e4m3 (bf16 inputs, block scales + Hadamard)",
-                             timing=f"do_bench warmup=25 rep=80, {ROUNDS} rounds, order rotated each round, median"),
+                             timing=f"benchmarks.rotated: do_bench median (warmup 25 ms, rep 80 ms) per round, {ROUNDS} rounds, order rotated each round, median over rounds"),
                    records=rows), open(os.path.join(out, "fp8-split-probe.json"), "w"), indent=1)
 
 V = [("default", None, None, None), ("split ws 128x256", 128, 256, True), ("split ws 128x128", 128, 128, True),
