@@ -467,5 +467,5 @@ def test_the_splits_partial_pass_takes_its_own_stages(monkeypatch, d, tiles, par
     cfg = fq.fp8_config(d, *tiles)
     assert (second.ws, second.options) == (False, dict(num_warps=cfg.num_warps, num_stages=partial_stages))
     assert F.default_launch(d, "causal", n, n, "cpu")["partial_stages"] == partial_stages
-    forced = F._resolve(x, parse_mask("causal", n, n), False, None, True, False, dict(num_stages=3))
-    assert [launch.options["num_stages"] for launch in forced.launches] == [3]
+    forced = F._resolve(x, parse_mask("causal", n, n), False, None, True, None, dict(num_stages=2))
+    assert [(launch.ws, launch.options["num_stages"]) for launch in forced.launches] == [(True, 2), (False, 2)]
