@@ -234,13 +234,17 @@ def presentation_hides_the_sidebar_and_fits_each_chart(page) -> None:
     the sidebar and the unscaled charts back."""
     # 1600 x 900 holds each 1280 x 720 slide with the page's controls drawn above it (the head
     # picker, the comparison's two rows of block sizes) and its export row, at least 3/4 size (sidebar gone)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(el => parseFloat((el.style.transform.match(/scale\\(([0-9.]+)/) || [0, 0])[1]) > 0.75)")
+    # the charts' boxes read in the same evaluation that finds them scaled: while the page reruns for
+    # the switch it can hold no chart for a moment (and every() of none is true)
+    boxes = page.wait_for_function("""() => {
+        const plots = [...document.querySelectorAll('.js-plotly-plot')];
+        const scale = el => parseFloat((el.style.transform.match(/scale\\(([0-9.]+)/) || [0, 0])[1]);
+        if (!plots.length || !plots.every(el => scale(el) > 0.75)) return null;
+        return plots.map(p => { const r = p.getBoundingClientRect();
+                                return [r.left, r.width, r.height, p._fullLayout.width, p._fullLayout.height]; });
+    }""").json_value()
     assert not page.locator('[data-testid="stSidebar"]').is_visible()
     assert page.locator('[data-testid="stAlertContentInfo"]').filter(visible=True).count() == 0
-    boxes = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
-        .map(p => { const r = p.getBoundingClientRect();
-                    return [r.left, r.width, r.height, p._fullLayout.width, p._fullLayout.height]; })""")
     assert boxes
     for left, w, h, fw, fh in boxes:          # the whole slide on screen, aspect kept
         assert left >= 0 and left + w <= 1600 and h <= 900
@@ -250,6 +254,6 @@ def presentation_hides_the_sidebar_and_fits_each_chart(page) -> None:
     page.get_by_role("button", name="Leave presentation").click()
     page.wait_for_function("() => !location.search.includes('present=1')")
     page.locator('[data-testid="stSidebar"]').wait_for(state="visible")
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(el => !el.style.transform)")
+    page.wait_for_function("() => { const plots = [...document.querySelectorAll('.js-plotly-plot')];"
+                           " return plots.length > 0 && plots.every(el => !el.style.transform); }")
     no_exception_on_page(page)

@@ -95,8 +95,9 @@ def test_ring_page_in_presentation_mode_then_the_4xH200_recording_and_its_layout
     page load, presentation left (its button): the recording's own numbers (_check_recording), the
     picker switching to the natural layout, the link following."""
     page = _open(new_page, f"{app_server}/?page=ring&source=recorded&ring_rec={ZIGZAG}&present=1", 1920, 1080)
-    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
-                           ".every(p => p.style.transform.startsWith('scale'))", timeout=30_000)
+    page.wait_for_function("() => { const plots = [...document.querySelectorAll('.js-plotly-plot')];"   # some, all scaled
+                           " return plots.length > 0 && plots.every(p => p.style.transform.startsWith('scale')); }",
+                           timeout=30_000)
     assert not page.locator('[data-testid="stSidebar"]').is_visible()
     for c in page.evaluate(CHARTS):
         assert c["box"]["right"] <= 1920 + 1 and c["box"]["left"] >= -1, (c["title"], c["box"])
