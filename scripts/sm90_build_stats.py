@@ -6,7 +6,7 @@ registers, spill stack, shared memory and whether the loop was warp-specialised,
 
 Each call of the public API runs as on an H200 (its device facts: 132 SMs, warp specialisation on),
 but every kernel launch is only compiled (Triton's warmup: TTIR -> PTX -> ptxas -> cubin), never run,
-and cuobjdump reads the cubin's resource use. STACK > 0 means ptxas spilled registers (or kept a
+and cuobjdump reads the cubin's resource use and its SASS (the longest tile loop's instruction mix). STACK > 0 means ptxas spilled registers (or kept a
 local array) there: a first place to look when a kernel is slower than its arithmetic says. The
 numbers are those of the Triton on the path: build with the GPU machines' version (3.6) to compare
 with their timings. A warp-specialised kernel reports the launch's register count; its partitions
@@ -75,28 +75,49 @@ def _cuobjdump(compiled, flag: str) -> str:
 
 def resources(compiled) -> dict:
     """Registers, stack bytes (spills), shared memory and warps of a compiled kernel (cuobjdump),
-    whether its loop was warp-specialised, its SASS, and the spill instructions in its tile loops
-    (_spills_in_loops)."""
+    whether its loop was warp-specialised, its SASS, the spill instructions in its tile loops
+    (_spills_in_loops) and the longest one's instruction mix (tile_loop_mix)."""
     out = _cuobjdump(compiled, "-res-usage")
     regs, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
     sass = _cuobjdump(compiled, "-sass")
     return dict(registers=int(regs.group(1)) if regs else None, stack_bytes=int(stack.group(1)) if stack else None,
                 shared_kib=round(compiled.metadata.shared / 1024, 1), warps=compiled.metadata.num_warps,
                 warp_specialized="ttg.warp_specialize" in compiled.asm["ttgir"],
-                spills_in_loops=_spills_in_loops(sass), sass=sass)
+                spills_in_loops=_spills_in_loops(sass), tile_loop=tile_loop_mix(sass), sass=sass)
 
 
-def _spills_in_loops(sass: str) -> int:
-    """LDL/STL instructions in innermost loop bodies (the tile loops): a loop is the span from a
-    backward branch's target to the branch; innermost when no other such span lies inside it."""
-    code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+def _inner_loops(sass: str) -> tuple:
+    """(instructions as (address, text), innermost loops as (first, last) addresses): a loop is the
+    span from a backward branch's target to the branch; innermost when no other span lies inside it."""
+    code = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = set()
     for addr, text in code:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
             loops.add((int(target.group(1), 16), addr))
-    inner = [(lo, hi) for lo, hi in loops if not any((lo, hi) != o and lo <= o[0] and o[1] <= hi for o in loops)]
+    return code, [(lo, hi) for lo, hi in loops if not any((lo, hi) != o and lo <= o[0] and o[1] <= hi for o in loops)]
+
+
+def _spills_in_loops(sass: str) -> int:
+    """LDL/STL instructions in innermost loop bodies (the tile loops)."""
+    code, inner = _inner_loops(sass)
     return sum(1 for addr, text in code if re.search(r"\b(LDL|STL)\b", text) and any(lo <= addr <= hi for lo, hi in inner))
+
+
+def tile_loop_mix(sass: str) -> dict:
+    """The longest innermost loop (a tile loop: in a warp-specialised kernel a consumer's, run by each
+    of its warps once per tile): its instruction count and the count of each opcode (predicates and
+    modifiers dropped, most common first)."""
+    code, inner = _inner_loops(sass)
+    if not inner:
+        return dict(instructions=0, ops={})
+    lo, hi = max(inner, key=lambda span: sum(1 for addr, _ in code if span[0] <= addr <= span[1]))
+    body = [text for addr, text in code if lo <= addr <= hi]
+    ops = {}
+    for text in body:
+        op = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+        ops[op] = ops.get(op, 0) + 1
+    return dict(instructions=len(body), ops=dict(sorted(ops.items(), key=lambda kv: -kv[1])))
 
 
 def _loops(kernel, args) -> str:
@@ -213,7 +234,8 @@ def main(argv=None) -> int:
             opts = f"w{one['num_warps']} s{one['num_stages']}" if one["num_warps"] else "defaults"
             print(f"{part:3s} D{d:<3d} N{n:<5d} {mask:6s} {one['kernel']:20s} {one['loops']:18s} {opts:8s} "
                   f"{'ws ' if one['warp_specialized'] else '   '}regs {one['registers']:3d}  stack {one['stack_bytes']:4d} B "
-                  f"(in tile loops: {one['spills_in_loops']:3d} LDL/STL)  shared {one['shared_kib']:6.1f} KiB", flush=True)
+                  f"(in tile loops: {one['spills_in_loops']:3d} LDL/STL)  shared {one['shared_kib']:6.1f} KiB  "
+                  f"tile loop {one['tile_loop']['instructions']:4d} instructions", flush=True)
             if args.sass:
                 Path(args.sass).mkdir(parents=True, exist_ok=True)
                 name = f"{part}-d{d}-n{n}-{mask.replace(':', '_')}-{i}-{one['kernel']}.sass"

@@ -37,6 +37,8 @@ def test_the_fp8_full_launch_builds_warp_specialised_with_its_resources(tmp_path
     assert (launch["num_warps"], launch["num_stages"], launch["warp_specialized"]) == (4, 2, True)
     assert 0 < launch["registers"] <= 255 and launch["stack_bytes"] >= 0 and launch["spills_in_loops"] >= 0
     assert 100 < launch["shared_kib"] <= 228          # 128x256 e4m3 K tiles in flight, within an SM's 228 KiB
+    loop = launch["tile_loop"]          # the consumer's tile loop: both matrix products, one exponential per score
+    assert loop["ops"]["QGMMA"] >= 2 and loop["ops"]["MUFU"] >= 128 and loop["instructions"] == sum(loop["ops"].values())
     assert "attn_fwd_fp8_kernel" in run.stdout and "\n" not in run.stdout.strip()
 
 
