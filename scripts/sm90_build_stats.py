@@ -2,7 +2,8 @@
 registers, spill stack, shared memory and whether the loop was warp-specialised, per launch.
 
     pip install --target /tmp/t36 --no-deps triton==3.6.0       # the GPU machines' Triton
-    PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8] [--json OUT]
+    PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8] [--cases D:N:mask,...]
+        [--config TILES_AND_OPTIONS] [--json OUT] [--sass DIR]
 
 Each call of the public API runs as on an H200 (its device facts: 132 SMs, warp specialisation on),
 but every kernel launch is only compiled (Triton's warmup: TTIR -> PTX -> ptxas -> cubin), never run,
@@ -26,10 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime import driver as triton_driver  # noqa: E402
 
 FWD = [(64, 4096, "full"), (64, 8192, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"),
        (256, 4096, "full"), (256, 4096, "causal")]
@@ -41,6 +38,8 @@ class _Sm90Driver:
     """Triton's active driver, answering for a Hopper GPU that is not there (nothing is launched)."""
 
     def __init__(self):
+        from triton.backends.compiler import GPUTarget
+
         self.target = GPUTarget("cuda", 90, 32)
 
     def get_current_device(self):
@@ -53,9 +52,13 @@ class _Sm90Driver:
         return self.target
 
     def get_device_interface(self):
+        import torch
+
         return torch.cuda
 
     def get_active_torch_device(self):
+        import torch
+
         return torch.device("cpu")
 
     def get_benchmarker(self):
@@ -66,6 +69,8 @@ class _Sm90Driver:
 
 
 def _cuobjdump(compiled, flag: str) -> str:
+    import triton
+
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -173,28 +178,41 @@ def _as_h200(rows: list) -> None:
     fp8._launch = fp8_launch
 
 
-def _build_case(part: str, d: int, n: int, mask: str) -> None:
-    """Every launch of one call (B1 H2, N_q = N_k = n, bf16 inputs), built through _as_h200's hooks."""
+CONFIG_FIELDS = dict(fwd=("block_m", "block_n", "num_warps", "num_stages"),
+                     fp8=("block_m", "block_n", "num_warps", "num_stages"),
+                     bwd=("block_m1", "block_n1", "block_m2", "block_n2", "num_warps", "num_stages"))
+
+
+def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = None) -> None:
+    """Every launch of one call (B1 H2, N_q = N_k = n, bf16 inputs), built through _as_h200's hooks;
+    config: the part's CONFIG_FIELDS values instead of the defaults (the call's own checks apply)."""
     from kernels import flash_attention
     from kernels.backward import flash_attention_backward
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import Fp8Inputs, fp8_config, fp8_head_dim
     from kernels.masks import parse_mask
 
+    import torch
+
     bf16 = torch.bfloat16
     q, k, v, o, do = (torch.zeros(1, 2, n, d, dtype=bf16) for _ in range(5))
+    given = dict(zip(CONFIG_FIELDS[part], config)) if config else {}
     if part == "fwd":
-        flash_attention(q, k, v, mask=mask)
+        flash_attention(q, k, v, mask=mask, **given)
     elif part == "bwd":
-        flash_attention_backward(do, q, k, v, o, torch.zeros(1, 2, n, dtype=torch.float32), mask=mask)
+        from kernels.backward_plan import BackwardConfig
+
+        cfg = BackwardConfig(**given) if given else None
+        flash_attention_backward(do, q, k, v, o, torch.zeros(1, 2, n, dtype=torch.float32), mask=mask, config=cfg)
     else:           # the attention kernel's launches on inputs of the quantised layout (no quantise pass)
-        cfg = fp8_config(d, mask=parse_mask(mask, n, n), n_q=n, n_k=n, device="cuda")
+        cfg = fp8_config(d, given.get("block_m"), given.get("block_n"), mask=parse_mask(mask, n, n), n_q=n, n_k=n,
+                         device="cuda")
         hd, e4m3 = fp8_head_dim(d), torch.float8_e4m3fn
         ones = lambda blocks: torch.ones(2 * -(-n // blocks))  # noqa: E731
         x = Fp8Inputs(torch.zeros(2, n, hd, dtype=e4m3), torch.zeros(2, n, hd, dtype=e4m3),
                       torch.zeros(2, hd, n, dtype=e4m3), ones(cfg.block_m), ones(cfg.block_n), ones(cfg.block_n),
                       (1, 2, n, d), n, 2, cfg.block_m, cfg.block_n, "block", True, bf16)
-        attention_fp8(x, mask)
+        attention_fp8(x, mask, num_warps=given.get("num_warps"), num_stages=given.get("num_stages"))
 
 
 def main(argv=None) -> int:
@@ -202,6 +220,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8 (default all)")
     p.add_argument("--cases", default=None,
                    help="comma-separated D:N:mask, e.g. 128:4096:causal, for every part asked (default: each part's list)")
+    p.add_argument("--config", default=None,
+                   help="with one part in --only, its tiles and launch options instead of the defaults: fwd and fp8 "
+                        "block_m,block_n,num_warps,num_stages; bwd block_m1,block_n1,block_m2,block_n2,num_warps,num_stages")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.add_argument("--sass", default=None, help="also write each launch's SASS (cuobjdump -sass) into this folder")
     args = p.parse_args(argv)
@@ -216,6 +237,20 @@ def main(argv=None) -> int:
             chosen = [(int(d), int(n), mask) for d, n, mask in (c.split(":") for c in args.cases.split(","))]
         except ValueError:
             p.error(f"--cases takes D:N:mask entries such as 128:4096:causal; got {args.cases}")
+    config = None
+    if args.config:
+        if len(parts) != 1:
+            p.error("--config applies to one part: name it alone in --only (fwd, bwd or fp8)")
+        fields = CONFIG_FIELDS[next(iter(parts))]
+        try:
+            config = tuple(int(x) for x in args.config.split(","))
+        except ValueError:
+            config = ()
+        if len(config) != len(fields):
+            p.error(f"--config for {next(iter(parts))} takes {len(fields)} integers, {','.join(fields)}; got {args.config}")
+    import triton
+    from triton.runtime import driver as triton_driver
+
     triton_driver.set_active(_Sm90Driver())
     importlib.import_module("kernels.backward")     # before _as_h200 patches the modules it finds
 
@@ -224,10 +259,10 @@ def main(argv=None) -> int:
     lists = dict(fwd=FWD, bwd=BWD, fp8=FP8)
     cases = [(part, *c) for part in ("fwd", "bwd", "fp8") if part in parts for c in (chosen or lists[part])]
     for part, d, n, mask in cases:
-        rows.append(dict(part=part, head_dim=d, seq_len=n, mask=mask, launches=[]))
+        rows.append(dict(part=part, head_dim=d, seq_len=n, mask=mask, config=config, launches=[]))
         try:
-            _build_case(part, d, n, mask)
-        except ValueError as exc:           # a case the kernels refuse (a mask name, a head dim): one line
+            _build_case(part, d, n, mask, config)
+        except ValueError as exc:           # a case the kernels refuse (a mask, a head dim, tiles): one line
             print(f"sm90_build_stats: {part} D{d} N{n} {mask}: {exc}", file=sys.stderr)
             return 2
         for i, one in enumerate(rows[-1]["launches"]):

@@ -47,6 +47,13 @@ def test_bad_arguments_and_the_interpreter_are_refused_in_one_line():
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("got 128:x:full")
     mask = _run("--only", "fwd", "--cases", "64:1024:bogus")
     assert mask.returncode == 2 and mask.stderr.strip().splitlines()[-1].startswith("sm90_build_stats: fwd D64 N1024 bogus: unknown mask")
+    both = _run("--only", "fwd,bwd", "--config", "1,2")
+    assert both.returncode == 2 and both.stderr.strip().splitlines()[-1].endswith("name it alone in --only (fwd, bwd or fp8)")
+    short = _run("--only", "bwd", "--config", "64,128")
+    assert short.returncode == 2 and "--config for bwd takes 6 integers" in short.stderr.strip().splitlines()[-1]
+    tiles = _run("--only", "fwd", "--cases", "128:1024:full", "--config", "100,64,4,2")
+    assert tiles.returncode == 2 and tiles.stderr.strip().splitlines()[-1].startswith(
+        "sm90_build_stats: fwd D128 N1024 full: block_m=100 is not supported")
     interp = _run(interpret="1")
     assert interp.returncode == 1 and interp.stderr.strip() == \
         "sm90_build_stats: unset TRITON_INTERPRET (the kernels are built for sm_90 here, not interpreted)"
