@@ -84,6 +84,14 @@ WS_OPTIONS = dict(num_warps=4, num_stages=2)
 # at 1) and 1 stage ran the causal calls 1.01-1.04x faster (H200: scripts/compare_kernels.py ...
 # fp8); D256 stays at 2 (no spill there; 1 stage measured 0.99x)
 PARTIAL_PASS_OPTIONS = {128: dict(num_stages=1)}
+
+
+def partial_pass_options(head_dim_padded: int, cfg, override: dict | None = None) -> dict:
+    """The split's partial-tile launch options: the plain loop's (cfg: an Fp8Config), with
+    PARTIAL_PASS_OPTIONS for the padded D over them, and a caller's options over both."""
+    return {**dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), **PARTIAL_PASS_OPTIONS.get(head_dim_padded, {}),
+            **(override or {})}
+
 _WS_REFUSED: set = set()      # (Fp8Tile, options) Triton failed to compile or launch warp-specialised
 
 
@@ -147,7 +155,7 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
     if split:       # full tiles (warp-specialised) storing (O, lse); partial tiles resumed from them (SEED)
         diagonal = launch_of(tile._replace(OFF_BAND=False, SEED=True, WARP_SPECIALIZE=False), True)
         launches = (launch_of(tile._replace(HAS_PARTIAL=False, WARP_SPECIALIZE=ws), True),
-                    diagonal._replace(options={**diagonal.options, **PARTIAL_PASS_OPTIONS.get(hd, {}), **override}))
+                    diagonal._replace(options=partial_pass_options(hd, cfg, override)))
     else:
         launches = (launch_of(tile, bool(return_lse)),)
     return Fp8Plan((b * h * plan.n_qb,), plan, launches, split)
@@ -171,8 +179,7 @@ def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> di
     if ws:
         out.update(WS_OPTIONS, loop="split" if split else "warp-specialised")
         if split:
-            partial = {**dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-                       **PARTIAL_PASS_OPTIONS.get(fp8_head_dim(head_dim), {})}
+            partial = partial_pass_options(fp8_head_dim(head_dim), cfg)
             out.update(partial_warps=partial["num_warps"], partial_stages=partial["num_stages"])
     return out
 
