@@ -45,10 +45,14 @@ def _stats_kernel(O, DO, LSE, STATS, N_Q, HEAD_DIM: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit
-def _tiles(dk, dv, k, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr, idx_ptr, qb_start, count,
+def _tiles(dk, dv, k, kt, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr, idx_ptr, qb_start, count,
            offs_n, offs_d, N_Q, qk_scale, sm_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-           IS_PARTIAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One key block against `count` query blocks: dK, dV accumulated, dQ added atomically."""
+           IS_PARTIAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DQ_TMA: tl.constexpr, DQ_T: tl.constexpr):
+    """One key block against `count` query blocks: dK, dV accumulated, dQ added atomically
+    (DQ_TMA: dq_base is a float32 tensor descriptor and each tile's dQ goes in as one bulk
+    reduce-add through shared memory; else per-element atomic adds from registers). DQ_T: dQ^T =
+    K^T dS^T (kt: K^T, D x BLOCK_N), whose rows split over the warpgroups as dK's do, added into
+    a transposed accumulator (D, N_Q) per head; else dQ = dS K into (N_Q, D)."""
     for i in range(0, count):
         if IS_PARTIAL:
             q_block = tl.load(idx_ptr + i)
@@ -67,11 +71,22 @@ def _tiles(dk, dv, k, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr, id
             hi = tl.load(hi_ptr + offs_m, mask=row_ok, other=-1)
             p_t = tl.where((offs_n[:, None] >= lo[None, :]) & (offs_n[:, None] <= hi[None, :]), p_t, 0.0)
         dv = tl.dot(p_t.to(q.dtype), do, dv, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)                 # (BLOCK_N, BLOCK_M)
+        dp_t = tl.dot(v, tl.trans(do), tl.zeros_like(p_t) - delta[None, :], input_precision=DOT_PRECISION)
+        ds_t = (p_t * dp_t).to(q.dtype)                 # (BLOCK_N, BLOCK_M); dP^T - D: the dot started at -D
         dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
-        dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)      # (BLOCK_M, HEAD_DIM)
-        tl.atomic_add(dq_base + rows, dq * sm_scale, mask=row_ok[:, None], sem="relaxed")
+        if DQ_T:
+            dq_t = tl.dot(kt, ds_t, input_precision=DOT_PRECISION)         # (HEAD_DIM, BLOCK_M)
+            if DQ_TMA:
+                dq_base.atomic_add([0, q_block * BLOCK_M], dq_t * sm_scale)
+            else:
+                tl.atomic_add(dq_base + offs_d[:, None] * N_Q + offs_m[None, :], dq_t * sm_scale,
+                              mask=row_ok[None, :], sem="relaxed")
+        else:
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION)  # (BLOCK_M, HEAD_DIM)
+            if DQ_TMA:
+                dq_base.atomic_add([q_block * BLOCK_M, 0], dq * sm_scale)
+            else:
+                tl.atomic_add(dq_base + rows, dq * sm_scale, mask=row_ok[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -79,7 +94,8 @@ def _tiles(dk, dv, k, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr, id
 def attn_bwd_atomic_kernel(Q, K, V, DO, DK, DV, DQ_ACC, STATS, lo_ptr, hi_ptr, full_cnt, full_start, part_cnt,
                            part_idx, kb_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                           HAS_FULL: tl.constexpr, HAS_PARTIAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                           DQ_TMA: tl.constexpr = False, DQ_T: tl.constexpr = False):
     """One program per (b * H_kv + kv head, key block kb_order[r]); all tensors contiguous:
     Q, DO, DQ_ACC (B, H, N_Q, D), K, V, DK, DV (B, H_kv, N_K, D); DQ_ACC float32, zeroed."""
     work = tl.program_id(0)
@@ -92,25 +108,30 @@ def attn_bwd_atomic_kernel(Q, K, V, DO, DK, DV, DQ_ACC, STATS, lo_ptr, hi_ptr, f
     cols = bh_kv * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     k = tl.load(K + cols, mask=n_ok[:, None], other=0.0)
     v = tl.load(V + cols, mask=n_ok[:, None], other=0.0)
+    kt = tl.trans(k) if DQ_T else k
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for g in range(0, GROUP):
         bh = off_b * H + (bh_kv % (H // GROUP)) * GROUP + g
         q_base, do_base, dq_base = Q + bh * N_Q * HEAD_DIM, DO + bh * N_Q * HEAD_DIM, DQ_ACC + bh * N_Q * HEAD_DIM
+        if DQ_TMA and DQ_T:
+            dq_base = tl.make_tensor_descriptor(dq_base, [HEAD_DIM, N_Q], [N_Q, 1], [HEAD_DIM, BLOCK_M])
+        elif DQ_TMA:
+            dq_base = tl.make_tensor_descriptor(dq_base, [N_Q, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
         stat_base = STATS + bh * 2 * N_Q
         if HAS_PARTIAL:
-            dk, dv = _tiles(dk, dv, k, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr,
+            dk, dv = _tiles(dk, dv, k, kt, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr,
                             part_idx + k_block * n_qb, 0, tl.load(part_cnt + k_block), offs_n, offs_d, N_Q,
-                            qk_scale, sm_scale, HEAD_DIM, BLOCK_M, True, DOT_PRECISION)
+                            qk_scale, sm_scale, HEAD_DIM, BLOCK_M, True, DOT_PRECISION, DQ_TMA, DQ_T)
         if HAS_FULL:
-            dk, dv = _tiles(dk, dv, k, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr, part_idx,
+            dk, dv = _tiles(dk, dv, k, kt, v, q_base, do_base, dq_base, stat_base, lo_ptr, hi_ptr, part_idx,
                             tl.load(full_start + k_block), tl.load(full_cnt + k_block), offs_n, offs_d, N_Q,
-                            qk_scale, sm_scale, HEAD_DIM, BLOCK_M, False, DOT_PRECISION)
+                            qk_scale, sm_scale, HEAD_DIM, BLOCK_M, False, DOT_PRECISION, DQ_TMA, DQ_T)
     tl.store(DK + cols, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok[:, None])
     tl.store(DV + cols, dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
 
 
-def flash_attention_backward_atomic(do, q, k, v, o, lse, mask="causal", config=None):
+def flash_attention_backward_atomic(do, q, k, v, o, lse, mask="causal", config=None, dq_tma=False, dq_t=False):
     """dQ, dK, dV as kernels.backward.flash_attention_backward computes them, with dQ by atomic
     adds from the dK/dV programs (run-to-run order of the adds not fixed).
 
@@ -118,6 +139,10 @@ def flash_attention_backward_atomic(do, q, k, v, o, lse, mask="causal", config=N
         do, q, k, v, o, lse: as flash_attention_backward's (contiguous; D a power of two, 16..256).
         mask: the forward's; config: a kernels.backward.BackwardConfig (block_m1 x block_n1 tiles,
             warps, stages); None: backward_config's default.
+        dq_tma: each tile's dQ goes into the float32 accumulator as one TMA bulk reduce-add
+            (Hopper; through a device-side tensor descriptor) instead of per-element atomic adds.
+        dq_t: each tile computes dQ^T = K^T dS^T into a transposed float32 accumulator (B, H, D, N_Q)
+            (its rows split over the warpgroups as dK's are), transposed back at the end.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     b, h, n_q, d = q.shape
@@ -130,14 +155,21 @@ def flash_attention_backward_atomic(do, q, k, v, o, lse, mask="causal", config=N
     _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
     bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, cfg, q.device)
     kp = bp.kv_plan
-    dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((b, h, d, n_q) if dq_t else (b, h, n_q, d), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     scale = softmax_scale(None, d)
+    if dq_tma:
+        from kernels.backward_launch import _descriptors_fit
+
+        if interpreting():
+            raise ValueError("dq_tma needs a GPU: the interpreter has no tensor-descriptor reduce")
+        if not _descriptors_fit(dq_acc):
+            raise ValueError("dq_tma needs a GPU with tensor descriptors (Hopper)")
     attn_bwd_atomic_kernel[(b * h_kv * kp.n_kb,)](
         q, k, v, do, dk, dv, dq_acc, stats, kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start,
         bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb,
         scale * LOG2E, scale, HEAD_DIM=d, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
         HAS_FULL=bp.consts["HAS_FULL1"], HAS_PARTIAL=bp.consts["HAS_PARTIAL1"],
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreting() else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreting() else "tf32", DQ_TMA=dq_tma, DQ_T=dq_t,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return dq_acc.to(q.dtype), dk, dv
+    return (dq_acc.transpose(2, 3) if dq_t else dq_acc).to(q.dtype), dk, dv

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd")
-BWD_SUITES = ("bwd256", "bwd128", "fwd4k")
+BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
 
@@ -52,6 +52,8 @@ def backward_suite(name: str) -> list[dict]:
     out = []
     if name == "fwd4k":
         return _forward_suite()
+    if name == "bwdatomic":
+        return _atomic_suite()
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
@@ -81,6 +83,31 @@ def backward_suite(name: str) -> list[dict]:
             cfg = dict(base, **change, one_launch=False)
             for part in ("dkdv", "dq"):
                 out.append(dict(_bwd(shape, mask, f"{name}: {part} pass only", cfg), only=part, nocheck=True))
+    return out
+
+
+def _atomic_suite() -> list[dict]:
+    """bwdatomic: dQ by atomic adds from the dK/dV programs (5 tile products per visible tile, not
+    the separate dQ pass's 7), each tile's dQ as per-element atomics or as one TMA bulk reduce-add
+    (dq_tma), at the default tiles and neighbours that fit shared memory, beside the default."""
+    from kernels.backward import CUDA_CONFIGS
+
+    out = []
+    cases = [((4, 16, 16, n, 128), m) for n in (4096, 8192) for m in ("causal", "full")] + \
+        [((2, 32, 8, 8192, 128), "causal"), ((4, 16, 16, 8192, 64), "causal"), ((4, 16, 16, 8192, 64), "full"),
+         ((4, 16, 16, 4096, 256), "causal")]
+    for shape, mask in cases:
+        d = shape[-1]
+        base = CUDA_CONFIGS[d].__dict__
+        out.append(_bwd(shape, mask, "cudnn", kind="cudnn_bwd"))
+        out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
+        out.append(_bwd(shape, mask, "default"))
+        tiles = {128: [dict(), dict(num_stages=2)], 64: [dict(), dict(block_m1=64, num_warps=8)],
+                 256: [dict(block_m1=32, block_n1=64, split_dkdv=False)]}[d]
+        for change in tiles:
+            for tma in (False, True):
+                label = f"dq {'tma' if tma else 'atomic'} {_label(change) or 'default tiles'}"
+                out.append(dict(_bwd(shape, mask, label, dict(base, **change), kind="bwd_atomic"), dq_tma=tma))
     return out
 
 
@@ -141,7 +168,9 @@ def backward_call(v, device):
     if v["kind"] == "bwd_atomic":
         from .backward_atomic import flash_attention_backward_atomic
 
-        return lambda: flash_attention_backward_atomic(do, q, k, vv, o, lse, mask)
+        cfg = None if v["bwd_cfg"] is None else BackwardConfig(**v["bwd_cfg"])
+        return lambda: flash_attention_backward_atomic(do, q, k, vv, o, lse, mask, config=cfg,
+                                                       dq_tma=v.get("dq_tma", False))
     cfg = None if v["bwd_cfg"] is None else BackwardConfig(**v["bwd_cfg"])
     if v.get("only"):
         return _one_pass(v["only"], lambda: flash_attention_backward(do, q, k, vv, o, lse, mask, config=cfg))

@@ -48,8 +48,9 @@ def test_head_dims_without_a_case_are_refused_in_one_line(capsys):
     assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
-@pytest.mark.parametrize("mask,h,h_kv,n", [("causal", 4, 2, 80), ("sliding_window:20", 2, 2, 70)])
-def test_atomic_dq_variant_matches_float64_autograd(device, mask, h, h_kv, n):
+@pytest.mark.parametrize("mask,h,h_kv,n,dq_t", [("causal", 4, 2, 80, False), ("sliding_window:20", 2, 2, 70, False),
+                                                ("causal", 4, 2, 80, True)])
+def test_atomic_dq_variant_matches_float64_autograd(device, mask, h, h_kv, n, dq_t):
     g = torch.Generator().manual_seed(n)
     q, do = (torch.randn(1, h, n, 32, generator=g, dtype=torch.float64) for _ in range(2))
     k, v = (torch.randn(1, h_kv, n, 32, generator=g, dtype=torch.float64) for _ in range(2))
@@ -63,9 +64,42 @@ def test_atomic_dq_variant_matches_float64_autograd(device, mask, h, h_kv, n):
     q32, k32, v32, do32 = (t.float().to(device) for t in (q, k, v, do))
     with torch.no_grad():
         o, lse = flash_attention(q32, k32, v32, mask=mask, return_lse=True)
-    got = flash_attention_backward_atomic(do32, q32, k32, v32, o, lse, mask)
+    got = flash_attention_backward_atomic(do32, q32, k32, v32, o, lse, mask, dq_t=dq_t)
     for x, r in zip(got, want):
         assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dq_t", [False, True])
+def test_atomic_dq_by_tma_reduce_matches_float64_autograd(dq_t):
+    """dq_tma: each tile's dQ added by one bulk reduce-add (Hopper), GQA, N_q != N_k, bottom-right causal."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor-descriptor reduce needs Hopper")
+    g = torch.Generator().manual_seed(3)
+    h, h_kv, n_q, n_k, d = 4, 2, 192, 320, 128
+    q, do = (torch.randn(1, h, n_q, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, h_kv, n_k, d, generator=g, dtype=torch.float64) for _ in range(2))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    s = leaves[0] @ leaves[1].repeat_interleave(h // h_kv, 1).transpose(-1, -2) / d ** 0.5
+    hidden = torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1)
+    ref = torch.softmax(s.masked_fill(hidden, float("-inf")), -1) @ leaves[2].repeat_interleave(h // h_kv, 1)
+    want = torch.autograd.grad(ref, leaves, do)
+    q16, k16, v16, do16 = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
+    with torch.no_grad():
+        o, lse = flash_attention(q16, k16, v16, mask="causal", return_lse=True)
+    got = flash_attention_backward_atomic(do16, q16, k16, v16, o, lse, "causal", dq_tma=True, dq_t=dq_t)
+    for x, r in zip(got, want):
+        assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2
+
+
+def test_atomic_dq_by_tma_reduce_is_refused_in_one_line_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this GPU takes dq_tma")
+    q = torch.randn(1, 2, 64, 32)
+    with torch.no_grad():
+        o, lse = flash_attention(q, q, q, mask="causal", return_lse=True)
+    with pytest.raises(ValueError, match="dq_tma needs a GPU"):
+        flash_attention_backward_atomic(q, q, q, q, o, lse, "causal", dq_tma=True)
 
 
 def test_training_checks_band_and_coin_toss_bound():

@@ -7,7 +7,8 @@ from benchmarks import kernel_probe
 
 
 def test_every_case_of_a_suite_has_its_cudnn_baseline_first():
-    for name in ("d256", "causal", "decode", "decode_b64", "fwdcausal", "bwd256", "bwd128", "fwd4k", "fp8", "fp8quant"):
+    for name in ("d256", "causal", "decode", "decode_b64", "fwdcausal", "bwd256", "bwd128", "fwd4k", "bwdatomic", "fp8",
+                 "fp8quant"):
         seen = set()
         for v in kernel_probe.suite(name):
             case = (tuple(v["shape"]), v.get("mask"), v.get("pass"))
@@ -30,7 +31,7 @@ def test_bad_suite_and_no_gpu_are_one_line(capsys):
 def test_backward_suites_and_compile_chunks():
     from kernels.backward import BackwardConfig
 
-    variants = kernel_probe.suite("bwd256") + kernel_probe.suite("bwd128")
+    variants = kernel_probe.suite("bwd256") + kernel_probe.suite("bwd128") + kernel_probe.suite("bwdatomic")
     for v in variants:
         if v.get("bwd_cfg"):
             BackwardConfig(**v["bwd_cfg"])                   # every variant is a valid config
