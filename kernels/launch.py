@@ -25,6 +25,7 @@ import triton  # noqa: E402
 from . import launch_config as rules  # noqa: E402  (looked up per resolve: tests force rules)
 from .direct_launch import DirectLaunch  # noqa: E402
 from .flash_kernel import attn_fwd_kernel, attn_fwd_persistent_kernel  # noqa: E402
+from .gluon_launch import GluonLaunch, use_gluon  # noqa: E402
 from .kernel_args import KernelArgs, Tile, TraceFlags  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
 from .masks import MaskSpec  # noqa: E402
@@ -123,6 +124,7 @@ class LaunchPlan:
     launches: tuple                # Launch, one or two
     untraced: tuple | None = None  # run_untraced's (argument list, Q, K, V, O, LSE or -1, qk_scale
                                    # positions), for a plain plan; else None
+    gluon: object = None           # kernels.gluon_launch.GluonLaunch where the Gluon kernel runs the call
 
 
 def _size(plan: LaunchPlan) -> int:
@@ -189,6 +191,14 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         raise ValueError(f"tiles={tiles!r}: use 'all', or 'full' / 'partial' with out=(o, lse), untraced "
                          "('partial' resumes from out, or o_prev: no merge)")
     traced = trace_flags is not None
+    if use_gluon(q, k, v, (block_m, block_n, num_warps, num_stages) != (None,) * 4, warp_specialize, schedule, traced,
+                 bool(has_out or merge or use_tma or tiles != "all")):
+        gl_launch = GluonLaunch.build(spec, q, k, schedule, return_lse)
+        return LaunchPlan(
+            spec=spec, cfg=cfg, block=gl_launch.plan, shape=(b, h, n, d), dtype=q.dtype, device=device,
+            grid=(gl_launch.works.numel(),), works=gl_launch.works, persistent=False, ws=True, use_tma=True,
+            copy_qkv=False, o_strides=(h * n * d, n * d, d), qk_scale=softmax_scale(None, d) * LOG2E,
+            new_lse=True, returns_lse=bool(return_lse), launches=(), gluon=gl_launch)
     flags = trace_flags or (False, False, False)
     persistent = schedule == "persistent"
     n_work = b * h * plan.n_qb
@@ -310,6 +320,10 @@ def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
             launch_attention's (already checked against lp's key).
     Returns:
         O, or (O, lse) where the plan returns lse."""
+    if lp.gluon is not None:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            check_inputs(q, k, v)           # raises: the kernel has no backward
+        return lp.gluon.run(q, k, v, lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, lp.shape[3]) * LOG2E)
     result, launches = kernel_launches(lp, q, k, v, sm_scale, trace, out, merge, o_prev)
     for args, launch in launches:
         _launch(lp.grid, args, launch)

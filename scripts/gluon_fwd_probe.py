@@ -1,6 +1,9 @@
-"""The Gluon FA3-schedule forward (benchmarks/gluon_forward.py) against kernels.flash_attention and
-cuDNN's SDPA on one Hopper GPU: every variant's O checked against cuDNN's (and its LSE against
-ours) first, then all timed in rotated rounds (benchmarks.rotated), medians written to OUT.
+"""The Gluon FA3-schedule forward against the Triton forward and cuDNN's SDPA on one Hopper GPU:
+the product's two paths ("gluon": kernels.gluon_fwd_kernel, what flash_attention runs there;
+"triton": kernels.flash_kernel, TILESCOPE_GLUON=0) and the first probe kernel
+(benchmarks/gluon_forward.py, full and causal masks only) at its tiles. Every variant's O is
+checked against cuDNN's (and the probe's LSE against ours) first, then all are timed in rotated
+rounds (benchmarks.rotated), medians written to OUT.
 
     python scripts/gluon_fwd_probe.py OUT.json [--rounds 3] [--quick]
 """
@@ -14,11 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CASES = [(4, 16, 4096, 128, False), (4, 16, 8192, 128, False), (4, 16, 16384, 128, False),
-         (4, 16, 4096, 128, True), (4, 16, 8192, 128, True), (4, 16, 8192, 64, False),
-         (2, 16, 4096, 256, False), (2, 16, 4096, 256, True), (2, 16, 8192, 256, True)]
+CASES = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16, 16, 16384, 128, "full"),
+         (4, 16, 16, 4096, 128, "causal"), (4, 16, 16, 8192, 128, "causal"), (4, 16, 16, 16384, 128, "causal"),
+         (2, 32, 8, 8192, 128, "causal"), (4, 16, 16, 8192, 128, "sliding_window:1024"),
+         (4, 16, 16, 4096, 64, "full"), (4, 16, 16, 8192, 64, "causal"),
+         (2, 16, 16, 4096, 256, "full"), (2, 16, 16, 4096, 256, "causal"), (2, 16, 16, 8192, 256, "causal")]
 # (block_n, stages) per head dim
-VARIANTS = {64: [(128, 2), (128, 3)], 128: [(128, 2), (128, 3), (64, 3)], 256: [(64, 2)]}
+VARIANTS = {64: [(128, 3)], 128: [(128, 2)], 256: [(64, 2)]}
 
 
 def main(argv=None) -> int:
@@ -33,29 +38,51 @@ def main(argv=None) -> int:
 
     from benchmarks.gluon_forward import attention_gluon
     from benchmarks.rotated import medians, time_rotated
+    import os
+
     from kernels import flash_attention
+    from kernels.launch import clear_caches, resolve_launch, run_plan
+
+    def plan(q, k, v, mask, gluon):
+        os.environ["TILESCOPE_GLUON"] = "1" if gluon else "0"
+        clear_caches()
+        lp = resolve_launch(q, k, v, mask, None, None, "natural", None, None, False, None, None, None, None, False,
+                            False, "all")
+        os.environ.pop("TILESCOPE_GLUON")
+        assert (lp.gluon is not None) == gluon, "the Gluon path was not chosen"
+        return lp
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         sys.exit("gluon_fwd_probe: needs a Hopper GPU")
     rows = []
     seen = set()
-    for b, h, n, d, causal in CASES:
+    for b, h, h_kv, n, d, mask in CASES:
         if args.quick and d in seen:
             continue
         seen.add(d)
         g = torch.Generator(device="cuda").manual_seed(n + d)
-        q, k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        mask = "causal" if causal else "full"
+        q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, h_kv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        causal = mask == "causal"
+        probe = mask in ("full", "causal") and h == h_kv       # what the first probe kernel takes
+        window = int(mask.split(":")[1]) if mask.startswith("sliding_window") else None
 
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        ref = cudnn()
-        ours_o, ours_lse = flash_attention(q, k, v, mask=mask, return_lse=True)
-        fns = {"cudnn": cudnn, "ours": lambda: flash_attention(q, k, v, mask=mask)}
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=h != h_kv)
+        ours_o, ours_lse = flash_attention(q, k, v, mask=mask, return_lse=True, warp_specialize=False)
+        ref = ours_o if window else cudnn()          # a window: checked against our Triton kernel, no cuDNN row
+        lp_gluon, lp_triton = plan(q, k, v, mask, True), plan(q, k, v, mask, False)
+        fns = {} if window else {"cudnn": cudnn}
+        fns |= {"triton": lambda: run_plan(lp_triton, q, k, v, None, None, None, False, None),
+               "gluon": lambda: run_plan(lp_gluon, q, k, v, None, None, None, False, None)}
         checks = {}
-        for bn, st in VARIANTS[d]:
-            label = f"gluon bn{bn} s{st}"
+        for name in ("triton", "gluon"):
+            err = ((fns[name]().float() - ref.float()).norm() / ref.float().norm()).item()
+            checks[name] = dict(rel_err_vs_cudnn=err)
+            assert err < 2e-2, (name, err)
+        for bn, st in VARIANTS[d] if probe else ():
+            label = f"probe bn{bn} s{st}"
             try:
                 o, lse = attention_gluon(q, k, v, causal=causal, block_n=bn, stages=st)
                 torch.cuda.synchronize()
@@ -72,14 +99,15 @@ def main(argv=None) -> int:
         ours_err = ((ours_o.float() - ref.float()).norm() / ref.float().norm()).item()
         times = time_rotated(fns, args.rounds)
         med = medians(times)
-        flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
-        row = dict(shape=[b, h, n, d], mask=mask, ours_rel_err_vs_cudnn=ours_err, checks=checks, ms=med,
+        flops = 4 * b * h * n * d * (n * 0.5 if causal else window if window else n)
+        row = dict(shape=[b, h, h_kv, n, d], mask=mask, ours_rel_err_vs_cudnn=ours_err, checks=checks, ms=med,
                    rounds=times, tflops={k: flops / (t * 1e-3) / 1e12 for k, t in med.items()},
-                   x_ours={k: med["ours"] / t for k, t in med.items()},
-                   x_cudnn={k: med["cudnn"] / t for k, t in med.items()})
+                   x_triton={k: med["triton"] / t for k, t in med.items()},
+                   x_cudnn={k: med["cudnn"] / t for k, t in med.items()} if "cudnn" in med else {})
         rows.append(row)
-        print(f"B{b} H{h} N{n} D{d} {mask}: " + ", ".join(
-            f"{k} {t:.3f} ms ({row['x_cudnn'][k]:.3f}x cuDNN, {row['x_ours'][k]:.3f}x ours)" for k, t in med.items()),
+        print(f"B{b} H{h}/{h_kv} N{n} D{d} {mask}: " + ", ".join(
+            f"{k} {t:.3f} ms ({row['x_cudnn'].get(k, 0):.3f}x cuDNN, {row['x_triton'][k]:.3f}x triton)"
+            for k, t in med.items()),
             flush=True)
         Path(args.out).write_text(json.dumps(dict(
             meta=dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,

@@ -177,6 +177,14 @@ def _as_h200(rows: list) -> None:
         build(one.args.kernel, grid, args, one.options)
     fp8._launch = fp8_launch
 
+    import kernels.gluon_fwd_kernel as gluon_fwd
+
+    class GluonBuild:           # the Gluon forward's launches (kernels.gluon_launch), compiled
+        def __getitem__(self, grid):
+            return lambda *args, **options: build(kernel, grid, args, options)
+    kernel = gluon_fwd.attn_fwd_gluon_kernel
+    gluon_fwd.attn_fwd_gluon_kernel = GluonBuild()
+
 
 CONFIG_FIELDS = dict(fwd=("block_m", "block_n", "num_warps", "num_stages"),
                      fp8=("block_m", "block_n", "num_warps", "num_stages"),

@@ -1,0 +1,206 @@
+"""The Hopper forward kernel in Triton's Gluon dialect: FlashAttention-3's schedule, which plain
+Triton cannot express (measured: scripts/gluon_fwd_probe.py, docs/performance.md).
+
+One program runs one work item, 128 query rows of one (batch, head), with three partitions:
+- a producer warp loads Q's two 64-row halves once, then the K and V tiles of the item's block
+  lists (the full run, then the partial tiles) through a STAGES-deep ring in shared memory by
+  TMA; a K buffer is refilled once both consumers' scores have read it, a V buffer once both
+  consumers' P V has;
+- two consumer warpgroups, 64 query rows each (one wgmma M), with FA3's intra-warpgroup overlap:
+  tile j's scores S_j = Q K_j^T are issued before the previous tile's P_{j-1} V_{j-1}, so the
+  softmax of S_j runs while the tensor cores multiply; P stays in registers as P V's A operand.
+Partial tiles apply each row's visible key interval [lo_i, hi_i] (kernels.plan's row lists);
+full tiles run unmasked. Rows that see no key store 0 and a log-sum-exp of -inf.
+
+Inputs as kernels.flash_kernel's: q (B, H, N_q, D), k, v (B, H_kv, N_k, D), contiguous, read
+through (rows, D) views; query head h reads KV head h // GROUP. Rows past a head's end (the
+last query block, a tile past N_k) read the next head's rows: their scores are masked or their
+outputs never stored. Scores are in log2 units (the scale carries log2(e)). Hopper only: the
+interpreter cannot run Gluon (kernels.gluon_launch decides where it runs).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+ROWS = gl.constexpr(64)             # query rows per consumer warpgroup
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _key_block(t, n_full, full_start, part_list):
+    """The key block of an item's t-th tile: the full run first, then the partial list."""
+    if t < n_full:
+        kb = full_start + t
+    else:
+        kb = gl.load(part_list + (t - n_full))
+    return kb
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              q_row, kv_row, n_tiles, n_full, full_start, part_list):
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    for t in range(n_tiles):
+        s = t % STAGES
+        free = ((t // STAGES) & 1) ^ 1                  # the first round passes at once
+        row = kv_row + _key_block(t, n_full, full_start, part_list) * BLOCK_N
+        mbarrier.wait(k_empty.index(s), free)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), free)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, MASKED: gl.constexpr):
+    """Tile scores s (ROWS, BLOCK_N) -> P, the running output's rescale factor, and the new running
+    sum and max (log2 units). MASKED: keys outside [lo_i, hi_i] drop out, and a row that has seen
+    no key yet keeps m = -inf (exponentials taken against 0 there, so nothing is NaN)."""
+    if MASKED:
+        s = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_use = m_new
+    p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
+
+
+@gluon.jit
+def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, WG: gl.constexpr):
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows = row0 + WG * ROWS + gl.arange(0, ROWS, row_vec)                # (ROWS,) query rows in the head
+    lo = gl.load(row_lo + rows, mask=rows < N_Q, other=0)
+    hi = gl.load(row_hi + rows, mask=rows < N_Q, other=-1)               # padded rows see nothing
+    col0 = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_vec)
+    l_i = gl.zeros([ROWS], gl.float32, row_vec)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    q = q_smem.index(WG)
+    mbarrier.wait(q_bar, 0)
+    if n_tiles > 0:
+        # tile 0: its scores and softmax alone
+        mbarrier.wait(k_ready.index(0), 0)
+        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        cols = col0 + _key_block(0, n_full, full_start, part_list) * BLOCK_N
+        if n_full > 0:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, False)
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, True)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        # tile t: issue S_t, then P_{t-1} V_{t-1}; the softmax of S_t while P V runs
+        for t in range(1, n_tiles):
+            cur = t % STAGES
+            prev = (t - 1) % STAGES
+            mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))             # S_t done (issued first), P V may run on
+            mbarrier.arrive(k_empty.index(cur), count=1)
+            cols = col0 + _key_block(t, n_full, full_start, part_list) * BLOCK_N
+            if t < n_full:
+                p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, False)
+            else:
+                p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, True)
+            acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
+        mbarrier.arrive(v_empty.index(last), count=1)
+
+    # epilogue: O = acc / l and the natural-log LSE; rows with l = 0 (no key seen) store 0 and -inf
+    seen = l_i > 0.0
+    l_o = gl.convert_layout(gl.where(seen, l_i, 1.0), gl.SliceLayout(1, o_layout))
+    out = (acc / l_o[:, None]).to(q_smem.dtype)
+    o_rows = row0 + WG * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    o_ptrs = O + (q_row - row0 + o_rows).to(gl.int64)[:, None] * HEAD_DIM + o_cols[None, :]
+    gl.store(o_ptrs, out, mask=(o_rows < N_Q)[:, None])
+    lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    gl.store(LSE + (q_row - row0) + rows, lse, mask=rows < N_Q)
+
+
+@gluon.jit
+def _consumer0(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+               q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 0)
+
+
+@gluon.jit
+def _consumer1(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+               q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 1)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx,
+                          works, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, STAGES: gl.constexpr,
+                          CONSUMER_REGS: gl.constexpr):
+    """One program per work item works[pid] = bh * n_qb + query block (128 rows).
+
+    q_desc: (B*H*N_q, D) rows in (64, D) blocks; k_desc, v_desc: (B*H_kv*N_k, D) rows in
+    (BLOCK_N, D) blocks. O: (B*H*N_q, D) like q; LSE: (B*H*N_q,) float32. row_lo ... part_idx:
+    kernels.plan.BlockPlan's lists at 128 x BLOCK_N tiles."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
+    work = gl.load(works + gl.program_id(0))
+    bh = work // n_qb
+    q_block = work % n_qb
+    bh_kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP
+    row0 = q_block * (2 * ROWS)                      # the item's first query row in its head
+    q_row = bh * N_Q + row0
+    kv_row = bh_kv * N_K
+    n_full = gl.load(full_cnt + q_block)
+    first_full = gl.load(full_start + q_block)
+    n_tiles = n_full + gl.load(part_cnt + q_block)
+    part_list = part_idx + q_block * n_kb
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)       # both consumers release a K or V buffer
+        mbarrier.init(v_empty.index(i), count=2)
+    consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+                     q_row, row0, n_tiles, n_full, first_full, part_list, N_Q, qk_scale)
+    gl.warp_specialize([
+        (_consumer0, consumer_args),
+        (_consumer1, consumer_args),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     q_row, kv_row, n_tiles, n_full, first_full, part_list)),
+    ], [4, 1], [CONSUMER_REGS, 24])

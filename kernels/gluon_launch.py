@@ -1,0 +1,101 @@
+"""Where the forward runs the Gluon kernel (kernels.gluon_fwd_kernel, FlashAttention-3's schedule
+on Hopper), and its launch: a GluonLaunch holds what a call shape fixes (block plan, work list,
+tiles, shared-memory layouts); each call makes its tensor descriptors and outputs and launches.
+
+It runs for an untraced call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256,
+contiguous q, k, v, the default tiles and launch options (no block sizes, warps or stages given),
+warp_specialize None, a natural or longest-first schedule, and none of the ring's options; every
+other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. A traced call runs the Triton
+kernel: the Gluon kernel is not instrumented yet, so `record` draws the Triton kernel's timeline.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from .plan import BlockPlan, block_plan
+from .runtime import device_facts, interpreting
+
+ROWS_PER_ITEM = 128                   # query rows of a work item: two consumer warpgroups of 64
+# keys per tile and K/V ring depth per head dim (scripts/gluon_fwd_probe.py on an H200)
+TILES = {64: (128, 3), 128: (128, 2), 256: (64, 2)}
+CONSUMER_REGS = 240                   # registers per consumer thread (setmaxnreg); the producer keeps 24
+
+
+@lru_cache(maxsize=1)
+def _gluon_importable() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401,PLC0415
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gluon_available(device) -> bool:
+    """A Hopper GPU (not the interpreter) and a Triton with Gluon's Hopper API; TILESCOPE_GLUON=0: off."""
+    return (device is not None and not interpreting() and device_facts(device).type == "cuda"
+            and device_facts(device).capability[0] == 9 and os.environ.get("TILESCOPE_GLUON", "1") != "0"
+            and _gluon_importable())
+
+
+def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, traced: bool,
+              ring_options: bool) -> bool:
+    """Whether a forward call runs the Gluon kernel (the module docstring's conditions)."""
+    return (not explicit_config and warp_specialize is None and not traced and not ring_options
+            and schedule in ("natural", "longest_first") and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[3] in TILES and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and gluon_available(q.device))
+
+
+@dataclass(frozen=True)
+class GluonLaunch:
+    """A call shape's Gluon launch (GluonLaunch.build), run per call by run()."""
+
+    plan: BlockPlan                     # at ROWS_PER_ITEM x block_n tiles
+    works: torch.Tensor                 # (B*H*n_qb,) int32 work items in program order
+    shape: tuple                        # q (B, H, N_q, D)
+    h_kv: int
+    n_k: int
+    block_n: int
+    stages: int
+    returns_lse: bool
+    layouts: tuple = field(repr=False)  # shared layouts of the Q and the K/V blocks
+
+    @staticmethod
+    def build(spec, q, k, schedule: str, return_lse: bool) -> "GluonLaunch":
+        from triton.experimental.gluon import language as gl
+
+        b, h, n, d = q.shape
+        block_n, stages = TILES[d]
+        plan = block_plan(spec, n, ROWS_PER_ITEM, block_n, q.device, k.shape[2])
+        dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
+                   gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
+        return GluonLaunch(plan, plan.work_list(b * h, schedule), tuple(q.shape), k.shape[1], k.shape[2], block_n,
+                           stages, bool(return_lse), layouts)
+
+    def run(self, q, k, v, qk_scale: float):
+        """O (B, H, N_q, D) like q, or (O, lse (B, H, N_q) float32) where the call returns lse.
+        qk_scale: the softmax scale times log2(e)."""
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        from .gluon_fwd_kernel import attn_fwd_gluon_kernel
+
+        b, h, n, d = self.shape
+        q_layout, kv_layout = self.layouts
+        o = torch.empty(self.shape, dtype=q.dtype, device=q.device)           # (B, H, N_q, D)
+        lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)   # (B, H, N_q)
+        p = self.plan
+        attn_fwd_gluon_kernel[(self.works.numel(),)](
+            TensorDescriptor.from_tensor(q.view(-1, d), [ROWS_PER_ITEM // 2, d], q_layout),
+            TensorDescriptor.from_tensor(k.view(-1, d), [self.block_n, d], kv_layout),
+            TensorDescriptor.from_tensor(v.view(-1, d), [self.block_n, d], kv_layout),
+            o, lse, p.row_lo, p.row_hi, p.full_cnt, p.full_start, p.part_cnt, p.part_idx, self.works,
+            h, h // self.h_kv, n, self.n_k, p.n_qb, p.n_kb, qk_scale, STAGES=self.stages,
+            CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+        return (o, lse) if self.returns_lse else o

@@ -1,0 +1,110 @@
+"""The Gluon forward (kernels.gluon_fwd_kernel): where it runs, and on a Hopper GPU that it equals
+float64 attention for every mask kind, GQA, N_q != N_k, ragged lengths, rows that see no key,
+both dtypes and head dims, in and out of a CUDA graph. The interpreter cannot run Gluon: on the
+CPU only the decision is checked."""
+
+import pytest
+import torch
+
+from kernels import flash_attention, reference_attention
+from kernels.gluon_launch import gluon_available, use_gluon
+from kernels.launch import resolve_launch
+from kernels.reference import reference_lse
+
+MASKS = ["full", "causal", "sliding_window:200", "prefix_lm:150", "document:300,500,200", "local:100,50"]
+
+
+def rel_err(out, ref):
+    return ((out.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm()).item()
+
+
+def inputs(b, h, h_kv, n_q, n_k, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed * 7919 + n_q * 31 + n_k + d)
+    q = torch.randn(b, h, n_q, d, generator=g).to(dtype).cuda()
+    k, v = (torch.randn(b, h_kv, n_k, d, generator=g).to(dtype).cuda() for _ in range(2))
+    return q, k, v
+
+
+def plan_of(q, k, v, mask, **kw):
+    opts = dict(block_m=None, block_n=None, schedule="natural", num_warps=None, num_stages=None, return_lse=False,
+                trace_flags=None, hw_clock=None, use_tma=None, warp_specialize=None, has_out=False, merge=False,
+                tiles="all")
+    opts.update(kw)
+    return resolve_launch(q, k, v, mask, **opts)
+
+
+def test_never_chosen_off_hopper(device):
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16, device=device)
+    if device.type == "cpu":
+        assert not gluon_available(device) and not use_gluon(q, q, q, False, None, "natural", False, False)
+        assert plan_of(q, q, q, "causal").gluon is None
+
+
+@pytest.mark.gpu
+def test_chosen_only_where_it_applies():
+    if not gluon_available(torch.device("cuda")):
+        pytest.skip("needs Hopper and Gluon")
+    q, k, v = inputs(1, 2, 2, 256, 256, 128, torch.bfloat16)
+    assert plan_of(q, k, v, "causal").gluon is not None
+    assert plan_of(q, k, v, "causal", schedule="longest_first").gluon is not None
+    for kw in (dict(block_m=64), dict(num_warps=8), dict(warp_specialize=False), dict(schedule="persistent"),
+               dict(trace_flags=(True, False, False))):
+        assert plan_of(q, k, v, "causal", **kw).gluon is None, kw
+    assert plan_of(q.float(), k.float(), v.float(), "causal").gluon is None
+    q96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16, device="cuda")
+    assert plan_of(q96, q96, q96, "causal").gluon is None
+    strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert plan_of(strided, k, v, "causal").gluon is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (64, torch.float16), (256, torch.bfloat16)])
+def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype):
+    if not gluon_available(torch.device("cuda")):
+        pytest.skip("needs Hopper and Gluon")
+    for (b, h, h_kv, n_q, n_k) in [(2, 4, 2, 1000, 1000), (1, 6, 2, 700, 1300), (1, 4, 1, 1300, 700)]:
+        if mask.startswith("document") and n_q != n_k:
+            continue
+        q, k, v = inputs(b, h, h_kv, n_q, n_k, d, dtype)
+        assert plan_of(q, k, v, mask).gluon is not None
+        out, lse = flash_attention(q, k, v, mask=mask, return_lse=True)
+        ref, m, l = reference_attention(q, k, v, mask=mask)
+        assert rel_err(out, ref) < 1e-2, (mask, n_q, n_k)
+        want = reference_lse(m, l)
+        seen = torch.isfinite(want)
+        assert torch.equal(torch.isfinite(lse.cpu()), seen), (mask, n_q, n_k)        # -inf exactly where no key
+        assert (lse.cpu()[seen].double() - want[seen]).abs().max() < 2e-2
+        assert torch.all(out.cpu()[~seen] == 0)
+
+
+@pytest.mark.gpu
+def test_longest_first_and_scale_and_the_triton_kernel_agree():
+    if not gluon_available(torch.device("cuda")):
+        pytest.skip("needs Hopper and Gluon")
+    q, k, v = inputs(2, 8, 8, 2048, 2048, 128, torch.bfloat16, seed=1)
+    natural = flash_attention(q, k, v, mask="causal")
+    assert torch.equal(natural, flash_attention(q, k, v, mask="causal", schedule="longest_first"))
+    triton_out = flash_attention(q, k, v, mask="causal", warp_specialize=False)
+    assert rel_err(natural, triton_out) < 5e-3
+    scaled = flash_attention(q, k, v, mask="full", sm_scale=0.05)
+    ref, _, _ = reference_attention(q, k, v, mask="full", sm_scale=0.05)
+    assert rel_err(scaled, ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_a_cuda_graph_replays_the_gluon_call_on_new_inputs():
+    if not gluon_available(torch.device("cuda")):
+        pytest.skip("needs Hopper and Gluon")
+    q, k, v = inputs(2, 8, 2, 1024, 1536, 128, torch.bfloat16, seed=2)
+    static = [t.clone() for t in (q, k, v)]
+    flash_attention(*static, mask="causal")                   # compiled and planned outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attention(*static, mask="causal")
+    for seed in (3, 4):
+        for s, t in zip(static, inputs(2, 8, 2, 1024, 1536, 128, torch.bfloat16, seed=seed)):
+            s.copy_(t)
+        graph.replay()
+        assert torch.equal(out, flash_attention(*static, mask="causal"))
