@@ -18,6 +18,7 @@ from . import DTYPES, mask_kind, split_list, tile_fraction
 import torch  # noqa: E402
 
 from kernels import default_config, flash_attention, naive_attention  # noqa: E402
+from kernels.gluon_launch import ROWS_PER_ITEM, gluon_tiles  # noqa: E402
 
 IMPLS = ("sdpa_cudnn", "tilescope", "tilescope:longest_first", "tilescope:persistent",
          "sdpa_flash", "sdpa_efficient", "flex", "naive",
@@ -123,6 +124,13 @@ def kernel_config(impl: str, rec: dict, tuned, spec, device) -> dict | None:
         return None
     cfg = tuned.lookup(d, spec, n, dtype_name) if tuned else None
     rec["config_source"] = "tuned" if cfg else "default"
+    gluon = None if cfg else gluon_tiles(d, DTYPES[dtype_name], device, SCHEDULE_OF[impl])
+    if gluon:           # the default call runs the Gluon kernel (kernels.gluon_launch): no tiles passed
+        block_n, stages = gluon
+        rec.update(config=dict(kernel="gluon", block_m=ROWS_PER_ITEM, block_n=block_n, num_warps=4,
+                               num_stages=stages),
+                   schedule=SCHEDULE_OF[impl], tiles_frac=tile_fraction(spec, n, ROWS_PER_ITEM, block_n))
+        return {}
     cfg = cfg or default_config(d, DTYPES[dtype_name], n=n, mask=spec, device=device,
                                 schedule=SCHEDULE_OF[impl]).as_dict()
     rec["config"] = cfg

@@ -50,7 +50,8 @@ def _cfg_text(cfg) -> str:
     if not isinstance(cfg, dict):
         return ""
     loop = {"warp-specialised": " ws", "split": " split"}.get(cfg.get("loop"), "")    # the FP8 kernel's records
-    return f"{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}{loop}"
+    kind = "gluon " if cfg.get("kernel") == "gluon" else ""                              # kernels.gluon_launch
+    return f"{kind}{cfg['block_m']}x{cfg['block_n']} w{cfg['num_warps']} s{cfg['num_stages']}{loop}"
 
 
 def format_table(df) -> str:

@@ -43,6 +43,14 @@ def gluon_available(device) -> bool:
             and _gluon_importable())
 
 
+def gluon_tiles(head_dim: int, dtype, device, schedule: str = "natural") -> tuple | None:
+    """(block_n, stages) of the Gluon kernel for a default call of this head dim, dtype, device
+    and schedule (contiguous inputs), or None where the call runs the Triton kernel."""
+    ok = (dtype in (torch.bfloat16, torch.float16) and head_dim in TILES and schedule in ("natural", "longest_first")
+          and gluon_available(device))
+    return TILES[head_dim] if ok else None
+
+
 def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, traced: bool,
               ring_options: bool) -> bool:
     """Whether a forward call runs the Gluon kernel (the module docstring's conditions)."""
