@@ -66,7 +66,7 @@ def test_llama_at_32k_from_a_link(preset_data):
     assert notes.count("Modelled, not measured") == 1 and all(f"{name}: 989 TFLOP/s × {pct}%" in notes
                                                               for name, pct in eta.items())
     assert "data/benchmarks/nvidia-h100-80gb-hbm3-d128-r3.json" in text      # each device's whole note: Formulas
-    assert "data/benchmarks/nvidia-h200-d128-r3.json" in text
+    assert "data/benchmarks/nvidia-h200-triton-d128-r3.json" in text
 
 
 def test_mistral_sliding_window_at_128k_and_url(preset_data):

@@ -249,7 +249,7 @@ def test_time_is_a_calibrated_roofline():
     assert e.time_s == pytest.approx(e.flops_tiles / (dev.full_efficiency[128] * dev.peak_tflops * 1e12))
     assert set(e.time_by_device) == set(DEVICES) and e.time_by_device["H200"] == e.time_s
     assert e.time_s == pytest.approx(15.48e-3, rel=0.15)         # the bundled 16k full recording
-    assert "Modelled" in e.model_note and "data/benchmarks/nvidia-h200-d128-r3.json" in e.model_note
+    assert "Modelled" in e.model_note and "data/benchmarks/nvidia-h200-triton-d128-r3.json" in e.model_note
     decode = estimate(64, 32, 8, 1, 32768, 128, mask="causal", device="H100")
     assert decode.bound == "memory"
     assert decode.time_s == pytest.approx(decode.flash_hbm_bytes / (0.9 * 3350e9), rel=1e-9)
