@@ -120,17 +120,24 @@ def launch_overhead(device, calls: int, profile: bool = False) -> list:
     for mask in ("full", "causal"):
         lp = resolve_launch(q, k, v, mask, None, None, "natural", None, None, False, None, None, None,
                             None, False, False, "all")
-        _, launches = kernel_launches(lp, q, k, v)
         grid = lp.grid
+        if lp.gluon is not None:        # Hopper's Gluon kernel: its launch (descriptors, outputs, run)
+            launches = [None]
 
-        def bare():
-            for args, launch in launches:
-                launch.kernel[grid](*args, **launch.options)
+            def bare():
+                lp.gluon.run(q, k, v, lp.qk_scale)
+        else:
+            _, launches = kernel_launches(lp, q, k, v)
+
+            def bare():
+                for args, launch in launches:
+                    launch.kernel[grid](*args, **launch.options)
 
         ours = lambda: flash_attention(q, k, v, mask=mask)  # noqa: E731
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal")  # noqa: E731
         rec = {"mask": mask, "batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": str(dtype),
-               "launches": len(launches), "config": lp.cfg.as_dict(), "warp_specialize": lp.ws}
+               "launches": len(launches), "config": lp.cfg.as_dict(), "warp_specialize": lp.ws,
+               "kernel": "gluon" if lp.gluon is not None else "triton"}
         rec.update(host_us({"ours": ours, "bare_triton": bare, "sdpa": sdpa}, calls, device,
                            rounds=5 if device.type == "cuda" else 1))
         rec["ours_over_bare"] = rec["ours"]["median_us"] / rec["bare_triton"]["median_us"]

@@ -339,6 +339,8 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
     Returns:
         (O or (O, lse), [(args, Launch), ...]): launch.kernel[lp.grid](*args, **launch.options)."""
     b, h, n, d = lp.shape
+    if lp.gluon is not None:
+        raise ValueError("a Gluon plan has no Triton launches: run it with run_plan (GluonLaunch.run)")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         check_inputs(q, k, v)           # raises: the kernel has no backward
     if lp.copy_qkv:
