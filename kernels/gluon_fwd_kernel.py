@@ -28,6 +28,21 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
+def _globaltimer():
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _clock64():
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _smid():
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _key_block(t, n_full, full_start, part_list):
     """The key block of an item's t-th tile: the full run first, then the partial list."""
     if t < n_full:
@@ -75,8 +90,30 @@ def _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start, m_i, l_i, alpha,
+                 WG: gl.constexpr):
+    """One tile into the trace, as kernels.tile_ops.record_tile lays it out: warpgroup 0 writes the
+    tile's visit number and clock span (from its scores' issue to its softmax's end; the next
+    tile's scores overlap its P V), each warpgroup its rows' (k_block, m, l, alpha)."""
+    if WG == 0:
+        if tiles_on != 0:
+            tile_ptr = tiles_ptr + kb * 3
+            gl.store(tile_ptr, (kb * 0 + step).to(gl.int64))
+            gl.store(tile_ptr + 1, c_start)
+            gl.store(tile_ptr + 2, _clock64())
+    if rows_on != 0:
+        offs = WG * ROWS + gl.arange(0, ROWS, m_i.type.layout)
+        row_ptrs = rows_ptr + offs * (n_kb * 4) + step * 4
+        gl.store(row_ptrs, kb.to(gl.float32) + gl.zeros_like(m_i))
+        gl.store(row_ptrs + 1, m_i * LN2)
+        gl.store(row_ptrs + 2, l_i)
+        gl.store(row_ptrs + 3, alpha)
+
+
+@gluon.jit
 def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
-              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, WG: gl.constexpr):
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+              tiles_on, rows_on, WG: gl.constexpr, TRACED: gl.constexpr):
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -99,31 +136,41 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
     if n_tiles > 0:
         # tile 0: its scores and softmax alone
         mbarrier.wait(k_ready.index(0), 0)
+        if TRACED:
+            c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
-        cols = col0 + _key_block(0, n_full, full_start, part_list) * BLOCK_N
+        kb = _key_block(0, n_full, full_start, part_list)
+        cols = col0 + kb * BLOCK_N
         if n_full > 0:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, False)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, True)
+        if TRACED:
+            _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, 0, c_start, m_i, l_i, alpha, WG)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         # tile t: issue S_t, then P_{t-1} V_{t-1}; the softmax of S_t while P V runs
         for t in range(1, n_tiles):
             cur = t % STAGES
             prev = (t - 1) % STAGES
             mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+            if TRACED:
+                c_start = _clock64()
             s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))             # S_t done (issued first), P V may run on
             mbarrier.arrive(k_empty.index(cur), count=1)
-            cols = col0 + _key_block(t, n_full, full_start, part_list) * BLOCK_N
+            kb = _key_block(t, n_full, full_start, part_list)
+            cols = col0 + kb * BLOCK_N
             if t < n_full:
                 p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, False)
             else:
                 p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, True)
+            if TRACED:
+                _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, t, c_start, m_i, l_i, alpha, WG)
             acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
             mbarrier.arrive(v_empty.index(prev), count=1)
             p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
@@ -150,27 +197,52 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
 def _consumer0(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
                q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
     _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
-              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 0)
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 0, 0, 0, 0, 0, 0, False)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
                q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
     _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
-              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 1)
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 0, 0, 0, 0, 0, 1, False)
+
+
+# the traced consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
+@gluon.jit
+def _consumer0_traced(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+                      q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+                      tiles_on, rows_on):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+              tiles_on, rows_on, 0, True)
+
+
+@gluon.jit
+def _consumer1_traced(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+                      q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+                      tiles_on, rows_on):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+              tiles_on, rows_on, 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
 def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx,
-                          works, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, STAGES: gl.constexpr,
-                          CONSUMER_REGS: gl.constexpr):
+                          works, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
+                          H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, STAGES: gl.constexpr,
+                          CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
     """One program per work item works[pid] = bh * n_qb + query block (128 rows).
 
     q_desc: (B*H*N_q, D) rows in (64, D) blocks; k_desc, v_desc: (B*H_kv*N_k, D) rows in
     (BLOCK_N, D) blocks. O: (B*H*N_q, D) like q; LSE: (B*H*N_q,) float32. row_lo ... part_idx:
-    kernels.plan.BlockPlan's lists at 128 x BLOCK_N tiles."""
+    kernels.plan.BlockPlan's lists at 128 x BLOCK_N tiles. tr_work ... trace_slots:
+    instrumentation.record's buffers (kernels.trace_buffers, as the Triton kernel writes them; None
+    untraced): TRACE_WORK the item's SM and globaltimer span, TRACE_TILES each traced head's tiles
+    and its traced query blocks' rows."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
+    if TRACE_WORK:
+        t_start = _globaltimer()
     work = gl.load(works + gl.program_id(0))
     bh = work // n_qb
     q_block = work % n_qb
@@ -198,9 +270,23 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
         mbarrier.init(v_empty.index(i), count=2)
     consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
                      q_row, row0, n_tiles, n_full, first_full, part_list, N_Q, qk_scale)
-    gl.warp_specialize([
-        (_consumer0, consumer_args),
-        (_consumer1, consumer_args),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     q_row, kv_row, n_tiles, n_full, first_full, part_list)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     q_row, kv_row, n_tiles, n_full, first_full, part_list)
+    if TRACE_TILES:
+        hslot = gl.load(head_slot + bh).to(gl.int64)
+        slot = gl.load(row_slot + q_block)
+        tiles_ptr = tr_tiles + (hslot * n_qb + q_block) * n_kb * 3
+        rows_ptr = tr_rows + (hslot * trace_slots + slot) * (2 * ROWS) * n_kb * 4
+        tiles_on = (hslot >= 0).to(gl.int32)
+        rows_on = ((hslot >= 0) & (slot >= 0)).to(gl.int32)
+        traced_args = consumer_args + (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on)
+        gl.warp_specialize([(_consumer0_traced, traced_args), (_consumer1_traced, traced_args),
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
+                           [4, 1], [CONSUMER_REGS, 24])
+    if TRACE_WORK:      # program and order: the host's (the work list, the start times), as on the GPU there
+        rec = tr_work + work.to(gl.int64) * 5
+        gl.store(rec + 2, _smid().to(gl.int64))
+        gl.store(rec + 3, t_start)
+        gl.store(rec + 4, _globaltimer())

@@ -2,11 +2,12 @@
 on Hopper), and its launch: a GluonLaunch holds what a call shape fixes (block plan, work list,
 tiles, shared-memory layouts); each call makes its tensor descriptors and outputs and launches.
 
-It runs for an untraced call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256,
-contiguous q, k, v, the default tiles and launch options (no block sizes, warps or stages given),
+It runs for a call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256, contiguous
+q, k, v, the default tiles and launch options (no block sizes, warps or stages given),
 warp_specialize None, a natural or longest-first schedule, and none of the ring's options; every
-other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. A traced call runs the Triton
-kernel: the Gluon kernel is not instrumented yet, so `record` draws the Triton kernel's timeline.
+other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. Traced calls run it too
+(instrumentation.record asks for its tiles, gluon_record_tiles): the work items' SM and clock
+span, and the traced heads' tiles and rows, in the Triton kernel's trace layout.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from .plan import BlockPlan, block_plan
 from .runtime import device_facts, interpreting
+from .trace_buffers import check_trace_buffers
 
 ROWS_PER_ITEM = 128                   # query rows of a work item: two consumer warpgroups of 64
 # keys per tile and K/V ring depth per head dim (scripts/gluon_fwd_probe.py on an H200)
@@ -51,10 +53,21 @@ def gluon_tiles(head_dim: int, dtype, device, schedule: str = "natural") -> tupl
     return TILES[head_dim] if ok else None
 
 
+def gluon_record_tiles(q, k, v, schedule: str) -> tuple | None:
+    """(block_m, block_n, num_warps, num_stages) of the Gluon kernel for a recording of these inputs
+    at the default tiles (instrumentation.record sizes its buffers with them), or None where the
+    call runs the Triton kernel."""
+    if not use_gluon(q, k, v, False, None, schedule, True, False):
+        return None
+    block_n, stages = TILES[q.shape[3]]
+    return ROWS_PER_ITEM, block_n, 4, stages
+
+
 def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, traced: bool,
               ring_options: bool) -> bool:
-    """Whether a forward call runs the Gluon kernel (the module docstring's conditions)."""
-    return (not explicit_config and warp_specialize is None and not traced and not ring_options
+    """Whether a forward call runs the Gluon kernel (the module docstring's conditions; a traced
+    call only with the GPU's clocks, which every Hopper trace has)."""
+    return (not explicit_config and warp_specialize is None and not ring_options
             and schedule in ("natural", "longest_first") and q.dtype in (torch.bfloat16, torch.float16)
             and q.shape[3] in TILES and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
             and gluon_available(q.device))
@@ -87,9 +100,10 @@ class GluonLaunch:
         return GluonLaunch(plan, plan.work_list(b * h, schedule), tuple(q.shape), k.shape[1], k.shape[2], block_n,
                            stages, bool(return_lse), layouts)
 
-    def run(self, q, k, v, qk_scale: float):
+    def run(self, q, k, v, qk_scale: float, trace=None):
         """O (B, H, N_q, D) like q, or (O, lse (B, H, N_q) float32) where the call returns lse.
-        qk_scale: the softmax scale times log2(e)."""
+        qk_scale: the softmax scale times log2(e); trace: kernels.TraceBuffers sized for this plan
+        (checked once per plan), or None."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         from .gluon_fwd_kernel import attn_fwd_gluon_kernel
@@ -99,11 +113,20 @@ class GluonLaunch:
         o = torch.empty(self.shape, dtype=q.dtype, device=q.device)           # (B, H, N_q, D)
         lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)   # (B, H, N_q)
         p = self.plan
+        bufs, slots = (None,) * 5, 0
+        if trace is not None:
+            key = (b * h, id(p))
+            if key not in trace._checked:
+                trace._checked[key] = check_trace_buffers(trace, b * h, p)
+            head_slot, slots = trace._checked[key]
+            bufs = (trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot) if trace.trace_tiles else \
+                (trace.work, None, None, None, None)
         attn_fwd_gluon_kernel[(self.works.numel(),)](
             TensorDescriptor.from_tensor(q.view(-1, d), [ROWS_PER_ITEM // 2, d], q_layout),
             TensorDescriptor.from_tensor(k.view(-1, d), [self.block_n, d], kv_layout),
             TensorDescriptor.from_tensor(v.view(-1, d), [self.block_n, d], kv_layout),
             o, lse, p.row_lo, p.row_hi, p.full_cnt, p.full_start, p.part_cnt, p.part_idx, self.works,
-            h, h // self.h_kv, n, self.n_k, p.n_qb, p.n_kb, qk_scale, STAGES=self.stages,
-            CONSUMER_REGS=CONSUMER_REGS, num_warps=4)
+            *bufs, slots, h, h // self.h_kv, n, self.n_k, p.n_qb, p.n_kb, qk_scale, STAGES=self.stages,
+            CONSUMER_REGS=CONSUMER_REGS, TRACE_WORK=trace is not None and trace.trace_work,
+            TRACE_TILES=trace is not None and trace.trace_tiles, num_warps=4)
         return (o, lse) if self.returns_lse else o

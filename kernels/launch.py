@@ -192,7 +192,7 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
                          "('partial' resumes from out, or o_prev: no merge)")
     traced = trace_flags is not None
     if use_gluon(q, k, v, (block_m, block_n, num_warps, num_stages) != (None,) * 4, warp_specialize, schedule, traced,
-                 bool(has_out or merge or use_tma or tiles != "all")):
+                 bool(has_out or merge or use_tma or tiles != "all" or (traced and hw_clock is False))):
         gl_launch = GluonLaunch.build(spec, q, k, schedule, return_lse)
         return LaunchPlan(
             spec=spec, cfg=cfg, block=gl_launch.plan, shape=(b, h, n, d), dtype=q.dtype, device=device,
@@ -323,7 +323,8 @@ def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
     if lp.gluon is not None:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             check_inputs(q, k, v)           # raises: the kernel has no backward
-        return lp.gluon.run(q, k, v, lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, lp.shape[3]) * LOG2E)
+        return lp.gluon.run(q, k, v, lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, lp.shape[3]) * LOG2E,
+                            trace)
     result, launches = kernel_launches(lp, q, k, v, sm_scale, trace, out, merge, o_prev)
     for args, launch in launches:
         _launch(lp.grid, args, launch)

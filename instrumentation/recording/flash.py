@@ -7,6 +7,8 @@ import numpy as np
 import torch
 
 from kernels import TraceBuffers, backend, block_plan, flash_attention, validate_call
+from kernels.gluon_launch import gluon_record_tiles
+from kernels.launch_config import KernelConfig
 
 from ..trace import SCHEMA_VERSION
 from ..trace.files import utc_now
@@ -92,6 +94,12 @@ def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         spec, cfg = fp8.spec, fp8.cfg
     else:
         spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
+    # at the default tiles on Hopper the call runs (and is traced in) the Gluon kernel, whose tiles
+    # size the buffers; asked tiles or options keep the Triton kernel
+    gluon = None if fp8 is not None or (block_m, block_n, num_warps, num_stages) != (None,) * 4 else \
+        gluon_record_tiles(q, k, v, schedule)
+    if gluon:
+        cfg = KernelConfig(*gluon)
     if level not in ("work", "full"):
         raise ValueError(f"level must be 'work' or 'full', got {level!r}")
     b, h, n, d = q.shape
@@ -138,8 +146,9 @@ def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
             row_slot=row_slot.to(dev), trace_bh=heads, trace_work=True,
             trace_tiles=detail, trace_rows=detail and bool(blocks))
 
-    kwargs = dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale,
-                  schedule=schedule, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    kwargs = dict(mask=spec, sm_scale=sm_scale, schedule=schedule) if gluon else \
+        dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale, schedule=schedule,
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     run = fp8.run if fp8 is not None else lambda **kw: flash_attention(q, k, v, **kw, **kwargs)   # noqa: E731
     hw_run = dev.type == "cuda" and backend() == "cuda"
     # the output (and the backward's lse) come from the first launch: the detail launch at level
@@ -198,7 +207,7 @@ def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         "mask": spec.text,
         "block_m": cfg.block_m, "block_n": cfg.block_n,
         "n_q_blocks": n_qb, "n_k_blocks": n_kb,
-        "kernel": {**cfg.as_dict(), "schedule": schedule,
+        "kernel": {**cfg.as_dict(), "implementation": "gluon" if gluon else "triton", "schedule": schedule,
                    "sm_scale": sm_scale if sm_scale is not None else 1.0 / d ** 0.5,
                    "programs": min(env["sm_count"] or 4, b * h * n_qb) if schedule == "persistent"
                    else b * h * n_qb},

@@ -108,3 +108,34 @@ def test_a_cuda_graph_replays_the_gluon_call_on_new_inputs():
             s.copy_(t)
         graph.replay()
         assert torch.equal(out, flash_attention(*static, mask="causal"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["causal", "sliding_window:300"])
+def test_record_traces_the_gluon_kernel_it_times(mask):
+    """record() at the default tiles runs the Gluon kernel traced: the same output bit for bit as the
+    untraced call, every work item with its SM and clock span, each traced head's visited tiles
+    exactly the plan's tiles in visit order 0.., and each traced row's last (m, l) its lse."""
+    if not gluon_available(torch.device("cuda")):
+        pytest.skip("needs Hopper and Gluon")
+    from instrumentation import record
+
+    q, k, v = inputs(2, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=5)
+    out, trace = record(q, k, v, mask=mask, level="full", trace_head=[0, 5], trace_q_blocks="all")
+    assert trace.meta["kernel"]["implementation"] == "gluon" and trace.meta["block_m"] == 128
+    plain, lse = flash_attention(q, k, v, mask=mask, return_lse=True)
+    assert torch.equal(out, plain)
+    w = trace.work
+    assert len(w) == 2 * 4 * 8 and (w.t_end > w.t_start).all() and (w.sm >= 0).all() and w.sm.nunique() > 1
+    tiles = trace.tiles
+    for (bh, qb), items in tiles.groupby(["bh", "q_block"]):
+        seen = items[items.visited]
+        assert set(seen.k_block) == set(items[items.status != "skipped"].k_block), (bh, qb)
+        assert sorted(seen.order) == list(range(len(seen))), (bh, qb)
+        assert (seen.cycles_end > seen.cycles_start).all()
+    rows = trace.rows
+    last = rows.sort_values("step").groupby(["bh", "q_row"]).last().reset_index()
+    want = lse.reshape(-1, 1024).cpu().double().numpy()
+    got = last.m + last.l.apply(lambda x: float(torch.log(torch.tensor(x, dtype=torch.float64))))
+    assert len(last) == 2 * 1024
+    assert max(abs(g - want[bh, r]) for g, bh, r in zip(got, last.bh, last.q_row)) < 1e-3
