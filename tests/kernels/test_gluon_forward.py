@@ -47,8 +47,9 @@ def test_chosen_only_where_it_applies():
     q, k, v = inputs(1, 2, 2, 256, 256, 128, torch.bfloat16)
     assert plan_of(q, k, v, "causal").gluon is not None
     assert plan_of(q, k, v, "causal", schedule="longest_first").gluon is not None
+    assert plan_of(q, k, v, "causal", trace_flags=(True, True, True)).gluon is not None     # traced: the same kernel
     for kw in (dict(block_m=64), dict(num_warps=8), dict(warp_specialize=False), dict(schedule="persistent"),
-               dict(trace_flags=(True, False, False))):
+               dict(trace_flags=(True, False, False), hw_clock=False)):
         assert plan_of(q, k, v, "causal", **kw).gluon is None, kw
     assert plan_of(q.float(), k.float(), v.float(), "causal").gluon is None
     q96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16, device="cuda")
