@@ -23,6 +23,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+# Triton 3.6 names the TMA load async_copy_global_to_shared; newer Tritons async_load (same arguments)
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 ROWS = gl.constexpr(64)             # query rows per consumer warpgroup
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -58,18 +60,18 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    _tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
     for t in range(n_tiles):
         s = t % STAGES
         free = ((t // STAGES) & 1) ^ 1                  # the first round passes at once
         row = kv_row + _key_block(t, n_full, full_start, part_list) * BLOCK_N
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, 0], k_ready.index(s), k_smem.index(s))
+        _tma_load(k_desc, [row, 0], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
+        _tma_load(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit

@@ -40,6 +40,36 @@ def test_never_chosen_off_hopper(device):
         assert plan_of(q, q, q, "causal").gluon is None
 
 
+def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
+    """use_gluon's conditions without a GPU: device facts of an H200 for CPU tensors (as
+    scripts/sm90_build_stats.py gives them), the interpreter switched off for the decision."""
+    import kernels.gluon_launch as gluon_launch
+    from kernels.runtime import DeviceFacts
+
+    if not gluon_launch._gluon_importable():
+        pytest.skip("this Triton has no Gluon Hopper API")
+    monkeypatch.setattr(gluon_launch, "device_facts", lambda device: DeviceFacts("cuda", (9, 0), 132, "h200", True, False))
+    monkeypatch.setattr(gluon_launch, "interpreting", lambda: False)
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    rule = lambda *a, **kw: gluon_launch.use_gluon(*a, **kw)  # noqa: E731
+    assert rule(q, q, q, False, None, "natural", False, False)
+    assert rule(q, q, q, False, None, "longest_first", True, False)          # traced (GPU clocks)
+    assert gluon_launch.gluon_record_tiles(q, q, q, "natural") == (128, 128, 4, 2)
+    assert gluon_launch.gluon_tiles(256, torch.float16, q.device) == (64, 2)
+    refused = [(q, q, q, True, None, "natural", False, False),             # tiles or options given
+               (q, q, q, False, False, "natural", False, False),           # warp_specialize=False
+               (q, q, q, False, None, "persistent", False, False),
+               (q, q, q, False, None, "natural", False, True),             # out=, merge, tiles=, TMA, no clocks
+               (q.float(), q.float(), q.float(), False, None, "natural", False, False),
+               (q.transpose(2, 3).contiguous().transpose(2, 3), q, q, False, None, "natural", False, False)]
+    for args in refused:
+        assert not rule(*args)
+    q96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16)
+    assert not rule(q96, q96, q96, False, None, "natural", False, False) and gluon_launch.gluon_tiles(96, torch.bfloat16, q.device) is None
+    monkeypatch.setenv("TILESCOPE_GLUON", "0")
+    assert not rule(q, q, q, False, None, "natural", False, False)
+
+
 @pytest.mark.gpu
 def test_chosen_only_where_it_applies():
     if not gluon_available(torch.device("cuda")):

@@ -42,6 +42,20 @@ def test_the_fp8_full_launch_builds_warp_specialised_with_its_resources(tmp_path
     assert "attn_fwd_fp8_kernel" in run.stdout and "\n" not in run.stdout.strip()
 
 
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
+def test_the_gluon_forward_builds_warp_specialised_without_spills(tmp_path):
+    """Hopper's default forward (kernels.gluon_fwd_kernel) compiles with the installed Triton as with
+    the GPU machines' 3.6: one launch, three partitions, no spill, both products in the tile loop."""
+    out = tmp_path / "stats.json"
+    run = _run("--only", "fwd", "--cases", "128:2048:causal", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    (launch,) = json.loads(out.read_text())["rows"][0]["launches"]
+    assert launch["kernel"] == "attn_fwd_gluon_kernel" and launch["warp_specialized"] and launch["num_warps"] == 4
+    assert launch["stack_bytes"] == 0 and launch["spills_in_loops"] == 0 and 100 < launch["shared_kib"] <= 228
+    loop = launch["tile_loop"]
+    assert loop["ops"]["HGMMA"] >= 16 and loop["ops"]["MUFU"] >= 64
+
+
 def test_bad_arguments_and_the_interpreter_are_refused_in_one_line():
     bad = _run("--cases", "128:x:full")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("got 128:x:full")
