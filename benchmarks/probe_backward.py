@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd")
-BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic")
+BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv")
+BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
 
@@ -54,6 +54,8 @@ def backward_suite(name: str) -> list[dict]:
         return _forward_suite()
     if name == "bwdatomic":
         return _atomic_suite()
+    if name == "bwdgluon":
+        return _gluon_suite()
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
@@ -111,6 +113,29 @@ def _atomic_suite() -> list[dict]:
     return out
 
 
+def _gluon_suite() -> list[dict]:
+    """bwdgluon: the Gluon dK/dV pass (benchmarks.gluon_backward) against the default's dK/dV pass
+    alone (two launches, the dQ launch left out) and the whole default backward, cuDNN's and FA2's;
+    the pass-only rows are timed, not checked (tests/benchmarks/test_backward_bench.py checks the
+    Gluon pass against float64 on the GPU)."""
+    from kernels.backward import CUDA_CONFIGS
+
+    out = []
+    cases = [((4, 16, 16, n, 128), m) for n in (4096, 8192) for m in ("causal", "full")] + \
+        [((2, 32, 8, 8192, 128), "causal"), ((4, 16, 16, 8192, 64), "causal")]
+    for shape, mask in cases:
+        base = CUDA_CONFIGS[shape[-1]].__dict__
+        out.append(_bwd(shape, mask, "cudnn", kind="cudnn_bwd"))
+        out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
+        out.append(_bwd(shape, mask, "default"))
+        out.append(dict(_bwd(shape, mask, "default: dkdv pass only", dict(base, one_launch=False)), only="dkdv",
+                        nocheck=True))
+        for stages in (2, 3):
+            out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
+                            stages=stages, nocheck=True))
+    return out
+
+
 _CACHE: dict = {}
 
 
@@ -165,6 +190,10 @@ def backward_call(v, device):
             out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=mask == "causal",
                                                                    enable_gqa=True)
         return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+    if v["kind"] == "bwd_gluon_dkdv":
+        from .gluon_backward import gluon_dkdv
+
+        return lambda: gluon_dkdv(do, q, k, vv, o, lse, mask, stages=v["stages"])
     if v["kind"] == "bwd_atomic":
         from .backward_atomic import flash_attention_backward_atomic
 

@@ -7,7 +7,7 @@ from benchmarks import kernel_probe
 
 
 def test_every_case_of_a_suite_has_its_cudnn_baseline_first():
-    for name in ("d256", "causal", "decode", "decode_b64", "fwdcausal", "bwd256", "bwd128", "fwd4k", "bwdatomic", "fp8",
+    for name in ("d256", "causal", "decode", "decode_b64", "fwdcausal", "bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "fp8",
                  "fp8quant"):
         seen = set()
         for v in kernel_probe.suite(name):

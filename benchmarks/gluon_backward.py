@@ -1,0 +1,227 @@
+"""A probe, not a product path (not yet run on a GPU): the backward's dK/dV pass in Triton's Gluon
+dialect with FlashAttention-3's layout of the work, to measure against kernels.backward's dK/dV
+pass (which holds 0.77-0.85x cuDNN's backward at D 128 together with its dQ pass).
+
+One program holds 128 keys of one KV head and runs three partitions:
+- a producer warp loads the program's K and V once, then the (Q, dO) tiles of the query blocks
+  that see the key block (kernels.backward_plan's lists: the full run, then the partial ones; each
+  query head of the KV head's group in turn) through a STAGES-deep ring by TMA;
+- two consumer warpgroups, 64 keys each (one wgmma M), so every product of the pass has the keys
+  as its rows: S^T = K Q^T and dP^T = V dO^T (started at -D) from shared memory, then
+  dV += P^T dO and dK += dS^T Q with P^T and dS^T straight from registers as the A operand
+  (no shared-memory round trip, no transpose).
+Partial tiles apply each query row's key interval; padded query rows carry lse = +inf (P = 0).
+Inputs (B, H, N_q, D) / (B, H_kv, N_k, D) contiguous, D 64 or 128, bf16 or fp16.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+KEYS = gl.constexpr(64)             # keys per consumer warpgroup
+ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
+KEYS_PER_PROGRAM = 128              # the plan's block_n1
+
+
+@gluon.jit
+def _query_block(t, n_full, full_start, part_list):
+    if t < n_full:
+        qb = full_start + t
+    else:
+        qb = gl.load(part_list + (t - n_full))
+    return qb
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready,
+              empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q):
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [kv_row, 0], kv_bar, k_smem.index(0))
+    _tma_load(k_desc, [kv_row + KEYS, 0], kv_bar, k_smem.index(1))
+    _tma_load(v_desc, [kv_row, 0], kv_bar, v_smem.index(0))
+    _tma_load(v_desc, [kv_row + KEYS, 0], kv_bar, v_smem.index(1))
+    for it in range(n_items):
+        s = it % STAGES
+        head = head0 + it // n_tiles
+        qb_row = _query_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        row = head * N_Q + qb_row
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                        + 2 * st_desc.block_type.nbytes)
+        _tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
+        _tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+        _tma_load(st_desc, [head * 2 * N_Q + qb_row], ready.index(s), st_smem.index(2 * s))          # lse2
+        _tma_load(st_desc, [head * 2 * N_Q + N_Q + qb_row], ready.index(s), st_smem.index(2 * s + 1))  # delta
+
+
+@gluon.jit
+def _mask_bias(keys, rows, row_ok, row_lo, row_hi, s_layout: gl.constexpr):
+    """(KEYS, BLOCK_M) 0 where query row r sees key j ([lo_r, hi_r]), -inf elsewhere: the start of a
+    partial tile's score product, so the interval bounds are dead before the products run."""
+    lo = gl.load(row_lo + rows, mask=row_ok, other=0)
+    hi = gl.load(row_hi + rows, mask=row_ok, other=-1)                  # padded rows see nothing
+    visible = (keys[:, None] >= lo[None, :]) & (keys[:, None] <= hi[None, :])
+    return gl.where(visible, gl.zeros([keys.shape[0], rows.shape[0]], gl.float32, s_layout), float("-inf"))
+
+
+@gluon.jit
+def _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+              n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row,
+              WG: gl.constexpr):
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+    keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))     # (KEYS,) this group's keys
+    cols = gl.arange(0, BLOCK_M, col_vec)
+    zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    k = k_smem.index(WG)
+    v = v_smem.index(WG)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(n_items):
+        s = it % STAGES
+        t = it % n_tiles
+        rows = _query_block(t, n_full, full_start, part_list) * BLOCK_M + cols    # (BLOCK_M,) query rows
+        row_ok = rows < N_Q
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        # past N_q the tile's statistics are another row's: lse2 = +inf makes those rows' P 0
+        lse2 = gl.where(row_ok, st_smem.index(2 * s).load(col_vec), float("inf"))
+        delta = st_smem.index(2 * s + 1).load(col_vec)
+        q = q_smem.index(s)
+        do = do_smem.index(s)
+        if t < n_full:
+            s_tok = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        else:       # a partial tile's scores start at 0 / -inf: the mask rides in the product
+            bias = _mask_bias(keys, rows, row_ok, row_lo, row_hi, s_layout)
+            s_tok = warpgroup_mma(k, q.permute((1, 0)), bias, is_async=True)
+        dp_tok = warpgroup_mma(v, do.permute((1, 0)), zero_s - delta[None, :], is_async=True)   # dP^T - D
+        st = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
+        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
+        dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
+        ds_op = gl.convert_layout((p * dpt).to(q_smem.dtype), a_layout)      # dS^T = P^T (dP^T - D)
+        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)                  # dK += dS^T Q
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
+        mbarrier.arrive(empty.index(s), count=1)
+    # epilogue: this group's keys of dK (times the softmax scale) and dV
+    out_keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))
+    out_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
+    offs = (dkv_row + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))).to(gl.int64)[:, None] * HEAD_DIM \
+        + out_cols[None, :]
+    ok = (out_keys < N_K)[:, None]
+    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def _consumer0(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+              n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0)
+
+
+@gluon.jit
+def _consumer1(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+              n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, row_lo, row_hi, full_cnt, full_start,
+                               part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
+                               STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
+    (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; st_desc: the statistics
+    (B*H, 2, N_q) float32 (lse * log2(e), +inf where no key; rowsum(O * dO)) flat, in 64-row
+    blocks; DK, DV like k."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    pid = gl.program_id(0)
+    bh_kv = pid // n_kb
+    kb = gl.load(kv_order + pid % n_kb)
+    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP     # the group's first query head
+    key0 = kb * (2 * KEYS)
+    kv_row = bh_kv * N_K + key0
+    n_full = gl.load(full_cnt + kb)
+    first_full = gl.load(full_start + kb)
+    n_tiles = n_full + gl.load(part_cnt + kb)
+    n_items = n_tiles * GROUP
+    part_list = part_idx + kb * n_qb
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+    st_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], st_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)          # both consumers release a (Q, dO) stage
+    consumer_args = (DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0,
+                     key0, n_tiles, n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
+    gl.warp_specialize([
+        (_consumer0, consumer_args),
+        (_consumer1, consumer_args),
+        (_producer, (q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar,
+                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240):
+    """dK, dV of attention by the Gluon dK/dV kernel (no dQ).
+
+    Arguments:
+        do, q, k, v, o, lse: as kernels.backward.flash_attention_backward's: q, o, do (B, H, N_q, D),
+            k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128; lse (B, H, N_q) float32.
+        mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
+            consumer thread.
+    Returns:
+        (dk, dv) like k."""
+    from kernels.backward import LOG2E
+    from kernels.backward_plan import BackwardConfig, backward_plan
+    from kernels.masks import parse_mask
+    from kernels.shapes import softmax_scale
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .backward_atomic import _stats_kernel
+
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or n_q % 4:
+        raise ValueError(f"the Gluon dK/dV probe takes bf16/fp16, D 64 or 128, N_q a multiple of 4 (TMA), "
+                         f"not {q.dtype} D {d} N_q {n_q}")
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
+    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
+    cfg = BackwardConfig(ROWS_PER_TILE, KEYS_PER_PROGRAM, 128, 64, 8, stages)
+    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, cfg, q.device)
+    kp = bp.kv_plan
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
+    desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
+    st_desc = TensorDescriptor.from_tensor(stats.view(-1), [64], gl.NVMMASharedLayout.get_default_for([64], gl.float32))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    scale = softmax_scale(None, d)
+    attn_bwd_dkdv_gluon_kernel[(b * h_kv * kp.n_kb,)](
+        desc(q), desc(do), desc(k), desc(v), st_desc, dk, dv, kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start,
+        bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, scale * LOG2E, scale,
+        STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4)
+    return dk, dv
