@@ -29,12 +29,13 @@ KEYS_PER_PROGRAM = 128              # the plan's block_n1
 
 
 @gluon.jit
-def _query_block(t, n_full, full_start, part_list):
+def _list_block(t, n_full, full_start, part_list):
+    """The block of a program's t-th tile: the full run first, then the partial list."""
     if t < n_full:
-        qb = full_start + t
+        blk = full_start + t
     else:
-        qb = gl.load(part_list + (t - n_full))
-    return qb
+        blk = gl.load(part_list + (t - n_full))
+    return blk
 
 
 @gluon.jit
@@ -50,7 +51,7 @@ def _producer(q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem,
     for it in range(n_items):
         s = it % STAGES
         head = head0 + it // n_tiles
-        qb_row = _query_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        qb_row = _list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
         row = head * N_Q + qb_row
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
@@ -95,7 +96,7 @@ def _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, 
     for it in range(n_items):
         s = it % STAGES
         t = it % n_tiles
-        rows = _query_block(t, n_full, full_start, part_list) * BLOCK_M + cols    # (BLOCK_M,) query rows
+        rows = _list_block(t, n_full, full_start, part_list) * BLOCK_M + cols    # (BLOCK_M,) query rows
         row_ok = rows < N_Q
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         # past N_q the tile's statistics are another row's: lse2 = +inf makes those rows' P 0
@@ -225,3 +226,162 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240):
         bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, scale * LOG2E, scale,
         STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4)
     return dk, dv
+
+
+# -- the dQ pass: 128 query rows per program, two consumer warpgroups of 64 rows, K/V tiles streamed --
+
+@gluon.jit
+def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty,
+                 q_row, kv_row, n_tiles, n_full, full_start, part_list):
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    mbarrier.expect(q_bar, 4 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    _tma_load(q_desc, [q_row + KEYS, 0], q_bar, q_smem.index(1))
+    _tma_load(do_desc, [q_row, 0], q_bar, do_smem.index(0))
+    _tma_load(do_desc, [q_row + KEYS, 0], q_bar, do_smem.index(1))
+    for t in range(n_tiles):
+        s = t % STAGES
+        row = kv_row + _list_block(t, n_full, full_start, part_list) * BLOCK_N
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), 2 * k_desc.block_type.nbytes)
+        _tma_load(k_desc, [row, 0], ready.index(s), k_smem.index(s))
+        _tma_load(v_desc, [row, 0], ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _dq_consumer(DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, bh, row0,
+                 n_tiles, n_full, full_start, part_list, N_Q, qk_scale, sm_scale, WG: gl.constexpr):
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows = row0 + WG * KEYS + gl.arange(0, KEYS, row_vec)             # (64,) this group's query rows
+    row_ok = rows < N_Q
+    stats = STATS + bh.to(gl.int64) * 2 * N_Q
+    lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))
+    delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
+    lo = gl.load(row_lo + rows, mask=row_ok, other=0)
+    hi = gl.load(row_hi + rows, mask=row_ok, other=-1)
+    col0 = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    zero_s = gl.zeros([KEYS, BLOCK_N], gl.float32, s_layout)
+    dp_start = zero_s - delta[:, None]
+    dq = gl.zeros([KEYS, HEAD_DIM], gl.float32, dq_layout)
+    q = q_smem.index(WG)
+    do = do_smem.index(WG)
+    mbarrier.wait(q_bar, 0)
+    for t in range(n_tiles):
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        kt = k_smem.index(s)
+        if t < n_full:
+            s_tok = warpgroup_mma(q, kt.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        else:       # a partial tile's scores start at 0 / -inf (the rows' key intervals)
+            cols = col0 + _list_block(t, n_full, full_start, part_list) * BLOCK_N
+            bias = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), zero_s, float("-inf"))
+            s_tok = warpgroup_mma(q, kt.permute((1, 0)), bias, is_async=True)
+        dp_tok = warpgroup_mma(do, v_smem.index(s).permute((1, 0)), dp_start, is_async=True)   # dP - D
+        sc = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(sc * qk_scale - lse2[:, None])                           # P (64, BLOCK_N)
+        dpm = warpgroup_mma_wait(0, deps=(dp_tok,))
+        ds_op = gl.convert_layout((p * dpm).to(q_smem.dtype), a_layout)      # dS = P (dP - D)
+        dq_tok = warpgroup_mma(ds_op, kt, dq, is_async=True)                 # dQ += dS K
+        dq, ds_op = warpgroup_mma_wait(0, deps=(dq_tok, ds_op))
+        mbarrier.arrive(empty.index(s), count=1)
+    out_rows = row0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, dq_layout))
+    out_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, dq_layout))
+    offs = (bh.to(gl.int64) * N_Q + out_rows)[:, None] * HEAD_DIM + out_cols[None, :]
+    gl.store(DQ + offs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(out_rows < N_Q)[:, None])
+
+
+@gluon.jit
+def _dq_consumer0(DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, bh, row0,
+                  n_tiles, n_full, full_start, part_list, N_Q, qk_scale, sm_scale):
+    _dq_consumer(DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, bh, row0,
+                 n_tiles, n_full, full_start, part_list, N_Q, qk_scale, sm_scale, 0)
+
+
+@gluon.jit
+def _dq_consumer1(DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, bh, row0,
+                  n_tiles, n_full, full_start, part_list, N_Q, qk_scale, sm_scale):
+    _dq_consumer(DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, bh, row0,
+                 n_tiles, n_full, full_start, part_list, N_Q, qk_scale, sm_scale, 1)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_bwd_dq_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DQ, STATS, row_lo, row_hi, full_cnt, full_start,
+                             part_cnt, part_idx, works, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
+                             STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """One program per work item works[pid] = bh * n_qb + query block (128 rows). q/do_desc:
+    (B*H*N_q, D) rows in (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (BLOCK_N, D) blocks;
+    DQ like q; STATS as attn_bwd_dkdv_gluon_kernel's (not flat); the lists: kernels.plan's at
+    128 x BLOCK_N tiles."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
+    work = gl.load(works + gl.program_id(0))
+    bh = work // n_qb
+    q_block = work % n_qb
+    bh_kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP
+    row0 = q_block * (2 * KEYS)
+    n_full = gl.load(full_cnt + q_block)
+    first_full = gl.load(full_start + q_block)
+    n_tiles = n_full + gl.load(part_cnt + q_block)
+    part_list = part_idx + q_block * n_kb
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, KEYS, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    consumer_args = (DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty, bh, row0,
+                     n_tiles, n_full, first_full, part_list, N_Q, qk_scale, sm_scale)
+    gl.warp_specialize([
+        (_dq_consumer0, consumer_args),
+        (_dq_consumer1, consumer_args),
+        (_dq_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, ready, empty,
+                        bh * N_Q + row0, bh_kv * N_K, n_tiles, n_full, first_full, part_list)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def gluon_dq(do, q, k, v, o, lse, mask="causal", block_n=64, stages=2, consumer_regs=240):
+    """dQ of attention by the Gluon dQ kernel (arguments as gluon_dkdv's; block_n: keys per tile)."""
+    from kernels.backward import LOG2E
+    from kernels.masks import parse_mask
+    from kernels.plan import block_plan
+    from kernels.shapes import softmax_scale
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .backward_atomic import _stats_kernel
+
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the Gluon dQ probe takes bf16/fp16 with D 64 or 128, not {q.dtype} D {d}")
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
+    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
+    plan = block_plan(parse_mask(mask, n_q, n_k), n_q, 128, block_n, q.device, n_k)
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
+    dq = torch.empty_like(q)
+    scale = softmax_scale(None, d)
+    works = plan.work_list(b * h, "longest_first")
+    attn_bwd_dq_gluon_kernel[(works.numel(),)](
+        TensorDescriptor.from_tensor(q.view(-1, d), [64, d], q_layout),
+        TensorDescriptor.from_tensor(do.view(-1, d), [64, d], q_layout),
+        TensorDescriptor.from_tensor(k.view(-1, d), [block_n, d], kv_layout),
+        TensorDescriptor.from_tensor(v.view(-1, d), [block_n, d], kv_layout), dq, stats, plan.row_lo, plan.row_hi,
+        plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, works, h, h // h_kv, n_q, n_k, plan.n_qb,
+        plan.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4)
+    return dq

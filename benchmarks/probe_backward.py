@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv")
+BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq")
 BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
@@ -114,8 +114,8 @@ def _atomic_suite() -> list[dict]:
 
 
 def _gluon_suite() -> list[dict]:
-    """bwdgluon: the Gluon dK/dV pass (benchmarks.gluon_backward) against the default's dK/dV pass
-    alone (two launches, the dQ launch left out) and the whole default backward, cuDNN's and FA2's;
+    """bwdgluon: the Gluon dK/dV and dQ passes (benchmarks.gluon_backward) against the default's
+    passes alone (two launches, one left out) and the whole default backward, cuDNN's and FA2's;
     the pass-only rows are timed, not checked (tests/benchmarks/test_backward_bench.py checks the
     Gluon pass against float64 on the GPU)."""
     from kernels.backward import CUDA_CONFIGS
@@ -128,11 +128,15 @@ def _gluon_suite() -> list[dict]:
         out.append(_bwd(shape, mask, "cudnn", kind="cudnn_bwd"))
         out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
         out.append(_bwd(shape, mask, "default"))
-        out.append(dict(_bwd(shape, mask, "default: dkdv pass only", dict(base, one_launch=False)), only="dkdv",
-                        nocheck=True))
+        for part in ("dkdv", "dq"):
+            out.append(dict(_bwd(shape, mask, f"default: {part} pass only", dict(base, one_launch=False)), only=part,
+                            nocheck=True))
         for stages in (2, 3):
             out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
                             stages=stages, nocheck=True))
+            for block_n in (64, 128):
+                out.append(dict(_bwd(shape, mask, f"gluon dq pass, 128x{block_n}, {stages} stages",
+                                     kind="bwd_gluon_dq"), stages=stages, block_n=block_n, nocheck=True))
     return out
 
 
@@ -194,6 +198,10 @@ def backward_call(v, device):
         from .gluon_backward import gluon_dkdv
 
         return lambda: gluon_dkdv(do, q, k, vv, o, lse, mask, stages=v["stages"])
+    if v["kind"] == "bwd_gluon_dq":
+        from .gluon_backward import gluon_dq
+
+        return lambda: gluon_dq(do, q, k, vv, o, lse, mask, block_n=v["block_n"], stages=v["stages"])
     if v["kind"] == "bwd_atomic":
         from .backward_atomic import flash_attention_backward_atomic
 

@@ -135,11 +135,11 @@ def test_every_backend_agrees_with_ours_before_timing():
 @pytest.mark.parametrize("mask,h,h_kv,n_q,n_k,d", [("causal", 4, 2, 1000, 1000, 128), ("full", 4, 4, 700, 1300, 128),
                                                    ("sliding_window:200", 4, 1, 1300, 700, 64),
                                                    ("causal", 2, 2, 1024, 1024, 64)])
-def test_gluon_dkdv_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, d):
-    """benchmarks.gluon_backward's dK/dV pass (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
+def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, d):
+    """benchmarks.gluon_backward's dK/dV and dQ passes (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
-    from benchmarks.gluon_backward import gluon_dkdv
+    from benchmarks.gluon_backward import gluon_dkdv, gluon_dq
 
     g = torch.Generator().manual_seed(n_q + n_k)
     q, do = (torch.randn(1, h, n_q, d, generator=g, dtype=torch.float64) for _ in range(2))
@@ -150,7 +150,7 @@ def test_gluon_dkdv_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, d):
     visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
     s = leaves[0] @ leaves[1].repeat_interleave(h // h_kv, 1).transpose(-1, -2) / d ** 0.5
     ref = torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ leaves[2].repeat_interleave(h // h_kv, 1)
-    _, want_dk, want_dv = torch.autograd.grad(ref, leaves, do)
+    want_dq, want_dk, want_dv = torch.autograd.grad(ref, leaves, do)
     q16, k16, v16, do16 = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
     with torch.no_grad():
         o, lse = flash_attention(q16, k16, v16, mask=mask, return_lse=True)
@@ -158,3 +158,6 @@ def test_gluon_dkdv_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, d):
         dk, dv = gluon_dkdv(do16, q16, k16, v16, o, lse, mask, stages=stages)
         for x, r in ((dk, want_dk), (dv, want_dv)):
             assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, stages)
+        for block_n in (64, 128):
+            dq = gluon_dq(do16, q16, k16, v16, o, lse, mask, block_n=block_n, stages=stages)
+            assert float((dq.double().cpu() - want_dq).norm() / want_dq.norm()) < 1e-2, (mask, stages, block_n)
