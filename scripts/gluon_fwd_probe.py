@@ -23,11 +23,37 @@ CASES = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16,
          (2, 16, 16, 4096, 256, "full"), (2, 16, 16, 4096, 256, "causal"), (2, 16, 16, 8192, 256, "causal")]
 
 
+def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
+    """The FP8 rows of a case: each kernel on inputs quantised at its tiles (quantise pass not
+    timed), its output's error against cuDNN's bf16 one recorded first (timed only under 0.1)."""
+    from benchmarks.gluon_fp8 import attention_fp8_gluon
+    from kernels.fp8 import attention_fp8
+    from kernels.fp8_quant import quantize_fp8
+
+    x_default = quantize_fp8(q, k, v, mask=mask)
+    calls = {"triton fp8": lambda: attention_fp8(x_default, mask)}
+    for block_n in (128, 64) if q.shape[-1] == 128 else (64,):
+        x = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask)
+        calls[f"gluon fp8 128x{block_n}"] = lambda x=x: attention_fp8_gluon(x, mask)[0]
+    for label, call in calls.items():
+        try:
+            err = ((call().float() - ref.float()).norm() / ref.float().norm()).item()
+        except Exception as exc:  # noqa: BLE001  (a probe that does not build or run is reported, not fatal)
+            checks[label] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            print(f"{label}: {checks[label]['error']}", flush=True)
+            continue
+        checks[label] = dict(rel_err_vs_cudnn=err)
+        if err < 0.1:
+            fns[label] = call
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="the first case of each head dim only")
+    p.add_argument("--fp8", action="store_true", help="also the FP8 kernels (MHA full / causal at D 128, 256): the "
+                   "Triton FP8 kernel at its default tiles and the Gluon FP8 probe (benchmarks/gluon_fp8.py)")
     args = p.parse_args(argv)
     import torch
     import triton
@@ -76,6 +102,8 @@ def main(argv=None) -> int:
             err = ((fns[name]().float() - ref.float()).norm() / ref.float().norm()).item()
             checks[name] = dict(rel_err_vs_cudnn=err)
             assert err < 2e-2, (name, err)
+        if args.fp8 and d in (128, 256) and mask in ("full", "causal") and h == h_kv:
+            fp8_variants(fns, checks, q, k, v, mask, ref)
         ours_err = ((ours_o.float() - ref.float()).norm() / ref.float().norm()).item()
         times = time_rotated(fns, args.rounds)
         med = medians(times)
