@@ -1,0 +1,30 @@
+#!/bin/bash
+# The Gluon kernels on a lent Hopper GPU, in one rerunnable command (writes under $OUT, default
+# /tmp/out): 1. their GPU tests (the forward in the product, the backward passes' and the FP8
+# forward's probes) against float64 / the Triton kernels; 2. the backward probes timed against the
+# Triton passes (benchmarks.kernel_probe --suite bwdgluon); 3. the forward kernels, bf16 and FP8,
+# against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8). STEPS picks steps.
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+STEPS=${STEPS:-"1 2 3"}
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  if [[ " $STEPS " == *" 1 "* ]]; then
+    echo "== 1. GPU tests of the Gluon kernels ($(date -u +%T))"
+    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/benchmarks/test_gluon_fp8.py \
+      tests/benchmarks/test_backward_bench.py -k "gluon" -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -25
+  fi
+  if [[ " $STEPS " == *" 2 "* ]]; then
+    echo "== 2. backward probes ($(date -u +%T))"
+    timeout ${BWD_S:-300} python3 -m benchmarks.kernel_probe --suite bwdgluon --name bwd-gluon --repeats 3 --jobs 14 \
+      --out "$OUT" 2>&1 | tail -45
+  fi
+  if [[ " $STEPS " == *" 3 "* ]]; then
+    echo "== 3. forward kernels, bf16 and FP8 ($(date -u +%T))"
+    timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-fp8-$(nvidia-smi --query-gpu=name \
+      --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-').json" --rounds 3 --fp8 2>&1 | tail -30
+  fi
+  echo "== done ($(date -u +%T))"
+} 2>&1 | tee "$OUT/run.log"
