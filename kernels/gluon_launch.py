@@ -31,7 +31,7 @@ CONSUMER_REGS = 240                   # registers per consumer thread (setmaxnre
 @lru_cache(maxsize=1)
 def _gluon_importable() -> bool:
     try:
-        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401,PLC0415
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma  # noqa: F401
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
     except ImportError:
         return False
