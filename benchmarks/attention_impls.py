@@ -124,7 +124,7 @@ def kernel_config(impl: str, rec: dict, tuned, spec, device) -> dict | None:
         return None
     cfg = tuned.lookup(d, spec, n, dtype_name) if tuned else None
     rec["config_source"] = "tuned" if cfg else "default"
-    gluon = None if cfg else gluon_tiles(d, DTYPES[dtype_name], device, SCHEDULE_OF[impl])
+    gluon = None if cfg else gluon_tiles(d, DTYPES[dtype_name], device, SCHEDULE_OF[impl], n)
     if gluon:           # the default call runs the Gluon kernel (kernels.gluon_launch): no tiles passed
         block_n, stages = gluon
         rec.update(config=dict(kernel="gluon", block_m=ROWS_PER_ITEM, block_n=block_n, num_warps=4,

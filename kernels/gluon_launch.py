@@ -2,8 +2,8 @@
 on Hopper), and its launch: a GluonLaunch holds what a call shape fixes (block plan, work list,
 tiles, shared-memory layouts); each call makes its tensor descriptors and outputs and launches.
 
-It runs for a call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256, contiguous
-q, k, v, the default tiles and launch options (no block sizes, warps or stages given),
+It runs for a call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256, N_q and N_k
+at least MIN_LEN, contiguous q, k, v, the default tiles and launch options (no block sizes, warps or stages given),
 warp_specialize None, a natural or longest-first schedule, and none of the ring's options; every
 other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. Traced calls run it too
 (instrumentation.record asks for its tiles, gluon_record_tiles): the work items' SM and clock
@@ -26,6 +26,9 @@ ROWS_PER_ITEM = 128                   # query rows of a work item: two consumer 
 # keys per tile and K/V ring depth per head dim (scripts/gluon_fwd_probe.py on an H200)
 TILES = {64: (128, 3), 128: (128, 2), 256: (64, 2)}
 CONSUMER_REGS = 240                   # registers per consumer thread (setmaxnreg); the producer keeps 24
+# shortest N_q and N_k it takes: the lengths its GPU tests cover (shorter calls, where the schedule
+# gains little, keep the Triton kernel, not a TMA box longer than the tensor)
+MIN_LEN = 128
 
 
 @lru_cache(maxsize=1)
@@ -45,11 +48,11 @@ def gluon_available(device) -> bool:
             and _gluon_importable())
 
 
-def gluon_tiles(head_dim: int, dtype, device, schedule: str = "natural") -> tuple | None:
-    """(block_n, stages) of the Gluon kernel for a default call of this head dim, dtype, device
-    and schedule (contiguous inputs), or None where the call runs the Triton kernel."""
+def gluon_tiles(head_dim: int, dtype, device, schedule: str = "natural", n: int = MIN_LEN) -> tuple | None:
+    """(block_n, stages) of the Gluon kernel for a default call of this head dim, dtype, device,
+    schedule and N_q = N_k = n (contiguous inputs), or None where the call runs the Triton kernel."""
     ok = (dtype in (torch.bfloat16, torch.float16) and head_dim in TILES and schedule in ("natural", "longest_first")
-          and gluon_available(device))
+          and n >= MIN_LEN and gluon_available(device))
     return TILES[head_dim] if ok else None
 
 
@@ -69,8 +72,8 @@ def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, tr
     call only with the GPU's clocks, which every Hopper trace has)."""
     return (not explicit_config and warp_specialize is None and not ring_options
             and schedule in ("natural", "longest_first") and q.dtype in (torch.bfloat16, torch.float16)
-            and q.shape[3] in TILES and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
-            and gluon_available(q.device))
+            and q.shape[3] in TILES and q.shape[2] >= MIN_LEN and k.shape[2] >= MIN_LEN
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)) and gluon_available(q.device))
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     assert rule(q, q, q, False, None, "longest_first", True, False)          # traced (GPU clocks)
     assert gluon_launch.gluon_record_tiles(q, q, q, "natural") == (128, 128, 4, 2)
     assert gluon_launch.gluon_tiles(256, torch.float16, q.device) == (64, 2)
+    assert gluon_launch.gluon_tiles(128, torch.bfloat16, q.device, n=64) is None
     refused = [(q, q, q, True, None, "natural", False, False),             # tiles or options given
                (q, q, q, False, False, "natural", False, False),           # warp_specialize=False
                (q, q, q, False, None, "persistent", False, False),
@@ -64,6 +65,9 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
                (q.transpose(2, 3).contiguous().transpose(2, 3), q, q, False, None, "natural", False, False)]
     for args in refused:
         assert not rule(*args)
+    short = torch.zeros(1, 2, 100, 128, dtype=torch.bfloat16)
+    assert not rule(short, q, q, False, None, "natural", False, False) and not rule(q, short, short, False, None,
+                                                                                   "natural", False, False)
     q96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16)
     assert not rule(q96, q96, q96, False, None, "natural", False, False) and gluon_launch.gluon_tiles(96, torch.bfloat16, q.device) is None
     monkeypatch.setenv("TILESCOPE_GLUON", "0")
