@@ -20,22 +20,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+from kernels.gluon_fwd_kernel import list_block, tma_load
+
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
 KEYS_PER_PROGRAM = 128              # the plan's block_n1
-
-
-@gluon.jit
-def _list_block(t, n_full, full_start, part_list):
-    """The block of a program's t-th tile: the full run first, then the partial list."""
-    if t < n_full:
-        blk = full_start + t
-    else:
-        blk = gl.load(part_list + (t - n_full))
-    return blk
 
 
 @gluon.jit
@@ -44,22 +35,22 @@ def _producer(q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem,
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [kv_row, 0], kv_bar, k_smem.index(0))
-    _tma_load(k_desc, [kv_row + KEYS, 0], kv_bar, k_smem.index(1))
-    _tma_load(v_desc, [kv_row, 0], kv_bar, v_smem.index(0))
-    _tma_load(v_desc, [kv_row + KEYS, 0], kv_bar, v_smem.index(1))
+    tma_load(k_desc, [kv_row, 0], kv_bar, k_smem.index(0))
+    tma_load(k_desc, [kv_row + KEYS, 0], kv_bar, k_smem.index(1))
+    tma_load(v_desc, [kv_row, 0], kv_bar, v_smem.index(0))
+    tma_load(v_desc, [kv_row + KEYS, 0], kv_bar, v_smem.index(1))
     for it in range(n_items):
         s = it % STAGES
         head = head0 + it // n_tiles
-        qb_row = _list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
         row = head * N_Q + qb_row
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
                         + 2 * st_desc.block_type.nbytes)
-        _tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
-        _tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
-        _tma_load(st_desc, [head * 2 * N_Q + qb_row], ready.index(s), st_smem.index(2 * s))          # lse2
-        _tma_load(st_desc, [head * 2 * N_Q + N_Q + qb_row], ready.index(s), st_smem.index(2 * s + 1))  # delta
+        tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
+        tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+        tma_load(st_desc, [head * 2 * N_Q + qb_row], ready.index(s), st_smem.index(2 * s))          # lse2
+        tma_load(st_desc, [head * 2 * N_Q + N_Q + qb_row], ready.index(s), st_smem.index(2 * s + 1))  # delta
 
 
 @gluon.jit
@@ -96,7 +87,7 @@ def _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, 
     for it in range(n_items):
         s = it % STAGES
         t = it % n_tiles
-        rows = _list_block(t, n_full, full_start, part_list) * BLOCK_M + cols    # (BLOCK_M,) query rows
+        rows = list_block(t, n_full, full_start, part_list) * BLOCK_M + cols    # (BLOCK_M,) query rows
         row_ok = rows < N_Q
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         # past N_q the tile's statistics are another row's: lse2 = +inf makes those rows' P 0
@@ -236,17 +227,17 @@ def _dq_producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_sme
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 4 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    _tma_load(q_desc, [q_row + KEYS, 0], q_bar, q_smem.index(1))
-    _tma_load(do_desc, [q_row, 0], q_bar, do_smem.index(0))
-    _tma_load(do_desc, [q_row + KEYS, 0], q_bar, do_smem.index(1))
+    tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + KEYS, 0], q_bar, q_smem.index(1))
+    tma_load(do_desc, [q_row, 0], q_bar, do_smem.index(0))
+    tma_load(do_desc, [q_row + KEYS, 0], q_bar, do_smem.index(1))
     for t in range(n_tiles):
         s = t % STAGES
-        row = kv_row + _list_block(t, n_full, full_start, part_list) * BLOCK_N
+        row = kv_row + list_block(t, n_full, full_start, part_list) * BLOCK_N
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), 2 * k_desc.block_type.nbytes)
-        _tma_load(k_desc, [row, 0], ready.index(s), k_smem.index(s))
-        _tma_load(v_desc, [row, 0], ready.index(s), v_smem.index(s))
+        tma_load(k_desc, [row, 0], ready.index(s), k_smem.index(s))
+        tma_load(v_desc, [row, 0], ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -282,7 +273,7 @@ def _dq_consumer(DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_b
         if t < n_full:
             s_tok = warpgroup_mma(q, kt.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         else:       # a partial tile's scores start at 0 / -inf (the rows' key intervals)
-            cols = col0 + _list_block(t, n_full, full_start, part_list) * BLOCK_N
+            cols = col0 + list_block(t, n_full, full_start, part_list) * BLOCK_N
             bias = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), zero_s, float("-inf"))
             s_tok = warpgroup_mma(q, kt.permute((1, 0)), bias, is_async=True)
         dp_tok = warpgroup_mma(do, v_smem.index(s).permute((1, 0)), dp_start, is_async=True)   # dP - D

@@ -16,21 +16,13 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+from kernels.gluon_fwd_kernel import list_block, tma_load
+
 ROWS = gl.constexpr(64)
 LOG2_P_SCALE = gl.constexpr(8.0)
 LN2 = gl.constexpr(0.6931471805599453)
-
-
-@gluon.jit
-def _key_block(t, n_full, full_start, part_list):
-    if t < n_full:
-        kb = full_start + t
-    else:
-        kb = gl.load(part_list + (t - n_full))
-    return kb
 
 
 @gluon.jit
@@ -39,18 +31,18 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    _tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
     for t in range(n_tiles):
         s = t % STAGES
         free = ((t // STAGES) & 1) ^ 1
-        kb = _key_block(t, n_full, full_start, part_list)
+        kb = list_block(t, n_full, full_start, part_list)
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [k_row + kb * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+        tma_load(k_desc, [k_row + kb * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [v_row, kb * BLOCK_N], v_ready.index(s), v_smem.index(s))
+        tma_load(v_desc, [v_row, kb * BLOCK_N], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -100,7 +92,7 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
-        kb = _key_block(0, n_full, full_start, part_list)
+        kb = list_block(0, n_full, full_start, part_list)
         scale = tile_scale * gl.load(k_scale + kb)
         if n_full > 0:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, False)
@@ -120,7 +112,7 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
             o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(cur), count=1)
-            kb = _key_block(t, n_full, full_start, part_list)
+            kb = list_block(t, n_full, full_start, part_list)
             scale = tile_scale * gl.load(k_scale + kb)
             if t < n_full:
                 p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, False)

@@ -27,7 +27,7 @@ from .masks import MaskSpec, parse_mask
 from .plan import block_plan, plan_bytes
 from .runtime import check_interpreter_tiles, interpreting, resource_refusal
 from .shapes import check_inputs, softmax_scale
-from .trace_buffers import TraceBuffers, check_trace_buffers
+from .trace_buffers import TraceBuffers, checked_trace
 
 LOG2E = 1.4426950408889634
 _TRACE_BUFFERS = ("tr_work", "tr_counter", "tr_tiles", "tr_rows", "row_slot", "head_slot", "trace_slots")
@@ -241,10 +241,7 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     call = dict(Q8=x.q, K8=x.k, V8=x.v, O=o, LSE=lse, scales=(x.q_scale, x.k_scale, x.v_scale), qk_scale=scale,
                 **dict.fromkeys(_TRACE_BUFFERS))
     if trace is not None:
-        ckey = (b * h, id(fp.plan))
-        if ckey not in trace._checked:
-            trace._checked[ckey] = check_trace_buffers(trace, b * h, fp.plan)
-        head_slot, slots = trace._checked[ckey]
+        head_slot, slots = checked_trace(trace, b * h, fp.plan)
         call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
                     row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
     with resource_refusal():

@@ -24,7 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; newer Tritons async_load (same arguments)
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 ROWS = gl.constexpr(64)             # query rows per consumer warpgroup
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -45,13 +45,14 @@ def _smid():
 
 
 @gluon.jit
-def _key_block(t, n_full, full_start, part_list):
-    """The key block of an item's t-th tile: the full run first, then the partial list."""
+def list_block(t, n_full, full_start, part_list):
+    """The block of a program's t-th tile in a block plan's lists (here a work item's key block; the
+    backward probes' key or query blocks): the full run first, then the partial list."""
     if t < n_full:
-        kb = full_start + t
+        blk = full_start + t
     else:
-        kb = gl.load(part_list + (t - n_full))
-    return kb
+        blk = gl.load(part_list + (t - n_full))
+    return blk
 
 
 @gluon.jit
@@ -60,18 +61,18 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    _tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
     for t in range(n_tiles):
         s = t % STAGES
         free = ((t // STAGES) & 1) ^ 1                  # the first round passes at once
-        row = kv_row + _key_block(t, n_full, full_start, part_list) * BLOCK_N
+        row = kv_row + list_block(t, n_full, full_start, part_list) * BLOCK_N
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [row, 0], k_ready.index(s), k_smem.index(s))
+        tma_load(k_desc, [row, 0], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
+        tma_load(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -143,7 +144,7 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
         s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
-        kb = _key_block(0, n_full, full_start, part_list)
+        kb = list_block(0, n_full, full_start, part_list)
         cols = col0 + kb * BLOCK_N
         if n_full > 0:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, False)
@@ -165,7 +166,7 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))             # S_t done (issued first), P V may run on
             mbarrier.arrive(k_empty.index(cur), count=1)
-            kb = _key_block(t, n_full, full_start, part_list)
+            kb = list_block(t, n_full, full_start, part_list)
             cols = col0 + kb * BLOCK_N
             if t < n_full:
                 p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, False)

@@ -20,7 +20,7 @@ import torch
 
 from .plan import BlockPlan, block_plan
 from .runtime import device_facts, interpreting
-from .trace_buffers import check_trace_buffers
+from .trace_buffers import checked_trace
 
 ROWS_PER_ITEM = 128                   # query rows of a work item: two consumer warpgroups of 64
 # keys per tile and K/V ring depth per head dim (scripts/gluon_fwd_probe.py on an H200)
@@ -71,9 +71,8 @@ def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, tr
     """Whether a forward call runs the Gluon kernel (the module docstring's conditions; a traced
     call only with the GPU's clocks, which every Hopper trace has)."""
     return (not explicit_config and warp_specialize is None and not ring_options
-            and schedule in ("natural", "longest_first") and q.dtype in (torch.bfloat16, torch.float16)
-            and q.shape[3] in TILES and q.shape[2] >= MIN_LEN and k.shape[2] >= MIN_LEN
-            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v)) and gluon_available(q.device))
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and gluon_tiles(q.shape[3], q.dtype, q.device, schedule, min(q.shape[2], k.shape[2])) is not None)
 
 
 @dataclass(frozen=True)
@@ -118,10 +117,7 @@ class GluonLaunch:
         p = self.plan
         bufs, slots = (None,) * 5, 0
         if trace is not None:
-            key = (b * h, id(p))
-            if key not in trace._checked:
-                trace._checked[key] = check_trace_buffers(trace, b * h, p)
-            head_slot, slots = trace._checked[key]
+            head_slot, slots = checked_trace(trace, b * h, p)
             bufs = (trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot) if trace.trace_tiles else \
                 (trace.work, None, None, None, None)
         attn_fwd_gluon_kernel[(self.works.numel(),)](

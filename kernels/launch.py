@@ -32,7 +32,7 @@ from .masks import MaskSpec  # noqa: E402
 from .out_buffers import check_out  # noqa: E402
 from .plan import BlockPlan, block_plan, plan_bytes  # noqa: E402
 from .shapes import check_inputs, padded_head_dim, softmax_scale  # noqa: E402
-from .trace_buffers import check_trace_buffers  # noqa: E402
+from .trace_buffers import checked_trace  # noqa: E402
 
 LOG2E = 1.4426950408889634
 # launch plans share their block plans with kernels.plan's cache; a plan's size is its block
@@ -287,6 +287,11 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         untraced=untraced)
 
 
+def _qk_scale(lp: LaunchPlan, sm_scale) -> float:
+    """The kernels' score scale: the softmax scale (the plan's default 1/sqrt(D) when None) times log2(e)."""
+    return lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, lp.shape[3]) * LOG2E
+
+
 def run_untraced(lp: LaunchPlan, q, k, v, sm_scale):
     """run_plan of a plan with `untraced` set, without a trace, out or o_prev, on inputs the caller has
     checked for gradients (kernels.flash_ops: grad mode off or no input requires grad). Returns O,
@@ -297,7 +302,7 @@ def run_untraced(lp: LaunchPlan, q, k, v, sm_scale):
     args[i_q], args[i_k], args[i_v], args[i_o] = q, k, v, o
     ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | o.data_ptr()
     if sm_scale is not None:
-        args[i_scale] = softmax_scale(sm_scale, lp.shape[3]) * LOG2E   # log2(e) folded in
+        args[i_scale] = _qk_scale(lp, sm_scale)
     result = o
     if i_lse >= 0:
         lse = torch.empty(lp.shape[:3], dtype=torch.float32, device=lp.device)
@@ -323,8 +328,7 @@ def run_plan(lp: LaunchPlan, q, k, v, sm_scale, trace, out, merge, o_prev):
     if lp.gluon is not None:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             check_inputs(q, k, v)           # raises: the kernel has no backward
-        return lp.gluon.run(q, k, v, lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, lp.shape[3]) * LOG2E,
-                            trace)
+        return lp.gluon.run(q, k, v, _qk_scale(lp, sm_scale), trace)
     result, launches = kernel_launches(lp, q, k, v, sm_scale, trace, out, merge, o_prev)
     for args, launch in launches:
         _launch(lp.grid, args, launch)
@@ -361,16 +365,13 @@ def kernel_launches(lp: LaunchPlan, q, k, v, sm_scale=None, trace=None, out=None
     elif not ((merge or lp.launches[0].phase.SEED) and isinstance(o_prev, torch.Tensor)
               and o_prev.shape == q.shape and o_prev.stride(-1) == 1 and o_prev.device == q.device):
         raise ValueError(f"o_prev goes with merge=True or tiles='partial': a tensor {tuple(q.shape)} with unit last stride on {q.device}")
-    qk_scale = lp.qk_scale if sm_scale is None else softmax_scale(sm_scale, d) * LOG2E   # log2(e) folded in
+    qk_scale = _qk_scale(lp, sm_scale)
     call = dict(Q=q, K=k, V=v, O=o, o_strides=o_strides, qk_scale=qk_scale, q_desc=None, k_desc=None, v_desc=None,
                 **_UNTRACED)    # untraced and without host descriptors: compiled out
     if lp.persistent:
         call["work_counter"] = torch.zeros(1, device=lp.device, dtype=torch.int32)
     if trace is not None:
-        key = (b * h, id(lp.block))     # checked once: timing a traced call then adds no host work
-        if key not in trace._checked:
-            trace._checked[key] = check_trace_buffers(trace, b * h, lp.block)
-        head_slot, slots = trace._checked[key]
+        head_slot, slots = checked_trace(trace, b * h, lp.block)
         call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
                     row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
     if lp.use_tma:

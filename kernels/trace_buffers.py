@@ -57,3 +57,12 @@ def check_trace_buffers(trace: TraceBuffers, batch_heads: int, plan: BlockPlan) 
     head_slot = torch.full((batch_heads,), -1, dtype=torch.int32)
     head_slot[heads] = torch.arange(n_traced, dtype=torch.int32)
     return head_slot.to(trace.work.device), slots
+
+
+def checked_trace(trace: TraceBuffers, batch_heads: int, plan: BlockPlan) -> tuple:
+    """check_trace_buffers once per (B*H, plan) for these buffers, its answer kept on them (timing a
+    traced call then adds no host work). Returns (head_slot, slots) as check_trace_buffers does."""
+    key = (batch_heads, id(plan))
+    if key not in trace._checked:
+        trace._checked[key] = check_trace_buffers(trace, batch_heads, plan)
+    return trace._checked[key]
