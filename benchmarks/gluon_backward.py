@@ -30,7 +30,7 @@ KEYS_PER_PROGRAM = 128              # the plan's block_n1
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready,
+def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
               empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
@@ -45,26 +45,21 @@ def _producer(q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem,
         qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
         row = head * N_Q + qb_row
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                        + 2 * st_desc.block_type.nbytes)
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
         tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
-        tma_load(st_desc, [head * 2 * N_Q + qb_row], ready.index(s), st_smem.index(2 * s))          # lse2
-        tma_load(st_desc, [head * 2 * N_Q + N_Q + qb_row], ready.index(s), st_smem.index(2 * s + 1))  # delta
 
 
 @gluon.jit
-def _mask_bias(keys, rows, row_ok, row_lo, row_hi, s_layout: gl.constexpr):
-    """(KEYS, BLOCK_M) 0 where query row r sees key j ([lo_r, hi_r]), -inf elsewhere: the start of a
-    partial tile's score product, so the interval bounds are dead before the products run."""
+def _visible(keys, rows, row_ok, row_lo, row_hi):
+    """(KEYS, BLOCK_M): query row r sees key j ([lo_r, hi_r]); padded rows see nothing."""
     lo = gl.load(row_lo + rows, mask=row_ok, other=0)
-    hi = gl.load(row_hi + rows, mask=row_ok, other=-1)                  # padded rows see nothing
-    visible = (keys[:, None] >= lo[None, :]) & (keys[:, None] <= hi[None, :])
-    return gl.where(visible, gl.zeros([keys.shape[0], rows.shape[0]], gl.float32, s_layout), float("-inf"))
+    hi = gl.load(row_hi + rows, mask=row_ok, other=-1)
+    return (keys[:, None] >= lo[None, :]) & (keys[:, None] <= hi[None, :])
 
 
 @gluon.jit
-def _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+def _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row,
               WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
@@ -89,20 +84,18 @@ def _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, 
         t = it % n_tiles
         rows = list_block(t, n_full, full_start, part_list) * BLOCK_M + cols    # (BLOCK_M,) query rows
         row_ok = rows < N_Q
+        stats = STATS + (head0 + it // n_tiles).to(gl.int64) * 2 * N_Q
+        lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))      # padded rows: P = 0
+        delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-        # past N_q the tile's statistics are another row's: lse2 = +inf makes those rows' P 0
-        lse2 = gl.where(row_ok, st_smem.index(2 * s).load(col_vec), float("inf"))
-        delta = st_smem.index(2 * s + 1).load(col_vec)
         q = q_smem.index(s)
         do = do_smem.index(s)
-        if t < n_full:
-            s_tok = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        else:       # a partial tile's scores start at 0 / -inf: the mask rides in the product
-            bias = _mask_bias(keys, rows, row_ok, row_lo, row_hi, s_layout)
-            s_tok = warpgroup_mma(k, q.permute((1, 0)), bias, is_async=True)
+        s_tok = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v, do.permute((1, 0)), zero_s - delta[None, :], is_async=True)   # dP^T - D
         st = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
+        if t >= n_full:     # a partial tile: each query row's key interval
+            p = gl.where(_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
@@ -121,27 +114,26 @@ def _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, 
 
 
 @gluon.jit
-def _consumer0(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+def _consumer0(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
                n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+    _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
-def _consumer1(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+def _consumer1(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
                n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0, key0,
+    _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, row_lo, row_hi, full_cnt, full_start,
+def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, row_lo, row_hi, full_cnt, full_start,
                                part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
                                STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
-    (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; st_desc: the statistics
-    (B*H, 2, N_q) float32 (lse * log2(e), +inf where no key; rowsum(O * dO)) flat, in 64-row
-    blocks; DK, DV like k."""
+    (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; DK, DV like k; STATS the
+    statistics (B*H, 2, N_q) float32 (lse * log2(e), +inf where no key; rowsum(O * dO))."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     pid = gl.program_id(0)
@@ -159,7 +151,6 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
-    st_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], st_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -167,12 +158,12 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)          # both consumers release a (Q, dO) stage
-    consumer_args = (DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar, ready, empty, head0,
+    consumer_args = (DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0,
                      key0, n_tiles, n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     gl.warp_specialize([
         (_consumer0, consumer_args),
         (_consumer1, consumer_args),
-        (_producer, (q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, st_smem, kv_bar,
+        (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                      ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)),
     ], [4, 1], [CONSUMER_REGS, 24])
 
@@ -209,11 +200,10 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240):
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
     desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
-    st_desc = TensorDescriptor.from_tensor(stats.view(-1), [64], gl.NVMMASharedLayout.get_default_for([64], gl.float32))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     scale = softmax_scale(None, d)
     attn_bwd_dkdv_gluon_kernel[(b * h_kv * kp.n_kb,)](
-        desc(q), desc(do), desc(k), desc(v), st_desc, dk, dv, kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start,
+        desc(q), desc(do), desc(k), desc(v), dk, dv, stats, kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start,
         bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, scale * LOG2E, scale,
         STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4)
     return dk, dv
@@ -270,15 +260,13 @@ def _dq_consumer(DQ, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, q_b
         s = t % STAGES
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         kt = k_smem.index(s)
-        if t < n_full:
-            s_tok = warpgroup_mma(q, kt.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        else:       # a partial tile's scores start at 0 / -inf (the rows' key intervals)
-            cols = col0 + list_block(t, n_full, full_start, part_list) * BLOCK_N
-            bias = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), zero_s, float("-inf"))
-            s_tok = warpgroup_mma(q, kt.permute((1, 0)), bias, is_async=True)
+        s_tok = warpgroup_mma(q, kt.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(do, v_smem.index(s).permute((1, 0)), dp_start, is_async=True)   # dP - D
         sc = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(sc * qk_scale - lse2[:, None])                           # P (64, BLOCK_N)
+        if t >= n_full:     # a partial tile: the rows' key intervals
+            cols = col0 + list_block(t, n_full, full_start, part_list) * BLOCK_N
+            p = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), p, 0.0)
         dpm = warpgroup_mma_wait(0, deps=(dp_tok,))
         ds_op = gl.convert_layout((p * dpm).to(q_smem.dtype), a_layout)      # dS = P (dP - D)
         dq_tok = warpgroup_mma(ds_op, kt, dq, is_async=True)                 # dQ += dS K

@@ -10,7 +10,8 @@ Triton launch of the same compiled kernel (kernel[grid](*args, num_warps=, num_s
 arguments built beforehand, kernels.launch.kernel_launches) and of torch's SDPA on the same inputs.
 
 Trace part:
-Each case calls instrumentation.record() with level='work' (one record per work item: program,
+Each case calls instrumentation.record() at the product's default tiles (or --config-file's; on
+Hopper the defaults trace the Gluon kernel, each record says which ran in `kernel`) with level='work' (one record per work item: program,
 order, SM id, globaltimer start/end) and level='full' (plus every tile's order and clock64 span
 and the online-softmax rows of a few query blocks of one head), with measure=True: record()
 times the untraced kernel (trace code compiled out) and the traced one back to back with
@@ -231,6 +232,8 @@ def run(args, argv=None) -> dict:
             ref = reference_slice(q, k, v, spec, heads)
             tuned_cfg = tuned.lookup(d, spec, n, args.dtype) if tuned else None
             for sched in schedules:
+                # no tuned tiles: record() at its defaults, the product's path (Hopper: the Gluon kernel)
+                asked = tuned_cfg or {}
                 cfg = tuned_cfg or default_config(d, dtype, n=n, mask=spec, device=device,
                                                   schedule=sched).as_dict()
                 for level in levels:
@@ -241,12 +244,15 @@ def run(args, argv=None) -> dict:
                     for _ in range(repeats):
                         t_rec = time.perf_counter()
                         out, trace = record(q, k, v, mask=spec, schedule=sched, level=level,
-                                            measure=True, **cfg)
+                                            measure=True, **asked)
                         wall = time.perf_counter() - t_rec
                         if rel_err is None:
                             _, rel_err = check_output(take_heads(out, heads), ref, dtype)
                             sizes = {"work_rows": len(trace.work), "tile_rows": len(trace.tiles),
                                      "softmax_rows": len(trace.rows)}
+                            ran = trace.meta.get("kernel", {})
+                            cfg = {k: ran.get(k, cfg[k]) for k in cfg}
+                            sizes["kernel"] = ran.get("implementation", "triton")
                         del out
                         un, tr = trace.meta.get("untraced_ms"), trace.meta.get("traced_ms")
                         reps.append({"untraced_ms": un, "traced_ms": tr,
@@ -269,7 +275,7 @@ def run(args, argv=None) -> dict:
                     )
                     result["records"].append(rec)
                     ov = rec["overhead_pct"]
-                    log(f"[{done:2d}/{total}] {label:8s} N={n:<6d} {sched:13s} level={level:4s} "
+                    log(f"[{done:2d}/{total}] {label:8s} N={n:<6d} {sched:13s} {rec.get('kernel', '')} level={level:4s} "
                         + (f"untraced {rec['untraced_ms']:.3f} ms  traced {rec['traced_ms']:.3f} ms  "
                            f"overhead {ov:+.1f}%" if ov is not None else "no timing")
                         + f"  rel_err={rel_err:.1e}  (record() {rec['record_s']:.1f}s)")

@@ -190,3 +190,21 @@ def test_cuda_graph_capture_and_reduce_overhead_replay_equal_eager(device):
     for _ in range(3):                  # warm-up, record, replay
         got = compiled(q, k, v)
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gluon_forward_compiles_as_one_opaque_node_on_hopper(device):
+    """On Hopper the default forward is the Gluon kernel (kernels.gluon_launch): under torch.compile it
+    stays one node without a graph break, and Inductor's output and lse equal eager's bit for bit."""
+    from kernels.gluon_launch import use_gluon
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon forward runs on Hopper")
+    q, k, v, _ = (t.to(torch.bfloat16) for t in make(h=4, h_kv=2, n_q=384, n_k=256, d=128, device=device))
+    assert use_gluon(q, k, v, False, None, "natural", False, False)
+    f = lambda q, k, v: flash_attention(q, k, v, mask="causal", return_lse=True)  # noqa: E731
+    explained = torch._dynamo.explain(f)(q, k, v)
+    assert (explained.graph_break_count, explained.graph_count) == (0, 1), explained.break_reasons
+    want = f(q, k, v)
+    got = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
