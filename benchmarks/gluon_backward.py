@@ -346,6 +346,9 @@ def gluon_dq(do, q, k, v, o, lse, mask="causal", block_n=64, stages=2, consumer_
     h_kv, n_k = k.shape[1], k.shape[2]
     if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"the Gluon dQ probe takes bf16/fp16 with D 64 or 128, not {q.dtype} D {d}")
+    if (4 * 64 + 2 * stages * block_n) * d * 2 > 227 * 1024:
+        raise ValueError(f"the Gluon dQ probe's shared memory (Q, dO and {stages} stages of {block_n}-key K, V tiles "
+                         f"at D {d}) exceeds 227 KiB: use fewer stages or block_n=64")
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
     _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)

@@ -149,7 +149,9 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
     cols = torch.arange(n_k)
     visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
     s = leaves[0] @ leaves[1].repeat_interleave(h // h_kv, 1).transpose(-1, -2) / d ** 0.5
-    ref = torch.softmax(s.masked_fill(~visible, float("-inf")), -1) @ leaves[2].repeat_interleave(h // h_kv, 1)
+    # rows that see no key (the window with N_q > N_k) give 0, as the kernels do
+    probs = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num()
+    ref = probs @ leaves[2].repeat_interleave(h // h_kv, 1)
     want_dq, want_dk, want_dv = torch.autograd.grad(ref, leaves, do)
     q16, k16, v16, do16 = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
     with torch.no_grad():
@@ -158,6 +160,6 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
         dk, dv = gluon_dkdv(do16, q16, k16, v16, o, lse, mask, stages=stages)
         for x, r in ((dk, want_dk), (dv, want_dv)):
             assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, stages)
-        for block_n in (64, 128):
+        for block_n in (64, 128) if stages == 2 or d == 64 else (64,):     # 3 x 128 x 128 at D128: > 227 KiB
             dq = gluon_dq(do16, q16, k16, v16, o, lse, mask, block_n=block_n, stages=stages)
             assert float((dq.double().cpu() - want_dq).norm() / want_dq.norm()) < 1e-2, (mask, stages, block_n)
