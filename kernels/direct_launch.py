@@ -15,6 +15,8 @@ Safe by construction, else the normal launch:
     specialises tensors by dtype and alignment alone), without pre-run hooks or a stages hook;
   - the first call for a state, any unaligned per-call tensor, and anything unexpected go through
     the normal launch (the caller's `slow`), whose CompiledKernel is kept only when run returned one.
+Gluon kernels (a JITFunction subclass with the same run) take it too: their tensor descriptors are
+specialised by dtype, block shape and layout, which the plan fixes.
 The interpreter never takes this path (its kernels are not JITFunctions)."""
 
 from __future__ import annotations
@@ -86,8 +88,8 @@ class DirectLaunch:
             None."""
         state = _STATE[0] if _STATE else _triton_state()
         fn = self.kernel
-        if state is None or not aligned or type(fn) is not state.jit_function or state.jit_function.run is not state.run \
-                or fn.pre_run_hooks:
+        if state is None or not aligned or not isinstance(fn, state.jit_function) or type(fn).run is not state.run \
+                or state.jit_function.run is not state.run or fn.pre_run_hooks:
             slow()
             return
         knobs = state.knobs

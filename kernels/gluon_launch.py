@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import torch
 
+from .direct_launch import DirectLaunch
 from .plan import BlockPlan, block_plan
 from .runtime import device_facts, interpreting
 from .trace_buffers import checked_trace
@@ -88,44 +89,71 @@ class GluonLaunch:
     stages: int
     returns_lse: bool
     layouts: tuple = field(repr=False)  # shared layouts of the Q and the K/V blocks
+    # every kernel argument of an untraced call, positionally; run() sets the descriptors, O, LSE, scale
+    args: list = field(repr=False, compare=False, default=None)
+    direct: DirectLaunch = field(repr=False, compare=False, default=None)   # its compiled kernels
+    # the Q and K/V tensor descriptors, checked once, without a base: each call copies them onto its tensors
+    descriptors: tuple = field(repr=False, compare=False, default=None)
 
     @staticmethod
     def build(spec, q, k, schedule: str, return_lse: bool) -> "GluonLaunch":
         from triton.experimental.gluon import language as gl
-
-        b, h, n, d = q.shape
-        block_n, stages = TILES[d]
-        plan = block_plan(spec, n, ROWS_PER_ITEM, block_n, q.device, k.shape[2])
-        dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-        layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
-                   gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
-        return GluonLaunch(plan, plan.work_list(b * h, schedule), tuple(q.shape), k.shape[1], k.shape[2], block_n,
-                           stages, bool(return_lse), layouts)
-
-    def run(self, q, k, v, qk_scale: float, trace=None):
-        """O (B, H, N_q, D) like q, or (O, lse (B, H, N_q) float32) where the call returns lse.
-        qk_scale: the softmax scale times log2(e); trace: kernels.TraceBuffers sized for this plan
-        (checked once per plan), or None."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         from .gluon_fwd_kernel import attn_fwd_gluon_kernel
 
+        b, h, n, d = q.shape
+        block_n, stages = TILES[d]
+        plan = block_plan(spec, n, ROWS_PER_ITEM, block_n, q.device, k.shape[2])
+        works = plan.work_list(b * h, schedule)
+        dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+        layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
+                   gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
+        args = [None] * 5 + [plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
+                             works] + [None] * 5 + [0, h, h // k.shape[1], n, k.shape[2], plan.n_qb, plan.n_kb, None,
+                                                     stages, CONSUMER_REGS, False, False]
+        descriptors = (TensorDescriptor.from_tensor(q.view(-1, d), [ROWS_PER_ITEM // 2, d], layouts[0]),  # checked here
+                       TensorDescriptor.from_tensor(k.view(-1, d), [block_n, d], layouts[1]))
+        for desc in descriptors:
+            desc.base = None            # the plan keeps no call's tensor
+        return GluonLaunch(plan, works, tuple(q.shape), k.shape[1], k.shape[2], block_n, stages, bool(return_lse),
+                           layouts, args, DirectLaunch(attn_fwd_gluon_kernel), descriptors)
+
+    def run(self, q, k, v, qk_scale: float, trace=None):
+        """O (B, H, N_q, D) like q, or (O, lse) where the call returns lse.
+
+        Arguments:
+            q, k, v: the call's contiguous tensors (the shape, strides and dtypes the plan was built for).
+            qk_scale: the softmax scale times log2(e); trace: kernels.TraceBuffers sized for this
+                plan (checked once per plan), or None.
+        Returns:
+            O (B, H, N_q, D) like q, or (O, lse (B, H, N_q) float32)."""
         b, h, n, d = self.shape
-        q_layout, kv_layout = self.layouts
+        # TMA reads from 16-byte aligned addresses; a plan is kept per shape and strides, not address
+        q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v))
         o = torch.empty(self.shape, dtype=q.dtype, device=q.device)           # (B, H, N_q, D)
         lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)   # (B, H, N_q)
-        p = self.plan
-        bufs, slots = (None,) * 5, 0
-        if trace is not None:
-            head_slot, slots = checked_trace(trace, b * h, p)
-            bufs = (trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot) if trace.trace_tiles else \
+        q_desc, kv_desc = self.descriptors
+        args = self.args.copy()
+        args[:5] = _on(q_desc, q), _on(kv_desc, k), _on(kv_desc, v), o, lse
+        args[24] = qk_scale
+        grid = (self.works.numel(),)
+        kernel = self.direct.kernel
+        if trace is None:       # the compiled kernel, launched without Triton's per-call binding
+            self.direct(grid, args, True, lambda: kernel[grid](*args, num_warps=4))
+        else:
+            head_slot, args[17] = checked_trace(trace, b * h, self.plan)
+            args[12:17] = (trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot) if trace.trace_tiles else \
                 (trace.work, None, None, None, None)
-        attn_fwd_gluon_kernel[(self.works.numel(),)](
-            TensorDescriptor.from_tensor(q.view(-1, d), [ROWS_PER_ITEM // 2, d], q_layout),
-            TensorDescriptor.from_tensor(k.view(-1, d), [self.block_n, d], kv_layout),
-            TensorDescriptor.from_tensor(v.view(-1, d), [self.block_n, d], kv_layout),
-            o, lse, p.row_lo, p.row_hi, p.full_cnt, p.full_start, p.part_cnt, p.part_idx, self.works,
-            *bufs, slots, h, h // self.h_kv, n, self.n_k, p.n_qb, p.n_kb, qk_scale, STAGES=self.stages,
-            CONSUMER_REGS=CONSUMER_REGS, TRACE_WORK=trace is not None and trace.trace_work,
-            TRACE_TILES=trace is not None and trace.trace_tiles, num_warps=4)
+            args[27:29] = trace.trace_work, trace.trace_tiles
+            kernel[grid](*args, num_warps=4)
         return (o, lse) if self.returns_lse else o
+
+
+def _on(descriptor, tensor):
+    """A copy of a checked descriptor (base None) over tensor's memory: the same dtype, shape and
+    strides, on a 16-byte boundary (the plan's and run()'s conditions), so its fields hold as
+    they are; read by Triton's launcher as base.data_ptr()."""
+    desc = object.__new__(type(descriptor))
+    desc.__dict__.update(descriptor.__dict__, base=tensor)
+    return desc

@@ -130,6 +130,49 @@ def test_direct_launch_steps_aside(triton_run, monkeypatch):
     assert len(ran) == 4
 
 
+def _toy_desc(desc, out, n, BLOCK: "tl.constexpr"):  # noqa: F821  (only parsed, never compiled)
+    pass
+
+
+def test_a_gluon_kernel_with_tensor_descriptors_launches_directly(triton_run):
+    """Hopper's forward is a Gluon kernel (a JITFunction subclass) taking TMA descriptors that
+    kernels.gluon_launch copies from a checked one per call (_on): it launches directly too,
+    with what run would launch; the copies specialise as Triton's own from_tensor descriptors."""
+    gluon_runtime = pytest.importorskip("triton.experimental.gluon._runtime")
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon import language as gl
+
+    from kernels.gluon_launch import _on
+
+    _, fake, _ = triton_run
+    fn = gluon_runtime.GluonJITFunction(_toy_desc)
+    compiles = []
+
+    def do_compile(key, signature, device, constexprs, options, attrs, warmup):
+        fn.device_caches[device][0][key] = kernel = FakeCompiled()
+        compiles.append(signature)
+        return kernel
+
+    fn._do_compile = do_compile
+    layout = gl.NVMMASharedLayout.get_default_for([64, 32], gl.bfloat16)
+    checked = hopper.TensorDescriptor.from_tensor(torch.zeros(256, 32, dtype=torch.bfloat16), [64, 32], layout)
+    checked.base = None
+    dl = direct_launch.DirectLaunch(fn)
+    for i in range(3):
+        x = torch.randn(2, 128, 32).to(torch.bfloat16)              # a call's (.., D) tensor
+        own = hopper.TensorDescriptor.from_tensor(x.view(-1, 32), [64, 32], layout)
+        copy = _on(checked, x)
+        assert copy.base is x and {k: v for k, v in vars(copy).items() if k != "base"} == \
+            {k: v for k, v in vars(own).items() if k != "base"}
+        out = torch.zeros(8)
+        direct, direct_args, run, run_args = _launch_both(fn, dl, (4,), [copy, out, 5 + i, 64], True)
+        assert direct is run and direct_args == run_args
+        _, spec, _ = fn.device_caches[0][4](own, out, 5, 64, num_warps=4)
+        _, spec_copy, _ = fn.device_caches[0][4](copy, out, 5, 64, num_warps=4)
+        assert spec == spec_copy
+    assert len(compiles) == 1 and len(dl.compiled) == 1
+
+
 @pytest.mark.gpu
 def test_gpu_direct_launches_equal_triton_run(monkeypatch):
     """On the GPU: after a call compiles, calls of the same plan launch directly, give what
