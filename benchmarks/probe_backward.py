@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq")
+BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused")
 BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
@@ -114,7 +114,8 @@ def _atomic_suite() -> list[dict]:
 
 
 def _gluon_suite() -> list[dict]:
-    """bwdgluon: the Gluon dK/dV and dQ passes (benchmarks.gluon_backward) against the default's
+    """bwdgluon: the fused Gluon backward (benchmarks.gluon_backward_fused), the Gluon dK/dV and dQ
+    passes (benchmarks.gluon_backward) against the default's
     passes alone (two launches, one left out) and the whole default backward, cuDNN's and FA2's;
     the pass-only rows are timed, not checked (tests/benchmarks/test_backward_bench.py checks the
     Gluon pass against float64 on the GPU)."""
@@ -131,6 +132,8 @@ def _gluon_suite() -> list[dict]:
         for part in ("dkdv", "dq"):
             out.append(dict(_bwd(shape, mask, f"default: {part} pass only", dict(base, one_launch=False)), only=part,
                             nocheck=True))
+        # the whole backward in one Gluon kernel (dQ by atomics; D 128 fits 2 stages): checked against cuDNN
+        out.append(dict(_bwd(shape, mask, "gluon fused, dq atomics, 2 stages", kind="bwd_gluon_fused"), stages=2))
         for stages in (2, 3):
             out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
                             stages=stages, nocheck=True))
@@ -198,6 +201,10 @@ def backward_call(v, device):
         from .gluon_backward import gluon_dkdv
 
         return lambda: gluon_dkdv(do, q, k, vv, o, lse, mask, stages=v["stages"])
+    if v["kind"] == "bwd_gluon_fused":
+        from .gluon_backward_fused import gluon_backward_fused
+
+        return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"])
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward import gluon_dq
 

@@ -1,8 +1,8 @@
 #!/bin/bash
 # The Gluon kernels on a lent Hopper GPU, in one rerunnable command (writes under $OUT, default
 # /tmp/out): 1. their GPU tests (the forward in the product, the backward passes' and the FP8
-# forward's probes) against float64 / the Triton kernels; 2. the backward probes timed against the
-# Triton passes (benchmarks.kernel_probe --suite bwdgluon); 3. the forward kernels, bf16 and FP8,
+# forward's probes) against float64 / the Triton kernels; 2. the backward probes (the passes and the
+# fused kernel) timed against the Triton passes (benchmarks.kernel_probe --suite bwdgluon); 3. the forward kernels, bf16 and FP8,
 # against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8). STEPS picks steps.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

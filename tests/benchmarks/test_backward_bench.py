@@ -136,10 +136,12 @@ def test_every_backend_agrees_with_ours_before_timing():
                                                    ("sliding_window:200", 4, 1, 1300, 700, 64),
                                                    ("causal", 2, 2, 1024, 1024, 64)])
 def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, d):
-    """benchmarks.gluon_backward's dK/dV and dQ passes (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
+    """benchmarks.gluon_backward's dK/dV and dQ passes and benchmarks.gluon_backward_fused (Hopper): GQA,
+    N_q != N_k, ragged lengths, three masks."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
     from benchmarks.gluon_backward import gluon_dkdv, gluon_dq
+    from benchmarks.gluon_backward_fused import gluon_backward_fused
 
     g = torch.Generator().manual_seed(n_q + n_k)
     q, do = (torch.randn(1, h, n_q, d, generator=g, dtype=torch.float64) for _ in range(2))
@@ -156,6 +158,9 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
     q16, k16, v16, do16 = (t.to("cuda", torch.bfloat16) for t in (q, k, v, do))
     with torch.no_grad():
         o, lse = flash_attention(q16, k16, v16, mask=mask, return_lse=True)
+    dq, dk, dv = gluon_backward_fused(do16, q16, k16, v16, o, lse, mask)
+    for x, r in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
+        assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "fused")
     for stages in (2, 3):
         dk, dv = gluon_dkdv(do16, q16, k16, v16, o, lse, mask, stages=stages)
         for x, r in ((dk, want_dk), (dv, want_dv)):

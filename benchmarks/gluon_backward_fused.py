@@ -1,0 +1,250 @@
+"""A probe, not a product path (not yet run on a GPU): the whole backward in one Gluon kernel, in
+FlashAttention-3's form. The separate passes (kernels.backward; benchmarks.gluon_backward in Gluon)
+compute seven products per tile pair against cuDNN's five; here the dK/dV program also adds dQ.
+
+One program holds 128 keys of one KV head (as benchmarks.gluon_backward's dK/dV pass):
+- a producer warp loads K and V once (and K again as two 64-column halves, the B operand of dQ's
+  product), then streams the (Q, dO) tiles of the query blocks that see the key block;
+- two consumer warpgroups of 64 keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q as
+  there; each group also writes its dS^T (64 keys x 64 rows) to shared memory, and once both have,
+  group w computes dQ[:, w-th half of D] = dS K[:, half] over all 128 keys (dS read transposed
+  from shared memory) and adds it to a float32 dQ accumulator with atomics. dS buffers alternate,
+  freed when both groups' dQ products have read them.
+Inputs as benchmarks.gluon_backward's (D 128: two 64-column halves; D 64: 32-column halves).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait,
+)
+
+from kernels.gluon_fwd_kernel import list_block, tma_load
+
+KEYS = gl.constexpr(64)             # keys per consumer warpgroup
+ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar, ready,
+              empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q):
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    HALF: gl.constexpr = kh_smem.shape[2]
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes + 2 * kh_desc.block_type.nbytes)
+    tma_load(k_desc, [kv_row, 0], kv_bar, k_smem.index(0))
+    tma_load(k_desc, [kv_row + KEYS, 0], kv_bar, k_smem.index(1))
+    tma_load(v_desc, [kv_row, 0], kv_bar, v_smem.index(0))
+    tma_load(v_desc, [kv_row + KEYS, 0], kv_bar, v_smem.index(1))
+    tma_load(kh_desc, [kv_row, 0], kv_bar, kh_smem.index(0))            # K[:, :HALF], all 128 keys
+    tma_load(kh_desc, [kv_row, HALF], kv_bar, kh_smem.index(1))         # K[:, HALF:]
+    for it in range(n_items):
+        s = it % STAGES
+        head = head0 + it // n_tiles
+        row = head * N_Q + list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
+        tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+
+
+@gluon.jit
+def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    HALF: gl.constexpr = kh_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+    keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))     # (KEYS,) this group's keys
+    cols = gl.arange(0, BLOCK_M, col_vec)
+    add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // HALF, HALF // 4],
+                                                warps_per_cta=[4, 1], order=[1, 0])
+    add_rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, add_layout))
+    add_offs = add_rows[:, None] * HEAD_DIM + WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, add_layout))[None, :]
+    zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
+    zero_dq = gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    k = k_smem.index(WG)
+    v = v_smem.index(WG)
+    kh = kh_smem.index(WG)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(n_items):
+        s = it % STAGES
+        b = it % 2
+        t = it % n_tiles
+        head = head0 + it // n_tiles
+        row0 = list_block(t, n_full, full_start, part_list) * BLOCK_M
+        rows = row0 + cols                                                  # (BLOCK_M,) query rows
+        row_ok = rows < N_Q
+        stats = STATS + head.to(gl.int64) * 2 * N_Q
+        lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))      # padded rows: P = 0
+        delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        q = q_smem.index(s)
+        do = do_smem.index(s)
+        s_tok = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v, do.permute((1, 0)), zero_s - delta[None, :], is_async=True)   # dP^T - D
+        st = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
+        if t >= n_full:     # a partial tile: each query row's key interval
+            lo = gl.load(row_lo + rows, mask=row_ok, other=0)
+            hi = gl.load(row_hi + rows, mask=row_ok, other=-1)
+            p = gl.where((keys[:, None] >= lo[None, :]) & (keys[:, None] <= hi[None, :]), p, 0.0)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
+        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
+        dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
+        ds = (p * dpt).to(q_smem.dtype)                                      # dS^T = P^T (dP^T - D)
+        ds_op = gl.convert_layout(ds, a_layout)
+        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)                  # dK += dS^T Q
+        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, once both groups' dQ
+        # products of item it - 2 have read it
+        mbarrier.wait(ds_free.index(b), ((it // 2) & 1) ^ 1)
+        ds_smem.index(b).slice(WG * KEYS, KEYS).store(ds)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(b), count=1)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
+        mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
+        # dQ[:, this half] = dS K[:, half] over the tile's 128 keys (both groups' dS)
+        mbarrier.wait(ds_ready.index(b), (it // 2) & 1)
+        dq_tok = warpgroup_mma(ds_smem.index(b).permute((1, 0)), kh, zero_dq, use_acc=False, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+        mbarrier.arrive(ds_free.index(b), count=1)
+        # four adjacent columns per thread: one address per four atomics
+        dq = gl.convert_layout(dq * sm_scale, add_layout)
+        base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
+        gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
+    # epilogue: this group's keys of dK (times the softmax scale) and dV
+    out_keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))
+    out_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
+    offs = (dkv_row + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))).to(gl.int64)[:, None] * HEAD_DIM \
+        + out_cols[None, :]
+    ok = (out_keys < N_K)[:, None]
+    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def _consumer0(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+               empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+               qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              qk_scale, sm_scale, dkv_row, 0)
+
+
+@gluon.jit
+def _consumer1(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+               empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+               qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              qk_scale, sm_scale, dkv_row, 1)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, DQA, STATS, row_lo, row_hi, full_cnt,
+                                full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
+                                sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
+    (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; kh_desc: the same K in
+    (128, D / 2) blocks; DK, DV like k; DQA (B*H*N_q, D) float32, zeroed (dQ times the softmax scale
+    is added); STATS as benchmarks.gluon_backward's."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    HALF: gl.constexpr = kh_desc.block_type.shape[1]
+    pid = gl.program_id(0)
+    bh_kv = pid // n_kb
+    kb = gl.load(kv_order + pid % n_kb)
+    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP     # the group's first query head
+    key0 = kb * (2 * KEYS)
+    kv_row = bh_kv * N_K + key0
+    n_full = gl.load(full_cnt + kb)
+    first_full = gl.load(full_start + kb)
+    n_tiles = n_full + gl.load(part_cnt + kb)
+    n_items = n_tiles * GROUP
+    part_list = part_idx + kb * n_qb
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * KEYS, BLOCK_M], q_desc.dtype)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+    kh_smem = gl.allocate_shared_memory(kh_desc.dtype, [2, 2 * KEYS, HALF], kh_desc.layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * KEYS, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)          # both consumers release a (Q, dO) stage
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
+        mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
+    consumer_args = (DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar,
+                     ready, empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, first_full, part_list,
+                     N_Q, N_K, qk_scale, sm_scale, kv_row)
+    gl.warp_specialize([
+        (_consumer0, consumer_args),
+        (_consumer1, consumer_args),
+        (_producer, (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
+                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240):
+    """dQ, dK, dV of attention by the fused Gluon kernel.
+
+    Arguments:
+        do, q, k, v, o, lse: as kernels.backward.flash_attention_backward's: q, o, do (B, H, N_q, D),
+            k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128; lse (B, H, N_q) float32.
+        mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
+            consumer thread.
+    Returns:
+        (dq, dk, dv) in the inputs' dtype."""
+    from kernels.backward import LOG2E
+    from kernels.backward_plan import BackwardConfig, backward_plan
+    from kernels.masks import parse_mask
+    from kernels.shapes import softmax_scale
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .backward_atomic import _stats_kernel
+
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the fused Gluon backward probe takes bf16/fp16 with D 64 or 128, not {q.dtype} D {d}")
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
+    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
+    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(ROWS_PER_TILE, 128, 128, 64, 8, stages),
+                       q.device)
+    kp = bp.kv_plan
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
+    desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
+    kh_desc = TensorDescriptor.from_tensor(k.view(-1, d), [128, d // 2],
+                                           gl.NVMMASharedLayout.get_default_for([128, d // 2], dtype))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
+    scale = softmax_scale(None, d)
+    attn_bwd_fused_gluon_kernel[(b * h_kv * kp.n_kb,)](
+        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, stats, kp.row_lo, kp.row_hi, bp.kv_full_cnt,
+        bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb,
+        scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4)
+    return dq_acc.to(q.dtype), dk, dv
