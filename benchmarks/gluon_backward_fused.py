@@ -54,12 +54,13 @@ def _producer(q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem,
 
 @gluon.jit
 def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-              empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = kh_smem.shape[2]
+    DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 1
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -74,8 +75,6 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
                                                 warps_per_cta=[4, 1], order=[1, 0])
     add_rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, add_layout))
     add_offs = add_rows[:, None] * HEAD_DIM + WG * HALF + gl.arange(0, HALF, gl.SliceLayout(0, add_layout))[None, :]
-    zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
-    zero_dq = gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     k = k_smem.index(WG)
@@ -90,14 +89,17 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
         row0 = list_block(t, n_full, full_start, part_list) * BLOCK_M
         rows = row0 + cols                                                  # (BLOCK_M,) query rows
         row_ok = rows < N_Q
-        stats = STATS + head.to(gl.int64) * 2 * N_Q
-        lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))      # padded rows: P = 0
-        delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         q = q_smem.index(s)
         do = do_smem.index(s)
-        s_tok = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v, do.permute((1, 0)), zero_s - delta[None, :], is_async=True)   # dP^T - D
+        # accumulators made where used (use_acc=False: never read), not kept live across the loop
+        s_tok = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
+                              is_async=True)
+        dp_tok = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
+                               is_async=True)                                # dP^T
+        # the rows' statistics, loaded while the products run (short-lived: registers are scarce)
+        stats = STATS + head.to(gl.int64) * 2 * N_Q
+        lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))      # padded rows: P = 0
         st = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
         if t >= n_full:     # a partial tile: each query row's key interval
@@ -106,8 +108,9 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
             p = gl.where((keys[:, None] >= lo[None, :]) & (keys[:, None] <= hi[None, :]), p, 0.0)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
+        delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
-        ds = (p * dpt).to(q_smem.dtype)                                      # dS^T = P^T (dP^T - D)
+        ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
         ds_op = gl.convert_layout(ds, a_layout)
         dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)                  # dK += dS^T Q
         # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, once both groups' dQ
@@ -120,13 +123,18 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
         # dQ[:, this half] = dS K[:, half] over the tile's 128 keys (both groups' dS)
         mbarrier.wait(ds_ready.index(b), (it // 2) & 1)
-        dq_tok = warpgroup_mma(ds_smem.index(b).permute((1, 0)), kh, zero_dq, use_acc=False, is_async=True)
+        dq_tok = warpgroup_mma(ds_smem.index(b).permute((1, 0)), kh, gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq_tok,))
         mbarrier.arrive(ds_free.index(b), count=1)
-        # four adjacent columns per thread: one address per four atomics
-        dq = gl.convert_layout(dq * sm_scale, add_layout)
-        base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
-        gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
+        if DQ_WRITER:       # the half to shared memory, once the writer warps have added the last one
+            mbarrier.wait(dq_free, (it & 1) ^ 1)
+            dq_smem.index(WG).store(dq * sm_scale)
+            mbarrier.arrive(dq_ready, count=1)
+        else:               # added here, four adjacent columns per thread: one address per four atomics
+            dq = gl.convert_layout(dq * sm_scale, add_layout)
+            base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
+            gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
     # epilogue: this group's keys of dK (times the softmax scale) and dV
     out_keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))
     out_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
@@ -138,27 +146,52 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
 
 
 @gluon.jit
+def _dq_writer(DQA, dq_smem, dq_ready, dq_free, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q):
+    """One warp that adds each tile's dQ (both halves, from shared memory) to the float32
+    accumulator with atomics, a few rows at a time, so the consumers hold no addresses for it (a
+    warp, not a warpgroup: the register budget is per warpgroup, 240 + 240 + 24 + 24 of 512)."""
+    BLOCK_M: gl.constexpr = dq_smem.shape[1]
+    HALF: gl.constexpr = dq_smem.shape[2]
+    CHUNK: gl.constexpr = 32 * 4 // HALF * 2          # rows per step: 8 values per thread
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // HALF, HALF // 4],
+                                            warps_per_cta=[1, 1], order=[1, 0])
+    rows = gl.arange(0, CHUNK, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HALF, gl.SliceLayout(0, layout))
+    for it in range(n_items):
+        head = head0 + it // n_tiles
+        row0 = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        base = DQA + (head.to(gl.int64) * N_Q + row0) * (2 * HALF)
+        mbarrier.wait(dq_ready, it & 1)
+        for half in gl.static_range(2):
+            for r in gl.static_range(0, BLOCK_M, CHUNK):
+                vals = dq_smem.index(half).slice(r, CHUNK).load(layout)
+                ptrs = base + (r + rows)[:, None] * (2 * HALF) + half * HALF + cols[None, :]
+                gl.atomic_add(ptrs, vals, mask=((row0 + r + rows) < N_Q)[:, None], sem="relaxed")
+        mbarrier.arrive(dq_free, count=1)
+
+
+@gluon.jit
 def _consumer0(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-               empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
     _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-              empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
 def _consumer1(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-               empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
     _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-              empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
 def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, DQA, STATS, row_lo, row_hi, full_cnt,
                                 full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
-                                sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                                sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, DQ_WRITER: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
     (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; kh_desc: the same K in
     (128, D / 2) blocks; DK, DV like k; DQA (B*H*N_q, D) float32, zeroed (dQ times the softmax scale
@@ -184,12 +217,20 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
     kh_smem = gl.allocate_shared_memory(kh_desc.dtype, [2, 2 * KEYS, HALF], kh_desc.layout)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * KEYS, BLOCK_M], ds_layout)
+    # DQ_WRITER: a tile's dQ halves for the writer warps (else a stub: the consumers add dQ themselves)
+    DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, HALF],
+                                        gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0]))
+    dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dq_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
+    mbarrier.init(dq_ready, count=2)                    # both groups' halves written
+    mbarrier.init(dq_free, count=1)                     # the writer warps done with them
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)          # both consumers release a (Q, dO) stage
@@ -197,24 +238,30 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
     consumer_args = (DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar,
-                     ready, empty, ds_ready, ds_free, head0, key0, n_tiles, n_items, n_full, first_full, part_list,
-                     N_Q, N_K, qk_scale, sm_scale, kv_row)
-    gl.warp_specialize([
-        (_consumer0, consumer_args),
-        (_consumer1, consumer_args),
-        (_producer, (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
-                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+                     ready, empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full,
+                     first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
+    producer_args = (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
+                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)
+    if DQ_WRITER:
+        gl.warp_specialize([
+            (_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args),
+            (_dq_writer, (DQA, dq_smem, dq_ready, dq_free, head0, n_tiles, n_items, n_full, first_full, part_list,
+                          N_Q)),
+        ], [4, 1, 1], [CONSUMER_REGS, 24, 24])
+    else:
+        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
+                           [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240):
+def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_writer=False):
     """dQ, dK, dV of attention by the fused Gluon kernel.
 
     Arguments:
         do, q, k, v, o, lse: as kernels.backward.flash_attention_backward's: q, o, do (B, H, N_q, D),
             k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128; lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
-            consumer thread.
+            consumer thread; dq_writer: dQ added by four warps of their own from shared memory
+            (FlashAttention-3's way), else by the consumers from registers.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -246,5 +293,5 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
     attn_bwd_fused_gluon_kernel[(b * h_kv * kp.n_kb,)](
         desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, stats, kp.row_lo, kp.row_hi, bp.kv_full_cnt,
         bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb,
-        scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4)
+        scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer, num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

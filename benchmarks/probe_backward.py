@@ -133,7 +133,9 @@ def _gluon_suite() -> list[dict]:
             out.append(dict(_bwd(shape, mask, f"default: {part} pass only", dict(base, one_launch=False)), only=part,
                             nocheck=True))
         # the whole backward in one Gluon kernel (dQ by atomics; D 128 fits 2 stages): checked against cuDNN
-        out.append(dict(_bwd(shape, mask, "gluon fused, dq atomics, 2 stages", kind="bwd_gluon_fused"), stages=2))
+        for writer in (False, True):
+            out.append(dict(_bwd(shape, mask, f"gluon fused, dq by {'a writer warp' if writer else 'the consumers'}",
+                                 kind="bwd_gluon_fused"), stages=2, dq_writer=writer))
         for stages in (2, 3):
             out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
                             stages=stages, nocheck=True))
@@ -204,7 +206,7 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_fused":
         from .gluon_backward_fused import gluon_backward_fused
 
-        return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"])
+        return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"])
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward import gluon_dq
 
