@@ -51,7 +51,7 @@ def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, 
 
 
 @gluon.jit
-def _visible(keys, rows, row_ok, row_lo, row_hi):
+def key_visible(keys, rows, row_ok, row_lo, row_hi):
     """(KEYS, BLOCK_M): query row r sees key j ([lo_r, hi_r]); padded rows see nothing."""
     lo = gl.load(row_lo + rows, mask=row_ok, other=0)
     hi = gl.load(row_hi + rows, mask=row_ok, other=-1)
@@ -95,7 +95,7 @@ def _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv
         st = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
         if t >= n_full:     # a partial tile: each query row's key interval
-            p = gl.where(_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
+            p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
@@ -127,6 +127,22 @@ def _consumer1(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, k
               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
 
 
+@gluon.jit
+def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb):
+    """This program's key block (program = b * H_kv + kv head, key block kv_order[...]) and its lists:
+    (first query head of the group, first key, its row in K, full query blocks, the first of them,
+    tiles per query head, tiles of the whole group, its partial-block list)."""
+    pid = gl.program_id(0)
+    bh_kv = pid // n_kb
+    kb = gl.load(kv_order + pid % n_kb)
+    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP
+    key0 = kb * (2 * KEYS)
+    n_full = gl.load(full_cnt + kb)
+    n_tiles = n_full + gl.load(part_cnt + kb)
+    return (head0, key0, bh_kv * N_K + key0, n_full, gl.load(full_start + kb), n_tiles, n_tiles * GROUP,
+            part_idx + kb * n_qb)
+
+
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
 def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, row_lo, row_hi, full_cnt, full_start,
                                part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale,
@@ -136,17 +152,8 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, r
     statistics (B*H, 2, N_q) float32 (lse * log2(e), +inf where no key; rowsum(O * dO))."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    pid = gl.program_id(0)
-    bh_kv = pid // n_kb
-    kb = gl.load(kv_order + pid % n_kb)
-    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP     # the group's first query head
-    key0 = kb * (2 * KEYS)
-    kv_row = bh_kv * N_K + key0
-    n_full = gl.load(full_cnt + kb)
-    first_full = gl.load(full_start + kb)
-    n_tiles = n_full + gl.load(part_cnt + kb)
-    n_items = n_tiles * GROUP
-    part_list = part_idx + kb * n_qb
+    head0, key0, kv_row, n_full, first_full, n_tiles, n_items, part_list = key_block_item(
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)

@@ -25,6 +25,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels.gluon_fwd_kernel import list_block, tma_load
 
+from .gluon_backward import key_visible, key_block_item
+
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
 
@@ -103,9 +105,7 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
         st = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
         if t >= n_full:     # a partial tile: each query row's key interval
-            lo = gl.load(row_lo + rows, mask=row_ok, other=0)
-            hi = gl.load(row_hi + rows, mask=row_ok, other=-1)
-            p = gl.where((keys[:, None] >= lo[None, :]) & (keys[:, None] <= hi[None, :]), p, 0.0)
+            p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
         delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
@@ -199,17 +199,8 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     HALF: gl.constexpr = kh_desc.block_type.shape[1]
-    pid = gl.program_id(0)
-    bh_kv = pid // n_kb
-    kb = gl.load(kv_order + pid % n_kb)
-    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP     # the group's first query head
-    key0 = kb * (2 * KEYS)
-    kv_row = bh_kv * N_K + key0
-    n_full = gl.load(full_cnt + kb)
-    first_full = gl.load(full_start + kb)
-    n_tiles = n_full + gl.load(part_cnt + kb)
-    n_items = n_tiles * GROUP
-    part_list = part_idx + kb * n_qb
+    head0, key0, kv_row, n_full, first_full, n_tiles, n_items, part_list = key_block_item(
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * KEYS, BLOCK_M], q_desc.dtype)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
