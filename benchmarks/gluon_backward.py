@@ -103,12 +103,18 @@ def _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv
         dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)                  # dK += dS^T Q
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
         mbarrier.arrive(empty.index(s), count=1)
-    # epilogue: this group's keys of dK (times the softmax scale) and dV
-    out_keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))
-    out_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
-    offs = (dkv_row + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))).to(gl.int64)[:, None] * HEAD_DIM \
-        + out_cols[None, :]
-    ok = (out_keys < N_K)[:, None]
+    store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
+
+
+@gluon.jit
+def store_dkdv(DK, DV, dk, dv, key0, row0, N_K, sm_scale):
+    """A warpgroup's (KEYS, D) dK (times the softmax scale) and dV, keys key0... at rows row0... of
+    DK and DV; keys past N_K are not stored."""
+    layout: gl.constexpr = dk.type.layout
+    HEAD_DIM: gl.constexpr = dk.shape[1]
+    local = gl.arange(0, KEYS, gl.SliceLayout(1, layout))
+    offs = (row0 + local).to(gl.int64)[:, None] * HEAD_DIM + gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))[None, :]
+    ok = (key0 + local < N_K)[:, None]
     gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
     gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
 

@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels.gluon_fwd_kernel import list_block, tma_load
 
-from .gluon_backward import key_visible, key_block_item
+from .gluon_backward import key_block_item, key_visible, store_dkdv
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
@@ -135,14 +135,7 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
             dq = gl.convert_layout(dq * sm_scale, add_layout)
             base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
             gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
-    # epilogue: this group's keys of dK (times the softmax scale) and dV
-    out_keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))
-    out_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
-    offs = (dkv_row + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))).to(gl.int64)[:, None] * HEAD_DIM \
-        + out_cols[None, :]
-    ok = (out_keys < N_K)[:, None]
-    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
-    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
+    store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
 
 
 @gluon.jit
