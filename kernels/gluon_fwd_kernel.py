@@ -57,22 +57,22 @@ def list_block(t, n_full, full_start, part_list):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              q_row, kv_row, n_tiles, n_full, full_start, part_list):
+              q_row, q_col, kv_row, kv_col, n_tiles, n_full, full_start, part_list):
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
     for t in range(n_tiles):
         s = t % STAGES
         free = ((t // STAGES) & 1) ^ 1                  # the first round passes at once
         row = kv_row + list_block(t, n_full, full_start, part_list) * BLOCK_N
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma_load(k_desc, [row, 0], k_ready.index(s), k_smem.index(s))
+        tma_load(k_desc, [row, kv_col], k_ready.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma_load(v_desc, [row, 0], v_ready.index(s), v_smem.index(s))
+        tma_load(v_desc, [row, kv_col], v_ready.index(s), v_smem.index(s))
 
 
 @gluon.jit
@@ -233,11 +233,13 @@ def _consumer1_traced(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k
 def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx,
                           works, tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots,
                           H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, STAGES: gl.constexpr,
-                          CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
+                          CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr,
+                          TOKEN_MAJOR: gl.constexpr):
     """One program per work item works[pid] = bh * n_qb + query block (128 rows).
 
     q_desc: (B*H*N_q, D) rows in (64, D) blocks; k_desc, v_desc: (B*H_kv*N_k, D) rows in
-    (BLOCK_N, D) blocks. O: (B*H*N_q, D) like q; LSE: (B*H*N_q,) float32. row_lo ... part_idx:
+    (BLOCK_N, D) blocks; TOKEN_MAJOR: q, k, v are (B, N, H, D) in memory (transformers' layout), the
+    descriptors over (B*N_q, H*D) and (B*N_k, H_kv*D), a head's rows at column h*D. O: (B*H*N_q, D) like q; LSE: (B*H*N_q,) float32. row_lo ... part_idx:
     kernels.plan.BlockPlan's lists at 128 x BLOCK_N tiles. tr_work ... trace_slots:
     instrumentation.record's buffers (kernels.trace_buffers, as the Triton kernel writes them; None
     untraced): TRACE_WORK the item's SM and globaltimer span, TRACE_TILES each traced head's tiles
@@ -251,8 +253,17 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
     q_block = work % n_qb
     bh_kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP
     row0 = q_block * (2 * ROWS)                      # the item's first query row in its head
-    q_row = bh * N_Q + row0
-    kv_row = bh_kv * N_K
+    q_row = bh * N_Q + row0                          # O's and LSE's row (and Q's, head-major)
+    if TOKEN_MAJOR:     # rows b * N + n of a (B*N, H*D) matrix, a head's D columns at h * D
+        q_tma_row = (bh // H) * N_Q + row0
+        q_col = (bh % H) * HEAD_DIM
+        kv_tma_row = (bh // H) * N_K
+        kv_col = (bh_kv % (H // GROUP)) * HEAD_DIM
+    else:
+        q_tma_row = q_row
+        q_col = 0
+        kv_tma_row = bh_kv * N_K
+        kv_col = 0
     n_full = gl.load(full_cnt + q_block)
     first_full = gl.load(full_start + q_block)
     n_tiles = n_full + gl.load(part_cnt + q_block)
@@ -274,7 +285,7 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
     consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
                      q_row, row0, n_tiles, n_full, first_full, part_list, N_Q, qk_scale)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     q_row, kv_row, n_tiles, n_full, first_full, part_list)
+                     q_tma_row, q_col, kv_tma_row, kv_col, n_tiles, n_full, first_full, part_list)
     if TRACE_TILES:
         hslot = gl.load(head_slot + bh).to(gl.int64)
         slot = gl.load(row_slot + q_block)

@@ -3,11 +3,16 @@ on Hopper), and its launch: a GluonLaunch holds what a call shape fixes (block p
 tiles, shared-memory layouts); each call makes its tensor descriptors and outputs and launches.
 
 It runs for a call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256, N_q and N_k
-at least MIN_LEN, contiguous q, k, v, the default tiles and launch options (no block sizes, warps or stages given),
+at least MIN_LEN, contiguous q, k, v (or, with TILESCOPE_GLUON_TOKENS=1, all three (B, N, H, D) in
+memory as transformers' attention passes them: `memory_layout`), the default tiles and launch
+options (no block sizes, warps or stages given),
 warp_specialize None, a natural or longest-first schedule, and none of the ring's options; every
 other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. Traced calls run it too
 (instrumentation.record asks for its tiles, gluon_record_tiles): the work items' SM and clock
 span, and the traced heads' tiles and rows, in the Triton kernel's trace layout.
+
+The (B, N, H, D) layout is built but off by default until its GPU tests have run
+(tests/kernels/test_gluon_forward.py sets TILESCOPE_GLUON_TOKENS=1 for them).
 """
 
 from __future__ import annotations
@@ -67,12 +72,24 @@ def gluon_record_tiles(q, k, v, schedule: str) -> tuple | None:
     return ROWS_PER_ITEM, block_n, 4, stages
 
 
+def memory_layout(t) -> str | None:
+    """'heads' for a contiguous (B, H, N, D) tensor; 'tokens' for (B, N, H, D) memory seen as
+    (B, H, N, D) (`x.view(B, N, H, D).transpose(1, 2)`, transformers' q, k, v); else None."""
+    if t.is_contiguous():
+        return "heads"
+    b, h, n, d = t.shape
+    tokens = (n * h * d, d, h * d, 1)
+    return "tokens" if all(s == w or size == 1 for s, w, size in zip(t.stride(), tokens, t.shape)) else None
+
+
 def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, traced: bool,
               ring_options: bool) -> bool:
     """Whether a forward call runs the Gluon kernel (the module docstring's conditions; a traced
     call only with the GPU's clocks, which every Hopper trace has)."""
+    layouts = {memory_layout(t) for t in (q, k, v)}
     return (not explicit_config and warp_specialize is None and not ring_options
-            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and (layouts == {"heads"} or (layouts == {"tokens"} and os.environ.get("TILESCOPE_GLUON_TOKENS") == "1"))
+            and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and gluon_tiles(q.shape[3], q.dtype, q.device, schedule, min(q.shape[2], k.shape[2])) is not None)
 
 
@@ -89,6 +106,7 @@ class GluonLaunch:
     stages: int
     returns_lse: bool
     layouts: tuple = field(repr=False)  # shared layouts of the Q and the K/V blocks
+    token_major: bool                   # q, k, v (B, N, H, D) in memory (memory_layout 'tokens')
     # every kernel argument of an untraced call, positionally; run() sets the descriptors, O, LSE, scale
     args: list = field(repr=False, compare=False, default=None)
     direct: DirectLaunch = field(repr=False, compare=False, default=None)   # its compiled kernels
@@ -109,15 +127,19 @@ class GluonLaunch:
         dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
                    gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
+        h_kv, n_k = k.shape[1], k.shape[2]
+        tokens = memory_layout(q) == "tokens"
         args = [None] * 5 + [plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
-                             works] + [None] * 5 + [0, h, h // k.shape[1], n, k.shape[2], plan.n_qb, plan.n_kb, None,
-                                                     stages, CONSUMER_REGS, False, False]
-        descriptors = (TensorDescriptor.from_tensor(q.view(-1, d), [ROWS_PER_ITEM // 2, d], layouts[0]),  # checked here
-                       TensorDescriptor.from_tensor(k.view(-1, d), [block_n, d], layouts[1]))
+                             works] + [None] * 5 + [0, h, h // h_kv, n, n_k, plan.n_qb, plan.n_kb, None,
+                                                     stages, CONSUMER_REGS, False, False, tokens]
+        # the 2-D matrices the kernel's TMA reads: (B*H*N, D) rows, or (B*N, H*D) with a head at column h*D
+        q_2d, k_2d = ([b * n, h * d], [b * n_k, h_kv * d]) if tokens else ([b * h * n, d], [b * h_kv * n_k, d])
+        descriptors = (TensorDescriptor(q, q_2d, [q_2d[1], 1], [ROWS_PER_ITEM // 2, d], layouts[0]),  # checked here
+                       TensorDescriptor(k, k_2d, [k_2d[1], 1], [block_n, d], layouts[1]))
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
-        return GluonLaunch(plan, works, tuple(q.shape), k.shape[1], k.shape[2], block_n, stages, bool(return_lse),
-                           layouts, args, DirectLaunch(attn_fwd_gluon_kernel), descriptors)
+        return GluonLaunch(plan, works, tuple(q.shape), h_kv, n_k, block_n, stages, bool(return_lse), layouts, tokens,
+                           args, DirectLaunch(attn_fwd_gluon_kernel), descriptors)
 
     def run(self, q, k, v, qk_scale: float, trace=None):
         """O (B, H, N_q, D) like q, or (O, lse) where the call returns lse.

@@ -70,6 +70,15 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
                                                                                    "natural", False, False)
     q96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16)
     assert not rule(q96, q96, q96, False, None, "natural", False, False) and gluon_launch.gluon_tiles(96, torch.bfloat16, q.device) is None
+    # transformers' layout, (B, N, H, D) memory seen as (B, H, N, D): only with TILESCOPE_GLUON_TOKENS=1, all three alike
+    tok = torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16).transpose(1, 2)
+    assert [gluon_launch.memory_layout(t) for t in (q, tok, tok[:, :, :, :64], q.transpose(2, 3))] == \
+        ["heads", "tokens", None, None]
+    assert gluon_launch.memory_layout(torch.zeros(1, 256, 1, 128).transpose(1, 2)) == "heads"      # one head: both
+    assert not rule(tok, tok, tok, False, None, "natural", False, False)
+    monkeypatch.setenv("TILESCOPE_GLUON_TOKENS", "1")
+    assert rule(tok, tok, tok, False, None, "natural", False, False)
+    assert not rule(tok, q, q, False, None, "natural", False, False)                  # layouts mixed
     monkeypatch.setenv("TILESCOPE_GLUON", "0")
     assert not rule(q, q, q, False, None, "natural", False, False)
 
@@ -111,6 +120,28 @@ def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype):
         assert torch.equal(torch.isfinite(lse.cpu()), seen), (mask, n_q, n_k)        # -inf exactly where no key
         assert (lse.cpu()[seen].double() - want[seen]).abs().max() < 2e-2
         assert torch.all(out.cpu()[~seen] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["full", "causal", "sliding_window:200", "prefix_lm:150"])
+def test_transformers_layout_runs_the_same_kernel_bit_for_bit(mask, monkeypatch):
+    """q, k, v as transformers' attention passes them ((B, N, H, D) memory, transposed to (B, H, N, D)):
+    with TILESCOPE_GLUON_TOKENS=1 the Gluon kernel reads them in place (descriptors over (B*N, H*D)),
+    and gives what it gives on the same values made contiguous, bit for bit, and float64's answer."""
+    if not gluon_available(torch.device("cuda")):
+        pytest.skip("needs Hopper and Gluon")
+    monkeypatch.setenv("TILESCOPE_GLUON_TOKENS", "1")
+    for (b, h, h_kv, n_q, n_k, d) in [(2, 4, 2, 1000, 1000, 128), (1, 6, 2, 700, 1300, 64), (1, 4, 1, 1300, 700, 256)]:
+        g = torch.Generator().manual_seed(n_q + d)
+        q = torch.randn(b, n_q, h, d, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)       # (B, H, N_q, D)
+        k, v = (torch.randn(b, n_k, h_kv, d, generator=g).to(torch.bfloat16).cuda().transpose(1, 2) for _ in range(2))
+        plan = plan_of(q, k, v, mask).gluon
+        assert plan is not None and plan.token_major
+        out, lse = flash_attention(q, k, v, mask=mask, return_lse=True)
+        want, want_lse = flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask=mask, return_lse=True)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, d)
+        ref, _, _ = reference_attention(q, k, v, mask=mask)
+        assert rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.gpu
