@@ -123,7 +123,8 @@ def _gluon_suite() -> list[dict]:
 
     out = []
     cases = [((4, 16, 16, n, 128), m) for n in (4096, 8192) for m in ("causal", "full")] + \
-        [((2, 32, 8, 8192, 128), "causal"), ((4, 16, 16, 8192, 64), "causal")]
+        [((2, 32, 8, 8192, 128), "causal")] + [((4, 16, 16, n, 64), m) for n, m in ((4096, "causal"), (8192, "causal"),
+                                                                             (8192, "full"))]
     for shape, mask in cases:
         base = CUDA_CONFIGS[shape[-1]].__dict__
         out.append(_bwd(shape, mask, "cudnn", kind="cudnn_bwd"))
