@@ -6,7 +6,7 @@ One program holds 128 keys of one KV head (as benchmarks.gluon_backward's dK/dV 
 - a producer warp loads K and V once (and K again as two 64-column halves, the B operand of dQ's
   product), then streams the (Q, dO) tiles of the query blocks that see the key block;
 - two consumer warpgroups of 64 keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q as
-  there; each group also writes its dS^T (64 keys x 64 rows) to shared memory, and once both have,
+  there, but dS^T goes to shared memory first (dK's product reads it there); once both groups' are,
   group w computes dQ[:, w-th half of D] = dS K[:, half] over all 128 keys (dS read transposed
   from shared memory) and adds it to a float32 dQ accumulator with atomics. dS buffers alternate,
   freed when both groups' dQ products have read them.
@@ -111,15 +111,15 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
         delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
         ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
-        ds_op = gl.convert_layout(ds, a_layout)
-        dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)                  # dK += dS^T Q
-        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, once both groups' dQ
-        # products of item it - 2 have read it
+        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, once both groups' dQ products
+        # of item it - 2 have read it; dK's product reads it there too (no register copy in flight)
         mbarrier.wait(ds_free.index(b), ((it // 2) & 1) ^ 1)
-        ds_smem.index(b).slice(WG * KEYS, KEYS).store(ds)
+        ds_mine = ds_smem.index(b).slice(WG * KEYS, KEYS)
+        ds_mine.store(ds)
         fence_async_shared()
         mbarrier.arrive(ds_ready.index(b), count=1)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
+        dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
+        dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
         # dQ[:, this half] = dS K[:, half] over the tile's 128 keys (both groups' dS)
         mbarrier.wait(ds_ready.index(b), (it // 2) & 1)
