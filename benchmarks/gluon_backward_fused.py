@@ -8,7 +8,8 @@ One program holds 128 keys of one KV head (as benchmarks.gluon_backward's dK/dV 
 - two consumer warpgroups of 64 keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q as
   there, but dS^T goes to shared memory first (dK's product reads it there); once both groups' are,
   group w computes dQ[:, w-th half of D] = dS K[:, half] over all 128 keys (dS read transposed
-  from shared memory) and adds it to a float32 dQ accumulator with atomics. dS buffers alternate,
+  from shared memory) and adds it to a float32 dQ accumulator with atomics (from its registers, or
+  with dq_writer from shared memory by a warp of its own). dS buffers alternate,
   freed when both groups' dQ products have read them.
 Inputs as benchmarks.gluon_backward's (D 128: two 64-column halves; D 64: 32-column halves).
 """

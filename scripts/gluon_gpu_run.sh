@@ -3,18 +3,21 @@
 # /tmp/out): 1. their GPU tests (the forward in the product, the backward passes' and the FP8
 # forward's probes) against float64 / the Triton kernels; 2. the backward probes (the passes and the
 # fused kernel) timed against the Triton passes (benchmarks.kernel_probe --suite bwdgluon); 3. the forward kernels, bf16 and FP8,
-# against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8). STEPS picks steps.
+# against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8); 4. host time per call
+# (benchmarks.overhead --parts launch). STEPS picks steps.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"1 2 3"}
+STEPS=${STEPS:-"1 2 3 4"}
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   if [[ " $STEPS " == *" 1 "* ]]; then
     echo "== 1. GPU tests of the Gluon kernels ($(date -u +%T))"
-    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/benchmarks/test_gluon_fp8.py \
-      tests/benchmarks/test_backward_bench.py -k "gluon" -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -25
+    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/kernels/test_direct_launch.py \
+      tests/kernels/test_ops.py -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
+    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/benchmarks/test_gluon_fp8.py \
+      tests/benchmarks/test_backward_bench.py -k "gluon" -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
   fi
   if [[ " $STEPS " == *" 2 "* ]]; then
     echo "== 2. backward probes ($(date -u +%T))"
@@ -25,6 +28,10 @@ STEPS=${STEPS:-"1 2 3"}
     echo "== 3. forward kernels, bf16 and FP8 ($(date -u +%T))"
     timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-fp8-$(nvidia-smi --query-gpu=name \
       --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-').json" --rounds 3 --fp8 2>&1 | tail -30
+  fi
+  if [[ " $STEPS " == *" 4 "* ]]; then
+    echo "== 4. host time per call (the Gluon launch on Hopper) ($(date -u +%T))"
+    timeout ${OVERHEAD_S:-120} python3 -m benchmarks.overhead --parts launch --out "$OUT" 2>&1 | grep -v '^ *$' | tail -6
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/run.log"
