@@ -2,7 +2,7 @@
 registers, spill stack, shared memory and whether the loop was warp-specialised, per launch.
 
     pip install --target /tmp/t36 --no-deps triton==3.6.0       # the GPU machines' Triton
-    PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8] [--cases D:N:mask,...]
+    PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8,gluonbwd] [--cases D:N:mask,...]
         [--config TILES_AND_OPTIONS] [--json OUT] [--sass DIR]
 
 Each call of the public API runs as on an H200 (its device facts: 132 SMs, warp specialisation on),
@@ -11,7 +11,9 @@ and cuobjdump reads the cubin's resource use and its SASS (the longest tile loop
 local array) there: a first place to look when a kernel is slower than its arithmetic says. The
 numbers are those of the Triton on the path: build with the GPU machines' version (3.6) to compare
 with their timings. A warp-specialised kernel reports the launch's register count; its partitions
-then set their own (setmaxnreg)."""
+then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon backward probes
+(benchmarks.gluon_backward's dK/dV and dQ passes, benchmarks.gluon_backward_fused with dQ added by
+the consumers and by a writer warp), 2 stages."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FWD = [(64, 4096, "full"), (64, 8192, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"),
        (256, 4096, "full"), (256, 4096, "causal")]
 BWD = [(64, 4096, "full"), (64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (256, 4096, "causal")]
+GLUONBWD = [(64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal")]
 FP8 = [(128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"), (256, 4096, "full"), (256, 4096, "causal")]
 
 
@@ -125,14 +128,16 @@ def tile_loop_mix(sass: str) -> dict:
     return dict(instructions=len(body), ops=dict(sorted(ops.items(), key=lambda kv: -kv[1])))
 
 
-def _loops(kernel, args) -> str:
+def _loops(kernel, args, options=None) -> str:
     """Which tile loops a launch compiles, from its constexpr groups: full / partial tiles (forward,
-    FP8), the finite-row twin (backward)."""
-    named = dict(zip(kernel.arg_names, args))
+    FP8), the finite-row twin (backward), who adds dQ (the fused Gluon backward probe)."""
+    named = {**dict(zip(kernel.arg_names, args)), **(options or {})}
     phase = named.get("PHASE") or named.get("TILE")
     if hasattr(phase, "OFF_BAND"):
         return " + ".join(name for name, on in (("full", phase.OFF_BAND), ("partial", phase.HAS_PARTIAL)) if on) + \
             (" (resumed)" if phase.SEED else "")
+    if "DQ_WRITER" in named:
+        return "dQ by a writer warp" if named["DQ_WRITER"] else "dQ by the consumers"
     if "FINITE_RUN" in named:
         return "finite-row twin" if named["FINITE_RUN"] else "dK/dV + dQ" if named["DKDV"] and named["DQ_PASS"] else \
             "dK/dV" if named["DKDV"] else "dQ"
@@ -164,7 +169,7 @@ def _as_h200(rows: list) -> None:
             mod.backward_config = backward_config
 
     def build(kernel, grid, args, options):
-        rows[-1]["launches"].append(dict(kernel=kernel.__name__, loops=_loops(kernel, args),
+        rows[-1]["launches"].append(dict(kernel=kernel.__name__, loops=_loops(kernel, args, options),
                                          num_warps=options.get("num_warps"), num_stages=options.get("num_stages"),
                                          **resources(kernel.warmup(*args, grid=grid, **options))))
 
@@ -184,6 +189,24 @@ def _as_h200(rows: list) -> None:
             return lambda *args, **options: build(kernel, grid, args, options)
     kernel = gluon_fwd.attn_fwd_gluon_kernel
     gluon_fwd.attn_fwd_gluon_kernel = GluonBuild()
+
+    import benchmarks.backward_atomic as backward_atomic
+    import benchmarks.gluon_backward as gluon_bwd
+    import benchmarks.gluon_backward_fused as gluon_fused
+
+    class Built:                # the Gluon backward probes' launches, compiled
+        def __init__(self, jit):
+            self.jit = jit
+
+        def __getitem__(self, grid):
+            return lambda *args, **options: build(self.jit, grid, args, options)
+    for mod, name in ((gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd, "attn_bwd_dq_gluon_kernel"),
+                      (gluon_fused, "attn_bwd_fused_gluon_kernel")):
+        setattr(mod, name, Built(getattr(mod, name)))
+    class NoStats:              # their statistics pre-pass is not what is surveyed
+        def __getitem__(self, grid):
+            return lambda *args, **options: None
+    backward_atomic._stats_kernel = NoStats()
 
 
 CONFIG_FIELDS = dict(fwd=("block_m", "block_n", "num_warps", "num_stages"),
@@ -212,6 +235,16 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
         cfg = BackwardConfig(**given) if given else None
         flash_attention_backward(do, q, k, v, o, torch.zeros(1, 2, n, dtype=torch.float32), mask=mask, config=cfg)
+    elif part == "gluonbwd":
+        from benchmarks.gluon_backward import gluon_dkdv, gluon_dq
+        from benchmarks.gluon_backward_fused import gluon_backward_fused
+
+        lse = torch.zeros(1, 2, n)
+        gluon_dkdv(do, q, k, v, o, lse, mask, stages=2)
+        for block_n in (64, 128):
+            gluon_dq(do, q, k, v, o, lse, mask, block_n=block_n, stages=2)
+        for writer in (False, True):
+            gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer)
     else:           # the attention kernel's launches on inputs of the quantised layout (no quantise pass)
         cfg = fp8_config(d, given.get("block_m"), given.get("block_n"), mask=parse_mask(mask, n, n), n_q=n, n_k=n,
                          device="cuda")
@@ -225,7 +258,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8 (default all)")
+    p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8, gluonbwd (default "
+                   "fwd,bwd,fp8)")
     p.add_argument("--cases", default=None,
                    help="comma-separated D:N:mask, e.g. 128:4096:causal, for every part asked (default: each part's list)")
     p.add_argument("--config", default=None,
@@ -237,8 +271,8 @@ def main(argv=None) -> int:
     if os.environ.setdefault("TRITON_INTERPRET", "0") not in ("", "0"):      # before kernels is imported
         sys.exit("sm90_build_stats: unset TRITON_INTERPRET (the kernels are built for sm_90 here, not interpreted)")
     parts = set(args.only.split(","))
-    if parts - {"fwd", "bwd", "fp8"}:
-        p.error(f"--only takes fwd, bwd, fp8; got {args.only}")
+    if parts - {"fwd", "bwd", "fp8", "gluonbwd"}:
+        p.error(f"--only takes fwd, bwd, fp8, gluonbwd; got {args.only}")
     chosen = None
     if args.cases:
         try:
@@ -264,8 +298,8 @@ def main(argv=None) -> int:
 
     rows: list = []
     _as_h200(rows)
-    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8)
-    cases = [(part, *c) for part in ("fwd", "bwd", "fp8") if part in parts for c in (chosen or lists[part])]
+    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD)
+    cases = [(part, *c) for part in ("fwd", "bwd", "fp8", "gluonbwd") if part in parts for c in (chosen or lists[part])]
     for part, d, n, mask in cases:
         rows.append(dict(part=part, head_dim=d, seq_len=n, mask=mask, config=config, launches=[]))
         try:
