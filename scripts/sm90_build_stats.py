@@ -3,7 +3,7 @@ registers, spill stack, shared memory and whether the loop was warp-specialised,
 
     pip install --target /tmp/t36 --no-deps triton==3.6.0       # the GPU machines' Triton
     PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8,gluonbwd] [--cases D:N:mask,...]
-        [--config TILES_AND_OPTIONS] [--json OUT] [--sass DIR]
+        [--config TILES_AND_OPTIONS] [--tokens] [--json OUT] [--sass DIR]
 
 Each call of the public API runs as on an H200 (its device facts: 132 SMs, warp specialisation on),
 but every kernel launch is only compiled (Triton's warmup: TTIR -> PTX -> ptxas -> cubin), never run,
@@ -136,6 +136,8 @@ def _loops(kernel, args, options=None) -> str:
     if hasattr(phase, "OFF_BAND"):
         return " + ".join(name for name, on in (("full", phase.OFF_BAND), ("partial", phase.HAS_PARTIAL)) if on) + \
             (" (resumed)" if phase.SEED else "")
+    if named.get("TOKEN_MAJOR"):
+        return "(B, N, H, D) inputs"
     if "DQ_WRITER" in named:
         return "dQ by a writer warp" if named["DQ_WRITER"] else "dQ by the consumers"
     if "FINITE_RUN" in named:
@@ -229,6 +231,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
     q, k, v, o, do = (torch.zeros(1, 2, n, d, dtype=bf16) for _ in range(5))
     given = dict(zip(CONFIG_FIELDS[part], config)) if config else {}
     if part == "fwd":
+        if os.environ.get("TILESCOPE_GLUON_TOKENS") == "1":     # --tokens: transformers' (B, N, H, D) memory
+            q, k, v = (torch.zeros(1, n, 2, d, dtype=bf16).transpose(1, 2) for _ in range(3))
         flash_attention(q, k, v, mask=mask, **given)
     elif part == "bwd":
         from kernels.backward_plan import BackwardConfig
@@ -265,11 +269,15 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=None,
                    help="with one part in --only, its tiles and launch options instead of the defaults: fwd and fp8 "
                         "block_m,block_n,num_warps,num_stages; bwd block_m1,block_n1,block_m2,block_n2,num_warps,num_stages")
+    p.add_argument("--tokens", action="store_true", help="fwd: q, k, v in transformers' (B, N, H, D) memory "
+                   "(the Gluon forward's TILESCOPE_GLUON_TOKENS path)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.add_argument("--sass", default=None, help="also write each launch's SASS (cuobjdump -sass) into this folder")
     args = p.parse_args(argv)
     if os.environ.setdefault("TRITON_INTERPRET", "0") not in ("", "0"):      # before kernels is imported
         sys.exit("sm90_build_stats: unset TRITON_INTERPRET (the kernels are built for sm_90 here, not interpreted)")
+    if args.tokens:
+        os.environ["TILESCOPE_GLUON_TOKENS"] = "1"
     parts = set(args.only.split(","))
     if parts - {"fwd", "bwd", "fp8", "gluonbwd"}:
         p.error(f"--only takes fwd, bwd, fp8, gluonbwd; got {args.only}")
