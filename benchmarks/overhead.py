@@ -29,12 +29,11 @@ import time
 import torch
 
 from . import (
-    DEFAULT_OUT, DTYPES, TOLERANCE, check_heads, check_output, device_slug, free_cuda,
+    CONFIG_KEYS, DEFAULT_OUT, DTYPES, TOLERANCE, check_heads, check_output, device_slug, free_cuda,
     load_config_file, log, parse_int_list, pick_device, reference_slice, resolve_mask, run_meta,
     split_list, take_heads, write_results,
 )
 
-from kernels import default_config  # noqa: E402
 
 LEVELS = ("work", "full")
 
@@ -234,8 +233,6 @@ def run(args, argv=None) -> dict:
             for sched in schedules:
                 # no tuned tiles: record() at its defaults, the product's path (Hopper: the Gluon kernel)
                 asked = tuned_cfg or {}
-                cfg = tuned_cfg or default_config(d, dtype, n=n, mask=spec, device=device,
-                                                  schedule=sched).as_dict()
                 for level in levels:
                     done += 1
                     reps = []
@@ -250,9 +247,9 @@ def run(args, argv=None) -> dict:
                             _, rel_err = check_output(take_heads(out, heads), ref, dtype)
                             sizes = {"work_rows": len(trace.work), "tile_rows": len(trace.tiles),
                                      "softmax_rows": len(trace.rows)}
-                            ran = trace.meta.get("kernel", {})
-                            cfg = {k: ran.get(k, cfg[k]) for k in cfg}
-                            sizes["kernel"] = ran.get("implementation", "triton")
+                            ran = trace.meta["kernel"]          # the tiles and kernel that ran
+                            cfg = {k: ran[k] for k in CONFIG_KEYS}
+                            sizes["kernel"] = ran["implementation"]
                         del out
                         un, tr = trace.meta.get("untraced_ms"), trace.meta.get("traced_ms")
                         reps.append({"untraced_ms": un, "traced_ms": tr,
