@@ -22,7 +22,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from kernels.gluon_fwd_kernel import list_block, tma_load
+from kernels.gluon_fwd_kernel import block_lists, list_block, tma_load
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
@@ -143,10 +143,8 @@ def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP,
     kb = gl.load(kv_order + pid % n_kb)
     head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP
     key0 = kb * (2 * KEYS)
-    n_full = gl.load(full_cnt + kb)
-    n_tiles = n_full + gl.load(part_cnt + kb)
-    return (head0, key0, bh_kv * N_K + key0, n_full, gl.load(full_start + kb), n_tiles, n_tiles * GROUP,
-            part_idx + kb * n_qb)
+    n_full, first_full, n_tiles, part_list = block_lists(kb, full_cnt, full_start, part_cnt, part_idx, n_qb)
+    return head0, key0, bh_kv * N_K + key0, n_full, first_full, n_tiles, n_tiles * GROUP, part_list
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
@@ -320,10 +318,7 @@ def attn_bwd_dq_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DQ, STATS, row_lo,
     q_block = work % n_qb
     bh_kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP
     row0 = q_block * (2 * KEYS)
-    n_full = gl.load(full_cnt + q_block)
-    first_full = gl.load(full_start + q_block)
-    n_tiles = n_full + gl.load(part_cnt + q_block)
-    part_list = part_idx + q_block * n_kb
+    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, KEYS, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)

@@ -45,6 +45,32 @@ def _smid():
 
 
 @gluon.jit
+def block_lists(blk, full_cnt, full_start, part_cnt, part_idx, n_other):
+    """Block blk's lists in a block plan (a query block's key blocks; the backward probes' key
+    block's query blocks): (full blocks, the first of them, all its tiles, its partial-block list)."""
+    n_full = gl.load(full_cnt + blk)
+    return n_full, gl.load(full_start + blk), n_full + gl.load(part_cnt + blk), part_idx + blk * n_other
+
+
+@gluon.jit
+def kv_ring_barriers(STAGES: gl.constexpr):
+    """The barriers of a producer and two consumers around Q and a K / V ring: (Q loaded, K and V
+    ready per stage, K and V empty per stage, each released by both consumers), initialised."""
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    return q_bar, k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
 def list_block(t, n_full, full_start, part_list):
     """The block of a program's t-th tile in a block plan's lists (here a work item's key block; the
     backward probes' key or query blocks): the full run first, then the partial list."""
@@ -264,24 +290,11 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
         q_col = 0
         kv_tma_row = bh_kv * N_K
         kv_col = 0
-    n_full = gl.load(full_cnt + q_block)
-    first_full = gl.load(full_start + q_block)
-    n_tiles = n_full + gl.load(part_cnt + q_block)
-    part_list = part_idx + q_block * n_kb
+    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)       # both consumers release a K or V buffer
-        mbarrier.init(v_empty.index(i), count=2)
+    q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
                      q_row, row0, n_tiles, n_full, first_full, part_list, N_Q, qk_scale)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
