@@ -25,6 +25,13 @@ def inputs(b, h, h_kv, n_q, n_k, d, dtype, seed=0):
     return q, k, v
 
 
+@pytest.fixture
+def gluon_gpu():
+    """A Hopper GPU with Gluon, else the test skips (the gpu marker skips it without CUDA first)."""
+    if not gluon_available(torch.device("cuda")):
+        pytest.skip("needs Hopper and Gluon")
+
+
 def plan_of(q, k, v, mask, **kw):
     opts = dict(block_m=None, block_n=None, schedule="natural", num_warps=None, num_stages=None, return_lse=False,
                 trace_flags=None, hw_clock=None, use_tma=None, warp_specialize=None, has_out=False, merge=False,
@@ -84,9 +91,7 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_chosen_only_where_it_applies():
-    if not gluon_available(torch.device("cuda")):
-        pytest.skip("needs Hopper and Gluon")
+def test_chosen_only_where_it_applies(gluon_gpu):
     q, k, v = inputs(1, 2, 2, 256, 256, 128, torch.bfloat16)
     assert plan_of(q, k, v, "causal").gluon is not None
     assert plan_of(q, k, v, "causal", schedule="longest_first").gluon is not None
@@ -104,9 +109,7 @@ def test_chosen_only_where_it_applies():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (64, torch.float16), (256, torch.bfloat16)])
-def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype):
-    if not gluon_available(torch.device("cuda")):
-        pytest.skip("needs Hopper and Gluon")
+def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, gluon_gpu):
     for (b, h, h_kv, n_q, n_k) in [(2, 4, 2, 1000, 1000), (1, 6, 2, 700, 1300), (1, 4, 1, 1300, 700)]:
         if mask.startswith("document") and n_q != n_k:
             continue
@@ -124,12 +127,10 @@ def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["full", "causal", "sliding_window:200", "prefix_lm:150"])
-def test_transformers_layout_runs_the_same_kernel_bit_for_bit(mask, monkeypatch):
+def test_transformers_layout_runs_the_same_kernel_bit_for_bit(mask, monkeypatch, gluon_gpu):
     """q, k, v as transformers' attention passes them ((B, N, H, D) memory, transposed to (B, H, N, D)):
     with TILESCOPE_GLUON_TOKENS=1 the Gluon kernel reads them in place (descriptors over (B*N, H*D)),
     and gives what it gives on the same values made contiguous, bit for bit, and float64's answer."""
-    if not gluon_available(torch.device("cuda")):
-        pytest.skip("needs Hopper and Gluon")
     monkeypatch.setenv("TILESCOPE_GLUON_TOKENS", "1")
     for (b, h, h_kv, n_q, n_k, d) in [(2, 4, 2, 1000, 1000, 128), (1, 6, 2, 700, 1300, 64), (1, 4, 1, 1300, 700, 256)]:
         g = torch.Generator().manual_seed(n_q + d)
@@ -145,9 +146,7 @@ def test_transformers_layout_runs_the_same_kernel_bit_for_bit(mask, monkeypatch)
 
 
 @pytest.mark.gpu
-def test_longest_first_and_scale_and_the_triton_kernel_agree():
-    if not gluon_available(torch.device("cuda")):
-        pytest.skip("needs Hopper and Gluon")
+def test_longest_first_and_scale_and_the_triton_kernel_agree(gluon_gpu):
     q, k, v = inputs(2, 8, 8, 2048, 2048, 128, torch.bfloat16, seed=1)
     natural = flash_attention(q, k, v, mask="causal")
     assert torch.equal(natural, flash_attention(q, k, v, mask="causal", schedule="longest_first"))
@@ -159,9 +158,7 @@ def test_longest_first_and_scale_and_the_triton_kernel_agree():
 
 
 @pytest.mark.gpu
-def test_a_cuda_graph_replays_the_gluon_call_on_new_inputs():
-    if not gluon_available(torch.device("cuda")):
-        pytest.skip("needs Hopper and Gluon")
+def test_a_cuda_graph_replays_the_gluon_call_on_new_inputs(gluon_gpu):
     q, k, v = inputs(2, 8, 2, 1024, 1536, 128, torch.bfloat16, seed=2)
     static = [t.clone() for t in (q, k, v)]
     flash_attention(*static, mask="causal")                   # compiled and planned outside the capture
@@ -178,12 +175,10 @@ def test_a_cuda_graph_replays_the_gluon_call_on_new_inputs():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["causal", "sliding_window:300"])
-def test_record_traces_the_gluon_kernel_it_times(mask):
+def test_record_traces_the_gluon_kernel_it_times(mask, gluon_gpu):
     """record() at the default tiles runs the Gluon kernel traced: the same output bit for bit as the
     untraced call, every work item with its SM and clock span, each traced head's visited tiles
     exactly the plan's tiles in visit order 0.., and each traced row's last (m, l) its lse."""
-    if not gluon_available(torch.device("cuda")):
-        pytest.skip("needs Hopper and Gluon")
     from instrumentation import record
 
     q, k, v = inputs(2, 4, 2, 1024, 1024, 128, torch.bfloat16, seed=5)
