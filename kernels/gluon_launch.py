@@ -99,6 +99,7 @@ class GluonLaunch:
 
     plan: BlockPlan                     # at ROWS_PER_ITEM x block_n tiles
     works: torch.Tensor                 # (B*H*n_qb,) int32 work items in program order
+    grid: tuple                         # one program per work item
     shape: tuple                        # q (B, H, N_q, D)
     h_kv: int
     n_k: int
@@ -138,8 +139,8 @@ class GluonLaunch:
                        TensorDescriptor(k, k_2d, [k_2d[1], 1], [block_n, d], layouts[1]))
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
-        return GluonLaunch(plan, works, tuple(q.shape), h_kv, n_k, block_n, stages, bool(return_lse), layouts, tokens,
-                           args, DirectLaunch(attn_fwd_gluon_kernel), descriptors)
+        return GluonLaunch(plan, works, (works.numel(),), tuple(q.shape), h_kv, n_k, block_n, stages, bool(return_lse),
+                           layouts, tokens, args, DirectLaunch(attn_fwd_gluon_kernel), descriptors)
 
     def run(self, q, k, v, qk_scale: float, trace=None):
         """O (B, H, N_q, D) like q, or (O, lse) where the call returns lse.
@@ -159,8 +160,7 @@ class GluonLaunch:
         args = self.args.copy()
         args[:5] = _on(q_desc, q), _on(kv_desc, k), _on(kv_desc, v), o, lse
         args[24] = qk_scale
-        grid = (self.works.numel(),)
-        kernel = self.direct.kernel
+        grid, kernel = self.grid, self.direct.kernel
         if trace is None:       # the compiled kernel, launched without Triton's per-call binding
             self.direct(grid, args, True, lambda: kernel[grid](*args, num_warps=4))
         else:

@@ -196,7 +196,7 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
         gl_launch = GluonLaunch.build(spec, q, k, schedule, return_lse)
         return LaunchPlan(
             spec=spec, cfg=cfg, block=gl_launch.plan, shape=(b, h, n, d), dtype=q.dtype, device=device,
-            grid=(gl_launch.works.numel(),), works=gl_launch.works, persistent=False, ws=True, use_tma=True,
+            grid=gl_launch.grid, works=gl_launch.works, persistent=False, ws=True, use_tma=True,
             copy_qkv=False, o_strides=(h * n * d, n * d, d), qk_scale=softmax_scale(None, d) * LOG2E,
             new_lse=True, returns_lse=bool(return_lse), launches=(), gluon=gl_launch)
     flags = trace_flags or (False, False, False)
