@@ -101,18 +101,14 @@ class GluonLaunch:
     works: torch.Tensor                 # (B*H*n_qb,) int32 work items in program order
     grid: tuple                         # one program per work item
     shape: tuple                        # q (B, H, N_q, D)
-    h_kv: int
-    n_k: int
-    block_n: int
-    stages: int
     returns_lse: bool
-    layouts: tuple = field(repr=False)  # shared layouts of the Q and the K/V blocks
     token_major: bool                   # q, k, v (B, N, H, D) in memory (memory_layout 'tokens')
     # every kernel argument of an untraced call, positionally; run() sets the descriptors, O, LSE, scale
-    args: list = field(repr=False, compare=False, default=None)
-    direct: DirectLaunch = field(repr=False, compare=False, default=None)   # its compiled kernels
-    # the Q and K/V tensor descriptors, checked once, without a base: each call copies them onto its tensors
-    descriptors: tuple = field(repr=False, compare=False, default=None)
+    args: list = field(repr=False, compare=False)
+    direct: DirectLaunch = field(repr=False, compare=False)          # its compiled kernels
+    # the Q and K/V tensor descriptors (their tiles and shared layouts), checked once, without a base:
+    # each call copies them onto its tensors
+    descriptors: tuple = field(repr=False, compare=False)
 
     @staticmethod
     def build(spec, q, k, schedule: str, return_lse: bool) -> "GluonLaunch":
@@ -122,13 +118,13 @@ class GluonLaunch:
         from .gluon_fwd_kernel import attn_fwd_gluon_kernel
 
         b, h, n, d = q.shape
+        h_kv, n_k = k.shape[1], k.shape[2]
         block_n, stages = TILES[d]
-        plan = block_plan(spec, n, ROWS_PER_ITEM, block_n, q.device, k.shape[2])
+        plan = block_plan(spec, n, ROWS_PER_ITEM, block_n, q.device, n_k)
         works = plan.work_list(b * h, schedule)
         dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
                    gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
-        h_kv, n_k = k.shape[1], k.shape[2]
         tokens = memory_layout(q) == "tokens"
         args = [None] * 5 + [plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
                              works] + [None] * 5 + [0, h, h // h_kv, n, n_k, plan.n_qb, plan.n_kb, None,
@@ -139,8 +135,8 @@ class GluonLaunch:
                        TensorDescriptor(k, k_2d, [k_2d[1], 1], [block_n, d], layouts[1]))
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
-        return GluonLaunch(plan, works, (works.numel(),), tuple(q.shape), h_kv, n_k, block_n, stages, bool(return_lse),
-                           layouts, tokens, args, DirectLaunch(attn_fwd_gluon_kernel), descriptors)
+        return GluonLaunch(plan, works, (works.numel(),), tuple(q.shape), bool(return_lse), tokens, args,
+                           DirectLaunch(attn_fwd_gluon_kernel), descriptors)
 
     def run(self, q, k, v, qk_scale: float, trace=None):
         """O (B, H, N_q, D) like q, or (O, lse) where the call returns lse.
