@@ -3,16 +3,14 @@ on Hopper), and its launch: a GluonLaunch holds what a call shape fixes (block p
 tiles, shared-memory layouts); each call makes its tensor descriptors and outputs and launches.
 
 It runs for a call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256, N_q and N_k
-at least MIN_LEN, contiguous q, k, v (or, with TILESCOPE_GLUON_TOKENS=1, all three (B, N, H, D) in
-memory as transformers' attention passes them: `memory_layout`), the default tiles and launch
+at least MIN_LEN, contiguous q, k, v or all three (B, N, H, D) in
+memory as transformers' attention passes them (`call_layout`; TILESCOPE_GLUON_TOKENS=0 leaves those
+to the Triton kernel), the default tiles and launch
 options (no block sizes, warps or stages given),
 warp_specialize None, a natural or longest-first schedule, and none of the ring's options; every
 other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. Traced calls run it too
 (instrumentation.record asks for its tiles, gluon_record_tiles): the work items' SM and clock
 span, and the traced heads' tiles and rows, in the Triton kernel's trace layout.
-
-The (B, N, H, D) layout is built but off by default until its GPU tests have run
-(tests/kernels/test_gluon_forward.py sets TILESCOPE_GLUON_TOKENS=1 for them).
 """
 
 from __future__ import annotations
@@ -72,23 +70,31 @@ def gluon_record_tiles(q, k, v, schedule: str) -> tuple | None:
     return ROWS_PER_ITEM, block_n, 4, stages
 
 
-def memory_layout(t) -> str | None:
-    """'heads' for a contiguous (B, H, N, D) tensor; 'tokens' for (B, N, H, D) memory seen as
-    (B, H, N, D) (`x.view(B, N, H, D).transpose(1, 2)`, transformers' q, k, v); else None."""
-    if t.is_contiguous():
-        return "heads"
+def memory_layouts(t) -> set:
+    """The memory layouts a (B, H, N, D) tensor is in: 'heads' (contiguous), 'tokens' ((B, N, H, D)
+    memory seen as (B, H, N, D), `x.view(B, N, H, D).transpose(1, 2)`: transformers' q, k, v), both
+    for one head (where the two are the same memory), or none."""
     b, h, n, d = t.shape
     tokens = (n * h * d, d, h * d, 1)
-    return "tokens" if all(s == w or size == 1 for s, w, size in zip(t.stride(), tokens, t.shape)) else None
+    return ({"heads"} if t.is_contiguous() else set()) | \
+        ({"tokens"} if all(s == w or size == 1 for s, w, size in zip(t.stride(), tokens, t.shape)) else set())
+
+
+def call_layout(q, k, v) -> str | None:
+    """The layout the Gluon kernel reads q, k, v in: 'heads' where all three are contiguous, else
+    'tokens' where all three are (B, N, H, D) in memory (a one-head K/V beside many-head Q is both),
+    else None."""
+    common = memory_layouts(q) & memory_layouts(k) & memory_layouts(v)
+    return "heads" if "heads" in common else "tokens" if common else None
 
 
 def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, traced: bool,
               ring_options: bool) -> bool:
     """Whether a forward call runs the Gluon kernel (the module docstring's conditions; a traced
     call only with the GPU's clocks, which every Hopper trace has)."""
-    layouts = {memory_layout(t) for t in (q, k, v)}
+    layout = call_layout(q, k, v)
     return (not explicit_config and warp_specialize is None and not ring_options
-            and (layouts == {"heads"} or (layouts == {"tokens"} and os.environ.get("TILESCOPE_GLUON_TOKENS") == "1"))
+            and (layout == "heads" or (layout == "tokens" and os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0"))
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and gluon_tiles(q.shape[3], q.dtype, q.device, schedule, min(q.shape[2], k.shape[2])) is not None)
 
@@ -102,7 +108,7 @@ class GluonLaunch:
     grid: tuple                         # one program per work item
     shape: tuple                        # q (B, H, N_q, D)
     returns_lse: bool
-    token_major: bool                   # q, k, v (B, N, H, D) in memory (memory_layout 'tokens')
+    token_major: bool                   # q, k, v (B, N, H, D) in memory (call_layout 'tokens')
     # every kernel argument of an untraced call, positionally; run() sets the descriptors, O, LSE, scale
     args: list = field(repr=False, compare=False)
     direct: DirectLaunch = field(repr=False, compare=False)          # its compiled kernels
@@ -111,7 +117,7 @@ class GluonLaunch:
     descriptors: tuple = field(repr=False, compare=False)
 
     @staticmethod
-    def build(spec, q, k, schedule: str, return_lse: bool) -> "GluonLaunch":
+    def build(spec, q, k, v, schedule: str, return_lse: bool) -> "GluonLaunch":
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -125,7 +131,7 @@ class GluonLaunch:
         dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
                    gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
-        tokens = memory_layout(q) == "tokens"
+        tokens = call_layout(q, k, v) == "tokens"
         args = [None] * 5 + [plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
                              works] + [None] * 5 + [0, h, h // h_kv, n, n_k, plan.n_qb, plan.n_kb, None,
                                                      stages, CONSUMER_REGS, False, False, tokens]

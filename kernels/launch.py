@@ -193,7 +193,7 @@ def _resolve(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages, r
     traced = trace_flags is not None
     if use_gluon(q, k, v, (block_m, block_n, num_warps, num_stages) != (None,) * 4, warp_specialize, schedule, traced,
                  bool(has_out or merge or use_tma or tiles != "all" or (traced and hw_clock is False))):
-        gl_launch = GluonLaunch.build(spec, q, k, schedule, return_lse)
+        gl_launch = GluonLaunch.build(spec, q, k, v, schedule, return_lse)
         return LaunchPlan(
             spec=spec, cfg=cfg, block=gl_launch.plan, shape=(b, h, n, d), dtype=q.dtype, device=device,
             grid=gl_launch.grid, works=gl_launch.works, persistent=False, ws=True, use_tma=True,

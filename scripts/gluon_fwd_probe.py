@@ -4,7 +4,10 @@ the product's two paths ("gluon": kernels.gluon_fwd_kernel, what flash_attention
 (a sliding window: against the Triton kernel's) first, then all are timed in rotated rounds
 (benchmarks.rotated), medians written to OUT.
 
-    python scripts/gluon_fwd_probe.py OUT.json [--rounds 3] [--quick]
+    python scripts/gluon_fwd_probe.py OUT.json [--rounds 3] [--quick] [--tokens]
+
+--tokens: q, k, v in transformers' (B, N, H, D) memory, seen as (B, H, N, D), as its attention
+passes them (all three paths read them in place).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the first case of each head dim only")
     p.add_argument("--fp8", action="store_true", help="also the FP8 kernels (MHA full / causal at D 128, 256): the "
                    "Triton FP8 kernel at its default tiles and the Gluon FP8 probe (benchmarks/gluon_fp8.py)")
+    p.add_argument("--tokens", action="store_true", help="q, k, v in transformers' (B, N, H, D) memory")
     args = p.parse_args(argv)
     import torch
     import triton
@@ -83,8 +87,13 @@ def main(argv=None) -> int:
             continue
         seen.add(d)
         g = torch.Generator(device="cuda").manual_seed(n + d)
-        q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, h_kv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        if args.tokens:         # (B, N, H, D) memory seen as (B, H, N, D)
+            q = torch.randn(b, n, h, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            k, v = (torch.randn(b, n, h_kv, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                    for _ in range(2))
+        else:
+            q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, h_kv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         causal = mask == "causal"
         window = int(mask.split(":")[1]) if mask.startswith("sliding_window") else None
 
@@ -108,7 +117,7 @@ def main(argv=None) -> int:
         times = time_rotated(fns, args.rounds)
         med = medians(times)
         flops = 4 * b * h * n * d * (n * 0.5 if causal else window if window else n)
-        row = dict(shape=[b, h, h_kv, n, d], mask=mask, ours_rel_err_vs_cudnn=ours_err, checks=checks, ms=med,
+        row = dict(shape=[b, h, h_kv, n, d], mask=mask, layout="tokens" if args.tokens else "heads", ours_rel_err_vs_cudnn=ours_err, checks=checks, ms=med,
                    rounds=times, tflops={k: flops / (t * 1e-3) / 1e12 for k, t in med.items()},
                    x_triton={k: med["triton"] / t for k, t in med.items()},
                    x_cudnn={k: med["cudnn"] / t for k, t in med.items()} if "cudnn" in med else {})

@@ -77,15 +77,21 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
                                                                                    "natural", False, False)
     q96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16)
     assert not rule(q96, q96, q96, False, None, "natural", False, False) and gluon_launch.gluon_tiles(96, torch.bfloat16, q.device) is None
-    # transformers' layout, (B, N, H, D) memory seen as (B, H, N, D): only with TILESCOPE_GLUON_TOKENS=1, all three alike
+    # transformers' layout, (B, N, H, D) memory seen as (B, H, N, D): all three alike (TILESCOPE_GLUON_TOKENS=0: off)
     tok = torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16).transpose(1, 2)
-    assert [gluon_launch.memory_layout(t) for t in (q, tok, tok[:, :, :, :64], q.transpose(2, 3))] == \
-        ["heads", "tokens", None, None]
-    assert gluon_launch.memory_layout(torch.zeros(1, 256, 1, 128).transpose(1, 2)) == "heads"      # one head: both
-    assert not rule(tok, tok, tok, False, None, "natural", False, False)
-    monkeypatch.setenv("TILESCOPE_GLUON_TOKENS", "1")
+    assert [gluon_launch.memory_layouts(t) for t in (q, tok, tok[:, :, :, :64], q.transpose(2, 3))] == \
+        [{"heads"}, {"tokens"}, set(), set()]
+    one_head = torch.zeros(1, 256, 1, 128, dtype=torch.bfloat16).transpose(1, 2)
+    assert gluon_launch.memory_layouts(one_head) == {"heads", "tokens"}                  # one head: both
+    assert gluon_launch.call_layout(q, q, q) == "heads" and gluon_launch.call_layout(tok, tok, tok) == "tokens"
+    assert gluon_launch.call_layout(tok, one_head, one_head) == "tokens"                 # MQA K/V: either
+    assert gluon_launch.call_layout(one_head, one_head, one_head) == "heads"
+    assert gluon_launch.call_layout(tok, q, q) is None
     assert rule(tok, tok, tok, False, None, "natural", False, False)
+    assert rule(tok, one_head, one_head, False, None, "natural", False, False)        # MQA
     assert not rule(tok, q, q, False, None, "natural", False, False)                  # layouts mixed
+    monkeypatch.setenv("TILESCOPE_GLUON_TOKENS", "0")
+    assert not rule(tok, tok, tok, False, None, "natural", False, False)
     monkeypatch.setenv("TILESCOPE_GLUON", "0")
     assert not rule(q, q, q, False, None, "natural", False, False)
 
@@ -127,11 +133,10 @@ def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, g
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["full", "causal", "sliding_window:200", "prefix_lm:150"])
-def test_transformers_layout_runs_the_same_kernel_bit_for_bit(mask, monkeypatch, gluon_gpu):
+def test_transformers_layout_runs_the_same_kernel_bit_for_bit(mask, gluon_gpu):
     """q, k, v as transformers' attention passes them ((B, N, H, D) memory, transposed to (B, H, N, D)):
-    with TILESCOPE_GLUON_TOKENS=1 the Gluon kernel reads them in place (descriptors over (B*N, H*D)),
-    and gives what it gives on the same values made contiguous, bit for bit, and float64's answer."""
-    monkeypatch.setenv("TILESCOPE_GLUON_TOKENS", "1")
+    the Gluon kernel reads them in place (descriptors over (B*N, H*D)), and gives what it gives on
+    the same values made contiguous, bit for bit, and float64's answer."""
     for (b, h, h_kv, n_q, n_k, d) in [(2, 4, 2, 1000, 1000, 128), (1, 6, 2, 700, 1300, 64), (1, 4, 1, 1300, 700, 256)]:
         g = torch.Generator().manual_seed(n_q + d)
         q = torch.randn(b, n_q, h, d, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)       # (B, H, N_q, D)
