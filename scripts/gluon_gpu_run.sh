@@ -4,11 +4,12 @@
 # forward's probes) against float64 / the Triton kernels; 2. the backward probes (the passes and the
 # fused kernel) timed against the Triton passes (benchmarks.kernel_probe --suite bwdgluon); 3. the forward kernels, bf16 and FP8,
 # against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8); 4. host time per call
-# (benchmarks.overhead --parts launch). STEPS picks steps.
+# (benchmarks.overhead --parts launch); 5. the forward on transformers' (B, N, H, D) inputs
+# (gluon_fwd_probe.py --tokens). STEPS picks steps.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"1 2 3 4"}
+STEPS=${STEPS:-"1 2 3 4 5"}
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
@@ -32,6 +33,11 @@ STEPS=${STEPS:-"1 2 3 4"}
   if [[ " $STEPS " == *" 4 "* ]]; then
     echo "== 4. host time per call (the Gluon launch on Hopper) ($(date -u +%T))"
     timeout ${OVERHEAD_S:-120} python3 -m benchmarks.overhead --parts launch --out "$OUT" 2>&1 | grep -v '^ *$' | tail -6
+  fi
+  if [[ " $STEPS " == *" 5 "* ]]; then
+    echo "== 5. the forward on (B, N, H, D) inputs ($(date -u +%T))"
+    timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-tokens-$(nvidia-smi --query-gpu=name \
+      --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-').json" --rounds 3 --tokens 2>&1 | tail -14
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/run.log"
