@@ -1,4 +1,5 @@
-"""A probe, not a product path (not yet run on a GPU): the whole backward in one Gluon kernel, in
+"""A probe, not a product path (measured on an H200, docs/performance.md; slower than the
+separate passes): the whole backward in one Gluon kernel, in
 FlashAttention-3's form. The separate passes (kernels.backward; benchmarks.gluon_backward in Gluon)
 compute seven products per tile pair against cuDNN's five; here the dK/dV program also adds dQ.
 
@@ -63,7 +64,8 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = kh_smem.shape[2]
-    DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 1
+    DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 2
+    DQ_STORE: gl.constexpr = dq_smem.shape[1] == 2      # the timing ablation (gluon_backward_fused's dq_store)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -132,10 +134,13 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
             mbarrier.wait(dq_free, (it & 1) ^ 1)
             dq_smem.index(WG).store(dq * sm_scale)
             mbarrier.arrive(dq_ready, count=1)
-        else:               # added here, four adjacent columns per thread: one address per four atomics
+        else:               # added here, four adjacent columns per thread (one REDG.E.ADD.F32x4 per four)
             dq = gl.convert_layout(dq * sm_scale, add_layout)
             base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
-            gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
+            if DQ_STORE:
+                gl.store(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None])
+            else:
+                gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
     store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
 
 
@@ -185,7 +190,8 @@ def _consumer1(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sm
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
 def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, DQA, STATS, row_lo, row_hi, full_cnt,
                                 full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
-                                sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, DQ_WRITER: gl.constexpr):
+                                sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, DQ_WRITER: gl.constexpr,
+                                DQ_STORE: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
     (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; kh_desc: the same K in
     (128, D / 2) blocks; DK, DV like k; DQA (B*H*N_q, D) float32, zeroed (dQ times the softmax scale
@@ -202,8 +208,9 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
     kh_smem = gl.allocate_shared_memory(kh_desc.dtype, [2, 2 * KEYS, HALF], kh_desc.layout)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * KEYS, BLOCK_M], ds_layout)
-    # DQ_WRITER: a tile's dQ halves for the writer warps (else a stub: the consumers add dQ themselves)
-    DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 1
+    # DQ_WRITER: a tile's dQ halves for the writer warps (else a stub, whose rows tell the consumers,
+    # which add dQ themselves, whether to store it instead: partitions take no constexpr arguments)
+    DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 2 if DQ_STORE else 1
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, HALF],
                                         gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0]))
     dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -238,7 +245,8 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
                            [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_writer=False):
+def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_writer=False,
+                         dq_store=False):
     """dQ, dK, dV of attention by the fused Gluon kernel.
 
     Arguments:
@@ -246,7 +254,9 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
             k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128; lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
             consumer thread; dq_writer: dQ added by four warps of their own from shared memory
-            (FlashAttention-3's way), else by the consumers from registers.
+            (FlashAttention-3's way), else by the consumers from registers; dq_store: a timing
+            ablation, the consumers store each tile's dQ instead of adding it (the same bytes
+            without the reduction; dQ is then wrong), not with dq_writer.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -259,6 +269,8 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
 
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
+    if dq_store and dq_writer:
+        raise ValueError("dq_store (a timing ablation of the consumers' atomics) does not go with dq_writer")
     if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"the fused Gluon backward probe takes bf16/fp16 with D 64 or 128, not {q.dtype} D {d}")
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
@@ -278,5 +290,6 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
     attn_bwd_fused_gluon_kernel[(b * h_kv * kp.n_kb,)](
         desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, stats, kp.row_lo, kp.row_hi, bp.kv_full_cnt,
         bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb,
-        scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer, num_warps=4)
+        scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer, DQ_STORE=dq_store,
+        num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

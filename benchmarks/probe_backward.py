@@ -137,6 +137,9 @@ def _gluon_suite() -> list[dict]:
         for writer in (False, True):
             out.append(dict(_bwd(shape, mask, f"gluon fused, dq by {'a writer warp' if writer else 'the consumers'}",
                                  kind="bwd_gluon_fused"), stages=2, dq_writer=writer))
+        # the same with dQ stored, not added (wrong dQ: timed, not checked): what the atomics cost
+        out.append(dict(_bwd(shape, mask, "gluon fused, dq stored (ablation)", kind="bwd_gluon_fused"), stages=2,
+                        dq_writer=False, dq_store=True, nocheck=True))
         for stages in (2, 3):
             out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
                             stages=stages, nocheck=True))
@@ -207,7 +210,8 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_fused":
         from .gluon_backward_fused import gluon_backward_fused
 
-        return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"])
+        return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"],
+                                            dq_store=v.get("dq_store", False))
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward import gluon_dq
 

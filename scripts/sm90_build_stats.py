@@ -13,7 +13,7 @@ numbers are those of the Triton on the path: build with the GPU machines' versio
 with their timings. A warp-specialised kernel reports the launch's register count; its partitions
 then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon backward probes
 (benchmarks.gluon_backward's dK/dV and dQ passes, benchmarks.gluon_backward_fused with dQ added by
-the consumers and by a writer warp), 2 stages."""
+the consumers and by a writer warp, and its ablation that stores dQ), 2 stages."""
 
 from __future__ import annotations
 
@@ -139,7 +139,8 @@ def _loops(kernel, args, options=None) -> str:
     if named.get("TOKEN_MAJOR"):
         return "(B, N, H, D) inputs"
     if "DQ_WRITER" in named:
-        return "dQ by a writer warp" if named["DQ_WRITER"] else "dQ by the consumers"
+        return "dQ by a writer warp" if named["DQ_WRITER"] else "dQ stored (ablation)" if named.get("DQ_STORE") else \
+            "dQ by the consumers"
     if "FINITE_RUN" in named:
         return "finite-row twin" if named["FINITE_RUN"] else "dK/dV + dQ" if named["DKDV"] and named["DQ_PASS"] else \
             "dK/dV" if named["DKDV"] else "dQ"
@@ -247,8 +248,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
         gluon_dkdv(do, q, k, v, o, lse, mask, stages=2)
         for block_n in (64, 128):
             gluon_dq(do, q, k, v, o, lse, mask, block_n=block_n, stages=2)
-        for writer in (False, True):
-            gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer)
+        for writer, store in ((False, False), (True, False), (False, True)):
+            gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store)
     else:           # the attention kernel's launches on inputs of the quantised layout (no quantise pass)
         cfg = fp8_config(d, given.get("block_m"), given.get("block_n"), mask=parse_mask(mask, n, n), n_q=n, n_k=n,
                          device="cuda")
