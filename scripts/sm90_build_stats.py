@@ -3,7 +3,7 @@ registers, spill stack, shared memory and whether the loop was warp-specialised,
 
     pip install --target /tmp/t36 --no-deps triton==3.6.0       # the GPU machines' Triton
     PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8,gluonbwd] [--cases D:N:mask,...]
-        [--config TILES_AND_OPTIONS] [--tokens] [--json OUT] [--sass DIR]
+        [--config TILES_AND_OPTIONS] [--tokens] [--work-traced] [--json OUT] [--sass DIR]
 
 Each call of the public API runs as on an H200 (its device facts: 132 SMs, warp specialisation on),
 but every kernel launch is only compiled (Triton's warmup: TTIR -> PTX -> ptxas -> cubin), never run,
@@ -136,6 +136,8 @@ def _loops(kernel, args, options=None) -> str:
     if hasattr(phase, "OFF_BAND"):
         return " + ".join(name for name, on in (("full", phase.OFF_BAND), ("partial", phase.HAS_PARTIAL)) if on) + \
             (" (resumed)" if phase.SEED else "")
+    if named.get("TRACE_WORK"):
+        return "work traced" + (", (B, N, H, D) inputs" if named.get("TOKEN_MAJOR") else "")
     if named.get("TOKEN_MAJOR"):
         return "(B, N, H, D) inputs"
     if "DQ_WRITER" in named:
@@ -147,9 +149,10 @@ def _loops(kernel, args, options=None) -> str:
     return ""
 
 
-def _as_h200(rows: list) -> None:
+def _as_h200(rows: list, work_traced: bool = False) -> None:
     """Device facts of an H200 for CPU tensors, and every launch path compiling instead of running,
-    each built launch appended to rows."""
+    each built launch appended to rows; work_traced: each Gluon forward launch also built with its
+    work-level trace on (what record()'s work-only launch runs)."""
     import kernels.backward_launch as backward_launch
     import kernels.backward_plan as backward_plan
     import kernels.fp8 as fp8
@@ -189,7 +192,16 @@ def _as_h200(rows: list) -> None:
 
     class GluonBuild:           # the Gluon forward's launches (kernels.gluon_launch), compiled
         def __getitem__(self, grid):
-            return lambda *args, **options: build(kernel, grid, args, options)
+            return lambda *args, **options: self.build(grid, list(args), options)
+
+        def build(self, grid, args, options):
+            build(kernel, grid, args, options)
+            if work_traced:
+                import torch
+
+                at = kernel.arg_names.index
+                args[at("tr_work")], args[at("TRACE_WORK")] = torch.zeros(5, dtype=torch.int64), True
+                build(kernel, grid, args, options)
     kernel = gluon_fwd.attn_fwd_gluon_kernel
     gluon_fwd.attn_fwd_gluon_kernel = GluonBuild()
 
@@ -272,6 +284,8 @@ def main(argv=None) -> int:
                         "block_m,block_n,num_warps,num_stages; bwd block_m1,block_n1,block_m2,block_n2,num_warps,num_stages")
     p.add_argument("--tokens", action="store_true", help="fwd: q, k, v in transformers' (B, N, H, D) memory "
                    "(the Gluon forward's TILESCOPE_GLUON_TOKENS path)")
+    p.add_argument("--work-traced", action="store_true", help="fwd: each Gluon forward launch also with its "
+                   "work-level trace on (record()'s work-only launch)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.add_argument("--sass", default=None, help="also write each launch's SASS (cuobjdump -sass) into this folder")
     args = p.parse_args(argv)
@@ -306,7 +320,7 @@ def main(argv=None) -> int:
     importlib.import_module("kernels.backward")     # before _as_h200 patches the modules it finds
 
     rows: list = []
-    _as_h200(rows)
+    _as_h200(rows, args.work_traced)
     lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD)
     cases = [(part, *c) for part in ("fwd", "bwd", "fp8", "gluonbwd") if part in parts for c in (chosen or lists[part])]
     for part, d, n, mask in cases:
