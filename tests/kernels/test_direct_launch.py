@@ -130,6 +130,37 @@ def test_direct_launch_steps_aside(triton_run, monkeypatch):
     assert len(ran) == 4
 
 
+def test_a_changed_global_is_refused_as_run_refuses_it(triton_run):
+    """The globals a kernel read when compiled (a tl.constexpr, a float) launch directly while they
+    are the same objects or equal ones, and raise run's error once one has changed."""
+    import triton.language as tl
+
+    fn, _, _ = triton_run
+    dl = direct_launch.DirectLaunch(fn)
+    x, y = torch.zeros(16), torch.zeros(16)
+    module_globals = {"ROWS": tl.constexpr(64), "EPS": 1e-6}
+    args = [x, y, 3, 16]
+
+    def slow():
+        return fn.run(*args, grid=(1,), warmup=False)
+    dl((1,), args, True, slow)                                # compiled here, before the globals are noted
+    fn.used_global_vals = {(name, id(module_globals)): (value, module_globals) for name, value in module_globals.items()}
+    FakeCompiled.launched = []
+    dl((1,), args, True, slow)
+    module_globals["EPS"] = 1e-6 * 1.0                        # an equal float, another object
+    dl((1,), args, True, slow)
+    assert len(FakeCompiled.launched) == 2
+    for name, changed in (("EPS", 2e-6), ("ROWS", tl.constexpr(32))):
+        before = module_globals[name]
+        module_globals[name] = changed
+        with pytest.raises(RuntimeError, match=f"Global variable {name} has changed"):
+            dl((1,), args, True, slow)
+        with pytest.raises(RuntimeError, match=f"Global variable {name} has changed"):
+            slow()
+        module_globals[name] = before
+    fn.used_global_vals = {}
+
+
 def _toy_desc(desc, out, n, BLOCK: "tl.constexpr"):  # noqa: F821  (only parsed, never compiled)
     pass
 
