@@ -1,0 +1,88 @@
+"""One attention call inside a CUDA profiler range, for Nsight Compute (`ncu --profile-from-start
+off` profiles only the kernels of that range): our forward or backward, or cuDNN's through SDPA,
+on random bf16 inputs, after warm-up calls outside the range (compiles, autotuning, allocator).
+The backward's range holds the backward alone (its forward ran before it).
+
+    python scripts/profile_case.py --pass bwd --impl ours --head-dim 256 --seq-len 4096 --mask causal
+    ncu --clock-control none --profile-from-start off ... python scripts/profile_case.py ...
+    (scripts/ncu_profile.sh runs the cases it names under ncu and summarises them)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+IMPLS = ("ours", "cudnn")
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pass", dest="which", choices=("fwd", "bwd"), default="bwd")
+    p.add_argument("--impl", choices=IMPLS, default="ours")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=None, help="default: --heads (MHA)")
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--mask", choices=("full", "causal"), default="causal")
+    p.add_argument("--warmup", type=int, default=2, help="calls before the profiled one")
+    args = p.parse_args(argv)
+    kv = args.kv_heads or args.heads
+    if min(args.batch, args.heads, kv, args.seq_len, args.head_dim, args.warmup + 1) < 1 or args.heads % kv:
+        p.error("sizes must be positive and --heads a multiple of --kv-heads")
+    return args, kv
+
+
+def main(argv=None) -> int:
+    args, kv = parse(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("profile_case: needs a CUDA GPU (it profiles GPU kernels)")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels import flash_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = lambda h: (args.batch, h, args.seq_len, args.head_dim)  # noqa: E731  (B, H, N, D)
+    grad = args.which == "bwd"
+    q = torch.randn(shape(args.heads), generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(grad)
+    k, v = (torch.randn(shape(kv), generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(grad)
+            for _ in range(2))
+    do = torch.randn(shape(args.heads), generator=g, device="cuda", dtype=torch.bfloat16)
+
+    def forward():
+        if args.impl == "ours":
+            return flash_attention(q, k, v, mask=args.mask)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.mask == "causal",
+                                                                    enable_gqa=kv != args.heads)
+
+    def run(profiled: bool) -> None:
+        """One call; with profiled, inside the profiler range (a backward's forward before it)."""
+        out = forward() if grad else None
+        torch.cuda.synchronize()
+        if profiled:
+            torch.cuda.cudart().cudaProfilerStart()
+        if grad:
+            torch.autograd.grad(out, (q, k, v), do)
+        else:
+            forward()
+        torch.cuda.synchronize()
+        if profiled:
+            torch.cuda.cudart().cudaProfilerStop()
+
+    for _ in range(args.warmup):
+        run(False)
+    run(True)
+    print(f"profiled {args.impl} {args.which} B{args.batch} H{args.heads}/{kv} N{args.seq_len} D{args.head_dim} "
+          f"{args.mask}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
