@@ -36,6 +36,10 @@ while read -r pass impl d n mask; do
     "$NCU" --import "$OUT/ncu/$name.ncu-rep" --csv --page raw > "$OUT/ncu/$name.csv" && csvs+=("$OUT/ncu/$name.csv")
   fi
 done <<< "$CASES"
+if [[ ${#csvs[@]} -eq 0 ]]; then
+  echo "ncu_profile: no case was profiled (see ncu's lines above)" >&2
+  exit 2
+fi
 slug=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
 python3 scripts/ncu_summary.py "${csvs[@]}" --json "$OUT/ncu-profile-$slug.json" \
   --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --command "bash scripts/ncu_profile.sh"
