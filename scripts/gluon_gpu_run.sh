@@ -5,11 +5,12 @@
 # fused kernel) timed against the Triton passes (benchmarks.kernel_probe --suite bwdgluon); 3. the forward kernels, bf16 and FP8,
 # against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8); 4. host time per call
 # (benchmarks.overhead --parts launch); 5. the forward on transformers' (B, N, H, D) inputs
-# (gluon_fwd_probe.py --tokens). STEPS picks steps.
+# (gluon_fwd_probe.py --tokens); 6. a transformers Llama through it, eager and compiled (benchmarks.hf_llama
+# --compile); 7. what tracing costs it, three repeats (benchmarks.overhead --parts trace). STEPS picks steps.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"1 2 3 4 5"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7"}
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
@@ -38,6 +39,15 @@ STEPS=${STEPS:-"1 2 3 4 5"}
     echo "== 5. the forward on (B, N, H, D) inputs ($(date -u +%T))"
     timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-tokens-$(nvidia-smi --query-gpu=name \
       --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-').json" --rounds 3 --tokens 2>&1 | tail -14
+  fi
+  if [[ " $STEPS " == *" 6 "* ]]; then
+    echo "== 6. a transformers Llama, eager and compiled ($(date -u +%T))"
+    timeout ${HF_S:-420} python3 -m benchmarks.hf_llama --compile --out "$OUT" 2>&1 | tail -12
+  fi
+  if [[ " $STEPS " == *" 7 "* ]]; then
+    echo "== 7. tracing cost, 3 repeats ($(date -u +%T))"
+    timeout ${TRACE_S:-420} python3 -m benchmarks.overhead --parts trace --seq-lens 4096 --repeats 3 --out "$OUT" \
+      2>&1 | grep -v '^ *$' | tail -8
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/run.log"
