@@ -33,7 +33,7 @@ STEPS=${STEPS:-"1 2 3 4 5 6 7"}
   fi
   if [[ " $STEPS " == *" 4 "* ]]; then
     echo "== 4. host time per call (the Gluon launch on Hopper) ($(date -u +%T))"
-    timeout ${OVERHEAD_S:-120} python3 -m benchmarks.overhead --parts launch --out "$OUT" 2>&1 | grep -v '^ *$' | tail -6
+    timeout ${OVERHEAD_S:-120} python3 -m benchmarks.overhead --parts launch --out "$OUT/launch" 2>&1 | grep -v '^ *$' | tail -6
   fi
   if [[ " $STEPS " == *" 5 "* ]]; then
     echo "== 5. the forward on (B, N, H, D) inputs ($(date -u +%T))"
@@ -46,7 +46,7 @@ STEPS=${STEPS:-"1 2 3 4 5 6 7"}
   fi
   if [[ " $STEPS " == *" 7 "* ]]; then
     echo "== 7. tracing cost, 3 repeats ($(date -u +%T))"
-    timeout ${TRACE_S:-420} python3 -m benchmarks.overhead --parts trace --seq-lens 4096 --repeats 3 --out "$OUT" \
+    timeout ${TRACE_S:-420} python3 -m benchmarks.overhead --parts trace --seq-lens 4096 --repeats 3 --out "$OUT/trace" \
       2>&1 | grep -v '^ *$' | tail -8
   fi
   echo "== done ($(date -u +%T))"
