@@ -3,7 +3,8 @@
 # summarised per kernel (scripts/ncu_summary.py): writes $OUT/ncu/<case>.ncu-rep and .csv and
 # $OUT/ncu-profile-<device-slug>.json. CASES: "pass impl head_dim seq_len mask" entries, B4 H16 bf16.
 # The default cases: the backward at D 256 (the kernel-speed issue asks for its profile) and D 128
-# causal 8k, the forward at D 64 full 4k; each ours and cuDNN's.
+# causal 8k (with the Gluon backward probes: the dK/dV and dQ passes, the fused kernel), the
+# forward at D 64 full 4k; each ours and cuDNN's.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/ncu"
 export PYTHONUNBUFFERED=1
@@ -18,6 +19,9 @@ bwd ours 256 4096 full
 bwd cudnn 256 4096 full
 bwd ours 128 8192 causal
 bwd cudnn 128 8192 causal
+bwd gluon_dkdv 128 8192 causal
+bwd gluon_dq 128 8192 causal
+bwd gluon_fused 128 8192 causal
 fwd ours 64 4096 full
 fwd cudnn 64 4096 full"
 CASES=${CASES:-$DEFAULT_CASES}

@@ -16,7 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-IMPLS = ("ours", "cudnn")
+# ours: flash_attention (and its autograd backward); cudnn: SDPA's cuDNN backend; gluon_*: the
+# Gluon backward probes (benchmarks.gluon_backward's passes at their timed settings, the fused kernel)
+IMPLS = ("ours", "cudnn", "gluon_dkdv", "gluon_dq", "gluon_fused")
 
 
 def parse(argv=None):
@@ -31,6 +33,10 @@ def parse(argv=None):
     p.add_argument("--mask", choices=("full", "causal"), default="causal")
     p.add_argument("--warmup", type=int, default=2, help="calls before the profiled one")
     args = p.parse_args(argv)
+    if args.impl.startswith("gluon") and args.which != "bwd":
+        p.error(f"--impl {args.impl} is a backward probe: use it with --pass bwd")
+    if args.impl.startswith("gluon") and args.head_dim not in (64, 128):
+        p.error(f"--impl {args.impl} takes --head-dim 64 or 128, not {args.head_dim}")
     kv = args.kv_heads or args.heads
     if min(args.batch, args.heads, kv, args.seq_len, args.head_dim, args.warmup + 1) < 1 or args.heads % kv:
         p.error("sizes must be positive and --heads a multiple of --kv-heads")
@@ -62,13 +68,27 @@ def main(argv=None) -> int:
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.mask == "causal",
                                                                     enable_gqa=kv != args.heads)
 
+    def probe():
+        """A Gluon backward probe on the forward's output and lse (computed outside the range)."""
+        from benchmarks.gluon_backward import gluon_dkdv, gluon_dq
+        from benchmarks.gluon_backward_fused import gluon_backward_fused
+
+        with torch.no_grad():
+            o, lse = flash_attention(q, k, v, mask=args.mask, return_lse=True)
+        call = dict(gluon_dkdv=lambda: gluon_dkdv(do, q, k, v, o, lse, args.mask, stages=2),
+                    gluon_dq=lambda: gluon_dq(do, q, k, v, o, lse, args.mask, block_n=128, stages=2),
+                    gluon_fused=lambda: gluon_backward_fused(do, q, k, v, o, lse, args.mask, stages=2))[args.impl]
+        return call
+
     def run(profiled: bool) -> None:
         """One call; with profiled, inside the profiler range (a backward's forward before it)."""
-        out = forward() if grad else None
+        out = (probe() if args.impl.startswith("gluon") else forward()) if grad else None
         torch.cuda.synchronize()
         if profiled:
             torch.cuda.cudart().cudaProfilerStart()
-        if grad:
+        if grad and args.impl.startswith("gluon"):
+            out()
+        elif grad:
             torch.autograd.grad(out, (q, k, v), do)
         else:
             forward()
