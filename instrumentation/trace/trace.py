@@ -97,7 +97,10 @@ class Trace:
         # an uploaded file's meta is the uploader's word: say so
         kept = {"recorded": "recorded", "uploaded": "uploaded file, recorded"}.get(m.get("source"))
         if m.get("backend") == "cuda":
-            return (f"{kept or 'live GPU'}: {dev}, {when}, torch {m.get('torch_version')}, "
+            # which kernel ran: Hopper's forward may be the Gluon one; every other recording a Triton kernel
+            ran = m.get("kernel")
+            kernel = "Gluon kernel" if isinstance(ran, dict) and ran.get("implementation") == "gluon" else "Triton kernel"
+            return (f"{kept or 'live GPU'}: {dev}, {kernel}, {when}, torch {m.get('torch_version')}, "
                     f"triton {m.get('triton_version')}")
         src = f"{kept} in the " if kept else ""
         return (f"{src}Triton CPU interpreter ({dev}), {when}: real tile visits and softmax state, "
