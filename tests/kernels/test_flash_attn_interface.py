@@ -3,8 +3,10 @@
 Its reference (attention_ref, construct_local_mask: causal and window_size bottom-right aligned,
 key and query padding for varlen and the KV cache) computed in float64, and its tolerance: the
 kernel's largest error against float64 at most twice that of PyTorch computing the same attention
-in the inputs' dtype (upcast=False, reorder_ops=True). The CPU cases (the interpreter) are small;
-the `gpu` cases at the end are the full matrix: larger N, fp16 and bf16, more head dims.
+in the inputs' dtype (upcast=False, reorder_ops=True), both computed on the GPU when the kernels run
+there (as upstream's are; on its CPU, PyTorch's fp16 and bf16 references made the GPU run CPU-bound).
+The CPU cases (the interpreter) are small; the `gpu` cases at the end are the full matrix: larger N,
+fp16 and bf16, more head dims.
 """
 
 import math
@@ -18,14 +20,16 @@ from tests.kernels.attention_checks import ON_GPU, every_pair
 
 gpu = pytest.mark.gpu
 FP16, BF16 = torch.float16, torch.bfloat16
+REF_DEVICE = torch.device("cuda" if ON_GPU else "cpu")         # where attention_ref computes
 
 
 # -- the reference (upstream's attention_ref, float64 when upcast) ------------------------------
 
-def construct_local_mask(seqlen_q, seqlen_k, window_size, query_padding_mask=None, key_padding_mask=None):
+def construct_local_mask(seqlen_q, seqlen_k, window_size, query_padding_mask=None, key_padding_mask=None,
+                         device=None):
     """True where key j is masked for query i; lengths per batch from the padding masks (B, 1, 1, 1)."""
-    row = torch.arange(seqlen_q)[:, None]
-    col = torch.arange(seqlen_k)
+    row = torch.arange(seqlen_q, device=device)[:, None]
+    col = torch.arange(seqlen_k, device=device)
     sk = seqlen_k if key_padding_mask is None else key_padding_mask.sum(-1).view(-1, 1, 1, 1)
     sq = seqlen_q if query_padding_mask is None else query_padding_mask.sum(-1).view(-1, 1, 1, 1)
     if window_size[0] < 0:
@@ -37,7 +41,12 @@ def construct_local_mask(seqlen_q, seqlen_k, window_size, query_padding_mask=Non
 def attention_ref(q, k, v, query_padding_mask=None, key_padding_mask=None, causal=False, window_size=(-1, -1),
                   upcast=True, reorder_ops=False):
     """q (B, N_q, H, D), k, v (B, N_k, H_kv, D) -> (out (B, N_q, H, D), lse (B, H, N_q)); float64
-    with upcast, else in the inputs' dtype (PyTorch's own error, the yardstick)."""
+    with upcast, else in the inputs' dtype (PyTorch's own error, the yardstick). Computed on
+    REF_DEVICE, returned on q's device (autograd follows both moves)."""
+    home = q.device
+    q, k, v = (t.to(REF_DEVICE) for t in (q, k, v))
+    query_padding_mask, key_padding_mask = (None if m is None else m.to(REF_DEVICE)
+                                            for m in (query_padding_mask, key_padding_mask))
     window_size = (int(window_size[0]), 0 if causal else int(window_size[1]))
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
@@ -51,7 +60,8 @@ def attention_ref(q, k, v, query_padding_mask=None, key_padding_mask=None, causa
         scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
     local = None
     if window_size[0] >= 0 or window_size[1] >= 0:
-        local = construct_local_mask(seqlen_q, seqlen_k, window_size, query_padding_mask, key_padding_mask)
+        local = construct_local_mask(seqlen_q, seqlen_k, window_size, query_padding_mask, key_padding_mask,
+                                     REF_DEVICE)
         scores = scores.masked_fill(local, float("-inf"))
     lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
     attention = torch.softmax(scores, dim=-1).to(v.dtype)
@@ -63,7 +73,7 @@ def attention_ref(q, k, v, query_padding_mask=None, key_padding_mask=None, causa
     out = torch.einsum("bhts,bshd->bthd", attention, v)
     if query_padding_mask is not None:
         out = out.masked_fill(~query_padding_mask[:, :, None, None], 0.0)
-    return out, lse
+    return out.to(home), lse.to(home)
 
 
 def errors(got, ref, pt):
