@@ -148,7 +148,8 @@ class GluonLaunch:
         """O (B, H, N_q, D) like q, or (O, lse) where the call returns lse.
 
         Arguments:
-            q, k, v: the call's contiguous tensors (the shape, strides and dtypes the plan was built for).
+            q, k, v: the call's tensors, contiguous or (B, N, H, D) in memory (the shape, strides and
+                dtypes the plan was built for).
             qk_scale: the softmax scale times log2(e); trace: kernels.TraceBuffers sized for this
                 plan (checked once per plan), or None.
         Returns:

@@ -11,6 +11,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 STEPS=${STEPS:-"1 2 3 4 5 6 7"}
+SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')    # as benchmarks.device_slug
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
@@ -28,8 +29,8 @@ STEPS=${STEPS:-"1 2 3 4 5 6 7"}
   fi
   if [[ " $STEPS " == *" 3 "* ]]; then
     echo "== 3. forward kernels, bf16 and FP8 ($(date -u +%T))"
-    timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-fp8-$(nvidia-smi --query-gpu=name \
-      --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-').json" --rounds 3 --fp8 2>&1 | tail -30
+    timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-fp8-$SLUG.json" --rounds 3 --fp8 2>&1 \
+      | tail -30
   fi
   if [[ " $STEPS " == *" 4 "* ]]; then
     echo "== 4. host time per call (the Gluon launch on Hopper) ($(date -u +%T))"
@@ -37,8 +38,8 @@ STEPS=${STEPS:-"1 2 3 4 5 6 7"}
   fi
   if [[ " $STEPS " == *" 5 "* ]]; then
     echo "== 5. the forward on (B, N, H, D) inputs ($(date -u +%T))"
-    timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-tokens-$(nvidia-smi --query-gpu=name \
-      --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-').json" --rounds 3 --tokens 2>&1 | tail -14
+    timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-tokens-$SLUG.json" --rounds 3 --tokens \
+      2>&1 | tail -14
   fi
   if [[ " $STEPS " == *" 6 "* ]]; then
     echo "== 6. a transformers Llama, eager and compiled ($(date -u +%T))"

@@ -44,6 +44,6 @@ if [[ ${#csvs[@]} -eq 0 ]]; then
   echo "ncu_profile: no case was profiled (see ncu's lines above)" >&2
   exit 2
 fi
-slug=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
-python3 scripts/ncu_summary.py "${csvs[@]}" --json "$OUT/ncu-profile-$slug.json" \
-  --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --command "bash scripts/ncu_profile.sh"
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+python3 scripts/ncu_summary.py "${csvs[@]}" --json "$OUT/ncu-profile-$(tr 'A-Z ' 'a-z-' <<< "$device").json" \
+  --device "$device" --command "bash scripts/ncu_profile.sh"

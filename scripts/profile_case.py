@@ -82,16 +82,17 @@ def main(argv=None) -> int:
 
     def run(profiled: bool) -> None:
         """One call; with profiled, inside the profiler range (a backward's forward before it)."""
-        out = (probe() if args.impl.startswith("gluon") else forward()) if grad else None
+        if args.impl.startswith("gluon"):
+            profiled_call = probe()
+        elif grad:
+            out = forward()
+            profiled_call = lambda: torch.autograd.grad(out, (q, k, v), do)  # noqa: E731
+        else:
+            profiled_call = forward
         torch.cuda.synchronize()
         if profiled:
             torch.cuda.cudart().cudaProfilerStart()
-        if grad and args.impl.startswith("gluon"):
-            out()
-        elif grad:
-            torch.autograd.grad(out, (q, k, v), do)
-        else:
-            forward()
+        profiled_call()
         torch.cuda.synchronize()
         if profiled:
             torch.cuda.cudart().cudaProfilerStop()
