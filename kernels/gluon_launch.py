@@ -3,9 +3,9 @@ on Hopper), and its launch: a GluonLaunch holds what a call shape fixes (block p
 tiles, shared-memory layouts); each call makes its tensor descriptors and outputs and launches.
 
 It runs for a call on a Hopper GPU with bf16 / fp16 inputs of head dim 64, 128 or 256, N_q and N_k
-at least MIN_LEN, contiguous q, k, v or all three (B, N, H, D) in
-memory as transformers' attention passes them (`call_layout`; TILESCOPE_GLUON_TOKENS=0 leaves those
-to the Triton kernel), the default tiles and launch
+at least MIN_LEN, contiguous q, k, v, or each contiguous or (B, N, H, D) in memory as transformers'
+attention passes them (`call_layout`: mixed layouts copy the fewer elements into one;
+TILESCOPE_GLUON_TOKENS=0 leaves all but contiguous calls to the Triton kernel), the default tiles and launch
 options (no block sizes, warps or stages given),
 warp_specialize None, a natural or longest-first schedule, and none of the ring's options; every
 other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. Traced calls run it too
@@ -82,10 +82,30 @@ def memory_layouts(t) -> set:
 
 def call_layout(q, k, v) -> str | None:
     """The layout the Gluon kernel reads q, k, v in: 'heads' where all three are contiguous, else
-    'tokens' where all three are (B, N, H, D) in memory (a one-head K/V beside many-head Q is both),
-    else None."""
-    common = memory_layouts(q) & memory_layouts(k) & memory_layouts(v)
-    return "heads" if "heads" in common else "tokens" if common else None
+    'tokens' where all three are (B, N, H, D) in memory (a one-head K/V beside many-head Q is both);
+    where each is one of the two but they differ (transformers' eager prefill: q (B, N, H, D) from
+    its projection, k and v contiguous from its KV cache), the one that leaves fewer elements to
+    copy into it (`layout_copies`; ties: 'heads'); else None."""
+    layouts = [memory_layouts(t) for t in (q, k, v)]
+    common = set.intersection(*layouts)
+    if common:
+        return "heads" if "heads" in common else "tokens"
+    if not all(layouts):
+        return None
+    to_copy = {want: sum(t.numel() for t, have in zip((q, k, v), layouts) if want not in have)
+               for want in ("heads", "tokens")}
+    return "heads" if to_copy["heads"] <= to_copy["tokens"] else "tokens"
+
+
+def layout_copies(q, k, v, layout: str) -> tuple:
+    """Which of q, k, v are not in `layout` (run() copies those into it: a copy costs far less than
+    the Triton kernel's slower reads of mixed layouts)."""
+    return tuple(layout not in memory_layouts(t) for t in (q, k, v))
+
+
+def to_layout(t, layout: str):
+    """t (B, H, N, D) with its memory in `layout`: contiguous ('heads') or (B, N, H, D) ('tokens')."""
+    return t.contiguous() if layout == "heads" else t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, traced: bool,
@@ -94,7 +114,8 @@ def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, tr
     call only with the GPU's clocks, which every Hopper trace has)."""
     layout = call_layout(q, k, v)
     return (not explicit_config and warp_specialize is None and not ring_options
-            and (layout == "heads" or (layout == "tokens" and os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0"))
+            and layout is not None
+            and (not any(layout_copies(q, k, v, "heads")) or os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0")
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and gluon_tiles(q.shape[3], q.dtype, q.device, schedule, min(q.shape[2], k.shape[2])) is not None)
 
@@ -108,7 +129,8 @@ class GluonLaunch:
     grid: tuple                         # one program per work item
     shape: tuple                        # q (B, H, N_q, D)
     returns_lse: bool
-    token_major: bool                   # q, k, v (B, N, H, D) in memory (call_layout 'tokens')
+    token_major: bool                   # the kernel reads (B, N, H, D) memory (call_layout 'tokens')
+    copies: tuple                       # q, k, v: copied into that layout per call (layout_copies)
     # every kernel argument of an untraced call, positionally; run() sets the descriptors, O, LSE, scale
     args: list = field(repr=False, compare=False)
     direct: DirectLaunch = field(repr=False, compare=False)          # its compiled kernels
@@ -131,7 +153,8 @@ class GluonLaunch:
         dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
                    gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
-        tokens = call_layout(q, k, v) == "tokens"
+        layout = call_layout(q, k, v)
+        tokens = layout == "tokens"
         args = [None] * 5 + [plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
                              works] + [None] * 5 + [0, h, h // h_kv, n, n_k, plan.n_qb, plan.n_kb, None,
                                                      stages, CONSUMER_REGS, False, False, tokens]
@@ -141,20 +164,24 @@ class GluonLaunch:
                        TensorDescriptor(k, k_2d, [k_2d[1], 1], [block_n, d], layouts[1]))
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
-        return GluonLaunch(plan, works, (works.numel(),), tuple(q.shape), bool(return_lse), tokens, args,
+        return GluonLaunch(plan, works, (works.numel(),), tuple(q.shape), bool(return_lse), tokens,
+                           layout_copies(q, k, v, layout), args,
                            DirectLaunch(attn_fwd_gluon_kernel), descriptors)
 
     def run(self, q, k, v, qk_scale: float, trace=None):
         """O (B, H, N_q, D) like q, or (O, lse) where the call returns lse.
 
         Arguments:
-            q, k, v: the call's tensors, contiguous or (B, N, H, D) in memory (the shape, strides and
-                dtypes the plan was built for).
+            q, k, v: the call's tensors, each contiguous or (B, N, H, D) in memory (the shape, strides
+                and dtypes the plan was built for; those not in the kernel's layout are copied into it).
             qk_scale: the softmax scale times log2(e); trace: kernels.TraceBuffers sized for this
                 plan (checked once per plan), or None.
         Returns:
             O (B, H, N_q, D) like q, or (O, lse (B, H, N_q) float32)."""
         b, h, n, d = self.shape
+        if any(self.copies):
+            layout = "tokens" if self.token_major else "heads"
+            q, k, v = (to_layout(t, layout) if copy else t for t, copy in zip((q, k, v), self.copies))
         # TMA reads from 16-byte aligned addresses; a plan is kept per shape and strides, not address
         q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v))
         o = torch.empty(self.shape, dtype=q.dtype, device=q.device)           # (B, H, N_q, D)

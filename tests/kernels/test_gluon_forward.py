@@ -86,12 +86,25 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     assert gluon_launch.call_layout(q, q, q) == "heads" and gluon_launch.call_layout(tok, tok, tok) == "tokens"
     assert gluon_launch.call_layout(tok, one_head, one_head) == "tokens"                 # MQA K/V: either
     assert gluon_launch.call_layout(one_head, one_head, one_head) == "heads"
-    assert gluon_launch.call_layout(tok, q, q) is None
+    # mixed (transformers' eager prefill: q from its projection, k and v from its cache): the layout
+    # that copies fewer elements, ties to 'heads'
+    assert gluon_launch.call_layout(tok, q, q) == "heads"
+    assert gluon_launch.layout_copies(tok, q, q, "heads") == (True, False, False)
+    tok8 = torch.zeros(1, 256, 8, 128, dtype=torch.bfloat16).transpose(1, 2)            # 8 query heads, 2 KV
+    assert gluon_launch.call_layout(tok8, q, q) == "tokens"
+    assert gluon_launch.layout_copies(tok8, q, q, "tokens") == (False, True, True)
+    assert gluon_launch.call_layout(q, tok, q) == "heads" and gluon_launch.call_layout(tok, q.transpose(2, 3), q) is None
+    for layout in ("heads", "tokens"):
+        moved = gluon_launch.to_layout(tok8 + 1, layout)
+        assert layout in gluon_launch.memory_layouts(moved) and torch.equal(moved, tok8 + 1)
     assert rule(tok, tok, tok, False, None, "natural", False, False)
     assert rule(tok, one_head, one_head, False, None, "natural", False, False)        # MQA
-    assert not rule(tok, q, q, False, None, "natural", False, False)                  # layouts mixed
+    assert rule(tok8, q, q, False, None, "natural", False, False)                     # layouts mixed
+    assert not rule(tok, q.transpose(2, 3), q, False, None, "natural", False, False)  # one in neither
     monkeypatch.setenv("TILESCOPE_GLUON_TOKENS", "0")
     assert not rule(tok, tok, tok, False, None, "natural", False, False)
+    assert not rule(tok8, q, q, False, None, "natural", False, False) and not rule(tok, q, q, False, None, "natural",
+                                                                                  False, False)
     monkeypatch.setenv("TILESCOPE_GLUON", "0")
     assert not rule(q, q, q, False, None, "natural", False, False)
 
@@ -146,6 +159,26 @@ def test_transformers_layout_runs_the_same_kernel_bit_for_bit(mask, gluon_gpu):
         out, lse = flash_attention(q, k, v, mask=mask, return_lse=True)
         want, want_lse = flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), mask=mask, return_lse=True)
         assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, d)
+        ref, _, _ = reference_attention(q, k, v, mask=mask)
+        assert rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["full", "causal", "sliding_window:200"])
+def test_mixed_layouts_are_copied_into_one_and_match_bit_for_bit(mask, gluon_gpu):
+    """q (B, N, H, D) in memory, k and v contiguous (transformers' eager prefill through its KV
+    cache), and the reverse: the fewer elements are copied into the other layout, and the answer is
+    the contiguous call's, bit for bit, and float64's."""
+    for (b, h, h_kv, n_q, n_k, d) in [(2, 8, 2, 1000, 1000, 128), (1, 2, 2, 700, 1300, 64), (1, 4, 2, 1300, 700, 256)]:
+        g = torch.Generator().manual_seed(n_q + d + 1)
+        q = torch.randn(b, n_q, h, d, generator=g).to(torch.bfloat16).cuda().transpose(1, 2)       # (B, H, N_q, D)
+        k, v = (torch.randn(b, h_kv, n_k, d, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        for args in ((q, k, v), (q.contiguous(), k.transpose(1, 2).contiguous().transpose(1, 2), v)):
+            plan = plan_of(*args, mask).gluon
+            assert plan is not None and any(plan.copies), (mask, n_q, d)
+            out, lse = flash_attention(*args, mask=mask, return_lse=True)
+            want, want_lse = flash_attention(*(t.contiguous() for t in args), mask=mask, return_lse=True)
+            assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, d, plan.copies)
         ref, _, _ = reference_attention(q, k, v, mask=mask)
         assert rel_err(out, ref) < 1e-2
 
