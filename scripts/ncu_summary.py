@@ -31,7 +31,7 @@ METRICS = {
     "grid_size": "launch__grid_size",
     "block_size": "launch__block_size",
 }
-TENSOR = re.compile(r"pipe_tensor.*\.pct_of_peak_sustained_(active|elapsed)$")
+TENSOR = re.compile(r"pipe_tensor.*\.avg\.pct_of_peak_sustained_active$")   # per SM, of its active cycles
 # stall reasons: cycles per issued instruction, or (another section set) % of active warps' cycles
 STALLS = (re.compile(r"^smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$"),
           re.compile(r"^smsp__warp_issue_stalled_(\w+?)_per_warp_active\.pct$"))
@@ -85,6 +85,23 @@ def read_raw_csv(path: Path) -> list[dict]:
     return out
 
 
+def _meta(device: str | None, command: str | None) -> dict:
+    """The result file's meta: benchmarks.run_meta's (versions, driver, date) where this machine has
+    the GPU the CSVs came from, else the names given."""
+    meta = dict(schema="tilescope.benchmarks/1", kind="ncu_profile", device=device, command=command)
+    try:
+        import torch
+        if torch.cuda.is_available():
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from benchmarks import run_meta
+            meta = run_meta(torch.device("cuda"), "ncu_profile", argv=[], prog=command or "scripts/ncu_summary.py")
+    except ImportError:
+        pass
+    meta["method"] = ("Nsight Compute, --clock-control none, one call per case after warm-up "
+                      "(scripts/profile_case.py); raw metrics per kernel (scripts/ncu_summary.py)")
+    return meta
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", nargs="+", type=Path)
@@ -111,9 +128,7 @@ def main(argv=None) -> int:
                 print("      stalls: " +
                       ", ".join(f"{r} {v:g}" for r, v in k["stalls"][:args.stalls]))
     if args.json:
-        meta = dict(schema="tilescope.benchmarks/1", kind="ncu_profile", device=args.device, command=args.command,
-                    method="Nsight Compute, --clock-control none, one call per case after warm-up "
-                           "(scripts/profile_case.py); raw metrics per kernel (scripts/ncu_summary.py)")
+        meta = _meta(args.device, args.command)
         args.json.write_text(json.dumps(dict(meta=meta, cases=cases), indent=1))
         print(f"wrote {args.json}")
     return 0
