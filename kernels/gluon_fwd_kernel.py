@@ -83,15 +83,18 @@ def list_block(t, n_full, full_start, part_list):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              q_row, q_col, kv_row, kv_col, n_tiles, n_full, full_start, part_list):
+              q_row, q_col, kv_row, kv_col, n_tiles, n_full, full_start, part_list, q_slot=0, ring0=0):
+    """A work item's loads: Q's two halves into q_smem (q_slot, q_slot + 1), then its K and V tiles
+    into the ring from position ring0 (a persistent program's earlier items took the ones before)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
-    tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(1))
+    tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(q_slot))
+    tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(q_slot + 1))
     for t in range(n_tiles):
-        s = t % STAGES
-        free = ((t // STAGES) & 1) ^ 1                  # the first round passes at once
+        r = ring0 + t
+        s = r % STAGES
+        free = ((r // STAGES) & 1) ^ 1                  # the first round passes at once
         row = kv_row + list_block(t, n_full, full_start, part_list) * BLOCK_N
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
@@ -142,7 +145,10 @@ def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start
 @gluon.jit
 def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
               q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
-              tiles_on, rows_on, WG: gl.constexpr, TRACED: gl.constexpr):
+              tiles_on, rows_on, WG: gl.constexpr, TRACED: gl.constexpr, q_slot=0, q_phase=0, ring0=0):
+    """One consumer warpgroup's work item: its 64 query rows' tiles and epilogue. q_slot, q_phase:
+    the item's Q halves in q_smem (q_slot + WG) and q_bar's phase; ring0: the K / V ring position
+    of its first tile (a persistent program's earlier items took the ones before)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -160,16 +166,17 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
     l_i = gl.zeros([ROWS], gl.float32, row_vec)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    q = q_smem.index(WG)
-    mbarrier.wait(q_bar, 0)
+    q = q_smem.index(q_slot + WG)
+    mbarrier.wait(q_bar, q_phase)
     if n_tiles > 0:
         # tile 0: its scores and softmax alone
-        mbarrier.wait(k_ready.index(0), 0)
+        first = ring0 % STAGES
+        mbarrier.wait(k_ready.index(first), (ring0 // STAGES) & 1)
         if TRACED:
             c_start = _clock64()
-        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(first), count=1)
         kb = list_block(0, n_full, full_start, part_list)
         cols = col0 + kb * BLOCK_N
         if n_full > 0:
@@ -181,13 +188,14 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         # tile t: issue S_t, then P_{t-1} V_{t-1}; the softmax of S_t while P V runs
         for t in range(1, n_tiles):
-            cur = t % STAGES
-            prev = (t - 1) % STAGES
-            mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+            r = ring0 + t                                       # the tile's ring position
+            cur = r % STAGES
+            prev = (r - 1) % STAGES
+            mbarrier.wait(k_ready.index(cur), (r // STAGES) & 1)
             if TRACED:
                 c_start = _clock64()
             s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((r - 1) // STAGES) & 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))             # S_t done (issued first), P V may run on
@@ -203,8 +211,8 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
             acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))
             mbarrier.arrive(v_empty.index(prev), count=1)
             p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        last = (n_tiles - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        last = (ring0 + n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((ring0 + n_tiles - 1) // STAGES) & 1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(o_tok, p_op))

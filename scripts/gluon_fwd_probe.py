@@ -4,10 +4,12 @@ the product's two paths ("gluon": kernels.gluon_fwd_kernel, what flash_attention
 (a sliding window: against the Triton kernel's) first, then all are timed in rotated rounds
 (benchmarks.rotated), medians written to OUT.
 
-    python scripts/gluon_fwd_probe.py OUT.json [--rounds 3] [--quick] [--tokens]
+    python scripts/gluon_fwd_probe.py OUT.json [--rounds 3] [--quick] [--tokens] [--fp8] [--persistent]
 
 --tokens: q, k, v in transformers' (B, N, H, D) memory, seen as (B, H, N, D), as its attention
-passes them (all three paths read them in place).
+passes them (all three paths read them in place). --persistent: also the persistent Gluon probe
+(benchmarks/gluon_fwd_persistent.py) at D 64 and 128, its work list in the natural and the
+longest-first order, checked bit for bit against the product kernel first.
 """
 
 from __future__ import annotations
@@ -50,6 +52,31 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
             fns[label] = call
 
 
+def persistent_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
+    """The persistent probe's rows of a case, each checked first: bit for bit against the product
+    kernel's O and lse on the same order, and against the reference (timed only where both hold)."""
+    import torch
+
+    from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
+    from kernels import flash_attention
+
+    for schedule in ("natural", "longest_first"):
+        label = f"gluon persistent {schedule}"
+        call = lambda schedule=schedule: gluon_fwd_persistent(q, k, v, mask, schedule=schedule)  # noqa: E731
+        try:
+            out, lse = call()
+            want, want_lse = flash_attention(q, k, v, mask=mask, schedule=schedule, return_lse=True)
+            same = bool(torch.equal(out, want) and torch.equal(lse, want_lse))
+            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        except Exception as exc:  # noqa: BLE001  (a probe that does not build or run is reported, not fatal)
+            checks[label] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            print(f"{label}: {checks[label]['error']}", flush=True)
+            continue
+        checks[label] = dict(rel_err_vs_cudnn=err, equal_to_product_kernel=same)
+        if same and err < 2e-2:
+            fns[label] = lambda call=call: call()[0]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
@@ -58,6 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--fp8", action="store_true", help="also the FP8 kernels (MHA full / causal at D 128, 256): the "
                    "Triton FP8 kernel at its default tiles and the Gluon FP8 probe (benchmarks/gluon_fp8.py)")
     p.add_argument("--tokens", action="store_true", help="q, k, v in transformers' (B, N, H, D) memory")
+    p.add_argument("--persistent", action="store_true", help="also the persistent Gluon probe at D 64 and 128")
     args = p.parse_args(argv)
     import torch
     import triton
@@ -113,6 +141,8 @@ def main(argv=None) -> int:
             assert err < 2e-2, (name, err)
         if args.fp8 and d in (128, 256) and mask in ("full", "causal") and h == h_kv:
             fp8_variants(fns, checks, q, k, v, mask, ref)
+        if args.persistent and d in (64, 128) and not args.tokens:
+            persistent_variants(fns, checks, q, k, v, mask, ref)
         ours_err = ((ours_o.float() - ref.float()).norm() / ref.float().norm()).item()
         times = time_rotated(fns, args.rounds)
         med = medians(times)

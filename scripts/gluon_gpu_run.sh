@@ -6,11 +6,12 @@
 # against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8); 4. host time per call
 # (benchmarks.overhead --parts launch); 5. the forward on transformers' (B, N, H, D) inputs
 # (gluon_fwd_probe.py --tokens); 6. a transformers Llama through it, eager and compiled (benchmarks.hf_llama
-# --compile); 7. what tracing costs it, three repeats (benchmarks.overhead --parts trace). STEPS picks steps.
+# --compile); 7. what tracing costs it, three repeats (benchmarks.overhead --parts trace); 8. the persistent
+# forward probe against the product kernel (gluon_fwd_probe.py --persistent). STEPS picks steps.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-STEPS=${STEPS:-"1 2 3 4 5 6 7"}
+STEPS=${STEPS:-"1 2 3 4 5 6 7 8"}
 SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')    # as benchmarks.device_slug
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
@@ -19,7 +20,7 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
     echo "== 1. GPU tests of the Gluon kernels ($(date -u +%T))"
     timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/kernels/test_direct_launch.py \
       tests/kernels/test_ops.py -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
-    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/benchmarks/test_gluon_fp8.py \
+    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/benchmarks/test_gluon_fp8.py tests/benchmarks/test_gluon_fwd_persistent.py \
       tests/benchmarks/test_backward_bench.py -k "gluon" -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
   fi
   if [[ " $STEPS " == *" 2 "* ]]; then
@@ -49,6 +50,11 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
     echo "== 7. tracing cost, 3 repeats ($(date -u +%T))"
     timeout ${TRACE_S:-420} python3 -m benchmarks.overhead --parts trace --seq-lens 4096 --repeats 3 --out "$OUT/trace" \
       2>&1 | grep -v '^ *$' | tail -8
+  fi
+  if [[ " $STEPS " == *" 8 "* ]]; then
+    echo "== 8. the persistent forward probe ($(date -u +%T))"
+    timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-persistent-$SLUG.json" --rounds 3 \
+      --persistent 2>&1 | tail -14
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/run.log"

@@ -2,7 +2,7 @@
 registers, spill stack, shared memory and whether the loop was warp-specialised, per launch.
 
     pip install --target /tmp/t36 --no-deps triton==3.6.0       # the GPU machines' Triton
-    PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8,gluonbwd] [--cases D:N:mask,...]
+    PYTHONPATH=/tmp/t36:. python scripts/sm90_build_stats.py [--only fwd,bwd,fp8,gluonbwd,gluonfwd] [--cases D:N:mask,...]
         [--config TILES_AND_OPTIONS] [--tokens] [--work-traced] [--json OUT] [--sass DIR]
 
 Each call of the public API runs as on an H200 (its device facts: 132 SMs, warp specialisation on),
@@ -13,7 +13,8 @@ numbers are those of the Triton on the path: build with the GPU machines' versio
 with their timings. A warp-specialised kernel reports the launch's register count; its partitions
 then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon backward probes
 (benchmarks.gluon_backward's dK/dV and dQ passes, benchmarks.gluon_backward_fused with dQ added by
-the consumers and by a writer warp, and its ablation that stores dQ), 2 stages."""
+the consumers and by a writer warp, and its ablation that stores dQ), 2 stages. gluonfwd (nor this):
+the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ FWD = [(64, 4096, "full"), (64, 8192, "causal"), (128, 4096, "full"), (128, 4096
        (256, 4096, "full"), (256, 4096, "causal")]
 BWD = [(64, 4096, "full"), (64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (256, 4096, "causal")]
 GLUONBWD = [(64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal")]
+GLUONFWD = [(64, 4096, "full"), (128, 4096, "full"), (128, 4096, "causal")]
 FP8 = [(128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"), (256, 4096, "full"), (256, 4096, "causal")]
 
 
@@ -208,6 +210,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.backward_atomic as backward_atomic
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_fused as gluon_fused
+    import benchmarks.gluon_fwd_persistent as gluon_persistent
 
     class Built:                # the Gluon backward probes' launches, compiled
         def __init__(self, jit):
@@ -216,7 +219,8 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
         def __getitem__(self, grid):
             return lambda *args, **options: build(self.jit, grid, args, options)
     for mod, name in ((gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd, "attn_bwd_dq_gluon_kernel"),
-                      (gluon_fused, "attn_bwd_fused_gluon_kernel")):
+                      (gluon_fused, "attn_bwd_fused_gluon_kernel"),
+                      (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
     class NoStats:              # their statistics pre-pass is not what is surveyed
         def __getitem__(self, grid):
@@ -262,6 +266,10 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
             gluon_dq(do, q, k, v, o, lse, mask, block_n=block_n, stages=2)
         for writer, store in ((False, False), (True, False), (False, True)):
             gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store)
+    elif part == "gluonfwd":
+        from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
+
+        gluon_fwd_persistent(q, k, v, mask)
     else:           # the attention kernel's launches on inputs of the quantised layout (no quantise pass)
         cfg = fp8_config(d, given.get("block_m"), given.get("block_n"), mask=parse_mask(mask, n, n), n_q=n, n_k=n,
                          device="cuda")
@@ -275,7 +283,7 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8, gluonbwd (default "
+    p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8, gluonbwd, gluonfwd (default "
                    "fwd,bwd,fp8)")
     p.add_argument("--cases", default=None,
                    help="comma-separated D:N:mask, e.g. 128:4096:causal, for every part asked (default: each part's list)")
@@ -294,8 +302,8 @@ def main(argv=None) -> int:
     if args.tokens:
         os.environ["TILESCOPE_GLUON_TOKENS"] = "1"
     parts = set(args.only.split(","))
-    if parts - {"fwd", "bwd", "fp8", "gluonbwd"}:
-        p.error(f"--only takes fwd, bwd, fp8, gluonbwd; got {args.only}")
+    if parts - {"fwd", "bwd", "fp8", "gluonbwd", "gluonfwd"}:
+        p.error(f"--only takes fwd, bwd, fp8, gluonbwd, gluonfwd; got {args.only}")
     chosen = None
     if args.cases:
         try:
@@ -321,8 +329,8 @@ def main(argv=None) -> int:
 
     rows: list = []
     _as_h200(rows, args.work_traced)
-    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD)
-    cases = [(part, *c) for part in ("fwd", "bwd", "fp8", "gluonbwd") if part in parts for c in (chosen or lists[part])]
+    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD, gluonfwd=GLUONFWD)
+    cases = [(part, *c) for part in ("fwd", "bwd", "fp8", "gluonbwd", "gluonfwd") if part in parts for c in (chosen or lists[part])]
     for part, d, n, mask in cases:
         rows.append(dict(part=part, head_dim=d, seq_len=n, mask=mask, config=config, launches=[]))
         try:

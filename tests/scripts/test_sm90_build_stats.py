@@ -56,6 +56,20 @@ def test_the_gluon_forward_builds_warp_specialised_without_spills(tmp_path):
     assert loop["ops"]["HGMMA"] >= 16 and loop["ops"]["MUFU"] >= 64
 
 
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
+def test_the_persistent_gluon_forward_probe_builds_like_the_product_kernel(tmp_path):
+    """benchmarks.gluon_fwd_persistent: one launch, warp-specialised, no spill, both Q buffers and
+    the ring within an SM's shared memory, the product kernel's tile loop (both products in it)."""
+    out = tmp_path / "stats.json"
+    run = _run("--only", "gluonfwd", "--cases", "128:2048:full", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    (launch,) = json.loads(out.read_text())["rows"][0]["launches"]
+    assert launch["kernel"] == "attn_fwd_gluon_persistent_kernel" and launch["warp_specialized"]
+    assert launch["stack_bytes"] == 0 and launch["spills_in_loops"] == 0 and 160 < launch["shared_kib"] <= 228
+    loop = launch["tile_loop"]
+    assert loop["ops"]["HGMMA"] >= 16 and loop["ops"]["MUFU"] >= 64
+
+
 def test_bad_arguments_and_the_interpreter_are_refused_in_one_line():
     bad = _run("--cases", "128:x:full")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("got 128:x:full")
