@@ -143,6 +143,9 @@ def _gluon_suite() -> list[dict]:
         for stages in (2, 3):
             out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
                             stages=stages, nocheck=True))
+            # the tiles' statistics by TMA into each stage (FlashAttention-3's way), not 32 loads a thread
+            out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages, stats by TMA",
+                                 kind="bwd_gluon_dkdv"), stages=stages, stats_tma=True, nocheck=True))
             for block_n in (64, 128) if stages == 2 or shape[-1] == 64 else (64,):   # 3 x 128 x 128 > 227 KiB
                 out.append(dict(_bwd(shape, mask, f"gluon dq pass, 128x{block_n}, {stages} stages",
                                      kind="bwd_gluon_dq"), stages=stages, block_n=block_n, nocheck=True))
@@ -206,14 +209,14 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_dkdv":
         from .gluon_backward import gluon_dkdv
 
-        return lambda: gluon_dkdv(do, q, k, vv, o, lse, mask, stages=v["stages"])
+        return lambda: gluon_dkdv(do, q, k, vv, o, lse, mask, stages=v["stages"], stats_tma=v.get("stats_tma", False))
     if v["kind"] == "bwd_gluon_fused":
         from .gluon_backward_fused import gluon_backward_fused
 
         return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"],
                                             dq_store=v.get("dq_store", False))
     if v["kind"] == "bwd_gluon_dq":
-        from .gluon_backward import gluon_dq
+        from .gluon_backward_dq import gluon_dq
 
         return lambda: gluon_dq(do, q, k, vv, o, lse, mask, block_n=v["block_n"], stages=v["stages"])
     if v["kind"] == "bwd_atomic":

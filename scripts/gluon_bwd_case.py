@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.gluon_backward import gluon_dkdv, gluon_dq  # noqa: E402
+from benchmarks.gluon_backward import gluon_dkdv  # noqa: E402
+from benchmarks.gluon_backward_dq import gluon_dq  # noqa: E402
 from benchmarks.gluon_backward_fused import gluon_backward_fused  # noqa: E402
 from kernels import flash_attention  # noqa: E402
 from kernels.masks import parse_mask  # noqa: E402

@@ -70,7 +70,8 @@ def main(argv=None) -> int:
 
     def probe():
         """A Gluon backward probe on the forward's output and lse (computed outside the range)."""
-        from benchmarks.gluon_backward import gluon_dkdv, gluon_dq
+        from benchmarks.gluon_backward import gluon_dkdv
+        from benchmarks.gluon_backward_dq import gluon_dq
         from benchmarks.gluon_backward_fused import gluon_backward_fused
 
         with torch.no_grad():

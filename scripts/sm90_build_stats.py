@@ -12,7 +12,7 @@ local array) there: a first place to look when a kernel is slower than its arith
 numbers are those of the Triton on the path: build with the GPU machines' version (3.6) to compare
 with their timings. A warp-specialised kernel reports the launch's register count; its partitions
 then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon backward probes
-(benchmarks.gluon_backward's dK/dV and dQ passes, benchmarks.gluon_backward_fused with dQ added by
+(benchmarks.gluon_backward's dK/dV pass, its statistics loaded by each thread and by TMA, its dQ pass, benchmarks.gluon_backward_fused with dQ added by
 the consumers and by a writer warp, and its ablation that stores dQ), 2 stages. gluonfwd (nor this):
 the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent)."""
 
@@ -209,6 +209,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
 
     import benchmarks.backward_atomic as backward_atomic
     import benchmarks.gluon_backward as gluon_bwd
+    import benchmarks.gluon_backward_dq as gluon_bwd_dq
     import benchmarks.gluon_backward_fused as gluon_fused
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
@@ -218,7 +219,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
 
         def __getitem__(self, grid):
             return lambda *args, **options: build(self.jit, grid, args, options)
-    for mod, name in ((gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd, "attn_bwd_dq_gluon_kernel"),
+    for mod, name in ((gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_dq, "attn_bwd_dq_gluon_kernel"),
                       (gluon_fused, "attn_bwd_fused_gluon_kernel"),
                       (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
@@ -257,11 +258,13 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
         cfg = BackwardConfig(**given) if given else None
         flash_attention_backward(do, q, k, v, o, torch.zeros(1, 2, n, dtype=torch.float32), mask=mask, config=cfg)
     elif part == "gluonbwd":
-        from benchmarks.gluon_backward import gluon_dkdv, gluon_dq
+        from benchmarks.gluon_backward import gluon_dkdv
+        from benchmarks.gluon_backward_dq import gluon_dq
         from benchmarks.gluon_backward_fused import gluon_backward_fused
 
         lse = torch.zeros(1, 2, n)
-        gluon_dkdv(do, q, k, v, o, lse, mask, stages=2)
+        for stats_tma in (False, True):
+            gluon_dkdv(do, q, k, v, o, lse, mask, stages=2, stats_tma=stats_tma)
         for block_n in (64, 128):
             gluon_dq(do, q, k, v, o, lse, mask, block_n=block_n, stages=2)
         for writer, store in ((False, False), (True, False), (False, True)):

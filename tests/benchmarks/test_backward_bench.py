@@ -136,11 +136,13 @@ def test_every_backend_agrees_with_ours_before_timing():
                                                    ("sliding_window:200", 4, 1, 1300, 700, 64),
                                                    ("causal", 2, 2, 1024, 1024, 64)])
 def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, d):
-    """benchmarks.gluon_backward's dK/dV and dQ passes and benchmarks.gluon_backward_fused (Hopper): GQA,
-    N_q != N_k, ragged lengths, three masks."""
+    """benchmarks.gluon_backward's dK/dV pass (its statistics loaded by each thread or by TMA: the same
+    bits) and dQ pass and benchmarks.gluon_backward_fused (Hopper): GQA, N_q != N_k, ragged lengths,
+    three masks."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
-    from benchmarks.gluon_backward import gluon_dkdv, gluon_dq
+    from benchmarks.gluon_backward import gluon_dkdv
+    from benchmarks.gluon_backward_dq import gluon_dq
     from benchmarks.gluon_backward_fused import gluon_backward_fused
 
     g = torch.Generator().manual_seed(n_q + n_k)
@@ -163,9 +165,14 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
         for x, r in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
             assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "fused", writer)
     for stages in (2, 3):
-        dk, dv = gluon_dkdv(do16, q16, k16, v16, o, lse, mask, stages=stages)
-        for x, r in ((dk, want_dk), (dv, want_dv)):
-            assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, stages)
+        for stats_tma in (False, True):
+            dk, dv = gluon_dkdv(do16, q16, k16, v16, o, lse, mask, stages=stages, stats_tma=stats_tma)
+            for x, r in ((dk, want_dk), (dv, want_dv)):
+                assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, stages, stats_tma)
+            if stats_tma:       # the same arithmetic on the same values: the same bits
+                assert torch.equal(dk, first_dk) and torch.equal(dv, first_dv), (mask, stages)
+            else:
+                first_dk, first_dv = dk, dv
         for block_n in (64, 128) if stages == 2 or d == 64 else (64,):     # 3 x 128 x 128 at D128: > 227 KiB
             dq = gluon_dq(do16, q16, k16, v16, o, lse, mask, block_n=block_n, stages=stages)
             assert float((dq.double().cpu() - want_dq).norm() / want_dq.norm()) < 1e-2, (mask, stages, block_n)
