@@ -243,6 +243,15 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, s
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+def stats_descriptor(stats):
+    """A TMA descriptor over the statistics (B*H, 2, N_q) float32 as (B*H*2*N_q,) in 64-row boxes,
+    unswizzled: every box starts 16-byte aligned where N_q % 4 == 0 (the probes' condition)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(stats.view(-1), [stats.numel()], [1], [ROWS_PER_TILE],
+                            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+
+
 def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, stats_tma=False):
     """dK, dV of attention by the Gluon dK/dV kernel (no dQ).
 
@@ -278,10 +287,7 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, 
     desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     scale = softmax_scale(None, d)
-    # (B*H*2*N_q,) float32 in 64-row boxes, unswizzled: 16-byte aligned at every 64-row start (N_q % 4 == 0)
-    st_desc = TensorDescriptor(stats.view(-1), [stats.numel()], [1], [ROWS_PER_TILE],
-                               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)) \
-        if stats_tma else None
+    st_desc = stats_descriptor(stats) if stats_tma else None
     attn_bwd_dkdv_gluon_kernel[(b * h_kv * kp.n_kb,)](
         desc(q), desc(do), desc(k), desc(v), dk, dv, stats, st_desc, kp.row_lo, kp.row_hi, bp.kv_full_cnt,
         bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb,

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels.gluon_fwd_kernel import list_block, tma_load
 
-from .gluon_backward import key_block_item, key_visible, store_dkdv
+from .gluon_backward import key_block_item, key_visible, stats_descriptor, store_dkdv
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
@@ -35,10 +35,12 @@ ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
 
 @gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar, ready,
-              empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q):
+              empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q, st_desc, lse_smem,
+              delta_smem):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HALF: gl.constexpr = kh_smem.shape[2]
+    STATS_TMA: gl.constexpr = lse_smem.shape[1] > 1     # else a stub: the consumers load the statistics
     mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes + 2 * kh_desc.block_type.nbytes)
     tma_load(k_desc, [kv_row, 0], kv_bar, k_smem.index(0))
     tma_load(k_desc, [kv_row + KEYS, 0], kv_bar, k_smem.index(1))
@@ -49,16 +51,23 @@ def _producer(q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem,
     for it in range(n_items):
         s = it % STAGES
         head = head0 + it // n_tiles
-        row = head * N_Q + list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        row = head * N_Q + qb_row
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        if STATS_TMA:       # the tile's 64 lse and delta values beside Q and dO (benchmarks.gluon_backward's)
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + 2 * st_desc.block_type.nbytes)
+            tma_load(st_desc, [2 * head * N_Q + qb_row], ready.index(s), lse_smem.index(s))
+            tma_load(st_desc, [(2 * head + 1) * N_Q + qb_row], ready.index(s), delta_smem.index(s))
+        else:
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
         tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
 
 
 @gluon.jit
 def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
@@ -66,6 +75,7 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
     HALF: gl.constexpr = kh_smem.shape[2]
     DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 2
     DQ_STORE: gl.constexpr = dq_smem.shape[1] == 2      # the timing ablation (gluon_backward_fused's dq_store)
+    STATS_TMA: gl.constexpr = lse_smem.shape[1] > 1     # the statistics in the stage (stats_tma), else loaded
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -102,16 +112,23 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
                               is_async=True)
         dp_tok = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
                                is_async=True)                                # dP^T
-        # the rows' statistics, loaded while the products run (short-lived: registers are scarce)
+        # the rows' statistics, read while the products run (short-lived: registers are scarce); rows
+        # past N_q occur in partial tiles only, whose mask drops them whatever the statistics read
         stats = STATS + head.to(gl.int64) * 2 * N_Q
-        lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))      # padded rows: P = 0
+        if STATS_TMA:
+            lse2 = lse_smem.index(s).load(col_vec)
+        else:
+            lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))  # padded rows: P = 0
         st = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
         if t >= n_full:     # a partial tile: each query row's key interval
             p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
-        delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
+        if STATS_TMA:
+            delta = delta_smem.index(s).load(col_vec)
+        else:
+            delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
         ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
         # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, once both groups' dQ products
@@ -171,31 +188,31 @@ def _dq_writer(DQA, dq_smem, dq_ready, dq_free, head0, n_tiles, n_items, n_full,
 
 @gluon.jit
 def _consumer0(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
     _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
 def _consumer1(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
     _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
-              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
+              empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, DQA, STATS, row_lo, row_hi, full_cnt,
-                                full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
-                                sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, DQ_WRITER: gl.constexpr,
-                                DQ_STORE: gl.constexpr):
+def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, DQA, STATS, st_desc, row_lo, row_hi,
+                                full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
+                                qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                DQ_WRITER: gl.constexpr, DQ_STORE: gl.constexpr, STATS_TMA: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
     (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; kh_desc: the same K in
     (128, D / 2) blocks; DK, DV like k; DQA (B*H*N_q, D) float32, zeroed (dQ times the softmax scale
-    is added); STATS as benchmarks.gluon_backward's."""
+    is added); STATS, st_desc and STATS_TMA as benchmarks.gluon_backward's dK/dV pass's."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     HALF: gl.constexpr = kh_desc.block_type.shape[1]
@@ -213,6 +230,9 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 2 if DQ_STORE else 1
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, HALF],
                                         gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0]))
+    # STATS_TMA: each stage's 64 lse and delta values (else 1 x 1 stubs, whose shape tells the partitions)
+    lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M] if STATS_TMA else [1, 1], st_desc.layout)
+    delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M] if STATS_TMA else [1, 1], st_desc.layout)
     dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     dq_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -230,10 +250,11 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
     consumer_args = (DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar,
-                     ready, empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, head0, key0, n_tiles, n_items, n_full,
+                     ready, empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                      first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     producer_args = (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
-                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)
+                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q, st_desc,
+                     lse_smem, delta_smem)
     if DQ_WRITER:
         gl.warp_specialize([
             (_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args),
@@ -246,7 +267,7 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
 
 
 def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_writer=False,
-                         dq_store=False):
+                         dq_store=False, stats_tma=False):
     """dQ, dK, dV of attention by the fused Gluon kernel.
 
     Arguments:
@@ -256,7 +277,8 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
             consumer thread; dq_writer: dQ added by four warps of their own from shared memory
             (FlashAttention-3's way), else by the consumers from registers; dq_store: a timing
             ablation, the consumers store each tile's dQ instead of adding it (the same bytes
-            without the reduction; dQ is then wrong), not with dq_writer.
+            without the reduction; dQ is then wrong), not with dq_writer; stats_tma: each tile's
+            statistics loaded into the stage by TMA (as benchmarks.gluon_backward's gluon_dkdv).
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -271,8 +293,9 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
     h_kv, n_k = k.shape[1], k.shape[2]
     if dq_store and dq_writer:
         raise ValueError("dq_store (a timing ablation of the consumers' atomics) does not go with dq_writer")
-    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"the fused Gluon backward probe takes bf16/fp16 with D 64 or 128, not {q.dtype} D {d}")
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or (stats_tma and n_q % 4):
+        raise ValueError(f"the fused Gluon backward probe takes bf16/fp16 with D 64 or 128 (with stats_tma N_q a "
+                         f"multiple of 4), not {q.dtype} D {d} N_q {n_q}")
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
     _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
@@ -287,9 +310,10 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
     scale = softmax_scale(None, d)
+    st_desc = stats_descriptor(stats)          # read with stats_tma; a partition takes no None
     attn_bwd_fused_gluon_kernel[(b * h_kv * kp.n_kb,)](
-        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, stats, kp.row_lo, kp.row_hi, bp.kv_full_cnt,
-        bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb,
-        scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer, DQ_STORE=dq_store,
-        num_warps=4)
+        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, stats, st_desc, kp.row_lo, kp.row_hi,
+        bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
+        kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer,
+        DQ_STORE=dq_store, STATS_TMA=stats_tma, num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

@@ -140,6 +140,8 @@ def _gluon_suite() -> list[dict]:
         # the same with dQ stored, not added (wrong dQ: timed, not checked): what the atomics cost
         out.append(dict(_bwd(shape, mask, "gluon fused, dq stored (ablation)", kind="bwd_gluon_fused"), stages=2,
                         dq_writer=False, dq_store=True, nocheck=True))
+        out.append(dict(_bwd(shape, mask, "gluon fused, dq by the consumers, stats by TMA", kind="bwd_gluon_fused"),
+                        stages=2, dq_writer=False, stats_tma=True))
         for stages in (2, 3):
             out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
                             stages=stages, nocheck=True))
@@ -214,7 +216,7 @@ def backward_call(v, device):
         from .gluon_backward_fused import gluon_backward_fused
 
         return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"],
-                                            dq_store=v.get("dq_store", False))
+                                            dq_store=v.get("dq_store", False), stats_tma=v.get("stats_tma", False))
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 
