@@ -7,7 +7,9 @@
 # (benchmarks.overhead --parts launch); 5. the forward on transformers' (B, N, H, D) inputs
 # (gluon_fwd_probe.py --tokens); 6. a transformers Llama through it, eager and compiled (benchmarks.hf_llama
 # --compile); 7. what tracing costs it, three repeats (benchmarks.overhead --parts trace); 8. the persistent
-# forward probe against the product kernel (gluon_fwd_probe.py --persistent). STEPS picks steps.
+# forward probe against the product kernel (gluon_fwd_probe.py --persistent); 9 (only when named): the
+# bundled forward recordings re-recorded (instrumentation.regenerate --only traces), tarred in 15 MiB parts
+# ($OUT/regen.tgz.part-*: files come back 8 at most, 16 MiB each). STEPS picks steps.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -55,6 +57,14 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
     echo "== 8. the persistent forward probe ($(date -u +%T))"
     timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-persistent-$SLUG.json" --rounds 3 \
       --persistent 2>&1 | tail -14
+  fi
+  if [[ " $STEPS " == *" 9 "* ]]; then
+    echo "== 9. the bundled recordings, re-recorded ($(date -u +%T))"
+    rm -rf /tmp/regen && mkdir -p /tmp/regen
+    timeout ${REGEN_S:-420} python3 -m instrumentation.regenerate --out /tmp/regen --only traces --no-progress 2>&1 \
+      | tail -8
+    (cd /tmp/regen && tar czf - .) | split -b 15m - "$OUT/regen.tgz.part-"
+    ls -l "$OUT"/regen.tgz.part-*
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/run.log"
