@@ -31,6 +31,21 @@ KEYS_PER_PROGRAM = 128              # the plan's block_n1
 
 
 @gluon.jit
+def load_tile(q_desc, do_desc, st_desc, q_buf, do_buf, lse_smem, delta_smem, bar, s, row, head, qb_row, N_Q,
+              STATS_TMA: gl.constexpr):
+    """A (Q, dO) tile into its stage by TMA on bar, and with STATS_TMA its 64 rows' lse and delta
+    (rows 2 * head and 2 * head + 1 of the statistics, from query row qb_row) into stage s."""
+    if STATS_TMA:
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + 2 * st_desc.block_type.nbytes)
+        tma_load(st_desc, [2 * head * N_Q + qb_row], bar, lse_smem.index(s))
+        tma_load(st_desc, [(2 * head + 1) * N_Q + qb_row], bar, delta_smem.index(s))
+    else:
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma_load(q_desc, [row, 0], bar, q_buf)
+    tma_load(do_desc, [row, 0], bar, do_buf)
+
+
+@gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
               empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q):
     _produce(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row, head0,
@@ -64,15 +79,8 @@ def _produce(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, k
         qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
         row = head * N_Q + qb_row
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        if STATS_TMA:
-            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                            + 2 * st_desc.block_type.nbytes)
-            tma_load(st_desc, [2 * head * N_Q + qb_row], ready.index(s), lse_smem.index(s))
-            tma_load(st_desc, [(2 * head + 1) * N_Q + qb_row], ready.index(s), delta_smem.index(s))
-        else:
-            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
-        tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+        load_tile(q_desc, do_desc, st_desc, q_smem.index(s), do_smem.index(s), lse_smem, delta_smem, ready.index(s),
+                  s, row, head, qb_row, N_Q, STATS_TMA)
 
 
 @gluon.jit

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels.gluon_fwd_kernel import list_block, tma_load
 
-from .gluon_backward import key_block_item, key_visible, stats_descriptor, store_dkdv
+from .gluon_backward import key_block_item, key_visible, load_tile, stats_descriptor, store_dkdv
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
@@ -54,15 +54,8 @@ def _producer(q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem,
         qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
         row = head * N_Q + qb_row
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        if STATS_TMA:       # the tile's 64 lse and delta values beside Q and dO (benchmarks.gluon_backward's)
-            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                            + 2 * st_desc.block_type.nbytes)
-            tma_load(st_desc, [2 * head * N_Q + qb_row], ready.index(s), lse_smem.index(s))
-            tma_load(st_desc, [(2 * head + 1) * N_Q + qb_row], ready.index(s), delta_smem.index(s))
-        else:
-            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma_load(q_desc, [row, 0], ready.index(s), q_smem.index(s))
-        tma_load(do_desc, [row, 0], ready.index(s), do_smem.index(s))
+        load_tile(q_desc, do_desc, st_desc, q_smem.index(s), do_smem.index(s), lse_smem, delta_smem, ready.index(s),
+                  s, row, head, qb_row, N_Q, STATS_TMA)
 
 
 @gluon.jit
