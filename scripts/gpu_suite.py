@@ -1,0 +1,61 @@
+"""The GPU test suite on a lent GPU, in calls that fit its per-call limit: `pytest -m gpu` over tests/
+(tests/app left out: the GPU machines have no Streamlit or Plotly), verbose, into a log; a later call
+given the earlier logs runs only the tests none of them passed.
+
+    python scripts/gpu_suite.py LOG [--after LOG ...] [--workers 14] [--timeout 540]
+    # first call:  python scripts/gpu_suite.py $OUT/suite-1.log
+    # copy suite-1.log into the working tree (an untracked folder travels), then
+    # second call: python scripts/gpu_suite.py $OUT/suite-2.log --after gpu-logs/suite-1.log
+
+Exit status: pytest's (5 where nothing was left to run), 124 where the timeout stopped it; the log
+ends with pytest's summary line when it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PASSED = re.compile(r"(?:PASSED|SKIPPED|XFAIL)\s+(tests/\S+::\S+)|(tests/\S+::\S+)\s+(?:PASSED|SKIPPED|XFAIL)")
+
+
+def done_tests(logs) -> list[str]:
+    """Node ids that passed (or were skipped) in pytest -v logs, in first-seen order, no repeats."""
+    seen: dict[str, None] = {}
+    for log in logs:
+        for line in Path(log).read_text(errors="replace").splitlines():
+            m = PASSED.search(line)
+            if m:
+                seen.setdefault(m.group(1) or m.group(2))
+    return list(seen)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("log", type=Path, help="where this call's pytest output goes")
+    p.add_argument("--after", type=Path, nargs="*", default=[], help="earlier calls' logs: their passed tests are left out")
+    p.add_argument("--workers", type=int, default=14)
+    p.add_argument("--timeout", type=int, default=540, help="seconds before pytest is stopped (its log is kept)")
+    args = p.parse_args(argv)
+    missing = [str(log) for log in args.after if not log.is_file()]
+    if missing:
+        p.error(f"no such log: {', '.join(missing)} (copy earlier logs into the working tree first)")
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "--ignore=tests/app", "-n", str(args.workers), "-v",
+           "-p", "no:cacheprovider", "--tb=short", "-rfE", "-W", "ignore"]
+    for node in done_tests(args.after):
+        cmd += ["--deselect", node]
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    with args.log.open("w") as out:
+        try:
+            return subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            out.write(f"\ngpu_suite: stopped after {args.timeout} s\n")
+            return 124
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""scripts/gpu_suite.py: the tests an earlier pytest -v log passed or skipped (xdist's and plain
+pytest's line forms), each once, in order; failures and errors are run again; a missing log is refused
+in one line."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_suite  # noqa: E402
+
+
+def test_done_tests_reads_both_line_forms_and_leaves_failures(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("\n".join([
+        "[gw3] [ 10%] PASSED tests/kernels/test_ops.py::test_a[1-2]",
+        "tests/kernels/test_ops.py::test_b PASSED                    [ 11%]",
+        "[gw1] [ 12%] FAILED tests/kernels/test_ops.py::test_c",
+        "[gw2] [ 13%] SKIPPED tests/kernels/test_ops.py::test_d",
+        "ERROR tests/kernels/test_ops.py::test_e - RuntimeError",
+        "tests/kernels/test_ops.py::test_f ",                      # started, not finished
+        "[gw0] [ 14%] PASSED tests/kernels/test_ops.py::test_a[1-2]",
+    ]))
+    other = tmp_path / "b.log"
+    other.write_text("[gw0] [ 50%] PASSED tests/kernels/test_decode.py::test_g\n")
+    assert gpu_suite.done_tests([log, other]) == ["tests/kernels/test_ops.py::test_a[1-2]",
+                                                   "tests/kernels/test_ops.py::test_b",
+                                                   "tests/kernels/test_ops.py::test_d",
+                                                   "tests/kernels/test_decode.py::test_g"]
+
+
+def test_a_missing_earlier_log_is_refused_in_one_line(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_suite.py"), str(tmp_path / "out.log"),
+                          "--after", str(tmp_path / "nope.log")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "no such log" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "out.log").exists()
