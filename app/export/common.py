@@ -43,6 +43,36 @@ def _start_kaleido() -> None:
     kaleido.start_sync_server(silence_warnings=True, path=image_browser())
 
 
+STOP_TIMEOUT_S = 30.0
+
+
+def stop_kaleido(timeout_s: float | None = None) -> bool:
+    """kaleido.stop_sync_server, bounded. Its stop joins kaleido's server thread, which once waited
+    for ever on a Chromium that had already exited (choreographer's close, in a CI run of the export
+    tests: the test, then the run, hung). Past timeout_s (STOP_TIMEOUT_S) kaleido's server object is
+    left to its thread, marked stopped so its exit hook returns at once, and a fresh one takes its
+    place: the export returns, and a later one starts a new browser.
+    Returns: whether the server stopped in time."""
+    import kaleido
+
+    stopped = threading.Event()
+
+    def stop():
+        try:
+            kaleido.stop_sync_server(silence_warnings=True)
+        finally:
+            stopped.set()
+    threading.Thread(target=stop, name="kaleido-stop", daemon=True).start()
+    if stopped.wait(STOP_TIMEOUT_S if timeout_s is None else timeout_s):
+        return True
+    server = getattr(kaleido, "_global_server", None)      # kaleido's own singleton (kaleido 1.x)
+    if server is not None and hasattr(server, "_initialized"):
+        server._initialized = False
+        type(server)._instance = None
+        kaleido._global_server = type(server)()
+    return False
+
+
 def check_file_target(path, force: bool = False) -> Path:
     """Refuse, in one line and before any work, an output file that must not be written: an
     empty path or one under a file (the parent checks record_cli's targets get,
@@ -139,8 +169,6 @@ def keep_renderer() -> None:
     the app's export clicks then render at once instead of starting a browser each (1-3 s of a
     click on a 2-CPU machine). Call it ahead of the first click (e.g. in a background thread)."""
     global _kaleido_started, _kept
-    import kaleido
-
     with _lock:
         if _kept:
             return
@@ -148,7 +176,7 @@ def keep_renderer() -> None:
             _start_kaleido()
             _kaleido_started = True
         _kept = True
-        atexit.register(lambda: kaleido.stop_sync_server(silence_warnings=True))
+        atexit.register(stop_kaleido)
         import plotly.graph_objects as go      # the first image also loads plotly.js into the page (~5 s)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*kopts.*")
@@ -185,8 +213,6 @@ def kaleido_server():
     Inside, this thread has the renderer to itself (other threads wait); a kept renderer
     (keep_renderer) is reused and left running."""
     global _kaleido_started
-    import kaleido
-
     with _lock:
         started_here = not _kaleido_started
         if started_here:
@@ -198,5 +224,5 @@ def kaleido_server():
                 yield
         finally:
             if started_here and not _kept:
-                kaleido.stop_sync_server(silence_warnings=True)
+                stop_kaleido()
                 _kaleido_started = False
