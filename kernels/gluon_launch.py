@@ -133,6 +133,9 @@ class GluonLaunch:
     copies: tuple                       # q, k, v: copied into that layout per call (layout_copies)
     # every kernel argument of an untraced call, positionally; run() sets the descriptors, O, LSE, scale
     args: list = field(repr=False, compare=False)
+    # where in args: q_desc (then k_desc, v_desc, O, LSE), tr_work (then tr_tiles, tr_rows, row_slot,
+    # head_slot), trace_slots, qk_scale, TRACE_WORK (then TRACE_TILES)
+    slots: tuple = field(repr=False, compare=False)
     direct: DirectLaunch = field(repr=False, compare=False)          # its compiled kernels
     # the Q and K/V tensor descriptors (their tiles and shared layouts), checked once, without a base:
     # each call copies them onto its tensors
@@ -155,9 +158,17 @@ class GluonLaunch:
                    gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
         layout = call_layout(q, k, v)
         tokens = layout == "tokens"
-        args = [None] * 5 + [plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx,
-                             works] + [None] * 5 + [0, h, h // h_kv, n, n_k, plan.n_qb, plan.n_kb, None,
-                                                     stages, CONSUMER_REGS, False, False, tokens]
+        # every argument by name (a changed kernel signature fails here, loudly); per call: the
+        # descriptors, O, LSE and the scale, and for a traced call the trace buffers and flags
+        named = dict(q_desc=None, k_desc=None, v_desc=None, O=None, LSE=None, row_lo=plan.row_lo, row_hi=plan.row_hi,
+                     full_cnt=plan.full_cnt, full_start=plan.full_start, part_cnt=plan.part_cnt,
+                     part_idx=plan.part_idx, works=works, tr_work=None, tr_tiles=None, tr_rows=None, row_slot=None,
+                     head_slot=None, trace_slots=0, H=h, GROUP=h // h_kv, N_Q=n, N_K=n_k, n_qb=plan.n_qb,
+                     n_kb=plan.n_kb, qk_scale=None, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS, TRACE_WORK=False,
+                     TRACE_TILES=False, TOKEN_MAJOR=tokens)
+        names = attn_fwd_gluon_kernel.arg_names
+        args = [named[name] for name in names]
+        slots = tuple(names.index(name) for name in ("q_desc", "tr_work", "trace_slots", "qk_scale", "TRACE_WORK"))
         # the 2-D matrices the kernel's TMA reads: (B*H*N, D) rows, or (B*N, H*D) with a head at column h*D
         q_2d, k_2d = ([b * n, h * d], [b * n_k, h_kv * d]) if tokens else ([b * h * n, d], [b * h_kv * n_k, d])
         descriptors = (TensorDescriptor(q, q_2d, [q_2d[1], 1], [ROWS_PER_ITEM // 2, d], layouts[0]),  # checked here
@@ -165,7 +176,7 @@ class GluonLaunch:
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
         return GluonLaunch(plan, works, (works.numel(),), tuple(q.shape), bool(return_lse), tokens,
-                           layout_copies(q, k, v, layout), args,
+                           layout_copies(q, k, v, layout), args, slots,
                            DirectLaunch(attn_fwd_gluon_kernel), descriptors)
 
     def run(self, q, k, v, qk_scale: float, trace=None):
@@ -188,16 +199,17 @@ class GluonLaunch:
         lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)   # (B, H, N_q)
         q_desc, kv_desc = self.descriptors
         args = self.args.copy()
-        args[:5] = _on(q_desc, q), _on(kv_desc, k), _on(kv_desc, v), o, lse
-        args[24] = qk_scale
+        at_q, at_trace, at_slots, at_scale, at_flags = self.slots
+        args[at_q:at_q + 5] = _on(q_desc, q), _on(kv_desc, k), _on(kv_desc, v), o, lse
+        args[at_scale] = qk_scale
         grid, kernel = self.grid, self.direct.kernel
         if trace is None:       # the compiled kernel, launched without Triton's per-call binding
             self.direct(grid, args, True, lambda: kernel[grid](*args, num_warps=4))
         else:
-            head_slot, args[17] = checked_trace(trace, b * h, self.plan)
-            args[12:17] = (trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot) if trace.trace_tiles else \
-                (trace.work, None, None, None, None)
-            args[27:29] = trace.trace_work, trace.trace_tiles
+            head_slot, args[at_slots] = checked_trace(trace, b * h, self.plan)
+            args[at_trace:at_trace + 5] = (trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot) \
+                if trace.trace_tiles else (trace.work, None, None, None, None)
+            args[at_flags:at_flags + 2] = trace.trace_work, trace.trace_tiles
             kernel[grid](*args, num_warps=4)
         return (o, lse) if self.returns_lse else o
 
