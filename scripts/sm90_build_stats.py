@@ -196,6 +196,8 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import kernels.gluon_fwd_kernel as gluon_fwd
 
     class GluonBuild:           # the Gluon forward's launches (kernels.gluon_launch), compiled
+        arg_names = gluon_fwd.attn_fwd_gluon_kernel.arg_names       # the plan builds its arguments by name
+
         def __getitem__(self, grid):
             return lambda *args, **options: self.build(grid, list(args), options)
 
