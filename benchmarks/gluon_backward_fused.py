@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from kernels.gluon_fwd_kernel import list_block, tma_load
+from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
 from .gluon_backward import key_block_item, key_visible, load_tile, stats_descriptor, store_dkdv
 
@@ -69,12 +69,9 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
     DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 2
     DQ_STORE: gl.constexpr = dq_smem.shape[1] == 2      # the timing ablation (gluon_backward_fused's dq_store)
     STATS_TMA: gl.constexpr = lse_smem.shape[1] > 1     # the statistics in the stage (stats_tma), else loaded
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF, 16])
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    dq_layout: gl.constexpr = wgmma_layout(HALF)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
     keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))     # (KEYS,) this group's keys

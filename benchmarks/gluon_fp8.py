@@ -18,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from kernels.gluon_fwd_kernel import block_lists, kv_ring_barriers, list_block, tma_load
+from kernels.gluon_fwd_kernel import block_lists, kv_ring_barriers, list_block, tma_load, wgmma_layout
 
 ROWS = gl.constexpr(64)
 LOG2_P_SCALE = gl.constexpr(8.0)
@@ -68,10 +68,8 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 32])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 32])
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N, 32)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM, 32)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_vec: gl.constexpr = gl.SliceLayout(1, o_layout)

@@ -29,6 +29,13 @@ ROWS = gl.constexpr(64)             # query rows per consumer warpgroup
 LN2 = gl.constexpr(0.6931471805599453)
 
 
+@gluon.constexpr_function
+def wgmma_layout(n, k=16):
+    """The accumulator layout of one warpgroup's wgmma products of width n: 4 warps along the
+    rows, 16 x n x k instructions (k 16 for bf16 / fp16 operands, 32 for e4m3)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
+
+
 @gluon.jit
 def _globaltimer():
     return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
@@ -152,10 +159,8 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows = row0 + WG * ROWS + gl.arange(0, ROWS, row_vec)                # (ROWS,) query rows in the head
