@@ -19,7 +19,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from kernels.gluon_fwd_kernel import block_lists, list_block, tma_load, wgmma_layout
+from kernels.gluon_fwd_kernel import block_lists, list_block, tma_load, wgmma_layout, work_item
 
 from .gluon_backward import KEYS
 
@@ -113,11 +113,7 @@ def attn_bwd_dq_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DQ, STATS, row_lo,
     128 x BLOCK_N tiles."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
-    work = gl.load(works + gl.program_id(0))
-    bh = work // n_qb
-    q_block = work % n_qb
-    bh_kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP
-    row0 = q_block * (2 * KEYS)
+    bh, q_block, bh_kv, row0 = work_item(gl.load(works + gl.program_id(0)), H, GROUP, n_qb)
     n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, KEYS, HEAD_DIM], do_desc.layout)

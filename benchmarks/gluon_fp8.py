@@ -18,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from kernels.gluon_fwd_kernel import block_lists, kv_ring_barriers, list_block, tma_load, wgmma_layout
+from kernels.gluon_fwd_kernel import block_lists, kv_ring_barriers, list_block, tma_load, wgmma_layout, work_item
 
 ROWS = gl.constexpr(64)
 LOG2_P_SCALE = gl.constexpr(8.0)
@@ -164,10 +164,7 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     work = gl.program_id(0)
-    bh = work // n_qb
-    q_block = work % n_qb
-    kv_bh = (bh // H) * (H // GROUP) + (bh % H) // GROUP
-    row0 = q_block * (2 * ROWS)
+    bh, q_block, kv_bh, row0 = work_item(work, H, GROUP, n_qb)
     n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)

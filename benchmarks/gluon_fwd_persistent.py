@@ -19,18 +19,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from kernels.gluon_fwd_kernel import ROWS, _consumer, _producer, block_lists, kv_ring_barriers
+from kernels.gluon_fwd_kernel import ROWS, _consumer, _producer, block_lists, kv_ring_barriers, work_item
 
 
 @gluon.jit
 def _item(works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb):
     """Work item works[w]: its Q rows (head-major), first query row in its head, K / V rows, and
     block lists (full count, first full block, tiles, partial list)."""
-    work = gl.load(works + w)
-    bh = work // n_qb
-    q_block = work % n_qb
-    bh_kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP
-    row0 = q_block * (2 * ROWS)
+    bh, q_block, bh_kv, row0 = work_item(gl.load(works + w), H, GROUP, n_qb)
     n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     return bh * N_Q + row0, row0, bh_kv * N_K, n_full, first_full, n_tiles, part_list
 

@@ -52,6 +52,15 @@ def _smid():
 
 
 @gluon.jit
+def work_item(work, H, GROUP, n_qb):
+    """Work item work = bh * n_qb + query block (2 * ROWS query rows): (bh, the query block, the
+    KV head bh reads, the block's first query row in its head)."""
+    bh = work // n_qb
+    q_block = work % n_qb
+    return bh, q_block, (bh // H) * (H // GROUP) + (bh % H) // GROUP, q_block * (2 * ROWS)
+
+
+@gluon.jit
 def block_lists(blk, full_cnt, full_start, part_cnt, part_idx, n_other):
     """Block blk's lists in a block plan (a query block's key blocks; the backward probes' key
     block's query blocks): (full blocks, the first of them, all its tiles, its partial-block list)."""
@@ -288,10 +297,7 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
     if TRACE_WORK:
         t_start = _globaltimer()
     work = gl.load(works + gl.program_id(0))
-    bh = work // n_qb
-    q_block = work % n_qb
-    bh_kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP
-    row0 = q_block * (2 * ROWS)                      # the item's first query row in its head
+    bh, q_block, bh_kv, row0 = work_item(work, H, GROUP, n_qb)
     q_row = bh * N_Q + row0                          # O's and LSE's row (and Q's, head-major)
     if TOKEN_MAJOR:     # rows b * N + n of a (B*N, H*D) matrix, a head's D columns at h * D
         q_tma_row = (bh // H) * N_Q + row0
