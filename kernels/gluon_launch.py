@@ -115,7 +115,7 @@ def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, tr
     layout = call_layout(q, k, v)
     return (not explicit_config and warp_specialize is None and not ring_options
             and layout is not None
-            and (not any(layout_copies(q, k, v, "heads")) or os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0")
+            and (all(t.is_contiguous() for t in (q, k, v)) or os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0")
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and gluon_tiles(q.shape[3], q.dtype, q.device, schedule, min(q.shape[2], k.shape[2])) is not None)
 
