@@ -258,7 +258,7 @@ def _compile_chunks(variants, jobs: int) -> list:
         if v["kind"] in ("fwd", "decode", "bwd", "bwd_atomic", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused") + FP8_KINDS:
             key = repr((v["kind"], v.get("cfg"), v.get("bwd_cfg"), v.get("ws"), v.get("mask"), v.get("rules"),
                         v.get("sched"), v.get("splits"), v.get("quant"), v.get("stages"), v.get("block_n"),
-                        v.get("dq_writer"), v.get("dq_store")))
+                        v.get("dq_writer"), v.get("dq_store"), v.get("stats_tma")))
             groups.setdefault(key, []).append((i, v))
     chunks = [[] for _ in range(max(1, jobs))]
     for group in sorted(groups.values(), key=len, reverse=True):
