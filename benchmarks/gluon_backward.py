@@ -23,6 +23,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
+from kernels.gluon_bwd_kernel import key_visible, store_dkdv
 from kernels.gluon_fwd_kernel import block_lists, list_block, tma_load, wgmma_layout
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
@@ -46,26 +47,9 @@ def load_tile(q_desc, do_desc, st_desc, q_buf, do_buf, lse_smem, delta_smem, bar
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
-              empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q):
-    _produce(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row, head0,
-             n_tiles, n_items, n_full, full_start, part_list, N_Q, q_desc, q_smem, q_smem, False)
-
-
-@gluon.jit
-def _producer_stats(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready,
-                    empty, kv_row, head0, n_tiles, n_items, n_full, full_start, part_list, N_Q, st_desc, lse_smem,
-                    delta_smem):
-    _produce(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row, head0,
-             n_tiles, n_items, n_full, full_start, part_list, N_Q, st_desc, lse_smem, delta_smem, True)
-
-
-@gluon.jit
-def _produce(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row, head0,
-             n_tiles, n_items, n_full, full_start, part_list, N_Q, st_desc, lse_smem, delta_smem,
-             STATS_TMA: gl.constexpr):
-    """K and V once, then each item's (Q, dO) tiles, and with STATS_TMA its 64 rows' statistics
-    (lse, delta: rows 2 * head and 2 * head + 1 of the (B*H*2, N_q) statistics, one stage each)."""
+def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row, head0,
+              n_tiles, n_items, n_full, full_start, part_list, N_Q):
+    """K and V once, then each item's (Q, dO) tiles."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
@@ -75,29 +59,19 @@ def _produce(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, k
     tma_load(v_desc, [kv_row + KEYS, 0], kv_bar, v_smem.index(1))
     for it in range(n_items):
         s = it % STAGES
-        head = head0 + it // n_tiles
         qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
-        row = head * N_Q + qb_row
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        load_tile(q_desc, do_desc, st_desc, q_smem.index(s), do_smem.index(s), lse_smem, delta_smem, ready.index(s),
-                  s, row, head, qb_row, N_Q, STATS_TMA)
-
-
-@gluon.jit
-def key_visible(keys, rows, row_ok, row_lo, row_hi):
-    """(KEYS, BLOCK_M): query row r sees key j ([lo_r, hi_r]); padded rows see nothing."""
-    lo = gl.load(row_lo + rows, mask=row_ok, other=0)
-    hi = gl.load(row_hi + rows, mask=row_ok, other=-1)
-    return (keys[:, None] >= lo[None, :]) & (keys[:, None] <= hi[None, :])
+        load_tile(q_desc, do_desc, q_desc, q_smem.index(s), do_smem.index(s), q_smem, q_smem, ready.index(s), s,
+                  (head0 + it // n_tiles) * N_Q + qb_row, 0, qb_row, N_Q, False)
 
 
 @gluon.jit
 def _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row,
-              WG: gl.constexpr, lse_smem=None, delta_smem=None, STATS_TMA: gl.constexpr = False):
+              WG: gl.constexpr):
     """A warpgroup's 64 keys against every item's (Q, dO) tile. The statistics of the tile's 64 query
-    rows come from global memory (each thread loads the 16 columns it holds of each: 32 scattered
-    loads per tile, waited on) or, STATS_TMA, from the stage's shared buffers the producer filled."""
+    rows come from global memory: each thread loads the 16 columns it holds of each (32 scattered
+    loads per tile, waited on), where the product's kernel has the producer load them by TMA."""
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
@@ -118,15 +92,10 @@ def _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv
         t = it % n_tiles
         rows = list_block(t, n_full, full_start, part_list) * BLOCK_M + cols    # (BLOCK_M,) query rows
         row_ok = rows < N_Q
-        if STATS_TMA:       # rows past N_q (only in partial tiles, whose mask drops them) read what is there
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            lse2 = lse_smem.index(s).load(col_vec)
-            delta = delta_smem.index(s).load(col_vec)
-        else:
-            stats = STATS + (head0 + it // n_tiles).to(gl.int64) * 2 * N_Q
-            lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))      # padded rows: P = 0
-            delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        stats = STATS + (head0 + it // n_tiles).to(gl.int64) * 2 * N_Q
+        lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))          # padded rows: P = 0
+        delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         q = q_smem.index(s)
         do = do_smem.index(s)
         s_tok = warpgroup_mma(k, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -146,19 +115,6 @@ def _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv
 
 
 @gluon.jit
-def store_dkdv(DK, DV, dk, dv, key0, row0, N_K, sm_scale):
-    """A warpgroup's (KEYS, D) dK (times the softmax scale) and dV, keys key0... at rows row0... of
-    DK and DV; keys past N_K are not stored."""
-    layout: gl.constexpr = dk.type.layout
-    HEAD_DIM: gl.constexpr = dk.shape[1]
-    local = gl.arange(0, KEYS, gl.SliceLayout(1, layout))
-    offs = (row0 + local).to(gl.int64)[:, None] * HEAD_DIM + gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))[None, :]
-    ok = (key0 + local < N_K)[:, None]
-    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
-    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
-
-
-@gluon.jit
 def _consumer0(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
                n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
     _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
@@ -170,25 +126,6 @@ def _consumer1(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, k
                n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
     _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
-
-
-# the statistics from the stages' shared buffers (a partition's constexprs are fixed in a wrapper)
-@gluon.jit
-def _consumer0_stats(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0,
-                     key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row,
-                     lse_smem, delta_smem):
-    _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
-              n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0, lse_smem,
-              delta_smem, True)
-
-
-@gluon.jit
-def _consumer1_stats(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0,
-                     key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row,
-                     lse_smem, delta_smem):
-    _consumer(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, head0, key0,
-              n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1, lse_smem,
-              delta_smem, True)
 
 
 @gluon.jit
@@ -206,14 +143,12 @@ def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP,
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, st_desc, row_lo, row_hi, full_cnt,
+def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, row_lo, row_hi, full_cnt,
                                full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
-                               sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                               STATS_TMA: gl.constexpr):
+                               sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
     (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; DK, DV like k; STATS the
-    statistics (B*H, 2, N_q) float32 (lse * log2(e), +inf where no key; rowsum(O * dO)); st_desc: the
-    same memory as (B*H*2*N_q,) in 64-row blocks, read with STATS_TMA (else None)."""
+    statistics (B*H, 2, N_q) float32 (lse * log2(e), +inf where no key; rowsum(O * dO))."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     head0, key0, kv_row, n_full, first_full, n_tiles, n_items, part_list = key_block_item(
@@ -233,20 +168,11 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, s
                      key0, n_tiles, n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     producer_args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row,
                      head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)
-    if STATS_TMA:
-        lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
-        delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
-        gl.warp_specialize([
-            (_consumer0_stats, consumer_args + (lse_smem, delta_smem)),
-            (_consumer1_stats, consumer_args + (lse_smem, delta_smem)),
-            (_producer_stats, producer_args + (st_desc, lse_smem, delta_smem)),
-        ], [4, 1], [CONSUMER_REGS, 24])
-    else:
-        gl.warp_specialize([
-            (_consumer0, consumer_args),
-            (_consumer1, consumer_args),
-            (_producer, producer_args),
-        ], [4, 1], [CONSUMER_REGS, 24])
+    gl.warp_specialize([
+        (_consumer0, consumer_args),
+        (_consumer1, consumer_args),
+        (_producer, producer_args),
+    ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def stats_descriptor(stats):
@@ -265,8 +191,9 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, 
         do, q, k, v, o, lse: as kernels.backward.flash_attention_backward's: q, o, do (B, H, N_q, D),
             k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128; lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
-            consumer thread; stats_tma: the producer loads each tile's statistics into the stage
-            by TMA (FlashAttention-3's way) instead of each consumer thread loading its columns.
+            consumer thread; stats_tma: the product's kernel (kernels.gluon_bwd_kernel), whose
+            producer loads each tile's statistics into the stage by TMA (FlashAttention-3's way),
+            instead of this probe's, where each consumer thread loads its columns.
     Returns:
         (dk, dv) like k."""
     from kernels.backward import LOG2E
@@ -293,9 +220,15 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, 
     desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     scale = softmax_scale(None, d)
-    st_desc = stats_descriptor(stats) if stats_tma else None
-    attn_bwd_dkdv_gluon_kernel[(b * h_kv * kp.n_kb,)](
-        desc(q), desc(do), desc(k), desc(v), dk, dv, stats, st_desc, kp.row_lo, kp.row_hi, bp.kv_full_cnt,
-        bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb,
-        scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, STATS_TMA=stats_tma, num_warps=4)
+    if stats_tma:       # the product's kernel (kernels.gluon_bwd_kernel), untraced, no marked-row flag
+        from kernels.gluon_bwd_kernel import attn_bwd_dkdv_gluon_kernel as product_kernel
+
+        kernel, head = product_kernel, (desc(q), desc(do), desc(k), desc(v), stats_descriptor(stats), dk, dv, None)
+        tail = (None, None, None)
+    else:
+        kernel, head, tail = attn_bwd_dkdv_gluon_kernel, (desc(q), desc(do), desc(k), desc(v), dk, dv, stats), ()
+    kernel[(b * h_kv * kp.n_kb,)](
+        *head, kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order,
+        *tail, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages,
+        CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(TRACE_WORK=False, TRACE_TILES=False) if stats_tma else {}))
     return dk, dv

@@ -103,10 +103,12 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
         dp_tok = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
                                is_async=True)                                # dP^T
         # the rows' statistics, read while the products run (short-lived: registers are scarce); rows
-        # past N_q occur in partial tiles only, whose mask drops them whatever the statistics read
+        # past N_q occur in partial tiles only
         stats = STATS + head.to(gl.int64) * 2 * N_Q
-        if STATS_TMA:
+        if STATS_TMA:       # rows past N_q (partial tiles only) read the next head's statistics, or 0
             lse2 = lse_smem.index(s).load(col_vec)
+            if t >= n_full:
+                lse2 = gl.where(row_ok, lse2, float("inf"))
         else:
             lse2 = gl.load(stats + rows, mask=row_ok, other=float("inf"))  # padded rows: P = 0
         st = warpgroup_mma_wait(1, deps=(s_tok,))
@@ -117,6 +119,8 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
         if STATS_TMA:
             delta = delta_smem.index(s).load(col_vec)
+            if t >= n_full:
+                delta = gl.where(row_ok, delta, 0.0)
         else:
             delta = gl.load(stats + N_Q + rows, mask=row_ok, other=0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))

@@ -14,7 +14,7 @@ from . import flash_ops
 from .backward_launch import (LOG2E, PREPROCESS_ROWS, UNTRACED, BackwardMath, BackwardTrace,  # noqa: F401
                               BackwardTraceBuffers, _launch, _rows_ok, backward_fits, backward_impl,
                               backward_trace_buffers, check_backward_args, no_second_derivative)
-from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, INTERPRETER_CONFIG, BackwardConfig,  # noqa: F401
+from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG, BackwardConfig,  # noqa: F401
                             BackwardPlan, PassTiles, backward_config, backward_plan)
 from .masks import parse_mask
 from .outside_graph import outside_graph

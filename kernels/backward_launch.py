@@ -27,9 +27,10 @@ choose_backend()  # before triton is imported: the interpreter is chosen at impo
 
 from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
-from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, INTERPRETER_CONFIG, BackwardConfig,  # noqa: E402,F401
-                            BackwardPlan, PassTiles, backward_config, backward_plan)
+from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG,  # noqa: E402,F401
+                            BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
 from .device_cache import hold_if_capturing  # noqa: E402
+from .gluon_bwd_launch import gluon_backward_fits, run_gluon_backward  # noqa: E402
 from .masks import MaskSpec, parse_mask  # noqa: E402
 from .shapes import (backward_softmax_scale, check_inputs, check_kernel_device, padded_head_dim,  # noqa: E402
                      softmax_scale)
@@ -302,6 +303,9 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
                 MATH=math, TILES1=bp.dkdv_tiles, TILES2=bp.dq_tiles, DKDV=True, DQ_PASS=True, TRACE=flags)
     # finite_rows: each launch twice, the device flag picking which one's programs do the work
     runs = (False, True) if cfg.finite_rows else (False,)
+    if gluon_backward_fits(q, k, cfg, trace):     # the Gluon passes, the Triton twin for marked rows
+        run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h, scale * LOG2E, scale, trace, b * h * n_rows)
+        runs = runs[1:]
     if cfg.one_launch:
         for run in runs:
             _launch(attn_bwd_kernel, (n_dkdv + n_dq,), {**args, "FINITE_RUN": run}, cfg)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .device_cache import persistent
+from .gluon_bwd_launch import gluon_backward_config
 from .launch_cache import BoundedCache
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec
 from .plan import BlockPlan, block_plan, plan_bytes
@@ -40,7 +41,9 @@ class BackwardConfig:
     where the tensors do not fit a descriptor). dp_first: the dK/dV loop issues the dP dot before
     the dV dot (the same values; another register schedule). split_dkdv: dV and dK of a key block
     in two programs, each holding one accumulator (both compute the scores: 5 tile matmuls
-    instead of 4, for half the registers)."""
+    instead of 4, for half the registers). gluon: the passes run as kernels.gluon_bwd_kernel's
+    Gluon kernels where the call fits them (kernels.gluon_bwd_launch), else as the Triton
+    kernel on these tiles; its tiles are fixed (GLUON_CONFIGS)."""
 
     block_m1: int
     block_n1: int
@@ -54,6 +57,7 @@ class BackwardConfig:
     tma: bool = False
     dp_first: bool = False
     split_dkdv: bool = False
+    gluon: bool = False
 
 
 # Tiles per padded head dim on CUDA for fp16/bf16: the fastest of the sweep in
@@ -68,6 +72,12 @@ class BackwardConfig:
 # float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
 CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 64, 4, 3), 128: BackwardConfig(64, 128, 128, 64, 8, 3),
                 256: BackwardConfig(32, 128, 128, 32, 8, 2, split_dkdv=True)}
+# Hopper, bf16 / fp16, D 64 or 128: the Gluon passes (dK/dV 64 query rows x 128 keys, dQ 128 x 64, a
+# launch each; data/benchmarks/bwd-gluon-probe-<device>.json, python -m benchmarks.kernel_probe
+# --suite bwdgluon); warps, stages and one_launch are the Triton kernel's (the finite-row twin, and
+# calls the Gluon passes do not take).
+GLUON_CONFIGS = {64: BackwardConfig(64, 128, 128, 64, 4, 3, gluon=True),
+                 128: BackwardConfig(64, 128, 128, 64, 8, 3, gluon=True)}
 CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
 INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
 
@@ -85,6 +95,8 @@ def backward_config(head_dim: int, dtype, device) -> BackwardConfig:
         return INTERPRETER_CONFIG
     if dtype == torch.float32:
         return CUDA_FLOAT32_CONFIG
+    if gluon_backward_config(head_dim, dtype, device):
+        return GLUON_CONFIGS[head_dim]
     d = padded_head_dim(head_dim)
     return CUDA_CONFIGS[64 if d <= 64 else 128 if d <= 128 else 256]
 

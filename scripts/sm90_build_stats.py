@@ -212,19 +212,22 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     kernel = gluon_fwd.attn_fwd_gluon_kernel
     gluon_fwd.attn_fwd_gluon_kernel = GluonBuild()
 
+    import kernels.gluon_bwd_kernel as gluon_bwd_kernel
     import benchmarks.backward_atomic as backward_atomic
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_dq as gluon_bwd_dq
     import benchmarks.gluon_backward_fused as gluon_fused
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
-    class Built:                # the Gluon backward probes' launches, compiled
+    class Built:                # the Gluon backward kernels' launches, compiled
         def __init__(self, jit):
             self.jit = jit
+            self.arg_names = jit.arg_names          # kernels.gluon_bwd_launch builds its arguments by name
 
         def __getitem__(self, grid):
             return lambda *args, **options: build(self.jit, grid, args, options)
-    for mod, name in ((gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_dq, "attn_bwd_dq_gluon_kernel"),
+    for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
+                      (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_dq, "attn_bwd_dq_gluon_kernel"),
                       (gluon_fused, "attn_bwd_fused_gluon_kernel"),
                       (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
@@ -262,6 +265,13 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
         cfg = BackwardConfig(**given) if given else None
         flash_attention_backward(do, q, k, v, o, torch.zeros(1, 2, n, dtype=torch.float32), mask=mask, config=cfg)
+    elif part == "bwdgluon":    # the product's Gluon passes (and the Triton finite-row twin), untraced and traced
+        from kernels.backward import GLUON_CONFIGS, backward_trace_buffers
+
+        lse = torch.zeros(1, 2, n)
+        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=GLUON_CONFIGS[d])
+        trace = backward_trace_buffers(q, k, mask, (1,), config=GLUON_CONFIGS[d])
+        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=GLUON_CONFIGS[d], trace=trace)
     elif part == "gluonbwd":
         from benchmarks.gluon_backward import gluon_dkdv
         from benchmarks.gluon_backward_dq import gluon_dq
@@ -292,7 +302,7 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8, gluonbwd, gluonfwd (default "
+    p.add_argument("--only", default="fwd,bwd,fp8", help="comma-separated parts: fwd, bwd, fp8, gluonbwd, gluonfwd, bwdgluon (default "
                    "fwd,bwd,fp8)")
     p.add_argument("--cases", default=None,
                    help="comma-separated D:N:mask, e.g. 128:4096:causal, for every part asked (default: each part's list)")
@@ -311,8 +321,8 @@ def main(argv=None) -> int:
     if args.tokens:
         os.environ["TILESCOPE_GLUON_TOKENS"] = "1"
     parts = set(args.only.split(","))
-    if parts - {"fwd", "bwd", "fp8", "gluonbwd", "gluonfwd"}:
-        p.error(f"--only takes fwd, bwd, fp8, gluonbwd, gluonfwd; got {args.only}")
+    if parts - {"fwd", "bwd", "fp8", "gluonbwd", "gluonfwd", "bwdgluon"}:
+        p.error(f"--only takes fwd, bwd, fp8, gluonbwd, gluonfwd, bwdgluon; got {args.only}")
     chosen = None
     if args.cases:
         try:
@@ -338,8 +348,8 @@ def main(argv=None) -> int:
 
     rows: list = []
     _as_h200(rows, args.work_traced)
-    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD, gluonfwd=GLUONFWD)
-    cases = [(part, *c) for part in ("fwd", "bwd", "fp8", "gluonbwd", "gluonfwd") if part in parts for c in (chosen or lists[part])]
+    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD, gluonfwd=GLUONFWD, bwdgluon=GLUONBWD)
+    cases = [(part, *c) for part in ("fwd", "bwd", "fp8", "gluonbwd", "gluonfwd", "bwdgluon") if part in parts for c in (chosen or lists[part])]
     for part, d, n, mask in cases:
         rows.append(dict(part=part, head_dim=d, seq_len=n, mask=mask, config=config, launches=[]))
         try:

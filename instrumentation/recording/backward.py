@@ -15,6 +15,7 @@ import torch
 
 from kernels import backend
 from kernels.backward import PREPROCESS_ROWS, backward_trace_buffers, flash_attention_backward
+from kernels.gluon_bwd_launch import gluon_backward_fits
 
 # the decoders live with the forward's in raw_trace (no torch there: a watched job's decoding
 # process imports them); their names here keep working
@@ -66,6 +67,7 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
     traced = dict(tiles=bool(heads), rows=bool(heads))
     buffers = backward_trace_buffers(q, k, spec, heads, **traced)
     cfg, bp = buffers.config, buffers.plan
+    gluon = gluon_backward_fits(q, k, cfg, buffers)       # the Gluon passes run (Hopper), else the Triton kernel
     call = dict(mask=spec, sm_scale=sm_scale, config=cfg)
     hw = backend() == "cuda" and q.device.type == "cuda"
     if hw:   # compile and load the traced kernels first: the recorded run's launches then follow each other
@@ -97,7 +99,7 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
                lse_rows=lse.reshape(-1, lse.shape[-1])[index][:, row_index].float(),
                kv_order=bp.kv_order, q_order=bp.q_order, b=b, h=h, h_kv=h_kv, heads=list(heads), rows_index=rows,
                n_delta=buffers.n_delta, n_dkdv=buffers.n_dkdv, n_dq=buffers.n_dq, split_dkdv=cfg.split_dkdv,
-               one_launch=cfg.one_launch, kv_n_kb=kp.n_kb, kv_block_map=kp.block_map, q_n_qb=qp.n_qb,
+               one_launch=cfg.one_launch and not gluon, kv_n_kb=kp.n_kb, kv_block_map=kp.block_map, q_n_qb=qp.n_qb,
                q_tiles_per_q_block=qp.tiles_per_q_block, q_block_map=qp.block_map, hw=hw)
     grid = lambda bm, bn, plan: {"block_m": bm, "block_n": bn, "n_q_blocks": plan.n_qb,  # noqa: E731
                                  "n_k_blocks": plan.n_kb}
@@ -109,7 +111,9 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
         "dq": grid(cfg.block_m2, cfg.block_n2, qp),
         "programs": {"delta": buffers.n_delta, "dkdv": buffers.n_dkdv, "dq": buffers.n_dq},
         "tiles_per_head": {"dkdv": bp.kv_tiles, "dq": bp.q_tiles},
-        "launches": "preprocess, then dK/dV and dQ in one launch (dQ programs after the dK/dV ones)"
+        "implementation": "gluon" if gluon else "triton",
+        "launches": "preprocess, Gluon dK/dV launch, Gluon dQ launch" if gluon else
+        "preprocess, then dK/dV and dQ in one launch (dQ programs after the dK/dV ones)"
         if cfg.one_launch else "preprocess, dK/dV launch, dQ launch",
         "clock": "globaltimer ns, relative to the earliest backward program start" if hw else
         "none (interpreter): 'order' is the order programs finished in, times are NaN",

@@ -121,8 +121,10 @@ def test_chosen_only_where_it_applies(gluon_gpu):
     assert plan_of(q.float(), k.float(), v.float(), "causal").gluon is None
     q96 = torch.zeros(1, 2, 256, 96, dtype=torch.bfloat16, device="cuda")
     assert plan_of(q96, q96, q96, "causal").gluon is None
-    strided = q.transpose(1, 2).contiguous().transpose(1, 2)
-    assert plan_of(strided, k, v, "causal").gluon is None
+    tokens = q.transpose(1, 2).contiguous().transpose(1, 2)            # (B, N, H, D) memory: q copied
+    assert plan_of(tokens, k, v, "causal").gluon.copies == (True, False, False)
+    # a D stride other than 1: copied to contiguous before anything is chosen (kernels.launch)
+    assert plan_of(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, "causal").gluon.copies == (False,) * 3
 
 
 @pytest.mark.gpu
