@@ -72,12 +72,11 @@ class BackwardConfig:
 # float32 (exact 'ieee' dots, no tensor cores) takes small tiles.
 CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 64, 4, 3), 128: BackwardConfig(64, 128, 128, 64, 8, 3),
                 256: BackwardConfig(32, 128, 128, 32, 8, 2, split_dkdv=True)}
-# Hopper, bf16 / fp16, D 64 or 128: the Gluon passes (dK/dV 64 query rows x 128 keys, dQ 128 x 64, a
+# Hopper, bf16 / fp16, D 128: the Gluon passes (dK/dV 64 query rows x 128 keys, dQ 128 x 64, a
 # launch each; data/benchmarks/bwd-gluon-probe-<device>.json, python -m benchmarks.kernel_probe
 # --suite bwdgluon); warps, stages and one_launch are the Triton kernel's (the finite-row twin, and
 # calls the Gluon passes do not take).
-GLUON_CONFIGS = {64: BackwardConfig(64, 128, 128, 64, 4, 3, gluon=True),
-                 128: BackwardConfig(64, 128, 128, 64, 8, 3, gluon=True)}
+GLUON_CONFIGS = {128: BackwardConfig(64, 128, 128, 64, 8, 3, gluon=True)}
 CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
 INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
 

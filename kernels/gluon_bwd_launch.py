@@ -1,7 +1,7 @@
 """Where the backward runs the Gluon passes (kernels.gluon_bwd_kernel, FlashAttention-3's layout of
 the work on Hopper), and their launches.
 
-backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 64 or 128 the
+backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 128 the
 GLUON_CONFIGS tiles (BackwardConfig.gluon). Such a call runs the Gluon dK/dV and dQ passes after the
 Triton preprocess where it also has N_q and N_k of at least MIN_LEN, N_q a multiple of 4 (the
 statistics' TMA boxes start 16-byte aligned) and, if traced, tile and row tracing both on or both
@@ -21,7 +21,7 @@ from .launch_cache import BoundedCache
 
 STAGES = 2              # (Q, dO) ring of the dK/dV pass, K/V ring of the dQ pass (both: 2 = 3 measured)
 CONSUMER_REGS = 240     # registers per consumer thread (setmaxnreg); the producer warp keeps 24
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (128,)        # D 64: the Triton passes measured as fast or faster (docs/performance.md)
 
 
 def gluon_backward_config(head_dim: int, dtype, device) -> bool:

@@ -19,6 +19,7 @@ the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -269,9 +270,10 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
         from kernels.backward import GLUON_CONFIGS, backward_trace_buffers
 
         lse = torch.zeros(1, 2, n)
-        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=GLUON_CONFIGS[d])
-        trace = backward_trace_buffers(q, k, mask, (1,), config=GLUON_CONFIGS[d])
-        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=GLUON_CONFIGS[d], trace=trace)
+        cfg = GLUON_CONFIGS[128] if d == 128 else dataclasses.replace(GLUON_CONFIGS[128], num_warps=4)  # D 64: probed
+        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg)
+        trace = backward_trace_buffers(q, k, mask, (1,), config=cfg)
+        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg, trace=trace)
     elif part == "gluonbwd":
         from benchmarks.gluon_backward import gluon_dkdv
         from benchmarks.gluon_backward_dq import gluon_dq
