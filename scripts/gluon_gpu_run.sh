@@ -1,7 +1,7 @@
 #!/bin/bash
 # The Gluon kernels on a lent Hopper GPU, in one rerunnable command (writes under $OUT, default
-# /tmp/out): 1. their GPU tests (the forward in the product, the backward passes' and the FP8
-# forward's probes) against float64 / the Triton kernels; 2. the backward probes (the passes and the
+# /tmp/out): 1. their GPU tests (the forward and the backward passes in the product, the FP8
+# forward's and the fused backward's probes) against float64 / the Triton kernels; 2. the backward probes (the passes and the
 # fused kernel) timed against the Triton passes (benchmarks.kernel_probe --suite bwdgluon); 3. the forward kernels, bf16 and FP8,
 # against the Triton ones and cuDNN (scripts/gluon_fwd_probe.py --fp8); 4. host time per call
 # (benchmarks.overhead --parts launch); 5. the forward on transformers' (B, N, H, D) inputs
@@ -20,8 +20,9 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   if [[ " $STEPS " == *" 1 "* ]]; then
     echo "== 1. GPU tests of the Gluon kernels ($(date -u +%T))"
-    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/kernels/test_direct_launch.py \
-      tests/kernels/test_ops.py -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
+    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/kernels/test_gluon_backward.py \
+      tests/kernels/test_backward_finite_rows.py tests/kernels/test_direct_launch.py -q -n 8 -p no:cacheprovider \
+      --tb=short -rf 2>&1 | tail -15
     timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/benchmarks/test_gluon_fp8.py tests/benchmarks/test_gluon_fwd_persistent.py \
       tests/benchmarks/test_backward_bench.py -k "gluon" -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
   fi
