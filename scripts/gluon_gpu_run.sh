@@ -9,7 +9,9 @@
 # --compile); 7. what tracing costs it, three repeats (benchmarks.overhead --parts trace); 8. the persistent
 # forward probe against the product kernel (gluon_fwd_probe.py --persistent); 9 (only when named): the
 # bundled forward recordings re-recorded (instrumentation.regenerate --only traces), tarred in 15 MiB parts
-# ($OUT/regen.tgz.part-*: files come back 8 at most, 16 MiB each). STEPS picks steps.
+# ($OUT/regen.tgz.part-*: files come back 8 at most, 16 MiB each); 10 (only when named): the backward
+# benchmark (benchmarks.attention --backward) and its host time with and without the Gluon passes
+# (scripts/backward_host_time.py). STEPS picks steps.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -66,6 +68,12 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
       | tail -8
     (cd /tmp/regen && tar czf - .) | split -b 15m - "$OUT/regen.tgz.part-"
     ls -l "$OUT"/regen.tgz.part-*
+  fi
+  if [[ " $STEPS " == *" 10 "* ]]; then
+    echo "== 10. the backward against cuDNN, FA2 and Flex, and its host time, Gluon and Triton ($(date -u +%T))"
+    timeout ${BWD_BENCH_S:-300} python3 -m benchmarks.attention --backward --out "$OUT" 2>&1 | grep tilescope
+    timeout 60 python3 scripts/backward_host_time.py 2>&1 | tail -4
+    TILESCOPE_GLUON=0 timeout 60 python3 scripts/backward_host_time.py 2>&1 | tail -4
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/run.log"
