@@ -72,8 +72,8 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
   if [[ " $STEPS " == *" 10 "* ]]; then
     echo "== 10. the backward against cuDNN, FA2 and Flex, and its host time, Gluon and Triton ($(date -u +%T))"
     timeout ${BWD_BENCH_S:-300} python3 -m benchmarks.attention --backward --out "$OUT" 2>&1 | grep tilescope
-    timeout 60 python3 scripts/backward_host_time.py 2>&1 | tail -4
-    TILESCOPE_GLUON=0 timeout 60 python3 scripts/backward_host_time.py 2>&1 | tail -4
+    timeout 60 python3 scripts/backward_host_time.py --profile 2>&1 | tail -80
+    TILESCOPE_GLUON=0 timeout 60 python3 scripts/backward_host_time.py 2>&1 | tail -5
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/run.log"
