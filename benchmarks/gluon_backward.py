@@ -1,7 +1,8 @@
 """A probe, not a product path: the backward's dK/dV pass in Triton's Gluon dialect with
 FlashAttention-3's layout of the work, to measure against kernels.backward's dK/dV pass (which
-holds 0.77-0.85x cuDNN's backward at D 128 together with its dQ pass; the Gluon dQ pass is
-benchmarks.gluon_backward_dq).
+held 0.77-0.85x cuDNN's backward at D 128 together with its dQ pass). It keeps the variant that
+loads the statistics in each consumer thread; gluon_dkdv(stats_tma=True) runs the product's pass
+(kernels.gluon_bwd_kernel), whose producer loads them by TMA.
 
 One program holds 128 keys of one KV head and runs three partitions:
 - a producer warp loads the program's K and V once, then the (Q, dO) tiles of the query blocks

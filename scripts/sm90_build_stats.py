@@ -216,7 +216,6 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import kernels.gluon_bwd_kernel as gluon_bwd_kernel
     import benchmarks.backward_atomic as backward_atomic
     import benchmarks.gluon_backward as gluon_bwd
-    import benchmarks.gluon_backward_dq as gluon_bwd_dq
     import benchmarks.gluon_backward_fused as gluon_fused
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
@@ -228,7 +227,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
         def __getitem__(self, grid):
             return lambda *args, **options: build(self.jit, grid, args, options)
     for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
-                      (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_dq, "attn_bwd_dq_gluon_kernel"),
+                      (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"),
                       (gluon_fused, "attn_bwd_fused_gluon_kernel"),
                       (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
