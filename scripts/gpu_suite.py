@@ -2,7 +2,7 @@
 (tests/app left out: the GPU machines have no Streamlit or Plotly), verbose, into a log; a later call
 given the earlier logs runs only the tests none of them passed.
 
-    python scripts/gpu_suite.py LOG [--after LOG ...] [--workers 14] [--timeout 540]
+    python scripts/gpu_suite.py LOG [--after LOG ...] [--workers 14] [--timeout 540] [--paths FILE ...]
     # first call:  python scripts/gpu_suite.py $OUT/suite-1.log
     # copy suite-1.log into the working tree (an untracked folder travels), then
     # second call: python scripts/gpu_suite.py $OUT/suite-2.log --after gpu-logs/suite-1.log
@@ -40,11 +40,12 @@ def main(argv=None) -> int:
     p.add_argument("--after", type=Path, nargs="*", default=[], help="earlier calls' logs: their passed tests are left out")
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--timeout", type=int, default=540, help="seconds before pytest is stopped (its log is kept)")
+    p.add_argument("--paths", nargs="*", default=["tests"], help="test files or folders (default: tests)")
     args = p.parse_args(argv)
     missing = [str(log) for log in args.after if not log.is_file()]
     if missing:
         p.error(f"no such log: {', '.join(missing)} (copy earlier logs into the working tree first)")
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "--ignore=tests/app", "-n", str(args.workers), "-v",
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", *args.paths, "--ignore=tests/app", "-n", str(args.workers), "-v",
            "-p", "no:cacheprovider", "--tb=short", "-rfE", "-W", "ignore"]
     for node in done_tests(args.after):
         cmd += ["--deselect", node]
