@@ -124,7 +124,7 @@ def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs:
             p + G, ... of it).
     Returns:
         (O (B, H, N_q, D) like q, lse (B, H, N_q) float32), the product kernel's bit for bit."""
-    from kernels.gluon_launch import CONSUMER_REGS, TILES, _on
+    from kernels.gluon_launch import CONSUMER_REGS, TILES, descriptor_on
     from kernels.launch import _qk_scale, resolve_launch
     from kernels.runtime import device_facts
 
@@ -141,7 +141,7 @@ def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs:
     q_desc, kv_desc = launch.descriptors
     grid = (min(programs or device_facts(q.device).sm_count, n_work),)
     attn_fwd_gluon_persistent_kernel[grid](
-        _on(q_desc, q), _on(kv_desc, k), _on(kv_desc, v), o, lse, plan.row_lo, plan.row_hi, plan.full_cnt,
+        descriptor_on(q_desc, q), descriptor_on(kv_desc, k), descriptor_on(kv_desc, v), o, lse, plan.row_lo, plan.row_hi, plan.full_cnt,
         plan.full_start, plan.part_cnt, plan.part_idx, launch.works, n_work, h, h // k.shape[1], n, k.shape[2],
         plan.n_qb, plan.n_kb, _qk_scale(lp, sm_scale), TILES[d][1], CONSUMER_REGS, num_warps=4)
     return o, lse

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from .direct_launch import DirectLaunch
-from .gluon_launch import MIN_LEN, _on, gluon_available
+from .gluon_launch import MIN_LEN, descriptor_on, gluon_available
 from .launch_cache import BoundedCache
 
 STAGES = 2              # (Q, dO) ring of the dK/dV pass, K/V ring of the dQ pass (both: 2 = 3 measured)
 CONSUMER_REGS = 240     # registers per consumer thread (setmaxnreg); the producer warp keeps 24
-HEAD_DIMS = (128,)        # D 64: the Triton passes measured as fast or faster (docs/performance.md)
+HEAD_DIMS = (128,)      # D 64: the Triton passes measured as fast or faster (docs/performance.md)
 
 
 def gluon_backward_config(head_dim: int, dtype, device) -> bool:
@@ -48,7 +48,7 @@ class GluonBackwardLaunch:
     directs: tuple                      # DirectLaunch of each kernel
 
     @staticmethod
-    def build(q, k, bp, has_flag: bool) -> "GluonBackwardLaunch":
+    def build(q, k, bp) -> "GluonBackwardLaunch":
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -92,10 +92,10 @@ class GluonBackwardLaunch:
             work_offset: int = 0) -> None:
         """Both passes into dq, dk, dv (see run_gluon_backward)."""
         qo, ko, kn, st = self.descriptors
-        q_desc, do_desc = _on(qo, q), _on(qo, do)
-        st_desc = _on(st, stats)
-        values = ((q_desc, do_desc, _on(ko, k), _on(ko, v), st_desc, dk, dv, flag, qk_scale, sm_scale),
-                  (q_desc, do_desc, _on(kn, k), _on(kn, v), dq, stats, flag, qk_scale, sm_scale))
+        q_desc, do_desc = descriptor_on(qo, q), descriptor_on(qo, do)
+        st_desc = descriptor_on(st, stats)
+        values = ((q_desc, do_desc, descriptor_on(ko, k), descriptor_on(ko, v), st_desc, dk, dv, flag, qk_scale, sm_scale),
+                  (q_desc, do_desc, descriptor_on(kn, k), descriptor_on(kn, v), dq, stats, flag, qk_scale, sm_scale))
         for i, (grid, direct) in enumerate(zip(self.grids, self.directs)):
             args, slots = self.args[i].copy(), self.slots[i]
             for at, value in zip(slots, values[i]):
@@ -131,10 +131,16 @@ def run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scal
             preprocess's).
     Returns:
         None."""
-    q, k, v, do = (t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.contiguous().clone()
-                   for t in (q, k, v, do))
+    q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
     key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, bp.kv_plan.spec, bp.q_plan.block_n, flag is not None)
     launch = _LAUNCHES.get(key)
     if launch is None:
-        launch = _LAUNCHES.put(key, GluonBackwardLaunch.build(q, k, bp, flag is not None))
+        launch = _LAUNCHES.put(key, GluonBackwardLaunch.build(q, k, bp))
     launch.run(q, k, v, do, stats, flag, dq, dk, dv, qk_scale, sm_scale, trace, work_offset)
+
+
+def _tma_ready(t):
+    """t contiguous on a 16-byte boundary (TMA's rule; a plan is kept per shape, not address): t
+    itself when it is, else one copy."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()

@@ -200,7 +200,7 @@ class GluonLaunch:
         q_desc, kv_desc = self.descriptors
         args = self.args.copy()
         at_q, at_trace, at_slots, at_scale, at_flags = self.slots
-        args[at_q:at_q + 5] = _on(q_desc, q), _on(kv_desc, k), _on(kv_desc, v), o, lse
+        args[at_q:at_q + 5] = descriptor_on(q_desc, q), descriptor_on(kv_desc, k), descriptor_on(kv_desc, v), o, lse
         args[at_scale] = qk_scale
         grid, kernel = self.grid, self.direct.kernel
         if trace is None:       # the compiled kernel, launched without Triton's per-call binding
@@ -214,7 +214,7 @@ class GluonLaunch:
         return (o, lse) if self.returns_lse else o
 
 
-def _on(descriptor, tensor):
+def descriptor_on(descriptor, tensor):
     """A copy of a checked descriptor (base None) over tensor's memory: the same dtype, shape and
     strides, on a 16-byte boundary (the plan's and run()'s conditions), so its fields hold as
     they are; read by Triton's launcher as base.data_ptr()."""

@@ -167,13 +167,13 @@ def _toy_desc(desc, out, n, BLOCK: "tl.constexpr"):  # noqa: F821  (only parsed,
 
 def test_a_gluon_kernel_with_tensor_descriptors_launches_directly(triton_run):
     """Hopper's forward is a Gluon kernel (a JITFunction subclass) taking TMA descriptors that
-    kernels.gluon_launch copies from a checked one per call (_on): it launches directly too,
+    kernels.gluon_launch copies from a checked one per call (descriptor_on): it launches directly too,
     with what run would launch; the copies specialise as Triton's own from_tensor descriptors."""
     gluon_runtime = pytest.importorskip("triton.experimental.gluon._runtime")
     hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon import language as gl
 
-    from kernels.gluon_launch import _on
+    from kernels.gluon_launch import descriptor_on
 
     _, fake, _ = triton_run
     fn = gluon_runtime.GluonJITFunction(_toy_desc)
@@ -192,7 +192,7 @@ def test_a_gluon_kernel_with_tensor_descriptors_launches_directly(triton_run):
     for i in range(3):
         x = torch.randn(2, 128, 32).to(torch.bfloat16)              # a call's (.., D) tensor
         own = hopper.TensorDescriptor.from_tensor(x.view(-1, 32), [64, 32], layout)
-        copy = _on(checked, x)
+        copy = descriptor_on(checked, x)
         assert copy.base is x and {k: v for k, v in vars(copy).items() if k != "base"} == \
             {k: v for k, v in vars(own).items() if k != "base"}
         out = torch.zeros(8)
