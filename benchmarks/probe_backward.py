@@ -115,8 +115,9 @@ def _atomic_suite() -> list[dict]:
 
 def _gluon_suite() -> list[dict]:
     """bwdgluon: the fused Gluon backward (benchmarks.gluon_backward_fused), the Gluon dK/dV and dQ
-    passes (benchmarks.gluon_backward) against the default's
-    passes alone (two launches, one left out) and the whole default backward, cuDNN's and FA2's;
+    passes (benchmarks.gluon_backward) against the Triton kernel's passes alone (two launches, one
+    left out, the rows "default: <pass> pass only"), the whole default backward (on Hopper at D 128
+    the Gluon passes), the Triton kernel's whole backward, cuDNN's and FA2's;
     the pass-only rows are timed, not checked (tests/benchmarks/test_backward_bench.py checks the
     Gluon pass against float64 on the GPU)."""
     from kernels.backward import CUDA_CONFIGS
@@ -129,7 +130,8 @@ def _gluon_suite() -> list[dict]:
         base = CUDA_CONFIGS[shape[-1]].__dict__
         out.append(_bwd(shape, mask, "cudnn", kind="cudnn_bwd"))
         out.append(_bwd(shape, mask, "fa2 sdpa", kind="fa2_bwd"))
-        out.append(_bwd(shape, mask, "default"))
+        out.append(_bwd(shape, mask, "default"))            # the product: on Hopper at D 128 the Gluon passes
+        out.append(_bwd(shape, mask, "triton kernel", base))
         for part in ("dkdv", "dq"):
             out.append(dict(_bwd(shape, mask, f"default: {part} pass only", dict(base, one_launch=False)), only=part,
                             nocheck=True))
