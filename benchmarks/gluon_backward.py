@@ -25,6 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from kernels.gluon_bwd_kernel import key_visible, store_dkdv
+from kernels.gluon_bwd_launch import stats_descriptor
 from kernels.gluon_fwd_kernel import block_lists, list_block, tma_load, wgmma_layout
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
@@ -174,15 +175,6 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, r
         (_consumer1, consumer_args),
         (_producer, producer_args),
     ], [4, 1], [CONSUMER_REGS, 24])
-
-
-def stats_descriptor(stats):
-    """A TMA descriptor over the statistics (B*H, 2, N_q) float32 as (B*H*2*N_q,) in 64-row boxes,
-    unswizzled: every box starts 16-byte aligned where N_q % 4 == 0 (the probes' condition)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    return TensorDescriptor(stats.view(-1), [stats.numel()], [1], [ROWS_PER_TILE],
-                            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
 
 
 def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, stats_tma=False):

@@ -27,7 +27,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
-from .gluon_backward import key_block_item, key_visible, load_tile, stats_descriptor, store_dkdv
+from kernels.gluon_bwd_launch import stats_descriptor
+
+from .gluon_backward import key_block_item, key_visible, load_tile, store_dkdv
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .direct_launch import DirectLaunch
-from .gluon_launch import MIN_LEN, descriptor_on, gluon_available
+from .gluon_launch import MIN_LEN, descriptor_on, gluon_available, tma_aligned
 from .launch_cache import BoundedCache
 
 STAGES = 2              # (Q, dO) ring of the dK/dV pass, K/V ring of the dQ pass (both: 2 = 3 measured)
@@ -62,8 +62,7 @@ class GluonBackwardLaunch:
         descriptors = (TensorDescriptor(q, [b * h * n_q, d], [d, 1], [64, d], tile(64)),
                        TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
                        TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [qp.block_n, d], tile(qp.block_n)),
-                       TensorDescriptor(q.new_empty(b * h * 2 * n_q, dtype=torch.float32), [b * h * 2 * n_q], [1],
-                                        [64], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)))
+                       stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32)))
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
         common = dict(FLAG=None, tr_work=None, tr_tiles=None, head_slot=None, H=h, GROUP=h // h_kv, N_Q=n_q, N_K=n_k,
@@ -114,6 +113,16 @@ class GluonBackwardLaunch:
             kernel[grid](*args, num_warps=4)
 
 
+def stats_descriptor(stats):
+    """A TMA descriptor over the statistics (B*H, 2, N_q) float32 as (B*H*2*N_q,) in 64-value boxes,
+    unswizzled (the dK/dV pass loads a tile's lse and delta with it)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(stats.view(-1), [stats.numel()], [1], [64],
+                            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+
+
 _LAUNCHES = BoundedCache(64, 1 << 20, 1 << 20, lambda launch: 1)
 
 
@@ -131,16 +140,10 @@ def run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scal
             preprocess's).
     Returns:
         None."""
-    q, k, v, do = (_tma_ready(t) for t in (q, k, v, do))
+    q, k, v, do = (tma_aligned(t.contiguous()) for t in (q, k, v, do))
     key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, bp.kv_plan.spec, bp.q_plan.block_n, flag is not None)
     launch = _LAUNCHES.get(key)
     if launch is None:
         launch = _LAUNCHES.put(key, GluonBackwardLaunch.build(q, k, bp))
     launch.run(q, k, v, do, stats, flag, dq, dk, dv, qk_scale, sm_scale, trace, work_offset)
 
-
-def _tma_ready(t):
-    """t contiguous on a 16-byte boundary (TMA's rule; a plan is kept per shape, not address): t
-    itself when it is, else one copy."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()

@@ -193,8 +193,7 @@ class GluonLaunch:
         if any(self.copies):
             layout = "tokens" if self.token_major else "heads"
             q, k, v = (to_layout(t, layout) if copy else t for t, copy in zip((q, k, v), self.copies))
-        # TMA reads from 16-byte aligned addresses; a plan is kept per shape and strides, not address
-        q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v))
+        q, k, v = (tma_aligned(t) for t in (q, k, v))
         o = torch.empty(self.shape, dtype=q.dtype, device=q.device)           # (B, H, N_q, D)
         lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)   # (B, H, N_q)
         q_desc, kv_desc = self.descriptors
@@ -212,6 +211,12 @@ class GluonLaunch:
             args[at_flags:at_flags + 2] = trace.trace_work, trace.trace_tiles
             kernel[grid](*args, num_warps=4)
         return (o, lse) if self.returns_lse else o
+
+
+def tma_aligned(t):
+    """t, or a copy on a 16-byte boundary: TMA reads from 16-byte aligned addresses, and a plan is
+    kept per shape and strides, not address."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def descriptor_on(descriptor, tensor):
