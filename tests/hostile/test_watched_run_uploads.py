@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.sources import model_run as runs
+pytest.importorskip("streamlit", reason="app.sources needs Streamlit (the GPU machines have none)")
+
+from app.sources import model_run as runs  # noqa: E402
 from instrumentation.recording.model_run import ModelRunFormatError
 
 RUN = Path(__file__).resolve().parents[2] / "data" / "runs" / "tiny-llama-watched"
