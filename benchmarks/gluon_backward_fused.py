@@ -10,7 +10,8 @@ One program holds 128 keys of one KV head (as benchmarks.gluon_backward's dK/dV 
   there, but dS^T goes to shared memory first (dK's product reads it there); once both groups' are,
   group w computes dQ[:, w-th half of D] = dS K[:, half] over all 128 keys (dS read transposed
   from shared memory) and adds it to a float32 dQ accumulator with atomics (from its registers, or
-  with dq_writer from shared memory by a warp of its own). dS buffers alternate,
+  with dq_writer from shared memory by a warp of its own, or with dq_tma by one TMA bulk reduce-add
+  per tile and group, FlashAttention-3's way). dS buffers alternate,
   freed when both groups' dQ products have read them.
 Inputs as benchmarks.gluon_backward's (D 128: two 64-column halves; D 64: 32-column halves).
 """
@@ -21,6 +22,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton._C.libtriton import ir
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait,
 )
@@ -33,6 +36,16 @@ from .gluon_backward import key_block_item, key_visible, load_tile, store_dkdv
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, value, _semantic=None):
+    """value (registers) added into the descriptor's block at coord by one TMA bulk reduce-add.
+    Triton 3.6's Gluon has no TMA reduce of its own; this is Triton's descriptor reduce (what
+    `desc.atomic_add` makes), which Gluon's TMA lowering turns into a shared-memory copy, a fence,
+    `cp.reduce.async.bulk.tensor` and a wait until the copy has been read."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_descriptor_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, value.handle, coord)
 
 
 @gluon.jit
@@ -61,15 +74,16 @@ def _producer(q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem,
 
 
 @gluon.jit
-def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+def _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = kh_smem.shape[2]
-    DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 2
+    DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 4
     DQ_STORE: gl.constexpr = dq_smem.shape[1] == 2      # the timing ablation (gluon_backward_fused's dq_store)
+    DQ_TMA: gl.constexpr = dq_smem.shape[1] == 4        # one TMA bulk reduce-add per tile (dq_tma)
     STATS_TMA: gl.constexpr = lse_smem.shape[1] > 1     # the statistics in the stage (stats_tma), else loaded
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
@@ -147,6 +161,8 @@ def _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_sme
             mbarrier.wait(dq_free, (it & 1) ^ 1)
             dq_smem.index(WG).store(dq * sm_scale)
             mbarrier.arrive(dq_ready, count=1)
+        elif DQ_TMA:        # rows past N_q hold zeros (dS is 0 there): added into the next head's rows
+            tma_reduce_add(dqa_desc, [head * N_Q + row0, WG * HALF], dq * sm_scale)
         else:               # added here, four adjacent columns per thread (one REDG.E.ADD.F32x4 per four)
             dq = gl.convert_layout(dq * sm_scale, add_layout)
             base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
@@ -183,32 +199,34 @@ def _dq_writer(DQA, dq_smem, dq_ready, dq_free, head0, n_tiles, n_items, n_full,
 
 
 @gluon.jit
-def _consumer0(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+def _consumer0(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
                empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+    _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
-def _consumer1(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+def _consumer1(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
                empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+    _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, DQA, STATS, st_desc, row_lo, row_hi,
+def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, DQA, dqa_desc, STATS, st_desc, row_lo, row_hi,
                                 full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
                                 qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                DQ_WRITER: gl.constexpr, DQ_STORE: gl.constexpr, STATS_TMA: gl.constexpr):
+                                DQ_WRITER: gl.constexpr, DQ_STORE: gl.constexpr, DQ_TMA: gl.constexpr,
+                                STATS_TMA: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
     (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; kh_desc: the same K in
     (128, D / 2) blocks; DK, DV like k; DQA (B*H*N_q, D) float32, zeroed (dQ times the softmax scale
-    is added); STATS, st_desc and STATS_TMA as benchmarks.gluon_backward's dK/dV pass's."""
+    is added), dqa_desc the same in (64, D / 2) blocks (read with DQ_TMA); STATS, st_desc and
+    STATS_TMA as benchmarks.gluon_backward's dK/dV pass's."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     HALF: gl.constexpr = kh_desc.block_type.shape[1]
@@ -223,7 +241,7 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * KEYS, BLOCK_M], ds_layout)
     # DQ_WRITER: a tile's dQ halves for the writer warps (else a stub, whose rows tell the consumers,
     # which add dQ themselves, whether to store it instead: partitions take no constexpr arguments)
-    DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 2 if DQ_STORE else 1
+    DQ_ROWS: gl.constexpr = BLOCK_M if DQ_WRITER else 2 if DQ_STORE else 4 if DQ_TMA else 1
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, HALF],
                                         gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0]))
     # STATS_TMA: each stage's 64 lse and delta values (else 1 x 1 stubs, whose shape tells the partitions)
@@ -245,7 +263,7 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
-    consumer_args = (DK, DV, DQA, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar,
+    consumer_args = (DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar,
                      ready, empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                      first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     producer_args = (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
@@ -263,7 +281,7 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
 
 
 def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_writer=False,
-                         dq_store=False, stats_tma=False):
+                         dq_store=False, stats_tma=False, dq_tma=False):
     """dQ, dK, dV of attention by the fused Gluon kernel.
 
     Arguments:
@@ -273,7 +291,10 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
             consumer thread; dq_writer: dQ added by four warps of their own from shared memory
             (FlashAttention-3's way), else by the consumers from registers; dq_store: a timing
             ablation, the consumers store each tile's dQ instead of adding it (the same bytes
-            without the reduction; dQ is then wrong), not with dq_writer; stats_tma: each tile's
+            without the reduction; dQ is then wrong), not with dq_writer; dq_tma: each consumer adds
+            its (64, D / 2) part of a tile's dQ by one TMA bulk reduce-add (inputs with
+            non-finite values excepted: a partial tile's zero rows past N_q are added into the next
+            head's); stats_tma: each tile's
             statistics loaded into the stage by TMA (as benchmarks.gluon_backward's gluon_dkdv).
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
@@ -287,8 +308,8 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
 
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
-    if dq_store and dq_writer:
-        raise ValueError("dq_store (a timing ablation of the consumers' atomics) does not go with dq_writer")
+    if dq_store + dq_writer + dq_tma > 1:
+        raise ValueError("dq_writer, dq_store and dq_tma are three ways to add dQ: pick at most one")
     if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or (stats_tma and n_q % 4):
         raise ValueError(f"the fused Gluon backward probe takes bf16/fp16 with D 64 or 128 (with stats_tma N_q a "
                          f"multiple of 4), not {q.dtype} D {d} N_q {n_q}")
@@ -307,9 +328,11 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
     scale = softmax_scale(None, d)
     st_desc = stats_descriptor(stats)          # read with stats_tma; a partition takes no None
+    dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [ROWS_PER_TILE, d // 2],
+                                            gl.NVMMASharedLayout.get_default_for([ROWS_PER_TILE, d // 2], gl.float32))
     attn_bwd_fused_gluon_kernel[(b * h_kv * kp.n_kb,)](
-        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, stats, st_desc, kp.row_lo, kp.row_hi,
+        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, dqa_desc, stats, st_desc, kp.row_lo, kp.row_hi,
         bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
         kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer,
-        DQ_STORE=dq_store, STATS_TMA=stats_tma, num_warps=4)
+        DQ_STORE=dq_store, DQ_TMA=dq_tma, STATS_TMA=stats_tma, num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused")
-BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon")
+BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "bwdfused")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
 
@@ -56,6 +56,8 @@ def backward_suite(name: str) -> list[dict]:
         return _atomic_suite()
     if name == "bwdgluon":
         return _gluon_suite()
+    if name == "bwdfused":
+        return _fused_suite()
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
@@ -144,6 +146,8 @@ def _gluon_suite() -> list[dict]:
                         dq_writer=False, dq_store=True, nocheck=True))
         out.append(dict(_bwd(shape, mask, "gluon fused, dq by the consumers, stats by TMA", kind="bwd_gluon_fused"),
                         stages=2, dq_writer=False, stats_tma=True))
+        out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds, stats by TMA", kind="bwd_gluon_fused"),
+                        stages=2, dq_writer=False, stats_tma=True, dq_tma=True))
         for stages in (2, 3):
             out.append(dict(_bwd(shape, mask, f"gluon dkdv pass, {stages} stages", kind="bwd_gluon_dkdv"),
                             stages=stages, nocheck=True))
@@ -153,6 +157,21 @@ def _gluon_suite() -> list[dict]:
             for block_n in (64, 128) if stages == 2 or shape[-1] == 64 else (64,):   # 3 x 128 x 128 > 227 KiB
                 out.append(dict(_bwd(shape, mask, f"gluon dq pass, 128x{block_n}, {stages} stages",
                                      kind="bwd_gluon_dq"), stages=stages, block_n=block_n, nocheck=True))
+    return out
+
+
+def _fused_suite() -> list[dict]:
+    """bwdfused: the fused Gluon backward's ways of adding dQ (the consumers' atomics, one TMA bulk
+    reduce-add per tile and group, and the ablation that stores it) beside the default (on Hopper at
+    D 128 the Gluon passes) and cuDNN, at D 128: bwdgluon's fused rows in a few minutes."""
+    out = []
+    for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
+                        ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal")]:
+        out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
+        for label, how in (("atomics", {}), ("TMA reduce-adds", dict(dq_tma=True)),
+                           ("stored (ablation)", dict(dq_store=True, nocheck=True))):
+            out.append(dict(_bwd(shape, mask, f"gluon fused, dq by {label}, stats by TMA", kind="bwd_gluon_fused"),
+                            stages=2, dq_writer=False, stats_tma=True, **how))
     return out
 
 
@@ -218,7 +237,8 @@ def backward_call(v, device):
         from .gluon_backward_fused import gluon_backward_fused
 
         return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"],
-                                            dq_store=v.get("dq_store", False), stats_tma=v.get("stats_tma", False))
+                                            dq_store=v.get("dq_store", False), stats_tma=v.get("stats_tma", False),
+                                            dq_tma=v.get("dq_tma", False))
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 
