@@ -168,9 +168,9 @@ def _fused_suite() -> list[dict]:
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
                         ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal")]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
-        for label, how in (("atomics", {}), ("TMA reduce-adds", dict(dq_tma=True)),
+        for label, how in (("by atomics", {}), ("by TMA reduce-adds", dict(dq_tma=True)),
                            ("stored (ablation)", dict(dq_store=True, nocheck=True))):
-            out.append(dict(_bwd(shape, mask, f"gluon fused, dq by {label}, stats by TMA", kind="bwd_gluon_fused"),
+            out.append(dict(_bwd(shape, mask, f"gluon fused, dq {label}, stats by TMA", kind="bwd_gluon_fused"),
                             stages=2, dq_writer=False, stats_tma=True, **how))
     return out
 
