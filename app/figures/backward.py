@@ -104,7 +104,8 @@ def _phase_tiles(bwd_tiles: pd.DataFrame, phase: str, b: int, head: int) -> pd.D
 
 
 def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: dict, n_q: int, n_k: int,
-                      b: int = 0, head: int = 0, heads: int = 1, provenance: str = "", group: int = 1) -> go.Figure:
+                      b: int = 0, head: int = 0, heads: int = 1, provenance: str = "", group: int = 1,
+                      order_note: str = "") -> go.Figure:
     """The forward's row-wise tile order beside the dK/dV programs' column-wise order, on the
     same (query, key) plane: each visited tile coloured by its step within its program, and
     one line per program through its tiles in visit order (a dot at its first tile).
@@ -115,7 +116,8 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
         b, head: the batch and query head shown (bh = b * heads + head in the forward's table);
             the dK/dV tiles shown are those of this query head in its KV head's programs.
         provenance: the trace's provenance line. group: query heads per KV head (H / H_kv): a
-            dK·dV program sums the tiles of its group's query heads.
+            dK·dV program sums the tiles of its group's query heads. order_note: how the kernel
+            orders a dK·dV program's tiles where that is not top to bottom (the subtitle says it).
     Returns:
         a two-panel Figure. Raises ValueError when the head has no tiles in either table."""
     fwd = _forward_steps(fwd_tiles, b * heads + head)
@@ -175,7 +177,8 @@ def tile_order_figure(fwd_tiles: pd.DataFrame, bwd_tiles: pd.DataFrame, blocks: 
                             "the query blocks that see it"
                             + (f" (and the same tiles of its KV head's other "
                                f"{'query head' if group == 2 else plural(group - 1, 'query head')})"
-                               if group > 1 else "") + "; grey: not visited")),
+                               if group > 1 else "") + (f"; {order_note}" if order_note else "")
+                            + "; grey: not visited")),
         template=TEMPLATE, plot_bgcolor=NOT_VISITED, height=620, width=1250,
         legend=dict(x=1.02, y=0, yanchor="bottom", xanchor="left"), meta={"slide_legend_inside": True})
     return caption(fig, "tile visits from the kernel trace: " + provenance)

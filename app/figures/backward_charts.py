@@ -11,6 +11,10 @@ from .backward_time import (backward_flops_figure, backward_lanes_figure, backwa
                             backward_time_figure, backward_timeline)
 
 DEFAULT_SMS = 132
+# how a backward kernel orders a dK/dV program's tiles where not top to bottom (meta.backward's
+# 'implementation'; the Triton kernel walks its query blocks in increasing order)
+DKDV_ORDER = {"gluon": "the Gluon dK·dV pass takes its key block's full tiles first, then the partial ones "
+                       "on the mask's edge"}
 NO_BACKWARD = ("this trace has only the forward; the backward charts draw a trace recorded with "
                "record(..., backward=True) or `python -m instrumentation.record_cli --backward`")
 
@@ -69,8 +73,10 @@ def order_chart(trace, head=None):
     _need(trace)
     b, h = _head(trace, head)
     s = shape_of(trace)
+    bwd = trace.meta.get("backward")
+    note = DKDV_ORDER.get(bwd.get("implementation"), "") if isinstance(bwd, dict) else ""
     return tile_order_figure(trace.tiles, trace.bwd_tiles, phase_blocks(trace.meta), s["N_q"], s["N_k"], b, h,
-                             s["H"], trace.provenance(), group=s["H"] // s["H_kv"])
+                             s["H"], trace.provenance(), group=s["H"] // s["H_kv"], order_note=note)
 
 
 def dq_chart(trace, head=None, q_block=None, q_row=None):

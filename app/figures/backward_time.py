@@ -156,6 +156,16 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_hea
     spans = {ph: (g["t_end"].max() - g["t_start"].min()) / div for ph, g in bwd_tl.groupby("phase")}
     unit = "tile-units" if bwd_tl.attrs.get("modelled", True) else "µs"
     sub = " · ".join(f"{PHASE_NAMES[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
+    if not bwd_tl.attrs.get("modelled", True):
+        # a gap between two phases' programs is the GPU waiting for the next kernel's launch (a
+        # recording is one eager call; calls back to back queue their launches and close it)
+        for before, after in zip(PHASE_ORDER, PHASE_ORDER[1:]):
+            if before in spans and after in spans:
+                idle = (tl.loc[tl["phase"] == after, "t_start"].min() - tl.loc[tl["phase"] == before, "t_end"].max()) / div
+                if idle > 0.02 * sum(spans.values()):
+                    short = PHASE_NAMES[before].split(" = ")[0]           # "D", not "D = rowsum(dO∘O)"
+                    sub += (f" · GPU idle {idle:,.3g} {unit} between {short} and {PHASE_NAMES[after]}: "
+                            "waiting for the next kernel's launch (one eager call)")
     if max(most.values(), default=1) > 1:
         sub += " · programs resident on one SM at once, stacked in its lane: up to " + ", ".join(
             f"{k} for {name}" for name, k in most.items() if k > 1)

@@ -97,9 +97,13 @@ class Trace:
         # an uploaded file's meta is the uploader's word: say so
         kept = {"recorded": "recorded", "uploaded": "uploaded file, recorded"}.get(m.get("source"))
         if m.get("backend") == "cuda":
-            # which kernel ran: Hopper's forward may be the Gluon one; every other recording a Triton kernel
-            ran = m.get("kernel")
-            kernel = "Gluon kernel" if isinstance(ran, dict) and ran.get("implementation") == "gluon" else "Triton kernel"
+            # which kernels ran: on Hopper the forward and the D 128 backward may be Gluon ones, every
+            # other recording's Triton kernels (meta.kernel / meta.backward 'implementation')
+            def kind(ran):
+                return "Gluon" if isinstance(ran, dict) and ran.get("implementation") == "gluon" else "Triton"
+            bwd = m.get("backward")
+            kernel = (f"{kind(m.get('kernel'))} kernel" if not isinstance(bwd, dict) else
+                      f"{kind(m.get('kernel'))} forward and {kind(bwd)} backward kernels")
             return (f"{kept or 'live GPU'}: {dev}, {kernel}, {when}, torch {m.get('torch_version')}, "
                     f"triton {m.get('triton_version')}")
         src = f"{kept} in the " if kept else ""

@@ -4,16 +4,18 @@ programs, and the memory and FLOP numbers equal to instrumentation.estimate's.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from app.figures.backward import dq_sources, dq_sources_figure, program_steps, tile_order_figure
+from app.figures.backward import dq_sources, dq_sources_figure, phase_blocks, program_steps, tile_order_figure
 from app.figures.backward_time import (backward_flops_figure, backward_lanes_figure, backward_memory_figure,
                                        backward_time_figure, backward_timeline, resident_slots, time_split)
 from app.figures.estimate import fmt_flops
 from instrumentation import estimate
-from kernels.masks import SKIPPED, parse_mask
+from kernels.masks import FULL, PARTIAL, SKIPPED, parse_mask
 from tests.app.figures.checks import provenance_captions
 
 MASKS = ["full", "causal", "sliding_window:40", "prefix_lm:24", "document:30,50,40"]
@@ -233,3 +235,49 @@ def test_tile_order_colour_scale_ticks_whole_steps():
     fig = tile_order_figure(fwd, bwd, BLOCKS, 48, 48, b=0, head=0, heads=2)
     bar = [d for d in fig.data if d.type == "heatmap" and d.showscale][0].colorbar
     assert bar.tickvals and all(float(v).is_integer() for v in bar.tickvals)     # whole steps: no 0.5 tick
+
+
+BUNDLED = Path(__file__).resolve().parents[3] / "data" / "traces" / "backward_n4096_causal"
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="bundled backward recording missing")
+def test_tile_order_says_the_gluon_passes_order_and_it_is_what_they_recorded():
+    """A Gluon backward recording's tile-order subtitle says its dK·dV programs take their full tiles
+    first, then the partial ones; that is what the bundled H200 recording's tiles show (every key
+    block of every traced head), and a recording of the Triton kernel says nothing of it."""
+    from app.figures.backward_charts import DKDV_ORDER, order_chart
+    from instrumentation.trace import Trace
+
+    trace = Trace.load(BUNDLED)
+    assert trace.meta["backward"]["implementation"] == "gluon"
+    subtitle = order_chart(trace).layout.title.subtitle.text.replace("<br>", " ")
+    assert " ".join(DKDV_ORDER["gluon"].split()) in " ".join(subtitle.split())
+    s, (bm, bn) = trace.meta["shape"], phase_blocks(trace.meta)["dkdv"]
+    status = parse_mask(trace.meta["mask"], s["N"], s["N_k"]).block_map(s["N"], bm, bn, s["N_k"])
+    tiles = trace.bwd_tiles[trace.bwd_tiles.phase == "dkdv"]
+    checked = 0
+    for (_, _, kb), g in tiles.groupby(["b", "head", "k_block"]):
+        kinds = [status[q, kb] for q in g.sort_values("order")["q_block"]]
+        assert SKIPPED not in kinds and kinds == sorted(kinds, reverse=True)      # FULL (2) before PARTIAL (1)
+        checked += PARTIAL in kinds and FULL in kinds
+    assert checked > 0
+    trace.meta["backward"] = {**trace.meta["backward"], "implementation": "triton"}
+    assert DKDV_ORDER["gluon"][:20] not in order_chart(trace).layout.title.subtitle.text
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="bundled backward recording missing")
+def test_measured_lanes_say_how_long_the_gpu_waited_between_launches():
+    """The bundled recording's D programs end long before the first dK·dV program starts (the host
+    launching the Gluon pass): the lanes' subtitle gives that idle time, equal to the tables' gap,
+    and no other (the dQ launch follows at once); a modelled timeline claims no idle time."""
+    from app.figures.backward_charts import lanes_chart
+    from instrumentation.trace import Trace
+
+    trace = Trace.load(BUNDLED)
+    w = trace.bwd_work
+    gap_us = (w.loc[w.phase == "dkdv", "t_start"].min() - w.loc[w.phase == "delta", "t_end"].max()) / 1e3
+    sub = lanes_chart(trace, 132).layout.title.subtitle.text.replace("<br>", " ")
+    assert gap_us > 20 and f"GPU idle {gap_us:,.3g} µs between D and dK·dV: waiting for the next kernel's launch" in sub
+    assert sub.count("GPU idle") == 1
+    modelled = backward_lanes_figure(backward_timeline(w.assign(t_start=np.nan, t_end=np.nan), sms=8))
+    assert "GPU idle" not in modelled.layout.title.subtitle.text

@@ -1,11 +1,13 @@
 """Trace.provenance(): the caption line says where the data came from and, for a GPU recording,
-which kernel ran (Hopper's forward may be the Gluon kernel; everything else a Triton kernel)."""
+which kernels ran (Hopper's forward and D 128 backward may be Gluon kernels; everything else Triton
+kernels)."""
 
 from pathlib import Path
 
 from instrumentation.trace import Trace
 
 BUNDLED = Path(__file__).resolve().parents[3] / "data" / "traces" / "n1024_causal_natural"
+BACKWARD = BUNDLED.parent / "backward_n4096_causal"
 
 
 def test_a_gpu_recording_names_its_kernel():
@@ -18,6 +20,20 @@ def test_a_gpu_recording_names_its_kernel():
     for odd in ("gluon", None, ["gluon"], {"implementation": 3}):       # an uploaded file's meta: never a crash
         trace.meta["kernel"] = odd
         assert ", Triton kernel, " in trace.provenance()
+
+
+def test_a_backward_recording_names_both_passes_kernels():
+    trace = Trace.load(BACKWARD)
+    fwd, bwd = trace.meta["kernel"].get("implementation"), trace.meta["backward"].get("implementation")
+    assert (fwd, bwd) == ("gluon", "gluon")          # recorded on an H200 with the defaults
+    assert ", Gluon forward and Gluon backward kernels, " in trace.provenance()
+    trace.meta["backward"] = {**trace.meta["backward"], "implementation": "triton"}
+    assert ", Gluon forward and Triton backward kernels, " in trace.provenance()
+    for odd in (None, ["gluon"], 3):            # missing (recorded before the field) or an odd upload: Triton
+        trace.meta["backward"] = {**trace.meta["backward"], "implementation": odd}
+        assert ", Gluon forward and Triton backward kernels, " in trace.provenance()
+    trace.meta["backward"] = "odd"                                       # not a backward's dict: forward only
+    assert ", Gluon kernel, " in trace.provenance()
 
 
 def test_an_interpreter_recording_names_no_gpu_kernel():
