@@ -156,16 +156,10 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_hea
     spans = {ph: (g["t_end"].max() - g["t_start"].min()) / div for ph, g in bwd_tl.groupby("phase")}
     unit = "tile-units" if bwd_tl.attrs.get("modelled", True) else "µs"
     sub = " · ".join(f"{PHASE_NAMES[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
-    if not bwd_tl.attrs.get("modelled", True):
-        # a gap between two phases' programs is the GPU waiting for the next kernel's launch (a
-        # recording is one eager call; calls back to back queue their launches and close it)
-        for before, after in zip(PHASE_ORDER, PHASE_ORDER[1:]):
-            if before in spans and after in spans:
-                idle = (tl.loc[tl["phase"] == after, "t_start"].min() - tl.loc[tl["phase"] == before, "t_end"].max()) / div
-                if idle > 0.02 * sum(spans.values()):
-                    short = PHASE_NAMES[before].split(" = ")[0]           # "D", not "D = rowsum(dO∘O)"
-                    sub += (f" · GPU idle {idle:,.3g} {unit} between {short} and {PHASE_NAMES[after]}: "
-                            "waiting for the next kernel's launch (one eager call)")
+    for before, after, idle in launch_gaps(bwd_tl):
+        short = PHASE_NAMES[before].split(" = ")[0]           # "D", not "D = rowsum(dO∘O)"
+        sub += (f" · GPU idle {idle / div:,.3g} {unit} between {short} and {PHASE_NAMES[after]}: "
+                "waiting for the next kernel's launch (one eager call)")
     if max(most.values(), default=1) > 1:
         sub += " · programs resident on one SM at once, stacked in its lane: up to " + ", ".join(
             f"{k} for {name}" for name, k in most.items() if k > 1)
@@ -177,6 +171,22 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_hea
     fig.update_xaxes(title_text=xtitle, rangemode="tozero")
     fig.update_yaxes(title_text="SM", autorange="reversed")
     return caption(fig, where + provenance + (f". {note}" if note else ""))
+
+
+def launch_gaps(bwd_tl: pd.DataFrame) -> list[tuple[str, str, float]]:
+    """(phase before, phase after, idle) for each measured gap between one phase's last program
+    and the next phase's first, in the timeline's unit, where it is over 2 % of the phases' spans:
+    the GPU waiting for the next kernel's launch (a recording is one eager call; calls back to
+    back queue their launches and close it). None on a modelled timeline."""
+    if bwd_tl.attrs.get("modelled", True):
+        return []
+    ends = {ph: (g["t_start"].min(), g["t_end"].max()) for ph, g in bwd_tl.groupby("phase")}
+    total = sum(e - s for s, e in ends.values())
+    out = []
+    for before, after in zip(PHASE_ORDER, PHASE_ORDER[1:]):
+        if before in ends and after in ends and ends[after][0] - ends[before][1] > 0.02 * total:
+            out.append((before, after, float(ends[after][0] - ends[before][1])))
+    return out
 
 
 def time_split(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame) -> pd.DataFrame:
@@ -215,7 +225,7 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
                          untraced_ms: tuple | None = None) -> go.Figure:
     """The measured time split forward / D / dK·dV / dQ: each phase as a bar from its first program's start
     to its last program's end (the forward on its own clock, the backward phases on the
-    backward's: dK·dV and dQ share one launch, so they may overlap), with the span and the
+    backward's: the Triton kernel's dK·dV and dQ share one launch, so they may overlap), with the span and the
     rate at the estimator's FLOPs (forward: `flops`; backward: `flops_backward`). Raises
     ValueError (NO_CLOCK) on modelled timelines.
 
@@ -240,7 +250,9 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
                            customdata=np.stack([split["busy"] / div], 1),
                            hovertemplate="%{y}: %{x:.4g} " + unit + " from %{base:.4g}<br>busy SM time %{customdata[0]:.4g} "
                                          + unit + "<extra></extra>"))
-    sub = f"forward {fwd_span:,.3g} {unit}, backward {bwd_span:,.3g} {unit} ({bwd_span / fwd_span:.2f}× the forward)"
+    idle = sum(gap for *_, gap in launch_gaps(bwd_tl)) / div
+    sub = (f"forward {fwd_span:,.3g} {unit}, backward {bwd_span:,.3g} {unit} ({bwd_span / fwd_span:.2f}× the forward"
+           + (f"; {idle:,.3g} {unit} of it the GPU idle between launches" if idle else "") + ")")
     sub += (f"; at the model's FLOPs (backward = 2.5× forward): forward {est.flops / (fwd_span * 1e-6) / 1e12:,.0f} "
             f"TFLOP/s, backward {est.flops_backward / (bwd_span * 1e-6) / 1e12:,.0f} TFLOP/s (traced run)")
     if untraced_ms and all(x and math.isfinite(x) for x in untraced_ms):

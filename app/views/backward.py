@@ -143,14 +143,15 @@ if fwd_tl.attrs.get("modelled") or tl_bwd.attrs.get("modelled"):
             f"{BUNDLED} or run on a GPU). The interpreter has no clock.", icon=":material/timer_off:")
 else:
     fwd_span, bwd_span = pass_spans(time_split(fwd_tl, tl_bwd))
-    traced = f"the traced run's spans give {bwd_span / fwd_span:.2f}× (tracing slows the passes unevenly)"
+    traced = (f"the traced run's spans give {bwd_span / fwd_span:.2f}× (tracing slows the passes unevenly, and "
+              "the backward's span holds any wait for its launches)")
     plain_ms = untraced_ms(meta)     # the headline is the kernels' own time, without tracing
     if plain_ms:
-        m[4].metric("bwd ÷ fwd time, untraced", f"{plain_ms[1] / plain_ms[0]:.2f}×",
+        m[4].metric("bwd ÷ fwd, untraced", f"{plain_ms[1] / plain_ms[0]:.2f}×",
                     help=f"untraced kernel times of the recorded call (do_bench medians): backward "
                          f"{plain_ms[1]:.4g} ms over forward {plain_ms[0]:.4g} ms; {traced}")
     else:
-        m[4].metric("bwd ÷ fwd time, traced", f"{bwd_span / fwd_span:.2f}×",
+        m[4].metric("bwd ÷ fwd, traced", f"{bwd_span / fwd_span:.2f}×",
                     help="measured on the traced run (this recording has no untraced times): the backward's "
                          "span over the forward's, as in the time split chart")
     common.chart(time_chart(trace, fwd_tl, sms), "backward-time-split", "bwd_time", s.present)

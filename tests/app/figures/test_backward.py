@@ -269,8 +269,10 @@ def test_tile_order_says_the_gluon_passes_order_and_it_is_what_they_recorded():
 def test_measured_lanes_say_how_long_the_gpu_waited_between_launches():
     """The bundled recording's D programs end long before the first dK·dV program starts (the host
     launching the Gluon pass): the lanes' subtitle gives that idle time, equal to the tables' gap,
-    and no other (the dQ launch follows at once); a modelled timeline claims no idle time."""
-    from app.figures.backward_charts import lanes_chart
+    and no other (the dQ launch follows at once), the time split says it is part of the backward's
+    span; a modelled timeline claims no idle time."""
+    from app.figures.backward_charts import lanes_chart, time_chart
+    from instrumentation.analysis.schedule_model import timeline as common_timeline
     from instrumentation.trace import Trace
 
     trace = Trace.load(BUNDLED)
@@ -279,5 +281,7 @@ def test_measured_lanes_say_how_long_the_gpu_waited_between_launches():
     sub = lanes_chart(trace, 132).layout.title.subtitle.text.replace("<br>", " ")
     assert gap_us > 20 and f"GPU idle {gap_us:,.3g} µs between D and dK·dV: waiting for the next kernel's launch" in sub
     assert sub.count("GPU idle") == 1
+    split = time_chart(trace, common_timeline(trace, sms=132), 132).layout.title.subtitle.text.replace("<br>", " ")
+    assert f"; {gap_us:,.3g} µs of it the GPU idle between launches)" in split
     modelled = backward_lanes_figure(backward_timeline(w.assign(t_start=np.nan, t_end=np.nan), sms=8))
     assert "GPU idle" not in modelled.layout.title.subtitle.text
