@@ -284,3 +284,32 @@ def test_softmax_slide_says_the_steps_numbers(app_server, new_page, size, least_
     chart, nxt, height = boxes["chart"], boxes["next"], boxes["height"]
     assert nxt is not None and 0 <= nxt["top"] and nxt["bottom"] <= height, boxes     # Next on screen
     assert chart["top"] >= -1 and chart["bottom"] <= nxt["top"] + 1, boxes           # chart whole, above the bar
+
+
+BACKWARD = ROOT / "data" / "traces" / "backward_n4096_causal"
+
+
+@pytest.mark.skipif(not BACKWARD.is_dir(), reason="no bundled backward recording")
+def test_backward_slides_step_whole_at_1280x720(app_server, new_page):
+    """The Backward page's six slides (tile order, dQ's sources, SM lanes, time split, FLOPs, memory)
+    on the bundled H200 recording at 1280 x 720: PageDown brings each up whole, its export row in
+    the window, no title under the fixed pills; the tile order's and the lanes' three-line subtitles
+    (the Gluon dK·dV pass's order, the GPU's idle time between launches) included."""
+    page = new_page(1280, 720, timeout_ms=180_000)
+    page.goto(f"{app_server}/?page=backward&source=recorded&trace={BACKWARD.name}&present=1")
+    s = settle(page, 6)
+    n = len(s["charts"])
+    assert n == 6 and s["where"] == f"Backward pass · slide 1 / {n}", s["where"]
+    for k in range(n):
+        if k:
+            s = press(page, "PageDown", f"Backward pass · slide {k + 1} / {n}", 6)
+        boxes = page.evaluate(SLIDE_BOXES)
+        chart = boxes["charts"][k]
+        above = [c for c in boxes["controls"] if c["box"]["top"] < chart["top"]]
+        top = min([chart["top"]] + [c["box"]["top"] for c in above])
+        assert 40 <= top <= 80 and chart["bottom"] <= boxes["height"] + 1, (k, top, chart)   # one whole slide
+        assert any(b["top"] >= chart["bottom"] - 2 and b["bottom"] <= boxes["height"] + 1 for b in boxes["buttons"]), \
+            (k, "the chart's export row is in the window too", boxes["buttons"])
+        for t in boxes["titles"] + boxes["controls"]:
+            for c in boxes["covers"]:
+                assert not _overlap(t["box"], c["box"]), (k, t["text"], c["key"])
