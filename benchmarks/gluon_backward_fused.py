@@ -74,20 +74,17 @@ def _producer(q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem,
 
 
 @gluon.jit
-def _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+def _consumer(DK, DV, DQA, dqa_desc, late_stub, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = kh_smem.shape[2]
-    DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 4
-    DQ_STORE: gl.constexpr = dq_smem.shape[1] == 2      # the timing ablation (gluon_backward_fused's dq_store)
-    DQ_TMA: gl.constexpr = dq_smem.shape[1] == 4        # one TMA bulk reduce-add per tile (dq_tma)
     STATS_TMA: gl.constexpr = lse_smem.shape[1] > 1     # the statistics in the stage (stats_tma), else loaded
+    DQ_LATE: gl.constexpr = late_stub.shape[1] == 2     # each item's dQ one item later (dq_late)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
-    dq_layout: gl.constexpr = wgmma_layout(HALF)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
     keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))     # (KEYS,) this group's keys
@@ -102,6 +99,8 @@ def _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_s
     v = v_smem.index(WG)
     kh = kh_smem.index(WG)
     mbarrier.wait(kv_bar, 0)
+    last_head = head0               # DQ_LATE: the previous item's query head and first row
+    last_row0 = head0 * 0
     for it in range(n_items):
         s = it % STAGES
         b = it % 2
@@ -151,26 +150,55 @@ def _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_s
         dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
         dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
-        # dQ[:, this half] = dS K[:, half] over the tile's 128 keys (both groups' dS)
-        mbarrier.wait(ds_ready.index(b), (it // 2) & 1)
-        dq_tok = warpgroup_mma(ds_smem.index(b).permute((1, 0)), kh, gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout),
-                               use_acc=False, is_async=True)
-        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-        mbarrier.arrive(ds_free.index(b), count=1)
-        if DQ_WRITER:       # the half to shared memory, once the writer warps have added the last one
-            mbarrier.wait(dq_free, (it & 1) ^ 1)
-            dq_smem.index(WG).store(dq * sm_scale)
-            mbarrier.arrive(dq_ready, count=1)
-        elif DQ_TMA:        # rows past N_q hold zeros (dS is 0 there): added into the next head's rows
-            tma_reduce_add(dqa_desc, [head * N_Q + row0, WG * HALF], dq * sm_scale)
-        else:               # added here, four adjacent columns per thread (one REDG.E.ADD.F32x4 per four)
-            dq = gl.convert_layout(dq * sm_scale, add_layout)
-            base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
-            if DQ_STORE:
-                gl.store(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None])
-            else:
-                gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
+        if DQ_LATE:     # the previous item's dQ: by now the other group has written its half of dS
+            if it > 0:
+                _tile_dq(it - 1, last_head, last_row0, DQA, dqa_desc, kh, ds_smem, ds_ready, ds_free, dq_smem,
+                         dq_ready, dq_free, N_Q, sm_scale, add_offs, add_rows, WG)
+            last_head = head
+            last_row0 = row0
+        else:           # this item's, waiting for the other group's half of dS
+            _tile_dq(it, head, row0, DQA, dqa_desc, kh, ds_smem, ds_ready, ds_free, dq_smem, dq_ready, dq_free, N_Q,
+                     sm_scale, add_offs, add_rows, WG)
+    if DQ_LATE and n_items > 0:
+        _tile_dq(n_items - 1, last_head, last_row0, DQA, dqa_desc, kh, ds_smem, ds_ready, ds_free, dq_smem, dq_ready,
+                 dq_free, N_Q, sm_scale, add_offs, add_rows, WG)
     store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
+
+
+@gluon.jit
+def _tile_dq(j, head, row0, DQA, dqa_desc, kh, ds_smem, ds_ready, ds_free, dq_smem, dq_ready, dq_free, N_Q, sm_scale,
+             add_offs, add_rows, WG: gl.constexpr):
+    """Item j's (query head `head`, rows row0...) dQ[:, this group's half] = dS K[:, half] over the tile's 128 keys (both groups' dS^T
+    in ds_smem), added to the float32 accumulator as the variant says; then the dS buffer is freed.
+    Right after this group's own dK, dV it waits for the other group's half of dS; with dq_late the
+    consumer runs it one item later, when that half is most likely written."""
+    BLOCK_M: gl.constexpr = ds_smem.shape[2]
+    HALF: gl.constexpr = kh.shape[1]
+    HEAD_DIM: gl.constexpr = 2 * HALF
+    DQ_WRITER: gl.constexpr = dq_smem.shape[1] > 4
+    DQ_STORE: gl.constexpr = dq_smem.shape[1] == 2      # the timing ablation (gluon_backward_fused's dq_store)
+    DQ_TMA: gl.constexpr = dq_smem.shape[1] == 4        # one TMA bulk reduce-add per tile (dq_tma)
+    add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // HALF, HALF // 4],
+                                                warps_per_cta=[4, 1], order=[1, 0])
+    b = j % 2
+    mbarrier.wait(ds_ready.index(b), (j // 2) & 1)
+    dq_tok = warpgroup_mma(ds_smem.index(b).permute((1, 0)), kh,
+                           gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False, is_async=True)
+    dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+    mbarrier.arrive(ds_free.index(b), count=1)
+    if DQ_WRITER:       # the half to shared memory, once the writer warps have added the last one
+        mbarrier.wait(dq_free, (j & 1) ^ 1)
+        dq_smem.index(WG).store(dq * sm_scale)
+        mbarrier.arrive(dq_ready, count=1)
+    elif DQ_TMA:        # rows past N_q hold zeros (dS is 0 there): added into the next head's rows
+        tma_reduce_add(dqa_desc, [head * N_Q + row0, WG * HALF], dq * sm_scale)
+    else:               # added here, four adjacent columns per thread (one REDG.E.ADD.F32x4 per four)
+        dq = gl.convert_layout(dq * sm_scale, add_layout)
+        base = DQA + (head.to(gl.int64) * N_Q + row0) * HEAD_DIM
+        if DQ_STORE:
+            gl.store(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None])
+        else:
+            gl.atomic_add(base + add_offs, dq, mask=((row0 + add_rows) < N_Q)[:, None], sem="relaxed")
 
 
 @gluon.jit
@@ -199,19 +227,19 @@ def _dq_writer(DQA, dq_smem, dq_ready, dq_free, head0, n_tiles, n_items, n_full,
 
 
 @gluon.jit
-def _consumer0(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+def _consumer0(DK, DV, DQA, dqa_desc, late_stub, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
                empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+    _consumer(DK, DV, DQA, dqa_desc, late_stub, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
-def _consumer1(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+def _consumer1(DK, DV, DQA, dqa_desc, late_stub, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
                empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
                qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
+    _consumer(DK, DV, DQA, dqa_desc, late_stub, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar, ready,
               empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K,
               qk_scale, sm_scale, dkv_row, 1)
 
@@ -221,7 +249,7 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
                                 full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
                                 qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                 DQ_WRITER: gl.constexpr, DQ_STORE: gl.constexpr, DQ_TMA: gl.constexpr,
-                                STATS_TMA: gl.constexpr):
+                                DQ_LATE: gl.constexpr, STATS_TMA: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows in
     (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; kh_desc: the same K in
     (128, D / 2) blocks; DK, DV like k; DQA (B*H*N_q, D) float32, zeroed (dQ times the softmax scale
@@ -247,6 +275,9 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     # STATS_TMA: each stage's 64 lse and delta values (else 1 x 1 stubs, whose shape tells the partitions)
     lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M] if STATS_TMA else [1, 1], st_desc.layout)
     delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M] if STATS_TMA else [1, 1], st_desc.layout)
+    # DQ_LATE for the consumers, in a stub's shape (1 x 2: each item's dQ one item later)
+    late_stub = gl.allocate_shared_memory(gl.int8, [1, 2 if DQ_LATE else 1],
+                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     dq_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     dq_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -263,7 +294,7 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
-    consumer_args = (DK, DV, DQA, dqa_desc, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar,
+    consumer_args = (DK, DV, DQA, dqa_desc, late_stub, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, kv_bar,
                      ready, empty, ds_ready, ds_free, dq_smem, dq_ready, dq_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                      first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     producer_args = (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
@@ -281,7 +312,7 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
 
 
 def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_writer=False,
-                         dq_store=False, stats_tma=False, dq_tma=False):
+                         dq_store=False, stats_tma=False, dq_tma=False, dq_late=False):
     """dQ, dK, dV of attention by the fused Gluon kernel.
 
     Arguments:
@@ -294,7 +325,9 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
             without the reduction; dQ is then wrong), not with dq_writer; dq_tma: each consumer adds
             its (64, D / 2) part of a tile's dQ by one TMA bulk reduce-add (inputs with
             non-finite values excepted: a partial tile's zero rows past N_q are added into the next
-            head's); stats_tma: each tile's
+            head's); dq_late: each tile's dQ product one tile later, when the other consumer group
+            has most likely written its half of dS (else right after the group's own dK, dV);
+            stats_tma: each tile's
             statistics loaded into the stage by TMA (as benchmarks.gluon_backward's gluon_dkdv).
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
@@ -334,5 +367,6 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
         desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, dqa_desc, stats, st_desc, kp.row_lo, kp.row_hi,
         bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
         kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer,
-        DQ_STORE=dq_store, DQ_TMA=dq_tma, STATS_TMA=stats_tma, num_warps=4)
+        DQ_STORE=dq_store, DQ_TMA=dq_tma, DQ_LATE=dq_late, STATS_TMA=stats_tma,
+        num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

@@ -162,14 +162,17 @@ def _gluon_suite() -> list[dict]:
 
 def _fused_suite() -> list[dict]:
     """bwdfused: the fused Gluon backward's ways of adding dQ (the consumers' atomics, one TMA bulk
-    reduce-add per tile and group, and the ablation that stores it) beside the default (on Hopper at
-    D 128 the Gluon passes) and cuDNN, at D 128: bwdgluon's fused rows in a few minutes."""
+    reduce-add per tile and group, and the ablation that stores it), each tile's dQ product right
+    after the group's dK, dV or a tile late (dq_late), beside the default (on Hopper at D 128 the
+    Gluon passes) and cuDNN, at D 128: bwdgluon's fused rows in a few minutes."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
                         ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal")]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
         for label, how in (("by atomics", {}), ("by TMA reduce-adds", dict(dq_tma=True)),
-                           ("stored (ablation)", dict(dq_store=True, nocheck=True))):
+                           ("stored (ablation)", dict(dq_store=True, nocheck=True)),
+                           ("by atomics a tile late", dict(dq_late=True)),
+                           ("by TMA reduce-adds a tile late", dict(dq_tma=True, dq_late=True))):
             out.append(dict(_bwd(shape, mask, f"gluon fused, dq {label}, stats by TMA", kind="bwd_gluon_fused"),
                             stages=2, dq_writer=False, stats_tma=True, **how))
     return out
@@ -238,7 +241,7 @@ def backward_call(v, device):
 
         return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"],
                                             dq_store=v.get("dq_store", False), stats_tma=v.get("stats_tma", False),
-                                            dq_tma=v.get("dq_tma", False))
+                                            dq_tma=v.get("dq_tma", False), dq_late=v.get("dq_late", False))
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 

@@ -13,8 +13,8 @@ numbers are those of the Triton on the path: build with the GPU machines' versio
 with their timings. A warp-specialised kernel reports the launch's register count; its partitions
 then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon backward probes
 (benchmarks.gluon_backward's dK/dV pass, its statistics loaded by each thread and by TMA, its dQ pass, benchmarks.gluon_backward_fused with dQ added by
-the consumers and by a writer warp, its ablation that stores dQ, with the statistics by TMA, and with those and dQ by
-TMA bulk reduce-adds), 2 stages. gluonfwd (nor this):
+the consumers and by a writer warp, its ablation that stores dQ, with the statistics by TMA, with those and dQ by
+TMA bulk reduce-adds, and each tile's dQ a tile late), 2 stages. gluonfwd (nor this):
 the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent)."""
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ def _loops(kernel, args, options=None) -> str:
     stats = ", stats by TMA" if named.get("STATS_TMA") else ""
     if "DQ_WRITER" in named:
         return ("dQ by a writer warp" if named["DQ_WRITER"] else "dQ stored (ablation)" if named.get("DQ_STORE") else
-                "dQ by TMA reduce-adds" if named.get("DQ_TMA") else "dQ by the consumers") + stats
+                "dQ by TMA reduce-adds" if named.get("DQ_TMA") else "dQ by the consumers") + stats + \
+            (", dQ a tile late" if named.get("DQ_LATE") else "")
     if stats:
         return stats[2:]
     if "FINITE_RUN" in named:
@@ -284,11 +285,12 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
             gluon_dkdv(do, q, k, v, o, lse, mask, stages=2, stats_tma=stats_tma)
         for block_n in (64, 128):
             gluon_dq(do, q, k, v, o, lse, mask, block_n=block_n, stages=2)
-        for writer, store, stats_tma, dq_tma in ((False, False, False, False), (True, False, False, False),
-                                                 (False, True, False, False), (False, False, True, False),
-                                                 (False, False, True, True)):
+        for writer, store, stats_tma, dq_tma, late in (
+                (False, False, False, False, False), (True, False, False, False, False),
+                (False, True, False, False, False), (False, False, True, False, False), (False, False, True, True, False),
+                (False, False, True, False, True), (False, False, True, True, True), (True, False, True, False, True)):
             gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store, stats_tma=stats_tma,
-                                 dq_tma=dq_tma)
+                                 dq_tma=dq_tma, dq_late=late)
     elif part == "gluonfwd":
         from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
 

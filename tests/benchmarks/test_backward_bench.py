@@ -138,7 +138,7 @@ def test_every_backend_agrees_with_ours_before_timing():
 def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, d):
     """benchmarks.gluon_backward's dK/dV pass (its statistics loaded by each thread or by TMA: the same
     bits) and dQ pass and benchmarks.gluon_backward_fused (dQ by atomics, a writer warp or TMA
-    reduce-adds) (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
+    reduce-adds, right away or a tile late) (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
     from benchmarks.gluon_backward import gluon_dkdv
@@ -161,16 +161,18 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
     with torch.no_grad():
         o, lse = flash_attention(q16, k16, v16, mask=mask, return_lse=True)
     fused = {}
-    for writer, stats_tma, dq_tma in ((False, False, False), (True, False, False), (False, True, False),
-                                      (False, True, True)):
-        dq, dk, dv = fused[writer, stats_tma, dq_tma] = gluon_backward_fused(
-            do16, q16, k16, v16, o, lse, mask, dq_writer=writer, stats_tma=stats_tma, dq_tma=dq_tma)
+    for writer, stats_tma, dq_tma, late in ((False, False, False, False), (True, False, False, False),
+                                            (False, True, False, False), (False, True, True, False),
+                                            (False, True, True, True), (True, True, False, True)):
+        dq, dk, dv = fused[writer, stats_tma, dq_tma, late] = gluon_backward_fused(
+            do16, q16, k16, v16, o, lse, mask, dq_writer=writer, stats_tma=stats_tma, dq_tma=dq_tma, dq_late=late)
         for x, r in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
-            assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "fused", writer, stats_tma, dq_tma)
+            assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "fused", writer, stats_tma, dq_tma,
+                                                                            late)
     # dK, dV: the same arithmetic on the same values, statistics loaded or by TMA, dQ added by atomics or
-    # TMA reduce-adds (dQ's additions come in any order)
-    for other in ((False, True, False), (False, True, True)):
-        for x, y in zip(fused[False, False, False][1:], fused[other][1:]):
+    # TMA reduce-adds, right away or a tile late (dQ's additions come in any order)
+    for other in ((False, True, False, False), (False, True, True, False), (False, True, True, True)):
+        for x, y in zip(fused[False, False, False, False][1:], fused[other][1:]):
             assert torch.equal(x, y), (mask, other)
     for stages in (2, 3):
         passes = [gluon_dkdv(do16, q16, k16, v16, o, lse, mask, stages=stages, stats_tma=tma) for tma in (False, True)]
