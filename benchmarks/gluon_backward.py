@@ -24,9 +24,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from kernels.gluon_bwd_kernel import key_visible, store_dkdv
+from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
 from kernels.gluon_bwd_launch import stats_descriptor
-from kernels.gluon_fwd_kernel import block_lists, list_block, tma_load, wgmma_layout
+from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
@@ -130,20 +130,6 @@ def _consumer1(DK, DV, STATS, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, k
               n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
 
 
-@gluon.jit
-def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb):
-    """This program's key block (program = b * H_kv + kv head, key block kv_order[...]) and its lists:
-    (first query head of the group, first key, its row in K, full query blocks, the first of them,
-    tiles per query head, tiles of the whole group, its partial-block list)."""
-    pid = gl.program_id(0)
-    bh_kv = pid // n_kb
-    kb = gl.load(kv_order + pid % n_kb)
-    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP
-    key0 = kb * (2 * KEYS)
-    n_full, first_full, n_tiles, part_list = block_lists(kb, full_cnt, full_start, part_cnt, part_idx, n_qb)
-    return head0, key0, bh_kv * N_K + key0, n_full, first_full, n_tiles, n_tiles * GROUP, part_list
-
-
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
 def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, row_lo, row_hi, full_cnt,
                                full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
@@ -153,8 +139,9 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, r
     statistics (B*H, 2, N_q) float32 (lse * log2(e), +inf where no key; rowsum(O * dO))."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    head0, key0, kv_row, n_full, first_full, n_tiles, n_items, part_list = key_block_item(
+    _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
         kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
+    n_items = n_tiles * GROUP
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)

@@ -28,11 +28,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait,
 )
 
+from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
+from kernels.gluon_bwd_launch import stats_descriptor
 from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
-from kernels.gluon_bwd_launch import stats_descriptor
-
-from .gluon_backward import key_block_item, key_visible, load_tile, store_dkdv
+from .gluon_backward import load_tile
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
 ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
@@ -258,8 +258,9 @@ def attn_bwd_fused_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     HALF: gl.constexpr = kh_desc.block_type.shape[1]
-    head0, key0, kv_row, n_full, first_full, n_tiles, n_items, part_list = key_block_item(
+    _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
         kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
+    n_items = n_tiles * GROUP
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * KEYS, BLOCK_M], q_desc.dtype)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)

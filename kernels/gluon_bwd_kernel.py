@@ -188,6 +188,20 @@ def record_program(tr_work, t_start):
     gl.store(rec + 3, _globaltimer())
 
 
+@gluon.jit
+def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb):
+    """This program's key block (program = b * H_kv + kv head, key block kv_order[...]) and its lists:
+    (key block, first query head of the group (b*H + h), first key, its row in K, full query
+    blocks, the first of them, tiles per query head, its partial-block list)."""
+    pid = gl.program_id(0)
+    bh_kv = pid // n_kb
+    kb = gl.load(kv_order + pid % n_kb)
+    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP
+    key0 = kb * (2 * KEYS)
+    n_full, first_full, n_tiles, part_list = block_lists(kb, full_cnt, full_start, part_cnt, part_idx, n_qb)
+    return kb, head0, key0, bh_kv * N_K + key0, n_full, first_full, n_tiles, part_list
+
+
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
 def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, FLAG, row_lo, row_hi, full_cnt,
                                full_start, part_cnt, part_idx, kv_order, tr_work, tr_tiles, head_slot, H, GROUP, N_Q,
@@ -202,12 +216,8 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
         t_start = _globaltimer()
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    pid = gl.program_id(0)
-    bh_kv = pid // n_kb
-    kb = gl.load(kv_order + pid % n_kb)
-    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP     # the group's first query head (b*H + h)
-    key0 = kb * (2 * KEYS)
-    n_full, first_full, n_tiles, part_list = block_lists(kb, full_cnt, full_start, part_cnt, part_idx, n_qb)
+    kb, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
     n_items = n_tiles * GROUP
     if FLAG is not None:    # a marked row: the finite-row run does the work
         n_items = n_items * (gl.load(FLAG) == 0).to(gl.int32)
@@ -224,7 +234,6 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)          # both consumers release a stage
-    kv_row = bh_kv * N_K + key0
     consumer_args = (DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar, ready,
                      empty, head0, key0, kb, n_tiles, n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale,
                      sm_scale, kv_row)
