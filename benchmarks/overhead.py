@@ -3,11 +3,15 @@
     python -m benchmarks.overhead            # both parts: launch (B1 H8 N1024 D64) and tracing
     python -m benchmarks.overhead --quick    # tracing at N=4096, one repeat
     python -m benchmarks.overhead --parts launch --profile   # and a cProfile of our call
+    python -m benchmarks.overhead --parts backward           # host time of a backward call against SDPA's
 
 Launch part: host time per untraced call, the median over --calls unsynchronised calls (each
 timed with perf_counter_ns; the GPU runs behind; 5 rounds taking turns, median over rounds), of flash_attention (full and causal), of a bare
 Triton launch of the same compiled kernel (kernel[grid](*args, num_warps=, num_stages=) with the
 arguments built beforehand, kernels.launch.kernel_launches) and of torch's SDPA on the same inputs.
+
+Backward part (benchmarks.backward_host): host time per untraced flash_attention_backward call,
+and through autograd against SDPA's backward through autograd, B1 H8 N1024 D 64 / 128.
 
 Trace part:
 Each case calls instrumentation.record() at the product's default tiles (or --config-file's; on
@@ -41,7 +45,7 @@ LEVELS = ("work", "full")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="launch,trace", help="comma list of launch, trace")
+    p.add_argument("--parts", default="launch,trace", help="comma list of launch, backward, trace")
     p.add_argument("--calls", type=int, default=1000, help="launch part: timed calls per case")
     p.add_argument("--profile", action="store_true", help="launch part: print a cProfile of our full call")
     p.add_argument("--seq-lens", default=None, help="comma list of N (default 4096,16384; quick 4096)")
@@ -178,8 +182,8 @@ def run(args, argv=None) -> dict:
     repeats = args.repeats or (1 if args.quick else 3)
     b, h, d = args.batch, args.heads, args.head_dim
     parts = split_list(args.parts)
-    if not parts or set(parts) - {"launch", "trace"}:
-        raise SystemExit(f"error: --parts takes launch and/or trace, got {args.parts!r}")
+    if not parts or set(parts) - {"launch", "backward", "trace"}:
+        raise SystemExit(f"error: --parts takes launch, backward and/or trace, got {args.parts!r}")
     for m in masks:
         resolve_mask(m, max(seq_lens))
 
@@ -192,6 +196,10 @@ def run(args, argv=None) -> dict:
                        "bare_triton = kernel[grid](*args, num_warps=, num_stages=) with the same "
                        "arguments built beforehand, sdpa = torch scaled_dot_product_attention (default backend)"),
         launch_shape=LAUNCH_SHAPE,
+        backward_method=("host time per untraced backward call, timed as the launch part's (at most 200 calls "
+                         "a round): ours = kernels.backward.flash_attention_backward, ours_autograd / "
+                         "sdpa_autograd = torch.autograd.grad(out, (q, k, v), do, retain_graph=True) through "
+                         "flash_attention's / scaled_dot_product_attention's (default backend) output"),
     )
     meta.update(
         dtype=args.dtype, shape={"B": b, "H": h, "D": d}, seq_lens=seq_lens, masks=masks,
@@ -207,7 +215,7 @@ def run(args, argv=None) -> dict:
                             "softmax state (m, l, alpha) per row of a few query blocks"},
     )
     tuned = load_config_file(args.config_file, args.out, meta["device"])
-    result = {"meta": meta, "records": [], "launch": []}
+    result = {"meta": meta, "records": [], "launch": [], "backward": []}
     out_path = f"{args.out.rstrip('/')}/overhead-{device_slug(meta['device'])}.json"
     log(f"benchmarks.overhead on {meta['device']}: B={b} H={h} D={d} {args.dtype}, N={seq_lens}, "
         f"masks={masks}, levels={levels}, schedules={schedules}, repeats={repeats}")
@@ -216,6 +224,11 @@ def run(args, argv=None) -> dict:
     t0 = time.perf_counter()
     if "launch" in parts:
         result["launch"] = launch_overhead(device, args.calls, args.profile)
+        write_results(result, out_path, "overhead")
+    if "backward" in parts:
+        from .backward_host import backward_overhead
+
+        result["backward"] = backward_overhead(device, args.calls, host_us, args.profile)
         write_results(result, out_path, "overhead")
     if "trace" not in parts:
         seq_lens = []

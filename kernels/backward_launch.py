@@ -29,8 +29,10 @@ from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG,  # noqa: E402,F401
                             BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
+from .backward_direct import GLUON, BackwardLaunches  # noqa: E402
 from .device_cache import hold_if_capturing  # noqa: E402
 from .gluon_bwd_launch import gluon_backward_fits, run_gluon_backward  # noqa: E402
+from .launch_cache import BoundedCache  # noqa: E402
 from .masks import MaskSpec, parse_mask  # noqa: E402
 from .shapes import (backward_softmax_scale, check_inputs, check_kernel_device, padded_head_dim,  # noqa: E402
                      softmax_scale)
@@ -248,23 +250,69 @@ def no_second_derivative() -> None:
 
 def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, config: BackwardConfig | None = None,
                   trace: BackwardTraceBuffers | None = None):
-    """flash_attention_backward's body (the op's implementation too): checks, then the launches."""
+    """flash_attention_backward's body (the op's implementation too): checks, then the launches
+    (untraced: a BackwardLaunches plan per call shape, kernels.backward_direct)."""
     check_backward_args(do, q, k, v, o, lse, dlse)
     b, h, n_q, d = q.shape
-    h_kv, n_k = k.shape[1], k.shape[2]
+    n_k = k.shape[2]
     spec = parse_mask(mask, n_q, n_k)
     scale = backward_softmax_scale(sm_scale, d)
     cfg = config or (trace.config if trace is not None else backward_config(d, q.dtype, q.device))
     q, k, v, o = (_rows_ok(t) for t in (q, k, v, o))
     do = _rows_ok(do.to(q.dtype))
     lse = lse.float().contiguous()
-    d_tile = padded_head_dim(d)
+    dlse = None if dlse is None else dlse.float().contiguous()
     bp = _interpreter_plan_ok(spec, b, h, n_q, n_k, cfg, q.device)
     hold_if_capturing(bp, q.device)     # a captured graph reads its lists after the cache drops it
+    gluon = gluon_backward_fits(q, k, cfg, trace)
+    # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
+    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    # set on the device when some row's statistics are non-finite (no host read: capturable)
+    flag = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.finite_rows else None
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    tensors = dict(O=o, DO=do, LSE=lse, DLSE=lse if dlse is None else dlse, STATS=stats, FLAG=flag, Q=q, K=k, V=v,
+                   DK=dk, DV=dv, DQ=dq)
+    gluon_offset = b * h * -(-n_q // PREPROCESS_ROWS)
+    run_gluon = lambda: run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h, scale * LOG2E,  # noqa: E731
+                                           scale, trace, gluon_offset)
+    if trace is not None:
+        for step in _launch_steps(tensors, spec, scale, cfg, bp, gluon, dlse is not None, trace):
+            run_gluon() if step is GLUON else _launch(*step)
+        return dq, dk, dv
+    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()
+    key = (tuple(q.shape), tuple(k.shape), q.stride(), k.stride(), v.stride(), o.stride(), do.stride(), q.dtype,
+           q.device, spec, scale, cfg, dlse is not None, gluon, not ptrs & 15)
+    plan = _PLANNED.get(key)
+    if plan is None or plan.bp is not bp:
+        plan = _PLANNED.put(key, BackwardLaunches.build(
+            _launch_steps(tensors, spec, scale, cfg, bp, gluon, dlse is not None, None), bp))
+    for t in (o, lse, dlse, stats, flag, dq, dk, dv):
+        ptrs |= 0 if t is None else t.data_ptr()
+    plan.run(tensors, not ptrs & 15, run_gluon, None if _launch is _LAUNCH else _launch)
+    return dq, dk, dv
+
+
+def _launch_steps(tensors: dict, spec, scale: float, cfg: BackwardConfig, bp: BackwardPlan, gluon: bool,
+                  has_dlse: bool, trace: BackwardTraceBuffers | None) -> list:
+    """A call's launches in order: (kernel, grid, {parameter: value}, cfg or None) for each Triton
+    launch, GLUON where the Gluon passes run (gluon: gluon_backward_fits said so).
+
+    Arguments:
+        tensors: {PER_CALL name: tensor} of the call (kernels.backward_direct.PER_CALL).
+        spec: its MaskSpec; scale: the softmax scale; cfg, bp: its tiles and plan.
+        has_dlse: tensors['DLSE'] is the caller's dlse; trace: BackwardTraceBuffers or None.
+    Returns:
+        The steps (a list)."""
+    q, k, o, do, stats = tensors["Q"], tensors["K"], tensors["O"], tensors["DO"], tensors["STATS"]
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    d_tile = padded_head_dim(d)
     upcast = interpreting() and q.dtype == torch.bfloat16
     math = BackwardMath(d, d_tile, EVEN_D=(d == d_tile), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                         UPCAST=upcast, LSE_ACC=cfg.lse_acc, FINITE_ROWS=cfg.finite_rows,
-                        TMA=cfg.tma and not upcast and _descriptors_fit(q, k, v, do), DP_FIRST=cfg.dp_first,
+                        TMA=cfg.tma and not upcast and _descriptors_fit(q, k, tensors["V"], do), DP_FIRST=cfg.dp_first,
                         SPLIT_DKDV=cfg.split_dkdv)
     n_rows = -(-n_q // PREPROCESS_ROWS)
     kp, qp = bp.kv_plan, bp.q_plan
@@ -278,23 +326,15 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
         pass_trace = (work[b * h * n_rows:], counter, trace.tiles_dkdv, trace.tiles_dq, trace.rows, trace.head_slot)
     else:
         flags, work, counter, pass_trace = UNTRACED, None, None, (None,) * 6
-    # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
-    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
-    # set on the device when some row's statistics are non-finite (no host read: capturable)
-    flag = torch.zeros(1, dtype=torch.int32, device=q.device) if cfg.finite_rows else None
-    has_dlse = dlse is not None
-    _launch(attn_bwd_preprocess, (b * h * n_rows,), dict(
-        O=o, DO=do, LSE=lse, DLSE=dlse.float().contiguous() if has_dlse else lse, STATS=stats, FLAG=flag,
+    per_call = {n: tensors[n] for n in ("Q", "K", "V", "DO", "DK", "DV", "DQ", "STATS", "FLAG")}
+    steps = [(attn_bwd_preprocess, (b * h * n_rows,), dict(
+        O=o, DO=do, LSE=tensors["LSE"], DLSE=tensors["DLSE"], STATS=stats, FLAG=tensors["FLAG"],
         o_strides=o.stride()[:3], do_strides=do.stride()[:3], H=h, N_Q=n_q, n_rows=n_rows, trace=(work, counter),
-        MATH=math, BLOCK=PREPROCESS_ROWS, HAS_DLSE=has_dlse, TRACE=flags))
+        MATH=math, BLOCK=PREPROCESS_ROWS, HAS_DLSE=has_dlse, TRACE=flags), None)]
     # 2. dK, dV per (b * H_kv + kv head, key block) and dQ per (b * H + head, query block)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    args = dict(Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq, STATS=stats, FLAG=flag,
-                q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=v.stride()[:3],
-                do_strides=do.stride()[:3], dkv_strides=dk.stride()[:3], dq_strides=dq.stride()[:3],
-                row_bounds=(kp.row_lo, kp.row_hi),
+    args = dict(per_call, q_strides=q.stride()[:3], k_strides=k.stride()[:3], v_strides=tensors["V"].stride()[:3],
+                do_strides=do.stride()[:3], dkv_strides=tensors["DK"].stride()[:3],
+                dq_strides=tensors["DQ"].stride()[:3], row_bounds=(kp.row_lo, kp.row_hi),
                 kv_lists=(bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_part_before,
                           bp.kv_order),
                 q_lists=(qp.full_cnt, qp.full_start, qp.part_cnt, qp.part_idx, bp.q_order),
@@ -303,19 +343,21 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
                 MATH=math, TILES1=bp.dkdv_tiles, TILES2=bp.dq_tiles, DKDV=True, DQ_PASS=True, TRACE=flags)
     # finite_rows: each launch twice, the device flag picking which one's programs do the work
     runs = (False, True) if cfg.finite_rows else (False,)
-    if gluon_backward_fits(q, k, cfg, trace):     # the Gluon passes, the Triton twin for marked rows
-        run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h, scale * LOG2E, scale, trace, b * h * n_rows)
+    if gluon:           # the Gluon passes, the Triton twin for marked rows
+        steps.append(GLUON)
         runs = runs[1:]
     if cfg.one_launch:
-        for run in runs:
-            _launch(attn_bwd_kernel, (n_dkdv + n_dq,), {**args, "FINITE_RUN": run}, cfg)
-    else:
-        for run in runs:
-            _launch(attn_bwd_kernel, (n_dkdv,), {**args, "DQ_PASS": False, "FINITE_RUN": run}, cfg)
-        # the dQ launch's programs start at item 0 and write their records after the dK/dV programs'
-        args.update(n_dkdv=0, DKDV=False)
-        if work is not None:
-            args["trace"] = (pass_trace[0][n_dkdv:], *pass_trace[1:])
-        for run in runs:
-            _launch(attn_bwd_kernel, (n_dq,), {**args, "FINITE_RUN": run}, cfg)
-    return dq, dk, dv
+        steps += [(attn_bwd_kernel, (n_dkdv + n_dq,), {**args, "FINITE_RUN": run}, cfg) for run in runs]
+        return steps
+    steps += [(attn_bwd_kernel, (n_dkdv,), {**args, "DQ_PASS": False, "FINITE_RUN": run}, cfg) for run in runs]
+    # the dQ launch's programs start at item 0 and write their records after the dK/dV programs'
+    args.update(n_dkdv=0, DKDV=False)
+    if work is not None:
+        args["trace"] = (pass_trace[0][n_dkdv:], *pass_trace[1:])
+    steps += [(attn_bwd_kernel, (n_dq,), {**args, "FINITE_RUN": run}, cfg) for run in runs]
+    return steps
+
+
+_LAUNCH = _launch       # the normal launch (tests replace _launch to watch launches)
+# untraced call shapes' launch plans (a plan holds argument lists and its BackwardPlan's lists)
+_PLANNED = BoundedCache(64, 1 << 20, 1 << 20, lambda plan: 1)

@@ -112,7 +112,8 @@ class DirectLaunch:
         if used:        # run's check that the globals the kernel read when it was compiled are unchanged
             not_present = object()
             for (name, _), (val, globals_dict) in used.items():
-                if (new_val := globals_dict.get(name, not_present)) != val:
+                # (the same object first: a constexpr global's != builds two constexprs)
+                if (new_val := globals_dict.get(name, not_present)) is not val and new_val != val:
                     raise RuntimeError(
                         f"Global variable {name} has changed since we compiled this kernel, from {val} to {new_val}")
         size = len(grid)

@@ -46,6 +46,7 @@ class GluonBackwardLaunch:
     slots: tuple                        # where in them: the per-call arguments (q_desc ... FLAG), the trace's
     descriptors: tuple                  # Q/dO, K/V (dK/dV's), K/V (dQ's) and statistics descriptors, no base
     directs: tuple                      # DirectLaunch of each kernel
+    traced: dict                        # (kernel index, tile tracing) -> DirectLaunch of a traced launch
 
     @staticmethod
     def build(q, k, bp) -> "GluonBackwardLaunch":
@@ -85,7 +86,7 @@ class GluonBackwardLaunch:
         slots = tuple(tuple(k.arg_names.index(n) for n in names + more)
                       for k, names, more in zip(kernels, per_call, traced))
         return GluonBackwardLaunch(((b * h_kv * kp.n_kb,), (b * h * qp.n_qb,)), args, slots, descriptors,
-                                   (DirectLaunch(kernels[0]), DirectLaunch(kernels[1])))
+                                   (DirectLaunch(kernels[0]), DirectLaunch(kernels[1])), {})
 
     def run(self, q, k, v, do, stats, flag, dq, dk, dv, qk_scale: float, sm_scale: float, trace=None,
             work_offset: int = 0) -> None:
@@ -108,9 +109,13 @@ class GluonBackwardLaunch:
             traced = (work, trace.tiles_dkdv if tiles else None, trace.head_slot if tiles else None, True, tiles) \
                 if i == 0 else (work, trace.tiles_dq if tiles else None, trace.rows if tiles else None,
                                 trace.head_slot if tiles else None, True, tiles)
+            ptrs = 0
             for at, value in zip(slots[len(values[i]):], traced):
                 args[at] = value
-            kernel[grid](*args, num_warps=4)
+                ptrs |= value.data_ptr() if isinstance(value, torch.Tensor) else 0
+            # a traced launch's compiled kernel too (the recording's launch gaps are the product's)
+            direct = self.traced.get((i, tiles)) or self.traced.setdefault((i, tiles), DirectLaunch(kernel))
+            direct(grid, args, not ptrs & 15, lambda: kernel[grid](*args, num_warps=4))
 
 
 def stats_descriptor(stats):

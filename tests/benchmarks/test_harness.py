@@ -391,6 +391,20 @@ def test_overhead_command_smoke(tmp_path, device):
         assert all(r["overhead_pct"] is None for r in recs)
 
 
+def test_overhead_backward_part_records_each_case(tmp_path, device):
+    # the backward part: per (D, mask) the host time of our call, of autograd through ours and
+    # through SDPA, and their ratio (the interpreter: one tiny shape, a smoke run)
+    assert ovh.main(["--parts", "backward", "--out", str(tmp_path), "--device", device.type]) == 0
+    res = bh.load_results(next(tmp_path.glob("overhead-*.json")), "overhead")
+    recs = res["backward"]
+    assert [r["mask"] for r in recs][:2] == ["causal", "full"] and res["records"] == []
+    for r in recs:
+        times = [r[name]["median_us"] for name in ("ours", "ours_autograd", "sdpa_autograd")]
+        assert all(t > 0 for t in times)
+        assert r["ours_over_sdpa"] == pytest.approx(times[1] / times[2])
+    assert "ours_autograd" in res["meta"]["backward_method"]
+
+
 def test_overhead_pct():
     assert ovh.overhead_pct(1.1, 1.0) == pytest.approx(10.0)
     assert ovh.overhead_pct(None, 1.0) is None and ovh.overhead_pct(1.0, 0.0) is None

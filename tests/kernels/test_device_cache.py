@@ -88,7 +88,7 @@ def test_every_cache_makes_its_device_tensors_through_the_helper(helper_thread, 
 
 def test_plans_the_ops_use_while_capturing_are_held_after_the_caches_drop_them(monkeypatch):
     import kernels.plan as plan
-    from kernels.backward_launch import backward_impl
+    from kernels.backward_launch import _PLANNED, backward_impl
     from kernels.backward_plan import _BACKWARD_PLANS, INTERPRETER_CONFIG, backward_plan
     from kernels.flash_ops import flash_attention_op
     from kernels.launch import clear_caches, resolve_launch
@@ -112,6 +112,7 @@ def test_plans_the_ops_use_while_capturing_are_held_after_the_caches_drop_them(m
     clear_caches()
     plan._PLANS.clear()
     _BACKWARD_PLANS.clear()
+    _PLANNED.clear()                                        # the untraced calls' launch plans hold them too
     gc.collect()
     assert all(ref() is not None for ref in lists)          # a graph may still read them
     dc._HELD.clear()
