@@ -31,7 +31,7 @@ from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, IN
                             BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
 from .backward_direct import GLUON, BackwardLaunches  # noqa: E402
 from .device_cache import hold_if_capturing  # noqa: E402
-from .gluon_bwd_launch import gluon_backward_fits, run_gluon_backward  # noqa: E402
+from .gluon_bwd_launch import gluon_backward_fits, prepare_gluon_backward  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
 from .masks import MaskSpec, parse_mask  # noqa: E402
 from .shapes import (backward_softmax_scale, check_inputs, check_kernel_device, padded_head_dim,  # noqa: E402
@@ -275,8 +275,9 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     tensors = dict(O=o, DO=do, LSE=lse, DLSE=lse if dlse is None else dlse, STATS=stats, FLAG=flag, Q=q, K=k, V=v,
                    DK=dk, DV=dv, DQ=dq)
     gluon_offset = b * h * -(-n_q // PREPROCESS_ROWS)
-    run_gluon = lambda: run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h, scale * LOG2E,  # noqa: E731
-                                           scale, trace, gluon_offset)
+    # the Gluon passes' arguments before any launch (no host work between the preprocess and them)
+    run_gluon = prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h, scale * LOG2E, scale, trace,
+                                       gluon_offset) if gluon else None
     if trace is not None:
         for step in _launch_steps(tensors, spec, scale, cfg, bp, gluon, dlse is not None, trace):
             run_gluon() if step is GLUON else _launch(*step)

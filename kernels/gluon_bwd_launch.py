@@ -88,34 +88,39 @@ class GluonBackwardLaunch:
         return GluonBackwardLaunch(((b * h_kv * kp.n_kb,), (b * h * qp.n_qb,)), args, slots, descriptors,
                                    (DirectLaunch(kernels[0]), DirectLaunch(kernels[1])), {})
 
-    def run(self, q, k, v, do, stats, flag, dq, dk, dv, qk_scale: float, sm_scale: float, trace=None,
-            work_offset: int = 0) -> None:
-        """Both passes into dq, dk, dv (see run_gluon_backward)."""
+    def prepare(self, q, k, v, do, stats, flag, dq, dk, dv, qk_scale: float, sm_scale: float, trace=None,
+                work_offset: int = 0):
+        """Both passes' arguments on this call's tensors; returns () -> None, their two launches
+        (see prepare_gluon_backward)."""
         qo, ko, kn, st = self.descriptors
         q_desc, do_desc = descriptor_on(qo, q), descriptor_on(qo, do)
         st_desc = descriptor_on(st, stats)
         values = ((q_desc, do_desc, descriptor_on(ko, k), descriptor_on(ko, v), st_desc, dk, dv, flag, qk_scale, sm_scale),
                   (q_desc, do_desc, descriptor_on(kn, k), descriptor_on(kn, v), dq, stats, flag, qk_scale, sm_scale))
+        launches = []
         for i, (grid, direct) in enumerate(zip(self.grids, self.directs)):
             args, slots = self.args[i].copy(), self.slots[i]
             for at, value in zip(slots, values[i]):
                 args[at] = value
-            kernel = direct.kernel
-            if trace is None:   # the compiled kernel, launched without Triton's per-call binding
-                direct(grid, args, True, lambda: kernel[grid](*args, num_warps=4))
-                continue
-            tiles = trace.tiles_dkdv is not None
-            work = trace.work[work_offset + (0 if i == 0 else self.grids[0][0]):]
-            traced = (work, trace.tiles_dkdv if tiles else None, trace.head_slot if tiles else None, True, tiles) \
-                if i == 0 else (work, trace.tiles_dq if tiles else None, trace.rows if tiles else None,
-                                trace.head_slot if tiles else None, True, tiles)
             ptrs = 0
-            for at, value in zip(slots[len(values[i]):], traced):
-                args[at] = value
-                ptrs |= value.data_ptr() if isinstance(value, torch.Tensor) else 0
-            # a traced launch's compiled kernel too (the recording's launch gaps are the product's)
-            direct = self.traced.get((i, tiles)) or self.traced.setdefault((i, tiles), DirectLaunch(kernel))
-            direct(grid, args, not ptrs & 15, lambda: kernel[grid](*args, num_warps=4))
+            if trace is not None:
+                tiles = trace.tiles_dkdv is not None
+                work = trace.work[work_offset + (0 if i == 0 else self.grids[0][0]):]
+                traced = (work, trace.tiles_dkdv if tiles else None, trace.head_slot if tiles else None, True, tiles) \
+                    if i == 0 else (work, trace.tiles_dq if tiles else None, trace.rows if tiles else None,
+                                    trace.head_slot if tiles else None, True, tiles)
+                for at, value in zip(slots[len(values[i]):], traced):
+                    args[at] = value
+                    ptrs |= value.data_ptr() if isinstance(value, torch.Tensor) else 0
+                # a traced launch's compiled kernel too (the recording's launch gaps are the product's)
+                direct = self.traced.get((i, tiles)) or self.traced.setdefault((i, tiles), DirectLaunch(direct.kernel))
+            launches.append((direct, grid, args, not ptrs & 15))
+
+        def launch() -> None:       # the compiled kernels, without Triton's per-call binding
+            for direct, grid, args, aligned in launches:
+                kernel = direct.kernel
+                direct(grid, args, aligned, lambda: kernel[grid](*args, num_warps=4))
+        return launch
 
 
 def stats_descriptor(stats):
@@ -131,9 +136,11 @@ def stats_descriptor(stats):
 _LAUNCHES = BoundedCache(64, 1 << 20, 1 << 20, lambda launch: 1)
 
 
-def run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scale: float, sm_scale: float,
-                       trace=None, work_offset: int = 0) -> None:
-    """The Gluon dK/dV and dQ passes into dq, dk, dv.
+def prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scale: float, sm_scale: float,
+                           trace=None, work_offset: int = 0):
+    """The Gluon dK/dV and dQ passes into dq, dk, dv, made ready to launch: their arguments are
+    put together before the preprocess is launched, so the GPU does not wait on them between
+    the preprocess and the dK/dV pass.
 
     Arguments:
         q, k, v, do: the call's (B, H, N_q, D) / (B, H_kv, N_k, D) tensors (copied where not
@@ -144,11 +151,10 @@ def run_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scal
         trace: BackwardTraceBuffers or None; work_offset: the passes' first work record (after the
             preprocess's).
     Returns:
-        None."""
+        () -> None: launches both passes (after the preprocess)."""
     q, k, v, do = (tma_aligned(t.contiguous()) for t in (q, k, v, do))
     key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, bp.kv_plan.spec, bp.q_plan.block_n, flag is not None)
     launch = _LAUNCHES.get(key)
     if launch is None:
         launch = _LAUNCHES.put(key, GluonBackwardLaunch.build(q, k, bp))
-    launch.run(q, k, v, do, stats, flag, dq, dk, dv, qk_scale, sm_scale, trace, work_offset)
-
+    return launch.prepare(q, k, v, do, stats, flag, dq, dk, dv, qk_scale, sm_scale, trace, work_offset)

@@ -1,12 +1,14 @@
 """This tree's kernels against an earlier copy, on a GPU, in one process (scripts/kernels_gpu_run.sh step 2).
 
-    python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec,fp8
+    python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec,fp8[,host]
 
 OLD_TREE / NEW_TREE: folders holding a kernels/ package (e.g. `git archive <commit> kernels | tar -x -C
 .old`); the old one is imported as `kernels_old`. Per case: do_bench medians in the order (old, new, new,
 old) x 3, the outputs compared bit for bit (forward O; backward dQ, dK, dV; decode O; FP8: the attention kernel
 alone, on inputs each tree's quantise pass made), and at the end the
-compiled PTX of every kernel, instructions only (parameters, line info and register numbers aside)."""
+compiled PTX of every kernel, instructions only (parameters, line info and register numbers aside).
+host (only when named): host microseconds per flash_attention_backward call (B1 H8 N1024, where the host
+time is the call), the median of 200 unsynchronised calls, in the order (old, new, new, old) x 5."""
 import importlib
 import json
 import os
@@ -14,6 +16,7 @@ import re
 import shutil
 import statistics
 import sys
+import time
 
 import torch
 import triton
@@ -44,6 +47,7 @@ FP8 = [  # B, H, H_kv, N, D, mask
     (4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16, 16, 4096, 128, "causal"),
     (4, 16, 16, 8192, 128, "causal"), (4, 16, 16, 16384, 128, "causal"), (2, 32, 8, 8192, 128, "causal"),
     (4, 16, 16, 4096, 256, "full"), (4, 16, 16, 4096, 256, "causal"), (4, 16, 16, 8192, 256, "causal")]
+HOST = [(1, 8, 1024, 64, "causal"), (1, 8, 1024, 64, "full"), (1, 8, 1024, 128, "causal"), (1, 8, 1024, 128, "full")]
 DEC = [  # B, H, H_kv, N_ctx, D, page_size (0 = contiguous)
     (1, 32, 8, 32768, 128, 0), (8, 32, 8, 8192, 128, 0), (64, 32, 8, 4096, 128, 0), (1, 32, 8, 131072, 128, 0),
     (1, 32, 8, 32768, 128, 16), (8, 32, 8, 8192, 128, 64), (32, 32, 8, 8192, 128, 256)]
@@ -68,7 +72,40 @@ def record(kind, case, fns, outs):
           f"{r['speed_new_over_old']:.3f}x  bit-identical {same}", flush=True)
 
 
+def host_us(fn, calls=200):
+    """Host µs per call: the median of `calls` unsynchronised calls after 20 warm-up calls."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) / 1e3
+
+
 g = torch.Generator(device="cuda")
+if "host" in parts:
+    from kernels.backward import flash_attention_backward as new_bwd
+    from kernels_old.backward import flash_attention_backward as old_bwd
+    for b, h, n, d, mask in HOST:
+        g.manual_seed(n + d + 3)
+        q, k, v, do = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o, lse = new_fa(q, k, v, mask=mask, return_lse=True)
+        fns = {"old": lambda: old_bwd(do, q, k, v, o, lse, mask), "new": lambda: new_bwd(do, q, k, v, o, lse, mask)}
+        outs = {name: list(fn()) for name, fn in fns.items()}
+        us = {"old": [], "new": []}
+        for name in ("old", "new", "new", "old") * 5:
+            us[name].append(host_us(fns[name]))
+        r = dict(kind="host", case=f"B{b} H{h} N{n} D{d} {mask} backward", old_us=statistics.median(us["old"]),
+                 new_us=statistics.median(us["new"]), old_runs=us["old"], new_runs=us["new"],
+                 bit_identical=all(torch.equal(x, y) for x, y in zip(outs["old"], outs["new"])))
+        r["host_new_over_old"] = r["new_us"] / r["old_us"]
+        rows.append(r)
+        print(f"host {r['case']}: old {r['old_us']:.1f} new {r['new_us']:.1f} us per call  new/old "
+              f"{r['host_new_over_old']:.3f}  bit-identical {r['bit_identical']}", flush=True)
 if "fwd" in parts:
     for b, h, hkv, n, d, mask, sched in FWD:
         g.manual_seed(n + d + h)
@@ -163,8 +200,11 @@ meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tri
         "dtype": "bf16 (fp8: e4m3 from bf16 inputs, block scales + Hadamard)",
         "method": "per case: do_bench medians (warmup 25 ms, rep 100 ms) in the order (old, new, new, old) x 3 "
         "in one process; old_ms / new_ms = median of the six; speed_new_over_old = old_ms / new_ms; "
-        "bit_identical: torch.equal of every output (forward O; backward dQ, dK, dV; decode O)"}
+        "bit_identical: torch.equal of every output (forward O; backward dQ, dK, dV; decode O); host rows: "
+        "host_us medians of 200 unsynchronised flash_attention_backward calls in the order (old, new, new, old) "
+        "x 5, old_us / new_us = median of the ten, host_new_over_old = new_us / old_us"}
 json.dump({"meta": meta, "cases": rows, "compiled": ptx}, open(out_path, "w"), indent=1)
-if rows:
-    print("min speed new/old", round(min(r["speed_new_over_old"] for r in rows), 3), "all bit-identical",
-          all(r["bit_identical"] for r in rows))
+timed = [r for r in rows if "speed_new_over_old" in r]       # the host part's rows compare host time
+if timed:
+    print("min speed new/old", round(min(r["speed_new_over_old"] for r in timed), 3), "all bit-identical",
+          all(r["bit_identical"] for r in timed))

@@ -28,16 +28,16 @@ def gluon_gpu():
 
 @pytest.fixture
 def gluon_launches(monkeypatch):
-    """Counts the Gluon backward launches (kernels.backward_launch.run_gluon_backward calls)."""
+    """Counts the Gluon backward launches (kernels.backward_launch.prepare_gluon_backward calls)."""
     import kernels.backward_launch as kb
 
     calls = []
-    real = kb.run_gluon_backward
+    real = kb.prepare_gluon_backward
 
     def counted(*args, **kw):
         calls.append(args[0].shape)
         return real(*args, **kw)
-    monkeypatch.setattr(kb, "run_gluon_backward", counted)
+    monkeypatch.setattr(kb, "prepare_gluon_backward", counted)
     return calls
 
 
