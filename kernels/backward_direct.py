@@ -16,6 +16,21 @@ from dataclasses import dataclass
 
 # the arguments a planned launch takes per call (every other argument is fixed by the call's shape)
 PER_CALL = frozenset(("O", "DO", "LSE", "DLSE", "STATS", "FLAG", "Q", "K", "V", "DK", "DV", "DQ"))
+GLUON = "gluon"             # the step where the Gluon dK/dV and dQ passes run
+
+
+def positional_args(kernel, named: dict) -> list:
+    """named ({parameter name: value}, a value for every parameter) in the kernel's own parameter
+    order (a launch by keyword costs 2-3x the host time).
+
+    Returns:
+        list. Raises ValueError when named has another number of entries, KeyError when it lacks
+        a parameter."""
+    names = kernel.arg_names
+    if len(named) != len(names):
+        raise ValueError(f"{kernel.__name__} takes {len(names)} arguments, got {len(named)}: "
+                         f"unknown {sorted(set(named) - set(names))}, missing {sorted(set(names) - set(named))}")
+    return [named[n] for n in names]
 
 
 @dataclass(frozen=True)
@@ -49,11 +64,10 @@ class BackwardLaunches:
                 planned.append(GLUON)
                 continue
             kernel, grid, named, cfg = step
-            names = kernel.arg_names
-            if len(named) != len(names):        # _launch's own refusal, with its message
-                raise ValueError(f"{kernel.__name__} takes {len(names)} arguments, got {len(named)}")
-            slots = tuple((i, n) for i, n in enumerate(names) if n in PER_CALL)
-            args = [None if n in PER_CALL else named[n] for n in names]     # the plan keeps no call's tensor
+            args = positional_args(kernel, named)
+            slots = tuple((i, n) for i, n in enumerate(kernel.arg_names) if n in PER_CALL)
+            for at, _ in slots:
+                args[at] = None                 # the plan keeps no call's tensor
             planned.append(TritonStep(kernel, tuple(grid), args, slots, cfg, DirectLaunch(kernel)))
         return BackwardLaunches(bp, tuple(planned))
 
@@ -82,8 +96,6 @@ class BackwardLaunches:
             options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             step.direct(grid, args, aligned, lambda: _compile_launch(kernel, grid, args, options))
 
-
-GLUON = "gluon"             # the step where the Gluon dK/dV and dQ passes run
 
 
 def _compile_launch(kernel, grid, args, options):

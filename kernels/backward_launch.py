@@ -29,7 +29,7 @@ from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG,  # noqa: E402,F401
                             BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
-from .backward_direct import GLUON, BackwardLaunches  # noqa: E402
+from .backward_direct import GLUON, BackwardLaunches, positional_args  # noqa: E402
 from .device_cache import hold_if_capturing  # noqa: E402
 from .gluon_bwd_launch import gluon_backward_fits, prepare_gluon_backward  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
@@ -162,7 +162,7 @@ def _rows_ok(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) -> None:
     """kernel[grid] on args, a value for every parameter by name, passed in the kernel's own
-    parameter order (positional: a launch by keyword costs 2-3x the host time).
+    parameter order (kernels.backward_direct.positional_args).
 
     Arguments:
         kernel: a backward_kernel jit function; grid: its grid; args: {parameter name: value}.
@@ -170,13 +170,10 @@ def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) 
     Returns:
         None. Raises KeyError when a parameter has no value, ValueError when args names one the
         kernel does not take."""
-    names = kernel.arg_names
-    if len(args) != len(names):
-        raise ValueError(f"{kernel.__name__} takes {len(names)} arguments, got {len(args)}: "
-                         f"unknown {sorted(set(args) - set(names))}, missing {sorted(set(names) - set(args))}")
     options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    positional = positional_args(kernel, args)
     with resource_refusal():
-        kernel[grid](*[args[n] for n in names], **options)
+        kernel[grid](*positional, **options)
 
 
 def _descriptors_fit(*tensors) -> bool:
@@ -280,7 +277,10 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
                                        gluon_offset) if gluon else None
     if trace is not None:
         for step in _launch_steps(tensors, spec, scale, cfg, bp, gluon, dlse is not None, trace):
-            run_gluon() if step is GLUON else _launch(*step)
+            if step is GLUON:
+                run_gluon()
+            else:
+                _launch(*step)
         return dq, dk, dv
     ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()
     key = (tuple(q.shape), tuple(k.shape), q.stride(), k.stride(), v.stride(), o.stride(), do.stride(), q.dtype,
