@@ -18,6 +18,7 @@ import torch
 from .direct_launch import DirectLaunch
 from .gluon_launch import MIN_LEN, descriptor_on, gluon_available, tma_aligned
 from .launch_cache import BoundedCache
+from .plan import PLAN_CACHE_BYTES, PLAN_CACHE_ENTRIES, PLAN_CACHE_ITEM_BYTES
 
 STAGES = 2              # (Q, dO) ring of the dK/dV pass, K/V ring of the dQ pass (both: 2 = 3 measured)
 CONSUMER_REGS = 240     # registers per consumer thread (setmaxnreg); the producer warp keeps 24
@@ -47,6 +48,7 @@ class GluonBackwardLaunch:
     descriptors: tuple                  # Q/dO, K/V (dK/dV's), K/V (dQ's) and statistics descriptors, no base
     directs: tuple                      # DirectLaunch of each kernel
     traced: dict                        # (kernel index, tile tracing) -> DirectLaunch of a traced launch
+    bp: object                          # the BackwardPlan whose lists the arguments hold
 
     @staticmethod
     def build(q, k, bp) -> "GluonBackwardLaunch":
@@ -86,7 +88,7 @@ class GluonBackwardLaunch:
         slots = tuple(tuple(k.arg_names.index(n) for n in names + more)
                       for k, names, more in zip(kernels, per_call, traced))
         return GluonBackwardLaunch(((b * h_kv * kp.n_kb,), (b * h * qp.n_qb,)), args, slots, descriptors,
-                                   (DirectLaunch(kernels[0]), DirectLaunch(kernels[1])), {})
+                                   (DirectLaunch(kernels[0]), DirectLaunch(kernels[1])), {}, bp)
 
     def prepare(self, q, k, v, do, stats, flag, dq, dk, dv, qk_scale: float, sm_scale: float, trace=None,
                 work_offset: int = 0):
@@ -133,7 +135,15 @@ def stats_descriptor(stats):
                             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
 
 
-_LAUNCHES = BoundedCache(64, 1 << 20, 1 << 20, lambda launch: 1)
+def _launch_size(launch: GluonBackwardLaunch) -> int:
+    """Bytes a kept launch holds: its BackwardPlan's lists (sized as kernels.backward_plan sizes them)."""
+    from .backward_plan import _plan_size
+
+    return _plan_size(launch.bp)
+
+
+# sized and bounded as the BackwardPlans whose lists the launches hold
+_LAUNCHES = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, _launch_size)
 
 
 def prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scale: float, sm_scale: float,
@@ -155,6 +165,6 @@ def prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_
     q, k, v, do = (tma_aligned(t.contiguous()) for t in (q, k, v, do))
     key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, bp.kv_plan.spec, bp.q_plan.block_n, flag is not None)
     launch = _LAUNCHES.get(key)
-    if launch is None:
+    if launch is None or launch.bp is not bp:   # the lists a captured graph reads are the held plan's
         launch = _LAUNCHES.put(key, GluonBackwardLaunch.build(q, k, bp))
     return launch.prepare(q, k, v, do, stats, flag, dq, dk, dv, qk_scale, sm_scale, trace, work_offset)

@@ -111,3 +111,22 @@ def test_gpu_planned_backward_equals_triton_run(monkeypatch, d):
     torch.cuda.synchronize()
     assert all(torch.equal(x, y) for x, y in zip(captured, flash_attention_backward(do2, q2, k2, v2, o2, lse2,
                                                                                     "causal")))
+
+
+def test_plans_are_bounded_as_their_block_plans(monkeypatch):
+    # a launch plan holds its BackwardPlan's lists, so it is sized by them: one over the item limit
+    # is made per call and not kept (as the block plan itself), with the same gradients
+    import kernels.backward_launch as kb
+
+    q, k, v, do = _inputs(1, 2, 1, 48, 40, 16, seed=6)
+    o, lse = flash_attention(q, k, v, "causal", return_lse=True)
+    cfg = BackwardConfig(16, 16, 16, 16, 4, 1)
+    kb._PLANNED.clear()
+    kept = flash_attention_backward(do, q, k, v, o, lse, "causal", config=cfg)
+    plan = kb._PLANNED._last[1]
+    assert kb._PLANNED.bytes == kb._plan_size(plan.bp) > 0
+    kb._PLANNED.clear()
+    monkeypatch.setattr(kb._PLANNED, "max_item_bytes", kb._plan_size(plan.bp) - 1)
+    again = flash_attention_backward(do, q, k, v, o, lse, "causal", config=cfg)
+    assert len(kb._PLANNED._items) == 0
+    assert all(torch.equal(x, y) for x, y in zip(kept, again))
