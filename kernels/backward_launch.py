@@ -28,7 +28,7 @@ choose_backend()  # before triton is imported: the interpreter is chosen at impo
 from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG,  # noqa: E402,F401
-                            BackwardConfig, BackwardPlan, PassTiles, _plan_size, backward_config, backward_plan)
+                            BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
 from .backward_direct import GLUON, BackwardLaunches, positional_args  # noqa: E402
 from .device_cache import hold_if_capturing  # noqa: E402
 from .gluon_bwd_launch import gluon_backward_fits, prepare_gluon_backward  # noqa: E402
@@ -362,4 +362,4 @@ def _launch_steps(tensors: dict, spec, scale: float, cfg: BackwardConfig, bp: Ba
 
 _LAUNCH = _launch       # the normal launch (tests replace _launch to watch launches)
 # untraced call shapes' launch plans, sized and bounded as their BackwardPlans (a plan holds its lists)
-_PLANNED = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, lambda plan: _plan_size(plan.bp))
+_PLANNED = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, lambda plan: plan.bp.nbytes)

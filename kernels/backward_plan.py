@@ -134,6 +134,13 @@ class BackwardPlan:
     dq_tiles: PassTiles
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of its block lists (what a cache that keeps this plan, or launches holding its
+        lists, counts it as)."""
+        return plan_bytes(self.kv_plan) + plan_bytes(self.q_plan) + 4 * (
+            self.kv_part_idx.numel() + 5 * self.kv_order.numel() + self.q_order.numel())
+
+    @property
     def consts(self) -> dict:
         """The mask-dependent switches by name (HAS_FULL1, ..., EVEN_M2), as benchmarks read them."""
         t1, t2 = self.dkdv_tiles, self.dq_tiles
@@ -141,12 +148,7 @@ class BackwardPlan:
                     HAS_FULL2=t2.HAS_FULL, HAS_PARTIAL2=t2.HAS_PARTIAL, EVEN_N1=t1.EVEN, EVEN_M2=t2.EVEN)
 
 
-def _plan_size(bp: BackwardPlan) -> int:
-    return plan_bytes(bp.kv_plan) + plan_bytes(bp.q_plan) + 4 * (
-        bp.kv_part_idx.numel() + 5 * bp.kv_order.numel() + bp.q_order.numel())
-
-
-_BACKWARD_PLANS = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, _plan_size)
+_BACKWARD_PLANS = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, lambda bp: bp.nbytes)
 
 
 def backward_plan(spec: MaskSpec, n_q: int, n_k: int, cfg: BackwardConfig, device) -> BackwardPlan:

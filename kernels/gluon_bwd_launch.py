@@ -135,15 +135,8 @@ def stats_descriptor(stats):
                             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
 
 
-def _launch_size(launch: GluonBackwardLaunch) -> int:
-    """Bytes a kept launch holds: its BackwardPlan's lists (sized as kernels.backward_plan sizes them)."""
-    from .backward_plan import _plan_size
-
-    return _plan_size(launch.bp)
-
-
 # sized and bounded as the BackwardPlans whose lists the launches hold
-_LAUNCHES = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, _launch_size)
+_LAUNCHES = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_BYTES, lambda launch: launch.bp.nbytes)
 
 
 def prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scale: float, sm_scale: float,

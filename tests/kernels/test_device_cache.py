@@ -65,7 +65,7 @@ def test_every_cache_makes_its_device_tensors_through_the_helper(helper_thread, 
 
     spec = parse_mask("sliding_window:5")
     monkeypatch.setattr(plan, "_PLANS", plan.BoundedCache(8, 1 << 20, 1 << 20, plan.plan_bytes))
-    monkeypatch.setattr(bplan, "_BACKWARD_PLANS", bplan.BoundedCache(8, 1 << 20, 1 << 20, bplan._plan_size))
+    monkeypatch.setattr(bplan, "_BACKWARD_PLANS", bplan.BoundedCache(8, 1 << 20, 1 << 20, lambda bp: bp.nbytes))
     monkeypatch.setattr(dl, "_COUNTERS", {})
     for cached in (dl._full_lengths, fq._had_on, naive._hidden):
         cached.cache_clear()
