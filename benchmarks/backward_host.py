@@ -6,7 +6,10 @@ unsynchronised calls, the three taking turns in 5 rounds) of
   ours           flash_attention_backward(do, q, k, v, o, lse, mask) (the call the op runs);
   ours_autograd  torch.autograd.grad through flash_attention's output (retain_graph: the same graph
                  each call), what a training step pays;
-  sdpa_autograd  the same through torch's scaled_dot_product_attention (its default backend)."""
+  sdpa_autograd  the same through torch's scaled_dot_product_attention (its default backend);
+and, of ours_autograd, how much of a call is our Python backward itself (in_backward_us: the median
+time inside FlashAttentionFunction.backward, which the autograd engine runs on its device thread):
+the rest is the engine's."""
 
 from __future__ import annotations
 
@@ -53,10 +56,12 @@ def backward_overhead(device, calls: int, host_us, profile: bool = False) -> lis
             rec = {"mask": mask, "batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": str(dtype),
                    "kernel": "gluon" if gluon_backward_fits(q, k, cfg, None) else "triton"}
             rec.update(host_us(fns, calls, device, rounds=rounds))
+            rec["in_backward_us"] = _time_inside_backward(fns["ours_autograd"], calls, device)
             rec["ours_over_sdpa"] = rec["ours_autograd"]["median_us"] / rec["sdpa_autograd"]["median_us"]
             records.append(rec)
             log(f"backward {mask:6s} B{b} H{h} N{n} D{d} ({rec['kernel']}): ours {rec['ours']['median_us']:.1f} us, "
-                f"through autograd {rec['ours_autograd']['median_us']:.1f} us, SDPA through autograd "
+                f"through autograd {rec['ours_autograd']['median_us']:.1f} us ({rec['in_backward_us']:.1f} in our "
+                f"backward), SDPA through autograd "
                 f"{rec['sdpa_autograd']['median_us']:.1f} us ({rec['ours_over_sdpa']:.2f}x)")
             if profile and mask == "causal" and d == 128:
                 import cProfile
@@ -66,3 +71,30 @@ def backward_overhead(device, calls: int, host_us, profile: bool = False) -> lis
                 prof.runcall(lambda: [fns["ours"]() for _ in range(calls)])
                 pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
     return records
+
+
+def _time_inside_backward(fn, calls: int, device) -> float:
+    """Median µs per call spent inside FlashAttentionFunction.backward over `calls` unsynchronised
+    calls of fn (an autograd.grad through flash_attention's output), timed where it runs."""
+    import statistics
+    import time
+
+    from kernels.flash_ops import FlashAttentionFunction
+
+    real = FlashAttentionFunction.backward
+    inside = []
+
+    def timed(ctx, *grads):
+        t0 = time.perf_counter_ns()
+        result = real(ctx, *grads)
+        inside.append(time.perf_counter_ns() - t0)
+        return result
+    FlashAttentionFunction.backward = staticmethod(timed)
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        FlashAttentionFunction.backward = staticmethod(real)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(inside) / 1e3
