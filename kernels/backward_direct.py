@@ -19,6 +19,11 @@ PER_CALL = frozenset(("O", "DO", "LSE", "DLSE", "STATS", "FLAG", "Q", "K", "V", 
 GLUON = "gluon"             # the step where the Gluon dK/dV and dQ passes run
 
 
+def launch_options(cfg) -> dict:
+    """A launch's Triton options from its BackwardConfig (warps, stages), or {} for Triton's defaults."""
+    return {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
 def positional_args(kernel, named: dict) -> list:
     """named ({parameter name: value}, a value for every parameter) in the kernel's own parameter
     order (a launch by keyword costs 2-3x the host time).
@@ -42,6 +47,7 @@ class TritonStep:
     args: list              # every argument in kernel.arg_names order, the PER_CALL ones None
     slots: tuple            # (index in args, PER_CALL name) of the per-call tensors
     cfg: object             # BackwardConfig (warps, stages) or None: Triton's defaults
+    options: dict           # launch_options(cfg)
     direct: object          # its DirectLaunch
 
 
@@ -68,7 +74,7 @@ class BackwardLaunches:
             slots = tuple((i, n) for i, n in enumerate(kernel.arg_names) if n in PER_CALL)
             for at, _ in slots:
                 args[at] = None                 # the plan keeps no call's tensor
-            planned.append(TritonStep(kernel, tuple(grid), args, slots, cfg, DirectLaunch(kernel)))
+            planned.append(TritonStep(kernel, tuple(grid), args, slots, cfg, launch_options(cfg), DirectLaunch(kernel)))
         return BackwardLaunches(bp, tuple(planned))
 
     def run(self, tensors: dict, aligned: bool, run_gluon, launch=None) -> None:
@@ -89,11 +95,10 @@ class BackwardLaunches:
             args = step.args.copy()
             for at, name in step.slots:
                 args[at] = tensors[name]
-            kernel, grid, cfg = step.kernel, step.grid, step.cfg
+            kernel, grid, options = step.kernel, step.grid, step.options
             if launch is not None:
-                launch(kernel, grid, dict(zip(kernel.arg_names, args)), cfg)
+                launch(kernel, grid, dict(zip(kernel.arg_names, args)), step.cfg)
                 continue
-            options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             step.direct(grid, args, aligned, lambda: _compile_launch(kernel, grid, args, options))
 
 

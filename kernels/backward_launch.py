@@ -29,7 +29,7 @@ from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG,  # noqa: E402,F401
                             BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
-from .backward_direct import GLUON, BackwardLaunches, positional_args  # noqa: E402
+from .backward_direct import GLUON, BackwardLaunches, launch_options, positional_args  # noqa: E402
 from .device_cache import hold_if_capturing  # noqa: E402
 from .gluon_bwd_launch import gluon_backward_fits, prepare_gluon_backward  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
@@ -171,10 +171,9 @@ def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) 
     Returns:
         None. Raises KeyError when a parameter has no value, ValueError when args names one the
         kernel does not take."""
-    options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     positional = positional_args(kernel, args)
     with resource_refusal():
-        kernel[grid](*positional, **options)
+        kernel[grid](*positional, **launch_options(cfg))
 
 
 def _descriptors_fit(*tensors) -> bool:

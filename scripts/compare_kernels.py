@@ -16,7 +16,6 @@ import re
 import shutil
 import statistics
 import sys
-import time
 
 import torch
 import triton
@@ -72,24 +71,12 @@ def record(kind, case, fns, outs):
           f"{r['speed_new_over_old']:.3f}x  bit-identical {same}", flush=True)
 
 
-def host_us(fn, calls=200):
-    """Host µs per call: the median of `calls` unsynchronised calls after 20 warm-up calls."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(times) / 1e3
-
-
 g = torch.Generator(device="cuda")
-if "host" in parts:
+if "host" in parts:     # benchmarks.overhead's timing: 20 warm-up calls, then the median of 200 unsynchronised
+    from benchmarks.overhead import host_us
     from kernels.backward import flash_attention_backward as new_bwd
     from kernels_old.backward import flash_attention_backward as old_bwd
+    cuda = torch.device("cuda")
     for b, h, n, d, mask in HOST:
         g.manual_seed(n + d + 3)
         q, k, v, do = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -98,7 +85,7 @@ if "host" in parts:
         outs = {name: list(fn()) for name, fn in fns.items()}
         us = {"old": [], "new": []}
         for name in ("old", "new", "new", "old") * 5:
-            us[name].append(host_us(fns[name]))
+            us[name].append(host_us({name: fns[name]}, 200, cuda, rounds=1)[name]["median_us"])
         r = dict(kind="host", case=f"B{b} H{h} N{n} D{d} {mask} backward", old_us=statistics.median(us["old"]),
                  new_us=statistics.median(us["new"]), old_runs=us["old"], new_runs=us["new"],
                  bit_identical=all(torch.equal(x, y) for x, y in zip(outs["old"], outs["new"])))

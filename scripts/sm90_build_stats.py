@@ -163,6 +163,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     work-level trace on (what record()'s work-only launch runs)."""
     import kernels.backward_launch as backward_launch
     import kernels.backward_plan as backward_plan
+    from kernels.backward_direct import launch_options
     import kernels.fp8 as fp8
     import kernels.launch as launch
     import kernels.runtime as runtime
@@ -190,7 +191,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     launch._run_kernel = build
     backward_launch._launch = lambda kernel, grid, args, cfg=None: build(
         kernel, grid, [args[n] for n in kernel.arg_names],
-        {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        launch_options(cfg))
 
     def fp8_launch(grid, one, args):
         build(one.args.kernel, grid, args, one.options)
