@@ -255,7 +255,8 @@ def _compile_chunks(variants, jobs: int) -> list:
     tiles and mask on other shapes) share a chunk, so no two workers compile the same kernel."""
     groups: dict = {}
     for i, v in enumerate(variants):
-        if v["kind"] in ("fwd", "decode", "bwd", "bwd_atomic", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused") + FP8_KINDS:
+        if v["kind"] in ("fwd", "decode", "bwd", "bwd_atomic", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused",
+                         "bwd_gluon_onepass") + FP8_KINDS:
             key = repr((v["kind"], v.get("cfg"), v.get("bwd_cfg"), v.get("ws"), v.get("mask"), v.get("rules"),
                         v.get("sched"), v.get("splits"), v.get("quant"), v.get("stages"), v.get("block_n"),
                         v.get("dq_writer"), v.get("dq_store"), v.get("stats_tma")))

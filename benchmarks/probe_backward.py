@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused")
-BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "bwdfused")
+BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused",
+             "bwd_gluon_onepass")
+BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "bwdfused", "bwdonepass")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
 
@@ -58,6 +59,8 @@ def backward_suite(name: str) -> list[dict]:
         return _gluon_suite()
     if name == "bwdfused":
         return _fused_suite()
+    if name == "bwdonepass":
+        return _onepass_suite()
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
@@ -178,6 +181,22 @@ def _fused_suite() -> list[dict]:
     return out
 
 
+def _onepass_suite() -> list[dict]:
+    """bwdonepass: the one-pass Gluon backward (benchmarks.gluon_backward_onepass, FlashAttention-3's
+    order of products), each tile's dQ product in its own tile or a tile late, beside the fused
+    probe's best (dQ by TMA reduce-adds a tile late), the default and cuDNN, at D 128."""
+    out = []
+    for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
+                        ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal")]:
+        out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
+                dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
+                          kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True, dq_late=True)]
+        for late in (False, True):
+            out.append(dict(_bwd(shape, mask, f"gluon one pass{', dq a tile late' if late else ''}",
+                                 kind="bwd_gluon_onepass"), stages=2, dq_late=late))
+    return out
+
+
 _CACHE: dict = {}
 
 
@@ -242,6 +261,10 @@ def backward_call(v, device):
         return lambda: gluon_backward_fused(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_writer=v["dq_writer"],
                                             dq_store=v.get("dq_store", False), stats_tma=v.get("stats_tma", False),
                                             dq_tma=v.get("dq_tma", False), dq_late=v.get("dq_late", False))
+    if v["kind"] == "bwd_gluon_onepass":
+        from .gluon_backward_onepass import gluon_backward_onepass
+
+        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_late=v["dq_late"])
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 

@@ -145,6 +145,8 @@ def _loops(kernel, args, options=None) -> str:
     if named.get("TOKEN_MAJOR"):
         return "(B, N, H, D) inputs"
     stats = ", stats by TMA" if named.get("STATS_TMA") else ""
+    if "DQ_WRITER" not in named and "DQ_LATE" in named:
+        return "one pass" + (", dQ a tile late" if named["DQ_LATE"] else "")
     if "DQ_WRITER" in named:
         return ("dQ by a writer warp" if named["DQ_WRITER"] else "dQ stored (ablation)" if named.get("DQ_STORE") else
                 "dQ by TMA reduce-adds" if named.get("DQ_TMA") else "dQ by the consumers") + stats + \
@@ -220,6 +222,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.backward_atomic as backward_atomic
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_fused as gluon_fused
+    import benchmarks.gluon_backward_onepass as gluon_onepass
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
     class Built:                # the Gluon backward kernels' launches, compiled
@@ -232,6 +235,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
                       (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"),
                       (gluon_fused, "attn_bwd_fused_gluon_kernel"),
+                      (gluon_onepass, "attn_bwd_onepass_gluon_kernel"),
                       (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
     class NoStats:              # their statistics pre-pass is not what is surveyed
@@ -280,6 +284,7 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
         from benchmarks.gluon_backward import gluon_dkdv
         from benchmarks.gluon_backward_dq import gluon_dq
         from benchmarks.gluon_backward_fused import gluon_backward_fused
+        from benchmarks.gluon_backward_onepass import gluon_backward_onepass
 
         lse = torch.zeros(1, 2, n)
         for stats_tma in (False, True):
@@ -292,6 +297,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
                 (False, False, True, False, True), (False, False, True, True, True), (True, False, True, False, True)):
             gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store, stats_tma=stats_tma,
                                  dq_tma=dq_tma, dq_late=late)
+        for late in (False, True):
+            gluon_backward_onepass(do, q, k, v, o, lse, mask, dq_late=late)
     elif part == "gluonfwd":
         from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
 

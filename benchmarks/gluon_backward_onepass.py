@@ -1,0 +1,257 @@
+"""A probe, not a product path: the whole backward in one Gluon kernel, in FlashAttention-3's
+order of products. benchmarks.gluon_backward_fused holds the same tile work (its producer is used
+here); there each consumer group waits for its dK and dV before issuing dQ's product and then
+waits for dQ's TMA reduce-add to read its registers' copy, so the tensor cores idle through every
+tile's dQ. Here, per tile and consumer group of 64 keys:
+- S^T = K Q^T and dP^T = V dO^T are issued together, dV += P^T dO as soon as P^T is known;
+- dS^T goes to shared memory (dK's and dQ's products read it there), then dQ[:, this group's half
+  of D] = dS K[:, half] over the tile's 128 keys and dK += dS^T Q are issued back to back;
+- the group waits for dV and dQ only (dK runs on), writes dQ (times the softmax scale) into its
+  own float32 buffer and adds the buffer into the dQ accumulator by one TMA bulk reduce-add that
+  nobody waits for until the buffer is written again, a tile later.
+With dq_late each tile's dQ product is issued a tile later, once the other group has most likely
+written its half of dS (no wait for it). D 128 and 64, bf16 / fp16, stats by TMA.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton._C.libtriton import ir
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
+from kernels.gluon_bwd_launch import stats_descriptor
+from kernels.gluon_fwd_kernel import list_block, wgmma_layout
+
+from .gluon_backward_fused import KEYS, ROWS_PER_TILE, _producer
+
+
+@builtin
+def tma_reduce_add_shared(tensor_desc, coord, src, _semantic=None):
+    """src (shared memory, the descriptor's block and layout) added into the descriptor's block at
+    coord by one TMA bulk reduce-add, committed as a bulk group and not waited for
+    (`tma.store_wait` waits until the copy has read src). Triton 3.6's Gluon builder has the op
+    but no Python name for it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _issue_dq(j, ds_smem, ds_ready, kh, BLOCK_M: gl.constexpr, HALF: gl.constexpr):
+    """Item j's dQ[:, this group's half] = dS K[:, half] over the tile's 128 keys, issued once both
+    groups' dS^T are in their buffer."""
+    mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
+    return warpgroup_mma(ds_smem.index(j % 2).permute((1, 0)), kh,
+                         gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
+            WG: gl.constexpr):
+    """Item j's dQ half (registers) added to the accumulator through this group's buffer; the dS
+    buffer it was made from is freed. Rows past N_q hold zeros (dS is 0 there): added into the
+    next head's rows."""
+    BLOCK_M: gl.constexpr = dq_buf.shape[0]
+    HALF: gl.constexpr = dq_buf.shape[1]
+    mbarrier.arrive(ds_free.index(j % 2), count=1)
+    row = (head0 + j // n_tiles) * N_Q + list_block(j % n_tiles, n_full, full_start, part_list) * BLOCK_M
+    tma.store_wait(0)                       # the last tile's reduce-add has read the buffer
+    dq_buf.store(dq * sm_scale)
+    fence_async_shared()
+    tma_reduce_add_shared(dqa_desc, [row, WG * HALF], dq_buf)
+
+
+@gluon.jit
+def _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
+              dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items,
+              n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    HALF: gl.constexpr = kh_smem.shape[2]
+    DQ_DELAY: gl.constexpr = late_stub.shape[1] - 1     # 1: each item's dQ product one item later (dq_late)
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+    keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))     # (KEYS,) this group's keys
+    cols = gl.arange(0, BLOCK_M, col_vec)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    k = k_smem.index(WG)
+    v = v_smem.index(WG)
+    kh = kh_smem.index(WG)
+    dq_buf = dq_smem.index(WG)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(n_items):
+        s = it % STAGES
+        t = it % n_tiles
+        rows = list_block(t, n_full, full_start, part_list) * BLOCK_M + cols       # (BLOCK_M,) query rows
+        row_ok = rows < N_Q
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        q = q_smem.index(s)
+        do = do_smem.index(s)
+        s_tok = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
+                              is_async=True)                                 # S^T
+        dp_tok = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
+                               is_async=True)                                # dP^T
+        lse2 = lse_smem.index(s).load(col_vec)          # rows past N_q (partial tiles only): P = 0
+        if t >= n_full:
+            lse2 = gl.where(row_ok, lse2, float("inf"))
+        st = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
+        if t >= n_full:     # a partial tile: each query row's key interval
+            p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
+        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
+        delta = delta_smem.index(s).load(col_vec)
+        if t >= n_full:
+            delta = gl.where(row_ok, delta, 0.0)
+        dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
+        ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
+        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, freed when both groups' dQ
+        # products of item it - 2 have read it
+        mbarrier.wait(ds_free.index(it % 2), ((it // 2) & 1) ^ 1)
+        ds_mine = ds_smem.index(it % 2).slice(WG * KEYS, KEYS)
+        ds_mine.store(ds)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(it % 2), count=1)
+        j = it - DQ_DELAY                                                    # the item whose dQ is made now
+        if j >= 0:
+            dq_tok = _issue_dq(j, ds_smem, ds_ready, kh, BLOCK_M, HALF)
+            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)            # dK += dS^T Q
+            dq = warpgroup_mma_wait(1, deps=(dq_tok,))                       # dV and dQ done, dK runs on
+            _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
+                    WG)
+        else:
+            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)
+        dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
+        mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
+    if DQ_DELAY > 0 and n_items > 0:
+        j_last = n_items - 1
+        dq = warpgroup_mma_wait(0, deps=(_issue_dq(j_last, ds_smem, ds_ready, kh, BLOCK_M, HALF),))
+        _add_dq(j_last, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
+                WG)
+    tma.store_wait(0)
+    store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
+
+
+@gluon.jit
+def _consumer0(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
+               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+              kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
+              full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0)
+
+
+@gluon.jit
+def _consumer1(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
+               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+              kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
+              full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, dqa_desc, st_desc, row_lo, row_hi,
+                                  full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
+                                  qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                  DQ_LATE: gl.constexpr):
+    """One program per (b * H_kv + kv head, key block kv_order[...]); descriptors as
+    benchmarks.gluon_backward_fused's kernel's with dq_tma and stats_tma (dqa_desc: the zeroed
+    (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, dQ times the softmax scale added)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    HALF: gl.constexpr = kh_desc.block_type.shape[1]
+    _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
+    n_items = n_tiles * GROUP
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * KEYS, BLOCK_M], q_desc.dtype)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+    kh_smem = gl.allocate_shared_memory(kh_desc.dtype, [2, 2 * KEYS, HALF], kh_desc.layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * KEYS, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dqa_desc.layout)     # a buffer per group
+    lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
+    delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
+    # DQ_LATE for the consumers, in a stub's shape (partitions take no constexpr arguments)
+    late_stub = gl.allocate_shared_memory(gl.int8, [1, 2 if DQ_LATE else 1],
+                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)          # both consumers release a (Q, dO) stage
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
+        mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
+    consumer_args = (DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
+                     dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles,
+                     n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
+    producer_args = (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
+                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q, st_desc,
+                     lse_smem, delta_smem)
+    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
+                       [4, 1], [CONSUMER_REGS, 24])
+
+
+def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_late=False):
+    """dQ, dK, dV of attention by the one-pass Gluon kernel.
+
+    Arguments:
+        do, q, k, v, o, lse: as kernels.backward.flash_attention_backward's: q, o, do (B, H, N_q, D),
+            k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128, N_q a multiple of 4;
+            lse (B, H, N_q) float32.
+        mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
+            consumer thread; dq_late: each tile's dQ product issued a tile later.
+    Returns:
+        (dq, dk, dv) in the inputs' dtype."""
+    from kernels.backward import LOG2E
+    from kernels.backward_plan import BackwardConfig, backward_plan
+    from kernels.masks import parse_mask
+    from kernels.shapes import softmax_scale
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .backward_atomic import _stats_kernel
+
+    b, h, n_q, d = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or n_q % 4:
+        raise ValueError(f"the one-pass Gluon backward probe takes bf16/fp16 with D 64 or 128 and N_q a multiple "
+                         f"of 4, not {q.dtype} D {d} N_q {n_q}")
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
+    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
+    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(ROWS_PER_TILE, 128, 128, 64, 8, stages),
+                       q.device)
+    kp = bp.kv_plan
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
+    desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
+    kh_desc = TensorDescriptor.from_tensor(k.view(-1, d), [128, d // 2],
+                                           gl.NVMMASharedLayout.get_default_for([128, d // 2], dtype))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
+    scale = softmax_scale(None, d)
+    dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [ROWS_PER_TILE, d // 2],
+                                            gl.NVMMASharedLayout.get_default_for([ROWS_PER_TILE, d // 2], gl.float32))
+    attn_bwd_onepass_gluon_kernel[(b * h_kv * kp.n_kb,)](
+        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dqa_desc, stats_descriptor(stats), kp.row_lo, kp.row_hi,
+        bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
+        kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_LATE=dq_late,
+        num_warps=4)
+    return dq_acc.to(q.dtype), dk, dv
