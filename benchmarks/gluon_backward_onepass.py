@@ -43,15 +43,6 @@ def tma_reduce_add_shared(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _issue_dq(j, ds_smem, ds_ready, kh, BLOCK_M: gl.constexpr, HALF: gl.constexpr):
-    """Item j's dQ[:, this group's half] = dS K[:, half] over the tile's 128 keys, issued once both
-    groups' dS^T are in their buffer."""
-    mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-    return warpgroup_mma(ds_smem.index(j % 2).permute((1, 0)), kh,
-                         gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False, is_async=True)
-
-
-@gluon.jit
 def _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
             WG: gl.constexpr):
     """Item j's dQ half (registers) added to the accumulator through this group's buffer; the dS
@@ -68,14 +59,15 @@ def _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start
 
 
 @gluon.jit
-def _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
+def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
               dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items,
               n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = kh_smem.shape[2]
-    DQ_DELAY: gl.constexpr = late_stub.shape[1] - 1     # 1: each item's dQ product one item later (dq_late)
+    DQ_DELAY: gl.constexpr = flags.shape[0] - 1         # 1: each item's dQ product one item later (dq_late)
+    P_ROUNDED: gl.constexpr = flags.shape[1] == 2       # dS from P as rounded for dV's product (p_rounded)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -114,6 +106,8 @@ def _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_sm
         if t >= n_full:
             delta = gl.where(row_ok, delta, 0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
+        if P_ROUNDED:       # P^T's float32 registers free before dP^T's wait (fewer spills)
+            p = gl.convert_layout(p_op, s_layout).to(gl.float32)
         ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
         # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, freed when both groups' dQ
         # products of item it - 2 have read it
@@ -122,20 +116,30 @@ def _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_sm
         ds_mine.store(ds)
         fence_async_shared()
         mbarrier.arrive(ds_ready.index(it % 2), count=1)
-        j = it - DQ_DELAY                                                    # the item whose dQ is made now
+        # dQ's product of item j (with dq_late the first item has none: a product on whatever buffer 0
+        # holds is issued and dropped, since no product may be issued under a branch while dV's is
+        # in flight: the branch's join would copy its accumulator registers before they are written)
+        j = it - DQ_DELAY
         if j >= 0:
-            dq_tok = _issue_dq(j, ds_smem, ds_ready, kh, BLOCK_M, HALF)
-            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)            # dK += dS^T Q
-            dq = warpgroup_mma_wait(1, deps=(dq_tok,))                       # dV and dQ done, dK runs on
+            mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
+        jb = gl.maximum(j, 0) % 2
+        dq_tok = warpgroup_mma(ds_smem.index(jb).permute((1, 0)), kh,
+                               gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False,
+                               is_async=True)
+        dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
+        dq = warpgroup_mma_wait(1, deps=(dq_tok,))                           # dV and dQ done, dK runs on
+        if j >= 0:
             _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
                     WG)
-        else:
-            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)
         dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
     if DQ_DELAY > 0 and n_items > 0:
         j_last = n_items - 1
-        dq = warpgroup_mma_wait(0, deps=(_issue_dq(j_last, ds_smem, ds_ready, kh, BLOCK_M, HALF),))
+        mbarrier.wait(ds_ready.index(j_last % 2), (j_last // 2) & 1)
+        dq_tok = warpgroup_mma(ds_smem.index(j_last % 2).permute((1, 0)), kh,
+                               gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False,
+                               is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
         _add_dq(j_last, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
                 WG)
     tma.store_wait(0)
@@ -143,19 +147,19 @@ def _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_sm
 
 
 @gluon.jit
-def _consumer0(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+def _consumer0(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
-def _consumer1(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+def _consumer1(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
 
@@ -164,7 +168,7 @@ def _consumer1(DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_s
 def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, dqa_desc, st_desc, row_lo, row_hi,
                                   full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
                                   qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                  DQ_LATE: gl.constexpr):
+                                  DQ_LATE: gl.constexpr, P_ROUNDED: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]); descriptors as
     benchmarks.gluon_backward_fused's kernel's with dq_tma and stats_tma (dqa_desc: the zeroed
     (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, dQ times the softmax scale added)."""
@@ -184,9 +188,9 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, 
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dqa_desc.layout)     # a buffer per group
     lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
     delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
-    # DQ_LATE for the consumers, in a stub's shape (partitions take no constexpr arguments)
-    late_stub = gl.allocate_shared_memory(gl.int8, [1, 2 if DQ_LATE else 1],
-                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+    # DQ_LATE and P_ROUNDED for the consumers, in a stub's shape (partitions take no constexpr arguments)
+    flags = gl.allocate_shared_memory(gl.int8, [2 if DQ_LATE else 1, 2 if P_ROUNDED else 1],
+                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -199,7 +203,7 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, 
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
-    consumer_args = (DK, DV, dqa_desc, late_stub, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
+    consumer_args = (DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
                      dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles,
                      n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     producer_args = (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
@@ -209,7 +213,8 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, 
                        [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_late=False):
+def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_late=False,
+                           p_rounded=False):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -217,7 +222,9 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
             k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128, N_q a multiple of 4;
             lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
-            consumer thread; dq_late: each tile's dQ product issued a tile later.
+            consumer thread; dq_late: each tile's dQ product issued a tile later; p_rounded: dS
+            from P as rounded to the inputs' dtype for dV's product (FlashAttention-3 uses float32
+            P; this frees P's float32 registers before dP's product is waited for).
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -253,5 +260,6 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
         desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dqa_desc, stats_descriptor(stats), kp.row_lo, kp.row_hi,
         bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
         kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_LATE=dq_late,
+        P_ROUNDED=p_rounded,
         num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

@@ -192,8 +192,10 @@ def _onepass_suite() -> list[dict]:
                 dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
                           kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True, dq_late=True)]
         for late in (False, True):
-            out.append(dict(_bwd(shape, mask, f"gluon one pass{', dq a tile late' if late else ''}",
-                                 kind="bwd_gluon_onepass"), stages=2, dq_late=late))
+            for rounded in (False, True):
+                label = f"gluon one pass{', dq a tile late' if late else ''}{', dS from rounded P' if rounded else ''}"
+                out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=2, dq_late=late,
+                                p_rounded=rounded))
     return out
 
 
@@ -264,7 +266,8 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_onepass":
         from .gluon_backward_onepass import gluon_backward_onepass
 
-        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_late=v["dq_late"])
+        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_late=v["dq_late"],
+                                              p_rounded=v.get("p_rounded", False))
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 

@@ -146,7 +146,8 @@ def _loops(kernel, args, options=None) -> str:
         return "(B, N, H, D) inputs"
     stats = ", stats by TMA" if named.get("STATS_TMA") else ""
     if "DQ_WRITER" not in named and "DQ_LATE" in named:
-        return "one pass" + (", dQ a tile late" if named["DQ_LATE"] else "")
+        return "one pass" + (", dQ a tile late" if named["DQ_LATE"] else "") + \
+            (", dS from rounded P" if named.get("P_ROUNDED") else "")
     if "DQ_WRITER" in named:
         return ("dQ by a writer warp" if named["DQ_WRITER"] else "dQ stored (ablation)" if named.get("DQ_STORE") else
                 "dQ by TMA reduce-adds" if named.get("DQ_TMA") else "dQ by the consumers") + stats + \
@@ -297,8 +298,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
                 (False, False, True, False, True), (False, False, True, True, True), (True, False, True, False, True)):
             gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store, stats_tma=stats_tma,
                                  dq_tma=dq_tma, dq_late=late)
-        for late in (False, True):
-            gluon_backward_onepass(do, q, k, v, o, lse, mask, dq_late=late)
+        for late, rounded in ((False, False), (True, False), (False, True), (True, True)):
+            gluon_backward_onepass(do, q, k, v, o, lse, mask, dq_late=late, p_rounded=rounded)
     elif part == "gluonfwd":
         from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
 
