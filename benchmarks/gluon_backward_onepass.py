@@ -27,9 +27,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
 from kernels.gluon_bwd_launch import stats_descriptor
-from kernels.gluon_fwd_kernel import list_block, wgmma_layout
+from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
-from .gluon_backward_fused import KEYS, ROWS_PER_TILE, _producer
+from .gluon_backward import load_tile
+from .gluon_backward_fused import KEYS, ROWS_PER_TILE
 
 
 @builtin
@@ -43,6 +44,38 @@ def tma_reduce_add_shared(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
+def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row, head0,
+              n_tiles, n_items, n_full, full_start, part_list, N_Q, st_desc, lse_smem, delta_smem):
+    """K and V once, then each item's (Q, dO) tiles and statistics (benchmarks.gluon_backward_fused's
+    producer without its second copy of K)."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    tma_load(k_desc, [kv_row, 0], kv_bar, k_smem.index(0))
+    tma_load(k_desc, [kv_row + KEYS, 0], kv_bar, k_smem.index(1))
+    tma_load(v_desc, [kv_row, 0], kv_bar, v_smem.index(0))
+    tma_load(v_desc, [kv_row + KEYS, 0], kv_bar, v_smem.index(1))
+    for it in range(n_items):
+        s = it % STAGES
+        head = head0 + it // n_tiles
+        qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        load_tile(q_desc, do_desc, st_desc, q_smem.index(s), do_smem.index(s), lse_smem, delta_smem, ready.index(s),
+                  s, head * N_Q + qb_row, head, qb_row, N_Q, True)
+
+
+@gluon.jit
+def _dq_product(ds_buf, k_lo, k_hi):
+    """dS K[:, half] over the tile's 128 keys (both groups' dS^T in ds_buf), issued as two products
+    of 64 keys, K read from the K tiles the groups hold (no second copy of K)."""
+    BLOCK_M: gl.constexpr = ds_buf.shape[1]
+    HALF: gl.constexpr = k_lo.shape[1]
+    tok = warpgroup_mma(ds_buf.slice(0, KEYS).permute((1, 0)), k_lo,
+                        gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False, is_async=True)
+    return warpgroup_mma(ds_buf.slice(KEYS, KEYS).permute((1, 0)), k_hi, tok, is_async=True)
+
+
+@gluon.jit
 def _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
             WG: gl.constexpr):
     """Item j's dQ half (registers) added to the accumulator through this group's buffer; the dS
@@ -50,7 +83,7 @@ def _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start
     next head's rows."""
     BLOCK_M: gl.constexpr = dq_buf.shape[0]
     HALF: gl.constexpr = dq_buf.shape[1]
-    mbarrier.arrive(ds_free.index(j % 2), count=1)
+    mbarrier.arrive(ds_free.index(j % ds_free.shape[0]), count=1)
     row = (head0 + j // n_tiles) * N_Q + list_block(j % n_tiles, n_full, full_start, part_list) * BLOCK_M
     tma.store_wait(0)                       # the last tile's reduce-add has read the buffer
     dq_buf.store(dq * sm_scale)
@@ -59,15 +92,15 @@ def _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start
 
 
 @gluon.jit
-def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
+def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem,
               dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items,
               n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    HALF: gl.constexpr = kh_smem.shape[2]
+    HALF: gl.constexpr = HEAD_DIM // 2
+    NB: gl.constexpr = ds_smem.shape[0]                 # dS buffers
     DQ_DELAY: gl.constexpr = flags.shape[0] - 1         # 1: each item's dQ product one item later (dq_late)
-    P_ROUNDED: gl.constexpr = flags.shape[1] == 2       # dS from P as rounded for dV's product (p_rounded)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -78,7 +111,8 @@ def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, 
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     k = k_smem.index(WG)
     v = v_smem.index(WG)
-    kh = kh_smem.index(WG)
+    k_lo = k_smem.index(0).slice(WG * HALF, HALF, dim=1)      # K[:, this group's half of D], keys 0-63
+    k_hi = k_smem.index(1).slice(WG * HALF, HALF, dim=1)      # keys 64-127
     dq_buf = dq_smem.index(WG)
     mbarrier.wait(kv_bar, 0)
     for it in range(n_items):
@@ -106,26 +140,22 @@ def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, 
         if t >= n_full:
             delta = gl.where(row_ok, delta, 0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
-        if P_ROUNDED:       # P^T's float32 registers free before dP^T's wait (fewer spills)
-            p = gl.convert_layout(p_op, s_layout).to(gl.float32)
         ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
         # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, freed when both groups' dQ
-        # products of item it - 2 have read it
-        mbarrier.wait(ds_free.index(it % 2), ((it // 2) & 1) ^ 1)
-        ds_mine = ds_smem.index(it % 2).slice(WG * KEYS, KEYS)
+        # products of item it - NB have read it
+        mbarrier.wait(ds_free.index(it % NB), ((it // NB) & 1) ^ 1)
+        ds_mine = ds_smem.index(it % NB).slice(WG * KEYS, KEYS)
         ds_mine.store(ds)
         fence_async_shared()
-        mbarrier.arrive(ds_ready.index(it % 2), count=1)
+        mbarrier.arrive(ds_ready.index(it % NB), count=1)
         # dQ's product of item j (with dq_late the first item has none: a product on whatever buffer 0
         # holds is issued and dropped, since no product may be issued under a branch while dV's is
         # in flight: the branch's join would copy its accumulator registers before they are written)
         j = it - DQ_DELAY
         if j >= 0:
-            mbarrier.wait(ds_ready.index(j % 2), (j // 2) & 1)
-        jb = gl.maximum(j, 0) % 2
-        dq_tok = warpgroup_mma(ds_smem.index(jb).permute((1, 0)), kh,
-                               gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False,
-                               is_async=True)
+            mbarrier.wait(ds_ready.index(j % NB), (j // NB) & 1)
+        jb = gl.maximum(j, 0) % NB
+        dq_tok = _dq_product(ds_smem.index(jb), k_lo, k_hi)
         dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
         dq = warpgroup_mma_wait(1, deps=(dq_tok,))                           # dV and dQ done, dK runs on
         if j >= 0:
@@ -135,10 +165,8 @@ def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, 
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
     if DQ_DELAY > 0 and n_items > 0:
         j_last = n_items - 1
-        mbarrier.wait(ds_ready.index(j_last % 2), (j_last // 2) & 1)
-        dq_tok = warpgroup_mma(ds_smem.index(j_last % 2).permute((1, 0)), kh,
-                               gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False,
-                               is_async=True)
+        mbarrier.wait(ds_ready.index(j_last % NB), (j_last // NB) & 1)
+        dq_tok = _dq_product(ds_smem.index(j_last % NB), k_lo, k_hi)
         dq = warpgroup_mma_wait(0, deps=(dq_tok,))
         _add_dq(j_last, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
                 WG)
@@ -147,34 +175,34 @@ def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, 
 
 
 @gluon.jit
-def _consumer0(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+def _consumer0(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
-def _consumer1(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+def _consumer1(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, DV, dqa_desc, st_desc, row_lo, row_hi,
+def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_desc, st_desc, row_lo, row_hi,
                                   full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
                                   qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                  DQ_LATE: gl.constexpr, P_ROUNDED: gl.constexpr):
+                                  DQ_LATE: gl.constexpr, DS_BUFFERS: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]); descriptors as
     benchmarks.gluon_backward_fused's kernel's with dq_tma and stats_tma (dqa_desc: the zeroed
     (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, dQ times the softmax scale added)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    HALF: gl.constexpr = kh_desc.block_type.shape[1]
+    HALF: gl.constexpr = HEAD_DIM // 2
     _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
         kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
     n_items = n_tiles * GROUP
@@ -183,30 +211,29 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, 
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
-    kh_smem = gl.allocate_shared_memory(kh_desc.dtype, [2, 2 * KEYS, HALF], kh_desc.layout)
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 2 * KEYS, BLOCK_M], ds_layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [DS_BUFFERS, 2 * KEYS, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dqa_desc.layout)     # a buffer per group
     lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
     delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
-    # DQ_LATE and P_ROUNDED for the consumers, in a stub's shape (partitions take no constexpr arguments)
-    flags = gl.allocate_shared_memory(gl.int8, [2 if DQ_LATE else 1, 2 if P_ROUNDED else 1],
+    # DQ_LATE for the consumers, in a stub's shape (partitions take no constexpr arguments)
+    flags = gl.allocate_shared_memory(gl.int8, [2 if DQ_LATE else 1, 1],
                                       gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)          # both consumers release a (Q, dO) stage
-    for i in gl.static_range(2):
+    for i in gl.static_range(DS_BUFFERS):
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
-    consumer_args = (DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, kh_smem, ds_smem,
+    consumer_args = (DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem,
                      dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles,
                      n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
-    producer_args = (q_desc, do_desc, k_desc, v_desc, kh_desc, q_smem, do_smem, k_smem, v_smem, kh_smem, kv_bar,
+    producer_args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
                      ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q, st_desc,
                      lse_smem, delta_smem)
     gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
@@ -214,7 +241,7 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, kh_desc, DK, 
 
 
 def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_late=False,
-                           p_rounded=False):
+                           ds_buffers=2):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -222,9 +249,9 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
             k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128, N_q a multiple of 4;
             lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
-            consumer thread; dq_late: each tile's dQ product issued a tile later; p_rounded: dS
-            from P as rounded to the inputs' dtype for dV's product (FlashAttention-3 uses float32
-            P; this frees P's float32 registers before dP's product is waited for).
+            consumer thread; dq_late: each tile's dQ product issued a tile later; ds_buffers: the
+            dS ring's depth (a group writes item i's dS once both groups' dQ products of item
+            i - ds_buffers are done). stages 3 with ds_buffers 3 exceeds shared memory at D 128.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -249,17 +276,15 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
     desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
-    kh_desc = TensorDescriptor.from_tensor(k.view(-1, d), [128, d // 2],
-                                           gl.NVMMASharedLayout.get_default_for([128, d // 2], dtype))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
     scale = softmax_scale(None, d)
     dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [ROWS_PER_TILE, d // 2],
                                             gl.NVMMASharedLayout.get_default_for([ROWS_PER_TILE, d // 2], gl.float32))
     attn_bwd_onepass_gluon_kernel[(b * h_kv * kp.n_kb,)](
-        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dqa_desc, stats_descriptor(stats), kp.row_lo, kp.row_hi,
+        desc(q), desc(do), desc(k), desc(v), dk, dv, dqa_desc, stats_descriptor(stats), kp.row_lo, kp.row_hi,
         bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
         kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_LATE=dq_late,
-        P_ROUNDED=p_rounded,
+        DS_BUFFERS=ds_buffers,
         num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

@@ -184,18 +184,22 @@ def _fused_suite() -> list[dict]:
 def _onepass_suite() -> list[dict]:
     """bwdonepass: the one-pass Gluon backward (benchmarks.gluon_backward_onepass, FlashAttention-3's
     order of products), each tile's dQ product in its own tile or a tile late, beside the fused
-    probe's best (dQ by TMA reduce-adds a tile late), the default and cuDNN, at D 128."""
+    probe's best (dQ by TMA reduce-adds a tile late, D 128), the default and cuDNN, at D 128 and 64;
+    (Q, dO) stages and dS buffers 2 or 3."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
-                        ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal")]:
-        out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
-                dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
-                          kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True, dq_late=True)]
+                        ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal"),
+                        ((4, 16, 16, 4096, 64), "full"), ((4, 16, 16, 8192, 64), "causal")]:
+        out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
+        if shape[-1] == 128:
+            out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
+                                 kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True,
+                            dq_late=True))
         for late in (False, True):
-            for rounded in (False, True):
-                label = f"gluon one pass{', dq a tile late' if late else ''}{', dS from rounded P' if rounded else ''}"
-                out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=2, dq_late=late,
-                                p_rounded=rounded))
+            for stages, ds_buffers in ((2, 2), (3, 2), (2, 3)):
+                label = f"gluon one pass, {stages} stages, {ds_buffers} dS buffers{', dq a tile late' if late else ''}"
+                out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=stages, dq_late=late,
+                                ds_buffers=ds_buffers))
     return out
 
 
@@ -267,7 +271,7 @@ def backward_call(v, device):
         from .gluon_backward_onepass import gluon_backward_onepass
 
         return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_late=v["dq_late"],
-                                              p_rounded=v.get("p_rounded", False))
+                                              ds_buffers=v["ds_buffers"])
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 
