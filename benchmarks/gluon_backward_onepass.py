@@ -1,16 +1,17 @@
 """A probe, not a product path: the whole backward in one Gluon kernel, in FlashAttention-3's
-order of products. benchmarks.gluon_backward_fused holds the same tile work (its producer is used
-here); there each consumer group waits for its dK and dV before issuing dQ's product and then
-waits for dQ's TMA reduce-add to read its registers' copy, so the tensor cores idle through every
-tile's dQ. Here, per tile and consumer group of 64 keys:
+order of products. benchmarks.gluon_backward_fused holds the same tile work; there each consumer
+group waits for its dK and dV before issuing dQ's product and then waits for dQ's TMA reduce-add
+to read its registers' copy, so the tensor cores idle through every tile's dQ. Here, per tile and
+consumer group of 64 keys:
 - S^T = K Q^T and dP^T = V dO^T are issued together, dV += P^T dO as soon as P^T is known;
-- dS^T goes to shared memory (dK's and dQ's products read it there), then dQ[:, this group's half
-  of D] = dS K[:, half] over the tile's 128 keys and dK += dS^T Q are issued back to back;
+- dS^T goes to shared memory (dK's and dQ's products read it there), then dQ's product and
+  dK += dS^T Q are issued back to back: dQ[:, this group's half of D] = dS K[:, half] over the
+  tile's 128 keys (both groups' dS, so each waits for the other's), or with dq_per_group dQ over
+  the group's own 64 keys and all of D (no wait for the other group, twice the bytes added);
 - the group waits for dV and dQ only (dK runs on), writes dQ (times the softmax scale) into its
   own float32 buffer and adds the buffer into the dQ accumulator by one TMA bulk reduce-add that
   nobody waits for until the buffer is written again, a tile later.
-With dq_late each tile's dQ product is issued a tile later, once the other group has most likely
-written its half of dS (no wait for it). D 128 and 64, bf16 / fp16, stats by TMA.
+K is read from the K tiles the groups hold. D 128 and 64, bf16 / fp16, stats by TMA.
 """
 
 from __future__ import annotations
@@ -76,31 +77,25 @@ def _dq_product(ds_buf, k_lo, k_hi):
 
 
 @gluon.jit
-def _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
-            WG: gl.constexpr):
-    """Item j's dQ half (registers) added to the accumulator through this group's buffer; the dS
-    buffer it was made from is freed. Rows past N_q hold zeros (dS is 0 there): added into the
-    next head's rows."""
-    BLOCK_M: gl.constexpr = dq_buf.shape[0]
-    HALF: gl.constexpr = dq_buf.shape[1]
-    mbarrier.arrive(ds_free.index(j % ds_free.shape[0]), count=1)
-    row = (head0 + j // n_tiles) * N_Q + list_block(j % n_tiles, n_full, full_start, part_list) * BLOCK_M
+def _add_dq(row, col, dq, dq_buf, dqa_desc, sm_scale):
+    """A dQ part (registers) added to the accumulator's block at (row, col) through this group's
+    buffer. Rows past N_q hold zeros (dS is 0 there): added into the next head's rows."""
     tma.store_wait(0)                       # the last tile's reduce-add has read the buffer
     dq_buf.store(dq * sm_scale)
     fence_async_shared()
-    tma_reduce_add_shared(dqa_desc, [row, WG * HALF], dq_buf)
+    tma_reduce_add_shared(dqa_desc, [row, col], dq_buf)
 
 
 @gluon.jit
-def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem,
-              dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items,
-              n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
+def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start,
+              part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = HEAD_DIM // 2
     NB: gl.constexpr = ds_smem.shape[0]                 # dS buffers
-    DQ_DELAY: gl.constexpr = flags.shape[0] - 1         # 1: each item's dQ product one item later (dq_late)
+    PER_GROUP: gl.constexpr = dq_smem.shape[2] == HEAD_DIM     # dq_per_group: each group its own keys' dQ
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -118,7 +113,8 @@ def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, 
     for it in range(n_items):
         s = it % STAGES
         t = it % n_tiles
-        rows = list_block(t, n_full, full_start, part_list) * BLOCK_M + cols       # (BLOCK_M,) query rows
+        row0 = list_block(t, n_full, full_start, part_list) * BLOCK_M
+        rows = row0 + cols                                                  # (BLOCK_M,) query rows
         row_ok = rows < N_Q
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         q = q_smem.index(s)
@@ -141,53 +137,50 @@ def _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, 
             delta = gl.where(row_ok, delta, 0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
         ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
-        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer, freed when both groups' dQ
-        # products of item it - NB have read it
-        mbarrier.wait(ds_free.index(it % NB), ((it // NB) & 1) ^ 1)
+        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer (split: once both groups' dQ
+        # products of item it - NB have read it), then dQ's product and dK's, back to back
         ds_mine = ds_smem.index(it % NB).slice(WG * KEYS, KEYS)
-        ds_mine.store(ds)
-        fence_async_shared()
-        mbarrier.arrive(ds_ready.index(it % NB), count=1)
-        # dQ's product of item j (with dq_late the first item has none: a product on whatever buffer 0
-        # holds is issued and dropped, since no product may be issued under a branch while dV's is
-        # in flight: the branch's join would copy its accumulator registers before they are written)
-        j = it - DQ_DELAY
-        if j >= 0:
-            mbarrier.wait(ds_ready.index(j % NB), (j // NB) & 1)
-        jb = gl.maximum(j, 0) % NB
-        dq_tok = _dq_product(ds_smem.index(jb), k_lo, k_hi)
-        dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
-        dq = warpgroup_mma_wait(1, deps=(dq_tok,))                           # dV and dQ done, dK runs on
-        if j >= 0:
-            _add_dq(j, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
-                    WG)
+        row = (head0 + it // n_tiles) * N_Q + row0                          # the tile's first row in dQ
+        if PER_GROUP:       # dQ over this group's 64 keys, all of D: the other group not waited for
+            ds_mine.store(ds)
+            fence_async_shared()
+            gl.thread_barrier()
+            dq_tok = warpgroup_mma(ds_mine.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, kv_layout),
+                                   use_acc=False, is_async=True)
+            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)            # dK += dS^T Q
+            dq = warpgroup_mma_wait(1, deps=(dq_tok,))                       # dV and dQ done, dK runs on
+            _add_dq(row, 0, dq, dq_buf, dqa_desc, sm_scale)
+        else:               # dQ[:, this group's half of D] over the tile's 128 keys
+            mbarrier.wait(ds_free.index(it % NB), ((it // NB) & 1) ^ 1)
+            ds_mine.store(ds)
+            fence_async_shared()
+            mbarrier.arrive(ds_ready.index(it % NB), count=1)
+            mbarrier.wait(ds_ready.index(it % NB), (it // NB) & 1)
+            dq_tok = _dq_product(ds_smem.index(it % NB), k_lo, k_hi)
+            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)            # dK += dS^T Q
+            dq = warpgroup_mma_wait(1, deps=(dq_tok,))                       # dV and dQ done, dK runs on
+            mbarrier.arrive(ds_free.index(it % NB), count=1)
+            _add_dq(row, WG * HALF, dq, dq_buf, dqa_desc, sm_scale)
         dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
-    if DQ_DELAY > 0 and n_items > 0:
-        j_last = n_items - 1
-        mbarrier.wait(ds_ready.index(j_last % NB), (j_last // NB) & 1)
-        dq_tok = _dq_product(ds_smem.index(j_last % NB), k_lo, k_hi)
-        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-        _add_dq(j_last, dq, ds_free, dq_buf, dqa_desc, head0, n_tiles, n_full, full_start, part_list, N_Q, sm_scale,
-                WG)
     tma.store_wait(0)
     store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
 
 
 @gluon.jit
-def _consumer0(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+def _consumer0(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
-def _consumer1(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+def _consumer1(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
 
@@ -196,13 +189,13 @@ def _consumer1(DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem,
 def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_desc, st_desc, row_lo, row_hi,
                                   full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
                                   qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                  DQ_LATE: gl.constexpr, DS_BUFFERS: gl.constexpr):
+                                  DS_BUFFERS: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]); descriptors as
     benchmarks.gluon_backward_fused's kernel's with dq_tma and stats_tma (dqa_desc: the zeroed
-    (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, dQ times the softmax scale added)."""
+    (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, or (64, D) for dq_per_group, dQ
+    times the softmax scale added)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    HALF: gl.constexpr = HEAD_DIM // 2
     _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
         kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
     n_items = n_tiles * GROUP
@@ -212,12 +205,9 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [DS_BUFFERS, 2 * KEYS, BLOCK_M], ds_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HALF], dqa_desc.layout)     # a buffer per group
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqa_desc.block_type.shape, dqa_desc.layout)  # per group
     lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
     delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
-    # DQ_LATE for the consumers, in a stub's shape (partitions take no constexpr arguments)
-    flags = gl.allocate_shared_memory(gl.int8, [2 if DQ_LATE else 1, 1],
-                                      gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -230,7 +220,7 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
     for i in gl.static_range(DS_BUFFERS):
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
-    consumer_args = (DK, DV, dqa_desc, flags, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem,
+    consumer_args = (DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem,
                      dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles,
                      n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     producer_args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
@@ -240,8 +230,8 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
                        [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, dq_late=False,
-                           ds_buffers=2):
+def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, ds_buffers=2,
+                           dq_per_group=False):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -249,9 +239,10 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
             k, v (B, H_kv, N_k, D), contiguous CUDA bf16/fp16, D 64 or 128, N_q a multiple of 4;
             lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
-            consumer thread; dq_late: each tile's dQ product issued a tile later; ds_buffers: the
-            dS ring's depth (a group writes item i's dS once both groups' dQ products of item
-            i - ds_buffers are done). stages 3 with ds_buffers 3 exceeds shared memory at D 128.
+            consumer thread; ds_buffers: the dS ring's depth (a group writes item i's dS once both
+            groups' dQ products of item i - ds_buffers are done); dq_per_group: each consumer
+            group adds the dQ of its own 64 keys, all of D (else half of D over all 128 keys).
+            stages 3 with ds_buffers 3, or with dq_per_group, exceeds shared memory at D 128.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -279,12 +270,13 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
     scale = softmax_scale(None, d)
-    dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [ROWS_PER_TILE, d // 2],
-                                            gl.NVMMASharedLayout.get_default_for([ROWS_PER_TILE, d // 2], gl.float32))
+    block = [ROWS_PER_TILE, d if dq_per_group else d // 2]
+    dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), block,
+                                            gl.NVMMASharedLayout.get_default_for(block, gl.float32))
     attn_bwd_onepass_gluon_kernel[(b * h_kv * kp.n_kb,)](
         desc(q), desc(do), desc(k), desc(v), dk, dv, dqa_desc, stats_descriptor(stats), kp.row_lo, kp.row_hi,
         bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
-        kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_LATE=dq_late,
+        kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs,
         DS_BUFFERS=ds_buffers,
         num_warps=4)
     return dq_acc.to(q.dtype), dk, dv

@@ -183,9 +183,8 @@ def _fused_suite() -> list[dict]:
 
 def _onepass_suite() -> list[dict]:
     """bwdonepass: the one-pass Gluon backward (benchmarks.gluon_backward_onepass, FlashAttention-3's
-    order of products), each tile's dQ product in its own tile or a tile late, beside the fused
-    probe's best (dQ by TMA reduce-adds a tile late, D 128), the default and cuDNN, at D 128 and 64;
-    (Q, dO) stages and dS buffers 2 or 3."""
+    order of products), dQ split by halves of D or per consumer group, beside the fused probe's best
+    (dQ by TMA reduce-adds a tile late, D 128), the default and cuDNN, at D 128 and 64."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
                         ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal"),
@@ -195,11 +194,10 @@ def _onepass_suite() -> list[dict]:
             out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
                                  kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True,
                             dq_late=True))
-        for late in (False, True):
-            for stages, ds_buffers in ((2, 2), (3, 2), (2, 3)):
-                label = f"gluon one pass, {stages} stages, {ds_buffers} dS buffers{', dq a tile late' if late else ''}"
-                out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=stages, dq_late=late,
-                                ds_buffers=ds_buffers))
+        for per_group, ds_buffers in ((False, 2), (True, 1), (True, 2)):
+            label = f"gluon one pass, {'dq per group, ' if per_group else ''}{ds_buffers} dS buffers"
+            out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=2, ds_buffers=ds_buffers,
+                            dq_per_group=per_group))
     return out
 
 
@@ -270,8 +268,8 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_onepass":
         from .gluon_backward_onepass import gluon_backward_onepass
 
-        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], dq_late=v["dq_late"],
-                                              ds_buffers=v["ds_buffers"])
+        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"],
+                                              ds_buffers=v["ds_buffers"], dq_per_group=v["dq_per_group"])
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 
