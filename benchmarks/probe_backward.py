@@ -187,16 +187,17 @@ def _onepass_suite() -> list[dict]:
     (dQ by TMA reduce-adds a tile late, D 128), the default and cuDNN, at D 128 and 64."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
-                        ((4, 16, 16, 4096, 128), "full"), ((2, 32, 8, 8192, 128), "causal"),
+                        ((4, 16, 16, 16384, 128), "causal"), ((4, 16, 16, 4096, 128), "full"),
+                        ((4, 16, 16, 8192, 128), "full"), ((2, 32, 8, 8192, 128), "causal"),
                         ((4, 16, 16, 4096, 64), "full"), ((4, 16, 16, 8192, 64), "causal")]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
         if shape[-1] == 128:
             out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
                                  kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True,
                             dq_late=True))
-        for per_group, ds_buffers in ((False, 2), (True, 1), (True, 2)):
-            label = f"gluon one pass, {'dq per group, ' if per_group else ''}{ds_buffers} dS buffers"
-            out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=2, ds_buffers=ds_buffers,
+        for per_group in (False, True):
+            out.append(dict(_bwd(shape, mask, f"gluon one pass{', dq per group' if per_group else ''}",
+                                 kind="bwd_gluon_onepass"), stages=2, ds_buffers=1 if per_group else 2,
                             dq_per_group=per_group))
     return out
 
