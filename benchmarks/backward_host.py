@@ -8,8 +8,8 @@ unsynchronised calls, the three taking turns in 5 rounds) of
                  each call), what a training step pays;
   sdpa_autograd  the same through torch's scaled_dot_product_attention (its default backend);
 and, of ours_autograd, how much of a call is our Python backward itself (in_backward_us: the median
-time inside FlashAttentionFunction.backward, which the autograd engine runs on its device thread):
-the rest is the engine's."""
+time inside FlashAttentionFunction.backward, which the autograd engine runs on its device thread,
+and in_backward_of_us: the median whole call over those same calls): the rest is the engine's."""
 
 from __future__ import annotations
 
@@ -56,12 +56,12 @@ def backward_overhead(device, calls: int, host_us, profile: bool = False) -> lis
             rec = {"mask": mask, "batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": str(dtype),
                    "kernel": "gluon" if gluon_backward_fits(q, k, cfg, None) else "triton"}
             rec.update(host_us(fns, calls, device, rounds=rounds))
-            rec["in_backward_us"] = _time_inside_backward(fns["ours_autograd"], calls, device)
+            rec["in_backward_us"], rec["in_backward_of_us"] = _time_inside_backward(fns["ours_autograd"], calls, device)
             rec["ours_over_sdpa"] = rec["ours_autograd"]["median_us"] / rec["sdpa_autograd"]["median_us"]
             records.append(rec)
             log(f"backward {mask:6s} B{b} H{h} N{n} D{d} ({rec['kernel']}): ours {rec['ours']['median_us']:.1f} us, "
-                f"through autograd {rec['ours_autograd']['median_us']:.1f} us ({rec['in_backward_us']:.1f} in our "
-                f"backward), SDPA through autograd "
+                f"through autograd {rec['ours_autograd']['median_us']:.1f} us (of {rec['in_backward_of_us']:.1f} in "
+                f"other calls, {rec['in_backward_us']:.1f} inside our backward), SDPA through autograd "
                 f"{rec['sdpa_autograd']['median_us']:.1f} us ({rec['ours_over_sdpa']:.2f}x)")
             if profile and mask == "causal" and d == 128:
                 import cProfile
@@ -73,28 +73,34 @@ def backward_overhead(device, calls: int, host_us, profile: bool = False) -> lis
     return records
 
 
-def _time_inside_backward(fn, calls: int, device) -> float:
-    """Median µs per call spent inside FlashAttentionFunction.backward over `calls` unsynchronised
-    calls of fn (an autograd.grad through flash_attention's output), timed where it runs."""
+def _time_inside_backward(fn, calls: int, device) -> tuple:
+    """(median µs per call inside FlashAttentionFunction.backward, median µs per whole call) over the
+    same `calls` unsynchronised calls of fn (an autograd.grad through flash_attention's output),
+    after 20 warm-up calls; the inside timed where the engine runs it."""
     import statistics
     import time
 
     from kernels.flash_ops import FlashAttentionFunction
 
     real = FlashAttentionFunction.backward
-    inside = []
+    inside, whole = [], []
 
     def timed(ctx, *grads):
         t0 = time.perf_counter_ns()
         result = real(ctx, *grads)
         inside.append(time.perf_counter_ns() - t0)
         return result
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(20 if device.type == "cuda" else 1):
+        fn()
+    sync()
     FlashAttentionFunction.backward = staticmethod(timed)
     try:
         for _ in range(calls):
+            t0 = time.perf_counter_ns()
             fn()
+            whole.append(time.perf_counter_ns() - t0)
     finally:
         FlashAttentionFunction.backward = staticmethod(real)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return statistics.median(inside) / 1e3
+    sync()
+    return statistics.median(inside) / 1e3, statistics.median(whole) / 1e3

@@ -402,7 +402,8 @@ def test_overhead_backward_part_records_each_case(tmp_path, device):
         times = [r[name]["median_us"] for name in ("ours", "ours_autograd", "sdpa_autograd")]
         assert all(t > 0 for t in times)
         assert r["ours_over_sdpa"] == pytest.approx(times[1] / times[2])
-        assert 0 < r["in_backward_us"]           # our backward, timed on the thread autograd runs it
+        # our backward, timed on the thread autograd runs it, inside the whole calls timed with it
+        assert 0 < r["in_backward_us"] < r["in_backward_of_us"]
     assert "ours_autograd" in res["meta"]["backward_method"]
 
 
