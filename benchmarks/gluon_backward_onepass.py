@@ -6,8 +6,7 @@ consumer group of 64 keys:
 - S^T = K Q^T and dP^T = V dO^T are issued together, dV += P^T dO as soon as P^T is known;
 - dS^T goes to shared memory (dK's and dQ's products read it there), then dQ's product and
   dK += dS^T Q are issued back to back: dQ[:, this group's half of D] = dS K[:, half] over the
-  tile's 128 keys (both groups' dS, so each waits for the other's), or with dq_per_group dQ over
-  the group's own 64 keys and all of D (no wait for the other group, twice the bytes added);
+  tile's 128 keys (both groups' dS, so each waits for the other's);
 - the group waits for dV and dQ only (dK runs on), writes dQ (times the softmax scale) into its
   own float32 buffer and adds the buffer into the dQ accumulator by one TMA bulk reduce-add that
   nobody waits for until the buffer is written again, a tile later.
@@ -95,7 +94,6 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = HEAD_DIM // 2
     NB: gl.constexpr = ds_smem.shape[0]                 # dS buffers
-    PER_GROUP: gl.constexpr = dq_smem.shape[2] == HEAD_DIM     # dq_per_group: each group its own keys' dQ
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -137,30 +135,20 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
             delta = gl.where(row_ok, delta, 0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
         ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
-        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer (split: once both groups' dQ
-        # products of item it - NB have read it), then dQ's product and dK's, back to back
+        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer once both groups' dQ products
+        # of item it - NB have read it, then dQ's product and dK's, back to back
         ds_mine = ds_smem.index(it % NB).slice(WG * KEYS, KEYS)
         row = (head0 + it // n_tiles) * N_Q + row0                          # the tile's first row in dQ
-        if PER_GROUP:       # dQ over this group's 64 keys, all of D: the other group not waited for
-            ds_mine.store(ds)
-            fence_async_shared()
-            gl.thread_barrier()
-            dq_tok = warpgroup_mma(ds_mine.permute((1, 0)), k, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, kv_layout),
-                                   use_acc=False, is_async=True)
-            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)            # dK += dS^T Q
-            dq = warpgroup_mma_wait(1, deps=(dq_tok,))                       # dV and dQ done, dK runs on
-            _add_dq(row, 0, dq, dq_buf, dqa_desc, sm_scale)
-        else:               # dQ[:, this group's half of D] over the tile's 128 keys
-            mbarrier.wait(ds_free.index(it % NB), ((it // NB) & 1) ^ 1)
-            ds_mine.store(ds)
-            fence_async_shared()
-            mbarrier.arrive(ds_ready.index(it % NB), count=1)
-            mbarrier.wait(ds_ready.index(it % NB), (it // NB) & 1)
-            dq_tok = _dq_product(ds_smem.index(it % NB), k_lo, k_hi)
-            dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)            # dK += dS^T Q
-            dq = warpgroup_mma_wait(1, deps=(dq_tok,))                       # dV and dQ done, dK runs on
-            mbarrier.arrive(ds_free.index(it % NB), count=1)
-            _add_dq(row, WG * HALF, dq, dq_buf, dqa_desc, sm_scale)
+        mbarrier.wait(ds_free.index(it % NB), ((it // NB) & 1) ^ 1)
+        ds_mine.store(ds)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(it % NB), count=1)
+        mbarrier.wait(ds_ready.index(it % NB), (it // NB) & 1)
+        dq_tok = _dq_product(ds_smem.index(it % NB), k_lo, k_hi)            # dQ[:, this group's half of D]
+        dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
+        dq = warpgroup_mma_wait(1, deps=(dq_tok,))                           # dV and dQ done, dK runs on
+        mbarrier.arrive(ds_free.index(it % NB), count=1)
+        _add_dq(row, WG * HALF, dq, dq_buf, dqa_desc, sm_scale)
         dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
     tma.store_wait(0)
@@ -192,8 +180,7 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
                                   DS_BUFFERS: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]); descriptors as
     benchmarks.gluon_backward_fused's kernel's with dq_tma and stats_tma (dqa_desc: the zeroed
-    (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, or (64, D) for dq_per_group, dQ
-    times the softmax scale added)."""
+    (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, dQ times the softmax scale added)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
@@ -230,8 +217,7 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
                        [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, ds_buffers=2,
-                           dq_per_group=False):
+def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, ds_buffers=2):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -240,9 +226,8 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
             lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
             consumer thread; ds_buffers: the dS ring's depth (a group writes item i's dS once both
-            groups' dQ products of item i - ds_buffers are done); dq_per_group: each consumer
-            group adds the dQ of its own 64 keys, all of D (else half of D over all 128 keys).
-            stages 3 with ds_buffers 3, or with dq_per_group, exceeds shared memory at D 128.
+            groups' dQ products of item i - ds_buffers are done). stages 3 with ds_buffers 3
+            exceeds shared memory at D 128.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -270,7 +255,7 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
     scale = softmax_scale(None, d)
-    block = [ROWS_PER_TILE, d if dq_per_group else d // 2]
+    block = [ROWS_PER_TILE, d // 2]
     dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), block,
                                             gl.NVMMASharedLayout.get_default_for(block, gl.float32))
     attn_bwd_onepass_gluon_kernel[(b * h_kv * kp.n_kb,)](

@@ -183,7 +183,7 @@ def _fused_suite() -> list[dict]:
 
 def _onepass_suite() -> list[dict]:
     """bwdonepass: the one-pass Gluon backward (benchmarks.gluon_backward_onepass, FlashAttention-3's
-    order of products), dQ split by halves of D or per consumer group, beside the fused probe's best
+    order of products), beside the fused probe's best
     (dQ by TMA reduce-adds a tile late, D 128), the default and cuDNN, at D 128 and 64."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
@@ -195,10 +195,7 @@ def _onepass_suite() -> list[dict]:
             out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
                                  kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True,
                             dq_late=True))
-        for per_group in (False, True):
-            out.append(dict(_bwd(shape, mask, f"gluon one pass{', dq per group' if per_group else ''}",
-                                 kind="bwd_gluon_onepass"), stages=2, ds_buffers=1 if per_group else 2,
-                            dq_per_group=per_group))
+        out.append(dict(_bwd(shape, mask, "gluon one pass", kind="bwd_gluon_onepass"), stages=2, ds_buffers=2))
     return out
 
 
@@ -270,7 +267,7 @@ def backward_call(v, device):
         from .gluon_backward_onepass import gluon_backward_onepass
 
         return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"],
-                                              ds_buffers=v["ds_buffers"], dq_per_group=v["dq_per_group"])
+                                              ds_buffers=v["ds_buffers"])
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 
