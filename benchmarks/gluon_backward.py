@@ -18,6 +18,8 @@ Inputs (B, H, N_q, D) / (B, H_kv, N_k, D) contiguous, D 64 or 128, bf16 or fp16.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -212,3 +214,52 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, 
         *tail, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages,
         CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(TRACE_WORK=False, TRACE_TILES=False) if stats_tma else {}))
     return dk, dv
+
+
+class OneKernelInputs(NamedTuple):
+    """What a one-kernel backward probe (benchmarks.gluon_backward_fused, _onepass) launches on: the
+    contiguous inputs and their (64, D) descriptors, the rows' statistics (lse and delta, (B*H, 2, N_q) float32), the block plan, dK and
+    dV to write, the zeroed float32 dQ accumulator and its (64, D / 2) descriptor, the softmax scale."""
+    q: torch.Tensor
+    k: torch.Tensor
+    q_desc: object
+    do_desc: object
+    k_desc: object
+    v_desc: object
+    stats: torch.Tensor
+    plan: object
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dq_acc: torch.Tensor
+    dqa_desc: object
+    scale: float
+
+
+def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True) -> OneKernelInputs:
+    """The inputs checked (bf16/fp16, D 64 or 128; with stats_tma N_q a multiple of 4: one line that
+    names the probe otherwise), the statistics pass run and the plan and descriptors made."""
+    from kernels.backward_plan import BackwardConfig, backward_plan
+    from kernels.masks import parse_mask
+    from kernels.shapes import softmax_scale
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .backward_atomic import _stats_kernel
+
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or (stats_tma and n_q % 4):
+        raise ValueError(f"the {name} Gluon backward probe takes bf16/fp16 with D 64 or 128 (with the statistics "
+                         f"by TMA N_q a multiple of 4), not {q.dtype} D {d} N_q {n_q}")
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
+    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
+    _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
+    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(ROWS_PER_TILE, 128, 128, 64, 8, stages),
+                       q.device)
+    layout = gl.NVMMASharedLayout.get_default_for([64, d], gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
+    desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
+    dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
+    block = [ROWS_PER_TILE, d // 2]
+    dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), block,
+                                            gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+    return OneKernelInputs(q, k, desc(q), desc(do), desc(k), desc(v), stats, bp, torch.empty_like(k),
+                           torch.empty_like(v), dq_acc, dqa_desc, softmax_scale(None, d))

@@ -19,7 +19,6 @@ Inputs as benchmarks.gluon_backward's (D 128: two 64-column halves; D 64: 32-col
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton._C.libtriton import ir
@@ -32,10 +31,8 @@ from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
 from kernels.gluon_bwd_launch import stats_descriptor
 from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
-from .gluon_backward import load_tile
+from .gluon_backward import KEYS, load_tile, one_kernel_inputs
 
-KEYS = gl.constexpr(64)             # keys per consumer warpgroup
-ROWS_PER_TILE = 64                  # query rows per tile (the plan's block_m1)
 
 
 @builtin
@@ -333,41 +330,22 @@ def gluon_backward_fused(do, q, k, v, o, lse, mask="causal", stages=2, consumer_
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
-    from kernels.backward_plan import BackwardConfig, backward_plan
-    from kernels.masks import parse_mask
-    from kernels.shapes import softmax_scale
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .backward_atomic import _stats_kernel
-
-    b, h, n_q, d = q.shape
-    h_kv, n_k = k.shape[1], k.shape[2]
     if dq_store + dq_writer + dq_tma > 1:
         raise ValueError("dq_writer, dq_store and dq_tma are three ways to add dQ: pick at most one")
-    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or (stats_tma and n_q % 4):
-        raise ValueError(f"the fused Gluon backward probe takes bf16/fp16 with D 64 or 128 (with stats_tma N_q a "
-                         f"multiple of 4), not {q.dtype} D {d} N_q {n_q}")
-    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
-    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
-    _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
-    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(ROWS_PER_TILE, 128, 128, 64, 8, stages),
-                       q.device)
-    kp = bp.kv_plan
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
-    desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
-    kh_desc = TensorDescriptor.from_tensor(k.view(-1, d), [128, d // 2],
+    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "fused", stats_tma)
+    d = x.q.shape[-1]
+    dtype = gl.bfloat16 if x.q.dtype == torch.bfloat16 else gl.float16
+    kh_desc = TensorDescriptor.from_tensor(x.k.view(-1, d), [128, d // 2],
                                            gl.NVMMASharedLayout.get_default_for([128, d // 2], dtype))
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
-    scale = softmax_scale(None, d)
-    st_desc = stats_descriptor(stats)          # read with stats_tma; a partition takes no None
-    dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [ROWS_PER_TILE, d // 2],
-                                            gl.NVMMASharedLayout.get_default_for([ROWS_PER_TILE, d // 2], gl.float32))
-    attn_bwd_fused_gluon_kernel[(b * h_kv * kp.n_kb,)](
-        desc(q), desc(do), desc(k), desc(v), kh_desc, dk, dv, dq_acc, dqa_desc, stats, st_desc, kp.row_lo, kp.row_hi,
-        bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
-        kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer,
-        DQ_STORE=dq_store, DQ_TMA=dq_tma, DQ_LATE=dq_late, STATS_TMA=stats_tma,
-        num_warps=4)
-    return dq_acc.to(q.dtype), dk, dv
+    kp, bp = x.plan.kv_plan, x.plan
+    h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
+    attn_bwd_fused_gluon_kernel[(x.q.shape[0] * h_kv * kp.n_kb,)](
+        x.q_desc, x.do_desc, x.k_desc, x.v_desc, kh_desc, x.dk, x.dv, x.dq_acc, x.dqa_desc, x.stats,
+        stats_descriptor(x.stats), kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt,
+        bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, x.scale * LOG2E, x.scale, STAGES=stages,
+        CONSUMER_REGS=consumer_regs, DQ_WRITER=dq_writer, DQ_STORE=dq_store, DQ_TMA=dq_tma, DQ_LATE=dq_late,
+        STATS_TMA=stats_tma, num_warps=4)
+    return x.dq_acc.to(x.q.dtype), x.dk, x.dv
+

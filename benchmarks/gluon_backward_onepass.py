@@ -15,8 +15,6 @@ K is read from the K tiles the groups hold. D 128 and 64, bf16 / fp16, stats by 
 
 from __future__ import annotations
 
-import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton._C.libtriton import ir
@@ -25,12 +23,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
+from kernels.gluon_bwd_kernel import _dkdv_producer, key_block_item, key_visible, store_dkdv
 from kernels.gluon_bwd_launch import stats_descriptor
-from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
+from kernels.gluon_fwd_kernel import list_block, wgmma_layout
 
-from .gluon_backward import load_tile
-from .gluon_backward_fused import KEYS, ROWS_PER_TILE
+from .gluon_backward import KEYS, one_kernel_inputs
 
 
 @builtin
@@ -41,27 +38,6 @@ def tma_reduce_add_shared(tensor_desc, coord, src, _semantic=None):
     but no Python name for it."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
-
-
-@gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, kv_row, head0,
-              n_tiles, n_items, n_full, full_start, part_list, N_Q, st_desc, lse_smem, delta_smem):
-    """K and V once, then each item's (Q, dO) tiles and statistics (benchmarks.gluon_backward_fused's
-    producer without its second copy of K)."""
-    STAGES: gl.constexpr = q_smem.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
-    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-    tma_load(k_desc, [kv_row, 0], kv_bar, k_smem.index(0))
-    tma_load(k_desc, [kv_row + KEYS, 0], kv_bar, k_smem.index(1))
-    tma_load(v_desc, [kv_row, 0], kv_bar, v_smem.index(0))
-    tma_load(v_desc, [kv_row + KEYS, 0], kv_bar, v_smem.index(1))
-    for it in range(n_items):
-        s = it % STAGES
-        head = head0 + it // n_tiles
-        qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
-        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        load_tile(q_desc, do_desc, st_desc, q_smem.index(s), do_smem.index(s), lse_smem, delta_smem, ready.index(s),
-                  s, head * N_Q + qb_row, head, qb_row, N_Q, True)
 
 
 @gluon.jit
@@ -210,10 +186,9 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
     consumer_args = (DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem,
                      dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles,
                      n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
-    producer_args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_bar,
-                     ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q, st_desc,
-                     lse_smem, delta_smem)
-    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
+    producer_args = (q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                     kv_bar, ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)
+    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_dkdv_producer, producer_args)],
                        [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -231,37 +206,13 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
-    from kernels.backward_plan import BackwardConfig, backward_plan
-    from kernels.masks import parse_mask
-    from kernels.shapes import softmax_scale
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .backward_atomic import _stats_kernel
-
-    b, h, n_q, d = q.shape
-    h_kv, n_k = k.shape[1], k.shape[2]
-    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or n_q % 4:
-        raise ValueError(f"the one-pass Gluon backward probe takes bf16/fp16 with D 64 or 128 and N_q a multiple "
-                         f"of 4, not {q.dtype} D {d} N_q {n_q}")
-    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
-    stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
-    _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
-    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(ROWS_PER_TILE, 128, 128, 64, 8, stages),
-                       q.device)
-    kp = bp.kv_plan
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([64, d], dtype)
-    desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
-    scale = softmax_scale(None, d)
-    block = [ROWS_PER_TILE, d // 2]
-    dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), block,
-                                            gl.NVMMASharedLayout.get_default_for(block, gl.float32))
-    attn_bwd_onepass_gluon_kernel[(b * h_kv * kp.n_kb,)](
-        desc(q), desc(do), desc(k), desc(v), dk, dv, dqa_desc, stats_descriptor(stats), kp.row_lo, kp.row_hi,
-        bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q, n_k,
-        kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages, CONSUMER_REGS=consumer_regs,
-        DS_BUFFERS=ds_buffers,
-        num_warps=4)
-    return dq_acc.to(q.dtype), dk, dv
+    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass")
+    kp, bp = x.plan.kv_plan, x.plan
+    h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
+    attn_bwd_onepass_gluon_kernel[(x.q.shape[0] * h_kv * kp.n_kb,)](
+        x.q_desc, x.do_desc, x.k_desc, x.v_desc, x.dk, x.dv, x.dqa_desc, stats_descriptor(x.stats), kp.row_lo,
+        kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q,
+        n_k, kp.n_qb, kp.n_kb, x.scale * LOG2E, x.scale, STAGES=stages, CONSUMER_REGS=consumer_regs,
+        DS_BUFFERS=ds_buffers, num_warps=4)
+    return x.dq_acc.to(x.q.dtype), x.dk, x.dv
