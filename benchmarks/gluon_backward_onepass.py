@@ -62,7 +62,7 @@ def _add_dq(row, col, dq, dq_buf, dqa_desc, sm_scale):
 
 
 @gluon.jit
-def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, p_smem, kv_bar, ready,
               empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full, full_start,
               part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, WG: gl.constexpr):
     STAGES: gl.constexpr = q_smem.shape[0]
@@ -70,6 +70,7 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF: gl.constexpr = HEAD_DIM // 2
     NB: gl.constexpr = ds_smem.shape[0]                 # dS buffers
+    P_SHARED: gl.constexpr = p_smem.shape[1] == KEYS    # p_shared (else p_smem is a 1 x 1 x 1 stub)
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -104,8 +105,14 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
         p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
         if t >= n_full:     # a partial tile: each query row's key interval
             p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
-        p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
-        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
+        if P_SHARED:        # P^T through shared memory: no registers held while dV's product runs
+            p_smem.index(WG).store(p.to(q_smem.dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            dv_tok = warpgroup_mma(p_smem.index(WG), do, dv, is_async=True)  # dV += P^T dO
+        else:
+            p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
+            dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)              # dV += P^T dO
         delta = delta_smem.index(s).load(col_vec)
         if t >= n_full:
             delta = gl.where(row_ok, delta, 0.0)
@@ -125,26 +132,29 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
         dq = warpgroup_mma_wait(1, deps=(dq_tok,))                           # dV and dQ done, dK runs on
         mbarrier.arrive(ds_free.index(it % NB), count=1)
         _add_dq(row, WG * HALF, dq, dq_buf, dqa_desc, sm_scale)
-        dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
+        if P_SHARED:
+            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        else:
+            dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
     tma.store_wait(0)
     store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
 
 
 @gluon.jit
-def _consumer0(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+def _consumer0(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, p_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, p_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0)
 
 
 @gluon.jit
-def _consumer1(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+def _consumer1(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, p_smem,
                kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
                full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
-    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem,
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, p_smem,
               kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles, n_items, n_full,
               full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 1)
 
@@ -153,7 +163,7 @@ def _consumer1(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem
 def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_desc, st_desc, row_lo, row_hi,
                                   full_cnt, full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb,
                                   qk_scale, sm_scale, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                  DS_BUFFERS: gl.constexpr):
+                                  DS_BUFFERS: gl.constexpr, P_SHARED: gl.constexpr):
     """One program per (b * H_kv + kv head, key block kv_order[...]); descriptors as
     benchmarks.gluon_backward_fused's kernel's with dq_tma and stats_tma (dqa_desc: the zeroed
     (B*H*N_q, D) float32 dQ accumulator in (64, D / 2) blocks, dQ times the softmax scale added)."""
@@ -183,8 +193,11 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
     for i in gl.static_range(DS_BUFFERS):
         mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
         mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
+    p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, KEYS, BLOCK_M] if P_SHARED else [1, 1, 1],
+                                       gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], q_desc.dtype) if P_SHARED
+                                       else gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0]))
     consumer_args = (DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem,
-                     dq_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles,
+                     dq_smem, p_smem, kv_bar, ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, n_tiles,
                      n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
     producer_args = (q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
                      kv_bar, ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)
@@ -192,7 +205,8 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, dqa_d
                        [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, ds_buffers=2):
+def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, ds_buffers=2,
+                           p_shared=False):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -201,8 +215,10 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
             lse (B, H, N_q) float32.
         mask: the forward's; stages: the (Q, dO) ring's depth; consumer_regs: setmaxnreg per
             consumer thread; ds_buffers: the dS ring's depth (a group writes item i's dS once both
-            groups' dQ products of item i - ds_buffers are done). stages 3 with ds_buffers 3
-            exceeds shared memory at D 128.
+            groups' dQ products of item i - ds_buffers are done); p_shared: P^T goes to shared
+            memory for dV's product instead of staying in registers while it runs (FlashAttention-3's
+            form where registers are short). stages 3 with ds_buffers 3 exceeds shared memory at
+            D 128, and so does either with p_shared.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -214,5 +230,5 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
         x.q_desc, x.do_desc, x.k_desc, x.v_desc, x.dk, x.dv, x.dqa_desc, stats_descriptor(x.stats), kp.row_lo,
         kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q,
         n_k, kp.n_qb, kp.n_kb, x.scale * LOG2E, x.scale, STAGES=stages, CONSUMER_REGS=consumer_regs,
-        DS_BUFFERS=ds_buffers, num_warps=4)
+        DS_BUFFERS=ds_buffers, P_SHARED=p_shared, num_warps=4)
     return x.dq_acc.to(x.q.dtype), x.dk, x.dv

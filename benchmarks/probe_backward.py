@@ -183,7 +183,7 @@ def _fused_suite() -> list[dict]:
 
 def _onepass_suite() -> list[dict]:
     """bwdonepass: the one-pass Gluon backward (benchmarks.gluon_backward_onepass, FlashAttention-3's
-    order of products), beside the fused probe's best
+    order of products; P^T in registers or through shared memory), beside the fused probe's best
     (dQ by TMA reduce-adds a tile late, D 128), the default and cuDNN, at D 128 and 64."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
@@ -195,7 +195,9 @@ def _onepass_suite() -> list[dict]:
             out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
                                  kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True,
                             dq_late=True))
-        out.append(dict(_bwd(shape, mask, "gluon one pass", kind="bwd_gluon_onepass"), stages=2, ds_buffers=2))
+        for p_shared in (False, True):
+            out.append(dict(_bwd(shape, mask, f"gluon one pass{', P through shared memory' if p_shared else ''}",
+                                 kind="bwd_gluon_onepass"), stages=2, ds_buffers=2, p_shared=p_shared))
     return out
 
 
@@ -267,7 +269,7 @@ def backward_call(v, device):
         from .gluon_backward_onepass import gluon_backward_onepass
 
         return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"],
-                                              ds_buffers=v["ds_buffers"])
+                                              ds_buffers=v["ds_buffers"], p_shared=v.get("p_shared", False))
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 

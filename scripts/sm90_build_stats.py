@@ -146,7 +146,8 @@ def _loops(kernel, args, options=None) -> str:
         return "(B, N, H, D) inputs"
     stats = ", stats by TMA" if named.get("STATS_TMA") else ""
     if "DS_BUFFERS" in named:
-        return f"one pass, {named['STAGES']} stages, {named['DS_BUFFERS']} dS buffers"
+        return f"one pass, {named['STAGES']} stages, {named['DS_BUFFERS']} dS buffers" + \
+            (", P through shared memory" if named["P_SHARED"] else "")
     if "DQ_WRITER" in named:
         return ("dQ by a writer warp" if named["DQ_WRITER"] else "dQ stored (ablation)" if named.get("DQ_STORE") else
                 "dQ by TMA reduce-adds" if named.get("DQ_TMA") else "dQ by the consumers") + stats + \
@@ -297,8 +298,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
                 (False, False, True, False, True), (False, False, True, True, True), (True, False, True, False, True)):
             gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store, stats_tma=stats_tma,
                                  dq_tma=dq_tma, dq_late=late)
-        for stages, ds_buffers in ((2, 2), (3, 2), (2, 3)):
-            gluon_backward_onepass(do, q, k, v, o, lse, mask, stages=stages, ds_buffers=ds_buffers)
+        for stages, ds_buffers, p_shared in ((2, 2, False), (3, 2, False), (2, 3, False), (2, 2, True)):
+            gluon_backward_onepass(do, q, k, v, o, lse, mask, stages=stages, ds_buffers=ds_buffers, p_shared=p_shared)
     elif part == "gluonfwd":
         from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
 
