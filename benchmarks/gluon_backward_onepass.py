@@ -10,7 +10,8 @@ consumer group of 64 keys:
 - the group waits for dV and dQ only (dK runs on), writes dQ (times the softmax scale) into its
   own float32 buffer and adds the buffer into the dQ accumulator by one TMA bulk reduce-add that
   nobody waits for until the buffer is written again, a tile later.
-K is read from the K tiles the groups hold. D 128 and 64, bf16 / fp16, stats by TMA.
+K is read from the K tiles the groups hold. With p_shared P^T goes to shared memory for dV's
+product instead of staying in registers while it runs. D 128 and 64, bf16 / fp16, stats by TMA.
 """
 
 from __future__ import annotations

@@ -195,9 +195,11 @@ def _onepass_suite() -> list[dict]:
             out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
                                  kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True,
                             dq_late=True))
-        for p_shared in (False, True):
-            out.append(dict(_bwd(shape, mask, f"gluon one pass{', P through shared memory' if p_shared else ''}",
-                                 kind="bwd_gluon_onepass"), stages=2, ds_buffers=2, p_shared=p_shared))
+        for ds_buffers, p_shared in ((2, False), (2, True), (3, True)):
+            label = f"gluon one pass{', P through shared memory' if p_shared else ''}" + \
+                (f", {ds_buffers} dS buffers" if ds_buffers != 2 else "")
+            out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=2, ds_buffers=ds_buffers,
+                            p_shared=p_shared))
     return out
 
 

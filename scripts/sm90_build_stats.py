@@ -298,7 +298,7 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
                 (False, False, True, False, True), (False, False, True, True, True), (True, False, True, False, True)):
             gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store, stats_tma=stats_tma,
                                  dq_tma=dq_tma, dq_late=late)
-        for stages, ds_buffers, p_shared in ((2, 2, False), (3, 2, False), (2, 3, False), (2, 2, True)):
+        for stages, ds_buffers, p_shared in ((2, 2, False), (3, 2, False), (2, 3, False), (2, 2, True), (2, 3, True)):
             gluon_backward_onepass(do, q, k, v, o, lse, mask, stages=stages, ds_buffers=ds_buffers, p_shared=p_shared)
     elif part == "gluonfwd":
         from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent

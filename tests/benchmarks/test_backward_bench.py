@@ -171,7 +171,7 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
         for x, r in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
             assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "fused", writer, stats_tma, dq_tma,
                                                                             late)
-    for stages, ds_buffers, p_shared in ((2, 2, False), (3, 2, False), (2, 3, False), (2, 2, True)):
+    for stages, ds_buffers, p_shared in ((2, 2, False), (3, 2, False), (2, 3, False), (2, 2, True), (2, 3, True)):
         got = gluon_backward_onepass(do16, q16, k16, v16, o, lse, mask, stages=stages, ds_buffers=ds_buffers,
                                      p_shared=p_shared)
         for x, r in ((got[0], want_dq), (got[1], want_dk), (got[2], want_dv)):
