@@ -92,10 +92,30 @@ def run_meta(device, kind: str, argv=None, prog: str | None = None) -> dict:
         "backend": env.get("backend"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([prog, *map(shlex.quote, argv)]).strip(),
-        # opt-in kernel switches that change what is measured
-        "env": {k: os.environ[k] for k in ("TILESCOPE_TMA", "TRITON_INTERPRET",
+        "commit": os.environ.get("TILESCOPE_COMMIT") or _git_head(),
+        # kernel switches that change what is measured
+        "env": {k: os.environ[k] for k in ("TILESCOPE_TMA", "TILESCOPE_WS", "TILESCOPE_GLUON",
+                                            "TILESCOPE_GLUON_TOKENS", "TRITON_INTERPRET",
                                             "CUDA_VISIBLE_DEVICES") if k in os.environ},
     }
+
+
+def _git_head() -> str | None:
+    """The checkout's commit (short hash, '+' where tracked files differ from it), or None where
+    there is no git checkout (a copy of the tree on a lent GPU: set TILESCOPE_COMMIT there)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
 # -- masks and FLOPs ----------------------------------------------------------------------------
