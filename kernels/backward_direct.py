@@ -99,12 +99,13 @@ class BackwardLaunches:
             if launch is not None:
                 launch(kernel, grid, dict(zip(kernel.arg_names, args)), step.cfg)
                 continue
-            step.direct(grid, args, aligned, lambda: _compile_launch(kernel, grid, args, options))
+            step.direct(grid, args, aligned, lambda: launch_positional(kernel, grid, args, options))
 
 
-
-def _compile_launch(kernel, grid, args, options):
-    """JITFunction.run's launch of args (what DirectLaunch keeps); refusals as _launch's."""
+def launch_positional(kernel, grid, args: list, options: dict):
+    """kernel[grid] on args in its parameter order, through Triton's JITFunction.run (what
+    DirectLaunch keeps from a first call), a launch the GPU cannot hold refused in one line
+    (kernels.runtime.resource_refusal)."""
     from .runtime import resource_refusal
 
     with resource_refusal():

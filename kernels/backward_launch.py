@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from .runtime import check_interpreter_tiles, choose_backend, interpreting, resource_refusal
+from .runtime import check_interpreter_tiles, choose_backend, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -29,7 +29,8 @@ from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG,  # noqa: E402,F401
                             BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
-from .backward_direct import GLUON, BackwardLaunches, launch_options, positional_args  # noqa: E402
+from .backward_direct import (GLUON, BackwardLaunches, launch_options, launch_positional,  # noqa: E402
+                              positional_args)
 from .device_cache import hold_if_capturing  # noqa: E402
 from .gluon_bwd_launch import gluon_backward_fits, prepare_gluon_backward  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
@@ -171,9 +172,7 @@ def _launch(kernel, grid: tuple, args: dict, cfg: BackwardConfig | None = None) 
     Returns:
         None. Raises KeyError when a parameter has no value, ValueError when args names one the
         kernel does not take."""
-    positional = positional_args(kernel, args)
-    with resource_refusal():
-        kernel[grid](*positional, **launch_options(cfg))
+    launch_positional(kernel, grid, positional_args(kernel, args), launch_options(cfg))
 
 
 def _descriptors_fit(*tensors) -> bool:
