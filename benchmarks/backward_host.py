@@ -56,7 +56,8 @@ def backward_overhead(device, calls: int, host_us, profile: bool = False) -> lis
             rec = {"mask": mask, "batch": b, "heads": h, "seq_len": n, "head_dim": d, "dtype": str(dtype),
                    "kernel": "gluon" if gluon_backward_fits(q, k, cfg, None) else "triton"}
             rec.update(host_us(fns, calls, device, rounds=rounds))
-            rec["in_backward_us"], rec["in_backward_of_us"] = _time_inside_backward(fns["ours_autograd"], calls, device)
+            rec["in_backward_us"], rec["in_backward_of_us"] = _time_inside_backward(fns["ours_autograd"], calls, device,
+                                                                                    host_us)
             rec["ours_over_sdpa"] = rec["ours_autograd"]["median_us"] / rec["sdpa_autograd"]["median_us"]
             records.append(rec)
             log(f"backward {mask:6s} B{b} H{h} N{n} D{d} ({rec['kernel']}): ours {rec['ours']['median_us']:.1f} us, "
@@ -73,34 +74,27 @@ def backward_overhead(device, calls: int, host_us, profile: bool = False) -> lis
     return records
 
 
-def _time_inside_backward(fn, calls: int, device) -> tuple:
+def _time_inside_backward(fn, calls: int, device, host_us) -> tuple:
     """(median µs per call inside FlashAttentionFunction.backward, median µs per whole call) over the
     same `calls` unsynchronised calls of fn (an autograd.grad through flash_attention's output),
-    after 20 warm-up calls; the inside timed where the engine runs it."""
+    timed as host_us times (one round after its warm-up calls); the inside timed where the engine
+    runs it."""
     import statistics
     import time
 
     from kernels.flash_ops import FlashAttentionFunction
 
     real = FlashAttentionFunction.backward
-    inside, whole = [], []
+    inside = []
 
     def timed(ctx, *grads):
         t0 = time.perf_counter_ns()
         result = real(ctx, *grads)
         inside.append(time.perf_counter_ns() - t0)
         return result
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(20 if device.type == "cuda" else 1):
-        fn()
-    sync()
     FlashAttentionFunction.backward = staticmethod(timed)
     try:
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            fn()
-            whole.append(time.perf_counter_ns() - t0)
+        whole = host_us({"whole": fn}, calls, device, rounds=1)["whole"]["median_us"]
     finally:
         FlashAttentionFunction.backward = staticmethod(real)
-    sync()
-    return statistics.median(inside) / 1e3, statistics.median(whole) / 1e3
+    return statistics.median(inside[-calls:]) / 1e3, whole      # the timed calls, not the warm-up ones

@@ -218,8 +218,9 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, 
 
 class OneKernelInputs(NamedTuple):
     """What a one-kernel backward probe (benchmarks.gluon_backward_fused, _onepass) launches on: the
-    contiguous inputs and their (64, D) descriptors, the rows' statistics (lse and delta, (B*H, 2, N_q) float32), the block plan, dK and
-    dV to write, the zeroed float32 dQ accumulator and its (64, D / 2) descriptor, the softmax scale."""
+    contiguous inputs and their (64, D) descriptors, the rows' statistics (lse and delta, (B*H, 2,
+    N_q) float32), the block plan, dK and dV to write, the zeroed float32 dQ accumulator and its
+    (64, D / 2) descriptor, the softmax scale."""
     q: torch.Tensor
     k: torch.Tensor
     q_desc: object

@@ -34,7 +34,6 @@ from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 from .gluon_backward import KEYS, load_tile, one_kernel_inputs
 
 
-
 @builtin
 def tma_reduce_add(tensor_desc, coord, value, _semantic=None):
     """value (registers) added into the descriptor's block at coord by one TMA bulk reduce-add.
