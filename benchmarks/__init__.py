@@ -95,7 +95,7 @@ def run_meta(device, kind: str, argv=None, prog: str | None = None) -> dict:
         "commit": os.environ.get("TILESCOPE_COMMIT") or _git_head(),
         # kernel switches that change what is measured
         "env": {k: os.environ[k] for k in ("TILESCOPE_TMA", "TILESCOPE_WS", "TILESCOPE_GLUON",
-                                            "TILESCOPE_GLUON_TOKENS", "TRITON_INTERPRET",
+                                            "TILESCOPE_GLUON_TOKENS", "TILESCOPE_BWD_ONEPASS", "TRITON_INTERPRET",
                                             "CUDA_VISIBLE_DEVICES") if k in os.environ},
     }
 

@@ -182,9 +182,10 @@ def _fused_suite() -> list[dict]:
 
 
 def _onepass_suite() -> list[dict]:
-    """bwdonepass: the one-pass Gluon backward (benchmarks.gluon_backward_onepass, FlashAttention-3's
-    order of products; P^T in registers or through shared memory), beside the fused probe's best
-    (dQ by TMA reduce-adds a tile late, D 128), the default and cuDNN, at D 128 and 64."""
+    """bwdonepass: the default (the one-pass Gluon kernel at D 128 on Hopper) beside the two Gluon
+    passes (what deterministic calls run), the one pass with a 3-deep (Q, dO) ring
+    (benchmarks.gluon_backward_onepass) and cuDNN, at D 128; at D 64 the default (the Triton
+    passes) beside the one pass."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
                         ((4, 16, 16, 16384, 128), "causal"), ((4, 16, 16, 4096, 128), "full"),
@@ -192,14 +193,10 @@ def _onepass_suite() -> list[dict]:
                         ((4, 16, 16, 4096, 64), "full"), ((4, 16, 16, 8192, 64), "causal")]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
         if shape[-1] == 128:
-            out.append(dict(_bwd(shape, mask, "gluon fused, dq by TMA reduce-adds a tile late, stats by TMA",
-                                 kind="bwd_gluon_fused"), stages=2, dq_writer=False, stats_tma=True, dq_tma=True,
-                            dq_late=True))
-        for ds_buffers, p_shared in ((2, False), (2, True), (3, True)):
-            label = f"gluon one pass{', P through shared memory' if p_shared else ''}" + \
-                (f", {ds_buffers} dS buffers" if ds_buffers != 2 else "")
-            out.append(dict(_bwd(shape, mask, label, kind="bwd_gluon_onepass"), stages=2, ds_buffers=ds_buffers,
-                            p_shared=p_shared))
+            out.append(dict(_bwd(shape, mask, "two Gluon passes (deterministic)"), two_pass=True))
+        for stages in ((3,) if shape[-1] == 128 else (2,)):
+            out.append(dict(_bwd(shape, mask, f"gluon one pass, {stages} stages", kind="bwd_gluon_onepass"),
+                            stages=stages))
     return out
 
 
@@ -270,8 +267,7 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_onepass":
         from .gluon_backward_onepass import gluon_backward_onepass
 
-        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"],
-                                              ds_buffers=v["ds_buffers"], p_shared=v.get("p_shared", False))
+        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"])
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 
@@ -285,7 +281,26 @@ def backward_call(v, device):
     cfg = None if v["bwd_cfg"] is None else BackwardConfig(**v["bwd_cfg"])
     if v.get("only"):
         return _one_pass(v["only"], lambda: flash_attention_backward(do, q, k, vv, o, lse, mask, config=cfg))
+    if v.get("two_pass"):
+        return _two_passes(lambda: flash_attention_backward(do, q, k, vv, o, lse, mask, config=cfg))
     return lambda: flash_attention_backward(do, q, k, vv, o, lse, mask, config=cfg)
+
+
+def _two_passes(call):
+    """call() with the Gluon backward as its two passes (TILESCOPE_BWD_ONEPASS=0 while it runs)."""
+    import os
+
+    def run():
+        old = os.environ.get("TILESCOPE_BWD_ONEPASS")
+        os.environ["TILESCOPE_BWD_ONEPASS"] = "0"
+        try:
+            return call()
+        finally:
+            if old is None:
+                del os.environ["TILESCOPE_BWD_ONEPASS"]
+            else:
+                os.environ["TILESCOPE_BWD_ONEPASS"] = old
+    return run
 
 
 def _one_pass(only: str, call):

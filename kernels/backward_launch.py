@@ -32,7 +32,7 @@ from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, IN
 from .backward_direct import (GLUON, BackwardLaunches, launch_options, launch_positional,  # noqa: E402
                               positional_args)
 from .device_cache import hold_if_capturing  # noqa: E402
-from .gluon_bwd_launch import gluon_backward_fits, prepare_gluon_backward  # noqa: E402
+from .gluon_bwd_launch import gluon_backward_fits, gluon_backward_one_pass, prepare_gluon_backward  # noqa: E402
 from .launch_cache import BoundedCache  # noqa: E402
 from .plan import PLAN_CACHE_BYTES, PLAN_CACHE_ENTRIES, PLAN_CACHE_ITEM_BYTES  # noqa: E402
 from .masks import MaskSpec, parse_mask  # noqa: E402
@@ -261,6 +261,7 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     bp = _interpreter_plan_ok(spec, b, h, n_q, n_k, cfg, q.device)
     hold_if_capturing(bp, q.device)     # a captured graph reads its lists after the cache drops it
     gluon = gluon_backward_fits(q, k, cfg, trace)
+    one_pass = gluon and not cfg.deterministic and gluon_backward_one_pass()
     # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
     # set on the device when some row's statistics are non-finite (no host read: capturable)
@@ -273,7 +274,7 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     gluon_offset = b * h * -(-n_q // PREPROCESS_ROWS)
     # the Gluon passes' arguments before any launch (no host work between the preprocess and them)
     run_gluon = prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h, scale * LOG2E, scale, trace,
-                                       gluon_offset) if gluon else None
+                                       gluon_offset, one_pass) if gluon else None
     if trace is not None:
         for step in _launch_steps(tensors, spec, scale, cfg, bp, gluon, dlse is not None, trace):
             if step is GLUON:
@@ -283,7 +284,7 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
         return dq, dk, dv
     ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()
     key = (tuple(q.shape), tuple(k.shape), q.stride(), k.stride(), v.stride(), o.stride(), do.stride(), q.dtype,
-           q.device, spec, scale, cfg, dlse is not None, gluon, not ptrs & 15)
+           q.device, spec, scale, cfg, dlse is not None, gluon, one_pass, not ptrs & 15)
     plan = _PLANNED.get(key)
     if plan is None or plan.bp is not bp:
         plan = _PLANNED.put(key, BackwardLaunches.build(

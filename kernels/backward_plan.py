@@ -43,7 +43,9 @@ class BackwardConfig:
     in two programs, each holding one accumulator (both compute the scores: 5 tile matmuls
     instead of 4, for half the registers). gluon: the passes run as kernels.gluon_bwd_kernel's
     Gluon kernels where the call fits them (kernels.gluon_bwd_launch), else as the Triton
-    kernel on these tiles; its tiles are fixed (GLUON_CONFIGS)."""
+    kernel on these tiles; its tiles are fixed (GLUON_CONFIGS). deterministic: the same bits run
+    to run (the Gluon backward as its two passes, not the one-pass kernel whose dQ reduce-adds land
+    in any order; also chosen by torch.use_deterministic_algorithms(True))."""
 
     block_m1: int
     block_n1: int
@@ -58,6 +60,7 @@ class BackwardConfig:
     dp_first: bool = False
     split_dkdv: bool = False
     gluon: bool = False
+    deterministic: bool = False
 
 
 # Tiles per padded head dim on CUDA for fp16/bf16: the fastest of the sweep in

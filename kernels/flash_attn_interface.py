@@ -14,7 +14,9 @@ window_size and causal become one mask (window_mask): (-1, -1) full, causal alon
 with or without causal sliding_window:L+1, both sides finite local:L,R (kernels.masks; -1 on one
 side is that side unbounded). Options the kernels do not implement are refused in one line
 (UNSUPPORTED), never ignored: dropout_p > 0, softcap != 0, alibi_slopes, rotary_cos / rotary_sin,
-cache_batch_idx, cache_leftpad. deterministic is accepted either way: our backward is deterministic.
+cache_batch_idx, cache_leftpad. deterministic=True gives a backward with the same bits run to run
+(BackwardConfig.deterministic: on Hopper at D 128 the Gluon backward's two passes instead of its
+one pass, whose dQ reduce-adds land in any order); elsewhere the backward is deterministic either way.
 return_attn_probs gives (out, softmax_lse, S_dmask) with S_dmask empty, as flash-attention returns
 it without dropout.
 """
@@ -110,7 +112,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             nheads % nheads_k == 0 (GQA / MQA); float16, bfloat16 or float32, headdim 1..256.
         dropout_p: 0.0 only. softmax_scale: None for 1 / sqrt(headdim).
         causal, window_size: the mask (window_mask), bottom-right aligned.
-        softcap: 0.0 only. alibi_slopes: None only. deterministic: either (the backward always is).
+        softcap: 0.0 only. alibi_slopes: None only. deterministic: a backward with the same bits
+            run to run (see the module's docstring).
         return_attn_probs: also return softmax_lse and S_dmask.
     Returns:
         out (batch_size, seqlen_q, nheads, headdim), a view; with return_attn_probs
@@ -118,14 +121,26 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     _refuse(dropout_p, softcap, alibi_slopes)
     _check_4d(q=q, k=k, v=v)
     mask = window_mask(causal, window_size, q.shape[1], k.shape[1])
-    from .flash import flash_attention
-
-    out = flash_attention(_bhnd(q), _bhnd(k), _bhnd(v), mask=mask, sm_scale=softmax_scale,
-                          return_lse=bool(return_attn_probs))
+    out = _attention(_bhnd(q), _bhnd(k), _bhnd(v), mask, softmax_scale, bool(return_attn_probs), deterministic)
     if not return_attn_probs:
         return _bhnd(out)
     out, lse = out
     return _bhnd(out), lse, q.new_empty((0,))
+
+
+def _attention(q, k, v, mask, sm_scale, return_lse: bool, deterministic: bool):
+    """kernels.flash_attention on (B, H, N, D) views; deterministic: its backward on the device's
+    default tiles with BackwardConfig.deterministic."""
+    from . import flash_ops
+    from .backward_plan import backward_config
+
+    cfg = None
+    if deterministic and q.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        import dataclasses
+
+        cfg = dataclasses.replace(backward_config(q.shape[3], q.dtype, q.device), deterministic=True)
+    return flash_ops.attention(q, k, v, mask, None, None, sm_scale, "natural", return_lse, None, None, None, None,
+                               bwd_config=cfg)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,

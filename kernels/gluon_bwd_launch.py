@@ -2,15 +2,18 @@
 the work on Hopper), and their launches.
 
 backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 128 the
-GLUON_CONFIGS tiles (BackwardConfig.gluon). Such a call runs the Gluon dK/dV and dQ passes after the
-Triton preprocess where it also has N_q and N_k of at least MIN_LEN, N_q a multiple of 4 (the
-statistics' TMA boxes start 16-byte aligned) and, if traced, tile and row tracing both on or both
-off; q, k, v and dO not contiguous are copied. Any other call with that config runs the Triton
-passes on the same tiles, so its trace buffers fit either. TILESCOPE_GLUON=0 turns it off (as for
-the forward: kernels.gluon_launch)."""
+GLUON_CONFIGS tiles (BackwardConfig.gluon). Such a call runs a Gluon backward after the Triton
+preprocess where it also has N_q and N_k of at least MIN_LEN, N_q a multiple of 4 (the statistics'
+TMA boxes start 16-byte aligned) and, if traced, tile and row tracing both on or both off; q, k, v
+and dO not contiguous are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel), or where
+torch asks for deterministic algorithms (or TILESCOPE_BWD_ONEPASS=0) the dK/dV and dQ passes. Any
+other call with that config runs the Triton passes on the same tiles, so its trace buffers fit
+either (the one pass leaves the dQ programs' records and tiles unwritten). TILESCOPE_GLUON=0 turns
+the Gluon backward off (as for the forward: kernels.gluon_launch)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -38,82 +41,119 @@ def gluon_backward_fits(q, k, cfg, trace) -> bool:
             and n_q % 4 == 0 and trace_ok)
 
 
+def gluon_backward_one_pass() -> bool:
+    """Whether a call that runs the Gluon backward (gluon_backward_fits) runs it as the one-pass
+    kernel (kernels.gluon_bwd_onepass_kernel): unless torch asks for deterministic algorithms
+    (torch.use_deterministic_algorithms: the two passes give the same bits run to run, the one
+    pass's dQ reduce-adds do not) or TILESCOPE_BWD_ONEPASS=0."""
+    return not torch.are_deterministic_algorithms_enabled() and os.environ.get("TILESCOPE_BWD_ONEPASS", "1") != "0"
+
+
 @dataclass(frozen=True)
 class GluonBackwardLaunch:
-    """A call shape's two Gluon launches (built once per shape, mask and flag; run per call)."""
+    """A call shape's Gluon launches (built once per shape, mask, flag and form; run per call): the
+    dK/dV and dQ passes, or the one-pass kernel (one_pass) into a float32 dQ accumulator."""
 
-    grids: tuple                        # dK/dV, dQ
-    args: tuple                         # each kernel's arguments, positionally; run() sets the per-call ones
-    slots: tuple                        # where in them: the per-call arguments (q_desc ... FLAG), the trace's
-    descriptors: tuple                  # Q/dO, K/V (dK/dV's), K/V (dQ's) and statistics descriptors, no base
+    grids: tuple                        # one per kernel
+    args: tuple                         # each kernel's arguments, positionally; prepare() sets the per-call ones
+    slots: tuple                        # where in them: the per-call arguments (PER_CALL's), the trace's (TRACED's)
+    descriptors: dict                   # name -> descriptor without a base (Q/dO, K/V, statistics, dQ accumulator)
     directs: tuple                      # DirectLaunch of each kernel
     traced: dict                        # (kernel index, tile tracing) -> DirectLaunch of a traced launch
     bp: object                          # the BackwardPlan whose lists the arguments hold
+    one_pass: bool
+
+    # each kernel's per-call arguments and trace arguments, by name (the dK/dV pass, the dQ pass, the one pass)
+    PER_CALL = {"dkdv": ("q_desc", "do_desc", "k_desc", "v_desc", "st_desc", "DK", "DV", "FLAG", "qk_scale",
+                         "sm_scale"),
+                "dq": ("q_desc", "do_desc", "k_desc", "v_desc", "DQ", "STATS", "FLAG", "qk_scale", "sm_scale"),
+                "one_pass": ("q_desc", "do_desc", "k_desc", "v_desc", "st_desc", "DK", "DV", "dqa_desc", "FLAG",
+                             "qk_scale", "sm_scale")}
+    TRACED = {"dkdv": ("tr_work", "tr_tiles", "head_slot", "TRACE_WORK", "TRACE_TILES"),
+              "dq": ("tr_work", "tr_tiles", "tr_rows", "head_slot", "TRACE_WORK", "TRACE_TILES"),
+              "one_pass": ("tr_work", "tr_tiles", "tr_rows", "head_slot", "TRACE_WORK", "TRACE_TILES")}
 
     @staticmethod
-    def build(q, k, bp) -> "GluonBackwardLaunch":
+    def build(q, k, bp, one_pass: bool) -> "GluonBackwardLaunch":
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         from .gluon_bwd_kernel import attn_bwd_dkdv_gluon_kernel, attn_bwd_dq_gluon_kernel
+        from .gluon_bwd_onepass_kernel import attn_bwd_onepass_gluon_kernel
 
         b, h, n_q, d = q.shape
         h_kv, n_k = k.shape[1], k.shape[2]
         kp, qp = bp.kv_plan, bp.q_plan
         gdtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         tile = lambda rows: gl.NVMMASharedLayout.get_default_for([rows, d], gdtype)  # noqa: E731
-        descriptors = (TensorDescriptor(q, [b * h * n_q, d], [d, 1], [64, d], tile(64)),
-                       TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
-                       TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [qp.block_n, d], tile(qp.block_n)),
-                       stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32)))
-        for desc in descriptors:
+        descriptors = dict(qo=TensorDescriptor(q, [b * h * n_q, d], [d, 1], [64, d], tile(64)),
+                           kv=TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
+                           st=stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32)))
+        if one_pass:
+            block = [64, d // 2]
+            descriptors["dqa"] = TensorDescriptor(q.new_empty((1,), dtype=torch.float32), [b * h * n_q, d], [d, 1],
+                                                  block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
+        else:
+            descriptors["kv_dq"] = TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [qp.block_n, d], tile(qp.block_n))
+        for desc in descriptors.values():
             desc.base = None            # the plan keeps no call's tensor
-        common = dict(FLAG=None, tr_work=None, tr_tiles=None, head_slot=None, H=h, GROUP=h // h_kv, N_Q=n_q, N_K=n_k,
-                      qk_scale=None, sm_scale=None, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, TRACE_WORK=False,
-                      TRACE_TILES=False)
-        dkdv = dict(common, q_desc=None, do_desc=None, k_desc=None, v_desc=None, st_desc=None, DK=None, DV=None,
-                    row_lo=kp.row_lo, row_hi=kp.row_hi, full_cnt=bp.kv_full_cnt, full_start=bp.kv_full_start,
-                    part_cnt=bp.kv_part_cnt, part_idx=bp.kv_part_idx, kv_order=bp.kv_order, n_qb=kp.n_qb,
-                    n_kb=kp.n_kb)
-        dq = dict(common, q_desc=None, do_desc=None, k_desc=None, v_desc=None, DQ=None, STATS=None, row_lo=qp.row_lo,
-                  row_hi=qp.row_hi, full_cnt=qp.full_cnt, full_start=qp.full_start, part_cnt=qp.part_cnt,
-                  part_idx=qp.part_idx, q_order=bp.q_order, tr_rows=None, n_qb=qp.n_qb, n_kb=qp.n_kb)
-        kernels = (attn_bwd_dkdv_gluon_kernel, attn_bwd_dq_gluon_kernel)
+        common = dict(FLAG=None, tr_work=None, tr_tiles=None, tr_rows=None, head_slot=None, H=h, GROUP=h // h_kv,
+                      N_Q=n_q, N_K=n_k, qk_scale=None, sm_scale=None, STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS,
+                      TRACE_WORK=False, TRACE_TILES=False, q_desc=None, do_desc=None, k_desc=None, v_desc=None)
+        kv_lists = dict(row_lo=kp.row_lo, row_hi=kp.row_hi, full_cnt=bp.kv_full_cnt, full_start=bp.kv_full_start,
+                        part_cnt=bp.kv_part_cnt, part_idx=bp.kv_part_idx, kv_order=bp.kv_order, n_qb=kp.n_qb,
+                        n_kb=kp.n_kb, st_desc=None, DK=None, DV=None)
+        if one_pass:
+            forms = (("one_pass", attn_bwd_onepass_gluon_kernel, dict(common, **kv_lists, dqa_desc=None),
+                      (b * h_kv * kp.n_kb,)),)
+        else:
+            forms = (("dkdv", attn_bwd_dkdv_gluon_kernel, dict(common, **kv_lists), (b * h_kv * kp.n_kb,)),
+                     ("dq", attn_bwd_dq_gluon_kernel, dict(
+                         common, DQ=None, STATS=None, row_lo=qp.row_lo, row_hi=qp.row_hi, full_cnt=qp.full_cnt,
+                         full_start=qp.full_start, part_cnt=qp.part_cnt, part_idx=qp.part_idx, q_order=bp.q_order,
+                         n_qb=qp.n_qb, n_kb=qp.n_kb), (b * h * qp.n_qb,)))
         # every argument by name (a changed kernel signature fails here, loudly)
-        args = tuple([named[name] for name in kernel.arg_names] for kernel, named in zip(kernels, (dkdv, dq)))
-        per_call = (("q_desc", "do_desc", "k_desc", "v_desc", "st_desc", "DK", "DV", "FLAG", "qk_scale", "sm_scale"),
-                    ("q_desc", "do_desc", "k_desc", "v_desc", "DQ", "STATS", "FLAG", "qk_scale", "sm_scale"))
-        traced = (("tr_work", "tr_tiles", "head_slot", "TRACE_WORK", "TRACE_TILES"),
-                  ("tr_work", "tr_tiles", "tr_rows", "head_slot", "TRACE_WORK", "TRACE_TILES"))
-        slots = tuple(tuple(k.arg_names.index(n) for n in names + more)
-                      for k, names, more in zip(kernels, per_call, traced))
-        return GluonBackwardLaunch(((b * h_kv * kp.n_kb,), (b * h * qp.n_qb,)), args, slots, descriptors,
-                                   (DirectLaunch(kernels[0]), DirectLaunch(kernels[1])), {}, bp)
+        args = tuple([named[name] for name in kernel.arg_names] for _, kernel, named, _ in forms)
+        slots = tuple(tuple(kernel.arg_names.index(n) for n in GluonBackwardLaunch.PER_CALL[form] +
+                            GluonBackwardLaunch.TRACED[form]) for form, kernel, _, _ in forms)
+        return GluonBackwardLaunch(tuple(grid for *_, grid in forms), args, slots, descriptors,
+                                   tuple(DirectLaunch(kernel) for _, kernel, _, _ in forms), {}, bp, one_pass)
 
     def prepare(self, q, k, v, do, stats, flag, dq, dk, dv, qk_scale: float, sm_scale: float, trace=None,
                 work_offset: int = 0):
-        """Both passes' arguments on this call's tensors; returns () -> None, their two launches
-        (see prepare_gluon_backward)."""
-        qo, ko, kn, st = self.descriptors
-        q_desc, do_desc = descriptor_on(qo, q), descriptor_on(qo, do)
-        st_desc = descriptor_on(st, stats)
-        values = ((q_desc, do_desc, descriptor_on(ko, k), descriptor_on(ko, v), st_desc, dk, dv, flag, qk_scale, sm_scale),
-                  (q_desc, do_desc, descriptor_on(kn, k), descriptor_on(kn, v), dq, stats, flag, qk_scale, sm_scale))
+        """The kernels' arguments on this call's tensors; returns () -> None, their launches (see
+        prepare_gluon_backward)."""
+        d = self.descriptors
+        q_desc, do_desc = descriptor_on(d["qo"], q), descriptor_on(d["qo"], do)
+        named = dict(q_desc=q_desc, do_desc=do_desc, k_desc=descriptor_on(d["kv"], k),
+                     v_desc=descriptor_on(d["kv"], v), st_desc=descriptor_on(d["st"], stats), DK=dk, DV=dv, DQ=dq,
+                     STATS=stats, FLAG=flag, qk_scale=qk_scale, sm_scale=sm_scale)
+        dq_acc = None
+        if self.one_pass:   # dQ (times the softmax scale) is added up in float32, then rounded into dq
+            dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
+            named["dqa_desc"] = descriptor_on(d["dqa"], dq_acc)
+            if trace is not None and trace.rows is not None:
+                trace.rows.zero_()      # the programs add their keys' share of each row's sum
+        forms = ("one_pass",) if self.one_pass else ("dkdv", "dq")
         launches = []
-        for i, (grid, direct) in enumerate(zip(self.grids, self.directs)):
+        for i, (form, grid, direct) in enumerate(zip(forms, self.grids, self.directs)):
             args, slots = self.args[i].copy(), self.slots[i]
-            for at, value in zip(slots, values[i]):
+            per_call = self.PER_CALL[form]
+            values = [named[n] for n in per_call]
+            if form == "dq":        # the dQ pass streams K and V in its own tiles
+                values[2:4] = descriptor_on(d["kv_dq"], k), descriptor_on(d["kv_dq"], v)
+            for at, value in zip(slots, values):
                 args[at] = value
             ptrs = 0
             if trace is not None:
                 tiles = trace.tiles_dkdv is not None
-                work = trace.work[work_offset + (0 if i == 0 else self.grids[0][0]):]
-                traced = (work, trace.tiles_dkdv if tiles else None, trace.head_slot if tiles else None, True, tiles) \
-                    if i == 0 else (work, trace.tiles_dq if tiles else None, trace.rows if tiles else None,
-                                    trace.head_slot if tiles else None, True, tiles)
-                for at, value in zip(slots[len(values[i]):], traced):
-                    args[at] = value
-                    ptrs |= value.data_ptr() if isinstance(value, torch.Tensor) else 0
+                work = trace.work[work_offset + (self.grids[0][0] if form == "dq" else 0):]
+                shown = dict(tr_work=work, tr_tiles=(trace.tiles_dq if form == "dq" else trace.tiles_dkdv) if tiles
+                             else None, tr_rows=trace.rows if tiles else None,
+                             head_slot=trace.head_slot if tiles else None, TRACE_WORK=True, TRACE_TILES=tiles)
+                for at, name in zip(slots[len(per_call):], self.TRACED[form]):
+                    args[at] = shown[name]
+                    ptrs |= shown[name].data_ptr() if isinstance(shown[name], torch.Tensor) else 0
                 # a traced launch's compiled kernel too (the recording's launch gaps are the product's)
                 direct = self.traced.get((i, tiles)) or self.traced.setdefault((i, tiles), DirectLaunch(direct.kernel))
             launches.append((direct, grid, args, not ptrs & 15))
@@ -122,6 +162,8 @@ class GluonBackwardLaunch:
             for direct, grid, args, aligned in launches:
                 kernel = direct.kernel
                 direct(grid, args, aligned, lambda: kernel[grid](*args, num_warps=4))
+            if dq_acc is not None:
+                dq.copy_(dq_acc)
         return launch
 
 
@@ -140,10 +182,11 @@ _LAUNCHES = BoundedCache(PLAN_CACHE_ENTRIES, PLAN_CACHE_BYTES, PLAN_CACHE_ITEM_B
 
 
 def prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_scale: float, sm_scale: float,
-                           trace=None, work_offset: int = 0):
-    """The Gluon dK/dV and dQ passes into dq, dk, dv, made ready to launch: their arguments are
+                           trace=None, work_offset: int = 0, one_pass: bool = False):
+    """The Gluon backward into dq, dk, dv, made ready to launch: the dK/dV and dQ passes, or with
+    one_pass the one-pass kernel (then dQ's float32 accumulator rounded into dq). The arguments are
     put together before the preprocess is launched, so the GPU does not wait on them between
-    the preprocess and the dK/dV pass.
+    the preprocess and the Gluon launches.
 
     Arguments:
         q, k, v, do: the call's (B, H, N_q, D) / (B, H_kv, N_k, D) tensors (copied where not
@@ -152,12 +195,14 @@ def prepare_gluon_backward(q, k, v, do, stats, flag, dq, dk, dv, bp, h: int, qk_
         dq, dk, dv: contiguous outputs like q, k, v; bp: the call's BackwardPlan (GLUON_CONFIGS tiles).
         h: query heads; qk_scale, sm_scale: the softmax scale times log2(e), and itself.
         trace: BackwardTraceBuffers or None; work_offset: the passes' first work record (after the
-            preprocess's).
+            preprocess's; the one pass writes the dK/dV programs' records only).
+        one_pass: the one-pass kernel (gluon_backward_one_pass said so).
     Returns:
-        () -> None: launches both passes (after the preprocess)."""
+        () -> None: launches the kernels (after the preprocess)."""
     q, k, v, do = (tma_aligned(t.contiguous()) for t in (q, k, v, do))
-    key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, bp.kv_plan.spec, bp.q_plan.block_n, flag is not None)
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, q.device, bp.kv_plan.spec, bp.q_plan.block_n, flag is not None,
+           one_pass)
     launch = _LAUNCHES.get(key)
     if launch is None or launch.bp is not bp:   # the lists a captured graph reads are the held plan's
-        launch = _LAUNCHES.put(key, GluonBackwardLaunch.build(q, k, bp))
+        launch = _LAUNCHES.put(key, GluonBackwardLaunch.build(q, k, bp, one_pass))
     return launch.prepare(q, k, v, do, stats, flag, dq, dk, dv, qk_scale, sm_scale, trace, work_offset)

@@ -223,7 +223,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.backward_atomic as backward_atomic
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_fused as gluon_fused
-    import benchmarks.gluon_backward_onepass as gluon_onepass
+    import kernels.gluon_bwd_onepass_kernel as gluon_onepass
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
     class Built:                # the Gluon backward kernels' launches, compiled
@@ -278,9 +278,12 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
         lse = torch.zeros(1, 2, n)
         cfg = GLUON_CONFIGS[128] if d == 128 else dataclasses.replace(GLUON_CONFIGS[128], num_warps=4)  # D 64: probed
-        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg)
-        trace = backward_trace_buffers(q, k, mask, (1,), config=cfg)
-        flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg, trace=trace)
+        for one_pass in ("1", "0"):         # the one pass, then the two passes (deterministic calls')
+            os.environ["TILESCOPE_BWD_ONEPASS"] = one_pass
+            flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg)
+            trace = backward_trace_buffers(q, k, mask, (1,), config=cfg)
+            flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg, trace=trace)
+        del os.environ["TILESCOPE_BWD_ONEPASS"]
     elif part == "gluonbwd":
         from benchmarks.gluon_backward import gluon_dkdv
         from benchmarks.gluon_backward_dq import gluon_dq
@@ -298,8 +301,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
                 (False, False, True, False, True), (False, False, True, True, True), (True, False, True, False, True)):
             gluon_backward_fused(do, q, k, v, o, lse, mask, dq_writer=writer, dq_store=store, stats_tma=stats_tma,
                                  dq_tma=dq_tma, dq_late=late)
-        for stages, ds_buffers, p_shared in ((2, 2, False), (3, 2, False), (2, 3, False), (2, 2, True), (2, 3, True)):
-            gluon_backward_onepass(do, q, k, v, o, lse, mask, stages=stages, ds_buffers=ds_buffers, p_shared=p_shared)
+        for stages in (2, 3):
+            gluon_backward_onepass(do, q, k, v, o, lse, mask, stages=stages)
     elif part == "gluonfwd":
         from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
 

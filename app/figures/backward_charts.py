@@ -98,7 +98,9 @@ def timeline_of(trace, sms=None):
 
     _need(trace)
     work = trace.bwd_work.assign(tile_traced=traced_item_mask(trace, "bwd_work"))
-    return backward_timeline(work, sms=int(sms or trace.meta.get("sm_count") or DEFAULT_SMS))
+    tl = backward_timeline(work, sms=int(sms or trace.meta.get("sm_count") or DEFAULT_SMS))
+    tl.attrs["one_pass"] = bool((trace.meta.get("backward") or {}).get("one_pass"))
+    return tl
 
 
 def lanes_chart(trace, sms=None):

@@ -38,6 +38,12 @@ __all__ = ["backward_timeline", "resident_slots", "backward_lanes_figure", "time
            "backward_flops_figure", "backward_memory_figure", "flop_unit", "PHASE_COLORS"]
 
 
+def phase_names(bwd_tl: pd.DataFrame) -> dict:
+    """PHASE_NAMES for this timeline: its dK/dV programs named dK·dV·dQ where they came from the
+    one-pass Gluon backward (attrs['one_pass'], set by backward_charts.timeline_of)."""
+    return {**PHASE_NAMES, "dkdv": "dK·dV·dQ (one pass)"} if bwd_tl.attrs.get("one_pass") else PHASE_NAMES
+
+
 def backward_timeline(bwd_work: pd.DataFrame, sms: int = 132) -> pd.DataFrame:
     """One row per backward program: phase, program, sm, t_start, t_end (from the backward's
     first program start) and the clock's unit. Measured ('ns') when every program has a time;
@@ -135,6 +141,7 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_hea
             row[launch.to_numpy()] = tl.loc[launch, "sm"].to_numpy() - 0.5 + (slot + 0.5) / slots
             height[launch.to_numpy()] = 1 / slots
     fig = go.Figure()
+    names = phase_names(bwd_tl)
     for phase in PHASE_ORDER:
         sel = (tl["phase"] == phase).to_numpy()
         p = tl[sel]
@@ -143,8 +150,8 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_hea
         fig.add_trace(go.Bar(
             y=row[sel], x=(p["t_end"] - p["t_start"]) / div, base=p["t_start"] / div, orientation="h",
             marker=dict(color=PHASE_COLORS[phase], line=dict(width=0)), width=height[sel],
-            name=f"{PHASE_NAMES[phase]} ({len(p):,} programs)", customdata=p[["program", "sm"]],
-            hovertemplate=f"{PHASE_NAMES[phase]} program " + "%{customdata[0]}<br>SM %{customdata[1]}<br>from "
+            name=f"{names[phase]} ({len(p):,} programs)", customdata=p[["program", "sm"]],
+            hovertemplate=f"{names[phase]} program " + "%{customdata[0]}<br>SM %{customdata[1]}<br>from "
                           "%{base:.3g}, %{x:.3g} long<extra></extra>"))
     if "tile_traced" in tl and tl["tile_traced"].any():
         sel = tl["tile_traced"].to_numpy(dtype=bool)
@@ -155,10 +162,10 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_hea
             name=f"{traced_label(traced_heads)}: {len(p):,} programs", hoverinfo="skip"))
     spans = {ph: (g["t_end"].max() - g["t_start"].min()) / div for ph, g in bwd_tl.groupby("phase")}
     unit = "tile-units" if bwd_tl.attrs.get("modelled", True) else "µs"
-    sub = " · ".join(f"{PHASE_NAMES[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
+    sub = " · ".join(f"{names[ph]} spans {spans[ph]:,.3g} {unit}" for ph in PHASE_ORDER if ph in spans)
     for before, after, idle in launch_gaps(bwd_tl):
-        short = PHASE_NAMES[before].split(" = ")[0]           # "D", not "D = rowsum(dO∘O)"
-        sub += (f" · GPU idle {idle / div:,.3g} {unit} between {short} and {PHASE_NAMES[after]}: "
+        short = names[before].split(" = ")[0]           # "D", not "D = rowsum(dO∘O)"
+        sub += (f" · GPU idle {idle / div:,.3g} {unit} between {short} and {names[after]}: "
                 "waiting for the next kernel's launch (one eager call)")
     if max(most.values(), default=1) > 1:
         sub += " · programs resident on one SM at once, stacked in its lane: up to " + ", ".join(
@@ -242,7 +249,7 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
     div, xtitle = _scale(bwd_tl)
     unit = "µs"
     fwd_span, bwd_span = (x / div for x in pass_spans(split))
-    labels = [f"{PHASE_NAMES[p]}" for p in split["phase"]]
+    labels = [phase_names(bwd_tl)[p] for p in split["phase"]]
     texts = [f"{s / div:,.3g} {unit}" for s in split["span"]]
     fig = go.Figure(go.Bar(y=labels, x=split["span"] / div, base=split["start"] / div, orientation="h",
                            marker_color=[PHASE_COLORS[p] for p in split["phase"]], text=texts,

@@ -75,6 +75,12 @@ if not has_backward(trace) and s.live:
 common.banner(src)
 
 meta = trace.meta
+if (meta.get("backward") or {}).get("one_pass"):
+    st.caption("This backward ran as **one pass** (FlashAttention-3's order, the Gluon kernel on Hopper): each "
+               "key block's program also works out every visited tile's dQ part and adds it into a float32 dQ "
+               "by one TMA reduce-add per tile and warpgroup, in whatever order the programs get there. So there "
+               "are no dQ programs below: 7 tile products per visible tile become 5. Deterministic calls "
+               "(`torch.use_deterministic_algorithms(True)`) run the two passes.")
 sh = shape_of(trace)
 est = trace_estimate(trace)
 m = common.metric_columns(5, s.present)

@@ -15,7 +15,7 @@ import torch
 
 from kernels import backend
 from kernels.backward import PREPROCESS_ROWS, backward_trace_buffers, flash_attention_backward
-from kernels.gluon_bwd_launch import gluon_backward_fits
+from kernels.gluon_bwd_launch import gluon_backward_fits, gluon_backward_one_pass
 
 # the decoders live with the forward's in raw_trace (no torch there: a watched job's decoding
 # process imports them); their names here keep working
@@ -67,7 +67,8 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
     traced = dict(tiles=bool(heads), rows=bool(heads))
     buffers = backward_trace_buffers(q, k, spec, heads, **traced)
     cfg, bp = buffers.config, buffers.plan
-    gluon = gluon_backward_fits(q, k, cfg, buffers)       # the Gluon passes run (Hopper), else the Triton kernel
+    gluon = gluon_backward_fits(q, k, cfg, buffers)       # the Gluon backward runs (Hopper), else the Triton kernel
+    one_pass = gluon and not cfg.deterministic and gluon_backward_one_pass()    # one kernel: no dQ programs
     call = dict(mask=spec, sm_scale=sm_scale, config=cfg)
     hw = backend() == "cuda" and q.device.type == "cuda"
     if hw:   # compile and load the traced kernels first: the recorded run's launches then follow each other
@@ -109,10 +110,13 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
         "delta": {"block_m": PREPROCESS_ROWS, "n_q_blocks": -(-n_q // PREPROCESS_ROWS)},
         "dkdv": grid(cfg.block_m1, cfg.block_n1, kp),
         "dq": grid(cfg.block_m2, cfg.block_n2, qp),
-        "programs": {"delta": buffers.n_delta, "dkdv": buffers.n_dkdv, "dq": buffers.n_dq},
-        "tiles_per_head": {"dkdv": bp.kv_tiles, "dq": bp.q_tiles},
-        "implementation": "gluon" if gluon else "triton",
-        "launches": "preprocess, Gluon dK/dV launch, Gluon dQ launch" if gluon else
+        "programs": {"delta": buffers.n_delta, "dkdv": buffers.n_dkdv, "dq": 0 if one_pass else buffers.n_dq},
+        "tiles_per_head": {"dkdv": bp.kv_tiles, "dq": 0 if one_pass else bp.q_tiles},
+        "implementation": "gluon one pass" if one_pass else "gluon" if gluon else "triton",
+        "one_pass": one_pass,
+        "launches": "preprocess, Gluon one-pass launch (its dK/dV programs add each tile's dQ into a float32 "
+        "accumulator), dQ rounded from it" if one_pass else
+        "preprocess, Gluon dK/dV launch, Gluon dQ launch" if gluon else
         "preprocess, then dK/dV and dQ in one launch (dQ programs after the dK/dV ones)"
         if cfg.one_launch else "preprocess, dK/dV launch, dQ launch",
         "clock": "globaltimer ns, relative to the earliest backward program start" if hw else

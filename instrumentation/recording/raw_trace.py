@@ -243,7 +243,9 @@ def _empty_rows() -> pd.DataFrame:
 
 
 def _decode_bwd_work(buffers, b, h, h_kv, hw) -> pd.DataFrame:
-    """bwd_work: phase, b, head, block, program, order, tiles, sm, t_start, t_end."""
+    """bwd_work: phase, b, head, block, program, order, tiles, sm, t_start, t_end. dQ programs that
+    wrote no record are left out: the one-pass Gluon kernel (kernels.gluon_bwd_onepass_kernel) has
+    none, its dK/dV programs add dQ."""
     bp, buf = buffers.plan, host(buffers.work)
     kp, qp = bp.kv_plan, bp.q_plan
     n_rows = buffers.n_delta // (b * h)
@@ -265,6 +267,8 @@ def _decode_bwd_work(buffers, b, h, h_kv, hw) -> pd.DataFrame:
         "tiles": np.concatenate([np.zeros(len(p_delta), np.int64), kv_tiles[k_block],
                                  qp.tiles_per_q_block[q_block]]).astype(np.int32),
     })
+    kept = ~((df["phase"] == "dq").to_numpy() & (buf == -1).all(axis=1))
+    df, buf = df[kept].reset_index(drop=True), buf[kept]
     # ties in start time: the earlier launch, then the lower program id
     return df.assign(**clock_columns(buf[:, 0], buf[:, 1], buf[:, 2], buf[:, 3], hw, np.arange(len(buf))))
 

@@ -1,7 +1,10 @@
-"""The Gluon backward passes (kernels.gluon_bwd_kernel): where they run, and on a Hopper GPU that
-their gradients equal float64 autograd for every mask kind, GQA, N_q != N_k, both dtypes (no worse than the Triton passes on the same tiles), that a traced call writes the trace the
-Triton passes write (and the same gradients), and that they replay in a CUDA graph. The
-interpreter cannot run Gluon: on the CPU only the decision is checked."""
+"""The Gluon backward (kernels.gluon_bwd_onepass_kernel, and kernels.gluon_bwd_kernel's two passes
+where torch asks for deterministic algorithms): where each runs, and on a Hopper GPU that their
+gradients equal float64 autograd for every mask kind, GQA, N_q != N_k, both dtypes (no worse than
+the Triton passes on the same tiles), that a traced call writes the trace the Triton passes write
+(the one pass: no dQ programs) and the same gradients (dQ of the one pass within rounding: its
+reduce-adds land in any order), and that they replay in a CUDA graph. The interpreter cannot run
+Gluon: on the CPU only the decision is checked."""
 
 import dataclasses
 
@@ -24,6 +27,15 @@ def gluon_gpu():
     """A Hopper GPU with Gluon, else the test skips (the gpu marker skips it without CUDA first)."""
     if not gluon_available(torch.device("cuda")):
         pytest.skip("needs Hopper and Gluon")
+
+
+@pytest.fixture(params=["one pass", "two passes"])
+def form(request, monkeypatch):
+    """The Gluon backward's form under test: the one pass (the default), or the two passes
+    (deterministic calls'; chosen here by TILESCOPE_BWD_ONEPASS=0)."""
+    if request.param == "two passes":
+        monkeypatch.setenv("TILESCOPE_BWD_ONEPASS", "0")
+    return request.param
 
 
 @pytest.fixture
@@ -74,10 +86,24 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     assert not gbl.gluon_backward_fits(q, q, cfg, None) and not backward_config(128, torch.bfloat16, "cuda").gluon
 
 
+def test_the_one_pass_unless_deterministic_algorithms_are_asked_for(monkeypatch):
+    from kernels.gluon_bwd_launch import gluon_backward_one_pass
+
+    assert gluon_backward_one_pass()
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert not gluon_backward_one_pass()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    monkeypatch.setenv("TILESCOPE_BWD_ONEPASS", "0")
+    assert not gluon_backward_one_pass()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (128, torch.float16)])
-def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, gluon_gpu, gluon_launches):
+def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, form, gluon_gpu, gluon_launches):
     triton_tiles = dataclasses.replace(GLUON_CONFIGS[d], gluon=False)
     for i, (b, h, h_kv, n_q, n_k) in enumerate(SHAPES):
         if mask.startswith("document") and n_q != n_k:
@@ -85,18 +111,18 @@ def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, g
         q, k, v, do = make(b, h, h_kv, n_q, n_k, d, dtype, "cuda", seed=i)
         ran = len(gluon_launches)
         got = ours(q, k, v, do, mask)
-        assert len(gluon_launches) == ran + 1, "the default backward did not run the Gluon passes"
+        assert len(gluon_launches) == ran + 1, "the default backward did not run the Gluon backward"
         base = ours(q, k, v, do, mask, bwd_config=triton_tiles)
         ref = float64_grads(q, k, v, do, mask)
         for name, x, y, r in zip(("dq", "dk", "dv"), got[1:], base[1:], ref[1:]):
             assert torch.isfinite(x).all(), (mask, n_q, n_k, name)
             err, err_triton = rel_err(x, r), rel_err(y, r)
-            assert err < 2e-2 and err <= 2 * err_triton + 1e-3, (mask, n_q, n_k, name, err, err_triton)
+            assert err < 2e-2 and err <= 2 * err_triton + 1e-3, (form, mask, n_q, n_k, name, err, err_triton)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["causal", "sliding_window:200"])
-def test_traced_call_writes_the_trace_and_the_same_gradients(mask, gluon_gpu, gluon_launches):
+def test_traced_call_writes_the_trace_and_the_same_gradients(mask, form, gluon_gpu, gluon_launches):
     b, h, h_kv, n_q, n_k, d = 1, 4, 2, 1300, 700, 128
     q, k, v, do = make(b, h, h_kv, n_q, n_k, d, torch.bfloat16, "cuda", seed=3)
     o, lse = flash_attention(q, k, v, mask, return_lse=True)
@@ -106,9 +132,14 @@ def test_traced_call_writes_the_trace_and_the_same_gradients(mask, gluon_gpu, gl
     assert tr.config == GLUON_CONFIGS[d]
     traced = flash_attention_backward(do, q, k, v, o, lse, mask, trace=tr)
     assert len(gluon_launches) == 2
-    assert all(torch.equal(x, y) for x, y in zip(plain, traced))
+    one_pass = form == "one pass"
+    assert torch.equal(plain[1], traced[1]) and torch.equal(plain[2], traced[2])
+    assert torch.equal(plain[0], traced[0]) if not one_pass else rel_err(plain[0], traced[0].cpu().double()) < 1e-3
     work = tr.work[tr.n_delta:].cpu().numpy()
     assert len(work) == tr.n_dkdv + tr.n_dq
+    if one_pass:        # the dQ programs' records stay unwritten
+        assert (work[tr.n_dkdv:] == -1).all() and (tr.tiles_dq == -1).all()
+        work = work[:tr.n_dkdv]
     assert (work[:, 1] >= 0).all() and (work[:, 2] > 0).all() and (work[:, 3] >= work[:, 2]).all()
     kp, qp = tr.plan.kv_plan, tr.plan.q_plan
     group = h // h_kv
@@ -120,7 +151,7 @@ def test_traced_call_writes_the_trace_and_the_same_gradients(mask, gluon_gpu, gl
             n = len(seen)
             assert np.array_equal(seen, np.arange(n) + (head % group) * n), (head, kb)
         dq = tr.tiles_dq[slot].cpu().numpy()
-        assert np.array_equal(dq >= 0, qp.block_map != SKIPPED)
+        assert np.array_equal(dq >= 0, qp.block_map != SKIPPED) or one_pass
         for qb in range(qp.n_qb):
             assert np.array_equal(np.sort(dq[qb][dq[qb] >= 0]), np.arange((dq[qb] >= 0).sum()))
         sees = (kp.row_lo <= kp.row_hi).cpu().numpy()
@@ -129,7 +160,7 @@ def test_traced_call_writes_the_trace_and_the_same_gradients(mask, gluon_gpu, gl
 
 
 @pytest.mark.gpu
-def test_replays_in_a_cuda_graph(gluon_gpu, gluon_launches):
+def test_replays_in_a_cuda_graph(form, gluon_gpu, gluon_launches):
     q, k, v, do = make(2, 4, 2, 1024, 1024, 128, torch.bfloat16, "cuda", seed=5)
     o, lse = flash_attention(q, k, v, "causal", return_lse=True)
     want = flash_attention_backward(do, q, k, v, o, lse, "causal")
@@ -149,4 +180,34 @@ def test_replays_in_a_cuda_graph(gluon_gpu, gluon_launches):
     graph.replay()
     torch.cuda.synchronize()
     assert len(gluon_launches) == 3
-    assert all(torch.equal(x, y) for x, y in zip(grads, want))
+    assert torch.equal(grads[1], want[1]) and torch.equal(grads[2], want[2])
+    assert torch.equal(grads[0], want[0]) if form == "two passes" else rel_err(grads[0], want[0].cpu().double()) < 1e-3
+
+
+@pytest.mark.gpu
+def test_deterministic_calls_run_the_two_passes_and_repeat_their_bits(gluon_gpu, monkeypatch):
+    """flash_attn_func(deterministic=True) and torch.use_deterministic_algorithms(True) take the two
+    passes (the same bits run to run); a plain call the one pass."""
+    import kernels.backward_launch as kb
+    from kernels.flash_attn_interface import flash_attn_func
+
+    forms = []
+    real = kb.prepare_gluon_backward
+    monkeypatch.setattr(kb, "prepare_gluon_backward", lambda *a, **kw: forms.append(a[15]) or real(*a, **kw))
+    q, k, v, do = make(2, 4, 2, 1024, 1024, 128, torch.bfloat16, "cuda", seed=7)
+    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))     # flash-attention's (B, N, H, D)
+    do = do.transpose(1, 2)
+
+    def grads(deterministic):
+        return torch.autograd.grad(flash_attn_func(q, k, v, causal=True, deterministic=deterministic), (q, k, v), do)
+    first, second = grads(True), grads(True)
+    assert forms == [False, False] and all(torch.equal(a, b) for a, b in zip(first, second))
+    plain = grads(False)
+    assert forms[-1] is True and all(rel_err(a, b.cpu().double()) < 1e-2 for a, b in zip(plain, first))
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        grads(False)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert forms[-1] is False

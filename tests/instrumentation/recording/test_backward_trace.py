@@ -32,10 +32,14 @@ def check_tables(trace, q, k, v, mask, heads):
     spec = parse_mask(mask, n_q, n_k)
     bwd = trace.meta["backward"]
     work, tiles, rows = trace.bwd_work, trace.bwd_tiles, trace.bwd_rows
-    # one work row per program of each phase, the order a permutation of them all
+    # one work row per program of each phase, the order a permutation of them all (the one-pass
+    # Gluon kernel has no dQ programs: its dK/dV programs add dQ)
+    one_pass = bool(bwd.get("one_pass"))
+    assert one_pass == (bwd["implementation"] == "gluon one pass") and bwd["programs"]["dq"] == (0 if one_pass else
+                                                                                                 len(work[work.phase == "dq"]))
     assert sorted(work["order"]) == list(range(len(work)))
     expect = {"delta": (b, h, bwd["delta"]["n_q_blocks"]), "dkdv": (b, h_kv, bwd["dkdv"]["n_k_blocks"]),
-              "dq": (b, h, bwd["dq"]["n_q_blocks"])}
+              "dq": (b, h, 0 if one_pass else bwd["dq"]["n_q_blocks"])}
     maps = {p: spec.block_map(n_q, bwd[p]["block_m"], bwd[p]["block_n"], n_k) for p in ("dkdv", "dq")}
     for phase, (nb, nh, nblk) in expect.items():
         w = work[work.phase == phase]
@@ -49,7 +53,7 @@ def check_tables(trace, q, k, v, mask, heads):
         bb, hh = divmod(bh, h)
         for phase in ("dkdv", "dq"):
             t = tiles[(tiles.phase == phase) & (tiles.b == bb) & (tiles["head"] == hh)]
-            visible = sorted(zip(*np.nonzero(maps[phase])))
+            visible = sorted(zip(*np.nonzero(maps[phase]))) if phase == "dkdv" or not one_pass else []
             assert sorted(zip(t.q_block, t.k_block)) == visible, (mask, phase, bh)   # each once
             assert (t.kv_head == hh // group).all()
         # a dK/dV program: its key block's query blocks in increasing order (the Gluon passes: the
@@ -57,10 +61,11 @@ def check_tables(trace, q, k, v, mask, heads):
         t = tiles[(tiles.phase == "dkdv") & (tiles.b == bb) & (tiles["head"] == hh)]
         for kb, col in t.groupby("k_block"):
             col = col.sort_values("order")
-            if bwd.get("implementation") == "gluon":
+            if bwd["implementation"].startswith("gluon"):
                 column = maps["dkdv"][:, kb]
                 assert list(col.q_block) == list(np.nonzero(column == FULL)[0]) + list(np.nonzero(column == PARTIAL)[0])
-            assert col.q_block.is_unique and (col.q_block.is_monotonic_increasing or bwd.get("implementation") == "gluon")
+            assert col.q_block.is_unique and (col.q_block.is_monotonic_increasing or
+                                              bwd["implementation"].startswith("gluon"))
             first = (hh % group) * (maps["dkdv"][:, kb] != 0).sum()
             assert list(col.order) == list(range(first, first + len(col))), (mask, kb)
             w = dkdv_w[(dkdv_w.b == bb) & (dkdv_w["head"] == hh // group) & (dkdv_w.block == kb)]

@@ -1,0 +1,252 @@
+"""The Hopper backward in one Gluon kernel, FlashAttention-3's order of products (measured against
+the two Gluon passes and cuDNN: benchmarks.kernel_probe --suite bwdonepass, docs/performance.md).
+kernels.gluon_bwd_launch launches it after kernels.backward_kernel's preprocess (the statistics
+STATS: (B*H, 2, N_q) float32, lse * log2(e) with +inf where a row sees no key, then delta) into a
+zeroed float32 dQ accumulator, which the launch then rounds into dQ.
+
+One program per (b * H_kv + kv head, key block of 128 keys), three partitions: the dK/dV pass's
+producer warp (kernels.gluon_bwd_kernel: K and V once, then each tile's Q, dO, lse and delta by
+TMA) and two consumer warpgroups of 64 keys. Per tile (64 query rows of one query head of the
+group) and warpgroup:
+- S^T = K Q^T and dP^T = V dO^T are issued together, dV += P^T dO as soon as P^T is known;
+- dS^T goes to shared memory (dK's and dQ's products read it there), then dQ's product and
+  dK += dS^T Q are issued back to back: dQ[:, this group's half of D] = dS K[:, half] over the
+  tile's 128 keys (both groups' dS, so each waits for the other's);
+- the group waits for dV and dQ only (dK runs on), writes dQ (times the softmax scale) into its
+  own float32 buffer and adds the buffer into the accumulator by one TMA bulk reduce-add that
+  nobody waits for until the buffer is written again, a tile later.
+dQ's product reads K from the K tiles the groups hold. The reduce-adds reach a row of dQ in the
+order the programs run, so dQ is not bit-reproducible run to run (the two passes are:
+kernels.gluon_bwd_launch runs them where torch asks for deterministic algorithms).
+
+Partial tiles apply each query row's key interval; rows past N_q take lse = +inf and delta = 0
+(P = dS = 0: their dQ parts add zeros). FLAG (the preprocess's marked-row flag, or None): when set,
+every program runs no tile, stores zero dK, dV and adds nothing; the Triton kernel's finite-row run
+(launched after) writes the gradients. Traced variants write kernels.backward_launch's
+BackwardTraceBuffers: each program's SM and globaltimer span (TRACE_WORK), the traced heads' visit
+order (warpgroup 0) and the row sums of the recomputed P, every value added into the zeroed rows
+by float32 atomics (TRACE_TILES). D 128 (64 too: slower than the Triton passes), bf16 / fp16.
+"""
+
+from triton._C.libtriton import ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+from .gluon_bwd_kernel import KEYS, _dkdv_producer, key_block_item, key_visible, record_program, store_dkdv
+from .gluon_fwd_kernel import _globaltimer, list_block, wgmma_layout
+
+DS_BUFFERS = gl.constexpr(2)   # the dS ring: a group writes tile i's dS once both groups' dQ products of i - 2 are done
+
+
+@builtin
+def tma_reduce_add_shared(tensor_desc, coord, src, _semantic=None):
+    """src (shared memory, the descriptor's block and layout) added into the descriptor's block at
+    coord by one TMA bulk reduce-add, committed as a bulk group and not waited for
+    (`tma.store_wait` waits until the copy has read src). Triton 3.6's Gluon builder has the op
+    but no Python name for it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _dq_product(ds_buf, k_lo, k_hi):
+    """dS K[:, half] over the tile's 128 keys (both groups' dS^T in ds_buf), issued as two products
+    of 64 keys, K read from the K tiles the groups hold (no second copy of K)."""
+    BLOCK_M: gl.constexpr = ds_buf.shape[1]
+    HALF: gl.constexpr = k_lo.shape[1]
+    tok = warpgroup_mma(ds_buf.slice(0, KEYS).permute((1, 0)), k_lo,
+                        gl.zeros([BLOCK_M, HALF], gl.float32, wgmma_layout(HALF)), use_acc=False, is_async=True)
+    return warpgroup_mma(ds_buf.slice(KEYS, KEYS).permute((1, 0)), k_hi, tok, is_async=True)
+
+
+@gluon.jit
+def _add_dq(row, col, dq, dq_buf, dqa_desc, sm_scale):
+    """A dQ part (registers) added to the accumulator's block at (row, col) through this group's
+    buffer. Rows past N_q hold zeros (dS is 0 there): added into the next head's rows."""
+    tma.store_wait(0)                       # the last tile's reduce-add has read the buffer
+    dq_buf.store(dq * sm_scale)
+    fence_async_shared()
+    tma_reduce_add_shared(dqa_desc, [row, col], dq_buf)
+
+
+@gluon.jit
+def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full, full_start,
+              part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, tr_tiles, tr_rows, head_slot, n_qb, n_kb,
+              WG: gl.constexpr, TRACED: gl.constexpr):
+    """A warpgroup's 64 keys against every item's (Q, dO) tile, its dQ parts added as they come,
+    then its dK (times the softmax scale) and dV rows. TRACED: a traced head's visit numbers
+    (warpgroup 0) and its rows' sums of the recomputed P over this group's keys."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    HALF: gl.constexpr = HEAD_DIM // 2
+    NB: gl.constexpr = ds_smem.shape[0]
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
+    kv_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
+    keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))     # (KEYS,) this group's keys
+    cols = gl.arange(0, BLOCK_M, col_vec)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    k = k_smem.index(WG)
+    v = v_smem.index(WG)
+    k_lo = k_smem.index(0).slice(WG * HALF, HALF, dim=1)      # K[:, this group's half of D], keys 0-63
+    k_hi = k_smem.index(1).slice(WG * HALF, HALF, dim=1)      # keys 64-127
+    dq_buf = dq_smem.index(WG)
+    mbarrier.wait(kv_bar, 0)
+    for it in range(n_items):
+        s = it % STAGES
+        t = it % n_tiles
+        q_block = list_block(t, n_full, full_start, part_list)
+        rows = q_block * BLOCK_M + cols                                     # (BLOCK_M,) query rows
+        row_ok = rows < N_Q
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        q = q_smem.index(s)
+        do = do_smem.index(s)
+        s_tok = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
+                              is_async=True)                                 # S^T
+        dp_tok = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
+                               is_async=True)                                # dP^T
+        lse2 = lse_smem.index(s).load(col_vec)          # rows past N_q (partial tiles only): P = 0
+        if t >= n_full:
+            lse2 = gl.where(row_ok, lse2, float("inf"))
+        st = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
+        if t >= n_full:     # a partial tile: each query row's key interval
+            p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
+        if TRACED:          # a traced head's rows' sums: every P value added where it stands (a sum across
+            # the warpgroup's warps would need shared memory and more registers)
+            hslot = gl.load(head_slot + head0 + it // n_tiles).to(gl.int64)
+            if hslot >= 0:
+                at = tr_rows + hslot * N_Q + rows[None, :] + gl.zeros([KEYS, 1], gl.int64, s_layout)
+                gl.atomic_add(at, p, mask=row_ok[None, :])
+        p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
+        dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
+        delta = delta_smem.index(s).load(col_vec)
+        if t >= n_full:
+            delta = gl.where(row_ok, delta, 0.0)
+        dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
+        ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
+        # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer once both groups' dQ products
+        # of item it - NB have read it, then dQ's product and dK's, back to back
+        ds_mine = ds_smem.index(it % NB).slice(WG * KEYS, KEYS)
+        row = (head0 + it // n_tiles) * N_Q + q_block * BLOCK_M             # the tile's first row in dQ
+        mbarrier.wait(ds_free.index(it % NB), ((it // NB) & 1) ^ 1)
+        ds_mine.store(ds)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(it % NB), count=1)
+        mbarrier.wait(ds_ready.index(it % NB), (it // NB) & 1)
+        dq_tok = _dq_product(ds_smem.index(it % NB), k_lo, k_hi)            # dQ[:, this group's half of D]
+        dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
+        dq = warpgroup_mma_wait(1, deps=(dq_tok,))                           # dV and dQ done, dK runs on
+        mbarrier.arrive(ds_free.index(it % NB), count=1)
+        _add_dq(row, WG * HALF, dq, dq_buf, dqa_desc, sm_scale)
+        dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
+        mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
+        if TRACED:
+            if WG == 0:
+                if hslot >= 0:
+                    gl.store(tr_tiles + (hslot * n_qb + q_block) * n_kb + kb, it)
+    tma.store_wait(0)
+    store_dkdv(DK, DV, dk, dv, key0 + WG * KEYS, dkv_row + WG * KEYS, N_K, sm_scale)
+
+
+# a partition's constexprs are fixed in a wrapper (warp_specialize passes values only, and no None)
+@gluon.jit
+def _consumer0(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+               empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full, full_start,
+               part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full, full_start,
+              part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0, 0, 0, 0, 0, 0, False)
+
+
+@gluon.jit
+def _consumer1(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+               empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full, full_start,
+               part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row):
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full, full_start,
+              part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, 0, 0, 0, 0, 0, 1, False)
+
+
+@gluon.jit
+def _consumer0_traced(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar,
+                      ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full,
+                      full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, tr_tiles, tr_rows, head_slot,
+                      n_qb, n_kb):
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full, full_start,
+              part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, tr_tiles, tr_rows, head_slot, n_qb, n_kb, 0, True)
+
+
+@gluon.jit
+def _consumer1_traced(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar,
+                      ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full,
+                      full_start, part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, tr_tiles, tr_rows, head_slot,
+                      n_qb, n_kb):
+    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar, ready,
+              empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full, full_start,
+              part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, tr_tiles, tr_rows, head_slot, n_qb, n_kb, 1, True)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, dqa_desc, FLAG, row_lo, row_hi,
+                                  full_cnt, full_start, part_cnt, part_idx, kv_order, tr_work, tr_tiles, tr_rows,
+                                  head_slot, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, STAGES: gl.constexpr,
+                                  CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
+    """One program per (b * H_kv + kv head, key block kv_order[...]). Descriptors and lists as
+    kernels.gluon_bwd_kernel's dK/dV kernel's; dqa_desc: the zeroed (B*H*N_q, D) float32 dQ
+    accumulator in (64, D / 2) blocks (dQ times the softmax scale is added); FLAG: the marked-row
+    flag or None; tr_work, tr_tiles, tr_rows, head_slot: the trace buffers (None untraced; tr_rows
+    zeroed)."""
+    if TRACE_WORK:
+        t_start = _globaltimer()
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    kb, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
+    n_items = n_tiles * GROUP
+    if FLAG is not None:    # a marked row: the finite-row run does the work
+        n_items = n_items * (gl.load(FLAG) == 0).to(gl.int32)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * KEYS, BLOCK_M], q_desc.dtype)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [DS_BUFFERS, 2 * KEYS, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqa_desc.block_type.shape, dqa_desc.layout)  # per group
+    lse_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
+    delta_smem = gl.allocate_shared_memory(st_desc.dtype, [STAGES, BLOCK_M], st_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFFERS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)          # both consumers release a (Q, dO) stage
+    for i in gl.static_range(DS_BUFFERS):
+        mbarrier.init(ds_ready.index(i), count=2)       # both groups' dS^T written
+        mbarrier.init(ds_free.index(i), count=2)        # both groups' dQ products done with it
+    consumer_args = (DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, ds_smem, dq_smem, kv_bar,
+                     ready, empty, ds_ready, ds_free, lse_smem, delta_smem, head0, key0, kb, n_tiles, n_items, n_full,
+                     first_full, part_list, N_Q, N_K, qk_scale, sm_scale, kv_row)
+    producer_args = (q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                     kv_bar, ready, empty, kv_row, head0, n_tiles, n_items, n_full, first_full, part_list, N_Q)
+    if TRACE_TILES:
+        traced_args = consumer_args + (tr_tiles, tr_rows, head_slot, n_qb, n_kb)
+        gl.warp_specialize([(_consumer0_traced, traced_args), (_consumer1_traced, traced_args),
+                            (_dkdv_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args),
+                            (_dkdv_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
+    if TRACE_WORK:
+        record_program(tr_work, t_start)
