@@ -14,7 +14,9 @@ DEFAULT_SMS = 132
 # how a backward kernel orders a dK/dV program's tiles where not top to bottom (meta.backward's
 # 'implementation'; the Triton kernel walks its query blocks in increasing order)
 DKDV_ORDER = {"gluon": "the Gluon dK·dV pass takes its key block's full tiles first, then the partial ones "
-                       "on the mask's edge"}
+                       "on the mask's edge",
+              "gluon one pass": "the one-pass Gluon kernel's key-block programs (they add dQ too) take their full "
+                                "tiles first, then the partial ones on the mask's edge"}
 NO_BACKWARD = ("this trace has only the forward; the backward charts draw a trace recorded with "
                "record(..., backward=True) or `python -m instrumentation.record_cli --backward`")
 

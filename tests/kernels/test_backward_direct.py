@@ -73,11 +73,21 @@ def test_a_plan_follows_its_block_plan():
 def test_gpu_planned_backward_equals_triton_run(monkeypatch, d):
     """On the GPU: after a shape's first call, its launches go direct (the Triton steps' compiled
     kernels kept), bit for bit what every launch through JITFunction.run gives; an unaligned dO
-    takes run's path (another specialisation) and agrees; a captured call replays right."""
+    takes run's path (another specialisation) and agrees; a captured call replays right. (dQ of
+    the one-pass Gluon backward, D 128 on Hopper, comes from reduce-adds in any order: equal within
+    rounding, dK and dV bit for bit.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (run on the lent GPU)")
     import kernels.backward_launch as kb
     from kernels.backward_direct import TritonStep
+    from kernels.gluon_bwd_launch import gluon_backward_config, gluon_backward_one_pass
+
+    one_pass = gluon_backward_config(d, torch.bfloat16, torch.device("cuda")) and gluon_backward_one_pass()
+
+    def same(got, want):
+        return (all(torch.equal(x, y) for x, y in zip(got[1:], want[1:])) and
+                (torch.equal(got[0], want[0]) if not one_pass else
+                 ((got[0].float() - want[0].float()).norm() / want[0].float().norm()).item() < 1e-3))
 
     for mask, h_kv, n_k in (("causal", 8, 1024), ("full", 2, 768), ("sliding_window:200", 8, 1024)):
         q, k, v, do = _inputs(1, 8, h_kv, 1024, n_k, d, seed=d, device="cuda", dtype=torch.bfloat16)
@@ -93,7 +103,7 @@ def test_gpu_planned_backward_equals_triton_run(monkeypatch, d):
             m.setattr(direct_launch, "_STATE", [None])                  # every launch through run
             kb._PLANNED.clear()
             via_run = flash_attention_backward(do2, q2, k2, v2, o2, lse2, mask)
-        assert all(torch.equal(x, y) for x, y in zip(direct, via_run)), mask
+        assert same(direct, via_run), mask
         do_odd = torch.empty(do2.numel() + 1, device="cuda", dtype=do2.dtype)[1:].view_as(do2)
         do_odd.copy_(do2)                                               # 2 bytes past a 16-byte boundary
         odd = flash_attention_backward(do_odd, q2, k2, v2, o2, lse2, mask)
@@ -109,8 +119,7 @@ def test_gpu_planned_backward_equals_triton_run(monkeypatch, d):
         t.copy_(new)
     graph.replay()
     torch.cuda.synchronize()
-    assert all(torch.equal(x, y) for x, y in zip(captured, flash_attention_backward(do2, q2, k2, v2, o2, lse2,
-                                                                                    "causal")))
+    assert same(captured, flash_attention_backward(do2, q2, k2, v2, o2, lse2, "causal"))
 
 
 def test_plans_are_bounded_as_their_block_plans(monkeypatch):

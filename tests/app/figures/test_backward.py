@@ -249,9 +249,10 @@ def test_tile_order_says_the_gluon_passes_order_and_it_is_what_they_recorded():
     from instrumentation.trace import Trace
 
     trace = Trace.load(BUNDLED)
-    assert trace.meta["backward"]["implementation"] == "gluon"
+    implementation = trace.meta["backward"]["implementation"]
+    assert implementation in ("gluon", "gluon one pass")
     subtitle = order_chart(trace).layout.title.subtitle.text.replace("<br>", " ")
-    assert " ".join(DKDV_ORDER["gluon"].split()) in " ".join(subtitle.split())
+    assert " ".join(DKDV_ORDER[implementation].split()) in " ".join(subtitle.split())
     s, (bm, bn) = trace.meta["shape"], phase_blocks(trace.meta)["dkdv"]
     status = parse_mask(trace.meta["mask"], s["N"], s["N_k"]).block_map(s["N"], bm, bn, s["N_k"])
     tiles = trace.bwd_tiles[trace.bwd_tiles.phase == "dkdv"]
@@ -262,7 +263,28 @@ def test_tile_order_says_the_gluon_passes_order_and_it_is_what_they_recorded():
         checked += PARTIAL in kinds and FULL in kinds
     assert checked > 0
     trace.meta["backward"] = {**trace.meta["backward"], "implementation": "triton"}
-    assert DKDV_ORDER["gluon"][:20] not in order_chart(trace).layout.title.subtitle.text
+    assert DKDV_ORDER[implementation][:20] not in order_chart(trace).layout.title.subtitle.text
+
+
+@pytest.mark.skipif(not BUNDLED.exists(), reason="bundled backward recording missing")
+def test_a_one_pass_recording_has_no_dq_programs_and_names_its_programs_so():
+    """A one-pass backward's tables (no dQ programs, no dQ tiles) draw the lanes and the time split
+    with its key-block programs named dK·dV·dQ, and no dQ sources to choose."""
+    from app.figures.backward_charts import dq_blocks, lanes_chart, time_chart, traced_heads
+    from instrumentation.analysis.schedule_model import timeline as common_timeline
+    from instrumentation.trace import Trace
+
+    trace = Trace.load(BUNDLED)
+    trace.bwd_work = trace.bwd_work[trace.bwd_work.phase != "dq"].reset_index(drop=True)
+    trace.bwd_tiles = trace.bwd_tiles[trace.bwd_tiles.phase != "dq"].reset_index(drop=True)
+    trace.meta["backward"] = {**trace.meta["backward"], "one_pass": True, "implementation": "gluon one pass"}
+    lanes = lanes_chart(trace)
+    names = [t.name for t in lanes.data if t.name]
+    assert any(n.startswith("dK·dV·dQ (one pass)") for n in names) and not any(n.startswith("dQ ") for n in names)
+    split = time_chart(trace, common_timeline(trace, trace.meta["sm_count"]), trace.meta["sm_count"])
+    assert "dK·dV·dQ (one pass)" in list(split.data[0].y) and "dQ" not in list(split.data[0].y)
+    b, h = traced_heads(trace)[0]
+    assert dq_blocks(trace, b, h) == []
 
 
 @pytest.mark.skipif(not BUNDLED.exists(), reason="bundled backward recording missing")
