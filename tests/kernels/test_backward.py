@@ -173,8 +173,17 @@ def test_realistic_shapes_against_sdpa_backward(h_kv, device):
     q, k, v, do = make(2, 8, h_kv, 2048, 2048, 128, torch.bfloat16, device, seed=7)
     got = ours(q, k, v, do, "causal")
     again = ours(q, k, v, do, "causal")
-    for x, y in zip(got, again):
-        assert torch.equal(x, y)                        # deterministic: no atomics
+    # the same bits run to run, but for dQ of the one-pass Gluon backward (Hopper, D 128), whose
+    # reduce-adds land in any order: within rounding there, and bit for bit when deterministic
+    assert all(torch.equal(x, y) for x, y in zip(got[2:], again[2:])) and torch.equal(got[0], again[0])
+    assert ((got[1].float() - again[1].float()).norm() / again[1].float().norm()).item() < 1e-3
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        first, second = ours(q, k, v, do, "causal"), ours(q, k, v, do, "causal")
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
     leaves32 = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     o32 = torch.nn.functional.scaled_dot_product_attention(*leaves32, is_causal=True, enable_gqa=h_kv != 8)
     o32.backward(do.float())
