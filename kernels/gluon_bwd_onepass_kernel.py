@@ -24,8 +24,8 @@ Partial tiles apply each query row's key interval; rows past N_q take lse = +inf
 every program runs no tile, stores zero dK, dV and adds nothing; the Triton kernel's finite-row run
 (launched after) writes the gradients. Traced variants write kernels.backward_launch's
 BackwardTraceBuffers: each program's SM and globaltimer span (TRACE_WORK), the traced heads' visit
-order (warpgroup 0) and the row sums of the recomputed P, every value added into the zeroed rows
-by float32 atomics (TRACE_TILES). D 128 (64 too: slower than the Triton passes), bf16 / fp16.
+order (warpgroup 0) and the row sums of the recomputed P, each group's sums over its 64 keys added
+into the zeroed rows by float32 atomics (TRACE_TILES). D 128 (64 too: slower than the Triton passes), bf16 / fp16.
 """
 
 from triton._C.libtriton import ir
@@ -120,12 +120,15 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
         p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
         if t >= n_full:     # a partial tile: each query row's key interval
             p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
-        if TRACED:          # a traced head's rows' sums: every P value added where it stands (a sum across
-            # the warpgroup's warps would need shared memory and more registers)
+        if TRACED:          # a traced head's rows' sums over this group's keys: P through shared memory into
+            # a layout with each row's keys in one thread (the fastest of three ways measured, against an
+            # atomic per value and a sum across the warps: docs/performance.md)
             hslot = gl.load(head_slot + head0 + it // n_tiles).to(gl.int64)
             if hslot >= 0:
-                at = tr_rows + hslot * N_Q + rows[None, :] + gl.zeros([KEYS, 1], gl.int64, s_layout)
-                gl.atomic_add(at, p, mask=row_ok[None, :])
+                by_row: gl.constexpr = gl.BlockedLayout([KEYS, 1], [1, 32], [1, 4], [0, 1])
+                sums = gl.sum(gl.convert_layout(p, by_row), 0)
+                r = gl.convert_layout(rows, gl.SliceLayout(0, by_row))
+                gl.atomic_add(tr_rows + hslot * N_Q + r, sums, mask=r < N_Q)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
         delta = delta_smem.index(s).load(col_vec)
