@@ -172,7 +172,8 @@ def backward_lanes_figure(bwd_tl: pd.DataFrame, provenance: str = "", traced_hea
             f"{k} for {name}" for name, k in most.items() if k > 1)
     where = (f"modelled: list scheduling on {bwd_tl.attrs.get('sms')} SMs, programs in the kernel's start order "
              "(no hardware clock); " if bwd_tl.attrs.get("modelled", True) else "measured: globaltimer and SM id per program; ")
-    fig.update_layout(title=title("Backward SM lanes: D, then dK·dV and dQ programs", wrapped(sub)), template=TEMPLATE,
+    programs = "one-pass dK·dV·dQ programs" if bwd_tl.attrs.get("one_pass") else "dK·dV and dQ programs"
+    fig.update_layout(title=title(f"Backward SM lanes: D, then {programs}", wrapped(sub)), template=TEMPLATE,
                       barmode="overlay", bargap=0, height=560, width=1250,
                       legend=dict(x=1.02, y=1, xanchor="left", yanchor="top"))
     fig.update_xaxes(title_text=xtitle, rangemode="tozero")
@@ -266,7 +267,9 @@ def backward_time_figure(fwd_tl: pd.DataFrame, bwd_tl: pd.DataFrame, est, proven
         f_ms, b_ms = untraced_ms
         sub += (f"; untraced kernel time: forward {f_ms * 1e3:,.3g} µs, backward {b_ms * 1e3:,.3g} µs "
                 f"({b_ms / f_ms:.2f}×, {est.flops_backward / (b_ms * 1e-3) / 1e12:,.0f} TFLOP/s)")
-    fig.update_layout(title=title("Time split: forward, D, dK·dV, dQ", wrapped(sub)), template=TEMPLATE, height=420,
+    # the subtitle starts right of the phase names: shorter lines than other charts' to fit 1280 px
+    passes = "dK·dV·dQ (one pass)" if bwd_tl.attrs.get("one_pass") else "dK·dV, dQ"
+    fig.update_layout(title=title(f"Time split: forward, D, {passes}", wrapped(sub, 95)), template=TEMPLATE, height=420,
                       width=1150, showlegend=False, margin=dict(r=120))
     fig.update_yaxes(autorange="reversed", title_text="")
     fig.update_xaxes(title_text=xtitle.replace("the first backward program started",

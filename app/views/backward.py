@@ -75,7 +75,8 @@ if not has_backward(trace) and s.live:
 common.banner(src)
 
 meta = trace.meta
-if (meta.get("backward") or {}).get("one_pass"):
+one_pass = bool((meta.get("backward") or {}).get("one_pass"))
+if one_pass:
     st.caption("This backward ran as **one pass** (FlashAttention-3's order, the Gluon kernel on Hopper): each "
                "key block's program also works out every visited tile's dQ part and adds it into a float32 dQ "
                "by one TMA reduce-add per tile and warpgroup, in whatever order the programs get there. So there "
@@ -130,8 +131,9 @@ else:
     if qbs:
         url_state.control("bwd_qblock", qbs[len(qbs) // 2], int, options=qbs)
         qb = c[1].selectbox(f"Query block for dQ ({blocks['dq'][0]} rows each)", qbs, key="bwd_qblock")
-    c[2].caption(f"Tiles (queries × keys): forward {blocks['forward'][0]}×{blocks['forward'][1]}, dK·dV "
-                 f"{blocks['dkdv'][0]}×{blocks['dkdv'][1]}, dQ {blocks['dq'][0]}×{blocks['dq'][1]}; "
+    dq_tiles = "" if one_pass else f", dQ {blocks['dq'][0]}×{blocks['dq'][1]}"
+    c[2].caption(f"Tiles (queries × keys): forward {blocks['forward'][0]}×{blocks['forward'][1]}, "
+                 f"{'dK·dV·dQ' if one_pass else 'dK·dV'} {blocks['dkdv'][0]}×{blocks['dkdv'][1]}{dq_tiles}; "
                  "the maps are in token positions, so they line up.")
     common.chart(order_chart(trace, bh), "backward-tile-order", "bwd_order", s.present)
     if qbs:                          # next to the order chart: both follow the selectors above them
@@ -141,7 +143,8 @@ sms = int(meta.get("sm_count") or DEFAULT_SMS)
 tl_bwd = timeline_of(trace, sms)
 common.chart(lanes_chart(trace, sms), "backward-lanes", "bwd_lanes", s.present)
 st.caption("**Which launch:** " + launch_note(trace, "bwd_work")
-           + (" Magenta outlines: the tile-traced heads' dQ programs and their KV heads' dK/dV programs."
+           + ((" Magenta outlines: the tile-traced heads' KV heads' programs." if one_pass else
+               " Magenta outlines: the tile-traced heads' dQ programs and their KV heads' dK/dV programs.")
               if traced_item_mask(trace, "bwd_work").any() else ""))
 fwd_tl = common.timeline_for(src.key, sms, trace)
 if fwd_tl.attrs.get("modelled") or tl_bwd.attrs.get("modelled"):

@@ -100,7 +100,9 @@ class Trace:
             # which kernels ran: on Hopper the forward and the D 128 backward may be Gluon ones, every
             # other recording's Triton kernels (meta.kernel / meta.backward 'implementation')
             def kind(ran):
-                return "Gluon" if isinstance(ran, dict) and ran.get("implementation") == "gluon" else "Triton"
+                ran = ran.get("implementation") if isinstance(ran, dict) else None
+                return {"gluon": "Gluon", "gluon one pass": "Gluon one-pass"}.get(ran, "Triton") if isinstance(
+                    ran, str) else "Triton"
             bwd = m.get("backward")
             kernel = (f"{kind(m.get('kernel'))} kernel" if not isinstance(bwd, dict) else
                       f"{kind(m.get('kernel'))} forward and {kind(bwd)} backward kernels")

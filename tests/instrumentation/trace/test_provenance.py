@@ -25,7 +25,9 @@ def test_a_gpu_recording_names_its_kernel():
 def test_a_backward_recording_names_both_passes_kernels():
     trace = Trace.load(BACKWARD)
     fwd, bwd = trace.meta["kernel"].get("implementation"), trace.meta["backward"].get("implementation")
-    assert (fwd, bwd) == ("gluon", "gluon")          # recorded on an H200 with the defaults
+    assert (fwd, bwd) == ("gluon", "gluon one pass")          # recorded on an H200 with the defaults
+    assert ", Gluon forward and Gluon one-pass backward kernels, " in trace.provenance()
+    trace.meta["backward"] = {**trace.meta["backward"], "implementation": "gluon"}      # the two Gluon passes
     assert ", Gluon forward and Gluon backward kernels, " in trace.provenance()
     trace.meta["backward"] = {**trace.meta["backward"], "implementation": "triton"}
     assert ", Gluon forward and Triton backward kernels, " in trace.provenance()
