@@ -116,7 +116,8 @@ def test_bundled_gpu_recording_shows_the_measured_split(monkeypatch):
     assert sum(len(t["y"]) for t in lanes["data"] if t["type"] == "bar"
                and not t.get("name", "").startswith("tile-traced")) == len(trace.bwd_work)   # not the outlines
     split = chart(at, "Time split")
-    assert [b for b in split["data"][0]["y"]] == ["forward", "D = rowsum(dO∘O)", "dK·dV", "dQ"]
+    passes = ["dK·dV·dQ (one pass)"] if trace.meta["backward"].get("one_pass") else ["dK·dV", "dQ"]
+    assert [b for b in split["data"][0]["y"]] == ["forward", "D = rowsum(dO∘O)", *passes]
     assert "TFLOP/s" in split["layout"]["title"]["subtitle"]["text"]
     ratio = trace.meta["backward"]["untraced_ms"] / trace.meta["untraced_ms"]      # do_bench, no tracing
     assert f"({ratio:.2f}×," in split["layout"]["title"]["subtitle"]["text"].replace("<br>", " ")

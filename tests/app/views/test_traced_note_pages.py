@@ -63,7 +63,8 @@ def test_backward_page_says_which_launch_drew_the_programs(bundled):
     at = open_page("backward", source="recorded", trace="backward_n4096_causal")
     clean(at)
     text = captions(at)
-    assert "dK/dV and dQ programs (stragglers, tail, makespan): a launch with tile and row tracing off" in text
+    # the bundled recording ran the one-pass Gluon backward (its key-block programs add dQ too)
+    assert "dK/dV/dQ programs (one pass) (stragglers, tail, makespan): a launch with tile and row tracing off" in text
     assert "Magenta outlines" in text
     lanes = chart(at, "Backward SM lanes")
     assert any(str(d.get("name", "")).startswith(("tile-traced head (bh 0)", "tile-traced heads (bh 0, "))
