@@ -138,6 +138,11 @@ else:
     common.chart(order_chart(trace, bh), "backward-tile-order", "bwd_order", s.present)
     if qbs:                          # next to the order chart: both follow the selectors above them
         common.chart(dq_chart(trace, bh, q_block=qb), "backward-dq-sources", "bwd_dq", s.present)
+    elif one_pass and not s.present:
+        st.caption("**Where dQ comes from:** in the one pass a query block's dQ is what the key-block programs "
+                   "add as each reaches one of its tiles, so the visited tiles along its row of the dK·dV·dQ map "
+                   "are its sources. A recording made under `torch.use_deterministic_algorithms(True)` runs the "
+                   "two passes and draws the dQ programs' own order.")
 
 sms = int(meta.get("sm_count") or DEFAULT_SMS)
 tl_bwd = timeline_of(trace, sms)
