@@ -88,8 +88,11 @@ m = common.metric_columns(5, s.present)
 m[0].metric("naive memory", fmt_bytes(est.naive_bwd_peak_bytes),
             help=f"naive backward: P, dP, dS, 3 × B·H·N_q·N_k·e + expansion = {est.naive_bwd_peak_bytes:,} B "
                  "(naive_bwd_peak_bytes)")
-m[1].metric("flash memory", fmt_bytes(est.flash_bwd_peak_bytes),
-            help=f"flash backward: O, lse, D and lse₂ per row = {est.flash_bwd_peak_bytes:,} B (flash_bwd_peak_bytes)")
+# the one pass adds dQ up in a float32 buffer (4·B·H·N_q·D bytes) beside the algorithm's O(N) state
+dq_acc = 4 * sh["B"] * sh["H"] * sh["N_q"] * sh["D"] if one_pass else 0
+m[1].metric("flash memory", fmt_bytes(est.flash_bwd_peak_bytes + dq_acc),
+            help=f"flash backward: O, lse, D and lse₂ per row = {est.flash_bwd_peak_bytes:,} B (flash_bwd_peak_bytes)"
+                 + (f" + the one pass's float32 dQ accumulator, 4·B·H·N_q·D = {dq_acc:,} B" if one_pass else ""))
 flop_name, flop_div = flop_unit(est.flops_backward)      # the unit in the label: a value fits a fifth of 1280 px
 m[2].metric(f"forward {flop_name}", f"{est.flops / flop_div:,.3g}",
             help=f"forward: 4·D·B·H·visible pairs = {est.flops:,} (flops)")

@@ -117,6 +117,12 @@ def test_bundled_gpu_recording_shows_the_measured_split(monkeypatch):
                and not t.get("name", "").startswith("tile-traced")) == len(trace.bwd_work)   # not the outlines
     split = chart(at, "Time split")
     passes = ["dK·dV·dQ (one pass)"] if trace.meta["backward"].get("one_pass") else ["dK·dV", "dQ"]
+    # the one pass's float32 dQ accumulator counts in the flash backward's memory
+    from app.figures.backward_charts import shape_of, trace_estimate
+
+    sh, est = shape_of(trace), trace_estimate(trace)
+    extra = 4 * sh["B"] * sh["H"] * sh["N_q"] * sh["D"] if len(passes) == 1 else 0
+    assert {m.label: m.value for m in at.metric}["flash memory"] == fmt_bytes(est.flash_bwd_peak_bytes + extra)
     assert [b for b in split["data"][0]["y"]] == ["forward", "D = rowsum(dO∘O)", *passes]
     assert "TFLOP/s" in split["layout"]["title"]["subtitle"]["text"]
     ratio = trace.meta["backward"]["untraced_ms"] / trace.meta["untraced_ms"]      # do_bench, no tracing
