@@ -210,3 +210,52 @@ def test_two_launches_record_every_program_and_foreign_buffers_are_refused():
     with pytest.raises(ValueError, match="with backward_trace_buffers for this call") as err:
         flash_attention_backward(do, q, k, v, o, lse, mask, trace=other, config=cfg)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("hw", [True, False])
+def test_unwritten_dq_records_are_left_out_as_a_one_pass_leaves_them(hw):
+    """The one-pass Gluon backward writes no dQ programs' records: bwd_work keeps the preprocess's and
+    the dK/dV programs' rows, the clock counting from the earliest written start and the order a
+    permutation of the kept programs (on the CPU: the buffers of a real call, the dQ records erased)."""
+    from instrumentation.recording.raw_trace import _decode_bwd_work
+
+    q, k, v = inputs(1, 2, 1, 64, 48, 8, seed=5)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
+    o, lse = flash_attention(q, k, v, "causal", return_lse=True)
+    tr = backward_trace_buffers(q, k, "causal", [0])
+    flash_attention_backward(do, q, k, v, o, lse, "causal", trace=tr)
+    if hw:      # a GPU's records: (order -1, sm, t_start, t_end), times from a clock
+        n = len(tr.work)
+        tr.work[:, 0] = -1
+        tr.work[:, 1] = torch.arange(n) % 3
+        tr.work[:, 2] = 1000 + 10 * torch.arange(n)
+        tr.work[:, 3] = tr.work[:, 2] + 5
+    tr.work[tr.n_delta + tr.n_dkdv:] = -1
+    work = _decode_bwd_work(tr, 1, 2, 1, hw)
+    assert sorted(set(work.phase)) == ["delta", "dkdv"] and len(work) == tr.n_delta + tr.n_dkdv
+    assert sorted(work.order) == list(range(len(work)))
+    if hw:
+        assert work.t_start.min() == 0 and work.t_end.max() == 10 * (len(work) - 1) + 5
+
+
+def test_flash_attn_func_deterministic_reaches_the_backward(monkeypatch):
+    """flash_attn_func(deterministic=True) runs its backward with BackwardConfig.deterministic (the
+    two passes where the one-pass Gluon kernel would run); without it the backward takes its default."""
+    import kernels.flash_ops as flash_ops
+    from kernels.flash_attn_interface import flash_attn_func
+
+    seen = []
+    real = flash_ops.backward_impl
+
+    def spy(*args, **kw):
+        seen.append(args[9] if len(args) > 9 else kw.get("config"))
+        return real(*args, **kw)
+    monkeypatch.setattr(flash_ops, "backward_impl", spy)
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 24, 2, 16, generator=g).requires_grad_() for _ in range(3))
+    grads = []
+    for deterministic in (True, False):
+        out = flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+        grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    assert seen[0] is not None and seen[0].deterministic and (seen[1] is None or not seen[1].deterministic)
+    assert all(torch.equal(a, b) for a, b in zip(*grads))       # the interpreter: the same passes either way
