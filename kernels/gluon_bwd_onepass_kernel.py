@@ -17,7 +17,8 @@ group) and warpgroup:
   nobody waits for until the buffer is written again, a tile later.
 dQ's product reads K from the K tiles the groups hold. The reduce-adds reach a row of dQ in the
 order the programs run, so dQ is not bit-reproducible run to run (the two passes are:
-kernels.gluon_bwd_launch runs them where torch asks for deterministic algorithms).
+kernels.gluon_bwd_launch runs them for deterministic calls, BackwardConfig.deterministic or
+torch.use_deterministic_algorithms).
 
 Partial tiles apply each query row's key interval; rows past N_q take lse = +inf and delta = 0
 (P = dS = 0: their dQ parts add zeros). FLAG (the preprocess's marked-row flag, or None): when set,
@@ -25,7 +26,8 @@ every program runs no tile, stores zero dK, dV and adds nothing; the Triton kern
 (launched after) writes the gradients. Traced variants write kernels.backward_launch's
 BackwardTraceBuffers: each program's SM and globaltimer span (TRACE_WORK), the traced heads' visit
 order (warpgroup 0) and the row sums of the recomputed P, each group's sums over its 64 keys added
-into the zeroed rows by float32 atomics (TRACE_TILES). D 128 (64 too: slower than the Triton passes), bf16 / fp16.
+into the zeroed rows by float32 atomics (TRACE_TILES). D 128 (64 too: slower than the Triton
+passes), bf16 / fp16.
 """
 
 from triton._C.libtriton import ir
