@@ -261,7 +261,7 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     bp = _interpreter_plan_ok(spec, b, h, n_q, n_k, cfg, q.device)
     hold_if_capturing(bp, q.device)     # a captured graph reads its lists after the cache drops it
     gluon = gluon_backward_fits(q, k, cfg, trace)
-    one_pass = gluon and not cfg.deterministic and gluon_backward_one_pass()
+    one_pass = gluon and gluon_backward_one_pass(cfg)
     # 1. lse in log2 units and D = rowsum(dO * O) (- dlse): (B*H, 2, N_q)
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
     # set on the device when some row's statistics are non-finite (no host read: capturable)

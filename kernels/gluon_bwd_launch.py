@@ -5,8 +5,8 @@ backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 
 GLUON_CONFIGS tiles (BackwardConfig.gluon). Such a call runs a Gluon backward after the Triton
 preprocess where it also has N_q and N_k of at least MIN_LEN, N_q a multiple of 4 (the statistics'
 TMA boxes start 16-byte aligned) and, if traced, tile and row tracing both on or both off; q, k, v
-and dO not contiguous are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel), or where
-torch asks for deterministic algorithms (or TILESCOPE_BWD_ONEPASS=0) the dK/dV and dQ passes. Any
+and dO not contiguous are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel), or for a
+deterministic call (gluon_backward_one_pass) the dK/dV and dQ passes. Any
 other call with that config runs the Triton passes on the same tiles, so its trace buffers fit
 either (the one pass leaves the dQ programs' records and tiles unwritten). TILESCOPE_GLUON=0 turns
 the Gluon backward off (as for the forward: kernels.gluon_launch)."""
@@ -41,12 +41,13 @@ def gluon_backward_fits(q, k, cfg, trace) -> bool:
             and n_q % 4 == 0 and trace_ok)
 
 
-def gluon_backward_one_pass() -> bool:
-    """Whether a call that runs the Gluon backward (gluon_backward_fits) runs it as the one-pass
-    kernel (kernels.gluon_bwd_onepass_kernel): unless torch asks for deterministic algorithms
-    (torch.use_deterministic_algorithms: the two passes give the same bits run to run, the one
-    pass's dQ reduce-adds do not) or TILESCOPE_BWD_ONEPASS=0."""
-    return not torch.are_deterministic_algorithms_enabled() and os.environ.get("TILESCOPE_BWD_ONEPASS", "1") != "0"
+def gluon_backward_one_pass(cfg) -> bool:
+    """Whether a call with config cfg that runs the Gluon backward (gluon_backward_fits) runs it as
+    the one-pass kernel (kernels.gluon_bwd_onepass_kernel): unless the call is deterministic
+    (cfg.deterministic or torch.use_deterministic_algorithms: the two passes give the same bits run
+    to run, the one pass's dQ reduce-adds do not) or TILESCOPE_BWD_ONEPASS=0."""
+    return (not cfg.deterministic and not torch.are_deterministic_algorithms_enabled()
+            and os.environ.get("TILESCOPE_BWD_ONEPASS", "1") != "0")
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class GluonBackwardLaunch:
     directs: tuple                      # DirectLaunch of each kernel
     traced: dict                        # (kernel index, tile tracing) -> DirectLaunch of a traced launch
     bp: object                          # the BackwardPlan whose lists the arguments hold
-    one_pass: bool
+    forms: tuple                        # each kernel's form: ("one_pass",) or ("dkdv", "dq")
 
     # each kernel's per-call arguments and trace arguments, by name (the dK/dV pass, the dQ pass, the one pass)
     PER_CALL = {"dkdv": ("q_desc", "do_desc", "k_desc", "v_desc", "st_desc", "DK", "DV", "FLAG", "qk_scale",
@@ -117,7 +118,8 @@ class GluonBackwardLaunch:
         slots = tuple(tuple(kernel.arg_names.index(n) for n in GluonBackwardLaunch.PER_CALL[form] +
                             GluonBackwardLaunch.TRACED[form]) for form, kernel, _, _ in forms)
         return GluonBackwardLaunch(tuple(grid for *_, grid in forms), args, slots, descriptors,
-                                   tuple(DirectLaunch(kernel) for _, kernel, _, _ in forms), {}, bp, one_pass)
+                                   tuple(DirectLaunch(kernel) for _, kernel, _, _ in forms), {}, bp,
+                                   tuple(form for form, *_ in forms))
 
     def prepare(self, q, k, v, do, stats, flag, dq, dk, dv, qk_scale: float, sm_scale: float, trace=None,
                 work_offset: int = 0):
@@ -129,14 +131,13 @@ class GluonBackwardLaunch:
                      v_desc=descriptor_on(d["kv"], v), st_desc=descriptor_on(d["st"], stats), DK=dk, DV=dv, DQ=dq,
                      STATS=stats, FLAG=flag, qk_scale=qk_scale, sm_scale=sm_scale)
         dq_acc = None
-        if self.one_pass:   # dQ (times the softmax scale) is added up in float32, then rounded into dq
+        if "one_pass" in self.forms:    # dQ (times the softmax scale) is added up in float32, then rounded into dq
             dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
             named["dqa_desc"] = descriptor_on(d["dqa"], dq_acc)
             if trace is not None and trace.rows is not None:
                 trace.rows.zero_()      # the programs add their keys' share of each row's sum
-        forms = ("one_pass",) if self.one_pass else ("dkdv", "dq")
         launches = []
-        for i, (form, grid, direct) in enumerate(zip(forms, self.grids, self.directs)):
+        for i, (form, grid, direct) in enumerate(zip(self.forms, self.grids, self.directs)):
             args, slots = self.args[i].copy(), self.slots[i]
             per_call = self.PER_CALL[form]
             values = [named[n] for n in per_call]

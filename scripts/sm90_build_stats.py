@@ -278,12 +278,11 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
         lse = torch.zeros(1, 2, n)
         cfg = GLUON_CONFIGS[128] if d == 128 else dataclasses.replace(GLUON_CONFIGS[128], num_warps=4)  # D 64: probed
-        for one_pass in ("1", "0"):         # the one pass, then the two passes (deterministic calls')
-            os.environ["TILESCOPE_BWD_ONEPASS"] = one_pass
-            flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg)
-            trace = backward_trace_buffers(q, k, mask, (1,), config=cfg)
-            flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=cfg, trace=trace)
-        del os.environ["TILESCOPE_BWD_ONEPASS"]
+        for deterministic in (False, True):     # the one pass, then the two passes (deterministic calls')
+            det = dataclasses.replace(cfg, deterministic=deterministic)
+            flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=det)
+            trace = backward_trace_buffers(q, k, mask, (1,), config=det)
+            flash_attention_backward(do, q, k, v, o, lse, mask=mask, config=det, trace=trace)
     elif part == "gluonbwd":
         from benchmarks.gluon_backward import gluon_dkdv
         from benchmarks.gluon_backward_dq import gluon_dq

@@ -5,6 +5,7 @@ blocks, and each chart from a Trace plus the page's choices (head, query block).
 from __future__ import annotations
 
 from instrumentation import estimate
+from instrumentation.trace.backward_tables import one_pass
 
 from .backward import dq_sources_figure, has_backward, phase_blocks, tile_order_figure
 from .backward_time import (backward_flops_figure, backward_lanes_figure, backward_memory_figure,
@@ -101,7 +102,7 @@ def timeline_of(trace, sms=None):
     _need(trace)
     work = trace.bwd_work.assign(tile_traced=traced_item_mask(trace, "bwd_work"))
     tl = backward_timeline(work, sms=int(sms or trace.meta.get("sm_count") or DEFAULT_SMS))
-    tl.attrs["one_pass"] = bool((trace.meta.get("backward") or {}).get("one_pass"))
+    tl.attrs["one_pass"] = one_pass(trace.meta)
     return tl
 
 

@@ -17,6 +17,7 @@ from app.text import plain
 from app.views import common
 from instrumentation import estimate
 from instrumentation.analysis.traced_items import launch_note, traced_item_mask
+from instrumentation.trace.backward_tables import one_pass as one_pass_backward
 
 BUNDLED = "backward_n4096_causal"          # the bundled GPU recording with backward tables
 RECORD_HINT = ("`python -m instrumentation.record_cli --backward ...` or "
@@ -75,7 +76,7 @@ if not has_backward(trace) and s.live:
 common.banner(src)
 
 meta = trace.meta
-one_pass = bool((meta.get("backward") or {}).get("one_pass"))
+one_pass = one_pass_backward(meta)
 if one_pass:
     st.caption("This backward ran as **one pass** (FlashAttention-3's order, the Gluon kernel on Hopper): each "
                "key block's program also works out every visited tile's dQ part and adds it into a float32 dQ "

@@ -170,8 +170,9 @@ def launch_note(trace, table: str = "work") -> str:
     naming the tile-traced heads (the items a page marks). Old single-launch traces say so,
     with what tile tracing cost their traced items where that can be measured."""
     heads = tile_traced_heads(trace)
-    one_pass = bool((trace.meta.get("backward") or {}).get("one_pass"))
-    what = ("dK/dV/dQ programs (one pass)" if one_pass else "dK/dV and dQ programs") if table == "bwd_work" \
+    from ..trace.backward_tables import one_pass
+
+    what = ("dK/dV/dQ programs (one pass)" if one_pass(trace.meta) else "dK/dV and dQ programs") if table == "bwd_work" \
         else "Work items"
     la = launches(trace, table)
     names = [t for t in TABLES_BY_LAUNCH[table] if not (la["recorded"] and la[t].startswith("none"))]

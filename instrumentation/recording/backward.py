@@ -68,7 +68,7 @@ def record_backward(q, k, v, o, lse, spec, sm_scale, grad_out, heads: list, rows
     buffers = backward_trace_buffers(q, k, spec, heads, **traced)
     cfg, bp = buffers.config, buffers.plan
     gluon = gluon_backward_fits(q, k, cfg, buffers)       # the Gluon backward runs (Hopper), else the Triton kernel
-    one_pass = gluon and not cfg.deterministic and gluon_backward_one_pass()    # one kernel: no dQ programs
+    one_pass = gluon and gluon_backward_one_pass(cfg)     # one kernel: no dQ programs
     call = dict(mask=spec, sm_scale=sm_scale, config=cfg)
     hw = backend() == "cuda" and q.device.type == "cuda"
     if hw:   # compile and load the traced kernels first: the recorded run's launches then follow each other

@@ -42,6 +42,13 @@ def phase_grid(meta: dict, phase: str) -> tuple[int, int]:
     return (n_qb, n_kb) if sane else (0, 0)
 
 
+def one_pass(meta: dict) -> bool:
+    """Whether the recorded backward ran the one-pass Gluon kernel (meta['backward']['one_pass']:
+    its dK/dV programs add dQ, so it has no dQ programs); False for any other meta."""
+    bwd = meta.get("backward")
+    return isinstance(bwd, dict) and bwd.get("one_pass") is True
+
+
 def _programs(m) -> int:
     b, h, h_kv, *_ = bounds.shape(m)
     return b * h * phase_grid(m, "delta")[0] + b * h_kv * phase_grid(m, "dkdv")[1] + b * h * phase_grid(m, "dq")[0]

@@ -82,7 +82,8 @@ def test_gpu_planned_backward_equals_triton_run(monkeypatch, d):
     from kernels.backward_direct import TritonStep
     from kernels.gluon_bwd_launch import gluon_backward_config, gluon_backward_one_pass
 
-    one_pass = gluon_backward_config(d, torch.bfloat16, torch.device("cuda")) and gluon_backward_one_pass()
+    cfg = kb.backward_config(d, torch.bfloat16, torch.device("cuda"))
+    one_pass = gluon_backward_config(d, torch.bfloat16, torch.device("cuda")) and gluon_backward_one_pass(cfg)
 
     def same(got, want):
         return (all(torch.equal(x, y) for x, y in zip(got[1:], want[1:])) and

@@ -89,15 +89,17 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
 def test_the_one_pass_unless_deterministic_algorithms_are_asked_for(monkeypatch):
     from kernels.gluon_bwd_launch import gluon_backward_one_pass
 
-    assert gluon_backward_one_pass()
+    cfg = GLUON_CONFIGS[128]
+    assert gluon_backward_one_pass(cfg)
+    assert not gluon_backward_one_pass(dataclasses.replace(cfg, deterministic=True))
     was = torch.are_deterministic_algorithms_enabled()
     try:
         torch.use_deterministic_algorithms(True)
-        assert not gluon_backward_one_pass()
+        assert not gluon_backward_one_pass(cfg)
     finally:
         torch.use_deterministic_algorithms(was)
     monkeypatch.setenv("TILESCOPE_BWD_ONEPASS", "0")
-    assert not gluon_backward_one_pass()
+    assert not gluon_backward_one_pass(cfg)
 
 
 @pytest.mark.gpu

@@ -285,6 +285,9 @@ def test_a_one_pass_recording_has_no_dq_programs_and_names_its_programs_so():
     assert "dK·dV·dQ (one pass)" in list(split.data[0].y) and "dQ" not in list(split.data[0].y)
     b, h = traced_heads(trace)[0]
     assert dq_blocks(trace, b, h) == []
+    from instrumentation.trace.backward_tables import one_pass
+
+    assert one_pass(trace.meta) and not any(one_pass({"backward": odd}) for odd in ("odd", None, {"one_pass": "yes"}))
 
 
 @pytest.mark.skipif(not BUNDLED.exists(), reason="bundled backward recording missing")
