@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
-from kernels.gluon_bwd_launch import stats_descriptor
+from kernels.gluon_bwd_launch import key_block_head_groups, stats_descriptor
 from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
@@ -142,7 +142,7 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DK, DV, STATS, r
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
-        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, gl.num_programs(0) // n_kb)
     n_items = n_tiles * GROUP
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
@@ -207,11 +207,13 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, 
 
         kernel, head = product_kernel, (desc(q), desc(do), desc(k), desc(v), stats_descriptor(stats), dk, dv, None)
         tail = (None, None, None)
+        groups = (key_block_head_groups(b * h_kv, kp.n_kb, q.device),)
     else:
         kernel, head, tail = attn_bwd_dkdv_gluon_kernel, (desc(q), desc(do), desc(k), desc(v), dk, dv, stats), ()
+        groups = ()
     kernel[(b * h_kv * kp.n_kb,)](
         *head, kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order,
-        *tail, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, scale * LOG2E, scale, STAGES=stages,
+        *tail, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, *groups, scale * LOG2E, scale, STAGES=stages,
         CONSUMER_REGS=consumer_regs, num_warps=4, **(dict(TRACE_WORK=False, TRACE_TILES=False) if stats_tma else {}))
     return dk, dv
 

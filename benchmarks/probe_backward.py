@@ -183,9 +183,9 @@ def _fused_suite() -> list[dict]:
 
 def _onepass_suite() -> list[dict]:
     """bwdonepass: the default (the one-pass Gluon kernel at D 128 on Hopper) beside the two Gluon
-    passes (what deterministic calls run), the one pass with a 3-deep (Q, dO) ring
-    (benchmarks.gluon_backward_onepass) and cuDNN, at D 128; at D 64 the default (the Triton
-    passes) beside the one pass."""
+    passes (what deterministic calls run), the one pass launched alone (benchmarks.gluon_backward_onepass)
+    in the product's program order and head after head, and cuDNN, at D 128; at D 64 the default
+    (the Triton passes) beside the one pass."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
                         ((4, 16, 16, 16384, 128), "causal"), ((4, 16, 16, 4096, 128), "full"),
@@ -194,9 +194,10 @@ def _onepass_suite() -> list[dict]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
         if shape[-1] == 128:
             out.append(dict(_bwd(shape, mask, "two Gluon passes (deterministic)"), two_pass=True))
-        for stages in ((3,) if shape[-1] == 128 else (2,)):
-            out.append(dict(_bwd(shape, mask, f"gluon one pass, {stages} stages", kind="bwd_gluon_onepass"),
-                            stages=stages))
+        if shape[-1] == 128:    # the order the programs took before key_block_head_groups
+            out.append(dict(_bwd(shape, mask, "gluon one pass, head after head", kind="bwd_gluon_onepass"),
+                            stages=2, head_major=True))
+        out.append(dict(_bwd(shape, mask, "gluon one pass", kind="bwd_gluon_onepass"), stages=2))
     return out
 
 
@@ -267,7 +268,8 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_onepass":
         from .gluon_backward_onepass import gluon_backward_onepass
 
-        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"])
+        groups = q.shape[0] * vv.shape[1] if v.get("head_major") else None     # head after head, or the product's
+        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], head_groups=groups)
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 

@@ -179,35 +179,57 @@ def _dkdv_consumer1_traced(DK, DV, row_lo, row_hi, q_smem, do_smem, k_smem, v_sm
 
 
 @gluon.jit
-def record_program(tr_work, t_start):
-    """A program's trace record (order, sm, t_start, t_end) at work[pid]: the SM and globaltimer
-    span (the order stays -1: the host derives it from the start times, as for the Triton kernel)."""
-    rec = tr_work + gl.program_id(0).to(gl.int64) * 4
+def record_program(tr_work, t_start, slot):
+    """A program's trace record (order, sm, t_start, t_end) at work[slot] (its item's place in the
+    head-major list the host decodes): the SM and globaltimer span (the order stays -1: the host
+    derives it from the start times, as for the Triton kernel)."""
+    rec = tr_work + slot.to(gl.int64) * 4
     gl.store(rec + 1, _smid().to(gl.int64))
     gl.store(rec + 2, t_start)
     gl.store(rec + 3, _globaltimer())
 
 
 @gluon.jit
-def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb):
-    """This program's key block (program = b * H_kv + kv head, key block kv_order[...]) and its lists:
+def key_block_slot(n_kb, head_groups):
+    """This program's (b * H_kv + kv head, rank in kv_order) as one slot, bh_kv * n_kb + rank. The
+    programs take the B * H_kv heads in head_groups groups of nearly equal size (the first ones one
+    head larger) and, within a group, one rank of every head before the next rank: the longest key
+    blocks of several heads first, so no head's long blocks start while the launch ends in another
+    head's short ones (head_groups = B * H_kv: head after head, each head's blocks longest first)."""
+    pid = gl.program_id(0)
+    n_bh = gl.num_programs(0) // n_kb
+    size = n_bh // head_groups
+    big_programs = (n_bh % head_groups) * (size + 1) * n_kb     # the larger groups' programs come first
+    in_big = (pid < big_programs).to(gl.int32)
+    g_size = size + in_big
+    local = pid - (1 - in_big) * big_programs
+    group = local // (g_size * n_kb)
+    r = local - group * g_size * n_kb
+    bh_kv = group * g_size + (1 - in_big) * (n_bh % head_groups) * (size + 1) + r % g_size
+    return bh_kv * n_kb + r // g_size
+
+
+@gluon.jit
+def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, head_groups):
+    """This program's key block (key_block_slot's head, key block kv_order[rank]) and its lists:
     (key block, first query head of the group (b*H + h), first key, its row in K, full query
     blocks, the first of them, tiles per query head, its partial-block list)."""
-    pid = gl.program_id(0)
-    bh_kv = pid // n_kb
-    kb = gl.load(kv_order + pid % n_kb)
+    slot = key_block_slot(n_kb, head_groups)
+    bh_kv = slot // n_kb
+    kb = gl.load(kv_order + slot % n_kb)
     head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP
     key0 = kb * (2 * KEYS)
     n_full, first_full, n_tiles, part_list = block_lists(kb, full_cnt, full_start, part_cnt, part_idx, n_qb)
     return kb, head0, key0, bh_kv * N_K + key0, n_full, first_full, n_tiles, part_list
 
 
-@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "head_groups"])
 def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, FLAG, row_lo, row_hi, full_cnt,
                                full_start, part_cnt, part_idx, kv_order, tr_work, tr_tiles, head_slot, H, GROUP, N_Q,
-                               N_K, n_qb, n_kb, qk_scale, sm_scale, STAGES: gl.constexpr,
+                               N_K, n_qb, n_kb, head_groups, qk_scale, sm_scale, STAGES: gl.constexpr,
                                CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
-    """One program per (b * H_kv + kv head, key block kv_order[...]). q/do_desc: (B*H*N_q, D) rows
+    """One program per (b * H_kv + kv head, key block kv_order[...]), in key_block_slot's order
+    (head_groups groups of heads). q/do_desc: (B*H*N_q, D) rows
     in (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) rows in (64, D) blocks; st_desc: the statistics
     as (B*H*2*N_q,) in 64-value blocks; DK, DV like k; FLAG: the marked-row flag or None; the lists:
     kernels.backward_plan's (the forward's transposed, 64 x 128 tiles); tr_work, tr_tiles,
@@ -217,7 +239,7 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     kb, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
-        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, head_groups)
     n_items = n_tiles * GROUP
     if FLAG is not None:    # a marked row: the finite-row run does the work
         n_items = n_items * (gl.load(FLAG) == 0).to(gl.int32)
@@ -247,7 +269,7 @@ def attn_bwd_dkdv_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
         gl.warp_specialize([(_dkdv_consumer0, consumer_args), (_dkdv_consumer1, consumer_args),
                             (_dkdv_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
     if TRACE_WORK:
-        record_program(tr_work, t_start)
+        record_program(tr_work, t_start, key_block_slot(n_kb, head_groups))
 
 
 # ---- dQ --------------------------------------------------------------------------------------
@@ -407,4 +429,4 @@ def attn_bwd_dq_gluon_kernel(q_desc, do_desc, k_desc, v_desc, DQ, STATS, FLAG, r
         gl.warp_specialize([(_dq_consumer0, consumer_args), (_dq_consumer1, consumer_args),
                             (_dq_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
     if TRACE_WORK:
-        record_program(tr_work, t_start)
+        record_program(tr_work, t_start, gl.program_id(0))

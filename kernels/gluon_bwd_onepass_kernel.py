@@ -38,7 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from .gluon_bwd_kernel import KEYS, _dkdv_producer, key_block_item, key_visible, record_program, store_dkdv
+from .gluon_bwd_kernel import (KEYS, _dkdv_producer, key_block_item, key_block_slot, key_visible, record_program,
+                               store_dkdv)
 from .gluon_fwd_kernel import _globaltimer, list_block, wgmma_layout
 
 DS_BUFFERS = gl.constexpr(2)   # the dS ring: a group writes tile i's dS once both groups' dQ products of i - 2 are done
@@ -201,13 +202,15 @@ def _consumer1_traced(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem,
               part_list, N_Q, N_K, qk_scale, sm_scale, dkv_row, tr_tiles, tr_rows, head_slot, n_qb, n_kb, 1, True)
 
 
-@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "head_groups"])
 def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, dqa_desc, FLAG, row_lo, row_hi,
                                   full_cnt, full_start, part_cnt, part_idx, kv_order, tr_work, tr_tiles, tr_rows,
-                                  head_slot, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale, sm_scale, STAGES: gl.constexpr,
-                                  CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
-    """One program per (b * H_kv + kv head, key block kv_order[...]). Descriptors and lists as
-    kernels.gluon_bwd_kernel's dK/dV kernel's; dqa_desc: the zeroed (B*H*N_q, D) float32 dQ
+                                  head_slot, H, GROUP, N_Q, N_K, n_qb, n_kb, head_groups, qk_scale, sm_scale,
+                                  STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr,
+                                  TRACE_TILES: gl.constexpr):
+    """One program per (b * H_kv + kv head, key block kv_order[...]), in key_block_slot's order
+    (head_groups groups of heads). Descriptors and lists as kernels.gluon_bwd_kernel's dK/dV
+    kernel's; dqa_desc: the zeroed (B*H*N_q, D) float32 dQ
     accumulator in (64, D / 2) blocks (dQ times the softmax scale is added); FLAG: the marked-row
     flag or None; tr_work, tr_tiles, tr_rows, head_slot: the trace buffers (None untraced; tr_rows
     zeroed)."""
@@ -216,7 +219,7 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, 
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     kb, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
-        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb)
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, head_groups)
     n_items = n_tiles * GROUP
     if FLAG is not None:    # a marked row: the finite-row run does the work
         n_items = n_items * (gl.load(FLAG) == 0).to(gl.int32)
@@ -254,4 +257,4 @@ def attn_bwd_onepass_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, 
         gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args),
                             (_dkdv_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
     if TRACE_WORK:
-        record_program(tr_work, t_start)
+        record_program(tr_work, t_start, key_block_slot(n_kb, head_groups))

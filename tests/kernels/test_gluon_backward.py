@@ -102,6 +102,40 @@ def test_the_one_pass_unless_deterministic_algorithms_are_asked_for(monkeypatch)
     assert not gluon_backward_one_pass(cfg)
 
 
+def test_key_blocks_take_the_heads_in_groups_of_two_waves(monkeypatch):
+    import kernels.gluon_bwd_launch as gbl
+    from kernels.runtime import DeviceFacts
+
+    monkeypatch.setattr(gbl, "device_facts", lambda device: DeviceFacts("cuda", (9, 0), 132, "h200", True, False))
+    # B4 H16 at 4k: 32 key blocks of 128 per head, 2 * 132 / 32 -> 9 heads a group, 64 heads -> 8 groups
+    assert gbl.key_block_head_groups(64, 32, "cuda") == 8
+    assert gbl.key_block_head_groups(64, 128, "cuda") == 22           # 16k: 3 heads a group (20 of 3, 2 of 2)
+    assert gbl.key_block_head_groups(16, 64, "cuda") == 4             # GQA B2 H_kv 8 at 8k: 5 heads a group
+    assert gbl.key_block_head_groups(5, 8, "cuda") == 1               # fewer heads than a group: one group
+    assert gbl.key_block_head_groups(3, 1000, "cuda") == 3            # a key block count past 2 waves: head after head
+
+
+@pytest.mark.gpu
+def test_program_orders_change_no_key_block(gluon_gpu):
+    """The one pass with its programs in any number of head groups (kernels.gluon_bwd_kernel's
+    key_block_slot; 4 groups of 6 heads: sizes 2, 2, 1, 1) computes each key block once: dK and dV
+    bit for bit the product's, dQ within rounding (its reduce-adds land in another order)."""
+    from benchmarks.gluon_backward_onepass import gluon_backward_onepass
+
+    b, h, h_kv, n = 2, 6, 3, 1000
+    q, k, v, do = make(b, h, h_kv, n, n, 128, torch.bfloat16, "cuda", seed=11)
+    o, lse = flash_attention(q, k, v, "causal", return_lse=True)
+    want = flash_attention_backward(do, q, k, v, o, lse, "causal")
+    ref = float64_grads(q, k, v, do, "causal")
+    assert all(rel_err(x, r) < 2e-2 for x, r in zip(want, ref[1:]))
+    for groups in (None, 1, 4, b * h_kv):
+        dq, dk, dv = gluon_backward_onepass(do, q, k, v, o, lse, "causal", head_groups=groups)
+        assert torch.equal(dk, want[1]) and torch.equal(dv, want[2]), groups
+        assert rel_err(dq, want[0].cpu().double()) < 1e-3, groups
+    with pytest.raises(ValueError, match="head_groups must be 1..6"):
+        gluon_backward_onepass(do, q, k, v, o, lse, "causal", head_groups=7)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (128, torch.float16)])
