@@ -4,13 +4,15 @@ FlexAttention, forward+backward and backward alone, on the same inputs in one ru
     python -m benchmarks.attention --backward             # the cases below, every backend
     python -m benchmarks.attention --backward --quick     # the N = 4096 cases only
     python -m benchmarks.attention --backward --sweep     # also: tile configs and dQ by atomics
+    python -m benchmarks.attention --backward --head-dims 128 --repeats 3   # D 128, medians of 3 rounds
     python -m benchmarks.attention --backward --device cpu   # interpreter smoke run, tiny shapes
 
 Cases (bf16): B4 H16 D128 and D64 at N 4k/8k/16k, full and causal; GQA H32/H_kv8 (B2) causal 8k;
 D256 causal 4k. Before anything of a case is timed, every backend's dQ, dK, dV are compared with a
 float32 reference (SDPA in float32 on the first batch element) and with ours; a backend whose
 gradients are off (relative error over the dtype's tolerance) is recorded 'wrong' and not timed.
-Times: triton.testing.do_bench medians. fwd_bwd_ms: the output and autograd.grad of (q, k, v)
+Times: triton.testing.do_bench medians (with --repeats R, the median of R rounds, each round
+every backend in turn). fwd_bwd_ms: the output and autograd.grad of (q, k, v)
 from a fresh graph; ms (bwd): autograd.grad on a kept graph (the backward alone, each backend
 through its own autograd node). TFLOP/s: the forward's 4*B*H*D*visible pairs times 2.5 for the
 backward (five matmuls to the forward's two) and 3.5 for forward+backward. x_cudnn, x_flex: our
@@ -21,6 +23,7 @@ Writes data/benchmarks/backward-<device-slug>.json.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -60,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
                    help="cpu: a Triton-interpreter smoke run of our kernel (tiny shapes, CPU backends only)")
     p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
+    p.add_argument("--repeats", type=bounded_int(1, 20), default=1,
+                   help="rounds per case, every backend once a round (ms: the median; every round in ms_repeats)")
     return p
 
 
@@ -134,8 +139,9 @@ def reference_grads(q, k, v, do, causal):
         return torch.autograd.grad(o, leaves, do[:1].float())
 
 
-def run_case(case, impls, device, dtype, seed):
-    """Records (one per impl) of one case: the gradient gate, then the timings."""
+def run_case(case, impls, device, dtype, seed, repeats=1):
+    """Records (one per impl) of one case: the gradient gate, then the timings in repeats rounds
+    (each round every backend in turn, so a drift of the clocks reaches them all)."""
     b, h, h_kv, n, d, mask = case
     q, k, v, do = case_inputs(b, h, h_kv, n, d, dtype, device, seed)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -143,7 +149,7 @@ def run_case(case, impls, device, dtype, seed):
     flops = attention_flops(b, h, n, d, parse_mask(mask, n))
     base = dict(mask=mask, seq_len=n, head_dim=d, dtype="bf16" if dtype == torch.bfloat16 else "fp32",
                 batch=b, heads=h, kv_heads=h_kv, fwd_flops=flops)
-    records, ours = [], None
+    records, ours, timed = [], None, []
     for impl in impls:
         rec = dict(base, impl=impl, status="ok", ms=None, tflops=None, fwd_bwd_ms=None, fwd_bwd_tflops=None,
                    rel_err=None, error=None, x_cudnn=None, x_flex=None)
@@ -154,7 +160,9 @@ def run_case(case, impls, device, dtype, seed):
         for expand in ((False, True) if impl in SDPA_BACKENDS and h != h_kv else (False,)):
             rec.update(status="ok", error=None, gqa="repeat_interleave" if expand else None)
             try:
-                grads = measure(rec, *forward_fn(impl, mask, expand), leaves, do, ref, ours, device)
+                grads, calls = gate(rec, *forward_fn(impl, mask, expand), leaves, do, ref, ours)
+                if calls is not None:
+                    timed.append((rec, calls))
                 break
             except (RuntimeError, NotImplementedError) as exc:
                 rec["status"] = "oom" if is_oom(exc) else "error"
@@ -163,9 +171,14 @@ def run_case(case, impls, device, dtype, seed):
                 free_cuda(device)
         if impl == "tilescope" and rec["status"] == "ok":
             ours = grads
-        if rec["ms"]:
-            rec["tflops"] = BWD_FACTOR * flops / (rec["ms"] * 1e-3) / 1e12
-            rec["fwd_bwd_tflops"] = FWD_BWD_FACTOR * flops / (rec["fwd_bwd_ms"] * 1e-3) / 1e12
+    rounds = [[_time_calls(calls, device) for _, calls in timed] for _ in range(repeats)]
+    for i, (rec, _) in enumerate(timed):
+        bwd, fwd_bwd = [r[i][0] for r in rounds], [r[i][1] for r in rounds]
+        rec["ms"], rec["fwd_bwd_ms"] = statistics.median(bwd), statistics.median(fwd_bwd)
+        if repeats > 1:
+            rec["ms_repeats"], rec["fwd_bwd_ms_repeats"] = bwd, fwd_bwd
+        rec["tflops"] = BWD_FACTOR * flops / (rec["ms"] * 1e-3) / 1e12
+        rec["fwd_bwd_tflops"] = FWD_BWD_FACTOR * flops / (rec["fwd_bwd_ms"] * 1e-3) / 1e12
     mine = next((r for r in records if r["impl"] == "tilescope" and r["ms"]), None)
     for peer, key in (("sdpa_cudnn", "x_cudnn"), ("flex", "x_flex")):
         other = next((r for r in records if r["impl"] == peer and r["ms"]), None)
@@ -175,23 +188,29 @@ def run_case(case, impls, device, dtype, seed):
     return records
 
 
-def measure(rec, fwd, ctx, leaves, do, ref, ours, device):
+def gate(rec, fwd, ctx, leaves, do, ref, ours):
     """Gate one implementation's gradients (rec['rel_err_dq_dk_dv'] against the float32
-    reference, 'vs_ours_dq_dk_dv' against ours), then time it unless they are off. Returns its
-    (dq, dk, dv)."""
+    reference, 'vs_ours_dq_dk_dv' against ours). Returns its (dq, dk, dv) and what times it (its
+    context, the backward alone on a kept graph, forward + backward), None when they are off."""
     with ctx():
         o = fwd(*leaves)
         grads = torch.autograd.grad(o, leaves, do, retain_graph=True)
-        rec["rel_err_dq_dk_dv"] = [rel_error(g[:1], r) for g, r in zip(grads, ref)]
-        rec["rel_err"] = max(rec["rel_err_dq_dk_dv"])
-        if ours is not None:
-            rec["vs_ours_dq_dk_dv"] = [rel_error(g, r) for g, r in zip(grads, ours)]
-        if not rec["rel_err"] <= TOLERANCE["bf16"]:
-            rec["status"] = "wrong"
-            return grads
-        rec["ms"] = _time(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), device)
-        rec["fwd_bwd_ms"] = _time(lambda: torch.autograd.grad(fwd(*leaves), leaves, do), device)
-    return grads
+    rec["rel_err_dq_dk_dv"] = [rel_error(g[:1], r) for g, r in zip(grads, ref)]
+    rec["rel_err"] = max(rec["rel_err_dq_dk_dv"])
+    if ours is not None:
+        rec["vs_ours_dq_dk_dv"] = [rel_error(g, r) for g, r in zip(grads, ours)]
+    if not rec["rel_err"] <= TOLERANCE["bf16"]:
+        rec["status"] = "wrong"
+        return grads, None
+    return grads, (ctx, lambda: torch.autograd.grad(o, leaves, do, retain_graph=True),
+                   lambda: torch.autograd.grad(fwd(*leaves), leaves, do))
+
+
+def _time_calls(calls, device) -> tuple:
+    """(backward ms, forward + backward ms) of one gated implementation, under its context."""
+    ctx, bwd, fwd_bwd = calls
+    with ctx():
+        return _time(bwd, device), _time(fwd_bwd, device)
 
 
 def _time(fn, device) -> float:
@@ -243,7 +262,8 @@ def _main(args, argv) -> int:
     meta = run_meta(device, "backward", argv, prog="python -m benchmarks.attention --backward")
     meta.update(flop_convention=FLOPS, impls=impls, reference="SDPA float32 on batch element 0, TF32 off",
                 tolerance=TOLERANCE["bf16"], cudnn_version=torch.backends.cudnn.version() if cuda else None,
-                default_configs={str(dd): dict(backward_config(dd, dtype, device).__dict__) for dd in (64, 128, 256)})
+                default_configs={str(dd): dict(backward_config(dd, dtype, device).__dict__) for dd in (64, 128, 256)},
+                repeats=args.repeats)
     result = dict(meta=meta, records=[], sweep=[], dq_atomic=[])
     part = f"d{'-'.join(map(str, dims))}-" if dims else ""
     path = f"{args.out}/backward-{part}{device_slug(meta['device'])}.json"
@@ -252,7 +272,7 @@ def _main(args, argv) -> int:
 
         run_sweep(result, device, dtype, args.seed, lambda: write_results(result, path, "backward"), dims)
     for case in cases:
-        for rec in run_case(case, impls, device, dtype, args.seed):
+        for rec in run_case(case, impls, device, dtype, args.seed, args.repeats):
             result["records"].append(rec)
             log(format_record(rec))
         write_results(result, path, "backward")            # every case survives a timeout

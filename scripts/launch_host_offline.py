@@ -10,7 +10,10 @@ Forward: B1 H8 N1024 D64 bf16, full mask (benchmarks.overhead's launch shape), t
 rounds of 300 calls of kernels.launch's resolve + run (the path flash_attention takes after its
 checks). Backward: B1 H8 N1024 D128 bf16, causal (scripts/backward_host_time.py's host-bound case),
 the whole flash_attention_backward call (checks, plan, preprocess, both passes and the finite-row
-twin), 15 rounds of 100 calls."""
+twin), 15 rounds of 100 calls. With the one pass (the default at D 128 on Hopper) its float32 dQ
+accumulator is zeroed and rounded by CPU memory work on these CPU tensors (about 0.8 ms a call on
+a 2-CPU machine) where a GPU launches two kernels: TILESCOPE_BWD_ONEPASS=0 times the launch path
+without them; `python -m benchmarks.overhead --parts backward` times the call on a GPU."""
 
 from __future__ import annotations
 
@@ -116,9 +119,12 @@ def _backward_call(kind: str, stats):
     import kernels.backward_plan as backward_plan
     import kernels.gluon_bwd_kernel as gluon_bwd_kernel
     import kernels.gluon_bwd_launch as gluon_bwd_launch
+    import kernels.gluon_bwd_onepass_kernel as gluon_bwd_onepass_kernel
 
     kept = [(gluon_bwd_kernel, name, getattr(gluon_bwd_kernel, name))
             for name in ("attn_bwd_dkdv_gluon_kernel", "attn_bwd_dq_gluon_kernel")]
+    kept += [(gluon_bwd_onepass_kernel, "attn_bwd_onepass_gluon_kernel",
+              gluon_bwd_onepass_kernel.attn_bwd_onepass_gluon_kernel)]
     kept += [(backward_launch, "_launch", backward_launch._launch)]
     stats._as_h200([dict(launches=[])])             # H200 facts for CPU tensors ...
     for mod, name, value in kept:                   # ... launching, not only building

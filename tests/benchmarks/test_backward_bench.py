@@ -19,7 +19,7 @@ from kernels.masks import parse_mask
 def test_smoke_run_writes_a_valid_result_file(tmp_path, device):
     if device.type == "cuda":
         pytest.skip("the GPU run is the benchmark itself")
-    rc = attention.main(["--backward", "--device", "cpu", "--quick", "--out", str(tmp_path)])
+    rc = attention.main(["--backward", "--device", "cpu", "--quick", "--repeats", "2", "--out", str(tmp_path)])
     assert rc == 0
     path = next(tmp_path.glob("backward-*.json"))
     res = load_results(path, "backward")
@@ -28,11 +28,14 @@ def test_smoke_run_writes_a_valid_result_file(tmp_path, device):
     assert (rec["impl"], rec["status"], rec["seq_len"], rec["head_dim"], rec["mask"]) == ("tilescope", "ok", n, d, mask)
     assert len(rec["rel_err_dq_dk_dv"]) == 3 and rec["rel_err"] < 1e-5        # float32 against SDPA float32
     assert rec["ms"] > 0 and rec["fwd_bwd_ms"] > 0
+    for key in ("ms", "fwd_bwd_ms"):                   # two rounds, their median recorded
+        assert len(rec[key + "_repeats"]) == 2 and rec[key] == pytest.approx(sum(rec[key + "_repeats"]) / 2)
     pairs = n * n if mask == "full" else n * (n + 1) // 2
     assert rec["tflops"] == pytest.approx(2.5 * 4 * b * h * d * pairs / (rec["ms"] * 1e-3) / 1e12)
     assert rec["fwd_bwd_tflops"] == pytest.approx(3.5 * 4 * b * h * d * pairs / (rec["fwd_bwd_ms"] * 1e-3) / 1e12)
     meta = json.loads(path.read_text())["meta"]
     assert meta["kind"] == "backward" and meta["command"].startswith("python -m benchmarks.attention --backward")
+    assert meta["repeats"] == 2
 
 
 def test_unknown_impl_is_refused():
