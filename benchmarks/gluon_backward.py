@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
-from kernels.gluon_bwd_launch import key_block_head_groups, stats_descriptor
+from kernels.gluon_bwd_launch import program_head_groups, stats_descriptor
 from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
 KEYS = gl.constexpr(64)             # keys per consumer warpgroup
@@ -207,7 +207,7 @@ def gluon_dkdv(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, 
 
         kernel, head = product_kernel, (desc(q), desc(do), desc(k), desc(v), stats_descriptor(stats), dk, dv, None)
         tail = (None, None, None)
-        groups = (key_block_head_groups(b * h_kv, kp.n_kb, q.device),)
+        groups = (program_head_groups(b * h_kv, kp.n_kb, q.device),)
     else:
         kernel, head, tail = attn_bwd_dkdv_gluon_kernel, (desc(q), desc(do), desc(k), desc(v), dk, dv, stats), ()
         groups = ()

@@ -6,7 +6,7 @@ product, three dS buffers, per-group dQ, dQ a tile late) are in docs/performance
 
 from __future__ import annotations
 
-from kernels.gluon_bwd_launch import key_block_head_groups, stats_descriptor
+from kernels.gluon_bwd_launch import program_head_groups, stats_descriptor
 
 from .gluon_backward import one_kernel_inputs
 
@@ -21,7 +21,7 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
         mask: the forward's; stages: the (Q, dO) ring's depth;
             consumer_regs: setmaxnreg per consumer thread; head_groups: the groups the programs
             take the B * H_kv heads in (kernels.gluon_bwd_kernel.key_block_slot), None: the
-            product's (kernels.gluon_bwd_launch.key_block_head_groups), B * H_kv: head after head.
+            product's (kernels.gluon_bwd_launch.program_head_groups), B * H_kv: head after head.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -31,7 +31,7 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     kp, bp = x.plan.kv_plan, x.plan
     h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
     heads = x.q.shape[0] * h_kv
-    groups = key_block_head_groups(heads, kp.n_kb, x.q.device) if head_groups is None else head_groups
+    groups = program_head_groups(heads, kp.n_kb, x.q.device) if head_groups is None else head_groups
     if not 1 <= groups <= heads:
         raise ValueError(f"head_groups must be 1..{heads} (B * H_kv), not {groups}")
     attn_bwd_onepass_gluon_kernel[(heads * kp.n_kb,)](

@@ -194,7 +194,7 @@ def _onepass_suite() -> list[dict]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
         if shape[-1] == 128:
             out.append(dict(_bwd(shape, mask, "two Gluon passes (deterministic)"), two_pass=True))
-        if shape[-1] == 128:    # the order the programs took before key_block_head_groups
+        if shape[-1] == 128:    # the order the programs took before program_head_groups
             out.append(dict(_bwd(shape, mask, "gluon one pass, head after head", kind="bwd_gluon_onepass"),
                             stages=2, head_major=True))
         out.append(dict(_bwd(shape, mask, "gluon one pass", kind="bwd_gluon_onepass"), stages=2))

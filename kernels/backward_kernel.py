@@ -140,6 +140,38 @@ def _item_tiles(work, order_ptr, n_blocks, heads, A, a_strides, B, b_strides, N,
 
 
 @triton.jit
+def _grouped_slot(p, n_heads, n_blocks, groups):
+    """Program p's item in a launch's head-major list (head * n_blocks + rank): the heads in
+    `groups` groups of nearly equal size (the first ones one head larger), each group one rank of
+    every head before the next rank (kernels.gluon_bwd_launch.program_head_groups says why; the
+    Gluon kernels' key_block_slot is the same order)."""
+    size = n_heads // groups
+    big_programs = (n_heads % groups) * (size + 1) * n_blocks     # the larger groups' programs come first
+    in_big = (p < big_programs).to(tl.int32)
+    g_size = size + in_big
+    local = p - (1 - in_big) * big_programs
+    group = local // (g_size * n_blocks)
+    r = local - group * g_size * n_blocks
+    head = group * g_size + (1 - in_big) * (n_heads % groups) * (size + 1) + r % g_size
+    return head * n_blocks + r // g_size
+
+
+@triton.jit
+def _program_item(p, n_dkdv, n_kb, n_qb, groups1, groups2, SPLIT_DKDV: tl.constexpr):
+    """The work item (attn_bwd_kernel's pid numbering) program p runs: the dK/dV items (p < n_dkdv;
+    with SPLIT_DKDV each item's two programs stay side by side) and the dQ items, each in
+    _grouped_slot's order over its heads."""
+    if p < n_dkdv:
+        if SPLIT_DKDV:
+            item = 2 * _grouped_slot(p // 2, n_dkdv // 2 // n_kb, n_kb, groups1) + p % 2
+        else:
+            item = _grouped_slot(p, n_dkdv // n_kb, n_kb, groups1)
+    else:
+        item = n_dkdv + _grouped_slot(p - n_dkdv, (tl.num_programs(0) - n_dkdv) // n_qb, n_qb, groups2)
+    return item
+
+
+@triton.jit
 def _record_program(rec, counter, t_start, HW_CLOCK: tl.constexpr):
     """One program's trace record, int64 (order, sm, t_start, t_end): on a GPU the SM and the
     global clock (the host derives the order from the start times, so tracing adds no atomic);
@@ -478,30 +510,33 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strid
 
 
 # sizes are not specialised on (one compiled kernel serves every N_q, N_k, H and group size)
-@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb1", "n_kb1", "n_qb2", "n_kb2", "n_dkdv"])
+@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb1", "n_kb1", "n_qb2", "n_kb2", "n_dkdv", "groups1",
+                               "groups2"])
 def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, FLAG, q_strides, k_strides, v_strides, do_strides, dkv_strides,
                     dq_strides, row_bounds, kv_lists, q_lists, H, GROUP, N_Q, N_K, n_qb1, n_kb1, n_qb2, n_kb2,
-                    n_dkdv, qk_scale, sm_scale, trace, MATH: tl.constexpr, TILES1: tl.constexpr,
+                    n_dkdv, groups1, groups2, qk_scale, sm_scale, trace, MATH: tl.constexpr, TILES1: tl.constexpr,
                     TILES2: tl.constexpr, DKDV: tl.constexpr, DQ_PASS: tl.constexpr, TRACE: tl.constexpr,
                     FINITE_RUN: tl.constexpr):
-    """The dK/dV and dQ passes, in one launch or two. Work items: with DKDV, program p < n_dkdv
-    runs dK/dV item p = (b*H_kv + kv_head) * n_kb1 + r, key block order[r] of
+    """The dK/dV and dQ passes, in one launch or two. Work items: with DKDV, item p < n_dkdv is
+    dK/dV item p = (b*H_kv + kv_head) * n_kb1 + r, key block order[r] of
     kv_lists = (full_cnt, full_start, part_cnt, part_idx, part_before, order): the forward's
     lists transposed, tiles TILES1 (partial query blocks part_idx[k_block * n_qb1 + i],
     i < part_cnt, ascending, of which the first part_before lie above the full run
-    full_start + [0, full_cnt)); with DQ_PASS, program n_dkdv + p (n_dkdv = 0 when DKDV is off)
-    runs dQ item p = (b*H + head) * n_qb2 + r, query block order[r] of
+    full_start + [0, full_cnt)); with DQ_PASS, item n_dkdv + p (n_dkdv = 0 when DKDV is off) is
+    dQ item p = (b*H + head) * n_qb2 + r, query block order[r] of
     q_lists = (full_cnt, full_start, part_cnt, part_idx, order): the forward's lists
     (kernels.plan.BlockPlan), tiles TILES2. DK, DV share dkv_strides. row_bounds = (lo, hi): the
     per-row visible key intervals. STATS: (B*H, 2, N_Q) float32, lse2 and delta from
     attn_bwd_preprocess. trace = (work, counter, tiles_dkdv, tiles_dq, rows, head_slot), None
-    each when off, as kernels.backward.BackwardTraceBuffers; work[pid] is program pid's record.
+    each when off, as kernels.backward.BackwardTraceBuffers; work[p] is the record of item p's program.
     MATH.FINITE_ROWS: each pass is launched twice on the same grid, and FLAG (the preprocess's
     int32 marked-row flag, None without FINITE_ROWS), read once per program, picks which launch
     does the work: the FINITE_RUN=False one when no row is marked (the same items as without
     FINITE_ROWS), the FINITE_RUN=True one (the finite-row items) when some row is; the other's
-    programs end after that one load."""
-    pid = tl.program_id(0)
+    programs end after that one load. Programs take the items in _program_item's order: the heads
+    in groups1 (dK/dV) and groups2 (dQ) groups of nearly equal size, a group's longest blocks first
+    across its heads (kernels.gluon_bwd_launch.program_head_groups)."""
+    pid = _program_item(tl.program_id(0), n_dkdv, n_kb1, n_qb2, groups1, groups2, MATH.SPLIT_DKDV)
     t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
     work = True
     if MATH.FINITE_ROWS:

@@ -32,7 +32,8 @@ from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, IN
 from .backward_direct import (GLUON, BackwardLaunches, launch_options, launch_positional,  # noqa: E402
                               positional_args)
 from .device_cache import hold_if_capturing  # noqa: E402
-from .gluon_bwd_launch import gluon_backward_fits, gluon_backward_one_pass, prepare_gluon_backward  # noqa: E402
+from .gluon_bwd_launch import (gluon_backward_fits, gluon_backward_one_pass, prepare_gluon_backward,  # noqa: E402
+                               program_head_groups)
 from .launch_cache import BoundedCache  # noqa: E402
 from .plan import PLAN_CACHE_BYTES, PLAN_CACHE_ENTRIES, PLAN_CACHE_ITEM_BYTES  # noqa: E402
 from .masks import MaskSpec, parse_mask  # noqa: E402
@@ -340,7 +341,9 @@ def _launch_steps(tensors: dict, spec, scale: float, cfg: BackwardConfig, bp: Ba
                           bp.kv_order),
                 q_lists=(qp.full_cnt, qp.full_start, qp.part_cnt, qp.part_idx, bp.q_order),
                 H=h, GROUP=h // h_kv, N_Q=n_q, N_K=n_k, n_qb1=kp.n_qb, n_kb1=kp.n_kb, n_qb2=qp.n_qb, n_kb2=qp.n_kb,
-                n_dkdv=n_dkdv, qk_scale=scale * LOG2E, sm_scale=scale, trace=pass_trace,
+                n_dkdv=n_dkdv, groups1=program_head_groups(b * h_kv, kp.n_kb, q.device),
+                groups2=program_head_groups(b * h, qp.n_qb, q.device), qk_scale=scale * LOG2E, sm_scale=scale,
+                trace=pass_trace,
                 MATH=math, TILES1=bp.dkdv_tiles, TILES2=bp.dq_tiles, DKDV=True, DQ_PASS=True, TRACE=flags)
     # finite_rows: each launch twice, the device flag picking which one's programs do the work
     runs = (False, True) if cfg.finite_rows else (False,)

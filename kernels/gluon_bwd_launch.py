@@ -51,19 +51,21 @@ def gluon_backward_one_pass(cfg) -> bool:
             and os.environ.get("TILESCOPE_BWD_ONEPASS", "1") != "0")
 
 
-def key_block_head_groups(heads: int, n_kb: int, device) -> int:
-    """How many groups the key-block programs take the heads in (kernels.gluon_bwd_kernel's
-    key_block_slot): groups of at least two waves of programs (2 * SMs / n_kb heads), so a group's
-    longest key blocks run first across its heads and the launch ends in short ones. Head after
-    head (heads groups) a causal launch at 4k ended in one head's long blocks: the hardware's
-    greedy dispatch of B * H_kv heads' longest-first lists then leaves up to 7 % of a 4k launch
-    and 12 % of a GQA 32/8 one idle (greedy list scheduling of the key blocks' tile counts).
+def program_head_groups(heads: int, n_blocks: int, device) -> int:
+    """How many groups a backward launch's programs take the heads in (kernels.gluon_bwd_kernel's
+    key_block_slot, kernels.backward_kernel's _grouped_slot): groups of at least two waves of
+    programs (2 * SMs / n_blocks heads), each group's longest blocks first across its heads, so a
+    launch ends in short blocks. Head after head (heads groups), a causal launch at 4k ended in one
+    head's long blocks: the hardware's greedy dispatch of B * H_kv heads' longest-first lists then
+    leaves up to 7 % of a 4k launch and 12 % of a GQA 32/8 one idle (greedy list scheduling of the
+    blocks' tile counts).
 
     Arguments:
-        heads: B * H_kv; n_kb: key blocks per head; device: the CUDA device (its SM count).
+        heads: the heads the blocks belong to (B * H_kv for key blocks, B * H for query blocks);
+        n_blocks: blocks per head; device: the device (its SM count, kernels.runtime.device_facts).
     Returns:
         the group count, 1..heads."""
-    per_group = max(1, min(heads, -(-2 * device_facts(device).sm_count // n_kb)))
+    per_group = max(1, min(heads, -(-2 * device_facts(device).sm_count // n_blocks)))
     return -(-heads // per_group)
 
 
@@ -120,7 +122,7 @@ class GluonBackwardLaunch:
                       TRACE_WORK=False, TRACE_TILES=False, q_desc=None, do_desc=None, k_desc=None, v_desc=None)
         kv_lists = dict(row_lo=kp.row_lo, row_hi=kp.row_hi, full_cnt=bp.kv_full_cnt, full_start=bp.kv_full_start,
                         part_cnt=bp.kv_part_cnt, part_idx=bp.kv_part_idx, kv_order=bp.kv_order, n_qb=kp.n_qb,
-                        n_kb=kp.n_kb, head_groups=key_block_head_groups(b * h_kv, kp.n_kb, q.device), st_desc=None,
+                        n_kb=kp.n_kb, head_groups=program_head_groups(b * h_kv, kp.n_kb, q.device), st_desc=None,
                         DK=None, DV=None)
         if one_pass:
             forms = (("one_pass", attn_bwd_onepass_gluon_kernel, dict(common, **kv_lists, dqa_desc=None),

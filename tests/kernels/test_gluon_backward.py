@@ -102,19 +102,6 @@ def test_the_one_pass_unless_deterministic_algorithms_are_asked_for(monkeypatch)
     assert not gluon_backward_one_pass(cfg)
 
 
-def test_key_blocks_take_the_heads_in_groups_of_two_waves(monkeypatch):
-    import kernels.gluon_bwd_launch as gbl
-    from kernels.runtime import DeviceFacts
-
-    monkeypatch.setattr(gbl, "device_facts", lambda device: DeviceFacts("cuda", (9, 0), 132, "h200", True, False))
-    # B4 H16 at 4k: 32 key blocks of 128 per head, 2 * 132 / 32 -> 9 heads a group, 64 heads -> 8 groups
-    assert gbl.key_block_head_groups(64, 32, "cuda") == 8
-    assert gbl.key_block_head_groups(64, 128, "cuda") == 22           # 16k: 3 heads a group (20 of 3, 2 of 2)
-    assert gbl.key_block_head_groups(16, 64, "cuda") == 4             # GQA B2 H_kv 8 at 8k: 5 heads a group
-    assert gbl.key_block_head_groups(5, 8, "cuda") == 1               # fewer heads than a group: one group
-    assert gbl.key_block_head_groups(3, 1000, "cuda") == 3            # a key block count past 2 waves: head after head
-
-
 @pytest.mark.gpu
 def test_program_orders_change_no_key_block(gluon_gpu):
     """The one pass with its programs in any number of head groups (kernels.gluon_bwd_kernel's
