@@ -231,17 +231,20 @@ def _check_cache_call(q, k_cache, v_cache, k, v, cache_seqlens, block_table) -> 
             _fail(f"cache_seqlens must be an int or a ({b},) int32 tensor on {q.device}, got "
                   f"{tuple(cache_seqlens.shape)} {cache_seqlens.dtype} on {cache_seqlens.device}")
         seqlens = cache_seqlens
+        # host tensors: checking costs no device sync (a CUDA tensor's lengths are not read)
+        bounds = (int(seqlens.min()), int(seqlens.max())) if q.device.type == "cpu" else None
     else:
-        seqlens = torch.full((b,), _index(cache_seqlens, "cache_seqlens"), dtype=torch.int32, device=q.device)
-    if q.device.type == "cpu":          # host tensors: checking costs no device sync
-        n_new = 0 if k is None else k.shape[1]
-        lo, hi = int(seqlens.min()), int(seqlens.max())
-        if lo < 0 or hi + n_new > capacity:
-            _fail(f"cache_seqlens {lo}..{hi} plus {n_new} new keys must fit the cache's {capacity} positions")
-        if block_table is not None:
-            from .paged import check_block_table
+        n = _index(cache_seqlens, "cache_seqlens")
+        seqlens = torch.full((b,), n, dtype=torch.int32, device=q.device)
+        bounds = (n, n)                 # a host int: checked on every device
+    n_new = 0 if k is None else k.shape[1]
+    if bounds is not None and (bounds[0] < 0 or bounds[1] + n_new > capacity):
+        _fail(f"cache_seqlens {bounds[0]}..{bounds[1]} plus {n_new} new keys must fit the cache's {capacity} "
+              "positions")
+    if q.device.type == "cpu" and block_table is not None:
+        from .paged import check_block_table
 
-            check_block_table(block_table, b, k_cache, (seqlens + n_new).numpy())
+        check_block_table(block_table, b, k_cache, (seqlens + n_new).numpy())
     return capacity, seqlens
 
 
