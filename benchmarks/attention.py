@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu runs our kernel in the Triton interpreter (smoke runs only)")
     p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul peak measurement")
     p.add_argument("--repeats", type=bounded_int(1, 100), default=1,
-                   help="time each case this many times (ms: the median; every repeat in ms_repeats)")
+                   help="rounds per case, each round every implementation in turn (ms: the median; every round "
+                        "in ms_repeats)")
     return p
 
 
@@ -142,7 +143,8 @@ def run(args, argv=None) -> dict:
         shape={"B": b, "H": h, "D": d}, dtype=args.dtype, seq_lens=seq_lens, masks=masks,
         impls=impls, seed=args.seed,
         timing=f"triton.testing.do_bench(fn, warmup={warmup}, rep={rep}, return_mode='median')"
-        + (f", median of {args.repeats} repeats" if args.repeats > 1 else "")
+        + (f", median of {args.repeats} rounds, each round every implementation of a case in turn"
+           if args.repeats > 1 else "")
         if device.type == "cuda" else "wall clock median (CPU interpreter smoke run; not a benchmark)",
         correctness=(f"before timing, each output is compared with a float32 reference on batch*heads "
                      f"{heads_checked} (all rows); rel_err = ||out - ref||_F / ||ref||_F; an impl with "
@@ -183,7 +185,7 @@ def run(args, argv=None) -> dict:
             pairs = visible_pairs(spec, n)
             flops = attention_flops(b, h, n, d, spec)
             ref = reference_slice(q, k, v, spec, heads_checked)
-            cudnn_out = None
+            cudnn_out, timed, case = None, [], []        # case: (record, its number) in impl order
             for impl in impls:
                 if not applicable(impl, spec, device):
                     continue
@@ -196,8 +198,7 @@ def run(args, argv=None) -> dict:
                 if impl == "naive" and not naive_fits(device, b, h, n, elem):
                     rec.update(status="too_big",
                                error=f"S and P need {naive_bytes(b, h, n, elem) / 2**30:.1f} GiB")
-                    result["records"].append(rec)
-                    _report(bar, done, n_total, rec)
+                    case.append((rec, done))
                     continue
                 fn, ctx = make_call(impl, q, k, v, spec, cfg)
                 try:
@@ -216,12 +217,8 @@ def run(args, argv=None) -> dict:
                             rec["error"] = (f"rel_err {err:.3g} > {tol}: "
                                             "output disagrees with the reference; not timed")
                         else:
-                            reps = [time_ms(fn, device, warmup=warmup, rep=rep) for _ in range(args.repeats)]
-                            ms = statistics.median(reps)
-                            rec["ms"] = ms
-                            if args.repeats > 1:
-                                rec["ms_repeats"] = reps
-                            rec["tflops"] = flops / (ms * 1e-3) / 1e12
+                            rec["ms_repeats"] = []          # timed below, in rounds with the others
+                            timed.append((rec, fn, ctx))
                 except Exception as e:  # noqa: BLE001  (record and go on)
                     msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                     if is_oom(e):
@@ -233,10 +230,19 @@ def run(args, argv=None) -> dict:
                         status = "error"
                     rec.update(status=status, error=msg[:500], ms=None, tflops=None)
                     free_cuda(device)
+                case.append((rec, done))
+            _rounds(timed, args.repeats, device, warmup, rep)
+            for rec, _, _ in timed:
+                if rec["status"] == "ok":
+                    rec["ms"] = statistics.median(rec["ms_repeats"])
+                    rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
+                if args.repeats == 1 or rec["status"] != "ok":
+                    rec.pop("ms_repeats")
+            for rec, i in case:
                 result["records"].append(rec)
-                _report(bar, done, n_total, rec)
-                write_results(result, out_path, "attention")   # every record survives an interruption
-            del ref, cudnn_out
+                _report(bar, i, n_total, rec)
+            write_results(result, out_path, "attention")   # every case survives an interruption
+            del ref, cudnn_out, timed
         del q, k, v
         free_cuda(device)
         write_results(result, out_path, "attention")   # partial results survive a timeout
@@ -246,6 +252,23 @@ def run(args, argv=None) -> dict:
     path = write_results(result, out_path, "attention", copy_to=args.copy_to)
     log(f"wrote {path}" + (f" (copied to {args.copy_to})" if args.copy_to else ""))
     return result
+
+
+def _rounds(timed, repeats, device, warmup, rep) -> None:
+    """repeats rounds over a case's timed implementations, each round every one in turn (a drift of
+    the clocks reaches them all), each time appended to its rec['ms_repeats']; one that fails in a
+    round is recorded as an error and leaves the rounds."""
+    for _ in range(repeats):
+        for rec, fn, ctx in timed:
+            if rec["status"] != "ok":
+                continue
+            try:
+                with ctx():
+                    rec["ms_repeats"].append(time_ms(fn, device, warmup=warmup, rep=rep))
+            except Exception as e:  # noqa: BLE001  (record and go on)
+                rec.update(status="oom" if is_oom(e) else "error", ms=None, tflops=None,
+                           error=f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:500])
+                free_cuda(device)
 
 
 def _bar(total):

@@ -337,6 +337,27 @@ def test_attention_uses_config_file(tmp_path, device):
     assert all(r["config"]["block_m"] == 32 and r["config_source"] == "tuned" for r in recs)
 
 
+def test_attention_times_a_case_in_rounds(tmp_path, device, monkeypatch):
+    # --repeats 2: every implementation of a case once a round, the median kept with every round
+    order = []
+    real = att.time_ms
+    monkeypatch.setattr(att, "time_ms", lambda fn, *a, **kw: order.append(fn) or real(fn, *a, **kw))
+    args = att.build_parser().parse_args(
+        ["--seq-lens", "64", "--batch", "1", "--heads", "1", "--head-dim", "32", "--masks", "causal,full",
+         "--impls", "tilescope,tilescope:persistent", "--out", str(tmp_path), "--no-matmul", "--rep", "1",
+         "--warmup", "1", "--repeats", "2", "--device", device.type])
+    res = att.run(args, [])
+    recs = res["records"]
+    assert [(r["mask"], r["impl"]) for r in recs] == [(m, i) for m in ("causal", "full")
+                                                      for i in ("tilescope", "tilescope:persistent")]
+    for r in recs:
+        assert r["status"] == "ok" and len(r["ms_repeats"]) == 2
+        assert r["ms"] == pytest.approx(sum(r["ms_repeats"]) / 2)
+    # per mask: implementation A, B, then A, B again (not A, A, B, B)
+    assert len(order) == 8 and order[0] is order[2] and order[1] is order[3] and order[0] is not order[1]
+    assert "median of 2 rounds" in res["meta"]["timing"] or device.type != "cuda"
+
+
 def test_config_file_auto(tmp_path, device):
     from instrumentation.recording.environment import environment
 
