@@ -69,7 +69,7 @@ choose_backend()  # before triton is imported, also when this module is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .tile_ops import globaltimer, smid  # noqa: E402
+from .tile_ops import globaltimer, grouped_slot, smid  # noqa: E402
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -140,34 +140,17 @@ def _item_tiles(work, order_ptr, n_blocks, heads, A, a_strides, B, b_strides, N,
 
 
 @triton.jit
-def _grouped_slot(p, n_heads, n_blocks, groups):
-    """Program p's item in a launch's head-major list (head * n_blocks + rank): the heads in
-    `groups` groups of nearly equal size (the first ones one head larger), each group one rank of
-    every head before the next rank (kernels.gluon_bwd_launch.program_head_groups says why; the
-    Gluon kernels' key_block_slot is the same order)."""
-    size = n_heads // groups
-    big_programs = (n_heads % groups) * (size + 1) * n_blocks     # the larger groups' programs come first
-    in_big = (p < big_programs).to(tl.int32)
-    g_size = size + in_big
-    local = p - (1 - in_big) * big_programs
-    group = local // (g_size * n_blocks)
-    r = local - group * g_size * n_blocks
-    head = group * g_size + (1 - in_big) * (n_heads % groups) * (size + 1) + r % g_size
-    return head * n_blocks + r // g_size
-
-
-@triton.jit
 def _program_item(p, n_dkdv, n_kb, n_qb, groups1, groups2, SPLIT_DKDV: tl.constexpr):
     """The work item (attn_bwd_kernel's pid numbering) program p runs: the dK/dV items (p < n_dkdv;
     with SPLIT_DKDV each item's two programs stay side by side) and the dQ items, each in
-    _grouped_slot's order over its heads."""
+    grouped_slot's order over its heads."""
     if p < n_dkdv:
         if SPLIT_DKDV:
-            item = 2 * _grouped_slot(p // 2, n_dkdv // 2 // n_kb, n_kb, groups1) + p % 2
+            item = 2 * grouped_slot(p // 2, n_dkdv // 2 // n_kb, n_kb, groups1) + p % 2
         else:
-            item = _grouped_slot(p, n_dkdv // n_kb, n_kb, groups1)
+            item = grouped_slot(p, n_dkdv // n_kb, n_kb, groups1)
     else:
-        item = n_dkdv + _grouped_slot(p - n_dkdv, (tl.num_programs(0) - n_dkdv) // n_qb, n_qb, groups2)
+        item = n_dkdv + grouped_slot(p - n_dkdv, (tl.num_programs(0) - n_dkdv) // n_qb, n_qb, groups2)
     return item
 
 

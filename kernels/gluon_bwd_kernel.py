@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_fwd_kernel import _globaltimer, _smid, block_lists, list_block, tma_load, wgmma_layout, work_item
+from .tile_ops import grouped_slot
 
 KEYS = gl.constexpr(64)             # rows of one consumer warpgroup's products (keys, or query rows in dQ)
 ROWS_PER_TILE = 64                  # dK/dV: query rows per streamed tile (BackwardConfig.block_m1)
@@ -196,17 +197,7 @@ def key_block_slot(n_kb, head_groups):
     head larger) and, within a group, one rank of every head before the next rank: the longest key
     blocks of several heads first, so no head's long blocks start while the launch ends in another
     head's short ones (head_groups = B * H_kv: head after head, each head's blocks longest first)."""
-    pid = gl.program_id(0)
-    n_bh = gl.num_programs(0) // n_kb
-    size = n_bh // head_groups
-    big_programs = (n_bh % head_groups) * (size + 1) * n_kb     # the larger groups' programs come first
-    in_big = (pid < big_programs).to(gl.int32)
-    g_size = size + in_big
-    local = pid - (1 - in_big) * big_programs
-    group = local // (g_size * n_kb)
-    r = local - group * g_size * n_kb
-    bh_kv = group * g_size + (1 - in_big) * (n_bh % head_groups) * (size + 1) + r % g_size
-    return bh_kv * n_kb + r // g_size
+    return grouped_slot(gl.program_id(0), gl.num_programs(0) // n_kb, n_kb, head_groups)
 
 
 @gluon.jit

@@ -52,10 +52,10 @@ def gluon_backward_one_pass(cfg) -> bool:
 
 
 def program_head_groups(heads: int, n_blocks: int, device) -> int:
-    """How many groups a backward launch's programs take the heads in (kernels.gluon_bwd_kernel's
-    key_block_slot, kernels.backward_kernel's _grouped_slot): groups of at least two waves of
-    programs (2 * SMs / n_blocks heads), each group's longest blocks first across its heads, so a
-    launch ends in short blocks. Head after head (heads groups), a causal launch at 4k ended in one
+    """How many groups a backward launch's programs take the heads in (kernels.tile_ops.grouped_slot,
+    which the Gluon kernels' key_block_slot and the Triton kernel's _program_item call): groups of at
+    least two waves of programs (2 * SMs / n_blocks heads), each group's longest blocks first across
+    its heads, so a launch ends in short blocks. Head after head (heads groups), a causal launch at 4k ended in one
     head's long blocks: the hardware's greedy dispatch of B * H_kv heads' longest-first lists then
     leaves up to 7 % of a 4k launch and 12 % of a GQA 32/8 one idle (greedy list scheduling of the
     blocks' tile counts).

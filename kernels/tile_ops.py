@@ -21,6 +21,23 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def grouped_slot(p, n_heads, n_blocks, groups):
+    """Program p's item in a launch's head-major list (head * n_blocks + rank): the heads in
+    `groups` groups of nearly equal size (the first ones one head larger), each group one rank of
+    every head before the next rank (kernels.gluon_bwd_launch.program_head_groups says why). Plain
+    integer arithmetic, so the backward's Gluon kernels call it too (kernels.gluon_bwd_kernel)."""
+    size = n_heads // groups
+    big_programs = (n_heads % groups) * (size + 1) * n_blocks     # the larger groups' programs come first
+    in_big = (p < big_programs).to(tl.int32)
+    g_size = size + in_big
+    local = p - (1 - in_big) * big_programs
+    group = local // (g_size * n_blocks)
+    r = local - group * g_size * n_blocks
+    head = group * g_size + (1 - in_big) * (n_heads % groups) * (size + 1) + r % g_size
+    return head * n_blocks + r // g_size
+
+
+@triton.jit
 def globaltimer():
     return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                      is_pure=False, pack=1)
