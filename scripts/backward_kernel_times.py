@@ -6,7 +6,8 @@ dQ accumulator's zeroing and rounding, empty launches).
     python scripts/backward_kernel_times.py --cases 4:16:16:4096:128:causal,2:32:8:8192:128:causal
 
 Prints per case each kernel's microseconds per call and launches per call, and the kernels' sum
-as TFLOP/s (2.5x the forward's 4*B*H*D*visible pairs). bf16 random inputs; needs a CUDA GPU.
+as TFLOP/s (2.5x the forward's 4*B*H*D*visible pairs), on the inputs and calls of
+`python -m benchmarks.attention --backward` (benchmarks.backward: bf16, seed 0); needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -42,33 +43,26 @@ def parse(argv=None):
 
 
 def kernel_times(impl: str, b: int, h: int, h_kv: int, n: int, d: int, mask: str) -> dict:
-    """{kernel name: (microseconds per call, launches per call)} of `CALLS` backward calls."""
+    """{kernel name: (microseconds per call, launches per call)} of `CALLS` backward calls of impl
+    ('tilescope' or 'sdpa_cudnn', as benchmarks.backward runs them, on its inputs)."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.profiler import ProfilerActivity, profile
 
-    from kernels import flash_attention
+    from benchmarks.backward import forward_fn
+    from benchmarks.backward_cases import case_inputs
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_()   # (B, H, N, D)
-    k, v = (torch.randn(b, h_kv, n, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_()
-            for _ in range(2))                                                                    # (B, H_kv, N, D)
-    do = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
-
-    def forward():
-        if impl == "ours":
-            return flash_attention(q, k, v, mask=mask)
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=mask == "causal",
-                                                                    enable_gqa=h_kv != h)
-    outs = [forward() for _ in range(CALLS + 3)]
-    for o in outs[:3]:                      # warm: compiled, plans and caches filled
-        torch.autograd.grad(o, (q, k, v), do)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for o in outs[3:]:
+    q, k, v, do = case_inputs(b, h, h_kv, n, d, torch.bfloat16, torch.device("cuda"), 0)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fwd, ctx = forward_fn(impl, mask)
+    with ctx():
+        outs = [fwd(q, k, v) for _ in range(CALLS + 3)]
+        for o in outs[:3]:                  # warm: compiled, plans and caches filled
             torch.autograd.grad(o, (q, k, v), do)
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for o in outs[3:]:
+                torch.autograd.grad(o, (q, k, v), do)
+            torch.cuda.synchronize()
     total, count = collections.defaultdict(float), collections.Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -84,13 +78,17 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("backward_kernel_times: needs a CUDA GPU (it times GPU kernels)", file=sys.stderr)
         return 2
+    from benchmarks import attention_flops
+    from benchmarks.backward import BWD_FACTOR
+    from kernels.masks import parse_mask
+
     for b, h, h_kv, n, d, mask in cases:
-        pairs = n * n if mask == "full" else n * (n + 1) // 2
-        for impl in ("ours", "cudnn"):
+        flops = BWD_FACTOR * attention_flops(b, h, n, d, parse_mask(mask, n))
+        for impl in ("tilescope", "sdpa_cudnn"):
             times = kernel_times(impl, b, h, h_kv, n, d, mask)
             us = sum(t for t, _ in times.values())
             print(f"== {impl} B{b} H{h}/{h_kv} N{n} D{d} {mask}: kernels {us:.1f} us per call, "
-                  f"{2.5 * 4 * b * h * d * pairs / (us * 1e-6) / 1e12:.0f} TFLOP/s")
+                  f"{flops / (us * 1e-6) / 1e12:.0f} TFLOP/s")
             for name, (t, launches) in sorted(times.items(), key=lambda kv: -kv[1][0]):
                 print(f"   {t:10.1f} us  x{launches:g}  {name[:90]}")
     return 0
