@@ -220,16 +220,7 @@ def run(args, argv=None) -> dict:
                             rec["ms_repeats"] = []          # timed below, in rounds with the others
                             timed.append((rec, fn, ctx))
                 except Exception as e:  # noqa: BLE001  (record and go on)
-                    msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                    if is_oom(e):
-                        status = "oom"
-                    elif impl.startswith("sdpa_") and ("No available kernel" in str(e)
-                                                       or "No viable backend" in str(e)):
-                        status = "unsupported"
-                    else:
-                        status = "error"
-                    rec.update(status=status, error=msg[:500], ms=None, tflops=None)
-                    free_cuda(device)
+                    _failed(rec, e, device)
                 case.append((rec, done))
             _rounds(timed, args.repeats, device, warmup, rep)
             for rec, _, _ in timed:
@@ -257,7 +248,7 @@ def run(args, argv=None) -> dict:
 def _rounds(timed, repeats, device, warmup, rep) -> None:
     """repeats rounds over a case's timed implementations, each round every one in turn (a drift of
     the clocks reaches them all), each time appended to its rec['ms_repeats']; one that fails in a
-    round is recorded as an error and leaves the rounds."""
+    round is recorded as failed (_failed) and leaves the rounds."""
     for _ in range(repeats):
         for rec, fn, ctx in timed:
             if rec["status"] != "ok":
@@ -266,9 +257,21 @@ def _rounds(timed, repeats, device, warmup, rep) -> None:
                 with ctx():
                     rec["ms_repeats"].append(time_ms(fn, device, warmup=warmup, rep=rep))
             except Exception as e:  # noqa: BLE001  (record and go on)
-                rec.update(status="oom" if is_oom(e) else "error", ms=None, tflops=None,
-                           error=f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:500])
-                free_cuda(device)
+                _failed(rec, e, device)
+
+
+def _failed(rec, e, device) -> None:
+    """An implementation's run raised e: its record says how (oom, unsupported by an SDPA backend,
+    else error) in the exception's first line, untimed; the GPU memory it held is given back."""
+    msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    if is_oom(e):
+        status = "oom"
+    elif rec["impl"].startswith("sdpa_") and ("No available kernel" in str(e) or "No viable backend" in str(e)):
+        status = "unsupported"
+    else:
+        status = "error"
+    rec.update(status=status, error=msg[:500], ms=None, tflops=None)
+    free_cuda(device)
 
 
 def _bar(total):
