@@ -238,9 +238,10 @@ class OneKernelInputs(NamedTuple):
     scale: float
 
 
-def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True) -> OneKernelInputs:
+def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True, rows=ROWS_PER_TILE) -> OneKernelInputs:
     """The inputs checked (bf16/fp16, D 64 or 128; with stats_tma N_q a multiple of 4: one line that
-    names the probe otherwise), the statistics pass run and the plan and descriptors made."""
+    names the probe otherwise), the statistics pass run and the plan and descriptors made; rows:
+    the query rows of a streamed (Q, dO) tile."""
     from kernels.backward_plan import BackwardConfig, backward_plan
     from kernels.masks import parse_mask
     from kernels.shapes import softmax_scale
@@ -256,13 +257,13 @@ def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True) -
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
     _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
-    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(ROWS_PER_TILE, 128, 128, 64, 8, stages),
-                       q.device)
-    layout = gl.NVMMASharedLayout.get_default_for([64, d], gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
-    desc = lambda t: TensorDescriptor.from_tensor(t.view(-1, d), [64, d], layout)  # noqa: E731
+    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(rows, 128, 128, 64, 8, stages), q.device)
+    gdtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    desc = lambda t, n: TensorDescriptor.from_tensor(  # noqa: E731
+        t.view(-1, d), [n, d], gl.NVMMASharedLayout.get_default_for([n, d], gdtype))
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
-    block = [ROWS_PER_TILE, d // 2]
+    block = [rows, d // 2]
     dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), block,
                                             gl.NVMMASharedLayout.get_default_for(block, gl.float32))
-    return OneKernelInputs(q, k, desc(q), desc(do), desc(k), desc(v), stats, bp, torch.empty_like(k),
-                           torch.empty_like(v), dq_acc, dqa_desc, softmax_scale(None, d))
+    return OneKernelInputs(q, k, desc(q, rows), desc(do, rows), desc(k, 64), desc(v, 64), stats, bp,
+                           torch.empty_like(k), torch.empty_like(v), dq_acc, dqa_desc, softmax_scale(None, d))

@@ -11,7 +11,8 @@ from kernels.gluon_bwd_launch import program_head_groups, stats_descriptor
 from .gluon_backward import one_kernel_inputs
 
 
-def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, head_groups=None):
+def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, head_groups=None,
+                           rows=64):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -21,13 +22,18 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
         mask: the forward's; stages: the (Q, dO) ring's depth;
             consumer_regs: setmaxnreg per consumer thread; head_groups: the groups the programs
             take the B * H_kv heads in (kernels.gluon_bwd_kernel.key_block_slot), None: the
-            product's (kernels.gluon_bwd_launch.program_head_groups), B * H_kv: head after head.
+            product's (kernels.gluon_bwd_launch.program_head_groups), B * H_kv: head after head;
+            rows: query rows per streamed (Q, dO) tile, 64 (the product's) or 128 (FlashAttention-3's
+            tile at D 64: half the tiles per key block, twice the work between a tile's barriers).
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
     from kernels.gluon_bwd_onepass_kernel import attn_bwd_onepass_gluon_kernel
 
-    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass")
+    if rows not in (64, 128) or (rows == 128 and q.shape[-1] != 64):
+        raise ValueError(f"rows (query rows per tile) must be 64, or 128 at D 64 (D 128's do not fit in shared "
+                         f"memory), not {rows} at D {q.shape[-1]}")
+    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass", rows=rows)
     kp, bp = x.plan.kv_plan, x.plan
     h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
     heads = x.q.shape[0] * h_kv
@@ -35,7 +41,7 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     if not 1 <= groups <= heads:
         raise ValueError(f"head_groups must be 1..{heads} (B * H_kv), not {groups}")
     attn_bwd_onepass_gluon_kernel[(heads * kp.n_kb,)](
-        x.q_desc, x.do_desc, x.k_desc, x.v_desc, stats_descriptor(x.stats), x.dk, x.dv, x.dqa_desc, None, kp.row_lo,
+        x.q_desc, x.do_desc, x.k_desc, x.v_desc, stats_descriptor(x.stats, rows), x.dk, x.dv, x.dqa_desc, None, kp.row_lo,
         kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, None, None, None,
         None, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, groups, x.scale * LOG2E, x.scale, STAGES=stages,
         CONSUMER_REGS=consumer_regs, TRACE_WORK=False, TRACE_TILES=False, num_warps=4)

@@ -185,12 +185,12 @@ def _onepass_suite() -> list[dict]:
     """bwdonepass: the default (the one-pass Gluon kernel at D 128 on Hopper) beside the two Gluon
     passes (what deterministic calls run), the one pass launched alone (benchmarks.gluon_backward_onepass)
     in the product's program order and head after head, and cuDNN, at D 128; at D 64 the default
-    (the Triton passes) beside the one pass."""
+    (the Triton passes) beside the one pass in 64- and 128-row tiles."""
     out = []
+    d64 = [((4, 16, 16, n, 64), mask) for mask in ("full", "causal") for n in (4096, 8192, 16384)]
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
                         ((4, 16, 16, 16384, 128), "causal"), ((4, 16, 16, 4096, 128), "full"),
-                        ((4, 16, 16, 8192, 128), "full"), ((2, 32, 8, 8192, 128), "causal"),
-                        ((4, 16, 16, 4096, 64), "full"), ((4, 16, 16, 8192, 64), "causal")]:
+                        ((4, 16, 16, 8192, 128), "full"), ((2, 32, 8, 8192, 128), "causal")] + d64:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default")]
         if shape[-1] == 128:
             out.append(dict(_bwd(shape, mask, "two Gluon passes (deterministic)"), two_pass=True))
@@ -198,6 +198,9 @@ def _onepass_suite() -> list[dict]:
             out.append(dict(_bwd(shape, mask, "gluon one pass, head after head", kind="bwd_gluon_onepass"),
                             stages=2, head_major=True))
         out.append(dict(_bwd(shape, mask, "gluon one pass", kind="bwd_gluon_onepass"), stages=2))
+        if shape[-1] == 64:     # FlashAttention-3's D 64 tile
+            out.append(dict(_bwd(shape, mask, "gluon one pass, 128-row tiles", kind="bwd_gluon_onepass"),
+                            stages=2, rows=128))
     return out
 
 
@@ -269,7 +272,8 @@ def backward_call(v, device):
         from .gluon_backward_onepass import gluon_backward_onepass
 
         groups = q.shape[0] * vv.shape[1] if v.get("head_major") else None     # head after head, or the product's
-        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], head_groups=groups)
+        return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], head_groups=groups,
+                                              rows=v.get("rows", 64))
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 

@@ -188,13 +188,13 @@ class GluonBackwardLaunch:
         return launch
 
 
-def stats_descriptor(stats):
-    """A TMA descriptor over the statistics (B*H, 2, N_q) float32 as (B*H*2*N_q,) in 64-value boxes,
-    unswizzled (the dK/dV pass loads a tile's lse and delta with it)."""
+def stats_descriptor(stats, rows: int = 64):
+    """A TMA descriptor over the statistics (B*H, 2, N_q) float32 as (B*H*2*N_q,) in boxes of a
+    tile's rows (64), unswizzled (the dK/dV pass loads a tile's lse and delta with it)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor(stats.view(-1), [stats.numel()], [1], [64],
+    return TensorDescriptor(stats.view(-1), [stats.numel()], [1], [rows],
                             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
 
 

@@ -95,6 +95,8 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
     col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
     keys = key0 + WG * KEYS + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))     # (KEYS,) this group's keys
     cols = gl.arange(0, BLOCK_M, col_vec)
+    zero_s = gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout)
+    inv_qk_scale = 1.0 / qk_scale
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     k = k_smem.index(WG)
@@ -108,21 +110,22 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
         t = it % n_tiles
         q_block = list_block(t, n_full, full_start, part_list)
         rows = q_block * BLOCK_M + cols                                     # (BLOCK_M,) query rows
-        row_ok = rows < N_Q
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        # S^T starts from -lse / scale and dP^T from -delta, so no row statistics stay in registers
+        # under the products; a partial tile's hidden pairs (each query row's key interval; rows
+        # past N_q see nothing) start from -inf, so P is 0 there without a mask after the product
+        s_init = zero_s - (lse_smem.index(s).load(col_vec) * inv_qk_scale)[None, :]
+        if t >= n_full:
+            s_init = gl.where(key_visible(keys, rows, rows < N_Q, row_lo, row_hi), s_init, float("-inf"))
         q = q_smem.index(s)
         do = do_smem.index(s)
-        s_tok = warpgroup_mma(k, q.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
-                              is_async=True)                                 # S^T
-        dp_tok = warpgroup_mma(v, do.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout), use_acc=False,
-                               is_async=True)                                # dP^T
-        lse2 = lse_smem.index(s).load(col_vec)          # rows past N_q (partial tiles only): P = 0
-        if t >= n_full:
-            lse2 = gl.where(row_ok, lse2, float("inf"))
+        s_tok = warpgroup_mma(k, q.permute((1, 0)), s_init, is_async=True)                   # S^T - lse / scale
+        delta = delta_smem.index(s).load(col_vec)
+        if t >= n_full:     # rows past N_q read the next head's statistics (lse may be +inf): P is 0 there
+            delta = gl.where(rows < N_Q, delta, 0.0)
+        dp_tok = warpgroup_mma(v, do.permute((1, 0)), zero_s - delta[None, :], is_async=True)   # dP^T - D
         st = warpgroup_mma_wait(1, deps=(s_tok,))
-        p = gl.exp2(st * qk_scale - lse2[None, :])                           # P^T (KEYS, BLOCK_M)
-        if t >= n_full:     # a partial tile: each query row's key interval
-            p = gl.where(key_visible(keys, rows, row_ok, row_lo, row_hi), p, 0.0)
+        p = gl.exp2(st * qk_scale)                                           # P^T (KEYS, BLOCK_M)
         if TRACED:          # a traced head's rows' sums over this group's keys: P through shared memory into
             # a layout with each row's keys in one thread (the fastest of three ways measured, against an
             # atomic per value and a sum across the warps: docs/performance.md)
@@ -134,11 +137,8 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
                 gl.atomic_add(tr_rows + hslot * N_Q + r, sums, mask=r < N_Q)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
-        delta = delta_smem.index(s).load(col_vec)
-        if t >= n_full:
-            delta = gl.where(row_ok, delta, 0.0)
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))
-        ds = (p * (dpt - delta[None, :])).to(q_smem.dtype)                  # dS^T = P^T (dP^T - D)
+        ds = (p * dpt).to(q_smem.dtype)                                     # dS^T = P^T (dP^T - D)
         # this group's dS^T into the tile's (128 keys, BLOCK_M) buffer once both groups' dQ products
         # of item it - NB have read it, then dQ's product and dK's, back to back
         ds_mine = ds_smem.index(it % NB).slice(WG * KEYS, KEYS)

@@ -142,7 +142,7 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
     """benchmarks.gluon_backward's dK/dV pass (its statistics loaded by each thread or by TMA: the same
     bits) and dQ pass, benchmarks.gluon_backward_fused (dQ by atomics, a writer warp or TMA
     reduce-adds, right away or a tile late) and benchmarks.gluon_backward_onepass (the product's
-    kernel at 2 or 3 stages, at D 128 and 64) (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
+    kernel at 2 or 3 stages, at D 128 and 64, and at D 64 in 128-row tiles) (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
     from benchmarks.gluon_backward import gluon_dkdv
@@ -174,10 +174,10 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
         for x, r in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
             assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "fused", writer, stats_tma, dq_tma,
                                                                             late)
-    for stages in (2, 3):
-        got = gluon_backward_onepass(do16, q16, k16, v16, o, lse, mask, stages=stages)
+    for stages, rows in ((2, 64), (3, 64)) + (((2, 128),) if d == 64 else ()):
+        got = gluon_backward_onepass(do16, q16, k16, v16, o, lse, mask, stages=stages, rows=rows)
         for x, r in ((got[0], want_dq), (got[1], want_dk), (got[2], want_dv)):
-            assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "one pass", stages)
+            assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "one pass", stages, rows)
     # dK, dV: the same arithmetic on the same values, statistics loaded or by TMA, dQ added by atomics or
     # TMA reduce-adds, right away or a tile late (dQ's additions come in any order)
     for other in ((False, True, False, False), (False, True, True, False), (False, True, True, True)):
