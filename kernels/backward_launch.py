@@ -28,7 +28,8 @@ choose_backend()  # before triton is imported: the interpreter is chosen at impo
 from .backward_kernel import attn_bwd_kernel, attn_bwd_preprocess  # noqa: E402
 # re-exported: callers read the tiles and plans as kernels.backward.X
 from .backward_plan import (CUDA_CONFIGS, CUDA_FLOAT32_CONFIG, GLUON_CONFIGS, INTERPRETER_CONFIG,  # noqa: E402,F401
-                            BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan)
+                            BackwardConfig, BackwardPlan, PassTiles, backward_config, backward_plan,
+                            call_backward_config)
 from .backward_direct import (GLUON, BackwardLaunches, launch_options, launch_positional,  # noqa: E402
                               positional_args)
 from .device_cache import hold_if_capturing  # noqa: E402
@@ -109,7 +110,7 @@ def backward_trace_buffers(q, k, mask="causal", trace_bh=(0,), tiles: bool = Tru
     heads = [int(x) for x in trace_bh]
     if len(set(heads)) != len(heads) or not all(0 <= x < b * h for x in heads):
         raise ValueError(f"trace_bh={list(trace_bh)} must name distinct heads in 0..{b * h - 1}")
-    cfg = config or backward_config(d, q.dtype, q.device)
+    cfg = config or call_backward_config(q, k)
     bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, cfg, q.device)
     kp, qp, dev = bp.kv_plan, bp.q_plan, q.device
     head_slot = torch.full((b * h,), -1, dtype=torch.int32)
@@ -254,7 +255,7 @@ def backward_impl(do, q, k, v, o, lse, mask="causal", sm_scale=None, dlse=None, 
     n_k = k.shape[2]
     spec = parse_mask(mask, n_q, n_k)
     scale = backward_softmax_scale(sm_scale, d)
-    cfg = config or (trace.config if trace is not None else backward_config(d, q.dtype, q.device))
+    cfg = config or (trace.config if trace is not None else call_backward_config(q, k))
     q, k, v, o = (_rows_ok(t) for t in (q, k, v, o))
     do = _rows_ok(do.to(q.dtype))
     lse = lse.float().contiguous()

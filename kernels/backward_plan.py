@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .device_cache import persistent
-from .gluon_bwd_launch import gluon_backward_config
+from .gluon_bwd_launch import gluon_backward_config, gluon_backward_fits
 from .launch_cache import BoundedCache
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec
 from .plan import BlockPlan, block_plan, plan_bytes
@@ -79,28 +79,44 @@ CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 64, 4, 3), 128: BackwardConfig(
 # launch each; data/benchmarks/bwd-gluon-probe-<device>.json, python -m benchmarks.kernel_probe
 # --suite bwdgluon); warps, stages and one_launch are the Triton kernel's (the finite-row twin, and
 # calls the Gluon passes do not take).
-GLUON_CONFIGS = {128: BackwardConfig(64, 128, 128, 64, 8, 3, gluon=True)}
+# D 64: the one pass only, on FlashAttention-3's D 64 tile of 128 query rows (--suite bwdonepass,
+# bwd-onepass-d64rows-probe-<device>.json); the finite-row twin runs these tiles on 8 warps, 2 stages.
+GLUON_CONFIGS = {64: BackwardConfig(128, 128, 128, 64, 8, 2, gluon=True),
+                 128: BackwardConfig(64, 128, 128, 64, 8, 3, gluon=True)}
 CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
 INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
 
 
-def backward_config(head_dim: int, dtype, device) -> BackwardConfig:
+def backward_config(head_dim: int, dtype, device, deterministic: bool = False) -> BackwardConfig:
     """The default tiles for a head dim, dtype and device (the interpreter: few, large tiles).
 
     Arguments:
         head_dim: D of the call (padded to a power of two inside).
         dtype: the inputs' torch dtype.
         device: where the tensors are.
+        deterministic: tiles for a call that asks for the same bits run to run (at D 64 the Triton
+            kernel's; torch.use_deterministic_algorithms counts too).
     Returns:
         BackwardConfig."""
     if interpreting() or torch.device(device).type != "cuda":
         return INTERPRETER_CONFIG
     if dtype == torch.float32:
         return CUDA_FLOAT32_CONFIG
-    if gluon_backward_config(head_dim, dtype, device):
+    if gluon_backward_config(head_dim, dtype, device, deterministic):
         return GLUON_CONFIGS[head_dim]
     d = padded_head_dim(head_dim)
     return CUDA_CONFIGS[64 if d <= 64 else 128 if d <= 128 else 256]
+
+
+def call_backward_config(q, k) -> BackwardConfig:
+    """backward_config's tiles for a call on q, k, except where they are Gluon tiles the call cannot
+    run (N_q or N_k below the Gluon launch's minimum, N_q not a multiple of 4): the Triton kernel's
+    (D 64's Gluon tiles of 128 x 128 would run the Triton kernel at a fraction of its speed)."""
+    d = q.shape[3]
+    cfg = backward_config(d, q.dtype, q.device)
+    if cfg.gluon and not gluon_backward_fits(q, k, cfg, None):
+        return CUDA_CONFIGS[64 if padded_head_dim(d) <= 64 else 128]
+    return cfg
 
 
 class PassTiles(NamedTuple):

@@ -138,7 +138,8 @@ def _attention(q, k, v, mask, sm_scale, return_lse: bool, deterministic: bool):
     if deterministic and q.dtype in (torch.float16, torch.bfloat16, torch.float32):
         import dataclasses
 
-        cfg = dataclasses.replace(backward_config(q.shape[3], q.dtype, q.device), deterministic=True)
+        cfg = dataclasses.replace(backward_config(q.shape[3], q.dtype, q.device, deterministic=True),
+                                  deterministic=True)
     return flash_ops.attention(q, k, v, mask, None, None, sm_scale, "natural", return_lse, None, None, None, None,
                                bwd_config=cfg)
 

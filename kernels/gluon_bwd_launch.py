@@ -26,11 +26,15 @@ from .runtime import device_facts
 
 STAGES = 2              # (Q, dO) ring of the dK/dV pass, K/V ring of the dQ pass (both: 2 = 3 measured)
 CONSUMER_REGS = 240     # registers per consumer thread (setmaxnreg); the producer warp keeps 24
-HEAD_DIMS = (128,)      # D 64: the Triton passes measured as fast or faster (docs/performance.md)
+HEAD_DIMS = (64, 128)
+ONE_PASS_ONLY = (64,)   # D 64's two Gluon passes measured slower than the Triton kernel (docs/performance.md)
 
 
-def gluon_backward_config(head_dim: int, dtype, device) -> bool:
-    """Whether backward_config gives this head dim, dtype and device the Gluon tiles."""
+def gluon_backward_config(head_dim: int, dtype, device, deterministic: bool = False) -> bool:
+    """Whether backward_config gives this head dim, dtype and device the Gluon tiles (at D 64 only
+    where the call would run the one pass: deterministic calls keep the Triton kernel's tiles)."""
+    if head_dim in ONE_PASS_ONLY and not one_pass_wanted(deterministic):
+        return False
     return head_dim in HEAD_DIMS and dtype in (torch.bfloat16, torch.float16) and gluon_available(device)
 
 
@@ -38,17 +42,23 @@ def gluon_backward_fits(q, k, cfg, trace) -> bool:
     """Whether a backward call with config cfg (and trace buffers, or None) runs the Gluon passes."""
     n_q, n_k = q.shape[2], k.shape[2]
     trace_ok = trace is None or (trace.tiles_dkdv is None) == (trace.rows is None)
-    return (cfg.gluon and gluon_backward_config(q.shape[3], q.dtype, q.device) and min(n_q, n_k) >= MIN_LEN
-            and n_q % 4 == 0 and trace_ok)
+    return (cfg.gluon and gluon_backward_config(q.shape[3], q.dtype, q.device, cfg.deterministic)
+            and min(n_q, n_k) >= MIN_LEN and n_q % 4 == 0 and trace_ok)
+
+
+def one_pass_wanted(deterministic: bool) -> bool:
+    """Whether a call may run the one-pass kernel (kernels.gluon_bwd_onepass_kernel): unless it is
+    deterministic (deterministic, from BackwardConfig.deterministic, or torch.use_deterministic_algorithms:
+    the two passes give the same bits run to run, the one pass's dQ reduce-adds do not) or
+    TILESCOPE_BWD_ONEPASS=0."""
+    return (not deterministic and not torch.are_deterministic_algorithms_enabled()
+            and os.environ.get("TILESCOPE_BWD_ONEPASS", "1") != "0")
 
 
 def gluon_backward_one_pass(cfg) -> bool:
     """Whether a call with config cfg that runs the Gluon backward (gluon_backward_fits) runs it as
-    the one-pass kernel (kernels.gluon_bwd_onepass_kernel): unless the call is deterministic
-    (cfg.deterministic or torch.use_deterministic_algorithms: the two passes give the same bits run
-    to run, the one pass's dQ reduce-adds do not) or TILESCOPE_BWD_ONEPASS=0."""
-    return (not cfg.deterministic and not torch.are_deterministic_algorithms_enabled()
-            and os.environ.get("TILESCOPE_BWD_ONEPASS", "1") != "0")
+    the one-pass kernel (one_pass_wanted), not the dK/dV and dQ passes."""
+    return one_pass_wanted(cfg.deterministic)
 
 
 def program_head_groups(heads: int, n_blocks: int, device) -> int:
@@ -106,11 +116,12 @@ class GluonBackwardLaunch:
         kp, qp = bp.kv_plan, bp.q_plan
         gdtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         tile = lambda rows: gl.NVMMASharedLayout.get_default_for([rows, d], gdtype)  # noqa: E731
-        descriptors = dict(qo=TensorDescriptor(q, [b * h * n_q, d], [d, 1], [64, d], tile(64)),
+        rows = kp.block_m       # query rows of a streamed (Q, dO) tile: 64, at D 64 128 (the one pass only)
+        descriptors = dict(qo=TensorDescriptor(q, [b * h * n_q, d], [d, 1], [rows, d], tile(rows)),
                            kv=TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
-                           st=stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32)))
+                           st=stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32), rows))
         if one_pass:
-            block = [64, d // 2]
+            block = [rows, d // 2]
             descriptors["dqa"] = TensorDescriptor(q.new_empty((1,), dtype=torch.float32), [b * h * n_q, d], [d, 1],
                                                   block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
         else:

@@ -131,10 +131,13 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
             # atomic per value and a sum across the warps: docs/performance.md)
             hslot = gl.load(head_slot + head0 + it // n_tiles).to(gl.int64)
             if hslot >= 0:
-                by_row: gl.constexpr = gl.BlockedLayout([KEYS, 1], [1, 32], [1, 4], [0, 1])
-                sums = gl.sum(gl.convert_layout(p, by_row), 0)
-                r = gl.convert_layout(rows, gl.SliceLayout(0, by_row))
-                gl.atomic_add(tr_rows + hslot * N_Q + r, sums, mask=r < N_Q)
+                if BLOCK_M > KEYS:      # 128 rows: that layout's scratch (64 KiB) does not fit beside the tiles
+                    gl.atomic_add(tr_rows + hslot * N_Q + rows, gl.sum(p, 0), mask=rows < N_Q)
+                else:
+                    by_row: gl.constexpr = gl.BlockedLayout([KEYS, 1], [1, 32], [1, 4], [0, 1])
+                    sums = gl.sum(gl.convert_layout(p, by_row), 0)
+                    r = gl.convert_layout(rows, gl.SliceLayout(0, by_row))
+                    gl.atomic_add(tr_rows + hslot * N_Q + r, sums, mask=r < N_Q)
         p_op = gl.convert_layout(p.to(q_smem.dtype), a_layout)
         dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)                  # dV += P^T dO
         dpt = warpgroup_mma_wait(1, deps=(dp_tok,))

@@ -68,8 +68,25 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     monkeypatch.setattr(bplan, "interpreting", lambda: False)
     for dtype in (torch.bfloat16, torch.float16):
         assert backward_config(128, dtype, "cuda") == GLUON_CONFIGS[128]
-    assert not backward_config(64, torch.bfloat16, "cuda").gluon and not backward_config(96, torch.bfloat16, "cuda").gluon and not backward_config(256, torch.bfloat16, "cuda").gluon
+        assert backward_config(64, dtype, "cuda") == GLUON_CONFIGS[64]
+    assert not backward_config(96, torch.bfloat16, "cuda").gluon and not backward_config(256, torch.bfloat16, "cuda").gluon
     assert not backward_config(128, torch.float32, "cuda").gluon
+    # D 64 runs the one pass only (128-row tiles): a deterministic call keeps the Triton kernel's tiles
+    assert backward_config(128, torch.bfloat16, "cuda", deterministic=True) == GLUON_CONFIGS[128]
+    assert not backward_config(64, torch.bfloat16, "cuda", deterministic=True).gluon
+    q64 = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
+    assert gbl.gluon_backward_fits(q64, q64, GLUON_CONFIGS[64], None)
+    assert not gbl.gluon_backward_fits(q64, q64, dataclasses.replace(GLUON_CONFIGS[64], deterministic=True), None)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert not backward_config(64, torch.bfloat16, "cuda").gluon and backward_config(128, torch.bfloat16, "cuda").gluon
+        assert not gbl.gluon_backward_fits(q64, q64, GLUON_CONFIGS[64], None)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    monkeypatch.setenv("TILESCOPE_BWD_ONEPASS", "0")
+    assert not backward_config(64, torch.bfloat16, "cuda").gluon
+    monkeypatch.delenv("TILESCOPE_BWD_ONEPASS")
     cfg = GLUON_CONFIGS[128]
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     assert gbl.gluon_backward_fits(q, q, cfg, None)
@@ -125,8 +142,11 @@ def test_program_orders_change_no_key_block(gluon_gpu):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", MASKS)
-@pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (128, torch.float16)])
+@pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (128, torch.float16), (64, torch.bfloat16),
+                                     (64, torch.float16)])
 def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, form, gluon_gpu, gluon_launches):
+    if d == 64 and form == "two passes":
+        pytest.skip("D 64 runs the one pass only (its deterministic calls: the Triton kernel)")
     triton_tiles = dataclasses.replace(GLUON_CONFIGS[d], gluon=False)
     for i, (b, h, h_kv, n_q, n_k) in enumerate(SHAPES):
         if mask.startswith("document") and n_q != n_k:
@@ -144,9 +164,12 @@ def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, f
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mask", ["causal", "sliding_window:200"])
-def test_traced_call_writes_the_trace_and_the_same_gradients(mask, form, gluon_gpu, gluon_launches):
-    b, h, h_kv, n_q, n_k, d = 1, 4, 2, 1300, 700, 128
+@pytest.mark.parametrize("mask,d", [("causal", 128), ("sliding_window:200", 128), ("causal", 64),
+                                    ("sliding_window:200", 64)])
+def test_traced_call_writes_the_trace_and_the_same_gradients(mask, d, form, gluon_gpu, gluon_launches):
+    if d == 64 and form == "two passes":
+        pytest.skip("D 64 runs the one pass only")
+    b, h, h_kv, n_q, n_k = 1, 4, 2, 1300, 700
     q, k, v, do = make(b, h, h_kv, n_q, n_k, d, torch.bfloat16, "cuda", seed=3)
     o, lse = flash_attention(q, k, v, mask, return_lse=True)
     plain = flash_attention_backward(do, q, k, v, o, lse, mask)
@@ -183,8 +206,11 @@ def test_traced_call_writes_the_trace_and_the_same_gradients(mask, form, gluon_g
 
 
 @pytest.mark.gpu
-def test_replays_in_a_cuda_graph(form, gluon_gpu, gluon_launches):
-    q, k, v, do = make(2, 4, 2, 1024, 1024, 128, torch.bfloat16, "cuda", seed=5)
+@pytest.mark.parametrize("d", [128, 64])
+def test_replays_in_a_cuda_graph(d, form, gluon_gpu, gluon_launches):
+    if d == 64 and form == "two passes":
+        pytest.skip("D 64 runs the one pass only")
+    q, k, v, do = make(2, 4, 2, 1024, 1024, d, torch.bfloat16, "cuda", seed=5)
     o, lse = flash_attention(q, k, v, "causal", return_lse=True)
     want = flash_attention_backward(do, q, k, v, o, lse, "causal")
     static = [t.clone() for t in (do, q, k, v, o, lse)]
@@ -234,3 +260,22 @@ def test_deterministic_calls_run_the_two_passes_and_repeat_their_bits(gluon_gpu,
     finally:
         torch.use_deterministic_algorithms(was)
     assert forms[-1] is False
+
+
+@pytest.mark.gpu
+def test_deterministic_calls_at_d64_run_the_triton_kernel(gluon_gpu, gluon_launches):
+    """At D 64 the Gluon backward is the one pass only: a deterministic call (flash_attn_func's
+    deterministic=True) runs the Triton kernel on its own tiles and repeats its bits; a plain call
+    runs the one pass, within rounding of it."""
+    from kernels.flash_attn_interface import flash_attn_func
+
+    q, k, v, do = make(2, 4, 2, 1024, 1024, 64, torch.bfloat16, "cuda", seed=9)
+    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))     # flash-attention's (B, N, H, D)
+    do = do.transpose(1, 2)
+
+    def grads(deterministic):
+        return torch.autograd.grad(flash_attn_func(q, k, v, causal=True, deterministic=deterministic), (q, k, v), do)
+    first, second = grads(True), grads(True)
+    assert not gluon_launches and all(torch.equal(a, b) for a, b in zip(first, second))
+    plain = grads(False)
+    assert len(gluon_launches) == 1 and all(rel_err(a, b.cpu().double()) < 1e-2 for a, b in zip(plain, first))
