@@ -1,9 +1,9 @@
 """Where the backward runs the Gluon passes (kernels.gluon_bwd_kernel, FlashAttention-3's layout of
 the work on Hopper), and their launches.
 
-backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 128 the
-GLUON_CONFIGS tiles (BackwardConfig.gluon). Such a call runs a Gluon backward after the Triton
-preprocess where it also has N_q and N_k of at least MIN_LEN, N_q a multiple of 4 (the statistics'
+backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 128, or 64 where
+the call may run the one pass (not deterministic), the GLUON_CONFIGS tiles (BackwardConfig.gluon).
+Such a call runs a Gluon backward after the Triton preprocess where it also has N_q and N_k of at least MIN_LEN, N_q a multiple of 4 (the statistics'
 TMA boxes start 16-byte aligned) and, if traced, tile and row tracing both on or both off; q, k, v
 and dO not contiguous are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel), or for a
 deterministic call (gluon_backward_one_pass) the dK/dV and dQ passes. Any

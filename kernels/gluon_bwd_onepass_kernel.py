@@ -7,7 +7,7 @@ zeroed float32 dQ accumulator, which the launch then rounds into dQ.
 One program per (b * H_kv + kv head, key block of 128 keys), three partitions: the dK/dV pass's
 producer warp (kernels.gluon_bwd_kernel: K and V once, then each tile's Q, dO, lse and delta by
 TMA) and two consumer warpgroups of 64 keys. Per tile (64 query rows of one query head of the
-group) and warpgroup:
+group, 128 at D 64: the descriptors' block) and warpgroup:
 - S^T = K Q^T and dP^T = V dO^T are issued together, dV += P^T dO as soon as P^T is known;
 - dS^T goes to shared memory (dK's and dQ's products read it there), then dQ's product and
   dK += dS^T Q are issued back to back: dQ[:, this group's half of D] = dS K[:, half] over the
@@ -20,14 +20,15 @@ order the programs run, so dQ is not bit-reproducible run to run (the two passes
 kernels.gluon_bwd_launch runs them for deterministic calls, BackwardConfig.deterministic or
 torch.use_deterministic_algorithms).
 
-Partial tiles apply each query row's key interval; rows past N_q take lse = +inf and delta = 0
-(P = dS = 0: their dQ parts add zeros). FLAG (the preprocess's marked-row flag, or None): when set,
+S^T's product starts from -lse / scale and dP^T's from -delta (no row statistics held in registers
+under the products); in partial tiles the pairs outside each query row's key interval, and rows
+past N_q, start from -inf and rows past N_q take delta = 0 (P = dS = 0: their dQ parts add zeros). FLAG (the preprocess's marked-row flag, or None): when set,
 every program runs no tile, stores zero dK, dV and adds nothing; the Triton kernel's finite-row run
 (launched after) writes the gradients. Traced variants write kernels.backward_launch's
 BackwardTraceBuffers: each program's SM and globaltimer span (TRACE_WORK), the traced heads' visit
 order (warpgroup 0) and the row sums of the recomputed P, each group's sums over its 64 keys added
-into the zeroed rows by float32 atomics (TRACE_TILES). D 128 (64 too: slower than the Triton
-passes), bf16 / fp16.
+into the zeroed rows by float32 atomics (TRACE_TILES). D 128, and D 64 in 128-row tiles (in 64-row
+ones slower than the Triton kernel), bf16 / fp16.
 """
 
 from triton._C.libtriton import ir
