@@ -234,48 +234,32 @@ def test_replays_in_a_cuda_graph(d, form, gluon_gpu, gluon_launches):
 
 
 @pytest.mark.gpu
-def test_deterministic_calls_run_the_two_passes_and_repeat_their_bits(gluon_gpu, monkeypatch):
-    """flash_attn_func(deterministic=True) and torch.use_deterministic_algorithms(True) take the two
-    passes (the same bits run to run); a plain call the one pass."""
+@pytest.mark.parametrize("d", [128, 64])
+def test_deterministic_calls_repeat_their_bits(d, gluon_gpu, monkeypatch):
+    """flash_attn_func(deterministic=True) and torch.use_deterministic_algorithms(True) give the same
+    bits run to run: at D 128 by the two Gluon passes, at D 64 by the Triton kernel on its own tiles
+    (D 64's Gluon backward is the one pass only); a plain call runs the one pass."""
     import kernels.backward_launch as kb
     from kernels.flash_attn_interface import flash_attn_func
 
-    forms = []
+    forms = []      # each Gluon launch's one_pass
     real = kb.prepare_gluon_backward
     monkeypatch.setattr(kb, "prepare_gluon_backward", lambda *a, **kw: forms.append(a[15]) or real(*a, **kw))
-    q, k, v, do = make(2, 4, 2, 1024, 1024, 128, torch.bfloat16, "cuda", seed=7)
+    q, k, v, do = make(2, 4, 2, 1024, 1024, d, torch.bfloat16, "cuda", seed=7)
     q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))     # flash-attention's (B, N, H, D)
     do = do.transpose(1, 2)
+    deterministic_forms = [False] if d == 128 else []
 
     def grads(deterministic):
         return torch.autograd.grad(flash_attn_func(q, k, v, causal=True, deterministic=deterministic), (q, k, v), do)
     first, second = grads(True), grads(True)
-    assert forms == [False, False] and all(torch.equal(a, b) for a, b in zip(first, second))
+    assert forms == 2 * deterministic_forms and all(torch.equal(a, b) for a, b in zip(first, second))
     plain = grads(False)
     assert forms[-1] is True and all(rel_err(a, b.cpu().double()) < 1e-2 for a, b in zip(plain, first))
-    was = torch.are_deterministic_algorithms_enabled()
+    was, ran = torch.are_deterministic_algorithms_enabled(), len(forms)
     try:
         torch.use_deterministic_algorithms(True, warn_only=True)
         grads(False)
     finally:
         torch.use_deterministic_algorithms(was)
-    assert forms[-1] is False
-
-
-@pytest.mark.gpu
-def test_deterministic_calls_at_d64_run_the_triton_kernel(gluon_gpu, gluon_launches):
-    """At D 64 the Gluon backward is the one pass only: a deterministic call (flash_attn_func's
-    deterministic=True) runs the Triton kernel on its own tiles and repeats its bits; a plain call
-    runs the one pass, within rounding of it."""
-    from kernels.flash_attn_interface import flash_attn_func
-
-    q, k, v, do = make(2, 4, 2, 1024, 1024, 64, torch.bfloat16, "cuda", seed=9)
-    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))     # flash-attention's (B, N, H, D)
-    do = do.transpose(1, 2)
-
-    def grads(deterministic):
-        return torch.autograd.grad(flash_attn_func(q, k, v, causal=True, deterministic=deterministic), (q, k, v), do)
-    first, second = grads(True), grads(True)
-    assert not gluon_launches and all(torch.equal(a, b) for a, b in zip(first, second))
-    plain = grads(False)
-    assert len(gluon_launches) == 1 and all(rel_err(a, b.cpu().double()) < 1e-2 for a, b in zip(plain, first))
+    assert forms[ran:] == deterministic_forms
