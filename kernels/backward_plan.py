@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .device_cache import persistent
-from .gluon_bwd_launch import gluon_backward_config, gluon_backward_fits
+from .gluon_bwd_launch import gluon_backward_config, gluon_lengths_fit
 from .launch_cache import BoundedCache
 from .masks import FULL, PARTIAL, SKIPPED, MaskSpec
 from .plan import BlockPlan, block_plan, plan_bytes
@@ -114,7 +114,7 @@ def call_backward_config(q, k) -> BackwardConfig:
     (D 64's Gluon tiles of 128 x 128 would run the Triton kernel at a fraction of its speed)."""
     d = q.shape[3]
     cfg = backward_config(d, q.dtype, q.device)
-    if cfg.gluon and not gluon_backward_fits(q, k, cfg, None):
+    if cfg.gluon and not gluon_lengths_fit(q, k):
         return CUDA_CONFIGS[64 if padded_head_dim(d) <= 64 else 128]
     return cfg
 

@@ -40,10 +40,15 @@ def gluon_backward_config(head_dim: int, dtype, device, deterministic: bool = Fa
 
 def gluon_backward_fits(q, k, cfg, trace) -> bool:
     """Whether a backward call with config cfg (and trace buffers, or None) runs the Gluon passes."""
-    n_q, n_k = q.shape[2], k.shape[2]
     trace_ok = trace is None or (trace.tiles_dkdv is None) == (trace.rows is None)
     return (cfg.gluon and gluon_backward_config(q.shape[3], q.dtype, q.device, cfg.deterministic)
-            and min(n_q, n_k) >= MIN_LEN and n_q % 4 == 0 and trace_ok)
+            and gluon_lengths_fit(q, k) and trace_ok)
+
+
+def gluon_lengths_fit(q, k) -> bool:
+    """Whether the Gluon launch takes the call's lengths: N_q and N_k at least MIN_LEN, N_q a
+    multiple of 4 (the statistics' TMA boxes start 16-byte aligned)."""
+    return min(q.shape[2], k.shape[2]) >= MIN_LEN and q.shape[2] % 4 == 0
 
 
 def one_pass_wanted(deterministic: bool) -> bool:

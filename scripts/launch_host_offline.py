@@ -130,8 +130,8 @@ def _backward_call(kind: str, stats):
     for mod, name, value in kept:                   # ... launching, not only building
         setattr(mod, name, value)
     config = (backward_plan.GLUON_CONFIGS if kind == "gluon" else backward_plan.CUDA_CONFIGS)[128]
-    for mod in (backward, backward_launch):         # the product's D 128 tiles (CPU tensors say "interpreter")
-        mod.backward_config = lambda head_dim, dtype, device: config
+    for mod in (backward, backward_launch, backward_plan):   # the product's D 128 tiles (CPU tensors say "interpreter")
+        mod.backward_config = lambda head_dim, dtype, device, deterministic=False: config
     gluon_bwd_launch.gluon_available = lambda device: kind == "gluon"
     backward_launch.interpreting = lambda: False
     backward_plan.interpreting = lambda: False
