@@ -87,6 +87,15 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     monkeypatch.setenv("TILESCOPE_BWD_ONEPASS", "0")
     assert not backward_config(64, torch.bfloat16, "cuda").gluon
     monkeypatch.delenv("TILESCOPE_BWD_ONEPASS")
+    # a call's default tiles: the Triton kernel's own where the Gluon launch cannot take its lengths
+    real = bplan.backward_config
+    monkeypatch.setattr(bplan, "backward_config", lambda d, dtype, device, deterministic=False: real(
+        d, dtype, "cuda", deterministic))       # these CPU tensors stand for CUDA ones
+    for d in (64, 128):
+        fits, odd, short = (torch.zeros(1, 2, n, d, dtype=torch.bfloat16) for n in (256, 258, 100))
+        assert bplan.call_backward_config(fits, fits) == GLUON_CONFIGS[d]
+        for a, b in ((odd, fits), (fits, short), (short, fits)):
+            assert bplan.call_backward_config(a, b) == bplan.CUDA_CONFIGS[d], (d, a.shape, b.shape)
     cfg = GLUON_CONFIGS[128]
     q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
     assert gbl.gluon_backward_fits(q, q, cfg, None)
