@@ -22,13 +22,44 @@ def test_done_tests_reads_both_line_forms_and_leaves_failures(tmp_path):
         "ERROR tests/kernels/test_ops.py::test_e - RuntimeError",
         "tests/kernels/test_ops.py::test_f ",                      # started, not finished
         "[gw0] [ 14%] PASSED tests/kernels/test_ops.py::test_a[1-2]",
+        "[gw4] [ 15%] PASSED tests/kernels/test_ops.py::test_h[one pass-64-full] ",   # a parameter with a space
+        "tests/kernels/test_ops.py::test_i[two passes-128] PASSED      [ 16%]",
+        "tests/kernels/test_ops.py::TestK::test_j SKIPPED (needs a GPU)      [ 17%]",
     ]))
     other = tmp_path / "b.log"
     other.write_text("[gw0] [ 50%] PASSED tests/kernels/test_decode.py::test_g\n")
     assert gpu_suite.done_tests([log, other]) == ["tests/kernels/test_ops.py::test_a[1-2]",
                                                    "tests/kernels/test_ops.py::test_b",
                                                    "tests/kernels/test_ops.py::test_d",
+                                                   "tests/kernels/test_ops.py::test_h[one pass-64-full]",
+                                                   "tests/kernels/test_ops.py::test_i[two passes-128]",
+                                                   "tests/kernels/test_ops.py::TestK::test_j",
                                                    "tests/kernels/test_decode.py::test_g"]
+
+
+def test_the_plugin_leaves_out_exactly_the_done_tests(tmp_path, monkeypatch):
+    """pytest's --deselect takes prefixes (a passed test_a would leave out test_ab too): the plugin
+    leaves out exact node ids only, and reports them deselected."""
+    done = tmp_path / "done.txt"
+    done.write_text("tests/x.py::test_a\ntests/x.py::test_h[one pass-64]")
+    monkeypatch.setenv(gpu_suite.DONE_ENV, str(done))
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+    deselected = []
+
+    class Config:
+        class hook:
+            @staticmethod
+            def pytest_deselected(items):
+                deselected.extend(i.nodeid for i in items)
+    ids = ["tests/x.py::test_a", "tests/x.py::test_ab", "tests/x.py::test_h[one pass-64]",
+           "tests/x.py::test_h[one pass-64-full]", "tests/x.py::test_h[one]"]
+    items = [Item(i) for i in ids]
+    gpu_suite.pytest_collection_modifyitems(Config, items)
+    assert [i.nodeid for i in items] == [ids[1], ids[3], ids[4]]
+    assert deselected == [ids[0], ids[2]]
 
 
 def test_a_missing_earlier_log_is_refused_in_one_line(tmp_path):
