@@ -238,10 +238,12 @@ class OneKernelInputs(NamedTuple):
     scale: float
 
 
-def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True, rows=ROWS_PER_TILE) -> OneKernelInputs:
-    """The inputs checked (bf16/fp16, D 64 or 128; with stats_tma N_q a multiple of 4: one line that
+def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True, rows=ROWS_PER_TILE, keys=128,
+                      head_dims=(64, 128), dq_cols=None) -> OneKernelInputs:
+    """The inputs checked (bf16/fp16, D in head_dims; with stats_tma N_q a multiple of 4: one line that
     names the probe otherwise), the statistics pass run and the plan and descriptors made; rows:
-    the query rows of a streamed (Q, dO) tile."""
+    the query rows of a streamed (Q, dO) tile, keys: a program's keys, dq_cols: the dQ
+    accumulator's block width (D / 2)."""
     from kernels.backward_plan import BackwardConfig, backward_plan
     from kernels.masks import parse_mask
     from kernels.shapes import softmax_scale
@@ -251,19 +253,33 @@ def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True, r
 
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    if d not in (64, 128) or q.dtype not in (torch.bfloat16, torch.float16) or (stats_tma and n_q % 4):
-        raise ValueError(f"the {name} Gluon backward probe takes bf16/fp16 with D 64 or 128 (with the statistics "
+    if d not in head_dims or q.dtype not in (torch.bfloat16, torch.float16) or (stats_tma and n_q % 4):
+        dims = " or ".join(str(x) for x in head_dims)
+        raise ValueError(f"the {name} Gluon backward probe takes bf16/fp16 with D {dims} (with the statistics "
                          f"by TMA N_q a multiple of 4), not {q.dtype} D {d} N_q {n_q}")
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do.to(q.dtype)))
     stats = torch.empty((b * h, 2, n_q), dtype=torch.float32, device=q.device)
     _stats_kernel[(b * h, triton.cdiv(n_q, 64))](o, do, lse.float().contiguous(), stats, n_q, HEAD_DIM=d, BLOCK=64)
-    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(rows, 128, 128, 64, 8, stages), q.device)
+    bp = backward_plan(parse_mask(mask, n_q, n_k), n_q, n_k, BackwardConfig(rows, keys, 128, 64, 8, stages), q.device)
     gdtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     desc = lambda t, n: TensorDescriptor.from_tensor(  # noqa: E731
         t.view(-1, d), [n, d], gl.NVMMASharedLayout.get_default_for([n, d], gdtype))
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
-    block = [rows, d // 2]
+    block = [rows, dq_cols or d // 2]
     dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), block,
                                             gl.NVMMASharedLayout.get_default_for(block, gl.float32))
     return OneKernelInputs(q, k, desc(q, rows), desc(do, rows), desc(k, 64), desc(v, 64), stats, bp,
                            torch.empty_like(k), torch.empty_like(v), dq_acc, dqa_desc, softmax_scale(None, d))
+
+
+def probe_head_groups(x: OneKernelInputs, head_groups) -> int:
+    """The head groups a one-kernel probe's programs take the B * H_kv heads in: the product's
+    (kernels.gluon_bwd_launch.program_head_groups) where head_groups is None, else head_groups,
+    refused in one line outside 1..B * H_kv."""
+    from kernels.gluon_bwd_launch import program_head_groups
+
+    heads = x.q.shape[0] * x.k.shape[1]
+    groups = program_head_groups(heads, x.plan.kv_plan.n_kb, x.q.device) if head_groups is None else head_groups
+    if not 1 <= groups <= heads:
+        raise ValueError(f"head_groups must be 1..{heads} (B * H_kv), not {groups}")
+    return groups

@@ -6,9 +6,9 @@ product, three dS buffers, per-group dQ, dQ a tile late) are in docs/performance
 
 from __future__ import annotations
 
-from kernels.gluon_bwd_launch import program_head_groups, stats_descriptor
+from kernels.gluon_bwd_launch import stats_descriptor
 
-from .gluon_backward import one_kernel_inputs
+from .gluon_backward import one_kernel_inputs, probe_head_groups
 
 
 def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, head_groups=None,
@@ -36,13 +36,10 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass", rows=rows)
     kp, bp = x.plan.kv_plan, x.plan
     h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
-    heads = x.q.shape[0] * h_kv
-    groups = program_head_groups(heads, kp.n_kb, x.q.device) if head_groups is None else head_groups
-    if not 1 <= groups <= heads:
-        raise ValueError(f"head_groups must be 1..{heads} (B * H_kv), not {groups}")
+    heads, groups = x.q.shape[0] * h_kv, probe_head_groups(x, head_groups)
     attn_bwd_onepass_gluon_kernel[(heads * kp.n_kb,)](
-        x.q_desc, x.do_desc, x.k_desc, x.v_desc, stats_descriptor(x.stats, rows), x.dk, x.dv, x.dqa_desc, None, kp.row_lo,
-        kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, None, None, None,
-        None, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, groups, x.scale * LOG2E, x.scale, STAGES=stages,
+        x.q_desc, x.do_desc, x.k_desc, x.v_desc, stats_descriptor(x.stats, rows), x.dk, x.dv, x.dqa_desc, None,
+        kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, None, None,
+        None, None, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, groups, x.scale * LOG2E, x.scale, STAGES=stages,
         CONSUMER_REGS=consumer_regs, TRACE_WORK=False, TRACE_TILES=False, num_warps=4)
     return x.dq_acc.to(x.q.dtype), x.dk, x.dv

@@ -256,7 +256,7 @@ def _compile_chunks(variants, jobs: int) -> list:
     groups: dict = {}
     for i, v in enumerate(variants):
         if v["kind"] in ("fwd", "decode", "bwd", "bwd_atomic", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused",
-                         "bwd_gluon_onepass") + FP8_KINDS:
+                         "bwd_gluon_onepass", "bwd_gluon_d256") + FP8_KINDS:
             key = repr((v["kind"], v.get("cfg"), v.get("bwd_cfg"), v.get("ws"), v.get("mask"), v.get("rules"),
                         v.get("sched"), v.get("splits"), v.get("quant"), v.get("stages"), v.get("block_n"),
                         v.get("dq_writer"), v.get("dq_store"), v.get("stats_tma")))

@@ -15,11 +15,12 @@ then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon 
 (benchmarks.gluon_backward's dK/dV pass, its statistics loaded by each thread and by TMA, its dQ pass, benchmarks.gluon_backward_fused with dQ added by
 the consumers and by a writer warp, its ablation that stores dQ, with the statistics by TMA, with those and dQ by
 TMA bulk reduce-adds, and each tile's dQ a tile late), 2 stages. gluonfwd (nor this):
-the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent)."""
+the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent); gluonbwd at D 256: benchmarks.gluon_backward_d256."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib
 import json
@@ -32,11 +33,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
 FWD = [(64, 4096, "full"), (64, 8192, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"),
        (256, 4096, "full"), (256, 4096, "causal")]
 BWD = [(64, 4096, "full"), (64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (256, 4096, "causal")]
-GLUONBWD = [(64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal")]
+BWDGLUON = [(64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal")]     # the product's Gluon backward
+GLUONBWD = BWDGLUON + [(256, 4096, "causal")]                                       # the probes
 GLUONFWD = [(64, 4096, "full"), (128, 4096, "full"), (128, 4096, "causal")]
 FP8 = [(128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"), (256, 4096, "full"), (256, 4096, "causal")]
 
@@ -224,6 +225,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_fused as gluon_fused
     import kernels.gluon_bwd_onepass_kernel as gluon_onepass
+    import benchmarks.gluon_backward_d256 as gluon_d256
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
     class Built:                # the Gluon backward kernels' launches, compiled
@@ -234,15 +236,11 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
         def __getitem__(self, grid):
             return lambda *args, **options: build(self.jit, grid, args, options)
     for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
-                      (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"),
-                      (gluon_fused, "attn_bwd_fused_gluon_kernel"),
-                      (gluon_onepass, "attn_bwd_onepass_gluon_kernel"),
+                      (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_fused, "attn_bwd_fused_gluon_kernel"),
+                      (gluon_onepass, "attn_bwd_onepass_gluon_kernel"), (gluon_d256, "attn_bwd_d256_gluon_kernel"),
                       (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
-    class NoStats:              # their statistics pre-pass is not what is surveyed
-        def __getitem__(self, grid):
-            return lambda *args, **options: None
-    backward_atomic._stats_kernel = NoStats()
+    backward_atomic._stats_kernel = collections.defaultdict(lambda: lambda *args, **options: None)  # not surveyed
 
 
 CONFIG_FIELDS = dict(fwd=("block_m", "block_n", "num_warps", "num_stages"),
@@ -288,8 +286,11 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
         from benchmarks.gluon_backward_dq import gluon_dq
         from benchmarks.gluon_backward_fused import gluon_backward_fused
         from benchmarks.gluon_backward_onepass import gluon_backward_onepass
+        from benchmarks.gluon_backward_d256 import gluon_backward_d256
 
         lse = torch.zeros(1, 2, n)
+        if d == 256:    # the D 256 one pass alone (the other probes take D 64 and 128)
+            return gluon_backward_d256(do, q, k, v, o, lse, mask)
         for stats_tma in (False, True):
             gluon_dkdv(do, q, k, v, o, lse, mask, stages=2, stats_tma=stats_tma)
         for block_n in (64, 128):
@@ -367,7 +368,7 @@ def main(argv=None) -> int:
 
     rows: list = []
     _as_h200(rows, args.work_traced)
-    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD, gluonfwd=GLUONFWD, bwdgluon=GLUONBWD)
+    lists = dict(fwd=FWD, bwd=BWD, fp8=FP8, gluonbwd=GLUONBWD, gluonfwd=GLUONFWD, bwdgluon=BWDGLUON)
     cases = [(part, *c) for part in ("fwd", "bwd", "fp8", "gluonbwd", "gluonfwd", "bwdgluon") if part in parts for c in (chosen or lists[part])]
     for part, d, n, mask in cases:
         rows.append(dict(part=part, head_dim=d, seq_len=n, mask=mask, config=config, launches=[]))
