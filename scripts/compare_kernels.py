@@ -3,8 +3,9 @@
     python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec,fp8[,host]
 
 OLD_TREE / NEW_TREE: folders holding a kernels/ package (e.g. `git archive <commit> kernels | tar -x -C
-.old`); the old one is imported as `kernels_old`. Per case: do_bench medians in the order (old, new, new,
-old) x 3, the outputs compared bit for bit (forward O; backward dQ, dK, dV; decode O; FP8: the attention kernel
+.old && echo <commit> > .old/COMMIT`); the old one is imported as `kernels_old`. The result's meta
+names the commits: OLD_COMMIT or OLD_TREE/COMMIT, NEW_COMMIT or TILESCOPE_COMMIT. Per case: do_bench
+medians in the order (old, new, new, old) x 3, the outputs compared bit for bit (forward O; backward dQ, dK, dV; decode O; FP8: the attention kernel
 alone, on inputs each tree's quantise pass made), and at the end the
 compiled PTX of every kernel, instructions only (parameters, line info and register numbers aside).
 host (only when named): host microseconds per flash_attention_backward call (B1 H8 N1024, where the host
@@ -22,6 +23,15 @@ import triton
 import triton.testing
 
 old_root, new_root, out_path, parts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+
+
+def _commit_file(root):
+    """The commit a copied tree says it is (root/COMMIT), or None."""
+    path = os.path.join(root, "COMMIT")
+    if not os.path.isfile(path):
+        return None
+    return open(path).read().strip() or None
+
 shutil.rmtree("/tmp/ko", ignore_errors=True)
 os.makedirs("/tmp/ko")
 shutil.copytree(os.path.join(old_root, "kernels"), "/tmp/ko/kernels_old")
@@ -183,7 +193,10 @@ for part, prefixes in groups.items():
     print(f"{part}: compiled kernels old {len(o)}, new {len(n)}; same PTX instructions: {same}; "
           f"new ones without an identical old one: {unmatched}")
 meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "old": os.environ.get("OLD_COMMIT"), "new": os.environ.get("NEW_COMMIT"),
+        # the commits compared: OLD_COMMIT or OLD_TREE/COMMIT (written beside a `git archive` copy), and
+        # NEW_COMMIT or TILESCOPE_COMMIT (what the GPU runs set for their result files)
+        "old": os.environ.get("OLD_COMMIT") or _commit_file(old_root),
+        "new": os.environ.get("NEW_COMMIT") or os.environ.get("TILESCOPE_COMMIT"),
         "dtype": "bf16 (fp8: e4m3 from bf16 inputs, block scales + Hadamard)",
         "method": "per case: do_bench medians (warmup 25 ms, rep 100 ms) in the order (old, new, new, old) x 3 "
         "in one process; old_ms / new_ms = median of the six; speed_new_over_old = old_ms / new_ms; "

@@ -5,7 +5,7 @@
 #      quick, what tracing adds
 #   2. kernel speed of this tree against an earlier one side by side (scripts/compare_kernels.py):
 #      the earlier tree's kernels/ in .old/kernels (an excluded folder, carried; e.g.
-#      `git archive <commit> kernels | tar -x -C .old`), forward, backward, decode and FP8 cases timed
+#      `git archive <commit> kernels | tar -x -C .old && echo <commit> > .old/COMMIT`), forward, backward, decode and FP8 cases timed
 #      (old, new, new, old) x 3 in one process, outputs compared bit for bit, and whether both
 #      compiled the same PTX instructions (parameters, line info and register numbers aside);
 #      PARTS picks fwd,bwd,dec,fp8 (default all)
