@@ -3,13 +3,15 @@ the work on Hopper), and their launches.
 
 backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 128, or 64 where
 the call may run the one pass (not deterministic), the GLUON_CONFIGS tiles (BackwardConfig.gluon).
-Such a call runs a Gluon backward after the Triton preprocess where it also has N_q and N_k of at least MIN_LEN, N_q a multiple of 4 (the statistics'
-TMA boxes start 16-byte aligned) and, if traced, tile and row tracing both on or both off; q, k, v
-and dO not contiguous are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel), or for a
-deterministic call (gluon_backward_one_pass) the dK/dV and dQ passes. Any
-other call with that config runs the Triton passes on the same tiles, so its trace buffers fit
-either (the one pass leaves the dQ programs' records and tiles unwritten). TILESCOPE_GLUON=0 turns
-the Gluon backward off (as for the forward: kernels.gluon_launch)."""
+Such a call runs a Gluon backward after the Triton preprocess where it also has N_q and N_k of at
+least MIN_LEN, N_q a multiple of 4 (gluon_lengths_fit: the statistics' TMA boxes start 16-byte
+aligned) and, if traced, tile and row tracing both on or both off; q, k, v and dO not contiguous
+are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel), or for a deterministic call
+(gluon_backward_one_pass) the dK/dV and dQ passes. Any other call with that config runs the Triton
+passes on the same tiles, so its trace buffers fit either (the one pass leaves the dQ programs'
+records and tiles unwritten); a call given no config gets the Triton kernel's own tiles where its
+lengths do not fit (kernels.backward_plan.call_backward_config). TILESCOPE_GLUON=0 turns the Gluon
+backward off (as for the forward: kernels.gluon_launch)."""
 
 from __future__ import annotations
 

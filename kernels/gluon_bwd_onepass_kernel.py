@@ -22,12 +22,13 @@ torch.use_deterministic_algorithms).
 
 S^T's product starts from -lse / scale and dP^T's from -delta (no row statistics held in registers
 under the products); in partial tiles the pairs outside each query row's key interval, and rows
-past N_q, start from -inf and rows past N_q take delta = 0 (P = dS = 0: their dQ parts add zeros). FLAG (the preprocess's marked-row flag, or None): when set,
-every program runs no tile, stores zero dK, dV and adds nothing; the Triton kernel's finite-row run
-(launched after) writes the gradients. Traced variants write kernels.backward_launch's
-BackwardTraceBuffers: each program's SM and globaltimer span (TRACE_WORK), the traced heads' visit
-order (warpgroup 0) and the row sums of the recomputed P, each group's sums over its 64 keys added
-into the zeroed rows by float32 atomics (TRACE_TILES). D 128, and D 64 in 128-row tiles (in 64-row
+past N_q, start from -inf and rows past N_q take delta = 0 (P = dS = 0: their dQ parts add zeros).
+FLAG (the preprocess's marked-row flag, or None): when set, every program runs no tile, stores zero
+dK, dV and adds nothing; the Triton kernel's finite-row run (launched after) writes the gradients.
+Traced variants write kernels.backward_launch's BackwardTraceBuffers: each program's SM and
+globaltimer span (TRACE_WORK), the traced heads' visit order (warpgroup 0) and the row sums of the
+recomputed P, each group's sums over its 64 keys added into the zeroed rows by float32 atomics
+(TRACE_TILES). D 128, and D 64 in 128-row tiles (in 64-row
 ones slower than the Triton kernel), bf16 / fp16.
 """
 
