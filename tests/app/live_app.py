@@ -32,3 +32,15 @@ def menu_button(page, menu: str, name: str):
         page.locator('[data-testid="stPopoverButton"]').filter(has_text=menu).first.click()
         button.first.wait_for(state="visible")
     return button.first
+
+
+def choose_option(page, selectbox, name: str) -> None:
+    """Pick option `name` of a Streamlit selectbox (its [data-testid=stSelectbox] locator) by the
+    keyboard: type the name, wait for the filtered option, press Enter. Clicking the option instead
+    timed out under CI load: a rerun re-rendered the open menu under the click, the option detached
+    from the page again and again."""
+    box = selectbox.locator("input")
+    box.click()
+    box.fill(name)
+    page.get_by_role("option", name=name, exact=True).wait_for()
+    box.press("Enter")

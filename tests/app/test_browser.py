@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.live_app import chart_titles, menu_button, no_exception_on_page, wait_for_title
+from tests.app.live_app import chart_titles, choose_option, menu_button, no_exception_on_page, wait_for_title
 
 pytestmark = pytest.mark.browser
 
@@ -46,8 +46,7 @@ def test_url_settings_show_on_the_page_and_mask_switch(app_server, page):
                            ".some(a => a.innerText.includes('visited exactly'))")          # after the chart
 
     # switch the mask in the sidebar and press Run: the chart and the URL follow
-    sidebar.locator('[data-testid="stSelectbox"]').filter(has_text="Mask").locator("input").click()
-    page.get_by_role("option", name="causal", exact=True).click()
+    choose_option(page, sidebar.locator('[data-testid="stSelectbox"]').filter(has_text="Mask"), "causal")
     sidebar.get_by_role("button", name="Run").click()
     wait_for_title(page, f"Block map: causal, N={N}, blocks 64×64")
     page.wait_for_function("() => location.search.includes('mask=causal')")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.app.live_app import wait_for_title
+from tests.app.live_app import choose_option, wait_for_title
 from tests.app.slide_settle import settle
 
 pytestmark = pytest.mark.browser
@@ -126,11 +126,7 @@ def test_ring_page_in_presentation_mode_then_the_4xH200_recording_and_its_layout
     _check_recording(page, ZIGZAG)
     # the picker: the natural layout of the same problem, and the link follows
     picker = page.locator('[data-testid="stSelectbox"]').filter(has_text="Recording (data/ring/)")
-    picker.locator("input").click()
-    option = page.get_by_role("option", name=NATURAL, exact=True)
-    if not option.is_visible():     # after Leave presentation the first click focused the box without opening it
-        picker.locator("input").press("ArrowDown")
-    option.click()
+    choose_option(page, picker, NATURAL)
     page.wait_for_function("n => new URL(location.href).searchParams.get('ring_rec') === n", arg=NATURAL)
     page.wait_for_function(
         "() => [...document.querySelectorAll('[data-testid=\"stAlertContentInfo\"]')]"
