@@ -22,10 +22,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from kernels.gluon_bwd_kernel import key_block_slot, key_visible
+from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
 from kernels.gluon_bwd_launch import stats_descriptor
 from kernels.gluon_bwd_onepass_kernel import _add_dq
-from kernels.gluon_fwd_kernel import block_lists, list_block, tma_load, wgmma_layout
+from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
 from .gluon_backward import one_kernel_inputs, probe_head_groups
 
@@ -136,12 +136,7 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
         mbarrier.arrive(q_empty.index(sq), count=1)
         mbarrier.arrive(do_empty.index(sd), count=1)
     tma.store_wait(0)
-    local = gl.arange(0, KEYS, gl.SliceLayout(1, kv_layout))
-    half = d0 + gl.arange(0, HALF_D, gl.SliceLayout(0, kv_layout))
-    offs = (kv_row + local).to(gl.int64)[:, None] * HEAD_DIM + half[None, :]
-    ok = (key0 + local < N_K)[:, None]
-    gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
-    gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
+    store_dkdv(DK, DV, dk, dv, key0, kv_row, N_K, sm_scale, d0, HEAD_DIM)
 
 
 # a partition's constexprs are fixed in a wrapper (warp_specialize passes values only)
@@ -173,13 +168,8 @@ def attn_bwd_d256_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
     accumulator (B*H*N_q, D) in (64, 64) blocks; the lists: kernels.backward_plan's (64 x 64 tiles)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    slot = key_block_slot(n_kb, head_groups)
-    bh_kv = slot // n_kb
-    kb = gl.load(kv_order + slot % n_kb)
-    head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP
-    key0 = kb * KEYS
-    kv_row = bh_kv * N_K + key0
-    n_full, first_full, n_tiles, part_list = block_lists(kb, full_cnt, full_start, part_cnt, part_idx, n_qb)
+    _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
+        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, head_groups, KEYS)
     n_items = n_tiles * GROUP
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], q_desc.dtype)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)

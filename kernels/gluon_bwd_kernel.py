@@ -130,13 +130,16 @@ def key_visible(keys, rows, row_ok, row_lo, row_hi):
 
 
 @gluon.jit
-def store_dkdv(DK, DV, dk, dv, key0, row0, N_K, sm_scale):
-    """A warpgroup's (KEYS, D) dK (times the softmax scale) and dV, keys key0... at rows row0... of
-    DK and DV; keys past N_K are not stored."""
+def store_dkdv(DK, DV, dk, dv, key0, row0, N_K, sm_scale, COL0: gl.constexpr = 0, ROW_LEN: gl.constexpr = None):
+    """A warpgroup's (KEYS, C) dK (times the softmax scale) and dV, keys key0... at rows row0... of
+    DK and DV, columns COL0... of their ROW_LEN (None: C, the whole row); keys past N_K are not
+    stored."""
     layout: gl.constexpr = dk.type.layout
-    HEAD_DIM: gl.constexpr = dk.shape[1]
+    COLS: gl.constexpr = dk.shape[1]
+    HEAD_DIM: gl.constexpr = COLS if ROW_LEN is None else ROW_LEN
     local = gl.arange(0, KEYS, gl.SliceLayout(1, layout))
-    offs = (row0 + local).to(gl.int64)[:, None] * HEAD_DIM + gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))[None, :]
+    cols = COL0 + gl.arange(0, COLS, gl.SliceLayout(0, layout))
+    offs = (row0 + local).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
     ok = (key0 + local < N_K)[:, None]
     gl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
     gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=ok)
@@ -201,15 +204,16 @@ def key_block_slot(n_kb, head_groups):
 
 
 @gluon.jit
-def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, head_groups):
-    """This program's key block (key_block_slot's head, key block kv_order[rank]) and its lists:
-    (key block, first query head of the group (b*H + h), first key, its row in K, full query
-    blocks, the first of them, tiles per query head, its partial-block list)."""
+def key_block_item(kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, head_groups,
+                   BLOCK_KEYS: gl.constexpr = KEYS_PER_PROGRAM):
+    """This program's key block (key_block_slot's head, key block kv_order[rank] of BLOCK_KEYS keys)
+    and its lists: (key block, first query head of the group (b*H + h), first key, its row in K,
+    full query blocks, the first of them, tiles per query head, its partial-block list)."""
     slot = key_block_slot(n_kb, head_groups)
     bh_kv = slot // n_kb
     kb = gl.load(kv_order + slot % n_kb)
     head0 = (bh_kv // (H // GROUP)) * H + (bh_kv % (H // GROUP)) * GROUP
-    key0 = kb * (2 * KEYS)
+    key0 = kb * BLOCK_KEYS
     n_full, first_full, n_tiles, part_list = block_lists(kb, full_cnt, full_start, part_cnt, part_idx, n_qb)
     return kb, head0, key0, bh_kv * N_K + key0, n_full, first_full, n_tiles, part_list
 
