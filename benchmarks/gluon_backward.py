@@ -276,8 +276,6 @@ def probe_head_groups(x: OneKernelInputs, head_groups) -> int:
     """The head groups a one-kernel probe's programs take the B * H_kv heads in: the product's
     (kernels.gluon_bwd_launch.program_head_groups) where head_groups is None, else head_groups,
     refused in one line outside 1..B * H_kv."""
-    from kernels.gluon_bwd_launch import program_head_groups
-
     heads = x.q.shape[0] * x.k.shape[1]
     groups = program_head_groups(heads, x.plan.kv_plan.n_kb, x.q.device) if head_groups is None else head_groups
     if not 1 <= groups <= heads:

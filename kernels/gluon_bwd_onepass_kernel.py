@@ -28,8 +28,8 @@ dK, dV and adds nothing; the Triton kernel's finite-row run (launched after) wri
 Traced variants write kernels.backward_launch's BackwardTraceBuffers: each program's SM and
 globaltimer span (TRACE_WORK), the traced heads' visit order (warpgroup 0) and the row sums of the
 recomputed P, each group's sums over its 64 keys added into the zeroed rows by float32 atomics
-(TRACE_TILES). D 128, and D 64 in 128-row tiles (in 64-row
-ones slower than the Triton kernel), bf16 / fp16.
+(TRACE_TILES). D 128, and D 64 in 128-row tiles (in 64-row ones slower than the Triton kernel),
+bf16 / fp16.
 """
 
 from triton._C.libtriton import ir

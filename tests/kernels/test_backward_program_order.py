@@ -1,7 +1,8 @@
 """The order the Triton backward's programs take their items (kernels.tile_ops.grouped_slot, the
-host's kernels.gluon_bwd_launch.program_head_groups): the heads in groups of nearly equal size, a group's blocks rank by rank across its heads. In the interpreter programs run
-one after another in program order, so each item's trace record says which program ran it; the
-gradients do not depend on the order, bit for bit."""
+host's kernels.gluon_bwd_launch.program_head_groups): the heads in groups of nearly equal size, a
+group's blocks rank by rank across its heads. In the interpreter programs run one after another in
+program order, so each item's trace record says which program ran it; the gradients do not depend
+on the order, bit for bit."""
 
 import dataclasses
 
