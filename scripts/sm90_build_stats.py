@@ -146,9 +146,6 @@ def _loops(kernel, args, options=None) -> str:
     if named.get("TOKEN_MAJOR"):
         return "(B, N, H, D) inputs"
     stats = ", stats by TMA" if named.get("STATS_TMA") else ""
-    if "DS_BUFFERS" in named:
-        return f"one pass, {named['STAGES']} stages, {named['DS_BUFFERS']} dS buffers" + \
-            (", P through shared memory" if named["P_SHARED"] else "")
     if "DQ_WRITER" in named:
         return ("dQ by a writer warp" if named["DQ_WRITER"] else "dQ stored (ablation)" if named.get("DQ_STORE") else
                 "dQ by TMA reduce-adds" if named.get("DQ_TMA") else "dQ by the consumers") + stats + \
@@ -275,6 +272,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
         from kernels.backward import GLUON_CONFIGS, backward_trace_buffers
 
         lse = torch.zeros(1, 2, n)
+        if d not in GLUON_CONFIGS:
+            raise ValueError(f"bwdgluon builds the product's Gluon backward, D {' or '.join(map(str, GLUON_CONFIGS))}")
         cfg = GLUON_CONFIGS[d]
         for deterministic in (False, True) if d == 128 else (False,):   # the one pass, then the two passes
             det = dataclasses.replace(cfg, deterministic=deterministic)
@@ -290,7 +289,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
 
         lse = torch.zeros(1, 2, n)
         if d == 256:    # the D 256 one pass alone (the other probes take D 64 and 128)
-            return gluon_backward_d256(do, q, k, v, o, lse, mask)
+            gluon_backward_d256(do, q, k, v, o, lse, mask)
+            return
         for stats_tma in (False, True):
             gluon_dkdv(do, q, k, v, o, lse, mask, stages=2, stats_tma=stats_tma)
         for block_n in (64, 128):
