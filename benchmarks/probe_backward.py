@@ -12,7 +12,7 @@ import torch
 
 BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused",
              "bwd_gluon_onepass", "bwd_gluon_d256")
-BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "bwdfused", "bwdonepass")
+BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "bwdfused", "bwdonepass", "bwdd256")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
 
@@ -61,6 +61,8 @@ def backward_suite(name: str) -> list[dict]:
         return _fused_suite()
     if name == "bwdonepass":
         return _onepass_suite()
+    if name == "bwdd256":
+        return _d256_onepass_suite()
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
@@ -181,18 +183,25 @@ def _fused_suite() -> list[dict]:
     return out
 
 
+def _d256_onepass_suite() -> list[dict]:
+    """bwdd256 (and bwdonepass's first rows): at D 256 the default (the Triton kernel) beside the
+    D 256 one-pass probe (benchmarks.gluon_backward_d256) and cuDNN."""
+    out = []
+    for shape, mask in [((4, 16, 16, 4096, 256), "causal"), ((4, 16, 16, 4096, 256), "full"),
+                        ((4, 16, 16, 8192, 256), "causal")]:
+        out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
+                _bwd(shape, mask, "gluon D 256 one pass", kind="bwd_gluon_d256")]
+    return out
+
+
 def _onepass_suite() -> list[dict]:
     """bwdonepass: the default (the one-pass Gluon kernel at D 128 on Hopper) beside the two Gluon
     passes (what deterministic calls run), the one pass launched alone (benchmarks.gluon_backward_onepass)
     in the product's program order and head after head, and cuDNN, at D 128; at D 64 the default
     beside the one pass in 64- and 128-row tiles; at D 256 the default (the Triton kernel) beside
     the D 256 one-pass probe (benchmarks.gluon_backward_d256)."""
-    out = []
+    out = _d256_onepass_suite()
     d64 = [((4, 16, 16, n, 64), mask) for mask in ("full", "causal") for n in (4096, 8192, 16384)]
-    for shape, mask in [((4, 16, 16, 4096, 256), "causal"), ((4, 16, 16, 4096, 256), "full"),
-                        ((4, 16, 16, 8192, 256), "causal")]:
-        out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
-                _bwd(shape, mask, "gluon D 256 one pass", kind="bwd_gluon_d256")]
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),
                         ((4, 16, 16, 16384, 128), "causal"), ((4, 16, 16, 4096, 128), "full"),
                         ((4, 16, 16, 8192, 128), "full"), ((2, 32, 8, 8192, 128), "causal")] + d64:
