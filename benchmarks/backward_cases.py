@@ -7,7 +7,7 @@ import torch
 
 # (batch, heads, kv_heads, seq_len, head_dim, mask)
 GPU_CASES = ([(4, 16, 16, n, d, m) for d in (128, 64) for n in (4096, 8192, 16384) for m in ("full", "causal")]
-             + [(2, 32, 8, 8192, 128, "causal"), (4, 16, 16, 4096, 256, "causal")])
+             + [(2, 32, 8, 8192, 128, "causal")] + [(4, 16, 16, 4096, 256, m) for m in ("full", "causal")])
 CPU_CASES = [(1, 1, 1, 48, 16, "causal"), (1, 2, 2, 64, 32, "full"), (1, 4, 2, 64, 32, "causal")]
 
 

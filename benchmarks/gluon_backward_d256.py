@@ -1,213 +1,18 @@
-"""A one-pass Gluon backward for head dim 256 (a probe; the product runs the Triton kernel there,
-0.77x cuDNN on the H200, docs/performance.md): where the D 128 one pass gives each consumer
-warpgroup 64 keys and their dK and dV over all of D (2 x 64 x 256 float32 accumulators: 256
-registers a thread, more than a thread has), here a program holds 64 keys and each warpgroup half
-of D, FlashAttention-3's split at D 256:
-- a producer warp loads K and V once, then each tile's Q (with its rows' lse; two stages) and dO
-  (with delta; one stage: 32 KiB a stage at D 256) by TMA;
-- warpgroup w computes S^T and dP^T for the key block against its 32 of the tile's 64 query rows
-  (products over all of D), P^T and dS^T, and writes its rows of P and dS into shared memory;
-- once both halves are there, it adds the whole tile into its half of D: dV[:, half] += P^T dO[:, half],
-  dK[:, half] += dS^T Q[:, half], and dQ[:, half] = dS K[:, half] in two 64-column parts, each
-  added into the float32 accumulator by one TMA reduce-add (kernels.gluon_bwd_onepass_kernel's).
-Shared memory: K, V 32 KiB each, Q 2 x 32, dO 32, P and dS 8 each, two 16 KiB dQ buffers (208 KiB).
-Untraced, no finite-row flag (the probe's inputs are finite): what the suites time against the
-Triton kernel and cuDNN (python -m benchmarks.kernel_probe --suite bwdonepass)."""
+"""The D 256 one-pass Gluon backward (kernels.gluon_bwd_d256_kernel) launched alone, untraced and
+without the finite-row flag, on one_kernel_inputs' plan and descriptors: what the probes time
+against the Triton kernel and cuDNN with a chosen head grouping or register split
+(python -m benchmarks.kernel_probe --suite bwdd256)."""
 
 from __future__ import annotations
 
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
-)
-
-from kernels.gluon_bwd_kernel import key_block_item, key_visible, store_dkdv
+from kernels.gluon_bwd_d256_kernel import DQ_COLS, KEYS, attn_bwd_d256_gluon_kernel
 from kernels.gluon_bwd_launch import stats_descriptor
-from kernels.gluon_bwd_onepass_kernel import _add_dq
-from kernels.gluon_fwd_kernel import list_block, tma_load, wgmma_layout
 
 from .gluon_backward import one_kernel_inputs, probe_head_groups
 
-KEYS = gl.constexpr(64)          # keys per program
-DQ_COLS = gl.constexpr(64)       # dQ columns per reduce-add (a 64 x 64 float32 buffer per warpgroup)
-
-
-@gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
-              kv_bar, q_ready, q_empty, do_ready, do_empty, kv_row, head0, n_tiles, n_items, n_full, full_start,
-              part_list, N_Q):
-    """K and V once; per item its Q tile and lse into Q stage it % QS, its dO tile and delta into
-    dO stage it % DS (rows 2 * head and 2 * head + 1 of the flat statistics)."""
-    QS: gl.constexpr = q_smem.shape[0]
-    DS: gl.constexpr = do_smem.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    tma_load(k_desc, [kv_row, 0], kv_bar, k_smem)
-    tma_load(v_desc, [kv_row, 0], kv_bar, v_smem)
-    for it in range(n_items):
-        head = head0 + it // n_tiles
-        qb_row = list_block(it % n_tiles, n_full, full_start, part_list) * BLOCK_M
-        sq = it % QS
-        mbarrier.wait(q_empty.index(sq), ((it // QS) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(sq), q_desc.block_type.nbytes + st_desc.block_type.nbytes)
-        tma_load(st_desc, [2 * head * N_Q + qb_row], q_ready.index(sq), lse_smem.index(sq))
-        tma_load(q_desc, [head * N_Q + qb_row, 0], q_ready.index(sq), q_smem.index(sq))
-        sd = it % DS
-        mbarrier.wait(do_empty.index(sd), ((it // DS) & 1) ^ 1)
-        mbarrier.expect(do_ready.index(sd), do_desc.block_type.nbytes + st_desc.block_type.nbytes)
-        tma_load(st_desc, [(2 * head + 1) * N_Q + qb_row], do_ready.index(sd), delta_smem.index(sd))
-        tma_load(do_desc, [head * N_Q + qb_row, 0], do_ready.index(sd), do_smem.index(sd))
-
-
-@gluon.jit
-def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, pds_ready, pds_free, head0, key0,
-              kv_row, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale,
-              WG: gl.constexpr):
-    """Warpgroup WG: S^T, dP^T, P^T and dS^T of its 32 query rows of each tile, then the whole tile's
-    dV, dK and dQ over its half of D; at the end its half of dK (times the softmax scale) and dV."""
-    QS: gl.constexpr = q_smem.shape[0]
-    DS: gl.constexpr = do_smem.shape[0]
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    HALF_M: gl.constexpr = BLOCK_M // 2         # this group's query rows of S^T and dP^T
-    HALF_D: gl.constexpr = HEAD_DIM // 2        # this group's columns of dK, dV and dQ
-    s_layout: gl.constexpr = wgmma_layout(HALF_M)
-    kv_layout: gl.constexpr = wgmma_layout(HALF_D)
-    col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
-    keys = key0 + gl.arange(0, KEYS, gl.SliceLayout(1, s_layout))      # (KEYS,) the program's keys
-    cols = WG * HALF_M + gl.arange(0, HALF_M, col_vec)                  # this group's rows of a tile
-    zero_s = gl.zeros([KEYS, HALF_M], gl.float32, s_layout)
-    inv_qk_scale = 1.0 / qk_scale
-    d0: gl.constexpr = WG * HALF_D
-    dk = gl.zeros([KEYS, HALF_D], gl.float32, kv_layout)
-    dv = gl.zeros([KEYS, HALF_D], gl.float32, kv_layout)
-    dq_buf = dq_smem.index(WG)
-    mbarrier.wait(kv_bar, 0)
-    for it in range(n_items):
-        sq = it % QS
-        sd = it % DS
-        t = it % n_tiles
-        q_block = list_block(t, n_full, full_start, part_list)
-        rows = q_block * BLOCK_M + cols                                     # (HALF_M,) query rows
-        mbarrier.wait(q_ready.index(sq), (it // QS) & 1)
-        q = q_smem.index(sq)
-        # S^T starts from -lse / scale (hidden pairs of a partial tile from -inf), dP^T from -delta
-        s_init = zero_s - (lse_smem.index(sq).slice(WG * HALF_M, HALF_M).load(col_vec) * inv_qk_scale)[None, :]
-        if t >= n_full:
-            s_init = gl.where(key_visible(keys, rows, rows < N_Q, row_lo, row_hi), s_init, float("-inf"))
-        s_tok = warpgroup_mma(k_smem, q.slice(WG * HALF_M, HALF_M).permute((1, 0)), s_init, is_async=True)
-        mbarrier.wait(do_ready.index(sd), (it // DS) & 1)
-        do = do_smem.index(sd)
-        delta = delta_smem.index(sd).slice(WG * HALF_M, HALF_M).load(col_vec)
-        if t >= n_full:     # rows past N_q read the next head's statistics (lse may be +inf): P is 0 there
-            delta = gl.where(rows < N_Q, delta, 0.0)
-        dp_tok = warpgroup_mma(v_smem, do.slice(WG * HALF_M, HALF_M).permute((1, 0)), zero_s - delta[None, :],
-                               is_async=True)
-        st = warpgroup_mma_wait(1, deps=(s_tok,))
-        p = gl.exp2(st * qk_scale)                                           # P^T (KEYS, HALF_M)
-        dpt = warpgroup_mma_wait(0, deps=(dp_tok,))
-        ds = p * dpt                                                         # dS^T = P^T (dP^T - D)
-        # this group's rows of P and dS ((BLOCK_M, KEYS) tiles) once both groups' products of the
-        # last tile have read them
-        mbarrier.wait(pds_free.index(0), (it & 1) ^ 1)
-        p_smem.slice(WG * HALF_M, HALF_M).store(gl.permute(p.to(q_smem.dtype), (1, 0)))
-        ds_smem.slice(WG * HALF_M, HALF_M).store(gl.permute(ds.to(q_smem.dtype), (1, 0)))
-        fence_async_shared()
-        mbarrier.arrive(pds_ready.index(0), count=1)
-        mbarrier.wait(pds_ready.index(0), it & 1)
-        row = (head0 + it // n_tiles) * N_Q + q_block * BLOCK_M             # the tile's first row in dQ
-        dq_tok = warpgroup_mma(ds_smem, k_smem.slice(d0, DQ_COLS, dim=1),
-                               gl.zeros([BLOCK_M, DQ_COLS], gl.float32, wgmma_layout(DQ_COLS)), use_acc=False,
-                               is_async=True)                                # dQ[:, first part]
-        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do.slice(d0, HALF_D, dim=1), dv, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q.slice(d0, HALF_D, dim=1), dk, is_async=True)
-        dq = warpgroup_mma_wait(2, deps=(dq_tok,))
-        _add_dq(row, d0, dq, dq_buf, dqa_desc, sm_scale)
-        for c in gl.static_range(1, HALF_D // DQ_COLS):
-            dq_tok = warpgroup_mma(ds_smem, k_smem.slice(d0 + c * DQ_COLS, DQ_COLS, dim=1),
-                                   gl.zeros([BLOCK_M, DQ_COLS], gl.float32, wgmma_layout(DQ_COLS)), use_acc=False,
-                                   is_async=True)
-            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-            _add_dq(row, d0 + c * DQ_COLS, dq, dq_buf, dqa_desc, sm_scale)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        mbarrier.arrive(pds_free.index(0), count=1)
-        mbarrier.arrive(q_empty.index(sq), count=1)
-        mbarrier.arrive(do_empty.index(sd), count=1)
-    tma.store_wait(0)
-    store_dkdv(DK, DV, dk, dv, key0, kv_row, N_K, sm_scale, d0, HEAD_DIM)
-
-
-# a partition's constexprs are fixed in a wrapper (warp_specialize passes values only)
-@gluon.jit
-def _consumer0(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-               lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, pds_ready, pds_free, head0, key0,
-               kv_row, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale):
-    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, pds_ready, pds_free, head0, key0,
-              kv_row, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, 0)
-
-
-@gluon.jit
-def _consumer1(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-               lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, pds_ready, pds_free, head0, key0,
-               kv_row, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale):
-    _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-              lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, pds_ready, pds_free, head0, key0,
-              kv_row, n_tiles, n_items, n_full, full_start, part_list, N_Q, N_K, qk_scale, sm_scale, 1)
-
-
-@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb", "head_groups"])
-def attn_bwd_d256_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, dqa_desc, row_lo, row_hi, full_cnt,
-                               full_start, part_cnt, part_idx, kv_order, H, GROUP, N_Q, N_K, n_qb, n_kb, head_groups,
-                               qk_scale, sm_scale, CONSUMER_REGS: gl.constexpr):
-    """One program per (b * H_kv + kv head, key block of 64 keys kv_order[...]), in key_block_slot's
-    order. q/do_desc: (B*H*N_q, D) rows in (64, D) blocks; k/v_desc: (B*H_kv*N_k, D) in (64, D);
-    st_desc: the statistics as (B*H*2*N_q,) in 64-value blocks; dqa_desc: the zeroed float32 dQ
-    accumulator (B*H*N_q, D) in (64, 64) blocks; the lists: kernels.backward_plan's (64 x 64 tiles)."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    _, head0, key0, kv_row, n_full, first_full, n_tiles, part_list = key_block_item(
-        kv_order, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_K, n_qb, n_kb, head_groups, KEYS)
-    n_items = n_tiles * GROUP
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], q_desc.dtype)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [1, BLOCK_M, HEAD_DIM], do_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [KEYS, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [KEYS, HEAD_DIM], v_desc.layout)
-    p_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, KEYS], tile_layout)       # P (rows, keys)
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, KEYS], tile_layout)      # dS (rows, keys)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqa_desc.block_type.shape, dqa_desc.layout)  # per group
-    lse_smem = gl.allocate_shared_memory(st_desc.dtype, [2, BLOCK_M], st_desc.layout)
-    delta_smem = gl.allocate_shared_memory(st_desc.dtype, [1, BLOCK_M], st_desc.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    pds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    pds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)       # both groups release a Q stage
-    mbarrier.init(do_ready.index(0), count=1)
-    mbarrier.init(do_empty.index(0), count=2)
-    mbarrier.init(pds_ready.index(0), count=2)         # both groups' rows of P and dS written
-    mbarrier.init(pds_free.index(0), count=2)          # both groups' products done with them
-    consumer_args = (DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-                     lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, pds_ready, pds_free, head0,
-                     key0, kv_row, n_tiles, n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale)
-    producer_args = (q_desc, do_desc, k_desc, v_desc, st_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
-                     kv_bar, q_ready, q_empty, do_ready, do_empty, kv_row, head0, n_tiles, n_items, n_full, first_full,
-                     part_list, N_Q)
-    gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
-                       [4, 1], [CONSUMER_REGS, 24])
-
 
 def gluon_backward_d256(do, q, k, v, o, lse, mask="causal", consumer_regs=240, head_groups=None):
-    """dQ, dK, dV of attention at head dim 256 by the one-pass Gluon probe above.
+    """dQ, dK, dV of attention at head dim 256 by the one-pass Gluon kernel.
 
     Arguments:
         do, q, k, v, o, lse: as kernels.backward.flash_attention_backward's: q, o, do (B, H, N_q, 256),
@@ -224,7 +29,8 @@ def gluon_backward_d256(do, q, k, v, o, lse, mask="causal", consumer_regs=240, h
     h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
     heads, groups = x.q.shape[0] * h_kv, probe_head_groups(x, head_groups)
     attn_bwd_d256_gluon_kernel[(heads * kp.n_kb,)](
-        x.q_desc, x.do_desc, x.k_desc, x.v_desc, stats_descriptor(x.stats), x.dk, x.dv, x.dqa_desc, kp.row_lo,
-        kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, h, h // h_kv, n_q,
-        n_k, kp.n_qb, kp.n_kb, groups, x.scale * LOG2E, x.scale, CONSUMER_REGS=consumer_regs, num_warps=4)
+        x.q_desc, x.do_desc, x.k_desc, x.v_desc, stats_descriptor(x.stats), x.dk, x.dv, x.dqa_desc, None,
+        kp.row_lo, kp.row_hi, bp.kv_full_cnt, bp.kv_full_start, bp.kv_part_cnt, bp.kv_part_idx, bp.kv_order, None,
+        None, None, None, h, h // h_kv, n_q, n_k, kp.n_qb, kp.n_kb, groups, x.scale * LOG2E, x.scale,
+        CONSUMER_REGS=consumer_regs, TRACE_WORK=False, TRACE_TILES=False, num_warps=4)
     return x.dq_acc.to(x.q.dtype), x.dk, x.dv

@@ -81,8 +81,12 @@ CUDA_CONFIGS = {64: BackwardConfig(32, 128, 128, 64, 4, 3), 128: BackwardConfig(
 # calls the Gluon passes do not take).
 # D 64: the one pass only, on FlashAttention-3's D 64 tile of 128 query rows (--suite bwdonepass,
 # bwd-onepass-d64rows-probe-<device>.json); the finite-row twin runs these tiles on 8 warps, 2 stages.
+# D 256: the one pass only, a program of 64 keys streaming 64-row tiles (--suite bwdd256,
+# bwd-onepass-d256-probe-<device>.json); the finite-row twin runs the Triton kernel's old D 256
+# tiles (64 x 64, one program for dK and dV).
 GLUON_CONFIGS = {64: BackwardConfig(128, 128, 128, 64, 8, 2, gluon=True),
-                 128: BackwardConfig(64, 128, 128, 64, 8, 3, gluon=True)}
+                 128: BackwardConfig(64, 128, 128, 64, 8, 3, gluon=True),
+                 256: BackwardConfig(64, 64, 64, 64, 8, 2, gluon=True)}
 CUDA_FLOAT32_CONFIG = BackwardConfig(16, 32, 32, 16, 8, 1)
 INTERPRETER_CONFIG = BackwardConfig(32, 32, 32, 32, 4, 1)
 
@@ -104,6 +108,11 @@ def backward_config(head_dim: int, dtype, device, deterministic: bool = False) -
         return CUDA_FLOAT32_CONFIG
     if gluon_backward_config(head_dim, dtype, device, deterministic):
         return GLUON_CONFIGS[head_dim]
+    return cuda_config(head_dim)
+
+
+def cuda_config(head_dim: int) -> BackwardConfig:
+    """The Triton kernel's tiles on CUDA for fp16 / bf16 at a head dim (padded to a power of two)."""
     d = padded_head_dim(head_dim)
     return CUDA_CONFIGS[64 if d <= 64 else 128 if d <= 128 else 256]
 
@@ -111,11 +120,12 @@ def backward_config(head_dim: int, dtype, device, deterministic: bool = False) -
 def call_backward_config(q, k) -> BackwardConfig:
     """backward_config's tiles for a call on q, k, except where they are Gluon tiles the call cannot
     run (N_q or N_k below the Gluon launch's minimum, N_q not a multiple of 4): the Triton kernel's
-    (D 64's Gluon tiles of 128 x 128 would run the Triton kernel at a fraction of its speed)."""
+    (D 64's Gluon tiles of 128 x 128, D 256's of 64 x 64 would run the Triton kernel at a fraction
+    of its speed)."""
     d = q.shape[3]
     cfg = backward_config(d, q.dtype, q.device)
     if cfg.gluon and not gluon_lengths_fit(q, k):
-        return CUDA_CONFIGS[64 if padded_head_dim(d) <= 64 else 128]
+        return cuda_config(d)
     return cfg
 
 

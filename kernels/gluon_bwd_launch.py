@@ -1,12 +1,13 @@
 """Where the backward runs the Gluon passes (kernels.gluon_bwd_kernel, FlashAttention-3's layout of
 the work on Hopper), and their launches.
 
-backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 128, or 64 where
-the call may run the one pass (not deterministic), the GLUON_CONFIGS tiles (BackwardConfig.gluon).
+backward_config gives a Hopper call with bf16 / fp16 inputs of head dim exactly 128, or 64 or 256
+where the call may run the one pass (not deterministic), the GLUON_CONFIGS tiles (BackwardConfig.gluon).
 Such a call runs a Gluon backward after the Triton preprocess where it also has N_q and N_k of at
 least MIN_LEN, N_q a multiple of 4 (gluon_lengths_fit: the statistics' TMA boxes start 16-byte
 aligned) and, if traced, tile and row tracing both on or both off; q, k, v and dO not contiguous
-are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel), or for a deterministic call
+are copied: the one-pass kernel (kernels.gluon_bwd_onepass_kernel; at D 256
+kernels.gluon_bwd_d256_kernel, a program of 64 keys), or for a deterministic call
 (gluon_backward_one_pass) the dK/dV and dQ passes. Any other call with that config runs the Triton
 passes on the same tiles, so its trace buffers fit either (the one pass leaves the dQ programs'
 records and tiles unwritten); a call given no config gets the Triton kernel's own tiles where its
@@ -28,8 +29,10 @@ from .runtime import device_facts
 
 STAGES = 2              # (Q, dO) ring of the dK/dV pass, K/V ring of the dQ pass (both: 2 = 3 measured)
 CONSUMER_REGS = 240     # registers per consumer thread (setmaxnreg); the producer warp keeps 24
-HEAD_DIMS = (64, 128)
-ONE_PASS_ONLY = (64,)   # D 64's two Gluon passes measured slower than the Triton kernel (docs/performance.md)
+HEAD_DIMS = (64, 128, 256)
+# D 64's two Gluon passes measured slower than the Triton kernel (docs/performance.md); D 256 has
+# one pass only (kernels.gluon_bwd_d256_kernel): its deterministic calls run the Triton kernel
+ONE_PASS_ONLY = (64, 256)
 
 
 def gluon_backward_config(head_dim: int, dtype, device, deterministic: bool = False) -> bool:
@@ -115,6 +118,7 @@ class GluonBackwardLaunch:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+        from .gluon_bwd_d256_kernel import DQ_COLS, attn_bwd_d256_gluon_kernel
         from .gluon_bwd_kernel import attn_bwd_dkdv_gluon_kernel, attn_bwd_dq_gluon_kernel
         from .gluon_bwd_onepass_kernel import attn_bwd_onepass_gluon_kernel
 
@@ -124,11 +128,12 @@ class GluonBackwardLaunch:
         gdtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         tile = lambda rows: gl.NVMMASharedLayout.get_default_for([rows, d], gdtype)  # noqa: E731
         rows = kp.block_m       # query rows of a streamed (Q, dO) tile: 64, at D 64 128 (the one pass only)
+        wide = d > 128          # D 256: 64 keys a program, dQ added in 64-column parts
         descriptors = dict(qo=TensorDescriptor(q, [b * h * n_q, d], [d, 1], [rows, d], tile(rows)),
                            kv=TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
                            st=stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32), rows))
         if one_pass:
-            block = [rows, d // 2]
+            block = [rows, DQ_COLS.value if wide else d // 2]
             descriptors["dqa"] = TensorDescriptor(q.new_empty((1,), dtype=torch.float32), [b * h * n_q, d], [d, 1],
                                                   block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
         else:
@@ -143,8 +148,8 @@ class GluonBackwardLaunch:
                         n_kb=kp.n_kb, head_groups=program_head_groups(b * h_kv, kp.n_kb, q.device), st_desc=None,
                         DK=None, DV=None)
         if one_pass:
-            forms = (("one_pass", attn_bwd_onepass_gluon_kernel, dict(common, **kv_lists, dqa_desc=None),
-                      (b * h_kv * kp.n_kb,)),)
+            kernel = attn_bwd_d256_gluon_kernel if wide else attn_bwd_onepass_gluon_kernel
+            forms = (("one_pass", kernel, dict(common, **kv_lists, dqa_desc=None), (b * h_kv * kp.n_kb,)),)
         else:
             forms = (("dkdv", attn_bwd_dkdv_gluon_kernel, dict(common, **kv_lists), (b * h_kv * kp.n_kb,)),
                      ("dq", attn_bwd_dq_gluon_kernel, dict(

@@ -14,8 +14,8 @@ with their timings. A warp-specialised kernel reports the launch's register coun
 then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon backward probes
 (benchmarks.gluon_backward's dK/dV pass, its statistics loaded by each thread and by TMA, its dQ pass, benchmarks.gluon_backward_fused with dQ added by
 the consumers and by a writer warp, its ablation that stores dQ, with the statistics by TMA, with those and dQ by
-TMA bulk reduce-adds, and each tile's dQ a tile late), 2 stages. gluonfwd (nor this):
-the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent); gluonbwd at D 256: benchmarks.gluon_backward_d256."""
+TMA bulk reduce-adds, and each tile's dQ a tile late), 2 stages; at D 256 the product's D 256 kernel alone
+(benchmarks.gluon_backward_d256). gluonfwd (nor this): the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FWD = [(64, 4096, "full"), (64, 8192, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"),
        (256, 4096, "full"), (256, 4096, "causal")]
 BWD = [(64, 4096, "full"), (64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (256, 4096, "causal")]
-BWDGLUON = [(64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal")]     # the product's Gluon backward
-GLUONBWD = BWDGLUON + [(256, 4096, "causal")]                                       # the probes
+BWDGLUON = [(64, 4096, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (256, 4096, "causal")]  # the product's
+GLUONBWD = BWDGLUON                                                                 # the probes
 GLUONFWD = [(64, 4096, "full"), (128, 4096, "full"), (128, 4096, "causal")]
 FP8 = [(128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"), (256, 4096, "full"), (256, 4096, "causal")]
 
@@ -223,6 +223,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.gluon_backward_fused as gluon_fused
     import kernels.gluon_bwd_onepass_kernel as gluon_onepass
     import benchmarks.gluon_backward_d256 as gluon_d256
+    import kernels.gluon_bwd_d256_kernel as gluon_d256_kernel
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
     class Built:                # the Gluon backward kernels' launches, compiled
@@ -235,7 +236,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
                       (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_fused, "attn_bwd_fused_gluon_kernel"),
                       (gluon_onepass, "attn_bwd_onepass_gluon_kernel"), (gluon_d256, "attn_bwd_d256_gluon_kernel"),
-                      (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
+                      (gluon_d256_kernel, "attn_bwd_d256_gluon_kernel"), (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
     backward_atomic._stats_kernel = collections.defaultdict(lambda: lambda *args, **options: None)  # not surveyed
 

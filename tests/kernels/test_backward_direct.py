@@ -69,12 +69,12 @@ def test_a_plan_follows_its_block_plan():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_gpu_planned_backward_equals_triton_run(monkeypatch, d):
     """On the GPU: after a shape's first call, its launches go direct (the Triton steps' compiled
     kernels kept), bit for bit what every launch through JITFunction.run gives; an unaligned dO
     takes run's path (another specialisation) and agrees; a captured call replays right. (dQ of
-    the one-pass Gluon backward, D 128 on Hopper, comes from reduce-adds in any order: equal within
+    the one-pass Gluon backward, D 64, 128 and 256 on Hopper, comes from reduce-adds in any order: equal within
     rounding, dK and dV bit for bit.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (run on the lent GPU)")

@@ -170,7 +170,9 @@ def test_gpu_default_configs_keep_the_pattern_and_clean_results(d, device):
     assert cfg.finite_rows
     plain = ours(q, k, v, do, "causal", bwd_config=dataclasses.replace(cfg, finite_rows=False))
     clean = ours(q, k, v, do, "causal")
-    assert all(torch.equal(x, y) for x, y in zip(plain, clean))
+    # the one-pass Gluon backward's dQ (index 1) comes from reduce-adds in any order: equal within rounding
+    assert all(torch.equal(x, y) or (cfg.gluon and i == 1 and rel_err(x, y.cpu().double()) < 1e-3)
+               for i, (x, y) in enumerate(zip(plain, clean))), d
     q[0, 0, 121, 3] = float("nan")
     do[0, 1, 70, 7] = float("nan")
     for mask in ("causal", "sliding_window:50"):

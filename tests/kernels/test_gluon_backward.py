@@ -14,6 +14,7 @@ import torch
 
 from kernels import flash_attention
 from kernels.backward import GLUON_CONFIGS, backward_config, backward_trace_buffers, flash_attention_backward
+from kernels.gluon_bwd_launch import ONE_PASS_ONLY
 from kernels.gluon_launch import gluon_available
 from kernels.masks import SKIPPED
 from tests.kernels.test_backward import float64_grads, make, ours, rel_err
@@ -69,11 +70,13 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     for dtype in (torch.bfloat16, torch.float16):
         assert backward_config(128, dtype, "cuda") == GLUON_CONFIGS[128]
         assert backward_config(64, dtype, "cuda") == GLUON_CONFIGS[64]
-    assert not any(backward_config(d, torch.bfloat16, "cuda").gluon for d in (96, 256))
+        assert backward_config(256, dtype, "cuda") == GLUON_CONFIGS[256]
+    assert not any(backward_config(d, torch.bfloat16, "cuda").gluon for d in (96, 192))
     assert not backward_config(128, torch.float32, "cuda").gluon
-    # D 64 runs the one pass only (128-row tiles): a deterministic call keeps the Triton kernel's tiles
+    # D 64 and D 256 run the one pass only: a deterministic call keeps the Triton kernel's tiles
     assert backward_config(128, torch.bfloat16, "cuda", deterministic=True) == GLUON_CONFIGS[128]
-    assert not backward_config(64, torch.bfloat16, "cuda", deterministic=True).gluon
+    assert not any(backward_config(d, torch.bfloat16, "cuda", deterministic=True).gluon for d in (64, 256))
+    assert backward_config(256, torch.bfloat16, "cuda", deterministic=True) == bplan.CUDA_CONFIGS[256]
     q64 = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16)
     assert gbl.gluon_backward_fits(q64, q64, GLUON_CONFIGS[64], None)
     assert not gbl.gluon_backward_fits(q64, q64, dataclasses.replace(GLUON_CONFIGS[64], deterministic=True), None)
@@ -92,7 +95,7 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     real = bplan.backward_config
     monkeypatch.setattr(bplan, "backward_config", lambda d, dtype, device, deterministic=False: real(
         d, dtype, "cuda", deterministic))       # these CPU tensors stand for CUDA ones
-    for d in (64, 128):
+    for d in (64, 128, 256):
         fits, odd, short = (torch.zeros(1, 2, n, d, dtype=torch.bfloat16) for n in (256, 258, 100))
         assert bplan.call_backward_config(fits, fits) == GLUON_CONFIGS[d]
         for a, b in ((odd, fits), (fits, short), (short, fits)):
@@ -153,10 +156,10 @@ def test_program_orders_change_no_key_block(gluon_gpu):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (128, torch.float16), (64, torch.bfloat16),
-                                     (64, torch.float16)])
+                                     (64, torch.float16), (256, torch.bfloat16), (256, torch.float16)])
 def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, form, gluon_gpu, gluon_launches):
-    if d == 64 and form == "two passes":
-        pytest.skip("D 64 runs the one pass only (its deterministic calls: the Triton kernel)")
+    if d in ONE_PASS_ONLY and form == "two passes":
+        pytest.skip(f"D {d} runs the one pass only (its deterministic calls: the Triton kernel)")
     triton_tiles = dataclasses.replace(GLUON_CONFIGS[d], gluon=False)
     for i, (b, h, h_kv, n_q, n_k) in enumerate(SHAPES):
         if mask.startswith("document") and n_q != n_k:
@@ -174,11 +177,11 @@ def test_matches_float64_for_every_mask_gqa_and_ragged_lengths(mask, d, dtype, f
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mask,d", [("causal", 128), ("sliding_window:200", 128), ("causal", 64),
-                                    ("sliding_window:200", 64)])
+@pytest.mark.parametrize("mask", ["causal", "sliding_window:200"])
+@pytest.mark.parametrize("d", [128, 64, 256])
 def test_traced_call_writes_the_trace_and_the_same_gradients(mask, d, form, gluon_gpu, gluon_launches):
-    if d == 64 and form == "two passes":
-        pytest.skip("D 64 runs the one pass only")
+    if d in ONE_PASS_ONLY and form == "two passes":
+        pytest.skip(f"D {d} runs the one pass only")
     b, h, h_kv, n_q, n_k = 1, 4, 2, 1300, 700
     q, k, v, do = make(b, h, h_kv, n_q, n_k, d, torch.bfloat16, "cuda", seed=3)
     o, lse = flash_attention(q, k, v, mask, return_lse=True)
@@ -216,10 +219,10 @@ def test_traced_call_writes_the_trace_and_the_same_gradients(mask, d, form, gluo
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("d", [128, 64, 256])
 def test_replays_in_a_cuda_graph(d, form, gluon_gpu, gluon_launches):
-    if d == 64 and form == "two passes":
-        pytest.skip("D 64 runs the one pass only")
+    if d in ONE_PASS_ONLY and form == "two passes":
+        pytest.skip(f"D {d} runs the one pass only")
     q, k, v, do = make(2, 4, 2, 1024, 1024, d, torch.bfloat16, "cuda", seed=5)
     o, lse = flash_attention(q, k, v, "causal", return_lse=True)
     want = flash_attention_backward(do, q, k, v, o, lse, "causal")
@@ -244,11 +247,11 @@ def test_replays_in_a_cuda_graph(d, form, gluon_gpu, gluon_launches):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("d", [128, 64, 256])
 def test_deterministic_calls_repeat_their_bits(d, gluon_gpu, monkeypatch):
     """flash_attn_func(deterministic=True) and torch.use_deterministic_algorithms(True) give the same
-    bits run to run: at D 128 by the two Gluon passes, at D 64 by the Triton kernel on its own tiles
-    (D 64's Gluon backward is the one pass only); a plain call runs the one pass."""
+    bits run to run: at D 128 by the two Gluon passes, at D 64 and 256 by the Triton kernel on its
+    own tiles (their Gluon backward is the one pass only); a plain call runs the one pass."""
     import kernels.backward_launch as kb
     from kernels.flash_attn_interface import flash_attn_func
 
