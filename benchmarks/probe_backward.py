@@ -62,7 +62,7 @@ def backward_suite(name: str) -> list[dict]:
     if name == "bwdonepass":
         return _onepass_suite()
     if name == "bwdd256":
-        return _d256_onepass_suite()
+        return _d256_onepass_suite(variants=True)
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
@@ -183,14 +183,20 @@ def _fused_suite() -> list[dict]:
     return out
 
 
-def _d256_onepass_suite() -> list[dict]:
-    """bwdd256 (and bwdonepass's first rows): at D 256 the default (the Triton kernel) beside the
-    D 256 one-pass probe (benchmarks.gluon_backward_d256) and cuDNN."""
+def _d256_onepass_suite(variants: bool = False) -> list[dict]:
+    """bwdonepass's first rows: at D 256 the default beside the D 256 one pass launched alone
+    (benchmarks.gluon_backward_d256) and cuDNN; with variants (bwdd256) also the one pass with two
+    dO stages (32-column dQ buffers), with two P / dS buffers, and at 232 consumer registers."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 256), "causal"), ((4, 16, 16, 4096, 256), "full"),
                         ((4, 16, 16, 8192, 256), "causal")]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
                 _bwd(shape, mask, "gluon D 256 one pass", kind="bwd_gluon_d256")]
+        if variants:
+            out += [dict(_bwd(shape, mask, "one pass, 2 dO stages, dQ by 32 columns", kind="bwd_gluon_d256"),
+                         do_stages=2, dq_cols=32),
+                    dict(_bwd(shape, mask, "one pass, 2 P/dS buffers", kind="bwd_gluon_d256"), pds_buffers=2),
+                    dict(_bwd(shape, mask, "one pass, 232 registers", kind="bwd_gluon_d256"), consumer_regs=232)]
     return out
 
 
@@ -291,7 +297,8 @@ def backward_call(v, device):
     if v["kind"] == "bwd_gluon_d256":
         from .gluon_backward_d256 import gluon_backward_d256
 
-        return lambda: gluon_backward_d256(do, q, k, vv, o, lse, mask)
+        how = {n: v[n] for n in ("consumer_regs", "do_stages", "pds_buffers", "dq_cols") if n in v}
+        return lambda: gluon_backward_d256(do, q, k, vv, o, lse, mask, **how)
     if v["kind"] == "bwd_gluon_dq":
         from .gluon_backward_dq import gluon_dq
 

@@ -38,6 +38,8 @@ from .gluon_fwd_kernel import _globaltimer, list_block, tma_load, wgmma_layout
 
 KEYS = gl.constexpr(64)          # keys per program
 DQ_COLS = gl.constexpr(64)       # dQ columns per reduce-add (a 64 x 64 float32 buffer per warpgroup)
+DO_STAGES = 1                    # the dO ring (a second stage fits only with 32-column dQ buffers)
+PDS_BUFFERS = 1                  # P and dS buffers (a second pair: 225.4 KiB of shared memory)
 
 
 @gluon.jit
@@ -81,6 +83,8 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     HALF_M: gl.constexpr = BLOCK_M // 2         # this group's query rows of S^T and dP^T
     HALF_D: gl.constexpr = HEAD_DIM // 2        # this group's columns of dK, dV and dQ
+    PARTS: gl.constexpr = dq_smem.shape[2]      # dQ columns per reduce-add
+    NB: gl.constexpr = p_smem.shape[0]
     s_layout: gl.constexpr = wgmma_layout(HALF_M)
     kv_layout: gl.constexpr = wgmma_layout(HALF_D)
     col_vec: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -123,28 +127,31 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
         ds = p * dpt                                                         # dS^T = P^T (dP^T - D)
         # this group's rows of P and dS ((BLOCK_M, KEYS) tiles) once both groups' products of the
         # last tile have read them
-        mbarrier.wait(pds_free.index(0), (it & 1) ^ 1)
-        p_smem.slice(WG * HALF_M, HALF_M).store(gl.permute(p.to(q_smem.dtype), (1, 0)))
-        ds_smem.slice(WG * HALF_M, HALF_M).store(gl.permute(ds.to(q_smem.dtype), (1, 0)))
+        pb = it % NB
+        mbarrier.wait(pds_free.index(pb), ((it // NB) & 1) ^ 1)
+        p_buf = p_smem.index(pb)
+        ds_buf = ds_smem.index(pb)
+        p_buf.slice(WG * HALF_M, HALF_M).store(gl.permute(p.to(q_smem.dtype), (1, 0)))
+        ds_buf.slice(WG * HALF_M, HALF_M).store(gl.permute(ds.to(q_smem.dtype), (1, 0)))
         fence_async_shared()
-        mbarrier.arrive(pds_ready.index(0), count=1)
-        mbarrier.wait(pds_ready.index(0), it & 1)
+        mbarrier.arrive(pds_ready.index(pb), count=1)
+        mbarrier.wait(pds_ready.index(pb), (it // NB) & 1)
         row = (head0 + it // n_tiles) * N_Q + q_block * BLOCK_M             # the tile's first row in dQ
-        dq_tok = warpgroup_mma(ds_smem, k_smem.slice(d0, DQ_COLS, dim=1),
-                               gl.zeros([BLOCK_M, DQ_COLS], gl.float32, wgmma_layout(DQ_COLS)), use_acc=False,
+        dq_tok = warpgroup_mma(ds_buf, k_smem.slice(d0, PARTS, dim=1),
+                               gl.zeros([BLOCK_M, PARTS], gl.float32, wgmma_layout(PARTS)), use_acc=False,
                                is_async=True)                                # dQ[:, first part]
-        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do.slice(d0, HALF_D, dim=1), dv, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q.slice(d0, HALF_D, dim=1), dk, is_async=True)
+        dv_tok = warpgroup_mma(p_buf.permute((1, 0)), do.slice(d0, HALF_D, dim=1), dv, is_async=True)
+        dk_tok = warpgroup_mma(ds_buf.permute((1, 0)), q.slice(d0, HALF_D, dim=1), dk, is_async=True)
         dq = warpgroup_mma_wait(2, deps=(dq_tok,))
         _add_dq(row, d0, dq, dq_buf, dqa_desc, sm_scale)
-        for c in gl.static_range(1, HALF_D // DQ_COLS):
-            dq_tok = warpgroup_mma(ds_smem, k_smem.slice(d0 + c * DQ_COLS, DQ_COLS, dim=1),
-                                   gl.zeros([BLOCK_M, DQ_COLS], gl.float32, wgmma_layout(DQ_COLS)), use_acc=False,
+        for c in gl.static_range(1, HALF_D // PARTS):
+            dq_tok = warpgroup_mma(ds_buf, k_smem.slice(d0 + c * PARTS, PARTS, dim=1),
+                                   gl.zeros([BLOCK_M, PARTS], gl.float32, wgmma_layout(PARTS)), use_acc=False,
                                    is_async=True)
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-            _add_dq(row, d0 + c * DQ_COLS, dq, dq_buf, dqa_desc, sm_scale)
+            _add_dq(row, d0 + c * PARTS, dq, dq_buf, dqa_desc, sm_scale)
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        mbarrier.arrive(pds_free.index(0), count=1)
+        mbarrier.arrive(pds_free.index(pb), count=1)
         mbarrier.arrive(q_empty.index(sq), count=1)
         mbarrier.arrive(do_empty.index(sd), count=1)
         if TRACED:
@@ -202,7 +209,8 @@ def _consumer1_traced(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem,
 def attn_bwd_d256_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV, dqa_desc, FLAG, row_lo, row_hi,
                                full_cnt, full_start, part_cnt, part_idx, kv_order, tr_work, tr_tiles, tr_rows,
                                head_slot, H, GROUP, N_Q, N_K, n_qb, n_kb, head_groups, qk_scale, sm_scale,
-                               CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
+                               CONSUMER_REGS: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr,
+                               DO_STAGES: gl.constexpr, PDS_BUFFERS: gl.constexpr):
     """One program per (b * H_kv + kv head, key block of 64 keys kv_order[...]), in key_block_slot's
     order (head_groups groups of heads). q/do_desc: (B*H*N_q, D) rows in (64, D) blocks; k/v_desc:
     (B*H_kv*N_k, D) in (64, D); st_desc: the statistics as (B*H*2*N_q,) in 64-value blocks;
@@ -220,29 +228,31 @@ def attn_bwd_d256_gluon_kernel(q_desc, do_desc, k_desc, v_desc, st_desc, DK, DV,
         n_items = n_items * (gl.load(FLAG) == 0).to(gl.int32)
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], q_desc.dtype)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [DO_STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [KEYS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [KEYS, HEAD_DIM], v_desc.layout)
-    p_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, KEYS], tile_layout)       # P (rows, keys)
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, KEYS], tile_layout)      # dS (rows, keys)
+    p_smem = gl.allocate_shared_memory(q_desc.dtype, [PDS_BUFFERS, BLOCK_M, KEYS], tile_layout)   # P (rows, keys)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [PDS_BUFFERS, BLOCK_M, KEYS], tile_layout)  # dS (rows, keys)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqa_desc.block_type.shape, dqa_desc.layout)  # per group
     lse_smem = gl.allocate_shared_memory(st_desc.dtype, [2, BLOCK_M], st_desc.layout)
-    delta_smem = gl.allocate_shared_memory(st_desc.dtype, [1, BLOCK_M], st_desc.layout)
+    delta_smem = gl.allocate_shared_memory(st_desc.dtype, [DO_STAGES, BLOCK_M], st_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    pds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    pds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [DO_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [DO_STAGES, 1], mbarrier.MBarrierLayout())
+    pds_ready = gl.allocate_shared_memory(gl.int64, [PDS_BUFFERS, 1], mbarrier.MBarrierLayout())
+    pds_free = gl.allocate_shared_memory(gl.int64, [PDS_BUFFERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)       # both groups release a Q stage
-    mbarrier.init(do_ready.index(0), count=1)
-    mbarrier.init(do_empty.index(0), count=2)
-    mbarrier.init(pds_ready.index(0), count=2)         # both groups' rows of P and dS written
-    mbarrier.init(pds_free.index(0), count=2)          # both groups' products done with them
+    for i in gl.static_range(DO_STAGES):
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(do_empty.index(i), count=2)
+    for i in gl.static_range(PDS_BUFFERS):
+        mbarrier.init(pds_ready.index(i), count=2)     # both groups' rows of P and dS written
+        mbarrier.init(pds_free.index(i), count=2)      # both groups' products done with them
     consumer_args = (DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                      lse_smem, delta_smem, kv_bar, q_ready, q_empty, do_ready, do_empty, pds_ready, pds_free, head0,
                      key0, kb, kv_row, n_tiles, n_items, n_full, first_full, part_list, N_Q, N_K, qk_scale, sm_scale)

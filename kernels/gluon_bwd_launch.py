@@ -118,7 +118,7 @@ class GluonBackwardLaunch:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from .gluon_bwd_d256_kernel import DQ_COLS, attn_bwd_d256_gluon_kernel
+        from .gluon_bwd_d256_kernel import DO_STAGES, DQ_COLS, PDS_BUFFERS, attn_bwd_d256_gluon_kernel
         from .gluon_bwd_kernel import attn_bwd_dkdv_gluon_kernel, attn_bwd_dq_gluon_kernel
         from .gluon_bwd_onepass_kernel import attn_bwd_onepass_gluon_kernel
 
@@ -149,7 +149,8 @@ class GluonBackwardLaunch:
                         DK=None, DV=None)
         if one_pass:
             kernel = attn_bwd_d256_gluon_kernel if wide else attn_bwd_onepass_gluon_kernel
-            forms = (("one_pass", kernel, dict(common, **kv_lists, dqa_desc=None), (b * h_kv * kp.n_kb,)),)
+            forms = (("one_pass", kernel, dict(common, **kv_lists, dqa_desc=None, DO_STAGES=DO_STAGES,
+                                               PDS_BUFFERS=PDS_BUFFERS), (b * h_kv * kp.n_kb,)),)
         else:
             forms = (("dkdv", attn_bwd_dkdv_gluon_kernel, dict(common, **kv_lists), (b * h_kv * kp.n_kb,)),
                      ("dq", attn_bwd_dq_gluon_kernel, dict(
