@@ -5,14 +5,15 @@ against the Triton kernel and cuDNN with a chosen head grouping or register spli
 
 from __future__ import annotations
 
-from kernels.gluon_bwd_d256_kernel import DO_STAGES, DQ_COLS, KEYS, PDS_BUFFERS, attn_bwd_d256_gluon_kernel
+from kernels.gluon_bwd_d256_kernel import (CONSUMER_REGS, DO_STAGES, DQ_COLS, KEYS, PDS_BUFFERS,
+                                           attn_bwd_d256_gluon_kernel)
 from kernels.gluon_bwd_launch import stats_descriptor
 
 from .gluon_backward import one_kernel_inputs, probe_head_groups
 
 
-def gluon_backward_d256(do, q, k, v, o, lse, mask="causal", consumer_regs=240, head_groups=None, do_stages=DO_STAGES,
-                        pds_buffers=PDS_BUFFERS, dq_cols=DQ_COLS.value):
+def gluon_backward_d256(do, q, k, v, o, lse, mask="causal", consumer_regs=CONSUMER_REGS, head_groups=None,
+                        do_stages=DO_STAGES, pds_buffers=PDS_BUFFERS, dq_cols=DQ_COLS.value):
     """dQ, dK, dV of attention at head dim 256 by the one-pass Gluon kernel.
 
     Arguments:

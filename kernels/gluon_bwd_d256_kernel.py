@@ -40,6 +40,9 @@ KEYS = gl.constexpr(64)          # keys per program
 DQ_COLS = gl.constexpr(64)       # dQ columns per reduce-add (a 64 x 64 float32 buffer per warpgroup)
 DO_STAGES = 1                    # the dO ring (a second stage fits only with 32-column dQ buffers)
 PDS_BUFFERS = 1                  # P and dS buffers (a second pair: 225.4 KiB of shared memory)
+# setmaxnreg per consumer thread: 232 spills 30 instructions in the tile loop where 240 spills 34, and
+# measured 0.6-4 % faster (bwd-d256-variants-probe-<device>.json)
+CONSUMER_REGS = 232
 
 
 @gluon.jit

@@ -118,7 +118,7 @@ class GluonBackwardLaunch:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        from .gluon_bwd_d256_kernel import DO_STAGES, DQ_COLS, PDS_BUFFERS, attn_bwd_d256_gluon_kernel
+        from . import gluon_bwd_d256_kernel as d256
         from .gluon_bwd_kernel import attn_bwd_dkdv_gluon_kernel, attn_bwd_dq_gluon_kernel
         from .gluon_bwd_onepass_kernel import attn_bwd_onepass_gluon_kernel
 
@@ -133,7 +133,7 @@ class GluonBackwardLaunch:
                            kv=TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
                            st=stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32), rows))
         if one_pass:
-            block = [rows, DQ_COLS.value if wide else d // 2]
+            block = [rows, d256.DQ_COLS.value if wide else d // 2]
             descriptors["dqa"] = TensorDescriptor(q.new_empty((1,), dtype=torch.float32), [b * h * n_q, d], [d, 1],
                                                   block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
         else:
@@ -148,9 +148,11 @@ class GluonBackwardLaunch:
                         n_kb=kp.n_kb, head_groups=program_head_groups(b * h_kv, kp.n_kb, q.device), st_desc=None,
                         DK=None, DV=None)
         if one_pass:
-            kernel = attn_bwd_d256_gluon_kernel if wide else attn_bwd_onepass_gluon_kernel
-            forms = (("one_pass", kernel, dict(common, **kv_lists, dqa_desc=None, DO_STAGES=DO_STAGES,
-                                               PDS_BUFFERS=PDS_BUFFERS), (b * h_kv * kp.n_kb,)),)
+            kernel, named = attn_bwd_onepass_gluon_kernel, dict(common, **kv_lists, dqa_desc=None)
+            if wide:
+                kernel = d256.attn_bwd_d256_gluon_kernel
+                named.update(DO_STAGES=d256.DO_STAGES, PDS_BUFFERS=d256.PDS_BUFFERS, CONSUMER_REGS=d256.CONSUMER_REGS)
+            forms = (("one_pass", kernel, named, (b * h_kv * kp.n_kb,)),)
         else:
             forms = (("dkdv", attn_bwd_dkdv_gluon_kernel, dict(common, **kv_lists), (b * h_kv * kp.n_kb,)),
                      ("dq", attn_bwd_dq_gluon_kernel, dict(
