@@ -222,8 +222,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_fused as gluon_fused
     import kernels.gluon_bwd_onepass_kernel as gluon_onepass
-    import benchmarks.gluon_backward_d256 as gluon_d256
-    import kernels.gluon_bwd_d256_kernel as gluon_d256_kernel
+    import benchmarks.gluon_backward_d256 as gluon_d256, kernels.gluon_bwd_d256_kernel as gluon_d256_kernel
     import benchmarks.gluon_fwd_persistent as gluon_persistent
 
     class Built:                # the Gluon backward kernels' launches, compiled
