@@ -1,5 +1,6 @@
-"""benchmarks.gluon_backward_d256, the one-pass Gluon backward probe at head dim 256 (Hopper): its
-dQ, dK, dV against float64 autograd for five mask kinds, GQA, N_q != N_k and ragged lengths, no
+"""benchmarks.gluon_backward_d256, the D 256 one-pass Gluon kernel (kernels.gluon_bwd_d256_kernel)
+launched alone as the probes time it (the product's own tests: tests/kernels/test_gluon_backward.py):
+its dQ, dK, dV against float64 autograd for five mask kinds, GQA, N_q != N_k and ragged lengths, no
 worse than the Triton kernel's on the same bf16 inputs; its dK and dV the same bits in any program
 order (each key block's are one program's sums) and its refusals in one line. The interpreter
 cannot run Gluon: on the CPU the refusal of a head dim is checked."""
