@@ -140,17 +140,17 @@ def _item_tiles(work, order_ptr, n_blocks, heads, A, a_strides, B, b_strides, N,
 
 
 @triton.jit
-def _program_item(p, n_dkdv, n_kb, n_qb, groups1, groups2, SPLIT_DKDV: tl.constexpr):
-    """The work item (attn_bwd_kernel's pid numbering) program p runs: the dK/dV items (p < n_dkdv;
-    with SPLIT_DKDV each item's two programs stay side by side) and the dQ items, each in
-    grouped_slot's order over its heads."""
+def _program_item(p, n_items, n_dkdv, n_kb, n_qb, groups1, groups2, SPLIT_DKDV: tl.constexpr):
+    """The work item (attn_bwd_kernel's pid numbering) program p of a launch of n_items runs: the
+    dK/dV items (p < n_dkdv; with SPLIT_DKDV each item's two programs stay side by side) and the dQ
+    items, each in grouped_slot's order over its heads."""
     if p < n_dkdv:
         if SPLIT_DKDV:
             item = 2 * grouped_slot(p // 2, n_dkdv // 2 // n_kb, n_kb, groups1) + p % 2
         else:
             item = grouped_slot(p, n_dkdv // n_kb, n_kb, groups1)
     else:
-        item = n_dkdv + grouped_slot(p - n_dkdv, (tl.num_programs(0) - n_dkdv) // n_qb, n_qb, groups2)
+        item = n_dkdv + grouped_slot(p - n_dkdv, (n_items - n_dkdv) // n_qb, n_qb, groups2)
     return item
 
 
@@ -493,13 +493,13 @@ def _dq_item(work, Q, K, V, DO, DQ, STATS, row_bounds, lists, q_strides, k_strid
 
 
 # sizes are not specialised on (one compiled kernel serves every N_q, N_k, H and group size)
-@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb1", "n_kb1", "n_qb2", "n_kb2", "n_dkdv", "groups1",
-                               "groups2"])
+@triton.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb1", "n_kb1", "n_qb2", "n_kb2", "n_dkdv", "n_items",
+                               "groups1", "groups2"])
 def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, FLAG, q_strides, k_strides, v_strides, do_strides, dkv_strides,
                     dq_strides, row_bounds, kv_lists, q_lists, H, GROUP, N_Q, N_K, n_qb1, n_kb1, n_qb2, n_kb2,
-                    n_dkdv, groups1, groups2, qk_scale, sm_scale, trace, MATH: tl.constexpr, TILES1: tl.constexpr,
-                    TILES2: tl.constexpr, DKDV: tl.constexpr, DQ_PASS: tl.constexpr, TRACE: tl.constexpr,
-                    FINITE_RUN: tl.constexpr):
+                    n_dkdv, n_items, groups1, groups2, qk_scale, sm_scale, trace, MATH: tl.constexpr,
+                    TILES1: tl.constexpr, TILES2: tl.constexpr, DKDV: tl.constexpr, DQ_PASS: tl.constexpr,
+                    TRACE: tl.constexpr, FINITE_RUN: tl.constexpr):
     """The dK/dV and dQ passes, in one launch or two. Work items: with DKDV, item p < n_dkdv is
     dK/dV item p = (b*H_kv + kv_head) * n_kb1 + r, key block order[r] of
     kv_lists = (full_cnt, full_start, part_cnt, part_idx, part_before, order): the forward's
@@ -508,30 +508,46 @@ def attn_bwd_kernel(Q, K, V, DO, DK, DV, DQ, STATS, FLAG, q_strides, k_strides, 
     full_start + [0, full_cnt)); with DQ_PASS, item n_dkdv + p (n_dkdv = 0 when DKDV is off) is
     dQ item p = (b*H + head) * n_qb2 + r, query block order[r] of
     q_lists = (full_cnt, full_start, part_cnt, part_idx, order): the forward's lists
-    (kernels.plan.BlockPlan), tiles TILES2. DK, DV share dkv_strides. row_bounds = (lo, hi): the
+    (kernels.plan.BlockPlan), tiles TILES2; n_items: the launch's items (the normal launch: one
+    program each). DK, DV share dkv_strides. row_bounds = (lo, hi): the
     per-row visible key intervals. STATS: (B*H, 2, N_Q) float32, lse2 and delta from
     attn_bwd_preprocess. trace = (work, counter, tiles_dkdv, tiles_dq, rows, head_slot), None
     each when off, as kernels.backward.BackwardTraceBuffers; work[p] is the record of item p's program.
-    MATH.FINITE_ROWS: each pass is launched twice on the same grid, and FLAG (the preprocess's
-    int32 marked-row flag, None without FINITE_ROWS), read once per program, picks which launch
-    does the work: the FINITE_RUN=False one when no row is marked (the same items as without
-    FINITE_ROWS), the FINITE_RUN=True one (the finite-row items) when some row is; the other's
-    programs end after that one load. Programs take the items in _program_item's order: the heads
-    in groups1 (dK/dV) and groups2 (dQ) groups of nearly equal size, a group's longest blocks first
-    across its heads (kernels.gluon_bwd_launch.program_head_groups)."""
-    pid = _program_item(tl.program_id(0), n_dkdv, n_kb1, n_qb2, groups1, groups2, MATH.SPLIT_DKDV)
-    t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
-    work = True
-    if MATH.FINITE_ROWS:
-        # the twin works when some row is marked, the normal launch when none is
-        work = (tl.load(FLAG) != 0) == FINITE_RUN
-    if work:                    # without FINITE_ROWS: one launch per pass, FINITE_RUN False
-        _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides, k_strides=k_strides,
-                   v_strides=v_strides, do_strides=do_strides, dkv_strides=dkv_strides, dq_strides=dq_strides,
-                   row_bounds=row_bounds, kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q,
-                   N_K=N_K, n_qb1=n_qb1, n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv,
-                   qk_scale=qk_scale, sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1,
-                   TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=FINITE_RUN)
+    MATH.FINITE_ROWS: each pass is launched twice, and FLAG (the preprocess's int32 marked-row
+    flag, None without FINITE_ROWS) picks which launch does the work: the FINITE_RUN=False one
+    when no row is marked (one program per item, the same items as without FINITE_ROWS; its
+    programs end after that one load when a row is), the FINITE_RUN=True twin (the finite-row
+    items) when some row is. The twin has at most one program per SM, each taking items in turn:
+    unmarked, its launch is one wave of programs that read the flag and end (a program per item
+    was 31 waves of them at D 64 4k, 21 us on an H200). Items go in _program_item's order: the
+    heads in groups1 (dK/dV) and groups2 (dQ) groups of nearly equal size, a group's longest
+    blocks first across its heads (kernels.gluon_bwd_launch.program_head_groups)."""
+    if FINITE_RUN:
+        if tl.load(FLAG) != 0:
+            for p in range(tl.program_id(0), n_items, tl.num_programs(0)):
+                pid = _program_item(p, n_items, n_dkdv, n_kb1, n_qb2, groups1, groups2, MATH.SPLIT_DKDV)
+                t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
+                _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides,
+                           k_strides=k_strides, v_strides=v_strides, do_strides=do_strides,
+                           dkv_strides=dkv_strides, dq_strides=dq_strides, row_bounds=row_bounds,
+                           kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q, N_K=N_K, n_qb1=n_qb1,
+                           n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv, qk_scale=qk_scale,
+                           sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1, TILES2=TILES2, DKDV=DKDV,
+                           DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=True)
+    else:
+        pid = _program_item(tl.program_id(0), tl.num_programs(0), n_dkdv, n_kb1, n_qb2, groups1, groups2,
+                            MATH.SPLIT_DKDV)
+        t_start = globaltimer() if TRACE.work and TRACE.hw_clock else 0
+        work = True
+        if MATH.FINITE_ROWS:    # the normal launch works when no row is marked
+            work = tl.load(FLAG) == 0
+        if work:
+            _bwd_items(pid, t_start, Q, K, V, DO, DK, DV, DQ, STATS, q_strides=q_strides, k_strides=k_strides,
+                       v_strides=v_strides, do_strides=do_strides, dkv_strides=dkv_strides, dq_strides=dq_strides,
+                       row_bounds=row_bounds, kv_lists=kv_lists, q_lists=q_lists, H=H, GROUP=GROUP, N_Q=N_Q,
+                       N_K=N_K, n_qb1=n_qb1, n_kb1=n_kb1, n_qb2=n_qb2, n_kb2=n_kb2, n_dkdv=n_dkdv,
+                       qk_scale=qk_scale, sm_scale=sm_scale, trace=trace, MATH=MATH, TILES1=TILES1,
+                       TILES2=TILES2, DKDV=DKDV, DQ_PASS=DQ_PASS, TRACE=TRACE, FINITE=False)
 
 
 @triton.jit

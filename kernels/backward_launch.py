@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from .runtime import check_interpreter_tiles, choose_backend, interpreting
+from .runtime import check_interpreter_tiles, choose_backend, device_facts, interpreting
 
 choose_backend()  # before triton is imported: the interpreter is chosen at import time
 
@@ -346,21 +346,25 @@ def _launch_steps(tensors: dict, spec, scale: float, cfg: BackwardConfig, bp: Ba
                 groups2=program_head_groups(b * h, qp.n_qb, q.device), qk_scale=scale * LOG2E, sm_scale=scale,
                 trace=pass_trace,
                 MATH=math, TILES1=bp.dkdv_tiles, TILES2=bp.dq_tiles, DKDV=True, DQ_PASS=True, TRACE=flags)
-    # finite_rows: each launch twice, the device flag picking which one's programs do the work
+    # finite_rows: each launch twice, the device flag picking which one does the work; the twin
+    # (FINITE_RUN) on at most one program per SM, each taking items in turn
     runs = (False, True) if cfg.finite_rows else (False,)
+    sms = device_facts(q.device).sm_count
+
+    def launches(n_items: int, **named) -> list:
+        return [(attn_bwd_kernel, (min(n_items, sms) if run else n_items,),
+                 {**args, **named, "n_items": n_items, "FINITE_RUN": run}, cfg) for run in runs]
     if gluon:           # the Gluon passes, the Triton twin for marked rows
         steps.append(GLUON)
         runs = runs[1:]
     if cfg.one_launch:
-        steps += [(attn_bwd_kernel, (n_dkdv + n_dq,), {**args, "FINITE_RUN": run}, cfg) for run in runs]
-        return steps
-    steps += [(attn_bwd_kernel, (n_dkdv,), {**args, "DQ_PASS": False, "FINITE_RUN": run}, cfg) for run in runs]
+        return steps + launches(n_dkdv + n_dq)
+    steps += launches(n_dkdv, DQ_PASS=False)
     # the dQ launch's programs start at item 0 and write their records after the dK/dV programs'
     args.update(n_dkdv=0, DKDV=False)
     if work is not None:
         args["trace"] = (pass_trace[0][n_dkdv:], *pass_trace[1:])
-    steps += [(attn_bwd_kernel, (n_dq,), {**args, "FINITE_RUN": run}, cfg) for run in runs]
-    return steps
+    return steps + launches(n_dq)
 
 
 _LAUNCH = _launch       # the normal launch (tests replace _launch to watch launches)

@@ -225,7 +225,8 @@ def test_each_launch_names_every_kernel_parameter(monkeypatch):
     (_, dkdv), (_, dq_launch) = seen[1:]
     assert (dkdv["DKDV"], dkdv["DQ_PASS"], dq_launch["DKDV"], dq_launch["DQ_PASS"]) == (True, False, False, True)
     assert dq_launch["n_dkdv"] == 0 and dkdv["n_dkdv"] > 0
-    assert {n for n in dkdv if dkdv[n] is not dq_launch[n]} == {"n_dkdv", "DKDV", "DQ_PASS"}
+    assert {n for n in dkdv if dkdv[n] is not dq_launch[n]} == {"n_dkdv", "n_items", "DKDV", "DQ_PASS"}
+    assert (dkdv["n_items"], dq_launch["n_items"]) == (dkdv["n_dkdv"], 2 * 2)     # 1 KV head x 2 key blocks, 2 x 2
     for x, y in zip(one, two):
         assert torch.equal(x, y)
     with pytest.raises(ValueError, match="unknown"):

@@ -32,14 +32,18 @@ def rowwise_float64_grads(q, k, v, do, mask):
     return torch.autograd.grad(loss, (q, k, v))
 
 
-@pytest.mark.parametrize("mask", ["causal", "sliding_window:9"])
-def test_nan_rows_reach_only_the_keys_they_see(mask):
+@pytest.mark.parametrize("mask,cfg", [("causal", BackwardConfig(32, 32, 32, 32, 4, 1)),
+                                      ("sliding_window:9", BackwardConfig(32, 32, 32, 32, 4, 1)),
+                                      ("causal", BackwardConfig(16, 16, 16, 16, 4, 1, split_dkdv=True))])
+def test_nan_rows_reach_only_the_keys_they_see(mask, cfg):
+    # finite_rows (the default): the twin does the work, fewer programs than items (the interpreter
+    # counts 4 SMs), each taking items in turn
     q, k, v, do = make(1, 2, 1, 40, 40, 16, seed=5)
     q[0, 0, 21, 3] = float("nan")          # a q row of head 0, in a diagonal (partial) tile
     do[0, 1, 30, 7] = float("nan")         # a dO row of head 1
     do[0, 1, 2, 0] = float("inf")
     ref = rowwise_float64_grads(q, k, v, do, mask)
-    got = ours(q, k, v, do, mask, bwd_config=BackwardConfig(32, 32, 32, 32, 4, 1))[1:]     # finite_rows: default
+    got = ours(q, k, v, do, mask, bwd_config=cfg)[1:]
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         bad = (~torch.isfinite(r)).any(-1, keepdim=True)          # by rows
         assert bad.any() and not bad.all(), name
@@ -63,8 +67,11 @@ def test_clean_inputs_run_the_plain_items_and_a_flag_per_call(monkeypatch):
     # call whose flag was set (one flag per call); a NaN row sets it and marks its statistics
     import kernels.backward_launch as kb
 
-    flags, runs = [], []
+    from kernels.runtime import device_facts
+
+    flags, runs, items = [], [], []
     real = kb._launch
+    sms = device_facts(torch.device("cpu")).sm_count
 
     def spy(kernel, grid, args, cfg=None):
         real(kernel, grid, args, cfg)
@@ -72,6 +79,9 @@ def test_clean_inputs_run_the_plain_items_and_a_flag_per_call(monkeypatch):
             flags.append(None if args["FLAG"] is None else int(args["FLAG"][0]))
         else:
             runs.append(args["FINITE_RUN"])
+            # a program per item; the twin at most one per SM (its launch one wave when no row is marked)
+            assert grid == ((min(args["n_items"], sms),) if args["FINITE_RUN"] else (args["n_items"],))
+            items.append(args["n_items"])
 
     monkeypatch.setattr(kb, "_launch", spy)
     q, k, v, do = make(1, 2, 1, 37, 37, 16, seed=11)
@@ -88,6 +98,7 @@ def test_clean_inputs_run_the_plain_items_and_a_flag_per_call(monkeypatch):
         assert flags[-3:] == [None, 1, 0]
         n = 1 if one_launch else 2                    # each pass's launch, then its finite-row twin
         assert runs[-2 * n:] == [False, True] * n
+    assert max(items) > sms                           # some twin took more items than it had programs
 
 
 @pytest.mark.parametrize("mask,cfg", [
