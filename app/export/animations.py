@@ -284,9 +284,38 @@ def _decode(png: bytes, fit: tuple[int, int]) -> np.ndarray:
         return _fit(np.asarray(im)[..., :3], *fit)
 
 
+# a browser that does not answer a command (its start, the page, a frame) within this is taken as
+# hung: the frames are drawn once more by a fresh browser, then the caller falls back to kaleido
+# (a start under a loaded 2-CPU machine once never answered, and the export waited for ever)
+BROWSER_ANSWER_S = 60
+ATTEMPTS = 2
+
+
+async def _answered(aw, what: str):
+    """aw's result, or RuntimeError where the browser has not answered within BROWSER_ANSWER_S."""
+    try:
+        return await asyncio.wait_for(aw, BROWSER_ANSWER_S)
+    except asyncio.TimeoutError:
+        raise RuntimeError(f"the frame browser did not answer {what} within {BROWSER_ANSWER_S} s") from None
+
+
 async def _render_frames(browser: str, fig: go.Figure, idx: list[int], w: int, h: int, scale: float,
                          progress: Progress | None, fit: tuple[int, int] | None) -> list:
-    """The frames split between PAGES browsers at once (each its own process), in order."""
+    """The frames split between PAGES browsers at once (each its own process), in order; drawn
+    again by fresh browsers where one has not answered (ATTEMPTS in all)."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return await _render_once(browser, fig, idx, w, h, scale, progress, fit)
+        except RuntimeError:
+            if attempt == ATTEMPTS - 1:
+                raise
+            logging.getLogger("tilescope").warning("video frames: the browser did not answer; a fresh one draws them",
+                                                   exc_info=True)
+
+
+async def _render_once(browser: str, fig: go.Figure, idx: list[int], w: int, h: int, scale: float,
+                       progress: Progress | None, fit: tuple[int, int] | None) -> list:
+    """_render_frames' one attempt."""
     import tempfile
 
     import plotly
@@ -324,12 +353,14 @@ async def _render_part(browser: str, url: str, state: str, idx: list[int], w: in
     from choreographer import Browser
 
     out, decoding = [], []
-    async with Browser(path=browser, headless=True) as b:
-        tab = await b.create_tab(url)
+    b = Browser(path=browser, headless=True)
+    await _answered(b.open(), "its start")
+    try:
+        tab = await _answered(b.create_tab(url), "the page")
 
         async def run(expr: str):
-            r = await tab.send_command("Runtime.evaluate", params={"expression": expr, "awaitPromise": True,
-                                                                   "returnByValue": True})
+            r = await _answered(tab.send_command("Runtime.evaluate", params={
+                "expression": expr, "awaitPromise": True, "returnByValue": True}), "the page")
             res = r.get("result", {})
             if "error" in r or "exceptionDetails" in res:
                 raise RuntimeError(f"the frame page failed: {r.get('error') or res['exceptionDetails']}")
@@ -339,8 +370,8 @@ async def _render_part(browser: str, url: str, state: str, idx: list[int], w: in
             if await run("typeof Plotly !== 'undefined'"):
                 break
             await asyncio.sleep(0.05)
-        await tab.send_command("Emulation.setDeviceMetricsOverride",
-                               params={"width": w, "height": h, "deviceScaleFactor": scale, "mobile": False})
+        await _answered(tab.send_command("Emulation.setDeviceMetricsOverride", params={
+            "width": w, "height": h, "deviceScaleFactor": scale, "mobile": False}), "the page")
         await run(state)
         await run(_SETUP)
         if over is not None:
@@ -348,12 +379,17 @@ async def _render_part(browser: str, url: str, state: str, idx: list[int], w: in
         clip = {"x": 0, "y": 0, "width": w, "height": h, "scale": 1}
         for i in idx:
             await run(f"tsFrame({i})")
-            shot = await tab.send_command("Page.captureScreenshot",
-                                          params={"format": "png", "clip": clip, "optimizeForSpeed": True})
+            shot = await _answered(tab.send_command("Page.captureScreenshot", params={
+                "format": "png", "clip": clip, "optimizeForSpeed": True}), f"frame {i}")
             png = base64.b64decode(shot["result"]["data"])
             if fit is None:
                 out.append(png)
             else:       # decoded in a thread while the browser draws the next frame
                 decoding.append(asyncio.create_task(asyncio.to_thread(_decode, png, fit)))
             tick()
+    finally:
+        try:
+            await asyncio.wait_for(b.close(), BROWSER_ANSWER_S)
+        except Exception:       # closing a browser that hung (or timed out): nothing more to do
+            logging.getLogger("tilescope").warning("video frames: the frame browser did not close", exc_info=True)
     return out if fit is None else list(await asyncio.gather(*decoding))

@@ -210,3 +210,37 @@ def test_frames_redraw_only_what_the_animation_changes(small_trace):
     assert overlay_traces(variant(layout={"xaxis": {"title": {"text": "t"}}})) is None        # moves an axis
     dots = go.Scatter(x=[1, 2], y=[1, 2], xaxis=fig.data[over[0]].xaxis, yaxis=fig.data[over[0]].yaxis)
     assert overlay_traces(variant(after=dots)) is None                       # drawn over a layer
+
+
+def test_a_browser_that_does_not_answer_is_replaced_then_given_up(monkeypatch):
+    """A frame browser that does not answer (its start, the page, a frame) within
+    BROWSER_ANSWER_S is taken as hung: the frames are drawn once more by a fresh one, and after
+    ATTEMPTS the error reaches the caller (which falls back to kaleido), instead of an export that
+    waits for ever."""
+    import asyncio
+
+    import app.export.animations as A
+
+    monkeypatch.setattr(A, "BROWSER_ANSWER_S", 0.05)
+    with pytest.raises(RuntimeError, match="did not answer its start within 0.05 s"):
+        asyncio.run(A._answered(asyncio.sleep(10), "its start"))
+    assert asyncio.run(A._answered(asyncio.sleep(0, result="ok"), "the page")) == "ok"
+    calls = []
+
+    async def once(*args):          # hangs (times out) on the first attempt only
+        calls.append(args)
+        if len(calls) == 1:
+            await A._answered(asyncio.sleep(10), "frame 0")
+        return ["png"]
+    monkeypatch.setattr(A, "_render_once", once)
+    assert asyncio.run(A._render_frames("chromium", None, [0], 10, 10, 1.0, None, None)) == ["png"]
+    assert len(calls) == 2
+
+    async def never(*args):
+        calls.append(args)
+        await A._answered(asyncio.sleep(10), "frame 0")
+    monkeypatch.setattr(A, "_render_once", never)
+    calls.clear()
+    with pytest.raises(RuntimeError, match="frame 0"):
+        asyncio.run(A._render_frames("chromium", None, [0], 10, 10, 1.0, None, None))
+    assert len(calls) == A.ATTEMPTS
