@@ -239,11 +239,11 @@ class OneKernelInputs(NamedTuple):
 
 
 def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True, rows=ROWS_PER_TILE, keys=128,
-                      head_dims=(64, 128), dq_cols=None) -> OneKernelInputs:
+                      head_dims=(64, 128), dq_cols=None, dq_rows=None) -> OneKernelInputs:
     """The inputs checked (bf16/fp16, D in head_dims; with stats_tma N_q a multiple of 4: one line that
     names the probe otherwise), the statistics pass run and the plan and descriptors made; rows:
-    the query rows of a streamed (Q, dO) tile, keys: a program's keys, dq_cols: the dQ
-    accumulator's block width (D / 2)."""
+    the query rows of a streamed (Q, dO) tile, keys: a program's keys, dq_cols and dq_rows: the dQ
+    accumulator's block (None: D / 2 wide, rows high)."""
     from kernels.backward_plan import BackwardConfig, backward_plan
     from kernels.masks import parse_mask
     from kernels.shapes import softmax_scale
@@ -265,7 +265,7 @@ def one_kernel_inputs(do, q, k, v, o, lse, mask, stages, name, stats_tma=True, r
     desc = lambda t, n: TensorDescriptor.from_tensor(  # noqa: E731
         t.view(-1, d), [n, d], gl.NVMMASharedLayout.get_default_for([n, d], gdtype))
     dq_acc = torch.zeros((b, h, n_q, d), dtype=torch.float32, device=q.device)
-    block = [rows, dq_cols or d // 2]
+    block = [dq_rows or rows, dq_cols or d // 2]
     dqa_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, d), block,
                                             gl.NVMMASharedLayout.get_default_for(block, gl.float32))
     return OneKernelInputs(q, k, desc(q, rows), desc(do, rows), desc(k, 64), desc(v, 64), stats, bp,

@@ -12,7 +12,7 @@ from .gluon_backward import one_kernel_inputs, probe_head_groups
 
 
 def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, head_groups=None,
-                           rows=64):
+                           rows=64, dq_by_rows=False):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -24,7 +24,9 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
             take the B * H_kv heads in (kernels.gluon_bwd_kernel.key_block_slot), None: the
             product's (kernels.gluon_bwd_launch.program_head_groups), B * H_kv: head after head;
             rows: query rows per streamed (Q, dO) tile, 64 (the product's) or 128 (FlashAttention-3's
-            tile at D 64: half the tiles per key block, twice the work between a tile's barriers).
+            tile at D 64: half the tiles per key block, twice the work between a tile's barriers);
+        dq_by_rows: (128 rows only) each consumer group's dQ product takes half the tile's rows and
+            all of D (64-row x D blocks, wgmma N = D) instead of all the rows and half of D.
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -33,7 +35,11 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     if rows not in (64, 128) or (rows == 128 and q.shape[-1] != 64):
         raise ValueError(f"rows (query rows per tile) must be 64, or 128 at D 64 (D 128's do not fit in shared "
                          f"memory), not {rows} at D {q.shape[-1]}")
-    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass", rows=rows)
+    if dq_by_rows and rows != 128:
+        raise ValueError("dq_by_rows splits 128-row tiles between the two consumer groups; give rows=128")
+    d = q.shape[-1]
+    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass", rows=rows,
+                          dq_rows=rows // 2 if dq_by_rows else None, dq_cols=d if dq_by_rows else None)
     kp, bp = x.plan.kv_plan, x.plan
     h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
     heads, groups = x.q.shape[0] * h_kv, probe_head_groups(x, head_groups)

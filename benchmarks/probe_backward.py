@@ -12,7 +12,7 @@ import torch
 
 BWD_KINDS = ("bwd", "bwd_atomic", "cudnn_bwd", "fa2_bwd", "bwd_gluon_dkdv", "bwd_gluon_dq", "bwd_gluon_fused",
              "bwd_gluon_onepass", "bwd_gluon_d256")
-BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "bwdfused", "bwdonepass", "bwdd256")
+BWD_SUITES = ("bwd256", "bwd128", "fwd4k", "bwdatomic", "bwdgluon", "bwdfused", "bwdonepass", "bwdd256", "bwdd64")
 # D 256's tiles before split_dkdv became its default (64-row score dots, computed by both warpgroups)
 OLD_256 = dict(block_m1=64, block_n1=64, block_m2=64, block_n2=64, split_dkdv=False)
 
@@ -63,6 +63,8 @@ def backward_suite(name: str) -> list[dict]:
         return _onepass_suite()
     if name == "bwdd256":
         return _d256_onepass_suite(variants=True)
+    if name == "bwdd64":
+        return _d64_onepass_suite()
     if name == "bwd256":
         # the default splits dK/dV (dV and dK programs of 128 keys, dQ 128 x 32): the old 64 x 64
         # tiles and the split's neighbours beside it
@@ -201,6 +203,19 @@ def _d256_onepass_suite(variants: bool = False) -> list[dict]:
     return out
 
 
+def _d64_onepass_suite() -> list[dict]:
+    """bwdd64: at D 64 (full and causal, 4k and 8k) the default (the one pass in 128-row tiles)
+    beside the same launched alone with each consumer group's dQ over all of D for half the tile's
+    rows (wgmma N = 64, not 32: dq_by_rows), and cuDNN."""
+    out = []
+    for shape, mask in [((4, 16, 16, n, 64), m) for m in ("full", "causal") for n in (4096, 8192)]:
+        out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
+                dict(_bwd(shape, mask, "gluon one pass, 128-row tiles", kind="bwd_gluon_onepass"), stages=2, rows=128),
+                dict(_bwd(shape, mask, "one pass, 128-row tiles, dQ by rows", kind="bwd_gluon_onepass"), stages=2,
+                     rows=128, dq_by_rows=True)]
+    return out
+
+
 def _onepass_suite() -> list[dict]:
     """bwdonepass: the default (the one-pass Gluon kernel at D 128 on Hopper) beside the two Gluon
     passes (what deterministic calls run), the one pass launched alone (benchmarks.gluon_backward_onepass)
@@ -294,7 +309,7 @@ def backward_call(v, device):
 
         groups = q.shape[0] * vv.shape[1] if v.get("head_major") else None     # head after head, or the product's
         return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], head_groups=groups,
-                                              rows=v.get("rows", 64))
+                                              rows=v.get("rows", 64), dq_by_rows=v.get("dq_by_rows", False))
     if v["kind"] == "bwd_gluon_d256":
         from .gluon_backward_d256 import gluon_backward_d256
 

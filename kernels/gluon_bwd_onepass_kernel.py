@@ -11,7 +11,9 @@ group, 128 at D 64: the descriptors' block) and warpgroup:
 - S^T = K Q^T and dP^T = V dO^T are issued together, dV += P^T dO as soon as P^T is known;
 - dS^T goes to shared memory (dK's and dQ's products read it there), then dQ's product and
   dK += dS^T Q are issued back to back: dQ[:, this group's half of D] = dS K[:, half] over the
-  tile's 128 keys (both groups' dS, so each waits for the other's);
+  tile's 128 keys (both groups' dS, so each waits for the other's); where the dQ accumulator's
+  block has half a tile's rows (a probe at D 64's 128-row tiles: benchmarks.gluon_backward_onepass
+  dq_by_rows), dQ[this group's half of the rows, :] instead;
 - the group waits for dV and dQ only (dK runs on), writes dQ (times the softmax scale) into its
   own float32 buffer and adds the buffer into the accumulator by one TMA bulk reduce-add that
   nobody waits for until the buffer is written again, a tile later.
@@ -59,8 +61,9 @@ def tma_reduce_add_shared(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _dq_product(ds_buf, k_lo, k_hi):
-    """dS K[:, half] over the tile's 128 keys (both groups' dS^T in ds_buf), issued as two products
-    of 64 keys, K read from the K tiles the groups hold (no second copy of K)."""
+    """dS K[:, cols] over the tile's 128 keys (both groups' dS^T in ds_buf: all the tile's rows,
+    or a group's half of them), issued as two products of 64 keys, K[:, cols] read from the K tiles
+    the groups hold (no second copy of K)."""
     BLOCK_M: gl.constexpr = ds_buf.shape[1]
     HALF: gl.constexpr = k_lo.shape[1]
     tok = warpgroup_mma(ds_buf.slice(0, KEYS).permute((1, 0)), k_lo,
@@ -101,10 +104,18 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
     inv_qk_scale = 1.0 / qk_scale
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    # dQ's block (the accumulator descriptor's): all the tile's rows and this group's half of D, or
+    # (DQ_BY_ROWS, 128-row tiles) this group's half of the rows and all of D (N = D, not D / 2)
+    DQ_ROWS: gl.constexpr = dq_smem.shape[1]
+    DQ_BY_ROWS: gl.constexpr = DQ_ROWS < BLOCK_M
     k = k_smem.index(WG)
     v = v_smem.index(WG)
-    k_lo = k_smem.index(0).slice(WG * HALF, HALF, dim=1)      # K[:, this group's half of D], keys 0-63
-    k_hi = k_smem.index(1).slice(WG * HALF, HALF, dim=1)      # keys 64-127
+    if DQ_BY_ROWS:
+        k_lo = k_smem.index(0)                                 # K, keys 0-63
+        k_hi = k_smem.index(1)                                 # keys 64-127
+    else:
+        k_lo = k_smem.index(0).slice(WG * HALF, HALF, dim=1)  # K[:, this group's half of D], keys 0-63
+        k_hi = k_smem.index(1).slice(WG * HALF, HALF, dim=1)  # keys 64-127
     dq_buf = dq_smem.index(WG)
     mbarrier.wait(kv_bar, 0)
     for it in range(n_items):
@@ -153,11 +164,17 @@ def _consumer(DK, DV, dqa_desc, row_lo, row_hi, q_smem, do_smem, k_smem, v_smem,
         fence_async_shared()
         mbarrier.arrive(ds_ready.index(it % NB), count=1)
         mbarrier.wait(ds_ready.index(it % NB), (it // NB) & 1)
-        dq_tok = _dq_product(ds_smem.index(it % NB), k_lo, k_hi)            # dQ[:, this group's half of D]
+        if DQ_BY_ROWS:      # dQ[this group's rows, :]
+            dq_tok = _dq_product(ds_smem.index(it % NB).slice(WG * DQ_ROWS, DQ_ROWS, dim=1), k_lo, k_hi)
+        else:               # dQ[:, this group's half of D]
+            dq_tok = _dq_product(ds_smem.index(it % NB), k_lo, k_hi)
         dk_tok = warpgroup_mma(ds_mine, q, dk, is_async=True)                # dK += dS^T Q
         dq = warpgroup_mma_wait(1, deps=(dq_tok,))                           # dV and dQ done, dK runs on
         mbarrier.arrive(ds_free.index(it % NB), count=1)
-        _add_dq(row, WG * HALF, dq, dq_buf, dqa_desc, sm_scale)
+        if DQ_BY_ROWS:
+            _add_dq(row + WG * DQ_ROWS, 0, dq, dq_buf, dqa_desc, sm_scale)
+        else:
+            _add_dq(row, WG * HALF, dq, dq_buf, dqa_desc, sm_scale)
         dv, dk, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op))
         mbarrier.arrive(empty.index(s), count=1)                             # Q, dO read
         if TRACED:

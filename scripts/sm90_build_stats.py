@@ -303,8 +303,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
                                  dq_tma=dq_tma, dq_late=late)
         for stages in (2, 3):
             gluon_backward_onepass(do, q, k, v, o, lse, mask, stages=stages)
-        if d == 64:     # FlashAttention-3's D 64 tile: 128 query rows
-            gluon_backward_onepass(do, q, k, v, o, lse, mask, rows=128)
+        for by_rows in (False, True) if d == 64 else ():    # FlashAttention-3's D 64 tile: 128 query rows
+            gluon_backward_onepass(do, q, k, v, o, lse, mask, rows=128, dq_by_rows=by_rows)
     elif part == "gluonfwd":
         from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
 

@@ -105,6 +105,17 @@ def test_atomic_dq_by_tma_reduce_is_refused_in_one_line_without_a_gpu():
         flash_attention_backward_atomic(q, q, q, q, o, lse, "causal", dq_tma=True)
 
 
+def test_one_pass_probe_tiles_are_refused_in_one_line():
+    # checked before any tensor reaches a GPU: the refusals need none
+    from benchmarks.gluon_backward_onepass import gluon_backward_onepass
+
+    q = torch.zeros(1, 1, 128, 128)
+    with pytest.raises(ValueError, match="must be 64, or 128 at D 64"):
+        gluon_backward_onepass(q, q, q, q, q, q[..., 0], rows=128)
+    with pytest.raises(ValueError, match="dq_by_rows splits 128-row tiles.*give rows=128"):
+        gluon_backward_onepass(q, q, q, q, q, q[..., 0], rows=64, dq_by_rows=True)
+
+
 def test_training_checks_band_and_coin_toss_bound():
     fp32 = [4.0, 3.0, 2.0, 1.0]
     runs = {"sdpa_fp32": fp32, "ours_bf16": [4.0, 3.1, 2.05, 1.0],
@@ -142,7 +153,8 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
     """benchmarks.gluon_backward's dK/dV pass (its statistics loaded by each thread or by TMA: the same
     bits) and dQ pass, benchmarks.gluon_backward_fused (dQ by atomics, a writer warp or TMA
     reduce-adds, right away or a tile late) and benchmarks.gluon_backward_onepass (the product's
-    kernel at 2 or 3 stages, at D 128 and 64, and at D 64 in 128-row tiles) (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
+    kernel at 2 or 3 stages, at D 128 and 64, and at D 64 in 128-row tiles, dQ by columns or by rows)
+    (Hopper): GQA, N_q != N_k, ragged lengths, three masks."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
     from benchmarks.gluon_backward import gluon_dkdv
@@ -174,10 +186,15 @@ def test_gluon_backward_probe_matches_float64_autograd(mask, h, h_kv, n_q, n_k, 
         for x, r in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
             assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "fused", writer, stats_tma, dq_tma,
                                                                             late)
-    for stages, rows in ((2, 64), (3, 64)) + (((2, 128),) if d == 64 else ()):
-        got = gluon_backward_onepass(do16, q16, k16, v16, o, lse, mask, stages=stages, rows=rows)
+    one_pass = {}
+    for stages, rows, by_rows in ((2, 64, False), (3, 64, False)) + (((2, 128, False), (2, 128, True)) if d == 64
+                                                                     else ()):
+        got = one_pass[rows, by_rows] = gluon_backward_onepass(do16, q16, k16, v16, o, lse, mask, stages=stages,
+                                                               rows=rows, dq_by_rows=by_rows)
         for x, r in ((got[0], want_dq), (got[1], want_dk), (got[2], want_dv)):
-            assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "one pass", stages, rows)
+            assert float((x.double().cpu() - r).norm() / r.norm()) < 1e-2, (mask, "one pass", stages, rows, by_rows)
+    if d == 64:         # dQ by rows changes dQ's products only: dK and dV the same bits
+        assert all(torch.equal(x, y) for x, y in zip(one_pass[128, False][1:], one_pass[128, True][1:]))
     # dK, dV: the same arithmetic on the same values, statistics loaded or by TMA, dQ added by atomics or
     # TMA reduce-adds, right away or a tile late (dQ's additions come in any order)
     for other in ((False, True, False, False), (False, True, True, False), (False, True, True, True)):
