@@ -63,6 +63,10 @@ def main(argv=None) -> int:
     missing = [str(log) for log in args.after if not log.is_file()]
     if missing:
         p.error(f"no such log: {', '.join(missing)} (copy earlier logs into the working tree first)")
+    # (a path that is not there made pytest collect nothing under xdist: a whole call spent on 0 tests)
+    absent = [path for path in args.paths if not (ROOT / path.split("::")[0]).exists()]
+    if absent:
+        p.error(f"no such test path: {', '.join(absent)} (paths are relative to the repository root)")
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", *args.paths, "--ignore=tests/app", "-n", str(args.workers), "-v",
            "-p", "no:cacheprovider", "--tb=short", "-rfE", "-W", "ignore"]
     env = dict(os.environ)

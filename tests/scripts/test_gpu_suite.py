@@ -67,3 +67,11 @@ def test_a_missing_earlier_log_is_refused_in_one_line(tmp_path):
                           "--after", str(tmp_path / "nope.log")], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "no such log" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "out.log").exists()
+
+
+def test_a_missing_test_path_is_refused_in_one_line(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_suite.py"), str(tmp_path / "out.log"),
+                          "--paths", "tests/kernels/test_backward.py", "tests/kernels/test_no_such_file.py"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "no such test path: tests/kernels/test_no_such_file.py" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "out.log").exists()
