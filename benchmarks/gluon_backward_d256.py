@@ -5,8 +5,7 @@ against the Triton kernel and cuDNN with a chosen head grouping or register spli
 
 from __future__ import annotations
 
-from kernels.gluon_bwd_d256_kernel import (CONSUMER_REGS, DO_STAGES, DQ_COLS, KEYS, PDS_BUFFERS,
-                                           attn_bwd_d256_gluon_kernel)
+from kernels.gluon_bwd_d256_kernel import CONSUMER_REGS, DO_STAGES, DQ_COLS, KEYS, PDS_BUFFERS
 from kernels.gluon_bwd_launch import stats_descriptor
 
 from .gluon_backward import one_kernel_inputs, probe_head_groups
@@ -26,6 +25,7 @@ def gluon_backward_d256(do, q, k, v, o, lse, mask="causal", consumer_regs=CONSUM
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
+    from kernels.gluon_bwd_d256_kernel import attn_bwd_d256_gluon_kernel     # at call time, as the product's launch
 
     x = one_kernel_inputs(do, q, k, v, o, lse, mask, 2, "D 256 one-pass", keys=KEYS.value, head_dims=(256,),
                           dq_cols=dq_cols)

@@ -221,7 +221,7 @@ def _onepass_suite() -> list[dict]:
     passes (what deterministic calls run), the one pass launched alone (benchmarks.gluon_backward_onepass)
     in the product's program order and head after head, and cuDNN, at D 128; at D 64 the default
     beside the one pass in 64- and 128-row tiles; at D 256 the default (the Triton kernel) beside
-    the D 256 one-pass probe (benchmarks.gluon_backward_d256)."""
+    the D 256 one pass launched alone (benchmarks.gluon_backward_d256)."""
     out = _d256_onepass_suite()
     d64 = [((4, 16, 16, n, 64), mask) for mask in ("full", "causal") for n in (4096, 8192, 16384)]
     for shape, mask in [((4, 16, 16, 4096, 128), "causal"), ((4, 16, 16, 8192, 128), "causal"),

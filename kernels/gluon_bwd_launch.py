@@ -36,8 +36,9 @@ ONE_PASS_ONLY = (64, 256)
 
 
 def gluon_backward_config(head_dim: int, dtype, device, deterministic: bool = False) -> bool:
-    """Whether backward_config gives this head dim, dtype and device the Gluon tiles (at D 64 only
-    where the call would run the one pass: deterministic calls keep the Triton kernel's tiles)."""
+    """Whether backward_config gives this head dim, dtype and device the Gluon tiles (at D 64 and
+    256 only where the call would run the one pass: deterministic calls keep the Triton kernel's
+    tiles)."""
     if head_dim in ONE_PASS_ONLY and not one_pass_wanted(deterministic):
         return False
     return head_dim in HEAD_DIMS and dtype in (torch.bfloat16, torch.float16) and gluon_available(device)
