@@ -6,13 +6,13 @@ product, three dS buffers, per-group dQ, dQ a tile late) are in docs/performance
 
 from __future__ import annotations
 
-from kernels.gluon_bwd_launch import stats_descriptor
+from kernels.gluon_bwd_launch import dq_accumulator_block, stats_descriptor
 
 from .gluon_backward import one_kernel_inputs, probe_head_groups
 
 
 def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consumer_regs=240, head_groups=None,
-                           rows=64, dq_by_rows=False):
+                           rows=64, dq_by_rows=None):
     """dQ, dK, dV of attention by the one-pass Gluon kernel.
 
     Arguments:
@@ -26,7 +26,9 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
             rows: query rows per streamed (Q, dO) tile, 64 (the product's) or 128 (FlashAttention-3's
             tile at D 64: half the tiles per key block, twice the work between a tile's barriers);
         dq_by_rows: (128 rows only) each consumer group's dQ product takes half the tile's rows and
-            all of D (64-row x D blocks, wgmma N = D) instead of all the rows and half of D.
+            all of D (64-row x D blocks, wgmma N = D: the product's at 128 rows) when True, all the
+            rows and half of D when False; None: the product's choice
+            (kernels.gluon_bwd_launch.dq_accumulator_block).
     Returns:
         (dq, dk, dv) in the inputs' dtype."""
     from kernels.backward import LOG2E
@@ -38,8 +40,10 @@ def gluon_backward_onepass(do, q, k, v, o, lse, mask="causal", stages=2, consume
     if dq_by_rows and rows != 128:
         raise ValueError("dq_by_rows splits 128-row tiles between the two consumer groups; give rows=128")
     d = q.shape[-1]
-    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass", rows=rows,
-                          dq_rows=rows // 2 if dq_by_rows else None, dq_cols=d if dq_by_rows else None)
+    dq_rows, dq_cols = dq_accumulator_block(rows, d)
+    if dq_by_rows is not None:
+        dq_rows, dq_cols = (rows // 2, d) if dq_by_rows else (rows, d // 2)
+    x = one_kernel_inputs(do, q, k, v, o, lse, mask, stages, "one-pass", rows=rows, dq_rows=dq_rows, dq_cols=dq_cols)
     kp, bp = x.plan.kv_plan, x.plan
     h, h_kv, n_q, n_k = x.q.shape[1], x.k.shape[1], x.q.shape[2], x.k.shape[2]
     heads, groups = x.q.shape[0] * h_kv, probe_head_groups(x, head_groups)

@@ -204,15 +204,16 @@ def _d256_onepass_suite(variants: bool = False) -> list[dict]:
 
 
 def _d64_onepass_suite() -> list[dict]:
-    """bwdd64: at D 64 (full and causal, 4k and 8k) the default (the one pass in 128-row tiles)
-    beside the same launched alone with each consumer group's dQ over all of D for half the tile's
-    rows (wgmma N = 64, not 32: dq_by_rows), and cuDNN."""
+    """bwdd64: at D 64 (full and causal, 4k and 8k) the default (the one pass in 128-row tiles,
+    each consumer group's dQ over all of D for half the tile's rows) beside the same launched alone,
+    and with each group's dQ over half of D for all the rows (wgmma N = 32, not 64: dq_by_rows
+    False), and cuDNN."""
     out = []
     for shape, mask in [((4, 16, 16, n, 64), m) for m in ("full", "causal") for n in (4096, 8192)]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
                 dict(_bwd(shape, mask, "gluon one pass, 128-row tiles", kind="bwd_gluon_onepass"), stages=2, rows=128),
-                dict(_bwd(shape, mask, "one pass, 128-row tiles, dQ by rows", kind="bwd_gluon_onepass"), stages=2,
-                     rows=128, dq_by_rows=True)]
+                dict(_bwd(shape, mask, "one pass, 128-row tiles, dQ by columns", kind="bwd_gluon_onepass"), stages=2,
+                     rows=128, dq_by_rows=False)]
     return out
 
 
@@ -309,7 +310,7 @@ def backward_call(v, device):
 
         groups = q.shape[0] * vv.shape[1] if v.get("head_major") else None     # head after head, or the product's
         return lambda: gluon_backward_onepass(do, q, k, vv, o, lse, mask, stages=v["stages"], head_groups=groups,
-                                              rows=v.get("rows", 64), dq_by_rows=v.get("dq_by_rows", False))
+                                              rows=v.get("rows", 64), dq_by_rows=v.get("dq_by_rows"))
     if v["kind"] == "bwd_gluon_d256":
         from .gluon_backward_d256 import gluon_backward_d256
 

@@ -134,7 +134,7 @@ class GluonBackwardLaunch:
                            kv=TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
                            st=stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32), rows))
         if one_pass:
-            block = [rows, d256.DQ_COLS.value if wide else d // 2]
+            block = dq_accumulator_block(rows, d)
             descriptors["dqa"] = TensorDescriptor(q.new_empty((1,), dtype=torch.float32), [b * h * n_q, d], [d, 1],
                                                   block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
         else:
@@ -213,6 +213,18 @@ class GluonBackwardLaunch:
             if dq_acc is not None:
                 dq.copy_(dq_acc)
         return launch
+
+
+def dq_accumulator_block(rows: int, d: int) -> list:
+    """The block of a one-pass program's dQ reduce-adds (each consumer group's float32 buffer): D 256
+    64-column parts of a tile's rows; D 64's 128-row tiles half the rows and all of D (wgmma N = 64,
+    16 products a tile per group, not 32 of N = 32: 0.97-0.98x the time, kernel_probe --suite bwdd64);
+    otherwise all the rows and half of D."""
+    from .gluon_bwd_d256_kernel import DQ_COLS
+
+    if d > 128:
+        return [rows, DQ_COLS.value]
+    return [rows // 2, d] if rows == 128 else [rows, d // 2]
 
 
 def stats_descriptor(stats, rows: int = 64):

@@ -12,8 +12,8 @@ group, 128 at D 64: the descriptors' block) and warpgroup:
 - dS^T goes to shared memory (dK's and dQ's products read it there), then dQ's product and
   dK += dS^T Q are issued back to back: dQ[:, this group's half of D] = dS K[:, half] over the
   tile's 128 keys (both groups' dS, so each waits for the other's); where the dQ accumulator's
-  block has half a tile's rows (a probe at D 64's 128-row tiles: benchmarks.gluon_backward_onepass
-  dq_by_rows), dQ[this group's half of the rows, :] instead;
+  block has half a tile's rows (D 64's 128-row tiles: kernels.gluon_bwd_launch.dq_accumulator_block),
+  dQ[this group's half of the rows, :] instead;
 - the group waits for dV and dQ only (dK runs on), writes dQ (times the softmax scale) into its
   own float32 buffer and adds the buffer into the accumulator by one TMA bulk reduce-add that
   nobody waits for until the buffer is written again, a tile later.

@@ -116,6 +116,23 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     assert not gbl.gluon_backward_fits(q, q, cfg, None) and not backward_config(128, torch.bfloat16, "cuda").gluon
 
 
+def test_each_consumer_group_reduce_adds_half_a_tile_of_dq():
+    """The one pass's dQ blocks (each of the two consumer groups' float32 buffers): together a tile's
+    rows x D at D 64 and 128 (D 64's 128-row tiles by half the rows), 64-column parts at D 256."""
+    import kernels.gluon_bwd_launch as gbl
+    import kernels.gluon_launch as gluon_launch
+
+    if not gluon_launch._gluon_importable():
+        pytest.skip("this Triton has no Gluon Hopper API")
+    for d in (64, 128, 256):
+        rows = GLUON_CONFIGS[d].block_m1         # query rows of a streamed (Q, dO) tile
+        block_rows, block_cols = gbl.dq_accumulator_block(rows, d)
+        if d <= 128:
+            assert 2 * block_rows * block_cols == rows * d
+        assert d % block_cols == 0 and rows % block_rows == 0 and block_cols * 4 >= 128    # a TMA box of >= 128 B a row
+    assert gbl.dq_accumulator_block(128, 64) == [64, 64]         # wgmma N = 64 (kernel_probe --suite bwdd64)
+
+
 def test_the_one_pass_unless_deterministic_algorithms_are_asked_for(monkeypatch):
     from kernels.gluon_bwd_launch import gluon_backward_one_pass
 
