@@ -187,18 +187,19 @@ def _fused_suite() -> list[dict]:
 
 def _d256_onepass_suite(variants: bool = False) -> list[dict]:
     """bwdonepass's first rows: at D 256 the default beside the D 256 one pass launched alone
-    (benchmarks.gluon_backward_d256) and cuDNN; with variants (bwdd256) also the one pass with two
-    dO stages (32-column dQ buffers), with two P / dS buffers, and at 240 consumer registers (the
-    D 128 kernel's; the D 256 kernel's own: 232)."""
+    (benchmarks.gluon_backward_d256) and cuDNN; with variants (bwdd256) also the one pass with one
+    dO stage (64-column dQ buffers; the product: two, 32 columns), with one dO stage and two P / dS
+    buffers, and at 240 consumer registers (the D 128 kernel's; the D 256 kernel's own: 232)."""
     out = []
     for shape, mask in [((4, 16, 16, 4096, 256), "causal"), ((4, 16, 16, 4096, 256), "full"),
                         ((4, 16, 16, 8192, 256), "causal")]:
         out += [_bwd(shape, mask, "cudnn", kind="cudnn_bwd"), _bwd(shape, mask, "default"),
                 _bwd(shape, mask, "gluon D 256 one pass", kind="bwd_gluon_d256")]
         if variants:
-            out += [dict(_bwd(shape, mask, "one pass, 2 dO stages, dQ by 32 columns", kind="bwd_gluon_d256"),
-                         do_stages=2, dq_cols=32),
-                    dict(_bwd(shape, mask, "one pass, 2 P/dS buffers", kind="bwd_gluon_d256"), pds_buffers=2),
+            out += [dict(_bwd(shape, mask, "one pass, 1 dO stage, dQ by 64 columns", kind="bwd_gluon_d256"),
+                         do_stages=1, dq_cols=64),
+                    dict(_bwd(shape, mask, "one pass, 1 dO stage, 2 P/dS buffers", kind="bwd_gluon_d256"),
+                         do_stages=1, dq_cols=64, pds_buffers=2),
                     dict(_bwd(shape, mask, "one pass, 240 registers", kind="bwd_gluon_d256"), consumer_regs=240)]
     return out
 

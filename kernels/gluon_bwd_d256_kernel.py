@@ -37,9 +37,12 @@ from .gluon_bwd_onepass_kernel import _add_dq
 from .gluon_fwd_kernel import _globaltimer, list_block, tma_load, wgmma_layout
 
 KEYS = gl.constexpr(64)          # keys per program
-DQ_COLS = gl.constexpr(64)       # dQ columns per reduce-add (a 64 x 64 float32 buffer per warpgroup)
-DO_STAGES = 1                    # the dO ring (a second stage fits only with 32-column dQ buffers)
-PDS_BUFFERS = 1                  # P and dS buffers (a second pair: 225.4 KiB of shared memory)
+# the dO ring: two stages, which fit beside 32-column dQ buffers (64 x 32 float32 a warpgroup, eight
+# reduce-adds a tile): 1.00-1.02x one stage with 64-column ones over 7 rounds at 4k-8k
+# (bwd-d256-variants-r7-probe-<device>.json)
+DQ_COLS = gl.constexpr(32)       # dQ columns per reduce-add
+DO_STAGES = 2
+PDS_BUFFERS = 1                  # P and dS buffers (a second pair fits with one dO stage only)
 # setmaxnreg per consumer thread: 232 spills 30 instructions in the tile loop where 240 spills 34, and
 # measured 0.6-4 % faster (bwd-d256-variants-probe-<device>.json)
 CONSUMER_REGS = 232
