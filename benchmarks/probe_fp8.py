@@ -82,21 +82,29 @@ def fp8_suite(name: str = "fp8") -> list[dict]:
 
 def _quant_suite() -> list[dict]:
     """The quantise pass alone at each mask's default tiles (full: D128 128 x 256, D256 128 x 128;
-    other masks 128 x 64), per scaling, rotation (dense or Kronecker) and warps, B4 H16 4k and 8k."""
+    other masks 128 x 64), per scaling, rotation (dense or Kronecker), warps and rows read at a time
+    (QUANT_CHUNK), B4 H16 4k and 8k; beside it torch's cast of Q, K and V to e4m3 (the same bytes
+    read and written: what the memory allows)."""
     out = []
     for d in (128, 256):
         for n in (4096, 8192):
             shape = (4, 16, 16, n, d)
+            out.append(_v("fp8_quant", shape, None, "torch cast of q, k, v to e4m3 (bytes bound)", nocheck=True,
+                          pass_="quant", quant=dict(reference=True)))
             for full in (True, False):
                 tiles = "full-mask tiles" if full else "masked tiles"
-                for scaling, had, kron, w in (("block", True, None, None), ("block", True, None, 16),
-                                              ("block", True, None, 4), ("block", True, not d == 256, None),
-                                              ("block", False, None, None), ("tensor", True, None, None)):
+                for scaling, had, kron, w, chunk in (
+                        ("block", True, None, None, None), ("block", True, None, 16, None),
+                        ("block", True, None, 4, None), ("block", True, not d == 256, None, None),
+                        ("block", False, None, None, None), ("tensor", True, None, None, None),
+                        ("block", True, None, None, 64), ("block", True, None, None, 32),
+                        ("block", True, None, 8, 64), ("block", False, None, None, 64)):
                     label = (f"quant {tiles} {scaling}{' +had' if had else ''}"
-                             f"{'' if kron is None else ' kron' if kron else ' dense'} w{w or 'default'}")
+                             f"{'' if kron is None else ' kron' if kron else ' dense'} w{w or 'default'}"
+                             f"{f' chunk {chunk}' if chunk else ''}")
                     out.append(_v("fp8_quant", shape, None, label, nocheck=True, pass_="quant",
                                   quant=dict(scaling=scaling, hadamard=had, fused=True, warps=w, kron=kron,
-                                             full=full)))
+                                             full=full, chunk=chunk)))
     for v in out:
         v["pass"] = v.pop("pass_")
     return out
@@ -118,15 +126,18 @@ def fp8_call(v, q, k, vv):
         return lambda: flash_attention_fp8(q, k, vv, mask=v["mask"], block_m=bm, block_n=bn)
     if v["kind"] == "fp8_quant":
         opt = v["quant"]
+        if opt.get("reference"):
+            return lambda: [x.to(torch.float8_e4m3fn) for x in (q, k, vv)]
 
         def quant():
-            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON
+            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
+            FQ.QUANT_CHUNK = opt.get("chunk")
             try:
                 return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"],
                                        mask="full" if opt.get("full", False) else None)
             finally:
-                FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = saved
+                FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK = saved
         return quant
     key = (id(q), id(k), id(vv), bm, bn, v["mask"])
     if key not in _X:

@@ -47,6 +47,9 @@ QUANT_WARPS = None
 # D256 128 x 64 tiles 0.385 / 0.757 ms Kronecker (16 warps) against 0.451 / 0.888 dense; 128 x 128
 # tiles 0.407 / 0.791 dense against 0.426 / 0.846 Kronecker; D128 dense wins at every tile
 HADAMARD_KRON = None
+# QUANT_CHUNK: rows a quantise program reads at a time (None: its whole tile; fewer: the tile in
+# chunks, read twice, once for the amax and once to write)
+QUANT_CHUNK = None
 
 
 class QuantTile(NamedTuple):
@@ -57,7 +60,9 @@ class QuantTile(NamedTuple):
     "amax" (store each tile's amax only) or "apply" (scale read from SCALE); TRANSPOSE: store the
     tile as (HEAD_DIM, rows) (V); ROUND_FIRST: round on the e4m3 grid before the cast (the
     interpreter); UPCAST_DOT: the rotation's products in fp32 (the interpreter's 16-bit dot is broken);
-    KRON: rotate by two products with 16 x 16 matrices (fp8_quant_kernel.rotate_kron)."""
+    KRON: rotate by two products with 16 x 16 matrices (fp8_quant_kernel.rotate_kron); CHUNK: rows
+    read at a time (BLOCK: the tile at once; fewer: the tile read in chunks, twice where its amax
+    is needed)."""
 
     head_dim: int
     HEAD_DIM: int
@@ -67,7 +72,8 @@ class QuantTile(NamedTuple):
     TRANSPOSE: bool
     ROUND_FIRST: bool
     UPCAST_DOT: bool
-    KRON: bool = False
+    KRON: bool
+    CHUNK: int
 
 
 @dataclass(frozen=True)
@@ -256,8 +262,7 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
     out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(bh * n_tiles, dtype=torch.float32, device=x.device)
     had = _had_on(hd, x.dtype, str(x.device)) if rotate else None
-    interp = interpreting()
-    tile = QuantTile(d, hd, block, rotate, "block", transpose, interp, interp)
+    tile = _quant_tile(d, hd, block, rotate, "block", transpose, False)
     grid = (n_tiles, bh)
     warps = QUANT_WARPS or _quant_warps(block, hd)
     args = (x, out, scale, None, had, tuple(x.stride()[:3]), (out.stride(0), out.stride(1)), n_heads, n_rows, n_tiles)
@@ -270,6 +275,11 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
         scale.copy_(torch.where(top > 0, top / E4M3_MAX, torch.ones_like(top)).expand(bh * n_tiles))
         quantise_kernel[grid](*args, tile._replace(MODE="apply"), num_warps=warps)
     return out, scale
+
+
+def _quant_tile(d: int, hd: int, block: int, rotate: bool, mode: str, transpose: bool, kron: bool) -> QuantTile:
+    interp = interpreting()
+    return QuantTile(d, hd, block, rotate, mode, transpose, interp, interp, kron, min(QUANT_CHUNK or block, block))
 
 
 def _quant_warps(block: int, hd: int) -> int:
@@ -305,11 +315,10 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     auto = hd >= 256 and min(block_m, block_n) < 128
     kron = bool(hadamard and (auto if HADAMARD_KRON is None else HADAMARD_KRON))
     had = _had_on(hd, q.dtype, str(dev), kron) if hadamard else None
-    interp = interpreting()
     mode = "block" if scaling == "block" else "amax_atomic"
-    tiles = (QuantTile(d, hd, block_m, hadamard, mode, False, interp, interp, kron),
-             QuantTile(d, hd, block_n, hadamard, mode, False, interp, interp, kron),
-             QuantTile(d, hd, block_n, False, mode, True, interp, interp))
+    tiles = (_quant_tile(d, hd, block_m, hadamard, mode, False, kron),
+             _quant_tile(d, hd, block_n, hadamard, mode, False, kron),
+             _quant_tile(d, hd, block_n, False, mode, True, False))
     q_progs, k_progs = b * h * n_qt, b * h_kv * n_kt
     amax = None if scaling == "block" else torch.zeros(3, dtype=torch.float32, device=dev)
     args = [q, k, v, (q8, k8, v8), scales, amax, had, tuple(q.stride()[:3]), tuple(k.stride()[:3]),

@@ -67,32 +67,18 @@ def rotate_kron(x, HAD, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST_DOT:
 
 
 @triton.jit
-def quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tile, bh, which,
-                  QUANT: tl.constexpr):
-    """Rows tile * BLOCK .. of head bh = b * H + h of X (B, H, N, D), strides x_strides (b, h, n),
-    D contiguous. OUT (B*H, N_pad, HEAD_DIM) or, TRANSPOSE, (B*H, HEAD_DIM, N_pad), strides
-    out_strides (bh, row) or (bh, d); SCALE: (B*H*n_tiles,) fp32 at bh * n_tiles + tile; HAD: the
-    (HEAD_DIM, HEAD_DIM) +-1 matrix in X's dtype (ROTATE), else None. AMAX: "amax" mode, the
-    tiles' amax at bh * n_tiles + tile; "amax_atomic" / "apply_amax" modes, one fp32 per tensor at
-    AMAX + which (atomic max of every tile's amax; the scale amax / 448 read back). QUANT:
-    kernels.fp8_quant.QuantTile."""
-    head_dim: tl.constexpr = QUANT.head_dim
+def rotated_rows(X_HEAD, HAD, stride_xn, row0, N, QUANT: tl.constexpr, ROWS: tl.constexpr):
+    """Rows row0 .. row0 + ROWS of one head (X_HEAD its first element, rows stride_xn apart, D
+    contiguous), zero past N and past D, rotated along D when QUANT.ROTATE: fp32 (ROWS, HEAD_DIM)."""
     HEAD_DIM: tl.constexpr = QUANT.HEAD_DIM
-    BLOCK: tl.constexpr = QUANT.BLOCK
-    ROTATE: tl.constexpr = QUANT.ROTATE
-    MODE: tl.constexpr = QUANT.MODE
-    ROUND_FIRST: tl.constexpr = QUANT.ROUND_FIRST
     UPCAST_DOT: tl.constexpr = QUANT.UPCAST_DOT
-    stride_xb, stride_xh, stride_xn = x_strides
-    stride_obh, stride_or = out_strides
-    offs_r = tile * BLOCK + tl.arange(0, BLOCK)
+    offs_r = row0 + tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_DIM)
-    x_ptrs = X + (bh // H).to(tl.int64) * stride_xb + (bh % H).to(tl.int64) * stride_xh \
-        + offs_r[:, None] * stride_xn + offs_d[None, :]
-    x = tl.load(x_ptrs, mask=(offs_r[:, None] < N) & (offs_d[None, :] < head_dim), other=0.0)   # (BLOCK, HEAD_DIM)
+    x = tl.load(X_HEAD + offs_r[:, None] * stride_xn + offs_d[None, :],
+                mask=(offs_r[:, None] < N) & (offs_d[None, :] < QUANT.head_dim), other=0.0)   # (ROWS, HEAD_DIM)
     if QUANT.KRON:
-        x = rotate_kron(x, HAD, BLOCK=BLOCK, HEAD_DIM=HEAD_DIM, UPCAST_DOT=UPCAST_DOT)
-    elif ROTATE:
+        x = rotate_kron(x, HAD, BLOCK=ROWS, HEAD_DIM=HEAD_DIM, UPCAST_DOT=UPCAST_DOT)
+    elif QUANT.ROTATE:
         had = tl.load(HAD + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
         if UPCAST_DOT:   # the interpreter's 16-bit dot is broken: the same exact products in fp32
             x = tl.dot(x.to(tl.float32), had.to(tl.float32), input_precision="ieee")
@@ -101,14 +87,58 @@ def quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tile
         x = x * (1.0 / tl.sqrt(HEAD_DIM * 1.0))
     else:
         x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def store_e4m3_rows(x, OUT_HEAD, stride_or, row0, scale, QUANT: tl.constexpr, ROWS: tl.constexpr):
+    """x / scale (fp32 (ROWS, HEAD_DIM)) as e4m3 at rows row0 .. of one head's output (OUT_HEAD its
+    first element; rows, or with QUANT.TRANSPOSE columns of D, stride_or apart)."""
+    offs_r = row0 + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, QUANT.HEAD_DIM)
+    # |x / scale| <= 448 up to the division's rounding: clamped so the cast never saturates
+    y = tl.minimum(tl.maximum(x / scale, -E4M3_MAX), E4M3_MAX)
+    if QUANT.TRANSPOSE:     # (HEAD_DIM, ROWS): rows contiguous in memory
+        tl.store(OUT_HEAD + offs_d[:, None] * stride_or + offs_r[None, :], cast_e4m3(tl.trans(y), QUANT.ROUND_FIRST))
+    else:
+        tl.store(OUT_HEAD + offs_r[:, None] * stride_or + offs_d[None, :], cast_e4m3(y, QUANT.ROUND_FIRST))
+
+
+@triton.jit
+def quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tile, bh, which,
+                  QUANT: tl.constexpr):
+    """Rows tile * BLOCK .. of head bh = b * H + h of X (B, H, N, D), strides x_strides (b, h, n),
+    D contiguous. OUT (B*H, N_pad, HEAD_DIM) or, TRANSPOSE, (B*H, HEAD_DIM, N_pad), strides
+    out_strides (bh, row) or (bh, d); SCALE: (B*H*n_tiles,) fp32 at bh * n_tiles + tile; HAD: the
+    (HEAD_DIM, HEAD_DIM) +-1 matrix in X's dtype (ROTATE), else None. AMAX: "amax" mode, the
+    tiles' amax at bh * n_tiles + tile; "amax_atomic" / "apply_amax" modes, one fp32 per tensor at
+    AMAX + which (atomic max of every tile's amax; the scale amax / 448 read back). QUANT:
+    kernels.fp8_quant.QuantTile. With QUANT.CHUNK < BLOCK the tile is read in chunks of CHUNK rows,
+    twice where its amax is needed (once for it, once to write): the same values, a CHUNK-row tile
+    of registers instead of BLOCK rows."""
+    BLOCK: tl.constexpr = QUANT.BLOCK
+    CHUNK: tl.constexpr = QUANT.CHUNK
+    MODE: tl.constexpr = QUANT.MODE
+    stride_xb, stride_xh, stride_xn = x_strides
+    stride_obh, stride_or = out_strides
+    x_head = X + (bh // H).to(tl.int64) * stride_xb + (bh % H).to(tl.int64) * stride_xh
+    out_head = OUT + bh.to(tl.int64) * stride_obh
+    row0 = tile * BLOCK
     at = bh.to(tl.int64) * n_tiles + tile
+    x = rotated_rows(x_head, HAD, stride_xn, row0, N, QUANT, CHUNK)
+    if MODE != "apply" and MODE != "apply_amax":
+        amax = tl.max(tl.max(tl.abs(x), 1), 0)
+        for c in range(1, BLOCK // CHUNK):
+            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(rotated_rows(x_head, HAD, stride_xn, row0 + c * CHUNK, N,
+                                                                      QUANT, CHUNK)), 1), 0))
+        if CHUNK < BLOCK:   # read again (from L2) rather than hold the first chunk across the loop
+            x = rotated_rows(x_head, HAD, stride_xn, row0, N, QUANT, CHUNK)
     if MODE == "amax":
-        tl.store(AMAX + at, tl.max(tl.max(tl.abs(x), 1), 0))
+        tl.store(AMAX + at, amax)
     elif MODE == "amax_atomic":
-        tl.atomic_max(AMAX + which, tl.max(tl.max(tl.abs(x), 1), 0))
+        tl.atomic_max(AMAX + which, amax)
     else:
         if MODE == "block":
-            amax = tl.max(tl.max(tl.abs(x), 1), 0)
             scale = tl.where(amax > 0, amax / E4M3_MAX, 1.0)       # an all-zero tile: any scale
             tl.store(SCALE + at, scale)
         elif MODE == "apply_amax":
@@ -117,14 +147,10 @@ def quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tile
             tl.store(SCALE + at, scale)
         else:
             scale = tl.load(SCALE + at)
-        # |x / scale| <= 448 up to the division's rounding: clamped so the cast never saturates
-        y = tl.minimum(tl.maximum(x / scale, -E4M3_MAX), E4M3_MAX)
-        if QUANT.TRANSPOSE:     # (HEAD_DIM, BLOCK): rows contiguous in memory
-            o_ptrs = OUT + bh.to(tl.int64) * stride_obh + offs_d[:, None] * stride_or + offs_r[None, :]
-            tl.store(o_ptrs, cast_e4m3(tl.trans(y), ROUND_FIRST))
-        else:
-            o_ptrs = OUT + bh.to(tl.int64) * stride_obh + offs_r[:, None] * stride_or + offs_d[None, :]
-            tl.store(o_ptrs, cast_e4m3(y, ROUND_FIRST))
+        store_e4m3_rows(x, out_head, stride_or, row0, scale, QUANT, CHUNK)
+        for c in range(1, BLOCK // CHUNK):
+            store_e4m3_rows(rotated_rows(x_head, HAD, stride_xn, row0 + c * CHUNK, N, QUANT, CHUNK), out_head,
+                            stride_or, row0 + c * CHUNK, scale, QUANT, CHUNK)
 
 
 @triton.jit(do_not_specialize=["H", "N", "n_tiles"])

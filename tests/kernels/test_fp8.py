@@ -137,6 +137,33 @@ def test_one_launch_quantise_equals_a_launch_per_tensor(scaling, device, monkeyp
             assert ((got - want).abs() <= want.abs() / 8 + want.abs().amax() / 448 * 2 ** -9).all()
 
 
+@pytest.mark.parametrize("scaling", ["block", "tensor"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_quantise_in_chunks_equals_the_whole_tile(scaling, fused, device, monkeypatch):
+    """A quantise program reading its tile in chunks of rows (QUANT_CHUNK: twice where the amax is
+    needed) writes the bytes and scales of one reading the tile at once: bit for bit in the
+    interpreter, within one e4m3 step on the GPU (the rotation's product over fewer rows may sum in
+    another order); ragged rows, Hadamard on, V transposed."""
+    import kernels.fp8_quant as FQ
+
+    q, k, v = inputs(2, 1, 100, 77, 48, seed=7, device=device)
+    monkeypatch.setattr(FQ, "FUSED_QUANT", fused)
+    whole = quantize_fp8(q, k, v, scaling, True, block_m=64, block_n=64)
+    for chunk in (16, 32):
+        monkeypatch.setattr(FQ, "QUANT_CHUNK", chunk)
+        got = quantize_fp8(q, k, v, scaling, True, block_m=64, block_n=64)
+        if device.type == "cpu":
+            for name in ("q", "k", "v", "q_scale", "k_scale", "v_scale"):
+                a, b = getattr(got, name), getattr(whole, name)
+                assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
+                                   b.view(torch.uint8) if b.dtype != torch.float32 else b), (chunk, name)
+        else:
+            assert torch.equal(got.v.view(torch.uint8), whole.v.view(torch.uint8)), chunk    # no rotation
+            for x, want in zip(dequantize_fp8(got), dequantize_fp8(whole)):
+                x, want = x.cpu(), want.cpu()
+                assert ((x - want).abs() <= want.abs() / 8 + want.abs().amax() / 448 * 2 ** -9).all(), chunk
+
+
 def test_default_tiles_follow_the_mask(monkeypatch):
     """The H200-measured defaults: D128 full 128 x 256 warp-specialised, another mask 128 x 64
     plain (4 warps, 3 stages) until its query blocks hold FP8_SPLIT_MIN_WORK of full tiles at the
