@@ -82,9 +82,10 @@ def fp8_suite(name: str = "fp8") -> list[dict]:
 
 def _quant_suite() -> list[dict]:
     """The quantise pass alone at each mask's default tiles (full: D128 128 x 256, D256 128 x 128;
-    other masks 128 x 64), per scaling, rotation (dense or Kronecker), warps and rows read at a time
-    (QUANT_CHUNK), B4 H16 4k and 8k; beside it torch's cast of Q, K and V to e4m3 (the same bytes
-    read and written: what the memory allows)."""
+    other masks 128 x 64), B4 H16 4k and 8k: the default (kernels.fp8_quant's) beside each tile
+    read at once (QUANT_CHUNK), Q, K and V tiles in turn (QUANT_INTERLEAVE), no rotation, per-tensor
+    scaling, and torch's cast of Q, K and V to e4m3 (the same bytes read and written: what the
+    memory allows). The warps and the Kronecker rotation: git history of this suite."""
     out = []
     for d in (128, 256):
         for n in (4096, 8192):
@@ -93,18 +94,15 @@ def _quant_suite() -> list[dict]:
                           pass_="quant", quant=dict(reference=True)))
             for full in (True, False):
                 tiles = "full-mask tiles" if full else "masked tiles"
-                for scaling, had, kron, w, chunk in (
-                        ("block", True, None, None, None), ("block", True, None, 16, None),
-                        ("block", True, None, 4, None), ("block", True, not d == 256, None, None),
-                        ("block", False, None, None, None), ("tensor", True, None, None, None),
-                        ("block", True, None, None, 64), ("block", True, None, None, 32),
-                        ("block", True, None, 8, 64), ("block", False, None, None, 64)):
-                    label = (f"quant {tiles} {scaling}{' +had' if had else ''}"
-                             f"{'' if kron is None else ' kron' if kron else ' dense'} w{w or 'default'}"
-                             f"{f' chunk {chunk}' if chunk else ''}")
+                for scaling, had, whole, interleave in (
+                        ("block", True, False, False), ("block", True, True, False), ("block", True, False, True),
+                        ("block", True, True, True), ("block", False, False, False), ("block", False, True, False),
+                        ("tensor", True, False, False)):
+                    label = (f"quant {tiles} {scaling}{' +had' if had else ''}{' whole tiles' if whole else ''}"
+                             f"{' interleaved' if interleave else ''}")
                     out.append(_v("fp8_quant", shape, None, label, nocheck=True, pass_="quant",
-                                  quant=dict(scaling=scaling, hadamard=had, fused=True, warps=w, kron=kron,
-                                             full=full, chunk=chunk)))
+                                  quant=dict(scaling=scaling, hadamard=had, fused=True, warps=None, kron=None,
+                                             full=full, chunk=1024 if whole else None, interleave=interleave)))
     for v in out:
         v["pass"] = v.pop("pass_")
     return out
@@ -130,14 +128,15 @@ def fp8_call(v, q, k, vv):
             return lambda: [x.to(torch.float8_e4m3fn) for x in (q, k, vv)]
 
         def quant():
-            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK
+            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
-            FQ.QUANT_CHUNK = opt.get("chunk")
+            FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE = opt.get("chunk"), opt.get("interleave", FQ.QUANT_INTERLEAVE)
             try:
                 return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"],
                                        mask="full" if opt.get("full", False) else None)
             finally:
-                FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK = saved
+                (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK,
+                 FQ.QUANT_INTERLEAVE) = saved
         return quant
     key = (id(q), id(k), id(vv), bm, bn, v["mask"])
     if key not in _X:

@@ -47,9 +47,11 @@ QUANT_WARPS = None
 # D256 128 x 64 tiles 0.385 / 0.757 ms Kronecker (16 warps) against 0.451 / 0.888 dense; 128 x 128
 # tiles 0.407 / 0.791 dense against 0.426 / 0.846 Kronecker; D128 dense wins at every tile
 HADAMARD_KRON = None
-# QUANT_CHUNK: rows a quantise program reads at a time (None: its whole tile; fewer: the tile in
-# chunks, read twice, once for the amax and once to write)
+# QUANT_CHUNK: rows a quantise program reads at a time (the tile in chunks, read twice: once for
+# the amax, once to write; a tile's rows or more: all at once); None: _chunk_rows' choice.
+# QUANT_INTERLEAVE: the fused launch takes a Q, a K and a V tile in turn (else Q's, K's, V's)
 QUANT_CHUNK = None
+QUANT_INTERLEAVE = False
 
 
 class QuantTile(NamedTuple):
@@ -279,7 +281,18 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
 
 def _quant_tile(d: int, hd: int, block: int, rotate: bool, mode: str, transpose: bool, kron: bool) -> QuantTile:
     interp = interpreting()
-    return QuantTile(d, hd, block, rotate, mode, transpose, interp, interp, kron, min(QUANT_CHUNK or block, block))
+    chunk = _chunk_rows(rotate, hd, block) if QUANT_CHUNK is None else QUANT_CHUNK
+    return QuantTile(d, hd, block, rotate, mode, transpose, interp, interp, kron, min(chunk, block))
+
+
+def _chunk_rows(rotate: bool, hd: int, block: int) -> int:
+    """Rows a quantise program reads at a time, measured on an H200 (kernel_probe --suite fp8quant,
+    B4 H16 4k / 8k, fp8quant-chunk-probe-<device>.json): 64 for unrotated tiles at a padded D of
+    256 (V: 0.78x the time of the whole tile) and for rotated 128-row tiles at D 128 (0.87x with
+    K in 64-row tiles); otherwise the whole tile (rotated 256-row tiles in 64-row chunks: 1.5x)."""
+    if (not rotate and hd >= 256) or (rotate and hd <= 128 and block == 128):
+        return 64
+    return block
 
 
 def _quant_warps(block: int, hd: int) -> int:
@@ -326,9 +339,10 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
             h, h_kv, n_q, n_k, n_qt, n_kt, q_progs, k_progs]
     warps = QUANT_WARPS or _fused_warps(hd, kron)
     grid = (q_progs + 2 * k_progs,)
-    quantise_qkv_kernel[grid](*args, *tiles, num_warps=warps)
+    quantise_qkv_kernel[grid](*args, *tiles, QUANT_INTERLEAVE, num_warps=warps)
     if scaling != "block":
-        quantise_qkv_kernel[grid](*args, *(t._replace(MODE="apply_amax") for t in tiles), num_warps=warps)
+        quantise_qkv_kernel[grid](*args, *(t._replace(MODE="apply_amax") for t in tiles), QUANT_INTERLEAVE,
+                                  num_warps=warps)
     return (q8, k8, v8), scales
 
 

@@ -164,9 +164,11 @@ def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_ti
 @triton.jit(do_not_specialize=["H", "H_KV", "N_Q", "N_K", "n_qt", "n_kt", "q_progs", "k_progs"])
 def quantise_qkv_kernel(Q, K, V, outs, scales, AMAX, HAD, q_strides, k_strides, v_strides, out_strides, H, H_KV,
                         N_Q, N_K, n_qt, n_kt, q_progs, k_progs, QUANT_Q: tl.constexpr, QUANT_K: tl.constexpr,
-                        QUANT_V: tl.constexpr):
-    """Q, K and V in one launch: programs 0 .. q_progs - 1 (= B*H*n_qt) quantise Q's tiles, the
-    next k_progs (= B*H_KV*n_kt) K's, the last k_progs V's, each one tile (quantise_tile).
+                        QUANT_V: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """Q, K and V in one launch: q_progs (= B*H*n_qt) programs quantise Q's tiles, k_progs
+    (= B*H_KV*n_kt) K's and k_progs V's, each one tile (quantise_tile): Q's, then K's, then V's, or
+    (INTERLEAVE) a Q, a K and a V tile in turn while each has tiles left, then the rest in turn, so
+    the rotated tiles' products run beside V's plain copies.
     outs: (Q8, K8, V8); scales: (Q's, K's, V's) per-tile fp32 scales; out_strides: (Q8's bh, row,
     K8's bh, row, V8's bh, d); AMAX: (3,) fp32 zeros for the per-tensor modes ("amax_atomic",
     "apply_amax"), else None; HAD: the +-1 rotation matrix (QUANT_Q.ROTATE), else None."""
@@ -174,15 +176,27 @@ def quantise_qkv_kernel(Q, K, V, outs, scales, AMAX, HAD, q_strides, k_strides, 
     q8, k8, v8 = outs
     q_scale, k_scale, v_scale = scales
     sq_bh, sq_r, sk_bh, sk_r, sv_bh, sv_d = out_strides
-    if pid < q_progs:
-        quantise_tile(Q, q8, q_scale, AMAX, HAD, q_strides, (sq_bh, sq_r), H, N_Q, n_qt, tile=pid % n_qt,
-                      bh=pid // n_qt, which=0, QUANT=QUANT_Q)
-    else:
-        pid -= q_progs
-        if pid < k_progs:
-            quantise_tile(K, k8, k_scale, AMAX, HAD, k_strides, (sk_bh, sk_r), H_KV, N_K, n_kt, tile=pid % n_kt,
-                          bh=pid // n_kt, which=1, QUANT=QUANT_K)
+    if INTERLEAVE:
+        both = tl.minimum(q_progs, k_progs)
+        rest = pid - 3 * both
+        if rest < 0:
+            which = pid % 3
+            idx = pid // 3
+        elif q_progs > both:
+            which = 0
+            idx = both + rest
         else:
-            pid -= k_progs
-            quantise_tile(V, v8, v_scale, AMAX, HAD, v_strides, (sv_bh, sv_d), H_KV, N_K, n_kt, tile=pid % n_kt,
-                          bh=pid // n_kt, which=2, QUANT=QUANT_V)
+            which = 1 + rest % 2
+            idx = both + rest // 2
+    else:
+        which = tl.where(pid < q_progs, 0, tl.where(pid < q_progs + k_progs, 1, 2))
+        idx = pid - tl.where(which == 0, 0, q_progs + (which - 1) * k_progs)
+    if which == 0:
+        quantise_tile(Q, q8, q_scale, AMAX, HAD, q_strides, (sq_bh, sq_r), H, N_Q, n_qt, tile=idx % n_qt,
+                      bh=idx // n_qt, which=0, QUANT=QUANT_Q)
+    elif which == 1:
+        quantise_tile(K, k8, k_scale, AMAX, HAD, k_strides, (sk_bh, sk_r), H_KV, N_K, n_kt, tile=idx % n_kt,
+                      bh=idx // n_kt, which=1, QUANT=QUANT_K)
+    else:
+        quantise_tile(V, v8, v_scale, AMAX, HAD, v_strides, (sv_bh, sv_d), H_KV, N_K, n_kt, tile=idx % n_kt,
+                      bh=idx // n_kt, which=2, QUANT=QUANT_V)

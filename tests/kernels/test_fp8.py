@@ -148,6 +148,7 @@ def test_quantise_in_chunks_equals_the_whole_tile(scaling, fused, device, monkey
 
     q, k, v = inputs(2, 1, 100, 77, 48, seed=7, device=device)
     monkeypatch.setattr(FQ, "FUSED_QUANT", fused)
+    monkeypatch.setattr(FQ, "QUANT_CHUNK", 1024)
     whole = quantize_fp8(q, k, v, scaling, True, block_m=64, block_n=64)
     for chunk in (16, 32):
         monkeypatch.setattr(FQ, "QUANT_CHUNK", chunk)
@@ -162,6 +163,24 @@ def test_quantise_in_chunks_equals_the_whole_tile(scaling, fused, device, monkey
             for x, want in zip(dequantize_fp8(got), dequantize_fp8(whole)):
                 x, want = x.cpu(), want.cpu()
                 assert ((x - want).abs() <= want.abs() / 8 + want.abs().amax() / 448 * 2 ** -9).all(), chunk
+
+
+@pytest.mark.parametrize("scaling", ["block", "tensor"])
+@pytest.mark.parametrize("h,h_kv,n_q,n_k,block_m,block_n", [(2, 1, 100, 77, 64, 32), (3, 3, 40, 130, 32, 64)])
+def test_interleaved_launch_writes_the_same_bytes(scaling, h, h_kv, n_q, n_k, block_m, block_n, device, monkeypatch):
+    """The fused launch taking a Q, a K and a V tile in turn (QUANT_INTERLEAVE) writes every tile's
+    bytes and scale as taking Q's, then K's, then V's: more Q tiles than K tiles and fewer, GQA."""
+    import kernels.fp8_quant as FQ
+
+    q, k, v = inputs(h, h_kv, n_q, n_k, 48, seed=h + n_k, device=device)
+    runs = []
+    for interleave in (False, True):
+        monkeypatch.setattr(FQ, "QUANT_INTERLEAVE", interleave)
+        runs.append(quantize_fp8(q, k, v, scaling, True, block_m=block_m, block_n=block_n))
+    for name in ("q", "k", "v", "q_scale", "k_scale", "v_scale"):
+        a, b = (getattr(x, name) for x in runs)
+        assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
+                           b.view(torch.uint8) if b.dtype != torch.float32 else b), name
 
 
 def test_default_tiles_follow_the_mask(monkeypatch):
