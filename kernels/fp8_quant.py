@@ -49,9 +49,11 @@ QUANT_WARPS = None
 HADAMARD_KRON = None
 # QUANT_CHUNK: rows a quantise program reads at a time (the tile in chunks, read twice: once for
 # the amax, once to write; a tile's rows or more: all at once); None: _chunk_rows' choice.
-# QUANT_INTERLEAVE: the fused launch takes a Q, a K and a V tile in turn (else Q's, K's, V's)
+# QUANT_INTERLEAVE: the fused launch takes a Q, a K and a V tile in turn (else Q's, K's, V's):
+# H200, B4 H16 4k / 8k, block + Hadamard (fp8quant-interleave-probe-<device>.json): D 256 at the
+# full mask's tiles 0.91x the time, elsewhere 0.98-1.01x
 QUANT_CHUNK = None
-QUANT_INTERLEAVE = False
+QUANT_INTERLEAVE = True
 
 
 class QuantTile(NamedTuple):
@@ -264,7 +266,7 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
     out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(bh * n_tiles, dtype=torch.float32, device=x.device)
     had = _had_on(hd, x.dtype, str(x.device)) if rotate else None
-    tile = _quant_tile(d, hd, block, rotate, "block", transpose, False)
+    tile = _quant_tile(d, hd, block, rotate, "block", transpose, False, block)
     grid = (n_tiles, bh)
     warps = QUANT_WARPS or _quant_warps(block, hd)
     args = (x, out, scale, None, had, tuple(x.stride()[:3]), (out.stride(0), out.stride(1)), n_heads, n_rows, n_tiles)
@@ -279,20 +281,22 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
     return out, scale
 
 
-def _quant_tile(d: int, hd: int, block: int, rotate: bool, mode: str, transpose: bool, kron: bool) -> QuantTile:
+def _quant_tile(d: int, hd: int, block: int, rotate: bool, mode: str, transpose: bool, kron: bool,
+                chunk: int) -> QuantTile:
     interp = interpreting()
-    chunk = _chunk_rows(rotate, hd, block) if QUANT_CHUNK is None else QUANT_CHUNK
+    chunk = chunk if QUANT_CHUNK is None else QUANT_CHUNK
     return QuantTile(d, hd, block, rotate, mode, transpose, interp, interp, kron, min(chunk, block))
 
 
-def _chunk_rows(rotate: bool, hd: int, block: int) -> int:
-    """Rows a quantise program reads at a time, measured on an H200 (kernel_probe --suite fp8quant,
-    B4 H16 4k / 8k, fp8quant-chunk-probe-<device>.json): 64 for unrotated tiles at a padded D of
-    256 (V: 0.78x the time of the whole tile) and for rotated 128-row tiles at D 128 (0.87x with
-    K in 64-row tiles); otherwise the whole tile (rotated 256-row tiles in 64-row chunks: 1.5x)."""
-    if (not rotate and hd >= 256) or (rotate and hd <= 128 and block == 128):
-        return 64
-    return block
+def _chunk_rows(hd: int, block_m: int, block_n: int, hadamard: bool) -> tuple:
+    """Rows the fused launch's Q, K and V programs read at a time. The launch's registers are its
+    largest tile's, so at D 128 with Hadamard, 128-row Q tiles beside 64-row K tiles are read in
+    chunks of 64 (0.87x the time); chunking the larger K tiles of the full mask repeats their
+    rotation (1.5x); unrotated at a padded D of 256 (hadamard=False), 64 rows (0.67-0.78x). H200,
+    B4 H16 4k / 8k, fp8quant-chunk- and fp8quant-interleave-probe-<device>.json."""
+    q_chunk = block_n if hadamard and hd <= 128 and block_m > block_n else block_m
+    kv_chunk = 64 if not hadamard and hd >= 256 else block_n
+    return q_chunk, kv_chunk, kv_chunk
 
 
 def _quant_warps(block: int, hd: int) -> int:
@@ -329,9 +333,10 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     kron = bool(hadamard and (auto if HADAMARD_KRON is None else HADAMARD_KRON))
     had = _had_on(hd, q.dtype, str(dev), kron) if hadamard else None
     mode = "block" if scaling == "block" else "amax_atomic"
-    tiles = (_quant_tile(d, hd, block_m, hadamard, mode, False, kron),
-             _quant_tile(d, hd, block_n, hadamard, mode, False, kron),
-             _quant_tile(d, hd, block_n, False, mode, True, False))
+    q_chunk, k_chunk, v_chunk = _chunk_rows(hd, block_m, block_n, hadamard)
+    tiles = (_quant_tile(d, hd, block_m, hadamard, mode, False, kron, q_chunk),
+             _quant_tile(d, hd, block_n, hadamard, mode, False, kron, k_chunk),
+             _quant_tile(d, hd, block_n, False, mode, True, False, v_chunk))
     q_progs, k_progs = b * h * n_qt, b * h_kv * n_kt
     amax = None if scaling == "block" else torch.zeros(3, dtype=torch.float32, device=dev)
     args = [q, k, v, (q8, k8, v8), scales, amax, had, tuple(q.stride()[:3]), tuple(k.stride()[:3]),
