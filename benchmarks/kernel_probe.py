@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kernel_probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="d256", help="comma list of d256, causal, fwdcausal, decode, decode_b64, "
-                   "bwd256, bwd128, fp8")
+                   + ", ".join(BWD_SUITES + FP8_SUITES))
     p.add_argument("--name", required=True, help="file name: <name>-probe-<device>.json")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rep", type=int, default=60, help="do_bench rep ms per round")
