@@ -1,4 +1,4 @@
-"""A probe, not a product path (not yet run on a GPU): the FP8 forward (kernels.fp8_kernel's
+"""A probe, not a product path: the FP8 forward (kernels.fp8_kernel's
 numerics, FlashAttention-3's FP8 recipe) with the bf16 Gluon kernel's schedule
 (kernels.gluon_fwd_kernel): a producer warp streaming e4m3 K and V^T tiles by TMA, two consumer
 warpgroups of 64 query rows issuing tile j's scores before tile j-1's P.V, P quantised to e4m3
@@ -9,6 +9,8 @@ tiles (block_m=128, block_n=64/128): per-tile scales; V stored transposed (HEAD_
 K-major second operand Hopper's FP8 product takes. Per tile as kernels.fp8_kernel: scores times
 (softmax scale * log2(e) * Q's and K's tile scales), P = 2^8 exp2(...) (the row max shifted by 8)
 cast to e4m3, V's tile scale folded into the running rescale, the epilogue's one division.
+With relabel, P's keys are relabelled within each 16 so that the operand is the scores' registers
+renamed (no exchange between threads), on V^T tiles whose columns hold the keys in that order.
 """
 
 from __future__ import annotations
@@ -62,9 +64,42 @@ def _softmax_step(s, m_i, l_i, cols, lo, hi, scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def _relabel_keys(p):
+    """P (ROWS, BLOCK_N) in the scores' accumulator layout, its keys relabelled within each 16 so
+    that P.V's register operand needs no exchange between threads. Within 16 keys, a thread of the
+    accumulator holds key bits 1 and 2 by lane and bit 3 by register; one of the e4m3 A operand
+    holds bits 2 and 3 by lane and bit 1 by register. Column j = j0 + 2 j1 + 4 j2 + 8 j3 of the
+    result is key j0 + 2 j2 + 4 j3 + 8 j1 of the input (key_order(): V^T's columns then hold the
+    keys in that order)."""
+    R: gl.constexpr = p.shape[0]
+    G: gl.constexpr = p.shape[1] // 16
+    p = gl.reshape(p, [R, G, 2, 2, 2, 2])               # (row, group, c3, c2, c1, c0): key bits
+    p = gl.permute(p, (0, 1, 3, 4, 2, 5))              # (row, group, c2, c1, c3, c0) = (j3, j2, j1, j0)
+    return gl.reshape(p, [R, G * 16])
+
+
+def key_order(block_n: int) -> torch.Tensor:
+    """The keys of a block_n-key tile in _relabel_keys' order: V^T's column j holds this key."""
+    j = torch.arange(block_n)
+    low = j % 16
+    return j - low + (low & 1) + 2 * ((low >> 2) & 1) + 4 * ((low >> 3) & 1) + 8 * ((low >> 1) & 1)
+
+
+@gluon.jit
+def _p_operand(p, p_layout: gl.constexpr, RELABEL: gl.constexpr):
+    """P as P.V's e4m3 register operand (RELABEL: its keys in key_order(), V^T stored so)."""
+    p8 = p.to(gl.float8e4nv)
+    if RELABEL:         # (a layout of its own until converted: one convert per branch)
+        op = gl.convert_layout(_relabel_keys(p8), p_layout)
+    else:
+        op = gl.convert_layout(p8, p_layout)
+    return op
+
+
+@gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale,
-              WG: gl.constexpr):
+              RELABEL: gl.constexpr, WG: gl.constexpr):
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -99,7 +134,7 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         s_new = gl.load(v_scale + kb)
         factor = alpha * (s_v / s_new)                  # acc in units of the newest V tile's scale
         s_v = s_new
-        p_op = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+        p_op = _p_operand(p, p_layout, RELABEL)
         for t in range(1, n_tiles):
             cur = t % STAGES
             prev = (t - 1) % STAGES
@@ -121,7 +156,7 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
             s_v = s_new
             acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
             mbarrier.arrive(v_empty.index(prev), count=1)
-            p_op = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+            p_op = _p_operand(p, p_layout, RELABEL)
         last = (n_tiles - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
         acc = acc * gl.convert_layout(factor, o_vec)[:, None]
@@ -142,22 +177,24 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
 
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale,
+               RELABEL: gl.constexpr):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 0)
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, RELABEL, 0)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale,
+               RELABEL: gl.constexpr):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 1)
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, RELABEL, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
 def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, v_scale, row_lo, row_hi, full_cnt,
                               full_start, part_cnt, part_idx, H, GROUP, N_Q, n_qb, n_kb, qk_scale,
-                              STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                              STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr):
     """Grid (B*H*n_qb,), program = bh * n_qb + query block. q_desc: Q8 (B*H*n_qb*128, D) in (64, D)
     blocks; k_desc: K8 (B*H_kv*n_kb*BLOCK_N, D) in (BLOCK_N, D); v_desc: V8^T (B*H_kv*D, n_kb*BLOCK_N)
     in (D, BLOCK_N); O (B*H*N_q, D); LSE (B*H*N_q,); scales per tile; the plan's lists."""
@@ -172,7 +209,7 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
                      v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
-                     n_tiles, n_full, first_full, part_list, N_Q, qk_scale)
+                     n_tiles, n_full, first_full, part_list, N_Q, qk_scale, RELABEL)
     gl.warp_specialize([
         (_consumer0, consumer_args),
         (_consumer1, consumer_args),
@@ -182,12 +219,24 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def attention_fp8_gluon(x, mask="causal", stages=2, consumer_regs=240):
+def keys_relabelled(x):
+    """x (Fp8Inputs) with each V^T tile's columns in key_order(): the inputs of attention_fp8_gluon(...,
+    relabel=True)."""
+    import dataclasses
+
+    order = key_order(x.block_n).to(x.v.device)
+    v = x.v.view(*x.v.shape[:-1], -1, x.block_n)[..., order].reshape(x.v.shape)
+    return dataclasses.replace(x, v=v)
+
+
+def attention_fp8_gluon(x, mask="causal", stages=2, consumer_regs=240, relabel=False):
     """O and the natural-log LSE of the FP8 attention of quantised inputs by the Gluon probe.
 
     Arguments:
         x: quantize_fp8(q, k, v, block_m=128, block_n=64 or 128, ...)'s Fp8Inputs (padded D 64/128/256).
-        mask: as kernels.fp8.attention_fp8's; stages: K/V ring depth; consumer_regs: setmaxnreg.
+        mask: as kernels.fp8.attention_fp8's; stages: K/V ring depth; consumer_regs: setmaxnreg;
+            relabel: P.V's operand in _relabel_keys' key order; x.v must hold each tile's keys in
+            key_order() (keys_relabelled(x) makes such inputs; a quantise pass could store V^T so).
     Returns:
         (o (B, H, N_q, D) in x.dtype, lse (B, H, N_q) float32)."""
     from kernels.fp8 import LOG2E
@@ -213,5 +262,5 @@ def attention_fp8_gluon(x, mask="causal", stages=2, consumer_regs=240):
     attn_fwd_fp8_gluon_kernel[(b * h * plan.n_qb,)](
         q_desc, k_desc, v_desc, o, lse, x.q_scale, x.k_scale, x.v_scale, plan.row_lo, plan.row_hi, plan.full_cnt,
         plan.full_start, plan.part_cnt, plan.part_idx, h, h // x.h_kv, n_q, plan.n_qb, plan.n_kb,
-        softmax_scale(None, d) * LOG2E, STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4)
+        softmax_scale(None, d) * LOG2E, STAGES=stages, CONSUMER_REGS=consumer_regs, RELABEL=relabel, num_warps=4)
     return o.view(b, h, n_q, hd)[..., :d], lse.view(b, h, n_q)

@@ -6,6 +6,8 @@
 #   2. backward, every case (backward-<slug>.json: D 128, 64, GQA 32/8, D 256)
 #   3. FP8 forward beside our bf16 kernel and cuDNN: D 128 N 4k-16k, D 256 N 4k-8k
 #      (<slug>-fp8-d128.json, <slug>-fp8-d256.json)
+#   4. (only when named) the FP8 precision studies the Low precision page reads, FA3's outlier recipe,
+#      plain normal inputs and the Llama-3-8B shape (precision/<preset>_<slug>/, for data/precision/)
 # STEPS picks steps (default "1 2 3"); each command has its own time limit (STEP_S, default 280 s),
 # so two calls of ten minutes hold them all (e.g. STEPS="1" then STEPS="2 3").
 OUT=${OUT:-/tmp/out}
@@ -45,6 +47,13 @@ run() {
     fp8="$fp8 --masks full,causal --quick --repeats 3 --no-matmul"
     run "$SLUG-fp8-d128.json" $fp8 --seq-lens 4096,8192,16384 --head-dim 128
     run "$SLUG-fp8-d256.json" $fp8 --seq-lens 4096,8192 --head-dim 256
+  fi
+  if [[ " $STEPS " == *" 4 "* ]]; then
+    echo "== 4. FP8 precision studies ($(date -u +%T))"
+    for preset in fa3_outliers normal llama3_8b_outliers; do
+      timeout "$LIMIT" python3 -m instrumentation.precision_study --preset $preset --out "$OUT/precision/${preset}_$SLUG" \
+        --device cuda --force 2>&1 | tail -4
+    done
   fi
   echo "== done ($(date -u +%T))"
 } 2>&1 | tee "$OUT/card-files.log"

@@ -31,7 +31,7 @@ CASES = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16,
 def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
     """The FP8 rows of a case: each kernel on inputs quantised at its tiles (quantise pass not
     timed), its output's error against cuDNN's bf16 one recorded first (timed only under 0.1)."""
-    from benchmarks.gluon_fp8 import attention_fp8_gluon
+    from benchmarks.gluon_fp8 import attention_fp8_gluon, keys_relabelled
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
 
@@ -40,6 +40,9 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
     for block_n in (128, 64) if q.shape[-1] == 128 else (64,):
         x = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask)
         calls[f"gluon fp8 128x{block_n}"] = lambda x=x: attention_fp8_gluon(x, mask)[0]
+        relabelled = keys_relabelled(x)         # P.V's operand without exchanges between threads
+        calls[f"gluon fp8 128x{block_n}, P relabelled"] = lambda x=relabelled: attention_fp8_gluon(x, mask,
+                                                                                                 relabel=True)[0]
     for label, call in calls.items():
         try:
             err = ((call().float() - ref.float()).norm() / ref.float().norm()).item()
