@@ -32,8 +32,8 @@ def test_gluon_fp8_probe_matches_the_triton_fp8_kernel(mask, h, h_kv, n_q, n_k, 
     assert torch.equal(outs[True][1], outs[False][1])       # the softmax statistics see the keys in order
 
 
-@pytest.mark.parametrize("block_n", [64, 128])
-def test_relabelled_scores_sit_where_the_e4m3_operand_wants_them(block_n):
+@pytest.mark.parametrize("block_n,head_dim", [(64, 128), (128, 128), (64, 256)])
+def test_relabelled_scores_sit_where_the_e4m3_operand_wants_them(block_n, head_dim):
     """key_order() is what makes P.V's register operand a renaming of the scores' registers: with
     column j of the operand standing for key key_order()[j], every thread of a consumer warpgroup
     holds under the e4m3 A-operand layout exactly the (row, key) elements it holds under the scores'
@@ -62,7 +62,7 @@ def test_relabelled_scores_sit_where_the_e4m3_operand_wants_them(block_n):
 
     scores = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 32])
     operand = gl.DotOperandLayout(operand_index=0, k_width=4, parent=gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32]))
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, head_dim, 32]))
     order = key_order(block_n).tolist()
     assert sorted(order) == list(range(block_n))
     by_scores, by_operand = held(scores), held(operand)
@@ -70,4 +70,4 @@ def test_relabelled_scores_sit_where_the_e4m3_operand_wants_them(block_n):
     for thread, cells in by_operand.items():
         assert {(row, order[j]) for row, j in cells} == by_scores[thread], thread
     # and without the relabelling the threads would have to trade elements
-    assert any({cell for cell in cells} != by_scores[t] for t, cells in by_operand.items())
+    assert any(cells != by_scores[t] for t, cells in by_operand.items())
