@@ -7,14 +7,16 @@ delta), into a zeroed float32 dQ accumulator the launch then rounds into dQ.
 Where the D 128 one pass gives each consumer warpgroup 64 keys and their dK and dV over all of D
 (at D 256: 2 x 64 x 256 float32 accumulators, 256 registers a thread, more than a thread has), a
 program here holds 64 keys and each warpgroup half of D, FlashAttention-3's split at D 256:
-- a producer warp loads K and V once, then each tile's Q (with its rows' lse; two stages) and dO
-  (with delta; one stage: 32 KiB a stage at D 256) by TMA;
+- a producer warp loads K and V once, then each tile's Q (with its rows' lse) and dO (with delta)
+  by TMA, two stages each (DO_STAGES; 32 KiB a stage at D 256);
 - warpgroup w computes S^T and dP^T for the key block against its 32 of the tile's 64 query rows
   (products over all of D), P^T and dS^T, and writes its rows of P and dS into shared memory;
 - once both halves are there, it adds the whole tile into its half of D: dV[:, half] += P^T dO[:, half],
-  dK[:, half] += dS^T Q[:, half], and dQ[:, half] = dS K[:, half] in two 64-column parts, each
-  added into the float32 accumulator by one TMA reduce-add (kernels.gluon_bwd_onepass_kernel's).
-Shared memory: K, V 32 KiB each, Q 2 x 32, dO 32, P and dS 8 each, two 16 KiB dQ buffers (208 KiB).
+  dK[:, half] += dS^T Q[:, half], and dQ[:, half] = dS K[:, half] in parts of DQ_COLS columns
+  (the dQ accumulator descriptor's block), each added into the float32 accumulator by one TMA
+  reduce-add (kernels.gluon_bwd_onepass_kernel's).
+Shared memory: K, V 32 KiB each, Q 2 x 32, dO 2 x 32, P and dS 8 each, two 8 KiB dQ buffers
+(224 KiB of tiles).
 S^T's product starts from -lse / scale and dP^T's from -delta, hidden pairs of a partial tile from
 -inf, as in the D 128 one pass. dQ is not bit-reproducible run to run (reduce-adds land in the
 order the programs run): deterministic calls at D 256 run the Triton kernel.

@@ -129,7 +129,7 @@ class GluonBackwardLaunch:
         gdtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         tile = lambda rows: gl.NVMMASharedLayout.get_default_for([rows, d], gdtype)  # noqa: E731
         rows = kp.block_m       # query rows of a streamed (Q, dO) tile: 64, at D 64 128 (the one pass only)
-        wide = d > 128          # D 256: 64 keys a program, dQ added in 64-column parts
+        wide = d > 128          # D 256: its own kernel, 64 keys a program
         descriptors = dict(qo=TensorDescriptor(q, [b * h * n_q, d], [d, 1], [rows, d], tile(rows)),
                            kv=TensorDescriptor(k, [b * h_kv * n_k, d], [d, 1], [64, d], tile(64)),
                            st=stats_descriptor(q.new_empty((b * h, 2, n_q), dtype=torch.float32), rows))
@@ -217,7 +217,7 @@ class GluonBackwardLaunch:
 
 def dq_accumulator_block(rows: int, d: int) -> list:
     """The block of a one-pass program's dQ reduce-adds (each consumer group's float32 buffer): D 256
-    64-column parts of a tile's rows; D 64's 128-row tiles half the rows and all of D (wgmma N = 64,
+    a tile's rows in parts of DQ_COLS columns; D 64's 128-row tiles half the rows and all of D (wgmma N = 64,
     16 products a tile per group, not 32 of N = 32: 0.97-0.98x the time, kernel_probe --suite bwdd64);
     otherwise all the rows and half of D."""
     from .gluon_bwd_d256_kernel import DQ_COLS
