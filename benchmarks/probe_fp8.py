@@ -94,15 +94,16 @@ def _quant_suite() -> list[dict]:
                           pass_="quant", quant=dict(reference=True)))
             for full in (True, False):
                 tiles = "full-mask tiles" if full else "masked tiles"
-                for scaling, had, whole, interleave in (
+                for scaling, had, whole, in_order in (
                         ("block", True, False, False), ("block", True, True, False), ("block", True, False, True),
                         ("block", True, True, True), ("block", False, False, False), ("block", False, True, False),
                         ("tensor", True, False, False)):
                     label = (f"quant {tiles} {scaling}{' +had' if had else ''}{' whole tiles' if whole else ''}"
-                             f"{' interleaved' if interleave else ''}")
+                             f"{' Q, K, V in order' if in_order else ''}")
                     out.append(_v("fp8_quant", shape, None, label, nocheck=True, pass_="quant",
                                   quant=dict(scaling=scaling, hadamard=had, fused=True, warps=None, kron=None,
-                                             full=full, chunk=1024 if whole else None, interleave=interleave)))
+                                             full=full, chunk=1024 if whole else None,
+                                             interleave=False if in_order else None)))
     for v in out:
         v["pass"] = v.pop("pass_")
     return out
@@ -130,7 +131,9 @@ def fp8_call(v, q, k, vv):
         def quant():
             saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
-            FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE = opt.get("chunk"), opt.get("interleave", FQ.QUANT_INTERLEAVE)
+            interleave = opt.get("interleave")
+            FQ.QUANT_CHUNK = opt.get("chunk")
+            FQ.QUANT_INTERLEAVE = FQ.QUANT_INTERLEAVE if interleave is None else interleave
             try:
                 return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"],
                                        mask="full" if opt.get("full", False) else None)
