@@ -11,6 +11,10 @@ K-major second operand Hopper's FP8 product takes. Per tile as kernels.fp8_kerne
 cast to e4m3, V's tile scale folded into the running rescale, the epilogue's one division.
 With relabel, P's keys are relabelled within each 16 so that the operand is the scores' registers
 renamed (no exchange between threads), on V^T tiles whose columns hold the keys in that order.
+P stays fp32 until the iteration that issues its P.V casts it (a loop-carried e4m3 tensor is
+carried a byte a register and packed again for the wgmma: 1,411 -> 1,211 instructions a loop at
+128 x 128, sm_90 build); full and partial tiles run in two loops. With pingpong, the two consumer
+groups take turns to issue their products (FlashAttention-3's inter-warpgroup schedule).
 """
 
 from __future__ import annotations
@@ -97,9 +101,56 @@ def _p_operand(p, p_layout: gl.constexpr, RELABEL: gl.constexpr):
 
 
 @gluon.jit
+def _take_turn(turn, WG: gl.constexpr, k, PINGPONG):
+    """FlashAttention-3's ping-pong between the two consumer warpgroups: a group issues its k-th
+    batch of products only after the other group issued its own, so that one group's softmax runs
+    while the other's products occupy the tensor cores (turn[WG] completes a phase per hand-over)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), k & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, n_full,
+          full_start, part_list, k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, RELABEL: gl.constexpr,
+          PINGPONG: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr):
+    """Tile t: issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), the softmax of
+    S_t while P V runs. Returns the carried state (acc, p, factor, s_v, l_i, m_i)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    o_layout: gl.constexpr = acc.type.layout
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    cur = t % STAGES
+    prev = (t - 1) % STAGES
+    acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = _p_operand(p, p_layout, RELABEL)
+    _take_turn(turn, WG, t, PINGPONG)
+    mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+    s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+    o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
+    s = warpgroup_mma_wait(1, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(cur), count=1)
+    kb = list_block(t, n_full, full_start, part_list)
+    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, tile_scale * gl.load(k_scale + kb),
+                                       MASKED)
+    s_new = gl.load(v_scale + kb)
+    factor = alpha * (s_v / s_new)
+    acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
+    mbarrier.arrive(v_empty.index(prev), count=1)
+    return acc, p, factor, s_new, l_i, m_i
+
+
+@gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale,
-              RELABEL: gl.constexpr, WG: gl.constexpr):
+              turn, RELABEL: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr):
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -121,8 +172,10 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
     q = q_smem.index(WG)
     mbarrier.wait(q_bar, 0)
     if n_tiles > 0:
+        _take_turn(turn, WG, 0, PINGPONG)
         mbarrier.wait(k_ready.index(0), 0)
         s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
         kb = list_block(0, n_full, full_start, part_list)
@@ -134,33 +187,24 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         s_new = gl.load(v_scale + kb)
         factor = alpha * (s_v / s_new)                  # acc in units of the newest V tile's scale
         s_v = s_new
-        p_op = _p_operand(p, p_layout, RELABEL)
-        for t in range(1, n_tiles):
-            cur = t % STAGES
-            prev = (t - 1) % STAGES
-            mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
-            s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
-            acc = acc * gl.convert_layout(factor, o_vec)[:, None]
-            o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s_tok,))
-            mbarrier.arrive(k_empty.index(cur), count=1)
-            kb = list_block(t, n_full, full_start, part_list)
-            scale = tile_scale * gl.load(k_scale + kb)
-            if t < n_full:
-                p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, False)
-            else:
-                p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, True)
-            s_new = gl.load(v_scale + kb)
-            factor = alpha * (s_v / s_new)
-            s_v = s_new
-            acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            p_op = _p_operand(p, p_layout, RELABEL)
+        # full tiles, then partial ones: two loops, so that neither carries the other's code
+        for t in range(1, n_full):      # P stays fp32 until the iteration that issues its P.V casts it
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p,
+                                                  factor, s_v, l_i, m_i, n_full, full_start, part_list, k_scale,
+                                                  v_scale, tile_scale, col0, lo, hi, zero_s, RELABEL, PINGPONG, WG,
+                                                  False)
+        for t in range(gl.maximum(n_full, 1), n_tiles):
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p,
+                                                  factor, s_v, l_i, m_i, n_full, full_start, part_list, k_scale,
+                                                  v_scale, tile_scale, col0, lo, hi, zero_s, RELABEL, PINGPONG, WG,
+                                                  True)
         last = (n_tiles - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
         acc = acc * gl.convert_layout(factor, o_vec)[:, None]
+        p_op = _p_operand(p, p_layout, RELABEL)
+        _take_turn(turn, WG, n_tiles, PINGPONG)
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
         mbarrier.arrive(v_empty.index(last), count=1)
     # epilogue: O = acc * s_v / l (both in P_SCALE units), LSE = (m + log2(l / 2^8)) ln 2
@@ -178,23 +222,26 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale,
-               RELABEL: gl.constexpr):
+               turn, RELABEL: gl.constexpr, PINGPONG: gl.constexpr):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, RELABEL, 0)
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, turn, RELABEL,
+              PINGPONG, 0)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale,
-               RELABEL: gl.constexpr):
+               turn, RELABEL: gl.constexpr, PINGPONG: gl.constexpr):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, RELABEL, 1)
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, turn, RELABEL,
+              PINGPONG, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
 def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, v_scale, row_lo, row_hi, full_cnt,
                               full_start, part_cnt, part_idx, H, GROUP, N_Q, n_qb, n_kb, qk_scale,
-                              STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr):
+                              STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr,
+                              PINGPONG: gl.constexpr):
     """Grid (B*H*n_qb,), program = bh * n_qb + query block. q_desc: Q8 (B*H*n_qb*128, D) in (64, D)
     blocks; k_desc: K8 (B*H_kv*n_kb*BLOCK_N, D) in (BLOCK_N, D); v_desc: V8^T (B*H_kv*D, n_kb*BLOCK_N)
     in (D, BLOCK_N); O (B*H*N_q, D); LSE (B*H*N_q,); scales per tile; the plan's lists."""
@@ -207,9 +254,13 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    mbarrier.arrive(turn.index(0), count=1)           # group 0 issues first
     consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
                      v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
-                     n_tiles, n_full, first_full, part_list, N_Q, qk_scale, RELABEL)
+                     n_tiles, n_full, first_full, part_list, N_Q, qk_scale, turn, RELABEL, PINGPONG)
     gl.warp_specialize([
         (_consumer0, consumer_args),
         (_consumer1, consumer_args),
@@ -229,14 +280,15 @@ def keys_relabelled(x):
     return dataclasses.replace(x, v=v)
 
 
-def attention_fp8_gluon(x, mask="causal", stages=2, consumer_regs=240, relabel=False):
+def attention_fp8_gluon(x, mask="causal", stages=2, consumer_regs=240, relabel=False, pingpong=False):
     """O and the natural-log LSE of the FP8 attention of quantised inputs by the Gluon probe.
 
     Arguments:
         x: quantize_fp8(q, k, v, block_m=128, block_n=64 or 128, ...)'s Fp8Inputs (padded D 64/128/256).
         mask: as kernels.fp8.attention_fp8's; stages: K/V ring depth; consumer_regs: setmaxnreg;
             relabel: P.V's operand in _relabel_keys' key order; x.v must hold each tile's keys in
-            key_order() (keys_relabelled(x) makes such inputs; a quantise pass could store V^T so).
+            key_order() (keys_relabelled(x) makes such inputs; a quantise pass could store V^T so);
+            pingpong: the two consumer groups issue their products in turn (_take_turn).
     Returns:
         (o (B, H, N_q, D) in x.dtype, lse (B, H, N_q) float32)."""
     from kernels.fp8 import LOG2E
@@ -262,5 +314,6 @@ def attention_fp8_gluon(x, mask="causal", stages=2, consumer_regs=240, relabel=F
     attn_fwd_fp8_gluon_kernel[(b * h * plan.n_qb,)](
         q_desc, k_desc, v_desc, o, lse, x.q_scale, x.k_scale, x.v_scale, plan.row_lo, plan.row_hi, plan.full_cnt,
         plan.full_start, plan.part_cnt, plan.part_idx, h, h // x.h_kv, n_q, plan.n_qb, plan.n_kb,
-        softmax_scale(None, d) * LOG2E, STAGES=stages, CONSUMER_REGS=consumer_regs, RELABEL=relabel, num_warps=4)
+        softmax_scale(None, d) * LOG2E, STAGES=stages, CONSUMER_REGS=consumer_regs, RELABEL=relabel, PINGPONG=pingpong,
+        num_warps=4)
     return o.view(b, h, n_q, hd)[..., :d], lse.view(b, h, n_q)

@@ -30,6 +30,10 @@ def test_gluon_fp8_probe_matches_the_triton_fp8_kernel(mask, h, h_kv, n_q, n_k, 
     # the same products over the same keys in another order: equal up to the fp32 sums' order
     assert ((outs[True][0].float() - outs[False][0].float()).norm() / want.float().norm()).item() < 1e-3
     assert torch.equal(outs[True][1], outs[False][1])       # the softmax statistics see the keys in order
+    # the ping-pong orders the two groups' products, not what each computes: the same bits
+    for stages in (2, 3):           # nor does the ring's depth
+        out, lse = attention_fp8_gluon(keys_relabelled(x), mask, stages=stages, relabel=True, pingpong=True)
+        assert torch.equal(out, outs[True][0]) and torch.equal(lse, outs[True][1]), stages
 
 
 @pytest.mark.parametrize("block_n,head_dim", [(64, 128), (128, 128), (64, 256)])
