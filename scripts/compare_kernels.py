@@ -177,11 +177,14 @@ def kernels_of(pkg, names):
     return found
 ptx = {}
 KS = [("flash_kernel", "attn_fwd_kernel"), ("flash_kernel", "attn_fwd_persistent_kernel"),
+      ("gluon_fwd_kernel", "attn_fwd_gluon_kernel"),   # the forward on Hopper
       ("backward_kernel", "attn_bwd_kernel"), ("backward_kernel", "attn_bwd_preprocess"),
       ("backward_dkdv_kernel", "attn_bwd_dkdv_kernel"), ("backward_dq_kernel", "attn_bwd_dq_kernel"),
       ("decode_kernel", "decode_split_kernel"), ("decode_kernel", "decode_merge_kernel"),
+      ("gluon_bwd_onepass_kernel", "attn_bwd_onepass_gluon_kernel"), ("gluon_bwd_d256_kernel", "attn_bwd_d256_gluon_kernel"),
+      ("gluon_bwd_kernel", "attn_bwd_dkdv_gluon_kernel"), ("gluon_bwd_kernel", "attn_bwd_dq_gluon_kernel"),
       ("fp8_kernel", "attn_fwd_fp8_kernel")]
-groups = {"fwd": ("flash_kernel",), "bwd": ("backward",), "dec": ("decode",), "fp8": ("fp8_kernel",)}
+groups = {"fwd": ("flash_kernel", "gluon_fwd_kernel"), "bwd": ("backward", "gluon_bwd"), "dec": ("decode",), "fp8": ("fp8_kernel",)}
 for part, prefixes in groups.items():
     if part not in parts:
         continue
