@@ -120,14 +120,15 @@ def _variant_call(name: str, q, k, v, mask: str):
     return lambda: flash_attention_fp8(q, k, v, mask=mask, **fp8)
 
 
-def _quantise_call(name: str, q, k, v):
-    """A call running variant `name`'s quantise(-and-rotate) pass alone, or None (bf16 has none)."""
+def _quantise_call(name: str, q, k, v, mask: str):
+    """A call running variant `name`'s quantise(-and-rotate) pass alone, at the tiles (and V^T
+    order) the variant's call on `mask` takes, or None (bf16 has none)."""
     from kernels.fp8_quant import quantize_fp8
 
     fp8 = VARIANTS[name][1]
     if fp8 is None:
         return None
-    return lambda: quantize_fp8(q, k, v, **fp8)
+    return lambda: quantize_fp8(q, k, v, mask=mask, **fp8)
 
 
 def _error_sources(name: str, q, k, v, mask: str, ref) -> dict:
@@ -155,7 +156,7 @@ def _timings(name: str, q, k, v, mask: str, flops: int) -> dict:
     from .recording.timing import time_ms
 
     total = time_ms(_variant_call(name, q, k, v, mask), q.device)
-    quant = _quantise_call(name, q, k, v)
+    quant = _quantise_call(name, q, k, v, mask)
     if quant is None:                         # bf16: one kernel, no quantise pass
         quant_ms, attn = 0.0, total
     else:

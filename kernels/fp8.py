@@ -19,6 +19,7 @@ import torch
 
 from .device_cache import hold_if_capturing
 from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, fp8_head_dim, quantize_fp8
+from .gluon_fp8_launch import GLUON_FP8, GluonFp8Plan, check_gluon_inputs
 from .kernel_args import KernelArgs, TraceFlags
 from .launch import _ensure_allocator as ensure_allocator
 from .launch_config import split_pays, warp_specialize_supported
@@ -107,7 +108,7 @@ def _use_ws(requested, x: Fp8Inputs, plan, traced: bool, spec: MaskSpec) -> tupl
     if requested is False or traced:
         return False, False
     supported = warp_specialize_supported(x.q.device)
-    default = fp8_config(x.shape[3], mask=spec, n_q=x.shape[2], n_k=x.n_k, device=x.q.device)
+    default = fp8_config(x.shape[3], mask=spec, n_q=x.shape[2], n_k=x.n_k, device=x.q.device, gluon=False)
     at_default = (x.block_m, x.block_n) == (default.block_m, default.block_n)
     wanted = bool(requested) or (supported and default.ws and at_default)
     split = wanted and plan.has_partial and (bool(requested) or (default.split and at_default)
@@ -163,12 +164,16 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
 
 def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> dict:
     """What a default call on these sizes runs, for reports (the benchmarks' records): the tiles,
-    the first launch's num_warps and num_stages, and loop: "plain", "warp-specialised", or
+    the first launch's num_warps and num_stages, and loop: "plain", "warp-specialised",
     "split" (the warp-specialised full tiles, then the partial ones in a plain loop with
-    partial_warps and partial_stages). No tensor is quantised or launched."""
+    partial_warps and partial_stages) or "gluon" (kernels.gluon_fp8_kernel, with its K / V ring's
+    depth as num_stages and pingpong). No tensor is quantised or launched."""
     n_k = n_q if n_k is None else n_k
     spec = parse_mask(mask, n_q, n_k)
     cfg = fp8_config(head_dim, mask=spec, n_q=n_q, n_k=n_k, device=device)
+    if cfg.gluon:
+        return dict(block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                    loop="gluon", pingpong=GLUON_FP8[fp8_head_dim(head_dim)][2])
     plan = block_plan(spec, n_q, cfg.block_m, cfg.block_n, device, n_k)
     e = torch.empty(0, device=device)
     x = Fp8Inputs(e, e, e, e, e, e, (1, 1, n_q, head_dim), n_k, 1, cfg.block_m, cfg.block_n, "block", True,
@@ -208,7 +213,8 @@ def _launch(grid, launch: Fp8Launch, args: list) -> None:
 
 def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None,
                   warp_specialize: bool | None = None, *, num_warps: int | None = None, num_stages: int | None = None):
-    """The FP8 attention kernel on pre-quantised inputs (one launch, or two: _use_ws).
+    """The FP8 attention kernel on pre-quantised inputs (one launch, or two: _use_ws; inputs
+    quantised for the Gluon kernel, x.key_order: kernels.gluon_fp8_launch's launch).
 
     Arguments:
         x: kernels.fp8_quant.quantize_fp8's Fp8Inputs.
@@ -227,6 +233,18 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     spec = parse_mask(mask, n_q, x.n_k)
     scale = softmax_scale(sm_scale, d) * LOG2E
     device = x.q.device
+    if x.key_order:             # inputs quantised for the Gluon kernel (fp8_config's choice on Hopper)
+        check_gluon_inputs(x, warp_specialize, num_warps, num_stages)
+        key = ("gluon", x.shape, x.n_k, x.h_kv, x.block_n, x.head_dim_padded, str(device), spec)
+        gp = _PLANS.get(key)
+        if gp is None:
+            gp = _PLANS.put(key, GluonFp8Plan.build(x, spec))
+        hold_if_capturing(gp, device)
+        o = torch.empty(x.shape, dtype=x.dtype, device=device)                 # (B, H, N_q, D)
+        lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device)    # (B, H, N_q)
+        with resource_refusal():
+            gp.run(x, o, lse, scale, trace)
+        return (o, lse) if return_lse else o
     hw_clock = device.type == "cuda"
     flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
     key = (x.shape, x.n_k, x.h_kv, x.block_m, x.block_n, str(device), spec, bool(return_lse), flags, warp_specialize,

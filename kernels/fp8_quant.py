@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from .device_cache import persistent
+from .gluon_fp8_launch import GLUON_FP8, gluon_fp8_tiles
 from .launch_config import warp_specialize_supported
 from .masks import FULL, PARTIAL, parse_mask
 from .runtime import check_interpreter_tiles, interpreting
@@ -66,7 +67,8 @@ class QuantTile(NamedTuple):
     interpreter); UPCAST_DOT: the rotation's products in fp32 (the interpreter's 16-bit dot is broken);
     KRON: rotate by two products with 16 x 16 matrices (fp8_quant_kernel.rotate_kron); CHUNK: rows
     read at a time (BLOCK: the tile at once; fewer: the tile read in chunks, twice where its amax
-    is needed)."""
+    is needed); KEY_ORDER: with TRANSPOSE, each 16 keys' columns in key_column's order (the Gluon
+    FP8 kernel's V^T)."""
 
     head_dim: int
     HEAD_DIM: int
@@ -78,6 +80,7 @@ class QuantTile(NamedTuple):
     UPCAST_DOT: bool
     KRON: bool
     CHUNK: int
+    KEY_ORDER: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Fp8Config:
     num_stages: int
     ws: bool = True
     split: bool = False         # a masked call at the full mask's tiles: the two-launch split (kernels.fp8)
+    gluon: bool = False         # the Gluon kernel on Hopper (kernels.gluon_fp8_launch), V^T in key order
 
 
 # Defaults measured on an H200 (kernel_probe --suite fp8, B4 H16 4k/8k; data/benchmarks/fp8-probe-*):
@@ -119,7 +123,9 @@ class Fp8Inputs:
     q: (B*H, n_qb * block_m, HEAD_DIM) e4m3; k: (B*H_kv, n_kb * block_n, HEAD_DIM) e4m3; v: the
     same transposed, (B*H_kv, HEAD_DIM, n_kb * block_n); padding is zeros. q_scale (B*H*n_qb,),
     k_scale and v_scale (B*H_kv*n_kb,) fp32: a tile's values are its e4m3 values times its scale.
-    shape: q's (B, H, N_q, D); n_k, h_kv: keys and KV heads; dtype: the inputs' (the output's)."""
+    shape: q's (B, H, N_q, D); n_k, h_kv: keys and KV heads; dtype: the inputs' (the output's);
+    key_order: v's columns hold each 16 keys in key_order() (the Gluon FP8
+    kernel's inputs, which no other kernel reads)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -135,6 +141,7 @@ class Fp8Inputs:
     scaling: str
     hadamard: bool
     dtype: torch.dtype
+    key_order: bool = False
 
     @property
     def head_dim_padded(self) -> int:
@@ -164,7 +171,7 @@ def check_fp8_args(q, k, v, scaling, hadamard) -> None:
 
 
 def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None, mask=None,
-               n_q: int | None = None, n_k: int | None = None, device=None) -> Fp8Config:
+               n_q: int | None = None, n_k: int | None = None, device=None, gluon: bool = True) -> Fp8Config:
     """The FP8 kernel's tiles and plain-loop options.
 
     Arguments:
@@ -174,18 +181,24 @@ def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_st
             than "full" whose sizes are not known.
         device: where the call runs: the split's tiles only where the warp-specialised loop runs
             (launch_config.warp_specialize_supported; None: nowhere).
+        gluon: False: the Triton kernel's defaults even where the Gluon kernel would run.
     Returns:
         Fp8Config: default tiles DEFAULT_TILES' by padded D (128 x 128 at D <= 64): the full
         mask's for "full", and for another mask whose query blocks hold FP8_SPLIT_MIN_WORK at
         those tiles (then split: the two-launch run), else the masked tiles; options
         PLAIN_OPTIONS's for the tiles, else 4 warps at D <= 64 and 8 above, 3 stages (2 at D 256).
         ws: the defaults' choice of the warp-specialised loop (explicit tiles: True, it runs
-        where asked or at default tiles)."""
+        where asked or at default tiles). On Hopper a default call the Gluon kernel takes
+        (kernels.gluon_fp8_launch.gluon_fp8_tiles) gets its tiles and gluon=True."""
     for name, val in (("block_m", block_m), ("block_n", block_n)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val not in FP8_BLOCK_SIZES):
             raise ValueError(f"{name}={val!r} is not supported by the FP8 kernel; use one of {FP8_BLOCK_SIZES} "
                              "or leave it out for the default")
     hd = fp8_head_dim(head_dim)
+    defaults = block_m is None and block_n is None and num_warps is None and num_stages is None
+    tiles = gluon_fp8_tiles(hd, mask, n_q, n_k, device) if gluon and defaults and device is not None else None
+    if tiles is not None:       # the Gluon kernel: its one warpgroup's warps a consumer and its ring's depth
+        return Fp8Config(*tiles, 4, GLUON_FP8[hd][1], ws=False, split=False, gluon=True)
     bm, bn, ws, split = _default_tiles(hd, mask, n_q, n_k, device is not None and warp_specialize_supported(device))
     split = split and block_m in (None, bm) and block_n in (None, bn)      # the split is for these tiles
     pick = lambda given, dflt: dflt if given is None else given  # noqa: E731
@@ -252,7 +265,7 @@ def _had_on(n: int, dtype: torch.dtype, device: str, kron: bool = False) -> torc
     return persistent(lambda: host.to(device), device)      # outside any CUDA graph's pool (kernels.device_cache)
 
 
-def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
+def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling, key_order=False):
     """One tensor (B, heads, N, D) -> (e4m3 (B*heads, N_pad, hd) or transposed, scales (B*heads*n_tiles,))."""
     from .fp8_quant_kernel import quantise_kernel
 
@@ -266,7 +279,7 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
     out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(bh * n_tiles, dtype=torch.float32, device=x.device)
     had = _had_on(hd, x.dtype, str(x.device)) if rotate else None
-    tile = _quant_tile(d, hd, block, rotate, "block", transpose, False, block)
+    tile = _quant_tile(d, hd, block, rotate, "block", transpose, False, block, key_order)
     grid = (n_tiles, bh)
     warps = QUANT_WARPS or _quant_warps(block, hd)
     args = (x, out, scale, None, had, tuple(x.stride()[:3]), (out.stride(0), out.stride(1)), n_heads, n_rows, n_tiles)
@@ -282,10 +295,20 @@ def _quantise_one(x, n_heads, n_rows, block, hd, rotate, transpose, scaling):
 
 
 def _quant_tile(d: int, hd: int, block: int, rotate: bool, mode: str, transpose: bool, kron: bool,
-                chunk: int) -> QuantTile:
+                chunk: int, key_order: bool = False) -> QuantTile:
     interp = interpreting()
     chunk = chunk if QUANT_CHUNK is None else QUANT_CHUNK
-    return QuantTile(d, hd, block, rotate, mode, transpose, interp, interp, kron, min(chunk, block))
+    return QuantTile(d, hd, block, rotate, mode, transpose, interp, interp, kron, min(chunk, block), key_order)
+
+
+def key_order(block_n: int) -> torch.Tensor:
+    """The keys a V^T tile of block_n keys holds column by column with key_order (the Gluon FP8
+    kernel's inputs): within each 16, column j = j0 + 2 j1 + 4 j2 + 8 j3 holds key
+    j0 + 2 j2 + 4 j3 + 8 j1, the order in which the wgmma's e4m3 register operand wants P's keys
+    when P is the scores' accumulator renamed (kernels.gluon_fp8_kernel._relabel_keys)."""
+    j = torch.arange(block_n)
+    low = j % 16
+    return j - low + (low & 1) + 2 * ((low >> 2) & 1) + 4 * ((low >> 3) & 1) + 8 * ((low >> 1) & 1)
 
 
 def _chunk_rows(hd: int, block_m: int, block_n: int, hadamard: bool) -> tuple:
@@ -313,7 +336,7 @@ def _fused_warps(hd: int, kron: bool) -> int:
     return 4 if hd <= 128 else 16 if kron else 8
 
 
-def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
+def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order=False):
     """Q, K, V in one launch of quantise_qkv_kernel (per-tensor scaling: two, the first taking
     each tensor's amax by atomic max). Returns ((q8, k8, v8), (q_scale, k_scale, v_scale))."""
     from .fp8_quant_kernel import quantise_qkv_kernel
@@ -336,7 +359,7 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
     q_chunk, k_chunk, v_chunk = _chunk_rows(hd, block_m, block_n, hadamard)
     tiles = (_quant_tile(d, hd, block_m, hadamard, mode, False, kron, q_chunk),
              _quant_tile(d, hd, block_n, hadamard, mode, False, kron, k_chunk),
-             _quant_tile(d, hd, block_n, False, mode, True, False, v_chunk))
+             _quant_tile(d, hd, block_n, False, mode, True, False, v_chunk, key_order))
     q_progs, k_progs = b * h * n_qt, b * h_kv * n_kt
     amax = None if scaling == "block" else torch.zeros(3, dtype=torch.float32, device=dev)
     args = [q, k, v, (q8, k8, v8), scales, amax, had, tuple(q.stride()[:3]), tuple(k.stride()[:3]),
@@ -352,7 +375,7 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling):
 
 
 def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m=None, block_n=None,
-                 mask=None) -> Fp8Inputs:
+                 mask=None, *, key_order: bool | None = None) -> Fp8Inputs:
     """The quantise-and-rotate pass: one launch of kernels.fp8_quant_kernel's quantise_qkv_kernel
     for Q, K and V (per-tensor scaling: two, the first taking each tensor's amax); with
     FUSED_QUANT = False, a launch per tensor (and an amax pass per tensor for per-tensor scaling).
@@ -364,6 +387,8 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
         block_m, block_n: the attention kernel's tiles (the scale tiles); None: fp8_config's.
         mask: the mask (name or MaskSpec) of the attention to run on them, for fp8_config's
             default tiles; None: a mask other than "full".
+        key_order: V^T's keys in key_order() within each 16 (the Gluon FP8 kernel's inputs); None:
+            where fp8_config chose that kernel.
     Returns:
         Fp8Inputs."""
     check_fp8_args(q, k, v, scaling, hadamard)
@@ -372,18 +397,20 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
     spec = None if mask is None else parse_mask(mask, n_q, n_k)
     cfg = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k, device=q.device)
     hd = fp8_head_dim(d)
+    ordered = cfg.gluon if key_order is None else bool(key_order)
     if interpreting():
         check_interpreter_tiles(b * (h * -(-n_q // cfg.block_m) + 2 * h_kv * -(-n_k // cfg.block_n)),
                                 f"FP8 quantise pass B={b}, H={h}, N_q={n_q}, N_k={n_k}")
     with torch.no_grad():
         if FUSED_QUANT:
-            (q8, k8, v8), (qs, ks, vs) = _quantise_fused(q, k, v, cfg.block_m, cfg.block_n, hd, hadamard, scaling)
+            (q8, k8, v8), (qs, ks, vs) = _quantise_fused(q, k, v, cfg.block_m, cfg.block_n, hd, hadamard, scaling,
+                                                         ordered)
         else:
             q8, qs = _quantise_one(q, h, n_q, cfg.block_m, hd, hadamard, False, scaling)
             k8, ks = _quantise_one(k, h_kv, n_k, cfg.block_n, hd, hadamard, False, scaling)
-            v8, vs = _quantise_one(v, h_kv, n_k, cfg.block_n, hd, False, True, scaling)
+            v8, vs = _quantise_one(v, h_kv, n_k, cfg.block_n, hd, False, True, scaling, ordered)
     return Fp8Inputs(q8, k8, v8, qs, ks, vs, (b, h, n_q, d), n_k, h_kv, cfg.block_m, cfg.block_n, scaling,
-                     hadamard, q.dtype)
+                     hadamard, q.dtype, ordered)
 
 
 def dequantize_fp8(x: Fp8Inputs) -> tuple:
@@ -396,6 +423,9 @@ def dequantize_fp8(x: Fp8Inputs) -> tuple:
         t = t8.to(torch.float64)
         if transpose:
             t = t.transpose(1, 2)
+            if x.key_order:         # row j of a tile holds key key_order()[j]: put each key back in place
+                at = key_order(block).repeat(t.shape[1] // block) + torch.arange(t.shape[1]) // block * block
+                t = torch.empty_like(t).index_copy_(1, at.to(t.device), t)
         t = t * scale.to(torch.float64).repeat_interleave(block)[: t.shape[0] * t.shape[1]].view(t.shape[0], -1, 1)
         return t[:, :n].reshape(b, heads, n, t.shape[-1])
 

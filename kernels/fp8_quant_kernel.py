@@ -69,10 +69,14 @@ def rotate_kron(x, HAD, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST_DOT:
 @triton.jit
 def rotated_rows(X_HEAD, HAD, stride_xn, row0, N, QUANT: tl.constexpr, ROWS: tl.constexpr):
     """Rows row0 .. row0 + ROWS of one head (X_HEAD its first element, rows stride_xn apart, D
-    contiguous), zero past N and past D, rotated along D when QUANT.ROTATE: fp32 (ROWS, HEAD_DIM)."""
+    contiguous), zero past N and past D, rotated along D when QUANT.ROTATE: fp32 (ROWS, HEAD_DIM).
+    QUANT.KEY_ORDER: row j holds row kernels.fp8_quant.key_order's j of its 16 (whole rows gathered,
+    so the loads and the transposed store stay contiguous)."""
     HEAD_DIM: tl.constexpr = QUANT.HEAD_DIM
     UPCAST_DOT: tl.constexpr = QUANT.UPCAST_DOT
     offs_r = row0 + tl.arange(0, ROWS)
+    if QUANT.KEY_ORDER:     # j = j0 + 2 j1 + 4 j2 + 8 j3 (within 16) reads j0 + 2 j2 + 4 j3 + 8 j1
+        offs_r = (offs_r & -16) | (offs_r & 1) | ((offs_r >> 1) & 6) | ((offs_r << 2) & 8)
     offs_d = tl.arange(0, HEAD_DIM)
     x = tl.load(X_HEAD + offs_r[:, None] * stride_xn + offs_d[None, :],
                 mask=(offs_r[:, None] < N) & (offs_d[None, :] < QUANT.head_dim), other=0.0)   # (ROWS, HEAD_DIM)

@@ -138,6 +138,18 @@ def _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh, q_block, n_qb, n_kb):
+    """A work item's place in instrumentation.record's buffers (kernels.trace_buffers, as the
+    Triton kernels lay them out): (its tiles, its rows, n_kb, whether its head's tiles are traced,
+    whether its rows are), what the traced consumers take after their other arguments."""
+    hslot = gl.load(head_slot + bh).to(gl.int64)
+    slot = gl.load(row_slot + q_block)
+    tiles_ptr = tr_tiles + (hslot * n_qb + q_block) * n_kb * 3
+    rows_ptr = tr_rows + (hslot * trace_slots + slot) * (2 * ROWS) * n_kb * 4
+    return tiles_ptr, rows_ptr, n_kb, (hslot >= 0).to(gl.int32), ((hslot >= 0) & (slot >= 0)).to(gl.int32)
+
+
+@gluon.jit
 def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start, m_i, l_i, alpha,
                  WG: gl.constexpr):
     """One tile into the trace, as kernels.tile_ops.record_tile lays it out: warpgroup 0 writes the
@@ -319,13 +331,8 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                      q_tma_row, q_col, kv_tma_row, kv_col, n_tiles, n_full, first_full, part_list)
     if TRACE_TILES:
-        hslot = gl.load(head_slot + bh).to(gl.int64)
-        slot = gl.load(row_slot + q_block)
-        tiles_ptr = tr_tiles + (hslot * n_qb + q_block) * n_kb * 3
-        rows_ptr = tr_rows + (hslot * trace_slots + slot) * (2 * ROWS) * n_kb * 4
-        tiles_on = (hslot >= 0).to(gl.int32)
-        rows_on = ((hslot >= 0) & (slot >= 0)).to(gl.int32)
-        traced_args = consumer_args + (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on)
+        traced_args = consumer_args + trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh,
+                                                     q_block, n_qb, n_kb)
         gl.warp_specialize([(_consumer0_traced, traced_args), (_consumer1_traced, traced_args),
                             (_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
     else:

@@ -29,22 +29,27 @@ CASES = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16,
 
 
 def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
-    """The FP8 rows of a case: each kernel on inputs quantised at its tiles (quantise pass not
-    timed), its output's error against cuDNN's bf16 one recorded first (timed only under 0.1)."""
-    from benchmarks.gluon_fp8 import attention_fp8_gluon, keys_relabelled
+    """The FP8 rows of a case: the Triton FP8 kernel at its own defaults, and the Gluon FP8 kernel
+    (kernels.gluon_fp8_launch) at its tiles with and without its options, each on inputs quantised
+    for it (quantise pass not timed), its output's error against cuDNN's bf16 one recorded first
+    (timed only under 0.1)."""
     from kernels.fp8 import attention_fp8
-    from kernels.fp8_quant import quantize_fp8
+    from kernels.fp8_quant import fp8_config, quantize_fp8
+    from kernels.gluon_fp8_launch import GLUON_FP8, attention_fp8_gluon
+    from kernels.masks import parse_mask
 
-    x_default = quantize_fp8(q, k, v, mask=mask)
-    calls = {"triton fp8": lambda: attention_fp8(x_default, mask)}
-    for block_n in (128,) if q.shape[-1] == 128 else (64,):      # (128 x 64 at D 128: slower in every run)
-        x = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask)
-        calls[f"gluon fp8 128x{block_n}"] = lambda x=x: attention_fp8_gluon(x, mask)[0]
-        relabelled = keys_relabelled(x)         # P.V's operand without exchanges between threads
-        for stages in (2, 3):
-            calls[f"gluon fp8 128x{block_n}, P relabelled, ping-pong, {stages} stages"] = \
-                lambda x=relabelled, stages=stages: attention_fp8_gluon(x, mask, stages=stages, relabel=True,
-                                                                        pingpong=True)[0]
+    d, n_q, n_k = q.shape[-1], q.shape[2], k.shape[2]
+    tri = fp8_config(d, mask=parse_mask(mask, n_q, n_k), n_q=n_q, n_k=n_k, device=q.device, gluon=False)
+    x_triton = quantize_fp8(q, k, v, block_m=tri.block_m, block_n=tri.block_n, mask=mask)
+    calls = {"triton fp8": lambda: attention_fp8(x_triton, mask)}
+    block_n, _, pingpong = GLUON_FP8[d]
+    plain = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, key_order=False)
+    ordered = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, key_order=True)
+    calls[f"gluon fp8 128x{block_n}, keys in order, no ping-pong"] = lambda: attention_fp8_gluon(
+        plain, mask, pingpong=False)
+    for pp in (False, True):
+        calls[f"gluon fp8 128x{block_n}, P relabelled{', ping-pong' if pp else ''}"
+              f"{' (default)' if pp == pingpong else ''}"] = lambda pp=pp: attention_fp8_gluon(ordered, mask, pingpong=pp)
     for label, call in calls.items():
         try:
             err = ((call().float() - ref.float()).norm() / ref.float().norm()).item()
@@ -87,8 +92,8 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="the first case of each head dim only")
-    p.add_argument("--fp8", action="store_true", help="also the FP8 kernels (MHA full / causal at D 128, 256): the "
-                   "Triton FP8 kernel at its default tiles and the Gluon FP8 probe (benchmarks/gluon_fp8.py)")
+    p.add_argument("--fp8", action="store_true", help="also the FP8 kernels (full / causal at D 128, 256): the "
+                   "Triton FP8 kernel at its default tiles and the Gluon FP8 kernel (kernels.gluon_fp8_launch)")
     p.add_argument("--fp8-only", action="store_true", help="with --fp8: only the cases that have FP8 rows")
     p.add_argument("--tokens", action="store_true", help="q, k, v in transformers' (B, N, H, D) memory")
     p.add_argument("--persistent", action="store_true", help="also the persistent Gluon probe at D 64 and 128")
@@ -119,7 +124,7 @@ def main(argv=None) -> int:
     for b, h, h_kv, n, d, mask in CASES:
         if args.quick and d in seen:
             continue
-        if args.fp8 and args.fp8_only and not (d in (128, 256) and mask in ("full", "causal") and h == h_kv):
+        if args.fp8 and args.fp8_only and not (d in (128, 256) and mask in ("full", "causal")):
             continue
         seen.add(d)
         g = torch.Generator(device="cuda").manual_seed(n + d)
@@ -147,7 +152,7 @@ def main(argv=None) -> int:
             err = ((fns[name]().float() - ref.float()).norm() / ref.float().norm()).item()
             checks[name] = dict(rel_err_vs_cudnn=err)
             assert err < 2e-2, (name, err)
-        if args.fp8 and d in (128, 256) and mask in ("full", "causal") and h == h_kv:
+        if args.fp8 and d in (128, 256) and mask in ("full", "causal"):
             fp8_variants(fns, checks, q, k, v, mask, ref)
         if args.persistent and d in (64, 128) and not args.tokens:
             persistent_variants(fns, checks, q, k, v, mask, ref)

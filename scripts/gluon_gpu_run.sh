@@ -23,9 +23,10 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
   if [[ " $STEPS " == *" 1 "* ]]; then
     echo "== 1. GPU tests of the Gluon kernels ($(date -u +%T))"
     timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/kernels/test_gluon_backward.py \
-      tests/kernels/test_backward_finite_rows.py tests/kernels/test_direct_launch.py -q -n 8 -p no:cacheprovider \
+      tests/kernels/test_gluon_fp8.py tests/kernels/test_backward_finite_rows.py tests/kernels/test_direct_launch.py \
+      -q -n 8 -p no:cacheprovider \
       --tb=short -rf 2>&1 | tail -15
-    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/benchmarks/test_gluon_fp8.py tests/benchmarks/test_gluon_fwd_persistent.py \
+    timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/benchmarks/test_gluon_fwd_persistent.py \
       tests/benchmarks/test_backward_bench.py -k "gluon" -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
   fi
   if [[ " $STEPS " == *" 2 "* ]]; then

@@ -221,9 +221,9 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.backward_atomic as backward_atomic
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_fused as gluon_fused
-    import kernels.gluon_bwd_onepass_kernel as gluon_onepass
-    import kernels.gluon_bwd_d256_kernel as gluon_d256
+    from kernels import gluon_bwd_d256_kernel as gluon_d256, gluon_bwd_onepass_kernel as gluon_onepass
     import benchmarks.gluon_fwd_persistent as gluon_persistent
+    import kernels.gluon_fp8_kernel as gluon_fp8
 
     class Built:                # the Gluon backward kernels' launches, compiled
         def __init__(self, jit):
@@ -235,7 +235,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
                       (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_fused, "attn_bwd_fused_gluon_kernel"),
                       (gluon_onepass, "attn_bwd_onepass_gluon_kernel"), (gluon_d256, "attn_bwd_d256_gluon_kernel"),
-                      (gluon_persistent, "attn_fwd_gluon_persistent_kernel")):
+                      (gluon_persistent, "attn_fwd_gluon_persistent_kernel"), (gluon_fp8, "attn_fwd_fp8_gluon_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
     backward_atomic._stats_kernel = collections.defaultdict(lambda: lambda *args, **options: None)  # not surveyed
 
@@ -316,7 +316,7 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
         ones = lambda blocks: torch.ones(2 * -(-n // blocks))  # noqa: E731
         x = Fp8Inputs(torch.zeros(2, n, hd, dtype=e4m3), torch.zeros(2, n, hd, dtype=e4m3),
                       torch.zeros(2, hd, n, dtype=e4m3), ones(cfg.block_m), ones(cfg.block_n), ones(cfg.block_n),
-                      (1, 2, n, d), n, 2, cfg.block_m, cfg.block_n, "block", True, bf16)
+                      (1, 2, n, d), n, 2, cfg.block_m, cfg.block_n, "block", True, bf16, cfg.gluon)
         attention_fp8(x, mask, num_warps=given.get("num_warps"), num_stages=given.get("num_stages"))
 
 

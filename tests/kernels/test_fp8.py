@@ -387,19 +387,21 @@ def test_gpu_warp_specialized_loop_matches_plain(d, mask):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,n,h,h_kv", [(128, 8192, 4, 2), (256, 4096, 2, 2)], ids=["d128-8k-gqa", "d256-4k"])
 def test_gpu_split_default_against_float64(d, n, h, h_kv):
-    """Where fp8_config takes the full mask's tiles for causal (its split: the warp-specialised
-    full tiles, then the diagonal resumed), the default call runs that split and stays as
-    accurate as the plain loop at the same tiles; N_q != N_k too (a suffix of the queries)."""
+    """Where fp8_config takes the full mask's tiles for causal in the Triton kernel (its split: the
+    warp-specialised full tiles, then the diagonal resumed; on Hopper a default causal call runs
+    the Gluon kernel instead, tests/kernels/test_gluon_fp8.py), a call at those tiles runs that
+    split and stays as accurate as the plain loop at the same tiles; N_q != N_k too (a suffix of
+    the queries)."""
     from instrumentation.precision_study import reference_fp64
     from kernels.fp8 import _use_ws, attention_fp8
     from kernels.fp8_quant import fp8_config
 
     causal = parse_mask("causal")
-    cfg = fp8_config(d, mask=causal, n_q=n, n_k=n, device="cuda")
+    cfg = fp8_config(d, mask=causal, n_q=n, n_k=n, device="cuda", gluon=False)
     assert cfg.split
     for n_q in (n, n - 1000):
         q, k, v = inputs(h, h_kv, n_q, n, d, seed=9, device="cuda")
-        x = quantize_fp8(q, k, v, mask="causal")
+        x = quantize_fp8(q, k, v, block_m=cfg.block_m, block_n=cfg.block_n, mask="causal")
         split = _use_ws(None, x, block_plan(parse_mask("causal", n_q, n), n_q, x.block_m, x.block_n, "cuda", n),
                         False, parse_mask("causal", n_q, n))
         if n_q == n:
@@ -414,9 +416,10 @@ def test_gpu_split_default_against_float64(d, n, h, h_kv):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", ["full", "causal"])
 def test_gpu_cuda_graph_capture_replays_the_default_launches(mask):
-    """The default call (causal D128 8k: the quantise pass, then the split's two launches) captured in
-    a CUDA graph: replayed on new inputs copied into the captured ones it equals the eager call bit
-    for bit (no host read of a device tensor, no launch left out of the graph)."""
+    """The default call (causal D128 8k: the quantise pass, then the Gluon kernel on Hopper, else the
+    split's two launches) captured in a CUDA graph: replayed on new inputs copied into the captured
+    ones it equals the eager call bit for bit (no host read of a device tensor, no launch left out
+    of the graph)."""
     q, k, v = inputs(4, 2, 8192, 8192, 128, seed=10, device="cuda")
     f = lambda q, k, v: flash_attention_fp8(q, k, v, mask, return_lse=True)  # noqa: E731
     f(q, k, v)                                  # plans and compiled kernels resolved before capture

@@ -1,0 +1,316 @@
+"""The FP8 forward on Hopper in Gluon: kernels.fp8_kernel's numerics (FlashAttention-3's FP8
+recipe) in the bf16 Gluon kernel's schedule (kernels.gluon_fwd_kernel), launched by
+kernels.gluon_fp8_launch.
+
+A producer warp streams e4m3 K and V^T tiles by TMA into a ring; two consumer warpgroups of 64
+query rows each issue tile t's scores S_t before tile t-1's P V, so that the softmax of S_t runs
+while P V does. Per tile as kernels.fp8_kernel: the scores times (softmax scale * log2(e) * Q's
+and K's tile scales), P = 2^8 exp2(S - m) (the row max shifted by 8) cast to e4m3, V's tile scale
+folded into the running rescale, one division in the epilogue.
+
+Three things make the e4m3 P V cheap on the consumers, whose instructions per tile bound the loop
+(FP8 halves the tensor work of a tile, not its softmax):
+- RELABEL: P's keys are relabelled within each 16 so that the e4m3 register operand is the scores'
+  accumulator renamed (no exchange between threads), on V^T tiles whose columns hold the keys in
+  that order (kernels.fp8_quant.key_order; FlashAttention-3's V permutation);
+- P stays fp32 until the iteration that issues its P V casts it: a loop-carried e4m3 tensor is
+  carried a byte a register and packed again for the wgmma;
+- PINGPONG: the two groups take turns to issue their products (FlashAttention-3's inter-warpgroup
+  schedule), one group's softmax under the other's products.
+Full and partial tiles run in two loops, so the full tiles' loop carries no mask code.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+from .gluon_fwd_kernel import (_clock64, _globaltimer, _record_tile, _smid, block_lists, kv_ring_barriers, list_block,
+                               tma_load, trace_pointers, wgmma_layout, work_item)
+
+ROWS = gl.constexpr(64)                 # query rows per consumer warpgroup
+LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
+P_SCALE = gl.constexpr(256.0)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              q_row, k_row, v_row, n_tiles, n_full, full_start, part_list):
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    for t in range(n_tiles):
+        s = t % STAGES
+        free = ((t // STAGES) & 1) ^ 1
+        kb = list_block(t, n_full, full_start, part_list)
+        mbarrier.wait(k_empty.index(s), free)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma_load(k_desc, [k_row + kb * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), free)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [v_row, kb * BLOCK_N], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, cols, lo, hi, scale, MASKED: gl.constexpr):
+    """kernels.tile_ops.softmax_update's FP8 step on raw e4m3 scores: (P = 2^8 exp2(S scale - m),
+    the running output's rescale factor, the new running sum in 2^-8 units, the new max)."""
+    if MASKED:
+        s = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), s * scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - (m_ref - LOG2_P_SCALE)[:, None])
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
+        m_ref = m_new
+        p = gl.exp2(s * scale - (m_ref - LOG2_P_SCALE)[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
+
+
+@gluon.jit
+def _relabel_keys(p):
+    """P (ROWS, BLOCK_N) in the scores' accumulator layout, its keys relabelled within each 16 so
+    that P V's register operand needs no exchange between threads. Within 16 keys, a thread of the
+    accumulator holds key bits 1 and 2 by lane and bit 3 by register; one of the e4m3 A operand
+    holds bits 2 and 3 by lane and bit 1 by register. Column j = j0 + 2 j1 + 4 j2 + 8 j3 of the
+    result is key j0 + 2 j2 + 4 j3 + 8 j1 of the input (kernels.fp8_quant.key_order)."""
+    R: gl.constexpr = p.shape[0]
+    G: gl.constexpr = p.shape[1] // 16
+    p = gl.reshape(p, [R, G, 2, 2, 2, 2])               # (row, group, c3, c2, c1, c0): key bits
+    p = gl.permute(p, (0, 1, 3, 4, 2, 5))              # (row, group, c2, c1, c3, c0) = (j3, j2, j1, j0)
+    return gl.reshape(p, [R, G * 16])
+
+
+@gluon.jit
+def _p_operand(p, p_layout: gl.constexpr, RELABEL: gl.constexpr):
+    """P (fp32) as P V's e4m3 register operand (RELABEL: its keys in key_order, V^T stored so)."""
+    if RELABEL:         # renamed while fp32, then cast where the operand's registers are
+        op = gl.convert_layout(_relabel_keys(p), p_layout).to(gl.float8e4nv)
+    else:
+        op = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+    return op
+
+
+@gluon.jit
+def _take_turn(turn, WG: gl.constexpr, k, PINGPONG):
+    """The ping-pong: a group issues its k-th batch of products only after the other group issued
+    its own. turn[WG] completes a phase each time the other group hands over (group 0 starts: the
+    kernel arrives on turn[0] once)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), k & 1)
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+
+
+@gluon.jit
+def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, lists,
+          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG, WG: gl.constexpr,
+          MASKED: gl.constexpr, TRACED: gl.constexpr):
+    """Tile t: issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
+    of S_t while P V runs. lists: (n_full, full_start, part_list); trace: (tiles_ptr, rows_ptr,
+    n_kb, tiles_on, rows_on). Returns the carried state (acc, p, factor, s_v, l_i, m_i)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    o_layout: gl.constexpr = acc.type.layout
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    cur = t % STAGES
+    prev = (t - 1) % STAGES
+    acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = _p_operand(p, p_layout, RELABEL)
+    _take_turn(turn, WG, t, PINGPONG)
+    mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+    if TRACED:
+        c_start = _clock64()
+    s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+    o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+    _pass_turn(turn, WG, PINGPONG)
+    s = warpgroup_mma_wait(1, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(cur), count=1)
+    kb = list_block(t, lists[0], lists[1], lists[2])
+    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, tile_scale * gl.load(k_scale + kb),
+                                       MASKED)
+    if TRACED:
+        _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, t, c_start, m_i, l_i / P_SCALE, alpha, WG)
+    s_new = gl.load(v_scale + kb)
+    factor = alpha * (s_v / s_new)                  # acc in units of the newest V tile's scale
+    acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
+    mbarrier.arrive(v_empty.index(prev), count=1)
+    return acc, p, factor, s_new, l_i, m_i
+
+
+@gluon.jit
+def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn,
+              RELABEL, PINGPONG, trace, WG: gl.constexpr, TRACED: gl.constexpr):
+    """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE."""
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N, 32)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_DIM, 32)
+    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_vec: gl.constexpr = gl.SliceLayout(1, o_layout)
+    rows = row0 + WG * ROWS + gl.arange(0, ROWS, row_vec)                # (ROWS,) query rows in the head
+    lo = gl.load(row_lo + rows, mask=rows < N_Q, other=0)
+    hi = gl.load(row_hi + rows, mask=rows < N_Q, other=-1)               # padded rows see nothing
+    col0 = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_vec)
+    l_i = gl.zeros([ROWS], gl.float32, row_vec)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    tile_scale = qk_scale * q_scale                     # softmax scale * log2(e) * Q's tile scale
+    s_v = 1.0
+    lists = (n_full, full_start, part_list)
+    q = q_smem.index(WG)
+    mbarrier.wait(q_bar, 0)
+    if n_tiles > 0:
+        # tile 0: its scores and softmax alone
+        _take_turn(turn, WG, 0, PINGPONG)
+        mbarrier.wait(k_ready.index(0), 0)
+        if TRACED:
+            c_start = _clock64()
+        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        kb = list_block(0, n_full, full_start, part_list)
+        scale = tile_scale * gl.load(k_scale + kb)
+        if n_full > 0:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, False)
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, True)
+        if TRACED:
+            _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, 0, c_start, m_i, l_i / P_SCALE, alpha,
+                         WG)
+        s_v = gl.load(v_scale + kb)
+        factor = alpha
+        # tiles 1 ..: the full ones, then the partial ones (two loops: neither carries the other's code)
+        for t in range(1, n_full):
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+                                                  p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
+                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, WG, False, TRACED)
+        for t in range(gl.maximum(n_full, 1), n_tiles):
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+                                                  p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
+                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, WG, True, TRACED)
+        # the last tile's P V
+        STAGES: gl.constexpr = k_smem.shape[0]
+        last = (n_tiles - 1) % STAGES
+        acc = acc * gl.convert_layout(factor, o_vec)[:, None]
+        p_op = _p_operand(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4), RELABEL)
+        _take_turn(turn, WG, n_tiles, PINGPONG)
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(last), count=1)
+    # epilogue: O = acc * s_v / l (both in 2^-8 units), LSE = (m + log2(l / 2^8)) ln 2; rows with
+    # l = 0 (no key seen) store 0 and -inf; the padded columns of D are not stored
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    out = acc * gl.convert_layout(s_v / l_safe, o_vec)[:, None]
+    o_rows = row0 + WG * ROWS + gl.arange(0, ROWS, o_vec)
+    o_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    gl.store(O + (o_row - row0 + o_rows).to(gl.int64)[:, None] * D + o_cols[None, :], out.to(O.dtype.element_ty),
+             mask=(o_rows < N_Q)[:, None] & (o_cols < D)[None, :])
+    lse = gl.where(seen, (m_i + gl.log2(l_safe) - LOG2_P_SCALE) * LN2, float("-inf"))
+    gl.store(LSE + (o_row - row0) + rows, lse, mask=rows < N_Q)
+
+
+# the four consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
+@gluon.jit
+def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+               PINGPONG):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              PINGPONG, (0, 0, 0, 0, 0), 0, False)
+
+
+@gluon.jit
+def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+               PINGPONG):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              PINGPONG, (0, 0, 0, 0, 0), 1, False)
+
+
+@gluon.jit
+def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                      v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
+                      turn, RELABEL, PINGPONG, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              PINGPONG, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
+
+
+@gluon.jit
+def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                      v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
+                      turn, RELABEL, PINGPONG, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              PINGPONG, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
+def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, v_scale, row_lo, row_hi, full_cnt,
+                              full_start, part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, head_slot,
+                              trace_slots, H, GROUP, N_Q, n_qb, n_kb, qk_scale, D: gl.constexpr, STAGES: gl.constexpr,
+                              CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr, PINGPONG: gl.constexpr,
+                              TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
+    """Grid (B*H*n_qb,): program bh * n_qb + query block (128 rows, natural order).
+
+    q_desc: Q8 (B*H*n_qb*128, HEAD_DIM) in (64, HEAD_DIM) blocks; k_desc: K8 (B*H_kv*n_kb*BLOCK_N,
+    HEAD_DIM) in (BLOCK_N, HEAD_DIM); v_desc: V8^T (B*H_kv*HEAD_DIM, n_kb*BLOCK_N) in (HEAD_DIM,
+    BLOCK_N), with RELABEL each 16 keys in key_order; O (B*H*N_q, D) in the inputs' dtype; LSE
+    (B*H*N_q,) fp32; D: O's head dim (the tiles' HEAD_DIM padded, constexpr so that O's rows are
+    stored whole where D == HEAD_DIM); q/k/v_scale: one fp32 per tile; row_lo ... part_idx: kernels.plan.BlockPlan's
+    lists at 128 x BLOCK_N tiles. tr_work ... trace_slots: instrumentation.record's buffers
+    (kernels.trace_buffers, laid out as the Triton kernels write them; None untraced): TRACE_WORK
+    the item's SM and globaltimer span, TRACE_TILES each traced head's tiles and its traced query
+    blocks' rows."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
+    if TRACE_WORK:
+        t_start = _globaltimer()
+    work = gl.program_id(0)
+    bh, q_block, kv_bh, row0 = work_item(work, H, GROUP, n_qb)
+    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
+    q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    mbarrier.arrive(turn.index(0), count=1)            # group 0 issues first
+    consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
+                     v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
+                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, turn, RELABEL, PINGPONG)
+    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM, n_tiles, n_full, first_full,
+                     part_list)
+    if TRACE_TILES:
+        traced_args = consumer_args + trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh,
+                                                     q_block, n_qb, n_kb)
+        gl.warp_specialize([(_consumer0_traced, traced_args), (_consumer1_traced, traced_args),
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
+                           [4, 1], [CONSUMER_REGS, 24])
+    if TRACE_WORK:      # program and order: the host's (program = work item, natural order)
+        rec = tr_work + work.to(gl.int64) * 5
+        gl.store(rec + 2, _smid().to(gl.int64))
+        gl.store(rec + 3, t_start)
+        gl.store(rec + 4, _globaltimer())
