@@ -6,6 +6,8 @@ D when hadamard) and V as float8 e4m3 (torch.float8_e4m3fn) with fp32 scales ama
 tile of Q (block_m rows), K and V (block_n rows) of each (batch, head) with scaling="block", one
 per tensor with "tensor" (stored once per tile all the same, so the kernel reads one layout).
 The attention kernel runs on these alone, so a benchmark can time it apart from this pass.
+With key_order (where fp8_config chose the Gluon FP8 kernel), V^T holds each 16 keys in
+key_order(): the pass reads V's rows in that order and stores the tile as usual.
 """
 
 from __future__ import annotations

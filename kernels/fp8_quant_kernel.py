@@ -17,7 +17,8 @@ it (stored at every tile's scale slot). quantise_kernel's per-tensor modes: "ama
 tile's amax (the host reduces them), "apply" writes the tile with the scale already in SCALE.
 Outputs are padded: rows to a multiple of the tile, D to HEAD_DIM, with zeros, so the attention
 kernel loads whole tiles without masks. TRANSPOSE (V): the tile is stored as (HEAD_DIM, rows),
-the layout Hopper's FP8 tensor-core product takes for its second operand (reduction dim contiguous).
+the layout Hopper's FP8 tensor-core product takes for its second operand (reduction dim contiguous);
+with KEY_ORDER each 16 rows are read in kernels.fp8_quant.key_order (the Gluon FP8 kernel's V^T).
 """
 
 from .runtime import choose_backend
