@@ -189,3 +189,16 @@ def test_gpu_record_traces_the_gluon_fp8_kernel_it_times(gluon_gpu):
     got = last.m + last.l.apply(lambda x: float(torch.log(torch.tensor(x, dtype=torch.float64))))
     assert len(last) == 2 * 1024
     assert max(abs(g - want[bh, r]) for g, bh, r in zip(got, last.bh, last.q_row)) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_the_custom_op_takes_the_gluon_path_under_torch_compile(gluon_gpu):
+    """At the Gluon kernel's sizes the custom op passes opcheck, and a compiled causal call is one
+    op (fullgraph) with the eager result."""
+    from kernels.fp8 import flash_attention_fp8_op
+
+    q, k, v = inputs(2, 2, 1024, 1024, 128, seed=14, device="cuda")
+    torch.library.opcheck(flash_attention_fp8_op, (q, k, v, "causal", None, "block", True, None, None, True),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    f = torch.compile(lambda q, k, v: flash_attention_fp8(q, k, v, "causal") * 2, fullgraph=True)
+    assert torch.equal(f(q, k, v), flash_attention_fp8(q, k, v, "causal") * 2)
