@@ -43,10 +43,10 @@ def check_gluon_inputs(x, warp_specialize, num_warps, num_stages) -> None:
     if not gluon_available(device):
         raise ValueError("these inputs were quantised for the Gluon FP8 kernel (key_order=True), which runs on a "
                          "Hopper GPU only: quantise them with key_order=False")
-    if x.block_m != BLOCK_M or x.block_n not in (64, 128) or x.head_dim_padded not in (64, 128, 256):
-        raise ValueError(f"the Gluon FP8 kernel takes {BLOCK_M} x 64 or {BLOCK_M} x 128 tiles at a padded D of 64, "
-                         f"128 or 256, not {x.block_m} x {x.block_n} at {x.head_dim_padded}: quantise with "
-                         "key_order=False for other tiles")
+    if x.block_m != BLOCK_M or x.block_n not in (64, 128) or x.head_dim_padded not in GLUON_FP8:
+        raise ValueError(f"the Gluon FP8 kernel takes {BLOCK_M} x 64 or {BLOCK_M} x 128 tiles at a padded D of "
+                         f"{' or '.join(map(str, GLUON_FP8))} (what its GPU tests cover), not {x.block_m} x {x.block_n} "
+                         f"at {x.head_dim_padded}: quantise with key_order=False for other tiles")
     if warp_specialize is not None or num_warps is not None or num_stages is not None:
         raise ValueError("the Gluon FP8 kernel (inputs quantised with key_order=True) takes no warp_specialize, "
                          "num_warps or num_stages: leave them out, or quantise with key_order=False")
@@ -113,8 +113,8 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
     runs it with the defaults on inputs quantised for it; probes and tests call this).
 
     Arguments:
-        x: kernels.fp8_quant.quantize_fp8's Fp8Inputs at 128 x 64 or 128 x 128 tiles (padded D 64,
-            128 or 256): with key_order, P's keys are relabelled to match (RELABEL); without, the
+        x: kernels.fp8_quant.quantize_fp8's Fp8Inputs at 128 x 64 or 128 x 128 tiles (padded D 128
+            or 256): with key_order, P's keys are relabelled to match (RELABEL); without, the
             operand is exchanged between threads.
         mask, sm_scale, return_lse, trace: as kernels.fp8.attention_fp8's.
         stages: the K / V ring's depth; pingpong: the consumer groups issue in turn; None: GLUON_FP8's.

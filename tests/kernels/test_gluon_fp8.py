@@ -105,14 +105,18 @@ def test_key_order_relabels_the_scores_onto_the_e4m3_operand():
 
 
 def test_inputs_in_key_order_are_refused_where_the_gluon_kernel_cannot_run(device):
-    q, k, v = inputs(2, 2, 130, 130, 64, device=device)
+    q, k, v = inputs(2, 2, 130, 130, 128, device=device)
     x = quantize_fp8(q, k, v, block_m=128, block_n=64, key_order=True)
     if not gluon_available(x.q.device):
-        with pytest.raises(ValueError, match="Hopper GPU only"):
+        with pytest.raises(ValueError, match="Hopper GPU only") as info:
             attention_fp8(x, "causal")
     else:
-        with pytest.raises(ValueError, match="takes no warp_specialize"):
+        with pytest.raises(ValueError, match="takes no warp_specialize") as info:
             attention_fp8(x, "causal", warp_specialize=False)
+        small = quantize_fp8(q[..., :64], k[..., :64], v[..., :64], block_m=128, block_n=64, key_order=True)
+        with pytest.raises(ValueError, match="padded D of 128 or 256"):
+            attention_fp8(small, "causal")
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.gpu
