@@ -235,7 +235,7 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     device = x.q.device
     if x.key_order:             # inputs quantised for the Gluon kernel (fp8_config's choice on Hopper)
         check_gluon_inputs(x, warp_specialize, num_warps, num_stages)
-        key = ("gluon", x.shape, x.n_k, x.h_kv, x.block_n, x.head_dim_padded, str(device), spec)
+        key = ("gluon", x.shape, x.n_k, x.h_kv, x.block_n, str(device), spec)
         gp = _PLANS.get(key)
         if gp is None:
             gp = _PLANS.put(key, GluonFp8Plan.build(x, spec))

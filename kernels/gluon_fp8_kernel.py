@@ -26,13 +26,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_fwd_kernel import (_clock64, _globaltimer, _record_tile, _smid, block_lists, kv_ring_barriers, list_block,
-                               tma_load, trace_pointers, wgmma_layout, work_item)
+from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, _smid, block_lists, consumer_rows,
+                               kv_ring_barriers, list_block, tma_load, trace_pointers, wgmma_layout, work_item)
 
-ROWS = gl.constexpr(64)                 # query rows per consumer warpgroup
 LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
 P_SCALE = gl.constexpr(256.0)
-LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
@@ -157,16 +155,8 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N, 32)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM, 32)
-    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_vec: gl.constexpr = gl.SliceLayout(1, o_layout)
-    rows = row0 + WG * ROWS + gl.arange(0, ROWS, row_vec)                # (ROWS,) query rows in the head
-    lo = gl.load(row_lo + rows, mask=rows < N_Q, other=0)
-    hi = gl.load(row_hi + rows, mask=rows < N_Q, other=-1)               # padded rows see nothing
-    col0 = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_vec)
-    l_i = gl.zeros([ROWS], gl.float32, row_vec)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    rows, lo, hi, col0, m_i, l_i, acc, zero_s = consumer_rows(row_lo, row_hi, row0, N_Q, s_layout, o_layout, WG)
     tile_scale = qk_scale * q_scale                     # softmax scale * log2(e) * Q's tile scale
     s_v = 1.0
     lists = (n_full, full_start, part_list)

@@ -138,6 +138,25 @@ def _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def consumer_rows(row_lo, row_hi, row0, N_Q, s_layout: gl.constexpr, o_layout: gl.constexpr, WG: gl.constexpr):
+    """A consumer warpgroup's start (the bf16 and FP8 Gluon forwards'): its ROWS query rows in the
+    head, their visible key intervals [lo, hi] (padded rows see nothing), the tile's key columns,
+    and the zero running max, sum, output accumulator and scores operand, in the products' layouts."""
+    BLOCK_N: gl.constexpr = s_layout.instr_shape[1]
+    HEAD_DIM: gl.constexpr = o_layout.instr_shape[1]
+    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows = row0 + WG * ROWS + gl.arange(0, ROWS, row_vec)                # (ROWS,) query rows in the head
+    lo = gl.load(row_lo + rows, mask=rows < N_Q, other=0)
+    hi = gl.load(row_hi + rows, mask=rows < N_Q, other=-1)               # padded rows see nothing
+    col0 = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_vec)
+    l_i = gl.zeros([ROWS], gl.float32, row_vec)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    return rows, lo, hi, col0, m_i, l_i, acc, zero_s
+
+
+@gluon.jit
 def trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh, q_block, n_qb, n_kb):
     """A work item's place in instrumentation.record's buffers (kernels.trace_buffers, as the
     Triton kernels lay them out): (its tiles, its rows, n_kb, whether its head's tiles are traced,
@@ -183,15 +202,7 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_vec: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows = row0 + WG * ROWS + gl.arange(0, ROWS, row_vec)                # (ROWS,) query rows in the head
-    lo = gl.load(row_lo + rows, mask=rows < N_Q, other=0)
-    hi = gl.load(row_hi + rows, mask=rows < N_Q, other=-1)               # padded rows see nothing
-    col0 = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_vec)
-    l_i = gl.zeros([ROWS], gl.float32, row_vec)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    rows, lo, hi, col0, m_i, l_i, acc, zero_s = consumer_rows(row_lo, row_hi, row0, N_Q, s_layout, o_layout, WG)
     q = q_smem.index(q_slot + WG)
     mbarrier.wait(q_bar, q_phase)
     if n_tiles > 0:
