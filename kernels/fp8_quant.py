@@ -69,7 +69,7 @@ class QuantTile(NamedTuple):
     interpreter); UPCAST_DOT: the rotation's products in fp32 (the interpreter's 16-bit dot is broken);
     KRON: rotate by two products with 16 x 16 matrices (fp8_quant_kernel.rotate_kron); CHUNK: rows
     read at a time (BLOCK: the tile at once; fewer: the tile read in chunks, twice where its amax
-    is needed); KEY_ORDER: with TRANSPOSE, each 16 keys' columns in key_column's order (the Gluon
+    is needed); KEY_ORDER: with TRANSPOSE, each 16 keys' columns in key_order()'s order (the Gluon
     FP8 kernel's V^T)."""
 
     head_dim: int
