@@ -167,13 +167,14 @@ def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> di
     the first launch's num_warps and num_stages, and loop: "plain", "warp-specialised",
     "split" (the warp-specialised full tiles, then the partial ones in a plain loop with
     partial_warps and partial_stages) or "gluon" (kernels.gluon_fp8_kernel, with its K / V ring's
-    depth as num_stages and pingpong). No tensor is quantised or launched."""
+    depth as num_stages, pingpong and relabel). No tensor is quantised or launched."""
     n_k = n_q if n_k is None else n_k
     spec = parse_mask(mask, n_q, n_k)
     cfg = fp8_config(head_dim, mask=spec, n_q=n_q, n_k=n_k, device=device)
     if cfg.gluon:
         return dict(block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    loop="gluon", pingpong=GLUON_FP8[fp8_head_dim(head_dim)][2])
+                    loop="gluon", pingpong=GLUON_FP8[fp8_head_dim(head_dim)].pingpong,
+                    relabel=GLUON_FP8[fp8_head_dim(head_dim)].relabel)
     plan = block_plan(spec, n_q, cfg.block_m, cfg.block_n, device, n_k)
     e = torch.empty(0, device=device)
     x = Fp8Inputs(e, e, e, e, e, e, (1, 1, n_q, head_dim), n_k, 1, cfg.block_m, cfg.block_n, "block", True,
@@ -214,7 +215,7 @@ def _launch(grid, launch: Fp8Launch, args: list) -> None:
 def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None,
                   warp_specialize: bool | None = None, *, num_warps: int | None = None, num_stages: int | None = None):
     """The FP8 attention kernel on pre-quantised inputs (one launch, or two: _use_ws; inputs
-    quantised for the Gluon kernel, x.key_order: kernels.gluon_fp8_launch's launch).
+    quantised for the Gluon kernel, x.gluon: kernels.gluon_fp8_launch's launch).
 
     Arguments:
         x: kernels.fp8_quant.quantize_fp8's Fp8Inputs.
@@ -233,9 +234,9 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     spec = parse_mask(mask, n_q, x.n_k)
     scale = softmax_scale(sm_scale, d) * LOG2E
     device = x.q.device
-    if x.key_order:             # inputs quantised for the Gluon kernel (fp8_config's choice on Hopper)
+    if x.gluon:                 # inputs quantised for the Gluon kernel (fp8_config's choice on Hopper)
         check_gluon_inputs(x, warp_specialize, num_warps, num_stages)
-        key = ("gluon", x.shape, x.n_k, x.h_kv, x.block_n, str(device), spec)
+        key = ("gluon", x.shape, x.n_k, x.h_kv, x.block_n, str(device), spec)     # (x.key_order: a launch argument)
         gp = _PLANS.get(key)
         if gp is None:
             gp = _PLANS.put(key, GluonFp8Plan.build(x, spec))

@@ -6,8 +6,9 @@ D when hadamard) and V as float8 e4m3 (torch.float8_e4m3fn) with fp32 scales ama
 tile of Q (block_m rows), K and V (block_n rows) of each (batch, head) with scaling="block", one
 per tensor with "tensor" (stored once per tile all the same, so the kernel reads one layout).
 The attention kernel runs on these alone, so a benchmark can time it apart from this pass.
-With key_order (where fp8_config chose the Gluon FP8 kernel), V^T holds each 16 keys in
-key_order(): the pass reads V's rows in that order and stores the tile as usual.
+Where fp8_config chose the Gluon FP8 kernel the inputs are marked for it (Fp8Inputs.gluon), and
+where that kernel relabels P's keys (GLUON_FP8) V^T holds each 16 keys in key_order(): the pass
+reads V's rows in that order and stores the tile as usual.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ class Fp8Inputs:
     same transposed, (B*H_kv, HEAD_DIM, n_kb * block_n); padding is zeros. q_scale (B*H*n_qb,),
     k_scale and v_scale (B*H_kv*n_kb,) fp32: a tile's values are its e4m3 values times its scale.
     shape: q's (B, H, N_q, D); n_k, h_kv: keys and KV heads; dtype: the inputs' (the output's);
-    key_order: v's columns hold each 16 keys in key_order() (the Gluon FP8
-    kernel's inputs, which no other kernel reads)."""
+    gluon: quantised for the Gluon FP8 kernel (kernels.fp8.attention_fp8 runs it on them);
+    key_order: v's columns hold each 16 keys in key_order() (inputs of the Gluon FP8 kernel
+    that relabels P's keys, which no other kernel reads)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -143,6 +145,7 @@ class Fp8Inputs:
     scaling: str
     hadamard: bool
     dtype: torch.dtype
+    gluon: bool = False
     key_order: bool = False
 
     @property
@@ -200,7 +203,7 @@ def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_st
     defaults = block_m is None and block_n is None and num_warps is None and num_stages is None
     tiles = gluon_fp8_tiles(hd, mask, n_q, n_k, device) if gluon and defaults and device is not None else None
     if tiles is not None:       # the Gluon kernel: its one warpgroup's warps a consumer and its ring's depth
-        return Fp8Config(*tiles, 4, GLUON_FP8[hd][1], ws=False, split=False, gluon=True)
+        return Fp8Config(*tiles, 4, GLUON_FP8[hd].stages, ws=False, split=False, gluon=True)
     bm, bn, ws, split = _default_tiles(hd, mask, n_q, n_k, device is not None and warp_specialize_supported(device))
     split = split and block_m in (None, bm) and block_n in (None, bn)      # the split is for these tiles
     pick = lambda given, dflt: dflt if given is None else given  # noqa: E731
@@ -377,7 +380,7 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order=
 
 
 def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m=None, block_n=None,
-                 mask=None, *, key_order: bool | None = None) -> Fp8Inputs:
+                 mask=None, *, gluon: bool | None = None, key_order: bool | None = None) -> Fp8Inputs:
     """The quantise-and-rotate pass: one launch of kernels.fp8_quant_kernel's quantise_qkv_kernel
     for Q, K and V (per-tensor scaling: two, the first taking each tensor's amax); with
     FUSED_QUANT = False, a launch per tensor (and an amax pass per tensor for per-tensor scaling).
@@ -389,17 +392,22 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
         block_m, block_n: the attention kernel's tiles (the scale tiles); None: fp8_config's.
         mask: the mask (name or MaskSpec) of the attention to run on them, for fp8_config's
             default tiles; None: a mask other than "full".
-        key_order: V^T's keys in key_order() within each 16 (the Gluon FP8 kernel's inputs); None:
-            where fp8_config chose that kernel.
+        gluon: for the Gluon FP8 kernel (Fp8Inputs.gluon); None: where fp8_config chose it, or
+            key_order asks for its layout.
+        key_order: V^T's keys in key_order() within each 16 (for the Gluon FP8 kernel only);
+            None: where the Gluon kernel relabels P's keys at this D (GLUON_FP8).
     Returns:
-        Fp8Inputs."""
+        Fp8Inputs. Raises ValueError (one line) for key_order=True with gluon=False."""
     check_fp8_args(q, k, v, scaling, hadamard)
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     spec = None if mask is None else parse_mask(mask, n_q, n_k)
     cfg = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k, device=q.device)
     hd = fp8_head_dim(d)
-    ordered = cfg.gluon if key_order is None else bool(key_order)
+    for_gluon = (cfg.gluon or bool(key_order)) if gluon is None else bool(gluon)
+    if key_order and not for_gluon:
+        raise ValueError("key_order=True lays V out for the Gluon FP8 kernel only: leave it out with gluon=False")
+    ordered = (for_gluon and hd in GLUON_FP8 and GLUON_FP8[hd].relabel) if key_order is None else bool(key_order)
     if interpreting():
         check_interpreter_tiles(b * (h * -(-n_q // cfg.block_m) + 2 * h_kv * -(-n_k // cfg.block_n)),
                                 f"FP8 quantise pass B={b}, H={h}, N_q={n_q}, N_k={n_k}")
@@ -412,7 +420,7 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
             k8, ks = _quantise_one(k, h_kv, n_k, cfg.block_n, hd, hadamard, False, scaling)
             v8, vs = _quantise_one(v, h_kv, n_k, cfg.block_n, hd, False, True, scaling, ordered)
     return Fp8Inputs(q8, k8, v8, qs, ks, vs, (b, h, n_q, d), n_k, h_kv, cfg.block_m, cfg.block_n, scaling,
-                     hadamard, q.dtype, ordered)
+                     hadamard, q.dtype, for_gluon, ordered)
 
 
 def dequantize_fp8(x: Fp8Inputs) -> tuple:

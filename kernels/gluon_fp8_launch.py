@@ -4,14 +4,16 @@ fp8_config takes it by default (gluon_fp8_tiles) for a causal mask at padded D 1
 N_q and N_k at least MIN_LEN on a Hopper GPU with Gluon (kernels.gluon_launch.gluon_available;
 TILESCOPE_GLUON=0 turns it off), where it measured faster than the Triton FP8 kernel (H200, B4
 H16, side by side: scripts/gluon_fwd_probe.py --fp8, docs/performance.md); quantize_fp8 then
-stores V^T with each 16 keys in kernels.fp8_quant.key_order (Fp8Inputs.key_order), which only
-this kernel reads, and attention_fp8 runs it on such inputs, traced or not (instrumentation.record
-sizes its buffers from fp8_config's tiles).
+marks its Fp8Inputs gluon (where GLUON_FP8 relabels P's keys, with V^T's each 16 keys stored in
+kernels.fp8_quant.key_order: Fp8Inputs.key_order, which only this kernel reads), and attention_fp8
+runs it on such inputs, traced or not (instrumentation.record sizes its buffers from fp8_config's
+tiles).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -20,9 +22,18 @@ from .plan import BlockPlan, block_plan
 from .trace_buffers import checked_trace
 
 BLOCK_M = 128                         # query rows of a work item: two consumer warpgroups of 64
-# padded D -> (keys per tile, K/V ring depth, ping-pong): the probe's best on an H200
-# (gluon-fwd-fp8-*-nvidia-h200.json: a third stage measured 0.98-1.00x)
-GLUON_FP8 = {128: (128, 2, True), 256: (64, 2, False)}
+
+
+class GluonFp8Tiles(NamedTuple):
+    block_n: int        # keys per tile
+    stages: int         # the K / V ring's depth
+    pingpong: bool      # the consumer groups issue their products in turn
+    relabel: bool       # P's keys relabelled onto the e4m3 operand (V^T stored in key_order)
+
+
+# padded D -> the probe's best on an H200 (gluon-fwd-fp8-*-nvidia-h200.json: a third stage
+# measured 0.98-1.00x; at D 256 the relabelled P measured 0.95-0.97x the natural key order)
+GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True), 256: GluonFp8Tiles(64, 2, False, False)}
 MASK_KINDS = ("causal",)              # where it measured faster; the full mask keeps the Triton kernel's 128 x 256
 MIN_LEN = 128
 
@@ -33,23 +44,23 @@ def gluon_fp8_tiles(head_dim_padded: int, mask, n_q, n_k, device) -> tuple | Non
     if (head_dim_padded not in GLUON_FP8 or mask is None or mask.kind not in MASK_KINDS or n_q is None
             or min(n_q, n_q if n_k is None else n_k) < MIN_LEN or not gluon_available(device)):
         return None
-    return BLOCK_M, GLUON_FP8[head_dim_padded][0]
+    return BLOCK_M, GLUON_FP8[head_dim_padded].block_n
 
 
 def check_gluon_inputs(x, warp_specialize, num_warps, num_stages) -> None:
     """Refuse, in one line (ValueError), a call the Gluon FP8 kernel cannot run on inputs
-    quantised for it (x.key_order)."""
+    quantised for it (x.gluon)."""
     device = x.q.device
     if not gluon_available(device):
-        raise ValueError("these inputs were quantised for the Gluon FP8 kernel (key_order=True), which runs on a "
-                         "Hopper GPU only: quantise them with key_order=False")
+        raise ValueError("these inputs were quantised for the Gluon FP8 kernel (gluon=True), which runs on a "
+                         "Hopper GPU only: quantise them with gluon=False")
     if x.block_m != BLOCK_M or x.block_n not in (64, 128) or x.head_dim_padded not in GLUON_FP8:
         raise ValueError(f"the Gluon FP8 kernel takes {BLOCK_M} x 64 or {BLOCK_M} x 128 tiles at a padded D of "
                          f"{' or '.join(map(str, GLUON_FP8))} (what its GPU tests cover), not {x.block_m} x {x.block_n} "
-                         f"at {x.head_dim_padded}: quantise with key_order=False for other tiles")
+                         f"at {x.head_dim_padded}: quantise with gluon=False for other tiles")
     if warp_specialize is not None or num_warps is not None or num_stages is not None:
-        raise ValueError("the Gluon FP8 kernel (inputs quantised with key_order=True) takes no warp_specialize, "
-                         "num_warps or num_stages: leave them out, or quantise with key_order=False")
+        raise ValueError("the Gluon FP8 kernel (inputs quantised with gluon=True) takes no warp_specialize, "
+                         "num_warps or num_stages: leave them out, or quantise with gluon=False")
 
 
 @dataclass(frozen=True)
@@ -70,16 +81,16 @@ class GluonFp8Plan:
         b, h, n_q, _ = x.shape
         hd = x.head_dim_padded
         plan = block_plan(spec, n_q, BLOCK_M, x.block_n, x.q.device, x.n_k)
-        _, dflt_stages, dflt_pingpong = GLUON_FP8.get(hd, (x.block_n, 2, False))
+        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False))
         e4m3 = gl.float8e4nv
         layouts = (gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, hd], e4m3),
                    gl.NVMMASharedLayout.get_default_for([x.block_n, hd], e4m3),
                    gl.NVMMASharedLayout.get_default_for([hd, x.block_n], e4m3))
-        return GluonFp8Plan(plan, (b * h * plan.n_qb,), dflt_stages if stages is None else stages,
-                            dflt_pingpong if pingpong is None else bool(pingpong), layouts)
+        return GluonFp8Plan(plan, (b * h * plan.n_qb,), dflt.stages if stages is None else stages,
+                            dflt.pingpong if pingpong is None else bool(pingpong), layouts)
 
     def run(self, x, o, lse, qk_scale: float, trace=None, consumer_regs: int = CONSUMER_REGS) -> None:
-        """Launch on x (Fp8Inputs with key_order, or natural keys for a probe), writing o (B, H, N_q,
+        """Launch on x (Fp8Inputs, P relabelled where x.key_order), writing o (B, H, N_q,
         D) and lse (B, H, N_q) fp32; trace: kernels.TraceBuffers sized for this plan, or None."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 

@@ -40,16 +40,16 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
 
     d, n_q, n_k = q.shape[-1], q.shape[2], k.shape[2]
     tri = fp8_config(d, mask=parse_mask(mask, n_q, n_k), n_q=n_q, n_k=n_k, device=q.device, gluon=False)
-    x_triton = quantize_fp8(q, k, v, block_m=tri.block_m, block_n=tri.block_n, mask=mask)
+    x_triton = quantize_fp8(q, k, v, block_m=tri.block_m, block_n=tri.block_n, mask=mask, gluon=False)
     calls = {"triton fp8": lambda: attention_fp8(x_triton, mask)}
-    block_n, _, pingpong = GLUON_FP8[d]
-    plain = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, key_order=False)
-    ordered = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, key_order=True)
-    calls[f"gluon fp8 128x{block_n}, keys in order, no ping-pong"] = lambda: attention_fp8_gluon(
-        plain, mask, pingpong=False)
-    for pp in (False, True):
-        calls[f"gluon fp8 128x{block_n}, P relabelled{', ping-pong' if pp else ''}"
-              f"{' (default)' if pp == pingpong else ''}"] = lambda pp=pp: attention_fp8_gluon(ordered, mask, pingpong=pp)
+    tiles = GLUON_FP8[d]
+    inputs = {relabel: quantize_fp8(q, k, v, block_m=128, block_n=tiles.block_n, mask=mask, gluon=True,
+                                    key_order=relabel) for relabel in (False, True)}
+    for relabel in (False, True):
+        for pp in (False, True):
+            label = (f"gluon fp8 128x{tiles.block_n}, {'P relabelled' if relabel else 'keys in order'}, "
+                     f"{'ping-pong' if pp else 'no ping-pong'}{' (default)' if (pp, relabel) == tiles[2:] else ''}")
+            calls[label] = lambda x=inputs[relabel], pp=pp: attention_fp8_gluon(x, mask, pingpong=pp)
     for label, call in calls.items():
         try:
             err = ((call().float() - ref.float()).norm() / ref.float().norm()).item()

@@ -251,7 +251,7 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
     from kernels import flash_attention
     from kernels.backward import flash_attention_backward
     from kernels.fp8 import attention_fp8
-    from kernels.fp8_quant import Fp8Inputs, fp8_config, fp8_head_dim
+    from kernels.fp8_quant import GLUON_FP8, Fp8Inputs, fp8_config, fp8_head_dim
     from kernels.masks import parse_mask
 
     import torch
@@ -314,9 +314,9 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
                          device="cuda")
         hd, e4m3 = fp8_head_dim(d), torch.float8_e4m3fn
         ones = lambda blocks: torch.ones(2 * -(-n // blocks))  # noqa: E731
-        x = Fp8Inputs(torch.zeros(2, n, hd, dtype=e4m3), torch.zeros(2, n, hd, dtype=e4m3),
-                      torch.zeros(2, hd, n, dtype=e4m3), ones(cfg.block_m), ones(cfg.block_n), ones(cfg.block_n),
-                      (1, 2, n, d), n, 2, cfg.block_m, cfg.block_n, "block", True, bf16, cfg.gluon)
+        x = Fp8Inputs(torch.zeros(2, n, hd, dtype=e4m3), torch.zeros(2, n, hd, dtype=e4m3), torch.zeros(2, hd, n, dtype=e4m3),
+                      ones(cfg.block_m), ones(cfg.block_n), ones(cfg.block_n), (1, 2, n, d), n, 2, cfg.block_m, cfg.block_n,
+                      "block", True, bf16, cfg.gluon, cfg.gluon and GLUON_FP8[hd].relabel)
         attention_fp8(x, mask, num_warps=given.get("num_warps"), num_stages=given.get("num_stages"))
 
 

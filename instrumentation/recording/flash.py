@@ -207,7 +207,7 @@ def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         "mask": spec.text,
         "block_m": cfg.block_m, "block_n": cfg.block_n,
         "n_q_blocks": n_qb, "n_k_blocks": n_kb,
-        "kernel": {**cfg.as_dict(), "implementation": "gluon" if gluon or (fp8 is not None and fp8.x.key_order)
+        "kernel": {**cfg.as_dict(), "implementation": "gluon" if gluon or (fp8 is not None and fp8.x.gluon)
                    else "triton", "schedule": schedule,
                    "sm_scale": sm_scale if sm_scale is not None else 1.0 / d ** 0.5,
                    "programs": min(env["sm_count"] or 4, b * h * n_qb) if schedule == "persistent"

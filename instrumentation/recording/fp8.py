@@ -53,7 +53,8 @@ class Fp8Recording:
         quant_ms = None
         if measure and hw_run:
             quant_ms = time_ms(lambda: quantize_fp8(q, k, v, self.scaling, self.hadamard, self.cfg.block_m,
-                                                    self.cfg.block_n, key_order=self.x.key_order), q.device,
+                                                    self.cfg.block_n, gluon=self.x.gluon,
+                                                    key_order=self.x.key_order), q.device,
                                warmup=10, rep=60)
         trace.tables["fp8_error"] = table
         trace.meta["precision"] = "fp8"
@@ -88,6 +89,6 @@ def fp8_recording(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps
     spec = parse_mask(mask, n_q, n_k)
     c = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k, device=q.device)
     call_size(spec, b * h, n_q, n_k, c.block_m, c.block_n, interpreter=interpreting())
-    x = quantize_fp8(q, k, v, scaling, hadamard, c.block_m, c.block_n, mask=spec, key_order=c.gluon)
+    x = quantize_fp8(q, k, v, scaling, hadamard, c.block_m, c.block_n, mask=spec, gluon=c.gluon)
     return Fp8Recording(spec, KernelConfig(c.block_m, c.block_n, c.num_warps, c.num_stages), (q, k, v), x,
                         sm_scale, scaling, hadamard)

@@ -57,7 +57,7 @@ def test_the_quantise_pass_stores_v_in_key_order(fused, d, block_n, device, monk
     q, k, v = inputs(2, 1, 150, 200, d, seed=3, device=device)
     plain = quantize_fp8(q, k, v, block_m=128, block_n=block_n, key_order=False)
     ordered = quantize_fp8(q, k, v, block_m=128, block_n=block_n, key_order=True)
-    assert ordered.key_order and not plain.key_order
+    assert ordered.key_order and ordered.gluon and not plain.key_order and not plain.gluon
     tiles = plain.v.shape[-1] // block_n
     as_tiles = lambda t: t.view(torch.uint8).reshape(*t.shape[:-1], tiles, block_n)  # noqa: E731
     assert torch.equal(as_tiles(plain.v)[..., key_order(block_n).to(plain.v.device)], as_tiles(ordered.v))
@@ -65,6 +65,28 @@ def test_the_quantise_pass_stores_v_in_key_order(fused, d, block_n, device, monk
         assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
                            b.view(torch.uint8) if b.dtype != torch.float32 else b)
     assert all(torch.equal(a, b) for a, b in zip(dequantize_fp8(plain), dequantize_fp8(ordered)))
+
+
+def test_the_inputs_say_which_kernel_and_layout_they_are_for(device, monkeypatch):
+    """A default causal quantise on (what it is told is) Hopper marks the inputs for the Gluon
+    kernel, in key order where GLUON_FP8 relabels P (D 128) and in natural order where it does not
+    (D 256), with the V^T bytes of the layout it says; gluon=False gives the Triton kernel's
+    inputs; key order without the Gluon kernel is refused in one line."""
+    import kernels.gluon_fp8_launch as launch
+
+    monkeypatch.setattr(launch, "gluon_available", lambda device: True)
+    for d in (128, 256):
+        q, k, v = inputs(1, 1, 128, 256, d, seed=5, device=device)
+        x = quantize_fp8(q, k, v, mask="causal")
+        assert x.gluon and x.key_order == launch.GLUON_FP8[d].relabel and x.block_n == launch.GLUON_FP8[d].block_n
+        natural = quantize_fp8(q, k, v, mask="causal", key_order=False)
+        assert natural.gluon and not natural.key_order
+        assert torch.equal(x.v.view(torch.uint8), natural.v.view(torch.uint8)) == (not x.key_order), d
+        triton = quantize_fp8(q, k, v, mask="causal", gluon=False)
+        assert not triton.gluon and not triton.key_order
+    with pytest.raises(ValueError, match="Gluon FP8 kernel only") as info:
+        quantize_fp8(q, k, v, mask="causal", gluon=False, key_order=True)
+    assert "\n" not in str(info.value)
 
 
 def test_key_order_relabels_the_scores_onto_the_e4m3_operand():
@@ -120,19 +142,21 @@ def test_inputs_in_key_order_are_refused_where_the_gluon_kernel_cannot_run(devic
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("relabel", [True, False])
 @pytest.mark.parametrize("d", [80, 128, 256])
 @pytest.mark.parametrize("kind", sorted(MASKS))
-def test_gpu_every_mask_against_float64(kind, d, gluon_gpu):
-    """Every mask kind on inputs in key order (GQA 8 / 2, N_q 1000 != N_k 1300, ragged tiles, D 80
-    padded to 128): finite, below FA3's per-tensor RMSE on the outlier recipe, within FP8's error of
-    the Triton FP8 kernel on the same tiles, and the LSE within 1e-2 of its."""
+def test_gpu_every_mask_against_float64(kind, d, relabel, gluon_gpu):
+    """Every mask kind, P relabelled (V^T in key order) or not (GQA 8 / 2, N_q 1000 != N_k 1300,
+    ragged tiles, D 80 padded to 128): finite, below FA3's per-tensor RMSE on the outlier recipe,
+    within FP8's error of the Triton FP8 kernel on the same tiles, and the LSE within 1e-2 of its."""
     from kernels.gluon_fp8_launch import GLUON_FP8
 
     n_q, n_k = 1000, 1000 if kind == "document" else 1300
     mask = MASKS[kind].default_text(n_q) if kind != "document" else "document:300,700"
     q, k, v = inputs(8, 2, n_q, n_k, d, seed=7, device="cuda")
-    block_n = GLUON_FP8[128 if d <= 128 else 256][0]
-    x = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, key_order=True)
+    block_n = GLUON_FP8[128 if d <= 128 else 256].block_n
+    x = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, gluon=True, key_order=relabel)
+    assert x.gluon and x.key_order == relabel
     out, lse = attention_fp8(x, mask, return_lse=True)
     want, want_lse = attention_fp8(quantize_fp8(q, k, v, block_m=128, block_n=block_n, key_order=False), mask,
                                    return_lse=True)
@@ -146,22 +170,23 @@ def test_gpu_every_mask_against_float64(kind, d, gluon_gpu):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [128, 256])
 def test_gpu_the_default_causal_call_runs_it_and_its_options_keep_the_bits(d, gluon_gpu):
-    """A default causal call quantises in key order and runs the Gluon kernel (default_launch says
-    so); the ping-pong and the ring's depth order the work, not what it computes (the same bits),
-    and the keys in order without relabelling give the same products in another order."""
-    from kernels.gluon_fp8_launch import attention_fp8_gluon
+    """A default causal call quantises for the Gluon kernel (in key order where it relabels P) and
+    runs it (default_launch says so); the ping-pong and the ring's depth order the work, not what
+    it computes (the same bits), and the other key layout gives the same products in another order."""
+    from kernels.gluon_fp8_launch import GLUON_FP8, attention_fp8_gluon
 
     q, k, v = inputs(4, 2, 1024, 1024, d, seed=11, device="cuda")
     x = quantize_fp8(q, k, v, mask="causal")
-    assert x.key_order and default_launch(d, "causal", 1024, 1024, "cuda")["loop"] == "gluon"
+    launch = default_launch(d, "causal", 1024, 1024, "cuda")
+    assert x.gluon and x.key_order == GLUON_FP8[d].relabel == launch["relabel"] and launch["loop"] == "gluon"
     out, lse = flash_attention_fp8(q, k, v, "causal", return_lse=True)
     base, base_lse = attention_fp8_gluon(x, "causal", return_lse=True)
     assert torch.equal(out, base) and torch.equal(lse, base_lse)
     for stages, pingpong in ((3, False), (2, True), (3, True)):
         o, s = attention_fp8_gluon(x, "causal", return_lse=True, stages=stages, pingpong=pingpong)
         assert torch.equal(o, base) and torch.equal(s, base_lse), (stages, pingpong)
-    natural = quantize_fp8(q, k, v, mask="causal", key_order=False)
-    o, s = attention_fp8_gluon(natural, "causal", return_lse=True)
+    other = quantize_fp8(q, k, v, mask="causal", key_order=not x.key_order)
+    o, s = attention_fp8_gluon(other, "causal", return_lse=True)
     assert ((o.float() - base.float()).norm() / base.float().norm()).item() < 1e-3
     assert torch.equal(s, base_lse)         # the softmax statistics see the keys in order either way
 
