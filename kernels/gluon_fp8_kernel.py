@@ -111,7 +111,7 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG):
 
 @gluon.jit
 def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, lists,
-          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG, WG: gl.constexpr,
+          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG: gl.constexpr,
           MASKED: gl.constexpr, TRACED: gl.constexpr):
     """Tile t: issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
     of S_t while P V runs. lists: (n_full, full_start, part_list); trace: (tiles_ptr, rows_ptr,
@@ -125,14 +125,26 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p
     acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
     p_op = _p_operand(p, p_layout, RELABEL)
     _take_turn(turn, WG, t, PINGPONG)
-    mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
-    if TRACED:
-        c_start = _clock64()
-    s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
-    o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
-    _pass_turn(turn, WG, PINGPONG)
-    s = warpgroup_mma_wait(1, deps=(s_tok,))
+    if SERIAL:      # P V, then S, both done before the softmax (P's operand registers free during it)
+        mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+        mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+        if TRACED:
+            c_start = _clock64()
+        s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+    else:
+        mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+        if TRACED:
+            c_start = _clock64()
+        s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(cur), count=1)
     kb = list_block(t, lists[0], lists[1], lists[2])
     p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, tile_scale * gl.load(k_scale + kb),
@@ -141,15 +153,16 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p
         _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, t, c_start, m_i, l_i / P_SCALE, alpha, WG)
     s_new = gl.load(v_scale + kb)
     factor = alpha * (s_v / s_new)                  # acc in units of the newest V tile's scale
-    acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
-    mbarrier.arrive(v_empty.index(prev), count=1)
+    if not SERIAL:
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
+        mbarrier.arrive(v_empty.index(prev), count=1)
     return acc, p, factor, s_new, l_i, m_i
 
 
 @gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn,
-              RELABEL, PINGPONG, trace, WG: gl.constexpr, TRACED: gl.constexpr):
+              RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE."""
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -187,11 +200,11 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         for t in range(1, n_full):
             acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
                                                   p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
-                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, WG, False, TRACED)
+                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, False, TRACED)
         for t in range(gl.maximum(n_full, 1), n_tiles):
             acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
                                                   p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
-                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, WG, True, TRACED)
+                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, True, TRACED)
         # the last tile's P V
         STAGES: gl.constexpr = k_smem.shape[0]
         last = (n_tiles - 1) % STAGES
@@ -220,37 +233,37 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
-               PINGPONG):
+               PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
-              PINGPONG, (0, 0, 0, 0, 0), 0, False)
+              PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
-               PINGPONG):
+               PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
-              PINGPONG, (0, 0, 0, 0, 0), 1, False)
+              PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
 
 
 @gluon.jit
 def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                       v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      turn, RELABEL, PINGPONG, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      turn, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
-              PINGPONG, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
+              PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
 
 
 @gluon.jit
 def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                       v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      turn, RELABEL, PINGPONG, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      turn, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
-              PINGPONG, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
+              PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
@@ -258,7 +271,7 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
                               full_start, part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, head_slot,
                               trace_slots, H, GROUP, N_Q, n_qb, n_kb, qk_scale, D: gl.constexpr, STAGES: gl.constexpr,
                               CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr, PINGPONG: gl.constexpr,
-                              TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
+                              SERIAL: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
     """Grid (B*H*n_qb,): program bh * n_qb + query block (128 rows, natural order).
 
     q_desc: Q8 (B*H*n_qb*128, HEAD_DIM) in (64, HEAD_DIM) blocks; k_desc: K8 (B*H_kv*n_kb*BLOCK_N,
@@ -287,7 +300,7 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     mbarrier.arrive(turn.index(0), count=1)            # group 0 issues first
     consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
                      v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
-                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, turn, RELABEL, PINGPONG)
+                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, turn, RELABEL, PINGPONG, SERIAL)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                      work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM, n_tiles, n_full, first_full,
                      part_list)

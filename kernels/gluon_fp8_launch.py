@@ -73,9 +73,11 @@ class GluonFp8Plan:
     stages: int
     pingpong: bool
     layouts: tuple
+    serial: bool = False
 
     @staticmethod
-    def build(x, spec, stages: int | None = None, pingpong: bool | None = None) -> "GluonFp8Plan":
+    def build(x, spec, stages: int | None = None, pingpong: bool | None = None,
+              serial: bool = False) -> "GluonFp8Plan":
         from triton.experimental.gluon import language as gl
 
         b, h, n_q, _ = x.shape
@@ -87,7 +89,7 @@ class GluonFp8Plan:
                    gl.NVMMASharedLayout.get_default_for([x.block_n, hd], e4m3),
                    gl.NVMMASharedLayout.get_default_for([hd, x.block_n], e4m3))
         return GluonFp8Plan(plan, (b * h * plan.n_qb,), dflt.stages if stages is None else stages,
-                            dflt.pingpong if pingpong is None else bool(pingpong), layouts)
+                            dflt.pingpong if pingpong is None else bool(pingpong), layouts, bool(serial))
 
     def run(self, x, o, lse, qk_scale: float, trace=None, consumer_regs: int = CONSUMER_REGS) -> None:
         """Launch on x (Fp8Inputs, P relabelled where x.key_order), writing o (B, H, N_q,
@@ -115,11 +117,11 @@ class GluonFp8Plan:
             plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, traced["tr_work"], traced["tr_tiles"],
             traced["tr_rows"], traced["row_slot"], traced["head_slot"], traced["trace_slots"], h, h // x.h_kv, n_q,
             plan.n_qb, plan.n_kb, qk_scale, D=d, STAGES=self.stages, CONSUMER_REGS=consumer_regs, RELABEL=x.key_order,
-            PINGPONG=self.pingpong, TRACE_WORK=traced["TRACE_WORK"], TRACE_TILES=traced["TRACE_TILES"], num_warps=4)
+            PINGPONG=self.pingpong, SERIAL=self.serial, TRACE_WORK=traced["TRACE_WORK"], TRACE_TILES=traced["TRACE_TILES"], num_warps=4)
 
 
 def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace=None, *, stages=None,
-                        pingpong=None, consumer_regs: int = CONSUMER_REGS):
+                        pingpong=None, serial: bool = False, consumer_regs: int = CONSUMER_REGS):
     """The Gluon FP8 kernel on quantised inputs, with its options open (kernels.fp8.attention_fp8
     runs it with the defaults on inputs quantised for it; probes and tests call this).
 
@@ -129,6 +131,8 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
             operand is exchanged between threads.
         mask, sm_scale, return_lse, trace: as kernels.fp8.attention_fp8's.
         stages: the K / V ring's depth; pingpong: the consumer groups issue in turn; None: GLUON_FP8's.
+        serial: a tile's P V issued before the next tile's S and both waited for before its softmax
+            (no P operand held across the softmax: fewer registers, no overlap within a group).
         consumer_regs: registers per consumer thread (setmaxnreg).
     Returns:
         out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""
@@ -140,6 +144,6 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
     spec = parse_mask(mask, n_q, x.n_k)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
-    GluonFp8Plan.build(x, spec, stages, pingpong).run(x, o, lse, softmax_scale(sm_scale, d) * LOG2E, trace,
+    GluonFp8Plan.build(x, spec, stages, pingpong, serial).run(x, o, lse, softmax_scale(sm_scale, d) * LOG2E, trace,
                                                       consumer_regs)
     return (o, lse) if return_lse else o

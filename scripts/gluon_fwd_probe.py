@@ -28,6 +28,12 @@ CASES = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16,
          (2, 16, 16, 4096, 256, "full"), (2, 16, 16, 4096, 256, "causal"), (2, 16, 16, 8192, 256, "causal")]
 
 
+# the Gluon FP8 kernel's variants beside its default, per padded D: (keys per tile, P relabelled,
+# ping-pong, serial: kernels.gluon_fp8_launch.attention_fp8_gluon's options)
+FP8_VARIANTS = {128: ((128, True, True, True), (256, True, True, True), (256, True, False, True)),
+                256: ((64, False, False, True), (128, False, False, True), (128, False, True, True))}
+
+
 def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
     """The FP8 rows of a case: the Triton FP8 kernel at its own defaults, and the Gluon FP8 kernel
     (kernels.gluon_fp8_launch) at its tiles with and without its options, each on inputs quantised
@@ -43,13 +49,16 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
     x_triton = quantize_fp8(q, k, v, block_m=tri.block_m, block_n=tri.block_n, mask=mask, gluon=False)
     calls = {"triton fp8": lambda: attention_fp8(x_triton, mask)}
     tiles = GLUON_FP8[d]
-    inputs = {relabel: quantize_fp8(q, k, v, block_m=128, block_n=tiles.block_n, mask=mask, gluon=True,
-                                    key_order=relabel) for relabel in (False, True)}
-    for relabel in (False, True):
-        for pp in (False, True):
-            label = (f"gluon fp8 128x{tiles.block_n}, {'P relabelled' if relabel else 'keys in order'}, "
-                     f"{'ping-pong' if pp else 'no ping-pong'}{' (default)' if (pp, relabel) == tiles[2:] else ''}")
-            calls[label] = lambda x=inputs[relabel], pp=pp: attention_fp8_gluon(x, mask, pingpong=pp)
+    inputs = {}
+    for block_n, relabel, pp, serial in ((tiles.block_n, tiles.relabel, tiles.pingpong, False),) + FP8_VARIANTS[d]:
+        if (block_n, relabel) not in inputs:
+            inputs[block_n, relabel] = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, gluon=True,
+                                                    key_order=relabel)
+        label = (f"gluon fp8 128x{block_n}, {'P relabelled' if relabel else 'keys in order'}, "
+                 f"{'ping-pong' if pp else 'no ping-pong'}{', serial' if serial else ''}"
+                 f"{' (default)' if (block_n, pp, relabel, serial) == (*tiles[:1], *tiles[2:], False) else ''}")
+        calls[label] = lambda x=inputs[block_n, relabel], pp=pp, serial=serial: attention_fp8_gluon(
+            x, mask, pingpong=pp, serial=serial)
     for label, call in calls.items():
         try:
             err = ((call().float() - ref.float()).norm() / ref.float().norm()).item()

@@ -171,8 +171,8 @@ def test_gpu_every_mask_against_float64(kind, d, relabel, gluon_gpu):
 @pytest.mark.parametrize("d", [128, 256])
 def test_gpu_the_default_causal_call_runs_it_and_its_options_keep_the_bits(d, gluon_gpu):
     """A default causal call quantises for the Gluon kernel (in key order where it relabels P) and
-    runs it (default_launch says so); the ping-pong and the ring's depth order the work, not what
-    it computes (the same bits), and the other key layout gives the same products in another order."""
+    runs it (default_launch says so); the ping-pong, the ring's depth and the serial loop order the
+    work, not what it computes (the same bits), and the other key layout gives the same products in another order."""
     from kernels.gluon_fp8_launch import GLUON_FP8, attention_fp8_gluon
 
     q, k, v = inputs(4, 2, 1024, 1024, d, seed=11, device="cuda")
@@ -182,9 +182,10 @@ def test_gpu_the_default_causal_call_runs_it_and_its_options_keep_the_bits(d, gl
     out, lse = flash_attention_fp8(q, k, v, "causal", return_lse=True)
     base, base_lse = attention_fp8_gluon(x, "causal", return_lse=True)
     assert torch.equal(out, base) and torch.equal(lse, base_lse)
-    for stages, pingpong in ((3, False), (2, True), (3, True)):
-        o, s = attention_fp8_gluon(x, "causal", return_lse=True, stages=stages, pingpong=pingpong)
-        assert torch.equal(o, base) and torch.equal(s, base_lse), (stages, pingpong)
+    for stages, pingpong, serial in ((3, False, False), (2, True, False), (3, True, False), (2, False, True),
+                                     (2, True, True)):
+        o, s = attention_fp8_gluon(x, "causal", return_lse=True, stages=stages, pingpong=pingpong, serial=serial)
+        assert torch.equal(o, base) and torch.equal(s, base_lse), (stages, pingpong, serial)
     other = quantize_fp8(q, k, v, mask="causal", key_order=not x.key_order)
     o, s = attention_fp8_gluon(other, "causal", return_lse=True)
     assert ((o.float() - base.float()).norm() / base.float().norm()).item() < 1e-3
