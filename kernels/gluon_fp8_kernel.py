@@ -18,6 +18,9 @@ Three things make the e4m3 P V cheap on the consumers, whose instructions per ti
 - PINGPONG: the two groups take turns to issue their products (FlashAttention-3's inter-warpgroup
   schedule), one group's softmax under the other's products.
 Full and partial tiles run in two loops, so the full tiles' loop carries no mask code.
+SERIAL (kernels.gluon_fp8_launch.GLUON_FP8: D 256): tile t-1's P V is issued before tile t's S and
+both are waited for before the softmax, so no P operand is held across it: 128 x 128 tiles at D 256
+build without spills (the overlapped loop spills there), at the cost of the overlap within a group.
 """
 
 from __future__ import annotations

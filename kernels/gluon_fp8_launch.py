@@ -1,7 +1,7 @@
 """Where the FP8 forward runs the Gluon kernel (kernels.gluon_fp8_kernel) on Hopper, and its launch.
 
-fp8_config takes it by default (gluon_fp8_tiles) for a causal mask at padded D 128 or 256 with
-N_q and N_k at least MIN_LEN on a Hopper GPU with Gluon (kernels.gluon_launch.gluon_available;
+fp8_config takes it by default (gluon_fp8_tiles) for GLUON_FP8's masks (causal at padded D 128,
+causal and full at 256) with N_q and N_k at least MIN_LEN on a Hopper GPU with Gluon (kernels.gluon_launch.gluon_available;
 TILESCOPE_GLUON=0 turns it off), where it measured faster than the Triton FP8 kernel (H200, B4
 H16, side by side: scripts/gluon_fwd_probe.py --fp8, docs/performance.md); quantize_fp8 then
 marks its Fp8Inputs gluon (where GLUON_FP8 relabels P's keys, with V^T's each 16 keys stored in
@@ -29,19 +29,24 @@ class GluonFp8Tiles(NamedTuple):
     stages: int         # the K / V ring's depth
     pingpong: bool      # the consumer groups issue their products in turn
     relabel: bool       # P's keys relabelled onto the e4m3 operand (V^T stored in key_order)
+    serial: bool        # P V before the next S, both done before the softmax (attention_fp8_gluon)
+    masks: tuple        # the mask kinds a default call runs it for (where it measured faster)
 
 
-# padded D -> the probe's best on an H200 (gluon-fwd-fp8-*-nvidia-h200.json: a third stage
-# measured 0.98-1.00x; at D 256 the relabelled P measured 0.95-0.97x the natural key order)
-GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True), 256: GluonFp8Tiles(64, 2, False, False)}
-MASK_KINDS = ("causal",)              # where it measured faster; the full mask keeps the Triton kernel's 128 x 256
+# padded D -> the probe's best on an H200 (gluon-fwd-fp8-*-nvidia-h200.json): a third stage
+# measured 0.98-1.00x; at D 128 the full mask keeps the Triton kernel's 128 x 256 tiles; at D 256
+# the serial loop's 128 x 128 tiles (no spill where the overlapped loop spills) 1.14x the
+# overlapped 128 x 64 on causal, 1.06x the Triton kernel on full at 4k
+GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, ("causal",)),
+             256: GluonFp8Tiles(128, 2, False, False, True, ("causal", "full"))}
 MIN_LEN = 128
 
 
 def gluon_fp8_tiles(head_dim_padded: int, mask, n_q, n_k, device) -> tuple | None:
     """(block_m, block_n) of the Gluon FP8 kernel where a default call takes it (the module
     docstring's conditions; mask a MaskSpec or None), else None."""
-    if (head_dim_padded not in GLUON_FP8 or mask is None or mask.kind not in MASK_KINDS or n_q is None
+    if (head_dim_padded not in GLUON_FP8 or mask is None or mask.kind not in GLUON_FP8[head_dim_padded].masks
+            or n_q is None
             or min(n_q, n_q if n_k is None else n_k) < MIN_LEN or not gluon_available(device)):
         return None
     return BLOCK_M, GLUON_FP8[head_dim_padded].block_n
@@ -54,10 +59,11 @@ def check_gluon_inputs(x, warp_specialize, num_warps, num_stages) -> None:
     if not gluon_available(device):
         raise ValueError("these inputs were quantised for the Gluon FP8 kernel (gluon=True), which runs on a "
                          "Hopper GPU only: quantise them with gluon=False")
-    if x.block_m != BLOCK_M or x.block_n not in (64, 128) or x.head_dim_padded not in GLUON_FP8:
-        raise ValueError(f"the Gluon FP8 kernel takes {BLOCK_M} x 64 or {BLOCK_M} x 128 tiles at a padded D of "
-                         f"{' or '.join(map(str, GLUON_FP8))} (what its GPU tests cover), not {x.block_m} x {x.block_n} "
-                         f"at {x.head_dim_padded}: quantise with gluon=False for other tiles")
+    hd = x.head_dim_padded
+    if hd not in GLUON_FP8 or (x.block_m, x.block_n) != (BLOCK_M, GLUON_FP8[hd].block_n):
+        takes = " or ".join(f"{BLOCK_M} x {t.block_n} tiles at a padded D of {d}" for d, t in GLUON_FP8.items())
+        raise ValueError(f"the Gluon FP8 kernel takes {takes} (what its GPU tests cover), not {x.block_m} x "
+                         f"{x.block_n} at {hd}: quantise with gluon=False for other tiles")
     if warp_specialize is not None or num_warps is not None or num_stages is not None:
         raise ValueError("the Gluon FP8 kernel (inputs quantised with gluon=True) takes no warp_specialize, "
                          "num_warps or num_stages: leave them out, or quantise with gluon=False")
@@ -77,19 +83,20 @@ class GluonFp8Plan:
 
     @staticmethod
     def build(x, spec, stages: int | None = None, pingpong: bool | None = None,
-              serial: bool = False) -> "GluonFp8Plan":
+              serial: bool | None = None) -> "GluonFp8Plan":
         from triton.experimental.gluon import language as gl
 
         b, h, n_q, _ = x.shape
         hd = x.head_dim_padded
         plan = block_plan(spec, n_q, BLOCK_M, x.block_n, x.q.device, x.n_k)
-        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False))
+        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False, False, ()))
         e4m3 = gl.float8e4nv
         layouts = (gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, hd], e4m3),
                    gl.NVMMASharedLayout.get_default_for([x.block_n, hd], e4m3),
                    gl.NVMMASharedLayout.get_default_for([hd, x.block_n], e4m3))
         return GluonFp8Plan(plan, (b * h * plan.n_qb,), dflt.stages if stages is None else stages,
-                            dflt.pingpong if pingpong is None else bool(pingpong), layouts, bool(serial))
+                            dflt.pingpong if pingpong is None else bool(pingpong), layouts,
+                            dflt.serial if serial is None else bool(serial))
 
     def run(self, x, o, lse, qk_scale: float, trace=None, consumer_regs: int = CONSUMER_REGS) -> None:
         """Launch on x (Fp8Inputs, P relabelled where x.key_order), writing o (B, H, N_q,
@@ -121,7 +128,7 @@ class GluonFp8Plan:
 
 
 def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace=None, *, stages=None,
-                        pingpong=None, serial: bool = False, consumer_regs: int = CONSUMER_REGS):
+                        pingpong=None, serial=None, consumer_regs: int = CONSUMER_REGS):
     """The Gluon FP8 kernel on quantised inputs, with its options open (kernels.fp8.attention_fp8
     runs it with the defaults on inputs quantised for it; probes and tests call this).
 
@@ -130,9 +137,10 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
             or 256): with key_order, P's keys are relabelled to match (RELABEL); without, the
             operand is exchanged between threads.
         mask, sm_scale, return_lse, trace: as kernels.fp8.attention_fp8's.
-        stages: the K / V ring's depth; pingpong: the consumer groups issue in turn; None: GLUON_FP8's.
-        serial: a tile's P V issued before the next tile's S and both waited for before its softmax
-            (no P operand held across the softmax: fewer registers, no overlap within a group).
+        stages: the K / V ring's depth; pingpong: the consumer groups issue in turn; serial: a
+            tile's P V issued before the next tile's S and both waited for before its softmax (no P
+            operand held across the softmax: fewer registers, no overlap within a group); None:
+            GLUON_FP8's.
         consumer_regs: registers per consumer thread (setmaxnreg).
     Returns:
         out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""

@@ -25,13 +25,14 @@ CASES = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16,
          (4, 16, 16, 4096, 128, "causal"), (4, 16, 16, 8192, 128, "causal"), (4, 16, 16, 16384, 128, "causal"),
          (2, 32, 8, 8192, 128, "causal"), (4, 16, 16, 8192, 128, "sliding_window:1024"),
          (4, 16, 16, 4096, 64, "full"), (4, 16, 16, 8192, 64, "causal"),
-         (2, 16, 16, 4096, 256, "full"), (2, 16, 16, 4096, 256, "causal"), (2, 16, 16, 8192, 256, "causal")]
+         (2, 16, 16, 4096, 256, "full"), (2, 16, 16, 8192, 256, "full"), (2, 16, 16, 4096, 256, "causal"),
+         (2, 16, 16, 8192, 256, "causal")]
 
 
 # the Gluon FP8 kernel's variants beside its default, per padded D: (keys per tile, P relabelled,
 # ping-pong, serial: kernels.gluon_fp8_launch.attention_fp8_gluon's options)
-FP8_VARIANTS = {128: ((128, True, True, True), (256, True, True, True), (256, True, False, True)),
-                256: ((64, False, False, True), (128, False, False, True), (128, False, True, True))}
+FP8_VARIANTS = {128: ((128, True, True, True), (256, True, False, True)),
+                256: ((64, False, False, False), (128, False, True, True), (128, True, False, True))}
 
 
 def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
@@ -50,13 +51,13 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
     calls = {"triton fp8": lambda: attention_fp8(x_triton, mask)}
     tiles = GLUON_FP8[d]
     inputs = {}
-    for block_n, relabel, pp, serial in ((tiles.block_n, tiles.relabel, tiles.pingpong, False),) + FP8_VARIANTS[d]:
+    for block_n, relabel, pp, serial in ((tiles.block_n, tiles.relabel, tiles.pingpong, tiles.serial),) + FP8_VARIANTS[d]:
         if (block_n, relabel) not in inputs:
             inputs[block_n, relabel] = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, gluon=True,
                                                     key_order=relabel)
         label = (f"gluon fp8 128x{block_n}, {'P relabelled' if relabel else 'keys in order'}, "
                  f"{'ping-pong' if pp else 'no ping-pong'}{', serial' if serial else ''}"
-                 f"{' (default)' if (block_n, pp, relabel, serial) == (*tiles[:1], *tiles[2:], False) else ''}")
+                 f"{' (default)' if (block_n, pp, relabel, serial) == tiles[:1] + tiles[2:5] else ''}")
         calls[label] = lambda x=inputs[block_n, relabel], pp=pp, serial=serial: attention_fp8_gluon(
             x, mask, pingpong=pp, serial=serial)
     for label, call in calls.items():

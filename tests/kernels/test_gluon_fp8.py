@@ -24,16 +24,16 @@ def gluon_gpu():
 
 def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     """fp8_config's defaults take the Gluon kernel for a causal mask at padded D 128 (128 x 128) and
-    256 (128 x 64), N_q and N_k >= 128, on Hopper; never for another mask, head dim, explicit tiles
-    or options, short sequences, gluon=False, or off Hopper."""
+    for causal and full at 256 (128 x 128), N_q and N_k >= 128, on Hopper; never for another mask,
+    head dim, explicit tiles or options, short sequences, gluon=False, or off Hopper."""
     import kernels.gluon_fp8_launch as launch
 
     causal = parse_mask("causal")
     assert not fp8_config(128, mask=causal, n_q=4096, device="cpu").gluon           # no Hopper here
     monkeypatch.setattr(launch, "gluon_available", lambda device: True)
-    for d, tiles in ((128, (128, 128)), (96, (128, 128)), (256, (128, 64)), (200, (128, 64))):
-        c = fp8_config(d, mask=causal, n_q=4096, n_k=1000, device="cuda")
-        assert c.gluon and (c.block_m, c.block_n) == tiles and not c.ws and not c.split, d
+    for d, mask in ((128, causal), (96, causal), (256, causal), (200, causal), (256, parse_mask("full"))):
+        c = fp8_config(d, mask=mask, n_q=4096, n_k=1000, device="cuda")
+        assert c.gluon and (c.block_m, c.block_n) == (128, 128) and not c.ws and not c.split, d
         assert (c.num_warps, c.num_stages) == (4, 2), d
     refused = [dict(head_dim=64, mask=causal), dict(mask=parse_mask("full")), dict(mask=parse_mask("sliding_window:512")),
                dict(mask=None), dict(mask=causal, block_n=128), dict(mask=causal, num_warps=8),
@@ -128,7 +128,7 @@ def test_key_order_relabels_the_scores_onto_the_e4m3_operand():
 
 def test_inputs_in_key_order_are_refused_where_the_gluon_kernel_cannot_run(device):
     q, k, v = inputs(2, 2, 130, 130, 128, device=device)
-    x = quantize_fp8(q, k, v, block_m=128, block_n=64, key_order=True)
+    x = quantize_fp8(q, k, v, block_m=128, block_n=128, key_order=True)
     if not gluon_available(x.q.device):
         with pytest.raises(ValueError, match="Hopper GPU only") as info:
             attention_fp8(x, "causal")
@@ -136,8 +136,10 @@ def test_inputs_in_key_order_are_refused_where_the_gluon_kernel_cannot_run(devic
         with pytest.raises(ValueError, match="takes no warp_specialize") as info:
             attention_fp8(x, "causal", warp_specialize=False)
         small = quantize_fp8(q[..., :64], k[..., :64], v[..., :64], block_m=128, block_n=64, key_order=True)
-        with pytest.raises(ValueError, match="padded D of 128 or 256"):
+        with pytest.raises(ValueError, match="128 x 128 tiles at a padded D of 128"):
             attention_fp8(small, "causal")
+        with pytest.raises(ValueError, match="not 128 x 64 at 128"):
+            attention_fp8(quantize_fp8(q, k, v, block_m=128, block_n=64, gluon=True), "causal")
     assert "\n" not in str(info.value)
 
 
