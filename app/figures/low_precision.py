@@ -165,9 +165,11 @@ def error_summary_figure(trace) -> go.Figure:
 
 
 def speed_figure(trace) -> go.Figure:
-    """Per variant: the time of the quantise(-and-rotate) pass and of the attention kernel
-    (stacked), and TFLOP/s of the whole call and of the attention kernel alone; the FA3 paper's
-    H100 FP8 forward speed drawn as its own line. An untimed (interpreter) recording says so."""
+    """Per variant: the whole call's time as its attention kernel's and, under it, the rest of the
+    call (the quantise(-and-rotate) pass within the call: whole call - kernel, the pass timed alone
+    in the hover: a short call's pass alone can be host-bound, longer than its share of the call),
+    and TFLOP/s of the whole call and of the attention kernel alone; the FA3 paper's H100 FP8
+    forward speed drawn as its own line. An untimed (interpreter) recording says so."""
     s, table = study(trace)
     v = s.get("variants", {})
     names = [n for n in variants_in(table) if n in v]
@@ -177,9 +179,16 @@ def speed_figure(trace) -> go.Figure:
     d = int(trace.meta["shape"]["D"])
     anchor_d = min(FA3_TFLOPS, key=lambda x: abs(x - d))
     if timed:
-        for part, colour, key in (("quantise pass", NOW, "quantise_ms"), ("attention kernel", FULL, "attention_ms")):
-            fig.add_trace(go.Bar(x=labels, y=[v[n][key] for n in names], name=part, marker_color=colour,
-                                 hovertemplate=f"%{{x}}: {part} %{{y:.3f}} ms<extra></extra>"), row=1, col=1)
+        rest = [max(v[n]["total_ms"] - v[n]["attention_ms"], 0.0) for n in names]      # the pass within the call
+        fig.add_trace(go.Bar(x=labels, y=rest, name="quantise pass (in the call)", marker_color=NOW,
+                             customdata=[[v[n]["quantise_ms"], v[n]["total_ms"]] for n in names],
+                             hovertemplate="%{x}: quantise pass %{y:.3f} ms within the %{customdata[1]:.3f} ms call "
+                                           "(call - kernel); %{customdata[0]:.3f} ms timed alone<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Bar(x=labels, y=[v[n]["attention_ms"] for n in names], name="attention kernel",
+                             marker_color=FULL, text=[f"{v[n]['total_ms']:.3f}" for n in names],
+                             textposition="outside",
+                             hovertemplate="%{x}: attention kernel %{y:.3f} ms<extra></extra>"), row=1, col=1)
         for part, key, colour in (("whole call", "tflops_total", "#8c6bb1"), ("attention alone", "tflops_attention", FULL)):
             fig.add_trace(go.Bar(x=labels, y=[v[n][key] for n in names], name=f"TFLOP/s {part}", marker_color=colour,
                                  text=[f"{v[n][key]:.0f}" for n in names], textposition="outside",
@@ -206,12 +215,15 @@ def speed_figure(trace) -> go.Figure:
                       legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"))
     if timed:
         fig.data[0].update(offsetgroup="time")
-        fig.data[1].update(offsetgroup="time", base=[v[n]["quantise_ms"] for n in names])
-    fig.update_yaxes(title_text="time per call (ms)", row=1, col=1, rangemode="tozero")
+        fig.data[1].update(offsetgroup="time", base=list(fig.data[0].y))
+    fig.update_yaxes(title_text="time per call (ms)", row=1, col=1, rangemode="tozero",
+                     range=[0, 1.2 * max([v[n]["total_ms"] for n in names] if timed else [1.0])])
     fig.update_yaxes(title_text="TFLOP/s", row=1, col=2, rangemode="tozero",
                      range=[0, 1.15 * max([FA3_TFLOPS[anchor_d]] + ([v[n]["tflops_attention"] for n in names] if timed else []))])
     flops = s.get("flops")
-    extra = f" TFLOP/s = 4·B·H·D·visible pairs ÷ time" + (f" ({flops:,} FLOPs per call)." if flops else ".")
+    extra = (" Time: the whole call (its number), the attention kernel on pre-quantised inputs, and under it the"
+             " rest of the call, the quantise pass (call − kernel)." if timed else "")
+    extra += f" TFLOP/s = 4·B·H·D·visible pairs ÷ time" + (f" ({flops:,} FLOPs per call)." if flops else ".")
     fig = caption(fig, study_provenance(trace) + extra + f" Dashed: {FA3_SOURCE}'s FP8 forward, not measured here.",
                   width=150)
     # the legend's rows above the panels: five entries take two or three at 1280 px, the paper's line alone one
