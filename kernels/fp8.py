@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .device_cache import hold_if_capturing
-from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, fp8_head_dim, quantize_fp8
+from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, fp8_head_dim, quantize_checked
 from .gluon_fp8_launch import GLUON_FP8, GluonFp8Plan, check_gluon_inputs
 from .kernel_args import KernelArgs, TraceFlags
 from .launch import _ensure_allocator as ensure_allocator
@@ -236,7 +236,7 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
     device = x.q.device
     if x.gluon:                 # inputs quantised for the Gluon kernel (fp8_config's choice on Hopper)
         check_gluon_inputs(x, warp_specialize, num_warps, num_stages)
-        key = ("gluon", x.shape, x.n_k, x.h_kv, x.block_n, str(device), spec)     # (x.key_order: a launch argument)
+        key = ("gluon", x.shape, x.n_k, x.h_kv, x.block_n, x.key_order, str(device), spec)
         gp = _PLANS.get(key)
         if gp is None:
             gp = _PLANS.put(key, GluonFp8Plan.build(x, spec))
@@ -271,11 +271,12 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
 
 def fp8_forward(q, k, v, mask="causal", sm_scale=None, scaling="block", hadamard=True, block_m=None,
                 block_n=None, return_lse=False, trace: TraceBuffers | None = None, warp_specialize=None):
-    """quantize_fp8 then attention_fp8: the one implementation every path runs (the op, the eager
-    call, instrumentation.record's traced call). Arguments as flash_attention_fp8's, plus trace
-    and warp_specialize (attention_fp8's)."""
-    x = quantize_fp8(q, k, v, scaling, hadamard, block_m, block_n, mask=mask)
-    return attention_fp8(x, mask, sm_scale, return_lse, trace, warp_specialize)
+    """quantize_fp8 then attention_fp8 on inputs check_fp8_args passed: the one implementation every
+    path runs (the op, the eager call, instrumentation.record's traced call). Arguments as
+    flash_attention_fp8's, plus trace and warp_specialize (attention_fp8's)."""
+    spec = parse_mask(mask, q.shape[2], k.shape[2])
+    x = quantize_checked(q, k, v, scaling, hadamard, block_m, block_n, spec)
+    return attention_fp8(x, spec, sm_scale, return_lse, trace, warp_specialize)
 
 
 @torch.library.custom_op("tilescope::flash_attention_fp8", mutates_args=())
@@ -283,6 +284,7 @@ def flash_attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
                            scaling: str, hadamard: bool, block_m: Optional[int], block_n: Optional[int],
                            return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """The FP8 forward as an op: (o, lse), lse an empty (0,) float32 tensor without return_lse."""
+    check_fp8_args(q, k, v, scaling, hadamard)
     out = fp8_forward(q, k, v, mask, sm_scale, scaling, hadamard, block_m, block_n, return_lse)
     return out if return_lse else (out, q.new_empty((0,), dtype=torch.float32))
 

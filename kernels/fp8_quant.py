@@ -25,7 +25,7 @@ from .gluon_fp8_launch import GLUON_FP8, gluon_fp8_tiles
 from .launch_config import warp_specialize_supported
 from .masks import FULL, PARTIAL, parse_mask
 from .runtime import check_interpreter_tiles, interpreting
-from .shapes import check_inputs
+from .shapes import check_inputs, check_kernel_device
 from .sizes import BLOCK_SIZES
 
 SCALINGS = ("block", "tensor")
@@ -172,7 +172,7 @@ def check_fp8_args(q, k, v, scaling, hadamard) -> None:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise ValueError("flash_attention_fp8 is forward only: pass tensors that do not require grad "
                          "(.detach(), or call it under torch.no_grad())")
-    check_inputs(q, k, v)       # where the kernel runs (interpreter: CPU tensors; else CUDA)
+    check_kernel_device(q.device)       # where the kernel runs (interpreter: CPU tensors; else CUDA)
 
 
 def fp8_config(head_dim: int, block_m=None, block_n=None, num_warps=None, num_stages=None, mask=None,
@@ -341,41 +341,78 @@ def _fused_warps(hd: int, kron: bool) -> int:
     return 4 if hd <= 128 else 16 if kron else 8
 
 
-def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order=False):
-    """Q, K, V in one launch of quantise_qkv_kernel (per-tensor scaling: two, the first taking
-    each tensor's amax by atomic max). Returns ((q8, k8, v8), (q_scale, k_scale, v_scale))."""
+class QuantLaunch(NamedTuple):
+    """The fused quantise launch of a call shape (_quant_launch): every argument but the per-call
+    tensors (Q, K, V, the outputs, scales and amax: args[:6]), the outputs' shapes, the grid, and per
+    launch (one; per-tensor scaling two) its constexpr tiles, num_warps and DirectLaunch."""
+
+    args: list              # every argument before the tiles, positionally
+    shapes: tuple           # q8, k8, v8, then the three scale vectors
+    grid: tuple
+    launches: tuple         # (tiles + interleave, num_warps, DirectLaunch) per launch
+
+
+_QUANT_LAUNCHES: dict = {}      # (shapes, strides, dtype, device, tiles, options, knobs) -> QuantLaunch
+
+
+def _quant_launch(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order) -> QuantLaunch:
+    """The QuantLaunch of q, k, v's shapes and strides (each D contiguous) with these options,
+    built once (the module's knobs are part of its key: probes change them)."""
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, str(q.device), block_m, block_n, hd, hadamard,
+           scaling, key_order, QUANT_WARPS, HADAMARD_KRON, QUANT_CHUNK, QUANT_INTERLEAVE)
+    ql = _QUANT_LAUNCHES.get(key)
+    if ql is not None:
+        return ql
+    from .direct_launch import DirectLaunch
     from .fp8_quant_kernel import quantise_qkv_kernel
 
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     n_qt, n_kt = -(-n_q // block_m), -(-n_k // block_n)
-    dev = q.device
-    q8 = torch.empty((b * h, n_qt * block_m, hd), dtype=torch.float8_e4m3fn, device=dev)
-    k8 = torch.empty((b * h_kv, n_kt * block_n, hd), dtype=torch.float8_e4m3fn, device=dev)
-    v8 = torch.empty((b * h_kv, hd, n_kt * block_n), dtype=torch.float8_e4m3fn, device=dev)
-    scales = (torch.empty(b * h * n_qt, dtype=torch.float32, device=dev),
-              torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev),
-              torch.empty(b * h_kv * n_kt, dtype=torch.float32, device=dev))
+    shapes = ((b * h, n_qt * block_m, hd), (b * h_kv, n_kt * block_n, hd), (b * h_kv, hd, n_kt * block_n),
+              (b * h * n_qt,), (b * h_kv * n_kt,), (b * h_kv * n_kt,))
     auto = hd >= 256 and min(block_m, block_n) < 128
     kron = bool(hadamard and (auto if HADAMARD_KRON is None else HADAMARD_KRON))
-    had = _had_on(hd, q.dtype, str(dev), kron) if hadamard else None
+    had = _had_on(hd, q.dtype, str(q.device), kron) if hadamard else None
     mode = "block" if scaling == "block" else "amax_atomic"
     q_chunk, k_chunk, v_chunk = _chunk_rows(hd, block_m, block_n, hadamard)
     tiles = (_quant_tile(d, hd, block_m, hadamard, mode, False, kron, q_chunk),
              _quant_tile(d, hd, block_n, hadamard, mode, False, kron, k_chunk),
              _quant_tile(d, hd, block_n, False, mode, True, False, v_chunk, key_order))
     q_progs, k_progs = b * h * n_qt, b * h_kv * n_kt
-    amax = None if scaling == "block" else torch.zeros(3, dtype=torch.float32, device=dev)
-    args = [q, k, v, (q8, k8, v8), scales, amax, had, tuple(q.stride()[:3]), tuple(k.stride()[:3]),
-            tuple(v.stride()[:3]), (q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1), v8.stride(0), v8.stride(1)),
-            h, h_kv, n_q, n_k, n_qt, n_kt, q_progs, k_progs]
+    q8_strides, kv8_strides = (shapes[0][1] * hd, hd), (shapes[1][1] * hd, hd)
+    args = [None] * 6 + [had, tuple(q.stride()[:3]), tuple(k.stride()[:3]), tuple(v.stride()[:3]),
+                         (*q8_strides, *kv8_strides, hd * shapes[2][2], shapes[2][2]),
+                         h, h_kv, n_q, n_k, n_qt, n_kt, q_progs, k_progs]
     warps = QUANT_WARPS or _fused_warps(hd, kron)
-    grid = (q_progs + 2 * k_progs,)
-    quantise_qkv_kernel[grid](*args, *tiles, QUANT_INTERLEAVE, num_warps=warps)
-    if scaling != "block":
-        quantise_qkv_kernel[grid](*args, *(t._replace(MODE="apply_amax") for t in tiles), QUANT_INTERLEAVE,
-                                  num_warps=warps)
+    passes = (tiles,) if scaling == "block" else (tiles, tuple(t._replace(MODE="apply_amax") for t in tiles))
+    ql = QuantLaunch(args, shapes, (q_progs + 2 * k_progs,),
+                     tuple(((*t, QUANT_INTERLEAVE), warps, DirectLaunch(quantise_qkv_kernel)) for t in passes))
+    if len(_QUANT_LAUNCHES) >= 64:      # call shapes come and go: keep the newest few
+        _QUANT_LAUNCHES.clear()
+    _QUANT_LAUNCHES[key] = ql
+    return ql
+
+
+def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order=False):
+    """Q, K, V in one launch of quantise_qkv_kernel (per-tensor scaling: two, the first taking
+    each tensor's amax by atomic max), its arguments fixed once per call shape (_quant_launch) and
+    the compiled kernel launched directly (kernels.direct_launch). Returns ((q8, k8, v8),
+    (q_scale, k_scale, v_scale))."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    ql = _quant_launch(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order)
+    dev = q.device
+    e4m3, f32 = torch.float8_e4m3fn, torch.float32
+    q8, k8, v8 = (torch.empty(shape, dtype=e4m3, device=dev) for shape in ql.shapes[:3])
+    scales = tuple(torch.empty(shape, dtype=f32, device=dev) for shape in ql.shapes[3:])
+    amax = None if scaling == "block" else torch.zeros(3, dtype=f32, device=dev)
+    args = ql.args.copy()
+    args[:6] = q, k, v, (q8, k8, v8), scales, amax
+    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+    grid = ql.grid
+    for tail, warps, direct in ql.launches:
+        launch_args = args + list(tail)
+        direct(grid, launch_args, aligned, lambda: direct.kernel[grid](*launch_args, num_warps=warps))
     return (q8, k8, v8), scales
 
 
@@ -399,9 +436,15 @@ def quantize_fp8(q, k, v, scaling: str = "block", hadamard: bool = True, block_m
     Returns:
         Fp8Inputs. Raises ValueError (one line) for key_order=True with gluon=False."""
     check_fp8_args(q, k, v, scaling, hadamard)
+    spec = None if mask is None else parse_mask(mask, q.shape[2], k.shape[2])
+    return quantize_checked(q, k, v, scaling, hadamard, block_m, block_n, spec, gluon, key_order)
+
+
+def quantize_checked(q, k, v, scaling, hadamard, block_m, block_n, spec, gluon=None, key_order=None) -> Fp8Inputs:
+    """quantize_fp8 on inputs check_fp8_args passed, spec a MaskSpec checked against their lengths
+    (or None): kernels.fp8's call checks once."""
     b, h, n_q, d = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
-    spec = None if mask is None else parse_mask(mask, n_q, n_k)
     cfg = fp8_config(d, block_m, block_n, mask=spec, n_q=n_q, n_k=n_k, device=q.device)
     hd = fp8_head_dim(d)
     for_gluon = (cfg.gluon or bool(key_order)) if gluon is None else bool(gluon)

@@ -12,7 +12,7 @@ tiles).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -71,60 +71,85 @@ def check_gluon_inputs(x, warp_specialize, num_warps, num_stages) -> None:
 
 @dataclass(frozen=True)
 class GluonFp8Plan:
-    """What a call shape fixes: the block plan at BLOCK_M x block_n, the grid, the ring's depth,
-    the ping-pong, the shared layouts of the Q, K and V^T tiles."""
+    """What a call shape fixes (GluonFp8Plan.build): the block plan at BLOCK_M x block_n, the grid,
+    the ring's depth, the ping-pong, the loop, P's relabelling, and every kernel argument of an
+    untraced call but the descriptors, O, LSE, the scales and the softmax scale, which run() sets per
+    call before launching the compiled kernel directly (kernels.direct_launch)."""
 
     plan: BlockPlan
     grid: tuple
     stages: int
     pingpong: bool
-    layouts: tuple
-    serial: bool = False
+    serial: bool
+    args: list = field(repr=False, compare=False)      # every kernel argument, positionally
+    slots: tuple = field(repr=False, compare=False)    # where in args: q_desc (then k_desc, v_desc, O, LSE, the
+    # three scales), tr_work (then tr_tiles, tr_rows, row_slot, head_slot, trace_slots), qk_scale, TRACE_WORK
+    # (then TRACE_TILES)
+    direct: object = field(repr=False, compare=False)  # its DirectLaunch
+    # the Q, K and V^T tensor descriptors (tiles and shared layouts), checked once without a base
+    descriptors: tuple = field(repr=False, compare=False)
 
     @staticmethod
-    def build(x, spec, stages: int | None = None, pingpong: bool | None = None,
-              serial: bool | None = None) -> "GluonFp8Plan":
+    def build(x, spec, stages: int | None = None, pingpong: bool | None = None, serial: bool | None = None,
+              consumer_regs: int = CONSUMER_REGS) -> "GluonFp8Plan":
+        """The plan of calls on inputs shaped as x (Fp8Inputs: its shape, tiles and key order) with
+        mask spec; stages, pingpong, serial: None, GLUON_FP8's for the padded D."""
         from triton.experimental.gluon import language as gl
-
-        b, h, n_q, _ = x.shape
-        hd = x.head_dim_padded
-        plan = block_plan(spec, n_q, BLOCK_M, x.block_n, x.q.device, x.n_k)
-        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False, False, ()))
-        e4m3 = gl.float8e4nv
-        layouts = (gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, hd], e4m3),
-                   gl.NVMMASharedLayout.get_default_for([x.block_n, hd], e4m3),
-                   gl.NVMMASharedLayout.get_default_for([hd, x.block_n], e4m3))
-        return GluonFp8Plan(plan, (b * h * plan.n_qb,), dflt.stages if stages is None else stages,
-                            dflt.pingpong if pingpong is None else bool(pingpong), layouts,
-                            dflt.serial if serial is None else bool(serial))
-
-    def run(self, x, o, lse, qk_scale: float, trace=None, consumer_regs: int = CONSUMER_REGS) -> None:
-        """Launch on x (Fp8Inputs, P relabelled where x.key_order), writing o (B, H, N_q,
-        D) and lse (B, H, N_q) fp32; trace: kernels.TraceBuffers sized for this plan, or None."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+        from .direct_launch import DirectLaunch
         from .gluon_fp8_kernel import attn_fwd_fp8_gluon_kernel
 
         b, h, n_q, d = x.shape
         hd = x.head_dim_padded
-        plan = self.plan
-        q_desc = TensorDescriptor.from_tensor(x.q.view(-1, hd), [BLOCK_M // 2, hd], self.layouts[0])
-        k_desc = TensorDescriptor.from_tensor(x.k.view(-1, hd), [x.block_n, hd], self.layouts[1])
-        v_desc = TensorDescriptor.from_tensor(x.v.view(-1, x.v.shape[-1]), [hd, x.block_n], self.layouts[2])
-        traced = dict(tr_work=None, tr_tiles=None, tr_rows=None, row_slot=None, head_slot=None, trace_slots=0,
-                      TRACE_WORK=False, TRACE_TILES=False)
-        if trace is not None:
-            head_slot, slots = checked_trace(trace, b * h, plan)
-            traced.update(tr_work=trace.work, TRACE_WORK=trace.trace_work, TRACE_TILES=trace.trace_tiles)
-            if trace.trace_tiles:
-                traced.update(tr_tiles=trace.tiles, tr_rows=trace.rows, row_slot=trace.row_slot, head_slot=head_slot,
-                              trace_slots=slots)
-        attn_fwd_fp8_gluon_kernel[self.grid](
-            q_desc, k_desc, v_desc, o, lse, x.q_scale, x.k_scale, x.v_scale, plan.row_lo, plan.row_hi,
-            plan.full_cnt, plan.full_start, plan.part_cnt, plan.part_idx, traced["tr_work"], traced["tr_tiles"],
-            traced["tr_rows"], traced["row_slot"], traced["head_slot"], traced["trace_slots"], h, h // x.h_kv, n_q,
-            plan.n_qb, plan.n_kb, qk_scale, D=d, STAGES=self.stages, CONSUMER_REGS=consumer_regs, RELABEL=x.key_order,
-            PINGPONG=self.pingpong, SERIAL=self.serial, TRACE_WORK=traced["TRACE_WORK"], TRACE_TILES=traced["TRACE_TILES"], num_warps=4)
+        plan = block_plan(spec, n_q, BLOCK_M, x.block_n, x.q.device, x.n_k)
+        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False, False, ()))
+        stages = dflt.stages if stages is None else stages
+        pingpong = dflt.pingpong if pingpong is None else bool(pingpong)
+        serial = dflt.serial if serial is None else bool(serial)
+        e4m3 = gl.float8e4nv
+        # the 2-D matrices the TMA reads: Q8 and K8 rows of HEAD_DIM, V8^T rows of the padded keys
+        blocks = (([x.q.numel() // hd, hd], [BLOCK_M // 2, hd]), ([x.k.numel() // hd, hd], [x.block_n, hd]),
+                  ([x.v.numel() // x.v.shape[-1], x.v.shape[-1]], [hd, x.block_n]))
+        descriptors = tuple(TensorDescriptor(t, shape, [shape[1], 1], block,                   # checked here
+                                             gl.NVMMASharedLayout.get_default_for(block, e4m3))
+                            for t, (shape, block) in zip((x.q, x.k, x.v), blocks))
+        for desc in descriptors:
+            desc.base = None            # the plan keeps no call's tensor
+        # every argument by name (a changed kernel signature fails here, loudly)
+        named = dict(q_desc=None, k_desc=None, v_desc=None, O=None, LSE=None, q_scale=None, k_scale=None,
+                     v_scale=None, row_lo=plan.row_lo, row_hi=plan.row_hi, full_cnt=plan.full_cnt,
+                     full_start=plan.full_start, part_cnt=plan.part_cnt, part_idx=plan.part_idx, tr_work=None,
+                     tr_tiles=None, tr_rows=None, row_slot=None, head_slot=None, trace_slots=0, H=h,
+                     GROUP=h // x.h_kv, N_Q=n_q, n_qb=plan.n_qb, n_kb=plan.n_kb, qk_scale=None, D=d, STAGES=stages,
+                     CONSUMER_REGS=consumer_regs, RELABEL=x.key_order, PINGPONG=pingpong, SERIAL=serial,
+                     TRACE_WORK=False, TRACE_TILES=False)
+        names = attn_fwd_fp8_gluon_kernel.arg_names
+        slots = tuple(names.index(name) for name in ("q_desc", "tr_work", "qk_scale", "TRACE_WORK"))
+        return GluonFp8Plan(plan, (b * h * plan.n_qb,), stages, pingpong, serial, [named[n] for n in names], slots,
+                            DirectLaunch(attn_fwd_fp8_gluon_kernel), descriptors)
+
+    def run(self, x, o, lse, qk_scale: float, trace=None) -> None:
+        """Launch on x (Fp8Inputs of the plan's shape, tiles and key order), writing o (B, H, N_q,
+        D) and lse (B, H, N_q) fp32; trace: kernels.TraceBuffers sized for this plan, or None."""
+        from .gluon_launch import descriptor_on
+
+        q_desc, k_desc, v_desc = self.descriptors
+        args = self.args.copy()
+        at_q, at_trace, at_scale, at_flags = self.slots
+        args[at_q:at_q + 8] = (descriptor_on(q_desc, x.q), descriptor_on(k_desc, x.k), descriptor_on(v_desc, x.v), o,
+                               lse, x.q_scale, x.k_scale, x.v_scale)
+        args[at_scale] = qk_scale
+        grid, kernel = self.grid, self.direct.kernel
+        if trace is None:       # the compiled kernel, launched without Triton's per-call binding
+            self.direct(grid, args, True, lambda: kernel[grid](*args, num_warps=4))
+            return
+        b, h = x.shape[:2]
+        head_slot, slots = checked_trace(trace, b * h, self.plan)
+        args[at_trace:at_trace + 6] = ((trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot, slots)
+                                       if trace.trace_tiles else (trace.work, None, None, None, None, 0))
+        args[at_flags:at_flags + 2] = trace.trace_work, trace.trace_tiles
+        kernel[grid](*args, num_warps=4)
 
 
 def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace=None, *, stages=None,
@@ -152,6 +177,6 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
     spec = parse_mask(mask, n_q, x.n_k)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
-    GluonFp8Plan.build(x, spec, stages, pingpong, serial).run(x, o, lse, softmax_scale(sm_scale, d) * LOG2E, trace,
-                                                      consumer_regs)
+    GluonFp8Plan.build(x, spec, stages, pingpong, serial, consumer_regs).run(x, o, lse,
+                                                                     softmax_scale(sm_scale, d) * LOG2E, trace)
     return (o, lse) if return_lse else o

@@ -4,13 +4,16 @@ is a no-op, so what is timed is our Python and Triton's up to the launch (not th
 
     env -u TRITON_INTERPRET python scripts/launch_host_offline.py [--kernel gluon|triton] [--profile]
     env -u TRITON_INTERPRET python scripts/launch_host_offline.py --backward [--kernel gluon|triton]
+    env -u TRITON_INTERPRET python scripts/launch_host_offline.py --fp8 [--kernel gluon|triton]
     # the GPU machines' Triton: pip install --target /tmp/t36 --no-deps triton==3.6.0, then PYTHONPATH=/tmp/t36:.
 
 Forward: B1 H8 N1024 D64 bf16, full mask (benchmarks.overhead's launch shape), the median over 15
 rounds of 300 calls of kernels.launch's resolve + run (the path flash_attention takes after its
 checks). Backward: B1 H8 N1024 D128 bf16, causal (scripts/backward_host_time.py's host-bound case),
 the whole flash_attention_backward call (checks, plan, preprocess, both passes and the finite-row
-twin), 15 rounds of 100 calls. With the one pass (the default at D 128 on Hopper) its float32 dQ
+twin), 15 rounds of 100 calls. FP8: the whole flash_attention_fp8 call (checks, the quantise pass,
+the attention kernel) at the Llama-3-8B-shaped precision study's shape, B1 H32 / 8 N4096 D128
+causal, 15 rounds of 300 calls. With the one pass (the default at D 128 on Hopper) its float32 dQ
 accumulator is zeroed and rounded by CPU memory work on these CPU tensors (about 0.8 ms a call on
 a 2-CPU machine) where a GPU launches two kernels: TILESCOPE_BWD_ONEPASS=0 times the launch path
 without them; `python -m benchmarks.overhead --parts backward` times the call on a GPU."""
@@ -31,6 +34,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", choices=("gluon", "triton"), default="gluon")
     p.add_argument("--backward", action="store_true", help="flash_attention_backward instead of the forward")
+    p.add_argument("--fp8", action="store_true", help="flash_attention_fp8 instead of the forward")
     p.add_argument("--profile", action="store_true", help="and a cProfile of 3000 calls")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -51,7 +55,8 @@ def main(argv=None) -> int:
             self.module, self.function, self._run = 1, 0, (lambda *a: None)
     CompiledKernel._init_handles = no_op_launcher
 
-    call = _backward_call(args.kernel, stats) if args.backward else _forward_call(args.kernel, stats)
+    part = "backward" if args.backward else "fp8" if args.fp8 else "forward"
+    call = dict(backward=_backward_call, fp8=_fp8_call, forward=_forward_call)[part](args.kernel, stats)
     call()
     call()
     rounds = []
@@ -61,7 +66,7 @@ def main(argv=None) -> int:
         for _ in range(calls):
             call()
         rounds.append((time.perf_counter_ns() - t0) / calls / 1000)
-    print(f"{'backward' if args.backward else 'forward'}, {args.kernel} kernel: {statistics.median(rounds):.1f} us "
+    print(f"{part}, {args.kernel} kernel: {statistics.median(rounds):.1f} us "
           f"per call (median of 15 rounds of {calls}; fastest round {min(rounds):.1f})")
     if args.profile:
         import cProfile
@@ -108,6 +113,25 @@ def _forward_call(kind: str, stats):
             return launch.run_untraced(lp, q, k, v, None)
         return launch.run_plan(lp, q, k, v, None, None, None, False, None)
     return call
+
+
+def _fp8_call(kind: str, stats):
+    """() -> one flash_attention_fp8 call on CPU tensors, through the no-op launchers."""
+    import torch
+
+    import kernels.fp8 as fp8
+    import kernels.fp8_quant as fp8_quant
+    import kernels.gluon_fp8_kernel as gluon_fp8_kernel
+    import kernels.gluon_fp8_launch as gluon_fp8_launch
+
+    kernel, run = gluon_fp8_kernel.attn_fwd_fp8_gluon_kernel, fp8._launch
+    stats._as_h200([dict(launches=[])])             # H200 facts for CPU tensors ...
+    gluon_fp8_kernel.attn_fwd_fp8_gluon_kernel, fp8._launch = kernel, run    # ... launching, not only building
+    gluon_fp8_launch.gluon_available = lambda device: kind == "gluon"
+    fp8.interpreting = fp8_quant.interpreting = lambda: False
+    q = torch.zeros(1, 32, 4096, 128, dtype=torch.bfloat16)                  # (B, H, N, D)
+    k, v = (torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16) for _ in range(2))   # (B, H_kv, N, D)
+    return lambda: fp8.flash_attention_fp8(q, k, v, "causal")
 
 
 def _backward_call(kind: str, stats):
