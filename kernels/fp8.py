@@ -20,6 +20,7 @@ import torch
 from .device_cache import hold_if_capturing
 from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, fp8_head_dim, quantize_checked
 from .gluon_fp8_launch import GLUON_FP8, GluonFp8Plan, check_gluon_inputs
+from .direct_launch import DirectLaunch
 from .kernel_args import KernelArgs, TraceFlags
 from .launch import _ensure_allocator as ensure_allocator
 from .launch_config import split_pays, warp_specialize_supported
@@ -61,13 +62,14 @@ class Fp8Tile(NamedTuple):
 
 
 class Fp8Launch(NamedTuple):
-    """One kernel launch: its arguments by name, options, and the plain loop's (TILE, options) if
-    Triton refuses the warp-specialised one."""
+    """One kernel launch: its arguments by name, options, the plain loop's (TILE, options) if
+    Triton refuses the warp-specialised one, and its DirectLaunch (untraced calls)."""
 
     args: KernelArgs
     options: dict
     ws: bool
     plain: tuple
+    direct: object = None
 
 
 class Fp8Plan(NamedTuple):
@@ -151,7 +153,7 @@ def _resolve(x: Fp8Inputs, spec: MaskSpec, return_lse: bool, flags, hw_clock: bo
         args = KernelArgs(attn_fwd_fp8_kernel, _PER_CALL, TILE=tile, RETURN_LSE=lse, **fixed)
         ws_here = tile.WARP_SPECIALIZE
         return Fp8Launch(args, dict(WS_OPTIONS, **override) if ws_here else plain_options, ws_here,
-                         (tile._replace(WARP_SPECIALIZE=False), plain_options))
+                         (tile._replace(WARP_SPECIALIZE=False), plain_options), DirectLaunch(attn_fwd_fp8_kernel))
 
     if split:       # full tiles (warp-specialised) storing (O, lse); partial tiles resumed from them (SEED)
         diagonal = launch_of(tile._replace(OFF_BAND=False, SEED=True, WARP_SPECIALIZE=False), True)
@@ -190,9 +192,10 @@ def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> di
     return out
 
 
-def _launch(grid, launch: Fp8Launch, args: list) -> None:
+def _launch(grid, launch: Fp8Launch, args: list):
     """Launch; a warp-specialised kernel Triton refuses to compile runs with the plain loop (and
-    that choice is remembered), as kernels.launch does for the bf16 kernel."""
+    that choice is remembered), as kernels.launch does for the bf16 kernel. Returns what Triton's
+    launch of args returned (DirectLaunch keeps it), None where other arguments ran."""
     kernel = launch.args.kernel
     if launch.ws:
         ensure_allocator()
@@ -200,16 +203,25 @@ def _launch(grid, launch: Fp8Launch, args: list) -> None:
         key = (tile, tuple(sorted(launch.options.items())))    # a refusal at other options says nothing here
         if key not in _WS_REFUSED:
             try:
-                kernel[grid](*args, **launch.options)
-                return
+                return kernel[grid](*args, **launch.options)
             except Exception as exc:  # noqa: BLE001  (compile errors come as several exception types)
                 _WS_REFUSED.add(key)
                 print(f"fp8: the warp-specialised kernel did not compile ({type(exc).__name__}); plain loop for "
                       f"{tile}", file=sys.stderr)
         plain_tile, options = launch.plain
         kernel[grid](*launch.args.rebind(args, TILE=plain_tile), **options)
-        return
-    kernel[grid](*args, **launch.options)
+        return None
+    return kernel[grid](*args, **launch.options)
+
+
+_LAUNCH = _launch
+
+
+def _pointer_bits(x: Fp8Inputs, o, lse) -> int:
+    """The OR of a launch's per-call tensors' addresses (DirectLaunch takes only 16-byte aligned ones)."""
+    bits = x.q.data_ptr() | x.k.data_ptr() | x.v.data_ptr() | o.data_ptr()
+    bits |= x.q_scale.data_ptr() | x.k_scale.data_ptr() | x.v_scale.data_ptr()
+    return bits if lse is None else bits | lse.data_ptr()
 
 
 def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None,
@@ -244,7 +256,7 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         o = torch.empty(x.shape, dtype=x.dtype, device=device)                 # (B, H, N_q, D)
         lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device)    # (B, H, N_q)
         with resource_refusal():
-            gp.run(x, o, lse, scale, trace)
+            gp.run(x, o, lse, scale, trace, not _pointer_bits(x, o, lse) & 15)
         return (o, lse) if return_lse else o
     hw_clock = device.type == "cuda"
     flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
@@ -263,9 +275,15 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         head_slot, slots = checked_trace(trace, b * h, fp.plan)
         call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
                     row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
+    direct = trace is None and _launch is _LAUNCH       # (tools replace _launch to watch the launches)
+    aligned = not _pointer_bits(x, o, lse) & 15
     with resource_refusal():
         for launch in fp.launches:
-            _launch(fp.grid, launch, launch.args.bind(**call))
+            args = launch.args.bind(**call)
+            if direct:      # the compiled kernel, launched without Triton's per-call binding
+                launch.direct(fp.grid, args, aligned, lambda: _launch(fp.grid, launch, args))
+            else:
+                _launch(fp.grid, launch, args)
     return (o, lse) if return_lse else o
 
 

@@ -129,9 +129,10 @@ class GluonFp8Plan:
         return GluonFp8Plan(plan, (b * h * plan.n_qb,), stages, pingpong, serial, [named[n] for n in names], slots,
                             DirectLaunch(attn_fwd_fp8_gluon_kernel), descriptors)
 
-    def run(self, x, o, lse, qk_scale: float, trace=None) -> None:
+    def run(self, x, o, lse, qk_scale: float, trace=None, aligned: bool = False) -> None:
         """Launch on x (Fp8Inputs of the plan's shape, tiles and key order), writing o (B, H, N_q,
-        D) and lse (B, H, N_q) fp32; trace: kernels.TraceBuffers sized for this plan, or None."""
+        D) and lse (B, H, N_q) fp32; trace: kernels.TraceBuffers sized for this plan, or None;
+        aligned: every per-call tensor is 16-byte aligned (else Triton's normal launch)."""
         from .gluon_launch import descriptor_on
 
         q_desc, k_desc, v_desc = self.descriptors
@@ -142,7 +143,7 @@ class GluonFp8Plan:
         args[at_scale] = qk_scale
         grid, kernel = self.grid, self.direct.kernel
         if trace is None:       # the compiled kernel, launched without Triton's per-call binding
-            self.direct(grid, args, True, lambda: kernel[grid](*args, num_warps=4))
+            self.direct(grid, args, aligned, lambda: kernel[grid](*args, num_warps=4))
             return
         b, h = x.shape[:2]
         head_slot, slots = checked_trace(trace, b * h, self.plan)

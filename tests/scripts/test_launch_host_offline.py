@@ -1,6 +1,6 @@
 """scripts/launch_host_offline.py --fp8 with the installed Triton on this CPU machine (kernels built
-for sm_90, launchers no-ops): an FP8 call's two launches, the quantise pass and the Gluon FP8 kernel,
-each keep their compiled kernel after the first call and launch it directly from then on
+for sm_90, launchers no-ops): an FP8 call's two launches, the quantise pass and the attention kernel
+(Gluon or Triton), each keep their compiled kernel after the first call and launch it directly from then on
 (kernels.direct_launch), and the call's host time is reported in one line."""
 
 import os
@@ -27,7 +27,7 @@ def no_op(self):
     if self.module is None:
         self.module, self.function, self._run = 1, 0, (lambda *a: None)
 CompiledKernel._init_handles = no_op
-call = lho._fp8_call("gluon", stats)
+call = lho._fp8_call({kind!r}, stats)
 import kernels.direct_launch as dl
 counts = []
 real = dl.DirectLaunch.__call__
@@ -42,14 +42,16 @@ print(counts)
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
-def test_an_fp8_calls_launches_are_kept_compiled_and_launched_directly():
+@pytest.mark.parametrize("kind,kernel", [("gluon", "attn_fwd_fp8_gluon_kernel"), ("triton", "attn_fwd_fp8_kernel")])
+def test_an_fp8_calls_launches_are_kept_compiled_and_launched_directly(kind, kernel):
+    """On Hopper (the Gluon FP8 kernel) and where the Triton FP8 kernel runs (TILESCOPE_GLUON=0)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    code = PROBE.format(root=str(ROOT), scripts=str(ROOT / "scripts"))
+    code = PROBE.format(root=str(ROOT), scripts=str(ROOT / "scripts"), kind=kind)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     counts = eval(run.stdout.strip().splitlines()[-1])          # (kernel, compiled kernels kept) per launch
-    assert [name for name, _ in counts] == ["quantise_qkv_kernel", "attn_fwd_fp8_gluon_kernel"] * 3
+    assert [name for name, _ in counts] == ["quantise_qkv_kernel", kernel] * 3
     assert [kept for _, kept in counts[:2]] == [0, 0] and all(kept == 1 for _, kept in counts[2:])
 
 
