@@ -195,14 +195,15 @@ def test_gpu_the_default_causal_call_runs_it_and_its_options_keep_the_bits(d, gl
 
 
 @pytest.mark.gpu
-def test_gpu_record_traces_the_gluon_fp8_kernel_it_times(gluon_gpu):
-    """record(precision="fp8") at the default tiles runs the Gluon kernel traced: the same output
-    bit for bit as the untraced call, every work item with its SM and clock span, each traced
-    head's visited tiles exactly the plan's in visit order 0.., and each traced row's last (m, l)
-    its lse."""
+@pytest.mark.parametrize("d", [128, 256])
+def test_gpu_record_traces_the_gluon_fp8_kernel_it_times(d, gluon_gpu):
+    """record(precision="fp8") at the default tiles runs the Gluon kernel traced (D 128: the
+    overlapped loop, D 256: the serial one): the same output bit for bit as the untraced call, every
+    work item with its SM and clock span, each traced head's visited tiles exactly the plan's in
+    visit order 0.., and each traced row's last (m, l) its lse."""
     from instrumentation import record
 
-    q, k, v = inputs(4, 2, 1024, 1024, 128, seed=13, device="cuda")
+    q, k, v = inputs(4, 2, 1024, 1024, d, seed=13, device="cuda")
     out, trace = record(q, k, v, mask="causal", precision="fp8", level="full", trace_head=[0, 3],
                         trace_q_blocks="all", measure=False)
     assert trace.meta["block_m"] == 128 and trace.meta["block_n"] == 128
