@@ -18,9 +18,9 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .device_cache import hold_if_capturing
+from .direct_launch import DirectLaunch
 from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, fp8_head_dim, quantize_checked
 from .gluon_fp8_launch import GLUON_FP8, GluonFp8Plan, check_gluon_inputs
-from .direct_launch import DirectLaunch
 from .kernel_args import KernelArgs, TraceFlags
 from .launch import _ensure_allocator as ensure_allocator
 from .launch_config import split_pays, warp_specialize_supported

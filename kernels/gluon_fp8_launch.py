@@ -1,13 +1,13 @@
 """Where the FP8 forward runs the Gluon kernel (kernels.gluon_fp8_kernel) on Hopper, and its launch.
 
 fp8_config takes it by default (gluon_fp8_tiles) for GLUON_FP8's masks (causal at padded D 128,
-causal and full at 256) with N_q and N_k at least MIN_LEN on a Hopper GPU with Gluon (kernels.gluon_launch.gluon_available;
-TILESCOPE_GLUON=0 turns it off), where it measured faster than the Triton FP8 kernel (H200, B4
-H16, side by side: scripts/gluon_fwd_probe.py --fp8, docs/performance.md); quantize_fp8 then
-marks its Fp8Inputs gluon (where GLUON_FP8 relabels P's keys, with V^T's each 16 keys stored in
-kernels.fp8_quant.key_order: Fp8Inputs.key_order, which only this kernel reads), and attention_fp8
-runs it on such inputs, traced or not (instrumentation.record sizes its buffers from fp8_config's
-tiles).
+causal and full at 256) with N_q and N_k at least MIN_LEN on a Hopper GPU with Gluon
+(kernels.gluon_launch.gluon_available; TILESCOPE_GLUON=0 turns it off), where it measured faster
+than the Triton FP8 kernel (H200, B4 H16, side by side: scripts/gluon_fwd_probe.py --fp8,
+docs/performance.md); quantize_fp8 then marks its Fp8Inputs gluon (where GLUON_FP8 relabels P's
+keys, with V^T's each 16 keys stored in kernels.fp8_quant.key_order: Fp8Inputs.key_order, which
+only this kernel reads), and attention_fp8 runs it on such inputs, traced or not
+(instrumentation.record sizes its buffers from fp8_config's tiles).
 """
 
 from __future__ import annotations

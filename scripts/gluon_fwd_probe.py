@@ -51,13 +51,14 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
     calls = {"triton fp8": lambda: attention_fp8(x_triton, mask)}
     tiles = GLUON_FP8[d]
     inputs = {}
-    for block_n, relabel, pp, serial in ((tiles.block_n, tiles.relabel, tiles.pingpong, tiles.serial),) + FP8_VARIANTS[d]:
+    default = (tiles.block_n, tiles.relabel, tiles.pingpong, tiles.serial)
+    for block_n, relabel, pp, serial in (default,) + FP8_VARIANTS[d]:
         if (block_n, relabel) not in inputs:
             inputs[block_n, relabel] = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, gluon=True,
                                                     key_order=relabel)
         label = (f"gluon fp8 128x{block_n}, {'P relabelled' if relabel else 'keys in order'}, "
                  f"{'ping-pong' if pp else 'no ping-pong'}{', serial' if serial else ''}"
-                 f"{' (default)' if (block_n, pp, relabel, serial) == tiles[:1] + tiles[2:5] else ''}")
+                 f"{' (default)' if (block_n, relabel, pp, serial) == default else ''}")
         calls[label] = lambda x=inputs[block_n, relabel], pp=pp, serial=serial: attention_fp8_gluon(
             x, mask, pingpong=pp, serial=serial)
     for label, call in calls.items():
