@@ -342,7 +342,8 @@ def flash_attention_fp8(q, k, v, mask="causal", sm_scale=None, *, scaling="block
         mask = parse_mask(mask).text
     if sm_scale is not None:
         sm_scale = softmax_scale(sm_scale, 1)
-    fp8_config(q.shape[-1], block_m, block_n)          # refuses bad block sizes before the op
+    if block_m is not None or block_n is not None:
+        fp8_config(q.shape[-1], block_m, block_n)      # refuses bad block sizes before the op
     if torch.compiler.is_compiling():
         o, lse = flash_attention_fp8_op(q, k, v, mask, sm_scale, scaling, hadamard, block_m, block_n,
                                         bool(return_lse))
