@@ -29,8 +29,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, _smid, block_lists, consumer_rows,
-                               kv_ring_barriers, list_block, tma_load, trace_pointers, wgmma_layout, work_item)
+from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows,
+                               kv_ring_barriers, list_block, record_work_span, tma_load, trace_pointers, wgmma_layout,
+                               work_item)
 
 LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
 P_SCALE = gl.constexpr(256.0)
@@ -316,7 +317,4 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
         gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
                            [4, 1], [CONSUMER_REGS, 24])
     if TRACE_WORK:      # program and order: the host's (program = work item, natural order)
-        rec = tr_work + work.to(gl.int64) * 5
-        gl.store(rec + 2, _smid().to(gl.int64))
-        gl.store(rec + 3, t_start)
-        gl.store(rec + 4, _globaltimer())
+        record_work_span(tr_work, work, t_start)

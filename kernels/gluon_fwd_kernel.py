@@ -157,6 +157,16 @@ def consumer_rows(row_lo, row_hi, row0, N_Q, s_layout: gl.constexpr, o_layout: g
 
 
 @gluon.jit
+def record_work_span(tr_work, work, t_start):
+    """A traced work item's SM and globaltimer span into its record (kernels.trace_buffers; the
+    program and order fields are the host's)."""
+    rec = tr_work + work.to(gl.int64) * 5
+    gl.store(rec + 2, _smid().to(gl.int64))
+    gl.store(rec + 3, t_start)
+    gl.store(rec + 4, _globaltimer())
+
+
+@gluon.jit
 def trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh, q_block, n_qb, n_kb):
     """A work item's place in instrumentation.record's buffers (kernels.trace_buffers, as the
     Triton kernels lay them out): (its tiles, its rows, n_kb, whether its head's tiles are traced,
@@ -350,7 +360,4 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
         gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
                            [4, 1], [CONSUMER_REGS, 24])
     if TRACE_WORK:      # program and order: the host's (the work list, the start times), as on the GPU there
-        rec = tr_work + work.to(gl.int64) * 5
-        gl.store(rec + 2, _smid().to(gl.int64))
-        gl.store(rec + 3, t_start)
-        gl.store(rec + 4, _globaltimer())
+        record_work_span(tr_work, work, t_start)
