@@ -81,29 +81,30 @@ def fp8_suite(name: str = "fp8") -> list[dict]:
 
 
 def _quant_suite() -> list[dict]:
-    """The quantise pass alone at each mask's default tiles (full: D128 128 x 256, D256 128 x 128;
-    other masks 128 x 64), B4 H16 4k and 8k: the default (kernels.fp8_quant's) beside each tile
-    read at once (QUANT_CHUNK), Q, K and V tiles in turn (QUANT_INTERLEAVE), no rotation, per-tensor
-    scaling, and torch's cast of Q, K and V to e4m3 (the same bytes read and written: what the
-    memory allows). The warps and the Kronecker rotation: git history of this suite."""
+    """The quantise pass alone at the tiles of the product's full and causal calls (on Hopper: D128
+    full 128 x 256, causal 128 x 128 (the Gluon FP8 kernel's); D256 128 x 128 for both), B4 H16 4k
+    and 8k, block scales + Hadamard: the default (kernels.fp8_quant's) beside a program per tile
+    (QUANT_PERSISTENT 0) and persistent launches of 1-3 programs per SM at 4 and 8 warps
+    (QUANT_WARPS), no rotation, and torch's cast of Q, K and V to e4m3 (the same bytes read and
+    written: what the memory allows). Chunks, Q, K, V in turn and the Kronecker rotation: git history
+    of this suite."""
     out = []
     for d in (128, 256):
         for n in (4096, 8192):
             shape = (4, 16, 16, n, d)
             out.append(_v("fp8_quant", shape, None, "torch cast of q, k, v to e4m3 (bytes bound)", nocheck=True,
                           pass_="quant", quant=dict(reference=True)))
-            for full in (True, False):
-                tiles = "full-mask tiles" if full else "masked tiles"
-                for scaling, had, whole, in_order in (
-                        ("block", True, False, False), ("block", True, True, False), ("block", True, False, True),
-                        ("block", True, True, True), ("block", False, False, False), ("block", False, True, False),
-                        ("tensor", True, False, False)):
-                    label = (f"quant {tiles} {scaling}{' +had' if had else ''}{' whole tiles' if whole else ''}"
-                             f"{' Q, K, V in order' if in_order else ''}")
-                    out.append(_v("fp8_quant", shape, None, label, nocheck=True, pass_="quant",
-                                  quant=dict(scaling=scaling, hadamard=had, fused=True, warps=None, kron=None,
-                                             full=full, chunk=1024 if whole else None,
-                                             interleave=False if in_order else None)))
+            for mask in ("full", "causal"):
+                variants = [("default", True, None, None), ("a program per tile", True, 0, None),
+                            ("no rotation, a program per tile", False, 0, None)]
+                variants += [(f"persistent {p}/SM w{w}", True, p, w) for p, w in
+                             (((1, 4), (2, 4), (1, 8), (2, 8), (3, 8)) if d == 128 else ((1, 8), (1, 16)))]
+                variants += [(f"no rotation, persistent {2 if d == 128 else 1}/SM w8", False, 2 if d == 128 else 1, 8)]
+                for label, had, persistent, warps in variants:
+                    out.append(_v("fp8_quant", shape, None, f"quant {mask} tiles block{' +had' if had else ''}: {label}",
+                                  nocheck=True, pass_="quant",
+                                  quant=dict(scaling="block", hadamard=had, fused=True, warps=warps, kron=None,
+                                             mask=mask, persistent=persistent)))
     for v in out:
         v["pass"] = v.pop("pass_")
     return out
@@ -129,17 +130,19 @@ def fp8_call(v, q, k, vv):
             return lambda: [x.to(torch.float8_e4m3fn) for x in (q, k, vv)]
 
         def quant():
-            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE
+            saved = (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE,
+                     FQ.QUANT_PERSISTENT)
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
-            interleave = opt.get("interleave")
             FQ.QUANT_CHUNK = opt.get("chunk")
-            FQ.QUANT_INTERLEAVE = FQ.QUANT_INTERLEAVE if interleave is None else interleave
+            for knob, given in (("QUANT_INTERLEAVE", opt.get("interleave")), ("QUANT_PERSISTENT", opt.get("persistent"))):
+                if given is not None:
+                    setattr(FQ, knob, given)
             try:
                 return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"],
-                                       mask="full" if opt.get("full", False) else None)
+                                       mask=opt.get("mask", "full" if opt.get("full", False) else None))
             finally:
-                (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK,
-                 FQ.QUANT_INTERLEAVE) = saved
+                (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE,
+                 FQ.QUANT_PERSISTENT) = saved
         return quant
     key = (id(q), id(k), id(vv), bm, bn, v["mask"])
     if key not in _X:

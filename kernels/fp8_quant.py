@@ -24,7 +24,7 @@ from .device_cache import persistent
 from .gluon_fp8_launch import GLUON_FP8, gluon_fp8_tiles
 from .launch_config import warp_specialize_supported
 from .masks import FULL, PARTIAL, parse_mask
-from .runtime import check_interpreter_tiles, interpreting
+from .runtime import check_interpreter_tiles, device_facts, interpreting
 from .shapes import check_inputs, check_kernel_device
 from .sizes import BLOCK_SIZES
 
@@ -58,6 +58,9 @@ HADAMARD_KRON = None
 # full mask's tiles 0.91x the time, elsewhere 0.98-1.01x
 QUANT_CHUNK = None
 QUANT_INTERLEAVE = True
+# QUANT_PERSISTENT: programs per SM of a persistent fused launch, each taking every programs-th
+# tile with the dense rotation's matrix loaded once (0: a program per tile, each loading it)
+QUANT_PERSISTENT = 0
 
 
 class QuantTile(NamedTuple):
@@ -349,7 +352,7 @@ class QuantLaunch(NamedTuple):
     args: list              # every argument before the tiles, positionally
     shapes: tuple           # q8, k8, v8, then the three scale vectors
     grid: tuple
-    launches: tuple         # (tiles + interleave, num_warps, DirectLaunch) per launch
+    launches: tuple         # (tiles + interleave + persistent, num_warps, DirectLaunch) per launch
 
 
 _QUANT_LAUNCHES: dict = {}      # (shapes, strides, dtype, device, tiles, options, knobs) -> QuantLaunch
@@ -359,7 +362,7 @@ def _quant_launch(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order) -
     """The QuantLaunch of q, k, v's shapes and strides (each D contiguous) with these options,
     built once (the module's knobs are part of its key: probes change them)."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, str(q.device), block_m, block_n, hd, hadamard,
-           scaling, key_order, QUANT_WARPS, HADAMARD_KRON, QUANT_CHUNK, QUANT_INTERLEAVE)
+           scaling, key_order, QUANT_WARPS, HADAMARD_KRON, QUANT_CHUNK, QUANT_INTERLEAVE, QUANT_PERSISTENT)
     ql = _QUANT_LAUNCHES.get(key)
     if ql is not None:
         return ql
@@ -386,8 +389,11 @@ def _quant_launch(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order) -
                          h, h_kv, n_q, n_k, n_qt, n_kt, q_progs, k_progs]
     warps = QUANT_WARPS or _fused_warps(hd, kron)
     passes = (tiles,) if scaling == "block" else (tiles, tuple(t._replace(MODE="apply_amax") for t in tiles))
-    ql = QuantLaunch(args, shapes, (q_progs + 2 * k_progs,),
-                     tuple(((*t, QUANT_INTERLEAVE), warps, DirectLaunch(quantise_qkv_kernel)) for t in passes))
+    items = q_progs + 2 * k_progs
+    programs = min(items, QUANT_PERSISTENT * device_facts(q.device).sm_count) if QUANT_PERSISTENT else items
+    ql = QuantLaunch(args, shapes, (programs,),
+                     tuple(((*t, QUANT_INTERLEAVE, bool(QUANT_PERSISTENT)), warps, DirectLaunch(quantise_qkv_kernel))
+                           for t in passes))
     if len(_QUANT_LAUNCHES) >= 64:      # call shapes come and go: keep the newest few
         _QUANT_LAUNCHES.clear()
     _QUANT_LAUNCHES[key] = ql
