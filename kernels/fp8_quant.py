@@ -268,6 +268,8 @@ def _had_on(n: int, dtype: torch.dtype, device: str, kron: bool = False) -> torc
     if kron:    # fp8_quant_kernel.rotate_kron's: the signs, H_16, I_{16/G} (x) H_G (G = n / 16)
         hg = torch.kron(torch.eye(256 // n, dtype=torch.float64), _sylvester(n // 16))
         host = torch.cat([hadamard_signs(n), _sylvester(16).flatten(), hg.flatten()]).to(dtype)
+    elif n == 256:      # fp8_quant_kernel.rotate_halves': the signs, H_128
+        host = torch.cat([hadamard_signs(n), _sylvester(128).flatten()]).to(dtype)
     else:
         host = rotation_matrix(n, normalised=False).to(dtype).contiguous()
     return persistent(lambda: host.to(device), device)      # outside any CUDA graph's pool (kernels.device_cache)

@@ -68,10 +68,42 @@ def rotate_kron(x, HAD, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST_DOT:
 
 
 @triton.jit
+def rotate_halves(x, HAD, had, ROWS: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """x (ROWS, 256) in the input dtype times diag(signs) H_256 / 16 by H_256 = H_2 (x) H_128: with
+    x' = x * signs split into halves a | b, x' H_256 = (a H_128 + b H_128) | (a H_128 - b H_128), two
+    products of K = 128 (half the dense product's flops, a 32 KB matrix in shared memory instead of
+    128 KB), exact products and fp32 sums as the dense one. HAD: the signs (256,) then H_128 (128 x
+    128), +-1 in x's dtype; had: that H_128 loaded (load_rotation's), or None to load it here.
+    Returns fp32 (ROWS, 256)."""
+    if had is None:
+        had = load_rotation(HAD, 256)
+    signs = tl.load(HAD + tl.arange(0, 256))
+    if UPCAST_DOT:     # the interpreter's 16-bit arithmetic is broken: the same exact products in fp32
+        x = x.to(tl.float32) * signs.to(tl.float32)[None, :]
+    else:
+        x = x * signs[None, :]
+    a, b = tl.split(tl.permute(tl.reshape(x, (ROWS, 2, 128)), (0, 2, 1)))
+    if UPCAST_DOT:
+        ua = tl.dot(a, had.to(tl.float32), input_precision="ieee")
+        ub = tl.dot(b, had.to(tl.float32), input_precision="ieee")
+    else:
+        ua = tl.dot(a, had)
+        ub = tl.dot(b, had)
+    y = tl.reshape(tl.permute(tl.join(ua + ub, ua - ub), (0, 2, 1)), (ROWS, 256))
+    return y * (1.0 / 16.0)
+
+
+@triton.jit
 def load_rotation(HAD, HEAD_DIM: tl.constexpr):
-    """The dense rotation's (HEAD_DIM, HEAD_DIM) +-1 matrix diag(signs) H from HAD."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    return tl.load(HAD + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
+    """The rotation's matrix from HAD: at HEAD_DIM 256 rotate_halves' H_128 (after the signs), else
+    the dense (HEAD_DIM, HEAD_DIM) +-1 matrix diag(signs) H."""
+    if HEAD_DIM == 256:
+        offs = tl.arange(0, 128)
+        had = tl.load(HAD + 256 + offs[:, None] * 128 + offs[None, :])
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        had = tl.load(HAD + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
+    return had
 
 
 @triton.jit
@@ -92,6 +124,8 @@ def rotated_rows(X_HEAD, HAD, had, stride_xn, row0, N, QUANT: tl.constexpr, ROWS
                 mask=(offs_r[:, None] < N) & (offs_d[None, :] < QUANT.head_dim), other=0.0)   # (ROWS, HEAD_DIM)
     if QUANT.KRON:
         x = rotate_kron(x, HAD, BLOCK=ROWS, HEAD_DIM=HEAD_DIM, UPCAST_DOT=UPCAST_DOT)
+    elif QUANT.ROTATE and HEAD_DIM == 256:
+        x = rotate_halves(x, HAD, had, ROWS, UPCAST_DOT)
     elif QUANT.ROTATE:
         if had is None:
             had = load_rotation(HAD, HEAD_DIM)
