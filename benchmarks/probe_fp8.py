@@ -82,11 +82,11 @@ def fp8_suite(name: str = "fp8") -> list[dict]:
 
 def _quant_suite() -> list[dict]:
     """The quantise pass alone at the tiles of the product's full and causal calls (on Hopper: D128
-    full 128 x 256, causal 128 x 128 (the Gluon FP8 kernel's); D256 128 x 128 for both), B4 H16 4k
-    and 8k, block scales + Hadamard: the default (kernels.fp8_quant's) beside a program per tile
-    (QUANT_PERSISTENT 0) and persistent launches of 1-3 programs per SM at 4 and 8 warps
-    (QUANT_WARPS), at D256 64-row chunks (QUANT_CHUNK) and the Kronecker rotation, no rotation, and torch's cast of Q, K and V to e4m3 (the same bytes read and
-    written: what the memory allows). Q, K, V in turn: git history of this suite."""
+    full 128 x 256, causal 128 x 128, the Gluon FP8 kernel's; D256 128 x 128 for both), B4 H16 4k
+    and 8k, block scales + Hadamard: the default (kernels.fp8_quant's) beside no rotation, at D256
+    the Kronecker rotation (HADAMARD_KRON), and torch's cast of Q, K and V to e4m3 (the same bytes
+    read and written: what the memory allows). Chunks, warps, Q, K, V in turn and persistent
+    launches: git history of this suite."""
     out = []
     for d in (128, 256):
         for n in (4096, 8192):
@@ -94,23 +94,14 @@ def _quant_suite() -> list[dict]:
             out.append(_v("fp8_quant", shape, None, "torch cast of q, k, v to e4m3 (bytes bound)", nocheck=True,
                           pass_="quant", quant=dict(reference=True)))
             for mask in ("full", "causal"):
-                variants = [("default", True, None, None, None, None), ("a program per tile", True, 0, None, None, None),
-                            ("no rotation, a program per tile", False, 0, None, None, None)]
-                if d == 128:
-                    variants += [(f"persistent {p}/SM w{w}", True, p, w, None, None)
-                                 for p, w in ((1, 4), (2, 4), (3, 4), (2, 8), (3, 8))]
-                    variants += [("no rotation, persistent 2/SM w4", False, 2, 4, None, None)]
-                else:
-                    variants += [("persistent 1/SM w8", True, 1, 8, None, None),
-                                 ("64-row chunks w8", True, 0, 8, None, 64), ("64-row chunks w4", True, 0, 4, None, 64),
-                                 ("64-row chunks, persistent 2/SM w8", True, 2, 8, None, 64),
-                                 ("Kronecker rotation w16", True, 0, 16, True, None),
-                                 ("no rotation, persistent 1/SM w8", False, 1, 8, None, None)]
-                for label, had, persistent, warps, kron, chunk in variants:
+                variants = [("default", True, None, None), ("no rotation", False, None, None)]
+                if d == 256:
+                    variants.append(("Kronecker rotation w16", True, 16, True))
+                for label, had, warps, kron in variants:
                     out.append(_v("fp8_quant", shape, None, f"quant {mask} tiles block{' +had' if had else ''}: {label}",
                                   nocheck=True, pass_="quant",
                                   quant=dict(scaling="block", hadamard=had, fused=True, warps=warps, kron=kron,
-                                             mask=mask, persistent=persistent, chunk=chunk)))
+                                             mask=mask)))
     for v in out:
         v["pass"] = v.pop("pass_")
     return out
@@ -136,19 +127,17 @@ def fp8_call(v, q, k, vv):
             return lambda: [x.to(torch.float8_e4m3fn) for x in (q, k, vv)]
 
         def quant():
-            saved = (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE,
-                     FQ.QUANT_PERSISTENT)
+            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
+            interleave = opt.get("interleave")
             FQ.QUANT_CHUNK = opt.get("chunk")
-            for knob, given in (("QUANT_INTERLEAVE", opt.get("interleave")), ("QUANT_PERSISTENT", opt.get("persistent"))):
-                if given is not None:
-                    setattr(FQ, knob, given)
+            FQ.QUANT_INTERLEAVE = FQ.QUANT_INTERLEAVE if interleave is None else interleave
             try:
                 return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"],
                                        mask=opt.get("mask", "full" if opt.get("full", False) else None))
             finally:
-                (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE,
-                 FQ.QUANT_PERSISTENT) = saved
+                (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK,
+                 FQ.QUANT_INTERLEAVE) = saved
         return quant
     key = (id(q), id(k), id(vv), bm, bn, v["mask"])
     if key not in _X:

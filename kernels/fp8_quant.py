@@ -24,7 +24,7 @@ from .device_cache import persistent
 from .gluon_fp8_launch import GLUON_FP8, gluon_fp8_tiles
 from .launch_config import warp_specialize_supported
 from .masks import FULL, PARTIAL, parse_mask
-from .runtime import check_interpreter_tiles, device_facts, interpreting
+from .runtime import check_interpreter_tiles, interpreting
 from .shapes import check_inputs, check_kernel_device
 from .sizes import BLOCK_SIZES
 
@@ -46,10 +46,13 @@ FP8_BLOCK_SIZES = tuple(s for s in BLOCK_SIZES if s >= 32)
 FUSED_QUANT = True
 QUANT_WARPS = None
 # HADAMARD_KRON: rotate by two products with 16 x 16 matrices (H_D = H_{D/16} (x) H_16) instead of
-# one with the D x D matrix (fused launch only); None: at a padded D of 256 with tiles of fewer than
-# 128 rows. Measured on an H200 (kernel_probe --suite fp8quant, B4 H16, block + Hadamard, 4k / 8k):
-# D256 128 x 64 tiles 0.385 / 0.757 ms Kronecker (16 warps) against 0.451 / 0.888 dense; 128 x 128
-# tiles 0.407 / 0.791 dense against 0.426 / 0.846 Kronecker; D128 dense wins at every tile
+# the dense rotation (at a padded D of 256 two products with H_128: H_2 (x) H_128,
+# fp8_quant_kernel.rotate_halves) (fused launch only); None: at 256 with tiles of fewer than 128
+# rows. Measured on an H200 (kernel_probe --suite fp8quant, B4 H16, block + Hadamard, 4k / 8k): D256
+# 128 x 64 tiles 0.385 / 0.757 ms Kronecker (16 warps) against 0.451 / 0.888 with the 256 x 256
+# matrix; 128 x 128 tiles 0.339 / 0.666 by halves against 0.395 / 0.777 Kronecker
+# (fp8quant-halves-probe-<device>.json; the 256 x 256 matrix 0.380 / 0.749 in
+# fp8quant-persistent-probe-<device>.json); D128 the dense matrix wins at every tile
 HADAMARD_KRON = None
 # QUANT_CHUNK: rows a quantise program reads at a time (the tile in chunks, read twice: once for
 # the amax, once to write; a tile's rows or more: all at once); None: _chunk_rows' choice.
@@ -58,9 +61,6 @@ HADAMARD_KRON = None
 # full mask's tiles 0.91x the time, elsewhere 0.98-1.01x
 QUANT_CHUNK = None
 QUANT_INTERLEAVE = True
-# QUANT_PERSISTENT: programs per SM of a persistent fused launch, each taking every programs-th
-# tile with the dense rotation's matrix loaded once (0: a program per tile, each loading it)
-QUANT_PERSISTENT = 0
 
 
 class QuantTile(NamedTuple):
@@ -354,7 +354,7 @@ class QuantLaunch(NamedTuple):
     args: list              # every argument before the tiles, positionally
     shapes: tuple           # q8, k8, v8, then the three scale vectors
     grid: tuple
-    launches: tuple         # (tiles + interleave + persistent, num_warps, DirectLaunch) per launch
+    launches: tuple         # (tiles + interleave, num_warps, DirectLaunch) per launch
 
 
 _QUANT_LAUNCHES: dict = {}      # (shapes, strides, dtype, device, tiles, options, knobs) -> QuantLaunch
@@ -364,7 +364,7 @@ def _quant_launch(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order) -
     """The QuantLaunch of q, k, v's shapes and strides (each D contiguous) with these options,
     built once (the module's knobs are part of its key: probes change them)."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, str(q.device), block_m, block_n, hd, hadamard,
-           scaling, key_order, QUANT_WARPS, HADAMARD_KRON, QUANT_CHUNK, QUANT_INTERLEAVE, QUANT_PERSISTENT)
+           scaling, key_order, QUANT_WARPS, HADAMARD_KRON, QUANT_CHUNK, QUANT_INTERLEAVE)
     ql = _QUANT_LAUNCHES.get(key)
     if ql is not None:
         return ql
@@ -391,11 +391,8 @@ def _quant_launch(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order) -
                          h, h_kv, n_q, n_k, n_qt, n_kt, q_progs, k_progs]
     warps = QUANT_WARPS or _fused_warps(hd, kron)
     passes = (tiles,) if scaling == "block" else (tiles, tuple(t._replace(MODE="apply_amax") for t in tiles))
-    items = q_progs + 2 * k_progs
-    programs = min(items, QUANT_PERSISTENT * device_facts(q.device).sm_count) if QUANT_PERSISTENT else items
-    ql = QuantLaunch(args, shapes, (programs,),
-                     tuple(((*t, QUANT_INTERLEAVE, bool(QUANT_PERSISTENT)), warps, DirectLaunch(quantise_qkv_kernel))
-                           for t in passes))
+    ql = QuantLaunch(args, shapes, (q_progs + 2 * k_progs,),
+                     tuple(((*t, QUANT_INTERLEAVE), warps, DirectLaunch(quantise_qkv_kernel)) for t in passes))
     if len(_QUANT_LAUNCHES) >= 64:      # call shapes come and go: keep the newest few
         _QUANT_LAUNCHES.clear()
     _QUANT_LAUNCHES[key] = ql

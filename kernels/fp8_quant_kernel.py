@@ -3,7 +3,8 @@ or V reads a bf16/fp16 tile, optionally rotates it along D by a signed Hadamard 
 writes it as float8 e4m3 with one fp32 scale (amax / 448) per tile.
 
 The rotation is x @ R with R = diag(signs) H / sqrt(HEAD_DIM) (H the Sylvester Hadamard matrix of
-the padded head dim, signs a fixed random +-1 vector; kernels.fp8_quant builds it): R is orthogonal,
+the padded head dim, signs a fixed random +-1 vector; kernels.fp8_quant builds it; at 256 as
+H_2 (x) H_128, rotate_halves, or H_16 (x) H_16, rotate_kron): R is orthogonal,
 so (Q R)(K R)^T = Q K^T in exact arithmetic, while an outlier feature of Q or K is spread over
 every column (FlashAttention-3's "incoherent processing"). The kernel multiplies by the +-1 matrix
 diag(signs) H in the input's dtype (exact products, fp32 sums) and by 1 / sqrt(HEAD_DIM) in fp32.
@@ -68,50 +69,33 @@ def rotate_kron(x, HAD, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST_DOT:
 
 
 @triton.jit
-def rotate_halves(x, HAD, had, ROWS: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """x (ROWS, 256) in the input dtype times diag(signs) H_256 / 16 by H_256 = H_2 (x) H_128: with
+def rotate_halves(x, HAD, ROWS: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """x (ROWS, 256) in the input dtype times diag(signs) H_256 / 16, by H_256 = H_2 (x) H_128: with
     x' = x * signs split into halves a | b, x' H_256 = (a H_128 + b H_128) | (a H_128 - b H_128), two
-    products of K = 128 (half the dense product's flops, a 32 KB matrix in shared memory instead of
-    128 KB), exact products and fp32 sums as the dense one. HAD: the signs (256,) then H_128 (128 x
-    128), +-1 in x's dtype; had: that H_128 loaded (load_rotation's), or None to load it here.
-    Returns fp32 (ROWS, 256)."""
-    if had is None:
-        had = load_rotation(HAD, 256)
+    products of K = 128 (half the dense product's flops, a 32 KB matrix in shared memory, not
+    128 KB), exact products and fp32 sums as the dense one. HAD: the signs (256,), then H_128
+    (128 x 128), +-1 in x's dtype. Returns fp32 (ROWS, 256)."""
+    offs = tl.arange(0, 128)
+    had = tl.load(HAD + 256 + offs[:, None] * 128 + offs[None, :])
     signs = tl.load(HAD + tl.arange(0, 256))
     if UPCAST_DOT:     # the interpreter's 16-bit arithmetic is broken: the same exact products in fp32
         x = x.to(tl.float32) * signs.to(tl.float32)[None, :]
+        had = had.to(tl.float32)
     else:
         x = x * signs[None, :]
-    a, b = tl.split(tl.permute(tl.reshape(x, (ROWS, 2, 128)), (0, 2, 1)))
+    a, b = tl.split(tl.permute(tl.reshape(x, (ROWS, 2, 128)), (0, 2, 1)))     # columns 0.., 128..
     if UPCAST_DOT:
-        ua = tl.dot(a, had.to(tl.float32), input_precision="ieee")
-        ub = tl.dot(b, had.to(tl.float32), input_precision="ieee")
+        ua, ub = tl.dot(a, had, input_precision="ieee"), tl.dot(b, had, input_precision="ieee")
     else:
-        ua = tl.dot(a, had)
-        ub = tl.dot(b, had)
+        ua, ub = tl.dot(a, had), tl.dot(b, had)
     y = tl.reshape(tl.permute(tl.join(ua + ub, ua - ub), (0, 2, 1)), (ROWS, 256))
     return y * (1.0 / 16.0)
 
 
 @triton.jit
-def load_rotation(HAD, HEAD_DIM: tl.constexpr):
-    """The rotation's matrix from HAD: at HEAD_DIM 256 rotate_halves' H_128 (after the signs), else
-    the dense (HEAD_DIM, HEAD_DIM) +-1 matrix diag(signs) H."""
-    if HEAD_DIM == 256:
-        offs = tl.arange(0, 128)
-        had = tl.load(HAD + 256 + offs[:, None] * 128 + offs[None, :])
-    else:
-        offs_d = tl.arange(0, HEAD_DIM)
-        had = tl.load(HAD + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
-    return had
-
-
-@triton.jit
-def rotated_rows(X_HEAD, HAD, had, stride_xn, row0, N, QUANT: tl.constexpr, ROWS: tl.constexpr):
+def rotated_rows(X_HEAD, HAD, stride_xn, row0, N, QUANT: tl.constexpr, ROWS: tl.constexpr):
     """Rows row0 .. row0 + ROWS of one head (X_HEAD its first element, rows stride_xn apart, D
     contiguous), zero past N and past D, rotated along D when QUANT.ROTATE: fp32 (ROWS, HEAD_DIM).
-    had: the dense rotation's (HEAD_DIM, HEAD_DIM) +-1 matrix already loaded (load_rotation), or
-    None to load it from HAD here (the Kronecker rotation always reads its matrices from HAD).
     QUANT.KEY_ORDER: row j holds row kernels.fp8_quant.key_order's j of its 16 (whole rows gathered,
     so the loads and the transposed store stay contiguous)."""
     HEAD_DIM: tl.constexpr = QUANT.HEAD_DIM
@@ -125,10 +109,9 @@ def rotated_rows(X_HEAD, HAD, had, stride_xn, row0, N, QUANT: tl.constexpr, ROWS
     if QUANT.KRON:
         x = rotate_kron(x, HAD, BLOCK=ROWS, HEAD_DIM=HEAD_DIM, UPCAST_DOT=UPCAST_DOT)
     elif QUANT.ROTATE and HEAD_DIM == 256:
-        x = rotate_halves(x, HAD, had, ROWS, UPCAST_DOT)
+        x = rotate_halves(x, HAD, ROWS, UPCAST_DOT)
     elif QUANT.ROTATE:
-        if had is None:
-            had = load_rotation(HAD, HEAD_DIM)
+        had = tl.load(HAD + offs_d[:, None] * HEAD_DIM + offs_d[None, :])
         if UPCAST_DOT:   # the interpreter's 16-bit dot is broken: the same exact products in fp32
             x = tl.dot(x.to(tl.float32), had.to(tl.float32), input_precision="ieee")
         else:
@@ -154,7 +137,7 @@ def store_e4m3_rows(x, OUT_HEAD, stride_or, row0, scale, QUANT: tl.constexpr, RO
 
 
 @triton.jit
-def quantise_tile(X, OUT, SCALE, AMAX, HAD, had, x_strides, out_strides, H, N, n_tiles, tile, bh, which,
+def quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tile, bh, which,
                   QUANT: tl.constexpr):
     """Rows tile * BLOCK .. of head bh = b * H + h of X (B, H, N, D), strides x_strides (b, h, n),
     D contiguous. OUT (B*H, N_pad, HEAD_DIM) or, TRANSPOSE, (B*H, HEAD_DIM, N_pad), strides
@@ -174,14 +157,14 @@ def quantise_tile(X, OUT, SCALE, AMAX, HAD, had, x_strides, out_strides, H, N, n
     out_head = OUT + bh.to(tl.int64) * stride_obh
     row0 = tile * BLOCK
     at = bh.to(tl.int64) * n_tiles + tile
-    x = rotated_rows(x_head, HAD, had, stride_xn, row0, N, QUANT, CHUNK)
+    x = rotated_rows(x_head, HAD, stride_xn, row0, N, QUANT, CHUNK)
     if MODE != "apply" and MODE != "apply_amax":
         amax = tl.max(tl.max(tl.abs(x), 1), 0)
         for c in range(1, BLOCK // CHUNK):
-            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(rotated_rows(x_head, HAD, had, stride_xn, row0 + c * CHUNK, N,
+            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(rotated_rows(x_head, HAD, stride_xn, row0 + c * CHUNK, N,
                                                                       QUANT, CHUNK)), 1), 0))
         if CHUNK < BLOCK:   # read again (from L2) rather than hold the first chunk across the loop
-            x = rotated_rows(x_head, HAD, had, stride_xn, row0, N, QUANT, CHUNK)
+            x = rotated_rows(x_head, HAD, stride_xn, row0, N, QUANT, CHUNK)
     if MODE == "amax":
         tl.store(AMAX + at, amax)
     elif MODE == "amax_atomic":
@@ -198,7 +181,7 @@ def quantise_tile(X, OUT, SCALE, AMAX, HAD, had, x_strides, out_strides, H, N, n
             scale = tl.load(SCALE + at)
         store_e4m3_rows(x, out_head, stride_or, row0, scale, QUANT, CHUNK)
         for c in range(1, BLOCK // CHUNK):
-            store_e4m3_rows(rotated_rows(x_head, HAD, had, stride_xn, row0 + c * CHUNK, N, QUANT, CHUNK), out_head,
+            store_e4m3_rows(rotated_rows(x_head, HAD, stride_xn, row0 + c * CHUNK, N, QUANT, CHUNK), out_head,
                             stride_or, row0 + c * CHUNK, scale, QUANT, CHUNK)
 
 
@@ -206,15 +189,22 @@ def quantise_tile(X, OUT, SCALE, AMAX, HAD, had, x_strides, out_strides, H, N, n
 def quantise_kernel(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, QUANT: tl.constexpr):
     """One tensor: program (tile, bh) runs quantise_tile on rows tile * BLOCK .. of head bh
     (QUANT.MODE "block", "amax" or "apply"; kernels.fp8_quant.QuantTile)."""
-    quantise_tile(X, OUT, SCALE, AMAX, HAD, None, x_strides, out_strides, H, N, n_tiles, tile=tl.program_id(0),
+    quantise_tile(X, OUT, SCALE, AMAX, HAD, x_strides, out_strides, H, N, n_tiles, tile=tl.program_id(0),
                   bh=tl.program_id(1), which=0, QUANT=QUANT)
 
 
-@triton.jit
-def quantise_qkv_tile(pid, Q, K, V, outs, scales, AMAX, HAD, had, q_strides, k_strides, v_strides, out_strides, H,
-                      H_KV, N_Q, N_K, n_qt, n_kt, q_progs, k_progs, QUANT_Q: tl.constexpr, QUANT_K: tl.constexpr,
-                      QUANT_V: tl.constexpr, INTERLEAVE: tl.constexpr):
-    """Work item pid of quantise_qkv_kernel: one tile of Q, K or V (quantise_tile)."""
+@triton.jit(do_not_specialize=["H", "H_KV", "N_Q", "N_K", "n_qt", "n_kt", "q_progs", "k_progs"])
+def quantise_qkv_kernel(Q, K, V, outs, scales, AMAX, HAD, q_strides, k_strides, v_strides, out_strides, H, H_KV,
+                        N_Q, N_K, n_qt, n_kt, q_progs, k_progs, QUANT_Q: tl.constexpr, QUANT_K: tl.constexpr,
+                        QUANT_V: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """Q, K and V in one launch: q_progs (= B*H*n_qt) programs quantise Q's tiles, k_progs
+    (= B*H_KV*n_kt) K's and k_progs V's, each one tile (quantise_tile): Q's, then K's, then V's, or
+    (INTERLEAVE) a Q, a K and a V tile in turn while each has tiles left, then the rest in turn, so
+    the rotated tiles' products run beside V's plain copies.
+    outs: (Q8, K8, V8); scales: (Q's, K's, V's) per-tile fp32 scales; out_strides: (Q8's bh, row,
+    K8's bh, row, V8's bh, d); AMAX: (3,) fp32 zeros for the per-tensor modes ("amax_atomic",
+    "apply_amax"), else None; HAD: the +-1 rotation matrix (QUANT_Q.ROTATE), else None."""
+    pid = tl.program_id(0)
     q8, k8, v8 = outs
     q_scale, k_scale, v_scale = scales
     sq_bh, sq_r, sk_bh, sk_r, sv_bh, sv_d = out_strides
@@ -234,38 +224,11 @@ def quantise_qkv_tile(pid, Q, K, V, outs, scales, AMAX, HAD, had, q_strides, k_s
         which = tl.where(pid < q_progs, 0, tl.where(pid < q_progs + k_progs, 1, 2))
         idx = pid - tl.where(which == 0, 0, q_progs + (which - 1) * k_progs)
     if which == 0:
-        quantise_tile(Q, q8, q_scale, AMAX, HAD, had, q_strides, (sq_bh, sq_r), H, N_Q, n_qt, tile=idx % n_qt,
+        quantise_tile(Q, q8, q_scale, AMAX, HAD, q_strides, (sq_bh, sq_r), H, N_Q, n_qt, tile=idx % n_qt,
                       bh=idx // n_qt, which=0, QUANT=QUANT_Q)
     elif which == 1:
-        quantise_tile(K, k8, k_scale, AMAX, HAD, had, k_strides, (sk_bh, sk_r), H_KV, N_K, n_kt, tile=idx % n_kt,
+        quantise_tile(K, k8, k_scale, AMAX, HAD, k_strides, (sk_bh, sk_r), H_KV, N_K, n_kt, tile=idx % n_kt,
                       bh=idx // n_kt, which=1, QUANT=QUANT_K)
     else:
-        quantise_tile(V, v8, v_scale, AMAX, HAD, None, v_strides, (sv_bh, sv_d), H_KV, N_K, n_kt, tile=idx % n_kt,
+        quantise_tile(V, v8, v_scale, AMAX, HAD, v_strides, (sv_bh, sv_d), H_KV, N_K, n_kt, tile=idx % n_kt,
                       bh=idx // n_kt, which=2, QUANT=QUANT_V)
-
-
-@triton.jit(do_not_specialize=["H", "H_KV", "N_Q", "N_K", "n_qt", "n_kt", "q_progs", "k_progs"])
-def quantise_qkv_kernel(Q, K, V, outs, scales, AMAX, HAD, q_strides, k_strides, v_strides, out_strides, H, H_KV,
-                        N_Q, N_K, n_qt, n_kt, q_progs, k_progs, QUANT_Q: tl.constexpr, QUANT_K: tl.constexpr,
-                        QUANT_V: tl.constexpr, INTERLEAVE: tl.constexpr, PERSISTENT: tl.constexpr):
-    """Q, K and V in one launch: q_progs (= B*H*n_qt) work items quantise Q's tiles, k_progs
-    (= B*H_KV*n_kt) K's and k_progs V's, each one tile (quantise_tile): Q's, then K's, then V's, or
-    (INTERLEAVE) a Q, a K and a V tile in turn while each has tiles left, then the rest in turn, so
-    the rotated tiles' products run beside V's plain copies. PERSISTENT: each program takes work
-    items pid, pid + programs, ... with the dense rotation's matrix loaded once (else a program per
-    item, each loading it).
-    outs: (Q8, K8, V8); scales: (Q's, K's, V's) per-tile fp32 scales; out_strides: (Q8's bh, row,
-    K8's bh, row, V8's bh, d); AMAX: (3,) fp32 zeros for the per-tensor modes ("amax_atomic",
-    "apply_amax"), else None; HAD: the +-1 rotation matrix (QUANT_Q.ROTATE), else None."""
-    pid = tl.program_id(0)
-    had = None
-    if PERSISTENT:
-        if QUANT_Q.ROTATE and not QUANT_Q.KRON:
-            had = load_rotation(HAD, QUANT_Q.HEAD_DIM)
-        for item in range(pid, q_progs + 2 * k_progs, tl.num_programs(0)):
-            quantise_qkv_tile(item, Q, K, V, outs, scales, AMAX, HAD, had, q_strides, k_strides, v_strides,
-                              out_strides, H, H_KV, N_Q, N_K, n_qt, n_kt, q_progs, k_progs, QUANT_Q, QUANT_K, QUANT_V,
-                              INTERLEAVE)
-    else:
-        quantise_qkv_tile(pid, Q, K, V, outs, scales, AMAX, HAD, had, q_strides, k_strides, v_strides, out_strides, H,
-                          H_KV, N_Q, N_K, n_qt, n_kt, q_progs, k_progs, QUANT_Q, QUANT_K, QUANT_V, INTERLEAVE)

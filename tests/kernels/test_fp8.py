@@ -70,20 +70,26 @@ def test_block_hadamard_beats_per_tensor_on_outliers(mask, h, h_kv, device):
     assert block_had < FA3_PER_TENSOR_RMSE
 
 
-def test_rotation_leaves_scores_unchanged_and_is_what_the_kernel_applies(device):
-    r = rotation_matrix(64)
-    assert torch.allclose(r @ r.T, torch.eye(64, dtype=torch.float64), atol=1e-14)
+@pytest.mark.parametrize("d,hd", [(48, 64), (200, 256)])
+def test_rotation_leaves_scores_unchanged_and_is_what_the_kernel_applies(d, hd, device, monkeypatch):
+    """D 48 padded to 64 (the dense +-1 matrix) and 200 padded to 256 (rotate_halves: H_2 (x) H_128,
+    not the Kronecker rotation these small tiles would take by default)."""
+    import kernels.fp8_quant as FQ
+
+    monkeypatch.setattr(FQ, "HADAMARD_KRON", False)
+    r = rotation_matrix(hd)
+    assert torch.allclose(r @ r.T, torch.eye(hd, dtype=torch.float64), atol=1e-14)
     gen = torch.Generator().manual_seed(1)
-    q64, k64 = torch.randn(40, 64, generator=gen, dtype=torch.float64), torch.randn(50, 64, generator=gen,
+    q64, k64 = torch.randn(40, hd, generator=gen, dtype=torch.float64), torch.randn(50, hd, generator=gen,
                                                                                     dtype=torch.float64)
     assert torch.allclose((q64 @ r) @ (k64 @ r).T, q64 @ k64.T, rtol=0, atol=1e-12)
     # the quantise pass rotates by the same matrix: its dequantised Q is Q R up to e4m3 rounding
-    # (relative 2^-4 of each value, plus the tile scale's subnormal step), D 48 zero-padded to 64
-    q, k, v = inputs(2, 1, 70, 40, 48, seed=2, device=device)
+    # (relative 2^-4 of each value, plus the tile scale's subnormal step), D zero-padded
+    q, k, v = inputs(2, 1, 70, 40, d, seed=2, device=device)
     x = quantize_fp8(q, k, v, block_m=32, block_n=32)
     qd, kd, _ = (t.cpu() for t in dequantize_fp8(x))
     q, k = q.cpu(), k.cpu()
-    pad = lambda t: torch.nn.functional.pad(t.double(), (0, 16))  # noqa: E731
+    pad = lambda t: torch.nn.functional.pad(t.double(), (0, hd - d))  # noqa: E731
     want_q, want_k = pad(q) @ r, pad(k) @ r
     for got, want in ((qd, want_q), (kd, want_k)):
         assert got.shape == want.shape
@@ -105,15 +111,17 @@ def test_block_scales_are_tile_amax_over_448(device):
                           rtol=1e-6)
 
 
+@pytest.mark.parametrize("d", [48, 256])
 @pytest.mark.parametrize("scaling", ["block", "tensor"])
-def test_one_launch_quantise_equals_a_launch_per_tensor(scaling, device, monkeypatch):
+def test_one_launch_quantise_equals_a_launch_per_tensor(scaling, d, device, monkeypatch):
     """Q, K, V in one launch (per-tensor: amax by atomic max on the device) write the same e4m3
     bytes and scales as a launch per tensor (per-tensor: torch's amax); the rotation as two 16 x 16
-    products (HADAMARD_KRON) as the dense D x D one: bit for bit in the interpreter, within one e4m3
-    step on the GPU (its second product sums a bf16 pair, not fp32)."""
+    products (HADAMARD_KRON) as the dense one (D 48: the 64 x 64 matrix; 256: by halves,
+    H_2 (x) H_128): bit for bit in the interpreter, within one e4m3 step on the GPU (its second
+    product sums a bf16 pair, not fp32)."""
     import kernels.fp8_quant as FQ
 
-    q, k, v = inputs(2, 1, 40, 33, 48, seed=5, device=device)
+    q, k, v = inputs(2, 1, 40, 33, d, seed=5, device=device)
     runs = {}
     for fused, kron in ((True, False), (False, False), (True, True)):
         monkeypatch.setattr(FQ, "FUSED_QUANT", fused)
