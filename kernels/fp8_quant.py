@@ -45,9 +45,9 @@ FP8_BLOCK_SIZES = tuple(s for s in BLOCK_SIZES if s >= 32)
 # fused launch's _fused_warps, a launch per tensor's _quant_warps)
 FUSED_QUANT = True
 QUANT_WARPS = None
-# HADAMARD_KRON: rotate by two products with 16 x 16 matrices (H_D = H_{D/16} (x) H_16) instead of
-# the dense rotation (at a padded D of 256 two products with H_128: H_2 (x) H_128,
-# fp8_quant_kernel.rotate_halves) (fused launch only); None: at 256 with tiles of fewer than 128
+# HADAMARD_KRON (fused launch only): rotate by two products with 16 x 16 matrices (H_D =
+# H_{D/16} (x) H_16) instead of the dense rotation, which at a padded D of 256 is two products with
+# H_128 (H_2 (x) H_128, fp8_quant_kernel.rotate_halves); None: at 256 with tiles of fewer than 128
 # rows. Measured on an H200 (kernel_probe --suite fp8quant, B4 H16, block + Hadamard, 4k / 8k): D256
 # 128 x 64 tiles 0.385 / 0.757 ms Kronecker (16 warps) against 0.451 / 0.888 with the 256 x 256
 # matrix; 128 x 128 tiles 0.339 / 0.666 by halves against 0.395 / 0.777 Kronecker
