@@ -1,7 +1,8 @@
 """One attention call inside a CUDA profiler range, for Nsight Compute (`ncu --profile-from-start
 off` profiles only the kernels of that range): our forward or backward, or cuDNN's through SDPA,
 on random bf16 inputs, after warm-up calls outside the range (compiles, autotuning, allocator).
-The backward's range holds the backward alone (its forward ran before it).
+The backward's range holds the backward alone (its forward ran before it); the FP8 kernel's
+(--impl fp8) the attention kernel alone, its inputs quantised before it.
 
     python scripts/profile_case.py --pass bwd --impl ours --head-dim 256 --seq-len 4096 --mask causal
     ncu --clock-control none --profile-from-start off ... python scripts/profile_case.py ...
@@ -17,8 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # ours: flash_attention (and its autograd backward); cudnn: SDPA's cuDNN backend; gluon_*: the
-# Gluon backward probes (benchmarks.gluon_backward's passes at their timed settings, the fused kernel)
-IMPLS = ("ours", "cudnn", "gluon_dkdv", "gluon_dq", "gluon_fused")
+# Gluon backward probes (benchmarks.gluon_backward's passes at their timed settings, the fused kernel);
+# fp8: the FP8 attention kernel alone (kernels.fp8.attention_fp8 on inputs quantised outside the
+# range, block scales + Hadamard), fp8_call: the whole flash_attention_fp8 call (forward only)
+IMPLS = ("ours", "cudnn", "gluon_dkdv", "gluon_dq", "gluon_fused", "fp8", "fp8_call")
 
 
 def parse(argv=None):
@@ -35,6 +38,8 @@ def parse(argv=None):
     args = p.parse_args(argv)
     if args.impl.startswith("gluon") and args.which != "bwd":
         p.error(f"--impl {args.impl} is a backward probe: use it with --pass bwd")
+    if args.impl.startswith("fp8") and args.which != "fwd":
+        p.error(f"--impl {args.impl} is forward only: use it with --pass fwd")
     if args.impl.startswith("gluon") and args.head_dim not in (64, 128):
         p.error(f"--impl {args.impl} takes --head-dim 64 or 128, not {args.head_dim}")
     kv = args.kv_heads or args.heads
@@ -62,11 +67,26 @@ def main(argv=None) -> int:
     do = torch.randn(shape(args.heads), generator=g, device="cuda", dtype=torch.bfloat16)
 
     def forward():
+        if args.impl.startswith("fp8"):
+            return fp8_forward()
         if args.impl == "ours":
             return flash_attention(q, k, v, mask=args.mask)
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.mask == "causal",
                                                                     enable_gqa=kv != args.heads)
+
+    fp8_inputs = {}
+
+    def fp8_forward():
+        """The FP8 kernel alone on inputs quantised once (outside the range), or the whole call."""
+        from kernels.fp8 import attention_fp8, flash_attention_fp8
+        from kernels.fp8_quant import quantize_fp8
+
+        if args.impl == "fp8_call":
+            return flash_attention_fp8(q, k, v, mask=args.mask)
+        if not fp8_inputs:
+            fp8_inputs["x"] = quantize_fp8(q, k, v, "block", True, mask=args.mask)
+        return attention_fp8(fp8_inputs["x"], args.mask)
 
     def probe():
         """A Gluon backward probe on the forward's output and lse (computed outside the range)."""
