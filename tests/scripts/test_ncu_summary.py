@@ -86,7 +86,8 @@ def test_profile_case_refuses_in_one_line(capsys):
         profile_case.main(["--heads", "3", "--kv-heads", "2"])
     assert exc.value.code == 2 and "multiple of --kv-heads" in capsys.readouterr().err
     for argv, fragment in ((["--pass", "fwd", "--impl", "gluon_dq"], "use it with --pass bwd"),
-                           (["--impl", "gluon_fused", "--head-dim", "256"], "--head-dim 64 or 128")):
+                           (["--impl", "gluon_fused", "--head-dim", "256"], "--head-dim 64 or 128"),
+                           (["--pass", "bwd", "--impl", "fp8"], "use it with --pass fwd")):
         with pytest.raises(SystemExit) as exc:
             profile_case.main(argv)
         err = capsys.readouterr().err.strip().splitlines()
