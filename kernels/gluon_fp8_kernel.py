@@ -114,24 +114,12 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG):
 
 
 @gluon.jit
-def _tile_block(t, lists):
-    """Tile t's key block, t clamped to the last tile (lists: (n_full, full_start, part_list,
-    n_tiles)). A tile's block and K and V scales are loaded a tile ahead: read where they are used,
-    the loads' latency (L2) stood between the scores and the softmax, and at the end of every tile."""
-    return list_block(gl.minimum(t, lists[3] - 1), lists[0], lists[1], lists[2])
-
-
-@gluon.jit
-def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, kb, k_s, v_s,
-          lists, k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL,
-          WG: gl.constexpr, MASKED: gl.constexpr, TRACED: gl.constexpr):
-    """Tile t (its key block kb, K and V scales k_s, v_s): issue S_t = Q K_t^T, then P_{t-1} V_{t-1}
-    (its P cast to e4m3 here), and the softmax of S_t while P V runs; tile t + 1's block and scales
-    are loaded meanwhile. lists: (n_full, full_start, part_list, n_tiles); trace: (tiles_ptr,
-    rows_ptr, n_kb, tiles_on, rows_on). Returns the carried state (acc, p, factor, s_v, l_i, m_i) and
-    tile t + 1's (kb, k_s, v_s)."""
-    kb_next = _tile_block(t + 1, lists)
-    k_next = gl.load(k_scale + kb_next)
+def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, lists,
+          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG: gl.constexpr,
+          MASKED: gl.constexpr, TRACED: gl.constexpr):
+    """Tile t: issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
+    of S_t while P V runs. lists: (n_full, full_start, part_list); trace: (tiles_ptr, rows_ptr,
+    n_kb, tiles_on, rows_on). Returns the carried state (acc, p, factor, s_v, l_i, m_i)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     o_layout: gl.constexpr = acc.type.layout
@@ -162,17 +150,17 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p
         _pass_turn(turn, WG, PINGPONG)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(cur), count=1)
-    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, tile_scale * k_s, MASKED)
+    kb = list_block(t, lists[0], lists[1], lists[2])
+    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, tile_scale * gl.load(k_scale + kb),
+                                       MASKED)
     if TRACED:
         _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, t, c_start, m_i, l_i / P_SCALE, alpha, WG)
-    factor = alpha * (s_v / v_s)                    # acc in units of the newest V tile's scale
-    # loaded here, after the softmax: ptxas keeps P V's wait below this load (with none between,
-    # it moved the wait above the softmax, which then no longer ran under P V)
-    v_next = gl.load(v_scale + kb_next)
+    s_new = gl.load(v_scale + kb)
+    factor = alpha * (s_v / s_new)                  # acc in units of the newest V tile's scale
     if not SERIAL:
         acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
         mbarrier.arrive(v_empty.index(prev), count=1)
-    return acc, p, factor, v_s, l_i, m_i, kb_next, k_next, v_next
+    return acc, p, factor, s_new, l_i, m_i
 
 
 @gluon.jit
@@ -188,17 +176,11 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
     rows, lo, hi, col0, m_i, l_i, acc, zero_s = consumer_rows(row_lo, row_hi, row0, N_Q, s_layout, o_layout, WG)
     tile_scale = qk_scale * q_scale                     # softmax scale * log2(e) * Q's tile scale
     s_v = 1.0
-    lists = (n_full, full_start, part_list, n_tiles)
+    lists = (n_full, full_start, part_list)
     q = q_smem.index(WG)
     mbarrier.wait(q_bar, 0)
     if n_tiles > 0:
         # tile 0: its scores and softmax alone
-        kb = _tile_block(0, lists)
-        k_s = gl.load(k_scale + kb)
-        s_v = gl.load(v_scale + kb)
-        kb_next = _tile_block(1, lists)
-        k_next = gl.load(k_scale + kb_next)
-        v_next = gl.load(v_scale + kb_next)
         _take_turn(turn, WG, 0, PINGPONG)
         mbarrier.wait(k_ready.index(0), 0)
         if TRACED:
@@ -207,7 +189,8 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         _pass_turn(turn, WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
-        scale = tile_scale * k_s
+        kb = list_block(0, n_full, full_start, part_list)
+        scale = tile_scale * gl.load(k_scale + kb)
         if n_full > 0:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, False)
         else:
@@ -215,18 +198,17 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         if TRACED:
             _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, 0, c_start, m_i, l_i / P_SCALE, alpha,
                          WG)
+        s_v = gl.load(v_scale + kb)
         factor = alpha
         # tiles 1 ..: the full ones, then the partial ones (two loops: neither carries the other's code)
         for t in range(1, n_full):
-            acc, p, factor, s_v, l_i, m_i, kb_next, k_next, v_next = _tile(
-                t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, kb_next,
-                k_next, v_next, lists, k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG,
-                SERIAL, WG, False, TRACED)
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+                                                  p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
+                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, False, TRACED)
         for t in range(gl.maximum(n_full, 1), n_tiles):
-            acc, p, factor, s_v, l_i, m_i, kb_next, k_next, v_next = _tile(
-                t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, kb_next,
-                k_next, v_next, lists, k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG,
-                SERIAL, WG, True, TRACED)
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+                                                  p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
+                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, True, TRACED)
         # the last tile's P V
         STAGES: gl.constexpr = k_smem.shape[0]
         last = (n_tiles - 1) % STAGES
