@@ -127,17 +127,12 @@ def fp8_call(v, q, k, vv):
             return lambda: [x.to(torch.float8_e4m3fn) for x in (q, k, vv)]
 
         def quant():
-            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK, FQ.QUANT_INTERLEAVE
+            saved = FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON
             FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = opt["fused"], opt["warps"], opt.get("kron", False)
-            interleave = opt.get("interleave")
-            FQ.QUANT_CHUNK = opt.get("chunk")
-            FQ.QUANT_INTERLEAVE = FQ.QUANT_INTERLEAVE if interleave is None else interleave
             try:
-                return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"],
-                                       mask=opt.get("mask", "full" if opt.get("full", False) else None))
+                return FQ.quantize_fp8(q, k, vv, opt["scaling"], opt["hadamard"], mask=opt.get("mask"))
             finally:
-                (FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON, FQ.QUANT_CHUNK,
-                 FQ.QUANT_INTERLEAVE) = saved
+                FQ.FUSED_QUANT, FQ.QUANT_WARPS, FQ.HADAMARD_KRON = saved
         return quant
     key = (id(q), id(k), id(vv), bm, bn, v["mask"])
     if key not in _X:
