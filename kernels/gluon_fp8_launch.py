@@ -159,9 +159,9 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
     runs it with the defaults on inputs quantised for it; probes and tests call this).
 
     Arguments:
-        x: kernels.fp8_quant.quantize_fp8's Fp8Inputs at 128 x 64 or 128 x 128 tiles (padded D 128
-            or 256): with key_order, P's keys are relabelled to match (RELABEL); without, the
-            operand is exchanged between threads.
+        x: kernels.fp8_quant.quantize_fp8's Fp8Inputs at 128 x 64, 128 x 128 or 128 x 256 tiles
+            (padded D 128 or 256; GLUON_FP8 has the defaults): with key_order, P's keys are
+            relabelled to match (RELABEL); without, the operand is exchanged between threads.
         mask, sm_scale, return_lse, trace: as kernels.fp8.attention_fp8's.
         stages: the K / V ring's depth; pingpong: the consumer groups issue in turn; serial: a
             tile's P V issued before the next tile's S and both waited for before its softmax (no P
