@@ -99,22 +99,34 @@ def _p_operand(p, p_layout: gl.constexpr, RELABEL: gl.constexpr):
 
 
 @gluon.jit
-def _take_turn(turn, WG: gl.constexpr, k, PINGPONG):
-    """The ping-pong: a group issues its k-th batch of products only after the other group issued
-    its own. turn[WG] completes a phase each time the other group hands over (group 0 starts: the
-    kernel arrives on turn[0] once)."""
+def _take_turn(WG: gl.constexpr, PINGPONG):
+    """The ping-pong: a group issues its next batch of products only after the other group issued
+    its own (FlashAttention-3's warp scheduler barriers: named barrier 8 gates group 0, 9 group 1,
+    each met by both groups' 256 threads). A named barrier, not an mbarrier: Triton's Membar puts
+    a warpgroup barrier before every mbarrier wait and arrive, and none around inline asm."""
     if PINGPONG:
-        mbarrier.wait(turn.index(WG), k & 1)
+        if WG == 0:
+            gl.inline_asm_elementwise("bar.sync 8, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+        else:
+            gl.inline_asm_elementwise("bar.sync 9, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
 
 
 @gluon.jit
-def _pass_turn(turn, WG: gl.constexpr, PINGPONG):
+def _pass_turn(WG: gl.constexpr, PINGPONG):
+    """Hand the turn to the other group (it arrives without waiting)."""
     if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG), count=1)
+        if WG == 0:
+            gl.inline_asm_elementwise("bar.arrive 9, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
+        else:
+            gl.inline_asm_elementwise("bar.arrive 8, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
+                                      pack=1)
 
 
 @gluon.jit
-def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p, factor, s_v, l_i, m_i, lists,
+def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, factor, s_v, l_i, m_i, lists,
           k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG: gl.constexpr,
           MASKED: gl.constexpr, TRACED: gl.constexpr):
     """Tile t: issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
@@ -128,7 +140,7 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p
     prev = (t - 1) % STAGES
     acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
     p_op = _p_operand(p, p_layout, RELABEL)
-    _take_turn(turn, WG, t, PINGPONG)
+    _take_turn(WG, PINGPONG)
     if SERIAL:      # P V, then S, both done before the softmax (P's operand registers free during it)
         mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
@@ -136,7 +148,7 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p
         if TRACED:
             c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
+        _pass_turn(WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(prev), count=1)
@@ -147,7 +159,7 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p
         s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
+        _pass_turn(WG, PINGPONG)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(cur), count=1)
     kb = list_block(t, lists[0], lists[1], lists[2])
@@ -165,7 +177,7 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc, p
 
 @gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn,
+              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
               RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE."""
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -180,13 +192,15 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
     q = q_smem.index(WG)
     mbarrier.wait(q_bar, 0)
     if n_tiles > 0:
+        if WG == 1:
+            _pass_turn(WG, PINGPONG)        # group 0 issues first
         # tile 0: its scores and softmax alone
-        _take_turn(turn, WG, 0, PINGPONG)
+        _take_turn(WG, PINGPONG)
         mbarrier.wait(k_ready.index(0), 0)
         if TRACED:
             c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
+        _pass_turn(WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(0), count=1)
         kb = list_block(0, n_full, full_start, part_list)
@@ -202,11 +216,11 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         factor = alpha
         # tiles 1 ..: the full ones, then the partial ones (two loops: neither carries the other's code)
         for t in range(1, n_full):
-            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc,
                                                   p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
                                                   lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, False, TRACED)
         for t in range(gl.maximum(n_full, 1), n_tiles):
-            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, acc,
+            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc,
                                                   p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
                                                   lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, True, TRACED)
         # the last tile's P V
@@ -214,10 +228,11 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         last = (n_tiles - 1) % STAGES
         acc = acc * gl.convert_layout(factor, o_vec)[:, None]
         p_op = _p_operand(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4), RELABEL)
-        _take_turn(turn, WG, n_tiles, PINGPONG)
+        _take_turn(WG, PINGPONG)
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
+        if WG == 0:         # (group 1's last hand-over would find no turn left to take)
+            _pass_turn(WG, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=(o_tok,))
         mbarrier.arrive(v_empty.index(last), count=1)
     # epilogue: O = acc * s_v / l (both in 2^-8 units), LSE = (m + log2(l / 2^8)) ln 2; rows with
@@ -236,37 +251,37 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
 # the four consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
                PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
               PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
                PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
               PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
 
 
 @gluon.jit
 def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                       v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      turn, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
               PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
 
 
 @gluon.jit
 def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                       v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      turn, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, turn, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
               PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
 
 
@@ -298,13 +313,9 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
-    mbarrier.arrive(turn.index(0), count=1)            # group 0 issues first
     consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
                      v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
-                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, turn, RELABEL, PINGPONG, SERIAL)
+                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, RELABEL, PINGPONG, SERIAL)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                      work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM, n_tiles, n_full, first_full,
                      part_list)
