@@ -69,8 +69,8 @@ def test_the_quantise_pass_stores_v_in_key_order(fused, d, block_n, device, monk
 
 def test_the_inputs_say_which_kernel_and_layout_they_are_for(device, monkeypatch):
     """A default causal quantise on (what it is told is) Hopper marks the inputs for the Gluon
-    kernel, in key order where GLUON_FP8 relabels P (D 128) and in natural order where it does not
-    (D 256), with the V^T bytes of the layout it says; gluon=False gives the Triton kernel's
+    kernel, in key order where GLUON_FP8 relabels P (D 128 and 256) and in natural order where it
+    does not, with the V^T bytes of the layout it says; gluon=False gives the Triton kernel's
     inputs; key order without the Gluon kernel is refused in one line."""
     import kernels.gluon_fp8_launch as launch
 
