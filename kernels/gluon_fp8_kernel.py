@@ -99,30 +99,25 @@ def _p_operand(p, p_layout: gl.constexpr, RELABEL: gl.constexpr):
 
 
 @gluon.jit
+def _named_barrier(asm: gl.constexpr):
+    gl.inline_asm_elementwise(asm, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _take_turn(WG: gl.constexpr, PINGPONG):
     """The ping-pong: a group issues its next batch of products only after the other group issued
     its own (FlashAttention-3's warp scheduler barriers: named barrier 8 gates group 0, 9 group 1,
     each met by both groups' 256 threads). A named barrier, not an mbarrier: Triton's Membar puts
     a warpgroup barrier before every mbarrier wait and arrive, and none around inline asm."""
     if PINGPONG:
-        if WG == 0:
-            gl.inline_asm_elementwise("bar.sync 8, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-        else:
-            gl.inline_asm_elementwise("bar.sync 9, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+        _named_barrier("bar.sync 8, 256; mov.u32 $0, 0;" if WG == 0 else "bar.sync 9, 256; mov.u32 $0, 0;")
 
 
 @gluon.jit
 def _pass_turn(WG: gl.constexpr, PINGPONG):
     """Hand the turn to the other group (it arrives without waiting)."""
     if PINGPONG:
-        if WG == 0:
-            gl.inline_asm_elementwise("bar.arrive 9, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-        else:
-            gl.inline_asm_elementwise("bar.arrive 8, 256; mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+        _named_barrier("bar.arrive 9, 256; mov.u32 $0, 0;" if WG == 0 else "bar.arrive 8, 256; mov.u32 $0, 0;")
 
 
 @gluon.jit
