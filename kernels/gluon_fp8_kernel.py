@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows,
-                               kv_ring_barriers, list_block, record_work_span, tma_load, trace_pointers, wgmma_layout,
+                               kv_ring_barriers, list_block, record_work_end, tma_load, trace_pointers, wgmma_layout,
                                work_item)
 
 LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
@@ -55,6 +55,19 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_
         mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma_load(v_desc, [v_row, kb * BLOCK_N], v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _producer_work_traced(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          q_row, k_row, v_row, n_tiles, n_full, full_start, part_list, tr_work, work, done):
+    """The producer between the work item's start and, once both consumers are done (done), its
+    SM and end time. Recorded here: a record before the partitions or after them (in the first
+    consumer's warps) made the 128 x 256 serial loop spill (sm_90 build, Triton 3.6)."""
+    gl.store(tr_work + work.to(gl.int64) * 5 + 3, _globaltimer())
+    _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
+              k_row, v_row, n_tiles, n_full, full_start, part_list)
+    mbarrier.wait(done, 0)
+    record_work_end(tr_work, work)
 
 
 @gluon.jit
@@ -173,8 +186,9 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, fact
 @gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-              RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
-    """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE."""
+              done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
+    """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE, and an
+    arrival on done (what a work-traced producer waits for)."""
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N, 32)
@@ -241,42 +255,43 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
              mask=(o_rows < N_Q)[:, None] & (o_cols < D)[None, :])
     lse = gl.where(seen, (m_i + gl.log2(l_safe) - LOG2_P_SCALE) * LN2, float("-inf"))
     gl.store(LSE + (o_row - row0) + rows, lse, mask=rows < N_Q)
+    mbarrier.arrive(done, count=1)
 
 
 # the four consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
                PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
               PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
+               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
                PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
               PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
 
 
 @gluon.jit
 def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                       v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
               PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
 
 
 @gluon.jit
 def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
                       v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, RELABEL,
+              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
               PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
 
 
@@ -299,8 +314,6 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     blocks' rows."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
-    if TRACE_WORK:
-        t_start = _globaltimer()
     work = gl.program_id(0)
     bh, q_block, kv_bh, row0 = work_item(work, H, GROUP, n_qb)
     n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
@@ -308,19 +321,31 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
+    done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(done, count=2)
     consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
                      v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
-                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, RELABEL, PINGPONG, SERIAL)
+                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                      work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM, n_tiles, n_full, first_full,
                      part_list)
     if TRACE_TILES:
-        traced_args = consumer_args + trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh,
-                                                     q_block, n_qb, n_kb)
-        gl.warp_specialize([(_consumer0_traced, traced_args), (_consumer1_traced, traced_args),
-                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
+        consumers = (consumer_args + trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh, q_block,
+                                                    n_qb, n_kb))
     else:
-        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
-                           [4, 1], [CONSUMER_REGS, 24])
+        consumers = consumer_args
+    # (a partition is a literal function here: warp_specialize takes no function held in a variable)
     if TRACE_WORK:      # program and order: the host's (program = work item, natural order)
-        record_work_span(tr_work, work, t_start)
+        worked = producer_args + (tr_work, work, done)
+        if TRACE_TILES:
+            gl.warp_specialize([(_consumer0_traced, consumers), (_consumer1_traced, consumers),
+                                (_producer_work_traced, worked)], [4, 1], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([(_consumer0, consumers), (_consumer1, consumers), (_producer_work_traced, worked)],
+                               [4, 1], [CONSUMER_REGS, 24])
+    elif TRACE_TILES:
+        gl.warp_specialize([(_consumer0_traced, consumers), (_consumer1_traced, consumers), (_producer, producer_args)],
+                           [4, 1], [CONSUMER_REGS, 24])
+    else:
+        gl.warp_specialize([(_consumer0, consumers), (_consumer1, consumers), (_producer, producer_args)], [4, 1],
+                           [CONSUMER_REGS, 24])

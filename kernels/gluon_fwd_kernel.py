@@ -160,9 +160,15 @@ def consumer_rows(row_lo, row_hi, row0, N_Q, s_layout: gl.constexpr, o_layout: g
 def record_work_span(tr_work, work, t_start):
     """A traced work item's SM and globaltimer span into its record (kernels.trace_buffers; the
     program and order fields are the host's)."""
+    gl.store(tr_work + work.to(gl.int64) * 5 + 3, t_start)
+    record_work_end(tr_work, work)
+
+
+@gluon.jit
+def record_work_end(tr_work, work):
+    """A traced work item's SM and end (globaltimer) into its record, its start stored before."""
     rec = tr_work + work.to(gl.int64) * 5
     gl.store(rec + 2, _smid().to(gl.int64))
-    gl.store(rec + 3, t_start)
     gl.store(rec + 4, _globaltimer())
 
 
