@@ -63,6 +63,16 @@ def _triton_state():
     return _STATE[0]
 
 
+def aligned(*tensors) -> bool:
+    """Whether every tensor given (None skipped) starts on a 16-byte boundary: the condition on a
+    call's per-call tensors under which DirectLaunch takes its kept kernel."""
+    bits = 0
+    for t in tensors:
+        if t is not None:
+            bits |= t.data_ptr()
+    return not bits & 15
+
+
 class DirectLaunch:
     """The compiled kernels of one planned launch (fixed kernel, options and non-per-call
     arguments), by the state Triton specialises the per-call arguments on.

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .device_cache import hold_if_capturing
-from .direct_launch import DirectLaunch
+from .direct_launch import DirectLaunch, aligned
 from .fp8_quant import Fp8Inputs, check_fp8_args, fp8_config, fp8_head_dim, quantize_checked
 from .gluon_fp8_launch import GLUON_FP8, GluonFp8Plan, check_gluon_inputs
 from .kernel_args import KernelArgs, TraceFlags
@@ -174,9 +174,9 @@ def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> di
     spec = parse_mask(mask, n_q, n_k)
     cfg = fp8_config(head_dim, mask=spec, n_q=n_q, n_k=n_k, device=device)
     if cfg.gluon:
+        tiles = GLUON_FP8[fp8_head_dim(head_dim)]
         return dict(block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    loop="gluon", pingpong=GLUON_FP8[fp8_head_dim(head_dim)].pingpong,
-                    relabel=GLUON_FP8[fp8_head_dim(head_dim)].relabel)
+                    loop="gluon", pingpong=tiles.pingpong, relabel=tiles.relabel)
     plan = block_plan(spec, n_q, cfg.block_m, cfg.block_n, device, n_k)
     e = torch.empty(0, device=device)
     x = Fp8Inputs(e, e, e, e, e, e, (1, 1, n_q, head_dim), n_k, 1, cfg.block_m, cfg.block_n, "block", True,
@@ -217,13 +217,6 @@ def _launch(grid, launch: Fp8Launch, args: list):
 _LAUNCH = _launch
 
 
-def _pointer_bits(x: Fp8Inputs, o, lse) -> int:
-    """The OR of a launch's per-call tensors' addresses (DirectLaunch takes only 16-byte aligned ones)."""
-    bits = x.q.data_ptr() | x.k.data_ptr() | x.v.data_ptr() | o.data_ptr()
-    bits |= x.q_scale.data_ptr() | x.k_scale.data_ptr() | x.v_scale.data_ptr()
-    return bits if lse is None else bits | lse.data_ptr()
-
-
 def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, trace: TraceBuffers | None = None,
                   warp_specialize: bool | None = None, *, num_warps: int | None = None, num_stages: int | None = None):
     """The FP8 attention kernel on pre-quantised inputs (one launch, or two: _use_ws; inputs
@@ -256,7 +249,7 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         o = torch.empty(x.shape, dtype=x.dtype, device=device)                 # (B, H, N_q, D)
         lse = torch.empty((b, h, n_q), dtype=torch.float32, device=device)    # (B, H, N_q)
         with resource_refusal():
-            gp.run(x, o, lse, scale, trace, not _pointer_bits(x, o, lse) & 15)
+            gp.run(x, o, lse, scale, trace, aligned(x.q, x.k, x.v, o, lse, x.q_scale, x.k_scale, x.v_scale))
         return (o, lse) if return_lse else o
     hw_clock = device.type == "cuda"
     flags = None if trace is None else (trace.trace_work, trace.trace_tiles, trace.trace_rows)
@@ -276,12 +269,12 @@ def attention_fp8(x: Fp8Inputs, mask="causal", sm_scale=None, return_lse=False, 
         call.update(tr_work=trace.work, tr_counter=trace.counter, tr_tiles=trace.tiles, tr_rows=trace.rows,
                     row_slot=trace.row_slot, head_slot=head_slot, trace_slots=slots)
     direct = trace is None and _launch is _LAUNCH       # (tools replace _launch to watch the launches)
-    aligned = not _pointer_bits(x, o, lse) & 15
+    per_call_aligned = aligned(x.q, x.k, x.v, o, lse, x.q_scale, x.k_scale, x.v_scale)
     with resource_refusal():
         for launch in fp.launches:
             args = launch.args.bind(**call)
             if direct:      # the compiled kernel, launched without Triton's per-call binding
-                launch.direct(fp.grid, args, aligned, lambda: _launch(fp.grid, launch, args))
+                launch.direct(fp.grid, args, per_call_aligned, lambda: _launch(fp.grid, launch, args))
             else:
                 _launch(fp.grid, launch, args)
     return (o, lse) if return_lse else o

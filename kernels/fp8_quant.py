@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .device_cache import persistent
+from .direct_launch import aligned
 from .gluon_fp8_launch import GLUON_FP8, gluon_fp8_tiles
 from .launch_config import warp_specialize_supported
 from .masks import FULL, PARTIAL, parse_mask
@@ -413,11 +414,11 @@ def _quantise_fused(q, k, v, block_m, block_n, hd, hadamard, scaling, key_order=
     amax = None if scaling == "block" else torch.zeros(3, dtype=f32, device=dev)
     args = ql.args.copy()
     args[:6] = q, k, v, (q8, k8, v8), scales, amax
-    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+    per_call_aligned = aligned(q, k, v)         # (the outputs: fresh blocks of the caching allocator, aligned)
     grid = ql.grid
     for tail, warps, direct in ql.launches:
         launch_args = args + list(tail)
-        direct(grid, launch_args, aligned, lambda: direct.kernel[grid](*launch_args, num_warps=warps))
+        direct(grid, launch_args, per_call_aligned, lambda: direct.kernel[grid](*launch_args, num_warps=warps))
     return (q8, k8, v8), scales
 
 
