@@ -1,6 +1,6 @@
 """The FP8 forward on Hopper in Gluon: kernels.fp8_kernel's numerics (FlashAttention-3's FP8
-recipe) in the bf16 Gluon kernel's schedule (kernels.gluon_fwd_kernel), launched by
-kernels.gluon_fp8_launch.
+recipe; with MMA_SUM the running sum of the e4m3 P, below) in the bf16 Gluon kernel's schedule
+(kernels.gluon_fwd_kernel), launched by kernels.gluon_fp8_launch.
 
 A producer warp streams e4m3 K and V^T tiles by TMA into a ring; two consumer warpgroups of 64
 query rows each issue tile t's scores S_t before tile t-1's P V, so that the softmax of S_t runs
@@ -8,7 +8,7 @@ while P V does. Per tile as kernels.fp8_kernel: the scores times (softmax scale 
 and K's tile scales), P = 2^8 exp2(S - m) (the row max shifted by 8) cast to e4m3, V's tile scale
 folded into the running rescale, one division in the epilogue.
 
-Three things make the e4m3 P V cheap on the consumers, whose instructions per tile bound the loop
+Four things make the e4m3 P V cheap on the consumers, whose instructions per tile bound the loop
 (FP8 halves the tensor work of a tile, not its softmax):
 - RELABEL: P's keys are relabelled within each 16 so that the e4m3 register operand is the scores'
   accumulator renamed (no exchange between threads), on V^T tiles whose columns hold the keys in
@@ -16,7 +16,12 @@ Three things make the e4m3 P V cheap on the consumers, whose instructions per ti
 - P stays fp32 until the iteration that issues its P V casts it: a loop-carried e4m3 tensor is
   carried a byte a register and packed again for the wgmma;
 - PINGPONG: the two groups take turns to issue their products (FlashAttention-3's inter-warpgroup
-  schedule), one group's softmax under the other's products.
+  schedule), one group's softmax under the other's products;
+- MMA_SUM (GLUON_FP8: D 128): the softmax's running sum is taken by a product P 1 beside P V (P
+  times a tile of ones, a fresh sum per tile, added to the running sum in fp32 on the threads), not
+  by an add per score and shuffles per row. It sums the e4m3 P that P V weighs, so the LSE is that
+  of the rounded P (within e4m3's half ulp, a factor 1 + 2^-4, of the fp32 P's the Triton FP8
+  kernel sums).
 Full and partial tiles run in two loops, so the full tiles' loop carries no mask code.
 SERIAL (kernels.gluon_fp8_launch.GLUON_FP8: D 256): tile t-1's P V is issued before tile t's S and
 both are waited for before the softmax, so no P operand is held across it: 128 x 128 tiles at D 256
@@ -27,7 +32,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows,
                                kv_ring_barriers, list_block, record_work_end, tma_load, trace_pointers, wgmma_layout,
@@ -35,6 +41,7 @@ from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, 
 
 LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
 P_SCALE = gl.constexpr(256.0)
+SUM_COLS = gl.constexpr(8)              # P 1's columns (MMA_SUM): the narrowest wgmma
 
 
 @gluon.jit
@@ -71,9 +78,10 @@ def _producer_work_traced(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, cols, lo, hi, scale, MASKED: gl.constexpr):
+def _softmax_step(s, m_i, l, cols, lo, hi, scale, MASKED: gl.constexpr, MMA_SUM: gl.constexpr):
     """kernels.tile_ops.softmax_update's FP8 step on raw e4m3 scores: (P = 2^8 exp2(S scale - m),
-    the running output's rescale factor, the new running sum in 2^-8 units, the new max)."""
+    the running output's rescale factor, the running sum, the new max). The sum (in 2^-8 units)
+    is taken here on the threads, or with MMA_SUM left to P V's partner product (_issue_pv)."""
     if MASKED:
         s = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), s * scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -84,7 +92,9 @@ def _softmax_step(s, m_i, l_i, cols, lo, hi, scale, MASKED: gl.constexpr):
         m_ref = m_new
         p = gl.exp2(s * scale - (m_ref - LOG2_P_SCALE)[:, None])
     alpha = gl.exp2(m_i - m_ref)
-    return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
+    if not MMA_SUM:
+        l = l * alpha + gl.sum(p, 1)
+    return p, alpha, l, m_new
 
 
 @gluon.jit
@@ -134,12 +144,67 @@ def _pass_turn(WG: gl.constexpr, PINGPONG):
 
 
 @gluon.jit
-def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, factor, s_v, l_i, m_i, lists,
-          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG: gl.constexpr,
-          MASKED: gl.constexpr, TRACED: gl.constexpr):
+def _issue_pv(p_op, v_tile, ones, acc, zero_l, MMA_SUM: gl.constexpr):
+    """P V into acc, and with MMA_SUM P 1 (P times ones: its row sums in every column, (ROWS,
+    SUM_COLS)), both on P's e4m3 register operand: the tile's sum of exactly the P that P V
+    weighs, taken on the tensor cores instead of an add per score and shuffles per row on the
+    consumers' threads. Returns P V's token and P 1's (zero_l without MMA_SUM)."""
+    o_tok = warpgroup_mma(p_op, v_tile.permute((1, 0)), acc, is_async=True)
+    if MMA_SUM:         # a fresh sum per tile: accumulated across tiles in the product, it lost precision
+        l_op = gl.convert_layout(p_op, gl.DotOperandLayout(operand_index=0, parent=zero_l.type.layout, k_width=4))
+        l_tok = warpgroup_mma(l_op, ones.permute((1, 0)), zero_l, use_acc=False, is_async=True)
+    else:
+        l_tok = zero_l
+    return o_tok, l_tok
+
+
+@gluon.jit
+def _wait_pv(o_tok, l_tok, MMA_SUM: gl.constexpr):
+    """(acc, P 1 or the unused zero_l) once _issue_pv's products are done (an e4m3 operand cannot
+    be a dep on Triton 3.6)."""
+    if MMA_SUM:
+        acc, l_tile = warpgroup_mma_wait(0, deps=(o_tok, l_tok))
+    else:
+        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        l_tile = l_tok
+    return acc, l_tile
+
+
+@gluon.jit
+def _lane_sums(l_tile):
+    """P 1 (ROWS, SUM_COLS) as (ROWS, 4): a thread's own copy of its rows' sums (a key column's
+    low bit is a register of the product's layout, the next two lanes: no shuffle)."""
+    R: gl.constexpr = l_tile.shape[0]
+    C: gl.constexpr = l_tile.shape[1]
+    return gl.max(gl.reshape(l_tile, [R, C // 2, 2]), 2)
+
+
+@gluon.jit
+def _row_sum(l, MMA_SUM: gl.constexpr):
+    """The running sum per row (P_SCALE units): l, or out of its lane copies (ROWS, 4)."""
+    if MMA_SUM:
+        l = gl.max(l, 1)
+    return l
+
+
+@gluon.jit
+def _record_sum(rows_ptr, n_kb, rows_on, step, l, WG: gl.constexpr):
+    """Tile step's running sum (kernels.tile_ops.record_tile's l) into its rows' records, out of
+    its lane copies once that tile's P 1 is done (a tile after the record's other fields)."""
+    if rows_on != 0:
+        l_i = _row_sum(l, True)
+        offs = WG * ROWS + gl.arange(0, ROWS, l_i.type.layout)
+        gl.store(rows_ptr + offs * (n_kb * 4) + step * 4 + 2, l_i / P_SCALE)
+
+
+@gluon.jit
+def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
+          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL,
+          MMA_SUM: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr, TRACED: gl.constexpr):
     """Tile t: issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
-    of S_t while P V runs. lists: (n_full, full_start, part_list); trace: (tiles_ptr, rows_ptr,
-    n_kb, tiles_on, rows_on). Returns the carried state (acc, p, factor, s_v, l_i, m_i)."""
+    of S_t while P V runs. l: the running sum (MMA_SUM: its lane copies, through tile t-2, P_{t-1}
+    1 added here); lists: (n_full, full_start, part_list); trace: (tiles_ptr, rows_ptr, n_kb,
+    tiles_on, rows_on). Returns the carried state (acc, l, p, factor, s_v, m_i)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     o_layout: gl.constexpr = acc.type.layout
@@ -148,17 +213,18 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, fact
     prev = (t - 1) % STAGES
     acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
     p_op = _p_operand(p, p_layout, RELABEL)
+    l_tile = zero_l
     _take_turn(WG, PINGPONG)
     if SERIAL:      # P V, then S, both done before the softmax (P's operand registers free during it)
         mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
-        o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+        o_tok, l_tok = _issue_pv(p_op, v_smem.index(prev), ones, acc, zero_l, MMA_SUM)
         mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
         if TRACED:
             c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         _pass_turn(WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        acc, l_tile = _wait_pv(o_tok, l_tok, MMA_SUM)
         mbarrier.arrive(v_empty.index(prev), count=1)
     else:
         mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
@@ -166,25 +232,34 @@ def _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc, p, fact
             c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
-        o_tok = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+        o_tok, l_tok = _issue_pv(p_op, v_smem.index(prev), ones, acc, zero_l, MMA_SUM)
         _pass_turn(WG, PINGPONG)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        s = warpgroup_mma_wait(2 if MMA_SUM else 1, deps=(s_tok,))
     mbarrier.arrive(k_empty.index(cur), count=1)
     kb = list_block(t, lists[0], lists[1], lists[2])
-    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, tile_scale * gl.load(k_scale + kb),
-                                       MASKED)
+    p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, tile_scale * gl.load(k_scale + kb),
+                                     MASKED, MMA_SUM)
     if TRACED:
-        _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, t, c_start, m_i, l_i / P_SCALE, alpha, WG)
+        if MMA_SUM:
+            _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, t, c_start, m_i, None, alpha, WG)
+        else:
+            _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, t, c_start, m_i, l / P_SCALE, alpha,
+                         WG)
     s_new = gl.load(v_scale + kb)
     factor = alpha * (s_v / s_new)                  # acc in units of the newest V tile's scale
     if not SERIAL:
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))      # (an e4m3 operand cannot be a dep on Triton 3.6)
+        acc, l_tile = _wait_pv(o_tok, l_tok, MMA_SUM)
         mbarrier.arrive(v_empty.index(prev), count=1)
-    return acc, p, factor, s_new, l_i, m_i
+    if MMA_SUM:     # (after P 1: rescaled before it is issued, ptxas waited for P V before the softmax)
+        l = l + _lane_sums(l_tile)
+        if TRACED:
+            _record_sum(trace[1], trace[2], trace[4], t - 1, l, WG)
+        l = l * gl.convert_layout(alpha, gl.SliceLayout(1, l.type.layout))[:, None]
+    return acc, l, p, factor, s_new, m_i
 
 
 @gluon.jit
-def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
               done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE, and an
@@ -195,6 +270,12 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM, 32)
     o_vec: gl.constexpr = gl.SliceLayout(1, o_layout)
     rows, lo, hi, col0, m_i, l_i, acc, zero_s = consumer_rows(row_lo, row_hi, row0, N_Q, s_layout, o_layout, WG)
+    MMA_SUM: gl.constexpr = ones.shape[0] == SUM_COLS       # (the kernel's MMA_SUM, as ones' shape tells it)
+    zero_l = gl.zeros([ROWS, SUM_COLS], gl.float32, wgmma_layout(SUM_COLS, 32))     # P 1's (MMA_SUM)
+    if MMA_SUM:
+        l = _lane_sums(zero_l)          # the running sum's lane copies (ROWS, 4)
+    else:
+        l = l_i
     tile_scale = qk_scale * q_scale                     # softmax scale * log2(e) * Q's tile scale
     s_v = 1.0
     lists = (n_full, full_start, part_list)
@@ -215,35 +296,45 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
         kb = list_block(0, n_full, full_start, part_list)
         scale = tile_scale * gl.load(k_scale + kb)
         if n_full > 0:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, False)
+            p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, scale, False, MMA_SUM)
         else:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, col0 + kb * BLOCK_N, lo, hi, scale, True)
+            p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, scale, True, MMA_SUM)
         if TRACED:
-            _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, 0, c_start, m_i, l_i / P_SCALE, alpha,
-                         WG)
+            if MMA_SUM:
+                _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, 0, c_start, m_i, None, alpha, WG)
+            else:
+                _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, 0, c_start, m_i, l / P_SCALE,
+                             alpha, WG)
         s_v = gl.load(v_scale + kb)
         factor = alpha
         # tiles 1 ..: the full ones, then the partial ones (two loops: neither carries the other's code)
         for t in range(1, n_full):
-            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc,
-                                                  p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
-                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, False, TRACED)
+            acc, l, p, factor, s_v, m_i = _tile(
+                t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
+                k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
+                WG, False, TRACED)
         for t in range(gl.maximum(n_full, 1), n_tiles):
-            acc, p, factor, s_v, l_i, m_i = _tile(t, q, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, acc,
-                                                  p, factor, s_v, l_i, m_i, lists, k_scale, v_scale, tile_scale, col0,
-                                                  lo, hi, zero_s, trace, RELABEL, PINGPONG, SERIAL, WG, True, TRACED)
-        # the last tile's P V
+            acc, l, p, factor, s_v, m_i = _tile(
+                t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
+                k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
+                WG, True, TRACED)
+        # the last tile's P V and P 1
         STAGES: gl.constexpr = k_smem.shape[0]
         last = (n_tiles - 1) % STAGES
         acc = acc * gl.convert_layout(factor, o_vec)[:, None]
         p_op = _p_operand(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4), RELABEL)
         _take_turn(WG, PINGPONG)
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-        o_tok = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
+        o_tok, l_tok = _issue_pv(p_op, v_smem.index(last), ones, acc, zero_l, MMA_SUM)
         if WG == 0:         # (group 1's last hand-over would find no turn left to take)
             _pass_turn(WG, PINGPONG)
-        acc = warpgroup_mma_wait(0, deps=(o_tok,))
+        acc, l_tile = _wait_pv(o_tok, l_tok, MMA_SUM)
         mbarrier.arrive(v_empty.index(last), count=1)
+        if MMA_SUM:
+            l = l + _lane_sums(l_tile)
+            if TRACED:
+                _record_sum(trace[1], trace[2], trace[4], n_tiles - 1, l, WG)
+        l_i = gl.convert_layout(_row_sum(l, MMA_SUM), l_i.type.layout)
     # epilogue: O = acc * s_v / l (both in 2^-8 units), LSE = (m + log2(l / 2^8)) ln 2; rows with
     # l = 0 (no key seen) store 0 and -inf; the padded columns of D are not stored
     seen = l_i > 0.0
@@ -260,39 +351,39 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, 
 
 # the four consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
 @gluon.jit
-def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
-               PINGPONG, SERIAL):
-    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
-              PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
+def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
+               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
+               RELABEL, PINGPONG, SERIAL):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
+              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
+              RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
 
 
 @gluon.jit
-def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-               row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
-               PINGPONG, SERIAL):
-    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
-              PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
+def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
+               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
+               RELABEL, PINGPONG, SERIAL):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
+              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
+              RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
 
 
 @gluon.jit
-def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                      v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
-    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
-              PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
+def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready,
+                      k_empty, v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D,
+                      qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
+              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
+              RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
 
 
 @gluon.jit
-def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-                      v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-                      done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
-    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done, RELABEL,
-              PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
+def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready,
+                      k_empty, v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D,
+                      qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+    _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
+              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
+              RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
@@ -300,7 +391,8 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
                               full_start, part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, head_slot,
                               trace_slots, H, GROUP, N_Q, n_qb, n_kb, qk_scale, D: gl.constexpr, STAGES: gl.constexpr,
                               CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr, PINGPONG: gl.constexpr,
-                              SERIAL: gl.constexpr, TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
+                              SERIAL: gl.constexpr, MMA_SUM: gl.constexpr, TRACE_WORK: gl.constexpr,
+                              TRACE_TILES: gl.constexpr):
     """Grid (B*H*n_qb,): program bh * n_qb + query block (128 rows, natural order).
 
     q_desc: Q8 (B*H*n_qb*128, HEAD_DIM) in (64, HEAD_DIM) blocks; k_desc: K8 (B*H_kv*n_kb*BLOCK_N,
@@ -323,8 +415,17 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(done, count=2)
+    # P 1's B operand with MMA_SUM: ones (e4m3 0x38, written as bytes: Triton 3.6 stored a constant
+    # fp32 -> e4m3 conversion wrongly here), SUM_COLS columns by BLOCK_N keys; without, one unread
+    # row (its shape is how the consumers know: warp_specialize passes them values, not constexprs)
+    ONES: gl.constexpr = SUM_COLS if MMA_SUM else 1
+    ones_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [ONES, BLOCK_N], gl.NVMMASharedLayout.get_default_for(
+        [ONES, BLOCK_N], gl.float8e4nv), gl.full([ONES, BLOCK_N], 0x38, gl.int8, ones_layout).to(gl.float8e4nv,
+                                                                                                 bitcast=True))
+    fence_async_shared()
     consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
-                     v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
+                     v_smem, ones, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
                      n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                      work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM, n_tiles, n_full, first_full,

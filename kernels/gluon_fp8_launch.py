@@ -30,6 +30,7 @@ class GluonFp8Tiles(NamedTuple):
     pingpong: bool      # the consumer groups issue their products in turn
     relabel: bool       # P's keys relabelled onto the e4m3 operand (V^T stored in key_order)
     serial: bool        # P V before the next S, both done before the softmax (attention_fp8_gluon)
+    mma_sum: bool       # the running sum taken by a product P 1 beside P V, not on the threads
     masks: tuple        # the mask kinds a default call runs it for (where it measured faster)
 
 
@@ -39,8 +40,8 @@ class GluonFp8Tiles(NamedTuple):
 # its sm_90 loop); at D 256 the serial loop's 128 x 128 tiles (no spill where the overlapped loop spills)
 # 1.14x the overlapped 128 x 64 on causal, 1.06x the Triton kernel on full at 4k, P relabelled
 # 1.02-1.04x in key order (gluon-fwd-fp8-named-nvidia-h200.json)
-GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, ("causal",)),
-             256: GluonFp8Tiles(128, 2, False, True, True, ("causal", "full"))}
+GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, True, ("causal",)),
+             256: GluonFp8Tiles(128, 2, False, True, True, False, ("causal", "full"))}
 MIN_LEN = 128
 
 
@@ -83,6 +84,7 @@ class GluonFp8Plan:
     stages: int
     pingpong: bool
     serial: bool
+    mma_sum: bool
     args: list = field(repr=False, compare=False)      # every kernel argument, positionally
     slots: tuple = field(repr=False, compare=False)    # where in args: q_desc (then k_desc, v_desc, O, LSE, the
     # three scales), tr_work (then tr_tiles, tr_rows, row_slot, head_slot, trace_slots), qk_scale, TRACE_WORK
@@ -93,9 +95,9 @@ class GluonFp8Plan:
 
     @staticmethod
     def build(x, spec, stages: int | None = None, pingpong: bool | None = None, serial: bool | None = None,
-              consumer_regs: int = CONSUMER_REGS) -> "GluonFp8Plan":
+              consumer_regs: int = CONSUMER_REGS, mma_sum: bool | None = None) -> "GluonFp8Plan":
         """The plan of calls on inputs shaped as x (Fp8Inputs: its shape, tiles and key order) with
-        mask spec; stages, pingpong, serial: None, GLUON_FP8's for the padded D."""
+        mask spec; stages, pingpong, serial, mma_sum: None, GLUON_FP8's for the padded D."""
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -105,10 +107,11 @@ class GluonFp8Plan:
         b, h, n_q, d = x.shape
         hd = x.head_dim_padded
         plan = block_plan(spec, n_q, BLOCK_M, x.block_n, x.q.device, x.n_k)
-        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False, False, ()))
+        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False, False, False, ()))
         stages = dflt.stages if stages is None else stages
         pingpong = dflt.pingpong if pingpong is None else bool(pingpong)
         serial = dflt.serial if serial is None else bool(serial)
+        mma_sum = dflt.mma_sum if mma_sum is None else bool(mma_sum)
         e4m3 = gl.float8e4nv
         # the 2-D matrices the TMA reads: Q8 and K8 rows of HEAD_DIM, V8^T rows of the padded keys
         blocks = (([x.q.numel() // hd, hd], [BLOCK_M // 2, hd]), ([x.k.numel() // hd, hd], [x.block_n, hd]),
@@ -125,10 +128,11 @@ class GluonFp8Plan:
                      tr_tiles=None, tr_rows=None, row_slot=None, head_slot=None, trace_slots=0, H=h,
                      GROUP=h // x.h_kv, N_Q=n_q, n_qb=plan.n_qb, n_kb=plan.n_kb, qk_scale=None, D=d, STAGES=stages,
                      CONSUMER_REGS=consumer_regs, RELABEL=x.key_order, PINGPONG=pingpong, SERIAL=serial,
-                     TRACE_WORK=False, TRACE_TILES=False)
+                     MMA_SUM=mma_sum, TRACE_WORK=False, TRACE_TILES=False)
         names = attn_fwd_fp8_gluon_kernel.arg_names
         slots = tuple(names.index(name) for name in ("q_desc", "tr_work", "qk_scale", "TRACE_WORK"))
-        return GluonFp8Plan(plan, (b * h * plan.n_qb,), stages, pingpong, serial, [named[n] for n in names], slots,
+        return GluonFp8Plan(plan, (b * h * plan.n_qb,), stages, pingpong, serial, mma_sum, [named[n] for n in names],
+                            slots,
                             DirectLaunch(attn_fwd_fp8_gluon_kernel), descriptors)
 
     def run(self, x, o, lse, qk_scale: float, trace=None, aligned: bool = False) -> None:
@@ -156,7 +160,7 @@ class GluonFp8Plan:
 
 
 def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace=None, *, stages=None,
-                        pingpong=None, serial=None, consumer_regs: int = CONSUMER_REGS):
+                        pingpong=None, serial=None, consumer_regs: int = CONSUMER_REGS, mma_sum=None):
     """The Gluon FP8 kernel on quantised inputs, with its options open (kernels.fp8.attention_fp8
     runs it with the defaults on inputs quantised for it; probes and tests call this).
 
@@ -167,7 +171,9 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
         mask, sm_scale, return_lse, trace: as kernels.fp8.attention_fp8's.
         stages: the K / V ring's depth; pingpong: the consumer groups issue in turn; serial: a
             tile's P V issued before the next tile's S and both waited for before its softmax (no P
-            operand held across the softmax: fewer registers, no overlap within a group); None:
+            operand held across the softmax: fewer registers, no overlap within a group); mma_sum:
+            the running sum taken by a product P 1 beside P V (the sum, in fp32 on the tensor cores,
+            of the e4m3 P that P V weighs) instead of on the consumers' threads (of the fp32 P); None:
             GLUON_FP8's.
         consumer_regs: registers per consumer thread (setmaxnreg).
     Returns:
@@ -180,6 +186,6 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
     spec = parse_mask(mask, n_q, x.n_k)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
-    GluonFp8Plan.build(x, spec, stages, pingpong, serial, consumer_regs).run(x, o, lse,
+    GluonFp8Plan.build(x, spec, stages, pingpong, serial, consumer_regs, mma_sum).run(x, o, lse,
                                                                      softmax_scale(sm_scale, d) * LOG2E, trace)
     return (o, lse) if return_lse else o

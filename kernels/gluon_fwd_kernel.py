@@ -189,7 +189,8 @@ def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start
                  WG: gl.constexpr):
     """One tile into the trace, as kernels.tile_ops.record_tile lays it out: warpgroup 0 writes the
     tile's visit number and clock span (from its scores' issue to its softmax's end; the next
-    tile's scores overlap its P V), each warpgroup its rows' (k_block, m, l, alpha)."""
+    tile's scores overlap its P V), each warpgroup its rows' (k_block, m, l, alpha); l None: the
+    caller writes l later (the FP8 kernel's sum comes out of a product a tile later)."""
     if WG == 0:
         if tiles_on != 0:
             tile_ptr = tiles_ptr + kb * 3
@@ -201,7 +202,8 @@ def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start
         row_ptrs = rows_ptr + offs * (n_kb * 4) + step * 4
         gl.store(row_ptrs, kb.to(gl.float32) + gl.zeros_like(m_i))
         gl.store(row_ptrs + 1, m_i * LN2)
-        gl.store(row_ptrs + 2, l_i)
+        if l_i is not None:
+            gl.store(row_ptrs + 2, l_i)
         gl.store(row_ptrs + 3, alpha)
 
 

@@ -30,10 +30,10 @@ CASES = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16,
 
 
 # the Gluon FP8 kernel's variants beside its default, per padded D: (keys per tile, P relabelled,
-# ping-pong, serial: kernels.gluon_fp8_launch.attention_fp8_gluon's options)
+# ping-pong, serial, sum by P 1: kernels.gluon_fp8_launch.attention_fp8_gluon's options)
 # (the default, GLUON_FP8's, runs first and is not repeated)
-FP8_VARIANTS = {128: ((128, True, True, True), (256, True, False, True), (256, True, True, True)),
-                256: ((64, False, False, False), (128, False, True, True), (128, False, False, True))}
+FP8_VARIANTS = {128: ((128, True, True, False, False), (256, True, True, True, False), (256, True, True, True, True)),
+                256: ((128, True, False, True, True), (128, False, False, True, False))}
 
 
 def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
@@ -52,16 +52,17 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
     calls = {"triton fp8": lambda: attention_fp8(x_triton, mask)}
     tiles = GLUON_FP8[d]
     inputs = {}
-    default = (tiles.block_n, tiles.relabel, tiles.pingpong, tiles.serial)
-    for block_n, relabel, pp, serial in (default,) + tuple(v for v in FP8_VARIANTS[d] if v != default):
+    default = (tiles.block_n, tiles.relabel, tiles.pingpong, tiles.serial, tiles.mma_sum)
+    for block_n, relabel, pp, serial, mma_sum in (default,) + tuple(v for v in FP8_VARIANTS[d] if v != default):
         if (block_n, relabel) not in inputs:
             inputs[block_n, relabel] = quantize_fp8(q, k, v, block_m=128, block_n=block_n, mask=mask, gluon=True,
                                                     key_order=relabel)
         label = (f"gluon fp8 128x{block_n}, {'P relabelled' if relabel else 'keys in order'}, "
                  f"{'ping-pong' if pp else 'no ping-pong'}{', serial' if serial else ''}"
-                 f"{' (default)' if (block_n, relabel, pp, serial) == default else ''}")
-        calls[label] = lambda x=inputs[block_n, relabel], pp=pp, serial=serial: attention_fp8_gluon(
-            x, mask, pingpong=pp, serial=serial)
+                 f"{', sum by P 1' if mma_sum else ''}"
+                 f"{' (default)' if (block_n, relabel, pp, serial, mma_sum) == default else ''}")
+        calls[label] = lambda x=inputs[block_n, relabel], pp=pp, serial=serial, mma_sum=mma_sum: attention_fp8_gluon(
+            x, mask, pingpong=pp, serial=serial, mma_sum=mma_sum)
     for label, call in calls.items():
         try:
             err = ((call().float() - ref.float()).norm() / ref.float().norm()).item()
