@@ -169,14 +169,16 @@ def default_launch(head_dim: int, mask, n_q: int, n_k: int | None, device) -> di
     the first launch's num_warps and num_stages, and loop: "plain", "warp-specialised",
     "split" (the warp-specialised full tiles, then the partial ones in a plain loop with
     partial_warps and partial_stages) or "gluon" (kernels.gluon_fp8_kernel, with its K / V ring's
-    depth as num_stages, pingpong and relabel). No tensor is quantised or launched."""
+    depth as num_stages, pingpong, relabel, serial and mma_sum: GLUON_FP8's). No tensor is
+    quantised or launched."""
     n_k = n_q if n_k is None else n_k
     spec = parse_mask(mask, n_q, n_k)
     cfg = fp8_config(head_dim, mask=spec, n_q=n_q, n_k=n_k, device=device)
     if cfg.gluon:
         tiles = GLUON_FP8[fp8_head_dim(head_dim)]
         return dict(block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                    loop="gluon", pingpong=tiles.pingpong, relabel=tiles.relabel)
+                    loop="gluon", pingpong=tiles.pingpong, relabel=tiles.relabel, serial=tiles.serial,
+                    mma_sum=tiles.mma_sum)
     plan = block_plan(spec, n_q, cfg.block_m, cfg.block_n, device, n_k)
     e = torch.empty(0, device=device)
     x = Fp8Inputs(e, e, e, e, e, e, (1, 1, n_q, head_dim), n_k, 1, cfg.block_m, cfg.block_n, "block", True,
