@@ -194,7 +194,7 @@ def _record_sum(rows_ptr, n_kb, rows_on, step, l, WG: gl.constexpr):
     if rows_on != 0:
         l_i = _row_sum(l, True)
         offs = WG * ROWS + gl.arange(0, ROWS, l_i.type.layout)
-        gl.store(rows_ptr + offs * (n_kb * 4) + step * 4 + 2, l_i / P_SCALE)
+        gl.store(rows_ptr + (offs * (n_kb * 4) + step * 4 + 2), l_i / P_SCALE)
 
 
 @gluon.jit

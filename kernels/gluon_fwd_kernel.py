@@ -199,7 +199,7 @@ def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start
             gl.store(tile_ptr + 2, _clock64())
     if rows_on != 0:
         offs = WG * ROWS + gl.arange(0, ROWS, m_i.type.layout)
-        row_ptrs = rows_ptr + offs * (n_kb * 4) + step * 4
+        row_ptrs = rows_ptr + (offs * (n_kb * 4) + step * 4)
         gl.store(row_ptrs, kb.to(gl.float32) + gl.zeros_like(m_i))
         gl.store(row_ptrs + 1, m_i * LN2)
         if l_i is not None:
