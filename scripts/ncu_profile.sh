@@ -4,7 +4,9 @@
 # $OUT/ncu-profile-<device-slug>.json. CASES: "pass impl head_dim seq_len mask" entries, B4 H16 bf16.
 # The default cases: the backward at D 256 (the kernel-speed issue asks for its profile) and D 128
 # causal 8k (with the Gluon backward probes: the dK/dV and dQ passes, the fused kernel), the
-# forward at D 64 full 4k; each ours and cuDNN's.
+# forward at D 64 full 4k; each ours and cuDNN's. SOURCE=1 also samples each instruction
+# (--section SourceCounters) and writes the SASS source page <case>.source.csv, summarised per loop
+# by scripts/ncu_source.py into $OUT/ncu-source-<device-slug>.json.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/ncu"
 export PYTHONUNBUFFERED=1
@@ -27,7 +29,9 @@ fwd cudnn 64 4096 full"
 CASES=${CASES:-$DEFAULT_CASES}
 SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats"
+[[ "${SOURCE:-0}" == 1 ]] && SECTIONS="$SECTIONS --section SourceCounters"
 csvs=()
+sources=()
 while read -r pass impl d n mask; do
   [[ -z "$pass" ]] && continue
   name="$pass-$impl-d$d-n$n-$mask"
@@ -38,6 +42,10 @@ while read -r pass impl d n mask; do
     --seq-len "$n" --mask "$mask" 2>&1 | grep -v "^==PROF==" | tail -3
   if [[ -f "$OUT/ncu/$name.ncu-rep" ]]; then
     "$NCU" --import "$OUT/ncu/$name.ncu-rep" --csv --page raw > "$OUT/ncu/$name.csv" && csvs+=("$OUT/ncu/$name.csv")
+    if [[ "${SOURCE:-0}" == 1 ]]; then
+      "$NCU" --import "$OUT/ncu/$name.ncu-rep" --csv --page source --print-source sass > "$OUT/ncu/$name.source.csv" \
+        && sources+=("$OUT/ncu/$name.source.csv")
+    fi
   fi
 done <<< "$CASES"
 if [[ ${#csvs[@]} -eq 0 ]]; then
@@ -47,3 +55,6 @@ fi
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 python3 scripts/ncu_summary.py "${csvs[@]}" --json "$OUT/ncu-profile-$(tr 'A-Z ' 'a-z-' <<< "$device").json" \
   --device "$device" --command "bash scripts/ncu_profile.sh"
+if [[ ${#sources[@]} -gt 0 ]]; then
+  python3 scripts/ncu_source.py "${sources[@]}" --json "$OUT/ncu-source-$(tr 'A-Z ' 'a-z-' <<< "$device").json"
+fi
