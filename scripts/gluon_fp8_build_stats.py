@@ -1,6 +1,7 @@
 """The Gluon FP8 kernel (kernels.gluon_fp8_kernel) built for Hopper (sm_90) at chosen options, on a
 machine without a GPU: registers, spill stack, spill instructions in its tile loops and each tile
-loop's instruction count (in code order: per consumer group, the full tiles' loop, then the partial ones'), untraced, work-traced and tile-traced (what record() runs), so that a
+loop's instruction count and spill instructions (in code order: per consumer group, the full tiles'
+loop, then the partial ones'), untraced, work-traced and tile-traced (what record() runs), so that a
 variant's build can be judged before a GPU is lent. Built as scripts/sm90_build_stats.py builds.
 
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:. python scripts/gluon_fp8_build_stats.py \\
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -51,8 +53,9 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
     plan.run(x, torch.zeros(1, 2, N, head_dim, dtype=torch.bfloat16), torch.zeros(1, 2, N), 1.0, buffers)
     one = rows[-1]["launches"][-1]
     code, inner = sb._inner_loops(one["sass"])
-    sizes = (sum(1 for addr, _ in code if lo <= addr <= hi) for lo, hi in sorted(inner))
-    one["loops"] = [size for size in sizes if size > 100]      # the consumers' tile loops, in code order
+    bodies = ([text for addr, text in code if lo <= addr <= hi] for lo, hi in sorted(inner))
+    one["loops"] = [(len(body), sum(1 for text in body if re.search(r"\b(LDL|STL)\b", text)))
+                    for body in bodies if len(body) > 100]     # the consumers' tile loops, in code order
     return one
 
 
@@ -84,7 +87,8 @@ def main(argv=None) -> int:
     for trace in ("off", "work", "tiles"):
         one = _build(rows, args.head_dim, args.mask, tiles, trace)
         print(f"  trace {trace:5s}  regs {one['registers']:3d}  stack {one['stack_bytes']:4d} B  spill instructions in "
-              f"tile loops {one['spills_in_loops']:4d}  tile loops {' / '.join(map(str, one['loops']))} instructions",
+              f"tile loops {one['spills_in_loops']:4d}  tile loops "
+              f"{' / '.join(f'{n} ({spills})' for n, spills in one['loops'])} instructions (spill instructions)",
               flush=True)
     return 0
 

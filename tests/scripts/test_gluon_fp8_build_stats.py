@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gluon_fp8_build_stats.py"
 CUOBJDUMP = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 LINE = re.compile(r"^  trace (off|work|tiles)\s+regs\s+(\d+)\s+stack\s+(\d+) B\s+spill instructions in tile loops\s+(\d+)"
-                  r"\s+tile loops ([\d / ]+) instructions$")
+                  r"\s+tile loops ([\d /()]+) instructions \(spill instructions\)$")
+LOOP = re.compile(r"(\d+) \((\d+)\)")
 
 
 def _run(*args, interpret=None):
@@ -30,10 +31,13 @@ def _run(*args, interpret=None):
 def _builds(run) -> dict:
     """trace -> (registers, stack bytes, spill instructions, tile loop sizes) from a run's lines."""
     assert run.returncode == 0, run.stderr[-2000:]
-    found = {m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(4)), [int(x) for x in m.group(5).split(" / ")])
+    found = {m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                          [tuple(map(int, one)) for one in LOOP.findall(m.group(5))])
              for m in map(LINE.match, run.stdout.splitlines()) if m}
     assert set(found) == {"off", "work", "tiles"}, run.stdout
-    return found
+    for regs, stack, spills, loops in found.values():    # each loop's spills, and all of them in the total
+        assert sum(n for _, n in loops) <= spills
+    return {trace: (regs, stack, spills, [n for n, _ in loops]) for trace, (regs, stack, spills, loops) in found.items()}
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
