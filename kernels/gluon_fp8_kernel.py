@@ -36,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows,
-                               kv_ring_barriers, list_block, record_work_end, tma_load, trace_pointers, wgmma_layout,
-                               work_item)
+                               kv_ring_barriers, list_block, record_work_end, row_records, tma_load, trace_pointers,
+                               wgmma_layout, work_item)
 
 LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
 P_SCALE = gl.constexpr(256.0)
@@ -193,8 +193,7 @@ def _record_sum(rows_ptr, n_kb, rows_on, step, l, WG: gl.constexpr):
     its lane copies once that tile's P 1 is done (a tile after the record's other fields)."""
     if rows_on != 0:
         l_i = _row_sum(l, True)
-        offs = WG * ROWS + gl.arange(0, ROWS, l_i.type.layout)
-        gl.store(rows_ptr + (offs * (n_kb * 4) + step * 4 + 2), l_i / P_SCALE)
+        gl.store(row_records(rows_ptr, n_kb, step, l_i, WG) + 2, l_i / P_SCALE)
 
 
 @gluon.jit

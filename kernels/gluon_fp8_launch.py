@@ -36,8 +36,8 @@ class GluonFp8Tiles(NamedTuple):
 
 # padded D -> the probe's best on an H200 (gluon-fwd-fp8-*-nvidia-h200.json): a third stage
 # measured 0.98-1.00x; at D 128 the full mask keeps the Triton kernel's 128 x 256 tiles (the serial
-# loop's 128 x 256 ran 1.02-1.05x it, but its tile-traced launch spills: 512 spill instructions in
-# its sm_90 loop); at D 256 the serial loop's 128 x 128 tiles (no spill where the overlapped loop spills)
+# loop's 128 x 256 ran 1.02-1.05x it with the threads' sum, but its tile-traced full tiles' loops
+# spilled; with the sum by P 1 they do not, not yet timed: scripts/gluon_fp8_build_stats.py); at D 256 the serial loop's 128 x 128 tiles (no spill where the overlapped loop spills)
 # 1.14x the overlapped 128 x 64 on causal, 1.06x the Triton kernel on full at 4k, P relabelled
 # 1.02-1.04x in key order (gluon-fwd-fp8-named-nvidia-h200.json)
 GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, True, ("causal",)),

@@ -185,6 +185,15 @@ def trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh, q_bl
 
 
 @gluon.jit
+def row_records(rows_ptr, n_kb, step, rows_like, WG: gl.constexpr):
+    """Where tile step's record of each of the group's ROWS rows starts (kernels.tile_ops.record_tile's
+    (k_block, m, l, alpha)), in the layout of rows_like (a (ROWS,) row vector): the offset summed in 32
+    bits before the pointer, so that no 64-bit row pointers are held across the tile loop."""
+    offs = WG * ROWS + gl.arange(0, ROWS, rows_like.type.layout)
+    return rows_ptr + (offs * (n_kb * 4) + step * 4)
+
+
+@gluon.jit
 def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start, m_i, l_i, alpha,
                  WG: gl.constexpr):
     """One tile into the trace, as kernels.tile_ops.record_tile lays it out: warpgroup 0 writes the
@@ -198,8 +207,7 @@ def _record_tile(tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on, kb, step, c_start
             gl.store(tile_ptr + 1, c_start)
             gl.store(tile_ptr + 2, _clock64())
     if rows_on != 0:
-        offs = WG * ROWS + gl.arange(0, ROWS, m_i.type.layout)
-        row_ptrs = rows_ptr + (offs * (n_kb * 4) + step * 4)
+        row_ptrs = row_records(rows_ptr, n_kb, step, m_i, WG)
         gl.store(row_ptrs, kb.to(gl.float32) + gl.zeros_like(m_i))
         gl.store(row_ptrs + 1, m_i * LN2)
         if l_i is not None:
