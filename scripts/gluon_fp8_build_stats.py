@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sass_loops import SPILL, inner_loops  # noqa: E402
 
 N = 1024
 
@@ -30,7 +30,6 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
     sm90_build_stats.resources' row with every tile loop's instruction count."""
     import torch
 
-    import sm90_build_stats as sb
     from kernels.fp8_quant import Fp8Inputs
     from kernels.gluon_fp8_launch import GluonFp8Plan
     from kernels.masks import parse_mask
@@ -52,9 +51,9 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
         trace_rows=trace == "tiles")
     plan.run(x, torch.zeros(1, 2, N, head_dim, dtype=torch.bfloat16), torch.zeros(1, 2, N), 1.0, buffers)
     one = rows[-1]["launches"][-1]
-    code, inner = sb._inner_loops(one["sass"])
+    code, inner = inner_loops(one["sass"])
     bodies = ([text for addr, text in code if lo <= addr <= hi] for lo, hi in sorted(inner))
-    one["loops"] = [(len(body), sum(1 for text in body if re.search(r"\b(LDL|STL)\b", text)))
+    one["loops"] = [(len(body), sum(1 for text in body if SPILL.search(text)))
                     for body in bodies if len(body) > 100]     # the consumers' tile loops, in code order
     return one
 

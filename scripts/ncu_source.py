@@ -21,6 +21,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sass_loops import innermost_loops  # noqa: E402
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
@@ -56,14 +59,11 @@ def read_source(path: Path) -> tuple:
 
 
 def loops(rows: list) -> list:
-    """Innermost loops as (first, last) row indices: a backward branch's target to the branch."""
+    """Innermost loops as (first, last) row indices (sass_loops.innermost_loops: a backward branch's
+    target to the branch)."""
     index = {addr: i for i, (addr, *_) in enumerate(rows)}
-    spans = set()
-    for i, (addr, text, *_) in enumerate(rows):
-        target = re.search(r"\bBRA\b.*?0x([0-9a-fA-F]+)", text)
-        if target and int(target.group(1), 16) < addr and int(target.group(1), 16) in index:
-            spans.add((index[int(target.group(1), 16)], i))
-    return sorted(s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans))
+    return sorted((index[lo], index[hi]) for lo, hi in innermost_loops([(addr, text) for addr, text, *_ in rows])
+                  if lo in index)
 
 
 def _shares(rows: list) -> dict:

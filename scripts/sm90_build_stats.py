@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sass_loops import spills_in_loops, tile_loop_mix  # noqa: E402
 
 FWD = [(64, 4096, "full"), (64, 8192, "causal"), (128, 4096, "full"), (128, 4096, "causal"), (128, 8192, "causal"),
        (256, 4096, "full"), (256, 4096, "causal")]
@@ -89,48 +91,14 @@ def _cuobjdump(compiled, flag: str) -> str:
 def resources(compiled) -> dict:
     """Registers, stack bytes (spills), shared memory and warps of a compiled kernel (cuobjdump),
     whether its loop was warp-specialised, its SASS, the spill instructions in its tile loops
-    (_spills_in_loops) and the longest one's instruction mix (tile_loop_mix)."""
+    (sass_loops.spills_in_loops) and the longest one's instruction mix (tile_loop_mix)."""
     out = _cuobjdump(compiled, "-res-usage")
     regs, stack = re.search(r"REG:(\d+)", out), re.search(r"STACK:(\d+)", out)
     sass = _cuobjdump(compiled, "-sass")
     return dict(registers=int(regs.group(1)) if regs else None, stack_bytes=int(stack.group(1)) if stack else None,
                 shared_kib=round(compiled.metadata.shared / 1024, 1), warps=compiled.metadata.num_warps,
                 warp_specialized="ttg.warp_specialize" in compiled.asm["ttgir"],
-                spills_in_loops=_spills_in_loops(sass), tile_loop=tile_loop_mix(sass), sass=sass)
-
-
-def _inner_loops(sass: str) -> tuple:
-    """(instructions as (address, text), innermost loops as (first, last) addresses): a loop is the
-    span from a backward branch's target to the branch; innermost when no other span lies inside it."""
-    code = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = set()
-    for addr, text in code:
-        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < addr:
-            loops.add((int(target.group(1), 16), addr))
-    return code, [(lo, hi) for lo, hi in loops if not any((lo, hi) != o and lo <= o[0] and o[1] <= hi for o in loops)]
-
-
-def _spills_in_loops(sass: str) -> int:
-    """LDL/STL instructions in innermost loop bodies (the tile loops)."""
-    code, inner = _inner_loops(sass)
-    return sum(1 for addr, text in code if re.search(r"\b(LDL|STL)\b", text) and any(lo <= addr <= hi for lo, hi in inner))
-
-
-def tile_loop_mix(sass: str) -> dict:
-    """The longest innermost loop (a tile loop: in a warp-specialised kernel a consumer's, run by each
-    of its warps once per tile): its instruction count and the count of each opcode (predicates and
-    modifiers dropped, most common first)."""
-    code, inner = _inner_loops(sass)
-    if not inner:
-        return dict(instructions=0, ops={})
-    lo, hi = max(inner, key=lambda span: sum(1 for addr, _ in code if span[0] <= addr <= span[1]))
-    body = [text for addr, text in code if lo <= addr <= hi]
-    ops = {}
-    for text in body:
-        op = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
-        ops[op] = ops.get(op, 0) + 1
-    return dict(instructions=len(body), ops=dict(sorted(ops.items(), key=lambda kv: -kv[1])))
+                spills_in_loops=spills_in_loops(sass), tile_loop=tile_loop_mix(sass), sass=sass)
 
 
 def _loops(kernel, args, options=None) -> str:

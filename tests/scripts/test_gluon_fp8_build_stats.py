@@ -3,29 +3,20 @@ on this CPU machine (compiled, never run) at its defaults and at a chosen option
 work-traced and tile-traced; an interpreter environment and a head dim it has no tiles for are
 refused in one line. (Counts differ between Triton versions: the GPU machines' is 3.6.)"""
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .test_sm90_build_stats import CUOBJDUMP, ROOT, run_script
+
 SCRIPT = ROOT / "scripts" / "gluon_fp8_build_stats.py"
-CUOBJDUMP = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 LINE = re.compile(r"^  trace (off|work|tiles)\s+regs\s+(\d+)\s+stack\s+(\d+) B\s+spill instructions in tile loops\s+(\d+)"
                   r"\s+tile loops ([\d /()]+) instructions \(spill instructions\)$")
 LOOP = re.compile(r"(\d+) \((\d+)\)")
 
 
 def _run(*args, interpret=None):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if interpret is not None:
-        env["TRITON_INTERPRET"] = interpret
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=ROOT)
+    return run_script(SCRIPT, *args, interpret=interpret)
 
 
 def _builds(run) -> dict:

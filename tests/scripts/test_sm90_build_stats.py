@@ -16,13 +16,18 @@ SCRIPT = ROOT / "scripts" / "sm90_build_stats.py"
 CUOBJDUMP = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def _run(*args, interpret=None):
+def run_script(script: Path, *args, interpret=None):
+    """A build-stats script run as on a CPU machine: TRITON_INTERPRET unset (or set to interpret)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret is not None:
         env["TRITON_INTERPRET"] = interpret
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300,
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300,
                           cwd=ROOT)
+
+
+def _run(*args, interpret=None):
+    return run_script(SCRIPT, *args, interpret=interpret)
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
@@ -100,31 +105,3 @@ def test_bad_arguments_and_the_interpreter_are_refused_in_one_line():
     interp = _run(interpret="1")
     assert interp.returncode == 1 and interp.stderr.strip() == \
         "sm90_build_stats: unset TRITON_INTERPRET (the kernels are built for sm_90 here, not interpreted)"
-
-
-def test_spills_are_counted_in_innermost_loops_only():
-    """A SASS listing with an outer loop holding two inner ones: local loads and stores count only
-    inside the inner loops' spans (backward branch target .. branch)."""
-    import importlib.util
-    import random
-
-    spec = importlib.util.spec_from_file_location("sm90_build_stats", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rng = random.Random(0)
-    lines, inner_spills = [], 0
-    # layout: 0x0000 prologue, outer loop 0x0100..0x0900 holding inner loops 0x0200..0x0400 and 0x0500..0x0700
-    inner = [(0x0200, 0x0400), (0x0500, 0x0700)]
-    for addr in range(0x0000, 0x0a00, 0x10):
-        spill = rng.random() < 0.2
-        if addr in (0x0400, 0x0700, 0x0900):
-            target = {0x0400: 0x0200, 0x0700: 0x0500, 0x0900: 0x0100}[addr]
-            text = f"@P0 BRA 0x{target:x}"
-        elif spill:
-            text = "LDL R5, [R1+0x10]" if rng.random() < 0.5 else "STL [R1+0x8], R6"
-            inner_spills += any(lo <= addr <= hi for lo, hi in inner)
-        else:
-            text = "FFMA R2, R3, R4, R2"
-        lines.append(f"        /*{addr:04x}*/                   {text} ;   /* 0x0000000000000000 */")
-    assert inner_spills > 0
-    assert module._spills_in_loops("\n".join(lines)) == inner_spills
