@@ -1,7 +1,7 @@
 """Where the FP8 forward runs the Gluon kernel (kernels.gluon_fp8_kernel) on Hopper, and its launch.
 
-fp8_config takes it by default (gluon_fp8_tiles) for GLUON_FP8's masks (causal at padded D 128,
-causal and full at 256) with N_q and N_k at least MIN_LEN on a Hopper GPU with Gluon
+fp8_config takes it by default (gluon_fp8_tiles) for GLUON_FP8's masks (causal and full at
+padded D 128 and 256) with N_q and N_k at least MIN_LEN on a Hopper GPU with Gluon
 (kernels.gluon_launch.gluon_available; TILESCOPE_GLUON=0 turns it off), where it measured faster
 than the Triton FP8 kernel (H200, B4 H16, side by side: scripts/gluon_fwd_probe.py --fp8,
 docs/performance.md); quantize_fp8 then marks its Fp8Inputs gluon (where GLUON_FP8 relabels P's
@@ -35,12 +35,13 @@ class GluonFp8Tiles(NamedTuple):
 
 
 # padded D -> the probe's best on an H200 (gluon-fwd-fp8-*-nvidia-h200.json): a third stage
-# measured 0.98-1.00x; at D 128 the full mask keeps the Triton kernel's 128 x 256 tiles (the serial
-# loop's 128 x 256 ran 1.02-1.05x it with the threads' sum, but its tile-traced full tiles' loops
-# spilled; with the sum by P 1 they do not, not yet timed: scripts/gluon_fp8_build_stats.py); at D 256 the serial loop's 128 x 128 tiles (no spill where the overlapped loop spills)
-# 1.14x the overlapped 128 x 64 on causal, 1.06x the Triton kernel on full at 4k, P relabelled
-# 1.02-1.04x in key order (gluon-fwd-fp8-named-nvidia-h200.json)
-GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, True, ("causal",)),
+# measured 0.98-1.00x; at D 128 the 128 x 128 ping-pong loop with the sum by P 1 ran 1.06-1.10x
+# the Triton kernel's 128 x 256 tiles on the full mask and 1.01-1.06x the serial 128 x 256 loop
+# (which the sum by P 1 slows: 0.86-0.87x with the threads' sum); at D 256 the serial loop's
+# 128 x 128 tiles (no spill where the overlapped loop spills) 1.14x the overlapped 128 x 64 on
+# causal, 1.06x the Triton kernel on full at 4k, P relabelled 1.02-1.04x in key order
+# (gluon-fwd-fp8-named-nvidia-h200.json); its sum by P 1 0.98-1.02x the threads' sum
+GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, True, ("causal", "full")),
              256: GluonFp8Tiles(128, 2, False, True, True, False, ("causal", "full"))}
 MIN_LEN = 128
 

@@ -29,19 +29,21 @@ def gluon_gpu():
 
 
 def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
-    """fp8_config's defaults take the Gluon kernel for a causal mask at padded D 128 (128 x 128) and
-    for causal and full at 256 (128 x 128), N_q and N_k >= 128, on Hopper; never for another mask,
+    """fp8_config's defaults take the Gluon kernel for the causal and full masks at padded D 128 and
+    256 (128 x 128 tiles), N_q and N_k >= 128, on Hopper; never for another mask,
     head dim, explicit tiles or options, short sequences, gluon=False, or off Hopper."""
     import kernels.gluon_fp8_launch as launch
 
     causal = parse_mask("causal")
     assert not fp8_config(128, mask=causal, n_q=4096, device="cpu").gluon           # no Hopper here
     monkeypatch.setattr(launch, "gluon_available", lambda device: True)
-    for d, mask in ((128, causal), (96, causal), (256, causal), (200, causal), (256, parse_mask("full"))):
+    for d, mask in ((128, causal), (96, causal), (256, causal), (200, causal), (256, parse_mask("full")),
+                    (128, parse_mask("full")), (100, parse_mask("full"))):
         c = fp8_config(d, mask=mask, n_q=4096, n_k=1000, device="cuda")
         assert c.gluon and (c.block_m, c.block_n) == (128, 128) and not c.ws and not c.split, d
         assert (c.num_warps, c.num_stages) == (4, 2), d
-    refused = [dict(head_dim=64, mask=causal), dict(mask=parse_mask("full")), dict(mask=parse_mask("sliding_window:512")),
+    refused = [dict(head_dim=64, mask=causal), dict(head_dim=64, mask=parse_mask("full")),
+               dict(mask=parse_mask("sliding_window:512")),
                dict(mask=None), dict(mask=causal, block_n=128), dict(mask=causal, num_warps=8),
                dict(mask=causal, n_q=100), dict(mask=causal, n_k=64), dict(mask=causal, gluon=False),
                dict(mask=causal, device=None)]
