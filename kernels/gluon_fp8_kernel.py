@@ -46,12 +46,15 @@ SUM_COLS = gl.constexpr(8)              # P 1's columns (MMA_SUM): the narrowest
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              q_row, k_row, v_row, n_tiles, n_full, full_start, part_list):
+              q_row, k_row, v_row, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb):
+    """Q, then the item's K and V tiles into the ring. The item's key-block lists are read here,
+    after Q's load is issued (read before the partitions, every partition waited for them)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
     tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    n_full, full_start, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     for t in range(n_tiles):
         s = t % STAGES
         free = ((t // STAGES) & 1) ^ 1
@@ -66,13 +69,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_
 
 @gluon.jit
 def _producer_work_traced(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                          q_row, k_row, v_row, n_tiles, n_full, full_start, part_list, tr_work, work, done):
+                          q_row, k_row, v_row, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, tr_work, work,
+                          done):
     """The producer between the work item's start and, once both consumers are done (done), its
     SM and end time. Recorded here: a record before the partitions or after them (in the first
     consumer's warps) made the 128 x 256 serial loop spill (sm_90 build, Triton 3.6)."""
     gl.store(tr_work + work.to(gl.int64) * 5 + 3, _globaltimer())
     _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, q_row,
-              k_row, v_row, n_tiles, n_full, full_start, part_list)
+              k_row, v_row, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     mbarrier.wait(done, 0)
     record_work_end(tr_work, work)
 
@@ -259,23 +263,25 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
 
 @gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale,
-              done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q,
+              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE, and an
-    arrival on done (what a work-traced producer waits for)."""
+    arrival on done (what a work-traced producer waits for). q_scale: the item's Q scale's address;
+    it and the item's lists are read here, their loads in flight while Q's is."""
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N, 32)
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM, 32)
     o_vec: gl.constexpr = gl.SliceLayout(1, o_layout)
     rows, lo, hi, col0, m_i, l_i, acc, zero_s = consumer_rows(row_lo, row_hi, row0, N_Q, s_layout, o_layout, WG)
+    n_full, full_start, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     MMA_SUM: gl.constexpr = ones.shape[0] == SUM_COLS       # (the kernel's MMA_SUM, as ones' shape tells it)
     zero_l = gl.zeros([ROWS, SUM_COLS], gl.float32, wgmma_layout(SUM_COLS, 32))     # P 1's (MMA_SUM)
     if MMA_SUM:
         l = _lane_sums(zero_l)          # the running sum's lane copies (ROWS, 4)
     else:
         l = l_i
-    tile_scale = qk_scale * q_scale                     # softmax scale * log2(e) * Q's tile scale
+    tile_scale = qk_scale * gl.load(q_scale)                    # softmax scale * log2(e) * Q's tile scale
     s_v = 1.0
     lists = (n_full, full_start, part_list)
     q = q_smem.index(WG)
@@ -351,38 +357,40 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
 # the four consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
-               RELABEL, PINGPONG, SERIAL):
+               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+               qk_scale, done, RELABEL, PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
-              RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-               v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
-               RELABEL, PINGPONG, SERIAL):
+               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+               qk_scale, done, RELABEL, PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
-              RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
 
 
 @gluon.jit
 def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready,
-                      k_empty, v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D,
-                      qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      k_empty, v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt,
+                      part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, tr_n_kb,
+                      tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
-              RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 0, True)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 0, True)
 
 
 @gluon.jit
 def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready,
-                      k_empty, v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D,
-                      qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on):
+                      k_empty, v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt,
+                      part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, tr_n_kb,
+                      tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, n_tiles, n_full, full_start, part_list, N_Q, D, qk_scale, done,
-              RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, n_kb, tiles_on, rows_on), 1, True)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
@@ -407,7 +415,6 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     work = gl.program_id(0)
     bh, q_block, kv_bh, row0 = work_item(work, H, GROUP, n_qb)
-    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
@@ -423,12 +430,14 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
         [ONES, BLOCK_N], gl.float8e4nv), gl.full([ONES, BLOCK_N], 0x38, gl.int8, ones_layout).to(gl.float8e4nv,
                                                                                                  bitcast=True))
     fence_async_shared()
-    consumer_args = (O, LSE, gl.load(q_scale + work), k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem,
-                     v_smem, ones, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0, row0,
-                     n_tiles, n_full, first_full, part_list, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL)
+    # nothing read from memory before the partitions: each reads what it needs (the item's lists,
+    # its Q scale) once it runs, the producer after issuing Q's load
+    lists = (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
+    consumer_args = (O, LSE, q_scale + work, k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem, v_smem,
+                     ones, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0,
+                     row0) + lists + (N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM, n_tiles, n_full, first_full,
-                     part_list)
+                     work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM) + lists
     if TRACE_TILES:
         consumers = (consumer_args + trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh, q_block,
                                                     n_qb, n_kb))
