@@ -102,34 +102,11 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_
               q_row, q_col, kv_row, kv_col, n_tiles, n_full, full_start, part_list, q_slot=0, ring0=0):
     """A work item's loads: Q's two halves into q_smem (q_slot, q_slot + 1), then its K and V tiles
     into the ring from position ring0 (a persistent program's earlier items took the ones before)."""
-    _load_q(q_desc, q_smem, q_bar, q_row, q_col, q_slot)
-    _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_tiles, n_full,
-             full_start, part_list, ring0)
-
-
-@gluon.jit
-def _item_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                   q_row, q_col, kv_row, kv_col, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb):
-    """A program's one work item's loads, its key-block lists read after Q's load is issued (read
-    before the partitions, every partition waited for them)."""
-    _load_q(q_desc, q_smem, q_bar, q_row, q_col, 0)
-    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_tiles, n_full,
-             first_full, part_list, 0)
-
-
-@gluon.jit
-def _load_q(q_desc, q_smem, q_bar, q_row, q_col, q_slot):
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(q_slot))
     tma_load(q_desc, [q_row + ROWS, q_col], q_bar, q_smem.index(q_slot + 1))
-
-
-@gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row, kv_col, n_tiles, n_full,
-             full_start, part_list, ring0):
-    STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
     for t in range(n_tiles):
         r = ring0 + t
         s = r % STAGES
@@ -316,42 +293,37 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
     gl.store(LSE + (q_row - row0) + rows, lse, mask=rows < N_Q)
 
 
-# the product's consumers: each reads its work item's key-block lists while Q loads (a
-# partition's constexprs are fixed here: warp_specialize passes values only)
 @gluon.jit
-def _consumer0(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, q_row, row0,
-               q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, qk_scale):
-    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, q_row, row0,
-              n_tiles, n_full, first_full, part_list, N_Q, qk_scale, 0, 0, 0, 0, 0, 0, False)
+def _consumer0(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+               q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 0, 0, 0, 0, 0, 0, False)
 
 
 @gluon.jit
-def _consumer1(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, q_row, row0,
-               q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, qk_scale):
-    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, q_row, row0,
-              n_tiles, n_full, first_full, part_list, N_Q, qk_scale, 0, 0, 0, 0, 0, 1, False)
+def _consumer1(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+               q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, 0, 0, 0, 0, 0, 1, False)
 
 
+# the traced consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
 @gluon.jit
 def _consumer0_traced(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
-                      q_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, qk_scale, tiles_ptr,
-                      rows_ptr, tr_n_kb, tiles_on, rows_on):
-    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, q_row, row0,
-              n_tiles, n_full, first_full, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on,
-              0, True)
+                      q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+                      tiles_on, rows_on):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+              tiles_on, rows_on, 0, True)
 
 
 @gluon.jit
 def _consumer1_traced(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
-                      q_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, qk_scale, tiles_ptr,
-                      rows_ptr, tr_n_kb, tiles_on, rows_on):
-    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, q_row, row0,
-              n_tiles, n_full, first_full, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on,
-              1, True)
+                      q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+                      tiles_on, rows_on):
+    _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
+              q_row, row0, n_tiles, n_full, full_start, part_list, N_Q, qk_scale, tiles_ptr, rows_ptr, n_kb,
+              tiles_on, rows_on, 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
@@ -386,22 +358,22 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
         q_col = 0
         kv_tma_row = bh_kv * N_K
         kv_col = 0
+    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
-    lists = (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)      # read in the partitions
     consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
-                     q_row, row0) + lists + (N_Q, qk_scale)
+                     q_row, row0, n_tiles, n_full, first_full, part_list, N_Q, qk_scale)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     q_tma_row, q_col, kv_tma_row, kv_col) + lists
+                     q_tma_row, q_col, kv_tma_row, kv_col, n_tiles, n_full, first_full, part_list)
     if TRACE_TILES:
         traced_args = consumer_args + trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh,
                                                      q_block, n_qb, n_kb)
         gl.warp_specialize([(_consumer0_traced, traced_args), (_consumer1_traced, traced_args),
-                            (_item_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
     else:
-        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_item_producer, producer_args)],
+        gl.warp_specialize([(_consumer0, consumer_args), (_consumer1, consumer_args), (_producer, producer_args)],
                            [4, 1], [CONSUMER_REGS, 24])
     if TRACE_WORK:      # program and order: the host's (the work list, the start times), as on the GPU there
         record_work_span(tr_work, work, t_start)
