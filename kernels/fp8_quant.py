@@ -104,7 +104,9 @@ class Fp8Config:
     gluon: bool = False         # the Gluon kernel on Hopper (kernels.gluon_fp8_launch), V^T in key order
 
 
-# Defaults measured on an H200 (kernel_probe --suite fp8, B4 H16 4k/8k; data/benchmarks/fp8-probe-*):
+# The Triton FP8 kernel's defaults (on Hopper the Gluon kernel takes causal and full calls at padded
+# D 128 and 256: kernels.gluon_fp8_launch), measured on an H200 (kernel_probe --suite fp8, B4 H16
+# 4k/8k; data/benchmarks/fp8-probe-*):
 # padded D -> (full mask, any other mask) -> (block_m, block_n, warp-specialised by default).
 # D128 full: warp-specialised 128 x 256 762 / 819 TFLOP/s (128 x 128: 698 / 749); D128 causal:
 # plain 128 x 64 w4 s3 553 / 625 (the warp-specialised split at 128 x 128: 515 / 599); D256 full:
