@@ -46,18 +46,20 @@ SUM_COLS = gl.constexpr(8)              # P 1's columns (MMA_SUM): the narrowest
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              q_row, k_row, v_row, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb):
-    """Q, then the item's K and V tiles into the ring. The item's key-block lists are read here,
-    after Q's load is issued (read before the partitions, every partition waited for them)."""
+              q_row, k_row, v_row, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, q_slot=0, ring0=0):
+    """Q into q_smem (q_slot, q_slot + 1), then the item's K and V tiles into the ring from
+    position ring0 (a persistent program's earlier items took the ones before). The item's
+    key-block lists are read here, after Q's load is issued (read before the partitions, every
+    partition waited for them). Returns the item's tile count."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(q_slot))
+    tma_load(q_desc, [q_row + ROWS, 0], q_bar, q_smem.index(q_slot + 1))
     n_full, full_start, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     for t in range(n_tiles):
-        s = t % STAGES
-        free = ((t // STAGES) & 1) ^ 1
+        s = (ring0 + t) % STAGES
+        free = (((ring0 + t) // STAGES) & 1) ^ 1
         kb = list_block(t, n_full, full_start, part_list)
         mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
@@ -65,6 +67,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_
         mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
         tma_load(v_desc, [v_row, kb * BLOCK_N], v_ready.index(s), v_smem.index(s))
+    return n_tiles
 
 
 @gluon.jit
@@ -203,8 +206,8 @@ def _record_sum(rows_ptr, n_kb, rows_on, step, l, WG: gl.constexpr):
 @gluon.jit
 def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
           k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL,
-          MMA_SUM: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr, TRACED: gl.constexpr):
-    """Tile t: issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
+          MMA_SUM: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr, TRACED: gl.constexpr, ring0=0):
+    """Tile t (at ring position ring0 + t): issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
     of S_t while P V runs. l: the running sum (MMA_SUM: its lane copies, through tile t-2, P_{t-1}
     1 added here); lists: (n_full, full_start, part_list); trace: (tiles_ptr, rows_ptr, n_kb,
     tiles_on, rows_on). Returns the carried state (acc, l, p, factor, s_v, m_i)."""
@@ -212,16 +215,17 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     o_layout: gl.constexpr = acc.type.layout
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
-    cur = t % STAGES
-    prev = (t - 1) % STAGES
+    r = ring0 + t
+    cur = r % STAGES
+    prev = (r - 1) % STAGES
     acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
     p_op = _p_operand(p, p_layout, RELABEL)
     l_tile = zero_l
     _take_turn(WG, PINGPONG)
     if SERIAL:      # P V, then S, both done before the softmax (P's operand registers free during it)
-        mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((r - 1) // STAGES) & 1)
         o_tok, l_tok = _issue_pv(p_op, v_smem.index(prev), ones, acc, zero_l, MMA_SUM)
-        mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+        mbarrier.wait(k_ready.index(cur), (r // STAGES) & 1)
         if TRACED:
             c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -230,11 +234,11 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
         acc, l_tile = _wait_pv(o_tok, l_tok, MMA_SUM)
         mbarrier.arrive(v_empty.index(prev), count=1)
     else:
-        mbarrier.wait(k_ready.index(cur), (t // STAGES) & 1)
+        mbarrier.wait(k_ready.index(cur), (r // STAGES) & 1)
         if TRACED:
             c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(cur).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((t - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((r - 1) // STAGES) & 1)
         o_tok, l_tok = _issue_pv(p_op, v_smem.index(prev), ones, acc, zero_l, MMA_SUM)
         _pass_turn(WG, PINGPONG)
         s = warpgroup_mma_wait(2 if MMA_SUM else 1, deps=(s_tok,))
@@ -264,10 +268,14 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
 @gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q,
-              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr):
+              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr, q_slot=0,
+              q_phase=0, ring0=0):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE, and an
     arrival on done (what a work-traced producer waits for). q_scale: the item's Q scale's address;
-    it and the item's lists are read here, their loads in flight while Q's is."""
+    it and the item's lists are read here, their loads in flight while Q's is. q_slot, q_phase:
+    the item's Q halves in q_smem (q_slot + WG) and q_bar's phase; ring0: the ring position of its
+    first tile (a persistent program's earlier items took the ones before). Returns its tile count."""
+    STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N, 32)
@@ -284,20 +292,21 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
     tile_scale = qk_scale * gl.load(q_scale)                    # softmax scale * log2(e) * Q's tile scale
     s_v = 1.0
     lists = (n_full, full_start, part_list)
-    q = q_smem.index(WG)
-    mbarrier.wait(q_bar, 0)
+    q = q_smem.index(q_slot + WG)
+    mbarrier.wait(q_bar, q_phase)
     if n_tiles > 0:
         if WG == 1:
             _pass_turn(WG, PINGPONG)        # group 0 issues first
         # tile 0: its scores and softmax alone
         _take_turn(WG, PINGPONG)
-        mbarrier.wait(k_ready.index(0), 0)
+        first = ring0 % STAGES
+        mbarrier.wait(k_ready.index(first), (ring0 // STAGES) & 1)
         if TRACED:
             c_start = _clock64()
-        s_tok = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         _pass_turn(WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(first), count=1)
         kb = list_block(0, n_full, full_start, part_list)
         scale = tile_scale * gl.load(k_scale + kb)
         if n_full > 0:
@@ -317,19 +326,18 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
             acc, l, p, factor, s_v, m_i = _tile(
                 t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
                 k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
-                WG, False, TRACED)
+                WG, False, TRACED, ring0)
         for t in range(gl.maximum(n_full, 1), n_tiles):
             acc, l, p, factor, s_v, m_i = _tile(
                 t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
                 k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
-                WG, True, TRACED)
+                WG, True, TRACED, ring0)
         # the last tile's P V and P 1
-        STAGES: gl.constexpr = k_smem.shape[0]
-        last = (n_tiles - 1) % STAGES
+        last = (ring0 + n_tiles - 1) % STAGES
         acc = acc * gl.convert_layout(factor, o_vec)[:, None]
         p_op = _p_operand(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4), RELABEL)
         _take_turn(WG, PINGPONG)
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(last), ((ring0 + n_tiles - 1) // STAGES) & 1)
         o_tok, l_tok = _issue_pv(p_op, v_smem.index(last), ones, acc, zero_l, MMA_SUM)
         if WG == 0:         # (group 1's last hand-over would find no turn left to take)
             _pass_turn(WG, PINGPONG)
@@ -352,6 +360,7 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
     lse = gl.where(seen, (m_i + gl.log2(l_safe) - LOG2_P_SCALE) * LN2, float("-inf"))
     gl.store(LSE + (o_row - row0) + rows, lse, mask=rows < N_Q)
     mbarrier.arrive(done, count=1)
+    return n_tiles
 
 
 # the four consumers (a partition's constexprs are fixed here: warp_specialize passes values only)

@@ -6,6 +6,9 @@ variant's build can be judged before a GPU is lent. Built as scripts/sm90_build_
 
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:. python scripts/gluon_fp8_build_stats.py \\
         [--head-dim 128] [--mask causal] [--block-n 128] [--serial 0] [--pingpong 1] [--mma-sum 1]
+        [--persistent]
+
+--persistent builds benchmarks.gluon_fp8_persistent's probe instead (GLUON_FP8's options, padded D 128).
 
 Options left out take GLUON_FP8's for the padded head dim (kernels.gluon_fp8_launch); the inputs are
 quantised for the kernel in layout only (zeros, N 1024, one traced head, every row traced)."""
@@ -44,12 +47,17 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
     plan = GluonFp8Plan.build(x, parse_mask(mask, N, N), tiles.stages, tiles.pingpong, tiles.serial,
                               mma_sum=tiles.mma_sum)
     n_qb, n_kb = plan.plan.n_qb, plan.plan.n_kb
-    buffers = None if trace == "off" else TraceBuffers(
+    buffers = None if trace in ("off", "persistent") else TraceBuffers(
         work=torch.zeros(2 * n_qb, 5, dtype=torch.int64), counter=torch.zeros(1, dtype=torch.int32),
         tiles=torch.zeros(n_qb, n_kb, 3, dtype=torch.int64), rows=torch.zeros(n_qb * 128, n_kb, 4),
         row_slot=torch.arange(n_qb, dtype=torch.int32), trace_bh=0, trace_work=True, trace_tiles=trace == "tiles",
         trace_rows=trace == "tiles")
-    plan.run(x, torch.zeros(1, 2, N, head_dim, dtype=torch.bfloat16), torch.zeros(1, 2, N), 1.0, buffers)
+    if trace == "persistent":      # benchmarks.gluon_fp8_persistent's probe, untraced
+        from benchmarks.gluon_fp8_persistent import persistent_call
+
+        persistent_call(x, mask, programs=2)()
+    else:
+        plan.run(x, torch.zeros(1, 2, N, head_dim, dtype=torch.bfloat16), torch.zeros(1, 2, N), 1.0, buffers)
     one = rows[-1]["launches"][-1]
     code, inner = inner_loops(one["sass"])
     bodies = ([text for addr, text in code if lo <= addr <= hi] for lo, hi in sorted(inner))
@@ -64,6 +72,8 @@ def main(argv=None) -> int:
     p.add_argument("--mask", default="causal", help="the mask (default causal)")
     for name in ("block-n", "stages", "serial", "pingpong", "relabel", "mma-sum"):
         p.add_argument(f"--{name}", type=int, default=None, help=f"{name} (default: GLUON_FP8's; 0 / 1 for flags)")
+    p.add_argument("--persistent", action="store_true", help="the persistent probe (benchmarks.gluon_fp8_persistent), "
+                   "untraced, at GLUON_FP8's options")
     args = p.parse_args(argv)
     if os.environ.setdefault("TRITON_INTERPRET", "0") not in ("", "0"):      # before kernels is imported
         sys.exit("gluon_fp8_build_stats: unset TRITON_INTERPRET (the kernel is built for sm_90 here, not interpreted)")
@@ -83,9 +93,9 @@ def main(argv=None) -> int:
     print(f"Gluon FP8 kernel, D {args.head_dim}, {args.mask}, N {N}: {tiles}")
     rows: list = []
     sb._as_h200(rows)
-    for trace in ("off", "work", "tiles"):
+    for trace in ("persistent",) if args.persistent else ("off", "work", "tiles"):
         one = _build(rows, args.head_dim, args.mask, tiles, trace)
-        print(f"  trace {trace:5s}  regs {one['registers']:3d}  stack {one['stack_bytes']:4d} B  spill instructions in "
+        print(f"  {'persistent probe' if trace == 'persistent' else 'trace ' + trace:5s}  regs {one['registers']:3d}  stack {one['stack_bytes']:4d} B  spill instructions in "
               f"tile loops {one['spills_in_loops']:4d}  tile loops "
               f"{' / '.join(f'{n} ({spills})' for n, spills in one['loops'])} instructions (spill instructions)",
               flush=True)

@@ -191,6 +191,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.gluon_backward_fused as gluon_fused
     from kernels import gluon_bwd_d256_kernel as gluon_d256, gluon_bwd_onepass_kernel as gluon_onepass
     import benchmarks.gluon_fwd_persistent as gluon_persistent
+    import benchmarks.gluon_fp8_persistent as gluon_fp8_persistent
     import kernels.gluon_fp8_kernel as gluon_fp8
 
     class Built:                # the Gluon backward kernels' launches, compiled
@@ -203,7 +204,8 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
                       (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_fused, "attn_bwd_fused_gluon_kernel"),
                       (gluon_onepass, "attn_bwd_onepass_gluon_kernel"), (gluon_d256, "attn_bwd_d256_gluon_kernel"),
-                      (gluon_persistent, "attn_fwd_gluon_persistent_kernel"), (gluon_fp8, "attn_fwd_fp8_gluon_kernel")):
+                      (gluon_persistent, "attn_fwd_gluon_persistent_kernel"), (gluon_fp8, "attn_fwd_fp8_gluon_kernel"),
+                      (gluon_fp8_persistent, "attn_fwd_fp8_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
     backward_atomic._stats_kernel = collections.defaultdict(lambda: lambda *args, **options: None)  # not surveyed
 
