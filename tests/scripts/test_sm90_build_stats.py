@@ -1,7 +1,8 @@
-"""scripts/sm90_build_stats.py: the FP8 kernel's default full-mask launch built for sm_90 with the
-installed Triton on this CPU machine (compiled, never run): one launch, warp-specialised as on the
-H200, with a register count, a stack size and shared memory read from the cubin; bad arguments and
-an interpreter environment are refused in one line."""
+"""scripts/sm90_build_stats.py: the Triton FP8 kernel's default full-mask launch (with the Gluon
+kernel off, TILESCOPE_GLUON=0, as off Hopper's Gluon path) built for sm_90 with the installed Triton
+on this CPU machine (compiled, never run): one launch, warp-specialised as on the H200, with a
+register count, a stack size and shared memory read from the cubin; bad arguments and an
+interpreter environment are refused in one line."""
 
 import json
 import os
@@ -16,24 +17,27 @@ SCRIPT = ROOT / "scripts" / "sm90_build_stats.py"
 CUOBJDUMP = Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def run_script(script: Path, *args, interpret=None):
-    """A build-stats script run as on a CPU machine: TRITON_INTERPRET unset (or set to interpret)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def run_script(script: Path, *args, interpret=None, gluon=True):
+    """A build-stats script run as on a CPU machine: TRITON_INTERPRET unset (or set to interpret);
+    gluon=False: TILESCOPE_GLUON=0 (the Triton kernels where Hopper's default is a Gluon one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TILESCOPE_GLUON")}
     if interpret is not None:
         env["TRITON_INTERPRET"] = interpret
+    if not gluon:
+        env["TILESCOPE_GLUON"] = "0"
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300,
                           cwd=ROOT)
 
 
-def _run(*args, interpret=None):
-    return run_script(SCRIPT, *args, interpret=interpret)
+def _run(*args, interpret=None, gluon=True):
+    return run_script(SCRIPT, *args, interpret=interpret, gluon=gluon)
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
 def test_the_fp8_full_launch_builds_warp_specialised_with_its_resources(tmp_path):
     out = tmp_path / "stats.json"
-    run = _run("--only", "fp8", "--cases", "128:4096:full", "--json", str(out))
+    run = _run("--only", "fp8", "--cases", "128:4096:full", "--json", str(out), gluon=False)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(r["part"], r["head_dim"], r["seq_len"], r["mask"]) for r in rows] == [("fp8", 128, 4096, "full")]
