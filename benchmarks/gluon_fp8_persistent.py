@@ -22,6 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from kernels.gluon_fp8_kernel import SUM_COLS, _consumer, _producer
+from benchmarks.gluon_fwd_persistent import two_items_q
 from kernels.gluon_fwd_kernel import ROWS, kv_ring_barriers, work_item
 
 
@@ -88,15 +89,10 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
     kernels.gluon_fp8_kernel.attn_fwd_fp8_gluon_kernel's, untraced."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, ROWS, HEAD_DIM], q_desc.layout)    # two items' halves
+    q_smem, q_bars, q_empty = two_items_q(q_desc)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
     _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())     # (the product's; unread here)
     mbarrier.init(done, count=2)
     ONES: gl.constexpr = SUM_COLS if MMA_SUM else 1              # as the product kernel's ones

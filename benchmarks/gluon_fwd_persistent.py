@@ -23,6 +23,21 @@ from kernels.gluon_fwd_kernel import ROWS, _consumer, _producer, block_lists, kv
 
 
 @gluon.jit
+def two_items_q(q_desc):
+    """Shared memory for two work items' Q halves (4, ROWS, HEAD_DIM), with each item's loaded
+    barrier (q_bars, the producer's TMA) and freed barrier (q_empty, both consumers), initialised;
+    the FP8 probe (benchmarks.gluon_fp8_persistent) takes the same."""
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, ROWS, HEAD_DIM], q_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+    return q_smem, q_bars, q_empty
+
+
+@gluon.jit
 def _item(works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb):
     """Work item works[w]: its Q rows (head-major), first query row in its head, K / V rows, and
     block lists (full count, first full block, tiles, partial list)."""
@@ -93,15 +108,10 @@ def attn_fwd_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row
     kernels.gluon_fwd_kernel.attn_fwd_gluon_kernel's (contiguous q, k, v), untraced."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, ROWS, HEAD_DIM], q_desc.layout)    # two items' halves
+    q_smem, q_bars, q_empty = two_items_q(q_desc)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
     consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
                      row_hi, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb,
                      qk_scale)
