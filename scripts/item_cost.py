@@ -10,7 +10,8 @@ it pays once (the Q load, filling the pipeline, the epilogue) and per tile; a co
 vary joins the fixed part (causal at N_q = N_k: every item has one partial tile, the diagonal), and a
 launch whose items all hold the same tiles gets its mean span only. The record "causal+full" fits
 both launches' items together (full's have no partial tile), which parts the diagonal from the rest. Per SM, the gaps between one item's end and the next
-one's start are the time no item of this launch ran there. Times in microseconds.
+one's start are the time no item of this launch ran there. Times in microseconds. (For one
+recording the app's schedule page draws the one-variable fit: its causal imbalance chart.)
 Writes OUT.json (meta: device, versions, commit; one record per case) and prints a line per case."""
 
 from __future__ import annotations
