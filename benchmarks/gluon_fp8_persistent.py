@@ -160,11 +160,11 @@ CASES = ((4, 16, 16, 4096, "full"), (4, 16, 16, 8192, "full"), (4, 16, 16, 16384
 
 def main(argv=None) -> int:
     """Each case: the probe checked bit for bit against the product kernel (kernels.fp8.attention_fp8
-    on the same quantised inputs), then both timed in turn (do_bench medians, (product, probe) x 3);
-    writes OUT.json (device, versions, per case the times and ratio)."""
-    import triton.testing
-
+    on the same quantised inputs), then both timed in turn (instrumentation.recording.timing.time_ms,
+    (product, probe) x 3, the middle of each three); writes OUT.json (device, versions, per case the
+    times and ratio)."""
     from instrumentation.recording.environment import environment
+    from instrumentation.recording.timing import time_ms
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
 
@@ -187,8 +187,8 @@ def main(argv=None) -> int:
         same = bool(torch.equal(got, want) and torch.equal(got_lse, want_lse))
         times = {"product": [], "persistent": []}
         for _ in range(3):
-            times["product"].append(triton.testing.do_bench(lambda: attention_fp8(x, mask), warmup=25, rep=100))
-            times["persistent"].append(triton.testing.do_bench(call, warmup=25, rep=100))
+            times["product"].append(time_ms(lambda: attention_fp8(x, mask)))
+            times["persistent"].append(time_ms(call))
         ms = {k: sorted(v)[1] for k, v in times.items()}
         rec = dict(case=f"B{b} H{h}/{h_kv} N{n} D128 {mask}", bit_identical=same, product_ms=ms["product"],
                    persistent_ms=ms["persistent"], speed_persistent_over_product=ms["product"] / ms["persistent"])
