@@ -5,8 +5,8 @@ outputs wrong by design), each timed in its own process beside the unmodified ke
 
     python scripts/fp8_item_floor.py OUT.json [--tiles 0 1]
 
-Per variant and case (B4 H16 D128: causal 4k, full 4k, causal 8k): the kernel's do_bench median
-(ms) and that time spread over the SMs per item (µs: ms x SMs / items, one program per SM at a
+Per variant and case (B4 H16 D128: causal 4k, full 4k, causal 8k): the kernel's time (ms,
+instrumentation.recording.timing.time_ms) and that time spread over the SMs per item (µs: ms x SMs / items, one program per SM at a
 time). Prints a JSON line per variant and writes OUT.json."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def clamped_source(source: str, tiles: int) -> str:
 def time_here() -> dict:
     """The kernels package first on sys.path, timed on each case (run in a child process)."""
     import torch
-    import triton.testing
 
+    from instrumentation.recording.timing import time_ms
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
     from kernels.runtime import device_facts
@@ -48,7 +48,7 @@ def time_here() -> dict:
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(4, 16, n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
         x = quantize_fp8(q, k, v, mask=mask)                 # (B, H, N, D) each, quantised for the Gluon kernel
-        ms = triton.testing.do_bench(lambda: attention_fp8(x, mask), warmup=25, rep=200)
+        ms = time_ms(lambda: attention_fp8(x, mask), rep=200)
         out[f"{mask} {n}"] = dict(ms=ms, us_per_item_and_sm=ms * 1e3 * sms / (4 * 16 * n // 128))
     return out
 
