@@ -19,9 +19,9 @@ import sys
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from kernels.gluon_fp8_kernel import SUM_COLS, _consumer, _producer
+from kernels.gluon_fp8_kernel import _consumer, _producer, sum_ones
 from benchmarks.gluon_fwd_persistent import two_items_q
 from kernels.gluon_fwd_kernel import ROWS, kv_ring_barriers, work_item
 
@@ -95,12 +95,7 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
     _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())     # (the product's; unread here)
     mbarrier.init(done, count=2)
-    ONES: gl.constexpr = SUM_COLS if MMA_SUM else 1              # as the product kernel's ones
-    ones_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
-    ones = gl.allocate_shared_memory(gl.float8e4nv, [ONES, BLOCK_N], gl.NVMMASharedLayout.get_default_for(
-        [ONES, BLOCK_N], gl.float8e4nv), gl.full([ONES, BLOCK_N], 0x38, gl.int8, ones_layout).to(gl.float8e4nv,
-                                                                                                 bitcast=True))
-    fence_async_shared()
+    ones = sum_ones(BLOCK_N, MMA_SUM)
     lists = (full_cnt, full_start, part_cnt, part_idx, n_work, H, GROUP)
     consumer_args = (O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                      v_ready, k_empty, v_empty, row_lo, row_hi) + lists + (N_Q, n_qb, n_kb, D, qk_scale, done,

@@ -363,6 +363,21 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
     return n_tiles
 
 
+@gluon.jit
+def sum_ones(BLOCK_N: gl.constexpr, MMA_SUM: gl.constexpr):
+    """P 1's B operand in shared memory, fenced for the tensor cores: with MMA_SUM, ones (e4m3 0x38,
+    written as bytes: Triton 3.6 stored a constant fp32 -> e4m3 conversion wrongly here), SUM_COLS
+    columns by BLOCK_N keys; without, one unread row (its shape is how the consumers know:
+    warp_specialize passes them values, not constexprs)."""
+    ONES: gl.constexpr = SUM_COLS if MMA_SUM else 1
+    ones_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [ONES, BLOCK_N], gl.NVMMASharedLayout.get_default_for(
+        [ONES, BLOCK_N], gl.float8e4nv), gl.full([ONES, BLOCK_N], 0x38, gl.int8, ones_layout).to(gl.float8e4nv,
+                                                                                                 bitcast=True))
+    fence_async_shared()
+    return ones
+
+
 # the four consumers (a partition's constexprs are fixed here: warp_specialize passes values only)
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
@@ -430,15 +445,7 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(done, count=2)
-    # P 1's B operand with MMA_SUM: ones (e4m3 0x38, written as bytes: Triton 3.6 stored a constant
-    # fp32 -> e4m3 conversion wrongly here), SUM_COLS columns by BLOCK_N keys; without, one unread
-    # row (its shape is how the consumers know: warp_specialize passes them values, not constexprs)
-    ONES: gl.constexpr = SUM_COLS if MMA_SUM else 1
-    ones_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [4, 1], [1, 0])
-    ones = gl.allocate_shared_memory(gl.float8e4nv, [ONES, BLOCK_N], gl.NVMMASharedLayout.get_default_for(
-        [ONES, BLOCK_N], gl.float8e4nv), gl.full([ONES, BLOCK_N], 0x38, gl.int8, ones_layout).to(gl.float8e4nv,
-                                                                                                 bitcast=True))
-    fence_async_shared()
+    ones = sum_ones(BLOCK_N, MMA_SUM)
     # nothing read from memory before the partitions: each reads what it needs (the item's lists,
     # its Q scale) once it runs, the producer after issuing Q's load
     lists = (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
