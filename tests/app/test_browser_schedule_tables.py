@@ -29,6 +29,9 @@ def test_straggler_tables_fit_their_columns_at_1280(app_server, new_page):
     page.goto(f"{app_server}/?page=schedule&source=recorded&trace={LONG}")
     wait_for_title(page, "Work items on SMs", timeout=180_000)
     page.get_by_text("Longest work items").first.wait_for(timeout=60_000)
+    # the heading can be drawn before its table on a loaded machine: wait for both tables' heads
+    page.wait_for_function(f"() => {{ const h = new Set(({OVERFLOW})().map(t => t.head)); "
+                           "return h.has('SM') && h.has('#'); }", timeout=60_000)
     tables = page.evaluate(OVERFLOW)
     assert {t["head"] for t in tables} >= {"SM", "#"}                   # both tables are there
     for t in tables:
