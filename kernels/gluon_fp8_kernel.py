@@ -204,13 +204,16 @@ def _record_sum(rows_ptr, n_kb, rows_on, step, l, WG: gl.constexpr):
 
 
 @gluon.jit
-def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
+def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, s_v, m_i, lists,
           k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL,
           MMA_SUM: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr, TRACED: gl.constexpr, ring0=0):
     """Tile t (at ring position ring0 + t): issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
     of S_t while P V runs. l: the running sum (MMA_SUM: its lane copies, through tile t-2, P_{t-1}
     1 added here); lists: (n_full, full_start, part_list); trace: (tiles_ptr, rows_ptr, n_kb,
-    tiles_on, rows_on). Returns the carried state (acc, l, p, factor, s_v, m_i)."""
+    tiles_on, rows_on). acc comes rescaled for P_{t-1} V_{t-1} and leaves rescaled for P_t V_t: the
+    rescale runs once this tile's P V is done, not at the next tile's start, where ptxas moved it
+    past the turn (bar.sync) into the group's products and the other group waited on it (sm_90,
+    Triton 3.6). Returns the carried state (acc, l, p, s_v, m_i)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     o_layout: gl.constexpr = acc.type.layout
@@ -218,7 +221,6 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
     r = ring0 + t
     cur = r % STAGES
     prev = (r - 1) % STAGES
-    acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
     p_op = _p_operand(p, p_layout, RELABEL)
     l_tile = zero_l
     _take_turn(WG, PINGPONG)
@@ -257,12 +259,13 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
     if not SERIAL:
         acc, l_tile = _wait_pv(o_tok, l_tok, MMA_SUM)
         mbarrier.arrive(v_empty.index(prev), count=1)
+    acc = acc * gl.convert_layout(factor, gl.SliceLayout(1, o_layout))[:, None]
     if MMA_SUM:     # (after P 1: rescaled before it is issued, ptxas waited for P V before the softmax)
         l = l + _lane_sums(l_tile)
         if TRACED:
             _record_sum(trace[1], trace[2], trace[4], t - 1, l, WG)
         l = l * gl.convert_layout(alpha, gl.SliceLayout(1, l.type.layout))[:, None]
-    return acc, l, p, factor, s_new, m_i
+    return acc, l, p, s_new, m_i
 
 
 @gluon.jit
@@ -319,22 +322,20 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
             else:
                 _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, 0, c_start, m_i, l / P_SCALE,
                              alpha, WG)
-        s_v = gl.load(v_scale + kb)
-        factor = alpha
+        s_v = gl.load(v_scale + kb)        # (acc is still zero: nothing to rescale)
         # tiles 1 ..: the full ones, then the partial ones (two loops: neither carries the other's code)
         for t in range(1, n_full):
-            acc, l, p, factor, s_v, m_i = _tile(
-                t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
+            acc, l, p, s_v, m_i = _tile(
+                t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, s_v, m_i, lists,
                 k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
                 WG, False, TRACED, ring0)
         for t in range(gl.maximum(n_full, 1), n_tiles):
-            acc, l, p, factor, s_v, m_i = _tile(
-                t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, factor, s_v, m_i, lists,
+            acc, l, p, s_v, m_i = _tile(
+                t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, s_v, m_i, lists,
                 k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
                 WG, True, TRACED, ring0)
         # the last tile's P V and P 1
         last = (ring0 + n_tiles - 1) % STAGES
-        acc = acc * gl.convert_layout(factor, o_vec)[:, None]
         p_op = _p_operand(p, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4), RELABEL)
         _take_turn(WG, PINGPONG)
         mbarrier.wait(v_ready.index(last), ((ring0 + n_tiles - 1) // STAGES) & 1)
