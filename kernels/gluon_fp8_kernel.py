@@ -272,12 +272,14 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q,
               D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr, q_slot=0,
-              q_phase=0, ring0=0):
+              q_phase=0, ring0=0, GATE_FIRST: gl.constexpr = True):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE, and an
     arrival on done (what a work-traced producer waits for). q_scale: the item's Q scale's address;
     it and the item's lists are read here, their loads in flight while Q's is. q_slot, q_phase:
     the item's Q halves in q_smem (q_slot + WG) and q_bar's phase; ring0: the ring position of its
-    first tile (a persistent program's earlier items took the ones before). Returns its tile count."""
+    first tile (a persistent program's earlier items took the ones before); GATE_FIRST: tile 0's
+    scores are issued in turn too (else at once, as FlashAttention-3 issues them: benchmarks.
+    gluon_fp8_persistent). Returns its tile count."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
@@ -301,13 +303,15 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
         if WG == 1:
             _pass_turn(WG, PINGPONG)        # group 0 issues first
         # tile 0: its scores and softmax alone
-        _take_turn(WG, PINGPONG)
+        if GATE_FIRST:
+            _take_turn(WG, PINGPONG)
         first = ring0 % STAGES
         mbarrier.wait(k_ready.index(first), (ring0 // STAGES) & 1)
         if TRACED:
             c_start = _clock64()
         s_tok = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        _pass_turn(WG, PINGPONG)
+        if GATE_FIRST:
+            _pass_turn(WG, PINGPONG)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         mbarrier.arrive(k_empty.index(first), count=1)
         kb = list_block(0, n_full, full_start, part_list)

@@ -1,8 +1,10 @@
 """benchmarks.gluon_fp8_persistent (a probe on Hopper): each work item runs the product FP8 Gluon
 kernel's partitions' code, so the persistent kernel's O and lse equal the product kernel's bit for
 bit on the same quantised inputs, for the full and causal masks, GQA, N_q != N_k and ragged
-lengths, at the SM count and at 3 programs (the K / V ring and both Q buffers wrap many times);
-inputs it does not take are refused in one line."""
+lengths, at the SM count and at 3 programs (the K / V ring and both Q buffers wrap many times),
+with tile 0 issued in turn or at once and the items in natural or snake order; snake_order deals a
+permutation whose programs' loads are closer than natural order's; inputs it does not take are
+refused in one line."""
 
 import pytest
 import torch
@@ -31,10 +33,30 @@ def test_persistent_fp8_probe_equals_the_product_kernel_bit_for_bit(mask):
         assert x.gluon
         want, want_lse = attention_fp8(x, mask, return_lse=True)
         for programs in (None, 3):
-            out, lse = gluon_fp8_persistent(x, mask, programs=programs)
-            assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, programs)
+            for gate_first, order in ((True, "natural"), (False, "natural"), (False, "snake")):
+                out, lse = gluon_fp8_persistent(x, mask, programs=programs, gate_first=gate_first, order=order)
+                assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, programs, order)
         ref, _, _ = reference_attention(q, k, v, mask=mask)
         assert (out.float().cpu() - ref).pow(2).mean().sqrt().item() < 2.4e-2     # FA3's per-tensor FP8 RMSE
+
+
+@pytest.mark.parametrize("n_items,programs", [(2048, 132), (1024, 132), (7, 3), (130, 132), (96, 8)])
+def test_snake_order_deals_every_item_once_and_evens_the_programs_loads(n_items, programs):
+    from benchmarks.gluon_fp8_persistent import snake_order
+
+    rng = torch.Generator().manual_seed(n_items)
+    n_qb = 32
+    causal = [qb + 1 for qb in range(n_qb)] * -(-n_items // n_qb)          # a causal head's query blocks
+    for tiles in (causal[:n_items], torch.randint(1, 100, (n_items,), generator=rng).tolist()):
+        seq = snake_order(tiles, programs)
+        assert sorted(seq) == list(range(n_items))
+
+        def spread(order):      # the busiest program's tiles over the least busy one's
+            loads = [sum(tiles[order[s]] for s in range(p, n_items, programs)) for p in range(min(programs, n_items))]
+            return max(loads) - min(loads)
+        assert spread(seq) <= spread(list(range(n_items)))
+        if n_items >= 4 * programs:     # dealt longest first: a program's first item is among the longest
+            assert min(tiles[seq[p]] for p in range(programs)) >= sorted(tiles)[-programs]
 
 
 @pytest.mark.gpu
@@ -49,3 +71,6 @@ def test_persistent_fp8_probe_refuses_what_it_does_not_take():
     q = torch.randn(1, 2, 512, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="padded D of 128"):
         gluon_fp8_persistent(quantize_fp8(q, q, q, mask="causal"), "causal")
+    q = torch.randn(1, 2, 512, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="'natural' or 'snake'"):
+        gluon_fp8_persistent(quantize_fp8(q, q, q, mask="causal"), "causal", order="random")
