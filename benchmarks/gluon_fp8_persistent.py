@@ -118,7 +118,7 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
 
 
 def gluon_fp8_persistent(x, mask: str = "causal", sm_scale=None, programs: int | None = None, *,
-                         gate_first: bool = True, order: str = "natural"):
+                         gate_first: bool = True, order: str = "natural", heads_per_group: int | None = None):
     """The persistent probe on inputs quantised for the Gluon FP8 kernel.
 
     Arguments:
@@ -127,17 +127,22 @@ def gluon_fp8_persistent(x, mask: str = "causal", sm_scale=None, programs: int |
         programs: how many programs (None: the GPU's SM count, at most the items).
         gate_first: tile 0's scores issued in turn (the product's way), else at once.
         order: "natural" (program p takes items p, p + programs, ...) or "snake" (snake_order).
+        heads_per_group: with "snake", the heads dealt together (None: all of them).
     Returns:
         (O (B, H, N_q, D) in x's dtype, lse (B, H, N_q) float32), the product kernel's bit for bit."""
-    return persistent_call(x, mask, sm_scale, programs, gate_first=gate_first, order=order)()
+    return persistent_call(x, mask, sm_scale, programs, gate_first=gate_first, order=order,
+                           heads_per_group=heads_per_group)()
 
 
-def snake_order(tiles: list, programs: int) -> list:
+def snake_order(tiles: list, programs: int, group: int | None = None) -> list:
     """The slots' work items for `programs` programs taking slots p, p + programs, ... (tiles: each
     item's tile count): the items longest first, dealt round by round to the programs in turn,
     every other full round backwards, so that each program's total is near the others' (the last,
-    partial round forwards: its slots must be the first ones). Returns a permutation of the items."""
-    rank = sorted(range(len(tiles)), key=lambda w: (-tiles[w], w))
+    partial round forwards: its slots must be the first ones). group: items w // group dealt
+    together, group after group, longest first within each (so that the programs read few heads'
+    K and V at a time); None: all at once. Returns a permutation of the items."""
+    group = group or len(tiles)
+    rank = sorted(range(len(tiles)), key=lambda w: (w // group, -tiles[w], w))
     full = len(tiles) - len(tiles) % programs
     seq = list(rank)
     for i in range(full):
@@ -147,7 +152,7 @@ def snake_order(tiles: list, programs: int) -> list:
 
 
 def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None = None, *, gate_first: bool = True,
-                    order: str = "natural"):
+                    order: str = "natural", heads_per_group: int | None = None):
     """gluon_fp8_persistent's launch with everything but the launch done once: a function of no
     arguments that launches it and returns (O, lse), so that timing it times the GPU, not the host."""
     from kernels.gluon_fp8_launch import GluonFp8Plan
@@ -167,7 +172,7 @@ def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None
     grid = (min(programs or device_facts(x.q.device).sm_count, n_work),)
     if order == "snake":        # item w = bh * n_qb + query block: its query block's tiles (set up once, not timed)
         tiles = (plan.full_cnt + plan.part_cnt).tolist() * (b * h)
-        items = snake_order(tiles, grid[0])
+        items = snake_order(tiles, grid[0], heads_per_group and heads_per_group * plan.n_qb)
     else:
         items = range(n_work)
     slots = torch.tensor(items, dtype=torch.int32, device=x.q.device)          # (n_work,)
@@ -189,9 +194,10 @@ def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None
 CASES = ((4, 16, 16, 4096, "full"), (4, 16, 16, 8192, "full"), (4, 16, 16, 16384, "full"),
          (4, 16, 16, 4096, "causal"), (4, 16, 16, 8192, "causal"), (4, 16, 16, 16384, "causal"),
          (2, 32, 8, 8192, "causal"))
-# the probe's variants: (gate_first, order)
-VARIANTS = {"persistent": (True, "natural"), "persistent, tile 0 at once": (False, "natural"),
-            "persistent, tile 0 at once, snake": (False, "snake")}
+# the probe's variants: (gate_first, order, heads_per_group)
+VARIANTS = {"persistent": (True, "natural", None), "persistent, tile 0 at once": (False, "natural", None),
+            "persistent, tile 0 at once, snake": (False, "snake", None),
+            "persistent, tile 0 at once, snake by 8 heads": (False, "snake", 8)}
 
 
 def main(argv=None) -> int:
@@ -220,8 +226,8 @@ def main(argv=None) -> int:
             return 2
         want, want_lse = attention_fp8(x, mask, return_lse=True)
         calls = {"product": lambda: attention_fp8(x, mask)}
-        calls.update({name: persistent_call(x, mask, gate_first=gate, order=order)
-                      for name, (gate, order) in VARIANTS.items()})
+        calls.update({name: persistent_call(x, mask, gate_first=gate, order=order, heads_per_group=group)
+                      for name, (gate, order, group) in VARIANTS.items()})
         same = all(torch.equal(o, want) and torch.equal(lse, want_lse)
                    for o, lse in (calls[name]() for name in VARIANTS))
         times = {name: [] for name in calls}

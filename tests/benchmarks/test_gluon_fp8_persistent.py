@@ -33,8 +33,10 @@ def test_persistent_fp8_probe_equals_the_product_kernel_bit_for_bit(mask):
         assert x.gluon
         want, want_lse = attention_fp8(x, mask, return_lse=True)
         for programs in (None, 3):
-            for gate_first, order in ((True, "natural"), (False, "natural"), (False, "snake")):
-                out, lse = gluon_fp8_persistent(x, mask, programs=programs, gate_first=gate_first, order=order)
+            for gate_first, order, group in ((True, "natural", None), (False, "natural", None), (False, "snake", None),
+                                             (False, "snake", 2)):
+                out, lse = gluon_fp8_persistent(x, mask, programs=programs, gate_first=gate_first, order=order,
+                                                heads_per_group=group)
                 assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, programs, order)
         ref, _, _ = reference_attention(q, k, v, mask=mask)
         assert (out.float().cpu() - ref).pow(2).mean().sqrt().item() < 2.4e-2     # FA3's per-tensor FP8 RMSE
@@ -48,8 +50,12 @@ def test_snake_order_deals_every_item_once_and_evens_the_programs_loads(n_items,
     n_qb = 32
     causal = [qb + 1 for qb in range(n_qb)] * -(-n_items // n_qb)          # a causal head's query blocks
     for tiles in (causal[:n_items], torch.randint(1, 100, (n_items,), generator=rng).tolist()):
+        for group in (None, 4 * n_qb):         # every head at once, or four heads at a time
+            grouped = snake_order(tiles, programs, group)
+            assert sorted(grouped) == list(range(n_items))
+            if group:       # a group's items fill its slots before the next group's begin
+                assert all(a // group <= b // group for a, b in zip(grouped, grouped[programs:]))
         seq = snake_order(tiles, programs)
-        assert sorted(seq) == list(range(n_items))
 
         def spread(order):      # the busiest program's tiles over the least busy one's
             loads = [sum(tiles[order[s]] for s in range(p, n_items, programs)) for p in range(min(programs, n_items))]
