@@ -1,20 +1,23 @@
 """A probe, not a product path: the Gluon FP8 forward (kernels.gluon_fp8_kernel) as a persistent
-kernel. One program per SM walks the work items p, p + G, p + 2G, ... (natural order, G programs);
-its producer loads the next item's Q into the second of two Q buffers and its K / V tiles into the
-same ring while the consumers finish the item before, where the product starts every item cold: a
-program launched, its barriers set up, Q loaded from memory (scripts/item_cost.py: about 4.5 µs of
-an SM per item at D 128 with no tile at all, H200).
+kernel. One program per SM walks its list of work items (natural order: p, p + G, p + 2G, ... of
+G programs); its producer loads the next item's Q into the second of two Q buffers and its K / V
+tiles into the same ring while the consumers finish the item before, where the product starts
+every item cold: a program launched, its barriers set up, Q loaded from memory
+(scripts/fp8_item_floor.py: about 5 µs of an SM per item at D 128 with no tile at all, H200).
 
 Each item runs the product kernel's partitions' code (`_producer`, `_consumer` at a Q slot and
 ring position; the product's sm_90 SASS is byte for byte what it was), so O and lse equal the
-product kernel's bit for bit. Two options the product does not take: tile 0's scores issued at once
-rather than in turn (FlashAttention-3's order), and the items dealt longest first (snake_order)
-rather than in natural order. Untraced; padded D 128 (two Q buffers); the default options of
-GLUON_FP8. Timed against the product kernel by `python -m benchmarks.gluon_fp8_persistent OUT.json`.
+product kernel's bit for bit. Two options the product does not take: tile 0's scores issued at
+once rather than in turn (FlashAttention-3's order), and the items dealt longest first to the
+least loaded program (program_lists) rather than in natural order. Untraced; padded D 128 (two Q
+buffers); the default options of GLUON_FP8. Timed against the product kernel by
+`python -m benchmarks.gluon_fp8_persistent OUT.json`.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import os
 import sys
@@ -28,16 +31,17 @@ from kernels.gluon_fp8_kernel import _consumer, _producer, sum_ones
 from benchmarks.gluon_fwd_persistent import two_items_q
 from kernels.gluon_fwd_kernel import ROWS, kv_ring_barriers, work_item
 
+ITEM_COST = 6.0     # an FP8 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 6.5 µs / 1.09 µs)
 
 @gluon.jit
 def _persistent_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, full_cnt, full_start, part_cnt, part_idx, n_work, H, GROUP, order, n_qb, n_kb):
+                         v_empty, full_cnt, full_start, part_cnt, part_idx, starts, H, GROUP, items, n_qb, n_kb):
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     ring = 0
     it = 0
-    for slot in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        w = gl.load(order + slot)                                       # the slot's work item
+    for i in range(gl.load(starts + gl.program_id(0)), gl.load(starts + gl.program_id(0) + 1)):
+        w = gl.load(items + i)                                  # the program's next work item
         bh, q_block, kv_bh, row0 = work_item(w, H, GROUP, n_qb)
         qb = it % 2
         mbarrier.wait(q_empty.index(qb), ((it // 2) & 1) ^ 1)          # both consumers done with it
@@ -49,13 +53,13 @@ def _persistent_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,
 
 @gluon.jit
 def _persistent_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
-                         v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, n_work,
-                         H, GROUP, order, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST,
+                         v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, starts,
+                         H, GROUP, items, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST,
                          WG: gl.constexpr):
     ring = 0
     it = 0
-    for slot in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        w = gl.load(order + slot)
+    for i in range(gl.load(starts + gl.program_id(0)), gl.load(starts + gl.program_id(0) + 1)):
+        w = gl.load(items + i)
         bh, q_block, kv_bh, row0 = work_item(w, H, GROUP, n_qb)
         qb = it % 2
         ring += _consumer(O, LSE, q_scale + w, k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem, v_smem,
@@ -70,33 +74,33 @@ def _persistent_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_sm
 # a partition's constexprs are fixed in a wrapper (warp_specialize passes values only)
 @gluon.jit
 def _persistent_consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
-                          v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, n_work,
-                          H, GROUP, order, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST):
+                          v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, starts,
+                          H, GROUP, items, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST):
     _persistent_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
-                         v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, n_work,
-                         H, GROUP, order, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST,
+                         v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, starts,
+                         H, GROUP, items, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST,
                          0)
 
 
 @gluon.jit
 def _persistent_consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
-                          v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, n_work,
-                          H, GROUP, order, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST):
+                          v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, starts,
+                          H, GROUP, items, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST):
     _persistent_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
-                         v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, n_work,
-                         H, GROUP, order, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST,
+                         v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, starts,
+                         H, GROUP, items, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, GATE_FIRST,
                          1)
 
 
-@gluon.jit(do_not_specialize=["n_work", "H", "GROUP", "N_Q", "n_qb", "n_kb"])
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
 def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, v_scale, row_lo, row_hi,
-                                         full_cnt, full_start, part_cnt, part_idx, order, n_work, H, GROUP, N_Q, n_qb,
+                                         full_cnt, full_start, part_cnt, part_idx, items, starts, H, GROUP, N_Q, n_qb,
                                          n_kb, qk_scale, D: gl.constexpr, STAGES: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr,
                                          PINGPONG: gl.constexpr, SERIAL: gl.constexpr, MMA_SUM: gl.constexpr,
                                          GATE_FIRST: gl.constexpr):
-    """min(SMs, items) programs over the slots 0 .. n_work - 1 (program p: slots p, p + programs, ...),
-    slot s running work item order[s] (int32); GATE_FIRST: as kernels.gluon_fp8_kernel._consumer's;
+    """Program p runs the work items items[starts[p]:starts[p + 1]] (int32, every item once over the
+    programs) in turn; GATE_FIRST: as kernels.gluon_fp8_kernel._consumer's;
     the other arguments as kernels.gluon_fp8_kernel.attn_fwd_fp8_gluon_kernel's, untraced."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
@@ -107,7 +111,7 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())     # (the product's; unread here)
     mbarrier.init(done, count=2)
     ones = sum_ones(BLOCK_N, MMA_SUM)
-    lists = (full_cnt, full_start, part_cnt, part_idx, n_work, H, GROUP, order)
+    lists = (full_cnt, full_start, part_cnt, part_idx, starts, H, GROUP, items)
     consumer_args = (O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                      v_ready, k_empty, v_empty, row_lo, row_hi) + lists + (N_Q, n_qb, n_kb, D, qk_scale, done,
                                                                             RELABEL, PINGPONG, SERIAL, GATE_FIRST)
@@ -126,29 +130,32 @@ def gluon_fp8_persistent(x, mask: str = "causal", sm_scale=None, programs: int |
         mask: mask text; sm_scale: the softmax scale (None: 1/sqrt(D)).
         programs: how many programs (None: the GPU's SM count, at most the items).
         gate_first: tile 0's scores issued in turn (the product's way), else at once.
-        order: "natural" (program p takes items p, p + programs, ...) or "snake" (snake_order).
-        heads_per_group: with "snake", the heads dealt together (None: all of them).
+        order: "natural" (program p takes items p, p + programs, ...) or "lpt" (program_lists).
+        heads_per_group: with "lpt", the heads dealt together (None: all of them).
     Returns:
         (O (B, H, N_q, D) in x's dtype, lse (B, H, N_q) float32), the product kernel's bit for bit."""
     return persistent_call(x, mask, sm_scale, programs, gate_first=gate_first, order=order,
                            heads_per_group=heads_per_group)()
 
 
-def snake_order(tiles: list, programs: int, group: int | None = None) -> list:
-    """The slots' work items for `programs` programs taking slots p, p + programs, ... (tiles: each
-    item's tile count): the items longest first, dealt round by round to the programs in turn,
-    every other full round backwards, so that each program's total is near the others' (the last,
-    partial round forwards: its slots must be the first ones). group: items w // group dealt
-    together, group after group, longest first within each (so that the programs read few heads'
-    K and V at a time); None: all at once. Returns a permutation of the items."""
+def program_lists(tiles: list, programs: int, order: str = "natural", group: int | None = None,
+                  item_cost: float = ITEM_COST) -> list:
+    """Each program's work items, in the order it runs them (tiles: each item's tile count).
+    "natural": program p takes items p, p + programs, ...; "lpt": the items longest first, each to
+    the program with the least work so far (tiles plus item_cost a work item, in tiles: what an item
+    costs beyond its tiles, scripts/item_cost.py), so that the programs finish together. group:
+    with "lpt", items w // group dealt group after group (so that the programs read few heads' K
+    and V at a time); None: all at once."""
+    if order == "natural":
+        return [list(range(p, len(tiles), programs)) for p in range(programs)]
     group = group or len(tiles)
-    rank = sorted(range(len(tiles)), key=lambda w: (w // group, -tiles[w], w))
-    full = len(tiles) - len(tiles) % programs
-    seq = list(rank)
-    for i in range(full):
-        r, j = divmod(i, programs)
-        seq[r * programs + (j if r % 2 == 0 else programs - 1 - j)] = rank[i]
-    return seq
+    load = [(0.0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for w in sorted(range(len(tiles)), key=lambda w: (w // group, -tiles[w], w)):
+        work, p = heapq.heappop(load)
+        lists[p].append(w)
+        heapq.heappush(load, (work + tiles[w] + item_cost, p))
+    return lists
 
 
 def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None = None, *, gate_first: bool = True,
@@ -164,24 +171,24 @@ def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None
 
     if not x.gluon or x.head_dim_padded != 128:
         raise ValueError("gluon_fp8_persistent: takes inputs quantised for the Gluon FP8 kernel at a padded D of 128")
-    if order not in ("natural", "snake"):
-        raise ValueError(f"gluon_fp8_persistent: order is 'natural' or 'snake', not {order!r}")
+    if order not in ("natural", "lpt"):
+        raise ValueError(f"gluon_fp8_persistent: order is 'natural' or 'lpt', not {order!r}")
     b, h, n_q, d = x.shape
     fp = GluonFp8Plan.build(x, parse_mask(mask, n_q, x.n_k))
     plan, n_work = fp.plan, b * h * fp.plan.n_qb
     grid = (min(programs or device_facts(x.q.device).sm_count, n_work),)
-    if order == "snake":        # item w = bh * n_qb + query block: its query block's tiles (set up once, not timed)
-        tiles = (plan.full_cnt + plan.part_cnt).tolist() * (b * h)
-        items = snake_order(tiles, grid[0], heads_per_group and heads_per_group * plan.n_qb)
-    else:
-        items = range(n_work)
-    slots = torch.tensor(items, dtype=torch.int32, device=x.q.device)          # (n_work,)
+    # item w = bh * n_qb + query block: its query block's tiles (the lists made once, not timed)
+    tiles = (plan.full_cnt + plan.part_cnt).tolist() * (b * h)
+    lists = program_lists(tiles, grid[0], order, heads_per_group and heads_per_group * plan.n_qb)
+    items = torch.tensor(sum(lists, []), dtype=torch.int32, device=x.q.device)                # (n_work,)
+    starts = torch.tensor([0] + list(itertools.accumulate(map(len, lists))), dtype=torch.int32,
+                          device=x.q.device)                                                   # (programs + 1,)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
     q_desc, k_desc, v_desc = fp.descriptors
     args = (descriptor_on(q_desc, x.q), descriptor_on(k_desc, x.k), descriptor_on(v_desc, x.v), o, lse, x.q_scale,
             x.k_scale, x.v_scale, plan.row_lo, plan.row_hi, plan.full_cnt, plan.full_start, plan.part_cnt,
-            plan.part_idx, slots, n_work, h, h // x.h_kv, n_q, plan.n_qb, plan.n_kb,
+            plan.part_idx, items, starts, h, h // x.h_kv, n_q, plan.n_qb, plan.n_kb,
             softmax_scale(sm_scale, d) * LOG2E, d, fp.stages, CONSUMER_REGS, x.key_order, fp.pingpong, fp.serial,
             fp.mma_sum, gate_first)
 
@@ -196,8 +203,8 @@ CASES = ((4, 16, 16, 4096, "full"), (4, 16, 16, 8192, "full"), (4, 16, 16, 16384
          (2, 32, 8, 8192, "causal"))
 # the probe's variants: (gate_first, order, heads_per_group)
 VARIANTS = {"persistent": (True, "natural", None), "persistent, tile 0 at once": (False, "natural", None),
-            "persistent, tile 0 at once, snake": (False, "snake", None),
-            "persistent, tile 0 at once, snake by 8 heads": (False, "snake", 8)}
+            "persistent, tile 0 at once, lpt": (False, "lpt", None),
+            "persistent, tile 0 at once, lpt by 8 heads": (False, "lpt", 8)}
 
 
 def main(argv=None) -> int:

@@ -2,9 +2,9 @@
 kernel's partitions' code, so the persistent kernel's O and lse equal the product kernel's bit for
 bit on the same quantised inputs, for the full and causal masks, GQA, N_q != N_k and ragged
 lengths, at the SM count and at 3 programs (the K / V ring and both Q buffers wrap many times),
-with tile 0 issued in turn or at once and the items in natural or snake order; snake_order deals a
-permutation whose programs' loads are closer than natural order's; inputs it does not take are
-refused in one line."""
+with tile 0 issued in turn or at once and the items in natural order or dealt longest first;
+program_lists deals every item once, longest first within one item of even; inputs it does not
+take are refused in one line."""
 
 import pytest
 import torch
@@ -33,8 +33,8 @@ def test_persistent_fp8_probe_equals_the_product_kernel_bit_for_bit(mask):
         assert x.gluon
         want, want_lse = attention_fp8(x, mask, return_lse=True)
         for programs in (None, 3):
-            for gate_first, order, group in ((True, "natural", None), (False, "natural", None), (False, "snake", None),
-                                             (False, "snake", 2)):
+            for gate_first, order, group in ((True, "natural", None), (False, "natural", None), (False, "lpt", None),
+                                             (False, "lpt", 2)):
                 out, lse = gluon_fp8_persistent(x, mask, programs=programs, gate_first=gate_first, order=order,
                                                 heads_per_group=group)
                 assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, programs, order)
@@ -43,26 +43,28 @@ def test_persistent_fp8_probe_equals_the_product_kernel_bit_for_bit(mask):
 
 
 @pytest.mark.parametrize("n_items,programs", [(2048, 132), (1024, 132), (7, 3), (130, 132), (96, 8)])
-def test_snake_order_deals_every_item_once_and_evens_the_programs_loads(n_items, programs):
-    from benchmarks.gluon_fp8_persistent import snake_order
+def test_program_lists_deal_every_item_once_and_lpt_evens_the_programs_work(n_items, programs):
+    from benchmarks.gluon_fp8_persistent import ITEM_COST, program_lists
 
     rng = torch.Generator().manual_seed(n_items)
     n_qb = 32
     causal = [qb + 1 for qb in range(n_qb)] * -(-n_items // n_qb)          # a causal head's query blocks
     for tiles in (causal[:n_items], torch.randint(1, 100, (n_items,), generator=rng).tolist()):
-        for group in (None, 4 * n_qb):         # every head at once, or four heads at a time
-            grouped = snake_order(tiles, programs, group)
-            assert sorted(grouped) == list(range(n_items))
-            if group:       # a group's items fill its slots before the next group's begin
-                assert all(a // group <= b // group for a, b in zip(grouped, grouped[programs:]))
-        seq = snake_order(tiles, programs)
+        natural = program_lists(tiles, programs)
+        assert natural == [list(range(p, n_items, programs)) for p in range(programs)]
 
-        def spread(order):      # the busiest program's tiles over the least busy one's
-            loads = [sum(tiles[order[s]] for s in range(p, n_items, programs)) for p in range(min(programs, n_items))]
-            return max(loads) - min(loads)
-        assert spread(seq) <= spread(list(range(n_items)))
-        if n_items >= 4 * programs:     # dealt longest first: a program's first item is among the longest
-            assert min(tiles[seq[p]] for p in range(programs)) >= sorted(tiles)[-programs]
+        def spread(lists):      # the busiest program's work less the least busy one's, in tiles
+            work = [sum(tiles[w] + ITEM_COST for w in items) for items in lists]
+            return max(work) - min(work)
+        for group in (None, 4 * n_qb):         # every head at once, or four heads at a time
+            lists = program_lists(tiles, programs, "lpt", group)
+            assert sorted(sum(lists, [])) == list(range(n_items)) and len(lists) == programs
+            assert spread(lists) <= max(tiles) + ITEM_COST         # LPT: within one item of even
+            assert spread(lists) <= spread(natural)
+            if group:       # a program runs a group's items before the next group's
+                assert all(a // group <= b // group for items in lists for a, b in zip(items, items[1:]))
+            else:           # longest first: every program's first item is among the longest
+                assert min(tiles[items[0]] for items in lists if items) >= sorted(tiles)[-min(programs, n_items)]
 
 
 @pytest.mark.gpu
@@ -78,5 +80,5 @@ def test_persistent_fp8_probe_refuses_what_it_does_not_take():
     with pytest.raises(ValueError, match="padded D of 128"):
         gluon_fp8_persistent(quantize_fp8(q, q, q, mask="causal"), "causal")
     q = torch.randn(1, 2, 512, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="'natural' or 'snake'"):
+    with pytest.raises(ValueError, match="'natural' or 'lpt'"):
         gluon_fp8_persistent(quantize_fp8(q, q, q, mask="causal"), "causal", order="random")
