@@ -203,8 +203,10 @@ CASES = ((4, 16, 16, 4096, "full"), (4, 16, 16, 8192, "full"), (4, 16, 16, 16384
          (2, 32, 8, 8192, "causal"))
 # the probe's variants: (gate_first, order, heads_per_group)
 VARIANTS = {"persistent": (True, "natural", None), "persistent, tile 0 at once": (False, "natural", None),
-            "persistent, tile 0 at once, lpt": (False, "lpt", None),
-            "persistent, tile 0 at once, lpt by 8 heads": (False, "lpt", 8)}
+            "persistent, lpt by 8 heads": (True, "lpt", 8),
+            "persistent, tile 0 at once, lpt by 4 heads": (False, "lpt", 4),
+            "persistent, tile 0 at once, lpt by 8 heads": (False, "lpt", 8),
+            "persistent, tile 0 at once, lpt by 16 heads": (False, "lpt", 16)}
 
 
 def main(argv=None) -> int:
