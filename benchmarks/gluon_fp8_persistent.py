@@ -16,7 +16,6 @@ buffers); the default options of GLUON_FP8. Timed against the product kernel by
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
 import os
@@ -28,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from kernels.gluon_fp8_kernel import _consumer, _producer, sum_ones
-from benchmarks.gluon_fwd_persistent import two_items_q
+from benchmarks.gluon_fwd_persistent import program_lists, two_items_q
 from kernels.gluon_fwd_kernel import ROWS, kv_ring_barriers, work_item
 
 ITEM_COST = 6.0     # an FP8 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 6.5 µs / 1.09 µs)
@@ -138,26 +137,6 @@ def gluon_fp8_persistent(x, mask: str = "causal", sm_scale=None, programs: int |
                            heads_per_group=heads_per_group)()
 
 
-def program_lists(tiles: list, programs: int, order: str = "natural", group: int | None = None,
-                  item_cost: float = ITEM_COST) -> list:
-    """Each program's work items, in the order it runs them (tiles: each item's tile count).
-    "natural": program p takes items p, p + programs, ...; "lpt": the items longest first, each to
-    the program with the least work so far (tiles plus item_cost a work item, in tiles: what an item
-    costs beyond its tiles, scripts/item_cost.py), so that the programs finish together. group:
-    with "lpt", items w // group dealt group after group (so that the programs read few heads' K
-    and V at a time); None: all at once."""
-    if order == "natural":
-        return [list(range(p, len(tiles), programs)) for p in range(programs)]
-    group = group or len(tiles)
-    load = [(0.0, p) for p in range(programs)]
-    lists = [[] for _ in range(programs)]
-    for w in sorted(range(len(tiles)), key=lambda w: (w // group, -tiles[w], w)):
-        work, p = heapq.heappop(load)
-        lists[p].append(w)
-        heapq.heappush(load, (work + tiles[w] + item_cost, p))
-    return lists
-
-
 def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None = None, *, gate_first: bool = True,
                     order: str = "natural", heads_per_group: int | None = None):
     """gluon_fp8_persistent's launch with everything but the launch done once: a function of no
@@ -179,7 +158,7 @@ def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None
     grid = (min(programs or device_facts(x.q.device).sm_count, n_work),)
     # item w = bh * n_qb + query block: its query block's tiles (the lists made once, not timed)
     tiles = (plan.full_cnt + plan.part_cnt).tolist() * (b * h)
-    lists = program_lists(tiles, grid[0], order, heads_per_group and heads_per_group * plan.n_qb)
+    lists = program_lists(tiles, grid[0], ITEM_COST, order, heads_per_group and heads_per_group * plan.n_qb)
     items = torch.tensor(sum(lists, []), dtype=torch.int32, device=x.q.device)                # (n_work,)
     starts = torch.tensor([0] + list(itertools.accumulate(map(len, lists))), dtype=torch.int32,
                           device=x.q.device)                                                   # (programs + 1,)

@@ -1,18 +1,21 @@
-"""A probe, not a product path (not yet run on a GPU): the Gluon forward (kernels.gluon_fwd_kernel)
-as a persistent kernel, FlashAttention-3's scheduling. One program per SM walks the work list
-(program p takes items p, p + G, p + 2G, ... of the plan's order); its producer loads the next
-item's Q into the second of two Q buffers and its K / V tiles into the same ring while the
-consumers finish the item before (its last P V and epilogue), where one program per item starts
-each item cold. Nsight Compute on the product kernel at D 64 full 4k: 2,048 programs in 15.5 waves
-of 132, tensor pipe active 46% against cuDNN's persistent kernel's 51% (docs/performance.md).
+"""A probe, not a product path: the Gluon forward (kernels.gluon_fwd_kernel) as a persistent kernel,
+FlashAttention-3's scheduling. One program per SM walks its list of work items (program p takes
+places p, p + G, p + 2G, ... of the plan's work list, or with schedule 'lpt' the items dealt
+longest first to the least loaded program, program_lists); its producer loads the next item's Q
+into the second of two Q buffers and its K / V tiles into the same ring while the consumers finish
+the item before (its last P V and epilogue), where one program per item starts each item cold.
+Nsight Compute on the product kernel at D 64 full 4k: 2,048 programs in 15.5 waves of 132, tensor
+pipe active 46% against cuDNN's persistent kernel's 51% (docs/performance.md).
 
 Each item runs the product kernel's partitions' code (`_producer`, `_consumer` at a Q slot and
 ring position), so O and lse equal the product kernel's bit for bit. Contiguous q, k, v, D 64 or
 128 (two Q buffers and D 256's ring do not fit shared memory), untraced. Timed against the product
 kernel by `scripts/gluon_fwd_probe.py --persistent`.
 """
-
 from __future__ import annotations
+
+import heapq
+import itertools
 
 import torch
 from triton.experimental import gluon
@@ -20,6 +23,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from kernels.gluon_fwd_kernel import ROWS, _consumer, _producer, block_lists, kv_ring_barriers, work_item
+
+ITEM_COST = 5.0     # a bf16 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 7.2 µs / 1.42 µs)
 
 
 @gluon.jit
@@ -37,9 +42,30 @@ def two_items_q(q_desc):
     return q_smem, q_bars, q_empty
 
 
+def program_lists(tiles: list, programs: int, item_cost: float, order: str = "natural",
+                  group: int | None = None) -> list:
+    """Each program's work items, in the order it runs them (tiles: each item's tile count).
+    "natural": program p takes items p, p + programs, ...; "lpt": the items longest first, each to
+    the program with the least work so far (tiles plus item_cost a work item, in tiles: what an item
+    costs beyond its tiles, scripts/item_cost.py), so that the programs finish together (the list
+    scheduling FlashAttention-3's persistent causal scheduler approximates). group:
+    with "lpt", items w // group dealt group after group (so that the programs read few heads' K
+    and V at a time); None: all at once."""
+    if order == "natural":
+        return [list(range(p, len(tiles), programs)) for p in range(programs)]
+    group = group or len(tiles)
+    load = [(0.0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for w in sorted(range(len(tiles)), key=lambda w: (w // group, -tiles[w], w)):
+        work, p = heapq.heappop(load)
+        lists[p].append(w)
+        heapq.heappush(load, (work + tiles[w] + item_cost, p))
+    return lists
+
+
 @gluon.jit
 def _item(works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb):
-    """Work item works[w]: its Q rows (head-major), first query row in its head, K / V rows, and
+    """Work item works[w] (w: a place in the programs' lists): its Q rows (head-major), first query row in its head, K / V rows, and
     block lists (full count, first full block, tiles, partial list)."""
     bh, q_block, bh_kv, row0 = work_item(gl.load(works + w), H, GROUP, n_qb)
     n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
@@ -48,11 +74,11 @@ def _item(works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, pa
 
 @gluon.jit
 def _persistent_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K,
+                         k_empty, v_empty, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K,
                          n_qb, n_kb):
     ring = 0
     it = 0
-    for w in range(gl.program_id(0), n_work, gl.num_programs(0)):
+    for w in range(gl.load(starts + gl.program_id(0)), gl.load(starts + gl.program_id(0) + 1)):
         q_row, row0, kv_row, n_full, first_full, n_tiles, part_list = _item(
             works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
         qb = it % 2
@@ -65,11 +91,11 @@ def _persistent_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars,
 
 @gluon.jit
 def _persistent_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                         row_hi, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
+                         row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
                          n_kb, qk_scale, WG: gl.constexpr):
     ring = 0
     it = 0
-    for w in range(gl.program_id(0), n_work, gl.num_programs(0)):
+    for w in range(gl.load(starts + gl.program_id(0)), gl.load(starts + gl.program_id(0) + 1)):
         q_row, row0, kv_row, n_full, first_full, n_tiles, part_list = _item(
             works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
         qb = it % 2
@@ -84,27 +110,27 @@ def _persistent_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_read
 # a partition's constexprs are fixed in a wrapper (warp_specialize passes values only)
 @gluon.jit
 def _persistent_consumer0(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                          row_hi, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
+                          row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
                           n_kb, qk_scale):
     _persistent_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                         row_hi, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
+                         row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
                          n_kb, qk_scale, 0)
 
 
 @gluon.jit
 def _persistent_consumer1(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                          row_hi, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
+                          row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
                           n_kb, qk_scale):
     _persistent_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                         row_hi, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
+                         row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
                          n_kb, qk_scale, 1)
 
 
-@gluon.jit(do_not_specialize=["n_work", "H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
+@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
 def attn_fwd_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_cnt, full_start, part_cnt,
-                                     part_idx, works, n_work, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
+                                     part_idx, works, starts, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
                                      STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """min(SMs, items) programs over the work list works[0 : n_work]; the arguments as
+    """Program p runs the work items works[starts[p]:starts[p + 1]] in turn; the arguments as
     kernels.gluon_fwd_kernel.attn_fwd_gluon_kernel's (contiguous q, k, v), untraced."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
@@ -113,16 +139,16 @@ def attn_fwd_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                     row_hi, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb,
+                     row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb,
                      qk_scale)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty,
-                     v_empty, works, n_work, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb)
+                     v_empty, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb)
     gl.warp_specialize([(_persistent_consumer0, consumer_args), (_persistent_consumer1, consumer_args),
                         (_persistent_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
 
 
 def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs: int | None = None,
-                         schedule: str = "natural"):
+                         schedule: str = "natural", heads_per_group: int = 8):
     """The persistent probe on a call the product runs on the Gluon kernel.
 
     Arguments:
@@ -131,15 +157,18 @@ def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs:
         mask: mask text; sm_scale: the softmax scale (None: 1/sqrt(D)).
         programs: how many programs (None: the GPU's SM count, at most the items).
         schedule: the work list's order, 'natural' or 'longest_first' (program p takes items p,
-            p + G, ... of it).
+            p + G, ... of it), or 'lpt': each item, longest first, to the least loaded program,
+            heads_per_group heads after heads_per_group heads (program_lists).
     Returns:
         (O (B, H, N_q, D) like q, lse (B, H, N_q) float32), the product kernel's bit for bit."""
     from kernels.gluon_launch import CONSUMER_REGS, TILES, descriptor_on
     from kernels.launch import _qk_scale, resolve_launch
     from kernels.runtime import device_facts
 
-    lp = resolve_launch(q, k, v, mask, None, None, schedule, None, None, True, None, None, None, None, False, False,
-                        "all")
+    if schedule not in ("natural", "longest_first", "lpt"):
+        raise ValueError(f"gluon_fwd_persistent: schedule is 'natural', 'longest_first' or 'lpt', not {schedule!r}")
+    lp = resolve_launch(q, k, v, mask, None, None, "natural" if schedule == "lpt" else schedule, None, None, True,
+                        None, None, None, None, False, False, "all")
     launch = lp.gluon
     if launch is None or launch.token_major or any(launch.copies) or q.shape[3] not in (64, 128):
         raise ValueError("gluon_fwd_persistent: takes contiguous q, k, v of D 64 or 128 where the product runs the "
@@ -150,8 +179,17 @@ def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs:
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)    # (B, H, N_q)
     q_desc, kv_desc = launch.descriptors
     grid = (min(programs or device_facts(q.device).sm_count, n_work),)
+    if schedule == "lpt":       # item w = bh * n_qb + query block (the natural work list)
+        lists = program_lists(plan.tiles_per_q_block.tolist() * (b * h), grid[0], ITEM_COST, "lpt",
+                              heads_per_group * plan.n_qb)
+        works = torch.tensor(sum(lists, []), dtype=torch.int32, device=q.device)              # (n_work,)
+    else:                       # program p: places p, p + G, ... of the plan's work list
+        lists = [list(range(p, n_work, grid[0])) for p in range(grid[0])]
+        works = launch.works[torch.tensor(sum(lists, []), device=q.device)]                   # (n_work,)
+    starts = torch.tensor([0] + list(itertools.accumulate(map(len, lists))), dtype=torch.int32,
+                          device=q.device)                                                   # (programs + 1,)
     attn_fwd_gluon_persistent_kernel[grid](
         descriptor_on(q_desc, q), descriptor_on(kv_desc, k), descriptor_on(kv_desc, v), o, lse, plan.row_lo, plan.row_hi, plan.full_cnt,
-        plan.full_start, plan.part_cnt, plan.part_idx, launch.works, n_work, h, h // k.shape[1], n, k.shape[2],
+        plan.full_start, plan.part_cnt, plan.part_idx, works, starts, h, h // k.shape[1], n, k.shape[2],
         plan.n_qb, plan.n_kb, _qk_scale(lp, sm_scale), TILES[d][1], CONSUMER_REGS, num_warps=4)
     return o, lse
