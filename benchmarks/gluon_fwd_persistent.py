@@ -25,6 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from kernels.gluon_fwd_kernel import ROWS, _consumer, _producer, block_lists, kv_ring_barriers, work_item
 
 ITEM_COST = 5.0     # a bf16 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 7.2 µs / 1.42 µs)
+_LISTS: dict = {}   # (shape, programs, schedule) -> the programs' lists on the device (works, starts)
 
 
 @gluon.jit
@@ -179,15 +180,20 @@ def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs:
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)    # (B, H, N_q)
     q_desc, kv_desc = launch.descriptors
     grid = (min(programs or device_facts(q.device).sm_count, n_work),)
-    if schedule == "lpt":       # item w = bh * n_qb + query block (the natural work list)
-        lists = program_lists(plan.tiles_per_q_block.tolist() * (b * h), grid[0], ITEM_COST, "lpt",
-                              heads_per_group * plan.n_qb)
-        works = torch.tensor(sum(lists, []), dtype=torch.int32, device=q.device)              # (n_work,)
-    else:                       # program p: places p, p + G, ... of the plan's work list
-        lists = [list(range(p, n_work, grid[0])) for p in range(grid[0])]
-        works = launch.works[torch.tensor(sum(lists, []), device=q.device)]                   # (n_work,)
-    starts = torch.tensor([0] + list(itertools.accumulate(map(len, lists))), dtype=torch.int32,
-                          device=q.device)                                                   # (programs + 1,)
+    key = (plan.spec, n, plan.n_k, plan.block_m, plan.block_n, b * h, grid[0], schedule, heads_per_group,
+           str(q.device))
+    if key not in _LISTS:       # made once per shape: a timed call does no host work for them
+        if schedule == "lpt":   # item w = bh * n_qb + query block (the natural work list)
+            lists = program_lists(plan.tiles_per_q_block.tolist() * (b * h), grid[0], ITEM_COST, "lpt",
+                                  heads_per_group * plan.n_qb)
+            works = torch.tensor(sum(lists, []), dtype=torch.int32, device=q.device)          # (n_work,)
+        else:                   # program p: places p, p + G, ... of the plan's work list
+            lists = [list(range(p, n_work, grid[0])) for p in range(grid[0])]
+            works = launch.works[torch.tensor(sum(lists, []), device=q.device)]               # (n_work,)
+        starts = torch.tensor([0] + list(itertools.accumulate(map(len, lists))), dtype=torch.int32,
+                              device=q.device)                                               # (programs + 1,)
+        _LISTS[key] = works, starts
+    works, starts = _LISTS[key]
     attn_fwd_gluon_persistent_kernel[grid](
         descriptor_on(q_desc, q), descriptor_on(kv_desc, k), descriptor_on(kv_desc, v), o, lse, plan.row_lo, plan.row_hi, plan.full_cnt,
         plan.full_start, plan.part_cnt, plan.part_idx, works, starts, h, h // k.shape[1], n, k.shape[2],
