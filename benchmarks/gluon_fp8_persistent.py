@@ -9,14 +9,13 @@ Each item runs the product kernel's partitions' code (`_producer`, `_consumer` a
 ring position; the product's sm_90 SASS is byte for byte what it was), so O and lse equal the
 product kernel's bit for bit. Two options the product does not take: tile 0's scores issued at
 once rather than in turn (FlashAttention-3's order), and the items dealt longest first to the
-least loaded program (program_lists) rather than in natural order. Untraced; padded D 128 (two Q
-buffers); the default options of GLUON_FP8. Timed against the product kernel by
-`python -m benchmarks.gluon_fp8_persistent OUT.json`.
+least loaded program (kernels.plan.program_lists) rather than in natural order. Untraced;
+padded D 128 (two Q buffers); the default options of GLUON_FP8. Timed against the product kernel
+by `python -m benchmarks.gluon_fp8_persistent OUT.json`.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from kernels.gluon_fp8_kernel import _consumer, _producer, sum_ones
-from benchmarks.gluon_fwd_persistent import program_lists, two_items_q
+from benchmarks.gluon_fwd_persistent import two_items_q
 from kernels.gluon_fwd_kernel import ROWS, kv_ring_barriers, work_item
 
 ITEM_COST = 6.0     # an FP8 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 6.5 µs / 1.09 µs)
@@ -129,7 +128,8 @@ def gluon_fp8_persistent(x, mask: str = "causal", sm_scale=None, programs: int |
         mask: mask text; sm_scale: the softmax scale (None: 1/sqrt(D)).
         programs: how many programs (None: the GPU's SM count, at most the items).
         gate_first: tile 0's scores issued in turn (the product's way), else at once.
-        order: "natural" (program p takes items p, p + programs, ...) or "lpt" (program_lists).
+        order: "natural" (program p takes items p, p + programs, ...) or "lpt"
+            (kernels.plan.program_lists).
         heads_per_group: with "lpt", the heads dealt together (None: all of them).
     Returns:
         (O (B, H, N_q, D) in x's dtype, lse (B, H, N_q) float32), the product kernel's bit for bit."""
@@ -156,12 +156,7 @@ def persistent_call(x, mask: str = "causal", sm_scale=None, programs: int | None
     fp = GluonFp8Plan.build(x, parse_mask(mask, n_q, x.n_k))
     plan, n_work = fp.plan, b * h * fp.plan.n_qb
     grid = (min(programs or device_facts(x.q.device).sm_count, n_work),)
-    # item w = bh * n_qb + query block: its query block's tiles (the lists made once, not timed)
-    tiles = (plan.full_cnt + plan.part_cnt).tolist() * (b * h)
-    lists = program_lists(tiles, grid[0], ITEM_COST, order, heads_per_group and heads_per_group * plan.n_qb)
-    items = torch.tensor(sum(lists, []), dtype=torch.int32, device=x.q.device)                # (n_work,)
-    starts = torch.tensor([0] + list(itertools.accumulate(map(len, lists))), dtype=torch.int32,
-                          device=x.q.device)                                                   # (programs + 1,)
+    items, starts = plan.program_work(b * h, grid[0], order, ITEM_COST, heads_per_group)     # (n_work,), (G + 1,)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
     q_desc, k_desc, v_desc = fp.descriptors

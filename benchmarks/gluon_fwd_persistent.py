@@ -1,21 +1,19 @@
 """A probe, not a product path: the Gluon forward (kernels.gluon_fwd_kernel) as a persistent kernel,
 FlashAttention-3's scheduling. One program per SM walks its list of work items (program p takes
 places p, p + G, p + 2G, ... of the plan's work list, or with schedule 'lpt' the items dealt
-longest first to the least loaded program, program_lists); its producer loads the next item's Q
-into the second of two Q buffers and its K / V tiles into the same ring while the consumers finish
-the item before (its last P V and epilogue), where one program per item starts each item cold.
-Nsight Compute on the product kernel at D 64 full 4k: 2,048 programs in 15.5 waves of 132, tensor
-pipe active 46% against cuDNN's persistent kernel's 51% (docs/performance.md).
+longest first to the least loaded program, kernels.plan.program_lists); its producer loads the
+next item's Q into the second of two Q buffers and its K / V tiles into the same ring while the
+consumers finish the item before (its last P V and epilogue), where one program per item starts
+each item cold. Nsight Compute on the product kernel at D 64 full 4k: 2,048 programs in 15.5 waves
+of 132, tensor pipe active 46% against cuDNN's persistent kernel's 51% (docs/performance.md).
 
 Each item runs the product kernel's partitions' code (`_producer`, `_consumer` at a Q slot and
 ring position), so O and lse equal the product kernel's bit for bit. Contiguous q, k, v, D 64 or
 128 (two Q buffers and D 256's ring do not fit shared memory), untraced. Timed against the product
 kernel by `scripts/gluon_fwd_probe.py --persistent`.
 """
-from __future__ import annotations
 
-import heapq
-import itertools
+from __future__ import annotations
 
 import torch
 from triton.experimental import gluon
@@ -25,7 +23,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from kernels.gluon_fwd_kernel import ROWS, _consumer, _producer, block_lists, kv_ring_barriers, work_item
 
 ITEM_COST = 5.0     # a bf16 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 7.2 µs / 1.42 µs)
-_LISTS: dict = {}   # (shape, programs, schedule) -> the programs' lists on the device (works, starts)
 
 
 @gluon.jit
@@ -41,27 +38,6 @@ def two_items_q(q_desc):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
     return q_smem, q_bars, q_empty
-
-
-def program_lists(tiles: list, programs: int, item_cost: float, order: str = "natural",
-                  group: int | None = None) -> list:
-    """Each program's work items, in the order it runs them (tiles: each item's tile count).
-    "natural": program p takes items p, p + programs, ...; "lpt": the items longest first, each to
-    the program with the least work so far (tiles plus item_cost a work item, in tiles: what an item
-    costs beyond its tiles, scripts/item_cost.py), so that the programs finish together (the list
-    scheduling FlashAttention-3's persistent causal scheduler approximates). group:
-    with "lpt", items w // group dealt group after group (so that the programs read few heads' K
-    and V at a time); None: all at once."""
-    if order == "natural":
-        return [list(range(p, len(tiles), programs)) for p in range(programs)]
-    group = group or len(tiles)
-    load = [(0.0, p) for p in range(programs)]
-    lists = [[] for _ in range(programs)]
-    for w in sorted(range(len(tiles)), key=lambda w: (w // group, -tiles[w], w)):
-        work, p = heapq.heappop(load)
-        lists[p].append(w)
-        heapq.heappush(load, (work + tiles[w] + item_cost, p))
-    return lists
 
 
 @gluon.jit
@@ -159,7 +135,7 @@ def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs:
         programs: how many programs (None: the GPU's SM count, at most the items).
         schedule: the work list's order, 'natural' or 'longest_first' (program p takes items p,
             p + G, ... of it), or 'lpt': each item, longest first, to the least loaded program,
-            heads_per_group heads after heads_per_group heads (program_lists).
+            heads_per_group heads after heads_per_group heads (kernels.plan.program_lists).
     Returns:
         (O (B, H, N_q, D) like q, lse (B, H, N_q) float32), the product kernel's bit for bit."""
     from kernels.gluon_launch import CONSUMER_REGS, TILES, descriptor_on
@@ -180,20 +156,7 @@ def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs:
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)    # (B, H, N_q)
     q_desc, kv_desc = launch.descriptors
     grid = (min(programs or device_facts(q.device).sm_count, n_work),)
-    key = (plan.spec, n, plan.n_k, plan.block_m, plan.block_n, b * h, grid[0], schedule, heads_per_group,
-           str(q.device))
-    if key not in _LISTS:       # made once per shape: a timed call does no host work for them
-        if schedule == "lpt":   # item w = bh * n_qb + query block (the natural work list)
-            lists = program_lists(plan.tiles_per_q_block.tolist() * (b * h), grid[0], ITEM_COST, "lpt",
-                                  heads_per_group * plan.n_qb)
-            works = torch.tensor(sum(lists, []), dtype=torch.int32, device=q.device)          # (n_work,)
-        else:                   # program p: places p, p + G, ... of the plan's work list
-            lists = [list(range(p, n_work, grid[0])) for p in range(grid[0])]
-            works = launch.works[torch.tensor(sum(lists, []), device=q.device)]               # (n_work,)
-        starts = torch.tensor([0] + list(itertools.accumulate(map(len, lists))), dtype=torch.int32,
-                              device=q.device)                                               # (programs + 1,)
-        _LISTS[key] = works, starts
-    works, starts = _LISTS[key]
+    works, starts = plan.program_work(b * h, grid[0], schedule, ITEM_COST, heads_per_group)   # (n_work,), (G + 1,)
     attn_fwd_gluon_persistent_kernel[grid](
         descriptor_on(q_desc, q), descriptor_on(kv_desc, k), descriptor_on(kv_desc, v), o, lse, plan.row_lo, plan.row_hi, plan.full_cnt,
         plan.full_start, plan.part_cnt, plan.part_idx, works, starts, h, h // k.shape[1], n, k.shape[2],

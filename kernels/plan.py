@@ -5,6 +5,7 @@ order programs take the work items in. Host side only: numpy and torch, no Trito
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -55,6 +56,34 @@ class BlockPlan:
                     self._work_lists.pop(next(iter(self._work_lists)))
                 self._work_lists[key] = works
         return works
+
+    def program_work(self, batch_heads: int, programs: int, schedule: str, item_cost: float,
+                     heads_per_group: int | None = None) -> tuple:
+        """A persistent kernel's work on the device, built once per arguments and kept: (items
+        (n_work,) int32, the programs' lists one after another; starts (programs + 1,) int32:
+        program p runs items[starts[p]:starts[p + 1]] in turn). schedule 'natural' or
+        'longest_first': program p takes places p, p + programs, ... of work_order's list; 'lpt':
+        program_lists' longest-first deal (item_cost: an item's cost beyond its tiles, in tiles),
+        heads_per_group heads at a time (None: every head at once)."""
+        key = ("programs", batch_heads, programs, schedule, item_cost, heads_per_group)
+        work = self._work_lists.get(key)
+        if work is None:
+            if schedule == "lpt":
+                tiles = np.tile(self.tiles_per_q_block, batch_heads).tolist()
+                lists = program_lists(tiles, programs, item_cost, "lpt",
+                                      heads_per_group and heads_per_group * self.n_qb)
+            else:
+                order = work_order(self, batch_heads, schedule)
+                lists = [order[p::programs].tolist() for p in range(programs)]
+            items = np.array([w for items in lists for w in items], dtype=np.int32)
+            starts = np.cumsum([0] + [len(items) for items in lists]).astype(np.int32)
+            device = self.row_lo.device
+            work = persistent(lambda: tuple(torch.from_numpy(a).to(device) for a in (items, starts)), device)
+            if items.nbytes <= PLAN_CACHE_ITEM_BYTES:
+                while len(self._work_lists) >= WORK_LISTS_PER_PLAN:
+                    self._work_lists.pop(next(iter(self._work_lists)))
+                self._work_lists[key] = work
+        return work
 
     @cached_property
     def has_partial(self) -> bool:
@@ -113,6 +142,26 @@ def _block_plan(spec: MaskSpec, n: int, n_k: int, block_m: int, block_n: int, de
                                 for a in (lo, hi, full_cnt, full_start, part_cnt, part_idx)], device)
     return BlockPlan(spec, n, block_m, block_n, bmap, *lists, (bmap != SKIPPED).sum(axis=1), n_k,
                      bool((lo > hi).any()))
+
+
+def program_lists(tiles: list, programs: int, item_cost: float, order: str = "natural",
+                  group: int | None = None) -> list:
+    """Each program's work items, in the order it runs them (tiles: each item's tile count).
+    "natural": program p takes items p, p + programs, ...; "lpt": the items longest first, each to
+    the program with the least work so far (tiles plus item_cost a work item, in tiles: what an item
+    costs beyond its tiles, scripts/item_cost.py), so that the programs finish together. group:
+    with "lpt", items w // group dealt group after group (so that the programs read few heads' K
+    and V at a time); None: all at once."""
+    if order == "natural":
+        return [list(range(p, len(tiles), programs)) for p in range(programs)]
+    group = group or len(tiles)
+    load = [(0.0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for w in sorted(range(len(tiles)), key=lambda w: (w // group, -tiles[w], w)):
+        work, p = heapq.heappop(load)
+        lists[p].append(w)
+        heapq.heappush(load, (work + tiles[w] + item_cost, p))
+    return lists
 
 
 def work_order(plan: BlockPlan, batch_heads: int, schedule: str) -> np.ndarray:

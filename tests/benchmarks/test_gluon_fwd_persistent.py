@@ -2,8 +2,7 @@
 partitions' code, so the persistent kernel's O and lse equal the product Gluon kernel's bit for bit,
 for every mask kind, GQA, N_q != N_k and ragged lengths, at the SM count and at 3 programs (many
 items per program: the K / V ring and both Q buffers wrap many times), the items in the plan's
-order or dealt longest first ('lpt'); program_lists deals every item once, longest first within
-one item of even; bad calls refused in one line."""
+order or dealt longest first ('lpt'); bad calls refused in one line."""
 
 import pytest
 import torch
@@ -35,33 +34,6 @@ def test_persistent_probe_equals_the_product_kernel_bit_for_bit(mask, d):
                 assert torch.equal(out, want) and torch.equal(lse, want_lse), (mask, n_q, n_k, programs, schedule)
         ref, _, _ = reference_attention(q, k, v, mask=mask)
         assert ((out.float().cpu() - ref).norm() / ref.norm()).item() < 1e-2
-
-
-@pytest.mark.parametrize("n_items,programs", [(2048, 132), (1024, 132), (7, 3), (130, 132), (96, 8)])
-def test_program_lists_deal_every_item_once_and_lpt_evens_the_programs_work(n_items, programs):
-    from benchmarks.gluon_fwd_persistent import program_lists
-
-    ITEM_COST = 6.0
-
-    rng = torch.Generator().manual_seed(n_items)
-    n_qb = 32
-    causal = [qb + 1 for qb in range(n_qb)] * -(-n_items // n_qb)          # a causal head's query blocks
-    for tiles in (causal[:n_items], torch.randint(1, 100, (n_items,), generator=rng).tolist()):
-        natural = program_lists(tiles, programs, ITEM_COST)
-        assert natural == [list(range(p, n_items, programs)) for p in range(programs)]
-
-        def spread(lists):      # the busiest program's work less the least busy one's, in tiles
-            work = [sum(tiles[w] + ITEM_COST for w in items) for items in lists]
-            return max(work) - min(work)
-        for group in (None, 4 * n_qb):         # every head at once, or four heads at a time
-            lists = program_lists(tiles, programs, ITEM_COST, "lpt", group)
-            assert sorted(sum(lists, [])) == list(range(n_items)) and len(lists) == programs
-            assert spread(lists) <= max(tiles) + ITEM_COST         # LPT: within one item of even
-            assert spread(lists) <= spread(natural)
-            if group:       # a program runs a group's items before the next group's
-                assert all(a // group <= b // group for items in lists for a, b in zip(items, items[1:]))
-            else:           # longest first: every program's first item is among the longest
-                assert min(tiles[items[0]] for items in lists if items) >= sorted(tiles)[-min(programs, n_items)]
 
 
 @pytest.mark.gpu
