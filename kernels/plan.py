@@ -49,12 +49,8 @@ class BlockPlan:
         key = (batch_heads, schedule)
         works = self._work_lists.get(key)
         if works is None:
-            order, device = work_order(self, batch_heads, schedule), self.row_lo.device
-            works = persistent(lambda: torch.from_numpy(order).to(device), device)
-            if works.numel() * 4 <= PLAN_CACHE_ITEM_BYTES:
-                while len(self._work_lists) >= WORK_LISTS_PER_PLAN:
-                    self._work_lists.pop(next(iter(self._work_lists)))
-                self._work_lists[key] = works
+            order = work_order(self, batch_heads, schedule)
+            works = self._keep(key, order)
         return works
 
     def program_work(self, batch_heads: int, programs: int, schedule: str, item_cost: float,
@@ -63,27 +59,33 @@ class BlockPlan:
         (n_work,) int32, the programs' lists one after another; starts (programs + 1,) int32:
         program p runs items[starts[p]:starts[p + 1]] in turn). schedule 'natural' or
         'longest_first': program p takes places p, p + programs, ... of work_order's list; 'lpt':
-        program_lists' longest-first deal (item_cost: an item's cost beyond its tiles, in tiles),
-        heads_per_group heads at a time (None: every head at once)."""
+        program_lists' deal (item_cost: an item's cost beyond its tiles, in tiles), heads_per_group
+        heads at a time (None: every head at once)."""
         key = ("programs", batch_heads, programs, schedule, item_cost, heads_per_group)
         work = self._work_lists.get(key)
         if work is None:
             if schedule == "lpt":
                 tiles = np.tile(self.tiles_per_q_block, batch_heads).tolist()
-                lists = program_lists(tiles, programs, item_cost, "lpt",
-                                      heads_per_group and heads_per_group * self.n_qb)
+                lists = program_lists(tiles, programs, item_cost, heads_per_group and heads_per_group * self.n_qb)
             else:
                 order = work_order(self, batch_heads, schedule)
                 lists = [order[p::programs].tolist() for p in range(programs)]
-            items = np.array([w for items in lists for w in items], dtype=np.int32)
-            starts = np.cumsum([0] + [len(items) for items in lists]).astype(np.int32)
-            device = self.row_lo.device
-            work = persistent(lambda: tuple(torch.from_numpy(a).to(device) for a in (items, starts)), device)
-            if items.nbytes <= PLAN_CACHE_ITEM_BYTES:
-                while len(self._work_lists) >= WORK_LISTS_PER_PLAN:
-                    self._work_lists.pop(next(iter(self._work_lists)))
-                self._work_lists[key] = work
+            items = np.array([w for one in lists for w in one], dtype=np.int32)
+            starts = np.cumsum([0] + [len(one) for one in lists]).astype(np.int32)
+            work = self._keep(key, items, starts)
         return work
+
+    def _keep(self, key, *arrays: np.ndarray):
+        """The host arrays on the plan's device (one tensor, or a tuple for several), kept under
+        key while they are small, the oldest of WORK_LISTS_PER_PLAN entries dropped first."""
+        device = self.row_lo.device
+        kept = persistent(lambda: tuple(torch.from_numpy(a).to(device) for a in arrays), device)
+        kept = kept[0] if len(kept) == 1 else kept
+        if arrays[0].nbytes <= PLAN_CACHE_ITEM_BYTES:
+            while len(self._work_lists) >= WORK_LISTS_PER_PLAN:
+                self._work_lists.pop(next(iter(self._work_lists)))
+            self._work_lists[key] = kept
+        return kept
 
     @cached_property
     def has_partial(self) -> bool:
@@ -144,16 +146,12 @@ def _block_plan(spec: MaskSpec, n: int, n_k: int, block_m: int, block_n: int, de
                      bool((lo > hi).any()))
 
 
-def program_lists(tiles: list, programs: int, item_cost: float, order: str = "natural",
-                  group: int | None = None) -> list:
-    """Each program's work items, in the order it runs them (tiles: each item's tile count).
-    "natural": program p takes items p, p + programs, ...; "lpt": the items longest first, each to
-    the program with the least work so far (tiles plus item_cost a work item, in tiles: what an item
-    costs beyond its tiles, scripts/item_cost.py), so that the programs finish together. group:
-    with "lpt", items w // group dealt group after group (so that the programs read few heads' K
-    and V at a time); None: all at once."""
-    if order == "natural":
-        return [list(range(p, len(tiles), programs)) for p in range(programs)]
+def program_lists(tiles: list, programs: int, item_cost: float, group: int | None = None) -> list:
+    """Each program's work items, in the order it runs them (tiles: each item's tile count): the
+    items longest first, each to the program with the least work so far (tiles plus item_cost a
+    work item, in tiles: what an item costs beyond its tiles, scripts/item_cost.py), so that the
+    programs finish together (LPT). group: items w // group dealt group after group (so that the
+    programs read few heads' K and V at a time); None: all at once."""
     group = group or len(tiles)
     load = [(0.0, p) for p in range(programs)]
     lists = [[] for _ in range(programs)]

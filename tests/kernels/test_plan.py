@@ -1,7 +1,7 @@
-"""kernels.plan's persistent deal: program_lists gives every work item to one program, in natural
-order or longest first to the least loaded program (within one item of even, head group by head
-group when asked), and BlockPlan.program_work lays those lists out on the device once per
-arguments."""
+"""kernels.plan's persistent deal: program_lists gives every work item to one program, longest
+first to the least loaded program (within one item of even, and never more uneven than natural
+order; head group by head group when asked), and BlockPlan.program_work lays the programs' lists
+out on the device once per arguments."""
 
 import numpy as np
 import pytest
@@ -15,19 +15,17 @@ ITEM_COST = 6.0
 
 @pytest.mark.parametrize("n_items,programs", [(2048, 132), (1024, 132), (7, 3), (130, 132), (96, 8)])
 def test_program_lists_deal_every_item_once_and_lpt_evens_the_programs_work(n_items, programs):
-
     rng = np.random.default_rng(n_items)
     n_qb = 32
     causal = [qb + 1 for qb in range(n_qb)] * -(-n_items // n_qb)          # a causal head's query blocks
     for tiles in (causal[:n_items], rng.integers(1, 100, n_items).tolist()):
-        natural = program_lists(tiles, programs, ITEM_COST)
-        assert natural == [list(range(p, n_items, programs)) for p in range(programs)]
+        natural = [list(range(p, n_items, programs)) for p in range(programs)]      # items p, p + programs, ...
 
         def spread(lists):      # the busiest program's work less the least busy one's, in tiles
             work = [sum(tiles[w] + ITEM_COST for w in items) for items in lists]
             return max(work) - min(work)
         for group in (None, 4 * n_qb):         # every head at once, or four heads at a time
-            lists = program_lists(tiles, programs, ITEM_COST, "lpt", group)
+            lists = program_lists(tiles, programs, ITEM_COST, group)
             assert sorted(sum(lists, [])) == list(range(n_items)) and len(lists) == programs
             assert spread(lists) <= max(tiles) + ITEM_COST         # LPT: within one item of even
             assert spread(lists) <= spread(natural)
@@ -45,7 +43,7 @@ def test_program_work_lays_the_programs_lists_out_once(schedule):
     lists = [items[starts[p]:starts[p + 1]].tolist() for p in range(5)]
     if schedule == "lpt":
         tiles = np.tile(plan.tiles_per_q_block, 6).tolist()
-        assert lists == program_lists(tiles, 5, ITEM_COST, "lpt", 2 * plan.n_qb)
+        assert lists == program_lists(tiles, 5, ITEM_COST, 2 * plan.n_qb)
     else:       # program p: places p, p + 5, ... of the schedule's work list
         order = work_order(plan, 6, schedule).tolist()
         assert lists == [order[p::5] for p in range(5)]
