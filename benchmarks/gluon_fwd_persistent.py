@@ -20,24 +20,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from kernels.gluon_fwd_kernel import ROWS, _consumer, _producer, block_lists, kv_ring_barriers, work_item
+from kernels.gluon_fwd_kernel import _consumer, _producer, block_lists, kv_ring_barriers, two_items_q, work_item
 
 ITEM_COST = 5.0     # a bf16 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 7.2 µs / 1.42 µs)
-
-
-@gluon.jit
-def two_items_q(q_desc):
-    """Shared memory for two work items' Q halves (4, ROWS, HEAD_DIM), with each item's loaded
-    barrier (q_bars, the producer's TMA) and freed barrier (q_empty, both consumers), initialised;
-    the FP8 probe (benchmarks.gluon_fp8_persistent) takes the same."""
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, ROWS, HEAD_DIM], q_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
-    return q_smem, q_bars, q_empty
 
 
 @gluon.jit

@@ -278,8 +278,8 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
     it and the item's lists are read here, their loads in flight while Q's is. q_slot, q_phase:
     the item's Q halves in q_smem (q_slot + WG) and q_bar's phase; ring0: the ring position of its
     first tile (a persistent program's earlier items took the ones before); GATE_FIRST: tile 0's
-    scores are issued in turn too (else at once, as FlashAttention-3 issues them: benchmarks.
-    gluon_fp8_persistent). Returns its tile count."""
+    scores are issued in turn too (else at once, as FlashAttention-3 issues them and the
+    persistent kernel does: kernels.gluon_fp8_persistent_kernel). Returns its tile count."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]

@@ -8,6 +8,12 @@ docs/performance.md); quantize_fp8 then marks its Fp8Inputs gluon (where GLUON_F
 keys, with V^T's each 16 keys stored in kernels.fp8_quant.key_order: Fp8Inputs.key_order, which
 only this kernel reads), and attention_fp8 runs it on such inputs, traced or not
 (instrumentation.record sizes its buffers from fp8_config's tiles).
+
+At a padded D of 128 it runs persistent (kernels.gluon_fp8_persistent_kernel: one program per SM,
+each with its list of work items, dealt longest first to the least loaded program PERSISTENT_HEADS
+heads at a time), where it measured 1.00-1.10x the one-program-per-item kernel
+(benchmarks.gluon_fp8_persistent, docs/performance.md); D 256 keeps a program per item (two Q
+buffers and its ring do not fit shared memory).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class GluonFp8Tiles(NamedTuple):
     serial: bool        # P V before the next S, both done before the softmax (attention_fp8_gluon)
     mma_sum: bool       # the running sum taken by a product P 1 beside P V, not on the threads
     masks: tuple        # the mask kinds a default call runs it for (where it measured faster)
+    persistent: bool    # one program per SM with its list of items (kernels.gluon_fp8_persistent_kernel)
 
 
 # padded D -> the probe's best on an H200 (gluon-fwd-fp8-*-nvidia-h200.json): a third stage
@@ -41,9 +48,14 @@ class GluonFp8Tiles(NamedTuple):
 # 128 x 128 tiles (no spill where the overlapped loop spills) 1.14x the overlapped 128 x 64 on
 # causal, 1.06x the Triton kernel on full at 4k, P relabelled 1.02-1.04x in key order
 # (gluon-fwd-fp8-named-nvidia-h200.json); its sum by P 1 0.98-1.02x the threads' sum
-GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, True, ("causal", "full")),
-             256: GluonFp8Tiles(128, 2, False, True, True, False, ("causal", "full"))}
+GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, True, ("causal", "full"), True),
+             256: GluonFp8Tiles(128, 2, False, True, True, False, ("causal", "full"), False)}
 MIN_LEN = 128
+# the persistent kernel's deal (gluon-fp8-persistent-nvidia-h200.json, B4 H16 causal, 4 / 8 / 16 heads
+# at a time: 4k 1.10 / 1.09 / 1.10x, 8k 1.04 / 1.05 / 1.02x, 16k 0.99 / 0.98 / 0.97x the kernel of a
+# program per item; every head at once 0.94x at 8k and 0.92x at 16k, likely their K and V out of L2)
+PERSISTENT_HEADS = 4
+ITEM_COST = 6.0     # a work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 6.5 µs / 1.09 µs)
 
 
 def gluon_fp8_tiles(head_dim_padded: int, mask, n_q, n_k, device) -> tuple | None:
@@ -75,10 +87,11 @@ def check_gluon_inputs(x, warp_specialize, num_warps, num_stages) -> None:
 
 @dataclass(frozen=True)
 class GluonFp8Plan:
-    """What a call shape fixes (GluonFp8Plan.build): the block plan at BLOCK_M x block_n, the grid,
-    the ring's depth, the ping-pong, the loop, P's relabelling, and every kernel argument of an
-    untraced call but the descriptors, O, LSE, the scales and the softmax scale, which run() sets per
-    call before launching the compiled kernel directly (kernels.direct_launch)."""
+    """What a call shape fixes (GluonFp8Plan.build): the block plan at BLOCK_M x block_n, the grid
+    (with persistent, the programs and their lists of work items), the ring's depth, the ping-pong,
+    the loop, P's relabelling, and every kernel argument of an untraced call but the descriptors,
+    O, LSE, the scales and the softmax scale, which run() sets per call before launching the
+    compiled kernel directly (kernels.direct_launch)."""
 
     plan: BlockPlan
     grid: tuple
@@ -86,6 +99,7 @@ class GluonFp8Plan:
     pingpong: bool
     serial: bool
     mma_sum: bool
+    persistent: bool
     args: list = field(repr=False, compare=False)      # every kernel argument, positionally
     slots: tuple = field(repr=False, compare=False)    # where in args: q_desc (then k_desc, v_desc, O, LSE, the
     # three scales), tr_work (then tr_tiles, tr_rows, row_slot, head_slot, trace_slots), qk_scale, TRACE_WORK
@@ -96,23 +110,32 @@ class GluonFp8Plan:
 
     @staticmethod
     def build(x, spec, stages: int | None = None, pingpong: bool | None = None, serial: bool | None = None,
-              consumer_regs: int = CONSUMER_REGS, mma_sum: bool | None = None) -> "GluonFp8Plan":
+              consumer_regs: int = CONSUMER_REGS, mma_sum: bool | None = None, persistent: bool | None = None,
+              programs: int | None = None, heads_per_group: int | None = PERSISTENT_HEADS) -> "GluonFp8Plan":
         """The plan of calls on inputs shaped as x (Fp8Inputs: its shape, tiles and key order) with
-        mask spec; stages, pingpong, serial, mma_sum: None, GLUON_FP8's for the padded D."""
+        mask spec; stages, pingpong, serial, mma_sum, persistent: None, GLUON_FP8's for the padded
+        D; programs: the persistent kernel's (None: the GPU's SM count, at most the work items);
+        heads_per_group: the heads whose items it deals at a time (None: all)."""
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         from .direct_launch import DirectLaunch
         from .gluon_fp8_kernel import attn_fwd_fp8_gluon_kernel
+        from .gluon_fp8_persistent_kernel import attn_fwd_fp8_gluon_persistent_kernel
+        from .runtime import device_facts
 
         b, h, n_q, d = x.shape
         hd = x.head_dim_padded
         plan = block_plan(spec, n_q, BLOCK_M, x.block_n, x.q.device, x.n_k)
-        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False, False, False, ()))
+        dflt = GLUON_FP8.get(hd, GluonFp8Tiles(x.block_n, 2, False, False, False, False, (), False))
         stages = dflt.stages if stages is None else stages
         pingpong = dflt.pingpong if pingpong is None else bool(pingpong)
         serial = dflt.serial if serial is None else bool(serial)
         mma_sum = dflt.mma_sum if mma_sum is None else bool(mma_sum)
+        persistent = dflt.persistent if persistent is None else bool(persistent)
+        if persistent and hd != 128:
+            raise ValueError(f"the persistent Gluon FP8 kernel runs at a padded D of 128 (two Q buffers and the "
+                             f"ring fit shared memory there), not {hd}: pass persistent=False")
         e4m3 = gl.float8e4nv
         # the 2-D matrices the TMA reads: Q8 and K8 rows of HEAD_DIM, V8^T rows of the padded keys
         blocks = (([x.q.numel() // hd, hd], [BLOCK_M // 2, hd]), ([x.k.numel() // hd, hd], [x.block_n, hd]),
@@ -122,19 +145,25 @@ class GluonFp8Plan:
                             for t, (shape, block) in zip((x.q, x.k, x.v), blocks))
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
+        n_work = b * h * plan.n_qb
+        if persistent:
+            grid = (min(programs or device_facts(x.q.device).sm_count, n_work),)
+            items, starts = plan.program_work(b * h, grid[0], "lpt", ITEM_COST, heads_per_group)  # (n_work,), (G+1,)
+            kernel = attn_fwd_fp8_gluon_persistent_kernel
+        else:
+            grid, items, starts, kernel = (n_work,), None, None, attn_fwd_fp8_gluon_kernel
         # every argument by name (a changed kernel signature fails here, loudly)
         named = dict(q_desc=None, k_desc=None, v_desc=None, O=None, LSE=None, q_scale=None, k_scale=None,
                      v_scale=None, row_lo=plan.row_lo, row_hi=plan.row_hi, full_cnt=plan.full_cnt,
-                     full_start=plan.full_start, part_cnt=plan.part_cnt, part_idx=plan.part_idx, tr_work=None,
-                     tr_tiles=None, tr_rows=None, row_slot=None, head_slot=None, trace_slots=0, H=h,
-                     GROUP=h // x.h_kv, N_Q=n_q, n_qb=plan.n_qb, n_kb=plan.n_kb, qk_scale=None, D=d, STAGES=stages,
-                     CONSUMER_REGS=consumer_regs, RELABEL=x.key_order, PINGPONG=pingpong, SERIAL=serial,
-                     MMA_SUM=mma_sum, TRACE_WORK=False, TRACE_TILES=False)
-        names = attn_fwd_fp8_gluon_kernel.arg_names
+                     full_start=plan.full_start, part_cnt=plan.part_cnt, part_idx=plan.part_idx, items=items,
+                     starts=starts, tr_work=None, tr_tiles=None, tr_rows=None, row_slot=None, head_slot=None,
+                     trace_slots=0, H=h, GROUP=h // x.h_kv, N_Q=n_q, n_qb=plan.n_qb, n_kb=plan.n_kb, qk_scale=None,
+                     D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, RELABEL=x.key_order, PINGPONG=pingpong,
+                     SERIAL=serial, MMA_SUM=mma_sum, TRACE_WORK=False, TRACE_TILES=False)
+        names = kernel.arg_names
         slots = tuple(names.index(name) for name in ("q_desc", "tr_work", "qk_scale", "TRACE_WORK"))
-        return GluonFp8Plan(plan, (b * h * plan.n_qb,), stages, pingpong, serial, mma_sum, [named[n] for n in names],
-                            slots,
-                            DirectLaunch(attn_fwd_fp8_gluon_kernel), descriptors)
+        return GluonFp8Plan(plan, grid, stages, pingpong, serial, mma_sum, persistent, [named[n] for n in names], slots,
+                            DirectLaunch(kernel), descriptors)
 
     def run(self, x, o, lse, qk_scale: float, trace=None, aligned: bool = False) -> None:
         """Launch on x (Fp8Inputs of the plan's shape, tiles and key order), writing o (B, H, N_q,
@@ -156,12 +185,14 @@ class GluonFp8Plan:
         head_slot, slots = checked_trace(trace, b * h, self.plan)
         args[at_trace:at_trace + 6] = ((trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot, slots)
                                        if trace.trace_tiles else (trace.work, None, None, None, None, 0))
-        args[at_flags:at_flags + 2] = trace.trace_work, trace.trace_tiles
+        # (the persistent kernel writes work records wherever it writes tiles)
+        args[at_flags:at_flags + 2] = trace.trace_work or (self.persistent and trace.trace_tiles), trace.trace_tiles
         kernel[grid](*args, num_warps=4)
 
 
 def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace=None, *, stages=None,
-                        pingpong=None, serial=None, consumer_regs: int = CONSUMER_REGS, mma_sum=None):
+                        pingpong=None, serial=None, consumer_regs: int = CONSUMER_REGS, mma_sum=None,
+                        persistent=None, programs=None, heads_per_group=PERSISTENT_HEADS):
     """The Gluon FP8 kernel on quantised inputs, with its options open (kernels.fp8.attention_fp8
     runs it with the defaults on inputs quantised for it; probes and tests call this).
 
@@ -177,6 +208,9 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
             of the e4m3 P that P V weighs) instead of on the consumers' threads (of the fp32 P); None:
             GLUON_FP8's.
         consumer_regs: registers per consumer thread (setmaxnreg).
+        persistent: one program per SM with its list of work items (padded D 128), else one per
+            item (None: GLUON_FP8's); programs: how many (None: the SM count, at most the items);
+            heads_per_group: the heads whose items are dealt together (None: all of them).
     Returns:
         out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""
     from .launch import LOG2E
@@ -187,6 +221,7 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
     spec = parse_mask(mask, n_q, x.n_k)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
-    GluonFp8Plan.build(x, spec, stages, pingpong, serial, consumer_regs, mma_sum).run(x, o, lse,
-                                                                     softmax_scale(sm_scale, d) * LOG2E, trace)
+    fp = GluonFp8Plan.build(x, spec, stages, pingpong, serial, consumer_regs, mma_sum, persistent, programs,
+                            heads_per_group)
+    fp.run(x, o, lse, softmax_scale(sm_scale, d) * LOG2E, trace)
     return (o, lse) if return_lse else o

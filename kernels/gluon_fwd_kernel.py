@@ -87,6 +87,21 @@ def kv_ring_barriers(STAGES: gl.constexpr):
 
 
 @gluon.jit
+def two_items_q(q_desc):
+    """Shared memory for two work items' Q halves (4, ROWS, HEAD_DIM), with each item's loaded
+    barrier (q_bars, the producer's TMA) and freed barrier (q_empty, both consumers), initialised:
+    a persistent kernel's (kernels.gluon_fp8_persistent_kernel; the probe benchmarks.gluon_fwd_persistent)."""
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [4, ROWS, HEAD_DIM], q_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+    return q_smem, q_bars, q_empty
+
+
+@gluon.jit
 def list_block(t, n_full, full_start, part_list):
     """The block of a program's t-th tile in a block plan's lists (here a work item's key block; the
     backward probes' key or query blocks): the full run first, then the partial list."""

@@ -6,9 +6,9 @@ variant's build can be judged before a GPU is lent. Built as scripts/sm90_build_
 
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:. python scripts/gluon_fp8_build_stats.py \\
         [--head-dim 128] [--mask causal] [--block-n 128] [--serial 0] [--pingpong 1] [--mma-sum 1]
-        [--persistent]
+        [--persistent 0]
 
---persistent builds benchmarks.gluon_fp8_persistent's probe instead (GLUON_FP8's options, padded D 128).
+--persistent 0 builds the one-program-per-item kernel where GLUON_FP8 runs the persistent one (D 128).
 
 Options left out take GLUON_FP8's for the padded head dim (kernels.gluon_fp8_launch); the inputs are
 quantised for the kernel in layout only (zeros, N 1024, one traced head, every row traced)."""
@@ -45,19 +45,14 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
                   torch.zeros(2, head_dim, N, dtype=e4m3), ones(128), ones(bn), ones(bn), (1, 2, N, head_dim), N, 2,
                   128, bn, "block", True, torch.bfloat16, True, tiles.relabel)
     plan = GluonFp8Plan.build(x, parse_mask(mask, N, N), tiles.stages, tiles.pingpong, tiles.serial,
-                              mma_sum=tiles.mma_sum)
+                              mma_sum=tiles.mma_sum, persistent=tiles.persistent, programs=2)
     n_qb, n_kb = plan.plan.n_qb, plan.plan.n_kb
-    buffers = None if trace in ("off", "persistent") else TraceBuffers(
+    buffers = None if trace == "off" else TraceBuffers(
         work=torch.zeros(2 * n_qb, 5, dtype=torch.int64), counter=torch.zeros(1, dtype=torch.int32),
         tiles=torch.zeros(n_qb, n_kb, 3, dtype=torch.int64), rows=torch.zeros(n_qb * 128, n_kb, 4),
         row_slot=torch.arange(n_qb, dtype=torch.int32), trace_bh=0, trace_work=True, trace_tiles=trace == "tiles",
         trace_rows=trace == "tiles")
-    if trace == "persistent":      # benchmarks.gluon_fp8_persistent's probe, untraced
-        from benchmarks.gluon_fp8_persistent import persistent_call
-
-        persistent_call(x, mask, programs=2)()
-    else:
-        plan.run(x, torch.zeros(1, 2, N, head_dim, dtype=torch.bfloat16), torch.zeros(1, 2, N), 1.0, buffers)
+    plan.run(x, torch.zeros(1, 2, N, head_dim, dtype=torch.bfloat16), torch.zeros(1, 2, N), 1.0, buffers)
     one = rows[-1]["launches"][-1]
     code, inner = inner_loops(one["sass"])
     bodies = ([text for addr, text in code if lo <= addr <= hi] for lo, hi in sorted(inner))
@@ -70,10 +65,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--head-dim", type=int, default=128, choices=(128, 256), help="padded head dim (default 128)")
     p.add_argument("--mask", default="causal", help="the mask (default causal)")
-    for name in ("block-n", "stages", "serial", "pingpong", "relabel", "mma-sum"):
+    for name in ("block-n", "stages", "serial", "pingpong", "relabel", "mma-sum", "persistent"):
         p.add_argument(f"--{name}", type=int, default=None, help=f"{name} (default: GLUON_FP8's; 0 / 1 for flags)")
-    p.add_argument("--persistent", action="store_true", help="the persistent probe (benchmarks.gluon_fp8_persistent), "
-                   "untraced, at GLUON_FP8's options")
     args = p.parse_args(argv)
     if os.environ.setdefault("TRITON_INTERPRET", "0") not in ("", "0"):      # before kernels is imported
         sys.exit("gluon_fp8_build_stats: unset TRITON_INTERPRET (the kernel is built for sm_90 here, not interpreted)")
@@ -86,16 +79,17 @@ def main(argv=None) -> int:
     from kernels.gluon_fp8_launch import GLUON_FP8
 
     given = {k: v for k, v in dict(block_n=args.block_n, stages=args.stages, serial=args.serial,
-                                   pingpong=args.pingpong, relabel=args.relabel, mma_sum=args.mma_sum).items()
+                                   pingpong=args.pingpong, relabel=args.relabel, mma_sum=args.mma_sum,
+                                   persistent=args.persistent).items()
              if v is not None}
     tiles = GLUON_FP8[args.head_dim]._replace(**{k: (v if k in ("block_n", "stages") else bool(v))
                                                  for k, v in given.items()})
     print(f"Gluon FP8 kernel, D {args.head_dim}, {args.mask}, N {N}: {tiles}")
     rows: list = []
     sb._as_h200(rows)
-    for trace in ("persistent",) if args.persistent else ("off", "work", "tiles"):
+    for trace in ("off", "work", "tiles"):
         one = _build(rows, args.head_dim, args.mask, tiles, trace)
-        print(f"  {'persistent probe' if trace == 'persistent' else 'trace ' + trace:5s}  regs {one['registers']:3d}  stack {one['stack_bytes']:4d} B  spill instructions in "
+        print(f"  trace {trace:5s}  regs {one['registers']:3d}  stack {one['stack_bytes']:4d} B  spill instructions in "
               f"tile loops {one['spills_in_loops']:4d}  tile loops "
               f"{' / '.join(f'{n} ({spills})' for n, spills in one['loops'])} instructions (spill instructions)",
               flush=True)

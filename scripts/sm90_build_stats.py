@@ -191,7 +191,7 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.gluon_backward_fused as gluon_fused
     from kernels import gluon_bwd_d256_kernel as gluon_d256, gluon_bwd_onepass_kernel as gluon_onepass
     import benchmarks.gluon_fwd_persistent as gluon_persistent
-    import benchmarks.gluon_fp8_persistent as gluon_fp8_persistent
+    import kernels.gluon_fp8_persistent_kernel as gluon_fp8_persistent
     import kernels.gluon_fp8_kernel as gluon_fp8
 
     class Built:                # the Gluon backward kernels' launches, compiled

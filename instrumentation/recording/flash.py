@@ -49,7 +49,8 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     meta['backward']; the inputs that are leaves and
     require grad get their .grad (accumulated, as autograd does); out is returned detached.
     precision: "bf16" (the 16/32-bit kernel, kernels.flash_attention) or "fp8" (kernels.fp8's
-    kernel on inputs quantised once with `scaling` and `hadamard`, forward only, natural schedule;
+    kernel on inputs quantised once with `scaling` and `hadamard`, forward only, the kernel's own
+    schedule, meta['schedule']: persistent on Hopper at D 128, else natural;
     instrumentation.recording.fp8): the trace gains the table fp8_error (bh, q_block, rmse,
     max_abs, variant) against a float64 reference computed on the inputs' device, meta['fp8']
     and meta['precision']; untraced_ms / traced_ms time the attention kernel alone.
@@ -91,7 +92,7 @@ def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
 
         fp8 = fp8_recording(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps, num_stages, backward,
                             scaling, hadamard)
-        spec, cfg = fp8.spec, fp8.cfg
+        spec, cfg, schedule = fp8.spec, fp8.cfg, fp8.schedule
     else:
         spec, cfg = validate_call(q, k, v, mask, block_m, block_n, schedule, num_warps, num_stages)
     # at the default tiles on Hopper the call runs (and is traced in) the Gluon kernel, whose tiles

@@ -38,6 +38,15 @@ class Fp8Recording:
     scaling: str
     hadamard: bool
 
+    @property
+    def schedule(self) -> str:
+        """The schedule the kernel runs: 'persistent' where the Gluon kernel does (one program per
+        SM, each with its list of work items: kernels.gluon_fp8_launch), else 'natural'."""
+        from kernels.gluon_fp8_launch import GLUON_FP8
+
+        tiles = GLUON_FP8.get(self.x.head_dim_padded)
+        return "persistent" if self.x.gluon and tiles is not None and tiles.persistent else "natural"
+
     def run(self, trace=None, return_lse=False):
         """The attention kernel on the quantised inputs (record's traced and timed launches)."""
         return attention_fp8(self.x, self.spec, self.sm_scale, return_lse, trace)
@@ -57,6 +66,11 @@ class Fp8Recording:
                                                     key_order=self.x.key_order), q.device,
                                warmup=10, rep=60)
         trace.tables["fp8_error"] = table
+        if self.schedule == "persistent":
+            from kernels.gluon_fp8_launch import PERSISTENT_HEADS
+
+            trace.meta["kernel"]["work_order"] = (f"each program's list: the items dealt longest first to the least "
+                                                  f"loaded program, {PERSISTENT_HEADS} heads at a time")
         trace.meta["precision"] = "fp8"
         trace.meta["fp8"] = {
             "scaling": self.scaling, "hadamard": self.hadamard, "variant": variant, "format": "float8 e4m3fn",
@@ -75,12 +89,13 @@ def fp8_recording(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps
         as instrumentation.record's (scaling, hadamard: kernels.flash_attention_fp8's).
     Returns:
         Fp8Recording. Raises ValueError (one line) for what the FP8 kernel does not do: a backward,
-        a schedule other than natural, explicit num_warps / num_stages, bad scaling / hadamard /
+        a schedule other than natural (the default: the kernel runs its own, Fp8Recording.schedule), explicit num_warps / num_stages, bad scaling / hadamard /
         dtype / block sizes, inputs that require grad."""
     if backward:
         raise ValueError("precision='fp8' records the forward only: leave backward=False")
     if schedule != "natural":
-        raise ValueError(f"precision='fp8' runs the natural schedule only, got schedule={schedule!r}")
+        raise ValueError(f"precision='fp8' runs the FP8 kernel's own schedule (persistent on Hopper at D 128, else "
+                         f"natural): leave schedule out, got schedule={schedule!r}")
     if num_warps is not None or num_stages is not None:
         raise ValueError("precision='fp8' picks its own num_warps and num_stages: leave them out")
     check_fp8_args(q, k, v, scaling, hadamard)

@@ -153,6 +153,9 @@ def _decode_work(buf, n_qb, heads, tiles_per_qb, block_map, hw, schedule, work_l
         if schedule != "persistent":
             # program p ran work_list[p]; the order programs started in comes from the global clock
             df["program"] = np.argsort(work_list).astype(np.int32)
+        if schedule != "persistent" or (buf[:, 1] < 0).all():
+            # (a persistent kernel with its programs' lists, kernels.gluon_fp8_persistent_kernel, stores
+            # the program only) the order items started in comes from the global clock
             df["order"] = np.lexsort((df["program"].to_numpy(), buf[:, 3])).argsort().astype(np.int32)
         df["sm"] = buf[:, 2].astype(np.int32)
         df["t_start"] = (buf[:, 3] - t0).astype(np.float64)
