@@ -86,8 +86,13 @@ def banner(src: Source) -> None:
     ran = f" · ran in {src.run_s:.2f} s" if src.run_s is not None else ""
     sh = m.get("shape", {})   # the problem's real shape (GQA: H query heads read H_kv KV heads)
     shape = " · ".join(f"{k} {sh[k]}" for k in ("B", "H", "H_kv", "N_q", "N_k", "D") if k in sh)
+    dtype = str(m.get("dtype"))
+    if m.get("precision") == "fp8":     # the inputs' dtype; the kernel ran on their e4m3 quantisation
+        fp8 = m.get("fp8") if isinstance(m.get("fp8"), dict) else {}
+        dtype = (f"{dtype} inputs, FP8 e4m3 kernel ({fp8.get('scaling', '?')} scales"
+                 f"{' + Hadamard' if fp8.get('hadamard') else ''})")
     st.info(f"**Data: {plain(src.origin)}** · {plain(src.trace.provenance())}  \n"
-            + (f"**Shape:** {plain(shape)} · {plain(str(m.get('dtype')))} · mask {plain(str(m.get('mask')))}  \n"
+            + (f"**Shape:** {plain(shape)} · {plain(dtype)} · mask {plain(str(m.get('mask')))}  \n"
                if shape else "")
             + plain(f"backend {m.get('backend')} · {m.get('device_name')} ({hw}) · recorded "
                     f"{when(m.get('created'))} · {versions}{timing}{ran}"), icon=":material/info:")

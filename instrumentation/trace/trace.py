@@ -104,7 +104,8 @@ class Trace:
                 return {"gluon": "Gluon", "gluon one pass": "Gluon one-pass"}.get(ran, "Triton") if isinstance(
                     ran, str) else "Triton"
             bwd = m.get("backward")
-            kernel = (f"{kind(m.get('kernel'))} kernel" if not isinstance(bwd, dict) else
+            fp8 = " FP8" if m.get("precision") == "fp8" else ""       # record(precision="fp8")
+            kernel = (f"{kind(m.get('kernel'))}{fp8} kernel" if not isinstance(bwd, dict) else
                       f"{kind(m.get('kernel'))} forward and {kind(bwd)} backward kernels")
             return (f"{kept or 'live GPU'}: {dev}, {kernel}, {when}, torch {m.get('torch_version')}, "
                     f"triton {m.get('triton_version')}")

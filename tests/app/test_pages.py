@@ -148,3 +148,23 @@ def test_downloads_are_named_after_the_pages_own_recording():
         assert not at.exception and at.session_state["_download_stem"] == "n1024_causal_natural"
         at = open_page("decode", source="recorded")
         assert not at.exception and at.session_state["_download_stem"].startswith("decode_b")
+
+
+def test_an_fp8_recording_says_so_in_the_banner(tmp_path):
+    """An FP8 trace (record(precision="fp8")) keeps its inputs' dtype in meta; the banner says the
+    kernel ran on their e4m3 quantisation, with which scales, and the caption names an FP8 kernel
+    (the interpreter's: none named, its timings modelled)."""
+    import torch
+
+    from instrumentation.recording import record
+    from tests.app.headless import open_page, tilescope_data
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 96, 32, generator=g).bfloat16() for _ in range(3))
+    _, trace = record(q, k, v, mask="causal", block_m=32, block_n=32, precision="fp8", measure=False)
+    trace.save(tmp_path / "traces" / "fp8_small")
+    with tilescope_data(tmp_path):
+        at = open_page("schedule", source="recorded", trace="fp8_small")
+    assert not at.exception
+    banner = " ".join(i.value for i in at.info)
+    assert "bf16 inputs, FP8 e4m3 kernel (block scales + Hadamard)" in banner, banner

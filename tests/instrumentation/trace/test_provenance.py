@@ -42,3 +42,12 @@ def test_an_interpreter_recording_names_no_gpu_kernel():
     trace = Trace.load(BUNDLED)
     trace.meta["backend"] = "interpreter"
     assert "kernel," not in trace.provenance() and "interpreter" in trace.provenance()
+
+
+def test_an_fp8_recording_says_its_kernel_is_fp8():
+    trace = Trace.load(BUNDLED)
+    trace.meta["kernel"] = {**trace.meta["kernel"], "implementation": "gluon"}
+    trace.meta["precision"] = "fp8"
+    assert ", Gluon FP8 kernel, " in trace.provenance()
+    trace.meta["backward"] = "odd"
+    assert ", Gluon FP8 kernel, " in trace.provenance()
