@@ -60,7 +60,8 @@ def problem_text(trace) -> str:
     """The recorded problem in one line (shape, dtype, mask, blocks, schedule) for captions."""
     m = trace.meta
     s = m["shape"]
-    return (f"B={s['B']} H={s['H']} N={s['N']} D={s['D']} {m.get('dtype')}, mask {m.get('mask')}, "
+    dtype = f"{m.get('dtype')} inputs, FP8 e4m3" if m.get("precision") == "fp8" else m.get("dtype")
+    return (f"B={s['B']} H={s['H']} N={s['N']} D={s['D']} {dtype}, mask {m.get('mask')}, "
             f"blocks {m.get('block_m')}×{m.get('block_n')}, schedule {m.get('schedule')}")
 
 

@@ -168,3 +168,6 @@ def test_an_fp8_recording_says_so_in_the_banner(tmp_path):
     assert not at.exception
     banner = " ".join(i.value for i in at.info)
     assert "bf16 inputs, FP8 e4m3 kernel (block scales + Hadamard)" in banner, banner
+    from app.figures.schedule_common import problem_text
+
+    assert "D=32 bf16 inputs, FP8 e4m3, mask causal" in problem_text(trace)     # the charts' captions
