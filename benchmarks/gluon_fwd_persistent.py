@@ -1,149 +1,124 @@
-"""A probe, not a product path: the Gluon forward (kernels.gluon_fwd_kernel) as a persistent kernel,
-FlashAttention-3's scheduling. One program per SM walks its list of work items (program p takes
-places p, p + G, p + 2G, ... of the plan's work list, or with schedule 'lpt' the items dealt
-longest first to the least loaded program, kernels.plan.program_lists); its producer loads the
-next item's Q into the second of two Q buffers and its K / V tiles into the same ring while the
-consumers finish the item before (its last P V and epilogue), where one program per item starts
-each item cold. Nsight Compute on the product kernel at D 64 full 4k: 2,048 programs in 15.5 waves
-of 132, tensor pipe active 46% against cuDNN's persistent kernel's 51% (docs/performance.md).
-
-Each item runs the product kernel's partitions' code (`_producer`, `_consumer` at a Q slot and
-ring position), so O and lse equal the product kernel's bit for bit. Contiguous q, k, v, D 64 or
-128 (two Q buffers and D 256's ring do not fit shared memory), untraced. Timed against the product
-kernel by `scripts/gluon_fwd_probe.py --persistent`.
+"""The persistent Gluon forward (kernels.gluon_fwd_persistent_kernel, what flash_attention runs for
+schedule="persistent" on Hopper) with its work items dealt to its programs otherwise than the
+product's deal (longest first to the least loaded program, kernels.gluon_launch.PERSISTENT_HEADS
+heads at a time): in the plan's natural or longest-first order (program p takes places p, p + G,
+...), or longest first by another number of heads. Every deal computes the one-program-per-item
+kernel's O and lse bit for bit (each item runs its partitions' code). Timed against the product's
+schedules by `python -m benchmarks.gluon_fwd_persistent OUT.json` (and `scripts/gluon_fwd_probe.py
+--persistent`, beside cuDNN).
 """
 
 from __future__ import annotations
 
-import torch
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+import dataclasses
 
-from kernels.gluon_fwd_kernel import _consumer, _producer, block_lists, kv_ring_barriers, two_items_q, work_item
+from kernels.gluon_launch import PERSISTENT_HEADS
 
-ITEM_COST = 5.0     # a bf16 work item's cost beyond its tiles, in tiles (item-cost-nvidia-h200.json: 7.2 µs / 1.42 µs)
+SCHEDULES = ("natural", "longest_first", "lpt")
 
 
-@gluon.jit
-def _item(works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb):
-    """Work item works[w] (w: a place in the programs' lists): its Q rows (head-major), first query row in its head, K / V rows, and
-    block lists (full count, first full block, tiles, partial list)."""
-    bh, q_block, bh_kv, row0 = work_item(gl.load(works + w), H, GROUP, n_qb)
-    n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    return bh * N_Q + row0, row0, bh_kv * N_K, n_full, first_full, n_tiles, part_list
-
-
-@gluon.jit
-def _persistent_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K,
-                         n_qb, n_kb):
-    ring = 0
-    it = 0
-    for w in range(gl.load(starts + gl.program_id(0)), gl.load(starts + gl.program_id(0) + 1)):
-        q_row, row0, kv_row, n_full, first_full, n_tiles, part_list = _item(
-            works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
-        qb = it % 2
-        mbarrier.wait(q_empty.index(qb), ((it // 2) & 1) ^ 1)          # both consumers done with it
-        _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars.index(qb), k_ready, v_ready, k_empty,
-                  v_empty, q_row, 0, kv_row, 0, n_tiles, n_full, first_full, part_list, 2 * qb, ring)
-        ring += n_tiles
-        it += 1
-
-
-@gluon.jit
-def _persistent_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                         row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
-                         n_kb, qk_scale, WG: gl.constexpr):
-    ring = 0
-    it = 0
-    for w in range(gl.load(starts + gl.program_id(0)), gl.load(starts + gl.program_id(0) + 1)):
-        q_row, row0, kv_row, n_full, first_full, n_tiles, part_list = _item(
-            works, w, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
-        qb = it % 2
-        _consumer(O, LSE, q_smem, k_smem, v_smem, q_bars.index(qb), k_ready, v_ready, k_empty, v_empty, row_lo,
-                  row_hi, q_row, row0, n_tiles, n_full, first_full, part_list, N_Q, qk_scale, 0, 0, 0, 0, 0, WG,
-                  False, 2 * qb, (it // 2) & 1, ring)
-        mbarrier.arrive(q_empty.index(qb), count=1)
-        ring += n_tiles
-        it += 1
-
-
-# a partition's constexprs are fixed in a wrapper (warp_specialize passes values only)
-@gluon.jit
-def _persistent_consumer0(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                          row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
-                          n_kb, qk_scale):
-    _persistent_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                         row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
-                         n_kb, qk_scale, 0)
-
-
-@gluon.jit
-def _persistent_consumer1(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                          row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
-                          n_kb, qk_scale):
-    _persistent_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                         row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb,
-                         n_kb, qk_scale, 1)
-
-
-@gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "N_K", "n_qb", "n_kb"])
-def attn_fwd_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_cnt, full_start, part_cnt,
-                                     part_idx, works, starts, H, GROUP, N_Q, N_K, n_qb, n_kb, qk_scale,
-                                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Program p runs the work items works[starts[p]:starts[p + 1]] in turn; the arguments as
-    kernels.gluon_fwd_kernel.attn_fwd_gluon_kernel's (contiguous q, k, v), untraced."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
-    q_smem, q_bars, q_empty = two_items_q(q_desc)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
-    consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
-                     row_hi, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb,
-                     qk_scale)
-    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty,
-                     v_empty, works, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb)
-    gl.warp_specialize([(_persistent_consumer0, consumer_args), (_persistent_consumer1, consumer_args),
-                        (_persistent_producer, producer_args)], [4, 1], [CONSUMER_REGS, 24])
-
-
-def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs: int | None = None,
-                         schedule: str = "natural", heads_per_group: int = 8):
-    """The persistent probe on a call the product runs on the Gluon kernel.
+def persistent_call(q, k, v, mask: str = "causal", sm_scale=None, programs: int | None = None,
+                    schedule: str = "lpt", heads_per_group: int | None = PERSISTENT_HEADS):
+    """The persistent kernel's launch on a call shaped as q, k, v, built once: a function of no
+    arguments that launches it and returns (O, lse), so that timing it times the GPU, not the host.
 
     Arguments:
         q: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); contiguous, bf16 or fp16, D 64 or 128, on a
             Hopper GPU (or the offline build's stand-in).
         mask: mask text; sm_scale: the softmax scale (None: 1/sqrt(D)).
         programs: how many programs (None: the GPU's SM count, at most the items).
-        schedule: the work list's order, 'natural' or 'longest_first' (program p takes items p,
-            p + G, ... of it), or 'lpt': each item, longest first, to the least loaded program,
-            heads_per_group heads after heads_per_group heads (kernels.plan.program_lists).
+        schedule: 'lpt' (each item, longest first, to the least loaded program, heads_per_group
+            heads at a time; None: all), or 'natural' / 'longest_first' (program p takes items p,
+            p + G, ... of the plan's work list in that order).
     Returns:
-        (O (B, H, N_q, D) like q, lse (B, H, N_q) float32), the product kernel's bit for bit."""
-    from kernels.gluon_launch import CONSUMER_REGS, TILES, descriptor_on
-    from kernels.launch import _qk_scale, resolve_launch
+        a function returning (O (B, H, N_q, D) like q, lse (B, H, N_q) float32)."""
+    from kernels.gluon_launch import ITEM_COST, GluonLaunch, use_gluon
+    from kernels.launch import LOG2E
+    from kernels.masks import parse_mask
     from kernels.runtime import device_facts
+    from kernels.shapes import softmax_scale
 
-    if schedule not in ("natural", "longest_first", "lpt"):
+    if schedule not in SCHEDULES:
         raise ValueError(f"gluon_fwd_persistent: schedule is 'natural', 'longest_first' or 'lpt', not {schedule!r}")
-    lp = resolve_launch(q, k, v, mask, None, None, "natural" if schedule == "lpt" else schedule, None, None, True,
-                        None, None, None, None, False, False, "all")
-    launch = lp.gluon
-    if launch is None or launch.token_major or any(launch.copies) or q.shape[3] not in (64, 128):
+    if q.shape[3] not in (64, 128) or not use_gluon(q, k, v, False, None, "persistent", False, False):
         raise ValueError("gluon_fwd_persistent: takes contiguous q, k, v of D 64 or 128 where the product runs the "
                          "Gluon kernel (a Hopper GPU, bf16 / fp16, N_q and N_k >= 128)")
-    b, h, n, d = q.shape
-    plan, n_work = launch.plan, launch.works.numel()
-    o = torch.empty_like(q)                                                # (B, H, N_q, D)
-    lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)    # (B, H, N_q)
-    q_desc, kv_desc = launch.descriptors
-    grid = (min(programs or device_facts(q.device).sm_count, n_work),)
-    works, starts = plan.program_work(b * h, grid[0], schedule, ITEM_COST, heads_per_group)   # (n_work,), (G + 1,)
-    attn_fwd_gluon_persistent_kernel[grid](
-        descriptor_on(q_desc, q), descriptor_on(kv_desc, k), descriptor_on(kv_desc, v), o, lse, plan.row_lo, plan.row_hi, plan.full_cnt,
-        plan.full_start, plan.part_cnt, plan.part_idx, works, starts, h, h // k.shape[1], n, k.shape[2],
-        plan.n_qb, plan.n_kb, _qk_scale(lp, sm_scale), TILES[d][1], CONSUMER_REGS, num_warps=4)
-    return o, lse
+    b, h, n_q, d = q.shape
+    launch = GluonLaunch.build(parse_mask(mask, n_q, k.shape[2]), q, k, v, "persistent", True)
+    grid = (min(programs or device_facts(q.device).sm_count, launch.works.numel()),)
+    items, starts = launch.plan.program_work(b * h, grid[0], schedule, ITEM_COST, heads_per_group)  # (n_work,), (G+1,)
+    args = launch.args.copy()
+    at = launch.direct.kernel.arg_names.index
+    args[at("items")], args[at("starts")] = items, starts
+    launch = dataclasses.replace(launch, grid=grid, works=items, args=args)
+    scale = softmax_scale(sm_scale, d) * LOG2E
+    return lambda: launch.run(q, k, v, scale)
+
+
+def gluon_fwd_persistent(q, k, v, mask: str = "causal", sm_scale=None, programs: int | None = None,
+                         schedule: str = "lpt", heads_per_group: int | None = PERSISTENT_HEADS):
+    """persistent_call's launch, once: (O (B, H, N_q, D) like q, lse (B, H, N_q) float32), the
+    one-program-per-item kernel's bit for bit."""
+    return persistent_call(q, k, v, mask, sm_scale, programs, schedule, heads_per_group)()
+
+
+CASES = ((4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16, 16, 4096, 128, "causal"),
+         (4, 16, 16, 8192, 128, "causal"), (4, 16, 16, 16384, 128, "causal"), (2, 32, 8, 8192, 128, "causal"),
+         (4, 16, 16, 8192, 64, "causal"))
+# the deals timed beside the product's schedules: (schedule, heads_per_group)
+DEALS = {"lpt by 2 heads": ("lpt", 2), "lpt by 8 heads": ("lpt", 8), "natural order": ("natural", None)}
+
+
+def main(argv=None) -> int:
+    """Each case (bf16): the natural schedule (a program per item), schedule="persistent" and the
+    other deals, each checked bit for bit against the natural schedule, then all timed in turn
+    (instrumentation.recording.timing.time_ms, x 3, the middle of each three); writes OUT.json
+    (device, versions, commit, per case each one's time and persistent's speed over it).
+
+        python -m benchmarks.gluon_fwd_persistent OUT.json
+    """
+    import json
+    import os
+    import sys
+
+    import torch
+
+    from instrumentation.recording.environment import environment
+    from instrumentation.recording.timing import time_ms
+    from kernels import flash_attention
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m benchmarks.gluon_fwd_persistent OUT.json", file=sys.stderr)
+        return 2
+    records = []
+    for b, h, h_kv, n, d, mask in CASES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)            # (B, H, N, D)
+        k, v = (torch.randn(b, h_kv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        calls = {name: (lambda s=s: flash_attention(q, k, v, mask=mask, schedule=s, return_lse=True))
+                 for name, s in (("natural", "natural"), ("longest_first", "longest_first"),
+                                 ("persistent", "persistent"))}
+        calls.update({name: persistent_call(q, k, v, mask, schedule=s, heads_per_group=heads)
+                      for name, (s, heads) in DEALS.items()})
+        want, want_lse = calls["natural"]()
+        same = {name: bool(torch.equal(o, want) and torch.equal(lse, want_lse))
+                for name, (o, lse) in ((name, call()) for name, call in calls.items())}
+        times = {name: [] for name in calls}
+        for _ in range(3):
+            for name, call in calls.items():
+                times[name].append(time_ms(call))
+        ms = {name: sorted(t)[1] for name, t in times.items()}
+        rec = dict(case=f"B{b} H{h}/{h_kv} N{n} D{d} {mask}", bit_identical=same, ms=ms,
+                   persistent_speed_over={name: t / ms["persistent"] for name, t in ms.items()})
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
+                command="python -m benchmarks.gluon_fwd_persistent OUT.json")
+    with open(args[0], "w") as f:
+        json.dump(dict(meta=meta, records=records), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,7 +7,10 @@ at least MIN_LEN, contiguous q, k, v, or each contiguous or (B, N, H, D) in memo
 attention passes them (`call_layout`: mixed layouts copy the fewer elements into one;
 TILESCOPE_GLUON_TOKENS=0 leaves all but contiguous calls to the Triton kernel), the default tiles and launch
 options (no block sizes, warps or stages given),
-warp_specialize None, a natural or longest-first schedule, and none of the ring's options; every
+warp_specialize None, a natural, longest-first or persistent schedule (persistent: contiguous q, k,
+v of D 64 or 128, kernels.gluon_fwd_persistent_kernel, one program per SM over its own list of work
+items dealt longest first to the least loaded program PERSISTENT_HEADS heads at a time, where the
+Triton persistent kernel's programs take items from a counter), and none of the ring's options; every
 other call runs kernels.flash_kernel. TILESCOPE_GLUON=0 turns it off. Traced calls run it too
 (instrumentation.record asks for its tiles, gluon_record_tiles): the work items' SM and clock
 span, and the traced heads' tiles and rows, in the Triton kernel's trace layout.
@@ -33,6 +36,11 @@ CONSUMER_REGS = 240                   # registers per consumer thread (setmaxnre
 # shortest N_q and N_k it takes: the lengths its GPU tests cover (shorter calls, where the schedule
 # gains little, keep the Triton kernel, not a TMA box longer than the tensor)
 MIN_LEN = 128
+# the persistent kernel's deal: heads dealt together, and a work item's cost beyond its tiles, in
+# tiles (item-cost-nvidia-h200.json: 7.2 µs / 1.42 µs a tile)
+PERSISTENT_HEADS = 4
+ITEM_COST = 5.0
+PERSISTENT_HEAD_DIMS = (64, 128)      # two Q buffers and the ring fit shared memory (not at D 256)
 
 
 @lru_cache(maxsize=1)
@@ -55,7 +63,8 @@ def gluon_available(device) -> bool:
 def gluon_tiles(head_dim: int, dtype, device, schedule: str = "natural", n: int = MIN_LEN) -> tuple | None:
     """(block_n, stages) of the Gluon kernel for a default call of this head dim, dtype, device,
     schedule and N_q = N_k = n (contiguous inputs), or None where the call runs the Triton kernel."""
-    ok = (dtype in (torch.bfloat16, torch.float16) and head_dim in TILES and schedule in ("natural", "longest_first")
+    ok = (dtype in (torch.bfloat16, torch.float16) and head_dim in TILES
+          and (schedule in ("natural", "longest_first") or (schedule == "persistent" and head_dim in PERSISTENT_HEAD_DIMS))
           and n >= MIN_LEN and gluon_available(device))
     return TILES[head_dim] if ok else None
 
@@ -114,7 +123,7 @@ def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, tr
     call only with the GPU's clocks, which every Hopper trace has)."""
     layout = call_layout(q, k, v)
     return (not explicit_config and warp_specialize is None and not ring_options
-            and layout is not None
+            and layout is not None and (schedule != "persistent" or all(t.is_contiguous() for t in (q, k, v)))
             and (all(t.is_contiguous() for t in (q, k, v)) or os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0")
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and gluon_tiles(q.shape[3], q.dtype, q.device, schedule, min(q.shape[2], k.shape[2])) is not None)
@@ -125,8 +134,9 @@ class GluonLaunch:
     """A call shape's Gluon launch (GluonLaunch.build), run per call by run()."""
 
     plan: BlockPlan                     # at ROWS_PER_ITEM x block_n tiles
-    works: torch.Tensor                 # (B*H*n_qb,) int32 work items in program order
-    grid: tuple                         # one program per work item
+    works: torch.Tensor                 # (B*H*n_qb,) int32 work items in program order (persistent: the
+    # programs' lists one after another)
+    grid: tuple                         # one program per work item (persistent: per SM)
     shape: tuple                        # q (B, H, N_q, D)
     returns_lse: bool
     token_major: bool                   # the kernel reads (B, N, H, D) memory (call_layout 'tokens')
@@ -147,12 +157,20 @@ class GluonLaunch:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         from .gluon_fwd_kernel import attn_fwd_gluon_kernel
+        from .gluon_fwd_persistent_kernel import attn_fwd_gluon_persistent_kernel
 
         b, h, n, d = q.shape
         h_kv, n_k = k.shape[1], k.shape[2]
         block_n, stages = TILES[d]
         plan = block_plan(spec, n, ROWS_PER_ITEM, block_n, q.device, n_k)
-        works = plan.work_list(b * h, schedule)
+        n_work = b * h * plan.n_qb
+        if schedule == "persistent":
+            grid = (min(device_facts(q.device).sm_count, n_work),)
+            works, starts = plan.program_work(b * h, grid[0], "lpt", ITEM_COST, PERSISTENT_HEADS)  # (n_work,), (G+1,)
+            kernel = attn_fwd_gluon_persistent_kernel
+        else:
+            works, starts, kernel = plan.work_list(b * h, schedule), None, attn_fwd_gluon_kernel
+            grid = (n_work,)
         dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
         layouts = (gl.NVMMASharedLayout.get_default_for([ROWS_PER_ITEM // 2, d], dtype),
                    gl.NVMMASharedLayout.get_default_for([block_n, d], dtype))
@@ -162,11 +180,11 @@ class GluonLaunch:
         # descriptors, O, LSE and the scale, and for a traced call the trace buffers and flags
         named = dict(q_desc=None, k_desc=None, v_desc=None, O=None, LSE=None, row_lo=plan.row_lo, row_hi=plan.row_hi,
                      full_cnt=plan.full_cnt, full_start=plan.full_start, part_cnt=plan.part_cnt,
-                     part_idx=plan.part_idx, works=works, tr_work=None, tr_tiles=None, tr_rows=None, row_slot=None,
+                     part_idx=plan.part_idx, works=works, items=works, starts=starts, tr_work=None, tr_tiles=None, tr_rows=None, row_slot=None,
                      head_slot=None, trace_slots=0, H=h, GROUP=h // h_kv, N_Q=n, N_K=n_k, n_qb=plan.n_qb,
                      n_kb=plan.n_kb, qk_scale=None, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS, TRACE_WORK=False,
                      TRACE_TILES=False, TOKEN_MAJOR=tokens)
-        names = attn_fwd_gluon_kernel.arg_names
+        names = kernel.arg_names
         args = [named[name] for name in names]
         slots = tuple(names.index(name) for name in ("q_desc", "tr_work", "trace_slots", "qk_scale", "TRACE_WORK"))
         # the 2-D matrices the kernel's TMA reads: (B*H*N, D) rows, or (B*N, H*D) with a head at column h*D
@@ -175,9 +193,8 @@ class GluonLaunch:
                        TensorDescriptor(k, k_2d, [k_2d[1], 1], [block_n, d], layouts[1]))
         for desc in descriptors:
             desc.base = None            # the plan keeps no call's tensor
-        return GluonLaunch(plan, works, (works.numel(),), tuple(q.shape), bool(return_lse), tokens,
-                           layout_copies(q, k, v, layout), args, slots,
-                           DirectLaunch(attn_fwd_gluon_kernel), descriptors)
+        return GluonLaunch(plan, works, grid, tuple(q.shape), bool(return_lse), tokens,
+                           layout_copies(q, k, v, layout), args, slots, DirectLaunch(kernel), descriptors)
 
     def run(self, q, k, v, qk_scale: float, trace=None):
         """O (B, H, N_q, D) like q, or (O, lse) where the call returns lse.

@@ -7,10 +7,9 @@ the product's two paths ("gluon": kernels.gluon_fwd_kernel, what flash_attention
     python scripts/gluon_fwd_probe.py OUT.json [--rounds 3] [--quick] [--tokens] [--fp8 [--fp8-only]] [--persistent]
 
 --tokens: q, k, v in transformers' (B, N, H, D) memory, seen as (B, H, N, D), as its attention
-passes them (all three paths read them in place). --persistent: also the persistent Gluon probe
-(benchmarks/gluon_fwd_persistent.py) at D 64 and 128, its work list in the natural and the
-longest-first order and dealt longest first to the least loaded program ('lpt', 8 heads at a
-time), checked bit for bit against the product kernel first.
+passes them (all three paths read them in place). --persistent: also the persistent Gluon kernel at
+D 64 and 128 (schedule="persistent", and its other deals: benchmarks/gluon_fwd_persistent.py),
+checked bit for bit against the one-program-per-item kernel first.
 """
 
 from __future__ import annotations
@@ -77,23 +76,32 @@ def fp8_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
 
 
 def persistent_variants(fns: dict, checks: dict, q, k, v, mask: str, ref) -> None:
-    """The persistent probe's rows of a case, each checked first: bit for bit against the product
-    kernel's O and lse on the same order, and against the reference (timed only where both hold)."""
+    """The persistent rows of a case, each checked first: bit for bit against the one-program-per-item
+    kernel's O and lse, and against the reference (timed only where both hold): the product's
+    schedule="persistent" (its deal: longest first by kernels.gluon_launch.PERSISTENT_HEADS heads),
+    the same kernel with the items dealt longest first by 2 and 8 heads and in natural order
+    (benchmarks.gluon_fwd_persistent, each launch built once)."""
     import torch
 
-    from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
+    from benchmarks.gluon_fwd_persistent import persistent_call
     from kernels import flash_attention
 
-    for schedule in ("natural", "longest_first", "lpt"):
-        label = f"gluon persistent {schedule}"
-        call = lambda schedule=schedule: gluon_fwd_persistent(q, k, v, mask, schedule=schedule)  # noqa: E731
+    want, want_lse = flash_attention(q, k, v, mask=mask, return_lse=True)
+    variants = {"gluon persistent": lambda: flash_attention(q, k, v, mask=mask, schedule="persistent",
+                                                             return_lse=True)}
+    for label, schedule, heads in (("lpt by 2 heads", "lpt", 2), ("lpt by 8 heads", "lpt", 8),
+                                   ("natural order", "natural", None)):
+        try:
+            variants[f"gluon persistent, {label}"] = persistent_call(q, k, v, mask, schedule=schedule,
+                                                                     heads_per_group=heads)
+        except Exception as exc:  # noqa: BLE001  (a variant that does not build is reported, not fatal)
+            checks[f"gluon persistent, {label}"] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
+    for label, call in variants.items():
         try:
             out, lse = call()
-            want, want_lse = flash_attention(q, k, v, mask=mask, schedule="natural" if schedule == "lpt" else schedule,
-                                             return_lse=True)
             same = bool(torch.equal(out, want) and torch.equal(lse, want_lse))
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        except Exception as exc:  # noqa: BLE001  (a probe that does not build or run is reported, not fatal)
+        except Exception as exc:  # noqa: BLE001  (a variant that does not run is reported, not fatal)
             checks[label] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
             print(f"{label}: {checks[label]['error']}", flush=True)
             continue
@@ -111,7 +119,7 @@ def main(argv=None) -> int:
                    "Triton FP8 kernel at its default tiles and the Gluon FP8 kernel (kernels.gluon_fp8_launch)")
     p.add_argument("--fp8-only", action="store_true", help="with --fp8: only the cases that have FP8 rows")
     p.add_argument("--tokens", action="store_true", help="q, k, v in transformers' (B, N, H, D) memory")
-    p.add_argument("--persistent", action="store_true", help="also the persistent Gluon probe at D 64 and 128")
+    p.add_argument("--persistent", action="store_true", help="also the persistent Gluon kernel at D 64 and 128")
     args = p.parse_args(argv)
     import torch
     import triton

@@ -15,7 +15,7 @@ then set their own (setmaxnreg). gluonbwd (not in the default parts): the Gluon 
 (benchmarks.gluon_backward's dK/dV pass, its statistics loaded by each thread and by TMA, its dQ pass, benchmarks.gluon_backward_fused with dQ added by
 the consumers and by a writer warp, its ablation that stores dQ, with the statistics by TMA, with those and dQ by
 TMA bulk reduce-adds, and each tile's dQ a tile late), 2 stages; at D 256 the product's D 256 kernel alone
-(benchmarks.gluon_backward_d256). gluonfwd (nor this): the persistent Gluon forward probe (benchmarks.gluon_fwd_persistent)."""
+(benchmarks.gluon_backward_d256). gluonfwd (nor this): the persistent Gluon forward (kernels.gluon_fwd_persistent_kernel, schedule="persistent")."""
 
 from __future__ import annotations
 
@@ -190,8 +190,8 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     import benchmarks.gluon_backward as gluon_bwd
     import benchmarks.gluon_backward_fused as gluon_fused
     from kernels import gluon_bwd_d256_kernel as gluon_d256, gluon_bwd_onepass_kernel as gluon_onepass
-    import benchmarks.gluon_fwd_persistent as gluon_persistent
     import kernels.gluon_fp8_persistent_kernel as gluon_fp8_persistent
+    import kernels.gluon_fwd_persistent_kernel as gluon_fwd_persistent
     import kernels.gluon_fp8_kernel as gluon_fp8
 
     class Built:                # the Gluon backward kernels' launches, compiled
@@ -204,8 +204,9 @@ def _as_h200(rows: list, work_traced: bool = False) -> None:
     for mod, name in ((gluon_bwd_kernel, "attn_bwd_dkdv_gluon_kernel"), (gluon_bwd_kernel, "attn_bwd_dq_gluon_kernel"),
                       (gluon_bwd, "attn_bwd_dkdv_gluon_kernel"), (gluon_fused, "attn_bwd_fused_gluon_kernel"),
                       (gluon_onepass, "attn_bwd_onepass_gluon_kernel"), (gluon_d256, "attn_bwd_d256_gluon_kernel"),
-                      (gluon_persistent, "attn_fwd_gluon_persistent_kernel"), (gluon_fp8, "attn_fwd_fp8_gluon_kernel"),
-                      (gluon_fp8_persistent, "attn_fwd_fp8_gluon_persistent_kernel")):
+                      (gluon_fp8, "attn_fwd_fp8_gluon_kernel"),
+                      (gluon_fp8_persistent, "attn_fwd_fp8_gluon_persistent_kernel"),
+                      (gluon_fwd_persistent, "attn_fwd_gluon_persistent_kernel")):
         setattr(mod, name, Built(getattr(mod, name)))
     backward_atomic._stats_kernel = collections.defaultdict(lambda: lambda *args, **options: None)  # not surveyed
 
@@ -275,10 +276,8 @@ def _build_case(part: str, d: int, n: int, mask: str, config: tuple | None = Non
             gluon_backward_onepass(do, q, k, v, o, lse, mask, stages=stages)
         for by_rows in (False, True) if d == 64 else ():    # FlashAttention-3's D 64 tile: 128 query rows
             gluon_backward_onepass(do, q, k, v, o, lse, mask, rows=128, dq_by_rows=by_rows)
-    elif part == "gluonfwd":
-        from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
-
-        gluon_fwd_persistent(q, k, v, mask)
+    elif part == "gluonfwd":        # the persistent Gluon forward (kernels.gluon_fwd_persistent_kernel)
+        flash_attention(q, k, v, mask=mask, schedule="persistent")
     else:           # the attention kernel's launches on inputs of the quantised layout (no quantise pass)
         cfg = fp8_config(d, given.get("block_m"), given.get("block_n"), mask=parse_mask(mask, n, n), n_q=n, n_k=n,
                          device="cuda")

@@ -1,8 +1,8 @@
-"""benchmarks.gluon_fwd_persistent (a probe on Hopper): each work item runs the product kernel's
-partitions' code, so the persistent kernel's O and lse equal the product Gluon kernel's bit for bit,
+"""benchmarks.gluon_fwd_persistent (on Hopper): the persistent Gluon kernel with its items dealt
+otherwise than the product's deal computes the one-program-per-item kernel's O and lse bit for bit,
 for every mask kind, GQA, N_q != N_k and ragged lengths, at the SM count and at 3 programs (many
 items per program: the K / V ring and both Q buffers wrap many times), the items in the plan's
-order or dealt longest first ('lpt'); bad calls refused in one line."""
+order or dealt longest first ('lpt') by 2 heads; bad calls refused in one line."""
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ MASKS = ["full", "causal", "sliding_window:200", "prefix_lm:150", "document:300,
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("d", [64, 128])
-def test_persistent_probe_equals_the_product_kernel_bit_for_bit(mask, d):
+def test_every_deal_equals_a_program_per_item_bit_for_bit(mask, d):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
     from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent
@@ -37,7 +37,7 @@ def test_persistent_probe_equals_the_product_kernel_bit_for_bit(mask, d):
 
 
 @pytest.mark.gpu
-def test_persistent_probe_refuses_what_it_does_not_take():
+def test_it_refuses_what_it_does_not_take():
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Gluon's Hopper kernel needs Hopper")
     from benchmarks.gluon_fwd_persistent import gluon_fwd_persistent

@@ -61,12 +61,15 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
     rule = lambda *a, **kw: gluon_launch.use_gluon(*a, **kw)  # noqa: E731
     assert rule(q, q, q, False, None, "natural", False, False)
     assert rule(q, q, q, False, None, "longest_first", True, False)          # traced (GPU clocks)
+    assert rule(q, q, q, False, None, "persistent", True, False)             # (kernels.gluon_fwd_persistent_kernel)
+    q256 = torch.zeros(1, 2, 256, 256, dtype=torch.bfloat16)
+    assert rule(q256, q256, q256, False, None, "natural", False, False)
+    assert not rule(q256, q256, q256, False, None, "persistent", False, False)   # its two Q buffers do not fit
     assert gluon_launch.gluon_record_tiles(q, q, q, "natural") == (128, 128, 4, 2)
     assert gluon_launch.gluon_tiles(256, torch.float16, q.device) == (64, 2)
     assert gluon_launch.gluon_tiles(128, torch.bfloat16, q.device, n=64) is None
     refused = [(q, q, q, True, None, "natural", False, False),             # tiles or options given
                (q, q, q, False, False, "natural", False, False),           # warp_specialize=False
-               (q, q, q, False, None, "persistent", False, False),
                (q, q, q, False, None, "natural", False, True),             # out=, merge, tiles=, TMA, no clocks
                (q.float(), q.float(), q.float(), False, None, "natural", False, False),
                (q.transpose(2, 3).contiguous().transpose(2, 3), q, q, False, None, "natural", False, False)]
@@ -98,6 +101,7 @@ def test_the_rule_on_a_hopper_it_is_told_of(monkeypatch):
         moved = gluon_launch.to_layout(tok8 + 1, layout)
         assert layout in gluon_launch.memory_layouts(moved) and torch.equal(moved, tok8 + 1)
     assert rule(tok, tok, tok, False, None, "natural", False, False)
+    assert not rule(tok, tok, tok, False, None, "persistent", False, False)           # persistent: contiguous only
     assert rule(tok, one_head, one_head, False, None, "natural", False, False)        # MQA
     assert rule(tok8, q, q, False, None, "natural", False, False)                     # layouts mixed
     assert not rule(tok, q.transpose(2, 3), q, False, None, "natural", False, False)  # one in neither
@@ -114,8 +118,9 @@ def test_chosen_only_where_it_applies(gluon_gpu):
     q, k, v = inputs(1, 2, 2, 256, 256, 128, torch.bfloat16)
     assert plan_of(q, k, v, "causal").gluon is not None
     assert plan_of(q, k, v, "causal", schedule="longest_first").gluon is not None
+    assert plan_of(q, k, v, "causal", schedule="persistent").gluon.grid == (4,)     # a program an SM, 4 items
     assert plan_of(q, k, v, "causal", trace_flags=(True, True, True)).gluon is not None     # traced: the same kernel
-    for kw in (dict(block_m=64), dict(num_warps=8), dict(warp_specialize=False), dict(schedule="persistent"),
+    for kw in (dict(block_m=64), dict(num_warps=8), dict(warp_specialize=False),
                dict(trace_flags=(True, False, False), hw_clock=False)):
         assert plan_of(q, k, v, "causal", **kw).gluon is None, kw
     assert plan_of(q.float(), k.float(), v.float(), "causal").gluon is None
