@@ -123,10 +123,13 @@ def _fp8_call(kind: str, stats):
     import kernels.fp8_quant as fp8_quant
     import kernels.gluon_fp8_kernel as gluon_fp8_kernel
     import kernels.gluon_fp8_launch as gluon_fp8_launch
+    import kernels.gluon_fp8_persistent_kernel as gluon_fp8_persistent
 
     kernel, run = gluon_fp8_kernel.attn_fwd_fp8_gluon_kernel, fp8._launch
+    persistent = gluon_fp8_persistent.attn_fwd_fp8_gluon_persistent_kernel
     stats._as_h200([dict(launches=[])])             # H200 facts for CPU tensors ...
     gluon_fp8_kernel.attn_fwd_fp8_gluon_kernel, fp8._launch = kernel, run    # ... launching, not only building
+    gluon_fp8_persistent.attn_fwd_fp8_gluon_persistent_kernel = persistent
     gluon_fp8_launch.gluon_available = lambda device: kind == "gluon"
     fp8.interpreting = fp8_quant.interpreting = lambda: False
     q = torch.zeros(1, 32, 4096, 128, dtype=torch.bfloat16)                  # (B, H, N, D)

@@ -42,9 +42,11 @@ print(counts)
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
-@pytest.mark.parametrize("kind,kernel", [("gluon", "attn_fwd_fp8_gluon_kernel"), ("triton", "attn_fwd_fp8_kernel")])
+@pytest.mark.parametrize("kind,kernel", [("gluon", "attn_fwd_fp8_gluon_persistent_kernel"),
+                                         ("triton", "attn_fwd_fp8_kernel")])
 def test_an_fp8_calls_launches_are_kept_compiled_and_launched_directly(kind, kernel):
-    """On Hopper (the Gluon FP8 kernel) and where the Triton FP8 kernel runs (TILESCOPE_GLUON=0)."""
+    """On Hopper (the Gluon FP8 kernel, persistent at D 128) and where the Triton FP8 kernel runs
+    (TILESCOPE_GLUON=0)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
     code = PROBE.format(root=str(ROOT), scripts=str(ROOT / "scripts"), kind=kind)

@@ -68,22 +68,25 @@ def test_the_gluon_forward_builds_warp_specialised_without_spills(tmp_path):
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
 def test_the_default_fp8_causal_call_builds_the_gluon_fp8_kernel(tmp_path):
     """On Hopper a default FP8 causal call quantises for the Gluon FP8 kernel (kernels.gluon_fp8_launch)
-    and launches it with the arguments its signature takes: one warp-specialised launch, its K and
-    V^T ring within an SM's shared memory, both e4m3 products and the exponentials in its loop."""
+    and launches it, persistent at D 128, with the arguments its signature takes: one
+    warp-specialised launch, two Q buffers and its K and V^T ring within an SM's shared memory, both
+    e4m3 products and the exponentials in its loop."""
     out = tmp_path / "stats.json"
     run = _run("--only", "fp8", "--cases", "128:2048:causal", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     (launch,) = json.loads(out.read_text())["rows"][0]["launches"]
-    assert launch["kernel"] == "attn_fwd_fp8_gluon_kernel" and launch["warp_specialized"] and launch["num_warps"] == 4
+    assert launch["kernel"] == "attn_fwd_fp8_gluon_persistent_kernel" and launch["warp_specialized"]
+    assert launch["num_warps"] == 4
     assert 40 < launch["shared_kib"] <= 228
     loop = launch["tile_loop"]
     assert loop["ops"]["QGMMA"] >= 8 and loop["ops"]["MUFU"] >= 64
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
-def test_the_persistent_gluon_forward_probe_builds_like_the_product_kernel(tmp_path):
-    """benchmarks.gluon_fwd_persistent: one launch, warp-specialised, no spill, both Q buffers and
-    the ring within an SM's shared memory, the product kernel's tile loop (both products in it)."""
+def test_the_persistent_gluon_forward_builds_like_the_one_item_kernel(tmp_path):
+    """flash_attention(schedule="persistent") on Hopper (kernels.gluon_fwd_persistent_kernel): one
+    launch, warp-specialised, no spill, both Q buffers and the ring within an SM's shared memory, the
+    one-item kernel's tile loop (both products in it)."""
     out = tmp_path / "stats.json"
     run = _run("--only", "gluonfwd", "--cases", "128:2048:full", "--json", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
