@@ -21,7 +21,9 @@ real start order (`order`); each goes to the SM that becomes free first (ties: l
 That is what the CTA scheduler does for a one-program-per-item grid when one CTA fills an SM.
 For the 'persistent' schedule the kernel launches min(#SMs, #items) programs, one per SM, and
 each takes the next item from an atomic counter when it finishes its last one; with every
-program pinned to one SM that is the same list scheduling, so the model is the same.
+program pinned to one SM that is the same list scheduling, so the model is the same. (On Hopper
+the Gluon kernels' persistent programs walk lists dealt on the host instead; those run on a GPU
+only, so their timelines are always measured.)
 
 Modelled timelines are in tile-units (1 = the time of one K/V tile), never in ns, and are
 flagged `modelled = True`: a modelled chart must say so.
