@@ -53,11 +53,11 @@ CASES = ((4, 16, 16, 4096, "full"), (4, 16, 16, 8192, "full"), (4, 16, 16, 16384
          (2, 32, 8, 8192, "causal"))
 def main(argv=None) -> int:
     """Each case: every variant checked bit for bit against the default call (kernels.fp8.attention_fp8
-    on the same quantised inputs), then all timed in turn (instrumentation.recording.timing.time_ms,
-    (default, variants...) x 3, the middle of each three); writes OUT.json (device, versions,
+    on the same quantised inputs), then all timed in three rounds, the order rotated each round
+    (benchmarks.rotated), the median of each; writes OUT.json (device, versions,
     commit, per case each one's time and the default's speed over it)."""
     from instrumentation.recording.environment import environment
-    from instrumentation.recording.timing import time_ms
+    from benchmarks.rotated import medians, time_rotated
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
 
@@ -79,11 +79,7 @@ def main(argv=None) -> int:
         calls.update({name: variant_call(x, mask, *options) for name, options in VARIANTS.items()})
         same = all(torch.equal(o, want) and torch.equal(lse, want_lse)
                    for o, lse in (calls[name]() for name in VARIANTS))
-        times = {name: [] for name in calls}
-        for _ in range(3):
-            for name, call in calls.items():
-                times[name].append(time_ms(call))
-        ms = {name: sorted(t)[1] for name, t in times.items()}
+        ms = medians(time_rotated(calls, 3))
         rec = dict(case=f"B{b} H{h}/{h_kv} N{n} D128 {mask}", bit_identical=same, product_ms=ms["product"],
                    variants={name: dict(ms=ms[name], product_speed_over_it=ms[name] / ms["product"])
                              for name in VARIANTS})

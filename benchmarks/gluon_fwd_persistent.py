@@ -71,8 +71,8 @@ DEALS = {"lpt by 2 heads": ("lpt", 2), "lpt by 8 heads": ("lpt", 8), "natural or
 
 def main(argv=None) -> int:
     """Each case (bf16): the natural schedule (a program per item), schedule="persistent" and the
-    other deals, each checked bit for bit against the natural schedule, then all timed in turn
-    (instrumentation.recording.timing.time_ms, x 3, the middle of each three); writes OUT.json
+    other deals, each checked bit for bit against the natural schedule, then all timed in three rounds,
+    the order rotated each round (benchmarks.rotated), the median of each; writes OUT.json
     (device, versions, commit, per case each one's time and persistent's speed over it).
 
         python -m benchmarks.gluon_fwd_persistent OUT.json
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     import torch
 
     from instrumentation.recording.environment import environment
-    from instrumentation.recording.timing import time_ms
+    from benchmarks.rotated import medians, time_rotated
     from kernels import flash_attention
 
     args = sys.argv[1:] if argv is None else argv
@@ -104,11 +104,7 @@ def main(argv=None) -> int:
         want, want_lse = calls["natural"]()
         same = {name: bool(torch.equal(o, want) and torch.equal(lse, want_lse))
                 for name, (o, lse) in ((name, call()) for name, call in calls.items())}
-        times = {name: [] for name in calls}
-        for _ in range(3):
-            for name, call in calls.items():
-                times[name].append(time_ms(call))
-        ms = {name: sorted(t)[1] for name, t in times.items()}
+        ms = medians(time_rotated(calls, 3))
         rec = dict(case=f"B{b} H{h}/{h_kv} N{n} D{d} {mask}", bit_identical=same, ms=ms,
                    persistent_speed_over={name: t / ms["persistent"] for name, t in ms.items()})
         records.append(rec)

@@ -1,7 +1,7 @@
 """The Gluon FP8 kernel's K / V ring depth on Hopper: the persistent kernel (the default at D 128)
 at 2 stages (the default), 3 and 4, and the kernel of one program per item at 2 and 3, each case's
-outputs checked bit for bit against the default first, then all timed in turn
-(instrumentation.recording.timing.time_ms, x 3, the middle of each three). A deeper ring lets a
+outputs checked bit for bit against the default first, then all timed in three
+rounds, the order rotated each round (benchmarks.rotated), the median of each. A deeper ring lets a
 persistent program's producer run further ahead into its next item.
 
     python scripts/fp8_ring_depth_probe.py OUT.json
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     import torch
 
     from instrumentation.recording.environment import environment
-    from instrumentation.recording.timing import time_ms
+    from benchmarks.rotated import medians, time_rotated
     from kernels.fp8_quant import quantize_fp8
 
     args = sys.argv[1:] if argv is None else argv
@@ -63,11 +63,7 @@ def main(argv=None) -> int:
         calls = {name: _call(x, mask, options) for name, options in VARIANTS.items()}
         want = tuple(t.clone() for t in calls["s2"]())
         same = {name: all(torch.equal(a, b_) for a, b_ in zip(call(), want)) for name, call in calls.items()}
-        times = {name: [] for name in calls}
-        for _ in range(3):
-            for name, call in calls.items():
-                times[name].append(time_ms(call))
-        ms = {name: sorted(t)[1] for name, t in times.items()}
+        ms = medians(time_rotated(calls, 3))
         rec = dict(case=f"B{b} H{h}/{h_kv} N{n} D128 {mask}", same=same, ms=ms,
                    speed_over_s2={name: ms["s2"] / t for name, t in ms.items()})
         records.append(rec)
