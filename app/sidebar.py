@@ -252,7 +252,9 @@ def _problem_controls() -> None:
                          "heads (GQA), H_kv = 1 is MQA")
     st.selectbox("Schedule", SCHEDULES, key="ctl_schedule",
                  help="natural: programs in launch order; longest_first: query blocks with "
-                      "most tiles first; persistent: one program per SM pulls work items")
+                      "most tiles first; persistent: one program per SM (the Triton kernel's pull "
+                      "the next work item from a counter; on Hopper's Gluon kernel each walks its "
+                      "own list, dealt longest first to the least loaded program)")
 
 
 def recording_settings_text(v: dict) -> str:

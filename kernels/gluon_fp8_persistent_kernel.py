@@ -24,8 +24,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_fp8_kernel import _consumer, _producer, sum_ones
-from .gluon_fwd_kernel import (ROWS, _globaltimer, kv_ring_barriers, record_work_end, trace_pointers, two_items_q,
-                               work_item)
+from .gluon_fwd_kernel import (ROWS, _globaltimer, kv_ring, kv_ring_barriers, record_work_end, trace_pointers,
+                               two_items_q, work_item)
 
 
 @gluon.jit
@@ -150,10 +150,8 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
     span; TRACE_TILES (with the work records): each traced head's tiles and its traced query
     blocks' rows. The other arguments as kernels.gluon_fp8_kernel.attn_fwd_fp8_gluon_kernel's."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     q_smem, q_bars, q_empty = two_items_q(q_desc)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_DIM, BLOCK_N], v_desc.layout)
+    k_smem, v_smem = kv_ring(k_desc, v_desc, STAGES)
     _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())     # (each item arrives; unread)
     mbarrier.init(done, count=2)

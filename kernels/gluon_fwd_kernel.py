@@ -87,6 +87,17 @@ def kv_ring_barriers(STAGES: gl.constexpr):
 
 
 @gluon.jit
+def kv_ring(k_desc, v_desc, STAGES: gl.constexpr):
+    """The K / V ring's buffers in shared memory: STAGES blocks of each descriptor's (K's, and V's
+    or the FP8 kernel's V^T's), in its layout."""
+    K_BLOCK: gl.constexpr = k_desc.block_type.shape
+    V_BLOCK: gl.constexpr = v_desc.block_type.shape
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, K_BLOCK[0], K_BLOCK[1]], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, V_BLOCK[0], V_BLOCK[1]], v_desc.layout)
+    return k_smem, v_smem
+
+
+@gluon.jit
 def two_items_q(q_desc):
     """Shared memory for two work items' Q halves (4, ROWS, HEAD_DIM), with each item's loaded
     barrier (q_bars, the producer's TMA) and freed barrier (q_empty, both consumers), initialised:
@@ -356,7 +367,6 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
     instrumentation.record's buffers (kernels.trace_buffers, as the Triton kernel writes them; None
     untraced): TRACE_WORK the item's SM and globaltimer span, TRACE_TILES each traced head's tiles
     and its traced query blocks' rows."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     if TRACE_WORK:
         t_start = _globaltimer()
@@ -375,8 +385,7 @@ def attn_fwd_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row_hi, full_c
         kv_col = 0
     n_full, first_full, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_smem, v_smem = kv_ring(k_desc, v_desc, STAGES)
     q_bar, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     consumer_args = (O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi,
                      q_row, row0, n_tiles, n_full, first_full, part_list, N_Q, qk_scale)

@@ -19,8 +19,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from .gluon_fwd_kernel import (_consumer, _globaltimer, _producer, block_lists, kv_ring_barriers, record_work_end,
-                               trace_pointers, two_items_q, work_item)
+from .gluon_fwd_kernel import (_consumer, _globaltimer, _producer, block_lists, kv_ring, kv_ring_barriers,
+                               record_work_end, trace_pointers, two_items_q, work_item)
 
 
 @gluon.jit
@@ -140,11 +140,8 @@ def attn_fwd_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row
     item once over all programs) in turn. TRACE_WORK: each item's program, SM and globaltimer span;
     TRACE_TILES (with the work records): each traced head's tiles and its traced query blocks' rows.
     The other arguments as kernels.gluon_fwd_kernel.attn_fwd_gluon_kernel's (contiguous q, k, v)."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     q_smem, q_bars, q_empty = two_items_q(q_desc)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_smem, v_smem = kv_ring(k_desc, v_desc, STAGES)
     _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     lists = (items, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb)
     # the trace buffers a form reads (a partition takes no None: H stands in, unread)
