@@ -7,7 +7,9 @@
 # (benchmarks.overhead --parts launch); 5. the forward on transformers' (B, N, H, D) inputs
 # (gluon_fwd_probe.py --tokens); 6. a transformers Llama through it, eager and compiled (benchmarks.hf_llama
 # --compile); 7. what tracing costs it, three repeats (benchmarks.overhead --parts trace); 8. the persistent
-# forward probe against the product kernel (gluon_fwd_probe.py --persistent); 9 (only when named): the
+# forward kernels: bf16 schedule="persistent" beside cuDNN (gluon_fwd_probe.py --persistent), against the
+# product's schedules and other deals (benchmarks.gluon_fwd_persistent), and the FP8 one against a program
+# per item (benchmarks.gluon_fp8_persistent); 9 (only when named): the
 # bundled forward recordings re-recorded (instrumentation.regenerate --only traces), tarred in 15 MiB parts
 # ($OUT/regen.tgz.part-*: files come back 8 at most, 16 MiB each); 10 (only when named): the backward
 # benchmark (benchmarks.attention --backward) and its host time with and without the Gluon passes
@@ -23,10 +25,12 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
   if [[ " $STEPS " == *" 1 "* ]]; then
     echo "== 1. GPU tests of the Gluon kernels ($(date -u +%T))"
     timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/kernels/test_gluon_forward.py tests/kernels/test_gluon_backward.py \
-      tests/kernels/test_gluon_fp8.py tests/kernels/test_backward_finite_rows.py tests/kernels/test_direct_launch.py \
+      tests/kernels/test_gluon_fp8.py tests/kernels/test_gluon_fp8_persistent.py tests/kernels/test_gluon_fwd_persistent.py \
+      tests/kernels/test_backward_finite_rows.py tests/kernels/test_direct_launch.py \
       -q -n 8 -p no:cacheprovider \
       --tb=short -rf 2>&1 | tail -15
     timeout ${TEST_S:-240} python3 -m pytest -m gpu tests/benchmarks/test_gluon_fwd_persistent.py \
+      tests/benchmarks/test_gluon_fp8_persistent.py \
       tests/benchmarks/test_backward_bench.py -k "gluon" -q -n 8 -p no:cacheprovider --tb=short -rf 2>&1 | tail -15
   fi
   if [[ " $STEPS " == *" 2 "* ]]; then
@@ -58,9 +62,12 @@ SLUG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' '
       2>&1 | grep -v '^ *$' | tail -8
   fi
   if [[ " $STEPS " == *" 8 "* ]]; then
-    echo "== 8. the persistent forward probe ($(date -u +%T))"
+    echo "== 8. the persistent forward kernels ($(date -u +%T))"
     timeout ${FWD_S:-300} python3 scripts/gluon_fwd_probe.py "$OUT/gluon-fwd-persistent-$SLUG.json" --rounds 3 \
       --persistent 2>&1 | tail -14
+    timeout ${FWD_S:-300} python3 -m benchmarks.gluon_fwd_persistent "$OUT/gluon-fwd-persistent-schedule-$SLUG.json" \
+      2>&1 | tail -3
+    timeout ${FWD_S:-300} python3 -m benchmarks.gluon_fp8_persistent "$OUT/gluon-fp8-persistent-$SLUG.json" 2>&1 | tail -3
   fi
   if [[ " $STEPS " == *" 9 "* ]]; then
     echo "== 9. the bundled recordings, re-recorded ($(date -u +%T))"
