@@ -6,7 +6,6 @@ record() traces it with each item's program, SM and span, the programs' lists as
 them. Against float64 for every mask: tests/kernels/test_gluon_fp8.py (its D 80 and 128 cases run
 this kernel)."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,6 +15,7 @@ from kernels.gluon_launch import gluon_available
 from kernels.masks import MASKS
 
 from .test_fp8 import FA3_PER_TENSOR_RMSE, rmse
+from .test_gluon_fwd_persistent import check_persistent_trace
 
 
 @pytest.fixture
@@ -80,28 +80,10 @@ def test_gpu_record_traces_the_persistent_kernel(gluon_gpu):
     output the untraced call's bit for bit and the traced heads' tiles exactly the plan's."""
     from instrumentation import record
     from kernels.gluon_fp8_launch import ITEM_COST, PERSISTENT_HEADS
-    from kernels.masks import parse_mask
-    from kernels.plan import block_plan, program_lists
-    from kernels.runtime import device_facts
 
     q, k, v = _inputs(2, 16, 16, 1024, 1024, seed=21)
     out, trace = record(q, k, v, mask="causal", precision="fp8", level="full", trace_head=[0, 17],
                         trace_q_blocks="all", measure=False)
     assert torch.equal(out, flash_attention_fp8(q, k, v, "causal"))
-    programs = min(device_facts(q.device).sm_count, 256)
-    assert trace.meta["schedule"] == "persistent" and trace.meta["kernel"]["programs"] == programs
     assert "longest first" in trace.meta["kernel"]["work_order"]
-    w = trace.work.assign(item=lambda d: d.bh * 8 + d.q_block)
-    assert len(w) == 256 and (w.t_end > w.t_start).all() and set(w.program) <= set(range(programs))
-    assert sorted(w.order) == list(range(256))
-    assert (np.argsort(w.order.to_numpy()) == np.lexsort((w.program.to_numpy(), w.t_start.to_numpy()))).all()
-    plan = block_plan(parse_mask("causal", 1024, 1024), 1024, 128, 128, q.device, 1024)
-    dealt = program_lists(np.tile(plan.tiles_per_q_block, 32).tolist(), programs, ITEM_COST, PERSISTENT_HEADS * 8)
-    for p, items in w.sort_values("t_start").groupby("program"):
-        assert items.item.tolist() == dealt[p]
-        assert items.sm.nunique() == 1
-        assert (items.t_start.to_numpy()[1:] >= items.t_end.to_numpy()[:-1]).all()
-    for (bh, qb), tiles in trace.tiles.groupby(["bh", "q_block"]):
-        seen = tiles[tiles.visited]
-        assert set(seen.k_block) == set(tiles[tiles.status != "skipped"].k_block), (bh, qb)
-        assert sorted(seen.order) == list(range(len(seen))), (bh, qb)
+    check_persistent_trace(trace, ITEM_COST, PERSISTENT_HEADS)

@@ -80,23 +80,33 @@ def test_gpu_record_traces_the_persistent_kernel(gluon_gpu):
     for bit and the traced heads' tiles exactly the plan's in visit order."""
     from instrumentation import record
     from kernels.gluon_launch import ITEM_COST, PERSISTENT_HEADS
-    from kernels.masks import parse_mask
-    from kernels.plan import block_plan, program_lists
-    from kernels.runtime import device_facts
 
     q, k, v = inputs(2, 16, 16, 1024, 1024, 128, torch.bfloat16, seed=6)
     out, trace = record(q, k, v, mask="causal", schedule="persistent", level="full", trace_head=[0, 17],
                         trace_q_blocks="all", measure=False)
     assert trace.meta["kernel"]["implementation"] == "gluon" and trace.meta["schedule"] == "persistent"
     assert torch.equal(out, flash_attention(q, k, v, mask="causal"))
-    programs = min(device_facts(q.device).sm_count, 256)
-    assert trace.meta["kernel"]["programs"] == programs
+    check_persistent_trace(trace, ITEM_COST, PERSISTENT_HEADS)
+
+
+def check_persistent_trace(trace, item_cost: float, heads_per_group: int) -> None:
+    """A causal N 1024 recording (8 query blocks of 128) of a persistent Gluon kernel: every item
+    once, on programs 0 .. programs - 1, each program's items in the order the host dealt them
+    (kernels.plan.program_lists), on one SM, one after another in time; the order column the items'
+    start order; the traced heads' tiles exactly the plan's in visit order."""
+    from kernels.masks import parse_mask
+    from kernels.plan import block_plan, program_lists
+
     w = trace.work.assign(item=lambda d: d.bh * 8 + d.q_block)
-    assert len(w) == 256 and (w.t_end > w.t_start).all() and set(w.program) <= set(range(programs))
-    assert sorted(w.order) == list(range(256))
+    n_items = len(w)
+    programs = trace.meta["kernel"]["programs"]
+    assert trace.meta["schedule"] == "persistent" and programs == min(trace.meta["sm_count"], n_items)
+    assert (w.t_end > w.t_start).all() and set(w.program) <= set(range(programs))
+    assert sorted(w.item) == list(range(n_items)) and sorted(w.order) == list(range(n_items))
     assert (np.argsort(w.order.to_numpy()) == np.lexsort((w.program.to_numpy(), w.t_start.to_numpy()))).all()
-    plan = block_plan(parse_mask("causal", 1024, 1024), 1024, 128, 128, q.device, 1024)
-    dealt = program_lists(np.tile(plan.tiles_per_q_block, 32).tolist(), programs, ITEM_COST, PERSISTENT_HEADS * 8)
+    plan = block_plan(parse_mask("causal", 1024, 1024), 1024, 128, 128, "cpu", 1024)
+    dealt = program_lists(np.tile(plan.tiles_per_q_block, n_items // 8).tolist(), programs, item_cost,
+                          heads_per_group * 8)
     for p, items in w.sort_values("t_start").groupby("program"):
         assert items.item.tolist() == dealt[p]
         assert items.sm.nunique() == 1
