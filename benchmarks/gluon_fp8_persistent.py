@@ -1,9 +1,11 @@
 """The persistent Gluon FP8 forward (kernels.gluon_fp8_persistent_kernel, what a default call runs
 at a padded D of 128 on Hopper) against the kernel of one program per work item
-(kernels.gluon_fp8_kernel, persistent=False), and the persistent kernel's deal of work items to its
-programs: longest first to the least loaded program by 4 (the default, PERSISTENT_HEADS), 8, 16 or
-all heads at a time, or in natural order (program p takes items p, p + G, ...). Every variant is
-checked bit for bit against the default first, then all are timed in turn:
+(kernels.gluon_fp8_kernel, persistent=False), the persistent kernel's deal of work items to its
+programs (longest first to the least loaded program by 4 heads at a time, the default
+PERSISTENT_HEADS, or by 8, 16 or all heads, or in natural order: program p takes items p, p + G,
+...), and the K / V ring's depth (2 stages, the default, or 3 and 4: a deeper ring lets a
+persistent program's producer run further ahead into its next item). Every variant is checked bit
+for bit against the default first, then all are timed:
 
     python -m benchmarks.gluon_fp8_persistent OUT.json
 """
@@ -16,28 +18,31 @@ import sys
 
 import torch
 
-# the variants beside the default: attention_fp8_gluon's (persistent, heads_per_group), or "natural"
-VARIANTS = {"one program per item": (False, None), "lpt by 8 heads": (True, 8), "lpt by 16 heads": (True, 16),
-            "lpt by all heads": (True, None), "natural order": (True, "natural")}
+# the variants beside the default: GluonFp8Plan.build's options, or order "natural" (the persistent
+# kernel with program p taking items p, p + G, ...)
+VARIANTS = {"one program per item": dict(persistent=False), "lpt by 8 heads": dict(heads_per_group=8),
+            "lpt by 16 heads": dict(heads_per_group=16), "lpt by all heads": dict(heads_per_group=None),
+            "natural order": dict(order="natural"), "3 stages": dict(stages=3), "4 stages": dict(stages=4),
+            "3 stages, one program per item": dict(stages=3, persistent=False)}
 
 
-def variant_call(x, mask: str, persistent: bool, heads_per_group):
+def variant_call(x, mask: str, options: dict):
     """A function of no arguments that launches the Gluon FP8 kernel on x (inputs quantised for it)
-    as the variant says and returns (O, lse), its plan built once (timing it times the GPU)."""
+    with options (a VARIANTS value) and returns (O, lse), its plan built once (timing it times the
+    GPU)."""
     from kernels.gluon_fp8_launch import GluonFp8Plan
     from kernels.launch import LOG2E
     from kernels.masks import parse_mask
     from kernels.shapes import softmax_scale
 
     b, h, n_q, d = x.shape
-    if heads_per_group == "natural":        # program p takes items p, p + G, ...: one group, each in turn
-        fp = GluonFp8Plan.build(x, parse_mask(mask, n_q, x.n_k), persistent=True)
+    options = dict(options)
+    natural = options.pop("order", None) == "natural"
+    fp = GluonFp8Plan.build(x, parse_mask(mask, n_q, x.n_k), **options)
+    if natural:         # program p takes items p, p + G, ...: one group, each in turn
         items, starts = fp.plan.program_work(b * h, fp.grid[0], "natural", 0.0)
         at = fp.direct.kernel.arg_names.index
         fp.args[at("items")], fp.args[at("starts")] = items, starts
-    else:
-        fp = GluonFp8Plan.build(x, parse_mask(mask, n_q, x.n_k), persistent=persistent,
-                                heads_per_group=heads_per_group)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
     scale = softmax_scale(None, d) * LOG2E
@@ -51,6 +56,8 @@ def variant_call(x, mask: str, persistent: bool, heads_per_group):
 CASES = ((4, 16, 16, 4096, "full"), (4, 16, 16, 8192, "full"), (4, 16, 16, 16384, "full"),
          (4, 16, 16, 4096, "causal"), (4, 16, 16, 8192, "causal"), (4, 16, 16, 16384, "causal"),
          (2, 32, 8, 8192, "causal"))
+
+
 def main(argv=None) -> int:
     """Each case: every variant checked bit for bit against the default call (kernels.fp8.attention_fp8
     on the same quantised inputs), then all timed in three rounds, the order rotated each round
@@ -76,7 +83,7 @@ def main(argv=None) -> int:
             return 2
         want, want_lse = attention_fp8(x, mask, return_lse=True)
         calls = {"product": lambda: attention_fp8(x, mask)}
-        calls.update({name: variant_call(x, mask, *options) for name, options in VARIANTS.items()})
+        calls.update({name: variant_call(x, mask, options) for name, options in VARIANTS.items()})
         same = all(torch.equal(o, want) and torch.equal(lse, want_lse)
                    for o, lse in (calls[name]() for name in VARIANTS))
         ms = medians(time_rotated(calls, 3))

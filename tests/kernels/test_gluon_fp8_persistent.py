@@ -56,7 +56,7 @@ def test_gpu_it_equals_a_program_per_item_bit_for_bit(kind, gluon_gpu):
             o, s = attention_fp8_gluon(x, mask, return_lse=True, persistent=True, programs=programs,
                                        heads_per_group=group)
             assert torch.equal(o, want) and torch.equal(s, want_lse), (kind, n_q, n_k, programs, group)
-        o, s = variant_call(x, mask, True, "natural")()
+        o, s = variant_call(x, mask, dict(order="natural"))()
         assert torch.equal(o, want) and torch.equal(s, want_lse), (kind, n_q, n_k, "natural")
     assert rmse(out, q, k, v, mask) < FA3_PER_TENSOR_RMSE
 
