@@ -185,8 +185,7 @@ class GluonFp8Plan:
         head_slot, slots = checked_trace(trace, b * h, self.plan)
         args[at_trace:at_trace + 6] = ((trace.work, trace.tiles, trace.rows, trace.row_slot, head_slot, slots)
                                        if trace.trace_tiles else (trace.work, None, None, None, None, 0))
-        # (the persistent kernel writes work records wherever it writes tiles)
-        args[at_flags:at_flags + 2] = trace.trace_work or (self.persistent and trace.trace_tiles), trace.trace_tiles
+        args[at_flags:at_flags + 2] = trace.trace_work, trace.trace_tiles
         kernel[grid](*args, num_warps=4)
 
 

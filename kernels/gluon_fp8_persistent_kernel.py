@@ -24,8 +24,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_fp8_kernel import _consumer, _producer, sum_ones
-from .gluon_fwd_kernel import (ROWS, _globaltimer, kv_ring, kv_ring_barriers, record_work_end, trace_pointers,
-                               two_items_q, work_item)
+from .gluon_fwd_kernel import (ROWS, _globaltimer, kv_ring, kv_ring_barriers, persistent_trace_buffers, record_work_end,
+                               trace_pointers, two_items_q, work_item)
 
 
 @gluon.jit
@@ -157,13 +157,8 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
     mbarrier.init(done, count=2)
     ones = sum_ones(BLOCK_N, MMA_SUM)
     lists = (full_cnt, full_start, part_cnt, part_idx, items, starts, H, GROUP)
-    # the trace buffers a form reads (a partition takes no None: H stands in, unread)
-    if TRACE_TILES:
-        traced = (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots)
-    elif TRACE_WORK:
-        traced = (tr_work, H, H, H, H, H)
-    else:
-        traced = (H, H, H, H, H, H)
+    traced = persistent_trace_buffers(tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots, H, TRACE_WORK,
+                                      TRACE_TILES)
     consumers = (O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready, v_ready,
                  k_empty, v_empty, row_lo, row_hi) + lists + (N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG,
                                                               SERIAL) + traced

@@ -199,6 +199,21 @@ def record_work_end(tr_work, work):
 
 
 @gluon.jit
+def persistent_trace_buffers(tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots, stand_in,
+                             TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
+    """The trace buffers a persistent kernel's consumers take (kernels.gluon_fp8_persistent_kernel,
+    kernels.gluon_fwd_persistent_kernel): those its form reads, stand_in (an unread scalar) for the
+    others, as a partition takes no None."""
+    if TRACE_TILES:
+        buffers = (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots)
+    elif TRACE_WORK:
+        buffers = (tr_work, stand_in, stand_in, stand_in, stand_in, stand_in)
+    else:
+        buffers = (stand_in, stand_in, stand_in, stand_in, stand_in, stand_in)
+    return buffers
+
+
+@gluon.jit
 def trace_pointers(tr_tiles, tr_rows, row_slot, head_slot, trace_slots, bh, q_block, n_qb, n_kb):
     """A work item's place in instrumentation.record's buffers (kernels.trace_buffers, as the
     Triton kernels lay them out): (its tiles, its rows, n_kb, whether its head's tiles are traced,

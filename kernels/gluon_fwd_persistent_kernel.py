@@ -20,7 +20,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_fwd_kernel import (_consumer, _globaltimer, _producer, block_lists, kv_ring, kv_ring_barriers,
-                               record_work_end, trace_pointers, two_items_q, work_item)
+                               persistent_trace_buffers, record_work_end, trace_pointers, two_items_q, work_item)
 
 
 @gluon.jit
@@ -144,13 +144,8 @@ def attn_fwd_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, row_lo, row
     k_smem, v_smem = kv_ring(k_desc, v_desc, STAGES)
     _, k_ready, v_ready, k_empty, v_empty = kv_ring_barriers(STAGES)
     lists = (items, starts, full_cnt, full_start, part_cnt, part_idx, H, GROUP, N_Q, N_K, n_qb, n_kb)
-    # the trace buffers a form reads (a partition takes no None: H stands in, unread)
-    if TRACE_TILES:
-        traced = (tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots)
-    elif TRACE_WORK:
-        traced = (tr_work, H, H, H, H, H)
-    else:
-        traced = (H, H, H, H, H, H)
+    traced = persistent_trace_buffers(tr_work, tr_tiles, tr_rows, row_slot, head_slot, trace_slots, H, TRACE_WORK,
+                                      TRACE_TILES)
     consumers = (O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty, v_empty, row_lo,
                  row_hi) + lists + (qk_scale, ) + traced
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty,
