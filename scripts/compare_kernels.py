@@ -1,6 +1,6 @@
 """This tree's kernels against an earlier copy, on a GPU, in one process (scripts/kernels_gpu_run.sh step 2).
 
-    python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec,fp8[,host]
+    python scripts/compare_kernels.py OLD_TREE NEW_TREE OUT.json fwd,bwd,dec,fp8[,host][,persistent]
 
 OLD_TREE / NEW_TREE: folders holding a kernels/ package (e.g. `git archive <commit> kernels | tar -x -C
 .old && echo <commit> > .old/COMMIT`); the old one is imported as `kernels_old`. The result's meta
@@ -8,7 +8,8 @@ names the commits: OLD_COMMIT or OLD_TREE/COMMIT, NEW_COMMIT or TILESCOPE_COMMIT
 medians in the order (old, new, new, old) x 3, the outputs compared bit for bit (forward O; backward dQ, dK, dV; decode O; FP8: the attention kernel
 alone, on inputs each tree's quantise pass made), and at the end the
 compiled PTX of every kernel, instructions only (parameters, line info and register numbers aside).
-host (only when named): host microseconds per flash_attention_backward call (B1 H8 N1024, where the host
+persistent (only when named): the bf16 forward at schedule="persistent" (on Hopper the persistent Gluon
+kernel), the cases of PERSISTENT. host (only when named): host microseconds per flash_attention_backward call (B1 H8 N1024, where the host
 time is the call), the median of 200 unsynchronised calls, in the order (old, new, new, old) x 5."""
 import importlib
 import json
@@ -50,6 +51,10 @@ FWD = [  # B, H, H_kv, N, D, mask, schedule
     (4, 16, 16, 8192, 128, "causal", "persistent"), (4, 16, 16, 4096, 64, "full", "persistent"),
     (4, 16, 16, 16384, 128, "causal", "natural"), (2, 16, 16, 4096, 128, "sliding_window:1024", "natural"),
 ]
+PERSISTENT = [(b, h, hkv, n, d, mask, "persistent") for b, h, hkv, n, d, mask in (
+    (4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16, 16, 4096, 128, "causal"),
+    (4, 16, 16, 8192, 128, "causal"), (4, 16, 16, 16384, 128, "causal"), (2, 32, 8, 8192, 128, "causal"),
+    (4, 16, 16, 8192, 64, "causal"))]
 BWD = [(4, 16, 16, 4096, 128, "full"), (4, 16, 16, 4096, 128, "causal"), (4, 16, 16, 8192, 64, "causal"),
        (2, 32, 8, 8192, 128, "causal"), (2, 16, 16, 4096, 256, "causal"), (4, 16, 16, 4096, 80, "causal")]
 FP8 = [  # B, H, H_kv, N, D, mask
@@ -103,8 +108,8 @@ if "host" in parts:     # benchmarks.overhead's timing: 20 warm-up calls, then t
         rows.append(r)
         print(f"host {r['case']}: old {r['old_us']:.1f} new {r['new_us']:.1f} us per call  new/old "
               f"{r['host_new_over_old']:.3f}  bit-identical {r['bit_identical']}", flush=True)
-if "fwd" in parts:
-    for b, h, hkv, n, d, mask, sched in FWD:
+if "fwd" in parts or "persistent" in parts:
+    for b, h, hkv, n, d, mask, sched in (FWD if "fwd" in parts else []) + (PERSISTENT if "persistent" in parts else []):
         g.manual_seed(n + d + h)
         q = torch.randn(b, h, n, d, generator=g, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, hkv, n, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
