@@ -35,8 +35,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows,
-                               item_lists, kv_ring, kv_ring_barriers, list_block, record_work_end, row_records, tma_load, trace_pointers,
+from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows, kv_ring,
+                               kv_ring_barriers, list_block, record_work_end, row_records, tma_load, trace_pointers,
                                wgmma_layout, work_item)
 
 LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
@@ -270,8 +270,8 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
 
 @gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, lists, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace,
-              WG: gl.constexpr, TRACED: gl.constexpr, q_slot=0,
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q,
+              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr, q_slot=0,
               q_phase=0, ring0=0, GATE_FIRST: gl.constexpr = True):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE, and an
     arrival on done (what a work-traced producer waits for). q_scale: the item's Q scale's address;
@@ -287,7 +287,7 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
     o_layout: gl.constexpr = wgmma_layout(HEAD_DIM, 32)
     o_vec: gl.constexpr = gl.SliceLayout(1, o_layout)
     rows, lo, hi, col0, m_i, l_i, acc, zero_s = consumer_rows(row_lo, row_hi, row0, N_Q, s_layout, o_layout, WG)
-    n_full, full_start, n_tiles, part_list = item_lists(lists)
+    n_full, full_start, n_tiles, part_list = block_lists(q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     MMA_SUM: gl.constexpr = ones.shape[0] == SUM_COLS       # (the kernel's MMA_SUM, as ones' shape tells it)
     zero_l = gl.zeros([ROWS, SUM_COLS], gl.float32, wgmma_layout(SUM_COLS, 32))     # P 1's (MMA_SUM)
     if MMA_SUM:
@@ -389,8 +389,8 @@ def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, 
                v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
                qk_scale, done, RELABEL, PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb), N_Q,
-              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
 
 
 @gluon.jit
@@ -398,8 +398,8 @@ def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, 
                v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
                qk_scale, done, RELABEL, PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb), N_Q,
-              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
 
 
 @gluon.jit
@@ -408,8 +408,8 @@ def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem,
                       part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, tr_n_kb,
                       tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb), N_Q,
-              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 0, True)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 0, True)
 
 
 @gluon.jit
@@ -418,8 +418,8 @@ def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem,
                       part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, tr_n_kb,
                       tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
-              v_empty, row_lo, row_hi, o_row, row0, (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb), N_Q,
-              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 1, True)
+              v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])

@@ -24,8 +24,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .gluon_fp8_kernel import _consumer, _producer, sum_ones
-from .gluon_fwd_kernel import (ROWS, _globaltimer, block_lists, kv_ring, kv_ring_barriers, persistent_trace_buffers,
-                               record_work_end, trace_pointers, two_items_q, work_item)
+from .gluon_fwd_kernel import (ROWS, _globaltimer, kv_ring, kv_ring_barriers, persistent_trace_buffers, record_work_end,
+                               trace_pointers, two_items_q, work_item)
 
 
 @gluon.jit
@@ -59,17 +59,8 @@ def _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, o
     ring = 0
     it = 0
     pid = gl.program_id(0)
-    first = gl.load(starts + pid)
-    end = gl.load(starts + pid + 1)
-    # the item metadata a step ahead, so that no item starts on a round trip to memory: the next
-    # item's key-block lists are loaded while this one runs, the item after it's number too (a
-    # program holds at least one item; the loads past its last repeat its last)
-    w = gl.load(items + first)
-    lists = block_lists(w % n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    w_next = gl.load(items + gl.minimum(first + 1, end - 1))
-    for i in range(first, end):
-        lists_next = block_lists(w_next % n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
-        w_after = gl.load(items + gl.minimum(i + 2, end - 1))
+    for i in range(gl.load(starts + pid), gl.load(starts + pid + 1)):
+        w = gl.load(items + i)
         bh, q_block, kv_bh, row0 = work_item(w, H, GROUP, n_qb)
         qb = it % 2
         if TRACE_WORK and WG == 0:
@@ -82,15 +73,12 @@ def _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, o
             trace = (0, 0, 0, 0, 0)
         ring += _consumer(O, LSE, q_scale + w, k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem, v_smem,
                           ones, q_bars.index(qb), k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0,
-                          row0, lists, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace, WG, TRACE_TILES, 2 * qb,
-                          (it // 2) & 1, ring, False)
+                          row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D, qk_scale, done,
+                          RELABEL, PINGPONG, SERIAL, trace, WG, TRACE_TILES, 2 * qb, (it // 2) & 1, ring, False)
         mbarrier.arrive(q_empty.index(qb), count=1)
         if TRACE_WORK and WG == 0:
             record_work_end(tr_work, w)
         it += 1
-        w = w_next
-        lists = lists_next
-        w_next = w_after
 
 
 # the six consumers: a partition's constexprs are fixed here (warp_specialize passes values only)

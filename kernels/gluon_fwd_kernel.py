@@ -69,18 +69,6 @@ def block_lists(blk, full_cnt, full_start, part_cnt, part_idx, n_other):
 
 
 @gluon.jit
-def item_lists(lists):
-    """A work item's (full blocks, the first of them, all its tiles, its partial-block list): lists
-    as they are where they were loaded ahead (a persistent consumer's next item's, 4 values), else
-    loaded here from the block plan's (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)."""
-    if len(lists) == 6:
-        loaded = block_lists(lists[0], lists[1], lists[2], lists[3], lists[4], lists[5])
-    else:
-        loaded = lists
-    return loaded
-
-
-@gluon.jit
 def kv_ring_barriers(STAGES: gl.constexpr):
     """The barriers of a producer and two consumers around Q and a K / V ring: (Q loaded, K and V
     ready per stage, K and V empty per stage, each released by both consumers), initialised."""

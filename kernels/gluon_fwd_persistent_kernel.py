@@ -61,19 +61,9 @@ def _items_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_
     ring = 0
     it = 0
     pid = gl.program_id(0)
-    first = gl.load(starts + pid)
-    end = gl.load(starts + pid + 1)
-    # the item metadata a step ahead (as kernels.gluon_fp8_persistent_kernel's consumers): the next
-    # item's lists load while this one runs, the item after it's number too
-    w = gl.load(items + first)
-    lists = block_lists(w % n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
-    w_next = gl.load(items + gl.minimum(first + 1, end - 1))
-    for i in range(first, end):
-        lists_next = block_lists(w_next % n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
-        w_after = gl.load(items + gl.minimum(i + 2, end - 1))
-        bh, q_block, _, row0 = work_item(w, H, GROUP, n_qb)
-        q_row = bh * N_Q + row0
-        n_full, first_full, n_tiles, part_list = lists
+    for i in range(gl.load(starts + pid), gl.load(starts + pid + 1)):
+        w, bh, q_block, q_row, row0, kv_row, n_full, first_full, n_tiles, part_list = _item(
+            items, i, H, GROUP, N_Q, N_K, n_qb, full_cnt, full_start, part_cnt, part_idx, n_kb)
         qb = it % 2
         if TRACE_WORK and WG == 0:
             rec = tr_work + w.to(gl.int64) * 5
@@ -92,9 +82,6 @@ def _items_consumer(O, LSE, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_
             record_work_end(tr_work, w)
         ring += n_tiles
         it += 1
-        w = w_next
-        lists = lists_next
-        w_next = w_after
 
 
 # the five consumers: a partition's constexprs are fixed here (warp_specialize passes values only)
