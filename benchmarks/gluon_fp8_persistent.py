@@ -4,10 +4,11 @@ at a padded D of 128 on Hopper) against the kernel of one program per work item
 programs (longest first to the least loaded program by 4 heads at a time, the default
 PERSISTENT_HEADS, or by 8, 16 or all heads, or in natural order: program p takes items p, p + G,
 ...), and the K / V ring's depth (2 stages, the default, or 3 and 4: a deeper ring lets a
-persistent program's producer run further ahead into its next item). Every variant is checked bit
-for bit against the default first, then all are timed:
+persistent program's producer run further ahead into its next item). At a padded D of 256, where a
+default call runs a program per item, the persistent kernel is the variant, its items dealt by 2, 4
+or 8 heads. Every variant is checked bit for bit against the default first, then all are timed:
 
-    python -m benchmarks.gluon_fp8_persistent OUT.json
+    python -m benchmarks.gluon_fp8_persistent OUT.json [--head-dim 128|256]   # (default: both)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ VARIANTS = {"one program per item": dict(persistent=False), "lpt by 8 heads": di
             "lpt by 16 heads": dict(heads_per_group=16), "lpt by all heads": dict(heads_per_group=None),
             "natural order": dict(order="natural"), "3 stages": dict(stages=3), "4 stages": dict(stages=4),
             "3 stages, one program per item": dict(stages=3, persistent=False)}
+VARIANTS_D256 = {f"persistent by {heads} heads": dict(persistent=True, heads_per_group=heads) for heads in (2, 4, 8)}
 
 
 def variant_call(x, mask: str, options: dict):
@@ -53,9 +55,10 @@ def variant_call(x, mask: str, options: dict):
     return launch
 
 
-CASES = ((4, 16, 16, 4096, "full"), (4, 16, 16, 8192, "full"), (4, 16, 16, 16384, "full"),
-         (4, 16, 16, 4096, "causal"), (4, 16, 16, 8192, "causal"), (4, 16, 16, 16384, "causal"),
-         (2, 32, 8, 8192, "causal"))
+CASES = ((4, 16, 16, 4096, 128, "full"), (4, 16, 16, 8192, 128, "full"), (4, 16, 16, 16384, 128, "full"),
+         (4, 16, 16, 4096, 128, "causal"), (4, 16, 16, 8192, 128, "causal"), (4, 16, 16, 16384, 128, "causal"),
+         (2, 32, 8, 8192, 128, "causal"), (4, 16, 16, 4096, 256, "full"), (4, 16, 16, 8192, 256, "full"),
+         (4, 16, 16, 4096, 256, "causal"), (4, 16, 16, 8192, 256, "causal"))
 
 
 def main(argv=None) -> int:
@@ -68,33 +71,40 @@ def main(argv=None) -> int:
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m benchmarks.gluon_fp8_persistent OUT.json", file=sys.stderr)
-        return 2
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gluon_fp8_persistent",
+                                description="the persistent Gluon FP8 kernel against its variants")
+    p.add_argument("out", help="the result file (JSON)")
+    p.add_argument("--head-dim", type=int, choices=(128, 256), default=None, help="only this padded D's cases")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
     records = []
-    for b, h, h_kv, n, mask in CASES:
+    for b, h, h_kv, n, d, mask in CASES:
+        if args.head_dim not in (None, d):
+            continue
+        variants = VARIANTS if d == 128 else VARIANTS_D256
         g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(b, h, n, 128, device="cuda", dtype=torch.bfloat16, generator=g)          # (B, H, N, D)
-        k, v = (torch.randn(b, h_kv, n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        q = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)          # (B, H, N, D)
+        k, v = (torch.randn(b, h_kv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         x = quantize_fp8(q, k, v, mask=mask)
         if not x.gluon:
             print("the product does not run the Gluon FP8 kernel here (a Hopper GPU with Gluon)", file=sys.stderr)
             return 2
         want, want_lse = attention_fp8(x, mask, return_lse=True)
         calls = {"product": lambda: attention_fp8(x, mask)}
-        calls.update({name: variant_call(x, mask, options) for name, options in VARIANTS.items()})
+        calls.update({name: variant_call(x, mask, options) for name, options in variants.items()})
         same = all(torch.equal(o, want) and torch.equal(lse, want_lse)
-                   for o, lse in (calls[name]() for name in VARIANTS))
+                   for o, lse in (calls[name]() for name in variants))
         ms = medians(time_rotated(calls, 3))
-        rec = dict(case=f"B{b} H{h}/{h_kv} N{n} D128 {mask}", bit_identical=same, product_ms=ms["product"],
+        rec = dict(case=f"B{b} H{h}/{h_kv} N{n} D{d} {mask}", bit_identical=same, product_ms=ms["product"],
                    variants={name: dict(ms=ms[name], product_speed_over_it=ms[name] / ms["product"])
-                             for name in VARIANTS})
+                             for name in variants})
         records.append(rec)
         print(json.dumps(rec), flush=True)
     meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python -m benchmarks.gluon_fp8_persistent OUT.json")
-    with open(args[0], "w") as f:
+                command="python -m benchmarks.gluon_fp8_persistent OUT.json"
+                + (f" --head-dim {args.head_dim}" if args.head_dim else ""))
+    with open(args.out, "w") as f:
         json.dump(dict(meta=meta, records=records), f, indent=1)
     return 0
 

@@ -1,5 +1,5 @@
 """The persistent Gluon FP8 kernel (kernels.gluon_fp8_persistent_kernel, a default call's at a padded
-D of 128 on Hopper): each work item runs the one-program-per-item kernel's partitions' code, so O
+D of 128 on Hopper, on request at 256): each work item runs the one-program-per-item kernel's partitions' code, so O
 and lse equal that kernel's bit for bit, for every mask kind, GQA, N_q != N_k and ragged lengths,
 however the items are dealt (few programs: the K / V ring and both Q buffers wrap many times);
 record() traces it with each item's program, SM and span, the programs' lists as the host dealt
@@ -25,11 +25,11 @@ def gluon_gpu():
         pytest.skip("needs Hopper and Gluon")
 
 
-def _inputs(b, h, h_kv, n_q, n_k, seed):
-    """q (B, H, N_q, 128), k and v (B, H_kv, N_k, 128): bf16 standard normal on the GPU."""
+def _inputs(b, h, h_kv, n_q, n_k, seed, d=128):
+    """q (B, H, N_q, D), k and v (B, H_kv, N_k, D): bf16 standard normal on the GPU."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    return (torch.randn(b, h, n_q, 128, generator=g, device="cuda", dtype=torch.bfloat16),
-            *(torch.randn(b, h_kv, n_k, 128, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
+    return (torch.randn(b, h, n_q, d, generator=g, device="cuda", dtype=torch.bfloat16),
+            *(torch.randn(b, h_kv, n_k, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2)))
 
 
 def _mask(kind: str, n_q: int) -> str:
@@ -62,14 +62,24 @@ def test_gpu_it_equals_a_program_per_item_bit_for_bit(kind, gluon_gpu):
 
 
 @pytest.mark.gpu
-def test_gpu_it_refuses_what_it_does_not_take(gluon_gpu):
-    """D 256 (two Q buffers and its ring do not fit shared memory) is refused in one line."""
+@pytest.mark.parametrize("kind", sorted(MASKS))
+def test_gpu_at_d256_it_equals_a_program_per_item_bit_for_bit(kind, gluon_gpu):
+    """At a padded D of 256 (D 200 and 256: the serial loop, a program per item by default) the
+    persistent kernel runs on request, every mask kind at GQA and N_q != N_k, dealt by 2 heads and
+    by all, at the SM count and at 3 programs: the default's bits."""
     from kernels.gluon_fp8_launch import attention_fp8_gluon
 
-    q = torch.randn(1, 2, 512, 256, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="padded D of 128") as info:
-        attention_fp8_gluon(quantize_fp8(q, q, q, mask="causal"), "causal", persistent=True)
-    assert "\n" not in str(info.value)
+    for d, (b, h, h_kv, n_q, n_k) in ((256, (2, 4, 2, 1000, 1000 if kind == "document" else 1300)),
+                                      (200, (1, 4, 1, 1000, 1000 if kind == "document" else 700))):
+        mask = _mask(kind, n_q)
+        q, k, v = _inputs(b, h, h_kv, n_q, n_k, seed=n_k + d, d=d)
+        x = quantize_fp8(q, k, v, block_m=128, block_n=128, mask=mask, gluon=True)
+        assert x.head_dim_padded == 256
+        want, want_lse = attention_fp8(x, mask, return_lse=True)
+        for programs, group in ((None, 2), (3, None)):
+            o, s = attention_fp8_gluon(x, mask, return_lse=True, persistent=True, programs=programs,
+                                       heads_per_group=group)
+            assert torch.equal(o, want) and torch.equal(s, want_lse), (kind, d, programs, group)
 
 
 @pytest.mark.gpu
