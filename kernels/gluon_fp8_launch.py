@@ -9,12 +9,11 @@ keys, with V^T's each 16 keys stored in kernels.fp8_quant.key_order: Fp8Inputs.k
 only this kernel reads), and attention_fp8 runs it on such inputs, traced or not
 (instrumentation.record sizes its buffers from fp8_config's tiles).
 
-At a padded D of 128 it runs persistent (kernels.gluon_fp8_persistent_kernel: one program per SM,
-each with its list of work items, dealt longest first to the least loaded program PERSISTENT_HEADS
-heads at a time), where it measured 1.00-1.10x the one-program-per-item kernel
-(benchmarks.gluon_fp8_persistent, docs/performance.md). D 256 keeps a program per item by default:
-the persistent kernel runs there too (persistent=True: 192 KiB of shared memory, bit for bit the same
-output) but measured within the machine's spread of it (the same benchmark).
+It runs persistent (kernels.gluon_fp8_persistent_kernel: one program per SM, each with its list of
+work items, dealt longest first to the least loaded program PERSISTENT_HEADS heads at a time), where
+it measured 1.00-1.10x the one-program-per-item kernel at a padded D of 128 and 1.02-1.05x at 256
+(benchmarks.gluon_fp8_persistent, docs/performance.md; at 256 its two Q buffers and ring take 192 KiB
+of shared memory).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ class GluonFp8Tiles(NamedTuple):
 # causal, 1.06x the Triton kernel on full at 4k, P relabelled 1.02-1.04x in key order
 # (gluon-fwd-fp8-named-nvidia-h200.json); its sum by P 1 0.98-1.02x the threads' sum
 GLUON_FP8 = {128: GluonFp8Tiles(128, 2, True, True, False, True, ("causal", "full"), True),
-             256: GluonFp8Tiles(128, 2, False, True, True, False, ("causal", "full"), False)}
+             256: GluonFp8Tiles(128, 2, False, True, True, False, ("causal", "full"), True)}
 MIN_LEN = 128
 # the persistent kernel's deal (gluon-fp8-persistent-nvidia-h200.json, B4 H16 causal, 4 / 8 / 16 heads
 # at a time: 4k 1.10 / 1.09 / 1.10x, 8k 1.04 / 1.05 / 1.02x, 16k 0.99 / 0.98 / 0.97x the kernel of a
@@ -208,7 +207,7 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
             of the e4m3 P that P V weighs) instead of on the consumers' threads (of the fp32 P); None:
             GLUON_FP8's.
         consumer_regs: registers per consumer thread (setmaxnreg).
-        persistent: one program per SM with its list of work items (padded D 128), else one per
+        persistent: one program per SM with its list of work items (padded D 128 or 256), else one per
             item (None: GLUON_FP8's); programs: how many (None: the SM count, at most the items);
             heads_per_group: the heads whose items are dealt together (None: all of them).
     Returns:

@@ -8,7 +8,7 @@ variant's build can be judged before a GPU is lent. Built as scripts/sm90_build_
         [--head-dim 128] [--mask causal] [--block-n 128] [--serial 0] [--pingpong 1] [--mma-sum 1]
         [--persistent 0]
 
---persistent 0 builds the one-program-per-item kernel where GLUON_FP8 runs the persistent one (D 128).
+--persistent 0 builds the one-program-per-item kernel where GLUON_FP8 runs the persistent one.
 
 Options left out take GLUON_FP8's for the padded head dim (kernels.gluon_fp8_launch); the inputs are
 quantised for the kernel in layout only (zeros, N 1024, one traced head, every row traced)."""

@@ -50,7 +50,7 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     require grad get their .grad (accumulated, as autograd does); out is returned detached.
     precision: "bf16" (the 16/32-bit kernel, kernels.flash_attention) or "fp8" (kernels.fp8's
     kernel on inputs quantised once with `scaling` and `hadamard`, forward only, the kernel's own
-    schedule, meta['schedule']: persistent on Hopper at D 128, else natural;
+    schedule, meta['schedule']: persistent on Hopper, else natural;
     instrumentation.recording.fp8): the trace gains the table fp8_error (bh, q_block, rmse,
     max_abs, variant) against a float64 reference computed on the inputs' device, meta['fp8']
     and meta['precision']; untraced_ms / traced_ms time the attention kernel alone.

@@ -94,7 +94,7 @@ def fp8_recording(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps
     if backward:
         raise ValueError("precision='fp8' records the forward only: leave backward=False")
     if schedule != "natural":
-        raise ValueError(f"precision='fp8' runs the FP8 kernel's own schedule (persistent on Hopper at D 128, else "
+        raise ValueError(f"precision='fp8' runs the FP8 kernel's own schedule (persistent on Hopper, else "
                          f"natural): leave schedule out, got schedule={schedule!r}")
     if num_warps is not None or num_stages is not None:
         raise ValueError("precision='fp8' picks its own num_warps and num_stages: leave them out")

@@ -1,5 +1,5 @@
-"""The persistent Gluon FP8 kernel (kernels.gluon_fp8_persistent_kernel, a default call's at a padded
-D of 128 on Hopper, on request at 256): each work item runs the one-program-per-item kernel's partitions' code, so O
+"""The persistent Gluon FP8 kernel (kernels.gluon_fp8_persistent_kernel, a default call's on Hopper,
+at a padded D of 128 and 256): each work item runs the one-program-per-item kernel's partitions' code, so O
 and lse equal that kernel's bit for bit, for every mask kind, GQA, N_q != N_k and ragged lengths,
 however the items are dealt (few programs: the K / V ring and both Q buffers wrap many times);
 record() traces it with each item's program, SM and span, the programs' lists as the host dealt
@@ -50,7 +50,7 @@ def test_gpu_it_equals_a_program_per_item_bit_for_bit(kind, gluon_gpu):
         q, k, v = _inputs(b, h, h_kv, n_q, n_k, seed=n_k)
         x = quantize_fp8(q, k, v, block_m=128, block_n=128, mask=mask, gluon=True)
         want, want_lse = attention_fp8_gluon(x, mask, return_lse=True, persistent=False)
-        out, lse = attention_fp8(x, mask, return_lse=True)           # the default: persistent at D 128
+        out, lse = attention_fp8(x, mask, return_lse=True)           # the default: persistent
         assert torch.equal(out, want) and torch.equal(lse, want_lse), (kind, n_q, n_k)
         for programs, group in ((3, 2), (3, None), (None, 2), (5, 1)):
             o, s = attention_fp8_gluon(x, mask, return_lse=True, persistent=True, programs=programs,
@@ -64,9 +64,9 @@ def test_gpu_it_equals_a_program_per_item_bit_for_bit(kind, gluon_gpu):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", sorted(MASKS))
 def test_gpu_at_d256_it_equals_a_program_per_item_bit_for_bit(kind, gluon_gpu):
-    """At a padded D of 256 (D 200 and 256: the serial loop, a program per item by default) the
-    persistent kernel runs on request, every mask kind at GQA and N_q != N_k, dealt by 2 heads and
-    by all, at the SM count and at 3 programs: the default's bits."""
+    """At a padded D of 256 (D 200 and 256: the serial loop), every mask kind at GQA and N_q != N_k:
+    the default call (persistent), and the items dealt by 2 heads and by all, at the SM count and at
+    3 programs, give the one-program-per-item kernel's bits."""
     from kernels.gluon_fp8_launch import attention_fp8_gluon
 
     for d, (b, h, h_kv, n_q, n_k) in ((256, (2, 4, 2, 1000, 1000 if kind == "document" else 1300)),
@@ -75,7 +75,9 @@ def test_gpu_at_d256_it_equals_a_program_per_item_bit_for_bit(kind, gluon_gpu):
         q, k, v = _inputs(b, h, h_kv, n_q, n_k, seed=n_k + d, d=d)
         x = quantize_fp8(q, k, v, block_m=128, block_n=128, mask=mask, gluon=True)
         assert x.head_dim_padded == 256
-        want, want_lse = attention_fp8(x, mask, return_lse=True)
+        want, want_lse = attention_fp8_gluon(x, mask, return_lse=True, persistent=False)
+        out, lse = attention_fp8(x, mask, return_lse=True)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), (kind, d)
         for programs, group in ((None, 2), (3, None)):
             o, s = attention_fp8_gluon(x, mask, return_lse=True, persistent=True, programs=programs,
                                        heads_per_group=group)

@@ -45,7 +45,7 @@ print(counts)
 @pytest.mark.parametrize("kind,kernel", [("gluon", "attn_fwd_fp8_gluon_persistent_kernel"),
                                          ("triton", "attn_fwd_fp8_kernel")])
 def test_an_fp8_calls_launches_are_kept_compiled_and_launched_directly(kind, kernel):
-    """On Hopper (the Gluon FP8 kernel, persistent at D 128) and where the Triton FP8 kernel runs
+    """On Hopper (the Gluon FP8 kernel, persistent) and where the Triton FP8 kernel runs
     (TILESCOPE_GLUON=0)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)

@@ -68,7 +68,7 @@ def test_the_gluon_forward_builds_warp_specialised_without_spills(tmp_path):
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="this Triton has no NVIDIA backend tools")
 def test_the_default_fp8_causal_call_builds_the_gluon_fp8_kernel(tmp_path):
     """On Hopper a default FP8 causal call quantises for the Gluon FP8 kernel (kernels.gluon_fp8_launch)
-    and launches it, persistent at D 128, with the arguments its signature takes: one
+    and launches it, persistent, with the arguments its signature takes: one
     warp-specialised launch, two Q buffers and its K and V^T ring within an SM's shared memory, both
     e4m3 products and the exponentials in its loop."""
     out = tmp_path / "stats.json"
