@@ -136,6 +136,9 @@ class GluonFp8Plan:
         if persistent and hd not in (128, 256):
             raise ValueError(f"the persistent Gluon FP8 kernel runs at a padded D of 128 or 256 (what its GPU tests "
                              f"cover), not {hd}: pass persistent=False")
+        if persistent and hd == 256 and stages > 2:     # 2 Q buffers + 2 stages: 192 KiB; a third stage: 256
+            raise ValueError(f"the persistent Gluon FP8 kernel at a padded D of 256 takes a ring of 2 stages (its two "
+                             f"Q buffers and a deeper ring exceed shared memory), not {stages}: pass persistent=False")
         e4m3 = gl.float8e4nv
         # the 2-D matrices the TMA reads: Q8 and K8 rows of HEAD_DIM, V8^T rows of the padded keys
         blocks = (([x.q.numel() // hd, hd], [BLOCK_M // 2, hd]), ([x.k.numel() // hd, hd], [x.block_n, hd]),

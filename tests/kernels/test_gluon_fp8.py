@@ -194,8 +194,15 @@ def test_gpu_the_default_causal_call_runs_it_and_its_options_keep_the_bits(d, gl
     assert torch.equal(out, base) and torch.equal(lse, base_lse)
     for stages, pingpong, serial in ((3, False, False), (2, True, False), (3, True, False), (2, False, True),
                                      (2, True, True)):
-        o, s = attention_fp8_gluon(x, "causal", return_lse=True, stages=stages, pingpong=pingpong, serial=serial)
+        # (at D 256 a third stage fits beside one Q buffer only: the kernel of a program per item)
+        persistent = None if d == 128 or stages == 2 else False
+        o, s = attention_fp8_gluon(x, "causal", return_lse=True, stages=stages, pingpong=pingpong, serial=serial,
+                                   persistent=persistent)
         assert torch.equal(o, base) and torch.equal(s, base_lse), (stages, pingpong, serial)
+    if d == 256:
+        with pytest.raises(ValueError, match="2 stages") as info:
+            attention_fp8_gluon(x, "causal", stages=3)
+        assert "\n" not in str(info.value)
     other = quantize_fp8(q, k, v, mask="causal", key_order=not x.key_order)
     o, s = attention_fp8_gluon(other, "causal", return_lse=True)
     assert ((o.float() - base.float()).norm() / base.float().norm()).item() < 1e-3
