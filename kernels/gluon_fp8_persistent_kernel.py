@@ -1,6 +1,7 @@
 """The Gluon FP8 forward as a persistent kernel (what kernels.gluon_fp8_launch runs at a padded D
-of 128): one program per SM walks its own list of work items, dealt on the host longest first to
-the least loaded program a few heads at a time (kernels.plan.BlockPlan.program_work, 'lpt').
+of 128 and 256): one program per SM walks its own list of work items, dealt on the host longest
+first to the least loaded program a few heads at a time (kernels.plan.BlockPlan.program_work,
+'lpt').
 
 Each item runs kernels.gluon_fp8_kernel's partitions' code (`_producer`, `_consumer` at a Q slot
 and ring position), so O and lse are the one-program-per-item kernel's bit for bit. What the
