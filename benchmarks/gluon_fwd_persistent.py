@@ -32,10 +32,9 @@ def persistent_call(q, k, v, mask: str = "causal", sm_scale=None, programs: int 
             p + G, ... of the plan's work list in that order).
     Returns:
         a function returning (O (B, H, N_q, D) like q, lse (B, H, N_q) float32)."""
-    from kernels.gluon_launch import ITEM_COST, GluonLaunch, use_gluon
+    from kernels.gluon_launch import ITEM_COST, GluonLaunch, persistent_work, use_gluon
     from kernels.launch import LOG2E
     from kernels.masks import parse_mask
-    from kernels.runtime import device_facts
     from kernels.shapes import softmax_scale
 
     if schedule not in SCHEDULES:
@@ -45,8 +44,7 @@ def persistent_call(q, k, v, mask: str = "causal", sm_scale=None, programs: int 
                          "Gluon kernel (a Hopper GPU, bf16 / fp16, N_q and N_k >= 128)")
     b, h, n_q, d = q.shape
     launch = GluonLaunch.build(parse_mask(mask, n_q, k.shape[2]), q, k, v, "persistent", True)
-    grid = (min(programs or device_facts(q.device).sm_count, launch.works.numel()),)
-    items, starts = launch.plan.program_work(b * h, grid[0], schedule, ITEM_COST, heads_per_group)  # (n_work,), (G+1,)
+    grid, items, starts = persistent_work(launch.plan, b * h, q.device, ITEM_COST, heads_per_group, programs, schedule)
     args = launch.args.copy()
     at = launch.direct.kernel.arg_names.index
     args[at("items")], args[at("starts")] = items, starts

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from .gluon_launch import CONSUMER_REGS, gluon_available
+from .gluon_launch import CONSUMER_REGS, gluon_available, persistent_work
 from .plan import BlockPlan, block_plan
 from .trace_buffers import checked_trace
 
@@ -122,7 +122,6 @@ class GluonFp8Plan:
         from .direct_launch import DirectLaunch
         from .gluon_fp8_kernel import attn_fwd_fp8_gluon_kernel
         from .gluon_fp8_persistent_kernel import attn_fwd_fp8_gluon_persistent_kernel
-        from .runtime import device_facts
 
         b, h, n_q, d = x.shape
         hd = x.head_dim_padded
@@ -150,8 +149,7 @@ class GluonFp8Plan:
             desc.base = None            # the plan keeps no call's tensor
         n_work = b * h * plan.n_qb
         if persistent:
-            grid = (min(programs or device_facts(x.q.device).sm_count, n_work),)
-            items, starts = plan.program_work(b * h, grid[0], "lpt", ITEM_COST, heads_per_group)  # (n_work,), (G+1,)
+            grid, items, starts = persistent_work(plan, b * h, x.q.device, ITEM_COST, heads_per_group, programs)
             kernel = attn_fwd_fp8_gluon_persistent_kernel
         else:
             grid, items, starts, kernel = (n_work,), None, None, attn_fwd_fp8_gluon_kernel

@@ -64,7 +64,8 @@ def gluon_tiles(head_dim: int, dtype, device, schedule: str = "natural", n: int 
     """(block_n, stages) of the Gluon kernel for a default call of this head dim, dtype, device,
     schedule and N_q = N_k = n (contiguous inputs), or None where the call runs the Triton kernel."""
     ok = (dtype in (torch.bfloat16, torch.float16) and head_dim in TILES
-          and (schedule in ("natural", "longest_first") or (schedule == "persistent" and head_dim in PERSISTENT_HEAD_DIMS))
+          and (schedule in ("natural", "longest_first")
+               or (schedule == "persistent" and head_dim in PERSISTENT_HEAD_DIMS))
           and n >= MIN_LEN and gluon_available(device))
     return TILES[head_dim] if ok else None
 
@@ -122,11 +123,23 @@ def use_gluon(q, k, v, explicit_config: bool, warp_specialize, schedule: str, tr
     """Whether a forward call runs the Gluon kernel (the module docstring's conditions; a traced
     call only with the GPU's clocks, which every Hopper trace has)."""
     layout = call_layout(q, k, v)
+    contiguous = all(t.is_contiguous() for t in (q, k, v))
     return (not explicit_config and warp_specialize is None and not ring_options
-            and layout is not None and (schedule != "persistent" or all(t.is_contiguous() for t in (q, k, v)))
-            and (all(t.is_contiguous() for t in (q, k, v)) or os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0")
+            and layout is not None and (schedule != "persistent" or contiguous)
+            and (contiguous or os.environ.get("TILESCOPE_GLUON_TOKENS", "1") != "0")
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
             and gluon_tiles(q.shape[3], q.dtype, q.device, schedule, min(q.shape[2], k.shape[2])) is not None)
+
+
+def persistent_work(plan: BlockPlan, batch_heads: int, device, item_cost: float, heads_per_group: int | None,
+                    programs: int | None = None, schedule: str = "lpt") -> tuple:
+    """A persistent Gluon kernel's grid and work (the bf16 and the FP8 one): ((programs,), items
+    (n_work,) int32, starts (programs + 1,) int32), programs the GPU's SM count (or programs), at most
+    the work items, and plan.program_work's deal (schedule 'lpt': longest first to the least loaded
+    program, heads_per_group heads at a time)."""
+    grid = (min(programs or device_facts(device).sm_count, batch_heads * plan.n_qb),)
+    items, starts = plan.program_work(batch_heads, grid[0], schedule, item_cost, heads_per_group)
+    return grid, items, starts
 
 
 @dataclass(frozen=True)
@@ -165,8 +178,7 @@ class GluonLaunch:
         plan = block_plan(spec, n, ROWS_PER_ITEM, block_n, q.device, n_k)
         n_work = b * h * plan.n_qb
         if schedule == "persistent":
-            grid = (min(device_facts(q.device).sm_count, n_work),)
-            works, starts = plan.program_work(b * h, grid[0], "lpt", ITEM_COST, PERSISTENT_HEADS)  # (n_work,), (G+1,)
+            grid, works, starts = persistent_work(plan, b * h, q.device, ITEM_COST, PERSISTENT_HEADS)
             kernel = attn_fwd_gluon_persistent_kernel
         else:
             works, starts, kernel = plan.work_list(b * h, schedule), None, attn_fwd_gluon_kernel
@@ -180,8 +192,8 @@ class GluonLaunch:
         # descriptors, O, LSE and the scale, and for a traced call the trace buffers and flags
         named = dict(q_desc=None, k_desc=None, v_desc=None, O=None, LSE=None, row_lo=plan.row_lo, row_hi=plan.row_hi,
                      full_cnt=plan.full_cnt, full_start=plan.full_start, part_cnt=plan.part_cnt,
-                     part_idx=plan.part_idx, works=works, items=works, starts=starts, tr_work=None, tr_tiles=None, tr_rows=None, row_slot=None,
-                     head_slot=None, trace_slots=0, H=h, GROUP=h // h_kv, N_Q=n, N_K=n_k, n_qb=plan.n_qb,
+                     part_idx=plan.part_idx, works=works, items=works, starts=starts, tr_work=None, tr_tiles=None,
+                     tr_rows=None, row_slot=None, head_slot=None, trace_slots=0, H=h, GROUP=h // h_kv, N_Q=n, N_K=n_k, n_qb=plan.n_qb,
                      n_kb=plan.n_kb, qk_scale=None, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS, TRACE_WORK=False,
                      TRACE_TILES=False, TOKEN_MAJOR=tokens)
         names = kernel.arg_names

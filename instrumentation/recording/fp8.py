@@ -89,8 +89,9 @@ def fp8_recording(q, k, v, mask, block_m, block_n, sm_scale, schedule, num_warps
         as instrumentation.record's (scaling, hadamard: kernels.flash_attention_fp8's).
     Returns:
         Fp8Recording. Raises ValueError (one line) for what the FP8 kernel does not do: a backward,
-        a schedule other than natural (the default: the kernel runs its own, Fp8Recording.schedule), explicit num_warps / num_stages, bad scaling / hadamard /
-        dtype / block sizes, inputs that require grad."""
+        a schedule other than natural (the default: the kernel runs its own, Fp8Recording.schedule),
+        explicit num_warps / num_stages, bad scaling / hadamard / dtype / block sizes, inputs that
+        require grad."""
     if backward:
         raise ValueError("precision='fp8' records the forward only: leave backward=False")
     if schedule != "natural":
