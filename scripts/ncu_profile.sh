@@ -6,7 +6,7 @@
 # causal 8k (with the Gluon backward probes: the dK/dV and dQ passes, the fused kernel), the
 # forward at D 64 full 4k; each ours and cuDNN's. SOURCE=1 also samples each instruction
 # (--section SourceCounters) and writes the SASS source page <case>.source.csv, summarised per loop
-# by scripts/ncu_source.py into $OUT/ncu-source-<device-slug>.json.
+# by scripts/ncu_source.py into $OUT/ncu-source-<device-slug>.json. METRICS adds metrics to every case.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/ncu"
 export PYTHONUNBUFFERED=1
@@ -30,6 +30,8 @@ CASES=${CASES:-$DEFAULT_CASES}
 SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
   --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats"
 [[ "${SOURCE:-0}" == 1 ]] && SECTIONS="$SECTIONS --section SourceCounters"
+# METRICS: more metrics, comma-separated (e.g. sm__inst_executed_pipe_xu.sum: the exp2 / conversion pipe's count)
+[[ -n "${METRICS:-}" ]] && SECTIONS="$SECTIONS --metrics $METRICS"
 csvs=()
 sources=()
 while read -r pass impl d n mask; do

@@ -32,6 +32,9 @@ METRICS = {
     "block_size": "launch__block_size",
 }
 TENSOR = re.compile(r"pipe_tensor.*\.avg\.pct_of_peak_sustained_active$")   # per SM, of its active cycles
+# every other pipe (ComputeWorkloadAnalysis): its instructions issued or cycles busy, % of peak per SM:
+# xu (exp2 and conversions), fma, alu, ... -- which pipe a loop that is not the tensor pipe's waits on
+PIPES = re.compile(r"^sm__(?:inst_executed_pipe|pipe)_(?!tensor)(\w+)\.avg\.pct_of_peak_sustained_active$")
 # stall reasons: cycles per issued instruction, or (another section set) % of active warps' cycles
 STALLS = (re.compile(r"^smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$"),
           re.compile(r"^smsp__warp_issue_stalled_(\w+?)_per_warp_active\.pct$"))
@@ -48,7 +51,7 @@ def _number(text: str) -> float | None:
 
 def read_raw_csv(path: Path) -> list[dict]:
     """Per profiled kernel: {"kernel": name, "metrics": {label: value}, "tensor_pipes": {...},
-    "stalls": [(reason, value), ...] largest first: cycles per issued instruction, else % of
+    "pipes": {the other pipes, e.g. "inst_executed_pipe_xu": % of peak}, "stalls": [(reason, value), ...] largest first: cycles per issued instruction, else % of
     active warps' cycles}."""
     rows = list(csv.reader(path.read_text().splitlines()))
     header = next((r for r in rows if "Kernel Name" in r), None)
@@ -75,13 +78,16 @@ def read_raw_csv(path: Path) -> list[dict]:
             metrics[label] = round(value, 3)
         tensor = {name: round(v, 2) for name in header if TENSOR.search(name)
                   and (v := _number(cell[name])) is not None}
+        pipes = {m.group(0).split(".")[0][4:]: round(v, 2) for name in header if (m := PIPES.match(name))
+                 and (v := _number(cell[name])) is not None}
         stalls = []
         for pattern in STALLS:          # the first form the page has
             stalls = sorted(((m.group(1), round(v, 3)) for name in header if (m := pattern.match(name))
                              and (v := _number(cell[name])) is not None and v > 0), key=lambda kv: -kv[1])
             if stalls:
                 break
-        out.append(dict(kernel=cell["Kernel Name"], metrics=metrics, tensor_pipes=tensor, stalls=stalls))
+        out.append(dict(kernel=cell["Kernel Name"], metrics=metrics, tensor_pipes=tensor, pipes=pipes,
+                        stalls=stalls))
     return out
 
 
@@ -124,6 +130,9 @@ def main(argv=None) -> int:
             print(f"  {k['kernel'][:60]:60s} " + " ".join(f"{label}={value:g}" for label, value in m.items()))
             for name, value in k["tensor_pipes"].items():
                 print(f"      {name} = {value:g}")
+            busy = sorted(k.get("pipes", {}).items(), key=lambda kv: -kv[1])
+            if busy:
+                print("      pipes (% of peak): " + ", ".join(f"{n} {v:g}" for n, v in busy[:8]))
             if k["stalls"]:
                 print("      stalls: " +
                       ", ".join(f"{r} {v:g}" for r, v in k["stalls"][:args.stalls]))

@@ -22,7 +22,9 @@ STALLS = ["long_scoreboard", "barrier", "math_pipe_throttle", "wait", "mio_throt
 def _page(kernels):
     columns = [("ID", ""), ("Process ID", ""), ("Kernel Name", ""), ("gpu__time_duration.sum", "nsecond"),
                ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "%"), ("launch__shared_mem_per_block", "byte"),
-               ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "%")]
+               ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "%"),
+               ("sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active", "%"),
+               ("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active", "%")]
     columns += [(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio", "") for s in STALLS]
     buf = io.StringIO()
     w = csv.writer(buf, quoting=csv.QUOTE_ALL)
@@ -38,7 +40,9 @@ def _kernel(rng, name):
     k = {"Kernel Name": name, "gpu__time_duration.sum": f"{rng.uniform(1e3, 2e6):,.0f}",
          "sm__throughput.avg.pct_of_peak_sustained_elapsed": f"{rng.uniform(1, 99):.2f}",
          "launch__shared_mem_per_block": str(rng.choice([49152, 232448])),
-         "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": f"{rng.uniform(0, 90):.2f}"}
+         "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": f"{rng.uniform(0, 90):.2f}",
+         "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active": f"{rng.uniform(0, 90):.2f}",
+         "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": f"{rng.uniform(0, 90):.2f}"}
     for s in STALLS:
         k[f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio"] = f"{rng.uniform(0, 5):.3f}"
     return k
@@ -56,6 +60,8 @@ def test_the_raw_page_is_read_per_kernel(tmp_path):
         assert g["metrics"]["time_us"] == pytest.approx(ns / 1e3, abs=1e-3)
         assert g["metrics"]["shared_kib_per_block"] == pytest.approx(int(k["launch__shared_mem_per_block"]) / 1024, abs=1e-3)
         assert "dram_throughput_pct" not in g["metrics"]                     # not in the page: left out
+        assert g["pipes"] == {"inst_executed_pipe_xu": float(k["sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"]),
+                              "pipe_fma_cycles_active": float(k["sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"])}
         want = sorted(((s, float(k[f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio"])) for s in STALLS),
                       key=lambda kv: -kv[1])
         assert [s for s, _ in g["stalls"]] == [s for s, v in want if round(v, 3) > 0]
