@@ -35,7 +35,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .gluon_exp2 import exp2_split
 from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows, kv_ring,
                                kv_ring_barriers, list_block, record_work_end, row_records, tma_load, trace_pointers,
                                wgmma_layout, work_item)
@@ -86,7 +85,7 @@ def _producer_work_traced(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar,
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l, cols, lo, hi, scale, MASKED: gl.constexpr, MMA_SUM: gl.constexpr, EXP2_FMA: gl.constexpr):
+def _softmax_step(s, m_i, l, cols, lo, hi, scale, MASKED: gl.constexpr, MMA_SUM: gl.constexpr):
     """kernels.tile_ops.softmax_update's FP8 step on raw e4m3 scores: (P = 2^8 exp2(S scale - m),
     the running output's rescale factor, the running sum, the new max). The sum (in 2^-8 units)
     is taken here on the threads, or with MMA_SUM left to P V's partner product (_issue_pv)."""
@@ -94,11 +93,11 @@ def _softmax_step(s, m_i, l, cols, lo, hi, scale, MASKED: gl.constexpr, MMA_SUM:
         s = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), s * scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = exp2_split(s - (m_ref - LOG2_P_SCALE)[:, None], EXP2_FMA)
+        p = gl.exp2(s - (m_ref - LOG2_P_SCALE)[:, None])
     else:
         m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
         m_ref = m_new
-        p = exp2_split(s * scale - (m_ref - LOG2_P_SCALE)[:, None], EXP2_FMA)
+        p = gl.exp2(s * scale - (m_ref - LOG2_P_SCALE)[:, None])
     alpha = gl.exp2(m_i - m_ref)
     if not MMA_SUM:
         l = l * alpha + gl.sum(p, 1)
@@ -206,7 +205,7 @@ def _record_sum(rows_ptr, n_kb, rows_on, step, l, WG: gl.constexpr):
 
 @gluon.jit
 def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, s_v, m_i, lists,
-          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, EXP2_FMA,
+          k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL,
           MMA_SUM: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr, TRACED: gl.constexpr, ring0=0):
     """Tile t (at ring position ring0 + t): issue S_t = Q K_t^T, then P_{t-1} V_{t-1} (its P cast to e4m3 here), and the softmax
     of S_t while P V runs. l: the running sum (MMA_SUM: its lane copies, through tile t-2, P_{t-1}
@@ -248,7 +247,7 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
     mbarrier.arrive(k_empty.index(cur), count=1)
     kb = list_block(t, lists[0], lists[1], lists[2])
     p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, tile_scale * gl.load(k_scale + kb),
-                                     MASKED, MMA_SUM, EXP2_FMA)
+                                     MASKED, MMA_SUM)
     if TRACED:
         if MMA_SUM:
             _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, t, c_start, m_i, None, alpha, WG)
@@ -272,7 +271,7 @@ def _tile(t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l
 @gluon.jit
 def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q,
-              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, trace, WG: gl.constexpr, TRACED: gl.constexpr, q_slot=0,
+              D, qk_scale, done, RELABEL, PINGPONG, SERIAL, trace, WG: gl.constexpr, TRACED: gl.constexpr, q_slot=0,
               q_phase=0, ring0=0, GATE_FIRST: gl.constexpr = True):
     """One consumer warpgroup's 64 query rows: every tile, then O = acc / l and the LSE, and an
     arrival on done (what a work-traced producer waits for). q_scale: the item's Q scale's address;
@@ -318,9 +317,9 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
         kb = list_block(0, n_full, full_start, part_list)
         scale = tile_scale * gl.load(k_scale + kb)
         if n_full > 0:
-            p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, scale, False, MMA_SUM, EXP2_FMA)
+            p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, scale, False, MMA_SUM)
         else:
-            p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, scale, True, MMA_SUM, EXP2_FMA)
+            p, alpha, l, m_i = _softmax_step(s, m_i, l, col0 + kb * BLOCK_N, lo, hi, scale, True, MMA_SUM)
         if TRACED:
             if MMA_SUM:
                 _record_tile(trace[0], trace[1], trace[2], trace[3], trace[4], kb, 0, c_start, m_i, None, alpha, WG)
@@ -332,12 +331,12 @@ def _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q
         for t in range(1, n_full):
             acc, l, p, s_v, m_i = _tile(
                 t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, s_v, m_i, lists,
-                k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, EXP2_FMA, MMA_SUM,
+                k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
                 WG, False, TRACED, ring0)
         for t in range(gl.maximum(n_full, 1), n_tiles):
             acc, l, p, s_v, m_i = _tile(
                 t, q, k_smem, v_smem, ones, k_ready, v_ready, k_empty, v_empty, acc, l, p, s_v, m_i, lists,
-                k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, EXP2_FMA, MMA_SUM,
+                k_scale, v_scale, tile_scale, col0, lo, hi, zero_s, zero_l, trace, RELABEL, PINGPONG, SERIAL, MMA_SUM,
                 WG, True, TRACED, ring0)
         # the last tile's P V and P 1
         last = (ring0 + n_tiles - 1) % STAGES
@@ -388,39 +387,39 @@ def sum_ones(BLOCK_N: gl.constexpr, MMA_SUM: gl.constexpr):
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
                v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
-               qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA):
+               qk_scale, done, RELABEL, PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
-              qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, (0, 0, 0, 0, 0), 0, False)
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 0, False)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
                v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
-               qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA):
+               qk_scale, done, RELABEL, PINGPONG, SERIAL):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
-              qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, (0, 0, 0, 0, 0), 1, False)
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (0, 0, 0, 0, 0), 1, False)
 
 
 @gluon.jit
 def _consumer0_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready,
                       k_empty, v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt,
-                      part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tiles_ptr, rows_ptr, tr_n_kb,
+                      part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, tr_n_kb,
                       tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
-              qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 0, True)
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 0, True)
 
 
 @gluon.jit
 def _consumer1_traced(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready,
                       k_empty, v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt,
-                      part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tiles_ptr, rows_ptr, tr_n_kb,
+                      part_idx, n_kb, N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tiles_ptr, rows_ptr, tr_n_kb,
                       tiles_on, rows_on):
     _consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bar, k_ready, v_ready, k_empty,
               v_empty, row_lo, row_hi, o_row, row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D,
-              qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 1, True)
+              qk_scale, done, RELABEL, PINGPONG, SERIAL, (tiles_ptr, rows_ptr, tr_n_kb, tiles_on, rows_on), 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP", "N_Q", "n_qb", "n_kb"])
@@ -428,7 +427,7 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
                               full_start, part_cnt, part_idx, tr_work, tr_tiles, tr_rows, row_slot, head_slot,
                               trace_slots, H, GROUP, N_Q, n_qb, n_kb, qk_scale, D: gl.constexpr, STAGES: gl.constexpr,
                               CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr, PINGPONG: gl.constexpr,
-                              SERIAL: gl.constexpr, EXP2_FMA: gl.constexpr, MMA_SUM: gl.constexpr, TRACE_WORK: gl.constexpr,
+                              SERIAL: gl.constexpr, MMA_SUM: gl.constexpr, TRACE_WORK: gl.constexpr,
                               TRACE_TILES: gl.constexpr):
     """Grid (B*H*n_qb,): program bh * n_qb + query block (128 rows, natural order).
 
@@ -456,7 +455,7 @@ def attn_fwd_fp8_gluon_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale, k_scale, 
     lists = (q_block, full_cnt, full_start, part_cnt, part_idx, n_kb)
     consumer_args = (O, LSE, q_scale + work, k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem, v_smem,
                      ones, q_bar, k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0,
-                     row0) + lists + (N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA)
+                     row0) + lists + (N_Q, D, qk_scale, done, RELABEL, PINGPONG, SERIAL)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                      work * (2 * ROWS), kv_bh * n_kb * BLOCK_N, kv_bh * HEAD_DIM) + lists
     if TRACE_TILES:

@@ -39,7 +39,6 @@ class GluonFp8Tiles(NamedTuple):
     mma_sum: bool       # the running sum taken by a product P 1 beside P V, not on the threads
     masks: tuple        # the mask kinds a default call runs it for (where it measured faster)
     persistent: bool    # one program per SM with its list of items (kernels.gluon_fp8_persistent_kernel)
-    exp2_fma: int = 0   # 1 / exp2_fma of P's columns exponentiated on the FMA pipe (kernels.gluon_exp2; 0: none)
 
 
 # padded D -> the probe's best on an H200 (gluon-fwd-fp8-*-nvidia-h200.json): a third stage
@@ -112,8 +111,7 @@ class GluonFp8Plan:
     @staticmethod
     def build(x, spec, stages: int | None = None, pingpong: bool | None = None, serial: bool | None = None,
               consumer_regs: int = CONSUMER_REGS, mma_sum: bool | None = None, persistent: bool | None = None,
-              programs: int | None = None, heads_per_group: int | None = PERSISTENT_HEADS,
-              exp2_fma: int | None = None) -> "GluonFp8Plan":
+              programs: int | None = None, heads_per_group: int | None = PERSISTENT_HEADS) -> "GluonFp8Plan":
         """The plan of calls on inputs shaped as x (Fp8Inputs: its shape, tiles and key order) with
         mask spec; stages, pingpong, serial, mma_sum, persistent: None, GLUON_FP8's for the padded
         D; programs: the persistent kernel's (None: the GPU's SM count, at most the work items);
@@ -134,10 +132,6 @@ class GluonFp8Plan:
         serial = dflt.serial if serial is None else bool(serial)
         mma_sum = dflt.mma_sum if mma_sum is None else bool(mma_sum)
         persistent = dflt.persistent if persistent is None else bool(persistent)
-        exp2_fma = dflt.exp2_fma if exp2_fma is None else exp2_fma
-        if exp2_fma not in (0, 2, 4, 8):
-            raise ValueError(f"exp2_fma takes 0 (every exponential on the MUFU), 2, 4 or 8 (a half, a quarter or an "
-                             f"eighth of P's columns on the FMA pipe), not {exp2_fma!r}")
         if persistent and hd not in (128, 256):
             raise ValueError(f"the persistent Gluon FP8 kernel runs at a padded D of 128 or 256 (what its GPU tests "
                              f"cover), not {hd}: pass persistent=False")
@@ -166,7 +160,7 @@ class GluonFp8Plan:
                      starts=starts, tr_work=None, tr_tiles=None, tr_rows=None, row_slot=None, head_slot=None,
                      trace_slots=0, H=h, GROUP=h // x.h_kv, N_Q=n_q, n_qb=plan.n_qb, n_kb=plan.n_kb, qk_scale=None,
                      D=d, STAGES=stages, CONSUMER_REGS=consumer_regs, RELABEL=x.key_order, PINGPONG=pingpong,
-                     SERIAL=serial, EXP2_FMA=exp2_fma, MMA_SUM=mma_sum, TRACE_WORK=False, TRACE_TILES=False)
+                     SERIAL=serial, MMA_SUM=mma_sum, TRACE_WORK=False, TRACE_TILES=False)
         names = kernel.arg_names
         slots = tuple(names.index(name) for name in ("q_desc", "tr_work", "qk_scale", "TRACE_WORK"))
         return GluonFp8Plan(plan, grid, stages, pingpong, serial, mma_sum, persistent, [named[n] for n in names], slots,
@@ -198,7 +192,7 @@ class GluonFp8Plan:
 
 def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace=None, *, stages=None,
                         pingpong=None, serial=None, consumer_regs: int = CONSUMER_REGS, mma_sum=None,
-                        persistent=None, programs=None, heads_per_group=PERSISTENT_HEADS, exp2_fma=None):
+                        persistent=None, programs=None, heads_per_group=PERSISTENT_HEADS):
     """The Gluon FP8 kernel on quantised inputs, with its options open (kernels.fp8.attention_fp8
     runs it with the defaults on inputs quantised for it; probes and tests call this).
 
@@ -217,8 +211,6 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
         persistent: one program per SM with its list of work items (padded D 128 or 256), else one per
             item (None: GLUON_FP8's); programs: how many (None: the SM count, at most the items);
             heads_per_group: the heads whose items are dealt together (None: all of them).
-        exp2_fma: 2, 4 or 8: a half, a quarter or an eighth of P's columns exponentiated on the FMA pipe
-            (kernels.gluon_exp2), 0: none (None: GLUON_FP8's).
     Returns:
         out (B, H, N_q, D) in the inputs' dtype, or (out, lse (B, H, N_q) fp32) with return_lse."""
     from .launch import LOG2E
@@ -230,6 +222,6 @@ def attention_fp8_gluon(x, mask="causal", sm_scale=None, return_lse=False, trace
     o = torch.empty(x.shape, dtype=x.dtype, device=x.q.device)                 # (B, H, N_q, D)
     lse = torch.empty((b, h, n_q), dtype=torch.float32, device=x.q.device)    # (B, H, N_q)
     fp = GluonFp8Plan.build(x, spec, stages, pingpong, serial, consumer_regs, mma_sum, persistent, programs,
-                            heads_per_group, exp2_fma)
+                            heads_per_group)
     fp.run(x, o, lse, softmax_scale(sm_scale, d) * LOG2E, trace)
     return (o, lse) if return_lse else o

@@ -52,7 +52,7 @@ def _items_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_em
 @gluon.jit
 def _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                     v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items, starts,
-                    H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work, tr_tiles,
+                    H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work, tr_tiles,
                     tr_rows, row_slot, head_slot, trace_slots, WG: gl.constexpr, TRACE_WORK: gl.constexpr,
                     TRACE_TILES: gl.constexpr):
     """One consumer group's part of the program's items in turn; with TRACE_WORK group 0 writes
@@ -75,7 +75,7 @@ def _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, o
         ring += _consumer(O, LSE, q_scale + w, k_scale + kv_bh * n_kb, v_scale + kv_bh * n_kb, q_smem, k_smem, v_smem,
                           ones, q_bars.index(qb), k_ready, v_ready, k_empty, v_empty, row_lo, row_hi, bh * N_Q + row0,
                           row0, q_block, full_cnt, full_start, part_cnt, part_idx, n_kb, N_Q, D, qk_scale, done,
-                          RELABEL, PINGPONG, SERIAL, EXP2_FMA, trace, WG, TRACE_TILES, 2 * qb, (it // 2) & 1, ring, False)
+                          RELABEL, PINGPONG, SERIAL, trace, WG, TRACE_TILES, 2 * qb, (it // 2) & 1, ring, False)
         mbarrier.arrive(q_empty.index(qb), count=1)
         if TRACE_WORK and WG == 0:
             record_work_end(tr_work, w)
@@ -86,55 +86,55 @@ def _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, o
 @gluon.jit
 def _consumer0(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready, v_ready,
                k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items, starts, H, GROUP,
-               N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work, tr_tiles, tr_rows, row_slot,
+               N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work, tr_tiles, tr_rows, row_slot,
                head_slot, trace_slots):
     _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                     v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items,
-                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work,
+                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work,
                     tr_tiles, tr_rows, row_slot, head_slot, trace_slots, 0, False, False)
 
 
 @gluon.jit
 def _consumer1(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready, v_ready,
                k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items, starts, H, GROUP,
-               N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work, tr_tiles, tr_rows, row_slot,
+               N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work, tr_tiles, tr_rows, row_slot,
                head_slot, trace_slots):
     _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                     v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items,
-                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work,
+                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work,
                     tr_tiles, tr_rows, row_slot, head_slot, trace_slots, 1, False, False)
 
 
 @gluon.jit
 def _consumer0_work(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                     v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items, starts,
-                    H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work, tr_tiles,
+                    H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work, tr_tiles,
                     tr_rows, row_slot, head_slot, trace_slots):
     _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                     v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items,
-                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work,
+                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work,
                     tr_tiles, tr_rows, row_slot, head_slot, trace_slots, 0, True, False)
 
 
 @gluon.jit
 def _consumer0_tiles(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                      v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items,
-                     starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work, tr_tiles,
+                     starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work, tr_tiles,
                      tr_rows, row_slot, head_slot, trace_slots):
     _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                     v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items,
-                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work,
+                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work,
                     tr_tiles, tr_rows, row_slot, head_slot, trace_slots, 0, True, True)
 
 
 @gluon.jit
 def _consumer1_tiles(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                      v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items,
-                     starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work, tr_tiles,
+                     starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work, tr_tiles,
                      tr_rows, row_slot, head_slot, trace_slots):
     _items_consumer(O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready,
                     v_ready, k_empty, v_empty, row_lo, row_hi, full_cnt, full_start, part_cnt, part_idx, items,
-                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, EXP2_FMA, tr_work,
+                    starts, H, GROUP, N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG, SERIAL, tr_work,
                     tr_tiles, tr_rows, row_slot, head_slot, trace_slots, 1, True, True)
 
 
@@ -144,7 +144,7 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
                                          tr_rows, row_slot, head_slot, trace_slots, H, GROUP, N_Q, n_qb, n_kb,
                                          qk_scale, D: gl.constexpr, STAGES: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, RELABEL: gl.constexpr,
-                                         PINGPONG: gl.constexpr, SERIAL: gl.constexpr, EXP2_FMA: gl.constexpr, MMA_SUM: gl.constexpr,
+                                         PINGPONG: gl.constexpr, SERIAL: gl.constexpr, MMA_SUM: gl.constexpr,
                                          TRACE_WORK: gl.constexpr, TRACE_TILES: gl.constexpr):
     """Grid (programs,): program p runs the work items items[starts[p]:starts[p + 1]] (int32, each
     item once over all programs) in turn. TRACE_WORK: each item's program, SM and globaltimer
@@ -162,7 +162,7 @@ def attn_fwd_fp8_gluon_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, q_scale
                                       TRACE_TILES)
     consumers = (O, LSE, q_scale, k_scale, v_scale, q_smem, k_smem, v_smem, ones, q_bars, q_empty, k_ready, v_ready,
                  k_empty, v_empty, row_lo, row_hi) + lists + (N_Q, n_qb, n_kb, D, qk_scale, done, RELABEL, PINGPONG,
-                                                              SERIAL, EXP2_FMA) + traced
+                                                              SERIAL) + traced
     producer = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_empty, k_ready, v_ready, k_empty,
                 v_empty) + lists + (n_qb, n_kb)
     # (a partition is a literal function here: warp_specialize takes no function held in a variable)

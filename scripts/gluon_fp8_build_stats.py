@@ -44,7 +44,7 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
     x = Fp8Inputs(torch.zeros(2, N, head_dim, dtype=e4m3), torch.zeros(2, N, head_dim, dtype=e4m3),
                   torch.zeros(2, head_dim, N, dtype=e4m3), ones(128), ones(bn), ones(bn), (1, 2, N, head_dim), N, 2,
                   128, bn, "block", True, torch.bfloat16, True, tiles.relabel)
-    plan = GluonFp8Plan.build(x, parse_mask(mask, N, N), tiles.stages, tiles.pingpong, tiles.serial, exp2_fma=tiles.exp2_fma,
+    plan = GluonFp8Plan.build(x, parse_mask(mask, N, N), tiles.stages, tiles.pingpong, tiles.serial,
                               mma_sum=tiles.mma_sum, persistent=tiles.persistent, programs=2)
     n_qb, n_kb = plan.plan.n_qb, plan.plan.n_kb
     buffers = None if trace == "off" else TraceBuffers(
