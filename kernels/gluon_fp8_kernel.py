@@ -38,7 +38,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .gluon_fwd_kernel import (LN2, ROWS, _clock64, _globaltimer, _record_tile, block_lists, consumer_rows, kv_ring,
                                kv_ring_barriers, list_block, record_work_end, row_records, tma_load, trace_pointers,
                                wgmma_layout, work_item)
-from .gluon_rows import row_max
 
 LOG2_P_SCALE = gl.constexpr(8.0)        # P in units of 2^-8 (kernels.fp8_kernel.P_SCALE)
 P_SCALE = gl.constexpr(256.0)
@@ -92,11 +91,11 @@ def _softmax_step(s, m_i, l, cols, lo, hi, scale, MASKED: gl.constexpr, MMA_SUM:
     is taken here on the threads, or with MMA_SUM left to P V's partner product (_issue_pv)."""
     if MASKED:
         s = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), s * scale, float("-inf"))
-        m_new = gl.maximum(m_i, row_max(s))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s - (m_ref - LOG2_P_SCALE)[:, None])
     else:
-        m_new = gl.maximum(m_i, row_max(s) * scale)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
         m_ref = m_new
         p = gl.exp2(s * scale - (m_ref - LOG2_P_SCALE)[:, None])
     alpha = gl.exp2(m_i - m_ref)

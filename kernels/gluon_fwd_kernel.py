@@ -23,8 +23,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_rows import row_max
-
 # Triton 3.6 names the TMA load async_copy_global_to_shared; newer Tritons async_load (same arguments)
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 ROWS = gl.constexpr(64)             # query rows per consumer warpgroup
@@ -155,10 +153,10 @@ def _softmax_step(s, m_i, l_i, cols, lo, hi, qk_scale, MASKED: gl.constexpr):
     no key yet keeps m = -inf (exponentials taken against 0 there, so nothing is NaN)."""
     if MASKED:
         s = gl.where((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]), s, float("-inf"))
-        m_new = gl.maximum(m_i, row_max(s) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
-        m_new = gl.maximum(m_i, row_max(s) * qk_scale)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         m_use = m_new
     p = gl.exp2(s * qk_scale - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
