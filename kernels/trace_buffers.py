@@ -27,6 +27,28 @@ class TraceBuffers:
     _checked: dict = field(default_factory=dict, repr=False)   # (B*H, plan) -> (head_slot, slots)
 
 
+def forward_trace_buffers(batch_heads: int, n_qb: int, n_kb: int, block_m: int, device, heads,
+                          row_blocks=(), tiles: bool = True) -> TraceBuffers:
+    """Buffers for one traced forward launch over batch_heads heads of n_qb x n_kb tiles (block_m
+    query rows each), every entry -1 until written (rows NaN): every work item's record; with tiles,
+    each of heads' (a batch*head index or a list) tiles, and the softmax rows of the query blocks
+    row_blocks (a slot each, in that order; none: no rows traced); without, work records only (tiles
+    and rows left as 8-element placeholders the kernel does not touch)."""
+    heads = [heads] if isinstance(heads, int) else list(heads)
+    row_blocks = list(row_blocks)
+    row_slot = torch.full((n_qb,), -1, dtype=torch.int32)
+    row_slot[row_blocks] = torch.arange(len(row_blocks), dtype=torch.int32)
+    return TraceBuffers(
+        work=torch.full((batch_heads * n_qb, 5), -1, dtype=torch.int64, device=device),
+        counter=torch.zeros(1, dtype=torch.int32, device=device),
+        tiles=(torch.full((len(heads), n_qb, n_kb, 3), -1, dtype=torch.int64, device=device) if tiles
+               else torch.empty(8, dtype=torch.int64, device=device)),
+        rows=(torch.full((len(heads), max(len(row_blocks), 1) * block_m, n_kb, 4), float("nan"), dtype=torch.float32,
+                         device=device) if tiles else torch.empty(8, dtype=torch.float32, device=device)),
+        row_slot=row_slot.to(device), trace_bh=heads, trace_work=True, trace_tiles=tiles,
+        trace_rows=tiles and bool(row_blocks))
+
+
 def check_trace_buffers(trace: TraceBuffers, batch_heads: int, plan: BlockPlan) -> None:
     """The kernel writes trace buffers without bounds checks: refuse ones sized for another plan.
     Returns (head_slot (B*H,) int32 on the device, row slots per traced head)."""

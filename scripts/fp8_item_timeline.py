@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     from instrumentation.recording.environment import environment
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
-    from kernels.trace_buffers import TraceBuffers
+    from kernels.trace_buffers import forward_trace_buffers
 
     records = []
     for n in args.seq_lens:
@@ -74,19 +74,13 @@ def main(argv=None) -> int:
         q, k, v = (torch.randn(B, H, n, D, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         x = quantize_fp8(q, k, v, mask=args.mask)
         n_qb = n_kb = -(-n // 128)
-        cuda = dict(device="cuda")
-        traced = TraceBuffers(work=torch.zeros(B * H * n_qb, 5, dtype=torch.int64, **cuda),
-                              counter=torch.zeros(1, dtype=torch.int32, **cuda),
-                              tiles=torch.full((B * H * n_qb, n_kb, 3), -1, dtype=torch.int64, **cuda),
-                              rows=torch.zeros(128, n_kb, 4, **cuda),
-                              row_slot=torch.full((n_qb,), -1, dtype=torch.int32, **cuda),
-                              trace_bh=list(range(B * H)), trace_work=True, trace_tiles=True, trace_rows=False)
+        traced = forward_trace_buffers(B * H, n_qb, n_kb, 128, "cuda", range(B * H))     # every head's tiles
         for _ in range(3):
             attention_fp8(x, args.mask)
         attention_fp8(x, args.mask, trace=traced)
         torch.cuda.synchronize()
         work = traced.work.cpu().numpy()
-        tiles = traced.tiles.cpu().numpy()
+        tiles = traced.tiles.reshape(-1, n_kb, 3).cpu().numpy()
         starts = np.where(tiles[:, :, 0] >= 0, tiles[:, :, 1], np.nan).astype(np.float64)
         period, first = tile_periods(starts)
         _, trace = record(q, k, v, mask=args.mask, precision="fp8", level="full", trace_head=[0, 1], measure=False)

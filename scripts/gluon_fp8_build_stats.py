@@ -36,7 +36,7 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
     from kernels.fp8_quant import Fp8Inputs
     from kernels.gluon_fp8_launch import GluonFp8Plan
     from kernels.masks import parse_mask
-    from kernels.trace_buffers import TraceBuffers
+    from kernels.trace_buffers import forward_trace_buffers
 
     rows.append(dict(launches=[]))
     e4m3, bn = torch.float8_e4m3fn, tiles.block_n
@@ -47,11 +47,8 @@ def _build(rows: list, head_dim: int, mask: str, tiles, trace: str) -> dict:
     plan = GluonFp8Plan.build(x, parse_mask(mask, N, N), tiles.stages, tiles.pingpong, tiles.serial,
                               mma_sum=tiles.mma_sum, persistent=tiles.persistent, programs=2)
     n_qb, n_kb = plan.plan.n_qb, plan.plan.n_kb
-    buffers = None if trace == "off" else TraceBuffers(
-        work=torch.zeros(2 * n_qb, 5, dtype=torch.int64), counter=torch.zeros(1, dtype=torch.int32),
-        tiles=torch.zeros(n_qb, n_kb, 3, dtype=torch.int64), rows=torch.zeros(n_qb * 128, n_kb, 4),
-        row_slot=torch.arange(n_qb, dtype=torch.int32), trace_bh=0, trace_work=True, trace_tiles=trace == "tiles",
-        trace_rows=trace == "tiles")
+    buffers = None if trace == "off" else forward_trace_buffers(2, n_qb, n_kb, 128, "cpu", 0, range(n_qb),
+                                                                tiles=trace == "tiles")
     plan.run(x, torch.zeros(1, 2, N, head_dim, dtype=torch.bfloat16), torch.zeros(1, 2, N), 1.0, buffers)
     one = rows[-1]["launches"][-1]
     code, inner = inner_loops(one["sass"])

@@ -31,16 +31,11 @@ def sass_hash(sass: str) -> str:
 
 
 def _buffers(n_qb: int, n_kb: int, trace: str):
-    """Trace buffers of one traced head, every row traced (None untraced)."""
-    import torch
+    """Trace buffers of 2 heads, one traced with every row (None untraced)."""
+    from kernels.trace_buffers import forward_trace_buffers
 
-    from kernels.trace_buffers import TraceBuffers
-
-    return None if trace == "off" else TraceBuffers(
-        work=torch.zeros(2 * n_qb, 5, dtype=torch.int64), counter=torch.zeros(1, dtype=torch.int32),
-        tiles=torch.zeros(n_qb, n_kb, 3, dtype=torch.int64), rows=torch.zeros(n_qb * 128, n_kb, 4),
-        row_slot=torch.arange(n_qb, dtype=torch.int32), trace_bh=0, trace_work=True, trace_tiles=trace == "tiles",
-        trace_rows=trace == "tiles")
+    return None if trace == "off" else forward_trace_buffers(2, n_qb, n_kb, 128, "cpu", 0, range(n_qb),
+                                                             tiles=trace == "tiles")
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,7 @@ import torch
 
 from kernels import TraceBuffers, backend, block_plan, flash_attention, validate_call
 from kernels.gluon_launch import gluon_record_tiles
+from kernels.trace_buffers import forward_trace_buffers
 from kernels.launch_config import KernelConfig
 
 from ..trace import SCHEMA_VERSION
@@ -131,21 +132,10 @@ def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     full = level == "full"
     if not full:
         blocks = []
-    row_slot = torch.full((n_qb,), -1, dtype=torch.int32)
-    row_slot[blocks] = torch.arange(len(blocks), dtype=torch.int32)
 
     def fresh_buffers(detail: bool) -> TraceBuffers:
         """detail: work records, tiles and rows (the detail launch); else work records only."""
-        return TraceBuffers(
-            work=torch.full((b * h * n_qb, 5), -1, dtype=torch.int64, device=dev),
-            counter=torch.zeros(1, dtype=torch.int32, device=dev),
-            tiles=torch.full((len(heads), n_qb, n_kb, 3), -1, dtype=torch.int64, device=dev) if detail
-            else torch.empty(8, dtype=torch.int64, device=dev),
-            rows=torch.full((len(heads), max(len(blocks), 1) * cfg.block_m, n_kb, 4), float("nan"),
-                            dtype=torch.float32, device=dev) if detail
-            else torch.empty(8, dtype=torch.float32, device=dev),
-            row_slot=row_slot.to(dev), trace_bh=heads, trace_work=True,
-            trace_tiles=detail, trace_rows=detail and bool(blocks))
+        return forward_trace_buffers(b * h, n_qb, n_kb, cfg.block_m, dev, heads, blocks, tiles=detail)
 
     kwargs = dict(mask=spec, sm_scale=sm_scale, schedule=schedule) if gluon else \
         dict(mask=spec, block_m=cfg.block_m, block_n=cfg.block_n, sm_scale=sm_scale, schedule=schedule,

@@ -14,7 +14,7 @@ from kernels.fp8_quant import dequantize_fp8, quantize_fp8, rotation_matrix
 from kernels.masks import MASKS, parse_mask
 from kernels.plan import block_plan
 from kernels.reference import reference_attention
-from kernels.trace_buffers import TraceBuffers
+from kernels.trace_buffers import forward_trace_buffers
 
 FA3_PER_TENSOR_RMSE = 2.4e-2       # FA3's per-tensor FP8 RMSE on the outlier recipe
 
@@ -254,11 +254,7 @@ def _tile_visits(run, n_q, n_k, bm, bn, device):
     """(each tile's visit step of head 1, each work item's record): the interpreter stores the
     order items ran in (column 1), a GPU its SM (column 2)."""
     n_qb, n_kb = -(-n_q // bm), -(-n_k // bn)
-    full = lambda shape, dtype: torch.full(shape, -1, dtype=dtype, device=device)  # noqa: E731
-    tb = TraceBuffers(work=full((2 * n_qb, 5), torch.int64), counter=torch.zeros(1, dtype=torch.int32, device=device),
-                      tiles=full((1, n_qb, n_kb, 3), torch.int64), rows=torch.empty(8, device=device),
-                      row_slot=full((n_qb,), torch.int32), trace_bh=1, trace_work=True,
-                      trace_tiles=True, trace_rows=False)
+    tb = forward_trace_buffers(2, n_qb, n_kb, bm, device, 1)
     run(tb)
     return tb.tiles[0, :, :, 0].cpu(), tb.work[:, 1 if device.type == "cpu" else 2].cpu()
 

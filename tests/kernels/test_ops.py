@@ -132,14 +132,12 @@ def test_bad_options_refused_in_one_line_when_compiling():
 
 def test_traced_call_runs_eagerly_under_compile():
     # a traced call leaves the graph (torch.compiler.disable) and still records its timeline
-    from kernels.trace_buffers import TraceBuffers
+    from kernels.trace_buffers import forward_trace_buffers
 
     q, k, v, _ = make(n_q=32, n_k=32)
 
-    def buffers():
-        return TraceBuffers(work=torch.full((4, 5), -1, dtype=torch.int64), counter=torch.zeros(1, dtype=torch.int32),
-                            tiles=torch.empty(8, dtype=torch.int64), rows=torch.empty(8), row_slot=torch.full((2,), -1,
-                            dtype=torch.int32), trace_bh=0, trace_work=True, trace_tiles=False, trace_rows=False)
+    def buffers():      # work records only: B*H = 2 heads of 2 query blocks
+        return forward_trace_buffers(2, 2, 2, 16, "cpu", 0, tiles=False)
 
     eager_tr, compiled_tr = buffers(), buffers()
     want = flash_attention(q, k, v, block_m=16, block_n=16, trace=eager_tr)
