@@ -25,9 +25,9 @@ from instrumentation.analysis.schedule_model import schedule_stats, tile_timelin
 
 from ._common import (FULL, MISMATCH, PARTIAL, SKIPPED_GREY, TEMPLATE, caption,
                       discrete_colorscale, time_axis, title)
-from .schedule_common import (COLOR_BY, CURSOR, IN_FLIGHT, LANE_BINS, clock_kind, clock_unit,  # noqa: F401
-                              lane_traces, problem_text, provenance_text, ensure_timeline, spread_is_meaningful,
-                              tile_source_text, traced_head, traced_outline_trace)
+from .schedule_common import (COLOR_BY, CURSOR, IN_FLIGHT, LABEL_PX, LANE_BINS, clock_kind, clock_unit,  # noqa: F401
+                              label_offsets, lane_traces, problem_text, provenance_text, ensure_timeline,
+                              spread_is_meaningful, tile_source_text, traced_head, traced_outline_trace)
 
 HIGHLIGHT = "#d62728"      # straggler outlines on the lanes
 # tile states drawn by the grid (codes are the heatmap's z values)
@@ -85,17 +85,15 @@ def straggler_labels(fig, tl: pd.DataFrame, scale: float, k: int = 5, heads=None
                      lane_px: float = 3.0) -> None:
     """'#i' in a white box with a red border, arrowed to the end of the i-th longest work item;
     labels on nearby SMs are pushed apart vertically (lane_px: pixels per SM lane) so they
-    never overlap."""
+    never overlap, and kept inside the plot (label_offsets)."""
     _, longest = stragglers(tl, k, heads)
     t0 = float(tl["t_start"].min())
     order = np.argsort(longest["sm"].to_numpy(), kind="stable")
-    placed = -np.inf
+    lanes_px = longest["sm"].to_numpy()[order].astype(float) * lane_px
+    bottom = (n_sms_of(tl) - 0.5) * lane_px - LABEL_PX / 2          # the last label's box ends at the plot's edge
     where = dict(row=row, col=1) if row is not None else {}
-    for j in order:
+    for j, y_px, want in zip(order, lanes_px, label_offsets(lanes_px, bottom)):
         r = longest.iloc[j]
-        y_px = float(r["sm"]) * lane_px
-        want = max(y_px, placed + 22)          # 22 px: one label's height and a gap
-        placed = want
         fig.add_annotation(x=(t0 + float(r["end"])) / scale, y=float(r["sm"]), text=f"<b>#{j + 1}</b>",
                            showarrow=True, arrowhead=0, arrowwidth=1.5, arrowcolor=HIGHLIGHT,
                            ax=28, ay=want - y_px, xanchor="left", bgcolor="white", bordercolor=HIGHLIGHT,

@@ -190,3 +190,21 @@ def tile_source_text(trace) -> str:
         return (f"tiles from the {la['tiles']}, placed inside the {la['work']}'s work items "
                 "(the timeline's clock)")
     return "tiles and work items from one launch with tile tracing on (a trace recorded before the split)"
+
+
+LABEL_PX = 22           # a straggler label's height and a gap
+
+
+def label_offsets(lanes_px: np.ndarray, bottom_px: float, gap: float = LABEL_PX) -> np.ndarray:
+    """Where labels for points at lanes_px (pixels down from the plot's top, ascending) go: each at
+    its point or below the label before it, at least gap apart; a stack that would run past
+    bottom_px (the last label's centre) is moved up from the bottom, so that labels of items on
+    the last SMs sit above them instead of over the axis below."""
+    want = np.asarray(lanes_px, dtype=float).copy()
+    for i in range(1, len(want)):
+        want[i] = max(want[i], want[i - 1] + gap)
+    if len(want) and want[-1] > bottom_px:
+        want[-1] = bottom_px
+        for i in range(len(want) - 2, -1, -1):
+            want[i] = min(want[i], want[i + 1] - gap)
+    return want

@@ -365,3 +365,22 @@ def test_tiny_run_says_spread_metrics_are_not_meaningful(schedules):
     assert spread_is_meaningful(schedule_stats(enough))
     sub = F.sm_lanes_figure(tr, tl=enough).layout.title.subtitle.text
     assert "% over ideal" in sub and "not meaningful" not in sub
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_straggler_labels_keep_apart_and_inside_the_plot(seed):
+    from app.figures.schedule_common import LABEL_PX, label_offsets
+
+    rng = np.random.default_rng(seed)
+    n_sms, lane_px = 132, float(rng.uniform(2, 6))
+    bottom = (n_sms - 0.5) * lane_px - LABEL_PX / 2
+    for sms in (np.sort(rng.choice(n_sms, 5, replace=False)), np.arange(n_sms - 5, n_sms), np.arange(5)):
+        lanes = sms * lane_px
+        got = label_offsets(lanes, bottom)
+        assert (np.diff(got) >= LABEL_PX - 1e-9).all()                 # a label's height apart, in SM order
+        assert got[-1] <= bottom + 1e-9 and got[0] >= -LABEL_PX       # inside the plot
+        if lanes[-1] + LABEL_PX * len(lanes) <= bottom:                 # room below: each at or below its point
+            assert (got >= lanes - 1e-9).all()
+    # items on the last SMs: the stack ends at the bottom, each label no further than it must be
+    got = label_offsets(np.arange(n_sms - 5, n_sms) * lane_px, bottom)
+    assert got[-1] == pytest.approx(bottom) and np.diff(got) == pytest.approx([LABEL_PX] * 4)
