@@ -41,12 +41,14 @@ def _row_label(steps) -> str:
 
 def _caption(fig, steps, extra=""):
     if not steps.attrs.get("inputs_match", True):
-        fig.add_annotation(text="<b>⚠ kernel m/l disagree with the float64 reference: these are not the "
+        fig.add_annotation(text="<b>⚠ kernel m/l disagree with the float64 reference:<br>these are not the "
                                 "inputs the kernel saw (seed, head?) or the kernel is wrong</b>",
                            xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
                            font=dict(color="#d62728", size=15), bgcolor="rgba(255,255,255,0.85)")
+    fp8 = " (the FP8 kernel's m, l are of its e4m3 scores: they differ by the quantisation)" \
+        if steps.attrs.get("precision") == "fp8" else ""
     return caption(fig, f"m, l, α from the kernel's trace; reference: float64 recurrence over the "
-                        f"same K blocks in the kernel's order. {extra}{steps.attrs['provenance']}")
+                        f"same K blocks in the kernel's order{fp8}. {extra}{steps.attrs['provenance']}")
 
 
 def _pow10(k: int) -> str:

@@ -89,11 +89,35 @@ def row_charts(key: str, bh: int, q_row: int, opened_at: int, slide: bool, _step
     return stepping_figures(_figures, _steps, opened_at, slide=slide)
 
 
+def percent(share: float) -> str:
+    """A share in plain digits: '12.5 %', and '< 0.001 %' for round-off (never '1.86e-14 %')."""
+    pct = 100 * share
+    return "0 %" if pct == 0 else f"{pct:,.3g} %" if pct >= 1e-3 else "< 0.001 %"
+
+
 steps, first_figures = row_steps(src.key, bh, q_row, trace)
+if steps.attrs["inputs_verified"] is False:
+    # record() kept the sums of the inputs the kernel saw: these regenerated ones are others (a
+    # call from the Python API on the caller's own tensors), so no chart here could be true
+    st.info(f"This trace was recorded from other inputs than make_inputs(seed {trace.meta.get('input_seed', 0)}) "
+            f"(head {bh}'s q, k, v sums differ from the ones recorded), so its rows cannot be stepped against "
+            "their scores here: open it in the tile schedule or block-skip map, or step a recording made with "
+            "make_inputs (python -m instrumentation.record_cli).")
+    st.stop()
 if not steps.attrs["inputs_match"] and trace.meta.get("inputs") in (None, "instrumentation.make_inputs"):
     st.error("The kernel's m and l do not match the float64 reference on the regenerated inputs: "
-             f"either these are not the inputs it saw (seed {trace.meta.get('input_seed', 0)}, head {bh}) "
-             "or the kernel is wrong. Treat the comparison below with suspicion.", icon=":material/report:")
+             + ("they are the inputs it saw (their sums match the recording's), so the kernel is wrong."
+                if steps.attrs["inputs_verified"] else
+                f"either these are not the inputs it saw (seed {trace.meta.get('input_seed', 0)}, head {bh}) "
+                "or the kernel is wrong.") + " Treat the comparison below with suspicion.", icon=":material/report:")
+if steps.attrs["precision"] == "fp8":
+    fp8 = trace.meta.get("fp8") if isinstance(trace.meta.get("fp8"), dict) else {}
+    how = ("per-tile" if fp8.get("scaling") == "block" else "per-tensor") + " scales" + \
+        (", Hadamard rotation" if fp8.get("hadamard") else "")
+    st.caption(f"FP8 kernel: its m and ℓ are those of its e4m3 scores (Q and K quantised, {how}), the "
+               f"reference is float64 on the inputs, so the two differ by the "
+               f"quantisation: on this row by up to {steps.attrs['m_max_abs_err']:.3g} in m and "
+               f"{percent(steps.attrs['l_max_rel_err'])} in ℓ. The Low precision page maps that error.")
 
 # steps are numbered from 1 in the slider, the text and the link; default: the first rescale
 n_steps = len(steps)
@@ -102,12 +126,6 @@ rescales = [j + 1 for j in range(1, n_steps) if steps["alpha_kernel"].iat[j] < 1
 
 def step(delta):
     st.session_state["sm_step"] = max(1, min(n_steps, st.session_state["sm_step"] + delta))
-
-
-def percent(share: float) -> str:
-    """A share in plain digits: '12.5 %', and '< 0.001 %' for round-off (never '1.86e-14 %')."""
-    pct = 100 * share
-    return "0 %" if pct == 0 else f"{pct:,.3g} %" if pct >= 1e-3 else "< 0.001 %"
 
 
 def diff(kernel: float, ref: float, relative: bool = False) -> str:

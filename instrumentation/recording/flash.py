@@ -65,6 +65,20 @@ def record(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
     return out, trace
 
 
+def _head_sums(q, k, v, heads) -> torch.Tensor:
+    """(len(heads), 3) float64 on the inputs' device: the sums of each traced batch*head's q and of
+    its key/value head's k and v, so that a page that regenerates a recording's inputs can tell
+    whether they are the ones the kernel saw (instrumentation.analysis.online_softmax). Views of
+    the heads, summed in float64 without a copy; nothing waits for them here."""
+    h, h_kv = q.shape[1], k.shape[1]
+    sums = []
+    for bh in heads:
+        b, hq = divmod(int(bh), h)
+        kv = hq // (h // h_kv)
+        sums.append(torch.stack([t.sum(dtype=torch.float64) for t in (q[b, hq], k[b, kv], v[b, kv])]))
+    return torch.stack(sums)
+
+
 def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, schedule="natural",
            num_warps=None, num_stages=None, trace_head=0, trace_q_blocks="auto",
            level="full", measure=True, meta_extra=None, backward=False, grad_out=None,
@@ -218,7 +232,8 @@ def launch(q, k, v, mask="causal", block_m=None, block_n=None, sm_scale=None, sc
         "work_traced_ms": timings.get("work_traced_ms"),
         "source": "live",
     }
-    raw = dict(work=work_buffers.work, work_list=plan.work_list(b * h, schedule),
+    raw = dict(input_sums=_head_sums(q, k, v, heads) if full else None,
+               work=work_buffers.work, work_list=plan.work_list(b * h, schedule),
                detail_work=first.work if full else None, tiles=first.tiles if full else None,
                rows=first.rows if full else None,
                out_rows=out.reshape(b * h, n, out.shape[-1])[head_index][:, rows_index].float(),

@@ -66,6 +66,9 @@ def decode(raw: dict) -> Trace:
     meta = {key: value for key, value in p.meta.items() if key != "source"}
     meta["launches"] = launches_meta(p.full, p.hw, p.heads, p.blocks, detail_work, raw.get("l2_flushed", False))
     meta["source"] = p.meta.get("source", "live")
+    sums = host(raw.get("input_sums"))
+    if sums is not None:        # each traced head's q, k, v sums (record()'s _head_sums)
+        meta["input_sums"] = {str(int(x)): [float(v) for v in sums[i]] for i, x in enumerate(p.heads)}
     bwd_tables = None
     if p.backward is not None:
         bwd_tables, bwd_meta = decode_backward(p.backward)

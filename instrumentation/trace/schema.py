@@ -205,6 +205,11 @@ META_SCHEMA = {
         "backward": _BACKWARD_META,
         "untraced_ms": _NUM_OR_NULL, "traced_ms": _NUM_OR_NULL, "work_traced_ms": _NUM_OR_NULL,
         "launches": _LAUNCHES,
+        # traced head (as text) -> the float64 sums of its q, k, v (record()): regenerated inputs checked
+        "input_sums": {"type": "object", "maxProperties": bounds.MAX_TRACED_HEADS,
+                       "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                       "additionalProperties": {"type": "array", "items": {"type": "number"}, "minItems": 3,
+                                                "maxItems": 3}},
         "sm_count": {"type": ["integer", "null"], "minimum": 1, "maximum": bounds.MAX_SM},
     },
 }

@@ -90,6 +90,47 @@ def test_softmax_flags_wrong_inputs(causal):
         F.softmax_steps(causal, 100, q, k, v, bh=1)
 
 
+def test_the_recording_keeps_its_inputs_sums_and_other_inputs_are_told_apart():
+    """record() keeps each traced head's q, k, v sums; regenerated inputs are verified by them: the
+    same ones are, a caller's own tensors (recorded from the Python API) are not, and those are
+    never taken for a kernel fault."""
+    import torch
+
+    q, k, v = make_inputs(1, 2, 128, 32, "bf16", seed=3, kv_heads=1)        # GQA: both heads read KV head 0
+    _, tr = record(q, k, v, mask="causal", block_m=32, block_n=32, trace_head=[0, 1])
+    for bh in (0, 1):
+        want = [float(q[0, bh].double().sum()), float(k[0, 0].double().sum()), float(v[0, 0].double().sum())]
+        assert tr.meta["input_sums"][str(bh)] == pytest.approx(want, rel=1e-12)
+        steps = F.softmax_steps(tr, 100, q, k, v, bh=bh)
+        assert steps.attrs["inputs_verified"] is True and steps.attrs["inputs_match"]
+    g = torch.Generator().manual_seed(11)
+    mine = [torch.randn(t.shape, generator=g).to(t.dtype) for t in (q, k, v)]   # a caller's own tensors
+    _, theirs = record(*mine, mask="causal", block_m=32, block_n=32)
+    steps = F.softmax_steps(theirs, 100, q, k, v, bh=0)                         # regenerated: not theirs
+    assert steps.attrs["inputs_verified"] is False and not steps.attrs["inputs_match"]
+    from instrumentation.trace import Trace
+    older = Trace({key: x for key, x in tr.meta.items() if key != "input_sums"}, tables=tr.tables)   # none kept
+    steps = F.softmax_steps(older, 100, q, k, v, bh=0)
+    assert steps.attrs["inputs_verified"] is None and steps.attrs["inputs_match"]
+
+
+def test_an_fp8_recording_steps_without_a_false_alarm():
+    """The FP8 kernel's m and l are of its e4m3 scores, a few per cent off float64: on its own
+    inputs (verified by their sums) the steps match, the quantisation is reported, no warning is
+    drawn; on other inputs the warning stays."""
+    q, k, v = make_inputs(1, 1, 256, 64, "bf16", seed=0)
+    _, tr = record(q, k, v, mask="causal", precision="fp8", measure=False)
+    row = int(tr.rows["q_row"].max())
+    steps = F.softmax_steps(tr, row, q, k, v)
+    a = steps.attrs
+    assert a["precision"] == "fp8" and a["inputs_verified"] is True and a["inputs_match"]
+    assert 1e-3 < a["m_max_abs_err"] < 0.5 and 1e-3 < a["l_max_rel_err"] < 0.5   # quantisation, not noise
+    fig = F.softmax_state_figure(steps)
+    assert "⚠" not in annotations_text(fig) and "e4m3" in annotations_text(fig)
+    wrong = make_inputs(1, 1, 256, 64, "bf16", seed=99)
+    assert not F.softmax_steps(tr, row, *wrong).attrs["inputs_match"]
+
+
 @pytest.mark.parametrize("step", [None, 1, 3])
 def test_softmax_export_has_one_shared_legend(softmax_inputs, step):
     inputs = ChartInputs(trace=softmax_inputs.trace, step=step)

@@ -163,3 +163,29 @@ def test_a_step_sends_no_chart(data_dir, monkeypatch):
         assert [c.proto.spec for c in at.get("plotly_chart")] == sent
     assert built == before, built
     clean(at)
+
+
+def test_an_fp8_recording_and_a_callers_own_inputs(tmp_path):
+    """An FP8 recording steps with a note on its quantisation and no error; a recording of a
+    caller's own tensors (the Python API) says in one line that its rows cannot be stepped here,
+    instead of calling the kernel wrong."""
+    import torch
+
+    from instrumentation import make_inputs, record
+    from tests.app.headless import tilescope_data
+
+    q, k, v = make_inputs(1, 1, 256, 64, "bf16", seed=0)
+    record(q, k, v, mask="causal", precision="fp8", measure=False,
+           meta_extra={"input_seed": 0, "inputs": "instrumentation.make_inputs"})[1].save(tmp_path / "traces" / "fp8")
+    g = torch.Generator().manual_seed(7)
+    mine = [torch.randn(t.shape, generator=g).to(t.dtype) for t in (q, k, v)]
+    record(*mine, mask="causal", block_m=32, block_n=32, measure=False)[1].save(tmp_path / "traces" / "mine")
+    with tilescope_data(tmp_path):
+        at = open_page("online_softmax", source="recorded", trace="fp8")
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        assert any("FP8 kernel" in c.value and "e4m3" in c.value for c in at.caption)
+        assert any(t["text"].startswith("Step ") for t in (c["layout"]["title"] for c in charts(at)))
+        at = open_page("online_softmax", source="recorded", trace="mine")
+        assert not at.exception and not at.error
+        assert [i.value for i in at.info if "other inputs than make_inputs" in i.value]
+        assert not charts(at)

@@ -104,6 +104,8 @@ def test_manifest_that_is_a_directory_or_a_link(saved, tmp_path):
     (lambda m: m["tables"]["work"].update(sha256="../x"), "tables.work.sha256"),
     (lambda m: m["tables"].update({"../evil": m["tables"]["work"]}), "does not match"),
     (lambda m: m["tables"].pop("tiles"), "no ['tiles'] table"),
+    (lambda m: m["meta"].update(input_sums={"0": "lots"}), "input_sums.0: 'lots' is not of type 'array'"),
+    (lambda m: m["meta"].update(input_sums={"../x": [1, 2, 3]}), "input_sums"),
     (lambda m: m.update(schema_version="1"), "schema version '1'"),
     (lambda m: m.update(schema_version=99), "schema version 99"),
 ])
