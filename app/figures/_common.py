@@ -334,3 +334,21 @@ def set_frames(fig: go.Figure, frames: list[dict]) -> go.Figure:
     Arguments: the figure, its frames as dicts (name, data, traces, layout). Returns: `fig`."""
     fig._frame_objs = tuple(_Frame(fr, _validate=False) for fr in frames)
     return fig
+
+
+def pow10_text(k: int) -> str:
+    """10^k as text: 1, 10, 10², 10⁻⁵ (superscript digits)."""
+    sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+    return "1" if k == 0 else "10" if k == 1 else "10" + str(k).translate(sup)
+
+
+def log_decade_axis(fig, values, max_ticks: int = 6, **where) -> None:
+    """A log y axis over values (dimensionless: errors, ratios) ticked at decades written 10⁻¹⁶ … 1,
+    at most max_ticks of them (never Plotly's 1f, 1p, 1n SI letters)."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v) & (v > 0)]
+    k0, k1 = (int(np.floor(np.log10(v.min()))), int(np.ceil(np.log10(v.max())))) if len(v) else (-16, 0)
+    step = max(1, -(-(k1 - k0) // max_ticks))
+    ks = list(range(k1, k0 - 1, -step))[::-1]
+    fig.update_yaxes(type="log", tickmode="array", tickvals=[10.0 ** k for k in ks],
+                     ticktext=[pow10_text(k) for k in ks], **where)

@@ -15,8 +15,8 @@ from instrumentation.recording.inputs import inputs_for_trace
 
 from app.text import key_range
 
-from ._common import (FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fit_title, title,
-                      whole_ticks)
+from ._common import (FULL, NOW, PARTIAL, SKIPPED_GREY, TEMPLATE, caption, discrete_colorscale, fit_title,
+                      log_decade_axis, title, whole_ticks)
 
 ERR_FLOOR = 1e-17      # exact zeros drawn here on the log axis (and said so in the hover)
 MAX_STEP_TICKS = 16
@@ -49,22 +49,6 @@ def _caption(fig, steps, extra=""):
         if steps.attrs.get("precision") == "fp8" else ""
     return caption(fig, f"m, l, α from the kernel's trace; reference: float64 recurrence over the "
                         f"same K blocks in the kernel's order{fp8}. {extra}{steps.attrs['provenance']}")
-
-
-def _pow10(k: int) -> str:
-    sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-    return "1" if k == 0 else "10" if k == 1 else "10" + str(k).translate(sup)
-
-
-def _log_error_axis(fig, values, max_ticks: int = 6, **where) -> None:
-    """Decade ticks written 10⁻¹⁶ … 1 (never Plotly's 1f, 1p, 1n SI letters)."""
-    v = np.asarray(values, float)
-    v = v[np.isfinite(v) & (v > 0)]
-    k0, k1 = (int(np.floor(np.log10(v.min()))), int(np.ceil(np.log10(v.max())))) if len(v) else (-16, 0)
-    step = max(1, -(-(k1 - k0) // max_ticks))
-    ks = list(range(k1, k0 - 1, -step))[::-1]
-    fig.update_yaxes(type="log", tickmode="array", tickvals=[10.0 ** k for k in ks],
-                     ticktext=[_pow10(k) for k in ks], **where)
 
 
 def _padded_range(*cols, min_span: float) -> list[float]:
@@ -286,7 +270,7 @@ def softmax_error_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
     (log scale): it reaches rounding level only once every visible K block has been folded in."""
     i = _step_index(steps, step)
     fig = go.Figure(_error_traces(steps, i))
-    _log_error_axis(fig, _error_values(steps), title_text="relative error vs exact output (log)")
+    log_decade_axis(fig, _error_values(steps), title_text="relative error vs exact output (log)")
     _step_axis(fig, steps)
     fig.update_layout(title=title("Partial output error per step", _row_label(steps)),
                       template=TEMPLATE, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top"))
@@ -310,6 +294,14 @@ def visible_per_block(steps: pd.DataFrame) -> np.ndarray:
     return np.maximum(0, np.minimum(hi, starts + bn - 1) - np.maximum(lo, starts) + 1)
 
 
+def sees_labels(sees, block_n: int, every_up_to: int = 16) -> list[str]:
+    """The bottom strip's cell labels: every block's count up to `every_up_to` blocks; beyond, where
+    a cell is too narrow for three digits, only the blocks the row sees in part (the colour and
+    the axis title say 'all' and 'none')."""
+    every = len(sees) <= every_up_to
+    return [str(int(x)) if every or 0 < x < block_n else "" for x in sees]
+
+
 def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
     """The row's K blocks in two strips. Top, the kernel's visits: blue = integrated, red =
     loaded now, pale = visited later, grey = skipped (the mask hides the whole tile from the
@@ -327,8 +319,8 @@ def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Fig
                    colorscale=discrete_colorscale([c for _, c in STRIP_STATES]),
                    hovertemplate="%{text}<extra></extra>"),
         go.Heatmap(z=[sees_class], x=np.arange(n_kb), y=[1], zmin=-0.5, zmax=2.5, showscale=False, xgap=gap,
-                   ygap=3, text=[[str(int(x)) for x in sees]], name="keys this row sees", showlegend=False,
-                   texttemplate="%{text}" if n_kb <= 32 else None, customdata=[sees_text],
+                   ygap=3, text=[sees_labels(sees, bn)], name="keys this row sees", showlegend=False,
+                   texttemplate="%{text}", customdata=[sees_text],
                    colorscale=discrete_colorscale(list(ROW_SEES_COLORS)),
                    hovertemplate="%{customdata}<extra></extra>"),
     ])
@@ -390,7 +382,7 @@ def softmax_overview_figure(steps: pd.DataFrame, step: int | None = None) -> go.
         fig.update_yaxes(title_text=text, row=row, col=1, nticks=4 if row in (2, 3) else None)
     fig.update_yaxes(range=_padded_range(steps["m_kernel"], steps["m_ref"], min_span=0.5), row=2, col=1)
     fig.update_yaxes(range=_padded_range(steps["alpha_kernel"], steps["alpha_ref"], min_span=1.1), row=3, col=1)
-    _log_error_axis(fig, _error_values(steps), max_ticks=3, row=4, col=1)
+    log_decade_axis(fig, _error_values(steps), max_ticks=3, row=4, col=1)
     for row in (2, 3, 4):
         fig.update_xaxes(matches="x2", row=row, col=1, showticklabels=row == 4)
     _step_axis(fig, steps, row=4)

@@ -202,3 +202,18 @@ def test_strip_shows_visits_beside_the_rows_visible_keys(tall_blocks):
     tile = F.softmax_tile_figure(steps, 3)
     assert "0 of 32 keys visible to this row" in F.title_text(tile)
     assert "keys [96, 128)" in tile.layout.title.text and "sees keys [0, 65)" in tile.layout.title.subtitle.text
+
+
+def test_the_strip_labels_every_block_only_where_three_digits_fit():
+    from app.figures.softmax import sees_labels
+
+    rng = np.random.default_rng(2)
+    for n_kb in (4, 16, 17, 32, 200):
+        sees = rng.choice([0, 5, 128, 128, 128], n_kb)
+        got = sees_labels(sees, 128)
+        assert len(got) == n_kb
+        for x, label in zip(sees, got):
+            if n_kb <= 16 or 0 < x < 128:
+                assert label == str(x)                      # the count, as before
+            else:
+                assert label == ""                          # all or none: the colour says it
