@@ -86,8 +86,9 @@ def phases(stamps: np.ndarray, tiles: np.ndarray, items: np.ndarray, starts: np.
     fit = np.polyfit(tiles, (g - a) / 1e3, 1) if len(np.unique(tiles)) > 1 else [np.nan, np.nan]
     return dict(setup_us=pct(c - a), tile_us=pct((e[many] - c[many]) / (tiles[many] - 1)) if many.any() else None,
                 last_pv_us=pct(f - e), epilogue_us=pct(g - f), gap_us=pct(gaps) if len(gaps) else None,
-                item_us=pct(g - a), mean_tiles=float(tiles.mean()),
-                fit_us_per_tile=float(fit[0]), fit_us_per_item=float(fit[1]))
+                item_us=pct(g - a), mean_tiles=float(tiles.mean()),     # (no fit where every item has as many tiles)
+                fit_us_per_tile=float(fit[0]) if np.isfinite(fit[0]) else None,
+                fit_us_per_item=float(fit[1]) if np.isfinite(fit[1]) else None)
 
 
 def main(argv=None) -> int:
