@@ -326,8 +326,14 @@ def _consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, 
     seen = l_i > 0.0
     l_o = gl.convert_layout(gl.where(seen, l_i, 1.0), gl.SliceLayout(1, o_layout))
     out = (acc / l_o[:, None]).to(q_smem.dtype)
-    o_rows = row0 + WG * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    if HEAD_DIM <= 128:     # stored in 16-byte runs through shared memory, as the FP8 kernel's O
+        st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        out = gl.convert_layout(out, st_layout)
+        o_rows = row0 + WG * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, st_layout))
+        o_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, st_layout))
+    else:
+        o_rows = row0 + WG * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, o_layout))
+        o_cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
     o_ptrs = O + (q_row - row0 + o_rows).to(gl.int64)[:, None] * HEAD_DIM + o_cols[None, :]
     gl.store(o_ptrs, out, mask=(o_rows < N_Q)[:, None])
     lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
