@@ -100,6 +100,19 @@ def run_meta(device, kind: str, argv=None, prog: str | None = None) -> dict:
     }
 
 
+def write_gpu_records(path, records: list, command: str, **meta_extra) -> None:
+    """A GPU probe's result file (the scripts/ probes and the Gluon persistent benchmarks): {"meta":
+    the CUDA device's environment (instrumentation.recording.environment), the commit
+    (TILESCOPE_COMMIT), the command and meta_extra; "records": records}, written to path."""
+    import json
+
+    from instrumentation.recording.environment import environment
+
+    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"), command=command,
+                **meta_extra)
+    Path(path).write_text(json.dumps(dict(meta=meta, records=records), indent=1))
+
+
 def _git_head() -> str | None:
     """The checkout's commit (short hash, '+' where tracked files differ from it), or None where
     there is no git checkout (a copy of the tree on a lent GPU: set TILESCOPE_COMMIT there)."""

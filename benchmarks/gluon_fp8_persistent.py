@@ -13,7 +13,6 @@ variant is checked bit for bit against the default first, then all are timed:
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
@@ -66,7 +65,7 @@ def main(argv=None) -> int:
     on the same quantised inputs), then all timed in three rounds, the order rotated each round
     (benchmarks.rotated), the median of each; writes OUT.json (device, versions,
     commit, per case each one's time and the default's speed over it)."""
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
     from benchmarks.rotated import medians, time_rotated
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
@@ -101,11 +100,8 @@ def main(argv=None) -> int:
                              for name in variants})
         records.append(rec)
         print(json.dumps(rec), flush=True)
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python -m benchmarks.gluon_fp8_persistent OUT.json"
-                + (f" --head-dim {args.head_dim}" if args.head_dim else ""))
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, records=records), f, indent=1)
+    write_gpu_records(args.out, records, "python -m benchmarks.gluon_fp8_persistent OUT.json"
+                      + (f" --head-dim {args.head_dim}" if args.head_dim else ""))
     return 0
 
 

@@ -76,12 +76,11 @@ def main(argv=None) -> int:
         python -m benchmarks.gluon_fwd_persistent OUT.json
     """
     import json
-    import os
     import sys
 
     import torch
 
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
     from benchmarks.rotated import medians, time_rotated
     from kernels import flash_attention
 
@@ -107,10 +106,7 @@ def main(argv=None) -> int:
                    persistent_speed_over={name: t / ms["persistent"] for name, t in ms.items()})
         records.append(rec)
         print(json.dumps(rec), flush=True)
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python -m benchmarks.gluon_fwd_persistent OUT.json")
-    with open(args[0], "w") as f:
-        json.dump(dict(meta=meta, records=records), f, indent=1)
+    write_gpu_records(args[0], records, "python -m benchmarks.gluon_fwd_persistent OUT.json")
     return 0
 
 

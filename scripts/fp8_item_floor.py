@@ -81,14 +81,11 @@ def main(argv=None) -> int:
                 return 1
             records[name] = json.loads(run.stdout.strip().splitlines()[-1])
             print(json.dumps({name: records[name]}), flush=True)
-    import torch
-
     sys.path.insert(0, str(ROOT))
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
 
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python scripts/fp8_item_floor.py OUT.json --tiles " + " ".join(map(str, args.tiles)))
-    Path(args.out).write_text(json.dumps(dict(meta=meta, records=records), indent=1))
+    write_gpu_records(args.out, records, "python scripts/fp8_item_floor.py OUT.json --tiles "
+                      + " ".join(map(str, args.tiles)))
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -109,7 +108,7 @@ def main(argv=None) -> int:
     import kernels.gluon_fp8_persistent_kernel as product
     product.attn_fwd_fp8_gluon_persistent_kernel = importlib.import_module(
         "fp8_phases_persistent").attn_fwd_fp8_gluon_persistent_kernel       # (GluonFp8Plan.build reads it there)
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
     from kernels.fp8_quant import quantize_fp8
     from kernels.gluon_fp8_launch import GluonFp8Plan
     from kernels.launch import LOG2E
@@ -136,9 +135,7 @@ def main(argv=None) -> int:
                                                               fp.args[at("starts")].cpu().numpy()))
         records.append(rec)
         print(json.dumps(rec), flush=True)
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python scripts/fp8_item_phases.py OUT.json")
-    Path(args.out).write_text(json.dumps(dict(meta=meta, records=records), indent=1))
+    write_gpu_records(args.out, records, "python scripts/fp8_item_phases.py OUT.json")
     return 0
 
 

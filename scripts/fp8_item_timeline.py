@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
         print("fp8_item_timeline: needs a Hopper GPU with Gluon (the persistent FP8 kernel)", file=sys.stderr)
         return 2
     from instrumentation import record
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
     from kernels.fp8 import attention_fp8
     from kernels.fp8_quant import quantize_fp8
     from kernels.trace_buffers import forward_trace_buffers
@@ -93,10 +92,8 @@ def main(argv=None) -> int:
                  rounds=float(len(work) / len(np.unique(work[:, 0]))))
         records.append(r)
         print(json.dumps(r), flush=True)
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python scripts/fp8_item_timeline.py " + " ".join(sys.argv[1:] if argv is None else argv))
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, records=records), f, indent=1)
+    write_gpu_records(args.out, records, "python scripts/fp8_item_timeline.py "
+                      + " ".join(sys.argv[1:] if argv is None else argv))
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -75,7 +74,7 @@ def main(argv=None) -> int:
     import torch
 
     from instrumentation import record
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
 
     if not torch.cuda.is_available():
         print("item_cost.py needs a CUDA GPU: the work records' clock is the GPU's", file=sys.stderr)
@@ -99,9 +98,8 @@ def main(argv=None) -> int:
                 records.append(dict(precision=precision, mask="causal+full", seq_len=n, head_dim=args.head_dim,
                                     batch=args.batch, heads=args.heads, **both))
                 print(json.dumps(records[-1]), flush=True)
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python scripts/item_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]))
-    Path(args.out).write_text(json.dumps(dict(meta=meta, records=records), indent=1))
+    write_gpu_records(args.out, records, "python scripts/item_cost.py "
+                      + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0
 
 

@@ -15,8 +15,6 @@ that pack its halves, the mixed block 7 + 1 exponentials, 4 conversions and 2 ad
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -71,7 +69,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("sm_pipes_probe: no CUDA GPU here (it times instructions on one)", file=sys.stderr)
         return 2
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
 
     probe = _kernel()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -87,9 +85,7 @@ def main(argv=None) -> int:
             records.append(rec)
             print(f"{name:14s} {warps:2d} warps: {cycles:9.0f} cycles, {rec['lanes_per_clock_per_sm']:6.2f} lanes a "
                   f"clock per SM", flush=True)
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python scripts/sm_pipes_probe.py OUT.json", iters=ITERS, ops_per_iter=OPS)
-    Path(args.out).write_text(json.dumps(dict(meta=meta, records=records), indent=1))
+    write_gpu_records(args.out, records, "python scripts/sm_pipes_probe.py OUT.json", iters=ITERS, ops_per_iter=OPS)
     return 0
 
 

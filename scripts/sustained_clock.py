@@ -14,8 +14,6 @@ the samples and their medians) and prints a line per case."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -121,7 +119,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("sustained_clock: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from instrumentation.recording.environment import environment
+    from benchmarks import write_gpu_records
 
     records = []
     for n in args.seq_lens:
@@ -133,10 +131,8 @@ def main(argv=None) -> int:
             print(f"{name:12s} N{n:6d}  TFLOP/s from idle {r['tflops']['from_idle']:7.1f}  do_bench "
                   f"{r['tflops']['do_bench']:7.1f}  sustained {r['tflops']['sustained']:7.1f}  SM clock "
                   f"{r['median_sm_mhz']} MHz  power {r['median_power_w']} W", flush=True)
-    meta = dict(environment(torch.device("cuda")), commit=os.environ.get("TILESCOPE_COMMIT"),
-                command="python scripts/sustained_clock.py " + " ".join(sys.argv[1:] if argv is None else argv))
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, records=records), f, indent=1)
+    write_gpu_records(args.out, records, "python scripts/sustained_clock.py "
+                      + " ".join(sys.argv[1:] if argv is None else argv))
     return 0
 
 
