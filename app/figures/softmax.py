@@ -294,12 +294,14 @@ def visible_per_block(steps: pd.DataFrame) -> np.ndarray:
     return np.maximum(0, np.minimum(hi, starts + bn - 1) - np.maximum(lo, starts) + 1)
 
 
-def sees_labels(sees, block_n: int, every_up_to: int = 16) -> list[str]:
-    """The bottom strip's cell labels: every block's count up to `every_up_to` blocks; beyond, where
-    a cell is too narrow for three digits, only the blocks the row sees in part (the colour and
-    the axis title say 'all' and 'none')."""
+def sees_labels(sees, block_n: int, every_up_to: int = 16, some_up_to: int = 32) -> list[str]:
+    """The bottom strip's cell labels: every block's count up to `every_up_to` blocks; up to
+    `some_up_to`, where a cell is too narrow for three digits, only the blocks the row sees in part
+    (the colour and the axis title say 'all' and 'none'); beyond, none (the hover says it: a cell
+    is too narrow for one digit there)."""
     every = len(sees) <= every_up_to
-    return [str(int(x)) if every or 0 < x < block_n else "" for x in sees]
+    some = len(sees) <= some_up_to
+    return [str(int(x)) if every or (some and 0 < x < block_n) else "" for x in sees]
 
 
 def softmax_strip_figure(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
